@@ -1,0 +1,71 @@
+"""Frozen per-layer KV-cache specs that report their own bytes.
+
+The budget of a session is computed from these specs, never guessed: the hard cap ``M`` (tokens) and
+the bytes it costs are two views of one number (``bytes = M * bytes_per_token``). Metadata per slot
+(kind, frame, row, col, temporal position, sink flag) is counted too, so ``cache_capacity_bytes``
+is everything the capped cache allocates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Per slot, per layer and per KV head, CappedKVCache keeps: kind (int8), sink flag (bool),
+# frame index (int32), merged-grid row and column (int16 each), temporal position (int32).
+METADATA_BYTES_PER_SLOT = 1 + 1 + 4 + 2 + 2 + 4
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class LayerKVSpec:
+    """One decoder layer's share of the cache: K and V of ``kv_heads`` heads of ``head_dim``."""
+
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.kv_heads <= 0 or self.head_dim <= 0:
+            raise ValueError(f"LayerKVSpec needs positive kv_heads and head_dim, got {self.kv_heads}, {self.head_dim}")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.kv_heads * self.head_dim * dtype_bytes(self.dtype)
+
+    @property
+    def metadata_bytes_per_token(self) -> int:
+        return self.kv_heads * METADATA_BYTES_PER_SLOT
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.kv_bytes_per_token + self.metadata_bytes_per_token
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """All layers of a model; converts between a token cap and bytes."""
+
+    layers: tuple[LayerKVSpec, ...]
+
+    @classmethod
+    def uniform(cls, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> "CacheSpec":
+        return cls(tuple(LayerKVSpec(kv_heads, head_dim, dtype) for _ in range(num_layers)))
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(layer.bytes_per_token for layer in self.layers)
+
+    def bytes_for(self, tokens: int) -> int:
+        return tokens * self.bytes_per_token
+
+    def tokens_for_bytes(self, num_bytes: int) -> int:
+        """Largest token cap whose cache fits in ``num_bytes``."""
+        return int(num_bytes // self.bytes_per_token)
+
+    def tokens_for_mib(self, mib: float) -> int:
+        return self.tokens_for_bytes(int(mib * 1024 * 1024))
