@@ -1,5 +1,6 @@
 """The capped KV cache: specs that report bytes, preallocated buffers and per-slot metadata."""
 
+from edgekv.cache.capped import CacheFullError, CappedKVCache, ChunkMeta, SlotKind
 from edgekv.cache.specs import CacheSpec, LayerKVSpec
 
-__all__ = ["CacheSpec", "LayerKVSpec"]
+__all__ = ["CacheFullError", "CacheSpec", "CappedKVCache", "ChunkMeta", "LayerKVSpec", "SlotKind"]

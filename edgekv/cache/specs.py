@@ -57,8 +57,13 @@ class CacheSpec:
         return cls(tuple(LayerKVSpec(kv_heads, head_dim, dtype) for _ in range(num_layers)))
 
     @property
+    def scratch_bytes_per_token(self) -> int:
+        """Compaction scratch: one head's K (or V) row and one layer's metadata, per slot."""
+        return max(layer.head_dim * dtype_bytes(layer.dtype) + layer.metadata_bytes_per_token for layer in self.layers)
+
+    @property
     def bytes_per_token(self) -> int:
-        return sum(layer.bytes_per_token for layer in self.layers)
+        return sum(layer.bytes_per_token for layer in self.layers) + self.scratch_bytes_per_token
 
     def bytes_for(self, tokens: int) -> int:
         return tokens * self.bytes_per_token

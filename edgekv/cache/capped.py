@@ -1,0 +1,195 @@
+"""CappedKVCache: every byte allocated once, when the session starts.
+
+Layout (gpt-fast style, one buffer for all layers, written by index):
+
+    k, v:   [layers, kv_heads, M, head_dim]
+    kind:   [layers, kv_heads, M]  int8   SlotKind (empty / prefix / vision / text)
+    sink:   [layers, kv_heads, M]  bool   StateKV sink flag (a flag, never a second copy)
+    frame:  [layers, kv_heads, M]  int32  frame-pair index the token came from (-1: none)
+    row,col:[layers, kv_heads, M]  int16  merged-grid coordinates of a vision token (-1: none)
+    tpos:   [layers, kv_heads, M]  int32  temporal M-RoPE position the key was rotated with
+
+Metadata is per layer *and* per KV head because a compression keeps different tokens in different
+heads (DESIGN invariant 2). Slot ``i`` of head ``h`` and slot ``i`` of head ``h'`` may therefore hold
+different tokens; what every (layer, head) shares is the *count* of valid slots: the valid slots are
+always the prefix ``[0, length)``. New tokens are written at ``[length, length + P)`` for all heads at
+once, and a compaction packs the kept slots back to the front in their original order.
+
+Nothing here allocates after ``__init__``: writes go through ``copy_``/``index_select(out=)``, and the
+compaction scratch is a preallocated one-layer buffer that is part of ``capacity_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+from edgekv.cache.specs import CacheSpec
+
+
+class SlotKind(IntEnum):
+    EMPTY = 0
+    PREFIX = 1
+    VISION = 2
+    TEXT = 3
+
+
+class CacheFullError(RuntimeError):
+    """Raised when a write would exceed the hard cap and the policy may not evict."""
+
+
+@dataclass(frozen=True)
+class ChunkMeta:
+    """Metadata of a chunk of ``P`` tokens about to be written (same for every layer and head)."""
+
+    kind: SlotKind
+    frame: int = -1
+    rows: torch.Tensor | None = None  # [P] int16 merged-grid row (vision only)
+    cols: torch.Tensor | None = None  # [P] int16 merged-grid column (vision only)
+    tpos: torch.Tensor | None = None  # [P] int32 temporal position
+
+
+_METADATA_FIELDS = ("kind", "sink", "frame", "row", "col", "tpos")
+
+
+class CappedKVCache:
+    """A fixed-capacity KV cache with per-slot provenance. See the module docstring for the layout."""
+
+    def __init__(self, spec: CacheSpec, capacity: int, device: torch.device | str = "cpu") -> None:
+        if capacity <= 0:
+            raise ValueError(f"cache capacity must be positive, got {capacity}")
+        first = spec.layers[0]
+        if any(layer != first for layer in spec.layers):
+            raise ValueError("CappedKVCache needs the same KV shape in every layer")
+        self.spec = spec
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.num_layers = len(spec.layers)
+        self.kv_heads = first.kv_heads
+        self.head_dim = first.head_dim
+        self.dtype = first.dtype
+        shape = (self.num_layers, self.kv_heads, capacity)
+        # k, v: [layers, kv_heads, M, head_dim]
+        self.k = torch.zeros(*shape, self.head_dim, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros_like(self.k)
+        self.kind = torch.zeros(shape, dtype=torch.int8, device=self.device)
+        self.sink = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.frame = torch.full(shape, -1, dtype=torch.int32, device=self.device)
+        self.row = torch.full(shape, -1, dtype=torch.int16, device=self.device)
+        self.col = torch.full(shape, -1, dtype=torch.int16, device=self.device)
+        self.tpos = torch.zeros(shape, dtype=torch.int32, device=self.device)
+        # Compaction scratch: one layer of K/V and one layer of each metadata field.
+        # Compaction scratch: one head of one layer of K (or V), and one layer of each metadata field.
+        # Flat, so that a prefix of any length is a contiguous view.
+        self._scratch_kv = torch.zeros(capacity * self.head_dim, dtype=self.dtype, device=self.device)
+        self._scratch_meta = {
+            name: torch.zeros(self.kv_heads * capacity, dtype=getattr(self, name).dtype, device=self.device)
+            for name in _METADATA_FIELDS
+        }
+        self.length = 0
+
+    # ------------------------------------------------------------------ accounting
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.k, self.v, *(getattr(self, n) for n in _METADATA_FIELDS),
+                self._scratch_kv, *self._scratch_meta.values()]
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Every byte this cache holds: K/V, metadata and the compaction scratch (= spec.bytes_for(M))."""
+        return sum(t.numel() * t.element_size() for t in self.buffers())
+
+    @property
+    def kv_bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def data_ptrs(self) -> tuple[int, ...]:
+        return tuple(t.data_ptr() for t in self.buffers())
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.length
+
+    # ------------------------------------------------------------------ writing
+    def check_room(self, num_tokens: int) -> None:
+        if self.length + num_tokens > self.capacity:
+            raise CacheFullError(
+                f"cache holds {self.length} of {self.capacity} slots; {num_tokens} more do not fit"
+            )
+
+    def write_layer(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write one layer's K/V for slots ``[start, start + P)``. k, v: [kv_heads, P, head_dim]."""
+        end = start + k.shape[1]
+        self.k[layer, :, start:end].copy_(k)
+        self.v[layer, :, start:end].copy_(v)
+
+    def write_meta(self, start: int, num_tokens: int, meta: ChunkMeta) -> None:
+        end = start + num_tokens
+        self.kind[:, :, start:end] = int(meta.kind)
+        self.sink[:, :, start:end] = False
+        self.frame[:, :, start:end] = meta.frame
+        if meta.rows is not None:
+            self.row[:, :, start:end] = meta.rows.to(self.row.dtype)
+            self.col[:, :, start:end] = meta.cols.to(self.col.dtype)
+        else:
+            self.row[:, :, start:end] = -1
+            self.col[:, :, start:end] = -1
+        if meta.tpos is not None:
+            self.tpos[:, :, start:end] = meta.tpos.to(self.tpos.dtype)
+
+    def commit(self, num_tokens: int) -> None:
+        """Make the slots written at ``[length, length + num_tokens)`` part of the cache."""
+        self.check_room(num_tokens)
+        self.length += num_tokens
+
+    def truncate(self, length: int) -> None:
+        """Forget every slot at ``length`` and beyond (question and answer tokens after an ask)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} slots to {length}")
+        self.kind[:, :, length:self.length] = int(SlotKind.EMPTY)
+        self.sink[:, :, length:self.length] = False
+        self.frame[:, :, length:self.length] = -1
+        self.length = length
+
+    # ------------------------------------------------------------------ compaction
+    def validate_keep(self, keep: torch.Tensor) -> None:
+        """keep: [layers, kv_heads, C] slot indices, strictly increasing per row, all < length."""
+        expected = (self.num_layers, self.kv_heads)
+        if keep.dim() != 3 or tuple(keep.shape[:2]) != expected:
+            raise ValueError(f"keep must be [layers={expected[0]}, kv_heads={expected[1]}, C], got {tuple(keep.shape)}")
+        if keep.shape[2] > self.length:
+            raise ValueError(f"keep selects {keep.shape[2]} slots but the cache holds {self.length}")
+        if keep.numel() and (int(keep.min()) < 0 or int(keep.max()) >= self.length):
+            raise ValueError(f"keep indices must lie in [0, {self.length})")
+        if keep.shape[2] > 1 and not bool((keep[..., 1:] > keep[..., :-1]).all()):
+            raise ValueError("keep indices must be strictly increasing in every (layer, head) row")
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only the slots ``keep[l, h]`` in each (layer, head), packed to the front in order.
+
+        Validates everything before touching a buffer, so a bad ``keep`` leaves the cache as it was
+        (DESIGN invariant 7: never half-compacted).
+        """
+        self.validate_keep(keep)
+        kept = keep.shape[2]
+        keep = keep.to(device=self.device, dtype=torch.int64)
+        heads = self.kv_heads
+        kv_scratch = self._scratch_kv[: kept * self.head_dim].view(kept, self.head_dim)
+        for layer in range(self.num_layers):
+            for head in range(heads):
+                index = keep[layer, head]
+                for buf in (self.k, self.v):
+                    torch.index_select(buf[layer, head], 0, index, out=kv_scratch)
+                    buf[layer, head, :kept].copy_(kv_scratch)
+            for name in _METADATA_FIELDS:
+                buf = getattr(self, name)
+                scratch = self._scratch_meta[name][: heads * kept].view(heads, kept)
+                torch.gather(buf[layer], 1, keep[layer], out=scratch)
+                buf[layer, :, :kept].copy_(scratch)
+        self.kind[:, :, kept:] = int(SlotKind.EMPTY)
+        self.sink[:, :, kept:] = False
+        self.frame[:, :, kept:] = -1
+        self.row[:, :, kept:] = -1
+        self.col[:, :, kept:] = -1
+        self.length = kept
