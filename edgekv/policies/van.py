@@ -1,0 +1,43 @@
+"""``van``: Value-Norm importance with layer-adaptive pooling only (InfiniPot-V section 3.2, eq. 7,
+Alg. 2 lines 14-22; alpha = 0).
+
+||V|| is a query-agnostic proxy of a token's semantic weight; early layers show spatial locality of
+it, so each layer averages it over a k x k window of the frame's grid, k in {7, 5, 3, 1} chosen from
+the layer's coefficient of variation against calibrated thresholds tau1 < tau2 < tau3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from edgekv.calibration.thresholds import CVThresholds
+from edgekv.policies.base import CacheView, ScoredPolicy, register
+from edgekv.policies.scores import layer_cv, pool_sizes, pooled_van, value_norms
+
+
+@register
+@dataclass
+class VaNPolicy(ScoredPolicy):
+    name: ClassVar[str] = "van"
+    calibration: str | None = None
+    thresholds: CVThresholds = field(init=False)
+    last_pool_sizes: list[int] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.thresholds = CVThresholds.load(self.calibration)
+
+    def pooled(self, view: CacheView) -> torch.Tensor:
+        cv = layer_cv(value_norms(view), view.vision)
+        taus = self.thresholds.resolve(cv)
+        self.last_pool_sizes = pool_sizes(cv, taus)
+        return pooled_van(view, self.last_pool_sizes)
+
+    def score(self, view: CacheView) -> torch.Tensor:
+        return self.pooled(view)
+
+    def stats(self, session) -> dict:
+        return {"van_calibration": self.thresholds.describe(), "van_pool_sizes": list(self.last_pool_sizes)}

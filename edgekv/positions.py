@@ -1,0 +1,70 @@
+"""Temporal M-RoPE arithmetic on cached keys: undo time (for TaR) and move keys in time (re-basing).
+
+Qwen2.5-VL's M-RoPE splits the ``head_dim / 2`` rotary frequencies into sections ``[t, h, w]``
+(``[16, 24, 24]`` for the 3B model): frequency ``j < t`` rotates by the temporal position id, and the
+rotary pair of frequency ``j`` is dims ``(j, j + head_dim / 2)`` (transformers'
+``apply_multimodal_rotary_pos_emb`` with ``rotate_half``). Rotations of one pair compose, so a key
+rotated at temporal position ``p`` becomes the key rotated at ``p + d`` by one more rotation of the
+temporal pairs by ``d * inv_freq[j]`` — exact, no recomputation of the layer (DESIGN invariant 5).
+
+The same rotation by ``-p`` gives the key with time undone: the part of a key that a static patch
+shares across frames (InfiniPot-V's TaR compares keys of the same patch across time, eq. 4; raw
+post-RoPE keys of an unchanged patch differ between frames only by this rotation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rotary_inv_freq(head_dim: int, theta: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[head_dim / 2] fp32 inverse frequencies, as the language model uses them."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+
+
+def rotate_temporal(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int) -> torch.Tensor:
+    """Rotate the temporal rotary pairs of ``keys`` by ``delta`` positions (out of place, fp32 math).
+
+    keys: [..., head_dim]; delta: keys.shape[:-1] (int or float); returns keys' dtype.
+    """
+    half = keys.shape[-1] // 2
+    freqs = inv_freq[:temporal_section].to(keys.device)
+    angle = delta.to(torch.float32).unsqueeze(-1) * freqs  # [..., t]
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x = keys.to(torch.float32)
+    x1, x2 = x[..., :temporal_section], x[..., half:half + temporal_section]
+    out = x.clone()
+    out[..., :temporal_section] = x1 * cos - x2 * sin
+    out[..., half:half + temporal_section] = x2 * cos + x1 * sin
+    return out.to(keys.dtype)
+
+
+def rotate_temporal_(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int) -> None:
+    """In-place variant for cache buffers: only the temporal dims are written."""
+    half = keys.shape[-1] // 2
+    freqs = inv_freq[:temporal_section].to(keys.device)
+    angle = delta.to(torch.float32).unsqueeze(-1) * freqs
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x1 = keys[..., :temporal_section].to(torch.float32)
+    x2 = keys[..., half:half + temporal_section].to(torch.float32)
+    keys[..., :temporal_section] = (x1 * cos - x2 * sin).to(keys.dtype)
+    keys[..., half:half + temporal_section] = (x2 * cos + x1 * sin).to(keys.dtype)
+
+
+def squeeze_gaps(positions: torch.Tensor, max_gap: int, anchor: int) -> dict[int, int]:
+    """Order-preserving re-basing of distinct temporal positions.
+
+    The distinct values of ``positions`` (sorted) are mapped so that the first becomes ``anchor`` and
+    every gap between consecutive values is kept if it is at most ``max_gap`` and shortened to
+    ``max_gap`` otherwise. Equal positions stay equal, order is preserved, and the span of ``k``
+    distinct positions is at most ``(k - 1) * max_gap`` — bounded by the cache size, whatever the
+    stream length. Returns {old: new}.
+    """
+    values = sorted({int(v) for v in positions.flatten().tolist()})
+    mapping: dict[int, int] = {}
+    current = anchor
+    for i, value in enumerate(values):
+        if i:
+            current += min(value - values[i - 1], max_gap)
+        mapping[value] = current
+    return mapping
