@@ -1,0 +1,172 @@
+"""TaR: temporal-axis redundancy of every cached vision key (InfiniPot-V, seed 004, sec. 3.1, eq. 4).
+
+    s(t, i, j) = -(1/r) sum_{t' in recent} cos(K_past(t, i, j), K_recent(t', i, j))
+               = -k_hat(t, i, j) . R(i, j),   R(i, j) = (1/r) sum_{t'} k_hat(t', i, j)
+
+per layer and KV head, where ``(i, j)`` is the merged-grid cell of the slot (slot metadata, so it holds
+after any number of compactions) and ``k_hat`` the l2-normalized key, with the temporal M-RoPE rotation
+undone first when ``unrotated`` (Qwen2.5-VL: rotary pair ``(j, j + D/2)`` of frequency ``j <
+temporal_section`` turns by ``tpos * inv_freq[j]``). Non-vision slots score 0.
+
+Two launches of one kernel over (L*H, slot blocks), each recomputing the unrotated unit key of its
+slots in registers: phase 0 scatters the recent keys into R with atomic adds (a cell gets one add per
+recent frame, so contention is r-fold at most); phase 1 gathers R of each slot's cell and takes one
+dot product. Trade-off: the keys are read twice and the sin/cos recomputed instead of writing the
+unit keys out (an [L, H, n, D] fp32 temporary, 226 MB at the 3B shape); the workspace is only R and its
+counts, [L, H, rows*cols, D + 1] fp32 (9.4 MB at 3B: 16x16 cells). Atomic fp32 adds make R's summation
+order, and so the last bits of the scores, run-dependent. At large temporal positions most of the
+error is the fp32 angle ``tpos * inv_freq`` itself (1.5e-5 in s at tpos ~ 5000), the same in the
+reference; compiled kernels use libdevice sin/cos, exact enough at such angles. D must be even (rotary
+pairs); it is padded to a power of two and masked.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgekv.kernels._triton import cdiv, interpreting, jit, libdevice, next_power_of_2, precise_trig, tl, use_triton
+
+# edgekv.cache.capped.SlotKind.VISION; not imported, so that the cache may import edgekv.kernels.
+VISION_KIND = 2
+
+
+# ---------------------------------------------------------------------------------------------- reference
+def unrotate_temporal(keys: torch.Tensor, tpos: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int) -> torch.Tensor:
+    """Keys with the temporal rotation undone, in keys' dtype (``positions.rotate_temporal`` by -tpos)."""
+    half = keys.shape[-1] // 2
+    angle = (-tpos).to(keys.dtype).unsqueeze(-1) * inv_freq[:temporal_section].to(device=keys.device, dtype=keys.dtype)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x1, x2 = keys[..., :temporal_section], keys[..., half:half + temporal_section]
+    out = keys.clone()
+    out[..., :temporal_section] = x1 * cos - x2 * sin
+    out[..., half:half + temporal_section] = x2 * cos + x1 * sin
+    return out
+
+
+def tar_scores_reference(
+    k: torch.Tensor, tpos: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+    kind: torch.Tensor, recent_mask: torch.Tensor, grid: tuple[int, int], inv_freq: torch.Tensor,
+    temporal_section: int, unrotated: bool = True, *, compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Eq. 4 in plain torch; the arguments as in ``tar_scores``. Returns [L, H, n] fp32."""
+    keys = k.to(compute_dtype)  # [L, H, n, D]
+    if unrotated:
+        keys = unrotate_temporal(keys, tpos, inv_freq, temporal_section)
+    keys = F.normalize(keys, dim=-1)
+    layers, heads, n, dim = keys.shape
+    cells = grid[0] * grid[1]
+    cell = (row.long() * grid[1] + col.long()).clamp(min=0)  # [L, H, n]
+    reference = torch.zeros(layers, heads, cells, dim, dtype=compute_dtype, device=keys.device)
+    count = torch.zeros(layers, heads, cells, dtype=compute_dtype, device=keys.device)
+    weight = recent_mask.to(compute_dtype)
+    reference.scatter_add_(2, cell.unsqueeze(-1).expand(-1, -1, -1, dim), keys * weight.unsqueeze(-1))
+    count.scatter_add_(2, cell, weight)
+    reference = reference / count.clamp(min=1.0).unsqueeze(-1)
+    partner = torch.gather(reference, 2, cell.unsqueeze(-1).expand(-1, -1, -1, dim))  # [L, H, n, D]
+    scores = -(keys * partner).sum(-1)
+    return scores.masked_fill(kind != VISION_KIND, 0.0).to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------- kernel
+@jit
+def _tar_kernel(
+    k_ptr, tpos_ptr, row_ptr, col_ptr, kind_ptr, recent_ptr, inv_freq_ptr, ref_ptr, count_ptr, out_ptr,
+    heads, n, half, temporal_section, grid_cols, cells,
+    s_kl, s_kh, s_kn, s_kd,
+    PHASE: tl.constexpr, UNROTATED: tl.constexpr, PRECISE_TRIG: tl.constexpr, VISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    # grid: (L*H, cdiv(n, BLOCK_N)). metadata and out: contiguous [L*H, n];
+    # ref: [L*H, cells, 2*half] fp32, count: [L*H, cells] fp32.
+    lh = tl.program_id(0)
+    layer, head = lh // heads, lh % heads
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_j = tl.arange(0, BLOCK_HALF)  # rotary pair j = dims (j, j + half)
+    n_ok, j_ok = offs_n < n, offs_j < half
+    tile_ok = n_ok[:, None] & j_ok[None, :]
+    meta = lh.to(tl.int64) * n + offs_n
+    key = k_ptr + layer.to(tl.int64) * s_kl + head.to(tl.int64) * s_kh + offs_n[:, None] * s_kn + offs_j[None, :] * s_kd
+    x1 = tl.load(key, mask=tile_ok, other=0.0).to(tl.float32)
+    x2 = tl.load(key + half * s_kd, mask=tile_ok, other=0.0).to(tl.float32)
+    if UNROTATED:
+        t = tl.load(tpos_ptr + meta, mask=n_ok, other=0).to(tl.float32)
+        freq = tl.load(inv_freq_ptr + offs_j, mask=offs_j < temporal_section, other=0.0)  # 0: pair not temporal
+        angle = -(t[:, None] * freq[None, :])
+        if PRECISE_TRIG:
+            cos, sin = libdevice.cos(angle), libdevice.sin(angle)
+        else:
+            cos, sin = tl.cos(angle), tl.sin(angle)
+        x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    norm = tl.sqrt(tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1))
+    inv = 1.0 / tl.maximum(norm, 1e-12)  # F.normalize's eps
+    x1, x2 = x1 * inv[:, None], x2 * inv[:, None]
+    row = tl.maximum(tl.load(row_ptr + meta, mask=n_ok, other=0).to(tl.int32), 0)
+    col = tl.maximum(tl.load(col_ptr + meta, mask=n_ok, other=0).to(tl.int32), 0)
+    cell = lh.to(tl.int64) * cells + row * grid_cols + col
+    ref = ref_ptr + cell[:, None] * (2 * half) + offs_j[None, :]
+    if PHASE == 0:
+        recent = (tl.load(recent_ptr + meta, mask=n_ok, other=0) != 0) & n_ok
+        tl.atomic_add(ref, x1, mask=recent[:, None] & j_ok[None, :])
+        tl.atomic_add(ref + half, x2, mask=recent[:, None] & j_ok[None, :])
+        tl.atomic_add(count_ptr + cell, tl.full([BLOCK_N], 1.0, tl.float32), mask=recent)
+    else:
+        vision = (tl.load(kind_ptr + meta, mask=n_ok, other=0) == VISION) & n_ok
+        count = tl.maximum(tl.load(count_ptr + cell, mask=vision, other=1.0), 1.0)
+        r1 = tl.load(ref, mask=vision[:, None] & j_ok[None, :], other=0.0) / count[:, None]
+        r2 = tl.load(ref + half, mask=vision[:, None] & j_ok[None, :], other=0.0) / count[:, None]
+        score = -(tl.sum(x1 * r1, 1) + tl.sum(x2 * r2, 1))
+        tl.store(out_ptr + meta, tl.where(vision, score, 0.0), mask=n_ok)
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+def tar_scores_triton(
+    k: torch.Tensor, tpos: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+    kind: torch.Tensor, recent_mask: torch.Tensor, grid: tuple[int, int], inv_freq: torch.Tensor,
+    temporal_section: int, unrotated: bool = True,
+) -> torch.Tensor:
+    layers, heads, n, dim = k.shape
+    if dim % 2:
+        raise ValueError(f"TaR needs an even head_dim (rotary pairs), got {dim}")
+    for name, t in (("tpos", tpos), ("row", row), ("col", col), ("kind", kind), ("recent_mask", recent_mask)):
+        if tuple(t.shape) != (layers, heads, n):
+            raise ValueError(f"{name} must be [L, H, n] = {(layers, heads, n)}, got {tuple(t.shape)}")
+    # metadata is small: pack it (slices of the cache's [L, H, M] buffers are not contiguous)
+    tpos, row, col, kind = (t.contiguous() for t in (tpos, row, col, kind))
+    recent = recent_mask.contiguous()
+    recent = recent.view(torch.uint8) if recent.dtype == torch.bool else recent
+    half, cells = dim // 2, grid[0] * grid[1]
+    ref = torch.zeros(layers * heads, cells, dim, dtype=torch.float32, device=k.device)
+    count = torch.zeros(layers * heads, cells, dtype=torch.float32, device=k.device)
+    out = torch.empty(layers, heads, n, dtype=torch.float32, device=k.device)
+    inv_freq = inv_freq.to(device=k.device, dtype=torch.float32).contiguous()
+    block_n = 32 if interpreting() else 64
+    launch = (layers * heads, cdiv(n, block_n))
+    for phase in (0, 1):
+        _tar_kernel[launch](
+            k, tpos, row, col, kind, recent, inv_freq, ref, count, out,
+            heads, n, half, temporal_section, grid[1], cells, *k.stride(),
+            PHASE=phase, UNROTATED=unrotated, PRECISE_TRIG=precise_trig(), VISION=VISION_KIND,
+            BLOCK_N=block_n, BLOCK_HALF=next_power_of_2(half), num_warps=4,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- op
+def tar_scores(
+    k: torch.Tensor, tpos: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+    kind: torch.Tensor, recent_mask: torch.Tensor, grid: tuple[int, int], inv_freq: torch.Tensor,
+    temporal_section: int, unrotated: bool = True,
+) -> torch.Tensor:
+    """TaR score of every slot (eq. 4), Triton when available (see ``use_triton``).
+
+    k: [L, H, n, D] cached keys (any float dtype, e.g. the valid prefix of the capped cache);
+    tpos, frame, row, col, kind, recent_mask: [L, H, n] slot metadata (recent_mask: bool, the slots of the
+    ``r`` newest frame pairs; ``frame`` is accepted for the cache's metadata contract, the recent test is
+    already in ``recent_mask``); grid: merged (rows, cols) of a frame pair; inv_freq: [D/2] rotary
+    inverse frequencies; temporal_section: how many of them carry time. Returns [L, H, n] fp32, higher =
+    less redundant; non-vision slots 0.
+    """
+    if use_triton(k):
+        return tar_scores_triton(k, tpos, frame, row, col, kind, recent_mask, grid, inv_freq, temporal_section, unrotated)
+    return tar_scores_reference(k, tpos, frame, row, col, kind, recent_mask, grid, inv_freq, temporal_section, unrotated)

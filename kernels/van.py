@@ -1,0 +1,229 @@
+"""VaN: value norms, per-layer CV and layer-adaptive 2D pooling over each frame's grid (InfiniPot-V,
+seed 004, sec. 3.2, eq. 7, Alg. 2 lines 14-22).
+
+    VaN(l, h, s)  = ||V_{l,h,s}||_2
+    CV(l)         = sigma / mu of VaN over layer l's vision slots (all heads)
+    pooled(l,h,s) = sum_{c in W_k(s)} VaN(c) / |{c in W_k(s) present}|
+
+where ``W_k(s)`` is the k x k window (k = g(CV(l)) in {7, 5, 3, 1}) around the slot's (row, col) in
+the same frame's merged grid, and only cells still present after earlier compactions count (a mean over
+what is there, not over zeros). Non-vision slots keep their own norm.
+
+Kernels: one pass over V for the norms; one program per layer for the CV (two loops over the layer's
+norms — mean, then squared deviations — as the reference does, rather than a one-pass sum of squares
+that cancels badly); pooling in two launches of one kernel: phase 0 scatters each vision slot's norm
+and a presence count into a dense per-frame grid with atomic adds, phase 1 reads the k x k window of
+each slot (k per layer, from a [L] radius tensor, so one launch serves every layer). Trade-off: the
+dense grid is [L*H, F, rows, cols] x 2 fp32 with F the distinct frames in the cache (found with
+``torch.unique``, one host sync) — 7.1 MB for 48 distinct frames at the 3B shape — in exchange for
+O(k^2) reads per slot instead of a search of the slot list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from edgekv.kernels._triton import cdiv, interpreting, jit, next_power_of_2, tl, use_triton
+
+
+# ---------------------------------------------------------------------------------------------- reference
+def value_norms_reference(v: torch.Tensor, *, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """v: [L, H, n, D] -> [L, H, n] fp32."""
+    return v.to(compute_dtype).norm(dim=-1).to(torch.float32)
+
+
+def layer_cv_reference(norms: torch.Tensor, vision: torch.Tensor, *, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """norms, vision: [L, H, n] -> [L] fp32 coefficient of variation over each layer's vision slots."""
+    norms = norms.to(compute_dtype)
+    weight = vision.to(compute_dtype)
+    count = weight.sum(dim=(1, 2)).clamp(min=1.0)
+    mean = (norms * weight).sum(dim=(1, 2)) / count
+    var = (((norms - mean[:, None, None]) ** 2) * weight).sum(dim=(1, 2)) / count
+    return (var.sqrt() / mean.clamp(min=1e-12)).to(torch.float32)
+
+
+def pooled_van_reference(
+    norms: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, vision: torch.Tensor,
+    grid: tuple[int, int], sizes: Sequence[int], *, compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Alg. 2 l.22 with avg_pool2d over a dense per-frame grid; arguments as in ``pooled_van``."""
+    norms = norms.to(compute_dtype)
+    layers, heads, n = norms.shape
+    rows, cols = grid
+    frames, inverse = torch.unique(frame.masked_fill(~vision, -1), return_inverse=True)
+    num_frames = frames.numel()
+    cell = inverse.long() * rows * cols + row.long().clamp(min=0) * cols + col.long().clamp(min=0)
+    dense = torch.zeros(layers, heads, num_frames * rows * cols, dtype=compute_dtype, device=norms.device)
+    mask = torch.zeros_like(dense)
+    dense.scatter_add_(2, cell, norms * vision)
+    mask.scatter_add_(2, cell, vision.to(compute_dtype))
+    dense = dense.view(layers * heads * num_frames, 1, rows, cols)
+    mask = mask.view(layers * heads * num_frames, 1, rows, cols)
+    pooled = torch.empty_like(norms)
+    for size in sorted(set(sizes)):
+        chosen = [layer for layer, s in enumerate(sizes) if s == size]
+        if size == 1:
+            pooled[chosen] = norms[chosen]
+            continue
+        sums = F.avg_pool2d(dense, size, stride=1, padding=size // 2, count_include_pad=True)
+        present = F.avg_pool2d(mask, size, stride=1, padding=size // 2, count_include_pad=True)
+        average = (sums / present.clamp(min=1e-12)).view(layers, heads, -1)
+        pooled[chosen] = torch.gather(average[chosen], 2, cell[chosen])
+    return torch.where(vision, pooled, norms).to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+@jit
+def _value_norm_kernel(
+    v_ptr, out_ptr, heads, n, dim, s_vl, s_vh, s_vn, s_vd,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # grid: (L*H, cdiv(n, BLOCK_N)); out: contiguous [L*H, n] fp32
+    lh = tl.program_id(0)
+    layer, head = lh // heads, lh % heads
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < n
+    x = tl.load(v_ptr + layer.to(tl.int64) * s_vl + head.to(tl.int64) * s_vh + offs_n[:, None] * s_vn + offs_d[None, :] * s_vd,
+                mask=n_ok[:, None] & (offs_d < dim)[None, :], other=0.0).to(tl.float32)
+    tl.store(out_ptr + lh.to(tl.int64) * n + offs_n, tl.sqrt(tl.sum(x * x, 1)), mask=n_ok)
+
+
+@jit
+def _layer_cv_kernel(norms_ptr, vision_ptr, cv_ptr, per_layer, BLOCK: tl.constexpr):
+    # grid: (L,); norms [L, per_layer] fp32 and vision [L, per_layer] uint8, contiguous
+    layer = tl.program_id(0)
+    base = layer.to(tl.int64) * per_layer
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    count = tl.zeros([BLOCK], dtype=tl.float32)
+    for i0 in range(0, per_layer, BLOCK):
+        offs = i0 + tl.arange(0, BLOCK)
+        w = (tl.load(vision_ptr + base + offs, mask=offs < per_layer, other=0) != 0).to(tl.float32)
+        total += w * tl.load(norms_ptr + base + offs, mask=offs < per_layer, other=0.0)
+        count += w
+    num = tl.maximum(tl.sum(count, 0), 1.0)
+    mean = tl.sum(total, 0) / num
+    spread = tl.zeros([BLOCK], dtype=tl.float32)
+    for i0 in range(0, per_layer, BLOCK):
+        offs = i0 + tl.arange(0, BLOCK)
+        w = (tl.load(vision_ptr + base + offs, mask=offs < per_layer, other=0) != 0).to(tl.float32)
+        dev = tl.load(norms_ptr + base + offs, mask=offs < per_layer, other=0.0) - mean
+        spread += w * dev * dev
+    tl.store(cv_ptr + layer, tl.sqrt(tl.sum(spread, 0) / num) / tl.maximum(mean, 1e-12))
+
+
+@jit
+def _van_pool_kernel(
+    norms_ptr, vision_ptr, rank_ptr, row_ptr, col_ptr, radius_ptr, sum_ptr, count_ptr, out_ptr,
+    heads, n, grid_rows, grid_cols, dense_per_lh,
+    PHASE: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # grid: (L*H, cdiv(n, BLOCK_N)). norms, vision, rank (the slot's frame among the distinct frames),
+    # row, col, out: contiguous [L*H, n]; sum, count: [L*H, dense_per_lh = F*rows*cols] fp32 zeros.
+    lh = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n
+    slot = lh.to(tl.int64) * n + offs_n
+    norm = tl.load(norms_ptr + slot, mask=n_ok, other=0.0)
+    vision = (tl.load(vision_ptr + slot, mask=n_ok, other=0) != 0) & n_ok
+    row = tl.maximum(tl.load(row_ptr + slot, mask=n_ok, other=0).to(tl.int32), 0)
+    col = tl.maximum(tl.load(col_ptr + slot, mask=n_ok, other=0).to(tl.int32), 0)
+    rank = tl.load(rank_ptr + slot, mask=n_ok, other=0).to(tl.int64)
+    frame_base = lh.to(tl.int64) * dense_per_lh + rank * grid_rows * grid_cols
+    if PHASE == 0:
+        cell = frame_base + row * grid_cols + col
+        tl.atomic_add(sum_ptr + cell, norm, mask=vision)
+        tl.atomic_add(count_ptr + cell, tl.full([BLOCK_N], 1.0, tl.float32), mask=vision)
+    else:
+        radius = tl.load(radius_ptr + lh // heads)
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        present = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for dr in range(-radius, radius + 1):
+            for dc in range(-radius, radius + 1):
+                r, c = row + dr, col + dc
+                inside = vision & (r >= 0) & (r < grid_rows) & (c >= 0) & (c < grid_cols)
+                cell = frame_base + r * grid_cols + c
+                total += tl.load(sum_ptr + cell, mask=inside, other=0.0)
+                present += tl.load(count_ptr + cell, mask=inside, other=0.0)
+        # size 1 keeps the slot's own norm exactly, as the reference does
+        out = tl.where(vision & (radius > 0), total / tl.maximum(present, 1e-12), norm)
+        tl.store(out_ptr + slot, out, mask=n_ok)
+
+
+# ---------------------------------------------------------------------------------------------- launchers
+def _block_n() -> int:
+    return 32 if interpreting() else 128
+
+
+def value_norms_triton(v: torch.Tensor) -> torch.Tensor:
+    layers, heads, n, dim = v.shape
+    out = torch.empty(layers, heads, n, dtype=torch.float32, device=v.device)
+    _value_norm_kernel[(layers * heads, cdiv(n, _block_n()))](
+        v, out, heads, n, dim, *v.stride(), BLOCK_N=_block_n(), BLOCK_D=next_power_of_2(dim), num_warps=4,
+    )
+    return out
+
+
+def _as_bytes(mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.contiguous()
+    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+
+
+def layer_cv_triton(norms: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:
+    layers = norms.shape[0]
+    cv = torch.empty(layers, dtype=torch.float32, device=norms.device)
+    block = 256 if interpreting() else 1024
+    _layer_cv_kernel[(layers,)](
+        norms.to(torch.float32).contiguous(), _as_bytes(vision), cv, norms[0].numel(), BLOCK=block, num_warps=4,
+    )
+    return cv
+
+
+def pooled_van_triton(
+    norms: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, vision: torch.Tensor,
+    grid: tuple[int, int], sizes: Sequence[int],
+) -> torch.Tensor:
+    layers, heads, n = norms.shape
+    if len(sizes) != layers:
+        raise ValueError(f"one pool size per layer: {layers} layers, {len(sizes)} sizes")
+    rows, cols = grid
+    frames, rank = torch.unique(frame.masked_fill(~vision, -1), return_inverse=True)
+    dense_per_lh = frames.numel() * rows * cols
+    sums = torch.zeros(layers * heads, dense_per_lh, dtype=torch.float32, device=norms.device)
+    counts = torch.zeros_like(sums)
+    radius = torch.tensor([size // 2 for size in sizes], dtype=torch.int32, device=norms.device)
+    out = torch.empty(layers, heads, n, dtype=torch.float32, device=norms.device)
+    args = (norms.to(torch.float32).contiguous(), _as_bytes(vision), rank.to(torch.int32).contiguous(),
+            row.contiguous(), col.contiguous(), radius, sums, counts, out, heads, n, rows, cols, dense_per_lh)
+    for phase in (0, 1):
+        _van_pool_kernel[(layers * heads, cdiv(n, _block_n()))](*args, PHASE=phase, BLOCK_N=_block_n(), num_warps=4)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- ops
+def value_norms(v: torch.Tensor) -> torch.Tensor:
+    """VaN: ||V||_2 per slot. v: [L, H, n, D] (any float dtype, strided views fine) -> [L, H, n] fp32."""
+    return value_norms_triton(v) if use_triton(v) else value_norms_reference(v)
+
+
+def layer_cv(norms: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:
+    """sigma / mu of each layer's VaN over its vision slots (Alg. 2 l.16-18). norms, vision: [L, H, n] -> [L] fp32."""
+    return layer_cv_triton(norms, vision) if use_triton(norms) else layer_cv_reference(norms, vision)
+
+
+def pooled_van(
+    norms: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, vision: torch.Tensor,
+    grid: tuple[int, int], sizes: Sequence[int],
+) -> torch.Tensor:
+    """VaN averaged over the k x k window of the slot's frame grid, k = sizes[layer] (Alg. 2 l.22).
+
+    norms: [L, H, n] fp32 from ``value_norms``; frame, row, col: [L, H, n] slot metadata; vision: [L, H, n]
+    bool; grid: merged (rows, cols) of a frame pair; sizes: odd window size per layer (1 = no pooling).
+    Returns [L, H, n] fp32; non-vision slots keep their own norm.
+    """
+    if use_triton(norms):
+        return pooled_van_triton(norms, frame, row, col, vision, grid, sizes)
+    return pooled_van_reference(norms, frame, row, col, vision, grid, sizes)

@@ -1,0 +1,479 @@
+"""Every kernel in edgekv.kernels against its torch reference.
+
+On a CUDA machine the tests run the compiled kernels (small odd shapes, plus the ``gpu`` tests at the
+Qwen2.5-VL-3B shapes). On CPU the kernels run in Triton's interpreter, which must be chosen before
+Triton is imported (``edgekv.kernels._triton``): in a process started with ``TRITON_INTERPRET=1`` the
+tests run here; otherwise ``test_kernels_in_triton_interpreter`` runs this module again in a
+subprocess with it set, so that the variable never leaks into other test modules.
+
+Tolerance (flash-attention's rule): max |kernel - fp64 reference| <= 2 x max |same-precision torch run -
+fp64 reference| + floor. The same-precision run is the eager reference computed in the input dtype
+(fp16 / bf16 scores, softmax and P·V; fp32 for fp32 inputs) — for TaR/VaN, whose math is fp32 whatever
+the input dtype, it is the fp32 reference. The floor, two fp32 ulps of the largest reference value,
+absorbs summation-order differences where the torch run happens to be exact (fp32 inputs: the torch
+run is then the fp32 reference itself). Copies (compaction) and masked keys must be exact.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgekv.attention import attention_with_mass
+from edgekv.cache import CacheSpec, CappedKVCache, ChunkMeta, SlotKind
+from edgekv.kernels import attention_mass, compact_, triton_available, use_triton
+from edgekv.kernels._triton import interpreting
+from edgekv.kernels.attention_mass import attention_mass_reference, attention_mass_triton, chunk_mask
+from edgekv.kernels.compaction import METADATA_FIELDS, compact_reference_, compact_triton_
+from edgekv.kernels.tar import VISION_KIND, tar_scores_reference, tar_scores_triton
+from edgekv.kernels.van import (
+    layer_cv_reference,
+    layer_cv_triton,
+    pooled_van_reference,
+    pooled_van_triton,
+    value_norms_reference,
+    value_norms_triton,
+)
+from edgekv.positions import rotary_inv_freq
+
+INTERPRETED = interpreting()
+CUDA = torch.cuda.is_available() and not INTERPRETED
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+RUN_HERE = triton_available() and (CUDA or INTERPRETED)
+ULPS = 2  # the floor of the tolerance, in fp32 ulps of the largest reference value
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+needs_triton = pytest.mark.skipif(
+    not RUN_HERE, reason="no Triton here: runs in test_kernels_in_triton_interpreter's subprocess (or triton is missing)"
+)
+requires_cuda = pytest.mark.skipif(not (CUDA and triton_available()), reason="needs CUDA and triton")
+
+
+@pytest.fixture(autouse=True)
+def no_forced_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDGEKV_TRITON", raising=False)
+
+
+@pytest.mark.skipif(RUN_HERE or not triton_available(), reason="the kernels run in this process")
+def test_kernels_in_triton_interpreter(request: pytest.FixtureRequest) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("EDGEKV_TRITON", None)
+    command = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"]
+    if request.config.getoption("markexpr"):
+        command += ["-m", request.config.getoption("markexpr")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=request.config.rootpath)
+    print(result.stdout[-4000:])
+    assert result.returncode == 0, f"interpreter run failed:\n{result.stdout[-12000:]}\n{result.stderr[-4000:]}"
+
+
+def max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return (x.double() - ref.double()).abs().max().item() if x.numel() else 0.0
+
+
+def assert_within_2x(result: torch.Tensor, same_precision: torch.Tensor, reference: torch.Tensor, what: str) -> None:
+    err, base = max_err(result, reference), max_err(same_precision, reference)
+    scale = reference.abs().max().item() if reference.numel() else 0.0
+    floor = ULPS * torch.finfo(torch.float32).eps * max(1.0, scale)
+    assert err <= 2 * base + floor, f"{what}: kernel error {err:.3g} > 2 x torch error {base:.3g} + {floor:.2g}"
+
+
+def check_op(kernel, reference, args: tuple, what: str) -> torch.Tensor:
+    """kernel(*args) against reference(*args) in fp64, with reference(*args) (fp32) as the torch run."""
+    got = kernel(*args)
+    assert_within_2x(got, reference(*args), reference(*args, compute_dtype=torch.float64), what)
+    return got
+
+
+# ---------------------------------------------------------------------------------------------- attention
+def attention_inputs(heads_q, heads_kv, num_new, start, dim, capacity, dtype, visible_share, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(heads_q, num_new, dim, generator=gen) * 1.5  # peaky enough that softmax matters
+    k = torch.randn(heads_kv, capacity, dim, generator=gen)
+    v = torch.randn(heads_kv, capacity, dim, generator=gen)
+    k[:, start + num_new:] = float("nan")  # slots past the valid prefix must never be read (v: NaN would reach out)
+    v[:, start + num_new:] = float("nan")
+    visible = None if visible_share is None else torch.rand(heads_kv, start, generator=gen) < visible_share
+    to = dict(device=DEVICE, dtype=dtype)
+    return q.to(**to), k.to(**to), v.to(**to), None if visible is None else visible.to(DEVICE)
+
+
+def check_attention(q, k, v, start, visible):
+    out, mass = attention_mass_triton(q, k, v, start=start, visible=visible)
+    ref_out, ref_mass = attention_mass_reference(q, k, v, start=start, visible=visible, compute_dtype=torch.float64)
+    same_out, same_mass = attention_mass_reference(q, k, v, start=start, visible=visible, compute_dtype=q.dtype)
+    assert out.dtype == q.dtype and mass.dtype == torch.float32
+    assert mass.shape == (k.shape[0], start + q.shape[1])
+    assert_within_2x(out, same_out, ref_out, f"out {q.dtype}")
+    assert_within_2x(mass, same_mass, ref_mass, f"mass {q.dtype}")
+    if visible is not None:
+        assert (mass[:, :start][~visible] == 0).all(), "invisible keys must get exactly zero mass"
+    # each query's probabilities sum to 1, averaged over the group: total mass = P per KV head
+    total = torch.full((k.shape[0],), float(q.shape[1]), dtype=torch.float64, device=DEVICE)
+    torch.testing.assert_close(mass.sum(1).double(), total, rtol=1e-4, atol=0)
+    return out, mass
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads_q,heads_kv", [(2, 2), (8, 2), (8, 1)], ids=["gqa1", "gqa4", "gqa8"])
+def test_attention_mass_odd_shapes_partly_filled(dtype, heads_q, heads_kv):
+    # P, start, N, D all off powers of two; the cache holds 70 slots of which N = 56 are valid
+    q, k, v, visible = attention_inputs(heads_q, heads_kv, num_new=19, start=37, dim=24, capacity=70, dtype=dtype,
+                                        visible_share=0.6)
+    check_attention(q, k, v, 37, visible)
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "num_new,start,dim,capacity,visible_share",
+    [(33, 0, 16, 33, None), (8, 50, 64, 58, None), (21, 45, 40, 80, 0.0), (17, 90, 32, 107, 0.3)],
+    ids=["chunk-only", "full-cache-all-visible", "nothing-committed-visible", "first-blocks-invisible"],
+)
+def test_attention_mass_masks(num_new, start, dim, capacity, visible_share):
+    q, k, v, visible = attention_inputs(4, 2, num_new, start, dim, capacity, torch.float16, visible_share, seed=1)
+    if visible is not None and start > 64:
+        visible[:, :64] = False  # whole key blocks with nothing visible: the online softmax must not NaN
+    out, _ = check_attention(q, k, v, start, visible)
+    assert torch.isfinite(out).all()
+
+
+@needs_triton
+def test_attention_mass_writes_mass_out_in_place():
+    q, k, v, visible = attention_inputs(8, 2, 11, 20, 32, 40, torch.float32, 0.5, seed=2)
+    mass_out = torch.full((2, 40), -1.0, device=DEVICE)
+    _, mass = attention_mass_triton(q, k, v, start=20, visible=visible, mass_out=mass_out)
+    assert mass.data_ptr() == mass_out.data_ptr()
+    assert (mass_out[:, 31:] == -1.0).all()
+    _, ref = attention_mass_reference(q, k, v, start=20, visible=visible)
+    torch.testing.assert_close(mass_out[:, :31], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_reference_matches_attention_with_mass():
+    q, k, v, visible = attention_inputs(8, 2, 13, 29, 16, 50, torch.float32, 0.5, seed=3)
+    group = q.shape[0] // k.shape[0]
+    mask = chunk_mask(29, 13, visible, 2, DEVICE).repeat_interleave(group, dim=0)  # [Hq, P, N], as CacheAttention
+    out, mass = attention_with_mass(q, k[:, :42], v[:, :42], mask)
+    ref_out, ref_mass = attention_mass_reference(q, k, v, start=29, visible=visible)
+    torch.testing.assert_close(ref_out, out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ref_mass, mass, rtol=1e-6, atol=1e-6)
+
+
+@needs_triton
+def test_dispatch_rule(monkeypatch):
+    x = torch.zeros(1, device=DEVICE)
+    assert use_triton(x)  # CUDA tensors, or the interpreter on CPU
+    monkeypatch.setenv("EDGEKV_TRITON", "0")
+    assert not use_triton(x)
+    q, k, v, visible = attention_inputs(4, 2, 5, 6, 8, 11, torch.float32, 0.5)
+    out, mass = attention_mass(q, k, v, start=6, visible=visible)
+    ref_out, ref_mass = attention_mass_reference(q, k, v, start=6, visible=visible)
+    assert torch.equal(out, ref_out) and torch.equal(mass, ref_mass)
+
+
+def test_ops_import_and_run_without_triton():
+    # sys.modules["triton"] = None makes `import triton` fail, as on an install without it
+    script = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from edgekv import kernels\n"
+        "assert not kernels.triton_available() and not kernels.use_triton(torch.zeros(1))\n"
+        "q = torch.randn(4, 3, 8); k = torch.randn(2, 9, 8)\n"
+        "out, mass = kernels.attention_mass(q, k, k, start=6)\n"
+        "assert out.shape == (4, 3, 8) and mass.shape == (2, 9)\n"
+        "assert kernels.value_norms(k[None]).shape == (1, 2, 9)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_vision_kind_matches_the_cache():
+    assert VISION_KIND == int(SlotKind.VISION)
+
+
+@needs_triton
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_attention_mass_head_dim_128(dtype):
+    q, k, v, visible = attention_inputs(8, 1, 70, 150, 128, 240, dtype, 0.5, seed=4)
+    check_attention(q, k, v, 150, visible)
+
+
+# ---------------------------------------------------------------------------------------------- slot metadata
+def toy_slots(layers, heads, grid, pairs, recent_pairs, prefix=3, past_kept=0.6, seed=0):
+    """Metadata of a cache after compactions: per (layer, head) a different subset of the past pairs'
+    cells survives (same count everywhere), recent pairs whole, a prefix and two text slots around them."""
+    gen = torch.Generator().manual_seed(seed)
+    cells = grid[0] * grid[1]
+    past = (pairs - recent_pairs) * cells
+    kept = int(past_kept * past)
+    rows = []
+    for _ in range(layers * heads):
+        chosen = torch.randperm(past, generator=gen)[:kept].sort().values
+        vision = torch.cat([chosen, torch.arange(past, pairs * cells)])
+        slots = [(int(SlotKind.PREFIX), -1, -1, -1, i) for i in range(prefix)]
+        for s in vision.tolist():  # large temporal positions: the sin/cos must hold far from 0
+            slots.append((VISION_KIND, s // cells, s % cells // grid[1], s % grid[1], 5000 + 37 * (s // cells)))
+        slots += [(int(SlotKind.TEXT), -1, -1, -1, 5000 + 37 * pairs + i) for i in range(2)]
+        rows.append(torch.tensor(slots, dtype=torch.int64))
+    table = torch.stack(rows).view(layers, heads, -1, 5)
+    kind, frame, row, col, tpos = table.unbind(-1)
+    vision = kind == VISION_KIND
+    recent = vision & (frame > pairs - 1 - recent_pairs)
+    meta = dict(kind=kind.to(torch.int8), frame=frame.to(torch.int32), row=row.to(torch.int16), col=col.to(torch.int16),
+                tpos=tpos.to(torch.int32), recent=recent, vision=vision)
+    return {name: t.to(DEVICE) for name, t in meta.items()}
+
+
+def cache_tensor(layers, heads, n, capacity, dim, dtype, seed):
+    """The valid prefix [L, H, n, D] of a [L, H, capacity, D] buffer (a strided view, as policies get it)."""
+    buf = torch.randn(layers, heads, capacity, dim, generator=torch.Generator().manual_seed(seed))
+    buf[:, :, n:] = float("nan")
+    return buf.to(device=DEVICE, dtype=dtype)[:, :, :n]
+
+
+# ---------------------------------------------------------------------------------------------- TaR
+def tar_metadata(meta: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return meta["tpos"], meta["frame"], meta["row"], meta["col"], meta["kind"], meta["recent"]
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("unrotated", [True, False], ids=["unrotated", "raw"])
+def test_tar_scores(dtype, unrotated):
+    grid, dim, temporal = (3, 5), 24, 4  # D/2 = 12 pairs, padded to 16
+    meta = toy_slots(2, 3, grid, pairs=5, recent_pairs=2, seed=5)
+    n = meta["kind"].shape[2]
+    k = cache_tensor(2, 3, n, n + 9, dim, dtype, seed=6)
+    inv_freq = rotary_inv_freq(dim, 10000.0, DEVICE)
+    got = check_op(tar_scores_triton, tar_scores_reference, (k, *tar_metadata(meta), grid, inv_freq, temporal, unrotated),
+                   f"TaR {dtype}")
+    assert got.shape == meta["kind"].shape and got.dtype == torch.float32
+    assert (got[~meta["vision"]] == 0).all()
+    assert (got[meta["vision"]] != 0).any()
+
+
+# ---------------------------------------------------------------------------------------------- VaN
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_value_norms(dtype):
+    v = cache_tensor(3, 2, 45, 51, 40, dtype, seed=7)  # D = 40 padded to 64
+    check_op(value_norms_triton, value_norms_reference, (v,), f"VaN {dtype}")
+
+
+@needs_triton
+def test_layer_cv():
+    meta = toy_slots(3, 2, (4, 4), pairs=6, recent_pairs=1, seed=8)
+    norms = value_norms_reference(cache_tensor(3, 2, meta["kind"].shape[2], 90, 16, torch.float32, seed=9)) + 3.0
+    norms[2] = 1.0  # a constant layer: CV exactly 0
+    got = check_op(layer_cv_triton, layer_cv_reference, (norms, meta["vision"]), "CV")
+    assert got[2] == 0
+
+
+@needs_triton
+@pytest.mark.parametrize("sizes", [[7, 3, 1, 5], [1, 1, 1, 1], [5, 5, 7, 3]], ids=["mixed", "none", "large"])
+def test_pooled_van(sizes):
+    grid = (4, 6)
+    meta = toy_slots(4, 2, grid, pairs=5, recent_pairs=1, past_kept=0.5, seed=10)
+    n = meta["kind"].shape[2]
+    norms = value_norms_reference(cache_tensor(4, 2, n, n, 16, torch.float32, seed=11))
+    args = (norms, meta["frame"], meta["row"], meta["col"], meta["vision"], grid, sizes)
+    got = check_op(pooled_van_triton, pooled_van_reference, args, f"pooled VaN {sizes}")
+    assert torch.equal(got[~meta["vision"]], norms[~meta["vision"]])
+    for layer, size in enumerate(sizes):
+        if size == 1:
+            assert torch.equal(got[layer], norms[layer])
+
+
+# ---------------------------------------------------------------------------------------------- compaction
+def filled_cache(layers=2, heads=3, capacity=40, dim=24, length=31, dtype=torch.bfloat16, seed=12):
+    spec = CacheSpec.uniform(layers, heads, dim, dtype)
+    cache = CappedKVCache(spec, capacity, device=DEVICE)
+    gen = torch.Generator().manual_seed(seed)
+    start, frame = 0, 0
+    while start < length:
+        num = min(6, length - start)
+        cells = torch.arange(num)
+        meta = ChunkMeta(SlotKind.VISION, frame=frame, rows=cells // 3, cols=cells % 3, tpos=torch.full((num,), 100 + frame))
+        for layer in range(layers):
+            kv = torch.randn(2, heads, num, dim, generator=gen).to(dtype)
+            cache.write_layer(layer, start, kv[0].to(DEVICE), kv[1].to(DEVICE))
+        cache.write_meta(start, num, meta)
+        cache.commit(num)
+        start, frame = start + num, frame + 1
+    cache.sink[..., ::5] = True
+    cache.row[:, :, length + 2] = 7  # stale metadata past the length (left by a truncate): reset like the cache does
+    return cache
+
+
+def random_keep(layers, heads, length, kept, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows = [torch.randperm(length, generator=gen)[:kept].sort().values for _ in range(layers * heads)]
+    return torch.stack(rows).view(layers, heads, kept)
+
+
+def buffers(cache: CappedKVCache) -> dict[str, torch.Tensor]:
+    return {"k": cache.k.clone(), "v": cache.v.clone(), **{name: getattr(cache, name).clone() for name in METADATA_FIELDS}}
+
+
+def check_compaction(keep: torch.Tensor) -> None:
+    cache = filled_cache()
+    mine = buffers(cache)
+    cache.compact(keep)  # the contract: exactly what CappedKVCache.compact leaves
+    k, v = mine.pop("k"), mine.pop("v")
+    compact_triton_(k, v, keep.to(DEVICE), **mine)
+    for name, expected in buffers(cache).items():
+        got = k if name == "k" else v if name == "v" else mine[name]
+        assert torch.equal(got, expected), f"{name} differs after compaction"
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", ["random", "identity", "drop-first", "empty"])
+def test_compaction_matches_capped_cache(kind):
+    layers, heads, length = 2, 3, 31
+    if kind == "random":
+        keep = random_keep(layers, heads, length, 23, seed=13)
+    elif kind == "identity":  # every source is its own destination: the in-block aliasing case
+        keep = torch.arange(length).expand(layers, heads, -1).contiguous()
+    elif kind == "drop-first":
+        keep = torch.arange(1, length).expand(layers, heads, -1).contiguous()
+    else:
+        keep = torch.empty(layers, heads, 0, dtype=torch.int64)
+    check_compaction(keep)
+
+
+@needs_triton
+@settings(max_examples=12, deadline=None)
+@given(kept=st.integers(1, 31), seed=st.integers(0, 10_000))
+def test_compaction_random_keeps(kept, seed):
+    check_compaction(random_keep(2, 3, 31, kept, seed))
+
+
+def test_compaction_reference_without_scratch_matches_cache():
+    cache = filled_cache()
+    mine = buffers(cache)
+    keep = random_keep(2, 3, 31, 17, seed=14)
+    cache.compact(keep)
+    k, v = mine.pop("k"), mine.pop("v")
+    compact_reference_(k, v, keep.to(DEVICE), **mine)
+    assert torch.equal(k, cache.k) and torch.equal(v, cache.v)
+    assert all(torch.equal(mine[name], getattr(cache, name)) for name in METADATA_FIELDS)
+
+
+@needs_triton
+def test_compaction_op_dispatches_in_place():
+    cache = filled_cache()
+    keep = random_keep(2, 3, 31, 9, seed=15)
+    expected = buffers(cache)
+    k, v = expected.pop("k"), expected.pop("v")
+    compact_reference_(k, v, keep.to(DEVICE), **expected)
+    ptr = cache.k.data_ptr()
+    compact_(cache.k, cache.v, keep.to(DEVICE), **{name: getattr(cache, name) for name in METADATA_FIELDS})
+    assert cache.k.data_ptr() == ptr and torch.equal(cache.k, k) and torch.equal(cache.v, v)
+    assert all(torch.equal(getattr(cache, name), expected[name]) for name in METADATA_FIELDS)
+
+
+# ---------------------------------------------------------------------------------------------- compiled, no GPU
+def launches_of_every_kernel() -> None:
+    """Call each launcher once on CPU tensors at 3B-like shapes (the launches are recorded, not run)."""
+    for dtype, heads_q, visible in ((torch.bfloat16, 16, True), (torch.float32, 2, False)):
+        q = torch.zeros(heads_q, 256, 128, dtype=dtype)
+        k = torch.zeros(2, 6144, 128, dtype=dtype)
+        attention_mass_triton(q, k, k, start=1000, visible=torch.ones(2, 1000, dtype=torch.bool) if visible else None)
+    meta = toy_slots(2, 2, (4, 4), pairs=3, recent_pairs=1)
+    n = meta["kind"].shape[2]
+    k = torch.zeros(2, 2, n, 128, dtype=torch.bfloat16)
+    tar_scores_triton(k, *tar_metadata(meta), (4, 4), torch.ones(64), 16, True)
+    norms = value_norms_triton(k)
+    layer_cv_triton(norms, meta["vision"])
+    pooled_van_triton(norms, meta["frame"], meta["row"], meta["col"], meta["vision"], (4, 4), [7, 1])
+    fields = {name: meta[name] for name in ("kind", "frame", "row", "col", "tpos")}
+    compact_triton_(k, k.clone(), torch.arange(n - 3).expand(2, 2, -1), sink=torch.zeros_like(meta["vision"]), **fields)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not triton_available() or INTERPRETED, reason="needs Triton's compiler, not its interpreter")
+def test_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU, still build every kernel down to a cubin for sm_87 (Jetson Orin): the interpreter
+    does not type-check what the compiler does (scalar and block masks, loop-carried types, libdevice)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction, mangle_type
+
+    from edgekv.kernels import tar as tar_module
+
+    launches = []
+    monkeypatch.setattr(JITFunction, "run", lambda self, *args, grid, warmup, **kw: launches.append((self, args, kw)))
+    monkeypatch.setattr(tar_module, "precise_trig", lambda: True)  # what a CUDA launch uses
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    launches_of_every_kernel()
+    assert len(launches) == 11
+    for fn, args, kwargs in launches:
+        bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
+        signature, constants = {}, {}
+        for param in fn.params:
+            value = bound[param.name]
+            if param.is_constexpr or (type(value) is int and value == 1):  # Triton specializes ints equal to 1
+                signature[param.name], constants[param.name] = "constexpr", value
+            else:
+                signature[param.name] = mangle_type(value)
+        options = {key: v for key, v in kwargs.items() if key not in fn.arg_names}
+        compiled = triton.compile(ASTSource(fn, signature, constexprs=constants), target=GPUTarget("cuda", 87, 32), options=options)
+        assert compiled.asm["cubin"], fn.__name__
+
+
+# ---------------------------------------------------------------------------------------------- GPU, 3B shapes
+# Qwen2.5-VL-3B: 36 layers, 16 query heads, 2 KV heads, head_dim 128; a 448x448 frame pair = 16x16 = 256
+# merged tokens; mrope_section[0] = 16 temporal rotary frequencies; M up to 6144.
+LAYERS, HEADS_Q, HEADS_KV, HEAD_DIM, GRID_3B, PAIR = 36, 16, 2, 128, (16, 16), 256
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("start", [256, 2048, 6144 - 256])
+def test_gpu_attention_mass_3b(dtype, start):
+    q, k, v, visible = attention_inputs(HEADS_Q, HEADS_KV, PAIR, start, HEAD_DIM, 6144, dtype, 0.7, seed=16)
+    check_attention(q, k, v, start, visible)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_policy_kernels_3b(dtype):
+    meta = toy_slots(LAYERS, HEADS_KV, GRID_3B, pairs=20, recent_pairs=2, prefix=64, past_kept=0.9, seed=17)
+    n = meta["kind"].shape[2]
+    k = cache_tensor(LAYERS, HEADS_KV, n, 6144, HEAD_DIM, dtype, seed=18)
+    v = cache_tensor(LAYERS, HEADS_KV, n, 6144, HEAD_DIM, dtype, seed=19)
+    inv_freq = rotary_inv_freq(HEAD_DIM, 1_000_000.0, DEVICE)
+    check_op(tar_scores_triton, tar_scores_reference, (k, *tar_metadata(meta), GRID_3B, inv_freq, 16, True), "TaR 3B")
+    norms = check_op(value_norms_triton, value_norms_reference, (v,), "VaN 3B")
+    check_op(layer_cv_triton, layer_cv_reference, (norms, meta["vision"]), "CV 3B")
+    sizes = [7, 5, 3, 1] * (LAYERS // 4)
+    pool = (norms, meta["frame"], meta["row"], meta["col"], meta["vision"], GRID_3B, sizes)
+    check_op(pooled_van_triton, pooled_van_reference, pool, "pooled VaN 3B")
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_compaction_3b():
+    length, capacity = 6144 - 256, 6144
+    gen = torch.Generator().manual_seed(20)
+    k = torch.randn(LAYERS, HEADS_KV, capacity, HEAD_DIM, generator=gen).to(DEVICE, torch.bfloat16)
+    v = torch.randn_like(k)
+    meta = {name: torch.randint(-1, 100, (LAYERS, HEADS_KV, capacity), generator=gen).to(DEVICE) for name in METADATA_FIELDS}
+    meta = {"kind": meta["kind"].to(torch.int8), "sink": meta["sink"] > 50, "frame": meta["frame"].to(torch.int32),
+            "row": meta["row"].to(torch.int16), "col": meta["col"].to(torch.int16), "tpos": meta["tpos"].to(torch.int32)}
+    keep = random_keep(LAYERS, HEADS_KV, length, 4608, seed=21).to(DEVICE)
+    ref = {name: t.clone() for name, t in meta.items()}
+    ref_k, ref_v = k.clone(), v.clone()
+    compact_reference_(ref_k, ref_v, keep, **ref)
+    compact_triton_(k, v, keep, **meta)
+    assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
+    assert all(torch.equal(meta[name], ref[name]) for name in METADATA_FIELDS)
