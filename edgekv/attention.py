@@ -37,6 +37,7 @@ class CacheAttention:
         start: int,
         num_new: int,
         visible: Callable[[int], torch.Tensor] | None = None,
+        mass_out: torch.Tensor | None = None,
     ) -> None:
         if start + num_new > cache.capacity:
             raise ValueError(f"chunk [{start}, {start + num_new}) exceeds cache capacity {cache.capacity}")
@@ -44,6 +45,7 @@ class CacheAttention:
         self.start = start
         self.num_new = num_new
         self.visible = visible
+        self.mass_out = mass_out  # [layers, kv_heads, M] fp32: per-key attention mass, when asked
         self.mask = chunk_causal_mask(start, num_new, cache.device)  # [P, start + P]
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -61,7 +63,30 @@ class CacheAttention:
                 dim=2,
             )
             mask = head_mask.repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # [Hq, P, N]
+        if self.mass_out is not None:
+            out, mass = attention_with_mass(q, keys, values, mask)
+            self.mass_out[layer, :, : mass.shape[1]].copy_(mass)
+            return out
         return F.scaled_dot_product_attention(
             q.unsqueeze(0), keys.unsqueeze(0).to(q.dtype), values.unsqueeze(0).to(q.dtype),
             attn_mask=mask, enable_gqa=True,
         ).squeeze(0)
+
+
+def attention_with_mass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager GQA attention that also returns each key's attention mass (StateKV eq. 1 and 6).
+
+    q: [Hq, P, D]; k, v: [Hkv, N, D]; mask: [P, N] or [Hq, P, N] bool (True = visible).
+    Returns out [Hq, P, D] and mass [Hkv, N]: softmax probabilities summed over the chunk's queries
+    and averaged over the query heads that share each KV head. Masked keys get exactly zero mass.
+    Materializes [Hq, P, N] scores; ``edgekv.kernels.attention_mass`` is the fused version.
+    """
+    heads_q, num_q, dim = q.shape
+    heads_kv = k.shape[0]
+    group = heads_q // heads_kv
+    qg = q.to(torch.float32).view(heads_kv, group, num_q, dim)
+    scores = torch.einsum("hgpd,hnd->hgpn", qg, k.to(torch.float32)) * dim ** -0.5
+    scores = scores.masked_fill(~mask.view(-1, group, num_q, mask.shape[-1]) if mask.dim() == 3 else ~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("hgpn,hnd->hgpd", probs, v.to(torch.float32)).reshape(heads_q, num_q, dim)
+    return out.to(q.dtype), probs.sum(dim=2).mean(dim=1)

@@ -15,7 +15,6 @@ pairs that fit, ``r = max(1, round(recent_ratio * f))`` the recent pairs that ar
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -58,10 +57,6 @@ class CachePolicy:
 
     name: ClassVar[str] = "base"
     evicts: ClassVar[bool] = True
-
-    def prefill_visibility(self, session) -> Callable[[int], torch.Tensor] | None:
-        """Which committed slots a frame pair's queries may attend to (None: all of them)."""
-        return None
 
     def check(self, session) -> None:
         """Refuse a budget this policy cannot work in (called once the frame grid is known)."""

@@ -1,0 +1,65 @@
+"""``edgekv`` command line: make-tiny-checkpoint, bench, plan (build and calibrate come with their issues)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    from edgekv.model.tiny import make_tiny_checkpoint
+
+    out = make_tiny_checkpoint(Path(args.dir), preset=args.preset, seed=args.seed)
+    print(f"wrote a random-weight Qwen2.5-VL checkpoint ({args.preset}) to {out}")
+    print("random weights give meaningless answers; point model.path at real Qwen2.5-VL weights for real ones")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from edgekv.calibration.plan import plan
+
+    result = plan(device_memory_gb=args.device_memory, model_dir=args.model, resolution=tuple(args.resolution),
+                  weight_dtype=args.dtype)
+    print(result.summary())
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from edgekv.apps import bench
+
+    return bench.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgekv", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tiny = sub.add_parser("make-tiny-checkpoint", help="write a random-weight checkpoint with the real Qwen tokenizer")
+    tiny.add_argument("dir")
+    tiny.add_argument("--preset", default="tiny", help="tiny (default), or 3b for the real shape (large)")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_make_tiny)
+
+    plan = sub.add_parser("plan", help="largest cache budget that fits a device's memory")
+    plan.add_argument("--device-memory", type=float, required=True, help="device memory in GB")
+    plan.add_argument("--model", required=True, help="model directory (config.json)")
+    plan.add_argument("--resolution", type=int, nargs=2, default=[448, 448], metavar=("H", "W"))
+    plan.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
+    plan.set_defaults(func=_plan)
+
+    from edgekv.apps.bench import add_arguments
+
+    bench = sub.add_parser("bench", help="benchmarks that print and save figures (JSON + PNG)")
+    add_arguments(bench)
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""Deployment configuration: one YAML file per deployment, loaded with ``yaml.safe_load`` into typed
+frozen dataclasses.
+
+Unknown keys, wrong types and impossible values are refused with ``ConfigError`` naming the key path
+and the reason (and the file). Section and key names are a contract (DESIGN "Configuration"): keys may
+be added, never renamed. ``Runtime.from_pretrained(dir, **overrides)`` takes the same sections as
+keyword dicts, validated the same way (``EdgeKVConfig.with_overrides``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A deployment config that cannot be used; the message names the key path and the reason."""
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    path: str | None = None
+    dtype: Literal["fp32", "fp16", "bf16"] = "bf16"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    system_prompt: str = "You are a helpful assistant."
+    # Where text after the video starts: "qwen" = largest position used + 1 (Qwen2.5-VL's reference code,
+    # transformers 4.x); "transformers-5" = video start + max(grid h, grid w) (transformers 5.x, time ignored).
+    text_after_video: Literal["qwen", "transformers-5"] = "qwen"
+
+    def validate(self, at: str) -> None:
+        if not (self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ConfigError(f"{at}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class VideoSection:
+    source: int | str = 0
+    fps: float = 1.0
+    resolution: list[int] | None = field(default_factory=lambda: [448, 448])
+    max_frames: int | None = None
+    loop: bool = False
+    reconnect_backoff_s: list[float] = field(default_factory=lambda: [0.5, 30.0])
+
+    def validate(self, at: str) -> None:
+        if not self.fps > 0:
+            raise ConfigError(f"{at}.fps: must be > 0, got {self.fps}")
+        if self.resolution is not None:
+            if len(self.resolution) != 2:
+                raise ConfigError(f"{at}.resolution: expected [height, width], got {self.resolution}")
+            for value in self.resolution:
+                if value <= 0 or value % 28:
+                    raise ConfigError(f"{at}.resolution: {value} is not a positive multiple of 28 (patch 14 x merge 2)")
+        if self.max_frames is not None and self.max_frames <= 0:
+            raise ConfigError(f"{at}.max_frames: must be positive, got {self.max_frames}")
+        if len(self.reconnect_backoff_s) != 2 or not 0 < self.reconnect_backoff_s[0] <= self.reconnect_backoff_s[1]:
+            raise ConfigError(f"{at}.reconnect_backoff_s: expected [base, max] with 0 < base <= max, "
+                              f"got {self.reconnect_backoff_s}")
+
+
+POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v", "statekv")
+
+
+@dataclass(frozen=True)
+class CacheSection:
+    policy: str = "infinipot_v"
+    max_tokens: int | None = 6144        # M: the hard cap (or max_mib)
+    max_mib: float | None = None
+    target_tokens: int | None = None     # C after a compression; None = 0.75 (M - text_reserve)
+    recent_ratio: float = 0.125          # r as a share of the frame pairs that fit
+    tar_ratio: float = 0.5               # alpha
+    sinks: int = 0                       # StateKV B; 0 = prefill attends to the whole capped cache
+    calibration: str | None = None       # CV thresholds from `edgekv calibrate`
+    text_reserve_tokens: int = 512       # room inside M for a question and its answer
+    tar_rope: Literal["unrotated", "raw"] = "unrotated"
+    rebase_position: int | None = None   # re-base temporal positions past this; None = half the trained range
+
+    def validate(self, at: str) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"{at}.policy: unknown policy {self.policy!r} (known: {', '.join(POLICIES)})")
+        if (self.max_tokens is None) == (self.max_mib is None):
+            raise ConfigError(f"{at}: set exactly one of max_tokens and max_mib (got max_tokens={self.max_tokens}, "
+                              f"max_mib={self.max_mib})")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise ConfigError(f"{at}.max_tokens: must be positive, got {self.max_tokens}")
+        if self.max_mib is not None and not self.max_mib > 0:
+            raise ConfigError(f"{at}.max_mib: must be positive, got {self.max_mib}")
+        if not 0.0 < self.recent_ratio < 1.0:
+            raise ConfigError(f"{at}.recent_ratio: must be in (0, 1), got {self.recent_ratio}")
+        if not 0.0 <= self.tar_ratio <= 1.0:
+            raise ConfigError(f"{at}.tar_ratio: must be in [0, 1], got {self.tar_ratio}")
+        if self.sinks < 0:
+            raise ConfigError(f"{at}.sinks: must be >= 0, got {self.sinks}")
+        if self.policy == "statekv" and self.sinks == 0:
+            raise ConfigError(f"{at}.sinks: policy statekv needs a sink budget B > 0")
+        if self.text_reserve_tokens < 1:
+            raise ConfigError(f"{at}.text_reserve_tokens: must be >= 1, got {self.text_reserve_tokens}")
+        if self.rebase_position is not None and self.rebase_position <= 0:
+            raise ConfigError(f"{at}.rebase_position: must be positive, got {self.rebase_position}")
+        if self.max_tokens is not None:
+            for name in ("target_tokens", "sinks", "text_reserve_tokens"):
+                value = getattr(self, name)
+                if value is not None and value >= self.max_tokens:
+                    raise ConfigError(f"{at}.{name}: {value} must be below max_tokens ({self.max_tokens})")
+        if self.target_tokens is not None and self.target_tokens <= 0:
+            raise ConfigError(f"{at}.target_tokens: must be positive, got {self.target_tokens}")
+
+
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
+
+
+@dataclass(frozen=True)
+class EnginesSection:
+    vision: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
+    llm: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
+    onnx_providers: list[str] = field(default_factory=lambda: ["CPUExecutionProvider"])
+    engine_dir: str = "~/.cache/edgekv/engines"
+    precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"] = "fp16"
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token_env: str = "EDGEKV_TOKEN"
+    token: str | None = None
+    max_request_bytes: int = 65536
+    max_new_tokens: int = 256
+    queue_size: int = 16
+
+    def validate(self, at: str) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"{at}.port: must be in 0..65535, got {self.port}")
+        for name in ("max_request_bytes", "max_new_tokens", "queue_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{at}.{name}: must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class VoiceSection:
+    enabled: bool = False
+    asr_model: str | None = None
+    input_device: int | str | None = None
+    sample_rate: int = 16000
+    vad_threshold: float = 0.01
+    min_silence_s: float = 0.6
+    max_utterance_s: float = 15.0
+
+    def validate(self, at: str) -> None:
+        if self.enabled and not self.asr_model:
+            raise ConfigError(f"{at}.asr_model: voice is enabled but no faster-whisper model directory is given")
+        for name in ("sample_rate", "vad_threshold", "min_silence_s", "max_utterance_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class MonitorSection:
+    interval_s: float = 1.0
+    backend: Literal["auto", "tegrastats", "ina3221", "nvml", "cpu"] = "auto"
+
+    def validate(self, at: str) -> None:
+        if not self.interval_s > 0:
+            raise ConfigError(f"{at}.interval_s: must be > 0, got {self.interval_s}")
+
+
+@dataclass(frozen=True)
+class GenerationSection:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+    def validate(self, at: str) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"{at}.max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if not 0.0 <= self.temperature <= 10.0:
+            raise ConfigError(f"{at}.temperature: must be in [0, 10], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"{at}.top_p: must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class LoggingSection:
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class EdgeKVConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    video: VideoSection = field(default_factory=VideoSection)
+    cache: CacheSection = field(default_factory=CacheSection)
+    engines: EnginesSection = field(default_factory=EnginesSection)
+    server: ServerSection = field(default_factory=ServerSection)
+    voice: VoiceSection = field(default_factory=VoiceSection)
+    monitor: MonitorSection = field(default_factory=MonitorSection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    source: str = field(default="<defaults>", compare=False)
+
+    def with_overrides(self, **sections: dict) -> "EdgeKVConfig":
+        """A copy with some keys of some sections replaced, validated like a file."""
+        data = self.to_dict()
+        for name, values in sections.items():
+            if name not in data:
+                raise ConfigError(f"{name}: unknown section (known: {', '.join(data)})")
+            if not isinstance(values, dict):
+                raise ConfigError(f"{name}: expected a mapping of keys, got {type(values).__name__}")
+            data[name] = {**data[name], **values}
+        return config_from_dict(data, source=f"{self.source} + overrides")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "source"}
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def load_config(path: str | Path) -> EdgeKVConfig:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"{file}: config file not found")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML ({exc})") from exc
+    return config_from_dict(data or {}, source=str(file), base_dir=file.parent)
+
+
+def config_from_dict(data: Any, source: str = "<dict>", base_dir: Path | None = None) -> EdgeKVConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the config must be a mapping of sections, got {type(data).__name__}")
+    try:
+        sections = {}
+        known = {f.name: f for f in dataclasses.fields(EdgeKVConfig) if f.name != "source"}
+        for name, values in data.items():
+            if name not in known:
+                raise ConfigError(f"{name}: unknown section (known: {', '.join(known)})")
+            sections[name] = _build(typing.get_type_hints(EdgeKVConfig)[name], values, name)
+        config = EdgeKVConfig(**sections, source=source)
+        for name in known:
+            section = getattr(config, name)
+            if hasattr(section, "validate"):
+                section.validate(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return _resolve_paths(config, base_dir) if base_dir is not None else config
+
+
+def _build(cls: type, values: Any, at: str):
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{at}: expected a mapping, got {type(values).__name__} {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"{at}.{key}: unknown key (known: {', '.join(names)})")
+        kwargs[key] = _coerce(hints[key], value, f"{at}.{key}")
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, at: str) -> Any:
+    """Check ``value`` against a type hint; ints are accepted as floats, bools never as numbers."""
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, at)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{at}: expected {_describe(hint)}, got {value!r} ({type(value).__name__})")
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{at}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{at}: expected a list, got {value!r} ({type(value).__name__})")
+        return [_coerce(item, v, f"{at}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{at}: expected true or false, got {value!r} ({type(value).__name__})")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{at}: expected an integer, got {value!r} ({type(value).__name__})")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{at}: expected a number, got {value!r} ({type(value).__name__})")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{at}: expected a string, got {value!r} ({type(value).__name__})")
+        return value
+    raise ConfigError(f"{at}: unsupported type {hint}")  # a bug in this module, not in the config
+
+
+def _describe(hint: Any) -> str:
+    names = [getattr(a, "__name__", str(a)) for a in typing.get_args(hint) if a is not type(None)]
+    optional = type(None) in typing.get_args(hint)
+    return " or ".join(names) + (" or null" if optional else "")
+
+
+def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
+    """Relative model/calibration/video-file paths are relative to the YAML file's folder."""
+
+    def resolve(value: str | None) -> str | None:
+        if value is None or Path(value).expanduser().is_absolute():
+            return value
+        return str((base / value).resolve())
+
+    model = dataclasses.replace(config.model, path=resolve(config.model.path))
+    cache = dataclasses.replace(config.cache, calibration=resolve(config.cache.calibration))
+    source = config.video.source
+    if isinstance(source, str) and _is_relative_file(source):
+        source = resolve(source)
+    video = dataclasses.replace(config.video, source=source)
+    return dataclasses.replace(config, model=model, cache=cache, video=video)
+
+
+def _is_relative_file(source: str) -> bool:
+    if source.isdigit() or ":" in source.split("/")[0]:
+        return False  # camera index, rtsp://, gst:, csi:, synthetic:
+    return not Path(source).expanduser().is_absolute()

@@ -1,0 +1,98 @@
+"""Runtime: a loaded model plus a deployment config; it opens StreamSessions.
+
+    rt = edgekv.Runtime.from_config("deploy.yaml")
+    rt = edgekv.Runtime.from_pretrained(model_dir, cache={"policy": "infinipot_v", "max_tokens": 2048})
+    s = rt.session()
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgekv.cache.specs import CacheSpec
+from edgekv.config import EdgeKVConfig, load_config
+from edgekv.model import load_pretrained
+from edgekv.policies import CachePolicy, make_policy
+from edgekv.preprocess import FramePreprocessor, smart_resize
+from edgekv.session import StreamSession
+from edgekv.tokenizer import QwenTokenizer
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device: {name!r} was asked for but no CUDA device is available")
+    return device
+
+
+class Runtime:
+    """Holds the model weights and the deployment config shared by every session."""
+
+    def __init__(self, config: EdgeKVConfig) -> None:
+        if config.model.path is None:
+            raise ValueError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory)")
+        self.config = config
+        self.device = resolve_device(config.model.device)
+        self.dtype = _DTYPES[config.model.dtype]
+        model_dir = Path(config.model.path).expanduser()
+        self.model = load_pretrained(model_dir, dtype=self.dtype, device=self.device).eval()
+        self.tokenizer = QwenTokenizer.from_dir(model_dir)
+        self.model_dir = model_dir
+
+    @classmethod
+    def from_config(cls, config: str | Path | EdgeKVConfig) -> "Runtime":
+        if not isinstance(config, EdgeKVConfig):
+            config = load_config(config)
+        return cls(config)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, **overrides: dict) -> "Runtime":
+        model = {"path": str(model_dir), **overrides.pop("model", {})}
+        return cls(EdgeKVConfig().with_overrides(model=model, **overrides))
+
+    def session(self) -> StreamSession:
+        return StreamSession(self)
+
+    # ------------------------------------------------------------------ pieces a session needs
+    def cache_capacity_tokens(self, spec: CacheSpec) -> int:
+        cache = self.config.cache
+        if cache.max_mib is not None:
+            return spec.tokens_for_mib(cache.max_mib)
+        return int(cache.max_tokens)
+
+    def make_policy(self) -> CachePolicy:
+        return make_policy(self.config.cache.policy, **_policy_kwargs(self.config))
+
+    def make_preprocessor(self, frame: np.ndarray | None = None) -> FramePreprocessor | None:
+        """The fixed frame grid: from ``video.resolution``, or from the first frame via smart_resize."""
+        resolution = self.config.video.resolution
+        if resolution is None:
+            if frame is None:
+                return None
+            FramePreprocessor.check_frame(frame)
+            limits = self.pixel_limits()
+            resolution = smart_resize(frame.shape[0], frame.shape[1], min_pixels=limits[0], max_pixels=limits[1])
+        vision = self.model.config.vision
+        return FramePreprocessor(resolution=tuple(resolution), patch_size=vision.patch_size,
+                                 temporal_patch_size=vision.temporal_patch_size, merge_size=vision.spatial_merge_size)
+
+
+    def pixel_limits(self) -> tuple[int, int]:
+        """min/max pixels of the checkpoint's preprocessor_config.json (HF defaults when absent)."""
+        path = self.model_dir / "preprocessor_config.json"
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        return int(data.get("min_pixels", 3136)), int(data.get("max_pixels", 12845056))
+
+
+def _policy_kwargs(config: EdgeKVConfig) -> dict:
+    cache = config.cache
+    return {"target_tokens": cache.target_tokens, "recent_ratio": cache.recent_ratio, "tar_ratio": cache.tar_ratio,
+            "calibration": cache.calibration, "tar_rope": cache.tar_rope}

@@ -1,0 +1,447 @@
+"""StreamSession: ingest a video frame pair by frame pair into the capped cache; answer at any time.
+
+The conversation a session holds is Qwen2.5-VL's chat template for one video, split in time:
+
+    <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n<|vision_start|>   prefilled at start
+    [frame pair 0 tokens][frame pair 1 tokens] ...                                    prefilled per pair
+    <|vision_end|>{question}<|im_end|>\\n<|im_start|>assistant\\n{answer}            per ask, then dropped
+
+Positions follow transformers' ``get_rope_index`` for a video: text before the video counts 0..s-1;
+frame pair k's tokens get temporal position ``s + floor(seconds_k * tokens_per_second)`` and height /
+width positions ``s + row`` / ``s + col`` in the merged grid (``seconds_k`` = time of the pair's first
+frame since the stream's first frame; HF computes ``k * second_per_grid * tokens_per_second`` for a
+uniformly sampled video, the same number). Text after the video starts at the largest position used
+so far plus one. A question's tokens and its answer are removed after the answer, so the next frame
+continues the video as if no one had asked (DESIGN: "question tokens dropped").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from edgekv.attention import CacheAttention
+from edgekv.cache.capped import CacheFullError, CappedKVCache, ChunkMeta, SlotKind
+from edgekv.cache.specs import CacheSpec
+from edgekv.model.rope import text_position_ids, vision_block_position_ids
+from edgekv.policies.base import CacheView
+from edgekv.policies.statekv import SinkSelector
+from edgekv.positions import rotary_inv_freq, rotate_temporal_, squeeze_gaps
+from edgekv.tokenizer import ChatLayout
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What one ``ingest`` call did. A frame waits for its partner: a pair is the model's unit."""
+
+    frame_index: int
+    pair_index: int | None  # the frame pair prefilled by this call, None if the frame is waiting
+    tokens_added: int
+    ms: float
+    vision_ms: float = 0.0
+    prefill_ms: float = 0.0
+    compression_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    token_ids: list[int]
+    ttft_s: float
+    decode_tok_s: float
+    prompt_tokens: int = 0
+    video_tokens: int = 0
+    finish_reason: str = "stop"  # "stop" (end-of-turn token) or "length" (max_new_tokens)
+
+
+@dataclass
+class _Counters:
+    frames: int = 0
+    frame_pairs: int = 0
+    frames_rejected: int = 0
+    compressions: int = 0
+    compression_ms_total: float = 0.0
+    ingest_ms_total: float = 0.0
+    ingest_ms_last: float = 0.0
+    questions: int = 0
+    answer_tokens: int = 0
+    tokens_evicted: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class StreamSession:
+    """One live stream's state. Create it with ``Runtime.session()``."""
+
+    def __init__(self, runtime: "Runtime") -> None:  # noqa: F821 - Runtime imports this module
+        self.runtime = runtime
+        self.model = runtime.model
+        self.tokenizer = runtime.tokenizer
+        self.config = runtime.config
+        self.device = runtime.device
+        self.dtype = runtime.dtype
+        text = self.model.config.text
+        self.layout = ChatLayout(self.config.model.system_prompt)
+        self.policy = runtime.make_policy()
+        self.preprocessor = runtime.make_preprocessor()
+        self.tokens_per_second = float(self.model.config.vision.tokens_per_second)
+        self.merge = self.model.config.vision.spatial_merge_size
+        self.inv_freq = rotary_inv_freq(text.head_dim, text.rope_theta, device=self.device)
+        self.temporal_section = int(text.mrope_section[0])
+        self.sink_budget = int(self.config.cache.sinks)
+        # Re-basing (DESIGN invariant 5): once positions pass this mark, a compaction squeezes the gaps
+        # between kept frames' temporal positions to at most one nominal pair spacing.
+        self.rebase_at = int(self.config.cache.rebase_position or text.max_position_embeddings // 2)
+        self.pair_spacing = max(1, round(2.0 / self.config.video.fps * self.tokens_per_second))
+        self.t_offset = 0  # subtracted from new frames' temporal positions after re-basing
+        self.rebases = 0
+
+        spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.dtype)
+        self.capacity = runtime.cache_capacity_tokens(spec)
+        self.text_reserve = int(self.config.cache.text_reserve_tokens)
+        self.cache = CappedKVCache(spec, self.capacity, device=self.device)
+        if getattr(self.policy, "uses_sinks", False) and self.sink_budget <= 0:
+            raise ValueError(f"cache.policy: '{self.policy.name}' needs cache.sinks > 0 (StateKV sink budget B)")
+        self.sinks = SinkSelector(self.cache, self.sink_budget) if self.sink_budget > 0 else None
+        self.counters = _Counters()
+        self._pending: tuple[np.ndarray, float] | None = None
+        self._t0: float | None = None
+        self._last_t: float | None = None
+
+        prefix_ids = self.tokenizer.encode(self.layout.stream_prefix())
+        self.prefix_tokens = len(prefix_ids)
+        self.grid: tuple[int, int] | None = None
+        self._check_budget()
+        self.video_start = self.prefix_tokens  # HF's st_idx for the video block
+        self.next_position = self.video_start
+        with torch.inference_mode():
+            positions = text_position_ids(0, self.prefix_tokens).to(self.device)
+            self._prefill(self._embed(prefix_ids), positions, ChunkMeta(SlotKind.PREFIX, tpos=positions[0]))
+
+    # ------------------------------------------------------------------ budget
+    @property
+    def video_limit(self) -> int:
+        """Slots the prefix and the video may use: the cap less the room kept for a question."""
+        return self.capacity - self.text_reserve
+
+    def _check_budget(self) -> None:
+        if self.preprocessor is None:
+            return  # the grid is fixed by the first frame; checked then
+        per_pair = self.tokens_per_pair
+        needed = self.prefix_tokens + 2 * per_pair + self.text_reserve
+        if needed > self.capacity:
+            raise ValueError(
+                f"cache.max_tokens={self.capacity} cannot hold the prefix ({self.prefix_tokens} tokens), two frame "
+                f"pairs ({per_pair} tokens each at {self.preprocessor.resolution}) and the text reserve "
+                f"({self.text_reserve}): the minimum is {needed}; raise cache.max_tokens (or max_mib), lower "
+                f"video.resolution or cache.text_reserve_tokens"
+            )
+        self.policy.check(self)
+
+    @property
+    def tokens_per_pair(self) -> int:
+        return self.preprocessor.tokens_per_pair
+
+    def frames_that_fit(self) -> int:
+        per_pair = self.preprocessor.tokens_per_pair
+        return 2 * ((self.video_limit - self.prefix_tokens) // per_pair)
+
+    # ------------------------------------------------------------------ ingest
+    def ingest(self, frame: np.ndarray, t: float | None = None) -> IngestResult:
+        """Add one BGR uint8 frame (HxWx3). Every second frame completes a pair that is prefilled.
+
+        Invalid input raises ``ValueError`` before any state changes, so nothing ingested is lost.
+        """
+        started = time.perf_counter()
+        if self.preprocessor is None:
+            self.preprocessor = self.runtime.make_preprocessor(frame)
+            self._check_budget()
+        try:
+            self.preprocessor.check_frame(frame)
+            t = self._check_time(t)
+        except ValueError:
+            self.counters.frames_rejected += 1
+            raise
+        frame_index = self.counters.frames
+        if self._pending is None:
+            self._pending = (np.array(frame, copy=True), t)
+            self.counters.frames += 1
+            self._last_t = t
+            return IngestResult(frame_index, None, 0, (time.perf_counter() - started) * 1e3)
+
+        first, t_first = self._pending
+        result = self._ingest_pair(first, frame, t_first, frame_index, started)
+        self._pending = None
+        self.counters.frames += 1
+        self._last_t = t
+        return result
+
+    def _check_time(self, t: float | None) -> float:
+        if t is None:
+            return self.counters.frames / float(self.config.video.fps)
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(float(t)):
+            raise ValueError(f"t must be a finite number of seconds, got {t!r}")
+        if self._last_t is not None and float(t) < self._last_t:
+            raise ValueError(f"timestamps must not go back in time: got t={t} after t={self._last_t}")
+        return float(t)
+
+    def _ingest_pair(self, first: np.ndarray, second: np.ndarray, t_first: float, frame_index: int,
+                     started: float) -> IngestResult:
+        if self._t0 is None:
+            self._t0 = t_first
+        pair_index = self.counters.frame_pairs
+        with torch.inference_mode():
+            pixel_values, grid_thw = self.preprocessor.pair(first, second)
+            vision_start = time.perf_counter()
+            tokens = self.model.visual(pixel_values.to(self.device, self.dtype), grid_thw.to(self.device))
+            vision_ms = (time.perf_counter() - vision_start) * 1e3
+            grid_h, grid_w = int(grid_thw[0, 1]) // self.merge, int(grid_thw[0, 2]) // self.merge
+            self.grid = (grid_h, grid_w)
+            t_pos = int(math.floor((t_first - self._t0) * self.tokens_per_second + 1e-9)) - self.t_offset
+            positions = vision_block_position_ids(self.video_start, t_pos, grid_h, grid_w).to(self.device)
+            compression_ms = self._make_room(tokens.shape[0])
+            prefill_start = time.perf_counter()
+            index = torch.arange(tokens.shape[0], device=self.device)
+            meta = ChunkMeta(SlotKind.VISION, frame=pair_index, rows=index // grid_w, cols=index % grid_w,
+                             tpos=positions[0])
+            start = self.cache.length
+            if self.sinks is None:
+                self._prefill(tokens, positions, meta)
+            else:
+                self._prefill(tokens, positions, meta, visible=self.sinks.visibility, mass_out=self.sinks.mass)
+                self.sinks.update(start, tokens.shape[0])
+            prefill_ms = (time.perf_counter() - prefill_start) * 1e3
+        self.next_position = max(self.next_position, int(positions.max()) + 1)
+        self.counters.frame_pairs += 1
+        ms = (time.perf_counter() - started) * 1e3
+        self.counters.ingest_ms_last = ms
+        self.counters.ingest_ms_total += ms
+        return IngestResult(frame_index, pair_index, tokens.shape[0], ms, vision_ms, prefill_ms, compression_ms)
+
+    def _make_room(self, num_tokens: int) -> float:
+        """Ask the policy to free room for ``num_tokens`` more video tokens; returns the ms it took."""
+        if self.cache.length + num_tokens <= self.video_limit:
+            return 0.0
+        started = time.perf_counter()
+        before = self.cache.length
+        if not self.policy.evicts:
+            raise CacheFullError(
+                f"the cache is full: cache.max_tokens={self.capacity} holds the prefix ({self.prefix_tokens} tokens), "
+                f"{self.frames_that_fit()} frames ({num_tokens} tokens per frame pair) and the text reserve "
+                f"({self.text_reserve}); policy '{self.policy.name}' never evicts. Raise cache.max_tokens (or "
+                f"cache.max_mib), lower video.resolution, or choose an evicting policy such as infinipot_v"
+            )
+        self.policy.compress(self, num_tokens)
+        if self.cache.length + num_tokens > self.video_limit:
+            raise RuntimeError(f"policy '{self.policy.name}' left {self.cache.length} slots; {num_tokens} do not fit")
+        ms = (time.perf_counter() - started) * 1e3
+        self.counters.compressions += 1
+        self.counters.compression_ms_total += ms
+        self.counters.tokens_evicted += before - self.cache.length
+        return ms
+
+    # ------------------------------------------------------------------ compaction and positions
+    def view(self, recent_pairs: int) -> CacheView:
+        """The valid part of the cache, as policies see it."""
+        n, cache = self.cache.length, self.cache
+        return CacheView(
+            k=cache.k[:, :, :n], v=cache.v[:, :, :n], kind=cache.kind[:, :, :n], sink=cache.sink[:, :, :n],
+            frame=cache.frame[:, :, :n], row=cache.row[:, :, :n], col=cache.col[:, :, :n],
+            tpos=cache.tpos[:, :, :n], grid=self.grid, latest_pair=self.counters.frame_pairs - 1,
+            recent_pairs=recent_pairs, tokens_per_pair=self.tokens_per_pair, inv_freq=self.inv_freq,
+            temporal_section=self.temporal_section,
+        )
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Compact the cache to ``keep`` (policies call this), then re-base positions if they ran high."""
+        self.cache.compact(keep)
+        if self.next_position > self.rebase_at:
+            self.rebase_positions()
+
+    def rebase_positions(self) -> None:
+        """Squeeze the temporal positions of kept video tokens; rotate their keys to match.
+
+        Rule: the distinct temporal positions still in the cache keep their order; the first stays at
+        the video's start, and every gap wider than one nominal frame-pair spacing is shortened to it
+        (``edgekv.positions.squeeze_gaps``). Tokens of one frame pair share a temporal position, so a
+        pair stays one time step; recent pairs keep their exact spacing. Each kept key is moved by
+        rotating only its temporal M-RoPE pairs by (new - old) — exact (RoPE rotations compose). New
+        frames continue right after the newest kept one (``t_offset``), and the text after the video
+        starts after the largest position in use, as in HF's ``get_rope_index``.
+        """
+        n, cache = self.cache.length, self.cache
+        vision = cache.kind[:, :, :n] == int(SlotKind.VISION)
+        if not bool(vision.any()):
+            return
+        old = cache.tpos[:, :, :n]
+        newest_old = int(old[vision].max())
+        mapping = squeeze_gaps(old[vision], self.pair_spacing, anchor=self.video_start)
+        lookup = torch.zeros(newest_old + 1, dtype=torch.int64, device=old.device)
+        for before, after in mapping.items():
+            lookup[before] = after
+        new = torch.where(vision, lookup[old.long().clamp(min=0, max=newest_old)], old.long())
+        for layer in range(cache.num_layers):
+            delta = (new[layer] - old[layer].long())
+            rotate_temporal_(cache.k[layer, :, :n], delta, self.inv_freq, self.temporal_section)
+        old.copy_(new.to(old.dtype))
+        newest_new = mapping[newest_old]
+        self.t_offset += newest_old - newest_new
+        rows, cols = self.grid
+        self.next_position = max(newest_new, self.video_start + max(rows, cols) - 1) + 1
+        self.rebases += 1
+
+    # ------------------------------------------------------------------ model plumbing
+    def _embed(self, ids: list[int]) -> torch.Tensor:
+        return self.model.language.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device))
+
+    def _prefill(self, embeds: torch.Tensor, positions: torch.Tensor, meta: ChunkMeta,
+                 visible=None, mass_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the LM over a chunk, writing its K/V at the end of the cache; returns final hidden states."""
+        start, num = self.cache.length, embeds.shape[0]
+        if start + num > self.capacity:
+            raise CacheFullError(f"{num} tokens do not fit: the cache holds {start} of {self.capacity} slots")
+        attend = CacheAttention(self.cache, start, num, visible=visible, mass_out=mass_out)
+        hidden = self.model.language(embeds, positions, attend)
+        self.cache.write_meta(start, num, meta)
+        self.cache.commit(num)
+        return hidden
+
+    # ------------------------------------------------------------------ questions
+    def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
+            top_p: float | None = None, seed: int | None = None, on_token=None) -> Answer:
+        """Answer a question about everything the cache holds; the cache is unchanged afterwards."""
+        gen = self.config.generation
+        max_new_tokens = gen.max_new_tokens if max_new_tokens is None else max_new_tokens
+        temperature = gen.temperature if temperature is None else temperature
+        top_p = gen.top_p if top_p is None else top_p
+        ids = self._question_ids(question, max_new_tokens, temperature, top_p)
+        video_len = self.cache.length
+        generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else seed)
+        started = time.perf_counter()
+        out: list[int] = []
+        finish = "length"
+        try:
+            with torch.inference_mode():
+                positions = text_position_ids(self.text_start(), len(ids)).to(self.device)
+                hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
+                position = self.text_start() + len(ids)
+                logits = self.model.language.logits(hidden[-1])
+                ttft = None
+                decode_start = time.perf_counter()
+                for step in range(max_new_tokens):
+                    token = _sample(logits, temperature, top_p, generator)
+                    if ttft is None:
+                        ttft = time.perf_counter() - started
+                        decode_start = time.perf_counter()
+                    if token in self.tokenizer.stop_ids:
+                        finish = "stop"
+                        break
+                    out.append(token)
+                    if on_token is not None:
+                        on_token(token)
+                    if step == max_new_tokens - 1:
+                        break
+                    pos = text_position_ids(position, 1).to(self.device)
+                    hidden = self._prefill(self._embed([token]), pos, ChunkMeta(SlotKind.TEXT, tpos=pos[0]))
+                    position += 1
+                    logits = self.model.language.logits(hidden[-1])
+                decode_s = time.perf_counter() - decode_start
+        finally:
+            self.cache.truncate(video_len)
+        self.counters.questions += 1
+        self.counters.answer_tokens += len(out)
+        ttft = ttft if ttft is not None else time.perf_counter() - started
+        rate = (len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0
+        return Answer(self.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish)
+
+    def text_start(self) -> int:
+        """Position of the first text token after the video (``model.text_after_video``).
+
+        ``qwen``: the largest position used so far + 1 (Qwen2.5-VL's reference ``get_rope_index`` and
+        transformers 4.x). ``transformers-5``: video start + max(grid h, grid w), ignoring time, which is
+        what transformers 5.x computes — kept so that streaming can be checked against that oracle.
+        """
+        if self.config.model.text_after_video == "transformers-5" and self.grid is not None:
+            return self.video_start + max(self.grid)
+        return self.next_position
+
+    def question_logits(self, question: str) -> torch.Tensor:
+        """Logits [n, V] at every token of the question suffix, over the cache as it is; nothing kept.
+
+        The parity surface for streaming exactness: equals transformers' one-shot logits at the same
+        tokens for the same video and question when nothing was evicted.
+        """
+        ids = self._question_ids(question, 1, 0.0, 1.0)
+        video_len = self.cache.length
+        try:
+            with torch.inference_mode():
+                positions = text_position_ids(self.text_start(), len(ids)).to(self.device)
+                hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
+                return self.model.language.logits(hidden).float()
+        finally:
+            self.cache.truncate(video_len)
+
+    def _question_ids(self, question: str, max_new_tokens: int, temperature: float, top_p: float) -> list[int]:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be a non-empty string, got {question!r}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not 0.0 <= float(temperature) <= 10.0:
+            raise ValueError(f"temperature must be in [0, 10], got {temperature}")
+        if not 0.0 < float(top_p) <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        ids = self.tokenizer.encode(self.layout.question_suffix(question))
+        room = self.capacity - self.cache.length
+        if len(ids) + max_new_tokens > room:
+            raise ValueError(
+                f"question ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the {room} free slots "
+                f"(cache.text_reserve_tokens={self.text_reserve}); shorten the question, lower max_new_tokens, "
+                f"or raise cache.text_reserve_tokens"
+            )
+        return ids
+
+    # ------------------------------------------------------------------ reporting
+    def stats(self) -> dict:
+        c = self.counters
+        cache = self.cache
+        stats = {
+            "frames": c.frames,
+            "frame_pairs": c.frame_pairs,
+            "frames_rejected": c.frames_rejected,
+            "cache_tokens": cache.length,
+            "video_tokens": max(cache.length - self.prefix_tokens, 0),
+            "prefix_tokens": self.prefix_tokens,
+            "cache_capacity_tokens": cache.capacity,
+            "cache_capacity_bytes": cache.capacity_bytes,
+            "text_reserve_tokens": self.text_reserve,
+            "policy": self.policy.name,
+            "compressions": c.compressions,
+            "compression_ms_total": c.compression_ms_total,
+            "tokens_evicted": c.tokens_evicted,
+            "ingest_ms_last": c.ingest_ms_last,
+            "ingest_ms_total": c.ingest_ms_total,
+            "sink_tokens": int(cache.sink[0, 0, : cache.length].sum()) if cache.length else 0,
+            "position_max": self.next_position - 1,
+            "position_limit": self.model.config.text.max_position_embeddings,
+            "position_rebases": self.rebases,
+            "questions": c.questions,
+            "answer_tokens": c.answer_tokens,
+        }
+        stats.update(self.policy.stats(self))
+        return stats
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """Greedy at temperature 0; otherwise nucleus sampling over the temperature-scaled distribution."""
+    if temperature <= 0.0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+        sorted_probs = sorted_probs * keep
+        return int(order[torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)])
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,184 @@
+"""StreamSession end to end on a tiny random checkpoint: streaming exactness against transformers'
+one-shot forward, multi-turn asks, the hard cap, no allocation, and bad input that loses nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import edgekv
+from edgekv.cache import CacheFullError
+
+RES = (112, 168)  # non-square: 8x12 patches -> 4x6 = 24 merged tokens per frame pair
+FPS = 2.0
+
+
+def _frames(count: int, seed: int = 0, shape=(120, 160)) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, size=(*shape, 3), dtype=np.uint8) for _ in range(count)]
+
+
+def _runtime(model_dir, text_after_video="qwen", **cache) -> "edgekv.Runtime":
+    cache = {"policy": "full", "max_tokens": 1024, "text_reserve_tokens": 128, **cache}
+    return edgekv.Runtime.from_pretrained(
+        model_dir, model={"dtype": "fp32", "device": "cpu", "text_after_video": text_after_video},
+        video={"resolution": list(RES), "fps": FPS}, cache=cache, generation={"max_new_tokens": 16},
+    )
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_checkpoint):
+    return _runtime(tiny_checkpoint)
+
+
+def _hf_one_shot_inputs(session, frames, question):
+    """The exact inputs transformers' processor would build for this video and question."""
+    pre = session.preprocessor
+    pixel_values, grids = [], []
+    for a, b in zip(frames[0::2], frames[1::2]):
+        values, grid = pre.pair(a, b)
+        pixel_values.append(values)
+        grids.append(grid)
+    pixel_values = torch.cat(pixel_values)
+    t = len(grids)
+    grid_thw = torch.tensor([[t, int(grids[0][0, 1]), int(grids[0][0, 2])]])
+    tok = session.tokenizer
+    video_tokens = t * int(grids[0][0, 1]) * int(grids[0][0, 2]) // 4
+    video_id = session.model.config.video_token_id
+    ids = tok.encode(session.layout.stream_prefix()) + [video_id] * video_tokens
+    ids += tok.encode(session.layout.question_suffix(question))
+    return torch.tensor([ids]), pixel_values, grid_thw, torch.tensor([2.0 / FPS])
+
+
+def test_streaming_equals_transformers_one_shot(tiny_checkpoint):
+    """Frame pairs ingested one at a time, then a question: the logits equal transformers' one-shot
+    forward over the same video and question, and greedy answers are identical. transformers 5.23
+    starts text after a video at start + max(h, w) (time ignored), so the session is run with that rule
+    here; the default "qwen" rule (largest position + 1) is checked in test_text_after_video_rules."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    frames = _frames(10)
+    session = _runtime(tiny_checkpoint, text_after_video="transformers-5").session()
+    for i, frame in enumerate(frames):
+        session.ingest(frame, t=i / FPS)
+    question = "What changed between the first and the last frame?"
+    ours = session.question_logits(question)  # [n_question_tokens, V]
+
+    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    ids, pixel_values, grid_thw, seconds = _hf_one_shot_inputs(session, frames, question)
+    mm_types = (ids == session.model.config.video_token_id).int() * 2
+    with torch.inference_mode():
+        theirs = hf(input_ids=ids, pixel_values_videos=pixel_values, video_grid_thw=grid_thw,
+                    second_per_grid_ts=seconds, mm_token_type_ids=mm_types).logits[0, -ours.shape[0]:]
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+    assert session.stats()["frame_pairs"] == 5
+    answer = session.ask(question, max_new_tokens=12)
+    with torch.inference_mode():
+        generated = hf.generate(input_ids=ids, pixel_values_videos=pixel_values, video_grid_thw=grid_thw,
+                                second_per_grid_ts=seconds, mm_token_type_ids=mm_types, max_new_tokens=12,
+                                do_sample=False)
+    reference = generated[0, ids.shape[1]:].tolist()
+    stop = [i for i, tok in enumerate(reference) if tok in session.tokenizer.stop_ids]
+    reference = reference[: stop[0]] if stop else reference
+    assert answer.token_ids == reference
+
+
+def test_multi_turn_leaves_the_video_cache_exactly_as_it_was(runtime):
+    session = runtime.session()
+    for i, frame in enumerate(_frames(4, seed=1)):
+        session.ingest(frame, t=i / FPS)
+    length = session.cache.length
+    k_before = session.cache.k[:, :, :length].clone()
+    first = session.ask("Describe the scene.", max_new_tokens=8)
+    assert session.cache.length == length
+    second = session.ask("Describe the scene.", max_new_tokens=8)
+    third = session.ask("Anything red?", max_new_tokens=8)
+    assert first.token_ids == second.token_ids
+    assert torch.equal(session.cache.k[:, :, :length], k_before)
+    assert session.cache.length == length
+    assert third.ttft_s > 0 and session.stats()["questions"] == 3
+    # the video continues after the questions as if no one had asked
+    session.ingest(_frames(1, seed=2)[0], t=4 / FPS)
+    session.ingest(_frames(1, seed=3)[0], t=5 / FPS)
+    assert session.stats()["frame_pairs"] == 3
+
+
+def test_no_cache_allocation_across_100_ingests(tiny_checkpoint):
+    rt = _runtime(tiny_checkpoint, max_tokens=2048)
+    session = rt.session()
+    pointers, nbytes = session.cache.data_ptrs(), session.cache.capacity_bytes
+    for i, frame in enumerate(_frames(100, seed=4, shape=(60, 80))):
+        session.ingest(frame, t=i / FPS)
+    assert session.stats()["frame_pairs"] == 50
+    assert session.cache.data_ptrs() == pointers
+    assert session.cache.capacity_bytes == nbytes == session.stats()["cache_capacity_bytes"]
+
+
+def test_full_policy_refuses_to_drop_tokens_and_says_how_to_fix_it(tiny_checkpoint):
+    rt = _runtime(tiny_checkpoint, max_tokens=256, text_reserve_tokens=64)
+    session = rt.session()
+    frames = _frames(40, seed=5)
+    with pytest.raises(CacheFullError, match="cache.max_tokens=256") as err:
+        for i, frame in enumerate(frames):
+            session.ingest(frame, t=i / FPS)
+    assert "frames" in str(err.value) and "infinipot_v" in str(err.value)
+    held = session.cache.length
+    assert held <= 256 - 64
+    answer = session.ask("Still there?", max_new_tokens=4)  # the session still works
+    assert session.cache.length == held and len(answer.token_ids) <= 4
+
+
+@pytest.mark.parametrize("bad", [
+    np.zeros((120, 160), np.uint8),
+    np.zeros((120, 160, 4), np.uint8),
+    np.zeros((120, 160, 3), np.float32),
+    "not a frame",
+])
+def test_bad_frames_raise_and_lose_nothing(runtime, bad):
+    session = runtime.session()
+    frames = _frames(3, seed=6)
+    session.ingest(frames[0], t=0.0)
+    session.ingest(frames[1], t=0.5)
+    length = session.cache.length
+    with pytest.raises(ValueError):
+        session.ingest(bad, t=1.0)
+    assert session.cache.length == length and session.stats()["frames"] == 2
+    assert session.stats()["frames_rejected"] == 1
+    session.ingest(frames[2], t=1.0)
+    assert session.stats()["frames"] == 3
+
+
+def test_timestamps_must_not_go_back(runtime):
+    session = runtime.session()
+    session.ingest(_frames(1)[0], t=5.0)
+    with pytest.raises(ValueError, match="back in time"):
+        session.ingest(_frames(1)[0], t=4.0)
+
+
+def test_bad_questions_are_refused(runtime):
+    session = runtime.session()
+    with pytest.raises(ValueError, match="non-empty"):
+        session.ask("   ")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        session.ask("ok?", max_new_tokens=0)
+    with pytest.raises(ValueError, match="text_reserve_tokens"):
+        session.ask("ok?", max_new_tokens=100_000)
+
+
+def test_budget_too_small_for_two_frame_pairs_names_the_minimum(tiny_checkpoint):
+    rt = _runtime(tiny_checkpoint, max_tokens=60, text_reserve_tokens=16)
+    with pytest.raises(ValueError, match="the minimum is"):
+        rt.session()
+
+
+def test_text_after_video_rules(runtime):
+    session = runtime.session()
+    for i, frame in enumerate(_frames(10, seed=7)):
+        session.ingest(frame, t=i / FPS)
+    # 5 pairs at 2 fps: temporal offsets 0, 2, 4, 6, 8 (tokens_per_second 2, one second per pair);
+    # the grid is 4 x 6 merged, so the largest position is start + 8 and the qwen rule gives start + 9
+    assert session.text_start() == session.video_start + 9
+    assert session.cache.tpos[0, 0, session.prefix_tokens:session.cache.length].unique().tolist() == [
+        session.video_start + 2 * k for k in range(5)]
