@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from edgekv.cache.capped import CappedKVCache
+from edgekv.kernels.attention_mass import attention_mass
 
 
 def chunk_causal_mask(start: int, num_new: int, device: torch.device) -> torch.Tensor:
@@ -52,21 +53,21 @@ class CacheAttention:
         # q: [Hq, P, hd]; k, v: [Hkv, P, hd]
         cache, end = self.cache, self.start + self.num_new
         cache.write_layer(layer, self.start, k, v)
+        committed = None if self.visible is None else self.visible(layer)  # [Hkv, start] bool
+        if self.mass_out is not None:
+            out, _ = attention_mass(q, cache.k[layer], cache.v[layer], start=self.start, visible=committed,
+                                    mass_out=self.mass_out[layer])
+            return out
         keys = cache.k[layer, :, :end]  # [Hkv, N, hd]
         values = cache.v[layer, :, :end]
         mask = self.mask
-        if self.visible is not None:
-            # visible(layer): [Hkv, start] bool over committed slots -> per-KV-head mask [Hkv, 1, P, N]
-            committed = self.visible(layer)
+        if committed is not None:
             head_mask = torch.cat(
-                [committed.unsqueeze(1).expand(-1, self.num_new, -1), self.mask[:, self.start:].expand(committed.shape[0], -1, -1)],
+                [committed.unsqueeze(1).expand(-1, self.num_new, -1),
+                 self.mask[:, self.start:].expand(committed.shape[0], -1, -1)],
                 dim=2,
             )
             mask = head_mask.repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # [Hq, P, N]
-        if self.mass_out is not None:
-            out, mass = attention_with_mass(q, keys, values, mask)
-            self.mass_out[layer, :, : mass.shape[1]].copy_(mass)
-            return out
         return F.scaled_dot_product_attention(
             q.unsqueeze(0), keys.unsqueeze(0).to(q.dtype), values.unsqueeze(0).to(q.dtype),
             attn_mask=mask, enable_gqa=True,

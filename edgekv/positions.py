@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from edgekv.model.rope import rotary_inv_freq
 
-def rotary_inv_freq(head_dim: int, theta: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[head_dim / 2] fp32 inverse frequencies, as the language model uses them."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+__all__ = ["rotary_inv_freq", "rotate_temporal", "rotate_temporal_", "squeeze_gaps"]
 
 
 def rotate_temporal(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int) -> torch.Tensor:

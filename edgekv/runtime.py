@@ -15,6 +15,7 @@ import torch
 
 from edgekv.cache.specs import CacheSpec
 from edgekv.config import EdgeKVConfig, load_config
+from edgekv.engines.registry import make_backends
 from edgekv.model import load_pretrained
 from edgekv.policies import CachePolicy, make_policy
 from edgekv.preprocess import FramePreprocessor, smart_resize
@@ -46,6 +47,7 @@ class Runtime:
         self.model = load_pretrained(model_dir, dtype=self.dtype, device=self.device).eval()
         self.tokenizer = QwenTokenizer.from_dir(model_dir)
         self.model_dir = model_dir
+        self.vision_backend, self.llm_backend = make_backends(self)
 
     @classmethod
     def from_config(cls, config: str | Path | EdgeKVConfig) -> "Runtime":

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from edgekv.attention import CacheAttention
 from edgekv.cache.capped import CacheFullError, CappedKVCache, ChunkMeta, SlotKind
 from edgekv.cache.specs import CacheSpec
 from edgekv.model.rope import text_position_ids, vision_block_position_ids
@@ -79,6 +78,7 @@ class StreamSession:
     def __init__(self, runtime: "Runtime") -> None:  # noqa: F821 - Runtime imports this module
         self.runtime = runtime
         self.model = runtime.model
+        self.vision, self.llm = runtime.vision_backend, runtime.llm_backend
         self.tokenizer = runtime.tokenizer
         self.config = runtime.config
         self.device = runtime.device
@@ -196,7 +196,7 @@ class StreamSession:
         with torch.inference_mode():
             pixel_values, grid_thw = self.preprocessor.pair(first, second)
             vision_start = time.perf_counter()
-            tokens = self.model.visual(pixel_values.to(self.device, self.dtype), grid_thw.to(self.device))
+            tokens = self.vision.encode(pixel_values.to(self.device, self.dtype), grid_thw.to(self.device))
             vision_ms = (time.perf_counter() - vision_start) * 1e3
             grid_h, grid_w = int(grid_thw[0, 1]) // self.merge, int(grid_thw[0, 2]) // self.merge
             self.grid = (grid_h, grid_w)
@@ -211,7 +211,7 @@ class StreamSession:
             if self.sinks is None:
                 self._prefill(tokens, positions, meta)
             else:
-                self._prefill(tokens, positions, meta, visible=self.sinks.visibility, mass_out=self.sinks.mass)
+                self._prefill(tokens, positions, meta, visible=self.sinks.visibility(), mass_out=self.sinks.mass)
                 self.sinks.update(start, tokens.shape[0])
             prefill_ms = (time.perf_counter() - prefill_start) * 1e3
         self.next_position = max(self.next_position, int(positions.max()) + 1)
@@ -295,7 +295,7 @@ class StreamSession:
 
     # ------------------------------------------------------------------ model plumbing
     def _embed(self, ids: list[int]) -> torch.Tensor:
-        return self.model.language.embed_tokens(torch.tensor(ids, dtype=torch.long, device=self.device))
+        return self.llm.embed(torch.tensor(ids, dtype=torch.long, device=self.device))
 
     def _prefill(self, embeds: torch.Tensor, positions: torch.Tensor, meta: ChunkMeta,
                  visible=None, mass_out: torch.Tensor | None = None) -> torch.Tensor:
@@ -303,8 +303,7 @@ class StreamSession:
         start, num = self.cache.length, embeds.shape[0]
         if start + num > self.capacity:
             raise CacheFullError(f"{num} tokens do not fit: the cache holds {start} of {self.capacity} slots")
-        attend = CacheAttention(self.cache, start, num, visible=visible, mass_out=mass_out)
-        hidden = self.model.language(embeds, positions, attend)
+        hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
         self.cache.write_meta(start, num, meta)
         self.cache.commit(num)
         return hidden
@@ -328,7 +327,7 @@ class StreamSession:
                 positions = text_position_ids(self.text_start(), len(ids)).to(self.device)
                 hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
                 position = self.text_start() + len(ids)
-                logits = self.model.language.logits(hidden[-1])
+                logits = self.llm.logits(hidden[-1])
                 ttft = None
                 decode_start = time.perf_counter()
                 for step in range(max_new_tokens):
@@ -347,7 +346,7 @@ class StreamSession:
                     pos = text_position_ids(position, 1).to(self.device)
                     hidden = self._prefill(self._embed([token]), pos, ChunkMeta(SlotKind.TEXT, tpos=pos[0]))
                     position += 1
-                    logits = self.model.language.logits(hidden[-1])
+                    logits = self.llm.logits(hidden[-1])
                 decode_s = time.perf_counter() - decode_start
         finally:
             self.cache.truncate(video_len)
@@ -380,7 +379,7 @@ class StreamSession:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(self.device)
                 hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
-                return self.model.language.logits(hidden).float()
+                return self.llm.logits(hidden).float()
         finally:
             self.cache.truncate(video_len)
 

@@ -27,6 +27,7 @@ from enum import IntEnum
 import torch
 
 from edgekv.cache.specs import CacheSpec
+from edgekv.kernels.compaction import compact_
 
 
 class SlotKind(IntEnum):
@@ -173,23 +174,6 @@ class CappedKVCache:
         """
         self.validate_keep(keep)
         kept = keep.shape[2]
-        keep = keep.to(device=self.device, dtype=torch.int64)
-        heads = self.kv_heads
-        kv_scratch = self._scratch_kv[: kept * self.head_dim].view(kept, self.head_dim)
-        for layer in range(self.num_layers):
-            for head in range(heads):
-                index = keep[layer, head]
-                for buf in (self.k, self.v):
-                    torch.index_select(buf[layer, head], 0, index, out=kv_scratch)
-                    buf[layer, head, :kept].copy_(kv_scratch)
-            for name in _METADATA_FIELDS:
-                buf = getattr(self, name)
-                scratch = self._scratch_meta[name][: heads * kept].view(heads, kept)
-                torch.gather(buf[layer], 1, keep[layer], out=scratch)
-                buf[layer, :, :kept].copy_(scratch)
-        self.kind[:, :, kept:] = int(SlotKind.EMPTY)
-        self.sink[:, :, kept:] = False
-        self.frame[:, :, kept:] = -1
-        self.row[:, :, kept:] = -1
-        self.col[:, :, kept:] = -1
+        compact_(self.k, self.v, keep, **{name: getattr(self, name) for name in _METADATA_FIELDS},
+                 scratch_kv=self._scratch_kv, scratch_meta=self._scratch_meta)
         self.length = kept

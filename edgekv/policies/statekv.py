@@ -40,10 +40,10 @@ class SinkSelector:
                                 device=cache.device)
         self.updates = 0
 
-    def visibility(self, layer: int) -> torch.Tensor:
-        """[kv_heads, length] bool: the prefix and the sinks of this layer."""
+    def visibility(self) -> torch.Tensor:
+        """[layers, kv_heads, length] bool: the prefix and the sinks."""
         n = self.cache.length
-        return (self.cache.kind[layer, :, :n] == int(SlotKind.PREFIX)) | self.cache.sink[layer, :, :n]
+        return (self.cache.kind[:, :, :n] == int(SlotKind.PREFIX)) | self.cache.sink[:, :, :n]
 
     def update(self, start: int, num_new: int) -> None:
         """After a pair at slots [start, start + num_new) was prefilled: top-B of sinks ∪ pair (eq. 6)."""
