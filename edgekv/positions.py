@@ -44,8 +44,9 @@ def rotate_temporal_(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Te
     freqs = inv_freq[:temporal_section].to(keys.device)
     angle = delta.to(torch.float32).unsqueeze(-1) * freqs
     cos, sin = torch.cos(angle), torch.sin(angle)
-    x1 = keys[..., :temporal_section].to(torch.float32)
-    x2 = keys[..., half:half + temporal_section].to(torch.float32)
+    # copies: in fp32 ``.to`` would return views, and the first write would corrupt the second half's input
+    x1 = keys[..., :temporal_section].to(torch.float32, copy=True)
+    x2 = keys[..., half:half + temporal_section].to(torch.float32, copy=True)
     keys[..., :temporal_section] = (x1 * cos - x2 * sin).to(keys.dtype)
     keys[..., half:half + temporal_section] = (x2 * cos + x1 * sin).to(keys.dtype)
 

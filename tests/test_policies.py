@@ -14,7 +14,7 @@ from edgekv.calibration.thresholds import CVThresholds
 from edgekv.cache import CacheSpec, CappedKVCache, ChunkMeta, SlotKind
 from edgekv.policies import CacheView, make_policy, policy_names
 from edgekv.policies.scores import layer_cv, pool_sizes, pooled_van, tar_scores
-from edgekv.positions import rotary_inv_freq, rotate_temporal, squeeze_gaps
+from edgekv.positions import rotary_inv_freq, rotate_temporal, rotate_temporal_, squeeze_gaps
 
 GRID = (2, 3)
 PER_PAIR = GRID[0] * GRID[1]
@@ -209,3 +209,13 @@ def test_squeeze_gaps_is_order_preserving_and_bounded(values, gap):
     assert all(nb - na <= gap and nb - na <= ob - oa for (oa, ob), (na, nb) in
                zip(zip(keys, keys[1:]), zip(new, new[1:])))
     assert new[-1] - new[0] <= (len(keys) - 1) * gap
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_in_place_rotation_equals_out_of_place(dtype):
+    inv_freq = rotary_inv_freq(HEAD_DIM, 10000.0)
+    keys = torch.randn(2, 3, 7, HEAD_DIM).to(dtype)
+    delta = torch.randint(-50, 50, (2, 3, 7))
+    expected = rotate_temporal(keys, delta, inv_freq, TEMPORAL)
+    rotate_temporal_(keys, delta, inv_freq, TEMPORAL)
+    assert torch.equal(keys, expected)
