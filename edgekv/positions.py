@@ -51,20 +51,23 @@ def rotate_temporal_(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Te
     keys[..., half:half + temporal_section] = (x2 * cos + x1 * sin).to(keys.dtype)
 
 
-def squeeze_gaps(positions: torch.Tensor, max_gap: int, anchor: int) -> dict[int, int]:
-    """Order-preserving re-basing of distinct temporal positions.
+def squeeze_gaps(positions: torch.Tensor, valid: torch.Tensor, max_gap: int) -> torch.Tensor:
+    """Order-preserving squeeze of temporal positions, row by row, anchored at each row's newest.
 
-    The distinct values of ``positions`` (sorted) are mapped so that the first becomes ``anchor`` and
-    every gap between consecutive values is kept if it is at most ``max_gap`` and shortened to
-    ``max_gap`` otherwise. Equal positions stay equal, order is preserved, and the span of ``k``
-    distinct positions is at most ``(k - 1) * max_gap`` — bounded by the cache size, whatever the
-    stream length. Returns {old: new}.
+    positions, valid: [R, n]. In each row the distinct valid positions keep their order; going back from
+    the newest (which keeps its value), every gap between consecutive distinct positions is kept if it is
+    at most ``max_gap`` and shortened to ``max_gap`` otherwise. Equal positions stay equal, and the span of
+    a row with ``k`` distinct positions becomes at most ``(k - 1) * max_gap`` — bounded by the cache size,
+    whatever the stream length. Invalid entries are returned unchanged.
     """
-    values = sorted({int(v) for v in positions.flatten().tolist()})
-    mapping: dict[int, int] = {}
-    current = anchor
-    for i, value in enumerate(values):
-        if i:
-            current += min(value - values[i - 1], max_gap)
-        mapping[value] = current
-    return mapping
+    out = positions.clone()
+    for row in range(positions.shape[0]):
+        mask = valid[row]
+        if not bool(mask.any()):
+            continue
+        values, inverse = torch.unique(positions[row][mask], return_inverse=True)  # sorted ascending
+        gaps = (values[1:] - values[:-1]).clamp(max=max_gap)
+        # distance back from the newest: reverse cumulative sum of the squeezed gaps
+        back = torch.cat((gaps.flip(0).cumsum(0).flip(0), gaps.new_zeros(1)))
+        out[row][mask] = (values[-1] - back)[inverse]
+    return out

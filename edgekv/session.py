@@ -200,9 +200,9 @@ class StreamSession:
             vision_ms = (time.perf_counter() - vision_start) * 1e3
             grid_h, grid_w = int(grid_thw[0, 1]) // self.merge, int(grid_thw[0, 2]) // self.merge
             self.grid = (grid_h, grid_w)
+            compression_ms = self._make_room(tokens.shape[0])  # may re-base positions: compute them after
             t_pos = int(math.floor((t_first - self._t0) * self.tokens_per_second + 1e-9)) - self.t_offset
             positions = vision_block_position_ids(self.video_start, t_pos, grid_h, grid_w).to(self.device)
-            compression_ms = self._make_room(tokens.shape[0])
             prefill_start = time.perf_counter()
             index = torch.arange(tokens.shape[0], device=self.device)
             meta = ChunkMeta(SlotKind.VISION, frame=pair_index, rows=index // grid_w, cols=index % grid_w,
@@ -264,33 +264,34 @@ class StreamSession:
     def rebase_positions(self) -> None:
         """Squeeze the temporal positions of kept video tokens; rotate their keys to match.
 
-        Rule: the distinct temporal positions still in the cache keep their order; the first stays at
-        the video's start, and every gap wider than one nominal frame-pair spacing is shortened to it
-        (``edgekv.positions.squeeze_gaps``). Tokens of one frame pair share a temporal position, so a
-        pair stays one time step; recent pairs keep their exact spacing. Each kept key is moved by
-        rotating only its temporal M-RoPE pairs by (new - old) — exact (RoPE rotations compose). New
-        frames continue right after the newest kept one (``t_offset``), and the text after the video
-        starts after the largest position in use, as in HF's ``get_rope_index``.
+        Rule (order-preserving, per layer and KV head, since each keeps its own tokens): going back in
+        time from the newest kept frame pair, every gap between consecutive distinct temporal positions
+        wider than one nominal pair spacing ``G`` is shortened to ``G``; tokens of one pair keep one
+        position, and the recent pairs (kept whole, at most ``G`` apart) keep their exact spacing. Then
+        every video position shifts down by one common amount so the oldest lands at the video's start,
+        and new frames continue right after the newest (``t_offset``). A (layer, head) holding ``k``
+        distinct times spans at most ``(k - 1) G`` < ``C G`` positions, whatever the stream length.
+        Each key moves by rotating only its temporal M-RoPE pairs by (new - old) — exact, because RoPE
+        rotations compose (DESIGN invariant 5). Text after the video starts after the largest position
+        in use, as in Qwen's ``get_rope_index``.
         """
         n, cache = self.cache.length, self.cache
-        vision = cache.kind[:, :, :n] == int(SlotKind.VISION)
+        vision = cache.kind[:, :, :n] == int(SlotKind.VISION)  # [L, H, n]
         if not bool(vision.any()):
             return
-        old = cache.tpos[:, :, :n]
-        newest_old = int(old[vision].max())
-        mapping = squeeze_gaps(old[vision], self.pair_spacing, anchor=self.video_start)
-        lookup = torch.zeros(newest_old + 1, dtype=torch.int64, device=old.device)
-        for before, after in mapping.items():
-            lookup[before] = after
-        new = torch.where(vision, lookup[old.long().clamp(min=0, max=newest_old)], old.long())
-        for layer in range(cache.num_layers):
-            delta = (new[layer] - old[layer].long())
-            rotate_temporal_(cache.k[layer, :, :n], delta, self.inv_freq, self.temporal_section)
-        old.copy_(new.to(old.dtype))
-        newest_new = mapping[newest_old]
-        self.t_offset += newest_old - newest_new
+        old = cache.tpos[:, :, :n].long()
+        layers, heads = vision.shape[:2]
+        new = squeeze_gaps(old.reshape(layers * heads, n), vision.reshape(layers * heads, n), self.pair_spacing)
+        new = new.view(layers, heads, n)
+        shift = int(new[vision].min()) - self.video_start
+        new = torch.where(vision, new - shift, old)
+        for layer in range(layers):
+            rotate_temporal_(cache.k[layer, :, :n], new[layer] - old[layer], self.inv_freq, self.temporal_section)
+        cache.tpos[:, :, :n] = new.to(cache.tpos.dtype)
+        self.t_offset += shift
+        newest = int(new[vision].max())
         rows, cols = self.grid
-        self.next_position = max(newest_new, self.video_start + max(rows, cols) - 1) + 1
+        self.next_position = max(newest, self.video_start + max(rows, cols) - 1) + 1
         self.rebases += 1
 
     # ------------------------------------------------------------------ model plumbing

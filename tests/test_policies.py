@@ -201,14 +201,21 @@ def test_rotate_temporal_composes_exactly():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 10_000), min_size=1, max_size=40), st.integers(1, 5))
 def test_squeeze_gaps_is_order_preserving_and_bounded(values, gap):
-    mapping = squeeze_gaps(torch.tensor(values), gap, anchor=10)
-    keys = sorted(mapping)
-    new = [mapping[k] for k in keys]
-    assert new[0] == 10
-    assert all(b > a for a, b in zip(new, new[1:]))
-    assert all(nb - na <= gap and nb - na <= ob - oa for (oa, ob), (na, nb) in
-               zip(zip(keys, keys[1:]), zip(new, new[1:])))
-    assert new[-1] - new[0] <= (len(keys) - 1) * gap
+    positions = torch.tensor([values, values[::-1]])
+    valid = torch.ones_like(positions, dtype=torch.bool)
+    valid[1, 0] = False
+    new = squeeze_gaps(positions, valid, gap)
+    assert new[1, 0] == positions[1, 0]  # invalid entries untouched
+    for row in range(2):
+        if not bool(valid[row].any()):
+            continue
+        old_row, new_row = positions[row][valid[row]], new[row][valid[row]]
+        assert new_row.max() == old_row.max()  # anchored at the newest
+        order = torch.argsort(old_row)
+        o, m = old_row[order], new_row[order]
+        assert bool(((o[1:] > o[:-1]) == (m[1:] > m[:-1])).all())  # order and ties preserved
+        assert bool(((m[1:] - m[:-1]) <= torch.clamp(o[1:] - o[:-1], max=gap)).all())
+        assert int(m.max() - m.min()) <= (o.unique().numel() - 1) * gap
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
