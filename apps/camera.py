@@ -50,6 +50,8 @@ class StopFlag:
         self.signal_name: str | None = None
 
     def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # embedded (tests, another app): the owner stops the loop through ``event``
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 

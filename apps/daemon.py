@@ -16,7 +16,14 @@ import threading
 import time
 from pathlib import Path
 
-from edgekv.apps.camera import RANDOM_WEIGHTS_NOTE, Question, StopFlag, answer_question, format_pair, is_random_checkpoint
+from edgekv.apps.camera import (
+    RANDOM_WEIGHTS_NOTE,
+    Question,
+    StopFlag,
+    answer_question,
+    format_pair,
+    is_random_checkpoint,
+)
 from edgekv.cache import CacheFullError
 from edgekv.config import EdgeKVConfig, load_config
 from edgekv.logs import setup_logging
@@ -37,7 +44,10 @@ class Daemon:
         self.server = None
         self.ingest_stopped: str | None = None
         self.started = time.monotonic()
+        self.created = time.time()
         self.ready = threading.Event()
+        self.lock = threading.RLock()  # held while the session changes; the HTTP thread reads under it
+        self._latest_frame = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -78,6 +88,7 @@ class Daemon:
             self.say(f"HTTP API on http://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, /metrics, /)")
         if not self.args.no_stdin and sys.stdin is not None and not sys.stdin.closed:
             threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True).start()
+        notify_systemd("READY=1")
 
     def _read_stdin(self) -> None:
         try:
@@ -121,17 +132,28 @@ class Daemon:
                 continue
             frame, t = item
             self._ingest(frame, t)
+            notify_systemd("WATCHDOG=1")
             self._answer_queued()
             pairs = self.session.counters.frame_pairs
             if self.args.ask_every and scheduled and pairs and pairs % self.args.ask_every == 0 \
                     and self.session.counters.frames % 2 == 0:
                 for text in scheduled:
-                    answer_question(self.session, Question(text), self.out)
-                    self.monitor.count_tokens(self.session.counters.answer_tokens)
+                    self._answer(Question(text))
+
+    def latest_jpeg(self) -> bytes | None:
+        frame = self._latest_frame
+        if frame is None:
+            return None
+        import cv2
+
+        ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])
+        return data.tobytes() if ok else None
 
     def _ingest(self, frame, t: float) -> None:
         try:
-            result = self.session.ingest(frame, t=t)
+            with self.lock:
+                result = self.session.ingest(frame, t=t)
+            self._latest_frame = frame
         except ValueError as exc:
             log.warning("frame skipped: %s", exc)
             return
@@ -149,14 +171,17 @@ class Daemon:
                 question = self.questions.get_nowait()
             except queue.Empty:
                 return
+            self._answer(question)
+
+    def _answer(self, question: Question) -> None:
+        with self.lock:
             answer_question(self.session, question, self.out)
-            self.monitor.count_tokens(self.session.counters.answer_tokens)
+        self.monitor.count_tokens(self.session.counters.answer_tokens)
 
     def _finish_questions(self) -> None:
         if not self.args.ask_every:
             for text in self.args.ask:
-                answer_question(self.session, Question(text), self.out)
-                self.monitor.count_tokens(self.session.counters.answer_tokens)
+                self._answer(Question(text))
         self._answer_queued()
 
     # ------------------------------------------------------------------ shutdown and report

@@ -208,6 +208,7 @@ def make_tiny_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int = 
         (out / INDEX_FILE).write_text(json.dumps(index_doc, indent=2))
 
     hf_config = config.to_hf_dict()
+    hf_config["edgekv_random_weights"] = True  # read by the daemon to say that answers are meaningless
     hf_config["torch_dtype"] = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     eos = list(config.eos_token_ids)

@@ -1,0 +1,93 @@
+"""Monitor: energy integration, J per frame / per token, CPU-only figures, never raising into the app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from edgekv.monitor import Monitor
+
+
+@dataclass
+class FakeReading:
+    power_mw: float | None
+    rails_mw: dict = field(default_factory=dict)
+    ram_used_mb: float | None = None
+    ram_total_mb: float | None = None
+    gpu_load_pct: float | None = None
+
+
+class TraceReader:
+    """Plays back a power trace (mW); raises once to check the monitor survives a bad read."""
+
+    def __init__(self, trace, fail_at=None):
+        self.trace, self.index, self.fail_at = trace, 0, fail_at
+
+    def read(self):
+        i = self.index
+        self.index += 1
+        if i == self.fail_at:
+            raise OSError("sensor went away")
+        return FakeReading(self.trace[min(i, len(self.trace) - 1)], {"VDD_IN": self.trace[min(i, len(self.trace) - 1)]})
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_energy_is_the_trapezoid_of_power_and_j_per_frame_and_token():
+    clock = Clock()
+    monitor = Monitor(power_reader=TraceReader([10_000, 20_000, 20_000, 10_000]), clock=clock)
+    monitor.sample()                     # t=0: 10 W
+    monitor.count_frames(0)
+    monitor.count_tokens(0)
+    clock.t = 1.0
+    monitor.sample()                     # t=1: 20 W -> 15 J
+    clock.t = 2.0
+    monitor.sample()                     # t=2: 20 W -> +20 J
+    monitor.count_frames(10)
+    clock.t = 4.0
+    monitor.sample()                     # t=4: 10 W -> +30 J
+    monitor.count_tokens(13)
+    snap = monitor.snapshot()
+    assert snap["energy_j"] == pytest.approx(65.0)
+    assert snap["power_w"] == pytest.approx(10.0)
+    assert snap["j_per_frame"] == pytest.approx(35.0 / 10)
+    assert snap["j_per_token"] == pytest.approx(65.0 / 13)
+    assert snap["rails_mw"] == {"VDD_IN": 10_000}
+
+
+def test_a_failing_reader_is_counted_not_raised():
+    clock = Clock()
+    monitor = Monitor(power_reader=TraceReader([5_000] * 5, fail_at=1), clock=clock)
+    for step in range(4):
+        clock.t = float(step)
+        monitor.sample()
+    snap = monitor.snapshot()
+    assert snap["monitor_errors"] == 1
+    # the gap left by the failed read is not integrated across: 5 W over [2, 3] only
+    assert snap["energy_j"] == pytest.approx(5.0)
+
+
+def test_cpu_only_reports_memory_and_no_invented_power():
+    class Section:
+        interval_s = 0.05
+        backend = "cpu"
+
+    monitor = Monitor(Section()).start()
+    try:
+        monitor.count_frames(0)
+        monitor.count_frames(4)
+        snap = monitor.snapshot()
+    finally:
+        monitor.stop()
+    assert snap["backend"] == "cpu"
+    assert snap["power_w"] is None and snap["energy_j"] is None and snap["j_per_frame"] is None
+    assert snap["process_rss_mb"] > 10 and snap["peak_rss_mb"] >= snap["process_rss_mb"] * 0.5
+    assert snap["ram_total_mb"] > snap["ram_used_mb"] > 0
+    assert snap["cpu_time_s"] > 0
