@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import tempfile
 import time
@@ -27,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stream.add_argument("--policy", default="full", help="comma-separated cache policies to run")
     stream.add_argument("--source", default="synthetic:shapes", help="video source (file path or synthetic:...)")
     stream.add_argument("--resolution", type=int, nargs=2, default=[224, 224], metavar=("H", "W"))
+    stream.add_argument("--source-size", type=int, nargs=2, default=None, metavar=("H", "W"),
+                        help="resize source frames to this size before ingest (keeps memory low for big files)")
     stream.add_argument("--fps", type=float, default=2.0)
     stream.add_argument("--max-tokens", type=int, default=None, help="cache cap M (default: fits the whole stream)")
     stream.add_argument("--sinks", default="0", help="comma-separated StateKV sink budgets (statekv policy)")
@@ -35,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stream.add_argument("--json", default="bench-stream.json")
     stream.add_argument("--plot", default="bench-stream.png")
     stream.set_defaults(run=run_stream)
+    from edgekv.apps.bench_kernels import add_kernel_arguments
+
+    add_kernel_arguments(sub.add_parser("kernels", help="each kernel vs its eager torch reference"))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -42,10 +49,27 @@ def main(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- frames
-def _frames(source: str, count: int, fps: float):
+def frame_stream(source: str, count: int, fps: float, resize_to: tuple[int, int] | None = None):
+    """``count`` frames sampled at ``fps``; a recorded file shorter than that is looped with time running
+    on, so a short real clip (vtest.avi: 795 frames) can feed an hour-long stream. Frames are produced
+    lazily (an hour of 768x576 frames would not fit in memory); ``resize_to`` (H, W) shrinks them first.
+    """
+    import cv2
+
     from edgekv.video.sources import iter_frames
 
-    return iter_frames(source, max_frames=count, fps=fps)
+    emitted, offset = 0, 0.0
+    while emitted < count:
+        last_t, produced = 0.0, 0
+        for frame, t in iter_frames(source, max_frames=count - emitted, fps=fps):
+            if resize_to is not None:
+                frame = cv2.resize(frame, (resize_to[1], resize_to[0]), interpolation=cv2.INTER_AREA)
+            yield frame, offset + t
+            last_t, produced = t, produced + 1
+            emitted += 1
+        if produced == 0:
+            raise ValueError(f"source {source!r} gave no frames")
+        offset += last_t + 1.0 / fps
 
 
 def _rss_mb() -> float:
@@ -53,34 +77,78 @@ def _rss_mb() -> float:
 
 
 # ---------------------------------------------------------------------------------------------- edgekv
-def _run_edgekv(model_dir: Path, frames: list, args: argparse.Namespace, policy: str, sinks: int) -> dict:
+def _run_edgekv(model_dir: Path, frames, args: argparse.Namespace, policy: str, sinks: int) -> dict:
     import edgekv
+    from edgekv.cache import CacheFullError
 
-    pairs = len(frames) // 2
+    pairs = args.frames // 2
     rt = edgekv.Runtime.from_pretrained(
         model_dir, model={"dtype": "fp32", "device": "cpu"},
         video={"resolution": list(args.resolution), "fps": args.fps},
         cache=_cache_section(policy, args, pairs, sinks),
     )
     session = rt.session()
+    text = rt.model.config.text
     rows = []
+    stopped = None
     for frame, t in frames:
         try:
             result = session.ingest(frame, t=t)
-        except edgekv.session.CacheFullError as exc:
-            print(f"[{policy}] stopped at frame pair {session.counters.frame_pairs}: {str(exc).split(';')[0]}")
+        except CacheFullError as exc:
+            stopped = f"stopped at frame pair {session.counters.frame_pairs}: the cache is full (policy never evicts)"
+            print(f"[{policy}] {stopped}")
             break
         if result.pair_index is None:
             continue
         stats = session.stats()
+        visible = _visible_keys(session, sinks)
         rows.append({
             "pair": result.pair_index, "ingest_ms": result.ms, "vision_ms": result.vision_ms,
             "prefill_ms": result.prefill_ms, "compression_ms": result.compression_ms,
             "cache_tokens": stats["cache_tokens"], "cache_bytes": stats["cache_capacity_bytes"],
-            "rss_mb": _rss_mb(),
+            "rss_mb": _rss_mb(), "lm_gflops": lm_prefill_flops(text, result.tokens_added, visible) / 1e9,
         })
     stats = session.stats()
-    return {"policy": policy, "sinks": sinks, "rows": rows, "stats": stats}
+    return {"policy": policy, "sinks": sinks, "rows": rows, "stats": stats, "stopped": stopped,
+            "summary": steady_state_summary(rows)}
+
+
+def _visible_keys(session, sinks: int) -> int:
+    """Keys a frame pair's queries saw: prefix + sinks + the pair (StateKV) or the whole cache."""
+    if sinks:
+        return session.prefix_tokens + min(sinks, session.cache.length) + session.tokens_per_pair
+    return session.cache.length
+
+
+def lm_prefill_flops(text, tokens: int, keys: int) -> float:
+    """Analytic FLOPs of one chunk through the language model (2 per multiply-add): projections, MLP,
+    and attention scores + weighted sum over ``keys`` visible keys. The vision tower is the same for
+    every policy and is left out."""
+    d, hd = text.hidden_size, text.head_dim
+    q, kv = text.num_attention_heads * hd, text.num_key_value_heads * hd
+    projections = 2 * tokens * d * (q + 2 * kv + q)
+    mlp = 2 * tokens * 3 * d * text.intermediate_size
+    attention = 2 * 2 * tokens * keys * q
+    return float(text.num_hidden_layers * (projections + mlp + attention))
+
+
+def steady_state_summary(rows: list[dict]) -> dict:
+    """Issue targets after the first compression: RSS growth, late vs early median ingest, compression share."""
+    first = next((i for i, r in enumerate(rows) if r.get("compression_ms", 0) > 0), None)
+    total_ms = sum(r["ingest_ms"] for r in rows)
+    summary = {"pairs": len(rows), "compressions": sum(1 for r in rows if r.get("compression_ms", 0) > 0),
+               "compression_ms_total": sum(r.get("compression_ms", 0.0) for r in rows), "ingest_ms_total": total_ms}
+    summary["compression_share"] = summary["compression_ms_total"] / total_ms if total_ms else None
+    durations = [r["compression_ms"] for r in rows if r.get("compression_ms", 0) > 0]
+    if durations:
+        summary["compression_ms_median"] = statistics.median(durations)
+        summary["compression_ms_max"] = max(durations)
+    if first is not None and len(rows) - first >= 400:
+        after = rows[first:]
+        summary["rss_growth_after_first_compression"] = after[-1]["rss_mb"] / after[0]["rss_mb"] - 1.0
+        summary["late_over_early_median_ingest"] = (statistics.median(r["ingest_ms"] for r in after[-200:])
+                                                    / statistics.median(r["ingest_ms"] for r in after[:200]))
+    return summary
 
 
 def _cache_section(policy: str, args: argparse.Namespace, pairs: int, sinks: int) -> dict:
@@ -94,7 +162,7 @@ def _cache_section(policy: str, args: argparse.Namespace, pairs: int, sinks: int
 
 
 # ---------------------------------------------------------------------------------------------- transformers
-def _run_hf(model_dir: Path, frames: list, args: argparse.Namespace) -> dict:
+def _run_hf(model_dir: Path, frames, args: argparse.Namespace) -> dict:
     from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 
     from edgekv.model.config import ModelConfig
@@ -114,9 +182,14 @@ def _run_hf(model_dir: Path, frames: list, args: argparse.Namespace) -> dict:
         ids = torch.tensor([prefix])
         model(input_ids=ids, position_ids=text_position_ids(0, len(prefix))[:, None], past_key_values=cache,
               use_cache=True)
-        t0 = frames[0][1]
-        for pair in range(len(frames) // 2):
-            (first, t_first), (second, _) = frames[2 * pair], frames[2 * pair + 1]
+        t0 = None
+        iterator = iter(frames)
+        for pair in range(args.frames // 2):
+            try:
+                (first, t_first), (second, _) = next(iterator), next(iterator)
+            except StopIteration:
+                break
+            t0 = t_first if t0 is None else t0
             started = time.perf_counter()
             pixel_values, grid = pre.pair(first, second)
             gh, gw = int(grid[0, 1]) // merge, int(grid[0, 2]) // merge
@@ -135,29 +208,50 @@ def _median_at(rows: list[dict], pair: int, window: int = 10) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _plot(results: list[dict], path: Path) -> None:
+def _plot(results: list[dict], path: Path, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
+    panels = [("ingest_ms", "ingest ms / frame pair"), ("cache_tokens", "cache tokens"),
+              ("rss_mb", "process RSS (MiB)"), ("compression_ms", "compression ms (when one ran)"),
+              ("lm_gflops", "LM GFLOPs / frame pair (analytic)")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)), sharex=True)
     for result in results:
         label = result["policy"] + (f" B={result['sinks']}" if result.get("sinks") else "")
-        pairs = [r["pair"] for r in result["rows"]]
-        axes[0].plot(pairs, [r["ingest_ms"] for r in result["rows"]], label=label, lw=0.8)
-        axes[2].plot(pairs, [r["rss_mb"] for r in result["rows"]], label=label, lw=0.8)
-        if "cache_tokens" in (result["rows"][0] if result["rows"] else {}):
-            axes[1].plot(pairs, [r["cache_tokens"] for r in result["rows"]], label=label, lw=0.8)
-    axes[0].set_ylabel("ingest ms / frame pair")
-    axes[1].set_ylabel("cache tokens")
-    axes[2].set_ylabel("process RSS (MiB)")
-    axes[2].set_xlabel("frame pair")
-    for ax in axes:
+        rows = result["rows"]
+        for ax, (key, _) in zip(axes, panels):
+            points = [(r["pair"], r[key]) for r in rows if key in r and (key != "compression_ms" or r[key] > 0)]
+            if not points:
+                continue
+            xs, ys = zip(*points)
+            if key == "compression_ms":
+                ax.scatter(xs, ys, s=6, label=label)
+            else:
+                ax.plot(xs, ys, label=label, lw=0.8)
+    for ax, (_, ylabel) in zip(axes, panels):
+        ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[-1].set_xlabel("frame pair")
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+
+
+def _describe(summary: dict) -> str:
+    parts = [f"{summary['compressions']} compressions"]
+    if summary.get("compression_share") is not None:
+        parts.append(f"compression {100 * summary['compression_share']:.3f} % of ingest time")
+    if "compression_ms_median" in summary:
+        parts.append(f"median compression {summary['compression_ms_median']:.1f} ms")
+    if "rss_growth_after_first_compression" in summary:
+        parts.append(f"RSS growth after first compression {100 * summary['rss_growth_after_first_compression']:+.2f} %")
+        parts.append(f"late/early median ingest {summary['late_over_early_median_ingest']:.3f}")
+    return ", ".join(parts)
 
 
 def run_stream(args: argparse.Namespace) -> int:
@@ -169,22 +263,28 @@ def run_stream(args: argparse.Namespace) -> int:
         from edgekv.model.tiny import make_tiny_checkpoint
 
         model_dir = make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="edgekv-bench-")) / "tiny", preset="tiny")
-    frames = list(_frames(args.source, args.frames, args.fps))
-    print(f"stream: {len(frames)} frames ({len(frames) // 2} pairs) from {args.source} at {args.resolution}")
+    resize = tuple(args.source_size) if args.source_size else None
+
+    def frames():
+        return frame_stream(args.source, args.frames, args.fps, resize)
+
+    print(f"stream: {args.frames} frames ({args.frames // 2} pairs) from {args.source} at {args.resolution}")
     results = []
     for policy in args.policy.split(","):
         for sinks in [int(s) for s in args.sinks.split(",")] if policy == "statekv" else [0]:
-            result = _run_edgekv(model_dir, frames, args, policy, sinks)
+            result = _run_edgekv(model_dir, frames(), args, policy, sinks)
             results.append(result)
             rows = result["rows"]
             print(f"[edgekv {policy}{' B=' + str(sinks) if sinks else ''}] {len(rows)} pairs, median ingest "
                   f"{statistics.median(r['ingest_ms'] for r in rows):.1f} ms, compressions {result['stats']['compressions']}, "
                   f"cache {result['stats']['cache_tokens']}/{result['stats']['cache_capacity_tokens']} tokens, "
                   f"{result['stats']['cache_capacity_bytes'] / 2**20:.1f} MiB")
-    summary = {"frames": len(frames), "resolution": list(args.resolution), "source": args.source,
-               "torch_threads": torch.get_num_threads()}
+            print(f"    {_describe(result['summary'])}")
+    summary = {"frames": args.frames, "resolution": list(args.resolution), "source": args.source,
+               "torch_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+               "cpus": os.cpu_count()}
     if not args.no_hf:
-        hf = _run_hf(model_dir, frames, args)
+        hf = _run_hf(model_dir, frames(), args)
         results.append(hf)
         probe = min(300, len(hf["rows"]) - 1)
         ours = next(r for r in results if r["policy"] != "transformers")
@@ -194,6 +294,6 @@ def run_stream(args: argparse.Namespace) -> int:
             print(f"at frame pair {probe}: edgekv {mine:.1f} ms vs transformers {theirs:.1f} ms per pair "
                   f"-> ratio {mine / theirs:.2f} (edgekv / transformers)")
     Path(args.json).write_text(json.dumps({"summary": summary, "results": results}, indent=1))
-    _plot(results, Path(args.plot))
+    _plot(results, Path(args.plot), f"{args.source} @ {args.resolution[0]}x{args.resolution[1]}, {args.frames} frames")
     print(f"wrote {args.json} and {args.plot}")
     return 0

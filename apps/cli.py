@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
     plan.set_defaults(func=_plan)
 
+    from edgekv.calibration.calibrate import add_calibrate_arguments, calibrate_main
+
+    calibrate = sub.add_parser("calibrate", help="VaN CV thresholds for a model from sample videos")
+    add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(func=calibrate_main)
+
     from edgekv.apps.bench import add_arguments
 
     bench = sub.add_parser("bench", help="benchmarks that print and save figures (JSON + PNG)")

@@ -25,6 +25,7 @@ class VaNPolicy(ScoredPolicy):
     calibration: str | None = None
     thresholds: CVThresholds = field(init=False)
     last_pool_sizes: list[int] = field(init=False, default_factory=list)
+    cv_history: list[list[float]] = field(init=False, default_factory=list)  # per compression, per layer
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -32,6 +33,7 @@ class VaNPolicy(ScoredPolicy):
 
     def pooled(self, view: CacheView) -> torch.Tensor:
         cv = layer_cv(value_norms(view), view.vision)
+        self.cv_history.append(cv.tolist())
         taus = self.thresholds.resolve(cv)
         self.last_pool_sizes = pool_sizes(cv, taus)
         return pooled_van(view, self.last_pool_sizes)

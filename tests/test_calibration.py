@@ -1,0 +1,47 @@
+"""`edgekv calibrate` writes thresholds the runtime loads; uncalibrated models say so in stats()."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import edgekv
+from edgekv.apps.cli import main
+from edgekv.calibration.thresholds import CVThresholds, quartile_thresholds
+from edgekv.model.config import ModelConfig
+
+
+def test_quartile_rule_and_file_validation(tmp_path):
+    assert quartile_thresholds([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx((0.2, 0.3, 0.4))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("thresholds: [0.3, 0.2, 0.1]\n")
+    with pytest.raises(ValueError, match="increasing"):
+        CVThresholds.load(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        CVThresholds.load(tmp_path / "missing.yaml")
+
+
+def test_calibrate_command_and_runtime_use(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "cv.yaml"
+    code = main(["calibrate", "--model", str(tiny_checkpoint), "--video", "synthetic:shapes?size=80x60&frames=200",
+                 "--frames", "80", "--fps", "2", "--resolution", "112", "112", "--max-tokens", "420", "--out", str(out)])
+    assert code == 0
+    data = yaml.safe_load(out.read_text())
+    t1, t2, t3 = data["thresholds"]
+    layers = ModelConfig.from_dir(tiny_checkpoint).text.num_hidden_layers
+    assert t1 < t2 < t3 and len(data["layer_cv"]) == layers and data["compressions_sampled"] >= 1
+    assert "thresholds" in capsys.readouterr().out
+
+    def run(calibration):
+        rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"dtype": "fp32", "device": "cpu"},
+                                            video={"resolution": [112, 112], "fps": 2.0},
+                                            cache={"policy": "infinipot_v", "max_tokens": 420,
+                                                   "text_reserve_tokens": 64, "calibration": calibration})
+        session = rt.session()
+        rng = __import__("numpy").random.default_rng(0)
+        for i in range(60):
+            session.ingest(rng.integers(0, 256, (60, 80, 3), dtype="uint8"), t=i / 2)
+        return session.stats()
+
+    assert run(str(out))["van_calibration"].startswith("calibrated")
+    assert run(None)["van_calibration"].startswith("uncalibrated")
