@@ -20,7 +20,7 @@ def _plan(args: argparse.Namespace) -> int:
     from edgekv.calibration.plan import plan
 
     result = plan(device_memory_gb=args.device_memory, model_dir=args.model, resolution=tuple(args.resolution),
-                  weight_dtype=args.dtype)
+                  weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb)
     print(result.summary())
     return 0
 
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--model", required=True, help="model directory (config.json)")
     plan.add_argument("--resolution", type=int, nargs=2, default=[448, 448], metavar=("H", "W"))
     plan.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
+    plan.add_argument("--weights-gb", type=float, default=None, help="weight bytes of quantized engines, in GB")
+    plan.add_argument("--reserve-gb", type=float, default=2.0, help="OS + CUDA context reserve, in GB")
     plan.set_defaults(func=_plan)
 
     from edgekv.calibration.calibrate import add_calibrate_arguments, calibrate_main

@@ -274,6 +274,9 @@ def _coerce(hint: Any, value: Any, at: str) -> Any:
         options = typing.get_args(hint)
         if value is None and type(None) in options:
             return None
+        concrete = [option for option in options if option is not type(None)]
+        if len(concrete) == 1:  # Optional[X]: X's own message is the clearest
+            return _coerce(concrete[0], value, at)
         errors = []
         for option in options:
             if option is type(None):

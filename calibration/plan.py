@@ -1,0 +1,141 @@
+"""``edgekv plan``: the largest cache budget M that fits a device's memory.
+
+    free for the cache = device memory - OS/runtime reserve - weights - activation workspace
+    M = free for the cache // bytes per token        (bytes per token from edgekv.cache.specs.CacheSpec)
+
+Everything is an estimate from formulas, not a measurement on a Jetson:
+- weights: the safetensors files' sizes when the model directory has them (converted to the serving
+  dtype), else parameter count x dtype bytes from config.json;
+- reserve: what JetPack, CUDA context and allocator slack take on a Jetson with the desktop off
+  (``DEFAULT_RESERVE_GB``, overridable): unified memory is shared with the OS;
+- activations: one frame pair through the vision tower (every block keeps ``patches x hidden`` plus its
+  MLP and attention scores per window) and one prefill chunk through the language model (logits of the
+  chunk, MLP, and scores against M keys), times a safety factor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from edgekv.cache.specs import CacheSpec, dtype_bytes
+
+DEFAULT_RESERVE_GB = 2.0  # JetPack 6 with the desktop off (~1.2 GB) + CUDA context and allocator slack
+SAFETY = 1.5
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Plan:
+    device_memory_bytes: int
+    reserve_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    bytes_per_token: int
+    max_tokens: int
+    tokens_per_pair: int
+    text_reserve_tokens: int
+    capped_by_positions: bool = False
+
+    @property
+    def frame_pairs_that_fit(self) -> int:
+        return max(0, (self.max_tokens - self.text_reserve_tokens) // self.tokens_per_pair)
+
+    def summary(self) -> str:
+        gib = 2**30
+        free = self.device_memory_bytes - self.reserve_bytes - self.weight_bytes - self.activation_bytes
+        return "\n".join([
+            f"device memory        {self.device_memory_bytes / gib:8.2f} GiB",
+            f"  OS/runtime reserve {self.reserve_bytes / gib:8.2f} GiB",
+            f"  weights            {self.weight_bytes / gib:8.2f} GiB",
+            f"  activations        {self.activation_bytes / gib:8.2f} GiB (one frame pair, x{SAFETY} safety)",
+            f"  left for the cache {free / gib:8.2f} GiB at {self.bytes_per_token} bytes per token",
+            f"cache.max_tokens: {self.max_tokens}   "
+            f"(~{self.frame_pairs_that_fit} frame pairs of {self.tokens_per_pair} tokens before the first "
+            f"compression, {self.text_reserve_tokens} kept for a question)",
+            *(["(capped at half the model's position range; more memory would fit more)"]
+              if self.capped_by_positions else []),
+            "estimates from formulas, not measured on a device",
+        ])
+
+
+def _model_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no config.json in the model directory")
+    data = json.loads(path.read_text())
+    text = data.get("text_config") or data
+    vision = data.get("vision_config") or {}
+    return {"text": text, "vision": vision, "tie": data.get("tie_word_embeddings", text.get("tie_word_embeddings", True))}
+
+
+def _parameter_count(cfg: dict) -> int:
+    t, v = cfg["text"], cfg["vision"]
+    d, inter, layers, vocab = t["hidden_size"], t["intermediate_size"], t["num_hidden_layers"], t["vocab_size"]
+    heads, kv = t["num_attention_heads"], t["num_key_value_heads"]
+    hd = t.get("head_dim") or d // heads
+    per_layer = d * heads * hd * 2 + d * kv * hd * 2 + 3 * d * inter + 2 * d
+    lm = layers * per_layer + vocab * d * (1 if cfg["tie"] else 2) + d
+    if v:
+        vd, vi = v["hidden_size"], v["intermediate_size"]
+        patch = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 14) ** 2
+        merge = v.get("spatial_merge_size", 2) ** 2
+        vision = v["depth"] * (4 * vd * vd + 3 * vd * vi) + patch * vd + merge * vd * merge * vd \
+            + merge * vd * v.get("out_hidden_size", d)
+    else:
+        vision = 0
+    return lm + vision
+
+
+def _weight_bytes(model_dir: Path, cfg: dict, dtype: torch.dtype) -> int:
+    return _parameter_count(cfg) * dtype_bytes(dtype)
+
+
+def _activation_bytes(cfg: dict, tokens_per_pair: int, max_tokens: int, dtype: torch.dtype) -> int:
+    t, v = cfg["text"], cfg["vision"]
+    b = dtype_bytes(dtype)
+    patches = 4 * tokens_per_pair
+    vision = 0
+    if v:
+        window = (v.get("window_size", 112) // v.get("patch_size", 14)) ** 2
+        vision = patches * (4 * v["hidden_size"] + 2 * v["intermediate_size"]) * b \
+            + v["num_heads"] * patches * max(window, patches) * 4
+    # SDPA/flash attention never holds [heads, P, M] scores; the StateKV mass path reads keys in blocks
+    lm = tokens_per_pair * (4 * t["hidden_size"] + 2 * t["intermediate_size"]) * b \
+        + t["num_attention_heads"] * tokens_per_pair * 1024 * 4 \
+        + tokens_per_pair * t["vocab_size"] * 4
+    return int(SAFETY * (vision + lm))
+
+
+def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, int] = (448, 448),
+         weight_dtype: str = "bf16", reserve_gb: float = DEFAULT_RESERVE_GB, text_reserve_tokens: int = 512,
+         weights_gb: float | None = None) -> Plan:
+    """``weights_gb`` overrides the weight estimate (quantized engines: e.g. W4A16 LM + FP16 ViT)."""
+    dtype = _DTYPES[weight_dtype]
+    cfg = _model_config(Path(model_dir))
+    t = cfg["text"]
+    hd = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"], hd, dtype)
+    tokens_per_pair = (resolution[0] // 28) * (resolution[1] // 28)
+    total = int(device_memory_gb * 2**30)
+    reserve = int(reserve_gb * 2**30)
+    weights = int(weights_gb * 2**30) if weights_gb is not None else _weight_bytes(Path(model_dir), cfg, dtype)
+    activations = _activation_bytes(cfg, tokens_per_pair, 0, dtype)
+    free = total - reserve - weights - activations
+    tokens = free // spec.bytes_per_token if free > 0 else 0
+    # more slots than the model has positions buy nothing (re-basing keeps positions below this)
+    position_cap = int(t.get("max_position_embeddings", 32768)) // 2
+    capped = tokens > position_cap
+    tokens = min(tokens, position_cap)
+    minimum = text_reserve_tokens + 2 * tokens_per_pair + 64
+    if tokens < minimum:
+        short = (minimum - tokens) * spec.bytes_per_token + max(0, -(total - reserve - weights - activations))
+        raise ValueError(
+            f"{device_memory_gb} GB cannot hold the model ({weights / 2**30:.2f} GiB of {weight_dtype} weights), "
+            f"the reserve ({reserve_gb} GB), activations and a minimal cache ({minimum} tokens): short by "
+            f"{short / 2**30:.2f} GiB; use quantized weights (engines.precision) or a smaller resolution")
+    return Plan(total, reserve, weights, activations, spec.bytes_per_token, int(tokens), tokens_per_pair,
+                text_reserve_tokens, capped)

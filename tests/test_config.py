@@ -1,0 +1,69 @@
+"""Deployment config: every refusal names the key path and the reason; shipped profiles load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgekv.config import ConfigError, EdgeKVConfig, config_from_dict, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("name", ["cpu-demo.yaml", "demo-cpu.yaml", "orin-agx-64gb.yaml", "orin-nano-8gb.yaml"])
+def test_shipped_profiles_load(name):
+    config = load_config(CONFIGS / name)
+    assert config.cache.max_tokens and config.cache.text_reserve_tokens < config.cache.max_tokens
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"cache": {"bogus": 1}}, "cache.bogus: unknown key"),
+    ({"bogus": {}}, "bogus: unknown section"),
+    ({"cache": {"max_tokens": "lots"}}, "cache.max_tokens: expected an integer, got 'lots'"),
+    ({"cache": {"max_tokens": True}}, "cache.max_tokens: expected an integer"),
+    ({"video": {"fps": "fast"}}, "video.fps: expected a number"),
+    ({"video": {"resolution": [450, 448]}}, "video.resolution: 450 is not a positive multiple of 28"),
+    ({"cache": {"policy": "lru"}}, "cache.policy: unknown policy 'lru'"),
+    ({"cache": {"max_tokens": 100, "max_mib": 5.0}}, "set exactly one of max_tokens and max_mib"),
+    ({"cache": {"max_tokens": 1000, "target_tokens": 1000}}, "cache.target_tokens: 1000 must be below max_tokens"),
+    ({"cache": {"recent_ratio": 1.5}}, "cache.recent_ratio: must be in (0, 1)"),
+    ({"cache": {"tar_ratio": -0.1}}, "cache.tar_ratio: must be in [0, 1]"),
+    ({"cache": {"policy": "statekv"}}, "statekv needs a sink budget"),
+    ({"model": {"dtype": "int3"}}, "model.dtype: expected one of fp32, fp16, bf16"),
+    ({"model": {"device": "gpu0"}}, "model.device"),
+    ({"server": {"port": 70000}}, "server.port: must be in 0..65535"),
+    ({"engines": {"llm": "tflite"}}, "engines.llm: expected one of torch, onnxruntime, tensorrt"),
+    ({"voice": {"enabled": True}}, "voice.asr_model"),
+    ({"monitor": {"interval_s": 0}}, "monitor.interval_s: must be > 0"),
+    ({"cache": "big"}, "cache: expected a mapping"),
+])
+def test_refusals_name_the_key_and_the_reason(data, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data, source="deploy.yaml")
+    assert message in str(err.value) and "deploy.yaml" in str(err.value)
+
+
+def test_file_errors_name_the_file(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("cache: {max_tokens: [1, 2]}\n")
+    with pytest.raises(ConfigError, match=str(path)):
+        load_config(path)
+    path.write_text("cache: {max_tokens: 12\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_overrides_round_trip_and_relative_paths(tmp_path):
+    config = EdgeKVConfig().with_overrides(cache={"policy": "full", "max_tokens": 2048}, video={"resolution": [224, 224]})
+    assert config.cache.policy == "full" and config.video.resolution == [224, 224] and config.cache.tar_ratio == 0.5
+    with pytest.raises(ConfigError, match="nope: unknown section"):
+        config.with_overrides(nope={})
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump({**config.to_dict(), "model": {"path": "weights/qwen"}}))
+    loaded = load_config(path)
+    assert loaded.model.path == str((tmp_path / "weights" / "qwen").resolve())
+    assert loaded.cache == config.cache
