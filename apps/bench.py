@@ -272,7 +272,12 @@ def run_stream(args: argparse.Namespace) -> int:
     results = []
     for policy in args.policy.split(","):
         for sinks in [int(s) for s in args.sinks.split(",")] if policy == "statekv" else [0]:
-            result = _run_edgekv(model_dir, frames(), args, policy, sinks)
+            try:
+                result = _run_edgekv(model_dir, frames(), args, policy, sinks)
+            except ValueError as exc:  # a budget this configuration cannot work in: record why
+                print(f"[edgekv {policy}{' B=' + str(sinks) if sinks else ''}] refused: {exc}")
+                results.append({"policy": policy, "sinks": sinks, "rows": [], "refused": str(exc)})
+                continue
             results.append(result)
             rows = result["rows"]
             print(f"[edgekv {policy}{' B=' + str(sinks) if sinks else ''}] {len(rows)} pairs, median ingest "
