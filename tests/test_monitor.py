@@ -91,3 +91,31 @@ def test_cpu_only_reports_memory_and_no_invented_power():
     assert snap["process_rss_mb"] > 10 and snap["peak_rss_mb"] >= snap["process_rss_mb"] * 0.5
     assert snap["ram_total_mb"] > snap["ram_used_mb"] > 0
     assert snap["cpu_time_s"] > 0
+
+
+def _rapl_tree(root, energies, span=1000):
+    for i, energy in enumerate(energies):
+        zone = root / f"intel-rapl:{i}"
+        zone.mkdir(parents=True, exist_ok=True)
+        (zone / "name").write_text(f"package-{i}\n")
+        (zone / "energy_uj").write_text(f"{energy}\n")
+        (zone / "max_energy_range_uj").write_text(f"{span}\n")
+    sub = root / "intel-rapl:0:0"  # a core sub-zone: inside the package, never added
+    sub.mkdir(exist_ok=True)
+    (sub / "energy_uj").write_text("5\n")
+
+
+def test_rapl_reader_differences_the_counter_and_handles_wrap(tmp_path):
+    from edgekv.monitor.rapl import RaplReader, RaplUnavailable
+
+    clock = Clock()
+    _rapl_tree(tmp_path, [100, 200])
+    reader = RaplReader(tmp_path, clock=clock)
+    assert reader.read().power_mw is None  # the first read has nothing to difference
+    clock.t = 2.0
+    _rapl_tree(tmp_path, [900, 50])  # package-1 wrapped: 50 + 1000 - 200 = 850 uJ
+    reading = reader.read()
+    assert reading.rails_mw == {"package-0": pytest.approx(0.4), "package-1": pytest.approx(0.425)}
+    assert reading.power_mw == pytest.approx(0.825)
+    with pytest.raises(RaplUnavailable):
+        RaplReader(tmp_path / "missing")

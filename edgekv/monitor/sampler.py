@@ -40,8 +40,14 @@ class _Energy:
 def choose_power_reader(backend: str):
     """The power reader for ``backend`` (None for cpu or when auto finds nothing). Raises for a named
     backend this machine does not have."""
+    from edgekv.monitor.rapl import RaplReader, RaplUnavailable
+
     if backend == "cpu":
-        return None
+        try:
+            return RaplReader()  # package power when the kernel exposes it; most VMs do not
+        except RaplUnavailable as exc:
+            log.info("monitor: no CPU power counters (%s)", exc)
+            return None
     from edgekv.monitor import ina3221, jetson, nvml, tegrastats
 
     makers = {
@@ -51,7 +57,8 @@ def choose_power_reader(backend: str):
     }
     if backend != "auto":
         return makers[backend]()
-    order = ("tegrastats", "ina3221") if jetson.is_jetson() else ("nvml",)
+    makers["rapl"] = RaplReader
+    order = ("tegrastats", "ina3221") if jetson.is_jetson() else ("nvml", "rapl")
     for name in order:
         try:
             return makers[name]()
