@@ -60,18 +60,21 @@ def pooled_van_reference(
     mask = torch.zeros_like(dense)
     dense.scatter_add_(2, cell, norms * vision)
     mask.scatter_add_(2, cell, vision.to(compute_dtype))
-    dense = dense.view(layers * heads * num_frames, 1, rows, cols)
-    mask = mask.view(layers * heads * num_frames, 1, rows, cols)
+    # values and presence as two channels: one pooling call per kernel size, over its layers only
+    stacked = torch.stack((dense.view(layers, heads, num_frames, rows, cols),
+                           mask.view(layers, heads, num_frames, rows, cols)), dim=3)  # [L, H, F, 2, R, C]
+    stacked = stacked.view(layers, heads * num_frames, 2, rows, cols)
     pooled = torch.empty_like(norms)
     for size in sorted(set(sizes)):
         chosen = [layer for layer, s in enumerate(sizes) if s == size]
         if size == 1:
             pooled[chosen] = norms[chosen]
             continue
-        sums = F.avg_pool2d(dense, size, stride=1, padding=size // 2, count_include_pad=True)
-        present = F.avg_pool2d(mask, size, stride=1, padding=size // 2, count_include_pad=True)
-        average = (sums / present.clamp(min=1e-12)).view(layers, heads, -1)
-        pooled[chosen] = torch.gather(average[chosen], 2, cell[chosen])
+        planes = stacked[chosen].reshape(-1, 2, rows, cols)
+        pooled_planes = F.avg_pool2d(planes, size, stride=1, padding=size // 2, count_include_pad=True)
+        sums, present = pooled_planes[:, 0], pooled_planes[:, 1]
+        average = (sums / present.clamp(min=1e-12)).view(len(chosen), heads, -1)
+        pooled[chosen] = torch.gather(average, 2, cell[chosen])
     return torch.where(vision, pooled, norms).to(torch.float32)
 
 
