@@ -12,10 +12,12 @@ complaint users of today's Jetson stacks have, live-vlm-webui#12).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from edgekv.monitor.cpu import ProcessReader
 
@@ -37,32 +39,41 @@ class _Energy:
         self.last_t, self.last_w = t, watts
 
 
+_READERS = {  # backend -> (module, class); modules are imported only when tried
+    "tegrastats": ("edgekv.monitor.tegrastats", "TegrastatsReader"),
+    "ina3221": ("edgekv.monitor.ina3221", "Ina3221Reader"),
+    "nvml": ("edgekv.monitor.nvml", "NvmlReader"),
+    "rapl": ("edgekv.monitor.rapl", "RaplReader"),
+}
+
+
+def _make_reader(name: str):
+    module, cls = _READERS[name]
+    return getattr(importlib.import_module(module), cls)()
+
+
+def _on_jetson() -> bool:
+    return Path("/etc/nv_tegra_release").exists() or "tegra" in _read("/proc/device-tree/compatible")
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def choose_power_reader(backend: str):
-    """The power reader for ``backend`` (None for cpu or when auto finds nothing). Raises for a named
-    backend this machine does not have."""
-    from edgekv.monitor.rapl import RaplReader, RaplUnavailable
-
-    if backend == "cpu":
-        try:
-            return RaplReader()  # package power when the kernel exposes it; most VMs do not
-        except RaplUnavailable as exc:
-            log.info("monitor: no CPU power counters (%s)", exc)
-            return None
-    from edgekv.monitor import ina3221, jetson, nvml, tegrastats
-
-    makers = {
-        "tegrastats": tegrastats.TegrastatsReader,
-        "ina3221": ina3221.Ina3221Reader,
-        "nvml": nvml.NvmlReader,
-    }
-    if backend != "auto":
-        return makers[backend]()
-    makers["rapl"] = RaplReader
-    order = ("tegrastats", "ina3221") if jetson.is_jetson() else ("nvml", "rapl")
+    """The power reader for ``backend``: ``auto`` tries tegrastats then INA3221 on a Jetson, NVML then
+    RAPL elsewhere, and returns None when nothing is there; ``cpu`` only tries RAPL. A named backend
+    this machine lacks raises."""
+    if backend not in ("auto", "cpu"):
+        return _make_reader(backend)
+    order = ("rapl",) if backend == "cpu" else (("tegrastats", "ina3221") if _on_jetson() else ("nvml", "rapl"))
     for name in order:
         try:
-            return makers[name]()
-        except (tegrastats.ReaderError, OSError, FileNotFoundError) as exc:
+            return _make_reader(name)
+        except (ImportError, RuntimeError, OSError) as exc:
             log.info("monitor: %s unavailable (%s)", name, exc)
     return None
 
