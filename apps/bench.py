@@ -94,7 +94,7 @@ def _run_edgekv(model_dir: Path, frames, args: argparse.Namespace, policy: str, 
     for frame, t in frames:
         try:
             result = session.ingest(frame, t=t)
-        except CacheFullError as exc:
+        except CacheFullError:
             stopped = f"stopped at frame pair {session.counters.frame_pairs}: the cache is full (policy never evicts)"
             print(f"[{policy}] {stopped}")
             break

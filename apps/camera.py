@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import queue
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,15 +67,6 @@ def is_random_checkpoint(model_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     return bool(config.get("edgekv_random_weights"))
-
-
-def _stdin_reader(questions: "queue.Queue[Question]", stop: StopFlag) -> None:
-    for line in sys.stdin:
-        text = line.strip()
-        if text:
-            questions.put(Question(text, source="stdin"))
-        if stop:
-            return
 
 
 def format_pair(result, stats: dict) -> str:
