@@ -17,9 +17,9 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from edgekv.monitor.cpu import ProcessReader
+from edgekv.monitor.jetson import is_jetson
 
 log = logging.getLogger("edgekv.monitor")
 
@@ -52,24 +52,13 @@ def _make_reader(name: str):
     return getattr(importlib.import_module(module), cls)()
 
 
-def _on_jetson() -> bool:
-    return Path("/etc/nv_tegra_release").exists() or "tegra" in _read("/proc/device-tree/compatible")
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def choose_power_reader(backend: str):
     """The power reader for ``backend``: ``auto`` tries tegrastats then INA3221 on a Jetson, NVML then
     RAPL elsewhere, and returns None when nothing is there; ``cpu`` only tries RAPL. A named backend
     this machine lacks raises."""
     if backend not in ("auto", "cpu"):
         return _make_reader(backend)
-    order = ("rapl",) if backend == "cpu" else (("tegrastats", "ina3221") if _on_jetson() else ("nvml", "rapl"))
+    order = ("rapl",) if backend == "cpu" else (("tegrastats", "ina3221") if is_jetson() else ("nvml", "rapl"))
     for name in order:
         try:
             return _make_reader(name)
