@@ -81,3 +81,31 @@ def test_meminfo_devfreq_nvpmodel_and_jetson_detection(tmp_path):
     assert not is_jetson(tmp_path)
     _write(tmp_path / "etc/nv_tegra_release", "# R36 (release), REVISION: 4.0\n")
     assert is_jetson(tmp_path)
+
+
+def test_nvml_reader_with_a_fake_driver_and_without_one(monkeypatch):
+    import sys
+    import types
+
+    from edgekv.monitor.nvml import NvmlReader
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    with pytest.raises(ReaderError, match="nvidia-ml-py"):
+        NvmlReader()
+
+    fake = types.SimpleNamespace(
+        NVMLError=RuntimeError, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "gpu0", nvmlDeviceGetPowerUsage=lambda h: 71_500,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=3 * 2**30, total=80 * 2**30),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=87),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    reading = NvmlReader().read()
+    assert (reading.power_mw, reading.gpu_load_pct, reading.device_mem_used_mb) == (71_500, 87, 3072)
+
+    def not_supported(handle):
+        raise RuntimeError("Not Supported")  # what Jetson's NVML answers
+
+    fake.nvmlDeviceGetPowerUsage = not_supported
+    with pytest.raises(ReaderError, match="no power reading"):
+        NvmlReader()
