@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install edgekv as a service on JetPack 6 (L4T R36, Ubuntu 22.04, Python 3.10).
+# TensorRT and GStreamer-enabled OpenCV come from apt (python3-libnvinfer, python3-opencv); PyTorch from
+# NVIDIA's Jetson wheel, whose URL you give in EDGEKV_TORCH_WHEEL (it must match your JetPack; see
+# NVIDIA's "Installing PyTorch for Jetson Platform"). pip is never allowed to replace that torch.
+#   sudo EDGEKV_TORCH_WHEEL=<url-or-path> jetson/install.sh [--dry-run]
+set -euo pipefail
+
+PREFIX=/opt/edgekv
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+DRY_RUN=0
+[ "${1:-}" = "--dry-run" ] && DRY_RUN=1
+
+run() {
+  if [ "$DRY_RUN" = 1 ]; then echo "+ $*"; else "$@"; fi
+}
+
+if [ -z "${EDGEKV_TORCH_WHEEL:-}" ] && [ "$DRY_RUN" = 0 ]; then
+  echo "set EDGEKV_TORCH_WHEEL to NVIDIA's PyTorch wheel for your JetPack (URL or file)" >&2
+  exit 2
+fi
+WHEEL=${EDGEKV_TORCH_WHEEL:-torch-for-your-jetpack.whl}
+
+run apt-get update
+run apt-get install -y python3-venv python3-pip python3-libnvinfer python3-opencv \
+  gstreamer1.0-tools gstreamer1.0-plugins-good gstreamer1.0-plugins-bad v4l-utils libportaudio2
+if ! id -u edgekv >/dev/null 2>&1; then
+  run useradd --system --home /var/cache/edgekv --shell /usr/sbin/nologin --groups video,render edgekv
+fi
+run install -d -o edgekv -g edgekv /var/cache/edgekv /var/log/edgekv
+run install -d /etc/edgekv
+# --system-site-packages: TensorRT and OpenCV (with GStreamer) bindings come from apt
+run python3 -m venv --system-site-packages "$PREFIX/venv"
+run "$PREFIX/venv/bin/pip" install "$WHEEL"
+if [ "$DRY_RUN" = 1 ]; then
+  echo "+ $PREFIX/venv/bin/python -c 'import torch; print(torch.__version__)' > $PREFIX/torch-pin.txt"
+else
+  "$PREFIX/venv/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$PREFIX/torch-pin.txt"
+fi
+run "$PREFIX/venv/bin/pip" install -c "$PREFIX/torch-pin.txt" "${SRC}[server]"
+if [ ! -f /etc/edgekv/deploy.yaml ]; then
+  run install -m 0644 "$SRC/configs/orin-agx-64gb.yaml" /etc/edgekv/deploy.yaml
+fi
+run install -m 0644 "$SRC/jetson/edgekv-camera.service" /etc/systemd/system/edgekv-camera.service
+run systemctl daemon-reload
+run systemctl enable edgekv-camera.service
+echo "edit /etc/edgekv/deploy.yaml (model.path, video.source), then: sudo systemctl start edgekv-camera"
