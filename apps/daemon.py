@@ -48,6 +48,7 @@ class Daemon:
         self.ready = threading.Event()
         self.lock = threading.RLock()  # held while the session changes; the HTTP thread reads under it
         self._latest_frame = None
+        self.voice = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -88,6 +89,11 @@ class Daemon:
             self.say(f"HTTP API on http://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, /metrics, /)")
         if not self.args.no_stdin and sys.stdin is not None and not sys.stdin.closed:
             threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True).start()
+        if cfg.voice.enabled:
+            from edgekv.apps.voice import VoiceLoop
+
+            self.voice = VoiceLoop(self, cfg.voice).start()
+            self.say(f"listening for spoken questions (ASR model {cfg.voice.asr_model})")
         notify_systemd("READY=1")
 
     def _read_stdin(self) -> None:
@@ -214,6 +220,8 @@ class Daemon:
     def _shutdown(self) -> None:
         if self.stop.signal_name:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
+        if self.voice is not None:
+            self.voice.stop()
         if self.server is not None:
             self.server.stop()
         if self.sampler is not None:
