@@ -67,6 +67,20 @@ def choose_power_reader(backend: str):
     return None
 
 
+def _power_mode() -> str | None:
+    """nvpmodel's current mode name ("MAXN", "30W", ...): `nvpmodel -q`, else its status/conf files."""
+    import subprocess
+
+    from edgekv.monitor.jetson import power_mode
+
+    try:
+        output = subprocess.run(["nvpmodel", "-q"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        output = None
+    mode = power_mode(output)
+    return None if mode is None else mode[1]
+
+
 class Monitor:
     """Samples power/memory every ``interval_s`` in a thread; the app reports frames and tokens."""
 
@@ -86,6 +100,7 @@ class Monitor:
         self._frames: list[tuple[int, float]] = []  # (count, energy J) at the first and latest report
         self._tokens: list[tuple[int, float]] = []
         self.peak_device_mem_mb = 0.0
+        self.power_mode: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Monitor":
@@ -95,6 +110,7 @@ class Monitor:
             except Exception as exc:  # a named backend this machine lacks: say so, keep running without it
                 log.warning("monitor: backend %s unavailable: %s", self.backend, exc)
                 self._power = None
+        self.power_mode = _power_mode() if is_jetson() else None
         self.sample()
         self._thread = threading.Thread(target=self._run, name="edgekv-monitor", daemon=True)
         self._thread.start()
@@ -187,5 +203,6 @@ class Monitor:
                 "j_per_token": self._per_unit(self._tokens) if has_power else None,
                 "monitor_errors": self._errors,
                 "peak_device_mem_mb": self.peak_device_mem_mb or None,
+                "power_mode": self.power_mode,
             })
         return snap
