@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from edgekv.engines.base import check_backend_name
 
 
@@ -17,10 +19,12 @@ def make_backends(runtime) -> tuple:
 
 
 def _engine(runtime, component: str, backend: str):
-    if backend == "onnxruntime":
-        from edgekv.engines import onnx_backend
-
-        return onnx_backend.load(runtime, component)
-    from edgekv.engines import tensorrt_backend
-
-    return tensorrt_backend.load(runtime, component)
+    module = {"onnxruntime": "onnx_backend", "tensorrt": "tensorrt_backend"}[backend]
+    try:
+        loader = importlib.import_module(f"edgekv.engines.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"edgekv.engines.{module}":
+            raise
+        raise ValueError(f"engines.{component}: the {backend} backend is not part of this edgekv build yet; "
+                         f"use engines.{component}: torch") from None
+    return loader.load(runtime, component)

@@ -182,3 +182,9 @@ def test_text_after_video_rules(runtime):
     assert session.text_start() == session.video_start + 9
     assert session.cache.tpos[0, 0, session.prefix_tokens:session.cache.length].unique().tolist() == [
         session.video_start + 2 * k for k in range(5)]
+
+
+def test_backend_names_are_checked(tiny_checkpoint):
+    with pytest.raises(ValueError, match="engines.llm"):
+        edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"dtype": "fp32", "device": "cpu"},
+                                       engines={"llm": "onnxruntime"})
