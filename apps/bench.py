@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from edgekv.apps.bench_kernels import add_kernel_arguments
 
     add_kernel_arguments(sub.add_parser("kernels", help="each kernel vs its eager torch reference"))
+    from edgekv.apps.bench_engines import add_engine_arguments
+
+    add_engine_arguments(sub.add_parser("engines", help="vision + prefill ms and decode tok/s per backend"))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``edgekv`` command line: make-tiny-checkpoint, bench, plan (build and calibrate come with their issues)."""
+"""``edgekv`` command line: make-tiny-checkpoint, build, plan, calibrate, bench."""
 
 from __future__ import annotations
 
@@ -25,6 +25,34 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build(args: argparse.Namespace) -> int:
+    from edgekv.config import load_config
+    from edgekv.engines.build import build
+    from edgekv.engines.manifest import EngineError
+
+    try:
+        config = load_config(args.config)
+        backend = args.backend or _engine_backend(config)
+        bundle, manifest = build(config, backend, model_dir=args.model, engine_dir=args.engine_dir, force=args.force,
+                                 progress=not args.quiet)
+    except (EngineError, ValueError) as exc:
+        print(f"edgekv build: {exc}", file=sys.stderr)
+        return 2
+    print(f"engines: {bundle}")
+    for name, entry in manifest.files.items():
+        print(f"  {name:12s} {entry['file']:20s} {entry['bytes'] / 2 ** 20:9.2f} MiB")
+    print(f"  manifest     {bundle / 'manifest.json'}")
+    return 0
+
+
+def _engine_backend(config) -> str:
+    """The engine backend a config asks for (``engines.llm`` first); onnxruntime when it asks for torch only."""
+    for name in (config.engines.llm, config.engines.vision):
+        if name != "torch":
+            return name
+    return "onnxruntime"
+
+
 def _bench(args: argparse.Namespace) -> int:
     from edgekv.apps import bench
 
@@ -49,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--weights-gb", type=float, default=None, help="weight bytes of quantized engines, in GB")
     plan.add_argument("--reserve-gb", type=float, default=2.0, help="OS + CUDA context reserve, in GB")
     plan.set_defaults(func=_plan)
+
+    build = sub.add_parser("build", help="export the deployment's ONNX graphs (and TensorRT engines) with a manifest")
+    build.add_argument("--config", required=True, help="deployment YAML (grid, cache capacity, dtype, engines)")
+    build.add_argument("--model", default=None, help="checkpoint dir (default: model.path of the config)")
+    build.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default=None,
+                       help="default: the engines the config asks for (onnxruntime if it only asks for torch)")
+    build.add_argument("--engine-dir", default=None, help="default: engines.engine_dir of the config")
+    build.add_argument("--force", action="store_true", help="rebuild even if a matching bundle exists")
+    build.add_argument("--quiet", action="store_true", help="no progress output")
+    build.set_defaults(func=_build)
 
     from edgekv.calibration.calibrate import add_calibrate_arguments, calibrate_main
 

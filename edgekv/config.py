@@ -121,6 +121,18 @@ class EnginesSection:
     onnx_providers: list[str] = field(default_factory=lambda: ["CPUExecutionProvider"])
     engine_dir: str = "~/.cache/edgekv/engines"
     precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"] = "fp16"
+    max_chunk_tokens: int | None = None  # largest prefill chunk an LLM engine takes; None: max(frame pair, 256)
+    int8_calibration: str | None = None  # frames directory or video for TensorRT INT8/FP8 calibration
+
+    def validate(self, at: str) -> None:
+        if self.max_chunk_tokens is not None and self.max_chunk_tokens < 1:
+            raise ConfigError(f"{at}.max_chunk_tokens: must be at least 1, got {self.max_chunk_tokens}")
+        aliases = {"cpu", "cuda", "tensorrt"}
+        for name in self.onnx_providers:
+            if not (name.endswith("ExecutionProvider") or name.lower() in aliases):
+                raise ConfigError(f"{at}.onnx_providers: {name!r} is not an onnxruntime execution provider "
+                                  f"(e.g. CPUExecutionProvider, CUDAExecutionProvider, TensorrtExecutionProvider "
+                                  f"or cpu / cuda / tensorrt)")
 
 
 @dataclass(frozen=True)
@@ -330,12 +342,14 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
         return str((base / value).resolve())
 
     model = dataclasses.replace(config.model, path=resolve(config.model.path))
+    engines = dataclasses.replace(config.engines, engine_dir=resolve(config.engines.engine_dir),
+                                  int8_calibration=resolve(config.engines.int8_calibration))
     cache = dataclasses.replace(config.cache, calibration=resolve(config.cache.calibration))
     source = config.video.source
     if isinstance(source, str) and _is_relative_file(source):
         source = resolve(source)
     video = dataclasses.replace(config.video, source=source)
-    return dataclasses.replace(config, model=model, cache=cache, video=video)
+    return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines)
 
 
 def _is_relative_file(source: str) -> bool:

@@ -37,11 +37,13 @@ if [ "$DRY_RUN" = 1 ]; then
 else
   "$PREFIX/venv/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$PREFIX/torch-pin.txt"
 fi
-run "$PREFIX/venv/bin/pip" install -c "$PREFIX/torch-pin.txt" "${SRC}[server]"
+run "$PREFIX/venv/bin/pip" install -c "$PREFIX/torch-pin.txt" "${SRC}[server,engines]"
 if [ ! -f /etc/edgekv/deploy.yaml ]; then
   run install -m 0644 "$SRC/configs/orin-agx-64gb.yaml" /etc/edgekv/deploy.yaml
 fi
 run install -m 0644 "$SRC/jetson/edgekv-camera.service" /etc/systemd/system/edgekv-camera.service
 run systemctl daemon-reload
 run systemctl enable edgekv-camera.service
-echo "edit /etc/edgekv/deploy.yaml (model.path, video.source), then: sudo systemctl start edgekv-camera"
+echo "edit /etc/edgekv/deploy.yaml (model.path, video.source), build the TensorRT engines on this device:"
+echo "  sudo -u edgekv $PREFIX/venv/bin/edgekv build --config /etc/edgekv/deploy.yaml --backend tensorrt"
+echo "then: sudo systemctl start edgekv-camera"

@@ -52,3 +52,4 @@ def test_install_dry_run_pins_nvidias_torch():
     assert out.returncode == 0, out.stderr
     assert "python3-libnvinfer" in out.stdout and "--system-site-packages" in out.stdout
     assert "-c /opt/edgekv/torch-pin.txt" in out.stdout
+    assert "[server,engines]" in out.stdout and "edgekv build --config /etc/edgekv/deploy.yaml" in out.stdout

@@ -184,7 +184,12 @@ def test_text_after_video_rules(runtime):
         session.video_start + 2 * k for k in range(5)]
 
 
-def test_backend_names_are_checked(tiny_checkpoint):
+def test_backend_names_are_checked(tiny_checkpoint, tmp_path):
     with pytest.raises(ValueError, match="engines.llm"):
         edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"dtype": "fp32", "device": "cpu"},
-                                       engines={"llm": "onnxruntime"})
+                                       engines={"llm": "onnx"})
+    pytest.importorskip("onnxruntime")
+    with pytest.raises(ValueError, match=r"no onnxruntime engines built .*edgekv build --model"):
+        edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"dtype": "fp32", "device": "cpu"},
+                                       video={"resolution": [224, 224]},
+                                       engines={"llm": "onnxruntime", "engine_dir": str(tmp_path)})

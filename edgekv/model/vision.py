@@ -231,8 +231,12 @@ class VisionTower(nn.Module):
             raise ValueError(f"pixel_values must be [{expected}, {self.config.patch_dim}] for grid_thw "
                              f"{grid_thw.tolist()}, got {tuple(pixel_values.shape)}")
         device = self.patch_embed.proj.weight.device
-        layout = self.layout(grid_thw, device)
-        x = self.patch_embed(pixel_values.to(device))[layout.token_order]  # [N, hidden], window order
+        return self.forward_layout(pixel_values.to(device), self.layout(grid_thw, device))
+
+    def forward_layout(self, pixel_values: torch.Tensor, layout: VisionLayout) -> torch.Tensor:
+        """The tower for a precomputed layout: no shape-dependent Python, so an exporter bakes the window
+        permutation, padding gathers, masks and rotary angles of one grid as constants (``edgekv.engines``)."""
+        x = self.patch_embed(pixel_values)[layout.token_order]  # [N, hidden], window order
         for index, block in enumerate(self.blocks):
             segments = layout.slices if index in self._full_attention else layout.windows
             x = block(x, layout.cos, layout.sin, segments)

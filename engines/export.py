@@ -1,0 +1,129 @@
+"""ONNX export of the three graphs of ``graphs.py`` (``edgekv build`` calls this).
+
+Exporter: ``torch.onnx.export(..., dynamo=True)`` (torch.export + onnxscript), ONNX opset 18 — within
+what onnxruntime >= 1.16 and TensorRT 10's ONNX parser take. Dtypes: the graphs' inputs, outputs and
+weights are in the deployment's ``model.dtype`` (fp32 or fp16; the KV cache is bound in place, so its dtype
+is the graph's); attention scores/softmax are fp32 inside (see ``graphs.py``); ``position_ids`` are int64,
+``visible`` is bool. bf16 graphs are written only for TensorRT (onnxruntime's CPU and CUDA providers lack
+bf16 kernels for these ops). Weights go to ONNX external data (``<graph>.onnx.data``) when a graph's
+weights exceed 2 GB, protobuf's limit for one message (the 3B LLM in fp16 is ~6 GB).
+
+Shapes: ``vision`` static (one frame pair at the configured grid); ``llm_prefill`` with ``P`` dynamic in
+``[1, max_chunk_tokens]``; ``llm_decode`` static ``P = 1``. ``M`` (the cache capacity) is static in all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from edgekv.engines.graphs import (
+    DECODE_OUTPUTS,
+    LLM_INPUTS,
+    PREFILL_OUTPUTS,
+    VISION_INPUTS,
+    VISION_OUTPUTS,
+    LLMChunkGraph,
+    VisionGraph,
+)
+
+from edgekv.model.qwen25vl import Qwen25VL
+
+OPSET = 18
+EXTERNAL_DATA_BYTES = 2 * 1024 ** 3
+
+
+def _params_bytes(module: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for p in module.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The dynamo exporter prints its stages and warns about torchvision ops; keep the build output ours."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _save(program, path: Path, weights_bytes: int) -> list[Path]:
+    external = weights_bytes > EXTERNAL_DATA_BYTES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    program.save(str(path), external_data=external)
+    files = [path]
+    data = path.with_name(path.name + ".data")
+    if data.is_file():
+        files.append(data)
+    return files
+
+
+def export_vision(model: Qwen25VL, grid_thw: tuple[int, int, int], path: Path) -> dict:
+    """Write the vision graph for one frame pair at ``grid_thw``; returns its manifest entry."""
+    graph = VisionGraph(model.visual, grid_thw).eval()
+    weight = model.visual.patch_embed.proj.weight
+    example = torch.randn(graph.num_patches, model.config.vision.patch_dim, dtype=weight.dtype, device=weight.device)
+    with torch.no_grad(), _quiet():
+        program = torch.onnx.export(graph, (example,), input_names=list(VISION_INPUTS),
+                                    output_names=list(VISION_OUTPUTS), dynamo=True, opset_version=OPSET,
+                                    verbose=False)
+    files = _save(program, path, _params_bytes(graph))
+    return {
+        "inputs": {"pixel_values": [graph.num_patches, model.config.vision.patch_dim]},
+        "outputs": {"tokens": [graph.num_tokens, model.config.vision.out_hidden_size]},
+        "grid_thw": list(graph.grid_thw), "files": [f.name for f in files],
+    }
+
+
+def export_llm(model: Qwen25VL, cache_tokens: int, path: Path, *, decode: bool, max_chunk_tokens: int,
+               example_tokens: int) -> dict:
+    """Write ``llm_prefill`` (decode=False, P dynamic) or ``llm_decode`` (P = 1); returns its manifest entry."""
+    text = model.config.text
+    layers, heads, dim, hidden = text.num_hidden_layers, text.num_key_value_heads, text.head_dim, text.hidden_size
+    weight = model.language.embed_tokens.weight
+    dtype, device = weight.dtype, weight.device
+    num = 1 if decode else max(2, min(example_tokens, max_chunk_tokens))
+    graph = LLMChunkGraph(model.language, with_mass=not decode).eval()
+    example = (
+        torch.randn(num, hidden, dtype=dtype, device=device),
+        torch.arange(num, device=device).expand(3, num).contiguous(),
+        torch.zeros(layers, heads, cache_tokens, dim, dtype=dtype, device=device),
+        torch.zeros(layers, heads, cache_tokens, dim, dtype=dtype, device=device),
+        torch.zeros(layers, heads, cache_tokens, dtype=torch.bool, device=device),
+    )
+    outputs = DECODE_OUTPUTS if decode else PREFILL_OUTPUTS
+    dynamic = None
+    if not decode:
+        chunk = torch.export.Dim("P", min=1, max=max_chunk_tokens)
+        dynamic = ({0: chunk}, {1: chunk}, None, None, None)
+    with torch.no_grad(), _quiet():
+        program = torch.onnx.export(graph, example, input_names=list(LLM_INPUTS), output_names=list(outputs),
+                                    dynamic_shapes=dynamic, dynamo=True, opset_version=OPSET, verbose=False)
+    # The tied lm_head/embedding is not part of the graph (logits are taken outside), so count the layers.
+    files = _save(program, path, _params_bytes(model.language.layers) + _params_bytes(model.language.norm))
+    p = 1 if decode else "P"
+    entry = {
+        "inputs": {"embeds": [p, hidden], "position_ids": [3, p], "k_cache": [layers, heads, cache_tokens, dim],
+                   "v_cache": [layers, heads, cache_tokens, dim], "visible": [layers, heads, cache_tokens]},
+        "outputs": {"hidden": [p, hidden], "new_k": [layers, heads, p, dim], "new_v": [layers, heads, p, dim]},
+        "files": [f.name for f in files],
+    }
+    if not decode:
+        entry["outputs"]["mass"] = [layers, heads, f"{cache_tokens}+P"]
+        entry["max_chunk_tokens"] = max_chunk_tokens
+    return entry

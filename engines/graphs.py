@@ -1,0 +1,114 @@
+"""The exportable graphs: what an engine computes, written as plain torch modules with fixed-shape I/O.
+
+Every backend other than ``torch`` runs one of these graphs, exported to ONNX (``export.py``) and then run
+by onnxruntime or compiled by TensorRT. The cache logic is NOT in them: the capped cache enters as
+fixed-shape inputs and the new K/V leave as outputs, so slots, metadata, policies and StateKV sinks stay
+in ``edgekv.cache`` / ``edgekv.session`` and are shared by every backend (DESIGN.md, Engines).
+
+``vision`` — one frame pair at the deployment's fixed grid::
+
+    pixel_values [N, C*2*14*14]  ->  tokens [N/4, d]
+
+The window permutation, padding gathers, key masks and 2D rotary angles of that grid are computed in
+Python before export and enter the graph as constants: no ``cu_seqlens``/window-index inputs, no shape
+profile over them (the ONNX->TensorRT accuracy loss of TensorRT-LLM#3223 came from profiling those).
+
+``llm_prefill`` (P tokens, P dynamic in [1, P_max]) and ``llm_decode`` (P = 1)::
+
+    embeds        [P, d]            model dtype
+    position_ids  [3, P]            int64, M-RoPE rows (t, h, w)
+    k_cache       [L, Hkv, M, D]    model dtype — the capped cache's buffer, bound as is
+    v_cache       [L, Hkv, M, D]
+    visible       [L, Hkv, M]       bool — which cache slots each (layer, KV head) may attend to
+  ->
+    hidden        [P, d]            after the final RMSNorm (logits are the tied lm_head, applied outside)
+    new_k, new_v  [L, Hkv, P, D]    the chunk's rotated keys and values, for the caller to write
+    mass          [L, Hkv, M + P]   (prefill only) per-key attention mass: softmax probabilities summed
+                                    over the chunk's queries, averaged over the query heads of each KV head
+                                    (StateKV eq. 6); slots not visible get exactly 0
+
+Each query sees the visible cache slots and the chunk causally. Scores, softmax and the weighted sum run in
+fp32 whatever the graph dtype (same as ``edgekv.kernels.attention_mass``), so a fp16 engine does not lose
+the small probabilities that StateKV's mass and a long cache depend on.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edgekv.model.language import Qwen2LM
+from edgekv.model.vision import VisionTower, build_layout
+
+LLM_INPUTS = ("embeds", "position_ids", "k_cache", "v_cache", "visible")
+PREFILL_OUTPUTS = ("hidden", "new_k", "new_v", "mass")
+DECODE_OUTPUTS = ("hidden", "new_k", "new_v")
+VISION_INPUTS = ("pixel_values",)
+VISION_OUTPUTS = ("tokens",)
+
+
+class VisionGraph(nn.Module):
+    """The vision tower with the layout of one ``grid_thw`` baked in."""
+
+    def __init__(self, tower: VisionTower, grid_thw: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.tower = tower
+        self.grid_thw = tuple(int(v) for v in grid_thw)
+        device = tower.patch_embed.proj.weight.device
+        self.layout = build_layout(tower.config, [self.grid_thw], device)
+        t, h, w = self.grid_thw
+        self.num_patches = t * h * w
+        self.num_tokens = self.num_patches // tower.config.spatial_merge_size ** 2
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.tower.forward_layout(pixel_values, self.layout)
+
+
+class _GraphAttend:
+    """AttendFn over ``[k_cache[layer] (masked by visible) ; chunk (causal)]`` that keeps the chunk's K/V."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor, with_mass: bool) -> None:
+        self.k_cache, self.v_cache, self.visible = k_cache, v_cache, visible
+        self.with_mass = with_mass
+        self.new_k: list[torch.Tensor] = []
+        self.new_v: list[torch.Tensor] = []
+        self.mass: list[torch.Tensor] = []
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        heads_q, num, dim = q.shape  # q: [Hq, P, D]; k, v: [Hkv, P, D]
+        heads_kv = k.shape[0]
+        group = heads_q // heads_kv
+        self.new_k.append(k)
+        self.new_v.append(v)
+        keys = torch.cat([self.k_cache[layer], k], dim=1).float()  # [Hkv, M + P, D]
+        values = torch.cat([self.v_cache[layer], v], dim=1).float()
+        index = torch.arange(num, device=q.device)
+        causal = index[None, :] <= index[:, None]  # [P, P]: query i sees chunk keys 0..i
+        cached = self.visible[layer][:, None, :].expand(heads_kv, num, self.visible.shape[-1])  # [Hkv, P, M]
+        mask = torch.cat([cached, causal[None].expand(heads_kv, num, num)], dim=2)[:, None]  # [Hkv, 1, P, M+P]
+        qg = q.float().reshape(heads_kv, group, num, dim)
+        scores = torch.matmul(qg, keys[:, None].transpose(-1, -2)) * dim ** -0.5  # [Hkv, G, P, M+P]
+        scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if self.with_mass:
+            self.mass.append(probs.sum(dim=2).mean(dim=1))  # [Hkv, M+P]
+        out = torch.matmul(probs, values[:, None])  # [Hkv, G, P, D]
+        return out.reshape(heads_q, num, dim).to(q.dtype)
+
+
+class LLMChunkGraph(nn.Module):
+    """The decoder stack over one chunk against a fixed-shape cache (see the module docstring)."""
+
+    def __init__(self, language: Qwen2LM, with_mass: bool) -> None:
+        super().__init__()
+        self.language = language
+        self.with_mass = with_mass
+
+    def forward(self, embeds: torch.Tensor, position_ids: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        attend = _GraphAttend(k_cache, v_cache, visible, self.with_mass)
+        hidden = self.language(embeds, position_ids, attend)
+        outputs = (hidden, torch.stack(attend.new_k), torch.stack(attend.new_v))
+        if self.with_mass:
+            outputs += (torch.stack(attend.mass),)
+        return outputs

@@ -1,0 +1,129 @@
+"""What every engine runner shares: the backend interface on top of "run graph G with these tensors".
+
+A runner (onnxruntime, TensorRT) only implements ``_run(graph, inputs, outputs)``: bind the given torch
+tensors by pointer as the graph's inputs and outputs and execute — no host copies. Everything else lives
+here and is the same for all engines:
+
+* the LLM's fixed-shape inputs: the capped cache's own ``k``/``v`` buffers ``[L, Hkv, M, D]`` and a
+  ``visible`` mask ``[L, Hkv, M]`` built from the session's request (all committed slots, or the StateKV
+  prefix+sinks set) in one preallocated buffer;
+* writing the returned K/V at slots ``[start, start + P)`` and scattering the returned mass ``[L, Hkv, M+P]``
+  into the session's ``mass_out`` (committed slots, then the chunk);
+* chunks longer than the engine's largest prefill chunk are run in pieces, each seeing the pieces before
+  it (a long question on TensorRT, whose optimization profile bounds P);
+* P = 1 without mass goes to the decode graph;
+* the token embedding and the tied ``lm_head`` stay in torch (a lookup and one GEMV: no engine needed, and
+  the tied weight is shared with the embedding instead of being stored twice).
+"""
+
+from __future__ import annotations
+
+import torch
+from edgekv.engines.manifest import EngineError
+
+from edgekv.cache.capped import CappedKVCache
+
+
+class GraphVision:
+    """VisionBackend over a ``vision`` graph built for one grid."""
+
+    name = "graph"
+
+    def __init__(self, grid_thw: tuple[int, int, int], num_tokens: int, hidden: int, dtype: torch.dtype,
+                 device: torch.device, hint: str) -> None:
+        self.grid_thw = tuple(int(v) for v in grid_thw)
+        self.num_tokens, self.hidden, self.dtype, self.device = num_tokens, hidden, dtype, device
+        self.hint = hint
+
+    def _run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def encode(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        grid = tuple(int(v) for v in grid_thw.reshape(-1).tolist())
+        if grid != self.grid_thw:
+            raise EngineError(f"the {self.name} vision engine was built for grid {list(self.grid_thw)} (T, H, W "
+                              f"patches) and got {list(grid)}: video.resolution changed since `edgekv build`. "
+                              f"{self.hint}")
+        out = torch.empty(self.num_tokens, self.hidden, dtype=self.dtype, device=self.device)
+        self._run("vision", {"pixel_values": pixel_values.to(self.device, self.dtype).contiguous()}, {"tokens": out})
+        return out
+
+
+class GraphLLM:
+    """LLMBackend over ``llm_prefill`` / ``llm_decode`` graphs built for a cache of ``M`` slots."""
+
+    name = "graph"
+
+    def __init__(self, language, cache_tokens: int, max_chunk_tokens: int, dtype: torch.dtype,
+                 device: torch.device, hint: str, has_decode: bool = True) -> None:
+        text = language.config
+        self.embed_tokens, self.lm_head = language.embed_tokens, language.lm_head
+        self.layers, self.heads = text.num_hidden_layers, text.num_key_value_heads
+        self.head_dim, self.hidden = text.head_dim, text.hidden_size
+        self.capacity, self.max_chunk = cache_tokens, max_chunk_tokens
+        self.dtype, self.device, self.hint = dtype, device, hint
+        self.has_decode = has_decode
+        self._visible = torch.zeros(self.layers, self.heads, cache_tokens, dtype=torch.bool, device=device)
+
+    def _run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def _check_cache(self, cache: CappedKVCache) -> None:
+        if cache.capacity != self.capacity:
+            raise EngineError(f"the {self.name} LLM engine was built for a cache of {self.capacity} slots; this "
+                              f"session's cache has {cache.capacity} (cache.max_tokens / cache.max_mib changed "
+                              f"since `edgekv build`). {self.hint}")
+        if cache.k.dtype != self.dtype:
+            raise EngineError(f"the {self.name} LLM engine takes a {self.dtype} cache, the session's is "
+                              f"{cache.k.dtype} (model.dtype changed since `edgekv build`). {self.hint}")
+
+    def prefill(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: CappedKVCache,
+                visible: torch.Tensor | None = None, mass_out: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_cache(cache)
+        start, total = cache.length, embeds.shape[0]
+        if start + total > cache.capacity:
+            raise ValueError(f"chunk [{start}, {start + total}) exceeds cache capacity {cache.capacity}")
+        if mass_out is not None and total > self.max_chunk:
+            raise EngineError(f"a chunk of {total} tokens with attention mass exceeds the engine's largest chunk "
+                              f"({self.max_chunk}; engines.max_chunk_tokens). {self.hint}")
+        embeds = embeds.to(self.dtype).contiguous()
+        position_ids = position_ids.to(torch.long).contiguous()
+        hiddens = []
+        done = 0
+        while done < total:
+            num = min(self.max_chunk, total - done)
+            at = start + done
+            vis = self._visible
+            vis.zero_()
+            if visible is None:
+                vis[:, :, :at] = True
+            else:
+                vis[:, :, :start] = visible[:, :, :start]
+                vis[:, :, start:at] = True  # earlier pieces of this chunk
+            decode = num == 1 and mass_out is None and self.has_decode
+            outputs = {
+                "hidden": torch.empty(num, self.hidden, dtype=self.dtype, device=self.device),
+                "new_k": torch.empty(self.layers, self.heads, num, self.head_dim, dtype=self.dtype, device=self.device),
+                "new_v": torch.empty(self.layers, self.heads, num, self.head_dim, dtype=self.dtype, device=self.device),
+            }
+            if not decode:
+                outputs["mass"] = torch.empty(self.layers, self.heads, self.capacity + num, dtype=torch.float32,
+                                              device=self.device)
+            inputs = {"embeds": embeds[done:done + num], "position_ids": position_ids[:, done:done + num].contiguous(),
+                      "k_cache": cache.k, "v_cache": cache.v, "visible": vis}
+            self._run("llm_decode" if decode else "llm_prefill", inputs, outputs)
+            cache.k[:, :, at:at + num].copy_(outputs["new_k"])
+            cache.v[:, :, at:at + num].copy_(outputs["new_v"])
+            if mass_out is not None:
+                mass = outputs["mass"]
+                mass_out[:, :, :at].copy_(mass[:, :, :at])
+                mass_out[:, :, at:at + num].copy_(mass[:, :, self.capacity:])
+            hiddens.append(outputs["hidden"])
+            done += num
+        return hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens)
