@@ -67,6 +67,9 @@ class _Sessions:
             options = ort.SessionOptions()
             options.intra_op_num_threads = self.threads
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            # Idle onnxruntime threads spin-wait by default; between engine calls that steals the cores
+            # the session's own torch work (preprocessing, embedding, compaction) needs on a small CPU.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             path = self.manifest.path_of(self.bundle, graph)
             try:
                 found = ort.InferenceSession(str(path), sess_options=options, providers=self.providers)
