@@ -114,7 +114,11 @@ class Daemon:
         setup_logging(self.config.logging)
         self.stop.install()
         try:
-            self._start()
+            try:
+                self._start()
+            except (ValueError, OSError) as exc:  # config, checkpoint, engines, camera: say what, not a traceback
+                print(f"edgekv-camera: cannot start: {exc}", file=sys.stderr, flush=True)
+                return 2
             self.ready.set()
             self._loop()
             self._finish_questions()

@@ -41,7 +41,7 @@ class EngineMismatchError(EngineError):
 
 def rebuild_hint(model_dir: str | Path, config_path: str | Path | None, backend: str) -> str:
     config = str(config_path) if config_path else "<your deployment .yaml>"
-    return f"rebuild with: edgekv build --model {model_dir} --config {config} --backend {backend}"
+    return f"build the engines with: edgekv build --model {model_dir} --config {config} --backend {backend}"
 
 
 def file_digest(path: Path, memo: dict | None = None) -> str:

@@ -4,6 +4,7 @@ auth, request limits, concurrent questions during ingest, the status page data, 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import signal
 import subprocess
@@ -180,3 +181,17 @@ def test_sigterm_finishes_the_step_and_exits_zero(tiny_checkpoint, tmp_path):
     assert process.returncode == 0, "".join(lines) + out
     assert "SIGTERM: finishing the current step" in out
     assert "frames " in out and "cache " in out
+
+
+def test_startup_failure_is_one_clear_line_and_exit_2(tiny_checkpoint, tmp_path, capsys):
+    """Engines that were never built: the daemon says what to run instead of dumping a traceback."""
+    from edgekv.apps.daemon import Daemon
+
+    pytest.importorskip("onnxruntime")
+    config = _config(tiny_checkpoint).with_overrides(
+        engines={"vision": "onnxruntime", "llm": "onnxruntime", "engine_dir": str(tmp_path)})
+    out = io.StringIO()
+    assert Daemon(config, _args(), out=out).run() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgekv-camera: cannot start: no onnxruntime engines built") and "edgekv build" in err
+    assert "Traceback" not in err
