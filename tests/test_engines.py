@@ -397,3 +397,27 @@ def test_large_weights_go_to_external_data(built, tmp_path, monkeypatch):
                                       "k_cache": np.zeros(shape, np.float32), "v_cache": np.zeros(shape, np.float32),
                                       "visible": np.zeros(shape[:3], bool)})[0]
     assert hidden.shape == (1, text.hidden_size) and np.isfinite(hidden).all()
+
+
+def test_fp16_graphs_stay_within_twice_the_torch_fp16_error(built, tmp_path):
+    """fp16 engines (what CUDA / TensorRT run): the same stream's question logits, measured against the fp32
+    torch reference, are at most 2x as far off as torch's own fp16 run (DESIGN: kernel tolerance rule)."""
+    from edgekv.engines.build import build
+    from edgekv.video.sources import iter_frames
+
+    config = load_config(built[0]).with_overrides(model={"dtype": "fp16"}, engines={"engine_dir": str(tmp_path)},
+                                                  cache={"sinks": 0})
+    build(config, "onnxruntime", progress=False)
+    runtimes = [edgekv.Runtime.from_config(config.with_overrides(model={"dtype": "fp32"},
+                                                                 engines={"vision": "torch", "llm": "torch"})),
+                edgekv.Runtime.from_config(config.with_overrides(engines={"vision": "torch", "llm": "torch"})),
+                edgekv.Runtime.from_config(config)]
+    sessions = [rt.session() for rt in runtimes]
+    for image, t in iter_frames(SOURCE, max_frames=16):
+        for s in sessions:
+            s.ingest(image, t=t)
+    ref, torch16, ort16 = (s.question_logits("What is there?").float() for s in sessions)
+    torch_error = float((torch16 - ref).abs().max())
+    ort_error = float((ort16 - ref).abs().max())
+    assert 0 < torch_error < 0.05
+    assert ort_error <= 2 * torch_error
