@@ -146,7 +146,7 @@ def run_engines(args: argparse.Namespace) -> int:
             model={"path": str(model_dir), "dtype": dtype, "device": str(device)},
             video={"resolution": list(args.resolution), "fps": 2.0},
             cache={"policy": "sliding_window", "max_tokens": args.max_tokens},
-            engines={"engine_dir": engine_dir, "precision": "fp16" if dtype == "fp16" else "fp32",
+            engines={"engine_dir": engine_dir,
                      "onnx_providers": ["CUDAExecutionProvider"] if device.type == "cuda" else ["CPUExecutionProvider"]},
         )
         results = []

@@ -120,7 +120,7 @@ class EnginesSection:
     llm: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
     onnx_providers: list[str] = field(default_factory=lambda: ["CPUExecutionProvider"])
     engine_dir: str = "~/.cache/edgekv/engines"
-    precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"] = "fp16"
+    precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None  # tensorrt; None: model.dtype
     max_chunk_tokens: int | None = None  # largest prefill chunk an LLM engine takes; None: max(frame pair, 256)
     int8_calibration: str | None = None  # frames directory or video for TensorRT INT8/FP8 calibration
 

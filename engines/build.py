@@ -99,7 +99,11 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
         from edgekv.engines import tensorrt_backend
 
         trt_version, gpu = tensorrt_identity or tensorrt_backend.identity()
-        precision = config.engines.precision
+        precision = config.engines.precision or dtype
+        if precision in DTYPES and precision != dtype:
+            raise EngineError(f"engines.precision: {precision} differs from model.dtype {dtype}; TensorRT engines are "
+                              f"strongly typed and bind the session's {dtype} cache in place, so set both to the "
+                              f"same dtype (int8 keeps the LLM in model.dtype)")
     key = BuildKey(backend=backend, model_hash=model_hash(model_path, root / "hashes.json"), grid_thw=grid,
                    cache_tokens=cache_tokens_for(config, model_config), dtype=dtype, max_chunk_tokens=max_chunk,
                    precision=precision, tensorrt_version=trt_version, gpu=gpu)

@@ -3,10 +3,11 @@
     engines: {vision: tensorrt, llm: tensorrt, precision: fp16}      # then: edgekv build --backend tensorrt
 
 Builder (``build_engines``, called by ``edgekv build``): the ONNX parser reads each graph (external data
-included), one optimization profile per graph — ``llm_prefill``'s chunk length P in
-``[1, max_chunk_tokens]`` with the frame pair as the optimum, everything else static — precision flags from
-``engines.precision`` (fp16 / bf16 / fp32; int8 = the vision engine in INT8 with the entropy calibrator
-below, fed by frames from ``engines.int8_calibration``, and the LLM engines in fp16), a timing cache per (TensorRT version, GPU) under the engine dir that every
+included) into a strongly typed network, one optimization profile per graph — ``llm_prefill``'s chunk
+length P in ``[1, max_chunk_tokens]`` with the frame pair as the optimum, everything else static — the
+precision is the graphs' dtype (``engines.precision`` fp32 / fp16 / bf16 must equal ``model.dtype``; int8 =
+the vision engine in INT8 with the entropy calibrator below, fed by frames from
+``engines.int8_calibration``, on TensorRT 10 only, and the LLM engines in ``model.dtype``), a timing cache per (TensorRT version, GPU) under the engine dir that every
 later build reuses, and one serialized plan per graph next to its ONNX file. The plan is only valid for the
 TensorRT version and GPU that built it, which is why both are part of the bundle key (``manifest.py``).
 
@@ -125,18 +126,33 @@ def _calibration_pixels(config, dep: Deployment, limit: int = 64) -> list[torch.
     return batches
 
 
+def _network_flags(trt, strongly_typed: bool) -> int:
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    return 1 << int(flag) if strongly_typed and flag is not None else 0
+
+
 def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
-    """Compile every ONNX graph of ``files`` into ``<graph>.plan``; updates each entry's ``file``."""
+    """Compile every ONNX graph of ``files`` into ``<graph>.plan``; updates each entry's ``file``.
+
+    Networks are strongly typed: each tensor keeps the dtype the ONNX graph gives it, so the engine runs in
+    ``model.dtype`` (the dtype of the cache it binds) and the graphs' explicit fp32 attention stays fp32.
+    TensorRT 11 only has strongly typed networks; TensorRT 10 has both. The one weakly typed build is
+    ``int8`` on TensorRT 10: the vision engine with INT8 + FP16 flags and the entropy calibrator (implicit
+    quantization, deprecated since 10.1 and removed in 11, where INT8 needs Q/DQ nodes in the graph).
+    """
     trt = require()
     logger = _logger(trt)
     precision = dep.key.precision
-    if precision == "fp8":
-        raise EngineError("engines.precision: fp8 needs an explicitly quantized (Q/DQ) ONNX graph, which "
-                          "`edgekv build` does not produce yet; use fp16, bf16 or int8")
+    major = int(str(dep.key.tensorrt_version).split(".")[0])
+    if precision == "fp8" or (precision == "int8" and major >= 11):
+        raise EngineError(f"engines.precision: {precision} on TensorRT {dep.key.tensorrt_version} needs an explicitly "
+                          f"quantized (Q/DQ) ONNX graph, which `edgekv build` does not produce yet; use "
+                          f"{dep.key.dtype} (= model.dtype)" + (", or int8 on TensorRT 10 (JetPack 6)" if major >= 11 else ""))
     timing_file = dep.engine_dir / f"timing-trt{dep.key.tensorrt_version}-{_slug(dep.key.gpu)}.cache"
     builder = trt.Builder(logger)
     for name, entry in files.items():
-        network = builder.create_network(0)
+        implicit_int8 = precision == "int8" and name == "vision"
+        network = builder.create_network(_network_flags(trt, strongly_typed=not implicit_int8))
         parser = trt.OnnxParser(network, logger)
         onnx_path = bundle / entry["onnx"]
         if not parser.parse_from_file(str(onnx_path)):
@@ -144,18 +160,13 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
             raise EngineError(f"{onnx_path}: TensorRT's ONNX parser failed: {errors}")
         cfg = builder.create_builder_config()
         cfg.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
-        if precision == "fp16":
+        if implicit_int8:  # post-training INT8 of the ViT, calibrated on real frames; fp16 where INT8 cannot go
+            cfg.set_flag(trt.BuilderFlag.INT8)
             cfg.set_flag(trt.BuilderFlag.FP16)
-        elif precision == "bf16":
-            cfg.set_flag(trt.BuilderFlag.BF16)
-        elif precision == "int8":
-            cfg.set_flag(trt.BuilderFlag.FP16)  # layers INT8 cannot take fall back to fp16, not fp32
-            if name == "vision":  # post-training INT8 of the ViT, calibrated on real frames
-                cfg.set_flag(trt.BuilderFlag.INT8)
-                calibrator = FrameCalibrator(trt, _calibration_pixels(config, dep), bundle / "vision.int8.cache")
-                cfg.int8_calibrator = calibrator.calibrator
-            # The LLM graphs stay fp16: activation-calibrated INT8 of a decoder loses accuracy, and the
-            # weight-only INT8/INT4 that helps decode needs an explicitly quantized (Q/DQ) ONNX graph.
+            calibrator = FrameCalibrator(trt, _calibration_pixels(config, dep), bundle / "vision.int8.cache")
+            cfg.int8_calibrator = calibrator.calibrator
+        # The LLM graphs stay in model.dtype under int8: activation-calibrated INT8 of a decoder loses
+        # accuracy, and the weight-only INT8/INT4 that speeds up decode needs Q/DQ nodes in the graph.
         timing = cfg.create_timing_cache(timing_file.read_bytes() if timing_file.is_file() else b"")
         cfg.set_timing_cache(timing, ignore_mismatch=False)
         if name == "llm_prefill":

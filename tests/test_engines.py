@@ -421,3 +421,22 @@ def test_fp16_graphs_stay_within_twice_the_torch_fp16_error(built, tmp_path):
     ort_error = float((ort16 - ref).abs().max())
     assert 0 < torch_error < 0.05
     assert ort_error <= 2 * torch_error
+
+
+def test_tensorrt_key_and_precision_rules_without_tensorrt(built):
+    """The TensorRT build key is computed from the identity TensorRT reports (given here, as on a device):
+    it carries version, GPU and precision; a precision other than model.dtype is refused (strong typing)."""
+    from edgekv.engines.build import deployment
+
+    config = load_config(built[0])
+    orin = ("10.3.0", "Orin (nvgpu) (sm_87)")
+    dep = deployment(config, "tensorrt", tensorrt_identity=orin)
+    fields = dep.key.fields()
+    assert (fields["tensorrt_version"], fields["gpu"], fields["precision"]) == ("10.3.0", "Orin (nvgpu) (sm_87)", "fp32")
+    assert dep.key.digest() != deployment(config, "tensorrt", tensorrt_identity=("10.7.0", orin[1])).key.digest()
+    assert deployment(config.with_overrides(engines={"precision": "int8"}), "tensorrt",
+                      tensorrt_identity=orin).key.precision == "int8"
+    with pytest.raises(EngineError, match=r"engines\.precision: fp16 differs from model\.dtype fp32"):
+        deployment(config.with_overrides(engines={"precision": "fp16"}), "tensorrt", tensorrt_identity=orin)
+    with pytest.raises(EngineError, match=r"bf16 graphs are not supported by onnxruntime"):
+        deployment(config.with_overrides(model={"dtype": "bf16"}), "onnxruntime")
