@@ -72,7 +72,7 @@ class Daemon:
         self.session = runtime.session()
         stats = self.session.stats()
         self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
-                 f"{stats['policy']}, cache cap {stats['cache_capacity_tokens']} tokens = "
+                 f"{stats['policy']}, engines {stats['vision_backend']}/{stats['llm_backend']}, cache cap {stats['cache_capacity_tokens']} tokens = "
                  f"{stats['cache_capacity_bytes'] / 2**20:.2f} MiB allocated once")
         self.monitor = Monitor(cfg.monitor)
         self.monitor.start()

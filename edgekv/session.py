@@ -418,6 +418,8 @@ class StreamSession:
             "cache_capacity_bytes": cache.capacity_bytes,
             "text_reserve_tokens": self.text_reserve,
             "policy": self.policy.name,
+            "vision_backend": self.vision.name,
+            "llm_backend": self.llm.name,
             "compressions": c.compressions,
             "compression_ms_total": c.compression_ms_total,
             "tokens_evicted": c.tokens_evicted,

@@ -118,6 +118,8 @@ def test_backends_are_the_engines_and_torch_copies_are_released(runtimes):
     assert (ort_rt.vision_backend.name, ort_rt.llm_backend.name) == ("onnxruntime", "onnxruntime")
     assert ort_rt.model.visual is None and len(ort_rt.model.language.layers) == 0
     assert torch_rt.vision_backend.name == "torch"
+    stats = ort_rt.session().stats()
+    assert (stats["vision_backend"], stats["llm_backend"]) == ("onnxruntime", "onnxruntime")
 
 
 def test_vision_parity_on_a_padded_window_grid(runtimes):
