@@ -44,7 +44,10 @@ class Runtime:
         self.device = resolve_device(config.model.device)
         self.dtype = _DTYPES[config.model.dtype]
         model_dir = Path(config.model.path).expanduser()
-        self.model = load_pretrained(model_dir, dtype=self.dtype, device=self.device).eval()
+        engines = config.engines
+        skip = tuple(part for part, backend in (("visual", engines.vision), ("language.layers", engines.llm))
+                     if backend != "torch")  # an engine holds those weights: never load them twice
+        self.model = load_pretrained(model_dir, dtype=self.dtype, device=self.device, skip=skip).eval()
         self.tokenizer = QwenTokenizer.from_dir(model_dir)
         self.model_dir = model_dir
         self.vision_backend, self.llm_backend = make_backends(self)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib
 
-from torch import nn
-
 from edgekv.engines.base import check_backend_name
 
 
 def make_backends(runtime) -> tuple:
-    """(vision, llm) backends of ``runtime.config.engines``; torch modules an engine replaces are released."""
+    """(vision, llm) backends of ``runtime.config.engines``. The runtime did not load the torch weights an
+    engine replaces (``load_pretrained(skip=...)``); the LLM keeps its embedding and (tied) lm_head, which
+    every backend runs in torch."""
     engines = runtime.config.engines
     check_backend_name("vision", engines.vision)
     check_backend_name("llm", engines.llm)
@@ -18,12 +18,6 @@ def make_backends(runtime) -> tuple:
 
     vision = TorchVision(runtime.model) if engines.vision == "torch" else _engine(runtime, "vision", engines.vision)
     llm = TorchLLM(runtime.model) if engines.llm == "torch" else _engine(runtime, "llm", engines.llm)
-    # An engine holds its own copy of the weights: drop the torch copy so memory is not paid twice. The
-    # LLM keeps its embedding / tied lm_head (run in torch by every backend) and the final norm.
-    if engines.vision != "torch":
-        runtime.model.visual = None
-    if engines.llm != "torch":
-        runtime.model.language.layers = nn.ModuleList()
     return vision, llm
 
 

@@ -266,3 +266,17 @@ def test_tiny_checkpoint_tokenizer_matches_its_special_ids(tmp_path):
 
 def test_small_vocab_presets_skip_the_mismatched_tokenizer(source):
     assert not (source / "tokenizer.json").exists()
+
+
+def test_skip_leaves_engine_parts_unloaded(tiny_checkpoint):
+    """Parts an engine runs are validated but never read: no second copy of their weights in memory."""
+    full = load_pretrained(tiny_checkpoint)
+    lean = load_pretrained(tiny_checkpoint, skip=("visual", "language.layers"))
+    assert lean.visual is None and len(lean.language.layers) == 0
+    kept = {name: p for name, p in lean.named_parameters()}
+    assert set(kept) == {"language.embed_tokens.weight", "language.norm.weight"}  # tied lm_head shares the embedding
+    assert torch.equal(kept["language.embed_tokens.weight"], full.language.embed_tokens.weight)
+    assert sum(p.numel() for p in lean.parameters()) == sum(p.numel() for p in kept.values())
+    assert all(p.device.type == "cpu" for p in lean.parameters())  # nothing left on the meta device
+    with pytest.raises(ValueError, match=r"skip: unknown model parts \['vision'\]"):
+        load_pretrained(tiny_checkpoint, skip=("vision",))

@@ -148,8 +148,18 @@ def _set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
 
 
 def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu") -> Qwen25VL:
-    """Load ``model_dir`` (config.json + safetensors) as a :class:`Qwen25VL` in ``dtype`` on ``device`` (eval)."""
+                    device: torch.device | str = "cpu", skip: tuple[str, ...] = ()) -> Qwen25VL:
+    """Load ``model_dir`` (config.json + safetensors) as a :class:`Qwen25VL` in ``dtype`` on ``device`` (eval).
+
+    ``skip``: parts an engine runs instead — ``"visual"`` (the vision tower) and/or ``"language.layers"``
+    (the decoder stack). Their tensors are checked (names, shapes) but never read, and the parts are left
+    out of the model (``model.visual is None``, ``model.language.layers`` empty), so a Jetson running
+    TensorRT engines does not also hold a second copy of those weights.
+    """
+    unknown = set(skip) - {"visual", "language.layers"}
+    if unknown:
+        raise ValueError(f"skip: unknown model parts {sorted(unknown)} (known: visual, language.layers)")
+    skipped = tuple(f"{part}." for part in skip)
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory", file=model_dir)
@@ -193,6 +203,9 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
                 if shape != expected[canonical]:
                     raise CheckpointError(f"{path}: tensor {key}: config.json implies shape "
                                           f"{list(expected[canonical])}, found {list(shape)}", file=path, tensor=key)
+                if module_name.startswith(skipped):
+                    loaded[canonical] = path
+                    continue
                 try:
                     tensor = handle.get_tensor(key)
                 except Exception as exc:
@@ -214,4 +227,8 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
                               file=model_dir, tensor=missing[0])
     if tied:
         model.language.lm_head.weight = model.language.embed_tokens.weight
+    if "visual" in skip:
+        model.visual = None
+    if "language.layers" in skip:
+        model.language.layers = nn.ModuleList()
     return model.eval()
