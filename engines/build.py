@@ -2,9 +2,9 @@
 
     edgekv build --model DIR --config deploy.yaml [--backend onnxruntime|tensorrt] [--engine-dir D]
 
-Steps: hash the checkpoint -> export ``vision.onnx`` (the configured grid), ``llm_prefill.onnx`` and
-``llm_decode.onnx`` (the configured cache capacity) -> for ``tensorrt`` build one plan per graph (see
-``tensorrt_backend.py``) -> ``manifest.json``. A bundle that already matches is left alone unless
+Steps: hash the checkpoint -> export ``vision.onnx`` (the configured grid) and ``llm.onnx`` (the
+configured cache capacity; prefill chunks and decode steps, see ``graphs.py``) -> for ``tensorrt`` build
+one plan per graph (see ``tensorrt_backend.py``) -> ``manifest.json``. A bundle that already matches is left alone unless
 ``--force``. The same :func:`deployment_key` is computed when a runtime loads the engines, so what
 ``build`` wrote is exactly what ``Runtime`` looks for.
 """
@@ -17,18 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from edgekv.engines.manifest import (
-    MANIFEST,
-    BuildKey,
-    EngineError,
-    Manifest,
-    file_digest,
-    model_hash,
-    rebuild_hint,
-)
 
 from edgekv.cache.specs import CacheSpec
 from edgekv.config import EdgeKVConfig
+from edgekv.engines.manifest import MANIFEST, BuildKey, EngineError, Manifest, file_digest, model_hash, rebuild_hint
 from edgekv.model.config import ModelConfig
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -174,7 +166,7 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
         )
 
         trt.require()
-    steps = Progress(total=6 if backend == "tensorrt" else 5, enabled=progress)
+    steps = Progress(total=5 if backend == "tensorrt" else 4, enabled=progress)
     try:
         with steps.step("hash model and resolve the build key"):
             dep = deployment(config, backend, model_dir=model_dir, engine_dir=engine_dir)
@@ -198,12 +190,9 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
         key = dep.key
         with steps.step(f"export vision graph, grid {list(key.grid_thw)}"):
             files["vision"] = export_vision(model, key.grid_thw, bundle / "vision.onnx")
-        with steps.step(f"export LLM prefill graph, M={key.cache_tokens}, P<={key.max_chunk_tokens}"):
-            files["llm_prefill"] = export_llm(model, key.cache_tokens, bundle / "llm_prefill.onnx", decode=False,
-                                              max_chunk_tokens=key.max_chunk_tokens, example_tokens=dep.tokens_per_pair)
-        with steps.step("export LLM decode graph, P=1"):
-            files["llm_decode"] = export_llm(model, key.cache_tokens, bundle / "llm_decode.onnx", decode=True,
-                                             max_chunk_tokens=key.max_chunk_tokens, example_tokens=1)
+        with steps.step(f"export LLM graph, M={key.cache_tokens}, P in [1, {key.max_chunk_tokens}]"):
+            files["llm"] = export_llm(model, key.cache_tokens, bundle / "llm.onnx",
+                                      max_chunk_tokens=key.max_chunk_tokens, example_tokens=dep.tokens_per_pair)
         for name, entry in files.items():
             entry["file"] = f"{name}.onnx"
             entry["onnx"] = entry["file"]

@@ -8,8 +8,8 @@ is the graph's); attention scores/softmax are fp32 inside (see ``graphs.py``); `
 bf16 kernels for these ops). Weights go to ONNX external data (``<graph>.onnx.data``) when a graph's
 weights exceed 2 GB, protobuf's limit for one message (the 3B LLM in fp16 is ~6 GB).
 
-Shapes: ``vision`` static (one frame pair at the configured grid); ``llm_prefill`` with ``P`` dynamic in
-``[1, max_chunk_tokens]``; ``llm_decode`` static ``P = 1``. ``M`` (the cache capacity) is static in all.
+Shapes: ``vision`` static (one frame pair at the configured grid); ``llm`` with ``P`` dynamic in
+``[1, max_chunk_tokens]`` (decode is P = 1 of the same graph); ``M`` (the cache capacity) is static.
 """
 
 from __future__ import annotations
@@ -21,16 +21,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from edgekv.engines.graphs import (
-    DECODE_OUTPUTS,
-    LLM_INPUTS,
-    PREFILL_OUTPUTS,
-    VISION_INPUTS,
-    VISION_OUTPUTS,
-    LLMChunkGraph,
-    VisionGraph,
-)
 
+from edgekv.engines.graphs import LLM_INPUTS, LLM_OUTPUTS, VISION_INPUTS, VISION_OUTPUTS, LLMChunkGraph, VisionGraph
 from edgekv.model.qwen25vl import Qwen25VL
 
 OPSET = 18
@@ -90,15 +82,14 @@ def export_vision(model: Qwen25VL, grid_thw: tuple[int, int, int], path: Path) -
     }
 
 
-def export_llm(model: Qwen25VL, cache_tokens: int, path: Path, *, decode: bool, max_chunk_tokens: int,
-               example_tokens: int) -> dict:
-    """Write ``llm_prefill`` (decode=False, P dynamic) or ``llm_decode`` (P = 1); returns its manifest entry."""
+def export_llm(model: Qwen25VL, cache_tokens: int, path: Path, *, max_chunk_tokens: int, example_tokens: int) -> dict:
+    """Write the ``llm`` graph (P dynamic in [1, max_chunk_tokens]); returns its manifest entry."""
     text = model.config.text
     layers, heads, dim, hidden = text.num_hidden_layers, text.num_key_value_heads, text.head_dim, text.hidden_size
     weight = model.language.embed_tokens.weight
     dtype, device = weight.dtype, weight.device
-    num = 1 if decode else max(2, min(example_tokens, max_chunk_tokens))
-    graph = LLMChunkGraph(model.language, with_mass=not decode).eval()
+    num = max(2, min(example_tokens, max_chunk_tokens))  # torch.export specializes a size-1 example
+    graph = LLMChunkGraph(model.language).eval()
     example = (
         torch.randn(num, hidden, dtype=dtype, device=device),
         torch.arange(num, device=device).expand(3, num).contiguous(),
@@ -106,24 +97,17 @@ def export_llm(model: Qwen25VL, cache_tokens: int, path: Path, *, decode: bool, 
         torch.zeros(layers, heads, cache_tokens, dim, dtype=dtype, device=device),
         torch.zeros(layers, heads, cache_tokens, dtype=torch.bool, device=device),
     )
-    outputs = DECODE_OUTPUTS if decode else PREFILL_OUTPUTS
-    dynamic = None
-    if not decode:
-        chunk = torch.export.Dim("P", min=1, max=max_chunk_tokens)
-        dynamic = ({0: chunk}, {1: chunk}, None, None, None)
+    chunk = torch.export.Dim("P", min=1, max=max_chunk_tokens)
     with torch.no_grad(), _quiet():
-        program = torch.onnx.export(graph, example, input_names=list(LLM_INPUTS), output_names=list(outputs),
-                                    dynamic_shapes=dynamic, dynamo=True, opset_version=OPSET, verbose=False)
+        program = torch.onnx.export(graph, example, input_names=list(LLM_INPUTS), output_names=list(LLM_OUTPUTS),
+                                    dynamic_shapes=({0: chunk}, {1: chunk}, None, None, None), dynamo=True,
+                                    opset_version=OPSET, verbose=False)
     # The tied lm_head/embedding is not part of the graph (logits are taken outside), so count the layers.
     files = _save(program, path, _params_bytes(model.language.layers) + _params_bytes(model.language.norm))
-    p = 1 if decode else "P"
-    entry = {
-        "inputs": {"embeds": [p, hidden], "position_ids": [3, p], "k_cache": [layers, heads, cache_tokens, dim],
+    return {
+        "inputs": {"embeds": ["P", hidden], "position_ids": [3, "P"], "k_cache": [layers, heads, cache_tokens, dim],
                    "v_cache": [layers, heads, cache_tokens, dim], "visible": [layers, heads, cache_tokens]},
-        "outputs": {"hidden": [p, hidden], "new_k": [layers, heads, p, dim], "new_v": [layers, heads, p, dim]},
-        "files": [f.name for f in files],
+        "outputs": {"hidden": ["P", hidden], "new_k": [layers, heads, "P", dim], "new_v": [layers, heads, "P", dim],
+                    "mass": [layers, heads, f"{cache_tokens}+P"]},
+        "files": [f.name for f in files], "max_chunk_tokens": max_chunk_tokens,
     }
-    if not decode:
-        entry["outputs"]["mass"] = [layers, heads, f"{cache_tokens}+P"]
-        entry["max_chunk_tokens"] = max_chunk_tokens
-    return entry

@@ -13,7 +13,7 @@ The window permutation, padding gathers, key masks and 2D rotary angles of that 
 Python before export and enter the graph as constants: no ``cu_seqlens``/window-index inputs, no shape
 profile over them (the ONNX->TensorRT accuracy loss of TensorRT-LLM#3223 came from profiling those).
 
-``llm_prefill`` (P tokens, P dynamic in [1, P_max]) and ``llm_decode`` (P = 1)::
+``llm`` — one chunk of P tokens (a frame pair, a question, or one decode step: P = 1)::
 
     embeds        [P, d]            model dtype
     position_ids  [3, P]            int64, M-RoPE rows (t, h, w)
@@ -23,9 +23,14 @@ profile over them (the ONNX->TensorRT accuracy loss of TensorRT-LLM#3223 came fr
   ->
     hidden        [P, d]            after the final RMSNorm (logits are the tied lm_head, applied outside)
     new_k, new_v  [L, Hkv, P, D]    the chunk's rotated keys and values, for the caller to write
-    mass          [L, Hkv, M + P]   (prefill only) per-key attention mass: softmax probabilities summed
-                                    over the chunk's queries, averaged over the query heads of each KV head
-                                    (StateKV eq. 6); slots not visible get exactly 0
+    mass          [L, Hkv, M + P]   per-key attention mass: softmax probabilities summed over the chunk's
+                                    queries, averaged over the query heads of each KV head (StateKV eq. 6);
+                                    slots not visible get exactly 0
+
+Prefill and decode are ONE graph with two shape regimes, not two graphs: P in [1, max_chunk_tokens] for
+prefill chunks and P = 1 for decode (a second TensorRT optimization profile of the same engine, sharing its
+weights). Two exported graphs would hold two copies of the weights in every runtime — measured with the 3B
+shape in fp16 through onnxruntime CPU: 10.7 GiB resident with one LLM session, 20.9 GiB with two.
 
 Each query sees the visible cache slots and the chunk causally. Scores, softmax and the weighted sum run in
 fp32 whatever the graph dtype (same as ``edgekv.kernels.attention_mass``), so a fp16 engine does not lose
@@ -41,8 +46,7 @@ from edgekv.model.language import Qwen2LM
 from edgekv.model.vision import VisionTower, build_layout
 
 LLM_INPUTS = ("embeds", "position_ids", "k_cache", "v_cache", "visible")
-PREFILL_OUTPUTS = ("hidden", "new_k", "new_v", "mass")
-DECODE_OUTPUTS = ("hidden", "new_k", "new_v")
+LLM_OUTPUTS = ("hidden", "new_k", "new_v", "mass")
 VISION_INPUTS = ("pixel_values",)
 VISION_OUTPUTS = ("tokens",)
 
@@ -67,9 +71,8 @@ class VisionGraph(nn.Module):
 class _GraphAttend:
     """AttendFn over ``[k_cache[layer] (masked by visible) ; chunk (causal)]`` that keeps the chunk's K/V."""
 
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor, with_mass: bool) -> None:
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor) -> None:
         self.k_cache, self.v_cache, self.visible = k_cache, v_cache, visible
-        self.with_mass = with_mass
         self.new_k: list[torch.Tensor] = []
         self.new_v: list[torch.Tensor] = []
         self.mass: list[torch.Tensor] = []
@@ -90,8 +93,7 @@ class _GraphAttend:
         scores = torch.matmul(qg, keys[:, None].transpose(-1, -2)) * dim ** -0.5  # [Hkv, G, P, M+P]
         scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        if self.with_mass:
-            self.mass.append(probs.sum(dim=2).mean(dim=1))  # [Hkv, M+P]
+        self.mass.append(probs.sum(dim=2).mean(dim=1))  # [Hkv, M+P]
         out = torch.matmul(probs, values[:, None])  # [Hkv, G, P, D]
         return out.reshape(heads_q, num, dim).to(q.dtype)
 
@@ -99,16 +101,12 @@ class _GraphAttend:
 class LLMChunkGraph(nn.Module):
     """The decoder stack over one chunk against a fixed-shape cache (see the module docstring)."""
 
-    def __init__(self, language: Qwen2LM, with_mass: bool) -> None:
+    def __init__(self, language: Qwen2LM) -> None:
         super().__init__()
         self.language = language
-        self.with_mass = with_mass
 
     def forward(self, embeds: torch.Tensor, position_ids: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        attend = _GraphAttend(k_cache, v_cache, visible, self.with_mass)
+        attend = _GraphAttend(k_cache, v_cache, visible)
         hidden = self.language(embeds, position_ids, attend)
-        outputs = (hidden, torch.stack(attend.new_k), torch.stack(attend.new_v))
-        if self.with_mass:
-            outputs += (torch.stack(attend.mass),)
-        return outputs
+        return hidden, torch.stack(attend.new_k), torch.stack(attend.new_v), torch.stack(attend.mass)

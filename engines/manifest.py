@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GRAPH_FORMAT = 1  # bump when the graphs' inputs/outputs or semantics change
+GRAPH_FORMAT = 2  # bump when the graphs' inputs/outputs or semantics change (2: one llm graph)
 MANIFEST = "manifest.json"
 _HASH_CHUNK = 1 << 24
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from edgekv.engines.build import Deployment, deployment
 from edgekv.engines.manifest import EngineError, Manifest, locate
 from edgekv.engines.runner import GraphLLM, GraphVision
@@ -111,8 +112,7 @@ class OrtLLM(GraphLLM):
     name = "onnxruntime"
 
     def __init__(self, sessions: _Sessions, dep: Deployment, language, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(language, dep.key.cache_tokens, dep.key.max_chunk_tokens, dtype, device, dep.hint,
-                         has_decode="llm_decode" in sessions.manifest.files)
+        super().__init__(language, dep.key.cache_tokens, dep.key.max_chunk_tokens, dtype, device, dep.hint)
         self.sessions = sessions
 
     def _run(self, graph, inputs, outputs) -> None:

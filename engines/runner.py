@@ -11,7 +11,8 @@ here and is the same for all engines:
   into the session's ``mass_out`` (committed slots, then the chunk);
 * chunks longer than the engine's largest prefill chunk are run in pieces, each seeing the pieces before
   it (a long question on TensorRT, whose optimization profile bounds P);
-* P = 1 without mass goes to the decode graph;
+* P = 1 is a decode step: runners that keep a separate decode profile (TensorRT) get ``"llm_decode"``,
+  the others run the same ``"llm"`` graph;
 * the token embedding and the tied ``lm_head`` stay in torch (a lookup and one GEMV: no engine needed, and
   the tied weight is shared with the embedding instead of being stored twice).
 """
@@ -19,9 +20,9 @@ here and is the same for all engines:
 from __future__ import annotations
 
 import torch
-from edgekv.engines.manifest import EngineError
 
 from edgekv.cache.capped import CappedKVCache
+from edgekv.engines.manifest import EngineError
 
 
 class GraphVision:
@@ -50,19 +51,19 @@ class GraphVision:
 
 
 class GraphLLM:
-    """LLMBackend over ``llm_prefill`` / ``llm_decode`` graphs built for a cache of ``M`` slots."""
+    """LLMBackend over the ``llm`` graph built for a cache of ``M`` slots."""
 
     name = "graph"
 
     def __init__(self, language, cache_tokens: int, max_chunk_tokens: int, dtype: torch.dtype,
-                 device: torch.device, hint: str, has_decode: bool = True) -> None:
+                 device: torch.device, hint: str, decode_profile: bool = False) -> None:
         text = language.config
         self.embed_tokens, self.lm_head = language.embed_tokens, language.lm_head
         self.layers, self.heads = text.num_hidden_layers, text.num_key_value_heads
         self.head_dim, self.hidden = text.head_dim, text.hidden_size
         self.capacity, self.max_chunk = cache_tokens, max_chunk_tokens
         self.dtype, self.device, self.hint = dtype, device, hint
-        self.has_decode = has_decode
+        self.decode_profile = decode_profile
         self._visible = torch.zeros(self.layers, self.heads, cache_tokens, dtype=torch.bool, device=device)
 
     def _run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
@@ -106,18 +107,15 @@ class GraphLLM:
             else:
                 vis[:, :, :start] = visible[:, :, :start]
                 vis[:, :, start:at] = True  # earlier pieces of this chunk
-            decode = num == 1 and mass_out is None and self.has_decode
             outputs = {
                 "hidden": torch.empty(num, self.hidden, dtype=self.dtype, device=self.device),
                 "new_k": torch.empty(self.layers, self.heads, num, self.head_dim, dtype=self.dtype, device=self.device),
                 "new_v": torch.empty(self.layers, self.heads, num, self.head_dim, dtype=self.dtype, device=self.device),
+                "mass": torch.empty(self.layers, self.heads, self.capacity + num, dtype=torch.float32, device=self.device),
             }
-            if not decode:
-                outputs["mass"] = torch.empty(self.layers, self.heads, self.capacity + num, dtype=torch.float32,
-                                              device=self.device)
             inputs = {"embeds": embeds[done:done + num], "position_ids": position_ids[:, done:done + num].contiguous(),
                       "k_cache": cache.k, "v_cache": cache.v, "visible": vis}
-            self._run("llm_decode" if decode else "llm_prefill", inputs, outputs)
+            self._run("llm_decode" if num == 1 and self.decode_profile else "llm", inputs, outputs)
             cache.k[:, :, at:at + num].copy_(outputs["new_k"])
             cache.v[:, :, at:at + num].copy_(outputs["new_v"])
             if mass_out is not None:

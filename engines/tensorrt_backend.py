@@ -3,8 +3,9 @@
     engines: {vision: tensorrt, llm: tensorrt, precision: fp16}      # then: edgekv build --backend tensorrt
 
 Builder (``build_engines``, called by ``edgekv build``): the ONNX parser reads each graph (external data
-included) into a strongly typed network, one optimization profile per graph — ``llm_prefill``'s chunk
-length P in ``[1, max_chunk_tokens]`` with the frame pair as the optimum, everything else static — the
+included) into a strongly typed network; the ``llm`` engine gets two optimization profiles — prefill chunks,
+P in ``[1, max_chunk_tokens]`` with the frame pair as the optimum, and decode, P = 1 — used by two execution
+contexts of the one engine (one copy of the weights); everything else is static. The
 precision is the graphs' dtype (``engines.precision`` fp32 / fp16 / bf16 must equal ``model.dtype``; int8 =
 the vision engine in INT8 with the entropy calibrator below, fed by frames from
 ``engines.int8_calibration``, on TensorRT 10 only, and the LLM engines in ``model.dtype``), a timing cache per (TensorRT version, GPU) under the engine dir that every
@@ -26,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from edgekv.engines.build import Deployment, deployment
 from edgekv.engines.manifest import EngineError, Manifest, locate
 from edgekv.engines.runner import GraphLLM, GraphVision
@@ -169,14 +171,15 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
         # accuracy, and the weight-only INT8/INT4 that speeds up decode needs Q/DQ nodes in the graph.
         timing = cfg.create_timing_cache(timing_file.read_bytes() if timing_file.is_file() else b"")
         cfg.set_timing_cache(timing, ignore_mismatch=False)
-        if name == "llm_prefill":
-            profile = builder.create_optimization_profile()
+        if name == "llm":  # profile 0: prefill chunks, P in [1, max] tuned for a frame pair; 1: decode, P = 1
             hidden = dep.model_config.text.hidden_size
             opt = min(dep.tokens_per_pair, dep.key.max_chunk_tokens)
-            top = dep.key.max_chunk_tokens
-            profile.set_shape("embeds", (1, hidden), (opt, hidden), (top, hidden))
-            profile.set_shape("position_ids", (3, 1), (3, opt), (3, top))
-            cfg.add_optimization_profile(profile)
+            for low, best, top in ((1, opt, dep.key.max_chunk_tokens), (1, 1, 1)):
+                profile = builder.create_optimization_profile()
+                profile.set_shape("embeds", (low, hidden), (best, hidden), (top, hidden))
+                profile.set_shape("position_ids", (3, low), (3, best), (3, top))
+                cfg.add_optimization_profile(profile)
+            entry["profiles"] = {"prefill": [1, opt, dep.key.max_chunk_tokens], "decode": [1, 1, 1]}
         plan = builder.build_serialized_network(network, cfg)
         if plan is None:
             raise EngineError(f"TensorRT could not build the {name} engine from {onnx_path} (see the log above)")
@@ -197,19 +200,32 @@ class _Engines:
         self.trt = require()
         self.runtime = self.trt.Runtime(_logger(self.trt))
         self.bundle, self.manifest, self.hint = bundle, manifest, hint
+        self._engines: dict = {}
         self._contexts: dict = {}
 
+    def engine(self, name: str):
+        found = self._engines.get(name)
+        if found is None:
+            path = self.manifest.path_of(self.bundle, name)
+            found = self.runtime.deserialize_cuda_engine(path.read_bytes())
+            if found is None:
+                raise EngineError(f"{path}: TensorRT could not deserialize the {name} engine (built by another "
+                                  f"TensorRT version or for another GPU?). {self.hint}")
+            self._engines[name] = found
+        return found
+
     def context(self, graph: str):
+        """One execution context per graph; ``llm_decode`` is a second context of the ``llm`` engine on its
+        P = 1 optimization profile, so prefill and decode share one copy of the weights."""
         found = self._contexts.get(graph)
         if found is None:
-            path = self.manifest.path_of(self.bundle, graph)
-            engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
-            if engine is None:
-                raise EngineError(f"{path}: TensorRT could not deserialize the {graph} engine (built by another "
-                                  f"TensorRT version or for another GPU?). {self.hint}")
-            found = (engine, engine.create_execution_context())
+            if graph == "llm_decode":
+                found = self.engine("llm").create_execution_context()
+                found.set_optimization_profile_async(1, torch.cuda.current_stream().cuda_stream)
+            else:
+                found = self.engine(graph).create_execution_context()
             self._contexts[graph] = found
-        return found[1]
+        return found
 
     def run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
         context = self.context(graph)
@@ -241,7 +257,7 @@ class TrtLLM(GraphLLM):
 
     def __init__(self, engines: _Engines, dep: Deployment, language, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(language, dep.key.cache_tokens, dep.key.max_chunk_tokens, dtype, device, dep.hint,
-                         has_decode="llm_decode" in engines.manifest.files)
+                         decode_profile="decode" in engines.manifest.files.get("llm", {}).get("profiles", {}))
         self.engines = engines
 
     def _run(self, graph, inputs, outputs) -> None:

@@ -90,7 +90,7 @@ def runtimes(built):
 def test_build_writes_graphs_manifest_and_progress(built):
     _, ckpt, _, bundle, output = built
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"vision", "llm_prefill", "llm_decode"}
+    assert set(manifest["files"]) == {"vision", "llm"}
     for entry in manifest["files"].values():
         assert (bundle / entry["file"]).stat().st_size == entry["bytes"] > 0
     key = manifest["key"]
@@ -98,19 +98,21 @@ def test_build_writes_graphs_manifest_and_progress(built):
     assert key["cache_tokens"] == CACHE_TOKENS and key["dtype"] == "fp32" and key["max_chunk_tokens"] == 256
     assert manifest["files"]["vision"]["outputs"]["tokens"][0] == 24
     assert manifest["versions"]["opset"] == 18
-    for step in ("[1/5]", "[5/5]", "export vision graph", "export LLM prefill graph", "manifest.json"):
+    for step in ("[1/4]", "[4/4]", "export vision graph", "export LLM graph", "manifest.json"):
         assert step in output
     import onnx
 
-    graph = onnx.load(str(bundle / "llm_prefill.onnx"), load_external_data=False).graph
+    graph = onnx.load(str(bundle / "llm.onnx"), load_external_data=False).graph
     assert [i.name for i in graph.input] == ["embeds", "position_ids", "k_cache", "v_cache", "visible"]
     assert [o.name for o in graph.output] == ["hidden", "new_k", "new_v", "mass"]
+    dims = [d.dim_param or d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
+    assert isinstance(dims[0], str) and dims[1] == 64  # P dynamic (prefill chunks and decode steps), d static
     # A second build finds the bundle up to date and does not rewrite it.
-    mtime = (bundle / "llm_prefill.onnx").stat().st_mtime_ns
+    mtime = (bundle / "llm.onnx").stat().st_mtime_ns
     proc = subprocess.run([sys.executable, "-m", "edgekv.apps.cli", "build", "--config", str(built[0]), "--quiet"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "up to date" in proc.stderr
-    assert (bundle / "llm_prefill.onnx").stat().st_mtime_ns == mtime
+    assert (bundle / "llm.onnx").stat().st_mtime_ns == mtime
 
 
 def test_backends_are_the_engines_and_torch_copies_are_released(runtimes):
@@ -247,8 +249,8 @@ def test_missing_engine_file_names_it_and_offers_rebuild(built, tmp_path):
     config_path, _, _, bundle, _ = built
     copy = tmp_path / "bundle"
     shutil.copytree(bundle, copy)
-    (copy / "llm_decode.onnx").unlink()
-    with pytest.raises(EngineError, match=r"llm_decode\.onnx: engine file missing.*edgekv build --model"):
+    (copy / "llm.onnx").unlink()
+    with pytest.raises(EngineError, match=r"llm\.onnx: engine file missing.*edgekv build --model"):
         _runtime(config_path, engines={"engine_dir": str(copy)})
 
 
@@ -287,9 +289,9 @@ def test_engines_for_another_gpu_or_tensorrt_version_are_refused(tmp_path, built
     bundle = orin.bundle_dir(tmp_path, ckpt.name)
     bundle.mkdir(parents=True)
     (bundle / "llm.plan").write_bytes(b"plan")
-    Manifest(key=orin.fields(), model_dir=str(ckpt), files={"llm_prefill": {"file": "llm.plan", "bytes": 4}}).write(bundle)
+    Manifest(key=orin.fields(), model_dir=str(ckpt), files={"llm": {"file": "llm.plan", "bytes": 4}}).write(bundle)
     found, manifest = locate(tmp_path, ckpt, orin, "rebuild")
-    assert found == bundle and manifest.files["llm_prefill"]["file"] == "llm.plan"
+    assert found == bundle and manifest.files["llm"]["file"] == "llm.plan"
     h100 = BuildKey(**common, tensorrt_version="10.7.0", gpu="NVIDIA H100 80GB HBM3 (sm_90)")
     with pytest.raises(EngineMismatchError) as err:
         locate(tmp_path, ckpt, h100, "rebuild with: edgekv build")
@@ -387,11 +389,11 @@ def test_large_weights_go_to_external_data(built, tmp_path, monkeypatch):
 
     model = load_pretrained(built[1]).eval()
     monkeypatch.setattr(export, "EXTERNAL_DATA_BYTES", 0)
-    entry = export.export_llm(model, 64, tmp_path / "llm_decode.onnx", decode=True, max_chunk_tokens=8, example_tokens=1)
-    assert entry["files"] == ["llm_decode.onnx", "llm_decode.onnx.data"]
-    data_bytes = (tmp_path / "llm_decode.onnx.data").stat().st_size
-    assert data_bytes > (tmp_path / "llm_decode.onnx").stat().st_size
-    session = onnxruntime.InferenceSession(str(tmp_path / "llm_decode.onnx"), providers=["CPUExecutionProvider"])
+    entry = export.export_llm(model, 64, tmp_path / "llm.onnx", max_chunk_tokens=8, example_tokens=4)
+    assert entry["files"] == ["llm.onnx", "llm.onnx.data"]
+    data_bytes = (tmp_path / "llm.onnx.data").stat().st_size
+    assert data_bytes > (tmp_path / "llm.onnx").stat().st_size
+    session = onnxruntime.InferenceSession(str(tmp_path / "llm.onnx"), providers=["CPUExecutionProvider"])
     text = model.config.text
     shape = (text.num_hidden_layers, text.num_key_value_heads, 64, text.head_dim)
     hidden = session.run(["hidden"], {"embeds": np.ones((1, text.hidden_size), np.float32),
