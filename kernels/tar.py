@@ -68,6 +68,57 @@ def tar_scores_reference(
     return scores.masked_fill(kind != VISION_KIND, 0.0).to(torch.float32)
 
 
+def tar_scores_torch(
+    k: torch.Tensor, tpos: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+    kind: torch.Tensor, recent_mask: torch.Tensor, grid: tuple[int, int], inv_freq: torch.Tensor,
+    temporal_section: int, unrotated: bool = True,
+) -> torch.Tensor:
+    """Eq. 4 for devices without Triton (CPU): the reference's numbers in about two passes over the keys.
+
+    Same math, arranged so no full-size temporary is rotated or normalized:
+
+    * a rotation keeps the norm, so ``|unrot(k)| = |k|`` comes from the raw keys;
+    * the cell references R are built from the recent slots only (r frame pairs, a few percent of n),
+      gathered first, then unrotated and normalized;
+    * ``unrot(k) . R`` splits into the dims the temporal rotation leaves alone (raw keys, one fused
+      multiply-add against the gathered partner) and the ``2 * temporal_section`` temporal dims, where
+      ``unrot(k) . R_t = k . rot(R_t, +tpos)`` — the inverse rotation moved onto the (gathered) reference.
+
+    Returns [L, H, n] fp32 equal to ``tar_scores_reference`` up to fp32 rounding (tested).
+    """
+    keys = k if k.dtype == torch.float32 else k.float()
+    layers, heads, n, dim = keys.shape
+    half = dim // 2
+    cells = grid[0] * grid[1]
+    cell = (row.long() * grid[1] + col.long()).clamp(min=0)  # [L, H, n]
+    flat_cell = cell + (torch.arange(layers * heads, device=keys.device) * cells).view(layers, heads, 1)
+    # R: mean unit (unrotated) key of the recent slots of each (layer, head, cell).
+    where = recent_mask.nonzero(as_tuple=True)  # (layer, head, slot) of each recent slot
+    recent = keys[where]  # [m, D]; indexes the (usually strided) cache view without copying all of it
+    if unrotated:
+        recent = unrotate_temporal(recent, tpos[where], inv_freq, temporal_section)
+    recent = F.normalize(recent, dim=-1)
+    target = flat_cell[where]
+    reference = torch.zeros(layers * heads * cells, dim, dtype=torch.float32, device=keys.device)
+    reference.index_add_(0, target, recent)
+    count = torch.zeros(layers * heads * cells, dtype=torch.float32, device=keys.device)
+    count.index_add_(0, target, torch.ones_like(target, dtype=torch.float32))
+    reference /= count.clamp(min=1.0).unsqueeze(-1)
+    partner = reference.index_select(0, flat_cell.reshape(-1)).view(layers, heads, n, dim)  # [L, H, n, D]
+    if unrotated and temporal_section:
+        # rot(R_t, +tpos) on the 2 * temporal_section temporal dims of each slot's partner, in place.
+        angle = tpos.to(torch.float32).unsqueeze(-1) * inv_freq[:temporal_section].to(keys.device, torch.float32)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        r1 = partner[..., :temporal_section].clone()
+        r2 = partner[..., half:half + temporal_section]
+        partner[..., :temporal_section] = r1 * cos - r2 * sin
+        partner[..., half:half + temporal_section] = r2 * cos + r1 * sin
+    dots = partner.mul_(keys).sum(-1)  # [L, H, n]; in place: no second [L, H, n, D] temporary
+    norms = torch.linalg.vector_norm(keys, dim=-1).clamp(min=1e-12)  # F.normalize's eps
+    scores = -(dots / norms)
+    return scores.masked_fill(kind != VISION_KIND, 0.0)
+
+
 # ---------------------------------------------------------------------------------------------- kernel
 @jit
 def _tar_kernel(
@@ -169,4 +220,4 @@ def tar_scores(
     """
     if use_triton(k):
         return tar_scores_triton(k, tpos, frame, row, col, kind, recent_mask, grid, inv_freq, temporal_section, unrotated)
-    return tar_scores_reference(k, tpos, frame, row, col, kind, recent_mask, grid, inv_freq, temporal_section, unrotated)
+    return tar_scores_torch(k, tpos, frame, row, col, kind, recent_mask, grid, inv_freq, temporal_section, unrotated)

@@ -477,3 +477,31 @@ def test_gpu_compaction_3b():
     compact_triton_(k, v, keep, **meta)
     assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
     assert all(torch.equal(meta[name], ref[name]) for name in METADATA_FIELDS)
+
+
+@pytest.mark.parametrize("unrotated", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_tar_fast_torch_path_equals_reference(unrotated, dtype):
+    """The CPU path (``tar_scores_torch``: norms from raw keys, R from the recent slots only, the inverse
+    rotation moved onto the gathered reference) computes the reference's eq. 4 up to fp32 rounding."""
+    from edgekv.kernels.tar import tar_scores_torch
+    from edgekv.model.rope import rotary_inv_freq
+
+    g = torch.Generator().manual_seed(7)
+    layers, heads, n, dim, grid, section = 3, 2, 257, 32, (4, 5), 4
+    k = (torch.randn(layers, heads, n, dim, generator=g) * 3).to(dtype)
+    k[0, 0, 5] = 0  # a zero key: both clamp the norm the same way
+    tpos = torch.randint(0, 6000, (layers, heads, n), generator=g)
+    row = torch.randint(0, grid[0], (layers, heads, n), generator=g)
+    col = torch.randint(0, grid[1], (layers, heads, n), generator=g)
+    kind = torch.where(torch.rand(layers, heads, n, generator=g) < 0.85, VISION_KIND, 1)
+    row[kind != VISION_KIND] = -1  # text slots carry no cell
+    recent = (torch.rand(layers, heads, n, generator=g) < 0.15) & (kind == VISION_KIND)
+    recent[2, 1] = False  # a (layer, head) with no recent slot: every reference is 0
+    frame = torch.zeros(layers, heads, n, dtype=torch.long)
+    inv_freq = rotary_inv_freq(dim, 1e6, device="cpu")
+    args = (k, tpos, frame, row, col, kind, recent, grid, inv_freq, section, unrotated)
+    want, got = tar_scores_reference(*args), tar_scores_torch(*args)
+    assert got.dtype == torch.float32 and got.shape == (layers, heads, n)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    assert torch.all(got[kind != VISION_KIND] == 0) and torch.all(got[2, 1] == 0)
