@@ -17,7 +17,7 @@ import torch
 
 from edgekv.engines.build import Deployment, deployment
 from edgekv.engines.manifest import EngineError, Manifest, locate
-from edgekv.engines.runner import GraphLLM, GraphVision
+from edgekv.engines.runner import make_backend
 
 PROVIDER_ALIASES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                     "tensorrt": "TensorrtExecutionProvider"}
@@ -96,29 +96,6 @@ def _bind(bind, name: str, tensor: torch.Tensor) -> None:
     bind(name, device.type, device.index or 0, _NP_TYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
 
 
-class OrtVision(GraphVision):
-    name = "onnxruntime"
-
-    def __init__(self, sessions: _Sessions, dep: Deployment, dtype: torch.dtype, device: torch.device) -> None:
-        vision = dep.model_config.vision
-        super().__init__(dep.key.grid_thw, dep.tokens_per_pair, vision.out_hidden_size, dtype, device, dep.hint)
-        self.sessions = sessions
-
-    def _run(self, graph, inputs, outputs) -> None:
-        self.sessions.run(graph, inputs, outputs)
-
-
-class OrtLLM(GraphLLM):
-    name = "onnxruntime"
-
-    def __init__(self, sessions: _Sessions, dep: Deployment, language, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(language, dep.key.cache_tokens, dep.key.max_chunk_tokens, dtype, device, dep.hint)
-        self.sessions = sessions
-
-    def _run(self, graph, inputs, outputs) -> None:
-        self.sessions.run(graph, inputs, outputs)
-
-
 def _sessions_for(runtime) -> tuple[_Sessions, Deployment]:
     cached = getattr(runtime, "_ort_sessions", None)
     if cached is not None:
@@ -137,6 +114,4 @@ def _sessions_for(runtime) -> tuple[_Sessions, Deployment]:
 
 def load(runtime, component: str):
     sessions, dep = _sessions_for(runtime)
-    if component == "vision":
-        return OrtVision(sessions, dep, runtime.dtype, runtime.device)
-    return OrtLLM(sessions, dep, runtime.model.language, runtime.dtype, runtime.device)
+    return make_backend("onnxruntime", component, sessions.run, dep, runtime)

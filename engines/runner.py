@@ -1,8 +1,8 @@
 """What every engine runner shares: the backend interface on top of "run graph G with these tensors".
 
-A runner (onnxruntime, TensorRT) only implements ``_run(graph, inputs, outputs)``: bind the given torch
-tensors by pointer as the graph's inputs and outputs and execute — no host copies. Everything else lives
-here and is the same for all engines:
+An engine module (onnxruntime, TensorRT) only supplies ``run(graph, inputs, outputs)``: bind the given
+torch tensors by pointer as the graph's inputs and outputs and execute — no host copies — and calls
+:func:`make_backend`. Everything else lives here and is the same for all engines:
 
 * the LLM's fixed-shape inputs: the capped cache's own ``k``/``v`` buffers ``[L, Hkv, M, D]`` and a
   ``visible`` mask ``[L, Hkv, M]`` built from the session's request (all committed slots, or the StateKV
@@ -19,25 +19,26 @@ here and is the same for all engines:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from edgekv.cache.capped import CappedKVCache
 from edgekv.engines.manifest import EngineError
 
 
+RunFn = Callable[[str, dict[str, torch.Tensor], dict[str, torch.Tensor]], None]
+
+
 class GraphVision:
     """VisionBackend over a ``vision`` graph built for one grid."""
 
-    name = "graph"
-
-    def __init__(self, grid_thw: tuple[int, int, int], num_tokens: int, hidden: int, dtype: torch.dtype,
-                 device: torch.device, hint: str) -> None:
+    def __init__(self, name: str, run: RunFn, grid_thw: tuple[int, int, int], num_tokens: int, hidden: int,
+                 dtype: torch.dtype, device: torch.device, hint: str) -> None:
+        self.name, self._run = name, run
         self.grid_thw = tuple(int(v) for v in grid_thw)
         self.num_tokens, self.hidden, self.dtype, self.device = num_tokens, hidden, dtype, device
         self.hint = hint
-
-    def _run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-        raise NotImplementedError
 
     def encode(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         grid = tuple(int(v) for v in grid_thw.reshape(-1).tolist())
@@ -53,10 +54,9 @@ class GraphVision:
 class GraphLLM:
     """LLMBackend over the ``llm`` graph built for a cache of ``M`` slots."""
 
-    name = "graph"
-
-    def __init__(self, language, cache_tokens: int, max_chunk_tokens: int, dtype: torch.dtype,
-                 device: torch.device, hint: str, decode_profile: bool = False) -> None:
+    def __init__(self, name: str, run: RunFn, language, cache_tokens: int, max_chunk_tokens: int,
+                 dtype: torch.dtype, device: torch.device, hint: str, decode_profile: bool = False) -> None:
+        self.name, self._run = name, run
         text = language.config
         self.embed_tokens, self.lm_head = language.embed_tokens, language.lm_head
         self.layers, self.heads = text.num_hidden_layers, text.num_key_value_heads
@@ -65,9 +65,6 @@ class GraphLLM:
         self.dtype, self.device, self.hint = dtype, device, hint
         self.decode_profile = decode_profile
         self._visible = torch.zeros(self.layers, self.heads, cache_tokens, dtype=torch.bool, device=device)
-
-    def _run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-        raise NotImplementedError
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)
@@ -125,3 +122,12 @@ class GraphLLM:
             hiddens.append(outputs["hidden"])
             done += num
         return hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens)
+
+
+def make_backend(name: str, component: str, run: RunFn, dep, runtime, decode_profile: bool = False):
+    """The ``component`` ("vision" | "llm") backend of an engine bundle resolved as ``dep`` (a Deployment)."""
+    if component == "vision":
+        return GraphVision(name, run, dep.key.grid_thw, dep.tokens_per_pair, dep.model_config.vision.out_hidden_size,
+                           runtime.dtype, runtime.device, dep.hint)
+    return GraphLLM(name, run, runtime.model.language, dep.key.cache_tokens, dep.key.max_chunk_tokens, runtime.dtype,
+                    runtime.device, dep.hint, decode_profile=decode_profile)

@@ -30,7 +30,7 @@ import torch
 
 from edgekv.engines.build import Deployment, deployment
 from edgekv.engines.manifest import EngineError, Manifest, locate
-from edgekv.engines.runner import GraphLLM, GraphVision
+from edgekv.engines.runner import make_backend
 
 INSTALL_HINT = (
     "TensorRT's Python bindings are not installed. On a Jetson (JetPack 6, TensorRT 10): "
@@ -240,30 +240,6 @@ class _Engines:
             raise RuntimeError(f"TensorRT failed to run the {graph} engine")
 
 
-class TrtVision(GraphVision):
-    name = "tensorrt"
-
-    def __init__(self, engines: _Engines, dep: Deployment, dtype: torch.dtype, device: torch.device) -> None:
-        vision = dep.model_config.vision
-        super().__init__(dep.key.grid_thw, dep.tokens_per_pair, vision.out_hidden_size, dtype, device, dep.hint)
-        self.engines = engines
-
-    def _run(self, graph, inputs, outputs) -> None:
-        self.engines.run(graph, inputs, outputs)
-
-
-class TrtLLM(GraphLLM):
-    name = "tensorrt"
-
-    def __init__(self, engines: _Engines, dep: Deployment, language, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(language, dep.key.cache_tokens, dep.key.max_chunk_tokens, dtype, device, dep.hint,
-                         decode_profile="decode" in engines.manifest.files.get("llm", {}).get("profiles", {}))
-        self.engines = engines
-
-    def _run(self, graph, inputs, outputs) -> None:
-        self.engines.run(graph, inputs, outputs)
-
-
 def load(runtime, component: str):
     require()
     if runtime.device.type != "cuda":
@@ -275,6 +251,5 @@ def load(runtime, component: str):
         cached = (_Engines(bundle, manifest, dep.hint), dep)
         runtime._trt_engines = cached
     engines, dep = cached
-    if component == "vision":
-        return TrtVision(engines, dep, runtime.dtype, runtime.device)
-    return TrtLLM(engines, dep, runtime.model.language, runtime.dtype, runtime.device)
+    decode = "decode" in engines.manifest.files.get("llm", {}).get("profiles", {})
+    return make_backend("tensorrt", component, engines.run, dep, runtime, decode_profile=decode)
