@@ -68,6 +68,46 @@ def tar_scores_reference(
     return scores.masked_fill(kind != VISION_KIND, 0.0).to(torch.float32)
 
 
+# Rotation tables of the CPU path, per (device, rotary frequencies): cos / sin of p * inv_freq[j] for every
+# temporal position p below the table's length. A few per process (one per model), grown by doubling.
+_ROTATION_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_MAX_ROTATION_TABLES = 4
+
+
+def rotation_table(inv_freq: torch.Tensor, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each [P, t] fp32 with ``P >= positions``: entry ``[p, j]`` is ``cos(p * inv_freq[j])``.
+
+    The angle is the same fp32 product ``float(p) * inv_freq[j]`` that ``unrotate_temporal`` and the
+    per-slot formula compute and the same ``torch.cos`` / ``torch.sin`` is applied, so a lookup equals
+    the direct evaluation bit for bit (tested); ``cos(-a) = cos(a)`` and ``sin(-a) = -sin(a)`` hold
+    exactly as well. Cached, because the temporal positions in the cache only move forward (and back at
+    a re-base): after the first compression a lookup replaces ``L * H * n * t`` cos and sin evaluations.
+    """
+    freqs = inv_freq.to(torch.float32)
+    key = (str(freqs.device), tuple(freqs.tolist()))
+    table = _ROTATION_TABLES.get(key)
+    if table is None or table[0].shape[0] < positions:
+        size = 1 << max(10, (int(positions) - 1).bit_length())
+        angle = torch.arange(size, dtype=torch.float32, device=freqs.device).unsqueeze(-1) * freqs  # [P, t]
+        table = (torch.cos(angle), torch.sin(angle))
+        if key not in _ROTATION_TABLES and len(_ROTATION_TABLES) >= _MAX_ROTATION_TABLES:
+            _ROTATION_TABLES.pop(next(iter(_ROTATION_TABLES)))
+        _ROTATION_TABLES[key] = table
+    return table
+
+
+def _rotate_pairs_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, temporal_section: int) -> None:
+    """Rotate the temporal rotary pairs ``(j, j + D/2)`` of ``x`` [..., D] by the angle of (cos, sin) [..., t],
+    in place: ``x1 cos - x2 sin``, ``x2 cos + x1 sin`` — the same fp32 products and sums as
+    ``unrotate_temporal``. The pairs are first packed into one contiguous [2, ..., t] block, so the six
+    elementwise ops run on contiguous operands instead of two-wide strided slices of ``x``."""
+    half = x.shape[-1] // 2
+    pairs = torch.stack((x[..., :temporal_section], x[..., half:half + temporal_section]))  # [2, ..., t]
+    x1, x2 = pairs[0], pairs[1]
+    x[..., :temporal_section] = x1 * cos - x2 * sin
+    x[..., half:half + temporal_section] = x2 * cos + x1 * sin
+
+
 def tar_scores_torch(
     k: torch.Tensor, tpos: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
     kind: torch.Tensor, recent_mask: torch.Tensor, grid: tuple[int, int], inv_freq: torch.Tensor,
@@ -82,20 +122,32 @@ def tar_scores_torch(
       gathered first, then unrotated and normalized;
     * ``unrot(k) . R`` splits into the dims the temporal rotation leaves alone (raw keys, one fused
       multiply-add against the gathered partner) and the ``2 * temporal_section`` temporal dims, where
-      ``unrot(k) . R_t = k . rot(R_t, +tpos)`` — the inverse rotation moved onto the (gathered) reference.
+      ``unrot(k) . R_t = k . rot(R_t, +tpos)`` — the inverse rotation moved onto the (gathered) reference;
+    * cos / sin of every slot's angle come from a cached per-position table (``rotation_table``) instead
+      of being evaluated per slot, and the pair rotation runs on packed contiguous pairs.
 
-    Returns [L, H, n] fp32 equal to ``tar_scores_reference`` up to fp32 rounding (tested).
+    Returns [L, H, n] fp32 equal to ``tar_scores_reference`` up to fp32 rounding (tested), and bit-identical
+    to the per-slot evaluation of the same formula (tested: the selections built on it do not move).
     """
     keys = k if k.dtype == torch.float32 else k.float()
     layers, heads, n, dim = keys.shape
-    half = dim // 2
     cells = grid[0] * grid[1]
-    cell = (row.long() * grid[1] + col.long()).clamp(min=0)  # [L, H, n]
-    flat_cell = cell + (torch.arange(layers * heads, device=keys.device) * cells).view(layers, heads, 1)
+    cell = (row.long() * grid[1] + col.long()).clamp_(min=0)  # [L, H, n]
+    flat_cell = cell.add_((torch.arange(layers * heads, device=keys.device) * cells).view(layers, heads, 1))
+    rotate = unrotated and temporal_section > 0
+    if rotate:
+        positions = tpos.reshape(-1).long()  # [L * H * n]
+        low, high = (int(x) for x in torch.aminmax(positions)) if positions.numel() else (0, 0)
+        rotate_by_table = low >= 0
+        if rotate_by_table:
+            cos_table, sin_table = rotation_table(inv_freq[:temporal_section].to(keys.device), high + 1)
     # R: mean unit (unrotated) key of the recent slots of each (layer, head, cell).
     where = recent_mask.nonzero(as_tuple=True)  # (layer, head, slot) of each recent slot
     recent = keys[where]  # [m, D]; indexes the (usually strided) cache view without copying all of it
-    if unrotated:
+    if rotate and rotate_by_table:  # rotation by -tpos: cos(-a) = cos(a), sin(-a) = -sin(a), both exact
+        at = tpos[where].long()
+        _rotate_pairs_(recent, cos_table.index_select(0, at), sin_table.index_select(0, at).neg_(), temporal_section)
+    elif rotate:
         recent = unrotate_temporal(recent, tpos[where], inv_freq, temporal_section)
     recent = F.normalize(recent, dim=-1)
     target = flat_cell[where]
@@ -104,15 +156,16 @@ def tar_scores_torch(
     count = torch.zeros(layers * heads * cells, dtype=torch.float32, device=keys.device)
     count.index_add_(0, target, torch.ones_like(target, dtype=torch.float32))
     reference /= count.clamp(min=1.0).unsqueeze(-1)
-    partner = reference.index_select(0, flat_cell.reshape(-1)).view(layers, heads, n, dim)  # [L, H, n, D]
-    if unrotated and temporal_section:
+    partner = reference.index_select(0, flat_cell.view(-1)).view(layers, heads, n, dim)  # [L, H, n, D]
+    if rotate:
         # rot(R_t, +tpos) on the 2 * temporal_section temporal dims of each slot's partner, in place.
-        angle = tpos.to(torch.float32).unsqueeze(-1) * inv_freq[:temporal_section].to(keys.device, torch.float32)
-        cos, sin = torch.cos(angle), torch.sin(angle)
-        r1 = partner[..., :temporal_section].clone()
-        r2 = partner[..., half:half + temporal_section]
-        partner[..., :temporal_section] = r1 * cos - r2 * sin
-        partner[..., half:half + temporal_section] = r2 * cos + r1 * sin
+        if rotate_by_table:
+            cos = cos_table.index_select(0, positions).view(layers, heads, n, temporal_section)
+            sin = sin_table.index_select(0, positions).view(layers, heads, n, temporal_section)
+        else:
+            angle = tpos.to(torch.float32).unsqueeze(-1) * inv_freq[:temporal_section].to(keys.device, torch.float32)
+            cos, sin = torch.cos(angle), torch.sin(angle)
+        _rotate_pairs_(partner, cos, sin, temporal_section)
     dots = partner.mul_(keys).sum(-1)  # [L, H, n]; in place: no second [L, H, n, D] temporary
     norms = torch.linalg.vector_norm(keys, dim=-1).clamp(min=1e-12)  # F.normalize's eps
     scores = -(dots / norms)

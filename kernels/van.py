@@ -17,6 +17,16 @@ each slot (k per layer, from a [L] radius tensor, so one launch serves every lay
 dense grid is [L*H, F, rows, cols] x 2 fp32 with F the distinct frames in the cache (found with
 ``torch.unique``, one host sync) — 7.1 MB for 48 distinct frames at the 3B shape — in exchange for
 O(k^2) reads per slot instead of a search of the slot list.
+
+CPU (``pooled_van_torch``): the reference's ``avg_pool2d`` evaluates the window at every cell of every
+frame plane, ``F * rows * cols`` per (layer, head). Once compactions have thinned the old frames, the
+cache holds slots of many frames (measured at M = 2048 after 25 compressions: 168-258 distinct frames,
+the planes 7-11x the slots held), so most of that work pools empty cells. The CPU path then reads the
+``k x k`` window at the slots only, from a zero-padded dense grid, and adds its cells in the order
+``avg_pool2d`` does (row-major, one after the other from 0) before dividing by ``k^2`` as it does — so its
+scores are bit-identical to the reference (tested), not merely close (the presence counts are small
+integers, exact in any order). While the planes are fewer than ``_DENSE_PLANES_PER_SLOT`` times the slots
+(early in a stream) the reference's single ``avg_pool2d`` is faster and is used: both give the same bits.
 """
 
 from __future__ import annotations
@@ -76,6 +86,102 @@ def pooled_van_reference(
         average = (sums / present.clamp(min=1e-12)).view(len(chosen), heads, -1)
         pooled[chosen] = torch.gather(average, 2, cell[chosen])
     return torch.where(vision, pooled, norms).to(torch.float32)
+
+
+_WINDOW_READS = 1 << 20  # window cells gathered at once by pooled_van_torch (8 MiB of cells)
+# pooled_van_torch gathers windows at the slots when the frame planes hold more cells than this many per
+# slot; below it avg_pool2d over the planes is cheaper. Measured on the 2-core x86 CPU (4 and 36 layers,
+# 8x8 grid, pool sizes 3-7): the slot gather is 1.4-5x slower at 1-3 cells per slot, 1.1-2x faster at 6-12.
+_DENSE_PLANES_PER_SLOT = 4
+
+
+def frame_ranks(frame: torch.Tensor, vision: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Dense rank of each slot's frame among the distinct frames held (non-vision slots count as frame -1).
+
+    Equals ``torch.unique(frame.masked_fill(~vision, -1), return_inverse=True)`` — (inverse [L, H, n]
+    int64, number of distinct values) — without its sort: frame indices are small non-negative pair
+    numbers, so a presence table over ``[-1, max frame]`` and its running count give the ranks in O(n).
+    Falls back to ``torch.unique`` for negative or very sparse frame numbers.
+    """
+    key = frame.masked_fill(~vision, -1).long().add_(1)  # [L, H, n] >= 0 for real metadata
+    if key.numel() == 0:
+        return key, 0
+    low, high = (int(x) for x in torch.aminmax(key))
+    if low < 0 or high >= 4 * key.numel() + 1024:
+        values, inverse = torch.unique(key, return_inverse=True)
+        return inverse, values.numel()
+    flat = key.view(-1)
+    lookup = torch.zeros(high + 1, dtype=torch.int64, device=key.device).index_fill_(0, flat, 1).cumsum_(0)
+    count = int(lookup[-1])  # 1 + rank of each present key, so the last entry is the number of distinct keys
+    return lookup.sub_(1).index_select(0, flat).view_as(key), count
+
+
+def pooled_van_torch(
+    norms: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, vision: torch.Tensor,
+    grid: tuple[int, int], sizes: Sequence[int],
+) -> torch.Tensor:
+    """Alg. 2 l.22 for devices without Triton (CPU), bit-identical to ``pooled_van_reference`` (fp32).
+
+    Per pool size ``k`` (its layers at once): the value and the presence of every vision slot go into a
+    zero-padded dense grid [Lk, H, F, rows + k - 1, cols + k - 1, 2]; each slot then gathers the ``k^2``
+    cells of its window (one gather of [k^2, slots] 8-byte (value, presence) words, in chunks of at most
+    ``_WINDOW_READS``) and adds them one cell after the other in ``avg_pool2d``'s row-major order
+    (padding adds exact zeros, as skipping does). Both sums are divided
+    by ``k^2`` (``count_include_pad``), then one by the other, exactly as the reference. Returns
+    [L, H, n] fp32; size-1 layers and non-vision slots keep their own norm.
+    """
+    layers, heads, n = norms.shape
+    if len(sizes) != layers:
+        raise ValueError(f"one pool size per layer: {layers} layers, {len(sizes)} sizes")
+    norms = norms.to(torch.float32)
+    pooled = norms.clone()
+    by_size = {size: [layer for layer, s in enumerate(sizes) if s == size] for size in sorted(set(sizes)) if size > 1}
+    if not by_size or n == 0:
+        return pooled
+    rows, cols = grid
+    rank, num_frames = frame_ranks(frame, vision)  # [L, H, n]
+    if num_frames * rows * cols < _DENSE_PLANES_PER_SLOT * n:  # few planes: pooling them all is cheaper
+        return pooled_van_reference(norms, frame, row, col, vision, grid, sizes)
+    weight = vision.to(torch.float32)
+    # value (0 off vision, as the reference scatters) and presence side by side: one gather reads both
+    sources = torch.stack((norms * weight, weight), dim=-1)  # [L, H, n, 2]
+    for size, chosen in by_size.items():
+        pad = size // 2
+        width = cols + 2 * pad
+        plane = (rows + 2 * pad) * width
+        index = torch.tensor(chosen, device=norms.device) if len(chosen) < layers else None
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t if index is None else t.index_select(0, index)
+
+        group = len(chosen) * heads
+        # first cell of each slot's window in the padded grid, flat over [Lk, H, F, rows + 2p, cols + 2p]
+        base = (torch.arange(group, device=norms.device) * (num_frames * plane)).view(len(chosen), heads, 1)
+        corner = (base + pick(rank) * plane + pick(row).long().clamp(min=0) * width
+                  + pick(col).long().clamp(min=0)).view(-1)  # [Lk * H * n]
+        dense = torch.zeros(group * num_frames * plane, 2, dtype=torch.float32, device=norms.device)
+        dense.index_add_(0, corner + (pad * width + pad), pick(sources).view(-1, 2))
+        pairs = dense.view(torch.int64).view(-1)  # each (value, presence) cell as one 8-byte word: a plain copy
+        steps = torch.arange(size, device=norms.device)
+        offsets = (steps.view(-1, 1) * width + steps.view(1, -1)).view(-1, 1)  # [k*k, 1], avg_pool2d's row-major order
+        if pairs.numel() < 2**31:
+            corner, offsets = corner.int(), offsets.int()
+        total = torch.empty(corner.numel(), 2, dtype=torch.float32, device=norms.device)
+        chunk = max(1, _WINDOW_READS // (size * size))  # bounds the [k*k, chunk] temporaries
+        for lo in range(0, corner.numel(), chunk):
+            window = (corner[lo:lo + chunk].view(1, -1) + offsets).view(-1)  # [k*k * chunk]
+            cells = pairs.index_select(0, window).view(torch.float32).view(size * size, -1, 2)
+            acc = total[lo:lo + chunk]
+            acc.copy_(cells[0])
+            for j in range(1, size * size):  # one cell after the other, from 0 (0 + x = x); counts are exact anyway
+                acc += cells[j]
+        average = (total[:, 0] / (size * size)) / (total[:, 1] / (size * size)).clamp(min=1e-12)
+        average = average.view(len(chosen), heads, n)
+        if index is None:
+            pooled = average
+        else:
+            pooled.index_copy_(0, index, average)
+    return torch.where(vision, pooled, norms)
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -229,4 +335,4 @@ def pooled_van(
     """
     if use_triton(norms):
         return pooled_van_triton(norms, frame, row, col, vision, grid, sizes)
-    return pooled_van_reference(norms, frame, row, col, vision, grid, sizes)
+    return pooled_van_torch(norms, frame, row, col, vision, grid, sizes)

@@ -505,3 +505,76 @@ def test_tar_fast_torch_path_equals_reference(unrotated, dtype):
     assert got.dtype == torch.float32 and got.shape == (layers, heads, n)
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
     assert torch.all(got[kind != VISION_KIND] == 0) and torch.all(got[2, 1] == 0)
+
+
+def test_tar_torch_path_without_rotation_table_equals_reference():
+    """Negative temporal positions (never produced by the cache, but legal input) take the per-slot
+    cos/sin branch of ``tar_scores_torch`` instead of the cached table: still eq. 4."""
+    from edgekv.kernels.tar import tar_scores_torch
+
+    meta = toy_slots(2, 2, (3, 4), pairs=5, recent_pairs=2, seed=31)
+    n = meta["kind"].shape[2]
+    k = cache_tensor(2, 2, n, n + 3, 32, torch.float32, seed=32)
+    inv_freq = rotary_inv_freq(32, 1e6, "cpu")
+    tpos = meta["tpos"] - 6000  # every slot negative
+    args = (k, tpos, meta["frame"], meta["row"], meta["col"], meta["kind"], meta["recent"], (3, 4), inv_freq, 4, True)
+    torch.testing.assert_close(tar_scores_torch(*args), tar_scores_reference(*args), atol=2e-6, rtol=1e-5)
+
+
+def test_rotation_table_is_the_direct_evaluation_bit_for_bit():
+    from edgekv.kernels import tar as tar_module
+
+    inv_freq = rotary_inv_freq(128, 1e6, "cpu")[:16]
+    cos, sin = tar_module.rotation_table(inv_freq, 3000)
+    assert cos.shape[0] >= 3000 and cos.shape == sin.shape and cos.shape[1] == 16
+    angle = torch.arange(cos.shape[0], dtype=torch.float32).unsqueeze(-1) * inv_freq
+    assert torch.equal(cos, torch.cos(angle)) and torch.equal(sin, torch.sin(angle))
+    assert tar_module.rotation_table(inv_freq, 100)[0] is cos  # cached: a shorter request reuses it
+    grown = tar_module.rotation_table(inv_freq, cos.shape[0] + 1)[0]  # a longer one grows it
+    assert grown.shape[0] > cos.shape[0] and torch.equal(grown[: cos.shape[0]], cos)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["pair-numbers", "sparse-numbers"])
+def test_frame_ranks_equal_unique(sparse):
+    from edgekv.kernels.van import frame_ranks
+
+    meta = toy_slots(3, 2, (4, 5), pairs=7, recent_pairs=2, past_kept=0.4, seed=33)
+    frame = meta["frame"].long() * (10**7 if sparse else 3)  # sparse: beyond the presence table, torch.unique
+    values, want = torch.unique(frame.masked_fill(~meta["vision"], -1), return_inverse=True)
+    got, count = frame_ranks(frame, meta["vision"])
+    assert count == values.numel() and torch.equal(got, want)
+    empty, none = frame_ranks(frame[:, :, :0], meta["vision"][:, :, :0])
+    assert none == 0 and empty.shape == (3, 2, 0)
+
+
+@pytest.mark.parametrize("path", ["slot-windows", "dense-planes"])
+@pytest.mark.parametrize("sizes", [[7, 3, 1, 5], [1, 1, 1, 1], [5, 5, 7, 3], [3, 3, 3, 3]], ids=str)
+def test_pooled_van_cpu_path_is_the_reference_bit_for_bit(monkeypatch, sizes, path):
+    """``pooled_van_torch`` (CPU) adds each window's cells in avg_pool2d's order: the same bits, on both
+    sides of its dispatch rule (windows read at the slots / the reference's pooling of whole planes), with
+    frames thinned unevenly per (layer, head) as compactions leave them, and sparse frame numbers."""
+    from edgekv.kernels import van as van_module
+
+    monkeypatch.setattr(van_module, "_DENSE_PLANES_PER_SLOT", 0 if path == "slot-windows" else 10**6)
+    monkeypatch.setattr(van_module, "_WINDOW_READS", 1000)  # several gather chunks
+    grid = (4, 6)
+    for seed, sparse in ((34, False), (35, True)):
+        meta = toy_slots(4, 2, grid, pairs=9, recent_pairs=2, past_kept=0.3, seed=seed)
+        n = meta["kind"].shape[2]
+        norms = value_norms_reference(cache_tensor(4, 2, n, n, 16, torch.float32, seed=seed + 10))
+        frame = meta["frame"] * 1000003 if sparse else meta["frame"]
+        args = (norms, frame, meta["row"], meta["col"], meta["vision"], grid, sizes)
+        got = van_module.pooled_van_torch(*args)
+        assert torch.equal(got, pooled_van_reference(*args))
+        assert torch.equal(got[~meta["vision"]], norms[~meta["vision"]])
+    if set(sizes) != {1}:
+        assert not torch.equal(got, norms)  # pooling changed something
+
+
+def test_pooled_van_cpu_path_refuses_wrong_pool_sizes():
+    from edgekv.kernels.van import pooled_van_torch
+
+    meta = toy_slots(2, 1, (3, 3), pairs=3, recent_pairs=1, seed=36)
+    norms = torch.rand(meta["kind"].shape)
+    with pytest.raises(ValueError, match="one pool size per layer: 2 layers, 3 sizes"):
+        pooled_van_torch(norms, meta["frame"], meta["row"], meta["col"], meta["vision"], (3, 3), [3, 3, 3])
