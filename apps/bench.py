@@ -96,7 +96,9 @@ def _run_edgekv(model_dir: Path, frames, args: argparse.Namespace, policy: str, 
     stopped = None
     for frame, t in frames:
         try:
+            cpu_started = time.process_time()
             result = session.ingest(frame, t=t)
+            cpu_ms = (time.process_time() - cpu_started) * 1e3
         except CacheFullError:
             stopped = f"stopped at frame pair {session.counters.frame_pairs}: the cache is full (policy never evicts)"
             print(f"[{policy}] {stopped}")
@@ -106,7 +108,7 @@ def _run_edgekv(model_dir: Path, frames, args: argparse.Namespace, policy: str, 
         stats = session.stats()
         visible = _visible_keys(session, sinks)
         rows.append({
-            "pair": result.pair_index, "ingest_ms": result.ms, "vision_ms": result.vision_ms,
+            "pair": result.pair_index, "ingest_ms": result.ms, "ingest_cpu_ms": cpu_ms, "vision_ms": result.vision_ms,
             "prefill_ms": result.prefill_ms, "compression_ms": result.compression_ms,
             "cache_tokens": stats["cache_tokens"], "cache_bytes": stats["cache_capacity_bytes"],
             "rss_mb": _rss_mb(), "lm_gflops": lm_prefill_flops(text, result.tokens_added, visible) / 1e9,
@@ -146,11 +148,20 @@ def steady_state_summary(rows: list[dict]) -> dict:
     if durations:
         summary["compression_ms_median"] = statistics.median(durations)
         summary["compression_ms_max"] = max(durations)
-    if first is not None and len(rows) - first >= 400:
+    if first is not None:
         after = rows[first:]
+        after_ms = sum(r["ingest_ms"] for r in after)
+        summary["compression_share_after_first_compression"] = (
+            sum(r.get("compression_ms", 0.0) for r in after) / after_ms if after_ms else None)
         summary["rss_growth_after_first_compression"] = after[-1]["rss_mb"] / after[0]["rss_mb"] - 1.0
+    if first is not None and len(rows) - first >= 400:
         summary["late_over_early_median_ingest"] = (statistics.median(r["ingest_ms"] for r in after[-200:])
                                                     / statistics.median(r["ingest_ms"] for r in after[:200]))
+        if all("ingest_cpu_ms" in r for r in after):
+            # the same ratio on process CPU time: free of the wall-clock jitter a shared machine adds
+            summary["late_over_early_median_ingest_cpu"] = (
+                statistics.median(r["ingest_cpu_ms"] for r in after[-200:])
+                / statistics.median(r["ingest_cpu_ms"] for r in after[:200]))
     return summary
 
 
@@ -251,9 +262,14 @@ def _describe(summary: dict) -> str:
         parts.append(f"compression {100 * summary['compression_share']:.3f} % of ingest time")
     if "compression_ms_median" in summary:
         parts.append(f"median compression {summary['compression_ms_median']:.1f} ms")
+    if summary.get("compression_share_after_first_compression") is not None:
+        parts.append(f"{100 * summary['compression_share_after_first_compression']:.3f} % from the first compression on")
     if "rss_growth_after_first_compression" in summary:
         parts.append(f"RSS growth after first compression {100 * summary['rss_growth_after_first_compression']:+.2f} %")
+    if "late_over_early_median_ingest" in summary:
         parts.append(f"late/early median ingest {summary['late_over_early_median_ingest']:.3f}")
+    if "late_over_early_median_ingest_cpu" in summary:
+        parts.append(f"(CPU time {summary['late_over_early_median_ingest_cpu']:.3f})")
     return ", ".join(parts)
 
 

@@ -32,6 +32,10 @@ class ModelSection:
     # Where text after the video starts: "qwen" = largest position used + 1 (Qwen2.5-VL's reference code,
     # transformers 4.x); "transformers-5" = video start + max(grid h, grid w) (transformers 5.x, time ignored).
     text_after_video: Literal["qwen", "transformers-5"] = "qwen"
+    # Host heap: "retain" keeps freed host memory in the process (glibc mallopt) so per-pair and
+    # per-compression temporaries do not page-fault again; "release" keeps the C library's defaults.
+    # See edgekv/hostmem.py.
+    host_memory: Literal["retain", "release"] = "retain"
 
     def validate(self, at: str) -> None:
         if not (self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())):

@@ -16,6 +16,7 @@ import torch
 from edgekv.cache.specs import CacheSpec
 from edgekv.config import EdgeKVConfig, load_config
 from edgekv.engines.registry import make_backends
+from edgekv.hostmem import configure_host_memory
 from edgekv.model import load_pretrained
 from edgekv.policies import CachePolicy, make_policy
 from edgekv.preprocess import FramePreprocessor, smart_resize
@@ -41,6 +42,7 @@ class Runtime:
         if config.model.path is None:
             raise ValueError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory)")
         self.config = config
+        self.host_memory = configure_host_memory(config.model.host_memory)  # before the weights are read
         self.device = resolve_device(config.model.device)
         self.dtype = _DTYPES[config.model.dtype]
         model_dir = Path(config.model.path).expanduser()

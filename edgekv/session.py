@@ -420,6 +420,7 @@ class StreamSession:
             "policy": self.policy.name,
             "vision_backend": self.vision.name,
             "llm_backend": self.llm.name,
+            "host_memory": self.runtime.host_memory,
             "compressions": c.compressions,
             "compression_ms_total": c.compression_ms_total,
             "tokens_evicted": c.tokens_evicted,

@@ -1,0 +1,68 @@
+"""Host heap policy: keep freed host memory inside the process so repeated temporaries never fault again.
+
+glibc serves a request at or above ``M_MMAP_THRESHOLD`` (adjusted dynamically, at most 32 MiB on 64-bit
+by default) with a fresh anonymous mapping and unmaps it on free, and it returns free memory at the top
+of the heap to the kernel past ``M_TRIM_THRESHOLD``. A stream repeats the same allocations forever: every
+frame pair's activations, every compression's score and gather temporaries. Under the defaults each
+repetition maps those pages again, page-faults each one in and has the kernel zero it. Measured on the
+2-core x86 VM, one infinipot_v compression at the Qwen2.5-VL-3B cache shape ([36 layers, 2 KV heads,
+1536 slots, 128] fp32): ~22,400 minor faults and 71 ms median in-stream under the defaults; 0 faults and
+44 ms with freed blocks retained.
+
+``retain`` raises both thresholds once (``mallopt``), so freed blocks go back to the heap's free lists
+and later requests reuse them: the process's resident memory settles at its working set after the first
+frame pairs and compressions, then stays flat. (glibc 2.36 leaves a freed aligned block slightly too
+small for the same aligned request, so the first few repetitions of a temporary still take new pages
+until freed neighbours coalesce; measured: a 48 + 16 MiB pair of temporaries stops faulting after ~5
+repetitions and resident memory is flat from then on.) That is what a fixed-budget
+runtime wants — the memory a stream needs is claimed up front and kept, never handed back and re-faulted —
+and it is what PyTorch's CUDA caching allocator already does for device memory. ``release`` leaves the C
+library's defaults alone. The setting is per process (the allocator is shared by everything in it), so
+it is applied when a Runtime starts, not undone when it goes; on a C library other than glibc it does
+nothing and says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import platform
+
+# mallopt parameters, from glibc's <malloc.h>
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# Requests below this come from the heap and are reused after free; above it, mapped as before. Larger
+# than any temporary of a Qwen2.5-VL-3B stream or compression; smaller than what glibc accepts (it refuses
+# values above its heap limit and keeps the old threshold).
+MMAP_THRESHOLD = 1 << 30
+TRIM_THRESHOLD = (1 << 31) - 1  # never trim the top of the heap on our account
+
+_applied: str | None = None
+
+
+def _glibc() -> ctypes.CDLL | None:
+    libc_name, _ = platform.libc_ver()
+    if libc_name != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def configure_host_memory(mode: str) -> str:
+    """Apply ``model.host_memory`` (``retain`` | ``release``); return a one-line description for stats()."""
+    global _applied
+    if mode not in ("retain", "release"):
+        raise ValueError(f"model.host_memory: expected 'retain' or 'release', got {mode!r}")
+    if mode == "release":
+        return _applied or "release (the C library's defaults)"
+    if _applied is not None:
+        return _applied
+    libc = _glibc()
+    if libc is None:
+        return "release (host_memory: retain needs glibc's mallopt; this C library keeps its defaults)"
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    _applied = ("retain (glibc: blocks below 1 GiB reused after free, heap never trimmed)" if ok
+                else "release (glibc refused mallopt; its defaults stay)")
+    return _applied
