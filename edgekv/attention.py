@@ -7,13 +7,19 @@ not matter to softmax, so a compacted (reordered) cache needs no positional book
 positions are already inside the rotated keys.
 
 ``visible`` optionally restricts the committed slots per (layer, KV head) — StateKV prefill attends
-only to ``[prefix ; sinks ; this frame pair]``. ``want_mass`` makes the call also return each key's
+only to ``[prefix ; sinks ; this frame pair]``. ``mass_out`` makes the call also write each key's
 attention mass (StateKV eq. 6).
+
+Cost: when every (layer, KV head) sees the same number ``V`` of committed slots — StateKV's case: the
+prefix plus exactly ``min(B, candidates)`` sinks each — the visible keys are gathered first (StateKV
+eq. 5: the pair's context is ``[prefix ; sinks]``, not the cache) and attention with mass runs over
+``V + P`` keys, so per-pair cost follows ``B``, not the cache length. The mass is scattered back to
+the slots it belongs to (invisible slots get exactly 0). Otherwise the whole valid prefix is attended
+with a mask (same result, cost in the cache length).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +43,7 @@ class CacheAttention:
         cache: CappedKVCache,
         start: int,
         num_new: int,
-        visible: Callable[[int], torch.Tensor] | None = None,
+        visible: torch.Tensor | None = None,  # [layers, kv_heads, >= start] bool
         mass_out: torch.Tensor | None = None,
     ) -> None:
         if start + num_new > cache.capacity:
@@ -48,12 +54,31 @@ class CacheAttention:
         self.visible = visible
         self.mass_out = mass_out  # [layers, kv_heads, M] fp32: per-key attention mass, when asked
         self.mask = chunk_causal_mask(start, num_new, cache.device)  # [P, start + P]
+        self.gather = None  # [layers, kv_heads, V] visible committed slots, when every head sees V of them
+        if visible is not None and mass_out is not None:
+            self.gather = visible_slots(visible[:, :, :start])
+
+    def _attend_visible(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention + mass over [the V visible committed slots ; the chunk] only (StateKV eq. 5)."""
+        cache, start, end = self.cache, self.start, self.start + self.num_new
+        index = self.gather[layer]  # [Hkv, V] ascending
+        rows = index.unsqueeze(-1).expand(-1, -1, cache.k.shape[-1])
+        keys = torch.cat([cache.k[layer].gather(1, rows), cache.k[layer, :, start:end]], dim=1)  # [Hkv, V + P, D]
+        values = torch.cat([cache.v[layer].gather(1, rows), cache.v[layer, :, start:end]], dim=1)
+        out, mass = attention_mass(q, keys, values, start=index.shape[1])  # mass [Hkv, V + P]
+        target = self.mass_out[layer]
+        target[:, :end].zero_()
+        target.scatter_(1, index, mass[:, : index.shape[1]])
+        target[:, start:end] = mass[:, index.shape[1]:]
+        return out
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [Hq, P, hd]; k, v: [Hkv, P, hd]
         cache, end = self.cache, self.start + self.num_new
         cache.write_layer(layer, self.start, k, v)
-        committed = None if self.visible is None else self.visible(layer)  # [Hkv, start] bool
+        if self.gather is not None:
+            return self._attend_visible(layer, q)
+        committed = None if self.visible is None else self.visible[layer]  # [Hkv, start] bool
         if self.mass_out is not None:
             out, _ = attention_mass(q, cache.k[layer], cache.v[layer], start=self.start, visible=committed,
                                     mass_out=self.mass_out[layer])
@@ -72,6 +97,17 @@ class CacheAttention:
             q.unsqueeze(0), keys.unsqueeze(0).to(q.dtype), values.unsqueeze(0).to(q.dtype),
             attn_mask=mask, enable_gqa=True,
         ).squeeze(0)
+
+
+def visible_slots(visible: torch.Tensor) -> torch.Tensor | None:
+    """[L, Hkv, n] bool -> [L, Hkv, V] int64 ascending indices of the visible slots, when every (layer,
+    KV head) has the same count ``V``; None otherwise (the caller then masks). One host sync."""
+    layers, heads, n = visible.shape
+    counts = visible.sum(-1)
+    if n == 0 or not bool((counts == counts.view(-1)[0]).all()):
+        return None
+    count = int(counts.view(-1)[0])
+    return visible.nonzero()[:, 2].view(layers, heads, count)  # nonzero is row-major: ascending per head
 
 
 def attention_with_mass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,8 +30,7 @@ class TorchLLM:
 
     def prefill(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: CappedKVCache,
                 visible: torch.Tensor | None = None, mass_out: torch.Tensor | None = None) -> torch.Tensor:
-        attend = CacheAttention(cache, cache.length, embeds.shape[0],
-                                visible=None if visible is None else visible.__getitem__, mass_out=mass_out)
+        attend = CacheAttention(cache, cache.length, embeds.shape[0], visible=visible, mass_out=mass_out)
         return self.language(embeds, position_ids, attend)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

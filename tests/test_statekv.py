@@ -104,3 +104,39 @@ def _sink_ids(session):
 def test_statekv_needs_a_sink_budget(tiny_checkpoint):
     with pytest.raises(ValueError, match="sinks"):
         _session(tiny_checkpoint, policy="statekv", sinks=0)
+
+
+@pytest.mark.parametrize("equal_counts", [True, False], ids=["gathered", "masked-fallback"])
+def test_prefill_over_visible_slots_only_equals_the_masked_whole_cache(equal_counts):
+    """StateKV eq. 5: with the same number of visible slots in every (layer, KV head) the chunk attends to
+    the gathered [visible ; chunk] keys only; out and per-slot mass equal attention over the whole cache
+    with the visibility mask (invisible slots: exactly 0 mass). Unequal counts fall back to the mask."""
+    from edgekv.attention import CacheAttention, visible_slots
+    from edgekv.cache import CacheSpec, CappedKVCache
+    from edgekv.kernels.attention_mass import attention_mass_reference
+
+    layers, heads_kv, heads_q, dim, capacity, start, num_new = 2, 2, 8, 16, 64, 40, 7
+    gen = torch.Generator().manual_seed(3)
+    cache = CappedKVCache(CacheSpec.uniform(layers, heads_kv, dim, torch.float32), capacity)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    visible = torch.zeros(layers, heads_kv, start, dtype=torch.bool)
+    visible[:, :, :5] = True  # the prefix
+    for layer in range(layers):
+        for head in range(heads_kv):  # a different sink set per (layer, head), 9 sinks each
+            visible[layer, head, 5 + torch.randperm(start - 5, generator=gen)[:9]] = True
+    if not equal_counts:
+        visible[1, 0, 5:] = False  # this head sees the prefix only
+    assert (visible_slots(visible) is not None) == equal_counts
+    mass_out = torch.full((layers, heads_kv, capacity), 7.0)
+    attend = CacheAttention(cache, start, num_new, visible=visible, mass_out=mass_out)
+    for layer in range(layers):
+        q = torch.randn(heads_q, num_new, dim, generator=gen)
+        k_new, v_new = torch.randn(2, heads_kv, num_new, dim, generator=gen)
+        got = attend(layer, q, k_new, v_new)
+        want, want_mass = attention_mass_reference(q, cache.k[layer], cache.v[layer], start=start, visible=visible[layer])
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(mass_out[layer, :, : start + num_new], want_mass, atol=1e-5, rtol=1e-5)
+        assert torch.all(mass_out[layer, :, :start][~visible[layer]] == 0)
+        total = mass_out[layer, :, : start + num_new].sum(-1)  # each query spends 1; averaged over a head group
+        assert torch.allclose(total, torch.full((heads_kv,), float(num_new)), atol=1e-4)

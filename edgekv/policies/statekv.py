@@ -2,7 +2,10 @@
 with InfiniPot-V compression of everything that is not a sink.
 
 While a frame pair is prefilled its queries attend only to [system prefix ; sink set ; the pair itself
-(causal)] instead of the whole cache, so per-pair cost is constant in the stream length (eq. 5).
+(causal)] instead of the whole cache, so per-pair cost is constant in the stream length (eq. 5). With
+the torch backend those keys are gathered before attention (``edgekv.attention.CacheAttention``:
+every (layer, KV head) holds the same number of sinks), so the work follows B, not the cache; the
+exported engine graphs have static shapes and mask the whole cache instead (same result).
 Each key's attention mass — softmax probabilities summed over the pair's queries and averaged over
 heads (eq. 1, 6) — scores the candidates ``sinks ∪ this pair``; the top ``B`` become the next sink set
 (eq. 3, 6). Sinks are slots of the capped cache marked by a flag (DESIGN invariant 6: no second
