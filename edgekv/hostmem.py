@@ -18,8 +18,10 @@ repetitions and resident memory is flat from then on.) That is what a fixed-budg
 runtime wants — the memory a stream needs is claimed up front and kept, never handed back and re-faulted —
 and it is what PyTorch's CUDA caching allocator already does for device memory. ``release`` leaves the C
 library's defaults alone. The setting is per process (the allocator is shared by everything in it), so
-it is applied when a Runtime starts, not undone when it goes; on a C library other than glibc it does
-nothing and says so.
+it is applied once a Runtime has loaded its weights and engines — after one ``malloc_trim`` that hands
+back whatever loading freed (a checkpoint converted on the host must not stay resident as free heap,
+least of all on a Jetson, whose CPU and GPU share one memory) — and is not undone when the Runtime
+goes; on a C library other than glibc it does nothing and says so.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def configure_host_memory(mode: str) -> str:
     libc = _glibc()
     if libc is None:
         return "release (host_memory: retain needs glibc's mallopt; this C library keeps its defaults)"
+    libc.malloc_trim(0)  # hand back what start-up (weight loading) freed: only the stream's own reuse is kept
     ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     _applied = ("retain (glibc: blocks below 1 GiB reused after free, heap never trimmed)" if ok
                 else "release (glibc refused mallopt; its defaults stay)")

@@ -42,7 +42,6 @@ class Runtime:
         if config.model.path is None:
             raise ValueError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory)")
         self.config = config
-        self.host_memory = configure_host_memory(config.model.host_memory)  # before the weights are read
         self.device = resolve_device(config.model.device)
         self.dtype = _DTYPES[config.model.dtype]
         model_dir = Path(config.model.path).expanduser()
@@ -53,6 +52,7 @@ class Runtime:
         self.tokenizer = QwenTokenizer.from_dir(model_dir)
         self.model_dir = model_dir
         self.vision_backend, self.llm_backend = make_backends(self)
+        self.host_memory = configure_host_memory(config.model.host_memory)  # after loading: see edgekv/hostmem.py
 
     @classmethod
     def from_config(cls, config: str | Path | EdgeKVConfig) -> "Runtime":
