@@ -20,7 +20,6 @@ with a mask (same result, cost in the cache length).
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
@@ -53,10 +52,11 @@ class CacheAttention:
         self.num_new = num_new
         self.visible = visible
         self.mass_out = mass_out  # [layers, kv_heads, M] fp32: per-key attention mass, when asked
-        self.mask = chunk_causal_mask(start, num_new, cache.device)  # [P, start + P]
         self.gather = None  # [layers, kv_heads, V] visible committed slots, when every head sees V of them
         if visible is not None and mass_out is not None:
             self.gather = visible_slots(visible[:, :, :start])
+        # [P, start + P]; the gathered path never reads it
+        self.mask = chunk_causal_mask(start, num_new, cache.device) if self.gather is None else None
 
     def _attend_visible(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Attention + mass over [the V visible committed slots ; the chunk] only (StateKV eq. 5)."""

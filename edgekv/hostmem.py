@@ -34,8 +34,8 @@ import platform
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 # Requests below this come from the heap and are reused after free; above it, mapped as before. Larger
-# than any temporary of a Qwen2.5-VL-3B stream or compression; smaller than what glibc accepts (it refuses
-# values above its heap limit and keeps the old threshold).
+# than any temporary of a Qwen2.5-VL-3B stream or compression. glibc 2.36 accepts it (mallopt returns 1);
+# a C library that refuses keeps its defaults, and the returned description says so.
 MMAP_THRESHOLD = 1 << 30
 TRIM_THRESHOLD = (1 << 31) - 1  # never trim the top of the heap on our account
 
@@ -57,14 +57,16 @@ def configure_host_memory(mode: str) -> str:
     global _applied
     if mode not in ("retain", "release"):
         raise ValueError(f"model.host_memory: expected 'retain' or 'release', got {mode!r}")
-    if mode == "release":
+    if mode == "release":  # an earlier Runtime of this process may already have set retain: say so
         return _applied or "release (the C library's defaults)"
-    if _applied is not None:
-        return _applied
     libc = _glibc()
     if libc is None:
         return "release (host_memory: retain needs glibc's mallopt; this C library keeps its defaults)"
-    libc.malloc_trim(0)  # hand back what start-up (weight loading) freed: only the stream's own reuse is kept
+    # Every Runtime's loading garbage is handed back (the heap is never trimmed on its own once retained);
+    # only the stream's own reuse is kept.
+    libc.malloc_trim(0)
+    if _applied is not None:
+        return _applied
     ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     _applied = ("retain (glibc: blocks below 1 GiB reused after free, heap never trimmed)" if ok
                 else "release (glibc refused mallopt; its defaults stay)")
