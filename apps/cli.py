@@ -1,4 +1,4 @@
-"""``edgekv`` command line: make-tiny-checkpoint, build, plan, calibrate, bench."""
+"""``edgekv`` command line: make-tiny-checkpoint, train-toy, eval, build, plan, calibrate, bench."""
 
 from __future__ import annotations
 
@@ -87,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even if a matching bundle exists")
     build.add_argument("--quiet", action="store_true", help="no progress output")
     build.set_defaults(func=_build)
+
+    from edgekv.toy.cli import add_train_arguments
+
+    add_train_arguments(sub.add_parser("train-toy", help="train the toy Qwen2.5-VL on synthetic event streams"))
+
+    from edgekv.eval.cli import add_eval_arguments
+
+    evaluate = sub.add_parser("eval", help="answer-accuracy benchmarks (toy needle streams, MLVU / Video-MME)")
+    add_eval_arguments(evaluate)
+    evaluate.set_defaults(func=lambda args: args.run(args))
 
     from edgekv.calibration.calibrate import add_calibrate_arguments, calibrate_main
 

@@ -341,7 +341,7 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
     """Relative model/calibration/video-file paths are relative to the YAML file's folder."""
 
     def resolve(value: str | None) -> str | None:
-        if value is None or Path(value).expanduser().is_absolute():
+        if value is None or value.startswith("builtin:") or Path(value).expanduser().is_absolute():
             return value
         return str((base / value).resolve())
 

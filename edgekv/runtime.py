@@ -22,6 +22,7 @@ from edgekv.policies import CachePolicy, make_policy
 from edgekv.preprocess import FramePreprocessor, smart_resize
 from edgekv.session import StreamSession
 from edgekv.tokenizer import QwenTokenizer
+from edgekv.toy.model import resolve_model_path
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -44,7 +45,7 @@ class Runtime:
         self.config = config
         self.device = resolve_device(config.model.device)
         self.dtype = _DTYPES[config.model.dtype]
-        model_dir = Path(config.model.path).expanduser()
+        model_dir = Path(resolve_model_path(config.model.path)).expanduser()
         engines = config.engines
         skip = tuple(part for part, backend in (("visual", engines.vision), ("language.layers", engines.llm))
                      if backend != "torch")  # an engine holds those weights: never load them twice

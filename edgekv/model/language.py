@@ -135,13 +135,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
                 attend: AttendFn) -> torch.Tensor:
-        p = x.shape[0]
-        q = self.q_proj(x).view(p, self.num_heads, self.head_dim).transpose(0, 1)  # q: [Hq, P, hd]
-        k = self.k_proj(x).view(p, self.num_kv_heads, self.head_dim).transpose(0, 1)  # k: [Hkv, P, hd]
-        v = self.v_proj(x).view(p, self.num_kv_heads, self.head_dim).transpose(0, 1)  # v: [Hkv, P, hd]
+        """x [P, d] (inference) or [B, P, d] (training, ``edgekv.toy.train``); cos/sin broadcast against
+        [..., H, P, hd]. The attend function gets and returns the same leading dims."""
+        *lead, p, _ = x.shape
+        q = self.q_proj(x).view(*lead, p, self.num_heads, self.head_dim).transpose(-3, -2)  # q: [..., Hq, P, hd]
+        k = self.k_proj(x).view(*lead, p, self.num_kv_heads, self.head_dim).transpose(-3, -2)  # k: [..., Hkv, P, hd]
+        v = self.v_proj(x).view(*lead, p, self.num_kv_heads, self.head_dim).transpose(-3, -2)  # v: [..., Hkv, P, hd]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = attend(layer, q, k, v)  # [Hq, P, hd]
-        return self.o_proj(out.transpose(0, 1).reshape(p, self.num_heads * self.head_dim))
+        out = attend(layer, q, k, v)  # [..., Hq, P, hd]
+        return self.o_proj(out.transpose(-3, -2).reshape(*lead, p, self.num_heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):

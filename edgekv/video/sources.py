@@ -22,6 +22,8 @@ Spec strings (``open_source``), all parsed by ``parse_spec`` without touching an
 ``"csi:<sensor_id>[?…]"``         a Jetson CSI camera via ``nvarguscamerasrc`` (see ``csi_pipeline``)
 ``"synthetic:shapes[?…]"``        moving shapes on a textured background, generated in-process
 ``"synthetic:needle[?…]"``        a static scene where one object appears in exactly two frames
+``"synthetic:events[?…]"``        shapes of known colours appearing at known times, with ground
+                                 truth (``source.scene.events``; ``edgekv.video.events``)
 ===============================  ============================================================
 """
 
@@ -43,7 +45,7 @@ import cv2
 import numpy as np
 
 __all__ = [
-    "CorruptFrame", "EndOfStream", "FrameSource", "NeedleSource", "OpenCVSource", "ShapesSource", "SourceError",
+    "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "NeedleSource", "OpenCVSource", "ShapesSource", "SourceError",
     "SourceLost", "SourceSpec", "SourceUnavailable", "SyntheticSource", "TimestampSelector", "csi_pipeline",
     "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec",
 ]
@@ -146,6 +148,15 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _int_range(text: str) -> tuple[int, int]:
+    """``"2"`` -> (2, 2); ``"1-3"`` -> (1, 3)."""
+    low, _, high = text.partition("-")
+    values = (int(low), int(high or low))
+    if values[0] < 1 or values[1] < values[0]:
+        raise ValueError("expected N or MIN-MAX with 1 <= MIN <= MAX")
+    return values
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value <= 0:
@@ -165,6 +176,9 @@ _SYNTHETIC_PARAMS: dict[str, dict[str, Callable[[str], Any]]] = {
                "shapes": _positive_int},
     "needle": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
                "at": _non_negative_int, "noise": _non_negative_float},
+    "events": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
+               "rate": _non_negative_float, "duration": _int_range, "noise": _non_negative_float,
+               "drift": _non_negative_float, "light": _non_negative_float, "distractors": _non_negative_int},
 }
 _CSI_PARAMS: dict[str, Callable[[str], Any]] = {
     "width": _positive_int, "height": _positive_int, "fps": _positive_int, "flip": _non_negative_int,
@@ -500,6 +514,25 @@ class NeedleSource(SyntheticSource):
         return frame
 
 
+class EventSource(SyntheticSource):
+    """``synthetic:events``: the scene generator of ``edgekv.video.events`` as a frame source. Its ground
+    truth is ``self.scene.events`` (what, which frame pairs, where); the frames are ``scene.frame(i)``."""
+
+    def __init__(self, spec: str, size: tuple[int, int] = (112, 112), fps: float = 2.0, frames: int = 400,
+                 seed: int = 0, rate: float = 0.05, duration: tuple[int, int] = (1, 2), noise: float = 3.0,
+                 drift: float = 0.0, light: float = 0.0, distractors: int = 0) -> None:
+        from edgekv.video.events import scene_from_params
+
+        try:
+            self.scene = scene_from_params(size, fps, frames, seed, rate, duration, noise, drift, light, distractors)
+        except ValueError as exc:
+            raise ValueError(f"video source {spec!r}: {exc}") from None
+        super().__init__(spec, size, fps, frames, seed)
+
+    def render(self, index: int) -> np.ndarray:
+        return self.scene.frame(index)
+
+
 def _bounce(x: float) -> float:
     """Triangle wave in [0, 1]: a position that reflects off the frame edges."""
     x = x % 2.0
@@ -532,7 +565,7 @@ def open_source(spec: str | int | os.PathLike | SourceSpec) -> FrameSource:
     cannot be opened raises ``SourceUnavailable`` saying why."""
     parsed = spec if isinstance(spec, SourceSpec) else parse_spec(spec)
     if parsed.kind == "synthetic":
-        cls = ShapesSource if parsed.target == "shapes" else NeedleSource
+        cls = {"shapes": ShapesSource, "needle": NeedleSource, "events": EventSource}[parsed.target]
         return cls(parsed.raw, **parsed.params)
     if parsed.kind == "file":
         return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=False)

@@ -1,0 +1,103 @@
+"""``edgekv eval needle`` and ``edgekv eval videoqa``: argument parsing (the work lives beside this file)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+ALL_POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v", "statekv")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a cache key), got {text!r}")
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="eval", required=True)
+    needle = sub.add_parser(
+        "needle", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="toy-model answer accuracy per cache policy x cap x stream length x event age (JSON + PNG)")
+    needle.add_argument("--model", default="builtin:toy", help="a toy checkpoint dir (builtin:toy = the shipped one)")
+    needle.add_argument("--lengths", type=_ints, default=(2000,), help="stream lengths in frame pairs")
+    needle.add_argument("--budgets", type=_ints, default=(4000,), help="cache caps M in tokens")
+    needle.add_argument("--policies", default=",".join(ALL_POLICIES),
+                        help=f"comma-separated policies ({', '.join(ALL_POLICIES)})")
+    needle.add_argument("--sinks", type=_ints, default=(256, 1024), help="StateKV sink budgets B for 'statekv'")
+    needle.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                        help="extra cache key for every run, e.g. tar_rope=raw, tar_ratio=0.25, rebase_position=2048")
+    needle.add_argument("--streams", type=int, default=4, help="streams per length")
+    needle.add_argument("--events", type=int, default=3, help="needle events per stream")
+    needle.add_argument("--ages", type=_ints, default=None, help="event ages in pairs before the end")
+    needle.add_argument("--fps", type=float, default=2.0)
+    needle.add_argument("--seed", type=int, default=0)
+    needle.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    needle.add_argument("--json", default="out/eval-needle.json")
+    needle.add_argument("--plot", default="out/eval-needle.png")
+    needle.set_defaults(run=_run_needle)
+
+    from edgekv.eval.videoqa import add_videoqa_arguments
+
+    add_videoqa_arguments(sub.add_parser(
+        "videoqa", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="multiple-choice accuracy of real Qwen2.5-VL weights on MLVU or Video-MME (local files)"))
+
+
+def _run_needle(args: argparse.Namespace) -> int:
+    import torch
+
+    from edgekv.eval.needle import DEFAULT_AGES, NeedleConfig, PolicyRun, evaluate, save
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in ALL_POLICIES]
+    if unknown:
+        print(f"edgekv eval needle: --policies: unknown {', '.join(unknown)} (known: {', '.join(ALL_POLICIES)})",
+              file=sys.stderr)
+        return 2
+    options = tuple(args.option)
+    runs = []
+    for name in names:
+        if name == "statekv":
+            runs.extend(PolicyRun(name, sinks, options) for sinks in args.sinks)
+        else:
+            runs.append(PolicyRun(name, 0, options))
+    config = NeedleConfig(model=args.model, lengths=args.lengths, budgets=args.budgets, runs=tuple(runs),
+                          ages=args.ages or DEFAULT_AGES, streams=args.streams, events=args.events, fps=args.fps,
+                          seed=args.seed)
+    result = evaluate(config)
+    save(result, args.json, args.plot)
+    print(format_summary(result["summary"]))
+    print(f"wrote {args.json} and {args.plot}")
+    return 0
+
+
+def format_summary(summary: dict) -> str:
+    lines = []
+    for entry in summary.values():
+        ages = "  ".join(f"{b}:{v['accuracy']:.2f}/{v['ceiling']:.2f}" for b, v in entry["by_age"].items())
+        lines.append(f"L={entry['length']:5d} M={entry['budget']:6d} {entry['policy']:28s} acc {entry['accuracy']:.3f} "
+                     f"(ceiling {entry['ceiling']:.3f})  by age acc/ceiling: {ages}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    return args.run(args)

@@ -1,0 +1,249 @@
+"""Training samples for the toy model: what a capped streaming cache shows the model, drawn at random.
+
+One sample is one stream as the cache holds it when a question comes:
+
+* ``K`` kept frame pairs ("slots"), in time order, each at a temporal position ``tpos`` (relative to the
+  video's start). The newest ``R`` slots are one pair spacing ``G`` apart (the recent pairs a policy always
+  keeps); older slots are **sparse in time** (gaps of any size, as after compressions and re-basing) and
+  positions reach anywhere up to ``max_position_embeddings``.
+* Each slot is one frame pair of an ``EventScene`` (``edgekv.video.events``) whose 16 tokens go through
+  the real vision tower; events occupy one or two consecutive slots.
+* **Thinning**: a token of an old slot is kept until the question with some probability, otherwise it is
+  evicted at a random later slot: pairs ingested before the eviction saw it (their keys were computed
+  with it in context, as in the live cache), the question does not. Sometimes an event is evicted
+  whole; the answers follow what is still visible (the question is about what the cache holds).
+* **Sinks** (StateKV): in some samples a pair's prefill sees only the prefix, a random subset of the
+  earlier tokens and itself, as StateKV's ``[prefix ; sinks ; pair]`` (questions still see everything kept).
+* Several questions per sample, each a branch after the video that sees the video and itself only.
+
+``Curriculum`` lists the stages: one event in short dense streams first, then several events, then long,
+sparse, thinned streams (the feasibility run saw the one-event colour task leave chance only after
+~400 steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgekv.toy.questions import FAMILIES, QA, sample_question
+from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, place_event
+
+GRID = 4  # merged tokens per side at 112 x 112
+TOKENS = GRID * GRID
+EVENT_COVER = 0.1  # a token carries an event when the shape covers at least this share of its 28 x 28 cell
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Sampling ranges of one curriculum stage."""
+
+    name: str
+    pairs: tuple[int, int]          # K, kept frame pairs
+    events: tuple[int, int]         # events in the stream
+    families: tuple[str, ...]
+    sparse: float = 0.0             # probability that old slots are spread in time
+    thin: float = 0.0               # probability that old slots are thinned
+    sinks: float = 0.0              # probability of StateKV-style prefill (sinks only)
+    two_pair_events: float = 0.3    # probability that an event lasts two pairs
+    shape_pool: tuple[int, int] = (1, 4)  # distinct shapes a stream draws its events from (repeats make counts)
+    shifted: float = 0.5            # probability that the oldest kept pair is not at the video's start
+
+
+CURRICULUM: tuple[tuple[float, Stage], ...] = (
+    (0.20, Stage("one event", (2, 8), (1, 1), ("color", "shape", "exists"), shifted=0.0)),
+    (0.25, Stage("several events", (4, 24), (0, 5), FAMILIES, sparse=0.3, thin=0.3)),
+    (0.55, Stage("long, sparse, thinned", (6, 48), (0, 6), FAMILIES, sparse=0.7, thin=0.7, sinks=0.2)),
+)
+
+
+def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:
+    """A narrower range of K for one batch (similar lengths pad less): [k / 2, k] for a random k."""
+    low, high = stage.pairs
+    top = int(rng.integers(low, high + 1))
+    return max(low, top // 2), top
+
+
+def stage_at(progress: float, rng: np.random.Generator) -> Stage:
+    """The stage for training progress in [0, 1]; later stages rehearse earlier ones 20 % of the time."""
+    edge = 0.0
+    index = 0
+    for index, (share, _) in enumerate(CURRICULUM):
+        edge += share
+        if progress < edge:
+            break
+    if index and rng.random() < 0.2:
+        index = int(rng.integers(index))
+    return CURRICULUM[index][1]
+
+
+@dataclass
+class Sample:
+    """One stream as the cache shows it, plus its questions."""
+
+    pairs: list[tuple[np.ndarray, np.ndarray]]  # distinct rendered frame pairs (BGR uint8)
+    slot_pair: list[int]                         # per slot: index into ``pairs``
+    tpos: list[int]                              # per slot: temporal offset from the video start
+    evict_at: np.ndarray                         # [K, 16]: first slot index that no longer sees it (K + 1: kept)
+    sink: np.ndarray | None                      # [K, 16] bool: visible to later pairs (sink mode), else None
+    events: list[Event]                          # every event rendered (slot-indexed first_pair)
+    visible: list[Event]                         # events the question can still see
+    carried: np.ndarray                          # [K, 16] int: index in ``events`` of the event a token shows, -1
+    qas: list[QA] = field(default_factory=list)
+
+    @property
+    def slots(self) -> int:
+        return len(self.tpos)
+
+
+def _style(rng: np.random.Generator) -> SceneStyle:
+    return SceneStyle(noise=float(rng.uniform(1.0, 6.0)),
+                      drift=float(rng.uniform(0.05, 0.5)) if rng.random() < 0.3 else 0.0,
+                      light=float(rng.uniform(0.03, 0.2)) if rng.random() < 0.3 else 0.0,
+                      light_period=float(rng.uniform(20, 200)),
+                      distractors=int(rng.choice([0, 0, 0, 1, 2])))
+
+
+def _unit_times(rng: np.random.Generator, lengths: list[int], recent: int, spacing: int, sparse: bool,
+                max_positions: int, shifted: bool) -> list[int]:
+    """Start time of each unit (1 or 2 consecutive slots): the last ``recent`` units back to back, older
+    units either back to back too or spread over up to ``max_positions`` positions."""
+    slots = sum(lengths)
+    span = slots * spacing
+    extra = 0
+    if sparse and max_positions > span:
+        extra = int(rng.uniform(0, max_positions * 0.95 - span)) // spacing  # in units of the spacing
+    old = len(lengths) - recent
+    gaps = np.zeros(len(lengths), dtype=np.int64)
+    if old > 0 and extra > 0:
+        shares = rng.dirichlet(np.full(old + 1, 0.6))  # gap 0 (before the first) .. gap to the recent block
+        gaps[:old] = np.floor(shares[:old] * extra)
+        if old < len(lengths):
+            gaps[old] = int(shares[old] * extra)
+    start = int(rng.integers(0, max(1, (max_positions - span) // spacing - int(gaps.sum()))) * spacing) \
+        if shifted else 0
+    times, cursor = [], start
+    for length, gap in zip(lengths, gaps):
+        cursor += int(gap) * spacing
+        times.append(cursor)
+        cursor += length * spacing
+    return times
+
+
+def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, questions: int = 4,
+                size: int = 112, pairs: tuple[int, int] | None = None) -> Sample:
+    """A random sample of ``stage`` (see the module docstring); ``pairs`` narrows the stage's range of K."""
+    pairs = stage.pairs if pairs is None else pairs
+    spacing = int(rng.choice([1, 2, 2, 4]))  # G: pair spacing in positions (tokens_per_second 2, fps 4 / 2 / 1)
+    num_events = int(rng.integers(stage.events[0], stage.events[1] + 1))
+    pool = list(rng.permutation(SHAPES)[: int(rng.integers(stage.shape_pool[0], stage.shape_pool[1] + 1))])
+    # Units: one slot of background, or an event of one or two slots.
+    target_slots = int(rng.integers(pairs[0], pairs[1] + 1))
+    event_lengths = [2 if rng.random() < stage.two_pair_events else 1 for _ in range(num_events)]
+    target_slots = max(target_slots, sum(event_lengths) + 1)
+    lengths = [1] * (target_slots - sum(event_lengths)) + event_lengths
+    order = rng.permutation(len(lengths))
+    lengths = [lengths[i] for i in order]
+    is_event = [int(i) >= len(lengths) - num_events for i in order]
+    recent = int(rng.integers(1, min(len(lengths), 12) + 1))
+    times = _unit_times(rng, lengths, recent, spacing, rng.random() < stage.sparse, max_positions,
+                        rng.random() < stage.shifted)
+
+    scene = EventScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], _style(rng))
+    counts = {s: 0 for s in SHAPES}
+    last_color: dict[str, str] = {}
+    events: list[Event] = []
+    tpos: list[int] = []
+    slot_event: list[Event | None] = []
+    for length, time, event_unit in zip(lengths, times, is_event):
+        event = None
+        if event_unit:
+            free = [s for s in pool if counts[s] < 3] or [s for s in SHAPES if counts[s] < 3]
+            shape = str(free[int(rng.integers(len(free)))])
+            color = last_color.get(shape) if shape in last_color and rng.random() < 0.6 else str(rng.choice(COLORS))
+            event = place_event(rng, shape, color, len(tpos), length, size, size,
+                                avoid=[e for e in events if e.shape == shape])
+            counts[shape] += 1
+            last_color[shape] = color
+            events.append(event)
+        for k in range(length):
+            tpos.append(time + k * spacing)
+            slot_event.append(event)
+
+    # Render: event slots each; background slots share a few renderings (noise differs per rendering).
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    slot_pair: list[int] = []
+    background: list[int] = []
+    for slot, event in enumerate(slot_event):
+        virtual = tpos[slot] // spacing  # the pair index this slot would have in the live stream
+        if event is not None:
+            scene.events = [Event(event.shape, event.color, virtual, 1, event.center, event.radius)]
+            pairs.append(scene.pair_frames(virtual))
+            slot_pair.append(len(pairs) - 1)
+        elif len(background) < 6:
+            scene.events = []
+            pairs.append(scene.pair_frames(virtual))
+            background.append(len(pairs) - 1)
+            slot_pair.append(len(pairs) - 1)
+        else:
+            slot_pair.append(background[int(rng.integers(len(background)))])
+    scene.events = []
+
+    evict_at, visible, carried = _thin(rng, stage, slot_event, recent_slots=sum(lengths[len(lengths) - recent:]),
+                                       scene=scene, events=events)
+    sink = None
+    if rng.random() < stage.sinks:
+        sink = rng.random(evict_at.shape) < rng.uniform(0.05, 0.5)
+    sample = Sample(pairs, slot_pair, tpos, evict_at, sink, events, visible, carried)
+    families = list(stage.families)
+    for _ in range(questions):
+        for _attempt in range(8):
+            qa = sample_question(visible, families[int(rng.integers(len(families)))], rng)
+            if qa is not None:
+                sample.qas.append(qa)
+                break
+    return sample
+
+
+def _thin(rng: np.random.Generator, stage: Stage, slot_event: list[Event | None], recent_slots: int,
+          scene: EventScene, events: list[Event]) -> tuple[np.ndarray, list[Event], np.ndarray]:
+    """Eviction slot per token (K + 1 = kept to the question), the events still visible, and which event
+    each token shows."""
+    slots = len(slot_event)
+    evict_at = np.full((slots, TOKENS), slots + 1, dtype=np.int64)
+    carried_by = np.full((slots, TOKENS), -1, dtype=np.int64)
+    old = slots - recent_slots
+    covers: dict[Event, np.ndarray] = {}
+    for event in {e for e in slot_event if e is not None}:
+        cover = scene.cell_cover(event).reshape(-1)
+        carried = cover >= EVENT_COVER
+        carried[int(np.argmax(cover))] = True
+        covers[event] = carried
+    for slot, event in enumerate(slot_event):
+        if event is not None:
+            carried_by[slot, covers[event]] = events.index(event)
+    if old > 0 and rng.random() < stage.thin:
+        keep_background = float(rng.uniform(0, 1) ** 1.5)
+        keep_event = float(rng.uniform(0.5, 1.0))
+        lost = {e for e in covers if rng.random() < 0.15}
+        for slot in range(old):
+            event = slot_event[slot]
+            keep = rng.random(TOKENS) < keep_background
+            if event is not None:
+                carried = covers[event]
+                if event in lost:
+                    keep[carried] = False
+                else:
+                    keep[carried] = rng.random(int(carried.sum())) < keep_event
+                    core = int(np.argmax(scene.cell_cover(event).reshape(-1)))
+                    keep[core] = True
+            gone = ~keep
+            evict_at[slot, gone] = rng.integers(slot + 1, slots + 1, size=int(gone.sum()))
+    visible = []
+    for event, carried in covers.items():
+        seen = any((evict_at[slot][carried] > slots).any() for slot in range(slots) if slot_event[slot] is event)
+        if seen:
+            visible.append(event)
+    visible.sort(key=lambda e: e.first_pair)
+    return evict_at, visible, carried_by

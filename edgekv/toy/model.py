@@ -1,0 +1,110 @@
+"""The toy Qwen2.5-VL: the real architecture at a size that trains on two CPU cores, and its checkpoint.
+
+Shape (``TOY_SHAPE``): ViT depth 4 (blocks 1 and 3 full attention, 0 and 2 windowed; 112 px windows),
+hidden 64, 4 heads, 2x2 merger; Qwen2 LM with 4 layers, hidden 64, 4 query heads on 2 KV heads (GQA),
+head_dim 16, M-RoPE sections (2, 3, 3), tied embeddings, a 64-entry word vocabulary. About 0.5 M
+parameters: 1 MB in fp16.
+
+``max_position_embeddings = 8192``. Nothing in the model is a learned position table, so the number
+only matters through the session's re-basing mark (half of it, 4096): positions of kept frames are
+squeezed when they pass it, and a cache of C slots then spans at most ``C * G`` positions
+(``G`` = one pair's spacing). Training draws temporal positions uniformly over the whole 0..8192, so
+every position a capped cache produces below the mark, and the overshoot of up to ``C * G`` after it at
+the budgets the benchmarks use (C <= 3,000 slots at G = 2 is 6,000 positions), is in distribution.
+A smaller value would re-base more often (each compaction once positions pass it); a larger one would
+need more training to cover.
+
+The checkpoint directory is what a released Qwen2.5-VL directory holds (``config.json`` in the released
+layout, ``model.safetensors`` with the released tensor names and the 5D patch-embedding kernel,
+``generation_config.json``, ``preprocessor_config.json``, tokenizer files with the chat template), so
+transformers' ``Qwen2_5_VLForConditionalGeneration`` loads it too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from edgekv.model.config import ModelConfig, TextConfig, VisionConfig
+from edgekv.model.loading import SINGLE_FILE, checkpoint_shapes, module_key_to_checkpoint
+from edgekv.model.qwen25vl import Qwen25VL
+from edgekv.model.tiny import PREPROCESSOR_CONFIG, QWEN25VL_CHAT_TEMPLATE
+from edgekv.toy.vocab import build_tokenizer, write_tokenizer_files
+
+MAX_POSITIONS = 8192
+RESOLUTION = (112, 112)  # 8 x 8 patches, 4 x 4 = 16 LLM tokens per frame pair
+BUILTIN_DIR = Path(__file__).parent / "checkpoint"
+BUILTIN_NAME = "builtin:toy"
+
+
+def toy_config(vocab_pad: int = 64) -> ModelConfig:
+    _, special = build_tokenizer()
+    vocab_size = -(-(max(special.values()) + 1) // vocab_pad) * vocab_pad
+    text = TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=176, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, mrope_section=(2, 3, 3),
+                      max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True, rms_norm_eps=1e-6)
+    vision = VisionConfig(depth=4, hidden_size=64, intermediate_size=128, num_heads=4, fullatt_block_indexes=(1, 3),
+                          out_hidden_size=64, window_size=112, tokens_per_second=2)
+    return ModelConfig(text=text, vision=vision, image_token_id=special["<|image_pad|>"],
+                       video_token_id=special["<|video_pad|>"], vision_start_token_id=special["<|vision_start|>"],
+                       vision_end_token_id=special["<|vision_end|>"],
+                       eos_token_ids=(special["<|im_end|>"], special["<|endoftext|>"]),
+                       bos_token_id=special["<|endoftext|>"])
+
+
+def init_model(config: ModelConfig, seed: int) -> Qwen25VL:
+    """A trainable fp32 model: matrices ~ N(0, 0.02), biases 0, norm scales 1 (transformers' init)."""
+    generator = torch.Generator().manual_seed(seed)
+    model = Qwen25VL(config)
+    for name, param in model.named_parameters():
+        with torch.no_grad():
+            if name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight", "ln_q.weight")):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    return model
+
+
+def save_checkpoint(model: Qwen25VL, out_dir: str | Path, card: dict, dtype: torch.dtype = torch.float16) -> Path:
+    """Write ``model`` as a released-layout checkpoint directory with the toy tokenizer and a model card."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    shapes = checkpoint_shapes(config)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters(remove_duplicate=True):
+        key = module_key_to_checkpoint(name)
+        tensors[key] = param.detach().to(dtype).reshape(shapes[key]).contiguous()
+    save_file(tensors, str(out / SINGLE_FILE), metadata={"format": "pt"})
+    hf = config.to_hf_dict()
+    hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    hf["edgekv_toy"] = {"resolution": list(RESOLUTION), "fps": card.get("fps", 2.0)}
+    (out / "config.json").write_text(json.dumps(hf, indent=2))
+    eos = list(config.eos_token_ids)
+    generation = {"bos_token_id": config.bos_token_id, "pad_token_id": eos[-1], "eos_token_id": eos,
+                  "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
+    write_tokenizer_files(out, QWEN25VL_CHAT_TEMPLATE, config.text.max_position_embeddings)
+    (out / "card.json").write_text(json.dumps(card, indent=2))
+    for path in out.iterdir():
+        path.chmod(0o644)
+    return out
+
+
+def builtin_path() -> Path:
+    """The shipped trained toy checkpoint (package data)."""
+    if not (BUILTIN_DIR / "config.json").is_file():
+        raise FileNotFoundError(f"{BUILTIN_DIR}: the shipped toy checkpoint is missing; train one with "
+                                "`edgekv train-toy DIR` and point model.path at DIR")
+    return BUILTIN_DIR
+
+
+def resolve_model_path(path: str) -> str:
+    """``builtin:toy`` -> the shipped checkpoint's directory; any other path unchanged."""
+    return str(builtin_path()) if path == BUILTIN_NAME else path

@@ -1,0 +1,274 @@
+"""Train the toy Qwen2.5-VL on synthetic event streams (``edgekv train-toy OUT_DIR``).
+
+The model trained is the runtime's own ``Qwen25VL`` (the modules the session runs), with autograd on:
+a batch of samples (``edgekv.toy.data``) is laid out as the session lays out a stream — the chat
+prefix, each kept frame pair's 16 vision tokens at its M-RoPE positions
+(``vision_block_position_ids``), then one branch per question (``<|vision_end|>question<|im_end|>\\n
+<|im_start|>assistant\\n`` + answer + ``<|im_end|>``) starting at the session's ``text_start`` — and a
+per-sample boolean mask says who sees whom (causal inside a pair and a branch; evicted tokens invisible
+from their eviction on; sinks only, in StateKV samples; branches never see each other). The loss is the
+cross-entropy of the answer word and the closing ``<|im_end|>``.
+
+Frames go through ``FramePreprocessor`` (the session's pixels, bit for bit) and the real vision tower,
+all pairs of a batch in one call. AdamW, linear warm-up then cosine decay, gradient clipping at 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edgekv.model.rope import mrope_cos_sin, vision_block_position_ids
+from edgekv.preprocess import FramePreprocessor
+from edgekv.tokenizer import ChatLayout
+from edgekv.toy.data import GRID, TOKENS, Sample, batch_pairs, draw_sample, stage_at
+from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
+from edgekv.toy.questions import FAMILIES
+from edgekv.toy.vocab import build_tokenizer
+
+
+@dataclass
+class Batch:
+    ids: torch.Tensor          # [B, S] token ids (video slots hold 0, replaced by vision tokens)
+    positions: torch.Tensor    # [B, 3, S]
+    mask: torch.Tensor         # [B, S, S] bool, True = query (row) sees key (column)
+    video_index: torch.Tensor  # [N, 2] (b, s) of every video token
+    video_source: torch.Tensor  # [N] row of the vision output feeding it
+    pixel_values: torch.Tensor  # [R * 64, 1176]
+    grid_thw: torch.Tensor     # [R, 3]
+    target_index: torch.Tensor  # [T, 2] (b, s) whose next token is supervised
+    targets: torch.Tensor      # [T] token ids
+    families: list[str]        # [T] family of each target (answers and closing tokens)
+    is_answer: torch.Tensor    # [T] bool: the answer word (not the closing <|im_end|>)
+
+
+class Encoder:
+    """Lays samples out as token sequences, positions and visibility masks."""
+
+    def __init__(self, aux: bool = False, seed: int = 0) -> None:
+        tokenizer, special = build_tokenizer()
+        # Auxiliary targets at the video tokens (training only): the colour or shape word of the event a
+        # token shows (drawn at random, so the best prediction encodes both), "no" on the background.
+        self.aux = aux
+        self.aux_rng = np.random.default_rng((seed, 3))
+        self.tokenizer = tokenizer
+        self.im_end = special["<|im_end|>"]
+        self.no = self.ids("no")[0]
+        self.layout = ChatLayout()
+        self.prefix = tokenizer.encode(self.layout.stream_prefix(), add_special_tokens=False).ids
+        self.preprocessor = FramePreprocessor(resolution=RESOLUTION)
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode(self, samples: list[Sample]) -> Batch:
+        rows = [self._encode_one(sample) for sample in samples]
+        longest = max(len(r["ids"]) for r in rows)
+        count = len(rows)
+        ids = torch.zeros(count, longest, dtype=torch.long)
+        positions = torch.zeros(count, 3, longest, dtype=torch.long)
+        mask = torch.zeros(count, longest, longest, dtype=torch.bool)
+        mask[:] = torch.eye(longest, dtype=torch.bool)  # padding rows see themselves (no empty softmax)
+        video_index, video_source, pixels, target_index, targets, families, is_answer = [], [], [], [], [], [], []
+        pair_offset = 0
+        for b, (row, sample) in enumerate(zip(rows, samples)):
+            n = len(row["ids"])
+            ids[b, :n] = torch.tensor(row["ids"])
+            positions[b, :, :n] = row["positions"]
+            mask[b, :n, :n] = torch.from_numpy(row["mask"])
+            for first, second in sample.pairs:
+                pixels.append(self.preprocessor.pair(first, second)[0])
+            for slot, pair in enumerate(sample.slot_pair):
+                start = row["video_start"] + slot * TOKENS
+                for token in range(TOKENS):
+                    video_index.append((b, start + token))
+                    video_source.append((pair_offset + pair) * TOKENS + token)
+                    if self.aux:
+                        shown = int(sample.carried[slot, token])
+                        if shown < 0:
+                            label = self.no
+                        else:
+                            event = sample.events[shown]
+                            label = self.ids(event.color if self.aux_rng.random() < 0.5 else event.shape)[0]
+                        target_index.append((b, start + token))
+                        targets.append(label)
+                        families.append("aux")
+                        is_answer.append(False)
+            pair_offset += len(sample.pairs)
+            for s, target, family, answer in row["targets"]:
+                target_index.append((b, s))
+                targets.append(target)
+                families.append(family)
+                is_answer.append(answer)
+        grid = torch.tensor([[1, 2 * GRID, 2 * GRID]] * pair_offset)
+        return Batch(ids, positions, mask, torch.tensor(video_index), torch.tensor(video_source), torch.cat(pixels),
+                     grid, torch.tensor(target_index), torch.tensor(targets), families, torch.tensor(is_answer))
+
+    def _encode_one(self, sample: Sample) -> dict:
+        slots = sample.slots
+        s0 = len(self.prefix)
+        ids = list(self.prefix) + [0] * (slots * TOKENS)
+        pos = [torch.arange(s0).expand(3, s0)]
+        for slot in range(slots):
+            pos.append(vision_block_position_ids(s0, sample.tpos[slot], GRID, GRID))
+        text_start = max(s0 + max(sample.tpos), s0 + GRID - 1) + 1
+        # token attributes for the mask: kind 0 prefix, 1 video, 2 + b for question branch b
+        kind = [0] * s0 + [1] * (slots * TOKENS)
+        slot_of = [-1] * s0 + [s for s in range(slots) for _ in range(TOKENS)]
+        order = list(range(s0)) + [t for _ in range(slots) for t in range(TOKENS)]
+        targets = []
+        for branch, qa in enumerate(sample.qas):
+            question = self.ids(self.layout.question_suffix(qa.question))
+            answer = self.ids(qa.answer)
+            tokens = question + answer + [self.im_end]
+            first = len(ids)
+            ids.extend(tokens)
+            pos.append(torch.arange(text_start, text_start + len(tokens)).expand(3, len(tokens)))
+            kind.extend([2 + branch] * len(tokens))
+            slot_of.extend([slots] * len(tokens))
+            order.extend(range(len(tokens)))
+            for k, token in enumerate(answer + [self.im_end]):
+                targets.append((first + len(question) - 1 + k, token, qa.family, k < len(answer)))
+        kind_a, slot_a, order_a = np.array(kind), np.array(slot_of), np.array(order)
+        n = len(ids)
+        evict = np.full(n, slots + 1, dtype=np.int64)
+        evict[s0:s0 + slots * TOKENS] = sample.evict_at.reshape(-1)
+        sink = np.ones(n, dtype=bool)
+        if sample.sink is not None:
+            sink[s0:s0 + slots * TOKENS] = sample.sink.reshape(-1)
+        q_kind, k_kind = kind_a[:, None], kind_a[None, :]
+        q_slot, k_slot = slot_a[:, None], slot_a[None, :]
+        same_unit = (q_kind == k_kind) & (q_slot == k_slot) & (order_a[None, :] <= order_a[:, None])
+        video_query = q_kind == 1
+        branch_query = q_kind >= 2
+        earlier_video = (k_kind == 1) & (k_slot < q_slot) & (evict[None, :] > q_slot)
+        mask = (k_kind == 0) & ((q_kind != 0) | (order_a[None, :] <= order_a[:, None]))
+        mask |= same_unit & (q_kind != 0)
+        mask |= video_query & earlier_video & sink[None, :]
+        mask |= branch_query & earlier_video
+        return {"ids": ids, "positions": torch.cat(pos, dim=1), "mask": mask, "video_start": s0, "targets": targets}
+
+
+def forward_logits(model, batch: Batch) -> torch.Tensor:
+    """Logits [T, V] at the supervised positions (the runtime's modules, batched)."""
+    language = model.language
+    vision = model.visual(batch.pixel_values, batch.grid_thw)  # [R * 16, d]
+    embeds = language.embed_tokens(batch.ids).clone()  # [B, S, d]
+    embeds[batch.video_index[:, 0], batch.video_index[:, 1]] = vision[batch.video_source].to(embeds.dtype)
+    cos, sin = zip(*(language.rotary(p) for p in batch.positions))
+    cos, sin = torch.stack(cos)[:, None], torch.stack(sin)[:, None]  # [B, 1, S, hd]
+    mask = batch.mask[:, None]  # [B, 1, S, S]
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    x = embeds
+    for index, layer in enumerate(language.layers):
+        x = layer(x, cos, sin, index, attend)
+    hidden = language.norm(x[batch.target_index[:, 0], batch.target_index[:, 1]])
+    return language.logits(hidden)
+
+
+def accuracy_by_family(logits: torch.Tensor, batch: Batch) -> dict[str, list[int]]:
+    """family -> [correct, total] over the answer words (teacher-forced argmax)."""
+    correct = (logits.argmax(-1) == batch.targets).tolist()
+    out: dict[str, list[int]] = {}
+    for ok, family, answer in zip(correct, batch.families, batch.is_answer.tolist()):
+        if answer:
+            slot = out.setdefault(family, [0, 0])
+            slot[0] += int(ok)
+            slot[1] += 1
+    return out
+
+
+def heldout(seed: int, count: int, progress: float = 1.0) -> list[Sample]:
+    rng = np.random.default_rng((seed, 99))
+    return [draw_sample(rng, stage_at(progress, rng), MAX_POSITIONS) for _ in range(count)]
+
+
+def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float) -> tuple[torch.Tensor, float, float]:
+    """Answer cross-entropy (answer words and closing tokens) + ``aux_weight`` x the auxiliary one."""
+    aux = torch.tensor([family == "aux" for family in batch.families])
+    answer = F.cross_entropy(logits[~aux].float(), batch.targets[~aux])
+    if not aux.any() or aux_weight == 0:
+        return answer, answer.item(), 0.0
+    auxiliary = F.cross_entropy(logits[aux].float(), batch.targets[aux])
+    return answer + aux_weight * auxiliary, answer.item(), auxiliary.item()
+
+
+def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int = 8, lr: float = 3e-3,
+          aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
+          log_every: int = 100, eval_samples: int = 64) -> dict:
+    """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    encoder = Encoder(aux=aux_weight > 0, seed=seed)
+    config = toy_config()
+    model = init_model(config, seed)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    other = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": other, "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.98))
+    warmup = max(1, min(200, steps // 20))
+
+    def rate(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    held = Encoder().encode(heldout(seed, eval_samples))
+    history: list[dict] = []
+    started = time.perf_counter()
+    running = np.zeros(2)
+    for step in range(steps):
+        progress = step / max(1, steps)
+        stage = stage_at(progress, rng)
+        pairs = batch_pairs(stage, rng)
+        samples = [draw_sample(rng, stage, MAX_POSITIONS, pairs=pairs) for _ in range(batch_size)]
+        batch = encoder.encode(samples)
+        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch), batch, aux_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        current = np.array([answer_loss, aux_loss])
+        running = current if step == 0 else 0.98 * running + 0.02 * current
+        if (step + 1) % log_every == 0 or step == steps - 1:
+            record = {"step": step + 1, "loss": round(float(running[0]), 4), "aux_loss": round(float(running[1]), 4),
+                      "seconds": round(time.perf_counter() - started, 1),
+                      "stage": stage_at(progress, np.random.default_rng(0)).name}
+            record["heldout"] = evaluate(model, held)
+            history.append(record)
+            log(json.dumps(record))
+    wall = time.perf_counter() - started
+    model.eval()
+    card = {"command": f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}", "seed": seed, "steps": steps,
+            "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
+            "parameters": sum(p.numel() for p in model.parameters()), "history": history,
+            "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
+    save_checkpoint(model, out_dir, card)
+    return card
+
+
+@torch.no_grad()
+def evaluate(model, batch: Batch) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    try:
+        counts = accuracy_by_family(forward_logits(model, batch), batch)
+    finally:
+        model.train(was_training)
+    return {family: round(counts[family][0] / counts[family][1], 3) for family in FAMILIES if family in counts}

@@ -1,0 +1,255 @@
+"""The toy model's parts: scene generator, questions, word-level tokenizer, training layout and loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgekv.toy.data import CURRICULUM, TOKENS, Sample, draw_sample
+from edgekv.toy.model import MAX_POSITIONS, init_model, save_checkpoint, toy_config
+from edgekv.toy.questions import (FAMILIES, QA, TEMPLATES, color_question, count_question, exists_question,
+                                  order_question, sample_question, shape_question)
+from edgekv.toy.train import Encoder, forward_logits, loss_of
+from edgekv.toy.vocab import build_tokenizer
+from edgekv.video.events import COLOR_BGR, COLORS, SHAPES, Event, EventScene, SceneStyle, random_events, EventPlan
+
+
+# ---------------------------------------------------------------------------------------------- scenes
+def test_scene_is_deterministic_and_draws_events_in_their_colour():
+    event = Event("square", "red", first_pair=2, pairs=1, center=(56, 56), radius=12)
+    scene = EventScene(seed=3, events=[event], style=SceneStyle(noise=2.0))
+    again = EventScene(seed=3, events=[event], style=SceneStyle(noise=2.0))
+    assert np.array_equal(scene.frame(5), again.frame(5))
+    assert not np.array_equal(scene.frame(0), scene.frame(1))  # sensor noise differs frame to frame
+    before, during, after = scene.frame(3), scene.frame(4), scene.frame(6)  # pair 1, pair 2, pair 3
+    inside = scene.mask(event)
+    assert inside.sum() > 400
+    assert np.abs(during[inside].astype(int) - np.array(COLOR_BGR["red"])).max() <= 10  # noise only
+    assert np.abs(before[inside].astype(int) - np.array(COLOR_BGR["red"])).mean() > 60
+    assert np.abs(after[inside].astype(int) - np.array(COLOR_BGR["red"])).mean() > 60
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_shape_covers_the_cells_under_it(shape):
+    event = Event(shape, "white", 0, 1, (42, 70), 14)
+    cover = EventScene(events=[event]).cell_cover(event)  # 4 x 4 cells of 28 px
+    assert cover.shape == (4, 4)
+    assert cover[70 // 28, 42 // 28] > 0.3  # the centre's cell
+    assert cover[0, 3] == 0.0
+
+
+def test_random_events_respect_the_plan():
+    plan = EventPlan(rate=0.3, duration=(1, 3), max_per_shape=2, gap=1)
+    events = random_events(np.random.default_rng(0), 400, plan)
+    assert len(events) == 2 * len(SHAPES)  # the rate is high enough to use every allowed appearance
+    for shape in SHAPES:
+        same = [e for e in events if e.shape == shape]
+        assert len(same) == 2 and same[0].center != same[1].center
+    for a, b in zip(events, events[1:]):
+        assert b.first_pair >= a.last_pair + 2  # one event at a time, a gap between
+    assert all(1 <= e.pairs <= 3 for e in events)
+
+
+def test_events_source_spec(tmp_path):
+    from edgekv.video.sources import iter_frames, open_source
+
+    source = open_source("synthetic:events?size=112x112&fps=2&frames=60&seed=4&rate=0.2&duration=1-2")
+    frames = list(iter_frames(source))
+    assert len(frames) == 60 and frames[3][1] == 1.5
+    assert source.scene.events, "rate 0.2 over 30 pairs places events"
+    first = source.scene.events[0]
+    lit = frames[2 * first.first_pair][0][source.scene.mask(first)].astype(int)
+    assert np.abs(lit - np.array(COLOR_BGR[first.color])).mean() < 12
+    with pytest.raises(ValueError, match="duration"):
+        open_source("synthetic:events?duration=3-1")
+    with pytest.raises(ValueError, match="unknown parameter 'colour'"):
+        open_source("synthetic:events?colour=red")
+
+
+# ---------------------------------------------------------------------------------------------- questions
+def _ev(shape, color, pair):
+    return Event(shape, color, pair, 1, (20 + 10 * pair % 60, 40), 9)
+
+
+def test_answers_follow_the_ground_truth():
+    events = [_ev("circle", "red", 1), _ev("square", "blue", 3), _ev("circle", "red", 6), _ev("cross", "red", 9)]
+    assert color_question(events, "circle").answer == "red"
+    assert color_question(events, "triangle") is None  # never seen: no colour to ask for
+    assert shape_question(events, "blue").answer == "square"
+    assert shape_question(events, "red") is None  # red was two shapes
+    assert exists_question(events, "red", "cross").answer == "yes"
+    assert exists_question(events, "blue", "cross").answer == "no"
+    assert order_question(events, "square", "circle").answer == "circle"
+    assert order_question(events, "cross", "square").answer == "square"
+    assert count_question(events, "circle").answer == "two"
+    assert count_question(events, "triangle").answer == "zero"
+    mixed = events + [_ev("circle", "green", 12)]
+    assert color_question(mixed, "circle") is None  # two colours: not asked
+
+
+def test_sampled_questions_use_the_fixed_templates_and_half_are_negative():
+    rng = np.random.default_rng(0)
+    events = [_ev("circle", "red", 1), _ev("square", "blue", 3)]
+    answers = []
+    for _ in range(400):
+        qa = sample_question(events, "exists", rng)
+        assert qa.question in {TEMPLATES["exists"].format(color=c, shape=s) for c in COLORS for s in SHAPES}
+        answers.append(qa.answer)
+    assert 0.4 < answers.count("yes") / len(answers) < 0.6
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+def test_word_tokenizer_covers_every_question_and_keeps_qwen_special_tokens():
+    tokenizer, special = build_tokenizer()
+    unk = tokenizer.token_to_id("<unk>")
+    rng = np.random.default_rng(1)
+    events = [_ev("circle", "red", 1), _ev("square", "blue", 3), _ev("circle", "red", 6)]
+    for family in FAMILIES:
+        qa = sample_question(events, family, rng)
+        ids = tokenizer.encode(qa.question + " " + qa.answer, add_special_tokens=False).ids
+        assert unk not in ids, qa
+    for token in ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"):
+        assert tokenizer.encode(token, add_special_tokens=False).ids == [special[token]]
+    assert tokenizer.decode(tokenizer.encode("Which shape was red?", add_special_tokens=False).ids) == \
+        "which shape was red?"
+
+
+def test_transformers_reads_the_toy_checkpoint(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out = save_checkpoint(init_model(toy_config(), 0), tmp_path / "toy", {"note": "test"})
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ours, _ = build_tokenizer()
+    text = "<|vision_end|>Was there a red cross?<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer(text).input_ids == ours.encode(text, add_special_tokens=False).ids
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
+    assert model.config.video_token_id == toy_config().video_token_id
+
+
+# ---------------------------------------------------------------------------------------------- training layout
+def _dense_sample(scene: EventScene, pairs: int, qas: list[QA], spacing: int = 2) -> Sample:
+    slots = pairs
+    return Sample(pairs=[scene.pair_frames(k) for k in range(pairs)], slot_pair=list(range(pairs)),
+                  tpos=[spacing * k for k in range(pairs)],
+                  evict_at=np.full((slots, TOKENS), slots + 1, dtype=np.int64), sink=None,
+                  events=list(scene.events), visible=list(scene.events),
+                  carried=np.full((slots, TOKENS), -1, dtype=np.int64), qas=qas)
+
+
+def test_training_layout_equals_what_the_session_builds(tmp_path):
+    """Logits of the training forward at the answer position == the live session's (full cache)."""
+    from edgekv.runtime import Runtime
+
+    torch.manual_seed(0)
+    model = init_model(toy_config(), 0)
+    with torch.no_grad():  # larger weights than the init so that a layout slip changes the logits visibly
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.mul_(5.0)
+    directory = save_checkpoint(model, tmp_path / "toy", {}, dtype=torch.float32)
+    event = Event("triangle", "yellow", 2, 1, (60, 50), 15)
+    scene = EventScene(seed=7, events=[event])
+    qa = QA("color", "What color was the triangle?", "yellow")
+    sample = _dense_sample(scene, 5, [qa, QA("count", "How many times did the triangle appear?", "one")])
+    batch = Encoder().encode([sample])
+    with torch.no_grad():
+        trained_view = forward_logits(model.eval(), batch)  # [targets, V]: answer word, im_end, per question
+
+    runtime = Runtime.from_pretrained(directory, model={"dtype": "fp32", "device": "cpu"},
+                                      cache={"policy": "full", "max_tokens": 256, "text_reserve_tokens": 64},
+                                      video={"fps": 2.0, "resolution": [112, 112]})
+    session = runtime.session()
+    for index in range(10):
+        session.ingest(scene.frame(index), t=scene.time(index))
+    for number, question in enumerate((qa.question, "How many times did the triangle appear?")):
+        live = session.question_logits(question)[-1]
+        torch.testing.assert_close(trained_view[2 * number], live, atol=2e-4, rtol=1e-4)
+
+
+def test_mask_hides_evicted_tokens_from_the_question_but_not_from_earlier_pairs():
+    scene = EventScene(seed=1)
+    sample = _dense_sample(scene, 3, [QA("count", "How many times did the circle appear?", "zero"),
+                                      QA("count", "How many times did the cross appear?", "zero")])
+    sample.evict_at[0, 5] = 2  # token 5 of pair 0: seen by pair 1, gone before pair 2 and the question
+    encoder = Encoder()
+    row = encoder._encode_one(sample)
+    mask, s0 = row["mask"], row["video_start"]
+    key = s0 + 5
+    pair1, pair2 = s0 + TOKENS + 3, s0 + 2 * TOKENS + 3
+    first_branch = s0 + 3 * TOKENS
+    second_branch = first_branch + len(encoder.ids(encoder.layout.question_suffix(sample.qas[0].question))) + 2
+    assert mask[pair1, key] and not mask[pair2, key] and not mask[first_branch, key]
+    assert mask[first_branch, s0 + 6] and mask[first_branch, 0]  # kept video and the prefix
+    assert not mask[second_branch, first_branch] and mask[second_branch, second_branch]  # branches are separate
+    assert not mask[s0 + 3, s0 + 4] and mask[s0 + 4, s0 + 3]  # causal inside a pair
+    sample.sink = np.zeros((3, TOKENS), dtype=bool)
+    sample.sink[0, 7] = True
+    mask = encoder._encode_one(sample)["mask"]
+    assert mask[pair1, s0 + 7] and not mask[pair1, s0 + 6]  # StateKV prefill: only sinks of earlier pairs
+    assert mask[first_branch, s0 + 6]  # ... while the question still sees everything kept
+
+
+def test_curriculum_samples_are_well_formed():
+    rng = np.random.default_rng(3)
+    for _, stage in CURRICULUM:
+        for _ in range(4):
+            sample = draw_sample(rng, stage, MAX_POSITIONS)
+            assert sample.tpos == sorted(set(sample.tpos)) and sample.tpos[-1] < MAX_POSITIONS
+            assert len(sample.slot_pair) == sample.slots and sample.qas
+            for qa in sample.qas:  # answers follow what the question can still see
+                assert qa.answer == sample_question_answer(sample, qa)
+
+
+def sample_question_answer(sample: Sample, qa: QA) -> str:
+    from edgekv.toy import questions
+
+    visible = sample.visible
+    words = qa.question.rstrip("?").replace(",", "").lower().split()
+    if qa.family == "color":
+        return questions.color_question(visible, words[-1]).answer
+    if qa.family == "shape":
+        return questions.shape_question(visible, words[-1]).answer
+    if qa.family == "exists":
+        return questions.exists_question(visible, words[-2], words[-1]).answer
+    if qa.family == "order":
+        return questions.order_question(visible, words[4], words[-1]).answer
+    return questions.count_question(visible, words[-2]).answer
+
+
+def test_batched_attention_equals_one_sequence_at_a_time():
+    from edgekv.model.language import dense_causal_attend
+
+    def batched_causal(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    model = init_model(toy_config(), 0).eval()
+    language = model.language
+    embeds = torch.randn(2, 9, 64)
+    positions = torch.arange(9).expand(3, 9)
+    cos, sin = language.rotary(positions)
+    batched = embeds
+    for index, layer in enumerate(language.layers):
+        batched = layer(batched, cos, sin, index, batched_causal)
+    for b in range(2):
+        torch.testing.assert_close(language.norm(batched[b]), language(embeds[b], positions, dense_causal_attend))
+
+
+def test_a_few_dozen_training_steps_lower_the_loss():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    stage = CURRICULUM[0][1]
+    encoder = Encoder(aux=True)
+    model = init_model(toy_config(), 0).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    held = encoder.encode([draw_sample(np.random.default_rng(9), stage, MAX_POSITIONS) for _ in range(6)])
+    with torch.no_grad():
+        before = loss_of(forward_logits(model, held), held, 0.5)[0].item()
+    for _ in range(30):
+        batch = encoder.encode([draw_sample(rng, stage, MAX_POSITIONS) for _ in range(4)])
+        loss = loss_of(forward_logits(model, batch), batch, 0.5)[0]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        after = loss_of(forward_logits(model, held), held, 0.5)[0].item()
+    assert after < 0.6 * before, (before, after)
