@@ -22,7 +22,7 @@ from edgekv.policies import CachePolicy, make_policy
 from edgekv.preprocess import FramePreprocessor, smart_resize
 from edgekv.session import StreamSession
 from edgekv.tokenizer import QwenTokenizer
-from edgekv.toy.model import resolve_model_path
+from edgekv.toy import resolve_model_path
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

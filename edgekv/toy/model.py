@@ -36,8 +36,6 @@ from edgekv.toy.vocab import build_tokenizer, write_tokenizer_files
 
 MAX_POSITIONS = 8192
 RESOLUTION = (112, 112)  # 8 x 8 patches, 4 x 4 = 16 LLM tokens per frame pair
-BUILTIN_DIR = Path(__file__).parent / "checkpoint"
-BUILTIN_NAME = "builtin:toy"
 
 
 def toy_config(vocab_pad: int = 64) -> ModelConfig:
@@ -95,16 +93,3 @@ def save_checkpoint(model: Qwen25VL, out_dir: str | Path, card: dict, dtype: tor
     for path in out.iterdir():
         path.chmod(0o644)
     return out
-
-
-def builtin_path() -> Path:
-    """The shipped trained toy checkpoint (package data)."""
-    if not (BUILTIN_DIR / "config.json").is_file():
-        raise FileNotFoundError(f"{BUILTIN_DIR}: the shipped toy checkpoint is missing; train one with "
-                                "`edgekv train-toy DIR` and point model.path at DIR")
-    return BUILTIN_DIR
-
-
-def resolve_model_path(path: str) -> str:
-    """``builtin:toy`` -> the shipped checkpoint's directory; any other path unchanged."""
-    return str(builtin_path()) if path == BUILTIN_NAME else path
