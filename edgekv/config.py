@@ -82,6 +82,7 @@ class CacheSection:
     calibration: str | None = None       # CV thresholds from `edgekv calibrate`
     text_reserve_tokens: int = 512       # room inside M for a question and its answer
     tar_rope: Literal["unrotated", "raw"] = "unrotated"
+    van_pooling: Literal["present", "zeros"] = "present"  # VaN window mean over present cells | k^2 (zeros)
     rebase_position: int | None = None   # re-base temporal positions past this; None = half the trained range
 
     def validate(self, at: str) -> None:

@@ -103,4 +103,4 @@ class Runtime:
 def _policy_kwargs(config: EdgeKVConfig) -> dict:
     cache = config.cache
     return {"target_tokens": cache.target_tokens, "recent_ratio": cache.recent_ratio, "tar_ratio": cache.tar_ratio,
-            "calibration": cache.calibration, "tar_rope": cache.tar_rope}
+            "calibration": cache.calibration, "tar_rope": cache.tar_rope, "van_pooling": cache.van_pooling}

@@ -7,7 +7,9 @@ seed 004, sec. 3.2, eq. 7, Alg. 2 lines 14-22).
 
 where ``W_k(s)`` is the k x k window (k = g(CV(l)) in {7, 5, 3, 1}) around the slot's (row, col) in
 the same frame's merged grid, and only cells still present after earlier compactions count (a mean over
-what is there, not over zeros). Non-vision slots keep their own norm.
+what is there, not over zeros). Non-vision slots keep their own norm. ``zero_padded=True`` instead divides
+by ``k^2`` — evicted cells and the border count as zeros, ``avg_pool2d`` with zero padding over the frame
+plane as the InfiniPot-V reference code pools — so a slot whose neighbours were evicted scores lower.
 
 Kernels: one pass over V for the norms; one program per layer for the CV (two loops over the layer's
 norms — mean, then squared deviations — as the reference does, rather than a one-pass sum of squares
@@ -58,6 +60,7 @@ def layer_cv_reference(norms: torch.Tensor, vision: torch.Tensor, *, compute_dty
 def pooled_van_reference(
     norms: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, vision: torch.Tensor,
     grid: tuple[int, int], sizes: Sequence[int], *, compute_dtype: torch.dtype = torch.float32,
+    zero_padded: bool = False,
 ) -> torch.Tensor:
     """Alg. 2 l.22 with avg_pool2d over a dense per-frame grid; arguments as in ``pooled_van``."""
     norms = norms.to(compute_dtype)
@@ -83,7 +86,7 @@ def pooled_van_reference(
         planes = stacked[chosen].reshape(-1, 2, rows, cols)
         pooled_planes = F.avg_pool2d(planes, size, stride=1, padding=size // 2, count_include_pad=True)
         sums, present = pooled_planes[:, 0], pooled_planes[:, 1]
-        average = (sums / present.clamp(min=1e-12)).view(len(chosen), heads, -1)
+        average = (sums if zero_padded else sums / present.clamp(min=1e-12)).reshape(len(chosen), heads, -1)
         pooled[chosen] = torch.gather(average, 2, cell[chosen])
     return torch.where(vision, pooled, norms).to(torch.float32)
 
@@ -118,7 +121,7 @@ def frame_ranks(frame: torch.Tensor, vision: torch.Tensor) -> tuple[torch.Tensor
 
 def pooled_van_torch(
     norms: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, vision: torch.Tensor,
-    grid: tuple[int, int], sizes: Sequence[int],
+    grid: tuple[int, int], sizes: Sequence[int], zero_padded: bool = False,
 ) -> torch.Tensor:
     """Alg. 2 l.22 for devices without Triton (CPU), bit-identical to ``pooled_van_reference`` (fp32).
 
@@ -141,7 +144,7 @@ def pooled_van_torch(
     rows, cols = grid
     rank, num_frames = frame_ranks(frame, vision)  # [L, H, n]
     if num_frames * rows * cols < _DENSE_PLANES_PER_SLOT * n:  # few planes: pooling them all is cheaper
-        return pooled_van_reference(norms, frame, row, col, vision, grid, sizes)
+        return pooled_van_reference(norms, frame, row, col, vision, grid, sizes, zero_padded=zero_padded)
     weight = vision.to(torch.float32)
     # value (0 off vision, as the reference scatters) and presence side by side: one gather reads both
     sources = torch.stack((norms * weight, weight), dim=-1)  # [L, H, n, 2]
@@ -175,7 +178,9 @@ def pooled_van_torch(
             acc.copy_(cells[0])
             for j in range(1, size * size):  # one cell after the other, from 0 (0 + x = x); counts are exact anyway
                 acc += cells[j]
-        average = (total[:, 0] / (size * size)) / (total[:, 1] / (size * size)).clamp(min=1e-12)
+        average = total[:, 0] / (size * size)
+        if not zero_padded:
+            average = average / (total[:, 1] / (size * size)).clamp(min=1e-12)
         average = average.view(len(chosen), heads, n)
         if index is None:
             pooled = average
@@ -228,7 +233,7 @@ def _layer_cv_kernel(norms_ptr, vision_ptr, cv_ptr, per_layer, BLOCK: tl.constex
 def _van_pool_kernel(
     norms_ptr, vision_ptr, rank_ptr, row_ptr, col_ptr, radius_ptr, sum_ptr, count_ptr, out_ptr,
     heads, n, grid_rows, grid_cols, dense_per_lh,
-    PHASE: tl.constexpr, BLOCK_N: tl.constexpr,
+    PHASE: tl.constexpr, ZERO_PADDED: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # grid: (L*H, cdiv(n, BLOCK_N)). norms, vision, rank (the slot's frame among the distinct frames),
     # row, col, out: contiguous [L*H, n]; sum, count: [L*H, dense_per_lh = F*rows*cols] fp32 zeros.
@@ -258,7 +263,12 @@ def _van_pool_kernel(
                 total += tl.load(sum_ptr + cell, mask=inside, other=0.0)
                 present += tl.load(count_ptr + cell, mask=inside, other=0.0)
         # size 1 keeps the slot's own norm exactly, as the reference does
-        out = tl.where(vision & (radius > 0), total / tl.maximum(present, 1e-12), norm)
+        if ZERO_PADDED:
+            side = (2 * radius + 1).to(tl.float32)
+            mean = total / (side * side)
+        else:
+            mean = total / tl.maximum(present, 1e-12)
+        out = tl.where(vision & (radius > 0), mean, norm)
         tl.store(out_ptr + slot, out, mask=n_ok)
 
 
@@ -293,7 +303,7 @@ def layer_cv_triton(norms: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:
 
 def pooled_van_triton(
     norms: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, vision: torch.Tensor,
-    grid: tuple[int, int], sizes: Sequence[int],
+    grid: tuple[int, int], sizes: Sequence[int], zero_padded: bool = False,
 ) -> torch.Tensor:
     layers, heads, n = norms.shape
     if len(sizes) != layers:
@@ -308,7 +318,8 @@ def pooled_van_triton(
     args = (norms.to(torch.float32).contiguous(), _as_bytes(vision), rank.to(torch.int32).contiguous(),
             row.contiguous(), col.contiguous(), radius, sums, counts, out, heads, n, rows, cols, dense_per_lh)
     for phase in (0, 1):
-        _van_pool_kernel[(layers * heads, cdiv(n, _block_n()))](*args, PHASE=phase, BLOCK_N=_block_n(), num_warps=4)
+        _van_pool_kernel[(layers * heads, cdiv(n, _block_n()))](*args, PHASE=phase, ZERO_PADDED=zero_padded,
+                                                                BLOCK_N=_block_n(), num_warps=4)
     return out
 
 
@@ -325,14 +336,15 @@ def layer_cv(norms: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:
 
 def pooled_van(
     norms: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor, vision: torch.Tensor,
-    grid: tuple[int, int], sizes: Sequence[int],
+    grid: tuple[int, int], sizes: Sequence[int], zero_padded: bool = False,
 ) -> torch.Tensor:
     """VaN averaged over the k x k window of the slot's frame grid, k = sizes[layer] (Alg. 2 l.22).
 
     norms: [L, H, n] fp32 from ``value_norms``; frame, row, col: [L, H, n] slot metadata; vision: [L, H, n]
     bool; grid: merged (rows, cols) of a frame pair; sizes: odd window size per layer (1 = no pooling).
-    Returns [L, H, n] fp32; non-vision slots keep their own norm.
+    Returns [L, H, n] fp32; non-vision slots keep their own norm. ``zero_padded``: divide by k^2 (absent
+    cells count as zeros) instead of by the cells present.
     """
     if use_triton(norms):
-        return pooled_van_triton(norms, frame, row, col, vision, grid, sizes)
-    return pooled_van_torch(norms, frame, row, col, vision, grid, sizes)
+        return pooled_van_triton(norms, frame, row, col, vision, grid, sizes, zero_padded)
+    return pooled_van_torch(norms, frame, row, col, vision, grid, sizes, zero_padded)

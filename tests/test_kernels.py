@@ -276,14 +276,17 @@ def test_layer_cv():
 
 
 @needs_triton
+@pytest.mark.parametrize("zero_padded", [False, True], ids=["present", "zeros"])
 @pytest.mark.parametrize("sizes", [[7, 3, 1, 5], [1, 1, 1, 1], [5, 5, 7, 3]], ids=["mixed", "none", "large"])
-def test_pooled_van(sizes):
+def test_pooled_van(sizes, zero_padded):
     grid = (4, 6)
     meta = toy_slots(4, 2, grid, pairs=5, recent_pairs=1, past_kept=0.5, seed=10)
     n = meta["kind"].shape[2]
     norms = value_norms_reference(cache_tensor(4, 2, n, n, 16, torch.float32, seed=11))
     args = (norms, meta["frame"], meta["row"], meta["col"], meta["vision"], grid, sizes)
-    got = check_op(pooled_van_triton, pooled_van_reference, args, f"pooled VaN {sizes}")
+    got = check_op(lambda *a: pooled_van_triton(*a, zero_padded=zero_padded),
+                   lambda *a, **kw: pooled_van_reference(*a, zero_padded=zero_padded, **kw), args,
+                   f"pooled VaN {sizes} zero_padded={zero_padded}")
     assert torch.equal(got[~meta["vision"]], norms[~meta["vision"]])
     for layer, size in enumerate(sizes):
         if size == 1:
@@ -567,6 +570,10 @@ def test_pooled_van_cpu_path_is_the_reference_bit_for_bit(monkeypatch, sizes, pa
         got = van_module.pooled_van_torch(*args)
         assert torch.equal(got, pooled_van_reference(*args))
         assert torch.equal(got[~meta["vision"]], norms[~meta["vision"]])
+        zeros = van_module.pooled_van_torch(*args, zero_padded=True)
+        assert torch.equal(zeros, pooled_van_reference(*args, zero_padded=True))
+        if set(sizes) != {1}:  # absent cells count as zeros: never above the mean over present cells
+            assert (zeros <= got + 1e-6).all() and (zeros < got - 1e-6).any()
     if set(sizes) != {1}:
         assert not torch.equal(got, norms)  # pooling changed something
 

@@ -23,12 +23,15 @@ from edgekv.policies.scores import layer_cv, pool_sizes, pooled_van, value_norms
 class VaNPolicy(ScoredPolicy):
     name: ClassVar[str] = "van"
     calibration: str | None = None
+    van_pooling: str = "present"  # "present": mean over the cells still held; "zeros": avg_pool2d's k^2
     thresholds: CVThresholds = field(init=False)
     last_pool_sizes: list[int] = field(init=False, default_factory=list)
     cv_history: list[list[float]] = field(init=False, default_factory=list)  # per compression, per layer
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.van_pooling not in ("present", "zeros"):
+            raise ValueError(f"cache.van_pooling must be 'present' or 'zeros', got {self.van_pooling!r}")
         self.thresholds = CVThresholds.load(self.calibration)
 
     def pooled(self, view: CacheView) -> torch.Tensor:
@@ -36,7 +39,7 @@ class VaNPolicy(ScoredPolicy):
         self.cv_history.append(cv.tolist())
         taus = self.thresholds.resolve(cv)
         self.last_pool_sizes = pool_sizes(cv, taus)
-        return pooled_van(view, self.last_pool_sizes)
+        return pooled_van(view, self.last_pool_sizes, zero_padded=self.van_pooling == "zeros")
 
     def score(self, view: CacheView) -> torch.Tensor:
         return self.pooled(view)
