@@ -253,3 +253,13 @@ def test_a_few_dozen_training_steps_lower_the_loss():
     with torch.no_grad():
         after = loss_of(forward_logits(model, held), held, 0.5)[0].item()
     assert after < 0.6 * before, (before, after)
+
+
+def test_place_event_always_places_even_when_the_frame_is_crowded():
+    from edgekv.video.events import place_event
+
+    rng = np.random.default_rng(0)
+    crowd = [Event("circle", "red", 0, 1, (x, y), 18) for x in (20, 56, 92) for y in (20, 56, 92)]
+    for _ in range(200):  # no free place at all: the least-overlapping candidate is taken
+        event = place_event(rng, "circle", "blue", 3, 1, 112, 112, avoid=crowd)
+        assert event.center is not None and 8 <= event.radius <= 18

@@ -174,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     done = _read_results(results_path)
     try:
         base = load_config(args.config) if args.config else EdgeKVConfig()
-        cache = {"policy": args.policy, "max_tokens": args.max_tokens, "sinks": args.sinks}
+        cache = {"policy": args.policy, "max_tokens": args.max_tokens, "sinks": args.sinks,
+                 "text_reserve_tokens": args.text_reserve}
         config = base.with_overrides(model={"path": args.model, **({"dtype": args.dtype} if args.dtype else {})},
                                      cache=cache, video={"fps": args.fps, "resolution": args.resolution})
     except ConfigError as exc:
@@ -296,6 +297,7 @@ def add_videoqa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="infinipot_v")
     parser.add_argument("--max-tokens", type=int, default=6144, help="cache cap M in tokens")
     parser.add_argument("--sinks", type=int, default=0, help="StateKV sink budget B (0 = off)")
+    parser.add_argument("--text-reserve", type=int, default=512, help="slots of M kept for the prompt and answer")
     parser.add_argument("--fps", type=float, default=0.5, help="frames sampled per second of video")
     parser.add_argument("--resolution", type=int, nargs=2, default=[252, 448], metavar=("H", "W"),
                         help="frame grid (multiples of 28); 252x448 = 144 tokens per frame pair")

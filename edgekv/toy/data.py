@@ -131,7 +131,7 @@ def _unit_times(rng: np.random.Generator, lengths: list[int], recent: int, spaci
     return times
 
 
-def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, questions: int = 4,
+def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, questions: int = 8,
                 size: int = 112, pairs: tuple[int, int] | None = None) -> Sample:
     """A random sample of ``stage`` (see the module docstring); ``pairs`` narrows the stage's range of K."""
     pairs = stage.pairs if pairs is None else pairs

@@ -250,7 +250,7 @@ def place_event(rng: np.random.Generator, shape: str, color: str, first_pair: in
     (so that two appearances of one shape are never at the same place)."""
     scale = min(width, height) / BASE_SIZE
     radius = int(round(rng.integers(radius_range[0], radius_range[1] + 1) * scale))
-    best, best_distance = None, -1.0
+    best, best_distance = None, -math.inf
     for _ in range(16):
         center = (int(rng.integers(radius, width - radius)), int(rng.integers(radius, height - radius)))
         distance = min((math.dist(center, other.center) - other.radius - radius for other in avoid), default=1e9)

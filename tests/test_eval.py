@@ -1,0 +1,163 @@
+"""Answer benchmarks: ``edgekv eval needle`` (toy model) and ``edgekv eval videoqa`` (dataset layouts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgekv.eval.needle import age_bin, ceiling_scene, needle_stream, summarize
+from edgekv.eval.videoqa import extract_letter, load_mlvu, load_videomme, prompt
+
+
+# ---------------------------------------------------------------------------------------------- needle
+def test_needle_stream_places_events_at_their_ages_and_asks_about_them():
+    stream = needle_stream(400, (8, 128, 300), seed=3, events=3)
+    assert sorted(400 - e.first_pair for e in stream.scene.events) == [8, 128, 300]
+    assert len({e.shape for e in stream.scene.events}) == 3 and len({e.color for e in stream.scene.events}) == 3
+    checkpoints = sorted({p.checkpoint for p in stream.probes})
+    assert checkpoints == [100, 200, 300, 400]
+    for probe in stream.probes:
+        assert all(e.last_pair < probe.checkpoint for e in probe.seen)  # only what was shown before
+        if probe.age is not None and probe.qa.family != "order":
+            (event,) = [e for e in probe.seen if e in probe.qa.about]
+            assert probe.age == probe.checkpoint - event.first_pair
+    assert [p.qa.answer for p in stream.probes if p.checkpoint == 100] == ["zero"]  # nothing shown yet
+    second = [p for p in stream.probes if p.checkpoint == 200]  # one event shown, at pair 100
+    assert {p.qa.answer for p in second if p.qa.family == "count"} == {"one", "zero"}
+    assert all(p.qa.answer == "no" for p in second if p.qa.family == "exists" and p.age is None)
+
+
+def test_ceiling_stream_keeps_the_order_and_nothing_else():
+    stream = needle_stream(300, (10, 200, 250), seed=1)
+    seen = tuple(stream.scene.events)
+    scene, length = ceiling_scene(seen, seed=1, fps=2.0)
+    assert [(e.shape, e.color) for e in scene.events] == [(e.shape, e.color) for e in seen]
+    assert length < 20 and all(b.first_pair > a.last_pair for a, b in zip(scene.events, scene.events[1:]))
+
+
+def test_summary_bins_and_ratios():
+    rows = [{"length": 10, "budget": 5, "bytes": 1, "policy": "p", "family": "color", "age": age, "correct": ok,
+             "ceiling_correct": ceiling} for age, ok, ceiling in ((2, True, True), (3, False, True), (40, True, True),
+                                                                   (None, True, False))]
+    entry = summarize(rows)["L=10 M=5 p"]
+    assert entry["by_age"]["0-3"] == {"n": 2, "accuracy": 0.5, "ceiling": 1.0, "ratio": 0.5}
+    assert entry["by_age"]["16-63"]["ratio"] == 1.0
+    assert entry["by_age"]["none"]["ratio"] is None  # ceiling 0: no ratio
+    assert age_bin(5000) == "4096+"
+
+
+@pytest.mark.slow
+def test_eval_needle_command_end_to_end(tmp_path):
+    """The shipped toy model through the real command: a window too short for old events forgets them,
+    the full cache keeps them; figures are written."""
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "needle.json"
+    code = main(["eval", "needle", "--lengths", "120", "--budgets", "600,2200", "--policies",
+                 "full,sliding_window,infinipot_v", "--streams", "2", "--ages", "4,90,110", "--json", str(out),
+                 "--plot", str(tmp_path / "needle.png"), "--threads", "1"])
+    assert code == 0 and (tmp_path / "needle.png").stat().st_size > 10_000
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    assert "L=120 M=600 full" not in summary  # full only where the stream fits
+    full = summary["L=120 M=2200 full"]
+    assert full["accuracy"] >= 0.8
+    window = summary["L=120 M=600 sliding_window"]["by_age"]
+    old = [v for k, v in window.items() if k in ("64-255",)]
+    assert old and old[0]["accuracy"] < 0.7 * old[0]["ceiling"]  # events older than the window are forgotten
+    for record in result["records"]:
+        assert record["bytes"] > 0 and record["predicted"] is not None
+
+
+# ---------------------------------------------------------------------------------------------- videoqa
+def _write_video(path: Path, frames: int = 8, size=(96, 128)) -> None:
+    cv2 = pytest.importorskip("cv2")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 4.0, (size[1], size[0]))
+    rng = np.random.default_rng(len(str(path)))
+    for _ in range(frames):
+        writer.write(rng.integers(0, 256, size=(*size, 3), dtype=np.uint8))
+    writer.release()
+    assert path.stat().st_size > 0
+
+
+def _mlvu(root: Path) -> Path:
+    items = [{"video": "a.avi", "duration": 2, "question": "What happens?", "candidates": ["x", "y", "z", "w"],
+              "answer": "z", "question_type": "plotQA"},
+             {"video": "b.avi", "duration": 2, "question": "Who?", "candidates": ["p", "q", "r", "s"], "answer": "p",
+              "question_type": "plotQA"}]
+    (root / "json").mkdir(parents=True)
+    (root / "json" / "1_plotQA.json").write_text(json.dumps(items))
+    (root / "json" / "8_sub_scene.json").write_text(json.dumps([{"video": "a.avi", "question": "Describe",
+                                                                  "answer": "long text"}]))  # not multiple choice
+    for name in ("a.avi", "b.avi"):
+        _write_video(root / "video" / "1_plotQA" / name)
+    return root
+
+
+def _videomme(root: Path, fmt: str) -> Path:
+    rows = [{"video_id": "001", "duration": "short", "domain": "Knowledge", "sub_category": "x", "url": "u",
+             "videoID": "vid1", "question_id": "001-1", "task_type": "Counting Problem", "question": "How many?",
+             "options": ["A. one", "B. two", "C. three", "D. four"], "answer": "B"},
+            {"video_id": "001", "duration": "short", "domain": "Knowledge", "sub_category": "x", "url": "u",
+             "videoID": "vid1", "question_id": "001-2", "task_type": "Object Recognition", "question": "What?",
+             "options": ["A. cat", "B. dog", "C. car", "D. cup"], "answer": "D"}]
+    folder = root / "videomme"
+    folder.mkdir(parents=True)
+    if fmt == "parquet":
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), folder / "test-00000-of-00001.parquet")
+    else:
+        (folder / "test.json").write_text(json.dumps(rows))
+    _write_video(root / "data" / "vid1.avi")
+    return root
+
+
+def test_mlvu_layout_is_read_and_prompted_like_infinipot_v(tmp_path):
+    items = load_mlvu(_mlvu(tmp_path / "MLVU"))
+    assert [i.answer for i in items] == ["C", "A"]  # generation tasks are left out
+    assert items[0].task == "plotQA" and items[0].video.name == "a.avi"
+    assert prompt(items[0], "mlvu") == ("Question: What happens?\nOptions:\n(A) x\n(B) y\n(C) z\n(D) w\n"
+                                        "Respond with only the letter (A, B, C or D) of the correct option.")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "json"])
+def test_videomme_layout_is_read(tmp_path, fmt):
+    items = load_videomme(_videomme(tmp_path / "vmme", fmt))
+    assert [i.answer for i in items] == ["B", "D"] and items[0].video.name == "vid1.avi"
+    assert prompt(items[0], "videomme").endswith("Respond with only the letter (A, B, C, or D) of the correct option.")
+    assert "A. one" in prompt(items[0], "videomme")
+
+
+@pytest.mark.parametrize("reply, letter", [("B", "B"), ("(D) four", "D"), ("The answer is A.", "A"),
+                                           ("[C]", "C"), ("no idea", "C"), ("Answer: B", "B")])
+def test_letter_extraction(reply, letter):
+    assert extract_letter(reply) == letter
+
+
+def test_eval_videoqa_runs_resumes_and_refuses_a_bad_layout(tmp_path, tiny_checkpoint, capsys):
+    from edgekv.apps.cli import main
+
+    data = _mlvu(tmp_path / "MLVU")
+    out = tmp_path / "out"
+    args = ["eval", "videoqa", "--model", str(tiny_checkpoint), "--dataset", "mlvu", "--data", str(data),
+            "--resolution", "56", "56", "--fps", "2", "--max-tokens", "768", "--text-reserve", "384", "--dtype", "fp32",
+            "--out", str(out)]
+    assert main(args) == 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and {json.loads(line)["predicted"] for line in lines} <= set("ABCD")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["budget_tokens"] == 768 and summary["policy"] == "infinipot_v"
+    assert summary["accuracy"]["questions"] == 2 and "plotQA" in summary["accuracy"]["per_task"]
+    assert summary["throughput"]["ingest_frames_per_s_mean"] > 0
+    assert main(args) == 0  # resumed: nothing asked again
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+    capsys.readouterr()
+    assert main(["eval", "videoqa", "--model", str(tiny_checkpoint), "--dataset", "videomme",
+                 "--data", str(data), "--out", str(out)]) == 2
+    assert "no Video-MME annotations" in capsys.readouterr().err
