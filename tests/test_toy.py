@@ -263,3 +263,23 @@ def test_place_event_always_places_even_when_the_frame_is_crowded():
     for _ in range(200):  # no free place at all: the least-overlapping candidate is taken
         event = place_event(rng, "circle", "blue", 3, 1, 112, 112, avoid=crowd)
         assert event.center is not None and 8 <= event.radius <= 18
+
+
+def test_train_toy_command_writes_a_loadable_checkpoint_with_a_model_card(tmp_path, capsys):
+    from edgekv.apps.cli import main
+    from edgekv.runtime import Runtime
+
+    out = tmp_path / "toy"
+    assert main(["train-toy", str(out), "--steps", "3", "--batch-size", "2", "--log-every", "3",
+                 "--heldout-streams", "2", "--eval-samples", "4", "--threads", "1"]) == 0
+    card = (out / "README.md").read_text()
+    assert "edgekv train-toy" in card and "| `color` |" in card and "held-out" in card
+    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "card.json"}
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir())  # readable by a service user
+    session = Runtime.from_pretrained(out, model={"dtype": "fp32", "device": "cpu"},
+                                      cache={"policy": "full", "max_tokens": 256, "text_reserve_tokens": 64},
+                                      video={"resolution": [112, 112]}).session()
+    frame = EventScene().frame(0)
+    session.ingest(frame, t=0.0)
+    session.ingest(frame, t=0.5)
+    assert session.ask("Which shape was red?", max_new_tokens=2).token_ids  # answers something

@@ -48,10 +48,17 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--ages", type=_ints, default=None, help="event ages in pairs before the end")
     needle.add_argument("--fps", type=float, default=2.0)
     needle.add_argument("--seed", type=int, default=0)
-    needle.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    needle.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (the toy's matrices are tiny: one thread avoids sync waits)")
     needle.add_argument("--json", default="out/eval-needle.json")
     needle.add_argument("--plot", default="out/eval-needle.png")
     needle.set_defaults(run=_run_needle)
+
+    from edgekv.eval.toy_accuracy import add_toy_arguments
+
+    add_toy_arguments(sub.add_parser(
+        "toy", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="the toy model's accuracy per question family on the fixed held-out set (full cache)"))
 
     from edgekv.eval.videoqa import add_videoqa_arguments
 

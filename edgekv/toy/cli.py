@@ -15,6 +15,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--eval-samples", type=int, default=64,
+                        help="training-distribution samples scored (teacher-forced) at every log line")
+    parser.add_argument("--heldout-streams", type=int, default=200,
+                        help="held-out streams for the model card's accuracy (edgekv eval toy); 0 = skip")
     parser.set_defaults(func=run_train)
 
 
@@ -25,7 +29,8 @@ def run_train(args: argparse.Namespace) -> int:
         print("edgekv train-toy: --steps and --batch-size must be at least 1")
         return 2
     card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
-                 threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every)
+                 threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
+                 heldout_streams=args.heldout_streams, eval_samples=args.eval_samples)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

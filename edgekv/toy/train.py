@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from edgekv.model.rope import mrope_cos_sin, vision_block_position_ids
 from edgekv.preprocess import FramePreprocessor
 from edgekv.tokenizer import ChatLayout
+from edgekv.toy.card import write_model_card
 from edgekv.toy.data import GRID, TOKENS, Sample, batch_pairs, draw_sample, stage_at
 from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
 from edgekv.toy.questions import FAMILIES
@@ -206,7 +209,7 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float) -> tuple[torc
 
 def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int = 8, lr: float = 3e-3,
           aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
-          log_every: int = 100, eval_samples: int = 64) -> dict:
+          log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200) -> dict:
     """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card."""
     if threads is not None:
         torch.set_num_threads(threads)
@@ -255,12 +258,34 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             log(json.dumps(record))
     wall = time.perf_counter() - started
     model.eval()
-    card = {"command": f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}", "seed": seed, "steps": steps,
-            "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
-            "parameters": sum(p.numel() for p in model.parameters()), "history": history,
-            "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
+    command = f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}"
+    if batch_size != 8 or lr != 3e-3:
+        command += f" --batch-size {batch_size} --lr {lr}"
+    card = {"command": command, "seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr,
+            "aux_weight": aux_weight, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
+            "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
+            "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
+            "history": history, "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
     save_checkpoint(model, out_dir, card)
+    if heldout_streams:
+        from edgekv.eval.toy_accuracy import evaluate as heldout_accuracy
+
+        card["heldout_accuracy"] = heldout_accuracy(str(out_dir), heldout_streams)
+        log(json.dumps({"heldout_accuracy": card["heldout_accuracy"]["accuracy"]}))
+    write_model_card(out_dir, card)
     return card
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} x {cpu}"
 
 
 @torch.no_grad()
