@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -113,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Idle OpenMP threads sleep instead of spinning: on a busy 2-core machine spinning waits dominated
+    # (a 4 MB multiply: 7.99 ms spinning vs 0.059 ms passive; a toy training step 5.5 s vs 1.9 s).
+    # Read by libgomp when torch loads, so set before any command imports it; the environment wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

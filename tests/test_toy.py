@@ -283,3 +283,21 @@ def test_train_toy_command_writes_a_loadable_checkpoint_with_a_model_card(tmp_pa
     session.ingest(frame, t=0.0)
     session.ingest(frame, t=0.5)
     assert session.ask("Which shape was red?", max_new_tokens=2).token_ids  # answers something
+
+
+def test_compact_samples_leave_early_evicted_tokens_out_of_the_sequence():
+    scene = EventScene(seed=2)
+    sample = _dense_sample(scene, 3, [QA("count", "How many times did the circle appear?", "zero")])
+    sample.present = np.ones((3, TOKENS), dtype=bool)
+    sample.present[0, [1, 2, 9]] = False
+    encoder = Encoder()
+    row = encoder._encode_one(sample)
+    s0 = row["video_start"]
+    assert row["slot_tokens"][0] == [t for t in range(TOKENS) if t not in (1, 2, 9)]
+    assert len(row["ids"]) == s0 + 3 * TOKENS - 3 + len(encoder.ids(encoder.layout.question_suffix(
+        sample.qas[0].question))) + 2
+    first_pair = row["positions"][:, s0:s0 + TOKENS - 3]
+    kept = torch.tensor(row["slot_tokens"][0])
+    assert torch.equal(first_pair[1], s0 + kept // 4) and torch.equal(first_pair[2], s0 + kept % 4)  # row, col
+    batch = encoder.encode([sample])
+    assert batch.video_index.shape[0] == 3 * TOKENS - 3 and int(batch.video_source[1]) == 3  # token 3 of pair 0

@@ -33,6 +33,8 @@ from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, p
 GRID = 4  # merged tokens per side at 112 x 112
 TOKENS = GRID * GRID
 EVENT_COVER = 0.1  # a token carries an event when the shape covers at least this share of its 28 x 28 cell
+LATE_EVICTIONS = 0.25  # share of evicted tokens that stay visible to a few later pairs before they go
+COMPACT_SHARE = 0.75  # share of samples whose early-evicted tokens are left out of the sequence
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Stage:
 CURRICULUM: tuple[tuple[float, Stage], ...] = (
     (0.20, Stage("one event", (2, 8), (1, 1), ("color", "shape", "exists"), shifted=0.0)),
     (0.25, Stage("several events", (4, 24), (0, 5), FAMILIES, sparse=0.3, thin=0.3)),
-    (0.55, Stage("long, sparse, thinned", (6, 48), (0, 6), FAMILIES, sparse=0.7, thin=0.7, sinks=0.2)),
+    (0.55, Stage("long, sparse, thinned", (6, 96), (0, 6), FAMILIES, sparse=0.7, thin=0.8, sinks=0.2)),
 )
 
 
@@ -91,6 +93,7 @@ class Sample:
     visible: list[Event]                         # events the question can still see
     carried: np.ndarray                          # [K, 16] int: index in ``events`` of the event a token shows, -1
     qas: list[QA] = field(default_factory=list)
+    present: np.ndarray | None = None            # [K, 16] bool: tokens laid out in the sequence (None: all)
 
     @property
     def slots(self) -> int:
@@ -192,10 +195,19 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
 
     evict_at, visible, carried = _thin(rng, stage, slot_event, recent_slots=sum(lengths[len(lengths) - recent:]),
                                        scene=scene, events=events)
+    # Most evicted tokens leave at the first compression after they stop being recent, so they matter to
+    # the pairs right after them only; in "compact" samples they are left out of the sequence altogether
+    # (their own pair's tokens then lack them as context: a small approximation that makes long, thinned
+    # streams affordable to train on). The rest keep a random eviction slot and stay in the sequence.
+    present = None
+    if rng.random() < COMPACT_SHARE:
+        early = evict_at == np.arange(1, len(tpos) + 1)[:, None]
+        present = ~early
+        present[np.arange(len(tpos)), np.argmax(present, axis=1)] = True  # at least one token per pair
     sink = None
     if rng.random() < stage.sinks:
         sink = rng.random(evict_at.shape) < rng.uniform(0.05, 0.5)
-    sample = Sample(pairs, slot_pair, tpos, evict_at, sink, events, visible, carried)
+    sample = Sample(pairs, slot_pair, tpos, evict_at, sink, events, visible, carried, present=present)
     families = list(stage.families)
     for _ in range(questions):
         for _attempt in range(8):
@@ -224,7 +236,7 @@ def _thin(rng: np.random.Generator, stage: Stage, slot_event: list[Event | None]
         if event is not None:
             carried_by[slot, covers[event]] = events.index(event)
     if old > 0 and rng.random() < stage.thin:
-        keep_background = float(rng.uniform(0, 1) ** 1.5)
+        keep_background = float(rng.uniform(0, 1) ** 2)
         keep_event = float(rng.uniform(0.5, 1.0))
         lost = {e for e in covers if rng.random() < 0.15}
         for slot in range(old):
@@ -239,7 +251,9 @@ def _thin(rng: np.random.Generator, stage: Stage, slot_event: list[Event | None]
                     core = int(np.argmax(scene.cell_cover(event).reshape(-1)))
                     keep[core] = True
             gone = ~keep
-            evict_at[slot, gone] = rng.integers(slot + 1, slots + 1, size=int(gone.sum()))
+            late = rng.random(TOKENS) < LATE_EVICTIONS
+            evict_at[slot, gone & ~late] = slot + 1  # evicted at the next compression
+            evict_at[slot, gone & late] = rng.integers(slot + 1, slots + 1, size=int((gone & late).sum()))
     visible = []
     for event, carried in covers.items():
         seen = any((evict_at[slot][carried] > slots).any() for slot in range(slots) if slot_event[slot] is event)

@@ -90,9 +90,8 @@ class Encoder:
             for first, second in sample.pairs:
                 pixels.append(self.preprocessor.pair(first, second)[0])
             for slot, pair in enumerate(sample.slot_pair):
-                start = row["video_start"] + slot * TOKENS
-                for token in range(TOKENS):
-                    video_index.append((b, start + token))
+                for token, position in zip(row["slot_tokens"][slot], row["slot_positions"][slot]):
+                    video_index.append((b, position))
                     video_source.append((pair_offset + pair) * TOKENS + token)
                     if self.aux:
                         shown = int(sample.carried[slot, token])
@@ -101,7 +100,7 @@ class Encoder:
                         else:
                             event = sample.events[shown]
                             label = self.ids(event.color if self.aux_rng.random() < 0.5 else event.shape)[0]
-                        target_index.append((b, start + token))
+                        target_index.append((b, position))
                         targets.append(label)
                         families.append("aux")
                         is_answer.append(False)
@@ -118,15 +117,25 @@ class Encoder:
     def _encode_one(self, sample: Sample) -> dict:
         slots = sample.slots
         s0 = len(self.prefix)
-        ids = list(self.prefix) + [0] * (slots * TOKENS)
+        present = np.ones((slots, TOKENS), dtype=bool) if sample.present is None else sample.present
+        ids = list(self.prefix)
         pos = [torch.arange(s0).expand(3, s0)]
-        for slot in range(slots):
-            pos.append(vision_block_position_ids(s0, sample.tpos[slot], GRID, GRID))
-        text_start = max(s0 + max(sample.tpos), s0 + GRID - 1) + 1
         # token attributes for the mask: kind 0 prefix, 1 video, 2 + b for question branch b
-        kind = [0] * s0 + [1] * (slots * TOKENS)
-        slot_of = [-1] * s0 + [s for s in range(slots) for _ in range(TOKENS)]
-        order = list(range(s0)) + [t for _ in range(slots) for t in range(TOKENS)]
+        kind, slot_of, order, evict = [0] * s0, [-1] * s0, list(range(s0)), [slots + 1] * s0
+        sink = [True] * s0
+        slot_tokens, slot_positions = [], []
+        for slot in range(slots):
+            tokens = np.flatnonzero(present[slot])
+            slot_tokens.append(tokens.tolist())
+            slot_positions.append(list(range(len(ids), len(ids) + len(tokens))))
+            ids.extend([0] * len(tokens))
+            pos.append(vision_block_position_ids(s0, sample.tpos[slot], GRID, GRID)[:, torch.from_numpy(tokens)])
+            kind.extend([1] * len(tokens))
+            slot_of.extend([slot] * len(tokens))
+            order.extend(tokens.tolist())
+            evict.extend(sample.evict_at[slot, tokens].tolist())
+            sink.extend((sample.sink[slot, tokens] if sample.sink is not None else np.ones(len(tokens), bool)).tolist())
+        text_start = max(s0 + max(sample.tpos), s0 + GRID - 1) + 1
         targets = []
         for branch, qa in enumerate(sample.qas):
             question = self.ids(self.layout.question_suffix(qa.question))
@@ -142,11 +151,8 @@ class Encoder:
                 targets.append((first + len(question) - 1 + k, token, qa.family, k < len(answer)))
         kind_a, slot_a, order_a = np.array(kind), np.array(slot_of), np.array(order)
         n = len(ids)
-        evict = np.full(n, slots + 1, dtype=np.int64)
-        evict[s0:s0 + slots * TOKENS] = sample.evict_at.reshape(-1)
-        sink = np.ones(n, dtype=bool)
-        if sample.sink is not None:
-            sink[s0:s0 + slots * TOKENS] = sample.sink.reshape(-1)
+        evict = np.array(evict + [slots + 1] * (n - len(evict)), dtype=np.int64)
+        sink = np.array(sink + [True] * (n - len(sink)), dtype=bool)
         q_kind, k_kind = kind_a[:, None], kind_a[None, :]
         q_slot, k_slot = slot_a[:, None], slot_a[None, :]
         same_unit = (q_kind == k_kind) & (q_slot == k_slot) & (order_a[None, :] <= order_a[:, None])
@@ -157,7 +163,8 @@ class Encoder:
         mask |= same_unit & (q_kind != 0)
         mask |= video_query & earlier_video & sink[None, :]
         mask |= branch_query & earlier_video
-        return {"ids": ids, "positions": torch.cat(pos, dim=1), "mask": mask, "video_start": s0, "targets": targets}
+        return {"ids": ids, "positions": torch.cat(pos, dim=1), "mask": mask, "video_start": s0, "targets": targets,
+                "slot_tokens": slot_tokens, "slot_positions": slot_positions}
 
 
 def forward_logits(model, batch: Batch) -> torch.Tensor:
@@ -168,7 +175,8 @@ def forward_logits(model, batch: Batch) -> torch.Tensor:
     embeds[batch.video_index[:, 0], batch.video_index[:, 1]] = vision[batch.video_source].to(embeds.dtype)
     cos, sin = zip(*(language.rotary(p) for p in batch.positions))
     cos, sin = torch.stack(cos)[:, None], torch.stack(sin)[:, None]  # [B, 1, S, hd]
-    mask = batch.mask[:, None]  # [B, 1, S, S]
+    # additive float mask, converted once for every layer (SDPA would convert a bool mask per call)
+    mask = torch.zeros(batch.mask.shape, dtype=embeds.dtype).masked_fill_(~batch.mask, float("-inf"))[:, None]
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

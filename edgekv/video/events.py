@@ -20,6 +20,7 @@ an event covers, which the training sampler uses to know which tokens carry it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -108,9 +109,16 @@ def _texture(height: int, width: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(luminance[..., None] + tint + grain, 0, 255).astype(np.float32)
 
 
+@functools.lru_cache(maxsize=8)
+def _pixel_grid(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    ys, xs = np.mgrid[0:height, 0:width]
+    ys.flags.writeable = xs.flags.writeable = False
+    return ys, xs
+
+
 def shape_mask(shape: str, center: tuple[float, float], radius: float, height: int, width: int) -> np.ndarray:
     """HxW bool: the filled ``shape`` (circle, square, upward triangle, plus-sign cross)."""
-    ys, xs = np.mgrid[0:height, 0:width]
+    ys, xs = _pixel_grid(height, width)
     dx, dy = xs - center[0], ys - center[1]
     if shape == "circle":
         return dx * dx + dy * dy <= radius * radius
@@ -198,7 +206,8 @@ class EventScene:
         for event in self.active(pair):
             image[self.mask(event)] = COLOR_BGR[event.color]
         if self.style.noise:
-            image = image + np.random.default_rng((self.seed, 23, index)).normal(0, self.style.noise, image.shape)
+            noise = np.random.default_rng((self.seed, 23, index)).standard_normal(image.shape, dtype=np.float32)
+            image = image + self.style.noise * noise
         return np.clip(image, 0, 255).astype(np.uint8)
 
     def pair_frames(self, pair: int) -> tuple[np.ndarray, np.ndarray]:
