@@ -9,7 +9,9 @@ import json
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("out_dir", metavar="OUT_DIR", help="where the checkpoint is written")
-    parser.add_argument("--steps", type=int, default=4000, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=4000, help="question-answering optimizer steps")
+    parser.add_argument("--vision-steps", type=int, default=2000,
+                        help="vision warm-up steps first (shape and colour per token, 32 frame pairs a step)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8, help="streams per step")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
@@ -25,12 +27,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from edgekv.toy.train import train
 
-    if args.steps < 1 or args.batch_size < 1:
-        print("edgekv train-toy: --steps and --batch-size must be at least 1")
+    if args.steps < 1 or args.batch_size < 1 or args.vision_steps < 0:
+        print("edgekv train-toy: --steps and --batch-size must be at least 1, --vision-steps at least 0")
         return 2
     card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                  threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
-                 heldout_streams=args.heldout_streams, eval_samples=args.eval_samples)
+                 heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -33,8 +33,10 @@ from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, p
 GRID = 4  # merged tokens per side at 112 x 112
 TOKENS = GRID * GRID
 EVENT_COVER = 0.1  # a token carries an event when the shape covers at least this share of its 28 x 28 cell
+SHAPE_COVER = 0.3  # ... and shows its shape (not just its colour) from this share on
 LATE_EVICTIONS = 0.25  # share of evicted tokens that stay visible to a few later pairs before they go
 COMPACT_SHARE = 0.75  # share of samples whose early-evicted tokens are left out of the sequence
+BACKGROUND_RENDERS = 4  # distinct renderings of the background per sample (slots share them)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Stage:
     two_pair_events: float = 0.3    # probability that an event lasts two pairs
     shape_pool: tuple[int, int] = (1, 4)  # distinct shapes a stream draws its events from (repeats make counts)
     shifted: float = 0.5            # probability that the oldest kept pair is not at the video's start
+    simultaneous: tuple[int, int] = (1, 1)  # events on screen together in an event pair (vision warm-up: more)
 
 
 CURRICULUM: tuple[tuple[float, Stage], ...] = (
@@ -92,6 +95,7 @@ class Sample:
     events: list[Event]                          # every event rendered (slot-indexed first_pair)
     visible: list[Event]                         # events the question can still see
     carried: np.ndarray                          # [K, 16] int: index in ``events`` of the event a token shows, -1
+    cover: np.ndarray                            # [K, 16] float: the share of the token's cell that event covers
     qas: list[QA] = field(default_factory=list)
     present: np.ndarray | None = None            # [K, 16] bool: tokens laid out in the sequence (None: all)
 
@@ -139,16 +143,16 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
     """A random sample of ``stage`` (see the module docstring); ``pairs`` narrows the stage's range of K."""
     pairs = stage.pairs if pairs is None else pairs
     spacing = int(rng.choice([1, 2, 2, 4]))  # G: pair spacing in positions (tokens_per_second 2, fps 4 / 2 / 1)
-    num_events = int(rng.integers(stage.events[0], stage.events[1] + 1))
+    num_units = int(rng.integers(stage.events[0], stage.events[1] + 1))
     pool = list(rng.permutation(SHAPES)[: int(rng.integers(stage.shape_pool[0], stage.shape_pool[1] + 1))])
-    # Units: one slot of background, or an event of one or two slots.
+    # Units: one slot of background, or an event (or several at once) lasting one or two slots.
     target_slots = int(rng.integers(pairs[0], pairs[1] + 1))
-    event_lengths = [2 if rng.random() < stage.two_pair_events else 1 for _ in range(num_events)]
+    event_lengths = [2 if rng.random() < stage.two_pair_events else 1 for _ in range(num_units)]
     target_slots = max(target_slots, sum(event_lengths) + 1)
     lengths = [1] * (target_slots - sum(event_lengths)) + event_lengths
     order = rng.permutation(len(lengths))
     lengths = [lengths[i] for i in order]
-    is_event = [int(i) >= len(lengths) - num_events for i in order]
+    is_event = [int(i) >= len(lengths) - num_units for i in order]
     recent = int(rng.integers(1, min(len(lengths), 12) + 1))
     times = _unit_times(rng, lengths, recent, spacing, rng.random() < stage.sparse, max_positions,
                         rng.random() < stage.shifted)
@@ -158,33 +162,36 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
     last_color: dict[str, str] = {}
     events: list[Event] = []
     tpos: list[int] = []
-    slot_event: list[Event | None] = []
+    slot_events: list[list[Event]] = []
     for length, time, event_unit in zip(lengths, times, is_event):
-        event = None
-        if event_unit:
+        unit: list[Event] = []
+        together = int(rng.integers(stage.simultaneous[0], stage.simultaneous[1] + 1)) if event_unit else 0
+        for _ in range(together):
             free = [s for s in pool if counts[s] < 3] or [s for s in SHAPES if counts[s] < 3]
+            if not free:
+                break
             shape = str(free[int(rng.integers(len(free)))])
             color = last_color.get(shape) if shape in last_color and rng.random() < 0.6 else str(rng.choice(COLORS))
-            event = place_event(rng, shape, color, len(tpos), length, size, size,
-                                avoid=[e for e in events if e.shape == shape])
+            event = place_event(rng, shape, color, len(tpos), length, size, size, avoid=events[-4:] + unit)
             counts[shape] += 1
             last_color[shape] = color
             events.append(event)
+            unit.append(event)
         for k in range(length):
             tpos.append(time + k * spacing)
-            slot_event.append(event)
+            slot_events.append(unit)
 
     # Render: event slots each; background slots share a few renderings (noise differs per rendering).
     pairs: list[tuple[np.ndarray, np.ndarray]] = []
     slot_pair: list[int] = []
     background: list[int] = []
-    for slot, event in enumerate(slot_event):
+    for slot, unit in enumerate(slot_events):
         virtual = tpos[slot] // spacing  # the pair index this slot would have in the live stream
-        if event is not None:
-            scene.events = [Event(event.shape, event.color, virtual, 1, event.center, event.radius)]
+        if unit:
+            scene.events = [Event(e.shape, e.color, virtual, 1, e.center, e.radius) for e in unit]
             pairs.append(scene.pair_frames(virtual))
             slot_pair.append(len(pairs) - 1)
-        elif len(background) < 6:
+        elif len(background) < BACKGROUND_RENDERS:
             scene.events = []
             pairs.append(scene.pair_frames(virtual))
             background.append(len(pairs) - 1)
@@ -193,8 +200,9 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
             slot_pair.append(background[int(rng.integers(len(background)))])
     scene.events = []
 
-    evict_at, visible, carried = _thin(rng, stage, slot_event, recent_slots=sum(lengths[len(lengths) - recent:]),
-                                       scene=scene, events=events)
+    evict_at, visible, carried, cover = _thin(rng, stage, slot_events,
+                                              recent_slots=sum(lengths[len(lengths) - recent:]), scene=scene,
+                                              events=events)
     # Most evicted tokens leave at the first compression after they stop being recent, so they matter to
     # the pairs right after them only; in "compact" samples they are left out of the sequence altogether
     # (their own pair's tokens then lack them as context: a small approximation that makes long, thinned
@@ -207,7 +215,7 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
     sink = None
     if rng.random() < stage.sinks:
         sink = rng.random(evict_at.shape) < rng.uniform(0.05, 0.5)
-    sample = Sample(pairs, slot_pair, tpos, evict_at, sink, events, visible, carried, present=present)
+    sample = Sample(pairs, slot_pair, tpos, evict_at, sink, events, visible, carried, cover, present=present)
     families = list(stage.families)
     for _ in range(questions):
         for _attempt in range(8):
@@ -218,46 +226,47 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
     return sample
 
 
-def _thin(rng: np.random.Generator, stage: Stage, slot_event: list[Event | None], recent_slots: int,
-          scene: EventScene, events: list[Event]) -> tuple[np.ndarray, list[Event], np.ndarray]:
+def _thin(rng: np.random.Generator, stage: Stage, slot_events: list[list[Event]], recent_slots: int,
+          scene: EventScene, events: list[Event]) -> tuple[np.ndarray, list[Event], np.ndarray, np.ndarray]:
     """Eviction slot per token (K + 1 = kept to the question), the events still visible, and which event
-    each token shows."""
-    slots = len(slot_event)
+    each token shows (the one covering most of its cell)."""
+    slots = len(slot_events)
     evict_at = np.full((slots, TOKENS), slots + 1, dtype=np.int64)
     carried_by = np.full((slots, TOKENS), -1, dtype=np.int64)
-    old = slots - recent_slots
-    covers: dict[Event, np.ndarray] = {}
-    for event in {e for e in slot_event if e is not None}:
-        cover = scene.cell_cover(event).reshape(-1)
+    covered = np.zeros((slots, TOKENS))
+    cover_of = {event: scene.cell_cover(event).reshape(-1) for event in events}
+    carries: dict[Event, np.ndarray] = {}
+    for event, cover in cover_of.items():
         carried = cover >= EVENT_COVER
         carried[int(np.argmax(cover))] = True
-        covers[event] = carried
-    for slot, event in enumerate(slot_event):
-        if event is not None:
-            carried_by[slot, covers[event]] = events.index(event)
+        carries[event] = carried
+    for slot, unit in enumerate(slot_events):
+        best = np.zeros(TOKENS)
+        for event in unit:
+            wins = carries[event] & (cover_of[event] > best)
+            carried_by[slot, wins] = events.index(event)
+            best = np.where(wins, cover_of[event], best)
+        covered[slot] = best
+    old = slots - recent_slots
     if old > 0 and rng.random() < stage.thin:
         keep_background = float(rng.uniform(0, 1) ** 2)
         keep_event = float(rng.uniform(0.5, 1.0))
-        lost = {e for e in covers if rng.random() < 0.15}
+        lost = {e for e in events if rng.random() < 0.15}
         for slot in range(old):
-            event = slot_event[slot]
             keep = rng.random(TOKENS) < keep_background
-            if event is not None:
-                carried = covers[event]
+            for event in slot_events[slot]:
+                carried = carries[event]
                 if event in lost:
                     keep[carried] = False
                 else:
                     keep[carried] = rng.random(int(carried.sum())) < keep_event
-                    core = int(np.argmax(scene.cell_cover(event).reshape(-1)))
-                    keep[core] = True
+                    keep[int(np.argmax(cover_of[event]))] = True
             gone = ~keep
             late = rng.random(TOKENS) < LATE_EVICTIONS
             evict_at[slot, gone & ~late] = slot + 1  # evicted at the next compression
             evict_at[slot, gone & late] = rng.integers(slot + 1, slots + 1, size=int((gone & late).sum()))
-    visible = []
-    for event, carried in covers.items():
-        seen = any((evict_at[slot][carried] > slots).any() for slot in range(slots) if slot_event[slot] is event)
-        if seen:
-            visible.append(event)
+    visible = [event for event in events
+               if any((evict_at[slot][carries[event]] > slots).any()
+                      for slot in range(slots) if event in slot_events[slot])]
     visible.sort(key=lambda e: e.first_pair)
-    return evict_at, visible, carried_by
+    return evict_at, visible, carried_by, covered

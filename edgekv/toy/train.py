@@ -32,10 +32,11 @@ from edgekv.model.rope import mrope_cos_sin, vision_block_position_ids
 from edgekv.preprocess import FramePreprocessor
 from edgekv.tokenizer import ChatLayout
 from edgekv.toy.card import write_model_card
-from edgekv.toy.data import GRID, TOKENS, Sample, batch_pairs, draw_sample, stage_at
+from edgekv.toy.data import EVENT_COVER, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample, stage_at
 from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
 from edgekv.toy.questions import FAMILIES
 from edgekv.toy.vocab import build_tokenizer
+from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, place_event
 
 
 @dataclass
@@ -97,9 +98,10 @@ class Encoder:
                         shown = int(sample.carried[slot, token])
                         if shown < 0:
                             label = self.no
-                        else:
+                        else:  # a sliver of a shape shows its colour, not which shape it is
                             event = sample.events[shown]
-                            label = self.ids(event.color if self.aux_rng.random() < 0.5 else event.shape)[0]
+                            shows_shape = sample.cover[slot, token] >= SHAPE_COVER and self.aux_rng.random() < 0.5
+                            label = self.ids(event.shape if shows_shape else event.color)[0]
                         target_index.append((b, position))
                         targets.append(label)
                         families.append("aux")
@@ -200,24 +202,101 @@ def accuracy_by_family(logits: torch.Tensor, batch: Batch) -> dict[str, list[int
     return out
 
 
+# ---------------------------------------------------------------------------------------------- vision warm-up
+def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, count: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``count`` frame pairs with one to four shapes each, and per-token labels: shape (0 = none, -1 = a
+    sliver too small to tell) and colour (0 = none) of the event covering most of the token's cell."""
+    pixels, shapes, colors = [], [], []
+    for _ in range(count):
+        events: list[Event] = []
+        for _ in range(int(rng.integers(1, 5))):
+            events.append(place_event(rng, str(rng.choice(SHAPES)), str(rng.choice(COLORS)), 0, 1, 112, 112,
+                                      avoid=events))
+        style = SceneStyle(noise=float(rng.uniform(1, 6)), light=float(rng.uniform(0, 0.2)),
+                           distractors=int(rng.choice([0, 0, 1, 2])))
+        scene = EventScene(seed=int(rng.integers(2 ** 31)), events=events, style=style)
+        pixels.append(preprocessor.pair(*scene.pair_frames(0))[0])
+        shape, color, best = np.zeros(TOKENS, np.int64), np.zeros(TOKENS, np.int64), np.zeros(TOKENS)
+        for event in events:
+            cover = scene.cell_cover(event).reshape(-1)
+            wins = (cover >= EVENT_COVER) & (cover > best)
+            color[wins] = COLORS.index(event.color) + 1
+            shape[wins] = np.where(cover[wins] >= SHAPE_COVER, SHAPES.index(event.shape) + 1, -1)
+            best = np.where(wins, cover, best)
+        shapes.append(shape)
+        colors.append(color)
+    grid = torch.tensor([[1, 2 * GRID, 2 * GRID]] * count)
+    return torch.cat(pixels), grid, torch.from_numpy(np.concatenate(shapes)), torch.from_numpy(np.concatenate(colors))
+
+
+def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3, batch_size: int = 32,
+                   log: Callable[[str], None] = print, log_every: int = 100) -> list[dict]:
+    """Train the vision tower alone to tell shape and colour per token, through two linear probes that are
+    then thrown away — the role a pre-trained ViT plays for a real VLM. Trained from scratch inside the
+    question-answering loop, this 4-block ViT learned colours in tens of steps but shapes only after
+    thousands (measured: token shape accuracy 0.44 after 800 steps of 32 pairs), which held every
+    question about shapes back; alone, its steps are cheap."""
+    preprocessor = FramePreprocessor(resolution=RESOLUTION)
+    width = model.config.vision.out_hidden_size
+    shape_probe, color_probe = torch.nn.Linear(width, len(SHAPES) + 1), torch.nn.Linear(width, len(COLORS) + 1)
+    params = [*model.visual.parameters(), *shape_probe.parameters(), *color_probe.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
+    history: list[dict] = []
+    started = time.perf_counter()
+    for step in range(steps):
+        pixels, grid, shape, color = vision_batch(rng, preprocessor, batch_size)
+        tokens = model.visual(pixels, grid)
+        background = color == 0
+        loss = (F.cross_entropy(shape_probe(tokens[shape > 0]), shape[shape > 0])
+                + F.cross_entropy(color_probe(tokens[~background]), color[~background])
+                + 0.25 * (F.cross_entropy(shape_probe(tokens[background]), shape[background])
+                          + F.cross_entropy(color_probe(tokens[background]), color[background])))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        if (step + 1) % log_every == 0 or step == steps - 1:
+            with torch.no_grad():
+                shape_acc = (shape_probe(tokens[shape > 0]).argmax(-1) == shape[shape > 0]).float().mean().item()
+                color_acc = (color_probe(tokens[~background]).argmax(-1) == color[~background]).float().mean().item()
+            record = {"vision_step": step + 1, "loss": round(loss.item(), 4), "token_shape_accuracy": round(shape_acc, 3),
+                      "token_color_accuracy": round(color_acc, 3), "seconds": round(time.perf_counter() - started, 1)}
+            history.append(record)
+            log(json.dumps(record))
+    return history
+
+
 def heldout(seed: int, count: int, progress: float = 1.0) -> list[Sample]:
     rng = np.random.default_rng((seed, 99))
     return [draw_sample(rng, stage_at(progress, rng), MAX_POSITIONS) for _ in range(count)]
 
 
-def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float) -> tuple[torch.Tensor, float, float]:
-    """Answer cross-entropy (answer words and closing tokens) + ``aux_weight`` x the auxiliary one."""
+def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | None = None
+            ) -> tuple[torch.Tensor, float, float]:
+    """Answer cross-entropy (answer words and closing tokens) + ``aux_weight`` x the auxiliary one.
+
+    The auxiliary targets are balanced: the few tokens that show an event (colour or shape word) weigh as
+    much together as the many background tokens ("no") — averaged over all of them, the event tokens'
+    signal was 20x weaker and the vision tower learned shapes far more slowly (measured).
+    """
     aux = torch.tensor([family == "aux" for family in batch.families])
     answer = F.cross_entropy(logits[~aux].float(), batch.targets[~aux])
     if not aux.any() or aux_weight == 0:
         return answer, answer.item(), 0.0
-    auxiliary = F.cross_entropy(logits[aux].float(), batch.targets[aux])
+    background = aux & (batch.targets == no_id) if no_id is not None else torch.zeros_like(aux)
+    shown = aux & ~background
+    parts = [F.cross_entropy(logits[m].float(), batch.targets[m]) for m in (shown, background) if m.any()]
+    auxiliary = parts[0] if len(parts) == 1 else parts[0] + 0.25 * parts[1]
     return answer + aux_weight * auxiliary, answer.item(), auxiliary.item()
 
 
 def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int = 8, lr: float = 3e-3,
           aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
-          log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200) -> dict:
+          log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000) -> dict:
     """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card."""
     if threads is not None:
         torch.set_num_threads(threads)
@@ -227,6 +306,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     config = toy_config()
     model = init_model(config, seed)
     model.train()
+    started = time.perf_counter()
+    vision_history = warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every) if vision_steps else []
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     other = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": other, "weight_decay": 0.0}],
@@ -241,7 +322,6 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     held = Encoder().encode(heldout(seed, eval_samples))
     history: list[dict] = []
-    started = time.perf_counter()
     running = np.zeros(2)
     for step in range(steps):
         progress = step / max(1, steps)
@@ -249,7 +329,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         pairs = batch_pairs(stage, rng)
         samples = [draw_sample(rng, stage, MAX_POSITIONS, pairs=pairs) for _ in range(batch_size)]
         batch = encoder.encode(samples)
-        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch), batch, aux_weight)
+        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch), batch, aux_weight, encoder.no)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -267,9 +347,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     wall = time.perf_counter() - started
     model.eval()
     command = f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}"
-    if batch_size != 8 or lr != 3e-3:
-        command += f" --batch-size {batch_size} --lr {lr}"
-    card = {"command": command, "seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr,
+    if batch_size != 8 or lr != 3e-3 or vision_steps != 2000:
+        command += f" --batch-size {batch_size} --lr {lr} --vision-steps {vision_steps}"
+    card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
+            "vision_history": vision_history, "batch_size": batch_size, "lr": lr,
             "aux_weight": aux_weight, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
