@@ -50,6 +50,8 @@ def test_summary_bins_and_ratios():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not (Path(__file__).parents[1] / "edgekv/toy/checkpoint/config.json").is_file(),
+                    reason="no trained toy checkpoint shipped in edgekv/toy/checkpoint yet")
 def test_eval_needle_command_end_to_end(tmp_path):
     """The shipped toy model through the real command: a window too short for old events forgets them,
     the full cache keeps them; figures are written."""
