@@ -56,11 +56,15 @@ class FairShare:
     credit_s: float = 0.0
     ingest_s: float = 0.0
     answer_s: float = 0.0
+    answer_ahead_s: float = 0.0
     answers_ahead: int = 0
+    longest_answer_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.min_ingest_share <= 1.0:
             raise ValueError(f"min_ingest_share must be in (0, 1], got {self.min_ingest_share}")
+        if not self.max_credit_s > 0.0:
+            raise ValueError(f"max_credit_s must be > 0 (or no question could ever go ahead), got {self.max_credit_s}")
 
     @property
     def earn_rate(self) -> float:
@@ -81,8 +85,10 @@ class FairShare:
         """Record an answer; one that went ahead of waiting frames spends credit (it may go negative:
         the debt is paid by ingest before the next question may jump ahead)."""
         self.answer_s += seconds
+        self.longest_answer_s = max(self.longest_answer_s, seconds)
         if jumped_ahead:
             self.answers_ahead += 1
+            self.answer_ahead_s += seconds
             self.credit_s -= seconds
 
 

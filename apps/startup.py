@@ -131,17 +131,18 @@ def open_video_source(config: EdgeKVConfig):
     spec_text = config.video.source
     try:
         spec = parse_spec(spec_text)
+        if config.video.loop and spec.live:
+            raise StartupError(f"video.loop: {spec_text!r} is a live source; only a file or synthetic video loops")
         with quiet_native_stderr():
             source = open_source(spec)
+    except StartupError:
+        raise
     except (ValueError, SourceError) as exc:
         message = one_line(exc)
         if isinstance(spec_text, int) or str(spec_text).strip().isdigit():
             message += " (no camera at that index? set video.source, e.g. a file, rtsp://… or synthetic:shapes)"
         raise StartupError(f"video.source: {message}") from None
     if config.video.loop:
-        if source.live:
-            source.close()
-            raise StartupError(f"video.loop: {spec_text!r} is a live source; only a file or synthetic video loops")
         source = LoopingSource(source, lambda: open_source(spec))
     return spec, source
 
