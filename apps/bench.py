@@ -360,6 +360,10 @@ def _describe(summary: dict) -> str:
 def run_stream(args: argparse.Namespace) -> int:
     import torch
 
+    from edgekv.video.sources import parse_spec
+
+    parse_spec(args.source)  # a source that cannot be is the user's mistake, not one policy's refusal
+
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.model:
