@@ -134,6 +134,7 @@ class Daemon:
         self._submit_lock = threading.Lock()
         self._wake = threading.Event()
         self._stdin_reader: threading.Thread | None = None
+        self._ingest_s_per_frame: float | None = None  # moving average (what the machine can sustain)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -287,8 +288,8 @@ class Daemon:
             self._wake.clear()
             self.heartbeat.beat()
             self._on_loop_tick()
-            if self._ingesting() and not len(self.backlog):
-                self._pull(timeout=0.0)
+            if self._ingesting() and (not len(self.backlog) or self._backlog_enabled()):
+                self._pull(timeout=0.0)  # while a backlog drains the camera keeps being sampled every turn
             step = self.fair.next_step(len(self.backlog) > 0, self._question_waiting())
             if step == "ingest":
                 self._ingest_next()
@@ -304,13 +305,24 @@ class Daemon:
     def _ingesting(self) -> bool:
         return self._stream_end is None
 
+    def _backlog_enabled(self) -> bool:
+        """A live (or paced) capture drops what nobody takes, so frames are collected during answers; a
+        recorded source read losslessly waits by itself."""
+        return not self.sampler.deterministic and self.config.video.answer_backlog_s > 0
+
+    def _ingest_keeps_up(self) -> bool:
+        """Ingest is faster than the sampled rate (mean ingest time per frame x fps < 1). Only then can a
+        backlog be caught up; on a machine that cannot keep up, frames are dropped anyway (latest frame
+        wins) and collecting them would only make the stream lag the camera by the backlog's length."""
+        return self._ingest_s_per_frame is None or self._ingest_s_per_frame * self.config.video.fps < 1.0
+
     def _question_waiting(self) -> bool:
         return bool(self._scheduled) or not self.questions.empty()
 
     def _pull(self, timeout: float) -> None:
         """Move the next sampled frame (if one is due) into the backlog; notice the end of the source."""
         if self._frame_limit_reached(len(self.backlog)):
-            self._end_stream(f"--max-frames {self._frame_limit()} reached")
+            self._end_stream(self._frame_limit_reason())
             return
         item = self.sampler.next_frame(timeout=timeout)
         if item is not None:
@@ -325,6 +337,10 @@ class Daemon:
 
     def _frame_limit(self) -> int | None:
         return self.options.max_frames if self.options.max_frames is not None else self.config.video.max_frames
+
+    def _frame_limit_reason(self) -> str:
+        flag = "--max-frames" if self.options.max_frames is not None else "video.max_frames"
+        return f"{flag} {self._frame_limit()} reached"
 
     def _frame_limit_reached(self, waiting: int = 0) -> bool:
         limit = self._frame_limit()
@@ -360,7 +376,7 @@ class Daemon:
 
         frame, t = self.backlog.pop()
         if self._frame_limit_reached():
-            self._end_stream(f"--max-frames {self._frame_limit()} reached")
+            self._end_stream(self._frame_limit_reason())
             return
         started = time.perf_counter()
         try:
@@ -374,7 +390,10 @@ class Daemon:
             self._end_stream("the cache is full (this policy never evicts)")
             return
         finally:
-            self.fair.ingested(time.perf_counter() - started)
+            spent = time.perf_counter() - started
+            self.fair.ingested(spent)
+            average = self._ingest_s_per_frame
+            self._ingest_s_per_frame = spent if average is None else average + 0.1 * (spent - average)
         self.heartbeat.beat()
         self._latest_frame = frame
         self.monitor.count_frames(self.session.counters.frames)
@@ -389,7 +408,7 @@ class Daemon:
 
     def _answer_next(self, jumped_ahead: bool) -> None:
         question = self._scheduled.popleft() if self._scheduled else self.questions.get_nowait()
-        collect = self._ingesting() and not self.sampler.deterministic and self.config.video.answer_backlog_s > 0
+        collect = self._ingesting() and self._backlog_enabled() and self._ingest_keeps_up()
         started = time.perf_counter()
         with Collector(self.backlog, self.sampler.next_frame) if collect else contextlib.nullcontext():
             self._answer(question)

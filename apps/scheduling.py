@@ -9,9 +9,12 @@ both at once. Two rules keep the stream whole while people ask questions.
 an answer a collector thread keeps sampling the capture at the configured fps into a bounded backlog
 (at most ``video.answer_backlog_s`` seconds of stream time and ``video.answer_backlog_mib`` MiB of
 frames); right after the answer the loop ingests the backlog in order, each frame with its capture
-timestamp, so the cache ends up exactly as if no question had been asked. Frames beyond the bound are
-dropped and counted (``frames_lost_while_answering``). A recorded source read losslessly needs no
-backlog: its reader simply waits.
+timestamp, so the cache ends up exactly as if no question had been asked. While the backlog drains,
+the loop keeps sampling the camera at every turn, so catching up is no blind spot either. Frames
+beyond the bounds are dropped and counted (``frames_lost_while_answering``). A recorded source read
+losslessly needs no backlog: its reader simply waits. A machine that cannot ingest at the sampled rate
+even without questions drops frames anyway (latest frame wins); there the daemon does not collect,
+because a backlog it can never catch up would only make the stream lag the camera.
 
 Why a queue and not ingest interleaved between decode steps: interleaving would prefill video tokens
 while the question's tokens sit in the cache, which needs the session to hide the question's slots
