@@ -143,6 +143,10 @@ def blind_spot(config, args: argparse.Namespace, backlog: bool) -> dict:
 
 
 def ingest_under_load(config, args: argparse.Namespace, realtime: bool) -> dict:
+    from edgekv.video.sources import parse_spec
+
+    if not parse_spec(config.video.source).live:  # a recorded demo clip must not run out inside the windows
+        config = config.with_overrides(video={"loop": True})
     with Probe(config, realtime=realtime) as probe:
         probe.wait_frames(6)
         idle = _rate(probe, args.window_s)
