@@ -135,6 +135,7 @@ class Daemon:
         self._wake = threading.Event()
         self._stdin_reader: threading.Thread | None = None
         self._ingest_s_per_frame: float | None = None  # moving average (what the machine can sustain)
+        self._collector: Collector | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -288,19 +289,44 @@ class Daemon:
             self._wake.clear()
             self.heartbeat.beat()
             self._on_loop_tick()
-            if self._ingesting() and (not len(self.backlog) or self._backlog_enabled()):
-                self._pull(timeout=0.0)  # while a backlog drains the camera keeps being sampled every turn
-            step = self.fair.next_step(len(self.backlog) > 0, self._question_waiting())
+            self._update_collector(answering=False)
+            if self._ingesting() and self._collector is None and not len(self.backlog):
+                self._pull(timeout=0.0)
+            step = self.fair.next_step(self._frame_waiting(), self._question_waiting())
             if step == "ingest":
-                self._ingest_next()
+                if not len(self.backlog):
+                    self._pull(timeout=0.05)  # a recorded source: its reader delivers the next frame shortly
+                if len(self.backlog):
+                    self._ingest_next()
             elif step == "answer":
-                self._answer_next(jumped_ahead=len(self.backlog) > 0)
+                self._answer_next(jumped_ahead=self._frame_waiting())
             elif self._ingesting():
-                self._pull(timeout=0.05)
+                self._pull(timeout=0.05) if self._collector is None else self._wake.wait(0.02)
             elif self._finished():
                 return
             else:
                 self._wake.wait(0.25)
+        self._stop_collector()
+
+    def _frame_waiting(self) -> bool:
+        """A frame is there to ingest: in the backlog, or (a recorded source read losslessly) always
+        next from its reader until it ends."""
+        return len(self.backlog) > 0 or (self._ingesting() and self.sampler.deterministic)
+
+    def _update_collector(self, answering: bool) -> None:
+        """Run the collector from the start of an answer until the backlog has drained (while ingest
+        can catch up); the main loop pulls frames itself otherwise."""
+        want = (self._ingesting() and self._backlog_enabled() and self._ingest_keeps_up()
+                and (answering or len(self.backlog) > 0))
+        if want and self._collector is None:
+            self._collector = Collector(self.backlog, self.sampler.next_frame).start()
+        elif not want and self._collector is not None:
+            self._stop_collector()
+
+    def _stop_collector(self) -> None:
+        if self._collector is not None:
+            self._collector.stop()
+            self._collector = None
 
     def _ingesting(self) -> bool:
         return self._stream_end is None
@@ -311,10 +337,11 @@ class Daemon:
         return not self.sampler.deterministic and self.config.video.answer_backlog_s > 0
 
     def _ingest_keeps_up(self) -> bool:
-        """Ingest is faster than the sampled rate (mean ingest time per frame x fps < 1). Only then can a
-        backlog be caught up; on a machine that cannot keep up, frames are dropped anyway (latest frame
+        """Ingest can catch up a backlog even while answers take their whole share: mean ingest time per
+        frame x fps < video.min_ingest_share. On a slower machine frames are dropped anyway (latest frame
         wins) and collecting them would only make the stream lag the camera by the backlog's length."""
-        return self._ingest_s_per_frame is None or self._ingest_s_per_frame * self.config.video.fps < 1.0
+        average, video = self._ingest_s_per_frame, self.config.video
+        return average is None or average * video.fps < video.min_ingest_share
 
     def _question_waiting(self) -> bool:
         return bool(self._scheduled) or not self.questions.empty()
@@ -350,6 +377,7 @@ class Daemon:
         if self._stream_end is not None:
             return
         self._stream_end = reason
+        self._stop_collector()
         frames = self.session.counters.frames
         if self.options.one_shot:
             self.say(f"stream ended: {reason} after {frames} frames")
@@ -408,10 +436,9 @@ class Daemon:
 
     def _answer_next(self, jumped_ahead: bool) -> None:
         question = self._scheduled.popleft() if self._scheduled else self.questions.get_nowait()
-        collect = self._ingesting() and self._backlog_enabled() and self._ingest_keeps_up()
+        self._update_collector(answering=True)
         started = time.perf_counter()
-        with Collector(self.backlog, self.sampler.next_frame) if collect else contextlib.nullcontext():
-            self._answer(question)
+        self._answer(question)
         self.fair.answered(time.perf_counter() - started, jumped_ahead)
 
     def _answer(self, question: Question) -> None:

@@ -9,12 +9,13 @@ both at once. Two rules keep the stream whole while people ask questions.
 an answer a collector thread keeps sampling the capture at the configured fps into a bounded backlog
 (at most ``video.answer_backlog_s`` seconds of stream time and ``video.answer_backlog_mib`` MiB of
 frames); right after the answer the loop ingests the backlog in order, each frame with its capture
-timestamp, so the cache ends up exactly as if no question had been asked. While the backlog drains,
-the loop keeps sampling the camera at every turn, so catching up is no blind spot either. Frames
-beyond the bounds are dropped and counted (``frames_lost_while_answering``). A recorded source read
-losslessly needs no backlog: its reader simply waits. A machine that cannot ingest at the sampled rate
-even without questions drops frames anyway (latest frame wins); there the daemon does not collect,
-because a backlog it can never catch up would only make the stream lag the camera.
+timestamp, so the cache ends up exactly as if no question had been asked. The collector keeps
+sampling until the backlog has drained, so catching up is no blind spot either. Frames beyond the
+bounds are dropped and counted (``frames_lost_while_answering``). A recorded source read losslessly
+needs no backlog: its reader simply waits. The daemon collects only while its measured ingest time
+per frame x fps stays under ``video.min_ingest_share``, i.e. while ingest can catch up even when
+answers take their whole share; a machine slower than that drops frames anyway (latest frame wins),
+and a backlog it could never catch up would only make the stream lag the camera.
 
 Why a queue and not ingest interleaved between decode steps: interleaving would prefill video tokens
 while the question's tokens sit in the cache, which needs the session to hide the question's slots
@@ -154,35 +155,40 @@ class FrameBacklog:
 
 
 class Collector:
-    """While ``with collector:`` runs (an answer), a thread moves sampled frames into the backlog.
+    """A thread that moves sampled frames into the backlog at the sampler's own ticks, from the start of an
+    answer until the backlog has drained (``start()`` / ``stop()``, or ``with collector:``), so neither the
+    answer nor a long ingest step while catching up delays a tick.
 
-    ``take(timeout)`` returns the next sampled ``(frame, t)`` or None; the caller guarantees nobody
-    else reads the sampler meanwhile (the main loop is inside ``session.ask``).
+    ``take(timeout)`` returns the next sampled ``(frame, t)`` or None; while the collector runs nobody
+    else reads the sampler (the main loop stops pulling).
     """
 
-    def __init__(self, backlog: FrameBacklog, take: Callable[[float], Frame | None],
-                 on_frame: Callable[[], None] | None = None) -> None:
+    def __init__(self, backlog: FrameBacklog, take: Callable[[float], Frame | None]) -> None:
         self.backlog = backlog
         self.take = take
-        self.on_frame = on_frame
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "Collector":
+    def start(self) -> "Collector":
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="edgekv-backlog", daemon=True)
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def stop(self) -> None:
+        """Returns once the thread is out of ``take`` (within its 50 ms timeout)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def __enter__(self) -> "Collector":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             item = self.take(0.05)
             if item is not None:
                 self.backlog.push(*item)
-                if self.on_frame is not None:
-                    self.on_frame()

@@ -488,7 +488,8 @@ def test_sigterm_with_twelve_waiting_questions(tiny_checkpoint, tmp_path):
         for thread in threads:
             thread.start()
         answering = time.monotonic()
-        time.sleep(4.0)
+        assert _wait(lambda: len(results) >= 1, 120)  # one answered: the other eleven are queued behind it
+        time.sleep(1.0)
         sent = time.monotonic()
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=60)
