@@ -300,8 +300,10 @@ class Daemon:
                     self._ingest_next()
             elif step == "answer":
                 self._answer_next(jumped_ahead=self._frame_waiting())
+            elif self._ingesting() and self._collector is None:
+                self._pull(timeout=0.05)
             elif self._ingesting():
-                self._pull(timeout=0.05) if self._collector is None else self._wake.wait(0.02)
+                self._wake.wait(0.02)  # the collector is sampling; a question or a frame comes shortly
             elif self._finished():
                 return
             else:
