@@ -56,7 +56,7 @@ class FairShare:
     """
 
     min_ingest_share: float = 0.8
-    max_credit_s: float = 2.0
+    max_credit_s: float = 0.5
     credit_s: float = 0.0
     ingest_s: float = 0.0
     answer_s: float = 0.0
