@@ -3,7 +3,8 @@
 Runs edgekv's session and, side by side in the same process, transformers'
 ``Qwen2_5_VLForConditionalGeneration`` fed the same frame pairs one at a time with its own growing
 cache (``DynamicCache``) and the same M-RoPE positions. Prints the speed ratio and saves JSON + PNG.
-Figures only: nothing here asserts a speed.
+By default an evicting policy (``infinipot_v``) under a cap that fills after ~24 frame pairs, so the
+figures show the cap at work (the plot draws it). Figures only: nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -18,33 +19,99 @@ import time
 from pathlib import Path
 
 import psutil
-import torch
+
+from edgekv.apps.camera import HelpFormatter
+
+DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ prefix + question room)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench", required=True)
-    stream = sub.add_parser("stream", help="ingest a long stream; edgekv vs transformers, per frame pair")
+def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
+    """``stream``, ``kernels``, ``engines``, ``daemon``; with ``argv`` only the chosen one gets its options
+    (the others' modules, and torch, are not imported for ``--help``)."""
+    from edgekv.apps.cli import first_positional
+
+    chosen = first_positional(argv)[0] if argv is not None else None
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    benches = {
+        "stream": ("ingest a long stream; edgekv vs transformers, per frame pair", add_stream_arguments),
+        "kernels": ("each kernel vs its eager torch reference", _add_kernels),
+        "engines": ("vision + prefill ms and decode tok/s per backend, repeated", _add_engines),
+        "daemon": ("frames lost while answering, answer latency, ingest fps under question load", _add_daemon),
+    }
+    for name, (summary, add) in benches.items():
+        bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
+        if argv is None or name == chosen:
+            add(bench)
+
+
+def _add_kernels(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.bench_kernels import add_kernel_arguments
+
+    add_kernel_arguments(parser)
+
+
+def _add_engines(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.bench_engines import add_engine_arguments
+
+    add_engine_arguments(parser)
+
+
+def _add_daemon(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.bench_daemon import add_daemon_bench_arguments
+
+    add_daemon_bench_arguments(parser)
+
+
+def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
+    from edgekv.config import POLICIES
+
     stream.add_argument("--model", help="checkpoint dir (default: a fresh tiny random checkpoint)")
     stream.add_argument("--frames", type=int, default=600, help="video frames to ingest (pairs = frames / 2)")
-    stream.add_argument("--policy", default="full", help="comma-separated cache policies to run")
+    stream.add_argument("--policy", default="infinipot_v",
+                        help=f"comma-separated cache policies to run, from: {', '.join(POLICIES)}")
     stream.add_argument("--source", default="synthetic:shapes", help="video source (file path or synthetic:...)")
-    stream.add_argument("--resolution", type=int, nargs=2, default=[224, 224], metavar=("H", "W"))
+    stream.add_argument("--resolution", type=int, nargs=2, default=[224, 224], metavar=("H", "W"),
+                        help="video.resolution (multiples of 28)")
     stream.add_argument("--source-size", type=int, nargs=2, default=None, metavar=("H", "W"),
                         help="resize source frames to this size before ingest (keeps memory low for big files)")
-    stream.add_argument("--fps", type=float, default=2.0)
-    stream.add_argument("--max-tokens", type=int, default=None, help="cache cap M (default: fits the whole stream)")
+    stream.add_argument("--fps", type=float, default=2.0, help="frames per second sampled from the source")
+    stream.add_argument("--max-tokens", type=int, default=None,
+                        help=f"cache cap M (default: {DEFAULT_PAIRS_BEFORE_CAP} frame pairs + prefix + question room "
+                             "for evicting policies, the whole stream for full)")
     stream.add_argument("--sinks", default="0", help="comma-separated StateKV sink budgets (statekv policy)")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side")
     stream.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    stream.add_argument("--json", default="bench-stream.json")
-    stream.add_argument("--plot", default="bench-stream.png")
+    stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
+    stream.add_argument("--plot", default="bench-stream.png", help="plot (PNG) written here")
     stream.set_defaults(run=run_stream)
-    from edgekv.apps.bench_kernels import add_kernel_arguments
 
-    add_kernel_arguments(sub.add_parser("kernels", help="each kernel vs its eager torch reference"))
-    from edgekv.apps.bench_engines import add_engine_arguments
 
-    add_engine_arguments(sub.add_parser("engines", help="vision + prefill ms and decode tok/s per backend"))
+def provenance() -> dict:
+    """What a figure was measured with: versions, the git commit of this checkout, the date (UTC)."""
+    import datetime
+    import importlib.metadata
+    import subprocess
+
+    import edgekv
+
+    versions = {"edgekv": edgekv.__version__, "python": platform.python_version()}
+    for package in ("torch", "numpy", "transformers", "onnxruntime", "opencv-python-headless", "triton"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=5).stdout.strip()) if commit else None
+    except (OSError, subprocess.TimeoutExpired):
+        commit = dirty = None
+    return {"versions": versions, "commit": commit, "dirty": dirty,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -170,13 +237,21 @@ def _cache_section(policy: str, args: argparse.Namespace, pairs: int, sinks: int
     if args.max_tokens:
         section["max_tokens"] = args.max_tokens
     else:
-        tokens_per_pair = (args.resolution[0] // 28) * (args.resolution[1] // 28)
-        section["max_tokens"] = 64 + 512 + (pairs + 1) * tokens_per_pair
+        section["max_tokens"] = default_cap(policy, tuple(args.resolution), pairs)
     return section
+
+
+def default_cap(policy: str, resolution: tuple[int, int], pairs: int) -> int:
+    """The cap when none is given: ``full`` holds the whole stream (it cannot evict); every other policy
+    gets room for ``DEFAULT_PAIRS_BEFORE_CAP`` pairs, so a default run compresses and shows the cap."""
+    tokens_per_pair = (resolution[0] // 28) * (resolution[1] // 28)
+    held = pairs + 1 if policy == "full" else min(pairs + 1, DEFAULT_PAIRS_BEFORE_CAP)
+    return 64 + 512 + held * tokens_per_pair
 
 
 # ---------------------------------------------------------------------------------------------- transformers
 def _run_hf(model_dir: Path, frames, args: argparse.Namespace) -> dict:
+    import torch
     from transformers import DynamicCache, Qwen2_5_VLForConditionalGeneration
 
     from edgekv.model.config import ModelConfig
@@ -244,6 +319,15 @@ def _plot(results: list[dict], path: Path, title: str = "") -> None:
                 ax.scatter(xs, ys, s=6, label=label)
             else:
                 ax.plot(xs, ys, label=label, lw=0.8)
+    cache_axis = axes[[key for key, _ in panels].index("cache_tokens")]
+    for result in results:  # the hard cap M, less the room kept for a question: where video stops
+        stats = result.get("stats") or {}
+        if stats.get("cache_capacity_tokens"):
+            limit = stats["cache_capacity_tokens"] - stats.get("text_reserve_tokens", 0)
+            cache_axis.axhline(limit, ls="--", lw=0.8, color="grey")
+            cache_axis.annotate(f"{result['policy']}: cap M={stats['cache_capacity_tokens']} less question room",
+                                (0.01, limit), fontsize=7, va="bottom", color="grey",
+                                xycoords=("axes fraction", "data"))
     for ax, (_, ylabel) in zip(axes, panels):
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
@@ -274,6 +358,12 @@ def _describe(summary: dict) -> str:
 
 
 def run_stream(args: argparse.Namespace) -> int:
+    import torch
+
+    from edgekv.video.sources import parse_spec
+
+    parse_spec(args.source)  # a source that cannot be is the user's mistake, not one policy's refusal
+
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.model:
@@ -305,8 +395,8 @@ def run_stream(args: argparse.Namespace) -> int:
                   f"{result['stats']['cache_capacity_bytes'] / 2**20:.1f} MiB")
             print(f"    {_describe(result['summary'])}")
     summary = {"frames": args.frames, "resolution": list(args.resolution), "source": args.source,
-               "torch_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-               "cpus": os.cpu_count()}
+               "policies": args.policy, "max_tokens": args.max_tokens, "torch_threads": torch.get_num_threads(),
+               **provenance()}
     if not args.no_hf:
         hf = _run_hf(model_dir, frames(), args)
         results.append(hf)

@@ -1,44 +1,57 @@
-"""``edgekv`` command line: make-tiny-checkpoint, train-toy, eval, build, plan, calibrate, bench."""
+"""``edgekv`` command line: serve, build, make-tiny-checkpoint, train-toy, eval, plan,
+calibrate, bench.
+
+Each command's options are added only when that command is run, and each command imports what it
+needs only then: ``edgekv --help`` lists the commands without loading torch (a second, not ten, on a
+Jetson). One handler turns a user's mistake (a missing file, a bad value) into one line on stderr and
+exit status 2; ``EDGEKV_DEBUG=1`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from edgekv.apps.camera import (
+    HelpFormatter,
+    add_config_arguments,
+    add_daemon_arguments,
+    config_from_args,
+    run_daemon,
+    version_string,
+)
 
-def _make_tiny(args: argparse.Namespace) -> int:
-    from edgekv.model.tiny import make_tiny_checkpoint
 
-    out = make_tiny_checkpoint(Path(args.dir), preset=args.preset, seed=args.seed)
-    print(f"wrote a random-weight Qwen2.5-VL checkpoint ({args.preset}) to {out}")
-    print("random weights give meaningless answers; point model.path at real Qwen2.5-VL weights for real ones")
-    return 0
+# ---------------------------------------------------------------------------------------------- commands
+def _add_serve(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, model_positional=True)
+    add_daemon_arguments(parser)
+    parser.epilog = ("example: edgekv serve models/tiny --source 'synthetic:shapes?fps=4' --port 8080 "
+                     "--policy infinipot_v --max-tokens 2048")
+    parser.set_defaults(func=lambda args: run_daemon(args, "edgekv serve"))
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from edgekv.calibration.plan import plan
-
-    result = plan(device_memory_gb=args.device_memory, model_dir=args.model, resolution=tuple(args.resolution),
-                  weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb)
-    print(result.summary())
-    return 0
+def _add_build(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, model_positional=True)
+    group = parser.add_argument_group("engines")
+    group.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default=None,
+                       help="default: the engines the config asks for (onnxruntime if it asks for torch only)")
+    group.add_argument("--engine-dir", default=None, help="where bundles go (default: engines.engine_dir of the config)")
+    group.add_argument("--force", action="store_true", help="rebuild even if a matching bundle exists")
+    group.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.epilog = "example: edgekv build models/tiny --resolution 224 224 --max-tokens 2048 --dtype fp32"
+    parser.set_defaults(func=_build)
 
 
 def _build(args: argparse.Namespace) -> int:
-    from edgekv.config import load_config
     from edgekv.engines.build import build
-    from edgekv.engines.manifest import EngineError
 
-    try:
-        config = load_config(args.config)
-        backend = args.backend or _engine_backend(config)
-        bundle, manifest = build(config, backend, model_dir=args.model, engine_dir=args.engine_dir, force=args.force,
-                                 progress=not args.quiet)
-    except (EngineError, ValueError) as exc:
-        print(f"edgekv build: {exc}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
+    backend = args.backend or _engine_backend(config)
+    bundle, manifest = build(config, backend, engine_dir=args.engine_dir, force=args.force, progress=not args.quiet)
     print(f"engines: {bundle}")
     for name, entry in manifest.files.items():
         print(f"  {name:12s} {entry['file']:20s} {entry['bytes'] / 2 ** 20:9.2f} MiB")
@@ -54,62 +67,107 @@ def _engine_backend(config) -> str:
     return "onnxruntime"
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from edgekv.apps import bench
+def _add_make_tiny(parser: argparse.ArgumentParser) -> None:
+    from edgekv.model.tiny import PRESETS
 
-    return bench.main(args)
+    parser.add_argument("dir", help="directory to write (config.json, model.safetensors, tokenizer files)")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
+                        help="tiny for tests and demos; 3b is the real Qwen2.5-VL-3B shape (about 15 GB in fp32)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    parser.set_defaults(func=_make_tiny)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edgekv", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _make_tiny(args: argparse.Namespace) -> int:
+    from edgekv.model.tiny import make_tiny_checkpoint
 
-    tiny = sub.add_parser("make-tiny-checkpoint", help="write a random-weight checkpoint with the real Qwen tokenizer")
-    tiny.add_argument("dir")
-    tiny.add_argument("--preset", default="tiny", help="tiny (default), or 3b for the real shape (large)")
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.set_defaults(func=_make_tiny)
+    out = make_tiny_checkpoint(Path(args.dir), preset=args.preset, seed=args.seed)
+    print(f"wrote a random-weight Qwen2.5-VL checkpoint ({args.preset}) to {out}")
+    print("random weights give meaningless answers; point model.path at real Qwen2.5-VL weights for real ones")
+    return 0
 
-    plan = sub.add_parser("plan", help="largest cache budget that fits a device's memory")
-    plan.add_argument("--device-memory", type=float, required=True, help="device memory in GB")
-    plan.add_argument("--model", required=True, help="model directory (config.json)")
-    plan.add_argument("--resolution", type=int, nargs=2, default=[448, 448], metavar=("H", "W"))
-    plan.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
-    plan.add_argument("--weights-gb", type=float, default=None, help="weight bytes of quantized engines, in GB")
-    plan.add_argument("--reserve-gb", type=float, default=2.0, help="OS + CUDA context reserve, in GB")
-    plan.set_defaults(func=_plan)
 
-    build = sub.add_parser("build", help="export the deployment's ONNX graphs (and TensorRT engines) with a manifest")
-    build.add_argument("--config", required=True, help="deployment YAML (grid, cache capacity, dtype, engines)")
-    build.add_argument("--model", default=None, help="checkpoint dir (default: model.path of the config)")
-    build.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default=None,
-                       help="default: the engines the config asks for (onnxruntime if it only asks for torch)")
-    build.add_argument("--engine-dir", default=None, help="default: engines.engine_dir of the config")
-    build.add_argument("--force", action="store_true", help="rebuild even if a matching bundle exists")
-    build.add_argument("--quiet", action="store_true", help="no progress output")
-    build.set_defaults(func=_build)
+def _add_plan(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device-memory", type=float, required=True, help="device memory in GB")
+    parser.add_argument("--model", required=True, help="model directory (config.json)")
+    parser.add_argument("--resolution", type=int, nargs=2, default=[448, 448], metavar=("H", "W"),
+                        help="video.resolution of the deployment")
+    parser.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"], help="weight and cache dtype")
+    parser.add_argument("--weights-gb", type=float, default=None, help="weight bytes of quantized engines, in GB")
+    parser.add_argument("--reserve-gb", type=float, default=2.0, help="OS + CUDA context reserve, in GB")
+    parser.set_defaults(func=_plan)
 
-    from edgekv.toy.cli import add_train_arguments
 
-    add_train_arguments(sub.add_parser("train-toy", help="train the toy Qwen2.5-VL on synthetic event streams"))
+def _plan(args: argparse.Namespace) -> int:
+    from edgekv.calibration.plan import plan
 
-    from edgekv.eval.cli import add_eval_arguments
+    result = plan(device_memory_gb=args.device_memory, model_dir=args.model, resolution=tuple(args.resolution),
+                  weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb)
+    print(result.summary())
+    return 0
 
-    evaluate = sub.add_parser("eval", help="answer-accuracy benchmarks (toy needle streams, MLVU / Video-MME)")
-    add_eval_arguments(evaluate)
-    evaluate.set_defaults(func=lambda args: args.run(args))
 
+def _add_calibrate(parser: argparse.ArgumentParser) -> None:
     from edgekv.calibration.calibrate import add_calibrate_arguments, calibrate_main
 
-    calibrate = sub.add_parser("calibrate", help="VaN CV thresholds for a model from sample videos")
-    add_calibrate_arguments(calibrate)
-    calibrate.set_defaults(func=calibrate_main)
+    add_calibrate_arguments(parser)
+    parser.set_defaults(func=calibrate_main)
 
+
+def _add_train_toy(parser: argparse.ArgumentParser) -> None:
+    from edgekv.toy.cli import add_train_arguments
+
+    add_train_arguments(parser)
+
+
+def _add_eval(parser: argparse.ArgumentParser) -> None:
+    from edgekv.eval.cli import add_eval_arguments
+
+    add_eval_arguments(parser)
+    parser.set_defaults(func=lambda args: args.run(args))
+
+
+def _add_bench(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     from edgekv.apps.bench import add_arguments
 
-    bench = sub.add_parser("bench", help="benchmarks that print and save figures (JSON + PNG)")
-    add_arguments(bench)
-    bench.set_defaults(func=_bench)
+    add_arguments(parser, argv)
+    parser.set_defaults(func=lambda args: args.run(args))
+
+
+COMMANDS: dict[str, tuple[str, Callable]] = {
+    "serve": ("watch a video source and answer questions (the daemon; a config file is optional)", _add_serve),
+    "build": ("export the deployment's ONNX graphs (and TensorRT engines) with a manifest; same flags as serve",
+              _add_build),
+    "make-tiny-checkpoint": ("write a random-weight checkpoint with the real Qwen tokenizer", _add_make_tiny),
+    "train-toy": ("train the toy Qwen2.5-VL on synthetic event streams", _add_train_toy),
+    "eval": ("answer-accuracy benchmarks (toy needle streams, MLVU / Video-MME)", _add_eval),
+    "plan": ("largest cache budget that fits a device's memory (an estimate)", _add_plan),
+    "calibrate": ("VaN CV thresholds for a model from sample videos", _add_calibrate),
+    "bench": ("benchmarks that print and save figures (JSON + PNG)", _add_bench),
+}
+
+
+def first_positional(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The first word that is not an option, and the words after it (the chosen subcommand)."""
+    for index, word in enumerate(argv):
+        if not word.startswith("-"):
+            return word, argv[index + 1:]
+    return None, []
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the command named in ``argv`` gets its options (and imports its modules)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="edgekv", formatter_class=HelpFormatter,
+        description="edgekv: a streaming Qwen2.5-VL runtime with a hard KV-cache memory cap.",
+        epilog="run 'edgekv COMMAND --help' for a command's options; EDGEKV_DEBUG=1 shows tracebacks of errors")
+    parser.add_argument("--version", action="version", version=version_string())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen, rest = first_positional(argv)
+    for name, (summary, add) in COMMANDS.items():
+        command = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
+        if name == chosen:
+            add(command, rest) if name == "bench" else add(command)
     return parser
 
 
@@ -118,8 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     # (a 4 MB multiply: 7.99 ms spinning vs 0.059 ms passive; a toy training step 5.5 s vs 1.9 s).
     # Read by libgomp when torch loads, so set before any command imports it; the environment wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"edgekv {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, RuntimeError, ImportError) as exc:  # a user's mistake or a missing package
+        if os.environ.get("EDGEKV_DEBUG"):
+            raise
+        from edgekv.apps.startup import one_line
+
+        print(f"edgekv {args.command}: {one_line(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

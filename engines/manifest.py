@@ -39,9 +39,21 @@ class EngineMismatchError(EngineError):
     """A bundle exists but was built for another model, config, TensorRT version or GPU."""
 
 
-def rebuild_hint(model_dir: str | Path, config_path: str | Path | None, backend: str) -> str:
-    config = str(config_path) if config_path else "<your deployment .yaml>"
-    return f"build the engines with: edgekv build --model {model_dir} --config {config} --backend {backend}"
+def rebuild_hint(model_dir: str | Path, config, backend: str) -> str:
+    """The ``edgekv build`` command that builds engines for ``config`` (an ``EdgeKVConfig`` or a file path):
+    ``--config FILE`` when it came from a file, else its non-default keys as ``--set`` (a config made in
+    Python, e.g. ``Runtime.from_pretrained(d, cache={...})``), so the command runs as printed."""
+    import shlex
+
+    source = getattr(config, "source", config)
+    command = f"edgekv build --model {shlex.quote(str(model_dir))}"
+    if source and Path(str(source)).is_file():
+        command += f" --config {shlex.quote(str(source))}"
+    elif hasattr(config, "assignments"):
+        keep = ("model.", "video.", "cache.", "engines.")
+        command += "".join(f" --set {shlex.quote(a)}" for a in config.assignments(skip=("model.path",))
+                           if a.startswith(keep))
+    return f"build the engines with: {command} --backend {backend}"
 
 
 def file_digest(path: Path, memo: dict | None = None) -> str:

@@ -30,7 +30,10 @@ def test_calibrate_command_and_runtime_use(tiny_checkpoint, tmp_path, capsys):
     t1, t2, t3 = data["thresholds"]
     layers = ModelConfig.from_dir(tiny_checkpoint).text.num_hidden_layers
     assert t1 < t2 < t3 and len(data["layer_cv"]) == layers and data["compressions_sampled"] >= 1
-    assert "thresholds" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "thresholds" in captured.out
+    progress = [line for line in captured.err.splitlines() if line.startswith("calibrate: ")]
+    assert 2 <= len(progress) <= 12 and "100.0 %" in progress[-1] and "frame 80/80" in progress[-1]
 
     def run(calibration):
         rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"dtype": "fp32", "device": "cpu"},

@@ -35,7 +35,12 @@ def test_shipped_profiles_load(name):
     ({"model": {"device": "gpu0"}}, "model.device"),
     ({"server": {"port": 70000}}, "server.port: must be in 0..65535"),
     ({"engines": {"llm": "tflite"}}, "engines.llm: expected one of torch, onnxruntime, tensorrt"),
-    ({"voice": {"enabled": True}}, "voice.asr_model"),
+    ({"voice": {"vad_threshold": 1.5}}, "voice.vad_threshold: a speech probability in (0, 1)"),
+    ({"voice": {"asr_model": " "}}, "voice.asr_model: empty"),
+    ({"video": {"answer_backlog_s": -1}}, "video.answer_backlog_s: must be >= 0"),
+    ({"video": {"answer_backlog_mib": -1}}, "video.answer_backlog_mib: must be >= 0"),
+    ({"video": {"min_ingest_share": 0}}, "video.min_ingest_share: must be in (0, 1]"),
+    ({"video": {"reconnect_backoff_s": [5, 1]}}, "video.reconnect_backoff_s: expected [base, max]"),
     ({"monitor": {"interval_s": 0}}, "monitor.interval_s: must be > 0"),
     ({"cache": "big"}, "cache: expected a mapping"),
 ])
@@ -67,3 +72,21 @@ def test_overrides_round_trip_and_relative_paths(tmp_path):
     loaded = load_config(path)
     assert loaded.model.path == str((tmp_path / "weights" / "qwen").resolve())
     assert loaded.cache == config.cache
+
+
+def test_assignments_round_trip_a_config_built_in_python():
+    """``--set section.key=value`` (YAML values) and its inverse, which engine hints print."""
+    config = EdgeKVConfig().with_overrides(cache={"max_tokens": 2048, "text_reserve_tokens": 128},
+                                           video={"resolution": [224, 224], "source": "synthetic:shapes?fps=4"})
+    assert config.assignments() == ["video.source=synthetic:shapes?fps=4", "video.resolution=[224, 224]",
+                                    "cache.max_tokens=2048", "cache.text_reserve_tokens=128"]
+    assert EdgeKVConfig().with_assignments(config.assignments()) == config
+    with pytest.raises(ConfigError, match=r"--set 'cache': expected section.key=value"):
+        EdgeKVConfig().with_assignments(["cache"])
+    with pytest.raises(ConfigError, match=r"\+ --set: cache.max_tokens: expected an integer"):
+        EdgeKVConfig().with_assignments(["cache.max_tokens=lots"])
+
+
+def test_voice_enabled_needs_no_model_in_the_config():
+    """The daemon falls back to the bundled tiny.en; only the start-up check can tell whether it is installed."""
+    assert config_from_dict({"voice": {"enabled": True}}).voice.asr_model is None

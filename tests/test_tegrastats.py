@@ -45,6 +45,23 @@ def test_agx_orin_jetpack7_current_avg_max():
     assert s.temps_c["gpu"] == pytest.approx(47.625)
 
 
+@pytest.mark.parametrize("name, rails, gpu", [
+    ("agx-xavier-jp4-idle.txt", {"GPU": 0, "CPU": 311, "SOC": 932, "CV": 0, "VDDRQ": 621, "SYS5V": 1482}, 0),
+    ("agx-xavier-jp4-yolov3.txt", {"GPU": 18401, "CPU": 2301, "SOC": 4602, "CV": 0, "VDDRQ": 2914, "SYS5V": 4632}, 95),
+])
+def test_agx_xavier_total_is_the_sum_of_its_six_rails(name, rails, gpu):
+    """AGX Xavier has no board-total rail; its total is GPU + CPU + SOC + CV + VDDRQ + SYS5V (JETSON.md).
+    Its CPU rail shares a name with the CPU load list and must not be lost to it."""
+    s = parse(_line(name))
+    assert s.rails_mw == rails and s.total_power_mw == sum(rails.values())
+    assert s.gpu_load_pct == gpu and len(s.cpu_load_pct) == 8 and s.temps_c["CPU"] > 0
+
+
+def test_agx_xavier_averages_are_kept_apart_from_currents():
+    s = parse(_line("agx-xavier-jp4-yolov3.txt"))
+    assert s.rails_avg_mw["GPU"] == 18525 and s.rails_avg_mw["CPU"] == 2330 and s.rails_mw["CPU"] == 2301
+
+
 def test_orin_nano_uses_vdd_in():
     s = parse(_line("orin-nano-8gb-jp6.txt"))
     assert (s.ram_used_mb, s.ram_total_mb) == (6185, 7620)

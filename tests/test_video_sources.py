@@ -507,3 +507,39 @@ def test_deterministic_sampling_is_reproducible():
 def test_deterministic_mode_refuses_live_sources():
     with pytest.raises(ValueError, match="is live: it cannot be read losslessly"):
         CaptureThread(ScriptedLiveSource(3, 0), lossless=True)
+
+
+# ---------------------------------------------------------------------------------------------- loop, reconnect state
+def test_looping_source_plays_again_with_time_running_on():
+    from edgekv.video.sources import LoopingSource
+
+    spec = "synthetic:shapes?size=32x24&fps=4&frames=3"
+    source = LoopingSource(open_source(spec), lambda: open_source(spec))
+    frames = [source.read() for _ in range(8)]
+    times = [t for _, t in frames]
+    assert times == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75])  # one step between passes
+    assert np.array_equal(frames[0][0], frames[3][0]) and np.array_equal(frames[2][0], frames[5][0])
+    assert source.passes == 3 and not source.live
+
+
+def test_looping_refuses_live_and_empty_sources():
+    from edgekv.video.sources import LoopingSource
+
+    with pytest.raises(ValueError, match="only a recorded source can loop"):
+        LoopingSource(ScriptedLiveSource(fail_after=10, failed_reopens=0), lambda: None)
+    empty = FlakySource(total=0)
+    with pytest.raises(EndOfStream):
+        LoopingSource(empty, lambda: FlakySource(total=0)).read()
+
+
+def test_capture_says_when_it_is_reconnecting():
+    source = ScriptedLiveSource(fail_after=2, failed_reopens=10**9)
+    capture = CaptureThread(source, backoff=Backoff(base_s=0.01, max_s=0.02)).start()
+    try:
+        _wait_until(lambda: capture.reconnecting)
+        assert capture.stats()["reconnecting"] is True and not capture.finished
+        source.failed_reopens = 0  # the camera is back
+        _wait_until(lambda: not capture.reconnecting)
+        assert capture.stats()["reconnects"] == 1
+    finally:
+        capture.stop()

@@ -90,7 +90,8 @@ def parse(line: str) -> TegrastatsSample:
     rails, averages = {}, {}
     tail = line[cpu.end():] if cpu else line
     for name, current, average, _peak in _RAIL.findall(tail):
-        if name == "NC" or name in ("RAM", "SWAP", "CPU", "EMC_FREQ", "GR3D_FREQ", "GR3D2_FREQ"):
+        # "CPU" is a rail name on AGX Xavier ("CPU 311/311"); the "CPU [..]" load list never matches _RAIL
+        if name == "NC" or name in ("RAM", "SWAP", "EMC_FREQ", "GR3D_FREQ", "GR3D2_FREQ"):
             continue
         rails[name], averages[name] = float(current), float(average)
     temps = {name: float(value) for name, value in _TEMP.findall(tail)

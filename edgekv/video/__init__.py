@@ -6,6 +6,7 @@ from edgekv.video.sources import (
     CorruptFrame,
     EndOfStream,
     FrameSource,
+    LoopingSource,
     SourceError,
     SourceLost,
     SourceSpec,
@@ -17,6 +18,7 @@ from edgekv.video.sources import (
 )
 
 __all__ = [
-    "Backoff", "CaptureThread", "CorruptFrame", "EndOfStream", "FrameSource", "Sampler", "SourceError", "SourceLost",
+    "Backoff", "CaptureThread", "CorruptFrame", "EndOfStream", "FrameSource", "LoopingSource", "Sampler", "SourceError",
+    "SourceLost",
     "SourceSpec", "SourceUnavailable", "csi_pipeline", "iter_frames", "open_source", "parse_spec",
 ]

@@ -100,6 +100,7 @@ class CaptureThread:
                         "reconnects": 0, "reconnect_attempts": 0, "reconnect_failures": 0}
         self._backoff_s_total = 0.0
         self._ended: str | None = None
+        self._reconnecting = False
         self._last_error: str | None = None
         self._started_at: float | None = None
         self._stopped_at: float | None = None
@@ -130,6 +131,11 @@ class CaptureThread:
     def wait_stopped(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds, waking early (and returning True) if ``stop()`` is called."""
         return self._stop.wait(max(0.0, timeout))
+
+    @property
+    def reconnecting(self) -> bool:
+        """A live source was lost and the thread is waiting to reopen it (backoff in progress)."""
+        return self._reconnecting
 
     @property
     def finished(self) -> bool:
@@ -197,6 +203,13 @@ class CaptureThread:
 
     def _reconnect(self) -> bool:
         """Reopen with jittered exponential backoff until it works, ``stop()`` or ``max_attempts``."""
+        self._reconnecting = True
+        try:
+            return self._reopen_with_backoff()
+        finally:
+            self._reconnecting = False
+
+    def _reopen_with_backoff(self) -> bool:
         self.source.close()
         attempt = 0
         while not self._stop.is_set():
@@ -299,6 +312,7 @@ class CaptureThread:
             "live": self.source.live,
             "mode": "lossless" if self.lossless else "latest",
             "running": self._thread.is_alive(),
+            "reconnecting": self._reconnecting,
             **self._counts,
             "backoff_s_total": round(self._backoff_s_total, 6),
             "read_fps": self._counts["frames_read"] / elapsed if elapsed > 0 else 0.0,

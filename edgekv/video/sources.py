@@ -45,7 +45,8 @@ import cv2
 import numpy as np
 
 __all__ = [
-    "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "NeedleSource", "OpenCVSource", "ShapesSource", "SourceError",
+    "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "LoopingSource", "NeedleSource", "OpenCVSource",
+    "ShapesSource", "SourceError",
     "SourceLost", "SourceSpec", "SourceUnavailable", "SyntheticSource", "TimestampSelector", "csi_pipeline",
     "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec",
 ]
@@ -557,6 +558,48 @@ def _draw_needle(frame: np.ndarray, center: tuple[int, int], size: int) -> None:
     bar = max(2, size // 6)
     cv2.rectangle(frame, (x - half, y - bar), (x + half, y + bar), (0, 0, 255), thickness=-1)
     cv2.rectangle(frame, (x - bar, y - half), (x + bar, y + half), (0, 0, 255), thickness=-1)
+
+
+class LoopingSource(FrameSource):
+    """A recorded source played again from its start whenever it ends (``video.loop``), time running on.
+
+    Each pass is reopened with ``reopen`` and shifted so its timestamps continue after the previous
+    pass's last frame by one frame interval: the session, which refuses time going back, sees one long
+    stream, and a short clip can stand in for a camera for hours.
+    """
+
+    kind = "loop"
+
+    def __init__(self, source: FrameSource, reopen: Callable[[], FrameSource]) -> None:
+        if source.live:
+            raise ValueError(f"video source {source.spec!r} is live: only a recorded source can loop")
+        super().__init__(source.spec, live=False)
+        self.source = source
+        self._reopen = reopen
+        self.passes = 1
+        self._offset = 0.0
+        self._last_t: float | None = None
+        self._step = 1.0 / 30.0
+
+    def read(self) -> Frame:
+        try:
+            frame, t = self.source.read()
+        except EndOfStream:
+            if self._last_t is None:
+                raise  # an empty video would loop forever without a frame
+            self.source.close()
+            self.source = self._reopen()
+            self.passes += 1
+            self._offset = self._last_t + self._step
+            frame, t = self.source.read()
+        t = self._offset + t
+        if self._last_t is not None and t > self._last_t:
+            self._step = t - self._last_t
+        self._last_t = t
+        return frame, t
+
+    def close(self) -> None:
+        self.source.close()
 
 
 # ---------------------------------------------------------------------------------------------- open

