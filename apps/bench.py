@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from edgekv.apps.bench_engines import add_engine_arguments
 
     add_engine_arguments(sub.add_parser("engines", help="vision + prefill ms and decode tok/s per backend"))
+    from edgekv.apps.bench_soak import add_soak_arguments
+
+    add_soak_arguments(sub.add_parser("soak", help="hours-long stream: RSS, cache bytes, fps and errors over time"))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -141,7 +141,7 @@ class VoiceLoop:
         self.transcriber = transcriber or Transcriber(section.asr_model)
         self.segmenter = Segmenter(section.sample_rate, section.vad_threshold, section.min_silence_s,
                                    section.max_utterance_s)
-        self.questions: list[Question] = []
+        self.questions: deque[Question] = deque(maxlen=64)  # the latest heard, for tests and logs; bounded
         self.thread = threading.Thread(target=self._run, name="edgekv-voice", daemon=True)
 
     def start(self) -> "VoiceLoop":

@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from edgekv.calibration.thresholds import write_thresholds
 
 
@@ -23,7 +21,8 @@ def calibrate(model_dir: str | Path, videos: list[str], out: str | Path, frames:
     import edgekv
     from edgekv.apps.bench import frame_stream
 
-    history: list[list[float]] = []
+    sums: list[float] = []
+    count = 0
     for video in videos:
         per_pair = (resolution[0] // 28) * (resolution[1] // 28)
         cap = max_tokens or 64 + 256 + 12 * per_pair
@@ -33,12 +32,15 @@ def calibrate(model_dir: str | Path, videos: list[str], out: str | Path, frames:
         session = rt.session()
         for frame, t in frame_stream(video, frames, fps):
             session.ingest(frame, t=t)
-        history.extend(session.policy.cv_history)
-    if not history:
+        policy = session.policy
+        if policy.cv_count:
+            sums = [a + b for a, b in zip(sums, policy.cv_sums)] if count else list(policy.cv_sums)
+            count += policy.cv_count
+    if not count:
         raise ValueError("no compression happened: use more --frames or a smaller --max-tokens")
-    layer_cv = torch.tensor(history).mean(dim=0).tolist()
-    taus = write_thresholds(out, str(model_dir), layer_cv, samples=len(history))
-    return {"thresholds": taus, "layer_cv": layer_cv, "compressions": len(history)}
+    layer_cv = [total / count for total in sums]
+    taus = write_thresholds(out, str(model_dir), layer_cv, samples=count)
+    return {"thresholds": taus, "layer_cv": layer_cv, "compressions": count}
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:

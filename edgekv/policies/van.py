@@ -25,7 +25,10 @@ class VaNPolicy(ScoredPolicy):
     calibration: str | None = None
     thresholds: CVThresholds = field(init=False)
     last_pool_sizes: list[int] = field(init=False, default_factory=list)
-    cv_history: list[list[float]] = field(init=False, default_factory=list)  # per compression, per layer
+    # Per-layer CV summed over every compression (and their count): what calibration averages. Running
+    # sums, not a per-compression list, so a stream of weeks keeps constant memory.
+    cv_sums: list[float] = field(init=False, default_factory=list)
+    cv_count: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -33,13 +36,19 @@ class VaNPolicy(ScoredPolicy):
 
     def pooled(self, view: CacheView) -> torch.Tensor:
         cv = layer_cv(value_norms(view), view.vision)
-        self.cv_history.append(cv.tolist())
+        values = cv.tolist()
+        self.cv_sums = [total + value for total, value in zip(self.cv_sums, values)] if self.cv_count else values
+        self.cv_count += 1
         taus = self.thresholds.resolve(cv)
         self.last_pool_sizes = pool_sizes(cv, taus)
         return pooled_van(view, self.last_pool_sizes)
 
     def score(self, view: CacheView) -> torch.Tensor:
         return self.pooled(view)
+
+    def mean_cv(self) -> list[float]:
+        """Per-layer CV averaged over every compression so far (empty before the first)."""
+        return [total / self.cv_count for total in self.cv_sums]
 
     def stats(self, session) -> dict:
         return {"van_calibration": self.thresholds.describe(), "van_pool_sizes": list(self.last_pool_sizes)}
