@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from edgekv.apps.bench_soak import add_soak_arguments
 
     add_soak_arguments(sub.add_parser("soak", help="hours-long stream: RSS, cache bytes, fps and errors over time"))
+    from edgekv.apps.bench_state import add_state_arguments
+
+    add_state_arguments(sub.add_parser("state", help="snapshot write/read ms and bytes at the 3B cache shape"))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from edgekv.apps.camera import (
 from edgekv.cache import CacheFullError
 from edgekv.config import EdgeKVConfig, load_config
 from edgekv.logs import setup_logging
+from edgekv.state import StateKeeper
 
 log = logging.getLogger("edgekv.daemon")
 
@@ -49,6 +50,7 @@ class Daemon:
         self.lock = threading.RLock()  # held while the session changes; the HTTP thread reads under it
         self._latest_frame = None
         self.voice = None
+        self.state = StateKeeper(config.state, say=self.say)  # persistent memory (state: in the YAML)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -69,7 +71,7 @@ class Daemon:
         if model_dir is not None and is_random_checkpoint(model_dir):
             self.say(RANDOM_WEIGHTS_NOTE.format(path=model_dir))
         runtime = edgekv.Runtime.from_config(cfg)
-        self.session = runtime.session()
+        self.session = self.state.restore(runtime)
         stats = self.session.stats()
         self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
                  f"{stats['policy']}, engines {stats['vision_backend']}/{stats['llm_backend']}, cache cap {stats['cache_capacity_tokens']} tokens = "
@@ -142,6 +144,7 @@ class Daemon:
                 continue
             frame, t = item
             self._ingest(frame, t)
+            self.state.maybe_snapshot(self.session)
             notify_systemd("WATCHDOG=1")
             self._answer_queued()
             pairs = self.session.counters.frame_pairs
@@ -233,6 +236,7 @@ class Daemon:
         if self.monitor is not None:
             self.monitor.stop()
         if self.session is not None:
+            self.state.final_snapshot(self.session)
             self.say(self.summary())
         notify_systemd("STOPPING=1")
 

@@ -134,6 +134,7 @@ class StreamSession:
         self._pending: tuple[np.ndarray, float] | None = None
         self._t0: float | None = None
         self._last_t: float | None = None
+        self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
 
         prefix_ids = self.tokenizer.encode(self.layout.stream_prefix())
         self.prefix_tokens = len(prefix_ids)
@@ -453,6 +454,15 @@ class StreamSession:
                 f"or raise cache.text_reserve_tokens"
             )
         return ids
+
+    # ------------------------------------------------------------------ persistence
+    @_exclusive
+    def save(self, path) -> "SnapshotInfo":  # noqa: F821 - edgekv.state imports this module's types lazily
+        """Write everything this session's future depends on to ``path``, atomically (see edgekv/state.py);
+        ``Runtime.restore(path)`` returns a session that continues exactly where this one is now."""
+        from edgekv.state import save_session
+
+        return save_session(self, path)
 
     # ------------------------------------------------------------------ reporting
     @_exclusive

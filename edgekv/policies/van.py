@@ -50,5 +50,17 @@ class VaNPolicy(ScoredPolicy):
         """Per-layer CV averaged over every compression so far (empty before the first)."""
         return [total / self.cv_count for total in self.cv_sums]
 
+    def state(self) -> dict:
+        online = self.thresholds.thresholds if self.thresholds.online else None  # chosen at the first compression
+        return {"last_pool_sizes": list(self.last_pool_sizes), "cv_sums": list(self.cv_sums), "cv_count": self.cv_count,
+                "online_thresholds": list(online) if online is not None else None}
+
+    def load_state(self, state: dict) -> None:
+        self.last_pool_sizes = [int(size) for size in state["last_pool_sizes"]]
+        self.cv_sums = [float(total) for total in state["cv_sums"]]
+        self.cv_count = int(state["cv_count"])
+        if self.thresholds.online and state["online_thresholds"] is not None:  # a calibration file wins
+            self.thresholds.thresholds = tuple(float(tau) for tau in state["online_thresholds"])
+
     def stats(self, session) -> dict:
         return {"van_calibration": self.thresholds.describe(), "van_pool_sizes": list(self.last_pool_sizes)}
