@@ -143,7 +143,7 @@ class Daemon:
                     break
                 continue
             frame, t = item
-            self._ingest(frame, t)
+            self._ingest(frame, self.state.stream_time(t))
             self.state.maybe_snapshot(self.session)
             notify_systemd("WATCHDOG=1")
             self._answer_queued()

@@ -76,6 +76,8 @@ class SnapshotInfo:
     cache_tokens: int
     frames: int
     stream_s: float      # stream time it covers: last timestamp - first
+    last_t: float | None = None       # the stream clock at the snapshot
+    saved_unix: float | None = None   # wall-clock time of the snapshot (time.time())
 
 
 # ---------------------------------------------------------------------------------------------- the key
@@ -244,19 +246,21 @@ def save_session(session, path: str | Path) -> SnapshotInfo:
     path = Path(path).expanduser()
     state = _session_state(session)
     resolution = session.preprocessor.resolution if session.preprocessor is not None else None
-    manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "key": deployment_key(session.runtime, resolution), "session": state}
+    saved_unix = time.time()
+    manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(saved_unix)),
+                "saved_unix": saved_unix, "key": deployment_key(session.runtime, resolution), "session": state}
     views = _tensor_views(session, session.cache.length)
     if session._pending is not None:
         views["pending_frame"] = [torch.from_numpy(np.ascontiguousarray(session._pending[0]))]
     size = write_snapshot(path, manifest, views)
-    return _info(path, size, time.perf_counter() - started, state)
+    return _info(path, size, time.perf_counter() - started, state, saved_unix)
 
 
-def _info(path: Path, size: int, seconds: float, state: dict) -> SnapshotInfo:
+def _info(path: Path, size: int, seconds: float, state: dict, saved_unix: float | None) -> SnapshotInfo:
     t0, last = state.get("t0"), state.get("last_t")
     span = (last - t0) if t0 is not None and last is not None else 0.0
-    return SnapshotInfo(path, size, seconds, int(state["cache_length"]), int(state["counters"]["frames"]), span)
+    return SnapshotInfo(path, size, seconds, int(state["cache_length"]), int(state["counters"]["frames"]), span,
+                        last, saved_unix)
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -322,14 +326,31 @@ def _read_tensor(handle, path: Path, name: str, entry: dict, chunks: list[torch.
 
 def read_tensors(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]]) -> None:
     """Fill ``views`` from the snapshot's tensor sections, each checked against its sha256."""
-    with open(path, "rb") as handle:
-        for name, chunks in views.items():
-            _read_tensor(handle, path, name, manifest["tensors"][name], chunks)
+    try:
+        with open(path, "rb") as handle:
+            for name, chunks in views.items():
+                _read_tensor(handle, path, name, manifest["tensors"][name], chunks)
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot read the snapshot ({exc})") from None
+
+
+def _apply_state(session, state: dict, length: int, pending) -> None:
+    from edgekv.session import _Counters
+
+    session.cache.length = length
+    session.counters = _Counters(**state["counters"])
+    session.next_position, session.t_offset = int(state["next_position"]), int(state["t_offset"])
+    session.rebases, session.video_start = int(state["rebases"]), int(state["video_start"])
+    session.grid = tuple(state["grid"]) if state["grid"] is not None else None
+    session._t0, session._last_t, session._pending = state["t0"], state["last_t"], pending
+    if session.sinks is not None:
+        session.sinks.updates = int(state["sink_updates"])
+    session.policy.load_state(state["policy"])
 
 
 def load_session(runtime, path: str | Path):
     """A new session of ``runtime`` holding the state saved in ``path`` (``Runtime.restore``)."""
-    from edgekv.session import StreamSession, _Counters
+    from edgekv.session import StreamSession
 
     started = time.perf_counter()
     path = Path(path).expanduser()
@@ -352,16 +373,12 @@ def load_session(runtime, path: str | Path):
         frame = torch.empty(entry["shape"][1:], dtype=torch.uint8)
         read_tensors(path, manifest, {"pending_frame": [frame]})
         pending = (frame.numpy(), float(state["pending_t"]))
-    session.cache.length = length
-    session.counters = _Counters(**state["counters"])
-    session.next_position, session.t_offset = int(state["next_position"]), int(state["t_offset"])
-    session.rebases, session.video_start = int(state["rebases"]), int(state["video_start"])
-    session.grid = tuple(state["grid"]) if state["grid"] is not None else None
-    session._t0, session._last_t, session._pending = state["t0"], state["last_t"], pending
-    if session.sinks is not None:
-        session.sinks.updates = int(state["sink_updates"])
-    session.policy.load_state(state["policy"])
-    session.restored_from = _info(path, path.stat().st_size, time.perf_counter() - started, state)
+    try:
+        _apply_state(session, state, length, pending)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotError(f"{path}: the session state in the manifest is unusable ({type(exc).__name__}: {exc})") from None
+    session.restored_from = _info(path, path.stat().st_size, time.perf_counter() - started, state,
+                                  manifest.get("saved_unix"))
     return session
 
 
@@ -387,6 +404,8 @@ class StateKeeper:
     included). Before each write every generation but the newest is removed, so the folder holds at most
     two (the newest and the one being written) and, with the set-aside file, at most ``state.max_mib``.
     A snapshot that cannot be written (disk full, permissions) is logged and the stream goes on.
+    A restarted source counts time from 0 again: ``stream_time(t)`` moves its timestamps past the
+    restored stream's last one (plus the time the process was down).
     """
 
     PREFIX, SUFFIX, ASIDE = "snapshot-", ".ekv", "set-aside"
@@ -400,6 +419,7 @@ class StateKeeper:
         self.max_bytes = int(section.max_mib * 2**20)
         self.last_saved: float | None = None
         self.failures = 0
+        self.clock_offset = 0.0  # added to the source's timestamps after a restore: see stream_time
 
     @property
     def enabled(self) -> bool:
@@ -442,6 +462,7 @@ class StateKeeper:
             return runtime.session()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._remove_leftovers()
+        runtime.model_hash()  # hashed here, once (seconds for a 7 GB checkpoint, then memoized), not in the loop
         problem, rejected = None, None
         for path in reversed(self.generations()):
             try:
@@ -454,6 +475,7 @@ class StateKeeper:
                 continue
             self._check_budget(session)
             info = session.restored_from
+            self.clock_offset = self._resume_offset(info)
             self.say(f"resumed {describe_span(info.stream_s)} of memory, {info.cache_tokens:,} tokens "
                      f"({info.frames:,} frames; {path} read in {info.seconds:.2f} s)")
             if rejected is not None:
@@ -473,6 +495,19 @@ class StateKeeper:
         self.last_saved = self.clock()
         return session
 
+    @staticmethod
+    def _resume_offset(info: SnapshotInfo) -> float:
+        """A restarted source counts from 0 again; the restored stream continues after its last frame plus
+        the wall-clock time the process was down (a 5-minute outage is a 5-minute gap in the video)."""
+        if info.last_t is None:
+            return 0.0
+        down = max(0.0, time.time() - info.saved_unix) if info.saved_unix is not None else 0.0
+        return info.last_t + down
+
+    def stream_time(self, t: float) -> float:
+        """The session's time for a frame the (restarted) source stamped ``t``."""
+        return t + self.clock_offset
+
     def _check_budget(self, session) -> None:
         full = estimate_bytes(session)
         if 2 * full > self.max_bytes:
@@ -485,7 +520,10 @@ class StateKeeper:
         """A snapshot if ``state.every_s`` has passed since the last one (call it every loop iteration)."""
         if not self.enabled or (self.last_saved is not None and self.clock() - self.last_saved < self.section.every_s):
             return None
-        return self.snapshot(session)
+        info = self.snapshot(session)
+        if info is not None:
+            log.info("state: %s (%.1f MiB, %.0f ms)", info.path.name, info.bytes / 2**20, info.seconds * 1e3)
+        return info
 
     def final_snapshot(self, session) -> SnapshotInfo | None:
         """The snapshot at stop (SIGTERM, end of the source); says where the memory went."""
@@ -517,5 +555,4 @@ class StateKeeper:
             return None
         for old in self.generations()[:-2]:
             old.unlink()
-        log.info("state: %s (%.1f MiB, %.0f ms)", info.path.name, info.bytes / 2**20, info.seconds * 1e3)
         return info

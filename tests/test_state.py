@@ -178,10 +178,15 @@ def test_the_keeper_resumes_the_newest_snapshot_and_keeps_two_generations(runtim
     assert [p.name for p in keeper.generations()] == ["snapshot-00000004.ekv", "snapshot-00000005.ekv"]
     (tmp_path / "state" / ".snapshot-00000006.ekv.tmp-999").write_bytes(b"half a snapshot")  # a crashed write
     said.clear()
-    resumed = _keeper(tmp_path / "state", said).restore(runtime)
+    keeper = _keeper(tmp_path / "state", said)
+    resumed = keeper.restore(runtime)
     assert said[0].startswith(f"resumed 14 s of memory, {session.cache.length:,} tokens (30 frames;")
     assert torch.equal(resumed.question_logits(QUESTION), session.question_logits(QUESTION))
     assert not list((tmp_path / "state").glob(".*tmp*"))
+    # a restarted source stamps its first frame 0 again: the stream goes on after the restored clock
+    assert 14.5 <= keeper.stream_time(0.0) < 14.5 + 600
+    resumed.ingest(_frame(30), t=keeper.stream_time(0.0))
+    assert resumed.counters.frames == 31 and resumed.counters.frame_pairs == 15
 
 
 def test_the_keeper_falls_back_to_the_older_generation_when_the_newest_is_damaged(runtime, tmp_path):
