@@ -26,7 +26,7 @@ DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ 
 
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """``stream``, ``kernels``, ``engines``, ``daemon``; with ``argv`` only the chosen one gets its options
+    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``; with ``argv`` only the chosen one gets its options
     (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.cli import first_positional
 
@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "kernels": ("each kernel vs its eager torch reference", _add_kernels),
         "engines": ("vision + prefill ms and decode tok/s per backend, repeated", _add_engines),
         "daemon": ("frames lost while answering, answer latency, ingest fps under question load", _add_daemon),
+        "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _add_soak),
+        "state": ("snapshot write/read ms and bytes at the 3B cache shape", _add_state),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
@@ -60,6 +62,18 @@ def _add_daemon(parser: argparse.ArgumentParser) -> None:
     from edgekv.apps.bench_daemon import add_daemon_bench_arguments
 
     add_daemon_bench_arguments(parser)
+
+
+def _add_soak(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.bench_soak import add_soak_arguments
+
+    add_soak_arguments(parser)
+
+
+def _add_state(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.bench_state import add_state_arguments
+
+    add_state_arguments(parser)
 
 
 def add_stream_arguments(stream: argparse.ArgumentParser) -> None:

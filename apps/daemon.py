@@ -136,6 +136,9 @@ class Daemon:
         self._stdin_reader: threading.Thread | None = None
         self._ingest_s_per_frame: float | None = None  # moving average (what the machine can sustain)
         self._collector: Collector | None = None
+        from edgekv.state import StateKeeper  # imports torch: only once a daemon is made, not for --help
+
+        self.state = StateKeeper(config.state, say=self.say)  # persistent memory (state: in the YAML)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -237,7 +240,7 @@ class Daemon:
         if is_random_checkpoint(model_dir):
             self.say(RANDOM_WEIGHTS_NOTE.format(path=model_dir))
         runtime = edgekv.Runtime.from_config(cfg)
-        self.session = runtime.session()
+        self.session = self.state.restore(runtime)  # a fresh session unless a matching snapshot is on disk
         self._on_session_ready()
         stats = self.session.stats()
         self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
@@ -411,7 +414,7 @@ class Daemon:
         started = time.perf_counter()
         try:
             with self.lock:
-                result = self.session.ingest(frame, t=t)
+                result = self.session.ingest(frame, t=self.state.stream_time(t))
         except ValueError as exc:
             log.warning("frame skipped: %s", printable(str(exc)))
             return
@@ -530,15 +533,19 @@ class Daemon:
         ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])
         return data.tobytes() if ok else None
 
-    # ------------------------------------------------------------------ persistent-state hooks (no-ops here)
+    # ------------------------------------------------------------------ persistent-state hooks
     def _on_session_ready(self) -> None:
-        """Right after the session exists, before any frame: where a saved snapshot is restored."""
+        """Right after the session exists (restored by ``StateKeeper.restore`` when a snapshot matched)."""
 
     def _on_loop_tick(self) -> None:
-        """Once per turn of the main loop (between steps, the session idle): where periodic snapshots go."""
+        """Once per turn of the main loop (between steps, the session idle): the periodic snapshot."""
+        with self.lock:
+            self.state.maybe_snapshot(self.session)
 
     def _on_stop(self) -> None:
-        """After the loop ended, before the capture stops: where the final snapshot is written."""
+        """After the loop ended, before the capture stops: the final snapshot (SIGTERM included)."""
+        with self.lock:
+            self.state.final_snapshot(self.session)
 
     # ------------------------------------------------------------------ shutdown and report
     def _refuse_waiting(self) -> None:

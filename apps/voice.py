@@ -211,7 +211,7 @@ class VoiceLoop:
         self.stop_event = threading.Event()
         self.source = source
         self.transcriber = transcriber or Transcriber(section.asr_model or default_asr_model())
-        self.questions: list[Question] = []
+        self.questions: deque[Question] = deque(maxlen=64)  # the latest heard, for tests and logs; bounded
         self.thread = threading.Thread(target=self._run, name="edgekv-voice", daemon=True)
 
     def start(self) -> "VoiceLoop":

@@ -48,13 +48,12 @@ def calibrate(model_dir: str | Path, videos: list[str], out: str | Path, frames:
               dtype: str = "fp32", device: str = "auto",
               progress: Callable[[int, str], None] | None = None) -> dict:
     """``progress(frames_done, text)`` is called after every frame (all videos: ``frames * len(videos)``)."""
-    import torch
-
     import edgekv
     from edgekv.apps.bench import frame_stream
     from edgekv.calibration.thresholds import write_thresholds
 
-    history: list[list[float]] = []
+    sums: list[float] = []  # per-layer CV sums over every video's compressions (running, not a list)
+    count = 0
     for number, video in enumerate(videos):
         per_pair = (resolution[0] // 28) * (resolution[1] // 28)
         cap = max_tokens or 64 + 256 + 12 * per_pair
@@ -66,13 +65,16 @@ def calibrate(model_dir: str | Path, videos: list[str], out: str | Path, frames:
             session.ingest(frame, t=t)
             if progress is not None:
                 progress(number * frames + index + 1, f"video {number + 1}/{len(videos)} frame {index + 1}/{frames}, "
-                         f"{len(history) + len(session.policy.cv_history)} compressions sampled")
-        history.extend(session.policy.cv_history)
-    if not history:
+                         f"{count + session.policy.cv_count} compressions sampled")
+        policy = session.policy
+        if policy.cv_count:
+            sums = [a + b for a, b in zip(sums, policy.cv_sums)] if count else list(policy.cv_sums)
+            count += policy.cv_count
+    if not count:
         raise ValueError("no compression happened: use more --frames or a smaller --max-tokens")
-    layer_cv = torch.tensor(history).mean(dim=0).tolist()
-    taus = write_thresholds(out, str(model_dir), layer_cv, samples=len(history))
-    return {"thresholds": taus, "layer_cv": layer_cv, "compressions": len(history)}
+    layer_cv = [total / count for total in sums]
+    taus = write_thresholds(out, str(model_dir), layer_cv, samples=count)
+    return {"thresholds": taus, "layer_cv": layer_cv, "compressions": count}
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:

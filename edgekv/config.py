@@ -218,6 +218,20 @@ class GenerationSection:
 
 
 @dataclass(frozen=True)
+class StateSection:
+    """Persistent memory: snapshots of the session under ``dir`` (see edgekv/state.py)."""
+
+    dir: str | None = None   # where snapshots live; null = the memory is lost when the daemon stops
+    every_s: float = 300.0   # seconds between snapshots (and one on SIGTERM / stop)
+    max_mib: float = 1024.0  # bound on the bytes under dir: two snapshots of a full cache must fit
+
+    def validate(self, at: str) -> None:
+        for name in ("every_s", "max_mib"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -235,6 +249,7 @@ class EdgeKVConfig:
     monitor: MonitorSection = field(default_factory=MonitorSection)
     generation: GenerationSection = field(default_factory=GenerationSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    state: StateSection = field(default_factory=StateSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":
@@ -408,11 +423,12 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
     engines = dataclasses.replace(config.engines, engine_dir=resolve(config.engines.engine_dir),
                                   int8_calibration=resolve(config.engines.int8_calibration))
     cache = dataclasses.replace(config.cache, calibration=resolve(config.cache.calibration))
+    state = dataclasses.replace(config.state, dir=resolve(config.state.dir))
     source = config.video.source
     if isinstance(source, str) and _is_relative_file(source):
         source = resolve(source)
     video = dataclasses.replace(config.video, source=source)
-    return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines)
+    return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state)
 
 
 def _is_relative_file(source: str) -> bool:

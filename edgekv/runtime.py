@@ -52,6 +52,7 @@ class Runtime:
         self.model = load_pretrained(model_dir, dtype=self.dtype, device=self.device, skip=skip).eval()
         self.tokenizer = QwenTokenizer.from_dir(model_dir)
         self.model_dir = model_dir
+        self._model_hash: str | None = None
         self.vision_backend, self.llm_backend = make_backends(self)
         self.host_memory = configure_host_memory(config.model.host_memory)  # after loading: see edgekv/hostmem.py
 
@@ -69,6 +70,25 @@ class Runtime:
     def session(self) -> StreamSession:
         return StreamSession(self)
 
+    def restore(self, path: str | Path) -> StreamSession:
+        """A session resumed from a snapshot written by ``StreamSession.save`` (edgekv/state.py).
+
+        Raises ``edgekv.state.SnapshotError`` naming the file when it is truncated or damaged, and
+        ``SnapshotMismatchError`` naming the field when it was made for other weights, dtype, cache or grid.
+        """
+        from edgekv.state import load_session
+
+        return load_session(self, path)
+
+    def model_hash(self) -> str:
+        """Content hash of the checkpoint (memoized per file like the engine bundles', in engine_dir)."""
+        if self._model_hash is None:
+            from edgekv.engines.manifest import model_hash
+
+            memo = Path(self.config.engines.engine_dir).expanduser() / "hashes.json"
+            self._model_hash = model_hash(self.model_dir, memo)
+        return self._model_hash
+
     # ------------------------------------------------------------------ pieces a session needs
     def cache_capacity_tokens(self, spec: CacheSpec) -> int:
         cache = self.config.cache
@@ -79,9 +99,11 @@ class Runtime:
     def make_policy(self) -> CachePolicy:
         return make_policy(self.config.cache.policy, **_policy_kwargs(self.config))
 
-    def make_preprocessor(self, frame: np.ndarray | None = None) -> FramePreprocessor | None:
-        """The fixed frame grid: from ``video.resolution``, or from the first frame via smart_resize."""
-        resolution = self.config.video.resolution
+    def make_preprocessor(self, frame: np.ndarray | None = None,
+                          resolution: tuple[int, int] | None = None) -> FramePreprocessor | None:
+        """The fixed frame grid: ``resolution`` if given (a restored stream's), else ``video.resolution``,
+        else from the first frame via smart_resize."""
+        resolution = resolution or self.config.video.resolution
         if resolution is None:
             if frame is None:
                 return None

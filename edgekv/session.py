@@ -17,7 +17,9 @@ continues the video as if no one had asked (DESIGN: "question tokens dropped").
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -31,6 +33,20 @@ from edgekv.policies.base import CacheView
 from edgekv.policies.statekv import SinkSelector
 from edgekv.positions import rotary_inv_freq, rotate_temporal_, squeeze_gaps
 from edgekv.tokenizer import ChatLayout
+
+# Beyond 2**42 s (~139,000 years) float64 timestamps step by more than a millisecond.
+MAX_ABS_SECONDS = 2.0 ** 42
+
+
+def _exclusive(method):
+    """Run a public session method under the session's lock (see StreamSession's docstring)."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 @dataclass(frozen=True)
@@ -73,9 +89,17 @@ class _Counters:
 
 
 class StreamSession:
-    """One live stream's state. Create it with ``Runtime.session()``."""
+    """One live stream's state. Create it with ``Runtime.session()``.
+
+    Threads: a session may be shared. ``ingest``, ``ask``, ``question_logits``, ``save`` and ``stats``
+    each hold the session's lock from start to end, so they run one at a time in call order: a frame
+    ingested while another thread is answering waits for the answer, then goes in; nothing is dropped
+    and an answer never sees half a frame pair. The lock is re-entrant, so an ``on_token`` callback may
+    call ``stats()``; it must not wait for another thread that uses this session (that would deadlock).
+    """
 
     def __init__(self, runtime: "Runtime") -> None:  # noqa: F821 - Runtime imports this module
+        self._lock = threading.RLock()
         self.runtime = runtime
         self.model = runtime.model
         self.vision, self.llm = runtime.vision_backend, runtime.llm_backend
@@ -110,6 +134,7 @@ class StreamSession:
         self._pending: tuple[np.ndarray, float] | None = None
         self._t0: float | None = None
         self._last_t: float | None = None
+        self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
 
         prefix_ids = self.tokenizer.encode(self.layout.stream_prefix())
         self.prefix_tokens = len(prefix_ids)
@@ -150,6 +175,7 @@ class StreamSession:
         return 2 * ((self.video_limit - self.prefix_tokens) // per_pair)
 
     # ------------------------------------------------------------------ ingest
+    @_exclusive
     def ingest(self, frame: np.ndarray, t: float | None = None) -> IngestResult:
         """Add one BGR uint8 frame (HxWx3). Every second frame completes a pair that is prefilled.
 
@@ -181,12 +207,36 @@ class StreamSession:
 
     def _check_time(self, t: float | None) -> float:
         if t is None:
-            return self.counters.frames / float(self.config.video.fps)
+            t = self.counters.frames / float(self.config.video.fps)
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(float(t)):
             raise ValueError(f"t must be a finite number of seconds, got {t!r}")
+        if abs(float(t)) > MAX_ABS_SECONDS:
+            raise ValueError(f"t={t!r}: timestamps must lie within +-{MAX_ABS_SECONDS:.4g} s (beyond, float64 "
+                             f"seconds step by more than a millisecond)")
         if self._last_t is not None and float(t) < self._last_t:
             raise ValueError(f"timestamps must not go back in time: got t={t} after t={self._last_t}")
+        self._check_position(float(t))
         return float(t)
+
+    @property
+    def temporal_position_limit(self) -> int:
+        """Largest temporal offset a frame pair may get: the cache keeps positions as int32 (``tpos``),
+        and the video start plus a question after the video must still fit below int32's maximum."""
+        return int(torch.iinfo(self.cache.tpos.dtype).max) - self.video_start - self.capacity
+
+    def _check_position(self, t: float) -> None:
+        """Refuse a timestamp whose temporal position would not fit int32, before any state changes."""
+        first = self._t0 if self._t0 is not None else (self._pending[1] if self._pending is not None else t)
+        t_pos = math.floor((t - first) * self.tokens_per_second + 1e-9) - self.t_offset
+        limit = self.temporal_position_limit
+        if t_pos > limit:
+            latest = first + (limit + self.t_offset) / self.tokens_per_second
+            raise ValueError(
+                f"t={t!r} is {t - first:.6g} s after the stream's first frame (t={first!r}): its temporal position "
+                f"{t_pos} would pass the limit {limit} of the cache's int32 positions; timestamps must stay "
+                f"at or below t={latest:.6g} (seconds since the first frame x {self.tokens_per_second:g} tokens "
+                f"per second)"
+            )
 
     def _ingest_pair(self, first: np.ndarray, second: np.ndarray, t_first: float, frame_index: int,
                      started: float) -> IngestResult:
@@ -310,6 +360,7 @@ class StreamSession:
         return hidden
 
     # ------------------------------------------------------------------ questions
+    @_exclusive
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None) -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards."""
@@ -368,6 +419,7 @@ class StreamSession:
             return self.video_start + max(self.grid)
         return self.next_position
 
+    @_exclusive
     def question_logits(self, question: str) -> torch.Tensor:
         """Logits [n, V] at every token of the question suffix, over the cache as it is; nothing kept.
 
@@ -403,7 +455,17 @@ class StreamSession:
             )
         return ids
 
+    # ------------------------------------------------------------------ persistence
+    @_exclusive
+    def save(self, path) -> "SnapshotInfo":  # noqa: F821 - edgekv.state imports this module's types lazily
+        """Write everything this session's future depends on to ``path``, atomically (see edgekv/state.py);
+        ``Runtime.restore(path)`` returns a session that continues exactly where this one is now."""
+        from edgekv.state import save_session
+
+        return save_session(self, path)
+
     # ------------------------------------------------------------------ reporting
+    @_exclusive
     def stats(self) -> dict:
         c = self.counters
         cache = self.cache

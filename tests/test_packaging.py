@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import email
+import importlib.metadata
+import json
+import os
+import stat
 import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ["edgekv", "edgekv.model", "edgekv.cache", "edgekv.policies", "edgekv.monitor", "edgekv.video",
@@ -38,13 +46,18 @@ def test_editable_install_maps_the_top_level_folders(tmp_path):
     assert Path(found["paths"]["edgekv.model"]).parent == ROOT / "edgekv" / "model"
 
 
-@pytest.mark.slow
-def test_wheel_installs_into_a_throwaway_venv(tmp_path):
-    wheels = tmp_path / "wheels"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    wheels = tmp_path_factory.mktemp("wheels")
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "-w", str(wheels), str(ROOT)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
-    (wheel,) = wheels.glob("edgekv-*.whl")
+    (built,) = wheels.glob("edgekv-*.whl")
+    return built
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_a_throwaway_venv(tmp_path, wheel):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     site = Path(subprocess.run([str(env_dir / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -59,3 +72,102 @@ def test_wheel_installs_into_a_throwaway_venv(tmp_path):
     assert found["page"]
     for module, path in found["paths"].items():
         assert Path(path).is_relative_to(site), (module, path)
+
+
+# ---------------------------------------------------------------------------------------------- no extras
+def _core_requirements(wheel: Path) -> list[Requirement]:
+    """The wheel's Requires-Dist without any extra: what ``pip install edgekv`` installs."""
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        message = email.message_from_bytes(archive.read(metadata))
+    requirements = [Requirement(line) for line in message.get_all("Requires-Dist") or []]
+    return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def _closure(requirements: list[Requirement]) -> dict[str, importlib.metadata.Distribution]:
+    """Those distributions and everything they need (no extras), as installed in this environment."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(requirements)
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in found:
+            continue
+        found[name] = importlib.metadata.distribution(requirement.name)
+        for line in found[name].requires or []:
+            nested = Requirement(line)
+            if nested.marker is None or nested.marker.evaluate({"extra": ""}):
+                todo.append(nested)
+    return found
+
+
+def _link_distributions(dists: dict[str, importlib.metadata.Distribution], site: Path) -> None:
+    """Make exactly these installed distributions importable from ``site`` (symlinks, no copies)."""
+    for dist in dists.values():
+        root = Path(dist.locate_file(""))
+        for top in {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}:
+            if not (site / top).exists():
+                (site / top).symlink_to(root / top)
+
+
+SESSION_PROBE = """
+import importlib.util, json, sys
+import numpy as np
+import edgekv
+rt = edgekv.Runtime.from_pretrained(sys.argv[1], model={"dtype": "fp32", "device": "cpu"},
+                                    video={"resolution": [56, 84]}, cache={"max_tokens": 512, "text_reserve_tokens": 64})
+session = rt.session()
+rng = np.random.default_rng(0)
+for i in range(4):  # 60x80 frames: each is resized to the 56x84 grid (Pillow bicubic)
+    session.ingest(rng.integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=i * 0.5)
+answer = session.ask("What is there?", max_new_tokens=3)
+try:
+    import edgekv.video
+    video_error = None
+except ModuleNotFoundError as exc:
+    video_error = str(exc)
+print(json.dumps({"edgekv": edgekv.__file__, "pairs": session.stats()["frame_pairs"], "tokens": answer.token_ids,
+                  "cv2": importlib.util.find_spec("cv2") is not None, "video_error": video_error}))
+"""
+
+
+@pytest.mark.slow
+def test_the_wheel_without_extras_runs_a_session(tmp_path, wheel, tiny_checkpoint):
+    """``pip install edgekv`` (no extras) is enough for Runtime.from_pretrained, ingest and ask: the venv
+    holds the wheel and exactly the distributions its core requirements pull in, nothing else."""
+    requirements = _core_requirements(wheel)
+    names = {canonicalize_name(r.name) for r in requirements}
+    assert {"torch", "pillow"} <= names and not names & {"opencv-python-headless", "matplotlib", "fastapi"}
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=False)
+    python = str(env_dir / "bin" / "python")
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr
+    _link_distributions(_closure(requirements), site)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    out = subprocess.run([python, "-c", SESSION_PROBE, str(tiny_checkpoint)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(found["edgekv"]).is_relative_to(site)
+    assert found["pairs"] == 2 and len(found["tokens"]) == 3
+    assert not found["cv2"]  # the venv really is bare: no OpenCV
+    assert "pip install 'edgekv[video]'" in found["video_error"]
+
+
+def test_tiny_checkpoints_are_world_readable(tmp_path):
+    """The systemd unit's service user must be able to read a checkpoint someone else wrote."""
+    from edgekv.model.tiny import make_tiny_checkpoint
+
+    previous = os.umask(0o022)
+    try:
+        out = make_tiny_checkpoint(tmp_path / "ckpt", preset="test-hd32")
+    finally:
+        os.umask(previous)
+    files = sorted(out.iterdir())
+    assert any(f.suffix == ".safetensors" for f in files)
+    for path in files:
+        assert path.stat().st_mode & stat.S_IROTH, f"{path.name} is not world-readable ({oct(path.stat().st_mode)})"

@@ -3,6 +3,8 @@ one-shot forward, multi-turn asks, the hard cap, no allocation, and bad input th
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -155,6 +157,78 @@ def test_timestamps_must_not_go_back(runtime):
     session.ingest(_frames(1)[0], t=5.0)
     with pytest.raises(ValueError, match="back in time"):
         session.ingest(_frames(1)[0], t=4.0)
+
+
+@pytest.mark.parametrize("huge", [1e10, 1e300])
+@pytest.mark.parametrize("waiting", [False, True], ids=["first-of-pair", "second-of-pair"])
+def test_huge_timestamps_are_refused_and_the_session_keeps_ingesting(runtime, huge, waiting):
+    session = runtime.session()
+    frames = _frames(4, seed=8)
+    session.ingest(frames[0], t=0.0)
+    session.ingest(frames[1], t=0.5)
+    if waiting:
+        session.ingest(frames[2], t=1.0)
+    before = session.stats()
+    with pytest.raises(ValueError, match=r"limit|\+-4\.398e\+12 s"):
+        session.ingest(frames[3], t=huge)
+    after = session.stats()
+    assert after["frames"] == before["frames"] and after["frames_rejected"] == 1
+    assert session.cache.length == before["cache_tokens"]
+    if not waiting:
+        session.ingest(frames[2], t=1.0)
+    session.ingest(frames[3], t=1.5)  # the stream goes on: positions as if the bad frame never came
+    assert session.stats()["frame_pairs"] == 2
+    tpos = session.cache.tpos[0, 0, session.prefix_tokens:session.cache.length].unique().tolist()
+    assert tpos == [session.video_start, session.video_start + 2]
+
+
+def test_the_position_limit_is_int32_less_the_video_start_and_the_cache(runtime):
+    session = runtime.session()
+    frame = _frames(1, seed=9)[0]
+    session.ingest(frame, t=0.0)
+    limit = session.temporal_position_limit
+    assert limit == 2**31 - 1 - session.video_start - session.capacity
+    last_ok = limit / session.tokens_per_second  # tokens_per_second = 2: exact in float
+    session.ingest(frame, t=last_ok)  # the largest accepted offset
+    with pytest.raises(ValueError, match=f"limit {limit} of the cache's int32 positions"):
+        session.ingest(frame, t=last_ok + 1.0)
+    assert int(session.cache.tpos[0, 0, session.cache.length - 1]) == session.video_start  # pair 0 at t=0
+
+
+def test_two_threads_sharing_a_session_lose_no_frame_pair(tiny_checkpoint):
+    rt = _runtime(tiny_checkpoint, max_tokens=2048)
+    frames = _frames(40, seed=10, shape=(60, 80))
+    shared = rt.session()
+    first_answer, stop, answers = threading.Event(), threading.Event(), []
+
+    def ask_in_a_loop() -> None:
+        while not stop.is_set():
+            answers.append(shared.ask("What changed?", max_new_tokens=3))
+            first_answer.set()
+
+    asker = threading.Thread(target=ask_in_a_loop)
+    asker.start()
+    try:
+        for i, frame in enumerate(frames):
+            if i == len(frames) // 2:
+                assert first_answer.wait(timeout=60), "the asking thread never answered"
+            shared.ingest(frame, t=i / FPS)
+    finally:
+        stop.set()
+        asker.join(timeout=60)
+    alone = rt.session()
+    for i, frame in enumerate(frames):
+        alone.ingest(frame, t=i / FPS)
+    stats = shared.stats()
+    assert stats["frames"] == 40 and stats["frame_pairs"] == 20 and stats["frames_rejected"] == 0
+    assert stats["questions"] == len(answers) >= 1
+    assert stats["answer_tokens"] == sum(len(a.token_ids) for a in answers)
+    assert shared.cache.length == alone.cache.length == shared.prefix_tokens + 20 * shared.tokens_per_pair
+    # every pair is where a single-threaded stream puts it: same slots, same keys, same answer logits
+    n = alone.cache.length
+    assert torch.equal(shared.cache.frame[:, :, :n], alone.cache.frame[:, :, :n])
+    assert torch.equal(shared.cache.k[:, :, :n], alone.cache.k[:, :, :n])
+    assert torch.equal(shared.question_logits("What is there?"), alone.question_logits("What is there?"))
 
 
 def test_bad_questions_are_refused(runtime):

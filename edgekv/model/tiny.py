@@ -21,6 +21,7 @@ import dataclasses
 
 import importlib.util
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,8 @@ def make_tiny_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int = 
             weight_map[name] = filename
             total += tensors[name].numel() * element_size
         save_file(tensors, str(out / filename), metadata={"format": "pt"})
+        # safetensors writes 0600; a checkpoint is read by other users (the systemd unit's service user)
+        os.chmod(out / filename, 0o644)
         del tensors
     if len(shards) > 1:
         index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}

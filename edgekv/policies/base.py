@@ -67,6 +67,14 @@ class CachePolicy:
     def stats(self, session) -> dict:
         return {}
 
+    def state(self) -> dict:
+        """What a snapshot keeps of this policy between compressions (JSON values); most keep nothing."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"policy '{self.name}' keeps no state, got {sorted(state)}")
+
 
 @dataclass
 class ScoredPolicy(CachePolicy):

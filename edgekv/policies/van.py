@@ -26,7 +26,10 @@ class VaNPolicy(ScoredPolicy):
     van_pooling: str = "present"  # "present": mean over the cells still held; "zeros": avg_pool2d's k^2
     thresholds: CVThresholds = field(init=False)
     last_pool_sizes: list[int] = field(init=False, default_factory=list)
-    cv_history: list[list[float]] = field(init=False, default_factory=list)  # per compression, per layer
+    # Per-layer CV summed over every compression (and their count): what calibration averages. Running
+    # sums, not a per-compression list, so a stream of weeks keeps constant memory.
+    cv_sums: list[float] = field(init=False, default_factory=list)
+    cv_count: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -36,13 +39,31 @@ class VaNPolicy(ScoredPolicy):
 
     def pooled(self, view: CacheView) -> torch.Tensor:
         cv = layer_cv(value_norms(view), view.vision)
-        self.cv_history.append(cv.tolist())
+        values = cv.tolist()
+        self.cv_sums = [total + value for total, value in zip(self.cv_sums, values)] if self.cv_count else values
+        self.cv_count += 1
         taus = self.thresholds.resolve(cv)
         self.last_pool_sizes = pool_sizes(cv, taus)
         return pooled_van(view, self.last_pool_sizes, zero_padded=self.van_pooling == "zeros")
 
     def score(self, view: CacheView) -> torch.Tensor:
         return self.pooled(view)
+
+    def mean_cv(self) -> list[float]:
+        """Per-layer CV averaged over every compression so far (empty before the first)."""
+        return [total / self.cv_count for total in self.cv_sums]
+
+    def state(self) -> dict:
+        online = self.thresholds.thresholds if self.thresholds.online else None  # chosen at the first compression
+        return {"last_pool_sizes": list(self.last_pool_sizes), "cv_sums": list(self.cv_sums), "cv_count": self.cv_count,
+                "online_thresholds": list(online) if online is not None else None}
+
+    def load_state(self, state: dict) -> None:
+        self.last_pool_sizes = [int(size) for size in state["last_pool_sizes"]]
+        self.cv_sums = [float(total) for total in state["cv_sums"]]
+        self.cv_count = int(state["cv_count"])
+        if self.thresholds.online and state["online_thresholds"] is not None:  # a calibration file wins
+            self.thresholds.thresholds = tuple(float(tau) for tau in state["online_thresholds"])
 
     def stats(self, session) -> dict:
         return {"van_calibration": self.thresholds.describe(), "van_pool_sizes": list(self.last_pool_sizes)}

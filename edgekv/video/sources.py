@@ -41,8 +41,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-import cv2
 import numpy as np
+
+try:
+    import cv2
+except ModuleNotFoundError as exc:  # the runtime works without OpenCV; capture does not
+    raise ModuleNotFoundError("edgekv.video needs OpenCV for capture: pip install 'edgekv[video]' "
+                              "(opencv-python-headless)") from exc
 
 __all__ = [
     "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "LoopingSource", "NeedleSource", "OpenCVSource",

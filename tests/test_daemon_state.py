@@ -1,0 +1,65 @@
+"""The camera daemon's persistent memory: SIGTERM saves the session, the next start resumes it and the
+stream goes on (the restarted source's clock is moved past the restored one)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edgekv.config import EdgeKVConfig
+
+pytest.importorskip("cv2")
+
+
+def _run_until_pairs(config: Path, pairs: int) -> str:
+    process = subprocess.Popen([sys.executable, "-m", "edgekv.apps.camera", "--config", str(config), "--no-stdin"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, seen = [], 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and seen < pairs:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        seen += line.startswith("pair ")
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=60)
+    text = "".join(lines) + out
+    assert process.returncode == 0, text
+    return text
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_memory_and_the_next_start_resumes_it(tiny_checkpoint, tmp_path):
+    state_dir = tmp_path / "state"
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=100000", "fps": 4.0, "resolution": [56, 56]},
+        cache={"policy": "infinipot_v", "max_tokens": 128, "text_reserve_tokens": 48},
+        server={"enabled": False}, monitor={"interval_s": 0.5, "backend": "cpu"},
+        state={"dir": str(state_dir), "every_s": 3600.0},
+    )
+    path = tmp_path / "deploy.yaml"
+    path.write_text(json.dumps(config.to_dict()))  # JSON is YAML
+    first = _run_until_pairs(path, 3)
+    assert f"no snapshot in {state_dir}: starting with an empty memory" in first
+    saved = re.search(r"memory saved: .*, ([\d,]+) tokens in (\S+) ", first)
+    assert saved, first
+    tokens = int(saved.group(1).replace(",", ""))
+    assert Path(saved.group(2)).is_file()
+    frames_before = int(re.search(r"^frames (\d+) ", first, re.M).group(1))
+
+    second = _run_until_pairs(path, 3)
+    resumed = re.search(r"resumed .* of memory, ([\d,]+) tokens \(([\d,]+) frames;", second)
+    assert resumed, second
+    assert int(resumed.group(1).replace(",", "")) == tokens and int(resumed.group(2)) == frames_before
+    assert "back in time" not in second and "frame skipped" not in second
+    assert int(re.search(r"^frames (\d+) ", second, re.M).group(1)) >= frames_before + 6  # the memory grew
+    assert len(list(state_dir.glob("snapshot-*.ekv"))) == 2
