@@ -33,6 +33,7 @@ class Question:
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    seed: int | None = None
     on_token: object = None
     source: str = "cli"
     answer: object = None
@@ -82,7 +83,7 @@ def answer_question(session, question: Question, out) -> None:
     try:
         question.answer = session.ask(question.text, max_new_tokens=question.max_new_tokens,
                                       temperature=question.temperature, top_p=question.top_p,
-                                      on_token=question.on_token)
+                                      seed=question.seed, on_token=question.on_token)
         a = question.answer
         print(f"Q: {question.text}\nA: {a.text!r}\n   ({len(a.token_ids)} tokens, ttft {a.ttft_s * 1e3:.0f} ms, "
               f"{a.decode_tok_s:.1f} tok/s, over {a.video_tokens} cached tokens)", file=out, flush=True)

@@ -172,6 +172,8 @@ class Daemon:
             self.say(f"ingest stopped: {exc}")
             return
         self.monitor.count_frames(self.session.counters.frames)
+        if self.server is not None:
+            self.server.pair_ingested(result)
         if result.pair_index is not None and not self.args.quiet:
             self.say(format_pair(result, self.session.stats()))
 
@@ -186,6 +188,8 @@ class Daemon:
     def _answer(self, question: Question) -> None:
         with self.lock:
             answer_question(self.session, question, self.out)
+        if self.server is not None:
+            self.server.question_answered(question)
         self.monitor.count_tokens(self.session.counters.answer_tokens)
 
     def _finish_questions(self) -> None:
