@@ -287,10 +287,9 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
 
     # sync handlers run in the thread pool: they may wait (briefly) for the session lock
     @app.get("/metrics")
-    def metrics():
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        return Response(telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request):
+        body, content_type = telemetry.exposition(request.headers.get("accept"))
+        return Response(body, headers={"content-type": content_type})
 
     @app.get("/v1/edgekv/status")
     def status():

@@ -22,7 +22,8 @@ import time
 from collections import deque
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 SNAPSHOT_WAIT_S = 0.25
@@ -87,7 +88,7 @@ class Telemetry:
         """Session stats + kept-patch map + monitor + capture figures, at most ``SNAPSHOT_WAIT_S`` old
         when the main loop is between steps, else the last one taken (``age_s`` says how old)."""
         daemon = self.daemon
-        if daemon.lock.acquire(timeout=SNAPSHOT_WAIT_S):
+        if daemon.session is not None and daemon.lock.acquire(timeout=SNAPSHOT_WAIT_S):
             try:
                 stats, kept = daemon.session.stats(), kept_patch_map(daemon.session)
             finally:
@@ -104,8 +105,10 @@ class Telemetry:
         sampler = self.daemon.sampler
         return sampler.stats() if sampler is not None else {}
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The metrics in the format the scraper asks for (``Accept``: Prometheus text or OpenMetrics)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
 
     # ------------------------------------------------------------------ time series
     def start(self) -> "Telemetry":

@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from edgekv.config import EdgeKVConfig
@@ -112,3 +113,17 @@ def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float
     except (socket.timeout, ConnectionResetError):
         pass
     return b"".join(chunks), time.monotonic() - started
+
+
+@contextmanager
+def frozen(run: RunningDaemon, monkeypatch):
+    """No new frames while inside (the capture is not read; questions are still answered): answers and
+    figures depend on the cache only, so the same request gives the same answer."""
+    def no_frame(timeout: float = 0.2, *args, **kwargs):
+        time.sleep(min(timeout, 0.05))
+        return None
+
+    monkeypatch.setattr(run.daemon.sampler, "next_frame", no_frame)
+    with run.daemon.lock:  # wait for a step in progress to finish
+        pass
+    yield
