@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_JSON_DEPTH = 32  # containers inside containers; a chat request needs 4
+# Temperatures below this are greedy decoding (the limit of softmax(logits / T) as T -> 0): a float32
+# division by a temperature near 1e-38 gives inf and NaN probabilities (found by the fuzz).
+GREEDY_BELOW = 1e-6
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 SEED_RANGE = (-(2**63), 2**63 - 1)
 TEXT_PART_TYPES = ("text", "input_text")
@@ -180,7 +183,7 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
     return ChatRequest(
         question=_question(body.get("messages")),
         max_new_tokens=_max_tokens(body, limits),
-        temperature=_number(body, "temperature", 0.0, 2.0, low_open=False),
+        temperature=_temperature(body),
         top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
         stream=stream, include_usage=include_usage, stop=_stop(body.get("stop")), seed=_seed(body.get("seed")),
     )
@@ -237,6 +240,11 @@ def _number(body: dict, name: str, low: float, high: float, low_open: bool) -> f
         span = f"{'(' if low_open else '['}{low:g}, {high:g}]"
         raise ApiError(400, f"{name}: must be a number in {span}, got {describe(value)}", param=name)
     return float(value)
+
+
+def _temperature(body: dict) -> float | None:
+    value = _number(body, "temperature", 0.0, 2.0, low_open=False)
+    return 0.0 if value is not None and value < GREEDY_BELOW else value
 
 
 def _stop(value: Any) -> tuple[str, ...]:

@@ -127,6 +127,15 @@ def test_neutral_values_of_unsupported_fields_are_accepted(running):
     assert status == 200, body
 
 
+def test_a_vanishing_temperature_is_greedy_decoding(running, monkeypatch):
+    """Found by the fuzz: temperature 5e-324 divided float32 logits by zero (NaN probabilities, a 500)."""
+    with frozen(running, monkeypatch):
+        greedy = chat(running.port, "What moved?", max_tokens=4, temperature=0)
+        tiny = chat(running.port, "What moved?", max_tokens=4, temperature=5e-324)
+    assert greedy[0] == tiny[0] == 200
+    assert json.loads(tiny[2])["choices"][0]["message"] == json.loads(greedy[2])["choices"][0]["message"]
+
+
 def test_unknown_routes_and_methods_are_openai_errors(running):
     status, _, body = call(running.port, "GET", "/v1/nope")
     assert status == 404 and error_of(body)["code"] == "unknown_url"
