@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from edgekv.apps.bench_engines import add_engine_arguments
 
     add_engine_arguments(sub.add_parser("engines", help="vision + prefill ms and decode tok/s per backend"))
+    from edgekv.apps.bench_api import add_api_arguments
+
+    add_api_arguments(sub.add_parser("api", help="ingest rate and /healthz latency under 50 concurrent chats"))
 
 
 def main(args: argparse.Namespace) -> int:
