@@ -130,7 +130,7 @@ class AccessPolicy:
             names.add(split_host(self.bind_host)[0])
         self.names = frozenset(names)
         self.cookies = SessionCookies(self.token) if self.token else None
-        self._bearer = f"Bearer {self.token}".encode("latin-1", "replace") if self.token else b""
+        self._bearer = f"Bearer {self.token}".encode() if self.token else b""  # header bytes as clients send them
 
     def host_allowed(self, name: str) -> bool:
         if name in self.names:

@@ -206,8 +206,7 @@ def answer_error(error: Exception) -> ApiError:
         return ApiError(status, safe_text(str(error), 300), kind="server_error", code="server_unavailable",
                         headers={"retry-after": "1"})
     if isinstance(error, ValueError):
-        code = "context_length_exceeded" if "free slots" in str(error) else None
-        return ApiError(400, safe_text(str(error), 400), param="messages" if code else None, code=code)
+        return ApiError(400, safe_text(str(error), 400))
     log.error("answering a question failed: %s", safe_text(repr(error), 300))
     return ApiError(500, f"the answer failed: {safe_text(str(error), 300)}", kind="server_error", code="answer_failed")
 
@@ -286,7 +285,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
         return JsonResponse(model_card())
 
     # sync handlers run in the thread pool: they may wait (briefly) for the session lock
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {
+        "text/plain": {"schema": {"type": "string"}}, "application/openmetrics-text": {"schema": {"type": "string"}}}}})
     def metrics(request: Request):
         body, content_type = telemetry.exposition(request.headers.get("accept"))
         return Response(body, headers={"content-type": content_type})
@@ -296,7 +296,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
         return JsonResponse(status_payload(daemon, telemetry, auth=token is not None),
                             headers={"cache-control": "no-store"})
 
-    @app.get("/frame.jpg")
+    @app.get("/frame.jpg", response_class=Response,
+             responses={200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}}})
     def frame():
         data = daemon.latest_jpeg()
         if data is None:
@@ -320,7 +321,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
             raise ApiError(401, "wrong token", kind="authentication_error", param="token", code="invalid_api_key")
         return Response(status_code=204, headers={"set-cookie": policy.cookies.set_header(), "cache-control": "no-store"})
 
-    @app.post("/v1/edgekv/logout", status_code=204)
+    @app.post("/v1/edgekv/logout", status_code=204, openapi_extra={"requestBody": {"required": False, "content": {
+        "application/json": {"schema": {"type": "object"}}}}})
     async def logout():
         return Response(status_code=204, headers={"set-cookie": policy.cookies.clear_header() if policy.cookies
                                                   else "edgekv_session=; Max-Age=0; Path=/"})
