@@ -280,7 +280,8 @@ def _print(result: dict) -> None:
           f"{fmt(load['healthz_ms'].get('p99'), 1)} ms max {fmt(load['healthz_ms'].get('max'), 1)} ms "
           f"(target p99 < {HEALTHZ_P99_TARGET_MS:.0f} ms)")
     if load["chat_latency_s"]:
-        print(f"      chat latency median {load['chat_latency_s']['p50']:.1f} s, last {load['chat_latency_s']['max']:.1f} s")
+        latency = load["chat_latency_s"]
+        print(f"      chat latency median {latency['p50']:.1f} s, last {latency['max']:.1f} s")
     print(f"      machine load average before/after: {result['machine']['loadavg_before'][0]:.2f} / "
           f"{result['machine']['loadavg_after'][0]:.2f} on {result['machine']['cpus']} CPUs")
 
@@ -291,17 +292,19 @@ def _plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    samples = [s for s in result["samples"]]
+    samples = result["samples"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
     t = [s["t"] for s in samples if s["frames"] is not None]
     top.plot(t, [s["frames"] for s in samples if s["frames"] is not None], color="tab:blue")
     load = result["windows"]["load"]
     for axis in (top, bottom):
-        axis.axvspan(load[0], load[1], color="tab:orange", alpha=0.15, label=f"{result['load']['chats']} chats in flight")
+        axis.axvspan(load[0], load[1], color="tab:orange", alpha=0.15,
+                     label=f"{result['load']['chats']} chats in flight")
     ratio = result["load"]["ingest_ratio"]
     top.set_ylabel("frames ingested")
-    top.set_title(f"ingest {result['idle']['ingest_fps'] or 0:.2f} fps idle, {result['load']['ingest_fps'] or 0:.2f} fps "
-                  f"under load ({100 * (ratio or 0):.0f} %; target >= {100 * INGEST_TARGET:.0f} %)")
+    top.set_title(f"ingest {result['idle']['ingest_fps'] or 0:.2f} fps idle, "
+                  f"{result['load']['ingest_fps'] or 0:.2f} fps under load ({100 * (ratio or 0):.0f} %; "
+                  f"target >= {100 * INGEST_TARGET:.0f} %)")
     top.legend(loc="upper left")
     bottom.scatter([s["t"] for s in samples], [max(s["latency_ms"], 0.1) for s in samples], s=4, color="tab:green")
     bottom.axhline(HEALTHZ_P99_TARGET_MS, color="tab:red", linestyle="--", label="p99 target 100 ms")

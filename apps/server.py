@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -51,6 +52,7 @@ from edgekv.apps.http_guard import (
     ConnectionLimits,
     GuardedH11Protocol,
     RequestGuard,
+    SessionCookies,
     is_loopback,
     read_body,
 )
@@ -252,19 +254,45 @@ def served_model_id(daemon: Any) -> str:
     return f"edgekv/{path.rstrip('/').split('/')[-1] if path else 'model'}"
 
 
+@dataclass(frozen=True)
+class Api:
+    """What the route handlers share."""
+
+    daemon: Any
+    telemetry: Telemetry
+    policy: AccessPolicy
+    limits: ChatLimits
+    pages: dict[str, str]
+
+    @property
+    def cfg(self) -> Any:
+        return self.daemon.config.server
+
+    def model_card(self) -> dict:
+        return {"id": self.limits.served_model, "object": "model", "created": int(self.daemon.created),
+                "owned_by": "edgekv"}
+
+    async def body(self, request: Request) -> Any:
+        return parse_json_body(await read_body(request, self.cfg.max_request_bytes, self.cfg.request_timeout_s))
+
+
 def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     cfg = daemon.config.server
     token = cfg.token or os.environ.get(cfg.token_env) or None
-    policy = AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes)
-    model_id = served_model_id(daemon)
-    limits = ChatLimits(model_id, cfg.max_new_tokens, daemon.config.generation.max_new_tokens)
-    pages = {name: resources.files("edgekv.apps").joinpath(f"static/{name}").read_text()
-             for name in ("index.html", "login.html")}
+    api = Api(daemon, telemetry, AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes),
+              ChatLimits(served_model_id(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens),
+              {name: resources.files("edgekv.apps").joinpath(f"static/{name}").read_text()
+               for name in ("index.html", "login.html")})
     app = FastAPI(title="edgekv", version=_version(), docs_url=None, redoc_url=None, responses=COMMON_RESPONSES)
     _install_error_handlers(app)
+    _info_routes(app, api)
+    _page_routes(app, api)
+    _chat_route(app, api)
+    return RequestGuard(app, api.policy)
 
-    def model_card() -> dict:
-        return {"id": model_id, "object": "model", "created": int(daemon.created), "owned_by": "edgekv"}
+
+def _info_routes(app: FastAPI, api: Api) -> None:
+    daemon, telemetry = api.daemon, api.telemetry
 
     @app.get("/healthz")
     async def healthz():
@@ -275,14 +303,14 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
 
     @app.get("/v1/models")
     async def models():
-        return JsonResponse({"object": "list", "data": [model_card()]})
+        return JsonResponse({"object": "list", "data": [api.model_card()]})
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
-        if model != model_id:
-            raise ApiError(404, f"The model `{safe_text(model)}` does not exist: this server serves `{model_id}`",
-                           param="model", code="model_not_found")
-        return JsonResponse(model_card())
+        if model != api.limits.served_model:
+            raise ApiError(404, f"The model `{safe_text(model)}` does not exist: this server serves "
+                                f"`{api.limits.served_model}`", param="model", code="model_not_found")
+        return JsonResponse(api.model_card())
 
     # sync handlers run in the thread pool: they may wait (briefly) for the session lock
     @app.get("/metrics", response_class=Response, responses={200: {"content": {
@@ -293,7 +321,7 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
 
     @app.get("/v1/edgekv/status")
     def status():
-        return JsonResponse(status_payload(daemon, telemetry, auth=token is not None),
+        return JsonResponse(status_payload(daemon, telemetry, auth=api.policy.token is not None),
                             headers={"cache-control": "no-store"})
 
     @app.get("/frame.jpg", response_class=Response,
@@ -304,67 +332,75 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
             raise ApiError(404, "no frame ingested yet", code="no_frame")
         return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
 
+
+def _page_routes(app: FastAPI, api: Api) -> None:
+    token, cookies = api.policy.token, api.policy.cookies
+
     @app.get("/", response_class=HTMLResponse)
     async def page(request: Request):
         name = "index.html" if request.state.edgekv_authenticated else "login.html"
-        return HTMLResponse(pages[name], headers=PAGE_HEADERS)
+        return HTMLResponse(api.pages[name], headers=PAGE_HEADERS)
 
     @app.post("/v1/edgekv/login", status_code=204, openapi_extra=_body_schema(
             {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}))
     async def login(request: Request):
         if token is None:
             return Response(status_code=204)
-        body = parse_json_body(await read_body(request, cfg.max_request_bytes, cfg.request_timeout_s))
+        body = await api.body(request)
         given = body.get("token") if isinstance(body, dict) else None
         if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
             await asyncio.sleep(LOGIN_FAILURE_DELAY_S)  # slows guessing without blocking the loop
             raise ApiError(401, "wrong token", kind="authentication_error", param="token", code="invalid_api_key")
-        return Response(status_code=204, headers={"set-cookie": policy.cookies.set_header(), "cache-control": "no-store"})
+        return Response(status_code=204, headers={"set-cookie": cookies.set_header(), "cache-control": "no-store"})
 
     @app.post("/v1/edgekv/logout", status_code=204, openapi_extra={"requestBody": {"required": False, "content": {
         "application/json": {"schema": {"type": "object"}}}}})
     async def logout():
-        return Response(status_code=204, headers={"set-cookie": policy.cookies.clear_header() if policy.cookies
-                                                  else "edgekv_session=; Max-Age=0; Path=/"})
+        return Response(status_code=204, headers={"set-cookie": SessionCookies.clear_header()})
 
+
+def _chat_route(app: FastAPI, api: Api) -> None:
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(CHAT_REQUEST_SCHEMA),
               responses={200: {"description": "chat.completion, or text/event-stream chunks when stream is true"}})
     async def chat(request: Request):
-        body = parse_json_body(await read_body(request, cfg.max_request_bytes, cfg.request_timeout_s))
-        params = parse_chat_request(body, limits)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, check_fits, daemon.session, params)  # tokenizing a long question takes ms
-        handoff = AnswerHandoff(loop)
-        question = Question(params.question, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                            top_p=params.top_p, on_token=handoff.on_token, source="http", done=handoff.done)
-        question.seed = params.seed
-        submit(daemon, question)
-        first = await handoff.next()  # nothing is sent before the answer starts: a refusal is a plain error
-        if first is _DONE and question.error is not None:
-            raise answer_error(question.error)
-        text = AnswerText(daemon.session.tokenizer, params.stop)
-        completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        if params.stream:
-            events = _sse(first, handoff, question, text, params, completion_id, created, model_id)
-            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        item = first
-        while item is not _DONE:
-            if params.stop:
-                text.push(item)
-            item = await handoff.next()
-        if question.error is not None:
-            raise answer_error(question.error)
-        answer = question.answer
-        content = text.sent + text.finish(answer.text) if params.stop else answer.text
-        return JsonResponse({
-            "id": completion_id, "object": "chat.completion", "created": created, "model": model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": text.finish_reason(answer), "logprobs": None}],
-            "usage": _usage(answer, text.completion_tokens(answer)),
-            "edgekv": {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens},
-        })
+        params = parse_chat_request(await api.body(request), api.limits)
+        return await answer_chat(api.daemon, params, api.limits.served_model)
 
-    return RequestGuard(app, policy)
+
+async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Response:
+    """Queue the question without blocking, wait for its first token (a refusal before it is a plain HTTP
+    error: no stream has started), then stream the answer or return it whole."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, check_fits, daemon.session, params)  # tokenizing a long question takes ms
+    handoff = AnswerHandoff(loop)
+    question = Question(params.question, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                        top_p=params.top_p, on_token=handoff.on_token, source="http", done=handoff.done)
+    question.seed = params.seed
+    submit(daemon, question)
+    first = await handoff.next()
+    if first is _DONE and question.error is not None:
+        raise answer_error(question.error)
+    text = AnswerText(daemon.session.tokenizer, params.stop)
+    completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if params.stream:
+        events = _sse(first, handoff, question, text, params, completion_id, created, model_id)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    item = first
+    while item is not _DONE:
+        if params.stop:
+            text.push(item)
+        item = await handoff.next()
+    if question.error is not None:
+        raise answer_error(question.error)
+    answer = question.answer
+    content = text.sent + text.finish(answer.text) if params.stop else answer.text
+    return JsonResponse({
+        "id": completion_id, "object": "chat.completion", "created": created, "model": model_id,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": text.finish_reason(answer), "logprobs": None}],
+        "usage": _usage(answer, text.completion_tokens(answer)),
+        "edgekv": {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens},
+    })
 
 
 def _body_schema(schema: dict) -> dict:

@@ -48,7 +48,8 @@ class ChatLayout:
         Equal to ``tokenizer.encode(self.question_suffix(question))`` for every question that spells no
         added token (``tokenizers`` splits the text at added tokens and encodes each stretch alone).
         """
-        return tokenizer.encode(self.question_open) + tokenizer.encode_text(question) + tokenizer.encode(self.question_close)
+        return (tokenizer.encode(self.question_open) + tokenizer.encode_text(question)
+                + tokenizer.encode(self.question_close))
 
 
 class QwenTokenizer:

@@ -68,7 +68,7 @@ def test_page_with_a_token_login_figures_questions_and_states(tiny_checkpoint, t
             page.fill("#token", TOKEN)
             with page.expect_navigation():  # the form reloads the page once the cookie is set
                 page.click("#signin")
-            poll(page, "document.querySelector('#figures') && document.querySelector('#figures').textContent.includes('cache')")
+            poll(page, "document.querySelector('#figures')?.textContent.includes('cache')")
             poll(page, "document.querySelector('#frame').naturalWidth > 0")  # an <img>: the cookie authenticates it
             cookie = {c["name"]: c for c in context.cookies()}["edgekv_session"]
             assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and TOKEN not in cookie["value"]
