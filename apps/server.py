@@ -158,7 +158,11 @@ class AnswerHandoff:
 
 class AnswerText:
     """Answer tokens -> text for the client: released only as whole characters, never the start of a stop
-    string, and ending before the first stop string (OpenAI ``stop``; finish_reason ``stop``)."""
+    string, and ending before the first stop string (OpenAI ``stop``; finish_reason ``stop``).
+
+    ``StreamSession.ask`` has no stop hook, so after a stop string the daemon still decodes up to
+    ``max_tokens``: a stream ends for the client at once (unless it asked for usage, which needs the
+    answer's token counts), a non-streamed answer when the daemon is done."""
 
     def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
         self.tokenizer, self.stops = tokenizer, stops
