@@ -26,7 +26,7 @@ DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ 
 
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``; with ``argv`` only the chosen one gets its options
+    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``; with ``argv`` only the chosen one gets its options
     (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.cli import first_positional
 
@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "daemon": ("frames lost while answering, answer latency, ingest fps under question load", _add_daemon),
         "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _add_soak),
         "state": ("snapshot write/read ms and bytes at the 3B cache shape", _add_state),
+        "api": ("ingest rate and /healthz latency under 50 concurrent chats", _add_api),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
@@ -74,6 +75,12 @@ def _add_state(parser: argparse.ArgumentParser) -> None:
     from edgekv.apps.bench_state import add_state_arguments
 
     add_state_arguments(parser)
+
+
+def _add_api(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.bench_api import add_api_arguments
+
+    add_api_arguments(parser)
 
 
 def add_stream_arguments(stream: argparse.ArgumentParser) -> None:

@@ -38,6 +38,7 @@ class Question:
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    seed: int | None = None
     on_token: object = None
     source: str = "cli"
     answer: object = None

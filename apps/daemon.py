@@ -430,6 +430,8 @@ class Daemon:
         self.heartbeat.beat()
         self._latest_frame = frame
         self.monitor.count_frames(self.session.counters.frames)
+        if self.server is not None:
+            self.server.pair_ingested(result)
         if result.pair_index is None:
             return
         if not self.options.quiet:
@@ -461,7 +463,7 @@ class Daemon:
             with self.lock:
                 question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
                                                    temperature=question.temperature, top_p=question.top_p,
-                                                   on_token=on_token)
+                                                   seed=question.seed, on_token=on_token)
         except AnswerCancelled:
             question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
         except Exception as exc:  # a bad question must not stop the stream; the asker gets the error
@@ -472,6 +474,8 @@ class Daemon:
             self._record(question)
             self.say(format_answer(question))
             question.done.set()
+        if self.server is not None:
+            self.server.question_answered(question)
         self.monitor.count_tokens(self.session.counters.answer_tokens)
 
     def _record(self, question: Question) -> None:

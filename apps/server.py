@@ -1,292 +1,524 @@
 """The daemon's HTTP API (FastAPI on uvicorn, in its own thread).
 
     POST /v1/chat/completions   OpenAI-compatible; answers about the live stream; ``stream: true`` = SSE
-    GET  /v1/models             the one model this daemon serves
-    GET  /healthz               liveness (never needs the token)
-    GET  /metrics               Prometheus text: ingest fps, frame ms, cache tokens/capacity/bytes, ...
-    GET  /                      status page: latest frame, which patches the cache keeps, figures, a question box
+    GET  /v1/models             the one model this daemon serves (and GET /v1/models/{id})
+    GET  /healthz               liveness and stream state (never needs the token)
+    GET  /metrics               Prometheus (prometheus_client): seconds, bytes, histograms, exact counters
+    GET  /                      status page (a login form first when a token is set)
     GET  /frame.jpg             the latest ingested frame
-    GET  /v1/edgekv/status      figures + the kept-patch map as JSON (the page polls it)
+    GET  /v1/edgekv/status      figures, kept-patch map, recent questions from every channel (the page polls it)
+    POST /v1/edgekv/login       {"token": ...} -> session cookie for the page (HttpOnly, SameSite=Strict)
+    POST /v1/edgekv/logout
 
-Binds 127.0.0.1 by default. With a token (``server.token`` or the env var ``server.token_env``) every
-route but /healthz needs ``Authorization: Bearer <token>``. Request bodies over
-``server.max_request_bytes`` get 413, ``max_tokens`` over ``server.max_new_tokens`` gets 400, and a full
-question queue gets 503. Questions are queued to the daemon's main loop, which answers them between
-frame pairs while the capture keeps running.
+Binds 127.0.0.1 by default. Before any handler runs, ``edgekv.apps.http_guard`` checks Host (DNS
+rebinding), Origin (cross-site pages), the token (``server.token`` or the env var ``server.token_env``;
+a bearer header or the page's cookie) and the content type, then caps the body while it is read;
+uvicorn runs with a request deadline, a keep-alive timeout and a connection limit. Every error on
+every route is an OpenAI error object (``message``, ``type``, ``param``, ``code``).
+
+The event loop never blocks: a question is handed to the daemon with a non-blocking ``submit`` (a full
+queue answers 503 at once) and its tokens and completion come back through ``call_soon_threadsafe``
+(``AnswerHandoff``); no thread waits per request. Handlers that need the session lock run in the
+thread pool and wait for it at most a quarter second (``edgekv.apps.telemetry``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
+import logging
+import math
 import os
 import queue
 import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Request  # module level: FastAPI resolves the string annotations here
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from edgekv.apps.camera import Question
+from edgekv.apps.http_guard import (
+    AccessPolicy,
+    ConnectionLimits,
+    GuardedH11Protocol,
+    RequestGuard,
+    SessionCookies,
+    is_loopback,
+    read_body,
+)
+from edgekv.apps.openai_chat import (
+    CHAT_REQUEST_SCHEMA,
+    ApiError,
+    ChatLimits,
+    ChatRequest,
+    first_stop,
+    held_back,
+    parse_chat_request,
+    parse_json_body,
+    safe_text,
+)
+from edgekv.apps.telemetry import Telemetry, stream_detail, stream_state
+
+log = logging.getLogger("edgekv.server")
+LOGIN_FAILURE_DELAY_S = 0.5
+PAGE_HEADERS = {
+    "cache-control": "no-store", "x-content-type-options": "nosniff", "x-frame-options": "DENY",
+    "content-security-policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' "
+                               "'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+}
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+def exposure_warning(host: str, token: str | None) -> str | None:
+    """The warning the daemon prints at start-up when the API listens beyond this machine without a token
+    (anyone who can reach the port can ask questions and see the camera); None when it is safe."""
+    if token or is_loopback(host):
+        return None
+    shown = host or "all interfaces"
+    return (
+        "WARNING: the HTTP API listens on {h} WITHOUT A TOKEN: anyone who can reach this port can watch the\n"
+        "         camera (/frame.jpg), read the status page and ask questions. Set server.token (or the env var\n"
+        "         named by server.token_env), or bind server.host: 127.0.0.1."
+    ).format(h=shown)
 
 
-def parse_chat_request(body: Any, max_new_tokens_limit: int, default_max_new_tokens: int) -> dict:
-    """Validate an OpenAI chat request; returns question, max_new_tokens, temperature, top_p, stream."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list")
-    question = None
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            question = _message_text(message.get("content"))
-            break
-    if not question or not question.strip():
-        raise ApiError(400, "no user message with text content: ask a question about the stream")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_new_tokens))
-    if max_tokens is None:
-        max_tokens = default_max_new_tokens
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be a positive integer, got {max_tokens!r}")
-    if max_tokens > max_new_tokens_limit:
-        raise ApiError(400, f"max_tokens={max_tokens} exceeds this server's limit of {max_new_tokens_limit}")
-    temperature = body.get("temperature", 0.0)
-    top_p = body.get("top_p", 1.0)
-    for name, value in (("temperature", temperature), ("top_p", top_p)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ApiError(400, f"{name} must be a number, got {value!r}")
-    return {"question": question.strip(), "max_new_tokens": max_tokens,
-            "temperature": 0.0 if temperature is None else float(temperature),
-            "top_p": 1.0 if top_p is None else float(top_p), "stream": bool(body.get("stream", False))}
+# ---------------------------------------------------------------------------------------------- JSON
+def _finite(value: Any) -> Any:
+    """NaN and infinities become null (JSON has neither); containers are walked."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
-def _message_text(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image", "video_url"):
-                raise ApiError(400, "this server answers about its live camera: send text only")
-        return "\n".join(parts)
-    return None
+class JsonResponse(Response):
+    """ASCII-escaped JSON (encodes any text, lone surrogates included) with non-finite floats as null."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(_finite(content), allow_nan=False, separators=(",", ":")).encode()
 
 
-# ---------------------------------------------------------------------------------------------- metrics
-def prometheus_text(daemon) -> str:
-    stats = daemon.session.stats()
-    snap = daemon.monitor.snapshot() if daemon.monitor else {}
-    capture = daemon.sampler.stats() if daemon.sampler else {}
-    elapsed = max(time.monotonic() - daemon.started, 1e-9)
-    metrics = [
-        ("edgekv_frames_total", "counter", "frames ingested", stats["frames"]),
-        ("edgekv_frame_pairs_total", "counter", "frame pairs prefilled", stats["frame_pairs"]),
-        ("edgekv_frames_rejected_total", "counter", "frames refused as bad input", stats["frames_rejected"]),
-        ("edgekv_frames_dropped_total", "counter", "frames the capture dropped (latest frame wins)",
-         capture.get("frames_dropped", 0)),
-        ("edgekv_ingest_fps", "gauge", "frames ingested per second since start", stats["frames"] / elapsed),
-        ("edgekv_frame_pair_ingest_ms", "gauge", "last frame pair's ingest time", stats["ingest_ms_last"]),
-        ("edgekv_cache_tokens", "gauge", "slots in use", stats["cache_tokens"]),
-        ("edgekv_cache_capacity_tokens", "gauge", "the hard cap M", stats["cache_capacity_tokens"]),
-        ("edgekv_cache_capacity_bytes", "gauge", "bytes allocated for the cache", stats["cache_capacity_bytes"]),
-        ("edgekv_compressions_total", "counter", "cache compressions", stats["compressions"]),
-        ("edgekv_compression_ms_total", "counter", "time spent compressing", stats["compression_ms_total"]),
-        ("edgekv_questions_total", "counter", "questions answered", stats["questions"]),
-        ("edgekv_answer_tokens_total", "counter", "answer tokens generated", stats["answer_tokens"]),
-        ("edgekv_process_rss_bytes", "gauge", "process resident memory", (snap.get("process_rss_mb") or 0) * 2**20),
-        ("edgekv_process_peak_rss_bytes", "gauge", "process peak resident memory", (snap.get("peak_rss_mb") or 0) * 2**20),
-        ("edgekv_ram_used_bytes", "gauge", "system memory in use", (snap.get("ram_used_mb") or 0) * 2**20),
-    ]
-    optional = [
-        ("edgekv_power_watts", "gauge", "board power", snap.get("power_w")),
-        ("edgekv_energy_joules_total", "counter", "energy since start", snap.get("energy_j")),
-        ("edgekv_joules_per_frame", "gauge", "energy per ingested frame", snap.get("j_per_frame")),
-        ("edgekv_joules_per_answer_token", "gauge", "energy per answer token", snap.get("j_per_token")),
-        ("edgekv_gpu_load_percent", "gauge", "GPU load", snap.get("gpu_load_pct")),
-    ]
-    lines = []
-    for name, kind, help_text, value in metrics + [m for m in optional if m[3] is not None]:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {float(value):.6g}"]
-    return "\n".join(lines) + "\n"
+def error_response(error: ApiError) -> Response:
+    return Response(error.body(), status_code=error.status, media_type="application/json", headers=error.headers)
 
 
-def kept_patch_map(session, recent_pairs: int = 4) -> dict:
-    """Share of (layer, KV head) slots still holding each merged-grid cell of the last few frame pairs."""
-    import torch
+# ---------------------------------------------------------------------------------------------- handoff
+_DONE = object()
 
-    from edgekv.cache import SlotKind
 
-    if session.grid is None:
-        return {"rows": 0, "cols": 0, "kept": []}
-    cache, n = session.cache, session.cache.length
-    rows, cols = session.grid
-    latest = session.counters.frame_pairs - 1
-    window = min(recent_pairs, latest + 1)
-    mask = (cache.kind[:, :, :n] == int(SlotKind.VISION)) & (cache.frame[:, :, :n] > latest - window)
-    cell = cache.row[:, :, :n].long() * cols + cache.col[:, :, :n].long()
-    counts = torch.bincount(cell[mask].flatten(), minlength=rows * cols).float()
-    share = counts / float(cache.num_layers * cache.kv_heads * max(window, 1))
-    return {"rows": rows, "cols": cols, "pairs": window, "kept": share.view(rows, cols).tolist()}
+class _DoneSignal(threading.Event):
+    """``Question.done`` for an HTTP question: setting it (from the main loop) also wakes the handler."""
+
+    def __init__(self, handoff: "AnswerHandoff") -> None:
+        super().__init__()
+        self._handoff = handoff
+
+    def set(self) -> None:
+        super().set()
+        self._handoff.post(_DONE)
+
+
+class AnswerHandoff:
+    """One question's answer tokens, then ``_DONE``, carried from the daemon's thread to the event loop
+    with ``call_soon_threadsafe``: nothing waits in a thread, nothing blocks the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.done = _DoneSignal(self)
+
+    def post(self, item: Any) -> None:  # any thread
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the server's loop is closed: nobody is waiting any more
+            pass
+
+    def on_token(self, token: int) -> None:  # the daemon's main loop
+        self.post(token)
+
+    async def next(self) -> Any:
+        """The next token id, or ``_DONE``."""
+        return await self.items.get()
+
+
+class AnswerText:
+    """Answer tokens -> text for the client: released only as whole characters, never the start of a stop
+    string, and ending before the first stop string (OpenAI ``stop``; finish_reason ``stop``).
+
+    ``StreamSession.ask`` has no stop hook, so after a stop string the daemon still decodes up to
+    ``max_tokens``: a stream ends for the client at once (unless it asked for usage, which needs the
+    answer's token counts), a non-streamed answer when the daemon is done."""
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.ids: list[int] = []
+        self.sent = ""
+        self.stop_tokens: int | None = None  # tokens up to the one completing a stop string
+
+    def push(self, token: int) -> str:
+        if self.stop_tokens is not None:
+            return ""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        return "" if text.endswith("\ufffd") else self._release(text, final=False)  # wait for whole characters
+
+    def finish(self, final_text: str) -> str:
+        return "" if self.stop_tokens is not None else self._release(final_text, final=True)
+
+    def _release(self, text: str, final: bool) -> str:
+        cut = first_stop(text, self.stops)
+        if cut is not None:
+            self.stop_tokens = len(self.ids)
+            end = cut
+        else:
+            end = len(text) if final else len(text) - held_back(text, self.stops)
+        if end <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent):end], text[:end]
+        return piece
+
+    def finish_reason(self, answer: Any) -> str:
+        return "stop" if self.stop_tokens is not None else answer.finish_reason
+
+    def completion_tokens(self, answer: Any) -> int:
+        return self.stop_tokens if self.stop_tokens is not None else len(answer.token_ids)
+
+
+def _usage(answer: Any, completion_tokens: int) -> dict:
+    prompt = answer.prompt_tokens + answer.video_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
+
+
+def answer_error(error: Exception) -> ApiError:
+    """The daemon's refusal of a question as an HTTP error: 503 for ``QuestionRefused`` (busy, stopping),
+    400 for a question the session refused (ValueError), 500 for anything else (a bug)."""
+    status = getattr(error, "status", None)
+    if isinstance(status, int) and status >= 500:
+        return ApiError(status, safe_text(str(error), 300), kind="server_error", code="server_unavailable",
+                        headers={"retry-after": "1"})
+    if isinstance(error, ValueError):
+        return ApiError(400, safe_text(str(error), 400))
+    log.error("answering a question failed: %s", safe_text(repr(error), 300))
+    return ApiError(500, f"the answer failed: {safe_text(str(error), 300)}", kind="server_error", code="answer_failed")
+
+
+def check_fits(session: Any, request: ChatRequest) -> None:
+    """Refuse (400 ``context_length_exceeded``) a question that cannot fit in the cache's free slots now,
+    before it is queued and before any stream starts."""
+    ids = session.layout.question_suffix_ids(session.tokenizer, request.question)
+    room = session.capacity - session.cache.length
+    if len(ids) + request.max_new_tokens > room:
+        raise ApiError(400, f"the question ({len(ids)} tokens) + max_tokens ({request.max_new_tokens}) exceed the "
+                            f"{room} cache slots free for text (cache.text_reserve_tokens={session.text_reserve}); "
+                            "shorten the question or lower max_tokens", param="messages",
+                       code="context_length_exceeded")
+
+
+def submit(daemon: Any, question: Question) -> None:
+    """Hand the question to the daemon without blocking; a refusal (full queue, stopping) is a 503."""
+    try:
+        daemon.submit(question, timeout=0)
+    except queue.Full as exc:
+        raise ApiError(503, f"{daemon.questions.maxsize} questions are already waiting (server.queue_size); "
+                            "retry shortly", kind="server_error", code="server_busy",
+                       headers={"retry-after": "1"}) from exc
+    except Exception as exc:
+        if getattr(exc, "status", None) == 503:
+            raise answer_error(exc) from exc
+        raise
 
 
 # ---------------------------------------------------------------------------------------------- app
-def build_app(daemon) -> FastAPI:
+COMMON_RESPONSES = {
+    400: {"description": "bad request (body, Host header)"}, 401: {"description": "missing or wrong token"},
+    403: {"description": "cross-origin request"}, 404: {"description": "unknown route"},
+    405: {"description": "method not allowed"}, 408: {"description": "request did not arrive in time"},
+    413: {"description": "body too large"}, 415: {"description": "not application/json"},
+    503: {"description": "too many connections, or (chat) too many questions waiting / shutting down"},
+}
+
+
+def served_model_id(daemon: Any) -> str:
+    path = daemon.config.model.path
+    return f"edgekv/{path.rstrip('/').split('/')[-1] if path else 'model'}"
+
+
+@dataclass(frozen=True)
+class Api:
+    """What the route handlers share."""
+
+    daemon: Any
+    telemetry: Telemetry
+    policy: AccessPolicy
+    limits: ChatLimits
+    pages: dict[str, str]
+
+    @property
+    def cfg(self) -> Any:
+        return self.daemon.config.server
+
+    def model_card(self) -> dict:
+        return {"id": self.limits.served_model, "object": "model", "created": int(self.daemon.created),
+                "owned_by": "edgekv"}
+
+    async def body(self, request: Request) -> Any:
+        return parse_json_body(await read_body(request, self.cfg.max_request_bytes, self.cfg.request_timeout_s))
+
+
+def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     cfg = daemon.config.server
     token = cfg.token or os.environ.get(cfg.token_env) or None
-    model_id = f"edgekv/{daemon.config.model.path.rstrip('/').split('/')[-1] if daemon.config.model.path else 'model'}"
-    app = FastAPI(title="edgekv", docs_url=None, redoc_url=None)
+    api = Api(daemon, telemetry, AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes),
+              ChatLimits(served_model_id(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens),
+              {name: resources.files("edgekv.apps").joinpath(f"static/{name}").read_text()
+               for name in ("index.html", "login.html")})
+    app = FastAPI(title="edgekv", version=_version(), docs_url=None, redoc_url=None, responses=COMMON_RESPONSES)
+    _install_error_handlers(app)
+    _info_routes(app, api)
+    _page_routes(app, api)
+    _chat_route(app, api)
+    return RequestGuard(app, api.policy)
 
-    def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > cfg.max_request_bytes):
-            return error(413, f"request body over {cfg.max_request_bytes} bytes")
-        if token and request.url.path != "/healthz":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return error(401, "missing or wrong bearer token", "authentication_error")
-        return await call_next(request)
+def _info_routes(app: FastAPI, api: Api) -> None:
+    daemon, telemetry = api.daemon, api.telemetry
 
     @app.get("/healthz")
     async def healthz():
         alive = daemon.session is not None
-        return JSONResponse({"status": "ok" if alive else "starting", "frames": daemon.session.counters.frames
-                             if alive else 0}, status_code=200 if alive else 503)
+        return JsonResponse({"status": "ok" if alive else "starting",
+                             "frames": daemon.session.counters.frames if alive else 0,
+                             "stream_state": stream_state(daemon)}, status_code=200 if alive else 503)
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": int(daemon.created),
-                                            "owned_by": "edgekv"}]}
+        return JsonResponse({"object": "list", "data": [api.model_card()]})
 
-    # sync handlers run in the threadpool: waiting for the session lock must not block the event loop
-    @app.get("/metrics")
-    def metrics():
-        with daemon.lock:
-            text = prometheus_text(daemon)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        if model != api.limits.served_model:
+            raise ApiError(404, f"The model `{safe_text(model)}` does not exist: this server serves "
+                                f"`{api.limits.served_model}`", param="model", code="model_not_found")
+        return JsonResponse(api.model_card())
+
+    # sync handlers run in the thread pool: they may wait (briefly) for the session lock
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {
+        "text/plain": {"schema": {"type": "string"}}, "application/openmetrics-text": {"schema": {"type": "string"}}}}})
+    def metrics(request: Request):
+        body, content_type = telemetry.exposition(request.headers.get("accept"))
+        return Response(body, headers={"content-type": content_type})
 
     @app.get("/v1/edgekv/status")
     def status():
-        with daemon.lock:
-            stats = daemon.session.stats()
-            heat = kept_patch_map(daemon.session)
-        snap = daemon.monitor.snapshot() if daemon.monitor else {}
-        return {"stats": stats, "monitor": snap, "kept": heat}
+        return JsonResponse(status_payload(daemon, telemetry, auth=api.policy.token is not None),
+                            headers={"cache-control": "no-store"})
 
-    @app.get("/frame.jpg")
+    @app.get("/frame.jpg", response_class=Response,
+             responses={200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}}})
     def frame():
         data = daemon.latest_jpeg()
         if data is None:
-            return error(404, "no frame ingested yet")
-        return Response(data, media_type="image/jpeg")
+            raise ApiError(404, "no frame ingested yet", code="no_frame")
+        return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
+
+
+def _page_routes(app: FastAPI, api: Api) -> None:
+    token, cookies = api.policy.token, api.policy.cookies
 
     @app.get("/", response_class=HTMLResponse)
-    async def page():
-        return resources.files("edgekv.apps").joinpath("static/index.html").read_text()
+    async def page(request: Request):
+        name = "index.html" if request.state.edgekv_authenticated else "login.html"
+        return HTMLResponse(api.pages[name], headers=PAGE_HEADERS)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/edgekv/login", status_code=204, openapi_extra=_body_schema(
+            {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}))
+    async def login(request: Request):
+        if token is None:
+            return Response(status_code=204)
+        body = await api.body(request)
+        given = body.get("token") if isinstance(body, dict) else None
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
+            await asyncio.sleep(LOGIN_FAILURE_DELAY_S)  # slows guessing without blocking the loop
+            raise ApiError(401, "wrong token", kind="authentication_error", param="token", code="invalid_api_key")
+        return Response(status_code=204, headers={"set-cookie": cookies.set_header(), "cache-control": "no-store"})
+
+    @app.post("/v1/edgekv/logout", status_code=204, openapi_extra={"requestBody": {"required": False, "content": {
+        "application/json": {"schema": {"type": "object"}}}}})
+    async def logout():
+        return Response(status_code=204, headers={"set-cookie": SessionCookies.clear_header()})
+
+
+def _chat_route(app: FastAPI, api: Api) -> None:
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(CHAT_REQUEST_SCHEMA),
+              responses={200: {"description": "chat.completion, or text/event-stream chunks when stream is true"}})
     async def chat(request: Request):
-        raw = await request.body()
-        if len(raw) > cfg.max_request_bytes:
-            return error(413, f"request body over {cfg.max_request_bytes} bytes")
-        try:
-            body = json.loads(raw or b"null")
-            params = parse_chat_request(body, cfg.max_new_tokens, daemon.config.generation.max_new_tokens)
-        except json.JSONDecodeError as exc:
-            return error(400, f"the body is not valid JSON: {exc}")
-        except ApiError as exc:
-            return error(exc.status, exc.message, exc.kind)
-        loop = asyncio.get_running_loop()
-        tokens: asyncio.Queue = asyncio.Queue()
-        question = Question(params["question"], max_new_tokens=params["max_new_tokens"],
-                            temperature=params["temperature"], top_p=params["top_p"], source="http",
-                            on_token=lambda t: loop.call_soon_threadsafe(tokens.put_nowait, t))
-        try:
-            daemon.submit(question, timeout=0.5)
-        except queue.Full:
-            return error(503, "too many questions waiting; try again shortly", "server_busy")
-        done = asyncio.Event()
-        threading.Thread(target=lambda: (question.done.wait(), loop.call_soon_threadsafe(done.set)),
-                         daemon=True).start()
-        completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        created = int(time.time())
-        if params["stream"]:
-            return StreamingResponse(_sse(daemon, question, tokens, done, completion_id, created, model_id),
-                                     media_type="text/event-stream")
-        await done.wait()
-        if question.error is not None:
-            return error(400, str(question.error))
-        answer = question.answer
-        return {
-            "id": completion_id, "object": "chat.completion", "created": created, "model": model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text},
-                         "finish_reason": answer.finish_reason}],
-            "usage": {"prompt_tokens": answer.prompt_tokens + answer.video_tokens,
-                      "completion_tokens": len(answer.token_ids),
-                      "total_tokens": answer.prompt_tokens + answer.video_tokens + len(answer.token_ids)},
-            "edgekv": {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s,
-                       "video_tokens": answer.video_tokens},
-        }
-
-    return app
+        params = parse_chat_request(await api.body(request), api.limits)
+        return await answer_chat(api.daemon, params, api.limits.served_model)
 
 
-async def _sse(daemon, question, tokens, done, completion_id, created, model_id):
-    def chunk(delta: dict, finish=None) -> str:
-        return "data: " + json.dumps({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                      "model": model_id, "choices": [{"index": 0, "delta": delta,
-                                                                      "finish_reason": finish}]}) + "\n\n"
+async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Response:
+    """Queue the question without blocking, wait for its first token (a refusal before it is a plain HTTP
+    error: no stream has started), then stream the answer or return it whole."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, check_fits, daemon.session, params)  # tokenizing a long question takes ms
+    handoff = AnswerHandoff(loop)
+    question = Question(params.question, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                        top_p=params.top_p, on_token=handoff.on_token, source="http", done=handoff.done)
+    question.seed = params.seed
+    submit(daemon, question)
+    first = await handoff.next()
+    if first is _DONE and question.error is not None:
+        raise answer_error(question.error)
+    text = AnswerText(daemon.session.tokenizer, params.stop)
+    completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if params.stream:
+        events = _sse(first, handoff, question, text, params, completion_id, created, model_id)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    item = first
+    while item is not _DONE:
+        if params.stop:
+            text.push(item)
+        item = await handoff.next()
+    if question.error is not None:
+        raise answer_error(question.error)
+    answer = question.answer
+    content = text.sent + text.finish(answer.text) if params.stop else answer.text
+    return JsonResponse({
+        "id": completion_id, "object": "chat.completion", "created": created, "model": model_id,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": text.finish_reason(answer), "logprobs": None}],
+        "usage": _usage(answer, text.completion_tokens(answer)),
+        "edgekv": {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens},
+    })
+
+
+def _body_schema(schema: dict) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _version() -> str:
+    import edgekv
+
+    return edgekv.__version__
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """OpenAI error objects on every route, for every status (404 and 405 included)."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError):
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
+        if exc.status_code == 404:
+            error = ApiError(404, f"Unknown request URL: {request.method} {safe_text(request.url.path)}",
+                             code="unknown_url")
+        elif exc.status_code == 405:
+            error = ApiError(405, f"{request.method} is not allowed on {safe_text(request.url.path)} "
+                                  f"(allowed: {headers.get('allow', '?')})", code="method_not_allowed")
+        else:
+            error = ApiError(exc.status_code, safe_text(str(exc.detail), 300), code="http_error")
+        error.headers.update(headers)
+        return error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return error_response(ApiError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where or None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def disconnected(_request: Request, _exc: ClientDisconnect):
+        return error_response(ApiError(400, "the client disconnected before the body arrived", code="disconnected"))
+
+    @app.exception_handler(Exception)
+    async def bug(_request: Request, exc: Exception):
+        log.error("request failed: %s", safe_text(repr(exc), 300))
+        return error_response(ApiError(500, "internal error; the daemon log has the details", kind="server_error",
+                                       code="internal_error"))
+
+
+async def _sse(first: Any, handoff: AnswerHandoff, question: Question, text: AnswerText, params: ChatRequest,
+               completion_id: str, created: int, model_id: str):
+    def event(payload: dict) -> str:
+        return "data: " + json.dumps(payload) + "\n\n"
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return event({"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
+                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
     yield chunk({"role": "assistant", "content": ""})
-    ids: list[int] = []
-    sent = ""
-    while True:
-        getter = asyncio.ensure_future(tokens.get())
-        waiter = asyncio.ensure_future(done.wait())
-        finished, _ = await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if getter in finished:
-            waiter.cancel()
-            ids.append(getter.result())
-            text = daemon.session.tokenizer.decode(ids)
-            if not text.endswith("\ufffd") and len(text) > len(sent):  # wait for whole UTF-8 characters
-                yield chunk({"content": text[len(sent):]})
-                sent = text
-            continue
-        getter.cancel()
-        while not tokens.empty():
-            ids.append(tokens.get_nowait())
-        break
-    if question.error is not None:
-        yield "data: " + json.dumps({"error": {"message": str(question.error), "type": "invalid_request_error"}}) + "\n\n"
+    item = first
+    while item is not _DONE:
+        piece = text.push(item)
+        if piece:
+            yield chunk({"content": piece})
+        if text.stop_tokens is not None and not params.include_usage:
+            break  # the client has all it will get; the daemon finishes the answer on its own
+        item = await handoff.next()
+    if item is _DONE and question.error is not None:  # failed mid-answer: the status line is long gone
+        error = answer_error(question.error)
+        yield event({"error": {"message": error.message, "type": error.kind, "param": None, "code": error.code}})
     else:
-        text = question.answer.text
-        if len(text) > len(sent):
-            yield chunk({"content": text[len(sent):]})
-        yield chunk({}, finish=question.answer.finish_reason)
+        answer = question.answer
+        tail = text.finish(answer.text) if answer is not None else ""
+        if tail:
+            yield chunk({"content": tail})
+        reason = "stop" if text.stop_tokens is not None else answer.finish_reason
+        yield chunk({}, finish=reason)
+        if params.include_usage:
+            yield event({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                         "model": model_id, "choices": [], "usage": _usage(answer, text.completion_tokens(answer))})
     yield "data: [DONE]\n\n"
 
 
+# ---------------------------------------------------------------------------------------------- status page data
+def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:
+    snap = telemetry.snapshot()
+    last = telemetry.last_answer or {}
+    own = getattr(daemon, "status", None)
+    info = dict(own()) if callable(own) else {"questions_waiting": daemon.questions.qsize()}
+    info.update(stream_state=stream_state(daemon), stream_detail=stream_detail(daemon))
+    return {
+        "stats": snap["stats"], "kept": snap["kept"], "snapshot_age_s": snap["age_s"],
+        "monitor": telemetry.monitor(), "capture": telemetry.capture(), "daemon": info,
+        "rates": {"ingest_fps": telemetry.ingest_fps(), "ttft_s": last.get("ttft_s"),
+                  "decode_tok_s": last.get("decode_tok_s")},
+        "series": telemetry.series_for_page(), "questions": recent_questions(daemon, telemetry), "auth": auth,
+    }
+
+
+def recent_questions(daemon: Any, telemetry: Telemetry, limit: int = 20) -> list[dict]:
+    """Finished questions from every channel, newest first: the daemon's own record when it keeps one
+    (``recent_questions()``), else what ``Telemetry.question_answered`` saw."""
+    own = getattr(daemon, "recent_questions", None)
+    items = list(own()) if callable(own) else list(telemetry.answered)
+    keys = ("source", "question", "answer", "error", "asked_at", "ttft_s", "decode_tok_s", "tokens", "finish_reason")
+    return [{k: item.get(k) for k in keys} for item in reversed(items[-limit:])]
+
+
+# ---------------------------------------------------------------------------------------------- server
 class ApiServer:
     """uvicorn in a thread on a socket bound up front (so port 0 works and the port is known)."""
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: Any) -> None:
         import uvicorn
 
         cfg = daemon.config.server
@@ -294,12 +526,25 @@ class ApiServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((cfg.host, cfg.port))
         self.host, self.port = self.sock.getsockname()[:2]
-        config = uvicorn.Config(build_app(daemon), log_level="warning", lifespan="off", access_log=False)
+        self.telemetry = Telemetry(daemon)
+        protocol = functools.partial(GuardedH11Protocol,
+                                     limits=ConnectionLimits(cfg.request_timeout_s, cfg.max_connections))
+        config = uvicorn.Config(build_app(daemon, self.telemetry), http=protocol, ws="none", lifespan="off",
+                                log_level="warning", access_log=False, timeout_keep_alive=cfg.keep_alive_s,
+                                timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="edgekv-http", daemon=True)
 
+    # the daemon reports what happens, for the histograms and the page's question list
+    def pair_ingested(self, result: Any) -> None:
+        self.telemetry.pair_ingested(result)
+
+    def question_answered(self, question: Question) -> None:
+        self.telemetry.question_answered(question)
+
     def start(self) -> None:
+        self.telemetry.start()
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started and time.monotonic() < deadline and self.thread.is_alive():
@@ -308,4 +553,5 @@ class ApiServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=5)
+        self.telemetry.stop()
         self.sock.close()

@@ -163,11 +163,19 @@ class ServerSection:
     max_request_bytes: int = 65536
     max_new_tokens: int = 256
     queue_size: int = 16
+    # A request's headers and body must arrive within this; an idle keep-alive connection closes after
+    # keep_alive_s; connections beyond max_connections are refused (503) as they open (apps/server.py).
+    request_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 100
+    # Host names (besides localhost, 127.0.0.1, [::1] and `host`) the API answers to: DNS-rebinding guard.
+    allowed_hosts: list[str] = field(default_factory=list)
 
     def validate(self, at: str) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{at}.port: must be in 0..65535, got {self.port}")
-        for name in ("max_request_bytes", "max_new_tokens", "queue_size"):
+        for name in ("max_request_bytes", "max_new_tokens", "queue_size", "request_timeout_s", "keep_alive_s",
+                     "max_connections"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{at}.{name}: must be positive, got {getattr(self, name)}")
 

@@ -445,7 +445,7 @@ class StreamSession:
             raise ValueError(f"temperature must be in [0, 10], got {temperature}")
         if not 0.0 < float(top_p) <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        ids = self.tokenizer.encode(self.layout.question_suffix(question))
+        ids = self.layout.question_suffix_ids(self.tokenizer, question)  # the question as plain text
         room = self.capacity - self.cache.length
         if len(ids) + max_new_tokens > room:
             raise ValueError(

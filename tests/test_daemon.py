@@ -119,7 +119,7 @@ def test_metrics_parse_as_prometheus_text(running):
     families = {f.name: f for f in parser.text_string_to_metric_families(body.decode())}
     assert families["edgekv_cache_capacity_bytes"].samples[0].value == running.daemon.session.cache.capacity_bytes
     assert families["edgekv_cache_tokens"].samples[0].value <= 400
-    for name in ("edgekv_frames", "edgekv_ingest_fps", "edgekv_frame_pair_ingest_ms", "edgekv_compressions",
+    for name in ("edgekv_frames", "edgekv_ingest_fps", "edgekv_frame_pair_ingest_seconds", "edgekv_compressions",
                  "edgekv_frames_dropped", "edgekv_process_rss_bytes"):
         assert name in families, name
 
@@ -460,7 +460,9 @@ def test_sigterm_with_twelve_waiting_questions(tiny_checkpoint, tmp_path):
     """The reproduction: 12 queued questions made SIGTERM take 39.5 s (TimeoutStopSec=20). Now they are
     refused, the answer in progress is cut, every request returns, the watchdog kept pinging while they
     were answered, and a lone surrogate in a request on the way did not kill the daemon."""
-    config = _config(tiny_checkpoint, max_new_tokens=256).with_overrides(generation={"max_new_tokens": 256})
+    # room in the cache for a 256-token answer: the server refuses (400) a question that cannot fit
+    config = _config(tiny_checkpoint, max_new_tokens=256).with_overrides(
+        generation={"max_new_tokens": 256}, cache={"max_tokens": 700, "text_reserve_tokens": 300})
     path = tmp_path / "deploy.yaml"
     path.write_text(json.dumps(config.to_dict()))  # JSON is YAML
     listener = NotifyListener(tmp_path / "notify.sock")
@@ -475,7 +477,11 @@ def test_sigterm_with_twelve_waiting_questions(tiny_checkpoint, tmp_path):
                 break
         base = re.search(r"http://[\d.]+:\d+", lines[-1]).group(0)
         status, _ = _request(base + "/v1/chat/completions",
-                             raw=b'{"messages": [{"role": "user", "content": "hi \\ud800 there\\nA: forged"}]}')
+                             raw=b'{"messages": [{"role": "user", "content": "hi \\ud800 there"}]}')
+        assert status == 400  # refused by the server, named (invalid_unicode); the daemon lives on
+        status, _ = _request(base + "/v1/chat/completions",
+                             raw=b'{"messages": [{"role": "user", "content": "hi there\\nA: forged"}], "max_tokens": 2}')
+        assert status == 200
         time.sleep(1.0)
         assert process.poll() is None and _request(base + "/healthz")[0] == 200
         results = []
@@ -503,10 +509,12 @@ def test_sigterm_with_twelve_waiting_questions(tiny_checkpoint, tmp_path):
     out = "".join(lines) + out
     assert process.returncode == 0, out
     assert took < 20, f"SIGTERM took {took:.1f} s"  # the unit's TimeoutStopSec
-    refused = int(re.search(r"refused (\d+) waiting question", out).group(1))
+    match = re.search(r"refused (\d+) waiting question", out)
+    assert match, out
+    refused = int(match.group(1))
     assert refused >= 1 and "SIGTERM: finishing the current step" in out and "frames " in out
     assert len(results) == 12 and sum(b"shutting down" in body for _, body in results) >= refused
-    assert "Q [http]: hi \\ud800 there\\nA: forged" in out and "\nA: forged" not in out
+    assert "Q [http]: hi there\\nA: forged" in out and "\nA: forged" not in out  # escaped: no forged line
     pings = listener.pings(answering, sent)
     assert len(pings) >= 2 and max(np.diff([answering, *pings, sent])) < 4.0  # never silent for WatchdogSec
     assert listener.states()[0] == "READY=1" and "STOPPING=1" in listener.states()

@@ -1,46 +1,145 @@
-"""The status page in a real headless Chromium (Debian's package, driven by Playwright): it loads, shows
-the figures and the latest frame, and a question typed in the box gets an answer streamed back."""
+"""The status page in a real headless Chromium (Debian's package, driven by Playwright), with a token set:
+the login form sets an HttpOnly SameSite=Strict cookie, then the page shows the figures, the latest frame
+(an <img>, which no bearer header could authenticate), questions from every channel with their answers,
+the memory sparkline, a heatmap legend drawn with the overlay's own colours, a question typed in the box
+answered by streaming, and the "stream ended" and "daemon stopped" states.
+
+Set EDGEKV_SCREENSHOTS=DIR to keep the screenshots."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import struct
+import time
+from pathlib import Path
 
 import pytest
 
-from test_daemon import Running, _config
+from edgekv.apps.camera import Question
+from helpers_server import RunningDaemon, server_config
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)"),
-]
+pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TOKEN = "page-token-42"
 
 
-def test_page_loads_asks_and_shows_an_answer(tiny_checkpoint, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
-    with open(tmp_path / "out.txt", "w") as log, Running(_config(tiny_checkpoint), log) as run:
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1000, "height": 700})
-                page.goto(run.base + "/")
-                page.wait_for_function("document.querySelector('#figures').textContent.includes('cache')",
-                                       timeout=20_000)
-                page.wait_for_function("document.querySelector('#frame').naturalWidth > 0", timeout=20_000)
-                assert "tokens" in page.inner_text("#figures")
-                page.fill("#question", "What is moving?")
-                page.click("#send")
-                page.wait_for_selector("#answer[data-done='1']", timeout=60_000)
-                answer = page.inner_text("#answer")
-                shot = tmp_path / "page.png"
-                page.screenshot(path=str(shot))
-            finally:
-                browser.close()
-    assert answer.strip() and not answer.startswith("error")
-    data = shot.read_bytes()
+def poll(page, expression: str, timeout_s: float = 20) -> None:
+    """Wait until a JS expression is truthy. (Playwright's wait_for_function evaluates strings, which the
+    page's Content-Security-Policy forbids; page.evaluate is not subject to it.)"""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if page.evaluate(f"() => Boolean({expression})"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {expression}")
+
+
+def screenshot(page, tmp_path: Path, name: str) -> Path:
+    folder = Path(os.environ.get("EDGEKV_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    page.screenshot(path=str(path), full_page=True)
+    data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
-    assert (width, height) == (1000, 700)
-    assert run.daemon.session.stats()["questions"] >= 1
+    assert width == 1100 and height >= 760
+    return path
+
+
+def test_page_with_a_token_login_figures_questions_and_states(tiny_checkpoint, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
+    with RunningDaemon(server_config(tiny_checkpoint, token=TOKEN), tmp_path / "out.txt") as run, \
+            sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1100, "height": 760})
+            page = context.new_page()
+            page.goto(run.base + "/")
+            assert page.is_visible("#login") and not page.query_selector("#frame")
+
+            page.fill("#token", "wrong")
+            page.click("#signin")
+            poll(page, "document.querySelector('#error').textContent.includes('wrong token')")
+
+            page.fill("#token", TOKEN)
+            with page.expect_navigation():  # the form reloads the page once the cookie is set
+                page.click("#signin")
+            poll(page, "document.querySelector('#figures')?.textContent.includes('cache')")
+            poll(page, "document.querySelector('#frame').naturalWidth > 0")  # an <img>: the cookie authenticates it
+            cookie = {c["name"]: c for c in context.cookies()}["edgekv_session"]
+            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and TOKEN not in cookie["value"]
+            assert page.evaluate("() => document.cookie") == ""  # invisible to page scripts
+
+            # a question from another channel shows with its answer
+            run.daemon.submit(Question("What did stdin see?", source="stdin", max_new_tokens=3))
+            poll(page, "document.querySelector('#questions').textContent.includes('What did stdin see?')")
+            assert "stdin" in page.inner_text("#questions li")
+
+            page.fill("#question", "What is moving?")
+            page.click("#send")
+            page.wait_for_selector("#answer[data-done='1']", timeout=60_000)
+            answer = page.inner_text("#answer")
+            assert answer.strip() and not answer.startswith("error")
+            poll(page, "document.querySelector('#questions li .src').textContent === 'http'")
+
+            poll(page, "document.querySelector('#memory polyline').getAttribute('points').split(' ').length >= 3")
+            figures = page.inner_text("#figures")
+            for label in ("ingest rate", "fps", "last answer TTFT", "ms", "tok/s", "process RSS"):
+                assert label in figures, label
+            assert page.inner_text("#state") == "live" and not page.is_visible("#banner")
+
+            _legend_matches_the_overlay(page)
+            live = screenshot(page, tmp_path, "status-live.png")
+
+            # the stream ended: the real status with the daemon's stream state replaced
+            def ended(route):
+                response = route.fetch()
+                payload = response.json()
+                payload["daemon"].update(stream_state="ended", stream_detail="the source ended")
+                route.fulfill(response=response, body=json.dumps(payload))
+
+            page.route("**/v1/edgekv/status", ended)
+            poll(page, "document.querySelector('#state').textContent === 'stream ended'")
+            banner = page.inner_text("#banner")
+            assert "the source ended" in banner and "about what was seen" in banner
+            screenshot(page, tmp_path, "status-ended.png")
+            page.unroute("**/v1/edgekv/status")
+            poll(page, "document.querySelector('#state').textContent === 'live'")
+
+            run.stop()  # the daemon stops: the page says so and stops offering the Ask button
+            poll(page, "document.querySelector('#state').textContent === 'daemon stopped'", timeout_s=30)
+            assert "not answering" in page.inner_text("#banner") and page.is_disabled("#send")
+            screenshot(page, tmp_path, "status-stopped.png")
+        finally:
+            browser.close()
+    assert live.stat().st_size > 10_000
+
+
+def _legend_matches_the_overlay(page) -> None:
+    """The legend's ends are the overlay's colours for 0 % and 100 % kept, and an overlay cell has the colour
+    of its kept share."""
+    colours = page.evaluate("""() => {
+        const legend = document.querySelector('#legend').getContext('2d');
+        const px = (ctx, x, y) => Array.from(ctx.getImageData(x, y, 1, 1).data);
+        return {left: px(legend, 0, 0), right: px(legend, 63, 0), zero: keptColour(0), one: keptColour(1)};
+    }""")
+    assert close(colours["left"], colours["zero"]) and close(colours["right"], colours["one"])
+    assert not close(colours["zero"], colours["one"])
+    cell = page.evaluate("""async () => {
+        const s = await (await fetch('/v1/edgekv/status')).json();
+        const heat = document.querySelector('#heat');
+        if (heat.width !== s.kept.cols) return null;
+        return {px: Array.from(heat.getContext('2d').getImageData(0, 0, 1, 1).data), v: s.kept.kept[0][0],
+                colour: keptColour(s.kept.kept[0][0])};
+    }""")
+    if cell is not None:  # the overlay was repainted from the same figures
+        assert close(cell["px"], cell["colour"]), cell
+
+
+def close(pixel: list[int], colour: list[int]) -> bool:
+    """Equal RGBA up to the canvas's premultiplied-alpha rounding."""
+    return all(abs(a - b) <= 2 for a, b in zip(pixel, colour, strict=True))

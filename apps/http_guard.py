@@ -1,0 +1,327 @@
+"""What the HTTP API checks before any handler runs, and the connection limits uvicorn does not have.
+
+``AccessPolicy`` + ``RequestGuard`` (an ASGI middleware, so it runs before a single body byte is read):
+
+1. ``Host`` must name this server (localhost, 127.0.0.1, [::1], ``server.host``, ``server.allowed_hosts``;
+   on a wildcard bind also any IP literal and this machine's names). A DNS-rebinding page reaches the
+   socket under the attacker's name, so it is refused here.
+2. An ``Origin`` header (browsers send it on cross-site requests and on every POST) must be this
+   server's own origin: a foreign web page cannot drive the API through the user's browser.
+3. The token (``Authorization: Bearer``, or the session cookie the login form sets) is checked next,
+   before the body is read; ``/healthz``, the page itself (which shows the login form) and the login
+   route need none.
+4. A POST must be ``Content-Type: application/json`` (a cross-site ``<form>`` or ``text/plain`` fetch
+   cannot send that without a CORS preflight, which step 2 refuses).
+5. A declared ``Content-Length`` over ``server.max_request_bytes`` is refused at once; a chunked body is
+   counted while it is read (``read_body``) and refused as soon as it passes the limit.
+
+Every refusal is an OpenAI error object and closes the connection (the client may still be sending).
+
+``GuardedH11Protocol`` is uvicorn's h11 protocol with a request deadline (headers and body must arrive
+within ``server.request_timeout_s`` of the request's first byte: slow-header and half-sent-body
+connections are closed, with a 408 when nothing else answered) and a connection limit
+(``server.max_connections``: one more is answered 503 and closed as it opens). uvicorn's own
+``timeout_keep_alive`` closes idle keep-alive connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from edgekv.apps.openai_chat import ApiError, error_body
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+PUBLIC_PATHS = frozenset({"/healthz", "/", "/v1/edgekv/login", "/v1/edgekv/logout"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+COOKIE_NAME = "edgekv_session"
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """``Host``-header syntax -> (lower-case name without brackets or trailing dot, port or None)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        name, _, port = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
+    return name.rstrip("."), int(port) if port.isdigit() and len(port) <= 5 else None
+
+
+# ---------------------------------------------------------------------------------------------- session cookie
+class SessionCookies:
+    """The status page's login: a cookie that proves the token was typed, without holding it.
+
+    Chosen over a one-time URL token: a token in a URL lands in browser history, server logs, the
+    ``Referer`` of every link and over the shoulder, and a one-time token needs server-side state that a
+    restart loses. The cookie is ``HttpOnly`` (page scripts, and so injected scripts, cannot read it),
+    ``SameSite=Strict`` (no other site's page makes the browser send it) and ``Path=/``; it holds an
+    expiry and ``HMAC-SHA256(token, expiry)``, so it is stateless, outlives daemon restarts, and every
+    cookie dies when the token changes. Not ``Secure``: the daemon serves plain HTTP (put a TLS proxy in
+    front for remote access).
+    """
+
+    def __init__(self, token: str, lifetime_s: int = 12 * 3600, clock: Callable[[], float] = time.time) -> None:
+        self._key, self.lifetime_s, self._clock = token.encode(), lifetime_s, clock
+
+    def _mac(self, expiry: int) -> str:
+        return hmac.new(self._key, f"edgekv-session:{expiry}".encode(), hashlib.sha256).hexdigest()
+
+    def issue(self) -> str:
+        expiry = int(self._clock()) + self.lifetime_s
+        return f"{expiry}.{self._mac(expiry)}"
+
+    def valid(self, value: str) -> bool:
+        expiry, _, mac = value.partition(".")
+        if not expiry.isdigit() or len(expiry) > 12 or int(expiry) < self._clock():
+            return False
+        return hmac.compare_digest(mac.encode(), self._mac(int(expiry)).encode())
+
+    def set_header(self) -> str:
+        return f"{COOKIE_NAME}={self.issue()}; Max-Age={self.lifetime_s}; Path=/; HttpOnly; SameSite=Strict"
+
+    @staticmethod
+    def clear_header() -> str:
+        return f"{COOKIE_NAME}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"
+
+
+def cookie_value(header: str, name: str = COOKIE_NAME) -> str | None:
+    for item in header.split(";"):
+        key, _, value = item.strip().partition("=")
+        if key == name:
+            return value.strip()
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- policy
+@dataclass
+class AccessPolicy:
+    bind_host: str
+    token: str | None
+    allowed_hosts: tuple[str, ...]
+    max_request_bytes: int
+
+    def __post_init__(self) -> None:
+        names = set(LOOPBACK_NAMES) | {split_host(h)[0] for h in self.allowed_hosts}
+        self.wildcard = self.bind_host in WILDCARD_HOSTS
+        if self.wildcard:
+            names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        else:
+            names.add(split_host(self.bind_host)[0])
+        self.names = frozenset(names)
+        self.cookies = SessionCookies(self.token) if self.token else None
+        self._bearer = f"Bearer {self.token}".encode() if self.token else b""  # header bytes as clients send them
+
+    def host_allowed(self, name: str) -> bool:
+        if name in self.names:
+            return True
+        if self.wildcard:
+            try:
+                ipaddress.ip_address(name)
+                return True
+            except ValueError:
+                return False
+        return False
+
+    def origin_allowed(self, origin: str, host: str | None) -> bool:
+        try:
+            parts = urlsplit(origin)
+            port = parts.port
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False
+        name = parts.hostname.rstrip(".")
+        if not self.host_allowed(name):
+            return False
+        if host is None:
+            return True
+        host_name, host_port = split_host(host)
+        default = 443 if parts.scheme == "https" else 80
+        return name == host_name and (port or default) == (host_port or default)
+
+    def authenticated(self, headers: dict[bytes, bytes]) -> bool:
+        if not self.token:
+            return True
+        given = headers.get(b"authorization")
+        if given is not None and hmac.compare_digest(given, self._bearer):
+            return True
+        cookie = cookie_value(headers.get(b"cookie", b"").decode("latin-1"))
+        return cookie is not None and self.cookies.valid(cookie)
+
+    def check(self, scope: dict) -> ApiError | None:
+        """The first reason to refuse this request before its body is read, or None."""
+        headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1") or None
+        if host is not None and not self.host_allowed(split_host(host)[0]):
+            return ApiError(400, f"Host {host[:80]!r} is not a name of this server (DNS rebinding guard); "
+                                 "add it to server.allowed_hosts", param="Host", code="invalid_host")
+        origin = headers.get(b"origin")
+        if origin is not None and not self.origin_allowed(origin.decode("latin-1"), host):
+            return ApiError(403, "cross-origin requests are refused: use this server's own page or a non-browser "
+                                 "client", kind="permission_error", param="Origin", code="cross_origin")
+        authed = self.authenticated(headers)
+        scope.setdefault("state", {})["edgekv_authenticated"] = authed
+        if not authed and scope["path"] not in PUBLIC_PATHS:
+            return ApiError(401, "missing or wrong bearer token (Authorization: Bearer <server.token>)",
+                            kind="authentication_error", code="invalid_api_key",
+                            headers={"www-authenticate": "Bearer"})
+        if scope["method"] in BODY_METHODS:
+            media, _, params = headers.get(b"content-type", b"").decode("latin-1").partition(";")
+            charset = params.strip().lower()
+            if media.strip().lower() != "application/json" or charset not in ("", "charset=utf-8"):
+                return ApiError(415, "request bodies must be Content-Type: application/json (UTF-8)",
+                                param="Content-Type", code="unsupported_media_type")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_request_bytes):
+            return ApiError(413, f"request body over server.max_request_bytes ({self.max_request_bytes} bytes)",
+                            code="request_too_large")
+        return None
+
+
+async def send_error(send: Callable, error: ApiError, close: bool) -> None:
+    body = error.body()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestGuard:
+    """ASGI middleware applying ``AccessPolicy.check`` before the app (and before any body byte is read)."""
+
+    def __init__(self, app: Any, policy: AccessPolicy) -> None:
+        self.app, self.policy = app, policy
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            refusal = self.policy.check(scope)
+            if refusal is not None:
+                await send_error(send, refusal, close=True)
+                return
+        await self.app(scope, receive, send)
+
+
+async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes and (408) when it has not all
+    arrived within ``timeout_s``: a chunked body is never read whole before the check."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    chunks: list[bytes] = []
+    size = 0
+    stream = request.stream().__aiter__()
+    while True:
+        remaining = deadline - loop.time()
+        try:
+            if remaining <= 0:
+                raise asyncio.TimeoutError
+            chunk = await asyncio.wait_for(stream.__anext__(), remaining)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within server.request_timeout_s ({timeout_s:g} s)",
+                           code="request_timeout", headers={"connection": "close"}) from None
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body over server.max_request_bytes ({limit} bytes)",
+                           code="request_too_large", headers={"connection": "close"})
+        chunks.append(chunk)
+
+
+# ---------------------------------------------------------------------------------------------- connections
+@dataclass(frozen=True)
+class ConnectionLimits:
+    request_timeout_s: float
+    max_connections: int
+    body_grace_s: float = 1.0  # the handler's own body deadline (read_body) answers 408 first
+
+
+def raw_response(status: int, reason: str, message: str, code: str) -> bytes:
+    """A whole HTTP/1.1 error response, for answers given outside any request cycle."""
+    body = error_body(message, "invalid_request_error" if status < 500 else "server_error", None, code)
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus a per-request arrival deadline and a connection limit (see module doc)."""
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict, _loop: Any = None, *,
+                 limits: ConnectionLimits) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = limits
+        self._deadline: asyncio.TimerHandle | None = None
+        self._body_phase = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            transport.write(raw_response(503, "Service Unavailable", f"more than server.max_connections "
+                                         f"({self.limits.max_connections}) open connections; retry shortly",
+                                         "too_many_connections"))
+            transport.close()
+            return
+        self._arm(self.limits.request_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self.conn.their_state is h11.IDLE:  # a new request on a kept-alive connection
+            self._body_phase = False
+            self._arm(self.limits.request_timeout_s)
+        super().data_received(data)
+        state = self.conn.their_state
+        if state is h11.SEND_BODY and not self._body_phase:
+            self._body_phase = True  # headers are in: the handler reads the body under its own deadline
+            self._arm(self.limits.request_timeout_s + self.limits.body_grace_s)
+        elif state is not h11.IDLE and state is not h11.SEND_BODY:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        self._disarm()
+        self.transport.write(raw_response(400, "Bad Request", f"invalid HTTP request: {msg}", "invalid_http"))
+        self.transport.close()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:  # nobody else can answer this request
+            self.transport.write(raw_response(408, "Request Timeout", "the request did not arrive within "
+                                              f"server.request_timeout_s ({self.limits.request_timeout_s:g} s)",
+                                              "request_timeout"))
+        self.transport.close()

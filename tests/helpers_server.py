@@ -1,0 +1,129 @@
+"""A real daemon on the tiny checkpoint with its HTTP API on 127.0.0.1, and small HTTP / raw-socket clients
+for the server tests (kept apart from test_daemon.py so the server tests do not depend on its helpers)."""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from edgekv.config import EdgeKVConfig
+
+
+def daemon_args(**overrides) -> argparse.Namespace:
+    values = {"ask": [], "ask_every": 0, "max_frames": None, "no_server": False, "no_stdin": True, "quiet": True,
+              "realtime": True}
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def server_config(model_dir: Path, **server) -> EdgeKVConfig:
+    return EdgeKVConfig().with_overrides(
+        model={"path": str(model_dir), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=100000", "fps": 4.0, "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 400, "text_reserve_tokens": 96},
+        server={"port": 0, "max_new_tokens": 16, "request_timeout_s": 2.0, "keep_alive_s": 1.0, **server},
+        generation={"max_new_tokens": 4},
+        monitor={"interval_s": 0.2, "backend": "cpu"},
+    )
+
+
+class RunningDaemon:
+    """A Daemon in a background thread, stopped through its flag (signals belong to the main thread)."""
+
+    def __init__(self, config: EdgeKVConfig, out_path: Path) -> None:
+        from edgekv.apps.daemon import Daemon
+
+        self.out = open(out_path, "w")
+        self.daemon = Daemon(config, daemon_args(), out=self.out)
+        self.thread = threading.Thread(target=self.daemon.run, daemon=True)
+
+    def __enter__(self) -> "RunningDaemon":
+        self.thread.start()
+        assert self.daemon.ready.wait(60), "daemon did not start"
+        deadline = time.monotonic() + 30
+        while self.daemon.session.counters.frame_pairs < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.port = self.daemon.server.port
+        self.base = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def stop(self) -> None:
+        self.daemon.stop.event.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "daemon did not stop"
+
+    def __exit__(self, *exc) -> None:
+        if self.thread.is_alive():
+            self.stop()
+        self.out.close()
+
+
+def call(port: int, method: str, path: str, body=None, headers: dict | None = None, raw: bytes | None = None,
+         timeout: float = 60) -> tuple[int, dict, bytes]:
+    """One HTTP request on a fresh connection: (status, lower-case headers, body)."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    sent = {"Content-Type": "application/json"} if data is not None else {}
+    sent.update(headers or {})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=data, headers=sent)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def chat(port: int, content, headers: dict | None = None, **fields) -> tuple[int, dict, bytes]:
+    body = {"messages": [{"role": "user", "content": content}], **fields}
+    return call(port, "POST", "/v1/chat/completions", body, headers=headers)
+
+
+def error_of(body: bytes) -> dict:
+    """The OpenAI error object of a response body (asserting its shape)."""
+    payload = json.loads(body)
+    error = payload["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+def connect(port: int, timeout: float = 10) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.settimeout(timeout)
+    return sock
+
+
+def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection; (data, seconds it took)."""
+    started = time.monotonic()
+    sock.settimeout(limit_s)
+    chunks = []
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except (socket.timeout, ConnectionResetError):
+        pass
+    return b"".join(chunks), time.monotonic() - started
+
+
+@contextmanager
+def frozen(run: RunningDaemon, monkeypatch):
+    """No new frames while inside (the capture is not read; questions are still answered): answers and
+    figures depend on the cache only, so the same request gives the same answer."""
+    def no_frame(timeout: float = 0.2, *args, **kwargs):
+        time.sleep(min(timeout, 0.05))
+        return None
+
+    monkeypatch.setattr(run.daemon.sampler, "next_frame", no_frame)
+    with run.daemon.lock:  # wait for a step in progress to finish
+        pass
+    yield
