@@ -232,6 +232,9 @@ def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-server", action="store_true", help="do not start the HTTP API")
     group.add_argument("--no-stdin", action="store_true", help="do not read questions from stdin")
     group.add_argument("--quiet", action="store_true", help="no per-pair lines")
+    group.add_argument("--quiz", type=int, default=0, metavar="N",
+                       help="when a synthetic:events stream ends, ask N questions about the events seen and grade "
+                            "each answer against the scene's ground truth (the toy model's demo)")
 
 
 def version_string() -> str:

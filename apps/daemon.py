@@ -82,6 +82,7 @@ class DaemonOptions:
     no_stdin: bool = False
     quiet: bool = False
     voice_wav: str | None = None
+    quiz: int = 0
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace | None) -> "DaemonOptions":
@@ -136,6 +137,7 @@ class Daemon:
         self._stdin_reader: threading.Thread | None = None
         self._ingest_s_per_frame: float | None = None  # moving average (what the machine can sustain)
         self._collector: Collector | None = None
+        self.quiz: Quiz | None = None  # --quiz: ground-truth questions about a synthetic:events stream
         from edgekv.state import StateKeeper  # imports torch: only once a daemon is made, not for --help
 
         self.state = StateKeeper(config.state, say=self.say)  # persistent memory (state: in the YAML)
@@ -218,6 +220,8 @@ class Daemon:
             check_server_packages()
             check_server_address(cfg)
         self._spec, self._source = open_video_source(cfg)
+        if self.options.quiz:
+            self.quiz = Quiz.for_source(self._source, self.options.quiz)
 
     @staticmethod
     def _check_wav(path: str) -> None:
@@ -391,6 +395,8 @@ class Daemon:
                      "seen (SIGTERM to stop)")
         if not self.options.ask_every:
             self._scheduled.extend(Question(text, source="cli") for text in self.options.ask)
+        if self.quiz is not None:
+            self._scheduled.extend(self.quiz.questions(self.config.generation.max_new_tokens))
 
     def _finished(self) -> bool:
         """Nothing left to do: one-shot and every input answered, or no channel can bring a question."""
@@ -415,6 +421,8 @@ class Daemon:
         try:
             with self.lock:
                 result = self.session.ingest(frame, t=self.state.stream_time(t))
+            if self.quiz is not None:
+                self.quiz.saw(t)
         except ValueError as exc:
             log.warning("frame skipped: %s", printable(str(exc)))
             return
@@ -473,6 +481,8 @@ class Daemon:
             question.answered_at = time.time()
             self._record(question)
             self.say(format_answer(question))
+            if self.quiz is not None and question.source == "quiz":
+                self.say(self.quiz.grade(question))
             question.done.set()
         if self.server is not None:
             self.server.question_answered(question)
@@ -623,7 +633,62 @@ class Daemon:
                          f"(backlog bound {self.config.video.answer_backlog_s:g} s / "
                          f"{self.config.video.answer_backlog_mib:g} MiB); loop time ingesting "
                          f"{self.fair.ingest_s:.1f} s, answering {self.fair.answer_s:.1f} s")
+        if self.quiz is not None and self.quiz.graded:
+            lines.append(self.quiz.score())
         return "\n".join(lines)
+
+
+class Quiz:
+    """``--quiz N``: when a ``synthetic:events`` stream ends, N questions (the five families in turn) about
+    the events of frame pairs the session ingested, each graded against the scene's ground truth."""
+
+    def __init__(self, scene, count: int) -> None:
+        self.scene = scene
+        self.count = count
+        self.seen: set[int] = set()  # indices into scene.events (bounded by the scene's event count)
+        self.asked: dict[int, object] = {}  # question id -> QA (at most ``count``)
+        self.graded: list[bool] = []
+
+    @classmethod
+    def for_source(cls, source, count: int) -> "Quiz":
+        scene = getattr(source, "scene", None)
+        if count < 1 or scene is None:
+            raise StartupError("--quiz needs a positive count and a synthetic:events video source (the one whose "
+                               f"ground truth is known); video.source is {getattr(source, 'spec', source)!r}")
+        return cls(scene, count)
+
+    def saw(self, t: float) -> None:
+        """A frame stamped ``t`` (the source's clock) was ingested: the events on screen count as seen."""
+        pair = int(round(t * self.scene.fps)) // 2
+        for index, event in enumerate(self.scene.events):
+            if event.first_pair <= pair <= event.last_pair:
+                self.seen.add(index)
+
+    def questions(self, max_new_tokens: int) -> list[Question]:
+        from edgekv.toy.quiz import make_quiz
+
+        events = [self.scene.events[i] for i in sorted(self.seen)]
+        out = []
+        for qa in make_quiz(events, self.count, seed=self.scene.seed):
+            question = Question(qa.question, max_new_tokens=min(max_new_tokens, 4), temperature=0.0, source="quiz")
+            self.asked[question.id] = qa
+            out.append(question)
+        return out
+
+    def grade(self, question: Question) -> str:
+        from edgekv.toy.quiz import QuizItem, format_item
+
+        if question.answer is None:
+            self.graded.append(False)
+            return f"   quiz: not answered ({printable(str(question.error))})"
+        item = QuizItem(self.asked[question.id], question.answer.text)
+        self.graded.append(item.correct)
+        return "   " + format_item(item, self.scene.fps).split("\n", 1)[1].strip()
+
+    def score(self) -> str:
+        right = sum(self.graded)
+        return (f"quiz: {right}/{len(self.graded)} correct about {len(self.seen)} events seen "
+                f"(of {len(self.scene.events)} in the stream)")
 
 
 def _bounded(name: str, action, deadline: float) -> None:

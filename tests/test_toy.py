@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -302,3 +304,70 @@ def test_compact_samples_leave_early_evicted_tokens_out_of_the_sequence():
     assert torch.equal(first_pair[1], s0 + kept // 4) and torch.equal(first_pair[2], s0 + kept % 4)  # row, col
     batch = encoder.encode([sample])
     assert batch.video_index.shape[0] == 3 * TOKENS - 3 and int(batch.video_source[1]) == 3  # token 3 of pair 0
+
+
+# ---------------------------------------------------------------------------------------------- --quiz
+def test_quiz_counts_only_events_of_ingested_pairs_and_grades_answers():
+    from types import SimpleNamespace
+
+    from edgekv.apps.camera import Question
+    from edgekv.apps.daemon import Quiz
+    from edgekv.apps.startup import StartupError
+
+    events = [Event("circle", "red", 1, 1, (30, 30), 10), Event("square", "blue", 5, 2, (80, 80), 12)]
+    scene = EventScene(112, 112, 2.0, 3, events)
+    quiz = Quiz(scene, 3)
+    for frame in (0, 1, 2, 3):  # pairs 0 and 1: the circle (pair 1) is seen, the square (pairs 5-6) is not
+        quiz.saw(frame / scene.fps)
+    assert quiz.seen == {0}
+    quiz.saw(13 / scene.fps)  # frame 13 = pair 6
+    assert quiz.seen == {0, 1}
+    asked = quiz.questions(max_new_tokens=24)
+    assert len(asked) == 3 and all(q.source == "quiz" and q.max_new_tokens == 4 for q in asked)
+    first = asked[0]  # the families in turn: colour first
+    assert first.text == "What color was the circle?" or first.text == "What color was the square?"
+    right = "red" if "circle" in first.text else "blue"
+    first.answer = SimpleNamespace(text=f"{right.capitalize()}.")
+    assert "[correct]" in quiz.grade(first)
+    asked[1].answer = SimpleNamespace(text="banana")
+    assert "[WRONG]" in quiz.grade(asked[1])
+    asked[2].error = ValueError("no room")
+    assert "not answered" in quiz.grade(asked[2])
+    assert quiz.score() == "quiz: 1/3 correct about 2 events seen (of 2 in the stream)"
+    with pytest.raises(StartupError, match="synthetic:events"):
+        Quiz.for_source(SimpleNamespace(spec="synthetic:shapes"), 3)
+    assert isinstance(first, Question)
+
+
+def test_daemon_quiz_one_shot_prints_graded_answers(tiny_checkpoint):
+    """``--quiz N`` end to end: the stream ends, N questions about what was ingested are answered and graded,
+    and the summary carries the score (random weights here: the grading, not the accuracy, is tested)."""
+    import io
+
+    from edgekv.apps.daemon import Daemon, DaemonOptions
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:events?size=112x112&fps=4&frames=40&seed=2&rate=0.3", "fps": 4.0,
+               "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 600, "text_reserve_tokens": 64},
+        server={"enabled": False}, monitor={"interval_s": 0.5, "backend": "cpu"})
+    out = io.StringIO()
+    daemon = Daemon(config, DaemonOptions(exit_at_end=True, no_stdin=True, quiet=True, quiz=4), out=out)
+    assert daemon.run() == 0
+    text = out.getvalue()
+    assert text.count("   truth: ") == 4 and text.count("ground truth: ") == 4 and text.count("[WRONG]") + text.count("[correct]") == 4
+    assert re.search(r"quiz: [0-4]/4 correct about [1-9]\d* events seen \(of \d+ in the stream\)", text), text
+
+
+def test_daemon_quiz_refuses_a_source_without_ground_truth(tiny_checkpoint, capsys):
+    from edgekv.apps.daemon import Daemon, DaemonOptions
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=112x112&fps=4&frames=8", "resolution": [112, 112]},
+        server={"enabled": False})
+    assert Daemon(config, DaemonOptions(exit_at_end=True, no_stdin=True, quiz=2)).run() == 2
+    assert "--quiz needs" in capsys.readouterr().err
