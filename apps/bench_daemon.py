@@ -31,7 +31,8 @@ from pathlib import Path
 
 
 def add_daemon_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="configs/cpu-demo.yaml", help="deployment YAML (its model and source)")
+    parser.add_argument("--config", default="configs/tiny-random.yaml",
+                        help="deployment YAML (its model and source); the default wants `edgekv make-tiny-checkpoint models/tiny`")
     parser.add_argument("--questions", type=int, default=5, help="questions asked one after another, per mode")
     parser.add_argument("--answer-tokens", type=int, default=64, help="tokens per answer")
     parser.add_argument("--token-delay-ms", type=float, default=0.0,

@@ -36,7 +36,7 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hours", type=float, default=None, help="how long to run (or --pairs)")
     parser.add_argument("--pairs", type=int, default=None, help="frame pairs to ingest (or --hours)")
     parser.add_argument("--model", help="checkpoint dir (default: a fresh tiny random checkpoint)")
-    # defaults: the CPU demo's budget (configs/demo-cpu.yaml)
+    # defaults: the CPU demo's budget (a random tiny checkpoint at 224 x 224)
     parser.add_argument("--resolution", type=int, nargs=2, default=[224, 224], metavar=("H", "W"))
     parser.add_argument("--policy", default="infinipot_v")
     parser.add_argument("--max-tokens", type=int, default=1536, help="cache cap M")

@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch a camera (or file, RTSP stream, GStreamer pipeline, synthetic video) and answer questions "
                     "about anything seen so far,\ninside a hard KV-cache memory cap. Questions come from --ask, stdin, "
                     "the HTTP API (OpenAI-compatible) and the microphone.",
-        epilog="example: edgekv-camera --config configs/cpu-demo.yaml --max-frames 80 --no-stdin --ask 'What moves?'")
+        epilog="example: edgekv-camera --config configs/cpu-demo.yaml --no-stdin --exit-at-end --quiz 10 --ask 'Which shape was red?'")
     parser.add_argument("--version", action="version", version=version_string())
     add_config_arguments(parser, model_positional=False)
     add_daemon_arguments(parser)

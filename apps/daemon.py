@@ -239,8 +239,10 @@ class Daemon:
         from edgekv.monitor import Monitor
         from edgekv.video.capture import Backoff, CaptureThread, Sampler
 
+        from edgekv.toy import resolve_model_path
+
         cfg = self.config
-        model_dir = Path(cfg.model.path)
+        model_dir = Path(resolve_model_path(cfg.model.path))
         if is_random_checkpoint(model_dir):
             self.say(RANDOM_WEIGHTS_NOTE.format(path=model_dir))
         runtime = edgekv.Runtime.from_config(cfg)

@@ -12,7 +12,7 @@ from edgekv.config import ConfigError, EdgeKVConfig, config_from_dict, load_conf
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize("name", ["cpu-demo.yaml", "demo-cpu.yaml", "orin-agx-64gb.yaml", "orin-nano-8gb.yaml"])
+@pytest.mark.parametrize("name", ["cpu-demo.yaml", "tiny-random.yaml", "orin-agx-64gb.yaml", "orin-nano-8gb.yaml"])
 def test_shipped_profiles_load(name):
     config = load_config(CONFIGS / name)
     assert config.cache.max_tokens and config.cache.text_reserve_tokens < config.cache.max_tokens

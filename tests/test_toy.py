@@ -371,3 +371,47 @@ def test_daemon_quiz_refuses_a_source_without_ground_truth(tiny_checkpoint, caps
         server={"enabled": False})
     assert Daemon(config, DaemonOptions(exit_at_end=True, no_stdin=True, quiz=2)).run() == 2
     assert "--quiz needs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_shipped_checkpoint_scores_what_its_card_states():
+    """The model card's held-out accuracy is reproduced by loading the shipped fp16 checkpoint through the
+    runtime (full cache, fp32) on the same fixed held-out streams, and every family beats chance."""
+    import json
+
+    from edgekv.eval.toy_accuracy import evaluate
+    from edgekv.toy import builtin_path
+    from edgekv.toy.questions import CHANCE
+
+    card = json.loads((builtin_path() / "card.json").read_text())
+    stated = card["heldout_accuracy"]
+    result = evaluate("builtin:toy", count=stated["streams"], seed=stated["seed"])
+    for family in FAMILIES:
+        assert result["accuracy"][family] == pytest.approx(stated["accuracy"][family], abs=0.02), family
+        assert result["accuracy"][family] > CHANCE[family] + 0.1, family
+
+
+DEMO_QUIZ_MIN_CORRECT = 7  # measured: 8 of 10 on the 2-core x86 dev machine (fp32; a margin for other CPUs)
+
+
+@pytest.mark.slow
+def test_readme_demo_answers_about_its_stream():
+    """The README's first command (after the install): the shipped toy model on configs/cpu-demo.yaml, a
+    stream long enough for the cap to compress it many times, then a graded quiz about what it saw."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.camera", "--config", "configs/cpu-demo.yaml",
+                           "--no-stdin", "--no-server", "--exit-at-end", "--quiz", "10"], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "holds random weights" not in out and "stream ended: the source ended after 160 frames" in out
+    compressions = int(re.search(r"per pair; compressions (\d+) \(", out).group(1))
+    assert compressions >= 3  # the 80-pair stream does not fit the 640-token cap: it was compressed
+    score = re.search(r"quiz: (\d+)/10 correct about (\d+) events seen", out)
+    assert score, out
+    assert out.count("ground truth: ") == 10
+    assert int(score.group(1)) >= DEMO_QUIZ_MIN_CORRECT, out
