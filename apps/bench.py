@@ -10,6 +10,7 @@ figures show the cap at work (the plot draws it). Figures only: nothing here ass
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -26,20 +27,22 @@ DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ 
 
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``; with ``argv`` only the chosen one gets its options
-    (the others' modules, and torch, are not imported for ``--help``)."""
+    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``; with ``argv`` only the
+    chosen one gets its options (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.cli import first_positional
 
     chosen = first_positional(argv)[0] if argv is not None else None
     sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     benches = {
         "stream": ("ingest a long stream; edgekv vs transformers, per frame pair", add_stream_arguments),
-        "kernels": ("each kernel vs its eager torch reference", _add_kernels),
-        "engines": ("vision + prefill ms and decode tok/s per backend, repeated", _add_engines),
-        "daemon": ("frames lost while answering, answer latency, ingest fps under question load", _add_daemon),
-        "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _add_soak),
-        "state": ("snapshot write/read ms and bytes at the 3B cache shape", _add_state),
-        "api": ("ingest rate and /healthz latency under 50 concurrent chats", _add_api),
+        "kernels": ("each kernel vs its eager torch reference", _lazy("bench_kernels", "add_kernel_arguments")),
+        "engines": ("vision + prefill ms and decode tok/s per backend, repeated",
+                    _lazy("bench_engines", "add_engine_arguments")),
+        "daemon": ("frames lost while answering, answer latency, ingest fps under question load",
+                   _lazy("bench_daemon", "add_daemon_bench_arguments")),
+        "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _lazy("bench_soak", "add_soak_arguments")),
+        "state": ("snapshot write/read ms and bytes at the 3B cache shape", _lazy("bench_state", "add_state_arguments")),
+        "api": ("ingest rate and /healthz latency under 50 concurrent chats", _lazy("bench_api", "add_api_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
@@ -47,40 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
             add(bench)
 
 
-def _add_kernels(parser: argparse.ArgumentParser) -> None:
-    from edgekv.apps.bench_kernels import add_kernel_arguments
+def _lazy(module: str, function: str):
+    """The ``add`` of a bench whose module (and torch) is imported only when that bench is chosen."""
 
-    add_kernel_arguments(parser)
+    def add(parser: argparse.ArgumentParser) -> None:
+        getattr(importlib.import_module(f"edgekv.apps.{module}"), function)(parser)
 
-
-def _add_engines(parser: argparse.ArgumentParser) -> None:
-    from edgekv.apps.bench_engines import add_engine_arguments
-
-    add_engine_arguments(parser)
-
-
-def _add_daemon(parser: argparse.ArgumentParser) -> None:
-    from edgekv.apps.bench_daemon import add_daemon_bench_arguments
-
-    add_daemon_bench_arguments(parser)
-
-
-def _add_soak(parser: argparse.ArgumentParser) -> None:
-    from edgekv.apps.bench_soak import add_soak_arguments
-
-    add_soak_arguments(parser)
-
-
-def _add_state(parser: argparse.ArgumentParser) -> None:
-    from edgekv.apps.bench_state import add_state_arguments
-
-    add_state_arguments(parser)
-
-
-def _add_api(parser: argparse.ArgumentParser) -> None:
-    from edgekv.apps.bench_api import add_api_arguments
-
-    add_api_arguments(parser)
+    return add
 
 
 def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
