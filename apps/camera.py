@@ -129,8 +129,10 @@ def format_answer(question: Question) -> str:
     if question.error is not None:
         return f"{asked}\n   refused: {printable(str(question.error))}"
     a = question.answer
+    # one token is all prefill: there is no decode step to time
+    rate = f"{a.decode_tok_s:.1f} tok/s" if len(a.token_ids) > 1 else "no decode step"
     return (f"{asked}\nA: {printable(a.text, limit=4000)}\n   ({len(a.token_ids)} tokens, ttft {a.ttft_s * 1e3:.0f} ms, "
-            f"{a.decode_tok_s:.1f} tok/s, over {a.video_tokens} cached tokens)")
+            f"{rate}, over {a.video_tokens} cached tokens)")
 
 
 # ---------------------------------------------------------------------------------------------- command line
