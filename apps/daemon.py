@@ -555,8 +555,9 @@ class Daemon:
 
     def _on_loop_tick(self) -> None:
         """Once per turn of the main loop (between steps, the session idle): the periodic snapshot."""
-        with self.lock:
-            self.state.maybe_snapshot(self.session)
+        if self.state.enabled:  # no lock taken on every loop turn when persistent memory is off
+            with self.lock:
+                self.state.maybe_snapshot(self.session)
 
     def _on_stop(self) -> None:
         """After the loop ended, before the capture stops: the final snapshot (SIGTERM included)."""
@@ -648,6 +649,10 @@ class Quiz:
         self.scene = scene
         self.count = count
         self.seen: set[int] = set()  # indices into scene.events (bounded by the scene's event count)
+        self.on_screen: dict[int, list[int]] = {}  # pair -> indices of the events shown in it (built once)
+        for index, event in enumerate(scene.events):
+            for pair in range(event.first_pair, event.last_pair + 1):
+                self.on_screen.setdefault(pair, []).append(index)
         self.asked: dict[int, object] = {}  # question id -> QA (at most ``count``)
         self.graded: list[bool] = []
 
@@ -661,10 +666,7 @@ class Quiz:
 
     def saw(self, t: float) -> None:
         """A frame stamped ``t`` (the source's clock) was ingested: the events on screen count as seen."""
-        pair = int(round(t * self.scene.fps)) // 2
-        for index, event in enumerate(self.scene.events):
-            if event.first_pair <= pair <= event.last_pair:
-                self.seen.add(index)
+        self.seen.update(self.on_screen.get(int(round(t * self.scene.fps)) // 2, ()))
 
     def questions(self, max_new_tokens: int) -> list[Question]:
         from edgekv.toy.quiz import make_quiz
