@@ -1,5 +1,5 @@
 """Flat for weeks: nothing a session keeps grows with the stream (no per-frame or per-compression list),
-and process RSS stays flat over 20,000 frame pairs once warmed up."""
+and process RSS stays flat over 8,000 frame pairs once warmed up (`edgekv bench soak` runs the hour-long version)."""
 
 from __future__ import annotations
 
@@ -78,22 +78,22 @@ rt = edgekv.Runtime.from_pretrained(sys.argv[1], model={"dtype": "fp32", "device
                                     video={"resolution": [56, 56], "fps": 2.0},
                                     cache={"policy": "infinipot_v", "max_tokens": 256, "text_reserve_tokens": 64})
 report = soak(rt.session(), frame_pool((56, 56)), 2.0, pairs=int(sys.argv[2]), ask_every=1000, answer_tokens=8,
-              sample_every_pairs=500)
+              sample_every_pairs=200)
 print(json.dumps({"summary": report.summary(), "samples": report.samples}))
 """
 
 
 @pytest.mark.slow
-def test_rss_is_flat_over_20000_frame_pairs(tiny_checkpoint):
+def test_rss_is_flat_over_8000_frame_pairs(tiny_checkpoint):
     """After warm-up (the first third of the run) RSS grows by at most 0.5 % to the end."""
-    out = subprocess.run([sys.executable, "-c", SOAK, str(tiny_checkpoint), "20000"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", SOAK, str(tiny_checkpoint), "8000"], capture_output=True, text=True,
                          timeout=1800)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     summary = result["summary"]
-    assert summary["pairs"] == 20000 and summary["errors"] == 0, summary["error_messages"]
-    assert summary["compressions"] > 1000 and summary["questions"] == 20
+    assert summary["pairs"] == 8000 and summary["errors"] == 0, summary["error_messages"]
+    assert summary["compressions"] > 400 and summary["questions"] == 8
     assert len(summary["cache_bytes"]) == 1  # allocated once, never changed
-    assert summary["warmup_at_pair"] <= 7000
+    assert summary["warmup_at_pair"] <= 3000
     growth = summary["rss_max_after_warmup_mb"] / summary["rss_after_warmup_mb"] - 1.0
     assert growth <= 0.005, f"RSS grew {100 * growth:.2f} % after warm-up: {summary}"
