@@ -492,24 +492,37 @@ class FrameArchive:
             self._handle = None
 
     # ------------------------------------------------------------------ retrieval side
-    def read_layer(self, entry: ArchivedPair, layer: int) -> torch.Tensor | None:
-        """K and V of one layer of one archived pair: [2, kv_heads, P, head_dim] in the archive's dtype, or
-        None when the record is gone (retention) or fails its checksum (counted in ``bad_records``)."""
+    def read_layers(self, entry: ArchivedPair, layers: list[int]) -> dict[int, torch.Tensor]:
+        """K and V of some layers of one archived pair: layer -> [2, kv_heads, P, head_dim] in the archive's
+        dtype. A layer whose bytes fail their checksum is left out (counted in ``bad_records``); all are
+        left out when the record is gone (retention deleted its segment)."""
         layer_bytes = self.shape.layer_bytes(entry.tokens)
-        at = entry.offset + _HEAD.size + self.shape.meta_bytes() + layer * layer_bytes
-        with self._lock:
+        base = entry.offset + _HEAD.size + self.shape.meta_bytes()
+        raw: dict[int, bytes] = {}
+        with self._lock:  # retention cannot delete the segment while it is read
             if entry.segment not in self._segments:
-                return None
+                return {}
             try:
-                with open(self._segment_path(entry.segment), "rb", buffering=0) as handle:
-                    raw = os.pread(handle.fileno(), layer_bytes, at)
+                fd = os.open(self._segment_path(entry.segment), os.O_RDONLY)
             except OSError:
-                return None
-        if len(raw) != layer_bytes or zlib.crc32(raw) != entry.layer_crcs[layer]:
-            self.bad_records += 1
-            return None
-        data = torch.frombuffer(bytearray(raw), dtype=self.shape.torch_dtype)
-        return data.view(2, self.shape.kv_heads, entry.tokens, self.shape.head_dim)
+                return {}
+            try:
+                for layer in layers:
+                    raw[layer] = os.pread(fd, layer_bytes, base + layer * layer_bytes)
+            finally:
+                os.close(fd)
+        out = {}
+        for layer, data in raw.items():
+            if len(data) != layer_bytes or zlib.crc32(data) != entry.layer_crcs[layer]:
+                self.bad_records += 1
+                continue
+            tensor = torch.frombuffer(bytearray(data), dtype=self.shape.torch_dtype)
+            out[layer] = tensor.view(2, self.shape.kv_heads, entry.tokens, self.shape.head_dim)
+        return out
+
+    def read_layer(self, entry: ArchivedPair, layer: int) -> torch.Tensor | None:
+        """One layer of one pair (``read_layers``), None when it cannot be read."""
+        return self.read_layers(entry, [layer]).get(layer)
 
     def stats(self) -> dict:
         return {"archive_pairs": self.pairs, "archive_bytes": self.bytes_on_disk, "archive_dropped": self.dropped,
