@@ -176,3 +176,14 @@ def test_archive_continues_across_a_restart_with_the_persistent_memory(tiny_chec
     assert fresh.counters.extra[STREAM_KEY] != stream  # a new stream: its recall never mixes the old one's times
     assert fresh.recall.archive.entries(fresh.recall.stream)[0].pair == 11
     fresh.recall.close()
+
+
+def test_api_recall_field_is_parsed_and_checked():
+    from edgekv.apps.openai_chat import ApiError, ChatLimits, parse_chat_request
+
+    limits = ChatLimits("toy", 64, 16)
+    body = {"messages": [{"role": "user", "content": "What moved?"}]}
+    assert parse_chat_request(body, limits).recall is None
+    assert parse_chat_request({**body, "recall": False}, limits).recall is False
+    with pytest.raises(ApiError, match="recall: expected a boolean"):
+        parse_chat_request({**body, "recall": "yes"}, limits)
