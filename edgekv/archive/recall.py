@@ -45,7 +45,9 @@ from edgekv.cache.capped import SlotKind
 from edgekv.config import ArchiveSection
 from edgekv.positions import rotate_temporal, rotate_temporal_
 
-STREAM_KEY = "archive_stream"  # in session.counters.extra: saved and restored with the persistent memory
+STREAM_KEY = "archive_stream"
+_SPARE = 2  # candidates ranked beyond top_k per layer, in case a record fails its checksum
+_SCORE_CHUNK = 512  # index rows scored at a time (fp32 copies of 512 x 36 x 256 keys: 19 MB at the 3B shape)  # in session.counters.extra: saved and restored with the persistent memory
 
 
 @dataclass(frozen=True)
@@ -165,28 +167,29 @@ class Recall:
         return whole
 
     def select(self, query: torch.Tensor) -> list[list[ArchivedPair]]:
-        """Per layer, the archived pairs of this stream ranked best first (only those not whole in the cache)."""
+        """Per layer, the best ``top_k + _SPARE`` archived pairs of this stream (best first) among those not
+        whole in the cache; the spares stand in for a record that fails its checksum."""
         entries = self.archive.entries(self.stream)
         layers = self.session.cache.num_layers
         if not entries:
             return [[] for _ in range(layers)]
-        keys = self.archive.mean_keys([e.pair for e in entries])  # [N, L, W]
-        scores = torch.nn.functional.cosine_similarity(keys, query.unsqueeze(0), dim=-1)  # [N, L]
+        scores = torch.cat([  # [N, L]; in chunks, so a large index is never copied to fp32 whole
+            torch.nn.functional.cosine_similarity(self.archive.mean_keys([e.pair for e in chunk]),
+                                                  query.unsqueeze(0), dim=-1)
+            for chunk in (entries[i:i + _SCORE_CHUNK] for i in range(0, len(entries), _SCORE_CHUNK))])
         whole = self._whole_in_cache(entries)
         if self.mode == "pooled":
-            pooled = scores.mean(dim=1)
-            candidates = ~whole.all(dim=1)
-            order = [i for i in torch.argsort(pooled, descending=True).tolist() if candidates[i]]
-            return [[entries[i] for i in order] for _ in range(layers)]
-        ranked = []
-        for layer in range(layers):
-            order = torch.argsort(scores[:, layer], descending=True).tolist()
-            ranked.append([entries[i] for i in order if not whole[i, layer]])
-        return ranked
+            scores = scores.mean(dim=1, keepdim=True).masked_fill(whole.all(dim=1, keepdim=True), float("-inf"))
+        else:
+            scores = scores.masked_fill(whole, float("-inf"))
+        best = torch.topk(scores, min(self.top_k + _SPARE, len(entries)), dim=0)  # [m, L or 1]
+        ranked = [[entries[i] for i, value in zip(idx, val) if value != float("-inf")]
+                  for idx, val in zip(best.indices.t().tolist(), best.values.t().tolist())]
+        return ranked * layers if self.mode == "pooled" else ranked
 
     def load(self, ranked: list[list[ArchivedPair]]) -> tuple[tuple[int, ...], ...]:
-        """Write up to ``top_k`` pairs per layer at slots [length, ...) and commit the same count in every
-        layer; keys re-rotated to the current positions. Returns the pairs per layer, in slot order."""
+        """Read up to ``top_k`` pairs per layer straight into slots [length, ...), commit the same count in
+        every layer, then re-rotate each layer's recalled keys at once. Returns the pairs per layer."""
         session, cache = self.session, self.session.cache
         start = cache.length
         wanted = min([self.top_k, *(len(r) for r in ranked)])
@@ -196,42 +199,49 @@ class Recall:
         if start + wanted * tokens > session.capacity:
             raise RuntimeError(f"the retrieval reserve does not fit: {cache.length} + {wanted} x {tokens} slots")
         chosen: list[list[ArchivedPair]] = [[] for _ in ranked]
-        # read what every layer needs, one open per pair, walking each layer's ranking past unreadable records
         depth = [0] * len(ranked)
-        while True:
-            need: dict[int, tuple[ArchivedPair, list[int]]] = {}
+        while True:  # one open per pair per round; a layer whose record fails moves on to its next best
+            need: dict[int, tuple[ArchivedPair, dict]] = {}
             for layer, row in enumerate(ranked):
                 if len(chosen[layer]) < wanted and depth[layer] < len(row):
                     entry = row[depth[layer]]
                     depth[layer] += 1
-                    need.setdefault(entry.pair, (entry, []))[1].append(layer)
+                    at = start + len(chosen[layer]) * tokens
+                    need.setdefault(entry.pair, (entry, {}))[1][layer] = (
+                        cache.k[layer, :, at:at + tokens], cache.v[layer, :, at:at + tokens])
             if not need:
                 break
-            for entry, layers in need.values():
-                for layer, kv in self.archive.read_layers(entry, layers).items():
-                    self._write(layer, start + len(chosen[layer]) * tokens, entry, kv)
+            for entry, targets in need.values():
+                for layer in sorted(self.archive.read_into(entry, targets)):
                     chosen[layer].append(entry)
         count = min(len(row) for row in chosen)
+        for layer, row in enumerate(chosen):
+            self._prepare(layer, start, row[:count])
         cache.commit(count * tokens)
         return tuple(tuple(e.pair for e in row[:count]) for row in chosen)
 
-    def _write(self, layer: int, at: int, entry: ArchivedPair, kv: torch.Tensor) -> None:
+    def _prepare(self, layer: int, start: int, entries: list[ArchivedPair]) -> None:
+        """Metadata of one layer's recalled slots, and its keys moved by the re-basing since archiving."""
+        if not entries:
+            return
         session, cache = self.session, self.session.cache
-        end = at + entry.tokens
-        cache.k[layer, :, at:end].copy_(kv[0])
-        cache.v[layer, :, at:end].copy_(kv[1])
-        delta = entry.t_offset - session.t_offset  # re-basing since the pair was archived
-        if delta:
-            rotate_temporal_(cache.k[layer, :, at:end], torch.full((cache.kv_heads, entry.tokens), delta,
-                                                                   device=cache.device),
-                             session.inv_freq, session.temporal_section)
-        index = torch.arange(entry.tokens, device=cache.device)
-        cache.kind[layer, :, at:end] = int(SlotKind.VISION)
-        cache.sink[layer, :, at:end] = False
-        cache.frame[layer, :, at:end] = entry.pair
-        cache.row[layer, :, at:end] = (index // entry.cols).to(cache.row.dtype)
-        cache.col[layer, :, at:end] = (index % entry.cols).to(cache.col.dtype)
-        cache.tpos[layer, :, at:end] = entry.tpos + delta
+        tokens = entries[0].tokens
+        end = start + len(entries) * tokens
+        device = cache.device
+        index = torch.arange(tokens, device=device).repeat(len(entries))
+        cols = torch.tensor([e.cols for e in entries], device=device).repeat_interleave(tokens)
+        delta = torch.tensor([e.t_offset - session.t_offset for e in entries], device=device).repeat_interleave(tokens)
+        tpos = torch.tensor([e.tpos for e in entries], device=device).repeat_interleave(tokens) + delta
+        frame = torch.tensor([e.pair for e in entries], device=device).repeat_interleave(tokens)
+        if bool(delta.any()):
+            rotate_temporal_(cache.k[layer, :, start:end], delta.expand(cache.kv_heads, -1), session.inv_freq,
+                             session.temporal_section)
+        cache.kind[layer, :, start:end] = int(SlotKind.VISION)
+        cache.sink[layer, :, start:end] = False
+        cache.frame[layer, :, start:end] = frame.to(cache.frame.dtype)
+        cache.row[layer, :, start:end] = (index // cols).to(cache.row.dtype)
+        cache.col[layer, :, start:end] = (index % cols).to(cache.col.dtype)
+        cache.tpos[layer, :, start:end] = tpos.to(cache.tpos.dtype)
 
     def recall(self, embeds: torch.Tensor, positions: torch.Tensor) -> Recalled:
         """Probe, select and load for one question (the session then prefills the question after them)."""

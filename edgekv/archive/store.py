@@ -492,33 +492,47 @@ class FrameArchive:
             self._handle = None
 
     # ------------------------------------------------------------------ retrieval side
-    def read_layers(self, entry: ArchivedPair, layers: list[int]) -> dict[int, torch.Tensor]:
-        """K and V of some layers of one archived pair: layer -> [2, kv_heads, P, head_dim] in the archive's
-        dtype. A layer whose bytes fail their checksum is left out (counted in ``bad_records``); all are
-        left out when the record is gone (retention deleted its segment)."""
+    def read_into(self, entry: ArchivedPair, targets: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> set[int]:
+        """Read layers of one archived pair straight into ``targets``: layer -> (k, v) destinations, each
+        [kv_heads, P, head_dim] of the archive's dtype whose rows per head are contiguous (slices of a
+        cache). Returns the layers read and verified; a layer failing its checksum is left out (counted in
+        ``bad_records``), all are when the record is gone (retention deleted its segment)."""
         layer_bytes = self.shape.layer_bytes(entry.tokens)
         base = entry.offset + _HEAD.size + self.shape.meta_bytes()
-        raw: dict[int, bytes] = {}
+        good: set[int] = set()
         with self._lock:  # retention cannot delete the segment while it is read
             if entry.segment not in self._segments:
-                return {}
+                return good
             try:
                 fd = os.open(self._segment_path(entry.segment), os.O_RDONLY)
             except OSError:
-                return {}
+                return good
             try:
-                for layer in layers:
-                    raw[layer] = os.pread(fd, layer_bytes, base + layer * layer_bytes)
+                for layer, (k, v) in targets.items():
+                    host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype) for t in (k, v)]
+                    views = [_bytes_of(t[head]) for t in host for head in range(t.shape[0])]
+                    if os.preadv(fd, views, base + layer * layer_bytes) != layer_bytes:
+                        continue
+                    crc = 0
+                    for view in views:
+                        crc = zlib.crc32(view, crc)
+                    if crc != entry.layer_crcs[layer]:
+                        self.bad_records += 1
+                        continue
+                    for target, read in zip((k, v), host):
+                        if read is not target:
+                            target.copy_(read)
+                    good.add(layer)
             finally:
                 os.close(fd)
-        out = {}
-        for layer, data in raw.items():
-            if len(data) != layer_bytes or zlib.crc32(data) != entry.layer_crcs[layer]:
-                self.bad_records += 1
-                continue
-            tensor = torch.frombuffer(bytearray(data), dtype=self.shape.torch_dtype)
-            out[layer] = tensor.view(2, self.shape.kv_heads, entry.tokens, self.shape.head_dim)
-        return out
+        return good
+
+    def read_layers(self, entry: ArchivedPair, layers: list[int]) -> dict[int, torch.Tensor]:
+        """K and V of some layers of one pair: layer -> [2, kv_heads, P, head_dim] (new tensors)."""
+        shape = (2, self.shape.kv_heads, entry.tokens, self.shape.head_dim)
+        out = {layer: torch.empty(shape, dtype=self.shape.torch_dtype) for layer in layers}
+        good = self.read_into(entry, {layer: (t[0], t[1]) for layer, t in out.items()})
+        return {layer: t for layer, t in out.items() if layer in good}
 
     def read_layer(self, entry: ArchivedPair, layer: int) -> torch.Tensor | None:
         """One layer of one pair (``read_layers``), None when it cannot be read."""
@@ -530,6 +544,13 @@ class FrameArchive:
                 "archive_torn_bytes": self.torn_bytes, "archive_bad_records": self.bad_records,
                 "archive_segments": len(self._segments), "archive_segments_deleted": self.segments_deleted,
                 "archive_write_ms_total": round(self.write_ms_total, 3)}
+
+
+def _bytes_of(rows: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous tensor (bf16 included: numpy sees its bytes)."""
+    if not rows.is_contiguous():
+        raise ValueError("archive: read targets must be contiguous per KV head")
+    return memoryview(rows.view(torch.uint8).numpy()).cast("B")
 
 
 def new_stream_id() -> bytes:
