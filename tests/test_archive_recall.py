@@ -168,13 +168,16 @@ def test_archive_continues_across_a_restart_with_the_persistent_memory(tiny_chec
     restored = runtime.restore(tmp_path / "snap.ekv")
     assert restored.recall.archive.next_pair == 10 and restored.counters.frame_pairs == 6
     _stream(restored, 1, start=20)
-    assert restored.counters.extra[STREAM_KEY] == stream
-    assert [e.pair for e in restored.recall.archive.entries()] == list(range(11))  # numbering continued: 10
+    assert restored.counters.extra[STREAM_KEY] == stream and restored.counters.frame_pairs == 7
+    entries = restored.recall.archive.entries(restored.recall.stream)
+    # keys continue (10), frames follow the restored memory (6); the pairs seen after the snapshot stay
+    assert [(e.pair, e.frame) for e in entries] == [(i, i) for i in range(10)] + [(10, 6)]
+    assert entries[-1].t == 20.0 and entries[9].t == 9.0
     restored.recall.close()
     fresh = _runtime(tiny_checkpoint, tmp_path / "archive", policy="sliding_window", max_tokens=130).session()
     _stream(fresh, 1)
     assert fresh.counters.extra[STREAM_KEY] != stream  # a new stream: its recall never mixes the old one's times
-    assert fresh.recall.archive.entries(fresh.recall.stream)[0].pair == 11
+    assert [(e.pair, e.frame) for e in fresh.recall.archive.entries(fresh.recall.stream)] == [(11, 0)]
     fresh.recall.close()
 
 
@@ -187,3 +190,23 @@ def test_api_recall_field_is_parsed_and_checked():
     assert parse_chat_request({**body, "recall": False}, limits).recall is False
     with pytest.raises(ApiError, match="recall: expected a boolean"):
         parse_chat_request({**body, "recall": "yes"}, limits)
+
+
+def test_a_record_failing_its_checksum_is_skipped_for_the_next_best(tiny_checkpoint, tmp_path):
+    session = _runtime(tiny_checkpoint, tmp_path, {"retrieval": "pooled", "top_k": 2}, policy="sliding_window",
+                       max_tokens=130).session()
+    _stream(session, 24)
+    with torch.inference_mode():
+        session.question_logits("Which shape?", recall=True)
+    first = session.recall.last.pairs[0]
+    victim = next(e for e in session.recall.archive.entries() if e.frame == first[0])
+    path = session.recall.archive._segment_path(victim.segment)
+    data = bytearray(path.read_bytes())
+    data[victim.offset + session.recall.archive.shape.record_bytes(victim.tokens) - 3] ^= 0xFF  # last layer's V
+    path.write_bytes(bytes(data))
+    with torch.inference_mode():
+        session.question_logits("Which shape?", recall=True)
+    rows = session.recall.last.pairs
+    assert all(len(row) == 2 for row in rows)
+    assert first[0] in rows[0] and first[0] not in rows[-1]  # only the damaged layer moved to the next best
+    assert session.stats()["archive_bad_records"] == 1

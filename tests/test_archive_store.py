@@ -36,7 +36,7 @@ def _archive(folder: Path, **kw) -> FrameArchive:
 def _fill(archive: FrameArchive, pairs: range) -> None:
     for pair in pairs:
         k, v = _kv(pair)
-        while not archive.submit(k, v, pair=pair, t=pair * 0.5, tpos=10 + pair, t_offset=0, rows=2, cols=2,
+        while not archive.submit(k, v, frame=pair, t=pair * 0.5, tpos=10 + pair, t_offset=0, rows=2, cols=2,
                                  stream=STREAM):
             archive.flush()  # tests want every pair: wait for a staging buffer instead of dropping
     assert archive.flush()
@@ -70,11 +70,11 @@ def test_full_staging_drops_and_counts_instead_of_blocking(tmp_path):
     gate = archive._free.get_nowait()  # hold the only staging buffer: the writer is "slow"
     k, v = _kv(0)
     started = time.perf_counter()
-    assert archive.submit(k, v, pair=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM) is False
+    assert archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM) is False
     assert time.perf_counter() - started < 1.0
     assert archive.dropped == 1
     archive._free.put(gate)
-    assert archive.submit(k, v, pair=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM) is True
+    assert archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM) is True
     archive.close()
     assert archive.written == 1
 
@@ -144,9 +144,9 @@ def test_bad_input_is_refused(tmp_path):
     archive = _archive(tmp_path)
     k, v = _kv(0)
     with pytest.raises(ValueError, match="layers, kv_heads, P, head_dim"):
-        archive.submit(k[:2], v[:2], pair=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM)
+        archive.submit(k[:2], v[:2], frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM)
     with pytest.raises(ValueError, match="16 bytes"):
-        archive.submit(k, v, pair=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=b"x")
+        archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=b"x")
     archive.close()
     with pytest.raises(ValueError, match="two segments"):
         _archive(tmp_path, max_bytes=1000, segment_bytes=1000)
@@ -160,7 +160,7 @@ _WRITER = textwrap.dedent("""
     k = torch.randn(4, 2, 256, 64)
     pair = 0
     while True:
-        if archive.submit(k, k, pair=pair, t=float(pair), tpos=pair, t_offset=0, rows=16, cols=16, stream=b"k" * 16):
+        if archive.submit(k, k, frame=pair, t=float(pair), tpos=pair, t_offset=0, rows=16, cols=16, stream=b"k" * 16):
             pair += 1
             if pair == 3:
                 print("writing", flush=True)
@@ -190,6 +190,6 @@ def test_kill_9_mid_write_loses_only_the_tail_and_reopens(tmp_path):
         for layer in range(shape.layers):
             assert archive.read_layer(entry, layer) is not None  # checksums hold
     k = torch.zeros(4, 2, 256, 64)
-    assert archive.submit(k, k, pair=len(pairs), t=0.0, tpos=0, t_offset=0, rows=16, cols=16, stream=new_stream_id())
+    assert archive.submit(k, k, frame=len(pairs), t=0.0, tpos=0, t_offset=0, rows=16, cols=16, stream=new_stream_id())
     archive.close()
     assert FrameArchive(tmp_path, shape, max_bytes=1 << 30, segment_bytes=1 << 29).next_pair == len(pairs) + 1

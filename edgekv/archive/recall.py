@@ -52,7 +52,7 @@ _SCORE_CHUNK = 512  # index rows scored at a time (fp32 copies of 512 x 36 x 256
 
 @dataclass(frozen=True)
 class Recalled:
-    """What one question brought back: pair numbers per layer (the same row in every layer when pooled)."""
+    """What one question brought back: frame-pair indices per layer (the same row in every layer when pooled)."""
 
     pairs: tuple[tuple[int, ...], ...]
     tokens: int
@@ -102,15 +102,13 @@ class Recall:
 
     # ------------------------------------------------------------------ ingest side
     def attach(self) -> None:
-        """Before the first pair of this process: the stream's id (new, or restored with the memory), and
-        pair numbers that continue after the archive's, so a record is never shadowed by a later one."""
+        """Before the first pair of this process: the stream's id — restored with the persistent memory, or
+        new for a new stream (whose positions must never meet an old stream's records)."""
         if self.attached:
             return
         extra = self.session.counters.extra
         if STREAM_KEY not in extra:
             extra[STREAM_KEY] = new_stream_id().hex()
-        counters = self.session.counters
-        counters.frame_pairs = max(counters.frame_pairs, self.archive.next_pair)
         self.attached = True
 
     @property
@@ -121,7 +119,7 @@ class Recall:
         """Queue the pair just prefilled at slots [start, start + tokens) (never blocks: see FrameArchive)."""
         cache, (rows, cols) = self.session.cache, self.session.grid
         return self.archive.submit(cache.k[:, :, start:start + tokens], cache.v[:, :, start:start + tokens],
-                                   pair=pair, t=t, tpos=tpos, t_offset=self.session.t_offset, rows=rows, cols=cols,
+                                   frame=pair, t=t, tpos=tpos, t_offset=self.session.t_offset, rows=rows, cols=cols,
                                    stream=self.stream)
 
     # ------------------------------------------------------------------ question side
@@ -148,7 +146,7 @@ class Recall:
         """[n, layers] bool: every token of the pair is in every KV head of that layer."""
         cache = self.session.cache
         n = cache.length
-        numbers = torch.tensor([e.pair for e in entries], dtype=torch.int64)
+        numbers = torch.tensor([e.frame for e in entries], dtype=torch.int64)
         frames = cache.frame[:, :, :n].to(torch.int64).cpu()  # [L, H, n]
         kinds = cache.kind[:, :, :n].cpu() == int(SlotKind.VISION)
         whole = torch.zeros(len(entries), cache.num_layers, dtype=torch.bool)
@@ -218,7 +216,7 @@ class Recall:
         for layer, row in enumerate(chosen):
             self._prepare(layer, start, row[:count])
         cache.commit(count * tokens)
-        return tuple(tuple(e.pair for e in row[:count]) for row in chosen)
+        return tuple(tuple(e.frame for e in row[:count]) for row in chosen)
 
     def _prepare(self, layer: int, start: int, entries: list[ArchivedPair]) -> None:
         """Metadata of one layer's recalled slots, and its keys moved by the re-basing since archiving."""
@@ -232,7 +230,7 @@ class Recall:
         cols = torch.tensor([e.cols for e in entries], device=device).repeat_interleave(tokens)
         delta = torch.tensor([e.t_offset - session.t_offset for e in entries], device=device).repeat_interleave(tokens)
         tpos = torch.tensor([e.tpos for e in entries], device=device).repeat_interleave(tokens) + delta
-        frame = torch.tensor([e.pair for e in entries], device=device).repeat_interleave(tokens)
+        frame = torch.tensor([e.frame for e in entries], device=device).repeat_interleave(tokens)
         if bool(delta.any()):
             rotate_temporal_(cache.k[layer, :, start:end], delta.expand(cache.kv_heads, -1), session.inv_freq,
                              session.temporal_section)

@@ -26,7 +26,7 @@ Files, under ``dir``: ``seg-00000001.ekva``, ... Each starts with a header (magi
 CRC) followed by records::
 
     record = head [magic 'EKVA', u32 meta bytes, u64 kv bytes, u32 crc(meta), u32 0]
-             meta [struct _META: pair, t, tpos, t_offset, rows, cols, tokens; 16 B stream id;
+             meta [struct _META: pair, frame, t, tpos, t_offset, rows, cols, tokens; 16 B stream id;
                    u32 crc per layer of that layer's KV; fp16 mean key [layers, kv_heads * head_dim]]
              kv   per layer: K [kv_heads, P, head_dim] then V [kv_heads, P, head_dim], the cache's dtype
 
@@ -71,7 +71,8 @@ SEGMENT_MAGIC = b"EDGEKV-ARCHIVE\x01\x00"
 RECORD_MAGIC = b"EKVA"
 _HEAD = struct.Struct("<4sIQII")           # magic, meta bytes, kv bytes, crc(meta), reserved
 _SEGMENT_HEAD = struct.Struct("<II")       # json bytes, crc(json)
-_META = struct.Struct("<qdqqhhi")          # pair, t, tpos, t_offset, rows, cols, tokens
+_META = struct.Struct("<qqdqqhhi")         # pair (archive key), frame (session's pair index), t, tpos, t_offset,
+#                                            rows, cols, tokens
 _FSYNC_EVERY_S = 2.0                       # a power cut loses at most this much of the open segment
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -122,7 +123,8 @@ class KVShape:
 class ArchivedPair:
     """One index entry (what retrieval needs without touching the disk)."""
 
-    pair: int
+    pair: int        # the archive's key: unique, in write order, continuing across restarts
+    frame: int       # the session's frame-pair index (what the cache's ``frame`` metadata holds)
     t: float
     tpos: int        # the temporal position its keys were rotated with
     t_offset: int    # the session's re-basing offset when it was prefilled
@@ -139,6 +141,7 @@ class ArchivedPair:
 class _Staged:
     kv: torch.Tensor  # [2, layers, kv_heads, P, head_dim], host memory
     pair: int = 0
+    frame: int = 0
     t: float = 0.0
     tpos: int = 0
     t_offset: int = 0
@@ -181,6 +184,7 @@ class FrameArchive:
         self.write_ms_total = 0.0
         self.dir.mkdir(parents=True, exist_ok=True)
         self._scan()
+        self._next_key = max(self._entries, default=-1) + 1
         self._current: int | None = None
         self._handle = None
         self._last_fsync = time.monotonic()
@@ -207,9 +211,9 @@ class FrameArchive:
 
     @property
     def next_pair(self) -> int:
-        """One past the largest pair number archived (0 when empty)."""
+        """The key the next submitted pair gets: one past every key this folder has held."""
         with self._lock:
-            return max(self._entries, default=-1) + 1
+            return self._next_key
 
     def entries(self, stream: bytes | None = None) -> list[ArchivedPair]:
         """Index entries in pair order (of one stream when given)."""
@@ -322,20 +326,21 @@ class FrameArchive:
 
     def _unpack_meta(self, meta: bytes, segment: int, offset: int) -> tuple[ArchivedPair, torch.Tensor]:
         layers, width = self.shape.layers, self.shape.kv_heads * self.shape.head_dim
-        pair, t, tpos, t_offset, rows, cols, tokens = _META.unpack_from(meta)
+        pair, frame, t, tpos, t_offset, rows, cols, tokens = _META.unpack_from(meta)
         at = _META.size
         stream = bytes(meta[at:at + 16])
         at += 16
         crcs = tuple(int(c) for c in np.frombuffer(meta, dtype="<u4", count=layers, offset=at))
         at += 4 * layers
         mean_key = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=layers * width, offset=at).copy())
-        entry = ArchivedPair(pair, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs)
+        entry = ArchivedPair(pair, frame, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs)
         return entry, mean_key.view(layers, width)
 
     # ------------------------------------------------------------------ ingest side
-    def submit(self, k: torch.Tensor, v: torch.Tensor, *, pair: int, t: float, tpos: int, t_offset: int,
+    def submit(self, k: torch.Tensor, v: torch.Tensor, *, frame: int, t: float, tpos: int, t_offset: int,
                rows: int, cols: int, stream: bytes) -> bool:
-        """Queue one frame pair for writing; False (and ``dropped`` + 1) when no staging buffer is free.
+        """Queue frame pair ``frame`` for writing under the next archive key (``next_pair``); False (and
+        ``dropped`` + 1) when no staging buffer is free.
 
         k, v: [layers, kv_heads, P, head_dim] (views of the cache are fine: copied here, before returning).
         """
@@ -356,7 +361,10 @@ class FrameArchive:
             return False
         staged.kv[0].copy_(k)
         staged.kv[1].copy_(v)
-        staged.pair, staged.t, staged.tpos, staged.t_offset = int(pair), float(t), int(tpos), int(t_offset)
+        with self._lock:
+            staged.pair = self._next_key
+            self._next_key += 1
+        staged.frame, staged.t, staged.tpos, staged.t_offset = int(frame), float(t), int(tpos), int(t_offset)
         staged.rows, staged.cols, staged.tokens, staged.stream = int(rows), int(cols), tokens, stream
         self._idle.clear()
         self._work.put(staged)
@@ -421,7 +429,8 @@ class FrameArchive:
         raw = [layer.view(torch.uint8).numpy().reshape(-1) for layer in layers]
         crcs = np.array([zlib.crc32(chunk) for chunk in raw], dtype="<u4")
         meta = b"".join((
-            _META.pack(staged.pair, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols, staged.tokens),
+            _META.pack(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
+                       staged.tokens),
             staged.stream, crcs.tobytes(), mean_key.numpy().astype("<f2").tobytes(),
         ))
         kv_len = sum(chunk.nbytes for chunk in raw)
@@ -439,7 +448,7 @@ class FrameArchive:
             self._last_fsync = time.monotonic()
         with self._lock:
             self._segments[self._current] = offset + record_len
-        entry = ArchivedPair(staged.pair, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
+        entry = ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
                              staged.tokens, staged.stream, self._current, offset, tuple(int(c) for c in crcs))
         self._add(entry, mean_key)
 
