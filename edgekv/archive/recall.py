@@ -213,33 +213,37 @@ class Recall:
                 for layer in sorted(self.archive.read_into(entry, targets)):
                     chosen[layer].append(entry)
         count = min(len(row) for row in chosen)
-        for layer, row in enumerate(chosen):
-            self._prepare(layer, start, row[:count])
+        self._prepare(start, [row[:count] for row in chosen])
         cache.commit(count * tokens)
         return tuple(tuple(e.frame for e in row[:count]) for row in chosen)
 
-    def _prepare(self, layer: int, start: int, entries: list[ArchivedPair]) -> None:
-        """Metadata of one layer's recalled slots, and its keys moved by the re-basing since archiving."""
-        if not entries:
-            return
+    def _prepare(self, start: int, rows: list[list[ArchivedPair]]) -> None:
+        """Metadata of the recalled slots (``rows``: each layer's pairs in slot order, equal counts), and the
+        keys moved by the re-basing since each pair was archived — every layer in one pass."""
         session, cache = self.session, self.session.cache
-        tokens = entries[0].tokens
-        end = start + len(entries) * tokens
+        if not rows or not rows[0]:
+            return
+        tokens = rows[0][0].tokens
+        end = start + len(rows[0]) * tokens
         device = cache.device
-        index = torch.arange(tokens, device=device).repeat(len(entries))
-        cols = torch.tensor([e.cols for e in entries], device=device).repeat_interleave(tokens)
-        delta = torch.tensor([e.t_offset - session.t_offset for e in entries], device=device).repeat_interleave(tokens)
-        tpos = torch.tensor([e.tpos for e in entries], device=device).repeat_interleave(tokens) + delta
-        frame = torch.tensor([e.frame for e in entries], device=device).repeat_interleave(tokens)
+
+        def per_slot(value) -> torch.Tensor:  # [L, n] per pair -> [L, 1, n * P] per slot
+            table = torch.tensor([[value(e) for e in row] for row in rows], device=device)
+            return table.repeat_interleave(tokens, dim=1).unsqueeze(1)
+
+        delta = per_slot(lambda e: e.t_offset - session.t_offset)
+        cols = per_slot(lambda e: e.cols)
+        index = torch.arange(tokens, device=device).repeat(len(rows[0]))
+        heads = (len(rows), cache.kv_heads, end - start)
         if bool(delta.any()):
-            rotate_temporal_(cache.k[layer, :, start:end], delta.expand(cache.kv_heads, -1), session.inv_freq,
+            rotate_temporal_(cache.k[:, :, start:end], delta.expand(heads), session.inv_freq,
                              session.temporal_section)
-        cache.kind[layer, :, start:end] = int(SlotKind.VISION)
-        cache.sink[layer, :, start:end] = False
-        cache.frame[layer, :, start:end] = frame.to(cache.frame.dtype)
-        cache.row[layer, :, start:end] = (index // cols).to(cache.row.dtype)
-        cache.col[layer, :, start:end] = (index % cols).to(cache.col.dtype)
-        cache.tpos[layer, :, start:end] = tpos.to(cache.tpos.dtype)
+        cache.kind[:, :, start:end] = int(SlotKind.VISION)
+        cache.sink[:, :, start:end] = False
+        cache.frame[:, :, start:end] = per_slot(lambda e: e.frame).expand(heads).to(cache.frame.dtype)
+        cache.row[:, :, start:end] = (index // cols).expand(heads).to(cache.row.dtype)
+        cache.col[:, :, start:end] = (index % cols).expand(heads).to(cache.col.dtype)
+        cache.tpos[:, :, start:end] = (per_slot(lambda e: e.tpos) + delta).expand(heads).to(cache.tpos.dtype)
 
     def recall(self, embeds: torch.Tensor, positions: torch.Tensor) -> Recalled:
         """Probe, select and load for one question (the session then prefills the question after them)."""
