@@ -430,7 +430,7 @@ class StreamSession:
                     logits = self.llm.logits(hidden[-1])
                 decode_s = time.perf_counter() - decode_start
         finally:
-            used = max(self.cache.length, video_len + len(ids))
+            used = max(self.cache.length, video_len + len(ids) + (self.recall_reserve if recall else 0))
             self.cache.truncate(video_len)
             if recall:
                 self.recall.clear(video_len, used)
@@ -470,7 +470,7 @@ class StreamSession:
                 hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
                 return self.llm.logits(hidden).float()
         finally:
-            used = max(self.cache.length, video_len + len(ids))
+            used = max(self.cache.length, video_len + len(ids) + (self.recall_reserve if recall else 0))
             self.cache.truncate(video_len)
             if recall:
                 self.recall.clear(video_len, used)

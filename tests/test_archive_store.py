@@ -88,6 +88,13 @@ def test_oldest_segments_deleted_at_max_bytes(tmp_path):
     assert archive.segments_deleted > 0
     kept = [e.pair for e in archive.entries()]
     assert kept == list(range(40 - len(kept), 40)) and len(kept) >= 8  # the newest survive, in order
+    for pair in (kept[0], kept[-1]):  # index rows freed by deleted segments are reused correctly
+        k, _ = _kv(pair)
+        expected = k.mean(dim=2).reshape(SHAPE.layers, -1)
+        torch.testing.assert_close(archive.mean_keys([pair])[0], expected, atol=2e-3, rtol=2e-3)
+    entries, scores = archive.cosine_scores(expected)
+    assert [e.pair for e in entries] == kept and int(scores.mean(dim=1).argmax()) == len(kept) - 1
+    assert torch.allclose(scores[-1], torch.ones(SHAPE.layers), atol=1e-3)
     archive.close()
 
 

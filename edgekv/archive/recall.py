@@ -45,9 +45,8 @@ from edgekv.cache.capped import SlotKind
 from edgekv.config import ArchiveSection
 from edgekv.positions import rotate_temporal, rotate_temporal_
 
-STREAM_KEY = "archive_stream"
+STREAM_KEY = "archive_stream"  # in session.counters.extra: saved and restored with the persistent memory
 _SPARE = 2  # candidates ranked beyond top_k per layer, in case a record fails its checksum
-_SCORE_CHUNK = 512  # index rows scored at a time (fp32 copies of 512 x 36 x 256 keys: 19 MB at the 3B shape)  # in session.counters.extra: saved and restored with the persistent memory
 
 
 @dataclass(frozen=True)
@@ -167,14 +166,10 @@ class Recall:
     def select(self, query: torch.Tensor) -> list[list[ArchivedPair]]:
         """Per layer, the best ``top_k + _SPARE`` archived pairs of this stream (best first) among those not
         whole in the cache; the spares stand in for a record that fails its checksum."""
-        entries = self.archive.entries(self.stream)
+        entries, scores = self.archive.cosine_scores(query, self.stream)  # scores: [N, L]
         layers = self.session.cache.num_layers
         if not entries:
             return [[] for _ in range(layers)]
-        scores = torch.cat([  # [N, L]; in chunks, so a large index is never copied to fp32 whole
-            torch.nn.functional.cosine_similarity(self.archive.mean_keys([e.pair for e in chunk]),
-                                                  query.unsqueeze(0), dim=-1)
-            for chunk in (entries[i:i + _SCORE_CHUNK] for i in range(0, len(entries), _SCORE_CHUNK))])
         whole = self._whole_in_cache(entries)
         if self.mode == "pooled":
             scores = scores.mean(dim=1, keepdim=True).masked_fill(whole.all(dim=1, keepdim=True), float("-inf"))
