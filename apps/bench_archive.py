@@ -37,9 +37,6 @@ from types import SimpleNamespace
 
 import torch
 
-_3B = {"layers": 36, "kv_heads": 2, "head_dim": 128, "tokens": 256, "dtype": torch.bfloat16}
-
-
 def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default="accuracy,latency,ingest", help="comma-separated: accuracy, latency, ingest")
     parser.add_argument("--model", default="builtin:toy", help="toy checkpoint for the accuracy and ingest parts")
@@ -51,7 +48,9 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=3)
     parser.add_argument("--ks", default="4,16", help="pairs recalled per question (archive.top_k)")
     parser.add_argument("--modes", default="layer,pooled", help="archive.retrieval values to compare")
-    parser.add_argument("--latency-pairs", type=int, default=48, help="3B-shape records really written")
+    parser.add_argument("--latency-pairs", type=int, default=48, help="records really written for the latency part")
+    parser.add_argument("--shape", type=_ints, default=(36, 2, 128, 256),
+                        help="latency part's KV shape: layers,kv_heads,head_dim,tokens per pair (bf16; default 3B at 448x448)")
     parser.add_argument("--sizes-gib", default="1,10,100", help="simulated archive sizes")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ingest-pairs", type=int, default=400)
@@ -210,7 +209,7 @@ def _fake_session(folder: Path, shape: dict, top_k: int, mode: str, cache):
     session = SimpleNamespace(
         # t_offset -4: every recalled pair is re-rotated by 4 positions, as after a re-basing
         llm=SimpleNamespace(name="torch"), cache=cache, capacity=cache.capacity, t_offset=-4,
-        inv_freq=rotary_inv_freq(shape["head_dim"], 1e6), temporal_section=16,
+        inv_freq=rotary_inv_freq(shape["head_dim"], 1e6), temporal_section=shape["head_dim"] // 8,
         preprocessor=SimpleNamespace(tokens_per_pair=shape["tokens"]),
         counters=SimpleNamespace(extra={STREAM_KEY: (b"b" * 16).hex()}, frame_pairs=0))
     section = ArchiveSection(dir=str(folder), max_gib=1024.0, segment_mib=1024.0, top_k=top_k, retrieval=mode)
@@ -248,23 +247,25 @@ def latency(args: argparse.Namespace, root: Path) -> dict:
     from edgekv.cache.capped import CappedKVCache
     from edgekv.cache.specs import CacheSpec
 
-    shape = _3B
+    if len(args.shape) != 4 or min(args.shape) <= 0:
+        raise SystemExit(f"--shape: expected four positive integers layers,kv_heads,head_dim,tokens, got {args.shape}")
+    shape = dict(zip(("layers", "kv_heads", "head_dim", "tokens"), args.shape), dtype=torch.bfloat16)
     root.mkdir(parents=True)
     disk = _write_records(root, shape, args.latency_pairs)
     record = disk / args.latency_pairs
-    print(f"3B shape: {args.latency_pairs} records written, {record / 1e6:.2f} MB each (K+V of 256 tokens x 36 layers "
-          f"+ index row)", flush=True)
+    print(f"shape {args.shape}: {args.latency_pairs} records written, {record / 1e6:.2f} MB each (K+V of "
+          f"{shape['tokens']} tokens x {shape['layers']} layers + index row)", flush=True)
     ks = _ints(args.ks)
     cache = CappedKVCache(CacheSpec.uniform(shape["layers"], shape["kv_heads"], shape["head_dim"], shape["dtype"]),
                           max(ks) * shape["tokens"])
     out = []
-    for size in _ints(args.sizes_gib):
+    for size in (float(x) for x in args.sizes_gib.split(",") if x.strip()):
         pairs = max(int(size * 2**30 // record), 1)
         for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
             for k in ks:
                 session, recall = _fake_session(root, shape, k, mode, cache)
                 real = recall.archive.entries()
-                generator = torch.Generator().manual_seed(size)
+                generator = torch.Generator().manual_seed(pairs)
                 width = shape["kv_heads"] * shape["head_dim"]
                 for pair in range(len(real), pairs):  # simulated rows: random keys, records reused
                     entry = replace(real[pair % len(real)], pair=pair, frame=pair, t=2.0 * pair, tpos=10 + 2 * pair)
