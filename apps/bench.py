@@ -27,8 +27,8 @@ DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ 
 
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``; with ``argv`` only the
-    chosen one gets its options (the others' modules, and torch, are not imported for ``--help``)."""
+    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``; with ``argv``
+    only the chosen one gets its options (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.cli import first_positional
 
     chosen = first_positional(argv)[0] if argv is not None else None

@@ -37,6 +37,7 @@ from types import SimpleNamespace
 
 import torch
 
+
 def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default="accuracy,latency,ingest", help="comma-separated: accuracy, latency, ingest")
     parser.add_argument("--model", default="builtin:toy", help="toy checkpoint for the accuracy and ingest parts")
@@ -50,7 +51,8 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="layer,pooled", help="archive.retrieval values to compare")
     parser.add_argument("--latency-pairs", type=int, default=48, help="records really written for the latency part")
     parser.add_argument("--shape", type=_ints, default=(36, 2, 128, 256),
-                        help="latency part's KV shape: layers,kv_heads,head_dim,tokens per pair (bf16; default 3B at 448x448)")
+                        help="latency part's KV shape: layers,kv_heads,head_dim,tokens per pair (bf16; default: "
+                             "the 3B model at 448x448)")
     parser.add_argument("--sizes-gib", default="1,10,100", help="simulated archive sizes")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ingest-pairs", type=int, default=400)
@@ -121,7 +123,6 @@ def accuracy(args: argparse.Namespace, root: Path) -> dict:
         stream = needle_stream(args.length, ages, index, args.events, 2.0, (1.0,))
         ceiling = _ceilings(config, stream)
         replay = encode_stream(base, stream.scene, stream.pairs)
-        asks = {stream.pairs: [p.qa for p in stream.probes]}
         for run_index, (label, archive) in enumerate(runs):
             if archive is not None:
                 archive = {**archive, "dir": str(root / f"s{index}-r{run_index}")}

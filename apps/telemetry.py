@@ -180,7 +180,8 @@ class DaemonCollector:
             counters += [
                 ("edgekv_archive_dropped", "frame pairs not archived (staging full)", stats["archive_dropped"]),
                 ("edgekv_recalls", "questions answered with recall from the archive", stats["recalls"]),
-                ("edgekv_recall_seconds", "time spent recalling (probe + select + read)", stats["recall_ms_total"] / 1e3),
+                ("edgekv_recall_seconds", "time spent recalling (probe + select + read)",
+                 stats["recall_ms_total"] / 1e3),
             ]
         for name, help_text, value in counters:
             yield CounterMetricFamily(name, help_text, value=value)

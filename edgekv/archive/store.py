@@ -236,7 +236,8 @@ class FrameArchive:
         with self._lock:
             return self._matrix[torch.tensor([self._row_of[p] for p in pairs], dtype=torch.long)].float()
 
-    def cosine_scores(self, query: torch.Tensor, stream: bytes | None = None) -> tuple[list[ArchivedPair], torch.Tensor]:
+    def cosine_scores(self, query: torch.Tensor,
+                      stream: bytes | None = None) -> tuple[list[ArchivedPair], torch.Tensor]:
         """The entries (of one stream when given, pair order) and their cosine similarity to ``query``
         [layers, kv_heads * head_dim] per layer: fp32 [n, layers]. One pass over the index matrix, in
         chunks of _SCORE_CHUNK rows (fp32 copies of 512 x 36 x 256 keys: 19 MB at the 3B shape)."""
@@ -487,8 +488,9 @@ class FrameArchive:
             self._last_fsync = time.monotonic()
         with self._lock:
             self._segments[self._current] = offset + record_len
-        entry = ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
-                             staged.tokens, staged.stream, self._current, offset, tuple(int(c) for c in crcs))
+        entry = ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
+                             staged.cols, staged.tokens, staged.stream, self._current, offset,
+                             tuple(int(c) for c in crcs))
         self._add(entry, mean_key)
 
     def _make_room(self, record_len: int, t: float) -> None:
