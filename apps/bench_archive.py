@@ -16,7 +16,9 @@ Three parts, each printed and saved in one JSON + PNG (figures only: nothing her
   really written; archives of ``--sizes-gib`` are SIMULATED: an index of that many pairs (random mean keys)
   whose entries point at the written records, so the disk holds only the read set. Reads are timed warm
   (page cache) and cold (the segment files' pages dropped with posix_fadvise first). The probe (one
-  question-length prefill) is a model forward and is not in these figures.
+  question-length prefill) is a model forward and is not in these figures. Writing those records also
+  times ``submit`` — the ingest thread's whole share of archiving a pair (copy into a staging buffer,
+  hand-off) — and the writer thread's ms per pair, at that shape.
 * ``ingest``: ms per frame pair with the archive writer on vs off (toy model, replayed vision so the
   figure is LM prefill + compression + archive hand-off), alternating runs, and the process RSS along
   the stream with the writer on. Disk bytes per hour at the 3B shape: measured record size x pairs per
@@ -217,20 +219,31 @@ def _fake_session(folder: Path, shape: dict, top_k: int, mode: str, cache):
     return session, Recall(session, section)
 
 
-def _write_records(folder: Path, shape: dict, pairs: int) -> int:
+def _write_records(folder: Path, shape: dict, pairs: int) -> tuple[int, list[float], float]:
+    """Write ``pairs`` records through ``submit`` from strided cache views, as ingest does; returns the
+    bytes on disk, the ms of each accepted ``submit`` (the ingest thread's share) and the writer's ms/pair."""
     from edgekv.archive.store import FrameArchive, KVShape
 
     archive = FrameArchive(folder, KVShape.of(shape["layers"], shape["kv_heads"], shape["head_dim"], shape["dtype"]),
                            max_bytes=1 << 40, segment_bytes=1 << 30, queue_pairs=4)
     generator = torch.Generator().manual_seed(0)
-    k = torch.empty(shape["layers"], shape["kv_heads"], shape["tokens"], shape["head_dim"], dtype=shape["dtype"])
+    # k: [layers, kv_heads, 4 P, head_dim], a cache-like buffer: each pair is a strided slice of it
+    k = torch.empty(shape["layers"], shape["kv_heads"], 4 * shape["tokens"], shape["head_dim"], dtype=shape["dtype"])
+    k.copy_(torch.randn(k.shape, generator=generator))
+    submit_ms = []
     for pair in range(pairs):
-        k.copy_(torch.randn(k.shape, generator=generator))
-        while not archive.submit(k, k, frame=pair, t=2.0 * pair, tpos=10 + 2 * pair, t_offset=0, rows=16, cols=16,
-                                 stream=b"b" * 16):
+        view = k[:, :, (pair % 4) * shape["tokens"]:(pair % 4 + 1) * shape["tokens"]]
+        while True:
+            started = time.perf_counter()
+            accepted = archive.submit(view, view, frame=pair, t=2.0 * pair, tpos=10 + 2 * pair, t_offset=0, rows=16,
+                                      cols=16, stream=b"b" * 16)
+            if accepted:
+                submit_ms.append((time.perf_counter() - started) * 1e3)
+                break
             archive.flush()
+        time.sleep(0.05)  # one pair per 50 ms: the writer keeps up, as it must on a device
     archive.close()
-    return archive.bytes_on_disk
+    return archive.bytes_on_disk, submit_ms, archive.write_ms_total / pairs
 
 
 def _drop_page_cache(folder: Path) -> None:
@@ -252,8 +265,10 @@ def latency(args: argparse.Namespace, root: Path) -> dict:
         raise SystemExit(f"--shape: expected four positive integers layers,kv_heads,head_dim,tokens, got {args.shape}")
     shape = dict(zip(("layers", "kv_heads", "head_dim", "tokens"), args.shape), dtype=torch.bfloat16)
     root.mkdir(parents=True)
-    disk = _write_records(root, shape, args.latency_pairs)
+    disk, submit_ms, writer_ms = _write_records(root, shape, args.latency_pairs)
     record = disk / args.latency_pairs
+    print(f"submit (on the ingest thread): median {statistics.median(submit_ms):.2f} ms, max {max(submit_ms):.2f} ms "
+          f"per pair; the writer thread {writer_ms:.1f} ms per pair", flush=True)
     print(f"shape {args.shape}: {args.latency_pairs} records written, {record / 1e6:.2f} MB each (K+V of "
           f"{shape['tokens']} tokens x {shape['layers']} layers + index row)", flush=True)
     ks = _ints(args.ks)
@@ -297,6 +312,8 @@ def latency(args: argparse.Namespace, root: Path) -> dict:
                 recall.close()
     pairs_per_hour = {fps: 3600 * fps / 2 for fps in (0.5, 1.0, 2.0)}
     return {"record_bytes": record, "pairs_written": args.latency_pairs, "rows": out,
+            "submit_ms_median": round(statistics.median(submit_ms), 3), "submit_ms_max": round(max(submit_ms), 3),
+            "writer_ms_per_pair": round(writer_ms, 2),
             "bytes_per_hour_at_ingest": {f"{fps:g} fps": round(record * n) for fps, n in pairs_per_hour.items()}}
 
 

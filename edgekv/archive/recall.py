@@ -86,6 +86,7 @@ class Recall:
             queue_pairs=section.queue_pairs, max_age_s=section.max_age_s, inv_freq=session.inv_freq.cpu(),
             temporal_section=session.temporal_section)
         self.attached = False
+        self._stream_hex, self._stream = "", b""
         self.recalls = 0
         self.recalled_pairs = 0
         self.ms_total = 0.0
@@ -112,7 +113,10 @@ class Recall:
 
     @property
     def stream(self) -> bytes:
-        return bytes.fromhex(self.session.counters.extra[STREAM_KEY])
+        text = self.session.counters.extra[STREAM_KEY]
+        if self._stream_hex != text:  # parsed once per stream, not per pair
+            self._stream_hex, self._stream = text, bytes.fromhex(text)
+        return self._stream
 
     def archive_pair(self, start: int, tokens: int, pair: int, t: float, tpos: int) -> bool:
         """Queue the pair just prefilled at slots [start, start + tokens) (never blocks: see FrameArchive)."""
