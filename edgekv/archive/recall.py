@@ -28,6 +28,11 @@ them, so it attends to [capped cache ; recalled pairs ; question] (slot order is
 order in time is in the rotated keys). Positions: a pair archived at temporal position ``p`` when the
 session's re-basing offset was ``o`` is moved to ``p + o - o_now`` — where a frame seen at its time would
 be placed now — by rotating its keys' temporal M-RoPE pairs by ``o - o_now`` (exact: edgekv/positions.py).
+Without re-basing (``o = o_now``) every recalled pair sits at its own position, in true time order with
+everything in the cache. After re-basing squeezed the gaps between kept frames, an old kept token may sit
+higher than where its time would map now, so a recalled pair can land before an older kept token: the
+rule keeps recalled pairs in order among themselves and before every newer kept pair, not against older
+survivors (a known limit; what is exact is the rotation to the chosen position).
 After the answer the session truncates the cache and :meth:`Recall.clear` resets the reserve and question
 slots, so every valid slot and every metadata field is as before the question.
 """
