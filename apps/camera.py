@@ -39,6 +39,7 @@ class Question:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    recall: bool | None = None  # recall archived frame pairs (None: archive.recall when an archive is set)
     on_token: object = None
     source: str = "cli"
     answer: object = None

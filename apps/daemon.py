@@ -473,7 +473,7 @@ class Daemon:
             with self.lock:
                 question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
                                                    temperature=question.temperature, top_p=question.top_p,
-                                                   seed=question.seed, on_token=on_token)
+                                                   seed=question.seed, on_token=on_token, recall=question.recall)
         except AnswerCancelled:
             question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
         except Exception as exc:  # a bad question must not stop the stream; the asker gets the error

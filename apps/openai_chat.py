@@ -32,7 +32,7 @@ NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "n"
            "logit_bias": None, "audio": None, "prediction": None, "reasoning_effort": None, "service_tier": None,
            "web_search_options": None, "response_format": {"type": "text"}, "modalities": ["text"]}
 SUPPORTED = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stream",
-             "stream_options", "stop", "seed")
+             "stream_options", "stop", "seed", "recall")
 
 
 class ApiError(Exception):
@@ -145,6 +145,7 @@ class ChatRequest:
     include_usage: bool
     stop: tuple[str, ...]
     seed: int | None
+    recall: bool | None = None  # edgekv extension: recall archived frame pairs (null: archive.recall)
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,7 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         temperature=_temperature(body),
         top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
         stream=stream, include_usage=include_usage, stop=_stop(body.get("stop")), seed=_seed(body.get("seed")),
+        recall=_optional(body, "recall", bool, "a boolean", None),
     )
 
 

@@ -221,7 +221,8 @@ def check_fits(session: Any, request: ChatRequest) -> None:
     """Refuse (400 ``context_length_exceeded``) a question that cannot fit in the cache's free slots now,
     before it is queued and before any stream starts."""
     ids = session.layout.question_suffix_ids(session.tokenizer, request.question)
-    room = session.capacity - session.cache.length
+    recall = request.recall if request.recall is not None else getattr(session, "recall", None) is not None
+    room = session.capacity - session.cache.length - (getattr(session, "recall_reserve", 0) if recall else 0)
     if len(ids) + request.max_new_tokens > room:
         raise ApiError(400, f"the question ({len(ids)} tokens) + max_tokens ({request.max_new_tokens}) exceed the "
                             f"{room} cache slots free for text (cache.text_reserve_tokens={session.text_reserve}); "
@@ -380,6 +381,7 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Respon
     question = Question(params.question, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                         top_p=params.top_p, on_token=handoff.on_token, source="http", done=handoff.done)
     question.seed = params.seed
+    question.recall = params.recall
     submit(daemon, question)
     first = await handoff.next()
     if first is _DONE and question.error is not None:

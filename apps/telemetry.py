@@ -176,6 +176,13 @@ class DaemonCollector:
         ]
         if mon.get("energy_j") is not None:
             counters.append(("edgekv_energy_joules", "board energy since start", mon["energy_j"]))
+        if "archive_pairs" in stats:  # archive: in the YAML (edgekv/archive)
+            counters += [
+                ("edgekv_archive_dropped", "frame pairs not archived (staging full)", stats["archive_dropped"]),
+                ("edgekv_recalls", "questions answered with recall from the archive", stats["recalls"]),
+                ("edgekv_recall_seconds", "time spent recalling (probe + select + read)",
+                 stats["recall_ms_total"] / 1e3),
+            ]
         for name, help_text, value in counters:
             yield CounterMetricFamily(name, help_text, value=value)
         elapsed = max(time.monotonic() - daemon.started, 1e-9)
@@ -197,6 +204,9 @@ class DaemonCollector:
             ("edgekv_joules_per_answer_token", "energy per answer token", mon.get("j_per_token")),
             ("edgekv_gpu_load_ratio", "GPU load (0..1)", _scaled(mon.get("gpu_load_pct"), 0.01)),
         ]
+        if "archive_pairs" in stats:
+            gauges += [("edgekv_archive_bytes", "bytes of the archive's segment files", stats["archive_bytes"]),
+                       ("edgekv_archive_pairs", "frame pairs in the archive", stats["archive_pairs"])]
         for name, help_text, value in gauges:
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)

@@ -240,6 +240,34 @@ class StateSection:
 
 
 @dataclass(frozen=True)
+class ArchiveSection:
+    """Every frame pair's KV on flash, recalled at question time (see edgekv/archive/)."""
+
+    dir: str | None = None          # where segments live; null = no archive (recall off)
+    max_gib: float = 16.0           # the oldest segments are deleted to stay below this
+    max_age_s: float | None = None  # also delete segments whose newest pair is this much older than the newest
+    segment_mib: float = 256.0      # size of one segment file
+    queue_pairs: int = 8            # staging buffers between ingest and the writer; full = the pair is dropped
+    top_k: int = 4                  # pairs recalled per question (the retrieval reserve holds this many)
+    retrieval: Literal["layer", "pooled"] = "layer"  # top-k per layer (ReKV) or one top-k for all layers
+    recall: bool = True             # Session.ask's default when an archive is configured
+
+    def validate(self, at: str) -> None:
+        for name in ("max_gib", "segment_mib"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")
+        if 2 * self.segment_mib > self.max_gib * 1024:
+            raise ConfigError(f"{at}.max_gib: {self.max_gib} GiB cannot hold two segments of segment_mib="
+                              f"{self.segment_mib}; raise max_gib or lower segment_mib")
+        if self.max_age_s is not None and not self.max_age_s > 0:
+            raise ConfigError(f"{at}.max_age_s: must be > 0 or null, got {self.max_age_s}")
+        if self.queue_pairs < 1:
+            raise ConfigError(f"{at}.queue_pairs: must be >= 1, got {self.queue_pairs}")
+        if self.top_k < 1:
+            raise ConfigError(f"{at}.top_k: must be >= 1, got {self.top_k}")
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -258,6 +286,7 @@ class EdgeKVConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     state: StateSection = field(default_factory=StateSection)
+    archive: ArchiveSection = field(default_factory=ArchiveSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":
@@ -432,11 +461,13 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
                                   int8_calibration=resolve(config.engines.int8_calibration))
     cache = dataclasses.replace(config.cache, calibration=resolve(config.cache.calibration))
     state = dataclasses.replace(config.state, dir=resolve(config.state.dir))
+    archive = dataclasses.replace(config.archive, dir=resolve(config.archive.dir))
     source = config.video.source
     if isinstance(source, str) and _is_relative_file(source):
         source = resolve(source)
     video = dataclasses.replace(config.video, source=source)
-    return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state)
+    return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state,
+                               archive=archive)
 
 
 def _is_relative_file(source: str) -> bool:

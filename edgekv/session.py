@@ -71,6 +71,7 @@ class Answer:
     prompt_tokens: int = 0
     video_tokens: int = 0
     finish_reason: str = "stop"  # "stop" (end-of-turn token) or "length" (max_new_tokens)
+    recalled: tuple[int, ...] = ()  # archived frame pairs brought back for this answer (edgekv/archive)
 
 
 @dataclass
@@ -131,6 +132,11 @@ class StreamSession:
             raise ValueError(f"cache.policy: '{self.policy.name}' needs cache.sinks > 0 (StateKV sink budget B)")
         self.sinks = SinkSelector(self.cache, self.sink_budget) if self.sink_budget > 0 else None
         self.counters = _Counters()
+        self.recall = None  # edgekv.archive.recall.Recall when archive.dir is set
+        if self.config.archive.dir is not None:
+            from edgekv.archive.recall import Recall
+
+            self.recall = Recall(self, self.config.archive)
         self._pending: tuple[np.ndarray, float] | None = None
         self._t0: float | None = None
         self._last_t: float | None = None
@@ -149,19 +155,26 @@ class StreamSession:
     # ------------------------------------------------------------------ budget
     @property
     def video_limit(self) -> int:
-        """Slots the prefix and the video may use: the cap less the room kept for a question."""
-        return self.capacity - self.text_reserve
+        """Slots the prefix and the video may use: the cap less the room kept for a question and, with an
+        archive, the retrieval reserve for recalled pairs (DESIGN invariant 10)."""
+        return self.capacity - self.text_reserve - self.recall_reserve
+
+    @property
+    def recall_reserve(self) -> int:
+        return self.recall.reserve_tokens if self.recall is not None else 0
 
     def _check_budget(self) -> None:
         if self.preprocessor is None:
             return  # the grid is fixed by the first frame; checked then
         per_pair = self.tokens_per_pair
-        needed = self.prefix_tokens + 2 * per_pair + self.text_reserve
+        needed = self.prefix_tokens + 2 * per_pair + self.text_reserve + self.recall_reserve
         if needed > self.capacity:
+            recall = (f", the retrieval reserve (archive.top_k={self.recall.top_k} pairs = {self.recall_reserve} "
+                      f"tokens)" if self.recall is not None else "")
             raise ValueError(
                 f"cache.max_tokens={self.capacity} cannot hold the prefix ({self.prefix_tokens} tokens), two frame "
                 f"pairs ({per_pair} tokens each at {self.preprocessor.resolution}) and the text reserve "
-                f"({self.text_reserve}): the minimum is {needed}; raise cache.max_tokens (or max_mib), lower "
+                f"({self.text_reserve}){recall}: the minimum is {needed}; raise cache.max_tokens (or max_mib), lower "
                 f"video.resolution or cache.text_reserve_tokens"
             )
         self.policy.check(self)
@@ -242,6 +255,8 @@ class StreamSession:
                      started: float) -> IngestResult:
         if self._t0 is None:
             self._t0 = t_first
+        if self.recall is not None:
+            self.recall.attach()
         pair_index = self.counters.frame_pairs
         with torch.inference_mode():
             pixel_values, grid_thw = self.preprocessor.pair(first, second)
@@ -264,6 +279,8 @@ class StreamSession:
                 self._prefill(tokens, positions, meta, visible=self.sinks.visibility(), mass_out=self.sinks.mass)
                 self.sinks.update(start, tokens.shape[0])
             prefill_ms = (time.perf_counter() - prefill_start) * 1e3
+            if self.recall is not None:  # before any compaction can move these slots
+                self.recall.archive_pair(start, tokens.shape[0], pair_index, t_first, int(positions[0, 0]))
         self.next_position = max(self.next_position, int(positions.max()) + 1)
         self.counters.frame_pairs += 1
         ms = (time.perf_counter() - started) * 1e3
@@ -362,14 +379,24 @@ class StreamSession:
     # ------------------------------------------------------------------ questions
     @_exclusive
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
-            top_p: float | None = None, seed: int | None = None, on_token=None) -> Answer:
-        """Answer a question about everything the cache holds; the cache is unchanged afterwards."""
+            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None) -> Answer:
+        """Answer a question about everything the cache holds; the cache is unchanged afterwards.
+
+        ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
+        archived frame pairs the question points at into the retrieval reserve (edgekv/archive/recall.py).
+        """
         gen = self.config.generation
         max_new_tokens = gen.max_new_tokens if max_new_tokens is None else max_new_tokens
         temperature = gen.temperature if temperature is None else temperature
         top_p = gen.top_p if top_p is None else top_p
-        ids = self._question_ids(question, max_new_tokens, temperature, top_p)
+        if recall is None:
+            recall = self.recall is not None and self.config.archive.recall
+        if recall and self.recall is None:
+            raise ValueError("recall=True needs an archive: set archive.dir in the config")
+        ids = self._question_ids(question, max_new_tokens, temperature, top_p,
+                                 reserved=self.recall_reserve if recall else 0)
         video_len = self.cache.length
+        recalled = ()
         generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else seed)
         started = time.perf_counter()
         out: list[int] = []
@@ -377,6 +404,8 @@ class StreamSession:
         try:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(self.device)
+                if recall:
+                    recalled = self.recall.recall(self._embed(ids), positions).unique_pairs
                 hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
                 position = self.text_start() + len(ids)
                 logits = self.llm.logits(hidden[-1])
@@ -401,12 +430,15 @@ class StreamSession:
                     logits = self.llm.logits(hidden[-1])
                 decode_s = time.perf_counter() - decode_start
         finally:
+            used = max(self.cache.length, video_len + len(ids) + (self.recall_reserve if recall else 0))
             self.cache.truncate(video_len)
+            if recall:
+                self.recall.clear(video_len, used)
         self.counters.questions += 1
         self.counters.answer_tokens += len(out)
         ttft = ttft if ttft is not None else time.perf_counter() - started
         rate = (len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0
-        return Answer(self.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish)
+        return Answer(self.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish, recalled)
 
     def text_start(self) -> int:
         """Position of the first text token after the video (``model.text_after_video``).
@@ -420,23 +452,31 @@ class StreamSession:
         return self.next_position
 
     @_exclusive
-    def question_logits(self, question: str) -> torch.Tensor:
+    def question_logits(self, question: str, recall: bool = False) -> torch.Tensor:
         """Logits [n, V] at every token of the question suffix, over the cache as it is; nothing kept.
 
         The parity surface for streaming exactness: equals transformers' one-shot logits at the same
-        tokens for the same video and question when nothing was evicted.
+        tokens for the same video and question when nothing was evicted. ``recall``: as in ``ask``.
         """
-        ids = self._question_ids(question, 1, 0.0, 1.0)
+        if recall and self.recall is None:
+            raise ValueError("recall=True needs an archive: set archive.dir in the config")
+        ids = self._question_ids(question, 1, 0.0, 1.0, reserved=self.recall_reserve if recall else 0)
         video_len = self.cache.length
         try:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(self.device)
+                if recall:
+                    self.recall.recall(self._embed(ids), positions)
                 hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
                 return self.llm.logits(hidden).float()
         finally:
+            used = max(self.cache.length, video_len + len(ids) + (self.recall_reserve if recall else 0))
             self.cache.truncate(video_len)
+            if recall:
+                self.recall.clear(video_len, used)
 
-    def _question_ids(self, question: str, max_new_tokens: int, temperature: float, top_p: float) -> list[int]:
+    def _question_ids(self, question: str, max_new_tokens: int, temperature: float, top_p: float,
+                      reserved: int = 0) -> list[int]:
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -446,7 +486,7 @@ class StreamSession:
         if not 0.0 < float(top_p) <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         ids = self.layout.question_suffix_ids(self.tokenizer, question)  # the question as plain text
-        room = self.capacity - self.cache.length
+        room = self.capacity - self.cache.length - reserved
         if len(ids) + max_new_tokens > room:
             raise ValueError(
                 f"question ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the {room} free slots "
@@ -496,6 +536,8 @@ class StreamSession:
             "answer_tokens": c.answer_tokens,
         }
         stats.update(self.policy.stats(self))
+        if self.recall is not None:
+            stats.update(self.recall.stats())
         return stats
 
 

@@ -1,0 +1,628 @@
+"""FrameArchive: every frame pair's KV on flash, appended by a background writer, crash-safe.
+
+What is stored, and when: **the whole frame pair at ingest**, not the slots a compression evicts.
+- Retrieval then does not depend on what the query-agnostic policy chose (DESIGN invariant 3): a pair
+  comes back with every patch, in every layer and KV head, as it was prefilled. Evicted slots are a
+  different subset per (layer, head) (invariant 2), so storing evictions would archive fragments: a
+  pair recalled from them would be whatever each head happened to drop, never the whole frame.
+- The bytes per hour are the same either way in the long run: under a hard cap every token ingested
+  is evicted once the stream is long enough (the cache only holds ``C`` of them), so evictions carry
+  the ingest rate's KV bytes, plus per-slot provenance (frame, row, col, position per layer and head,
+  ~12 B against 512 B of K+V per slot-head at the 3B shape) that a whole-pair record does not need.
+  ``edgekv bench archive`` prints both rates at the 3B shape.
+- Ingest writes are steady (one record per pair) where evictions arrive in bursts of a compression's
+  worth of pairs; and the pair's keys are stored rotated at the position they were prefilled with, so
+  one temporal delta re-rotates them exactly at recall (edgekv/positions.py), whatever re-basing did
+  to the cache since.
+ReKV (seed 001, §3 "Video Stream Encoding") keeps all video KV the same way and offloads it to RAM/disk.
+
+Writing never blocks ingest: ``submit`` copies the pair's K/V from the cache into one of
+``queue_pairs`` preallocated staging buffers and hands it to the writer thread; when every buffer is
+taken (the disk is slower than the stream) the pair is **dropped and counted** (``dropped``) — the
+live cache has it anyway, and a stalled camera loop would lose frames for everyone. Host memory of
+the archive is bounded: the staging buffers (``queue_pairs`` pairs, allocated at the first pair) and the
+index, one fp16 mean-key row per archived pair (18 KiB at the 3B shape, 0.2 % of its 9.5 MB record) in a
+matrix that doubles as needed, so at most ~2 x 0.2 % of ``max_gib`` (e.g. 64 MiB for 16 GiB).
+
+Files, under ``dir``: ``seg-00000001.ekva``, ... Each starts with a header (magic, JSON shape key with a
+CRC) followed by records::
+
+    record = head [magic 'EKVA', u32 meta bytes, u64 kv bytes, u32 crc(meta), u32 0]
+             meta [struct _META: pair, frame, t, tpos, t_offset, rows, cols, tokens; 16 B stream id;
+                   u32 crc per layer of that layer's KV; fp16 mean key [layers, kv_heads * head_dim]]
+             kv   per layer: K [kv_heads, P, head_dim] then V [kv_heads, P, head_dim], the cache's dtype
+
+The mean key is the pair's mean post-RoPE key with its temporal rotation undone (all tokens of a pair
+share one temporal position, so the mean of rotated keys is the rotated mean: exact), so retrieval
+scores do not depend on when the pair was seen. Per-layer CRCs let retrieval read and verify one layer
+of one pair (ReKV's per-layer internal retrieval reads only what each layer chose).
+
+Crash safety: a record becomes visible in the index only after it is written; on reopen every segment
+is scanned, the newest one's records are verified in full (layer CRCs) and a torn or garbled tail is
+cut off at the last good record (``torn_bytes``). Older segments were sealed with an fsync; their
+records' meta CRCs are checked on open and their KV CRCs when read. A ``kill -9`` during a write loses
+that record and the pairs still waiting in the staging buffers, nothing else. Retention: segments are
+``segment_mib`` each; the oldest are deleted while the files would pass ``max_gib`` (and, with
+``max_age_s``, when their newest pair is older than that behind the newest pair).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+import uuid
+import weakref
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgekv.positions import rotate_temporal
+
+log = logging.getLogger("edgekv.archive")
+
+SEGMENT_MAGIC = b"EDGEKV-ARCHIVE\x01\x00"
+RECORD_MAGIC = b"EKVA"
+_HEAD = struct.Struct("<4sIQII")           # magic, meta bytes, kv bytes, crc(meta), reserved
+_SEGMENT_HEAD = struct.Struct("<II")       # json bytes, crc(json)
+_META = struct.Struct("<qqdqqhhi")         # pair (archive key), frame (session's pair index), t, tpos, t_offset,
+#                                            rows, cols, tokens
+_FSYNC_EVERY_S = 2.0                       # a power cut loses at most this much of the open segment
+_INDEX_ROWS = 256                          # initial rows of the index matrix (doubled as needed)
+_SCORE_CHUNK = 512                         # index rows scored at a time
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ArchiveError(RuntimeError):
+    """An archive folder that cannot be used; the message names the file and what is wrong."""
+
+
+class ArchiveMismatchError(ArchiveError):
+    """An archive written for another KV shape (layers, heads, head_dim, dtype)."""
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """The per-pair KV an archive holds: [layers, kv_heads, P, head_dim] of ``dtype`` for K and for V."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str  # "float32" | "float16" | "bfloat16"
+
+    def __post_init__(self) -> None:
+        if min(self.layers, self.kv_heads, self.head_dim) <= 0:
+            raise ValueError(f"KVShape needs positive layers, kv_heads and head_dim, got {self}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"KVShape.dtype: {self.dtype!r} is not one of {sorted(_DTYPES)}")
+
+    @classmethod
+    def of(cls, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> "KVShape":
+        return cls(layers, kv_heads, head_dim, str(dtype).removeprefix("torch."))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def layer_bytes(self, tokens: int) -> int:
+        """K and V of one layer of one pair."""
+        return 2 * self.kv_heads * tokens * self.head_dim * torch.empty((), dtype=self.torch_dtype).element_size()
+
+    def meta_bytes(self) -> int:
+        return _META.size + 16 + 4 * self.layers + 2 * self.layers * self.kv_heads * self.head_dim
+
+    def record_bytes(self, tokens: int) -> int:
+        return _HEAD.size + self.meta_bytes() + self.layers * self.layer_bytes(tokens)
+
+
+@dataclass(frozen=True)
+class ArchivedPair:
+    """One index entry (what retrieval needs without touching the disk)."""
+
+    pair: int        # the archive's key: unique, in write order, continuing across restarts
+    frame: int       # the session's frame-pair index (what the cache's ``frame`` metadata holds)
+    t: float
+    tpos: int        # the temporal position its keys were rotated with
+    t_offset: int    # the session's re-basing offset when it was prefilled
+    rows: int
+    cols: int
+    tokens: int
+    stream: bytes    # 16 B id of the stream (a new session's stream gets a new id)
+    segment: int
+    offset: int      # of the record's head in the segment file
+    layer_crcs: tuple[int, ...]
+
+
+@dataclass
+class _Staged:
+    kv: torch.Tensor  # [2, layers, kv_heads, P, head_dim], host memory
+    pair: int = 0
+    frame: int = 0
+    t: float = 0.0
+    tpos: int = 0
+    t_offset: int = 0
+    rows: int = 0
+    cols: int = 0
+    tokens: int = 0
+    stream: bytes = b""
+
+
+class FrameArchive:
+    """Segments of frame-pair records under ``folder`` plus their index; see the module docstring.
+
+    Threads: ``submit`` is called by the ingesting thread, the writer thread appends, and retrieval reads
+    (``read_layer``) from the asking thread; ``_lock`` guards the index and segment deletion.
+    """
+
+    def __init__(self, folder: str | Path, shape: KVShape, *, max_bytes: int, segment_bytes: int = 256 << 20,
+                 queue_pairs: int = 8, max_age_s: float | None = None, inv_freq: torch.Tensor | None = None,
+                 temporal_section: int = 0) -> None:
+        if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
+            raise ValueError(f"archive: max bytes ({max_bytes}) must hold at least two segments of {segment_bytes}")
+        if queue_pairs < 1:
+            raise ValueError(f"archive.queue_pairs: must be >= 1, got {queue_pairs}")
+        self.dir = Path(folder).expanduser()
+        self.shape = shape
+        self.max_bytes, self.segment_bytes = int(max_bytes), int(segment_bytes)
+        self.queue_pairs, self.max_age_s = int(queue_pairs), max_age_s
+        self.inv_freq, self.temporal_section = inv_freq, int(temporal_section)
+        self._lock = threading.RLock()
+        self._entries: dict[int, ArchivedPair] = {}   # pair -> entry (newest record wins)
+        # the index's mean keys, one row per archived pair: fp16 [rows, layers, kv_heads * head_dim] and
+        # their norms per layer (fp32), so a question scores every pair with one pass over a matrix
+        width = shape.kv_heads * shape.head_dim
+        self._matrix = torch.zeros(_INDEX_ROWS, shape.layers, width, dtype=torch.float16)
+        self._norms = torch.zeros(_INDEX_ROWS, shape.layers)
+        self._row_of: dict[int, int] = {}             # pair -> row
+        self._free_rows: list[int] = []
+        self._rows_used = 0
+        self._segments: dict[int, int] = {}           # segment number -> bytes on disk
+        self._segment_newest_t: dict[int, float] = {}
+        self.dropped = 0          # pairs not archived because every staging buffer was taken
+        self.written = 0          # records written by this process
+        self.torn_bytes = 0       # bytes cut off torn tails on open
+        self.bad_records = 0      # records skipped on open or read for a failed checksum
+        self.write_errors = 0
+        self.segments_deleted = 0
+        self.write_ms_total = 0.0
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._scan()
+        self._next_key = max(self._entries, default=-1) + 1
+        self._current: int | None = None
+        self._handle = None
+        self._last_fsync = time.monotonic()
+        self._free: queue.SimpleQueue[_Staged] = queue.SimpleQueue()
+        self._staging_tokens: int | None = None
+        self._work: queue.Queue[_Staged | None] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_loop, name="edgekv-archive-writer", daemon=True)
+        self._writer.start()
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ index
+    @property
+    def pairs(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    @property
+    def bytes_on_disk(self) -> int:
+        with self._lock:
+            return sum(self._segments.values())
+
+    @property
+    def next_pair(self) -> int:
+        """The key the next submitted pair gets: one past every key this folder has held."""
+        with self._lock:
+            return self._next_key
+
+    def entries(self, stream: bytes | None = None) -> list[ArchivedPair]:
+        """Index entries in pair order (of one stream when given)."""
+        with self._lock:
+            return [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
+
+    def mean_keys(self, pairs: list[int]) -> torch.Tensor:
+        """fp32 [n, layers, kv_heads * head_dim] time-undone mean keys of ``pairs``."""
+        with self._lock:
+            return self._matrix[torch.tensor([self._row_of[p] for p in pairs], dtype=torch.long)].float()
+
+    def cosine_scores(self, query: torch.Tensor,
+                      stream: bytes | None = None) -> tuple[list[ArchivedPair], torch.Tensor]:
+        """The entries (of one stream when given, pair order) and their cosine similarity to ``query``
+        [layers, kv_heads * head_dim] per layer: fp32 [n, layers]. One pass over the index matrix, in
+        chunks of _SCORE_CHUNK rows (fp32 copies of 512 x 36 x 256 keys: 19 MB at the 3B shape)."""
+        query = query.float()
+        unit = query / query.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        with self._lock:
+            entries = [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
+            rows = torch.tensor([self._row_of[e.pair] for e in entries], dtype=torch.long)
+            used = self._rows_used
+            out = torch.empty(used, self.shape.layers)
+            for start in range(0, used, _SCORE_CHUNK):
+                chunk = self._matrix[start:min(start + _SCORE_CHUNK, used)].float()
+                out[start:start + chunk.shape[0]] = torch.einsum("nlw,lw->nl", chunk, unit)
+            out /= self._norms[:used].clamp_min(1e-12)
+            return entries, out[rows]
+
+    def _add(self, entry: ArchivedPair, mean_key: torch.Tensor) -> None:
+        with self._lock:
+            if entry.pair in self._row_of:
+                row = self._row_of[entry.pair]
+            elif self._free_rows:
+                row = self._free_rows.pop()
+            else:
+                row = self._rows_used
+                if row == self._matrix.shape[0]:  # grow by doubling (amortized; bounded by max_gib's pairs)
+                    self._matrix = torch.cat([self._matrix, torch.zeros_like(self._matrix)])
+                    self._norms = torch.cat([self._norms, torch.zeros_like(self._norms)])
+                self._rows_used += 1
+            self._entries[entry.pair] = entry
+            self._row_of[entry.pair] = row
+            self._matrix[row] = mean_key
+            self._norms[row] = mean_key.float().norm(dim=-1)
+            newest = self._segment_newest_t.get(entry.segment, float("-inf"))
+            self._segment_newest_t[entry.segment] = max(newest, entry.t)
+
+    # ------------------------------------------------------------------ opening
+    def _segment_path(self, number: int) -> Path:
+        return self.dir / f"seg-{number:08d}.ekva"
+
+    def _segment_numbers(self) -> list[int]:
+        out = []
+        for path in self.dir.glob("seg-*.ekva"):
+            digits = path.name[4:-5]
+            if digits.isdigit():
+                out.append(int(digits))
+        return sorted(out)
+
+    def _header_bytes(self) -> bytes:
+        key = json.dumps(asdict(self.shape), sort_keys=True).encode()
+        return SEGMENT_MAGIC + _SEGMENT_HEAD.pack(len(key), zlib.crc32(key)) + key
+
+    def _read_header(self, path: Path, handle) -> int:
+        """Check a segment's header against this archive's shape; returns where its records start."""
+        head = handle.read(len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size)
+        if len(head) < len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size or not head.startswith(SEGMENT_MAGIC):
+            return -1
+        size, crc = _SEGMENT_HEAD.unpack(head[len(SEGMENT_MAGIC):])
+        key = handle.read(size)
+        if len(key) != size or zlib.crc32(key) != crc:
+            return -1
+        saved = json.loads(key)
+        wanted = asdict(self.shape)
+        for name, value in wanted.items():
+            if saved.get(name) != value:
+                raise ArchiveMismatchError(
+                    f"{path}: archived for {name}={saved.get(name)!r}, this model's cache has {name}={value!r}; "
+                    f"point archive.dir at another folder (or remove this one)")
+        return len(head) + size
+
+    def _scan(self) -> None:
+        numbers = self._segment_numbers()
+        for number in numbers:
+            self._scan_segment(number, verify_kv=number == numbers[-1])
+
+    def _scan_segment(self, number: int, verify_kv: bool) -> None:
+        path = self._segment_path(number)
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            start = self._read_header(path, handle)
+            if start < 0:  # a header torn before its first record: nothing in it
+                log.warning("archive: %s has no complete header; removed", path)
+                self.torn_bytes += size
+                handle.close()
+                path.unlink()
+                return
+            offset = start
+            while offset < size:
+                parsed = self._parse_record(handle, number, offset, size, verify_kv)
+                if parsed is None:
+                    break
+                entry, mean_key, end = parsed
+                self._add(entry, mean_key)
+                offset = end
+        if offset < size:
+            self.torn_bytes += size - offset
+            log.warning("archive: %s: %d bytes after the last complete record (a torn write) cut off", path,
+                        size - offset)
+            os.truncate(path, offset)
+        self._segments[number] = offset
+
+    def _parse_record(self, handle, number: int, offset: int, size: int,
+                      verify_kv: bool) -> tuple[ArchivedPair, torch.Tensor, int] | None:
+        handle.seek(offset)
+        head = handle.read(_HEAD.size)
+        if len(head) < _HEAD.size:
+            return None
+        magic, meta_len, kv_len, meta_crc, _ = _HEAD.unpack(head)
+        end = offset + _HEAD.size + meta_len + kv_len
+        if magic != RECORD_MAGIC or meta_len != self.shape.meta_bytes() or end > size:
+            return None
+        meta = handle.read(meta_len)
+        if len(meta) != meta_len or zlib.crc32(meta) != meta_crc:
+            self.bad_records += 1
+            return None
+        entry, mean_key = self._unpack_meta(meta, number, offset)
+        if kv_len != self.shape.layers * self.shape.layer_bytes(entry.tokens):
+            self.bad_records += 1
+            return None
+        if verify_kv:
+            layer_bytes = self.shape.layer_bytes(entry.tokens)
+            for crc in entry.layer_crcs:
+                if zlib.crc32(handle.read(layer_bytes)) != crc:
+                    self.bad_records += 1
+                    return None
+        return entry, mean_key, end
+
+    def _unpack_meta(self, meta: bytes, segment: int, offset: int) -> tuple[ArchivedPair, torch.Tensor]:
+        layers, width = self.shape.layers, self.shape.kv_heads * self.shape.head_dim
+        pair, frame, t, tpos, t_offset, rows, cols, tokens = _META.unpack_from(meta)
+        at = _META.size
+        stream = bytes(meta[at:at + 16])
+        at += 16
+        crcs = tuple(int(c) for c in np.frombuffer(meta, dtype="<u4", count=layers, offset=at))
+        at += 4 * layers
+        mean_key = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=layers * width, offset=at).copy())
+        entry = ArchivedPair(pair, frame, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs)
+        return entry, mean_key.view(layers, width)
+
+    # ------------------------------------------------------------------ ingest side
+    def submit(self, k: torch.Tensor, v: torch.Tensor, *, frame: int, t: float, tpos: int, t_offset: int,
+               rows: int, cols: int, stream: bytes) -> bool:
+        """Queue frame pair ``frame`` for writing under the next archive key (``next_pair``); False (and
+        ``dropped`` + 1) when no staging buffer is free.
+
+        k, v: [layers, kv_heads, P, head_dim] (views of the cache are fine: copied here, before returning).
+        """
+        if self._closed:
+            raise ArchiveError(f"{self.dir}: the archive is closed")
+        tokens = k.shape[2]
+        expected = (self.shape.layers, self.shape.kv_heads, tokens, self.shape.head_dim)
+        if tuple(k.shape) != expected or tuple(v.shape) != expected:
+            raise ValueError(f"archive: K/V must be [layers, kv_heads, P, head_dim] = {expected}, got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        if len(stream) != 16:
+            raise ValueError(f"archive: stream id must be 16 bytes, got {len(stream)}")
+        self._ensure_staging(tokens)
+        try:
+            staged = self._free.get_nowait()
+        except queue.Empty:
+            self.dropped += 1
+            return False
+        staged.kv[0].copy_(k)
+        staged.kv[1].copy_(v)
+        with self._lock:
+            staged.pair = self._next_key
+            self._next_key += 1
+        staged.frame, staged.t, staged.tpos, staged.t_offset = int(frame), float(t), int(tpos), int(t_offset)
+        staged.rows, staged.cols, staged.tokens, staged.stream = int(rows), int(cols), tokens, stream
+        self._idle.clear()
+        self._work.put(staged)
+        return True
+
+    def _ensure_staging(self, tokens: int) -> None:
+        if self._staging_tokens == tokens:
+            return
+        if self._staging_tokens is not None:
+            raise ValueError(f"archive: a pair of {tokens} tokens after pairs of {self._staging_tokens}; the frame "
+                             f"grid is fixed for a session")
+        shape = (2, self.shape.layers, self.shape.kv_heads, tokens, self.shape.head_dim)
+        pin = torch.cuda.is_available()
+        for _ in range(self.queue_pairs):
+            self._free.put(_Staged(torch.empty(shape, dtype=self.shape.torch_dtype, pin_memory=pin)))
+        self._staging_tokens = tokens
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every submitted pair is on disk (True) or ``timeout`` passes (False)."""
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Write what is queued, fsync, stop the writer. Idempotent."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        self._work.put(None)
+        self._writer.join(timeout)
+
+    # ------------------------------------------------------------------ writer thread
+    def _write_loop(self) -> None:
+        while True:
+            staged = self._work.get()
+            if staged is None:
+                self._close_segment()
+                return
+            started = time.perf_counter()
+            try:
+                self._append(staged)
+                self.written += 1
+            except Exception as exc:  # disk full, removed folder...: the stream goes on, this pair is lost
+                self.write_errors += 1
+                log.warning("archive: pair %d not written (%s: %s)", staged.pair, type(exc).__name__, exc)
+            finally:
+                self.write_ms_total += (time.perf_counter() - started) * 1e3
+                self._free.put(staged)
+                if self._work.empty():
+                    self._idle.set()
+
+    def _mean_key(self, staged: _Staged) -> torch.Tensor:
+        """fp16 [layers, kv_heads * head_dim]: the pair's mean key with its temporal rotation undone."""
+        mean = staged.kv[0].float().mean(dim=2)  # [layers, kv_heads, head_dim]
+        if self.inv_freq is not None and self.temporal_section > 0:
+            mean = rotate_temporal(mean, torch.full(mean.shape[:-1], -staged.tpos), self.inv_freq,
+                                   self.temporal_section)
+        return mean.reshape(self.shape.layers, -1).to(torch.float16)
+
+    def _append(self, staged: _Staged) -> None:
+        mean_key = self._mean_key(staged)
+        layers = [staged.kv[:, layer].contiguous() for layer in range(self.shape.layers)]  # [2, H, P, D] each
+        raw = [layer.view(torch.uint8).numpy().reshape(-1) for layer in layers]
+        crcs = np.array([zlib.crc32(chunk) for chunk in raw], dtype="<u4")
+        meta = b"".join((
+            _META.pack(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
+                       staged.tokens),
+            staged.stream, crcs.tobytes(), mean_key.numpy().astype("<f2").tobytes(),
+        ))
+        kv_len = sum(chunk.nbytes for chunk in raw)
+        record_len = _HEAD.size + len(meta) + kv_len
+        self._make_room(record_len, staged.t)
+        offset = self._segments[self._current]
+        handle = self._handle
+        handle.write(_HEAD.pack(RECORD_MAGIC, len(meta), kv_len, zlib.crc32(meta), 0))
+        handle.write(meta)
+        for chunk in raw:
+            handle.write(chunk)
+        handle.flush()
+        if time.monotonic() - self._last_fsync > _FSYNC_EVERY_S:
+            os.fsync(handle.fileno())
+            self._last_fsync = time.monotonic()
+        with self._lock:
+            self._segments[self._current] = offset + record_len
+        entry = ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
+                             staged.cols, staged.tokens, staged.stream, self._current, offset,
+                             tuple(int(c) for c in crcs))
+        self._add(entry, mean_key)
+
+    def _make_room(self, record_len: int, t: float) -> None:
+        """Open a segment if needed (a new one when the current would pass segment_bytes) and delete the
+        oldest sealed segments while the folder would pass max_bytes or they are older than max_age_s."""
+        if self._current is None or self._segments[self._current] + record_len > self.segment_bytes:
+            self._close_segment()
+            self._open_segment()
+        with self._lock:
+            sealed = sorted(n for n in self._segments if n != self._current)
+            for number in sealed:
+                too_big = sum(self._segments.values()) + record_len > self.max_bytes
+                too_old = (self.max_age_s is not None
+                           and self._segment_newest_t.get(number, float("-inf")) < t - self.max_age_s)
+                if not (too_big or too_old):
+                    break
+                self._delete_segment(number)
+        if sum(self._segments.values()) + record_len > self.max_bytes:
+            raise OSError(f"a record of {record_len} bytes does not fit archive.max_gib beside the open segment")
+
+    def _delete_segment(self, number: int) -> None:
+        with self._lock:
+            for pair in [p for p, e in self._entries.items() if e.segment == number]:
+                del self._entries[pair]
+                row = self._row_of.pop(pair)
+                self._norms[row] = 0.0
+                self._free_rows.append(row)
+            self._segments.pop(number, None)
+            self._segment_newest_t.pop(number, None)
+            self._segment_path(number).unlink(missing_ok=True)
+            self.segments_deleted += 1
+
+    def _open_segment(self) -> None:
+        numbers = self._segment_numbers()
+        number = max([*numbers, *self._segments, 0]) + 1
+        path = self._segment_path(number)
+        handle = open(path, "xb")
+        header = self._header_bytes()
+        handle.write(header)
+        handle.flush()
+        with self._lock:
+            self._segments[number] = len(header)
+        self._current, self._handle = number, handle
+        _fsync_dir(self.dir)
+
+    def _close_segment(self) -> None:
+        if self._handle is not None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+            self._handle = None
+
+    # ------------------------------------------------------------------ retrieval side
+    def read_into(self, entry: ArchivedPair, targets: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> set[int]:
+        """Read layers of one archived pair straight into ``targets``: layer -> (k, v) destinations, each
+        [kv_heads, P, head_dim] of the archive's dtype whose rows per head are contiguous (slices of a
+        cache). Returns the layers read and verified; a layer failing its checksum is left out (counted in
+        ``bad_records``), all are when the record is gone (retention deleted its segment)."""
+        layer_bytes = self.shape.layer_bytes(entry.tokens)
+        base = entry.offset + _HEAD.size + self.shape.meta_bytes()
+        good: set[int] = set()
+        with self._lock:  # retention cannot delete the segment while it is read
+            if entry.segment not in self._segments:
+                return good
+            try:
+                fd = os.open(self._segment_path(entry.segment), os.O_RDONLY)
+            except OSError:
+                return good
+            try:
+                for layer, (k, v) in targets.items():
+                    host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype) for t in (k, v)]
+                    views = [_bytes_of(t[head]) for t in host for head in range(t.shape[0])]
+                    if os.preadv(fd, views, base + layer * layer_bytes) != layer_bytes:
+                        continue
+                    crc = 0
+                    for view in views:
+                        crc = zlib.crc32(view, crc)
+                    if crc != entry.layer_crcs[layer]:
+                        self.bad_records += 1
+                        continue
+                    for target, read in zip((k, v), host):
+                        if read is not target:
+                            target.copy_(read)
+                    good.add(layer)
+            finally:
+                os.close(fd)
+        return good
+
+    def read_layers(self, entry: ArchivedPair, layers: list[int]) -> dict[int, torch.Tensor]:
+        """K and V of some layers of one pair: layer -> [2, kv_heads, P, head_dim] (new tensors)."""
+        shape = (2, self.shape.kv_heads, entry.tokens, self.shape.head_dim)
+        out = {layer: torch.empty(shape, dtype=self.shape.torch_dtype) for layer in layers}
+        good = self.read_into(entry, {layer: (t[0], t[1]) for layer, t in out.items()})
+        return {layer: t for layer, t in out.items() if layer in good}
+
+    def read_layer(self, entry: ArchivedPair, layer: int) -> torch.Tensor | None:
+        """One layer of one pair (``read_layers``), None when it cannot be read."""
+        return self.read_layers(entry, [layer]).get(layer)
+
+    def stats(self) -> dict:
+        return {"archive_pairs": self.pairs, "archive_bytes": self.bytes_on_disk, "archive_dropped": self.dropped,
+                "archive_written": self.written, "archive_write_errors": self.write_errors,
+                "archive_torn_bytes": self.torn_bytes, "archive_bad_records": self.bad_records,
+                "archive_segments": len(self._segments), "archive_segments_deleted": self.segments_deleted,
+                "archive_write_ms_total": round(self.write_ms_total, 3)}
+
+
+def _bytes_of(rows: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous tensor (bf16 included: numpy sees its bytes)."""
+    if not rows.is_contiguous():
+        raise ValueError("archive: read targets must be contiguous per KV head")
+    return memoryview(rows.view(torch.uint8).numpy()).cast("B")
+
+
+def new_stream_id() -> bytes:
+    return uuid.uuid4().bytes
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the data files are still fsynced
+    finally:
+        os.close(fd)
+
+
+def _close_at_exit(ref: "weakref.ref[FrameArchive]") -> None:
+    archive = ref()
+    if archive is not None:
+        archive.close(timeout=10.0)

@@ -1,0 +1,33 @@
+"""``edgekv bench archive`` end to end on small settings: it runs, prints and writes JSON + PNG whose figures
+are consistent (the run recalls pairs, the no-archive run recalls none, the latency rows cover the sizes)."""
+
+from __future__ import annotations
+
+import json
+
+from edgekv.apps.cli import main
+
+
+def test_bench_archive_writes_consistent_figures(tmp_path, capsys):
+    out_json, out_png = tmp_path / "a.json", tmp_path / "a.png"
+    code = main(["bench", "archive", "--length", "80", "--ages", "60,70", "--events", "2", "--streams", "1",
+                 "--budget", "512", "--policy", "sliding_window", "--ks", "2", "--modes", "layer",
+                 "--latency-pairs", "3", "--shape", "4,2,16,8", "--sizes-gib", "0.001,0.01", "--repeats", "1",
+                 "--ingest-pairs", "24", "--ingest-repeats", "1", "--dir", str(tmp_path),
+                 "--json", str(out_json), "--plot", str(out_png)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "archive k=2 layer" in printed and "ms/pair with the writer" in printed
+    results = json.loads(out_json.read_text())["results"]
+    summary = results["accuracy"]["summary"]
+    assert set(summary) == {"full cache", "no archive", "archive k=2 layer"}
+    assert summary["no archive"]["old_event_recalled"] == 0.0
+    assert summary["archive k=2 layer"]["recall_ms_per_question"] > 0
+    assert summary["archive k=2 layer"]["old_n"] == summary["no archive"]["old_n"] > 0
+    rows = results["latency"]["rows"]
+    assert [r["pairs"] for r in rows] == [max(int(s * 2**30 // results["latency"]["record_bytes"]), 1)
+                                          for s in (0.001, 0.01)]
+    assert all(r["read_cold_ms"] > 0 and r["select_ms"] > 0 for r in rows)
+    ingest = results["ingest"]
+    assert len(ingest["ms_per_pair"]["on"]) == len(ingest["ms_per_pair"]["off"]) == 1 and ingest["rss_mb_on"]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,212 @@
+"""Recall from the archive on a real session (tiny random-weight Qwen2.5-VL): the reserve inside the cap,
+exact positions of recalled keys, [cache ; recalled] equal to the full cache, the cache bit-identical
+after the answer, and the archive continuing across a restart with the persistent memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import edgekv
+from edgekv.archive.recall import STREAM_KEY
+from edgekv.cache import SlotKind
+from edgekv.config import ConfigError
+from edgekv.model.rope import apply_rotary, mrope_cos_sin
+
+FPS = 2.0
+FIELDS = ("k", "v", "kind", "sink", "frame", "row", "col", "tpos")
+
+
+def _runtime(model_dir, folder, archive=None, **cache):
+    cache = {"max_tokens": 400, "text_reserve_tokens": 64, **cache}
+    archive = {"dir": str(folder), "max_gib": 0.01, "segment_mib": 1.0, "top_k": 2, **(archive or {})}
+    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": "cpu"},
+                                          video={"resolution": [56, 56], "fps": FPS}, cache=cache,
+                                          generation={"max_new_tokens": 3}, archive=archive)
+
+
+def _stream(session, pairs, start=0, seed=0):
+    rng = np.random.default_rng(seed)
+    for i in range(2 * start, 2 * (start + pairs)):
+        session.ingest(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8), t=i / FPS)
+    assert session.recall.archive.flush()
+
+
+def _whole_pairs(session) -> set[int]:
+    n, cache = session.cache.length, session.cache
+    frames = cache.frame[0, 0, :n][cache.kind[0, 0, :n] == int(SlotKind.VISION)]
+    return set(frames.tolist())
+
+
+def test_reserve_is_inside_the_cap_and_counted(tiny_checkpoint, tmp_path):
+    plain = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"dtype": "fp32", "device": "cpu"},
+                                           video={"resolution": [56, 56], "fps": FPS},
+                                           cache={"max_tokens": 400, "text_reserve_tokens": 64}).session()
+    session = _runtime(tiny_checkpoint, tmp_path).session()
+    per_pair = session.tokens_per_pair
+    assert session.recall_reserve == 2 * per_pair
+    assert session.video_limit == plain.video_limit - 2 * per_pair
+    stats = session.stats()
+    assert stats["cache_capacity_bytes"] == plain.stats()["cache_capacity_bytes"]  # same cap, reserve inside it
+    assert stats["recall_reserve_tokens"] == 2 * per_pair and stats["archive_pairs"] == 0
+    with pytest.raises(ValueError, match="archive.top_k=80"):
+        _runtime(tiny_checkpoint, tmp_path / "b", archive={"top_k": 80}).session()
+
+
+def test_config_refuses_bad_archive_keys(tmp_path):
+    from edgekv.config import EdgeKVConfig
+
+    with pytest.raises(ConfigError, match="archive.top_k"):
+        EdgeKVConfig().with_overrides(archive={"top_k": 0})
+    with pytest.raises(ConfigError, match="two segments"):
+        EdgeKVConfig().with_overrides(archive={"max_gib": 0.1, "segment_mib": 100})
+    with pytest.raises(ConfigError, match="archive"):
+        EdgeKVConfig().with_overrides(archive={"retrieval": "random"})
+
+
+def test_recalled_cache_equals_the_full_cache_and_is_cleared_after(tiny_checkpoint, tmp_path):
+    """A full-policy session; two pairs cut out of the cache (as an eviction would). Recall must pick exactly
+    them back (the only pairs not whole in the cache), and the question's logits over [cache ; recalled]
+    must equal the uncut cache's (slot order does not matter to softmax; positions live in the keys)."""
+    session = _runtime(tiny_checkpoint, tmp_path, policy="full", max_tokens=900).session()
+    _stream(session, 10)
+    full = session.question_logits("What moved?")
+    n = session.cache.length
+    cut = {3, 6}
+    frames = session.cache.frame[:, :, :n]
+    keep_row = [i for i in range(n) if int(frames[0, 0, i]) not in cut]
+    keep = torch.tensor(keep_row).expand(session.cache.num_layers, session.cache.kv_heads, -1).contiguous()
+    session.cache.compact(keep)
+    assert _whole_pairs(session) == set(range(10)) - cut
+    cut_logits = session.question_logits("What moved?")
+    before = {name: getattr(session.cache, name).clone() for name in FIELDS}
+    length = session.cache.length
+    with torch.inference_mode():
+        recalled = session.question_logits("What moved?", recall=True)
+    assert session.recall.last.unique_pairs == (3, 6)
+    torch.testing.assert_close(recalled, full, rtol=1e-4, atol=1e-4)
+    assert (recalled - full).abs().max() < (cut_logits - full).abs().max() / 10
+    # the cache is as before: every valid slot of every buffer, and all metadata (empty past the length)
+    assert session.cache.length == length
+    for name in FIELDS:
+        now = getattr(session.cache, name)
+        assert torch.equal(now[:, :, :length], before[name][:, :, :length]), name
+        if name in ("kind", "sink", "frame"):
+            assert torch.equal(now, before[name]), name
+    assert torch.equal(session.question_logits("What moved?"), cut_logits)
+    answer = session.ask("What moved?", recall=True)
+    assert answer.recalled == (3, 6)
+    assert session.stats()["recalls"] == 2 and session.stats()["recalled_pairs"] == 4
+
+
+def test_recalled_keys_are_rotated_exactly_to_the_current_positions(tiny_checkpoint, tmp_path):
+    """Re-basing after a pair was archived: its recalled keys equal the archived keys with the model's own
+    M-RoPE undone at the archived positions and applied at the new ones (fp32)."""
+    session = _runtime(tiny_checkpoint, tmp_path, policy="sliding_window", max_tokens=130,
+                       rebase_position=40).session()
+    _stream(session, 30)
+    assert session.stats()["position_rebases"] >= 1 and session.t_offset > 0
+    entries = [e for e in session.recall.archive.entries() if e.t_offset < session.t_offset
+               and e.pair not in _whole_pairs(session)]
+    assert entries, "no archived pair from before a re-basing"
+    text = session.model.config.text
+    start = session.cache.length
+    with torch.inference_mode():
+        session.recall.load([[entries[0]]] * session.cache.num_layers)
+    entry = entries[0]
+    rows = torch.arange(entry.tokens) // entry.cols
+    cols = torch.arange(entry.tokens) % entry.cols
+    new_t = entry.tpos + entry.t_offset - session.t_offset
+    assert new_t < entry.tpos
+    for layer in range(session.cache.num_layers):
+        archived = session.recall.archive.read_layer(entry, layer)[0]  # [H, P, D] keys as prefilled
+        base = session.video_start
+        old_pos = torch.stack([torch.full_like(rows, entry.tpos), base + rows, base + cols])
+        new_pos = torch.stack([torch.full_like(rows, new_t), base + rows, base + cols])
+        cos, sin = mrope_cos_sin(session.inv_freq, old_pos, text.mrope_section)
+        raw = apply_rotary(archived, cos, -sin)
+        cos, sin = mrope_cos_sin(session.inv_freq, new_pos, text.mrope_section)
+        got = session.cache.k[layer, :, start:start + entry.tokens]
+        assert (got - apply_rotary(raw, cos, sin)).abs().max().item() <= 1e-5
+        assert torch.equal(session.cache.tpos[layer, :, start:start + entry.tokens],
+                           torch.full((session.cache.kv_heads, entry.tokens), new_t, dtype=torch.int32))
+    session.cache.truncate(start)
+
+
+def test_layer_and_pooled_pick_from_the_archive_only_pairs_not_in_cache(tiny_checkpoint, tmp_path):
+    for mode in ("layer", "pooled"):
+        session = _runtime(tiny_checkpoint, tmp_path / mode, {"retrieval": mode, "top_k": 3},
+                           policy="sliding_window", max_tokens=130).session()
+        _stream(session, 24)
+        whole = _whole_pairs(session)
+        assert session.recall.archive.pairs == 24
+        with torch.inference_mode():
+            session.question_logits("Which shape?", recall=True)
+        rows = session.recall.last.pairs
+        assert len(rows) == session.cache.num_layers and all(len(r) == 3 for r in rows)
+        n, cache = session.cache.length, session.cache
+        for layer, row in enumerate(rows):  # never a pair all of whose tokens the layer holds in every head
+            for pair in row:
+                held = (cache.frame[layer, :, :n] == pair).sum(dim=1)
+                assert int(held.min()) < session.tokens_per_pair, (layer, pair)
+        assert set(session.recall.last.unique_pairs) - whole  # mostly pairs the cache no longer has
+        if mode == "pooled":
+            assert len(set(rows)) == 1
+        stats = session.stats()
+        assert stats["recall_mode"] == mode and stats["recall_ms_last"] > 0 and stats["archive_bytes"] > 0
+
+
+def test_archive_continues_across_a_restart_with_the_persistent_memory(tiny_checkpoint, tmp_path):
+    runtime = _runtime(tiny_checkpoint, tmp_path / "archive", policy="sliding_window", max_tokens=130)
+    session = runtime.session()
+    _stream(session, 6)
+    session.save(tmp_path / "snap.ekv")
+    _stream(session, 4, start=6)  # archived after the snapshot, then the process "dies"
+    stream = session.counters.extra[STREAM_KEY]
+    session.recall.close()
+    restored = runtime.restore(tmp_path / "snap.ekv")
+    assert restored.recall.archive.next_pair == 10 and restored.counters.frame_pairs == 6
+    _stream(restored, 1, start=20)
+    assert restored.counters.extra[STREAM_KEY] == stream and restored.counters.frame_pairs == 7
+    entries = restored.recall.archive.entries(restored.recall.stream)
+    # keys continue (10), frames follow the restored memory (6); the pairs seen after the snapshot stay
+    assert [(e.pair, e.frame) for e in entries] == [(i, i) for i in range(10)] + [(10, 6)]
+    assert entries[-1].t == 20.0 and entries[9].t == 9.0
+    restored.recall.close()
+    fresh = _runtime(tiny_checkpoint, tmp_path / "archive", policy="sliding_window", max_tokens=130).session()
+    _stream(fresh, 1)
+    assert fresh.counters.extra[STREAM_KEY] != stream  # a new stream: its recall never mixes the old one's times
+    assert [(e.pair, e.frame) for e in fresh.recall.archive.entries(fresh.recall.stream)] == [(11, 0)]
+    fresh.recall.close()
+
+
+def test_api_recall_field_is_parsed_and_checked():
+    from edgekv.apps.openai_chat import ApiError, ChatLimits, parse_chat_request
+
+    limits = ChatLimits("toy", 64, 16)
+    body = {"messages": [{"role": "user", "content": "What moved?"}]}
+    assert parse_chat_request(body, limits).recall is None
+    assert parse_chat_request({**body, "recall": False}, limits).recall is False
+    with pytest.raises(ApiError, match="recall: expected a boolean"):
+        parse_chat_request({**body, "recall": "yes"}, limits)
+
+
+def test_a_record_failing_its_checksum_is_skipped_for_the_next_best(tiny_checkpoint, tmp_path):
+    session = _runtime(tiny_checkpoint, tmp_path, {"retrieval": "pooled", "top_k": 2}, policy="sliding_window",
+                       max_tokens=130).session()
+    _stream(session, 24)
+    with torch.inference_mode():
+        session.question_logits("Which shape?", recall=True)
+    first = session.recall.last.pairs[0]
+    victim = next(e for e in session.recall.archive.entries() if e.frame == first[0])
+    path = session.recall.archive._segment_path(victim.segment)
+    data = bytearray(path.read_bytes())
+    data[victim.offset + session.recall.archive.shape.record_bytes(victim.tokens) - 3] ^= 0xFF  # last layer's V
+    path.write_bytes(bytes(data))
+    with torch.inference_mode():
+        session.question_logits("Which shape?", recall=True)
+    rows = session.recall.last.pairs
+    assert all(len(row) == 2 for row in rows)
+    assert first[0] in rows[0] and first[0] not in rows[-1]  # only the damaged layer moved to the next best
+    assert session.stats()["archive_bad_records"] == 1

@@ -1,0 +1,202 @@
+"""FrameArchive on disk: round trip, retention at max bytes, torn tails (truncation and kill -9), reopen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgekv.archive.store import ArchiveMismatchError, FrameArchive, KVShape, new_stream_id
+from edgekv.positions import rotary_inv_freq, rotate_temporal
+
+SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
+TOKENS = 4
+STREAM = b"s" * 16
+
+
+def _kv(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(pair)
+    k = torch.randn(SHAPE.layers, SHAPE.kv_heads, TOKENS, SHAPE.head_dim, generator=g)
+    return k, k * 2 + 1
+
+
+def _archive(folder: Path, **kw) -> FrameArchive:
+    kw.setdefault("max_bytes", 1 << 20)
+    kw.setdefault("segment_bytes", 16 << 10)
+    return FrameArchive(folder, SHAPE, **kw)
+
+
+def _fill(archive: FrameArchive, pairs: range) -> None:
+    for pair in pairs:
+        k, v = _kv(pair)
+        while not archive.submit(k, v, frame=pair, t=pair * 0.5, tpos=10 + pair, t_offset=0, rows=2, cols=2,
+                                 stream=STREAM):
+            archive.flush()  # tests want every pair: wait for a staging buffer instead of dropping
+    assert archive.flush()
+
+
+def test_round_trip_index_and_layer_reads(tmp_path):
+    inv_freq = rotary_inv_freq(SHAPE.head_dim, 10000.0)
+    archive = _archive(tmp_path, inv_freq=inv_freq, temporal_section=1)
+    _fill(archive, range(5))
+    assert archive.pairs == 5 and archive.next_pair == 5 and archive.dropped == 0
+    entry = archive.entries()[3]
+    assert (entry.pair, entry.t, entry.tpos, entry.rows, entry.cols, entry.tokens) == (3, 1.5, 13, 2, 2, TOKENS)
+    k, v = _kv(3)
+    for layer in range(SHAPE.layers):
+        got = archive.read_layer(entry, layer)
+        assert torch.equal(got[0], k[layer]) and torch.equal(got[1], v[layer])
+    # the index key is the mean key with the temporal rotation by tpos undone
+    expected = rotate_temporal(k.mean(dim=2), torch.full((SHAPE.layers, SHAPE.kv_heads), -13), inv_freq, 1)
+    torch.testing.assert_close(archive.mean_keys([3])[0], expected.reshape(SHAPE.layers, -1), atol=2e-3, rtol=2e-3)
+    archive.close()
+    reopened = _archive(tmp_path)
+    assert [e.pair for e in reopened.entries()] == list(range(5))
+    assert torch.equal(reopened.mean_keys([3]), archive.mean_keys([3]))
+    assert torch.equal(reopened.read_layer(reopened.entries()[3], 1)[1], v[1])
+    reopened.close()
+
+
+def test_full_staging_drops_and_counts_instead_of_blocking(tmp_path):
+    archive = _archive(tmp_path, queue_pairs=1)
+    archive._ensure_staging(TOKENS)
+    gate = archive._free.get_nowait()  # hold the only staging buffer: the writer is "slow"
+    k, v = _kv(0)
+    started = time.perf_counter()
+    assert archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM) is False
+    assert time.perf_counter() - started < 1.0
+    assert archive.dropped == 1
+    archive._free.put(gate)
+    assert archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM) is True
+    archive.close()
+    assert archive.written == 1
+
+
+def test_oldest_segments_deleted_at_max_bytes(tmp_path):
+    record = SHAPE.record_bytes(TOKENS)
+    archive = _archive(tmp_path, segment_bytes=4 * record + 200, max_bytes=3 * (4 * record + 200))
+    _fill(archive, range(40))
+    files = sum(p.stat().st_size for p in tmp_path.glob("seg-*.ekva"))
+    assert files <= archive.max_bytes and files == archive.bytes_on_disk
+    assert archive.segments_deleted > 0
+    kept = [e.pair for e in archive.entries()]
+    assert kept == list(range(40 - len(kept), 40)) and len(kept) >= 8  # the newest survive, in order
+    for pair in (kept[0], kept[-1]):  # index rows freed by deleted segments are reused correctly
+        k, _ = _kv(pair)
+        expected = k.mean(dim=2).reshape(SHAPE.layers, -1)
+        torch.testing.assert_close(archive.mean_keys([pair])[0], expected, atol=2e-3, rtol=2e-3)
+    entries, scores = archive.cosine_scores(expected)
+    assert [e.pair for e in entries] == kept and int(scores.mean(dim=1).argmax()) == len(kept) - 1
+    assert torch.allclose(scores[-1], torch.ones(SHAPE.layers), atol=1e-3)
+    archive.close()
+
+
+def test_max_age_deletes_old_segments(tmp_path):
+    record = SHAPE.record_bytes(TOKENS)
+    archive = _archive(tmp_path, segment_bytes=2 * record + 200, max_age_s=3.0)
+    _fill(archive, range(20))  # t = pair / 2: the newest pair is at 9.5 s
+    assert min(e.t for e in archive.entries()) >= 9.5 - 3.0 - 1.0  # at most one segment (2 pairs) past the age
+    archive.close()
+
+
+def test_truncated_mid_record_is_cut_off_on_reopen_and_appending_continues(tmp_path):
+    archive = _archive(tmp_path, segment_bytes=256 << 10)
+    _fill(archive, range(6))
+    archive.close()
+    (segment,) = tmp_path.glob("seg-*.ekva")
+    size = segment.stat().st_size
+    os.truncate(segment, size - SHAPE.record_bytes(TOKENS) // 2)  # half of pair 5 is gone
+    reopened = _archive(tmp_path, segment_bytes=256 << 10)
+    assert [e.pair for e in reopened.entries()] == [0, 1, 2, 3, 4]
+    assert reopened.torn_bytes == SHAPE.record_bytes(TOKENS) - SHAPE.record_bytes(TOKENS) // 2
+    assert segment.stat().st_size == size - SHAPE.record_bytes(TOKENS)
+    _fill(reopened, range(5, 8))
+    reopened.close()
+    again = _archive(tmp_path)
+    assert [e.pair for e in again.entries()] == list(range(8)) and again.torn_bytes == 0
+    k, v = _kv(6)
+    assert torch.equal(again.read_layer(again.entries()[6], 2)[0], k[2])
+    again.close()
+
+
+def test_garbled_tail_is_detected_by_checksum(tmp_path):
+    archive = _archive(tmp_path, segment_bytes=256 << 10)
+    _fill(archive, range(3))
+    archive.close()
+    (segment,) = tmp_path.glob("seg-*.ekva")
+    data = bytearray(segment.read_bytes())
+    data[-5] ^= 0xFF  # a flipped byte in the last record's KV (same length: only a checksum can tell)
+    segment.write_bytes(bytes(data))
+    reopened = _archive(tmp_path)
+    assert [e.pair for e in reopened.entries()] == [0, 1] and reopened.bad_records == 1
+    reopened.close()
+
+
+def test_other_shape_is_refused_naming_the_field(tmp_path):
+    archive = _archive(tmp_path)
+    _fill(archive, range(1))
+    archive.close()
+    with pytest.raises(ArchiveMismatchError, match="head_dim=8"):
+        FrameArchive(tmp_path, KVShape(3, 2, 16, "float32"), max_bytes=1 << 20, segment_bytes=16 << 10)
+
+
+def test_bad_input_is_refused(tmp_path):
+    archive = _archive(tmp_path)
+    k, v = _kv(0)
+    with pytest.raises(ValueError, match="layers, kv_heads, P, head_dim"):
+        archive.submit(k[:2], v[:2], frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM)
+    with pytest.raises(ValueError, match="16 bytes"):
+        archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=b"x")
+    archive.close()
+    with pytest.raises(ValueError, match="two segments"):
+        _archive(tmp_path, max_bytes=1000, segment_bytes=1000)
+
+
+_WRITER = textwrap.dedent("""
+    import sys, torch
+    from edgekv.archive.store import FrameArchive, KVShape
+    shape = KVShape(layers=4, kv_heads=2, head_dim=64, dtype="float32")
+    archive = FrameArchive(sys.argv[1], shape, max_bytes=1 << 30, segment_bytes=1 << 29, queue_pairs=4)
+    k = torch.randn(4, 2, 256, 64)
+    pair = 0
+    while True:
+        if archive.submit(k, k, frame=pair, t=float(pair), tpos=pair, t_offset=0, rows=16, cols=16, stream=b"k" * 16):
+            pair += 1
+            if pair == 3:
+                print("writing", flush=True)
+        else:
+            archive.flush()
+""")
+
+
+def test_kill_9_mid_write_loses_only_the_tail_and_reopens(tmp_path):
+    """A writer process killed with SIGKILL while appending: every complete record survives and verifies,
+    the torn one (if the kill landed inside a record) is cut off, and appending continues."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline().strip() == b"writing"
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    shape = KVShape(layers=4, kv_heads=2, head_dim=64, dtype="float32")
+    before = sum(p.stat().st_size for p in tmp_path.glob("seg-*.ekva"))
+    archive = FrameArchive(tmp_path, shape, max_bytes=1 << 30, segment_bytes=1 << 29)
+    pairs = [e.pair for e in archive.entries()]
+    assert len(pairs) >= 3 and pairs == list(range(len(pairs)))  # no hole: only the tail can be lost
+    assert before - archive.bytes_on_disk == archive.torn_bytes < shape.record_bytes(256)
+    for entry in archive.entries()[-2:]:
+        for layer in range(shape.layers):
+            assert archive.read_layer(entry, layer) is not None  # checksums hold
+    k = torch.zeros(4, 2, 256, 64)
+    assert archive.submit(k, k, frame=len(pairs), t=0.0, tpos=0, t_offset=0, rows=16, cols=16, stream=new_stream_id())
+    archive.close()
+    assert FrameArchive(tmp_path, shape, max_bytes=1 << 30, segment_bytes=1 << 29).next_pair == len(pairs) + 1
