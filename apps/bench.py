@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _lazy("bench_soak", "add_soak_arguments")),
         "state": ("snapshot write/read ms and bytes at the 3B cache shape", _lazy("bench_state", "add_state_arguments")),
         "api": ("ingest rate and /healthz latency under 50 concurrent chats", _lazy("bench_api", "add_api_arguments")),
+        "memory": ("toy-model accuracy at equal cache bytes: kv_dtype x policy x skip_static; 3B logits error",
+                   _lazy("bench_memory", "add_memory_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)

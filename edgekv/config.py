@@ -43,6 +43,22 @@ class ModelSection:
 
 
 @dataclass(frozen=True)
+class SkipStaticSection:
+    """``video.skip_static``: skip frame pairs that are near-duplicates of the last ingested one
+    (edgekv/video/skip.py), before the vision tower."""
+
+    enabled: bool = False
+    threshold: float = 16.0    # largest difference of a 4x4-block thumbnail cell, grey levels (0-255)
+    max_gap_pairs: int = 8     # never skip more pairs than this in a row
+
+    def validate(self, at: str) -> None:
+        if not self.threshold >= 0:
+            raise ConfigError(f"{at}.threshold: must be >= 0 grey levels, got {self.threshold}")
+        if self.max_gap_pairs < 1:
+            raise ConfigError(f"{at}.max_gap_pairs: must be >= 1, got {self.max_gap_pairs}")
+
+
+@dataclass(frozen=True)
 class VideoSection:
     source: int | str = 0
     fps: float = 1.0
@@ -57,8 +73,10 @@ class VideoSection:
     # Under question load the main loop spends at least this share of its busy time ingesting
     # (apps/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
     min_ingest_share: float = 0.8
+    skip_static: SkipStaticSection = field(default_factory=SkipStaticSection)
 
     def validate(self, at: str) -> None:
+        self.skip_static.validate(f"{at}.skip_static")
         if not self.fps > 0:
             raise ConfigError(f"{at}.fps: must be > 0, got {self.fps}")
         if self.resolution is not None:
@@ -384,6 +402,8 @@ def _coerce(hint: Any, value: Any, at: str) -> Any:
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(f"{at}: expected {_describe(hint)}, got {value!r} ({type(value).__name__})")
+    if dataclasses.is_dataclass(hint):  # a nested section, e.g. video.skip_static
+        return _build(hint, value, at)
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:

@@ -33,6 +33,7 @@ from edgekv.policies.base import CacheView
 from edgekv.policies.statekv import SinkSelector
 from edgekv.positions import rotary_inv_freq, rotate_temporal_, squeeze_gaps
 from edgekv.tokenizer import ChatLayout
+from edgekv.video.skip import StaticPairSkipper
 
 # Beyond 2**42 s (~139,000 years) float64 timestamps step by more than a millisecond.
 MAX_ABS_SECONDS = 2.0 ** 42
@@ -60,6 +61,7 @@ class IngestResult:
     vision_ms: float = 0.0
     prefill_ms: float = 0.0
     compression_ms: float = 0.0
+    skipped: bool = False  # the pair was a near-duplicate of the last ingested one (video.skip_static)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Answer:
 class _Counters:
     frames: int = 0
     frame_pairs: int = 0
+    pairs_skipped: int = 0  # near-duplicate pairs never encoded nor prefilled (video.skip_static)
     frames_rejected: int = 0
     compressions: int = 0
     compression_ms_total: float = 0.0
@@ -131,6 +134,8 @@ class StreamSession:
             raise ValueError(f"cache.policy: '{self.policy.name}' needs cache.sinks > 0 (StateKV sink budget B)")
         self.sinks = SinkSelector(self.cache, self.sink_budget) if self.sink_budget > 0 else None
         self.counters = _Counters()
+        skip = self.config.video.skip_static
+        self.skipper = StaticPairSkipper(skip.threshold, skip.max_gap_pairs) if skip.enabled else None
         self._pending: tuple[np.ndarray, float] | None = None
         self._t0: float | None = None
         self._last_t: float | None = None
@@ -199,6 +204,14 @@ class StreamSession:
             return IngestResult(frame_index, None, 0, (time.perf_counter() - started) * 1e3)
 
         first, t_first = self._pending
+        if self.skipper is not None and self.skipper.should_skip(first, frame):
+            # Nothing is written; the next ingested pair's position comes from its own time, so the
+            # positions keep the gap this pair leaves (edgekv/video/skip.py).
+            self._pending = None
+            self.counters.frames += 1
+            self.counters.pairs_skipped += 1
+            self._last_t = t
+            return IngestResult(frame_index, None, 0, (time.perf_counter() - started) * 1e3, skipped=True)
         result = self._ingest_pair(first, frame, t_first, frame_index, started)
         self._pending = None
         self.counters.frames += 1
@@ -472,6 +485,7 @@ class StreamSession:
         stats = {
             "frames": c.frames,
             "frame_pairs": c.frame_pairs,
+            "pairs_skipped": c.pairs_skipped,
             "frames_rejected": c.frames_rejected,
             "cache_tokens": cache.length,
             "video_tokens": max(cache.length - self.prefix_tokens, 0),
