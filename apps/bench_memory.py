@@ -32,7 +32,7 @@ from edgekv.toy.questions import answer_of
 
 
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--parts", default="skip", help="comma-separated: skip")
+    parser.add_argument("--parts", default="skip,grid,logits", help="comma-separated: skip, grid, logits")
     parser.add_argument("--model", default="builtin:toy")
     parser.add_argument("--streams", type=int, default=2, help="needle streams per setting")
     parser.add_argument("--static-length", type=int, default=200, help="pairs of the static stream (skip part)")
@@ -121,17 +121,164 @@ def skip_part(args: argparse.Namespace, log=print) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------------------- grid
+def grid_part(args: argparse.Namespace, log=print) -> dict:
+    """Accuracy vs stream length at one max_mib for every kv_dtype x policy x skip (replayed vision)."""
+    from edgekv.runtime import Runtime
+
+    lengths = [int(x) for x in args.lengths.split(",")]
+    kv_dtypes = [x.strip() for x in args.kv_dtypes.split(",")]
+    policies = [x.strip() for x in args.policies.split(",")]
+    skips = [{"off": False, "on": True}[x.strip()] for x in args.skip.split(",")]
+    base = _runtime(args.model, {"policy": "full", "max_tokens": 64, "text_reserve_tokens": 32}, False)
+    out: dict = {"max_mib": args.max_mib, "capacity": {}, "runs": []}
+    for kv_dtype in kv_dtypes:
+        probe = _runtime(args.model, {"policy": "infinipot_v", "max_tokens": None, "max_mib": args.max_mib,
+                                      "kv_dtype": kv_dtype}, False)
+        spec = probe.cache_spec()
+        tokens = probe.cache_capacity_tokens(spec)
+        out["capacity"][kv_dtype] = {"tokens": tokens, "bytes": spec.bytes_for(tokens),
+                                     "pairs": (tokens - 64 - 32) // 16}
+        log(f"{kv_dtype}: {tokens} slots in {spec.bytes_for(tokens)} bytes (max_mib {args.max_mib})")
+    fp16_pairs = out["capacity"].get("fp16", next(iter(out["capacity"].values())))["pairs"]
+    for length in lengths:
+        for index in range(args.streams):
+            stream = needle_stream(length, tuple(a for a in (2, 8, 32, 64, 128, 256, 512, 1024) if a < length),
+                                   seed=700 + index, events=4)
+            replay = encode_stream(base, stream.scene, stream.pairs)
+            for kv_dtype in kv_dtypes:
+                for policy in policies:
+                    for skip in skips:
+                        runtime = _runtime(args.model, {"policy": policy, "max_tokens": None, "max_mib": args.max_mib,
+                                                        "kv_dtype": kv_dtype}, skip)
+                        result = run_probes(runtime, stream, replay)
+                        stats = result["stats"]
+                        run = {"length": length, "stream": index, "kv_dtype": kv_dtype, "policy": policy, "skip": skip,
+                               "accuracy": _accuracy(result["rows"]), "bytes": stats["cache_capacity_bytes"],
+                               "slots": stats["cache_capacity_tokens"], "pairs_ingested": stats["frame_pairs"],
+                               "ingest_ms_per_pair": result["ms"]["ingest"] / length, "rows": result["rows"]}
+                        out["runs"].append(run)
+                        log(f"L={length} stream {index} {kv_dtype:4s} {policy:22s} skip {'on ' if skip else 'off'}: "
+                            f"accuracy {run['accuracy']:.3f}, {run['ingest_ms_per_pair']:.1f} ms/pair, "
+                            f"{stats['compressions']} compressions")
+    out["summary"] = _grid_summary(out["runs"], fp16_pairs)
+    out["fp16_pairs_that_fit"] = fp16_pairs
+    for row in out["summary"]:
+        log(f"L={row['length']} {row['kv_dtype']:4s} {row['policy']:22s} skip {'on ' if row['skip'] else 'off'}: "
+            f"accuracy {row['accuracy']:.3f} (events older than fp16 holds: {row['old_accuracy']:.3f}, "
+            f"recent: {row['recent_accuracy']:.3f}), {row['ingest_ms_per_pair']:.1f} ms/pair")
+    return out
+
+
+def _grid_summary(runs: list[dict], fp16_pairs: int) -> list[dict]:
+    """Per (length, kv_dtype, policy, skip): accuracy overall, on events older than the fp16 cache holds
+    (age > fp16_pairs), and on the rest (recent events and the event-free questions)."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["length"], run["kv_dtype"], run["policy"], run["skip"]), []).append(run)
+    summary = []
+    for (length, kv_dtype, policy, skip), members in groups.items():
+        rows = [row for run in members for row in run["rows"]]
+        old = [r for r in rows if r["age"] is not None and r["age"] > fp16_pairs]
+        recent = [r for r in rows if r not in old]
+        summary.append({"length": length, "kv_dtype": kv_dtype, "policy": policy, "skip": skip,
+                        "accuracy": _accuracy(rows), "questions": len(rows), "old_accuracy": _accuracy(old),
+                        "old_questions": len(old), "recent_accuracy": _accuracy(recent),
+                        "ingest_ms_per_pair": float(np.mean([m["ingest_ms_per_pair"] for m in members]))})
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------- logits
+def logits_part(args: argparse.Namespace, log=print) -> dict:
+    """Logits error of each kv_dtype against an fp32 cache at the 3B widths with few layers (random weights)."""
+    from edgekv.attention import CacheAttention
+    from edgekv.cache import CacheSpec, CappedKVCache, ChunkMeta, SlotKind
+    from edgekv.model.config import TextConfig
+    from edgekv.model.language import Qwen2LM
+    from edgekv.model.rope import text_position_ids, vision_block_position_ids
+
+    config = TextConfig(vocab_size=151936, hidden_size=2048, intermediate_size=11008,
+                        num_hidden_layers=args.logits_layers, num_attention_heads=16, num_key_value_heads=2,
+                        head_dim=128, mrope_section=(16, 24, 24), max_position_embeddings=128000,
+                        tie_word_embeddings=True, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    model = Qwen2LM(config).eval()
+    with torch.no_grad():
+        model.embed_tokens.weight.normal_(0.0, 0.02)
+    generator = torch.Generator().manual_seed(1)
+    pairs = [torch.randn(256, 2048, generator=generator) for _ in range(args.logits_pairs)]
+    question = torch.randn(24, 2048, generator=generator)
+    capacity = 16 + 256 * args.logits_pairs + 32
+    rope = (model.inv_freq, config.mrope_section[0])
+    results: dict[str, dict] = {}
+    reference = None
+    for name in ["fp32", "fp16", "bf16", *[d for d in args.kv_dtypes.split(",") if d in ("int8", "fp8")]]:
+        from edgekv.cache.specs import KV_DTYPES
+
+        spec = CacheSpec.uniform(config.num_hidden_layers, 2, 128, KV_DTYPES[name])
+        cache = CappedKVCache(spec, capacity, compute_dtype=torch.float32, rope=rope)
+        prefill_ms = []
+        with torch.inference_mode():
+            for index, tokens in enumerate([torch.randn(16, 2048, generator=torch.Generator().manual_seed(2))] + pairs):
+                if index == 0:
+                    positions = text_position_ids(0, 16)
+                    meta = ChunkMeta(SlotKind.PREFIX, tpos=positions[0])
+                else:
+                    positions = vision_block_position_ids(16, 2 * (index - 1), 16, 16)
+                    rows = torch.arange(256)
+                    meta = ChunkMeta(SlotKind.VISION, frame=index - 1, rows=rows // 16, cols=rows % 16,
+                                     tpos=positions[0])
+                started = time.perf_counter()
+                cache.write_meta(cache.length, tokens.shape[0], meta)
+                model(tokens, positions, CacheAttention(cache, cache.length, tokens.shape[0]))
+                cache.commit(tokens.shape[0])
+                if index:
+                    prefill_ms.append((time.perf_counter() - started) * 1e3)
+            start = int(positions.max()) + 1
+            positions = text_position_ids(start, question.shape[0])
+            cache.write_meta(cache.length, question.shape[0], ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
+            hidden = model(question, positions, CacheAttention(cache, cache.length, question.shape[0]))
+            cache.commit(question.shape[0])
+            logits = model.logits(hidden[-4:]).float()
+            one = text_position_ids(start + question.shape[0], 1)
+            cache.write_meta(cache.length, 1, ChunkMeta(SlotKind.TEXT, tpos=one[0]))
+            started = time.perf_counter()
+            model(question[:1], one, CacheAttention(cache, cache.length, 1))
+            decode_ms = (time.perf_counter() - started) * 1e3
+        if reference is None:
+            reference = logits
+        err = (logits - reference).abs()
+        results[name] = {"bytes_per_token": spec.bytes_per_token, "slots_per_mib": spec.tokens_for_mib(1.0),
+                         "logits_max_abs_err": float(err.max()),
+                         "logits_rel_err": float((logits - reference).norm() / reference.norm()),
+                         "top1_agree": float((logits.argmax(-1) == reference.argmax(-1)).float().mean()),
+                         "logit_range": float(reference.abs().max()),
+                         "prefill_ms_per_pair": float(np.median(prefill_ms)), "decode_ms_per_token": decode_ms}
+        log(f"3B widths x {config.num_hidden_layers} layers, kv {name:4s}: logits max |err| "
+            f"{results[name]['logits_max_abs_err']:.2e} (rel {results[name]['logits_rel_err']:.2e}, "
+            f"|logit| max {results[name]['logit_range']:.2f}), top-1 agree {results[name]['top1_agree']:.2f}, "
+            f"prefill {results[name]['prefill_ms_per_pair']:.0f} ms/pair, decode {decode_ms:.0f} ms/token, "
+            f"{results[name]['slots_per_mib']} slots/MiB at {config.num_hidden_layers} layers, at 36 layers "
+            f"{CacheSpec.uniform(36, 2, 128, KV_DTYPES[name]).tokens_for_mib(1024.0)} per GiB")
+    return {"layers": config.num_hidden_layers, "pairs": args.logits_pairs, "tokens_per_pair": 256,
+            "model": "random weights, Qwen2.5-VL-3B text widths, fp32 weights", "kv": results}
+
+
 # ---------------------------------------------------------------------------------------------- main
 def run_memory(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - {"skip"})
+    unknown = sorted(set(parts) - {"skip", "grid", "logits"})
     if unknown:
-        raise SystemExit(f"--parts: unknown part(s) {unknown} (known: skip)")
+        raise SystemExit(f"--parts: unknown part(s) {unknown} (known: skip, grid, logits)")
     started = time.perf_counter()
     doc: dict = {"args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}, "load_avg": list(os.getloadavg())}
     if "skip" in parts:
         doc["skip"] = skip_part(args)
+    if "grid" in parts:
+        doc["grid"] = grid_part(args)
+    if "logits" in parts:
+        doc["logits"] = logits_part(args)
     doc["seconds"] = time.perf_counter() - started
     doc["load_avg_end"] = list(os.getloadavg())
     Path(args.json).write_text(json.dumps(doc, indent=1))

@@ -98,7 +98,8 @@ class VideoSection:
             raise ConfigError(f"{at}.min_ingest_share: must be in (0, 1], got {self.min_ingest_share}")
 
 
-POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v", "statekv")
+POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",
+            "adaptive_infinipot_v", "statekv")
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,13 @@ class CacheSection:
     tar_rope: Literal["unrotated", "raw"] = "unrotated"
     van_pooling: Literal["present", "zeros"] = "present"  # VaN window mean over present cells | k^2 (zeros)
     rebase_position: int | None = None   # re-base temporal positions past this; None = half the trained range
+    # K/V storage: None = model.dtype; int8 / fp8 (float8_e4m3fn) keep a bf16 scale per slot and KV head
+    # (edgekv/cache/quant.py), about half the bytes per slot of fp16, so max_mib buys ~1.9x the slots.
+    kv_dtype: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None
+    # adaptive_infinipot_v (AdaReTaKe eq. 8-9): stretches of this many frame pairs share the budget by
+    # their redundancy, each weighted at least adaptive_floor x the mean weight.
+    adaptive_chunk_pairs: int = 8
+    adaptive_floor: float = 0.25
 
     def validate(self, at: str) -> None:
         if self.policy not in POLICIES:
@@ -143,6 +151,10 @@ class CacheSection:
                 value = getattr(self, name)
                 if value is not None and value >= self.max_tokens:
                     raise ConfigError(f"{at}.{name}: {value} must be below max_tokens ({self.max_tokens})")
+        if self.adaptive_chunk_pairs < 1:
+            raise ConfigError(f"{at}.adaptive_chunk_pairs: must be >= 1, got {self.adaptive_chunk_pairs}")
+        if not 0.0 < self.adaptive_floor <= 1.0:
+            raise ConfigError(f"{at}.adaptive_floor: must be in (0, 1], got {self.adaptive_floor}")
         if self.target_tokens is not None and self.target_tokens <= 0:
             raise ConfigError(f"{at}.target_tokens: must be positive, got {self.target_tokens}")
 

@@ -27,11 +27,10 @@ import numpy as np
 import torch
 
 from edgekv.cache.capped import CacheFullError, CappedKVCache, ChunkMeta, SlotKind
-from edgekv.cache.specs import CacheSpec
 from edgekv.model.rope import text_position_ids, vision_block_position_ids
 from edgekv.policies.base import CacheView
 from edgekv.policies.statekv import SinkSelector
-from edgekv.positions import rotary_inv_freq, rotate_temporal_, squeeze_gaps
+from edgekv.positions import rotary_inv_freq, squeeze_gaps
 from edgekv.tokenizer import ChatLayout
 from edgekv.video.skip import StaticPairSkipper
 
@@ -126,10 +125,11 @@ class StreamSession:
         self.t_offset = 0  # subtracted from new frames' temporal positions after re-basing
         self.rebases = 0
 
-        spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.dtype)
+        spec = runtime.cache_spec()
         self.capacity = runtime.cache_capacity_tokens(spec)
         self.text_reserve = int(self.config.cache.text_reserve_tokens)
-        self.cache = CappedKVCache(spec, self.capacity, device=self.device)
+        self.cache = CappedKVCache(spec, self.capacity, device=self.device, compute_dtype=self.dtype,
+                                   rope=(self.inv_freq, self.temporal_section))
         if getattr(self.policy, "uses_sinks", False) and self.sink_budget <= 0:
             raise ValueError(f"cache.policy: '{self.policy.name}' needs cache.sinks > 0 (StateKV sink budget B)")
         self.sinks = SinkSelector(self.cache, self.sink_budget) if self.sink_budget > 0 else None
@@ -261,6 +261,7 @@ class StreamSession:
             vision_start = time.perf_counter()
             tokens = self.vision.encode(pixel_values.to(self.device, self.dtype), grid_thw.to(self.device))
             vision_ms = (time.perf_counter() - vision_start) * 1e3
+            self.policy.observe_pair(pair_index, tokens)
             grid_h, grid_w = int(grid_thw[0, 1]) // self.merge, int(grid_thw[0, 2]) // self.merge
             self.grid = (grid_h, grid_w)
             compression_ms = self._make_room(tokens.shape[0])  # may re-base positions: compute them after
@@ -311,7 +312,7 @@ class StreamSession:
         """The valid part of the cache, as policies see it."""
         n, cache = self.cache.length, self.cache
         return CacheView(
-            k=cache.k[:, :, :n], v=cache.v[:, :, :n], kind=cache.kind[:, :, :n], sink=cache.sink[:, :, :n],
+            k=cache.keys(end=n), v=cache.values(end=n), kind=cache.kind[:, :, :n], sink=cache.sink[:, :, :n],
             frame=cache.frame[:, :, :n], row=cache.row[:, :, :n], col=cache.col[:, :, :n],
             tpos=cache.tpos[:, :, :n], grid=self.grid, latest_pair=self.counters.frame_pairs - 1,
             recent_pairs=recent_pairs, tokens_per_pair=self.tokens_per_pair, inv_freq=self.inv_freq,
@@ -348,9 +349,7 @@ class StreamSession:
         new = new.view(layers, heads, n)
         shift = int(new[vision].min()) - self.video_start
         new = torch.where(vision, new - shift, old)
-        for layer in range(layers):
-            rotate_temporal_(cache.k[layer, :, :n], new[layer] - old[layer], self.inv_freq, self.temporal_section)
-        cache.tpos[:, :, :n] = new.to(cache.tpos.dtype)
+        cache.retime_(new, self.inv_freq, self.temporal_section)
         self.t_offset += shift
         newest = int(new[vision].max())
         rows, cols = self.grid
@@ -367,8 +366,13 @@ class StreamSession:
         start, num = self.cache.length, embeds.shape[0]
         if start + num > self.capacity:
             raise CacheFullError(f"{num} tokens do not fit: the cache holds {start} of {self.capacity} slots")
-        hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
+        # Metadata first: an 8-bit cache stores keys time-neutral and reads the chunk's tpos as it writes.
         self.cache.write_meta(start, num, meta)
+        try:
+            hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
+        except BaseException:
+            self.cache.clear_meta(start, start + num)
+            raise
         self.cache.commit(num)
         return hidden
 
