@@ -309,6 +309,28 @@ def plot(doc: dict, path: str) -> None:
             ax.set_ylabel("vision + prefill, s (whole stream)")
             ax.set_title(f"static stream: {skip['length']} pairs, {skip['events']} events per stream "
                          f"({skip['speedup']:.1f}x)")
+        elif name == "grid":
+            grid = doc["grid"]
+            styles = {"infinipot_v": "-", "adaptive_infinipot_v": "--"}
+            colors = {"fp16": "tab:blue", "bf16": "tab:cyan", "fp32": "black", "int8": "tab:red", "fp8": "tab:orange"}
+            keys = sorted({(r["kv_dtype"], r["policy"], r["skip"]) for r in grid["summary"]})
+            for kv_dtype, policy, skip in keys:
+                points = sorted((r["length"], r["old_accuracy"]) for r in grid["summary"]
+                                if (r["kv_dtype"], r["policy"], r["skip"]) == (kv_dtype, policy, skip))
+                ax.plot([p[0] for p in points], [p[1] for p in points], styles.get(policy, ":"),
+                        color=colors.get(kv_dtype, "grey"), marker="o" if skip else "x",
+                        label=f"{kv_dtype} {policy.replace('_infinipot_v', '')} skip {'on' if skip else 'off'}")
+            ax.set_xlabel("stream length, frame pairs")
+            ax.set_ylabel(f"accuracy, events older than {grid['fp16_pairs_that_fit']} pairs")
+            ax.set_title(f"equal bytes: cache.max_mib = {grid['max_mib']}")
+            ax.legend(fontsize=6)
+        elif name == "logits":
+            kv = doc["logits"]["kv"]
+            names = [n for n in kv if n != "fp32"]
+            ax.bar(names, [max(kv[n]["logits_rel_err"], 1e-9) for n in names], color="tab:purple")
+            ax.set_yscale("log")
+            ax.set_ylabel("relative logits error vs fp32 cache")
+            ax.set_title(f"3B widths, {doc['logits']['layers']} layers, random weights")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -138,3 +138,49 @@ def test_the_cap_holds_with_every_kv_dtype_through_compressions_re_bases_and_ask
     assert stats["compressions"] >= 2 and session.rebases >= 1 and answer.token_ids
     assert session.cache.length == held and session.cache.data_ptrs() == pointers
     assert stats["cache_capacity_bytes"] == session.cache.spec.bytes_for(100)
+
+
+_TRITON_COMPACTION = """
+import torch
+from edgekv.cache import CacheSpec, CappedKVCache, ChunkMeta, SlotKind
+from edgekv.cache.quant import bit_view
+from edgekv.kernels.compaction import METADATA_FIELDS, compact_triton_
+from edgekv.positions import rotary_inv_freq
+
+for dtype in (torch.int8, torch.float8_e4m3fn):
+    cache = CappedKVCache(CacheSpec.uniform(2, 2, 32, dtype), 24, rope=(rotary_inv_freq(32, 1e6), 4))
+    cache.write_meta(0, 20, ChunkMeta(SlotKind.VISION, frame=1, tpos=torch.arange(20)))
+    for layer in range(2):
+        cache.write_layer(layer, 0, torch.randn(2, 20, 32), torch.randn(2, 20, 32))
+    cache.commit(20)
+    k, v = bit_view(cache.k).clone(), bit_view(cache.v).clone()
+    meta = {name: getattr(cache, name).clone() for name in METADATA_FIELDS}
+    keep = torch.stack([torch.stack([torch.randperm(20)[:11].sort().values for _ in range(2)]) for _ in range(2)])
+    cache.compact(keep)
+    compact_triton_(k, v, keep, **meta)
+    assert torch.equal(k, bit_view(cache.k)) and torch.equal(v, bit_view(cache.v)), dtype
+print("ok")
+"""
+
+
+def test_the_triton_compaction_moves_8_bit_bytes_like_the_cache(tmp_path):
+    """On a GPU the cache compacts K/V with the Triton kernel (edgekv.kernels.compaction); it moves int8 and
+    fp8 (as uint8) bytes exactly as the torch path does. Run in the Triton interpreter, in a subprocess."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", _TRITON_COMPACTION], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def test_engines_refuse_an_8_bit_cache_naming_the_option(tiny_checkpoint):
+    from edgekv.engines.build import EngineError, deployment
+
+    config = EdgeKVConfig().with_overrides(model={"path": str(tiny_checkpoint), "dtype": "fp32"},
+                                           video={"resolution": [56, 56]}, cache={"kv_dtype": "int8"})
+    with pytest.raises(EngineError, match="cache.kv_dtype: int8 .* run an 8-bit cache with engines.llm: torch"):
+        deployment(config, "onnxruntime")
