@@ -1,6 +1,6 @@
 """``edgekv bench memory``: more video in the same bytes (issue 14), judged by the toy model's answers.
 
-Three parts, each printed and saved in one JSON document (+ one PNG):
+Four parts, each printed and saved in one JSON document (+ one PNG):
 
 * ``skip``: a mostly static ``synthetic:events`` stream (needle events, one in ``--static-every`` pairs)
   ingested with the real toy vision tower, ``video.skip_static`` off and on: vision + prefill ms summed
@@ -8,6 +8,8 @@ Three parts, each printed and saved in one JSON document (+ one PNG):
 * ``grid``: at one ``cache.max_mib`` (equal ``cache_capacity_bytes``), accuracy (needle-event families:
   colour, shape, exists, count, order) against stream length for each ``cache.kv_dtype`` x policy x skip,
   and the mean per-pair ingest ms. The slots each kv_dtype buys at those bytes are in the JSON.
+* ``bursty``: ``infinipot_v`` against ``adaptive_infinipot_v`` at the same bytes on needle streams whose
+  events fall in two bursts of 6 pairs (the longest ``--lengths``), first ``--kv-dtypes`` entry.
 * ``logits``: at the Qwen2.5-VL-3B widths (hidden 2048, 16 heads, 2 KV heads, head_dim 128, MLP 11008)
   with only ``--logits-layers`` layers (memory; random weights), a stream of random frame-pair tokens is
   prefilled into caches of each kv_dtype and the logits of a question compared with the fp32 cache's.
@@ -32,7 +34,7 @@ from edgekv.toy.questions import answer_of
 
 
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--parts", default="skip,grid,logits", help="comma-separated: skip, grid, logits")
+    parser.add_argument("--parts", default="skip,grid,bursty,logits", help="comma-separated: skip, grid, bursty, logits")
     parser.add_argument("--model", default="builtin:toy")
     parser.add_argument("--streams", type=int, default=2, help="needle streams per setting")
     parser.add_argument("--static-length", type=int, default=200, help="pairs of the static stream (skip part)")
@@ -188,6 +190,38 @@ def _grid_summary(runs: list[dict], fp16_pairs: int) -> list[dict]:
     return summary
 
 
+# ---------------------------------------------------------------------------------------------- bursty
+def bursty_part(args: argparse.Namespace, log=print) -> dict:
+    """Fixed vs time-adaptive budget where the events come in bursts: the needle events of each stream
+    fall in two windows of 6 pairs (at 1/4 and 3/4 of the stream), the rest is the still background."""
+    length = int(args.lengths.split(",")[-1])
+    bursts = tuple(start + offset for start in (length // 4, 3 * length // 4) for offset in range(6))
+    base = _runtime(args.model, {"policy": "full", "max_tokens": 64, "text_reserve_tokens": 32}, False)
+    kv_dtype = args.kv_dtypes.split(",")[0].strip()
+    out: dict = {"length": length, "ages": list(bursts), "kv_dtype": kv_dtype, "max_mib": args.max_mib, "runs": []}
+    for index in range(args.streams):
+        stream = needle_stream(length, bursts, seed=500 + index, events=4)
+        replay = encode_stream(base, stream.scene, stream.pairs)
+        for policy in ("infinipot_v", "adaptive_infinipot_v"):
+            runtime = _runtime(args.model, {"policy": policy, "max_tokens": None, "max_mib": args.max_mib,
+                                            "kv_dtype": kv_dtype}, False)
+            result = run_probes(runtime, stream, replay)
+            run = {"stream": index, "policy": policy, "accuracy": _accuracy(result["rows"]), "rows": result["rows"],
+                   "compressions": result["stats"]["compressions"]}
+            out["runs"].append(run)
+            log(f"bursty L={length} stream {index} {policy:22s}: accuracy {run['accuracy']:.3f} "
+                f"({len(run['rows'])} questions, {run['compressions']} compressions)")
+    for policy in ("infinipot_v", "adaptive_infinipot_v"):
+        rows = [row for run in out["runs"] if run["policy"] == policy for row in run["rows"]]
+        events = [r for r in rows if r["age"] is not None]
+        out[policy] = {"accuracy": _accuracy(rows), "event_accuracy": _accuracy(events), "questions": len(rows)}
+    out["gap"] = out["adaptive_infinipot_v"]["accuracy"] - out["infinipot_v"]["accuracy"]
+    log(f"bursty: infinipot_v {out['infinipot_v']['accuracy']:.3f} vs adaptive "
+        f"{out['adaptive_infinipot_v']['accuracy']:.3f} (event questions {out['infinipot_v']['event_accuracy']:.3f} vs "
+        f"{out['adaptive_infinipot_v']['event_accuracy']:.3f}), gap {out['gap']:+.3f}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- logits
 def logits_part(args: argparse.Namespace, log=print) -> dict:
     """Logits error of each kv_dtype against an fp32 cache at the 3B widths with few layers (random weights)."""
@@ -268,15 +302,17 @@ def logits_part(args: argparse.Namespace, log=print) -> dict:
 def run_memory(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - {"skip", "grid", "logits"})
+    unknown = sorted(set(parts) - {"skip", "grid", "bursty", "logits"})
     if unknown:
-        raise SystemExit(f"--parts: unknown part(s) {unknown} (known: skip, grid, logits)")
+        raise SystemExit(f"--parts: unknown part(s) {unknown} (known: skip, grid, bursty, logits)")
     started = time.perf_counter()
     doc: dict = {"args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}, "load_avg": list(os.getloadavg())}
     if "skip" in parts:
         doc["skip"] = skip_part(args)
     if "grid" in parts:
         doc["grid"] = grid_part(args)
+    if "bursty" in parts:
+        doc["bursty"] = bursty_part(args)
     if "logits" in parts:
         doc["logits"] = logits_part(args)
     doc["seconds"] = time.perf_counter() - started
@@ -295,7 +331,7 @@ def plot(doc: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [name for name in ("skip", "grid", "logits") if name in doc]
+    panels = [name for name in ("skip", "grid", "bursty", "logits") if name in doc]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, name in zip(axes[0], panels):
         if name == "skip":
@@ -324,6 +360,13 @@ def plot(doc: dict, path: str) -> None:
             ax.set_ylabel(f"accuracy, events older than {grid['fp16_pairs_that_fit']} pairs")
             ax.set_title(f"equal bytes: cache.max_mib = {grid['max_mib']}")
             ax.legend(fontsize=6)
+        elif name == "bursty":
+            bursty = doc["bursty"]
+            names = ["infinipot_v", "adaptive_infinipot_v"]
+            ax.bar(["fixed", "adaptive"], [bursty[n]["accuracy"] for n in names], color=["tab:blue", "tab:green"])
+            ax.set_ylim(0, 1)
+            ax.set_ylabel("accuracy")
+            ax.set_title(f"bursty streams: {bursty['length']} pairs, {bursty['kv_dtype']}, max_mib {bursty['max_mib']}")
         elif name == "logits":
             kv = doc["logits"]["kv"]
             names = [n for n in kv if n != "fp32"]

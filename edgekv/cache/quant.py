@@ -8,9 +8,9 @@ Granularity: **one scale per (layer, KV head, slot)** for keys and for values �
           = fp8(x / scale)         fp8:  torch's round-to-nearest cast to float8_e4m3fn
     x'    = q * scale              (dequantized in fp32, then the model's dtype)
 
-Why per token for keys too. KIVI (Liu et al. 2024, §3) quantizes keys per channel over a group of
-tokens because a few key channels carry outliers, and KVQuant (Hooper et al. 2024) pre-scales channels
-for the same reason. Both assume a cache whose tokens stay in arrival order: here every (layer, head)
+Why per token for keys too. KIVI (Liu et al. 2024) quantizes keys per channel over a group of tokens
+because a few key channels carry outliers, and KVQuant (Hooper et al. 2024) quantizes keys per channel
+(before RoPE) for the same reason. Both assume a cache whose tokens stay in arrival order: here every (layer, head)
 keeps and evicts its own slots, so a scale shared by a group of tokens would have to be recomputed at
 every compaction (a group loses members) — a re-quantization error each time. A per-slot scale moves
 with its slot bit-exactly. Measured on the trained toy model (60 pairs of a needle stream, relative
