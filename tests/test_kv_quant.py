@@ -184,3 +184,25 @@ def test_engines_refuse_an_8_bit_cache_naming_the_option(tiny_checkpoint):
                                            video={"resolution": [56, 56]}, cache={"kv_dtype": "int8"})
     with pytest.raises(EngineError, match="cache.kv_dtype: int8 .* run an 8-bit cache with engines.llm: torch"):
         deployment(config, "onnxruntime")
+
+
+def test_bench_memory_writes_figures(tmp_path, capsys):
+    """The command end to end on short streams of the shipped toy model (figures in README come from long ones)."""
+    import json
+
+    from edgekv.apps.cli import main
+
+    out_json, out_png = tmp_path / "m.json", tmp_path / "m.png"
+    code = main(["bench", "memory", "--parts", "skip,grid", "--streams", "1", "--static-length", "20",
+                 "--static-every", "10", "--lengths", "24", "--max-mib", "0.15", "--kv-dtypes", "fp16,int8",
+                 "--policies", "infinipot_v", "--skip", "off", "--json", str(out_json), "--plot", str(out_png)])
+    assert code == 0
+    data = json.loads(out_json.read_text())
+    capacity = data["grid"]["capacity"]
+    assert capacity["int8"]["tokens"] > 1.4 * capacity["fp16"]["tokens"]
+    assert max(c["bytes"] for c in capacity.values()) <= 0.15 * 2**20
+    assert {(r["kv_dtype"], r["length"]) for r in data["grid"]["summary"]} == {("fp16", 24), ("int8", 24)}
+    assert data["skip"]["on"]["vision_prefill_ms"] < data["skip"]["off"]["vision_prefill_ms"]
+    assert all(r["pairs_skipped"] > 0 for r in data["skip"]["runs"] if r["skip"])
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "skip: vision+prefill" in capsys.readouterr().out
