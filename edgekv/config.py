@@ -45,7 +45,7 @@ class ModelSection:
 @dataclass(frozen=True)
 class SkipStaticSection:
     """``video.skip_static``: skip frame pairs that are near-duplicates of the last ingested one
-    (edgekv/video/skip.py), before the vision tower."""
+    (edgekv/frameskip.py), before the vision tower."""
 
     enabled: bool = False
     threshold: float = 16.0    # largest difference of a 4x4-block thumbnail cell, grey levels (0-255)

@@ -32,7 +32,7 @@ from edgekv.policies.base import CacheView
 from edgekv.policies.statekv import SinkSelector
 from edgekv.positions import rotary_inv_freq, squeeze_gaps
 from edgekv.tokenizer import ChatLayout
-from edgekv.video.skip import StaticPairSkipper
+from edgekv.frameskip import StaticPairSkipper
 
 # Beyond 2**42 s (~139,000 years) float64 timestamps step by more than a millisecond.
 MAX_ABS_SECONDS = 2.0 ** 42
@@ -206,7 +206,7 @@ class StreamSession:
         first, t_first = self._pending
         if self.skipper is not None and self.skipper.should_skip(first, frame):
             # Nothing is written; the next ingested pair's position comes from its own time, so the
-            # positions keep the gap this pair leaves (edgekv/video/skip.py).
+            # positions keep the gap this pair leaves (edgekv/frameskip.py).
             self._pending = None
             self.counters.frames += 1
             self.counters.pairs_skipped += 1

@@ -8,7 +8,7 @@ import pytest
 import edgekv
 from edgekv.config import ConfigError, EdgeKVConfig
 from edgekv.video.events import Event, EventScene, SceneStyle
-from edgekv.video.skip import StaticPairSkipper, pair_distance, thumbnail
+from edgekv.frameskip import StaticPairSkipper, pair_distance, thumbnail
 
 
 def _scene(noise: float, events: list[Event], pairs: int = 40) -> EventScene:
