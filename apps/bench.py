@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "api": ("ingest rate and /healthz latency under 50 concurrent chats", _lazy("bench_api", "add_api_arguments")),
         "archive": ("recall from the archive: toy accuracy beyond the cap, 3B-shape latency, ingest overhead",
                     _lazy("bench_archive", "add_archive_arguments")),
+        "memory": ("toy-model accuracy at equal cache bytes: kv_dtype x policy x skip_static; 3B logits error",
+                   _lazy("bench_memory", "add_memory_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)

@@ -167,6 +167,8 @@ class DaemonCollector:
         counters = [
             ("edgekv_frames", "frames ingested", stats["frames"]),
             ("edgekv_frame_pairs", "frame pairs prefilled", stats["frame_pairs"]),
+            ("edgekv_pairs_skipped", "near-duplicate frame pairs skipped before the vision tower",
+             stats.get("pairs_skipped", 0)),
             ("edgekv_frames_rejected", "frames refused as bad input", stats["frames_rejected"]),
             ("edgekv_frames_dropped", "frames the capture dropped (latest frame wins)", cap.get("frames_dropped", 0)),
             ("edgekv_compressions", "cache compressions", stats["compressions"]),

@@ -62,9 +62,10 @@ class CacheAttention:
         """Attention + mass over [the V visible committed slots ; the chunk] only (StateKV eq. 5)."""
         cache, start, end = self.cache, self.start, self.start + self.num_new
         index = self.gather[layer]  # [Hkv, V] ascending
-        rows = index.unsqueeze(-1).expand(-1, -1, cache.k.shape[-1])
-        keys = torch.cat([cache.k[layer].gather(1, rows), cache.k[layer, :, start:end]], dim=1)  # [Hkv, V + P, D]
-        values = torch.cat([cache.v[layer].gather(1, rows), cache.v[layer, :, start:end]], dim=1)
+        rows = index.unsqueeze(-1).expand(-1, -1, cache.head_dim)
+        layer_k, layer_v = cache.keys(layer, end), cache.values(layer, end)  # dequantized if 8-bit
+        keys = torch.cat([layer_k.gather(1, rows), layer_k[:, start:end]], dim=1)  # [Hkv, V + P, D]
+        values = torch.cat([layer_v.gather(1, rows), layer_v[:, start:end]], dim=1)
         out, mass = attention_mass(q, keys, values, start=index.shape[1])  # mass [Hkv, V + P]
         target = self.mass_out[layer]
         target[:, :end].zero_()
@@ -80,11 +81,11 @@ class CacheAttention:
             return self._attend_visible(layer, q)
         committed = None if self.visible is None else self.visible[layer]  # [Hkv, start] bool
         if self.mass_out is not None:
-            out, _ = attention_mass(q, cache.k[layer], cache.v[layer], start=self.start, visible=committed,
+            out, _ = attention_mass(q, cache.keys(layer), cache.values(layer), start=self.start, visible=committed,
                                     mass_out=self.mass_out[layer])
             return out
-        keys = cache.k[layer, :, :end]  # [Hkv, N, hd]
-        values = cache.v[layer, :, :end]
+        keys = cache.keys(layer, end)  # [Hkv, N, hd]; dequantized if the cache is 8-bit
+        values = cache.values(layer, end)
         mask = self.mask
         if committed is not None:
             head_mask = torch.cat(

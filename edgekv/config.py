@@ -43,6 +43,22 @@ class ModelSection:
 
 
 @dataclass(frozen=True)
+class SkipStaticSection:
+    """``video.skip_static``: skip frame pairs that are near-duplicates of the last ingested one
+    (edgekv/frameskip.py), before the vision tower."""
+
+    enabled: bool = False
+    threshold: float = 16.0    # largest difference of a 4x4-block thumbnail cell, grey levels (0-255)
+    max_gap_pairs: int = 8     # never skip more pairs than this in a row
+
+    def validate(self, at: str) -> None:
+        if not self.threshold >= 0:
+            raise ConfigError(f"{at}.threshold: must be >= 0 grey levels, got {self.threshold}")
+        if self.max_gap_pairs < 1:
+            raise ConfigError(f"{at}.max_gap_pairs: must be >= 1, got {self.max_gap_pairs}")
+
+
+@dataclass(frozen=True)
 class VideoSection:
     source: int | str = 0
     fps: float = 1.0
@@ -57,8 +73,10 @@ class VideoSection:
     # Under question load the main loop spends at least this share of its busy time ingesting
     # (apps/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
     min_ingest_share: float = 0.8
+    skip_static: SkipStaticSection = field(default_factory=SkipStaticSection)
 
     def validate(self, at: str) -> None:
+        self.skip_static.validate(f"{at}.skip_static")
         if not self.fps > 0:
             raise ConfigError(f"{at}.fps: must be > 0, got {self.fps}")
         if self.resolution is not None:
@@ -80,7 +98,8 @@ class VideoSection:
             raise ConfigError(f"{at}.min_ingest_share: must be in (0, 1], got {self.min_ingest_share}")
 
 
-POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v", "statekv")
+POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",
+            "adaptive_infinipot_v", "statekv")
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,13 @@ class CacheSection:
     tar_rope: Literal["unrotated", "raw"] = "unrotated"
     van_pooling: Literal["present", "zeros"] = "present"  # VaN window mean over present cells | k^2 (zeros)
     rebase_position: int | None = None   # re-base temporal positions past this; None = half the trained range
+    # K/V storage: None = model.dtype; int8 / fp8 (float8_e4m3fn) keep a bf16 scale per slot and KV head
+    # (edgekv/cache/quant.py), about half the bytes per slot of fp16, so max_mib buys ~1.9x the slots.
+    kv_dtype: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None
+    # adaptive_infinipot_v (AdaReTaKe eq. 8-9): stretches of this many frame pairs share the budget by
+    # their redundancy, each weighted at least adaptive_floor x the mean weight.
+    adaptive_chunk_pairs: int = 8
+    adaptive_floor: float = 0.25
 
     def validate(self, at: str) -> None:
         if self.policy not in POLICIES:
@@ -125,6 +151,10 @@ class CacheSection:
                 value = getattr(self, name)
                 if value is not None and value >= self.max_tokens:
                     raise ConfigError(f"{at}.{name}: {value} must be below max_tokens ({self.max_tokens})")
+        if self.adaptive_chunk_pairs < 1:
+            raise ConfigError(f"{at}.adaptive_chunk_pairs: must be >= 1, got {self.adaptive_chunk_pairs}")
+        if not 0.0 < self.adaptive_floor <= 1.0:
+            raise ConfigError(f"{at}.adaptive_floor: must be in (0, 1], got {self.adaptive_floor}")
         if self.target_tokens is not None and self.target_tokens <= 0:
             raise ConfigError(f"{at}.target_tokens: must be positive, got {self.target_tokens}")
 
@@ -374,6 +404,11 @@ def config_from_dict(data: Any, source: str = "<dict>", base_dir: Path | None = 
             section = getattr(config, name)
             if hasattr(section, "validate"):
                 section.validate(name)
+        if config.archive.dir is not None and config.cache.kv_dtype in ("int8", "fp8"):
+            # the archive stores and recalls a pair's K/V as the cache holds them post-RoPE at 16/32 bits;
+            # an 8-bit cache keeps scales beside time-neutral keys, which the archive's records do not carry
+            raise ConfigError(f"archive.dir is set, so cache.kv_dtype must be fp32, fp16 or bf16 (got "
+                              f"{config.cache.kv_dtype!r}): the archive does not store 8-bit caches yet")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return _resolve_paths(config, base_dir) if base_dir is not None else config
@@ -413,6 +448,8 @@ def _coerce(hint: Any, value: Any, at: str) -> Any:
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(f"{at}: expected {_describe(hint)}, got {value!r} ({type(value).__name__})")
+    if dataclasses.is_dataclass(hint):  # a nested section, e.g. video.skip_static
+        return _build(hint, value, at)
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgekv.cache.specs import CacheSpec
+from edgekv.cache.specs import KV_DTYPES, CacheSpec
 from edgekv.config import EdgeKVConfig, load_config
 from edgekv.engines.registry import make_backends
 from edgekv.hostmem import configure_host_memory
@@ -90,6 +90,16 @@ class Runtime:
         return self._model_hash
 
     # ------------------------------------------------------------------ pieces a session needs
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The cache's storage dtype: ``cache.kv_dtype``, or the model's."""
+        name = self.config.cache.kv_dtype
+        return self.dtype if name is None else KV_DTYPES[name]
+
+    def cache_spec(self) -> CacheSpec:
+        text = self.model.config.text
+        return CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.kv_dtype)
+
     def cache_capacity_tokens(self, spec: CacheSpec) -> int:
         cache = self.config.cache
         if cache.max_mib is not None:
@@ -125,4 +135,5 @@ class Runtime:
 def _policy_kwargs(config: EdgeKVConfig) -> dict:
     cache = config.cache
     return {"target_tokens": cache.target_tokens, "recent_ratio": cache.recent_ratio, "tar_ratio": cache.tar_ratio,
-            "calibration": cache.calibration, "tar_rope": cache.tar_rope, "van_pooling": cache.van_pooling}
+            "calibration": cache.calibration, "tar_rope": cache.tar_rope, "van_pooling": cache.van_pooling,
+            "chunk_pairs": cache.adaptive_chunk_pairs, "floor": cache.adaptive_floor}

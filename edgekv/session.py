@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 from edgekv.cache.capped import CacheFullError, CappedKVCache, ChunkMeta, SlotKind
-from edgekv.cache.specs import CacheSpec
 from edgekv.model.rope import text_position_ids, vision_block_position_ids
 from edgekv.policies.base import CacheView
 from edgekv.policies.statekv import SinkSelector
-from edgekv.positions import rotary_inv_freq, rotate_temporal_, squeeze_gaps
+from edgekv.positions import rotary_inv_freq, squeeze_gaps
 from edgekv.tokenizer import ChatLayout
+from edgekv.frameskip import StaticPairSkipper
 
 # Beyond 2**42 s (~139,000 years) float64 timestamps step by more than a millisecond.
 MAX_ABS_SECONDS = 2.0 ** 42
@@ -60,6 +60,7 @@ class IngestResult:
     vision_ms: float = 0.0
     prefill_ms: float = 0.0
     compression_ms: float = 0.0
+    skipped: bool = False  # the pair was a near-duplicate of the last ingested one (video.skip_static)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Answer:
 class _Counters:
     frames: int = 0
     frame_pairs: int = 0
+    pairs_skipped: int = 0  # near-duplicate pairs never encoded nor prefilled (video.skip_static)
     frames_rejected: int = 0
     compressions: int = 0
     compression_ms_total: float = 0.0
@@ -124,10 +126,11 @@ class StreamSession:
         self.t_offset = 0  # subtracted from new frames' temporal positions after re-basing
         self.rebases = 0
 
-        spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, self.dtype)
+        spec = runtime.cache_spec()
         self.capacity = runtime.cache_capacity_tokens(spec)
         self.text_reserve = int(self.config.cache.text_reserve_tokens)
-        self.cache = CappedKVCache(spec, self.capacity, device=self.device)
+        self.cache = CappedKVCache(spec, self.capacity, device=self.device, compute_dtype=self.dtype,
+                                   rope=(self.inv_freq, self.temporal_section))
         if getattr(self.policy, "uses_sinks", False) and self.sink_budget <= 0:
             raise ValueError(f"cache.policy: '{self.policy.name}' needs cache.sinks > 0 (StateKV sink budget B)")
         self.sinks = SinkSelector(self.cache, self.sink_budget) if self.sink_budget > 0 else None
@@ -137,6 +140,8 @@ class StreamSession:
             from edgekv.archive.recall import Recall
 
             self.recall = Recall(self, self.config.archive)
+        skip = self.config.video.skip_static
+        self.skipper = StaticPairSkipper(skip.threshold, skip.max_gap_pairs) if skip.enabled else None
         self._pending: tuple[np.ndarray, float] | None = None
         self._t0: float | None = None
         self._last_t: float | None = None
@@ -212,6 +217,14 @@ class StreamSession:
             return IngestResult(frame_index, None, 0, (time.perf_counter() - started) * 1e3)
 
         first, t_first = self._pending
+        if self.skipper is not None and self.skipper.should_skip(first, frame):
+            # Nothing is written; the next ingested pair's position comes from its own time, so the
+            # positions keep the gap this pair leaves (edgekv/frameskip.py).
+            self._pending = None
+            self.counters.frames += 1
+            self.counters.pairs_skipped += 1
+            self._last_t = t
+            return IngestResult(frame_index, None, 0, (time.perf_counter() - started) * 1e3, skipped=True)
         result = self._ingest_pair(first, frame, t_first, frame_index, started)
         self._pending = None
         self.counters.frames += 1
@@ -263,6 +276,7 @@ class StreamSession:
             vision_start = time.perf_counter()
             tokens = self.vision.encode(pixel_values.to(self.device, self.dtype), grid_thw.to(self.device))
             vision_ms = (time.perf_counter() - vision_start) * 1e3
+            self.policy.observe_pair(pair_index, tokens)
             grid_h, grid_w = int(grid_thw[0, 1]) // self.merge, int(grid_thw[0, 2]) // self.merge
             self.grid = (grid_h, grid_w)
             compression_ms = self._make_room(tokens.shape[0])  # may re-base positions: compute them after
@@ -315,7 +329,7 @@ class StreamSession:
         """The valid part of the cache, as policies see it."""
         n, cache = self.cache.length, self.cache
         return CacheView(
-            k=cache.k[:, :, :n], v=cache.v[:, :, :n], kind=cache.kind[:, :, :n], sink=cache.sink[:, :, :n],
+            k=cache.keys(end=n), v=cache.values(end=n), kind=cache.kind[:, :, :n], sink=cache.sink[:, :, :n],
             frame=cache.frame[:, :, :n], row=cache.row[:, :, :n], col=cache.col[:, :, :n],
             tpos=cache.tpos[:, :, :n], grid=self.grid, latest_pair=self.counters.frame_pairs - 1,
             recent_pairs=recent_pairs, tokens_per_pair=self.tokens_per_pair, inv_freq=self.inv_freq,
@@ -352,9 +366,7 @@ class StreamSession:
         new = new.view(layers, heads, n)
         shift = int(new[vision].min()) - self.video_start
         new = torch.where(vision, new - shift, old)
-        for layer in range(layers):
-            rotate_temporal_(cache.k[layer, :, :n], new[layer] - old[layer], self.inv_freq, self.temporal_section)
-        cache.tpos[:, :, :n] = new.to(cache.tpos.dtype)
+        cache.retime_(new, self.inv_freq, self.temporal_section)
         self.t_offset += shift
         newest = int(new[vision].max())
         rows, cols = self.grid
@@ -371,8 +383,13 @@ class StreamSession:
         start, num = self.cache.length, embeds.shape[0]
         if start + num > self.capacity:
             raise CacheFullError(f"{num} tokens do not fit: the cache holds {start} of {self.capacity} slots")
-        hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
+        # Metadata first: an 8-bit cache stores keys time-neutral and reads the chunk's tpos as it writes.
         self.cache.write_meta(start, num, meta)
+        try:
+            hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
+        except BaseException:
+            self.cache.clear_meta(start, start + num)
+            raise
         self.cache.commit(num)
         return hidden
 
@@ -512,6 +529,7 @@ class StreamSession:
         stats = {
             "frames": c.frames,
             "frame_pairs": c.frame_pairs,
+            "pairs_skipped": c.pairs_skipped,
             "frames_rejected": c.frames_rejected,
             "cache_tokens": cache.length,
             "video_tokens": max(cache.length - self.prefix_tokens, 0),

@@ -57,7 +57,8 @@ _ALIGN = 64
 _MANIFEST_ALLOWANCE = 1 << 16  # manifest bytes assumed when bounding a snapshot's size in advance
 _CACHE_TENSORS = ("k", "v", "kind", "sink", "frame", "row", "col", "tpos")
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.int8,
-                                                       torch.bool, torch.int16, torch.int32, torch.uint8)}
+                                                       torch.bool, torch.int16, torch.int32, torch.uint8,
+                                                       torch.float8_e4m3fn)}
 
 
 class SnapshotError(ValueError):
@@ -89,7 +90,7 @@ _KEY_FIELDS = {
     "cache_layers": "cache layers (the model's)",
     "cache_kv_heads": "cache KV heads (the model's)",
     "cache_head_dim": "cache head_dim (the model's)",
-    "cache_dtype": "cache dtype (model.dtype)",
+    "cache_dtype": "cache dtype (cache.kv_dtype, default model.dtype)",
     "resolution": "frame grid in pixels (video.resolution)",
     "policy": "cache.policy",
     "sinks": "cache.sinks",
@@ -99,11 +100,10 @@ _KEY_FIELDS = {
 
 def deployment_key(runtime, resolution: tuple[int, int] | None) -> dict:
     """The fields a snapshot must share with the session that restores it (see the module docstring)."""
-    from edgekv.cache.specs import CacheSpec
     from edgekv.tokenizer import ChatLayout
 
     text = runtime.model.config.text
-    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, runtime.dtype)
+    spec = runtime.cache_spec()
     prefix = runtime.tokenizer.encode(ChatLayout(runtime.config.model.system_prompt).stream_prefix())
     return {
         "model_hash": runtime.model_hash(),
@@ -112,7 +112,7 @@ def deployment_key(runtime, resolution: tuple[int, int] | None) -> dict:
         "cache_layers": text.num_hidden_layers,
         "cache_kv_heads": text.num_key_value_heads,
         "cache_head_dim": text.head_dim,
-        "cache_dtype": str(runtime.dtype).removeprefix("torch."),
+        "cache_dtype": str(runtime.kv_dtype).removeprefix("torch."),
         "resolution": list(resolution) if resolution is not None else None,
         "policy": runtime.config.cache.policy,
         "sinks": int(runtime.config.cache.sinks),
@@ -142,7 +142,7 @@ def cache_views(cache, length: int, sink_mass: torch.Tensor | None = None) -> di
     snapshot of a device-resident cache copies one layer at a time to the host, never the whole cache.
     """
     views = {name: [getattr(cache, name)[layer, :, :length] for layer in range(cache.num_layers)]
-             for name in _CACHE_TENSORS}
+             for name in _CACHE_TENSORS + (("k_scale", "v_scale") if cache.quantized else ())}
     if sink_mass is not None:  # [layers, kv_heads, M] fp32 StateKV attention mass
         views["sink_mass"] = [sink_mass[layer, :, :length] for layer in range(cache.num_layers)]
     return views

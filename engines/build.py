@@ -83,6 +83,10 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
         raise EngineError(f"engines.max_chunk_tokens: {max_chunk} is below one frame pair ({tokens_per_pair} tokens "
                           f"at video.resolution {list(config.video.resolution)}); a frame pair is one chunk")
     dtype = config.model.dtype
+    if config.cache.kv_dtype not in (None, dtype):
+        raise EngineError(f"cache.kv_dtype: {config.cache.kv_dtype} — the engines' LLM graphs bind the cache in "
+                          f"model.dtype ({dtype}) and take no 8-bit K/V or scales; leave cache.kv_dtype unset to build, "
+                          f"and run an 8-bit cache with engines.llm: torch")
     if backend == "onnxruntime" and dtype == "bf16":
         raise EngineError("model.dtype: bf16 graphs are not supported by onnxruntime's CPU/CUDA providers; use fp16 "
                           "(GPU) or fp32 (CPU) with engines onnxruntime, or the tensorrt backend for bf16")

@@ -77,6 +77,10 @@ class GraphLLM:
             raise EngineError(f"the {self.name} LLM engine was built for a cache of {self.capacity} slots; this "
                               f"session's cache has {cache.capacity} (cache.max_tokens / cache.max_mib changed "
                               f"since `edgekv build`). {self.hint}")
+        if cache.quantized:
+            raise EngineError(f"cache.kv_dtype: the {self.name} LLM engine binds a {self.dtype} cache and has no "
+                              f"8-bit inputs, this session's cache stores {cache.dtype}; use engines.llm: torch "
+                              f"with an 8-bit cache, or leave cache.kv_dtype unset (the model's dtype)")
         if cache.k.dtype != self.dtype:
             raise EngineError(f"the {self.name} LLM engine takes a {self.dtype} cache, the session's is "
                               f"{cache.k.dtype} (model.dtype changed since `edgekv build`). {self.hint}")

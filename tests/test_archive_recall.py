@@ -210,3 +210,11 @@ def test_a_record_failing_its_checksum_is_skipped_for_the_next_best(tiny_checkpo
     assert all(len(row) == 2 for row in rows)
     assert first[0] in rows[0] and first[0] not in rows[-1]  # only the damaged layer moved to the next best
     assert session.stats()["archive_bad_records"] == 1
+
+
+def test_an_archive_with_an_8_bit_cache_is_refused_naming_both_keys(tmp_path):
+    from edgekv.config import ConfigError, EdgeKVConfig
+
+    with pytest.raises(ConfigError, match=r"archive\.dir is set, so cache\.kv_dtype must be .*'int8'"):
+        EdgeKVConfig().with_overrides(archive={"dir": str(tmp_path)}, cache={"kv_dtype": "int8"})
+    EdgeKVConfig().with_overrides(archive={"dir": str(tmp_path)}, cache={"kv_dtype": "bf16"})  # accepted

@@ -60,7 +60,7 @@ def test_help_text_is_plain_and_shows_defaults(argv, capsys):
     assert "``" not in text and ":class:" not in text and ":func:" not in text
     assert text.startswith(f"usage: edgekv {' '.join(argv)}")
     if argv[0] in ("serve", "build"):
-        assert "{full,sliding_window,uniform_frames,sink_recent,tar,van,infinipot_v,statekv}" in text
+        assert "{full,sliding_window,uniform_frames,sink_recent,tar,van,infinipot_v,adaptive_infinipot_v,statekv}" in text
         assert "(default: 6144 unless --config sets it)" in text and "--set SECTION.KEY=VALUE" in text
     if argv == ["bench", "stream"]:
         assert "(default: infinipot_v)" in text and "(default: 600)" in text

@@ -41,6 +41,7 @@ def test_counters_are_exact_and_histograms_saw_every_pair(running, monkeypatch):
         stats = running.daemon.session.stats()
     assert sample(families, "edgekv_frames", "_total") == stats["frames"]
     assert sample(families, "edgekv_frame_pairs", "_total") == stats["frame_pairs"]
+    assert sample(families, "edgekv_pairs_skipped", "_total") == stats["pairs_skipped"]
     assert sample(families, "edgekv_cache_capacity_bytes") == stats["cache_capacity_bytes"]
     assert sample(families, "edgekv_cache_tokens") == stats["cache_tokens"]
     # the server started before the first frame: its histogram observed every pair, in seconds

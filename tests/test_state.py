@@ -63,10 +63,11 @@ def snapshot(runtime, tmp_path_factory) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- exactness
-@pytest.mark.parametrize("policy, sinks", [("statekv", 8), ("infinipot_v", 0)])
+@pytest.mark.parametrize("policy, sinks, kv_dtype", [("statekv", 8, None), ("infinipot_v", 0, None),
+                                                     ("statekv", 8, "int8"), ("infinipot_v", 0, "fp8")])
 def test_a_restored_session_answers_bit_identically_to_one_that_never_stopped(tiny_checkpoint, engine_dir, tmp_path,
-                                                                             policy, sinks):
-    rt = _runtime(tiny_checkpoint, engine_dir, policy=policy, sinks=sinks)
+                                                                             policy, sinks, kv_dtype):
+    rt = _runtime(tiny_checkpoint, engine_dir, policy=policy, sinks=sinks, kv_dtype=kv_dtype)
     never_stopped = rt.session()
     _ingest(never_stopped, 0, 41)
     assert never_stopped.counters.compressions >= 2 and never_stopped.rebases >= 1
@@ -109,6 +110,7 @@ def test_a_snapshot_of_other_weights_names_the_model_hash(snapshot, engine_dir, 
     ({"resolution": (84, 56)}, r"video.resolution\): snapshot has \[56, 84\], this deployment \[84, 56\]"),
     ({"max_tokens": 200}, r"cache capacity M in tokens .*snapshot has 120, this deployment 200"),
     ({"policy": "infinipot_v", "sinks": 0}, "cache.policy: snapshot has 'statekv'"),
+    ({"kv_dtype": "int8"}, r"cache dtype \(cache.kv_dtype, default model.dtype\): snapshot has 'float32', this deployment 'int8'"),
 ])
 def test_a_snapshot_of_another_deployment_is_refused_with_the_field_named(tiny_checkpoint, engine_dir, snapshot,
                                                                           change, field):

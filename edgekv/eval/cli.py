@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-ALL_POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v", "statekv")
+ALL_POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",
+                "adaptive_infinipot_v", "statekv")
+DEFAULT_POLICIES = tuple(name for name in ALL_POLICIES if name != "adaptive_infinipot_v")  # opt-in (issue 14)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -38,7 +40,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--model", default="builtin:toy", help="a toy checkpoint dir (builtin:toy = the shipped one)")
     needle.add_argument("--lengths", type=_ints, default=(2000,), help="stream lengths in frame pairs")
     needle.add_argument("--budgets", type=_ints, default=(4000,), help="cache caps M in tokens")
-    needle.add_argument("--policies", default=",".join(ALL_POLICIES),
+    needle.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated policies ({', '.join(ALL_POLICIES)})")
     needle.add_argument("--sinks", type=_ints, default=(256, 1024), help="StateKV sink budgets B for 'statekv'")
     needle.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",

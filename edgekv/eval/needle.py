@@ -135,8 +135,14 @@ class ReplayVision:
         self.index = 0
 
     def encode(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        if not math.isclose(float(pixel_values.double().sum()), self.checks[self.index], rel_tol=1e-9, abs_tol=1e-6):
-            raise RuntimeError(f"ReplayVision: pair {self.index} is not the frame pair its tokens came from")
+        """The tokens of the next pair whose pixels match: pairs a session skipped (video.skip_static)
+        are passed over, never replayed out of order."""
+        check = float(pixel_values.double().sum())
+        while self.index < len(self.checks) and not math.isclose(check, self.checks[self.index], rel_tol=1e-9,
+                                                                  abs_tol=1e-6):
+            self.index += 1
+        if self.index == len(self.checks):
+            raise RuntimeError("ReplayVision: a frame pair matches none of the stream's remaining pairs")
         out = self.tokens[self.index]
         self.index += 1
         return out

@@ -67,6 +67,10 @@ class CachePolicy:
     def stats(self, session) -> dict:
         return {}
 
+    def observe_pair(self, pair: int, tokens: torch.Tensor) -> None:
+        """Called with each ingested frame pair's visual tokens [P, d] before its prefill (query-agnostic:
+        video only); most policies need nothing from them."""
+
     def state(self) -> dict:
         """What a snapshot keeps of this policy between compressions (JSON values); most keep nothing."""
         return {}

@@ -34,6 +34,12 @@ class InfiniPotVPolicy(VaNPolicy):
             raise ValueError(f"cache.tar_rope must be 'unrotated' or 'raw', got {self.tar_rope!r}")
 
     def select(self, view: CacheView, target: int) -> torch.Tensor:
+        scores = self.keep_scores(view, target)
+        return torch.topk(scores, target, dim=-1, sorted=False).indices.sort(dim=-1).values
+
+    def keep_scores(self, view: CacheView, target: int) -> torch.Tensor:
+        """[L, H, n]: the TaR picks lifted above every VaN score, protected slots at +inf; the top ``target``
+        are what Alg. 2 keeps."""
         protected = self.protected(view)
         recent = int(view.recent[0, 0].sum())
         tar_budget = max(int(self.tar_ratio * target) - recent, 0)
@@ -45,5 +51,4 @@ class InfiniPotVPolicy(VaNPolicy):
             chosen = torch.topk(tar, tar_budget, dim=-1, sorted=False).indices
             ceiling = van.amax(dim=-1, keepdim=True) + 1.0  # strictly above every VaN score (line 24)
             scores.scatter_(-1, chosen, ceiling.expand_as(chosen))
-        scores = scores.masked_fill(protected, float("inf"))
-        return torch.topk(scores, target, dim=-1, sorted=False).indices.sort(dim=-1).values
+        return scores.masked_fill(protected, float("inf"))

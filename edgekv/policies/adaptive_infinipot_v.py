@@ -1,0 +1,157 @@
+"""``adaptive_infinipot_v``: InfiniPot-V's scores under AdaReTaKe's time-adaptive budget (seed 002, §4.3,
+eq. 8-9, the query-agnostic part only; the layer-adaptive part of §4.4 needs prompt attention).
+
+Eq. 8: the distance of a frame pair to the previous one is ``d[t] = 1 - (1/N) sum_j cos(M[t, j],
+M[t-1, j])`` over the N visual tokens ``M`` of the pair (the vision tower's output, token j = the same
+merged-grid cell). edgekv computes it as each pair is ingested (``observe_pair``, before its prefill;
+the previous pair is the last *ingested* one) and keeps it per pair while the pair has tokens in the
+cache. Eq. 9 gives each chunk of ``tau`` frames a share of the budget proportional to its mean distance
+``d_i``: static stretches (small ``d``) are compressed harder and leave room to stretches that change.
+
+Streaming form. At a compression the budget of the evictable slots of each (layer, KV head) —
+``C`` less the protected prefix, sinks and recent pairs — is split over the stretches of
+``chunk_pairs`` pairs (``frame // chunk_pairs``) still present:
+
+    w_i = max(d_i, floor * mean_k d_k)          (the floor keeps every stretch alive)
+    quota_i = budget * w_i / sum_k w_k          (eq. 9), at most the n_i slots the stretch holds;
+
+what a full stretch cannot use is handed to the others in proportion to their weights (water filling),
+and quotas are rounded by largest remainders so they add up to the budget exactly. Inside a stretch the
+slots are ranked by InfiniPot-V's own order (TaR picks first, then pooled VaN: ``keep_scores``). With
+equal distances this is InfiniPot-V with per-stretch top-k instead of one global top-k.
+Memory outside the cap: one pair's visual tokens (the previous pair, for eq. 8) and one float per pair
+that still has tokens in the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from edgekv.policies.base import CacheView, register
+from edgekv.policies.infinipot_v import InfiniPotVPolicy
+
+
+def pair_distance(tokens: torch.Tensor, previous: torch.Tensor) -> float:
+    """Eq. 8 for one pair: 1 - mean over tokens of the cosine with the same token of the previous pair."""
+    cos = torch.nn.functional.cosine_similarity(tokens.float(), previous.float(), dim=-1)
+    return float(1.0 - cos.mean())
+
+
+def stretch_quotas(budget: torch.Tensor, held: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Split ``budget`` [R] slots over stretches by ``weight`` [S] (eq. 9), never above ``held`` [R, S].
+
+    Returns int64 [R, S] quotas with ``quota <= held`` and ``quota.sum(-1) == min(budget, held.sum(-1))``.
+    """
+    held = held.to(torch.float64)
+    weight = weight.to(torch.float64).expand_as(held).clone()
+    weight[held == 0] = 0.0
+    quota = torch.zeros_like(held)
+    left = torch.minimum(budget.to(torch.float64), held.sum(-1))
+    open_ = held > 0
+    for _ in range(held.shape[-1] + 1):  # each round fills at least one stretch or hands out everything
+        w = weight * open_
+        share = left.unsqueeze(-1) * w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+        room = held - quota
+        full = open_ & (share >= room)
+        quota = torch.where(full, held, quota)
+        given = torch.where(full, room, torch.zeros_like(room)).sum(-1)
+        if not bool(full.any()):
+            quota = quota + share
+            break
+        left = left - given
+        open_ = open_ & ~full
+    # largest remainders: integers that add up to the (integer) total
+    total = torch.minimum(budget.to(torch.float64), held.sum(-1)).round()
+    floor = quota.floor()
+    missing = (total - floor.sum(-1)).long()
+    remainder = (quota - floor).masked_fill(floor >= held, -1.0)
+    order = remainder.argsort(dim=-1, descending=True, stable=True)
+    rank = order.argsort(dim=-1)
+    return (floor + (rank < missing.unsqueeze(-1)).to(floor.dtype)).long()
+
+
+@register
+@dataclass
+class AdaptiveInfiniPotVPolicy(InfiniPotVPolicy):
+    name: ClassVar[str] = "adaptive_infinipot_v"
+    chunk_pairs: int = 8    # tau: frame pairs per stretch of time
+    floor: float = 0.25     # a stretch weighs at least this share of the mean weight
+    distances: dict[int, float] = field(init=False, default_factory=dict)  # pair -> eq. 8 distance
+    _previous: torch.Tensor | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunk_pairs < 1:
+            raise ValueError(f"cache.adaptive_chunk_pairs must be >= 1, got {self.chunk_pairs}")
+        if not 0.0 < self.floor <= 1.0:
+            raise ValueError(f"cache.adaptive_floor must be in (0, 1], got {self.floor}")
+
+    def observe_pair(self, pair: int, tokens: torch.Tensor) -> None:
+        if self._previous is not None and self._previous.shape == tokens.shape:
+            self.distances[pair] = pair_distance(tokens, self._previous)
+        self._previous = tokens.detach().clone()
+
+    def stretch_weights(self, stretches: int) -> torch.Tensor:
+        """[stretches] mean eq. 8 distance of each stretch's observed pairs (eq. 9's d_i), floored."""
+        sums = torch.zeros(stretches, dtype=torch.float64)
+        counts = torch.zeros(stretches, dtype=torch.float64)
+        for pair, distance in self.distances.items():
+            if pair // self.chunk_pairs < stretches:
+                sums[pair // self.chunk_pairs] += distance
+                counts[pair // self.chunk_pairs] += 1
+        seen = counts > 0
+        mean = torch.where(seen, sums / counts.clamp_min(1), torch.zeros_like(sums))
+        overall = float(mean[seen].mean()) if bool(seen.any()) else 1.0
+        mean[~seen] = overall  # a stretch with no measured pair (the first pair, after a restore) weighs the mean
+        return mean.clamp_min(self.floor * max(overall, 1e-12))
+
+    def select(self, view: CacheView, target: int) -> torch.Tensor:
+        scores = self.keep_scores(view, target)  # [L, H, n], protected = +inf
+        protected = torch.isinf(scores) & (scores > 0)
+        evictable = view.vision & ~protected
+        stretch = torch.where(evictable, view.frame.long() // self.chunk_pairs, torch.full_like(view.frame, -1,
+                                                                                                 dtype=torch.long))
+        stretches = int(stretch.max()) + 1 if bool(evictable.any()) else 0
+        layers, heads, n = scores.shape
+        rows = layers * heads
+        budget = (target - protected.view(rows, n).sum(-1)).clamp_min(0)
+        if stretches == 0:
+            return super().select(view, target)
+        held = torch.zeros(rows, stretches, dtype=torch.long)
+        flat_stretch = stretch.view(rows, n)
+        held.scatter_add_(1, flat_stretch.clamp_min(0), evictable.view(rows, n).long())
+        quota = stretch_quotas(budget, held, self.stretch_weights(stretches))  # [rows, S]
+        # rank of each evictable slot inside its stretch by InfiniPot-V's score (descending)
+        flat = scores.view(rows, n).masked_fill(~evictable.view(rows, n), float("-inf"))
+        by_score = flat.argsort(dim=-1, descending=True, stable=True)
+        by_stretch = flat_stretch.gather(1, by_score).argsort(dim=-1, stable=True)
+        order = by_score.gather(1, by_stretch)  # grouped by stretch, best first inside each
+        grouped = flat_stretch.gather(1, order)
+        first = torch.searchsorted(grouped, grouped, right=False)  # index where each slot's stretch starts
+        rank = torch.arange(n).expand(rows, n) - first
+        allowed = quota.gather(1, grouped.clamp_min(0))
+        chosen_sorted = (grouped >= 0) & (rank < allowed)
+        chosen = torch.zeros_like(chosen_sorted).scatter_(1, order, chosen_sorted)
+        keep = chosen | protected.view(rows, n)
+        # exactly ``target`` per row: kept slots first (in InfiniPot-V's order), anything short filled by score
+        final = torch.where(keep, torch.full_like(flat, float("inf")), scores.view(rows, n).clamp(max=3e38))
+        return torch.topk(final.view(layers, heads, n), target, dim=-1, sorted=False).indices.sort(dim=-1).values
+
+    def compress(self, session, incoming: int) -> None:
+        super().compress(session, incoming)
+        present = set(torch.unique(session.cache.frame[:, :, : session.cache.length]).tolist())
+        self.distances = {pair: d for pair, d in self.distances.items() if pair in present}
+
+    def state(self) -> dict:
+        return {**super().state(), "distances": [[pair, d] for pair, d in sorted(self.distances.items())]}
+
+    def load_state(self, state: dict) -> None:
+        state = dict(state)
+        self.distances = {int(pair): float(d) for pair, d in state.pop("distances", [])}
+        super().load_state(state)
+
+    def stats(self, session) -> dict:
+        return {**super().stats(session), "adaptive_pairs_measured": len(self.distances)}
