@@ -27,7 +27,7 @@ DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ 
 
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``; with ``argv`` only the
+    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``compression``; with ``argv`` only the
     chosen one gets its options (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.cli import first_positional
 
@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _lazy("bench_soak", "add_soak_arguments")),
         "state": ("snapshot write/read ms and bytes at the 3B cache shape", _lazy("bench_state", "add_state_arguments")),
         "api": ("ingest rate and /healthz latency under 50 concurrent chats", _lazy("bench_api", "add_api_arguments")),
+        "compression": ("one CKV compression's select ms per cache dtype at the 3B cache shape",
+                        _lazy("bench_compression", "add_compression_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
