@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from edgekv.apps.camera import HelpFormatter
+from edgekv.threads import threads_argument
 
 DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ prefix + question room)
 
@@ -79,7 +80,7 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
                              "for evicting policies, the whole stream for full)")
     stream.add_argument("--sinks", default="0", help="comma-separated StateKV sink budgets (statekv policy)")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side")
-    stream.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
     stream.add_argument("--plot", default="bench-stream.png", help="plot (PNG) written here")
     stream.set_defaults(run=run_stream)
@@ -364,7 +365,9 @@ def run_stream(args: argparse.Namespace) -> int:
     parse_spec(args.source)  # a source that cannot be is the user's mistake, not one policy's refusal
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from edgekv.threads import apply_threads
+
+        apply_threads(args.threads)
     if args.model:
         model_dir = Path(args.model)
     else:

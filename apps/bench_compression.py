@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from edgekv.cache.capped import SlotKind
-from edgekv.policies.base import CacheView, make_policy
 from edgekv.model.rope import rotary_inv_freq
+from edgekv.policies.base import CacheView, make_policy
+from edgekv.threads import threads_argument
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 POLICIES = ("infinipot_v", "tar", "van")
@@ -36,7 +37,7 @@ def add_compression_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated: fp32, bf16, fp16")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {', '.join(POLICIES)}")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: runtime.threads)")
+    parser.add_argument("--threads", type=threads_argument, default="auto", help="torch CPU threads, or auto (edgekv/threads.py)")
     parser.add_argument("--json", default="bench-compression.json")
     parser.add_argument("--plot", default="bench-compression.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_compression)

@@ -247,6 +247,19 @@ class LoggingSection:
 
 
 @dataclass(frozen=True)
+class RuntimeSection:
+    # torch CPU threads: a positive integer, or "auto" = one per two usable cores, 1 to 4 (edgekv/threads.py;
+    # measured in README "Threads"). The OpenMP wait policy is set by the entry points before torch loads.
+    threads: int | str = "auto"
+
+    def validate(self, at: str) -> None:
+        if isinstance(self.threads, str) and self.threads != "auto":
+            raise ConfigError(f"{at}.threads: expected a positive integer or 'auto', got {self.threads!r}")
+        if isinstance(self.threads, int) and self.threads < 1:
+            raise ConfigError(f"{at}.threads: must be >= 1 (or 'auto'), got {self.threads}")
+
+
+@dataclass(frozen=True)
 class EdgeKVConfig:
     model: ModelSection = field(default_factory=ModelSection)
     video: VideoSection = field(default_factory=VideoSection)
@@ -258,6 +271,7 @@ class EdgeKVConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     state: StateSection = field(default_factory=StateSection)
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":
