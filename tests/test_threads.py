@@ -88,3 +88,10 @@ def test_wait_policy_is_set_before_torch_loads_and_the_environment_wins(tmp_path
     assert out.returncode == 0, out.stderr
     auto = threads.default_threads()
     assert f"policy {want} threads {auto} code 0" in out.stdout
+
+
+def test_bench_threads_refuses_an_unknown_wait_policy(tmp_path):
+    from edgekv.apps.cli import main
+
+    with pytest.raises(SystemExit, match="unknown OMP_WAIT_POLICY 'SPIN'"):
+        main(["bench", "threads", "--wait", "spin", "--json", str(tmp_path / "t.json"), "--plot", ""])
