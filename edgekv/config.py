@@ -57,6 +57,10 @@ class VideoSection:
     # Under question load the main loop spends at least this share of its busy time ingesting
     # (apps/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
     min_ingest_share: float = 0.8
+    # exact: Pillow bicubic, bit-identical to transformers' processor; fast: OpenCV (INTER_AREA shrinking,
+    # INTER_CUBIC growing), ~2x faster, mean |difference| <= 1.5 uint8 levels on camera-like frames
+    # (edgekv/preprocess.py states the measurement).
+    resize: Literal["exact", "fast"] = "exact"
 
     def validate(self, at: str) -> None:
         if not self.fps > 0:

@@ -114,7 +114,8 @@ class Runtime:
             resolution = smart_resize(frame.shape[0], frame.shape[1], min_pixels=limits[0], max_pixels=limits[1])
         vision = self.model.config.vision
         return FramePreprocessor(resolution=tuple(resolution), patch_size=vision.patch_size,
-                                 temporal_patch_size=vision.temporal_patch_size, merge_size=vision.spatial_merge_size)
+                                 temporal_patch_size=vision.temporal_patch_size, merge_size=vision.spatial_merge_size,
+                                 resize=self.config.video.resize)
 
 
     def pixel_limits(self) -> tuple[int, int]:
