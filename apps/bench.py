@@ -28,7 +28,7 @@ DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ 
 
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``threads``, ``compression``; with ``argv`` only the
+    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``decode``, ``threads``, ``compression``; with ``argv`` only the
     chosen one gets its options (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.cli import first_positional
 
@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _lazy("bench_soak", "add_soak_arguments")),
         "state": ("snapshot write/read ms and bytes at the 3B cache shape", _lazy("bench_state", "add_state_arguments")),
         "api": ("ingest rate and /healthz latency under 50 concurrent chats", _lazy("bench_api", "add_api_arguments")),
+        "decode": ("decode tok/s against the measured memory-bandwidth bound, per dtype, beside transformers",
+                   _lazy("bench_decode", "add_decode_arguments")),
         "threads": ("per-pair vision / prefill ms per torch thread count and OpenMP wait policy",
                     _lazy("bench_threads", "add_threads_arguments")),
         "compression": ("one CKV compression's select ms per cache dtype at the 3B cache shape",
