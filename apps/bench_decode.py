@@ -4,14 +4,15 @@ transformers' ``generate`` on the same checkpoint and prompt length.
 One decode token reads every language-model weight once (the tied embedding in full, as ``lm_head``)
 plus the K/V cache so far, so on a CPU it cannot beat ``read bandwidth / bytes read per token``. The
 bench measures that bandwidth here (a streaming fp32 sum over a buffer far larger than the caches, with
-the bench's thread count, right before each figure, since a shared machine's bandwidth moves with the
-other tenants' load), counts the bytes, and reports tok/s and its share of the bound for:
+the bench's thread count, just before and just after each figure — the bound uses their mean — since a
+shared machine's bandwidth moves with the other tenants' load), counts the bytes, and reports tok/s and its share of the bound for:
 
 * ``edgekv``: the runtime's decode step — ``TorchLLM.prefill`` of one token into a ``CappedKVCache``
   through ``CacheAttention`` (the fast path), greedy, as ``StreamSession.ask`` runs it; ``--routes``
   picks weight routes (``edgekv.model.decode_routes``, which records the routes measured and dropped);
 * ``transformers``: ``Qwen2_5_VLForConditionalGeneration.generate`` (greedy, ``min_new_tokens`` so random
-  weights cannot stop early); per-token time = (t(N tokens) - t(1 token)) / (N - 1), prefill excluded.
+  weights cannot stop early); a logits processor stamps each step: the tokens after the first, over the
+  time between the first and the last stamp (prefill excluded), as edgekv's figure is taken.
 
 Models are loaded one at a time (a 3B fp32 model is ~12 GB). Prints and saves JSON + PNG; figures only.
 """
@@ -115,29 +116,31 @@ def edgekv_decode(model_dir: str, dtype: torch.dtype, route: str, prompt: int, t
 
 
 def hf_decode(model_dir: str, dtype: torch.dtype, prompt: int, tokens: int, repeats: int) -> dict:
-    """tok/s of transformers' greedy ``generate`` (prefill excluded by differencing), same prompt."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    """tok/s of transformers' greedy ``generate``, same prompt: a logits processor stamps the time at each
+    step, so a token's time is the gap between consecutive stamps (prefill excluded, one run suffices)."""
+    from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5_VLForConditionalGeneration
 
     from edgekv.toy import resolve_model_path
+
+    class StepClock(LogitsProcessor):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            self.stamps.append(time.perf_counter())
+            return scores
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(resolve_model_path(model_dir)), dtype=dtype).eval()
     vocab = model.config.text_config.vocab_size if hasattr(model.config, "text_config") else model.config.vocab_size
     ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-
-    def run(count: int) -> tuple[float, list[int]]:
-        started = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=count, min_new_tokens=count,
-                                 do_sample=False)
-        return time.perf_counter() - started, out[0, prompt:].tolist()
-
-    run(2)  # warm-up
     rates, generated = [], []
     for _ in range(repeats):
-        one, _ = run(1)
-        many, generated = run(tokens)
-        rates.append((tokens - 1) / max(many - one, 1e-9))
+        clock = StepClock()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                                 min_new_tokens=tokens, do_sample=False, logits_processor=LogitsProcessorList([clock]))
+        generated = out[0, prompt:].tolist()
+        rates.append((len(clock.stamps) - 1) / (clock.stamps[-1] - clock.stamps[0]))
     del model
     gc.collect()
     return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tokens": generated}
@@ -159,7 +162,7 @@ def run_decode(args: argparse.Namespace) -> int:
             raise SystemExit(f"--routes: unknown route {name!r} (known: {', '.join(ROUTES)})")
     if args.prompt < 1 or args.tokens < 2:
         raise SystemExit(f"--prompt must be >= 1 and --tokens >= 2, got {args.prompt} and {args.tokens}")
-    # The machine may be shared: bandwidth is measured right before each figure, which carries its own bound.
+    # The machine may be shared: bandwidth is measured around each figure, which carries its own bound.
     bandwidths = []
 
     def measured() -> float:
@@ -177,17 +180,17 @@ def run_decode(args: argparse.Namespace) -> int:
         for dtype_name in dtypes:
             dtype = _DTYPES[dtype_name]
             for route in routes:
-                bandwidth = measured()
+                before = measured()
                 row = {"engine": "edgekv", "route": route, "dtype": dtype_name,
                        **edgekv_decode(model, dtype, route, args.prompt, args.tokens, args.repeats)}
-                rows.append(_with_bound(row, bandwidth))
+                rows.append(_with_bound(row, before, measured()))
             if not args.no_hf:
-                bandwidth = measured()
+                before = measured()
                 eager = [r for r in rows if r["dtype"] == dtype_name and r["route"] == "eager"]
                 row = {"engine": "transformers", "route": "generate", "dtype": dtype_name,
                        "bytes_per_token": eager[0]["bytes_per_token"] if eager else None,
                        **hf_decode(model, dtype, args.prompt, args.tokens, args.repeats)}
-                rows.append(_with_bound(row, bandwidth))
+                rows.append(_with_bound(row, before, measured()))
     result = {"bench": "decode", "model": str(args.model or "tiny random"), "prompt": args.prompt,
               "tokens": args.tokens, "threads": threads, "read_bandwidth_gb_s": [b / 1e9 for b in bandwidths],
               "rows": rows,
@@ -200,8 +203,11 @@ def run_decode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_bound(row: dict, bandwidth: float) -> dict:
+def _with_bound(row: dict, before: float, after: float) -> dict:
+    """The bound of a figure from the bandwidth measured just before and just after it (their mean)."""
+    bandwidth = (before + after) / 2
     row["read_bandwidth_gb_s"] = bandwidth / 1e9
+    row["read_bandwidth_before_after_gb_s"] = [before / 1e9, after / 1e9]
     read = row.get("bytes_per_token")
     if read:
         row["bound_tok_s"] = bandwidth / read
