@@ -22,13 +22,15 @@ from pathlib import Path
 import psutil
 
 from edgekv.apps.camera import HelpFormatter
+from edgekv.threads import threads_argument
 
 DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ prefix + question room)
 
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``; with ``argv``
-    only the chosen one gets its options (the others' modules, and torch, are not imported for ``--help``)."""
+    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``, ``memory``,
+    ``decode``, ``threads``, ``compression``; with ``argv`` only the chosen one gets its options (the others'
+    modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.cli import first_positional
 
     chosen = first_positional(argv)[0] if argv is not None else None
@@ -47,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
                     _lazy("bench_archive", "add_archive_arguments")),
         "memory": ("toy-model accuracy at equal cache bytes: kv_dtype x policy x skip_static; 3B logits error",
                    _lazy("bench_memory", "add_memory_arguments")),
+        "decode": ("decode tok/s against the measured memory-bandwidth bound, per dtype, beside transformers",
+                   _lazy("bench_decode", "add_decode_arguments")),
+        "threads": ("per-pair vision / prefill ms per torch thread count and OpenMP wait policy",
+                    _lazy("bench_threads", "add_threads_arguments")),
+        "compression": ("one CKV compression's select ms per cache dtype at the 3B cache shape",
+                        _lazy("bench_compression", "add_compression_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
@@ -81,7 +89,7 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
                              "for evicting policies, the whole stream for full)")
     stream.add_argument("--sinks", default="0", help="comma-separated StateKV sink budgets (statekv policy)")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side")
-    stream.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
     stream.add_argument("--plot", default="bench-stream.png", help="plot (PNG) written here")
     stream.set_defaults(run=run_stream)
@@ -366,7 +374,9 @@ def run_stream(args: argparse.Namespace) -> int:
     parse_spec(args.source)  # a source that cannot be is the user's mistake, not one policy's refusal
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from edgekv.threads import apply_threads
+
+        apply_threads(args.threads)
     if args.model:
         model_dir = Path(args.model)
     else:

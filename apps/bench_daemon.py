@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from edgekv.threads import threads_argument
+
 
 def add_daemon_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="configs/tiny-random.yaml",
@@ -40,7 +42,7 @@ def add_daemon_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load", type=int, default=50, help="questions waiting at once for the ingest-under-load part")
     parser.add_argument("--load-tokens", type=int, default=16, help="tokens per answer in the load part")
     parser.add_argument("--window-s", type=float, default=30.0, help="seconds of each ingest-rate window")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", default="bench-daemon.json", help="figures (JSON) written here")
     parser.add_argument("--plot", default="bench-daemon.png", help="plot (PNG) written here")
     parser.set_defaults(run=run_daemon_bench)
@@ -227,9 +229,9 @@ def run_daemon_bench(args: argparse.Namespace) -> int:
     from edgekv.config import load_config
 
     if args.threads:
-        import torch
+        from edgekv.threads import apply_threads
 
-        torch.set_num_threads(args.threads)
+        apply_threads(args.threads)
 
     config = load_config(args.config).with_overrides(
         server={"enabled": False, "queue_size": max(args.load, 16)},

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from edgekv.threads import threads_argument
+
 FIGURES = ("vision_ms", "prefill_ms", "pair_ms", "ttft_ms", "decode_tok_s")
 
 
@@ -35,7 +37,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"],
                         help="default: fp32 on CPU, fp16 on CUDA")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime CPU threads")
+    parser.add_argument("--threads", type=threads_argument, default=None, help="torch / onnxruntime CPU threads")
     parser.add_argument("--engine-dir", default=None, help="engine cache (default: a temporary directory)")
     parser.add_argument("--json", default="bench-engines.json", help="figures (JSON) written here")
     parser.add_argument("--plot", default="bench-engines.png", help="plot (PNG) written here")
@@ -173,7 +175,9 @@ def run_engines(args: argparse.Namespace) -> int:
     from edgekv.runtime import resolve_device
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from edgekv.threads import apply_threads
+
+        apply_threads(args.threads)
     backends = args.backends.split(",") if args.backends else available_backends()
     device = resolve_device(args.device)
     dtype = args.dtype or ("fp16" if device.type == "cuda" else "fp32")

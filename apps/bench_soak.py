@@ -28,6 +28,8 @@ import numpy as np
 import psutil
 import torch
 
+from edgekv.threads import threads_argument
+
 MAX_SAMPLES = 2000
 MAX_ERROR_MESSAGES = 10
 
@@ -48,7 +50,7 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--sample-every-pairs", type=int, default=None,
                         help="sample every N pairs instead of every --sample-s seconds")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=threads_argument, default=1, help="torch CPU threads")
     parser.add_argument("--json", default="bench-soak.json")
     parser.add_argument("--plot", default="bench-soak.png", help="PNG to write ('' to skip)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
@@ -194,7 +196,9 @@ def run_soak(args: argparse.Namespace) -> int:
     if args.hours is None and args.pairs is None:
         print("edgekv bench soak: give --hours H or --pairs N")
         return 2
-    torch.set_num_threads(args.threads)
+    from edgekv.threads import apply_threads
+
+    apply_threads(args.threads)
     if args.model:
         model_dir = Path(args.model)
     else:

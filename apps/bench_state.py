@@ -24,6 +24,7 @@ import torch
 from edgekv.cache.capped import CappedKVCache, SlotKind
 from edgekv.cache.specs import CacheSpec
 from edgekv.state import FORMAT, cache_views, read_manifest, read_tensors, write_snapshot
+from edgekv.threads import threads_argument
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -36,7 +37,7 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: fp32, fp16, bf16")
     parser.add_argument("--sinks", action="store_true", help="include StateKV's attention mass (fp32)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--dir", default=None, help="folder to write in (default: a temporary folder)")
     parser.add_argument("--json", default="bench-state.json")
     parser.add_argument("--plot", default="bench-state.png", help="PNG to write ('' to skip)")
@@ -83,7 +84,9 @@ def measure(cache: CappedKVCache, folder: Path, repeats: int, sinks: bool) -> di
 
 def run_state(args: argparse.Namespace) -> int:
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from edgekv.threads import apply_threads
+
+        apply_threads(args.threads)
     folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="edgekv-bench-state-"))
     folder.mkdir(parents=True, exist_ok=True)
     shape = f"{args.layers} layers x {args.kv_heads} KV heads x head_dim {args.head_dim}, M={args.tokens}"

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgekv.threads import prepare_process, threads_argument
+
 RANDOM_WEIGHTS_NOTE = (
     "NOTE: {path} holds random weights (made by `edgekv make-tiny-checkpoint`): answers are meaningless text.\n"
     "      Point model.path at a real Qwen2.5-VL checkpoint directory for real answers."
@@ -170,6 +172,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, model_positional: bool
     group.add_argument("--host", help="server.host: address the HTTP API binds")
     group.add_argument("--port", type=int, help="server.port (0: any free port)")
     group.add_argument("--max-new-tokens", type=int, help="generation.max_new_tokens: answer length")
+    group.add_argument("--threads", type=threads_argument, metavar="N|auto",
+                       help="runtime.threads: torch CPU threads")
     group.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="any other config key, value in YAML (repeatable), e.g. --set cache.sinks=1024")
     defaults = EdgeKVConfig().to_dict()
@@ -188,7 +192,7 @@ def _flow(value) -> str:
 _FLAG_KEYS = {"source": "video.source", "fps": "video.fps", "resolution": "video.resolution", "loop": "video.loop",
               "policy": "cache.policy", "max_tokens": "cache.max_tokens", "dtype": "model.dtype",
               "device": "model.device", "host": "server.host", "port": "server.port",
-              "max_new_tokens": "generation.max_new_tokens"}
+              "max_new_tokens": "generation.max_new_tokens", "threads": "runtime.threads"}
 
 
 def config_from_args(args: argparse.Namespace):
@@ -274,6 +278,7 @@ def run_daemon(args: argparse.Namespace, prog: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prepare_process()  # the OpenMP wait policy, before anything imports torch (edgekv/threads.py)
     args = build_parser().parse_args(argv)
     if not args.config and not args.model_flag:
         print("edgekv-camera: cannot start: give --config FILE (or --model DIR)", file=sys.stderr)

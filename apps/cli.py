@@ -23,6 +23,7 @@ from edgekv.apps.camera import (
     run_daemon,
     version_string,
 )
+from edgekv.threads import prepare_process
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     # Idle OpenMP threads sleep instead of spinning: on a busy 2-core machine spinning waits dominated
     # (a 4 MB multiply: 7.99 ms spinning vs 0.059 ms passive; a toy training step 5.5 s vs 1.9 s).
     # Read by libgomp when torch loads, so set before any command imports it; the environment wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    prepare_process()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     try:

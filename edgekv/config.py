@@ -74,6 +74,10 @@ class VideoSection:
     # (apps/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
     min_ingest_share: float = 0.8
     skip_static: SkipStaticSection = field(default_factory=SkipStaticSection)
+    # exact: Pillow bicubic, bit-identical to transformers' processor; fast: OpenCV (INTER_AREA shrinking,
+    # INTER_CUBIC growing), ~2x faster, mean |difference| <= 1.5 uint8 levels on camera-like frames
+    # (edgekv/preprocess.py states the measurement).
+    resize: Literal["exact", "fast"] = "exact"
 
     def validate(self, at: str) -> None:
         self.skip_static.validate(f"{at}.skip_static")
@@ -305,6 +309,19 @@ class LoggingSection:
 
 
 @dataclass(frozen=True)
+class RuntimeSection:
+    # torch CPU threads: a positive integer, or "auto" = one per two usable cores, 1 to 4 (edgekv/threads.py;
+    # measured in README "Threads"). The OpenMP wait policy is set by the entry points before torch loads.
+    threads: int | str = "auto"
+
+    def validate(self, at: str) -> None:
+        if isinstance(self.threads, str) and self.threads != "auto":
+            raise ConfigError(f"{at}.threads: expected a positive integer or 'auto', got {self.threads!r}")
+        if isinstance(self.threads, int) and self.threads < 1:
+            raise ConfigError(f"{at}.threads: must be >= 1 (or 'auto'), got {self.threads}")
+
+
+@dataclass(frozen=True)
 class EdgeKVConfig:
     model: ModelSection = field(default_factory=ModelSection)
     video: VideoSection = field(default_factory=VideoSection)
@@ -317,6 +334,7 @@ class EdgeKVConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
     state: StateSection = field(default_factory=StateSection)
     archive: ArchiveSection = field(default_factory=ArchiveSection)
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":

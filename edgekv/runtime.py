@@ -21,6 +21,7 @@ from edgekv.model import load_pretrained
 from edgekv.policies import CachePolicy, make_policy
 from edgekv.preprocess import FramePreprocessor, smart_resize
 from edgekv.session import StreamSession
+from edgekv.threads import apply_threads
 from edgekv.tokenizer import QwenTokenizer
 from edgekv.toy import resolve_model_path
 
@@ -43,6 +44,7 @@ class Runtime:
         if config.model.path is None:
             raise ValueError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory)")
         self.config = config
+        self.threads = apply_threads(config.runtime.threads)  # before the weights load (edgekv/threads.py)
         self.device = resolve_device(config.model.device)
         self.dtype = _DTYPES[config.model.dtype]
         model_dir = Path(resolve_model_path(config.model.path)).expanduser()
@@ -122,7 +124,8 @@ class Runtime:
             resolution = smart_resize(frame.shape[0], frame.shape[1], min_pixels=limits[0], max_pixels=limits[1])
         vision = self.model.config.vision
         return FramePreprocessor(resolution=tuple(resolution), patch_size=vision.patch_size,
-                                 temporal_patch_size=vision.temporal_patch_size, merge_size=vision.spatial_merge_size)
+                                 temporal_patch_size=vision.temporal_patch_size, merge_size=vision.spatial_merge_size,
+                                 resize=self.config.video.resize)
 
 
     def pixel_limits(self) -> tuple[int, int]:

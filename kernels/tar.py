@@ -108,6 +108,15 @@ def _rotate_pairs_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tempor
     x[..., half:half + temporal_section] = x2 * cos + x1 * sin
 
 
+_BLOCK_BYTES = 4 << 20  # fp32 bytes of K per block of the CPU passes: a few MiB stay in the caches
+
+
+def layers_per_block(heads: int, n: int, dim: int) -> int:
+    """Layers per block of the CPU passes over K or V so one block's fp32 copy is at most ``_BLOCK_BYTES``
+    (at least one layer). One layer at the 3B shape (2 x 2063 x 128 x 4 B = 2.1 MB)."""
+    return max(1, _BLOCK_BYTES // max(1, heads * n * dim * 4))
+
+
 def tar_scores_torch(
     k: torch.Tensor, tpos: torch.Tensor, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
     kind: torch.Tensor, recent_mask: torch.Tensor, grid: tuple[int, int], inv_freq: torch.Tensor,
@@ -126,24 +135,28 @@ def tar_scores_torch(
     * cos / sin of every slot's angle come from a cached per-position table (``rotation_table``) instead
       of being evaluated per slot, and the pair rotation runs on packed contiguous pairs.
 
+    * the per-slot pass runs over a few layers at a time (``layers_per_block``): K is read once, in its own
+      dtype, and upcast to fp32 one cache-sized block at a time, and the partner temporary is a block too
+      (issue 17: the whole-cache ``k.float()`` and [L, H, n, D] partner made bf16/fp16 compressions slower
+      than fp32 ones; every element goes through the same fp32 operations as before, so fp32 scores are
+      unchanged bit for bit and half-precision ones equal those of the upcast keys).
+
     Returns [L, H, n] fp32 equal to ``tar_scores_reference`` up to fp32 rounding (tested), and bit-identical
     to the per-slot evaluation of the same formula (tested: the selections built on it do not move).
     """
-    keys = k if k.dtype == torch.float32 else k.float()
-    layers, heads, n, dim = keys.shape
+    layers, heads, n, dim = k.shape
     cells = grid[0] * grid[1]
     cell = (row.long() * grid[1] + col.long()).clamp_(min=0)  # [L, H, n]
-    flat_cell = cell.add_((torch.arange(layers * heads, device=keys.device) * cells).view(layers, heads, 1))
+    flat_cell = cell.add_((torch.arange(layers * heads, device=k.device) * cells).view(layers, heads, 1))
     rotate = unrotated and temporal_section > 0
     if rotate:
-        positions = tpos.reshape(-1).long()  # [L * H * n]
-        low, high = (int(x) for x in torch.aminmax(positions)) if positions.numel() else (0, 0)
+        low, high = (int(x) for x in torch.aminmax(tpos)) if tpos.numel() else (0, 0)
         rotate_by_table = low >= 0
         if rotate_by_table:
-            cos_table, sin_table = rotation_table(inv_freq[:temporal_section].to(keys.device), high + 1)
+            cos_table, sin_table = rotation_table(inv_freq[:temporal_section].to(k.device), high + 1)
     # R: mean unit (unrotated) key of the recent slots of each (layer, head, cell).
     where = recent_mask.nonzero(as_tuple=True)  # (layer, head, slot) of each recent slot
-    recent = keys[where]  # [m, D]; indexes the (usually strided) cache view without copying all of it
+    recent = k[where].to(torch.float32)  # [m, D]; indexes the (usually strided) cache view without copying all of it
     if rotate and rotate_by_table:  # rotation by -tpos: cos(-a) = cos(a), sin(-a) = -sin(a), both exact
         at = tpos[where].long()
         _rotate_pairs_(recent, cos_table.index_select(0, at), sin_table.index_select(0, at).neg_(), temporal_section)
@@ -151,24 +164,31 @@ def tar_scores_torch(
         recent = unrotate_temporal(recent, tpos[where], inv_freq, temporal_section)
     recent = F.normalize(recent, dim=-1)
     target = flat_cell[where]
-    reference = torch.zeros(layers * heads * cells, dim, dtype=torch.float32, device=keys.device)
+    reference = torch.zeros(layers * heads * cells, dim, dtype=torch.float32, device=k.device)
     reference.index_add_(0, target, recent)
-    count = torch.zeros(layers * heads * cells, dtype=torch.float32, device=keys.device)
+    count = torch.zeros(layers * heads * cells, dtype=torch.float32, device=k.device)
     count.index_add_(0, target, torch.ones_like(target, dtype=torch.float32))
     reference /= count.clamp(min=1.0).unsqueeze(-1)
-    partner = reference.index_select(0, flat_cell.view(-1)).view(layers, heads, n, dim)  # [L, H, n, D]
-    if rotate:
-        # rot(R_t, +tpos) on the 2 * temporal_section temporal dims of each slot's partner, in place.
-        if rotate_by_table:
-            cos = cos_table.index_select(0, positions).view(layers, heads, n, temporal_section)
-            sin = sin_table.index_select(0, positions).view(layers, heads, n, temporal_section)
-        else:
-            angle = tpos.to(torch.float32).unsqueeze(-1) * inv_freq[:temporal_section].to(keys.device, torch.float32)
-            cos, sin = torch.cos(angle), torch.sin(angle)
-        _rotate_pairs_(partner, cos, sin, temporal_section)
-    dots = partner.mul_(keys).sum(-1)  # [L, H, n]; in place: no second [L, H, n, D] temporary
-    norms = torch.linalg.vector_norm(keys, dim=-1).clamp(min=1e-12)  # F.normalize's eps
-    scores = -(dots / norms)
+    scores = torch.empty(layers, heads, n, dtype=torch.float32, device=k.device)
+    step = layers_per_block(heads, n, dim)
+    for lo in range(0, layers, step):  # one cache-sized block of layers at a time (see layers_per_block)
+        hi = min(lo + step, layers)
+        keys = k[lo:hi].to(torch.float32)  # [b, H, n, D]: the block's only read of K, upcast once
+        partner = reference.index_select(0, flat_cell[lo:hi].reshape(-1)).view(hi - lo, heads, n, dim)
+        if rotate:
+            # rot(R_t, +tpos) on the 2 * temporal_section temporal dims of each slot's partner, in place.
+            if rotate_by_table:
+                positions = tpos[lo:hi].reshape(-1).long()
+                cos = cos_table.index_select(0, positions).view(hi - lo, heads, n, temporal_section)
+                sin = sin_table.index_select(0, positions).view(hi - lo, heads, n, temporal_section)
+            else:
+                angle = (tpos[lo:hi].to(torch.float32).unsqueeze(-1)
+                         * inv_freq[:temporal_section].to(k.device, torch.float32))
+                cos, sin = torch.cos(angle), torch.sin(angle)
+            _rotate_pairs_(partner, cos, sin, temporal_section)
+        dots = partner.mul_(keys).sum(-1)  # [b, H, n]; in place: no second temporary
+        norms = torch.linalg.vector_norm(keys, dim=-1).clamp(min=1e-12)  # F.normalize's eps
+        torch.div(dots, norms, out=scores[lo:hi]).neg_()
     return scores.masked_fill(kind != VISION_KIND, 0.0)
 
 

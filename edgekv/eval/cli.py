@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edgekv.threads import threads_argument
+
 ALL_POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",
                 "adaptive_infinipot_v", "statekv")
 DEFAULT_POLICIES = tuple(name for name in ALL_POLICIES if name != "adaptive_infinipot_v")  # opt-in (issue 14)
@@ -50,7 +52,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--ages", type=_ints, default=None, help="event ages in pairs before the end")
     needle.add_argument("--fps", type=float, default=2.0)
     needle.add_argument("--seed", type=int, default=0)
-    needle.add_argument("--threads", type=int, default=1,
+    needle.add_argument("--threads", type=threads_argument, default=1,
                         help="torch CPU threads (the toy's matrices are tiny: one thread avoids sync waits)")
     needle.add_argument("--json", default="out/eval-needle.json")
     needle.add_argument("--plot", default="out/eval-needle.png")
@@ -75,7 +77,9 @@ def _run_needle(args: argparse.Namespace) -> int:
     from edgekv.eval.needle import DEFAULT_AGES, NeedleConfig, PolicyRun, evaluate, save
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        from edgekv.threads import apply_threads
+
+        apply_threads(args.threads)
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in ALL_POLICIES]
     if unknown:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgekv.threads import threads_argument
 from edgekv.toy.questions import CHANCE, FAMILIES, QA, answer_of, sample_question
 from edgekv.video.events import EventPlan, EventScene, SceneStyle, random_events
 
@@ -78,7 +79,7 @@ def add_toy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="builtin:toy")
     parser.add_argument("--streams", type=int, default=200, help="held-out streams (one question per family each)")
     parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=threads_argument, default=1, help="torch CPU threads")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.set_defaults(run=run)
 
@@ -86,7 +87,10 @@ def add_toy_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    torch.set_num_threads(args.threads)
+    from edgekv.threads import apply_threads
+
+
+    apply_threads(args.threads)
     result = evaluate(args.model, args.streams, args.seed, log=print)
     print(json.dumps(result, indent=1))
     if args.json:

@@ -47,13 +47,16 @@ def pool_sizes(cv: torch.Tensor, thresholds: tuple[float, float, float]) -> list
     return [7 if c < t1 else 5 if c < t2 else 3 if c < t3 else 1 for c in cv.tolist()]
 
 
-def pooled_van(view: CacheView, sizes: list[int], zero_padded: bool = False) -> torch.Tensor:
+def pooled_van(view: CacheView, sizes: list[int], zero_padded: bool = False,
+               norms: torch.Tensor | None = None) -> torch.Tensor:
     """VaN averaged over a k x k window of the same frame's merged grid, k per layer (Alg. 2 l.22).
 
     After compactions a frame keeps only some of its cells, so by default the average runs over the cells
     still present (sum of values over sum of presence in the window) rather than over zeros;
     ``zero_padded`` divides by k^2 instead (``cache.van_pooling: zeros``, the reference's avg_pool2d).
+    ``norms``: this view's ``value_norms`` when the caller already has them (V is then not read again).
     Returns [L, H, n]; non-vision slots keep their own norm.
     """
-    return van_ops.pooled_van(value_norms(view), view.frame, view.row, view.col, view.vision, view.grid, sizes,
+    norms = value_norms(view) if norms is None else norms
+    return van_ops.pooled_van(norms, view.frame, view.row, view.col, view.vision, view.grid, sizes,
                               zero_padded)

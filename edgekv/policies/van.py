@@ -38,13 +38,14 @@ class VaNPolicy(ScoredPolicy):
         self.thresholds = CVThresholds.load(self.calibration)
 
     def pooled(self, view: CacheView) -> torch.Tensor:
-        cv = layer_cv(value_norms(view), view.vision)
+        norms = value_norms(view)  # once per compression: the CV and the pooling both read these
+        cv = layer_cv(norms, view.vision)
         values = cv.tolist()
         self.cv_sums = [total + value for total, value in zip(self.cv_sums, values)] if self.cv_count else values
         self.cv_count += 1
         taus = self.thresholds.resolve(cv)
         self.last_pool_sizes = pool_sizes(cv, taus)
-        return pooled_van(view, self.last_pool_sizes, zero_padded=self.van_pooling == "zeros")
+        return pooled_van(view, self.last_pool_sizes, zero_padded=self.van_pooling == "zeros", norms=norms)
 
     def score(self, view: CacheView) -> torch.Tensor:
         return self.pooled(view)

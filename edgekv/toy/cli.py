@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from edgekv.threads import threads_argument
+
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
@@ -15,7 +17,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8, help="streams per step")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--eval-samples", type=int, default=64,
                         help="training-distribution samples scored (teacher-forced) at every log line")

@@ -299,7 +299,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000) -> dict:
     """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card."""
     if threads is not None:
-        torch.set_num_threads(threads)
+        from edgekv.threads import apply_threads
+
+        apply_threads(threads)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     encoder = Encoder(aux=aux_weight > 0, seed=seed)

@@ -1,0 +1,242 @@
+"""``edgekv bench decode``: decode tok/s against the measured memory-bandwidth bound, per dtype, beside
+transformers' ``generate`` on the same checkpoint and prompt length.
+
+One decode token reads every language-model weight once (the tied embedding in full, as ``lm_head``)
+plus the K/V cache so far, so on a CPU it cannot beat ``read bandwidth / bytes read per token``. The
+bench measures that bandwidth here (a streaming fp32 sum over a buffer far larger than the caches, with
+the bench's thread count, just before and just after each figure — the bound uses the higher — since a
+shared machine's bandwidth moves with the other tenants' load), counts the bytes, and reports tok/s and its share of the bound for:
+
+* ``edgekv``: the runtime's decode step — ``TorchLLM.prefill`` of one token into a ``CappedKVCache``
+  through ``CacheAttention`` (the fast path), greedy, as ``StreamSession.ask`` runs it; ``--routes``
+  picks weight routes (``edgekv.model.decode_routes``, which records the routes measured and dropped);
+* ``transformers``: ``Qwen2_5_VLForConditionalGeneration.generate`` (greedy, ``min_new_tokens`` so random
+  weights cannot stop early); a logits processor stamps each step: the tokens after the first, over the
+  time between the first and the last stamp (prefill excluded), as edgekv's figure is taken.
+
+Models are loaded one at a time (a 3B fp32 model is ~12 GB). Prints and saves JSON + PNG; figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from edgekv.threads import threads_argument
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="checkpoint dir, or builtin:toy (default: a fresh tiny random checkpoint)")
+    parser.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated: fp32, bf16, fp16")
+    parser.add_argument("--routes", default="eager", help="comma-separated edgekv weight routes (see decode_routes)")
+    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens before decoding")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens decoded per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is reported)")
+    parser.add_argument("--threads", type=threads_argument, default="auto", help="torch CPU threads, or auto")
+    parser.add_argument("--bandwidth-mib", type=int, default=512, help="buffer size of the bandwidth measurement")
+    parser.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
+    parser.add_argument("--json", default="bench-decode.json")
+    parser.add_argument("--plot", default="bench-decode.png", help="PNG to write ('' to skip)")
+    parser.set_defaults(run=run_decode)
+
+
+def read_bandwidth(mib: int, repeats: int = 5) -> float:
+    """Bytes per second of a streaming read: the fastest of ``repeats`` fp32 sums over ``mib`` MiB (on a
+    shared machine the other tenants only ever slow a sample down, so the fastest is the bound's)."""
+    if mib < 64:
+        raise ValueError(f"--bandwidth-mib must be >= 64 (well above the caches), got {mib}")
+    buffer = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    buffer.sum()
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        rates.append(buffer.numel() * 4 / (time.perf_counter() - started))
+    return max(rates)
+
+
+def bytes_per_token(language: torch.nn.Module, kv_slots: int, kv_bytes_per_slot: int) -> int:
+    """Weight bytes one decode step reads (each parameter once; the tied embedding once, in full, as the
+    lm_head) plus the K/V of ``kv_slots`` slots."""
+    seen, total = set(), 0
+    for parameter in language.parameters():
+        if id(parameter) in seen:
+            continue
+        seen.add(id(parameter))
+        total += parameter.numel() * parameter.element_size()
+    return total + kv_slots * kv_bytes_per_slot
+
+
+def edgekv_decode(model_dir: str, dtype: torch.dtype, route: str, prompt: int, tokens: int, repeats: int) -> dict:
+    """tok/s of the runtime's decode step (median over ``repeats`` runs of ``tokens`` steps)."""
+    from edgekv.cache import CacheSpec, CappedKVCache
+    from edgekv.engines.torch_backend import TorchLLM
+    from edgekv.model import load_pretrained
+    from edgekv.model.decode_routes import prepare_decode
+    from edgekv.model.rope import text_position_ids
+    from edgekv.toy import resolve_model_path
+
+    model = load_pretrained(resolve_model_path(model_dir), dtype=dtype, skip=("visual",)).eval()
+    text = model.config.text
+    route_info = prepare_decode(model.language, route)
+    llm = TorchLLM(model)
+    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, dtype)
+    cache = CappedKVCache(spec, prompt + tokens + 1)
+    ids = torch.randint(0, text.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0))
+    rates, generated = [], []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            cache.truncate(0)
+            hidden = llm.prefill(llm.embed(ids), text_position_ids(0, prompt), cache)
+            cache.commit(prompt)
+            token = int(llm.logits(hidden[-1]).argmax())
+            out = [token]
+            started = time.perf_counter()
+            for step in range(tokens - 1):
+                hidden = llm.prefill(llm.embed(torch.tensor([token])), text_position_ids(prompt + step, 1), cache)
+                cache.commit(1)
+                token = int(llm.logits(hidden[-1]).argmax())
+                out.append(token)
+            rates.append((tokens - 1) / (time.perf_counter() - started))
+            generated = out
+    kv_slot = 2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * torch.empty((), dtype=dtype).element_size()
+    read = bytes_per_token(model.language, prompt + tokens // 2, kv_slot)
+    del llm, model, cache
+    gc.collect()
+    return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "bytes_per_token": read, "tokens": generated,
+            **route_info}
+
+
+def hf_decode(model_dir: str, dtype: torch.dtype, prompt: int, tokens: int, repeats: int) -> dict:
+    """tok/s of transformers' greedy ``generate``, same prompt: a logits processor stamps the time at each
+    step, so a token's time is the gap between consecutive stamps (prefill excluded, one run suffices)."""
+    from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5_VLForConditionalGeneration
+
+    from edgekv.toy import resolve_model_path
+
+    class StepClock(LogitsProcessor):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            self.stamps.append(time.perf_counter())
+            return scores
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(resolve_model_path(model_dir)), dtype=dtype).eval()
+    vocab = model.config.text_config.vocab_size if hasattr(model.config, "text_config") else model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
+    rates, generated = [], []
+    for _ in range(repeats):
+        clock = StepClock()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                                 min_new_tokens=tokens, do_sample=False, logits_processor=LogitsProcessorList([clock]))
+        generated = out[0, prompt:].tolist()
+        rates.append((len(clock.stamps) - 1) / (clock.stamps[-1] - clock.stamps[0]))
+    del model
+    gc.collect()
+    return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tokens": generated}
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    from edgekv.apps.bench import provenance
+    from edgekv.model.decode_routes import ROUTES
+    from edgekv.threads import apply_threads
+
+    threads = apply_threads(args.threads)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    routes = [r.strip() for r in args.routes.split(",") if r.strip()]
+    for name in dtypes:
+        if name not in _DTYPES:
+            raise SystemExit(f"--dtypes: unknown dtype {name!r} (known: {', '.join(_DTYPES)})")
+    for name in routes:
+        if name not in ROUTES:
+            raise SystemExit(f"--routes: unknown route {name!r} (known: {', '.join(ROUTES)})")
+    if args.prompt < 1 or args.tokens < 2:
+        raise SystemExit(f"--prompt must be >= 1 and --tokens >= 2, got {args.prompt} and {args.tokens}")
+    # The machine may be shared: bandwidth is measured around each figure, which carries its own bound.
+    bandwidths = []
+
+    def measured() -> float:
+        bandwidths.append(read_bandwidth(args.bandwidth_mib))
+        print(f"read bandwidth {bandwidths[-1] / 1e9:.1f} GB/s ({threads} thread(s))", flush=True)
+        return bandwidths[-1]
+
+    with tempfile.TemporaryDirectory(prefix="edgekv-bench-decode-") as tmp:
+        model = args.model
+        if model is None:
+            from edgekv.model.tiny import make_tiny_checkpoint
+
+            model = str(make_tiny_checkpoint(Path(tmp) / "tiny", preset="tiny", seed=0))
+        rows = []
+        for dtype_name in dtypes:
+            dtype = _DTYPES[dtype_name]
+            for route in routes:
+                before = measured()
+                row = {"engine": "edgekv", "route": route, "dtype": dtype_name,
+                       **edgekv_decode(model, dtype, route, args.prompt, args.tokens, args.repeats)}
+                rows.append(_with_bound(row, before, measured()))
+            if not args.no_hf:
+                before = measured()
+                eager = [r for r in rows if r["dtype"] == dtype_name and r["route"] == "eager"]
+                row = {"engine": "transformers", "route": "generate", "dtype": dtype_name,
+                       "bytes_per_token": eager[0]["bytes_per_token"] if eager else None,
+                       **hf_decode(model, dtype, args.prompt, args.tokens, args.repeats)}
+                rows.append(_with_bound(row, before, measured()))
+    result = {"bench": "decode", "model": str(args.model or "tiny random"), "prompt": args.prompt,
+              "tokens": args.tokens, "threads": threads, "read_bandwidth_gb_s": [b / 1e9 for b in bandwidths],
+              "rows": rows,
+              **provenance()}
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.json}")
+    if args.plot:
+        plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _with_bound(row: dict, before: float, after: float) -> dict:
+    """The bound of a figure from the bandwidth measured just before and just after it (the higher)."""
+    bandwidth = max(before, after)
+    row["read_bandwidth_gb_s"] = bandwidth / 1e9
+    row["read_bandwidth_before_after_gb_s"] = [before / 1e9, after / 1e9]
+    read = row.get("bytes_per_token")
+    if read:
+        row["bound_tok_s"] = bandwidth / read
+        row["share_of_bound"] = row["tok_s"] / row["bound_tok_s"]
+    share = f" = {row['share_of_bound']:.0%} of the bound ({row['bound_tok_s']:.2f} tok/s)" if read else ""
+    print(f"{row['engine']:12s} {row['route']:10s} {row['dtype']:5s} {row['tok_s']:9.2f} tok/s{share}", flush=True)
+    return row
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    labels = [f"{r['engine'][:2]} {r['route']}\n{r['dtype']}" for r in rows]
+    ax.bar(range(len(rows)), [r["tok_s"] for r in rows], color=["C0" if r["engine"] == "edgekv" else "C1" for r in rows])
+    for i, r in enumerate(rows):
+        if "bound_tok_s" in r:
+            ax.hlines(r["bound_tok_s"], i - 0.4, i + 0.4, colors="k", linestyles="dashed")
+            ax.text(i, r["tok_s"], f"{r['share_of_bound']:.0%}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("decode tok/s (dashed: bandwidth bound)")
+    low, high = min(result["read_bandwidth_gb_s"]), max(result["read_bandwidth_gb_s"])
+    ax.set_title(f"{Path(result['model']).name}, prompt {result['prompt']}, {result['threads']} thread(s), "
+                 f"read {low:.1f}-{high:.1f} GB/s", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,43 @@
+"""edgekv bench decode at the tiny shape: JSON + PNG, the bytes it counts, and greedy tokens equal to
+transformers' generate on the same checkpoint and prompt (so the two engines decode the same thing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_bench_decode_figures_and_same_tokens_as_transformers(tiny_checkpoint, tmp_path):
+    from edgekv.apps.cli import main
+    from edgekv.model import load_pretrained
+
+    out = tmp_path / "d.json"
+    code = main(["bench", "decode", "--model", str(tiny_checkpoint), "--dtypes", "fp32", "--prompt", "5",
+                 "--tokens", "4", "--repeats", "1", "--threads", "1", "--bandwidth-mib", "64",
+                 "--json", str(out), "--plot", str(tmp_path / "d.png")])
+    assert code == 0
+    result = json.loads(out.read_text())
+    ours, theirs = result["rows"]
+    assert (ours["engine"], theirs["engine"]) == ("edgekv", "transformers")
+    assert ours["tokens"] == theirs["tokens"] and len(ours["tokens"]) == 4
+    language = load_pretrained(tiny_checkpoint, skip=("visual",)).language
+    text = language.config
+    weights = sum(p.numel() * 4 for p in {id(p): p for p in language.parameters()}.values())
+    kv = (5 + 4 // 2) * 2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * 4
+    assert ours["bytes_per_token"] == theirs["bytes_per_token"] == weights + kv
+    for row in (ours, theirs):
+        assert row["tok_s"] > 0 and row["bound_tok_s"] == pytest.approx(row["read_bandwidth_gb_s"] * 1e9 / (weights + kv))
+    assert (tmp_path / "d.png").stat().st_size > 1000
+
+
+def test_bench_decode_refuses_bad_arguments(tmp_path):
+    from edgekv.apps.cli import main
+
+    base = ["bench", "decode", "--json", str(tmp_path / "d.json"), "--plot", ""]
+    with pytest.raises(SystemExit, match="unknown dtype 'fp8'"):
+        main(base + ["--dtypes", "fp8"])
+    with pytest.raises(SystemExit, match="unknown route 'fast'"):
+        main(base + ["--routes", "fast"])
+    with pytest.raises(SystemExit, match="--tokens >= 2"):
+        main(base + ["--tokens", "1"])
