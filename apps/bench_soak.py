@@ -51,6 +51,9 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-every-pairs", type=int, default=None,
                         help="sample every N pairs instead of every --sample-s seconds")
     parser.add_argument("--threads", type=threads_argument, default=1, help="torch CPU threads")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="any other config key, e.g. --set archive.dir=/tmp/a --set archive.max_gib=0.01 "
+                             "(the archive's disk and recall counters then go into the JSON)")
     parser.add_argument("--json", default="bench-soak.json")
     parser.add_argument("--plot", default="bench-soak.png", help="PNG to write ('' to skip)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
@@ -205,14 +208,18 @@ def run_soak(args: argparse.Namespace) -> int:
         from edgekv.model.tiny import make_tiny_checkpoint
 
         model_dir = make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="edgekv-soak-")) / "tiny", preset="tiny")
-    cache = {"policy": args.policy, "max_tokens": args.max_tokens, "text_reserve_tokens": args.text_reserve,
-             "sinks": args.sinks}
+    from edgekv.config import ConfigError, assignment_sections
+
+    sections = {"model": {"dtype": "fp32", "device": "cpu"},
+                "video": {"resolution": list(args.resolution), "fps": args.fps},
+                "cache": {"policy": args.policy, "max_tokens": args.max_tokens, "text_reserve_tokens": args.text_reserve,
+                          "sinks": args.sinks}}
     try:
-        runtime = edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": "cpu"},
-                                                 video={"resolution": list(args.resolution), "fps": args.fps},
-                                                 cache=cache)
+        for name, values in assignment_sections(args.set).items():
+            sections[name] = {**sections.get(name, {}), **values}
+        runtime = edgekv.Runtime.from_pretrained(model_dir, **sections)
         session = runtime.session()
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         print(f"edgekv bench soak: {exc}")
         return 2
     frames = frame_pool(args.resolution)
@@ -235,7 +242,8 @@ def run_soak(args: argparse.Namespace) -> int:
              "max_tokens": session.capacity, "tokens_per_pair": session.tokens_per_pair, "fps_clock": args.fps,
              "ask_every": args.ask_every, "answer_tokens": args.answer_tokens, "torch_threads": torch.get_num_threads(),
              "host_memory": runtime.host_memory, "machine": platform.machine(), "cpus": os.cpu_count(),
-             "load_avg_end": list(os.getloadavg())}
+             "load_avg_end": list(os.getloadavg()), "set": list(args.set),
+             "archive": {k: v for k, v in session.stats().items() if k.startswith(("archive", "recall"))}}
     Path(args.json).write_text(json.dumps({"setup": setup, "summary": summary, "samples": report.samples}, indent=1))
     print(f"soak done: {summary['pairs']} pairs in {summary['elapsed_s'] / 3600:.2f} h ({summary['fps_mean']:.1f} fps); "
           f"RSS start {summary['rss_start_mb']:.1f} / after warm-up {summary['rss_after_warmup_mb']:.1f} / end "

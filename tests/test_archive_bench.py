@@ -31,3 +31,23 @@ def test_bench_archive_writes_consistent_figures(tmp_path, capsys):
     ingest = results["ingest"]
     assert len(ingest["ms_per_pair"]["on"]) == len(ingest["ms_per_pair"]["off"]) == 1 and ingest["rss_mb_on"]
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_soak_with_an_archive_keeps_disk_under_max_gib(tmp_path, capsys):
+    """``bench soak --set archive...``: the long-stream check with the archive on; retention keeps the segments under
+    max_gib while the stream goes on, and the archive's counters land in the JSON."""
+    out = tmp_path / "soak.json"
+    archive = tmp_path / "archive"
+    code = main(["bench", "soak", "--pairs", "240", "--model", "builtin:toy", "--resolution", "112", "112",
+                 "--max-tokens", "640", "--text-reserve", "64", "--ask-every", "120", "--answer-tokens", "2",
+                 "--sample-every-pairs", "80", "--set", f"archive.dir={archive}", "--set", "archive.max_gib=0.002",
+                 "--set", "archive.segment_mib=1", "--json", str(out), "--plot", "", "--quiet"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    counters = data["setup"]["archive"]
+    assert counters["archive_written"] + counters["archive_dropped"] == 240
+    assert counters["archive_segments_deleted"] > 0 and counters["recalls"] == 2
+    assert sum(p.stat().st_size for p in archive.iterdir()) <= 0.002 * 2**30
+    assert data["summary"]["errors"] == 0 and len(data["summary"]["cache_bytes"]) == 1
+    assert main(["bench", "soak", "--pairs", "2", "--set", "archive.max_gib=-1", "--json", str(out)]) == 2
+    assert "archive.max_gib: must be > 0" in capsys.readouterr().out
