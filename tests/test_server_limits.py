@@ -86,7 +86,13 @@ def test_a_flood_of_slow_header_connections_is_bounded(running):
             sock = connect(running.port)
             sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             socks.append(sock)
-        time.sleep(0.5)
+        # wait until the server has refused the excess (on a busy 2-core machine its accept loop can lag the
+        # client by seconds), then count what it still holds
+        settle = time.monotonic() + 15
+        while time.monotonic() < settle:
+            readable, _, _ = select.select(socks, [], [], 0.2)
+            if len(readable) >= len(socks) - MAX_CONNECTIONS:
+                break
         held = 0
         for sock in socks:
             readable, _, _ = select.select([sock], [], [], 0)
@@ -97,7 +103,9 @@ def test_a_flood_of_slow_header_connections_is_bounded(running):
                 data = sock.recv(4096)
             except ConnectionResetError:
                 data = b""
-            assert data == b"" or _status_line(data) == b"HTTP/1.1 503 Service Unavailable", data[:100]
+            # refused (503 or reset), or - when the settling above outlasted the request timeout - a held one timed out
+            assert data == b"" or _status_line(data) in (b"HTTP/1.1 503 Service Unavailable",
+                                                         b"HTTP/1.1 408 Request Timeout"), data[:100]
         assert held <= MAX_CONNECTIONS
         deadline = time.monotonic() + TIMEOUT_S + 5
         open_ones = list(socks)
