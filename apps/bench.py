@@ -123,6 +123,33 @@ def provenance() -> dict:
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
+def comma_choices(text: str, known, flag: str, what: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``, each checked against ``known``; an unknown one exits naming the flag."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in known:
+            raise SystemExit(f"{flag}: unknown {what} {name!r} (known: {', '.join(known)})")
+    return names
+
+
+def write_figures(result: dict, json_path: str, plot_path: str | None, plot, indent: int = 2) -> None:
+    """Every bench's last step: the JSON, then the PNG through ``plot(result, path)`` unless ``plot_path`` is empty."""
+    Path(json_path).write_text(json.dumps(result, indent=indent))
+    print(f"wrote {json_path}")
+    if plot_path:
+        plot(result, plot_path)
+        print(f"wrote {plot_path}")
+
+
+def model_or_tiny(model: str | None, scratch: str | Path) -> str:
+    """The ``--model`` given, or a fresh tiny random checkpoint under ``scratch``."""
+    if model is not None:
+        return model
+    from edgekv.model.tiny import make_tiny_checkpoint
+
+    return str(make_tiny_checkpoint(Path(scratch) / "tiny", preset="tiny", seed=0))
+
+
 def main(args: argparse.Namespace) -> int:
     return args.run(args)
 

@@ -11,10 +11,8 @@ depend on the time, so figures only: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -98,18 +96,12 @@ def time_select(policy_name: str, view: CacheView, target: int, repeats: int) ->
 
 
 def run_compression(args: argparse.Namespace) -> int:
-    from edgekv.apps.bench import provenance
+    from edgekv.apps.bench import comma_choices, provenance, write_figures
     from edgekv.threads import apply_threads
 
     apply_threads(args.threads)
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    for name in dtypes:
-        if name not in _DTYPES:
-            raise SystemExit(f"--dtypes: unknown dtype {name!r} (known: {', '.join(_DTYPES)})")
-    for name in policies:
-        if name not in POLICIES:
-            raise SystemExit(f"--policies: unknown policy {name!r} (known: {', '.join(POLICIES)})")
+    dtypes = comma_choices(args.dtypes, _DTYPES, "--dtypes", "dtype")
+    policies = comma_choices(args.policies, POLICIES, "--policies", "policy")
     target = int(0.75 * args.tokens)
     rows = []
     for dtype_name in dtypes:
@@ -124,11 +116,7 @@ def run_compression(args: argparse.Namespace) -> int:
     shape = [args.layers, args.kv_heads, args.tokens, args.head_dim]
     result = {"bench": "compression", "shape": shape, "grid": list(args.grid), "target": target,
               "threads": torch.get_num_threads(), "rows": rows, **provenance()}
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
-    if args.plot:
-        plot(result, args.plot)
-        print(f"wrote {args.plot}")
+    write_figures(result, args.json, args.plot, plot)
     return 0
 
 

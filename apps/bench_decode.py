@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import tempfile
 import time
@@ -148,19 +147,13 @@ def hf_decode(model_dir: str, dtype: torch.dtype, prompt: int, tokens: int, repe
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    from edgekv.apps.bench import provenance
+    from edgekv.apps.bench import comma_choices, model_or_tiny, provenance, write_figures
     from edgekv.model.decode_routes import ROUTES
     from edgekv.threads import apply_threads
 
     threads = apply_threads(args.threads)
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    routes = [r.strip() for r in args.routes.split(",") if r.strip()]
-    for name in dtypes:
-        if name not in _DTYPES:
-            raise SystemExit(f"--dtypes: unknown dtype {name!r} (known: {', '.join(_DTYPES)})")
-    for name in routes:
-        if name not in ROUTES:
-            raise SystemExit(f"--routes: unknown route {name!r} (known: {', '.join(ROUTES)})")
+    dtypes = comma_choices(args.dtypes, _DTYPES, "--dtypes", "dtype")
+    routes = comma_choices(args.routes, ROUTES, "--routes", "route")
     if args.prompt < 1 or args.tokens < 2:
         raise SystemExit(f"--prompt must be >= 1 and --tokens >= 2, got {args.prompt} and {args.tokens}")
     # The machine may be shared: bandwidth is measured around each figure, which carries its own bound.
@@ -172,11 +165,7 @@ def run_decode(args: argparse.Namespace) -> int:
         return bandwidths[-1]
 
     with tempfile.TemporaryDirectory(prefix="edgekv-bench-decode-") as tmp:
-        model = args.model
-        if model is None:
-            from edgekv.model.tiny import make_tiny_checkpoint
-
-            model = str(make_tiny_checkpoint(Path(tmp) / "tiny", preset="tiny", seed=0))
+        model = model_or_tiny(args.model, tmp)
         rows = []
         for dtype_name in dtypes:
             dtype = _DTYPES[dtype_name]
@@ -196,11 +185,7 @@ def run_decode(args: argparse.Namespace) -> int:
               "tokens": args.tokens, "threads": threads, "read_bandwidth_gb_s": [b / 1e9 for b in bandwidths],
               "rows": rows,
               **provenance()}
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
-    if args.plot:
-        plot(result, args.plot)
-        print(f"wrote {args.plot}")
+    write_figures(result, args.json, args.plot, plot)
     return 0
 
 

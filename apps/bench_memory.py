@@ -21,10 +21,8 @@ every answer. J/frame needs a power sensor; on a machine without one it is not r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -300,6 +298,8 @@ def logits_part(args: argparse.Namespace, log=print) -> dict:
 
 # ---------------------------------------------------------------------------------------------- main
 def run_memory(args: argparse.Namespace) -> int:
+    from edgekv.apps.bench import write_figures
+
     torch.set_num_threads(args.threads)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - {"skip", "grid", "bursty", "logits"})
@@ -317,11 +317,7 @@ def run_memory(args: argparse.Namespace) -> int:
         doc["logits"] = logits_part(args)
     doc["seconds"] = time.perf_counter() - started
     doc["load_avg_end"] = list(os.getloadavg())
-    Path(args.json).write_text(json.dumps(doc, indent=1))
-    print(f"wrote {args.json}")
-    if args.plot:
-        plot(doc, args.plot)
-        print(f"wrote {args.plot}")
+    write_figures(doc, args.json, args.plot, plot, indent=1)
     return 0
 
 

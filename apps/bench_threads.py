@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 WAIT_POLICIES = ("PASSIVE", "ACTIVE")
 
@@ -64,7 +63,7 @@ def measure(model: str, frames: int, resolution: int) -> dict:
 
 
 def run_threads(args: argparse.Namespace) -> int:
-    from edgekv.apps.bench import provenance
+    from edgekv.apps.bench import model_or_tiny, provenance, write_figures
     from edgekv.threads import parse_threads
 
     counts = [parse_threads(c.strip()) for c in args.threads.split(",") if c.strip()]
@@ -73,11 +72,7 @@ def run_threads(args: argparse.Namespace) -> int:
         if wait not in WAIT_POLICIES:
             raise SystemExit(f"--wait: unknown OMP_WAIT_POLICY {wait!r} (known: {', '.join(WAIT_POLICIES)})")
     with tempfile.TemporaryDirectory(prefix="edgekv-bench-threads-") as tmp:
-        model = args.model
-        if model is None:
-            from edgekv.model.tiny import make_tiny_checkpoint
-
-            model = str(make_tiny_checkpoint(Path(tmp) / "tiny", preset="tiny", seed=0))
+        model = model_or_tiny(args.model, tmp)
         rows = []
         for wait in waits:
             for count in counts:
@@ -95,11 +90,7 @@ def run_threads(args: argparse.Namespace) -> int:
                 print(f"threads {count} {wait:8s} vision {row['vision_ms']:7.2f} ms  prefill {row['prefill_ms']:7.2f} ms  "
                       f"3B gemv {row['gemv_3b_ms']:6.2f} ms  load {row['load_average'][0]:.2f}", flush=True)
     result = {"bench": "threads", "resolution": args.resolution, "frames": args.frames, "rows": rows, **provenance()}
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
-    if args.plot:
-        plot(result, args.plot)
-        print(f"wrote {args.plot}")
+    write_figures(result, args.json, args.plot, plot)
     return 0
 
 
