@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 from edgekv.cache.capped import CacheFullError, CappedKVCache, ChunkMeta, SlotKind
+from edgekv.frameskip import StaticPairSkipper
 from edgekv.model.rope import text_position_ids, vision_block_position_ids
 from edgekv.policies.base import CacheView
 from edgekv.policies.statekv import SinkSelector
 from edgekv.positions import rotary_inv_freq, squeeze_gaps
 from edgekv.tokenizer import ChatLayout
-from edgekv.frameskip import StaticPairSkipper
 
 # Beyond 2**42 s (~139,000 years) float64 timestamps step by more than a millisecond.
 MAX_ABS_SECONDS = 2.0 ** 42
@@ -421,9 +421,10 @@ class StreamSession:
         try:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(self.device)
+                embeds = self._embed(ids)
                 if recall:
-                    recalled = self.recall.recall(self._embed(ids), positions).unique_pairs
-                hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
+                    recalled = self.recall.recall(embeds, positions).unique_pairs
+                hidden = self._prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
                 position = self.text_start() + len(ids)
                 logits = self.llm.logits(hidden[-1])
                 ttft = None
@@ -482,9 +483,10 @@ class StreamSession:
         try:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(self.device)
+                embeds = self._embed(ids)
                 if recall:
-                    self.recall.recall(self._embed(ids), positions)
-                hidden = self._prefill(self._embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
+                    self.recall.recall(embeds, positions)
+                hidden = self._prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
                 return self.llm.logits(hidden).float()
         finally:
             used = max(self.cache.length, video_len + len(ids) + (self.recall_reserve if recall else 0))
