@@ -20,6 +20,12 @@ def write_model_card(directory: str | Path, card: dict) -> Path:
         f"({held['questions'].get(family, 0)} q) | {CHANCE[family] * 100:.0f} % | {TARGETS[family] * 100:.0f} % |"
         for family in FAMILIES) if held else "| (not evaluated) | | | | |"
     last = card["history"][-1] if card.get("history") else {}
+    width, layers = card.get("width", 64), card.get("layers", 4)
+    half = width // 8  # head_dim / 2 (4 query heads of width / 4)
+    sections = (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
+    load = card.get("load_average") or [0.0]
+    shared = ("other work shared the machine" if load[0] > (card.get("threads") or 1) + 0.5
+              else "nothing else ran")
     text = f"""# edgekv toy Qwen2.5-VL ({card.get('parameters', 0) / 1e6:.2f} M parameters)
 
 A Qwen2.5-VL trained from scratch on synthetic event streams on a CPU, so that answers — not token
@@ -27,14 +33,14 @@ survival — can measure what a capped cache keeps (`edgekv eval needle`). The r
 released checkpoint layout: transformers' `Qwen2_5_VLForConditionalGeneration` loads it.
 
 - Architecture: ViT depth 4 (blocks 1 and 3 full attention, 112 px windows), hidden 64, 4 heads, 2x2
-  merger; Qwen2 LM 4 layers, hidden 64, 4 query / 2 KV heads (GQA), head_dim 16, M-RoPE sections
-  (2, 3, 3), tied embeddings; word-level vocabulary of Qwen's special tokens plus the task words.
+  merger; Qwen2 LM {layers} layers, hidden {width}, 4 query / 2 KV heads (GQA), head_dim {width // 4}, M-RoPE sections
+  {sections}, tied embeddings; word-level vocabulary of Qwen's special tokens plus the task words.
 - Input: 112 x 112 frames at 2 fps (16 tokens per frame pair); `max_position_embeddings` {card.get('max_position_embeddings')}
   (see `edgekv/toy/model.py` for why).
 - Training: `{card.get('command')}` — {card.get('steps')} AdamW steps of {card.get('batch_size')} streams, peak lr
   {card.get('lr')}, seed {card.get('seed')}, {card.get('wall_time_s', 0) / 60:.1f} min wall time on {card.get('machine', 'a CPU')}
   ({card.get('threads')} torch threads; load average {card.get('load_average', 'n/a')} while training:
-  other work shared the machine). Curriculum (`edgekv/toy/data.py`): one event in short dense streams,
+  {shared}). Curriculum (`edgekv/toy/data.py`): one event in short dense streams,
   then several events, then long, sparse and thinned streams (evicted tokens, StateKV-style sinks) as
   a capped cache shows them. Loss: the answer word and the closing `<|im_end|>`, plus
   {card.get('aux_weight')} x an auxiliary loss at the video tokens (the colour or shape word of the event a

@@ -17,6 +17,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8, help="streams per step")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
+    parser.add_argument("--width", type=int, default=64, help="LM hidden size (4 query heads of width/4, 2 KV heads)")
+    parser.add_argument("--layers", type=int, default=4, help="LM decoder layers")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--eval-samples", type=int, default=64,
@@ -29,12 +31,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from edgekv.toy.train import train
 
-    if args.steps < 1 or args.batch_size < 1 or args.vision_steps < 0:
-        print("edgekv train-toy: --steps and --batch-size must be at least 1, --vision-steps at least 0")
+    if args.steps < 1 or args.batch_size < 1 or args.vision_steps < 0 or args.layers < 1:
+        print("edgekv train-toy: --steps, --batch-size and --layers must be at least 1, --vision-steps at least 0")
+        return 2
+    if args.width < 32 or args.width % 16:
+        print(f"edgekv train-toy: --width must be a multiple of 16 and at least 32, got {args.width}")
         return 2
     card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                  threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
-                 heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps)
+                 heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps,
+                 width=args.width, layers=args.layers)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -38,14 +38,23 @@ MAX_POSITIONS = 8192
 RESOLUTION = (112, 112)  # 8 x 8 patches, 4 x 4 = 16 LLM tokens per frame pair
 
 
-def toy_config(vocab_pad: int = 64) -> ModelConfig:
+def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4) -> ModelConfig:
+    """The toy's configuration; ``width`` is the LM's hidden size (4 query heads of ``width / 4`` on 2 KV
+    heads, M-RoPE sections scaled as the 3B's (16, 24, 24) are to its head_dim 128, MLP 2.75x), ``layers``
+    its depth. The vision tower is the same at every width (its merger projects to ``width``)."""
+    if width % 16 or width < 32:
+        raise ValueError(f"toy LM width must be a multiple of 16 and at least 32, got {width}")
     _, special = build_tokenizer()
     vocab_size = -(-(max(special.values()) + 1) // vocab_pad) * vocab_pad
-    text = TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=176, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, mrope_section=(2, 3, 3),
-                      max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True, rms_norm_eps=1e-6)
+    head_dim = width // 4
+    half = head_dim // 2
+    section = (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
+    text = TextConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=int(width * 2.75),
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                      mrope_section=section, max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
+                      rms_norm_eps=1e-6)
     vision = VisionConfig(depth=4, hidden_size=64, intermediate_size=128, num_heads=4, fullatt_block_indexes=(1, 3),
-                          out_hidden_size=64, window_size=112, tokens_per_second=2)
+                          out_hidden_size=width, window_size=112, tokens_per_second=2)
     return ModelConfig(text=text, vision=vision, image_token_id=special["<|image_pad|>"],
                        video_token_id=special["<|video_pad|>"], vision_start_token_id=special["<|vision_start|>"],
                        vision_end_token_id=special["<|vision_end|>"],

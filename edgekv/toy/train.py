@@ -296,7 +296,8 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | 
 
 def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int = 8, lr: float = 3e-3,
           aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
-          log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000) -> dict:
+          log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000,
+          width: int = 64, layers: int = 4) -> dict:
     """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card."""
     if threads is not None:
         from edgekv.threads import apply_threads
@@ -305,7 +306,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     encoder = Encoder(aux=aux_weight > 0, seed=seed)
-    config = toy_config()
+    config = toy_config(width=width, layers=layers)
     model = init_model(config, seed)
     model.train()
     started = time.perf_counter()
@@ -356,9 +357,11 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     command = f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}"
     if batch_size != 8 or lr != 3e-3 or vision_steps != 2000:
         command += f" --batch-size {batch_size} --lr {lr} --vision-steps {vision_steps}"
+    if width != 64 or layers != 4:
+        command += f" --width {width} --layers {layers}"
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
             "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps), "batch_size": batch_size, "lr": lr,
-            "aux_weight": aux_weight, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
+            "aux_weight": aux_weight, "width": width, "layers": layers, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
             "history": history, "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
