@@ -46,7 +46,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated policies ({', '.join(ALL_POLICIES)})")
     needle.add_argument("--sinks", type=_ints, default=(256, 1024), help="StateKV sink budgets B for 'statekv'")
     needle.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                        help="extra cache key for every run, e.g. tar_rope=raw, tar_ratio=0.25, rebase_position=2048")
+                        help="extra cache key for every run (SECTION.KEY for another section), e.g. tar_rope=raw, "
+                             "tar_ratio=0.25, rebase_position=2048, archive.top_k=16")
+    needle.add_argument("--archive", action="store_true",
+                        help="also run every policy with a fresh archive on flash and recall at each question "
+                             "(archive.* options apply, e.g. --option archive.top_k=16)")
     needle.add_argument("--streams", type=int, default=4, help="streams per length")
     needle.add_argument("--events", type=int, default=3, help="needle events per stream")
     needle.add_argument("--ages", type=_ints, default=None, help="event ages in pairs before the end")
@@ -89,10 +93,13 @@ def _run_needle(args: argparse.Namespace) -> int:
     options = tuple(args.option)
     runs = []
     for name in names:
-        if name == "statekv":
-            runs.extend(PolicyRun(name, sinks, options) for sinks in args.sinks)
-        else:
-            runs.append(PolicyRun(name, 0, options))
+        for archive in ((False, True) if args.archive and name != "full" else (False,)):
+            # archive.* options belong to the runs that have an archive only
+            own = options if archive else tuple(o for o in options if not o[0].startswith("archive."))
+            if name == "statekv":
+                runs.extend(PolicyRun(name, sinks, own, archive) for sinks in args.sinks)
+            else:
+                runs.append(PolicyRun(name, 0, own, archive))
     config = NeedleConfig(model=args.model, lengths=args.lengths, budgets=args.budgets, runs=tuple(runs),
                           ages=args.ages or DEFAULT_AGES, streams=args.streams, events=args.events, fps=args.fps,
                           seed=args.seed)

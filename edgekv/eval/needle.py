@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,12 +65,13 @@ class PolicyRun:
 
     policy: str
     sinks: int = 0
-    options: tuple[tuple[str, object], ...] = ()
+    options: tuple[tuple[str, object], ...] = ()  # cache keys, or SECTION.KEY for another config section
+    archive: bool = False  # a fresh archive on flash (edgekv/archive) for this run, recall on at every question
 
     @property
     def label(self) -> str:
         extra = "".join(f" {k}={v}" for k, v in self.options)
-        return f"{self.policy}{f' B={self.sinks}' if self.sinks else ''}{extra}"
+        return f"{self.policy}{f' B={self.sinks}' if self.sinks else ''}{' +archive' if self.archive else ''}{extra}"
 
 
 def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3, fps: float = 2.0,
@@ -177,16 +179,27 @@ def run_stream(runtime, scene: EventScene, pairs: int, replay: ReplayVision,
             key = (pair + 1, qa.question)
             if key not in answers:
                 answers[key] = answer_of(session.ask(qa.question, max_new_tokens=max_new_tokens).text)
-    return answers, session.stats()
+    stats = session.stats()
+    if session.recall is not None:
+        session.recall.close()  # the writer thread stops before its folder goes
+    return answers, stats
 
 
-def runtime_for(model: str, run: PolicyRun, max_tokens: int, fps: float, reserve: int):
+def runtime_for(model: str, run: PolicyRun, max_tokens: int, fps: float, reserve: int, archive_dir: str | None = None):
+    """The runtime of one run; ``archive_dir`` (a fresh, empty folder) when ``run.archive``."""
     from edgekv.runtime import Runtime
 
     cache = {"policy": run.policy, "max_tokens": max_tokens, "text_reserve_tokens": reserve, "sinks": run.sinks}
-    cache.update(dict(run.options))
-    return Runtime.from_pretrained(model, model={"dtype": "fp32", "device": "cpu"}, cache=cache,
-                                   video={"fps": fps, "resolution": [112, 112]})
+    sections: dict[str, dict] = {"cache": cache, "model": {"dtype": "fp32", "device": "cpu"},
+                                 "video": {"fps": fps, "resolution": [112, 112]}}
+    for key, value in run.options:
+        section, dot, name = key.rpartition(".")
+        sections.setdefault(section if dot else "cache", {})[name] = value
+    if run.archive:
+        if archive_dir is None:
+            raise ValueError(f"{run.label}: an archive run needs a folder")
+        sections.setdefault("archive", {}).update(dir=archive_dir, recall=True)
+    return Runtime.from_pretrained(model, **sections)
 
 
 @dataclass
@@ -228,13 +241,16 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                 for run in config.runs:
                     if run.policy == "full" and budget < _tokens_needed(base, length, config.reserve):
                         continue  # full only where the stream fits
-                    runtime = runtime_for(config.model, run, budget, config.fps, config.reserve)
-                    started = time.perf_counter()
-                    answers, stats = run_stream(runtime, stream.scene, stream.pairs, replay, asks)
-                    seconds = time.perf_counter() - started
+                    with tempfile.TemporaryDirectory(prefix="edgekv-needle-archive-") as folder:
+                        runtime = runtime_for(config.model, run, budget, config.fps, config.reserve,
+                                              folder if run.archive else None)
+                        started = time.perf_counter()
+                        answers, stats = run_stream(runtime, stream.scene, stream.pairs, replay, asks)
+                        seconds = time.perf_counter() - started
                     correct = [answers[(p.checkpoint, p.qa.question)] == p.qa.answer for p in stream.probes]
                     log(f"  M={budget:6d} {run.label:28s} accuracy {np.mean(correct):.3f}  "
-                        f"({stats['compressions']} compressions, {seconds:.1f} s)")
+                        f"({stats['compressions']} compressions"
+                        f"{', %d pairs recalled' % stats['recalled_pairs'] if run.archive else ''}, {seconds:.1f} s)")
                     for probe, ok in zip(stream.probes, correct):
                         records.append({
                             "length": length, "stream": index, "budget": budget, "bytes": stats["cache_capacity_bytes"],
