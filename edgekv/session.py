@@ -329,7 +329,7 @@ class StreamSession:
         """The valid part of the cache, as policies see it."""
         n, cache = self.cache.length, self.cache
         return CacheView(
-            k=cache.keys(end=n), v=cache.values(end=n), kind=cache.kind[:, :, :n], sink=cache.sink[:, :, :n],
+            k=cache.policy_keys(n), v=cache.policy_values(n), kind=cache.kind[:, :, :n], sink=cache.sink[:, :, :n],
             frame=cache.frame[:, :, :n], row=cache.row[:, :, :n], col=cache.col[:, :, :n],
             tpos=cache.tpos[:, :, :n], grid=self.grid, latest_pair=self.counters.frame_pairs - 1,
             recent_pairs=recent_pairs, tokens_per_pair=self.tokens_per_pair, inv_freq=self.inv_freq,

@@ -64,6 +64,12 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     return all(t.is_cuda for t in tensors)
 
 
+def dense(x: Any) -> torch.Tensor:
+    """``x`` as a tensor: an 8-bit cache's ``DequantizedView`` (edgekv/cache/capped.py) materialized whole —
+    the Triton launches take plain tensors; the CPU passes index the view a block at a time instead."""
+    return x.materialize() if hasattr(x, "materialize") else x
+
+
 def precise_trig() -> bool:
     """Use libdevice sin/cos (accurate for large angles) in compiled kernels; the interpreter lacks it."""
     return libdevice is not None and not interpreting()

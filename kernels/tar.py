@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgekv.kernels._triton import cdiv, interpreting, jit, libdevice, next_power_of_2, precise_trig, tl, use_triton
+from edgekv.kernels._triton import (cdiv, dense, interpreting, jit, libdevice, next_power_of_2, precise_trig, tl,
+                                    use_triton)
 
 # edgekv.cache.capped.SlotKind.VISION; not imported, so that the cache may import edgekv.kernels.
 VISION_KIND = 2
@@ -284,7 +285,8 @@ def tar_scores(
 ) -> torch.Tensor:
     """TaR score of every slot (eq. 4), Triton when available (see ``use_triton``).
 
-    k: [L, H, n, D] cached keys (any float dtype, e.g. the valid prefix of the capped cache);
+    k: [L, H, n, D] cached keys (any float dtype, e.g. the valid prefix of the capped cache, or an 8-bit
+    cache's ``DequantizedView``, read a block of layers at a time on CPU);
     tpos, frame, row, col, kind, recent_mask: [L, H, n] slot metadata (recent_mask: bool, the slots of the
     ``r`` newest frame pairs; ``frame`` is accepted for the cache's metadata contract, the recent test is
     already in ``recent_mask``); grid: merged (rows, cols) of a frame pair; inv_freq: [D/2] rotary
@@ -292,5 +294,5 @@ def tar_scores(
     less redundant; non-vision slots 0.
     """
     if use_triton(k):
-        return tar_scores_triton(k, tpos, frame, row, col, kind, recent_mask, grid, inv_freq, temporal_section, unrotated)
+        return tar_scores_triton(dense(k), tpos, frame, row, col, kind, recent_mask, grid, inv_freq, temporal_section, unrotated)
     return tar_scores_torch(k, tpos, frame, row, col, kind, recent_mask, grid, inv_freq, temporal_section, unrotated)

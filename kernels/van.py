@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from edgekv.kernels._triton import cdiv, interpreting, jit, next_power_of_2, tl, use_triton
+from edgekv.kernels._triton import cdiv, dense, interpreting, jit, next_power_of_2, tl, use_triton
 from edgekv.kernels.tar import layers_per_block
 
 
@@ -98,7 +98,7 @@ def value_norms_torch(v: torch.Tensor) -> torch.Tensor:
     (issue 17: at [36, 2, 2063, 128] the copy made bf16/fp16 norms ~9x slower than fp32). Every slot's
     norm is the same fp32 reduction as the reference's, so the results are bit-identical (tested)."""
     layers, heads, n, dim = v.shape
-    if v.dtype == torch.float32:
+    if isinstance(v, torch.Tensor) and v.dtype == torch.float32:
         return v.norm(dim=-1)
     out = torch.empty(layers, heads, n, dtype=torch.float32, device=v.device)
     step = layers_per_block(heads, n, dim)
@@ -342,7 +342,7 @@ def pooled_van_triton(
 # ---------------------------------------------------------------------------------------------- ops
 def value_norms(v: torch.Tensor) -> torch.Tensor:
     """VaN: ||V||_2 per slot. v: [L, H, n, D] (any float dtype, strided views fine) -> [L, H, n] fp32."""
-    return value_norms_triton(v) if use_triton(v) else value_norms_torch(v)
+    return value_norms_triton(dense(v)) if use_triton(v) else value_norms_torch(v)
 
 
 def layer_cv(norms: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:

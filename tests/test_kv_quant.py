@@ -206,3 +206,46 @@ def test_bench_memory_writes_figures(tmp_path, capsys):
     assert all(r["pairs_skipped"] > 0 for r in data["skip"]["runs"] if r["skip"])
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "skip: vision+prefill" in capsys.readouterr().out
+
+
+def test_policies_read_an_8_bit_cache_a_block_of_layers_at_a_time(monkeypatch):
+    """A compression's scores never dequantize the whole 8-bit cache (memory outside the cap): the CPU
+    passes index the DequantizedView a block of layers (or the recent slots) at a time, and the scores
+    equal those computed from the fully dequantized keys and values bit for bit."""
+    from edgekv.cache.capped import DequantizedView
+    from edgekv.kernels.tar import layers_per_block, tar_scores_torch
+    from edgekv.kernels.van import value_norms_torch
+
+    layers, heads, dim, pairs, grid = 6, 2, 128, 64, (8, 8)
+    n = pairs * 64
+    cache = CappedKVCache(CacheSpec.uniform(layers, heads, dim, torch.int8), n, rope=ROPE)
+    rows, cols = (torch.arange(64) // 8).to(torch.int16), (torch.arange(64) % 8).to(torch.int16)
+    generator = torch.Generator().manual_seed(0)
+    for pair in range(pairs):
+        start = pair * 64
+        cache.write_meta(start, 64, ChunkMeta(SlotKind.VISION, frame=pair, rows=rows, cols=cols,
+                                              tpos=torch.full((64,), 2 * pair, dtype=torch.int32)))
+        for layer in range(layers):
+            cache.write_layer(layer, start, torch.randn(heads, 64, dim, generator=generator),
+                              torch.randn(heads, 64, dim, generator=generator))
+        cache.commit(64)
+    reads: list[int] = []
+    original = DequantizedView.__getitem__
+
+    def recording(self, index):
+        out = original(self, index)
+        reads.append(out.numel())
+        return out
+
+    monkeypatch.setattr(DequantizedView, "__getitem__", recording)
+    lazy_k, lazy_v = cache.policy_keys(n), cache.policy_values(n)
+    assert isinstance(lazy_k, DequantizedView) and lazy_k.shape == (layers, heads, n, dim)
+    meta = [getattr(cache, name)[:, :, :n] for name in ("tpos", "frame", "row", "col", "kind")]
+    recent = cache.frame[:, :, :n] > pairs - 3
+    lazy = tar_scores_torch(lazy_k, *meta, recent, grid, *ROPE)
+    norms = value_norms_torch(lazy_v)
+    whole = layers * heads * n * dim
+    step = layers_per_block(heads, n, dim)
+    assert step < layers and reads and max(reads) <= step * heads * n * dim < whole
+    assert torch.equal(lazy, tar_scores_torch(cache.keys(end=n), *meta, recent, grid, *ROPE))
+    assert torch.equal(norms, value_norms_torch(cache.values(end=n)))

@@ -149,6 +149,15 @@ class CappedKVCache:
         """V, as ``keys``."""
         return self._read(self.v, self.v_scale, layer, end)
 
+    def policy_keys(self, end: int) -> "torch.Tensor | DequantizedView":
+        """K of slots ``[0, end)`` of every layer for a policy: the buffer's view, or, for an 8-bit cache,
+        a ``DequantizedView`` that dequantizes only the layers (or gathered slots) a reader indexes."""
+        return DequantizedView(self, self.k, self.k_scale, end) if self.quantized else self.keys(end=end)
+
+    def policy_values(self, end: int) -> "torch.Tensor | DequantizedView":
+        """V, as ``policy_keys``."""
+        return DequantizedView(self, self.v, self.v_scale, end) if self.quantized else self.values(end=end)
+
     def _read(self, data: torch.Tensor, scale: torch.Tensor | None, layer: int | None, end: int | None) -> torch.Tensor:
         end = self.capacity if end is None else end
         index = (slice(None),) if layer is None else (layer,)
@@ -262,3 +271,41 @@ class CappedKVCache:
                     torch.gather(scale[layer], 1, index[layer], out=scratch)
                     scale[layer, :, :kept].copy_(scratch)
         self.length = kept
+
+
+class DequantizedView:
+    """K or V of an 8-bit cache's slots ``[0, end)``, dequantized only where it is indexed.
+
+    A compression reads the whole cache: handing policies ``keys()`` of an 8-bit cache would build a
+    full-size copy in the compute dtype first (~113 MB each for K and V at the 3B shape, bf16, M =
+    6,144) — memory outside the cap. This stands in for that [layers, kv_heads, end, head_dim] tensor
+    where the policies' scores read it: ``view[lo:hi]`` (a block of layers, as the CPU passes of
+    ``edgekv.kernels`` read K and V) and ``view[where]`` (advanced indexing, e.g. the recent slots) return
+    dequantized tensors of just those elements, with the same elementwise fp32 math as ``keys()`` (so the
+    scores are bit-identical, tested). ``materialize()`` returns the whole tensor (the Triton paths).
+    """
+
+    def __init__(self, cache: CappedKVCache, data: torch.Tensor, scale: torch.Tensor, end: int) -> None:
+        self._cache, self._data, self._scale, self._end = cache, data, scale, end
+        self._keys = data is cache.k
+        self.shape = torch.Size((cache.num_layers, cache.kv_heads, end, cache.head_dim))
+        self.dtype = cache.compute_dtype
+        self.device = cache.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def dim(self) -> int:
+        return 4
+
+    def __getitem__(self, index) -> torch.Tensor:
+        end = self._end
+        part = self._data[:, :, :end][index]
+        out = dequantize(part, self._scale[:, :, :end][index], torch.float32)
+        if self._keys:  # stored time-neutral (see the module docstring)
+            out = rotate_temporal(out, self._cache.tpos[:, :, :end][index], *self._cache.rope)
+        return out.to(self.dtype)
+
+    def materialize(self) -> torch.Tensor:
+        return self[:]

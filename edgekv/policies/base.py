@@ -27,8 +27,8 @@ from edgekv.cache.capped import SlotKind
 class CacheView:
     """What a policy may look at: the valid prefix ``[0, n)`` of the cache and the stream's shape."""
 
-    k: torch.Tensor       # [L, H, n, D]
-    v: torch.Tensor       # [L, H, n, D]
+    k: torch.Tensor       # [L, H, n, D] (an 8-bit cache: a DequantizedView, indexed by layer blocks or slots)
+    v: torch.Tensor       # [L, H, n, D] (likewise)
     kind: torch.Tensor    # [L, H, n] int8
     sink: torch.Tensor    # [L, H, n] bool
     frame: torch.Tensor   # [L, H, n] int32
