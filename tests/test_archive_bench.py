@@ -30,6 +30,7 @@ def test_bench_archive_writes_consistent_figures(tmp_path, capsys):
     assert all(r["read_cold_ms"] > 0 and r["select_ms"] > 0 for r in rows)
     ingest = results["ingest"]
     assert len(ingest["ms_per_pair"]["on"]) == len(ingest["ms_per_pair"]["off"]) == 1 and ingest["rss_mb_on"]
+    assert ingest["compressions"]["on"] == ingest["compressions"]["off"]  # same video room: the writer's cost alone
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
