@@ -415,3 +415,30 @@ def test_readme_demo_answers_about_its_stream():
     assert score, out
     assert out.count("ground truth: ") == 10
     assert int(score.group(1)) >= DEMO_QUIZ_MIN_CORRECT, out
+
+
+def test_prefetched_batches_are_the_batches_drawn_in_process():
+    """A worker process drawing ahead yields exactly the batches the trainer would draw itself, and leaves
+    the generator where the in-process draws leave it (so a run with prefetching is the same run)."""
+    from edgekv.toy.prefetch import batches
+    from edgekv.toy.train import qa_batches, vision_batches
+
+    for make, args in ((qa_batches, (3, 2, True, 5)), (vision_batches, (2, 4))):
+        here, there = np.random.default_rng(11), np.random.default_rng(11)
+        local = list(batches(make, here, *args, prefetch=False))
+        remote = list(batches(make, there, *args, prefetch=True))
+        assert len(local) == len(remote) == args[0]
+        for a, b in zip(local, remote):
+            fields = list(vars(a).values()) if hasattr(a, "__dict__") else list(a)
+            other = list(vars(b).values()) if hasattr(b, "__dict__") else list(b)
+            for x, y in zip(fields, other):
+                assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+        assert here.bit_generator.state == there.bit_generator.state
+
+
+def test_a_failing_batch_worker_is_reported():
+    from edgekv.toy.prefetch import batches
+    from edgekv.toy.train import qa_batches
+
+    with pytest.raises(RuntimeError, match="batch worker failed"):
+        list(batches(qa_batches, np.random.default_rng(0), 2, -1, True, 0, prefetch=True))

@@ -19,6 +19,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
     parser.add_argument("--width", type=int, default=64, help="LM hidden size (4 query heads of width/4, 2 KV heads)")
     parser.add_argument("--layers", type=int, default=4, help="LM decoder layers")
+    parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                        help="draw batches in the training process instead of one step ahead in a worker process")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--eval-samples", type=int, default=64,
@@ -40,7 +42,7 @@ def run_train(args: argparse.Namespace) -> int:
     card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                  threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
                  heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps,
-                 width=args.width, layers=args.layers)
+                 width=args.width, layers=args.layers, prefetch=args.prefetch)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

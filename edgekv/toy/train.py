@@ -34,6 +34,7 @@ from edgekv.tokenizer import ChatLayout
 from edgekv.toy.card import write_model_card
 from edgekv.toy.data import EVENT_COVER, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample, stage_at
 from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
+from edgekv.toy.prefetch import batches
 from edgekv.toy.questions import FAMILIES
 from edgekv.toy.vocab import build_tokenizer
 from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, place_event
@@ -230,14 +231,30 @@ def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, coun
     return torch.cat(pixels), grid, torch.from_numpy(np.concatenate(shapes)), torch.from_numpy(np.concatenate(colors))
 
 
+def vision_batches(rng: np.random.Generator, steps: int, batch_size: int):
+    """The warm-up's batches (``vision_batch``), one per step."""
+    preprocessor = FramePreprocessor(resolution=RESOLUTION)
+    for _ in range(steps):
+        yield vision_batch(rng, preprocessor, batch_size)
+
+
+def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool, seed: int):
+    """The question-answering steps' batches: the curriculum stage at each step's progress, a narrow
+    range of K, ``batch_size`` samples, encoded (``Encoder``)."""
+    encoder = Encoder(aux=aux, seed=seed)
+    for step in range(steps):
+        stage = stage_at(step / max(1, steps), rng)
+        pairs = batch_pairs(stage, rng)
+        yield encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, pairs=pairs) for _ in range(batch_size)])
+
+
 def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3, batch_size: int = 32,
-                   log: Callable[[str], None] = print, log_every: int = 100) -> list[dict]:
+                   log: Callable[[str], None] = print, log_every: int = 100, prefetch: bool = False) -> list[dict]:
     """Train the vision tower alone to tell shape and colour per token, through two linear probes that are
     then thrown away — the role a pre-trained ViT plays for a real VLM. Trained from scratch inside the
     question-answering loop, this 4-block ViT learned colours in tens of steps but shapes only after
     thousands (measured: token shape accuracy 0.44 after 800 steps of 32 pairs), which held every
     question about shapes back; alone, its steps are cheap."""
-    preprocessor = FramePreprocessor(resolution=RESOLUTION)
     width = model.config.vision.out_hidden_size
     shape_probe, color_probe = torch.nn.Linear(width, len(SHAPES) + 1), torch.nn.Linear(width, len(COLORS) + 1)
     params = [*model.visual.parameters(), *shape_probe.parameters(), *color_probe.parameters()]
@@ -246,8 +263,8 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
         optimizer, lambda step: min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
     history: list[dict] = []
     started = time.perf_counter()
-    for step in range(steps):
-        pixels, grid, shape, color = vision_batch(rng, preprocessor, batch_size)
+    drawn = batches(vision_batches, rng, steps, batch_size, prefetch=prefetch)
+    for step, (pixels, grid, shape, color) in enumerate(drawn):
         tokens = model.visual(pixels, grid)
         background = color == 0
         loss = (F.cross_entropy(shape_probe(tokens[shape > 0]), shape[shape > 0])
@@ -297,7 +314,7 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | 
 def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int = 8, lr: float = 3e-3,
           aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
           log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000,
-          width: int = 64, layers: int = 4) -> dict:
+          width: int = 64, layers: int = 4, prefetch: bool = True) -> dict:
     """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card."""
     if threads is not None:
         from edgekv.threads import apply_threads
@@ -310,7 +327,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     model = init_model(config, seed)
     model.train()
     started = time.perf_counter()
-    vision_history = warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every) if vision_steps else []
+    vision_history = (warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every, prefetch=prefetch)
+                      if vision_steps else [])
     if vision_steps:
         # The warmed-up tower stays as it is (a pre-trained ViT's role): trained on by the answers' noisy
         # early gradients it lost its shape features, and frozen its backward pass is saved (1.5x faster).
@@ -331,12 +349,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     held = Encoder().encode(heldout(seed, eval_samples))
     history: list[dict] = []
     running = np.zeros(2)
-    for step in range(steps):
+    drawn = batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, prefetch=prefetch)
+    for step, batch in enumerate(drawn):
         progress = step / max(1, steps)
-        stage = stage_at(progress, rng)
-        pairs = batch_pairs(stage, rng)
-        samples = [draw_sample(rng, stage, MAX_POSITIONS, pairs=pairs) for _ in range(batch_size)]
-        batch = encoder.encode(samples)
         loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch), batch, aux_weight, encoder.no)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -361,7 +376,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --width {width} --layers {layers}"
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
             "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps), "batch_size": batch_size, "lr": lr,
-            "aux_weight": aux_weight, "width": width, "layers": layers, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
+            "aux_weight": aux_weight, "width": width, "layers": layers, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
             "history": history, "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
