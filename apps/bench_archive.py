@@ -60,6 +60,7 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ingest-pairs", type=int, default=400)
     parser.add_argument("--ingest-repeats", type=int, default=3)
+    parser.add_argument("--queue-pairs", type=int, default=8, help="archive.queue_pairs of the ingest part's writer")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dir", default=None, help="folder for the archives (default: a temporary folder)")
     parser.add_argument("--json", default="bench-archive.json")
@@ -340,7 +341,8 @@ def ingest(args: argparse.Namespace, root: Path) -> dict:
     reserve = EdgeKVConfig().archive.top_k * 16  # 16 tokens per pair at 112 x 112
     for repeat in range(args.ingest_repeats):
         for label in ("off", "on"):
-            archive = {"dir": str(root / f"r{repeat}"), "max_gib": 1.0, "segment_mib": 64} if label == "on" else None
+            archive = ({"dir": str(root / f"r{repeat}"), "max_gib": 1.0, "segment_mib": 64,
+                        "queue_pairs": args.queue_pairs} if label == "on" else None)
             budget = args.budget + (reserve if label == "on" else 0)
             session = _toy_runtime(args.model, args.policy, budget, archive).session()
             limits[label] = session.video_limit
