@@ -315,7 +315,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
           log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000,
           width: int = 64, layers: int = 4, prefetch: bool = True) -> dict:
-    """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card."""
+    """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card.
+
+    ``prefetch`` draws the batches in a spawned worker process (``edgekv.toy.prefetch``): a script that
+    calls this needs Python's ``if __name__ == "__main__":`` guard, as for any spawned process."""
     if threads is not None:
         from edgekv.threads import apply_threads
 
