@@ -161,12 +161,16 @@ class CappedKVCache:
     def _read(self, data: torch.Tensor, scale: torch.Tensor | None, layer: int | None, end: int | None) -> torch.Tensor:
         end = self.capacity if end is None else end
         index = (slice(None),) if layer is None else (layer,)
-        part = data[(*index, slice(None), slice(0, end))]
         if not self.quantized:
-            return part
-        out = dequantize(part, scale[(*index, slice(None), slice(0, end))], torch.float32)
-        if data is self.k:  # stored time-neutral: rotate forward to each slot's temporal position
-            out = rotate_temporal(out, self.tpos[(*index, slice(None), slice(0, end))], *self.rope)
+            return data[(*index, slice(None), slice(0, end))]
+        return self._dequantized(data, scale, end, index)
+
+    def _dequantized(self, data: torch.Tensor, scale: torch.Tensor, end: int, index) -> torch.Tensor:
+        """``data[:, :, :end][index]`` of an 8-bit buffer in ``compute_dtype`` (the math in fp32); keys are
+        stored time-neutral, so they are rotated forward to each slot's temporal position."""
+        out = dequantize(data[:, :, :end][index], scale[:, :, :end][index], torch.float32)
+        if data is self.k:
+            out = rotate_temporal(out, self.tpos[:, :, :end][index], *self.rope)
         return out.to(self.compute_dtype)
 
     def data_ptrs(self) -> tuple[int, ...]:
@@ -287,7 +291,6 @@ class DequantizedView:
 
     def __init__(self, cache: CappedKVCache, data: torch.Tensor, scale: torch.Tensor, end: int) -> None:
         self._cache, self._data, self._scale, self._end = cache, data, scale, end
-        self._keys = data is cache.k
         self.shape = torch.Size((cache.num_layers, cache.kv_heads, end, cache.head_dim))
         self.dtype = cache.compute_dtype
         self.device = cache.device
@@ -300,12 +303,7 @@ class DequantizedView:
         return 4
 
     def __getitem__(self, index) -> torch.Tensor:
-        end = self._end
-        part = self._data[:, :, :end][index]
-        out = dequantize(part, self._scale[:, :, :end][index], torch.float32)
-        if self._keys:  # stored time-neutral (see the module docstring)
-            out = rotate_temporal(out, self._cache.tpos[:, :, :end][index], *self._cache.rope)
-        return out.to(self.dtype)
+        return self._cache._dequantized(self._data, self._scale, self._end, index)
 
     def materialize(self) -> torch.Tensor:
         return self[:]
