@@ -36,7 +36,8 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="checkpoint dir, or builtin:toy (default: a fresh tiny random checkpoint)")
     parser.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated: fp32, bf16, fp16")
-    parser.add_argument("--routes", default="eager", help="comma-separated edgekv weight routes (see decode_routes)")
+    parser.add_argument("--routes", default="eager,native",
+                        help="comma-separated edgekv weight routes: eager, native (bf16 only; see decode_routes)")
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens before decoding")
     parser.add_argument("--tokens", type=int, default=16, help="tokens decoded per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is reported)")
@@ -170,6 +171,13 @@ def run_decode(args: argparse.Namespace) -> int:
         for dtype_name in dtypes:
             dtype = _DTYPES[dtype_name]
             for route in routes:
+                if route == "native":
+                    from edgekv.model.decode_routes import native_unavailable
+
+                    reason = native_unavailable(dtype, "cpu")
+                    if reason:
+                        print(f"edgekv native {dtype_name}: skipped ({reason})", flush=True)
+                        continue
                 before = measured()
                 row = {"engine": "edgekv", "route": route, "dtype": dtype_name,
                        **edgekv_decode(model, dtype, route, args.prompt, args.tokens, args.repeats)}

@@ -36,6 +36,10 @@ class ModelSection:
     # per-compression temporaries do not page-fault again; "release" keeps the C library's defaults.
     # See edgekv/hostmem.py.
     host_memory: Literal["retain", "release"] = "retain"
+    # How decode reads the language model's weights (edgekv/model/decode_routes.py): "auto" = the C
+    # bf16 matrix-vector kernel for a bf16 model on CPU when a C compiler is there, torch otherwise;
+    # "native" insists (refused with the reason when it cannot serve); "eager" = torch's kernels.
+    decode_route: Literal["auto", "eager", "native"] = "auto"
 
     def validate(self, at: str) -> None:
         if not (self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())):

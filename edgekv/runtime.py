@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from edgekv.cache.specs import KV_DTYPES, CacheSpec
-from edgekv.config import EdgeKVConfig, load_config
+from edgekv.config import ConfigError, EdgeKVConfig, load_config
 from edgekv.engines.registry import make_backends
 from edgekv.hostmem import configure_host_memory
 from edgekv.model import load_pretrained
@@ -24,6 +25,8 @@ from edgekv.session import StreamSession
 from edgekv.threads import apply_threads
 from edgekv.tokenizer import QwenTokenizer
 from edgekv.toy import resolve_model_path
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -56,7 +59,24 @@ class Runtime:
         self.model_dir = model_dir
         self._model_hash: str | None = None
         self.vision_backend, self.llm_backend = make_backends(self)
+        self.decode_route, self.decode_route_note = self._prepare_decode(config.model.decode_route)
         self.host_memory = configure_host_memory(config.model.host_memory)  # after loading: see edgekv/hostmem.py
+
+    def _prepare_decode(self, route: str) -> tuple[str, str | None]:
+        """Apply ``model.decode_route`` to the torch language model (edgekv/model/decode_routes.py);
+        an engine's LLM reads its own weights, so the torch route is only recorded then."""
+        from edgekv.model.decode_routes import prepare_decode, resolve_route
+
+        if self.config.engines.llm != "torch":
+            return "engine", f"the LLM runs on {self.config.engines.llm}"
+        try:
+            chosen, note = resolve_route(route, self.dtype, self.device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        prepare_decode(self.model.language, chosen)
+        if note and route == "auto" and self.dtype is torch.bfloat16 and self.device.type == "cpu":
+            log.info("decode: torch's bf16 kernels (%s)", note)
+        return chosen, note
 
     @classmethod
     def from_config(cls, config: str | Path | EdgeKVConfig) -> "Runtime":

@@ -41,3 +41,21 @@ def test_bench_decode_refuses_bad_arguments(tmp_path):
         main(base + ["--routes", "fast"])
     with pytest.raises(SystemExit, match="--tokens >= 2"):
         main(base + ["--tokens", "1"])
+
+
+def test_bench_decode_runs_the_native_route_for_bf16_only(tiny_checkpoint, tmp_path):
+    from edgekv.apps.cli import main
+    from edgekv.kernels import cpu_gemv
+
+    if cpu_gemv.load() is None:
+        pytest.skip(f"the C kernel cannot be built here: {cpu_gemv.unavailable_reason()}")
+    out = tmp_path / "d.json"
+    code = main(["bench", "decode", "--model", str(tiny_checkpoint), "--dtypes", "fp32,bf16", "--routes", "eager,native",
+                 "--prompt", "5", "--tokens", "4", "--repeats", "1", "--threads", "1", "--bandwidth-mib", "64",
+                 "--no-hf", "--json", str(out), "--plot", ""])
+    assert code == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["route"], r["dtype"]) for r in rows] == [("eager", "fp32"), ("eager", "bf16"), ("native", "bf16")]
+    native = rows[-1]
+    assert native["linears"] > 0 and len(native["tokens"]) == 4 and native["share_of_bound"] > 0
+    assert native["bytes_per_token"] == rows[1]["bytes_per_token"]

@@ -6,6 +6,7 @@ import email
 import importlib.metadata
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -121,13 +122,22 @@ rng = np.random.default_rng(0)
 for i in range(4):  # 60x80 frames: each is resized to the 56x84 grid (Pillow bicubic)
     session.ingest(rng.integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=i * 0.5)
 answer = session.ask("What is there?", max_new_tokens=3)
+# bf16 on CPU: decode through the C kernel the wheel ships as source (built here at first use) when a
+# compiler is on PATH
+bf16 = edgekv.Runtime.from_pretrained(sys.argv[1], model={"dtype": "bf16", "device": "cpu"},
+                                      video={"resolution": [56, 84]}, cache={"max_tokens": 512, "text_reserve_tokens": 64})
+bf16_session = bf16.session()
+bf16_session.ingest(rng.integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=0.0)
+bf16_session.ingest(rng.integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=0.5)
+bf16_tokens = bf16_session.ask("What is there?", max_new_tokens=3).token_ids
 try:
     import edgekv.video
     video_error = None
 except ModuleNotFoundError as exc:
     video_error = str(exc)
 print(json.dumps({"edgekv": edgekv.__file__, "pairs": session.stats()["frame_pairs"], "tokens": answer.token_ids,
-                  "cv2": importlib.util.find_spec("cv2") is not None, "video_error": video_error}))
+                  "cv2": importlib.util.find_spec("cv2") is not None, "video_error": video_error,
+                  "decode_route": bf16.decode_route, "bf16_tokens": bf16_tokens}))
 """
 
 
@@ -148,6 +158,7 @@ def test_the_wheel_without_extras_runs_a_session(tmp_path, wheel, tiny_checkpoin
     assert install.returncode == 0, install.stderr
     _link_distributions(_closure(requirements), site)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["EDGEKV_CACHE_DIR"] = str(tmp_path / "cache")  # the C kernel is built afresh from the wheel's source
     out = subprocess.run([python, "-c", SESSION_PROBE, str(tiny_checkpoint)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
@@ -156,6 +167,8 @@ def test_the_wheel_without_extras_runs_a_session(tmp_path, wheel, tiny_checkpoin
     assert found["pairs"] == 2 and len(found["tokens"]) == 3
     assert not found["cv2"]  # the venv really is bare: no OpenCV
     assert "pip install 'edgekv[video]'" in found["video_error"]
+    assert len(found["bf16_tokens"]) == 3
+    assert found["decode_route"] == ("native" if shutil.which(os.environ.get("CC", "cc")) else "eager")
 
 
 def test_tiny_checkpoints_are_world_readable(tmp_path):

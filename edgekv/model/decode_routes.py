@@ -2,12 +2,18 @@
 
 One decode token is a chain of matrix-vector products: every weight is read once, so on a CPU the step
 is bound by memory bandwidth when the kernel keeps up with memory. ``prepare_decode(language, route)``
-changes how the model's linear layers read their weights, in place. Routes measured on the 2-core x86
-machine (1 thread, a 2048 -> 11008 projection; read bandwidth of a streaming fp32 sum 17.7 GB/s):
+changes how the model's linear layers read their weights, in place (``model.decode_route`` in the
+config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86 machine (1 thread, a
+2048 -> 11008 projection; read bandwidth of a streaming fp32 sum 17.7 GB/s):
 
-* ``eager`` — torch's kernels on the weights as loaded (the only route kept). fp32: MKL's sgemv streams
-  at 15.9 GB/s (~90 % of the read bandwidth); a pre-transposed contiguous copy reached 17.3 GB/s
-  (+8 %, at the price of a second weight layout). bf16 / fp16: torch converts as it goes, 8.6 / 10.0 GB/s.
+* ``eager`` — torch's kernels on the weights as loaded. fp32: MKL's sgemv streams at 15.9 GB/s (~90 % of
+  the read bandwidth); a pre-transposed contiguous copy reached 17.3 GB/s (+8 %, at the price of a second
+  weight layout). bf16 / fp16: torch converts as it goes, 8.6 / 10.0 GB/s.
+* ``native`` (bf16 only; ``auto`` picks it for bf16 on CPU when a C compiler is there) — one-row bf16
+  products go to ``edgekv.kernels.cpu_gemv``, a C kernel built at first use that widens eight bf16
+  weights per AVX2 instruction (a 16-bit shift), multiplies and sums in fp32 and rounds once; the same
+  weights in place, no second layout. Every other product (ingest, question prefill, fp32 / fp16) stays
+  on torch. Its figures are in the README's "Speed on CPU" and the issue-17 note.
 * measured and not kept: a ``torch.compile``d multiply-and-reduce in the weight's dtype with fp32
   accumulation (bf16 9.6 GB/s, fp16 11.3, fp32 14.5 on the one projection, but inside the model every
   weight shape recompiled past dynamo's limit and decode got slower); a blocked bf16 -> fp32 upcast
@@ -19,13 +25,79 @@ machine (1 thread, a 2048 -> 11008 projection; read bandwidth of a streaming fp3
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
-ROUTES = ("eager",)
+ROUTES = ("eager", "native")
+
+
+class NativeDecodeLinear(nn.Module):
+    """A ``nn.Linear``'s weight and bias (the same parameters, so ties and loading are unchanged) whose
+    one-row bf16 CPU products without autograd go to the C kernel; every other call to ``F.linear``."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if (x.numel() == self.in_features and x.dtype is torch.bfloat16 and weight.dtype is torch.bfloat16
+                and x.device.type == "cpu" and weight.is_contiguous()
+                and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))):
+            from edgekv.kernels.cpu_gemv import gemv_bf16
+
+            bias = None if self.bias is None else self.bias.detach()
+            out = gemv_bf16(weight.detach(), x.detach(), bias, threads=torch.get_num_threads())
+            return out.view(*x.shape[:-1], self.out_features)
+        return F.linear(x, weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def native_unavailable(dtype: torch.dtype, device: torch.device | str) -> str | None:
+    """Why the ``native`` route cannot serve this model, or None when it can."""
+    if dtype is not torch.bfloat16:
+        return f"the native decode route is bf16 only (model dtype {str(dtype).removeprefix('torch.')})"
+    if torch.device(device).type != "cpu":
+        return f"the native decode route is for CPU weights (device {device})"
+    from edgekv.kernels.cpu_gemv import unavailable_reason
+
+    return unavailable_reason()
+
+
+def resolve_route(route: str, dtype: torch.dtype, device: torch.device | str) -> tuple[str, str | None]:
+    """(route to apply, why ``auto`` did not pick ``native`` or None). ``native`` that cannot serve this
+    model raises ValueError with the reason."""
+    if route not in (*ROUTES, "auto"):
+        raise ValueError(f"model.decode_route: unknown route {route!r} (known: auto, {', '.join(ROUTES)})")
+    if route == "eager":
+        return "eager", None
+    reason = native_unavailable(dtype, device)
+    if route == "native" and reason:
+        raise ValueError(f"model.decode_route: native: {reason}")
+    return ("eager", reason) if reason else ("native", None)
 
 
 def prepare_decode(language: nn.Module, route: str) -> dict:
     """Apply ``route`` to ``language`` (a ``Qwen2LM``) in place; returns what the bench records."""
     if route not in ROUTES:
         raise ValueError(f"decode route: unknown route {route!r} (known: {', '.join(ROUTES)})")
-    return {"route": route}
+    if route == "eager":
+        return {"route": route}
+    weight = language.embed_tokens.weight
+    reason = native_unavailable(weight.dtype, weight.device)
+    if reason:
+        raise ValueError(f"decode route native: {reason}")
+    replaced = 0
+    for module in list(language.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, NativeDecodeLinear(child))
+                replaced += 1
+    from edgekv.kernels.cpu_gemv import simd
+
+    return {"route": route, "linears": replaced, "simd": simd()}
