@@ -32,7 +32,7 @@ from edgekv.model.rope import mrope_cos_sin, vision_block_position_ids
 from edgekv.preprocess import FramePreprocessor
 from edgekv.tokenizer import ChatLayout
 from edgekv.toy.card import write_model_card
-from edgekv.toy.data import EVENT_COVER, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample, stage_at
+from edgekv.toy.data import GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample, event_tokens, stage_at
 from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
 from edgekv.toy.prefetch import batches
 from edgekv.toy.questions import FAMILIES
@@ -101,7 +101,9 @@ class Encoder:
                             label = self.no
                         else:  # a sliver of a shape shows its colour, not which shape it is
                             event = sample.events[shown]
-                            shows_shape = sample.cover[slot, token] >= SHAPE_COVER and self.aux_rng.random() < 0.5
+                            shows = (sample.cover[slot, token] >= SHAPE_COVER if sample.shows_shape is None
+                                     else sample.shows_shape[slot, token])
+                            shows_shape = shows and self.aux_rng.random() < 0.5
                             label = self.ids(event.shape if shows_shape else event.color)[0]
                         target_index.append((b, position))
                         targets.append(label)
@@ -221,9 +223,10 @@ def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, coun
         shape, color, best = np.zeros(TOKENS, np.int64), np.zeros(TOKENS, np.int64), np.zeros(TOKENS)
         for event in events:
             cover = scene.cell_cover(event).reshape(-1)
-            wins = (cover >= EVENT_COVER) & (cover > best)
+            carried, shows = event_tokens(cover)
+            wins = carried & (cover > best)
             color[wins] = COLORS.index(event.color) + 1
-            shape[wins] = np.where(cover[wins] >= SHAPE_COVER, SHAPES.index(event.shape) + 1, -1)
+            shape[wins] = np.where(shows[wins], SHAPES.index(event.shape) + 1, -1)
             best = np.where(wins, cover, best)
         shapes.append(shape)
         colors.append(color)
