@@ -29,6 +29,7 @@ Three parts, each printed and saved in one JSON + PNG (figures only: nothing her
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -61,6 +62,8 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ingest-pairs", type=int, default=400)
     parser.add_argument("--ingest-repeats", type=int, default=3)
     parser.add_argument("--queue-pairs", type=int, default=8, help="archive.queue_pairs of the ingest part's writer")
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
+                        help="model dtype of the ingest part (bf16 makes a 3B-shape checkpoint affordable)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dir", default=None, help="folder for the archives (default: a temporary folder)")
     parser.add_argument("--json", default="bench-archive.json")
@@ -99,10 +102,10 @@ def run_archive(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- accuracy
-def _toy_runtime(model: str, policy: str, budget: int, archive: dict | None):
+def _toy_runtime(model: str, policy: str, budget: int, archive: dict | None, dtype: str = "fp32"):
     from edgekv.runtime import Runtime
 
-    return Runtime.from_pretrained(model, model={"dtype": "fp32", "device": "cpu"},
+    return Runtime.from_pretrained(model, model={"dtype": dtype, "device": "cpu"},
                                    cache={"policy": policy, "max_tokens": budget, "text_reserve_tokens": 64},
                                    video={"fps": 2.0, "resolution": [112, 112]}, archive=archive or {})
 
@@ -327,7 +330,7 @@ def ingest(args: argparse.Namespace, root: Path) -> dict:
     from edgekv.eval.needle import encode_stream, needle_stream
 
     stream = needle_stream(args.ingest_pairs, (args.ingest_pairs // 2,), 0, 1, 2.0, (1.0,))
-    base = _toy_runtime(args.model, "full", 128, None)
+    base = _toy_runtime(args.model, "full", 128, None, args.dtype)
     replay = encode_stream(base, stream.scene, stream.pairs)
     process = psutil.Process()
     per_pair = {"off": [], "on": []}
@@ -344,7 +347,12 @@ def ingest(args: argparse.Namespace, root: Path) -> dict:
             archive = ({"dir": str(root / f"r{repeat}"), "max_gib": 1.0, "segment_mib": 64,
                         "queue_pairs": args.queue_pairs} if label == "on" else None)
             budget = args.budget + (reserve if label == "on" else 0)
-            session = _toy_runtime(args.model, args.policy, budget, archive).session()
+            # the weights are loaded once (a 3B-shape checkpoint twice over would not fit): each run is the
+            # same runtime with its own cache and archive sections
+            runtime = copy.copy(base)
+            runtime.config = base.config.with_overrides(cache={"policy": args.policy, "max_tokens": budget},
+                                                        archive=archive or {})
+            session = runtime.session()
             limits[label] = session.video_limit
             replay.index = 0
             session.vision = replay
