@@ -232,7 +232,8 @@ def _info(daemon: Any, stats: dict) -> InfoMetricFamily:
     return InfoMetricFamily("edgekv_build", "edgekv version and what this daemon runs", value={
         "version": edgekv.__version__, "python": platform.python_version(), "torch": torch.__version__,
         "policy": str(stats["policy"]), "vision_backend": str(stats["vision_backend"]),
-        "llm_backend": str(stats["llm_backend"]), "model": model.rstrip("/").split("/")[-1],
+        "llm_backend": str(stats["llm_backend"]), "decode_route": str(stats.get("decode_route", "")),
+        "model": model.rstrip("/").split("/")[-1],
     })
 
 

@@ -542,6 +542,7 @@ class StreamSession:
             "policy": self.policy.name,
             "vision_backend": self.vision.name,
             "llm_backend": self.llm.name,
+            "decode_route": self.runtime.decode_route,
             "host_memory": self.runtime.host_memory,
             "compressions": c.compressions,
             "compression_ms_total": c.compression_ms_total,

@@ -54,6 +54,7 @@ def test_counters_are_exact_and_histograms_saw_every_pair(running, monkeypatch):
     assert not [name for name in families if name.endswith("_ms")]
     build = families["edgekv_build_info"].samples[0].labels
     assert build["version"] and build["policy"] == "infinipot_v" and build["llm_backend"] == "torch"
+    assert build["decode_route"] == stats["decode_route"] in ("eager", "native")
 
 
 def test_answers_feed_the_ttft_and_decode_histograms(running):
