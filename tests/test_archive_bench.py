@@ -34,6 +34,18 @@ def test_bench_archive_writes_consistent_figures(tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_archive_ingest_part_in_bf16(tmp_path, capsys):
+    """``--dtype bf16`` (how a 3B-shape checkpoint is measured): the replayed vision tokens are found by the
+    pixels the session hands the backend, which are bf16 then."""
+    out_json = tmp_path / "a.json"
+    code = main(["bench", "archive", "--parts", "ingest", "--dtype", "bf16", "--budget", "256", "--policy", "infinipot_v",
+                 "--ingest-pairs", "24", "--ingest-repeats", "1", "--dir", str(tmp_path), "--json", str(out_json),
+                 "--plot", ""])
+    assert code == 0
+    ingest = json.loads(out_json.read_text())["results"]["ingest"]
+    assert ingest["compressions"]["on"] == ingest["compressions"]["off"] and ingest["compressions"]["on"][0] > 0
+
+
 def test_bench_soak_with_an_archive_keeps_disk_under_max_gib(tmp_path, capsys):
     """``bench soak --set archive...``: the long-stream check with the archive on; retention keeps the segments under
     max_gib while the stream goes on, and the archive's counters land in the JSON."""

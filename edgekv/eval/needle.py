@@ -157,9 +157,9 @@ def encode_stream(runtime, scene: EventScene, pairs: int) -> ReplayVision:
     with torch.inference_mode():
         for pair in range(pairs):
             pixels, grid = preprocessor.pair(*scene.pair_frames(pair))
+            pixels = pixels.to(runtime.device, runtime.dtype)  # what the session hands the backend
             checks.append(float(pixels.double().sum()))
-            tokens.append(runtime.vision_backend.encode(pixels.to(runtime.device, runtime.dtype),
-                                                        grid.to(runtime.device)).clone())
+            tokens.append(runtime.vision_backend.encode(pixels, grid.to(runtime.device)).clone())
     return ReplayVision(tokens, checks)
 
 
