@@ -442,3 +442,29 @@ def test_a_failing_batch_worker_is_reported():
 
     with pytest.raises(RuntimeError, match="batch worker failed"):
         list(batches(qa_batches, np.random.default_rng(0), 2, -1, True, 0, prefetch=True))
+
+
+def test_a_small_shape_on_a_cell_corner_still_has_a_token_that_carries_it():
+    """A radius-8 circle centred on the corner of four 28 px cells covers under 10 % of each: its main token
+    (the cell it covers most) carries its colour and shape anyway, in the QA data and in the vision
+    warm-up's labels — before, such shapes were labelled background everywhere."""
+    from edgekv.toy.data import EVENT_COVER, event_tokens
+    from edgekv.toy.train import vision_batch
+
+    event = Event("circle", "red", 0, 1, (56, 56), 8)
+    scene = EventScene(seed=0, events=[event])
+    cover = scene.cell_cover(event).reshape(-1)
+    assert cover.max() < EVENT_COVER
+    carried, shows = event_tokens(cover)
+    assert carried.sum() == shows.sum() == 1 and carried[int(np.argmax(cover))]
+    big = EventScene(seed=0, events=[Event("square", "blue", 0, 1, (50, 50), 18)])
+    carried, shows = event_tokens(big.cell_cover(big.events[0]).reshape(-1))
+    assert carried.sum() > shows.sum() >= 1  # slivers carry the colour only
+
+    from edgekv.preprocess import FramePreprocessor
+
+    rng = np.random.default_rng(5)
+    _, _, shape, color = vision_batch(rng, FramePreprocessor(resolution=(112, 112)), 16)
+    shape, color = shape.view(16, TOKENS), color.view(16, TOKENS)
+    # every pair has 1-4 events; each keeps at least one token with its colour and its shape
+    assert ((color > 0).sum(1) >= 1).all() and ((shape > 0).sum(1) >= 1).all()

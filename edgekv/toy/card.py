@@ -45,7 +45,7 @@ released checkpoint layout: transformers' `Qwen2_5_VLForConditionalGeneration` l
   a capped cache shows them. Loss: the answer word and the closing `<|im_end|>`, plus
   {card.get('aux_weight')} x an auxiliary loss at the video tokens (the colour or shape word of the event a
   token shows, "no" on background) that only speeds training up.
-- Last training log line: `{json.dumps(last)}`
+- Last training log line: `{json.dumps(last)}`{chr(10) + "- Note: " + card["note"] if card.get("note") else ""}
 
 ## Accuracy (held-out set, full cache, through the live session)
 
