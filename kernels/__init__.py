@@ -8,6 +8,9 @@ optional: without it everything here still works, in torch.
     tar_scores      TaR, same-patch cosine against the recent frames (InfiniPot-V eq. 4)
     value_norms, layer_cv, pooled_van   VaN with layer-adaptive pooling (InfiniPot-V Alg. 2 l.14-22)
     compact_        in-place gather of K, V and slot metadata by keep indices (CappedKVCache.compact)
+
+One CPU kernel is C rather than Triton: ``edgekv.kernels.cpu_gemv`` (bf16 matrix-vector product for decode,
+built with the system compiler at first use; ``model.decode_route``), imported where it is used.
 """
 
 from edgekv.kernels._triton import triton_available, use_triton
