@@ -288,6 +288,39 @@ def test_train_toy_command_writes_a_loadable_checkpoint_with_a_model_card(tmp_pa
     assert logits.shape[1] == 64 and torch.isfinite(logits).all()
 
 
+def test_train_toy_init_goes_on_from_a_checkpoint_and_refuses_one_of_another_shape(tmp_path, capsys):
+    """``--init DIR``: the run starts from DIR's weights (its width and depth, not the flags'), the card says
+    so, and a checkpoint whose config is not a toy's is refused with the reason."""
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+    from edgekv.toy.train import _from_checkpoint
+
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2), 3), tmp_path / "start", {"note": "test"})
+    model, width, layers = _from_checkpoint(start)
+    reference = load_pretrained(start, dtype=torch.float32)
+    assert (width, layers) == (32, 2) and all(p.requires_grad for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    out = tmp_path / "next"
+    assert main(["train-toy", str(out), "--init", str(start), "--steps", "2", "--batch-size", "2", "--log-every", "2",
+                 "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0", "--threads", "1"]) == 0
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert card["init"] == str(start) and (card["width"], card["layers"]) == (32, 2) and "--init" in card["command"]
+    trained = load_pretrained(out, dtype=torch.float32)
+    assert trained.config == reference.config
+    assert not torch.equal(trained.language.embed_tokens.weight, reference.language.embed_tokens.weight.half().float())
+    other = tmp_path / "other"
+    import dataclasses
+
+    config = toy_config()
+    config = dataclasses.replace(config, vision=dataclasses.replace(config.vision, intermediate_size=96))  # not the toy's tower
+    save_checkpoint(init_model(config, 0), other, {})
+    with pytest.raises(ValueError, match="not a toy checkpoint"):
+        _from_checkpoint(other)
+    capsys.readouterr()
+    assert main(["train-toy", str(tmp_path / "x"), "--init", str(tmp_path / "missing")]) == 2
+    assert "--init" in capsys.readouterr().out
+
+
 def test_compact_samples_leave_early_evicted_tokens_out_of_the_sequence():
     scene = EventScene(seed=2)
     sample = _dense_sample(scene, 3, [QA("count", "How many times did the circle appear?", "zero")])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from edgekv.threads import threads_argument
 
@@ -19,6 +20,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
     parser.add_argument("--width", type=int, default=64, help="LM hidden size (4 query heads of width/4, 2 KV heads)")
     parser.add_argument("--layers", type=int, default=4, help="LM decoder layers")
+    parser.add_argument("--init", metavar="DIR", default=None,
+                        help="go on from this toy checkpoint (its width and layers) instead of random weights")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="draw batches in the training process instead of one step ahead in a worker process")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
@@ -39,10 +42,13 @@ def run_train(args: argparse.Namespace) -> int:
     if args.width < 32 or args.width % 16:
         print(f"edgekv train-toy: --width must be a multiple of 16 and at least 32, got {args.width}")
         return 2
+    if args.init is not None and not Path(args.init, "config.json").is_file():
+        print(f"edgekv train-toy: --init {args.init}: no config.json there (give a toy checkpoint directory)")
+        return 2
     card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                  threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
                  heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps,
-                 width=args.width, layers=args.layers, prefetch=args.prefetch)
+                 width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -317,8 +317,10 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | 
 def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int = 8, lr: float = 3e-3,
           aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
           log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000,
-          width: int = 64, layers: int = 4, prefetch: bool = True) -> dict:
-    """Train from scratch and write the checkpoint (fp16) with ``card.json``; returns the card.
+          width: int = 64, layers: int = 4, prefetch: bool = True, init: str | Path | None = None) -> dict:
+    """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
+    vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
+    ``card.json``; returns the card.
 
     ``prefetch`` draws the batches in a spawned worker process (``edgekv.toy.prefetch``): a script that
     calls this needs Python's ``if __name__ == "__main__":`` guard, as for any spawned process."""
@@ -329,8 +331,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     encoder = Encoder(aux=aux_weight > 0, seed=seed)
-    config = toy_config(width=width, layers=layers)
-    model = init_model(config, seed)
+    if init is not None:
+        model, width, layers = _from_checkpoint(init)
+    else:
+        model = init_model(toy_config(width=width, layers=layers), seed)
     model.train()
     started = time.perf_counter()
     vision_history = (warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every, prefetch=prefetch)
@@ -378,11 +382,13 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     command = f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}"
     if batch_size != 8 or lr != 3e-3 or vision_steps != 2000:
         command += f" --batch-size {batch_size} --lr {lr} --vision-steps {vision_steps}"
-    if width != 64 or layers != 4:
+    if init is not None:
+        command += f" --init {init}"
+    elif width != 64 or layers != 4:
         command += f" --width {width} --layers {layers}"
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
             "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps), "batch_size": batch_size, "lr": lr,
-            "aux_weight": aux_weight, "width": width, "layers": layers, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
+            "aux_weight": aux_weight, "init": None if init is None else str(init), "width": width, "layers": layers, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
             "history": history, "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
@@ -394,6 +400,22 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         log(json.dumps({"heldout_accuracy": card["heldout_accuracy"]["accuracy"]}))
     write_model_card(out_dir, card)
     return card
+
+
+def _from_checkpoint(path: str | Path):
+    """The toy checkpoint at ``path`` as a trainable fp32 model, with its LM width and depth; a directory
+    that is not a toy of today's vocabulary and vision tower is refused with what differs."""
+    from edgekv.model.loading import load_pretrained
+
+    model = load_pretrained(path, dtype=torch.float32)
+    text = model.config.text
+    expected = toy_config(width=text.hidden_size, layers=text.num_hidden_layers) if text.hidden_size % 16 == 0 else None
+    if expected is None or model.config != expected:
+        raise ValueError(f"{path}: not a toy checkpoint of this version (its config differs from "
+                         f"toy_config(width={text.hidden_size}, layers={text.num_hidden_layers}))")
+    for param in model.parameters():
+        param.requires_grad_(True)
+    return model, text.hidden_size, text.num_hidden_layers
 
 
 def _machine() -> str:
