@@ -31,6 +31,7 @@ from edgekv.kernels import attention_mass, compact_, triton_available, use_trito
 from edgekv.kernels._triton import interpreting
 from edgekv.kernels.attention_mass import attention_mass_reference, attention_mass_triton, chunk_mask
 from edgekv.kernels.compaction import METADATA_FIELDS, compact_reference_, compact_triton_
+from edgekv.kernels.quant_attention import quantized_attention_reference, quantized_attention_triton
 from edgekv.kernels.tar import VISION_KIND, tar_scores_reference, tar_scores_triton
 from edgekv.kernels.van import (
     layer_cv_reference,
@@ -237,6 +238,93 @@ def cache_tensor(layers, heads, n, capacity, dim, dtype, seed):
     return buf.to(device=DEVICE, dtype=dtype)[:, :, :n]
 
 
+# ---------------------------------------------------------------------------------------------- 8-bit attention
+CODES = [torch.int8, torch.float8_e4m3fn]
+
+
+def quantized_inputs(heads_q, heads_kv, num_new, start, dim, capacity, dtype, codes, temporal_section, seed=0):
+    from edgekv.cache.quant import quantize
+
+    gen = torch.Generator().manual_seed(seed)
+    q = (torch.randn(heads_q, num_new, dim, generator=gen) * 1.5).to(device=DEVICE, dtype=dtype)
+    k_codes, k_scale = quantize(torch.randn(heads_kv, capacity, dim, generator=gen) * 2, codes)
+    v_codes, v_scale = quantize(torch.randn(heads_kv, capacity, dim, generator=gen), codes)
+    tpos = torch.randint(0, 8000, (heads_kv, capacity), generator=gen)
+    inv_freq = rotary_inv_freq(dim, 1_000_000.0, torch.device("cpu"))
+    to = dict(device=DEVICE)
+    return (q, k_codes.to(**to), k_scale.to(**to), v_codes.to(**to), v_scale.to(**to), tpos.to(**to),
+            inv_freq.to(**to), temporal_section)
+
+
+def check_quantized_attention(args, start):
+    out = quantized_attention_triton(*args, start=start)
+    reference = quantized_attention_reference(*args, start=start, compute_dtype=torch.float64)
+    same = quantized_attention_reference(*args, start=start)  # the cache's torch path, in q's dtype
+    assert out.dtype == args[0].dtype and out.shape == args[0].shape
+    assert_within_2x(out, same, reference, f"8-bit attention {args[1].dtype} {args[0].dtype}")
+
+
+@needs_triton
+@pytest.mark.parametrize("codes", CODES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads_q,heads_kv,num_new,start,dim,capacity,section", [
+    (4, 2, 1, 37, 16, 64, 2),    # the toy's decode step: head_dim 16, GQA 2
+    (8, 2, 5, 20, 32, 40, 4),    # a chunk: causal inside, G * P = 20 folded rows over two query blocks
+    (4, 1, 3, 0, 24, 8, 3),      # nothing committed yet; head_dim not a power of two
+    (2, 2, 1, 70, 16, 80, 0),    # no temporal section: no rotation at all
+], ids=["decode", "chunk", "empty", "no-time"])
+def test_quantized_attention(codes, dtype, heads_q, heads_kv, num_new, start, dim, capacity, section):
+    args = quantized_inputs(heads_q, heads_kv, num_new, start, dim, capacity, dtype, codes, section)
+    check_quantized_attention(args, start)
+
+
+@needs_triton
+def test_quantized_attention_decodes_every_fp8_code():
+    """One query that sees only its own slot returns that slot's value: every e4m3fn bit pattern (NaN included)
+    decoded in the kernel equals torch's cast, 16 codes per call."""
+    patterns = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    inv_freq = rotary_inv_freq(16, 1_000_000.0, torch.device("cpu")).to(DEVICE)
+    for row in patterns.view(16, 16):
+        codes = row.view(1, 1, 16).to(DEVICE)
+        scale = torch.ones(1, 1, dtype=torch.bfloat16, device=DEVICE)
+        tpos = torch.zeros(1, 1, dtype=torch.int64, device=DEVICE)
+        q = torch.zeros(1, 1, 16, device=DEVICE)
+        out = quantized_attention_triton(q, torch.zeros_like(codes), scale, codes, scale, tpos, inv_freq, 2, start=0)
+        expected = row.to(torch.float32).to(DEVICE)
+        assert torch.equal(out.view(16).isnan(), expected.isnan())
+        assert torch.equal(out.view(16)[~expected.isnan()], expected[~expected.isnan()])
+
+
+@needs_triton
+@pytest.mark.parametrize("codes", ["int8", "fp8"])
+def test_cache_attention_reads_an_8_bit_cache_in_the_kernel(codes, monkeypatch):
+    """A prefill chunk then decode steps through ``CacheAttention`` on an 8-bit cache: the kernel path (no
+    dequantized copy) against the torch path (``EDGEKV_TRITON=0``) on the same cache contents."""
+    from edgekv.attention import CacheAttention
+    from edgekv.cache.specs import KV_DTYPES
+
+    dtype = KV_DTYPES[codes]
+    spec = CacheSpec.uniform(2, 2, 16, dtype)
+    results = {}
+    for backend in ("1", "0"):
+        monkeypatch.setenv("EDGEKV_TRITON", backend)
+        gen = torch.Generator().manual_seed(5)
+        cache = CappedKVCache(spec, 32, device=DEVICE, compute_dtype=torch.float32,
+                              rope=(rotary_inv_freq(16, 1_000_000.0, DEVICE), 2))
+        outs = []
+        for start, num_new in ((0, 12), (12, 1), (13, 1)):
+            cache.write_meta(start, num_new, ChunkMeta(SlotKind.VISION, frame=0,
+                                                       tpos=torch.arange(start, start + num_new) * 7))
+            attend = CacheAttention(cache, start, num_new)
+            for layer in range(2):
+                q, k, v = (torch.randn(h, num_new, 16, generator=gen).to(DEVICE) for h in (4, 2, 2))
+                outs.append(attend(layer, q, k, v))
+            cache.commit(num_new)
+        results[backend] = outs
+    for got, expected in zip(results["1"], results["0"]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- TaR
 def tar_metadata(meta: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     return meta["tpos"], meta["frame"], meta["row"], meta["col"], meta["kind"], meta["recent"]
@@ -397,6 +485,9 @@ def launches_of_every_kernel() -> None:
     pooled_van_triton(norms, meta["frame"], meta["row"], meta["col"], meta["vision"], (4, 4), [7, 1])
     fields = {name: meta[name] for name in ("kind", "frame", "row", "col", "tpos")}
     compact_triton_(k, k.clone(), torch.arange(n - 3).expand(2, 2, -1), sink=torch.zeros_like(meta["vision"]), **fields)
+    for codes in CODES:  # the 8-bit cache's decode/chunk attention (int8 and fp8 compile differently)
+        args = quantized_inputs(16, 2, 1, 2047, 128, 6144, torch.bfloat16, codes, 16)
+        quantized_attention_triton(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args], start=2047)
 
 
 @pytest.mark.slow
@@ -416,7 +507,7 @@ def test_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(tar_module, "precise_trig", lambda: True)  # what a CUDA launch uses
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     launches_of_every_kernel()
-    assert len(launches) == 11
+    assert len(launches) == 13
     for fn, args, kwargs in launches:
         bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
         signature, constants = {}, {}
@@ -444,6 +535,15 @@ LAYERS, HEADS_Q, HEADS_KV, HEAD_DIM, GRID_3B, PAIR = 36, 16, 2, 128, (16, 16), 2
 def test_gpu_attention_mass_3b(dtype, start):
     q, k, v, visible = attention_inputs(HEADS_Q, HEADS_KV, PAIR, start, HEAD_DIM, 6144, dtype, 0.7, seed=16)
     check_attention(q, k, v, start, visible)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("codes", CODES, ids=str)
+@pytest.mark.parametrize("num_new,start", [(1, 6143), (PAIR, 2048)], ids=["decode", "pair"])
+def test_gpu_quantized_attention_3b(codes, num_new, start):
+    args = quantized_inputs(HEADS_Q, HEADS_KV, num_new, start, HEAD_DIM, 6144, torch.bfloat16, codes, 16, seed=21)
+    check_quantized_attention(args, start)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,219 @@
+"""Chunk attention read straight from an 8-bit cache: dequantize and rotate inside the kernel.
+
+An 8-bit capped cache (``cache.kv_dtype: int8 | fp8``, ``edgekv/cache/quant.py``) stores per slot and KV
+head ``q`` (``head_dim`` 8-bit codes) and one bf16 scale; keys are stored *time-neutral* (rotated back by
+their temporal position), so a reader rotates them forward again. The torch path materializes each layer's
+dequantized, rotated K and V in the model's dtype (``CappedKVCache.keys(layer)``: a [Hkv, N, D] copy per
+layer and step, 2x the layer's bytes at fp16); this kernel reads the 8-bit codes instead:
+
+    k_n = rot(tpos_n) (q^K_n * s^K_n)          rot: the temporal rotary pairs (j, j + D/2), j < t,
+    v_n = q^V_n * s^V_n                              by angle tpos_n * inv_freq_j (M-RoPE's time part)
+    out_{h,i} = sum_n softmax_n(q_{h,i} . k_n / sqrt(D)) v_n
+
+over the committed slots ``[0, start)`` (all visible) and the chunk's own slots, causal — the visibility of
+``edgekv.attention.folded_attention`` (the decode fast path; one query needs no mask). The math is fp32:
+codes widened, scaled, rotated with the same products as ``edgekv.positions.rotate_temporal``, online
+softmax in exp2 (flash-attention's forward). fp8 (e4m3fn) codes are decoded from their bits in the kernel,
+so the kernel needs no fp8 hardware (Jetson Orin, sm_87, has none) and runs in Triton's interpreter.
+
+Grid: (query blocks of the folded axis, Hkv). As in ``folded_attention``, each KV head's ``G = Hq / Hkv``
+query heads are laid one after another on the query axis, so every program reads each 8-bit key block once
+for all ``G`` heads. Tiles are padded to powers of two (at least 16, ``tl.dot``'s minimum) and masked.
+The rotation loads each key block twice (itself and its half-swapped partner): cheaper than a second pass,
+and the partner read hits the same cache lines.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from edgekv.kernels._triton import cdiv, interpreting, jit, libdevice, next_power_of_2, precise_trig, tl, use_triton
+
+_LOG2E = 1.4426950408889634
+_CODES = (torch.int8, torch.float8_e4m3fn)
+
+
+# ---------------------------------------------------------------------------------------------- reference
+def quantized_attention_reference(
+    q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, v_codes: torch.Tensor, v_scale: torch.Tensor,
+    tpos: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int, *, start: int,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """What the cache's torch path computes: dequantize + rotate (fp32) in ``compute_dtype`` (default q's),
+    then ``folded_attention``. Shapes as ``quantized_attention``."""
+    from edgekv.attention import folded_attention
+    from edgekv.cache.quant import dequantize
+    from edgekv.positions import rotate_temporal
+
+    end = start + q.shape[1]
+    dtype = q.dtype if compute_dtype is None else compute_dtype
+    keys = rotate_temporal(dequantize(k_codes[:, :end], k_scale[:, :end], torch.float32), tpos[:, :end],
+                           inv_freq, temporal_section).to(dtype)
+    values = dequantize(v_codes[:, :end], v_scale[:, :end], dtype)
+    if dtype == torch.float64:  # folded_attention's SDPA call in fp64 (the tests' exact reference)
+        return _attention_fp64(q.to(torch.float64), keys, values, start).to(q.dtype)
+    return folded_attention(q.to(dtype), keys, values, start).to(q.dtype)
+
+
+def _attention_fp64(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    from edgekv.attention import chunk_causal_mask
+
+    heads_q, num_new, dim = q.shape
+    group = heads_q // keys.shape[0]
+    scores = torch.einsum("hgpd,hnd->hgpn", q.view(keys.shape[0], group, num_new, dim), keys) * dim ** -0.5
+    mask = chunk_causal_mask(start, num_new, q.device)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.einsum("hgpn,hnd->hgpd", probs, values).reshape(heads_q, num_new, dim)
+
+
+# ---------------------------------------------------------------------------------------------- kernel
+@jit
+def _decode_codes(raw, FP8: tl.constexpr):
+    """8-bit codes -> fp32: int8 as is; float8_e4m3fn (loaded as uint8) from its bits
+    (sign, 4 exponent bits with bias 7, 3 mantissa bits; exponent 0 = subnormal; 0x7f / 0xff = NaN)."""
+    value = raw.to(tl.float32)
+    if FP8:
+        bits = raw.to(tl.int32) & 0xFF
+        exponent = (bits >> 3) & 0xF
+        mantissa = (bits & 0x7).to(tl.float32)
+        normal = (8.0 + mantissa) * tl.exp2((exponent - 10).to(tl.float32))  # (1 + m/8) * 2^(e-7)
+        subnormal = mantissa * 0.001953125  # m/8 * 2^-6
+        value = tl.where(exponent == 0, subnormal, normal)
+        value = tl.where((bits & 0x7F) == 0x7F, float("nan"), value)
+        value = tl.where((bits & 0x80) != 0, -value, value)
+    return value
+
+
+@jit
+def _quantized_attention_kernel(
+    q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, tpos_ptr, inv_freq_ptr, out_ptr,
+    start, num_new, dim, half, temporal_section, group, qk_scale,
+    s_qh, s_qp, s_qd, s_kh, s_kn, s_kd, s_ksh, s_ksn, s_vh, s_vn, s_vd, s_vsh, s_vsn, s_th, s_tn,
+    s_oh, s_op, s_od,
+    FP8: tl.constexpr, PRECISE_TRIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # grid: (cdiv(G * P, BLOCK_M), Hkv); folded row r = member j * P + token i of query head head_kv * G + j.
+    block_m, head_kv = tl.program_id(0), tl.program_id(1)
+    offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < group * num_new
+    token = offs_m % num_new
+    head_q = head_kv * group + offs_m // num_new
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < dim
+    q = tl.load(q_ptr + head_q[:, None].to(tl.int64) * s_qh + token[:, None] * s_qp + offs_d[None, :] * s_qd,
+                mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    # rotation of key dim d: pair j = d mod half; partner dim (d + half) mod dim; x1 cos - x2 sin for d < half,
+    # x2 cos + x1 sin above; the frequency is 0 (no rotation) outside the temporal section
+    pair = tl.where(offs_d < half, offs_d, offs_d - half)
+    partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
+    sign = tl.where(offs_d < half, -1.0, 1.0)
+    freq = tl.load(inv_freq_ptr + pair, mask=d_ok & (pair < temporal_section), other=0.0)
+    k_base = k_ptr + head_kv.to(tl.int64) * s_kh
+    v_base = v_ptr + head_kv.to(tl.int64) * s_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = start + num_new
+    for n0 in range(0, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        tile_ok = n_ok[:, None] & d_ok[None, :]
+        k_scale = tl.load(ks_ptr + head_kv.to(tl.int64) * s_ksh + offs_n * s_ksn, mask=n_ok, other=0.0).to(tl.float32)
+        rows = k_base + offs_n[:, None] * s_kn
+        x = _decode_codes(tl.load(rows + offs_d[None, :] * s_kd, mask=tile_ok, other=0), FP8) * k_scale[:, None]
+        y = _decode_codes(tl.load(rows + partner[None, :] * s_kd, mask=tile_ok, other=0), FP8) * k_scale[:, None]
+        t = tl.load(tpos_ptr + head_kv.to(tl.int64) * s_th + offs_n * s_tn, mask=n_ok, other=0).to(tl.float32)
+        angle = t[:, None] * freq[None, :]
+        if PRECISE_TRIG:
+            cos, sin = libdevice.cos(angle), libdevice.sin(angle)
+        else:
+            cos, sin = tl.cos(angle), tl.sin(angle)
+        key = x * cos + sign[None, :] * (y * sin)  # [BLOCK_N, BLOCK_D] fp32
+        key = tl.where(tile_ok, key, 0.0)
+        s = tl.dot(q, tl.trans(key), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        allowed = ((offs_n[None, :] < start) | ((offs_n[None, :] - start) <= token[:, None])) & n_ok[None, :]
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_scale = tl.load(vs_ptr + head_kv.to(tl.int64) * s_vsh + offs_n * s_vsn, mask=n_ok, other=0.0).to(tl.float32)
+        value = _decode_codes(tl.load(v_base + offs_n[:, None] * s_vn + offs_d[None, :] * s_vd, mask=tile_ok, other=0),
+                              FP8) * v_scale[:, None]
+        value = tl.where(tile_ok, value, 0.0)
+        acc = acc * alpha[:, None] + tl.dot(p, value, input_precision="ieee")
+        m_i = m_new
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # every valid row sees at least itself
+    out = acc / l_safe[:, None]
+    tl.store(out_ptr + head_q[:, None].to(tl.int64) * s_oh + token[:, None] * s_op + offs_d[None, :] * s_od,
+             out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+def _check(q, k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, temporal_section, start) -> None:
+    heads_q, num_new, dim = q.shape
+    heads_kv = k_codes.shape[0]
+    if k_codes.dtype not in _CODES or v_codes.dtype != k_codes.dtype:
+        raise ValueError(f"k_codes and v_codes must both be int8 or float8_e4m3fn, got {k_codes.dtype}, {v_codes.dtype}")
+    if dim % 2 or heads_q % heads_kv:
+        raise ValueError(f"head_dim {dim} must be even and Hq={heads_q} a multiple of Hkv={heads_kv}")
+    if k_codes.shape[2] != dim or v_codes.shape != k_codes.shape:
+        raise ValueError(f"k_codes {tuple(k_codes.shape)} and v_codes {tuple(v_codes.shape)} must be [Hkv, M, {dim}]")
+    if not 0 <= start or start + num_new > k_codes.shape[1]:
+        raise ValueError(f"keys [0, {start + num_new}) exceed the {k_codes.shape[1]} slots of the cache")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale), ("tpos", tpos)):
+        if t.shape[0] != heads_kv or t.shape[1] < start + num_new:
+            raise ValueError(f"{name} must be [Hkv={heads_kv}, >= {start + num_new}], got {tuple(t.shape)}")
+    if not 0 <= temporal_section <= dim // 2 or inv_freq.numel() < temporal_section:
+        raise ValueError(f"temporal_section {temporal_section} must be in [0, {dim // 2}] with that many inv_freq")
+
+
+def quantized_attention_triton(
+    q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, v_codes: torch.Tensor, v_scale: torch.Tensor,
+    tpos: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int, *, start: int,
+) -> torch.Tensor:
+    _check(q, k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, temporal_section, start)
+    heads_q, num_new, dim = q.shape
+    heads_kv = k_codes.shape[0]
+    group = heads_q // heads_kv
+    fp8 = k_codes.dtype == torch.float8_e4m3fn
+    if fp8:  # decoded from the bits in the kernel
+        k_codes, v_codes = k_codes.view(torch.uint8), v_codes.view(torch.uint8)
+    out = torch.empty_like(q)
+    inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()
+    interpreted = interpreting()
+    block_m = 16 if interpreted else 64
+    block_n = 32 if interpreted else 64
+    block_d = max(16, next_power_of_2(dim))
+    _quantized_attention_kernel[(cdiv(group * num_new, block_m), heads_kv)](
+        q, k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, out,
+        start, num_new, dim, dim // 2, temporal_section, group, _LOG2E / math.sqrt(dim),
+        *q.stride(), *k_codes.stride(), *k_scale.stride(), *v_codes.stride(), *v_scale.stride(), *tpos.stride(),
+        *out.stride(),
+        FP8=fp8, PRECISE_TRIG=precise_trig(), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- op
+def quantized_attention(
+    q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, v_codes: torch.Tensor, v_scale: torch.Tensor,
+    tpos: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int, *, start: int,
+) -> torch.Tensor:
+    """Chunk attention over an 8-bit cache layer's slots ``[0, start + P)``, Triton when available.
+
+    q: [Hq, P, D] rotated queries (fp16 / bf16 / fp32); k_codes, v_codes: [Hkv, M, D] int8 or float8_e4m3fn
+    (one layer of the cache's buffers, time-neutral keys); k_scale, v_scale: [Hkv, M] bf16; tpos: [Hkv, M]
+    temporal positions; inv_freq: [D/2] rotary inverse frequencies, the first ``temporal_section`` of them
+    temporal. Committed slots ``[0, start)`` are all visible, the chunk causal. Returns [Hq, P, D] in q's dtype.
+    """
+    if use_triton(q, k_codes):
+        return quantized_attention_triton(q, k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, temporal_section,
+                                          start=start)
+    _check(q, k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, temporal_section, start)
+    return quantized_attention_reference(q, k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, temporal_section,
+                                         start=start)
