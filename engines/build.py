@@ -56,8 +56,11 @@ def grid_for(config: EdgeKVConfig, model_config: ModelConfig) -> tuple[int, int,
 
 def cache_tokens_for(config: EdgeKVConfig, model_config: ModelConfig) -> int:
     """M as the session computes it (``Runtime.cache_capacity_tokens``)."""
+    from edgekv.cache.specs import KV_DTYPES
+
     text = model_config.text
-    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, DTYPES[config.model.dtype])
+    storage = KV_DTYPES[config.cache.kv_dtype] if config.cache.kv_dtype else DTYPES[config.model.dtype]
+    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, storage)
     if config.cache.max_mib is not None:
         return spec.tokens_for_mib(config.cache.max_mib)
     return int(config.cache.max_tokens)
@@ -83,10 +86,14 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
         raise EngineError(f"engines.max_chunk_tokens: {max_chunk} is below one frame pair ({tokens_per_pair} tokens "
                           f"at video.resolution {list(config.video.resolution)}); a frame pair is one chunk")
     dtype = config.model.dtype
-    if config.cache.kv_dtype not in (None, dtype):
-        raise EngineError(f"cache.kv_dtype: {config.cache.kv_dtype} — the engines' LLM graphs bind the cache in "
-                          f"model.dtype ({dtype}) and take no 8-bit K/V or scales; leave cache.kv_dtype unset to build, "
-                          f"and run an 8-bit cache with engines.llm: torch")
+    kv_dtype = config.cache.kv_dtype if config.cache.kv_dtype not in (None, dtype) else None
+    if kv_dtype == "int8" and backend != "onnxruntime":
+        raise EngineError(f"cache.kv_dtype: int8 — only the onnxruntime LLM graph takes an 8-bit cache (a TensorRT "
+                          f"build of it has not been made or run); use engines llm: onnxruntime or torch with int8")
+    if kv_dtype not in (None, "int8"):
+        raise EngineError(f"cache.kv_dtype: {kv_dtype} — the engines' LLM graphs bind the cache in model.dtype "
+                          f"({dtype}) or as int8 codes + scales; fp8 and other float dtypes have no graph: leave "
+                          f"cache.kv_dtype unset or int8 to build, or run this cache with engines.llm: torch")
     if backend == "onnxruntime" and dtype == "bf16":
         raise EngineError("model.dtype: bf16 graphs are not supported by onnxruntime's CPU/CUDA providers; use fp16 "
                           "(GPU) or fp32 (CPU) with engines onnxruntime, or the tensorrt backend for bf16")
@@ -102,7 +109,7 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
                               f"same dtype (int8 keeps the LLM in model.dtype)")
     key = BuildKey(backend=backend, model_hash=model_hash(model_path, root / "hashes.json"), grid_thw=grid,
                    cache_tokens=cache_tokens_for(config, model_config), dtype=dtype, max_chunk_tokens=max_chunk,
-                   precision=precision, tensorrt_version=trt_version, gpu=gpu)
+                   precision=precision, tensorrt_version=trt_version, gpu=gpu, kv_dtype=kv_dtype)
     return Deployment(model_path, root, model_config, key, rebuild_hint(model_path, config, backend))
 
 
@@ -194,9 +201,10 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
         key = dep.key
         with steps.step(f"export vision graph, grid {list(key.grid_thw)}"):
             files["vision"] = export_vision(model, key.grid_thw, bundle / "vision.onnx")
-        with steps.step(f"export LLM graph, M={key.cache_tokens}, P in [1, {key.max_chunk_tokens}]"):
-            files["llm"] = export_llm(model, key.cache_tokens, bundle / "llm.onnx",
-                                      max_chunk_tokens=key.max_chunk_tokens, example_tokens=dep.tokens_per_pair)
+        cache_note = f", {key.kv_dtype} cache" if key.kv_dtype else ""
+        with steps.step(f"export LLM graph, M={key.cache_tokens}{cache_note}, P in [1, {key.max_chunk_tokens}]"):
+            files["llm"] = export_llm(model, key.cache_tokens, bundle / "llm.onnx", max_chunk_tokens=key.max_chunk_tokens,
+                                      example_tokens=dep.tokens_per_pair, kv_dtype=key.kv_dtype)
         for name, entry in files.items():
             entry["file"] = f"{name}.onnx"
             entry["onnx"] = entry["file"]

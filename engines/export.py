@@ -22,7 +22,16 @@ from pathlib import Path
 
 import torch
 
-from edgekv.engines.graphs import LLM_INPUTS, LLM_OUTPUTS, VISION_INPUTS, VISION_OUTPUTS, LLMChunkGraph, VisionGraph
+from edgekv.engines.graphs import (
+    LLM_INPUTS,
+    LLM_INPUTS_8BIT,
+    LLM_OUTPUTS,
+    VISION_INPUTS,
+    VISION_OUTPUTS,
+    LLMChunkGraph,
+    QuantizedLLMChunkGraph,
+    VisionGraph,
+)
 from edgekv.model.qwen25vl import Qwen25VL
 
 OPSET = 18
@@ -82,32 +91,50 @@ def export_vision(model: Qwen25VL, grid_thw: tuple[int, int, int], path: Path) -
     }
 
 
-def export_llm(model: Qwen25VL, cache_tokens: int, path: Path, *, max_chunk_tokens: int, example_tokens: int) -> dict:
-    """Write the ``llm`` graph (P dynamic in [1, max_chunk_tokens]); returns its manifest entry."""
+def export_llm(model: Qwen25VL, cache_tokens: int, path: Path, *, max_chunk_tokens: int, example_tokens: int,
+               kv_dtype: str | None = None) -> dict:
+    """Write the ``llm`` graph (P dynamic in [1, max_chunk_tokens]); returns its manifest entry.
+    ``kv_dtype="int8"``: the graph over an 8-bit cache (``LLM_INPUTS_8BIT``)."""
     text = model.config.text
     layers, heads, dim, hidden = text.num_hidden_layers, text.num_key_value_heads, text.head_dim, text.hidden_size
     weight = model.language.embed_tokens.weight
     dtype, device = weight.dtype, weight.device
     num = max(2, min(example_tokens, max_chunk_tokens))  # torch.export specializes a size-1 example
-    graph = LLMChunkGraph(model.language).eval()
+    cache_shape = (layers, heads, cache_tokens)
+    if kv_dtype is None:
+        graph = LLMChunkGraph(model.language).eval()
+        names = LLM_INPUTS
+        cache = tuple(torch.zeros(*cache_shape, dim, dtype=dtype, device=device) for _ in range(2))
+        cache_io = {"k_cache": [*cache_shape, dim], "v_cache": [*cache_shape, dim]}
+    elif kv_dtype == "int8":
+        from edgekv.positions import rotary_inv_freq
+
+        inv_freq = rotary_inv_freq(dim, text.rope_theta, device=device)
+        graph = QuantizedLLMChunkGraph(model.language, inv_freq, text.mrope_section[0]).eval()
+        names = LLM_INPUTS_8BIT
+        codes = [torch.zeros(*cache_shape, dim, dtype=torch.int8, device=device) for _ in range(2)]
+        scales = [torch.ones(*cache_shape, dtype=torch.bfloat16, device=device) for _ in range(2)]
+        cache = (codes[0], scales[0], codes[1], scales[1], torch.zeros(*cache_shape, dtype=torch.int32, device=device))
+        cache_io = {"k_codes": [*cache_shape, dim], "k_scale": list(cache_shape), "v_codes": [*cache_shape, dim],
+                    "v_scale": list(cache_shape), "tpos": list(cache_shape)}
+    else:
+        raise ValueError(f"kv_dtype: {kv_dtype!r} has no LLM graph (None or 'int8')")
     example = (
         torch.randn(num, hidden, dtype=dtype, device=device),
         torch.arange(num, device=device).expand(3, num).contiguous(),
-        torch.zeros(layers, heads, cache_tokens, dim, dtype=dtype, device=device),
-        torch.zeros(layers, heads, cache_tokens, dim, dtype=dtype, device=device),
-        torch.zeros(layers, heads, cache_tokens, dtype=torch.bool, device=device),
+        *cache,
+        torch.zeros(*cache_shape, dtype=torch.bool, device=device),
     )
     chunk = torch.export.Dim("P", min=1, max=max_chunk_tokens)
+    dynamic = ({0: chunk}, {1: chunk}, *([None] * (len(names) - 2)))
     with torch.no_grad(), _quiet():
-        program = torch.onnx.export(graph, example, input_names=list(LLM_INPUTS), output_names=list(LLM_OUTPUTS),
-                                    dynamic_shapes=({0: chunk}, {1: chunk}, None, None, None), dynamo=True,
-                                    opset_version=OPSET, verbose=False)
+        program = torch.onnx.export(graph, example, input_names=list(names), output_names=list(LLM_OUTPUTS),
+                                    dynamic_shapes=dynamic, dynamo=True, opset_version=OPSET, verbose=False)
     # The tied lm_head/embedding is not part of the graph (logits are taken outside), so count the layers.
     files = _save(program, path, _params_bytes(model.language.layers) + _params_bytes(model.language.norm))
     return {
-        "inputs": {"embeds": ["P", hidden], "position_ids": [3, "P"], "k_cache": [layers, heads, cache_tokens, dim],
-                   "v_cache": [layers, heads, cache_tokens, dim], "visible": [layers, heads, cache_tokens]},
+        "inputs": {"embeds": ["P", hidden], "position_ids": [3, "P"], **cache_io, "visible": list(cache_shape)},
         "outputs": {"hidden": ["P", hidden], "new_k": [layers, heads, "P", dim], "new_v": [layers, heads, "P", dim],
                     "mass": [layers, heads, f"{cache_tokens}+P"]},
-        "files": [f.name for f in files], "max_chunk_tokens": max_chunk_tokens,
+        "files": [f.name for f in files], "max_chunk_tokens": max_chunk_tokens, "kv_dtype": kv_dtype,
     }

@@ -32,12 +32,28 @@ prefill chunks and P = 1 for decode (a second TensorRT optimization profile of t
 weights). Two exported graphs would hold two copies of the weights in every runtime — measured with the 3B
 shape in fp16 through onnxruntime CPU: 10.7 GiB resident with one LLM session, 20.9 GiB with two.
 
+With an 8-bit cache (``cache.kv_dtype: int8``) the graph takes the cache's own buffers as they are stored
+(``edgekv/cache/quant.py``) instead of ``k_cache`` / ``v_cache``::
+
+    k_codes, v_codes  [L, Hkv, M, D]  int8 — keys time-neutral (their temporal rotation undone)
+    k_scale, v_scale  [L, Hkv, M]     bf16 — one absmax scale per slot
+    tpos              [L, Hkv, M]     int32 — each slot's temporal position
+
+and dequantizes and rotates inside (fp32: ``q * scale``, then the temporal rotary pairs by ``tpos``, the
+same products as ``edgekv.positions.rotate_temporal``). The chunk attends to its own K/V as the cache will
+hold them (quantized and dequantized in the graph, as the torch path writes before it reads); ``new_k`` /
+``new_v`` leave unquantized in the model dtype and the runner quantizes them as the torch path does
+(``CappedKVCache.write_layer``). fp8 caches have no graph: ONNX's
+float8 types need opset 19 and onnxruntime's CPU provider casts them only in a few builds.
+
 Each query sees the visible cache slots and the chunk causally. Scores, softmax and the weighted sum run in
 fp32 whatever the graph dtype (same as ``edgekv.kernels.attention_mass``), so a fp16 engine does not lose
 the small probabilities that StateKV's mass and a long cache depend on.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -46,6 +62,7 @@ from edgekv.model.language import Qwen2LM
 from edgekv.model.vision import VisionTower, build_layout
 
 LLM_INPUTS = ("embeds", "position_ids", "k_cache", "v_cache", "visible")
+LLM_INPUTS_8BIT = ("embeds", "position_ids", "k_codes", "k_scale", "v_codes", "v_scale", "tpos", "visible")
 LLM_OUTPUTS = ("hidden", "new_k", "new_v", "mass")
 VISION_INPUTS = ("pixel_values",)
 VISION_OUTPUTS = ("tokens",)
@@ -77,14 +94,24 @@ class _GraphAttend:
         self.new_v: list[torch.Tensor] = []
         self.mass: list[torch.Tensor] = []
 
+    def cached(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's cached K and V, [Hkv, M, D] fp32."""
+        return self.k_cache[layer].float(), self.v_cache[layer].float()
+
+    def chunk(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's K and V as the chunk attends to them (as written to the cache), fp32."""
+        return k.float(), v.float()
+
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         heads_q, num, dim = q.shape  # q: [Hq, P, D]; k, v: [Hkv, P, D]
         heads_kv = k.shape[0]
         group = heads_q // heads_kv
         self.new_k.append(k)
         self.new_v.append(v)
-        keys = torch.cat([self.k_cache[layer], k], dim=1).float()  # [Hkv, M + P, D]
-        values = torch.cat([self.v_cache[layer], v], dim=1).float()
+        cached_k, cached_v = self.cached(layer)
+        chunk_k, chunk_v = self.chunk(k, v)
+        keys = torch.cat([cached_k, chunk_k], dim=1)  # [Hkv, M + P, D]
+        values = torch.cat([cached_v, chunk_v], dim=1)
         index = torch.arange(num, device=q.device)
         causal = index[None, :] <= index[:, None]  # [P, P]: query i sees chunk keys 0..i
         cached = self.visible[layer][:, None, :].expand(heads_kv, num, self.visible.shape[-1])  # [Hkv, P, M]
@@ -98,6 +125,48 @@ class _GraphAttend:
         return out.reshape(heads_q, num, dim).to(q.dtype)
 
 
+class _QuantizedGraphAttend(_GraphAttend):
+    """``_GraphAttend`` over an 8-bit cache's codes, scales and temporal positions (see the module docstring)."""
+
+    def __init__(self, k_codes, k_scale, v_codes, v_scale, tpos, visible, inv_freq: torch.Tensor,
+                 temporal_section: int, chunk_tpos: torch.Tensor) -> None:
+        super().__init__(k_codes, v_codes, visible)
+        self.k_scale, self.v_scale, self.tpos = k_scale, v_scale, tpos
+        self.inv_freq, self.temporal_section = inv_freq, temporal_section
+        self.chunk_tpos = chunk_tpos  # [P]: the temporal position ids, which the session stores as the slots' tpos
+
+    def chunk(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch path writes the chunk into the 8-bit cache before attending, so the chunk attends to its
+        own K/V as stored: keys made time-neutral, quantized and rotated back, values quantized."""
+        rotate = functools.partial(rotate_temporal_cat, inv_freq=self.inv_freq, temporal_section=self.temporal_section)
+        delta = self.chunk_tpos.unsqueeze(0).expand(k.shape[0], -1)
+        keys = rotate(_fake_int8(rotate(k.float(), -delta)), delta)
+        return keys, _fake_int8(v.float())
+
+    def cached(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = self.k_cache[layer].float() * self.k_scale[layer].float().unsqueeze(-1)
+        values = self.v_cache[layer].float() * self.v_scale[layer].float().unsqueeze(-1)
+        return rotate_temporal_cat(keys, self.tpos[layer], self.inv_freq, self.temporal_section), values
+
+
+def _fake_int8(x: torch.Tensor) -> torch.Tensor:
+    """``dequantize(*quantize(x, int8))`` of ``edgekv/cache/quant.py``, written for export (fp32 in and out)."""
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+    scale = (amax / 127.0 * (1.0 + 2.0 ** -7)).to(torch.bfloat16).float()
+    return torch.round((x / scale).clamp(-127.0, 127.0)) * scale
+
+
+def rotate_temporal_cat(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int) -> torch.Tensor:
+    """``edgekv.positions.rotate_temporal`` (fp32 keys) written with slices and a concatenation instead of
+    in-place writes, for export: the same products and sums, so the same values."""
+    half = keys.shape[-1] // 2
+    t = temporal_section
+    angle = delta.float().unsqueeze(-1) * inv_freq[:t]
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x1, x2 = keys[..., :t], keys[..., half:half + t]
+    return torch.cat([x1 * cos - x2 * sin, keys[..., t:half], x2 * cos + x1 * sin, keys[..., half + t:]], dim=-1)
+
+
 class LLMChunkGraph(nn.Module):
     """The decoder stack over one chunk against a fixed-shape cache (see the module docstring)."""
 
@@ -108,5 +177,23 @@ class LLMChunkGraph(nn.Module):
     def forward(self, embeds: torch.Tensor, position_ids: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, ...]:
         attend = _GraphAttend(k_cache, v_cache, visible)
+        hidden = self.language(embeds, position_ids, attend)
+        return hidden, torch.stack(attend.new_k), torch.stack(attend.new_v), torch.stack(attend.mass)
+
+
+class QuantizedLLMChunkGraph(nn.Module):
+    """``LLMChunkGraph`` over an int8 cache: inputs ``LLM_INPUTS_8BIT`` (see the module docstring)."""
+
+    def __init__(self, language: Qwen2LM, inv_freq: torch.Tensor, temporal_section: int) -> None:
+        super().__init__()
+        self.language = language
+        self.register_buffer("inv_freq", inv_freq.to(torch.float32).clone(), persistent=False)
+        self.temporal_section = int(temporal_section)
+
+    def forward(self, embeds: torch.Tensor, position_ids: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor,
+                v_codes: torch.Tensor, v_scale: torch.Tensor, tpos: torch.Tensor,
+                visible: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        attend = _QuantizedGraphAttend(k_codes, k_scale, v_codes, v_scale, tpos, visible, self.inv_freq,
+                                       self.temporal_section, position_ids[0])
         hidden = self.language(embeds, position_ids, attend)
         return hidden, torch.stack(attend.new_k), torch.stack(attend.new_v), torch.stack(attend.mass)

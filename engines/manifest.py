@@ -114,6 +114,7 @@ class BuildKey:
     tensorrt_version: str | None = None
     gpu: str | None = None  # "NVIDIA H100 80GB HBM3 (sm_90)"
     graph_format: int = GRAPH_FORMAT
+    kv_dtype: str | None = None  # "int8": the llm graph takes an 8-bit cache (codes + scales); None: model dtype
 
     def fields(self) -> dict:
         return {
@@ -121,6 +122,7 @@ class BuildKey:
             "cache_tokens": self.cache_tokens, "dtype": self.dtype, "max_chunk_tokens": self.max_chunk_tokens,
             "precision": self.precision, "tensorrt_version": self.tensorrt_version, "gpu": self.gpu,
             "graph_format": self.graph_format,
+            **({"kv_dtype": self.kv_dtype} if self.kv_dtype is not None else {}),  # absent: bundles before it match
         }
 
     def digest(self) -> str:

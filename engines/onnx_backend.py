@@ -22,7 +22,8 @@ from edgekv.engines.runner import make_backend
 PROVIDER_ALIASES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                     "tensorrt": "TensorrtExecutionProvider"}
 _NP_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_,
-             torch.int32: np.int32}
+             torch.int32: np.int32, torch.int8: np.int8,
+             torch.bfloat16: 16}  # onnx.TensorProto.BFLOAT16: numpy has no bf16 (an int8 cache's scales)
 
 
 def _ort():

@@ -55,7 +55,8 @@ class GraphLLM:
     """LLMBackend over the ``llm`` graph built for a cache of ``M`` slots."""
 
     def __init__(self, name: str, run: RunFn, language, cache_tokens: int, max_chunk_tokens: int,
-                 dtype: torch.dtype, device: torch.device, hint: str, decode_profile: bool = False) -> None:
+                 dtype: torch.dtype, device: torch.device, hint: str, decode_profile: bool = False,
+                 kv_dtype: str | None = None) -> None:
         self.name, self._run = name, run
         text = language.config
         self.embed_tokens, self.lm_head = language.embed_tokens, language.lm_head
@@ -64,6 +65,7 @@ class GraphLLM:
         self.capacity, self.max_chunk = cache_tokens, max_chunk_tokens
         self.dtype, self.device, self.hint = dtype, device, hint
         self.decode_profile = decode_profile
+        self.kv_dtype = kv_dtype  # "int8": the graph takes the cache's codes, scales and tpos
         self._visible = torch.zeros(self.layers, self.heads, cache_tokens, dtype=torch.bool, device=device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -77,10 +79,19 @@ class GraphLLM:
             raise EngineError(f"the {self.name} LLM engine was built for a cache of {self.capacity} slots; this "
                               f"session's cache has {cache.capacity} (cache.max_tokens / cache.max_mib changed "
                               f"since `edgekv build`). {self.hint}")
+        if self.kv_dtype == "int8":
+            if cache.k.dtype != torch.int8:
+                raise EngineError(f"cache.kv_dtype: the {self.name} LLM engine was built for an int8 cache, this "
+                                  f"session's cache stores {cache.k.dtype} (cache.kv_dtype changed since `edgekv "
+                                  f"build`). {self.hint}")
+            if cache.compute_dtype != self.dtype:
+                raise EngineError(f"the {self.name} LLM engine computes in {self.dtype}, the session in "
+                                  f"{cache.compute_dtype} (model.dtype changed since `edgekv build`). {self.hint}")
+            return
         if cache.quantized:
             raise EngineError(f"cache.kv_dtype: the {self.name} LLM engine binds a {self.dtype} cache and has no "
-                              f"8-bit inputs, this session's cache stores {cache.dtype}; use engines.llm: torch "
-                              f"with an 8-bit cache, or leave cache.kv_dtype unset (the model's dtype)")
+                              f"8-bit inputs, this session's cache stores {cache.dtype}; rebuild with cache.kv_dtype: "
+                              f"int8 set (`edgekv build`), or use engines.llm: torch. {self.hint}")
         if cache.k.dtype != self.dtype:
             raise EngineError(f"the {self.name} LLM engine takes a {self.dtype} cache, the session's is "
                               f"{cache.k.dtype} (model.dtype changed since `edgekv build`). {self.hint}")
@@ -114,11 +125,20 @@ class GraphLLM:
                 "new_v": torch.empty(self.layers, self.heads, num, self.head_dim, dtype=self.dtype, device=self.device),
                 "mass": torch.empty(self.layers, self.heads, self.capacity + num, dtype=torch.float32, device=self.device),
             }
-            inputs = {"embeds": embeds[done:done + num], "position_ids": position_ids[:, done:done + num].contiguous(),
-                      "k_cache": cache.k, "v_cache": cache.v, "visible": vis}
+            inputs = {"embeds": embeds[done:done + num], "position_ids": position_ids[:, done:done + num].contiguous()}
+            if self.kv_dtype == "int8":
+                inputs.update(k_codes=cache.k, k_scale=cache.k_scale, v_codes=cache.v, v_scale=cache.v_scale,
+                              tpos=cache.tpos)
+            else:
+                inputs.update(k_cache=cache.k, v_cache=cache.v)
+            inputs["visible"] = vis
             self._run("llm_decode" if num == 1 and self.decode_profile else "llm", inputs, outputs)
-            cache.k[:, :, at:at + num].copy_(outputs["new_k"])
-            cache.v[:, :, at:at + num].copy_(outputs["new_v"])
+            if cache.quantized:  # quantized as the torch path writes it (time-neutral keys, per-slot scales)
+                for layer in range(self.layers):
+                    cache.write_layer(layer, at, outputs["new_k"][layer], outputs["new_v"][layer])
+            else:
+                cache.k[:, :, at:at + num].copy_(outputs["new_k"])
+                cache.v[:, :, at:at + num].copy_(outputs["new_v"])
             if mass_out is not None:
                 mass = outputs["mass"]
                 mass_out[:, :, :at].copy_(mass[:, :, :at])
@@ -134,4 +154,4 @@ def make_backend(name: str, component: str, run: RunFn, dep, runtime, decode_pro
         return GraphVision(name, run, dep.key.grid_thw, dep.tokens_per_pair, dep.model_config.vision.out_hidden_size,
                            runtime.dtype, runtime.device, dep.hint)
     return GraphLLM(name, run, runtime.model.language, dep.key.cache_tokens, dep.key.max_chunk_tokens, runtime.dtype,
-                    runtime.device, dep.hint, decode_profile=decode_profile)
+                    runtime.device, dep.hint, decode_profile=decode_profile, kv_dtype=dep.key.kv_dtype)

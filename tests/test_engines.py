@@ -237,6 +237,107 @@ def test_full_stream_50_pairs_3_questions_same_answers(runtimes):
     assert logits_gap < 1e-3
 
 
+# ---------------------------------------------------------------------------- an int8 cache
+
+
+@pytest.fixture(scope="module")
+def int8_runtimes(built, tmp_path_factory):
+    """(torch LLM, onnxruntime LLM) over an int8 cache: the graph takes the cache's codes, scales and tpos."""
+    from edgekv.engines.build import build
+
+    config = load_config(built[0]).with_overrides(cache={"kv_dtype": "int8"}, engines={
+        "vision": "torch", "engine_dir": str(tmp_path_factory.mktemp("engines8"))})
+    bundle, manifest = build(config, "onnxruntime", progress=False)
+    assert manifest.key["kv_dtype"] == "int8"
+    assert set(manifest.files["llm"]["inputs"]) == {"embeds", "position_ids", "k_codes", "k_scale", "v_codes",
+                                                     "v_scale", "tpos", "visible"}
+    return (edgekv.Runtime.from_config(config.with_overrides(engines={"llm": "torch"})),
+            edgekv.Runtime.from_config(config))
+
+
+def _filled_int8_cache(runtime, length: int, seed: int) -> CappedKVCache:
+    from edgekv.cache import ChunkMeta, SlotKind
+
+    from edgekv.positions import rotary_inv_freq
+
+    text = runtime.model.config.text
+    cache = CappedKVCache(runtime.cache_spec(), CACHE_TOKENS, compute_dtype=runtime.dtype,
+                          rope=(rotary_inv_freq(text.head_dim, text.rope_theta), int(text.mrope_section[0])))
+    g = torch.Generator().manual_seed(seed)
+    cache.write_meta(0, length, ChunkMeta(SlotKind.VISION, frame=0, tpos=torch.randint(0, 3000, (length,), generator=g)))
+    for layer in range(cache.num_layers):
+        cache.write_layer(layer, 0, torch.randn(cache.kv_heads, length, cache.head_dim, generator=g) * 2,
+                          torch.randn(cache.kv_heads, length, cache.head_dim, generator=g))
+    cache.commit(length)
+    return cache
+
+
+@pytest.mark.parametrize("restricted", [False, True])
+def test_int8_cache_prefill_parity(int8_runtimes, restricted):
+    """The same int8 cache contents read by the graph and by the torch path: same hidden states and mass, and
+    the chunk's K/V written as the same codes (up to one step where a rounding tie falls differently)."""
+    from edgekv.cache import ChunkMeta, SlotKind
+
+    torch_rt, ort_rt = int8_runtimes
+    start, num = 100, 24
+    text = torch_rt.model.config.text
+    g = torch.Generator().manual_seed(1)
+    embeds = torch.randn(num, text.hidden_size, generator=g)
+    positions = torch.stack([torch.full((num,), 3100), torch.arange(num) // 6 + 3100, torch.arange(num) % 6 + 3100])
+    visible = None
+    if restricted:
+        visible = torch.rand(text.num_hidden_layers, text.num_key_value_heads, start, generator=g) < 0.3
+    results = []
+    for rt in (torch_rt, ort_rt):
+        cache = _filled_int8_cache(rt, start, seed=2)
+        assert cache.k.dtype == torch.int8
+        cache.write_meta(start, num, ChunkMeta(SlotKind.VISION, frame=1, tpos=torch.full((num,), 3100)))
+        mass = torch.full((text.num_hidden_layers, text.num_key_value_heads, CACHE_TOKENS), -1.0)
+        hidden = rt.llm_backend.prefill(embeds, positions, cache, visible=visible, mass_out=mass)
+        results.append((hidden, cache.keys(end=start + num)[:, :, start:], cache.values(end=start + num)[:, :, start:],
+                        cache.k[:, :, start:start + num].clone(), mass))
+    (h0, k0, v0, c0, m0), (h1, k1, v1, c1, m1) = results
+    torch.testing.assert_close(h1, h0, atol=1e-4, rtol=0)
+    torch.testing.assert_close(m1[:, :, :start + num], m0[:, :, :start + num], atol=1e-5, rtol=0)
+    assert (c1.int() - c0.int()).abs().max() <= 1 and (c1 != c0).float().mean() < 0.01
+    step = k0.abs().amax(-1, keepdim=True) / 127  # one int8 step of each slot
+    assert ((k1 - k0).abs() <= step * 1.01 + 1e-6).all() and ((v1 - v0).abs() <= v0.abs().amax(-1, keepdim=True) / 127 * 1.01 + 1e-6).all()
+    if restricted:
+        assert torch.all(m1[:, :, :start][~visible] == 0)
+
+
+def test_int8_cache_stream_through_the_engine_answers_as_torch(int8_runtimes):
+    """40 frame pairs with compressions and StateKV sinks on an int8 cache, then a question: the onnxruntime
+    LLM and the torch LLM compress alike and give the same answer tokens."""
+    from edgekv.video.sources import iter_frames
+
+    sessions = [rt.session() for rt in int8_runtimes]
+    for image, t in iter_frames(SOURCE, max_frames=80):
+        for session in sessions:
+            session.ingest(image, t=t)
+    stats = [s.stats() for s in sessions]
+    assert stats[0]["compressions"] == stats[1]["compressions"] >= 2
+    assert stats[0]["cache_capacity_bytes"] == stats[1]["cache_capacity_bytes"]
+    ref, out = (s.question_logits("What moved?") for s in sessions)
+    assert float((ref - out).abs().max()) < 0.05  # int8 rounding ties of K/V written by each path
+    answers = [s.ask("What moved?", max_new_tokens=6).token_ids for s in sessions]
+    assert answers[0] == answers[1]
+
+
+def test_int8_engines_refuse_another_cache(int8_runtimes, built):
+    """An engine built for int8 refuses a model-dtype cache and the reverse, naming cache.kv_dtype."""
+    from edgekv.engines.manifest import EngineError as Error
+
+    torch_rt, ort_rt = int8_runtimes
+    fp_cache = _filled_cache(ort_rt, 10, seed=0)
+    with pytest.raises(Error, match="cache.kv_dtype"):
+        ort_rt.llm_backend.prefill(torch.zeros(1, ort_rt.model.config.text.hidden_size), torch.zeros(3, 1), fp_cache)
+    int8_cache = _filled_int8_cache(torch_rt, 10, seed=0)
+    plain = _runtime(built[0])
+    with pytest.raises(Error, match="cache.kv_dtype"):
+        plain.llm_backend.prefill(torch.zeros(1, plain.model.config.text.hidden_size), torch.zeros(3, 1), int8_cache)
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

@@ -177,13 +177,22 @@ def test_the_triton_compaction_moves_8_bit_bytes_like_the_cache(tmp_path):
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
-def test_engines_refuse_an_8_bit_cache_naming_the_option(tiny_checkpoint):
+def test_engines_take_int8_on_onnxruntime_and_refuse_the_rest_naming_the_option(tiny_checkpoint):
     from edgekv.engines.build import EngineError, deployment
 
     config = EdgeKVConfig().with_overrides(model={"path": str(tiny_checkpoint), "dtype": "fp32"},
                                            video={"resolution": [56, 56]}, cache={"kv_dtype": "int8"})
-    with pytest.raises(EngineError, match="cache.kv_dtype: int8 .* run an 8-bit cache with engines.llm: torch"):
-        deployment(config, "onnxruntime")
+    dep = deployment(config, "onnxruntime")
+    assert dep.key.kv_dtype == "int8" and "kv_dtype" in dep.key.fields()
+    # M from the int8 spec: the same max_mib buys more slots than the model-dtype cache
+    mib = config.with_overrides(cache={"max_mib": 1.0, "max_tokens": None})
+    assert deployment(mib, "onnxruntime").key.cache_tokens > deployment(
+        mib.with_overrides(cache={"kv_dtype": None}), "onnxruntime").key.cache_tokens
+    assert "kv_dtype" not in deployment(config.with_overrides(cache={"kv_dtype": None}), "onnxruntime").key.fields()
+    with pytest.raises(EngineError, match="cache.kv_dtype: fp8 .* engines.llm: torch"):
+        deployment(config.with_overrides(cache={"kv_dtype": "fp8"}), "onnxruntime")
+    with pytest.raises(EngineError, match="cache.kv_dtype: int8 .* only the onnxruntime"):
+        deployment(config, "tensorrt", tensorrt_identity=("10.3.0", "Orin (sm_87)"))
 
 
 def test_bench_memory_writes_figures(tmp_path, capsys):
