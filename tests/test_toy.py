@@ -305,6 +305,8 @@ def test_train_toy_init_goes_on_from_a_checkpoint_and_refuses_one_of_another_sha
                  "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0", "--threads", "1"]) == 0
     card = __import__("json").loads((out / "card.json").read_text())
     assert card["init"] == str(start) and (card["width"], card["layers"]) == (32, 2) and "--init" in card["command"]
+    assert card["parent"] == {"note": "test"}  # the starting checkpoint's card travels with the new one
+    assert "Trained in rounds" in (out / "README.md").read_text()
     trained = load_pretrained(out, dtype=torch.float32)
     assert trained.config == reference.config
     assert not torch.equal(trained.language.embed_tokens.weight, reference.language.embed_tokens.weight.half().float())

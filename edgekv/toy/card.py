@@ -10,6 +10,25 @@ from edgekv.toy.questions import CHANCE, FAMILIES, TEMPLATES
 TARGETS = {"color": 0.95, "shape": 0.95, "exists": 0.95, "order": 0.90, "count": 0.80}
 
 
+def _lineage_lines(card: dict) -> str:
+    """Markdown lines for the rounds a checkpoint was trained in (``--init``), newest first, and the total."""
+    lines, total, parent = [], card.get("wall_time_s", 0.0), card.get("parent")
+    while parent:
+        total += parent.get("wall_time_s", 0.0)
+        accuracy = parent.get("heldout_accuracy") or {}
+        scores = ", ".join(f"{family} {accuracy[family]:.3f}" for family in FAMILIES if family in accuracy)
+        line = (f"  - from `{parent.get('command')}`: {parent.get('steps')} steps, "
+                f"{parent.get('wall_time_s', 0) / 60:.1f} min" + (f"; held-out {scores}" if scores else ""))
+        if parent.get("note"):
+            line += f" ({parent['note']})"
+        lines.append(line)
+        parent = parent.get("parent")
+    if not lines:
+        return ""
+    return ("\n- Trained in rounds (`--init`): this round went on from the checkpoint below; total wall time "
+            f"{total / 60:.1f} min.\n" + "\n".join(lines))
+
+
 def write_model_card(directory: str | Path, card: dict) -> Path:
     """Render ``card`` (what ``edgekv train-toy`` measured) as the checkpoint's README.md."""
     directory = Path(directory)
@@ -45,7 +64,7 @@ released checkpoint layout: transformers' `Qwen2_5_VLForConditionalGeneration` l
   a capped cache shows them. Loss: the answer word and the closing `<|im_end|>`, plus
   {card.get('aux_weight')} x an auxiliary loss at the video tokens (the colour or shape word of the event a
   token shows, "no" on background) that only speeds training up.
-- Last training log line: `{json.dumps(last)}`{chr(10) + "- Note: " + card["note"] if card.get("note") else ""}
+- Last training log line: `{json.dumps(last)}`{chr(10) + "- Note: " + card["note"] if card.get("note") else ""}{_lineage_lines(card)}
 
 ## Accuracy (held-out set, full cache, through the live session)
 

@@ -392,6 +392,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
             "history": history, "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
+    if init is not None:
+        card["parent"] = _lineage(init)
     save_checkpoint(model, out_dir, card)
     if heldout_streams:
         from edgekv.eval.toy_accuracy import evaluate as heldout_accuracy
@@ -400,6 +402,20 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         log(json.dumps({"heldout_accuracy": card["heldout_accuracy"]["accuracy"]}))
     write_model_card(out_dir, card)
     return card
+
+
+def _lineage(path: str | Path) -> dict | None:
+    """What the checkpoint at ``path`` was trained from (its card's command, steps, wall time, held-out accuracy
+    and note, and its own parent), so a model trained in rounds keeps the whole recipe in its card."""
+    card_path = Path(path) / "card.json"
+    if not card_path.is_file():
+        return None
+    parent = json.loads(card_path.read_text())
+    kept = {key: parent[key] for key in ("command", "seed", "steps", "vision_steps", "lr", "wall_time_s", "note", "parent")
+            if key in parent}
+    if "heldout_accuracy" in parent:
+        kept["heldout_accuracy"] = parent["heldout_accuracy"].get("accuracy")
+    return kept
 
 
 def _from_checkpoint(path: str | Path):
