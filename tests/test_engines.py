@@ -149,17 +149,24 @@ def _filled_cache(runtime, length: int, seed: int) -> CappedKVCache:
     return cache
 
 
+def _chunk_inputs(text, start: int, num: int, t: int, restricted: bool):
+    """A frame pair's chunk (embeds, M-RoPE positions at temporal position ``t`` on a 4 x 6 grid) and, when
+    ``restricted``, a StateKV-like per-(layer, KV head) subset of the ``start`` committed slots."""
+    g = torch.Generator().manual_seed(1)
+    embeds = torch.randn(num, text.hidden_size, generator=g)
+    positions = torch.stack([torch.full((num,), t), torch.arange(num) // 6 + t, torch.arange(num) % 6 + t])
+    visible = None
+    if restricted:
+        visible = torch.rand(text.num_hidden_layers, text.num_key_value_heads, start, generator=g) < 0.3
+    return embeds, positions, visible
+
+
 @pytest.mark.parametrize("restricted", [False, True])
 def test_prefill_kv_and_mass_parity(runtimes, restricted):
     torch_rt, ort_rt = runtimes
     start, num = 100, 24
     text = torch_rt.model.config.text
-    g = torch.Generator().manual_seed(1)
-    embeds = torch.randn(num, text.hidden_size, generator=g)
-    positions = torch.stack([torch.full((num,), 60), torch.arange(num) // 6 + 60, torch.arange(num) % 6 + 60])
-    visible = None
-    if restricted:  # StateKV: a per-(layer, KV head) subset of the committed slots
-        visible = torch.rand(text.num_hidden_layers, text.num_key_value_heads, start, generator=g) < 0.3
+    embeds, positions, visible = _chunk_inputs(text, start, num, 60, restricted)
     results = []
     for rt in (torch_rt, ort_rt):
         cache = _filled_cache(rt, start, seed=2)
@@ -281,12 +288,7 @@ def test_int8_cache_prefill_parity(int8_runtimes, restricted):
     torch_rt, ort_rt = int8_runtimes
     start, num = 100, 24
     text = torch_rt.model.config.text
-    g = torch.Generator().manual_seed(1)
-    embeds = torch.randn(num, text.hidden_size, generator=g)
-    positions = torch.stack([torch.full((num,), 3100), torch.arange(num) // 6 + 3100, torch.arange(num) % 6 + 3100])
-    visible = None
-    if restricted:
-        visible = torch.rand(text.num_hidden_layers, text.num_key_value_heads, start, generator=g) < 0.3
+    embeds, positions, visible = _chunk_inputs(text, start, num, 3100, restricted)
     results = []
     for rt in (torch_rt, ort_rt):
         cache = _filled_int8_cache(rt, start, seed=2)
