@@ -426,7 +426,7 @@ def test_the_shipped_checkpoint_scores_what_its_card_states():
         assert result["accuracy"][family] > CHANCE[family] + 0.1, family
 
 
-DEMO_QUIZ_MIN_CORRECT = 7  # measured: 8 of 10 on the 2-core x86 dev machine (fp32; a margin for other CPUs)
+DEMO_QUIZ_MIN_CORRECT = 7  # measured: 9 of 10 on the 2-core x86 dev machine (fp32; a margin for other CPUs)
 
 
 @pytest.mark.slow
