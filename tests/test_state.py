@@ -282,7 +282,9 @@ def test_kill_9_during_snapshot_writes_leaves_the_previous_one_loadable(tiny_che
         child = subprocess.Popen([sys.executable, "-c", WRITER, str(tiny_checkpoint), str(folder), str(engine_dir)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         saved: list[int] = []
-        reader = threading.Thread(target=lambda: [saved.append(int(line.split()[1])) for line in child.stdout])
+        # a line torn by the kill ("saved" or "saved 1" of "saved 12", no newline) was never announced whole
+        reader = threading.Thread(target=lambda: [saved.append(int(line.split()[1])) for line in child.stdout
+                                                  if line.endswith("\n") and len(line.split()) == 2])
         reader.start()
         deadline = time.monotonic() + 120
         while len(saved) < 2 and child.poll() is None and time.monotonic() < deadline:
