@@ -39,8 +39,8 @@ With an 8-bit cache (``cache.kv_dtype: int8``) the graph takes the cache's own b
     k_scale, v_scale  [L, Hkv, M]     bf16 — one absmax scale per slot
     tpos              [L, Hkv, M]     int32 — each slot's temporal position
 
-and dequantizes and rotates inside (fp32: ``q * scale``, then the temporal rotary pairs by ``tpos``, the
-same products as ``edgekv.positions.rotate_temporal``). The chunk attends to its own K/V as the cache will
+and dequantizes and rotates inside with the cache's own functions (``dequantize``, then
+``edgekv.positions.rotate_temporal`` by ``tpos``, fp32). The chunk attends to its own K/V as the cache will
 hold them (quantized and dequantized in the graph, as the torch path writes before it reads); ``new_k`` /
 ``new_v`` leave unquantized in the model dtype and the runner quantizes them as the torch path does
 (``CappedKVCache.write_layer``). fp8 caches have no graph: ONNX's
@@ -53,13 +53,13 @@ the small probabilities that StateKV's mass and a long cache depend on.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
+from edgekv.cache.quant import dequantize, quantize
 from edgekv.model.language import Qwen2LM
 from edgekv.model.vision import VisionTower, build_layout
+from edgekv.positions import rotate_temporal
 
 LLM_INPUTS = ("embeds", "position_ids", "k_cache", "v_cache", "visible")
 LLM_INPUTS_8BIT = ("embeds", "position_ids", "k_codes", "k_scale", "v_codes", "v_scale", "tpos", "visible")
@@ -138,33 +138,20 @@ class _QuantizedGraphAttend(_GraphAttend):
     def chunk(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The torch path writes the chunk into the 8-bit cache before attending, so the chunk attends to its
         own K/V as stored: keys made time-neutral, quantized and rotated back, values quantized."""
-        rotate = functools.partial(rotate_temporal_cat, inv_freq=self.inv_freq, temporal_section=self.temporal_section)
+        rope = (self.inv_freq, self.temporal_section)
         delta = self.chunk_tpos.unsqueeze(0).expand(k.shape[0], -1)
-        keys = rotate(_fake_int8(rotate(k.float(), -delta)), delta)
+        keys = rotate_temporal(_fake_int8(rotate_temporal(k.float(), -delta, *rope)), delta, *rope)
         return keys, _fake_int8(v.float())
 
     def cached(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys = self.k_cache[layer].float() * self.k_scale[layer].float().unsqueeze(-1)
         values = self.v_cache[layer].float() * self.v_scale[layer].float().unsqueeze(-1)
-        return rotate_temporal_cat(keys, self.tpos[layer], self.inv_freq, self.temporal_section), values
+        return rotate_temporal(keys, self.tpos[layer], self.inv_freq, self.temporal_section), values
 
 
 def _fake_int8(x: torch.Tensor) -> torch.Tensor:
-    """``dequantize(*quantize(x, int8))`` of ``edgekv/cache/quant.py``, written for export (fp32 in and out)."""
-    amax = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
-    scale = (amax / 127.0 * (1.0 + 2.0 ** -7)).to(torch.bfloat16).float()
-    return torch.round((x / scale).clamp(-127.0, 127.0)) * scale
-
-
-def rotate_temporal_cat(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int) -> torch.Tensor:
-    """``edgekv.positions.rotate_temporal`` (fp32 keys) written with slices and a concatenation instead of
-    in-place writes, for export: the same products and sums, so the same values."""
-    half = keys.shape[-1] // 2
-    t = temporal_section
-    angle = delta.float().unsqueeze(-1) * inv_freq[:t]
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    x1, x2 = keys[..., :t], keys[..., half:half + t]
-    return torch.cat([x1 * cos - x2 * sin, keys[..., t:half], x2 * cos + x1 * sin, keys[..., half + t:]], dim=-1)
+    """x as an int8 cache slot holds it: the cache's own ``quantize`` then ``dequantize`` (fp32 in and out)."""
+    return dequantize(*quantize(x, torch.int8), torch.float32)
 
 
 class LLMChunkGraph(nn.Module):
