@@ -13,10 +13,11 @@ Three parts, each printed and saved in one JSON + PNG (figures only: nothing her
 * ``latency``: recall's select (score the index) + read (per-layer records from the segment files) +
   prepare (copy into the reserve, re-rotate keys) at the 3B cache shape (36 layers, 2 KV heads, head_dim
   128, bf16, 256 tokens per 448x448 pair) — synthetic KV, no model. ``--latency-pairs`` records are
-  really written; archives of ``--sizes-gib`` are SIMULATED: an index of that many pairs (random mean keys)
+  really written; archives of ``--sizes-gib`` are SIMULATED: an index of that many pairs (random index keys)
   whose entries point at the written records, so the disk holds only the read set. Reads are timed warm
-  (page cache) and cold (the segment files' pages dropped with posix_fadvise first). The probe (one
-  question-length prefill) is a model forward and is not in these figures. Writing those records also
+  (page cache) and cold (the segment files' pages dropped with posix_fadvise first). Select scores the
+  index with random queries of ``--q-heads`` x ``--question-tokens`` (attention scoring) or their mean
+  (cosine). The probe (one question-length prefill) is a model forward and is not in these figures. Writing those records also
   times ``submit`` — the ingest thread's whole share of archiving a pair (copy into a staging buffer,
   hand-off) — and the writer thread's ms per pair, at that shape.
 * ``ingest``: ms per frame pair with the archive writer on vs off (toy model, replayed vision so the
@@ -53,6 +54,12 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=3)
     parser.add_argument("--ks", default="4,16", help="pairs recalled per question (archive.top_k)")
     parser.add_argument("--modes", default="layer,pooled", help="archive.retrieval values to compare")
+    parser.add_argument("--scorings", default="attention,cosine", help="archive.scoring values to compare")
+    parser.add_argument("--index-keys", type=int, default=2, help="archive.index_keys of every archive run")
+    parser.add_argument("--q-heads", type=int, default=16,
+                        help="latency part: query heads (the 3B model: 16) scoring the index")
+    parser.add_argument("--question-tokens", type=int, default=24,
+                        help="latency part: question tokens whose queries score the index")
     parser.add_argument("--latency-pairs", type=int, default=48, help="records really written for the latency part")
     parser.add_argument("--shape", type=_ints, default=(36, 2, 128, 256),
                         help="latency part's KV shape: layers,kv_heads,head_dim,tokens per pair (bf16; default: "
@@ -69,6 +76,10 @@ def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="bench-archive.json")
     parser.add_argument("--plot", default="bench-archive.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_archive)
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -120,8 +131,11 @@ def accuracy(args: argparse.Namespace, root: Path) -> dict:
     # ceiling at the same distances between event and question; needle's ceiling is a short stream
     runs: list[tuple[str, dict | None]] = [("full cache", None), ("no archive", None)]
     for k in _ints(args.ks):
-        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            runs.append((f"archive k={k} {mode}", {"top_k": k, "retrieval": mode, "max_gib": 1.0, "segment_mib": 64}))
+        for mode in _names(args.modes):
+            for scoring in _names(args.scorings):
+                runs.append((f"archive k={k} {mode} {scoring}",
+                             {"top_k": k, "retrieval": mode, "scoring": scoring, "index_keys": args.index_keys,
+                              "max_gib": 1.0, "segment_mib": 64}))
     plain = _toy_runtime(args.model, args.policy, args.budget, None).session()
     horizon = plain.frames_that_fit() // 2  # frame pairs the cache holds whole before it must compress
     base = _toy_runtime(args.model, "full", 128, None)
@@ -208,7 +222,8 @@ def _share(rows: list[dict], key: str) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- latency
-def _fake_session(folder: Path, shape: dict, top_k: int, mode: str, cache):
+def _fake_session(folder: Path, shape: dict, top_k: int, mode: str, cache, scoring: str = "attention",
+                  index_keys: int = 2):
     """What Recall needs of a session, at a cache shape, without a model (select/load/clear only)."""
     from edgekv.archive.recall import STREAM_KEY, Recall
     from edgekv.config import ArchiveSection
@@ -220,16 +235,18 @@ def _fake_session(folder: Path, shape: dict, top_k: int, mode: str, cache):
         inv_freq=rotary_inv_freq(shape["head_dim"], 1e6), temporal_section=shape["head_dim"] // 8,
         preprocessor=SimpleNamespace(tokens_per_pair=shape["tokens"]),
         counters=SimpleNamespace(extra={STREAM_KEY: (b"b" * 16).hex()}, frame_pairs=0))
-    section = ArchiveSection(dir=str(folder), max_gib=1024.0, segment_mib=1024.0, top_k=top_k, retrieval=mode)
+    section = ArchiveSection(dir=str(folder), max_gib=1024.0, segment_mib=1024.0, top_k=top_k, retrieval=mode,
+                             scoring=scoring, index_keys=index_keys)
     return session, Recall(session, section)
 
 
-def _write_records(folder: Path, shape: dict, pairs: int) -> tuple[int, list[float], float]:
+def _write_records(folder: Path, shape: dict, pairs: int, index_keys: int) -> tuple[int, list[float], float]:
     """Write ``pairs`` records through ``submit`` from strided cache views, as ingest does; returns the
     bytes on disk, the ms of each accepted ``submit`` (the ingest thread's share) and the writer's ms/pair."""
     from edgekv.archive.store import FrameArchive, KVShape
 
-    archive = FrameArchive(folder, KVShape.of(shape["layers"], shape["kv_heads"], shape["head_dim"], shape["dtype"]),
+    archive = FrameArchive(folder, KVShape.of(shape["layers"], shape["kv_heads"], shape["head_dim"], shape["dtype"],
+                                              index_keys),
                            max_bytes=1 << 40, segment_bytes=1 << 30, queue_pairs=4)
     generator = torch.Generator().manual_seed(0)
     # k: [layers, kv_heads, 4 P, head_dim], a cache-like buffer: each pair is a strided slice of it
@@ -270,7 +287,7 @@ def latency(args: argparse.Namespace, root: Path) -> dict:
         raise SystemExit(f"--shape: expected four positive integers layers,kv_heads,head_dim,tokens, got {args.shape}")
     shape = dict(zip(("layers", "kv_heads", "head_dim", "tokens"), args.shape), dtype=torch.bfloat16)
     root.mkdir(parents=True)
-    disk, submit_ms, writer_ms = _write_records(root, shape, args.latency_pairs)
+    disk, submit_ms, writer_ms = _write_records(root, shape, args.latency_pairs, args.index_keys)
     record = disk / args.latency_pairs
     print(f"submit (on the ingest thread): median {statistics.median(submit_ms):.2f} ms, max {max(submit_ms):.2f} ms "
           f"per pair; the writer thread {writer_ms:.1f} ms per pair", flush=True)
@@ -282,19 +299,21 @@ def latency(args: argparse.Namespace, root: Path) -> dict:
     out = []
     for size in (float(x) for x in args.sizes_gib.split(",") if x.strip()):
         pairs = max(int(size * 2**30 // record), 1)
-        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        for mode, scoring in [(m, s) for m in _names(args.modes) for s in _names(args.scorings)]:
             for k in ks:
-                session, recall = _fake_session(root, shape, k, mode, cache)
+                session, recall = _fake_session(root, shape, k, mode, cache, scoring, args.index_keys)
                 real = recall.archive.entries()
                 generator = torch.Generator().manual_seed(pairs)
-                width = shape["kv_heads"] * shape["head_dim"]
+                cells = (shape["layers"], shape["kv_heads"], args.index_keys)
                 for pair in range(len(real), pairs):  # simulated rows: random keys, records reused
                     entry = replace(real[pair % len(real)], pair=pair, frame=pair, t=2.0 * pair, tpos=10 + 2 * pair)
-                    recall.archive._add(entry, torch.randn(shape["layers"], width, generator=generator).half())
-                index_mb = pairs * shape["layers"] * width * 2 / 2**20
+                    recall.archive._add(entry, torch.randn(*cells, shape["head_dim"], generator=generator).half(),
+                                        torch.full(cells, 1.0 / args.index_keys).half())
+                index_mb = pairs * (recall.archive.shape.summary_bytes() + 4 * shape["layers"]) / 2**20
                 timings = {"select": [], "read_warm": [], "read_cold": []}
                 for repeat in range(args.repeats):
-                    query = torch.randn(shape["layers"], width, generator=generator)
+                    query = torch.randn(shape["layers"], args.q_heads, args.question_tokens, shape["head_dim"],
+                                        generator=generator)
                     _drop_page_cache(root)  # cold: the records come from the disk
                     started = time.perf_counter()
                     ranked = recall.select(query)
@@ -307,10 +326,11 @@ def latency(args: argparse.Namespace, root: Path) -> dict:
                         recall.clear(0, cache.length)
                         cache.truncate(0)
                     timings["select"].append((selected - started) * 1e3)
-                row = {"size_gib": size, "pairs": pairs, "mode": mode, "k": k, "index_mib": round(index_mb, 1),
+                row = {"size_gib": size, "pairs": pairs, "mode": mode, "scoring": scoring, "k": k,
+                       "index_keys": args.index_keys, "index_mib": round(index_mb, 1),
                        **{f"{name}_ms": round(statistics.median(v), 2) for name, v in timings.items()}}
                 row["total_cold_ms"] = round(row["select_ms"] + row["read_cold_ms"], 2)
-                print(f"  {size:>5} GiB ({pairs:>6} pairs, index {index_mb:7.1f} MiB) {mode:6s} k={k:<3d} select "
+                print(f"  {size:>5} GiB ({pairs:>6} pairs, index {index_mb:7.1f} MiB) {mode:6s} {scoring:9s} k={k:<3d} select "
                       f"{row['select_ms']:8.2f} ms, read+prepare warm {row['read_warm_ms']:8.2f} ms, cold "
                       f"{row['read_cold_ms']:8.2f} ms", flush=True)
                 out.append(row)
@@ -411,11 +431,12 @@ def plot(results: dict, path: Path) -> None:
             ax.set_title(f"toy, events older than {data['horizon_pairs']} pairs (M={data['budget']})", fontsize=9)
             ax.legend(fontsize=7)
         elif part == "latency":
-            for mode in sorted({r["mode"] for r in data["rows"]}):
+            for mode, scoring in sorted({(r["mode"], r.get("scoring", "cosine")) for r in data["rows"]}):
                 for k in sorted({r["k"] for r in data["rows"]}):
-                    rows = [r for r in data["rows"] if r["mode"] == mode and r["k"] == k]
+                    rows = [r for r in data["rows"]
+                            if r["mode"] == mode and r.get("scoring", "cosine") == scoring and r["k"] == k]
                     ax.plot([r["size_gib"] for r in rows], [r["total_cold_ms"] for r in rows], marker="o",
-                            label=f"{mode} k={k} (cold)")
+                            label=f"{mode} {scoring} k={k} (cold)")
             ax.set_xscale("log")
             ax.set_xlabel("archive size (GiB, simulated index)")
             ax.set_ylabel("select + read + prepare (ms)")

@@ -288,6 +288,9 @@ class ArchiveSection:
     queue_pairs: int = 8            # staging buffers between ingest and the writer; full = the pair is dropped
     top_k: int = 4                  # pairs recalled per question (the retrieval reserve holds this many)
     retrieval: Literal["layer", "pooled"] = "layer"  # top-k per layer (ReKV) or one top-k for all layers
+    scoring: Literal["attention", "cosine"] = "attention"  # a pair's share of the question's attention, or
+    #                                 ReKV's cosine of mean query and mean key (edgekv/archive/recall.py)
+    index_keys: int = 2             # representative keys per pair, layer and KV head in the index (1: mean key)
     recall: bool = True             # Session.ask's default when an archive is configured
 
     def validate(self, at: str) -> None:
@@ -303,6 +306,8 @@ class ArchiveSection:
             raise ConfigError(f"{at}.queue_pairs: must be >= 1, got {self.queue_pairs}")
         if self.top_k < 1:
             raise ConfigError(f"{at}.top_k: must be >= 1, got {self.top_k}")
+        if not 1 <= self.index_keys <= 64:
+            raise ConfigError(f"{at}.index_keys: must be 1 to 64, got {self.index_keys}")
 
 
 @dataclass(frozen=True)

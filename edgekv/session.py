@@ -424,7 +424,8 @@ class StreamSession:
                 embeds = self._embed(ids)
                 if recall:
                     recalled = self.recall.recall(embeds, positions).unique_pairs
-                hidden = self._prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
+                hidden = self._prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
+                                       visible=self._answer_visible(recall))
                 position = self.text_start() + len(ids)
                 logits = self.llm.logits(hidden[-1])
                 ttft = None
@@ -443,7 +444,8 @@ class StreamSession:
                     if step == max_new_tokens - 1:
                         break
                     pos = text_position_ids(position, 1).to(self.device)
-                    hidden = self._prefill(self._embed([token]), pos, ChunkMeta(SlotKind.TEXT, tpos=pos[0]))
+                    hidden = self._prefill(self._embed([token]), pos, ChunkMeta(SlotKind.TEXT, tpos=pos[0]),
+                                           visible=self._answer_visible(recall))
                     position += 1
                     logits = self.llm.logits(hidden[-1])
                 decode_s = time.perf_counter() - decode_start
@@ -486,13 +488,18 @@ class StreamSession:
                 embeds = self._embed(ids)
                 if recall:
                     self.recall.recall(embeds, positions)
-                hidden = self._prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]))
+                hidden = self._prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
+                                       visible=self._answer_visible(recall))
                 return self.llm.logits(hidden).float()
         finally:
             used = max(self.cache.length, video_len + len(ids) + (self.recall_reserve if recall else 0))
             self.cache.truncate(video_len)
             if recall:
                 self.recall.clear(video_len, used)
+
+    def _answer_visible(self, recall: bool) -> torch.Tensor | None:
+        """With recall: hide the cache's kept copies of the pairs recalled whole (edgekv/archive/recall.py)."""
+        return self.recall.visible(self.cache.length) if recall else None
 
     def _question_ids(self, question: str, max_new_tokens: int, temperature: float, top_p: float,
                       reserved: int = 0) -> list[int]:

@@ -12,21 +12,24 @@ def test_bench_archive_writes_consistent_figures(tmp_path, capsys):
     out_json, out_png = tmp_path / "a.json", tmp_path / "a.png"
     code = main(["bench", "archive", "--length", "80", "--ages", "60,70", "--events", "2", "--streams", "1",
                  "--budget", "512", "--policy", "sliding_window", "--ks", "2", "--modes", "layer",
-                 "--latency-pairs", "3", "--shape", "4,2,16,8", "--sizes-gib", "0.001,0.01", "--repeats", "1",
+                 "--scorings", "attention,cosine", "--latency-pairs", "3", "--shape", "4,2,16,8", "--sizes-gib", "0.001,0.01", "--repeats", "1",
                  "--ingest-pairs", "24", "--ingest-repeats", "1", "--dir", str(tmp_path),
                  "--json", str(out_json), "--plot", str(out_png)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "archive k=2 layer" in printed and "ms/pair with the writer" in printed
+    assert "archive k=2 layer attention" in printed and "ms/pair with the writer" in printed
     results = json.loads(out_json.read_text())["results"]
     summary = results["accuracy"]["summary"]
-    assert set(summary) == {"full cache", "no archive", "archive k=2 layer"}
+    runs = {"archive k=2 layer attention", "archive k=2 layer cosine"}
+    assert set(summary) == {"full cache", "no archive", *runs}
     assert summary["no archive"]["old_event_recalled"] == 0.0
-    assert summary["archive k=2 layer"]["recall_ms_per_question"] > 0
-    assert summary["archive k=2 layer"]["old_n"] == summary["no archive"]["old_n"] > 0
+    for run in runs:
+        assert summary[run]["recall_ms_per_question"] > 0
+        assert summary[run]["old_n"] == summary["no archive"]["old_n"] > 0
     rows = results["latency"]["rows"]
-    assert [r["pairs"] for r in rows] == [max(int(s * 2**30 // results["latency"]["record_bytes"]), 1)
-                                          for s in (0.001, 0.01)]
+    sizes = [max(int(s * 2**30 // results["latency"]["record_bytes"]), 1) for s in (0.001, 0.01)]
+    assert sorted((r["pairs"], r["scoring"]) for r in rows) == sorted(
+        (p, s) for p in sizes for s in ("attention", "cosine"))
     assert all(r["read_cold_ms"] > 0 and r["select_ms"] > 0 for r in rows)
     ingest = results["ingest"]
     assert len(ingest["ms_per_pair"]["on"]) == len(ingest["ms_per_pair"]["off"]) == 1 and ingest["rss_mb_on"]

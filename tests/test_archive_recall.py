@@ -63,6 +63,10 @@ def test_config_refuses_bad_archive_keys(tmp_path):
         EdgeKVConfig().with_overrides(archive={"max_gib": 0.1, "segment_mib": 100})
     with pytest.raises(ConfigError, match="archive"):
         EdgeKVConfig().with_overrides(archive={"retrieval": "random"})
+    with pytest.raises(ConfigError, match="archive.scoring"):
+        EdgeKVConfig().with_overrides(archive={"scoring": "dot"})
+    with pytest.raises(ConfigError, match="archive.index_keys"):
+        EdgeKVConfig().with_overrides(archive={"index_keys": 0})
 
 
 def test_recalled_cache_equals_the_full_cache_and_is_cleared_after(tiny_checkpoint, tmp_path):
@@ -100,6 +104,40 @@ def test_recalled_cache_equals_the_full_cache_and_is_cleared_after(tiny_checkpoi
     assert session.stats()["recalls"] == 2 and session.stats()["recalled_pairs"] == 4
 
 
+def test_a_pair_kept_in_part_is_seen_once_whole(tiny_checkpoint, tmp_path):
+    """Two pairs of which the cache kept half the tokens (as a policy's eviction would): recall brings them
+    back whole and hides the kept halves from the answer, so the question's logits equal the uncut cache's —
+    the same patches are never there twice (with them visible the logits differ)."""
+    session = _runtime(tiny_checkpoint, tmp_path, policy="full", max_tokens=900).session()
+    _stream(session, 10)
+    full = session.question_logits("What moved?")
+    n, per = session.cache.length, session.tokens_per_pair
+    cut = {3, 6}
+    frames = session.cache.frame[:, :, :n]
+    seen: dict[int, int] = {}
+    keep_row = []
+    for i in range(n):
+        frame = int(frames[0, 0, i])
+        seen[frame] = seen.get(frame, 0) + 1
+        if frame not in cut or seen[frame] <= per // 2:
+            keep_row.append(i)
+    keep = torch.tensor(keep_row).expand(session.cache.num_layers, session.cache.kv_heads, -1).contiguous()
+    session.cache.compact(keep)
+    start = session.cache.length
+    halves = torch.isin(session.cache.frame[:, :, :start], torch.tensor(sorted(cut), dtype=session.cache.frame.dtype))
+    assert int(halves[0, 0].sum()) == len(cut) * (per // 2)
+    with torch.inference_mode():
+        recalled = session.question_logits("What moved?", recall=True)
+    assert session.recall.last.unique_pairs == (3, 6)
+    torch.testing.assert_close(recalled, full, rtol=1e-4, atol=1e-4)
+    assert session.recall.hidden is None  # cleared with the reserve
+    # the same recall with the kept halves left visible: the answer sees those patches twice
+    session.recall.visible = lambda length: None
+    with torch.inference_mode():
+        doubled = session.question_logits("What moved?", recall=True)
+    assert (doubled - full).abs().max() > 10 * (recalled - full).abs().max()
+
+
 def test_recalled_keys_are_rotated_exactly_to_the_current_positions(tiny_checkpoint, tmp_path):
     """Re-basing after a pair was archived: its recalled keys equal the archived keys with the model's own
     M-RoPE undone at the archived positions and applied at the new ones (fp32)."""
@@ -135,12 +173,16 @@ def test_recalled_keys_are_rotated_exactly_to_the_current_positions(tiny_checkpo
 
 
 def test_layer_and_pooled_pick_from_the_archive_only_pairs_not_in_cache(tiny_checkpoint, tmp_path):
-    for mode in ("layer", "pooled"):
-        session = _runtime(tiny_checkpoint, tmp_path / mode, {"retrieval": mode, "top_k": 3},
+    for mode, scoring in [(m, s) for m in ("layer", "pooled") for s in ("attention", "cosine")]:
+        session = _runtime(tiny_checkpoint, tmp_path / f"{mode}-{scoring}",
+                           {"retrieval": mode, "top_k": 3, "scoring": scoring},
                            policy="sliding_window", max_tokens=130).session()
         _stream(session, 24)
         whole = _whole_pairs(session)
         assert session.recall.archive.pairs == 24
+        probed = []
+        probe = session.recall.probe
+        session.recall.probe = lambda *a: probed.append(probe(*a)) or probed[-1]
         with torch.inference_mode():
             session.question_logits("Which shape?", recall=True)
         rows = session.recall.last.pairs
@@ -155,6 +197,20 @@ def test_layer_and_pooled_pick_from_the_archive_only_pairs_not_in_cache(tiny_che
             assert len(set(rows)) == 1
         stats = session.stats()
         assert stats["recall_mode"] == mode and stats["recall_ms_last"] > 0 and stats["archive_bytes"] > 0
+        assert stats["recall_scoring"] == scoring
+        if scoring == "attention":  # the picks are the best-scored candidates of each layer (or of all, pooled)
+            (queries,) = probed
+            assert queries.shape[:2] == (session.cache.num_layers, 4)  # [layers, q_heads, T, head_dim]
+            whole_mask = session.recall._whole_in_cache(session.recall.archive.entries(session.recall.stream))
+            entries, scores = session.recall.archive.attention_scores(
+                queries, session.recall.stream,
+                (lambda e: whole_mask.all(dim=1, keepdim=True).expand_as(whole_mask)) if mode == "pooled"
+                else (lambda e: whole_mask))
+            if mode == "pooled":
+                scores = scores.mean(dim=1, keepdim=True).expand_as(scores)
+            for layer, row in enumerate(rows):
+                best = torch.topk(scores[:, layer], 3).indices.tolist()
+                assert list(row) == [entries[i].frame for i in best], (mode, layer)
 
 
 def test_archive_continues_across_a_restart_with_the_persistent_memory(tiny_checkpoint, tmp_path):

@@ -200,3 +200,102 @@ def test_kill_9_mid_write_loses_only_the_tail_and_reopens(tmp_path):
     assert archive.submit(k, k, frame=len(pairs), t=0.0, tpos=0, t_offset=0, rows=16, cols=16, stream=new_stream_id())
     archive.close()
     assert FrameArchive(tmp_path, shape, max_bytes=1 << 30, segment_bytes=1 << 29).next_pair == len(pairs) + 1
+
+
+# ---------------------------------------------------------------------------------------------- index rows
+def test_summarize_keys_finds_an_object_beside_the_background():
+    """One key per cell is the exact mean (ReKV's vector); two are the k-means centroids with the share of
+    tokens each stands for — a few distinct 'object' keys get a centroid of their own."""
+    from edgekv.archive.store import summarize_keys
+
+    g = torch.Generator().manual_seed(0)
+    background, thing = torch.randn(8, generator=g), torch.randn(8, generator=g) * 4
+    keys = background + 0.01 * torch.randn(3, 12, 8, generator=g)
+    keys[:, 9:] = thing + 0.01 * torch.randn(3, 3, 8, generator=g)  # 3 of 12 tokens: the object
+    mean, one = summarize_keys(keys, 1)
+    assert mean.shape == (3, 1, 8) and torch.equal(one, torch.ones(3, 1))
+    torch.testing.assert_close(mean[:, 0], keys.mean(dim=1))
+    centroids, weights = summarize_keys(keys, 2)
+    assert centroids.shape == (3, 2, 8) and weights.shape == (3, 2)
+    torch.testing.assert_close(weights, torch.tensor([[0.75, 0.25]] * 3))
+    torch.testing.assert_close(centroids[:, 0], keys[:, :9].mean(dim=1))
+    torch.testing.assert_close(centroids[:, 1], keys[:, 9:].mean(dim=1))
+    # the weighted mean of the summary is the mean key, whatever the number of centroids
+    for m in (2, 3, 5):
+        c, w = summarize_keys(keys, m)
+        torch.testing.assert_close((c * w.unsqueeze(-1)).sum(dim=1), keys.mean(dim=1), atol=1e-5, rtol=1e-5)
+        assert torch.allclose(w.sum(dim=1), torch.ones(3))
+
+
+def _two_key_pair(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V whose tokens take one of two keys per (layer, head): 3 tokens the first, 1 the second."""
+    g = torch.Generator().manual_seed(100 + pair)
+    distinct = torch.randn(SHAPE.layers, SHAPE.kv_heads, 2, SHAPE.head_dim, generator=g) * 2
+    k = distinct[:, :, [0, 0, 1, 0]].contiguous()
+    return k, k + 1
+
+
+def test_attention_scores_are_the_attention_mass_of_each_pairs_tokens(tmp_path):
+    """With index_keys=2 and pairs of two distinct keys, the index is lossless, so a pair's score is exactly
+    the share of the question's attention (softmax over every candidate token) that falls on its tokens,
+    averaged over query heads and question tokens; excluded pairs are in no softmax."""
+    shape = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32", index_keys=2)
+    archive = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=16 << 10)
+    pairs = range(6)
+    for pair in pairs:
+        k, v = _two_key_pair(pair)
+        assert archive.submit(k, v, frame=pair, t=pair, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM)
+        archive.flush()
+    g = torch.Generator().manual_seed(7)
+    queries = torch.randn(3, 4, 5, 8, generator=g)  # [layers, q_heads (2 per KV head), T, head_dim]
+    excluded = torch.zeros(6, 3, dtype=torch.bool)
+    excluded[1, :] = True
+    excluded[4, 2] = True
+    entries, scores = archive.attention_scores(queries, STREAM, lambda e: excluded[[x.pair for x in e]])
+    assert [e.pair for e in entries] == list(pairs) and scores.shape == (6, 3)
+    keys = torch.stack([_two_key_pair(p)[0] for p in pairs])  # [N, L, H, P, D]
+    for layer in range(3):
+        for_layer = torch.zeros(6)
+        candidates = [p for p in pairs if not excluded[p, layer]]
+        for head in range(4):
+            kv_head = head // 2
+            flat = torch.cat([keys[p, layer, kv_head] for p in candidates])  # [n P, D]
+            mass = (queries[layer, head] @ flat.T / 8 ** 0.5).softmax(dim=-1)  # [T, n P]
+            per_pair = mass.view(5, len(candidates), TOKENS).sum(dim=-1).mean(dim=0)
+            for_layer[candidates] += per_pair / 4
+        torch.testing.assert_close(scores[candidates, layer], for_layer[candidates], atol=2e-3, rtol=2e-3)
+        assert torch.isinf(scores[excluded[:, layer], layer]).all()
+        assert abs(float(scores[candidates, layer].sum()) - 1.0) < 1e-4
+    archive.close()
+    # the index rows survive a reopen, and the cosine score still sees each pair's mean key
+    reopened = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=16 << 10)
+    got = reopened.attention_scores(queries, STREAM, lambda e: excluded[[x.pair for x in e]])[1]
+    assert torch.equal(got, scores)
+    torch.testing.assert_close(reopened.mean_keys([2])[0], keys[2].mean(dim=2).reshape(3, -1), atol=2e-3, rtol=2e-3)
+    reopened.close()
+
+
+def test_index_keys_of_another_archive_are_refused_and_first_format_folders_open(tmp_path):
+    """A folder indexed with one key per pair (the first format, whose header has no index_keys) opens as such,
+    and one opened with another archive.index_keys is refused naming the option."""
+    import json
+    import zlib
+
+    from edgekv.archive.store import _SEGMENT_HEAD, SEGMENT_MAGIC
+
+    archive = _archive(tmp_path)
+    _fill(archive, range(3))
+    archive.close()
+    path = next(tmp_path.glob("seg-*.ekva"))
+    data = path.read_bytes()
+    size, _ = _SEGMENT_HEAD.unpack_from(data, len(SEGMENT_MAGIC))
+    start = len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size
+    key = json.loads(data[start:start + size])
+    assert key.pop("index_keys") == 1
+    old = json.dumps(key, sort_keys=True).encode()
+    path.write_bytes(SEGMENT_MAGIC + _SEGMENT_HEAD.pack(len(old), zlib.crc32(old)) + old + data[start + size:])
+    reopened = _archive(tmp_path)
+    assert [e.pair for e in reopened.entries()] == [0, 1, 2] and reopened.bad_records == 0
+    reopened.close()
+    with pytest.raises(ArchiveMismatchError, match=r"indexed with archive.index_keys=1, this config has archive.index_keys=2"):
+        FrameArchive(tmp_path, KVShape(3, 2, 8, "float32", index_keys=2), max_bytes=1 << 20, segment_bytes=16 << 10)

@@ -88,8 +88,10 @@ def test_eval_needle_with_an_archive_recalls_events_older_than_the_window(tmp_pa
     assert set(summary) == {"L=120 M=600 sliding_window", "L=120 M=600 sliding_window +archive archive.top_k=4"}
     plain = summary["L=120 M=600 sliding_window"]["by_age"]["64-255"]
     recalled = summary["L=120 M=600 sliding_window +archive archive.top_k=4"]["by_age"]["64-255"]
-    # measured with the shipped toy: 0.11 without, 0.39 with the archive (ceiling 0.54) on 28 questions
-    assert recalled["accuracy"] >= plain["accuracy"] + 0.15
+    # measured on these 28 questions (ceiling 0.86), attention scoring: the round-3 toy 0.11 without the archive,
+    # 0.82 with it; round 4 0.18 -> 0.89 (ReKV's cosine scoring: 0.64 and 0.32)
+    assert recalled["accuracy"] >= plain["accuracy"] + 0.4
+    assert recalled["accuracy"] >= 0.75 * recalled["ceiling"]
 
 
 # ---------------------------------------------------------------------------------------------- videoqa

@@ -23,20 +23,26 @@ live cache has it anyway, and a stalled camera loop would lose frames for everyo
 pairs in batches (up to half the buffers, gathered for at most 0.2 s) so that its Python and torch work
 per pair, which holds the GIL the ingest thread needs, stays small (``_write_loop``). Host memory of
 the archive is bounded: the staging buffers (``queue_pairs`` pairs, allocated at the first pair) and the
-index, one fp16 mean-key row per archived pair (18 KiB at the 3B shape, 0.2 % of its 9.5 MB record) in a
-matrix that doubles as needed, so at most ~2 x 0.2 % of ``max_gib`` (e.g. 64 MiB for 16 GiB).
+index, one row per archived pair of ``index_keys`` fp16 keys per layer and KV head (18 KiB per key at the
+3B shape, 0.2 % of its 9.5 MB record; ``index_keys = 2``: 0.4 %) in a matrix that doubles as needed, so at
+most ~2 x 0.4 % of ``max_gib`` (e.g. 128 MiB for 16 GiB).
 
 Files, under ``dir``: ``seg-00000001.ekva``, ... Each starts with a header (magic, JSON shape key with a
 CRC) followed by records::
 
     record = head [magic 'EKVA', u32 meta bytes, u64 kv bytes, u32 crc(meta), u32 0]
              meta [struct _META: pair, frame, t, tpos, t_offset, rows, cols, tokens; 16 B stream id;
-                   u32 crc per layer of that layer's KV; fp16 mean key [layers, kv_heads * head_dim]]
+                   u32 crc per layer of that layer's KV; the index row: fp16 keys [layers, kv_heads,
+                   index_keys, head_dim], then fp16 weights [layers, kv_heads, index_keys] when
+                   index_keys > 1 (with one key the row is the first format's mean key)]
              kv   per layer: K [kv_heads, P, head_dim] then V [kv_heads, P, head_dim], the cache's dtype
 
-The mean key is the pair's mean post-RoPE key with its temporal rotation undone (all tokens of a pair
-share one temporal position, so the mean of rotated keys is the rotated mean: exact), so retrieval
-scores do not depend on when the pair was seen. Per-layer CRCs let retrieval read and verify one layer
+The index row summarizes the pair's post-RoPE keys with their temporal rotation undone (all tokens of a
+pair share one temporal position, so undoing it on the summary is exact), so retrieval scores do not
+depend on when the pair was seen: one key per layer and KV head is the pair's mean key (ReKV's
+representative vector); more are k-means centroids of its keys with the share of tokens each stands for
+(``summarize_keys``), which lets ``attention_scores`` estimate the attention a question would pay the
+pair's tokens, an object that covers a few patches included. Per-layer CRCs let retrieval read and verify one layer
 of one pair (ReKV's per-layer internal retrieval reads only what each layer chose).
 
 Crash safety: a record becomes visible in the index only after it is written; on reopen every segment
@@ -102,16 +108,19 @@ class KVShape:
     kv_heads: int
     head_dim: int
     dtype: str  # "float32" | "float16" | "bfloat16"
+    index_keys: int = 1  # representative keys per pair, layer and KV head in the index (1: the mean key)
 
     def __post_init__(self) -> None:
         if min(self.layers, self.kv_heads, self.head_dim) <= 0:
             raise ValueError(f"KVShape needs positive layers, kv_heads and head_dim, got {self}")
+        if not 1 <= self.index_keys <= 64:
+            raise ValueError(f"KVShape.index_keys: must be 1 to 64, got {self.index_keys}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"KVShape.dtype: {self.dtype!r} is not one of {sorted(_DTYPES)}")
 
     @classmethod
-    def of(cls, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> "KVShape":
-        return cls(layers, kv_heads, head_dim, str(dtype).removeprefix("torch."))
+    def of(cls, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, index_keys: int = 1) -> "KVShape":
+        return cls(layers, kv_heads, head_dim, str(dtype).removeprefix("torch."), int(index_keys))
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -121,8 +130,15 @@ class KVShape:
         """K and V of one layer of one pair."""
         return 2 * self.kv_heads * tokens * self.head_dim * torch.empty((), dtype=self.torch_dtype).element_size()
 
+    def summary_bytes(self) -> int:
+        """The index row in a record's meta: fp16 keys [layers, kv_heads, index_keys, head_dim], then (when
+        index_keys > 1) their fp16 weights [layers, kv_heads, index_keys]. With one key the layout is the
+        first format's mean key [layers, kv_heads * head_dim], so those archives read unchanged."""
+        cells = self.layers * self.kv_heads * self.index_keys
+        return 2 * cells * self.head_dim + (2 * cells if self.index_keys > 1 else 0)
+
     def meta_bytes(self) -> int:
-        return _META.size + 16 + 4 * self.layers + 2 * self.layers * self.kv_heads * self.head_dim
+        return _META.size + 16 + 4 * self.layers + self.summary_bytes()
 
     def record_bytes(self, tokens: int) -> int:
         return _HEAD.size + self.meta_bytes() + self.layers * self.layer_bytes(tokens)
@@ -181,10 +197,13 @@ class FrameArchive:
         self.inv_freq, self.temporal_section = inv_freq, int(temporal_section)
         self._lock = threading.RLock()
         self._entries: dict[int, ArchivedPair] = {}   # pair -> entry (newest record wins)
-        # the index's mean keys, one row per archived pair: fp16 [rows, layers, kv_heads * head_dim] and
-        # their norms per layer (fp32), so a question scores every pair with one pass over a matrix
-        width = shape.kv_heads * shape.head_dim
-        self._matrix = torch.zeros(_INDEX_ROWS, shape.layers, width, dtype=torch.float16)
+        # the index, one row per archived pair: its representative keys, fp16 [rows, layers, kv_heads,
+        # index_keys, head_dim], their weights (share of the pair's tokens each stands for, summing to 1) and
+        # the norm of the weighted mean (= the pair's mean key) per layer, so a question scores every pair
+        # with one pass over a matrix
+        cells = (shape.layers, shape.kv_heads, shape.index_keys)
+        self._matrix = torch.zeros(_INDEX_ROWS, *cells, shape.head_dim, dtype=torch.float16)
+        self._weights = torch.zeros(_INDEX_ROWS, *cells, dtype=torch.float16)
         self._norms = torch.zeros(_INDEX_ROWS, shape.layers)
         self._row_of: dict[int, int] = {}             # pair -> row
         self._free_rows: list[int] = []
@@ -237,29 +256,90 @@ class FrameArchive:
             return [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
 
     def mean_keys(self, pairs: list[int]) -> torch.Tensor:
-        """fp32 [n, layers, kv_heads * head_dim] time-undone mean keys of ``pairs``."""
+        """fp32 [n, layers, kv_heads * head_dim] time-undone mean keys of ``pairs`` (the weighted mean of
+        each pair's representative keys: its mean key, to fp16 rounding)."""
         with self._lock:
-            return self._matrix[torch.tensor([self._row_of[p] for p in pairs], dtype=torch.long)].float()
+            rows = torch.tensor([self._row_of[p] for p in pairs], dtype=torch.long)
+            return _weighted_mean(self._matrix[rows], self._weights[rows])
+
+    def summaries(self, pairs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The index rows of ``pairs``: fp32 keys [n, layers, kv_heads, index_keys, head_dim] and weights
+        [n, layers, kv_heads, index_keys]."""
+        with self._lock:
+            rows = torch.tensor([self._row_of[p] for p in pairs], dtype=torch.long)
+            return self._matrix[rows].float(), self._weights[rows].float()
 
     def cosine_scores(self, query: torch.Tensor,
                       stream: bytes | None = None) -> tuple[list[ArchivedPair], torch.Tensor]:
-        """The entries (of one stream when given, pair order) and their cosine similarity to ``query``
-        [layers, kv_heads * head_dim] per layer: fp32 [n, layers]. One pass over the index matrix, in
-        chunks of _SCORE_CHUNK rows (fp32 copies of 512 x 36 x 256 keys: 19 MB at the 3B shape)."""
+        """The entries (of one stream when given, pair order) and the cosine similarity of their mean keys
+        to ``query`` [layers, kv_heads * head_dim] per layer: fp32 [n, layers] (ReKV's retrieval score). One
+        pass over the index matrix, in chunks of _SCORE_CHUNK rows."""
         query = query.float()
         unit = query / query.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         with self._lock:
-            entries = [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
+            entries = self._stream_entries(stream)
             rows = torch.tensor([self._row_of[e.pair] for e in entries], dtype=torch.long)
             used = self._rows_used
             out = torch.empty(used, self.shape.layers)
             for start in range(0, used, _SCORE_CHUNK):
-                chunk = self._matrix[start:min(start + _SCORE_CHUNK, used)].float()
-                out[start:start + chunk.shape[0]] = torch.einsum("nlw,lw->nl", chunk, unit)
+                end = min(start + _SCORE_CHUNK, used)
+                mean = _weighted_mean(self._matrix[start:end], self._weights[start:end])
+                out[start:end] = torch.einsum("nlw,lw->nl", mean, unit)
             out /= self._norms[:used].clamp_min(1e-12)
             return entries, out[rows]
 
-    def _add_many(self, entries: list[ArchivedPair], mean_keys: torch.Tensor) -> None:
+    def attention_scores(self, queries: torch.Tensor, stream: bytes | None = None,
+                         exclude=None) -> tuple[list[ArchivedPair], torch.Tensor]:
+        """The entries (of one stream when given, pair order) and the share of the question's attention each
+        would draw among them, per layer: fp32 [n, layers], each finite column summing to 1.
+
+        queries: [layers, q_heads, T, head_dim], the question's queries with their temporal rotation undone
+        (what ``Recall.probe`` records). For every layer, query head and question token, a pair's logit is
+        ``log sum_c w_c exp(q . c / sqrt(d))`` over its representative keys ``c`` (weights ``w_c``: the
+        share of its tokens each stands for) — the log of its tokens' attention mass, exact when every
+        token of a cluster has its centroid's key — and a softmax over the candidate pairs gives each one's
+        share of that head's attention; the score is the share averaged over query heads and tokens.
+        ``exclude(entries)``, when given, returns a bool mask [n, layers] (or [n, 1]) of entries that are
+        not candidates (score -inf, not in any softmax). Runs on ``queries``' device, in chunks of
+        _SCORE_CHUNK index rows, two passes (the softmax's normalizer, then the shares)."""
+        device = queries.device
+        layers, q_heads, tokens, dim = queries.shape
+        kv_heads = self.shape.kv_heads
+        if q_heads % kv_heads or dim != self.shape.head_dim or layers != self.shape.layers:
+            raise ValueError(f"archive: queries [layers, q_heads, T, head_dim] = {tuple(queries.shape)} do not "
+                             f"match the archive's {self.shape}")
+        # [layers, kv_heads, group * T, head_dim]: each KV head's query heads and tokens on one axis
+        q = (queries.float() / dim ** 0.5).reshape(layers, kv_heads, (q_heads // kv_heads) * tokens, dim)
+        with self._lock:
+            entries = self._stream_entries(stream)
+            if not entries:
+                return entries, torch.empty(0, layers)
+            rows = torch.tensor([self._row_of[e.pair] for e in entries], dtype=torch.long)
+            mask = torch.zeros(len(entries), layers, dtype=torch.bool)
+            if exclude is not None:
+                mask |= exclude(entries).to(torch.bool).cpu()
+            mask = mask.to(device)
+
+            def logits(start: int, end: int) -> torch.Tensor:  # [n, layers, kv_heads, group * T]
+                index = rows[start:end]
+                keys = self._matrix[index].to(device, torch.float32)
+                bias = self._weights[index].to(device, torch.float32).log()  # [n, L, H, m]; log 0 = -inf
+                out = torch.einsum("lhjd,nlhmd->nlhjm", q, keys).add_(bias.unsqueeze(3)).logsumexp(dim=-1)
+                return out.masked_fill_(mask[start:end, :, None, None], float("-inf"))
+
+            total = torch.full((layers, kv_heads, q.shape[2]), float("-inf"), device=device)
+            for start in range(0, len(entries), _SCORE_CHUNK):
+                total = torch.logaddexp(total, logits(start, start + _SCORE_CHUNK).logsumexp(dim=0))
+            total = total.masked_fill(total.isinf(), 0.0)  # a layer with no candidate: every share is 0
+            out = torch.empty(len(entries), layers, device=device)
+            for start in range(0, len(entries), _SCORE_CHUNK):
+                out[start:start + _SCORE_CHUNK] = (logits(start, start + _SCORE_CHUNK) - total).exp().mean(dim=(2, 3))
+        return entries, out.masked_fill(mask, float("-inf")).cpu()
+
+    def _stream_entries(self, stream: bytes | None) -> list[ArchivedPair]:
+        return [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
+
+    def _add_many(self, entries: list[ArchivedPair], keys: torch.Tensor, weights: torch.Tensor) -> None:
         """``_add`` for a batch: the rows assigned one by one, the matrix and norms written in one go."""
         with self._lock:
             rows = []
@@ -272,6 +352,7 @@ class FrameArchive:
                     row = self._rows_used
                     if row == self._matrix.shape[0]:  # grow by doubling (amortized; bounded by max_gib's pairs)
                         self._matrix = torch.cat([self._matrix, torch.zeros_like(self._matrix)])
+                        self._weights = torch.cat([self._weights, torch.zeros_like(self._weights)])
                         self._norms = torch.cat([self._norms, torch.zeros_like(self._norms)])
                     self._rows_used += 1
                 self._entries[entry.pair] = entry
@@ -280,11 +361,12 @@ class FrameArchive:
                 newest = self._segment_newest_t.get(entry.segment, float("-inf"))
                 self._segment_newest_t[entry.segment] = max(newest, entry.t)
             index = torch.tensor(rows)
-            self._matrix[index] = mean_keys
-            self._norms[index] = mean_keys.float().norm(dim=-1)
+            self._matrix[index] = keys
+            self._weights[index] = weights
+            self._norms[index] = _weighted_mean(keys, weights).norm(dim=-1)
 
-    def _add(self, entry: ArchivedPair, mean_key: torch.Tensor) -> None:
-        self._add_many([entry], mean_key.unsqueeze(0))
+    def _add(self, entry: ArchivedPair, keys: torch.Tensor, weights: torch.Tensor) -> None:
+        self._add_many([entry], keys.unsqueeze(0), weights.unsqueeze(0))
 
     # ------------------------------------------------------------------ opening
     def _segment_path(self, number: int) -> Path:
@@ -312,9 +394,15 @@ class FrameArchive:
         if len(key) != size or zlib.crc32(key) != crc:
             return -1
         saved = json.loads(key)
+        saved.setdefault("index_keys", 1)  # segments of the first format: one mean key per pair
         wanted = asdict(self.shape)
         for name, value in wanted.items():
             if saved.get(name) != value:
+                if name == "index_keys":
+                    raise ArchiveMismatchError(
+                        f"{path}: indexed with archive.index_keys={saved[name]!r}, this config has "
+                        f"archive.index_keys={value!r}; set archive.index_keys: {saved[name]!r} or point "
+                        f"archive.dir at another folder")
                 raise ArchiveMismatchError(
                     f"{path}: archived for {name}={saved.get(name)!r}, this model's cache has {name}={value!r}; "
                     f"point archive.dir at another folder (or remove this one)")
@@ -341,8 +429,8 @@ class FrameArchive:
                 parsed = self._parse_record(handle, number, offset, size, verify_kv)
                 if parsed is None:
                     break
-                entry, mean_key, end = parsed
-                self._add(entry, mean_key)
+                entry, keys, weights, end = parsed
+                self._add(entry, keys, weights)
                 offset = end
         if offset < size:
             self.torn_bytes += size - offset
@@ -352,7 +440,7 @@ class FrameArchive:
         self._segments[number] = offset
 
     def _parse_record(self, handle, number: int, offset: int, size: int,
-                      verify_kv: bool) -> tuple[ArchivedPair, torch.Tensor, int] | None:
+                      verify_kv: bool) -> tuple[ArchivedPair, torch.Tensor, torch.Tensor, int] | None:
         handle.seek(offset)
         head = handle.read(_HEAD.size)
         if len(head) < _HEAD.size:
@@ -365,7 +453,7 @@ class FrameArchive:
         if len(meta) != meta_len or zlib.crc32(meta) != meta_crc:
             self.bad_records += 1
             return None
-        entry, mean_key = self._unpack_meta(meta, number, offset)
+        entry, keys, weights = self._unpack_meta(meta, number, offset)
         if kv_len != self.shape.layers * self.shape.layer_bytes(entry.tokens):
             self.bad_records += 1
             return None
@@ -375,19 +463,26 @@ class FrameArchive:
                 if zlib.crc32(handle.read(layer_bytes)) != crc:
                     self.bad_records += 1
                     return None
-        return entry, mean_key, end
+        return entry, keys, weights, end
 
-    def _unpack_meta(self, meta: bytes, segment: int, offset: int) -> tuple[ArchivedPair, torch.Tensor]:
-        layers, width = self.shape.layers, self.shape.kv_heads * self.shape.head_dim
+    def _unpack_meta(self, meta: bytes, segment: int,
+                     offset: int) -> tuple[ArchivedPair, torch.Tensor, torch.Tensor]:
+        layers, cells = self.shape.layers, (self.shape.layers, self.shape.kv_heads, self.shape.index_keys)
         pair, frame, t, tpos, t_offset, rows, cols, tokens = _META.unpack_from(meta)
         at = _META.size
         stream = bytes(meta[at:at + 16])
         at += 16
         crcs = tuple(int(c) for c in np.frombuffer(meta, dtype="<u4", count=layers, offset=at))
         at += 4 * layers
-        mean_key = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=layers * width, offset=at).copy())
+        count = int(np.prod(cells)) * self.shape.head_dim
+        keys = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=count, offset=at).copy())
+        at += 2 * count
+        if self.shape.index_keys > 1:
+            weights = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=int(np.prod(cells)), offset=at).copy())
+        else:
+            weights = torch.ones(int(np.prod(cells)), dtype=torch.float16)
         entry = ArchivedPair(pair, frame, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs)
-        return entry, mean_key.view(layers, width)
+        return entry, keys.view(*cells, self.shape.head_dim), weights.view(cells)
 
     # ------------------------------------------------------------------ ingest side
     def submit(self, k: torch.Tensor, v: torch.Tensor, *, frame: int, t: float, tpos: int, t_offset: int,
@@ -487,22 +582,26 @@ class FrameArchive:
                     self._idle.set()
         self._close_segment()
 
-    def _mean_keys(self, batch: list[_Staged]) -> torch.Tensor:
-        """fp16 [n, layers, kv_heads * head_dim]: each pair's mean key with its temporal rotation undone."""
-        mean = torch.stack([staged.kv[:, 0] for staged in batch]).float().mean(dim=3)  # [n, layers, kv_heads, D]
+    def _summaries(self, batch: list[_Staged]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each pair's index row with its temporal rotation undone: fp16 keys [n, layers, kv_heads,
+        index_keys, head_dim] and weights [n, layers, kv_heads, index_keys] (``summarize_keys``). All tokens
+        of a pair share one temporal position, so undoing it on the summary is exact: the mean of rotated
+        keys is the rotated mean, and a rotation keeps distances, so the clusters are the same."""
+        keys = torch.stack([staged.kv[:, 0] for staged in batch]).float()  # [n, layers, kv_heads, P, D]
+        centroids, weights = summarize_keys(keys, self.shape.index_keys)
         if self.inv_freq is not None and self.temporal_section > 0:
-            back = torch.tensor([-staged.tpos for staged in batch]).view(-1, 1, 1).expand(mean.shape[:-1])
-            mean = rotate_temporal(mean, back, self.inv_freq, self.temporal_section)
-        return mean.reshape(len(batch), self.shape.layers, -1).to(torch.float16)
+            back = torch.tensor([-staged.tpos for staged in batch]).view(-1, 1, 1, 1).expand(centroids.shape[:-1])
+            centroids = rotate_temporal(centroids, back, self.inv_freq, self.temporal_section)
+        return centroids.to(torch.float16), weights.to(torch.float16)
 
     def _append_batch(self, batch: list[_Staged]) -> None:
         """Append each pair's record (a failing one — disk full, folder removed — is lost and counted, the
         rest are written), flush once, then index the written ones."""
-        mean_keys = self._mean_keys(batch)
-        written: list[tuple[ArchivedPair, torch.Tensor]] = []
-        for staged, mean_key in zip(batch, mean_keys):
+        keys, weights = self._summaries(batch)
+        written: list[tuple[ArchivedPair, int]] = []
+        for i, staged in enumerate(batch):
             try:
-                written.append((self._append(staged, mean_key), mean_key))
+                written.append((self._append(staged, keys[i], weights[i]), i))
                 self.written += 1
             except Exception as exc:  # the stream goes on; this pair is lost
                 self.write_errors += 1
@@ -516,17 +615,19 @@ class FrameArchive:
             except OSError as exc:
                 self.write_errors += 1
                 log.warning("archive: flush failed (%s: %s)", type(exc).__name__, exc)
-        kept = [(entry, key) for entry, key in written if entry.segment in self._segments]  # retention may
-        if kept:                                                 # have deleted a segment later in the batch
-            self._add_many([entry for entry, _ in kept], torch.stack([key for _, key in kept]))
+        kept = [(entry, i) for entry, i in written if entry.segment in self._segments]  # retention may have
+        if kept:                                                     # deleted a segment later in the batch
+            index = torch.tensor([i for _, i in kept])
+            self._add_many([entry for entry, _ in kept], keys[index], weights[index])
 
-    def _append(self, staged: _Staged, mean_key: torch.Tensor) -> ArchivedPair:
+    def _append(self, staged: _Staged, keys: torch.Tensor, weights: torch.Tensor) -> ArchivedPair:
         flat = staged.kv.view(torch.uint8).numpy().reshape(self.shape.layers, -1)  # the record's layer blocks
         crcs = np.array([zlib.crc32(chunk) for chunk in flat], dtype="<u4")
         meta = b"".join((
             _META.pack(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
                        staged.tokens),
-            staged.stream, crcs.tobytes(), mean_key.numpy().astype("<f2").tobytes(),
+            staged.stream, crcs.tobytes(), keys.numpy().astype("<f2").tobytes(),
+            weights.numpy().astype("<f2").tobytes() if self.shape.index_keys > 1 else b"",
         ))
         kv_len = flat.nbytes
         record_len = _HEAD.size + len(meta) + kv_len
@@ -567,6 +668,7 @@ class FrameArchive:
                 del self._entries[pair]
                 row = self._row_of.pop(pair)
                 self._norms[row] = 0.0
+                self._weights[row] = 0.0
                 self._free_rows.append(row)
             self._segments.pop(number, None)
             self._segment_newest_t.pop(number, None)
@@ -653,6 +755,46 @@ def _bytes_of(rows: torch.Tensor) -> memoryview:
     if not rows.is_contiguous():
         raise ValueError("archive: read targets must be contiguous per KV head")
     return memoryview(rows.view(torch.uint8).numpy()).cast("B")
+
+
+def _weighted_mean(keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """fp32 [..., layers, kv_heads * head_dim] from keys [..., layers, kv_heads, m, head_dim] and weights
+    [..., layers, kv_heads, m]: each pair's mean key."""
+    mean = (keys.float() * weights.float().unsqueeze(-1)).sum(dim=-2)
+    return mean.flatten(start_dim=-2)
+
+
+def summarize_keys(keys: torch.Tensor, m: int, iters: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pair's keys in ``m`` representative keys per (pair, layer, head): keys [..., P, D] (fp32) ->
+    centroids [..., m, D] and weights [..., m], the share of the P tokens each one stands for.
+
+    ``m == 1``: the mean key, ReKV's representative vector (seed 001, §3). ``m > 1``: k-means (Lloyd,
+    ``iters`` rounds) seeded deterministically with the mean and then, one at a time, the key farthest from
+    the seeds so far — so an object that covers a few of a frame's patches gets a key of its own instead
+    of being averaged into the background. A cluster left empty keeps its seed with weight 0.
+    """
+    *lead, tokens, dim = keys.shape
+    x = keys.reshape(-1, tokens, dim)
+    mean = x.mean(dim=1, keepdim=True)
+    if m == 1:
+        return mean.view(*lead, 1, dim), torch.ones(*lead, 1, dtype=keys.dtype)
+    rows = torch.arange(x.shape[0])
+    seeds = [mean[:, 0]]
+    nearest = (x - mean).pow(2).sum(-1)  # [B, P] squared distance to the closest seed
+    for _ in range(m - 1):
+        far = x[rows, nearest.argmax(dim=1)]
+        seeds.append(far)
+        nearest = torch.minimum(nearest, (x - far.unsqueeze(1)).pow(2).sum(-1))
+    centroids = torch.stack(seeds, dim=1)  # [B, m, D]
+    for _ in range(iters):
+        assign = torch.cdist(x, centroids).argmin(dim=-1)  # [B, P]
+        onehot = torch.nn.functional.one_hot(assign, m).to(x.dtype)  # [B, P, m]
+        counts = onehot.sum(dim=1)  # [B, m]
+        sums = torch.einsum("bpm,bpd->bmd", onehot, x)
+        centroids = torch.where(counts.unsqueeze(-1) > 0, sums / counts.clamp_min(1).unsqueeze(-1), centroids)
+    assign = torch.cdist(x, centroids).argmin(dim=-1)
+    weights = torch.nn.functional.one_hot(assign, m).to(x.dtype).mean(dim=1)
+    return centroids.view(*lead, m, dim), weights.view(*lead, m)
 
 
 def new_stream_id() -> bytes:
