@@ -11,8 +11,9 @@ over the candidate pairs of ``log sum_c w_c exp(q . c / sqrt(d))``, with ``c`` t
 keys (``archive.index_keys`` k-means centroids per KV head, weights = their share of its tokens), averaged
 over heads and tokens. Why: averaging a question's queries mixes its template words with the one that
 names the object, and averaging a frame's keys dilutes an object covering a few patches in its
-background; with the trained toy (issue 11, round 4) the asked event's pair was among the k = 4 recalled
-in 37 % of questions by cosine and 77 % by attention (pooled; ``edgekv bench archive``). Two variants of
+background. With the trained toy (issue 11, round 4; ``edgekv bench archive --parts accuracy --streams 2
+--ks 4``, 26 questions about events older than the cap) the asked event's pair was among the k = 4
+recalled for 31 % (per layer) / 4 % (pooled) of questions by cosine, 85 % by attention. Two variants of
 where the ranking applies, chosen by ``archive.retrieval`` and compared by ``edgekv bench archive``:
 
 * ``layer``: every layer ranks with its own mean query and keys and recalls its own top-k (ReKV: "it
