@@ -151,7 +151,7 @@ def accuracy(args: argparse.Namespace, root: Path) -> dict:
             runtime = _toy_runtime(args.model, "full" if full else args.policy,
                                    32 + 16 * stream.pairs + 128 if full else args.budget, archive)
             started = time.perf_counter()
-            answers, recalled, stats = _ask_at_end(runtime, stream, replay)
+            answers, recalled, stats, whole = _ask_at_end(runtime, stream, replay)
             seconds = time.perf_counter() - started
             correct = [answers[p.qa.question] == p.qa.answer for p in stream.probes]
             old = [c for p, c in zip(stream.probes, correct) if p.age is not None and p.age > horizon]
@@ -168,6 +168,8 @@ def accuracy(args: argparse.Namespace, root: Path) -> dict:
                                 "recalled": list(recalled[probe.qa.question]),
                                 "event_recalled": probe.age is not None and stream.pairs - probe.age
                                 in recalled[probe.qa.question],
+                                # whole in every layer and head at question time: not a recall candidate
+                                "event_whole_in_cache": probe.age is not None and stream.pairs - probe.age in whole,
                                 "ceiling_correct": ceiling[(probe.checkpoint, probe.qa.question)],
                                 "evicted_share": stats["tokens_evicted"] / max(stats["frame_pairs"] * 16, 1),
                                 "recall_ms": stats.get("recall_ms_total", 0) / max(stats.get("recalls", 0), 1)})
@@ -183,18 +185,24 @@ def accuracy(args: argparse.Namespace, root: Path) -> dict:
                           "old_full_cache_accuracy": full_acc,
                           "old_ratio_to_full_cache": round(acc / full_acc, 4) if full_acc else None,
                           "old_event_recalled": _share(old, "event_recalled"),
+                          "old_event_whole_in_cache": _share(old, "event_whole_in_cache"),
+                          "old_event_recalled_if_not_whole": _share(
+                              [r for r in old if not r["event_whole_in_cache"]], "event_recalled"),
                           "all_accuracy": _share(rows, "correct"), "all_ceiling": _share(rows, "ceiling_correct"),
                           "recall_ms_per_question": round(statistics.mean(r["recall_ms"] for r in rows), 2)}
         print(f"{label:24s} events older than {horizon} pairs: accuracy {acc:.3f} vs short-stream ceiling {ceil:.3f} "
               f"(ratio {summary[label]['old_ratio']}) and full cache {full_acc:.3f} (ratio "
               f"{summary[label]['old_ratio_to_full_cache']}), n={len(old)}; event pair recalled "
-              f"{summary[label]['old_event_recalled']:.3f}; all questions {summary[label]['all_accuracy']:.3f}")
+              f"{summary[label]['old_event_recalled']:.3f} ({summary[label]['old_event_recalled_if_not_whole']:.3f} "
+              f"of those not whole in the cache, {1 - summary[label]['old_event_whole_in_cache']:.3f} of them); all "
+              f"questions {summary[label]['all_accuracy']:.3f}")
     return {"horizon_pairs": horizon, "budget": args.budget, "policy": args.policy, "length": args.length,
             "summary": summary, "records": records}
 
 
-def _ask_at_end(runtime, stream, replay) -> tuple[dict[str, str], dict[str, tuple[int, ...]], dict]:
-    """Ingest the whole stream, then ask every probe; answers and the pairs each answer recalled."""
+def _ask_at_end(runtime, stream, replay) -> tuple[dict[str, str], dict[str, tuple[int, ...]], dict, set[int]]:
+    """Ingest the whole stream, then ask every probe; answers, the pairs each answer recalled, the session's
+    stats and the pairs whole in the cache (every token in every layer and head) when the questions came."""
     from edgekv.toy.questions import answer_of
 
     session = runtime.session()
@@ -206,6 +214,7 @@ def _ask_at_end(runtime, stream, replay) -> tuple[dict[str, str], dict[str, tupl
         session.ingest(second, t=stream.scene.time(2 * pair + 1))
     if session.recall is not None:
         session.recall.archive.flush()  # a question right after the last pair: let the writer catch up
+    whole = _whole_pairs(session)
     answers, recalled = {}, {}
     for probe in stream.probes:
         if probe.qa.question not in answers:
@@ -214,7 +223,21 @@ def _ask_at_end(runtime, stream, replay) -> tuple[dict[str, str], dict[str, tupl
     stats = session.stats()
     if session.recall is not None:
         session.recall.close()
-    return answers, recalled, stats
+    return answers, recalled, stats, whole
+
+
+def _whole_pairs(session) -> set[int]:
+    from edgekv.cache.capped import SlotKind
+
+    cache, n = session.cache, session.cache.length
+    frames, vision = cache.frame[:, :, :n].cpu(), cache.kind[:, :, :n].cpu() == int(SlotKind.VISION)
+    whole: set[int] | None = None
+    for layer in range(cache.num_layers):
+        for head in range(cache.kv_heads):
+            values, counts = torch.unique(frames[layer, head][vision[layer, head]], return_counts=True)
+            held = {v for v, c in zip(values.tolist(), counts.tolist()) if c >= session.tokens_per_pair}
+            whole = held if whole is None else whole & held
+    return whole or set()
 
 
 def _share(rows: list[dict], key: str) -> float:

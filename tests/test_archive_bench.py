@@ -26,6 +26,9 @@ def test_bench_archive_writes_consistent_figures(tmp_path, capsys):
     for run in runs:
         assert summary[run]["recall_ms_per_question"] > 0
         assert summary[run]["old_n"] == summary["no archive"]["old_n"] > 0
+        # sliding_window holds nothing of events older than its window: every one is a recall candidate
+        assert summary[run]["old_event_whole_in_cache"] == 0.0
+        assert summary[run]["old_event_recalled_if_not_whole"] == summary[run]["old_event_recalled"]
     rows = results["latency"]["rows"]
     sizes = [max(int(s * 2**30 // results["latency"]["record_bytes"]), 1) for s in (0.001, 0.01)]
     assert sorted((r["pairs"], r["scoring"]) for r in rows) == sorted(
