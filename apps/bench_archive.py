@@ -227,17 +227,12 @@ def _ask_at_end(runtime, stream, replay) -> tuple[dict[str, str], dict[str, tupl
 
 
 def _whole_pairs(session) -> set[int]:
-    from edgekv.cache.capped import SlotKind
+    """Pairs whole in every layer and KV head of the session's cache (``edgekv.archive.recall.whole_in_cache``)."""
+    from edgekv.archive.recall import whole_in_cache
 
-    cache, n = session.cache, session.cache.length
-    frames, vision = cache.frame[:, :, :n].cpu(), cache.kind[:, :, :n].cpu() == int(SlotKind.VISION)
-    whole: set[int] | None = None
-    for layer in range(cache.num_layers):
-        for head in range(cache.kv_heads):
-            values, counts = torch.unique(frames[layer, head][vision[layer, head]], return_counts=True)
-            held = {v for v, c in zip(values.tolist(), counts.tolist()) if c >= session.tokens_per_pair}
-            whole = held if whole is None else whole & held
-    return whole or set()
+    pairs = list(range(session.counters.frame_pairs))
+    whole = whole_in_cache(session.cache, pairs, session.tokens_per_pair).all(dim=1)
+    return {p for p, w in zip(pairs, whole.tolist()) if w}
 
 
 def _share(rows: list[dict], key: str) -> float:

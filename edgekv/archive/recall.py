@@ -113,6 +113,7 @@ class Recall:
         self.ms_last = 0.0
         self.last: Recalled | None = None
         self.hidden: torch.Tensor | None = None  # [L, Hkv, start] bool: kept copies of recalled pairs
+        self._visible: torch.Tensor | None = None  # [L, Hkv, capacity]: the answer's mask while hidden is set
 
     # ------------------------------------------------------------------ budget
     @property
@@ -174,25 +175,7 @@ class Recall:
 
     def _whole_in_cache(self, entries: list[ArchivedPair]) -> torch.Tensor:
         """[n, layers] bool: every token of the pair is in every KV head of that layer."""
-        cache = self.session.cache
-        n = cache.length
-        numbers = torch.tensor([e.frame for e in entries], dtype=torch.int64)
-        frames = cache.frame[:, :, :n].to(torch.int64).cpu()  # [L, H, n]
-        kinds = cache.kind[:, :, :n].cpu() == int(SlotKind.VISION)
-        whole = torch.zeros(len(entries), cache.num_layers, dtype=torch.bool)
-        if not entries or n == 0:
-            return whole
-        tokens = entries[0].tokens
-        lookup = {p: i for i, p in enumerate(numbers.tolist())}
-        for layer in range(cache.num_layers):
-            counts = torch.zeros(cache.kv_heads, len(entries), dtype=torch.int64)
-            for head in range(cache.kv_heads):
-                values, count = torch.unique(frames[layer, head][kinds[layer, head]], return_counts=True)
-                for value, c in zip(values.tolist(), count.tolist()):
-                    if value in lookup:
-                        counts[head, lookup[value]] = c
-            whole[:, layer] = (counts >= tokens).all(dim=0)
-        return whole
+        return whole_in_cache(self.session.cache, [e.frame for e in entries], entries[0].tokens if entries else 0)
 
     def select(self, queries: torch.Tensor) -> list[list[ArchivedPair]]:
         """Per layer, the best ``top_k + _SPARE`` archived pairs of this stream (best first) among those not
@@ -316,20 +299,22 @@ class Recall:
             if row:
                 wanted = torch.tensor(row, dtype=cache.frame.dtype, device=cache.device)
                 hidden[layer] = torch.isin(cache.frame[layer, :, :start], wanted) & vision[layer]
-        return hidden if bool(hidden.any()) else None
+        if not bool(hidden.any()):
+            return None
+        # visible over the whole capacity, built once per question: every decode step takes a slice of it
+        self._visible = torch.ones(cache.num_layers, cache.kv_heads, cache.capacity, dtype=torch.bool,
+                                   device=cache.device)
+        self._visible[:, :, :start] = ~hidden
+        return hidden
 
     def visible(self, length: int) -> torch.Tensor | None:
         """The ``visible`` mask [L, Hkv, length] for a chunk of the answer starting at slot ``length``:
         every committed slot but the kept copies of recalled pairs; None when nothing is hidden."""
-        if self.hidden is None:
-            return None
-        out = torch.ones(*self.hidden.shape[:2], length, dtype=torch.bool, device=self.hidden.device)
-        out[:, :, :self.hidden.shape[2]] = ~self.hidden
-        return out
+        return None if self.hidden is None else self._visible[:, :, :length]
 
     def clear(self, start: int, end: int) -> None:
         """Reset slots [start, end) — the reserve and the question's — to an empty cache's values."""
-        self.hidden = None
+        self.hidden = self._visible = None
         cache = self.session.cache
         end = min(end, cache.capacity)
         if end <= start:
@@ -350,3 +335,24 @@ class Recall:
 
     def close(self) -> None:
         self.archive.close()
+
+
+def whole_in_cache(cache, pairs: list[int], tokens: int) -> torch.Tensor:
+    """[n, layers] bool: all ``tokens`` tokens of frame pair ``pairs[i]`` are vision slots of every KV head of
+    that layer of ``cache`` (such a pair is not a recall candidate there)."""
+    n = cache.length
+    whole = torch.zeros(len(pairs), cache.num_layers, dtype=torch.bool)
+    if not pairs or n == 0:
+        return whole
+    frames = cache.frame[:, :, :n].to(torch.int64).cpu()  # [L, H, n]
+    kinds = cache.kind[:, :, :n].cpu() == int(SlotKind.VISION)
+    lookup = {p: i for i, p in enumerate(pairs)}
+    for layer in range(cache.num_layers):
+        counts = torch.zeros(cache.kv_heads, len(pairs), dtype=torch.int64)
+        for head in range(cache.kv_heads):
+            values, count = torch.unique(frames[layer, head][kinds[layer, head]], return_counts=True)
+            for value, c in zip(values.tolist(), count.tolist()):
+                if value in lookup:
+                    counts[head, lookup[value]] = c
+        whole[:, layer] = (counts >= tokens).all(dim=0)
+    return whole
