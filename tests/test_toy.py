@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgekv.toy.data import CURRICULUM, TOKENS, Sample, draw_sample
+from edgekv.toy.data import CURRICULA, CURRICULUM, REFINE, TOKENS, Sample, draw_sample, stage_at
 from edgekv.toy.model import MAX_POSITIONS, init_model, save_checkpoint, toy_config
 from edgekv.toy.questions import (FAMILIES, QA, TEMPLATES, color_question, count_question, exists_question,
                                   order_question, sample_question, shape_question)
@@ -193,13 +193,36 @@ def test_mask_hides_evicted_tokens_from_the_question_but_not_from_earlier_pairs(
 
 def test_curriculum_samples_are_well_formed():
     rng = np.random.default_rng(3)
-    for _, stage in CURRICULUM:
+    for _, stage in CURRICULUM + REFINE:
         for _ in range(4):
             sample = draw_sample(rng, stage, MAX_POSITIONS)
             assert sample.tpos == sorted(set(sample.tpos)) and sample.tpos[-1] < MAX_POSITIONS
             assert len(sample.slot_pair) == sample.slots and sample.qas
             for qa in sample.qas:  # answers follow what the question can still see
                 assert qa.answer == sample_question_answer(sample, qa)
+
+
+def test_refine_curriculum_skips_one_event_streams_and_asks_shape_of_many_shapes_more():
+    """``--curriculum refine`` (further rounds): never the one-event stage, even as rehearsal; its streams
+    draw events from 3-4 distinct shapes, and shape questions are drawn twice as often as any other family (some draws have no valid question
+    and are drawn again, so the share asked is lower)."""
+    from collections import Counter
+
+    rng = np.random.default_rng(5)
+    stages = {stage_at(progress, rng, "refine").name for progress in np.linspace(0, 0.999, 400)}
+    assert stages == {stage.name for _, stage in REFINE} and "one event" not in stages
+    assert {stage_at(p, rng).name for p in np.linspace(0, 0.999, 400)} == {s.name for _, s in CURRICULA["full"]}
+    families, distinct = Counter(), []
+    for _ in range(40):
+        sample = draw_sample(rng, REFINE[-1][1], MAX_POSITIONS)
+        families.update(qa.family for qa in sample.qas)
+        distinct.append(len({event.shape for event in sample.events}))
+    assert families["shape"] > 1.25 * max(families[f] for f in families if f != "shape")
+    assert min(distinct) >= 1 and np.mean(distinct) > 2.2
+    with pytest.raises(ValueError, match="curriculum 'easy' is not one of full, refine"):
+        from edgekv.toy.train import train
+
+        train("unused", curriculum="easy")
 
 
 def sample_question_answer(sample: Sample, qa: QA) -> str:
@@ -302,9 +325,13 @@ def test_train_toy_init_goes_on_from_a_checkpoint_and_refuses_one_of_another_sha
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
     out = tmp_path / "next"
     assert main(["train-toy", str(out), "--init", str(start), "--steps", "2", "--batch-size", "2", "--log-every", "2",
-                 "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0", "--threads", "1"]) == 0
+                 "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0", "--threads", "1",
+                 "--curriculum", "refine"]) == 0
     card = __import__("json").loads((out / "card.json").read_text())
     assert card["init"] == str(start) and (card["width"], card["layers"]) == (32, 2) and "--init" in card["command"]
+    assert card["curriculum"] == "refine" and card["command"].endswith("--curriculum refine")
+    assert card["history"][-1]["stage"] == "long, sparse, thinned, many shapes"
+    assert "--width" not in card["command"]  # the width and depth come from --init, not flags
     assert card["parent"] == {"note": "test"}  # the starting checkpoint's card travels with the new one
     assert "Trained in rounds" in (out / "README.md").read_text()
     trained = load_pretrained(out, dtype=torch.float32)

@@ -22,6 +22,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=4, help="LM decoder layers")
     parser.add_argument("--init", metavar="DIR", default=None,
                         help="go on from this toy checkpoint (its width and layers) instead of random weights")
+    parser.add_argument("--curriculum", choices=("full", "refine"), default="full",
+                        help="training stages: full (from one event up; from scratch) or refine (several events of "
+                             "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="draw batches in the training process instead of one step ahead in a worker process")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
@@ -48,7 +51,8 @@ def run_train(args: argparse.Namespace) -> int:
     card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                  threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
                  heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps,
-                 width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init)
+                 width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
+                 curriculum=args.curriculum)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -32,7 +32,8 @@ from edgekv.model.rope import mrope_cos_sin, vision_block_position_ids
 from edgekv.preprocess import FramePreprocessor
 from edgekv.tokenizer import ChatLayout
 from edgekv.toy.card import write_model_card
-from edgekv.toy.data import GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample, event_tokens, stage_at
+from edgekv.toy.data import (CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample, event_tokens,
+                             stage_at)
 from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
 from edgekv.toy.prefetch import batches
 from edgekv.toy.questions import FAMILIES
@@ -241,12 +242,13 @@ def vision_batches(rng: np.random.Generator, steps: int, batch_size: int):
         yield vision_batch(rng, preprocessor, batch_size)
 
 
-def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool, seed: int):
+def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool, seed: int,
+               curriculum: str = "full"):
     """The question-answering steps' batches: the curriculum stage at each step's progress, a narrow
     range of K, ``batch_size`` samples, encoded (``Encoder``)."""
     encoder = Encoder(aux=aux, seed=seed)
     for step in range(steps):
-        stage = stage_at(step / max(1, steps), rng)
+        stage = stage_at(step / max(1, steps), rng, curriculum)
         pairs = batch_pairs(stage, rng)
         yield encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, pairs=pairs) for _ in range(batch_size)])
 
@@ -290,9 +292,9 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
     return history
 
 
-def heldout(seed: int, count: int, progress: float = 1.0) -> list[Sample]:
+def heldout(seed: int, count: int, progress: float = 1.0, curriculum: str = "full") -> list[Sample]:
     rng = np.random.default_rng((seed, 99))
-    return [draw_sample(rng, stage_at(progress, rng), MAX_POSITIONS) for _ in range(count)]
+    return [draw_sample(rng, stage_at(progress, rng, curriculum), MAX_POSITIONS) for _ in range(count)]
 
 
 def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | None = None
@@ -317,13 +319,19 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | 
 def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int = 8, lr: float = 3e-3,
           aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
           log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000,
-          width: int = 64, layers: int = 4, prefetch: bool = True, init: str | Path | None = None) -> dict:
+          width: int = 64, layers: int = 4, prefetch: bool = True, init: str | Path | None = None,
+          curriculum: str = "full") -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
 
     ``prefetch`` draws the batches in a spawned worker process (``edgekv.toy.prefetch``): a script that
-    calls this needs Python's ``if __name__ == "__main__":`` guard, as for any spawned process."""
+    calls this needs Python's ``if __name__ == "__main__":`` guard, as for any spawned process.
+
+    ``curriculum`` names the stages drawn from (``edgekv.toy.data.CURRICULA``: ``full`` from scratch,
+    ``refine`` for further rounds)."""
+    if curriculum not in CURRICULA:
+        raise ValueError(f"curriculum {curriculum!r} is not one of {', '.join(CURRICULA)}")
     if threads is not None:
         from edgekv.threads import apply_threads
 
@@ -356,10 +364,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
-    held = Encoder().encode(heldout(seed, eval_samples))
+    held = Encoder().encode(heldout(seed, eval_samples, curriculum=curriculum))
     history: list[dict] = []
     running = np.zeros(2)
-    drawn = batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, prefetch=prefetch)
+    drawn = batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, prefetch=prefetch)
     for step, batch in enumerate(drawn):
         progress = step / max(1, steps)
         loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch), batch, aux_weight, encoder.no)
@@ -373,7 +381,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         if (step + 1) % log_every == 0 or step == steps - 1:
             record = {"step": step + 1, "loss": round(float(running[0]), 4), "aux_loss": round(float(running[1]), 4),
                       "seconds": round(time.perf_counter() - started, 1),
-                      "stage": stage_at(progress, np.random.default_rng(0)).name}
+                      "stage": stage_at(progress, np.random.default_rng(0), curriculum).name}
             record["heldout"] = evaluate(model, held)
             history.append(record)
             log(json.dumps(record))
@@ -384,11 +392,13 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --batch-size {batch_size} --lr {lr} --vision-steps {vision_steps}"
     if init is not None:
         command += f" --init {init}"
-    elif width != 64 or layers != 4:
+    if curriculum != "full":
+        command += f" --curriculum {curriculum}"
+    if init is None and (width != 64 or layers != 4):
         command += f" --width {width} --layers {layers}"
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
             "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps), "batch_size": batch_size, "lr": lr,
-            "aux_weight": aux_weight, "init": None if init is None else str(init), "width": width, "layers": layers, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
+            "aux_weight": aux_weight, "curriculum": curriculum, "init": None if init is None else str(init), "width": width, "layers": layers, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
             "history": history, "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
