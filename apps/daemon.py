@@ -691,7 +691,8 @@ class Quiz:
 
     def score(self) -> str:
         right = sum(self.graded)
-        return (f"quiz: {right}/{len(self.graded)} correct about {len(self.seen)} events seen "
+        seen = len(self.seen)
+        return (f"quiz: {right}/{len(self.graded)} correct about {seen} event{'s' if seen != 1 else ''} seen "
                 f"(of {len(self.scene.events)} in the stream)")
 
 
