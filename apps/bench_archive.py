@@ -135,7 +135,7 @@ def accuracy(args: argparse.Namespace, root: Path) -> dict:
             for scoring in _names(args.scorings):
                 runs.append((f"archive k={k} {mode} {scoring}",
                              {"top_k": k, "retrieval": mode, "scoring": scoring, "index_keys": args.index_keys,
-                              "max_gib": 1.0, "segment_mib": 64}))
+                              "max_gib": 1.0, "segment_mib": 64, "when_full": "wait"}))  # replayed: archive all
     plain = _toy_runtime(args.model, args.policy, args.budget, None).session()
     horizon = plain.frames_that_fit() // 2  # frame pairs the cache holds whole before it must compress
     base = _toy_runtime(args.model, "full", 128, None)

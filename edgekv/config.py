@@ -285,7 +285,9 @@ class ArchiveSection:
     max_gib: float = 16.0           # the oldest segments are deleted to stay below this
     max_age_s: float | None = None  # also delete segments whose newest pair is this much older than the newest
     segment_mib: float = 256.0      # size of one segment file
-    queue_pairs: int = 8            # staging buffers between ingest and the writer; full = the pair is dropped
+    queue_pairs: int = 8            # staging buffers between ingest and the writer
+    when_full: Literal["drop", "wait"] = "drop"  # all buffers taken: drop the pair (live camera: ingest never
+    #                                 waits on the disk) or wait for the writer (replay faster than real time)
     top_k: int = 4                  # pairs recalled per question (the retrieval reserve holds this many)
     retrieval: Literal["layer", "pooled"] = "layer"  # top-k per layer (ReKV) or one top-k for all layers
     scoring: Literal["attention", "cosine"] = "attention"  # a pair's share of the question's attention, or

@@ -67,6 +67,9 @@ def test_config_refuses_bad_archive_keys(tmp_path):
         EdgeKVConfig().with_overrides(archive={"scoring": "dot"})
     with pytest.raises(ConfigError, match="archive.index_keys"):
         EdgeKVConfig().with_overrides(archive={"index_keys": 0})
+    with pytest.raises(ConfigError, match="archive.when_full"):
+        EdgeKVConfig().with_overrides(archive={"when_full": "block"})
+    assert EdgeKVConfig().with_overrides(archive={"when_full": "wait"}).archive.when_full == "wait"
 
 
 def test_recalled_cache_equals_the_full_cache_and_is_cleared_after(tiny_checkpoint, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgekv.archive.store import ArchiveMismatchError, FrameArchive, KVShape, new_stream_id
+from edgekv.archive.store import ArchiveError, ArchiveMismatchError, FrameArchive, KVShape, new_stream_id
 from edgekv.positions import rotary_inv_freq, rotate_temporal
 
 SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
@@ -77,6 +77,30 @@ def test_full_staging_drops_and_counts_instead_of_blocking(tmp_path):
     assert archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM) is True
     archive.close()
     assert archive.written == 1
+
+
+def test_full_staging_waits_for_the_writer_when_told_to(tmp_path):
+    """``when_full="wait"`` (replay faster than real time): submit waits until the writer frees a buffer,
+    drops nothing, and counts the wait; if the writer is gone it says so instead of waiting forever."""
+    import threading
+
+    archive = _archive(tmp_path, queue_pairs=1, when_full="wait")
+    archive._ensure_staging(TOKENS)
+    gate = archive._free.get_nowait()  # hold the only staging buffer
+    threading.Timer(0.3, archive._free.put, args=(gate,)).start()
+    k, v = _kv(0)
+    started = time.perf_counter()
+    assert archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM) is True
+    assert time.perf_counter() - started >= 0.25 and archive.wait_ms_total >= 250
+    archive.flush()
+    assert archive.dropped == 0 and archive.pairs == 1
+    archive.close()  # the writer stops: a submit that would wait now raises
+    archive._closed = False
+    archive._free.get_nowait()
+    with pytest.raises(ArchiveError, match="writer stopped"):
+        archive.submit(k, v, frame=1, t=0.5, tpos=1, t_offset=0, rows=2, cols=2, stream=STREAM)
+    with pytest.raises(ValueError, match="when_full"):
+        _archive(tmp_path / "other", when_full="block")
 
 
 def test_oldest_segments_deleted_at_max_bytes(tmp_path):

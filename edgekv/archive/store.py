@@ -19,7 +19,9 @@ ReKV (seed 001, §3 "Video Stream Encoding") keeps all video KV the same way and
 Writing never blocks ingest: ``submit`` copies the pair's K/V from the cache into one of
 ``queue_pairs`` preallocated staging buffers and hands it to the writer thread; when every buffer is
 taken (the disk is slower than the stream) the pair is **dropped and counted** (``dropped``) — the
-live cache has it anyway, and a stalled camera loop would lose frames for everyone. The writer takes
+live cache has it anyway, and a stalled camera loop would lose frames for everyone. A stream replayed
+faster than real time (an evaluation, a file) sets ``when_full = "wait"`` instead: ingest waits for the
+writer, and every pair is archived whatever the machine's load. The writer takes
 pairs in batches (up to half the buffers, gathered for at most 0.2 s) so that its Python and torch work
 per pair, which holds the GIL the ingest thread needs, stays small (``_write_loop``). Host memory of
 the archive is bounded: the staging buffers (``queue_pairs`` pairs, allocated at the first pair) and the
@@ -185,11 +187,14 @@ class FrameArchive:
 
     def __init__(self, folder: str | Path, shape: KVShape, *, max_bytes: int, segment_bytes: int = 256 << 20,
                  queue_pairs: int = 8, max_age_s: float | None = None, inv_freq: torch.Tensor | None = None,
-                 temporal_section: int = 0) -> None:
+                 temporal_section: int = 0, when_full: str = "drop") -> None:
         if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
             raise ValueError(f"archive: max bytes ({max_bytes}) must hold at least two segments of {segment_bytes}")
         if queue_pairs < 1:
             raise ValueError(f"archive.queue_pairs: must be >= 1, got {queue_pairs}")
+        if when_full not in ("drop", "wait"):
+            raise ValueError(f"archive.when_full: must be 'drop' or 'wait', got {when_full!r}")
+        self.when_full = when_full
         self.dir = Path(folder).expanduser()
         self.shape = shape
         self.max_bytes, self.segment_bytes = int(max_bytes), int(segment_bytes)
@@ -211,6 +216,7 @@ class FrameArchive:
         self._segments: dict[int, int] = {}           # segment number -> bytes on disk
         self._segment_newest_t: dict[int, float] = {}
         self.dropped = 0          # pairs not archived because every staging buffer was taken
+        self.wait_ms_total = 0.0  # ingest time spent waiting for a staging buffer (when_full = "wait")
         self.written = 0          # records written by this process
         self.torn_bytes = 0       # bytes cut off torn tails on open
         self.bad_records = 0      # records skipped on open or read for a failed checksum
@@ -503,8 +509,10 @@ class FrameArchive:
     # ------------------------------------------------------------------ ingest side
     def submit(self, k: torch.Tensor, v: torch.Tensor, *, frame: int, t: float, tpos: int, t_offset: int,
                rows: int, cols: int, stream: bytes) -> bool:
-        """Queue frame pair ``frame`` for writing under the next archive key (``next_pair``); False (and
-        ``dropped`` + 1) when no staging buffer is free.
+        """Queue frame pair ``frame`` for writing under the next archive key (``next_pair``). When no staging
+        buffer is free: with ``when_full = "drop"`` (a live camera: ingest never waits on the disk) False and
+        ``dropped`` + 1; with ``"wait"`` (a replayed file or an evaluation, where ingest runs faster than
+        real time and every pair should be archived) it waits for the writer to free one.
 
         k, v: [layers, kv_heads, P, head_dim] (views of the cache are fine: copied here, before returning).
         """
@@ -521,8 +529,10 @@ class FrameArchive:
         try:
             staged = self._free.get_nowait()
         except queue.Empty:
-            self.dropped += 1
-            return False
+            if self.when_full == "drop":
+                self.dropped += 1
+                return False
+            staged = self._wait_for_buffer()
         staged.kv[:, 0].copy_(k)
         staged.kv[:, 1].copy_(v)
         with self._lock:
@@ -533,6 +543,19 @@ class FrameArchive:
         self._idle.clear()
         self._work.put(staged)
         return True
+
+    def _wait_for_buffer(self) -> "_Staged":
+        started = time.perf_counter()
+        try:
+            while True:
+                try:
+                    return self._free.get(timeout=0.5)
+                except queue.Empty:
+                    if not self._writer.is_alive():
+                        raise ArchiveError(f"{self.dir}: the archive writer stopped; no staging buffer will "
+                                           f"come free") from None
+        finally:
+            self.wait_ms_total += (time.perf_counter() - started) * 1e3
 
     def _ensure_staging(self, tokens: int) -> None:
         if self._staging_tokens == tokens:
@@ -763,7 +786,8 @@ class FrameArchive:
                 "archive_written": self.written, "archive_write_errors": self.write_errors,
                 "archive_torn_bytes": self.torn_bytes, "archive_bad_records": self.bad_records,
                 "archive_segments": len(self._segments), "archive_segments_deleted": self.segments_deleted,
-                "archive_write_ms_total": round(self.write_ms_total, 3)}
+                "archive_write_ms_total": round(self.write_ms_total, 3),
+                "archive_wait_ms_total": round(self.wait_ms_total, 3)}
 
 
 def _bytes_of(rows: torch.Tensor) -> memoryview:

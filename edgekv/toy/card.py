@@ -42,9 +42,24 @@ def write_model_card(directory: str | Path, card: dict) -> Path:
     width, layers = card.get("width", 64), card.get("layers", 4)
     half = width // 8  # head_dim / 2 (4 query heads of width / 4)
     sections = (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
-    load = card.get("load_average") or [0.0]
-    shared = ("other work shared the machine" if load[0] > (card.get("threads") or 1) + 0.5
-              else "nothing else ran")
+    threads = card.get("threads") or 1
+    seen = [record["load_average"] for record in card.get("history", []) if "load_average" in record]
+    if seen:  # the 1-minute load average at every log line
+        busy = max(seen) > threads + 0.5
+        load_text = (f"1-minute load average {min(seen):.2f}-{max(seen):.2f} at the log lines: "
+                     + ("other work shared the machine" if busy else "nothing else ran"))
+    else:  # older cards: the load average at the end only
+        load = card.get("load_average") or [0.0]
+        load_text = (f"load average {card.get('load_average', 'n/a')} at the end: "
+                     + ("other work shared the machine" if load[0] > threads + 0.5 else "no other load then"))
+    if card.get("curriculum", "full") == "refine":
+        curriculum = ("Curriculum `refine` (`edgekv/toy/data.py`, for rounds after the first): several events "
+                      "drawn from 3-4 distinct shapes, then long, sparse and thinned streams of them (evicted "
+                      "tokens, StateKV-style sinks) as a capped cache shows them; shape questions twice as often")
+    else:
+        curriculum = ("Curriculum (`edgekv/toy/data.py`): one event in short dense streams, then several events, "
+                      "then long, sparse and thinned streams (evicted tokens, StateKV-style sinks) as a capped "
+                      "cache shows them")
     text = f"""# edgekv toy Qwen2.5-VL ({card.get('parameters', 0) / 1e6:.2f} M parameters)
 
 A Qwen2.5-VL trained from scratch on synthetic event streams on a CPU, so that answers — not token
@@ -58,10 +73,7 @@ released checkpoint layout: transformers' `Qwen2_5_VLForConditionalGeneration` l
   (see `edgekv/toy/model.py` for why).
 - Training: `{card.get('command')}` — {card.get('steps')} AdamW steps of {card.get('batch_size')} streams, peak lr
   {card.get('lr')}, seed {card.get('seed')}, {card.get('wall_time_s', 0) / 60:.1f} min wall time on {card.get('machine', 'a CPU')}
-  ({card.get('threads')} torch threads; load average {card.get('load_average', 'n/a')} while training:
-  {shared}). Curriculum (`edgekv/toy/data.py`): one event in short dense streams,
-  then several events, then long, sparse and thinned streams (evicted tokens, StateKV-style sinks) as
-  a capped cache shows them. Loss: the answer word and the closing `<|im_end|>`, plus
+  ({card.get('threads')} torch threads; {load_text}). {curriculum}. Loss: the answer word and the closing `<|im_end|>`, plus
   {card.get('aux_weight')} x an auxiliary loss at the video tokens (the colour or shape word of the event a
   token shows, "no" on background) that only speeds training up.
 - Last training log line: `{json.dumps(last)}`{chr(10) + "- Note: " + card["note"] if card.get("note") else ""}{_lineage_lines(card)}

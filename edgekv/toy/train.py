@@ -381,7 +381,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         if (step + 1) % log_every == 0 or step == steps - 1:
             record = {"step": step + 1, "loss": round(float(running[0]), 4), "aux_loss": round(float(running[1]), 4),
                       "seconds": round(time.perf_counter() - started, 1),
-                      "stage": stage_at(progress, np.random.default_rng(0), curriculum).name}
+                      "stage": stage_at(progress, np.random.default_rng(0), curriculum).name,
+                      "load_average": round(os.getloadavg()[0], 2)}
             record["heldout"] = evaluate(model, held)
             history.append(record)
             log(json.dumps(record))
