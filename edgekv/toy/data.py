@@ -79,7 +79,7 @@ CURRICULUM: tuple[tuple[float, Stage], ...] = (
 # 0.76-0.81 during it and 0.93-0.95 at the end of the round), and streams
 # of several events drawn from 3-4 distinct shapes. The full curriculum's pool of 1-4 shapes makes most
 # "Which shape was {color}?" questions answerable by naming the stream's only shape or two; the held-out
-# streams' uniformly drawn shapes do not (round 8, held-out shape accuracy by events in the stream: 1.00,
+# streams' uniformly drawn shapes do not (round 7, held-out shape accuracy by events in the stream: 1.00,
 # 0.97, 0.88, 0.78, 0.72 for one to five).
 # Shape questions are asked twice as often there (a family listed twice is drawn twice as often).
 _SHAPE_TWICE = (*FAMILIES, "shape")
