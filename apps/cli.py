@@ -15,14 +15,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from edgekv.apps.camera import (
+from edgekv.apps.args import (
     HelpFormatter,
     add_config_arguments,
-    add_daemon_arguments,
     config_from_args,
-    run_daemon,
+    first_positional,
+    quiet_broken_pipe,
     version_string,
 )
+from edgekv.apps.daemon.camera import add_daemon_arguments, run_daemon
 from edgekv.threads import prepare_process
 
 
@@ -89,7 +90,7 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-memory", type=float, required=True, help="device memory in GB")
-    parser.add_argument("--model", required=True, help="model directory (config.json)")
+    parser.add_argument("--model", required=True, help="model directory (config.json), or builtin:toy")
     parser.add_argument("--resolution", type=int, nargs=2, default=[448, 448], metavar=("H", "W"),
                         help="video.resolution of the deployment")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"], help="weight and cache dtype")
@@ -100,8 +101,9 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from edgekv.calibration.plan import plan
+    from edgekv.toy import resolve_model_path
 
-    result = plan(device_memory_gb=args.device_memory, model_dir=args.model, resolution=tuple(args.resolution),
+    result = plan(device_memory_gb=args.device_memory, model_dir=resolve_model_path(args.model), resolution=tuple(args.resolution),
                   weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb)
     print(result.summary())
     return 0
@@ -147,14 +149,6 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
 }
 
 
-def first_positional(argv: list[str]) -> tuple[str | None, list[str]]:
-    """The first word that is not an option, and the words after it (the chosen subcommand)."""
-    for index, word in enumerate(argv):
-        if not word.startswith("-"):
-            return word, argv[index + 1:]
-    return None, []
-
-
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the command named in ``argv`` gets its options (and imports its modules)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -184,10 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"edgekv {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except (ValueError, OSError, RuntimeError, ImportError) as exc:  # a user's mistake or a missing package
         if os.environ.get("EDGEKV_DEBUG"):
             raise
-        from edgekv.apps.startup import one_line
+        from edgekv.apps.daemon.startup import one_line
 
         print(f"edgekv {args.command}: {one_line(exc)}", file=sys.stderr)
         return 2

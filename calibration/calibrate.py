@@ -49,7 +49,7 @@ def calibrate(model_dir: str | Path, videos: list[str], out: str | Path, frames:
               progress: Callable[[int, str], None] | None = None) -> dict:
     """``progress(frames_done, text)`` is called after every frame (all videos: ``frames * len(videos)``)."""
     import edgekv
-    from edgekv.apps.bench import frame_stream
+    from edgekv.video.sources import looped_frames
     from edgekv.calibration.thresholds import write_thresholds
 
     sums: list[float] = []  # per-layer CV sums over every video's compressions (running, not a list)
@@ -61,7 +61,7 @@ def calibrate(model_dir: str | Path, videos: list[str], out: str | Path, frames:
                                             video={"resolution": list(resolution), "fps": fps},
                                             cache={"policy": "van", "max_tokens": cap, "text_reserve_tokens": 256})
         session = rt.session()
-        for index, (frame, t) in enumerate(frame_stream(video, frames, fps)):
+        for index, (frame, t) in enumerate(looped_frames(video, frames, fps)):
             session.ingest(frame, t=t)
             if progress is not None:
                 progress(number * frames + index + 1, f"video {number + 1}/{len(videos)} frame {index + 1}/{frames}, "

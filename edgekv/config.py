@@ -75,7 +75,7 @@ class VideoSection:
     answer_backlog_s: float = 60.0
     answer_backlog_mib: float = 256.0
     # Under question load the main loop spends at least this share of its busy time ingesting
-    # (apps/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
+    # (apps/daemon/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
     min_ingest_share: float = 0.8
     skip_static: SkipStaticSection = field(default_factory=SkipStaticSection)
     # exact: Pillow bicubic, bit-identical to transformers' processor; fast: OpenCV (INTER_AREA shrinking,
@@ -202,12 +202,17 @@ class ServerSection:
     max_new_tokens: int = 256
     queue_size: int = 16
     # A request's headers and body must arrive within this; an idle keep-alive connection closes after
-    # keep_alive_s; connections beyond max_connections are refused (503) as they open (apps/server.py).
+    # keep_alive_s; connections beyond max_connections are refused (503) as they open (apps/server/guard.py).
     request_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 100
     # Host names (besides localhost, 127.0.0.1, [::1] and `host`) the API answers to: DNS-rebinding guard.
     allowed_hosts: list[str] = field(default_factory=list)
+    # Names the model is served under (vLLM's --served-model-name): answers carry the first, requests may
+    # name any. null: edgekv/<model folder> and the alias edgekv.
+    served_model_name: list[str] | None = None
+    # /metrics without the token, as Prometheus scrapers expect (the figures reveal no question or frame).
+    metrics_public: bool = False
 
     def validate(self, at: str) -> None:
         if not 0 <= self.port <= 65535:
@@ -216,6 +221,10 @@ class ServerSection:
                      "max_connections"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{at}.{name}: must be positive, got {getattr(self, name)}")
+        if self.served_model_name is not None and (not self.served_model_name or not all(
+                name.strip() for name in self.served_model_name)):
+            raise ConfigError(f"{at}.served_model_name: expected one or more non-empty names, got "
+                              f"{self.served_model_name!r}")
 
 
 @dataclass(frozen=True)
@@ -357,7 +366,7 @@ class EdgeKVConfig:
                 raise ConfigError(f"{name}: unknown section (known: {', '.join(data)})")
             if not isinstance(values, dict):
                 raise ConfigError(f"{name}: expected a mapping of keys, got {type(values).__name__}")
-            data[name] = {**data[name], **values}
+            data[name] = {**data[name], **_cap_given(name, values, drop=True)}
         return config_from_dict(data, source=f"{self.source} + {label}")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -381,6 +390,15 @@ class EdgeKVConfig:
                     flow = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
                     out.append(f"{name}={flow.removesuffix(chr(10) + '...').strip()}")
         return out
+
+
+def _cap_given(section: str, values: dict, drop: bool = False) -> dict:
+    """The cache cap is max_tokens or max_mib: the one a mapping gives replaces the other's default (or, with
+    ``drop``, the other's earlier value); a mapping giving both is left for ``CacheSection.validate`` to refuse."""
+    if section != "cache" or ("max_tokens" in values) == ("max_mib" in values):
+        return values
+    other = "max_mib" if "max_tokens" in values else "max_tokens"
+    return {**values, other: None} if drop or other == "max_tokens" else values
 
 
 def assignment_sections(assignments: list[str]) -> dict[str, dict[str, Any]]:
@@ -427,6 +445,7 @@ def config_from_dict(data: Any, source: str = "<dict>", base_dir: Path | None = 
         for name, values in data.items():
             if name not in known:
                 raise ConfigError(f"{name}: unknown section (known: {', '.join(known)})")
+            values = _cap_given(name, values) if isinstance(values, dict) else values
             sections[name] = _build(typing.get_type_hints(EdgeKVConfig)[name], values, name)
         config = EdgeKVConfig(**sections, source=source)
         for name in known:

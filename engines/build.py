@@ -22,6 +22,7 @@ from edgekv.cache.specs import CacheSpec
 from edgekv.config import EdgeKVConfig
 from edgekv.engines.manifest import MANIFEST, BuildKey, EngineError, Manifest, file_digest, model_hash, rebuild_hint
 from edgekv.model.config import ModelConfig
+from edgekv.toy import resolve_model_path
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ENGINE_BACKENDS = ("onnxruntime", "tensorrt")
@@ -75,7 +76,7 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
     path = model_dir if model_dir is not None else config.model.path
     if path is None:
         raise EngineError("model.path: no model directory given (--model DIR or model.path in the config)")
-    model_path = Path(path).expanduser()
+    model_path = Path(resolve_model_path(str(path))).expanduser()  # builtin:toy -> the shipped checkpoint
     root = Path(engine_dir if engine_dir is not None else config.engines.engine_dir).expanduser()
     model_config = ModelConfig.from_dir(model_path)
     grid = grid_for(config, model_config)

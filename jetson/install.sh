@@ -3,7 +3,11 @@
 # TensorRT and GStreamer-enabled OpenCV come from apt (python3-libnvinfer, python3-opencv); PyTorch from
 # NVIDIA's Jetson wheel, whose URL you give in EDGEKV_TORCH_WHEEL (it must match your JetPack; see
 # NVIDIA's "Installing PyTorch for Jetson Platform"). pip is never allowed to replace that torch.
-#   sudo EDGEKV_TORCH_WHEEL=<url-or-path> jetson/install.sh [--dry-run]
+# onnxruntime for the Jetson's GPU is not on PyPI (the PyPI wheel is CPU-only): give NVIDIA's / Jetson AI Lab's
+# onnxruntime-gpu wheel in EDGEKV_ORT_WHEEL if you want the onnxruntime backend; TensorRT needs none of it.
+# The deployment profile is picked by the board (/proc/device-tree/model); EDGEKV_PROFILE=orin-nano-8gb (a file
+# name in configs/ without .yaml) overrides it.
+#   sudo EDGEKV_TORCH_WHEEL=<url-or-path> [EDGEKV_ORT_WHEEL=<url-or-path>] jetson/install.sh [--dry-run]
 set -euo pipefail
 
 PREFIX=/opt/edgekv
@@ -21,13 +25,31 @@ if [ -z "${EDGEKV_TORCH_WHEEL:-}" ] && [ "$DRY_RUN" = 0 ]; then
 fi
 WHEEL=${EDGEKV_TORCH_WHEEL:-torch-for-your-jetpack.whl}
 
+# The board decides the profile: an 8 GB Orin Nano cannot hold the AGX 64 GB profile's cache.
+MODEL_FILE=${EDGEKV_DEVICE_TREE_MODEL:-/proc/device-tree/model}
+BOARD=$(tr -d '\0' < "$MODEL_FILE" 2>/dev/null || echo unknown)
+case "${EDGEKV_PROFILE:-}:$BOARD" in
+  :*"AGX Orin"*) PROFILE=orin-agx-64gb ;;
+  :*"Orin Nano"*|:*"Orin NX"*) PROFILE=orin-nano-8gb ;;
+  :*) echo "no deployment profile for this board ($BOARD): set EDGEKV_PROFILE to one of configs/*.yaml" \
+        "(without .yaml)" >&2
+      exit 2 ;;
+  *) PROFILE=$EDGEKV_PROFILE ;;
+esac
+if [ ! -f "$SRC/configs/$PROFILE.yaml" ]; then
+  echo "EDGEKV_PROFILE=$PROFILE: no configs/$PROFILE.yaml" >&2
+  exit 2
+fi
+echo "board: $BOARD -> profile configs/$PROFILE.yaml"
+
 run apt-get update
 run apt-get install -y python3-venv python3-pip python3-libnvinfer python3-opencv \
   gstreamer1.0-tools gstreamer1.0-plugins-good gstreamer1.0-plugins-bad v4l-utils libportaudio2
 if ! id -u edgekv >/dev/null 2>&1; then
-  run useradd --system --home /var/cache/edgekv --shell /usr/sbin/nologin --groups video,render edgekv
+  run useradd --system --home /var/cache/edgekv --shell /usr/sbin/nologin --groups video,render,audio edgekv
 fi
-run install -d -o edgekv -g edgekv /var/cache/edgekv /var/log/edgekv
+# /var/lib/edgekv: the persistent memory (state.dir) and the archive (archive.dir) of the README's examples
+run install -d -o edgekv -g edgekv /var/cache/edgekv /var/log/edgekv /var/lib/edgekv /var/lib/edgekv/archive
 run install -d /etc/edgekv
 # --system-site-packages: TensorRT and OpenCV (with GStreamer) bindings come from apt
 run python3 -m venv --system-site-packages "$PREFIX/venv"
@@ -37,9 +59,13 @@ if [ "$DRY_RUN" = 1 ]; then
 else
   "$PREFIX/venv/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$PREFIX/torch-pin.txt"
 fi
-run "$PREFIX/venv/bin/pip" install -c "$PREFIX/torch-pin.txt" "${SRC}[server,engines]"
+# [export]: what `edgekv build` needs (onnx, onnxscript) without the CPU-only onnxruntime of [engines]
+run "$PREFIX/venv/bin/pip" install -c "$PREFIX/torch-pin.txt" "${SRC}[server,export]"
+if [ -n "${EDGEKV_ORT_WHEEL:-}" ]; then
+  run "$PREFIX/venv/bin/pip" install "$EDGEKV_ORT_WHEEL"
+fi
 if [ ! -f /etc/edgekv/deploy.yaml ]; then
-  run install -m 0644 "$SRC/configs/orin-agx-64gb.yaml" /etc/edgekv/deploy.yaml
+  run install -m 0644 "$SRC/configs/$PROFILE.yaml" /etc/edgekv/deploy.yaml
 fi
 run install -m 0644 "$SRC/jetson/edgekv-camera.service" /etc/systemd/system/edgekv-camera.service
 run systemctl daemon-reload

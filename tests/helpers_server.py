@@ -37,7 +37,7 @@ class RunningDaemon:
     """A Daemon in a background thread, stopped through its flag (signals belong to the main thread)."""
 
     def __init__(self, config: EdgeKVConfig, out_path: Path) -> None:
-        from edgekv.apps.daemon import Daemon
+        from edgekv.apps.daemon.loop import Daemon
 
         self.out = open(out_path, "w")
         self.daemon = Daemon(config, daemon_args(), out=self.out)

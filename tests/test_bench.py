@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from edgekv.apps.bench import steady_state_summary
+from edgekv.apps.bench.stream import steady_state_summary
 from edgekv.apps.cli import main
 
 

@@ -35,13 +35,13 @@ def test_help_does_not_import_torch(argv):
 
 
 def test_camera_help_does_not_import_torch_either():
-    proc = _python("import sys\nfrom edgekv.apps.camera import main\n"
+    proc = _python("import sys\nfrom edgekv.apps.daemon.camera import main\n"
                    "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
                    "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
     assert proc.stdout.strip().endswith("NO-TORCH") and "--realtime" in proc.stdout
 
 
-@pytest.mark.parametrize("module", ["edgekv.apps.cli", "edgekv.apps.camera"])
+@pytest.mark.parametrize("module", ["edgekv.apps.cli", "edgekv.apps.daemon.camera"])
 def test_version(module):
     proc = _cli("--version", module=module)
     assert proc.returncode == 0 and proc.stdout.strip() == f"edgekv {__version__}"

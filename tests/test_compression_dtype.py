@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from edgekv.apps.bench_compression import synthetic_view
+from edgekv.apps.bench.compression import synthetic_view
 from edgekv.kernels import tar as tar_ops
 from edgekv.kernels import van as van_ops
 from edgekv.policies.base import make_policy

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgekv.apps.camera import DaemonBusy, DaemonStopping, Question, printable
+from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, printable
 from edgekv.config import EdgeKVConfig
 
 pytest.importorskip("fastapi")
@@ -54,7 +54,7 @@ class Running:
     """A Daemon in a background thread (signals go to the main thread, so it is stopped by its flag)."""
 
     def __init__(self, config: EdgeKVConfig, out, **args) -> None:
-        from edgekv.apps.daemon import Daemon
+        from edgekv.apps.daemon.loop import Daemon
 
         self.daemon = Daemon(config, _args(**args), out=out)
         self.thread = threading.Thread(target=self.daemon.run, daemon=True)
@@ -175,7 +175,7 @@ def test_auth_on(tiny_checkpoint, tmp_path):
 
 def test_startup_failure_is_one_clear_line_and_exit_2(tiny_checkpoint, tmp_path, capsys):
     """Engines that were never built: the daemon says what to run instead of dumping a traceback."""
-    from edgekv.apps.daemon import Daemon
+    from edgekv.apps.daemon.loop import Daemon
 
     pytest.importorskip("onnxruntime")
     config = _config(tiny_checkpoint).with_overrides(
@@ -394,7 +394,7 @@ def _fake_camera(monkeypatch):
     from edgekv.video.sources import SourceSpec
 
     camera = FlakyCamera()
-    monkeypatch.setattr("edgekv.apps.daemon.open_video_source",
+    monkeypatch.setattr("edgekv.apps.daemon.loop.open_video_source",
                         lambda config: (SourceSpec("camera", 0, raw="fake:camera"), camera))
     return camera
 
@@ -443,8 +443,8 @@ def test_watchdog_goes_quiet_when_the_main_loop_hangs(tiny_checkpoint, notify):
 
 
 def test_systemd_unit_matches_the_daemon():
-    from edgekv.apps.camera import build_parser
-    from edgekv.apps.daemon import STOP_BUDGET_S
+    from edgekv.apps.daemon.camera import build_parser
+    from edgekv.apps.daemon.loop import STOP_BUDGET_S
 
     unit = (ROOT / "jetson" / "edgekv-camera.service").read_text()
     values = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
@@ -467,7 +467,7 @@ def test_sigterm_with_twelve_waiting_questions(tiny_checkpoint, tmp_path):
     path.write_text(json.dumps(config.to_dict()))  # JSON is YAML
     listener = NotifyListener(tmp_path / "notify.sock")
     env = {**os.environ, "NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": "4000000"}
-    process = subprocess.Popen([sys.executable, "-m", "edgekv.apps.camera", "--config", str(path), "--no-stdin",
+    process = subprocess.Popen([sys.executable, "-m", "edgekv.apps.daemon.camera", "--config", str(path), "--no-stdin",
                                 "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     try:
@@ -547,7 +547,7 @@ def test_readme_one_shot_demo_exits_by_itself(tiny_checkpoint, tmp_path):
     config = _config(tiny_checkpoint).with_overrides(video={"source": "synthetic:shapes?size=320x240&fps=4&frames=400"})
     path = tmp_path / "demo.yaml"
     path.write_text(json.dumps(config.to_dict()))
-    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.camera", "--config", str(path), "--max-frames", "8",
+    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", "--config", str(path), "--max-frames", "8",
                            "--no-stdin", "--ask", "What is moving in the video?"], capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr

@@ -19,7 +19,7 @@ pytest.importorskip("cv2")
 
 
 def _run_until_pairs(config: Path, pairs: int) -> str:
-    process = subprocess.Popen([sys.executable, "-m", "edgekv.apps.camera", "--config", str(config), "--no-stdin"],
+    process = subprocess.Popen([sys.executable, "-m", "edgekv.apps.daemon.camera", "--config", str(config), "--no-stdin"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, seen = [], 0
     deadline = time.monotonic() + 120

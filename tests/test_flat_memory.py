@@ -72,7 +72,7 @@ import json, sys
 import torch
 torch.set_num_threads(1)
 import edgekv
-from edgekv.apps.bench_soak import frame_pool, soak
+from edgekv.apps.bench.soak import frame_pool, soak
 
 rt = edgekv.Runtime.from_pretrained(sys.argv[1], model={"dtype": "fp32", "device": "cpu"},
                                     video={"resolution": [56, 56], "fps": 2.0},

@@ -48,8 +48,67 @@ def test_power_mode_dry_run_reads_ids_from_nvpmodel_conf(tmp_path):
 
 
 def test_install_dry_run_pins_nvidias_torch():
-    out = subprocess.run(["bash", str(JETSON / "install.sh"), "--dry-run"], capture_output=True, text=True)
+    out = subprocess.run(["bash", str(JETSON / "install.sh"), "--dry-run"], capture_output=True, text=True,
+                         env={**os.environ, "EDGEKV_PROFILE": "orin-agx-64gb"})
     assert out.returncode == 0, out.stderr
     assert "python3-libnvinfer" in out.stdout and "--system-site-packages" in out.stdout
     assert "-c /opt/edgekv/torch-pin.txt" in out.stdout
-    assert "[server,engines]" in out.stdout and "edgekv build --config /etc/edgekv/deploy.yaml" in out.stdout
+    assert "[server,export]" in out.stdout and "edgekv build --config /etc/edgekv/deploy.yaml" in out.stdout
+
+
+# ---------------------------------------------------------------------------------------------- issue 25 §3
+def _install(model: str | None, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    tree = tmp_path / "model"
+    if model is not None:
+        tree.write_bytes(model.encode() + b"\0")  # the device tree's string ends with a NUL
+    environ = {**os.environ, "EDGEKV_DEVICE_TREE_MODEL": str(tree), **env}
+    return subprocess.run(["bash", str(JETSON / "install.sh"), "--dry-run"], capture_output=True, text=True,
+                          env=environ)
+
+
+@pytest.mark.parametrize("model, profile", [
+    ("NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super", "orin-nano-8gb.yaml"),
+    ("NVIDIA Jetson AGX Orin Developer Kit", "orin-agx-64gb.yaml"),
+])
+def test_install_picks_the_profile_of_the_board(tmp_path, model, profile):
+    out = _install(model, tmp_path)
+    assert out.returncode == 0, out.stderr
+    installs = [line for line in out.stdout.splitlines() if "/etc/edgekv/deploy.yaml" in line and "install -m" in line]
+    assert len(installs) == 1 and installs[0].split()[-2].endswith(f"configs/{profile}"), out.stdout
+
+
+def test_install_refuses_a_board_it_has_no_profile_for_unless_told(tmp_path):
+    out = _install("Raspberry Pi 5 Model B Rev 1.0", tmp_path)
+    assert out.returncode == 2 and "EDGEKV_PROFILE" in out.stderr
+    out = _install("Raspberry Pi 5 Model B Rev 1.0", tmp_path, EDGEKV_PROFILE="orin-nano-8gb")
+    assert out.returncode == 0 and "configs/orin-nano-8gb.yaml /etc/edgekv/deploy.yaml" in out.stdout
+
+
+def test_install_never_pulls_the_cpu_onnxruntime_on_a_jetson(tmp_path):
+    out = _install("NVIDIA Jetson AGX Orin Developer Kit", tmp_path)
+    pips = [line for line in out.stdout.splitlines() if "pip install" in line]
+    assert pips and not any("engines]" in line or " onnxruntime" in line for line in pips), pips
+    assert any("[server,export]" in line for line in pips)  # edgekv build's exporters, without onnxruntime
+    out = _install("NVIDIA Jetson AGX Orin Developer Kit", tmp_path, EDGEKV_ORT_WHEEL="/tmp/onnxruntime_gpu.whl")
+    assert any("pip install /tmp/onnxruntime_gpu.whl" in line for line in out.stdout.splitlines())
+
+
+def test_install_makes_the_state_and_archive_folders(tmp_path):
+    out = _install("NVIDIA Jetson AGX Orin Developer Kit", tmp_path)
+    assert "/var/lib/edgekv" in out.stdout and "audio" in out.stdout
+
+
+def test_the_unit_lets_the_daemon_write_its_memory_read_home_and_use_a_microphone():
+    unit = (JETSON / "edgekv-camera.service").read_text()
+    directives = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    assert directives["StateDirectory"] == "edgekv"  # /var/lib/edgekv: snapshots and the archive (README)
+    assert "/var/lib/edgekv" in directives["ReadWritePaths"].split()
+    assert directives["ProtectHome"] == "read-only"  # weights under /home stay readable
+    assert "audio" in directives["SupplementaryGroups"].split()
+
+
+def test_the_container_listens_beyond_itself_and_can_build_engines():
+    docker = (JETSON / "Dockerfile").read_text()
+    entry = next(line for line in docker.splitlines() if line.startswith("ENTRYPOINT"))
+    assert '"--host", "0.0.0.0"' in entry  # 127.0.0.1 inside a container is reached by nothing published
+    assert "[server,export]" in docker and "-p 127.0.0.1:8080:8080" in docker

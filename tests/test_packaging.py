@@ -21,12 +21,13 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ["edgekv", "edgekv.model", "edgekv.cache", "edgekv.policies", "edgekv.monitor", "edgekv.video",
-               "edgekv.kernels", "edgekv.engines", "edgekv.calibration", "edgekv.apps"]
+               "edgekv.kernels", "edgekv.engines", "edgekv.calibration", "edgekv.apps", "edgekv.apps.daemon",
+               "edgekv.apps.server", "edgekv.apps.bench", "edgekv.apps.voice"]
 PROBE = (
     "import importlib, importlib.resources, json\n"
     f"mods = {SUBPACKAGES!r}\n"
     "paths = {m: importlib.import_module(m).__file__ for m in mods}\n"
-    "page = importlib.resources.files('edgekv.apps').joinpath('static/index.html').is_file()\n"
+    "page = importlib.resources.files('edgekv.apps.server').joinpath('static/index.html').is_file()\n"
     "print(json.dumps({'paths': paths, 'page': page}))\n"
 )
 

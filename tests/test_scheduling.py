@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from edgekv.apps.scheduling import Collector, FairShare, FrameBacklog
-from edgekv.apps.systemd import Heartbeat, Watchdog, notify_systemd, watchdog_period_s
+from edgekv.apps.daemon.scheduling import Collector, FairShare, FrameBacklog
+from edgekv.apps.daemon.systemd import Heartbeat, Watchdog, notify_systemd, watchdog_period_s
 
 
 def simulate(fair: FairShare, questions: int, ingest_s: float, answer_s: float, frame_every_s: float | None,

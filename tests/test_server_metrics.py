@@ -99,7 +99,7 @@ def stub_daemon(frames: int) -> SimpleNamespace:
 
 
 def test_large_counters_are_written_exactly():
-    from edgekv.apps.telemetry import Telemetry
+    from edgekv.apps.server.telemetry import Telemetry
 
     for frames in (1449984, 123456789, 2**53):
         text = Telemetry(stub_daemon(frames)).exposition()[0].decode()
@@ -117,7 +117,7 @@ def test_openmetrics_when_the_scraper_asks(running):
 
 
 def test_each_daemon_has_its_own_registry():
-    from edgekv.apps.telemetry import Telemetry
+    from edgekv.apps.server.telemetry import Telemetry
 
     first, second = Telemetry(stub_daemon(10)), Telemetry(stub_daemon(20))
     first.pair_ingested(SimpleNamespace(pair_index=0, ms=250.0, compression_ms=40.0))

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from edgekv.apps.openai_chat import first_stop, held_back
-from edgekv.apps.server import AnswerText
+from edgekv.apps.server.openai_chat import first_stop, held_back
+from edgekv.apps.server.chat import AnswerText
 from helpers_server import RunningDaemon, call, chat, error_of, frozen, server_config
 
 pytest.importorskip("fastapi")

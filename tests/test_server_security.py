@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgekv.apps.http_guard import AccessPolicy, SessionCookies, split_host
-from edgekv.apps.server import exposure_warning
+from edgekv.apps.server.guard import AccessPolicy, SessionCookies, split_host
+from edgekv.apps.server.app import exposure_warning
 from helpers_server import RunningDaemon, call, chat, connect, error_of, read_until_closed, server_config
 
 pytest.importorskip("fastapi")

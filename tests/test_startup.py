@@ -29,7 +29,7 @@ def _deploy(tmp_path: Path, model: Path, **sections) -> Path:
     return path
 
 
-def _run(*args: str, env: dict | None = None, module: str = "edgekv.apps.camera") -> subprocess.CompletedProcess:
+def _run(*args: str, env: dict | None = None, module: str = "edgekv.apps.daemon.camera") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
 

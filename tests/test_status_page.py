@@ -1,7 +1,8 @@
 """The status page in a real headless Chromium (Debian's package, driven by Playwright), with a token set:
 the login form sets an HttpOnly SameSite=Strict cookie, then the page shows the figures, the latest frame
 (an <img>, which no bearer header could authenticate), questions from every channel with their answers,
-the memory sparkline, a heatmap legend drawn with the overlay's own colours, a question typed in the box
+the memory sparkline, the frame shown true with the kept-patch overlay behind a toggle, a heatmap legend
+drawn with the overlay's own colours, a question typed in the box
 answered by streaming, and the "stream ended" and "daemon stopped" states.
 
 Set EDGEKV_SCREENSHOTS=DIR to keep the screenshots."""
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.apps.camera import Question
+from edgekv.apps.questions import Question
 from helpers_server import RunningDaemon, server_config
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -92,7 +93,13 @@ def test_page_with_a_token_login_figures_questions_and_states(tiny_checkpoint, t
                 assert label in figures, label
             assert page.inner_text("#state") == "live" and not page.is_visible("#banner")
 
+            # the frame is shown true; the kept-patch overlay only when asked for (issue 25: it tinted grey olive)
+            assert not page.is_visible("#heat") and page.is_visible("#frame")
+            page.check("#overlay")
+            assert page.is_visible("#heat")
             _legend_matches_the_overlay(page)
+            page.uncheck("#overlay")
+            assert not page.is_visible("#heat")
             live = screenshot(page, tmp_path, "status-live.png")
 
             # the stream ended: the real status with the daemon's stream state replaced

@@ -52,7 +52,8 @@ def test_apply_threads_explicit_count_wins_over_auto(monkeypatch):
 
 
 def test_camera_threads_flag_sets_runtime_threads(tmp_path):
-    from edgekv.apps.camera import build_parser, config_from_args
+    from edgekv.apps.args import config_from_args
+    from edgekv.apps.daemon.camera import build_parser
 
     args = build_parser().parse_args(["--model", str(tmp_path), "--threads", "2"])
     assert config_from_args(args).runtime.threads == 2

@@ -372,9 +372,9 @@ def test_compact_samples_leave_early_evicted_tokens_out_of_the_sequence():
 def test_quiz_counts_only_events_of_ingested_pairs_and_grades_answers():
     from types import SimpleNamespace
 
-    from edgekv.apps.camera import Question
-    from edgekv.apps.daemon import Quiz
-    from edgekv.apps.startup import StartupError
+    from edgekv.apps.questions import Question
+    from edgekv.apps.daemon.quiz import Quiz
+    from edgekv.apps.daemon.startup import StartupError
 
     events = [Event("circle", "red", 1, 1, (30, 30), 10), Event("square", "blue", 5, 2, (80, 80), 12)]
     scene = EventScene(112, 112, 2.0, 3, events)
@@ -409,7 +409,7 @@ def test_daemon_quiz_one_shot_prints_graded_answers(tiny_checkpoint):
     and the summary carries the score (random weights here: the grading, not the accuracy, is tested)."""
     import io
 
-    from edgekv.apps.daemon import Daemon, DaemonOptions
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
     from edgekv.config import EdgeKVConfig
 
     config = EdgeKVConfig().with_overrides(
@@ -427,7 +427,7 @@ def test_daemon_quiz_one_shot_prints_graded_answers(tiny_checkpoint):
 
 
 def test_daemon_quiz_refuses_a_source_without_ground_truth(tiny_checkpoint, capsys):
-    from edgekv.apps.daemon import Daemon, DaemonOptions
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
     from edgekv.config import EdgeKVConfig
 
     config = EdgeKVConfig().with_overrides(
@@ -468,7 +468,7 @@ def test_readme_demo_answers_about_its_stream():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.camera", "--config", "configs/cpu-demo.yaml",
+    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", "--config", "configs/cpu-demo.yaml",
                            "--no-stdin", "--no-server", "--exit-at-end", "--quiz", "10"], cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

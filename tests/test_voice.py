@@ -13,7 +13,7 @@ import wave
 import numpy as np
 import pytest
 
-from edgekv.apps.voice import SAMPLE_RATE, Segmenter, default_asr_model, wav_blocks
+from edgekv.apps.voice.listen import SAMPLE_RATE, Segmenter, default_asr_model, wav_blocks
 
 BLOCK = 512
 
@@ -67,7 +67,7 @@ def test_a_long_utterance_is_cut_at_max_length():
 def test_silero_finds_speech_and_ignores_noise_as_loud(tmp_path):
     """The point of a VAD over an RMS threshold: white noise at the speech's own RMS is no utterance."""
     pytest.importorskip("faster_whisper", reason="faster-whisper not installed (pip install 'edgekv[voice]')")
-    from edgekv.apps.voice import utterances
+    from edgekv.apps.voice.listen import utterances
     from edgekv.config import VoiceSection
 
     speech = np.concatenate(list(wav_blocks(_speech(tmp_path))))
@@ -105,7 +105,7 @@ def test_spoken_question_is_transcribed_and_answered(tiny_checkpoint, tmp_path):
     model = _whisper()
     from test_daemon import Running, _config
 
-    from edgekv.apps.voice import Transcriber, VoiceLoop
+    from edgekv.apps.voice.listen import Transcriber, VoiceLoop
     from edgekv.config import VoiceSection
 
     speech = _speech(tmp_path)
@@ -136,7 +136,7 @@ def test_voice_wav_asks_by_recorded_speech(tiny_checkpoint, tmp_path):
     _write_wav(wav, np.concatenate([np.zeros(SAMPLE_RATE // 2, np.float32), speech, np.zeros(SAMPLE_RATE, np.float32)]))
     config = tmp_path / "deploy.yaml"
     config.write_text(json.dumps(_config(tiny_checkpoint).to_dict()))
-    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.camera", "--config", str(config), "--max-frames", "6",
+    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", "--config", str(config), "--max-frames", "6",
                            "--no-stdin", "--no-server", "--quiet", "--voice-wav", str(wav)],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr

@@ -687,3 +687,24 @@ def iter_frames(source: str | int | os.PathLike | FrameSource, max_frames: int |
     finally:
         if owned:
             src.close()
+
+
+def looped_frames(source: str, count: int, fps: float, resize_to: tuple[int, int] | None = None) -> Iterator[Frame]:
+    """``count`` frames sampled at ``fps``; a recorded file shorter than that is looped with time running
+    on, so a short real clip (vtest.avi: 795 frames) can feed an hour-long stream. Frames are produced
+    lazily (an hour of 768x576 frames would not fit in memory); ``resize_to`` (H, W) shrinks them first.
+    """
+    import cv2
+
+    emitted, offset = 0, 0.0
+    while emitted < count:
+        last_t, produced = 0.0, 0
+        for frame, t in iter_frames(source, max_frames=count - emitted, fps=fps):
+            if resize_to is not None:
+                frame = cv2.resize(frame, (resize_to[1], resize_to[0]), interpolation=cv2.INTER_AREA)
+            yield frame, offset + t
+            last_t, produced = t, produced + 1
+            emitted += 1
+        if produced == 0:
+            raise ValueError(f"source {source!r} gave no frames")
+        offset += last_t + 1.0 / fps

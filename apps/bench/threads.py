@@ -63,7 +63,7 @@ def measure(model: str, frames: int, resolution: int) -> dict:
 
 
 def run_threads(args: argparse.Namespace) -> int:
-    from edgekv.apps.bench import model_or_tiny, provenance, write_figures
+    from edgekv.apps.bench.common import model_or_tiny, provenance, write_figures
     from edgekv.threads import parse_threads
 
     counts = [parse_threads(c.strip()) for c in args.threads.split(",") if c.strip()]
@@ -79,7 +79,7 @@ def run_threads(args: argparse.Namespace) -> int:
                 env = {**os.environ, "OMP_WAIT_POLICY": wait}
                 env.pop("OMP_NUM_THREADS", None)
                 code = ("import json, sys; from edgekv.threads import apply_threads; apply_threads(int(sys.argv[1])); "
-                        "from edgekv.apps.bench_threads import measure; "
+                        "from edgekv.apps.bench.threads import measure; "
                         "print(json.dumps(measure(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))")
                 out = subprocess.run([sys.executable, "-c", code, str(count), model, str(args.frames),
                                       str(args.resolution)], capture_output=True, text=True, env=env, timeout=1800)

@@ -156,7 +156,7 @@ def hf_decode(model_dir: str, dtype: torch.dtype, prompt: int, tokens: int, repe
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    from edgekv.apps.bench import comma_choices, model_or_tiny, provenance, write_figures
+    from edgekv.apps.bench.common import comma_choices, model_or_tiny, provenance, write_figures
     from edgekv.model.decode_routes import ROUTES
     from edgekv.threads import apply_threads
 

@@ -39,11 +39,11 @@ from urllib.parse import urlsplit
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from edgekv.apps.openai_chat import ApiError, error_body
+from edgekv.apps.server.openai_chat import ApiError, error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-PUBLIC_PATHS = frozenset({"/healthz", "/", "/v1/edgekv/login", "/v1/edgekv/logout"})
+PUBLIC_PATHS = frozenset({"/healthz", "/health", "/version", "/", "/v1/edgekv/login", "/v1/edgekv/logout"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 COOKIE_NAME = "edgekv_session"
 
@@ -120,6 +120,7 @@ class AccessPolicy:
     token: str | None
     allowed_hosts: tuple[str, ...]
     max_request_bytes: int
+    metrics_public: bool = False  # server.metrics_public: /metrics without the token
 
     def __post_init__(self) -> None:
         names = set(LOOPBACK_NAMES) | {split_host(h)[0] for h in self.allowed_hosts}
@@ -131,6 +132,7 @@ class AccessPolicy:
         self.names = frozenset(names)
         self.cookies = SessionCookies(self.token) if self.token else None
         self._bearer = f"Bearer {self.token}".encode() if self.token else b""  # header bytes as clients send them
+        self.public = PUBLIC_PATHS | ({"/metrics"} if self.metrics_public else set())
 
     def host_allowed(self, name: str) -> bool:
         if name in self.names:
@@ -182,7 +184,7 @@ class AccessPolicy:
                                  "client", kind="permission_error", param="Origin", code="cross_origin")
         authed = self.authenticated(headers)
         scope.setdefault("state", {})["edgekv_authenticated"] = authed
-        if not authed and scope["path"] not in PUBLIC_PATHS:
+        if not authed and scope["path"] not in self.public:
             return ApiError(401, "missing or wrong bearer token (Authorization: Bearer <server.token>)",
                             kind="authentication_error", code="invalid_api_key",
                             headers={"www-authenticate": "Bearer"})

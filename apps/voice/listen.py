@@ -17,14 +17,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-import wave
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from edgekv.apps.camera import Question, QuestionRefused, printable
+from edgekv.apps.questions import Question, QuestionRefused, printable
 
 log = logging.getLogger("edgekv.voice")
 SAMPLE_RATE = 16000
@@ -41,17 +40,21 @@ def default_asr_model() -> Path | None:
     return path if (path / "model.bin").is_file() else None
 
 
+def read_wav(path: str | Path) -> np.ndarray:
+    """float32 mono audio at 16 kHz from an audio file of any sample format and rate (8/16/24/32-bit PCM,
+    float, other containers): faster-whisper's ``decode_audio`` (PyAV/FFmpeg decoding and resampling, with
+    FFmpeg's anti-aliasing filter). ``ValueError`` naming the file when it cannot be decoded."""
+    from faster_whisper import decode_audio
+
+    try:
+        return np.asarray(decode_audio(str(path), sampling_rate=SAMPLE_RATE), dtype=np.float32)
+    except Exception as exc:  # PyAV raises its own error classes for unreadable or missing files
+        raise ValueError(f"{path}: not a readable audio file ({type(exc).__name__}: {exc})") from None
+
+
 def wav_blocks(path: str | Path, block_ms: int = BLOCK_MS) -> Iterator[np.ndarray]:
-    """float32 mono blocks at 16 kHz from a PCM WAV (linear resampling when the file has another rate)."""
-    with wave.open(str(path)) as wav:
-        rate, channels, width = wav.getframerate(), wav.getnchannels(), wav.getsampwidth()
-        if width != 2:
-            raise ValueError(f"{path}: expected 16-bit PCM, got {8 * width}-bit")
-        audio = np.frombuffer(wav.readframes(wav.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
-    audio = audio.reshape(-1, channels).mean(axis=1)
-    if rate != SAMPLE_RATE:
-        positions = np.arange(0, len(audio) * SAMPLE_RATE / rate) * rate / SAMPLE_RATE
-        audio = np.interp(positions, np.arange(len(audio)), audio).astype(np.float32)
+    """float32 mono blocks at 16 kHz from an audio file (``read_wav``)."""
+    audio = read_wav(path)
     block = SAMPLE_RATE * block_ms // 1000
     for start in range(0, len(audio), block):
         yield audio[start:start + block]

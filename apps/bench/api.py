@@ -59,7 +59,7 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------- the daemon
 def _serve(sections: dict, log_path: str, port_queue) -> None:
     """Child process: the daemon, paced like a camera; its HTTP port goes back through ``port_queue``."""
-    from edgekv.apps.daemon import Daemon
+    from edgekv.apps.daemon.loop import Daemon
     from edgekv.config import EdgeKVConfig
 
     config = EdgeKVConfig().with_overrides(**sections)

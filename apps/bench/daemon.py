@@ -52,7 +52,7 @@ class Probe:
     """A daemon in a thread with its session's ingest wrapped to record (wall time, capture timestamp)."""
 
     def __init__(self, config, realtime: bool) -> None:
-        from edgekv.apps.daemon import Daemon, DaemonOptions
+        from edgekv.apps.daemon.loop import Daemon, DaemonOptions
 
         self.daemon = Daemon(config, DaemonOptions(realtime=realtime, no_server=True, no_stdin=True, quiet=True),
                              out=io.StringIO())
@@ -96,7 +96,7 @@ class Probe:
 
 
 def _question(text: str, tokens: int, delay_s: float):
-    from edgekv.apps.camera import Question
+    from edgekv.apps.questions import Question
 
     return Question(text, max_new_tokens=tokens, on_token=(lambda _token: time.sleep(delay_s)) if delay_s else None)
 
@@ -225,7 +225,7 @@ def _plot(result: dict, path: Path) -> None:
 
 
 def run_daemon_bench(args: argparse.Namespace) -> int:
-    from edgekv.apps.bench import provenance
+    from edgekv.apps.bench.common import provenance
     from edgekv.config import load_config
 
     if args.threads:

@@ -298,7 +298,7 @@ def logits_part(args: argparse.Namespace, log=print) -> dict:
 
 # ---------------------------------------------------------------------------------------------- main
 def run_memory(args: argparse.Namespace) -> int:
-    from edgekv.apps.bench import write_figures
+    from edgekv.apps.bench.common import write_figures
 
     torch.set_num_threads(args.threads)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]

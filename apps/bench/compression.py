@@ -96,7 +96,7 @@ def time_select(policy_name: str, view: CacheView, target: int, repeats: int) ->
 
 
 def run_compression(args: argparse.Namespace) -> int:
-    from edgekv.apps.bench import comma_choices, provenance, write_figures
+    from edgekv.apps.bench.common import comma_choices, provenance, write_figures
     from edgekv.threads import apply_threads
 
     apply_threads(args.threads)

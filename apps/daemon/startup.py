@@ -67,7 +67,7 @@ def resolve_voice_model(config: EdgeKVConfig) -> str | None:
     """The ASR model directory voice will use: ``voice.asr_model``, else the bundled tiny.en."""
     if not config.voice.enabled:
         return None
-    from edgekv.apps.voice import default_asr_model
+    from edgekv.apps.voice.listen import default_asr_model
 
     if config.voice.asr_model is not None:
         model = Path(config.voice.asr_model).expanduser()

@@ -32,19 +32,11 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from edgekv.apps.camera import (
-    RANDOM_WEIGHTS_NOTE,
-    DaemonBusy,
-    DaemonStopping,
-    Question,
-    StopFlag,
-    format_answer,
-    format_pair,
-    is_random_checkpoint,
-    printable,
-)
-from edgekv.apps.scheduling import Collector, FairShare, FrameBacklog
-from edgekv.apps.startup import (
+from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
+from edgekv.apps.daemon.quiz import Quiz
+from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, printable
+from edgekv.apps.daemon.scheduling import Collector, FairShare, FrameBacklog
+from edgekv.apps.daemon.startup import (
     StartupError,
     bind_error,
     check_calibration,
@@ -57,7 +49,7 @@ from edgekv.apps.startup import (
     open_video_source,
     resolve_voice_model,
 )
-from edgekv.apps.systemd import Heartbeat, Watchdog, notify_systemd
+from edgekv.apps.daemon.systemd import Heartbeat, Watchdog, notify_systemd
 from edgekv.config import EdgeKVConfig, load_config
 
 log = logging.getLogger("edgekv.daemon")
@@ -118,7 +110,7 @@ class Daemon:
         self.monitor = None
         self.server = None
         self.voice = None
-        self.voice_wav = None
+        self.spoken: list[str] = []  # --voice-wav: the file's questions, asked on --ask's schedule
         self.watchdog: Watchdog | None = None
         self.started = time.monotonic()
         self.created = time.time()
@@ -225,14 +217,12 @@ class Daemon:
 
     @staticmethod
     def _check_wav(path: str) -> None:
-        import wave
+        from edgekv.apps.voice.listen import read_wav
 
         try:
-            with wave.open(str(path)) as wav:
-                if wav.getsampwidth() != 2:
-                    raise StartupError(f"--voice-wav: {path}: expected 16-bit PCM, got {8 * wav.getsampwidth()}-bit")
-        except (OSError, EOFError, wave.Error) as exc:
-            raise StartupError(f"--voice-wav: {path}: not a readable WAV file ({one_line(exc)})") from None
+            read_wav(path)
+        except ValueError as exc:
+            raise StartupError(f"--voice-wav: {one_line(exc)}") from None
 
     def start(self) -> None:
         import edgekv
@@ -269,27 +259,28 @@ class Daemon:
     def _start_inputs(self) -> None:
         cfg = self.config
         if cfg.server.enabled and not self.options.no_server:
-            from edgekv.apps.server import ApiServer
+            from edgekv.apps.server.app import ApiServer
 
+            self.server = ApiServer(self)
             try:
-                self.server = ApiServer(self)
+                self.server.start()
             except OSError as exc:  # taken between the preflight check and now
                 raise bind_error(cfg.server.host, cfg.server.port, exc) from None
-            self.server.start()
             self.say(f"HTTP API on http://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, /metrics, /)")
         if not self.options.no_stdin and sys.stdin is not None and not sys.stdin.closed:
             self._stdin_reader = threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True)
             self._stdin_reader.start()
         if cfg.voice.enabled or self.options.voice_wav:
-            from edgekv.apps.voice import Transcriber, VoiceLoop, wav_blocks
+            from edgekv.apps.voice.listen import Transcriber, VoiceLoop, questions_in_wav
 
             transcriber = Transcriber(self._asr_model)
+            if self.options.voice_wav:  # recorded speech is a spoken --ask: transcribed now, asked on its schedule
+                self.spoken = questions_in_wav(self.options.voice_wav, transcriber, cfg.voice)
+                when = f"every {self.options.ask_every} pairs" if self.options.ask_every else "when the stream ends"
+                self.say(f"{self.options.voice_wav}: {len(self.spoken)} spoken question(s), asked {when}")
             if cfg.voice.enabled:
                 self.voice = VoiceLoop(self, cfg.voice, transcriber=transcriber).start()
                 self.say(f"listening for spoken questions (ASR model {self._asr_model})")
-            if self.options.voice_wav:
-                self.voice_wav = VoiceLoop(self, cfg.voice, source=wav_blocks(self.options.voice_wav),
-                                           transcriber=transcriber).start()
 
     # ------------------------------------------------------------------ the loop
     def serve(self) -> None:
@@ -396,13 +387,13 @@ class Daemon:
             self.say(f"stream ended: {reason} after {frames} frames; still answering questions about what was "
                      "seen (SIGTERM to stop)")
         if not self.options.ask_every:
-            self._scheduled.extend(Question(text, source="cli") for text in self.options.ask)
+            self._scheduled.extend(self._own_questions())
         if self.quiz is not None:
             self._scheduled.extend(self.quiz.questions(self.config.generation.max_new_tokens))
 
     def _finished(self) -> bool:
         """Nothing left to do: one-shot and every input answered, or no channel can bring a question."""
-        if self._question_waiting() or (self.voice_wav is not None and self.voice_wav.thread.is_alive()):
+        if self._question_waiting():
             return False
         if self.options.one_shot:
             return True
@@ -448,8 +439,13 @@ class Daemon:
             self.say(format_pair(result, self.session.stats()))
         every = self.options.ask_every
         if every and (result.pair_index + 1) % every == 0:
-            for text in self.options.ask:  # the user's own schedule: answered now, not subject to the fair share
-                self._answer(Question(text, source="cli"))
+            for question in self._own_questions():  # the user's own schedule: now, not subject to the fair share
+                self._answer(question)
+
+    def _own_questions(self) -> list[Question]:
+        """The command line's questions: ``--ask`` and those spoken in ``--voice-wav``."""
+        return ([Question(text, source="cli") for text in self.options.ask]
+                + [Question(text, source="voice") for text in self.spoken])
 
     def _answer_next(self, jumped_ahead: bool) -> None:
         question = self._scheduled.popleft() if self._scheduled else self.questions.get_nowait()
@@ -594,7 +590,7 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [("voice", self.voice, lambda v: v.stop()), ("voice-wav", self.voice_wav, lambda v: v.stop()),
+        parts = [("voice", self.voice, lambda v: v.stop()), 
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
                  ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
         for name, part, stop in parts:
@@ -639,61 +635,6 @@ class Daemon:
         if self.quiz is not None and self.quiz.graded:
             lines.append(self.quiz.score())
         return "\n".join(lines)
-
-
-class Quiz:
-    """``--quiz N``: when a ``synthetic:events`` stream ends, N questions (the five families in turn) about
-    the events of frame pairs the session ingested, each graded against the scene's ground truth."""
-
-    def __init__(self, scene, count: int) -> None:
-        self.scene = scene
-        self.count = count
-        self.seen: set[int] = set()  # indices into scene.events (bounded by the scene's event count)
-        self.on_screen: dict[int, list[int]] = {}  # pair -> indices of the events shown in it (built once)
-        for index, event in enumerate(scene.events):
-            for pair in range(event.first_pair, event.last_pair + 1):
-                self.on_screen.setdefault(pair, []).append(index)
-        self.asked: dict[int, object] = {}  # question id -> QA (at most ``count``)
-        self.graded: list[bool] = []
-
-    @classmethod
-    def for_source(cls, source, count: int) -> "Quiz":
-        scene = getattr(source, "scene", None)
-        if count < 1 or scene is None:
-            raise StartupError("--quiz needs a positive count and a synthetic:events video source (the one whose "
-                               f"ground truth is known); video.source is {getattr(source, 'spec', source)!r}")
-        return cls(scene, count)
-
-    def saw(self, t: float) -> None:
-        """A frame stamped ``t`` (the source's clock) was ingested: the events on screen count as seen."""
-        self.seen.update(self.on_screen.get(int(round(t * self.scene.fps)) // 2, ()))
-
-    def questions(self, max_new_tokens: int) -> list[Question]:
-        from edgekv.toy.quiz import make_quiz
-
-        events = [self.scene.events[i] for i in sorted(self.seen)]
-        out = []
-        for qa in make_quiz(events, self.count, seed=self.scene.seed):
-            question = Question(qa.question, max_new_tokens=min(max_new_tokens, 4), temperature=0.0, source="quiz")
-            self.asked[question.id] = qa
-            out.append(question)
-        return out
-
-    def grade(self, question: Question) -> str:
-        from edgekv.toy.quiz import QuizItem, format_item
-
-        if question.answer is None:
-            self.graded.append(False)
-            return f"   quiz: not answered ({printable(str(question.error))})"
-        item = QuizItem(self.asked[question.id], question.answer.text)
-        self.graded.append(item.correct)
-        return "   " + format_item(item, self.scene.fps).split("\n", 1)[1].strip()
-
-    def score(self) -> str:
-        right = sum(self.graded)
-        seen = len(self.seen)
-        return (f"quiz: {right}/{len(self.graded)} correct about {seen} event{'s' if seen != 1 else ''} seen "
-                f"(of {len(self.scene.events)} in the stream)")
 
 
 def _bounded(name: str, action, deadline: float) -> None:

@@ -207,7 +207,7 @@ def run_engines(args: argparse.Namespace) -> int:
         cells = [f"{r[k]['median']:.2f} [{r[k]['min']:.2f}-{r[k]['max']:.2f}]".rjust(20)
                  for k in ("vision_ms", "prefill_ms", "ttft_ms", "decode_tok_s")]
         print(f"{r['backend']:12s} {' '.join(cells)}")
-    from edgekv.apps.bench import provenance
+    from edgekv.apps.bench.common import provenance
 
     out = {"title": title, "device": gpu or machine, "dtype": dtype, "threads": torch.get_num_threads(),
            "repeats": args.repeats, "pairs": args.pairs, "warmup": args.warmup,

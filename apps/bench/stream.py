@@ -10,10 +10,7 @@ figures show the cap at work (the plot draws it). Figures only: nothing here ass
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -21,54 +18,11 @@ from pathlib import Path
 
 import psutil
 
-from edgekv.apps.camera import HelpFormatter
+from edgekv.apps.bench.common import provenance
 from edgekv.threads import threads_argument
+from edgekv.video.sources import looped_frames
 
 DEFAULT_PAIRS_BEFORE_CAP = 24  # the default cap holds this many frame pairs (+ prefix + question room)
-
-
-def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``, ``memory``,
-    ``decode``, ``threads``, ``compression``; with ``argv`` only the chosen one gets its options (the others'
-    modules, and torch, are not imported for ``--help``)."""
-    from edgekv.apps.cli import first_positional
-
-    chosen = first_positional(argv)[0] if argv is not None else None
-    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    benches = {
-        "stream": ("ingest a long stream; edgekv vs transformers, per frame pair", add_stream_arguments),
-        "kernels": ("each kernel vs its eager torch reference", _lazy("bench_kernels", "add_kernel_arguments")),
-        "engines": ("vision + prefill ms and decode tok/s per backend, repeated",
-                    _lazy("bench_engines", "add_engine_arguments")),
-        "daemon": ("frames lost while answering, answer latency, ingest fps under question load",
-                   _lazy("bench_daemon", "add_daemon_bench_arguments")),
-        "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _lazy("bench_soak", "add_soak_arguments")),
-        "state": ("snapshot write/read ms and bytes at the 3B cache shape", _lazy("bench_state", "add_state_arguments")),
-        "api": ("ingest rate and /healthz latency under 50 concurrent chats", _lazy("bench_api", "add_api_arguments")),
-        "archive": ("recall from the archive: toy accuracy beyond the cap, 3B-shape latency, ingest overhead",
-                    _lazy("bench_archive", "add_archive_arguments")),
-        "memory": ("toy-model accuracy at equal cache bytes: kv_dtype x policy x skip_static; 3B logits error",
-                   _lazy("bench_memory", "add_memory_arguments")),
-        "decode": ("decode tok/s against the measured memory-bandwidth bound, per dtype, beside transformers",
-                   _lazy("bench_decode", "add_decode_arguments")),
-        "threads": ("per-pair vision / prefill ms per torch thread count and OpenMP wait policy",
-                    _lazy("bench_threads", "add_threads_arguments")),
-        "compression": ("one CKV compression's select ms per cache dtype at the 3B cache shape",
-                        _lazy("bench_compression", "add_compression_arguments")),
-    }
-    for name, (summary, add) in benches.items():
-        bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
-        if argv is None or name == chosen:
-            add(bench)
-
-
-def _lazy(module: str, function: str):
-    """The ``add`` of a bench whose module (and torch) is imported only when that bench is chosen."""
-
-    def add(parser: argparse.ArgumentParser) -> None:
-        getattr(importlib.import_module(f"edgekv.apps.{module}"), function)(parser)
-
-    return add
 
 
 def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
@@ -93,89 +47,6 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
     stream.add_argument("--plot", default="bench-stream.png", help="plot (PNG) written here")
     stream.set_defaults(run=run_stream)
-
-
-def provenance() -> dict:
-    """What a figure was measured with: versions, the git commit of this checkout, the date (UTC)."""
-    import datetime
-    import importlib.metadata
-    import subprocess
-
-    import edgekv
-
-    versions = {"edgekv": edgekv.__version__, "python": platform.python_version()}
-    for package in ("torch", "numpy", "transformers", "onnxruntime", "opencv-python-headless", "triton"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=5).stdout.strip()) if commit else None
-    except (OSError, subprocess.TimeoutExpired):
-        commit = dirty = None
-    return {"versions": versions, "commit": commit, "dirty": dirty,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
-
-
-def comma_choices(text: str, known, flag: str, what: str) -> list[str]:
-    """``"a, b"`` -> ``["a", "b"]``, each checked against ``known``; an unknown one exits naming the flag."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    for name in names:
-        if name not in known:
-            raise SystemExit(f"{flag}: unknown {what} {name!r} (known: {', '.join(known)})")
-    return names
-
-
-def write_figures(result: dict, json_path: str, plot_path: str | None, plot, indent: int = 2) -> None:
-    """Every bench's last step: the JSON, then the PNG through ``plot(result, path)`` unless ``plot_path`` is empty."""
-    Path(json_path).write_text(json.dumps(result, indent=indent))
-    print(f"wrote {json_path}")
-    if plot_path:
-        plot(result, plot_path)
-        print(f"wrote {plot_path}")
-
-
-def model_or_tiny(model: str | None, scratch: str | Path) -> str:
-    """The ``--model`` given, or a fresh tiny random checkpoint under ``scratch``."""
-    if model is not None:
-        return model
-    from edgekv.model.tiny import make_tiny_checkpoint
-
-    return str(make_tiny_checkpoint(Path(scratch) / "tiny", preset="tiny", seed=0))
-
-
-def main(args: argparse.Namespace) -> int:
-    return args.run(args)
-
-
-# ---------------------------------------------------------------------------------------------- frames
-def frame_stream(source: str, count: int, fps: float, resize_to: tuple[int, int] | None = None):
-    """``count`` frames sampled at ``fps``; a recorded file shorter than that is looped with time running
-    on, so a short real clip (vtest.avi: 795 frames) can feed an hour-long stream. Frames are produced
-    lazily (an hour of 768x576 frames would not fit in memory); ``resize_to`` (H, W) shrinks them first.
-    """
-    import cv2
-
-    from edgekv.video.sources import iter_frames
-
-    emitted, offset = 0, 0.0
-    while emitted < count:
-        last_t, produced = 0.0, 0
-        for frame, t in iter_frames(source, max_frames=count - emitted, fps=fps):
-            if resize_to is not None:
-                frame = cv2.resize(frame, (resize_to[1], resize_to[0]), interpolation=cv2.INTER_AREA)
-            yield frame, offset + t
-            last_t, produced = t, produced + 1
-            emitted += 1
-        if produced == 0:
-            raise ValueError(f"source {source!r} gave no frames")
-        offset += last_t + 1.0 / fps
 
 
 def _rss_mb() -> float:
@@ -413,7 +284,7 @@ def run_stream(args: argparse.Namespace) -> int:
     resize = tuple(args.source_size) if args.source_size else None
 
     def frames():
-        return frame_stream(args.source, args.frames, args.fps, resize)
+        return looped_frames(args.source, args.frames, args.fps, resize)
 
     print(f"stream: {args.frames} frames ({args.frames // 2} pairs) from {args.source} at {args.resolution}")
     results = []

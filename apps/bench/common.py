@@ -1,0 +1,63 @@
+"""What the benches share: provenance of a figure, the JSON + PNG writer, choice lists, a scratch model."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+
+def provenance() -> dict:
+    """What a figure was measured with: versions, the git commit of this checkout, the date (UTC)."""
+    import datetime
+    import importlib.metadata
+    import subprocess
+
+    import edgekv
+
+    versions = {"edgekv": edgekv.__version__, "python": platform.python_version()}
+    for package in ("torch", "numpy", "transformers", "onnxruntime", "opencv-python-headless", "triton"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=5).stdout.strip()) if commit else None
+    except (OSError, subprocess.TimeoutExpired):
+        commit = dirty = None
+    return {"versions": versions, "commit": commit, "dirty": dirty,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def comma_choices(text: str, known, flag: str, what: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``, each checked against ``known``; an unknown one exits naming the flag."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in known:
+            raise SystemExit(f"{flag}: unknown {what} {name!r} (known: {', '.join(known)})")
+    return names
+
+
+def write_figures(result: dict, json_path: str, plot_path: str | None, plot, indent: int = 2) -> None:
+    """Every bench's last step: the JSON, then the PNG through ``plot(result, path)`` unless ``plot_path`` is empty."""
+    Path(json_path).write_text(json.dumps(result, indent=indent))
+    print(f"wrote {json_path}")
+    if plot_path:
+        plot(result, plot_path)
+        print(f"wrote {plot_path}")
+
+
+def model_or_tiny(model: str | None, scratch: str | Path) -> str:
+    """The ``--model`` given, or a fresh tiny random checkpoint under ``scratch``."""
+    if model is not None:
+        return model
+    from edgekv.model.tiny import make_tiny_checkpoint
+
+    return str(make_tiny_checkpoint(Path(scratch) / "tiny", preset="tiny", seed=0))

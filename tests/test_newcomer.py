@@ -1,0 +1,180 @@
+"""What a new user hit, tried as a new user would (issue 25 §3): each test here failed before its fix.
+
+``edgekv serve|build|plan builtin:toy``; a served model name the README's OpenAI snippet can use; ``cache:
+{max_mib: X}`` alone; a broken pipe under ``| head``; ``/health``, ``/version`` and a public ``/metrics``; an
+8-bit WAV; the status page's frame shown true.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import wave
+
+import numpy as np
+import pytest
+
+from edgekv.config import EdgeKVConfig, config_from_dict
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgekv.apps.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------- builtin:toy
+def test_serve_takes_builtin_toy_as_its_model_dir():
+    from edgekv.apps.args import config_from_args
+    from edgekv.apps.cli import build_parser
+
+    args = build_parser(["serve", "builtin:toy"]).parse_args(["serve", "builtin:toy"])
+    assert config_from_args(args).model.path == "builtin:toy"
+    args = build_parser(["serve"]).parse_args(["serve", "--model", "builtin:toy"])
+    assert config_from_args(args).model.path == "builtin:toy"
+
+
+def test_plan_reads_builtin_toy():
+    proc = _cli("plan", "--device-memory", "8", "--model", "builtin:toy", "--resolution", "112", "112")
+    assert proc.returncode == 0, proc.stderr
+    assert "no config.json" not in proc.stdout + proc.stderr
+
+
+def test_build_resolves_builtin_toy(tmp_path):
+    pytest.importorskip("onnx")
+    from edgekv.engines.build import deployment
+
+    config = EdgeKVConfig().with_overrides(model={"path": "builtin:toy", "dtype": "fp32"},
+                                           video={"resolution": [112, 112]}, cache={"max_tokens": 640,
+                                                                                    "text_reserve_tokens": 64})
+    dep = deployment(config, "onnxruntime", engine_dir=tmp_path)
+    assert (dep.model_dir / "config.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- config
+def test_max_mib_alone_replaces_the_default_max_tokens():
+    config = config_from_dict({"cache": {"max_mib": 64.0}})
+    assert config.cache.max_mib == 64.0 and config.cache.max_tokens is None
+    config = EdgeKVConfig().with_overrides(cache={"max_mib": 32.0})
+    assert config.cache.max_mib == 32.0 and config.cache.max_tokens is None
+
+
+def test_max_tokens_and_max_mib_both_written_are_still_refused():
+    from edgekv.config import ConfigError
+
+    with pytest.raises(ConfigError, match="set exactly one of max_tokens and max_mib"):
+        config_from_dict({"cache": {"max_mib": 64.0, "max_tokens": 1024}})
+
+
+# ---------------------------------------------------------------------------------------------- pipes
+def test_plan_into_a_closed_pipe_is_quiet():
+    """``edgekv plan ... | head``: the reader goes away; no "[Errno 32] Broken pipe", exit 0. The pipe's read
+    end is closed before the command starts, so its first write meets a pipe nobody reads."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "edgekv.apps.cli", "plan", "--device-memory", "8", "--model",
+                               "builtin:toy", "--resolution", "112", "112"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert "Broken pipe" not in proc.stderr and "Errno 32" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------- voice
+def test_an_8_bit_wav_is_read(tmp_path):
+    from edgekv.apps.voice.listen import read_wav
+
+    rate = 8000
+    t = np.arange(rate // 2) / rate
+    samples = (128 + 100 * np.sin(2 * np.pi * 440 * t)).astype(np.uint8)
+    path = tmp_path / "u8.wav"
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(1)
+        out.setframerate(rate)
+        out.writeframes(samples.tobytes())
+    audio = read_wav(path)
+    assert audio.dtype == np.float32 and abs(len(audio) - 8000) <= 16  # 0.5 s at 16 kHz
+    assert 0.5 < float(np.abs(audio).max()) < 1.0
+
+
+def test_the_voice_example_in_the_readme_runs_past_an_event():
+    """The README's ``--voice-wav`` example must ask its question after the demo stream's events were ingested,
+    so the answer is grounded (it stopped at frame 40; the first event is at frame 120)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from edgekv.video.sources import open_source
+
+    root = Path(__file__).resolve().parents[1]
+    example = re.search(r"edgekv-camera --config configs/cpu-demo.yaml ([^\n]*)--voice-wav", (root / "README.md").read_text())
+    assert example is not None
+    config = yaml.safe_load((root / "configs" / "cpu-demo.yaml").read_text())
+    source = open_source(config["video"]["source"])
+    try:
+        last = max(2 * event.last_pair + 1 for event in source.scene.events)
+    finally:
+        source.close()
+    frames = re.search(r"--max-frames (\d+)", example.group(1))
+    assert "--ask-every" not in example.group(1)  # asked when the stream (or --max-frames) ends
+    assert frames is None or int(frames.group(1)) > last
+
+
+# ---------------------------------------------------------------------------------------------- HTTP
+@pytest.fixture(scope="module")
+def served(tiny_checkpoint, tmp_path_factory):
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon, server_config
+
+    config = server_config(tiny_checkpoint, token="sesame", metrics_public=True)
+    with RunningDaemon(config, tmp_path_factory.mktemp("newcomer") / "out.txt") as run:
+        yield run
+
+
+def test_health_and_version_routes_need_no_token(served):
+    from helpers_server import call
+
+    import edgekv
+
+    for path in ("/health", "/healthz"):
+        status, _, body = call(served.port, "GET", path)
+        assert status == 200 and json.loads(body)["status"] == "ok"
+    status, _, body = call(served.port, "GET", "/version")
+    assert status == 200 and json.loads(body)["version"] == edgekv.__version__
+
+
+def test_metrics_can_be_served_without_the_token(served):
+    from helpers_server import call
+
+    status, _, body = call(served.port, "GET", "/metrics")
+    assert status == 200 and b"edgekv_frames_total" in body
+    assert call(served.port, "GET", "/v1/edgekv/status")[0] == 401  # only /metrics is opened
+
+
+def test_the_readme_openai_snippet_names_a_served_model(served):
+    """``model="edgekv"`` (the README's snippet) is served by default, beside ``edgekv/<folder>``."""
+    from helpers_server import call
+
+    status, _, body = call(served.port, "GET", "/v1/models", headers={"Authorization": "Bearer sesame"})
+    names = [card["id"] for card in json.loads(body)["data"]]
+    assert "edgekv" in names
+    status, _, body = call(served.port, "POST", "/v1/chat/completions",
+                           {"model": "edgekv", "messages": [{"role": "user", "content": "What moved?"}],
+                            "max_tokens": 2}, headers={"Authorization": "Bearer sesame"})
+    assert status == 200, body
+    assert json.loads(body)["model"] == names[0]
+
+
+def test_served_model_name_flag_sets_the_names():
+    from edgekv.apps.args import config_from_args
+    from edgekv.apps.cli import build_parser
+
+    argv = ["serve", "builtin:toy", "--served-model-name", "glasses", "qwen2.5-vl"]
+    config = config_from_args(build_parser(argv).parse_args(argv))
+    assert config.server.served_model_name == ["glasses", "qwen2.5-vl"]
