@@ -101,7 +101,7 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from edgekv.calibration.plan import plan
-    from edgekv.toy import resolve_model_path
+    from edgekv.model.builtin import resolve_model_path
 
     result = plan(device_memory_gb=args.device_memory, model_dir=resolve_model_path(args.model), resolution=tuple(args.resolution),
                   weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb)

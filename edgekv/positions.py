@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekv.model.rope import rotary_inv_freq
-
-__all__ = ["rotary_inv_freq", "rotate_temporal", "rotate_temporal_", "squeeze_gaps"]
+__all__ = ["rotate_temporal", "rotate_temporal_", "squeeze_gaps"]
 
 
 def rotate_temporal(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, temporal_section: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ from edgekv.preprocess import FramePreprocessor, smart_resize
 from edgekv.session import StreamSession
 from edgekv.threads import apply_threads
 from edgekv.tokenizer import QwenTokenizer
-from edgekv.toy import resolve_model_path
+from edgekv.model.builtin import resolve_model_path
 
 log = logging.getLogger(__name__)
 

@@ -153,7 +153,7 @@ def _tensor_views(session, length: int) -> dict[str, list[torch.Tensor]]:
 
 
 def _session_state(session) -> dict:
-    pending = session._pending
+    pending = session.ingestor.pending
     return {
         "cache_length": session.cache.length,
         "counters": dataclasses.asdict(session.counters),
@@ -163,8 +163,8 @@ def _session_state(session) -> dict:
         "video_start": session.video_start,
         "prefix_tokens": session.prefix_tokens,
         "grid": list(session.grid) if session.grid is not None else None,
-        "t0": session._t0,
-        "last_t": session._last_t,
+        "t0": session.clock.t0,
+        "last_t": session.clock.last_t,
         "pending_t": pending[1] if pending is not None else None,
         "sink_updates": session.sinks.updates if session.sinks is not None else 0,
         "policy": session.policy.state(),
@@ -185,8 +185,8 @@ def estimate_bytes(session, length: int | None = None) -> int:
     total = len(MAGIC)
     for chunks in _tensor_views(session, length).values():
         total = _aligned(total) + sum(_chunk_bytes(c) for c in chunks)
-    if session._pending is not None:
-        total = _aligned(total) + session._pending[0].nbytes
+    if session.ingestor.pending is not None:
+        total = _aligned(total) + session.ingestor.pending[0].nbytes
     return total + _MANIFEST_ALLOWANCE + _TRAILER.size
 
 
@@ -250,8 +250,8 @@ def save_session(session, path: str | Path) -> SnapshotInfo:
     manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(saved_unix)),
                 "saved_unix": saved_unix, "key": deployment_key(session.runtime, resolution), "session": state}
     views = _tensor_views(session, session.cache.length)
-    if session._pending is not None:
-        views["pending_frame"] = [torch.from_numpy(np.ascontiguousarray(session._pending[0]))]
+    if session.ingestor.pending is not None:
+        views["pending_frame"] = [torch.from_numpy(np.ascontiguousarray(session.ingestor.pending[0]))]
     size = write_snapshot(path, manifest, views)
     return _info(path, size, time.perf_counter() - started, state, saved_unix)
 
@@ -335,14 +335,12 @@ def read_tensors(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]
 
 
 def _apply_state(session, state: dict, length: int, pending) -> None:
-    from edgekv.session import _Counters
-
     session.cache.length = length
-    session.counters = _Counters(**state["counters"])
+    session.counters = type(session.counters)(**state["counters"])
     session.next_position, session.t_offset = int(state["next_position"]), int(state["t_offset"])
     session.rebases, session.video_start = int(state["rebases"]), int(state["video_start"])
     session.grid = tuple(state["grid"]) if state["grid"] is not None else None
-    session._t0, session._last_t, session._pending = state["t0"], state["last_t"], pending
+    session.clock.t0, session.clock.last_t, session.ingestor.pending = state["t0"], state["last_t"], pending
     if session.sinks is not None:
         session.sinks.updates = int(state["sink_updates"])
     session.policy.load_state(state["policy"])
@@ -350,14 +348,12 @@ def _apply_state(session, state: dict, length: int, pending) -> None:
 
 def load_session(runtime, path: str | Path):
     """A new session of ``runtime`` holding the state saved in ``path`` (``Runtime.restore``)."""
-    from edgekv.session import StreamSession
-
     started = time.perf_counter()
     path = Path(path).expanduser()
     manifest = read_manifest(path)
     check_key(path, manifest, runtime)
     state = manifest["session"]
-    session = StreamSession(runtime)
+    session = runtime.session()
     resolution = manifest["key"]["resolution"]
     if session.preprocessor is None and resolution is not None:
         session.preprocessor = runtime.make_preprocessor(resolution=tuple(resolution))

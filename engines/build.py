@@ -22,7 +22,7 @@ from edgekv.cache.specs import CacheSpec
 from edgekv.config import EdgeKVConfig
 from edgekv.engines.manifest import MANIFEST, BuildKey, EngineError, Manifest, file_digest, model_hash, rebuild_hint
 from edgekv.model.config import ModelConfig
-from edgekv.toy import resolve_model_path
+from edgekv.model.builtin import resolve_model_path
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ENGINE_BACKENDS = ("onnxruntime", "tensorrt")

@@ -107,7 +107,7 @@ def export_llm(model: Qwen25VL, cache_tokens: int, path: Path, *, max_chunk_toke
         cache = tuple(torch.zeros(*cache_shape, dim, dtype=dtype, device=device) for _ in range(2))
         cache_io = {"k_cache": [*cache_shape, dim], "v_cache": [*cache_shape, dim]}
     elif kv_dtype == "int8":
-        from edgekv.positions import rotary_inv_freq
+        from edgekv.model.rope import rotary_inv_freq
 
         inv_freq = rotary_inv_freq(dim, text.rope_theta, device=device)
         graph = QuantizedLLMChunkGraph(model.language, inv_freq, text.mrope_section[0]).eval()

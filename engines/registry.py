@@ -22,6 +22,6 @@ def make_backends(runtime) -> tuple:
 
 
 def _engine(runtime, component: str, backend: str):
-    module = {"onnxruntime": "onnx_backend", "tensorrt": "tensorrt_backend"}[backend]
+    module = {"onnxruntime": "onnx_backend", "tensorrt": "tensorrt_runtime"}[backend]
     loader = importlib.import_module(f"edgekv.engines.{module}")
     return loader.load(runtime, component)

@@ -30,6 +30,7 @@ import math
 import torch
 
 from edgekv.kernels._triton import cdiv, interpreting, jit, libdevice, next_power_of_2, precise_trig, tl, use_triton
+from edgekv.kernels.sdpa import chunk_causal_mask, folded_attention
 
 _LOG2E = 1.4426950408889634
 _CODES = (torch.int8, torch.float8_e4m3fn)
@@ -43,7 +44,6 @@ def quantized_attention_reference(
 ) -> torch.Tensor:
     """What the cache's torch path computes: dequantize + rotate (fp32) in ``compute_dtype`` (default q's),
     then ``folded_attention``. Shapes as ``quantized_attention``."""
-    from edgekv.attention import folded_attention
     from edgekv.cache.quant import dequantize
     from edgekv.positions import rotate_temporal
 
@@ -58,8 +58,6 @@ def quantized_attention_reference(
 
 
 def _attention_fp64(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    from edgekv.attention import chunk_causal_mask
-
     heads_q, num_new, dim = q.shape
     group = heads_q // keys.shape[0]
     scores = torch.einsum("hgpd,hnd->hgpn", q.view(keys.shape[0], group, num_new, dim), keys) * dim ** -0.5

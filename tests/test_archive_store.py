@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from edgekv.archive.store import ArchiveError, ArchiveMismatchError, FrameArchive, KVShape, new_stream_id
-from edgekv.positions import rotary_inv_freq, rotate_temporal
+from edgekv.model.rope import rotary_inv_freq
+from edgekv.positions import rotate_temporal
 
 SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
 TOKENS = 4

@@ -265,7 +265,7 @@ def int8_runtimes(built, tmp_path_factory):
 def _filled_int8_cache(runtime, length: int, seed: int) -> CappedKVCache:
     from edgekv.cache import ChunkMeta, SlotKind
 
-    from edgekv.positions import rotary_inv_freq
+    from edgekv.model.rope import rotary_inv_freq
 
     text = runtime.model.config.text
     cache = CappedKVCache(runtime.cache_spec(), CACHE_TOKENS, compute_dtype=runtime.dtype,

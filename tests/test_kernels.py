@@ -41,7 +41,7 @@ from edgekv.kernels.van import (
     value_norms_reference,
     value_norms_triton,
 )
-from edgekv.positions import rotary_inv_freq
+from edgekv.model.rope import rotary_inv_freq
 
 INTERPRETED = interpreting()
 CUDA = torch.cuda.is_available() and not INTERPRETED

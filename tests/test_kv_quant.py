@@ -11,7 +11,8 @@ import edgekv
 from edgekv.cache import CacheSpec, CappedKVCache, ChunkMeta, SlotKind
 from edgekv.cache.quant import dequantize, quantize
 from edgekv.config import ConfigError, EdgeKVConfig
-from edgekv.positions import rotary_inv_freq, rotate_temporal
+from edgekv.model.rope import rotary_inv_freq
+from edgekv.positions import rotate_temporal
 
 ROPE = (rotary_inv_freq(128, 1e6), 16)  # the 3B model's head_dim and temporal section
 FPS = 2.0
@@ -145,7 +146,7 @@ import torch
 from edgekv.cache import CacheSpec, CappedKVCache, ChunkMeta, SlotKind
 from edgekv.cache.quant import bit_view
 from edgekv.kernels.compaction import METADATA_FIELDS, compact_triton_
-from edgekv.positions import rotary_inv_freq
+from edgekv.model.rope import rotary_inv_freq
 
 for dtype in (torch.int8, torch.float8_e4m3fn):
     cache = CappedKVCache(CacheSpec.uniform(2, 2, 32, dtype), 24, rope=(rotary_inv_freq(32, 1e6), 4))

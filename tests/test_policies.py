@@ -14,7 +14,8 @@ from edgekv.calibration.thresholds import CVThresholds
 from edgekv.cache import CacheSpec, CappedKVCache, ChunkMeta, SlotKind
 from edgekv.policies import CacheView, make_policy, policy_names
 from edgekv.policies.scores import layer_cv, pool_sizes, pooled_van, tar_scores
-from edgekv.positions import rotary_inv_freq, rotate_temporal, rotate_temporal_, squeeze_gaps
+from edgekv.model.rope import rotary_inv_freq
+from edgekv.positions import rotate_temporal, rotate_temporal_, squeeze_gaps
 
 GRID = (2, 3)
 PER_PAIR = GRID[0] * GRID[1]

@@ -71,7 +71,7 @@ def test_a_restored_session_answers_bit_identically_to_one_that_never_stopped(ti
     never_stopped = rt.session()
     _ingest(never_stopped, 0, 41)
     assert never_stopped.counters.compressions >= 2 and never_stopped.rebases >= 1
-    assert never_stopped._pending is not None  # an unpaired frame is part of the state
+    assert never_stopped.ingestor.pending is not None  # an unpaired frame is part of the state
     info = never_stopped.save(tmp_path / "s.ekv")
     assert info.frames == 41 and info.cache_tokens == never_stopped.cache.length and info.stream_s == 20.0
     restored = rt.restore(tmp_path / "s.ekv")

@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``, ``memory``,
     ``decode``, ``threads``, ``compression``; with ``argv`` only the chosen one gets its options (the others'
     modules, and torch, are not imported for ``--help``)."""
-    from edgekv.apps.cli import first_positional
+    from edgekv.apps.args import first_positional
 
     chosen = first_positional(argv)[0] if argv is not None else None
     sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")

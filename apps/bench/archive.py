@@ -245,7 +245,7 @@ def _fake_session(folder: Path, shape: dict, top_k: int, mode: str, cache, scori
     """What Recall needs of a session, at a cache shape, without a model (select/load/clear only)."""
     from edgekv.archive.recall import STREAM_KEY, Recall
     from edgekv.config import ArchiveSection
-    from edgekv.positions import rotary_inv_freq
+    from edgekv.model.rope import rotary_inv_freq
 
     session = SimpleNamespace(
         # t_offset -4: every recalled pair is re-rotated by 4 positions, as after a re-basing

@@ -91,7 +91,7 @@ def edgekv_decode(model_dir: str, dtype: torch.dtype, route: str, prompt: int, t
     from edgekv.model import load_pretrained
     from edgekv.model.decode_routes import prepare_decode
     from edgekv.model.rope import text_position_ids
-    from edgekv.toy import resolve_model_path
+    from edgekv.model.builtin import resolve_model_path
 
     model = load_pretrained(resolve_model_path(model_dir), dtype=dtype, skip=("visual",)).eval()
     text = model.config.text
@@ -129,7 +129,7 @@ def hf_decode(model_dir: str, dtype: torch.dtype, prompt: int, tokens: int, repe
     step, so a token's time is the gap between consecutive stamps (prefill excluded, one run suffices)."""
     from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5_VLForConditionalGeneration
 
-    from edgekv.toy import resolve_model_path
+    from edgekv.model.builtin import resolve_model_path
 
     class StepClock(LogitsProcessor):
         def __init__(self) -> None:

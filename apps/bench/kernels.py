@@ -138,7 +138,7 @@ def attention_rows(shapes: Shapes, dtype: torch.dtype, device: torch.device, tim
 
 def policy_rows(shapes: Shapes, dtype: torch.dtype, device: torch.device, timer, triton_on: bool) -> list[Row]:
     from edgekv.kernels import tar, van
-    from edgekv.positions import rotary_inv_freq
+    from edgekv.model.rope import rotary_inv_freq
 
     n = shapes.capacity
     gen = torch.Generator().manual_seed(1)

@@ -229,7 +229,7 @@ class Daemon:
         from edgekv.monitor import Monitor
         from edgekv.video.capture import Backoff, CaptureThread, Sampler
 
-        from edgekv.toy import resolve_model_path
+        from edgekv.model.builtin import resolve_model_path
 
         cfg = self.config
         model_dir = Path(resolve_model_path(cfg.model.path))

@@ -34,7 +34,7 @@ def check_model_dir(config: EdgeKVConfig) -> None:
     if config.model.path is None:
         raise StartupError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory, "
                            "or `edgekv make-tiny-checkpoint DIR` for a random one)")
-    from edgekv.toy import BUILTIN_NAME, resolve_model_path
+    from edgekv.model.builtin import BUILTIN_NAME, resolve_model_path
 
     try:
         path = Path(resolve_model_path(config.model.path)).expanduser()

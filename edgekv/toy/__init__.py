@@ -6,20 +6,6 @@ This module stays import-light: the runtime resolves the name without loading th
 
 from __future__ import annotations
 
-from pathlib import Path
+from edgekv.model.builtin import BUILTIN_DIR, BUILTIN_NAME, builtin_path, resolve_model_path
 
-BUILTIN_DIR = Path(__file__).parent / "checkpoint"
-BUILTIN_NAME = "builtin:toy"
-
-
-def builtin_path() -> Path:
-    """The shipped trained toy checkpoint (package data)."""
-    if not (BUILTIN_DIR / "config.json").is_file():
-        raise FileNotFoundError(f"{BUILTIN_DIR}: the shipped toy checkpoint is missing; train one with "
-                                "`edgekv train-toy DIR` and point model.path at DIR")
-    return BUILTIN_DIR
-
-
-def resolve_model_path(path: str) -> str:
-    """``builtin:toy`` -> the shipped checkpoint's directory; any other path unchanged."""
-    return str(builtin_path()) if path == BUILTIN_NAME else path
+__all__ = ["BUILTIN_DIR", "BUILTIN_NAME", "builtin_path", "resolve_model_path"]

@@ -1,0 +1,281 @@
+"""StreamSession: ingest a video frame pair by frame pair into the capped cache; answer at any time.
+
+The session is a thin coordinator: it owns what every part shares (the model, the capped cache, the policy,
+the sink set, positions, counters, the lock) and hands each capability to its room — the stream's time to
+``clock``, frames to ``ingest``, the cache's layout to ``memory``, questions to ``answer``, snapshots to
+``edgekv.state``. Nothing in those rooms imports this module.
+
+The conversation a session holds is Qwen2.5-VL's chat template for one video, split in time:
+
+    <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n<|vision_start|>   prefilled at start
+    [frame pair 0 tokens][frame pair 1 tokens] ...                                    prefilled per pair
+    <|vision_end|>{question}<|im_end|>\\n<|im_start|>assistant\\n{answer}            per ask, then dropped
+
+Positions follow transformers' ``get_rope_index`` for a video: text before the video counts 0..s-1;
+frame pair k's tokens get temporal position ``s + floor(seconds_k * tokens_per_second)`` and height /
+width positions ``s + row`` / ``s + col`` in the merged grid (``seconds_k`` = time of the pair's first
+frame since the stream's first frame; HF computes ``k * second_per_grid * tokens_per_second`` for a
+uniformly sampled video, the same number). Text after the video starts at the largest position used
+so far plus one. A question's tokens and its answer are removed after the answer, so the next frame
+continues the video as if no one had asked (DESIGN: "question tokens dropped").
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import numpy as np
+import torch
+
+from edgekv.cache.capped import CacheFullError, CappedKVCache, ChunkMeta, SlotKind
+from edgekv.model.rope import text_position_ids
+from edgekv.policies.base import CacheView
+from edgekv.policies.statekv import SinkSelector
+from edgekv.model.rope import rotary_inv_freq
+from edgekv.session import memory
+from edgekv.session.answer import Answerer
+from edgekv.session.clock import StreamClock
+from edgekv.session.ingest import PairIngest
+from edgekv.session.results import Answer, Counters, IngestResult
+from edgekv.tokenizer import ChatLayout
+
+
+def _exclusive(method):
+    """Run a public session method under the session's lock (see StreamSession's docstring)."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+class StreamSession:
+    """One live stream's state. Create it with ``Runtime.session()``.
+
+    Threads: a session may be shared. ``ingest``, ``ask``, ``question_logits``, ``save`` and ``stats``
+    each hold the session's lock from start to end, so they run one at a time in call order: a frame
+    ingested while another thread is answering waits for the answer, then goes in; nothing is dropped
+    and an answer never sees half a frame pair. The lock is re-entrant, so an ``on_token`` callback may
+    call ``stats()``; it must not wait for another thread that uses this session (that would deadlock).
+    """
+
+    def __init__(self, runtime: "Runtime") -> None:  # noqa: F821 - Runtime imports this module
+        self._lock = threading.RLock()
+        self.runtime = runtime
+        self.model = runtime.model
+        self.vision, self.llm = runtime.vision_backend, runtime.llm_backend
+        self.tokenizer = runtime.tokenizer
+        self.config = runtime.config
+        self.device = runtime.device
+        self.dtype = runtime.dtype
+        text = self.model.config.text
+        self.layout = ChatLayout(self.config.model.system_prompt)
+        self.policy = runtime.make_policy()
+        self.preprocessor = runtime.make_preprocessor()
+        self.tokens_per_second = float(self.model.config.vision.tokens_per_second)
+        self.merge = self.model.config.vision.spatial_merge_size
+        self.inv_freq = rotary_inv_freq(text.head_dim, text.rope_theta, device=self.device)
+        self.temporal_section = int(text.mrope_section[0])
+        self.sink_budget = int(self.config.cache.sinks)
+        # Re-basing (DESIGN invariant 5): once positions pass this mark, a compaction squeezes the gaps
+        # between kept frames' temporal positions to at most one nominal pair spacing.
+        self.rebase_at = int(self.config.cache.rebase_position or text.max_position_embeddings // 2)
+        self.pair_spacing = max(1, round(2.0 / self.config.video.fps * self.tokens_per_second))
+        self.t_offset = 0  # subtracted from new frames' temporal positions after re-basing
+        self.rebases = 0
+        self.clock = StreamClock(self.config.video.fps, self.tokens_per_second)
+
+        spec = runtime.cache_spec()
+        self.capacity = runtime.cache_capacity_tokens(spec)
+        self.text_reserve = int(self.config.cache.text_reserve_tokens)
+        self.cache = CappedKVCache(spec, self.capacity, device=self.device, compute_dtype=self.dtype,
+                                   rope=(self.inv_freq, self.temporal_section))
+        if getattr(self.policy, "uses_sinks", False) and self.sink_budget <= 0:
+            raise ValueError(f"cache.policy: '{self.policy.name}' needs cache.sinks > 0 (StateKV sink budget B)")
+        self.sinks = SinkSelector(self.cache, self.sink_budget) if self.sink_budget > 0 else None
+        self.counters = Counters()
+        self.recall = None  # edgekv.archive.recall.Recall when archive.dir is set
+        if self.config.archive.dir is not None:
+            from edgekv.archive.recall import Recall
+
+            self.recall = Recall(self, self.config.archive)
+        self.ingestor = PairIngest(self)
+        self.answerer = Answerer(self)
+        self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
+
+        prefix_ids = self.tokenizer.encode(self.layout.stream_prefix())
+        self.prefix_tokens = len(prefix_ids)
+        self.grid: tuple[int, int] | None = None
+        self._check_budget()
+        self.video_start = self.prefix_tokens  # HF's st_idx for the video block
+        self.next_position = self.video_start
+        with torch.inference_mode():
+            positions = text_position_ids(0, self.prefix_tokens).to(self.device)
+            self.prefill(self.embed(prefix_ids), positions, ChunkMeta(SlotKind.PREFIX, tpos=positions[0]))
+
+    # ------------------------------------------------------------------ budget
+    @property
+    def video_limit(self) -> int:
+        """Slots the prefix and the video may use: the cap less the room kept for a question and, with an
+        archive, the retrieval reserve for recalled pairs (DESIGN invariant 10)."""
+        return self.capacity - self.text_reserve - self.recall_reserve
+
+    @property
+    def recall_reserve(self) -> int:
+        return self.recall.reserve_tokens if self.recall is not None else 0
+
+    def _check_budget(self) -> None:
+        if self.preprocessor is None:
+            return  # the grid is fixed by the first frame; checked then
+        per_pair = self.tokens_per_pair
+        needed = self.prefix_tokens + 2 * per_pair + self.text_reserve + self.recall_reserve
+        if needed > self.capacity:
+            recall = (f", the retrieval reserve (archive.top_k={self.recall.top_k} pairs = {self.recall_reserve} "
+                      f"tokens)" if self.recall is not None else "")
+            raise ValueError(
+                f"cache.max_tokens={self.capacity} cannot hold the prefix ({self.prefix_tokens} tokens), two frame "
+                f"pairs ({per_pair} tokens each at {self.preprocessor.resolution}) and the text reserve "
+                f"({self.text_reserve}){recall}: the minimum is {needed}; raise cache.max_tokens (or max_mib), lower "
+                f"video.resolution or cache.text_reserve_tokens"
+            )
+        self.policy.check(self)
+
+    @property
+    def tokens_per_pair(self) -> int:
+        return self.preprocessor.tokens_per_pair
+
+    def frames_that_fit(self) -> int:
+        per_pair = self.preprocessor.tokens_per_pair
+        return 2 * ((self.video_limit - self.prefix_tokens) // per_pair)
+
+    # ------------------------------------------------------------------ ingest
+    @_exclusive
+    def ingest(self, frame: np.ndarray, t: float | None = None) -> IngestResult:
+        """Add one BGR uint8 frame (HxWx3). Every second frame completes a pair that is prefilled.
+
+        Invalid input raises ``ValueError`` before any state changes, so nothing ingested is lost.
+        """
+        started = time.perf_counter()
+        if self.preprocessor is None:
+            self.preprocessor = self.runtime.make_preprocessor(frame)
+            self._check_budget()
+        try:
+            self.preprocessor.check_frame(frame)
+            pending = self.ingestor.pending
+            t = self.clock.check(t, self.counters.frames, pending[1] if pending is not None else None,
+                                 self.t_offset, self.temporal_position_limit)
+        except ValueError:
+            self.counters.frames_rejected += 1
+            raise
+        return self.ingestor.frame(frame, t, started)
+
+    @property
+    def temporal_position_limit(self) -> int:
+        """Largest temporal offset a frame pair may get: the cache keeps positions as int32 (``tpos``),
+        and the video start plus a question after the video must still fit below int32's maximum."""
+        return int(torch.iinfo(self.cache.tpos.dtype).max) - self.video_start - self.capacity
+
+    # ------------------------------------------------------------------ what policies call (edgekv/session/memory.py)
+    def view(self, recent_pairs: int) -> CacheView:
+        """The valid part of the cache, as policies see it."""
+        return memory.cache_view(self, recent_pairs)
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Compact the cache to ``keep``, then re-base positions if they ran high."""
+        memory.compact(self, keep)
+
+    def rebase_positions(self) -> None:
+        """Squeeze the temporal positions of kept video tokens; rotate their keys to match."""
+        memory.rebase_positions(self)
+
+    # ------------------------------------------------------------------ model plumbing
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        return self.llm.embed(torch.tensor(ids, dtype=torch.long, device=self.device))
+
+    def prefill(self, embeds: torch.Tensor, positions: torch.Tensor, meta: ChunkMeta,
+                 visible=None, mass_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the LM over a chunk, writing its K/V at the end of the cache; returns final hidden states."""
+        start, num = self.cache.length, embeds.shape[0]
+        if start + num > self.capacity:
+            raise CacheFullError(f"{num} tokens do not fit: the cache holds {start} of {self.capacity} slots")
+        # Metadata first: an 8-bit cache stores keys time-neutral and reads the chunk's tpos as it writes.
+        self.cache.write_meta(start, num, meta)
+        try:
+            hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
+        except BaseException:
+            self.cache.clear_meta(start, start + num)
+            raise
+        self.cache.commit(num)
+        return hidden
+
+    # ------------------------------------------------------------------ questions (edgekv/session/answer.py)
+    @_exclusive
+    def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
+            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None) -> Answer:
+        """Answer a question about everything the cache holds; the cache is unchanged afterwards.
+
+        ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
+        archived frame pairs the question points at into the retrieval reserve (edgekv/archive/recall.py).
+        """
+        return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall)
+
+    @_exclusive
+    def question_logits(self, question: str, recall: bool = False) -> torch.Tensor:
+        """Logits [n, V] at every token of the question suffix, over the cache as it is; nothing kept (the
+        parity surface for streaming exactness against transformers' one-shot logits)."""
+        return self.answerer.question_logits(question, recall)
+
+    def text_start(self) -> int:
+        """Position of the first text token after the video (``model.text_after_video``)."""
+        return self.answerer.text_start()
+
+    # ------------------------------------------------------------------ persistence
+    @_exclusive
+    def save(self, path) -> "SnapshotInfo":  # noqa: F821 - imported here: edgekv.state never imports the session
+        """Write everything this session's future depends on to ``path``, atomically (see edgekv/state.py);
+        ``Runtime.restore(path)`` returns a session that continues exactly where this one is now."""
+        from edgekv.state import save_session
+
+        return save_session(self, path)
+
+    # ------------------------------------------------------------------ reporting
+    @_exclusive
+    def stats(self) -> dict:
+        c = self.counters
+        cache = self.cache
+        stats = {
+            "frames": c.frames,
+            "frame_pairs": c.frame_pairs,
+            "pairs_skipped": c.pairs_skipped,
+            "frames_rejected": c.frames_rejected,
+            "cache_tokens": cache.length,
+            "video_tokens": max(cache.length - self.prefix_tokens, 0),
+            "prefix_tokens": self.prefix_tokens,
+            "cache_capacity_tokens": cache.capacity,
+            "cache_capacity_bytes": cache.capacity_bytes,
+            "text_reserve_tokens": self.text_reserve,
+            "policy": self.policy.name,
+            "vision_backend": self.vision.name,
+            "llm_backend": self.llm.name,
+            "decode_route": self.runtime.decode_route,
+            "host_memory": self.runtime.host_memory,
+            "compressions": c.compressions,
+            "compression_ms_total": c.compression_ms_total,
+            "tokens_evicted": c.tokens_evicted,
+            "ingest_ms_last": c.ingest_ms_last,
+            "ingest_ms_total": c.ingest_ms_total,
+            "sink_tokens": int(cache.sink[0, 0, : cache.length].sum()) if cache.length else 0,
+            "position_max": self.next_position - 1,
+            "position_limit": self.model.config.text.max_position_embeddings,
+            "position_rebases": self.rebases,
+            "questions": c.questions,
+            "answer_tokens": c.answer_tokens,
+        }
+        stats.update(self.policy.stats(self))
+        if self.recall is not None:
+            stats.update(self.recall.stats())
+        return stats
