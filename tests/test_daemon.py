@@ -120,7 +120,7 @@ def test_metrics_parse_as_prometheus_text(running):
     assert families["edgekv_cache_capacity_bytes"].samples[0].value == running.daemon.session.cache.capacity_bytes
     assert families["edgekv_cache_tokens"].samples[0].value <= 400
     for name in ("edgekv_frames", "edgekv_ingest_fps", "edgekv_frame_pair_ingest_seconds", "edgekv_compressions",
-                 "edgekv_frames_dropped", "edgekv_process_rss_bytes"):
+                 "edgekv_frames_dropped", "process_resident_memory_bytes"):
         assert name in families, name
 
 

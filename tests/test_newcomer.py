@@ -178,3 +178,23 @@ def test_served_model_name_flag_sets_the_names():
     argv = ["serve", "builtin:toy", "--served-model-name", "glasses", "qwen2.5-vl"]
     config = config_from_args(build_parser(argv).parse_args(argv))
     assert config.server.served_model_name == ["glasses", "qwen2.5-vl"]
+
+
+def test_kept_alive_connections_send_without_delay(served):
+    """Every accepted connection has TCP_NODELAY: with the hand-made listening socket (protocol 0) asyncio
+    skipped it, and each request after the first on a kept-alive connection waited ~40 ms for a delayed ACK."""
+    import http.client
+    import socket
+
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    try:
+        for _ in range(2):
+            conn.request("GET", "/healthz")
+            assert conn.getresponse().read()
+        server = served.daemon.server.server
+        sockets = [protocol.transport.get_extra_info("socket") for protocol in server.server_state.connections]
+        assert sockets
+        for sock in sockets:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        conn.close()

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
@@ -48,6 +48,9 @@ class Telemetry:
                                    "after the first, one observation per answer", buckets=TOKEN_BUCKETS,
                                    registry=self.registry)
         self.registry.register(DaemonCollector(self))
+        # process_resident_memory_bytes, process_cpu_seconds_total, open fds, start time: the standard names
+        # every Prometheus dashboard knows, from /proc (Linux; nothing where /proc is missing)
+        ProcessCollector(registry=self.registry)
         self.series: deque[tuple[float, int, float | None]] = deque(maxlen=SERIES_POINTS)  # (t, frames, rss MiB)
         self.answered: deque[dict] = deque(maxlen=QUESTIONS_KEPT)
         self.last_answer: dict | None = None
@@ -198,7 +201,6 @@ class DaemonCollector:
             ("edgekv_cache_capacity_bytes", "bytes allocated once for the cache", stats["cache_capacity_bytes"]),
             ("edgekv_questions_waiting", "questions queued for the main loop", daemon.questions.qsize()),
             ("edgekv_snapshot_age_seconds", "age of the figures in this scrape", snap["age_s"]),
-            ("edgekv_process_rss_bytes", "process resident memory", _scaled(mon.get("process_rss_mb"), mib)),
             ("edgekv_process_peak_rss_bytes", "process peak resident memory", _scaled(mon.get("peak_rss_mb"), mib)),
             ("edgekv_ram_used_bytes", "system memory in use", _scaled(mon.get("ram_used_mb"), mib)),
             ("edgekv_power_watts", "board power", mon.get("power_w")),
