@@ -136,15 +136,14 @@ def _legend_matches_the_overlay(page) -> None:
     }""")
     assert close(colours["left"], colours["zero"]) and close(colours["right"], colours["one"])
     assert not close(colours["zero"], colours["one"])
-    cell = page.evaluate("""async () => {
-        const s = await (await fetch('/v1/edgekv/status')).json();
-        const heat = document.querySelector('#heat');
-        if (heat.width !== s.kept.cols) return null;
-        return {px: Array.from(heat.getContext('2d').getImageData(0, 0, 1, 1).data), v: s.kept.kept[0][0],
-                colour: keptColour(s.kept.kept[0][0])};
+    # the figures the overlay was last painted from, read in the same turn of the page's event loop as the
+    # pixel (a status fetched separately may already hold newer figures than the ones painted)
+    cell = page.evaluate("""() => {
+        const k = window.paintedKept, heat = document.querySelector('#heat');
+        return {px: Array.from(heat.getContext('2d').getImageData(0, 0, 1, 1).data), v: k.kept[0][0],
+                colour: keptColour(k.kept[0][0])};
     }""")
-    if cell is not None:  # the overlay was repainted from the same figures
-        assert close(cell["px"], cell["colour"]), cell
+    assert close(cell["px"], cell["colour"]), cell
 
 
 def close(pixel: list[int], colour: list[int]) -> bool:
