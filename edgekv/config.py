@@ -322,6 +322,62 @@ class ArchiveSection:
 
 
 @dataclass(frozen=True)
+class AlertRuleSection:
+    """One standing question (``alerts.rules``): a yes/no question evaluated over the live cache every
+    ``every_pairs`` frame pairs or ``every_s`` seconds; its rising edge (no -> yes) raises an alert
+    (apps/outputs/alerts.py)."""
+
+    question: str = ""
+    name: str | None = None          # shown with its alerts; default: the question
+    every_pairs: int | None = None   # evaluate after every N-th frame pair ...
+    every_s: float | None = None     # ... or at the first pair after N seconds (default: every pair)
+    cooldown_s: float = 60.0         # no second alert of this rule within this time
+    threshold: float = 0.5           # P(yes) above this is "yes"; it falls back to "no" below threshold - 0.2
+    camera: str | None = None        # which camera (null: the daemon's camera)
+
+    def validate(self, at: str) -> None:
+        if not self.question.strip():
+            raise ConfigError(f"{at}.question: empty; a standing question is a yes/no question about the stream")
+        if self.every_pairs is not None and self.every_s is not None:
+            raise ConfigError(f"{at}: set every_pairs or every_s, not both")
+        if self.every_pairs is not None and self.every_pairs < 1:
+            raise ConfigError(f"{at}.every_pairs: must be >= 1, got {self.every_pairs}")
+        if self.every_s is not None and not self.every_s > 0:
+            raise ConfigError(f"{at}.every_s: must be > 0, got {self.every_s}")
+        if self.cooldown_s < 0:
+            raise ConfigError(f"{at}.cooldown_s: must be >= 0, got {self.cooldown_s}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ConfigError(f"{at}.threshold: a probability in (0, 1), got {self.threshold}")
+
+
+@dataclass(frozen=True)
+class AlertsSection:
+    """Standing questions and where their alerts go (apps/outputs/): the API's SSE stream always, webhooks
+    here, MQTT with ``fleet:``, ROS 2 with ``ros2:``."""
+
+    rules: list[AlertRuleSection] = field(default_factory=list)
+    webhooks: list[str] = field(default_factory=list)  # POST each alert (JSON) to these URLs
+    webhook_timeout_s: float = 5.0
+    webhook_retries: int = 4         # after the first try, with exponential backoff from 0.5 s
+    queue: int = 64                  # alerts waiting per output; beyond it the oldest waiting is dropped (counted)
+    keyframe_pairs: int = 32         # recent frame pairs kept to show as an alert's keyframe
+
+    def validate(self, at: str) -> None:
+        for index, rule in enumerate(self.rules):
+            rule.validate(f"{at}.rules[{index}]")
+        for index, url in enumerate(self.webhooks):
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"{at}.webhooks[{index}]: expected an http:// or https:// URL, got {url!r}")
+        if not self.webhook_timeout_s > 0:
+            raise ConfigError(f"{at}.webhook_timeout_s: must be > 0, got {self.webhook_timeout_s}")
+        if self.webhook_retries < 0:
+            raise ConfigError(f"{at}.webhook_retries: must be >= 0, got {self.webhook_retries}")
+        if self.queue < 1 or self.keyframe_pairs < 0:
+            raise ConfigError(f"{at}: queue must be >= 1 and keyframe_pairs >= 0, got {self.queue} and "
+                              f"{self.keyframe_pairs}")
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -355,6 +411,7 @@ class EdgeKVConfig:
     state: StateSection = field(default_factory=StateSection)
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    alerts: AlertsSection = field(default_factory=AlertsSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":

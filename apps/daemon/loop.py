@@ -130,6 +130,10 @@ class Daemon:
         self._ingest_s_per_frame: float | None = None  # moving average (what the machine can sustain)
         self._collector: Collector | None = None
         self.quiz: Quiz | None = None  # --quiz: ground-truth questions about a synthetic:events stream
+        self.alerts = None  # AlertEngine: standing questions (alerts: in the YAML, /v1/alerts)
+        self.alert_bus = None
+        self.webhooks: list = []
+        self._probes: deque = deque()  # standing questions due for an evaluation
         from edgekv.state import StateKeeper  # imports torch: only once a daemon is made, not for --help
 
         self.state = StateKeeper(config.state, say=self.say)  # persistent memory (state: in the YAML)
@@ -250,11 +254,28 @@ class Daemon:
         self.say(f"source {printable(str(cfg.video.source))} ({'live' if self._spec.live else 'recorded'}"
                  f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
                  f"{' (every frame by timestamp)' if deterministic else ''}")
+        self._start_alerts()
         self._start_inputs()
         notify_systemd("READY=1")
         self.watchdog = Watchdog.from_environment(self.heartbeat)
         if self.watchdog is not None:
             self.watchdog.start()
+
+    def _start_alerts(self) -> None:
+        """Standing questions and their outputs (apps/outputs/): always on, so the API can add rules."""
+        from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing
+        from edgekv.apps.outputs.webhooks import WebhookSender
+
+        section = self.config.alerts
+        self.alert_bus = AlertBus()
+        self.alerts = AlertEngine(section.rules, self.alert_bus, KeyframeRing(section.keyframe_pairs))
+        for url in section.webhooks:
+            sender = WebhookSender(url, section.webhook_timeout_s, section.webhook_retries, section.queue).start()
+            self.webhooks.append(sender)
+            self.alert_bus.add(sender)
+        if section.rules:
+            self.say(f"standing questions: {len(section.rules)} ("
+                     + "; ".join(printable(rule.question) for rule in section.rules) + ")")
 
     def _start_inputs(self) -> None:
         cfg = self.config
@@ -346,7 +367,7 @@ class Daemon:
         return average is None or average * video.fps < video.min_ingest_share
 
     def _question_waiting(self) -> bool:
-        return bool(self._scheduled) or not self.questions.empty()
+        return bool(self._scheduled) or bool(self._probes) or not self.questions.empty()
 
     def _pull(self, timeout: float) -> None:
         """Move the next sampled frame (if one is due) into the backlog; notice the end of the source."""
@@ -435,6 +456,10 @@ class Daemon:
             self.server.pair_ingested(result)
         if result.pair_index is None:
             return
+        if self.alerts is not None:
+            self.alerts.keyframes.add(result.pair_index, frame, self.state.stream_time(t))
+            waiting = {state.id for state in self._probes}
+            self._probes.extend(s for s in self.alerts.due(result.pair_index) if s.id not in waiting)
         if not self.options.quiet:
             self.say(format_pair(result, self.session.stats()))
         every = self.options.ask_every
@@ -448,11 +473,29 @@ class Daemon:
                 + [Question(text, source="voice") for text in self.spoken])
 
     def _answer_next(self, jumped_ahead: bool) -> None:
-        question = self._scheduled.popleft() if self._scheduled else self.questions.get_nowait()
+        """One answer step: a command-line question, else a standing question's evaluation (short, and late
+        if it waits), else the next question from the API, stdin or voice."""
         self._update_collector(answering=True)
         started = time.perf_counter()
-        self._answer(question)
+        if not self._scheduled and self._probes:
+            self._evaluate(self._probes.popleft())
+        else:
+            self._answer(self._scheduled.popleft() if self._scheduled else self.questions.get_nowait())
         self.fair.answered(time.perf_counter() - started, jumped_ahead)
+
+    def _evaluate(self, rule) -> None:
+        if rule.id not in self.alerts.rules:
+            return  # deleted while it waited
+        try:
+            with self.lock:
+                event = self.alerts.evaluate(rule, self.session, self.session.counters.frame_pairs - 1)
+        except Exception as exc:  # a rule that cannot be evaluated must not stop the stream
+            log.warning("standing question %r not evaluated: %s", rule.name, printable(str(exc)))
+            return
+        self.heartbeat.beat()
+        if event is not None:
+            self.say(f"ALERT [{printable(event.name)}]: yes (P {event.p_yes:.2f}) at t={event.stream_t} s; "
+                     f"evidence: {event.keyframe_note}")
 
     def _answer(self, question: Question) -> None:
         user_on_token = question.on_token
@@ -590,7 +633,8 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [("voice", self.voice, lambda v: v.stop()), 
+        parts = [*(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
+                 ("voice", self.voice, lambda v: v.stop()), 
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
                  ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
         for name, part, stop in parts:

@@ -11,7 +11,10 @@ import torch
 
 from edgekv.cache.capped import ChunkMeta, SlotKind
 from edgekv.model.rope import text_position_ids
-from edgekv.session.results import Answer
+from edgekv.session.results import Answer, YesNo
+
+YES_WORDS = ("yes", "Yes", " yes", " Yes")
+NO_WORDS = ("no", "No", " no", " No")
 
 
 class Answerer:
@@ -19,6 +22,67 @@ class Answerer:
 
     def __init__(self, session) -> None:
         self.session = session
+        self._mass: torch.Tensor | None = None  # [layers, kv_heads, M] fp32, allocated at the first probe
+        self._yes_no: tuple[list[int], list[int]] | None = None
+
+    def probe(self, question: str) -> YesNo:
+        """A yes/no question answered by one prefill of its tokens over the cache: P(yes) among the model's
+        yes/no tokens at the first answer position, and the attention mass each kept frame pair drew (summed
+        over layers, KV heads and the question's tokens). No token is decoded and the question's slots are
+        dropped afterwards: the cache is exactly as before (DESIGN invariant 3)."""
+        s = self.session
+        started = time.perf_counter()
+        yes_ids, no_ids = self._yes_no_ids()
+        ids = self.question_ids(question, 1, 0.0, 1.0)
+        video_len = s.cache.length
+        if self._mass is None:
+            cache = s.cache
+            self._mass = torch.zeros(cache.num_layers, cache.kv_heads, cache.capacity, dtype=torch.float32,
+                                     device=s.device)
+        try:
+            with torch.inference_mode():
+                positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
+                hidden = s.prefill(s.embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
+                                   mass_out=self._mass)
+                logits = s.llm.logits(hidden[-1]).float()
+                both = torch.log_softmax(logits, dim=-1)
+                yes = torch.logsumexp(both[yes_ids], dim=0)
+                no = torch.logsumexp(both[no_ids], dim=0)
+                p_yes = float(torch.sigmoid(yes - no))
+                pair_mass = self._pair_mass(video_len)
+        finally:
+            s.cache.truncate(video_len)
+        s.counters.probes += 1
+        return YesNo(p_yes, pair_mass, (time.perf_counter() - started) * 1e3, len(ids))
+
+    def _pair_mass(self, video_len: int) -> dict[int, float]:
+        cache = self.session.cache
+        mass = self._mass[:, :, :video_len]
+        vision = cache.kind[:, :, :video_len] == int(SlotKind.VISION)
+        frames = cache.frame[:, :, :video_len][vision].long()
+        if frames.numel() == 0:
+            return {}
+        totals = torch.zeros(int(frames.max()) + 1, dtype=torch.float64, device=mass.device)
+        totals.index_add_(0, frames, mass[vision].double())
+        share = totals / max(float(mass.sum()), 1e-30)
+        present = torch.unique(frames)
+        return {int(pair): float(share[pair]) for pair in present}
+
+    def _yes_no_ids(self) -> tuple[list[int], list[int]]:
+        """The tokens that start a "yes" and a "no" answer in this vocabulary (one token each)."""
+        if self._yes_no is None:
+            tokenizer = self.session.tokenizer
+
+            def single(words: tuple[str, ...]) -> list[int]:
+                ids = {tuple(tokenizer.encode(word)) for word in words}
+                return sorted({i[0] for i in ids if len(i) == 1 and i[0] not in tokenizer.control_ids})
+
+            yes_ids, no_ids = single(YES_WORDS), single(NO_WORDS)
+            if not yes_ids or not no_ids:
+                raise ValueError("this model's tokenizer has no single-token 'yes' and 'no': yes/no probes "
+                                 "(standing questions) need them")
+            self._yes_no = (yes_ids, no_ids)
+        return self._yes_no
 
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None) -> Answer:

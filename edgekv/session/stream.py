@@ -38,7 +38,7 @@ from edgekv.session import memory
 from edgekv.session.answer import Answerer
 from edgekv.session.clock import StreamClock
 from edgekv.session.ingest import PairIngest
-from edgekv.session.results import Answer, Counters, IngestResult
+from edgekv.session.results import Answer, Counters, IngestResult, YesNo
 from edgekv.tokenizer import ChatLayout
 
 
@@ -224,6 +224,12 @@ class StreamSession:
         return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall)
 
     @_exclusive
+    def probe(self, question: str) -> YesNo:
+        """A yes/no question answered without decoding (standing questions, alerts): ``YesNo`` with P(yes) and
+        the frame pairs the question attended; the cache is unchanged afterwards."""
+        return self.answerer.probe(question)
+
+    @_exclusive
     def question_logits(self, question: str, recall: bool = False) -> torch.Tensor:
         """Logits [n, V] at every token of the question suffix, over the cache as it is; nothing kept (the
         parity surface for streaming exactness against transformers' one-shot logits)."""
@@ -274,6 +280,7 @@ class StreamSession:
             "position_rebases": self.rebases,
             "questions": c.questions,
             "answer_tokens": c.answer_tokens,
+            "probes": c.probes,
         }
         stats.update(self.policy.stats(self))
         if self.recall is not None:
