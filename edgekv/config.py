@@ -213,6 +213,10 @@ class ServerSection:
     served_model_name: list[str] | None = None
     # /metrics without the token, as Prometheus scrapers expect (the figures reveal no question or frame).
     metrics_public: bool = False
+    # Chat questions may carry images (image_url data: URLs), answered about those images in a second session
+    # allocated at start beside the stream's (same cap: the plan must hold two caches): what lets a bigger
+    # edgekv take other devices' escalations (escalate:).
+    image_requests: bool = False
 
     def validate(self, at: str) -> None:
         if not 0 <= self.port <= 65535:
@@ -378,6 +382,36 @@ class AlertsSection:
 
 
 @dataclass(frozen=True)
+class EscalateSection:
+    """Hard questions sent to a bigger model (apps/outputs/escalate.py): an OpenAI-compatible server (vLLM,
+    SGLang, TensorRT-Edge-LLM's, another edgekv with server.image_requests) gets the question and the
+    ``keyframes`` frames the local answer attended most, as images; never the KV cache."""
+
+    url: str | None = None             # the server's OpenAI base URL, e.g. http://10.0.0.5:8000/v1; null = off
+    model: str = ""                    # the model name to request
+    api_key_env: str | None = None     # environment variable holding its bearer token
+    confidence_below: float | None = None  # escalate when the local answer's confidence is below this (null:
+    #                                        only when a question asks, "escalate": true)
+    keyframes: int = 4                 # frames sent with the question
+    timeout_s: float = 30.0
+    max_tokens: int = 256
+    queue: int = 4                     # escalations waiting or in flight; beyond, the local answer stands
+
+    def validate(self, at: str) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"{at}.url: expected an http:// or https:// URL, got {self.url!r}")
+        if self.url is not None and not self.model.strip():
+            raise ConfigError(f"{at}.model: name the model the escalation server serves")
+        if self.confidence_below is not None and not 0.0 < self.confidence_below < 1.0:
+            raise ConfigError(f"{at}.confidence_below: a probability in (0, 1), got {self.confidence_below}")
+        for name in ("keyframes", "max_tokens", "queue"):
+            if getattr(self, name) < (0 if name == "keyframes" else 1):
+                raise ConfigError(f"{at}.{name}: too small, got {getattr(self, name)}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"{at}.timeout_s: must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -412,6 +446,7 @@ class EdgeKVConfig:
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
     alerts: AlertsSection = field(default_factory=AlertsSection)
+    escalate: EscalateSection = field(default_factory=EscalateSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import queue
 import sys
@@ -131,6 +132,8 @@ class Daemon:
         self._collector: Collector | None = None
         self.quiz: Quiz | None = None  # --quiz: ground-truth questions about a synthetic:events stream
         self.alerts = None  # AlertEngine: standing questions (alerts: in the YAML, /v1/alerts)
+        self.escalator = None  # Escalator: hard questions to a bigger model (escalate: in the YAML)
+        self.image_session = None  # answers questions that carry images (server.image_requests)
         self.alert_bus = None
         self.webhooks: list = []
         self._probes: deque = deque()  # standing questions due for an evaluation
@@ -255,6 +258,15 @@ class Daemon:
                  f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
                  f"{' (every frame by timestamp)' if deterministic else ''}")
         self._start_alerts()
+        if cfg.escalate.url is not None:
+            from edgekv.apps.outputs.escalate import Escalator
+
+            self.escalator = Escalator(cfg.escalate, done=self._escalated).start()
+            self.say(f"hard questions escalate to {cfg.escalate.model} at {cfg.escalate.url}")
+        if cfg.server.image_requests:
+            self.image_session = runtime.session(archive=False)
+            self.say("questions with images are answered in a second session "
+                     f"({self.image_session.cache.capacity_bytes / 2**20:.2f} MiB allocated once)")
         self._start_inputs()
         notify_systemd("READY=1")
         self.watchdog = Watchdog.from_environment(self.heartbeat)
@@ -499,35 +511,93 @@ class Daemon:
 
     def _answer(self, question: Question) -> None:
         user_on_token = question.on_token
+        # an escalated streamed answer sends the remote's text, not the local tokens
+        quiet = question.stream and question.escalate is True and self.escalator is not None
 
         def on_token(token: int) -> None:
             if self.stop:
                 raise AnswerCancelled
             self.heartbeat.beat()
-            if callable(user_on_token):
+            if callable(user_on_token) and not quiet:
                 user_on_token(token)
 
         self._current = question
+        deferred = False
         try:
+            evidence = self.config.escalate.keyframes if self.escalator is not None else 0
             with self.lock:
-                question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
-                                                   temperature=question.temperature, top_p=question.top_p,
-                                                   seed=question.seed, on_token=on_token, recall=question.recall)
+                if question.images:
+                    question.answer = self._answer_images(question, on_token)
+                else:
+                    question.answer = self.session.ask(
+                        question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
+                        top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
+                        evidence=evidence)
+            deferred = not question.images and self._escalate(question)
         except AnswerCancelled:
             question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
         except Exception as exc:  # a bad question must not stop the stream; the asker gets the error
             question.error = exc
         finally:
             self._current = None
-            question.answered_at = time.time()
-            self._record(question)
-            self.say(format_answer(question))
-            if self.quiz is not None and question.source == "quiz":
-                self.say(self.quiz.grade(question))
-            question.done.set()
+            if not deferred:
+                self._finish(question)
+        self.monitor.count_tokens(self.session.counters.answer_tokens)
+
+    def _finish(self, question: Question) -> None:
+        """The question is answered (or refused): record it, print it, wake whoever waits for it."""
+        question.answered_at = time.time()
+        self._record(question)
+        self.say(format_answer(question))
+        if self.quiz is not None and question.source == "quiz":
+            self.say(self.quiz.grade(question))
+        question.done.set()
         if self.server is not None:
             self.server.question_answered(question)
-        self.monitor.count_tokens(self.session.counters.answer_tokens)
+
+    def _escalate(self, question: Question) -> bool:
+        """Hand the question to the escalation server when it should go there; True if it went (the
+        escalator finishes it)."""
+        if self.escalator is None:
+            return False
+        reason = self.escalator.reason(question, question.answer, question.stream)
+        if reason is None:
+            return False
+        from edgekv.apps.outputs.escalate import Escalation
+
+        keyframes = []
+        for pair in question.answer.evidence or (None,):
+            jpeg, _ = self.alerts.keyframes.jpeg(pair)
+            if jpeg is not None and jpeg not in keyframes:
+                keyframes.append(jpeg)
+        if self.escalator.submit(Escalation(question, keyframes, reason)):
+            return True
+        question.answer = dataclasses.replace(question.answer, escalation_note=(
+            f"not escalated: {self.config.escalate.queue} escalations already wait (escalate.queue)"))
+        return False
+
+    def _escalated(self, question: Question) -> None:  # the escalator's thread
+        self._finish(question)
+
+    def _answer_images(self, question: Question, on_token):
+        """A question about the images it carries (server.image_requests): the second session, emptied, gets
+        each image as a frame pair, then the question."""
+        import cv2
+        import numpy as np
+
+        if self.image_session is None:
+            raise ValueError("this server does not take images (server.image_requests: false)")
+        session = self.image_session
+        session.reset()
+        step = 1.0 / self.config.video.fps
+        for index, data in enumerate(question.images):
+            frame = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+            if frame is None:
+                raise ValueError(f"image {index + 1} of the question is not a readable JPEG or PNG")
+            for copy in range(2):  # an image is a frame pair of two equal frames (Qwen2.5-VL's own rule)
+                session.ingest(frame, t=(2 * index + copy) * step)
+        return session.ask(question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
+                           top_p=question.top_p, seed=question.seed, on_token=on_token)
 
     def _record(self, question: Question) -> None:
         answer = question.answer
@@ -634,6 +704,7 @@ class Daemon:
         if self.session is not None:
             self._on_stop()
         parts = [*(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
+                 ("escalator", self.escalator, lambda e: e.stop()),
                  ("voice", self.voice, lambda v: v.stop()), 
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
                  ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]

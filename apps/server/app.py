@@ -88,7 +88,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     token = cfg.token or os.environ.get(cfg.token_env) or None
     api = Api(daemon, telemetry,
               AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes, cfg.metrics_public),
-              ChatLimits(served_model_names(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens),
+              ChatLimits(served_model_names(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens,
+                         images=cfg.image_requests),
               {name: resources.files("edgekv.apps.server").joinpath(f"static/{name}").read_text()
                for name in ("index.html", "login.html")})
     app = FastAPI(title="edgekv", version=_version(), docs_url=None, redoc_url=None, responses=COMMON_RESPONSES)

@@ -5,6 +5,7 @@ cache keeps depends on a question)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -35,15 +36,11 @@ class Answerer:
         yes_ids, no_ids = self._yes_no_ids()
         ids = self.question_ids(question, 1, 0.0, 1.0)
         video_len = s.cache.length
-        if self._mass is None:
-            cache = s.cache
-            self._mass = torch.zeros(cache.num_layers, cache.kv_heads, cache.capacity, dtype=torch.float32,
-                                     device=s.device)
         try:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
                 hidden = s.prefill(s.embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
-                                   mass_out=self._mass)
+                                   mass_out=self._mass_buffer())
                 logits = s.llm.logits(hidden[-1]).float()
                 both = torch.log_softmax(logits, dim=-1)
                 yes = torch.logsumexp(both[yes_ids], dim=0)
@@ -54,6 +51,14 @@ class Answerer:
             s.cache.truncate(video_len)
         s.counters.probes += 1
         return YesNo(p_yes, pair_mass, (time.perf_counter() - started) * 1e3, len(ids))
+
+    def _mass_buffer(self) -> torch.Tensor:
+        """[layers, kv_heads, M] fp32 attention mass of a question's prefill, allocated at the first use."""
+        if self._mass is None:
+            cache = self.session.cache
+            self._mass = torch.zeros(cache.num_layers, cache.kv_heads, cache.capacity, dtype=torch.float32,
+                                     device=self.session.device)
+        return self._mass
 
     def _pair_mass(self, video_len: int) -> dict[int, float]:
         cache = self.session.cache
@@ -85,11 +90,15 @@ class Answerer:
         return self._yes_no
 
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
-            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None) -> Answer:
+            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
+            evidence: int = 0) -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
         archived frame pairs the question points at into the retrieval reserve (edgekv/archive/recall.py).
+        ``evidence``: also name the frame pairs the question attended most (at most that many; the question's
+        prefill then records each key's attention mass, as ``probe`` does). ``Answer.confidence`` is the
+        geometric mean of the answer tokens' probabilities under the model (temperature 1).
         """
         s = self.session
         gen = s.config.generation
@@ -104,6 +113,8 @@ class Answerer:
                                 reserved=s.recall_reserve if recall else 0)
         video_len = s.cache.length
         recalled = ()
+        pairs: tuple[int, ...] = ()
+        logprob = 0.0
         generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else seed)
         started = time.perf_counter()
         out: list[int] = []
@@ -115,13 +126,18 @@ class Answerer:
                 if recall:
                     recalled = s.recall.recall(embeds, positions).unique_pairs
                 hidden = s.prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
-                                   visible=self._answer_visible(recall))
+                                   visible=self._answer_visible(recall),
+                                   mass_out=self._mass_buffer() if evidence else None)
+                if evidence:
+                    shares = self._pair_mass(video_len)
+                    pairs = tuple(sorted(shares, key=lambda pair: -shares[pair])[:evidence])
                 position = self.text_start() + len(ids)
                 logits = s.llm.logits(hidden[-1])
                 ttft = None
                 decode_start = time.perf_counter()
                 for step in range(max_new_tokens):
                     token = sample(logits, temperature, top_p, generator)
+                    logprob += float(torch.log_softmax(logits.float(), dim=-1)[token])
                     if ttft is None:
                         ttft = time.perf_counter() - started
                         decode_start = time.perf_counter()
@@ -148,7 +164,10 @@ class Answerer:
         s.counters.answer_tokens += len(out)
         ttft = ttft if ttft is not None else time.perf_counter() - started
         rate = (len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0
-        return Answer(s.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish, recalled)
+        scored = len(out) + (finish == "stop")  # the end-of-turn token is part of the answer's likelihood
+        confidence = math.exp(logprob / scored) if scored else None
+        return Answer(s.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish, recalled, confidence,
+                      pairs)
 
     def text_start(self) -> int:
         """Position of the first text token after the video (``model.text_after_video``).

@@ -29,6 +29,10 @@ class Answer:
     video_tokens: int = 0
     finish_reason: str = "stop"  # "stop" (end-of-turn token) or "length" (max_new_tokens)
     recalled: tuple[int, ...] = ()  # archived frame pairs brought back for this answer (edgekv/archive)
+    confidence: float | None = None  # geometric mean of the answer tokens' probabilities (None: no token)
+    evidence: tuple[int, ...] = ()  # frame pairs the question attended most (ask(..., evidence=K))
+    escalated: str | None = None  # the remote model that answered instead (apps/outputs/escalate.py)
+    escalation_note: str | None = None  # why it was (not) escalated
 
 
 @dataclass(frozen=True)
