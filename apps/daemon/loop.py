@@ -75,6 +75,7 @@ class DaemonOptions:
     no_stdin: bool = False
     quiet: bool = False
     voice_wav: str | None = None
+    speak_wav: str | None = None
     quiz: int = 0
 
     @classmethod
@@ -111,6 +112,8 @@ class Daemon:
         self.monitor = None
         self.server = None
         self.voice = None
+        self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
+        self.push_to_talk = None  # PushToTalk: voice.trigger: push_to_talk
         self.spoken: list[str] = []  # --voice-wav: the file's questions, asked on --ask's schedule
         self.watchdog: Watchdog | None = None
         self.started = time.monotonic()
@@ -303,6 +306,19 @@ class Daemon:
         if not self.options.no_stdin and sys.stdin is not None and not sys.stdin.closed:
             self._stdin_reader = threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True)
             self._stdin_reader.start()
+        if cfg.voice.speak.enabled or self.options.speak_wav:
+            from edgekv.apps.voice.speak import DeviceOutput, Speaker, WavOutput, make_engine
+
+            engine = make_engine(cfg.voice.speak)
+            output = (WavOutput(self.options.speak_wav) if self.options.speak_wav
+                      else DeviceOutput(cfg.voice.speak.output_device))
+            self.speaker = Speaker(engine, output).start()
+            where = self.options.speak_wav or "the audio device"
+            self.say(f"answers to {', '.join(cfg.voice.speak.sources)} questions are spoken ({engine.name}, to {where})")
+        if cfg.voice.enabled and cfg.voice.trigger == "push_to_talk":
+            from edgekv.apps.voice.listen import PushToTalk
+
+            self.push_to_talk = PushToTalk(cfg.voice.push_to_talk).start()
         if cfg.voice.enabled or self.options.voice_wav:
             from edgekv.apps.voice.listen import Transcriber, VoiceLoop, questions_in_wav
 
@@ -521,6 +537,17 @@ class Daemon:
             if callable(user_on_token) and not quiet:
                 user_on_token(token)
 
+        speech = None
+        if self.speaker is not None and self._speaks(question) and not quiet:
+            from edgekv.apps.voice.speak import TokenSpeech
+
+            speech = TokenSpeech(self.session.tokenizer, self.speaker, question.id, question.asked_at)
+            voiced = on_token
+
+            def on_token(token: int) -> None:  # noqa: F811 - the same callback, also spoken
+                voiced(token)
+                speech.on_token(token)
+
         self._current = question
         deferred = False
         try:
@@ -533,6 +560,8 @@ class Daemon:
                         question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
                         top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
                         evidence=evidence)
+            if speech is not None:
+                speech.finish(question.answer.text)
             deferred = not question.images and self._escalate(question)
         except AnswerCancelled:
             question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
@@ -554,6 +583,13 @@ class Daemon:
         question.done.set()
         if self.server is not None:
             self.server.question_answered(question)
+        answer = question.answer
+        if self.speaker is not None and answer is not None and answer.escalated and self._speaks(question):
+            self.speaker.say(answer.text, question.id, question.asked_at)  # the remote's answer, spoken whole
+
+    def _speaks(self, question: Question) -> bool:
+        sources = self.config.voice.speak.sources
+        return "all" in sources or question.source in sources
 
     def _escalate(self, question: Question) -> bool:
         """Hand the question to the escalation server when it should go there; True if it went (the
@@ -703,9 +739,10 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [*(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
+        parts = [("speaker", self.speaker, lambda s: s.close()), ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
+                 *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
                  ("escalator", self.escalator, lambda e: e.stop()),
-                 ("voice", self.voice, lambda v: v.stop()), 
+                 ("voice", self.voice, lambda v: v.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
                  ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
         for name, part, stop in parts:
@@ -749,6 +786,12 @@ class Daemon:
                          f"{self.fair.ingest_s:.1f} s, answering {self.fair.answer_s:.1f} s")
         if self.quiz is not None and self.quiz.graded:
             lines.append(self.quiz.score())
+        if self.speaker is not None:
+            waits = sorted(self.speaker.first_audio_s.values())
+            first = (f"time to first audio after the question: median {1e3 * waits[len(waits) // 2]:.0f} ms, "
+                     f"max {1e3 * waits[-1]:.0f} ms over {len(waits)} answer(s)") if waits else "nothing spoken"
+            lines.append(f"speech: {self.speaker.sentences} sentence(s) spoken by {self.speaker.engine.name}, "
+                         f"{self.speaker.interrupted} barge-in(s); {first}")
         return "\n".join(lines)
 
 
