@@ -445,6 +445,31 @@ class EscalateSection:
 
 
 @dataclass(frozen=True)
+class PowerSection:
+    """Power-aware sampling (apps/daemon/power.py): on a low battery, a hot device or a power budget exceeded,
+    sample fewer frames and skip static pairs more eagerly; back to normal when the conditions clear."""
+
+    enabled: bool = False
+    battery_low_pct: float = 20.0      # save below this charge while discharging (sysfs power_supply)
+    hot_c: float = 85.0                # save above this temperature in any thermal zone (sysfs thermal)
+    budget_w: float | None = None      # save above this board power (the monitor's reading; null: no budget)
+    save_fps_factor: float = 0.5       # video.fps x this while saving
+    save_skip_threshold: float = 32.0  # video.skip_static threshold while saving (grey levels; skipping turned on)
+    check_s: float = 5.0               # how often the conditions are read
+    sysfs: str = "/sys/class"          # where power_supply/ and thermal/ are (tests point it at a fake tree)
+
+    def validate(self, at: str) -> None:
+        if not 0 < self.save_fps_factor <= 1:
+            raise ConfigError(f"{at}.save_fps_factor: in (0, 1], got {self.save_fps_factor}")
+        if not 0 <= self.battery_low_pct <= 100:
+            raise ConfigError(f"{at}.battery_low_pct: a percentage, got {self.battery_low_pct}")
+        if self.budget_w is not None and not self.budget_w > 0:
+            raise ConfigError(f"{at}.budget_w: must be > 0 watts or null, got {self.budget_w}")
+        if not self.check_s > 0:
+            raise ConfigError(f"{at}.check_s: must be > 0, got {self.check_s}")
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -480,6 +505,7 @@ class EdgeKVConfig:
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
     alerts: AlertsSection = field(default_factory=AlertsSection)
     escalate: EscalateSection = field(default_factory=EscalateSection)
+    power: PowerSection = field(default_factory=PowerSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":

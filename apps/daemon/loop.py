@@ -114,6 +114,11 @@ class Daemon:
         self.voice = None
         self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
         self.push_to_talk = None  # PushToTalk: voice.trigger: push_to_talk
+        self.power = None  # PowerPolicy: power-aware sampling (power: in the YAML)
+        self._skipper_before_saving = None
+        self.paused: str | None = None  # why ingest is paused (privacy switch), None while it runs
+        self._paused_at: float | None = None
+        self._resume_offset = 0.0  # added to a reopened source's timestamps: stream time goes on after a pause
         self.spoken: list[str] = []  # --voice-wav: the file's questions, asked on --ask's schedule
         self.watchdog: Watchdog | None = None
         self.started = time.monotonic()
@@ -261,6 +266,10 @@ class Daemon:
                  f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
                  f"{' (every frame by timestamp)' if deterministic else ''}")
         self._start_alerts()
+        if cfg.power.enabled:
+            from edgekv.apps.daemon.power import PowerPolicy
+
+            self.power = PowerPolicy(cfg.power, power_w=lambda: self.monitor.snapshot().get("power_w"))
         if cfg.escalate.url is not None:
             from edgekv.apps.outputs.escalate import Escalator
 
@@ -338,6 +347,13 @@ class Daemon:
             self._wake.clear()
             self.heartbeat.beat()
             self._on_loop_tick()
+            if self.power is not None:
+                self._check_power()
+            if self.paused is not None:
+                self._wake.wait(0.25)
+                if self._question_waiting():
+                    self._answer_next(jumped_ahead=False)  # paused: questions are answered about what was seen
+                continue
             self._update_collector(answering=False)
             if self._ingesting() and self._collector is None and not len(self.backlog):
                 self._pull(timeout=0.0)
@@ -358,6 +374,67 @@ class Daemon:
             else:
                 self._wake.wait(0.25)
         self._stop_collector()
+
+    # ------------------------------------------------------------------ power and privacy
+    def _check_power(self) -> None:
+        change = self.power.check()
+        if change is None or self.sampler is None:
+            return
+        from edgekv.frameskip import StaticPairSkipper
+
+        cfg = self.config
+        old = self.sampler.fps
+        fps = cfg.video.fps * (cfg.power.save_fps_factor if change else 1.0)
+        with self.lock:
+            self.sampler.set_fps(fps)
+            ingest = self.session.ingestor
+            if change:
+                self._skipper_before_saving = ingest.skipper
+                ingest.skipper = StaticPairSkipper(cfg.power.save_skip_threshold, cfg.video.skip_static.max_gap_pairs)
+            else:
+                ingest.skipper = self._skipper_before_saving
+        why = "; ".join(self.power.reasons) if change else "conditions cleared"
+        self.say(f"power: {'saving' if change else 'normal'} ({why}): video.fps {old:g} -> {fps:g}, skipping static "
+                 f"pairs {'at ' + format(cfg.power.save_skip_threshold, 'g') + ' grey levels' if change else 'as configured'}")
+
+    def pause(self, reason: str = "privacy switch") -> bool:
+        """Stop ingest and release the camera until ``resume``; questions are still answered about what was seen.
+        False if already paused."""
+        with self._submit_lock:
+            if self.paused is not None or self.sampler is None:
+                return False
+            self.paused, self._paused_at = reason, time.monotonic()
+        self._stop_collector()
+        self.sampler.close()  # the capture thread ends and the source (the camera) is closed
+        self.backlog.clear()
+        self.say(f"paused ({reason}): the camera is released; nothing is seen until resumed")
+        self._wake.set()
+        return True
+
+    def resume(self) -> bool:
+        """Reopen the source and go on; the stream's time continues after the pause (a gap in the video)."""
+        from edgekv.video.capture import Backoff, CaptureThread, Sampler
+
+        with self._submit_lock:
+            if self.paused is None:
+                return False
+            cfg = self.config
+            self._spec, self._source = open_video_source(cfg)
+            last = self.session.clock.last_t
+            if last is not None:
+                self._resume_offset = last + (time.monotonic() - self._paused_at) - self.state.stream_time(0.0) + 1e-6
+            deterministic = not self._spec.live and not self.options.realtime
+            base, most = cfg.video.reconnect_backoff_s
+            capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
+            self.sampler = Sampler(capture.start(), self.sampler.fps)
+            paused_for = time.monotonic() - self._paused_at
+            self.paused = self._paused_at = None
+        self.say(f"resumed after {paused_for:.0f} s paused")
+        self._wake.set()
+        return True
+
+    def _stream_time(self, t: float) -> float:
+        return self.state.stream_time(t) + self._resume_offset
 
     def _frame_waiting(self) -> bool:
         """A frame is there to ingest: in the backlog, or (a recorded source read losslessly) always
@@ -462,7 +539,7 @@ class Daemon:
         started = time.perf_counter()
         try:
             with self.lock:
-                result = self.session.ingest(frame, t=self.state.stream_time(t))
+                result = self.session.ingest(frame, t=self._stream_time(t))
             if self.quiz is not None:
                 self.quiz.saw(t)
         except ValueError as exc:
@@ -485,7 +562,7 @@ class Daemon:
         if result.pair_index is None:
             return
         if self.alerts is not None:
-            self.alerts.keyframes.add(result.pair_index, frame, self.state.stream_time(t))
+            self.alerts.keyframes.add(result.pair_index, frame, self._stream_time(t))
             waiting = {state.id for state in self._probes}
             self._probes.extend(s for s in self.alerts.due(result.pair_index) if s.id not in waiting)
         if not self.options.quiet:
@@ -654,6 +731,8 @@ class Daemon:
         about what was seen, ingests nothing) or ``stopping``."""
         if self.stop or self._closed:
             return "stopping"
+        if self.paused is not None:
+            return "paused"
         if not self.ready.is_set() or self.sampler is None:
             return "starting"
         if self._stream_end is not None:

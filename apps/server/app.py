@@ -12,6 +12,7 @@
     POST /v1/edgekv/logout                                                                                  (page)
     POST|GET /v1/alerts, DELETE /v1/alerts/{id}, GET /v1/alerts/stream (SSE), /v1/alerts/events   (alerts)
     POST /v1/voice/talk         the push-to-talk button                                                  (voice)
+    POST /v1/privacy/pause|resume, GET /v1/privacy: the privacy switch                                    (privacy)
 
 Binds 127.0.0.1 by default. Before any handler runs, ``guard`` checks Host (DNS rebinding), Origin
 (cross-site pages), the token (``server.token`` or the env var ``server.token_env``; a bearer header or the
@@ -41,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from edgekv.apps.questions import Question
-from edgekv.apps.server import alerts, chat, info, page, voice
+from edgekv.apps.server import alerts, chat, info, page, privacy, voice
 from edgekv.apps.server.api import Api, error_response
 from edgekv.apps.server.guard import AccessPolicy, ConnectionLimits, GuardedH11Protocol, RequestGuard, is_loopback
 from edgekv.apps.server.openai_chat import ApiError, ChatLimits, safe_text
@@ -95,7 +96,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
                for name in ("index.html", "login.html")})
     app = FastAPI(title="edgekv", version=_version(), docs_url=None, redoc_url=None, responses=COMMON_RESPONSES)
     _install_error_handlers(app)
-    for routes in (info.router(api), page.router(api), chat.router(api), alerts.router(api), voice.router(api)):
+    for routes in (info.router(api), page.router(api), chat.router(api), alerts.router(api), voice.router(api),
+                   privacy.router(api)):
         app.include_router(routes)
     return RequestGuard(app, api.policy)
 
