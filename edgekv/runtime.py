@@ -89,8 +89,10 @@ class Runtime:
         model = {"path": str(model_dir), **overrides.pop("model", {})}
         return cls(EdgeKVConfig().with_overrides(model=model, **overrides))
 
-    def session(self) -> StreamSession:
-        return StreamSession(self)
+    def session(self, archive: bool = True) -> StreamSession:
+        """A new stream session with its own capped cache (``archive=False``: without the configured archive,
+        e.g. a session that answers about a request's images)."""
+        return StreamSession(self, archive=archive)
 
     def restore(self, path: str | Path) -> StreamSession:
         """A session resumed from a snapshot written by ``StreamSession.save`` (edgekv/state.py).

@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "soak": ("hours-long stream: RSS, cache bytes, fps and errors over time", _lazy("soak", "add_soak_arguments")),
         "state": ("snapshot write/read ms and bytes at the 3B cache shape", _lazy("state", "add_state_arguments")),
         "api": ("ingest rate and /healthz latency under 50 concurrent chats", _lazy("api", "add_api_arguments")),
+        "alerts": ("standing questions: alert precision/recall on the toy, one evaluation's cost at the 3B shape",
+                   _lazy("alerts", "add_alerts_arguments")),
         "keepalive": ("/healthz and chat latency on one kept-alive connection against fresh ones",
                       _lazy("keepalive", "add_keepalive_arguments")),
         "archive": ("recall from the archive: toy accuracy beyond the cap, 3B-shape latency, ingest overhead",

@@ -21,6 +21,9 @@ def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ask-every", type=int, default=0, metavar="N", help="ask the --ask questions every N frame pairs")
     group.add_argument("--voice-wav", metavar="FILE", help="ask the questions spoken in this audio file (any WAV format and rate), like --ask: "
                             "when the stream ends, or every --ask-every pairs")
+    group.add_argument("--speak-wav", metavar="FILE",
+                       help="speak the answers into this WAV file (voice.speak, e.g. for a headless test) instead of "
+                            "the audio device")
     group.add_argument("--max-frames", type=int, metavar="N",
                        help="ingest N frames, answer the --ask questions, then exit (one-shot)")
     group.add_argument("--exit-at-end", action="store_true",

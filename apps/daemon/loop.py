@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import queue
 import sys
@@ -74,6 +75,7 @@ class DaemonOptions:
     no_stdin: bool = False
     quiet: bool = False
     voice_wav: str | None = None
+    speak_wav: str | None = None
     quiz: int = 0
 
     @classmethod
@@ -110,6 +112,13 @@ class Daemon:
         self.monitor = None
         self.server = None
         self.voice = None
+        self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
+        self.push_to_talk = None  # PushToTalk: voice.trigger: push_to_talk
+        self.power = None  # PowerPolicy: power-aware sampling (power: in the YAML)
+        self._skipper_before_saving = None
+        self.paused: str | None = None  # why ingest is paused (privacy switch), None while it runs
+        self._paused_at: float | None = None
+        self._resume_offset = 0.0  # added to a reopened source's timestamps: stream time goes on after a pause
         self.spoken: list[str] = []  # --voice-wav: the file's questions, asked on --ask's schedule
         self.watchdog: Watchdog | None = None
         self.started = time.monotonic()
@@ -130,6 +139,12 @@ class Daemon:
         self._ingest_s_per_frame: float | None = None  # moving average (what the machine can sustain)
         self._collector: Collector | None = None
         self.quiz: Quiz | None = None  # --quiz: ground-truth questions about a synthetic:events stream
+        self.alerts = None  # AlertEngine: standing questions (alerts: in the YAML, /v1/alerts)
+        self.escalator = None  # Escalator: hard questions to a bigger model (escalate: in the YAML)
+        self.image_session = None  # answers questions that carry images (server.image_requests)
+        self.alert_bus = None
+        self.webhooks: list = []
+        self._probes: deque = deque()  # standing questions due for an evaluation
         from edgekv.state import StateKeeper  # imports torch: only once a daemon is made, not for --help
 
         self.state = StateKeeper(config.state, say=self.say)  # persistent memory (state: in the YAML)
@@ -250,11 +265,41 @@ class Daemon:
         self.say(f"source {printable(str(cfg.video.source))} ({'live' if self._spec.live else 'recorded'}"
                  f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
                  f"{' (every frame by timestamp)' if deterministic else ''}")
+        self._start_alerts()
+        if cfg.power.enabled:
+            from edgekv.apps.daemon.power import PowerPolicy
+
+            self.power = PowerPolicy(cfg.power, power_w=lambda: self.monitor.snapshot().get("power_w"))
+        if cfg.escalate.url is not None:
+            from edgekv.apps.outputs.escalate import Escalator
+
+            self.escalator = Escalator(cfg.escalate, done=self._escalated).start()
+            self.say(f"hard questions escalate to {cfg.escalate.model} at {cfg.escalate.url}")
+        if cfg.server.image_requests:
+            self.image_session = runtime.session(archive=False)
+            self.say("questions with images are answered in a second session "
+                     f"({self.image_session.cache.capacity_bytes / 2**20:.2f} MiB allocated once)")
         self._start_inputs()
         notify_systemd("READY=1")
         self.watchdog = Watchdog.from_environment(self.heartbeat)
         if self.watchdog is not None:
             self.watchdog.start()
+
+    def _start_alerts(self) -> None:
+        """Standing questions and their outputs (apps/outputs/): always on, so the API can add rules."""
+        from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing
+        from edgekv.apps.outputs.webhooks import WebhookSender
+
+        section = self.config.alerts
+        self.alert_bus = AlertBus()
+        self.alerts = AlertEngine(section.rules, self.alert_bus, KeyframeRing(section.keyframe_pairs))
+        for url in section.webhooks:
+            sender = WebhookSender(url, section.webhook_timeout_s, section.webhook_retries, section.queue).start()
+            self.webhooks.append(sender)
+            self.alert_bus.add(sender)
+        if section.rules:
+            self.say(f"standing questions: {len(section.rules)} ("
+                     + "; ".join(printable(rule.question) for rule in section.rules) + ")")
 
     def _start_inputs(self) -> None:
         cfg = self.config
@@ -270,6 +315,19 @@ class Daemon:
         if not self.options.no_stdin and sys.stdin is not None and not sys.stdin.closed:
             self._stdin_reader = threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True)
             self._stdin_reader.start()
+        if cfg.voice.speak.enabled or self.options.speak_wav:
+            from edgekv.apps.voice.speak import DeviceOutput, Speaker, WavOutput, make_engine
+
+            engine = make_engine(cfg.voice.speak)
+            output = (WavOutput(self.options.speak_wav) if self.options.speak_wav
+                      else DeviceOutput(cfg.voice.speak.output_device))
+            self.speaker = Speaker(engine, output).start()
+            where = self.options.speak_wav or "the audio device"
+            self.say(f"answers to {', '.join(cfg.voice.speak.sources)} questions are spoken ({engine.name}, to {where})")
+        if cfg.voice.enabled and cfg.voice.trigger == "push_to_talk":
+            from edgekv.apps.voice.listen import PushToTalk
+
+            self.push_to_talk = PushToTalk(cfg.voice.push_to_talk).start()
         if cfg.voice.enabled or self.options.voice_wav:
             from edgekv.apps.voice.listen import Transcriber, VoiceLoop, questions_in_wav
 
@@ -289,6 +347,13 @@ class Daemon:
             self._wake.clear()
             self.heartbeat.beat()
             self._on_loop_tick()
+            if self.power is not None:
+                self._check_power()
+            if self.paused is not None:
+                self._wake.wait(0.25)
+                if self._question_waiting():
+                    self._answer_next(jumped_ahead=False)  # paused: questions are answered about what was seen
+                continue
             self._update_collector(answering=False)
             if self._ingesting() and self._collector is None and not len(self.backlog):
                 self._pull(timeout=0.0)
@@ -309,6 +374,67 @@ class Daemon:
             else:
                 self._wake.wait(0.25)
         self._stop_collector()
+
+    # ------------------------------------------------------------------ power and privacy
+    def _check_power(self) -> None:
+        change = self.power.check()
+        if change is None or self.sampler is None:
+            return
+        from edgekv.frameskip import StaticPairSkipper
+
+        cfg = self.config
+        old = self.sampler.fps
+        fps = cfg.video.fps * (cfg.power.save_fps_factor if change else 1.0)
+        with self.lock:
+            self.sampler.set_fps(fps)
+            ingest = self.session.ingestor
+            if change:
+                self._skipper_before_saving = ingest.skipper
+                ingest.skipper = StaticPairSkipper(cfg.power.save_skip_threshold, cfg.video.skip_static.max_gap_pairs)
+            else:
+                ingest.skipper = self._skipper_before_saving
+        why = "; ".join(self.power.reasons) if change else "conditions cleared"
+        self.say(f"power: {'saving' if change else 'normal'} ({why}): video.fps {old:g} -> {fps:g}, skipping static "
+                 f"pairs {'at ' + format(cfg.power.save_skip_threshold, 'g') + ' grey levels' if change else 'as configured'}")
+
+    def pause(self, reason: str = "privacy switch") -> bool:
+        """Stop ingest and release the camera until ``resume``; questions are still answered about what was seen.
+        False if already paused."""
+        with self._submit_lock:
+            if self.paused is not None or self.sampler is None:
+                return False
+            self.paused, self._paused_at = reason, time.monotonic()
+        self._stop_collector()
+        self.sampler.close()  # the capture thread ends and the source (the camera) is closed
+        self.backlog.clear()
+        self.say(f"paused ({reason}): the camera is released; nothing is seen until resumed")
+        self._wake.set()
+        return True
+
+    def resume(self) -> bool:
+        """Reopen the source and go on; the stream's time continues after the pause (a gap in the video)."""
+        from edgekv.video.capture import Backoff, CaptureThread, Sampler
+
+        with self._submit_lock:
+            if self.paused is None:
+                return False
+            cfg = self.config
+            self._spec, self._source = open_video_source(cfg)
+            last = self.session.clock.last_t
+            if last is not None:
+                self._resume_offset = last + (time.monotonic() - self._paused_at) - self.state.stream_time(0.0) + 1e-6
+            deterministic = not self._spec.live and not self.options.realtime
+            base, most = cfg.video.reconnect_backoff_s
+            capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
+            self.sampler = Sampler(capture.start(), self.sampler.fps)
+            paused_for = time.monotonic() - self._paused_at
+            self.paused = self._paused_at = None
+        self.say(f"resumed after {paused_for:.0f} s paused")
+        self._wake.set()
+        return True
+
+    def _stream_time(self, t: float) -> float:
+        return self.state.stream_time(t) + self._resume_offset
 
     def _frame_waiting(self) -> bool:
         """A frame is there to ingest: in the backlog, or (a recorded source read losslessly) always
@@ -346,7 +472,7 @@ class Daemon:
         return average is None or average * video.fps < video.min_ingest_share
 
     def _question_waiting(self) -> bool:
-        return bool(self._scheduled) or not self.questions.empty()
+        return bool(self._scheduled) or bool(self._probes) or not self.questions.empty()
 
     def _pull(self, timeout: float) -> None:
         """Move the next sampled frame (if one is due) into the backlog; notice the end of the source."""
@@ -413,7 +539,7 @@ class Daemon:
         started = time.perf_counter()
         try:
             with self.lock:
-                result = self.session.ingest(frame, t=self.state.stream_time(t))
+                result = self.session.ingest(frame, t=self._stream_time(t))
             if self.quiz is not None:
                 self.quiz.saw(t)
         except ValueError as exc:
@@ -435,6 +561,10 @@ class Daemon:
             self.server.pair_ingested(result)
         if result.pair_index is None:
             return
+        if self.alerts is not None:
+            self.alerts.keyframes.add(result.pair_index, frame, self._stream_time(t))
+            waiting = {state.id for state in self._probes}
+            self._probes.extend(s for s in self.alerts.due(result.pair_index) if s.id not in waiting)
         if not self.options.quiet:
             self.say(format_pair(result, self.session.stats()))
         every = self.options.ask_every
@@ -448,43 +578,139 @@ class Daemon:
                 + [Question(text, source="voice") for text in self.spoken])
 
     def _answer_next(self, jumped_ahead: bool) -> None:
-        question = self._scheduled.popleft() if self._scheduled else self.questions.get_nowait()
+        """One answer step: a command-line question, else a standing question's evaluation (short, and late
+        if it waits), else the next question from the API, stdin or voice."""
         self._update_collector(answering=True)
         started = time.perf_counter()
-        self._answer(question)
+        if not self._scheduled and self._probes:
+            self._evaluate(self._probes.popleft())
+        else:
+            self._answer(self._scheduled.popleft() if self._scheduled else self.questions.get_nowait())
         self.fair.answered(time.perf_counter() - started, jumped_ahead)
+
+    def _evaluate(self, rule) -> None:
+        if rule.id not in self.alerts.rules:
+            return  # deleted while it waited
+        try:
+            with self.lock:
+                event = self.alerts.evaluate(rule, self.session, self.session.counters.frame_pairs - 1)
+        except Exception as exc:  # a rule that cannot be evaluated must not stop the stream
+            log.warning("standing question %r not evaluated: %s", rule.name, printable(str(exc)))
+            return
+        self.heartbeat.beat()
+        if event is not None:
+            self.say(f"ALERT [{printable(event.name)}]: yes (P {event.p_yes:.2f}) at t={event.stream_t} s; "
+                     f"evidence: {event.keyframe_note}")
 
     def _answer(self, question: Question) -> None:
         user_on_token = question.on_token
+        # an escalated streamed answer sends the remote's text, not the local tokens
+        quiet = question.stream and question.escalate is True and self.escalator is not None
 
         def on_token(token: int) -> None:
             if self.stop:
                 raise AnswerCancelled
             self.heartbeat.beat()
-            if callable(user_on_token):
+            if callable(user_on_token) and not quiet:
                 user_on_token(token)
 
+        speech = None
+        if self.speaker is not None and self._speaks(question) and not quiet:
+            from edgekv.apps.voice.speak import TokenSpeech
+
+            speech = TokenSpeech(self.session.tokenizer, self.speaker, question.id, question.asked_at)
+            voiced = on_token
+
+            def on_token(token: int) -> None:  # noqa: F811 - the same callback, also spoken
+                voiced(token)
+                speech.on_token(token)
+
         self._current = question
+        deferred = False
         try:
+            evidence = self.config.escalate.keyframes if self.escalator is not None else 0
             with self.lock:
-                question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
-                                                   temperature=question.temperature, top_p=question.top_p,
-                                                   seed=question.seed, on_token=on_token, recall=question.recall)
+                if question.images:
+                    question.answer = self._answer_images(question, on_token)
+                else:
+                    question.answer = self.session.ask(
+                        question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
+                        top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
+                        evidence=evidence)
+            if speech is not None:
+                speech.finish(question.answer.text)
+            deferred = not question.images and self._escalate(question)
         except AnswerCancelled:
             question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
         except Exception as exc:  # a bad question must not stop the stream; the asker gets the error
             question.error = exc
         finally:
             self._current = None
-            question.answered_at = time.time()
-            self._record(question)
-            self.say(format_answer(question))
-            if self.quiz is not None and question.source == "quiz":
-                self.say(self.quiz.grade(question))
-            question.done.set()
+            if not deferred:
+                self._finish(question)
+        self.monitor.count_tokens(self.session.counters.answer_tokens)
+
+    def _finish(self, question: Question) -> None:
+        """The question is answered (or refused): record it, print it, wake whoever waits for it."""
+        question.answered_at = time.time()
+        self._record(question)
+        self.say(format_answer(question))
+        if self.quiz is not None and question.source == "quiz":
+            self.say(self.quiz.grade(question))
+        question.done.set()
         if self.server is not None:
             self.server.question_answered(question)
-        self.monitor.count_tokens(self.session.counters.answer_tokens)
+        answer = question.answer
+        if self.speaker is not None and answer is not None and answer.escalated and self._speaks(question):
+            self.speaker.say(answer.text, question.id, question.asked_at)  # the remote's answer, spoken whole
+
+    def _speaks(self, question: Question) -> bool:
+        sources = self.config.voice.speak.sources
+        return "all" in sources or question.source in sources
+
+    def _escalate(self, question: Question) -> bool:
+        """Hand the question to the escalation server when it should go there; True if it went (the
+        escalator finishes it)."""
+        if self.escalator is None:
+            return False
+        reason = self.escalator.reason(question, question.answer, question.stream)
+        if reason is None:
+            return False
+        from edgekv.apps.outputs.escalate import Escalation
+
+        keyframes = []
+        for pair in question.answer.evidence or (None,):
+            jpeg, _ = self.alerts.keyframes.jpeg(pair)
+            if jpeg is not None and jpeg not in keyframes:
+                keyframes.append(jpeg)
+        if self.escalator.submit(Escalation(question, keyframes, reason)):
+            return True
+        question.answer = dataclasses.replace(question.answer, escalation_note=(
+            f"not escalated: {self.config.escalate.queue} escalations already wait (escalate.queue)"))
+        return False
+
+    def _escalated(self, question: Question) -> None:  # the escalator's thread
+        self._finish(question)
+
+    def _answer_images(self, question: Question, on_token):
+        """A question about the images it carries (server.image_requests): the second session, emptied, gets
+        each image as a frame pair, then the question."""
+        import cv2
+        import numpy as np
+
+        if self.image_session is None:
+            raise ValueError("this server does not take images (server.image_requests: false)")
+        session = self.image_session
+        session.reset()
+        step = 1.0 / self.config.video.fps
+        for index, data in enumerate(question.images):
+            frame = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+            if frame is None:
+                raise ValueError(f"image {index + 1} of the question is not a readable JPEG or PNG")
+            for copy in range(2):  # an image is a frame pair of two equal frames (Qwen2.5-VL's own rule)
+                session.ingest(frame, t=(2 * index + copy) * step)
+        return session.ask(question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
+                           top_p=question.top_p, seed=question.seed, on_token=on_token)
 
     def _record(self, question: Question) -> None:
         answer = question.answer
@@ -505,6 +731,8 @@ class Daemon:
         about what was seen, ingests nothing) or ``stopping``."""
         if self.stop or self._closed:
             return "stopping"
+        if self.paused is not None:
+            return "paused"
         if not self.ready.is_set() or self.sampler is None:
             return "starting"
         if self._stream_end is not None:
@@ -590,7 +818,10 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [("voice", self.voice, lambda v: v.stop()), 
+        parts = [("speaker", self.speaker, lambda s: s.close()), ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
+                 *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
+                 ("escalator", self.escalator, lambda e: e.stop()),
+                 ("voice", self.voice, lambda v: v.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
                  ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
         for name, part, stop in parts:
@@ -634,6 +865,12 @@ class Daemon:
                          f"{self.fair.ingest_s:.1f} s, answering {self.fair.answer_s:.1f} s")
         if self.quiz is not None and self.quiz.graded:
             lines.append(self.quiz.score())
+        if self.speaker is not None:
+            waits = sorted(self.speaker.first_audio_s.values())
+            first = (f"time to first audio after the question: median {1e3 * waits[len(waits) // 2]:.0f} ms, "
+                     f"max {1e3 * waits[-1]:.0f} ms over {len(waits)} answer(s)") if waits else "nothing spoken"
+            lines.append(f"speech: {self.speaker.sentences} sentence(s) spoken by {self.speaker.engine.name}, "
+                         f"{self.speaker.interrupted} barge-in(s); {first}")
         return "\n".join(lines)
 
 

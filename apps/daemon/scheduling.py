@@ -112,6 +112,12 @@ class FrameBacklog:
         self.frames_kept = 0
         self.peak_frames = 0
 
+    def clear(self) -> None:
+        """Drop every waiting frame (the privacy switch: nothing seen while paused is kept)."""
+        with self._lock:
+            self._frames.clear()
+            self._bytes = 0
+
     def __len__(self) -> int:
         return len(self._frames)
 

@@ -10,6 +10,9 @@
     GET  /                      status page (a login form first when a token is set)                      (page)
     POST /v1/edgekv/login       {"token": ...} -> session cookie for the page (HttpOnly, SameSite=Strict)  (page)
     POST /v1/edgekv/logout                                                                                  (page)
+    POST|GET /v1/alerts, DELETE /v1/alerts/{id}, GET /v1/alerts/stream (SSE), /v1/alerts/events   (alerts)
+    POST /v1/voice/talk         the push-to-talk button                                                  (voice)
+    POST /v1/privacy/pause|resume, GET /v1/privacy: the privacy switch                                    (privacy)
 
 Binds 127.0.0.1 by default. Before any handler runs, ``guard`` checks Host (DNS rebinding), Origin
 (cross-site pages), the token (``server.token`` or the env var ``server.token_env``; a bearer header or the
@@ -39,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from edgekv.apps.questions import Question
-from edgekv.apps.server import chat, info, page
+from edgekv.apps.server import alerts, chat, info, page, privacy, voice
 from edgekv.apps.server.api import Api, error_response
 from edgekv.apps.server.guard import AccessPolicy, ConnectionLimits, GuardedH11Protocol, RequestGuard, is_loopback
 from edgekv.apps.server.openai_chat import ApiError, ChatLimits, safe_text
@@ -87,12 +90,14 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     token = cfg.token or os.environ.get(cfg.token_env) or None
     api = Api(daemon, telemetry,
               AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes, cfg.metrics_public),
-              ChatLimits(served_model_names(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens),
+              ChatLimits(served_model_names(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens,
+                         images=cfg.image_requests),
               {name: resources.files("edgekv.apps.server").joinpath(f"static/{name}").read_text()
                for name in ("index.html", "login.html")})
     app = FastAPI(title="edgekv", version=_version(), docs_url=None, redoc_url=None, responses=COMMON_RESPONSES)
     _install_error_handlers(app)
-    for routes in (info.router(api), page.router(api), chat.router(api)):
+    for routes in (info.router(api), page.router(api), chat.router(api), alerts.router(api), voice.router(api),
+                   privacy.router(api)):
         app.include_router(routes)
     return RequestGuard(app, api.policy)
 

@@ -57,6 +57,7 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Respon
                         top_p=params.top_p, on_token=handoff.on_token, source="http", done=handoff.done)
     question.seed = params.seed
     question.recall = params.recall
+    question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
     submit(daemon, question)
     first = await handoff.next()
     if first is _DONE and question.error is not None:
@@ -74,14 +75,24 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Respon
     if question.error is not None:
         raise answer_error(question.error)
     answer = question.answer
-    content = text.sent + text.finish(answer.text) if params.stop else answer.text
+    escalated = answer.escalated is not None
+    content = text.sent + text.finish(answer.text) if params.stop and not escalated else answer.text
     return JsonResponse({
-        "id": completion_id, "object": "chat.completion", "created": created, "model": model_id,
+        "id": completion_id, "object": "chat.completion", "created": created,
+        "model": answer.escalated if escalated else model_id,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": text.finish_reason(answer), "logprobs": None}],
+                     "finish_reason": "stop" if escalated else text.finish_reason(answer), "logprobs": None}],
         "usage": _usage(answer, text.completion_tokens(answer)),
-        "edgekv": {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens},
+        "edgekv": _extension(answer),
     })
+
+
+def _extension(answer: Any) -> dict:
+    """edgekv's own figures beside an OpenAI answer: speed, confidence, and escalation."""
+    return {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens,
+            "confidence": answer.confidence, "evidence_pairs": list(answer.evidence),
+            "escalated": answer.escalated is not None, "escalated_model": answer.escalated,
+            "escalation_note": answer.escalation_note}
 
 
 _DONE = object()

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 MAX_JSON_DEPTH = 32  # containers inside containers; a chat request needs 4
@@ -23,6 +23,8 @@ MAX_JSON_DEPTH = 32  # containers inside containers; a chat request needs 4
 # division by a temperature near 1e-38 gives inf and NaN probabilities (found by the fuzz).
 GREEDY_BELOW = 1e-6
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_IMAGES = 16
+MAX_IMAGE_URL = 16 * 2**20
 SEED_RANGE = (-(2**63), 2**63 - 1)
 TEXT_PART_TYPES = ("text", "input_text")
 MEDIA_PART_TYPES = ("image_url", "input_image", "video_url", "input_audio", "file", "audio_url")
@@ -150,22 +152,65 @@ class TextPart(BaseModel):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in MEDIA_PART_TYPES:
             raise PydanticCustomError("unsupported_content", f"{kind} parts are not accepted: this server answers "
-                                      "about its live camera, send text only")
+                                      "about its live camera, send text (or images as image_url data: URLs to a "
+                                      "server with server.image_requests: true)")
         if kind not in TEXT_PART_TYPES or set(part) != {"type", "text"} or not isinstance(part["text"], str):
             raise PydanticCustomError("text_part", f'expected {{"type": "text", "text": "..."}}, got {describe(part)}')
         return part
 
 
+class ImageUrl(BaseModel):
+    model_config = STRICT
+    url: str = Field(max_length=MAX_IMAGE_URL)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(BaseModel):
+    """An image as OpenAI sends it: ``{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,..."}}``.
+    Only ``data:`` URLs: a device never fetches what a request points at."""
+
+    model_config = STRICT
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+    def decoded(self) -> bytes:
+        url = self.image_url.url
+        head, _, data = url.partition(",")
+        if not head.startswith("data:image/") or not head.endswith(";base64") or not data:
+            raise PydanticCustomError("unsupported_content", "image_url: only data:image/...;base64, URLs are "
+                                      "accepted (nothing is fetched from the network)")
+        import base64
+        import binascii
+
+        try:
+            return base64.b64decode(data, validate=True)
+        except binascii.Error:
+            raise PydanticCustomError("invalid_image", "image_url: the data: URL is not valid base64") from None
+
+
+def _part_kind(part: Any) -> str:
+    return "ImagePart" if isinstance(part, dict) and part.get("type") == "image_url" else "TextPart"
+
+
+Part = Annotated[Annotated[TextPart, Tag("TextPart")] | Annotated[ImagePart, Tag("ImagePart")],
+                 Discriminator(_part_kind)]
+
+
 class Message(BaseModel):
     model_config = STRICT
     role: Literal[ROLES]
-    content: str | list[TextPart] | None = Field(...)
+    content: str | list[Part] | None = Field(...)
     name: str | None = None
 
     def text(self) -> str | None:
         if self.content is None or isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def images(self) -> list[tuple[int, ImagePart]]:
+        if not isinstance(self.content, list):
+            return []
+        return [(index, part) for index, part in enumerate(self.content) if isinstance(part, ImagePart)]
 
 
 class StreamOptions(BaseModel):
@@ -191,6 +236,8 @@ class ChatCompletionRequest(BaseModel):
     stop: NonEmpty | Annotated[list[NonEmpty], Field(min_length=1, max_length=MAX_STOP_STRINGS)] | None = None
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     recall: bool | None = Field(None, description="edgekv: recall archived frame pairs first (null: archive.recall)")
+    escalate: bool | None = Field(None, description="edgekv: send the question and the most relevant keyframes to "
+                                                    "the escalation server (escalate: in the config)")
     # accepted and ignored: they change nothing about an answer
     user: str | None = None
     store: bool | None = None
@@ -227,6 +274,8 @@ class ChatRequest:
     stop: tuple[str, ...]
     seed: int | None
     recall: bool | None = None  # edgekv extension: recall archived frame pairs (null: archive.recall)
+    escalate: bool | None = None  # edgekv extension: ask the escalation server (null: by confidence)
+    images: tuple[bytes, ...] = ()  # encoded images of the question (server.image_requests)
 
 
 @dataclass(frozen=True)
@@ -234,6 +283,7 @@ class ChatLimits:
     served_models: tuple[str, ...]  # the first is the name answers carry; any is accepted in a request
     max_new_tokens: int  # server.max_new_tokens: the most a request may ask for
     default_new_tokens: int  # generation.max_new_tokens: when the request does not say
+    images: bool = False  # server.image_requests: questions may carry images (answered about those images)
 
 
 def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
@@ -255,6 +305,7 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         raise ApiError(400, f"{name}: must be an integer from 1 to {limits.max_new_tokens} (this server's limit, "
                             f"server.max_new_tokens), got {describe(asked)}", param=name)
     temperature = request.temperature
+    images = _images(request.messages, limits)  # before the question: an image part refused names itself
     return ChatRequest(
         question=_question(request.messages),
         max_new_tokens=asked if asked is not None else min(limits.default_new_tokens, limits.max_new_tokens),
@@ -262,8 +313,29 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         top_p=request.top_p, stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
-        seed=request.seed, recall=request.recall,
+        seed=request.seed, recall=request.recall, escalate=request.escalate, images=images,
     )
+
+
+def _images(messages: list[Message], limits: ChatLimits) -> tuple[bytes, ...]:
+    """The last message's images, decoded (earlier turns' images are refused like their text is unused)."""
+    found = []
+    for i, message in enumerate(messages):
+        for j, part in message.images():
+            at = f"messages[{i}].content[{j}]"
+            if not limits.images:
+                raise ApiError(400, f"{at}: image_url parts are not accepted: this server answers about its live "
+                                    "camera (server.image_requests: false); send text only", param=at,
+                               code="unsupported_content")
+            if i != len(messages) - 1:
+                raise ApiError(400, f"{at}: images are taken from the question (the last message) only", param=at)
+            try:
+                found.append(part.decoded())
+            except PydanticCustomError as exc:
+                raise ApiError(400, f"{at}.{exc.message()}", param=at, code="unsupported_content") from None
+    if len(found) > MAX_IMAGES:
+        raise ApiError(400, f"messages: {len(found)} images; at most {MAX_IMAGES}", param="messages")
+    return tuple(found)
 
 
 def _question(messages: list[Message]) -> str:

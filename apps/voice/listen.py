@@ -110,8 +110,9 @@ class Segmenter:
 
     def __init__(self, detector: Callable[[np.ndarray], float], sample_rate: int = SAMPLE_RATE,
                  threshold: float = 0.5, min_silence_s: float = 0.6, max_utterance_s: float = 15.0,
-                 pre_roll_s: float = 0.2) -> None:
+                 pre_roll_s: float = 0.2, on_start: Callable[[], None] | None = None) -> None:
         self.detector = detector
+        self.on_start = on_start  # called as an utterance starts (barge-in: stop speaking)
         self.sample_rate = sample_rate
         self.threshold = threshold
         self.min_silence = int(min_silence_s * sample_rate)
@@ -131,6 +132,8 @@ class Segmenter:
                 self.current = list(self.pre_roll) + [block]
                 self.pre_roll.clear()
                 self.silence = 0
+                if self.on_start is not None:
+                    self.on_start()
             else:
                 self.pre_roll.append(block)
                 while self.pre_roll and sum(b.size for b in self.pre_roll) > self.pre_roll_samples:
@@ -169,13 +172,77 @@ class Transcriber:
             return " ".join(segment.text.strip() for segment in segments).strip()
 
 
-def utterances(blocks: Iterable[np.ndarray], section) -> Iterator[np.ndarray]:
-    """Every utterance in ``blocks``, segmented by Silero VAD with the ``voice:`` section's settings."""
+def utterances(blocks: Iterable[np.ndarray], section, on_start: Callable[[], None] | None = None,
+               talk: "PushToTalk | None" = None) -> Iterator[np.ndarray]:
+    """Every utterance in ``blocks``, segmented by Silero VAD with the ``voice:`` section's settings.
+
+    With ``talk`` (push-to-talk), only the blocks heard while the button is held count, and releasing it ends
+    the utterance."""
     segmenter = Segmenter(SileroVAD(), section.sample_rate, section.vad_threshold, section.min_silence_s,
-                          section.max_utterance_s)
+                          section.max_utterance_s, on_start=on_start)
+    held = False
     for block in blocks:
+        if talk is not None:
+            now = talk.pressed.is_set()
+            if held and not now:
+                yield from segmenter.flush()
+            held = now
+            if not held:
+                continue
         yield from segmenter.feed(block)
     yield from segmenter.flush()
+
+
+class PushToTalk:
+    """The push-to-talk button (``voice.trigger: push_to_talk``): ``pressed`` is set while it is held.
+
+    ``voice.push_to_talk``: ``http`` (``POST /v1/voice/talk {"pressed": true|false}``), ``file:PATH`` (a GPIO
+    value file such as ``/sys/class/gpio/gpio17/value``, ``1`` = held, polled every 20 ms) or
+    ``gpiod:CHIP:LINE`` (libgpiod's Python binding, v2 API, edge events; written against its documentation and
+    not run here: no GPIO)."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.pressed = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if spec.startswith("file:"):
+            self._thread = threading.Thread(target=self._poll_file, args=(Path(spec[5:]),), daemon=True,
+                                            name="edgekv-ptt")
+        elif spec.startswith("gpiod:"):
+            self._thread = threading.Thread(target=self._gpiod, daemon=True, name="edgekv-ptt")
+
+    def start(self) -> "PushToTalk":
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+
+    def set(self, pressed: bool) -> None:
+        self.pressed.set() if pressed else self.pressed.clear()
+
+    def _poll_file(self, path: Path) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                self.set(path.read_text().strip() == "1")
+            except OSError:
+                self.set(False)
+
+    def _gpiod(self) -> None:  # pragma: no cover - needs a GPIO chip
+        import gpiod
+        from gpiod.line import Direction, Edge
+
+        _, chip, line = self.spec.split(":")
+        with gpiod.request_lines(chip, consumer="edgekv-ptt", config={
+                int(line): gpiod.LineSettings(direction=Direction.INPUT, edge_detection=Edge.BOTH)}) as request:
+            while not self._stop.is_set():
+                if request.wait_edge_events(0.1):
+                    for event in request.read_edge_events():
+                        self.set(event.event_type == event.Type.RISING_EDGE)
 
 
 def questions_in_wav(path: str | Path, transcriber: Transcriber, section) -> list[str]:
@@ -234,8 +301,11 @@ class VoiceLoop:
             yield block
 
     def _run(self) -> None:
+        speaker = getattr(self.daemon, "speaker", None)
         try:
-            for utterance in utterances(self._blocks(), self.section):
+            for utterance in utterances(self._blocks(), self.section,
+                                        on_start=speaker.interrupt if speaker is not None else None,
+                                        talk=getattr(self.daemon, "push_to_talk", None)):
                 self._ask(utterance)
         except Exception:  # a broken microphone must not take the camera daemon down
             log.exception("voice loop stopped")

@@ -5,13 +5,17 @@ cache keeps depends on a question)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
 from edgekv.cache.capped import ChunkMeta, SlotKind
 from edgekv.model.rope import text_position_ids
-from edgekv.session.results import Answer
+from edgekv.session.results import Answer, YesNo
+
+YES_WORDS = ("yes", "Yes", " yes", " Yes")
+NO_WORDS = ("no", "No", " no", " No")
 
 
 class Answerer:
@@ -19,13 +23,82 @@ class Answerer:
 
     def __init__(self, session) -> None:
         self.session = session
+        self._mass: torch.Tensor | None = None  # [layers, kv_heads, M] fp32, allocated at the first probe
+        self._yes_no: tuple[list[int], list[int]] | None = None
+
+    def probe(self, question: str) -> YesNo:
+        """A yes/no question answered by one prefill of its tokens over the cache: P(yes) among the model's
+        yes/no tokens at the first answer position, and the attention mass each kept frame pair drew (summed
+        over layers, KV heads and the question's tokens). No token is decoded and the question's slots are
+        dropped afterwards: the cache is exactly as before (DESIGN invariant 3)."""
+        s = self.session
+        started = time.perf_counter()
+        yes_ids, no_ids = self._yes_no_ids()
+        ids = self.question_ids(question, 1, 0.0, 1.0)
+        video_len = s.cache.length
+        try:
+            with torch.inference_mode():
+                positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
+                hidden = s.prefill(s.embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
+                                   mass_out=self._mass_buffer())
+                logits = s.llm.logits(hidden[-1]).float()
+                both = torch.log_softmax(logits, dim=-1)
+                yes = torch.logsumexp(both[yes_ids], dim=0)
+                no = torch.logsumexp(both[no_ids], dim=0)
+                p_yes = float(torch.sigmoid(yes - no))
+                pair_mass = self._pair_mass(video_len)
+        finally:
+            s.cache.truncate(video_len)
+        s.counters.probes += 1
+        return YesNo(p_yes, pair_mass, (time.perf_counter() - started) * 1e3, len(ids))
+
+    def _mass_buffer(self) -> torch.Tensor:
+        """[layers, kv_heads, M] fp32 attention mass of a question's prefill, allocated at the first use."""
+        if self._mass is None:
+            cache = self.session.cache
+            self._mass = torch.zeros(cache.num_layers, cache.kv_heads, cache.capacity, dtype=torch.float32,
+                                     device=self.session.device)
+        return self._mass
+
+    def _pair_mass(self, video_len: int) -> dict[int, float]:
+        cache = self.session.cache
+        mass = self._mass[:, :, :video_len]
+        vision = cache.kind[:, :, :video_len] == int(SlotKind.VISION)
+        frames = cache.frame[:, :, :video_len][vision].long()
+        if frames.numel() == 0:
+            return {}
+        totals = torch.zeros(int(frames.max()) + 1, dtype=torch.float64, device=mass.device)
+        totals.index_add_(0, frames, mass[vision].double())
+        share = totals / max(float(mass.sum()), 1e-30)
+        present = torch.unique(frames)
+        return {int(pair): float(share[pair]) for pair in present}
+
+    def _yes_no_ids(self) -> tuple[list[int], list[int]]:
+        """The tokens that start a "yes" and a "no" answer in this vocabulary (one token each)."""
+        if self._yes_no is None:
+            tokenizer = self.session.tokenizer
+
+            def single(words: tuple[str, ...]) -> list[int]:
+                ids = {tuple(tokenizer.encode(word)) for word in words}
+                return sorted({i[0] for i in ids if len(i) == 1 and i[0] not in tokenizer.control_ids})
+
+            yes_ids, no_ids = single(YES_WORDS), single(NO_WORDS)
+            if not yes_ids or not no_ids:
+                raise ValueError("this model's tokenizer has no single-token 'yes' and 'no': yes/no probes "
+                                 "(standing questions) need them")
+            self._yes_no = (yes_ids, no_ids)
+        return self._yes_no
 
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
-            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None) -> Answer:
+            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
+            evidence: int = 0) -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
         archived frame pairs the question points at into the retrieval reserve (edgekv/archive/recall.py).
+        ``evidence``: also name the frame pairs the question attended most (at most that many; the question's
+        prefill then records each key's attention mass, as ``probe`` does). ``Answer.confidence`` is the
+        geometric mean of the answer tokens' probabilities under the model (temperature 1).
         """
         s = self.session
         gen = s.config.generation
@@ -40,6 +113,8 @@ class Answerer:
                                 reserved=s.recall_reserve if recall else 0)
         video_len = s.cache.length
         recalled = ()
+        pairs: tuple[int, ...] = ()
+        logprob = 0.0
         generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else seed)
         started = time.perf_counter()
         out: list[int] = []
@@ -51,13 +126,18 @@ class Answerer:
                 if recall:
                     recalled = s.recall.recall(embeds, positions).unique_pairs
                 hidden = s.prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
-                                   visible=self._answer_visible(recall))
+                                   visible=self._answer_visible(recall),
+                                   mass_out=self._mass_buffer() if evidence else None)
+                if evidence:
+                    shares = self._pair_mass(video_len)
+                    pairs = tuple(sorted(shares, key=lambda pair: -shares[pair])[:evidence])
                 position = self.text_start() + len(ids)
                 logits = s.llm.logits(hidden[-1])
                 ttft = None
                 decode_start = time.perf_counter()
                 for step in range(max_new_tokens):
                     token = sample(logits, temperature, top_p, generator)
+                    logprob += float(torch.log_softmax(logits.float(), dim=-1)[token])
                     if ttft is None:
                         ttft = time.perf_counter() - started
                         decode_start = time.perf_counter()
@@ -84,7 +164,10 @@ class Answerer:
         s.counters.answer_tokens += len(out)
         ttft = ttft if ttft is not None else time.perf_counter() - started
         rate = (len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0
-        return Answer(s.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish, recalled)
+        scored = len(out) + (finish == "stop")  # the end-of-turn token is part of the answer's likelihood
+        confidence = math.exp(logprob / scored) if scored else None
+        return Answer(s.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish, recalled, confidence,
+                      pairs)
 
     def text_start(self) -> int:
         """Position of the first text token after the video (``model.text_after_video``).

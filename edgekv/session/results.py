@@ -29,6 +29,29 @@ class Answer:
     video_tokens: int = 0
     finish_reason: str = "stop"  # "stop" (end-of-turn token) or "length" (max_new_tokens)
     recalled: tuple[int, ...] = ()  # archived frame pairs brought back for this answer (edgekv/archive)
+    confidence: float | None = None  # geometric mean of the answer tokens' probabilities (None: no token)
+    evidence: tuple[int, ...] = ()  # frame pairs the question attended most (ask(..., evidence=K))
+    escalated: str | None = None  # the remote model that answered instead (apps/outputs/escalate.py)
+    escalation_note: str | None = None  # why it was (not) escalated
+
+
+@dataclass(frozen=True)
+class YesNo:
+    """A yes/no question's verdict over the cache as it is, with no answer token decoded (``session.probe``):
+    the model's next-token distribution constrained to its "yes" and "no" tokens, and where it looked."""
+
+    p_yes: float             # P(yes) / (P(yes) + P(no)) at the first answer token
+    pair_mass: dict[int, float]  # frame pair -> share of the question's attention its kept tokens drew
+    ms: float
+    prompt_tokens: int = 0
+
+    @property
+    def yes(self) -> bool:
+        return self.p_yes > 0.5
+
+    def top_pairs(self, k: int = 1) -> list[int]:
+        """The ``k`` frame pairs the question attended most (the evidence of the verdict)."""
+        return [pair for pair, _ in sorted(self.pair_mass.items(), key=lambda item: -item[1])[:k]]
 
 
 @dataclass
@@ -45,5 +68,6 @@ class Counters:
     ingest_ms_last: float = 0.0
     questions: int = 0
     answer_tokens: int = 0
+    probes: int = 0          # yes/no probes (standing questions): prefilled, never decoded
     tokens_evicted: int = 0
     extra: dict = field(default_factory=dict)

@@ -38,7 +38,7 @@ from edgekv.session import memory
 from edgekv.session.answer import Answerer
 from edgekv.session.clock import StreamClock
 from edgekv.session.ingest import PairIngest
-from edgekv.session.results import Answer, Counters, IngestResult
+from edgekv.session.results import Answer, Counters, IngestResult, YesNo
 from edgekv.tokenizer import ChatLayout
 
 
@@ -63,7 +63,7 @@ class StreamSession:
     call ``stats()``; it must not wait for another thread that uses this session (that would deadlock).
     """
 
-    def __init__(self, runtime: "Runtime") -> None:  # noqa: F821 - Runtime imports this module
+    def __init__(self, runtime: "Runtime", archive: bool = True) -> None:  # noqa: F821 - Runtime imports this module
         self._lock = threading.RLock()
         self.runtime = runtime
         self.model = runtime.model
@@ -99,7 +99,7 @@ class StreamSession:
         self.sinks = SinkSelector(self.cache, self.sink_budget) if self.sink_budget > 0 else None
         self.counters = Counters()
         self.recall = None  # edgekv.archive.recall.Recall when archive.dir is set
-        if self.config.archive.dir is not None:
+        if archive and self.config.archive.dir is not None:
             from edgekv.archive.recall import Recall
 
             self.recall = Recall(self, self.config.archive)
@@ -116,6 +116,24 @@ class StreamSession:
         with torch.inference_mode():
             positions = text_position_ids(0, self.prefix_tokens).to(self.device)
             self.prefill(self.embed(prefix_ids), positions, ChunkMeta(SlotKind.PREFIX, tpos=positions[0]))
+
+    @_exclusive
+    def reset(self) -> None:
+        """Forget the stream: the cache back to the system prefix (kept: it never changes), counters, clock,
+        positions, the policy's and the sink set's state as at the start. No buffer is allocated or freed
+        except the policy's and sinks' own small state (a session answering about a request's images reuses
+        its cache this way)."""
+        self.cache.truncate(self.prefix_tokens)
+        self.policy = self.runtime.make_policy()
+        if self.sinks is not None:
+            self.sinks.mass.zero_()
+            self.sinks.updates = 0
+        self.counters = Counters()
+        self.clock = StreamClock(self.config.video.fps, self.tokens_per_second)
+        self.ingestor = PairIngest(self)
+        self.t_offset = self.rebases = 0
+        self.next_position = self.video_start
+        self.grid = None
 
     # ------------------------------------------------------------------ budget
     @property
@@ -215,13 +233,21 @@ class StreamSession:
     # ------------------------------------------------------------------ questions (edgekv/session/answer.py)
     @_exclusive
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
-            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None) -> Answer:
+            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
+            evidence: int = 0) -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
         archived frame pairs the question points at into the retrieval reserve (edgekv/archive/recall.py).
+        ``evidence=K``: ``Answer.evidence`` names the K frame pairs the question attended most.
         """
-        return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall)
+        return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall, evidence)
+
+    @_exclusive
+    def probe(self, question: str) -> YesNo:
+        """A yes/no question answered without decoding (standing questions, alerts): ``YesNo`` with P(yes) and
+        the frame pairs the question attended; the cache is unchanged afterwards."""
+        return self.answerer.probe(question)
 
     @_exclusive
     def question_logits(self, question: str, recall: bool = False) -> torch.Tensor:
@@ -274,6 +300,7 @@ class StreamSession:
             "position_rebases": self.rebases,
             "questions": c.questions,
             "answer_tokens": c.answer_tokens,
+            "probes": c.probes,
         }
         stats.update(self.policy.stats(self))
         if self.recall is not None:

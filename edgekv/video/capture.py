@@ -352,6 +352,14 @@ class Sampler:
     def deterministic(self) -> bool:
         return self._selector is not None
 
+    def set_fps(self, fps: float) -> None:
+        """Sample at ``fps`` from now on (power-aware sampling); the ticks already handed out stay as they were."""
+        if not (isinstance(fps, (int, float)) and not isinstance(fps, bool) and math.isfinite(fps) and fps > 0):
+            raise ValueError(f"fps must be a positive number, got {fps!r}")
+        self.fps, self.period = float(fps), 1.0 / float(fps)
+        if self._selector is not None:
+            self._selector.set_fps(self.fps)
+
     @property
     def exhausted(self) -> bool:
         """No frame will ever come again (the capture ended and everything was handed out)."""

@@ -646,6 +646,13 @@ class TimestampSelector:
         self._t0: float | None = None
         self._next_tick = 0  # index k of the next tick
 
+    def set_fps(self, fps: float) -> None:
+        """Change the rate from the next tick on: the tick schedule restarts at the next tick's time."""
+        if self._t0 is not None:
+            self._t0 += self._next_tick / self.fps
+            self._next_tick = 0
+        self.fps = float(fps)
+
     def accept(self, t: float) -> bool:
         if self._t0 is None:
             self._t0 = t

@@ -1,0 +1,116 @@
+"""Escalation (issue 30 §3): a question sent with ``"escalate": true`` is answered by a second edgekv server —
+a real OpenAI-compatible server on loopback, standing in for the big model, that takes images
+(``server.image_requests``) — from the keyframes the local answer attended most; the second server stopped ->
+the local answer with the reason; the confidence threshold decides by itself when asked nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+import pytest
+
+from edgekv.config import EdgeKVConfig
+
+pytest.importorskip("fastapi")
+LOCAL = "synthetic:events?size=112x112&fps=2&frames=160&seed=2&rate=0.05&noise=3"  # a purple triangle at pair 60
+REMOTE = "synthetic:events?size=112x112&fps=2&frames=100000&seed=7&rate=0.05&noise=3"
+
+
+def _config(source: str, **sections) -> EdgeKVConfig:
+    base = dict(model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+                video={"source": source, "fps": 2.0, "resolution": [112, 112]},
+                cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
+                generation={"max_new_tokens": 4}, monitor={"backend": "cpu"})
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return EdgeKVConfig().with_overrides(**base)
+
+
+def _ask(port: int, question: str, **fields) -> dict:
+    from helpers_server import call
+
+    status, _, raw = call(port, "POST", "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": question}], "max_tokens": 4, **fields})
+    assert status == 200, raw
+    return json.loads(raw)
+
+
+@pytest.mark.slow
+def test_escalation_to_a_second_server_by_request_by_confidence_and_when_it_is_gone(tmp_path):
+    from helpers_server import RunningDaemon
+
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+
+    remote_config = _config(REMOTE, server={"port": 0, "image_requests": True, "max_request_bytes": 4 * 2**20,
+                                            "served_model_name": ["big-model"]})
+    remote = RunningDaemon(remote_config, tmp_path / "remote.txt").__enter__()
+    try:
+        local_config = _config(LOCAL, server={"port": 0},
+                               escalate={"url": f"{remote.base}/v1", "model": "big-model", "keyframes": 4,
+                                         "timeout_s": 120})
+        with open(tmp_path / "local.txt", "w") as out:
+            local = Daemon(local_config, DaemonOptions(no_stdin=True, quiet=True), out=out)
+            thread = threading.Thread(target=local.run, daemon=True)
+            thread.start()
+            assert local.ready.wait(120)
+            deadline = time.monotonic() + 300
+            while local.stream_state != "ended" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert local.stream_state == "ended"  # all 80 pairs in, the purple triangle among them
+            port = local.server.port
+
+            plain = _ask(port, "Which shape was purple?", escalate=False)
+            assert plain["edgekv"]["escalated"] is False and plain["model"] != "big-model"
+            assert plain["choices"][0]["message"]["content"].strip() == "triangle"
+
+            asked = _ask(port, "Which shape was purple?", escalate=True)
+            ext = asked["edgekv"]
+            assert ext["escalated"] is True and ext["escalated_model"] == "big-model" and asked["model"] == "big-model"
+            assert ext["escalation_note"] == "asked"
+            # the remote saw only the keyframes: the pair with the triangle was among those sent
+            assert 60 in ext["evidence_pairs"]
+            assert asked["choices"][0]["message"]["content"].strip() == "triangle"
+            assert remote.daemon.image_session.counters.frame_pairs >= 1  # answered about the images, not its stream
+            assert local.escalator.sent == 1
+
+            # confidence alone: escalated exactly when the local answer is less sure than the threshold
+            questions = ["Which shape was purple?", "What color was the cross?", "Was there a red square?",
+                         "How many times did the circle appear?"]
+            confidence = {q: _ask(port, q, escalate=False)["edgekv"]["confidence"] for q in questions}
+            threshold = sorted(confidence.values())[len(questions) // 2]
+            local.escalator.section = dataclasses.replace(local.escalator.section, confidence_below=threshold)
+            outcomes = []
+            for q in questions:
+                ext = _ask(port, q)["edgekv"]
+                assert ext["escalated"] is (confidence[q] < threshold), (q, confidence[q], threshold)
+                outcomes.append(ext["escalated"])
+            assert True in outcomes and False in outcomes, confidence  # the threshold split them
+
+            remote.stop()
+            gone = _ask(port, "Which shape was purple?", escalate=True)
+            ext = gone["edgekv"]
+            assert ext["escalated"] is False and "escalation failed" in ext["escalation_note"]
+            assert gone["choices"][0]["message"]["content"].strip() == "triangle"  # the local answer stands
+            local.stop.event.set()
+            thread.join(60)
+    finally:
+        remote.__exit__(None, None, None)
+
+
+def test_a_server_without_image_requests_refuses_images(tiny_checkpoint, tmp_path):
+    from helpers_server import RunningDaemon, call, server_config
+
+    part = {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQ"}}
+    with RunningDaemon(server_config(tiny_checkpoint), tmp_path / "out.txt") as run:
+        status, _, raw = call(run.port, "POST", "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, part]}]})
+        assert status == 400
+        error = json.loads(raw)["error"]
+        assert error["code"] == "unsupported_content" and error["param"] == "messages[0].content[1]"
+        status, _, raw = call(run.port, "POST", "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": [
+                                  {"type": "image_url", "image_url": {"url": "https://example.com/x.jpg"}}]}]})
+        assert status == 400

@@ -1,0 +1,152 @@
+"""Power-aware sampling and the privacy switch (issue 31 §2-3): battery and thermal readings from a fake sysfs
+tree in the kernel's layout, the policy's hysteresis, a daemon whose sampling rate drops and recovers as the
+files change, and pause/resume through the API with the camera released while paused."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edgekv.apps.daemon.power import PowerPolicy
+from edgekv.config import EdgeKVConfig, PowerSection
+from edgekv.monitor.conditions import read_battery, read_temperatures
+
+
+def _tree(root: Path, battery: float | None = 80, status: str = "Discharging", temps: dict | None = None) -> Path:
+    """/sys/class as the kernel lays it out: power_supply/<name>/{type,capacity,status}, thermal/thermal_zoneN/."""
+    ac = root / "power_supply" / "AC0"
+    ac.mkdir(parents=True, exist_ok=True)
+    (ac / "type").write_text("Mains\n")
+    (ac / "online").write_text("0\n")
+    if battery is not None:
+        bat = root / "power_supply" / "BAT0"
+        bat.mkdir(parents=True, exist_ok=True)
+        (bat / "type").write_text("Battery\n")
+        (bat / "capacity").write_text(f"{battery:g}\n")
+        (bat / "status").write_text(f"{status}\n")
+    for index, (kind, celsius) in enumerate((temps or {"cpu-thermal": 45.0, "gpu-thermal": 44.5}).items()):
+        zone = root / "thermal" / f"thermal_zone{index}"
+        zone.mkdir(parents=True, exist_ok=True)
+        (zone / "type").write_text(f"{kind}\n")
+        (zone / "temp").write_text(f"{int(celsius * 1000)}\n")
+    return root
+
+
+def test_readers_follow_the_sysfs_layout(tmp_path):
+    root = _tree(tmp_path, battery=42, temps={"CPU-therm": 51.5, "GPU-therm": 49.0, "PMIC-Die": -256.0})
+    battery = read_battery(root / "power_supply")
+    assert battery.name == "BAT0" and battery.percent == 42 and battery.discharging
+    assert read_temperatures(root / "thermal") == {"CPU-therm": 51.5, "GPU-therm": 49.0}  # an off sensor left out
+    assert read_battery(tmp_path / "nowhere") is None and read_temperatures(tmp_path / "nowhere") == {}
+    (root / "power_supply" / "BAT0" / "capacity").write_text("garbage\n")
+    assert read_battery(root / "power_supply") is None
+
+
+def test_the_policy_saves_and_recovers_with_hysteresis(tmp_path):
+    root = _tree(tmp_path, battery=50)
+    now, watts = [0.0], [5.0]
+    policy = PowerPolicy(PowerSection(enabled=True, sysfs=str(root), check_s=1.0, budget_w=10.0),
+                         power_w=lambda: watts[0], clock=lambda: now[0])
+    bat, zone = root / "power_supply" / "BAT0", root / "thermal" / "thermal_zone0"
+    steps = [(lambda: None, None), (lambda: (bat / "capacity").write_text("15"), True),
+             (lambda: (bat / "capacity").write_text("22"), None),  # inside the hysteresis band: still saving
+             (lambda: (bat / "capacity").write_text("30"), False),
+             (lambda: (zone / "temp").write_text("91000"), True), (lambda: (zone / "temp").write_text("82000"), None),
+             (lambda: (zone / "temp").write_text("60000"), False),
+             (lambda: watts.__setitem__(0, 12.0), True), (lambda: watts.__setitem__(0, 9.5), None),
+             (lambda: watts.__setitem__(0, 8.0), False),
+             (lambda: ((bat / "capacity").write_text("10"), (bat / "status").write_text("Charging")), None)]
+    seen = []
+    for change, _ in steps:
+        change()
+        now[0] += 1.0
+        seen.append(policy.check())
+    assert seen == [expected for _, expected in steps]
+    assert policy.changes == 6
+    now[0] += 0.5
+    assert policy.check() is None  # not read again before check_s
+
+
+def _config(tmp_path, **sections) -> EdgeKVConfig:
+    base = dict(model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+                video={"source": "synthetic:events?size=112x112&fps=8&frames=100000&seed=2", "fps": 4.0,
+                       "resolution": [112, 112]},
+                cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
+                server={"port": 0}, monitor={"backend": "cpu"}, generation={"max_new_tokens": 2})
+    base.update(sections)
+    return EdgeKVConfig().with_overrides(**base)
+
+
+def _until(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_daemon_lowers_and_restores_its_rate_as_the_readings_change(tmp_path):
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon
+
+    root = _tree(tmp_path / "sys", battery=80)
+    config = _config(tmp_path, power={"enabled": True, "sysfs": str(root), "check_s": 0.05, "save_fps_factor": 0.5})
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        daemon = run.daemon
+        assert daemon.sampler.fps == 4.0
+        (root / "power_supply" / "BAT0" / "capacity").write_text("12\n")
+        assert _until(lambda: daemon.sampler.fps == 2.0)
+        assert daemon.session.ingestor.skipper is not None  # static pairs skipped more eagerly while saving
+        (root / "power_supply" / "BAT0" / "capacity").write_text("90\n")
+        assert _until(lambda: daemon.sampler.fps == 4.0)
+        (root / "thermal" / "thermal_zone1" / "temp").write_text("97000\n")
+        assert _until(lambda: daemon.sampler.fps == 2.0)
+        (root / "thermal" / "thermal_zone1" / "temp").write_text("50000\n")
+        assert _until(lambda: daemon.sampler.fps == 4.0)
+        assert daemon.session.ingestor.skipper is None  # as configured (skip_static off)
+    log = (tmp_path / "out.txt").read_text()
+    assert "power: saving (battery 12 % < 20 %): video.fps 4 -> 2" in log
+    assert "gpu-thermal at 97.0 °C > 85 °C" in log and log.count("power: normal (conditions cleared)") == 2
+
+
+def test_pause_releases_the_camera_and_resume_goes_on(tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon, call
+
+    import edgekv.apps.daemon.loop as loop
+
+    opened, closed = [], []
+    real = loop.open_video_source
+
+    def tracked(config):
+        spec, source = real(config)
+        opened.append(source)
+        close = source.close
+        source.close = lambda: (closed.append(source), close())
+        return spec, source
+
+    monkeypatch.setattr(loop, "open_video_source", tracked)
+    with RunningDaemon(_config(tmp_path), tmp_path / "out.txt") as run:
+        daemon, port = run.daemon, run.port
+        status, _, raw = call(port, "POST", "/v1/privacy/pause", {})
+        assert status == 200 and json.loads(raw) == {"paused": True, "reason": "privacy switch (API)"}
+        assert _until(lambda: opened[0] in closed)  # the camera is released
+        assert json.loads(call(port, "GET", "/healthz")[2])["stream_state"] == "paused"
+        metrics = call(port, "GET", "/metrics")[2].decode()
+        assert 'edgekv_stream_state{state="paused"} 1.0' in metrics
+        frames = daemon.session.counters.frames
+        status, _, raw = call(port, "POST", "/v1/chat/completions",  # still answers about what was seen
+                              {"messages": [{"role": "user", "content": "Which shape was purple?"}], "max_tokens": 2})
+        assert status == 200
+        assert daemon.session.counters.frames == frames  # nothing ingested while paused
+        last_t = daemon.session.clock.last_t
+        status, _, raw = call(port, "POST", "/v1/privacy/resume", {})
+        assert status == 200 and json.loads(raw)["paused"] is False and len(opened) == 2
+        assert _until(lambda: daemon.session.counters.frames >= frames + 4)
+        assert daemon.session.clock.last_t > last_t  # the stream's time went on after the pause
+        assert json.loads(call(port, "GET", "/healthz")[2])["stream_state"] == "running"
