@@ -167,6 +167,7 @@ def _session_state(session) -> dict:
         "last_t": session.clock.last_t,
         "pending_t": pending[1] if pending is not None else None,
         "sink_updates": session.sinks.updates if session.sinks is not None else 0,
+        "pair_times": {str(pair): t for pair, t in session.pair_times.items()},
         "policy": session.policy.state(),
     }
 
@@ -341,6 +342,7 @@ def _apply_state(session, state: dict, length: int, pending) -> None:
     session.rebases, session.video_start = int(state["rebases"]), int(state["video_start"])
     session.grid = tuple(state["grid"]) if state["grid"] is not None else None
     session.clock.t0, session.clock.last_t, session.ingestor.pending = state["t0"], state["last_t"], pending
+    session.pair_times = {int(pair): float(t) for pair, t in state.get("pair_times", {}).items()}
     if session.sinks is not None:
         session.sinks.updates = int(state["sink_updates"])
     session.policy.load_state(state["policy"])

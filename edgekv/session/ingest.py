@@ -84,6 +84,7 @@ class PairIngest:
             if s.recall is not None:  # before any compaction can move these slots
                 s.recall.archive_pair(start, tokens.shape[0], pair_index, t_first, int(positions[0, 0]))
         s.next_position = max(s.next_position, int(positions.max()) + 1)
+        s.pair_times[pair_index] = t_first
         s.counters.frame_pairs += 1
         ms = (time.perf_counter() - started) * 1e3
         s.counters.ingest_ms_last = ms

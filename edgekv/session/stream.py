@@ -23,6 +23,7 @@ continues the video as if no one had asked (DESIGN: "question tokens dropped").
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 
@@ -105,6 +106,7 @@ class StreamSession:
             self.recall = Recall(self, self.config.archive)
         self.ingestor = PairIngest(self)
         self.answerer = Answerer(self)
+        self.pair_times: dict[int, float] = {}  # frame pair -> its time, for the pairs the cache still holds
         self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
 
         prefix_ids = self.tokenizer.encode(self.layout.stream_prefix())
@@ -131,6 +133,7 @@ class StreamSession:
         self.counters = Counters()
         self.clock = StreamClock(self.config.video.fps, self.tokens_per_second)
         self.ingestor = PairIngest(self)
+        self.pair_times = {}
         self.t_offset = self.rebases = 0
         self.next_position = self.video_start
         self.grid = None
@@ -209,6 +212,16 @@ class StreamSession:
     def rebase_positions(self) -> None:
         """Squeeze the temporal positions of kept video tokens; rotate their keys to match."""
         memory.rebase_positions(self)
+
+    @_exclusive
+    def forget(self, t_from: float, t_to: float) -> dict:
+        """Remove the frame pairs stamped in ``[t_from, t_to]`` (stream seconds) from the cache: their slots gone,
+        their bytes zeroed (edgekv/session/memory.py). Returns what was removed."""
+        if not (math.isfinite(t_from) and math.isfinite(t_to)) or t_from > t_to:
+            raise ValueError(f"forget: expected a window from <= to, got from={t_from!r} to={t_to!r}")
+        pairs, slots = memory.forget(self, float(t_from), float(t_to))
+        self.counters.extra["pairs_forgotten"] = self.counters.extra.get("pairs_forgotten", 0) + len(pairs)
+        return {"pairs": pairs, "slots": slots, "cache_tokens": self.cache.length}
 
     # ------------------------------------------------------------------ model plumbing
     def embed(self, ids: list[int]) -> torch.Tensor:
