@@ -470,6 +470,24 @@ class PowerSection:
 
 
 @dataclass(frozen=True)
+class PrivacySection:
+    """Encryption at rest of the memory on flash (edgekv/privacy.py): one key, from one of these."""
+
+    key_file: str | None = None        # 32 raw bytes, 64 hex digits or base64; e.g. /etc/edgekv/memory.key
+    key_env: str | None = None         # an environment variable holding the key (hex or base64)
+    key_credential: str | None = None  # a systemd credential's name (LoadCredential[Encrypted]=)
+    previous_key_files: list[str] = field(default_factory=list)  # older keys: read, never written (rotation)
+
+    def validate(self, at: str) -> None:
+        given = [name for name in ("key_file", "key_env", "key_credential") if getattr(self, name)]
+        if len(given) > 1:
+            raise ConfigError(f"{at}: set one of key_file, key_env and key_credential, got {', '.join(given)}")
+        if self.previous_key_files and not given:
+            raise ConfigError(f"{at}.previous_key_files: old keys need a current one (key_file, key_env or "
+                              "key_credential)")
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -506,6 +524,7 @@ class EdgeKVConfig:
     alerts: AlertsSection = field(default_factory=AlertsSection)
     escalate: EscalateSection = field(default_factory=EscalateSection)
     power: PowerSection = field(default_factory=PowerSection)
+    privacy: PrivacySection = field(default_factory=PrivacySection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":
@@ -697,13 +716,15 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
                                   int8_calibration=resolve(config.engines.int8_calibration))
     cache = dataclasses.replace(config.cache, calibration=resolve(config.cache.calibration))
     state = dataclasses.replace(config.state, dir=resolve(config.state.dir))
+    privacy = dataclasses.replace(config.privacy, key_file=resolve(config.privacy.key_file),
+                                  previous_key_files=[resolve(p) for p in config.privacy.previous_key_files])
     archive = dataclasses.replace(config.archive, dir=resolve(config.archive.dir))
     source = config.video.source
     if isinstance(source, str) and _is_relative_file(source):
         source = resolve(source)
     video = dataclasses.replace(config.video, source=source)
     return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state,
-                               archive=archive)
+                               archive=archive, privacy=privacy)
 
 
 def _is_relative_file(source: str) -> bool:

@@ -47,6 +47,7 @@ class Runtime:
         if config.model.path is None:
             raise ValueError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory)")
         self.config = config
+        self.keys = _keys(config)  # the key that seals snapshots (privacy:), checked before the weights load
         self.threads = apply_threads(config.runtime.threads)  # before the weights load (edgekv/threads.py)
         self.device = resolve_device(config.model.device)
         self.dtype = _DTYPES[config.model.dtype]
@@ -162,3 +163,17 @@ def _policy_kwargs(config: EdgeKVConfig) -> dict:
     return {"target_tokens": cache.target_tokens, "recent_ratio": cache.recent_ratio, "tar_ratio": cache.tar_ratio,
             "calibration": cache.calibration, "tar_rope": cache.tar_rope, "van_pooling": cache.van_pooling,
             "chunk_pairs": cache.adaptive_chunk_pairs, "floor": cache.adaptive_floor}
+
+
+def _keys(config: EdgeKVConfig):
+    """The deployment's ``privacy:`` keys; an empty ring (nothing sealed) when none is configured, without
+    importing ``cryptography`` (an optional dependency: ``pip install 'edgekv[privacy]'``)."""
+    section = config.privacy
+    if not (section.key_file or section.key_env or section.key_credential):
+        return None
+    from edgekv.privacy import KeyRing
+
+    try:
+        return KeyRing.from_section(section)
+    except ImportError as exc:
+        raise ImportError("privacy: encryption at rest needs cryptography (pip install 'edgekv[privacy]')") from exc

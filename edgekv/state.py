@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import os
@@ -51,7 +52,9 @@ log = logging.getLogger("edgekv.state")
 
 FORMAT = 1
 MAGIC = b"EDGEKV-SNAPSHOT\x01"
+SEALED_MAGIC = b"EDGEKV-SNAPSEAL\x01"  # the same layout, every section and the manifest sealed (edgekv/privacy.py)
 END_MAGIC = b"EDGEKV-SNAP-END\x01"
+_MANIFEST_CHUNKS = 0xFFFF0000  # chunk indices of a sealed manifest (tensor sections count up from 0)
 _TRAILER = struct.Struct("<QQ32s16s")
 _ALIGN = 64
 _MANIFEST_ALLOWANCE = 1 << 16  # manifest bytes assumed when bounding a snapshot's size in advance
@@ -181,19 +184,78 @@ def _chunk_bytes(chunk: torch.Tensor) -> int:
 
 
 def estimate_bytes(session, length: int | None = None) -> int:
-    """Upper bound of a snapshot's size with ``length`` cache slots (default: the cache's capacity)."""
+    """Upper bound of a snapshot's size with ``length`` cache slots (default: the cache's capacity), sealed or
+    not (a sealed section adds a 16-byte tag per MiB)."""
+    from edgekv.privacy import Sealer, sealed_size
+
     length = session.capacity if length is None else length
-    total = len(MAGIC)
-    for chunks in _tensor_views(session, length).values():
-        total = _aligned(total) + sum(_chunk_bytes(c) for c in chunks)
+    total = len(MAGIC) + Sealer.HEADER.size
+    sections = [sum(_chunk_bytes(c) for c in chunks) for chunks in _tensor_views(session, length).values()]
     if session.ingestor.pending is not None:
-        total = _aligned(total) + session.ingestor.pending[0].nbytes
-    return total + _MANIFEST_ALLOWANCE + _TRAILER.size
+        sections.append(session.ingestor.pending[0].nbytes)
+    for size in sections:
+        total = _aligned(total) + sealed_size(size)
+    return total + sealed_size(_MANIFEST_ALLOWANCE) + _TRAILER.size
 
 
 # ---------------------------------------------------------------------------------------------- writing
+class _SealedWriter:
+    """One section of a sealed snapshot: plaintext in, AES-GCM chunks of ``privacy.CHUNK`` bytes out."""
+
+    def __init__(self, handle, sealer, index: int) -> None:
+        self.handle, self.sealer, self.index = handle, sealer, index
+        self.buffer = bytearray()
+        self.sealed = 0
+
+    def write(self, data) -> None:
+        from edgekv.privacy import CHUNK
+
+        self.buffer += memoryview(data).cast("B")
+        while len(self.buffer) >= CHUNK:
+            self._emit(bytes(self.buffer[:CHUNK]))
+            del self.buffer[:CHUNK]
+
+    def close(self) -> None:
+        if self.buffer:
+            self._emit(bytes(self.buffer))
+            self.buffer.clear()
+
+    def _emit(self, plain: bytes) -> None:
+        sealed = self.sealer.seal(self.index, plain)
+        self.handle.write(sealed)
+        self.sealed += len(sealed)
+        self.index += 1
+
+
+class _SealedReader:
+    """Reads one sealed section back as plaintext, chunk by chunk (each authenticated)."""
+
+    def __init__(self, handle, sealer, index: int, sealed_bytes: int, what: str) -> None:
+        self.handle, self.sealer, self.index, self.what = handle, sealer, index, what
+        self.remaining = sealed_bytes  # the section's sealed bytes not read yet (the next section follows)
+        self.plain = b""
+
+    def readinto(self, out) -> int:
+        from edgekv.privacy import CHUNK, TAG
+
+        view, filled = memoryview(out).cast("B"), 0
+        while filled < len(view):
+            if not self.plain:
+                sealed = self.handle.read(min(CHUNK + TAG, self.remaining))
+                if not sealed:
+                    return filled
+                self.remaining -= len(sealed)
+                self.plain = self.sealer.open(self.index, sealed, self.what)
+                self.index += 1
+            take = min(len(self.plain), len(view) - filled)
+            view[filled:filled + take] = self.plain[:take]
+            self.plain, filled = self.plain[take:], filled + take
+        return filled
+
+
 def _write_tensor(handle, chunks: list[torch.Tensor], offset: int) -> tuple[dict, int]:
-    """Write ``chunks`` back to back at ``offset`` (already aligned); returns the manifest entry."""
+    """Write ``chunks`` back to back at ``offset`` (already aligned); returns the manifest entry and the plaintext
+    bytes (``handle`` may be a ``_SealedWriter``)."""
     digest = hashlib.sha256()
     written = 0
     for chunk in chunks:
@@ -204,7 +266,7 @@ def _write_tensor(handle, chunks: list[torch.Tensor], offset: int) -> tuple[dict
         written += raw.size
     entry = {"dtype": str(chunks[0].dtype).removeprefix("torch."), "shape": [len(chunks), *chunks[0].shape],
              "offset": offset, "bytes": written, "sha256": digest.hexdigest()}
-    return entry, offset + written
+    return entry, written
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -215,20 +277,36 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]]) -> int:
-    """Write ``views`` and ``manifest`` (its ``tensors`` filled in here) to ``path`` atomically; returns bytes."""
+def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]], sealer=None) -> int:
+    """Write ``views`` and ``manifest`` (its ``tensors`` filled in here) to ``path`` atomically; returns bytes.
+    With ``sealer`` (``edgekv.privacy.Sealer``) every section and the manifest are sealed (AES-256-GCM)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     manifest = {**manifest, "tensors": {}}
     try:
         with open(tmp, "wb") as handle:
-            handle.write(MAGIC)
-            offset = len(MAGIC)
+            head = MAGIC if sealer is None else SEALED_MAGIC + sealer.header
+            handle.write(head)
+            offset, index = len(head), 0
             for name, chunks in views.items():
                 start = _aligned(offset)
                 handle.write(b"\0" * (start - offset))
-                manifest["tensors"][name], offset = _write_tensor(handle, chunks, start)
+                if sealer is None:
+                    manifest["tensors"][name], written = _write_tensor(handle, chunks, start)
+                    offset = start + written
+                else:
+                    writer = _SealedWriter(handle, sealer, index)
+                    entry, _ = _write_tensor(writer, chunks, start)
+                    writer.close()
+                    entry.update(first_chunk=index, sealed_bytes=writer.sealed)
+                    manifest["tensors"][name], index, offset = entry, writer.index, start + writer.sealed
             body = json.dumps(manifest, sort_keys=True).encode()
+            if sealer is not None:
+                sink = io.BytesIO()
+                writer = _SealedWriter(sink, sealer, _MANIFEST_CHUNKS)
+                writer.write(body)
+                writer.close()
+                body = sink.getvalue()
             handle.write(body)
             handle.write(_TRAILER.pack(offset, len(body), hashlib.sha256(body).digest(), END_MAGIC))
             handle.flush()
@@ -253,7 +331,13 @@ def save_session(session, path: str | Path) -> SnapshotInfo:
     views = _tensor_views(session, session.cache.length)
     if session.ingestor.pending is not None:
         views["pending_frame"] = [torch.from_numpy(np.ascontiguousarray(session.ingestor.pending[0]))]
-    size = write_snapshot(path, manifest, views)
+    keys = getattr(session.runtime, "keys", None)
+    sealer = None
+    if keys is not None and keys.enabled:
+        from edgekv.privacy import Sealer
+
+        sealer = Sealer(keys.current)
+    size = write_snapshot(path, manifest, views, sealer)
     return _info(path, size, time.perf_counter() - started, state, saved_unix)
 
 
@@ -265,14 +349,24 @@ def _info(path: Path, size: int, seconds: float, state: dict, saved_unix: float 
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def read_manifest(path: str | Path) -> dict:
-    """The manifest of a complete, undamaged snapshot file; ``SnapshotError`` naming the file otherwise."""
+def read_manifest(path: str | Path, keys=None) -> dict:
+    """The manifest of a complete, undamaged snapshot file; ``SnapshotError`` naming the file otherwise. A sealed
+    snapshot needs ``keys`` (``edgekv.privacy.KeyRing``) holding its key: ``SealError`` when it does not (the file
+    is left as it is)."""
+    from edgekv.privacy import SealError, Sealer
+
     path = Path(path).expanduser()
+    sealer = None
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
             head = handle.read(len(MAGIC))
-            if head != MAGIC:
+            if head == SEALED_MAGIC:
+                if keys is None or not keys.keys:
+                    raise SealError(f"{path}: the snapshot is encrypted; set privacy.key_file (or key_env, "
+                                    "key_credential) to its key. The file is left as it is")
+                sealer = Sealer.for_header(handle.read(Sealer.HEADER.size), keys, str(path))
+            elif head != MAGIC:
                 raise SnapshotError(f"{path}: not an edgekv snapshot (no snapshot header)")
             if size < len(MAGIC) + _TRAILER.size:
                 raise SnapshotError(f"{path}: truncated ({size} bytes): the snapshot is incomplete")
@@ -289,12 +383,20 @@ def read_manifest(path: str | Path) -> dict:
         raise SnapshotError(f"{path}: cannot read the snapshot ({exc})") from None
     if hashlib.sha256(body).digest() != digest:
         raise SnapshotError(f"{path}: damaged: the manifest's sha256 does not match")
+    if sealer is not None:
+        from edgekv.privacy import CHUNK, TAG
+
+        step = CHUNK + TAG
+        body = b"".join(sealer.open(_MANIFEST_CHUNKS + i, body[i * step:(i + 1) * step], str(path))
+                        for i in range(-(-len(body) // step)))
     try:
         manifest = json.loads(body)
     except ValueError as exc:
         raise SnapshotError(f"{path}: damaged manifest ({exc})") from None
     if manifest.get("format") != FORMAT:
         raise SnapshotError(f"{path}: snapshot format {manifest.get('format')!r}, this edgekv reads {FORMAT}")
+    if sealer is not None:
+        manifest["_sealer"] = sealer  # not JSON: read_tensors opens the sections with it
     return manifest
 
 
@@ -306,13 +408,16 @@ def check_key(path: Path, manifest: dict, runtime) -> None:
         raise SnapshotMismatchError(f"{path}: made for another deployment — " + "; ".join(diff))
 
 
-def _read_tensor(handle, path: Path, name: str, entry: dict, chunks: list[torch.Tensor]) -> None:
+def _read_tensor(handle, path: Path, name: str, entry: dict, chunks: list[torch.Tensor], sealer=None) -> None:
     """Read a tensor section into ``chunks`` (views of the session's buffers), checking its sha256."""
     expected = [len(chunks), *chunks[0].shape]
     if entry["shape"] != expected or entry["dtype"] != str(chunks[0].dtype).removeprefix("torch."):
         raise SnapshotError(f"{path}: tensor {name} is {entry['dtype']} {entry['shape']}, the session needs "
                             f"{str(chunks[0].dtype).removeprefix('torch.')} {expected}")
     handle.seek(entry["offset"])
+    if sealer is not None:
+        handle = _SealedReader(handle, sealer, int(entry["first_chunk"]), int(entry["sealed_bytes"]),
+                               f"{path}: tensor {name}")
     digest = hashlib.sha256()
     for chunk in chunks:
         staging = torch.empty(chunk.shape, dtype=chunk.dtype)
@@ -330,7 +435,7 @@ def read_tensors(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]
     try:
         with open(path, "rb") as handle:
             for name, chunks in views.items():
-                _read_tensor(handle, path, name, manifest["tensors"][name], chunks)
+                _read_tensor(handle, path, name, manifest["tensors"][name], chunks, manifest.get("_sealer"))
     except OSError as exc:
         raise SnapshotError(f"{path}: cannot read the snapshot ({exc})") from None
 
@@ -352,7 +457,7 @@ def load_session(runtime, path: str | Path):
     """A new session of ``runtime`` holding the state saved in ``path`` (``Runtime.restore``)."""
     started = time.perf_counter()
     path = Path(path).expanduser()
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, getattr(runtime, "keys", None))
     check_key(path, manifest, runtime)
     state = manifest["session"]
     session = runtime.session()

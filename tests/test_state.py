@@ -250,11 +250,11 @@ import edgekv
 from edgekv.config import StateSection
 from edgekv.state import StateKeeper
 
-model, folder, engine_dir = sys.argv[1:4]
+model, folder, engine_dir, key_file = sys.argv[1:5]
 rt = edgekv.Runtime.from_pretrained(model, model={"dtype": "fp32", "device": "cpu"},
                                     video={"resolution": [224, 224], "fps": 2.0},
                                     cache={"policy": "infinipot_v", "max_tokens": 2048, "text_reserve_tokens": 64},
-                                    engines={"engine_dir": engine_dir})
+                                    engines={"engine_dir": engine_dir}, privacy={"key_file": key_file or None})
 keeper = StateKeeper(StateSection(dir=folder, every_s=1e-9, max_mib=64), say=lambda line: None)
 session = keeper.restore(rt)
 index = session.counters.frames
@@ -270,17 +270,25 @@ while True:  # what the daemon does, with far more snapshots: a new frame every 
 
 
 @pytest.mark.slow
-def test_kill_9_during_snapshot_writes_leaves_the_previous_one_loadable(tiny_checkpoint, engine_dir, tmp_path):
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "encrypted"])
+def test_kill_9_during_snapshot_writes_leaves_the_previous_one_loadable(tiny_checkpoint, engine_dir, tmp_path, sealed):
+    if sealed:
+        pytest.importorskip("cryptography", reason="cryptography not installed (pip install 'edgekv[privacy]')")
     folder = tmp_path / "state"
+    key_file = ""
+    if sealed:
+        key_file = str(tmp_path / "memory.key")
+        Path(key_file).write_bytes(os.urandom(32))
     rng = random.Random(12)
     rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"dtype": "fp32", "device": "cpu"},
                                         video={"resolution": [224, 224], "fps": 2.0},
                                         cache={"policy": "infinipot_v", "max_tokens": 2048, "text_reserve_tokens": 64},
-                                        engines={"engine_dir": str(engine_dir)})
+                                        engines={"engine_dir": str(engine_dir)}, privacy={"key_file": key_file or None})
     interrupted, kills, frames = 0, 0, 0
-    while kills < 8 and (interrupted < 2 or kills < 4):
-        child = subprocess.Popen([sys.executable, "-c", WRITER, str(tiny_checkpoint), str(folder), str(engine_dir)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    most, enough = (6, 2) if sealed else (8, 4)
+    while kills < most and (interrupted < (1 if sealed else 2) or kills < enough):
+        child = subprocess.Popen([sys.executable, "-c", WRITER, str(tiny_checkpoint), str(folder), str(engine_dir),
+                                  key_file], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         saved: list[int] = []
         # a line torn by the kill ("saved" or "saved 1" of "saved 12", no newline) was never announced whole
         reader = threading.Thread(target=lambda: [saved.append(int(line.split()[1])) for line in child.stdout
@@ -309,6 +317,8 @@ def test_kill_9_during_snapshot_writes_leaves_the_previous_one_loadable(tiny_che
         assert not (folder / "set-aside").exists() and len(list(folder.glob("snapshot-*.ekv"))) <= 2
         frames = session.counters.frames
     assert interrupted >= 1, f"none of {kills} kills landed during a write"
+    if sealed:
+        assert all(p.read_bytes().startswith(b"EDGEKV-SNAPSEAL") for p in folder.glob("snapshot-*.ekv"))
     reference = rt.session()
     for index in range(frames):
         reference.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)

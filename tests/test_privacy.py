@@ -1,0 +1,123 @@
+"""Encryption at rest (issue 31 §2): sealed snapshots hold none of the plaintext K/V bytes; restoring with the
+key is bit-identical; a wrong or missing key is a one-line error naming the file, which is left untouched; key
+rotation through previous_key_files; keys from a file, an environment variable and a systemd credential."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import edgekv
+from edgekv.config import ConfigError, StateSection, config_from_dict
+from edgekv.state import StateKeeper, read_manifest
+
+pytest.importorskip("cryptography", reason="cryptography not installed (pip install 'edgekv[privacy]')")
+from edgekv.privacy import KeyRing, SealError  # noqa: E402
+
+RES = (56, 84)
+
+
+def _runtime(model_dir, **privacy) -> edgekv.Runtime:
+    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": "cpu"},
+                                          video={"resolution": list(RES), "fps": 2.0},
+                                          cache={"policy": "infinipot_v", "max_tokens": 120, "text_reserve_tokens": 40},
+                                          privacy=privacy)
+
+
+def _session(rt, frames: int = 21):
+    session = rt.session()
+    for index in range(frames):
+        session.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)
+    return session
+
+
+def _key(path) -> str:
+    path.write_bytes(os.urandom(32))
+    return str(path)
+
+
+def _runs(session) -> list[bytes]:
+    n = session.cache.length
+    k = session.cache.k[:, :, :n].contiguous().numpy().tobytes()
+    v = session.cache.v[:, :, :n].contiguous().numpy().tobytes()
+    return [k[i:i + 32] for i in range(0, len(k), len(k) // 40)] + [v[i:i + 32] for i in range(0, len(v), len(v) // 40)]
+
+
+def test_a_sealed_snapshot_hides_the_kv_and_restores_bit_identically(tiny_checkpoint, tmp_path):
+    key = _key(tmp_path / "memory.key")
+    rt = _runtime(tiny_checkpoint, key_file=key)
+    session = _session(rt)
+    path = tmp_path / "sealed.ekv"
+    session.save(path)
+    data = path.read_bytes()
+    assert data.startswith(b"EDGEKV-SNAPSEAL") and not any(run in data for run in _runs(session))
+    plain = tmp_path / "plain.ekv"
+    _session(_runtime(tiny_checkpoint)).save(plain)
+    assert sum(run in plain.read_bytes() for run in _runs(session)) > 40  # the same runs are there in the clear
+    restored = rt.restore(path)
+    n = session.cache.length
+    for name in ("k", "v", "kind", "frame", "tpos", "sink"):
+        assert torch.equal(getattr(restored.cache, name)[:, :, :n], getattr(session.cache, name)[:, :, :n]), name
+    assert torch.equal(restored.question_logits("What happened?"), session.question_logits("What happened?"))
+    assert torch.equal(torch.from_numpy(restored.ingestor.pending[0]), torch.from_numpy(session.ingestor.pending[0]))
+
+
+def test_a_wrong_or_missing_key_names_the_file_and_leaves_it_untouched(tiny_checkpoint, tmp_path):
+    rt = _runtime(tiny_checkpoint, key_file=_key(tmp_path / "a.key"))
+    folder = tmp_path / "state"
+    keeper = StateKeeper(StateSection(dir=str(folder), every_s=1.0, max_mib=64), say=lambda line: None)
+    session = keeper.restore(rt)
+    for index in range(4):
+        session.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)
+    info = keeper.snapshot(session)
+    before = hashlib.sha256(info.path.read_bytes()).hexdigest()
+    for other in (_runtime(tiny_checkpoint, key_file=_key(tmp_path / "b.key")), _runtime(tiny_checkpoint)):
+        with pytest.raises(SealError) as err:
+            StateKeeper(StateSection(dir=str(folder), every_s=1.0, max_mib=64), say=lambda line: None).restore(other)
+        message = str(err.value)
+        assert str(info.path) in message and "\n" not in message and "left as it is" in message
+    assert hashlib.sha256(info.path.read_bytes()).hexdigest() == before
+    assert [p.name for p in folder.glob("snapshot-*.ekv")] == [info.path.name] and not (folder / "set-aside").exists()
+
+
+def test_key_rotation_reads_the_old_key_and_writes_the_new(tiny_checkpoint, tmp_path):
+    old, new = _key(tmp_path / "old.key"), _key(tmp_path / "new.key")
+    session = _session(_runtime(tiny_checkpoint, key_file=old))
+    first = tmp_path / "old.ekv"
+    session.save(first)
+    rotated = _runtime(tiny_checkpoint, key_file=new, previous_key_files=[old])
+    restored = rotated.restore(first)
+    second = tmp_path / "new.ekv"
+    restored.save(second)
+    new_id = hashlib.sha256(open(new, "rb").read()).digest()[:8]
+    assert second.read_bytes()[16:24] == new_id  # sealed with the new key
+    assert read_manifest(second, KeyRing.from_section(config_from_dict({"privacy": {"key_file": new}}).privacy))
+    with pytest.raises(SealError, match="does not have"):
+        _runtime(tiny_checkpoint, key_file=new).restore(first)  # without the old key, the old file does not open
+
+
+def test_keys_from_a_file_an_environment_variable_and_a_credential(tmp_path, monkeypatch):
+    material = os.urandom(32)
+    (tmp_path / "raw.key").write_bytes(material)
+    (tmp_path / "hex.key").write_text(material.hex() + "\n")
+    monkeypatch.setenv("EDGEKV_MEMORY_KEY", base64.b64encode(material).decode())
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "edgekv-memory").write_bytes(material)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    rings = [KeyRing.from_section(config_from_dict({"privacy": section}).privacy) for section in (
+        {"key_file": str(tmp_path / "raw.key")}, {"key_file": str(tmp_path / "hex.key")},
+        {"key_env": "EDGEKV_MEMORY_KEY"}, {"key_credential": "edgekv-memory"})]
+    assert len({ring.current.id for ring in rings}) == 1
+    (tmp_path / "short.key").write_bytes(b"too short")
+    with pytest.raises(SealError, match=r"short.key: not a 256-bit key"):
+        KeyRing.from_section(config_from_dict({"privacy": {"key_file": str(tmp_path / "short.key")}}).privacy)
+    with pytest.raises(SealError, match="no such key file"):
+        KeyRing.from_section(config_from_dict({"privacy": {"key_file": str(tmp_path / "none.key")}}).privacy)
+    with pytest.raises(ConfigError, match="set one of key_file, key_env and key_credential"):
+        config_from_dict({"privacy": {"key_file": "a", "key_env": "B"}})
