@@ -110,6 +110,7 @@ class Daemon:
         self.monitor = None
         self.server = None
         self.voice = None
+        self.ros2 = None  # questions, answers and status on ROS 2 topics (ros2.enabled; apps/outputs/ros2.py)
         self.spoken: list[str] = []  # --voice-wav: the file's questions, asked on --ask's schedule
         self.watchdog: Watchdog | None = None
         self.started = time.monotonic()
@@ -208,6 +209,10 @@ class Daemon:
             check_voice_packages(cfg, microphone=cfg.voice.enabled)
         if self.options.voice_wav:
             self._check_wav(self.options.voice_wav)
+        if cfg.ros2.enabled:
+            from edgekv.apps.outputs.ros2 import check_ros2
+
+            check_ros2(cfg.ros2)
         if cfg.server.enabled and not self.options.no_server:
             check_server_packages()
             check_server_address(cfg)
@@ -281,6 +286,11 @@ class Daemon:
             if cfg.voice.enabled:
                 self.voice = VoiceLoop(self, cfg.voice, transcriber=transcriber).start()
                 self.say(f"listening for spoken questions (ASR model {self._asr_model})")
+        if cfg.ros2.enabled:
+            from edgekv.apps.outputs.ros2 import Ros2Channel
+
+            self.ros2 = Ros2Channel(self, cfg.ros2).start()
+            self.say(f"ROS 2: {self.ros2.describe()}")
 
     # ------------------------------------------------------------------ the loop
     def serve(self) -> None:
@@ -398,7 +408,7 @@ class Daemon:
         if self.options.one_shot:
             return True
         stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
-        listening = self.server is not None or self.voice is not None or stdin
+        listening = self.server is not None or self.voice is not None or self.ros2 is not None or stdin
         if not listening:
             self.say("no question can arrive (no HTTP API, no stdin, no microphone): exiting")
         return not listening
@@ -590,7 +600,7 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [("voice", self.voice, lambda v: v.stop()), 
+        parts = [("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
                  ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
         for name, part, stop in parts:
