@@ -412,6 +412,7 @@ class Ros2Source(FrameSource):
         self.clock = StampClock(f"video source {spec!r}", max_step_s)
         self.counts = {"messages": 0, "messages_dropped": 0, "frames": 0, "corrupt": 0}
         self.problem: str | None = None
+        self.waiting = False  # a read() or reopen() is waiting for a message
         self._cond = threading.Condition()
         self._latest: _Latest | None = None
         self._interrupted = False
@@ -436,16 +437,20 @@ class Ros2Source(FrameSource):
         the graph says about the silence); False on timeout, ``interrupt`` or ``close``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._latest is None:
-                if self._interrupted or self._subscription is None:
-                    return False
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(1.0 if left is None else min(left, 1.0))
-                if self._latest is None and deadline is None:
-                    self._note_problem()
-            return True
+            self.waiting = True
+            try:
+                while self._latest is None:
+                    if self._interrupted or self._subscription is None:
+                        return False
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(1.0 if left is None else min(left, 1.0))
+                    if self._latest is None and deadline is None:
+                        self._note_problem()
+                return True
+            finally:
+                self.waiting = False
 
     def read(self) -> Frame:
         if not self._wait(self.stale_s):
