@@ -173,7 +173,10 @@ def _open_reader(spec: str, path: Path) -> Any:
         reader = Reader(path)
         reader.open()
     except Exception as exc:  # ReaderError, FileNotFoundError (no metadata.yaml), a damaged index
-        raise SourceUnavailable(f"video source {spec!r}: not a readable ROS 2 bag ({type(exc).__name__}: {exc})") from None
+        hint = ("; the MCAP file is cut off (a recording that stopped mid-write): `mcap recover` (the mcap CLI) "
+                "rewrites what is readable" if "end magic" in str(exc) else "")
+        raise SourceUnavailable(f"video source {spec!r}: not a readable ROS 2 bag ({type(exc).__name__}: {exc}"
+                                f"{hint})") from None
     return reader
 
 
@@ -194,17 +197,20 @@ def open(parsed: SourceSpec, ros2: Any | None = None) -> RosbagSource:  # noqa: 
 
 # ---------------------------------------------------------------------------------------------- writing
 def bgr_to_yuv422(frame: np.ndarray, order: str) -> np.ndarray:
-    """HxWx3 BGR (even W) -> HxWx2 packed 4:2:2: ``yuyv`` (Y0 U Y1 V) or ``uyvy`` (U Y0 V Y1); chroma of each
-    pixel pair averaged. The inverse of OpenCV's COLOR_YUV2BGR_YUYV / _UYVY up to the chroma subsampling."""
-    yuv = cv2.cvtColor(frame, cv2.COLOR_BGR2YUV).astype(np.uint16)
-    y = yuv[:, :, 0]
-    u = ((yuv[:, 0::2, 1] + yuv[:, 1::2, 1] + 1) // 2).astype(np.uint16)
-    v = ((yuv[:, 0::2, 2] + yuv[:, 1::2, 2] + 1) // 2).astype(np.uint16)
+    """HxWx3 BGR (even W) -> HxWx2 packed 4:2:2, ``yuyv`` (Y0 U Y1 V) or ``uyvy`` (U Y0 V Y1): ITU-R BT.601
+    limited range (Y in 16-235, chroma 16-240), what OpenCV's COLOR_YUV2BGR_YUYV / _UYVY and V4L2 cameras
+    assume; the chroma of each pixel pair is averaged."""
+    ycrcb = cv2.cvtColor(frame, cv2.COLOR_BGR2YCrCb).astype(np.float32)  # BT.601 full range
+    y = 16.0 + ycrcb[:, :, 0] * (219.0 / 255.0)
+    cr = 128.0 + (ycrcb[:, :, 1] - 128.0) * (224.0 / 255.0)
+    cb = 128.0 + (ycrcb[:, :, 2] - 128.0) * (224.0 / 255.0)
+    u = (cb[:, 0::2] + cb[:, 1::2]) / 2.0
+    v = (cr[:, 0::2] + cr[:, 1::2]) / 2.0
     out = np.empty((frame.shape[0], frame.shape[1], 2), dtype=np.uint8)
     luma, chroma = (0, 1) if order == "yuyv" else (1, 0)
-    out[:, :, luma] = y
-    out[:, 0::2, chroma] = u
-    out[:, 1::2, chroma] = v
+    out[:, :, luma] = np.clip(np.rint(y), 0, 255)
+    out[:, 0::2, chroma] = np.clip(np.rint(u), 0, 255)
+    out[:, 1::2, chroma] = np.clip(np.rint(v), 0, 255)
     return out
 
 
