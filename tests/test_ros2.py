@@ -122,7 +122,7 @@ def test_cyclone_config_is_loopback_unicast_and_refuses_a_missing_interface():
 def test_a_missing_binding_is_one_line_with_the_install_command(monkeypatch):
     from edgekv.video import ros2
 
-    ros2._binding.cache_clear()
+    ros2.binding.cache_clear()
     monkeypatch.setitem(sys.modules, "cyclonedds", None)
     monkeypatch.setitem(sys.modules, "cyclonedds.domain", None)
     try:
@@ -130,7 +130,7 @@ def test_a_missing_binding_is_one_line_with_the_install_command(monkeypatch):
             open_source("ros2:/camera/image_raw", ros2=_loopback(5))
         assert "\n" not in str(caught.value)
     finally:
-        ros2._binding.cache_clear()
+        ros2.binding.cache_clear()
 
 
 def test_daemon_refuses_a_missing_interface_in_one_line_before_the_model_loads(capsys):

@@ -36,9 +36,9 @@ STATS_WAIT_S = 0.25  # the main loop holds the session lock for a whole step: wa
 def check_ros2(settings: Any) -> None:
     """Before the model loads: the binding imports, the interface exists, the names are valid. Raises the
     ``SourceUnavailable`` / ``ValueError`` of ``edgekv.video.ros2`` with a one-line reason."""
-    from edgekv.video.ros2 import _binding, cyclone_config, domain_id, resolve_name
+    from edgekv.video.ros2 import binding, cyclone_config, domain_id, resolve_name
 
-    _binding()
+    binding()
     domain_id(settings)
     cyclone_config(settings)
     for key in ("question_topic", "answer_topic", "token_topic", "status_topic"):

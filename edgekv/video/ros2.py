@@ -71,7 +71,7 @@ from edgekv.video.sources import (
     _positive_float,
 )
 
-__all__ = ["Ros2Graph", "Ros2Source", "dds_topic", "dds_type", "domain_id", "cyclone_config", "parse", "open",
+__all__ = ["Ros2Graph", "Ros2Source", "dds_topic", "dds_type", "domain_id", "cyclone_config", "parse", "open_parsed", "binding",
            "resolve_name"]
 
 log = logging.getLogger("edgekv.ros2")
@@ -197,8 +197,9 @@ def _settings(settings: Any | None) -> Any:
 
 # ---------------------------------------------------------------------------------------------- DDS types
 @functools.cache
-def _binding() -> Any:
-    """The cyclonedds modules and the message structs (edgekv/video/ros2_idl.py), imported on first use."""
+def binding() -> Any:
+    """The cyclonedds modules and the message structs (edgekv/video/ros2_idl.py), imported on first use;
+    ``SourceUnavailable`` with the install command when the binding (or its C library) is missing."""
     try:
         import cyclonedds.builtin as builtin
         import cyclonedds.core as core
@@ -232,19 +233,19 @@ class _Binding:
 
 def sensor_qos(reliability: str = "best_effort", depth: int = 5) -> Any:
     """ROS 2's sensor-data profile (rmw_qos_profile_sensor_data): best effort, keep last 5, volatile."""
-    policy = _binding().qos.Policy
+    policy = binding().qos.Policy
     kind = policy.Reliability.BestEffort if reliability == "best_effort" else policy.Reliability.Reliable(0)
-    return _binding().qos.Qos(kind, policy.History.KeepLast(depth), policy.Durability.Volatile)
+    return binding().qos.Qos(kind, policy.History.KeepLast(depth), policy.Durability.Volatile)
 
 
 def default_qos(depth: int = DEFAULT_DEPTH, writer: bool = False) -> Any:
     """ROS 2's default profile (rmw_qos_profile_default): reliable, keep last 10, volatile; writers in XCDR1."""
-    policy = _binding().qos.Policy
+    policy = binding().qos.Policy
     policies = [policy.Reliability.Reliable(max_blocking_time=0), policy.History.KeepLast(depth),
                 policy.Durability.Volatile]
     if writer:
         policies.append(policy.DataRepresentation(use_cdrv0_representation=True))
-    return _binding().qos.Qos(*policies)
+    return binding().qos.Qos(*policies)
 
 
 # ---------------------------------------------------------------------------------------------- the graph
@@ -252,7 +253,7 @@ class Subscription:
     """A DDS reader whose samples (serialized bytes) go to ``on_sample(raw)`` in Cyclone DDS's listener thread."""
 
     def __init__(self, graph: Ros2Graph, topic: str, msgtype: str, qos: Any, on_sample: Callable[[bytes], None]) -> None:
-        b = _binding()
+        b = binding()
         self.topic, self.msgtype = topic, msgtype
         self.incompatible: dict[str, int] = {}  # QoS policy -> how many writers it kept from matching
         self.matched = 0
@@ -293,8 +294,8 @@ class Publication:
 
     def __init__(self, graph: Ros2Graph, topic: str, msgtype: str, qos: Any) -> None:
         self.topic, self.msgtype = topic, msgtype
-        self._struct = _binding().structs[msgtype]
-        self.writer = _binding().pub.DataWriter(graph.participant, graph.topic(topic, msgtype), qos=qos)
+        self._struct = binding().structs[msgtype]
+        self.writer = binding().pub.DataWriter(graph.participant, graph.topic(topic, msgtype), qos=qos)
 
     def publish_text(self, text: str) -> None:
         self.writer.write(self._struct(data=text))
@@ -319,7 +320,7 @@ class Ros2Graph:
     _lock = threading.Lock()
 
     def __init__(self, domain: int, config: str | None) -> None:
-        b = _binding()
+        b = binding()
         self.domain_id, self.config = domain, config
         try:
             self._domain = b.domain.Domain(domain, config) if config is not None else None
@@ -358,8 +359,8 @@ class Ros2Graph:
     def topic(self, ros_name: str, msgtype: str) -> Any:
         key = (ros_name, msgtype)
         if key not in self._topics:
-            struct = _binding().structs[msgtype]
-            self._topics[key] = _binding().topic.Topic(self.participant, dds_topic(ros_name), struct)
+            struct = binding().structs[msgtype]
+            self._topics[key] = binding().topic.Topic(self.participant, dds_topic(ros_name), struct)
         return self._topics[key]
 
     def subscribe(self, ros_name: str, msgtype: str, qos: Any, on_sample: Callable[[bytes], None]) -> Subscription:
@@ -382,7 +383,7 @@ class Ros2Graph:
 
     @staticmethod
     def _binding_alive() -> int:
-        return int(_binding().core.InstanceState.Alive)
+        return int(binding().core.InstanceState.Alive)
 
 
 # ---------------------------------------------------------------------------------------------- the source
@@ -535,7 +536,7 @@ def parse(spec: str, rest: str) -> SourceSpec:
     return SourceSpec("ros2", topic.strip(), params, raw=spec)
 
 
-def open(parsed: SourceSpec, ros2: Any | None = None) -> Ros2Source:  # noqa: A001 - the scheme table's verb
+def open_parsed(parsed: SourceSpec, ros2: Any | None = None) -> Ros2Source:
     settings = _settings(ros2)
     topic = resolve_name(str(parsed.target), settings.namespace)
     return Ros2Source(parsed.raw, topic, parsed.params["type"], settings, parsed.params.get("max_step", 10.0),

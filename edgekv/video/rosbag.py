@@ -50,7 +50,7 @@ from edgekv.video.sources import (
     cv2,
 )
 
-__all__ = ["GROUND_TRUTH_TOPIC", "RosbagSource", "encode_message", "open", "parse", "write_bag"]
+__all__ = ["GROUND_TRUTH_TOPIC", "RosbagSource", "encode_message", "open_parsed", "parse", "write_bag"]
 
 GROUND_TRUTH_TOPIC = "/edgekv/ground_truth"
 STORAGES = ("mcap", "sqlite3")
@@ -191,7 +191,7 @@ def parse(spec: str, rest: str) -> SourceSpec:
     return SourceSpec("rosbag", path, params, raw=spec)
 
 
-def open(parsed: SourceSpec, ros2: Any | None = None) -> RosbagSource:  # noqa: A001 - the scheme table's verb
+def open_parsed(parsed: SourceSpec, ros2: Any | None = None) -> RosbagSource:
     return RosbagSource(parsed.raw, str(parsed.target), parsed.params.get("topic"), parsed.params.get("max_step", 10.0))
 
 

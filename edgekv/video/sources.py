@@ -31,7 +31,7 @@ Spec strings (``open_source``), all parsed by ``parse_spec`` without touching an
 ===============================  ============================================================
 
 ``ros2:`` and ``rosbag:`` are the ``EXTRA_SCHEMES``: each a module with ``parse(spec, rest)`` (no extra
-package needed) and ``open(parsed, ros2=...)`` (imports its extra), so an install without ``edgekv[ros2]``
+package needed) and ``open_parsed(parsed, ros2=...)`` (imports its extra), so an install without ``edgekv[ros2]``
 parses and refuses them with the command that installs it.
 """
 
@@ -623,7 +623,7 @@ class LoopingSource(FrameSource):
 
 
 # ---------------------------------------------------------------------------------------------- open
-EXTRA_SCHEMES = {"ros2": "edgekv.video.ros2", "rosbag": "edgekv.video.rosbag"}  # scheme -> module (parse, open)
+EXTRA_SCHEMES = {"ros2": "edgekv.video.ros2", "rosbag": "edgekv.video.rosbag"}  # scheme -> module (parse, open_parsed)
 
 
 def _extra_scheme(module: str) -> Any:
@@ -638,7 +638,7 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None)
     (domain, network, QoS) for a ``ros2:`` source; defaults (and ``$ROS_DOMAIN_ID``) without it."""
     parsed = spec if isinstance(spec, SourceSpec) else parse_spec(spec)
     if parsed.kind in EXTRA_SCHEMES:
-        return _extra_scheme(EXTRA_SCHEMES[parsed.kind]).open(parsed, ros2=ros2)
+        return _extra_scheme(EXTRA_SCHEMES[parsed.kind]).open_parsed(parsed, ros2=ros2)
     if parsed.kind == "synthetic":
         cls = {"shapes": ShapesSource, "needle": NeedleSource, "events": EventSource}[parsed.target]
         return cls(parsed.raw, **parsed.params)
