@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,16 @@ def test_edgekv_bag_command_writes_a_bag_the_daemon_can_read(tmp_path, capsys):
     copy = tmp_path / "copy"  # a bag from a bag keeps the ground truth
     assert main(["bag", f"rosbag:{out}", str(copy), "--frames", "10"]) == 0
     assert open_source(f"rosbag:{copy}").ground_truth == SCENE and len(list(open_source(f"rosbag:{copy}"))) == 10
+
+
+def test_a_plain_bag_path_is_a_bag_and_a_missing_rosbags_is_one_line(tmp_path, monkeypatch):
+    write_bag(_frames(), tmp_path / "run")
+    for path in (tmp_path / "run", tmp_path / "run" / "run.mcap"):  # what eval/bench/dataset paths look like
+        source = open_source(str(path))
+        assert source.kind == "rosbag" and len(list(source)) == 24
+    monkeypatch.setitem(sys.modules, "rosbags.rosbag2", None)
+    with pytest.raises(SourceUnavailable, match=r"needs the rosbags package: pip install 'edgekv\[ros2\]'"):
+        open_source(f"rosbag:{tmp_path / 'run'}")
 
 
 def test_a_relative_bag_path_in_a_config_is_relative_to_the_file(tmp_path):

@@ -27,7 +27,8 @@ Spec strings (``open_source``), all parsed by ``parse_spec`` without touching an
 ``"ros2:/camera/image_raw[?…]"``  a ROS 2 camera topic over DDS, no ROS install (``edgekv.video.ros2``;
                                  the ``ros2`` extra; live)
 ``"rosbag:PATH[?topic=…]"``       a recorded ROS 2 bag, MCAP or sqlite3 (``edgekv.video.rosbag``;
-                                 the ``ros2`` extra)
+                                 the ``ros2`` extra); a plain path to a bag directory or to a
+                                 ``.mcap`` / ``.db3`` file reads the same way
 ===============================  ============================================================
 
 ``ros2:`` and ``rosbag:`` are the ``EXTRA_SCHEMES``: each a module with ``parse(spec, rest)`` (no extra
@@ -234,6 +235,8 @@ def parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
         text = text[len("file://"):]
     elif "://" in text:
         raise ValueError(f"video source {spec!r}: unsupported URL scheme; use one of {', '.join(STREAM_SCHEMES)}")
+    if _is_bag(Path(text).expanduser()):  # a ROS 2 bag given as a plain path reads as rosbag:PATH
+        return _extra_scheme(EXTRA_SCHEMES["rosbag"]).parse(spec, text)
     if not Path(text).is_file():
         raise ValueError(f"video source {spec!r}: no such video file (and not a camera index, URL, 'gst:', 'csi:' "
                          "or 'synthetic:' spec)")
@@ -624,6 +627,11 @@ class LoopingSource(FrameSource):
 
 # ---------------------------------------------------------------------------------------------- open
 EXTRA_SCHEMES = {"ros2": "edgekv.video.ros2", "rosbag": "edgekv.video.rosbag"}  # scheme -> module (parse, open_parsed)
+
+
+def _is_bag(path: Path) -> bool:
+    """A rosbag2 directory (metadata.yaml beside its storage files) or a bare MCAP / sqlite3 bag file."""
+    return (path.is_dir() and (path / "metadata.yaml").is_file()) or (path.is_file() and path.suffix in (".mcap", ".db3"))
 
 
 def _extra_scheme(module: str) -> Any:
