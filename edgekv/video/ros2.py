@@ -314,7 +314,7 @@ class Ros2Graph:
 
     Cyclone DDS allows one configuration per domain id in a process (a second ``Domain`` is refused), so
     participants are kept here by domain id and counted; the last ``release`` deletes it. Asking for a
-    domain already open with other network settings is refused naming both."""
+    domain already open in this process with other network settings is refused."""
 
     _open: dict[int, Ros2Graph] = {}
     _lock = threading.Lock()
