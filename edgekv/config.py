@@ -358,6 +358,75 @@ class ArchiveSection:
             raise ConfigError(f"{at}.index_keys: must be 1 to 64, got {self.index_keys}")
 
 
+ROS_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_/")
+
+
+def ros_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid ROS 2 topic name or namespace (design.ros2.org "Topic and Service names":
+    alphanumerics, ``_`` and ``/`` separators; no token starts with a digit; no ``//``, no trailing ``/``
+    except the root namespace), or None when it is valid."""
+    if not name:
+        return "empty"
+    if not set(name) <= ROS_NAME_CHARS:
+        return "only letters, digits, '_' and '/' may appear"
+    if "//" in name or (name.endswith("/") and name != "/"):
+        return "no empty token ('//' or a trailing '/')"
+    if any(token[:1].isdigit() for token in name.split("/")):
+        return "a token may not start with a digit"
+    return None
+
+
+@dataclass(frozen=True)
+class Ros2Section:
+    """ROS 2 on the wire through Cyclone DDS (edgekv/video/ros2.py): the graph a ``ros2:`` video source joins,
+    and (``enabled``) the question, answer, token and status topics of apps/outputs/ros2.py.
+
+    Names without a leading ``/`` are relative to ``namespace`` (ros2_nanollm's names: ``input_query`` in,
+    ``output`` out). ``interface``, ``peers`` and ``multicast`` choose where discovery goes: with ``peers``
+    and ``multicast: false`` Cyclone DDS finds the other participants by unicast only (a robot's wired
+    network without multicast, or loopback in tests); left alone, ``$CYCLONEDDS_URI`` (if set) decides."""
+
+    enabled: bool = False                  # the question/answer/status topics (a ros2: source works without)
+    domain_id: int | None = None           # null: $ROS_DOMAIN_ID, else 0
+    namespace: str = "/edgekv"
+    question_topic: str = "input_query"    # std_msgs/msg/String in (ros2_nanollm's name)
+    answer_topic: str = "output"           # std_msgs/msg/String out: the final answer (ros2_nanollm's name)
+    token_topic: str = "output_stream"     # std_msgs/msg/String out: the answer as it is decoded, piece by piece
+    status_topic: str = "status"           # std_msgs/msg/String out: JSON (stream state, cache figures)
+    status_period_s: float = 1.0
+    image_reliability: Literal["best_effort", "reliable"] = "best_effort"  # ROS 2's sensor-data profile
+    image_depth: int = 5                   # KEEP_LAST depth of the image reader
+    interface: str | None = None           # network interface name (eth0, lo) or one of its addresses
+    peers: list[str] = field(default_factory=list)  # unicast discovery peers, e.g. [127.0.0.1] or robot IPs
+    multicast: bool = True
+    max_participants: int = 32             # unicast discovery probes this many participants per peer
+
+    def validate(self, at: str) -> None:
+        if self.domain_id is not None and not 0 <= self.domain_id <= 232:
+            raise ConfigError(f"{at}.domain_id: must be 0..232 (ROS_DOMAIN_ID's range), got {self.domain_id}")
+        if not self.namespace.startswith("/") or ros_name_problem(self.namespace):
+            problem = ros_name_problem(self.namespace) or "must start with '/'"
+            raise ConfigError(f"{at}.namespace: {self.namespace!r} is not a ROS 2 namespace ({problem})")
+        for name in ("question_topic", "answer_topic", "token_topic", "status_topic"):
+            value = getattr(self, name)
+            problem = ros_name_problem(value) or ("the root '/' is not a topic" if value == "/" else None)
+            if problem:
+                raise ConfigError(f"{at}.{name}: {value!r} is not a ROS 2 topic name ({problem})")
+        if not self.status_period_s > 0:
+            raise ConfigError(f"{at}.status_period_s: must be > 0, got {self.status_period_s}")
+        if not 1 <= self.image_depth <= 1000:
+            raise ConfigError(f"{at}.image_depth: must be 1..1000, got {self.image_depth}")
+        if self.interface is not None and not self.interface.strip():
+            raise ConfigError(f"{at}.interface: empty; give a network interface name or address, or null")
+        if any(not peer.strip() for peer in self.peers):
+            raise ConfigError(f"{at}.peers: an empty address in {self.peers!r}")
+        if not self.multicast and not self.peers:
+            raise ConfigError(f"{at}.multicast: false needs ros2.peers (with neither, no other participant can be "
+                              "found)")
+        if not 1 <= self.max_participants <= 120:
+            raise ConfigError(f"{at}.max_participants: must be 1..120, got {self.max_participants}")
+
+
 @dataclass(frozen=True)
 class AlertRuleSection:
     """One standing question (``alerts.rules``): a yes/no question evaluated over the live cache every
@@ -525,6 +594,7 @@ class EdgeKVConfig:
     escalate: EscalateSection = field(default_factory=EscalateSection)
     power: PowerSection = field(default_factory=PowerSection)
     privacy: PrivacySection = field(default_factory=PrivacySection)
+    ros2: Ros2Section = field(default_factory=Ros2Section)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":
@@ -722,6 +792,9 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
     source = config.video.source
     if isinstance(source, str) and _is_relative_file(source):
         source = resolve(source)
+    elif isinstance(source, str) and source.startswith("rosbag:"):  # a bag path is relative to the YAML file too
+        path, mark, query = source[len("rosbag:"):].partition("?")
+        source = f"rosbag:{resolve(path) if path else path}{mark}{query}"
     video = dataclasses.replace(config.video, source=source)
     return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state,
                                archive=archive, privacy=privacy)

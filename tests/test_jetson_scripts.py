@@ -112,3 +112,28 @@ def test_the_container_listens_beyond_itself_and_can_build_engines():
     entry = next(line for line in docker.splitlines() if line.startswith("ENTRYPOINT"))
     assert '"--host", "0.0.0.0"' in entry  # 127.0.0.1 inside a container is reached by nothing published
     assert "[server,export]" in docker and "-p 127.0.0.1:8080:8080" in docker
+
+
+def test_the_ros2_launch_package_parses_and_starts_the_daemon_with_a_valid_config():
+    """jetson/ros2/edgekv_ros2 (optional, never imported by edgekv): package.xml is a format-3 ament_python
+    package, setup.py and the launch file are valid Python that start edgekv-camera on a ros2: source, and the
+    example config loads with edgekv's own config loader. (Whether `ros2 launch` runs it needs ROS: not here.)"""
+    import ast
+    import xml.etree.ElementTree as ET
+
+    from edgekv.config import load_config
+
+    package = JETSON / "ros2" / "edgekv_ros2"
+    root = ET.parse(package / "package.xml").getroot()
+    assert root.tag == "package" and root.get("format") == "3" and root.findtext("name") == "edgekv_ros2"
+    assert root.find("export/build_type").text == "ament_python"
+    assert (package / "resource" / "edgekv_ros2").is_file()
+    for file in (package / "setup.py", package / "launch" / "edgekv_camera.launch.py"):
+        tree = ast.parse(file.read_text(), filename=str(file))
+        imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+        imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+        assert not [name for name in imported if name.split(".")[0] == "edgekv"], file  # it only starts the process
+    launch = (package / "launch" / "edgekv_camera.launch.py").read_text()
+    assert "def generate_launch_description" in launch and '"ros2:"' in launch and "ros2.enabled=true" in launch
+    config = load_config(package / "config" / "robot.yaml")
+    assert config.video.source == "ros2:/camera/image_raw" and config.ros2.enabled and config.ros2.namespace == "/edgekv"

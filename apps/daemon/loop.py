@@ -119,6 +119,9 @@ class Daemon:
         self.paused: str | None = None  # why ingest is paused (privacy switch), None while it runs
         self._paused_at: float | None = None
         self._resume_offset = 0.0  # added to a reopened source's timestamps: stream time goes on after a pause
+        self._pause_seen = threading.Event()  # the loop saw the pause (no step in flight)
+        self._loop_thread: threading.Thread | None = None
+        self.ros2 = None  # questions, answers and status on ROS 2 topics (ros2.enabled; apps/outputs/ros2.py)
         self.spoken: list[str] = []  # --voice-wav: the file's questions, asked on --ask's schedule
         self.watchdog: Watchdog | None = None
         self.started = time.monotonic()
@@ -223,6 +226,10 @@ class Daemon:
             check_voice_packages(cfg, microphone=cfg.voice.enabled)
         if self.options.voice_wav:
             self._check_wav(self.options.voice_wav)
+        if cfg.ros2.enabled:
+            from edgekv.apps.outputs.ros2 import check_ros2
+
+            check_ros2(cfg.ros2)
         if cfg.server.enabled and not self.options.no_server:
             check_server_packages()
             check_server_address(cfg)
@@ -339,10 +346,16 @@ class Daemon:
             if cfg.voice.enabled:
                 self.voice = VoiceLoop(self, cfg.voice, transcriber=transcriber).start()
                 self.say(f"listening for spoken questions (ASR model {self._asr_model})")
+        if cfg.ros2.enabled:
+            from edgekv.apps.outputs.ros2 import Ros2Channel
+
+            self.ros2 = Ros2Channel(self, cfg.ros2).start()
+            self.say(f"ROS 2: {self.ros2.describe()}")
 
     # ------------------------------------------------------------------ the loop
     def serve(self) -> None:
         """One step per turn (ingest a frame or answer a question) until stopped or, one-shot, done."""
+        self._loop_thread = threading.current_thread()
         while not self.stop:
             self._wake.clear()
             self.heartbeat.beat()
@@ -350,6 +363,7 @@ class Daemon:
             if self.power is not None:
                 self._check_power()
             if self.paused is not None:
+                self._pause_seen.set()  # the loop is between steps: nothing more goes in until resumed
                 self._wake.wait(0.25)
                 if self._question_waiting():
                     self._answer_next(jumped_ahead=False)  # paused: questions are answered about what was seen
@@ -404,6 +418,10 @@ class Daemon:
             if self.paused is not None or self.sampler is None:
                 return False
             self.paused, self._paused_at = reason, time.monotonic()
+        self._pause_seen.clear()
+        self._wake.set()
+        if threading.current_thread() is not self._loop_thread:
+            self._pause_seen.wait(STOP_BUDGET_S)  # a step in flight (a frame, an answer) finishes first
         self._stop_collector()
         self.sampler.close()  # the capture thread ends and the source (the camera) is closed
         self.backlog.clear()
@@ -524,7 +542,7 @@ class Daemon:
         if self.options.one_shot:
             return True
         stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
-        listening = self.server is not None or self.voice is not None or stdin
+        listening = self.server is not None or self.voice is not None or self.ros2 is not None or stdin
         if not listening:
             self.say("no question can arrive (no HTTP API, no stdin, no microphone): exiting")
         return not listening
@@ -821,7 +839,7 @@ class Daemon:
         parts = [("speaker", self.speaker, lambda s: s.close()), ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
                  *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
                  ("escalator", self.escalator, lambda e: e.stop()),
-                 ("voice", self.voice, lambda v: v.stop()),
+                 ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
                  ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
         for name, part, stop in parts:

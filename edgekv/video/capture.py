@@ -118,6 +118,7 @@ class CaptureThread:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        self.source.interrupt()  # a source waiting for data (a silent ROS topic) returns now
         if self._thread.is_alive():
             self._thread.join(timeout)
         return not self._thread.is_alive()

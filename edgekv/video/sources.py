@@ -24,7 +24,16 @@ Spec strings (``open_source``), all parsed by ``parse_spec`` without touching an
 ``"synthetic:needle[?…]"``        a static scene where one object appears in exactly two frames
 ``"synthetic:events[?…]"``        shapes of known colours appearing at known times, with ground
                                  truth (``source.scene.events``; ``edgekv.video.events``)
+``"ros2:/camera/image_raw[?…]"``  a ROS 2 camera topic over DDS, no ROS install (``edgekv.video.ros2``;
+                                 the ``ros2`` extra; live)
+``"rosbag:PATH[?topic=…]"``       a recorded ROS 2 bag, MCAP or sqlite3 (``edgekv.video.rosbag``;
+                                 the ``ros2`` extra); a plain path to a bag directory or to a
+                                 ``.mcap`` / ``.db3`` file reads the same way
 ===============================  ============================================================
+
+``ros2:`` and ``rosbag:`` are the ``EXTRA_SCHEMES``: each a module with ``parse(spec, rest)`` (no extra
+package needed) and ``open_parsed(parsed, ros2=...)`` (imports its extra), so an install without ``edgekv[ros2]``
+parses and refuses them with the command that installs it.
 """
 
 from __future__ import annotations
@@ -104,7 +113,7 @@ def frame_problem(frame: object) -> str | None:
 class SourceSpec:
     """A parsed ``video.source``: what to open and with which parameters, before opening anything."""
 
-    kind: str  # file | camera | stream | gstreamer | csi | synthetic
+    kind: str  # file | camera | stream | gstreamer | csi | synthetic | ros2 | rosbag
     target: str | int  # path, camera index, URL, pipeline string, or synthetic name
     params: dict[str, Any] = field(default_factory=dict)
     raw: str = ""
@@ -112,7 +121,7 @@ class SourceSpec:
     @property
     def live(self) -> bool:
         """Live sources cannot be paused or replayed: they are reopened on loss and sampled latest-wins."""
-        return self.kind in ("camera", "stream", "gstreamer", "csi")
+        return self.kind in ("camera", "stream", "gstreamer", "csi", "ros2")
 
 
 def _parse_query(spec: str, query: str, allowed: dict[str, Callable[[str], Any]]) -> dict[str, Any]:
@@ -217,12 +226,17 @@ def parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
         return _parse_csi(spec, text[4:])
     if lowered.startswith("synthetic:"):
         return _parse_synthetic(spec, text[len("synthetic:"):])
+    for scheme, module in EXTRA_SCHEMES.items():
+        if lowered.startswith(scheme + ":"):
+            return _extra_scheme(module).parse(spec, text[len(scheme) + 1:])
     if lowered.startswith(STREAM_SCHEMES):
         return SourceSpec("stream", text, raw=spec)
     if lowered.startswith("file://"):
         text = text[len("file://"):]
     elif "://" in text:
         raise ValueError(f"video source {spec!r}: unsupported URL scheme; use one of {', '.join(STREAM_SCHEMES)}")
+    if _is_bag(Path(text).expanduser()):  # a ROS 2 bag given as a plain path reads as rosbag:PATH
+        return _extra_scheme(EXTRA_SCHEMES["rosbag"]).parse(spec, text)
     if not Path(text).is_file():
         raise ValueError(f"video source {spec!r}: no such video file (and not a camera index, URL, 'gst:', 'csi:' "
                          "or 'synthetic:' spec)")
@@ -302,6 +316,10 @@ class FrameSource(ABC):
 
     def close(self) -> None:
         """Release the device or file; safe to call twice."""
+
+    def interrupt(self) -> None:
+        """Wake a ``read`` or ``reopen`` that waits for data (a topic that went quiet): the capture thread is
+        stopping. Sources whose reads return by themselves need nothing."""
 
     def __iter__(self) -> Iterator[Frame]:
         """Frames until the end, skipping (and counting) corrupt ones; ``SourceLost`` propagates."""
@@ -608,10 +626,27 @@ class LoopingSource(FrameSource):
 
 
 # ---------------------------------------------------------------------------------------------- open
-def open_source(spec: str | int | os.PathLike | SourceSpec) -> FrameSource:
+EXTRA_SCHEMES = {"ros2": "edgekv.video.ros2", "rosbag": "edgekv.video.rosbag"}  # scheme -> module (parse, open_parsed)
+
+
+def _is_bag(path: Path) -> bool:
+    """A rosbag2 directory (metadata.yaml beside its storage files) or a bare MCAP / sqlite3 bag file."""
+    return (path.is_dir() and (path / "metadata.yaml").is_file()) or (path.is_file() and path.suffix in (".mcap", ".db3"))
+
+
+def _extra_scheme(module: str) -> Any:
+    import importlib
+
+    return importlib.import_module(module)
+
+
+def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None) -> FrameSource:
     """Open a ``video.source``. Bad specs raise ``ValueError`` naming the spec; a well-formed source that
-    cannot be opened raises ``SourceUnavailable`` saying why."""
+    cannot be opened raises ``SourceUnavailable`` saying why. ``ros2``: the config's ``ros2:`` section
+    (domain, network, QoS) for a ``ros2:`` source; defaults (and ``$ROS_DOMAIN_ID``) without it."""
     parsed = spec if isinstance(spec, SourceSpec) else parse_spec(spec)
+    if parsed.kind in EXTRA_SCHEMES:
+        return _extra_scheme(EXTRA_SCHEMES[parsed.kind]).open_parsed(parsed, ros2=ros2)
     if parsed.kind == "synthetic":
         cls = {"shapes": ShapesSource, "needle": NeedleSource, "events": EventSource}[parsed.target]
         return cls(parsed.raw, **parsed.params)
