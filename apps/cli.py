@@ -1,5 +1,5 @@
 """``edgekv`` command line: serve, build, make-tiny-checkpoint, train-toy, eval, plan,
-calibrate, bench.
+calibrate, bench, ask.
 
 Each command's options are added only when that command is run, and each command imports what it
 needs only then: ``edgekv --help`` lists the commands without loading torch (a second, not ten, on a
@@ -129,6 +129,12 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: args.run(args))
 
 
+def _add_ask(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.outputs.mqtt import add_ask_arguments
+
+    add_ask_arguments(parser)
+
+
 def _add_bench(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     from edgekv.apps.bench import add_arguments
 
@@ -146,6 +152,7 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
     "plan": ("largest cache budget that fits a device's memory (an estimate)", _add_plan),
     "calibrate": ("VaN CV thresholds for a model from sample videos", _add_calibrate),
     "bench": ("benchmarks that print and save figures (JSON + PNG)", _add_bench),
+    "ask": ("ask the fleet one question over MQTT and gather every device's answer", _add_ask),
 }
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
 from edgekv.apps.daemon.quiz import Quiz
-from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, printable
+from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, evidence_pair, printable
 from edgekv.apps.daemon.scheduling import Collector, FairShare, FrameBacklog
 from edgekv.apps.daemon.startup import (
     StartupError,
@@ -133,6 +133,8 @@ class Daemon:
         self.alerts = None  # AlertEngine: standing questions (alerts: in the YAML, /v1/alerts)
         self.alert_bus = None
         self.webhooks: list = []
+        self.fleet = None  # FleetAgent (fleet: in the YAML): MQTT status, alerts and fleet questions
+        self._fleet_password: str | None = None
         self._probes: deque = deque()  # standing questions due for an evaluation
         from edgekv.state import StateKeeper  # imports torch: only once a daemon is made, not for --help
 
@@ -215,6 +217,13 @@ class Daemon:
         if cfg.server.enabled and not self.options.no_server:
             check_server_packages()
             check_server_address(cfg)
+        if cfg.fleet.broker is not None:
+            from edgekv.apps.outputs.mqtt import FleetError, preflight
+
+            try:
+                self._fleet_password = preflight(cfg.fleet)
+            except FleetError as exc:
+                raise StartupError(str(exc)) from None
         self._spec, self._source = open_video_source(cfg)
         if self.options.quiz:
             self.quiz = Quiz.for_source(self._source, self.options.quiz)
@@ -255,6 +264,7 @@ class Daemon:
                  f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
                  f"{' (every frame by timestamp)' if deterministic else ''}")
         self._start_alerts()
+        self._start_fleet()
         self._start_inputs()
         notify_systemd("READY=1")
         self.watchdog = Watchdog.from_environment(self.heartbeat)
@@ -276,6 +286,19 @@ class Daemon:
         if section.rules:
             self.say(f"standing questions: {len(section.rules)} ("
                      + "; ".join(printable(rule.question) for rule in section.rules) + ")")
+
+    def _start_fleet(self) -> None:
+        """The fleet over MQTT (apps/outputs/mqtt.py): a question channel and an alert output; an unreachable
+        broker is retried in the background, never a reason not to start."""
+        section = self.config.fleet
+        if section.broker is None:
+            return
+        from edgekv.apps.outputs.mqtt import DaemonHost, FleetAgent
+
+        self.fleet = FleetAgent(section, DaemonHost(self), self._fleet_password).start()
+        self.alert_bus.add(self.fleet)
+        self.say(f"fleet: device {printable(self.fleet.device)} on {section.broker} (topics under "
+                 f"{printable(section.topic_prefix)}/)")
 
     def _start_inputs(self) -> None:
         cfg = self.config
@@ -419,9 +442,9 @@ class Daemon:
         if self.options.one_shot:
             return True
         stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
-        listening = self.server is not None or self.voice is not None or stdin
+        listening = self.server is not None or self.voice is not None or stdin or self.fleet is not None
         if not listening:
-            self.say("no question can arrive (no HTTP API, no stdin, no microphone): exiting")
+            self.say("no question can arrive (no HTTP API, no stdin, no microphone, no fleet): exiting")
         return not listening
 
     def _ingest_next(self) -> None:
@@ -513,6 +536,8 @@ class Daemon:
                 question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
                                                    temperature=question.temperature, top_p=question.top_p,
                                                    seed=question.seed, on_token=on_token, recall=question.recall)
+                if question.evidence:
+                    question.evidence_pair = evidence_pair(self.session, question.text)
         except AnswerCancelled:
             question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
         except Exception as exc:  # a bad question must not stop the stream; the asker gets the error
@@ -577,6 +602,7 @@ class Daemon:
             **self.backlog.stats(),
             "ingest_s": self.fair.ingest_s, "answer_s": self.fair.answer_s, "answers_ahead_of_frames": self.fair.answers_ahead,
             "watchdog_pings": self.watchdog.pings if self.watchdog else None,
+            "fleet": self.fleet.stats() if self.fleet is not None else None,
         }
 
     def latest_jpeg(self) -> bytes | None:
@@ -633,7 +659,8 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [*(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
+        parts = [("fleet", self.fleet, lambda f: f.stop()),
+                 *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
                  ("voice", self.voice, lambda v: v.stop()), 
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
                  ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
