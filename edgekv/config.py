@@ -419,7 +419,7 @@ class FleetSection:
     queue: int = 256                 # messages waiting to go out (alerts, answers); beyond: oldest dropped, counted
     max_payload_bytes: int = 65536   # a larger fleet question is dropped and counted
     status_every_s: float = 30.0     # the retained status is refreshed this often (and on connect)
-    max_new_tokens: int = 64         # a fleet answer's token bound (a question may ask for fewer)
+    max_new_tokens: int = 64         # the most answer tokens a fleet question may ask for (default: generation's)
 
     def validate(self, at: str) -> None:
         if self.password is not None:

@@ -15,6 +15,16 @@ from pathlib import Path
 
 import pytest
 
+# The fleet's streams: device -> (synthetic:events seed, the circle's colour, the frame pairs it is on), from
+# edgekv.video.events' ground truth of these scenes (each has one circle; the toy names its colour).
+STREAMS = {"cam-red": (5, "red", (11, 12)), "cam-green": (2, "green", (12, 13)), "cam-blue": (28, "blue", (15, 16))}
+QUESTION = "What color was the circle?"
+
+
+def stream(seed: int) -> str:
+    return f"synthetic:events?size=112x112&fps=2&frames=48&seed={seed}&rate=0.15&noise=3"
+
+
 MOSQUITTO = shutil.which("mosquitto") or next((p for p in ("/usr/sbin/mosquitto",) if os.access(p, os.X_OK)), None)
 
 

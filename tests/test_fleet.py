@@ -17,15 +17,8 @@ import edgekv
 from edgekv.apps.outputs.alerts import AlertEvent
 from edgekv.apps.questions import Question
 from edgekv.config import ConfigError, FleetSection, config_from_dict
-from helpers_mqtt import Listener, Mosquitto, Relay, need_mosquitto, publish_raw, until
+from helpers_mqtt import QUESTION, STREAMS, Listener, Mosquitto, Relay, need_mosquitto, publish_raw, stream, until
 
-# seed -> (the circle's colour, the frame pairs it is on): edgekv.video.events ground truth of these streams
-STREAMS = {"cam-red": (5, "red", (11, 12)), "cam-green": (2, "green", (12, 13)), "cam-blue": (28, "blue", (15, 16))}
-QUESTION = "What color was the circle?"
-
-
-def stream(seed: int) -> str:
-    return f"synthetic:events?size=112x112&fps=2&frames=48&seed={seed}&rate=0.15&noise=3"
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -322,3 +315,90 @@ def test_a_broker_that_refuses_the_credentials(tmp_path, fleet, monkeypatch, cap
         monkeypatch.delenv("EDGEKV_MQTT_PW")
         with pytest.raises(FleetError, match="fleet.password_env: the environment variable EDGEKV_MQTT_PW is not set"):
             preflight(FleetSection(broker=broker.url, username="cam", password_env="EDGEKV_MQTT_PW"))
+
+
+# ---------------------------------------------------------------------------------------------- the daemon
+ALERT_SOURCE = "synthetic:events?size=112x112&fps=2&frames=160&seed=2&rate=0.05&noise=3"  # purple triangle at pair 60
+ALERT_PAIR = 60
+
+
+def _gated(gate: threading.Event):
+    """``ALERT_SOURCE`` whose frames wait for ``gate``: the MQTT subscriber is there before anything is ingested."""
+    from edgekv.video.sources import FrameSource, open_source
+
+    class Gated(FrameSource):
+        kind = "synthetic"
+
+        def __init__(self):
+            super().__init__(ALERT_SOURCE, live=False)
+            self.inner = open_source(ALERT_SOURCE)
+            self.scene = self.inner.scene
+
+        def read(self):
+            gate.wait(120)
+            return self.inner.read()
+
+        def close(self):
+            self.inner.close()
+
+    return Gated()
+
+
+@pytest.mark.slow
+def test_the_daemon_publishes_its_alert_and_status_and_answers_the_fleet(broker, tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+    from edgekv.apps.outputs.mqtt import ask_fleet
+    from edgekv.config import EdgeKVConfig
+    from edgekv.video.sources import SourceSpec
+    from helpers_server import call
+
+    gate = threading.Event()
+    source = _gated(gate)
+    monkeypatch.setattr("edgekv.apps.daemon.loop.open_video_source",
+                        lambda config: (SourceSpec("synthetic", "events", raw=ALERT_SOURCE), source))
+    config = EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"source": ALERT_SOURCE, "fps": 2.0, "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
+        server={"port": 0}, monitor={"backend": "cpu"}, generation={"max_new_tokens": 8},
+        alerts={"rules": [{"question": "Was there a purple triangle?", "every_pairs": 1, "name": "purple"}]},
+        fleet={"broker": broker.url, "device_id": "gate-3", "status_every_s": 0.5})
+    listener = Listener(broker.url, ["edgekv/devices/gate-3/#"])
+    with open(tmp_path / "out.txt", "w") as log:
+        daemon = Daemon(config, DaemonOptions(no_stdin=True, quiet=True), out=log)
+        thread = threading.Thread(target=daemon.run, daemon=True)
+        thread.start()
+        try:
+            assert daemon.ready.wait(120) and until(lambda: daemon.fleet.connected.is_set())
+            assert daemon.fleet in daemon.alert_bus.sinks
+            gate.set()
+            assert until(lambda: daemon.stream_state == "ended", 300)
+            assert until(lambda: listener.json_on("/alerts"))
+            (alert,) = listener.json_on("/alerts")
+            (event,) = list(daemon.alert_bus.recent)
+            assert alert["id"] == event.id and alert["device"] == "gate-3" and alert["name"] == "purple"
+            assert ALERT_PAIR <= alert["evidence_pair"] <= ALERT_PAIR + 1 and alert["keyframe_jpeg_base64"]
+            assert until(lambda: _statuses(listener, "gate-3")[-1].get("stream_state") == "ended")
+            assert _statuses(listener, "gate-3")[-1]["frame_pairs"] == 80
+            result = ask_fleet("Was there a purple triangle?", broker.url, timeout_s=120)
+            (answer,) = result.answers
+            assert (answer.device, answer.answer, answer.camera) == ("gate-3", "yes", ALERT_SOURCE)
+            assert ALERT_PAIR <= answer.evidence_pair <= ALERT_PAIR + 1
+            assert answer.evidence_t == daemon.alerts.keyframes.times[answer.evidence_pair]
+            assert any(q["source"] == "fleet" for q in daemon.recent_questions())
+            publish_raw(broker.url, "edgekv/devices/gate-3/ask", b"{not json", "edgekv/replies/x", b"1")
+            assert until(lambda: daemon.fleet.counts["dropped_malformed"] == 1)
+            metrics = call(daemon.server.port, "GET", "/metrics")[2].decode()
+            assert 'edgekv_fleet_dropped_total{reason="malformed"} 1.0' in metrics
+            assert 'edgekv_fleet_questions_total{outcome="answered"} 1.0' in metrics
+            assert "edgekv_fleet_connected 1.0" in metrics
+            assert daemon.status()["fleet"]["dropped_malformed"] == 1 and daemon.session.counters.frame_pairs == 80
+        finally:
+            gate.set()
+            daemon.stop.event.set()
+            thread.join(60)
+    assert not thread.is_alive()
+    assert until(lambda: _statuses(listener, "gate-3")[-1] == {**_statuses(listener, "gate-3")[-1], "state": "offline",
+                                                                "reason": "stopped"})
+    listener.close()

@@ -470,8 +470,8 @@ class FleetAgent:
             self._seen[key] = None
             while len(self._seen) > SEEN_KEPT:
                 self._seen.popitem(last=False)
-        question = Question(request.question, max_new_tokens=request.max_new_tokens or self.section.max_new_tokens,
-                            temperature=0.0, source="fleet", evidence=True)
+        question = Question(request.question, max_new_tokens=request.max_new_tokens, temperature=0.0, source="fleet",
+                            evidence=True)  # no token bound asked: the device's generation.max_new_tokens
         question.done = _Done(lambda: self._answered(question, request))
         try:
             self.host.submit(question)
