@@ -402,3 +402,48 @@ def test_the_daemon_publishes_its_alert_and_status_and_answers_the_fleet(broker,
     assert until(lambda: _statuses(listener, "gate-3")[-1] == {**_statuses(listener, "gate-3")[-1], "state": "offline",
                                                                 "reason": "stopped"})
     listener.close()
+
+
+@pytest.fixture
+def certificates(tmp_path):
+    """A CA, a broker certificate for 127.0.0.1 and a client certificate, made with the openssl command."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    d = tmp_path / "certs"
+    d.mkdir()
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=edgekv test CA")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, extra in (("broker", ["-extfile", "san.cnf"]), ("client", [])):
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+            f"{name}.pem", "-days", "2", *extra)
+    return d
+
+
+def test_mqtts_with_the_fleet_ca_and_a_client_certificate(tmp_path, fleet, certificates):
+    from edgekv.apps.outputs.mqtt import FleetConnection, FleetError, ask_fleet
+
+    c = certificates
+    broker = Mosquitto(tmp_path / "broker", tls=(c / "ca.pem", c / "broker.pem", c / "broker.key"))
+    broker.config_text = (lambda text: lambda: text() + "require_certificate true\n")(broker.config_text)
+    with broker:
+        url = f"mqtts://127.0.0.1:{broker.tls_port}"
+        tls = {"ca_file": str(c / "ca.pem"), "cert_file": str(c / "client.pem"), "key_file": str(c / "client.key")}
+        agent, _ = fleet.add(url, "cam-green", **tls)
+        assert until(agent.connected.is_set)
+        result = ask_fleet(QUESTION, FleetConnection(url, **tls), timeout_s=60)
+        assert [(a.device, a.answer) for a in result.answers] == [("cam-green", "green")]
+        with pytest.raises(FleetError, match=r"the broker mqtts://127.0.0.1:\d+ closed the connection before accepting "
+                                             r"it \(.*\); does it require a client certificate"):
+            ask_fleet(QUESTION, FleetConnection(url, ca_file=str(c / "ca.pem")), timeout_s=5)  # no client certificate
+        stranger, _ = fleet.add(url, "cam-red", ca_file=str(c / "ca.pem"))  # trusts the broker, has no certificate
+        assert until(lambda: stranger.counts["connect_failed"] >= 1)
+        assert not stranger.connected.is_set() and "closed the connection before accepting it" in stranger.last_error

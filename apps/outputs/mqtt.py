@@ -344,13 +344,14 @@ class FleetAgent:
         self.broker_host, self.broker_port, self.tls = broker_address(section.broker)
         self.outbox: deque[_Outgoing] = deque()
         self.counts: dict[str, int] = dict.fromkeys(
-            ("connects", "disconnects", "connect_refused", "questions_received", "answered", "answer_errors",
+            ("connects", "disconnects", "connect_refused", "connect_failed", "questions_received", "answered", "answer_errors",
              "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent", "answers_sent",
              "status_sent", "outbox_dropped", "paho_queue_full"), 0)
         self.last_error: str | None = None
         self.connected = threading.Event()
         self._seen: OrderedDict[tuple[str, bytes | None], None] = OrderedDict()
         self._pending = 0
+        self._refused = False  # the last CONNACK refused us (its disconnect is no news)
         self._status_due = True
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -377,6 +378,7 @@ class FleetAgent:
         client.will_set(self.topics.status(self.device), self._status_payload("offline", "connection lost (last will)"),
                         qos=1, retain=True, properties=will)
         client.on_connect, client.on_disconnect, client.on_message = self._on_connect, self._on_disconnect, self._on_message
+        client.on_connect_fail = self._on_connect_fail
         connect = Properties(PacketTypes.CONNECT)
         connect.SessionExpiryInterval = section.will_delay_s  # a will delay needs the session to outlive it
         connect.MaximumPacketSize = 4 * section.max_payload_bytes + PACKET_HEADROOM
@@ -426,6 +428,7 @@ class FleetAgent:
     # ------------------------------------------------------------------ paho callbacks (its network thread)
     def _on_connect(self, client, userdata, flags, reason, properties) -> None:
         if reason.is_failure:
+            self._refused = True
             self.counts["connect_refused"] += 1
             self.last_error = f"broker {self.section.broker} refused the connection: {reason}"
             if self.counts["connect_refused"] == 1 or self.counts["connect_refused"] % 100 == 0:
@@ -445,14 +448,27 @@ class FleetAgent:
             self._status_due = True
             self._cond.notify()
 
+    def _on_connect_fail(self, client, userdata) -> None:
+        """No connection at all (unreachable, refused at TCP, a TLS handshake that failed): paho retries."""
+        self.counts["connect_failed"] += 1
+        self.last_error = f"cannot reach the broker {self.section.broker}"
+        if self.counts["connect_failed"] == 1 or self.counts["connect_failed"] % 100 == 0:
+            log.warning("fleet: %s (%d attempt(s)); answering locally, retrying with backoff up to %g s",
+                        self.last_error, self.counts["connect_failed"], self.section.reconnect_backoff_s[1])
+
     def _on_disconnect(self, client, userdata, flags, reason, properties) -> None:
         was = self.connected.is_set()
         self.connected.clear()
+        refused, self._refused = self._refused, False
+        if not was and not refused and not self._stop.is_set():
+            self._on_connect_fail(client, userdata)  # closed before a CONNACK: a TLS client certificate refused, ...
+            self.last_error = f"the broker {self.section.broker} closed the connection before accepting it ({reason})"
         if was:
             self.counts["disconnects"] += 1
             if not self._stop.is_set():
                 self.last_error = f"lost the broker {self.section.broker}: {reason}"
-                log.warning("fleet: %s; answering locally, reconnecting with backoff", self.last_error)
+                log.warning("fleet: %s as %s; answering locally, reconnecting with backoff", self.last_error,
+                            self.device)
 
     def _on_message(self, client, userdata, message) -> None:
         self.counts["questions_received"] += 1
@@ -669,6 +685,7 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
     statuses: dict[str, str] = {}
     answers: dict[str, FleetAnswer] = {}
     connected: list = []
+    closed: list = []
     subscribed = threading.Event()
     sent_at = [math.inf]
 
@@ -679,6 +696,11 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
 
     def on_subscribe(client, userdata, mid, reasons, properties):
         subscribed.set()
+
+    def on_disconnect(client, userdata, flags, reason, properties):
+        with lock:
+            closed.append(reason)
+            lock.notify_all()
 
     def on_message(client, userdata, message):
         now = time.monotonic()
@@ -716,6 +738,7 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
 
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgekv-ask-{token[:12]}", protocol=mqtt.MQTTv5)
     client.on_connect, client.on_subscribe, client.on_message = on_connect, on_subscribe, on_message
+    client.on_disconnect = on_disconnect
     if conn.username is not None:
         client.username_pw_set(conn.username, conn.password)
     if tls:
@@ -727,9 +750,14 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
     client.loop_start()
     try:
         with lock:
-            if not lock.wait_for(lambda: connected, conn.connect_timeout_s):
+            if not lock.wait_for(lambda: connected or closed, conn.connect_timeout_s):
                 raise FleetError(f"the broker {conn.broker} did not answer the connection within "
                                  f"{conn.connect_timeout_s:g} s")
+            if not connected:
+                hint = ("; does it require a client certificate (--cert-file, --key-file)?"
+                        if tls and conn.cert_file is None else "")
+                raise FleetError(f"the broker {conn.broker} closed the connection before accepting it "
+                                 f"({closed[0]}){hint}")
             if connected[0].is_failure:
                 raise FleetError(f"the broker {conn.broker} refused the connection: {connected[0]}")
         client.subscribe([(topics.statuses, SubscribeOptions(qos=1)), (reply_topic, SubscribeOptions(qos=1))])
