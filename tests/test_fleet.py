@@ -447,3 +447,19 @@ def test_mqtts_with_the_fleet_ca_and_a_client_certificate(tmp_path, fleet, certi
         stranger, _ = fleet.add(url, "cam-red", ca_file=str(c / "ca.pem"))  # trusts the broker, has no certificate
         assert until(lambda: stranger.counts["connect_failed"] >= 1)
         assert not stranger.connected.is_set() and "closed the connection before accepting it" in stranger.last_error
+
+
+@pytest.mark.slow
+def test_bench_fleet_writes_its_figures(tmp_path, capsys):
+    from edgekv.apps.cli import main
+
+    need_mosquitto()
+    out = tmp_path / "fleet.json"
+    assert main(["bench", "fleet", "--devices", "3", "--questions", "2", "--pairs", "6", "--json", str(out),
+                 "--plot", str(tmp_path / "fleet.png")]) == 0
+    result = json.loads(out.read_text())
+    assert [len(r["answers"]) for r in result["records"]] == [3, 3] and result["summary"]["silent"] == 0
+    assert {a["device"] for a in result["records"][0]["answers"]} == {"device-00", "device-01", "device-02"}
+    assert all(a["answer"] in ("yes", "no") and a["device_ms"] > 0 for r in result["records"] for a in r["answers"])
+    assert result["summary"]["overhead_ms"]["n"] == 6 and (tmp_path / "fleet.png").stat().st_size > 0
+    assert "3 devices x 2 questions: all answered in median" in capsys.readouterr().out
