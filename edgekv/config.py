@@ -406,6 +406,7 @@ class FleetSection:
 
     broker: str | None = None        # mqtt://host[:1883] or mqtts://host[:8883] (TLS); null = not in a fleet
     device_id: str | None = None     # this device's name in the fleet; null = the host name
+    camera: str | None = None        # the camera's name in answers and status; null = video.source sans credentials
     topic_prefix: str = "edgekv"     # topics: <prefix>/devices/<id>/{status,alerts,ask}, <prefix>/fleet/ask
     username: str | None = None
     password_env: str | None = None  # the environment variable holding the password (never the YAML)

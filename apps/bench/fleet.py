@@ -131,11 +131,12 @@ def run_fleet(args: argparse.Namespace) -> int:
             broker.terminate()
             broker.wait(10)
     result = _summarize(records, args)
-    result.update(provenance=provenance(), broker=url if args.broker else "mosquitto on 127.0.0.1 (started by the bench)",
+    result.update(provenance=provenance(),
+                  broker=url if args.broker else "mosquitto on 127.0.0.1 (started by the bench)",
                   load_average_after=list(os.getloadavg()), records=records)
     s = result["summary"]
-    print(f"{args.devices} devices x {args.questions} questions: all answered in median {s['all_answered_ms']['median']:.1f} ms "
-          f"(p90 {s['all_answered_ms']['p90']:.1f}); first answer median {s['first_answer_ms']['median']:.1f} ms; "
+    print(f"{args.devices} devices x {args.questions} questions: all answered in median "
+          f"{s['all_answered_ms']['median']:.1f} ms (p90 {s['all_answered_ms']['p90']:.1f}); first answer median {s['first_answer_ms']['median']:.1f} ms; "
           f"fleet overhead per answer median {s['overhead_ms']['median']:.2f} ms (p90 {s['overhead_ms']['p90']:.2f}); "
           f"device's own time median {s['device_ms']['median']:.1f} ms; {s['right']}/{s['answers']} answers right")
     write_figures(result, args.json, args.plot, _plot)
@@ -146,8 +147,8 @@ def _stats(values: list[float]) -> dict:
     ordered = sorted(values)
     if not ordered:
         return {"n": 0, "median": None, "p90": None, "min": None, "max": None}
-    return {"n": len(ordered), "median": statistics.median(ordered), "p90": ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)],
-            "min": ordered[0], "max": ordered[-1]}
+    p90 = ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]  # nearest rank
+    return {"n": len(ordered), "median": statistics.median(ordered), "p90": p90, "min": ordered[0], "max": ordered[-1]}
 
 
 def _summarize(records: list[dict], args: argparse.Namespace) -> dict:

@@ -39,8 +39,9 @@ cost every answer's latency.
 
 Bounds: nothing queues without bound. ``offer`` (alerts, from the main loop) and finished answers go into this
 output's own queue (``fleet.queue`` messages; when full the oldest waiting is dropped and counted), drained by
-its thread while connected; paho's own queue of unacknowledged messages holds at most as many
-(``max_queued_messages_set``). Questions enter the daemon's bounded question queue (a full queue answers
+its thread while connected, at most ``WINDOW`` messages handed to paho and not yet acknowledged (PUBACK) at a
+time; paho's own queue is capped a little above that (``max_queued_messages_set``), so a burst waits in the
+bounded queue here instead of overflowing paho's. Questions enter the daemon's bounded question queue (a full queue answers
 "busy"). A received payload over ``fleet.max_payload_bytes`` is dropped and counted; the device tells the
 broker its Maximum Packet Size (§3.1.2.11.4) of 4x that plus 64 KiB, so anything larger never reaches its
 memory (the broker discards it). While the broker is unreachable the daemon goes on ingesting and answering
@@ -68,6 +69,7 @@ from edgekv.config import FleetSection, broker_address
 log = logging.getLogger("edgekv.fleet")
 PACKET_HEADROOM = 65536     # topic names and properties beside a payload
 SEEN_KEPT = 256             # (response topic, correlation data) of recent questions: QoS 1 duplicates dropped
+WINDOW = 20                 # messages handed to paho and not yet acknowledged (paho's default in-flight bound)
 STOP_FLUSH_S = 2.0          # a clean stop waits this long for what is queued and the "offline" status
 REQUEST_KEYS = ("question", "max_new_tokens")
 
@@ -192,10 +194,12 @@ class FleetHost(Protocol):
 
 def camera_name(source: int | str) -> str:
     """``video.source`` as a fleet may see it: a camera index, a file's name, a URL without its credentials."""
+    import re
+
     if isinstance(source, int) or str(source).isdigit():
         return f"camera {source}"
-    text = str(source)
-    if "://" in text:
+    text = re.sub(r"://[^/@\s]*@", "://", str(source))  # user:password@ anywhere (a gst: pipeline's rtspsrc too)
+    if "://" in text and not text.startswith(("gst:", "csi:")):
         from urllib.parse import urlsplit
 
         parts = urlsplit(text)
@@ -213,7 +217,7 @@ class DaemonHost:
 
     def __init__(self, daemon) -> None:
         self.daemon = daemon
-        self.camera = camera_name(daemon.config.video.source)
+        self.camera = daemon.config.fleet.camera or camera_name(daemon.config.video.source)
 
     def submit(self, question: Question) -> None:
         self.daemon.submit(question)
@@ -344,14 +348,16 @@ class FleetAgent:
         self.broker_host, self.broker_port, self.tls = broker_address(section.broker)
         self.outbox: deque[_Outgoing] = deque()
         self.counts: dict[str, int] = dict.fromkeys(
-            ("connects", "disconnects", "connect_refused", "connect_failed", "questions_received", "answered", "answer_errors",
-             "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent", "answers_sent",
+            ("connects", "disconnects", "connect_refused", "connect_failed", "questions_received", "answered",
+             "answer_errors", "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent", "answers_sent",
              "status_sent", "outbox_dropped", "paho_queue_full"), 0)
         self.last_error: str | None = None
         self.connected = threading.Event()
         self._seen: OrderedDict[tuple[str, bytes | None], None] = OrderedDict()
         self._pending = 0
         self._refused = False  # the last CONNACK refused us (its disconnect is no news)
+        self._unacked: set[int] = set()     # message ids handed to paho, no PUBACK yet (at most WINDOW)
+        self._acked_early: set[int] = set()  # PUBACKs that came before publish() returned their id
         self._status_due = True
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -367,7 +373,8 @@ class FleetAgent:
         section = self.section
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgekv-{self.device}",
                              protocol=mqtt.MQTTv5)
-        client.max_queued_messages_set(section.queue)
+        client.max_inflight_messages_set(WINDOW)
+        client.max_queued_messages_set(WINDOW + 4)  # the window, the status and the "offline" status on stop
         client.reconnect_delay_set(section.reconnect_backoff_s[0], section.reconnect_backoff_s[1])
         if section.username is not None:
             client.username_pw_set(section.username, self._password)
@@ -377,7 +384,8 @@ class FleetAgent:
         will.WillDelayInterval = section.will_delay_s
         client.will_set(self.topics.status(self.device), self._status_payload("offline", "connection lost (last will)"),
                         qos=1, retain=True, properties=will)
-        client.on_connect, client.on_disconnect, client.on_message = self._on_connect, self._on_disconnect, self._on_message
+        client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
+        client.on_message, client.on_publish = self._on_message, self._on_publish
         client.on_connect_fail = self._on_connect_fail
         connect = Properties(PacketTypes.CONNECT)
         connect.SessionExpiryInterval = section.will_delay_s  # a will delay needs the session to outlive it
@@ -447,6 +455,26 @@ class FleetAgent:
             self.connected.set()
             self._status_due = True
             self._cond.notify()
+
+    def _on_publish(self, client, userdata, mid, reason, properties) -> None:
+        with self._cond:
+            if mid in self._unacked:
+                self._unacked.discard(mid)
+            else:
+                self._acked_early.add(mid)
+            self._cond.notify_all()
+
+    def _handed(self, info) -> bool:
+        """Track a publish in the window; False when paho refused it (its queue full)."""
+        if info.rc == _paho().MQTT_ERR_QUEUE_SIZE:
+            self.counts["paho_queue_full"] += 1
+            return False
+        with self._cond:  # sent, or (the connection just went) kept by paho for the next one
+            if info.mid in self._acked_early:
+                self._acked_early.discard(info.mid)
+            else:
+                self._unacked.add(info.mid)
+        return True
 
     def _on_connect_fail(self, client, userdata) -> None:
         """No connection at all (unreachable, refused at TCP, a TLS handshake that failed): paho retries."""
@@ -539,12 +567,14 @@ class FleetAgent:
         while not self._stop.is_set():
             with self._cond:
                 now = time.monotonic()
-                if not self.connected.is_set() or (not self.outbox and not self._status_due and now < next_status):
+                room = len(self._unacked) < WINDOW
+                if not self.connected.is_set() or (not (self.outbox and room) and not self._status_due
+                                                   and now < next_status):
                     self._cond.wait(min(1.0, max(0.0, next_status - now)) if self.connected.is_set() else 1.0)
                     continue
                 status_now = self._status_due or now >= next_status
                 self._status_due = False
-                item = self.outbox.popleft() if self.outbox else None
+                item = self.outbox.popleft() if self.outbox and room else None
                 self._cond.notify_all()  # stop() waits for the outbox to drain
             if status_now:
                 self._publish_status()
@@ -556,21 +586,20 @@ class FleetAgent:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
-        mqtt = _paho()
         properties = Properties(PacketTypes.PUBLISH)
         properties.PayloadFormatIndicator = 1  # UTF-8 (§3.3.2.3.2)
         properties.ContentType = "application/json"
         if item.correlation is not None:
             properties.CorrelationData = item.correlation
         info = self._client.publish(item.topic, item.payload, qos=1, retain=False, properties=properties)
-        if info.rc == mqtt.MQTT_ERR_QUEUE_SIZE:
-            self.counts["paho_queue_full"] += 1  # paho already holds ``queue`` unacknowledged messages: dropped
-        else:  # sent, or (the connection just went) kept by paho for the next one, within its bound
+        if self._handed(info):
             self.counts["alerts_sent" if item.kind == "alert" else "answers_sent"] += 1
 
     def _publish_status(self) -> None:
-        self._client.publish(self.topics.status(self.device), self._status_payload("online"), qos=1, retain=True)
-        self.counts["status_sent"] += 1
+        info = self._client.publish(self.topics.status(self.device), self._status_payload("online"), qos=1,
+                                    retain=True)
+        if self._handed(info):
+            self.counts["status_sent"] += 1
 
     def _status_payload(self, state: str, reason: str | None = None) -> bytes:
         import edgekv
@@ -821,7 +850,8 @@ def add_ask_arguments(parser) -> None:
     parser.add_argument("--key-file", default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.epilog = "example: edgekv ask --fleet 'Was there a red circle?' --broker mqtt://broker.local:1883 --timeout 10"
+    parser.epilog = ("example: edgekv ask --fleet 'Was there a red circle?' --broker mqtt://broker.local:1883 "
+                     "--timeout 10")
     parser.set_defaults(func=run_ask)
 
 
