@@ -484,3 +484,30 @@ def test_bench_fleet_writes_its_figures(tmp_path, capsys):
     assert all(a["answer"] in ("yes", "no") and a["device_ms"] > 0 for r in result["records"] for a in r["answers"])
     assert result["summary"]["overhead_ms"]["n"] == 6 and (tmp_path / "fleet.png").stat().st_size > 0
     assert "3 devices x 2 questions: all answered in median" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_daemon_refused_by_the_broker_keeps_ingesting_and_answering(tmp_path, tiny_checkpoint, monkeypatch):
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon, call, chat, server_config
+
+    need_mosquitto()
+    monkeypatch.setenv("EDGEKV_TEST_MQTT_PASSWORD", "wrong")
+    with Mosquitto(tmp_path / "broker", users={"cam": "right-horse-battery"}) as broker:
+        config = server_config(tiny_checkpoint).with_overrides(fleet={
+            "broker": broker.url, "device_id": "cam-9", "username": "cam", "password_env": "EDGEKV_TEST_MQTT_PASSWORD",
+            "reconnect_backoff_s": [0.2, 1.0]})
+        with RunningDaemon(config, tmp_path / "out.txt") as run:
+            fleet = run.daemon.fleet
+            assert until(lambda: fleet.counts["connect_refused"] >= 2)  # refused, retried with backoff
+            frames = run.daemon.session.counters.frames
+            assert until(lambda: run.daemon.session.counters.frames > frames + 4)  # ingest goes on
+            status, _, body = chat(run.port, "What do you see?", max_tokens=2)
+            assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] is not None
+            metrics = call(run.port, "GET", "/metrics")[2].decode()
+            assert "edgekv_fleet_connected 0.0" in metrics
+            assert re.search(r"edgekv_fleet_connect_refused_total [1-9]", metrics)
+            assert "refused the connection" in run.daemon.status()["fleet"]["last_error"]
+            assert run.daemon.stream_state == "running"
+    log = (tmp_path / "out.txt").read_text()
+    assert "fleet: device cam-9 on mqtt://127.0.0.1" in log

@@ -697,6 +697,8 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
         raise ValueError(f"question: expected a non-empty string, got {question!r}")
     if not timeout_s > 0:
         raise ValueError(f"timeout: must be > 0 s, got {timeout_s}")
+    if device is not None and (not device or any(c in device for c in "/+#\0")):
+        raise ValueError(f"device: one MQTT topic level (no '/', '+', '#'), got {device!r}")
     conn = FleetConnection(connection) if isinstance(connection, str) else connection
     mqtt = _paho()
     from paho.mqtt.packettypes import PacketTypes
