@@ -659,11 +659,11 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [("fleet", self.fleet, lambda f: f.stop()),
-                 *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
+        parts = [*(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
                  ("voice", self.voice, lambda v: v.stop()), 
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
-                 ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
+                 ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop()),
+                 ("fleet", self.fleet, lambda f: f.stop())]  # last: a broker out of reach costs no other part time
         for name, part, stop in parts:
             if part is not None:
                 _bounded(name, lambda: stop(part), deadline)
