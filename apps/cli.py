@@ -1,5 +1,5 @@
 """``edgekv`` command line: serve, build, make-tiny-checkpoint, train-toy, eval, plan,
-calibrate, bench, bag.
+calibrate, bench, bag, ask.
 
 Each command's options are added only when that command is run, and each command imports what it
 needs only then: ``edgekv --help`` lists the commands without loading torch (a second, not ten, on a
@@ -135,6 +135,12 @@ def _add_bag(parser: argparse.ArgumentParser) -> None:
     add_bag_arguments(parser)
 
 
+def _add_ask(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.outputs.mqtt import add_ask_arguments
+
+    add_ask_arguments(parser)
+
+
 def _add_bench(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     from edgekv.apps.bench import add_arguments
 
@@ -153,6 +159,7 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
     "calibrate": ("VaN CV thresholds for a model from sample videos", _add_calibrate),
     "bench": ("benchmarks that print and save figures (JSON + PNG)", _add_bench),
     "bag": ("write a ROS 2 bag (MCAP or sqlite3) from a video source (then video.source: rosbag:DIR)", _add_bag),
+    "ask": ("ask the fleet one question over MQTT and gather every device's answer", _add_ask),
 }
 
 

@@ -34,12 +34,25 @@ class Question:
     stream: bool = False  # its tokens go out as they come (a streamed chat): only escalated when it asks
     on_token: object = None
     source: str = "cli"
+    evidence: bool = False  # also find the frame pair the question attends most (``evidence_pair``): fleet answers
     answer: object = None
     error: Exception | None = None
     done: threading.Event = field(default_factory=threading.Event)
     id: int = field(default_factory=lambda: next(_question_ids))
     asked_at: float = field(default_factory=time.time)
     answered_at: float | None = None
+    evidence_pair: int | None = None
+
+
+def evidence_pair(session, text: str) -> int | None:
+    """The frame pair ``text`` attends most over ``session``'s cache as it is: one ``session.probe`` of it, the
+    same question prefill an answer starts with, its attention summed per kept frame pair (the cache is left
+    as it was; archived pairs an answer recalls are not among the candidates). None when no pair is kept or it
+    cannot be known (a model without single-token yes/no, no room left): the answer it goes with stands."""
+    try:
+        return next(iter(session.probe(text).top_pairs(1)), None)
+    except (ValueError, RuntimeError):
+        return None
 
 
 class QuestionRefused(Exception):

@@ -483,6 +483,89 @@ class AlertsSection:
                               f"{self.keyframe_pairs}")
 
 
+def _topic_level(value: str) -> bool:
+    """One or more MQTT topic levels a client may publish to: no wildcard, no empty level, no NUL."""
+    return bool(value) and not any(c in value for c in "+#\0") and all(value.split("/"))
+
+
+def broker_address(url: str) -> tuple[str, int, bool]:
+    """``mqtt://host[:port]`` / ``mqtts://host[:port]`` -> (host, port, tls); ports default to 1883 / 8883
+    (IANA's MQTT ports). Raises ``ValueError`` saying what is wrong."""
+    from urllib.parse import urlsplit
+
+    expected = f"expected mqtt://host[:port] or mqtts://host[:port], got {url!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValueError(expected) from None
+    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname or parts.path.strip("/") or parts.query \
+            or parts.username or parts.password:
+        raise ValueError(expected + (" (credentials go in username / password_env)" if parts.password else ""))
+    tls = parts.scheme == "mqtts"
+    return parts.hostname, port or (8883 if tls else 1883), tls
+
+
+@dataclass(frozen=True)
+class FleetSection:
+    """The fleet over MQTT 5 (apps/outputs/mqtt.py): status, alerts and fleet questions through a broker."""
+
+    broker: str | None = None        # mqtt://host[:1883] or mqtts://host[:8883] (TLS); null = not in a fleet
+    device_id: str | None = None     # this device's name in the fleet; null = the host name
+    camera: str | None = None        # the camera's name in answers and status; null = video.source sans credentials
+    topic_prefix: str = "edgekv"     # topics: <prefix>/devices/<id>/{status,alerts,ask}, <prefix>/fleet/ask
+    username: str | None = None
+    password_env: str | None = None  # the environment variable holding the password (never the YAML)
+    password: str | None = None      # refused: only here to say so (see validate)
+    ca_file: str | None = None       # mqtts://: the CA that signed the broker's certificate (null: the system's)
+    cert_file: str | None = None     # mqtts:// client certificate (with key_file)
+    key_file: str | None = None
+    keepalive_s: int = 30            # MQTT keep-alive; the broker declares the device gone after 1.5x this
+    will_delay_s: int = 0            # MQTT 5 will delay: a blip shorter than this never shows "offline"
+    reconnect_backoff_s: list[float] = field(default_factory=lambda: [1.0, 60.0])  # [first, max], doubling
+    queue: int = 256                 # messages waiting to go out (alerts, answers); beyond: oldest dropped, counted
+    max_payload_bytes: int = 65536   # a larger fleet question is dropped and counted
+    status_every_s: float = 30.0     # the retained status is refreshed this often (and on connect)
+    max_new_tokens: int = 64         # the most answer tokens a fleet question may ask for (default: generation's)
+
+    def validate(self, at: str) -> None:
+        if self.password is not None:
+            raise ConfigError(f"{at}.password: a password is never written in the YAML; put it in an environment "
+                              f"variable and name that in {at}.password_env")
+        if self.broker is not None:
+            try:
+                broker_address(self.broker)
+            except ValueError as exc:
+                raise ConfigError(f"{at}.broker: {exc}") from None
+        if self.device_id is not None and not (_topic_level(self.device_id) and "/" not in self.device_id):
+            raise ConfigError(f"{at}.device_id: one MQTT topic level (no '/', '+', '#'), got {self.device_id!r}")
+        if not _topic_level(self.topic_prefix):
+            raise ConfigError(f"{at}.topic_prefix: MQTT topic levels without '+', '#' or empty levels, got "
+                              f"{self.topic_prefix!r}")
+        if self.password_env is not None and not self.password_env.strip():
+            raise ConfigError(f"{at}.password_env: empty; name the environment variable holding the password")
+        if self.password_env is not None and self.username is None:
+            raise ConfigError(f"{at}.password_env: a password needs a username ({at}.username)")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ConfigError(f"{at}.cert_file and {at}.key_file: a client certificate needs both")
+        if self.broker is not None and not self.broker.startswith("mqtts://"):
+            for name in ("ca_file", "cert_file", "key_file"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{at}.{name}: TLS files need an mqtts:// broker, got {self.broker!r}")
+        if not 1 <= self.keepalive_s <= 65535:
+            raise ConfigError(f"{at}.keepalive_s: must be 1 to 65535 s, got {self.keepalive_s}")
+        if not 0 <= self.will_delay_s <= 86400:
+            raise ConfigError(f"{at}.will_delay_s: must be 0 to 86400 s, got {self.will_delay_s}")
+        if len(self.reconnect_backoff_s) != 2 or not 0 < self.reconnect_backoff_s[0] <= self.reconnect_backoff_s[1]:
+            raise ConfigError(f"{at}.reconnect_backoff_s: expected [first, max] with 0 < first <= max, got "
+                              f"{self.reconnect_backoff_s}")
+        for name in ("queue", "max_payload_bytes", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{at}.{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.status_every_s > 0:
+            raise ConfigError(f"{at}.status_every_s: must be > 0, got {self.status_every_s}")
+
+
 @dataclass(frozen=True)
 class EscalateSection:
     """Hard questions sent to a bigger model (apps/outputs/escalate.py): an OpenAI-compatible server (vLLM,
@@ -595,6 +678,7 @@ class EdgeKVConfig:
     power: PowerSection = field(default_factory=PowerSection)
     privacy: PrivacySection = field(default_factory=PrivacySection)
     ros2: Ros2Section = field(default_factory=Ros2Section)
+    fleet: FleetSection = field(default_factory=FleetSection)
     source: str = field(default="<defaults>", compare=False)
 
     def with_overrides(self, *, label: str = "overrides", **sections: dict) -> "EdgeKVConfig":
@@ -789,6 +873,8 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
     privacy = dataclasses.replace(config.privacy, key_file=resolve(config.privacy.key_file),
                                   previous_key_files=[resolve(p) for p in config.privacy.previous_key_files])
     archive = dataclasses.replace(config.archive, dir=resolve(config.archive.dir))
+    fleet = dataclasses.replace(config.fleet, **{name: resolve(getattr(config.fleet, name))
+                                                 for name in ("ca_file", "cert_file", "key_file")})
     source = config.video.source
     if isinstance(source, str) and _is_relative_file(source):
         source = resolve(source)
@@ -797,7 +883,7 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
         source = f"rosbag:{resolve(path) if path else path}{mark}{query}"
     video = dataclasses.replace(config.video, source=source)
     return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state,
-                               archive=archive, privacy=privacy)
+                               archive=archive, privacy=privacy, fleet=fleet)
 
 
 def _is_relative_file(source: str) -> bool:

@@ -147,6 +147,8 @@ class Daemon:
         self.image_session = None  # answers questions that carry images (server.image_requests)
         self.alert_bus = None
         self.webhooks: list = []
+        self.fleet = None  # FleetAgent (fleet: in the YAML): MQTT status, alerts and fleet questions
+        self._fleet_password: str | None = None
         self._probes: deque = deque()  # standing questions due for an evaluation
         from edgekv.state import StateKeeper  # imports torch: only once a daemon is made, not for --help
 
@@ -233,6 +235,13 @@ class Daemon:
         if cfg.server.enabled and not self.options.no_server:
             check_server_packages()
             check_server_address(cfg)
+        if cfg.fleet.broker is not None:
+            from edgekv.apps.outputs.mqtt import FleetError, preflight
+
+            try:
+                self._fleet_password = preflight(cfg.fleet)
+            except FleetError as exc:
+                raise StartupError(str(exc)) from None
         self._spec, self._source = open_video_source(cfg)
         if self.options.quiz:
             self.quiz = Quiz.for_source(self._source, self.options.quiz)
@@ -286,6 +295,7 @@ class Daemon:
             self.image_session = runtime.session(archive=False)
             self.say("questions with images are answered in a second session "
                      f"({self.image_session.cache.capacity_bytes / 2**20:.2f} MiB allocated once)")
+        self._start_fleet()
         self._start_inputs()
         notify_systemd("READY=1")
         self.watchdog = Watchdog.from_environment(self.heartbeat)
@@ -307,6 +317,19 @@ class Daemon:
         if section.rules:
             self.say(f"standing questions: {len(section.rules)} ("
                      + "; ".join(printable(rule.question) for rule in section.rules) + ")")
+
+    def _start_fleet(self) -> None:
+        """The fleet over MQTT (apps/outputs/mqtt.py): a question channel and an alert output; an unreachable
+        broker is retried in the background, never a reason not to start."""
+        section = self.config.fleet
+        if section.broker is None:
+            return
+        from edgekv.apps.outputs.mqtt import DaemonHost, FleetAgent
+
+        self.fleet = FleetAgent(section, DaemonHost(self), self._fleet_password).start()
+        self.alert_bus.add(self.fleet)
+        self.say(f"fleet: device {printable(self.fleet.device)} on {section.broker} (topics under "
+                 f"{printable(section.topic_prefix)}/)")
 
     def _start_inputs(self) -> None:
         cfg = self.config
@@ -542,9 +565,10 @@ class Daemon:
         if self.options.one_shot:
             return True
         stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
-        listening = self.server is not None or self.voice is not None or self.ros2 is not None or stdin
+        listening = (self.server is not None or self.voice is not None or self.ros2 is not None or stdin
+                     or self.fleet is not None)
         if not listening:
-            self.say("no question can arrive (no HTTP API, no stdin, no microphone): exiting")
+            self.say("no question can arrive (no HTTP API, no stdin, no microphone, no fleet): exiting")
         return not listening
 
     def _ingest_next(self) -> None:
@@ -654,7 +678,9 @@ class Daemon:
                     question.answer = self.session.ask(
                         question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
                         top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
-                        evidence=evidence)
+                        evidence=max(evidence, 1 if question.evidence else 0))
+                if question.evidence and question.answer.evidence:  # the pair the question attended most
+                    question.evidence_pair = question.answer.evidence[0]
             if speech is not None:
                 speech.finish(question.answer.text)
             deferred = not question.images and self._escalate(question)
@@ -780,6 +806,7 @@ class Daemon:
             **self.backlog.stats(),
             "ingest_s": self.fair.ingest_s, "answer_s": self.fair.answer_s, "answers_ahead_of_frames": self.fair.answers_ahead,
             "watchdog_pings": self.watchdog.pings if self.watchdog else None,
+            "fleet": self.fleet.stats() if self.fleet is not None else None,
         }
 
     def latest_jpeg(self) -> bytes | None:
@@ -841,7 +868,8 @@ class Daemon:
                  ("escalator", self.escalator, lambda e: e.stop()),
                  ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
-                 ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop())]
+                 ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop()),
+                 ("fleet", self.fleet, lambda f: f.stop())]  # last: a broker out of reach costs no other part time
         for name, part, stop in parts:
             if part is not None:
                 _bounded(name, lambda: stop(part), deadline)

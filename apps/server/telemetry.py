@@ -214,11 +214,33 @@ class DaemonCollector:
         for name, help_text, value in gauges:
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
+        fleet = getattr(daemon, "fleet", None)
+        if fleet is not None:  # fleet: in the YAML (apps/outputs/mqtt.py)
+            yield from fleet_metrics(fleet.stats())
         state = GaugeMetricFamily("edgekv_stream_state", "1 for the stream's current state", labels=["state"])
         current = stream_state(daemon)
         for name in STREAM_STATES:
             state.add_metric([name], 1.0 if name == current else 0.0)
         yield state
+
+
+def fleet_metrics(stats: dict) -> Iterator[Any]:
+    """The fleet output's figures (``FleetAgent.stats()``): questions by outcome, messages dropped by reason."""
+    yield GaugeMetricFamily("edgekv_fleet_connected", "1 while connected to the MQTT broker",
+                            value=1.0 if stats["connected"] else 0.0)
+    yield CounterMetricFamily("edgekv_fleet_connects", "connections to the MQTT broker", value=stats["connects"])
+    yield CounterMetricFamily("edgekv_fleet_connect_refused", "connections the broker refused (credentials)",
+                              value=stats["connect_refused"])
+    questions = CounterMetricFamily("edgekv_fleet_questions", "fleet questions by outcome", labels=["outcome"])
+    for outcome, key in (("answered", "answered"), ("error", "answer_errors"), ("busy", "refused_busy"),
+                         ("duplicate", "duplicates")):
+        questions.add_metric([outcome], stats[key])
+    yield questions
+    dropped = CounterMetricFamily("edgekv_fleet_dropped", "fleet messages dropped, by reason", labels=["reason"])
+    for reason, key in (("malformed", "dropped_malformed"), ("oversized", "dropped_oversized"),
+                        ("queue_full", "outbox_dropped"), ("paho_queue_full", "paho_queue_full")):
+        dropped.add_metric([reason], stats[key])
+    yield dropped
 
 
 def _scaled(value: float | None, factor: float) -> float | None:
