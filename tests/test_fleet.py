@@ -406,7 +406,7 @@ def test_the_daemon_publishes_its_alert_and_status_and_answers_the_fleet(broker,
             (answer,) = result.answers
             assert (answer.device, answer.answer, answer.camera) == ("gate-3", "yes", ALERT_SOURCE)
             assert ALERT_PAIR <= answer.evidence_pair <= ALERT_PAIR + 1
-            assert answer.evidence_t == daemon.alerts.keyframes.times[answer.evidence_pair]
+            assert answer.evidence_t == daemon.session.pair_times[answer.evidence_pair]  # the pair's first frame
             assert any(q["source"] == "fleet" for q in daemon.recent_questions())
             publish_raw(broker.url, "edgekv/devices/gate-3/ask", b"{not json", "edgekv/replies/x", b"1")
             assert until(lambda: daemon.fleet.counts["dropped_malformed"] == 1)

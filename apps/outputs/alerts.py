@@ -112,11 +112,15 @@ class KeyframeRing:
     def __init__(self, pairs: int) -> None:
         self.pairs = pairs
         self.frames: OrderedDict[int, np.ndarray] = OrderedDict()
-        self.times: dict[int, float] = {}
+        self.times: dict[int, float] = {}  # the last TIMES_KEPT pairs' stream times
         self.latest: tuple[int, np.ndarray] | None = None
+
+    TIMES_KEPT = 1 << 16  # ~1 MiB of (pair, time); older pairs' times come from the session (``pair_times``)
 
     def add(self, pair: int, frame: np.ndarray, t: float) -> None:
         self.times[pair] = t
+        if len(self.times) > self.TIMES_KEPT:
+            del self.times[next(iter(self.times))]  # insertion order: the oldest pair
         self.latest = (pair, frame)
         if self.pairs:
             self.frames[pair] = frame
@@ -237,11 +241,17 @@ class AlertEngine:
         jpeg, note = self.keyframes.jpeg(evidence)
         event = AlertEvent(uuid.uuid4().hex[:16], state.id, state.name, state.rule.question,
                            state.rule.camera or self.camera, verdict.p_yes, self.keyframes.times.get(pair), evidence,
-                           self.keyframes.times.get(evidence) if evidence is not None else None, time.time(),
+                           self._time_of(session, evidence), time.time(),
                            jpeg, note)
         log.info("alert %s: %r (P(yes) %.2f at pair %d)", state.name, state.rule.question, verdict.p_yes, pair)
         self.bus.publish(event)
         return event
+
+    def _time_of(self, session, pair: int | None) -> float | None:
+        if pair is None:
+            return None
+        held = getattr(session, "pair_times", {})
+        return held.get(pair, self.keyframes.times.get(pair))
 
     def stats(self) -> dict[str, Any]:
         rules = self.list()

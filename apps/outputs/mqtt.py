@@ -234,8 +234,11 @@ class DaemonHost:
         return out
 
     def evidence_time(self, pair: int | None) -> float | None:
+        if pair is None:
+            return None
+        held = getattr(self.daemon.session, "pair_times", {})  # the pairs the cache holds
         alerts = self.daemon.alerts
-        return alerts.keyframes.times.get(pair) if alerts is not None and pair is not None else None
+        return held.get(pair, alerts.keyframes.times.get(pair) if alerts is not None else None)
 
 
 class SessionHost:
