@@ -1,5 +1,5 @@
 """``edgekv`` command line: serve, build, make-tiny-checkpoint, train-toy, eval, plan,
-calibrate, bench.
+quantize, calibrate, bench.
 
 Each command's options are added only when that command is run, and each command imports what it
 needs only then: ``edgekv --help`` lists the commands without loading torch (a second, not ten, on a
@@ -127,6 +127,12 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: args.run(args))
 
 
+def _add_quantize(parser: argparse.ArgumentParser) -> None:
+    from edgekv.model.quantize import add_quantize_arguments
+
+    add_quantize_arguments(parser)
+
+
 def _add_bench(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     from edgekv.apps.bench import add_arguments
 
@@ -142,6 +148,7 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
     "train-toy": ("train the toy Qwen2.5-VL on synthetic event streams", _add_train_toy),
     "eval": ("answer-accuracy benchmarks (toy needle streams, MLVU / Video-MME)", _add_eval),
     "plan": ("largest cache budget that fits a device's memory (an estimate)", _add_plan),
+    "quantize": ("write a checkpoint's language-model linears as 4-bit weights (AutoAWQ GEMM layout)", _add_quantize),
     "calibrate": ("VaN CV thresholds for a model from sample videos", _add_calibrate),
     "bench": ("benchmarks that print and save figures (JSON + PNG)", _add_bench),
 }
