@@ -281,7 +281,7 @@ class Int4Linear(nn.Module):
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight as a ``nn.Linear`` holds it, [N, K]: exact in fp32, then rounded once to ``dtype``."""
         q, zeros = self.integers()
-        return dequantize(q, zeros, self.scales, self.group_size).t().to(dtype)
+        return dequantize(q, zeros, self.scales, self.group_size).t().contiguous().to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from edgekv.kernels.int4_matmul import int4_matmul
