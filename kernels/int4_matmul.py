@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekv.kernels._triton import cdiv, jit, tl, use_triton
+from edgekv.kernels._triton import cdiv, interpreting, jit, tl, use_triton
 
 _MAX_DEQUANT_ELEMENTS = 1 << 22  # the reference dequantizes at most this many weights at a time
 
@@ -69,6 +69,14 @@ def _dequantized_block(qw_ptr, qz_ptr, s_ptr, k0, offs_k, k_ok, offs_n, n_ok, wo
 
 
 @jit
+def _round_to_bf16(w):
+    """fp32 -> the nearest bf16 (ties to even), kept in fp32: the interpreter's own conversion truncates."""
+    bits = w.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # grid: (cdiv(N, BLOCK_N),); x [K] contiguous, out [N] fp32
@@ -86,8 +94,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words,
 
 @jit
 def _int4_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, group, words, s_xm, s_om,
-                      LOW_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      LOW_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BF16: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); x [M, K] rows contiguous, out [M, N] fp32
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -100,7 +108,11 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, group, wor
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = _dequantized_block(qw_ptr, qz_ptr, s_ptr, k0, offs_k, k_ok, offs_n, n_ok, words, N, group)
         if LOW_PRECISION:  # fp16 / bf16: the weight rounded to the activations' dtype, fp32 accumulation
-            acc += tl.dot(x, w.to(x.dtype))
+            if DOT_IN_FP32:  # the same rounding, multiplied in fp32 (Triton 3.9's interpreter gets bf16 tl.dot wrong)
+                rounded = _round_to_bf16(w) if BF16 else w.to(x.dtype).to(tl.float32)
+                acc += tl.dot(x.to(tl.float32), rounded, input_precision="ieee")
+            else:
+                acc += tl.dot(x, w.to(x.dtype))
         else:
             acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * s_om + offs_n[None, :], acc,
@@ -131,7 +143,9 @@ def int4_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Ten
         block_n = 64
         _int4_gemm_kernel[(cdiv(m, block_m), cdiv(n, block_n))](
             x, qweight, qzeros, scales, out, m, n, k, group, words, x.stride(0), out.stride(0),
-            LOW_PRECISION=x.dtype != torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_block_k(group))
+            LOW_PRECISION=x.dtype != torch.float32, DOT_IN_FP32=interpreting(), BF16=x.dtype == torch.bfloat16,
+            BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=_block_k(group))
     return out.to(x.dtype)
 
 

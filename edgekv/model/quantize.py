@@ -379,6 +379,18 @@ def dequantize_checkpoint(in_dir: str | Path, out_dir: str | Path, dtype: torch.
     return out_dir
 
 
+def bench_int4_checkpoint(model_dir: str | Path, out_dir: Path, group_size: int = 128) -> str:
+    """``model_dir`` quantized into ``out_dir`` for a benchmark, with the largest of ``group_size``, 64, 32,
+    16 that divides every linear's in_features (a tiny checkpoint's 64 / 176 take 16)."""
+    from edgekv.model.config import ModelConfig
+    from edgekv.toy import resolve_model_path
+
+    config = ModelConfig.from_dir(resolve_model_path(str(model_dir)))
+    widths = {k for _, k in _linear_shapes(config).values()}
+    group = next((g for g in (group_size, 64, 32, 16) if all(k % g == 0 for k in widths)), -1)
+    return str(quantize_checkpoint(model_dir, out_dir, group_size=group))
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("in_dir", help="a Qwen2.5-VL checkpoint directory (or builtin:toy)")
