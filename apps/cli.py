@@ -89,7 +89,9 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-memory", type=float, required=True, help="device memory in GB")
-    parser.add_argument("--model", required=True, help="model directory (config.json)")
+    parser.add_argument("--model", default=None, help="model directory (config.json); required without --config")
+    parser.add_argument("--config", default=None, help="a deployment config: plan for its model, dtype and grid, "
+                                                       "and check its cache cap")
     parser.add_argument("--resolution", type=int, nargs=2, default=[448, 448], metavar=("H", "W"),
                         help="video.resolution of the deployment")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"], help="weight and cache dtype")
@@ -99,8 +101,16 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from edgekv.calibration.plan import plan
+    from edgekv.calibration.plan import check_config, plan
 
+    if args.config:
+        result, verdict = check_config(args.config, args.device_memory, model_dir=args.model,
+                                       reserve_gb=args.reserve_gb, weights_gb=args.weights_gb)
+        print(result.summary())
+        print(verdict)
+        return 0
+    if args.model is None:
+        raise ValueError("--model: a model directory is needed (or --config)")
     result = plan(device_memory_gb=args.device_memory, model_dir=args.model, resolution=tuple(args.resolution),
                   weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb)
     print(result.summary())
