@@ -43,6 +43,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated: fp32, bf16, fp16, int4")
     parser.add_argument("--int4-model", default=None, help="the 4-bit checkpoint for int4 (default: --model quantized)")
     parser.add_argument("--int4-group-size", type=int, default=128, help="group size when --model is quantized here")
+    parser.add_argument("--int4-routes", default="native",
+                        help="routes for int4 (eager dequantizes every weight per token: minutes per token at 3B)")
     parser.add_argument("--routes", default="eager,native",
                         help="comma-separated edgekv weight routes: eager, native (bf16 only; see decode_routes)")
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens before decoding")
@@ -189,7 +191,8 @@ def run_decode(args: argparse.Namespace) -> int:
                 from edgekv.model.quantize import bench_int4_checkpoint
 
                 source = args.int4_model or bench_int4_checkpoint(model, Path(tmp) / "int4", args.int4_group_size)
-            for route in routes:
+            for route in (comma_choices(args.int4_routes, ROUTES, "--int4-routes", "route") if dtype_name == "int4"
+                          else routes):
                 if route == "native":
                     from edgekv.model.decode_routes import native_unavailable
 

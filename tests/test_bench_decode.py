@@ -71,7 +71,7 @@ def test_bench_decode_int4_counts_four_bit_bytes_and_packs_the_route(tiny_checkp
         pytest.skip(f"the C kernel cannot be built here: {cpu_gemv.unavailable_reason()}")
     out = tmp_path / "d.json"
     code = main(["bench", "decode", "--model", str(tiny_checkpoint), "--dtypes", "bf16,int4", "--routes", "eager,native",
-                 "--prompt", "5", "--tokens", "4", "--repeats", "1", "--threads", "1", "--bandwidth-mib", "64",
+                 "--int4-routes", "eager,native", "--prompt", "5", "--tokens", "4", "--repeats", "1", "--threads", "1", "--bandwidth-mib", "64",
                  "--no-hf", "--json", str(out), "--plot", str(tmp_path / "d.png")])
     assert code == 0
     rows = {(r["route"], r["dtype"]): r for r in json.loads(out.read_text())["rows"]}
