@@ -176,16 +176,20 @@ int edgekv_gemv_simd(void) { return EDGEKV_AVX2; }
  * side by side: one AVX2 vpmaddubsw multiplies them by two activations and adds the pair.
  *
  * The activations become integers for the products: per group, X_k = round(x_k * 2^(B - E)) with
- * |x_k| < 2^E for the whole group — fixed point against the group's largest value, B = 30 bits for fp32
- * activations (at most 2^-30 of it per activation, below fp32's own rounding of all but the smallest) and
- * B = 22 for bf16 / fp16 ones (2^-22: far below their 2^-9 / 2^-12) — split into D = 4 (3) signed bytes
- * X = d0 + 2^8 d1 + 2^16 d2 (+ 2^24 d3). The products q * d are exact in 16-bit lanes (|2 * 15 * 128| * 8
- * < 2^15) for 16 rows, then joined exactly in 32 bits (three digits: 16 * 15 * 2^22 < 2^31; four: as the
- * d0 + 2^8 d1 and d2 + 2^8 d3 parts, joined in fp32 with one rounding) and summed over the group in fp32:
+ * |x_k| < 2^E for the whole group — fixed point against the group's largest value, split into D signed bytes
+ * X = d0 + 2^8 d1 (+ 2^16 d2 (+ 2^24 d3)), B = 8 D - 2: D = 4 for fp32 activations (at most 2^-30 of the
+ * group's largest |x| per activation, below fp32's own rounding of all but the smallest), 3 for fp16 (2^-22)
+ * and 2 for bf16 (2^-14: a group of G values has an rms of at least max / sqrt(G), so against the group's
+ * own contribution the error stays near 2^-14 sqrt(G) / sqrt(3), ~1.7e-4 at G = 128, while rounding the
+ * weights to bf16 — the same-precision product — costs ~2^-9 / sqrt(3), ~1e-3). The products q * d are
+ * exact in 16-bit lanes (|2 * 15 * 128| * 8 < 2^15) for 16 rows, then joined exactly in 32 bits (up to three
+ * digits: 16 * 15 * 2^22 < 2^31; four: as the d0 + 2^8 d1 and d2 + 2^8 d3 parts, joined in fp32 with one
+ * rounding) and summed over the group in fp32:
  *     y[n] += s[g][n] * 2^(E - B) * (sum_k q[k][n] X_k - z[g][n] sum_k X_k)
  * Converting 4-bit integers to fp32 one by one (shift, mask, convert, fma) measured 0.09-0.13 ns per weight
  * on the 2-core AVX2 machine, no faster than the bf16 kernel above; the integer products with three digits
- * 0.04, with four 0.065 (one L3-resident 2048 x 11008 weight, one thread). NEON (aarch64:
+ * 0.04, with four 0.065 (one L3-resident 2048 x 11008 weight, one thread); every digit costs two vpmaddubsw
+ * and two adds per 64 weights, against three operations to unpack them. NEON (aarch64:
  * Jetson's CPU) does the same integer arithmetic with vmull_s8 / vpadalq_s16; other CPUs run the portable
  * loop. All three compute the same integers and the same fp32 operations, so their outputs are equal.
  * ------------------------------------------------------------------------------------------------------ */
@@ -292,7 +296,7 @@ Q4_INLINE void q4_block(const uint8_t *t, const struct q4_input *in, const uint1
                                                _mm256_maddubs_epi16(hi, _mm256_set1_epi32((int)p[(j) * half_k + 1]))))
         Q4_DIGIT(s0, 0);
         Q4_DIGIT(s1, 1);
-        Q4_DIGIT(s2, 2);
+        if (digits >= 3) Q4_DIGIT(s2, 2);
         if (digits == 4) Q4_DIGIT(s3, 3);
 #undef Q4_DIGIT
       }
@@ -310,6 +314,9 @@ Q4_INLINE void q4_block(const uint8_t *t, const struct q4_input *in, const uint1
         a1 = _mm256_add_ps(a1, _mm256_fmadd_ps(
                                    _mm256_cvtepi32_ps(_mm256_add_epi32(Q4_WIDE(h2), _mm256_slli_epi32(Q4_WIDE(h3), 8))), base,
                                    _mm256_cvtepi32_ps(_mm256_add_epi32(Q4_WIDE(h0), _mm256_slli_epi32(Q4_WIDE(h1), 8)))));
+      } else if (digits == 2) { /* d0 + 2^8 d1 in 32 bits */
+        a0 = _mm256_add_ps(a0, _mm256_cvtepi32_ps(_mm256_add_epi32(Q4_WIDE(l0), _mm256_slli_epi32(Q4_WIDE(l1), 8))));
+        a1 = _mm256_add_ps(a1, _mm256_cvtepi32_ps(_mm256_add_epi32(Q4_WIDE(h0), _mm256_slli_epi32(Q4_WIDE(h1), 8))));
       } else { /* d0 + 2^8 d1 + 2^16 d2 in 32 bits */
         a0 = _mm256_add_ps(a0, _mm256_cvtepi32_ps(_mm256_add_epi32(
                                    Q4_WIDE(l0), _mm256_add_epi32(_mm256_slli_epi32(Q4_WIDE(l1), 8),
@@ -433,21 +440,23 @@ static void *q4_run(void *arg) {
     const uint8_t *t = j->tiles + b * (j->K / 4) * 32;
     if (j->digits == 4)
       q4_block(t, j->in, j->scales, j->zeros, j->bias, j->y, b * 16, j->N, j->K, j->G, 4);
-    else
+    else if (j->digits == 3)
       q4_block(t, j->in, j->scales, j->zeros, j->bias, j->y, b * 16, j->N, j->K, j->G, 3);
+    else
+      q4_block(t, j->in, j->scales, j->zeros, j->bias, j->y, b * 16, j->N, j->K, j->G, 2);
   }
   return NULL;
 }
 
 /* y [N] (fp32) = W x + bias. tiles: K * N / 2 bytes (see above); scales float16 [K/G][N]; zeros [K/G][N];
  * x fp32 [K]; bias fp32 [N] or NULL. N % 16 == 0, K % 16 == 0, G % 16 == 0, K % G == 0. digits: 4 for fp32
- * activations, 3 for bf16 / fp16 ones (see above).
+ * activations, 3 for fp16, 2 for bf16 (see above).
  * Returns 0; -1 when memory could not be had, -2 for a non-finite activation, -3 for a bad shape (nothing
  * written then). */
 int edgekv_gemv_int4(const uint8_t *tiles, const uint16_t *scales, const uint8_t *zeros, const float *x,
                      const float *bias, float *y, int64_t N, int64_t K, int64_t G, int digits, int threads) {
   if (N <= 0 || K <= 0 || G <= 0 || N % 16 || K % 16 || G % Q4_ROWS_PER_CHUNK || K % G) return -3;
-  if (digits != 3 && digits != 4) return -3;
+  if (digits < 2 || digits > 4) return -3;
   struct q4_input in;
   in.pairs = (uint32_t *)malloc((size_t)(Q4_DIGITS * (K / 2)) * sizeof(uint32_t));
   in.factor = (float *)malloc((size_t)(K / G) * sizeof(float));

@@ -175,6 +175,7 @@ def gemv_bf16(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None =
 # ---------------------------------------------------------------------------------------------- 4-bit
 TILE_COLUMNS, TILE_ROWS = 16, 4
 INT4_SIMD = {0: "portable", 1: "avx2", 2: "neon"}
+INT4_DIGITS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2}  # bytes of fixed point per activation
 
 
 def int4_kernel_fits(in_features: int, out_features: int, group: int) -> str | None:
@@ -211,9 +212,9 @@ def gemv_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x:
               bias: torch.Tensor | None = None, threads: int = 1, portable: bool = False,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """tiles uint8 [N/16, K/4, 32], scales float16 [K/g, N], zeros uint8 [K/g, N], x with K elements (any
-    float dtype), bias [N] or None -> fp32 [N]. fp32 activations are read as 31-bit fixed point per group,
-    bf16 / fp16 ones as 23-bit (``cpu_gemv.c``). Raises RuntimeError when the kernel is unavailable and
-    ValueError for shapes or a non-finite activation it cannot take."""
+    float dtype), bias [N] or None -> fp32 [N]. The activations are read as fixed point per group, as many
+    bits as their dtype warrants (``cpu_gemv.c``: fp32 31, fp16 23, bf16 15). Raises RuntimeError when the
+    kernel is unavailable and ValueError for shapes or a non-finite activation it cannot take."""
     lib = load(portable)
     if lib is None:
         raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
@@ -234,7 +235,7 @@ def gemv_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x:
         out = torch.empty(n, dtype=torch.float32)
     code = lib.edgekv_gemv_int4(tiles.data_ptr(), scales.data_ptr(), zeros.data_ptr(), x32.data_ptr(),
                                 None if bias32 is None else bias32.data_ptr(), out.data_ptr(), n, k, k // groups,
-                                4 if x.dtype == torch.float32 else 3, max(1, int(threads)))
+                                INT4_DIGITS.get(x.dtype, 4), max(1, int(threads)))
     if code == -2:
         raise ValueError("cpu_gemv int4: an activation is inf or nan")
     if code != 0:

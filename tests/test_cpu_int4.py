@@ -70,7 +70,7 @@ def test_tiles_round_trip_and_byte_order():
 
 @needs_kernel
 @pytest.mark.parametrize("k,n,group", SHAPES_SMALL + SHAPES_3B)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_kernel_within_twice_the_same_precision_error(k, n, group, dtype):
     q, zeros, scales = weights(k, n, group, seed=k + n)
     x = activations(k, seed=n, dtype=dtype)
@@ -83,7 +83,7 @@ def test_kernel_within_twice_the_same_precision_error(k, n, group, dtype):
 
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_threads_bias_and_the_portable_loop_give_the_same_bits(threads, dtype):
     k, n, group = 256, 80, 32
     q, zeros, scales = weights(k, n, group, seed=4)
@@ -188,7 +188,7 @@ QEMU = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
 
 @pytest.mark.skipif(not (CROSS and QEMU), reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt: gcc-aarch64-linux-gnu, qemu-user)")
 @pytest.mark.parametrize("k,n,group", [(176, 64, 16), (2048, 256, 128)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_neon_path_gives_the_host_bits_under_an_emulator(tmp_path, k, n, group, dtype):
     driver = tmp_path / "int4_driver"
     source = Path(cpu_gemv.SOURCE)
@@ -198,7 +198,7 @@ def test_neon_path_gives_the_host_bits_under_an_emulator(tmp_path, k, n, group, 
     q, zeros, scales = weights(k, n, group, seed=11)
     x = activations(k, seed=12, dtype=dtype)
     tiles = int4_tiles(q)
-    digits = 4 if dtype == torch.float32 else 3
+    digits = cpu_gemv.INT4_DIGITS[dtype]
     (tmp_path / "in.bin").write_bytes(struct.pack("<5q", n, k, group, 2, digits) + tiles.numpy().tobytes()
                                       + scales.numpy().tobytes() + zeros.numpy().tobytes() + x.float().numpy().tobytes())
     run = subprocess.run([QEMU, "-L", "/usr/aarch64-linux-gnu", str(driver), str(tmp_path / "in.bin"),
