@@ -342,9 +342,11 @@ class _ShardWriter:
                                                             "weight_map": weight_map}, indent=2))
 
 
-def dequantize_checkpoint(in_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
+def dequantize_checkpoint(in_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32,
+                          max_shard_bytes: int = 2 * 2**30) -> Path:
     """The dequantized twin of a 4-bit AWQ checkpoint: every ``qweight/qzeros/scales`` triple as the exact
-    ``.weight`` (fp32, then ``dtype``), everything else converted to ``dtype``; no quantization_config."""
+    ``.weight`` (fp32, then ``dtype``), everything else converted to ``dtype``; no quantization_config.
+    Written shard by shard, one linear's parts held at a time."""
     from edgekv.model.loading import weight_files
 
     in_dir, out_dir = Path(in_dir), Path(out_dir)
@@ -353,23 +355,25 @@ def dequantize_checkpoint(in_dir: str | Path, out_dir: str | Path, dtype: torch.
     if quant is None or quant.method != "awq":
         raise ValueError(f"{in_dir}: not an AWQ checkpoint")
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
+    writer = _ShardWriter(out_dir, max_shard_bytes)
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for path in weight_files(in_dir):
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             for key in handle.keys():
                 prefix, _, part = key.rpartition(".")
-                if part in ("qweight", "qzeros", "scales"):
-                    parts.setdefault(prefix, {})[part] = handle.get_tensor(key)
-                else:
-                    tensors[key] = handle.get_tensor(key).to(dtype)
-    for prefix, p in parts.items():
-        group = _group_for(quant.group_size, p["qweight"].shape[0])
-        weight = dequantize(unpack_awq(p["qweight"]), unpack_awq(p["qzeros"]), p["scales"], group)
-        tensors[f"{prefix}.weight"] = weight.t().contiguous().to(dtype)
-    from edgekv.model.loading import SINGLE_FILE
-
-    save_file(tensors, str(out_dir / SINGLE_FILE), metadata={"format": "pt"})
+                if part not in ("qweight", "qzeros", "scales"):
+                    writer.add(key, handle.get_tensor(key).to(dtype))
+                    continue
+                parts.setdefault(prefix, {})[part] = handle.get_tensor(key)
+                if len(parts[prefix]) == 3:
+                    p = parts.pop(prefix)
+                    group = _group_for(quant.group_size, p["qweight"].shape[0])
+                    weight = dequantize(unpack_awq(p["qweight"]), unpack_awq(p["qzeros"]), p["scales"], group)
+                    writer.add(f"{prefix}.weight", weight.t().contiguous().to(dtype))
+    if parts:
+        prefix = next(iter(parts))
+        raise ValueError(f"{in_dir}: {prefix} has only {sorted(parts[prefix])} of qweight, qzeros, scales")
+    writer.close()
     del raw["quantization_config"]
     raw["torch_dtype"] = str(dtype).removeprefix("torch.")
     (out_dir / "config.json").write_text(json.dumps(raw, indent=2))
