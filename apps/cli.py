@@ -1,5 +1,5 @@
 """``edgekv`` command line: serve, build, make-tiny-checkpoint, train-toy, eval, plan,
-calibrate, bench, bag, ask.
+quantize, calibrate, bench, bag, ask.
 
 Each command's options are added only when that command is run, and each command imports what it
 needs only then: ``edgekv --help`` lists the commands without loading torch (a second, not ten, on a
@@ -90,7 +90,10 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-memory", type=float, required=True, help="device memory in GB")
-    parser.add_argument("--model", required=True, help="model directory (config.json), or builtin:toy")
+    parser.add_argument("--model", default=None, help="model directory (config.json), or builtin:toy; required "
+                                                      "without --config")
+    parser.add_argument("--config", default=None, help="a deployment config: plan for its model, dtype and grid, "
+                                                       "and check its cache cap")
     parser.add_argument("--resolution", type=int, nargs=2, default=[448, 448], metavar=("H", "W"),
                         help="video.resolution of the deployment")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"], help="weight and cache dtype")
@@ -100,9 +103,17 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from edgekv.calibration.plan import plan
+    from edgekv.calibration.plan import check_config, plan
     from edgekv.model.builtin import resolve_model_path
 
+    if args.config:
+        result, verdict = check_config(args.config, args.device_memory, model_dir=args.model,
+                                       reserve_gb=args.reserve_gb, weights_gb=args.weights_gb)
+        print(result.summary())
+        print(verdict)
+        return 0
+    if args.model is None:
+        raise ValueError("--model: a model directory is needed (or --config)")
     result = plan(device_memory_gb=args.device_memory, model_dir=resolve_model_path(args.model), resolution=tuple(args.resolution),
                   weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb)
     print(result.summary())
@@ -141,6 +152,12 @@ def _add_ask(parser: argparse.ArgumentParser) -> None:
     add_ask_arguments(parser)
 
 
+def _add_quantize(parser: argparse.ArgumentParser) -> None:
+    from edgekv.calibration.quantize import add_quantize_arguments
+
+    add_quantize_arguments(parser)
+
+
 def _add_bench(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     from edgekv.apps.bench import add_arguments
 
@@ -156,6 +173,7 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
     "train-toy": ("train the toy Qwen2.5-VL on synthetic event streams", _add_train_toy),
     "eval": ("answer-accuracy benchmarks (toy needle streams, MLVU / Video-MME)", _add_eval),
     "plan": ("largest cache budget that fits a device's memory (an estimate)", _add_plan),
+    "quantize": ("write a checkpoint's language-model linears as 4-bit weights (AutoAWQ GEMM layout)", _add_quantize),
     "calibrate": ("VaN CV thresholds for a model from sample videos", _add_calibrate),
     "bench": ("benchmarks that print and save figures (JSON + PNG)", _add_bench),
     "bag": ("write a ROS 2 bag (MCAP or sqlite3) from a video source (then video.source: rosbag:DIR)", _add_bag),

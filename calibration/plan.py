@@ -4,8 +4,10 @@
     M = free for the cache // bytes per token        (bytes per token from edgekv.cache.specs.CacheSpec)
 
 Everything is an estimate from formulas, not a measurement on a Jetson:
-- weights: the safetensors files' sizes when the model directory has them (converted to the serving
-  dtype), else parameter count x dtype bytes from config.json;
+- weights: parameter count x dtype bytes from config.json; with a ``quantization_config`` (a 4-bit AWQ /
+  GPTQ checkpoint, issue 29) the decoder layers' linears count what the AWQ layout holds — half a byte per
+  weight, a float16 scale and a 4-bit zero point per group of ``group_size`` — and everything else (vision
+  tower, embedding / tied head, norms) the serving dtype;
 - reserve: what JetPack, CUDA context and allocator slack take on a Jetson with the desktop off
   (``DEFAULT_RESERVE_GB``, overridable): unified memory is shared with the OS;
 - activations: one frame pair through the vision tower (every block keeps ``patches x hidden`` plus its
@@ -22,6 +24,7 @@ from pathlib import Path
 import torch
 
 from edgekv.cache.specs import CacheSpec, dtype_bytes
+from edgekv.model.int4 import QuantConfig
 
 DEFAULT_RESERVE_GB = 2.0  # JetPack 6 with the desktop off (~1.2 GB) + CUDA context and allocator slack
 SAFETY = 1.5
@@ -39,6 +42,7 @@ class Plan:
     tokens_per_pair: int
     text_reserve_tokens: int
     capped_by_positions: bool = False
+    weights_note: str = ""
 
     @property
     def frame_pairs_that_fit(self) -> int:
@@ -50,7 +54,7 @@ class Plan:
         return "\n".join([
             f"device memory        {self.device_memory_bytes / gib:8.2f} GiB",
             f"  OS/runtime reserve {self.reserve_bytes / gib:8.2f} GiB",
-            f"  weights            {self.weight_bytes / gib:8.2f} GiB",
+            f"  weights            {self.weight_bytes / gib:8.2f} GiB{f' ({self.weights_note})' if self.weights_note else ''}",
             f"  activations        {self.activation_bytes / gib:8.2f} GiB (one frame pair, x{SAFETY} safety)",
             f"  left for the cache {free / gib:8.2f} GiB at {self.bytes_per_token} bytes per token",
             f"cache.max_tokens: {self.max_tokens}   "
@@ -69,7 +73,12 @@ def _model_config(model_dir: Path) -> dict:
     data = json.loads(path.read_text())
     text = data.get("text_config") or data
     vision = data.get("vision_config") or {}
-    return {"text": text, "vision": vision, "tie": data.get("tie_word_embeddings", text.get("tie_word_embeddings", True))}
+    try:
+        quant = QuantConfig.from_model_config(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    return {"text": text, "vision": vision, "quant": quant,
+            "tie": data.get("tie_word_embeddings", text.get("tie_word_embeddings", True))}
 
 
 def _parameter_count(cfg: dict) -> int:
@@ -90,8 +99,36 @@ def _parameter_count(cfg: dict) -> int:
     return lm + vision
 
 
+def _decoder_linears(cfg: dict) -> list[tuple[int, int]]:
+    """(in_features, out_features) of every decoder-layer linear (q, k, v, o, gate, up, down per layer)."""
+    t = cfg["text"]
+    d, inter, heads, kv = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"]
+    hd = t.get("head_dim") or d // heads
+    per_layer = [(d, heads * hd), (d, kv * hd), (d, kv * hd), (heads * hd, d), (d, inter), (d, inter), (inter, d)]
+    return per_layer * t["num_hidden_layers"]
+
+
 def _weight_bytes(model_dir: Path, cfg: dict, dtype: torch.dtype) -> int:
-    return _parameter_count(cfg) * dtype_bytes(dtype)
+    quant = cfg.get("quant")
+    if quant is None:
+        return _parameter_count(cfg) * dtype_bytes(dtype)
+    linears = _decoder_linears(cfg)
+    dense = _parameter_count(cfg) - sum(k * n for k, n in linears)
+    packed = 0
+    for k, n in linears:
+        groups = k // quant.group_for(k)
+        packed += k * n // 2 + groups * n * 2 + groups * n // 2  # 4-bit weights, fp16 scales, 4-bit zeros
+    return packed + dense * dtype_bytes(dtype)
+
+
+def _weights_note(cfg: dict, weight_dtype: str, override: bool) -> str:
+    if override:
+        return "--weights-gb"
+    quant = cfg.get("quant")
+    if quant is None:
+        return f"{weight_dtype}"
+    return (f"4-bit {quant.method.upper()} decoder linears, group {quant.group_size}; {weight_dtype} vision tower, "
+            f"embedding and norms")
 
 
 def _activation_bytes(cfg: dict, tokens_per_pair: int, max_tokens: int, dtype: torch.dtype) -> int:
@@ -136,6 +173,36 @@ def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, 
         raise ValueError(
             f"{device_memory_gb} GB cannot hold the model ({weights / 2**30:.2f} GiB of {weight_dtype} weights), "
             f"the reserve ({reserve_gb} GB), activations and a minimal cache ({minimum} tokens): short by "
-            f"{short / 2**30:.2f} GiB; use quantized weights (engines.precision) or a smaller resolution")
+            f"{short / 2**30:.2f} GiB; use 4-bit weights (an AWQ or GPTQ checkpoint, or `edgekv quantize`) or a smaller "
+            f"resolution")
     return Plan(total, reserve, weights, activations, spec.bytes_per_token, int(tokens), tokens_per_pair,
-                text_reserve_tokens, capped)
+                text_reserve_tokens, capped, _weights_note(cfg, weight_dtype, weights_gb is not None))
+
+
+def check_config(config_path: str | Path, device_memory_gb: float, model_dir: str | Path | None = None,
+                 reserve_gb: float = DEFAULT_RESERVE_GB, weights_gb: float | None = None) -> tuple[Plan, str]:
+    """Plan for a deployment config (its model, ``model.dtype``, ``video.resolution``,
+    ``cache.text_reserve_tokens``) and check its cap: (plan, verdict line); ValueError when the config's
+    ``cache.max_tokens`` (or ``max_mib``) is more than the device holds."""
+    from edgekv.config import load_config
+
+    config = load_config(config_path)
+    path = model_dir if model_dir is not None else config.model.path
+    if path is None:
+        raise ValueError(f"{config_path}: model.path is not set (or pass --model DIR)")
+    resolution = config.video.resolution or (448, 448)
+    result = plan(device_memory_gb, path, resolution=(int(resolution[0]), int(resolution[1])),
+                  weight_dtype=config.model.dtype, reserve_gb=reserve_gb,
+                  text_reserve_tokens=int(config.cache.text_reserve_tokens), weights_gb=weights_gb)
+    cfg = _model_config(Path(path))
+    t = cfg["text"]
+    spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"],
+                             t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"], _DTYPES[config.model.dtype])
+    cap = spec.tokens_for_mib(config.cache.max_mib) if config.cache.max_mib is not None else int(config.cache.max_tokens)
+    if cap > result.max_tokens:
+        raise ValueError(f"{config_path}: cache.max_tokens {cap} does not fit {device_memory_gb} GB (the plan allows "
+                         f"{result.max_tokens}; weights {result.weight_bytes / 2**30:.2f} GiB, {result.weights_note})")
+    free = result.device_memory_bytes - result.reserve_bytes - result.weight_bytes - result.activation_bytes
+    spare = free - cap * result.bytes_per_token
+    return result, (f"{config_path}: cache.max_tokens {cap} fits ({cap * result.bytes_per_token / 2**20:.0f} MiB; "
+                    f"the plan allows {result.max_tokens}, {spare / 2**30:.2f} GiB to spare)")

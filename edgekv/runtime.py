@@ -70,8 +70,10 @@ class Runtime:
 
         if self.config.engines.llm != "torch":
             return "engine", f"the LLM runs on {self.config.engines.llm}"
+        from edgekv.model.int4 import is_quantized
+
         try:
-            chosen, note = resolve_route(route, self.dtype, self.device)
+            chosen, note = resolve_route(route, self.dtype, self.device, quantized=is_quantized(self.model.language))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         prepare_decode(self.model.language, chosen)

@@ -87,6 +87,14 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
         raise EngineError(f"engines.max_chunk_tokens: {max_chunk} is below one frame pair ({tokens_per_pair} tokens "
                           f"at video.resolution {list(config.video.resolution)}); a frame pair is one chunk")
     dtype = config.model.dtype
+    from edgekv.model.int4 import QuantConfig
+
+    quant = QuantConfig.from_model_config(model_config.extra)
+    if quant is not None and backend == "tensorrt":
+        raise EngineError(f"model.path: {model_path.name} has 4-bit weights (quantization_config {quant.method}, group "
+                          f"{quant.group_size}); TensorRT 10 runs those as INT4 weights behind a blocked DequantizeLinear "
+                          f"(NVIDIA ModelOpt's export), a build edgekv has not made or checked: build --backend "
+                          f"onnxruntime (the decoder as MatMulNBits) or run engines.llm: torch (Triton int4 kernels)")
     kv_dtype = config.cache.kv_dtype if config.cache.kv_dtype not in (None, dtype) else None
     if kv_dtype == "int8" and backend != "onnxruntime":
         raise EngineError(f"cache.kv_dtype: int8 — only the onnxruntime LLM graph takes an 8-bit cache (a TensorRT "

@@ -10,6 +10,9 @@ weights exceed 2 GB, protobuf's limit for one message (the 3B LLM in fp16 is ~6 
 
 Shapes: ``vision`` static (one frame pair at the configured grid); ``llm`` with ``P`` dynamic in
 ``[1, max_chunk_tokens]`` (decode is P = 1 of the same graph); ``M`` (the cache capacity) is static.
+
+A 4-bit checkpoint (issue 29) exports its decoder linears as onnxruntime's ``MatMulNBits`` nodes
+(``int4_export.py``): the 4-bit weights, scales and zero points are the graph's initializers.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ EXTERNAL_DATA_BYTES = 2 * 1024 ** 3
 
 def _params_bytes(module: torch.nn.Module) -> int:
     seen, total = set(), 0
-    for p in module.parameters():
+    for p in [*module.parameters(), *module.buffers()]:
         if p.data_ptr() not in seen:
             seen.add(p.data_ptr())
             total += p.numel() * p.element_size()
@@ -127,12 +130,16 @@ def export_llm(model: Qwen25VL, cache_tokens: int, path: Path, *, max_chunk_toke
     )
     chunk = torch.export.Dim("P", min=1, max=max_chunk_tokens)
     dynamic = ({0: chunk}, {1: chunk}, *([None] * (len(names) - 2)))
-    with torch.no_grad(), _quiet():
+    from edgekv.engines.int4_export import matmul_nbits_modules, translation_table
+
+    with torch.no_grad(), _quiet(), matmul_nbits_modules(model.language, dtype) as int4_linears:
         program = torch.onnx.export(graph, example, input_names=list(names), output_names=list(LLM_OUTPUTS),
-                                    dynamic_shapes=dynamic, dynamo=True, opset_version=OPSET, verbose=False)
-    # The tied lm_head/embedding is not part of the graph (logits are taken outside), so count the layers.
-    files = _save(program, path, _params_bytes(model.language.layers) + _params_bytes(model.language.norm))
+                                    dynamic_shapes=dynamic, dynamo=True, opset_version=OPSET, verbose=False,
+                                    custom_translation_table=translation_table() if int4_linears else None)
+        # The tied lm_head/embedding is not part of the graph (logits are taken outside), so count the layers.
+        files = _save(program, path, _params_bytes(model.language.layers) + _params_bytes(model.language.norm))
     return {
+        "weights": "int4 (MatMulNBits)" if int4_linears else str(dtype).removeprefix("torch."),
         "inputs": {"embeds": ["P", hidden], "position_ids": [3, "P"], **cache_io, "visible": list(cache_shape)},
         "outputs": {"hidden": ["P", hidden], "new_k": [layers, heads, "P", dim], "new_v": [layers, heads, "P", dim],
                     "mass": [layers, heads, f"{cache_tokens}+P"]},

@@ -1,5 +1,5 @@
-"""bf16 matrix-vector product on CPU for decode, in C (``cpu_gemv.c``), built with the system compiler
-at first use.
+"""Matrix-vector products on CPU for decode, in C (``cpu_gemv.c``), built with the system compiler at first
+use: bf16 weights (issue 17) and 4-bit weights (issue 29).
 
 One decode token multiplies one vector by every weight of the language model, so on a CPU its time is
 the time to stream the weights from memory. torch's bf16 ``linear`` on an AVX2 CPU (no native bf16
@@ -17,6 +17,16 @@ torch's kernel (``model.decode_route``).
 
     gemv_bf16(weight, x, bias=None, threads=1) -> bf16 [N]   the C kernel
     gemv_bf16_reference(weight, x, bias=None)  -> bf16 [N]   torch, fp32 math, the same rounding
+
+4-bit weights (the AutoAWQ GEMM format of ``edgekv/model/int4.py``) are repacked once into the kernel's
+tiles (``int4_tiles``: 16 output columns x 4 input rows per 32 bytes, see ``cpu_gemv.c``); the products are
+integer (the activations as 24-bit fixed point per group) and the output fp32:
+
+    gemv_int4(tiles, scales, zeros, x, bias=None, threads=1) -> fp32 [N]
+    dequant_int4(tiles, scales, zeros, dtype)                -> [N, K] weight (prefill: then torch's GEMM)
+
+``load(portable=True)`` builds the same source without SIMD (``-DEDGEKV_PORTABLE``): the loop a CPU
+without AVX2 or NEON runs, so that it is tested on this one.
 """
 
 from __future__ import annotations
@@ -44,9 +54,10 @@ def cache_dir() -> Path:
     return Path(root) / "native"
 
 
-def _flag_sets() -> list[list[str]]:
+def _flag_sets(portable: bool = False) -> list[list[str]]:
     native = ["-mcpu=native"] if platform.machine().lower() in ("aarch64", "arm64") else ["-march=native"]
-    base = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c11"]
+    # -fno-math-errno: lrint becomes one instruction (the 4-bit kernel rounds every activation with it)
+    base = ["-O3", "-fno-math-errno", "-fPIC", "-shared", "-pthread", "-std=c11"] + (["-DEDGEKV_PORTABLE"] if portable else [])
     return [base + native, base]
 
 
@@ -57,14 +68,14 @@ def _compiler_version(cc: str) -> str:
         return ""
 
 
-def _build() -> ctypes.CDLL:
+def _build(portable: bool = False) -> ctypes.CDLL:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise OSError(f"no C compiler: {cc!r} is not on PATH (set CC, or install gcc)")
     source = SOURCE.read_bytes()
     version = _compiler_version(cc)
     errors = []
-    for flags in _flag_sets():
+    for flags in _flag_sets(portable):
         key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                          platform.machine().encode(), platform.node().encode()])).hexdigest()[:16]
         target = cache_dir() / f"cpu_gemv-{key}.so"
@@ -72,8 +83,8 @@ def _build() -> ctypes.CDLL:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 built = Path(tmp) / target.name
-                result = subprocess.run([cc, *flags, "-o", str(built), str(SOURCE)], capture_output=True, text=True,
-                                        timeout=120)
+                result = subprocess.run([cc, *flags, "-o", str(built), str(SOURCE), "-lm"], capture_output=True,
+                                        text=True, timeout=120)
                 if result.returncode != 0:
                     errors.append(f"{cc} {' '.join(flags)}: {result.stderr.strip()[-400:]}")
                     continue
@@ -83,14 +94,27 @@ def _build() -> ctypes.CDLL:
                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         lib.edgekv_gemv_bf16.restype = ctypes.c_int
         lib.edgekv_gemv_simd.restype = ctypes.c_int
+        pointer, int64 = ctypes.c_void_p, ctypes.c_int64
+        lib.edgekv_gemv_int4.argtypes = [pointer] * 6 + [int64, int64, int64, ctypes.c_int, ctypes.c_int]
+        lib.edgekv_gemv_int4.restype = ctypes.c_int
+        lib.edgekv_dequant_int4.argtypes = [pointer] * 4 + [ctypes.c_int, int64, int64, int64]
+        lib.edgekv_dequant_int4.restype = ctypes.c_int
+        lib.edgekv_int4_simd.restype = ctypes.c_int
         return lib
     raise OSError("the C kernel did not compile: " + " | ".join(errors))
 
 
-def load() -> ctypes.CDLL | None:
+def load(portable: bool = False) -> ctypes.CDLL | None:
     """The built kernel library, building it on first use; None when that is impossible (see
-    ``unavailable_reason``). ``EDGEKV_NATIVE=0`` turns it off."""
+    ``unavailable_reason``). ``EDGEKV_NATIVE=0`` turns it off. ``portable``: the build without SIMD."""
     with _lock:
+        if portable:
+            if "portable" not in _state:
+                try:
+                    _state["portable"] = _build(portable=True)
+                except (OSError, subprocess.SubprocessError):
+                    _state["portable"] = None
+            return _state["portable"]
         if "lib" not in _state:
             if os.environ.get("EDGEKV_NATIVE", "1") == "0":
                 _state.update(lib=None, reason="EDGEKV_NATIVE=0")
@@ -146,3 +170,91 @@ def gemv_bf16(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None =
     if code != 0:
         raise MemoryError(f"cpu_gemv: no memory for the fp32 scratch of a [{n}, {k}] product")
     return out
+
+
+# ---------------------------------------------------------------------------------------------- 4-bit
+TILE_COLUMNS, TILE_ROWS = 16, 4
+INT4_SIMD = {0: "portable", 1: "avx2", 2: "neon"}
+INT4_DIGITS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2}  # bytes of fixed point per activation
+
+
+def int4_kernel_fits(in_features: int, out_features: int, group: int) -> str | None:
+    """Why the 4-bit kernel cannot take a weight of this shape, or None when it can."""
+    if out_features % TILE_COLUMNS or in_features % 16 or group % 16 or in_features % group:
+        return (f"the 4-bit CPU kernel needs out_features % 16, in_features % 16 and group size % 16 == 0 "
+                f"(got {out_features}, {in_features}, {group})")
+    return None
+
+
+def int4_tiles(q: torch.Tensor) -> torch.Tensor:
+    """q [K, N] (0..15) -> the kernel's tiles, uint8 [N/16, K/4, 32]: byte 2c + p of the tile of rows
+    k0..k0+3 holds q[k0 + p, c] in its low and q[k0 + 2 + p, c] in its high nibble (``cpu_gemv.c``)."""
+    k, n = q.shape
+    # q[kq*4 + h*2 + p, b*16 + c] -> [b, kq, c, p, h]
+    t = q.to(torch.uint8).reshape(k // TILE_ROWS, 2, 2, n // TILE_COLUMNS, TILE_COLUMNS).permute(3, 0, 4, 2, 1)
+    return (t[..., 0] | (t[..., 1] << 4)).reshape(n // TILE_COLUMNS, k // TILE_ROWS, 32).contiguous()
+
+
+def int4_untile(tiles: torch.Tensor) -> torch.Tensor:
+    """The tiles -> q [K, N] uint8 (the inverse of ``int4_tiles``)."""
+    blocks, quads, _ = tiles.shape
+    t = tiles.reshape(blocks, quads, TILE_COLUMNS, 2)
+    both = torch.stack([t & 0xF, t >> 4], dim=-1)  # [b, kq, c, p, h]
+    return both.permute(1, 4, 3, 0, 2).reshape(quads * TILE_ROWS, blocks * TILE_COLUMNS).contiguous()
+
+
+def int4_simd(portable: bool = False) -> str:
+    lib = load(portable)
+    return INT4_SIMD[lib.edgekv_int4_simd()] if lib else "unavailable"
+
+
+def gemv_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x: torch.Tensor,
+              bias: torch.Tensor | None = None, threads: int = 1, portable: bool = False,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """tiles uint8 [N/16, K/4, 32], scales float16 [K/g, N], zeros uint8 [K/g, N], x with K elements (any
+    float dtype), bias [N] or None -> fp32 [N]. The activations are read as fixed point per group, as many
+    bits as their dtype warrants (``cpu_gemv.c``: fp32 31, fp16 23, bf16 15). Raises RuntimeError when the
+    kernel is unavailable and ValueError for shapes or a non-finite activation it cannot take."""
+    lib = load(portable)
+    if lib is None:
+        raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
+    blocks, quads, width = tiles.shape
+    n, k = blocks * TILE_COLUMNS, quads * TILE_ROWS
+    groups = scales.shape[0]
+    if (tiles.dtype != torch.uint8 or width != 32 or scales.dtype != torch.float16 or tuple(scales.shape) != (groups, n)
+            or zeros.dtype != torch.uint8 or tuple(zeros.shape) != (groups, n) or x.numel() != k or k % groups):
+        raise ValueError(f"cpu_gemv int4: tiles {tuple(tiles.shape)} {tiles.dtype}, scales {tuple(scales.shape)} "
+                         f"{scales.dtype}, zeros {tuple(zeros.shape)} {zeros.dtype} and {x.numel()} activations "
+                         f"do not make one [{n}, {k}] 4-bit weight")
+    reason = int4_kernel_fits(k, n, k // groups)
+    if reason:
+        raise ValueError(f"cpu_gemv int4: {reason}")
+    x32 = x.reshape(-1).to(torch.float32).contiguous()
+    bias32 = None if bias is None else bias.reshape(-1).to(torch.float32).contiguous()
+    if out is None:
+        out = torch.empty(n, dtype=torch.float32)
+    code = lib.edgekv_gemv_int4(tiles.data_ptr(), scales.data_ptr(), zeros.data_ptr(), x32.data_ptr(),
+                                None if bias32 is None else bias32.data_ptr(), out.data_ptr(), n, k, k // groups,
+                                INT4_DIGITS.get(x.dtype, 4), max(1, int(threads)))
+    if code == -2:
+        raise ValueError("cpu_gemv int4: an activation is inf or nan")
+    if code != 0:
+        raise MemoryError(f"cpu_gemv int4: error {code} for a [{n}, {k}] product")
+    return out
+
+
+def dequant_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype = torch.float32,
+                 portable: bool = False) -> torch.Tensor:
+    """The weight [N, K] (a ``nn.Linear``'s orientation) in fp32 (exact) or bf16 (rounded once)."""
+    lib = load(portable)
+    if lib is None:
+        raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
+    blocks, quads, _ = tiles.shape
+    n, k = blocks * TILE_COLUMNS, quads * TILE_ROWS
+    native = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
+    out = torch.empty(n, k, dtype=native)
+    code = lib.edgekv_dequant_int4(tiles.data_ptr(), scales.data_ptr(), zeros.data_ptr(), out.data_ptr(),
+                                   int(native == torch.bfloat16), n, k, k // scales.shape[0])
+    if code != 0:
+        raise ValueError(f"cpu_gemv int4: cannot dequantize a [{n}, {k}] weight (error {code})")
+    return out if native == dtype else out.to(dtype)

@@ -59,3 +59,27 @@ def test_bench_decode_runs_the_native_route_for_bf16_only(tiny_checkpoint, tmp_p
     native = rows[-1]
     assert native["linears"] > 0 and len(native["tokens"]) == 4 and native["share_of_bound"] > 0
     assert native["bytes_per_token"] == rows[1]["bytes_per_token"]
+
+
+def test_bench_decode_int4_counts_four_bit_bytes_and_packs_the_route(tiny_checkpoint, tmp_path):
+    """int4 (issue 29): the tiny checkpoint quantized (group 16: its widths are 64 and 176), bf16 activations;
+    the bound counts the 4-bit bytes, the same greedy tokens on both routes."""
+    from edgekv.apps.cli import main
+    from edgekv.kernels import cpu_gemv
+
+    if cpu_gemv.load() is None:
+        pytest.skip(f"the C kernel cannot be built here: {cpu_gemv.unavailable_reason()}")
+    out = tmp_path / "d.json"
+    code = main(["bench", "decode", "--model", str(tiny_checkpoint), "--dtypes", "bf16,int4", "--routes", "eager,native",
+                 "--int4-routes", "eager,native", "--prompt", "5", "--tokens", "4", "--repeats", "1", "--threads", "1", "--bandwidth-mib", "64",
+                 "--no-hf", "--json", str(out), "--plot", str(tmp_path / "d.png")])
+    assert code == 0
+    rows = {(r["route"], r["dtype"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("eager", "bf16"), ("native", "bf16"), ("eager", "int4"), ("native", "int4")}
+    native = rows["native", "int4"]
+    assert native["int4_linears"] == 3 * 7 and native["int4_simd"] in ("avx2", "neon", "portable")
+    assert native["tokens"] == rows["eager", "int4"]["tokens"]
+    # the 3 layers' linears in 4 bits (+ scales, zero points) instead of 16: fewer bytes than bf16
+    linears = 3 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 176)
+    saved = rows["eager", "bf16"]["bytes_per_token"] - rows["eager", "int4"]["bytes_per_token"]
+    assert linears * 2 - linears // 2 - linears // 16 * 3 <= saved < linears * 2

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from edgekv.apps.cli import main
-from edgekv.calibration.plan import plan
+from edgekv.calibration.plan import check_config, plan
 from edgekv.model.tiny import PRESETS
 
 
@@ -44,3 +45,57 @@ def test_quantized_weights_let_an_8gb_device_fit_and_big_devices_cap_at_the_posi
     assert small.max_tokens > 2 * small.tokens_per_pair + small.text_reserve_tokens
     assert plan(6, model_3b, weights_gb=2.9).max_tokens < small.max_tokens
     assert plan(64, model_3b).capped_by_positions
+
+
+# ---------------------------------------------------------------------------------------------- 4-bit weights (issue 29)
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
+       "modules_to_not_convert": ["visual"]}
+ORIN_NANO = Path(__file__).resolve().parents[1] / "configs" / "orin-nano-8gb.yaml"
+
+
+@pytest.fixture
+def model_3b_awq(tmp_path):
+    config = PRESETS["3b"].config.to_hf_dict()
+    config["quantization_config"] = AWQ
+    (tmp_path / "awq").mkdir()
+    (tmp_path / "awq" / "config.json").write_text(json.dumps(config))
+    return tmp_path / "awq"
+
+
+def test_four_bit_weights_are_counted_from_the_quantization_config(model_3b, model_3b_awq):
+    dense, quantized = plan(64, model_3b, weight_dtype="fp16"), plan(64, model_3b_awq, weight_dtype="fp16")
+    d, inter, kv = 2048, 11008, 256
+    linears = 36 * [(d, d), (d, kv), (d, kv), (d, d), (d, inter), (d, inter), (inter, d)]
+    weights = sum(k * n for k, n in linears)
+    four_bit = sum(k * n // 2 + (k // 128) * n * 2 + (k // 128) * n // 2 for k, n in linears)
+    assert dense.weight_bytes - quantized.weight_bytes == weights * 2 - four_bit
+    assert 2.9 < quantized.weight_bytes / 2**30 < 3.4 and "4-bit AWQ" in quantized.summary()
+
+
+def test_orin_nano_config_fits_with_four_bit_weights_and_not_without(model_3b, model_3b_awq):
+    result, verdict = check_config(ORIN_NANO, 8, model_dir=model_3b_awq)
+    assert "cache.max_tokens 6144 fits" in verdict and result.max_tokens >= 6144
+    assert result.tokens_per_pair == 144  # the config's 336x336 grid
+    with pytest.raises(ValueError, match="short by 1.22 GiB"):
+        check_config(ORIN_NANO, 8, model_dir=model_3b)
+
+
+def test_a_cap_the_device_cannot_hold_is_refused_naming_the_key(model_3b_awq, tmp_path):
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(ORIN_NANO.read_text().replace("max_tokens: 6144", "max_tokens: 60000"))
+    with pytest.raises(ValueError, match=r"cache\.max_tokens 60000 does not fit"):
+        check_config(deploy, 7.44, model_dir=model_3b_awq)
+
+
+def test_plan_command_checks_a_config(model_3b_awq, capsys):
+    assert main(["plan", "--device-memory", "8", "--config", str(ORIN_NANO), "--model", str(model_3b_awq)]) == 0
+    out = capsys.readouterr().out
+    assert "4-bit AWQ decoder linears" in out and "cache.max_tokens 6144 fits" in out
+
+
+def test_unsupported_quantization_config_is_refused_by_plan(model_3b_awq):
+    config = json.loads((model_3b_awq / "config.json").read_text())
+    config["quantization_config"]["bits"] = 3
+    (model_3b_awq / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"quantization_config\.bits"):
+        plan(8, model_3b_awq)

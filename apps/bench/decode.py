@@ -15,6 +15,10 @@ shared machine's bandwidth moves with the other tenants' load), counts the bytes
   weights cannot stop early); a logits processor stamps each step: the tokens after the first, over the
   time between the first and the last stamp (prefill excluded), as edgekv's figure is taken.
 
+``int4`` (issue 29) is the 4-bit model with bf16 activations (W4A16): ``--int4-model DIR``, or ``--model``
+quantized by ``edgekv quantize`` into the scratch directory first; its bound counts the 4-bit weights, their
+scales and zero points, the bf16 embedding and norms (transformers cannot load it here: it needs gptqmodel).
+
 Models are loaded one at a time (a 3B fp32 model is ~12 GB). Prints and saves JSON + PNG; figures only.
 """
 
@@ -31,12 +35,16 @@ import torch
 
 from edgekv.threads import threads_argument
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int4": torch.bfloat16}
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="checkpoint dir, or builtin:toy (default: a fresh tiny random checkpoint)")
-    parser.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated: fp32, bf16, fp16")
+    parser.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated: fp32, bf16, fp16, int4")
+    parser.add_argument("--int4-model", default=None, help="the 4-bit checkpoint for int4 (default: --model quantized)")
+    parser.add_argument("--int4-group-size", type=int, default=128, help="group size when --model is quantized here")
+    parser.add_argument("--int4-routes", default="native",
+                        help="routes for int4 (eager dequantizes every weight per token: minutes per token at 3B)")
     parser.add_argument("--routes", default="eager,native",
                         help="comma-separated edgekv weight routes: eager, native (bf16 only; see decode_routes)")
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens before decoding")
@@ -73,10 +81,10 @@ def read_bandwidth(mib: int, repeats: int = 5) -> float:
 
 
 def bytes_per_token(language: torch.nn.Module, kv_slots: int, kv_bytes_per_slot: int) -> int:
-    """Weight bytes one decode step reads (each parameter once; the tied embedding once, in full, as the
-    lm_head) plus the K/V of ``kv_slots`` slots."""
+    """Weight bytes one decode step reads (each parameter and buffer once — 4-bit weights, their scales and
+    zero points are buffers; the tied embedding once, in full, as the lm_head) plus the K/V of ``kv_slots`` slots."""
     seen, total = set(), 0
-    for parameter in language.parameters():
+    for parameter in [*language.parameters(), *language.buffers()]:
         if id(parameter) in seen:
             continue
         seen.add(id(parameter))
@@ -178,19 +186,25 @@ def run_decode(args: argparse.Namespace) -> int:
         rows = []
         for dtype_name in dtypes:
             dtype = _DTYPES[dtype_name]
-            for route in routes:
+            source = model
+            if dtype_name == "int4":
+                from edgekv.calibration.quantize import bench_int4_checkpoint
+
+                source = args.int4_model or bench_int4_checkpoint(model, Path(tmp) / "int4", args.int4_group_size)
+            for route in (comma_choices(args.int4_routes, ROUTES, "--int4-routes", "route") if dtype_name == "int4"
+                          else routes):
                 if route == "native":
                     from edgekv.model.decode_routes import native_unavailable
 
-                    reason = native_unavailable(dtype, "cpu")
+                    reason = native_unavailable(dtype, "cpu", quantized=dtype_name == "int4")
                     if reason:
                         print(f"edgekv native {dtype_name}: skipped ({reason})", flush=True)
                         continue
                 before = measured()
                 row = {"engine": "edgekv", "route": route, "dtype": dtype_name,
-                       **edgekv_decode(model, dtype, route, args.prompt, args.tokens, args.repeats)}
+                       **edgekv_decode(source, dtype, route, args.prompt, args.tokens, args.repeats)}
                 rows.append(_with_bound(row, before, measured()))
-            if not args.no_hf:
+            if not args.no_hf and dtype_name != "int4":
                 before = measured()
                 eager = [r for r in rows if r["dtype"] == dtype_name and r["route"] == "eager"]
                 row = {"engine": "transformers", "route": "generate", "dtype": dtype_name,

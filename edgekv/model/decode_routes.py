@@ -14,6 +14,12 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
   weights per AVX2 instruction (a 16-bit shift), multiplies and sums in fp32 and rounds once; the same
   weights in place, no second layout. Every other product (ingest, question prefill, fp32 / fp16) stays
   on torch. Its figures are in the README's "Speed on CPU" and the issue-17 note.
+* ``native`` with 4-bit weights (issue 29; ``auto`` picks it for a 4-bit model on CPU, any activation dtype) —
+  every ``Int4Linear`` becomes a ``NativeInt4Linear``: its weights repacked once into the C kernel's tiles
+  (``edgekv.kernels.cpu_gemv``: same bytes, the AWQ words dropped), one-row products through the integer
+  kernel (fp32 out, rounded once to the activations' dtype), chunks (ingest, question prefill) through the
+  C dequantizer then torch's GEMM — dequantize-then-matmul, which beats per-row products there. The
+  bf16 ``lm_head`` of a bf16 model takes the bf16 kernel as above.
 * measured and not kept: a ``torch.compile``d multiply-and-reduce in the weight's dtype with fp32
   accumulation (bf16 9.6 GB/s, fp16 11.3, fp32 14.5 on the one projection, but inside the model every
   weight shape recompiled past dynamo's limit and decode got slower); a blocked bf16 -> fp32 upcast
@@ -28,6 +34,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from edgekv.model.int4 import Int4Linear, is_quantized
 
 ROUTES = ("eager", "native")
 
@@ -58,8 +66,60 @@ class NativeDecodeLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def native_unavailable(dtype: torch.dtype, device: torch.device | str) -> str | None:
-    """Why the ``native`` route cannot serve this model, or None when it can."""
+class NativeInt4Linear(nn.Module):
+    """An ``Int4Linear`` repacked for the CPU kernel (the same bias parameter; the weights as tiles).
+
+    ``tiles`` uint8 [N/16, K/4, 32], ``zeros`` uint8 [K/g, N], ``scales`` float16 [K/g, N] (the module's own)."""
+
+    def __init__(self, linear: Int4Linear) -> None:
+        super().__init__()
+        from edgekv.kernels.cpu_gemv import int4_tiles
+
+        q, zeros = linear.integers()
+        self.register_buffer("tiles", int4_tiles(q))
+        self.register_buffer("zeros", zeros.contiguous())
+        self.register_buffer("scales", linear.scales)
+        self.bias = linear.bias
+        self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, linear.group_size
+
+    def integers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        from edgekv.kernels.cpu_gemv import int4_untile
+
+        return int4_untile(self.tiles), self.zeros
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        from edgekv.kernels.cpu_gemv import dequant_int4
+
+        return dequant_int4(self.tiles, self.scales, self.zeros, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from edgekv.kernels.cpu_gemv import dequant_int4, gemv_int4
+
+        bias = None if self.bias is None else self.bias.detach()
+        if x.numel() == self.in_features and not (torch.is_grad_enabled() and x.requires_grad):
+            try:
+                out = gemv_int4(self.tiles, self.scales, self.zeros, x.detach(), bias, threads=torch.get_num_threads())
+            except ValueError:  # an inf / nan activation: torch's product below propagates it as torch does
+                pass
+            else:
+                return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        # a chunk: dequantize-then-matmul (the weight exists only for this product)
+        return F.linear(x, dequant_int4(self.tiles, self.scales, self.zeros, x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bits=4, "
+                f"group_size={self.group_size}, bias={self.bias is not None}")
+
+
+def native_unavailable(dtype: torch.dtype, device: torch.device | str, quantized: bool = False) -> str | None:
+    """Why the ``native`` route cannot serve this model, or None when it can (``quantized``: 4-bit weights,
+    which the route serves with any activation dtype)."""
+    if quantized:
+        if torch.device(device).type != "cpu":
+            return f"the native decode route is for CPU weights (device {device})"
+        from edgekv.kernels.cpu_gemv import unavailable_reason
+
+        return unavailable_reason()
     if dtype is not torch.bfloat16:
         return f"the native decode route is bf16 only (model dtype {str(dtype).removeprefix('torch.')})"
     if torch.device(device).type != "cpu":
@@ -69,14 +129,15 @@ def native_unavailable(dtype: torch.dtype, device: torch.device | str) -> str | 
     return unavailable_reason()
 
 
-def resolve_route(route: str, dtype: torch.dtype, device: torch.device | str) -> tuple[str, str | None]:
+def resolve_route(route: str, dtype: torch.dtype, device: torch.device | str,
+                  quantized: bool = False) -> tuple[str, str | None]:
     """(route to apply, why ``auto`` did not pick ``native`` or None). ``native`` that cannot serve this
     model raises ValueError with the reason."""
     if route not in (*ROUTES, "auto"):
         raise ValueError(f"model.decode_route: unknown route {route!r} (known: auto, {', '.join(ROUTES)})")
     if route == "eager":
         return "eager", None
-    reason = native_unavailable(dtype, device)
+    reason = native_unavailable(dtype, device, quantized)
     if route == "native" and reason:
         raise ValueError(f"model.decode_route: native: {reason}")
     return ("eager", reason) if reason else ("native", None)
@@ -88,16 +149,24 @@ def prepare_decode(language: nn.Module, route: str) -> dict:
         raise ValueError(f"decode route: unknown route {route!r} (known: {', '.join(ROUTES)})")
     if route == "eager":
         return {"route": route}
+    from edgekv.kernels.cpu_gemv import int4_kernel_fits, int4_simd, simd
+
     weight = language.embed_tokens.weight
-    reason = native_unavailable(weight.dtype, weight.device)
+    quantized = is_quantized(language)
+    reason = native_unavailable(weight.dtype, weight.device, quantized)
     if reason:
         raise ValueError(f"decode route native: {reason}")
-    replaced = 0
+    replaced = packed = 0
     for module in list(language.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and weight.dtype is torch.bfloat16:
                 setattr(module, name, NativeDecodeLinear(child))
                 replaced += 1
-    from edgekv.kernels.cpu_gemv import simd
-
-    return {"route": route, "linears": replaced, "simd": simd()}
+            elif type(child) is Int4Linear and child.qweight.device.type == "cpu" \
+                    and int4_kernel_fits(child.in_features, child.out_features, child.group_size) is None:
+                setattr(module, name, NativeInt4Linear(child))
+                packed += 1
+    info = {"route": route, "linears": replaced, "simd": simd()}
+    if quantized:
+        info.update(int4_linears=packed, int4_simd=int4_simd())
+    return info

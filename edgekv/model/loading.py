@@ -17,7 +17,10 @@ released checkpoints (transformers 4.x)    transformers 5 ``save_pretrained``   
 =========================================  ==========================================  ===========================
 
 With ``tie_word_embeddings`` the head is the embedding; a stored ``lm_head.weight`` is then ignored.
-Every failure is a :class:`CheckpointError` naming the file and the tensor.
+A ``quantization_config`` in ``config.json`` (AutoAWQ GEMM or GPTQ, 4-bit) makes the decoder layers' stored
+4-bit linears :class:`~edgekv.model.int4.Int4Linear` modules (``edgekv/model/int4_checkpoint.py``); the
+vision tower, norms and embedding load as above. Every failure is a :class:`CheckpointError` naming the
+file and the tensor (or the ``quantization_config`` field), raised before the model is returned.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from edgekv.model import int4_checkpoint
 from edgekv.model.config import ConfigError, ModelConfig
+from edgekv.model.int4 import QuantConfig, QuantConfigError
 from edgekv.model.qwen25vl import Qwen25VL
 
 SINGLE_FILE = "model.safetensors"
@@ -167,6 +172,10 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
         config = ModelConfig.from_dir(model_dir)
     except ConfigError as exc:
         raise CheckpointError(str(exc), file=model_dir / "config.json") from exc
+    try:
+        quant = QuantConfig.from_model_config(config.extra)
+    except QuantConfigError as exc:
+        raise CheckpointError(f"{model_dir / 'config.json'}: {exc}", file=model_dir / "config.json") from exc
     device = torch.device(device)
     with torch.device("meta"):
         model = Qwen25VL(config)
@@ -174,9 +183,19 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
     tied = config.text.tie_word_embeddings
     loaded: dict[str, Path] = {}
     unexpected: list[tuple[str, Path]] = []
+    files = {path: (promised, check_safetensors_file(path)) for path, promised in weight_files(model_dir).items()}
+    plans: dict[str, int4_checkpoint.QuantizedLinearPlan] = {}
+    if quant is not None:
+        def refuse(message: str, tensor: str | None) -> CheckpointError:
+            return CheckpointError(message if message.startswith(str(model_dir)) else f"{model_dir}: {message}",
+                                   file=model_dir, tensor=tensor)
 
-    for path, promised in weight_files(model_dir).items():
-        names = check_safetensors_file(path)
+        stored = {module_key_to_checkpoint(m) for _, names in files.values() for key in names
+                  if (m := checkpoint_key_to_module(key)) is not None}
+        plans = int4_checkpoint.plan_quantized(model, quant, stored, module_key_to_checkpoint, refuse)
+        expected = int4_checkpoint.expected_with_quantized(expected, plans)
+
+    for path, (promised, names) in files.items():
         if promised is not None:
             absent = sorted(set(promised) - set(names))
             if absent:
@@ -210,6 +229,15 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
                     tensor = handle.get_tensor(key)
                 except Exception as exc:
                     raise CheckpointError(f"{path}: cannot read tensor {key} ({exc})", file=path, tensor=key) from exc
+                quantized = int4_checkpoint.split_part(canonical, plans)
+                if quantized is not None:
+                    plan, part = quantized
+                    int4_checkpoint.check_part(tensor, key, part, path, lambda m, t: CheckpointError(m, path, t))
+                    plan.parts[part] = tensor
+                    loaded[canonical] = path
+                    int4_checkpoint.finish_linear(model, plan, quant, device,
+                                                  lambda m, t: CheckpointError(f"{path}: {m}", path, t))
+                    continue
                 if canonical == _PATCH_EMBED:
                     tensor = tensor.reshape(tensor.shape[0], -1)  # Conv3d kernel == stride: a Linear
                 _set_parameter(model, module_name, tensor.to(device=device, dtype=dtype))
@@ -218,13 +246,18 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
     if unexpected:
         key, path = unexpected[0]
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        hint = ""
+        if key.endswith((".qweight", ".qzeros", ".scales", ".g_idx")):
+            hint = (" (4-bit tensors are read for the language model's decoder layers only, and only with a "
+                    "quantization_config in config.json)")
         raise CheckpointError(f"{path}: unexpected tensor {key}{more}: not part of a Qwen2.5-VL model with this "
-                              f"config.json", file=path, tensor=key)
+                              f"config.json{hint}", file=path, tensor=key)
     missing = [name for name in expected if name not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"{model_dir}: required tensor {missing[0]}{more} is in no weight file",
                               file=model_dir, tensor=missing[0])
+    model.quantization = quant
     if tied:
         model.language.lm_head.weight = model.language.embed_tokens.weight
     if "visual" in skip:

@@ -26,6 +26,7 @@ class Qwen25VL(nn.Module):
         self.config = config
         self.visual = VisionTower(config.vision)
         self.language = Qwen2LM(config.text)
+        self.quantization = None  # the checkpoint's 4-bit format (edgekv.model.int4.QuantConfig), set on loading
 
     @property
     def dtype(self) -> torch.dtype:

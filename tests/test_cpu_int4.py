@@ -1,0 +1,213 @@
+"""The C 4-bit decode kernel (kernels/cpu_gemv.c, issue 29) and the ``native`` route over 4-bit models.
+
+Tolerance (STYLE: kernel tolerance): max |kernel - fp64 reference| <= 2 x max |same-precision torch run -
+fp64 reference| + two fp32 ulps of the largest reference value. The reference is the exact dequantized
+weight times the activations in fp64; the same-precision run is dequantize-then-matmul in the activations'
+dtype (fp32: torch's fp32 product; bf16: the weight rounded to bf16, torch's bf16 product). The portable
+loop (what a CPU without AVX2 or NEON runs) must give the AVX2 kernel's outputs bit for bit, and so must the
+NEON path where an aarch64 cross compiler and an emulator are installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from edgekv.kernels import cpu_gemv
+from edgekv.kernels.cpu_gemv import dequant_int4, gemv_int4, int4_tiles, int4_untile
+from edgekv.model.decode_routes import NativeInt4Linear, prepare_decode, resolve_route
+from edgekv.model.int4 import Int4Linear, dequantize
+
+needs_kernel = pytest.mark.skipif(cpu_gemv.load() is None,
+                                  reason=f"the C kernel cannot be built here: {cpu_gemv.unavailable_reason()}")
+ULPS = 2
+# (K, N, group): the 3B widths (q/o 2048x2048, k/v 2048->256, gate/up 2048->11008, down 11008->2048) and small ones
+SHAPES_3B = [(2048, 2048, 128), (2048, 256, 128), (2048, 11008, 128), (11008, 2048, 128)]
+SHAPES_SMALL = [(16, 16, 16), (64, 32, 16), (176, 64, 16), (256, 48, 64), (128, 16, 128)]
+
+
+def weights(k: int, n: int, group: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+    zeros = torch.randint(0, 16, (k // group, n), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).half()
+    return q, zeros, scales
+
+
+def activations(k: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(k, generator=gen)
+    x[::97] *= 40.0  # a few outlier channels, as LLM activations have
+    return x.to(dtype)
+
+
+def check(got: torch.Tensor, same_precision: torch.Tensor, reference: torch.Tensor) -> None:
+    ref = reference.double()
+    floor = ULPS * float(torch.finfo(torch.float32).eps) * float(ref.abs().max())
+    bound = 2 * float((same_precision.double() - ref).abs().max()) + floor
+    error = float((got.double() - ref).abs().max())
+    assert error <= bound, f"kernel error {error:.3e} > bound {bound:.3e}"
+
+
+def test_tiles_round_trip_and_byte_order():
+    q = torch.arange(8 * 16, dtype=torch.int64).reshape(8, 16).remainder(16).to(torch.uint8)
+    q[1, 3], q[2, 3], q[3, 3] = 9, 5, 7
+    tiles = int4_tiles(q)
+    assert tiles.shape == (1, 2, 32)
+    # byte 2c + p of the tile of rows 0..3: low nibble q[p, c], high nibble q[2 + p, c]
+    assert int(tiles[0, 0, 2 * 3 + 1]) == int(q[1, 3]) | int(q[3, 3]) << 4
+    assert int(tiles[0, 0, 2 * 3]) == int(q[0, 3]) | int(q[2, 3]) << 4
+    big = torch.randint(0, 16, (64, 48), dtype=torch.uint8)
+    assert torch.equal(int4_untile(int4_tiles(big)), big)
+
+
+@needs_kernel
+@pytest.mark.parametrize("k,n,group", SHAPES_SMALL + SHAPES_3B)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_kernel_within_twice_the_same_precision_error(k, n, group, dtype):
+    q, zeros, scales = weights(k, n, group, seed=k + n)
+    x = activations(k, seed=n, dtype=dtype)
+    weight = dequantize(q, zeros, scales, group)  # [K, N], exact
+    reference = x.double() @ weight.double()
+    same = (x @ weight.to(dtype)).float()
+    got = gemv_int4(int4_tiles(q), scales, zeros, x).to(dtype)  # the route rounds the fp32 result once
+    check(got, same, reference)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_threads_bias_and_the_portable_loop_give_the_same_bits(threads, dtype):
+    k, n, group = 256, 80, 32
+    q, zeros, scales = weights(k, n, group, seed=4)
+    x = activations(k, seed=5, dtype=dtype)
+    bias = torch.randn(n)
+    tiles = int4_tiles(q)
+    one = gemv_int4(tiles, scales, zeros, x, bias)
+    assert torch.equal(gemv_int4(tiles, scales, zeros, x, bias, threads=threads), one)
+    assert torch.equal(gemv_int4(tiles, scales, zeros, x, bias, portable=True), one)
+    assert torch.equal(gemv_int4(tiles, scales, zeros, x) + bias, one)
+    assert cpu_gemv.int4_simd(portable=True) == "portable"
+
+
+@needs_kernel
+@pytest.mark.parametrize("k,n,group", SHAPES_SMALL + [(2048, 256, 128)])
+def test_dequantizer_is_exact_and_rounds_bf16_once(k, n, group):
+    q, zeros, scales = weights(k, n, group, seed=7)
+    tiles = int4_tiles(q)
+    exact = dequantize(q, zeros, scales, group).t()
+    assert torch.equal(dequant_int4(tiles, scales, zeros), exact)
+    assert torch.equal(dequant_int4(tiles, scales, zeros, portable=True), exact)
+    assert torch.equal(dequant_int4(tiles, scales, zeros, torch.bfloat16), exact.bfloat16())
+    assert torch.equal(dequant_int4(tiles, scales, zeros, torch.float16), exact.half())
+
+
+@needs_kernel
+def test_zero_and_non_finite_activations():
+    q, zeros, scales = weights(64, 32, 16, seed=1)
+    tiles = int4_tiles(q)
+    assert torch.equal(gemv_int4(tiles, scales, zeros, torch.zeros(64)), torch.zeros(32))
+    x = torch.zeros(64)
+    x[:16] = 1e-30  # a group of tiny values: the group's own exponent keeps them
+    weight = dequantize(q, zeros, scales, 16)
+    assert torch.allclose(gemv_int4(tiles, scales, zeros, x).double(), x.double() @ weight.double(), rtol=1e-5, atol=0)
+    x[5] = float("nan")
+    with pytest.raises(ValueError, match="inf or nan"):
+        gemv_int4(tiles, scales, zeros, x)
+
+
+@needs_kernel
+def test_refuses_what_it_cannot_read():
+    q, zeros, scales = weights(64, 32, 16, seed=1)
+    tiles = int4_tiles(q)
+    with pytest.raises(ValueError, match="do not make one"):
+        gemv_int4(tiles, scales.float(), zeros, torch.zeros(64))
+    with pytest.raises(ValueError, match="do not make one"):
+        gemv_int4(tiles, scales, zeros, torch.zeros(63))
+    q8, zeros8, scales8 = weights(64, 32, 8, seed=1)
+    with pytest.raises(ValueError, match="group size % 16"):
+        gemv_int4(int4_tiles(q8), scales8, zeros8, torch.zeros(64))
+
+
+# ---------------------------------------------------------------------------------------------- the route
+def _int4_linear(k: int, n: int, group: int, bias: bool, seed: int) -> Int4Linear:
+    q, zeros, scales = weights(k, n, group, seed)
+    return Int4Linear.from_integers(q, zeros, scales, torch.randn(n) if bias else None)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_native_int4_linear_one_row_kernel_and_chunks_dequantized(dtype):
+    linear = _int4_linear(128, 48, 32, bias=True, seed=3)
+    linear.bias.data = linear.bias.data.to(dtype)
+    native = NativeInt4Linear(linear)
+    assert native.bias is linear.bias and native.scales is linear.scales
+    assert torch.equal(native.integers()[0], linear.integers()[0])
+    assert torch.equal(native.dequantized_weight(), linear.dequantized_weight())
+    with torch.inference_mode():
+        row = activations(128, 1, dtype)[None]
+        want = gemv_int4(native.tiles, native.scales, native.zeros, row, linear.bias).to(dtype)
+        assert torch.equal(native(row)[0], want)
+        chunk = torch.randn(5, 128).to(dtype)
+        assert torch.equal(native(chunk), torch.nn.functional.linear(chunk, linear.dequantized_weight(dtype), linear.bias))
+
+
+@needs_kernel
+def test_route_packs_a_quantized_model_and_decodes_the_same_tokens(tmp_path):
+    from edgekv.model import load_pretrained
+    from edgekv.calibration.quantize import quantize_checkpoint
+    from edgekv.model.tiny import make_tiny_checkpoint
+
+    dense = make_tiny_checkpoint(tmp_path / "dense", preset="test-gqa4", seed=8)
+    quantized = quantize_checkpoint(dense, tmp_path / "q4", group_size=32)
+    assert resolve_route("auto", torch.float32, "cpu", quantized=True) == ("native", None)
+    assert resolve_route("auto", torch.float32, "cpu")[0] == "eager"  # an fp32 dense model stays on torch
+    ids = torch.randint(0, 4000, (12,), generator=torch.Generator().manual_seed(0))
+    outputs = {}
+    for route in ("eager", "native"):
+        model = load_pretrained(quantized, dtype=torch.float32)
+        info = prepare_decode(model.language, route)
+        if route == "native":
+            assert info["int4_linears"] == 14 and info["int4_simd"] in ("avx2", "neon", "portable")
+            assert not any(isinstance(m, Int4Linear) for m in model.modules())
+        outputs[route] = model.generate(ids[None], max_new_tokens=8, stop_ids=[])
+    assert outputs["native"] == outputs["eager"]
+
+
+# ---------------------------------------------------------------------------------------------- aarch64 (NEON)
+CROSS = shutil.which("aarch64-linux-gnu-gcc")
+QEMU = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
+
+
+@pytest.mark.skipif(not (CROSS and QEMU), reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt: gcc-aarch64-linux-gnu, qemu-user)")
+@pytest.mark.parametrize("k,n,group", [(176, 64, 16), (2048, 256, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_neon_path_gives_the_host_bits_under_an_emulator(tmp_path, k, n, group, dtype):
+    driver = tmp_path / "int4_driver"
+    source = Path(cpu_gemv.SOURCE)
+    built = subprocess.run([CROSS, "-O3", "-march=armv8.2-a", "-std=c11", "-pthread", "-o", str(driver), str(source),
+                            str(Path(__file__).parent / "native" / "int4_driver.c"), "-lm"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    q, zeros, scales = weights(k, n, group, seed=11)
+    x = activations(k, seed=12, dtype=dtype)
+    tiles = int4_tiles(q)
+    digits = cpu_gemv.INT4_DIGITS[dtype]
+    (tmp_path / "in.bin").write_bytes(struct.pack("<5q", n, k, group, 2, digits) + tiles.numpy().tobytes()
+                                      + scales.numpy().tobytes() + zeros.numpy().tobytes() + x.float().numpy().tobytes())
+    run = subprocess.run([QEMU, "-L", "/usr/aarch64-linux-gnu", str(driver), str(tmp_path / "in.bin"),
+                          str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    raw = (tmp_path / "out.bin").read_bytes()
+    simd = struct.unpack("<i", raw[:4])[0]
+    y = torch.from_numpy(np.frombuffer(raw[4:4 + 4 * n], dtype=np.float32).copy())
+    w = torch.from_numpy(np.frombuffer(raw[4 + 4 * n:], dtype=np.float32).copy()).reshape(n, k)
+    assert simd == 2  # the NEON path ran
+    assert torch.equal(y, gemv_int4(tiles, scales, zeros, x))
+    assert torch.equal(w, dequantize(q, zeros, scales, group).t())

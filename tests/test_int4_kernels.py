@@ -1,0 +1,124 @@
+"""The Triton 4-bit products (kernels/int4_matmul.py, issue 29) against dequantize-then-matmul.
+
+As in ``test_kernels.py``: on CPU the kernels run in Triton's interpreter (this module re-runs itself in a
+subprocess with ``TRITON_INTERPRET=1``), on CUDA compiled; ``gpu`` tests at the Qwen2.5-VL-3B widths.
+Tolerance: max |kernel - fp64 reference| <= 2 x max |same-precision torch run - fp64 reference| + two fp32
+ulps of the largest reference value; the reference multiplies the exact dequantized weight in fp64, the
+same-precision run is ``int4_matmul_reference`` (the weight rounded once to the activations' dtype).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from edgekv.kernels import triton_available
+from edgekv.kernels._triton import interpreting
+from edgekv.kernels.int4_matmul import int4_matmul, int4_matmul_reference, int4_matmul_triton
+from edgekv.model.int4 import pack_awq
+
+INTERPRETED = interpreting()
+CUDA = torch.cuda.is_available() and not INTERPRETED
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+RUN_HERE = triton_available() and (CUDA or INTERPRETED)
+needs_triton = pytest.mark.skipif(not RUN_HERE, reason="runs in test_int4_kernels_in_triton_interpreter's subprocess")
+requires_cuda = pytest.mark.skipif(not (CUDA and triton_available()), reason="needs CUDA and triton")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(RUN_HERE or not triton_available(), reason="the kernels run in this process")
+def test_int4_kernels_in_triton_interpreter(request: pytest.FixtureRequest) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("EDGEKV_TRITON", None)
+    command = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"]
+    if request.config.getoption("markexpr"):
+        command += ["-m", request.config.getoption("markexpr")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=request.config.rootpath)
+    print(result.stdout[-4000:])
+    assert result.returncode == 0, f"interpreter run failed:\n{result.stdout[-12000:]}\n{result.stderr[-4000:]}"
+
+
+def packed(k: int, n: int, group: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+    zeros = torch.randint(0, 16, (k // group, n), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).half()
+    return pack_awq(q).to(DEVICE), pack_awq(zeros).to(DEVICE), scales.to(DEVICE)
+
+
+def check(m: int, k: int, n: int, group: int, dtype: torch.dtype, seed: int = 0) -> None:
+    qweight, qzeros, scales = packed(k, n, group, seed)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE, dtype)
+    got = int4_matmul_triton(x, qweight, qzeros, scales, group)
+    assert got.dtype == dtype and got.shape == (m, n)
+    reference = int4_matmul_reference(x.double(), qweight, qzeros, scales, group)
+    same = int4_matmul_reference(x, qweight, qzeros, scales, group)
+    err = float((got.double() - reference).abs().max())
+    base = float((same.double() - reference).abs().max())
+    floor = 2 * torch.finfo(torch.float32).eps * float(reference.abs().max())
+    assert err <= 2 * base + floor, f"[{m}x{k}] @ [{k}x{n}] g{group} {dtype}: {err:.3g} > 2 x {base:.3g} + {floor:.2g}"
+
+
+@needs_triton
+@pytest.mark.parametrize("m", [1, 17])
+@pytest.mark.parametrize("k,n,group", [(64, 16, 16), (96, 40, 32), (128, 72, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_int4_matmul_small_odd_shapes(m, k, n, group, dtype):
+    check(m, k, n, group, dtype, seed=m * 7 + k)
+
+
+@needs_triton
+def test_dispatch_runs_triton_and_leaves_other_groups_to_the_reference(monkeypatch):
+    qweight, qzeros, scales = packed(64, 16, 16, seed=3)
+    x = torch.randn(2, 64).to(DEVICE)
+    assert torch.equal(int4_matmul(x, qweight, qzeros, scales, 16), int4_matmul_triton(x, qweight, qzeros, scales, 16))
+    q8, z8, s8 = packed(64, 16, 8, seed=3)  # group 8: not a multiple of 16, the reference serves it
+    assert torch.equal(int4_matmul(x, q8, z8, s8, 8), int4_matmul_reference(x, q8, z8, s8, 8))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        int4_matmul_triton(x, q8, z8, s8, 8)
+
+
+# ---------------------------------------------------------------------------------------------- GPU, 3B widths
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("m", [1, 256])
+@pytest.mark.parametrize("k,n", [(2048, 2048), (2048, 256), (2048, 11008), (11008, 2048)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_gpu_int4_matmul_3b_widths(m, k, n, dtype):
+    check(m, k, n, 128, dtype, seed=k + n)
+
+
+# ---------------------------------------------------------------------------------------------- Jetson build
+@pytest.mark.slow
+@pytest.mark.skipif(not triton_available() or INTERPRETED, reason="needs Triton's compiler, not its interpreter")
+def test_int4_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU, build both kernels down to a cubin for sm_87 (Jetson Orin), for each activation dtype."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction, mangle_type
+
+    launches = []
+    monkeypatch.setattr(JITFunction, "run", lambda self, *args, grid, warmup, **kw: launches.append((self, args, kw)))
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for m in (1, 256):
+            qweight, qzeros, scales = packed(2048, 256, 128, seed=0)
+            int4_matmul_triton(torch.zeros(m, 2048, dtype=dtype), qweight.cpu(), qzeros.cpu(), scales.cpu(), 128)
+    assert len(launches) == 6
+    for fn, args, kwargs in launches:
+        bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
+        signature, constants = {}, {}
+        for param in fn.params:
+            value = bound[param.name]
+            if param.is_constexpr or (type(value) is int and value == 1):
+                signature[param.name], constants[param.name] = "constexpr", value
+            else:
+                signature[param.name] = mangle_type(value)
+        options = {key: v for key, v in kwargs.items() if key not in fn.arg_names}
+        compiled = triton.compile(ASTSource(fn, signature, constexprs=constants), target=GPUTarget("cuda", 87, 32),
+                                  options=options)
+        assert compiled.asm["cubin"], fn.__name__
