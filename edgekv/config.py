@@ -77,6 +77,12 @@ class VideoSection:
     # Under question load the main loop spends at least this share of its busy time ingesting
     # (apps/daemon/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
     min_ingest_share: float = 0.8
+    # A timestamp that jumps back, or forward by more than this, is a clock jump (NTP after an RTC-less boot, a
+    # client's stepped clock), taken as a gap of at most this much stream time (DESIGN invariant 12).
+    max_gap_s: float = 3600.0
+    # No frame ingested for this long (and at least 4 frame intervals), while not answering and the source
+    # not reconnecting: the stream is "stalled" and /healthz answers 503 (apps/daemon/loop.py).
+    stall_s: float = 60.0
     skip_static: SkipStaticSection = field(default_factory=SkipStaticSection)
     # exact: Pillow bicubic, bit-identical to transformers' processor; fast: OpenCV (INTER_AREA shrinking,
     # INTER_CUBIC growing), ~2x faster, mean |difference| <= 1.5 uint8 levels on camera-like frames
@@ -104,6 +110,10 @@ class VideoSection:
             raise ConfigError(f"{at}.answer_backlog_mib: must be >= 0, got {self.answer_backlog_mib}")
         if not 0.0 < self.min_ingest_share <= 1.0:
             raise ConfigError(f"{at}.min_ingest_share: must be in (0, 1], got {self.min_ingest_share}")
+        if not 0.0 < self.max_gap_s <= 2.0 ** 42:
+            raise ConfigError(f"{at}.max_gap_s: must be in (0, 4.4e12] seconds, got {self.max_gap_s}")
+        if not self.stall_s > 0.0:
+            raise ConfigError(f"{at}.stall_s: must be > 0, got {self.stall_s}")
 
 
 POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",

@@ -79,6 +79,7 @@ class SnapshotInfo:
     stream_s: float      # stream time it covers: last timestamp - first
     last_t: float | None = None       # the stream clock at the snapshot
     saved_unix: float | None = None   # wall-clock time of the snapshot (time.time())
+    last_source_t: float | None = None  # the source's timestamp of the last frame (edgekv/session/clock.py)
 
 
 # ---------------------------------------------------------------------------------------------- the key
@@ -166,6 +167,7 @@ def _session_state(session) -> dict:
         "t0": session.clock.t0,
         "last_t": session.clock.last_t,
         "pending_t": pending[1] if pending is not None else None,
+        "clock": session.clock.state(),
         "sink_updates": session.sinks.updates if session.sinks is not None else 0,
         "policy": session.policy.state(),
     }
@@ -259,8 +261,9 @@ def save_session(session, path: str | Path) -> SnapshotInfo:
 def _info(path: Path, size: int, seconds: float, state: dict, saved_unix: float | None) -> SnapshotInfo:
     t0, last = state.get("t0"), state.get("last_t")
     span = (last - t0) if t0 is not None and last is not None else 0.0
+    clock = state.get("clock") if isinstance(state.get("clock"), dict) else {}
     return SnapshotInfo(path, size, seconds, int(state["cache_length"]), int(state["counters"]["frames"]), span,
-                        last, saved_unix)
+                        last, saved_unix, clock.get("last_source_t", last))
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -340,7 +343,8 @@ def _apply_state(session, state: dict, length: int, pending) -> None:
     session.next_position, session.t_offset = int(state["next_position"]), int(state["t_offset"])
     session.rebases, session.video_start = int(state["rebases"]), int(state["video_start"])
     session.grid = tuple(state["grid"]) if state["grid"] is not None else None
-    session.clock.t0, session.clock.last_t, session.ingestor.pending = state["t0"], state["last_t"], pending
+    session.clock.load_state(state["t0"], state["last_t"], state.get("clock"))
+    session.ingestor.pending = pending
     if session.sinks is not None:
         session.sinks.updates = int(state["sink_updates"])
     session.policy.load_state(state["policy"])
@@ -380,14 +384,17 @@ def load_session(runtime, path: str | Path):
 
 # ---------------------------------------------------------------------------------------------- the daemon's keeper
 def describe_span(seconds: float) -> str:
-    """3 h 12 min, 12 min, 45 s."""
+    """56 years, 3 days, 3 h 12 min, 12 min, 45 s."""
     seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.0f} s"
     minutes = int(seconds // 60)
     if minutes < 60:
         return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60} min"
+    if minutes < 48 * 60:
+        return f"{minutes // 60} h {minutes % 60} min"
+    days = seconds / 86400
+    return f"{days:.0f} days" if days < 730 else f"{days / 365.25:.0f} years"
 
 
 class StateKeeper:
@@ -401,16 +408,19 @@ class StateKeeper:
     two (the newest and the one being written) and, with the set-aside file, at most ``state.max_mib``.
     A snapshot that cannot be written (disk full, permissions) is logged and the stream goes on.
     A restarted source counts time from 0 again: ``stream_time(t)`` moves its timestamps past the
-    restored stream's last one (plus the time the process was down).
+    restored stream's last one, plus the time the process was down by the wall clock — at most
+    ``video.max_gap_s``, and said when the wall clock moved back or further than that (a board without an RTC
+    battery saves in 1970 and restarts after NTP: 56 years of "downtime", DESIGN invariant 12).
     """
 
     PREFIX, SUFFIX, ASIDE = "snapshot-", ".ekv", "set-aside"
 
     def __init__(self, section: StateSection, say: Callable[[str], None] = print,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.section = section
         self.say = say
         self.clock = clock
+        self.wall = wall  # the wall clock, only to measure how long the process was down
         self.dir = Path(section.dir).expanduser() if section.dir else None
         self.max_bytes = int(section.max_mib * 2**20)
         self.last_saved: float | None = None
@@ -471,7 +481,7 @@ class StateKeeper:
                 continue
             self._check_budget(session)
             info = session.restored_from
-            self.clock_offset = self._resume_offset(info)
+            self.clock_offset = self._resume_offset(info, runtime.config.video.max_gap_s)
             self.say(f"resumed {describe_span(info.stream_s)} of memory, {info.cache_tokens:,} tokens "
                      f"({info.frames:,} frames; {path} read in {info.seconds:.2f} s)")
             if rejected is not None:
@@ -491,14 +501,22 @@ class StateKeeper:
         self.last_saved = self.clock()
         return session
 
-    @staticmethod
-    def _resume_offset(info: SnapshotInfo) -> float:
+    def _resume_offset(self, info: SnapshotInfo, max_gap_s: float) -> float:
         """A restarted source counts from 0 again; the restored stream continues after its last frame plus
-        the wall-clock time the process was down (a 5-minute outage is a 5-minute gap in the video)."""
-        if info.last_t is None:
+        the wall-clock time the process was down (a 5-minute outage is a 5-minute gap in the video), bounded
+        by ``max_gap_s`` when the wall clock jumped in between."""
+        last = info.last_source_t if info.last_source_t is not None else info.last_t
+        if last is None:
             return 0.0
-        down = max(0.0, time.time() - info.saved_unix) if info.saved_unix is not None else 0.0
-        return info.last_t + down
+        down = self.wall() - info.saved_unix if info.saved_unix is not None else 0.0
+        if not 0.0 <= down <= max_gap_s:
+            bounded = 0.0 if down < 0 else max_gap_s
+            self.say(f"the wall clock moved {'back ' if down < 0 else ''}{describe_span(abs(down))} between the "
+                     f"snapshot and now (a clock set after the snapshot, e.g. by NTP on a board without an RTC "
+                     f"battery?): the memory continues {describe_span(bounded)} after its last frame "
+                     f"(video.max_gap_s={max_gap_s:g})")
+            down = bounded
+        return last + down
 
     def stream_time(self, t: float) -> float:
         """The session's time for a frame the (restarted) source stamped ``t``."""

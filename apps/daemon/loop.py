@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from edgekv.apps.daemon.health import StallWatch, problems
 from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
 from edgekv.apps.daemon.quiz import Quiz
 from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, printable
@@ -105,6 +106,7 @@ class Daemon:
         self.heartbeat = Heartbeat()
         self.fair = FairShare(config.video.min_ingest_share)
         self.backlog = FrameBacklog(config.video.answer_backlog_s, int(config.video.answer_backlog_mib * 2**20))
+        self.stall = StallWatch(config.video.stall_s, config.video.fps)  # ingesting nothing for long: "stalled"
         self.session = None
         self.sampler = None
         self.monitor = None
@@ -285,6 +287,7 @@ class Daemon:
     # ------------------------------------------------------------------ the loop
     def serve(self) -> None:
         """One step per turn (ingest a frame or answer a question) until stopped or, one-shot, done."""
+        self.stall.start()
         while not self.stop:
             self._wake.clear()
             self.heartbeat.beat()
@@ -429,6 +432,7 @@ class Daemon:
             average = self._ingest_s_per_frame
             self._ingest_s_per_frame = spent if average is None else average + 0.1 * (spent - average)
         self.heartbeat.beat()
+        self.stall.progressed()
         self._latest_frame = frame
         self.monitor.count_frames(self.session.counters.frames)
         if self.server is not None:
@@ -476,6 +480,7 @@ class Daemon:
             question.error = exc
         finally:
             self._current = None
+            self.stall.progressed()
             question.answered_at = time.time()
             self._record(question)
             self.say(format_answer(question))
@@ -501,15 +506,22 @@ class Daemon:
     # ------------------------------------------------------------------ state for the page and /metrics
     @property
     def stream_state(self) -> str:
-        """``starting``, ``running``, ``reconnecting`` (a lost camera, backoff running), ``ended`` (answers
-        about what was seen, ingests nothing) or ``stopping``."""
+        """``starting``, ``running``, ``reconnecting`` (a lost camera, backoff running), ``stalled`` (frames come
+        but none went in for ``video.stall_s``: apps/daemon/health.py), ``ended`` (answers about what was seen,
+        ingests nothing) or ``stopping``."""
         if self.stop or self._closed:
             return "stopping"
         if not self.ready.is_set() or self.sampler is None:
             return "starting"
         if self._stream_end is not None:
             return "ended"
-        return "reconnecting" if self.sampler.capture.reconnecting else "running"
+        if self.sampler.capture.reconnecting:
+            return "reconnecting"
+        return "stalled" if self._current is None and self.stall.stalled() else "running"
+
+    def problems(self) -> list[str]:
+        """What is wrong without stopping the memory (``/healthz``: ``degraded``); apps/daemon/health.py."""
+        return problems(self)
 
     @property
     def stream_detail(self) -> str | None:
@@ -529,6 +541,7 @@ class Daemon:
         current = self._current
         return {
             "stream_state": self.stream_state, "stream_detail": self.stream_detail,
+            "seconds_since_progress": self.stall.idle_s(),
             "questions_waiting": self.questions.qsize() + len(self._scheduled),
             "answering": {"id": current.id, "source": current.source} if current is not None else None,
             **self.backlog.stats(),

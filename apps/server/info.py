@@ -21,10 +21,8 @@ def router(api: Api) -> APIRouter:
     @routes.get("/healthz")
     @routes.get("/health")
     async def healthz():
-        alive = daemon.session is not None
-        return JsonResponse({"status": "ok" if alive else "starting",
-                             "frames": daemon.session.counters.frames if alive else 0,
-                             "stream_state": stream_state(daemon)}, status_code=200 if alive else 503)
+        status, payload = health(daemon)
+        return JsonResponse(payload, status_code=status)
 
     @routes.get("/version")
     async def version():
@@ -67,12 +65,39 @@ def router(api: Api) -> APIRouter:
     return routes
 
 
+def health(daemon: Any) -> tuple[int, dict]:
+    """``/healthz``: 503 while starting and while the stream is stalled (frames come, none goes in: the memory
+    stopped); 200 ``degraded`` with the reasons when something is wrong that does not stop it (a camera being
+    reconnected, an archive on a full disk); 200 ``ok`` otherwise. Reads only the daemon's own flags and
+    counters, never the session's lock, so it answers while an ingest or an answer runs."""
+    session = daemon.session
+    state = stream_state(daemon)
+    own = getattr(daemon, "problems", None)
+    problems = list(own()) if callable(own) and session is not None else []
+    if session is None or state in ("starting", "stalled"):
+        status = "starting" if session is None or state == "starting" else "stalled"
+        code = 503
+    else:
+        status, code = ("degraded" if problems else "ok"), 200
+    payload = {"status": status, "frames": session.counters.frames if session is not None else 0,
+               "stream_state": state}
+    if state == "stalled":
+        idle = getattr(getattr(daemon, "stall", None), "idle_s", lambda: None)()
+        payload["detail"] = (f"no frame ingested for {idle:.0f} s (frames refused: "
+                             f"{session.counters.frames_rejected})" if idle is not None else "no frame ingested")
+    if problems:
+        payload["problems"] = problems
+    return code, payload
+
+
 def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:
     snap = telemetry.snapshot()
     last = telemetry.last_answer or {}
     own = getattr(daemon, "status", None)
     info = dict(own()) if callable(own) else {"questions_waiting": daemon.questions.qsize()}
     info.update(stream_state=stream_state(daemon), stream_detail=stream_detail(daemon))
+    own = getattr(daemon, "problems", None)
+    info["problems"] = list(own()) if callable(own) and daemon.session is not None else []
     return {
         "stats": snap["stats"], "kept": snap["kept"], "snapshot_age_s": snap["age_s"],
         "monitor": telemetry.monitor(), "capture": telemetry.capture(), "daemon": info,

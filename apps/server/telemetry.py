@@ -239,7 +239,7 @@ def _info(daemon: Any, stats: dict) -> InfoMetricFamily:
     })
 
 
-STREAM_STATES = ("starting", "running", "reconnecting", "ended", "stopping")
+STREAM_STATES = ("starting", "running", "reconnecting", "stalled", "ended", "stopping")
 
 
 def stream_state(daemon: Any) -> str:

@@ -406,7 +406,7 @@ class OpenCVSource(FrameSource):
     def _file_timestamp(self) -> float:
         """The container's time (CAP_PROP_POS_MSEC) while it increases; otherwise the previous frame's
         time plus 1/fps. Some demuxers report 0 for the last frame or nothing at all (then this is
-        ``frame_index / fps``); timestamps must never go back, the session refuses that."""
+        ``frame_index / fps``); timestamps never go back (the session would take that as a clock jump)."""
         raw = self.capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
         step = 1.0 / self.fps if self.fps > 0 else 1.0 / 30.0
         if self._last_t is None:
@@ -569,8 +569,8 @@ class LoopingSource(FrameSource):
     """A recorded source played again from its start whenever it ends (``video.loop``), time running on.
 
     Each pass is reopened with ``reopen`` and shifted so its timestamps continue after the previous
-    pass's last frame by one frame interval: the session, which refuses time going back, sees one long
-    stream, and a short clip can stand in for a camera for hours.
+    pass's last frame by one frame interval: the session (which would take time going back as a clock jump)
+    sees one long stream, and a short clip can stand in for a camera for hours.
     """
 
     kind = "loop"
