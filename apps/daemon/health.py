@@ -49,7 +49,7 @@ def problems(daemon) -> list[str]:
         out.append(f"video source lost: reconnecting ({sampler.capture.stats()['reconnect_attempts']} attempts so far)")
     recall = getattr(daemon.session, "recall", None)
     archive = getattr(recall, "archive", None)
-    if archive is not None and (getattr(archive, "disk_full", False) or getattr(archive, "failing", False)):
+    if archive is not None and (archive.disk_full or archive.failing):
         why = "disk full" if archive.disk_full else "writes failing"
         out.append(f"archive: {why} ({archive.write_errors} write errors, {archive.dropped} pairs not archived; "
                    f"last: {archive.last_error})")

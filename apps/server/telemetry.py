@@ -183,7 +183,12 @@ class DaemonCollector:
             counters.append(("edgekv_energy_joules", "board energy since start", mon["energy_j"]))
         if "archive_pairs" in stats:  # archive: in the YAML (edgekv/archive)
             counters += [
-                ("edgekv_archive_dropped", "frame pairs not archived (staging full)", stats["archive_dropped"]),
+                ("edgekv_archive_dropped", "frame pairs not archived (staging full, or a write that failed)",
+                 stats["archive_dropped"]),
+                ("edgekv_archive_write_errors", "archive writes that failed (disk full, I/O errors)",
+                 stats.get("archive_write_errors", 0)),
+                ("edgekv_archive_bad_records", "damaged archive records skipped (failed their checksum)",
+                 stats.get("archive_bad_records", 0)),
                 ("edgekv_recalls", "questions answered with recall from the archive", stats["recalls"]),
                 ("edgekv_recall_seconds", "time spent recalling (probe + select + read)",
                  stats["recall_ms_total"] / 1e3),
@@ -210,7 +215,11 @@ class DaemonCollector:
         ]
         if "archive_pairs" in stats:
             gauges += [("edgekv_archive_bytes", "bytes of the archive's segment files", stats["archive_bytes"]),
-                       ("edgekv_archive_pairs", "frame pairs in the archive", stats["archive_pairs"])]
+                       ("edgekv_archive_pairs", "frame pairs in the archive", stats["archive_pairs"]),
+                       ("edgekv_archive_disk_full", "1 while archive writes fail for want of space",
+                        stats.get("archive_disk_full", 0)),
+                       ("edgekv_archive_failing", "1 while archive writes fail (any reason)",
+                        stats.get("archive_failing", 0))]
         for name, help_text, value in gauges:
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
