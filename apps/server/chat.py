@@ -184,12 +184,22 @@ def answer_error(error: Exception) -> ApiError:
 
 
 def check_fits(session: Any, request: ChatRequest) -> None:
-    """Refuse (400 ``context_length_exceeded``) a question that cannot fit in the cache's free slots now,
-    before it is queued and before any stream starts."""
+    """Refuse (400 ``context_length_exceeded``), before it is queued and before any stream starts, only a
+    question that cannot fit when its turn comes: more than the room the session always keeps for text
+    (``cache.text_reserve_tokens``, and the retrieval reserve when it does not recall) and more than the room
+    the video leaves now. What fits alone is queued, whatever another answer decoding right now holds in the
+    cache (its question and answer tokens leave with it; counting them refused valid questions, issue 26).
+    Reads no lock: the session's length before the answer in flight (``answerer.video_length``), if any."""
     ids = session.layout.question_suffix_ids(session.tokenizer, request.question)
     recall = request.recall if request.recall is not None else getattr(session, "recall", None) is not None
-    room = session.capacity - session.cache.length - (getattr(session, "recall_reserve", 0) if recall else 0)
-    if len(ids) + request.max_new_tokens > room:
+    reserved = getattr(session, "recall_reserve", 0) if recall else 0
+    need = len(ids) + request.max_new_tokens
+    if need <= session.capacity - session.video_limit - reserved:
+        return  # always fits: ingest never leaves less than this free
+    answering = getattr(getattr(session, "answerer", None), "video_length", None)
+    video = answering if answering is not None else session.cache.length
+    room = session.capacity - video - reserved
+    if need > room:
         raise ApiError(400, f"the question ({len(ids)} tokens) + max_tokens ({request.max_new_tokens}) exceed the "
                             f"{room} cache slots free for text (cache.text_reserve_tokens={session.text_reserve}); "
                             "shorten the question or lower max_tokens", param="messages",

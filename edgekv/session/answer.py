@@ -19,6 +19,7 @@ class Answerer:
 
     def __init__(self, session) -> None:
         self.session = session
+        self.video_length: int | None = None  # while answering: the cache's length before the question
 
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None) -> Answer:
@@ -39,6 +40,7 @@ class Answerer:
         ids = self.question_ids(question, max_new_tokens, temperature, top_p,
                                 reserved=s.recall_reserve if recall else 0)
         video_len = s.cache.length
+        self.video_length = video_len
         recalled = ()
         generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else seed)
         started = time.perf_counter()
@@ -78,6 +80,7 @@ class Answerer:
         finally:
             used = max(s.cache.length, video_len + len(ids) + (s.recall_reserve if recall else 0))
             s.cache.truncate(video_len)
+            self.video_length = None
             if recall:
                 s.recall.clear(video_len, used)
         s.counters.questions += 1
