@@ -35,7 +35,7 @@ from pathlib import Path
 from edgekv.apps.daemon.health import StallWatch, problems
 from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
 from edgekv.apps.daemon.quiz import Quiz
-from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, printable
+from edgekv.apps.questions import AskerLeft, DaemonBusy, DaemonStopping, Question, printable
 from edgekv.apps.daemon.scheduling import Collector, FairShare, FrameBacklog
 from edgekv.apps.daemon.startup import (
     StartupError,
@@ -460,22 +460,30 @@ class Daemon:
 
     def _answer(self, question: Question) -> None:
         user_on_token = question.on_token
+        decoded = [0]
 
         def on_token(token: int) -> None:
-            if self.stop:
+            if self.stop or question.cancelled.is_set():  # stopping, or the asker left: no token for nobody
                 raise AnswerCancelled
+            decoded[0] += 1
             self.heartbeat.beat()
             if callable(user_on_token):
                 user_on_token(token)
 
         self._current = question
         try:
+            if question.cancelled.is_set():
+                raise AnswerCancelled
             with self.lock:
                 question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
                                                    temperature=question.temperature, top_p=question.top_p,
                                                    seed=question.seed, on_token=on_token, recall=question.recall)
         except AnswerCancelled:
-            question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
+            if question.cancelled.is_set():
+                question.error = AskerLeft(f"the client disconnected: the answer was stopped after {decoded[0]} "
+                                           f"token(s)")
+            else:
+                question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
         except Exception as exc:  # a bad question must not stop the stream; the asker gets the error
             question.error = exc
         finally:

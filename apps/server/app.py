@@ -152,8 +152,8 @@ class ApiServer:
         cfg = daemon.config.server
         self.config = cfg
         self.telemetry = Telemetry(daemon)
-        protocol = functools.partial(GuardedH11Protocol,
-                                     limits=ConnectionLimits(cfg.request_timeout_s, cfg.max_connections))
+        protocol = functools.partial(GuardedH11Protocol, limits=ConnectionLimits(
+            cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client))
         config = uvicorn.Config(build_app(daemon, self.telemetry), host=cfg.host, port=cfg.port, http=protocol,
                                 ws="none", lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2)

@@ -42,14 +42,16 @@ def router(api: Api) -> APIRouter:
               responses={200: {"description": "chat.completion, or text/event-stream chunks when stream is true"}})
     async def chat(request: Request):
         params = parse_chat_request(await api.body(request), api.limits)
-        return await answer_chat(api.daemon, params, api.limits.served_models[0])
+        return await answer_chat(api.daemon, params, api.limits.served_models[0], request.receive)
 
     return routes
 
 
-async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Response:
+async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: Any = None) -> Response:
     """Queue the question without blocking, wait for its first token (a refusal before it is a plain HTTP
-    error: no stream has started), then stream the answer or return it whole."""
+    error: no stream has started), then stream the answer or return it whole. ``receive`` (the request's
+    ASGI receive, its body already read) reports the client leaving: the question is then cancelled, so the
+    daemon stops decoding at the next token (or never starts) instead of answering nobody."""
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, check_fits, daemon.session, params)  # tokenizing a long question takes ms
     handoff = AnswerHandoff(loop)
@@ -58,19 +60,25 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Respon
     question.seed = params.seed
     question.recall = params.recall
     submit(daemon, question)
-    first = await handoff.next()
-    if first is _DONE and question.error is not None:
-        raise answer_error(question.error)
-    text = AnswerText(daemon.session.tokenizer, params.stop)
-    completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    if params.stream:
-        events = _sse(first, handoff, question, text, params, completion_id, created, model_id)
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    item = first
-    while item is not _DONE:
-        if params.stop:
-            text.push(item)
-        item = await handoff.next()
+    watcher = asyncio.ensure_future(_cancel_when_gone(receive, question)) if receive is not None else None
+    try:
+        first = await handoff.next()
+        if first is _DONE and question.error is not None:
+            raise answer_error(question.error)
+        text = AnswerText(daemon.session.tokenizer, params.stop)
+        completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if params.stream:
+            events = _sse(first, handoff, question, text, params, completion_id, created, model_id, watcher)
+            watcher = None  # the stream owns it now
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        item = first
+        while item is not _DONE:
+            if params.stop:
+                text.push(item)
+            item = await handoff.next()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
     if question.error is not None:
         raise answer_error(question.error)
     answer = question.answer
@@ -220,8 +228,34 @@ def submit(daemon: Any, question: Question) -> None:
         raise
 
 
+async def _cancel_when_gone(receive: Any, question: Question) -> None:
+    """Set ``question.cancelled`` when the client disconnects (the next ASGI message after the body is
+    ``http.disconnect``); cancelled itself once the answer is sent."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            question.cancelled.set()
+            return
+
+
 async def _sse(first: Any, handoff: AnswerHandoff, question: Question, text: AnswerText, params: ChatRequest,
-               completion_id: str, created: int, model_id: str):
+               completion_id: str, created: int, model_id: str, watcher: "asyncio.Future | None" = None):
+    """The answer as server-sent events; when the stream ends early (the client left), the question is
+    cancelled so that the daemon stops decoding it."""
+    finished = False
+    try:
+        async for event in _sse_events(first, handoff, question, text, params, completion_id, created, model_id):
+            yield event
+        finished = True
+    finally:
+        if not finished and not question.done.is_set():
+            question.cancelled.set()
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def _sse_events(first: Any, handoff: AnswerHandoff, question: Question, text: AnswerText,
+                      params: ChatRequest, completion_id: str, created: int, model_id: str):
     def event(payload: dict) -> str:
         return "data: " + json.dumps(payload) + "\n\n"
 

@@ -19,9 +19,13 @@ Every refusal is an OpenAI error object and closes the connection (the client ma
 
 ``GuardedH11Protocol`` is uvicorn's h11 protocol with a request deadline (headers and body must arrive
 within ``server.request_timeout_s`` of the request's first byte: slow-header and half-sent-body
-connections are closed, with a 408 when nothing else answered) and a connection limit
-(``server.max_connections``: one more is answered 503 and closed as it opens). uvicorn's own
-``timeout_keep_alive`` closes idle keep-alive connections.
+connections are closed, with a 408 when nothing else answered) and connection limits
+(``server.max_connections`` in all and ``server.max_connections_per_client`` per client address: one more
+is answered 503 and closed as it opens, so a slowloris from one host that reopens every connection it
+loses cannot hold every slot). uvicorn's own ``timeout_keep_alive`` closes idle keep-alive connections.
+
+``AttemptLimiter`` rate-limits the status page's login per client address (a token bucket): guesses in
+parallel no longer go as fast as they come.
 """
 
 from __future__ import annotations
@@ -257,7 +261,41 @@ async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
 class ConnectionLimits:
     request_timeout_s: float
     max_connections: int
+    max_per_client: int | None = None
     body_grace_s: float = 1.0  # the handler's own body deadline (read_body) answers 408 first
+
+
+class AttemptLimiter:
+    """A token bucket per client address: ``burst`` attempts at once, refilled at ``per_minute`` (so a guesser
+    gets ``per_minute`` tries a minute, however many connections it opens). Bounded: full buckets are
+    forgotten when more than ``max_clients`` addresses are tracked."""
+
+    def __init__(self, per_minute: float, burst: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 max_clients: int = 4096) -> None:
+        self.rate = float(per_minute) / 60.0
+        self.burst = float(burst if burst is not None else max(1, min(5, int(per_minute))))
+        self.clock, self.max_clients = clock, max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, when)
+
+    def _tokens(self, client: str, now: float) -> float:
+        tokens, when = self._buckets.get(client, (self.burst, now))
+        return min(self.burst, tokens + (now - when) * self.rate)
+
+    def allow(self, client: str) -> bool:
+        """Take one attempt for ``client`` if its bucket has one."""
+        now = self.clock()
+        tokens = self._tokens(client, now)
+        if len(self._buckets) >= self.max_clients and client not in self._buckets:
+            self._buckets = {c: b for c, b in self._buckets.items() if self._tokens(c, now) < self.burst}
+        if tokens < 1.0:
+            self._buckets[client] = (tokens, now)
+            return False
+        self._buckets[client] = (tokens - 1.0, now)
+        return True
+
+    def retry_after(self, client: str) -> float:
+        """Seconds until ``client`` has an attempt again."""
+        return max(0.0, (1.0 - self._tokens(client, self.clock())) / self.rate)
 
 
 def raw_response(status: int, reason: str, message: str, code: str) -> bytes:
@@ -280,10 +318,19 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        refusal = None
         if len(self.connections) > self.limits.max_connections:
-            transport.write(raw_response(503, "Service Unavailable", f"more than server.max_connections "
-                                         f"({self.limits.max_connections}) open connections; retry shortly",
-                                         "too_many_connections"))
+            refusal = (f"more than server.max_connections ({self.limits.max_connections}) open connections; "
+                       "retry shortly")
+        elif self.limits.max_per_client is not None and self.client is not None:
+            host = self.client[0]
+            mine = sum(1 for other in self.connections if getattr(other, "client", None) is not None
+                       and other.client[0] == host)
+            if mine > self.limits.max_per_client:
+                refusal = (f"more than server.max_connections_per_client ({self.limits.max_per_client}) open "
+                           "connections from this address; close some or retry shortly")
+        if refusal is not None:
+            transport.write(raw_response(503, "Service Unavailable", refusal, "too_many_connections"))
             transport.close()
             return
         self._arm(self.limits.request_timeout_s)
