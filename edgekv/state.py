@@ -295,9 +295,30 @@ def read_manifest(path: str | Path) -> dict:
         manifest = json.loads(body)
     except ValueError as exc:
         raise SnapshotError(f"{path}: damaged manifest ({exc})") from None
-    if manifest.get("format") != FORMAT:
-        raise SnapshotError(f"{path}: snapshot format {manifest.get('format')!r}, this edgekv reads {FORMAT}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise SnapshotError(f"{path}: snapshot format {found!r}, this edgekv reads {FORMAT}")
+    _check_fields(path, manifest)
     return manifest
+
+
+_TENSOR_FIELDS = {"dtype": str, "shape": list, "offset": int, "bytes": int, "sha256": str}
+
+
+def _check_fields(path: Path, manifest: dict) -> None:
+    """A manifest whose checksums hold can still lack what a reader needs (another writer, a hand edit): name
+    the missing field, so that the keeper sets the file aside instead of crashing every start (issue 26)."""
+    for name in ("key", "session", "tensors"):
+        if not isinstance(manifest.get(name), dict):
+            raise SnapshotError(f"{path}: the manifest has no {name!r} section")
+    for name in ("cache_length", "counters", "next_position", "t_offset", "rebases", "video_start", "grid", "t0",
+                 "last_t", "pending_t", "policy"):
+        if name not in manifest["session"]:
+            raise SnapshotError(f"{path}: the manifest's session state has no {name!r}")
+    for tensor, entry in manifest["tensors"].items():
+        for name, kind in _TENSOR_FIELDS.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get(name), kind):
+                raise SnapshotError(f"{path}: tensor {tensor!r} has no valid {name!r} in the manifest")
 
 
 def check_key(path: Path, manifest: dict, runtime) -> None:
@@ -351,7 +372,15 @@ def _apply_state(session, state: dict, length: int, pending) -> None:
 
 
 def load_session(runtime, path: str | Path):
-    """A new session of ``runtime`` holding the state saved in ``path`` (``Runtime.restore``)."""
+    """A new session of ``runtime`` holding the state saved in ``path`` (``Runtime.restore``); a snapshot that
+    cannot be used raises ``SnapshotError`` naming the file (never a bare KeyError or TypeError)."""
+    try:
+        return _load_session(runtime, path)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise SnapshotError(f"{path}: the manifest is unusable ({type(exc).__name__}: {exc})") from None
+
+
+def _load_session(runtime, path: str | Path):
     started = time.perf_counter()
     path = Path(path).expanduser()
     manifest = read_manifest(path)

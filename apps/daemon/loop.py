@@ -571,10 +571,23 @@ class Daemon:
         """Right after the session exists (restored by ``StateKeeper.restore`` when a snapshot matched)."""
 
     def _on_loop_tick(self) -> None:
-        """Once per turn of the main loop (between steps, the session idle): the periodic snapshot."""
+        """Once per turn of the main loop (between steps, the session idle): the periodic snapshot, and one
+        at once after SIGHUP."""
+        if self.stop.hangup.is_set():
+            self.stop.hangup.clear()
+            self._save_now("SIGHUP")
         if self.state.enabled:  # no lock taken on every loop turn when persistent memory is off
             with self.lock:
                 self.state.maybe_snapshot(self.session)
+
+    def _save_now(self, why: str) -> None:
+        if not self.state.enabled:
+            self.say(f"{why}: no state.dir in the config, so there is no memory to save; going on")
+            return
+        with self.lock:
+            info = self.state.snapshot(self.session)
+        self.say(f"{why}: memory saved in {info.path} ({info.bytes / 2**20:.1f} MiB); going on" if info is not None
+                 else f"{why}: the memory could not be saved (the log says why); going on")
 
     def _on_stop(self) -> None:
         """After the loop ended, before the capture stops: the final snapshot (SIGTERM included)."""
