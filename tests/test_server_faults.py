@@ -123,6 +123,31 @@ def test_one_host_cannot_take_every_connection(tiny_checkpoint, tmp_path):
                 sock.close()
 
 
+def test_clients_waiting_for_answers_do_not_count_against_their_host(tiny_checkpoint, tmp_path):
+    """Every client behind a reverse proxy is 127.0.0.1: six chats waiting for their answers at once from one
+    address pass a per-client cap of 3 (only connections still sending a request count)."""
+    config = server_config(tiny_checkpoint, max_connections_per_client=3, queue_size=16)
+    with RunningDaemon(config, tmp_path / "out.txt") as running:
+        daemon = running.daemon
+        ask, release = daemon.session.ask, threading.Event()
+
+        def held_ask(*args, **kwargs):
+            release.wait(60)
+            return ask(*args, **kwargs)
+
+        daemon.session.ask = held_ask
+        results: list = []
+        threads = [threading.Thread(target=lambda i=i: results.append(chat(running.port, f"Question {i}?",
+                                                                           max_tokens=2))) for i in range(6)]
+        for count, thread in enumerate(threads, 1):  # one after another: each has sent its request and waits
+            thread.start()
+            assert _wait_for(lambda: daemon.questions.qsize() + (daemon._current is not None) == count), results
+        release.set()
+        for thread in threads:
+            thread.join(60)
+        assert [r[0] for r in results] == [200] * 6, results
+
+
 # ---------------------------------------------------------------------------------------------- item 8
 def test_an_sse_client_that_leaves_stops_its_answer(tiny_checkpoint, tmp_path):
     """Before: the answer was decoded to max_tokens for nobody (16 abandoned chats cost 3,200 tokens)."""

@@ -119,6 +119,7 @@ class Daemon:
         self.ready = threading.Event()
         self.lock = threading.RLock()  # held while the session changes; the HTTP thread reads under it
         self._latest_frame = None
+        self._latest_jpeg: tuple | None = None  # (frame, its JPEG): encoded once per frame
         self._source = None
         self._spec = None
         self._asr_model: str | None = None
@@ -557,14 +558,26 @@ class Daemon:
             "watchdog_pings": self.watchdog.pings if self.watchdog else None,
         }
 
+    def jpeg_cached(self) -> bool:
+        """``latest_jpeg()`` would return without encoding."""
+        cached = self._latest_jpeg
+        return self._latest_frame is None or (cached is not None and cached[0] is self._latest_frame)
+
     def latest_jpeg(self) -> bytes | None:
+        """The latest ingested frame as JPEG, encoded once per frame however many clients poll it."""
         frame = self._latest_frame
         if frame is None:
             return None
+        cached = self._latest_jpeg
+        if cached is not None and cached[0] is frame:
+            return cached[1]
         import cv2
 
         ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])
-        return data.tobytes() if ok else None
+        if not ok:
+            return None
+        self._latest_jpeg = (frame, data.tobytes())
+        return self._latest_jpeg[1]
 
     # ------------------------------------------------------------------ persistent-state hooks
     def _on_session_ready(self) -> None:

@@ -94,7 +94,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     _install_error_handlers(app)
     for routes in (info.router(api), page.router(api), chat.router(api)):
         app.include_router(routes)
-    return RequestGuard(app, api.policy)
+    health = functools.partial(info.health_response, daemon)  # the routes stay for /openapi.json
+    return RequestGuard(app, api.policy, fast={"/healthz": health, "/health": health})
 
 
 def _version() -> str:

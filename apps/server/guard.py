@@ -19,10 +19,13 @@ Every refusal is an OpenAI error object and closes the connection (the client ma
 
 ``GuardedH11Protocol`` is uvicorn's h11 protocol with a request deadline (headers and body must arrive
 within ``server.request_timeout_s`` of the request's first byte: slow-header and half-sent-body
-connections are closed, with a 408 when nothing else answered) and connection limits
-(``server.max_connections`` in all and ``server.max_connections_per_client`` per client address: one more
-is answered 503 and closed as it opens, so a slowloris from one host that reopens every connection it
-loses cannot hold every slot). uvicorn's own ``timeout_keep_alive`` closes idle keep-alive connections.
+connections are closed, with a 408 when nothing else answered) and connection limits: ``server.max_connections``
+in all, and ``server.max_connections_per_client`` connections per client address that are *not waiting for
+an answer* (still sending their request, or idle between requests). One more is answered 503 and closed as it
+opens, so a slowloris from one host that reopens every connection it loses cannot hold every slot, while the
+clients of one host — or of a reverse proxy, where every client is 127.0.0.1 — that have sent their request
+and wait for the answer (a queued chat) are never counted. uvicorn's own ``timeout_keep_alive`` closes idle
+keep-alive connections.
 
 ``AttemptLimiter`` rate-limits the status page's login per client address (a token bucket): guesses in
 parallel no longer go as fast as they come.
@@ -50,6 +53,7 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/version", "/", "/v1/edgekv/login", "/v1/edgekv/logout"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 COOKIE_NAME = "edgekv_session"
+REFUSAL_PAUSE_S = 1.0  # a connection refused by the per-client cap is closed this long after its 503
 
 
 def is_loopback(host: str) -> bool:
@@ -216,16 +220,28 @@ async def send_error(send: Callable, error: ApiError, close: bool) -> None:
 
 
 class RequestGuard:
-    """ASGI middleware applying ``AccessPolicy.check`` before the app (and before any body byte is read)."""
+    """ASGI middleware applying ``AccessPolicy.check`` before the app (and before any body byte is read).
 
-    def __init__(self, app: Any, policy: AccessPolicy) -> None:
-        self.app, self.policy = app, policy
+    ``fast``: GET routes answered right here, without the app's routing, validation and response classes —
+    ``/healthz`` (path -> a function returning status and JSON bytes): health must not wait behind work, and
+    under load every bit of Python the event loop runs per request is time a probe waits for (issue 26)."""
+
+    def __init__(self, app: Any, policy: AccessPolicy,
+                 fast: dict[str, Callable[[], tuple[int, bytes]]] | None = None) -> None:
+        self.app, self.policy, self.fast = app, policy, fast or {}
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http":
             refusal = self.policy.check(scope)
             if refusal is not None:
                 await send_error(send, refusal, close=True)
+                return
+            answer = self.fast.get(scope["path"]) if scope["method"] in ("GET", "HEAD") else None
+            if answer is not None:
+                status, body = answer()
+                await send({"type": "http.response.start", "status": status, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
                 return
         await self.app(scope, receive, send)
 
@@ -325,13 +341,20 @@ class GuardedH11Protocol(H11Protocol):
         elif self.limits.max_per_client is not None and self.client is not None:
             host = self.client[0]
             mine = sum(1 for other in self.connections if getattr(other, "client", None) is not None
-                       and other.client[0] == host)
+                       and other.client[0] == host and other.receiving)
             if mine > self.limits.max_per_client:
-                refusal = (f"more than server.max_connections_per_client ({self.limits.max_per_client}) open "
-                           "connections from this address; close some or retry shortly")
+                refusal = (f"more than server.max_connections_per_client ({self.limits.max_per_client}) "
+                           "connections from this address that are not waiting for an answer; retry shortly")
         if refusal is not None:
+            self.connections.discard(self)  # a refused connection holds no slot while it closes
             transport.write(raw_response(503, "Service Unavailable", refusal, "too_many_connections"))
-            transport.close()
+            if refusal.startswith("more than server.max_connections_per_client"):
+                # a client that reopens every connection it loses waits a moment for each refusal (it would
+                # otherwise keep the event loop busy accepting and refusing, and /healthz behind it)
+                transport.pause_reading()
+                self.loop.call_later(REFUSAL_PAUSE_S, transport.close)
+            else:
+                transport.close()
             return
         self._arm(self.limits.request_timeout_s)
 
@@ -346,6 +369,11 @@ class GuardedH11Protocol(H11Protocol):
             self._arm(self.limits.request_timeout_s + self.limits.body_grace_s)
         elif state is not h11.IDLE and state is not h11.SEND_BODY:
             self._disarm()
+
+    @property
+    def receiving(self) -> bool:
+        """Still sending a request, or idle between two: not waiting for an answer (the per-client cap)."""
+        return self.conn.their_state is h11.IDLE or self.conn.their_state is h11.SEND_BODY
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

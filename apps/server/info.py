@@ -1,13 +1,22 @@
 """Read-only routes: ``/healthz``, ``/v1/models``, ``/metrics``, ``/v1/edgekv/status`` (the status page's data)
-and ``/frame.jpg``. Handlers that need the session lock are sync (they run in the thread pool) and wait for it
-at most a quarter second (``telemetry``)."""
+and ``/frame.jpg``.
+
+What they serve is made at most every ``telemetry.FRESH_S`` (figures, the exposition, the frame's JPEG) and
+served again meanwhile straight from the event loop. Making it needs the session lock (waited for at most a
+quarter second: ``telemetry``) and CPU, so it runs in the thread pool, one at a time (``_refresh``): twenty
+connections hammering these routes used to run twenty threads fighting the event loop for the GIL, and
+``/healthz`` waited behind them (p99 125 ms; issue 26). ``/healthz`` itself is answered by the guard before
+the app (``guard.RequestGuard``'s fast path) from lock-free reads; its route here is for the OpenAPI schema."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError, safe_text
@@ -42,22 +51,32 @@ def router(api: Api) -> APIRouter:
                            code="model_not_found")
         return JsonResponse(api.model_card(model))
 
-    # sync handlers run in the thread pool: they may wait (briefly) for the session lock
+    refresh = asyncio.Lock()  # one refresh at a time in the thread pool; the others wait without a thread
+
+    async def _refresh(fresh: bool, work: Callable[[], Any]) -> Any:
+        if fresh:
+            return work()
+        async with refresh:
+            return await run_in_threadpool(work)
+
     @routes.get("/metrics", response_class=Response, responses={200: {"content": {
         "text/plain": {"schema": {"type": "string"}}, "application/openmetrics-text": {"schema": {"type": "string"}}}}})
-    def metrics(request: Request):
-        body, content_type = telemetry.exposition(request.headers.get("accept"))
+    async def metrics(request: Request):
+        accept = request.headers.get("accept")
+        body, content_type = await _refresh(telemetry.exposition_fresh(accept), lambda: telemetry.exposition(accept))
         return Response(body, headers={"content-type": content_type})
 
     @routes.get("/v1/edgekv/status")
-    def status():
-        return JsonResponse(status_payload(daemon, telemetry, auth=api.policy.token is not None),
-                            headers={"cache-control": "no-store"})
+    async def status():
+        payload = await _refresh(telemetry.snapshot_fresh(),
+                                 lambda: status_payload(daemon, telemetry, auth=api.policy.token is not None))
+        return JsonResponse(payload, headers={"cache-control": "no-store"})
 
     @routes.get("/frame.jpg", response_class=Response,
              responses={200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}}})
-    def frame():
-        data = daemon.latest_jpeg()
+    async def frame():
+        cached = getattr(daemon, "jpeg_cached", None)
+        data = await _refresh(bool(cached()) if callable(cached) else False, daemon.latest_jpeg)
         if data is None:
             raise ApiError(404, "no frame ingested yet", code="no_frame")
         return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
@@ -88,6 +107,12 @@ def health(daemon: Any) -> tuple[int, dict]:
     if problems:
         payload["problems"] = problems
     return code, payload
+
+
+def health_response(daemon: Any) -> tuple[int, bytes]:
+    """``health`` as (status, JSON bytes), for the guard's fast path."""
+    status, payload = health(daemon)
+    return status, JsonResponse(payload).body
 
 
 def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:

@@ -27,6 +27,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 SNAPSHOT_WAIT_S = 0.25
+FRESH_S = 0.5  # a snapshot or an exposition this young is served again: readers hammering the page cost no work
 SERIES_POINTS = 600  # ten minutes at one point a second
 RATE_WINDOW_S = 10.0
 QUESTIONS_KEPT = 64
@@ -56,6 +57,7 @@ class Telemetry:
         self.last_answer: dict | None = None
         self._snapshot: dict | None = None
         self._snapshot_at = 0.0
+        self._expositions: dict[str, tuple[float, bytes]] = {}  # content type -> (when, body)
         self._interval = sample_interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,6 +93,8 @@ class Telemetry:
         """Session stats + kept-patch map + monitor + capture figures, at most ``SNAPSHOT_WAIT_S`` old
         when the main loop is between steps, else the last one taken (``age_s`` says how old)."""
         daemon = self.daemon
+        if self._snapshot is not None and time.monotonic() - self._snapshot_at < FRESH_S:
+            return {**self._snapshot, "age_s": time.monotonic() - self._snapshot_at}
         if daemon.session is not None and daemon.lock.acquire(timeout=SNAPSHOT_WAIT_S):
             try:
                 stats, kept = daemon.session.stats(), kept_patch_map(daemon.session)
@@ -101,6 +105,15 @@ class Telemetry:
             return {"stats": None, "kept": {"rows": 0, "cols": 0, "kept": []}, "age_s": None}
         return {**self._snapshot, "age_s": time.monotonic() - self._snapshot_at}
 
+    def snapshot_fresh(self) -> bool:
+        """A snapshot younger than ``FRESH_S`` is there (``snapshot()`` returns it without work)."""
+        return self._snapshot is not None and time.monotonic() - self._snapshot_at < FRESH_S
+
+    def exposition_fresh(self, accept: str | None = None) -> bool:
+        _, content_type = choose_encoder(accept or "")
+        cached = self._expositions.get(content_type)
+        return cached is not None and time.monotonic() - cached[0] < FRESH_S
+
     def monitor(self) -> dict:
         return self.daemon.monitor.snapshot() if self.daemon.monitor is not None else {}
 
@@ -109,9 +122,15 @@ class Telemetry:
         return sampler.stats() if sampler is not None else {}
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
-        """The metrics in the format the scraper asks for (``Accept``: Prometheus text or OpenMetrics)."""
+        """The metrics in the format the scraper asks for (``Accept``: Prometheus text or OpenMetrics); one
+        rendered less than ``FRESH_S`` ago is served again (a scraper polls every 15 s; a flood costs nothing)."""
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        cached = self._expositions.get(content_type)
+        if cached is not None and time.monotonic() - cached[0] < FRESH_S:
+            return cached[1], content_type
+        body = encoder(self.registry)
+        self._expositions[content_type] = (time.monotonic(), body)
+        return body, content_type
 
     # ------------------------------------------------------------------ time series
     def start(self) -> "Telemetry":
