@@ -312,3 +312,14 @@ def test_a_full_disk_shows_in_healthz_metrics_and_the_status_page(tiny_checkpoin
         assert wait(lambda: not archive.disk_full and not archive.failing)
         status, _, body = call(running.port, "GET", "/healthz")
         assert status == 200 and json.loads(body)["status"] == "ok", body
+
+
+def test_bench_faults_writes_its_figures(tmp_path):
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "faults.json"
+    assert main(["bench", "faults", "--parts", "flips", "--trials", "2", "--records", "3", "--tokens", "8",
+                 "--json", str(out), "--plot", ""]) == 0
+    flips = json.loads(out.read_text())["flips"]
+    assert len(flips["trials"]) == 2 and flips["records"] == 6
+    assert flips["intact_recovered"] == flips["intact_records"]  # every record a flip did not touch survives

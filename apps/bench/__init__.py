@@ -13,7 +13,7 @@ from edgekv.apps.args import HelpFormatter
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
     """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``, ``memory``,
-    ``decode``, ``threads``, ``compression``; with ``argv`` only the chosen one gets its options (the others'
+    ``decode``, ``threads``, ``compression``, ``faults``; with ``argv`` only the chosen one gets its options (the others'
     modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.args import first_positional
 
@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
                     _lazy("threads", "add_threads_arguments")),
         "compression": ("one CKV compression's select ms per cache dtype at the 3B cache shape",
                         _lazy("compression", "add_compression_arguments")),
+        "faults": ("the archive after a full disk and flipped bytes: pairs recovered against pairs that check",
+                   _lazy("faults", "add_faults_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
