@@ -134,8 +134,10 @@ def flips(args: argparse.Namespace, root: Path) -> dict:
     shape = _shape(args)
     record = shape.record_bytes(args.tokens)
     source = root / "pristine"
-    archive = _archive(source, args, args.records * record + 4096)
+    segment_bytes = args.records * record + record // 2
+    archive = _archive(source, args, segment_bytes)
     _write(archive, args, range(2 * args.records))
+    extents = {(archive._segment_path(e.segment).name, e.offset): e.frame for e in archive.entries()}
     archive.close()
     segments = sorted(source.glob("seg-*.ekva"))
     rng = random.Random(args.seed)
@@ -152,12 +154,12 @@ def flips(args: argparse.Namespace, root: Path) -> dict:
             offset = rng.randrange(len(data))
             data[offset] ^= 1 << rng.randrange(8)
             path.write_bytes(bytes(data))
-            header = data.index(b"EKVA") if b"EKVA" in data else len(data)
-            if offset >= header:
-                touched.add(number * args.records + (offset - header) // record)
+            hit = [frame for (name, start), frame in extents.items()
+                   if name == path.name and start <= offset < start + record]
+            touched.update(hit)
             where.append({"segment": "closed" if number == 0 else "newest", "offset": offset,
-                          "in": "header" if offset < header else "record"})
-        reopened = _archive(copy, args, args.records * record + 4096)
+                          "in": "record" if hit else "header"})
+        reopened = _archive(copy, args, segment_bytes)
         good = set(_checking(reopened, args))
         intact = set(range(2 * args.records)) - touched
         trials.append({"flips": where, "intact": len(intact), "recovered_that_check": len(good & intact),
