@@ -54,6 +54,7 @@ PUBLIC_PATHS = frozenset({"/healthz", "/health", "/version", "/", "/v1/edgekv/lo
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 COOKIE_NAME = "edgekv_session"
 REFUSAL_PAUSE_S = 1.0  # a connection refused by the per-client cap is closed this long after its 503
+PENDING_GRACE_S = 1.0  # a connection counts against its address's cap once it has been receiving this long
 
 
 def is_loopback(host: str) -> bool:
@@ -331,36 +332,70 @@ class GuardedH11Protocol(H11Protocol):
         self.limits = limits
         self._deadline: asyncio.TimerHandle | None = None
         self._body_phase = False
+        self._pending_since = 0.0  # when the request being received (or the idle wait for one) began
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        refusal = None
+        self._pending_since = self.loop.time()
         if len(self.connections) > self.limits.max_connections:
-            refusal = (f"more than server.max_connections ({self.limits.max_connections}) open connections; "
-                       "retry shortly")
-        elif self.limits.max_per_client is not None and self.client is not None:
-            host = self.client[0]
-            mine = sum(1 for other in self.connections if getattr(other, "client", None) is not None
-                       and other.client[0] == host and other.receiving)
-            if mine > self.limits.max_per_client:
-                refusal = (f"more than server.max_connections_per_client ({self.limits.max_per_client}) "
-                           "connections from this address that are not waiting for an answer; retry shortly")
-        if refusal is not None:
-            self.connections.discard(self)  # a refused connection holds no slot while it closes
-            transport.write(raw_response(503, "Service Unavailable", refusal, "too_many_connections"))
-            if refusal.startswith("more than server.max_connections_per_client"):
-                # a client that reopens every connection it loses waits a moment for each refusal (it would
-                # otherwise keep the event loop busy accepting and refusing, and /healthz behind it)
-                transport.pause_reading()
-                self.loop.call_later(REFUSAL_PAUSE_S, transport.close)
-            else:
-                transport.close()
+            self._refuse(f"more than server.max_connections ({self.limits.max_connections}) open connections; "
+                         "retry shortly", pause=False)
+            return
+        if self._over_client_cap():
+            self._refuse(self._cap_message(), pause=True)
             return
         self._arm(self.limits.request_timeout_s)
+        if self.limits.max_per_client is not None:
+            self.loop.call_later(PENDING_GRACE_S, self._grace_over)
+
+    # the per-client cap counts connections from one address that have been receiving a request (or idle)
+    # for PENDING_GRACE_S and more: a burst of clients that send their requests at once never counts, a
+    # slowloris does within a second, and past the cap its new connections are refused as they open
+    def _long_pending(self, now: float) -> bool:
+        return not self._refused and self.receiving and now - self._pending_since >= PENDING_GRACE_S
+
+    def _over_client_cap(self) -> bool:
+        if self.limits.max_per_client is None or self.client is None:
+            return False
+        host, now = self.client[0], self.loop.time()
+        held = sum(1 for other in self.connections if other is not self and isinstance(other, GuardedH11Protocol)
+                   and other.client is not None and other.client[0] == host and other._long_pending(now))
+        return held >= self.limits.max_per_client
+
+    def _grace_over(self) -> None:
+        if self._refused or self.transport.is_closing() or not self.receiving:
+            return
+        waited = self.loop.time() - self._pending_since
+        if waited < PENDING_GRACE_S - 1e-3:  # a new request began meanwhile on this kept-alive connection
+            self.loop.call_later(PENDING_GRACE_S - waited, self._grace_over)
+        elif self._over_client_cap():
+            self._refuse(self._cap_message(), pause=False)
+
+    def _cap_message(self) -> str:
+        return (f"more than server.max_connections_per_client ({self.limits.max_per_client}) connections from this "
+                "address still sending a request (or idle); retry shortly")
+
+    def _refuse(self, message: str, pause: bool) -> None:
+        """503 and close; the connection no longer holds a slot. ``pause``: close only after REFUSAL_PAUSE_S, so
+        a client that reopens every connection it loses waits a moment for each refusal (it would otherwise
+        keep the event loop busy accepting and refusing, and /healthz behind it)."""
+        self._refused = True
+        self._disarm()
+        self.connections.discard(self)
+        self.transport.write(raw_response(503, "Service Unavailable", message, "too_many_connections"))
+        if pause:
+            self.transport.pause_reading()
+            self.loop.call_later(REFUSAL_PAUSE_S, self.transport.close)
+        else:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         if self._deadline is None and self.conn.their_state is h11.IDLE:  # a new request on a kept-alive connection
             self._body_phase = False
+            self._pending_since = self.loop.time()
             self._arm(self.limits.request_timeout_s)
         super().data_received(data)
         state = self.conn.their_state
