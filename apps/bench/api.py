@@ -73,6 +73,9 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=20, help="connections of a read or slowloris load")
     parser.add_argument("--max-requests", type=int, default=100000, help="bound on the requests a load sends")
     parser.add_argument("--attacker", default="127.0.0.2", help="loopback address the slowloris connects from")
+    parser.add_argument("--stagger-s", type=float, default=0.0,
+                        help="hammer: client i sends its first chat i x this many seconds into the load (so that "
+                             "chats arrive while answers decode, not all before the first one starts)")
     parser.add_argument("--replay", action="store_true",
                         help="play the source at full speed (read losslessly) instead of paced like a camera")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=JSON",
@@ -208,6 +211,8 @@ class Load:
 
     def _chats(self, index: int) -> None:
         sent = 0
+        if self._stop.wait(index * self.args.stagger_s):
+            return
         while not self._stop.is_set():
             body = json.dumps({"messages": [{"role": "user", "content": f"What happened, client {index}, "
                                                                          f"question {sent}?"}],
