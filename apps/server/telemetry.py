@@ -192,6 +192,8 @@ class DaemonCollector:
             ("edgekv_pairs_skipped", "near-duplicate frame pairs skipped before the vision tower",
              stats.get("pairs_skipped", 0)),
             ("edgekv_frames_rejected", "frames refused as bad input", stats["frames_rejected"]),
+            ("edgekv_clock_jumps", "timestamps that jumped, taken as bounded gaps (video.max_gap_s)",
+             stats.get("clock_jumps", 0)),
             ("edgekv_frames_dropped", "frames the capture dropped (latest frame wins)", cap.get("frames_dropped", 0)),
             ("edgekv_compressions", "cache compressions", stats["compressions"]),
             ("edgekv_tokens_evicted", "cache tokens evicted", stats.get("tokens_evicted", 0)),
