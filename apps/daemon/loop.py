@@ -464,7 +464,7 @@ class Daemon:
         decoded = [0]
 
         def on_token(token: int) -> None:
-            if self.stop or question.cancelled.is_set():  # stopping, or the asker left: no token for nobody
+            if self.stop or question.cancelled.is_set():  # stopping, or the asker left: nobody to decode for
                 raise AnswerCancelled
             decoded[0] += 1
             self.heartbeat.beat()
