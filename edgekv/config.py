@@ -216,8 +216,9 @@ class ServerSection:
     request_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 100
-    # Connections one client address may hold that are not waiting for an answer (sending a request, or idle):
-    # one host (a slowloris) cannot take every slot; clients waiting for answers (a proxy's) are not counted.
+    # Connections one client address may hold that have been sending a request (or idle) for a second or more,
+    # and twice that counting fresh ones: one host (a slowloris) cannot take every slot; clients waiting for
+    # answers (a proxy's) are not counted (apps/server/guard.py).
     max_connections_per_client: int = 32
     # Status-page login attempts per client address and minute (a burst of 5 at most); more answer 429.
     login_attempts_per_minute: float = 10.0

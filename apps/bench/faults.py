@@ -12,7 +12,7 @@ invariant 13: one bad byte costs one record). Figures only: JSON + PNG.
   records no flip touched (what must survive) and the records recovered with every layer checking.
 
 The archive's shape is small (``--layers`` x 2 KV heads x head_dim 8 x ``--tokens`` tokens, fp32: ~25 KiB a
-record) so that a 1 MiB tmpfs fills after a few dozen; the code path is the one every shape takes.
+record) so that a 2 MiB tmpfs fills after a few dozen; the code path is the one every shape takes.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from edgekv.apps.bench.common import provenance, write_figures
 def add_faults_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default="enospc,flips", help="comma-separated: enospc, flips")
     parser.add_argument("--pairs", type=int, default=40, help="enospc: pairs written while full, and again after")
-    parser.add_argument("--disk-kib", type=int, default=1024, help="enospc: size of the tmpfs")
+    parser.add_argument("--disk-kib", type=int, default=2048, help="enospc: size of the tmpfs")
     parser.add_argument("--room-records", type=int, default=6, help="enospc: records that fit beside the filler")
     parser.add_argument("--records", type=int, default=10, help="flips: records per segment (two segments)")
     parser.add_argument("--trials", type=int, default=40, help="flips: reopened copies, each with its own flips")

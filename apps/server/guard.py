@@ -351,7 +351,9 @@ class GuardedH11Protocol(H11Protocol):
 
     # the per-client cap counts connections from one address that have been receiving a request (or idle)
     # for PENDING_GRACE_S and more: a burst of clients that send their requests at once never counts, a
-    # slowloris does within a second, and past the cap its new connections are refused as they open
+    # slowloris does within a second, and past the cap its new connections are refused as they open. Fresh
+    # connections (a burst) may add as many again, no more: one address never holds more than twice the
+    # cap of the slots, so others (a health check) always find one.
     def _long_pending(self, now: float) -> bool:
         return not self._refused and self.receiving and now - self._pending_since >= PENDING_GRACE_S
 
@@ -359,9 +361,10 @@ class GuardedH11Protocol(H11Protocol):
         if self.limits.max_per_client is None or self.client is None:
             return False
         host, now = self.client[0], self.loop.time()
-        held = sum(1 for other in self.connections if other is not self and isinstance(other, GuardedH11Protocol)
-                   and other.client is not None and other.client[0] == host and other._long_pending(now))
-        return held >= self.limits.max_per_client
+        mine = [other for other in self.connections if other is not self and isinstance(other, GuardedH11Protocol)
+                and other.client is not None and other.client[0] == host and not other._refused and other.receiving]
+        held = sum(1 for other in mine if other._long_pending(now))
+        return held >= self.limits.max_per_client or len(mine) >= 2 * self.limits.max_per_client
 
     def _grace_over(self) -> None:
         if self._refused or self.transport.is_closing() or not self.receiving:
