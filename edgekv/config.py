@@ -222,6 +222,9 @@ class ServerSection:
     max_connections_per_client: int = 32
     # Status-page login attempts per client address and minute (a burst of 5 at most); more answer 429.
     login_attempts_per_minute: float = 10.0
+    # Requests a second per client address on /metrics, /v1/edgekv/status and /frame.jpg (bursts of twice that);
+    # more wait their turn (up to 2 s, then 429), so pollers cannot keep /healthz waiting (apps/server/guard.py).
+    reads_per_second: float = 20.0
     # Host names (besides localhost, 127.0.0.1, [::1] and `host`) the API answers to: DNS-rebinding guard.
     allowed_hosts: list[str] = field(default_factory=list)
     # Names the model is served under (vLLM's --served-model-name): answers carry the first, requests may
@@ -234,7 +237,8 @@ class ServerSection:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{at}.port: must be in 0..65535, got {self.port}")
         for name in ("max_request_bytes", "max_new_tokens", "queue_size", "request_timeout_s", "keep_alive_s",
-                     "max_connections", "max_connections_per_client", "login_attempts_per_minute"):
+                     "max_connections", "max_connections_per_client", "login_attempts_per_minute",
+                     "reads_per_second"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{at}.{name}: must be positive, got {getattr(self, name)}")
         if self.served_model_name is not None and (not self.served_model_name or not all(

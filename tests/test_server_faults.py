@@ -152,6 +152,30 @@ def test_clients_waiting_for_answers_do_not_count_against_their_host(tiny_checkp
         assert [r[0] for r in results] == [200] * 6, results
 
 
+def test_pollers_wait_their_turn_and_past_it_are_refused(tiny_checkpoint, tmp_path):
+    """Before: twenty connections hammering /metrics, /v1/edgekv/status and /frame.jpg ran as fast as the
+    machine could, and /healthz waited behind them (p99 125 ms). Now each address gets server.reads_per_second
+    (bursts of twice that); a request over it waits its turn, and one that would wait too long is a 429."""
+    config = server_config(tiny_checkpoint, reads_per_second=0.1)  # a burst of 1, then one every 10 s
+    with RunningDaemon(config, tmp_path / "out.txt") as running:
+        assert call(running.port, "GET", "/metrics")[0] == 200
+        status, headers, _ = call(running.port, "GET", "/v1/edgekv/status")
+        assert status == 429 and 5 <= int(headers["retry-after"]) <= 10, headers
+        assert call(running.port, "GET", "/healthz")[0] == 200  # never shaped
+        assert call(running.port, "GET", "/v1/models")[0] == 200
+
+
+def test_the_read_shaper_waits_instead_of_refusing_while_it_can():
+    from edgekv.apps.server.guard import AttemptLimiter
+
+    now = [0.0]
+    shaper = AttemptLimiter(per_minute=60 * 2.0, burst=2, clock=lambda: now[0])  # 2 a second, bursts of 2
+    assert [shaper.reserve("a", 1.0) for _ in range(4)] == [0.0, 0.0, 0.5, 1.0]
+    assert shaper.reserve("a", 1.0) is None and shaper.reserve("b", 1.0) == 0.0
+    now[0] += 1.0  # two more accrued: the debt of two is paid, the next one is due in half a second
+    assert shaper.reserve("a", 1.0) == 0.5
+
+
 # ---------------------------------------------------------------------------------------------- item 8
 def test_an_sse_client_that_leaves_stops_its_answer(tiny_checkpoint, tmp_path):
     """Before: the answer was decoded to max_tokens for nobody (16 abandoned chats cost 3,200 tokens)."""

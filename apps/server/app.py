@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from importlib import resources
@@ -47,6 +48,7 @@ from edgekv.apps.server.telemetry import Telemetry
 
 log = logging.getLogger("edgekv.server")
 SERVER_START_S = 10.0
+SWITCH_INTERVAL_S = 0.001
 
 
 def exposure_warning(host: str, token: str | None) -> str | None:
@@ -65,6 +67,7 @@ def exposure_warning(host: str, token: str | None) -> str | None:
 COMMON_RESPONSES = {
     400: {"description": "bad request (body, Host header)"}, 401: {"description": "missing or wrong token"},
     403: {"description": "cross-origin request"}, 404: {"description": "unknown route"},
+    429: {"description": "too many requests from this address (server.reads_per_second, the login's limit)"},
     405: {"description": "method not allowed"}, 408: {"description": "request did not arrive in time"},
     413: {"description": "body too large"}, 415: {"description": "not application/json"},
     503: {"description": "too many connections, or (chat) too many questions waiting / shutting down"},
@@ -95,7 +98,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     for routes in (info.router(api), page.router(api), chat.router(api)):
         app.include_router(routes)
     health = functools.partial(info.health_response, daemon)  # the routes stay for /openapi.json
-    return RequestGuard(app, api.policy, fast={"/healthz": health, "/health": health})
+    return RequestGuard(app, api.policy, fast={"/healthz": health, "/health": health},
+                        reads_per_second=cfg.reads_per_second)
 
 
 def _version() -> str:
@@ -177,6 +181,9 @@ class ApiServer:
 
     def start(self) -> None:
         """Start serving; ``OSError`` (naming the address) when uvicorn could not bind it."""
+        # The HTTP thread waits for the GIL whenever the main loop runs Python (decode steps); CPython makes
+        # the holder let go after the switch interval, 5 ms by default, and a request needs several handoffs.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.telemetry.start()
         self.thread.start()
         deadline = time.monotonic() + SERVER_START_S

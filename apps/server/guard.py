@@ -37,6 +37,7 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import math
 import socket
 import time
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 COOKIE_NAME = "edgekv_session"
 REFUSAL_PAUSE_S = 1.0  # a connection refused by the per-client cap is closed this long after its 503
 PENDING_GRACE_S = 1.0  # a connection counts against its address's cap once it has been receiving this long
+SHAPED_PATHS = frozenset({"/metrics", "/v1/edgekv/status", "/frame.jpg"})  # server.reads_per_second
+SHAPING_WAIT_S = 2.0   # a read over the rate waits at most this long for its turn, else 429
 
 
 def is_loopback(host: str) -> bool:
@@ -228,12 +231,17 @@ class RequestGuard:
     under load every bit of Python the event loop runs per request is time a probe waits for (issue 26)."""
 
     def __init__(self, app: Any, policy: AccessPolicy,
-                 fast: dict[str, Callable[[], tuple[int, bytes]]] | None = None) -> None:
+                 fast: dict[str, Callable[[], tuple[int, bytes]]] | None = None,
+                 reads_per_second: float | None = None) -> None:
         self.app, self.policy, self.fast = app, policy, fast or {}
+        self.reads = (AttemptLimiter(60.0 * reads_per_second, burst=max(1, int(2 * reads_per_second)))
+                      if reads_per_second else None)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http":
             refusal = self.policy.check(scope)
+            if refusal is None and self.reads is not None and scope["path"] in SHAPED_PATHS:
+                refusal = await self._shape(scope)
             if refusal is not None:
                 await send_error(send, refusal, close=True)
                 return
@@ -245,6 +253,23 @@ class RequestGuard:
                 await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
                 return
         await self.app(scope, receive, send)
+
+
+    async def _shape(self, scope: dict) -> ApiError | None:
+        """``server.reads_per_second`` per client address on the routes that make figures or frames: a client
+        over it waits for its turn (costing the event loop nothing), and past SHAPING_WAIT_S it is refused
+        (429): twenty connections polling as fast as they can no longer keep the loop busy and /healthz
+        waiting behind them."""
+        client = scope["client"][0] if scope.get("client") else "?"
+        wait = self.reads.reserve(client, SHAPING_WAIT_S)
+        if wait is None:
+            after = max(1, math.ceil(self.reads.retry_after(client)))
+            return ApiError(429, f"more than server.reads_per_second ({self.reads.rate:g}) requests a second from "
+                                 f"this address on figures and frames; retry in {after} s", kind="rate_limit_error",
+                            code="rate_limit_exceeded", headers={"retry-after": str(after)})
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return None
 
 
 async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
@@ -298,12 +323,15 @@ class AttemptLimiter:
         tokens, when = self._buckets.get(client, (self.burst, now))
         return min(self.burst, tokens + (now - when) * self.rate)
 
+    def _prune(self, client: str, now: float) -> None:
+        if len(self._buckets) >= self.max_clients and client not in self._buckets:
+            self._buckets = {c: b for c, b in self._buckets.items() if self._tokens(c, now) < self.burst}
+
     def allow(self, client: str) -> bool:
         """Take one attempt for ``client`` if its bucket has one."""
         now = self.clock()
         tokens = self._tokens(client, now)
-        if len(self._buckets) >= self.max_clients and client not in self._buckets:
-            self._buckets = {c: b for c, b in self._buckets.items() if self._tokens(c, now) < self.burst}
+        self._prune(client, now)
         if tokens < 1.0:
             self._buckets[client] = (tokens, now)
             return False
@@ -313,6 +341,18 @@ class AttemptLimiter:
     def retry_after(self, client: str) -> float:
         """Seconds until ``client`` has an attempt again."""
         return max(0.0, (1.0 - self._tokens(client, self.clock())) / self.rate)
+
+    def reserve(self, client: str, max_wait_s: float) -> float | None:
+        """Shaping instead of refusing: take the next attempt of ``client`` and return how long to wait until
+        it is due (0: now), or None (nothing taken) when that would be longer than ``max_wait_s``."""
+        now = self.clock()
+        tokens = self._tokens(client, now)
+        wait = max(0.0, (1.0 - tokens) / self.rate)
+        if wait > max_wait_s:
+            return None
+        self._prune(client, now)
+        self._buckets[client] = (tokens - 1.0, now)
+        return wait
 
 
 def raw_response(status: int, reason: str, message: str, code: str) -> bytes:
