@@ -38,6 +38,7 @@ class Question:
     answer: object = None
     error: Exception | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the asker left: stop at the next token
     id: int = field(default_factory=lambda: next(_question_ids))
     asked_at: float = field(default_factory=time.time)
     answered_at: float | None = None
@@ -67,6 +68,10 @@ class DaemonBusy(QuestionRefused, queue.Full):
 
 class DaemonStopping(QuestionRefused):
     """The daemon is shutting down (SIGTERM): it takes no new question and refuses the queued ones."""
+
+
+class AskerLeft(QuestionRefused):
+    """The asker disconnected (an HTTP client closed its connection): the answer was stopped, or never begun."""
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}

@@ -77,6 +77,12 @@ class VideoSection:
     # Under question load the main loop spends at least this share of its busy time ingesting
     # (apps/daemon/scheduling.py FairShare); 1.0 = a question never goes ahead of a waiting frame.
     min_ingest_share: float = 0.8
+    # A timestamp that jumps back, or forward by more than this, is a clock jump (NTP after an RTC-less boot, a
+    # client's stepped clock), taken as a gap of at most this much stream time (DESIGN invariant 12).
+    max_gap_s: float = 3600.0
+    # No frame ingested for this long (and at least 4 frame intervals), while not answering and the source
+    # not reconnecting: the stream is "stalled" and /healthz answers 503 (apps/daemon/loop.py).
+    stall_s: float = 60.0
     skip_static: SkipStaticSection = field(default_factory=SkipStaticSection)
     # exact: Pillow bicubic, bit-identical to transformers' processor; fast: OpenCV (INTER_AREA shrinking,
     # INTER_CUBIC growing), ~2x faster, mean |difference| <= 1.5 uint8 levels on camera-like frames
@@ -104,6 +110,10 @@ class VideoSection:
             raise ConfigError(f"{at}.answer_backlog_mib: must be >= 0, got {self.answer_backlog_mib}")
         if not 0.0 < self.min_ingest_share <= 1.0:
             raise ConfigError(f"{at}.min_ingest_share: must be in (0, 1], got {self.min_ingest_share}")
+        if not 0.0 < self.max_gap_s <= 2.0 ** 42:
+            raise ConfigError(f"{at}.max_gap_s: must be in (0, 4.4e12] seconds, got {self.max_gap_s}")
+        if not self.stall_s > 0.0:
+            raise ConfigError(f"{at}.stall_s: must be > 0, got {self.stall_s}")
 
 
 POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",
@@ -206,6 +216,15 @@ class ServerSection:
     request_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 100
+    # Connections one client address may hold that have been sending a request (or idle) for a second or more,
+    # and twice that counting fresh ones: one host (a slowloris) cannot take every slot; clients waiting for
+    # answers (a proxy's) are not counted (apps/server/guard.py).
+    max_connections_per_client: int = 32
+    # Status-page login attempts per client address and minute (a burst of 5 at most); more answer 429.
+    login_attempts_per_minute: float = 10.0
+    # Requests a second per client address on /metrics, /v1/edgekv/status and /frame.jpg (bursts of twice that);
+    # more wait their turn (up to 2 s, then 429), so pollers cannot keep /healthz waiting (apps/server/guard.py).
+    reads_per_second: float = 20.0
     # Host names (besides localhost, 127.0.0.1, [::1] and `host`) the API answers to: DNS-rebinding guard.
     allowed_hosts: list[str] = field(default_factory=list)
     # Names the model is served under (vLLM's --served-model-name): answers carry the first, requests may
@@ -222,7 +241,8 @@ class ServerSection:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{at}.port: must be in 0..65535, got {self.port}")
         for name in ("max_request_bytes", "max_new_tokens", "queue_size", "request_timeout_s", "keep_alive_s",
-                     "max_connections"):
+                     "max_connections", "max_connections_per_client", "login_attempts_per_minute",
+                     "reads_per_second"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{at}.{name}: must be positive, got {getattr(self, name)}")
         if self.served_model_name is not None and (not self.served_model_name or not all(

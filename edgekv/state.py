@@ -82,6 +82,7 @@ class SnapshotInfo:
     stream_s: float      # stream time it covers: last timestamp - first
     last_t: float | None = None       # the stream clock at the snapshot
     saved_unix: float | None = None   # wall-clock time of the snapshot (time.time())
+    last_source_t: float | None = None  # the source's timestamp of the last frame (edgekv/session/clock.py)
 
 
 # ---------------------------------------------------------------------------------------------- the key
@@ -169,6 +170,7 @@ def _session_state(session) -> dict:
         "t0": session.clock.t0,
         "last_t": session.clock.last_t,
         "pending_t": pending[1] if pending is not None else None,
+        "clock": session.clock.state(),
         "sink_updates": session.sinks.updates if session.sinks is not None else 0,
         "pair_times": {str(pair): t for pair, t in session.pair_times.items()},
         "policy": session.policy.state(),
@@ -344,8 +346,9 @@ def save_session(session, path: str | Path) -> SnapshotInfo:
 def _info(path: Path, size: int, seconds: float, state: dict, saved_unix: float | None) -> SnapshotInfo:
     t0, last = state.get("t0"), state.get("last_t")
     span = (last - t0) if t0 is not None and last is not None else 0.0
+    clock = state.get("clock") if isinstance(state.get("clock"), dict) else {}
     return SnapshotInfo(path, size, seconds, int(state["cache_length"]), int(state["counters"]["frames"]), span,
-                        last, saved_unix)
+                        last, saved_unix, clock.get("last_source_t", last))
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -393,11 +396,32 @@ def read_manifest(path: str | Path, keys=None) -> dict:
         manifest = json.loads(body)
     except ValueError as exc:
         raise SnapshotError(f"{path}: damaged manifest ({exc})") from None
-    if manifest.get("format") != FORMAT:
-        raise SnapshotError(f"{path}: snapshot format {manifest.get('format')!r}, this edgekv reads {FORMAT}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise SnapshotError(f"{path}: snapshot format {found!r}, this edgekv reads {FORMAT}")
+    _check_fields(path, manifest)
     if sealer is not None:
         manifest["_sealer"] = sealer  # not JSON: read_tensors opens the sections with it
     return manifest
+
+
+_TENSOR_FIELDS = {"dtype": str, "shape": list, "offset": int, "bytes": int, "sha256": str}
+
+
+def _check_fields(path: Path, manifest: dict) -> None:
+    """A manifest whose checksums hold can still lack what a reader needs (another writer, a hand edit): name
+    the missing field, so that the keeper sets the file aside instead of crashing every start (issue 26)."""
+    for name in ("key", "session", "tensors"):
+        if not isinstance(manifest.get(name), dict):
+            raise SnapshotError(f"{path}: the manifest has no {name!r} section")
+    for name in ("cache_length", "counters", "next_position", "t_offset", "rebases", "video_start", "grid", "t0",
+                 "last_t", "pending_t", "policy"):
+        if name not in manifest["session"]:
+            raise SnapshotError(f"{path}: the manifest's session state has no {name!r}")
+    for tensor, entry in manifest["tensors"].items():
+        for name, kind in _TENSOR_FIELDS.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get(name), kind):
+                raise SnapshotError(f"{path}: tensor {tensor!r} has no valid {name!r} in the manifest")
 
 
 def check_key(path: Path, manifest: dict, runtime) -> None:
@@ -446,7 +470,8 @@ def _apply_state(session, state: dict, length: int, pending) -> None:
     session.next_position, session.t_offset = int(state["next_position"]), int(state["t_offset"])
     session.rebases, session.video_start = int(state["rebases"]), int(state["video_start"])
     session.grid = tuple(state["grid"]) if state["grid"] is not None else None
-    session.clock.t0, session.clock.last_t, session.ingestor.pending = state["t0"], state["last_t"], pending
+    session.clock.load_state(state["t0"], state["last_t"], state.get("clock"))
+    session.ingestor.pending = pending
     session.pair_times = {int(pair): float(t) for pair, t in state.get("pair_times", {}).items()}
     if session.sinks is not None:
         session.sinks.updates = int(state["sink_updates"])
@@ -454,7 +479,15 @@ def _apply_state(session, state: dict, length: int, pending) -> None:
 
 
 def load_session(runtime, path: str | Path):
-    """A new session of ``runtime`` holding the state saved in ``path`` (``Runtime.restore``)."""
+    """A new session of ``runtime`` holding the state saved in ``path`` (``Runtime.restore``); a snapshot that
+    cannot be used raises ``SnapshotError`` naming the file (never a bare KeyError or TypeError)."""
+    try:
+        return _load_session(runtime, path)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise SnapshotError(f"{path}: the manifest is unusable ({type(exc).__name__}: {exc})") from None
+
+
+def _load_session(runtime, path: str | Path):
     started = time.perf_counter()
     path = Path(path).expanduser()
     manifest = read_manifest(path, getattr(runtime, "keys", None))
@@ -487,14 +520,17 @@ def load_session(runtime, path: str | Path):
 
 # ---------------------------------------------------------------------------------------------- the daemon's keeper
 def describe_span(seconds: float) -> str:
-    """3 h 12 min, 12 min, 45 s."""
+    """56 years, 3 days, 3 h 12 min, 12 min, 45 s."""
     seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.0f} s"
     minutes = int(seconds // 60)
     if minutes < 60:
         return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60} min"
+    if minutes < 48 * 60:
+        return f"{minutes // 60} h {minutes % 60} min"
+    days = seconds / 86400
+    return f"{days:.0f} days" if days < 730 else f"{days / 365.25:.0f} years"
 
 
 class StateKeeper:
@@ -508,16 +544,19 @@ class StateKeeper:
     two (the newest and the one being written) and, with the set-aside file, at most ``state.max_mib``.
     A snapshot that cannot be written (disk full, permissions) is logged and the stream goes on.
     A restarted source counts time from 0 again: ``stream_time(t)`` moves its timestamps past the
-    restored stream's last one (plus the time the process was down).
+    restored stream's last one, plus the time the process was down by the wall clock — at most
+    ``video.max_gap_s``, and said when the wall clock moved back or further than that (a board without an RTC
+    battery saves in 1970 and restarts after NTP: 56 years of "downtime", DESIGN invariant 12).
     """
 
     PREFIX, SUFFIX, ASIDE = "snapshot-", ".ekv", "set-aside"
 
     def __init__(self, section: StateSection, say: Callable[[str], None] = print,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.section = section
         self.say = say
         self.clock = clock
+        self.wall = wall  # the wall clock, only to measure how long the process was down
         self.dir = Path(section.dir).expanduser() if section.dir else None
         self.max_bytes = int(section.max_mib * 2**20)
         self.last_saved: float | None = None
@@ -578,7 +617,7 @@ class StateKeeper:
                 continue
             self._check_budget(session)
             info = session.restored_from
-            self.clock_offset = self._resume_offset(info)
+            self.clock_offset = self._resume_offset(info, runtime.config.video.max_gap_s)
             self.say(f"resumed {describe_span(info.stream_s)} of memory, {info.cache_tokens:,} tokens "
                      f"({info.frames:,} frames; {path} read in {info.seconds:.2f} s)")
             if rejected is not None:
@@ -598,14 +637,22 @@ class StateKeeper:
         self.last_saved = self.clock()
         return session
 
-    @staticmethod
-    def _resume_offset(info: SnapshotInfo) -> float:
+    def _resume_offset(self, info: SnapshotInfo, max_gap_s: float) -> float:
         """A restarted source counts from 0 again; the restored stream continues after its last frame plus
-        the wall-clock time the process was down (a 5-minute outage is a 5-minute gap in the video)."""
-        if info.last_t is None:
+        the wall-clock time the process was down (a 5-minute outage is a 5-minute gap in the video), bounded
+        by ``max_gap_s`` when the wall clock jumped in between."""
+        last = info.last_source_t if info.last_source_t is not None else info.last_t
+        if last is None:
             return 0.0
-        down = max(0.0, time.time() - info.saved_unix) if info.saved_unix is not None else 0.0
-        return info.last_t + down
+        down = self.wall() - info.saved_unix if info.saved_unix is not None else 0.0
+        if not 0.0 <= down <= max_gap_s:
+            bounded = 0.0 if down < 0 else max_gap_s
+            self.say(f"the wall clock moved {'back ' if down < 0 else ''}{describe_span(abs(down))} between the "
+                     f"snapshot and now (a clock set after the snapshot, e.g. by NTP on a board without an RTC "
+                     f"battery?): the memory continues {describe_span(bounded)} after its last frame "
+                     f"(video.max_gap_s={max_gap_s:g})")
+            down = bounded
+        return last + down
 
     def stream_time(self, t: float) -> float:
         """The session's time for a frame the (restarted) source stamped ``t``."""

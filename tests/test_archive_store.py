@@ -160,7 +160,10 @@ def test_garbled_tail_is_detected_by_checksum(tmp_path):
     data[-5] ^= 0xFF  # a flipped byte in the last record's KV (same length: only a checksum can tell)
     segment.write_bytes(bytes(data))
     reopened = _archive(tmp_path)
-    assert [e.pair for e in reopened.entries()] == [0, 1] and reopened.bad_records == 1
+    # the record stays (its other layers check: issue 26), its last layer is never handed out
+    assert [e.pair for e in reopened.entries()] == [0, 1, 2] and reopened.damaged_layers == 1
+    assert reopened.read_layer(reopened.entries()[2], SHAPE.layers - 1) is None
+    assert reopened.read_layer(reopened.entries()[2], 0) is not None and reopened.torn_bytes == 0
     reopened.close()
 
 

@@ -13,8 +13,8 @@ from edgekv.apps.args import HelpFormatter
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
     """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``, ``memory``,
-    ``decode``, ``threads``, ``compression``, ``fleet``; with ``argv`` only the chosen one gets its options (the others'
-    modules, and torch, are not imported for ``--help``)."""
+    ``decode``, ``threads``, ``compression``, ``fleet``, ``faults``; with ``argv`` only the chosen one gets its options
+    (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.args import first_positional
 
     chosen = first_positional(argv)[0] if argv is not None else None
@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
                         _lazy("compression", "add_compression_arguments")),
         "fleet": ("one fleet question over MQTT answered by many simulated devices: latency, overhead",
                   _lazy("fleet", "add_fleet_arguments")),
+        "faults": ("the archive after a full disk and flipped bytes: pairs recovered against pairs that check",
+                   _lazy("faults", "add_faults_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)

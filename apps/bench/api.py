@@ -9,11 +9,26 @@ the model (default: a fresh tiny random checkpoint) with a paced source (``--rea
 2. **load**: ``--chats`` chat completions (``--answer-tokens`` each) are sent at once, each on its own
    connection; the window lasts until the last one is answered. The probes go on.
 
+``--load`` chooses what the load phase is (issue 26's probes, so that their figures can be reproduced):
+
+- ``burst`` (default): the ``--chats`` chats above, once each;
+- ``hammer``: ``--chats`` clients each send chats back to back (a new one as soon as the last is answered or
+  refused) for ``--load-s`` seconds;
+- ``read``: ``--clients`` kept-alive connections hammer the read-only routes (``/metrics``,
+  ``/v1/edgekv/status``, ``/frame.jpg``, ``/v1/models``) for ``--load-s`` seconds;
+- ``slowloris``: ``--clients`` connections from one other loopback address (``--attacker``, default
+  127.0.0.2) each send half a request and hold it, reopened as soon as the server closes one, for
+  ``--load-s`` seconds; the probes (from 127.0.0.1) say how many ``/healthz`` were served.
+
+``--replay`` plays the source at full speed (a file replayed, read losslessly) instead of paced like a camera:
+the ingest rate is then bounded by the machine, which is where the fair share between frames and answers
+must hold. All traffic goes to 127.0.0.1 and is bounded in time (``--load-s``) and count (``--max-requests``).
+
 Reported: ingest frames/s idle and under load (and their ratio), ``/healthz`` latency p50/p99/max in
-each phase, the chats' statuses and latency. The targets of issue 13 (≥ 80 % of the idle ingest rate,
-``/healthz`` p99 < 100 ms) are printed next to the figures, not asserted. The ingest rate under load is
-set by the daemon's rule for sharing its loop between frames and answers; the HTTP side (non-blocking
-handoff) decides ``/healthz``. Figures only: JSON + PNG.
+each phase and how many probes were served, the load's statuses and latency. The targets of issue 13 (≥ 80 %
+of the idle ingest rate, ``/healthz`` p99 < 100 ms) are printed next to the figures, not asserted. The
+ingest rate under load is set by the daemon's rule for sharing its loop between frames and answers; the
+HTTP side (non-blocking handoff) decides ``/healthz``. Figures only: JSON + PNG.
 """
 
 from __future__ import annotations
@@ -24,14 +39,16 @@ import json
 import multiprocessing
 import os
 import platform
+import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from edgekv.apps.bench.common import daemon_port, serve_daemon
 
 INGEST_TARGET = 0.8
 HEALTHZ_P99_TARGET_MS = 100.0
@@ -49,6 +66,18 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-tokens", type=int, default=16, help="max_tokens of each chat")
     parser.add_argument("--idle-s", type=float, default=15.0, help="seconds measured before the load")
     parser.add_argument("--probe-ms", type=float, default=50.0, help="/healthz probe interval")
+    parser.add_argument("--load", choices=("burst", "hammer", "read", "slowloris"), default="burst",
+                        help="the load phase: chats once each, chats back to back, read-only routes, or a "
+                             "one-host slowloris (see the module docstring)")
+    parser.add_argument("--load-s", type=float, default=30.0, help="length of a hammer / read / slowloris phase")
+    parser.add_argument("--clients", type=int, default=20, help="connections of a read or slowloris load")
+    parser.add_argument("--max-requests", type=int, default=100000, help="bound on the requests a load sends")
+    parser.add_argument("--attacker", default="127.0.0.2", help="loopback address the slowloris connects from")
+    parser.add_argument("--stagger-s", type=float, default=0.0,
+                        help="hammer: client i sends its first chat i x this many seconds into the load (so that "
+                             "chats arrive while answers decode, not all before the first one starts)")
+    parser.add_argument("--replay", action="store_true",
+                        help="play the source at full speed (read losslessly) instead of paced like a camera")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=JSON",
                         help="extra config override, e.g. video.min_ingest_share=0.8 (repeatable)")
     parser.add_argument("--json", default="bench-api.json")
@@ -57,34 +86,16 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the daemon
-def _serve(sections: dict, log_path: str, port_queue) -> None:
-    """Child process: the daemon, paced like a camera; its HTTP port goes back through ``port_queue``."""
-    from edgekv.apps.daemon.loop import Daemon
-    from edgekv.config import EdgeKVConfig
-
-    config = EdgeKVConfig().with_overrides(**sections)
-    args = argparse.Namespace(ask=[], ask_every=0, max_frames=None, no_server=False, no_stdin=True, quiet=True,
-                              realtime=True, exit_at_end=False, voice_wav=None)
-    with open(log_path, "w") as out:
-        daemon = Daemon(config, args, out=out)
-
-        def report_port() -> None:
-            daemon.ready.wait(300)
-            port_queue.put(daemon.server.port if daemon.server is not None else None)
-
-        threading.Thread(target=report_port, daemon=True).start()
-        sys.exit(daemon.run())
-
-
 def _sections(args: argparse.Namespace, model_dir: Path) -> dict:
     sections = {
         "model": {"path": str(model_dir), "dtype": "fp32", "device": "cpu"},
         "video": {"source": args.source, "fps": args.fps, "resolution": list(args.resolution)},
         "cache": {"policy": args.policy, "max_tokens": args.max_tokens, "text_reserve_tokens": 96},
         "server": {"port": 0, "queue_size": max(args.chats, 16), "max_new_tokens": max(args.answer_tokens, 1),
-                   "max_connections": args.chats + 32},
+                   "max_connections": max(100, args.chats + 32)},
         "generation": {"max_new_tokens": args.answer_tokens},
         "monitor": {"interval_s": 1.0, "backend": "cpu"},
+        "_replay": bool(args.replay),
     }
     for item in args.set:
         key, _, value = item.partition("=")
@@ -161,6 +172,128 @@ def _chat(port: int, index: int, tokens: int, barrier: threading.Barrier, out: l
         conn.close()
 
 
+class Load:
+    """Clients sending ``kind`` traffic until ``stop()`` or ``max_requests`` in all: statuses counted."""
+
+    READ_ROUTES = ("/metrics", "/v1/edgekv/status", "/frame.jpg", "/v1/models")
+
+    def __init__(self, kind: str, port: int, clients: int, args: argparse.Namespace) -> None:
+        self.kind, self.port, self.args = kind, port, args
+        self.deadline = time.monotonic() + args.load_s  # a request still waiting then is left (not counted)
+        self.statuses: dict[str, int] = {}
+        self.latencies: list[float] = []
+        self.requests = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        target = {"hammer": self._chats, "read": self._reads, "slowloris": self._slowloris}[kind]
+        self.threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(clients)]
+
+    def start(self) -> "Load":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+    def _count(self, status, seconds: float | None = None) -> bool:
+        """Record one outcome; False once the bound on requests is reached."""
+        with self._lock:
+            self.statuses[str(status)] = self.statuses.get(str(status), 0) + 1
+            if seconds is not None:
+                self.latencies.append(seconds)
+            self.requests += 1
+            if self.requests >= self.args.max_requests:
+                self._stop.set()
+        return not self._stop.is_set()
+
+    def _chats(self, index: int) -> None:
+        sent = 0
+        if self._stop.wait(index * self.args.stagger_s):
+            return
+        while not self._stop.is_set():
+            body = json.dumps({"messages": [{"role": "user", "content": f"What happened, client {index}, "
+                                                                         f"question {sent}?"}],
+                               "max_tokens": self.args.answer_tokens}).encode()
+            started = time.monotonic()
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=max(1.0, self.deadline - started + 2))
+            try:
+                conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                response.read()
+                status = response.status
+            except OSError as exc:
+                if time.monotonic() >= self.deadline:
+                    return  # still waiting when the load ended: left, not counted
+                status = f"error: {type(exc).__name__}"
+            finally:
+                conn.close()
+            sent += 1
+            if not self._count(status, time.monotonic() - started):
+                return
+
+    def _reads(self, index: int) -> None:
+        conn = None
+        turn = index
+        while not self._stop.is_set():
+            path = self.READ_ROUTES[turn % len(self.READ_ROUTES)]
+            turn += 1
+            started = time.monotonic()
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                conn.request("GET", path)
+                response = conn.getresponse()
+                response.read()
+                status = response.status
+                if response.will_close:
+                    conn.close()
+                    conn = None
+            except OSError as exc:
+                status = f"error: {type(exc).__name__}"
+                if conn is not None:
+                    conn.close()
+                conn = None
+            if not self._count(status, time.monotonic() - started):
+                break
+        if conn is not None:
+            conn.close()
+
+    def _slowloris(self, _index: int) -> None:
+        """Half a request, held until the server closes it; then again at once (from ``--attacker``)."""
+        while not self._stop.is_set():
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.port), timeout=5,
+                                                source_address=(self.args.attacker, 0))
+            except OSError as exc:
+                if not self._count(f"connect error: {type(exc).__name__}"):
+                    return
+                self._stop.wait(0.05)
+                continue
+            try:
+                sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                sock.settimeout(0.5)
+                first = b""
+                while not self._stop.is_set():
+                    try:
+                        chunk = sock.recv(4096)
+                    except socket.timeout:
+                        sock.sendall(b"a")  # one more byte of the never-ending header
+                        continue
+                    if not chunk:
+                        break
+                    first = first or chunk
+                status = first.split(b" ", 2)[1].decode() if first.startswith(b"HTTP/") else "closed"
+            except OSError as exc:
+                status = f"error: {type(exc).__name__}"
+            finally:
+                sock.close()
+            if not self._count(f"slowloris {status}"):
+                return
+
+
 # ---------------------------------------------------------------------------------------------- figures
 def _rate(samples: list[tuple[float, float, int | None]], start: float, end: float) -> float | None:
     """Frames per second between the first and last probe answered inside [start, end]."""
@@ -196,11 +329,11 @@ def run_api(args: argparse.Namespace) -> int:
     log_path = Path(tempfile.mkdtemp(prefix="edgekv-bench-api-")) / "daemon.log"
     context = multiprocessing.get_context("spawn")
     port_queue = context.Queue()
-    child = context.Process(target=_serve, args=(_sections(args, model_dir), str(log_path), port_queue))
+    child = context.Process(target=serve_daemon, args=(_sections(args, model_dir), str(log_path), port_queue))
     load_before = os.getloadavg()
     child.start()
     try:
-        port = port_queue.get(timeout=300)
+        port = daemon_port(child, port_queue)
         if port is None:
             raise SystemExit(f"edgekv bench api: the daemon did not start; see {log_path}")
         result = _measure(port, args)
@@ -232,6 +365,8 @@ def _measure(port: int, args: argparse.Namespace) -> dict:
     idle_start = time.monotonic()
     time.sleep(args.idle_s)
     idle_end = time.monotonic()
+    if args.load != "burst":
+        return _measure_load(port, args, prober, idle_start, idle_end)
     barrier = threading.Barrier(args.chats + 1)
     answers: list = []
     threads = [threading.Thread(target=_chat, args=(port, i, args.answer_tokens, barrier, answers), daemon=True)
@@ -268,17 +403,61 @@ def _measure(port: int, args: argparse.Namespace) -> dict:
     }
 
 
+def _served(samples: list, start: float, end: float) -> dict:
+    """Probes sent inside [start, end] and how many got an answer (a 200 with the frame count)."""
+    inside = [frames for t, _, frames in samples if start <= t <= end]
+    return {"sent": len(inside), "served": sum(f is not None for f in inside)}
+
+
+def _measure_load(port: int, args: argparse.Namespace, prober: Prober, idle_start: float, idle_end: float) -> dict:
+    clients = args.chats if args.load == "hammer" else args.clients
+    load = Load(args.load, port, clients, args).start()
+    load_start = time.monotonic()
+    load._stop.wait(args.load_s)
+    load_end = time.monotonic()
+    load.stop()
+    time.sleep(2.0)
+    prober.stop()
+    idle_rate, load_rate = _rate(prober.samples, idle_start, idle_end), _rate(prober.samples, load_start, load_end)
+    latencies = sorted(load.latencies)
+    status, metrics = _get(port, "/v1/edgekv/status")
+    return {
+        "idle": {"seconds": idle_end - idle_start, "ingest_fps": idle_rate,
+                 "healthz_ms": _latency_ms(prober.samples, idle_start, idle_end),
+                 "healthz_served": _served(prober.samples, idle_start, idle_end)},
+        "load": {"kind": args.load, "seconds": load_end - load_start, "clients": clients,
+                 "chats": clients if args.load == "hammer" else 0, "answer_tokens": args.answer_tokens,
+                 "requests": load.requests, "statuses": load.statuses, "ingest_fps": load_rate,
+                 "ingest_ratio": load_rate / idle_rate if idle_rate and load_rate is not None else None,
+                 "healthz_ms": _latency_ms(prober.samples, load_start, load_end),
+                 "healthz_served": _served(prober.samples, load_start, load_end),
+                 "chat_latency_s": ({"p50": statistics.median(latencies), "max": latencies[-1]}
+                                    if latencies and args.load == "hammer" else None)},
+        "targets": {"ingest_ratio_min": INGEST_TARGET, "healthz_p99_ms_max": HEALTHZ_P99_TARGET_MS},
+        "probe_failures": prober.failures,
+        "samples": [{"t": t - idle_start, "latency_ms": 1e3 * latency, "frames": frames}
+                    for t, latency, frames in prober.samples],
+        "windows": {"idle": [0.0, idle_end - idle_start], "load": [load_start - idle_start, load_end - idle_start]},
+        "daemon_status": json.loads(metrics).get("daemon") if status == 200 else None,
+    }
+
+
 def _print(result: dict) -> None:
     idle, load = result["idle"], result["load"]
     fmt = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
     ratio = load["ingest_ratio"]
     print(f"idle  {idle['seconds']:.1f} s: ingest {fmt(idle['ingest_fps'])} frames/s, /healthz p50 "
           f"{fmt(idle['healthz_ms'].get('p50'), 1)} ms p99 {fmt(idle['healthz_ms'].get('p99'), 1)} ms")
-    print(f"load  {load['seconds']:.1f} s ({load['chats']} chats x {load['answer_tokens']} tokens, statuses "
-          f"{load['statuses']}): ingest {fmt(load['ingest_fps'])} frames/s = {fmt(ratio and 100 * ratio, 0)} % of idle "
+    what = (f"{load['chats']} chats x {load['answer_tokens']} tokens" if load.get("kind", "burst") in ("burst", "hammer")
+            else f"{load['clients']} {load['kind']} clients")
+    print(f"load  {load['seconds']:.1f} s ({load.get('kind', 'burst')}: {what}, {load.get('requests', '')} requests, "
+          f"statuses {load['statuses']}): ingest {fmt(load['ingest_fps'])} frames/s = {fmt(ratio and 100 * ratio, 0)} % of idle "
           f"(target >= {100 * INGEST_TARGET:.0f} %), /healthz p50 {fmt(load['healthz_ms'].get('p50'), 1)} ms p99 "
           f"{fmt(load['healthz_ms'].get('p99'), 1)} ms max {fmt(load['healthz_ms'].get('max'), 1)} ms "
           f"(target p99 < {HEALTHZ_P99_TARGET_MS:.0f} ms)")
+    if "healthz_served" in load:
+        served = load["healthz_served"]
+        print(f"      /healthz probes served under load: {served['served']} of {served['sent']}")
     if load["chat_latency_s"]:
         latency = load["chat_latency_s"]
         print(f"      chat latency median {latency['p50']:.1f} s, last {latency['max']:.1f} s")
@@ -299,7 +478,7 @@ def _plot(result: dict, path: Path) -> None:
     load = result["windows"]["load"]
     for axis in (top, bottom):
         axis.axvspan(load[0], load[1], color="tab:orange", alpha=0.15,
-                     label=f"{result['load']['chats']} chats in flight")
+                     label=f"load: {result['load'].get('kind', 'burst')}")
     ratio = result["load"]["ingest_ratio"]
     top.set_ylabel("frames ingested")
     top.set_title(f"ingest {result['idle']['ingest_fps'] or 0:.2f} fps idle, "

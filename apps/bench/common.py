@@ -1,4 +1,5 @@
-"""What the benches share: provenance of a figure, the JSON + PNG writer, choice lists, a scratch model."""
+"""What the benches share: provenance of a figure, the JSON + PNG writer, choice lists, a scratch model, a
+daemon in a child process (its own interpreter: the clients of a bench never share its GIL)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,44 @@ def model_or_tiny(model: str | None, scratch: str | Path) -> str:
     from edgekv.model.tiny import make_tiny_checkpoint
 
     return str(make_tiny_checkpoint(Path(scratch) / "tiny", preset="tiny", seed=0))
+
+
+def serve_daemon(sections: dict, log_path: str, port_queue) -> None:
+    """Child process: the daemon of ``sections`` (config overrides) paced like a camera, or replaying its source
+    at full speed when ``sections["_replay"]``; its HTTP port goes back through ``port_queue``."""
+    import argparse
+    import sys
+    import threading
+
+    from edgekv.apps.daemon.loop import Daemon
+    from edgekv.config import EdgeKVConfig
+
+    sections = dict(sections)
+    replay = sections.pop("_replay", False)
+    config = EdgeKVConfig().with_overrides(**sections)
+    args = argparse.Namespace(ask=[], ask_every=0, max_frames=None, no_server=False, no_stdin=True, quiet=True,
+                              realtime=not replay, exit_at_end=False, voice_wav=None)
+    with open(log_path, "w") as out:
+        daemon = Daemon(config, args, out=out)
+
+        def report_port() -> None:
+            daemon.ready.wait(300)
+            port_queue.put(daemon.server.port if daemon.server is not None else None)
+
+        threading.Thread(target=report_port, daemon=True).start()
+        sys.exit(daemon.run())
+
+
+def daemon_port(child, port_queue, limit_s: float = 300.0) -> int | None:
+    """The child daemon's port once it listens; None when the child died first (its log says why)."""
+    import queue
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            return port_queue.get(timeout=1.0)
+        except queue.Empty:
+            if not child.is_alive():
+                return None
+    return None

@@ -7,6 +7,13 @@ cache's allocated bytes, frames per second over the interval, Python objects ali
 the session's counters; it prints each sample and saves JSON + PNG. The summary compares RSS at the end
 with RSS after warm-up (the end of the first third of the run): a bounded runtime stays flat there.
 
+``--daemon`` soaks the whole daemon instead, as a deployment runs: the daemon in a child process (its HTTP API
+on 127.0.0.1, the source paced like a camera, or at full speed with ``--replay``) and clients around it —
+``--clients`` chat clients each asking every ``--ask-every-s`` seconds (every other one streamed; every fifth
+stream abandoned after its first token, as a closed browser tab does), a status-page poller and a Prometheus
+scraper (once a second each) and a ``/healthz`` probe. Samples then hold the daemon's RSS (its process, read
+from /proc), its counters, and the clients' errors (any status but 200, and failed connections) so far.
+
 Nothing here keeps per-pair history either: samples are thinned (every other one dropped) once they
 pass ``MAX_SAMPLES``, so a soak of weeks writes a JSON of bounded size. Figures only, no assertions.
 """
@@ -54,6 +61,11 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="any other config key, e.g. --set archive.dir=/tmp/a --set archive.max_gib=0.01 "
                              "(the archive's disk and recall counters then go into the JSON)")
+    parser.add_argument("--daemon", action="store_true",
+                        help="soak the daemon in a child process with HTTP clients around it (module docstring)")
+    parser.add_argument("--clients", type=int, default=4, help="--daemon: chat clients")
+    parser.add_argument("--ask-every-s", type=float, default=10.0, help="--daemon: seconds between a client's chats")
+    parser.add_argument("--replay", action="store_true", help="--daemon: the source at full speed, not paced")
     parser.add_argument("--json", default="bench-soak.json")
     parser.add_argument("--plot", default="bench-soak.png", help="PNG to write ('' to skip)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
@@ -199,6 +211,11 @@ def run_soak(args: argparse.Namespace) -> int:
     if args.hours is None and args.pairs is None:
         print("edgekv bench soak: give --hours H or --pairs N")
         return 2
+    if args.daemon:
+        if args.hours is None:
+            print("edgekv bench soak --daemon: give --hours H (the daemon's stream has no pair count to stop at)")
+            return 2
+        return run_daemon_soak(args)
     from edgekv.threads import apply_threads
 
     apply_threads(args.threads)
@@ -279,3 +296,192 @@ def _plot(report: SoakReport, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+# ---------------------------------------------------------------------------------------------- --daemon
+class _Clients:
+    """Chat clients, a status-page poller, a Prometheus scraper and a /healthz probe around a daemon on
+    127.0.0.1; every outcome that is not a 200 is counted as an error (with the first few kept as text)."""
+
+    def __init__(self, port: int, args: argparse.Namespace) -> None:
+        import threading
+
+        self.port, self.args = port, args
+        self.requests = self.errors = self.answers = self.abandoned = 0
+        self.error_messages: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.threads = [threading.Thread(target=self._chats, args=(i,), daemon=True) for i in range(args.clients)]
+        self.threads += [threading.Thread(target=self._poll, args=(path, period), daemon=True)
+                         for path, period in (("/v1/edgekv/status", 1.0), ("/metrics", 1.0), ("/healthz", 0.5))]
+
+    def start(self) -> "_Clients":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self.threads:
+            thread.join(120)
+
+    def _outcome(self, what: str, status) -> None:
+        with self._lock:
+            self.requests += 1
+            if status != 200:
+                self.errors += 1
+                message = f"{what}: {status}"
+                if len(self.error_messages) < MAX_ERROR_MESSAGES and message not in self.error_messages:
+                    self.error_messages.append(message)
+
+    def _request(self, method: str, path: str, body: bytes | None = None, abandon: bool = False):
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        try:
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
+            response = conn.getresponse()
+            if abandon:
+                response.read(1)  # the stream started: leave
+                return response.status, b""
+            return response.status, response.read()
+        except OSError as exc:
+            return f"{type(exc).__name__}", b""
+        finally:
+            conn.close()
+
+    def _chats(self, index: int) -> None:
+        turn = 0
+        self._stop.wait(index * self.args.ask_every_s / max(1, self.args.clients))  # spread the clients out
+        while not self._stop.is_set():
+            stream, abandon = turn % 2 == 1, turn % 10 == 9
+            body = json.dumps({"messages": [{"role": "user", "content": f"What is in the picture, {index}.{turn}?"}],
+                               "max_tokens": self.args.answer_tokens, "stream": stream}).encode()
+            status, _ = self._request("POST", "/v1/chat/completions", body, abandon=abandon)
+            self._outcome("chat", status)
+            with self._lock:
+                self.answers += status == 200 and not abandon
+                self.abandoned += abandon
+            turn += 1
+            self._stop.wait(self.args.ask_every_s)
+
+    def _poll(self, path: str, period: float) -> None:
+        while not self._stop.wait(period):
+            status, _ = self._request("GET", path)
+            self._outcome(path, status)
+
+
+def run_daemon_soak(args: argparse.Namespace) -> int:
+    """``--daemon``: the daemon in a child process, clients around it, samples of its RSS and counters."""
+    import multiprocessing
+
+    from edgekv.apps.bench.common import daemon_port, model_or_tiny, serve_daemon
+    from edgekv.config import assignment_sections
+
+    scratch = Path(tempfile.mkdtemp(prefix="edgekv-soak-"))
+    model_dir = model_or_tiny(args.model, scratch)
+    sections = {"model": {"path": str(model_dir), "dtype": "fp32", "device": "cpu"},
+                "video": {"source": "synthetic:shapes?size=320x240&fps=30&frames=100000000", "fps": args.fps,
+                          "resolution": list(args.resolution)},
+                "cache": {"policy": args.policy, "max_tokens": args.max_tokens, "text_reserve_tokens": args.text_reserve,
+                          "sinks": args.sinks},
+                "server": {"port": 0, "max_new_tokens": max(args.answer_tokens, 1), "queue_size": max(16, args.clients)},
+                "generation": {"max_new_tokens": args.answer_tokens},
+                "runtime": {"threads": args.threads},
+                "monitor": {"interval_s": 1.0, "backend": "cpu"}, "_replay": bool(args.replay)}
+    for name, values in assignment_sections(args.set).items():
+        sections[name] = {**sections.get(name, {}), **values}
+    log_path = scratch / "daemon.log"
+    context = multiprocessing.get_context("spawn")
+    port_queue = context.Queue()
+    child = context.Process(target=serve_daemon, args=(sections, str(log_path), port_queue))
+    child.start()
+    seconds = args.hours * 3600.0 if args.hours is not None else None
+    try:
+        port = daemon_port(child, port_queue)
+        if port is None:
+            print(f"edgekv bench soak: the daemon did not start; see {log_path}")
+            return 2
+        print(f"soak --daemon: {args.hours} h, {args.clients} chat clients every {args.ask_every_s:g} s, policy "
+              f"{args.policy}, M={args.max_tokens}, daemon pid {child.pid} on 127.0.0.1:{port} (log {log_path})")
+        report, clients = _soak_daemon(child.pid, port, args, seconds)
+    finally:
+        child.terminate()
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    summary = report.summary()
+    summary.update(requests=clients.requests, client_errors=clients.errors, answers=clients.answers,
+                   abandoned_streams=clients.abandoned, client_error_messages=clients.error_messages)
+    setup = {"model": str(model_dir), "resolution": list(args.resolution), "policy": args.policy,
+             "max_tokens": args.max_tokens, "fps": args.fps, "clients": args.clients, "ask_every_s": args.ask_every_s,
+             "answer_tokens": args.answer_tokens, "replay": args.replay, "daemon_log": str(log_path),
+             "machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_end": list(os.getloadavg()),
+             "set": list(args.set)}
+    Path(args.json).write_text(json.dumps({"setup": setup, "summary": summary, "samples": report.samples}, indent=1))
+    print(f"soak --daemon done: {summary['elapsed_s'] / 3600:.2f} h, {summary['pairs']} pairs; daemon RSS start "
+          f"{summary['rss_start_mb']:.1f} / after warm-up {summary['rss_after_warmup_mb']:.1f} / end "
+          f"{summary['rss_end_mb']:.1f} MiB ({summary['rss_growth_after_warmup_pct']:+.3f} % after warm-up); "
+          f"{clients.requests} requests, {clients.answers} answers, {clients.abandoned} streams abandoned, "
+          f"{clients.errors} client errors; daemon errors {summary['errors']}")
+    if args.plot:
+        _plot(report, Path(args.plot), f"soak --daemon {args.hours} h: {args.clients} clients, {args.policy}, "
+                                       f"M={args.max_tokens}")
+    print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+
+def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float) -> tuple[SoakReport, _Clients]:
+    import http.client
+
+    daemon = psutil.Process(pid)
+    report = SoakReport()
+    clients = _Clients(port, args).start()
+    started = time.monotonic()
+    last = {"time": started, "frames": None}
+
+    def status() -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            conn.request("GET", "/v1/edgekv/status")
+            return json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+
+    try:
+        while True:
+            now = time.monotonic()
+            try:
+                page = status()
+            except (OSError, ValueError) as exc:
+                report.record_error(exc)
+                page = None
+            stats = (page or {}).get("stats") or {}
+            frames = stats.get("frames", 0)
+            interval = now - last["time"]
+            fps = ((frames - last["frames"]) / interval if last["frames"] is not None and interval > 0 else None)
+            last.update(time=now, frames=frames)
+            daemon_errors = stats.get("frames_rejected", 0) + stats.get("archive_write_errors", 0)
+            sample = {"elapsed_s": round(now - started, 3), "pairs": stats.get("frame_pairs", 0), "frames": frames,
+                      "rss_mb": daemon.memory_info().rss / 2**20, "cache_bytes": stats.get("cache_capacity_bytes", 0),
+                      "cache_tokens": stats.get("cache_tokens", 0), "fps": fps, "errors": report.errors + daemon_errors,
+                      "client_errors": clients.errors, "requests": clients.requests, "py_objects": None,
+                      "stream_state": (page or {}).get("daemon", {}).get("stream_state"),
+                      "compressions": stats.get("compressions", 0), "questions": stats.get("questions", 0),
+                      "position_max": stats.get("position_max", 0), "position_rebases": stats.get("position_rebases", 0)}
+            report.add(sample)
+            report.pairs = sample["pairs"]
+            if report.warmup is None and now - started >= seconds / 3:
+                report.warmup = sample
+            if not args.quiet:
+                print(f"  {sample['elapsed_s']:9.1f} s  pairs {sample['pairs']:8d}  daemon RSS {sample['rss_mb']:7.1f} MiB"
+                      f"  {fps if fps is None else round(fps, 1)} fps  requests {clients.requests}  client errors "
+                      f"{clients.errors}  daemon errors {sample['errors']}", flush=True)
+            if now - started >= seconds:
+                break
+            time.sleep(max(0.0, args.sample_s - (time.monotonic() - now)))
+    finally:
+        clients.stop()
+    report.elapsed_s = time.monotonic() - started
+    report.errors = report.samples[-1]["errors"]
+    return report, clients

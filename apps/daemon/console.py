@@ -17,10 +17,13 @@ RANDOM_WEIGHTS_NOTE = (
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT; the loop finishes its current step and exits cleanly."""
+    """Set by SIGTERM/SIGINT; the loop finishes its current step and exits cleanly. SIGHUP (a closed terminal,
+    ``systemctl reload``) does not stop it: it sets ``hangup``, and the loop saves the memory and goes on (its
+    default action killed the daemon without saving)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
+        self.hangup = threading.Event()
         self.signal_name: str | None = None
 
     def install(self) -> None:
@@ -28,6 +31,8 @@ class StopFlag:
             return  # embedded (tests, another app): the owner stops the loop through ``event``
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, lambda _signum, _frame: self.hangup.set())
 
     def _handle(self, signum, _frame) -> None:
         self.signal_name = signal.Signals(signum).name

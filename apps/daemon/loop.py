@@ -33,9 +33,10 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from edgekv.apps.daemon.health import StallWatch, problems
 from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
 from edgekv.apps.daemon.quiz import Quiz
-from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, printable
+from edgekv.apps.questions import AskerLeft, DaemonBusy, DaemonStopping, Question, printable
 from edgekv.apps.daemon.scheduling import Collector, FairShare, FrameBacklog
 from edgekv.apps.daemon.startup import (
     StartupError,
@@ -107,6 +108,7 @@ class Daemon:
         self.heartbeat = Heartbeat()
         self.fair = FairShare(config.video.min_ingest_share)
         self.backlog = FrameBacklog(config.video.answer_backlog_s, int(config.video.answer_backlog_mib * 2**20))
+        self.stall = StallWatch(config.video.stall_s, config.video.fps)  # ingesting nothing for long: "stalled"
         self.session = None
         self.sampler = None
         self.monitor = None
@@ -129,6 +131,7 @@ class Daemon:
         self.ready = threading.Event()
         self.lock = threading.RLock()  # held while the session changes; the HTTP thread reads under it
         self._latest_frame = None
+        self._latest_jpeg: tuple | None = None  # (frame, its JPEG): encoded once per frame
         self._source = None
         self._spec = None
         self._asr_model: str | None = None
@@ -379,6 +382,7 @@ class Daemon:
     def serve(self) -> None:
         """One step per turn (ingest a frame or answer a question) until stopped or, one-shot, done."""
         self._loop_thread = threading.current_thread()
+        self.stall.start()
         while not self.stop:
             self._wake.clear()
             self.heartbeat.beat()
@@ -470,6 +474,7 @@ class Daemon:
             self.sampler = Sampler(capture.start(), self.sampler.fps)
             paused_for = time.monotonic() - self._paused_at
             self.paused = self._paused_at = None
+            self.stall.start()  # the pause was no stall: count from the resume
         self.say(f"resumed after {paused_for:.0f} s paused")
         self._wake.set()
         return True
@@ -597,6 +602,7 @@ class Daemon:
             average = self._ingest_s_per_frame
             self._ingest_s_per_frame = spent if average is None else average + 0.1 * (spent - average)
         self.heartbeat.beat()
+        self.stall.progressed()
         self._latest_frame = frame
         self.monitor.count_frames(self.session.counters.frames)
         if self.server is not None:
@@ -648,10 +654,12 @@ class Daemon:
         user_on_token = question.on_token
         # an escalated streamed answer sends the remote's text, not the local tokens
         quiet = question.stream and question.escalate is True and self.escalator is not None
+        decoded = [0]
 
         def on_token(token: int) -> None:
-            if self.stop:
+            if self.stop or question.cancelled.is_set():  # stopping, or the asker left: nobody to decode for
                 raise AnswerCancelled
+            decoded[0] += 1
             self.heartbeat.beat()
             if callable(user_on_token) and not quiet:
                 user_on_token(token)
@@ -671,6 +679,8 @@ class Daemon:
         deferred = False
         try:
             evidence = self.config.escalate.keyframes if self.escalator is not None else 0
+            if question.cancelled.is_set():
+                raise AnswerCancelled
             with self.lock:
                 if question.images:
                     question.answer = self._answer_images(question, on_token)
@@ -685,7 +695,11 @@ class Daemon:
                 speech.finish(question.answer.text)
             deferred = not question.images and self._escalate(question)
         except AnswerCancelled:
-            question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
+            if question.cancelled.is_set():
+                question.error = AskerLeft(f"the client disconnected: the answer was stopped after {decoded[0]} "
+                                           f"token(s)")
+            else:
+                question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
         except Exception as exc:  # a bad question must not stop the stream; the asker gets the error
             question.error = exc
         finally:
@@ -696,6 +710,7 @@ class Daemon:
 
     def _finish(self, question: Question) -> None:
         """The question is answered (or refused): record it, print it, wake whoever waits for it."""
+        self.stall.progressed()
         question.answered_at = time.time()
         self._record(question)
         self.say(format_answer(question))
@@ -771,8 +786,9 @@ class Daemon:
     # ------------------------------------------------------------------ state for the page and /metrics
     @property
     def stream_state(self) -> str:
-        """``starting``, ``running``, ``reconnecting`` (a lost camera, backoff running), ``ended`` (answers
-        about what was seen, ingests nothing) or ``stopping``."""
+        """``starting``, ``running``, ``reconnecting`` (a lost camera, backoff running), ``stalled`` (frames come
+        but none went in for ``video.stall_s``: apps/daemon/health.py), ``ended`` (answers about what was seen,
+        ingests nothing) or ``stopping``."""
         if self.stop or self._closed:
             return "stopping"
         if self.paused is not None:
@@ -781,7 +797,13 @@ class Daemon:
             return "starting"
         if self._stream_end is not None:
             return "ended"
-        return "reconnecting" if self.sampler.capture.reconnecting else "running"
+        if self.sampler.capture.reconnecting:
+            return "reconnecting"
+        return "stalled" if self._current is None and self.stall.stalled() else "running"
+
+    def problems(self) -> list[str]:
+        """What is wrong without stopping the memory (``/healthz``: ``degraded``); apps/daemon/health.py."""
+        return problems(self)
 
     @property
     def stream_detail(self) -> str | None:
@@ -801,6 +823,7 @@ class Daemon:
         current = self._current
         return {
             "stream_state": self.stream_state, "stream_detail": self.stream_detail,
+            "seconds_since_progress": self.stall.idle_s(),
             "questions_waiting": self.questions.qsize() + len(self._scheduled),
             "answering": {"id": current.id, "source": current.source} if current is not None else None,
             **self.backlog.stats(),
@@ -809,24 +832,49 @@ class Daemon:
             "fleet": self.fleet.stats() if self.fleet is not None else None,
         }
 
+    def jpeg_cached(self) -> bool:
+        """``latest_jpeg()`` would return without encoding."""
+        cached = self._latest_jpeg
+        return self._latest_frame is None or (cached is not None and cached[0] is self._latest_frame)
+
     def latest_jpeg(self) -> bytes | None:
+        """The latest ingested frame as JPEG, encoded once per frame however many clients poll it."""
         frame = self._latest_frame
         if frame is None:
             return None
+        cached = self._latest_jpeg
+        if cached is not None and cached[0] is frame:
+            return cached[1]
         import cv2
 
         ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])
-        return data.tobytes() if ok else None
+        if not ok:
+            return None
+        self._latest_jpeg = (frame, data.tobytes())
+        return self._latest_jpeg[1]
 
     # ------------------------------------------------------------------ persistent-state hooks
     def _on_session_ready(self) -> None:
         """Right after the session exists (restored by ``StateKeeper.restore`` when a snapshot matched)."""
 
     def _on_loop_tick(self) -> None:
-        """Once per turn of the main loop (between steps, the session idle): the periodic snapshot."""
+        """Once per turn of the main loop (between steps, the session idle): the periodic snapshot, and one
+        at once after SIGHUP."""
+        if self.stop.hangup.is_set():
+            self.stop.hangup.clear()
+            self._save_now("SIGHUP")
         if self.state.enabled:  # no lock taken on every loop turn when persistent memory is off
             with self.lock:
                 self.state.maybe_snapshot(self.session)
+
+    def _save_now(self, why: str) -> None:
+        if not self.state.enabled:
+            self.say(f"{why}: no state.dir in the config, so there is no memory to save; going on")
+            return
+        with self.lock:
+            info = self.state.snapshot(self.session)
+        self.say(f"{why}: memory saved in {info.path} ({info.bytes / 2**20:.1f} MiB); going on" if info is not None
+                 else f"{why}: the memory could not be saved (the log says why); going on")
 
     def _on_stop(self) -> None:
         """After the loop ended, before the capture stops: the final snapshot (SIGTERM included)."""

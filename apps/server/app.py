@@ -31,6 +31,7 @@ import functools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from importlib import resources
@@ -50,6 +51,7 @@ from edgekv.apps.server.telemetry import Telemetry
 
 log = logging.getLogger("edgekv.server")
 SERVER_START_S = 10.0
+SWITCH_INTERVAL_S = 0.001
 
 
 def exposure_warning(host: str, token: str | None) -> str | None:
@@ -68,6 +70,7 @@ def exposure_warning(host: str, token: str | None) -> str | None:
 COMMON_RESPONSES = {
     400: {"description": "bad request (body, Host header)"}, 401: {"description": "missing or wrong token"},
     403: {"description": "cross-origin request"}, 404: {"description": "unknown route"},
+    429: {"description": "too many requests from this address (server.reads_per_second, the login's limit)"},
     405: {"description": "method not allowed"}, 408: {"description": "request did not arrive in time"},
     413: {"description": "body too large"}, 415: {"description": "not application/json"},
     503: {"description": "too many connections, or (chat) too many questions waiting / shutting down"},
@@ -99,7 +102,9 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     for routes in (info.router(api), page.router(api), chat.router(api), alerts.router(api), voice.router(api),
                    privacy.router(api)):
         app.include_router(routes)
-    return RequestGuard(app, api.policy)
+    health = functools.partial(info.health_response, daemon)  # the routes stay for /openapi.json
+    return RequestGuard(app, api.policy, fast={"/healthz": health, "/health": health},
+                        reads_per_second=cfg.reads_per_second)
 
 
 def _version() -> str:
@@ -157,8 +162,8 @@ class ApiServer:
         cfg = daemon.config.server
         self.config = cfg
         self.telemetry = Telemetry(daemon)
-        protocol = functools.partial(GuardedH11Protocol,
-                                     limits=ConnectionLimits(cfg.request_timeout_s, cfg.max_connections))
+        protocol = functools.partial(GuardedH11Protocol, limits=ConnectionLimits(
+            cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client))
         config = uvicorn.Config(build_app(daemon, self.telemetry), host=cfg.host, port=cfg.port, http=protocol,
                                 ws="none", lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2)
@@ -181,6 +186,9 @@ class ApiServer:
 
     def start(self) -> None:
         """Start serving; ``OSError`` (naming the address) when uvicorn could not bind it."""
+        # The HTTP thread waits for the GIL whenever the main loop runs Python (decode steps); CPython makes
+        # the holder let go after the switch interval, 5 ms by default, and a request needs several handoffs.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.telemetry.start()
         self.thread.start()
         deadline = time.monotonic() + SERVER_START_S

@@ -42,14 +42,16 @@ def router(api: Api) -> APIRouter:
               responses={200: {"description": "chat.completion, or text/event-stream chunks when stream is true"}})
     async def chat(request: Request):
         params = parse_chat_request(await api.body(request), api.limits)
-        return await answer_chat(api.daemon, params, api.limits.served_models[0])
+        return await answer_chat(api.daemon, params, api.limits.served_models[0], request.receive)
 
     return routes
 
 
-async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Response:
+async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: Any = None) -> Response:
     """Queue the question without blocking, wait for its first token (a refusal before it is a plain HTTP
-    error: no stream has started), then stream the answer or return it whole."""
+    error: no stream has started), then stream the answer or return it whole. ``receive`` (the request's
+    ASGI receive, its body already read) reports the client leaving: the question is then cancelled, so the
+    daemon stops decoding at the next token (or never starts) instead of answering nobody."""
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, check_fits, daemon.session, params)  # tokenizing a long question takes ms
     handoff = AnswerHandoff(loop)
@@ -59,19 +61,25 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str) -> Respon
     question.recall = params.recall
     question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
     submit(daemon, question)
-    first = await handoff.next()
-    if first is _DONE and question.error is not None:
-        raise answer_error(question.error)
-    text = AnswerText(daemon.session.tokenizer, params.stop)
-    completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    if params.stream:
-        events = _sse(first, handoff, question, text, params, completion_id, created, model_id)
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    item = first
-    while item is not _DONE:
-        if params.stop:
-            text.push(item)
-        item = await handoff.next()
+    watcher = asyncio.ensure_future(_cancel_when_gone(receive, question)) if receive is not None else None
+    try:
+        first = await handoff.next()
+        if first is _DONE and question.error is not None:
+            raise answer_error(question.error)
+        text = AnswerText(daemon.session.tokenizer, params.stop)
+        completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if params.stream:
+            events = _sse(first, handoff, question, text, params, completion_id, created, model_id, watcher)
+            watcher = None  # the stream owns it now
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        item = first
+        while item is not _DONE:
+            if params.stop:
+                text.push(item)
+            item = await handoff.next()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
     if question.error is not None:
         raise answer_error(question.error)
     answer = question.answer
@@ -195,12 +203,22 @@ def answer_error(error: Exception) -> ApiError:
 
 
 def check_fits(session: Any, request: ChatRequest) -> None:
-    """Refuse (400 ``context_length_exceeded``) a question that cannot fit in the cache's free slots now,
-    before it is queued and before any stream starts."""
+    """Refuse (400 ``context_length_exceeded``), before it is queued and before any stream starts, only a
+    question that cannot fit when its turn comes: more than the room the session always keeps for text
+    (``cache.text_reserve_tokens``, and the retrieval reserve when it does not recall) and more than the room
+    the video leaves now. What fits alone is queued, whatever another answer decoding right now holds in the
+    cache (its question and answer tokens leave with it; counting them refused valid questions, issue 26).
+    Reads no lock: the session's length before the answer in flight (``answerer.video_length``), if any."""
     ids = session.layout.question_suffix_ids(session.tokenizer, request.question)
     recall = request.recall if request.recall is not None else getattr(session, "recall", None) is not None
-    room = session.capacity - session.cache.length - (getattr(session, "recall_reserve", 0) if recall else 0)
-    if len(ids) + request.max_new_tokens > room:
+    reserved = getattr(session, "recall_reserve", 0) if recall else 0
+    need = len(ids) + request.max_new_tokens
+    if need <= session.capacity - session.video_limit - reserved:
+        return  # always fits: ingest never leaves less than this free
+    answering = getattr(getattr(session, "answerer", None), "video_length", None)
+    video = answering if answering is not None else session.cache.length
+    room = session.capacity - video - reserved
+    if need > room:
         raise ApiError(400, f"the question ({len(ids)} tokens) + max_tokens ({request.max_new_tokens}) exceed the "
                             f"{room} cache slots free for text (cache.text_reserve_tokens={session.text_reserve}); "
                             "shorten the question or lower max_tokens", param="messages",
@@ -221,8 +239,34 @@ def submit(daemon: Any, question: Question) -> None:
         raise
 
 
+async def _cancel_when_gone(receive: Any, question: Question) -> None:
+    """Set ``question.cancelled`` when the client disconnects (the next ASGI message after the body is
+    ``http.disconnect``); cancelled itself once the answer is sent."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            question.cancelled.set()
+            return
+
+
 async def _sse(first: Any, handoff: AnswerHandoff, question: Question, text: AnswerText, params: ChatRequest,
-               completion_id: str, created: int, model_id: str):
+               completion_id: str, created: int, model_id: str, watcher: "asyncio.Future | None" = None):
+    """The answer as server-sent events; when the stream ends early (the client left), the question is
+    cancelled so that the daemon stops decoding it."""
+    finished = False
+    try:
+        async for event in _sse_events(first, handoff, question, text, params, completion_id, created, model_id):
+            yield event
+        finished = True
+    finally:
+        if not finished and not question.done.is_set():
+            question.cancelled.set()
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def _sse_events(first: Any, handoff: AnswerHandoff, question: Question, text: AnswerText,
+                      params: ChatRequest, completion_id: str, created: int, model_id: str):
     def event(payload: dict) -> str:
         return "data: " + json.dumps(payload) + "\n\n"
 

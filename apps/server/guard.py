@@ -19,9 +19,16 @@ Every refusal is an OpenAI error object and closes the connection (the client ma
 
 ``GuardedH11Protocol`` is uvicorn's h11 protocol with a request deadline (headers and body must arrive
 within ``server.request_timeout_s`` of the request's first byte: slow-header and half-sent-body
-connections are closed, with a 408 when nothing else answered) and a connection limit
-(``server.max_connections``: one more is answered 503 and closed as it opens). uvicorn's own
-``timeout_keep_alive`` closes idle keep-alive connections.
+connections are closed, with a 408 when nothing else answered) and connection limits: ``server.max_connections``
+in all, and ``server.max_connections_per_client`` connections per client address that are *not waiting for
+an answer* (still sending their request, or idle between requests). One more is answered 503 and closed as it
+opens, so a slowloris from one host that reopens every connection it loses cannot hold every slot, while the
+clients of one host — or of a reverse proxy, where every client is 127.0.0.1 — that have sent their request
+and wait for the answer (a queued chat) are never counted. uvicorn's own ``timeout_keep_alive`` closes idle
+keep-alive connections.
+
+``AttemptLimiter`` rate-limits the status page's login per client address (a token bucket): guesses in
+parallel no longer go as fast as they come.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import math
 import socket
 import time
 from dataclasses import dataclass
@@ -46,6 +54,10 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/version", "/", "/v1/edgekv/login", "/v1/edgekv/logout"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 COOKIE_NAME = "edgekv_session"
+REFUSAL_PAUSE_S = 1.0  # a connection refused by the per-client cap is closed this long after its 503
+PENDING_GRACE_S = 1.0  # a connection counts against its address's cap once it has been receiving this long
+SHAPED_PATHS = frozenset({"/metrics", "/v1/edgekv/status", "/frame.jpg"})  # server.reads_per_second
+SHAPING_WAIT_S = 2.0   # a read over the rate waits at most this long for its turn, else 429
 
 
 def is_loopback(host: str) -> bool:
@@ -212,18 +224,52 @@ async def send_error(send: Callable, error: ApiError, close: bool) -> None:
 
 
 class RequestGuard:
-    """ASGI middleware applying ``AccessPolicy.check`` before the app (and before any body byte is read)."""
+    """ASGI middleware applying ``AccessPolicy.check`` before the app (and before any body byte is read).
 
-    def __init__(self, app: Any, policy: AccessPolicy) -> None:
-        self.app, self.policy = app, policy
+    ``fast``: GET routes answered right here, without the app's routing, validation and response classes —
+    ``/healthz`` (path -> a function returning status and JSON bytes): health must not wait behind work, and
+    under load every bit of Python the event loop runs per request is time a probe waits for (issue 26)."""
+
+    def __init__(self, app: Any, policy: AccessPolicy,
+                 fast: dict[str, Callable[[], tuple[int, bytes]]] | None = None,
+                 reads_per_second: float | None = None) -> None:
+        self.app, self.policy, self.fast = app, policy, fast or {}
+        self.reads = (AttemptLimiter(60.0 * reads_per_second, burst=max(1, int(2 * reads_per_second)))
+                      if reads_per_second else None)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http":
             refusal = self.policy.check(scope)
+            if refusal is None and self.reads is not None and scope["path"] in SHAPED_PATHS:
+                refusal = await self._shape(scope)
             if refusal is not None:
                 await send_error(send, refusal, close=True)
                 return
+            answer = self.fast.get(scope["path"]) if scope["method"] in ("GET", "HEAD") else None
+            if answer is not None:
+                status, body = answer()
+                await send({"type": "http.response.start", "status": status, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
+                return
         await self.app(scope, receive, send)
+
+
+    async def _shape(self, scope: dict) -> ApiError | None:
+        """``server.reads_per_second`` per client address on the routes that make figures or frames: a client
+        over it waits for its turn (costing the event loop nothing), and past SHAPING_WAIT_S it is refused
+        (429): twenty connections polling as fast as they can no longer keep the loop busy and /healthz
+        waiting behind them."""
+        client = scope["client"][0] if scope.get("client") else "?"
+        wait = self.reads.reserve(client, SHAPING_WAIT_S)
+        if wait is None:
+            after = max(1, math.ceil(self.reads.retry_after(client)))
+            return ApiError(429, f"more than server.reads_per_second ({self.reads.rate:g}) requests a second from "
+                                 f"this address on figures and frames; retry in {after} s", kind="rate_limit_error",
+                            code="rate_limit_exceeded", headers={"retry-after": str(after)})
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return None
 
 
 async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
@@ -257,7 +303,56 @@ async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
 class ConnectionLimits:
     request_timeout_s: float
     max_connections: int
+    max_per_client: int | None = None
     body_grace_s: float = 1.0  # the handler's own body deadline (read_body) answers 408 first
+
+
+class AttemptLimiter:
+    """A token bucket per client address: ``burst`` attempts at once, refilled at ``per_minute`` (so a guesser
+    gets ``per_minute`` tries a minute, however many connections it opens). Bounded: full buckets are
+    forgotten when more than ``max_clients`` addresses are tracked."""
+
+    def __init__(self, per_minute: float, burst: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 max_clients: int = 4096) -> None:
+        self.rate = float(per_minute) / 60.0
+        self.burst = float(burst if burst is not None else max(1, min(5, int(per_minute))))
+        self.clock, self.max_clients = clock, max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, when)
+
+    def _tokens(self, client: str, now: float) -> float:
+        tokens, when = self._buckets.get(client, (self.burst, now))
+        return min(self.burst, tokens + (now - when) * self.rate)
+
+    def _prune(self, client: str, now: float) -> None:
+        if len(self._buckets) >= self.max_clients and client not in self._buckets:
+            self._buckets = {c: b for c, b in self._buckets.items() if self._tokens(c, now) < self.burst}
+
+    def allow(self, client: str) -> bool:
+        """Take one attempt for ``client`` if its bucket has one."""
+        now = self.clock()
+        tokens = self._tokens(client, now)
+        self._prune(client, now)
+        if tokens < 1.0:
+            self._buckets[client] = (tokens, now)
+            return False
+        self._buckets[client] = (tokens - 1.0, now)
+        return True
+
+    def retry_after(self, client: str) -> float:
+        """Seconds until ``client`` has an attempt again."""
+        return max(0.0, (1.0 - self._tokens(client, self.clock())) / self.rate)
+
+    def reserve(self, client: str, max_wait_s: float) -> float | None:
+        """Shaping instead of refusing: take the next attempt of ``client`` and return how long to wait until
+        it is due (0: now), or None (nothing taken) when that would be longer than ``max_wait_s``."""
+        now = self.clock()
+        tokens = self._tokens(client, now)
+        wait = max(0.0, (1.0 - tokens) / self.rate)
+        if wait > max_wait_s:
+            return None
+        self._prune(client, now)
+        self._buckets[client] = (tokens - 1.0, now)
+        return wait
 
 
 def raw_response(status: int, reason: str, message: str, code: str) -> bytes:
@@ -277,20 +372,73 @@ class GuardedH11Protocol(H11Protocol):
         self.limits = limits
         self._deadline: asyncio.TimerHandle | None = None
         self._body_phase = False
+        self._pending_since = 0.0  # when the request being received (or the idle wait for one) began
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._pending_since = self.loop.time()
         if len(self.connections) > self.limits.max_connections:
-            transport.write(raw_response(503, "Service Unavailable", f"more than server.max_connections "
-                                         f"({self.limits.max_connections}) open connections; retry shortly",
-                                         "too_many_connections"))
-            transport.close()
+            self._refuse(f"more than server.max_connections ({self.limits.max_connections}) open connections; "
+                         "retry shortly", pause=False)
+            return
+        if self._over_client_cap():
+            self._refuse(self._cap_message(), pause=True)
             return
         self._arm(self.limits.request_timeout_s)
+        if self.limits.max_per_client is not None:
+            self.loop.call_later(PENDING_GRACE_S, self._grace_over)
+
+    # the per-client cap counts connections from one address that have been receiving a request (or idle)
+    # for PENDING_GRACE_S and more: a burst of clients that send their requests at once never counts, a
+    # slowloris does within a second, and past the cap its new connections are refused as they open. Fresh
+    # connections (a burst) may add as many again, no more: one address never holds more than twice the
+    # cap of the slots, so others (a health check) always find one.
+    def _long_pending(self, now: float) -> bool:
+        return not self._refused and self.receiving and now - self._pending_since >= PENDING_GRACE_S
+
+    def _over_client_cap(self) -> bool:
+        if self.limits.max_per_client is None or self.client is None:
+            return False
+        host, now = self.client[0], self.loop.time()
+        mine = [other for other in self.connections if other is not self and isinstance(other, GuardedH11Protocol)
+                and other.client is not None and other.client[0] == host and not other._refused and other.receiving]
+        held = sum(1 for other in mine if other._long_pending(now))
+        return held >= self.limits.max_per_client or len(mine) >= 2 * self.limits.max_per_client
+
+    def _grace_over(self) -> None:
+        if self._refused or self.transport.is_closing() or not self.receiving:
+            return
+        waited = self.loop.time() - self._pending_since
+        if waited < PENDING_GRACE_S - 1e-3:  # a new request began meanwhile on this kept-alive connection
+            self.loop.call_later(PENDING_GRACE_S - waited, self._grace_over)
+        elif self._over_client_cap():
+            self._refuse(self._cap_message(), pause=False)
+
+    def _cap_message(self) -> str:
+        return (f"more than server.max_connections_per_client ({self.limits.max_per_client}) connections from this "
+                "address still sending a request (or idle); retry shortly")
+
+    def _refuse(self, message: str, pause: bool) -> None:
+        """503 and close; the connection no longer holds a slot. ``pause``: close only after REFUSAL_PAUSE_S, so
+        a client that reopens every connection it loses waits a moment for each refusal (it would otherwise
+        keep the event loop busy accepting and refusing, and /healthz behind it)."""
+        self._refused = True
+        self._disarm()
+        self.connections.discard(self)
+        self.transport.write(raw_response(503, "Service Unavailable", message, "too_many_connections"))
+        if pause:
+            self.transport.pause_reading()
+            self.loop.call_later(REFUSAL_PAUSE_S, self.transport.close)
+        else:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         if self._deadline is None and self.conn.their_state is h11.IDLE:  # a new request on a kept-alive connection
             self._body_phase = False
+            self._pending_since = self.loop.time()
             self._arm(self.limits.request_timeout_s)
         super().data_received(data)
         state = self.conn.their_state
@@ -299,6 +447,11 @@ class GuardedH11Protocol(H11Protocol):
             self._arm(self.limits.request_timeout_s + self.limits.body_grace_s)
         elif state is not h11.IDLE and state is not h11.SEND_BODY:
             self._disarm()
+
+    @property
+    def receiving(self) -> bool:
+        """Still sending a request, or idle between two: not waiting for an answer (the per-client cap)."""
+        return self.conn.their_state is h11.IDLE or self.conn.their_state is h11.SEND_BODY
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -1,13 +1,22 @@
 """Read-only routes: ``/healthz``, ``/v1/models``, ``/metrics``, ``/v1/edgekv/status`` (the status page's data)
-and ``/frame.jpg``. Handlers that need the session lock are sync (they run in the thread pool) and wait for it
-at most a quarter second (``telemetry``)."""
+and ``/frame.jpg``.
+
+What they serve is made at most every ``telemetry.FRESH_S`` (figures, the exposition, the frame's JPEG) and
+served again meanwhile straight from the event loop. Making it needs the session lock (waited for at most a
+quarter second: ``telemetry``) and CPU, so it runs in the thread pool, one at a time (``_refresh``): twenty
+connections hammering these routes used to run twenty threads fighting the event loop for the GIL, and
+``/healthz`` waited behind them (p99 125 ms; issue 26). ``/healthz`` itself is answered by the guard before
+the app (``guard.RequestGuard``'s fast path) from lock-free reads; its route here is for the OpenAPI schema."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError, safe_text
@@ -21,10 +30,8 @@ def router(api: Api) -> APIRouter:
     @routes.get("/healthz")
     @routes.get("/health")
     async def healthz():
-        alive = daemon.session is not None
-        return JsonResponse({"status": "ok" if alive else "starting",
-                             "frames": daemon.session.counters.frames if alive else 0,
-                             "stream_state": stream_state(daemon)}, status_code=200 if alive else 503)
+        status, payload = health(daemon)
+        return JsonResponse(payload, status_code=status)
 
     @routes.get("/version")
     async def version():
@@ -44,27 +51,68 @@ def router(api: Api) -> APIRouter:
                            code="model_not_found")
         return JsonResponse(api.model_card(model))
 
-    # sync handlers run in the thread pool: they may wait (briefly) for the session lock
+    refresh = asyncio.Lock()  # one refresh at a time in the thread pool; the others wait without a thread
+
+    async def _refresh(fresh: bool, work: Callable[[], Any]) -> Any:
+        if fresh:
+            return work()
+        async with refresh:
+            return await run_in_threadpool(work)
+
     @routes.get("/metrics", response_class=Response, responses={200: {"content": {
         "text/plain": {"schema": {"type": "string"}}, "application/openmetrics-text": {"schema": {"type": "string"}}}}})
-    def metrics(request: Request):
-        body, content_type = telemetry.exposition(request.headers.get("accept"))
+    async def metrics(request: Request):
+        accept = request.headers.get("accept")
+        body, content_type = await _refresh(telemetry.exposition_fresh(accept), lambda: telemetry.exposition(accept))
         return Response(body, headers={"content-type": content_type})
 
     @routes.get("/v1/edgekv/status")
-    def status():
-        return JsonResponse(status_payload(daemon, telemetry, auth=api.policy.token is not None),
-                            headers={"cache-control": "no-store"})
+    async def status():
+        payload = await _refresh(telemetry.snapshot_fresh(),
+                                 lambda: status_payload(daemon, telemetry, auth=api.policy.token is not None))
+        return JsonResponse(payload, headers={"cache-control": "no-store"})
 
     @routes.get("/frame.jpg", response_class=Response,
              responses={200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}}})
-    def frame():
-        data = daemon.latest_jpeg()
+    async def frame():
+        cached = getattr(daemon, "jpeg_cached", None)
+        data = await _refresh(bool(cached()) if callable(cached) else False, daemon.latest_jpeg)
         if data is None:
             raise ApiError(404, "no frame ingested yet", code="no_frame")
         return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
 
     return routes
+
+
+def health(daemon: Any) -> tuple[int, dict]:
+    """``/healthz``: 503 while starting and while the stream is stalled (frames come, none goes in: the memory
+    stopped); 200 ``degraded`` with the reasons when something is wrong that does not stop it (a camera being
+    reconnected, an archive on a full disk); 200 ``ok`` otherwise. Reads only the daemon's own flags and
+    counters, never the session's lock, so it answers while an ingest or an answer runs."""
+    session = daemon.session
+    state = stream_state(daemon)
+    own = getattr(daemon, "problems", None)
+    problems = list(own()) if callable(own) and session is not None else []
+    if session is None or state in ("starting", "stalled"):
+        status = "starting" if session is None or state == "starting" else "stalled"
+        code = 503
+    else:
+        status, code = ("degraded" if problems else "ok"), 200
+    payload = {"status": status, "frames": session.counters.frames if session is not None else 0,
+               "stream_state": state}
+    if state == "stalled":
+        idle = getattr(getattr(daemon, "stall", None), "idle_s", lambda: None)()
+        payload["detail"] = (f"no frame ingested for {idle:.0f} s (frames refused: "
+                             f"{session.counters.frames_rejected})" if idle is not None else "no frame ingested")
+    if problems:
+        payload["problems"] = problems
+    return code, payload
+
+
+def health_response(daemon: Any) -> tuple[int, bytes]:
+    """``health`` as (status, JSON bytes), for the guard's fast path."""
+    status, payload = health(daemon)
+    return status, JsonResponse(payload).body
 
 
 def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:
@@ -73,6 +121,8 @@ def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:
     own = getattr(daemon, "status", None)
     info = dict(own()) if callable(own) else {"questions_waiting": daemon.questions.qsize()}
     info.update(stream_state=stream_state(daemon), stream_detail=stream_detail(daemon))
+    own = getattr(daemon, "problems", None)
+    info["problems"] = list(own()) if callable(own) and daemon.session is not None else []
     return {
         "stats": snap["stats"], "kept": snap["kept"], "snapshot_age_s": snap["age_s"],
         "monitor": telemetry.monitor(), "capture": telemetry.capture(), "daemon": info,

@@ -27,6 +27,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 SNAPSHOT_WAIT_S = 0.25
+FRESH_S = 0.5  # a snapshot or an exposition this young is served again: readers hammering the page cost no work
 SERIES_POINTS = 600  # ten minutes at one point a second
 RATE_WINDOW_S = 10.0
 QUESTIONS_KEPT = 64
@@ -56,6 +57,7 @@ class Telemetry:
         self.last_answer: dict | None = None
         self._snapshot: dict | None = None
         self._snapshot_at = 0.0
+        self._expositions: dict[str, tuple[float, bytes]] = {}  # content type -> (when, body)
         self._interval = sample_interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,6 +93,8 @@ class Telemetry:
         """Session stats + kept-patch map + monitor + capture figures, at most ``SNAPSHOT_WAIT_S`` old
         when the main loop is between steps, else the last one taken (``age_s`` says how old)."""
         daemon = self.daemon
+        if self._snapshot is not None and time.monotonic() - self._snapshot_at < FRESH_S:
+            return {**self._snapshot, "age_s": time.monotonic() - self._snapshot_at}
         if daemon.session is not None and daemon.lock.acquire(timeout=SNAPSHOT_WAIT_S):
             try:
                 stats, kept = daemon.session.stats(), kept_patch_map(daemon.session)
@@ -101,6 +105,15 @@ class Telemetry:
             return {"stats": None, "kept": {"rows": 0, "cols": 0, "kept": []}, "age_s": None}
         return {**self._snapshot, "age_s": time.monotonic() - self._snapshot_at}
 
+    def snapshot_fresh(self) -> bool:
+        """A snapshot younger than ``FRESH_S`` is there (``snapshot()`` returns it without work)."""
+        return self._snapshot is not None and time.monotonic() - self._snapshot_at < FRESH_S
+
+    def exposition_fresh(self, accept: str | None = None) -> bool:
+        _, content_type = choose_encoder(accept or "")
+        cached = self._expositions.get(content_type)
+        return cached is not None and time.monotonic() - cached[0] < FRESH_S
+
     def monitor(self) -> dict:
         return self.daemon.monitor.snapshot() if self.daemon.monitor is not None else {}
 
@@ -109,9 +122,15 @@ class Telemetry:
         return sampler.stats() if sampler is not None else {}
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
-        """The metrics in the format the scraper asks for (``Accept``: Prometheus text or OpenMetrics)."""
+        """The metrics in the format the scraper asks for (``Accept``: Prometheus text or OpenMetrics); one
+        rendered less than ``FRESH_S`` ago is served again (a scraper polls every 15 s; a flood costs nothing)."""
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        cached = self._expositions.get(content_type)
+        if cached is not None and time.monotonic() - cached[0] < FRESH_S:
+            return cached[1], content_type
+        body = encoder(self.registry)
+        self._expositions[content_type] = (time.monotonic(), body)
+        return body, content_type
 
     # ------------------------------------------------------------------ time series
     def start(self) -> "Telemetry":
@@ -173,6 +192,8 @@ class DaemonCollector:
             ("edgekv_pairs_skipped", "near-duplicate frame pairs skipped before the vision tower",
              stats.get("pairs_skipped", 0)),
             ("edgekv_frames_rejected", "frames refused as bad input", stats["frames_rejected"]),
+            ("edgekv_clock_jumps", "timestamps that jumped, taken as bounded gaps (video.max_gap_s)",
+             stats.get("clock_jumps", 0)),
             ("edgekv_frames_dropped", "frames the capture dropped (latest frame wins)", cap.get("frames_dropped", 0)),
             ("edgekv_compressions", "cache compressions", stats["compressions"]),
             ("edgekv_tokens_evicted", "cache tokens evicted", stats.get("tokens_evicted", 0)),
@@ -183,7 +204,12 @@ class DaemonCollector:
             counters.append(("edgekv_energy_joules", "board energy since start", mon["energy_j"]))
         if "archive_pairs" in stats:  # archive: in the YAML (edgekv/archive)
             counters += [
-                ("edgekv_archive_dropped", "frame pairs not archived (staging full)", stats["archive_dropped"]),
+                ("edgekv_archive_dropped", "frame pairs not archived (staging full, or a write that failed)",
+                 stats["archive_dropped"]),
+                ("edgekv_archive_write_errors", "archive writes that failed (disk full, I/O errors)",
+                 stats.get("archive_write_errors", 0)),
+                ("edgekv_archive_bad_records", "damaged archive records skipped (failed their checksum)",
+                 stats.get("archive_bad_records", 0)),
                 ("edgekv_recalls", "questions answered with recall from the archive", stats["recalls"]),
                 ("edgekv_recall_seconds", "time spent recalling (probe + select + read)",
                  stats["recall_ms_total"] / 1e3),
@@ -210,7 +236,11 @@ class DaemonCollector:
         ]
         if "archive_pairs" in stats:
             gauges += [("edgekv_archive_bytes", "bytes of the archive's segment files", stats["archive_bytes"]),
-                       ("edgekv_archive_pairs", "frame pairs in the archive", stats["archive_pairs"])]
+                       ("edgekv_archive_pairs", "frame pairs in the archive", stats["archive_pairs"]),
+                       ("edgekv_archive_disk_full", "1 while archive writes fail for want of space",
+                        stats.get("archive_disk_full", 0)),
+                       ("edgekv_archive_failing", "1 while archive writes fail (any reason)",
+                        stats.get("archive_failing", 0))]
         for name, help_text, value in gauges:
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
@@ -261,7 +291,7 @@ def _info(daemon: Any, stats: dict) -> InfoMetricFamily:
     })
 
 
-STREAM_STATES = ("starting", "running", "reconnecting", "paused", "ended", "stopping")
+STREAM_STATES = ("starting", "running", "reconnecting", "paused", "stalled", "ended", "stopping")
 
 
 def stream_state(daemon: Any) -> str:

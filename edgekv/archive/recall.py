@@ -134,8 +134,11 @@ class Recall:
         self.attached = True
 
     @property
-    def stream(self) -> bytes:
-        text = self.session.counters.extra[STREAM_KEY]
+    def stream(self) -> bytes | None:
+        """This stream's 16-byte id; None before its first pair (nothing of it is archived yet)."""
+        text = self.session.counters.extra.get(STREAM_KEY)
+        if text is None:
+            return None
         if self._stream_hex != text:  # parsed once per stream, not per pair
             self._stream_hex, self._stream = text, bytes.fromhex(text)
         return self._stream
@@ -181,6 +184,8 @@ class Recall:
         """Per layer, the best ``top_k + _SPARE`` archived pairs of this stream (best first) among those not
         whole in the cache (``queries``: ``probe``'s); the spares stand in for a record that fails its checksum."""
         layers = self.session.cache.num_layers
+        if self.stream is None:  # before this stream's first pair: none of its pairs is archived
+            return [[] for _ in range(layers)]
         pooled = self.mode == "pooled"
         if self.scoring == "attention":
             def exclude(entries: list[ArchivedPair]) -> torch.Tensor:

@@ -47,19 +47,37 @@ representative vector); more are k-means centroids of its keys with the share of
 pair's tokens, an object that covers a few patches included. Per-layer CRCs let retrieval read and verify one layer
 of one pair (ReKV's per-layer internal retrieval reads only what each layer chose).
 
-Crash safety: a record becomes visible in the index only after it is written; on reopen every segment
-is scanned, the newest one's records are verified in full (layer CRCs) and a torn or garbled tail is
-cut off at the last good record (``torn_bytes``). Older segments were sealed with an fsync; their
-records' meta CRCs are checked on open and their KV CRCs when read. A ``kill -9`` during a write loses
-that record and the pairs still waiting in the staging buffers (at most a batch gathered for 0.2 s
-beyond them), nothing else. Retention: segments are
-``segment_mib`` each; the oldest are deleted while the files would pass ``max_gib`` (and, with
-``max_age_s``, when their newest pair is older than that behind the newest pair).
+Crash safety: a record becomes visible in the index only after it is written; a ``kill -9`` during a write
+loses that record and the pairs still waiting in the staging buffers (at most a batch gathered for 0.2 s
+beyond them), nothing else. Records are written at explicit offsets through ``SegmentFiles`` (the file-system
+boundary tests inject faults at). A write that fails part way — a full disk — is rolled back: the segment is
+truncated to its last complete record (or, if even that fails, sealed, the next record starting a new
+segment), so what is written after the disk frees up follows a complete record. The pair is lost and counted
+(``dropped``, ``write_errors``); ``disk_full`` / ``failing`` / ``last_error`` say so until a write succeeds
+(``/healthz`` reports the archive ``degraded``; ``/metrics`` counts both).
+
+Damage (DESIGN invariant 13: one bad byte costs one record). On reopen every segment is scanned: each record's
+head and meta are checked (magic, length, meta CRC, a KV length that matches the meta's token count), and the
+newest segment's KV too (layer CRCs; older segments were sealed with an fsync and their KV is checked when
+read). A record that does not check is skipped and counted (``bad_records``, ``skipped_bytes``) and the scan
+resynchronizes on the next offset where a record checks — found by its magic, proven by its meta's CRC, the
+way leveldb's log reader (``doc/log_format.md``) drops a damaged record and resumes at the next block boundary
+instead of dropping the rest of the file. Fixed-size blocks are not needed for that here: every record's meta
+is checksummed and fixes the record's length, so no format change was made and archives already on devices
+read as they are (including those the old writer left after a full disk: half a record, then complete ones
+appended after it; the complete ones are found inside the partial one's extent and kept). A record whose meta
+checks but one KV layer does not keeps its other layers (``damaged_layers``; the damaged layer is never handed
+out). A damaged segment header no longer condemns its records: they are read with this archive's shape, each
+checked on its own. Only a tail that is the start of a record cut by the end of the file is a torn write: it
+is cut off (``torn_bytes``); damaged bytes are left in place, never truncated away with the good records after
+them. Retention: segments are ``segment_mib`` each; the oldest are deleted while the files would pass
+``max_gib`` (and, with ``max_age_s``, when their newest pair is older than that behind the newest pair).
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import os
@@ -178,6 +196,28 @@ class _Staged:
     stream: bytes = b""
 
 
+class SegmentFiles:
+    """The archive's file-system boundary: every byte the writer puts on flash goes through these calls, at an
+    explicit offset (so a failed write can be cut back and the next record written where it belongs). Tests
+    override them to inject faults — a short write, ENOSPC, a failing fsync — as RocksDB's FaultInjectionFS
+    (``utilities/fault_injection_fs.h``) and SQLite's I/O-error tests do, instead of hoping for them."""
+
+    def create(self, path: Path) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+    def pwrite(self, fd: int, data, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+
 class FrameArchive:
     """Segments of frame-pair records under ``folder`` plus their index; see the module docstring.
 
@@ -187,7 +227,7 @@ class FrameArchive:
 
     def __init__(self, folder: str | Path, shape: KVShape, *, max_bytes: int, segment_bytes: int = 256 << 20,
                  queue_pairs: int = 8, max_age_s: float | None = None, inv_freq: torch.Tensor | None = None,
-                 temporal_section: int = 0, when_full: str = "drop") -> None:
+                 temporal_section: int = 0, when_full: str = "drop", files: "SegmentFiles | None" = None) -> None:
         if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
             raise ValueError(f"archive: max bytes ({max_bytes}) must hold at least two segments of {segment_bytes}")
         if queue_pairs < 1:
@@ -195,6 +235,7 @@ class FrameArchive:
         if when_full not in ("drop", "wait"):
             raise ValueError(f"archive.when_full: must be 'drop' or 'wait', got {when_full!r}")
         self.when_full = when_full
+        self.files = files if files is not None else SegmentFiles()
         self.dir = Path(folder).expanduser()
         self.shape = shape
         self.max_bytes, self.segment_bytes = int(max_bytes), int(segment_bytes)
@@ -219,15 +260,21 @@ class FrameArchive:
         self.wait_ms_total = 0.0  # ingest time spent waiting for a staging buffer (when_full = "wait")
         self.written = 0          # records written by this process
         self.torn_bytes = 0       # bytes cut off torn tails on open
-        self.bad_records = 0      # records skipped on open or read for a failed checksum
+        self.bad_records = 0      # damaged records skipped on open, or layers refused on read, for a failed checksum
+        self.skipped_bytes = 0    # bytes of damaged records skipped on open (left in place)
+        self.damaged_layers = 0   # layers of otherwise good records that failed their CRC at open (never handed out)
         self.write_errors = 0
+        self.disk_full = False    # the last write failed for want of space (ENOSPC, EDQUOT)
+        self.failing = False      # the last write failed (any reason); cleared by the next one that succeeds
+        self.last_error: str | None = None
+        self._failed_in_a_row = 0
         self.segments_deleted = 0
         self.write_ms_total = 0.0
         self.dir.mkdir(parents=True, exist_ok=True)
         self._scan()
         self._next_key = max(self._entries, default=-1) + 1
         self._current: int | None = None
-        self._handle = None
+        self._fd: int | None = None  # the open segment, written at explicit offsets (pwrite)
         self._last_fsync = time.monotonic()
         self._free: queue.SimpleQueue[_Staged] = queue.SimpleQueue()
         self._staging_tokens: int | None = None
@@ -436,56 +483,137 @@ class FrameArchive:
             self._scan_segment(number, verify_kv=number == numbers[-1])
 
     def _scan_segment(self, number: int, verify_kv: bool) -> None:
+        """Index every record of a segment that checks (see "Damage" in the module docstring): a damaged
+        record is skipped and counted and the scan resynchronizes on the next record that checks; a torn tail
+        is cut; nothing that checks is ever removed."""
         path = self._segment_path(number)
         size = path.stat().st_size
         with open(path, "rb") as handle:
             start = self._read_header(path, handle)
-            if start < 0:  # a header torn before its first record: nothing in it
-                log.warning("archive: %s has no complete header; removed", path)
-                self.torn_bytes += size
-                handle.close()
-                path.unlink()
-                return
-            offset = start
-            while offset < size:
-                parsed = self._parse_record(handle, number, offset, size, verify_kv)
-                if parsed is None:
-                    break
-                entry, keys, weights, end = parsed
-                self._add(entry, keys, weights)
-                offset = end
-        if offset < size:
-            self.torn_bytes += size - offset
-            log.warning("archive: %s: %d bytes after the last complete record (a torn write) cut off", path,
-                        size - offset)
-            os.truncate(path, offset)
-        self._segments[number] = offset
+            if start < 0:
+                if size <= len(self._header_bytes()) and self._find_record(handle, 0, size) is None:
+                    log.warning("archive: %s: a header torn before its first record (%d bytes); removed", path, size)
+                    self.torn_bytes += size
+                    handle.close()
+                    path.unlink()
+                    return
+                log.warning("archive: %s: its header is damaged; reading its records with this archive's shape "
+                            "(each record is checked on its own)", path)
+                start = self._find_record(handle, 0, size)
+                if start is None:
+                    start = size
+                    self._skipped(path, 0, size, "no record in it checks")
+            size = self._scan_records(path, handle, number, start, size, verify_kv)
+        self._segments[number] = size
 
-    def _parse_record(self, handle, number: int, offset: int, size: int,
-                      verify_kv: bool) -> tuple[ArchivedPair, torch.Tensor, torch.Tensor, int] | None:
+    def _scan_records(self, path: Path, handle, number: int, offset: int, size: int, verify_kv: bool) -> int:
+        """The records of one segment from ``offset``; returns the segment's size (less a torn tail cut off)."""
+        previous: ArchivedPair | None = None  # the last record indexed: a partial one ends inside the next
+        while offset < size:
+            kind, parsed = self._parse_record(handle, number, offset, size, verify_kv)
+            if kind == "ok":
+                entry, keys, weights, end, damaged = parsed
+                if damaged:  # a layer failed its CRC: a damaged record, or one cut short with more written after
+                    inside = self._find_record(handle, offset + 1, end)
+                    if inside is not None:
+                        self._skipped(path, offset, inside, "a partial record with records written after it")
+                        offset = inside
+                        continue
+                    self.damaged_layers += len(damaged)
+                    log.warning("archive: %s: pair %d at byte %d: layer(s) %s damaged (failed their CRC); its other "
+                                "layers are kept", path, entry.pair, offset, sorted(damaged))
+                self._add(entry, keys, weights)
+                previous, offset = entry, end
+                continue
+            # sealed segments' KV is not read at open, so the record before may be a partial one: look in it too
+            since = previous.offset + 1 if previous is not None and not verify_kv else offset + 1
+            found = self._find_record(handle, since, size)
+            if found is None:
+                if kind == "torn":
+                    self.torn_bytes += size - offset
+                    log.warning("archive: %s: %d bytes after the last complete record (a torn write) cut off", path,
+                                size - offset)
+                    handle.close()
+                    os.truncate(path, offset)
+                    return offset
+                self._skipped(path, offset, size, "a damaged record at the end (left in place)")
+                return size
+            if found < offset:  # the record before was partial: the one found starts inside it
+                self._forget(previous.pair)
+                self._skipped(path, previous.offset, found, "a partial record with records written after it")
+            else:
+                self._skipped(path, offset, found, "a damaged record")
+            previous, offset = None, found
+        return size
+
+    def _skipped(self, path: Path, start: int, end: int, why: str) -> None:
+        self.bad_records += 1
+        self.skipped_bytes += end - start
+        log.warning("archive: %s: bytes %d-%d skipped: %s (damaged: failed its checksum); the scan goes on at "
+                    "the next record that checks", path, start, end, why)
+
+    def _find_record(self, handle, start: int, limit: int) -> int | None:
+        """The first offset in [start, limit) where a record's head and meta check (leveldb's reader skips to
+        the next block; records here are found by their magic, then proven by the meta's CRC)."""
+        chunk = 1 << 20
+        at = start
+        while at < limit:
+            handle.seek(at)
+            data = handle.read(min(chunk, limit - at) + len(RECORD_MAGIC) - 1)
+            if not data:
+                return None
+            hit = data.find(RECORD_MAGIC)
+            while hit >= 0 and at + hit < limit:
+                if self._record_head(handle, at + hit) is not None:
+                    return at + hit
+                hit = data.find(RECORD_MAGIC, hit + 1)
+            at += chunk
+        return None
+
+    def _record_head(self, handle, offset: int) -> tuple[bytes, int] | None:
+        """(meta, end) of a record whose head and meta check at ``offset``, wherever it ends; None otherwise."""
         handle.seek(offset)
         head = handle.read(_HEAD.size)
         if len(head) < _HEAD.size:
             return None
         magic, meta_len, kv_len, meta_crc, _ = _HEAD.unpack(head)
-        end = offset + _HEAD.size + meta_len + kv_len
-        if magic != RECORD_MAGIC or meta_len != self.shape.meta_bytes() or end > size:
+        if magic != RECORD_MAGIC or meta_len != self.shape.meta_bytes():
             return None
         meta = handle.read(meta_len)
         if len(meta) != meta_len or zlib.crc32(meta) != meta_crc:
-            self.bad_records += 1
             return None
+        tokens = _META.unpack_from(meta)[7]
+        if tokens <= 0 or kv_len != self.shape.layers * self.shape.layer_bytes(tokens):
+            return None
+        return meta, offset + _HEAD.size + meta_len + kv_len
+
+    def _parse_record(self, handle, number: int, offset: int, size: int, verify_kv: bool) -> tuple[str, tuple | None]:
+        """("ok", (entry, keys, weights, end, damaged layers)), ("torn", None): the start of a record cut by the
+        end of the file, or ("bad", None): bytes that are not a record that checks."""
+        checked = self._record_head(handle, offset)
+        if checked is None:
+            handle.seek(offset)
+            head = handle.read(_HEAD.size)
+            if len(head) < _HEAD.size:
+                return "torn", None
+            magic, meta_len, kv_len, _, _ = _HEAD.unpack(head)
+            if magic == RECORD_MAGIC and meta_len == self.shape.meta_bytes() and offset + _HEAD.size + meta_len > size:
+                return "torn", None  # the meta itself was cut
+            if magic == RECORD_MAGIC and meta_len == self.shape.meta_bytes() and offset + _HEAD.size + meta_len + kv_len > size:
+                return "torn", None
+            return "bad", None
+        meta, end = checked
+        if end > size:
+            return "torn", None
         entry, keys, weights = self._unpack_meta(meta, number, offset)
-        if kv_len != self.shape.layers * self.shape.layer_bytes(entry.tokens):
-            self.bad_records += 1
-            return None
+        damaged: set[int] = set()
         if verify_kv:
             layer_bytes = self.shape.layer_bytes(entry.tokens)
-            for crc in entry.layer_crcs:
+            handle.seek(offset + _HEAD.size + len(meta))
+            for layer, crc in enumerate(entry.layer_crcs):
                 if zlib.crc32(handle.read(layer_bytes)) != crc:
-                    self.bad_records += 1
-                    return None
-        return entry, keys, weights, end
+                    damaged.add(layer)
+        return "ok", (entry, keys, weights, end, damaged)
 
     def _unpack_meta(self, meta: bytes, segment: int,
                      offset: int) -> tuple[ArchivedPair, torch.Tensor, torch.Tensor]:
@@ -635,31 +763,53 @@ class FrameArchive:
 
     def _append_batch(self, batch: list[_Staged]) -> None:
         """Append each pair's record (a failing one — disk full, folder removed — is lost and counted, the
-        rest are written), flush once, then index the written ones."""
+        rest are written), fsync now and then, then index the written ones."""
         keys, weights = self._summaries(batch)
         written: list[tuple[ArchivedPair, int]] = []
         for i, staged in enumerate(batch):
             try:
                 written.append((self._append(staged, keys[i], weights[i]), i))
-                self.written += 1
             except Exception as exc:  # the stream goes on; this pair is lost
-                self.write_errors += 1
-                log.warning("archive: pair %d not written (%s: %s)", staged.pair, type(exc).__name__, exc)
-        if self._handle is not None:
+                self.dropped += 1
+                self._write_failed(f"pair {staged.pair} not written", exc)
+            else:
+                self.written += 1
+                self._write_succeeded()
+        if self._fd is not None and time.monotonic() - self._last_fsync > _FSYNC_EVERY_S:
             try:
-                self._handle.flush()
-                if time.monotonic() - self._last_fsync > _FSYNC_EVERY_S:
-                    os.fsync(self._handle.fileno())
-                    self._last_fsync = time.monotonic()
-            except OSError as exc:
-                self.write_errors += 1
-                log.warning("archive: flush failed (%s: %s)", type(exc).__name__, exc)
+                self.files.fsync(self._fd)
+            except OSError as exc:  # a sync that fails may have lost pages: start afresh in a new segment
+                self._write_failed("fsync failed; the segment is sealed and a new one begun", exc)
+                self._close_segment(sync=False)
+            self._last_fsync = time.monotonic()
         kept = [(entry, i) for entry, i in written if entry.segment in self._segments]  # retention may have
         if kept:                                                     # deleted a segment later in the batch
             index = torch.tensor([i for _, i in kept])
             self._add_many([entry for entry, _ in kept], keys[index], weights[index])
 
+    def _write_failed(self, what: str, exc: BaseException) -> None:
+        """Count a failed write and say so: the first of a run of failures, then every 100th (a full disk
+        fails every pair until space returns)."""
+        self.write_errors += 1
+        self.failing = True
+        self.disk_full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row == 1 or self._failed_in_a_row % 100 == 0:
+            log.warning("archive: %s (%s); %d write error(s) in a row, %d pair(s) not archived so far", what,
+                        self.last_error, self._failed_in_a_row, self.dropped)
+
+    def _write_succeeded(self) -> None:
+        if self._failed_in_a_row:
+            log.warning("archive: writing again after %d failed write(s); %d pair(s) not archived so far",
+                        self._failed_in_a_row, self.dropped)
+        self._failed_in_a_row = 0
+        self.failing = self.disk_full = False
+
     def _append(self, staged: _Staged, keys: torch.Tensor, weights: torch.Tensor) -> ArchivedPair:
+        """Write one record at the end of the open segment. A write that fails part way (a full disk) is
+        rolled back: the segment is truncated to its last complete record, so the next record follows a
+        complete one (or, when even that fails, the segment is sealed and the next record begins a new one)."""
         flat = staged.kv.view(torch.uint8).numpy().reshape(self.shape.layers, -1)  # the record's layer blocks
         crcs = np.array([zlib.crc32(chunk) for chunk in flat], dtype="<u4")
         meta = b"".join((
@@ -672,9 +822,13 @@ class FrameArchive:
         record_len = _HEAD.size + len(meta) + kv_len
         self._make_room(record_len, staged.t)
         offset = self._segments[self._current]
-        handle = self._handle
-        handle.write(_HEAD.pack(RECORD_MAGIC, len(meta), kv_len, zlib.crc32(meta), 0) + meta)
-        handle.write(flat.data)
+        head = _HEAD.pack(RECORD_MAGIC, len(meta), kv_len, zlib.crc32(meta), 0) + meta
+        try:
+            self._write_at(head, offset)
+            self._write_at(flat.data, offset + len(head))
+        except BaseException:
+            self._roll_back(offset)
+            raise
         with self._lock:
             self._segments[self._current] = offset + record_len
             newest = self._segment_newest_t.get(self._current, float("-inf"))
@@ -682,6 +836,25 @@ class FrameArchive:
         return ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
                             staged.cols, staged.tokens, staged.stream, self._current, offset,
                             tuple(int(c) for c in crcs))
+
+    def _write_at(self, data, offset: int) -> None:
+        """All of ``data`` at ``offset`` of the open segment (a short write is continued; a failure raises)."""
+        view = memoryview(data).cast("B")
+        while len(view):
+            done = self.files.pwrite(self._fd, view, offset)
+            if done <= 0:
+                raise OSError(errno.EIO, f"write returned {done}")
+            view, offset = view[done:], offset + done
+        return None
+
+    def _roll_back(self, offset: int) -> None:
+        """Cut what a failed write left after the last complete record."""
+        try:
+            self.files.truncate(self._fd, offset)
+        except OSError as exc:
+            log.warning("archive: a failed write could not be cut back (%s); the segment is sealed and the next "
+                        "record begins a new one (the reader skips the partial record)", exc)
+            self._close_segment(sync=False)
 
     def _make_room(self, record_len: int, t: float) -> None:
         """Open a segment if needed (a new one when the current would pass segment_bytes) and delete the
@@ -701,14 +874,19 @@ class FrameArchive:
         if sum(self._segments.values()) + record_len > self.max_bytes:
             raise OSError(f"a record of {record_len} bytes does not fit archive.max_gib beside the open segment")
 
+    def _forget(self, pair: int) -> None:
+        """Drop ``pair`` from the index (its row is reused)."""
+        with self._lock:
+            del self._entries[pair]
+            row = self._row_of.pop(pair)
+            self._norms[row] = 0.0
+            self._weights[row] = 0.0
+            self._free_rows.append(row)
+
     def _delete_segment(self, number: int) -> None:
         with self._lock:
             for pair in [p for p, e in self._entries.items() if e.segment == number]:
-                del self._entries[pair]
-                row = self._row_of.pop(pair)
-                self._norms[row] = 0.0
-                self._weights[row] = 0.0
-                self._free_rows.append(row)
+                self._forget(pair)
             self._segments.pop(number, None)
             self._segment_newest_t.pop(number, None)
             self._segment_path(number).unlink(missing_ok=True)
@@ -718,21 +896,36 @@ class FrameArchive:
         numbers = self._segment_numbers()
         number = max([*numbers, *self._segments, 0]) + 1
         path = self._segment_path(number)
-        handle = open(path, "xb")
+        self._fd = self.files.create(path)
         header = self._header_bytes()
-        handle.write(header)
-        handle.flush()
+        try:
+            self._write_at(header, 0)
+        except BaseException:  # a disk too full for a header: nothing in this segment, so no segment
+            self.files.close(self._fd)
+            self._fd = None
+            path.unlink(missing_ok=True)
+            raise
         with self._lock:
             self._segments[number] = len(header)
-        self._current, self._handle = number, handle
+        self._current = number
         _fsync_dir(self.dir)
 
-    def _close_segment(self) -> None:
-        if self._handle is not None:
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
-            self._handle.close()
-            self._handle = None
+    def _close_segment(self, sync: bool = True) -> None:
+        """Seal the open segment (fsync, close); the next record begins a new one. Never raises: a failing
+        fsync is counted (the records stay indexed; a reader checks each on its own)."""
+        fd, self._fd, self._current = self._fd, None, None
+        if fd is None:
+            return
+        try:
+            if sync:
+                self.files.fsync(fd)
+        except OSError as exc:
+            self._write_failed("fsync at the end of a segment failed", exc)
+        finally:
+            try:
+                self.files.close(fd)
+            except OSError:
+                pass
 
     # ------------------------------------------------------------------ retrieval side
     def read_into(self, entry: ArchivedPair, targets: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> set[int]:
@@ -785,6 +978,9 @@ class FrameArchive:
         return {"archive_pairs": self.pairs, "archive_bytes": self.bytes_on_disk, "archive_dropped": self.dropped,
                 "archive_written": self.written, "archive_write_errors": self.write_errors,
                 "archive_torn_bytes": self.torn_bytes, "archive_bad_records": self.bad_records,
+                "archive_skipped_bytes": self.skipped_bytes, "archive_damaged_layers": self.damaged_layers,
+                "archive_disk_full": int(self.disk_full), "archive_failing": int(self.failing),
+                "archive_last_error": self.last_error,
                 "archive_segments": len(self._segments), "archive_segments_deleted": self.segments_deleted,
                 "archive_write_ms_total": round(self.write_ms_total, 3),
                 "archive_wait_ms_total": round(self.wait_ms_total, 3)}

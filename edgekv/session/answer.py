@@ -25,6 +25,7 @@ class Answerer:
         self.session = session
         self._mass: torch.Tensor | None = None  # [layers, kv_heads, M] fp32, allocated at the first probe
         self._yes_no: tuple[list[int], list[int]] | None = None
+        self.video_length: int | None = None  # while answering: the cache's length before the question
 
     def probe(self, question: str) -> YesNo:
         """A yes/no question answered by one prefill of its tokens over the cache: P(yes) among the model's
@@ -36,6 +37,7 @@ class Answerer:
         yes_ids, no_ids = self._yes_no_ids()
         ids = self.question_ids(question, 1, 0.0, 1.0)
         video_len = s.cache.length
+        self.video_length = video_len
         try:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
@@ -49,6 +51,7 @@ class Answerer:
                 pair_mass = self._pair_mass(video_len)
         finally:
             s.cache.truncate(video_len)
+            self.video_length = None
         s.counters.probes += 1
         return YesNo(p_yes, pair_mass, (time.perf_counter() - started) * 1e3, len(ids))
 
@@ -112,6 +115,7 @@ class Answerer:
         ids = self.question_ids(question, max_new_tokens, temperature, top_p,
                                 reserved=s.recall_reserve if recall else 0)
         video_len = s.cache.length
+        self.video_length = video_len
         recalled = ()
         pairs: tuple[int, ...] = ()
         logprob = 0.0
@@ -158,6 +162,7 @@ class Answerer:
         finally:
             used = max(s.cache.length, video_len + len(ids) + (s.recall_reserve if recall else 0))
             s.cache.truncate(video_len)
+            self.video_length = None
             if recall:
                 s.recall.clear(video_len, used)
         s.counters.questions += 1
@@ -192,6 +197,7 @@ class Answerer:
             raise ValueError("recall=True needs an archive: set archive.dir in the config")
         ids = self.question_ids(question, 1, 0.0, 1.0, reserved=s.recall_reserve if recall else 0)
         video_len = s.cache.length
+        self.video_length = video_len
         try:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(s.device)

@@ -16,6 +16,7 @@ import torch
 from edgekv.cache.capped import CacheFullError, ChunkMeta, SlotKind
 from edgekv.frameskip import StaticPairSkipper
 from edgekv.model.rope import vision_block_position_ids
+from edgekv.session.clock import Stamp
 from edgekv.session.results import IngestResult
 
 
@@ -28,13 +29,13 @@ class PairIngest:
         skip = session.config.video.skip_static
         self.skipper = StaticPairSkipper(skip.threshold, skip.max_gap_pairs) if skip.enabled else None
 
-    def frame(self, frame: np.ndarray, t: float, started: float) -> IngestResult:
-        """``frame`` (already checked) stamped ``t`` (already checked by the clock)."""
+    def frame(self, frame: np.ndarray, stamp: Stamp, started: float) -> IngestResult:
+        """``frame`` (already checked) at ``stamp`` (already checked by the clock; ``stamp.stream`` is its time)."""
         s = self.session
         frame_index = s.counters.frames
         if self.pending is None:
-            self.pending = (np.array(frame, copy=True), t)
-            self._accepted(t)
+            self.pending = (np.array(frame, copy=True), stamp.stream)
+            self._accepted(stamp)
             return IngestResult(frame_index, None, 0, (time.perf_counter() - started) * 1e3)
         first, t_first = self.pending
         if self.skipper is not None and self.skipper.should_skip(first, frame):
@@ -42,16 +43,16 @@ class PairIngest:
             # positions keep the gap this pair leaves (edgekv/frameskip.py).
             self.pending = None
             s.counters.pairs_skipped += 1
-            self._accepted(t)
+            self._accepted(stamp)
             return IngestResult(frame_index, None, 0, (time.perf_counter() - started) * 1e3, skipped=True)
         result = self._pair(first, frame, t_first, frame_index, started)
         self.pending = None
-        self._accepted(t)
+        self._accepted(stamp)
         return result
 
-    def _accepted(self, t: float) -> None:
+    def _accepted(self, stamp: Stamp) -> None:
         self.session.counters.frames += 1
-        self.session.clock.accept(t)
+        self.session.clock.accept(stamp)
 
     def _pair(self, first: np.ndarray, second: np.ndarray, t_first: float, frame_index: int,
               started: float) -> IngestResult:

@@ -88,7 +88,7 @@ class StreamSession:
         self.pair_spacing = max(1, round(2.0 / self.config.video.fps * self.tokens_per_second))
         self.t_offset = 0  # subtracted from new frames' temporal positions after re-basing
         self.rebases = 0
-        self.clock = StreamClock(self.config.video.fps, self.tokens_per_second)
+        self.clock = StreamClock(self.config.video.fps, self.tokens_per_second, self.config.video.max_gap_s)
 
         spec = runtime.cache_spec()
         self.capacity = runtime.cache_capacity_tokens(spec)
@@ -176,7 +176,9 @@ class StreamSession:
     # ------------------------------------------------------------------ ingest
     @_exclusive
     def ingest(self, frame: np.ndarray, t: float | None = None) -> IngestResult:
-        """Add one BGR uint8 frame (HxWx3). Every second frame completes a pair that is prefilled.
+        """Add one BGR uint8 frame (HxWx3) stamped ``t`` seconds. Every second frame completes a pair that is
+        prefilled. A timestamp that jumps (back, or forward by more than ``video.max_gap_s``) is taken as a
+        bounded, logged gap in stream time (``edgekv/session/clock.py``, DESIGN invariant 12).
 
         Invalid input raises ``ValueError`` before any state changes, so nothing ingested is lost.
         """
@@ -187,12 +189,12 @@ class StreamSession:
         try:
             self.preprocessor.check_frame(frame)
             pending = self.ingestor.pending
-            t = self.clock.check(t, self.counters.frames, pending[1] if pending is not None else None,
-                                 self.t_offset, self.temporal_position_limit)
+            stamp = self.clock.check(t, self.counters.frames, pending[1] if pending is not None else None,
+                                     self.t_offset, self.temporal_position_limit)
         except ValueError:
             self.counters.frames_rejected += 1
             raise
-        return self.ingestor.frame(frame, t, started)
+        return self.ingestor.frame(frame, stamp, started)
 
     @property
     def temporal_position_limit(self) -> int:
@@ -291,6 +293,7 @@ class StreamSession:
             "frame_pairs": c.frame_pairs,
             "pairs_skipped": c.pairs_skipped,
             "frames_rejected": c.frames_rejected,
+            "clock_jumps": self.clock.jumps,
             "cache_tokens": cache.length,
             "video_tokens": max(cache.length - self.prefix_tokens, 0),
             "prefix_tokens": self.prefix_tokens,

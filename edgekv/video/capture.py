@@ -3,9 +3,9 @@
 ``CaptureThread`` reads a source as fast as it delivers and keeps only the newest frame
 (latest-frame-wins): a camera's driver buffers are drained continuously, so the frame the model
 gets is current rather than seconds old, and the capture never waits for the consumer. Frames
-overwritten before anyone took them are counted as dropped. Corrupt frames are skipped and counted;
-a lost live source is reopened with jittered exponential backoff; the end of a file ends the thread
-cleanly. Nothing raises out of the thread: failures land in ``stats()``.
+overwritten before anyone took them are counted as dropped. Corrupt frames are skipped and counted (a
+frame that fails to decode is not a lost stream: ``OpenCVSource`` reads on); a lost live source is reopened
+with jittered exponential backoff; the end of a file ends the thread cleanly. Nothing raises out of the thread: failures land in ``stats()``.
 
 ``Sampler`` hands the ingest loop one frame per tick of the target fps. For recorded sources a
 ``lossless`` capture (a bounded queue instead of the latest slot) plus timestamp-based selection
@@ -174,7 +174,7 @@ class CaptureThread:
         try:
             frame_t = self.source.read()
         except CorruptFrame as exc:
-            self._counts["frames_corrupt"] += 1
+            self._counts["frames_corrupt"] += exc.count
             self._last_error = str(exc)
             return None
         except EndOfStream as exc:

@@ -85,7 +85,12 @@ class SourceLost(SourceError):
 
 
 class CorruptFrame(SourceError):
-    """One frame could not be decoded or is not HxWx3 uint8; the stream itself goes on."""
+    """One frame (``count`` frames in a row) could not be decoded or is not HxWx3 uint8; the stream itself
+    goes on."""
+
+    def __init__(self, message: str, count: int = 1) -> None:
+        super().__init__(message)
+        self.count = count
 
 
 class EndOfStream(Exception):
@@ -327,7 +332,7 @@ class FrameSource(ABC):
             try:
                 yield self.read()
             except CorruptFrame as exc:
-                self.frames_skipped += 1
+                self.frames_skipped += exc.count
                 log.warning("%s: skipped a frame: %s", self.spec, exc)
             except EndOfStream:
                 return
@@ -344,9 +349,20 @@ class FrameSource(ABC):
 
 # ---------------------------------------------------------------------------------------------- OpenCV
 class OpenCVSource(FrameSource):
-    """A ``cv2.VideoCapture``: files (own timestamps), cameras, network streams and GStreamer pipelines."""
+    """A ``cv2.VideoCapture``: files (own timestamps), cameras, network streams and GStreamer pipelines.
+
+    A read that fails is not yet the end of the stream: OpenCV's FFmpeg backend returns False for one
+    undecodable frame (a garbage part of an MJPEG stream, a corrupt chunk of a file) and the next frame reads
+    fine. So after a failed read the source reads on: when a frame comes within ``LIVE_RETRIES`` tries and
+    ``LIVE_RETRY_S`` (a live source) or ``FILE_RETRIES`` tries (a file), the failures are one ``CorruptFrame``
+    (skipped and counted, ``count`` frames) and the good frame is handed out by the next ``read``; only then
+    is a live source lost (reconnect) or a file at its end.
+    """
 
     kind = "opencv"
+    LIVE_RETRIES = 3     # failed reads in a row a live stream may have and still be there
+    LIVE_RETRY_S = 2.0   # ... within this long (a stream that is gone times out slowly: reconnect instead)
+    FILE_RETRIES = 32    # corrupt frames in a row a file may have before its end is taken as the end
 
     def __init__(self, spec: str, target: str | int, api: int, live: bool) -> None:
         super().__init__(spec, live)
@@ -357,6 +373,7 @@ class OpenCVSource(FrameSource):
         self.frame_count = 0
         self._clock_origin = time.monotonic()  # live timestamps: shared across reopens, never go back
         self._last_t: float | None = None
+        self._ahead: tuple[np.ndarray, float] | None = None  # the good frame read after corrupt ones
         self._open()
 
     def _open(self) -> None:
@@ -378,28 +395,46 @@ class OpenCVSource(FrameSource):
         self._open()
 
     def close(self) -> None:
+        self._ahead = None
         if self.capture is not None:
             self.capture.release()
             self.capture = None
 
     def read(self) -> Frame:
+        if self._ahead is not None:
+            frame_t, self._ahead = self._ahead, None
+            return frame_t
         if self.capture is None:
             raise SourceLost(f"video source {self.spec!r} is closed") if self.live else EndOfStream("eof", "closed")
         position = self.capture.get(cv2.CAP_PROP_POS_FRAMES)
+        started = time.monotonic()
         ok, frame = self.capture.read()
         if not ok:
-            self._read_failed(position)
+            self._read_failed(position, started)
         problem = frame_problem(frame)
         if problem is not None:
             raise CorruptFrame(f"video source {self.spec!r}: {problem}")
         return frame, self._timestamp()
 
-    def _read_failed(self, position: float) -> None:
-        if self.live:
-            raise SourceLost(f"video source {self.spec!r} stopped delivering frames")
-        if self.capture.get(cv2.CAP_PROP_POS_FRAMES) > position:
+    def _read_failed(self, position: float, started: float) -> None:
+        """Raises: ``CorruptFrame`` when frames come again after the failure (the next one waits in
+        ``_ahead``), else ``SourceLost`` (live) or ``EndOfStream`` (a file)."""
+        if not self.live and self.capture.get(cv2.CAP_PROP_POS_FRAMES) > position:
             # the demuxer moved on but the frame did not decode: skip it, the file goes on
             raise CorruptFrame(f"video source {self.spec!r}: frame {int(position)} could not be decoded")
+        failed = 1
+        while failed <= (self.LIVE_RETRIES if self.live else self.FILE_RETRIES):
+            if self.live and time.monotonic() - started > self.LIVE_RETRY_S:
+                break
+            ok, frame = self.capture.read()
+            if ok and frame_problem(frame) is None:
+                self._ahead = (frame, self._timestamp())
+                where = "" if self.live else f" from frame {int(position)}"
+                raise CorruptFrame(f"video source {self.spec!r}: {failed} frame(s){where} could not be read or "
+                                   f"decoded; skipped, the stream goes on", count=failed)
+            failed += 1
+        if self.live:
+            raise SourceLost(f"video source {self.spec!r} stopped delivering frames")
         raise self._end_of_file(position)
 
     def _end_of_file(self, position: float) -> EndOfStream:
@@ -424,7 +459,7 @@ class OpenCVSource(FrameSource):
     def _file_timestamp(self) -> float:
         """The container's time (CAP_PROP_POS_MSEC) while it increases; otherwise the previous frame's
         time plus 1/fps. Some demuxers report 0 for the last frame or nothing at all (then this is
-        ``frame_index / fps``); timestamps must never go back, the session refuses that."""
+        ``frame_index / fps``); timestamps never go back (the session would take that as a clock jump)."""
         raw = self.capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
         step = 1.0 / self.fps if self.fps > 0 else 1.0 / 30.0
         if self._last_t is None:
@@ -587,8 +622,8 @@ class LoopingSource(FrameSource):
     """A recorded source played again from its start whenever it ends (``video.loop``), time running on.
 
     Each pass is reopened with ``reopen`` and shifted so its timestamps continue after the previous
-    pass's last frame by one frame interval: the session, which refuses time going back, sees one long
-    stream, and a short clip can stand in for a camera for hours.
+    pass's last frame by one frame interval: the session (which would take time going back as a clock jump)
+    sees one long stream, and a short clip can stand in for a camera for hours.
     """
 
     kind = "loop"
