@@ -464,7 +464,7 @@ def world_radius_range(width: int, height: int) -> tuple[int, int]:
 def draw_radius(rng: np.random.Generator, radius_range: tuple[int, int]) -> int:
     """Log-uniform in the range (small objects as often as large ones per octave)."""
     low, high = radius_range
-    return int(round(math.exp(rng.uniform(math.log(low), math.log(high + 0.999))))) if high > low else low
+    return min(high, int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))) if high > low else low
 
 
 def distractor_mask(shape: str, center: tuple[float, float], radius: float, height: int, width: int,
