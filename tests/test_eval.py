@@ -181,6 +181,48 @@ def test_eval_needle_with_an_archive_recalls_events_older_than_the_window(tmp_pa
     assert recalled["accuracy"] >= 0.75 * recalled["ceiling"]
 
 
+# ---------------------------------------------------------------------------------------------- eval toy
+def test_events_spread_over_a_long_stream_keep_every_answer():
+    from edgekv.eval.toy_accuracy import heldout_streams, spread_events
+    from edgekv.toy.questions import ALL_FAMILIES, sample_question
+
+    for stream in heldout_streams(20, seed=3):
+        events = list(stream.scene.events)
+        spread = spread_events(events, stream.pairs, 2000, np.random.default_rng(1))
+        assert [(e.shape, e.color, e.center, e.radius, e.pairs) for e in spread] == \
+            [(e.shape, e.color, e.center, e.radius, e.pairs) for e in events]
+        assert all(b.first_pair - a.first_pair >= a2.first_pair - a1.first_pair
+                   for a, b, a1, a2 in zip(spread, spread[1:], events, events[1:]))
+        assert not spread or spread[-1].last_pair < 2000
+        for family in ALL_FAMILIES:
+            one = sample_question(events, family, np.random.default_rng(5))
+            other = sample_question(spread, family, np.random.default_rng(5))
+            assert (one and (one.question, one.answer)) == (other and (other.question, other.answer))
+
+
+@pytest.mark.slow
+def test_eval_toy_on_other_backgrounds_and_long_streams(tmp_path):
+    """``eval toy --families``: the card's streams on another background and inside long streams, with
+    intervals; the shipped renderer's figures are the plain command's."""
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "toy.json"
+    assert main(["eval", "toy", "--streams", "4", "--families", "events,gradient+noise", "--long", "60",
+                 "--long-streams", "2", "--questions", "all", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["families"]) == ["events", "gradient+noise"]
+    for entry in result["families"].values():
+        assert entry["all"]["n"] == sum(v["n"] for v in entry["by_question"].values())
+        assert entry["long"]["short_all"]["n"] == entry["long"]["long_all"]["n"] > 0
+        for figures in entry["by_question"].values():
+            assert figures["ci95"][0] <= figures["accuracy"] <= figures["ci95"][1]
+    plain = tmp_path / "plain.json"
+    assert main(["eval", "toy", "--streams", "4", "--json", str(plain)]) == 0
+    base = json.loads(plain.read_text())["accuracy"]
+    assert {q: v["accuracy"] for q, v in result["families"]["events"]["by_question"].items() if q in base} == base
+    assert main(["eval", "toy", "--families", "marble"]) == 2
+
+
 # ---------------------------------------------------------------------------------------------- videoqa
 def _write_video(path: Path, frames: int = 8, size=(96, 128)) -> None:
     cv2 = pytest.importorskip("cv2")

@@ -173,8 +173,9 @@ def evaluate_families(model: str, families: tuple[str, ...], count: int = 200, s
     if style not in STYLES:
         raise ValueError(f"style {style!r} is not one of {', '.join(STYLES)}")
     for family in families:
-        if family != RENDERER and family_problem(family) is not None:
-            raise ValueError(family_problem(family))
+        for part in family.split("+"):
+            if part != RENDERER and family_problem(part) is not None:
+                raise ValueError(family_problem(part))
     if style == "world":
         drawn = world_heldout_streams(count, seed)
         streams = [s for s, _ in drawn]
@@ -202,15 +203,17 @@ def evaluate_families(model: str, families: tuple[str, ...], count: int = 200, s
         results: dict[str, list[bool]] = {f: [] for f in asked}
         short_paired: dict[str, list[bool]] = {f: [] for f in asked}
         long_paired: dict[str, list[bool]] = {f: [] for f in asked}
+        parts = family.split("+")  # a mix: stream i on the (i mod n)-th family
         for index, (stream, st) in enumerate(zip(streams, styles)):
-            scene = scene_for(stream, family, st)
+            background = parts[index % len(parts)]
+            scene = scene_for(stream, background, st)
             correct = ask_stream(runtime, scene, stream.pairs, stream.questions)
             for qa, ok in zip(stream.questions, correct):
                 results[qa.family].append(ok)
             if long and index < long_count:
                 rng = np.random.default_rng((seed, 17, index))
                 events = spread_events(list(stream.scene.events), stream.pairs, long, rng)
-                far = ask_stream(runtime, scene_for(stream, family, st, events, long), long, stream.questions)
+                far = ask_stream(runtime, scene_for(stream, background, st, events, long), long, stream.questions)
                 for qa, ok, ok_long in zip(stream.questions, correct, far):
                     short_paired[qa.family].append(ok)
                     long_paired[qa.family].append(ok_long)
@@ -256,7 +259,8 @@ def add_toy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--families", default=None,
                         help="background families to draw the held-out streams on: 'events' (the shipped "
                              "renderer) and world families or groups (edgekv.video.world: procedural, photos, "
-                             "videos, all); per family and question family with 95%% intervals")
+                             "videos, all); A+B+C is one mix (stream i on the i-th of them, in turn); per family "
+                             "and question family with 95%% intervals")
     parser.add_argument("--style", choices=STYLES, default="mild",
                         help="mild: the card's streams, only the background differs; world: the world's own "
                              "event sizes and durations and full randomization")
@@ -280,8 +284,11 @@ def run(args: argparse.Namespace) -> int:
 
         names = [n.strip() for n in (args.families or RENDERER).split(",") if n.strip()]
         try:
-            families = tuple(n for name in names
-                             for n in ((RENDERER,) if name == RENDERER else parse_families(name)))
+            families = tuple(n for name in names for n in (
+                (RENDERER,) if name == RENDERER else
+                ("+".join(p for part in name.split("+") for p in ((RENDERER,) if part == RENDERER else
+                                                                    parse_families(part))),)
+                if "+" in name else parse_families(name)))
             result = evaluate_families(args.model, families, args.streams, args.seed, args.style, args.questions,
                                        args.long, args.long_streams, log=print)
         except ValueError as exc:
