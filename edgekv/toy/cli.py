@@ -22,11 +22,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=4, help="LM decoder layers")
     parser.add_argument("--init", metavar="DIR", default=None,
                         help="go on from this toy checkpoint (its width and layers) instead of random weights")
-    parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long"), default="full",
+    parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224"), default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
                              "world (85 %% of streams in the randomized world, every question family), world-long "
-                             "(world with contexts of 64-256 kept pairs, most of them distractor pairs)")
+                             "(world with contexts of 64-256 kept pairs, most of them distractor pairs), world-224 "
+                             "(world with 4-40 kept pairs, for --size 224)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")

@@ -23,7 +23,7 @@ sparse, thinned streams (the feasibility run saw the one-event colour task leave
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -72,6 +72,7 @@ class Stage:
     long_events: float = 0.0        # probability that an event lasts 3-6 pairs (world samples)
     same_color: float = 0.6         # probability that a shape coming back keeps its last colour
     backgrounds: int = 4            # distinct background renderings per sample (world samples)
+    batch_divisor: int = 1          # this stage's batches hold batch_size // batch_divisor streams (long ones)
 
 
 CURRICULUM: tuple[tuple[float, Stage], ...] = (
@@ -111,10 +112,15 @@ WORLD_LONG: tuple[tuple[float, Stage], ...] = (
     (0.25, WORLD[1][1]),
     (0.75, Stage("world: long contexts, many distractor pairs", (64, 256), (2, 6), _EVERY_FAMILY, sparse=0.5,
                  thin=0.3, sinks=0.1, shape_pool=(2, 4), world=0.85, long_events=0.15, same_color=0.3,
-                 backgrounds=8)),
+                 backgrounds=8, batch_divisor=4)),
 )
+# 224 x 224 frames (64 tokens per pair): WORLD with fewer kept pairs, so that a sample's tokens stay within
+# what WORLD's 112 x 112 samples hold (4-24 and 6-40 pairs: up to 2,560 video tokens).
+WORLD_224: tuple[tuple[float, Stage], ...] = tuple(
+    (share, replace(stage, name=stage.name + " (224)", pairs=pairs))
+    for (share, stage), pairs in zip(WORLD, ((4, 16), (6, 40))))
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
-                                                         "world-long": WORLD_LONG}
+                                                         "world-long": WORLD_LONG, "world-224": WORLD_224}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:

@@ -36,7 +36,7 @@ from edgekv.toy.data import (CELL, CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample,
                              event_tokens, stage_at)
 from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
 from edgekv.toy.prefetch import batches
-from edgekv.toy.questions import ALL_FAMILIES, FAMILIES
+from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, region_of
 from edgekv.toy.vocab import build_tokenizer
 from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, place_event
 
@@ -59,8 +59,12 @@ class Batch:
 class Encoder:
     """Lays samples out as token sequences, positions and visibility masks."""
 
-    def __init__(self, aux: bool = False, seed: int = 0, size: int = RESOLUTION[0]) -> None:
+    def __init__(self, aux: bool = False, seed: int = 0, size: int = RESOLUTION[0], aux_where: bool = False) -> None:
         tokenizer, special = build_tokenizer()
+        self.size = size
+        # where-words as auxiliary targets too (a third of an event's tokens name the event's region of the
+        # frame): the ViT has no absolute position embedding, so "where" must be learned into the tokens
+        self.aux_where = aux_where
         self.grid = size // CELL  # merged tokens per side
         self.tokens = self.grid * self.grid
         # Auxiliary targets at the video tokens (training only): the colour or shape word of the event a
@@ -106,8 +110,12 @@ class Encoder:
                             event = sample.events[shown]
                             shows = (sample.cover[slot, token] >= SHAPE_COVER if sample.shows_shape is None
                                      else sample.shows_shape[slot, token])
-                            shows_shape = shows and self.aux_rng.random() < 0.5
-                            label = self.ids(event.shape if shows_shape else event.color)[0]
+                            region = region_of(event.center, self.size, self.size) if self.aux_where else None
+                            if region is not None and self.aux_rng.random() < 1 / 3:
+                                label = self.ids(region)[0]
+                            else:
+                                shows_shape = shows and self.aux_rng.random() < 0.5
+                                label = self.ids(event.shape if shows_shape else event.color)[0]
                         target_index.append((b, position))
                         targets.append(label)
                         families.append("aux")
@@ -266,12 +274,13 @@ def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool,
                curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0]):
     """The question-answering steps' batches: the curriculum stage at each step's progress, a narrow
     range of K, ``batch_size`` samples, encoded (``Encoder``); world samples drawn on ``families``."""
-    encoder = Encoder(aux=aux, seed=seed, size=size)
+    encoder = Encoder(aux=aux, seed=seed, size=size, aux_where=families is not None)
     for step in range(steps):
         stage = stage_at(step / max(1, steps), rng, curriculum)
         pairs = batch_pairs(stage, rng)
+        count = max(1, batch_size // stage.batch_divisor)
         yield encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, size=size, pairs=pairs, families=families)
-                              for _ in range(batch_size)])
+                              for _ in range(count)])
 
 
 def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3, batch_size: int = 32,
