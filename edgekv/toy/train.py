@@ -278,7 +278,7 @@ def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool,
     for step in range(steps):
         stage = stage_at(step / max(1, steps), rng, curriculum)
         pairs = batch_pairs(stage, rng)
-        count = max(1, batch_size // stage.batch_divisor)
+        count = batch_size if stage.batch_divisor == 1 else max(1, batch_size // stage.batch_divisor)
         yield encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, size=size, pairs=pairs, families=families)
                               for _ in range(count)])
 
