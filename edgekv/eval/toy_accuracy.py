@@ -44,18 +44,19 @@ class HeldoutStream:
     questions: tuple[QA, ...]
 
 
-def heldout_streams(count: int, seed: int = HELDOUT_SEED, lengths: tuple[int, int] = (8, 48)) -> list[HeldoutStream]:
+def heldout_streams(count: int, seed: int = HELDOUT_SEED, lengths: tuple[int, int] = (8, 48),
+                    size: int = 112) -> list[HeldoutStream]:
     rng = np.random.default_rng(seed)
     streams = []
     for index in range(count):
         pairs = int(rng.integers(lengths[0], lengths[1] + 1))
         wanted = int(rng.integers(1, 6))
         plan = EventPlan(rate=min(0.9, wanted / pairs * 1.6), duration=(1, 2), max_per_shape=3)
-        events = random_events(rng, pairs, plan)[:wanted]
+        events = random_events(rng, pairs, plan, size, size)[:wanted]
         style = SceneStyle(noise=float(rng.uniform(1, 6)), drift=float(rng.uniform(0, 0.4)) if rng.random() < 0.3 else 0.0,
                            light=float(rng.uniform(0, 0.2)) if rng.random() < 0.3 else 0.0,
                            distractors=int(rng.choice([0, 0, 0, 1, 2])))
-        scene = EventScene(112, 112, 2.0, seed * 7919 + index, events, style, frames=2 * pairs)
+        scene = EventScene(size, size, 2.0, seed * 7919 + index, events, style, frames=2 * pairs)
         questions = tuple(q for family in FAMILIES if (q := sample_question(events, family, rng)) is not None)
         streams.append(HeldoutStream(scene, pairs, questions))
     return streams
@@ -101,8 +102,8 @@ def extra_questions(stream: HeldoutStream, seed: int, index: int) -> tuple[QA, .
                  if (q := sample_question(stream.scene.events, family, rng, size)) is not None)
 
 
-def world_heldout_streams(count: int, seed: int = HELDOUT_SEED, lengths: tuple[int, int] = (8, 48)
-                          ) -> list[tuple[HeldoutStream, object]]:
+def world_heldout_streams(count: int, seed: int = HELDOUT_SEED, lengths: tuple[int, int] = (8, 48),
+                          size: int = 112) -> list[tuple[HeldoutStream, object]]:
     """Held-out streams of the world's own distribution: (stream, its random ``WorldStyle``); the scene in
     the stream is only the carrier of the events (rendered per family by ``scene_for``)."""
     from edgekv.video.world import WorldPlan, random_style, world_events
@@ -113,10 +114,11 @@ def world_heldout_streams(count: int, seed: int = HELDOUT_SEED, lengths: tuple[i
         pairs = int(rng.integers(lengths[0], lengths[1] + 1))
         wanted = int(rng.integers(1, 6))
         plan = WorldPlan(rate=min(0.9, wanted / pairs * 1.6), duration=(1, 4))
-        events = world_events(rng, pairs, plan)[:wanted]
+        events = world_events(rng, pairs, plan, size, size)[:wanted]
         style = random_style(rng)
-        scene = EventScene(112, 112, 2.0, seed * 7919 + index, events, SceneStyle(), frames=2 * pairs)
-        questions = tuple(q for family in ALL_FAMILIES if (q := sample_question(events, family, rng)) is not None)
+        scene = EventScene(size, size, 2.0, seed * 7919 + index, events, SceneStyle(), frames=2 * pairs)
+        questions = tuple(q for family in ALL_FAMILIES
+                          if (q := sample_question(events, family, rng, (size, size))) is not None)
         out.append((HeldoutStream(scene, pairs, questions), style))
     return out
 
@@ -164,7 +166,7 @@ def ask_stream(runtime, scene, pairs: int, questions: tuple[QA, ...]) -> list[bo
 
 def evaluate_families(model: str, families: tuple[str, ...], count: int = 200, seed: int = HELDOUT_SEED,
                       style: str = "mild", questions: str = "base", long: int = 0, long_streams: int | None = None,
-                      log=None) -> dict:
+                      log=None, size: int = 112) -> dict:
     """Per background family and question family: accuracy, question count and 95 % interval, full cache;
     with ``long``, the first ``long_streams`` streams also inside ``long``-pair streams (paired figures)."""
     from edgekv.runtime import Runtime
@@ -177,11 +179,11 @@ def evaluate_families(model: str, families: tuple[str, ...], count: int = 200, s
             if part != RENDERER and family_problem(part) is not None:
                 raise ValueError(family_problem(part))
     if style == "world":
-        drawn = world_heldout_streams(count, seed)
+        drawn = world_heldout_streams(count, seed, size=size)
         streams = [s for s, _ in drawn]
         styles = [st for _, st in drawn]
     else:
-        streams = heldout_streams(count, seed)
+        streams = heldout_streams(count, seed, size=size)
         styles = [None] * len(streams)
         if questions == "all":
             streams = [HeldoutStream(s.scene, s.pairs, s.questions + extra_questions(s, seed, i))
@@ -190,12 +192,14 @@ def evaluate_families(model: str, families: tuple[str, ...], count: int = 200, s
         streams = [HeldoutStream(s.scene, s.pairs, tuple(q for q in s.questions if q.family in FAMILIES))
                    for s in streams]
     longest = max(max(s.pairs for s in streams), long)
+    per_pair = (size // 28) ** 2
     runtime = Runtime.from_pretrained(model, model={"dtype": "fp32", "device": "cpu"},
-                                      cache={"policy": "full", "max_tokens": 64 + 16 * longest + 64,
+                                      cache={"policy": "full", "max_tokens": 64 + per_pair * longest + 64,
                                              "text_reserve_tokens": 64},
-                                      video={"fps": 2.0, "resolution": [112, 112]})
+                                      video={"fps": 2.0, "resolution": [size, size]})
     asked = ALL_FAMILIES if questions == "all" else FAMILIES
     out: dict = {"model": model, "streams": len(streams), "seed": seed, "style": style, "questions": questions,
+                 "size": size,
                  "families": {}, "chance": {f: round(CHANCE[f], 4) for f in asked}}
     long_count = len(streams) if long_streams is None else min(long_streams, len(streams))
     for family in families:
@@ -270,6 +274,8 @@ def add_toy_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also ask each question after the same events spread over a stream of this many "
                              "pairs (full cache), beside the short figure")
     parser.add_argument("--long-streams", type=int, default=None, help="how many streams get the long run")
+    parser.add_argument("--size", type=int, choices=(112, 224), default=112,
+                        help="frame side (the streams' events scale with it)")
     parser.set_defaults(run=run)
 
 
@@ -277,7 +283,8 @@ def run(args: argparse.Namespace) -> int:
     from edgekv.threads import apply_threads
 
     apply_threads(args.threads)
-    if args.families is None and args.style == "mild" and args.questions == "base" and not args.long:
+    if args.families is None and args.style == "mild" and args.questions == "base" and not args.long \
+            and args.size == 112:
         result = evaluate(args.model, args.streams, args.seed, log=print)
     else:
         from edgekv.video.world import parse_families
@@ -290,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
                                                                     parse_families(part))),)
                 if "+" in name else parse_families(name)))
             result = evaluate_families(args.model, families, args.streams, args.seed, args.style, args.questions,
-                                       args.long, args.long_streams, log=print)
+                                       args.long, args.long_streams, log=print, size=args.size)
         except ValueError as exc:
             print(f"edgekv eval toy: {exc}")
             return 2
