@@ -163,7 +163,8 @@ def _probes_at(at: int, seen: tuple[Event, ...], rng: np.random.Generator, kinds
     probes: dict[str, Probe] = {}
     for event in seen:
         for qa in questions_about(event, seen, kinds, size):
-            if qa.question not in probes:
+            # a binding question is an exists question that needs binding: reported as binding
+            if qa.question not in probes or qa.family == "binding":
                 probes[qa.question] = Probe(qa, at, at - min(e.first_pair for e in qa.about), seen)
     out = list(probes.values())
     if seen and "exists" in kinds:
@@ -185,6 +186,7 @@ def _probes_at(at: int, seen: tuple[Event, ...], rng: np.random.Generator, kinds
             # a colour and a shape both seen, never together: the age of the older of the two appearances
             about = [e for e in seen if e.color == color or e.shape == shape]
             qa = binding_question(seen, color, shape)
+            out = [p for p in out if p.qa.question != qa.question]  # the same words asked as exists: once
             out.append(Probe(qa, at, at - min(e.first_pair for e in about), seen))
     return out
 
