@@ -357,7 +357,7 @@ class Background:
     """A family's background for one stream: ``at(frame)`` is the canvas (float32 HxWx3 BGR) at that
     frame — the same array for still families, the matching video frame for video families."""
 
-    def __init__(self, family: str, height: int, width: int, rng: np.random.Generator, fps: float = 2.0) -> None:
+    def __init__(self, family: str, height: int, width: int, rng: np.random.Generator) -> None:
         problem = family_problem(family)
         if problem is not None:
             raise ValueError(problem)
@@ -544,8 +544,7 @@ class WorldScene:
         rng = np.random.default_rng((self.seed, 61))
         self.drift_margin = int(math.ceil(0.08 * min(self.width, self.height))) if self.style.drift else 0
         self.margin = self.drift_margin + int(math.ceil(3 * self.style.shake * self.scale))
-        self.background = Background(self.family, self.height + 2 * self.margin, self.width + 2 * self.margin, rng,
-                                     self.fps)
+        self.background = Background(self.family, self.height + 2 * self.margin, self.width + 2 * self.margin, rng)
         self._drift_dir = float(rng.uniform(0, 2 * np.pi))
         self._light_phase = float(rng.uniform(0, 2 * np.pi))
         self._cast_phase = rng.uniform(0, 2 * np.pi, size=3)
