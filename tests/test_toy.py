@@ -622,3 +622,25 @@ def test_world_curriculum_samples_draw_every_family_and_never_a_held_out_backgro
     assert set(asked) >= set(ALL_FAMILIES) - {"order"} and worlds >= 6
     big = draw_sample(np.random.default_rng(5), WORLD[1][1], MAX_POSITIONS, size=224, pairs=(4, 6), families=families)
     assert big.evict_at.shape[1] == 64 and big.pairs[0][0].shape == (224, 224, 3)
+
+
+def test_world_training_names_the_event_region_among_the_auxiliary_targets():
+    from edgekv.toy.questions import WHERE_WORDS
+
+    scene = EventScene(seed=3, events=[Event("square", "red", 1, 1, (16, 56), 14)])
+    carried = np.full((3, TOKENS), -1, dtype=np.int64)
+    carried[1, [4, 8]] = 0  # two tokens of the left column show the square
+    sample = _dense_sample(scene, 3, [QA("where", "Where was the red square?", "left")])
+    sample.carried, sample.cover = carried, np.where(carried >= 0, 0.5, 0.0)
+    encoder = Encoder(aux=True, aux_where=True)
+    words = []
+    for _ in range(30):
+        batch = encoder.encode([sample])
+        words += [encoder.tokenizer.id_to_token(int(t)) for t, f in zip(batch.targets, batch.families) if f == "aux"]
+    shown = [w for w in words if w != "no"]
+    assert set(shown) <= {"left", "red", "square"} and "left" in shown and "red" in shown
+    assert not {w for w in words if w in WHERE_WORDS} - {"left"}
+    plain = Encoder(aux=True)
+    batch = plain.encode([sample])
+    assert "left" not in {plain.tokenizer.id_to_token(int(t)) for t, f in zip(batch.targets, batch.families)
+                          if f == "aux"}
