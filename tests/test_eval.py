@@ -43,10 +43,96 @@ def test_summary_bins_and_ratios():
              "ceiling_correct": ceiling} for age, ok, ceiling in ((2, True, True), (3, False, True), (40, True, True),
                                                                    (None, True, False))]
     entry = summarize(rows)["L=10 M=5 p"]
-    assert entry["by_age"]["0-3"] == {"n": 2, "accuracy": 0.5, "ceiling": 1.0, "ratio": 0.5}
+    first = entry["by_age"]["0-3"]
+    assert {k: first[k] for k in ("n", "accuracy", "ceiling", "ratio")} == {"n": 2, "accuracy": 0.5, "ceiling": 1.0,
+                                                                           "ratio": 0.5}
+    assert first["ci95"][0] < 0.5 < first["ci95"][1] and first["ceiling_ci95"][1] == 1.0  # Wilson, 1 of 2 / 2 of 2
     assert entry["by_age"]["16-63"]["ratio"] == 1.0
     assert entry["by_age"]["none"]["ratio"] is None  # ceiling 0: no ratio
     assert age_bin(5000) == "4096+"
+
+
+def test_wilson_interval_matches_known_values():
+    from edgekv.eval.stats import proportion, wilson
+
+    # Agresti & Coull (1998) eq. 2 at z = 1.96, by hand: 0 of 10 -> (0, 0.2775); 5 of 10 -> (0.2366, 0.7634)
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson(10, 10)[1] == pytest.approx(1.0) and wilson(0, 0) == (0.0, 1.0)
+    assert proportion(3, 4) == {"n": 4, "correct": 3, "accuracy": 0.75, "ci95": [0.3006, 0.9544]}
+    with pytest.raises(ValueError, match="successes <= trials"):
+        wilson(5, 4)
+
+
+def test_repeated_needles_ask_second_colour_binding_and_counts_across_gaps():
+    from edgekv.eval.needle import GAP_SPAN, probe_family
+    from edgekv.toy.questions import ALL_FAMILIES
+
+    stream = needle_stream(2000, (8, 128, 600, 1500, 1900), seed=5, events=3, kinds=ALL_FAMILIES, repeats=2)
+    events = stream.scene.events
+    assert len(events) == 5 and len({(e.shape, e.color) for e in events}) == 5
+    shapes = [e.shape for e in events]
+    assert any(shapes.count(s) >= 2 for s in shapes)  # a shape came back (in another colour)
+    last = [p for p in stream.probes if p.checkpoint == 2000]
+    kinds = {probe_family(p) for p in last}
+    assert {"second", "binding", "where"} & kinds and len({p.qa.question for p in last}) == len(last)
+    for probe in last:
+        if probe.qa.family == "count" and len(probe.qa.about) >= 2:
+            span = max(e.first_pair for e in probe.qa.about) - min(e.first_pair for e in probe.qa.about)
+            assert probe_family(probe) == ("count_gap" if span >= GAP_SPAN else "count")
+            assert probe.qa.answer in ("two", "three")
+        if probe.qa.family == "second":
+            repeated = sorted((e for e in events if e.shape in probe.qa.question), key=lambda e: e.first_pair)
+            assert probe.qa.answer == repeated[1].color
+    plain = needle_stream(2000, (8, 128, 600, 1500, 1900), seed=5, events=3)
+    assert all(p.qa.family in ("color", "shape", "exists", "order", "count") for p in plain.probes)
+
+
+def test_world_needle_streams_and_their_ceilings_share_the_background():
+    from edgekv.video.world import WorldScene
+
+    stream = needle_stream(300, (10, 200, 250), seed=2, family="stripes", style="world", size=224)
+    assert isinstance(stream.scene, WorldScene) and stream.scene.family == "stripes"
+    assert stream.scene.frame(0).shape == (224, 224, 3)
+    assert min(e.radius for e in stream.scene.events) >= 14  # world sizes (one grid cell and up)
+    scene, _ = ceiling_scene(tuple(stream.scene.events), 2, 2.0, family=stream.family, style=stream.style, size=224)
+    assert scene.family == "stripes" and scene.style == stream.style
+
+
+def test_caps_are_shares_of_the_stream_with_a_floor():
+    import argparse
+
+    from edgekv.eval.cli import _fractions
+    from edgekv.eval.needle import cap_budget
+
+    assert _fractions("1/4,1/256,0.5") == (0.25, 1 / 256, 0.5)
+    with pytest.raises(argparse.ArgumentTypeError, match="in \\(0, 1\\]"):
+        _fractions("3/2")
+    assert cap_budget(1 / 8, 2000, 112, 64) == 4000
+    assert cap_budget(1 / 256, 10000, 224, 64) == 2500
+    assert cap_budget(1 / 256, 2000, 112, 64) == 32 + 4 * 16 + 64  # the floor: prefix, four pairs, reserve
+
+
+@pytest.mark.slow
+def test_eval_needle_with_caps_world_families_and_every_question_kind(tmp_path):
+    """The command with the issue-27 options: caps as shares, a world family, every question kind, the
+    full-cache ceiling on the long stream; intervals in the summary, accuracy against the cap in the PNG."""
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "needle.json"
+    code = main(["eval", "needle", "--lengths", "80", "--caps", "1/2,1/8", "--policies", "sliding_window",
+                 "--streams", "1", "--ages", "4,40,70", "--families", "gradient", "--style", "world", "--kinds", "all",
+                 "--repeats", "1", "--json", str(out), "--plot", str(tmp_path / "needle.png"), "--threads", "1"])
+    assert code == 0 and (tmp_path / "needle.png").stat().st_size > 10_000
+    result = json.loads(out.read_text())
+    assert set(result["summary"]) == {"L=80 M=640 sliding_window", "L=80 M=160 sliding_window"}
+    for entry in result["summary"].values():
+        assert entry["cap"] in (0.5, 0.125) and entry["ceiling_full_n"] == len(
+            [r for r in result["records"] if r["budget"] == entry["budget"]])
+        low, high = entry["ci95"]
+        assert low <= entry["accuracy"] <= high
+    assert {r["background"] for r in result["records"]} == {"gradient"}
+    assert main(["eval", "needle", "--kinds", "colour", "--json", str(out)]) == 2
 
 
 @pytest.mark.slow
@@ -93,6 +179,48 @@ def test_eval_needle_with_an_archive_recalls_events_older_than_the_window(tmp_pa
     # 0.14 -> 0.86 (ReKV's cosine scoring: 0.64 with round 3, 0.32 with round 4)
     assert recalled["accuracy"] >= plain["accuracy"] + 0.4
     assert recalled["accuracy"] >= 0.75 * recalled["ceiling"]
+
+
+# ---------------------------------------------------------------------------------------------- eval toy
+def test_events_spread_over_a_long_stream_keep_every_answer():
+    from edgekv.eval.toy_accuracy import heldout_streams, spread_events
+    from edgekv.toy.questions import ALL_FAMILIES, sample_question
+
+    for stream in heldout_streams(20, seed=3):
+        events = list(stream.scene.events)
+        spread = spread_events(events, stream.pairs, 2000, np.random.default_rng(1))
+        assert [(e.shape, e.color, e.center, e.radius, e.pairs) for e in spread] == \
+            [(e.shape, e.color, e.center, e.radius, e.pairs) for e in events]
+        assert all(b.first_pair - a.first_pair >= a2.first_pair - a1.first_pair
+                   for a, b, a1, a2 in zip(spread, spread[1:], events, events[1:]))
+        assert not spread or spread[-1].last_pair < 2000
+        for family in ALL_FAMILIES:
+            one = sample_question(events, family, np.random.default_rng(5))
+            other = sample_question(spread, family, np.random.default_rng(5))
+            assert (one and (one.question, one.answer)) == (other and (other.question, other.answer))
+
+
+@pytest.mark.slow
+def test_eval_toy_on_other_backgrounds_and_long_streams(tmp_path):
+    """``eval toy --families``: the card's streams on another background and inside long streams, with
+    intervals; the shipped renderer's figures are the plain command's."""
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "toy.json"
+    assert main(["eval", "toy", "--streams", "4", "--families", "events,gradient+noise", "--long", "60",
+                 "--long-streams", "2", "--questions", "all", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["families"]) == ["events", "gradient+noise"]
+    for entry in result["families"].values():
+        assert entry["all"]["n"] == sum(v["n"] for v in entry["by_question"].values())
+        assert entry["long"]["short_all"]["n"] == entry["long"]["long_all"]["n"] > 0
+        for figures in entry["by_question"].values():
+            assert figures["ci95"][0] <= figures["accuracy"] <= figures["ci95"][1]
+    plain = tmp_path / "plain.json"
+    assert main(["eval", "toy", "--streams", "4", "--json", str(plain)]) == 0
+    base = json.loads(plain.read_text())["accuracy"]
+    assert {q: v["accuracy"] for q, v in result["families"]["events"]["by_question"].items() if q in base} == base
+    assert main(["eval", "toy", "--families", "marble"]) == 2
 
 
 # ---------------------------------------------------------------------------------------------- videoqa

@@ -22,6 +22,23 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _fractions(text: str) -> tuple[float, ...]:
+    """``"1/4,1/16,0.01"`` -> (0.25, 0.0625, 0.01): shares in (0, 1]."""
+    values = []
+    for item in (v.strip() for v in text.split(",") if v.strip()):
+        top, slash, bottom = item.partition("/")
+        try:
+            value = float(top) / float(bottom) if slash else float(item)
+        except (ValueError, ZeroDivisionError):
+            raise argparse.ArgumentTypeError(f"expected shares like 1/4,1/16,0.01, got {item!r}") from None
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"a cap share must be in (0, 1], got {item!r}")
+        values.append(value)
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected shares like 1/4,1/16, got {text!r}")
+    return tuple(values)
+
+
 def _option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep:
@@ -41,7 +58,27 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="toy-model answer accuracy per cache policy x cap x stream length x event age (JSON + PNG)")
     needle.add_argument("--model", default="builtin:toy", help="a toy checkpoint dir (builtin:toy = the shipped one)")
     needle.add_argument("--lengths", type=_ints, default=(2000,), help="stream lengths in frame pairs")
-    needle.add_argument("--budgets", type=_ints, default=(4000,), help="cache caps M in tokens")
+    needle.add_argument("--budgets", type=_ints, default=None,
+                        help="cache caps M in tokens (default 4000 when --caps is not given)")
+    needle.add_argument("--caps", type=_fractions, default=(),
+                        help="cache caps as shares of the stream's video tokens, e.g. 1/4,1/16,1/64,1/256 "
+                             "(at least the prefix, four frame pairs and the text reserve)")
+    needle.add_argument("--families", default="events",
+                        help="background family per stream, in turn: events (the classic renderer) or world "
+                             "families / groups (edgekv.video.world: procedural, photos, videos, all)")
+    needle.add_argument("--style", choices=("mild", "world"), default="mild",
+                        help="world streams: mild (only the background differs) or world (random camera, light, "
+                             "JPEG, out-of-vocabulary distractors, occlusion, event sizes one cell to a quarter frame)")
+    needle.add_argument("--sizes", type=_ints, default=(112,), help="frame sides: 112 (16 tokens per pair), 224 (64)")
+    needle.add_argument("--kinds", default="base",
+                        help="question families: base (colour, shape, exists, order, count), all (also where, "
+                             "second, binding) or a comma-separated list")
+    needle.add_argument("--repeats", type=int, default=0,
+                        help="events that bring a needle's shape back in another colour at another age (counts "
+                             "across gaps: count_gap; second colour; binding)")
+    needle.add_argument("--full-max-tokens", type=int, default=40000,
+                        help="run the full cache on the long stream (the ceiling) where it needs at most this "
+                             "many tokens; 0: never")
     needle.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated policies ({', '.join(ALL_POLICIES)})")
     needle.add_argument("--sinks", type=_ints, default=(256, 1024), help="StateKV sink budgets B for 'statekv'")
@@ -100,9 +137,32 @@ def _run_needle(args: argparse.Namespace) -> int:
                 runs.extend(PolicyRun(name, sinks, own, archive) for sinks in args.sinks)
             else:
                 runs.append(PolicyRun(name, 0, own, archive))
-    config = NeedleConfig(model=args.model, lengths=args.lengths, budgets=args.budgets, runs=tuple(runs),
+    from edgekv.toy.questions import ALL_FAMILIES, FAMILIES
+
+    kinds = {"base": FAMILIES, "all": ALL_FAMILIES}.get(args.kinds) or tuple(
+        k.strip() for k in args.kinds.split(",") if k.strip())
+    problems = [k for k in kinds if k not in ALL_FAMILIES]
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    try:
+        if families != ("events",):
+            from edgekv.video.world import family_problem, parse_families
+
+            families = tuple(n for name in families for n in (("events",) if name == "events" else parse_families(name)))
+            problems += [p for f in families if f != "events" and (p := family_problem(f))]
+    except ValueError as exc:
+        problems.append(str(exc))
+    if problems or any(size % 28 for size in args.sizes) or args.repeats < 0:
+        detail = "; ".join(problems) or "--sizes must be multiples of 28 and --repeats at least 0"
+        if any(k not in ALL_FAMILIES for k in kinds):
+            detail = f"--kinds: unknown {', '.join(k for k in kinds if k not in ALL_FAMILIES)} (known: " \
+                     f"{', '.join(ALL_FAMILIES)}, base, all)"
+        print(f"edgekv eval needle: {detail}", file=sys.stderr)
+        return 2
+    budgets = args.budgets if args.budgets is not None else (() if args.caps else (4000,))
+    config = NeedleConfig(model=args.model, lengths=args.lengths, budgets=budgets, runs=tuple(runs),
                           ages=args.ages or DEFAULT_AGES, streams=args.streams, events=args.events, fps=args.fps,
-                          seed=args.seed)
+                          seed=args.seed, families=families, style=args.style, sizes=args.sizes, kinds=kinds,
+                          repeats=args.repeats, caps=args.caps, full_max_tokens=args.full_max_tokens)
     result = evaluate(config)
     save(result, args.json, args.plot)
     print(format_summary(result["summary"]))
@@ -114,8 +174,14 @@ def format_summary(summary: dict) -> str:
     lines = []
     for entry in summary.values():
         ages = "  ".join(f"{b}:{v['accuracy']:.2f}/{v['ceiling']:.2f}" for b, v in entry["by_age"].items())
-        lines.append(f"L={entry['length']:5d} M={entry['budget']:6d} {entry['policy']:28s} acc {entry['accuracy']:.3f} "
-                     f"(ceiling {entry['ceiling']:.3f})  by age acc/ceiling: {ages}")
+        size = f" {entry['size']}px" if entry.get("size", 112) != 112 else ""
+        cap = f" ({entry['cap_actual'] and '1/%.0f' % (1 / entry['cap_actual'])})" if entry.get("cap") else ""
+        full = (f", full cache on this stream {entry['ceiling_full']:.3f}" if entry.get("ceiling_full") is not None
+                else "")
+        low, high = entry.get("ci95", (float("nan"), float("nan")))
+        lines.append(f"L={entry['length']:5d}{size} M={entry['budget']:6d}{cap} {entry['policy']:28s} acc "
+                     f"{entry['accuracy']:.3f} [{low:.2f}-{high:.2f}] (ceiling {entry['ceiling']:.3f}{full})  "
+                     f"by age acc/ceiling: {ages}")
     return "\n".join(lines)
 
 

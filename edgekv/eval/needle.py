@@ -17,6 +17,21 @@ The same questions are then asked of the **ceiling**: a short stream holding exa
 that checkpoint, in the same order, a few pairs apart, with the ``full`` policy (nothing evicted).
 ``ratio = accuracy / ceiling accuracy`` per age bin is the figure the issue's target reads.
 
+Harder settings (issue 27), all off by default so that earlier figures keep their meaning:
+
+* ``families``: the stream's background from the randomized world (``edgekv.video.world``), one family per
+  stream in turn; ``style="world"`` also draws the world's camera, light, JPEG, distractors, occlusion and
+  event sizes (one merged-grid cell to a quarter of the frame);
+* ``size`` 224: 64 tokens per frame pair, so what a cache keeps within a frame matters;
+* ``kinds``: the extra question families (``where``, ``second``, ``binding``), and ``repeats``: events that
+  bring a needle's shape back in another colour at another age (counts across long gaps: the ``count``
+  questions about them are reported apart as ``count_gap``; the second colour; binding);
+* ``caps``: caps given as shares of the stream's video tokens (1/4 .. 1/256) instead of, or beside, tokens;
+* the **full-cache ceiling**: the same long stream with nothing evicted, where its tokens fit
+  ``full_max_tokens`` (``ceiling_full`` per record; the short-stream ceiling stays beside it).
+
+Every accuracy in the summary carries its question count and a 95 % Wilson interval (``edgekv.eval.stats``).
+
 The vision tower's output does not depend on the cache, so each stream's frame pairs are encoded once
 and replayed to every policy run (``ReplayVision``: same tokens, checked against the pixels they came from).
 """
@@ -34,13 +49,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from edgekv.toy.questions import (CHANCE, COLORS, FAMILIES, QA, SHAPES, answer_of, count_question,
-                                  exists_question, negative_exists, order_question, questions_about)
+from edgekv.eval.stats import proportion
+from edgekv.toy.questions import (CHANCE, COLORS, FAMILIES, QA, SHAPES, answer_of, binding_options,
+                                  binding_question, count_question, exists_question, negative_exists,
+                                  order_question, questions_about)
 from edgekv.video.events import Event, EventScene, SceneStyle, place_event
 
 DEFAULT_AGES = (2, 8, 32, 128, 512, 1024, 1900)
 AGE_BINS = (0, 4, 16, 64, 256, 768, 1536, 4096, 10**9)
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
+CLASSIC = "events"  # the family name of the classic renderer (edgekv.video.events)
+GAP_SPAN = 256  # count questions about appearances at least this many pairs apart are reported as count_gap
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,8 @@ class NeedleStream:
     pairs: int
     probes: list[Probe]
     seed: int
+    family: str = CLASSIC
+    style: object = None  # the WorldStyle of a world stream (its ceiling streams share it)
 
 
 @dataclass(frozen=True)
@@ -75,9 +96,14 @@ class PolicyRun:
 
 
 def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3, fps: float = 2.0,
-                  checkpoints: tuple[float, ...] = CHECKPOINTS, noise: float = 3.0) -> NeedleStream:
+                  checkpoints: tuple[float, ...] = CHECKPOINTS, noise: float = 3.0, family: str = CLASSIC,
+                  size: int = 112, kinds: tuple[str, ...] = FAMILIES, repeats: int = 0,
+                  style: str = "mild") -> NeedleStream:
     """A ``length``-pair stream with ``events`` needle events at ages drawn from ``ages`` (distinct
-    shapes and colours), and the probes asked at each checkpoint."""
+    shapes and colours), ``repeats`` more that bring a needle's shape back in an unused colour at another
+    age, and the probes (of the question families in ``kinds``) asked at each checkpoint. ``family`` other
+    than ``events`` draws the background from the randomized world (``style`` "world": its random camera,
+    light, JPEG, clutter, occlusion and event sizes too)."""
     rng = np.random.default_rng((seed, 41))
     valid = sorted({a for a in ages if 1 <= a <= length - 1})
     if not valid:
@@ -85,45 +111,106 @@ def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3
     chosen = sorted(rng.choice(valid, size=min(events, len(valid)), replace=False).tolist(), reverse=True)
     shapes = rng.permutation(SHAPES)[: len(chosen)]
     colors = rng.permutation(COLORS)[: len(chosen)]
-    placed = [place_event(rng, str(shape), str(color), length - age, 1, 112, 112)
-              for age, shape, color in zip(chosen, shapes, colors)]
-    scene = EventScene(112, 112, fps, seed, placed, SceneStyle(noise=noise), frames=2 * length)
+    world = family != CLASSIC and style == "world"
+    if world:
+        from edgekv.video.world import world_event
+
+        placed = [world_event(rng, str(shape), str(color), length - age, 1, size, size)
+                  for age, shape, color in zip(chosen, shapes, colors)]
+    else:
+        placed = [place_event(rng, str(shape), str(color), length - age, 1, size, size)
+                  for age, shape, color in zip(chosen, shapes, colors)]
+    if repeats:
+        rest = [a for a in valid if a not in chosen]
+        again = rng.choice(rest, size=min(repeats, len(rest)), replace=False).tolist() if rest else []
+        for age in again:
+            original = placed[int(rng.integers(len(placed)))]
+            used = {e.color for e in placed}
+            color = str(rng.choice([c for c in COLORS if c not in used] or [c for c in COLORS if c != original.color]))
+            avoid = [e for e in placed if e.shape == original.shape]
+            if world:
+                placed.append(world_event(rng, original.shape, color, length - age, 1, size, size, avoid=avoid))
+            else:
+                placed.append(place_event(rng, original.shape, color, length - age, 1, size, size, avoid=avoid))
+    scene, world_style = make_scene(family, style, size, fps, seed, placed, 2 * length, noise)
     probes: list[Probe] = []
     for fraction in checkpoints:
         at = max(1, int(round(fraction * length)))
         seen = tuple(e for e in scene.events if e.last_pair < at)
-        probes.extend(_probes_at(at, seen, rng))
-    return NeedleStream(scene, length, probes, seed)
+        probes.extend(_probes_at(at, seen, rng, kinds, (size, size)))
+    return NeedleStream(scene, length, probes, seed, family, world_style)
 
 
-def _probes_at(at: int, seen: tuple[Event, ...], rng: np.random.Generator) -> list[Probe]:
-    probes = []
+def make_scene(family: str, style: str | object, size: int, fps: float, seed: int, events: list[Event],
+               frames: int, noise: float = 3.0):
+    """(scene, world style): the classic renderer for ``events``; else a world scene of ``family`` whose
+    style is the given ``WorldStyle``, or drawn from the seed ("world"), or noise only ("mild")."""
+    if family == CLASSIC:
+        return EventScene(size, size, 2.0 if fps is None else fps, seed, events, SceneStyle(noise=noise),
+                          frames=frames), None
+    from edgekv.video.world import WorldScene, WorldStyle, random_style
+
+    if style == "world":
+        style = random_style(np.random.default_rng((seed, 43)))
+    elif style == "mild":
+        style = WorldStyle(noise=noise)
+    return WorldScene(size, size, fps, seed, events, family, style, frames=frames), style
+
+
+def _probes_at(at: int, seen: tuple[Event, ...], rng: np.random.Generator, kinds: tuple[str, ...] = FAMILIES,
+               size: tuple[int, int] = (112, 112)) -> list[Probe]:
+    """The probes at checkpoint ``at`` (each question once; its age is that of the oldest event it is about)."""
+    probes: dict[str, Probe] = {}
     for event in seen:
-        for qa in questions_about(event, seen):
-            probes.append(Probe(qa, at, at - event.first_pair, seen))
-    if seen:
-        probes.append(Probe(negative_exists(seen, rng), at, None, seen))
+        for qa in questions_about(event, seen, kinds, size):
+            # a binding question is an exists question that needs binding: reported as binding
+            if qa.question not in probes or qa.family == "binding":
+                probes[qa.question] = Probe(qa, at, at - min(e.first_pair for e in qa.about), seen)
+    out = list(probes.values())
+    if seen and "exists" in kinds:
+        out.append(Probe(negative_exists(seen, rng), at, None, seen))
     absent = [s for s in SHAPES if s not in {e.shape for e in seen}]
-    if absent:
-        probes.append(Probe(count_question(seen, str(rng.choice(absent))), at, None, seen))
-    if len(seen) >= 2:
+    if absent and "count" in kinds:
+        out.append(Probe(count_question(seen, str(rng.choice(absent))), at, None, seen))
+    if len(seen) >= 2 and "order" in kinds:
         a, b = rng.choice(len(seen), size=2, replace=False)
         first, second = sorted((seen[a], seen[b]), key=lambda e: e.first_pair)
         names = [first.shape, second.shape] if rng.random() < 0.5 else [second.shape, first.shape]
         qa = order_question(seen, *names)
         if qa is not None:
-            probes.append(Probe(qa, at, at - first.first_pair, seen))
-    return probes
+            out.append(Probe(qa, at, at - first.first_pair, seen))
+    if "binding" in kinds:
+        negatives = binding_options(seen)[1]
+        if negatives:
+            color, shape = negatives[int(rng.integers(len(negatives)))]
+            # a colour and a shape both seen, never together: the age of the older of the two appearances
+            about = [e for e in seen if e.color == color or e.shape == shape]
+            qa = binding_question(seen, color, shape)
+            out = [p for p in out if p.qa.question != qa.question]  # the same words asked as exists: once
+            out.append(Probe(qa, at, at - min(e.first_pair for e in about), seen))
+    return out
 
 
-def ceiling_scene(seen: tuple[Event, ...], seed: int, fps: float, gap: int = 3) -> tuple[EventScene, int]:
-    """The events of ``seen`` in the same order, ``gap`` background pairs apart, and the stream length."""
+def probe_family(probe: Probe) -> str:
+    """The family a probe is reported under: ``count_gap`` for a count over appearances ``GAP_SPAN`` apart."""
+    about = probe.qa.about
+    if probe.qa.family == "count" and len(about) >= 2 and \
+            max(e.first_pair for e in about) - min(e.first_pair for e in about) >= GAP_SPAN:
+        return "count_gap"
+    return probe.qa.family
+
+
+def ceiling_scene(seen: tuple[Event, ...], seed: int, fps: float, gap: int = 3, family: str = CLASSIC,
+                  style: object = None, size: int = 112) -> tuple[EventScene, int]:
+    """The events of ``seen`` in the same order, ``gap`` background pairs apart, and the stream length
+    (the same background family and world style as the long stream)."""
     events, pair = [], gap
     for event in seen:
         events.append(Event(event.shape, event.color, pair, event.pairs, event.center, event.radius))
         pair += event.pairs + gap
     length = max(pair, 2)
-    return EventScene(112, 112, fps, seed, events, SceneStyle(noise=3.0), frames=2 * length), length
+    scene, _ = make_scene(family, style if style is not None else "mild", size, fps, seed, events, 2 * length)
+    return scene, length
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -187,13 +274,14 @@ def run_stream(runtime, scene: EventScene, pairs: int, replay: ReplayVision,
     return answers, stats
 
 
-def runtime_for(model: str, run: PolicyRun, max_tokens: int, fps: float, reserve: int, archive_dir: str | None = None):
+def runtime_for(model: str, run: PolicyRun, max_tokens: int, fps: float, reserve: int, archive_dir: str | None = None,
+                size: int = 112):
     """The runtime of one run; ``archive_dir`` (a fresh, empty folder) when ``run.archive``."""
     from edgekv.runtime import Runtime
 
     cache = {"policy": run.policy, "max_tokens": max_tokens, "text_reserve_tokens": reserve, "sinks": run.sinks}
     sections: dict[str, dict] = {"cache": cache, "model": {"dtype": "fp32", "device": "cpu"},
-                                 "video": {"fps": fps, "resolution": [112, 112]}}
+                                 "video": {"fps": fps, "resolution": [size, size]}}
     for key, value in run.options:
         section, dot, name = key.rpartition(".")
         sections.setdefault(section if dot else "cache", {})[name] = value
@@ -221,69 +309,113 @@ class NeedleConfig:
     seed: int = 0
     reserve: int = 64
     checkpoints: tuple[float, ...] = CHECKPOINTS
+    families: tuple[str, ...] = (CLASSIC,)   # background family per stream, in turn
+    style: str = "mild"                      # world streams: "mild" (background only) or "world" (everything)
+    sizes: tuple[int, ...] = (112,)          # frame sides (112: 16 tokens per pair, 224: 64)
+    kinds: tuple[str, ...] = FAMILIES        # question families asked
+    repeats: int = 0                         # events bringing a needle's shape back in another colour
+    caps: tuple[float, ...] = ()             # caps as shares of the stream's video tokens (beside budgets)
+    full_max_tokens: int = 40000             # the full-cache ceiling on the long stream where it fits this
+
+
+def tokens_per_pair(size: int) -> int:
+    return (size // 28) ** 2
+
+
+def cap_budget(cap: float, length: int, size: int, reserve: int) -> int:
+    """M for a cap given as a share of the stream's video tokens, at least what a session needs (the prefix,
+    four frame pairs and the text reserve)."""
+    per_pair = tokens_per_pair(size)
+    return max(int(round(cap * length * per_pair)), 32 + 4 * per_pair + reserve)
 
 
 def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
-    """Run every (length, stream, budget, policy) and the ceilings; returns the JSON document."""
+    """Run every (size, length, stream, cap, policy), the ceilings and the full-cache runs; returns the
+    JSON document."""
     from edgekv.runtime import Runtime
 
-    base = Runtime.from_pretrained(config.model, model={"dtype": "fp32", "device": "cpu"},
-                                   cache={"policy": "full", "max_tokens": 64, "text_reserve_tokens": 32},
-                                   video={"fps": config.fps, "resolution": [112, 112]})
     records: list[dict] = []
-    for length in config.lengths:
-        for index in range(config.streams):
-            seed = config.seed * 1000 + index
-            stream = needle_stream(length, config.ages, seed, config.events, config.fps, config.checkpoints)
-            ceiling = _ceilings(config, stream)
-            started = time.perf_counter()
-            replay = encode_stream(base, stream.scene, stream.pairs)
-            asks: dict[int, list[QA]] = {}
-            for probe in stream.probes:
-                asks.setdefault(probe.checkpoint, []).append(probe.qa)
-            log(f"length {length} stream {index}: {len(stream.probes)} questions, events "
-                f"{[e.describe() for e in stream.scene.events]} (encoded in {time.perf_counter() - started:.1f} s)")
-            for budget in config.budgets:
-                for run in config.runs:
-                    if run.policy == "full" and budget < _tokens_needed(base, length, config.reserve):
-                        continue  # full only where the stream fits
-                    with tempfile.TemporaryDirectory(prefix="edgekv-needle-archive-") as folder:
-                        runtime = runtime_for(config.model, run, budget, config.fps, config.reserve,
-                                              folder if run.archive else None)
-                        started = time.perf_counter()
-                        answers, stats = run_stream(runtime, stream.scene, stream.pairs, replay, asks)
-                        seconds = time.perf_counter() - started
-                    correct = [answers[(p.checkpoint, p.qa.question)] == p.qa.answer for p in stream.probes]
-                    log(f"  M={budget:6d} {run.label:28s} accuracy {np.mean(correct):.3f}  "
-                        f"({stats['compressions']} compressions"
-                        f"{', %d pairs recalled' % stats['recalled_pairs'] if run.archive else ''}"
-                        f"{', %d dropped by the archive' % stats['archive_dropped'] if stats.get('archive_dropped') else ''}"
-                        f", {seconds:.1f} s)")
-                    for probe, ok in zip(stream.probes, correct):
-                        records.append({
-                            "length": length, "stream": index, "budget": budget, "bytes": stats["cache_capacity_bytes"],
-                            "policy": run.label, "family": probe.qa.family, "question": probe.qa.question,
-                            "answer": probe.qa.answer, "predicted": answers[(probe.checkpoint, probe.qa.question)],
-                            "correct": bool(ok), "age": probe.age, "checkpoint": probe.checkpoint,
-                            "ceiling_correct": ceiling[(probe.checkpoint, probe.qa.question)],
-                        })
+    for size in config.sizes:
+        per_pair = tokens_per_pair(size)
+        base = Runtime.from_pretrained(config.model, model={"dtype": "fp32", "device": "cpu"},
+                                       cache={"policy": "full", "max_tokens": 64 + 2 * per_pair,
+                                              "text_reserve_tokens": 32},
+                                       video={"fps": config.fps, "resolution": [size, size]})
+        for length in config.lengths:
+            budgets: list[tuple[int, float | None]] = [(b, None) for b in config.budgets]
+            budgets += [(cap_budget(c, length, size, config.reserve), c) for c in config.caps]
+            needed = _tokens_needed(None, length, config.reserve, per_pair)
+            for index in range(config.streams):
+                seed = config.seed * 1000 + index
+                family = config.families[index % len(config.families)]
+                stream = needle_stream(length, config.ages, seed, config.events, config.fps, config.checkpoints,
+                                       family=family, size=size, kinds=config.kinds, repeats=config.repeats,
+                                       style=config.style)
+                ceiling = _ceilings(config, stream, size)
+                started = time.perf_counter()
+                replay = encode_stream(base, stream.scene, stream.pairs)
+                asks: dict[int, list[QA]] = {}
+                for probe in stream.probes:
+                    asks.setdefault(probe.checkpoint, []).append(probe.qa)
+                log(f"{size}px length {length} stream {index} ({family}): {len(stream.probes)} questions, events "
+                    f"{[e.describe() for e in stream.scene.events]} (encoded in {time.perf_counter() - started:.1f} s)")
+                full = None
+                if config.full_max_tokens and needed <= config.full_max_tokens:
+                    started = time.perf_counter()
+                    runtime = runtime_for(config.model, PolicyRun("full"), needed, config.fps, config.reserve,
+                                          size=size)
+                    full, _ = run_stream(runtime, stream.scene, stream.pairs, replay, asks)
+                    correct = [full[(p.checkpoint, p.qa.question)] == p.qa.answer for p in stream.probes]
+                    log(f"  full cache on the long stream (M={needed}): accuracy {np.mean(correct):.3f} "
+                        f"({time.perf_counter() - started:.1f} s)")
+                for budget, cap in budgets:
+                    for run in config.runs:
+                        if run.policy == "full" and budget < needed:
+                            continue  # full only where the stream fits
+                        with tempfile.TemporaryDirectory(prefix="edgekv-needle-archive-") as folder:
+                            runtime = runtime_for(config.model, run, budget, config.fps, config.reserve,
+                                                  folder if run.archive else None, size=size)
+                            started = time.perf_counter()
+                            answers, stats = run_stream(runtime, stream.scene, stream.pairs, replay, asks)
+                            seconds = time.perf_counter() - started
+                        correct = [answers[(p.checkpoint, p.qa.question)] == p.qa.answer for p in stream.probes]
+                        log(f"  M={budget:6d} {run.label:28s} accuracy {np.mean(correct):.3f}  "
+                            f"({stats['compressions']} compressions"
+                            f"{', %d pairs recalled' % stats['recalled_pairs'] if run.archive else ''}"
+                            f"{', %d dropped by the archive' % stats['archive_dropped'] if stats.get('archive_dropped') else ''}"
+                            f", {seconds:.1f} s)")
+                        for probe, ok in zip(stream.probes, correct):
+                            key = (probe.checkpoint, probe.qa.question)
+                            records.append({
+                                "length": length, "stream": index, "budget": budget,
+                                "bytes": stats["cache_capacity_bytes"], "policy": run.label,
+                                "family": probe.qa.family, "kind": probe_family(probe),
+                                "question": probe.qa.question, "answer": probe.qa.answer,
+                                "predicted": answers[key], "correct": bool(ok), "age": probe.age,
+                                "checkpoint": probe.checkpoint, "ceiling_correct": ceiling[key],
+                                "ceiling_full": None if full is None else full[key] == probe.qa.answer,
+                                "size": size, "background": family, "cap": cap,
+                                "cap_actual": round(budget / (length * per_pair), 6),
+                            })
     return {"config": _config_json(config), "records": records, "summary": summarize(records)}
 
 
-def _tokens_needed(runtime, pairs: int, reserve: int) -> int:
-    return 32 + pairs * 16 + reserve
+def _tokens_needed(runtime, pairs: int, reserve: int, per_pair: int = 16) -> int:
+    return 32 + pairs * per_pair + reserve
 
 
-def _ceilings(config: NeedleConfig, stream: NeedleStream) -> dict[tuple[int, str], bool]:
+def _ceilings(config: NeedleConfig, stream: NeedleStream, size: int = 112) -> dict[tuple[int, str], bool]:
     """Correctness of each probe on its no-eviction short stream (one short stream per checkpoint)."""
     out: dict[tuple[int, str], bool] = {}
     by_checkpoint: dict[int, list[Probe]] = {}
     for probe in stream.probes:
         by_checkpoint.setdefault(probe.checkpoint, []).append(probe)
     for at, probes in by_checkpoint.items():
-        scene, length = ceiling_scene(probes[0].seen, stream.seed, config.fps)
-        runtime = runtime_for(config.model, PolicyRun("full"), _tokens_needed(None, length, config.reserve),
-                              config.fps, config.reserve)
+        scene, length = ceiling_scene(probes[0].seen, stream.seed, config.fps, family=stream.family,
+                                      style=stream.style, size=size)
+        runtime = runtime_for(config.model, PolicyRun("full"),
+                              _tokens_needed(None, length, config.reserve, tokens_per_pair(size)),
+                              config.fps, config.reserve, size=size)
         replay = encode_stream(runtime, scene, length)
         answers, _ = run_stream(runtime, scene, length, replay, {length: [p.qa for p in probes]})
         for probe in probes:
@@ -301,24 +433,44 @@ def age_bin(age: int | None) -> str:
 
 
 def summarize(records: list[dict]) -> dict:
-    """Accuracy, ceiling and their ratio per (length, budget, policy) x age bin, and per family."""
+    """Accuracy, ceiling and their ratio per (size, length, budget, policy) x age bin, and per question
+    family (``kind``: ``count_gap`` apart); question counts and 95 % Wilson intervals beside each figure,
+    and the full-cache ceiling on the long stream where it was run."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault((r["length"], r["budget"], r["policy"]), []).append(r)
+        groups.setdefault((r.get("size", 112), r["length"], r["budget"], r["policy"]), []).append(r)
     out = {}
-    for (length, budget, policy), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+    for (size, length, budget, policy), rows in sorted(groups.items(), key=lambda kv: kv[0]):
         entry = {"length": length, "budget": budget, "bytes": rows[0]["bytes"], "policy": policy,
                  "accuracy": _mean(rows, "correct"), "ceiling": _mean(rows, "ceiling_correct"), "by_age": {},
-                 "by_family": {}}
+                 "by_family": {}, "size": size, "cap": rows[0].get("cap"), "cap_actual": rows[0].get("cap_actual"),
+                 **_intervals(rows)}
         for key, name in (("by_age", None), ("by_family", "family")):
             buckets: dict[str, list[dict]] = {}
             for r in rows:
-                buckets.setdefault(age_bin(r["age"]) if name is None else r[name], []).append(r)
+                bucket = age_bin(r["age"]) if name is None else r.get("kind", r["family"])
+                buckets.setdefault(bucket, []).append(r)
             for bucket, items in sorted(buckets.items(), key=lambda kv: _bin_order(kv[0])):
                 accuracy, ceiling = _mean(items, "correct"), _mean(items, "ceiling_correct")
                 entry[key][bucket] = {"n": len(items), "accuracy": accuracy, "ceiling": ceiling,
-                                      "ratio": round(accuracy / ceiling, 4) if ceiling else None}
-        out[f"L={length} M={budget} {policy}"] = entry
+                                      "ratio": round(accuracy / ceiling, 4) if ceiling else None, **_intervals(items)}
+        label = f"L={length} M={budget} {policy}" + (f" {size}px" if size != 112 else "")
+        out[label] = entry
+    return out
+
+
+def _intervals(rows: list[dict]) -> dict:
+    """95 % Wilson intervals of the accuracy and of both ceilings (the full cache on the long stream only
+    over the questions it was run for)."""
+    correct = sum(bool(r["correct"]) for r in rows)
+    ceiling = sum(bool(r["ceiling_correct"]) for r in rows)
+    full = [r["ceiling_full"] for r in rows if r.get("ceiling_full") is not None]
+    out = {"ci95": proportion(correct, len(rows))["ci95"], "ceiling_ci95": proportion(ceiling, len(rows))["ci95"]}
+    if full:
+        stats = proportion(sum(full), len(full))
+        out.update(ceiling_full=stats["accuracy"], ceiling_full_n=len(full), ceiling_full_ci95=stats["ci95"])
+        accuracy = sum(bool(r["correct"]) for r in rows if r.get("ceiling_full") is not None) / len(full)
+        out["ratio_full"] = round(accuracy / stats["accuracy"], 4) if stats["accuracy"] else None
     return out
 
 
@@ -339,49 +491,84 @@ def _config_json(config: NeedleConfig) -> dict:
 
 # ---------------------------------------------------------------------------------------------- figures
 def plot(result: dict, path: str | Path) -> None:
-    """accuracy against event age per policy (one panel per length x budget), and against the budget."""
+    """One row per (frame size, stream length): accuracy against the cap per policy (all questions, with
+    95 % intervals; the full cache on the long stream and the short-stream ceiling as lines), the same for
+    the questions about events older than a quarter of the stream, and accuracy by event age at the
+    smallest cap."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = result["summary"].values()
-    panels = sorted({(e["length"], e["budget"]) for e in summary})
-    budgets = sorted({e["budget"] for e in summary})
-    fig, axes = plt.subplots(1, len(panels) + (len(budgets) > 1), figsize=(6 * (len(panels) + (len(budgets) > 1)), 4.5),
-                             squeeze=False)
-    chance = float(np.mean(list(CHANCE.values())))
-    for ax, (length, budget) in zip(axes[0], panels):
-        ceiling_drawn = False
-        for entry in summary:
-            if (entry["length"], entry["budget"]) != (length, budget):
-                continue
-            bins = [b for b in entry["by_age"] if b != "none"]
-            xs = range(len(bins))
-            ax.plot(xs, [entry["by_age"][b]["accuracy"] for b in bins], marker="o", label=entry["policy"])
-            if not ceiling_drawn:
-                ax.plot(xs, [entry["by_age"][b]["ceiling"] for b in bins], "k--", label="ceiling (no eviction)")
-                ax.set_xticks(list(xs), bins, rotation=30)
-                ceiling_drawn = True
-        ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance (mean of families)")
-        ax.set_title(f"{length} frame pairs, M = {budget} tokens")
-        ax.set_xlabel("event age at the question (frame pairs)")
-        ax.set_ylabel("accuracy")
-        ax.set_ylim(0, 1.05)
-        ax.legend(fontsize=7)
-    if len(budgets) > 1:
-        ax = axes[0][-1]
-        policies = sorted({e["policy"] for e in summary})
+    records = result["records"]
+    rows = sorted({(r.get("size", 112), r["length"]) for r in records})
+    fig, axes = plt.subplots(len(rows), 3, figsize=(18, 4.6 * len(rows)), squeeze=False)
+    kinds = sorted({r["family"] for r in records}) or list(FAMILIES)
+    chance = float(np.mean([CHANCE[k] for k in kinds if k in CHANCE]))
+    for row, (size, length) in zip(axes, rows):
+        mine = [r for r in records if r.get("size", 112) == size and r["length"] == length]
+        per_pair = tokens_per_pair(size)
+        policies = sorted({r["policy"] for r in mine})
+        for ax, title, keep in ((row[0], "all questions", lambda r: True),
+                                (row[1], f"events older than {length // 4} pairs",
+                                 lambda r, length=length: r["age"] is not None and r["age"] >= length // 4)):
+            chosen = [r for r in mine if keep(r)]
+            for policy in policies:
+                points = []
+                for budget in sorted({r["budget"] for r in chosen if r["policy"] == policy}):
+                    cell = [r for r in chosen if r["policy"] == policy and r["budget"] == budget]
+                    stats = proportion(sum(r["correct"] for r in cell), len(cell))
+                    points.append((budget / (length * per_pair), stats["accuracy"], *stats["ci95"]))
+                if points:
+                    xs, ys, lows, highs = (np.array(v) for v in zip(*points))
+                    ax.errorbar(xs, ys, yerr=[ys - lows, highs - ys], marker="o", capsize=3, label=policy)
+            _ceiling_lines(ax, chosen)
+            ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance (mean of families)")
+            ax.set_xscale("log", base=2)
+            ticks = sorted({r["budget"] / (length * per_pair) for r in chosen})
+            ax.set_xticks(ticks, [_fraction(t) for t in ticks], rotation=30)
+            ax.set_xlabel("cap M as a share of the stream's video tokens")
+            ax.set_ylabel("accuracy")
+            ax.set_ylim(0, 1.05)
+            ax.set_title(f"{size}x{size}, {length} frame pairs: {title} (n per point {len(chosen) // max(1, len(policies) * len({r['budget'] for r in chosen}))})",
+                         fontsize=9)
+            ax.legend(fontsize=7)
+        ax = row[2]
+        smallest = min(r["budget"] for r in mine)
+        at = [r for r in mine if r["budget"] == smallest and r["age"] is not None]
+        bins = sorted({age_bin(r["age"]) for r in at}, key=_bin_order)
         for policy in policies:
-            points = sorted((e["budget"], e["accuracy"]) for e in summary if e["policy"] == policy)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
-        ax.set_xscale("log")
-        ax.set_xlabel("cache cap M (tokens)")
-        ax.set_ylabel("accuracy (all ages)")
+            ys = []
+            for b in bins:
+                cell = [r for r in at if r["policy"] == policy and age_bin(r["age"]) == b]
+                ys.append(np.mean([r["correct"] for r in cell]) if cell else np.nan)
+            ax.plot(range(len(bins)), ys, marker="o", label=policy)
+        ceiling = [np.mean([r["ceiling_correct"] for r in at if age_bin(r["age"]) == b]) for b in bins]
+        ax.plot(range(len(bins)), ceiling, "k--", label="ceiling (short stream)")
+        ax.axhline(chance, color="grey", lw=0.8, ls=":")
+        ax.set_xticks(list(range(len(bins))), bins, rotation=30)
+        ax.set_xlabel("event age at the question (frame pairs)")
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"by age at the smallest cap (M = {smallest} tokens, {_fraction(smallest / (length * per_pair))})",
+                     fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _ceiling_lines(ax, records: list[dict]) -> None:
+    if not records:
+        return
+    full = [r["ceiling_full"] for r in records if r.get("ceiling_full") is not None]
+    if full:
+        ax.axhline(float(np.mean(full)), color="black", ls="--", lw=1.2, label="full cache, same long stream")
+    ax.axhline(float(np.mean([r["ceiling_correct"] for r in records])), color="dimgrey", ls="-.", lw=1,
+               label="full cache, short stream")
+
+
+def _fraction(share: float) -> str:
+    return f"1/{1 / share:.0f}" if share < 1 else f"{share:.2f}"
 
 
 def save(result: dict, json_path: str | Path | None, png_path: str | Path | None) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from edgekv.toy.questions import CHANCE, FAMILIES, TEMPLATES
+from edgekv.toy.questions import ALL_FAMILIES, CHANCE, FAMILIES, TEMPLATES
 
-TARGETS = {"color": 0.95, "shape": 0.95, "exists": 0.95, "order": 0.90, "count": 0.80}
+# issue 27's targets in distribution (issue 11 asked count >= 0.80; the extra families second and binding
+# have none)
+TARGETS = {"color": 0.95, "shape": 0.95, "exists": 0.95, "order": 0.90, "count": 0.85, "where": 0.90}
 
 
 def _lineage_lines(card: dict) -> str:
@@ -29,15 +31,33 @@ def _lineage_lines(card: dict) -> str:
             f"{total / 60:.1f} min.\n" + "\n".join(lines))
 
 
+def _generalization(result: dict | None) -> str:
+    """Markdown for ``edgekv eval toy --families ...`` figures kept in the card (background x question family)."""
+    if not result:
+        return ""
+    families = list(result["families"])
+    asked = [f for f in ALL_FAMILIES if any(f in result["families"][b]["by_question"] for b in families)]
+    lines = [f"\n## Accuracy per background family\n\n`{result.get('command', 'edgekv eval toy --families ...')}` "
+             f"({result['streams']} streams, style {result['style']}; 95 % Wilson intervals in card.json):\n",
+             "| background | " + " | ".join(asked) + " |", "|---|" + "---|" * len(asked)]
+    for background in families:
+        by = result["families"][background]["by_question"]
+        lines.append(f"| {background} | " + " | ".join(f"{by[q]['accuracy']:.3f}" if q in by else "-" for q in asked)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_model_card(directory: str | Path, card: dict) -> Path:
     """Render ``card`` (what ``edgekv train-toy`` measured) as the checkpoint's README.md."""
     directory = Path(directory)
     (directory / "card.json").write_text(json.dumps(card, indent=2))
     held = card.get("heldout_accuracy", {})
+    asked = [f for f in ALL_FAMILIES if f in FAMILIES or f in held.get("accuracy", {})]
     rows = "\n".join(
         f"| `{family}` | {TEMPLATES[family]} | {held['accuracy'].get(family, float('nan')) * 100:.1f} % "
-        f"({held['questions'].get(family, 0)} q) | {CHANCE[family] * 100:.0f} % | {TARGETS[family] * 100:.0f} % |"
-        for family in FAMILIES) if held else "| (not evaluated) | | | | |"
+        f"({held['questions'].get(family, 0)} q) | {CHANCE[family] * 100:.0f} % | "
+        + (f"{TARGETS[family] * 100:.0f} % |" if family in TARGETS else "- |")
+        for family in asked) if held else "| (not evaluated) | | | | |"
     last = card["history"][-1] if card.get("history") else {}
     width, layers = card.get("width", 64), card.get("layers", 4)
     half = width // 8  # head_dim / 2 (4 query heads of width / 4)
@@ -52,7 +72,16 @@ def write_model_card(directory: str | Path, card: dict) -> Path:
         load = card.get("load_average") or [0.0]
         load_text = (f"load average {card.get('load_average', 'n/a')} at the end: "
                      + ("other work shared the machine" if load[0] > threads + 0.5 else "no other load then"))
-    if card.get("curriculum", "full") == "refine":
+    if card.get("curriculum", "full").startswith("world"):
+        world = card.get("world") or {}
+        curriculum = ("Curriculum `" + card["curriculum"] + "` (`edgekv/toy/data.py`): 85 % of streams in the randomized "
+                      "world (`edgekv/video/world.py`: camera, light, JPEG, out-of-vocabulary distractors, occlusion, "
+                      "events of one grid cell to a quarter of the frame) on the background families "
+                      f"{', '.join(world.get('families', []))}; held out entirely: "
+                      f"{', '.join(world.get('holdout', [])) or 'none'}; every question family"
+                      + ("; contexts of 64-256 kept pairs, most of them distractor pairs"
+                         if card["curriculum"] == "world-long" else ""))
+    elif card.get("curriculum", "full") == "refine":
         curriculum = ("Curriculum `refine` (`edgekv/toy/data.py`, for rounds after the first): several events "
                       "drawn from 3-4 distinct shapes, then long, sparse and thinned streams of them (evicted "
                       "tokens, StateKV-style sinks) as a capped cache shows them; shape questions twice as often")
@@ -60,6 +89,7 @@ def write_model_card(directory: str | Path, card: dict) -> Path:
         curriculum = ("Curriculum (`edgekv/toy/data.py`): one event in short dense streams, then several events, "
                       "then long, sparse and thinned streams (evicted tokens, StateKV-style sinks) as a capped "
                       "cache shows them")
+    side = (card.get("resolution") or [112])[0]
     text = f"""# edgekv toy Qwen2.5-VL ({card.get('parameters', 0) / 1e6:.2f} M parameters)
 
 A Qwen2.5-VL trained from scratch on synthetic event streams on a CPU, so that answers — not token
@@ -69,7 +99,7 @@ released checkpoint layout: transformers' `Qwen2_5_VLForConditionalGeneration` l
 - Architecture: ViT depth 4 (blocks 1 and 3 full attention, 112 px windows), hidden 64, 4 heads, 2x2
   merger; Qwen2 LM {layers} layers, hidden {width}, 4 query / 2 KV heads (GQA), head_dim {width // 4}, M-RoPE sections
   {sections}, tied embeddings; word-level vocabulary of Qwen's special tokens plus the task words.
-- Input: 112 x 112 frames at 2 fps (16 tokens per frame pair); `max_position_embeddings` {card.get('max_position_embeddings')}
+- Input: {side} x {side} frames at 2 fps ({(side // 28) ** 2} tokens per frame pair); `max_position_embeddings` {card.get('max_position_embeddings')}
   (see `edgekv/toy/model.py` for why).
 - Training: `{card.get('command')}` — {card.get('steps')} AdamW steps of {card.get('batch_size')} streams, peak lr
   {card.get('lr')}, seed {card.get('seed')}, {card.get('wall_time_s', 0) / 60:.1f} min wall time on {card.get('machine', 'a CPU')}
@@ -88,7 +118,7 @@ one question per family per stream; greedy answers):
 {rows}
 
 Questions and answers are exactly the templates above; any other text is mostly `<unk>` to this model.
-"""
+{_generalization(card.get("generalization"))}"""
     path = directory / "README.md"
     path.write_text(text)
     path.chmod(0o644)

@@ -22,9 +22,21 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=4, help="LM decoder layers")
     parser.add_argument("--init", metavar="DIR", default=None,
                         help="go on from this toy checkpoint (its width and layers) instead of random weights")
-    parser.add_argument("--curriculum", choices=("full", "refine"), default="full",
-                        help="training stages: full (from one event up; from scratch) or refine (several events of "
-                             "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init)")
+    parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224"), default="full",
+                        help="training stages: full (from one event up; from scratch), refine (several events of "
+                             "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
+                             "world (85 %% of streams in the randomized world, every question family), world-long "
+                             "(world with contexts of 64-256 kept pairs, most of them distractor pairs), world-224 "
+                             "(world with 4-40 kept pairs, for --size 224)")
+    parser.add_argument("--families", default=None,
+                        help="background families of the world curricula, comma-separated names or groups "
+                             "(procedural, photos, videos, all; default all available)")
+    parser.add_argument("--holdout", default=None,
+                        help="background families never drawn in training (default cells,skimage,tree; 'none')")
+    parser.add_argument("--size", type=int, default=112, choices=(112, 224),
+                        help="frame side in px: 112 (16 tokens per frame pair) or 224 (64)")
+    parser.add_argument("--train-vision", action="store_true",
+                        help="keep training the vision tower with the answers after the warm-up (default: frozen)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="draw batches in the training process instead of one step ahead in a worker process")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
@@ -48,11 +60,20 @@ def run_train(args: argparse.Namespace) -> int:
     if args.init is not None and not Path(args.init, "config.json").is_file():
         print(f"edgekv train-toy: --init {args.init}: no config.json there (give a toy checkpoint directory)")
         return 2
+    from edgekv.video.world import parse_families
+
+    try:
+        families = parse_families(args.families) or None
+        holdout = None if args.holdout is None else parse_families("" if args.holdout == "none" else args.holdout)
+    except ValueError as exc:
+        print(f"edgekv train-toy: {exc}")
+        return 2
     card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                  threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
                  heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps,
                  width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
-                 curriculum=args.curriculum)
+                 curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
+                 freeze_vision=not args.train_vision)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -23,15 +23,16 @@ sparse, thinned streams (the feasibility run saw the one-event colour task leave
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from edgekv.toy.questions import FAMILIES, QA, sample_question
+from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, QA, sample_question
 from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, place_event
 
 GRID = 4  # merged tokens per side at 112 x 112
 TOKENS = GRID * GRID
+CELL = 28  # px per merged token (patch 14, 2 x 2 merge) at any resolution
 EVENT_COVER = 0.1  # a token carries an event when the shape covers at least this share of its 28 x 28 cell
 SHAPE_COVER = 0.3  # ... and shows its shape (not just its colour) from this share on
 LATE_EVICTIONS = 0.25  # share of evicted tokens that stay visible to a few later pairs before they go
@@ -67,6 +68,11 @@ class Stage:
     shape_pool: tuple[int, int] = (1, 4)  # distinct shapes a stream draws its events from (repeats make counts)
     shifted: float = 0.5            # probability that the oldest kept pair is not at the video's start
     simultaneous: tuple[int, int] = (1, 1)  # events on screen together in an event pair (vision warm-up: more)
+    world: float = 0.0              # share of samples drawn in the randomized world (edgekv.video.world)
+    long_events: float = 0.0        # probability that an event lasts 3-6 pairs (world samples)
+    same_color: float = 0.6         # probability that a shape coming back keeps its last colour
+    backgrounds: int = 4            # distinct background renderings per sample (world samples)
+    batch_divisor: int = 1          # this stage's batches hold batch_size // batch_divisor streams (long ones)
 
 
 CURRICULUM: tuple[tuple[float, Stage], ...] = (
@@ -89,7 +95,32 @@ REFINE: tuple[tuple[float, Stage], ...] = (
     (0.75, Stage("long, sparse, thinned, many shapes", (6, 96), (2, 6), _SHAPE_TWICE, sparse=0.7, thin=0.8,
                  sinks=0.2, shape_pool=(3, 4))),
 )
-CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE}
+# The randomized world (issue 27), for rounds that go on from a toy trained on the classic renderer: 85 % of
+# samples on background families other than the held-out ones (``edgekv.video.world``), 15 % classic so
+# that the old distribution is rehearsed; every question family, the extra ones included; shapes coming
+# back in another colour more often (binding, ``second``); events of 3-6 pairs in some streams.
+_EVERY_FAMILY = (*ALL_FAMILIES, "shape")
+WORLD: tuple[tuple[float, Stage], ...] = (
+    (0.3, Stage("world: several events", (4, 24), (2, 5), _EVERY_FAMILY, sparse=0.3, thin=0.3, shape_pool=(2, 4),
+                world=0.85, long_events=0.15, same_color=0.3)),
+    (0.7, Stage("world: long, sparse, thinned", (6, 96), (2, 6), _EVERY_FAMILY, sparse=0.7, thin=0.8, sinks=0.2,
+                shape_pool=(2, 4), world=0.85, long_events=0.15, same_color=0.3)),
+)
+# Long contexts: hundreds of kept pairs (thousands of tokens), most of them distractor pairs (background,
+# out-of-vocabulary objects passing), so that the answer has to be found among them; 25 % rehearsal of WORLD.
+WORLD_LONG: tuple[tuple[float, Stage], ...] = (
+    (0.25, WORLD[1][1]),
+    (0.75, Stage("world: long contexts, many distractor pairs", (64, 256), (2, 6), _EVERY_FAMILY, sparse=0.5,
+                 thin=0.3, sinks=0.1, shape_pool=(2, 4), world=0.85, long_events=0.15, same_color=0.3,
+                 backgrounds=8, batch_divisor=4)),
+)
+# 224 x 224 frames (64 tokens per pair): WORLD with fewer kept pairs, so that a sample's tokens stay within
+# what WORLD's 112 x 112 samples hold (4-24 and 6-40 pairs: up to 2,560 video tokens).
+WORLD_224: tuple[tuple[float, Stage], ...] = tuple(
+    (share, replace(stage, name=stage.name + " (224)", pairs=pairs))
+    for (share, stage), pairs in zip(WORLD, ((4, 16), (6, 40))))
+CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
+                                                         "world-long": WORLD_LONG, "world-224": WORLD_224}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:
@@ -172,15 +203,22 @@ def _unit_times(rng: np.random.Generator, lengths: list[int], recent: int, spaci
 
 
 def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, questions: int = 8,
-                size: int = 112, pairs: tuple[int, int] | None = None) -> Sample:
-    """A random sample of ``stage`` (see the module docstring); ``pairs`` narrows the stage's range of K."""
+                size: int = 112, pairs: tuple[int, int] | None = None,
+                families: tuple[str, ...] | None = None) -> Sample:
+    """A random sample of ``stage`` (see the module docstring); ``pairs`` narrows the stage's range of K.
+    A share ``stage.world`` of samples is drawn in the randomized world (``edgekv.video.world``) on a
+    background family of ``families`` (default: every available family but ``DEFAULT_HOLDOUT``), with
+    events from one merged-grid cell to a quarter of the frame; the rest on the classic renderer."""
     pairs = stage.pairs if pairs is None else pairs
     spacing = int(rng.choice([1, 2, 2, 4]))  # G: pair spacing in positions (tokens_per_second 2, fps 4 / 2 / 1)
     num_units = int(rng.integers(stage.events[0], stage.events[1] + 1))
     pool = list(rng.permutation(SHAPES)[: int(rng.integers(stage.shape_pool[0], stage.shape_pool[1] + 1))])
-    # Units: one slot of background, or an event (or several at once) lasting one or two slots.
+    world = bool(stage.world) and rng.random() < stage.world
+    # Units: one slot of background, or an event (or several at once) lasting one or two slots (or 3-6).
     target_slots = int(rng.integers(pairs[0], pairs[1] + 1))
     event_lengths = [2 if rng.random() < stage.two_pair_events else 1 for _ in range(num_units)]
+    if world and stage.long_events:
+        event_lengths = [int(rng.integers(3, 7)) if rng.random() < stage.long_events else n for n in event_lengths]
     target_slots = max(target_slots, sum(event_lengths) + 1)
     lengths = [1] * (target_slots - sum(event_lengths)) + event_lengths
     order = rng.permutation(len(lengths))
@@ -190,7 +228,14 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
     times = _unit_times(rng, lengths, recent, spacing, rng.random() < stage.sparse, max_positions,
                         rng.random() < stage.shifted)
 
-    scene = EventScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], _style(rng))
+    if world:
+        from edgekv.video.world import DEFAULT_HOLDOUT, WorldScene, drawable_families, random_style, world_event
+
+        drawable = families or drawable_families(None, DEFAULT_HOLDOUT)
+        family = drawable[int(rng.integers(len(drawable)))]
+        scene = WorldScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], family, random_style(rng))
+    else:
+        scene = EventScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], _style(rng))
     counts = {s: 0 for s in SHAPES}
     last_color: dict[str, str] = {}
     events: list[Event] = []
@@ -204,8 +249,12 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
             if not free:
                 break
             shape = str(free[int(rng.integers(len(free)))])
-            color = last_color.get(shape) if shape in last_color and rng.random() < 0.6 else str(rng.choice(COLORS))
-            event = place_event(rng, shape, color, len(tpos), length, size, size, avoid=events[-4:] + unit)
+            color = last_color.get(shape) if shape in last_color and rng.random() < stage.same_color \
+                else str(rng.choice(COLORS))
+            if world:
+                event = world_event(rng, shape, color, len(tpos), length, size, size, avoid=events[-4:] + unit)
+            else:
+                event = place_event(rng, shape, color, len(tpos), length, size, size, avoid=events[-4:] + unit)
             counts[shape] += 1
             last_color[shape] = color
             events.append(event)
@@ -215,6 +264,7 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
             slot_events.append(unit)
 
     # Render: event slots each; background slots share a few renderings (noise differs per rendering).
+    renders = stage.backgrounds if world else BACKGROUND_RENDERS
     pairs: list[tuple[np.ndarray, np.ndarray]] = []
     slot_pair: list[int] = []
     background: list[int] = []
@@ -224,7 +274,7 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
             scene.events = [Event(e.shape, e.color, virtual, 1, e.center, e.radius) for e in unit]
             pairs.append(scene.pair_frames(virtual))
             slot_pair.append(len(pairs) - 1)
-        elif len(background) < BACKGROUND_RENDERS:
+        elif len(background) < renders:
             scene.events = []
             pairs.append(scene.pair_frames(virtual))
             background.append(len(pairs) - 1)
@@ -235,7 +285,7 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
 
     evict_at, visible, carried, cover, shows_shape = _thin(rng, stage, slot_events,
                                               recent_slots=sum(lengths[len(lengths) - recent:]), scene=scene,
-                                              events=events)
+                                              events=events, tokens=(size // CELL) ** 2)
     # Most evicted tokens leave at the first compression after they stop being recent, so they matter to
     # the pairs right after them only; in "compact" samples they are left out of the sequence altogether
     # (their own pair's tokens then lack them as context: a small approximation that makes long, thinned
@@ -250,10 +300,10 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
         sink = rng.random(evict_at.shape) < rng.uniform(0.05, 0.5)
     sample = Sample(pairs, slot_pair, tpos, evict_at, sink, events, visible, carried, cover, present=present,
                     shows_shape=shows_shape)
-    families = list(stage.families)
+    families_asked = list(stage.families)
     for _ in range(questions):
         for _attempt in range(8):
-            qa = sample_question(visible, families[int(rng.integers(len(families)))], rng)
+            qa = sample_question(visible, families_asked[int(rng.integers(len(families_asked)))], rng, (size, size))
             if qa is not None:
                 sample.qas.append(qa)
                 break
@@ -261,23 +311,23 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
 
 
 def _thin(rng: np.random.Generator, stage: Stage, slot_events: list[list[Event]], recent_slots: int,
-          scene: EventScene, events: list[Event]
+          scene: EventScene, events: list[Event], tokens: int = TOKENS
           ) -> tuple[np.ndarray, list[Event], np.ndarray, np.ndarray, np.ndarray]:
     """Eviction slot per token (K + 1 = kept to the question), the events still visible, which event each
     token shows (the one covering most of its cell), that event's cover and whether the token shows its
     shape (``event_tokens``)."""
     slots = len(slot_events)
-    evict_at = np.full((slots, TOKENS), slots + 1, dtype=np.int64)
-    carried_by = np.full((slots, TOKENS), -1, dtype=np.int64)
-    covered = np.zeros((slots, TOKENS))
-    shows_shape = np.zeros((slots, TOKENS), dtype=bool)
+    evict_at = np.full((slots, tokens), slots + 1, dtype=np.int64)
+    carried_by = np.full((slots, tokens), -1, dtype=np.int64)
+    covered = np.zeros((slots, tokens))
+    shows_shape = np.zeros((slots, tokens), dtype=bool)
     cover_of = {event: scene.cell_cover(event).reshape(-1) for event in events}
     carries: dict[Event, np.ndarray] = {}
     shows: dict[Event, np.ndarray] = {}
     for event, cover in cover_of.items():
         carries[event], shows[event] = event_tokens(cover)
     for slot, unit in enumerate(slot_events):
-        best = np.zeros(TOKENS)
+        best = np.zeros(tokens)
         for event in unit:
             wins = carries[event] & (cover_of[event] > best)
             carried_by[slot, wins] = events.index(event)
@@ -290,7 +340,7 @@ def _thin(rng: np.random.Generator, stage: Stage, slot_events: list[list[Event]]
         keep_event = float(rng.uniform(0.5, 1.0))
         lost = {e for e in events if rng.random() < 0.15}
         for slot in range(old):
-            keep = rng.random(TOKENS) < keep_background
+            keep = rng.random(tokens) < keep_background
             for event in slot_events[slot]:
                 carried = carries[event]
                 if event in lost:
@@ -299,7 +349,7 @@ def _thin(rng: np.random.Generator, stage: Stage, slot_events: list[list[Event]]
                     keep[carried] = rng.random(int(carried.sum())) < keep_event
                     keep[int(np.argmax(cover_of[event]))] = True
             gone = ~keep
-            late = rng.random(TOKENS) < LATE_EVICTIONS
+            late = rng.random(tokens) < LATE_EVICTIONS
             evict_at[slot, gone & ~late] = slot + 1  # evicted at the next compression
             evict_at[slot, gone & late] = rng.integers(slot + 1, slots + 1, size=int((gone & late).sum()))
     visible = [event for event in events

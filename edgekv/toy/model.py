@@ -44,8 +44,8 @@ def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4) -> ModelCo
     its depth. The vision tower is the same at every width (its merger projects to ``width``)."""
     if width % 16 or width < 32:
         raise ValueError(f"toy LM width must be a multiple of 16 and at least 32, got {width}")
-    _, special = build_tokenizer()
-    vocab_size = -(-(max(special.values()) + 1) // vocab_pad) * vocab_pad
+    tokenizer, special = build_tokenizer()
+    vocab_size = -(-tokenizer.get_vocab_size() // vocab_pad) * vocab_pad
     head_dim = width // 4
     half = head_dim // 2
     section = (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
@@ -77,7 +77,8 @@ def init_model(config: ModelConfig, seed: int) -> Qwen25VL:
     return model
 
 
-def save_checkpoint(model: Qwen25VL, out_dir: str | Path, card: dict, dtype: torch.dtype = torch.float16) -> Path:
+def save_checkpoint(model: Qwen25VL, out_dir: str | Path, card: dict, dtype: torch.dtype = torch.float16,
+                    resolution: tuple[int, int] = RESOLUTION) -> Path:
     """Write ``model`` as a released-layout checkpoint directory with the toy tokenizer and a model card."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +91,7 @@ def save_checkpoint(model: Qwen25VL, out_dir: str | Path, card: dict, dtype: tor
     save_file(tensors, str(out / SINGLE_FILE), metadata={"format": "pt"})
     hf = config.to_hf_dict()
     hf["torch_dtype"] = str(dtype).removeprefix("torch.")
-    hf["edgekv_toy"] = {"resolution": list(RESOLUTION), "fps": card.get("fps", 2.0)}
+    hf["edgekv_toy"] = {"resolution": list(resolution), "fps": card.get("fps", 2.0)}
     (out / "config.json").write_text(json.dumps(hf, indent=2))
     eos = list(config.eos_token_ids)
     generation = {"bos_token_id": config.bos_token_id, "pad_token_id": eos[-1], "eos_token_id": eos,

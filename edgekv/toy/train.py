@@ -32,11 +32,11 @@ from edgekv.model.rope import mrope_cos_sin, vision_block_position_ids
 from edgekv.preprocess import FramePreprocessor
 from edgekv.tokenizer import ChatLayout
 from edgekv.toy.card import write_model_card
-from edgekv.toy.data import (CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample, event_tokens,
-                             stage_at)
+from edgekv.toy.data import (CELL, CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample,
+                             event_tokens, stage_at)
 from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
 from edgekv.toy.prefetch import batches
-from edgekv.toy.questions import FAMILIES
+from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, region_of
 from edgekv.toy.vocab import build_tokenizer
 from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, place_event
 
@@ -59,8 +59,14 @@ class Batch:
 class Encoder:
     """Lays samples out as token sequences, positions and visibility masks."""
 
-    def __init__(self, aux: bool = False, seed: int = 0) -> None:
+    def __init__(self, aux: bool = False, seed: int = 0, size: int = RESOLUTION[0], aux_where: bool = False) -> None:
         tokenizer, special = build_tokenizer()
+        self.size = size
+        # where-words as auxiliary targets too (a third of an event's tokens name the event's region of the
+        # frame): the ViT has no absolute position embedding, so "where" must be learned into the tokens
+        self.aux_where = aux_where
+        self.grid = size // CELL  # merged tokens per side
+        self.tokens = self.grid * self.grid
         # Auxiliary targets at the video tokens (training only): the colour or shape word of the event a
         # token shows (drawn at random, so the best prediction encodes both), "no" on the background.
         self.aux = aux
@@ -70,7 +76,7 @@ class Encoder:
         self.no = self.ids("no")[0]
         self.layout = ChatLayout()
         self.prefix = tokenizer.encode(self.layout.stream_prefix(), add_special_tokens=False).ids
-        self.preprocessor = FramePreprocessor(resolution=RESOLUTION)
+        self.preprocessor = FramePreprocessor(resolution=(size, size))
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -95,7 +101,7 @@ class Encoder:
             for slot, pair in enumerate(sample.slot_pair):
                 for token, position in zip(row["slot_tokens"][slot], row["slot_positions"][slot]):
                     video_index.append((b, position))
-                    video_source.append((pair_offset + pair) * TOKENS + token)
+                    video_source.append((pair_offset + pair) * self.tokens + token)
                     if self.aux:
                         shown = int(sample.carried[slot, token])
                         if shown < 0:
@@ -104,8 +110,12 @@ class Encoder:
                             event = sample.events[shown]
                             shows = (sample.cover[slot, token] >= SHAPE_COVER if sample.shows_shape is None
                                      else sample.shows_shape[slot, token])
-                            shows_shape = shows and self.aux_rng.random() < 0.5
-                            label = self.ids(event.shape if shows_shape else event.color)[0]
+                            region = region_of(event.center, self.size, self.size) if self.aux_where else None
+                            if region is not None and self.aux_rng.random() < 1 / 3:
+                                label = self.ids(region)[0]
+                            else:
+                                shows_shape = shows and self.aux_rng.random() < 0.5
+                                label = self.ids(event.shape if shows_shape else event.color)[0]
                         target_index.append((b, position))
                         targets.append(label)
                         families.append("aux")
@@ -116,14 +126,14 @@ class Encoder:
                 targets.append(target)
                 families.append(family)
                 is_answer.append(answer)
-        grid = torch.tensor([[1, 2 * GRID, 2 * GRID]] * pair_offset)
+        grid = torch.tensor([[1, 2 * self.grid, 2 * self.grid]] * pair_offset)
         return Batch(ids, positions, mask, torch.tensor(video_index), torch.tensor(video_source), torch.cat(pixels),
                      grid, torch.tensor(target_index), torch.tensor(targets), families, torch.tensor(is_answer))
 
     def _encode_one(self, sample: Sample) -> dict:
         slots = sample.slots
         s0 = len(self.prefix)
-        present = np.ones((slots, TOKENS), dtype=bool) if sample.present is None else sample.present
+        present = np.ones((slots, self.tokens), dtype=bool) if sample.present is None else sample.present
         ids = list(self.prefix)
         pos = [torch.arange(s0).expand(3, s0)]
         # token attributes for the mask: kind 0 prefix, 1 video, 2 + b for question branch b
@@ -135,13 +145,13 @@ class Encoder:
             slot_tokens.append(tokens.tolist())
             slot_positions.append(list(range(len(ids), len(ids) + len(tokens))))
             ids.extend([0] * len(tokens))
-            pos.append(vision_block_position_ids(s0, sample.tpos[slot], GRID, GRID)[:, torch.from_numpy(tokens)])
+            pos.append(vision_block_position_ids(s0, sample.tpos[slot], self.grid, self.grid)[:, torch.from_numpy(tokens)])
             kind.extend([1] * len(tokens))
             slot_of.extend([slot] * len(tokens))
             order.extend(tokens.tolist())
             evict.extend(sample.evict_at[slot, tokens].tolist())
             sink.extend((sample.sink[slot, tokens] if sample.sink is not None else np.ones(len(tokens), bool)).tolist())
-        text_start = max(s0 + max(sample.tpos), s0 + GRID - 1) + 1
+        text_start = max(s0 + max(sample.tpos), s0 + self.grid - 1) + 1
         targets = []
         for branch, qa in enumerate(sample.qas):
             question = self.ids(self.layout.question_suffix(qa.question))
@@ -207,21 +217,38 @@ def accuracy_by_family(logits: torch.Tensor, batch: Batch) -> dict[str, list[int
 
 
 # ---------------------------------------------------------------------------------------------- vision warm-up
-def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, count: int
+def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, count: int,
+                 families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``count`` frame pairs with one to four shapes each, and per-token labels: shape (0 = none, -1 = a
-    sliver too small to tell) and colour (0 = none) of the event covering most of the token's cell."""
+    sliver too small to tell) and colour (0 = none) of the event covering most of the token's cell.
+    A share ``world`` of the pairs is drawn in the randomized world on ``families`` (world sizes, camera,
+    light, JPEG, distractors, occlusion); the rest on the classic renderer."""
+    grid = size // CELL
+    tokens = grid * grid
     pixels, shapes, colors = [], [], []
     for _ in range(count):
+        in_world = bool(world) and rng.random() < world
         events: list[Event] = []
-        for _ in range(int(rng.integers(1, 5))):
-            events.append(place_event(rng, str(rng.choice(SHAPES)), str(rng.choice(COLORS)), 0, 1, 112, 112,
-                                      avoid=events))
-        style = SceneStyle(noise=float(rng.uniform(1, 6)), light=float(rng.uniform(0, 0.2)),
-                           distractors=int(rng.choice([0, 0, 1, 2])))
-        scene = EventScene(seed=int(rng.integers(2 ** 31)), events=events, style=style)
+        if in_world:
+            from edgekv.video.world import (DEFAULT_HOLDOUT, WorldScene, drawable_families, random_style,
+                                            world_event)
+
+            drawable = families or drawable_families(None, DEFAULT_HOLDOUT)
+            for _ in range(int(rng.integers(1, 5))):
+                events.append(world_event(rng, str(rng.choice(SHAPES)), str(rng.choice(COLORS)), 0, 1, size, size,
+                                          avoid=events))
+            scene = WorldScene(size, size, 2.0, int(rng.integers(2 ** 31)), events,
+                               drawable[int(rng.integers(len(drawable)))], random_style(rng))
+        else:
+            for _ in range(int(rng.integers(1, 5))):
+                events.append(place_event(rng, str(rng.choice(SHAPES)), str(rng.choice(COLORS)), 0, 1, size, size,
+                                          avoid=events))
+            style = SceneStyle(noise=float(rng.uniform(1, 6)), light=float(rng.uniform(0, 0.2)),
+                               distractors=int(rng.choice([0, 0, 1, 2])))
+            scene = EventScene(size, size, seed=int(rng.integers(2 ** 31)), events=events, style=style)
         pixels.append(preprocessor.pair(*scene.pair_frames(0))[0])
-        shape, color, best = np.zeros(TOKENS, np.int64), np.zeros(TOKENS, np.int64), np.zeros(TOKENS)
+        shape, color, best = np.zeros(tokens, np.int64), np.zeros(tokens, np.int64), np.zeros(tokens)
         for event in events:
             cover = scene.cell_cover(event).reshape(-1)
             carried, shows = event_tokens(cover)
@@ -231,30 +258,35 @@ def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, coun
             best = np.where(wins, cover, best)
         shapes.append(shape)
         colors.append(color)
-    grid = torch.tensor([[1, 2 * GRID, 2 * GRID]] * count)
-    return torch.cat(pixels), grid, torch.from_numpy(np.concatenate(shapes)), torch.from_numpy(np.concatenate(colors))
+    grid_thw = torch.tensor([[1, 2 * grid, 2 * grid]] * count)
+    return torch.cat(pixels), grid_thw, torch.from_numpy(np.concatenate(shapes)), torch.from_numpy(np.concatenate(colors))
 
 
-def vision_batches(rng: np.random.Generator, steps: int, batch_size: int):
+def vision_batches(rng: np.random.Generator, steps: int, batch_size: int, families: tuple[str, ...] | None = None,
+                   size: int = RESOLUTION[0], world: float = 0.0):
     """The warm-up's batches (``vision_batch``), one per step."""
-    preprocessor = FramePreprocessor(resolution=RESOLUTION)
+    preprocessor = FramePreprocessor(resolution=(size, size))
     for _ in range(steps):
-        yield vision_batch(rng, preprocessor, batch_size)
+        yield vision_batch(rng, preprocessor, batch_size, families, size, world)
 
 
 def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool, seed: int,
-               curriculum: str = "full"):
+               curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0]):
     """The question-answering steps' batches: the curriculum stage at each step's progress, a narrow
-    range of K, ``batch_size`` samples, encoded (``Encoder``)."""
-    encoder = Encoder(aux=aux, seed=seed)
+    range of K, ``batch_size`` samples, encoded (``Encoder``); world samples drawn on ``families``."""
+    encoder = Encoder(aux=aux, seed=seed, size=size, aux_where=families is not None)
     for step in range(steps):
         stage = stage_at(step / max(1, steps), rng, curriculum)
         pairs = batch_pairs(stage, rng)
-        yield encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, pairs=pairs) for _ in range(batch_size)])
+        count = batch_size if stage.batch_divisor == 1 else max(1, batch_size // stage.batch_divisor)
+        yield encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, size=size, pairs=pairs, families=families)
+                              for _ in range(count)])
 
 
 def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3, batch_size: int = 32,
-                   log: Callable[[str], None] = print, log_every: int = 100, prefetch: bool = False) -> list[dict]:
+                   log: Callable[[str], None] = print, log_every: int = 100, prefetch: bool = False,
+                   families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0
+                   ) -> list[dict]:
     """Train the vision tower alone to tell shape and colour per token, through two linear probes that are
     then thrown away — the role a pre-trained ViT plays for a real VLM. Trained from scratch inside the
     question-answering loop, this 4-block ViT learned colours in tens of steps but shapes only after
@@ -268,7 +300,7 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
         optimizer, lambda step: min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
     history: list[dict] = []
     started = time.perf_counter()
-    drawn = batches(vision_batches, rng, steps, batch_size, prefetch=prefetch)
+    drawn = batches(vision_batches, rng, steps, batch_size, families, size, world, prefetch=prefetch)
     for step, (pixels, grid, shape, color) in enumerate(drawn):
         tokens = model.visual(pixels, grid)
         background = color == 0
@@ -292,9 +324,11 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
     return history
 
 
-def heldout(seed: int, count: int, progress: float = 1.0, curriculum: str = "full") -> list[Sample]:
+def heldout(seed: int, count: int, progress: float = 1.0, curriculum: str = "full",
+            families: tuple[str, ...] | None = None, size: int = RESOLUTION[0]) -> list[Sample]:
     rng = np.random.default_rng((seed, 99))
-    return [draw_sample(rng, stage_at(progress, rng, curriculum), MAX_POSITIONS) for _ in range(count)]
+    return [draw_sample(rng, stage_at(progress, rng, curriculum), MAX_POSITIONS, size=size, families=families)
+            for _ in range(count)]
 
 
 def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | None = None
@@ -320,7 +354,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           aux_weight: float = 0.5, threads: int | None = None, log: Callable[[str], None] = print,
           log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000,
           width: int = 64, layers: int = 4, prefetch: bool = True, init: str | Path | None = None,
-          curriculum: str = "full") -> dict:
+          curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
+          size: int = RESOLUTION[0], freeze_vision: bool = True) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -329,25 +364,39 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     calls this needs Python's ``if __name__ == "__main__":`` guard, as for any spawned process.
 
     ``curriculum`` names the stages drawn from (``edgekv.toy.data.CURRICULA``: ``full`` from scratch,
-    ``refine`` for further rounds)."""
+    ``refine`` for further rounds, ``world`` and ``world-long`` in the randomized world). World samples
+    (and the world share of the vision warm-up: the curriculum's largest ``Stage.world``) are drawn on the
+    background families ``families`` (default all) less ``holdout`` (default
+    ``edgekv.video.world.DEFAULT_HOLDOUT``) that are available here; ``size`` is the frame side (112: 16
+    tokens per pair, 224: 64). ``freeze_vision`` keeps the tower as the warm-up left it."""
     if curriculum not in CURRICULA:
         raise ValueError(f"curriculum {curriculum!r} is not one of {', '.join(CURRICULA)}")
+    if size % CELL or size < CELL:
+        raise ValueError(f"toy frame size must be a multiple of {CELL}, got {size}")
+    world_share = max(stage.world for _, stage in CURRICULA[curriculum])
+    drawable = None
+    if world_share:
+        from edgekv.video.world import DEFAULT_HOLDOUT, drawable_families
+
+        holdout = DEFAULT_HOLDOUT if holdout is None else tuple(holdout)
+        drawable = drawable_families(tuple(families) if families else None, holdout)
     if threads is not None:
         from edgekv.threads import apply_threads
 
         apply_threads(threads)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    encoder = Encoder(aux=aux_weight > 0, seed=seed)
+    encoder = Encoder(aux=aux_weight > 0, seed=seed, size=size)
     if init is not None:
         model, width, layers = _from_checkpoint(init)
     else:
         model = init_model(toy_config(width=width, layers=layers), seed)
     model.train()
     started = time.perf_counter()
-    vision_history = (warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every, prefetch=prefetch)
+    vision_history = (warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every, prefetch=prefetch,
+                                     families=drawable, size=size, world=world_share)
                       if vision_steps else [])
-    if vision_steps:
+    if vision_steps and freeze_vision:
         # The warmed-up tower stays as it is (a pre-trained ViT's role): trained on by the answers' noisy
         # early gradients it lost its shape features, and frozen its backward pass is saved (1.5x faster).
         model.visual.requires_grad_(False)
@@ -364,10 +413,11 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
-    held = Encoder().encode(heldout(seed, eval_samples, curriculum=curriculum))
+    held = Encoder(size=size).encode(heldout(seed, eval_samples, curriculum=curriculum, families=drawable, size=size))
     history: list[dict] = []
     running = np.zeros(2)
-    drawn = batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, prefetch=prefetch)
+    drawn = batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, drawable, size,
+                    prefetch=prefetch)
     for step, batch in enumerate(drawn):
         progress = step / max(1, steps)
         loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch), batch, aux_weight, encoder.no)
@@ -397,15 +447,22 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --curriculum {curriculum}"
     if init is None and (width != 64 or layers != 4):
         command += f" --width {width} --layers {layers}"
+    if drawable is not None:
+        command += f" --families {','.join(families) if families else 'all'} --holdout {','.join(holdout) or 'none'}"
+    if size != RESOLUTION[0]:
+        command += f" --size {size}"
+    if vision_steps and not freeze_vision:
+        command += " --train-vision"
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
-            "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps), "batch_size": batch_size, "lr": lr,
+            "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps) and freeze_vision, "batch_size": batch_size, "lr": lr,
             "aux_weight": aux_weight, "curriculum": curriculum, "init": None if init is None else str(init), "width": width, "layers": layers, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
-            "history": history, "fps": 2.0, "resolution": list(RESOLUTION), "max_position_embeddings": MAX_POSITIONS}
+            "history": history, "fps": 2.0, "resolution": [size, size], "max_position_embeddings": MAX_POSITIONS,
+            "world": None if drawable is None else {"families": list(drawable), "holdout": list(holdout)}}
     if init is not None:
         card["parent"] = _lineage(init)
-    save_checkpoint(model, out_dir, card)
+    save_checkpoint(model, out_dir, card, resolution=(size, size))
     if heldout_streams:
         from edgekv.eval.toy_accuracy import evaluate as heldout_accuracy
 
@@ -465,4 +522,4 @@ def evaluate(model, batch: Batch) -> dict[str, float]:
         counts = accuracy_by_family(forward_logits(model, batch), batch)
     finally:
         model.train(was_training)
-    return {family: round(counts[family][0] / counts[family][1], 3) for family in FAMILIES if family in counts}
+    return {family: round(counts[family][0] / counts[family][1], 3) for family in ALL_FAMILIES if family in counts}

@@ -1,6 +1,11 @@
 """The toy model's word-level ``tokenizer.json``: every word the questions, answers and Qwen's chat
 layout use, plus Qwen2.5's special tokens (same strings, same order, new ids after the words).
 
+The words of the question families added later (``EXTRA_FAMILIES``: where, second, binding) take the
+ids after the special tokens (``extra_words``), so every id a checkpoint trained before them uses means
+what it meant: such a checkpoint loads and trains on (``train-toy --init``) with the new questions, its
+padding rows of the embedding becoming the new words.
+
 Words are lower-cased and split on whitespace and punctuation; a newline is a token of its own (the
 chat layout's ``<|im_start|>user\\n`` keeps its shape). Anything else is ``<unk>``. The file is an
 ordinary ``tokenizers`` file, so ``edgekv.tokenizer.QwenTokenizer`` and transformers'
@@ -15,7 +20,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from edgekv.toy.questions import COUNT_WORDS, TEMPLATES
+from edgekv.toy.questions import COUNT_WORDS, EXTRA_FAMILIES, FAMILIES, TEMPLATES, WHERE_WORDS
 from edgekv.tokenizer import DEFAULT_SYSTEM_PROMPT
 from edgekv.video.events import COLORS, SHAPES
 
@@ -41,9 +46,20 @@ def words() -> list[str]:
 
     add(DEFAULT_SYSTEM_PROMPT)
     add("system user assistant")
-    for template in TEMPLATES.values():
-        add(template.format(shape="", color="", a="", b=""))
+    for family in FAMILIES:
+        add(TEMPLATES[family].format(shape="", color="", a="", b=""))
     add(" ".join(SHAPES + COLORS + COUNT_WORDS) + " yes no")
+    return found
+
+
+def extra_words() -> list[str]:
+    """The words only the extra question families use, in id order (their ids follow the special tokens)."""
+    base = set(words())
+    found: list[str] = []
+    for text in [TEMPLATES[f].format(shape="", color="", a="", b="") for f in EXTRA_FAMILIES] + list(WHERE_WORDS):
+        for word in _split(text):
+            if word not in base and word not in found:
+                found.append(word)
     return found
 
 
@@ -55,7 +71,8 @@ def build_tokenizer() -> tuple[Tokenizer, dict[str, int]]:
     """The tokenizer and the ids of the special tokens."""
     vocab = {word: index for index, word in enumerate(words())}
     special = {token: len(vocab) + index for index, token in enumerate(SPECIAL_TOKENS)}
-    tokenizer = Tokenizer(models.WordLevel(vocab={**vocab, **special}, unk_token=UNK))
+    extra = {word: len(vocab) + len(special) + index for index, word in enumerate(extra_words())}
+    tokenizer = Tokenizer(models.WordLevel(vocab={**vocab, **special, **extra}, unk_token=UNK))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="removed", invert=True)
     tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=True)  # words joined by spaces, "a ?" -> "a?"

@@ -254,10 +254,12 @@ class EventPlan:
 
 
 def place_event(rng: np.random.Generator, shape: str, color: str, first_pair: int, pairs: int, width: int,
-                height: int, radius_range: tuple[int, int] = (8, 18), avoid: list[Event] = ()) -> Event:
+                height: int, radius_range: tuple[int, int] = (8, 18), avoid: list[Event] = (),
+                scale_radius: bool = True) -> Event:
     """An event with a random radius and a centre inside the frame, away from the events in ``avoid``
-    (so that two appearances of one shape are never at the same place)."""
-    scale = min(width, height) / BASE_SIZE
+    (so that two appearances of one shape are never at the same place). ``radius_range`` is in px at
+    112 x 112 and scales with the frame, or in px as given when ``scale_radius`` is False."""
+    scale = min(width, height) / BASE_SIZE if scale_radius else 1.0
     radius = int(round(rng.integers(radius_range[0], radius_range[1] + 1) * scale))
     best, best_distance = None, -math.inf
     for _ in range(16):

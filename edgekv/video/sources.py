@@ -24,6 +24,9 @@ Spec strings (``open_source``), all parsed by ``parse_spec`` without touching an
 ``"synthetic:needle[?…]"``        a static scene where one object appears in exactly two frames
 ``"synthetic:events[?…]"``        shapes of known colours appearing at known times, with ground
                                  truth (``source.scene.events``; ``edgekv.video.events``)
+``"synthetic:world[?…]"``         the same events in a randomized world: background families
+                                 (``families=``, ``holdout=``), camera, light, JPEG, distractors,
+                                 occlusion (``edgekv.video.world``)
 ``"ros2:/camera/image_raw[?…]"``  a ROS 2 camera topic over DDS, no ROS install (``edgekv.video.ros2``;
                                  the ``ros2`` extra; live)
 ``"rosbag:PATH[?topic=…]"``       a recorded ROS 2 bag, MCAP or sqlite3 (``edgekv.video.rosbag``;
@@ -60,7 +63,7 @@ except ModuleNotFoundError as exc:  # the runtime works without OpenCV; capture 
 
 __all__ = [
     "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "LoopingSource", "NeedleSource", "OpenCVSource",
-    "ShapesSource", "SourceError",
+    "ShapesSource", "SourceError", "WorldSource",
     "SourceLost", "SourceSpec", "SourceUnavailable", "SyntheticSource", "TimestampSelector", "csi_pipeline",
     "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec",
 ]
@@ -191,6 +194,18 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _families(text: str) -> tuple[str, ...]:
+    from edgekv.video.world import parse_families
+
+    return parse_families(text)
+
+
+def _flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError("expected 0 or 1")
+    return text == "1"
+
+
 _SYNTHETIC_PARAMS: dict[str, dict[str, Callable[[str], Any]]] = {
     "shapes": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
                "shapes": _positive_int},
@@ -199,6 +214,11 @@ _SYNTHETIC_PARAMS: dict[str, dict[str, Callable[[str], Any]]] = {
     "events": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
                "rate": _non_negative_float, "duration": _int_range, "noise": _non_negative_float,
                "drift": _non_negative_float, "light": _non_negative_float, "distractors": _non_negative_int},
+    "world": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
+              "rate": _non_negative_float, "duration": _int_range, "families": _families, "holdout": _families,
+              "randomize": _flag, "noise": _non_negative_float, "drift": _non_negative_float,
+              "shake": _non_negative_float, "light": _non_negative_float, "jpeg": _non_negative_int,
+              "distractors": _non_negative_int, "transients": _non_negative_float, "occlusion": _non_negative_float},
 }
 _CSI_PARAMS: dict[str, Callable[[str], Any]] = {
     "width": _positive_int, "height": _positive_int, "fps": _positive_int, "flip": _non_negative_int,
@@ -592,6 +612,27 @@ class EventSource(SyntheticSource):
         return self.scene.frame(index)
 
 
+class WorldSource(SyntheticSource):
+    """``synthetic:world``: ``edgekv.video.world``'s randomized world as a frame source; ground truth in
+    ``self.scene.events``, the background family drawn in ``self.scene.family``. Style fields given in the
+    spec (noise, drift, shake, light, jpeg, distractors, transients, occlusion) override the random draw."""
+
+    def __init__(self, spec: str, size: tuple[int, int] = (112, 112), fps: float = 2.0, frames: int = 400,
+                 seed: int = 0, rate: float = 0.05, duration: tuple[int, int] = (1, 8),
+                 families: tuple[str, ...] = (), holdout: tuple[str, ...] = (), randomize: bool = True,
+                 **style: Any) -> None:
+        from edgekv.video.world import world_scene
+
+        try:
+            self.scene = world_scene(size, fps, frames, seed, rate, duration, families, holdout, randomize, **style)
+        except ValueError as exc:
+            raise ValueError(f"video source {spec!r}: {exc}") from None
+        super().__init__(spec, size, fps, frames, seed)
+
+    def render(self, index: int) -> np.ndarray:
+        return self.scene.frame(index)
+
+
 def _bounce(x: float) -> float:
     """Triangle wave in [0, 1]: a position that reflects off the frame edges."""
     x = x % 2.0
@@ -683,7 +724,8 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None)
     if parsed.kind in EXTRA_SCHEMES:
         return _extra_scheme(EXTRA_SCHEMES[parsed.kind]).open_parsed(parsed, ros2=ros2)
     if parsed.kind == "synthetic":
-        cls = {"shapes": ShapesSource, "needle": NeedleSource, "events": EventSource}[parsed.target]
+        cls = {"shapes": ShapesSource, "needle": NeedleSource, "events": EventSource,
+               "world": WorldSource}[parsed.target]
         return cls(parsed.raw, **parsed.params)
     if parsed.kind == "file":
         return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=False)

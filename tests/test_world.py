@@ -1,0 +1,192 @@
+"""The randomized world (edgekv/video/world.py), the classic renderer kept bit for bit, and the
+``synthetic:world`` source.
+
+Photograph and video families need files found at run time (opencv-doc's examples/data, scikit-image's
+data folder); their tests skip, saying which package to install, where they are absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgekv.video.events import COLOR_BGR, COLORS, SHAPES, Event, scene_from_params, shape_mask
+from edgekv.video.world import (DEFAULT_HOLDOUT, DISTRACTOR_BGR, FAMILIES, ONE_CELL_RADIUS, PROCEDURAL, WorldPlan,
+                                WorldScene, WorldStyle, available_families, drawable_families, family_problem,
+                                jpeg_roundtrip, parse_families, world_events, world_radius_range, world_scene)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _needs(family: str) -> None:
+    problem = family_problem(family)
+    if problem is not None:
+        pytest.skip(problem)
+
+
+def _event(shape="circle", color="red", first=2, pairs=1, center=(56, 56), radius=16) -> Event:
+    return Event(shape, color, first, pairs, center, radius)
+
+
+# ---------------------------------------------------------------------------------------------- classic
+def test_the_classic_renderer_is_unchanged():
+    """synthetic:events frames and schedules as rendered at commit 7a3e246 (before the world existed):
+    the fixture holds them (tests/fixtures/classic_events_frames.npz, written by that commit's
+    edgekv.video.events). Schedules exactly; pixels exactly but for float rounding across numpy builds
+    (at most one level on at most 0.1 % of the values)."""
+    fixture = np.load(FIXTURES / "classic_events_frames.npz")
+    frames = []
+    for seed in (0, 7):
+        scene = scene_from_params(size=(112, 112), frames=60, seed=seed, rate=0.2, duration=(1, 3), noise=3.0,
+                                  drift=0.3, light=0.1, distractors=2)
+        frames += [scene.frame(i) for i in (0, 13, 41)]
+        events = [(SHAPES.index(e.shape), COLORS.index(e.color), e.first_pair, e.pairs, *e.center, e.radius)
+                  for e in scene.events]
+        assert np.array_equal(np.array(events), fixture[f"events{seed}"])
+    difference = np.abs(np.stack(frames).astype(np.int16) - fixture["frames"].astype(np.int16))
+    assert difference.max() <= 1 and (difference > 0).mean() <= 1e-3
+
+
+# ---------------------------------------------------------------------------------------------- families
+@pytest.mark.parametrize("family", PROCEDURAL)
+@pytest.mark.parametrize("size", [112, 224])
+def test_procedural_families_are_deterministic_and_differ_by_seed(family, size):
+    one = world_scene((size, size), frames=20, seed=4, families=(family,))
+    again = world_scene((size, size), frames=20, seed=4, families=(family,))
+    other = world_scene((size, size), frames=20, seed=5, families=(family,))
+    assert one.family == family
+    frame = one.frame(3)
+    assert frame.shape == (size, size, 3) and frame.dtype == np.uint8
+    assert np.array_equal(frame, again.frame(3))
+    assert not np.array_equal(frame, other.frame(3))
+    assert frame.std() > 3  # a textured background, not a flat field
+
+
+@pytest.mark.parametrize("family", ["photo", "skimage", "vtest", "tree"])
+def test_real_image_families_draw_their_files(family):
+    _needs(family)
+    scene = world_scene((112, 112), frames=40, seed=1, families=(family,), randomize=False, noise=0.0)
+    first, later = scene.frame(0), scene.frame(30)
+    assert first.shape == (112, 112, 3) and first.std() > 5
+    moving = family in ("vtest", "tree")
+    assert np.array_equal(first, later) != moving  # photographs stand still, videos play
+
+
+def test_events_are_drawn_in_their_colour_on_every_background():
+    style = WorldStyle(noise=0.0)
+    for family in PROCEDURAL:
+        event = _event("triangle", "blue", first=1, pairs=2, center=(40, 70), radius=20)
+        scene = WorldScene(112, 112, 2.0, 3, [event], family, style, frames=10)
+        mask = shape_mask("triangle", (40, 70), 20, 112, 112)
+        for frame in (2, 3, 4, 5):
+            assert np.array_equal(scene.frame(frame)[mask], np.broadcast_to(COLOR_BGR["blue"], (mask.sum(), 3)))
+        assert not (scene.frame(0)[mask] == COLOR_BGR["blue"]).all(axis=1).any()  # before it appears: not there
+
+
+def test_drift_and_shake_move_the_background_and_the_event_with_it():
+    event = _event("square", "green", first=20, pairs=6, center=(56, 56), radius=14)
+    scene = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0, drift=0.5, shake=1.0), frames=80)
+    assert not np.array_equal(scene.frame(0), scene.frame(60))  # the camera moved
+    green = np.array(COLOR_BGR["green"])
+    centres = []
+    for frame in range(40, 52):
+        ys, xs = np.nonzero((scene.frame(frame) == green).all(axis=2))
+        centres.append((xs.mean(), ys.mean()))
+    spread = np.ptp(np.array(centres), axis=0)
+    assert 0 < spread.max() <= 8  # the square moves a little with the camera, never far
+
+
+def test_occlusion_hides_part_of_an_event_and_the_ground_truth_follows():
+    hidden = []
+    for seed in range(40):
+        event = _event("circle", "yellow", first=0, pairs=1, center=(56, 56), radius=24)
+        scene = WorldScene(112, 112, 2.0, seed, [event], "gradient", WorldStyle(noise=0.0, occlusion=1.0), frames=4)
+        full = shape_mask("circle", (56, 56), 24, 112, 112)
+        shown = scene.mask(event)
+        assert (shown <= full).all()
+        frame = scene.frame(0)
+        assert (frame[shown] == COLOR_BGR["yellow"]).all()
+        hidden.append(1 - shown.sum() / full.sum())
+        assert scene.cell_cover(event).sum() == pytest.approx(shown[:112, :112].reshape(4, 28, 4, 28).mean(axis=(1, 3)).sum())
+    assert max(hidden) <= 0.4 and np.mean(hidden) > 0.1
+
+
+def test_distractors_are_outside_the_vocabulary():
+    scene = WorldScene(112, 112, 2.0, 2, [], "gradient", WorldStyle(noise=0.0, distractors=3, transients=0.5),
+                       frames=200)
+    assert len(scene.clutter) == 3
+    assert all(c.shape not in SHAPES for c in scene.clutter)
+    transient = [c for pair in range(100) for c in scene.transients(pair)]
+    assert transient and all(c.shape not in SHAPES and c.color not in COLORS for c in transient)
+    vocabulary = {tuple(v) for v in COLOR_BGR.values()}
+    assert not vocabulary & {tuple(v) for v in DISTRACTOR_BGR.values()}
+    frame = scene.frame(10)
+    pixels = {tuple(p) for p in frame.reshape(-1, 3)}
+    assert not pixels & vocabulary  # no vocabulary colour anywhere without an event
+
+
+def test_light_noise_and_jpeg_change_frames_and_keep_them_valid():
+    event = _event(radius=20)
+    plain = WorldScene(112, 112, 2.0, 1, [event], "noise", WorldStyle(noise=0.0), frames=400)
+    lit = WorldScene(112, 112, 2.0, 1, [event], "noise", WorldStyle(noise=0.0, light=0.3, switch=0.2,
+                                                                      switch_period=10), frames=400)
+    assert not np.array_equal(plain.frame(100), lit.frame(100))
+    compressed = jpeg_roundtrip(plain.frame(4), 30)
+    assert compressed.shape == (112, 112, 3) and compressed.dtype == np.uint8
+    difference = np.abs(compressed.astype(int) - plain.frame(4).astype(int))
+    assert 0 < difference.mean() < 12
+
+
+def test_world_event_sizes_and_durations():
+    rng = np.random.default_rng(0)
+    low, high = world_radius_range(112, 112)
+    assert low == ONE_CELL_RADIUS and high == 31 and world_radius_range(224, 224)[1] == 62
+    events = [e for _ in range(40) for e in world_events(rng, 400, WorldPlan(rate=0.2, duration=(1, 8)))]
+    radii = np.array([e.radius for e in events])
+    assert radii.min() >= low and radii.max() <= high and (radii < 20).mean() > 0.3  # log-uniform: small ones common
+    assert {e.pairs for e in events} >= {1, 8}
+    recoloured = 0
+    for _ in range(20):
+        stream = world_events(rng, 400, WorldPlan(rate=0.3))
+        for shape in SHAPES:
+            colours = [e.color for e in stream if e.shape == shape]
+            recoloured += any(a != b for a, b in zip(colours, colours[1:]))
+    assert recoloured > 20  # shapes come back in another colour (binding, second)
+
+
+# ---------------------------------------------------------------------------------------------- holding out
+def test_families_parse_groups_and_refuse_unknown_names():
+    assert parse_families("photos,classic") == ("photo", "skimage", "classic")
+    assert parse_families("all") == FAMILIES
+    with pytest.raises(ValueError, match="unknown background family 'marble'.*known: classic"):
+        parse_families("noise,marble")
+
+
+def test_held_out_families_are_never_drawn():
+    holdout = ("cells", "noise")
+    drawn = {world_scene((112, 112), frames=4, seed=s, families=PROCEDURAL, holdout=holdout).family
+             for s in range(60)}
+    assert drawn == set(PROCEDURAL) - set(holdout)
+    assert set(drawable_families(None, DEFAULT_HOLDOUT)) == set(available_families()) - set(DEFAULT_HOLDOUT)
+    with pytest.raises(ValueError, match="no background family left.*cells: held out"):
+        drawable_families(("cells",), ("cells",))
+
+
+# ---------------------------------------------------------------------------------------------- source
+def test_world_source_spec_gives_frames_and_ground_truth():
+    from edgekv.video.sources import iter_frames, open_source, parse_spec
+
+    spec = "synthetic:world?size=112x112&frames=40&seed=3&rate=0.2&families=procedural&holdout=cells,stripes&jpeg=0"
+    source = open_source(spec)
+    frames = list(iter_frames(source))
+    again = list(iter_frames(open_source(spec)))
+    assert len(frames) == 40 and all(np.array_equal(a[0], b[0]) for a, b in zip(frames, again))
+    assert source.scene.family in set(PROCEDURAL) - {"cells", "stripes"} and source.scene.style.jpeg == 0
+    assert source.scene.events and all(e.last_pair < 20 for e in source.scene.events)
+    assert parse_spec("synthetic:world?families=photo").params["families"] == ("photo",)
+    with pytest.raises(ValueError, match="unknown background family 'wood'"):
+        parse_spec("synthetic:world?families=wood")
+    with pytest.raises(ValueError, match="no background family left"):
+        open_source("synthetic:world?families=cells&holdout=cells")
