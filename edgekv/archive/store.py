@@ -109,6 +109,7 @@ _LINGER_S = 0.2                            # the writer gathers queued pairs thi
                                            # buffers) and writes them as one batch
 _INDEX_ROWS = 256                          # initial rows of the index matrix (doubled as needed)
 _SCORE_CHUNK = 512                         # index rows scored at a time
+_TAG = 16                                  # AES-GCM tag of each sealed meta and layer (edgekv.privacy)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -180,6 +181,7 @@ class ArchivedPair:
     segment: int
     offset: int      # of the record's head in the segment file
     layer_crcs: tuple[int, ...]
+    seq: int = 0     # the record's number in a sealed segment (its AES-GCM nonces); 0 in the clear
 
 
 @dataclass
@@ -227,7 +229,8 @@ class FrameArchive:
 
     def __init__(self, folder: str | Path, shape: KVShape, *, max_bytes: int, segment_bytes: int = 256 << 20,
                  queue_pairs: int = 8, max_age_s: float | None = None, inv_freq: torch.Tensor | None = None,
-                 temporal_section: int = 0, when_full: str = "drop", files: "SegmentFiles | None" = None) -> None:
+                 temporal_section: int = 0, when_full: str = "drop", files: "SegmentFiles | None" = None,
+                 keys=None) -> None:
         if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
             raise ValueError(f"archive: max bytes ({max_bytes}) must hold at least two segments of {segment_bytes}")
         if queue_pairs < 1:
@@ -235,6 +238,12 @@ class FrameArchive:
         if when_full not in ("drop", "wait"):
             raise ValueError(f"archive.when_full: must be 'drop' or 'wait', got {when_full!r}")
         self.when_full = when_full
+        self.keys = keys  # edgekv.privacy.KeyRing: new segments sealed with its current key (see "Sealed")
+        self._sealers: dict[int, object] = {}  # segment number -> its Sealer (sealed segments only)
+        self._scan_sealer = None  # the sealer of the segment being scanned
+        self._seq = 0  # the next record's number in the open segment
+        self._write_lock = threading.Lock()  # the writer's batch, or a forget's rewrite
+        self.forgotten = 0  # pairs removed by forget
         self.files = files if files is not None else SegmentFiles()
         self.dir = Path(folder).expanduser()
         self.shape = shape
@@ -271,6 +280,8 @@ class FrameArchive:
         self.segments_deleted = 0
         self.write_ms_total = 0.0
         self.dir.mkdir(parents=True, exist_ok=True)
+        for leftover in self.dir.glob("seg-*.ekva.tmp"):  # a forget's rewrite cut short: the original stands
+            leftover.unlink()
         self._scan()
         self._next_key = max(self._entries, default=-1) + 1
         self._current: int | None = None
@@ -449,8 +460,11 @@ class FrameArchive:
                 out.append(int(digits))
         return sorted(out)
 
-    def _header_bytes(self) -> bytes:
-        key = json.dumps(asdict(self.shape), sort_keys=True).encode()
+    def _header_bytes(self, sealer=None) -> bytes:
+        fields = asdict(self.shape)
+        if sealer is not None:
+            fields["sealed"] = sealer.header.hex()  # key id + salt (edgekv.privacy.Sealer)
+        key = json.dumps(fields, sort_keys=True).encode()
         return SEGMENT_MAGIC + _SEGMENT_HEAD.pack(len(key), zlib.crc32(key)) + key
 
     def _read_header(self, path: Path, handle) -> int:
@@ -464,6 +478,17 @@ class FrameArchive:
             return -1
         saved = json.loads(key)
         saved.setdefault("index_keys", 1)  # segments of the first format: one mean key per pair
+        if saved.get("sealed"):
+            from edgekv.privacy import SealError, Sealer
+
+            if self.keys is None or not self.keys.keys:
+                raise ArchiveError(f"{path}: sealed (encrypted) and this deployment has no key; set privacy.key_file "
+                                   "(or key_env / key_credential) to the key it was written with. The file is left "
+                                   "as it is")
+            try:
+                self._scan_sealer = Sealer.for_header(bytes.fromhex(saved["sealed"]), self.keys, str(path))
+            except SealError as exc:
+                raise ArchiveError(str(exc)) from None
         wanted = asdict(self.shape)
         for name, value in wanted.items():
             if saved.get(name) != value:
@@ -483,6 +508,15 @@ class FrameArchive:
             self._scan_segment(number, verify_kv=number == numbers[-1])
 
     def _scan_segment(self, number: int, verify_kv: bool) -> None:
+        self._scan_sealer = None
+        try:
+            self._scan_segment_records(number, verify_kv)
+            if self._scan_sealer is not None and number in self._segments:
+                self._sealers[number] = self._scan_sealer
+        finally:
+            self._scan_sealer = None
+
+    def _scan_segment_records(self, number: int, verify_kv: bool) -> None:
         """Index every record of a segment that checks (see "Damage" in the module docstring): a damaged
         record is skipped and counted and the scan resynchronizes on the next record that checks; a torn tail
         is cut; nothing that checks is ever removed."""
@@ -570,22 +604,41 @@ class FrameArchive:
             at += chunk
         return None
 
-    def _record_head(self, handle, offset: int) -> tuple[bytes, int] | None:
-        """(meta, end) of a record whose head and meta check at ``offset``, wherever it ends; None otherwise."""
+    def _meta_len(self, sealed: bool) -> int:
+        return self.shape.meta_bytes() + (_TAG if sealed else 0)
+
+    def _layer_len(self, tokens: int, sealed: bool) -> int:
+        return self.shape.layer_bytes(tokens) + (_TAG if sealed else 0)
+
+    def _nonce_index(self, seq: int, layer: int) -> int:
+        """The AES-GCM chunk index of a sealed record's layer (``layer = layers``: its meta)."""
+        return seq * (self.shape.layers + 1) + layer
+
+    def _record_head(self, handle, offset: int) -> tuple[bytes, int, int] | None:
+        """(meta, end, seq) of a record whose head and meta check at ``offset`` (in a sealed segment: the meta
+        opens under the segment's key), wherever it ends; None otherwise."""
+        sealer = self._scan_sealer
         handle.seek(offset)
         head = handle.read(_HEAD.size)
         if len(head) < _HEAD.size:
             return None
-        magic, meta_len, kv_len, meta_crc, _ = _HEAD.unpack(head)
-        if magic != RECORD_MAGIC or meta_len != self.shape.meta_bytes():
+        magic, meta_len, kv_len, meta_crc, seq = _HEAD.unpack(head)
+        if magic != RECORD_MAGIC or meta_len != self._meta_len(sealer is not None):
             return None
         meta = handle.read(meta_len)
         if len(meta) != meta_len or zlib.crc32(meta) != meta_crc:
             return None
+        if sealer is not None:
+            from edgekv.privacy import SealError
+
+            try:
+                meta = sealer.open(self._nonce_index(seq, self.shape.layers), meta, "archive record")
+            except SealError:
+                return None
         tokens = _META.unpack_from(meta)[7]
-        if tokens <= 0 or kv_len != self.shape.layers * self.shape.layer_bytes(tokens):
+        if tokens <= 0 or kv_len != self.shape.layers * self._layer_len(tokens, sealer is not None):
             return None
-        return meta, offset + _HEAD.size + meta_len + kv_len
+        return meta, offset + _HEAD.size + meta_len + kv_len, seq
 
     def _parse_record(self, handle, number: int, offset: int, size: int, verify_kv: bool) -> tuple[str, tuple | None]:
         """("ok", (entry, keys, weights, end, damaged layers)), ("torn", None): the start of a record cut by the
@@ -597,26 +650,35 @@ class FrameArchive:
             if len(head) < _HEAD.size:
                 return "torn", None
             magic, meta_len, kv_len, _, _ = _HEAD.unpack(head)
-            if magic == RECORD_MAGIC and meta_len == self.shape.meta_bytes() and offset + _HEAD.size + meta_len > size:
+            wanted = self._meta_len(self._scan_sealer is not None)
+            if magic == RECORD_MAGIC and meta_len == wanted and offset + _HEAD.size + meta_len > size:
                 return "torn", None  # the meta itself was cut
-            if magic == RECORD_MAGIC and meta_len == self.shape.meta_bytes() and offset + _HEAD.size + meta_len + kv_len > size:
+            if magic == RECORD_MAGIC and meta_len == wanted and offset + _HEAD.size + meta_len + kv_len > size:
                 return "torn", None
             return "bad", None
-        meta, end = checked
+        meta, end, seq = checked
         if end > size:
             return "torn", None
-        entry, keys, weights = self._unpack_meta(meta, number, offset)
+        entry, keys, weights = self._unpack_meta(meta, number, offset, seq)
         damaged: set[int] = set()
         if verify_kv:
-            layer_bytes = self.shape.layer_bytes(entry.tokens)
-            handle.seek(offset + _HEAD.size + len(meta))
+            sealer = self._scan_sealer
+            layer_len = self._layer_len(entry.tokens, sealer is not None)
+            handle.seek(offset + _HEAD.size + self._meta_len(sealer is not None))
             for layer, crc in enumerate(entry.layer_crcs):
-                if zlib.crc32(handle.read(layer_bytes)) != crc:
+                data = handle.read(layer_len)
+                if sealer is not None:
+                    try:
+                        data = sealer.open(self._nonce_index(seq, layer), data, "archive record")
+                    except ValueError:
+                        damaged.add(layer)
+                        continue
+                if zlib.crc32(data) != crc:
                     damaged.add(layer)
         return "ok", (entry, keys, weights, end, damaged)
 
-    def _unpack_meta(self, meta: bytes, segment: int,
-                     offset: int) -> tuple[ArchivedPair, torch.Tensor, torch.Tensor]:
+    def _unpack_meta(self, meta: bytes, segment: int, offset: int,
+                     seq: int = 0) -> tuple[ArchivedPair, torch.Tensor, torch.Tensor]:
         layers, cells = self.shape.layers, (self.shape.layers, self.shape.kv_heads, self.shape.index_keys)
         pair, frame, t, tpos, t_offset, rows, cols, tokens = _META.unpack_from(meta)
         at = _META.size
@@ -631,7 +693,7 @@ class FrameArchive:
             weights = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=int(np.prod(cells)), offset=at).copy())
         else:
             weights = torch.ones(int(np.prod(cells)), dtype=torch.float16)
-        entry = ArchivedPair(pair, frame, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs)
+        entry = ArchivedPair(pair, frame, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs, seq)
         return entry, keys.view(*cells, self.shape.head_dim), weights.view(cells)
 
     # ------------------------------------------------------------------ ingest side
@@ -740,14 +802,16 @@ class FrameArchive:
                 batch.append(item)
             started = time.perf_counter()
             try:
-                self._append_batch(batch)
+                with self._write_lock:
+                    self._append_batch(batch)
             finally:
                 self.write_ms_total += (time.perf_counter() - started) * 1e3
                 for staged in batch:
                     self._free.put(staged)
                 if self._work.empty():
                     self._idle.set()
-        self._close_segment()
+        with self._write_lock:
+            self._close_segment()
 
     def _summaries(self, batch: list[_Staged]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each pair's index row with its temporal rotation undone: fp16 keys [n, layers, kv_heads,
@@ -818,14 +882,23 @@ class FrameArchive:
             staged.stream, crcs.tobytes(), keys.numpy().astype("<f2").tobytes(),
             weights.numpy().astype("<f2").tobytes() if self.shape.index_keys > 1 else b"",
         ))
-        kv_len = flat.nbytes
-        record_len = _HEAD.size + len(meta) + kv_len
+        sealed = self.keys is not None and self.keys.enabled
+        kv_len = self.shape.layers * self._layer_len(staged.tokens, sealed)
+        record_len = _HEAD.size + self._meta_len(sealed) + kv_len
         self._make_room(record_len, staged.t)
         offset = self._segments[self._current]
-        head = _HEAD.pack(RECORD_MAGIC, len(meta), kv_len, zlib.crc32(meta), 0) + meta
+        sealer, seq = self._sealers.get(self._current), 0
+        if sealer is not None:  # every nonce once: a record's number is never reused in its segment, even when
+            seq, self._seq = self._seq, self._seq + 1  # a failed write is rolled back
+            meta = sealer.seal(self._nonce_index(seq, self.shape.layers), meta)
+            body = b"".join(sealer.seal(self._nonce_index(seq, layer), flat[layer].data)
+                            for layer in range(self.shape.layers))
+        else:
+            body = flat.data
+        head = _HEAD.pack(RECORD_MAGIC, len(meta), kv_len, zlib.crc32(meta), seq) + meta
         try:
             self._write_at(head, offset)
-            self._write_at(flat.data, offset + len(head))
+            self._write_at(body, offset + len(head))
         except BaseException:
             self._roll_back(offset)
             raise
@@ -835,17 +908,11 @@ class FrameArchive:
             self._segment_newest_t[self._current] = max(newest, staged.t)
         return ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
                             staged.cols, staged.tokens, staged.stream, self._current, offset,
-                            tuple(int(c) for c in crcs))
+                            tuple(int(c) for c in crcs), seq)
 
     def _write_at(self, data, offset: int) -> None:
         """All of ``data`` at ``offset`` of the open segment (a short write is continued; a failure raises)."""
-        view = memoryview(data).cast("B")
-        while len(view):
-            done = self.files.pwrite(self._fd, view, offset)
-            if done <= 0:
-                raise OSError(errno.EIO, f"write returned {done}")
-            view, offset = view[done:], offset + done
-        return None
+        self._write_to(self._fd, data, offset)
 
     def _roll_back(self, offset: int) -> None:
         """Cut what a failed write left after the last complete record."""
@@ -859,7 +926,8 @@ class FrameArchive:
     def _make_room(self, record_len: int, t: float) -> None:
         """Open a segment if needed (a new one when the current would pass segment_bytes) and delete the
         oldest sealed segments while the folder would pass max_bytes or they are older than max_age_s."""
-        if self._current is None or self._segments[self._current] + record_len > self.segment_bytes:
+        if (self._current is None or self._segments[self._current] + record_len > self.segment_bytes
+                or (self._current in self._sealers and self._nonce_index(self._seq + 1, 0) >= 1 << 32)):
             self._close_segment()
             self._open_segment()
         with self._lock:
@@ -889,15 +957,124 @@ class FrameArchive:
                 self._forget(pair)
             self._segments.pop(number, None)
             self._segment_newest_t.pop(number, None)
+            self._sealers.pop(number, None)
             self._segment_path(number).unlink(missing_ok=True)
             self.segments_deleted += 1
+
+    # ------------------------------------------------------------------ forget (issue 31)
+    def forget(self, t_from: float, t_to: float, stream: bytes | None = None) -> dict:
+        """Remove every archived pair stamped in ``[t_from, t_to]`` (of ``stream``, or of every stream) from the
+        files, not only from the index: each segment holding one is rewritten without it — the records kept are
+        copied byte for byte (a sealed record keeps its nonce and its bytes) into ``seg-N.ekva.tmp``, which is
+        fsynced and renamed over the segment — and a segment left with no record is deleted. Queued pairs are
+        written first and the open segment is sealed, so the writer's next record begins a new segment.
+        A crash part way leaves each segment either whole as it was or rewritten (a leftover ``.tmp`` is
+        removed at the next open). What it does not do: erase the flash blocks the old file used (the FTL
+        reuses them later); with ``privacy:`` keys set those blocks are ciphertext. Returns what was removed."""
+        self.flush()
+        removed_pairs, rewritten, deleted, freed = 0, 0, 0, 0
+        with self._write_lock:
+            self._close_segment()
+            with self._lock:
+                doomed = sorted((e for e in self._entries.values() if t_from <= e.t <= t_to
+                                 and (stream is None or e.stream == stream)), key=lambda e: (e.segment, e.offset))
+            by_segment: dict[int, set[int]] = {}
+            for entry in doomed:
+                by_segment.setdefault(entry.segment, set()).add(entry.pair)
+            for number, pairs in by_segment.items():
+                before = self._segments.get(number, 0)
+                if self._rewrite_segment(number, pairs):
+                    rewritten += 1
+                    freed += before - self._segments[number]
+                else:
+                    deleted += 1
+                    freed += before
+                removed_pairs += len(pairs)
+            if by_segment:
+                _fsync_dir(self.dir)
+        self.forgotten += removed_pairs
+        if removed_pairs:
+            log.info("archive: forgot %d pair(s) stamped %g..%g s (%d segment(s) rewritten, %d deleted, %d bytes "
+                     "freed)", removed_pairs, t_from, t_to, rewritten, deleted, freed)
+        return {"pairs": removed_pairs, "segments_rewritten": rewritten, "segments_deleted": deleted,
+                "bytes": freed}
+
+    def _rewrite_segment(self, number: int, drop: set[int]) -> bool:
+        """Segment ``number`` without the records of ``drop`` (False: none was left, the segment is deleted)."""
+        path = self._segment_path(number)
+        with self._lock:
+            keep = sorted((e for e in self._entries.values() if e.segment == number and e.pair not in drop),
+                          key=lambda e: e.offset)
+        if not keep:
+            self._delete_segment(number)
+            self.segments_deleted -= 1  # not retention
+            return False
+        sealed = number in self._sealers
+        tmp = path.with_name(path.name + ".tmp")
+        moved: list[ArchivedPair] = []
+        with open(path, "rb") as source:
+            first = keep[0].offset
+            header = self._segment_header(source, first)
+            fd = self.files.create(tmp)
+            try:
+                self._write_to(fd, header, 0)
+                at = len(header)
+                for entry in keep:
+                    length = _HEAD.size + self._meta_len(sealed) + self.shape.layers * self._layer_len(entry.tokens,
+                                                                                                       sealed)
+                    source.seek(entry.offset)
+                    data = source.read(length)
+                    if len(data) != length:
+                        raise ArchiveError(f"{path}: pair {entry.pair} at byte {entry.offset} is cut short")
+                    self._write_to(fd, data, at)
+                    moved.append(ArchivedPair(**{**asdict(entry), "offset": at}))
+                    at += length
+                self.files.fsync(fd)
+            except BaseException:
+                self.files.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            self.files.close(fd)
+        with self._lock:  # readers hold this lock while they read a segment
+            os.replace(tmp, path)
+            for pair in drop:
+                self._forget(pair)
+            for entry in moved:
+                self._entries[entry.pair] = entry
+            self._segments[number] = at
+        return True
+
+    def _segment_header(self, handle, first_record: int) -> bytes:
+        """The segment's header bytes as written (a damaged header: this archive's own, unsealed)."""
+        handle.seek(0)
+        data = handle.read(first_record)
+        if data.startswith(SEGMENT_MAGIC):
+            size, crc = _SEGMENT_HEAD.unpack_from(data, len(SEGMENT_MAGIC))
+            end = len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size + size
+            if end <= len(data) and zlib.crc32(data[len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size:end]) == crc:
+                return data[:end]
+        return self._header_bytes()
+
+    def _write_to(self, fd: int, data, offset: int) -> None:
+        """All of ``data`` at ``offset`` of ``fd`` (a short write is continued; a failure raises)."""
+        view = memoryview(data).cast("B")
+        while len(view):
+            done = self.files.pwrite(fd, view, offset)
+            if done <= 0:
+                raise OSError(errno.EIO, f"write returned {done}")
+            view, offset = view[done:], offset + done
 
     def _open_segment(self) -> None:
         numbers = self._segment_numbers()
         number = max([*numbers, *self._segments, 0]) + 1
         path = self._segment_path(number)
+        sealer = None
+        if self.keys is not None and self.keys.enabled:
+            from edgekv.privacy import Sealer
+
+            sealer = Sealer(self.keys.current)  # a new random salt: the segment's nonces are its own
         self._fd = self.files.create(path)
-        header = self._header_bytes()
+        header = self._header_bytes(sealer)
         try:
             self._write_at(header, 0)
         except BaseException:  # a disk too full for a header: nothing in this segment, so no segment
@@ -907,7 +1084,9 @@ class FrameArchive:
             raise
         with self._lock:
             self._segments[number] = len(header)
-        self._current = number
+            if sealer is not None:
+                self._sealers[number] = sealer
+        self._current, self._seq = number, 0
         _fsync_dir(self.dir)
 
     def _close_segment(self, sync: bool = True) -> None:
@@ -934,11 +1113,13 @@ class FrameArchive:
         cache). Returns the layers read and verified; a layer failing its checksum is left out (counted in
         ``bad_records``), all are when the record is gone (retention deleted its segment)."""
         layer_bytes = self.shape.layer_bytes(entry.tokens)
-        base = entry.offset + _HEAD.size + self.shape.meta_bytes()
         good: set[int] = set()
         with self._lock:  # retention cannot delete the segment while it is read
             if entry.segment not in self._segments:
                 return good
+            sealer = self._sealers.get(entry.segment)
+            layer_len = self._layer_len(entry.tokens, sealer is not None)
+            base = entry.offset + _HEAD.size + self._meta_len(sealer is not None)
             try:
                 fd = os.open(self._segment_path(entry.segment), os.O_RDONLY)
             except OSError:
@@ -947,7 +1128,10 @@ class FrameArchive:
                 for layer, (k, v) in targets.items():
                     host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype) for t in (k, v)]
                     views = [_bytes_of(t[head]) for t in host for head in range(t.shape[0])]
-                    if os.preadv(fd, views, base + layer * layer_bytes) != layer_bytes:
+                    if sealer is not None:
+                        if not self._read_sealed(fd, sealer, entry, layer, base + layer * layer_len, views):
+                            continue
+                    elif os.preadv(fd, views, base + layer * layer_bytes) != layer_bytes:
                         continue
                     crc = 0
                     for view in views:
@@ -962,6 +1146,22 @@ class FrameArchive:
             finally:
                 os.close(fd)
         return good
+
+    def _read_sealed(self, fd: int, sealer, entry: ArchivedPair, layer: int, at: int, views: list) -> bool:
+        """One sealed layer opened into ``views`` (False when short or when it does not authenticate)."""
+        length = self._layer_len(entry.tokens, True)
+        data = os.pread(fd, length, at)
+        if len(data) != length:
+            return False
+        try:
+            plain = memoryview(sealer.open(self._nonce_index(entry.seq, layer), data, "archive record"))
+        except ValueError:
+            self.bad_records += 1
+            return False
+        for view in views:
+            view[:] = plain[:len(view)]
+            plain = plain[len(view):]
+        return True
 
     def read_layers(self, entry: ArchivedPair, layers: list[int]) -> dict[int, torch.Tensor]:
         """K and V of some layers of one pair: layer -> [2, kv_heads, P, head_dim] (new tensors)."""
@@ -982,7 +1182,8 @@ class FrameArchive:
                 "archive_disk_full": int(self.disk_full), "archive_failing": int(self.failing),
                 "archive_last_error": self.last_error,
                 "archive_segments": len(self._segments), "archive_segments_deleted": self.segments_deleted,
-                "archive_write_ms_total": round(self.write_ms_total, 3),
+                "archive_write_ms_total": round(self.write_ms_total, 3), "archive_forgotten": self.forgotten,
+                "archive_sealed_segments": len(self._sealers),
                 "archive_wait_ms_total": round(self.wait_ms_total, 3)}
 
 
