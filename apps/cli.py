@@ -158,6 +158,12 @@ def _add_quantize(parser: argparse.ArgumentParser) -> None:
     add_quantize_arguments(parser)
 
 
+def _add_forget(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.forget import add_forget_arguments
+
+    add_forget_arguments(parser)
+
+
 def _add_bench(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     from edgekv.apps.bench import add_arguments
 
@@ -178,6 +184,7 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
     "bench": ("benchmarks that print and save figures (JSON + PNG)", _add_bench),
     "bag": ("write a ROS 2 bag (MCAP or sqlite3) from a video source (then video.source: rosbag:DIR)", _add_bag),
     "ask": ("ask the fleet one question over MQTT and gather every device's answer", _add_ask),
+    "forget": ("ask the running daemon to forget a window of stream time (cache, snapshots, archive)", _add_forget),
 }
 
 

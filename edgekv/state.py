@@ -685,6 +685,28 @@ class StateKeeper:
                      f"({info.bytes / 2**20:.1f} MiB, {info.seconds * 1e3:.0f} ms)")
         return info
 
+    def rewrite_after_forget(self, session) -> dict:
+        """After ``session.forget``: a new snapshot of the session as it is now, then every other file under
+        ``state.dir`` that may hold the forgotten window deleted — older generations and the set-aside snapshot
+        (made for another deployment, it cannot be rewritten here). Returns what was written and removed."""
+        if not self.enabled:
+            return {"snapshot": None, "removed": []}
+        info = self.snapshot(session)
+        if info is None:
+            raise OSError(f"state: the snapshot after forgetting could not be written in {self.dir}; the older "
+                          "ones are kept (they still hold the window)")
+        removed = []
+        for old in self.generations():
+            if old != info.path:
+                old.unlink()
+                removed.append(old.name)
+        aside = self.dir / self.ASIDE
+        if aside.is_dir():
+            for old in aside.iterdir():
+                old.unlink()
+                removed.append(f"{self.ASIDE}/{old.name}")
+        return {"snapshot": info.path.name, "removed": removed}
+
     def snapshot(self, session) -> SnapshotInfo | None:
         self.last_saved = self.clock()
         try:

@@ -3,6 +3,10 @@ longer seeing what the window held, and none of its key/value bytes left in a sn
 
 from __future__ import annotations
 
+import contextlib
+import json
+import time
+
 import pytest
 import torch
 
@@ -63,3 +67,99 @@ def test_forget_refuses_a_backwards_window():
         session.forget(10.0, 5.0)
     assert session.forget(1e6, 2e6) == {"pairs": [], "slots": 0, "cache_tokens": session.cache.length}
     del rt
+
+
+def _files_under(*folders) -> bytes:
+    return b"".join(p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
+    """Issue 31's forget, end to end: POST /v1/memory/forget on a daemon with a snapshot and an archive; the toy
+    answers "no" about the event with and without recall and after a restart from the snapshot, and no file
+    under state.dir or archive.dir holds a byte run of the window's K/V captured before."""
+    pytest.importorskip("fastapi")
+    import threading
+
+    from helpers_server import call, daemon_args
+
+    from edgekv.apps.daemon.loop import Daemon
+    from edgekv.config import EdgeKVConfig
+
+    state_dir, archive_dir = tmp_path / "state", tmp_path / "archive"
+    config = EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"source": SOURCE, "fps": 2.0, "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
+        archive={"dir": str(archive_dir), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01, "top_k": 2},
+        state={"dir": str(state_dir), "every_s": 3600}, server={"port": 0}, monitor={"backend": "cpu"},
+        generation={"max_new_tokens": 2, "temperature": 0.0})
+    out = open(tmp_path / "out.txt", "w")
+    daemon = Daemon(config, daemon_args(realtime=False), out=out)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(120)
+        deadline = time.monotonic() + 300
+        while daemon.stream_detail is None and time.monotonic() < deadline:  # the file's end
+            time.sleep(0.05)
+        assert daemon.stream_detail is not None, "the stream did not end"
+        session, archive = daemon.session, daemon.session.recall.archive
+        assert archive.flush()
+        with daemon.lock:
+            assert session.ask("Was there a purple triangle?", max_new_tokens=2, recall=False).text == "yes"
+            secrets = _pair_bytes(session, 60)
+            entry = next(e for e in archive.entries() if e.frame == 60)
+            secrets += [layer[0, 0, 0].numpy().tobytes() for layer in archive.read_layers(entry, [0, 1]).values()]
+            daemon.state.snapshot(session)  # a snapshot that holds the window, to be rewritten
+        before = _files_under(state_dir, archive_dir)
+        assert len(secrets) > 2
+        assert sum(run in before for run in secrets) == len(secrets)  # the scan below can fail
+        port = daemon.server.port
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 30.0})
+        assert status == 400 and b"from and to are required" in body
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 61.0, "to": 59.0})
+        assert status == 400 and b"is after to" in body
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 59.5, "to": 60.5})
+        assert status == 200, body
+        result = json.loads(body)
+        assert result["pairs"] == 1 and result["archive"]["pairs"] == 1 and result["snapshots"]["snapshot"]
+        with daemon.lock:
+            for recall in (False, True):
+                answer = session.ask("Was there a purple triangle?", max_new_tokens=2, recall=recall)
+                assert answer.text == "no", (recall, answer.text)
+        after = _files_under(state_dir, archive_dir)
+        assert not [run for run in secrets if run in after]
+        assert len(daemon.state.generations()) == 1
+        from edgekv.apps.cli import main
+
+        printed = tmp_path / "cli.txt"
+        with open(printed, "w") as sink, contextlib.redirect_stdout(sink):
+            assert main(["forget", "--url", f"http://127.0.0.1:{port}", "--last", "2"]) == 0
+        assert printed.read_text().startswith("forgot t=77.5..79.5 s: ")
+        assert main(["forget", "--url", f"http://127.0.0.1:{port}", "--from", "3"]) == 2  # --to missing
+    finally:
+        daemon.stop.event.set()
+        thread.join(60)
+        out.close()
+    assert "forgot t=59.5..60.5 s: 1 frame pairs" in (tmp_path / "out.txt").read_text()
+    assert not [run for run in secrets if run in _files_under(state_dir, archive_dir)]  # the stop's snapshot too
+    rt = edgekv.Runtime.from_config(config)
+    restored = rt.restore(sorted(state_dir.glob("snapshot-*.ekv"))[-1])
+    assert restored.ask("Was there a purple triangle?", max_new_tokens=2, recall=True).text == "no"
+    restored.recall.archive.close()
+
+
+@pytest.mark.parametrize("text, action, last_s", [
+    ("Forget the last five minutes.", "forget", 300.0), ("please forget the last 30 seconds", "forget", 30.0),
+    ("Forget the last minute.", "forget", 60.0), ("Erase the past two hours!", "forget", 7200.0),
+    ("Pause.", "pause", None), ("Stop watching.", "pause", None), ("Resume.", "resume", None),
+    ("What was the colour of the circle?", None, None), ("Forget the last few minutes.", None, None),
+    ("Did I forget the last key?", None, None),
+])
+def test_spoken_commands(text, action, last_s):
+    from edgekv.apps.voice.commands import parse
+
+    command = parse(text)
+    assert (command.action if command else None) == action
+    if command is not None:
+        assert command.last_s == last_s

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import math
 import queue
 import sys
 import threading
@@ -479,6 +480,43 @@ class Daemon:
         self._wake.set()
         return True
 
+    def forget(self, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None) -> dict:
+        """Remove a window of stream time from everything the device keeps: the live cache, the snapshots (a new
+        one written, the older deleted), the archive (its segments rewritten without those pairs), the keyframes
+        and alerts held in memory. ``last_s``: the last so many seconds up to now."""
+        with self.lock:
+            now = self.session.clock.last_t
+            if last_s is not None:
+                if not (isinstance(last_s, (int, float)) and math.isfinite(last_s) and last_s > 0):
+                    raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r}")
+                t_to = now if now is not None else 0.0  # nothing is ingested while the lock is held
+                t_from = t_to - float(last_s)
+            if t_from is None or t_to is None:
+                raise ValueError("forget: give from and to (stream seconds), or last_s")
+            result = self.session.forget(t_from, t_to)
+            removed = set(result["pairs"])
+            archive = None
+            if self.session.recall is not None:  # this stream's records (another stream's times are its own)
+                archive = self.session.recall.archive.forget(t_from, t_to, stream=self.session.recall.stream)
+            snapshots = self.state.rewrite_after_forget(self.session)
+            if self.alerts is not None:
+                ring = self.alerts.keyframes
+                for pair in [p for p, t in ring.times.items() if t_from <= t <= t_to]:
+                    ring.frames.pop(pair, None)
+                    ring.times.pop(pair, None)
+                if ring.latest is not None and ring.latest[0] in removed:
+                    ring.latest = None
+                self.alerts.bus.forget(t_from, t_to)
+            if now is not None and t_from <= now <= t_to:
+                self._latest_frame = None  # the status page shows nothing of the window
+        out = {"from": t_from, "to": t_to, "pairs": len(result["pairs"]), "cache_slots": result["slots"],
+               "cache_tokens": result["cache_tokens"], "snapshots": snapshots, "archive": archive}
+        self.say(f"forgot t={t_from:g}..{t_to:g} s: {out['pairs']} frame pairs, {out['cache_slots']} cache slots"
+                 + (f", {archive['pairs']} archived pairs ({archive['bytes']} bytes freed)" if archive else "")
+                 + (f", snapshot {snapshots['snapshot']} written, {len(snapshots['removed'])} older removed"
+                    if snapshots["snapshot"] else ""))
+        return out
+
     def _stream_time(self, t: float) -> float:
         return self.state.stream_time(t) + self._resume_offset
 
@@ -620,6 +658,25 @@ class Daemon:
             for question in self._own_questions():  # the user's own schedule: now, not subject to the fair share
                 self._answer(question)
 
+    def _spoken_command(self, question: Question) -> bool:
+        """A ``--voice-wav`` utterance that is a forget command (apps/voice/commands.py) is carried out, not asked
+        (pause and resume are for the live microphone: the loop cannot wait for its own step)."""
+        if question.source != "voice":
+            return False
+        from edgekv.apps.voice.commands import parse, run
+
+        command = parse(question.text)
+        if command is None or command.action != "forget":
+            return False
+        try:
+            reply = run(self, command)
+        except (ValueError, OSError) as exc:
+            reply = f"Could not forget: {exc}"
+        self.say(f"voice command: {reply}")
+        if self.speaker is not None:
+            self.speaker.say(reply)
+        return True
+
     def _own_questions(self) -> list[Question]:
         """The command line's questions: ``--ask`` and those spoken in ``--voice-wav``."""
         return ([Question(text, source="cli") for text in self.options.ask]
@@ -651,6 +708,9 @@ class Daemon:
                      f"evidence: {event.keyframe_note}")
 
     def _answer(self, question: Question) -> None:
+        if self._spoken_command(question):  # "forget the last five minutes" in --voice-wav
+            question.done.set()
+            return
         user_on_token = question.on_token
         # an escalated streamed answer sends the remote's text, not the local tokens
         quiet = question.stream and question.escalate is True and self.escalator is not None

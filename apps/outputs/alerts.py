@@ -169,6 +169,16 @@ class AlertBus:
             except Exception:  # an output's bug must not stop the stream
                 log.exception("alert output %r failed to take an alert", sink)
 
+    def forget(self, t_from: float, t_to: float) -> int:
+        """Drop the alerts (and their keyframes) raised about a forgotten window; returns how many."""
+        with self._lock:
+            kept = [e for e in self.recent if not (e.stream_t is not None and t_from <= e.stream_t <= t_to)
+                    and not (e.evidence_t is not None and t_from <= e.evidence_t <= t_to)]
+            dropped = len(self.recent) - len(kept)
+            self.recent.clear()
+            self.recent.extend(kept)
+        return dropped
+
     def event(self, event_id: str) -> AlertEvent | None:
         with self._lock:
             return next((e for e in self.recent if e.id == event_id), None)

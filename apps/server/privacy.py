@@ -3,6 +3,8 @@
     POST /v1/privacy/pause     stop ingest and release the camera until resumed (the privacy switch)
     POST /v1/privacy/resume
     GET  /v1/privacy           {"paused": bool, "reason": ...}
+    POST /v1/memory/forget     {"from": t0, "to": t1} or {"last_s": s}: a window of stream time removed from the
+                               live cache, the snapshots and the archive (``Daemon.forget``); says how much
 
 Paused is also ``stream_state: paused`` on the status page, ``/healthz`` and ``/metrics``
 (``edgekv_stream_state{state="paused"}``)."""
@@ -10,8 +12,9 @@ Paused is also ``stream_state: paused`` on the status page, ``/healthz`` and ``/
 from __future__ import annotations
 
 import asyncio
+import math
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError
@@ -48,5 +51,41 @@ def router(api: Api) -> APIRouter:
             raise ApiError(503, f"could not reopen the video source: {exc}", kind="server_error",
                            code="source_unavailable") from None
         return JsonResponse(state())
+
+    @routes.post("/v1/memory/forget")
+    async def forget(request: Request):
+        body = await api.body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object: {\"from\": t0, \"to\": t1} (stream "
+                           "seconds) or {\"last_s\": seconds}")
+        unknown = sorted(set(body) - {"from", "to", "last_s"})
+        if unknown:
+            raise ApiError(400, f"unknown field(s) {unknown}: expected from and to, or last_s", param=unknown[0])
+        for name in ("from", "to", "last_s"):
+            value = body.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise ApiError(400, f"{name}: must be a finite number of seconds, got {value!r}", param=name)
+        if "last_s" in body:
+            if "from" in body or "to" in body:
+                raise ApiError(400, "give either from and to, or last_s, not both", param="last_s")
+            if not body["last_s"] > 0:
+                raise ApiError(400, f"last_s: must be > 0, got {body['last_s']!r}", param="last_s")
+        elif body.get("from") is None or body.get("to") is None:
+            raise ApiError(400, "from and to are required (stream seconds, from <= to), or last_s", param="from")
+        elif body["from"] > body["to"]:
+            raise ApiError(400, f"from ({body['from']}) is after to ({body['to']})", param="from")
+        if not hasattr(daemon, "forget"):
+            raise ApiError(503, "this server has no memory to forget from", kind="server_error",
+                           code="server_unavailable")
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: daemon.forget(body.get("from"), body.get("to"), last_s=body.get("last_s")))
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        except OSError as exc:  # a snapshot or archive rewrite failed: the cache is clean, the files are not yet
+            raise ApiError(500, f"the window was removed from the live cache but not from every file: {exc}",
+                           kind="server_error", code="forget_incomplete") from None
+        return JsonResponse(result)
 
     return routes

@@ -310,11 +310,31 @@ class VoiceLoop:
         except Exception:  # a broken microphone must not take the camera daemon down
             log.exception("voice loop stopped")
 
+    def _command(self, text: str) -> bool:
+        """A spoken command (forget the last N minutes, pause, resume: apps/voice/commands.py) carried out and
+        answered aloud; False when ``text`` is a question."""
+        from edgekv.apps.voice.commands import parse, run
+
+        command = parse(text)
+        if command is None:
+            return False
+        try:
+            reply = run(self.daemon, command)
+        except (ValueError, OSError) as exc:
+            reply = f"Could not {command.action}: {exc}"
+        self.daemon.say(f"voice command: {reply}")
+        speaker = getattr(self.daemon, "speaker", None)
+        if speaker is not None:
+            speaker.say(reply)
+        return True
+
     def _ask(self, utterance: np.ndarray) -> None:
         text = self.transcriber.transcribe(utterance)
         if not text or self.stop_event.is_set():
             return
         log.info("heard: %s", printable(text))
+        if self._command(text):
+            return
         question = Question(text, source="voice")
         try:
             self.daemon.submit(question)
