@@ -63,8 +63,31 @@ class SkipStaticSection:
 
 
 @dataclass(frozen=True)
+class CameraSection:
+    """One camera of ``video.sources``: several cameras on one model (apps/daemon/cameras.py)."""
+
+    name: str = ""
+    source: int | str = 0
+    weight: float = 1.0          # its share of cache.max_mib / max_tokens and archive.max_gib against the others'
+    fps: float | None = None     # default: video.fps
+
+    def validate(self, at: str) -> None:
+        if not self.name or not all(c.isalnum() or c in "-_" for c in self.name) or len(self.name) > 32:
+            raise ConfigError(f"{at}.name: expected 1-32 letters, digits, '-' or '_' (it names the camera's folders, "
+                              f"topics and metrics), got {self.name!r}")
+        if self.name == "all":
+            raise ConfigError(f"{at}.name: 'all' means every camera in a question; choose another name")
+        if not self.weight > 0:
+            raise ConfigError(f"{at}.weight: must be > 0, got {self.weight}")
+        if self.fps is not None and not self.fps > 0:
+            raise ConfigError(f"{at}.fps: must be > 0, got {self.fps}")
+
+
+@dataclass(frozen=True)
 class VideoSection:
     source: int | str = 0
+    # Several cameras on one model (a list of {name, source, weight, fps}); when set, ``source`` is not used.
+    sources: list[CameraSection] = field(default_factory=list)
     fps: float = 1.0
     resolution: list[int] | None = field(default_factory=lambda: [448, 448])
     max_frames: int | None = None
@@ -114,6 +137,12 @@ class VideoSection:
             raise ConfigError(f"{at}.max_gap_s: must be in (0, 4.4e12] seconds, got {self.max_gap_s}")
         if not self.stall_s > 0.0:
             raise ConfigError(f"{at}.stall_s: must be > 0, got {self.stall_s}")
+        names = set()
+        for index, camera in enumerate(self.sources):
+            camera.validate(f"{at}.sources[{index}]")
+            if camera.name in names:
+                raise ConfigError(f"{at}.sources[{index}].name: {camera.name!r} names two cameras")
+            names.add(camera.name)
 
 
 POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import json
 import logging
 from pathlib import Path
@@ -91,6 +93,20 @@ class Runtime:
     def from_pretrained(cls, model_dir: str | Path, **overrides: dict) -> "Runtime":
         model = {"path": str(model_dir), **overrides.pop("model", {})}
         return cls(EdgeKVConfig().with_overrides(model=model, **overrides))
+
+    SHARED_SECTIONS = ("model", "engines", "runtime", "privacy")
+
+    def sharing(self, config: EdgeKVConfig) -> "Runtime":
+        """A runtime for another camera of this deployment (``video.sources``): these weights, tokenizer and
+        engines, loaded once, with ``config``'s own video, cache, archive and state sections. The sections the
+        loaded weights depend on must be the same; a difference is a ValueError naming the section."""
+        for name in self.SHARED_SECTIONS:
+            if getattr(config, name) != getattr(self.config, name):
+                raise ValueError(f"{name}: a runtime shared by several cameras has one {name} section; this camera's "
+                                 "differs")
+        twin = copy.copy(self)
+        twin.config = config
+        return twin
 
     def session(self, archive: bool = True) -> StreamSession:
         """A new stream session with its own capped cache (``archive=False``: without the configured archive,

@@ -63,6 +63,15 @@ def run_daemon(args: argparse.Namespace, prog: str) -> int:
         return 2
     from edgekv.apps.daemon.loop import Daemon, DaemonOptions
 
+    if config.video.sources:  # several cameras on one model (apps/daemon/cameras.py)
+        from edgekv.apps.daemon.cameras import CameraSet
+
+        try:
+            cameras = CameraSet(config, DaemonOptions.from_namespace(args), prog=prog)
+        except ValueError as exc:
+            print(f"{prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
+            return 2
+        return cameras.run()
     return Daemon(config, DaemonOptions.from_namespace(args), prog=prog).run()
 
 

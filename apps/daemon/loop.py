@@ -111,6 +111,10 @@ class Daemon:
         self.backlog = FrameBacklog(config.video.answer_backlog_s, int(config.video.answer_backlog_mib * 2**20))
         self.stall = StallWatch(config.video.stall_s, config.video.fps)  # ingesting nothing for long: "stalled"
         self.session = None
+        self.runtime = None  # set before start() to share loaded weights (several cameras: apps/daemon/cameras.py)
+        self.camera: str | None = None  # this daemon's camera name among video.sources
+        self.cameras: dict | None = None  # on the daemon that runs the server: every camera's daemon by name
+        self.asked_through = None  # the camera daemon whose server and voice bring this one's questions
         self.sampler = None
         self.monitor = None
         self.server = None
@@ -270,7 +274,8 @@ class Daemon:
         model_dir = Path(resolve_model_path(cfg.model.path))
         if is_random_checkpoint(model_dir):
             self.say(RANDOM_WEIGHTS_NOTE.format(path=model_dir))
-        runtime = edgekv.Runtime.from_config(cfg)
+        runtime = self.runtime if self.runtime is not None else edgekv.Runtime.from_config(cfg)
+        self.runtime = runtime
         self.session = self.state.restore(runtime)  # a fresh session unless a matching snapshot is on disk
         self._on_session_ready()
         stats = self.session.stats()
@@ -609,7 +614,8 @@ class Daemon:
             return True
         stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
         listening = (self.server is not None or self.voice is not None or self.ros2 is not None or stdin
-                     or self.fleet is not None)
+                     or self.fleet is not None
+                     or (self.asked_through is not None and self.asked_through.server is not None))
         if not listening:
             self.say("no question can arrive (no HTTP API, no stdin, no microphone, no fleet): exiting")
         return not listening

@@ -42,9 +42,50 @@ def router(api: Api) -> APIRouter:
               responses={200: {"description": "chat.completion, or text/event-stream chunks when stream is true"}})
     async def chat(request: Request):
         params = parse_chat_request(await api.body(request), api.limits)
-        return await answer_chat(api.daemon, params, api.limits.served_models[0], request.receive)
+        cameras = getattr(api.daemon, "cameras", None) or {}
+        if not cameras:  # one camera (video.source)
+            if params.camera not in (None, "all"):
+                raise ApiError(400, f"camera: this daemon watches one camera (no video.sources); got "
+                                    f"{params.camera!r}", param="camera")
+            return await answer_chat(api.daemon, params, api.limits.served_models[0], request.receive)
+        if params.camera not in (None, "all"):
+            if params.camera not in cameras:
+                raise ApiError(400, f"camera: {params.camera!r} is not one of {', '.join(cameras)} (or 'all')",
+                               param="camera")
+            return await answer_chat(cameras[params.camera], params, api.limits.served_models[0], request.receive)
+        return await answer_every_camera(cameras, params, api.limits.served_models[0])
 
     return routes
+
+
+async def answer_every_camera(cameras: dict, params: ChatRequest, model_id: str) -> Response:
+    """The question asked of each camera at once (each camera's loop answers its own); one answer listing
+    them, ``edgekv.cameras`` holding each camera's figures. Streaming needs one camera."""
+    if params.stream:
+        raise ApiError(400, "stream: a streamed answer comes from one camera; name it with \"camera\"",
+                       param="camera")
+    responses = await asyncio.gather(*(answer_chat(daemon, params, model_id) for daemon in cameras.values()),
+                                     return_exceptions=True)
+    lines, figures, usage = [], {}, {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for name, response in zip(cameras, responses):
+        if isinstance(response, ApiError):
+            lines.append(f"{name}: (no answer: {response.message})")
+            figures[name] = {"error": response.message}
+            continue
+        if isinstance(response, BaseException):
+            raise response
+        body = json.loads(response.body)
+        lines.append(f"{name}: {body['choices'][0]['message']['content']}")
+        figures[name] = body["edgekv"]
+        for key in usage:
+            usage[key] += body["usage"][key]
+    return JsonResponse({
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+        "model": model_id,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "\n".join(lines)},
+                     "finish_reason": "stop", "logprobs": None}],
+        "usage": usage, "edgekv": {"cameras": figures},
+    })
 
 
 async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: Any = None) -> Response:

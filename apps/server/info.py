@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError, safe_text
-from edgekv.apps.server.telemetry import Telemetry, stream_detail, stream_state
+from edgekv.apps.server.telemetry import Telemetry, camera_figures, stream_detail, stream_state
 
 
 def router(api: Api) -> APIRouter:
@@ -129,6 +129,7 @@ def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:
         "rates": {"ingest_fps": telemetry.ingest_fps(), "ttft_s": last.get("ttft_s"),
                   "decode_tok_s": last.get("decode_tok_s")},
         "series": telemetry.series_for_page(), "questions": recent_questions(daemon, telemetry), "auth": auth,
+        "cameras": camera_figures(daemon.cameras) if getattr(daemon, "cameras", None) else None,
     }
 
 

@@ -238,6 +238,9 @@ class ChatCompletionRequest(BaseModel):
     recall: bool | None = Field(None, description="edgekv: recall archived frame pairs first (null: archive.recall)")
     escalate: bool | None = Field(None, description="edgekv: send the question and the most relevant keyframes to "
                                                     "the escalation server (escalate: in the config)")
+    camera: Annotated[str, Field(min_length=1, max_length=32)] | None = Field(
+        None, description="edgekv: which camera of video.sources answers ('all': each, listed per camera; the "
+                          "default with several cameras)")
     # accepted and ignored: they change nothing about an answer
     user: str | None = None
     store: bool | None = None
@@ -276,6 +279,7 @@ class ChatRequest:
     recall: bool | None = None  # edgekv extension: recall archived frame pairs (null: archive.recall)
     escalate: bool | None = None  # edgekv extension: ask the escalation server (null: by confidence)
     images: tuple[bytes, ...] = ()  # encoded images of the question (server.image_requests)
+    camera: str | None = None  # edgekv extension: the camera asked (video.sources), "all" or null
 
 
 @dataclass(frozen=True)
@@ -313,7 +317,7 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         top_p=request.top_p, stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
-        seed=request.seed, recall=request.recall, escalate=request.escalate, images=images,
+        seed=request.seed, recall=request.recall, escalate=request.escalate, images=images, camera=request.camera,
     )
 
 

@@ -252,6 +252,57 @@ class DaemonCollector:
         for name in STREAM_STATES:
             state.add_metric([name], 1.0 if name == current else 0.0)
         yield state
+        cameras = getattr(daemon, "cameras", None)
+        if cameras:  # video.sources: each camera's own figures (the families above are the first camera's)
+            yield from camera_metrics(cameras)
+
+
+def camera_figures(cameras: dict) -> dict[str, dict]:
+    """Each camera's figures (several cameras on one model, apps/daemon/cameras.py), read without a lock."""
+    out = {}
+    for name, daemon in cameras.items():
+        session, sampler = daemon.session, daemon.sampler
+        if session is None:
+            out[name] = {"stream_state": stream_state(daemon)}
+            continue
+        capture = sampler.capture.stats() if sampler is not None else {}
+        out[name] = {
+            "stream_state": stream_state(daemon), "source": str(daemon.config.video.source),
+            "frames": session.counters.frames, "frame_pairs": session.counters.frame_pairs,
+            "compressions": session.counters.compressions, "questions": session.counters.questions,
+            "cache_tokens": session.cache.length, "cache_capacity_tokens": session.cache.capacity,
+            "cache_capacity_bytes": session.cache.capacity_bytes,
+            "frames_dropped": capture.get("frames_dropped", 0), "reconnects": capture.get("reconnects", 0),
+        }
+    return out
+
+
+def camera_metrics(cameras: dict) -> Iterator[Any]:
+    figures = camera_figures(cameras)
+    families = [
+        ("edgekv_camera_frames", "frames ingested, per camera", "frames", CounterMetricFamily),
+        ("edgekv_camera_frame_pairs", "frame pairs prefilled, per camera", "frame_pairs", CounterMetricFamily),
+        ("edgekv_camera_compressions", "cache compressions, per camera", "compressions", CounterMetricFamily),
+        ("edgekv_camera_questions", "questions answered, per camera", "questions", CounterMetricFamily),
+        ("edgekv_camera_frames_dropped", "frames the capture dropped, per camera", "frames_dropped",
+         CounterMetricFamily),
+        ("edgekv_camera_reconnects", "source reconnects, per camera", "reconnects", CounterMetricFamily),
+        ("edgekv_camera_cache_tokens", "cache slots in use, per camera", "cache_tokens", GaugeMetricFamily),
+        ("edgekv_camera_cache_capacity_bytes", "bytes allocated once for the camera's cache",
+         "cache_capacity_bytes", GaugeMetricFamily),
+    ]
+    for name, help_text, key, kind in families:
+        family = kind(name, help_text, labels=["camera"])
+        for camera, values in figures.items():
+            if key in values:
+                family.add_metric([camera], float(values[key]))
+        yield family
+    state = GaugeMetricFamily("edgekv_camera_stream_state", "1 for each camera's current state",
+                              labels=["camera", "state"])
+    for camera, values in figures.items():
+        for name in STREAM_STATES:
+            state.add_metric([camera, name], 1.0 if name == values["stream_state"] else 0.0)
+    yield state
 
 
 def fleet_metrics(stats: dict) -> Iterator[Any]:

@@ -1,0 +1,224 @@
+"""Several cameras on one model (``video.sources``, issue 28 §3).
+
+The weights load once (``Runtime.sharing``); each camera is a whole ``Daemon`` of its own — its session and
+capped cache, capture thread and reconnects, snapshots under ``state.dir/<name>``, archive under
+``archive.dir/<name>``, alerts, ROS 2 topics under ``<ros2.namespace>/<name>`` — so a camera that fails
+reconnects alone while the others go on. What they share:
+
+- **the memory budget**: ``cache.max_mib`` (or ``max_tokens``), ``archive.max_gib`` and ``state.max_mib`` are the
+  device's, split by the cameras' ``weight`` at start; every cap is allocated once, so the sum never changes.
+- **the model, through one lock handed out in arrival order** (``FairLock``): each camera's loop takes it for a
+  frame pair or an answer, so when every camera has work the turns go round — a camera's share of the loop stays
+  near its share of the frame rate whatever the others do (measured in the closing note of issue 28).
+- **one HTTP server** (the first camera's daemon runs it): a chat names its camera (``"camera": "front"``) or
+  asks all of them (the default with several cameras: the answers listed per camera); ``/metrics`` adds families
+  with a ``camera`` label; ``/v1/edgekv/status`` lists the cameras.
+- **one stop flag**: SIGTERM stops every camera, each saving its memory.
+
+``--ask front:QUESTION`` asks one camera; a question without a camera's prefix is asked of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from edgekv.apps.daemon.console import StopFlag
+from edgekv.config import EdgeKVConfig
+
+
+class FairLock:
+    """A re-entrant lock that waiting threads get in the order they asked for it (FIFO), unlike
+    ``threading.RLock``, which lets the thread that just released it take it again at once — one camera's loop
+    could then hold the model for many turns in a row while another waits."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._waiting: deque[int] = deque()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if self._owner is None and not self._waiting:
+                self._owner, self._depth = me, 1
+                return True
+            if not blocking:
+                return False
+            self._waiting.append(me)
+            try:
+                ok = self._cond.wait_for(lambda: self._owner is None and self._waiting[0] == me,
+                                         None if timeout is None or timeout < 0 else timeout)
+            finally:
+                if not (self._owner is None and self._waiting and self._waiting[0] == me):
+                    self._waiting.remove(me)
+                    self._cond.notify_all()  # the next in line may be free to go now
+            if not ok:
+                return False
+            self._waiting.popleft()
+            self._owner, self._depth = me, 1
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("FairLock released by a thread that does not hold it")
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cond.notify_all()
+
+    def __enter__(self) -> "FairLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
+    """Each camera's whole config: its source and rate, its share of the memory caps, its own folders and topics.
+    The first camera keeps the server, the fleet agent and the microphone; the others have them off."""
+    cameras = config.video.sources
+    total = sum(camera.weight for camera in cameras)
+    out: dict[str, EdgeKVConfig] = {}
+    for index, camera in enumerate(cameras):
+        share = camera.weight / total
+        cache = ({"max_mib": config.cache.max_mib * share, "max_tokens": None} if config.cache.max_mib is not None
+                 else {"max_tokens": max(1, int(config.cache.max_tokens * share)), "max_mib": None})
+        sections: dict[str, dict] = {
+            "video": {"source": camera.source, "fps": camera.fps or config.video.fps, "sources": []},
+            "cache": cache,
+            "state": {"dir": _sub(config.state.dir, camera.name), "max_mib": config.state.max_mib * share},
+            "archive": {"dir": _sub(config.archive.dir, camera.name), "max_gib": config.archive.max_gib * share},
+            "ros2": {"namespace": f"{config.ros2.namespace.rstrip('/')}/{camera.name}"},
+            "alerts": {"rules": [dataclasses.asdict(rule) for rule in config.alerts.rules
+                                 if rule.camera in (None, camera.name)]},
+        }
+        if index > 0:
+            sections["server"] = {"enabled": False}
+            sections["fleet"] = {"broker": None}
+            sections["voice"] = {"enabled": False}
+        out[camera.name] = config.with_overrides(label=f"video.sources[{index}] ({camera.name})", **sections)
+    unknown = {rule.camera for rule in config.alerts.rules} - set(out) - {None}
+    if unknown:
+        raise ValueError(f"alerts.rules: camera {sorted(unknown)[0]!r} is not one of video.sources ({', '.join(out)})")
+    return out
+
+
+def _sub(folder: str | None, name: str) -> str | None:
+    return None if folder is None else str(Path(folder) / name)
+
+
+def split_asks(questions: list[str], names: list[str]) -> dict[str, list[str]]:
+    """``--ask`` questions per camera: ``front:QUESTION`` to that camera, anything else to each."""
+    out: dict[str, list[str]] = {name: [] for name in names}
+    for text in questions:
+        head, sep, rest = text.partition(":")
+        if sep and head.strip() in out and rest.strip():
+            out[head.strip()].append(rest.strip())
+        else:
+            for name in names:
+                out[name].append(text)
+    return out
+
+
+class PrefixedOutput:
+    """Each camera's printed lines behind ``[name] `` on the one shared output (whole lines, one at a time)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, out: Any, name: str) -> None:
+        self.out, self.prefix, self._partial = out, f"[{name}] ", ""
+        self.encoding = getattr(out, "encoding", None)
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        while "\n" in self._partial:
+            line, self._partial = self._partial.split("\n", 1)
+            with self._lock:
+                self.out.write(self.prefix + line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self.out.flush()
+
+
+class CameraSet:
+    """The daemons of ``video.sources`` around one model (see the module docstring)."""
+
+    def __init__(self, config: EdgeKVConfig, args: argparse.Namespace | Any = None, out=None,
+                 prog: str = "edgekv-camera") -> None:
+        from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+
+        self.config = config
+        self.out = out or sys.stdout
+        self.prog = prog
+        self.stop = StopFlag()
+        self.lock = FairLock()
+        options = DaemonOptions.from_namespace(args)
+        configs = camera_configs(config)
+        asks = split_asks(list(options.ask), list(configs))
+        self.daemons: dict[str, Daemon] = {}
+        for index, (name, camera_config) in enumerate(configs.items()):
+            camera_options = dataclasses.replace(options, ask=asks[name], no_server=options.no_server or index > 0,
+                                                 no_stdin=options.no_stdin or index > 0)
+            daemon = Daemon(camera_config, camera_options, out=PrefixedOutput(self.out, name), prog=prog)
+            daemon.camera, daemon.lock, daemon.stop = name, self.lock, self.stop
+            self.daemons[name] = daemon
+        self.first = next(iter(self.daemons.values()))
+        self.first.cameras = self.daemons  # the server routes questions and figures by camera
+        for daemon in list(self.daemons.values())[1:]:
+            daemon.asked_through = self.first
+        self.ready = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def run(self) -> int:
+        import edgekv
+
+        self.stop.install()
+        try:
+            try:
+                for daemon in self.daemons.values():
+                    daemon.preflight()
+                runtime = edgekv.Runtime.from_config(self.first.config)
+                for daemon in self.daemons.values():
+                    daemon.runtime = runtime if daemon is self.first else runtime.sharing(daemon.config)
+                    daemon.start()
+            except (ValueError, OSError, RuntimeError) as exc:
+                from edgekv.apps.daemon.startup import one_line
+
+                print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
+                return 2
+            caps = ", ".join(f"{name} {d.session.cache.capacity} tokens = {d.session.cache.capacity_bytes / 2**20:.2f} MiB"
+                             for name, d in self.daemons.items())
+            self.say(f"{len(self.daemons)} cameras on one model: {caps}")
+            for name, daemon in self.daemons.items():
+                daemon.ready.set()
+                thread = threading.Thread(target=daemon.serve, name=f"edgekv-camera-{name}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+            self.ready.set()
+            while any(thread.is_alive() for thread in self._threads):
+                for thread in self._threads:
+                    thread.join(0.2)
+        finally:
+            self.stop.event.set()
+            for thread in self._threads:
+                thread.join(60)
+            for daemon in [*list(self.daemons.values())[1:], self.first]:  # the server goes last
+                daemon.shutdown()
+        return 0

@@ -1,0 +1,227 @@
+"""Several cameras on one model (issue 28 §3, apps/daemon/cameras.py): the caps split from one budget, each
+camera's questions answered about its own stream, questions routed by camera over HTTP, per-camera figures,
+and a camera that is pulled leaving the others ingesting."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from edgekv.apps.daemon.cameras import FairLock, camera_configs, split_asks
+from edgekv.config import ConfigError, EdgeKVConfig
+
+FRONT = "synthetic:events?size=112x112&fps=2&frames=120&seed=1&rate=0.08"
+BACK = "synthetic:events?size=112x112&fps=2&frames=120&seed=7&rate=0.08"
+
+
+def _config(tmp_path, **extra) -> EdgeKVConfig:
+    sections = dict(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"sources": [{"name": "front", "source": FRONT}, {"name": "back", "source": BACK}], "fps": 2.0,
+               "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 1280, "text_reserve_tokens": 64},
+        state={"dir": str(tmp_path / "state"), "every_s": 3600}, monitor={"backend": "cpu"},
+        server={"port": 0}, generation={"max_new_tokens": 2, "temperature": 0.0})
+    sections.update(extra)
+    return EdgeKVConfig().with_overrides(**sections)
+
+
+def test_each_camera_gets_its_share_of_the_budget_and_its_own_folders(tmp_path):
+    config = _config(tmp_path, cache={"max_mib": 12.0, "max_tokens": None},
+                     archive={"dir": str(tmp_path / "archive"), "max_gib": 3.0},
+                     video={"sources": [{"name": "front", "source": FRONT, "weight": 2},
+                                        {"name": "back", "source": BACK, "fps": 1.0}],
+                            "fps": 2.0, "resolution": [112, 112]},
+                     alerts={"rules": [{"question": "Was there a red circle?", "camera": "back"},
+                                       {"question": "Was there a blue square?"}]})
+    configs = camera_configs(config)
+    front, back = configs["front"], configs["back"]
+    assert (front.cache.max_mib, back.cache.max_mib) == (8.0, 4.0)
+    assert (front.archive.max_gib, back.archive.max_gib) == (2.0, 1.0)
+    assert (front.video.source, front.video.fps, back.video.fps) == (FRONT, 2.0, 1.0)
+    assert front.state.dir == str(tmp_path / "state" / "front") and back.archive.dir == str(tmp_path / "archive" / "back")
+    assert front.ros2.namespace == "/edgekv/front" and back.ros2.namespace == "/edgekv/back"
+    assert [r.question for r in front.alerts.rules] == ["Was there a blue square?"]
+    assert len(back.alerts.rules) == 2
+    assert front.server.enabled and not back.server.enabled and not back.video.sources
+    with pytest.raises(ValueError, match="camera 'side' is not one of video.sources"):
+        camera_configs(_config(tmp_path, alerts={"rules": [{"question": "Was there a red circle?", "camera": "side"}]}))
+    with pytest.raises(ConfigError, match=r"video.sources\[1\].name: 'front' names two cameras"):
+        _config(tmp_path, video={"sources": [{"name": "front", "source": FRONT}, {"name": "front", "source": BACK}]})
+
+
+def test_ask_prefixes_pick_a_camera():
+    asks = split_asks(["front: Was there a red circle?", "What color was the square?", "side: x"], ["front", "back"])
+    assert asks == {"front": ["Was there a red circle?", "What color was the square?", "side: x"],
+                    "back": ["What color was the square?", "side: x"]}
+
+
+def test_the_fair_lock_serves_waiting_threads_in_order():
+    lock = FairLock()
+    order: list[str] = []
+    lock.acquire()
+    assert lock.acquire(timeout=0)  # re-entrant
+    lock.release()
+
+    def take(name: str) -> None:
+        with lock:
+            order.append(name)
+
+    threads = []
+    for name in ("b", "c", "d"):
+        thread = threading.Thread(target=take, args=(name,))
+        thread.start()
+        threads.append(thread)
+        while len(lock._waiting) < len(threads):  # queued in this order before the next one starts
+            time.sleep(0.001)
+    lock.release()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["b", "c", "d"]
+    assert lock.acquire(timeout=0.01)
+    lock.release()
+
+
+class _Pulled:
+    """A live camera that stops after ``frames`` frames and cannot be reopened (its cable pulled)."""
+
+    def __init__(self, inner, frames: int, pulled: threading.Event) -> None:
+        from edgekv.video.sources import FrameSource, SourceLost, SourceUnavailable
+
+        outer = self
+
+        class Source(FrameSource):
+            kind = "synthetic"
+
+            def __init__(self):
+                super().__init__(inner.spec, live=True)
+                self.scene = inner.scene
+                self.count = 0
+
+            def read(self):
+                if self.count >= frames:
+                    pulled.set()
+                    raise SourceLost("cable pulled")
+                self.count += 1
+                return inner.read()
+
+            def reopen(self):
+                raise SourceUnavailable("no camera on the cable")
+
+            def close(self):
+                inner.close()
+
+        outer.source = Source()
+
+
+def _event_only_in(first, second):
+    """(colour, shape) of an event of ``first``'s stream that ``second``'s never shows."""
+    from edgekv.video.sources import open_source
+
+    def events(spec):
+        source = open_source(spec)
+        try:
+            return {(e.color, e.shape) for e in source.scene.events}
+        finally:
+            source.close()
+
+    only = sorted(events(first) - events(second))
+    assert only, "the two test streams share every event"
+    return only[0]
+
+
+def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from helpers_server import call, daemon_args
+
+    import edgekv.apps.daemon.loop as loop
+    from edgekv.apps.daemon.cameras import CameraSet
+
+    config = _config(tmp_path)
+    cameras = CameraSet(config, daemon_args(realtime=False, quiz=6), out=open(tmp_path / "out.txt", "w"))
+    assert cameras.first.cameras is cameras.daemons and list(cameras.daemons) == ["front", "back"]
+    thread = threading.Thread(target=cameras.run, daemon=True)
+    thread.start()
+    try:
+        assert cameras.ready.wait(180)
+        front, back = cameras.daemons["front"], cameras.daemons["back"]
+        assert front.runtime.model is back.runtime.model  # the weights loaded once
+        assert front.session.cache.capacity == back.session.cache.capacity == 640
+        deadline = time.monotonic() + 300
+        while (front.stream_detail is None or back.stream_detail is None) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert front.stream_detail is not None and back.stream_detail is not None
+        assert front.session.counters.frames == back.session.counters.frames == 120
+        port = front.server.port
+        color, shape = _event_only_in(FRONT, BACK)
+        question = {"messages": [{"role": "user", "content": f"Was there a {color} {shape}?"}], "max_tokens": 2}
+        status, _, body = call(port, "POST", "/v1/chat/completions", question)  # every camera by default
+        assert status == 200, body
+        answer = json.loads(body)
+        assert answer["choices"][0]["message"]["content"] == "front: yes\nback: no"
+        assert set(answer["edgekv"]["cameras"]) == {"front", "back"}
+        status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "camera": "back"})
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "no"
+        status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "camera": "side"})
+        assert status == 400 and b"'side' is not one of front, back" in body
+        status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "stream": True})
+        assert status == 400 and b"name it with" in body
+        status, _, body = call(port, "GET", "/metrics")
+        text = body.decode()
+        assert 'edgekv_camera_frames_total{camera="front"} 120.0' in text
+        assert 'edgekv_camera_frames_total{camera="back"} 120.0' in text
+        assert 'edgekv_camera_stream_state{camera="back",state="ended"} 1.0' in text
+        status, _, body = call(port, "GET", "/v1/edgekv/status")
+        assert json.loads(body)["cameras"]["back"]["cache_capacity_tokens"] == 640
+    finally:
+        cameras.stop.event.set()
+        thread.join(120)
+    out = (tmp_path / "out.txt").read_text()
+    for name in ("front", "back"):
+        graded = [line for line in out.splitlines() if line.startswith(f"[{name}] quiz: ")]
+        assert graded and int(graded[0].split()[2].split("/")[0]) >= 5, graded  # each about its own stream
+        assert (tmp_path / "state" / name).is_dir() and list((tmp_path / "state" / name).glob("snapshot-*.ekv"))
+
+
+def test_a_pulled_camera_leaves_the_other_ingesting(tmp_path, monkeypatch):
+    import edgekv.apps.daemon.loop as loop
+    from edgekv.apps.daemon.cameras import CameraSet
+    from helpers_server import daemon_args
+
+    pulled = threading.Event()
+    real = loop.open_video_source
+
+    def opening(config):
+        spec, source = real(config)
+        if config.video.source == BACK:
+            return spec, _Pulled(source, 10, pulled).source
+        return spec, source
+
+    monkeypatch.setattr(loop, "open_video_source", opening)
+    config = _config(tmp_path, server={"enabled": False},
+                     video={"sources": [{"name": "front", "source": FRONT.replace("frames=120", "frames=100000")},
+                                        {"name": "back", "source": BACK}], "fps": 2.0, "resolution": [112, 112],
+                            "reconnect_backoff_s": [0.05, 0.2]})
+    # paced like cameras (a live source is never read losslessly)
+    cameras = CameraSet(config, daemon_args(realtime=True), out=open(tmp_path / "out.txt", "w"))
+    thread = threading.Thread(target=cameras.run, daemon=True)
+    thread.start()
+    try:
+        assert cameras.ready.wait(180)
+        front, back = cameras.daemons["front"], cameras.daemons["back"]
+        assert pulled.wait(120)
+        deadline = time.monotonic() + 120
+        while back.stream_state != "reconnecting" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert back.stream_state == "reconnecting"
+        seen = front.session.counters.frames
+        while front.session.counters.frames < seen + 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert front.session.counters.frames >= seen + 8 and front.stream_state == "running"
+        assert back.session.counters.frames <= 10 and back.stream_state == "reconnecting"
+    finally:
+        cameras.stop.event.set()
+        thread.join(120)
