@@ -225,3 +225,16 @@ def test_a_pulled_camera_leaves_the_other_ingesting(tmp_path, monkeypatch):
     finally:
         cameras.stop.event.set()
         thread.join(120)
+
+
+def test_bench_cameras_writes_its_figures(tmp_path, capsys):
+    from edgekv.apps.cli import main
+
+    out_json = tmp_path / "cameras.json"
+    assert main(["bench", "cameras", "--seconds", "2", "--fps", "4", "--size", "56", "--max-tokens", "512",
+                 "--ask-every-s", "0.5", "--json", str(out_json), "--plot", str(tmp_path / "cameras.png")]) == 0
+    result = json.loads(out_json.read_text())
+    assert set(result["cameras"]) == {"cam0", "cam1"} and result["memory"]["caches_unchanged"] is True
+    assert sum(c["share_of_ingested"] for c in result["cameras"].values()) == pytest.approx(1.0)
+    assert result["questions_asked"] >= 2 and (tmp_path / "cameras.png").read_bytes()[:4] == b"\x89PNG"
+    assert "% of all ingested" in capsys.readouterr().out
