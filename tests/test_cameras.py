@@ -174,6 +174,9 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
         assert 'edgekv_camera_frames_total{camera="front"} 120.0' in text
         assert 'edgekv_camera_frames_total{camera="back"} 120.0' in text
         assert 'edgekv_camera_stream_state{camera="back",state="ended"} 1.0' in text
+        status, headers, body = call(port, "GET", "/frame.jpg?camera=back")
+        assert status == 200 and body[:2] == b"\xff\xd8"
+        assert call(port, "GET", "/frame.jpg?camera=side")[0] == 400
         status, _, body = call(port, "GET", "/v1/edgekv/status")
         assert json.loads(body)["cameras"]["back"]["cache_capacity_tokens"] == 640
     finally:

@@ -74,9 +74,16 @@ def router(api: Api) -> APIRouter:
 
     @routes.get("/frame.jpg", response_class=Response,
              responses={200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}}})
-    async def frame():
-        cached = getattr(daemon, "jpeg_cached", None)
-        data = await _refresh(bool(cached()) if callable(cached) else False, daemon.latest_jpeg)
+    async def frame(camera: str | None = None):
+        source = daemon
+        if camera is not None:  # video.sources: that camera's latest frame
+            cameras = getattr(daemon, "cameras", None) or {}
+            if camera not in cameras:
+                raise ApiError(400, f"camera: {safe_text(camera)!r} is not one of this daemon's cameras "
+                                    f"({', '.join(cameras) or 'it watches one: leave camera out'})", param="camera")
+            source = cameras[camera]
+        cached = getattr(source, "jpeg_cached", None)
+        data = await _refresh(bool(cached()) if callable(cached) else False, source.latest_jpeg)
         if data is None:
             raise ApiError(404, "no frame ingested yet", code="no_frame")
         return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
