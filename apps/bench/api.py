@@ -450,7 +450,7 @@ def _print(result: dict) -> None:
           f"{fmt(idle['healthz_ms'].get('p50'), 1)} ms p99 {fmt(idle['healthz_ms'].get('p99'), 1)} ms")
     what = (f"{load['chats']} chats x {load['answer_tokens']} tokens" if load.get("kind", "burst") in ("burst", "hammer")
             else f"{load['clients']} {load['kind']} clients")
-    print(f"load  {load['seconds']:.1f} s ({load.get('kind', 'burst')}: {what}, {load.get('requests', '')} requests, "
+    print(f"load  {load['seconds']:.1f} s ({load.get('kind', 'burst')}: {what}, {load.get('requests', load.get('chats'))} requests, "
           f"statuses {load['statuses']}): ingest {fmt(load['ingest_fps'])} frames/s = {fmt(ratio and 100 * ratio, 0)} % of idle "
           f"(target >= {100 * INGEST_TARGET:.0f} %), /healthz p50 {fmt(load['healthz_ms'].get('p50'), 1)} ms p99 "
           f"{fmt(load['healthz_ms'].get('p99'), 1)} ms max {fmt(load['healthz_ms'].get('max'), 1)} ms "
