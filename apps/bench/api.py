@@ -48,7 +48,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from edgekv.apps.bench.common import daemon_port, serve_daemon
+from edgekv.apps.bench.common import ClientThreads, daemon_port, serve_daemon
 
 INGEST_TARGET = 0.8
 HEALTHZ_P99_TARGET_MS = 100.0
@@ -172,7 +172,7 @@ def _chat(port: int, index: int, tokens: int, barrier: threading.Barrier, out: l
         conn.close()
 
 
-class Load:
+class Load(ClientThreads):
     """Clients sending ``kind`` traffic until ``stop()`` or ``max_requests`` in all: statuses counted."""
 
     READ_ROUTES = ("/metrics", "/v1/edgekv/status", "/frame.jpg", "/v1/models")
@@ -188,15 +188,6 @@ class Load:
         target = {"hammer": self._chats, "read": self._reads, "slowloris": self._slowloris}[kind]
         self.threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(clients)]
 
-    def start(self) -> "Load":
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self.threads:
-            thread.join(60)
 
     def _count(self, status, seconds: float | None = None) -> bool:
         """Record one outcome; False once the bound on requests is reached."""
@@ -303,6 +294,19 @@ def _rate(samples: list[tuple[float, float, int | None]], start: float, end: flo
     return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
+def _common(prober, windows: tuple, status: int, metrics: bytes) -> dict:
+    """What every load's result holds beside its own figures: targets, the probes and the windows."""
+    idle_start, idle_end, load_start, load_end = windows
+    return {
+        "targets": {"ingest_ratio_min": INGEST_TARGET, "healthz_p99_ms_max": HEALTHZ_P99_TARGET_MS},
+        "probe_failures": prober.failures,
+        "samples": [{"t": t - idle_start, "latency_ms": 1e3 * latency, "frames": frames}
+                    for t, latency, frames in prober.samples],
+        "windows": {"idle": [0.0, idle_end - idle_start], "load": [load_start - idle_start, load_end - idle_start]},
+        "daemon_status": json.loads(metrics).get("daemon") if status == 200 else None,
+    }
+
+
 def _latency_ms(samples: list, start: float, end: float) -> dict:
     values = sorted(1e3 * latency for t, latency, _ in samples if start <= t <= end)
     if not values:
@@ -394,12 +398,7 @@ def _measure(port: int, args: argparse.Namespace) -> dict:
                  "ingest_ratio": load_rate / idle_rate if idle_rate and load_rate is not None else None,
                  "healthz_ms": _latency_ms(prober.samples, load_start, load_end),
                  "chat_latency_s": {"p50": statistics.median(latencies), "max": latencies[-1]} if latencies else None},
-        "targets": {"ingest_ratio_min": INGEST_TARGET, "healthz_p99_ms_max": HEALTHZ_P99_TARGET_MS},
-        "probe_failures": prober.failures,
-        "samples": [{"t": t - idle_start, "latency_ms": 1e3 * latency, "frames": frames}
-                    for t, latency, frames in prober.samples],
-        "windows": {"idle": [0.0, idle_end - idle_start], "load": [load_start - idle_start, load_end - idle_start]},
-        "daemon_status": json.loads(metrics).get("daemon") if status == 200 else None,
+        **_common(prober, (idle_start, idle_end, load_start, load_end), status, metrics),
     }
 
 
@@ -433,12 +432,7 @@ def _measure_load(port: int, args: argparse.Namespace, prober: Prober, idle_star
                  "healthz_served": _served(prober.samples, load_start, load_end),
                  "chat_latency_s": ({"p50": statistics.median(latencies), "max": latencies[-1]}
                                     if latencies and args.load == "hammer" else None)},
-        "targets": {"ingest_ratio_min": INGEST_TARGET, "healthz_p99_ms_max": HEALTHZ_P99_TARGET_MS},
-        "probe_failures": prober.failures,
-        "samples": [{"t": t - idle_start, "latency_ms": 1e3 * latency, "frames": frames}
-                    for t, latency, frames in prober.samples],
-        "windows": {"idle": [0.0, idle_end - idle_start], "load": [load_start - idle_start, load_end - idle_start]},
-        "daemon_status": json.loads(metrics).get("daemon") if status == 200 else None,
+        **_common(prober, (idle_start, idle_end, load_start, load_end), status, metrics),
     }
 
 

@@ -103,3 +103,21 @@ def daemon_port(child, port_queue, limit_s: float = 300.0) -> int | None:
             if not child.is_alive():
                 return None
     return None
+
+
+class ClientThreads:
+    """Client threads of a bench load (``threads``), started together and stopped through ``_stop``."""
+
+    threads: list
+    _stop: "threading.Event"
+    join_s = 60.0
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self.threads:
+            thread.join(self.join_s)

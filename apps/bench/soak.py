@@ -35,6 +35,7 @@ import numpy as np
 import psutil
 import torch
 
+from edgekv.apps.bench.common import ClientThreads
 from edgekv.threads import threads_argument
 
 MAX_SAMPLES = 2000
@@ -299,9 +300,11 @@ def _plot(report: SoakReport, path: Path, title: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- --daemon
-class _Clients:
+class _Clients(ClientThreads):
     """Chat clients, a status-page poller, a Prometheus scraper and a /healthz probe around a daemon on
     127.0.0.1; every outcome that is not a 200 is counted as an error (with the first few kept as text)."""
+
+    join_s = 120.0
 
     def __init__(self, port: int, args: argparse.Namespace) -> None:
         import threading
@@ -314,16 +317,6 @@ class _Clients:
         self.threads = [threading.Thread(target=self._chats, args=(i,), daemon=True) for i in range(args.clients)]
         self.threads += [threading.Thread(target=self._poll, args=(path, period), daemon=True)
                          for path, period in (("/v1/edgekv/status", 1.0), ("/metrics", 1.0), ("/healthz", 0.5))]
-
-    def start(self) -> "_Clients":
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self.threads:
-            thread.join(120)
 
     def _outcome(self, what: str, status) -> None:
         with self._lock:
