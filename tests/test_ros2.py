@@ -302,3 +302,49 @@ def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
     assert status[-1]["cache"]["frames"] >= 30 and status[-1]["ros2"]["questions"] == 3
     assert status[-1]["source"]["topic"] == "/camera/image_raw" and status[-1]["source"]["corrupt"] == 0
     assert "ROS 2: questions on /edgekv/input_query, answers on /edgekv/output" in out.getvalue()
+
+
+def test_two_cameras_answer_their_own_robots_over_ros2(tmp_path):
+    """video.sources with two ROS 2 cameras on one model: each camera reads its own image topic and answers on
+    its own namespace (/edgekv/front/..., /edgekv/back/...), about what it saw (two robots, two scenes)."""
+    from edgekv.apps.daemon.cameras import CameraSet
+    from edgekv.apps.daemon.loop import DaemonOptions
+    from edgekv.toy.questions import answer_of
+    from edgekv.toy.quiz import make_quiz
+
+    scenes = {"front": SCENE, "back": SCENE.replace("seed=2", "seed=5")}
+    quizzes = {}
+    for name, spec in scenes.items():
+        scene = open_source(spec).scene
+        quizzes[name] = make_quiz(scene.events, 2, seed=scene.seed)
+    domain = _domain()
+    config = EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"sources": [{"name": name, "source": f"ros2:/{name}/image_raw"} for name in scenes], "fps": 20.0,
+               "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 1280, "text_reserve_tokens": 64},
+        server={"enabled": False}, generation={"max_new_tokens": 8, "temperature": 0.0}, monitor={"backend": "cpu"},
+        ros2={"enabled": True, "domain_id": domain, "interface": "lo", "peers": ["127.0.0.1"], "multicast": False})
+    out = io.StringIO()
+    cameras = CameraSet(config, DaemonOptions(no_stdin=True, no_server=True, quiet=True), out=out)
+    thread = threading.Thread(target=cameras.run, daemon=True)
+    thread.start()
+    robots = {}
+    try:
+        assert cameras.ready.wait(120), out.getvalue()
+        for name, spec in scenes.items():
+            (tmp_path / name).mkdir()
+            robots[name] = Robot(tmp_path / name, domain,
+                                 "--spec", spec, "--topic", f"/{name}/image_raw", "--namespace", f"/edgekv/{name}",
+                                 *[a for qa in quizzes[name] for a in ("--ask", qa.question)])
+        results = {name: robot.result(timeout=180) for name, robot in robots.items()}
+    finally:
+        for robot in robots.values():
+            robot.stop()
+        cameras.stop.event.set()
+        thread.join(60)
+    for name, result in results.items():
+        assert not result["errors"], (name, result["errors"], out.getvalue())
+        assert [answer_of(a) for a in result["answers"]] == [qa.answer for qa in quizzes[name]], (name, out.getvalue())
+        assert json.loads(result["status"][-1])["source"]["topic"] == f"/{name}/image_raw"
+    assert "[back] ROS 2: questions on /edgekv/back/input_query" in out.getvalue()
