@@ -149,3 +149,53 @@ def _legend_matches_the_overlay(page) -> None:
 def close(pixel: list[int], colour: list[int]) -> bool:
     """Equal RGBA up to the canvas's premultiplied-alpha rounding."""
     return all(abs(a - b) <= 2 for a, b in zip(pixel, colour, strict=True))
+
+
+def test_page_picks_a_camera_when_several_watch(tmp_path):
+    """video.sources: the page offers the cameras, lists each one's figures, shows the chosen camera's frame
+    and asks the chosen camera (a streamed answer needs one)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
+    import threading
+
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.cameras import CameraSet
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"sources": [{"name": "front", "source": "synthetic:events?size=112x112&fps=4&frames=100000&seed=1"},
+                           {"name": "back", "source": "synthetic:events?size=112x112&fps=4&frames=100000&seed=2"}],
+               "fps": 2.0, "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 1280, "text_reserve_tokens": 64},
+        server={"port": 0}, monitor={"backend": "cpu"}, generation={"max_new_tokens": 3})
+    cameras = CameraSet(config, daemon_args(), out=open(tmp_path / "out.txt", "w"))
+    thread = threading.Thread(target=cameras.run, daemon=True)
+    thread.start()
+    try:
+        assert cameras.ready.wait(120)
+        base = f"http://127.0.0.1:{cameras.first.server.port}"
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = browser.new_context(viewport={"width": 1100, "height": 760}).new_page()
+                page.goto(base + "/")
+                poll(page, "!document.querySelector('#camera').hidden")
+                assert page.evaluate("() => [...document.querySelectorAll('#camera option')].map(o => o.value)") == \
+                    ["front", "back"]
+                poll(page, "document.querySelector('#figures').textContent.includes('camera back')")
+                page.select_option("#camera", "back")
+                poll(page, "document.querySelector('#frame').src.includes('camera=back')")
+                poll(page, "document.querySelector('#frame').naturalWidth > 0")
+                page.fill("#question", "Was there a red circle?")
+                page.click("#send")
+                page.wait_for_selector("#answer[data-done='1']", timeout=60_000)
+                answer = page.inner_text("#answer")
+                assert answer.strip() and not answer.startswith("error"), answer
+                screenshot(page, tmp_path, "status-cameras.png")
+            finally:
+                browser.close()
+    finally:
+        cameras.stop.event.set()
+        thread.join(60)
+    assert cameras.daemons["back"].session.counters.questions >= 1  # the chosen camera answered
