@@ -143,6 +143,9 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
     config = _config(tmp_path)
     cameras = CameraSet(config, daemon_args(realtime=False, quiz=6), out=open(tmp_path / "out.txt", "w"))
     assert cameras.first.cameras is cameras.daemons and list(cameras.daemons) == ["front", "back"]
+    front, back = cameras.daemons["front"], cameras.daemons["back"]
+    assert front.stop.event is back.stop.event is cameras.stop.event  # one stop; each camera its own SIGHUP flag
+    assert front.stop.hangup is not back.stop.hangup
     thread = threading.Thread(target=cameras.run, daemon=True)
     thread.start()
     try:

@@ -13,7 +13,7 @@ reconnects alone while the others go on. What they share:
 - **one HTTP server** (the first camera's daemon runs it): a chat names its camera (``"camera": "front"``) or
   asks all of them (the default with several cameras: the answers listed per camera); ``/metrics`` adds families
   with a ``camera`` label; ``/v1/edgekv/status`` lists the cameras.
-- **one stop flag**: SIGTERM stops every camera, each saving its memory.
+- **one stop flag**: SIGTERM stops every camera, each saving its memory; SIGHUP makes each save and go on.
 
 ``--ask front:QUESTION`` asks one camera; a question without a camera's prefix is asked of each.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 import threading
 from collections import deque
@@ -174,7 +175,8 @@ class CameraSet:
             camera_options = dataclasses.replace(options, ask=asks[name], no_server=options.no_server or index > 0,
                                                  no_stdin=options.no_stdin or index > 0)
             daemon = Daemon(camera_config, camera_options, out=PrefixedOutput(self.out, name), prog=prog)
-            daemon.camera, daemon.lock, daemon.stop = name, self.lock, self.stop
+            daemon.camera, daemon.lock = name, self.lock
+            daemon.stop.event = self.stop.event  # one stop for all; each its own SIGHUP flag (each saves its memory)
             self.daemons[name] = daemon
         self.first = next(iter(self.daemons.values()))
         self.first.cameras = self.daemons  # the server routes questions and figures by camera
@@ -190,6 +192,8 @@ class CameraSet:
         import edgekv
 
         self.stop.install()
+        if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, lambda _signum, _frame: [d.stop.hangup.set() for d in self.daemons.values()])
         try:
             try:
                 for daemon in self.daemons.values():
