@@ -12,7 +12,8 @@ from edgekv.config import ConfigError, EdgeKVConfig, config_from_dict, load_conf
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize("name", ["cpu-demo.yaml", "tiny-random.yaml", "orin-agx-64gb.yaml", "orin-nano-8gb.yaml"])
+@pytest.mark.parametrize("name", ["cpu-demo.yaml", "tiny-random.yaml", "orin-agx-64gb.yaml", "orin-nano-8gb.yaml",
+                                  "cpu-two-cameras.yaml"])
 def test_shipped_profiles_load(name):
     config = load_config(CONFIGS / name)
     assert config.cache.max_tokens and config.cache.text_reserve_tokens < config.cache.max_tokens
@@ -21,6 +22,8 @@ def test_shipped_profiles_load(name):
 @pytest.mark.parametrize("data, message", [
     ({"cache": {"bogus": 1}}, "cache.bogus: unknown key"),
     ({"bogus": {}}, "bogus: unknown section"),
+    ({"video": {"sources": [{"name": "all", "source": 0}]}}, "video.sources[0].name: 'all' means every camera"),
+    ({"video": {"sources": [{"name": "a", "weight": 0}]}}, "video.sources[0].weight: must be > 0"),
     ({"cache": {"max_tokens": "lots"}}, "cache.max_tokens: expected an integer, got 'lots'"),
     ({"cache": {"max_tokens": True}}, "cache.max_tokens: expected an integer"),
     ({"video": {"fps": "fast"}}, "video.fps: expected a number"),
