@@ -292,6 +292,7 @@ class FrameArchive:
         self._work: queue.Queue[_Staged | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
+        self._hurry = threading.Event()  # flush() waits: no gathering
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, name="edgekv-archive-writer", daemon=True)
         self._writer.start()
@@ -760,7 +761,11 @@ class FrameArchive:
         self._staging_tokens = tokens
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until every submitted pair is on disk (True) or ``timeout`` passes (False)."""
+        """Wait until every submitted pair is on disk (True) or ``timeout`` passes (False); the writer stops
+        gathering a batch (``_LINGER_S``) and writes what is queued."""
+        if self._idle.is_set():
+            return True
+        self._hurry.set()
         return self._idle.wait(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
@@ -792,10 +797,13 @@ class FrameArchive:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
+                hurry = self._hurry.is_set()  # someone waits in flush(): write what is queued now
                 try:
-                    item = self._work.get(timeout=remaining)
+                    item = self._work.get_nowait() if hurry else self._work.get(timeout=min(remaining, 0.02))
                 except queue.Empty:
-                    break
+                    if hurry:
+                        break
+                    continue
                 if item is None:
                     stop = True
                     break
@@ -810,6 +818,7 @@ class FrameArchive:
                     self._free.put(staged)
                 if self._work.empty():
                     self._idle.set()
+                    self._hurry.clear()
         with self._write_lock:
             self._close_segment()
 
