@@ -75,8 +75,10 @@ def test_the_fair_lock_serves_waiting_threads_in_order():
         thread = threading.Thread(target=take, args=(name,))
         thread.start()
         threads.append(thread)
-        while len(lock._waiting) < len(threads):  # queued in this order before the next one starts
+        deadline = time.monotonic() + 60
+        while len(lock._waiting) < len(threads) and time.monotonic() < deadline:  # queued in this order
             time.sleep(0.001)
+        assert len(lock._waiting) == len(threads)
     lock.release()
     for thread in threads:
         thread.join(10)
