@@ -109,7 +109,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_videoqa_arguments(sub.add_parser(
         "videoqa", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="multiple-choice accuracy of real Qwen2.5-VL weights on MLVU or Video-MME (local files)"))
+        help="accuracy of real Qwen2.5-VL weights on MLVU, Video-MME (after each video) or OVO-Bench, "
+             "StreamingBench, RVS-Ego/Movie (questions at their timestamps while the video streams); local files"))
 
 
 def _run_needle(args: argparse.Namespace) -> int:
