@@ -305,6 +305,9 @@ def test_eval_videoqa_runs_resumes_and_refuses_a_bad_layout(tmp_path, tiny_check
     summary = json.loads((out / "summary.json").read_text())
     assert summary["budget_tokens"] == 768 and summary["policy"] == "infinipot_v"
     assert summary["accuracy"]["questions"] == 2 and "plotQA" in summary["accuracy"]["per_task"]
+    assert summary["accuracy"]["all"]["n"] == 2 and len(summary["accuracy"]["tasks"]["plotQA"]["ci95"]) == 2
+    assert summary["questions_asked"] == "after the whole video"
+    assert {json.loads(line)["frames_seen"] for line in lines} == {4}  # 8 frames at 4 fps, sampled at 2 fps
     assert summary["throughput"]["ingest_frames_per_s_mean"] > 0
     assert main(args) == 0  # resumed: nothing asked again
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
