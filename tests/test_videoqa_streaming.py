@@ -136,6 +136,9 @@ def test_streamingbench_layout_is_read(tmp_path):
     assert items[3].options == ("A. none", "B. one", "C. two", "D. three")  # bare options get their letters
     assert len({i.id for i in items}) == 4 and items[0].task == "Object Recognition"
     assert prompt(items[0], "streamingbench").endswith("Respond with only the letter (A, B, C, or D) of the correct option.")
+    # the published questions_real.json has one "00:12450": read as 12450 s (StreamingBench's own rule), asked at the end
+    (data / "questions_real.json").write_text(json.dumps(_set(SB_ENTRIES, (0, "questions", 0, "time_stamp"), "00:12450")))
+    assert load_streamingbench(data)[0].ask_at == 12450.0
 
 
 def test_rvs_layout_is_read_as_open_ended(tmp_path):
