@@ -10,7 +10,7 @@ serves all of a video's questions:
   ``edgekv/eval/streaming_sets.py``) ask each question when the stream reaches its timestamp — the frames
   after it are not yet seen — and streaming then goes on to the next question's time (and stops after the
   video's last question). Each result row records what the session had seen when it was asked
-  (``frames_seen``, ``stream_t``, ``pairs_in_cache``).
+  (``frames_seen``, ``stream_t``, ``pairs_prefilled``: frame pairs prefilled so far, kept or not).
 
 Datasets, read in their published layouts from a local directory (nothing is downloaded):
 
