@@ -95,6 +95,16 @@ def test_threads_bias_and_the_portable_loop_give_the_same_bits(threads, dtype):
     assert torch.equal(gemv_int4(tiles, scales, zeros, x, bias, portable=True), one)
     assert torch.equal(gemv_int4(tiles, scales, zeros, x) + bias, one)
     assert cpu_gemv.int4_simd(portable=True) == "portable"
+    # groups of tiny and subnormal values (the vector path hands a group whose fixed-point factor is no fp32
+    # number to the scalar one), a zero group, and values exactly at a power of two: the same integers
+    tiny = activations(k, seed=6, dtype=torch.float32)
+    tiny[:group] *= 1e-38
+    tiny[group:2 * group] *= 1e-44
+    tiny[2 * group:3 * group] = 0.0
+    tiny[3 * group:3 * group + 4] = torch.tensor([1.0, -2.0, 0.5, 4.0])
+    tiny = tiny.to(dtype)
+    fast = gemv_int4(tiles, scales, zeros, tiny, bias, threads=threads)
+    assert torch.equal(fast, gemv_int4(tiles, scales, zeros, tiny, bias, portable=True))
 
 
 @needs_kernel
@@ -211,3 +221,84 @@ def test_neon_path_gives_the_host_bits_under_an_emulator(tmp_path, k, n, group, 
     assert simd == 2  # the NEON path ran
     assert torch.equal(y, gemv_int4(tiles, scales, zeros, x))
     assert torch.equal(w, dequantize(q, zeros, scales, group).t())
+
+
+@needs_kernel
+def test_the_bf16_entry_gives_the_generic_kernels_bits_and_checks_once():
+    from edgekv.kernels.cpu_gemv import Int4Product
+
+    k, n, group = 2048, 256, 128  # the 3B k/v projection
+    q, zeros, scales = weights(k, n, group, seed=11)
+    tiles = int4_tiles(q)
+    bias = torch.randn(n).bfloat16()
+    product = Int4Product(tiles, scales, zeros, bias)
+    for seed, dtype in [(1, torch.bfloat16), (2, torch.bfloat16), (3, torch.float32), (4, torch.float16)]:
+        x = activations(k, seed=seed, dtype=dtype)
+        got = product(x, threads=2)
+        assert got.dtype == dtype
+        assert torch.equal(got, gemv_int4(tiles, scales, zeros, x, bias).to(dtype))
+    bad = activations(k, seed=5, dtype=torch.bfloat16)
+    bad[7] = float("nan")
+    with pytest.raises(ValueError, match="inf or nan"):
+        product(bad)
+    with pytest.raises(ValueError, match="2047 activations"):
+        product(torch.zeros(k - 1, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="bias of 3"):
+        Int4Product(tiles, scales, zeros, torch.zeros(3))
+
+
+@needs_kernel
+def test_the_thread_pool_serves_concurrent_callers_and_a_forked_child():
+    import multiprocessing
+    import threading
+
+    k, n, group = 512, 400, 128
+    q, zeros, scales = weights(k, n, group, seed=12)
+    tiles = int4_tiles(q)
+    inputs = [activations(k, seed=s, dtype=torch.bfloat16) for s in range(4)]
+    want = [gemv_int4(tiles, scales, zeros, x, threads=1) for x in inputs]
+    wrong = []
+
+    def caller(index: int) -> None:  # four threads at once: one has the pool, the others run their chunks alone
+        for _ in range(40):
+            if not torch.equal(gemv_int4(tiles, scales, zeros, inputs[index], threads=3), want[index]):
+                wrong.append(index)
+
+    callers = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join()
+    assert wrong == []
+    # a child forked from a process whose pool has workers starts its own (the parent's are not there)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_forked_product, args=(tiles, scales, zeros, inputs[0], results))
+    child.start()
+    got = results.get(timeout=120)  # a bound against a hang, not a figure
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    assert got == want[0].tolist()
+
+
+def _forked_product(tiles, scales, zeros, x, results) -> None:
+    results.put(gemv_int4(tiles, scales, zeros, x, threads=2).tolist())
+
+
+@needs_kernel
+def test_native_linear_checks_its_weight_again_after_a_move():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 16, (256, 64), generator=gen, dtype=torch.uint8)
+    linear = Int4Linear.from_integers(q, torch.randint(0, 16, (8, 64), generator=gen, dtype=torch.uint8),
+                                      (torch.rand(8, 64, generator=gen) * 0.02).half(),
+                                      torch.randn(64, generator=gen).bfloat16())
+    native = NativeInt4Linear(linear)
+    x = torch.randn(1, 256, generator=gen).bfloat16()
+    with torch.inference_mode():
+        first = native(x)
+        assert native._product is not None
+        native.to("cpu")  # a move (here to where it is) may replace the buffers: the product is made again
+        assert native._product is None
+        assert torch.equal(native(x), first)
+        exact = x.double() @ linear.dequantized_weight().double().t() + linear.bias.double()
+        assert torch.allclose(first.double(), exact, rtol=2 ** -7, atol=1e-3)

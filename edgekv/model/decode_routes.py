@@ -81,6 +81,11 @@ class NativeInt4Linear(nn.Module):
         self.register_buffer("scales", linear.scales)
         self.bias = linear.bias
         self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, linear.group_size
+        self._product = None  # kernels.cpu_gemv.Int4Product, made at the first one-row product
+
+    def _apply(self, fn, recurse=True):  # .to() / .half() may move or replace the buffers: check them again
+        self._product = None
+        return super()._apply(fn, recurse)
 
     def integers(self) -> tuple[torch.Tensor, torch.Tensor]:
         from edgekv.kernels.cpu_gemv import int4_untile
@@ -93,17 +98,19 @@ class NativeInt4Linear(nn.Module):
         return dequant_int4(self.tiles, self.scales, self.zeros, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from edgekv.kernels.cpu_gemv import dequant_int4, gemv_int4
+        from edgekv.kernels.cpu_gemv import Int4Product, dequant_int4
 
-        bias = None if self.bias is None else self.bias.detach()
         if x.numel() == self.in_features and not (torch.is_grad_enabled() and x.requires_grad):
+            if self._product is None:
+                self._product = Int4Product(self.tiles, self.scales, self.zeros, self.bias)
             try:
-                out = gemv_int4(self.tiles, self.scales, self.zeros, x.detach(), bias, threads=torch.get_num_threads())
+                out = self._product(x.detach(), torch.get_num_threads())
             except ValueError:  # an inf / nan activation: torch's product below propagates it as torch does
                 pass
             else:
-                return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+                return out.view(*x.shape[:-1], self.out_features)
         # a chunk: dequantize-then-matmul (the weight exists only for this product)
+        bias = None if self.bias is None else self.bias.detach()
         return F.linear(x, dequant_int4(self.tiles, self.scales, self.zeros, x.dtype), bias)
 
     def extra_repr(self) -> str:
