@@ -747,32 +747,115 @@ int edgekv_gemv_int4_bf16(const uint8_t *tiles, const uint16_t *scales, const ui
   return code;
 }
 
-/* W [N][K] (nn.Linear's orientation) = (q - z) * s from the tiles: fp32 (out_bf16 == 0) or bf16 rounded to
- * nearest even (out_bf16 == 1). The prefill of a chunk multiplies this by its rows (torch's GEMM). */
-int edgekv_dequant_int4(const uint8_t *tiles, const uint16_t *scales, const uint8_t *zeros, void *out, int out_bf16,
-                        int64_t N, int64_t K, int64_t G) {
-  if (N <= 0 || K <= 0 || G <= 0 || N % 16 || K % 4 || K % G) return -3;
-  float *w32 = out_bf16 ? NULL : (float *)out;
-  uint16_t *w16 = out_bf16 ? (uint16_t *)out : NULL;
-  for (int64_t b = 0; b < N / 16; b++) {
-    const uint8_t *t = tiles + b * (K / 4) * 32;
-    for (int64_t k0 = 0; k0 < K; k0 += 4, t += 32) {
-      const int64_t g = k0 / G;
-      for (int c = 0; c < 16; c++) {
-        const int64_t n = b * 16 + c;
-        const float s = half_to_float(scales[g * N + n]), z = (float)zeros[g * N + n];
-        const uint8_t b0 = t[2 * c], b1 = t[2 * c + 1];
-        const float v[4] = {((float)(b0 & 15) - z) * s, ((float)(b1 & 15) - z) * s, ((float)(b0 >> 4) - z) * s,
-                            ((float)(b1 >> 4) - z) * s};
-        for (int r = 0; r < 4; r++) {
-          if (w32)
-            w32[n * K + k0 + r] = v[r];
-          else
-            w16[n * K + k0 + r] = narrow(v[r]);
+/* The dequantizer's work: 16-column blocks [b0, b1) of W. (q - z) is an integer in [-15, 15] and s a
+ * float16, so (q - z) * s is exact in fp32; bf16 output rounds it once, to nearest even. */
+struct dq_job {
+  const uint8_t *tiles;
+  const uint16_t *scales;
+  const uint8_t *zeros;
+  float *w32;
+  uint16_t *w16;
+  int64_t N, K, G, per; /* per: blocks a chunk */
+};
+
+static void dq_block_portable(const struct dq_job *j, int64_t b) {
+  const int64_t N = j->N, K = j->K, G = j->G;
+  const uint8_t *t = j->tiles + b * (K / 4) * 32;
+  for (int64_t k0 = 0; k0 < K; k0 += 4, t += 32) {
+    const int64_t g = k0 / G;
+    for (int c = 0; c < 16; c++) {
+      const int64_t n = b * 16 + c;
+      const float sc = half_to_float(j->scales[g * N + n]), z = (float)j->zeros[g * N + n];
+      const uint8_t b0 = t[2 * c], b1 = t[2 * c + 1];
+      const float v[4] = {((float)(b0 & 15) - z) * sc, ((float)(b1 & 15) - z) * sc, ((float)(b0 >> 4) - z) * sc,
+                          ((float)(b1 >> 4) - z) * sc};
+      for (int r = 0; r < 4; r++) {
+        if (j->w32)
+          j->w32[n * K + k0 + r] = v[r];
+        else
+          j->w16[n * K + k0 + r] = narrow(v[r]);
+      }
+    }
+  }
+}
+
+#if EDGEKV_AVX2
+/* Eight weights a vector: the low and high nibbles of a tile interleaved two bytes at a time give, per
+ * column, its four rows k0..k0+3 side by side (bytes 2c, 2c+1: rows k0, k0+1; their high nibbles: k0+2, k0+3);
+ * two columns widen to eight int32, then (q - z) * s per column and one 16-byte (fp32) or 8-byte (bf16)
+ * store into each of the two rows. The same fp32 operations as the portable loop, so the same bits. */
+static void dq_block_avx2(const struct dq_job *j, int64_t b) {
+  const int64_t N = j->N, K = j->K, G = j->G;
+  const uint8_t *t = j->tiles + b * (K / 4) * 32;
+  const __m128i low = _mm_set1_epi8(0x0f);
+  for (int64_t g = 0; g < K / G; g++) {
+    __m256 zv[8], sv[8]; /* columns (2i, 2i + 1), each four times */
+    for (int i = 0; i < 8; i++) {
+      const int64_t n = b * 16 + 2 * i;
+      const float z0 = (float)j->zeros[g * N + n], z1 = (float)j->zeros[g * N + n + 1];
+      const float s0 = half_to_float(j->scales[g * N + n]), s1 = half_to_float(j->scales[g * N + n + 1]);
+      zv[i] = _mm256_setr_ps(z0, z0, z0, z0, z1, z1, z1, z1);
+      sv[i] = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+    }
+    for (int64_t k0 = g * G; k0 < (g + 1) * G; k0 += 4) {
+      const uint8_t *tile = t + (k0 / 4) * 32;
+      for (int half = 0; half < 2; half++) { /* columns 0-7, then 8-15 */
+        const __m128i w = _mm_loadu_si128((const __m128i *)(tile + 16 * half));
+        const __m128i lo = _mm_and_si128(w, low), hi = _mm_and_si128(_mm_srli_epi16(w, 4), low);
+        const __m128i rows[2] = {_mm_unpacklo_epi16(lo, hi), _mm_unpackhi_epi16(lo, hi)}; /* 4 bytes a column */
+        for (int part = 0; part < 2; part++) {
+          for (int pair = 0; pair < 2; pair++) { /* columns 8 half + 4 part + 2 pair + (0, 1) */
+            const int i = 4 * half + 2 * part + pair;
+            const __m128i q8 = pair ? _mm_srli_si128(rows[part], 8) : rows[part];
+            const __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q8)), zv[i]), sv[i]);
+            const int64_t n = b * 16 + 2 * i;
+            if (j->w32) {
+              _mm_storeu_ps(j->w32 + n * K + k0, _mm256_castps256_ps128(v));
+              _mm_storeu_ps(j->w32 + (n + 1) * K + k0, _mm256_extractf128_ps(v, 1));
+            } else { /* round to nearest even as narrow() does; NaN (a NaN scale) stays NaN */
+              const __m256i u = _mm256_castps_si256(v);
+              const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+              __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+              const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+              r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+              const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+              _mm_storel_epi64((__m128i *)(j->w16 + n * K + k0), packed);
+              _mm_storel_epi64((__m128i *)(j->w16 + (n + 1) * K + k0), _mm_srli_si128(packed, 8));
+            }
+          }
         }
       }
     }
   }
+}
+#endif
+
+static void dq_run(void *arg, int64_t chunk) {
+  const struct dq_job *j = (const struct dq_job *)arg;
+  const int64_t blocks = j->N / 16, b1 = (chunk + 1) * j->per < blocks ? (chunk + 1) * j->per : blocks;
+  for (int64_t b = chunk * j->per; b < b1; b++) {
+#if EDGEKV_AVX2
+    if (j->K % 4 == 0 && j->G % 4 == 0) {
+      dq_block_avx2(j, b);
+      continue;
+    }
+#endif
+    dq_block_portable(j, b);
+  }
+}
+
+/* W [N][K] (nn.Linear's orientation) = (q - z) * s from the tiles: fp32 (out_bf16 == 0) or bf16 rounded to
+ * nearest even (out_bf16 == 1), on `threads` threads. The prefill of a chunk multiplies this by its rows
+ * (torch's GEMM). */
+int edgekv_dequant_int4(const uint8_t *tiles, const uint16_t *scales, const uint8_t *zeros, void *out, int out_bf16,
+                        int64_t N, int64_t K, int64_t G, int threads) {
+  if (N <= 0 || K <= 0 || G <= 0 || N % 16 || K % 4 || K % G) return -3;
+  if (threads < 1) threads = 1;
+  if (threads > 64) threads = 64;
+  const int64_t blocks = N / 16, per = (blocks + 4 * threads - 1) / (4 * threads);
+  struct dq_job job = {tiles, scales, zeros, out_bf16 ? NULL : (float *)out, out_bf16 ? (uint16_t *)out : NULL,
+                       N, K, G, per};
+  pool_run(dq_run, &job, (blocks + per - 1) / per, threads);
   return 0;
 }
 

@@ -99,7 +99,7 @@ def _build(portable: bool = False) -> ctypes.CDLL:
         lib.edgekv_gemv_int4.restype = ctypes.c_int
         lib.edgekv_gemv_int4_bf16.argtypes = [pointer] * 6 + [int64, int64, int64, ctypes.c_int]
         lib.edgekv_gemv_int4_bf16.restype = ctypes.c_int
-        lib.edgekv_dequant_int4.argtypes = [pointer] * 4 + [ctypes.c_int, int64, int64, int64]
+        lib.edgekv_dequant_int4.argtypes = [pointer] * 4 + [ctypes.c_int, int64, int64, int64, ctypes.c_int]
         lib.edgekv_dequant_int4.restype = ctypes.c_int
         lib.edgekv_int4_simd.restype = ctypes.c_int
         return lib
@@ -296,17 +296,22 @@ class Int4Product:
 
 
 def dequant_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype = torch.float32,
-                 portable: bool = False) -> torch.Tensor:
-    """The weight [N, K] (a ``nn.Linear``'s orientation) in fp32 (exact) or bf16 (rounded once)."""
+                 portable: bool = False, threads: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The weight [N, K] (a ``nn.Linear``'s orientation) in fp32 (exact) or bf16 (rounded once). ``out``: a
+    contiguous [N, K] tensor of that dtype (fp32 or bf16) to write into instead of a new one."""
     lib = load(portable)
     if lib is None:
         raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
     blocks, quads, _ = tiles.shape
     n, k = blocks * TILE_COLUMNS, quads * TILE_ROWS
     native = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
-    out = torch.empty(n, k, dtype=native)
+    if out is None:
+        out = torch.empty(n, k, dtype=native)
+    elif out.dtype != dtype or native != dtype or tuple(out.shape) != (n, k) or not out.is_contiguous():
+        raise ValueError(f"cpu_gemv int4: out must be a contiguous [{n}, {k}] fp32 or bf16 tensor of the dtype "
+                         f"asked, got {out.dtype} {tuple(out.shape)} for {dtype}")
     code = lib.edgekv_dequant_int4(tiles.data_ptr(), scales.data_ptr(), zeros.data_ptr(), out.data_ptr(),
-                                   int(native == torch.bfloat16), n, k, k // scales.shape[0])
+                                   int(native == torch.bfloat16), n, k, k // scales.shape[0], max(1, int(threads)))
     if code != 0:
         raise ValueError(f"cpu_gemv int4: cannot dequantize a [{n}, {k}] weight (error {code})")
     return out if native == dtype else out.to(dtype)

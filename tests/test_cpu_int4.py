@@ -165,8 +165,13 @@ def test_native_int4_linear_one_row_kernel_and_chunks_dequantized(dtype):
         row = activations(128, 1, dtype)[None]
         want = gemv_int4(native.tiles, native.scales, native.zeros, row, linear.bias).to(dtype)
         assert torch.equal(native(row)[0], want)
-        chunk = torch.randn(5, 128).to(dtype)
-        assert torch.equal(native(chunk), torch.nn.functional.linear(chunk, linear.dequantized_weight(dtype), linear.bias))
+        chunk = torch.randn(5, 128).to(dtype)  # fp32 products against the exact weight, rounded once
+        want = torch.nn.functional.linear(chunk.float(), linear.dequantized_weight(), linear.bias.float()).to(dtype)
+        assert torch.equal(native(chunk), want)
+        wider = _int4_linear(256, 64, 32, bias=False, seed=4)  # the kept buffer grows, then serves smaller ones
+        assert torch.equal(NativeInt4Linear(wider)(chunk.repeat(1, 2)),
+                           (chunk.repeat(1, 2).float() @ wider.dequantized_weight().t()).to(dtype))
+        assert torch.equal(native(chunk), want)
 
 
 @needs_kernel
