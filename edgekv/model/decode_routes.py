@@ -18,8 +18,10 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
   every ``Int4Linear`` becomes a ``NativeInt4Linear``: its weights repacked once into the C kernel's tiles
   (``edgekv.kernels.cpu_gemv``: same bytes, the AWQ words dropped), one-row products through the integer
   kernel (fp32 out, rounded once to the activations' dtype), chunks (ingest, question prefill) through the
-  C dequantizer then torch's GEMM — dequantize-then-matmul, which beats per-row products there. The
-  bf16 ``lm_head`` of a bf16 model takes the bf16 kernel as above.
+  C dequantizer into a kept fp32 buffer then torch's fp32 GEMM, rounded once to the activations' dtype —
+  dequantize-then-matmul, which beats per-row products there (a 3B 64-token chunk in bf16 on one thread:
+  44 s with the weight dequantized to bf16 and torch's bf16 GEMM, 9.8 s so). The bf16 ``lm_head`` of a
+  bf16 model takes the bf16 kernel as above. Figures: README "4-bit weights", "CPU decode speed".
 * measured and not kept: a ``torch.compile``d multiply-and-reduce in the weight's dtype with fp32
   accumulation (bf16 9.6 GB/s, fp16 11.3, fp32 14.5 on the one projection, but inside the model every
   weight shape recompiled past dynamo's limit and decode got slower); a blocked bf16 -> fp32 upcast
