@@ -51,7 +51,7 @@ def test_bench_soak_daemon_samples_the_daemon_and_its_clients(tiny_checkpoint, t
     from edgekv.apps.cli import main
 
     out_json = tmp_path / "soak.json"
-    code = main(["bench", "soak", "--daemon", "--hours", "0.004", "--clients", "2", "--ask-every-s", "1",
+    code = main(["bench", "soak", "--daemon", "--hours", "0.0015", "--clients", "2", "--ask-every-s", "1",
                  "--answer-tokens", "2", "--sample-s", "3", "--resolution", "56", "56", "--max-tokens", "200",
                  "--text-reserve", "48", "--model", str(tiny_checkpoint), "--json", str(out_json), "--plot", ""])
     assert code == 0

@@ -182,6 +182,19 @@ def test_eval_needle_with_an_archive_recalls_events_older_than_the_window(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------- eval toy
+def test_the_held_out_set_answered_in_parts_gives_the_whole_set_s_figures():
+    """``evaluate(part=(i, n))`` on each part, merged, is ``evaluate`` on the whole set (what the card test does
+    in two processes); a part outside the set is refused."""
+    from edgekv.eval.toy_accuracy import evaluate, merge_parts
+
+    whole = evaluate("builtin:toy", count=4, seed=5)
+    merged = merge_parts([evaluate("builtin:toy", count=4, seed=5, part=(i, 2)) for i in range(2)])
+    assert whole.pop("seconds") >= 0 and merged.pop("seconds") >= 0
+    assert merged == whole and whole["streams"] == 4 and sum(whole["questions"].values()) > 4
+    with pytest.raises(ValueError, match="part"):
+        evaluate("builtin:toy", count=4, part=(2, 2))
+
+
 def test_events_spread_over_a_long_stream_keep_every_answer():
     from edgekv.eval.toy_accuracy import heldout_streams, spread_events
     from edgekv.toy.questions import ALL_FAMILIES, sample_question

@@ -1,6 +1,6 @@
 """A 4-bit checkpoint through the engines (issue 29): the LLM graph with onnxruntime's ``MatMulNBits``.
 
-One module-scoped ``edgekv build`` (the command line, as a user runs it) of the ``test-stream`` checkpoint
+One module-scoped ``edgekv build`` (the command line's entry point, in this process) of the ``test-stream`` checkpoint
 quantized by ``edgekv quantize`` (group 16: its widths are 64 and 176), fp32 graphs on the CPU provider.
 Parity with the torch backend on the same 4-bit weights: both multiply the exact dequantized weights in fp32
 (onnxruntime's MLAS kernel and torch's product differ in summation order only), so the tolerances of
@@ -10,8 +10,6 @@ Parity with the torch backend on the same 4-bit weights: both multiply the exact
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ pytest.importorskip("onnxscript")
 pytestmark = pytest.mark.slow  # one export of the 4-bit graphs (about a minute on the 2-core machine)
 
 import edgekv
+from edgekv.apps.cli import main
 from edgekv.cache.capped import CappedKVCache
 from edgekv.cache.specs import CacheSpec
 from edgekv.config import load_config
@@ -48,9 +47,7 @@ def built(tmp_path_factory):
     }
     path = root / "deploy.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.cli", "build", "--config", str(path), "--quiet"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    assert main(["build", "--config", str(path), "--quiet"]) == 0  # in this process: the exporter is warm
     bundle = next((root / "cache").glob("*/manifest.json")).parent
     return path, ckpt, bundle
 

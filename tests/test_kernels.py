@@ -3,8 +3,9 @@
 On a CUDA machine the tests run the compiled kernels (small odd shapes, plus the ``gpu`` tests at the
 Qwen2.5-VL-3B shapes). On CPU the kernels run in Triton's interpreter, which must be chosen before
 Triton is imported (``edgekv.kernels._triton``): in a process started with ``TRITON_INTERPRET=1`` the
-tests run here; otherwise ``test_kernels_in_triton_interpreter`` runs this module again in a
-subprocess with it set, so that the variable never leaks into other test modules.
+tests run here; otherwise ``test_kernels_in_triton_interpreter`` reads this module's outcome from a
+subprocess with it set (one for every kernel module: ``helpers_interpreter.py``), so that the variable
+never leaks into other test modules.
 
 Tolerance (flash-attention's rule): max |kernel - fp64 reference| <= 2 x max |same-precision torch run -
 fp64 reference| + floor. The same-precision run is the eager reference computed in the input dtype
@@ -16,7 +17,6 @@ run is then the fp32 reference itself). Copies (compaction) and masked keys must
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -42,6 +42,7 @@ from edgekv.kernels.van import (
     value_norms_triton,
 )
 from edgekv.model.rope import rotary_inv_freq
+from helpers_interpreter import interpreted_run
 
 INTERPRETED = interpreting()
 CUDA = torch.cuda.is_available() and not INTERPRETED
@@ -63,14 +64,11 @@ def no_forced_backend(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.skipif(RUN_HERE or not triton_available(), reason="the kernels run in this process")
 def test_kernels_in_triton_interpreter(request: pytest.FixtureRequest) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env.pop("EDGEKV_TRITON", None)
-    command = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"]
-    if request.config.getoption("markexpr"):
-        command += ["-m", request.config.getoption("markexpr")]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=request.config.rootpath)
-    print(result.stdout[-4000:])
-    assert result.returncode == 0, f"interpreter run failed:\n{result.stdout[-12000:]}\n{result.stderr[-4000:]}"
+    run = interpreted_run(request.config.rootpath, request.config.getoption("markexpr"))
+    outcomes = run.outcomes(__file__)
+    print(run.output[-4000:])
+    assert run.returncode in (0, 1) and outcomes.get("passed") and not outcomes.keys() & {"failed", "error"}, \
+        f"interpreter run failed ({outcomes.get('failed', [])} {outcomes.get('error', [])}):\n{run.output[-16000:]}"
 
 
 def max_err(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -243,9 +244,14 @@ def test_spans_read_like_a_person_would_say_them():
 
 
 # ---------------------------------------------------------------------------------------------- kill -9
-WRITER = """
-import sys
+# The writers are forked, one at a time, by a parent that loaded the model once: each is still a process of its
+# own, with its own file handles, killed with SIGKILL mid-way through its writes, but it starts in milliseconds
+# instead of the 3 s of an interpreter, torch and the weights (up to 8 of them per test).
+WRITERS = """
+import os, sys, traceback
 import numpy as np
+from edgekv.threads import apply_threads
+apply_threads(1)  # before torch computes anything: no OpenMP pool in a process that forks
 import edgekv
 from edgekv.config import StateSection
 from edgekv.state import StateKeeper
@@ -255,18 +261,102 @@ rt = edgekv.Runtime.from_pretrained(model, model={"dtype": "fp32", "device": "cp
                                     video={"resolution": [224, 224], "fps": 2.0},
                                     cache={"policy": "infinipot_v", "max_tokens": 2048, "text_reserve_tokens": 64},
                                     engines={"engine_dir": engine_dir}, privacy={"key_file": key_file or None})
-keeper = StateKeeper(StateSection(dir=folder, every_s=1e-9, max_mib=64), say=lambda line: None)
-session = keeper.restore(rt)
-index = session.counters.frames
-written = 0
-while True:  # what the daemon does, with far more snapshots: a new frame every fourth one
-    if written % 4 == 0:
-        session.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)
-        index += 1
-    keeper.snapshot(session)
-    written += 1
-    print("saved", index, flush=True)
+
+
+def write_forever():  # what the daemon does, with far more snapshots: a new frame every fourth one
+    keeper = StateKeeper(StateSection(dir=folder, every_s=1e-9, max_mib=64), say=lambda line: None)
+    session = keeper.restore(rt)
+    index = session.counters.frames
+    written = 0
+    while True:
+        if written % 4 == 0:
+            session.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)
+            index += 1
+        keeper.snapshot(session)
+        written += 1
+        print("saved", index, flush=True)
+
+
+for _ in sys.stdin:  # a line: fork a writer; say its pid before it writes, and how it ended once it is reaped
+    go_read, go_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_write)
+        os.read(go_read, 1)
+        try:
+            write_forever()
+        except BaseException:
+            traceback.print_exc()
+        os._exit(1)
+    os.close(go_read)
+    print("writer", pid, flush=True)
+    os.write(go_write, b"go")
+    os.close(go_write)
+    print("reaped", pid, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
+
+
+class Writers:
+    """The parent of WRITERS and what its writers said: ``saved[pid]`` (the frame count after each write they
+    announced whole) and ``exits[pid]`` (the exit code, once reaped: every line of that writer is read by then)."""
+
+    def __init__(self, log: Path, *args: str) -> None:
+        self.log_path = log
+        self._log = open(log, "w")
+        self.parent = subprocess.Popen([sys.executable, "-c", WRITERS, *args], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self.changed = threading.Condition()
+        self.saved: dict[int, list[int]] = {}
+        self.exits: dict[int, int] = {}
+        self.closed = False
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        current = None
+        for line in self.parent.stdout:
+            with self.changed:
+                # a line torn by the kill ("saved" or "saved 1" of "saved 12", no newline) was never announced
+                # whole, and runs into the parent's next line
+                if (saved := re.fullmatch(r"saved (\d+)\n", line)) and current is not None:
+                    self.saved[current].append(int(saved.group(1)))
+                elif started := re.fullmatch(r"writer (\d+)\n", line):
+                    current = int(started.group(1))
+                    self.saved[current] = []
+                elif reaped := re.search(r"reaped (\d+) (-?\d+)\n$", line):
+                    self.exits[int(reaped.group(1))] = int(reaped.group(2))
+                self.changed.notify_all()
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
+
+    def wait(self, condition, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: condition() or self.closed, timeout) and condition()
+
+    def start(self) -> int:
+        known = set(self.saved)
+        self.parent.stdin.write("\n")
+        self.parent.stdin.flush()
+        assert self.wait(lambda: set(self.saved) - known, 300), self.log_path.read_text()[-4000:]
+        (pid,) = set(self.saved) - known
+        return pid
+
+    def __enter__(self) -> "Writers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for pid in set(self.saved) - set(self.exits):
+            os.kill(pid, signal.SIGKILL)
+        self.parent.stdin.close()
+        try:
+            self.parent.wait(60)
+        finally:
+            if self.parent.poll() is None:
+                self.parent.kill()
+                self.parent.wait(10)
+            self._reader.join(10)
+            self._log.close()
 
 
 @pytest.mark.slow
@@ -286,36 +376,32 @@ def test_kill_9_during_snapshot_writes_leaves_the_previous_one_loadable(tiny_che
                                         engines={"engine_dir": str(engine_dir)}, privacy={"key_file": key_file or None})
     interrupted, kills, frames = 0, 0, 0
     most, enough = (6, 2) if sealed else (8, 4)
-    while kills < most and (interrupted < (1 if sealed else 2) or kills < enough):
-        child = subprocess.Popen([sys.executable, "-c", WRITER, str(tiny_checkpoint), str(folder), str(engine_dir),
-                                  key_file], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        saved: list[int] = []
-        # a line torn by the kill ("saved" or "saved 1" of "saved 12", no newline) was never announced whole
-        reader = threading.Thread(target=lambda: [saved.append(int(line.split()[1])) for line in child.stdout
-                                                  if line.endswith("\n") and len(line.split()) == 2])
-        reader.start()
-        deadline = time.monotonic() + 120
-        while len(saved) < 2 and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(saved) >= 2, child.stderr.read() if child.poll() is not None else "the writer never saved"
-        if kills % 2 == 0:  # the moment a write is under way (its temporary file exists) ...
-            while not list(folder.glob(".snapshot-*.tmp-*")) and time.monotonic() < deadline:
-                time.sleep(0.0005)
-            time.sleep(rng.uniform(0.0, 0.002))
-        else:  # ... or anywhere in the loop
-            time.sleep(rng.uniform(0.0, 0.15))
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-        reader.join(timeout=30)
-        kills += 1
-        interrupted += bool(list(folder.glob(".snapshot-*.tmp-*")))  # killed with a write under way
-        said: list[str] = []
-        session = StateKeeper(StateSection(dir=str(folder), every_s=1.0, max_mib=64), say=said.append).restore(rt)
-        assert said[0].startswith("resumed"), said
-        assert saved[-1] <= session.counters.frames <= saved[-1] + 1  # the last announced write, or one after
-        assert session.counters.frames >= frames  # memory only ever grows across restarts
-        assert not (folder / "set-aside").exists() and len(list(folder.glob("snapshot-*.ekv"))) <= 2
-        frames = session.counters.frames
+    with Writers(tmp_path / "writers.log", str(tiny_checkpoint), str(folder), str(engine_dir), key_file) as writers:
+        while kills < most and (interrupted < (1 if sealed else 2) or kills < enough):
+            child = writers.start()
+            deadline = time.monotonic() + 120
+            assert writers.wait(lambda: len(writers.saved[child]) >= 2 or child in writers.exits, 120)
+            assert len(writers.saved[child]) >= 2, (writers.log_path.read_text()[-4000:] if child in writers.exits
+                                                    else "the writer never saved")
+            if kills % 2 == 0:  # the moment a write is under way (its temporary file exists) ...
+                while not list(folder.glob(".snapshot-*.tmp-*")) and time.monotonic() < deadline:
+                    time.sleep(0.0005)
+                time.sleep(rng.uniform(0.0, 0.002))
+            else:  # ... or anywhere in the loop
+                time.sleep(rng.uniform(0.0, 0.15))
+            os.kill(child, signal.SIGKILL)
+            assert writers.wait(lambda: child in writers.exits, 30)
+            assert writers.exits[child] == -signal.SIGKILL  # it was writing until the kill
+            saved = writers.saved[child]
+            kills += 1
+            interrupted += bool(list(folder.glob(".snapshot-*.tmp-*")))  # killed with a write under way
+            said: list[str] = []
+            session = StateKeeper(StateSection(dir=str(folder), every_s=1.0, max_mib=64), say=said.append).restore(rt)
+            assert said[0].startswith("resumed"), said
+            assert saved[-1] <= session.counters.frames <= saved[-1] + 1  # the last announced write, or one after
+            assert session.counters.frames >= frames  # memory only ever grows across restarts
+            assert not (folder / "set-aside").exists() and len(list(folder.glob("snapshot-*.ekv"))) <= 2
+            frames = session.counters.frames
     assert interrupted >= 1, f"none of {kills} kills landed during a write"
     if sealed:
         assert all(p.read_bytes().startswith(b"EDGEKV-SNAPSEAL") for p in folder.glob("snapshot-*.ekv"))

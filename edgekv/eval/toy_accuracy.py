@@ -62,31 +62,50 @@ def heldout_streams(count: int, seed: int = HELDOUT_SEED, lengths: tuple[int, in
     return streams
 
 
-def evaluate(model: str, count: int = 200, seed: int = HELDOUT_SEED, log=None) -> dict:
-    """Per-family accuracy of ``model`` on the first ``count`` held-out streams (full cache, fp32, CPU)."""
+def evaluate(model: str, count: int = 200, seed: int = HELDOUT_SEED, log=None, part: tuple[int, int] = (0, 1)) -> dict:
+    """Per-family accuracy of ``model`` on the first ``count`` held-out streams (full cache, fp32, CPU).
+
+    ``part=(i, n)``: only streams i, i + n, i + 2n, ... of them, with the cache the whole set needs, so that
+    n processes can share the set; ``merge_parts`` gives the whole set's figures from theirs."""
     from edgekv.runtime import Runtime
 
+    index, parts = part
+    if not 0 <= index < parts:
+        raise ValueError(f"part: expected (i, n) with 0 <= i < n, got {part}")
     streams = heldout_streams(count, seed)
     longest = max(s.pairs for s in streams)
+    streams = streams[index::parts]
     runtime = Runtime.from_pretrained(model, model={"dtype": "fp32", "device": "cpu"},
                                       cache={"policy": "full", "max_tokens": 64 + 16 * longest + 64,
                                              "text_reserve_tokens": 64},
                                       video={"fps": 2.0, "resolution": [112, 112]})
     results: dict[str, list[bool]] = {family: [] for family in FAMILIES}
     started = time.perf_counter()
-    for index, stream in enumerate(streams):
+    for done, stream in enumerate(streams):
         session = runtime.session()
         for frame in range(2 * stream.pairs):
             session.ingest(stream.scene.frame(frame), t=stream.scene.time(frame))
         for qa in stream.questions:
             reply = session.ask(qa.question, max_new_tokens=2).text
             results[qa.family].append(answer_of(reply) == qa.answer)
-        if log and (index + 1) % 50 == 0:
-            log(f"{index + 1}/{len(streams)} streams")
-    accuracy = {f: round(float(np.mean(v)), 4) for f, v in results.items() if v}
-    return {"streams": len(streams), "seed": seed, "questions": {f: len(v) for f, v in results.items()},
-            "accuracy": accuracy, "chance": {f: round(CHANCE[f], 4) for f in accuracy},
-            "seconds": round(time.perf_counter() - started, 1)}
+        if log and (done + 1) % 50 == 0:
+            log(f"{done + 1}/{len(streams)} streams")
+    questions, correct = {f: len(v) for f, v in results.items()}, {f: sum(v) for f, v in results.items()}
+    return _figures(len(streams), seed, questions, correct, time.perf_counter() - started)
+
+
+def merge_parts(parts: list[dict]) -> dict:
+    """The figures of the whole held-out set from ``evaluate``'s on each of its parts."""
+    questions = {f: sum(p["questions"][f] for p in parts) for f in FAMILIES}
+    correct = {f: sum(p["correct"][f] for p in parts) for f in FAMILIES}
+    return _figures(sum(p["streams"] for p in parts), parts[0]["seed"], questions, correct,
+                    max(p["seconds"] for p in parts))
+
+
+def _figures(streams: int, seed: int, questions: dict[str, int], correct: dict[str, int], seconds: float) -> dict:
+    accuracy = {f: round(correct[f] / n, 4) for f, n in questions.items() if n}
+    return {"streams": streams, "seed": seed, "questions": questions, "correct": correct,
+            "accuracy": accuracy, "chance": {f: round(CHANCE[f], 4) for f in accuracy}, "seconds": round(seconds, 1)}
 
 
 # ---------------------------------------------------------------------------------------------- other backgrounds

@@ -166,7 +166,12 @@ class Qwen2LM(nn.Module):
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # A checkpoint is loaded into a model built on the meta device, where nn.Embedding's normal_ init runs
+        # torch's Python reference, whose first call imports torch._dynamo: 1.4 s of every start-up, for nothing.
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        if not weight.is_meta:
+            nn.init.normal_(weight)  # what nn.Embedding draws itself (the same values for the same seed)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
