@@ -298,9 +298,9 @@ def test_a_silent_device_is_named(broker, fleet):
     fleet.add(broker.url, "cam-green", lock=stuck)
     assert until(lambda: all(agent.connected.is_set() for agent, _ in fleet.devices.values()))
     with stuck:  # cam-green's model is held: online, but it cannot answer within the timeout, however long
-        result = ask_fleet(QUESTION, broker.url, timeout_s=4.0)  # cam-red answers in well under a second
+        result = ask_fleet(QUESTION, broker.url, timeout_s=10.0)
     assert [(a.device, a.answer) for a in result.answers] == [("cam-red", "red")]
-    assert result.silent == ["cam-green"] and result.offline == [] and result.elapsed_s >= 4.0
+    assert result.silent == ["cam-green"] and result.offline == [] and result.elapsed_s >= 10.0
 
 
 def test_a_broker_that_refuses_the_credentials(tmp_path, fleet, monkeypatch, capsys):

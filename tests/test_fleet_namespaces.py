@@ -20,10 +20,6 @@ from helpers_mqtt import (QUESTION, STREAMS, Listener, Mosquitto, Namespaces, fr
 
 pytestmark = pytest.mark.slow
 DEVICES = list(STREAMS)  # cam-red, cam-green, cam-blue: the circle is red, green, blue
-# How long the asker waits for the cut device. Both ends give up on the dead link within 2 x keepalive_s (4 s):
-# the broker drops it while the asker still waits (its will is delayed: still "online"), the device starts
-# reconnecting; twice that is margin enough, and the other two answer in well under a second.
-CUT_TIMEOUT_S = 8.0
 
 
 def _config(broker: str, device: str) -> str:
@@ -90,10 +86,10 @@ def test_three_daemons_in_their_own_namespaces_answer_the_fleet_and_one_comes_ba
                     assert answer.evidence_pair in pairs and answer.evidence_t is not None
 
                 ns.cut(2)  # cam-blue's link goes down
-                cut = ask_fleet(QUESTION, broker.url, timeout_s=CUT_TIMEOUT_S)
+                cut = ask_fleet(QUESTION, broker.url, timeout_s=15)
                 assert sorted((a.device, a.answer) for a in cut.answers) == [("cam-green", "green"), ("cam-red", "red")]
                 assert cut.silent == ["cam-blue"]  # still "online" by its retained status: it just did not answer
-                assert cut.elapsed_s >= CUT_TIMEOUT_S  # the asker waited the whole timeout for it
+                assert cut.elapsed_s >= 15  # the asker waited the whole timeout for it
 
                 ns.restore(2)  # the same process reconnects with backoff: a second connection, no restart
                 assert until(lambda: _latest(listener, "cam-blue").get("state") == "online"
