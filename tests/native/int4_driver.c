@@ -9,7 +9,7 @@
 
 int edgekv_gemv_int4(const uint8_t *, const uint16_t *, const uint8_t *, const float *, const float *, float *,
                      int64_t, int64_t, int64_t, int, int);
-int edgekv_dequant_int4(const uint8_t *, const uint16_t *, const uint8_t *, void *, int, int64_t, int64_t, int64_t);
+int edgekv_dequant_int4(const uint8_t *, const uint16_t *, const uint8_t *, void *, int, int64_t, int64_t, int64_t, int);
 int edgekv_int4_simd(void);
 
 static void *take(FILE *f, size_t bytes) {
@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
   fclose(in);
   float *y = malloc((size_t)(4 * N)), *w = malloc((size_t)(4 * N * K));
   if (edgekv_gemv_int4(tiles, scales, zeros, x, NULL, y, N, K, G, (int)dims[4], (int)dims[3]) != 0) return 4;
-  if (edgekv_dequant_int4(tiles, scales, zeros, w, 0, N, K, G) != 0) return 5;
+  if (edgekv_dequant_int4(tiles, scales, zeros, w, 0, N, K, G, (int)dims[3]) != 0) return 5;
   FILE *out = fopen(argv[2], "wb");
   const int32_t simd = edgekv_int4_simd();
   fwrite(&simd, sizeof simd, 1, out);
