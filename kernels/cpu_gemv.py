@@ -210,6 +210,27 @@ def int4_simd(portable: bool = False) -> str:
     return INT4_SIMD[lib.edgekv_int4_simd()] if lib else "unavailable"
 
 
+def _int4_weight(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 activations: int | None = None) -> tuple[int, int, int]:
+    """(N, K, group) of a tiled 4-bit weight the kernel can read (and ``activations`` of them, when given);
+    ValueError naming what does not fit."""
+    blocks, quads, width = tiles.shape
+    n, k = blocks * TILE_COLUMNS, quads * TILE_ROWS
+    groups = scales.shape[0]
+    if (tiles.dtype != torch.uint8 or width != 32 or scales.dtype != torch.float16 or tuple(scales.shape) != (groups, n)
+            or zeros.dtype != torch.uint8 or tuple(zeros.shape) != (groups, n) or k % groups
+            or not (tiles.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous())
+            or activations not in (None, k)):
+        given = "" if activations is None else f" and {activations} activations"
+        raise ValueError(f"cpu_gemv int4: tiles {tuple(tiles.shape)} {tiles.dtype}, scales {tuple(scales.shape)} "
+                         f"{scales.dtype}, zeros {tuple(zeros.shape)} {zeros.dtype}{given} do not make one contiguous "
+                         f"[{n}, {k}] 4-bit weight")
+    reason = int4_kernel_fits(k, n, k // groups)
+    if reason:
+        raise ValueError(f"cpu_gemv int4: {reason}")
+    return n, k, k // groups
+
+
 def gemv_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x: torch.Tensor,
               bias: torch.Tensor | None = None, threads: int = 1, portable: bool = False,
               out: torch.Tensor | None = None) -> torch.Tensor:
@@ -220,23 +241,13 @@ def gemv_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x:
     lib = load(portable)
     if lib is None:
         raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
-    blocks, quads, width = tiles.shape
-    n, k = blocks * TILE_COLUMNS, quads * TILE_ROWS
-    groups = scales.shape[0]
-    if (tiles.dtype != torch.uint8 or width != 32 or scales.dtype != torch.float16 or tuple(scales.shape) != (groups, n)
-            or zeros.dtype != torch.uint8 or tuple(zeros.shape) != (groups, n) or x.numel() != k or k % groups):
-        raise ValueError(f"cpu_gemv int4: tiles {tuple(tiles.shape)} {tiles.dtype}, scales {tuple(scales.shape)} "
-                         f"{scales.dtype}, zeros {tuple(zeros.shape)} {zeros.dtype} and {x.numel()} activations "
-                         f"do not make one [{n}, {k}] 4-bit weight")
-    reason = int4_kernel_fits(k, n, k // groups)
-    if reason:
-        raise ValueError(f"cpu_gemv int4: {reason}")
+    n, k, group = _int4_weight(tiles, scales, zeros, x.numel())
     x32 = x.reshape(-1).to(torch.float32).contiguous()
     bias32 = None if bias is None else bias.reshape(-1).to(torch.float32).contiguous()
     if out is None:
         out = torch.empty(n, dtype=torch.float32)
     code = lib.edgekv_gemv_int4(tiles.data_ptr(), scales.data_ptr(), zeros.data_ptr(), x32.data_ptr(),
-                                None if bias32 is None else bias32.data_ptr(), out.data_ptr(), n, k, k // groups,
+                                None if bias32 is None else bias32.data_ptr(), out.data_ptr(), n, k, group,
                                 INT4_DIGITS.get(x.dtype, 4), max(1, int(threads)))
     if code == -2:
         raise ValueError("cpu_gemv int4: an activation is inf or nan")
@@ -260,18 +271,7 @@ class Int4Product:
         lib = load()
         if lib is None:
             raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
-        blocks, quads, width = tiles.shape
-        self.n, self.k = blocks * TILE_COLUMNS, quads * TILE_ROWS
-        groups = scales.shape[0]
-        if (tiles.dtype != torch.uint8 or width != 32 or not tiles.is_contiguous() or scales.dtype != torch.float16
-                or tuple(scales.shape) != (groups, self.n) or not scales.is_contiguous() or zeros.dtype != torch.uint8
-                or tuple(zeros.shape) != (groups, self.n) or not zeros.is_contiguous() or self.k % groups):
-            raise ValueError(f"cpu_gemv int4: tiles {tuple(tiles.shape)} {tiles.dtype}, scales {tuple(scales.shape)} "
-                             f"{scales.dtype}, zeros {tuple(zeros.shape)} {zeros.dtype} do not make one 4-bit weight")
-        self.group = self.k // groups
-        reason = int4_kernel_fits(self.k, self.n, self.group)
-        if reason:
-            raise ValueError(f"cpu_gemv int4: {reason}")
+        self.n, self.k, self.group = _int4_weight(tiles, scales, zeros)
         if bias is not None and bias.numel() != self.n:
             raise ValueError(f"cpu_gemv int4: a bias of {bias.numel()} for {self.n} outputs")
         self.tiles, self.scales, self.zeros = tiles, scales, zeros
