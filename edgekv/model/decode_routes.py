@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgekv.hostmem import trim
 from edgekv.model.int4 import Int4Linear, is_quantized
 
 ROUTES = ("eager", "native")
@@ -183,15 +184,21 @@ def prepare_decode(language: nn.Module, route: str) -> dict:
     if reason:
         raise ValueError(f"decode route native: {reason}")
     replaced = packed = 0
-    for module in list(language.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and weight.dtype is torch.bfloat16:
-                setattr(module, name, NativeDecodeLinear(child))
-                replaced += 1
-            elif type(child) is Int4Linear and child.qweight.device.type == "cpu" \
-                    and int4_kernel_fits(child.in_features, child.out_features, child.group_size) is None:
-                setattr(module, name, NativeInt4Linear(child))
-                packed += 1
+    # (parent, name) pairs, not the children: a list holding the 4-bit modules would keep every one's AWQ words
+    # alive until the last was repacked — the whole model's 4-bit weights twice (+1.4 GiB at 3B; issue 29)
+    slots = [(module, name) for module in language.modules() for name, child in module.named_children()
+             if type(child) in (nn.Linear, Int4Linear)]
+    for module, name in slots:
+        child = getattr(module, name)
+        if type(child) is nn.Linear and weight.dtype is torch.bfloat16:
+            setattr(module, name, NativeDecodeLinear(child))
+            replaced += 1
+        elif type(child) is Int4Linear and child.qweight.device.type == "cpu" \
+                and int4_kernel_fits(child.in_features, child.out_features, child.group_size) is None:
+            setattr(module, name, NativeInt4Linear(child))
+            packed += 1
+            del child  # the last reference to the AWQ words: freed here, and their pages handed back
+            trim()
     info = {"route": route, "linears": replaced, "simd": simd()}
     if quantized:
         info.update(int4_linears=packed, int4_simd=int4_simd())

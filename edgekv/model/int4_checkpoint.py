@@ -127,10 +127,9 @@ def finish_linear(model: nn.Module, plan: QuantizedLinearPlan, quant: QuantConfi
             raise error(f"tensor {plan.checkpoint}.{part}: {str(exc).split(':', 1)[1].strip()}",
                         f"{plan.checkpoint}.{part}") from None
     module = model.get_submodule(plan.module)
-    # copies: safetensors hands out tensors over its memory map, which a kept tensor would keep mapped (and the
-    # pages it touched resident) after the native route has repacked the weights and dropped these
-    module.qweight = qweight.to(device=device, copy=True).contiguous()
-    module.qzeros = qzeros.to(device=device, copy=True).contiguous()
-    module.scales = plan.parts["scales"].to(device=device, dtype=torch.float16, copy=True).contiguous()
+    # the parts are the loader's own tensors (read without a memory map): no copy on the CPU
+    module.qweight = qweight.to(device=device).contiguous()
+    module.qzeros = qzeros.to(device=device).contiguous()
+    module.scales = plan.parts["scales"].to(device=device, dtype=torch.float16).contiguous()
     plan.parts.clear()
     return True

@@ -1,8 +1,9 @@
 """Load a Hugging Face Qwen2.5-VL checkpoint directory into :class:`Qwen25VL`, without transformers.
 
 Reads ``config.json`` and either ``model.safetensors`` or the shards named by
-``model.safetensors.index.json``, tensor by tensor (``safe_open``), converting each to the target dtype and
-device as it goes, so peak memory is the model plus one tensor. The model is built on the meta device
+``model.safetensors.index.json``, tensor by tensor (``edgekv/model/tensor_file.py``: no memory map), each
+straight into a tensor of its final dtype and device (a stored dtype that differs converted through a small
+buffer), so peak memory is the model plus that buffer. The model is built on the meta device
 first; nothing is initialised twice.
 
 Two key layouts are accepted:
@@ -27,17 +28,17 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
+from edgekv.hostmem import trim
 from edgekv.model import int4_checkpoint
 from edgekv.model.config import ConfigError, ModelConfig
 from edgekv.model.int4 import QuantConfig, QuantConfigError
 from edgekv.model.qwen25vl import Qwen25VL
+from edgekv.model.tensor_file import TensorFile, TensorFileError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -121,29 +122,26 @@ def check_safetensors_file(path: Path) -> list[str]:
     A file cut short (an interrupted copy) keeps a valid header; the first tensor whose bytes run past
     the end of the file is named in the error.
     """
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header)", file=path)
-        (header_len,) = struct.unpack("<Q", head)
-        if header_len > size - 8:
-            raise CheckpointError(f"{path}: corrupt or truncated safetensors header (header says {header_len} "
-                                  f"bytes, file has {size - 8} after the length)", file=path)
-        try:
-            header = json.loads(handle.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{path}: corrupt safetensors header ({exc})", file=path) from exc
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)", file=path)
-    data_size = size - 8 - header_len
-    names = [name for name in header if name != "__metadata__"]
-    for name in sorted(names, key=lambda n: header[n].get("data_offsets", [0, 0])[1]):
-        begin, end = header[name].get("data_offsets", [0, 0])
-        if end > data_size:
-            raise CheckpointError(f"{path}: truncated safetensors file: tensor {name} needs bytes {begin}..{end} "
-                                  f"of the data section, which has {data_size}", file=path, tensor=name)
-    return names
+    with _open_tensor_file(path) as handle:
+        return handle.names
+
+
+def _open_tensor_file(path: Path) -> TensorFile:
+    try:
+        return TensorFile(path)
+    except TensorFileError as exc:
+        raise CheckpointError(str(exc), file=path, tensor=exc.tensor) from exc
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot open safetensors file ({exc})", file=path) from exc
+
+
+def _read(handle: TensorFile, key: str, dtype: torch.dtype | None, device: torch.device | str) -> torch.Tensor:
+    try:
+        return handle.read(key, dtype, device)
+    except TensorFileError as exc:
+        raise CheckpointError(str(exc), file=handle.path, tensor=key) from exc
+    except (OSError, RuntimeError) as exc:  # a read error, or no memory for it on the device
+        raise CheckpointError(f"{handle.path}: cannot read tensor {key} ({exc})", file=handle.path, tensor=key) from exc
 
 
 def _set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -202,11 +200,7 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
                 raise CheckpointError(f"{path}: tensor {absent[0]} is listed in {INDEX_FILE} but not in the file"
                                       f"{f' ({len(absent)} missing)' if len(absent) > 1 else ''}",
                                       file=path, tensor=absent[0])
-        try:
-            handle = safe_open(str(path), framework="pt", device="cpu")
-        except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"{path}: cannot open safetensors file ({exc})", file=path) from exc
-        with handle:
+        with _open_tensor_file(path) as handle:
             for key in names:
                 if key.endswith(_IGNORED_SUFFIXES) or (tied and key == "lm_head.weight"):
                     continue
@@ -218,29 +212,27 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
                 if canonical in loaded:
                     raise CheckpointError(f"{path}: tensor {key} is also stored in {loaded[canonical]}",
                                           file=path, tensor=key)
-                shape = tuple(handle.get_slice(key).get_shape())
+                shape = handle.shape(key)
                 if shape != expected[canonical]:
                     raise CheckpointError(f"{path}: tensor {key}: config.json implies shape "
                                           f"{list(expected[canonical])}, found {list(shape)}", file=path, tensor=key)
                 if module_name.startswith(skipped):
                     loaded[canonical] = path
                     continue
-                try:
-                    tensor = handle.get_tensor(key)
-                except Exception as exc:
-                    raise CheckpointError(f"{path}: cannot read tensor {key} ({exc})", file=path, tensor=key) from exc
                 quantized = int4_checkpoint.split_part(canonical, plans)
                 if quantized is not None:
                     plan, part = quantized
+                    tensor = _read(handle, key, None, "cpu")
                     int4_checkpoint.check_part(tensor, key, part, path, lambda m, t: CheckpointError(m, path, t))
                     plan.parts[part] = tensor
                     loaded[canonical] = path
                     int4_checkpoint.finish_linear(model, plan, quant, device,
                                                   lambda m, t: CheckpointError(f"{path}: {m}", path, t))
                     continue
+                tensor = _read(handle, key, dtype, device)
                 if canonical == _PATCH_EMBED:
                     tensor = tensor.reshape(tensor.shape[0], -1)  # Conv3d kernel == stride: a Linear
-                _set_parameter(model, module_name, tensor.to(device=device, dtype=dtype))
+                _set_parameter(model, module_name, tensor)
                 loaded[canonical] = path
 
     if unexpected:
@@ -258,6 +250,7 @@ def load_pretrained(model_dir: str | os.PathLike, dtype: torch.dtype = torch.flo
         raise CheckpointError(f"{model_dir}: required tensor {missing[0]}{more} is in no weight file",
                               file=model_dir, tensor=missing[0])
     model.quantization = quant
+    trim()  # whatever the reads freed between the tensors they made goes back to the kernel (edgekv/hostmem.py)
     if tied:
         model.language.lm_head.weight = model.language.embed_tokens.weight
     if "visual" in skip:
