@@ -120,3 +120,36 @@ def test_a_loaded_model_maps_no_checkpoint_file(tmp_path, dtype):
         embed = reference.get_tensor("model.embed_tokens.weight")
         assert str(source / "model.safetensors") in Path("/proc/self/maps").read_text()  # the check can see one
     assert torch.equal(model.language.embed_tokens.weight, embed.to(dtype))
+
+
+def _vm_flags(address: int) -> list[str]:
+    """VmFlags of the mapping of this process that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            begin, end = (int(part, 16) for part in head.split("-"))
+            inside = begin <= address < end
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists() or not Path("/sys/kernel/mm/transparent_hugepage").exists(),
+                    reason="needs Linux with transparent huge pages (/proc/self/smaps, /sys/kernel/mm/transparent_hugepage)")
+def test_large_weights_are_advised_huge_pages_and_small_ones_are_plain(monkeypatch):
+    from edgekv import hostmem
+
+    if hostmem._glibc() is None:
+        pytest.skip("weight_empty advises huge pages through glibc's madvise; this C library is not glibc")
+    big = hostmem.weight_empty((1024, 4096), torch.bfloat16)  # 8 MiB
+    assert big.shape == (1024, 4096) and big.dtype == torch.bfloat16 and big.is_contiguous()
+    assert big.data_ptr() % hostmem.HUGE_PAGE == 0
+    big.fill_(1.5)
+    assert float(big.float().sum()) == 1.5 * big.numel()
+    assert "hg" in _vm_flags(big.data_ptr())  # madvise(MADV_HUGEPAGE) took: the kernel may back it with 2 MiB pages
+    small = hostmem.weight_empty((3, 5), torch.float32)
+    assert small.shape == (3, 5) and small.untyped_storage().nbytes() == 60
+    monkeypatch.setattr(hostmem, "huge_pages", False)  # EDGEKV_HUGE_PAGES=0
+    plain = hostmem.weight_empty((1024, 4096), torch.bfloat16)
+    assert plain.untyped_storage().nbytes() == plain.numel() * 2

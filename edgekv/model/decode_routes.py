@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgekv.hostmem import trim
+from edgekv.hostmem import trim, weight_empty
 from edgekv.model.int4 import Int4Linear, is_quantized
 
 ROUTES = ("eager", "native")
@@ -81,7 +81,9 @@ class NativeInt4Linear(nn.Module):
         from edgekv.kernels.cpu_gemv import int4_tiles
 
         q, zeros = linear.integers()
-        self.register_buffer("tiles", int4_tiles(q))
+        tiles = int4_tiles(q)
+        del q
+        self.register_buffer("tiles", weight_empty(tuple(tiles.shape), tiles.dtype).copy_(tiles))
         self.register_buffer("zeros", zeros.contiguous())
         self.register_buffer("scales", linear.scales)
         self.bias = linear.bias

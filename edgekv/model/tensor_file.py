@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from edgekv.hostmem import weight_empty
+
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -112,7 +114,7 @@ class TensorFile:
         dtype = stored if dtype is None else dtype
         device = torch.device(device)
         offset = self._data_start + entry["data_offsets"][0]
-        out = torch.empty(shape, dtype=dtype, device=device)
+        out = weight_empty(shape, dtype) if device.type == "cpu" else torch.empty(shape, dtype=dtype, device=device)
         if out.numel() == 0:
             return out
         if dtype == stored and device.type == "cpu":
