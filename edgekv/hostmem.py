@@ -95,7 +95,7 @@ def configure_host_memory(mode: str) -> str:
 
 # ------------------------------------------------------------------------------------------- huge pages
 HUGE_PAGE = 2 << 20  # x86-64 and aarch64 with 4 KiB base pages (Jetson's L4T kernels) both use 2 MiB
-HUGE_MIN_BYTES = 8 << 20  # smaller tensors gain little and would each cost a VMA split
+HUGE_MIN_BYTES = 64 << 20  # see weight_empty: below this the rounding to huge pages cost more memory than it was worth
 _MADV_HUGEPAGE = 14  # <asm-generic/mman-common.h>, the same on x86-64 and aarch64
 huge_pages = os.environ.get("EDGEKV_HUGE_PAGES", "1") != "0"  # read at each call: a bench may A/B it
 
@@ -112,8 +112,11 @@ def weight_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     copies of a 3B ``gate_proj``'s tiles (541 MB) 14.1 -> 15.5 best, 11.7 -> 12.2 median, faster in 13 of 20
     (the host was shared: single rounds vary by +-20 %). The tensor's storage is up to one huge page larger
     than its bytes; the spare head and tail are never touched, so they take address space, not memory.
-    ``EDGEKV_HUGE_PAGES=0`` turns this off; tensors under ``HUGE_MIN_BYTES`` and non-Linux hosts get a plain
-    ``torch.empty``."""
+    Only tensors of ``HUGE_MIN_BYTES`` or more: advising every weight of 8 MiB or more (the 4-bit tiles,
+    the vision tower's linears) cost memory — a 3B 4-bit load peaked at 3.98 GiB instead of 3.73 and stayed
+    0.12 GiB higher after the repack — for a gain lost in the noise of whole-token timings; at 3B, 64 MiB and
+    up is the tied embedding / ``lm_head`` alone (622 MB in bf16, a third of a 4-bit token's bytes). ``EDGEKV_HUGE_PAGES=0`` turns it off; smaller tensors and hosts without glibc get
+    a plain ``torch.empty``."""
     nbytes = math.prod(shape) * dtype.itemsize
     libc = _glibc() if huge_pages and nbytes >= HUGE_MIN_BYTES else None
     if libc is None:

@@ -142,14 +142,15 @@ def test_large_weights_are_advised_huge_pages_and_small_ones_are_plain(monkeypat
 
     if hostmem._glibc() is None:
         pytest.skip("weight_empty advises huge pages through glibc's madvise; this C library is not glibc")
-    big = hostmem.weight_empty((1024, 4096), torch.bfloat16)  # 8 MiB
-    assert big.shape == (1024, 4096) and big.dtype == torch.bfloat16 and big.is_contiguous()
+    rows = hostmem.HUGE_MIN_BYTES // (4096 * 2)
+    big = hostmem.weight_empty((rows, 4096), torch.bfloat16)  # the smallest that is advised (64 MiB)
+    assert big.shape == (rows, 4096) and big.dtype == torch.bfloat16 and big.is_contiguous()
     assert big.data_ptr() % hostmem.HUGE_PAGE == 0
     big.fill_(1.5)
     assert float(big.float().sum()) == 1.5 * big.numel()
     assert "hg" in _vm_flags(big.data_ptr())  # madvise(MADV_HUGEPAGE) took: the kernel may back it with 2 MiB pages
-    small = hostmem.weight_empty((3, 5), torch.float32)
-    assert small.shape == (3, 5) and small.untyped_storage().nbytes() == 60
+    small = hostmem.weight_empty((rows - 1, 4096), torch.bfloat16)  # one row short: a plain tensor
+    assert small.shape == (rows - 1, 4096) and small.untyped_storage().nbytes() == small.numel() * 2
     monkeypatch.setattr(hostmem, "huge_pages", False)  # EDGEKV_HUGE_PAGES=0
-    plain = hostmem.weight_empty((1024, 4096), torch.bfloat16)
+    plain = hostmem.weight_empty((rows, 4096), torch.bfloat16)
     assert plain.untyped_storage().nbytes() == plain.numel() * 2

@@ -40,9 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgekv.hostmem import trim, weight_empty
-from edgekv.model.int4 import Int4Linear, is_quantized
+from edgekv.model.int4 import Int4Linear, is_quantized, unpack_awq
 
 ROUTES = ("eager", "native")
+_REPACK_ROWS = 256  # rows of a 4-bit weight unpacked at a time by the repack (a multiple of the tiles' 4)
 
 
 class NativeDecodeLinear(nn.Module):
@@ -78,13 +79,16 @@ class NativeInt4Linear(nn.Module):
 
     def __init__(self, linear: Int4Linear) -> None:
         super().__init__()
-        from edgekv.kernels.cpu_gemv import int4_tiles
+        from edgekv.kernels.cpu_gemv import TILE_COLUMNS, TILE_ROWS, int4_tiles
 
-        q, zeros = linear.integers()
-        tiles = int4_tiles(q)
-        del q
-        self.register_buffer("tiles", weight_empty(tuple(tiles.shape), tiles.dtype).copy_(tiles))
-        self.register_buffer("zeros", zeros.contiguous())
+        k, n = linear.in_features, linear.out_features
+        tiles = weight_empty((n // TILE_COLUMNS, k // TILE_ROWS, 32), torch.uint8)
+        # a block of rows at a time: unpacking a whole 3B MLP weight at once held ~180 MB of int32 temporaries
+        for row in range(0, k, _REPACK_ROWS):
+            q = unpack_awq(linear.qweight[row:row + _REPACK_ROWS])
+            tiles[:, row // TILE_ROWS:(row + q.shape[0]) // TILE_ROWS] = int4_tiles(q)
+        self.register_buffer("tiles", tiles)
+        self.register_buffer("zeros", unpack_awq(linear.qzeros).contiguous())
         self.register_buffer("scales", linear.scales)
         self.bias = linear.bias
         self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, linear.group_size
