@@ -13,6 +13,13 @@ Everything is an estimate from formulas, not a measurement on a Jetson:
 - activations: one frame pair through the vision tower (every block keeps ``patches x hidden`` plus its
   MLP and attention scores per window) and one prefill chunk through the language model (logits of the
   chunk, MLP, and scores against M keys), times a safety factor.
+
+Loading is not a separate peak: the loader reads each tensor straight into its final dtype (no memory map,
+a 32 MiB conversion buffer) and the CPU decode route repacks 4-bit weights one linear at a time, freeing
+each one's AWQ words as it goes. Measured on the x86 VM for a 4-bit 3B checkpoint in bf16 (issue 29):
+VmHWM 3.61 GiB through the Runtime's load and repack for 3.53 GiB resident after, and 3.90 GiB for a whole
+session with a 6144-slot cache, two frame pairs and an answer — the steady state, which is what this plan
+counts (before those changes the load alone peaked at 6.02 GiB).
 """
 
 from __future__ import annotations
