@@ -668,37 +668,82 @@ Q4_INLINE void q4_block(const uint8_t *t, const struct q4_input *in, const uint1
 
 struct q4_job {
   const uint8_t *tiles;
-  const struct q4_input *in;
+  const struct q4_input *in; /* [rows] */
   const uint16_t *scales;
   const uint8_t *zeros;
   const float *bias;
-  float *y;
-  int64_t blocks, per, N, K, G; /* per: 16-column blocks a chunk */
+  float *y; /* [rows][N] */
+  int64_t rows, blocks, per, N, K, G; /* per: 16-column blocks a chunk */
   int digits;
 };
 
+/* The chunk's blocks, each for every row before the next block: a block's tiles (K * 8 bytes) come from memory
+ * for the first row and from the cache for the others, and each row gets the same operations it gets alone. */
 static void q4_run(void *arg, int64_t chunk) {
   const struct q4_job *j = (const struct q4_job *)arg;
-  const int64_t b1 = (chunk + 1) * j->per < j->blocks ? (chunk + 1) * j->per : j->blocks;
-  int64_t b = chunk * j->per;
+  const int64_t b1 = (chunk + 1) * j->per < j->blocks ? (chunk + 1) * j->per : j->blocks, stride = (j->K / 4) * 32;
+  for (int64_t b = chunk * j->per; b < b1;) {
 #if EDGEKV_AVX2
-  if (j->digits == 2) {
-    const int64_t stride = (j->K / 4) * 32;
-    for (; b + 2 <= b1; b += 2)
-      q4_blocks_bf16(j->tiles + b * stride, stride, j->in, j->scales, j->zeros, j->bias, j->y, b * 16, j->N, j->K, j->G, 2);
-    if (b < b1) q4_blocks_bf16(j->tiles + b * stride, stride, j->in, j->scales, j->zeros, j->bias, j->y, b * 16, j->N, j->K, j->G, 1);
-    return;
-  }
+    if (j->digits == 2) {
+      const int nb = b + 2 <= b1 ? 2 : 1;
+      for (int64_t r = 0; r < j->rows; r++) {
+        if (nb == 2)
+          q4_blocks_bf16(j->tiles + b * stride, stride, j->in + r, j->scales, j->zeros, j->bias, j->y + r * j->N, b * 16,
+                         j->N, j->K, j->G, 2);
+        else
+          q4_blocks_bf16(j->tiles + b * stride, stride, j->in + r, j->scales, j->zeros, j->bias, j->y + r * j->N, b * 16,
+                         j->N, j->K, j->G, 1);
+      }
+      b += nb;
+      continue;
+    }
 #endif
-  for (; b < b1; b++) { /* the block bodies, each compiled for its digit count */
-    const uint8_t *t = j->tiles + b * (j->K / 4) * 32;
-    if (j->digits == 4)
-      q4_block(t, j->in, j->scales, j->zeros, j->bias, j->y, b * 16, j->N, j->K, j->G, 4);
-    else if (j->digits == 3)
-      q4_block(t, j->in, j->scales, j->zeros, j->bias, j->y, b * 16, j->N, j->K, j->G, 3);
-    else
-      q4_block(t, j->in, j->scales, j->zeros, j->bias, j->y, b * 16, j->N, j->K, j->G, 2);
+    for (int64_t r = 0; r < j->rows; r++) { /* the block bodies, each compiled for its digit count */
+      const uint8_t *t = j->tiles + b * stride;
+      float *y = j->y + r * j->N;
+      if (j->digits == 4)
+        q4_block(t, j->in + r, j->scales, j->zeros, j->bias, y, b * 16, j->N, j->K, j->G, 4);
+      else if (j->digits == 3)
+        q4_block(t, j->in + r, j->scales, j->zeros, j->bias, y, b * 16, j->N, j->K, j->G, 3);
+      else
+        q4_block(t, j->in + r, j->scales, j->zeros, j->bias, y, b * 16, j->N, j->K, j->G, 2);
+    }
+    b++;
   }
+}
+
+/* Y [P][N] (fp32) = X W^T + bias for P rows of activations X [P][K]: every row gets exactly what
+ * edgekv_gemv_int4 gives it alone. The short chunks of a stream (a 112x112 frame pair is 16 tokens, a question
+ * a few dozen) read each weight once this way, where dequantizing every weight for a GEMM costs more than the
+ * products (see edgekv/model/decode_routes.py for the measured crossover). */
+int edgekv_gemm_int4(const uint8_t *tiles, const uint16_t *scales, const uint8_t *zeros, const float *x,
+                     const float *bias, float *y, int64_t P, int64_t N, int64_t K, int64_t G, int digits, int threads) {
+  if (P <= 0 || N <= 0 || K <= 0 || G <= 0 || N % 16 || K % 16 || G % Q4_ROWS_PER_CHUNK || K % G) return -3;
+  if (digits < 2 || digits > 4) return -3;
+  struct q4_input *in = (struct q4_input *)calloc((size_t)P, sizeof *in);
+  uint32_t *pairs = (uint32_t *)malloc((size_t)P * (size_t)(digits * (K / 2)) * sizeof(uint32_t));
+  float *factor = (float *)malloc((size_t)P * (size_t)(K / G) * sizeof(float));
+  float *xsum = (float *)malloc((size_t)P * (size_t)(K / G) * sizeof(float));
+  int code = (in && pairs && factor && xsum) ? 0 : -1;
+  for (int64_t r = 0; r < P && code == 0; r++) {
+    in[r].pairs = pairs + r * digits * (K / 2); /* digit j of row r at pairs[j * K / 2]: what the blocks read */
+    in[r].factor = factor + r * (K / G);
+    in[r].xsum = xsum + r * (K / G);
+    code = q4_prepare(x + r * K, K, G, digits, &in[r]);
+  }
+  if (code == 0) {
+    const int64_t blocks = N / 16;
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    const int64_t per = (blocks + 4 * threads - 1) / (4 * threads); /* four chunks a thread */
+    struct q4_job job = {tiles, in, scales, zeros, bias, y, P, blocks, per, N, K, G, digits};
+    pool_run(q4_run, &job, (blocks + per - 1) / per, threads);
+  }
+  free(in);
+  free(pairs);
+  free(factor);
+  free(xsum);
+  return code;
 }
 
 /* y [N] (fp32) = W x + bias. tiles: K * N / 2 bytes (see above); scales float16 [K/G][N]; zeros [K/G][N];
@@ -708,43 +753,31 @@ static void q4_run(void *arg, int64_t chunk) {
  * written then). */
 int edgekv_gemv_int4(const uint8_t *tiles, const uint16_t *scales, const uint8_t *zeros, const float *x,
                      const float *bias, float *y, int64_t N, int64_t K, int64_t G, int digits, int threads) {
-  if (N <= 0 || K <= 0 || G <= 0 || N % 16 || K % 16 || G % Q4_ROWS_PER_CHUNK || K % G) return -3;
-  if (digits < 2 || digits > 4) return -3;
-  struct q4_input in;
-  in.pairs = (uint32_t *)malloc((size_t)(Q4_DIGITS * (K / 2)) * sizeof(uint32_t));
-  in.factor = (float *)malloc((size_t)(K / G) * sizeof(float));
-  in.xsum = (float *)malloc((size_t)(K / G) * sizeof(float));
-  int code = (in.pairs && in.factor && in.xsum) ? q4_prepare(x, K, G, digits, &in) : -1;
-  if (code == 0) {
-    const int64_t blocks = N / 16;
-    if (threads < 1) threads = 1;
-    if (threads > 64) threads = 64;
-    const int64_t per = (blocks + 4 * threads - 1) / (4 * threads); /* four chunks a thread */
-    struct q4_job job = {tiles, &in, scales, zeros, bias, y, blocks, per, N, K, G, digits};
-    pool_run(q4_run, &job, (blocks + per - 1) / per, threads);
-  }
-  free(in.pairs);
-  free(in.factor);
-  free(in.xsum);
-  return code;
+  return edgekv_gemm_int4(tiles, scales, zeros, x, bias, y, 1, N, K, G, digits, threads);
 }
 
-/* The decode step of a bf16 model in one call: x bf16 [K] widened, the product as above with two digits,
- * y bf16 [N] rounded once to nearest even (what torch's conversion of the fp32 result gives). */
-int edgekv_gemv_int4_bf16(const uint8_t *tiles, const uint16_t *scales, const uint8_t *zeros, const uint16_t *x16,
-                          const float *bias, uint16_t *y16, int64_t N, int64_t K, int64_t G, int threads) {
-  if (N <= 0 || K <= 0) return -3;
-  float *x = (float *)malloc((size_t)K * sizeof(float)), *y = (float *)malloc((size_t)N * sizeof(float));
+/* P rows of a bf16 model in one call: X bf16 [P][K] widened, the products as above with two digits, Y bf16
+ * [P][N] rounded once to nearest even (what torch's conversion of the fp32 result gives). */
+int edgekv_gemm_int4_bf16(const uint8_t *tiles, const uint16_t *scales, const uint8_t *zeros, const uint16_t *x16,
+                          const float *bias, uint16_t *y16, int64_t P, int64_t N, int64_t K, int64_t G, int threads) {
+  if (P <= 0 || N <= 0 || K <= 0) return -3;
+  float *x = (float *)malloc((size_t)(P * K) * sizeof(float)), *y = (float *)malloc((size_t)(P * N) * sizeof(float));
   int code = -1;
   if (x && y) {
-    for (int64_t k = 0; k < K; k++) x[k] = widen(x16[k]);
-    code = edgekv_gemv_int4(tiles, scales, zeros, x, bias, y, N, K, G, 2, threads);
+    for (int64_t k = 0; k < P * K; k++) x[k] = widen(x16[k]);
+    code = edgekv_gemm_int4(tiles, scales, zeros, x, bias, y, P, N, K, G, 2, threads);
     if (code == 0)
-      for (int64_t n = 0; n < N; n++) y16[n] = narrow(y[n]);
+      for (int64_t n = 0; n < P * N; n++) y16[n] = narrow(y[n]);
   }
   free(x);
   free(y);
   return code;
+}
+
+/* The decode step of a bf16 model: one row of the above. */
+int edgekv_gemv_int4_bf16(const uint8_t *tiles, const uint16_t *scales, const uint8_t *zeros, const uint16_t *x16,
+                          const float *bias, uint16_t *y16, int64_t N, int64_t K, int64_t G, int threads) {
+  return edgekv_gemm_int4_bf16(tiles, scales, zeros, x16, bias, y16, 1, N, K, G, threads);
 }
 
 /* The dequantizer's work: 16-column blocks [b0, b1) of W. (q - z) is an integer in [-15, 15] and s a

@@ -99,6 +99,10 @@ def _build(portable: bool = False) -> ctypes.CDLL:
         lib.edgekv_gemv_int4.restype = ctypes.c_int
         lib.edgekv_gemv_int4_bf16.argtypes = [pointer] * 6 + [int64, int64, int64, ctypes.c_int]
         lib.edgekv_gemv_int4_bf16.restype = ctypes.c_int
+        lib.edgekv_gemm_int4.argtypes = [pointer] * 6 + [int64, int64, int64, int64, ctypes.c_int, ctypes.c_int]
+        lib.edgekv_gemm_int4.restype = ctypes.c_int
+        lib.edgekv_gemm_int4_bf16.argtypes = [pointer] * 6 + [int64, int64, int64, int64, ctypes.c_int]
+        lib.edgekv_gemm_int4_bf16.restype = ctypes.c_int
         lib.edgekv_dequant_int4.argtypes = [pointer] * 4 + [ctypes.c_int, int64, int64, int64, ctypes.c_int]
         lib.edgekv_dequant_int4.restype = ctypes.c_int
         lib.edgekv_int4_simd.restype = ctypes.c_int
@@ -238,32 +242,49 @@ def gemv_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x:
     float dtype), bias [N] or None -> fp32 [N]. The activations are read as fixed point per group, as many
     bits as their dtype warrants (``cpu_gemv.c``: fp32 31, fp16 23, bf16 15). Raises RuntimeError when the
     kernel is unavailable and ValueError for shapes or a non-finite activation it cannot take."""
+    _, k, _ = _int4_weight(tiles, scales, zeros, x.numel())
+    return gemm_int4(tiles, scales, zeros, x.reshape(1, k), bias, threads, portable,
+                     None if out is None else out.view(1, -1)).view(-1)
+
+
+def gemm_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x: torch.Tensor,
+              bias: torch.Tensor | None = None, threads: int = 1, portable: bool = False,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gemv_int4`` for P rows at once: x [P, K] -> fp32 [P, N], each row exactly what ``gemv_int4`` gives it;
+    every 16-column block of the weight is read from memory once for all the rows (``cpu_gemv.c``)."""
     lib = load(portable)
     if lib is None:
         raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
-    n, k, group = _int4_weight(tiles, scales, zeros, x.numel())
-    x32 = x.reshape(-1).to(torch.float32).contiguous()
+    n, k, group = _int4_weight(tiles, scales, zeros)
+    if x.dim() != 2 or x.shape[1] != k or x.shape[0] < 1:
+        raise ValueError(f"cpu_gemv int4: activations {tuple(x.shape)} for a weight of {k} inputs (want [P, {k}])")
+    rows = x.shape[0]
+    x32 = x.to(torch.float32).contiguous()
     bias32 = None if bias is None else bias.reshape(-1).to(torch.float32).contiguous()
     if out is None:
-        out = torch.empty(n, dtype=torch.float32)
-    code = lib.edgekv_gemv_int4(tiles.data_ptr(), scales.data_ptr(), zeros.data_ptr(), x32.data_ptr(),
-                                None if bias32 is None else bias32.data_ptr(), out.data_ptr(), n, k, group,
+        out = torch.empty(rows, n, dtype=torch.float32)
+    code = lib.edgekv_gemm_int4(tiles.data_ptr(), scales.data_ptr(), zeros.data_ptr(), x32.data_ptr(),
+                                None if bias32 is None else bias32.data_ptr(), out.data_ptr(), rows, n, k, group,
                                 INT4_DIGITS.get(x.dtype, 4), max(1, int(threads)))
-    if code == -2:
-        raise ValueError("cpu_gemv int4: an activation is inf or nan")
-    if code != 0:
-        raise MemoryError(f"cpu_gemv int4: error {code} for a [{n}, {k}] product")
+    _int4_code(code, rows, n, k)
     return out
 
 
+def _int4_code(code: int, rows: int, n: int, k: int) -> None:
+    if code == -2:
+        raise ValueError("cpu_gemv int4: an activation is inf or nan")
+    if code != 0:
+        raise MemoryError(f"cpu_gemv int4: error {code} for {rows} row(s) of a [{n}, {k}] product")
+
+
 class Int4Product:
-    """One 4-bit weight checked once for the one-row products of decode: ``product(x, threads)``.
+    """One 4-bit weight checked once for the products of decode and of short chunks: ``product(x, threads)``.
 
     ``gemv_int4`` checks shapes and converts the activations, the bias and the result with torch on every
     call — ~23 us of Python a call on the 2-core x86 machine, 6 ms of a 3B token's 252 products. Here the
     shapes are checked and the bias widened to fp32 once (a copy: later changes to the bias tensor are not
-    seen, as the weights themselves were repacked), and a bf16 vector goes to the kernel's bf16 entry, which
-    widens it, multiplies and rounds the result to bf16 in C. Other dtypes take ``gemv_int4``; the results
+    seen, as the weights themselves were repacked), and bf16 rows go to the kernel's bf16 entry, which
+    widens them, multiplies and rounds the result to bf16 in C. Other dtypes take ``gemm_int4``; the results
     are the same bits either way (fp32 result rounded once to the activations' dtype)."""
 
     def __init__(self, tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -276,22 +297,21 @@ class Int4Product:
             raise ValueError(f"cpu_gemv int4: a bias of {bias.numel()} for {self.n} outputs")
         self.tiles, self.scales, self.zeros = tiles, scales, zeros
         self.bias32 = None if bias is None else bias.detach().reshape(-1).to(torch.float32).contiguous()
-        self._entry = lib.edgekv_gemv_int4_bf16
+        self._entry = lib.edgekv_gemm_int4_bf16
 
     def __call__(self, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
-        """x with K elements -> [N] in x's dtype. ValueError for an inf / nan activation."""
-        if x.numel() != self.k:
-            raise ValueError(f"cpu_gemv int4: {x.numel()} activations for a weight of {self.k} inputs")
+        """x [..., K] (P rows of K) -> [P * N] in x's dtype. ValueError for an inf / nan activation."""
+        if x.numel() == 0 or x.shape[-1] != self.k:
+            raise ValueError(f"cpu_gemv int4: activations {tuple(x.shape)} for a weight of {self.k} inputs")
+        rows = x.numel() // self.k
         if x.dtype is not torch.bfloat16 or not x.is_contiguous():
-            return gemv_int4(self.tiles, self.scales, self.zeros, x, self.bias32, threads).to(x.dtype)
-        out = torch.empty(self.n, dtype=torch.bfloat16)
+            return gemm_int4(self.tiles, self.scales, self.zeros, x.reshape(rows, self.k), self.bias32,
+                             threads).to(x.dtype).view(-1)
+        out = torch.empty(rows * self.n, dtype=torch.bfloat16)
         code = self._entry(self.tiles.data_ptr(), self.scales.data_ptr(), self.zeros.data_ptr(), x.data_ptr(),
-                           None if self.bias32 is None else self.bias32.data_ptr(), out.data_ptr(), self.n, self.k,
-                           self.group, threads if threads > 1 else 1)
-        if code == -2:
-            raise ValueError("cpu_gemv int4: an activation is inf or nan")
-        if code != 0:
-            raise MemoryError(f"cpu_gemv int4: error {code} for a [{self.n}, {self.k}] product")
+                           None if self.bias32 is None else self.bias32.data_ptr(), out.data_ptr(), rows, self.n,
+                           self.k, self.group, threads if threads > 1 else 1)
+        _int4_code(code, rows, self.n, self.k)
         return out
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from edgekv.kernels import cpu_gemv
 from edgekv.kernels.cpu_gemv import dequant_int4, gemv_int4, int4_tiles, int4_untile
-from edgekv.model.decode_routes import NativeInt4Linear, prepare_decode, resolve_route
+from edgekv.model.decode_routes import ROW_KERNEL_ROWS, NativeInt4Linear, prepare_decode, resolve_route
 from edgekv.model.int4 import Int4Linear, dequantize
 
 needs_kernel = pytest.mark.skipif(cpu_gemv.load() is None,
@@ -108,6 +108,29 @@ def test_threads_bias_and_the_portable_loop_give_the_same_bits(threads, dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("k,n,group", [(256, 80, 32), (2048, 48, 128)])  # 5 and 3 blocks: a pair and one alone
+def test_rows_at_once_give_each_row_the_bits_it_gets_alone(threads, dtype, k, n, group):
+    from edgekv.kernels.cpu_gemv import Int4Product, gemm_int4
+
+    q, zeros, scales = weights(k, n, group, seed=11)
+    tiles, bias = int4_tiles(q), torch.randn(n)
+    x = torch.stack([activations(k, seed=20 + r, dtype=dtype) for r in range(7)])
+    x[3, :group] *= 1e-40  # a row with a subnormal group, taken the scalar way
+    alone = torch.stack([gemv_int4(tiles, scales, zeros, row, bias) for row in x])
+    assert torch.equal(gemm_int4(tiles, scales, zeros, x, bias, threads=threads), alone)
+    assert torch.equal(gemm_int4(tiles, scales, zeros, x, bias, portable=True), alone)
+    product = Int4Product(tiles, scales, zeros, bias)  # bf16 rows go to the bf16 entry: the same bits, rounded once
+    assert torch.equal(product(x.view(7, 1, k), threads).view(7, n), alone.to(dtype))
+    with pytest.raises(ValueError, match=r"activations \(7, 3\) for a weight of"):
+        gemm_int4(tiles, scales, zeros, x[:, :3])
+    x[6, 5] = float("nan")
+    with pytest.raises(ValueError, match="inf or nan"):
+        product(x, threads)
+
+
+@needs_kernel
 @pytest.mark.parametrize("k,n,group", SHAPES_SMALL + [(2048, 256, 128)])
 def test_dequantizer_is_exact_and_rounds_bf16_once(k, n, group):
     q, zeros, scales = weights(k, n, group, seed=7)
@@ -154,7 +177,7 @@ def _int4_linear(k: int, n: int, group: int, bias: bool, seed: int) -> Int4Linea
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_native_int4_linear_one_row_kernel_and_chunks_dequantized(dtype):
+def test_native_int4_linear_kernel_for_rows_and_long_chunks_dequantized(dtype):
     linear = _int4_linear(128, 48, 32, bias=True, seed=3)
     linear.bias.data = linear.bias.data.to(dtype)
     native = NativeInt4Linear(linear)
@@ -165,13 +188,21 @@ def test_native_int4_linear_one_row_kernel_and_chunks_dequantized(dtype):
         row = activations(128, 1, dtype)[None]
         want = gemv_int4(native.tiles, native.scales, native.zeros, row, linear.bias).to(dtype)
         assert torch.equal(native(row)[0], want)
-        chunk = torch.randn(5, 128).to(dtype)  # fp32 products against the exact weight, rounded once
+        short = torch.randn(2, 3, 128).to(dtype)  # a short chunk: each row what the one-row kernel gives it
+        rows = torch.stack([gemv_int4(native.tiles, native.scales, native.zeros, r, linear.bias).to(dtype)
+                            for r in short.reshape(6, 128)])
+        assert torch.equal(native(short), rows.view(2, 3, 48))
+        # a long chunk: fp32 products against the exact weight, rounded once
+        chunk = torch.randn(ROW_KERNEL_ROWS + 1, 128).to(dtype)
         want = torch.nn.functional.linear(chunk.float(), linear.dequantized_weight(), linear.bias.float()).to(dtype)
         assert torch.equal(native(chunk), want)
         wider = _int4_linear(256, 64, 32, bias=False, seed=4)  # the kept buffer grows, then serves smaller ones
         assert torch.equal(NativeInt4Linear(wider)(chunk.repeat(1, 2)),
                            (chunk.repeat(1, 2).float() @ wider.dequantized_weight().t()).to(dtype))
         assert torch.equal(native(chunk), want)
+        short[0, 1, 7] = float("inf")  # a non-finite activation: torch's product, which propagates it as torch does
+        want = torch.nn.functional.linear(short.float(), linear.dequantized_weight(), linear.bias.float()).to(dtype)
+        torch.testing.assert_close(native(short), want, rtol=0, atol=0, equal_nan=True)
 
 
 @needs_kernel
@@ -237,20 +268,21 @@ def test_neon_path_gives_the_host_bits_under_an_emulator(tmp_path, k, n, group, 
                             str(Path(__file__).parent / "native" / "int4_driver.c"), "-lm"], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     q, zeros, scales = weights(k, n, group, seed=11)
-    x = activations(k, seed=12, dtype=dtype)
+    x = torch.stack([activations(k, seed=12 + r, dtype=dtype) for r in range(3)])  # row 0 alone, then all 3
     tiles = int4_tiles(q)
     digits = cpu_gemv.INT4_DIGITS[dtype]
-    (tmp_path / "in.bin").write_bytes(struct.pack("<5q", n, k, group, 2, digits) + tiles.numpy().tobytes()
+    (tmp_path / "in.bin").write_bytes(struct.pack("<6q", n, k, group, 2, digits, 3) + tiles.numpy().tobytes()
                                       + scales.numpy().tobytes() + zeros.numpy().tobytes() + x.float().numpy().tobytes())
     run = subprocess.run([QEMU, "-L", "/usr/aarch64-linux-gnu", str(driver), str(tmp_path / "in.bin"),
                           str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     raw = (tmp_path / "out.bin").read_bytes()
     simd = struct.unpack("<i", raw[:4])[0]
-    y = torch.from_numpy(np.frombuffer(raw[4:4 + 4 * n], dtype=np.float32).copy())
-    w = torch.from_numpy(np.frombuffer(raw[4 + 4 * n:], dtype=np.float32).copy()).reshape(n, k)
+    values = torch.from_numpy(np.frombuffer(raw[4:], dtype=np.float32).copy())
+    y, rows, w = values[:n], values[n:4 * n].view(3, n), values[4 * n:].view(n, k)
     assert simd == 2  # the NEON path ran
-    assert torch.equal(y, gemv_int4(tiles, scales, zeros, x))
+    assert torch.equal(y, gemv_int4(tiles, scales, zeros, x[0]))
+    assert torch.equal(rows, cpu_gemv.gemm_int4(tiles, scales, zeros, x))
     assert torch.equal(w, dequantize(q, zeros, scales, group).t())
 
 
@@ -272,7 +304,7 @@ def test_the_bf16_entry_gives_the_generic_kernels_bits_and_checks_once():
     bad[7] = float("nan")
     with pytest.raises(ValueError, match="inf or nan"):
         product(bad)
-    with pytest.raises(ValueError, match="2047 activations"):
+    with pytest.raises(ValueError, match=r"activations \(2047,\) for a weight of 2048 inputs"):
         product(torch.zeros(k - 1, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="bias of 3"):
         Int4Product(tiles, scales, zeros, torch.zeros(3))

@@ -16,12 +16,13 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
   on torch. Its figures are in the README's "Speed on CPU" and the issue-17 note.
 * ``native`` with 4-bit weights (issue 29; ``auto`` picks it for a 4-bit model on CPU, any activation dtype) —
   every ``Int4Linear`` becomes a ``NativeInt4Linear``: its weights repacked once into the C kernel's tiles
-  (``edgekv.kernels.cpu_gemv``: same bytes, the AWQ words dropped), one-row products through the integer
-  kernel (fp32 out, rounded once to the activations' dtype), chunks (ingest, question prefill) through the
-  C dequantizer into a kept fp32 buffer then torch's fp32 GEMM, rounded once to the activations' dtype —
-  dequantize-then-matmul, which beats per-row products there (a 3B 64-token chunk in bf16 on one thread:
-  44 s with the weight dequantized to bf16 and torch's bf16 GEMM, 9.8 s so). The bf16 ``lm_head`` of a
-  bf16 model takes the bf16 kernel as above. Figures: README "4-bit weights", "CPU decode speed".
+  (``edgekv.kernels.cpu_gemv``: same bytes, the AWQ words dropped); decode steps and chunks of up to
+  ``ROW_KERNEL_ROWS`` rows (a frame pair at 112² or 224², a question) through the integer kernel, each row
+  exactly what it gets alone (fp32 out, rounded once to the activations' dtype), every weight block read
+  once for all the rows; longer chunks through the C dequantizer into a kept fp32 buffer then torch's fp32
+  GEMM, rounded once to the activations' dtype (a 3B 64-token chunk in bf16 on one thread: 44 s with the
+  weight dequantized to bf16 and torch's bf16 GEMM, 9.8 s so). The bf16 ``lm_head`` of a bf16 model takes
+  the bf16 kernel as above. Figures: README "4-bit weights", "CPU decode speed".
 * measured and not kept: a ``torch.compile``d multiply-and-reduce in the weight's dtype with fp32
   accumulation (bf16 9.6 GB/s, fp16 11.3, fp32 14.5 on the one projection, but inside the model every
   weight shape recompiled past dynamo's limit and decode got slower); a blocked bf16 -> fp32 upcast
@@ -44,6 +45,12 @@ from edgekv.model.int4 import Int4Linear, is_quantized, unpack_awq
 
 ROUTES = ("eager", "native")
 _REPACK_ROWS = 256  # rows of a 4-bit weight unpacked at a time by the repack (a multiple of the tiles' 4)
+# Chunks of up to this many rows go through the 4-bit kernel, longer ones dequantize the weight for torch's fp32
+# GEMM. One thread, bf16, 2048 -> 11008 weights from memory (kernels/cpu_gemv.c's multi-row entry against
+# dequantize + GEMM; /work/runs/i29c/rows_crossover.py on the 2-core x86 VM): 16 rows 9.4 vs 42.1 ms, 64 rows
+# 36.9 vs 66.6, 128 rows 83.3 vs 101.7, 256 rows 150.8 vs 160.0 — the kernel's time grows with the rows, the
+# GEMM path's is mostly the dequantization, which does not.
+ROW_KERNEL_ROWS = 128
 
 
 class NativeDecodeLinear(nn.Module):
@@ -111,7 +118,7 @@ class NativeInt4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from edgekv.kernels.cpu_gemv import Int4Product, dequant_int4
 
-        if x.numel() == self.in_features and not (torch.is_grad_enabled() and x.requires_grad):
+        if x.numel() <= ROW_KERNEL_ROWS * self.in_features and not (torch.is_grad_enabled() and x.requires_grad):
             if self._product is None:
                 self._product = Int4Product(self.tiles, self.scales, self.zeros, self.bias)
             try:
@@ -120,7 +127,7 @@ class NativeInt4Linear(nn.Module):
                 pass
             else:
                 return out.view(*x.shape[:-1], self.out_features)
-        # a chunk: dequantize-then-matmul, in fp32 whatever the activations' dtype, rounded once at the end
+        # a long chunk: dequantize-then-matmul, in fp32 whatever the activations' dtype, rounded once at the end
         weight = dequant_int4(self.tiles, self.scales, self.zeros, torch.float32, threads=torch.get_num_threads(),
                               out=_chunk_weight(self.out_features, self.in_features))
         bias = None if self.bias is None else self.bias.detach().to(torch.float32)
