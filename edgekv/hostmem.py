@@ -101,22 +101,20 @@ huge_pages = os.environ.get("EDGEKV_HUGE_PAGES", "1") != "0"  # read at each cal
 
 
 def weight_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialized CPU tensor for weights that are written once and then streamed for every token, backed
-    by transparent huge pages where the kernel offers them (``madvise(MADV_HUGEPAGE)`` on the tensor's 2 MiB-
-    aligned range; with THP set to ``madvise``, as on this x86 VM, nothing is huge without it).
-
-    Why: a decode step streams every weight once, and the hardware prefetchers stop at each 4 KiB page; with
-    2 MiB pages a stream also walks 512x fewer page-table entries. Measured on the 2-core x86 VM, one thread,
-    the two layouts in one process, 20 interleaved rounds: the bf16 kernel over the 3B ``lm_head`` (622 MB)
-    15.9 -> 18.1 GB/s best round, 14.8 -> 16.1 median, faster in 19 of 20 rounds; the 4-bit kernel over 48
-    copies of a 3B ``gate_proj``'s tiles (541 MB) 14.1 -> 15.5 best, 11.7 -> 12.2 median, faster in 13 of 20
-    (the host was shared: single rounds vary by +-20 %). The tensor's storage is up to one huge page larger
-    than its bytes; the spare head and tail are never touched, so they take address space, not memory.
-    Only tensors of ``HUGE_MIN_BYTES`` or more: advising every weight of 8 MiB or more (the 4-bit tiles,
-    the vision tower's linears) cost memory — a 3B 4-bit load peaked at 3.98 GiB instead of 3.73 and stayed
-    0.12 GiB higher after the repack — for a gain lost in the noise of whole-token timings; at 3B, 64 MiB and
-    up is the tied embedding / ``lm_head`` alone (622 MB in bf16, a third of a 4-bit token's bytes). ``EDGEKV_HUGE_PAGES=0`` turns it off; smaller tensors and hosts without glibc get
-    a plain ``torch.empty``."""
+    """An uninitialized CPU tensor for weights that are written once and then streamed for every token, backed by
+    transparent huge pages where the kernel offers them (``madvise(MADV_HUGEPAGE)`` on the tensor's 2 MiB-aligned
+    range; with THP set to ``madvise``, as on this x86 VM, nothing is huge without it). Why: a decode step streams
+    every weight once, and the hardware prefetchers stop at each 4 KiB page; with 2 MiB pages a stream also walks
+    512x fewer page-table entries. Measured on the 2-core x86 VM, one thread, the two layouts in one process, 20
+    interleaved rounds: the bf16 kernel over the 3B ``lm_head`` (622 MB) 15.9 -> 18.1 GB/s best round, 14.8 -> 16.1
+    median, faster in 19 of 20 rounds; the 4-bit kernel over 48 copies of a 3B ``gate_proj``'s tiles (541 MB) 14.1
+    -> 15.5 best, 11.7 -> 12.2 median, faster in 13 of 20 (the host was shared: single rounds vary by +-20 %). The
+    tensor's storage is up to one huge page larger than its bytes; the spare head and tail are never touched, so
+    they take address space, not memory. Only tensors of ``HUGE_MIN_BYTES`` or more: advising every weight of 8 MiB
+    or more (the 4-bit tiles, the vision tower's linears) cost memory — a 3B 4-bit load peaked at 3.98 GiB instead
+    of 3.73 and stayed 0.12 GiB higher after the repack — for a gain lost in the noise of whole-token timings; at
+    3B, 64 MiB and up is the tied embedding / ``lm_head`` alone (622 MB in bf16, a third of a 4-bit token's bytes).
+    ``EDGEKV_HUGE_PAGES=0`` turns it off; smaller tensors and hosts without glibc get a plain ``torch.empty``."""
     nbytes = math.prod(shape) * dtype.itemsize
     libc = _glibc() if huge_pages and nbytes >= HUGE_MIN_BYTES else None
     if libc is None:

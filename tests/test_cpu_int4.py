@@ -193,7 +193,7 @@ def test_native_int4_linear_kernel_for_rows_and_long_chunks_dequantized(dtype):
                             for r in short.reshape(6, 128)])
         assert torch.equal(native(short), rows.view(2, 3, 48))
         # a long chunk: fp32 products against the exact weight, rounded once
-        chunk = torch.randn(ROW_KERNEL_ROWS + 1, 128).to(dtype)
+        chunk = torch.randn(ROW_KERNEL_ROWS[dtype] + 1, 128).to(dtype)
         want = torch.nn.functional.linear(chunk.float(), linear.dequantized_weight(), linear.bias.float()).to(dtype)
         assert torch.equal(native(chunk), want)
         wider = _int4_linear(256, 64, 32, bias=False, seed=4)  # the kept buffer grows, then serves smaller ones

@@ -17,10 +17,10 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
 * ``native`` with 4-bit weights (issue 29; ``auto`` picks it for a 4-bit model on CPU, any activation dtype) —
   every ``Int4Linear`` becomes a ``NativeInt4Linear``: its weights repacked once into the C kernel's tiles
   (``edgekv.kernels.cpu_gemv``: same bytes, the AWQ words dropped); decode steps and chunks of up to
-  ``ROW_KERNEL_ROWS`` rows (a frame pair at 112² or 224², a question) through the integer kernel, each row
-  exactly what it gets alone (fp32 out, rounded once to the activations' dtype), every weight block read
-  once for all the rows; longer chunks through the C dequantizer into a kept fp32 buffer then torch's fp32
-  GEMM, rounded once to the activations' dtype (a 3B 64-token chunk in bf16 on one thread: 44 s with the
+  ``ROW_KERNEL_ROWS`` rows (bf16: 128 — a frame pair at 112² or 224², a question) through the integer
+  kernel, each row exactly what it gets alone (fp32 out, rounded once to the activations' dtype), every
+  weight block read once for all the rows; longer chunks through the C dequantizer into a kept fp32 buffer
+  then torch's fp32 GEMM, rounded once to the activations' dtype (a 3B 64-token chunk in bf16 on one thread: 44 s with the
   weight dequantized to bf16 and torch's bf16 GEMM, 9.8 s so). The bf16 ``lm_head`` of a bf16 model takes
   the bf16 kernel as above. Figures: README "4-bit weights", "CPU decode speed".
 * measured and not kept: a ``torch.compile``d multiply-and-reduce in the weight's dtype with fp32
@@ -46,11 +46,13 @@ from edgekv.model.int4 import Int4Linear, is_quantized, unpack_awq
 ROUTES = ("eager", "native")
 _REPACK_ROWS = 256  # rows of a 4-bit weight unpacked at a time by the repack (a multiple of the tiles' 4)
 # Chunks of up to this many rows go through the 4-bit kernel, longer ones dequantize the weight for torch's fp32
-# GEMM. One thread, bf16, 2048 -> 11008 weights from memory (kernels/cpu_gemv.c's multi-row entry against
-# dequantize + GEMM; /work/runs/i29c/rows_crossover.py on the 2-core x86 VM): 16 rows 9.4 vs 42.1 ms, 64 rows
-# 36.9 vs 66.6, 128 rows 83.3 vs 101.7, 256 rows 150.8 vs 160.0 — the kernel's time grows with the rows, the
-# GEMM path's is mostly the dequantization, which does not.
-ROW_KERNEL_ROWS = 128
+# GEMM; by activation dtype, as the kernel's cost per row grows with the activation digits (bf16 2, fp16 3, fp32
+# 4). One thread, 2048 -> 11008 weights from memory, the multi-row kernel against dequantize + GEMM
+# (/work/runs/i29c/rows_crossover.py on the 2-core x86 VM, ms): bf16 16 rows 9.4 vs 42.1, 64 rows 36.9 vs 66.6,
+# 128 rows 83.3 vs 101.7, 256 rows 150.8 vs 160.0; fp16 32 rows 37.5 vs 52.4, 64 rows 73.4 vs 68.7; fp32 32 rows
+# 48.7 vs 55.1, 64 rows 94.1 vs 76.3. The kernel's time grows with the rows; the GEMM path's is mostly the
+# dequantization, which does not.
+ROW_KERNEL_ROWS = {torch.bfloat16: 128, torch.float16: 48, torch.float32: 32}
 
 
 class NativeDecodeLinear(nn.Module):
@@ -118,7 +120,8 @@ class NativeInt4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from edgekv.kernels.cpu_gemv import Int4Product, dequant_int4
 
-        if x.numel() <= ROW_KERNEL_ROWS * self.in_features and not (torch.is_grad_enabled() and x.requires_grad):
+        if x.numel() <= ROW_KERNEL_ROWS.get(x.dtype, 1) * self.in_features \
+                and not (torch.is_grad_enabled() and x.requires_grad):
             if self._product is None:
                 self._product = Int4Product(self.tiles, self.scales, self.zeros, self.bias)
             try:
