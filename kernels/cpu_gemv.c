@@ -712,6 +712,15 @@ static void q4_run(void *arg, int64_t chunk) {
   }
 }
 
+/* Products of fewer weight-rows (P * N * K) than this run on the calling thread alone, and larger ones on at most
+ * one thread per this many. A worker waits passively between calls (OMP_WAIT_POLICY=PASSIVE: asleep), and waking
+ * it takes a system call and, on a virtual machine, the other vCPU's wake-up; for a 3B k/v projection (0.5M weights,
+ * ~20 us alone) that was more than the product, and a worker woken after the caller had finished still took a
+ * core from it. 3B 4-bit decode with two threads on the 2-core x86 VM (ms a token, two runs each, one process per
+ * setting): every product on the pool 150.7 / 131.0; products under 1M weights alone 128.1 / 128.6; under 5M
+ * (k, v, q, o) alone 122.7 / 127.2; all 4-bit products alone 147.9 / 158.0. */
+#define Q4_WORK_PER_THREAD (INT64_C(1) << 22)
+
 /* Y [P][N] (fp32) = X W^T + bias for P rows of activations X [P][K]: every row gets exactly what
  * edgekv_gemv_int4 gives it alone. The short chunks of a stream (a 112x112 frame pair is 16 tokens, a question
  * a few dozen) read each weight once this way, where dequantizing every weight for a GEMM costs more than the
@@ -733,6 +742,10 @@ int edgekv_gemm_int4(const uint8_t *tiles, const uint16_t *scales, const uint8_t
   }
   if (code == 0) {
     const int64_t blocks = N / 16;
+    /* a thread for every Q4_WORK_PER_THREAD weight-rows at most: waking a sleeping worker for a small product
+     * costs more than it saves (see Q4_WORK_PER_THREAD) */
+    const int64_t useful = (P * N * K) / Q4_WORK_PER_THREAD;
+    if (threads > useful) threads = (int)useful;
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
     const int64_t per = (blocks + 4 * threads - 1) / (4 * threads); /* four chunks a thread */

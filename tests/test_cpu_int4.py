@@ -85,6 +85,8 @@ def test_kernel_within_twice_the_same_precision_error(k, n, group, dtype):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_threads_bias_and_the_portable_loop_give_the_same_bits(threads, dtype):
+    from edgekv.kernels.cpu_gemv import gemm_int4
+
     k, n, group = 256, 80, 32
     q, zeros, scales = weights(k, n, group, seed=4)
     x = activations(k, seed=5, dtype=dtype)
@@ -92,6 +94,8 @@ def test_threads_bias_and_the_portable_loop_give_the_same_bits(threads, dtype):
     tiles = int4_tiles(q)
     one = gemv_int4(tiles, scales, zeros, x, bias)
     assert torch.equal(gemv_int4(tiles, scales, zeros, x, bias, threads=threads), one)
+    many = x.repeat(640, 1)  # 13M weight-rows: work for three threads (a single row runs on the caller alone)
+    assert torch.equal(gemm_int4(tiles, scales, zeros, many, bias, threads=threads), one.expand(640, n))
     assert torch.equal(gemv_int4(tiles, scales, zeros, x, bias, portable=True), one)
     assert torch.equal(gemv_int4(tiles, scales, zeros, x) + bias, one)
     assert cpu_gemv.int4_simd(portable=True) == "portable"
@@ -315,16 +319,19 @@ def test_the_thread_pool_serves_concurrent_callers_and_a_forked_child():
     import multiprocessing
     import threading
 
-    k, n, group = 512, 400, 128
+    from edgekv.kernels.cpu_gemv import gemm_int4
+
+    # 32 rows of a 1024 x 400 weight: 13M weight-rows, enough work for three threads (cpu_gemv.c, Q4_WORK_PER_THREAD)
+    k, n, group = 1024, 400, 128
     q, zeros, scales = weights(k, n, group, seed=12)
     tiles = int4_tiles(q)
-    inputs = [activations(k, seed=s, dtype=torch.bfloat16) for s in range(4)]
-    want = [gemv_int4(tiles, scales, zeros, x, threads=1) for x in inputs]
+    inputs = [torch.stack([activations(k, seed=s * 100 + r, dtype=torch.bfloat16) for r in range(32)]) for s in range(4)]
+    want = [gemm_int4(tiles, scales, zeros, x, threads=1) for x in inputs]
     wrong = []
 
     def caller(index: int) -> None:  # four threads at once: one has the pool, the others run their chunks alone
-        for _ in range(40):
-            if not torch.equal(gemv_int4(tiles, scales, zeros, inputs[index], threads=3), want[index]):
+        for _ in range(10):
+            if not torch.equal(gemm_int4(tiles, scales, zeros, inputs[index], threads=3), want[index]):
                 wrong.append(index)
 
     callers = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
@@ -345,7 +352,9 @@ def test_the_thread_pool_serves_concurrent_callers_and_a_forked_child():
 
 
 def _forked_product(tiles, scales, zeros, x, results) -> None:
-    results.put(gemv_int4(tiles, scales, zeros, x, threads=2).tolist())
+    from edgekv.kernels.cpu_gemv import gemm_int4
+
+    results.put(gemm_int4(tiles, scales, zeros, x, threads=2).tolist())
 
 
 @needs_kernel
