@@ -154,3 +154,17 @@ def test_large_weights_are_advised_huge_pages_and_small_ones_are_plain(monkeypat
     monkeypatch.setattr(hostmem, "huge_pages", False)  # EDGEKV_HUGE_PAGES=0
     plain = hostmem.weight_empty((rows, 4096), torch.bfloat16)
     assert plain.untyped_storage().nbytes() == plain.numel() * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_loading_onto_the_gpu_equals_loading_on_the_host(tmp_path, monkeypatch, dtype):
+    """Tensors go to the device in blocks through a small host buffer (no whole host copy first): a block smaller
+    than most tensors here, so the loop runs; the weights are the host load's, moved."""
+    monkeypatch.setattr(tensor_file, "CONVERT_BLOCK_BYTES", 4096)
+    source = make_tiny_checkpoint(tmp_path / "ckpt", preset="test-gqa4", seed=5)
+    host = load_pretrained(source, dtype=dtype)
+    device = load_pretrained(source, dtype=dtype, device="cuda")
+    for (name, a), (_, b) in zip(host.state_dict().items(), device.state_dict().items()):
+        assert b.device.type == "cuda" and torch.equal(a, b.cpu()), name
