@@ -263,6 +263,9 @@ def gemm_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, x:
     bias32 = None if bias is None else bias.reshape(-1).to(torch.float32).contiguous()
     if out is None:
         out = torch.empty(rows, n, dtype=torch.float32)
+    elif out.dtype != torch.float32 or tuple(out.shape) != (rows, n) or not out.is_contiguous():
+        raise ValueError(f"cpu_gemv int4: out must be a contiguous fp32 [{rows}, {n}] tensor, got {out.dtype} "
+                         f"{tuple(out.shape)}")
     code = lib.edgekv_gemm_int4(tiles.data_ptr(), scales.data_ptr(), zeros.data_ptr(), x32.data_ptr(),
                                 None if bias32 is None else bias32.data_ptr(), out.data_ptr(), rows, n, k, group,
                                 INT4_DIGITS.get(x.dtype, 4), max(1, int(threads)))

@@ -20,9 +20,9 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
   ``ROW_KERNEL_ROWS`` rows (bf16: 128 — a frame pair at 112² or 224², a question) through the integer
   kernel, each row exactly what it gets alone (fp32 out, rounded once to the activations' dtype), every
   weight block read once for all the rows; longer chunks through the C dequantizer into a kept fp32 buffer
-  then torch's fp32 GEMM, rounded once to the activations' dtype (a 3B 64-token chunk in bf16 on one thread: 44 s with the
-  weight dequantized to bf16 and torch's bf16 GEMM, 9.8 s so). The bf16 ``lm_head`` of a bf16 model takes
-  the bf16 kernel as above. Figures: README "4-bit weights", "CPU decode speed".
+  then torch's fp32 GEMM, rounded once to the activations' dtype (a 3B 64-token chunk in bf16 on one
+  thread: 44 s with the weight dequantized to bf16 and torch's bf16 GEMM, 9.8 s so; 5.4 s through the
+  kernel). The bf16 ``lm_head`` of a bf16 model takes the bf16 kernel as above. Figures: README "4-bit weights", "CPU decode speed".
 * measured and not kept: a ``torch.compile``d multiply-and-reduce in the weight's dtype with fp32
   accumulation (bf16 9.6 GB/s, fp16 11.3, fp32 14.5 on the one projection, but inside the model every
   weight shape recompiled past dynamo's limit and decode got slower); a blocked bf16 -> fp32 upcast
