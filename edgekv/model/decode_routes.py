@@ -48,10 +48,10 @@ _REPACK_ROWS = 256  # rows of a 4-bit weight unpacked at a time by the repack (a
 # Chunks of up to this many rows go through the 4-bit kernel, longer ones dequantize the weight for torch's fp32
 # GEMM; by activation dtype, as the kernel's cost per row grows with the activation digits (bf16 2, fp16 3, fp32
 # 4). One thread on the 2-core x86 VM, six 2048 -> 11008 weights read from memory in turn, the multi-row kernel
-# (``Int4Product``) against ``dequant_int4`` into a kept buffer + ``F.linear`` in fp32, best of 3, ms per weight: bf16 16 rows 9.4 vs 42.1, 64 rows 36.9 vs 66.6,
-# 128 rows 83.3 vs 101.7, 256 rows 150.8 vs 160.0; fp16 32 rows 37.5 vs 52.4, 64 rows 73.4 vs 68.7; fp32 32 rows
-# 48.7 vs 55.1, 64 rows 94.1 vs 76.3. The kernel's time grows with the rows; the GEMM path's is mostly the
-# dequantization, which does not.
+# (``Int4Product``) against ``dequant_int4`` into a kept buffer + ``F.linear`` in fp32, best of 3, ms per weight:
+# bf16 16 rows 9.4 vs 42.1, 64 rows 36.9 vs 66.6, 128 rows 83.3 vs 101.7, 256 rows 150.8 vs 160.0; fp16 32 rows
+# 37.5 vs 52.4, 64 rows 73.4 vs 68.7; fp32 32 rows 48.7 vs 55.1, 64 rows 94.1 vs 76.3. The kernel's time grows
+# with the rows; the GEMM path's is mostly the dequantization, which does not.
 ROW_KERNEL_ROWS = {torch.bfloat16: 128, torch.float16: 48, torch.float32: 32}
 
 
