@@ -61,6 +61,13 @@ class Runtime:
         self.tokenizer = QwenTokenizer.from_dir(model_dir)
         self.model_dir = model_dir
         self._model_hash: str | None = None
+        if config.model.lm_head != "as_loaded":  # before the backends: an engine's runner keeps the torch head
+            from edgekv.model.decode_routes import quantize_lm_head
+
+            try:
+                quantize_lm_head(self.model.language, config.model.lm_head)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         self.vision_backend, self.llm_backend = make_backends(self)
         self.decode_route, self.decode_route_note = self._prepare_decode(config.model.decode_route)
         self.host_memory = configure_host_memory(config.model.host_memory)  # after loading: see edgekv/hostmem.py

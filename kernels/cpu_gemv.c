@@ -907,3 +907,183 @@ int edgekv_dequant_int4(const uint8_t *tiles, const uint16_t *scales, const uint
 
 /* 1: AVX2 integer products, 2: NEON, 0: the portable loop (for the 4-bit kernel). */
 int edgekv_int4_simd(void) { return EDGEKV_AVX2 ? 1 : EDGEKV_NEON ? 2 : 0; }
+
+/* ------------------------------------------------------------------------------------------------------
+ * int8 weights (issue 29: the opt-in int8 lm_head, `model.lm_head: int8`): y = W x for W stored as int8
+ * w [N][K], |w| <= 127, with an fp32 scale per row and group of G inputs: W[n, k] = w[n][k] * s[g][n],
+ * g = k / G (symmetric, round to nearest: edgekv/kernels/cpu_gemv.py q8_quantize). The int8 values are tiled:
+ * rows 8b .. 8b + 7 of inputs 16c .. 16c + 15 are 128 consecutive bytes (row-major 8 x 16), the tiles of one
+ * block of eight rows consecutive over K, so the eight rows the AVX2 loop reads at once are one stream.
+ *
+ * The activations become fixed point per group: X_k = round(x_k * 2^(Q8_BITS - E)) with |x_k| < 2^E for the
+ * whole group (E at least Q8_MIN_EXP), so |X_k| <= 2^14 fits 16 bits: 2^-15 of the group's largest |x| per
+ * activation, the bf16 kernel's two digits. The products w * X are made sixteen at a time, 16-bit pairs summed
+ * into 32 bits (AVX2 vpmaddwd, NEON vmlal_s16), and summed over the group exactly (127 * 2^14 * G < 2^31 for
+ * G <= 1024). The group's integer sum S[n][g] then joins the row's fp32 total, the groups in order:
+ *     y[n] = fmaf((float)S[n][g], s[g][n] * 2^(E_g - Q8_BITS), y[n])
+ * the same fp32 operations on every path, so AVX2 (eight rows a vector), NEON and the portable loop give the
+ * same bits. Unlike the 4-bit kernel, which needs two vpmaddubsw per digit for 64 weights, one vpmaddwd
+ * covers 16 int8 weights at full 16-bit activation precision: about three instructions per 16 weights, so
+ * the product keeps up with memory (decode_routes.py has the figures).
+ * ------------------------------------------------------------------------------------------------------ */
+#define Q8_BITS 14
+#define Q8_MIN_EXP (-100) /* groups below 2^-100 are read at that scale (their integers round towards 0) */
+#define Q8_ROWS_PER_CHUNK 256
+/* Bytes ahead that the AVX2 loop asks for. The 3B lm_head (151936 x 2048), one thread, 2-core x86 VM, best of 8
+ * interleaved rounds: no prefetch 24.0 ms (12.9 GB/s of int8 weights), 256 B 21.3, 512 B 21.9, 1024 B 19.5,
+ * 2048 B 19.5; the same rows laid out row by row (eight streams) took 34.0 ms; an 8 MB weight from cache
+ * streams ~16 GB/s, so the loop is near its own arithmetic ceiling here. */
+#ifndef Q8_PREFETCH
+#define Q8_PREFETCH 1024
+#endif
+
+struct q8_job {
+  const int8_t *W;
+  const float *scales; /* [K/G][N] */
+  const int16_t *X;    /* [P][K] */
+  const float *factor; /* [P][K/G]: 2^(E_g - Q8_BITS) */
+  float *y;            /* [P][N] */
+  int64_t P, N, K, G;
+};
+
+static void q8_rows_portable(const struct q8_job *j, int64_t n0, int64_t n1) {
+  const int64_t groups = j->K / j->G;
+  for (int64_t n = n0; n < n1; n++) {
+    const int8_t *w = j->W + (n - n % 8) * j->K + (n % 8) * 16; /* row n's first 16 bytes in its block */
+    for (int64_t p = 0; p < j->P; p++) {
+      const int16_t *X = j->X + p * j->K;
+      float total = 0.0f;
+      for (int64_t g = 0; g < groups; g++) {
+        int32_t s = 0;
+        for (int64_t k = g * j->G; k < (g + 1) * j->G; k++) s += (int32_t)w[(k / 16) * 128 + k % 16] * (int32_t)X[k];
+        total = fmaf((float)s, j->scales[g * j->N + n] * j->factor[p * groups + g], total);
+      }
+      j->y[p * j->N + n] = total;
+    }
+  }
+}
+
+#if EDGEKV_AVX2
+static inline __m256i q8_madd16(const int8_t *w, __m256i x, __m256i acc) {
+  __m256i w16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(w16, x));
+}
+
+/* Rows [n0, n1) (a multiple of 8 apart): eight rows a pass, 128 consecutive bytes a step (the tiled layout),
+ * their eight group sums joined into one vector for the fp32 part. */
+static void q8_rows_avx2(const struct q8_job *j, int64_t n0, int64_t n1) {
+  const int64_t K = j->K, G = j->G, groups = K / G;
+  for (int64_t n = n0; n < n1; n += 8) {
+    const int8_t *w = j->W + n * K; /* the block of rows n .. n + 7 */
+    for (int64_t p = 0; p < j->P; p++) {
+      const int16_t *X = j->X + p * K;
+      __m256 total = _mm256_setzero_ps();
+      for (int64_t g = 0; g < groups; g++) {
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int64_t k = g * G; k < (g + 1) * G; k += 16) {
+          const __m256i x = _mm256_loadu_si256((const __m256i *)(X + k));
+          const int8_t *t = w + k * 8;
+          _mm_prefetch((const char *)(t + Q8_PREFETCH), _MM_HINT_T0);
+          _mm_prefetch((const char *)(t + Q8_PREFETCH + 64), _MM_HINT_T0);
+          a0 = q8_madd16(t, x, a0);
+          a1 = q8_madd16(t + 16, x, a1);
+          a2 = q8_madd16(t + 32, x, a2);
+          a3 = q8_madd16(t + 48, x, a3);
+          a4 = q8_madd16(t + 64, x, a4);
+          a5 = q8_madd16(t + 80, x, a5);
+          a6 = q8_madd16(t + 96, x, a6);
+          a7 = q8_madd16(t + 112, x, a7);
+        }
+        /* eight vectors of eight partial sums -> one vector of the eight rows' sums (exact integer adds) */
+        const __m256i s0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+        const __m256i s4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(a4, a5), _mm256_hadd_epi32(a6, a7));
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
+                                              _mm256_permute2x128_si256(s0123, s4567, 0x31));
+        const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(j->scales + g * j->N + n),
+                                           _mm256_set1_ps(j->factor[p * groups + g]));
+        total = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, total);
+      }
+      _mm256_storeu_ps(j->y + p * j->N + n, total);
+    }
+  }
+}
+#endif
+
+#if EDGEKV_NEON
+static void q8_rows_neon(const struct q8_job *j, int64_t n0, int64_t n1) {
+  const int64_t K = j->K, G = j->G, groups = K / G;
+  for (int64_t n = n0; n < n1; n++) {
+    const int8_t *w = j->W + (n - n % 8) * K + (n % 8) * 16; /* row n's first 16 bytes in its block */
+    for (int64_t p = 0; p < j->P; p++) {
+      const int16_t *X = j->X + p * K;
+      float total = 0.0f;
+      for (int64_t g = 0; g < groups; g++) {
+        int32x4_t a = vdupq_n_s32(0), b = a;
+        for (int64_t k = g * G; k < (g + 1) * G; k += 16) {
+          const int8x16_t w8 = vld1q_s8(w + k * 8);
+          const int16x8_t lo = vmovl_s8(vget_low_s8(w8)), hi = vmovl_high_s8(w8);
+          const int16x8_t xl = vld1q_s16(X + k), xh = vld1q_s16(X + k + 8);
+          a = vmlal_s16(a, vget_low_s16(lo), vget_low_s16(xl));
+          b = vmlal_high_s16(b, lo, xl);
+          a = vmlal_s16(a, vget_low_s16(hi), vget_low_s16(xh));
+          b = vmlal_high_s16(b, hi, xh);
+        }
+        const int32_t s = vaddvq_s32(vaddq_s32(a, b));
+        total = fmaf((float)s, j->scales[g * j->N + n] * j->factor[p * groups + g], total);
+      }
+      j->y[p * j->N + n] = total;
+    }
+  }
+}
+#endif
+
+static void q8_run(void *arg, int64_t chunk) {
+  const struct q8_job *j = (const struct q8_job *)arg;
+  int64_t n0 = chunk * Q8_ROWS_PER_CHUNK;
+  const int64_t n1 = n0 + Q8_ROWS_PER_CHUNK < j->N ? n0 + Q8_ROWS_PER_CHUNK : j->N;
+#if EDGEKV_AVX2
+  q8_rows_avx2(j, n0, n1);
+#elif EDGEKV_NEON
+  q8_rows_neon(j, n0, n1);
+#else
+  q8_rows_portable(j, n0, n1);
+#endif
+}
+
+/* Y [P][N] (fp32) = X W^T for int8 W [N][K] with fp32 scales [K/G][N] (see above) and fp32 activations
+ * X [P][K]. K % G == 0, G % 16 == 0, 16 <= G <= 1024. Returns 0; -1 when memory could not be had, -2 for a
+ * non-finite activation, -3 for a bad shape (nothing written then). */
+int edgekv_gemm_q8(const int8_t *W, const float *scales, const float *x, float *y, int64_t P, int64_t N, int64_t K,
+                   int64_t G, int threads) {
+  if (P <= 0 || N <= 0 || N % 8 || K <= 0 || G < 16 || G > 1024 || G % 16 || K % G) return -3;
+  const int64_t groups = K / G;
+  int16_t *X = (int16_t *)malloc((size_t)(P * K) * sizeof(int16_t));
+  float *factor = (float *)malloc((size_t)(P * groups) * sizeof(float));
+  int code = (X && factor) ? 0 : -1;
+  for (int64_t i = 0; i < P * groups && code == 0; i++) {
+    const float *v = x + i * G;
+    float largest = 0.0f;
+    for (int64_t k = 0; k < G; k++) {
+      const float a = fabsf(v[k]);
+      if (!isfinite(a)) code = -2;
+      largest = a > largest ? a : largest;
+    }
+    if (code) break;
+    int e = 0;
+    frexpf(largest, &e); /* largest < 2^e */
+    if (e < Q8_MIN_EXP) e = Q8_MIN_EXP;
+    for (int64_t k = 0; k < G; k++) X[i * G + k] = (int16_t)lrintf(ldexpf(v[k], Q8_BITS - e));
+    factor[i] = ldexpf(1.0f, e - Q8_BITS);
+  }
+  if (code == 0) {
+    const int64_t useful = (P * N * K) / Q4_WORK_PER_THREAD;
+    if (threads > useful) threads = (int)useful;
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    struct q8_job job = {W, scales, X, factor, y, P, N, K, G};
+    pool_run(q8_run, &job, (N + Q8_ROWS_PER_CHUNK - 1) / Q8_ROWS_PER_CHUNK, threads);
+  }
+  free(X);
+  free(factor);
+  return code;
+}

@@ -25,6 +25,12 @@ integer (the activations as 24-bit fixed point per group) and the output fp32:
     gemv_int4(tiles, scales, zeros, x, bias=None, threads=1) -> fp32 [N]
     dequant_int4(tiles, scales, zeros, dtype)                -> [N, K] weight (prefill: then torch's GEMM)
 
+int8 weights (the opt-in int8 ``lm_head``, ``model.lm_head: int8``) with an fp32 scale per row and group:
+
+    q8_quantize(weight, group=128)              -> (int8 tiles [N/8, K/16, 128], fp32 scales [K/group, N])
+    gemm_q8(tiles, scales, x [P, K], threads=1) -> fp32 [P, N]
+    q8_dequant(tiles, scales)                   -> fp32 [N, K];  q8_rows(tiles, index) -> int8 rows
+
 ``load(portable=True)`` builds the same source without SIMD (``-DEDGEKV_PORTABLE``): the loop a CPU
 without AVX2 or NEON runs, so that it is tested on this one.
 """
@@ -106,6 +112,8 @@ def _build(portable: bool = False) -> ctypes.CDLL:
         lib.edgekv_dequant_int4.argtypes = [pointer] * 4 + [ctypes.c_int, int64, int64, int64, ctypes.c_int]
         lib.edgekv_dequant_int4.restype = ctypes.c_int
         lib.edgekv_int4_simd.restype = ctypes.c_int
+        lib.edgekv_gemm_q8.argtypes = [pointer] * 4 + [int64, int64, int64, int64, ctypes.c_int]
+        lib.edgekv_gemm_q8.restype = ctypes.c_int
         return lib
     raise OSError("the C kernel did not compile: " + " | ".join(errors))
 
@@ -338,3 +346,89 @@ def dequant_int4(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
     if code != 0:
         raise ValueError(f"cpu_gemv int4: cannot dequantize a [{n}, {k}] weight (error {code})")
     return out if native == dtype else out.to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- int8
+Q8_GROUP = 128  # inputs per scale: the AWQ checkpoints' group size
+Q8_TILE_ROWS = 8  # rows a tile
+_Q8_QUANTIZE_ROWS = 8192  # rows quantized at a time (a 3B embedding: 32 MiB of fp32 temporaries, not 1.2 GiB)
+
+
+def q8_quantize(weight: torch.Tensor, group: int = Q8_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] -> (int8 tiles [N/8, K/16, 128], fp32 scales [K/group, N]): per row and group of
+    ``group`` inputs, scale = largest |w| / 127 and w8 = round(w / scale) (symmetric, round half to even; an
+    all-zero group gets scale 0). The tiles hold rows 8b .. 8b + 7 of inputs 16c .. 16c + 15 as 128 consecutive
+    bytes (row-major 8 x 16), so the kernel reads one stream (``cpu_gemv.c``; ``q8_rows`` reads rows back). The
+    tiles are allocated as a weight (``hostmem.weight_empty``: huge pages at 3B's size)."""
+    from edgekv.hostmem import weight_empty
+
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"q8_quantize: expected a float weight [N, K], got {weight.dtype} {tuple(weight.shape)}")
+    n, k = weight.shape
+    if n % Q8_TILE_ROWS or group < 16 or group > 1024 or group % 16 or k % group:
+        raise ValueError(f"q8_quantize: a [{n}, {k}] weight in groups of {group} does not fit the int8 kernel "
+                         f"(out_features % 8 == 0; group a multiple of 16 in [16, 1024] dividing in_features)")
+    tiles = weight_empty((n // Q8_TILE_ROWS, k // 16, Q8_TILE_ROWS * 16), torch.int8)
+    scales = torch.empty(k // group, n, dtype=torch.float32)
+    for row in range(0, n, _Q8_QUANTIZE_ROWS):
+        block = weight[row:row + _Q8_QUANTIZE_ROWS].detach().to("cpu", torch.float32)
+        rows = block.shape[0]
+        if not bool(torch.isfinite(block).all()):
+            raise ValueError(f"q8_quantize: the weight has inf or nan values (rows {row}..{row + rows - 1})")
+        block = block.view(rows, k // group, group)
+        scale = block.abs().amax(-1) / 127.0  # [rows, groups]
+        q = torch.where(scale[..., None] > 0, block / scale[..., None], torch.zeros((), dtype=torch.float32))
+        q = q.round_().clamp_(-127, 127).to(torch.int8).view(rows // Q8_TILE_ROWS, Q8_TILE_ROWS, k // 16, 16)
+        tiles[row // Q8_TILE_ROWS:(row + rows) // Q8_TILE_ROWS] = q.permute(0, 2, 1, 3).reshape(-1, k // 16, 128)
+        scales[:, row:row + rows] = scale.T
+    return tiles, scales
+
+
+def q8_rows(tiles: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` (any shape of int64) of the int8 weight -> int8 [*index.shape, K] (what an embedding
+    lookup reads)."""
+    blocks, columns, _ = tiles.shape
+    picked = tiles[index // Q8_TILE_ROWS].view(*index.shape, columns, Q8_TILE_ROWS, 16)  # [..., K/16, 8, 16]
+    lane = (index % Q8_TILE_ROWS)[..., None, None, None].expand(*index.shape, columns, 1, 16)
+    return picked.gather(-2, lane).reshape(*index.shape, columns * 16)
+
+
+def q8_dequant(tiles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The int8 tiles and their scales -> the fp32 weight [N, K] (w8 * scale, exact in fp32)."""
+    blocks, columns, _ = tiles.shape
+    n, k = blocks * Q8_TILE_ROWS, columns * 16
+    rows = tiles.view(blocks, columns, Q8_TILE_ROWS, 16).permute(0, 2, 1, 3).reshape(n, k)
+    return (rows.to(torch.float32).view(n, scales.shape[0], -1) * scales.T[..., None]).view(n, k)
+
+
+def gemm_q8(tiles: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, threads: int = 1,
+            portable: bool = False) -> torch.Tensor:
+    """tiles int8 [N/8, K/16, 128] and scales fp32 [K/g, N] (``q8_quantize``), x [P, K] (any float dtype) ->
+    fp32 [P, N]: the activations read as 15-bit fixed point per group (``cpu_gemv.c``), integer products, one
+    fp32 fma per group. Raises RuntimeError when the kernel is unavailable and ValueError for shapes or an inf /
+    nan activation."""
+    lib = load(portable)
+    if lib is None:
+        raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
+    if tiles.dim() != 3 or scales.dim() != 2:
+        raise ValueError(f"cpu_gemv int8: tiles {tuple(tiles.shape)} and scales {tuple(scales.shape)} must be 3-D and 2-D")
+    n, k = tiles.shape[0] * Q8_TILE_ROWS, tiles.shape[1] * 16
+    groups = scales.shape[0]
+    if (tiles.dtype != torch.int8 or tiles.shape[2] != Q8_TILE_ROWS * 16 or scales.dtype != torch.float32
+            or tuple(scales.shape) != (groups, n) or groups < 1 or k % groups or (k // groups) % 16
+            or not 16 <= k // groups <= 1024 or tiles.device.type != "cpu"
+            or not (tiles.is_contiguous() and scales.is_contiguous())):
+        raise ValueError(f"cpu_gemv int8: tiles {tiles.dtype} {tuple(tiles.shape)} and scales {scales.dtype} "
+                         f"{tuple(scales.shape)} are not one contiguous CPU int8 weight [N/8, K/16, 128] with fp32 "
+                         f"[K/g, N] scales, g a multiple of 16 in [16, 1024]")
+    if x.dim() != 2 or x.shape[1] != k or x.shape[0] < 1:
+        raise ValueError(f"cpu_gemv int8: activations {tuple(x.shape)} for a weight of {k} inputs (want [P, {k}])")
+    x32 = x.to(torch.float32).contiguous()
+    out = torch.empty(x.shape[0], n, dtype=torch.float32)
+    code = lib.edgekv_gemm_q8(tiles.data_ptr(), scales.data_ptr(), x32.data_ptr(), out.data_ptr(), x.shape[0], n, k,
+                              k // groups, max(1, int(threads)))
+    if code == -2:
+        raise ValueError("cpu_gemv int8: an activation is inf or nan")
+    if code != 0:
+        raise MemoryError(f"cpu_gemv int8: error {code} for {x.shape[0]} row(s) of a [{n}, {k}] product")
+    return out

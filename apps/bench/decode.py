@@ -47,6 +47,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
                         help="routes for int4 (eager dequantizes every weight per token: minutes per token at 3B)")
     parser.add_argument("--routes", default="eager,native",
                         help="comma-separated edgekv weight routes: eager, native (bf16 only; see decode_routes)")
+    parser.add_argument("--lm-heads", default="as_loaded",
+                        help="comma-separated model.lm_head values for edgekv's rows: as_loaded, int8 (issue 29)")
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens before decoding")
     parser.add_argument("--tokens", type=int, default=16, help="tokens decoded per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is reported)")
@@ -92,18 +94,19 @@ def bytes_per_token(language: torch.nn.Module, kv_slots: int, kv_bytes_per_slot:
     return total + kv_slots * kv_bytes_per_slot
 
 
-def edgekv_decode(model_dir: str, dtype: torch.dtype, route: str, prompt: int, tokens: int, repeats: int) -> dict:
+def edgekv_decode(model_dir: str, dtype: torch.dtype, route: str, prompt: int, tokens: int, repeats: int,
+                  lm_head: str = "as_loaded") -> dict:
     """tok/s of the runtime's decode step (median over ``repeats`` runs of ``tokens`` steps)."""
     from edgekv.cache import CacheSpec, CappedKVCache
     from edgekv.engines.torch_backend import TorchLLM
     from edgekv.model import load_pretrained
-    from edgekv.model.decode_routes import prepare_decode
+    from edgekv.model.decode_routes import prepare_decode, quantize_lm_head
     from edgekv.model.rope import text_position_ids
     from edgekv.model.builtin import resolve_model_path
 
     model = load_pretrained(resolve_model_path(model_dir), dtype=dtype, skip=("visual",)).eval()
     text = model.config.text
-    route_info = prepare_decode(model.language, route)
+    route_info = {**quantize_lm_head(model.language, lm_head), **prepare_decode(model.language, route)}
     llm = TorchLLM(model)
     spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, dtype)
     cache = CappedKVCache(spec, prompt + tokens + 1)
@@ -171,6 +174,9 @@ def run_decode(args: argparse.Namespace) -> int:
     threads = apply_threads(args.threads)
     dtypes = comma_choices(args.dtypes, _DTYPES, "--dtypes", "dtype")
     routes = comma_choices(args.routes, ROUTES, "--routes", "route")
+    from edgekv.model.decode_routes import LM_HEADS
+
+    heads = comma_choices(args.lm_heads, {h: h for h in LM_HEADS}, "--lm-heads", "lm_head")
     if args.prompt < 1 or args.tokens < 2:
         raise SystemExit(f"--prompt must be >= 1 and --tokens >= 2, got {args.prompt} and {args.tokens}")
     # The machine may be shared: bandwidth is measured around each figure, which carries its own bound.
@@ -200,10 +206,13 @@ def run_decode(args: argparse.Namespace) -> int:
                     if reason:
                         print(f"edgekv native {dtype_name}: skipped ({reason})", flush=True)
                         continue
-                before = measured()
-                row = {"engine": "edgekv", "route": route, "dtype": dtype_name,
-                       **edgekv_decode(source, dtype, route, args.prompt, args.tokens, args.repeats)}
-                rows.append(_with_bound(row, before, measured()))
+                for head in heads:
+                    if head != "as_loaded" and route != "native":
+                        continue  # the int8 head is the native route's (its C kernel)
+                    before = measured()
+                    row = {"engine": "edgekv", "route": route, "dtype": dtype_name,
+                           **edgekv_decode(source, dtype, route, args.prompt, args.tokens, args.repeats, head)}
+                    rows.append(_with_bound(row, before, measured()))
             if not args.no_hf and dtype_name != "int4":
                 before = measured()
                 eager = [r for r in rows if r["dtype"] == dtype_name and r["route"] == "eager"]
@@ -229,7 +238,8 @@ def _with_bound(row: dict, before: float, after: float) -> dict:
         row["bound_tok_s"] = bandwidth / read
         row["share_of_bound"] = row["tok_s"] / row["bound_tok_s"]
     share = f" = {row['share_of_bound']:.0%} of the bound ({row['bound_tok_s']:.2f} tok/s)" if read else ""
-    print(f"{row['engine']:12s} {row['route']:10s} {row['dtype']:5s} {row['tok_s']:9.2f} tok/s{share}", flush=True)
+    head = " h8" if row.get("lm_head") == "int8" else ""
+    print(f"{row['engine']:12s} {row['route']:10s} {row['dtype'] + head:8s} {row['tok_s']:9.2f} tok/s{share}", flush=True)
     return row
 
 
@@ -241,7 +251,7 @@ def plot(result: dict, path: str) -> None:
 
     rows = result["rows"]
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    labels = [f"{r['engine'][:2]} {r['route']}\n{r['dtype']}" for r in rows]
+    labels = [f"{r['engine'][:2]} {r['route']}\n{r['dtype']}{' h8' if r.get('lm_head') == 'int8' else ''}" for r in rows]
     ax.bar(range(len(rows)), [r["tok_s"] for r in rows], color=["C0" if r["engine"] == "edgekv" else "C1" for r in rows])
     for i, r in enumerate(rows):
         if "bound_tok_s" in r:

@@ -62,8 +62,10 @@ def heldout_streams(count: int, seed: int = HELDOUT_SEED, lengths: tuple[int, in
     return streams
 
 
-def evaluate(model: str, count: int = 200, seed: int = HELDOUT_SEED, log=None, part: tuple[int, int] = (0, 1)) -> dict:
-    """Per-family accuracy of ``model`` on the first ``count`` held-out streams (full cache, fp32, CPU).
+def evaluate(model: str, count: int = 200, seed: int = HELDOUT_SEED, log=None, part: tuple[int, int] = (0, 1),
+             lm_head: str = "as_loaded") -> dict:
+    """Per-family accuracy of ``model`` on the first ``count`` held-out streams (full cache, fp32, CPU;
+    ``lm_head``: ``model.lm_head``, e.g. ``int8``).
 
     ``part=(i, n)``: only streams i, i + n, i + 2n, ... of them, with the cache the whole set needs, so that
     n processes can share the set; ``merge_parts`` gives the whole set's figures from theirs."""
@@ -75,7 +77,7 @@ def evaluate(model: str, count: int = 200, seed: int = HELDOUT_SEED, log=None, p
     streams = heldout_streams(count, seed)
     longest = max(s.pairs for s in streams)
     streams = streams[index::parts]
-    runtime = Runtime.from_pretrained(model, model={"dtype": "fp32", "device": "cpu"},
+    runtime = Runtime.from_pretrained(model, model={"dtype": "fp32", "device": "cpu", "lm_head": lm_head},
                                       cache={"policy": "full", "max_tokens": 64 + 16 * longest + 64,
                                              "text_reserve_tokens": 64},
                                       video={"fps": 2.0, "resolution": [112, 112]})
@@ -295,6 +297,8 @@ def add_toy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long-streams", type=int, default=None, help="how many streams get the long run")
     parser.add_argument("--size", type=int, choices=(112, 224), default=112,
                         help="frame side (the streams' events scale with it)")
+    parser.add_argument("--lm-head", choices=("as_loaded", "int8"), default="as_loaded",
+                        help="model.lm_head: the head's weights as loaded, or int8 (the card's streams only)")
     parser.set_defaults(run=run)
 
 
@@ -302,9 +306,13 @@ def run(args: argparse.Namespace) -> int:
     from edgekv.threads import apply_threads
 
     apply_threads(args.threads)
-    if args.families is None and args.style == "mild" and args.questions == "base" and not args.long \
-            and args.size == 112:
-        result = evaluate(args.model, args.streams, args.seed, log=print)
+    card_set = args.families is None and args.style == "mild" and args.questions == "base" and not args.long \
+        and args.size == 112
+    if args.lm_head != "as_loaded" and not card_set:
+        print("edgekv eval toy: --lm-head is for the card's streams (no --families, --style, --questions, --long, --size)")
+        return 2
+    if card_set:
+        result = evaluate(args.model, args.streams, args.seed, log=print, lm_head=args.lm_head)
     else:
         from edgekv.video.world import parse_families
 

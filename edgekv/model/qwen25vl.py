@@ -30,11 +30,11 @@ class Qwen25VL(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.language.embed_tokens.weight.dtype
+        return self.language.norm.weight.dtype  # not the embedding's: it may be int8 (model.lm_head)
 
     @property
     def device(self) -> torch.device:
-        return self.language.embed_tokens.weight.device
+        return self.language.norm.weight.device
 
     def encode_video(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """pixel_values [N, C*2*14*14], grid_thw [n, 3] -> merged tokens [N/4, d], slice-major, row-major."""
