@@ -115,27 +115,35 @@ def _decoder_linears(cfg: dict) -> list[tuple[int, int]]:
     return per_layer * t["num_hidden_layers"]
 
 
-def _weight_bytes(model_dir: Path, cfg: dict, dtype: torch.dtype) -> int:
+def _weight_bytes(model_dir: Path, cfg: dict, dtype: torch.dtype, lm_head: str = "as_loaded") -> int:
+    head = 0  # model.lm_head: int8 — the head (the tied embedding with it) as int8 + fp32 scales per 128 inputs
+    if lm_head == "int8":
+        t = cfg["text"]
+        d, vocab = t["hidden_size"], t["vocab_size"]
+        group = next((g for g in (128, 64, 32, 16) if d % g == 0), d)
+        head = vocab * d + vocab * (d // group) * 4 - vocab * d * dtype_bytes(dtype)
     quant = cfg.get("quant")
     if quant is None:
-        return _parameter_count(cfg) * dtype_bytes(dtype)
+        return _parameter_count(cfg) * dtype_bytes(dtype) + head
     linears = _decoder_linears(cfg)
     dense = _parameter_count(cfg) - sum(k * n for k, n in linears)
     packed = 0
     for k, n in linears:
         groups = k // quant.group_for(k)
         packed += k * n // 2 + groups * n * 2 + groups * n // 2  # 4-bit weights, fp16 scales, 4-bit zeros
-    return packed + dense * dtype_bytes(dtype)
+    return packed + dense * dtype_bytes(dtype) + head
 
 
-def _weights_note(cfg: dict, weight_dtype: str, override: bool) -> str:
+def _weights_note(cfg: dict, weight_dtype: str, override: bool, lm_head: str = "as_loaded") -> str:
     if override:
         return "--weights-gb"
     quant = cfg.get("quant")
+    head = "; int8 lm_head" if lm_head == "int8" else ""
     if quant is None:
-        return f"{weight_dtype}"
+        return f"{weight_dtype}{head}"
+    embedding = "embedding (int8 head) and norms" if lm_head == "int8" and cfg["tie"] else "embedding and norms"
     return (f"4-bit {quant.method.upper()} decoder linears, group {quant.group_size}; {weight_dtype} vision tower, "
-            f"embedding and norms")
+            f"{embedding}" + ("" if cfg["tie"] else head))
 
 
 def _activation_bytes(cfg: dict, tokens_per_pair: int, max_tokens: int, dtype: torch.dtype) -> int:
@@ -156,8 +164,9 @@ def _activation_bytes(cfg: dict, tokens_per_pair: int, max_tokens: int, dtype: t
 
 def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, int] = (448, 448),
          weight_dtype: str = "bf16", reserve_gb: float = DEFAULT_RESERVE_GB, text_reserve_tokens: int = 512,
-         weights_gb: float | None = None) -> Plan:
-    """``weights_gb`` overrides the weight estimate (quantized engines: e.g. W4A16 LM + FP16 ViT)."""
+         weights_gb: float | None = None, lm_head: str = "as_loaded") -> Plan:
+    """``weights_gb`` overrides the weight estimate (quantized engines: e.g. W4A16 LM + FP16 ViT); ``lm_head``
+    is ``model.lm_head`` (``int8``: the head, and the tied embedding, in int8)."""
     dtype = _DTYPES[weight_dtype]
     cfg = _model_config(Path(model_dir))
     t = cfg["text"]
@@ -166,7 +175,7 @@ def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, 
     tokens_per_pair = (resolution[0] // 28) * (resolution[1] // 28)
     total = int(device_memory_gb * 2**30)
     reserve = int(reserve_gb * 2**30)
-    weights = int(weights_gb * 2**30) if weights_gb is not None else _weight_bytes(Path(model_dir), cfg, dtype)
+    weights = int(weights_gb * 2**30) if weights_gb is not None else _weight_bytes(Path(model_dir), cfg, dtype, lm_head)
     activations = _activation_bytes(cfg, tokens_per_pair, 0, dtype)
     free = total - reserve - weights - activations
     tokens = free // spec.bytes_per_token if free > 0 else 0
@@ -183,7 +192,7 @@ def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, 
             f"{short / 2**30:.2f} GiB; use 4-bit weights (an AWQ or GPTQ checkpoint, or `edgekv quantize`) or a smaller "
             f"resolution")
     return Plan(total, reserve, weights, activations, spec.bytes_per_token, int(tokens), tokens_per_pair,
-                text_reserve_tokens, capped, _weights_note(cfg, weight_dtype, weights_gb is not None))
+                text_reserve_tokens, capped, _weights_note(cfg, weight_dtype, weights_gb is not None, lm_head))
 
 
 def check_config(config_path: str | Path, device_memory_gb: float, model_dir: str | Path | None = None,
@@ -200,7 +209,8 @@ def check_config(config_path: str | Path, device_memory_gb: float, model_dir: st
     resolution = config.video.resolution or (448, 448)
     result = plan(device_memory_gb, path, resolution=(int(resolution[0]), int(resolution[1])),
                   weight_dtype=config.model.dtype, reserve_gb=reserve_gb,
-                  text_reserve_tokens=int(config.cache.text_reserve_tokens), weights_gb=weights_gb)
+                  text_reserve_tokens=int(config.cache.text_reserve_tokens), weights_gb=weights_gb,
+                  lm_head=config.model.lm_head)
     cfg = _model_config(Path(path))
     t = cfg["text"]
     spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"],

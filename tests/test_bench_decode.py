@@ -72,10 +72,19 @@ def test_bench_decode_int4_counts_four_bit_bytes_and_packs_the_route(tiny_checkp
     out = tmp_path / "d.json"
     code = main(["bench", "decode", "--model", str(tiny_checkpoint), "--dtypes", "bf16,int4", "--routes", "eager,native",
                  "--int4-routes", "eager,native", "--prompt", "5", "--tokens", "4", "--repeats", "1", "--threads", "1", "--bandwidth-mib", "64",
-                 "--no-hf", "--json", str(out), "--plot", str(tmp_path / "d.png")])
+                 "--lm-heads", "as_loaded,int8", "--no-hf", "--json", str(out), "--plot", str(tmp_path / "d.png")])
     assert code == 0
-    rows = {(r["route"], r["dtype"]): r for r in json.loads(out.read_text())["rows"]}
+    everything = json.loads(out.read_text())["rows"]
+    rows = {(r["route"], r["dtype"]): r for r in everything if r["lm_head"] == "as_loaded"}
     assert set(rows) == {("eager", "bf16"), ("native", "bf16"), ("eager", "int4"), ("native", "int4")}
+    # the int8 head (native route only): the tied table once in int8 + fp32 scales per 64 inputs instead of bf16
+    heads = {r["dtype"]: r for r in everything if r["lm_head"] == "int8"}
+    assert set(heads) == {"bf16", "int4"} and all(r["route"] == "native" and r["tied"] for r in heads.values())
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    vocab, d = config["vocab_size"], config["hidden_size"]
+    for dtype, row in heads.items():
+        assert rows["native", dtype]["bytes_per_token"] - row["bytes_per_token"] == vocab * d * 2 - vocab * d - vocab * (d // 64) * 4
+        assert len(row["tokens"]) == 4
     native = rows["native", "int4"]
     assert native["int4_linears"] == 3 * 7 and native["int4_simd"] in ("avx2", "neon", "portable")
     assert native["tokens"] == rows["eager", "int4"]["tokens"]

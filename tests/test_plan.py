@@ -72,6 +72,14 @@ def test_four_bit_weights_are_counted_from_the_quantization_config(model_3b, mod
     assert 2.9 < quantized.weight_bytes / 2**30 < 3.4 and "4-bit AWQ" in quantized.summary()
 
 
+def test_an_int8_head_counts_the_tied_table_once_in_int8(model_3b_awq):
+    as_loaded = plan(8, model_3b_awq, weight_dtype="fp16", resolution=(336, 336))
+    int8 = plan(8, model_3b_awq, weight_dtype="fp16", resolution=(336, 336), lm_head="int8")
+    vocab, d = 151936, 2048
+    assert as_loaded.weight_bytes - int8.weight_bytes == vocab * d * 2 - (vocab * d + vocab * (d // 128) * 4)
+    assert int8.max_tokens >= as_loaded.max_tokens and "int8 head" in int8.weights_note
+
+
 def test_orin_nano_config_fits_with_four_bit_weights_and_not_without(model_3b, model_3b_awq):
     result, verdict = check_config(ORIN_NANO, 8, model_dir=model_3b_awq)
     assert "cache.max_tokens 6144 fits" in verdict and result.max_tokens >= 6144

@@ -23,6 +23,11 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
   then torch's fp32 GEMM, rounded once to the activations' dtype (a 3B 64-token chunk in bf16 on one
   thread: 44 s with the weight dequantized to bf16 and torch's bf16 GEMM, 9.8 s so; 5.4 s through the
   kernel). The bf16 ``lm_head`` of a bf16 model takes the bf16 kernel as above. Figures: README "4-bit weights", "CPU decode speed".
+* ``model.lm_head: int8`` (issue 29; opt-in, any route, applied before it: ``quantize_lm_head``) — the head as
+  int8 with an fp32 scale per row and 128 inputs, the tied embedding reading the same table (``Int8Head``,
+  ``Int8Embedding``); its C kernel (``edgekv_gemm_q8``) reads the activations as 15-bit fixed point per group:
+  the 3B head in 19.5-21 ms on one thread against 37 ms in bf16. Figures and what it changes: README "4-bit
+  weights".
 * measured and not kept: a ``torch.compile``d multiply-and-reduce in the weight's dtype with fp32
   accumulation (bf16 9.6 GB/s, fp16 11.3, fp32 14.5 on the one projection, but inside the model every
   weight shape recompiled past dynamo's limit and decode got slower); a blocked bf16 -> fp32 upcast
