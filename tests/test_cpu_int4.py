@@ -266,10 +266,10 @@ QEMU = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
 @pytest.mark.parametrize("k,n,group", [(176, 64, 16), (2048, 256, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_neon_path_gives_the_host_bits_under_an_emulator(tmp_path, k, n, group, dtype):
-    driver = tmp_path / "int4_driver"
+    driver = tmp_path / "kernel_driver"
     source = Path(cpu_gemv.SOURCE)
     built = subprocess.run([CROSS, "-O3", "-march=armv8.2-a", "-std=c11", "-pthread", "-o", str(driver), str(source),
-                            str(Path(__file__).parent / "native" / "int4_driver.c"), "-lm"], capture_output=True, text=True)
+                            str(Path(__file__).parent / "native" / "kernel_driver.c"), "-lm"], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     q, zeros, scales = weights(k, n, group, seed=11)
     x = torch.stack([activations(k, seed=12 + r, dtype=dtype) for r in range(3)])  # row 0 alone, then all 3
@@ -277,7 +277,7 @@ def test_neon_path_gives_the_host_bits_under_an_emulator(tmp_path, k, n, group, 
     digits = cpu_gemv.INT4_DIGITS[dtype]
     (tmp_path / "in.bin").write_bytes(struct.pack("<6q", n, k, group, 2, digits, 3) + tiles.numpy().tobytes()
                                       + scales.numpy().tobytes() + zeros.numpy().tobytes() + x.float().numpy().tobytes())
-    run = subprocess.run([QEMU, "-L", "/usr/aarch64-linux-gnu", str(driver), str(tmp_path / "in.bin"),
+    run = subprocess.run([QEMU, "-L", "/usr/aarch64-linux-gnu", str(driver), "int4", str(tmp_path / "in.bin"),
                           str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     raw = (tmp_path / "out.bin").read_bytes()

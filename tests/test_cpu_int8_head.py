@@ -255,14 +255,14 @@ def test_neon_path_gives_the_host_bits_under_an_emulator(tmp_path):
     _, _, weight = known_weight(n, k, group, seed=9)
     tiles, scales = q8_quantize(weight, group)
     x = activations(rows, k, seed=10)
-    driver = tmp_path / "q8_driver"
+    driver = tmp_path / "kernel_driver"
     built = subprocess.run([CROSS, "-O3", "-march=armv8.2-a", "-std=c11", "-pthread", "-o", str(driver),
-                            str(cpu_gemv.SOURCE), str(Path(__file__).parent / "native" / "q8_driver.c"), "-lm"],
+                            str(cpu_gemv.SOURCE), str(Path(__file__).parent / "native" / "kernel_driver.c"), "-lm"],
                            capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     (tmp_path / "in.bin").write_bytes(struct.pack("<5q", n, k, group, 2, rows) + tiles.numpy().tobytes()
                                       + scales.numpy().tobytes() + x.numpy().tobytes())
-    run = subprocess.run([QEMU, "-L", "/usr/aarch64-linux-gnu", str(driver), str(tmp_path / "in.bin"),
+    run = subprocess.run([QEMU, "-L", "/usr/aarch64-linux-gnu", str(driver), "q8", str(tmp_path / "in.bin"),
                           str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     raw = (tmp_path / "out.bin").read_bytes()
