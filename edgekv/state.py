@@ -90,6 +90,7 @@ class SnapshotInfo:
 _KEY_FIELDS = {
     "model_hash": "model weights (content hash of model.path)",
     "dtype": "model.dtype",
+    "lm_head": "model.lm_head (the weights the tied embedding reads)",
     "cache_capacity": "cache capacity M in tokens (cache.max_tokens / cache.max_mib)",
     "cache_layers": "cache layers (the model's)",
     "cache_kv_heads": "cache KV heads (the model's)",
@@ -112,6 +113,7 @@ def deployment_key(runtime, resolution: tuple[int, int] | None) -> dict:
     return {
         "model_hash": runtime.model_hash(),
         "dtype": runtime.config.model.dtype,
+        "lm_head": runtime.config.model.lm_head,
         "cache_capacity": runtime.cache_capacity_tokens(spec),
         "cache_layers": text.num_hidden_layers,
         "cache_kv_heads": text.num_key_value_heads,
@@ -131,6 +133,8 @@ def key_differences(saved: dict, wanted: dict) -> list[str]:
         mine, theirs = saved.get(name), wanted.get(name)
         if name == "resolution" and (mine is None or theirs is None):
             continue
+        if name == "lm_head":  # snapshots from before model.lm_head existed were made with the head as loaded
+            mine, theirs = mine or "as_loaded", theirs or "as_loaded"
         if mine != theirs:
             if name == "model_hash":
                 mine, theirs = str(mine)[:12], str(theirs)[:12]

@@ -31,10 +31,10 @@ def _frame(index: int, shape=(60, 80)) -> np.ndarray:
     return np.random.default_rng(index).integers(0, 256, size=(*shape, 3), dtype=np.uint8)
 
 
-def _runtime(model_dir, engine_dir, dtype="fp32", resolution=RES, **cache) -> edgekv.Runtime:
+def _runtime(model_dir, engine_dir, dtype="fp32", resolution=RES, lm_head="as_loaded", **cache) -> edgekv.Runtime:
     cache = {"policy": "statekv", "sinks": 8, "max_tokens": 120, "text_reserve_tokens": 40, "rebase_position": 40,
              **cache}
-    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": dtype, "device": "cpu"},
+    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": dtype, "device": "cpu", "lm_head": lm_head},
                                           video={"resolution": list(resolution) if resolution else None, "fps": FPS}, cache=cache,
                                           engines={"engine_dir": str(engine_dir)})
 
@@ -112,11 +112,21 @@ def test_a_snapshot_of_other_weights_names_the_model_hash(snapshot, engine_dir, 
     ({"max_tokens": 200}, r"cache capacity M in tokens .*snapshot has 120, this deployment 200"),
     ({"policy": "infinipot_v", "sinks": 0}, "cache.policy: snapshot has 'statekv'"),
     ({"kv_dtype": "int8"}, r"cache dtype \(cache.kv_dtype, default model.dtype\): snapshot has 'float32', this deployment 'int8'"),
+    ({"lm_head": "int8"}, r"model.lm_head \(the weights the tied embedding reads\): snapshot has 'as_loaded', this deployment 'int8'"),
 ])
 def test_a_snapshot_of_another_deployment_is_refused_with_the_field_named(tiny_checkpoint, engine_dir, snapshot,
                                                                           change, field):
     with pytest.raises(SnapshotMismatchError, match=field):
         _runtime(tiny_checkpoint, engine_dir, **change).restore(snapshot)
+
+
+def test_a_key_from_before_model_lm_head_reads_as_the_head_as_loaded():
+    from edgekv.state import key_differences
+
+    old = {"model_hash": "abc", "dtype": "fp32"}  # a snapshot written before the lm_head field existed
+    assert key_differences(old, {**old, "lm_head": "as_loaded"}) == []
+    assert key_differences(old, {**old, "lm_head": "int8"}) == [
+        "model.lm_head (the weights the tied embedding reads): snapshot has 'as_loaded', this deployment 'int8'"]
 
 
 def _damaged_copy(snapshot: Path, tmp_path: Path, edit) -> Path:
