@@ -99,6 +99,8 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"], help="weight and cache dtype")
     parser.add_argument("--weights-gb", type=float, default=None, help="weight bytes of quantized engines, in GB")
     parser.add_argument("--reserve-gb", type=float, default=2.0, help="OS + CUDA context reserve, in GB")
+    parser.add_argument("--lm-head", choices=["as_loaded", "int8"], default="as_loaded",
+                        help="model.lm_head (without --config; a config's own value is used with it)")
     parser.set_defaults(func=_plan)
 
 
@@ -115,7 +117,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.model is None:
         raise ValueError("--model: a model directory is needed (or --config)")
     result = plan(device_memory_gb=args.device_memory, model_dir=resolve_model_path(args.model), resolution=tuple(args.resolution),
-                  weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb)
+                  weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb, lm_head=args.lm_head)
     print(result.summary())
     return 0
 

@@ -78,6 +78,10 @@ def test_an_int8_head_counts_the_tied_table_once_in_int8(model_3b_awq):
     vocab, d = 151936, 2048
     assert as_loaded.weight_bytes - int8.weight_bytes == vocab * d * 2 - (vocab * d + vocab * (d // 128) * 4)
     assert int8.max_tokens >= as_loaded.max_tokens and "int8 head" in int8.weights_note
+    from edgekv.apps.cli import main
+
+    assert main(["plan", "--device-memory", "8", "--model", str(model_3b_awq), "--dtype", "fp16", "--resolution", "336",
+                 "336", "--lm-head", "int8"]) == 0
 
 
 def test_orin_nano_config_fits_with_four_bit_weights_and_not_without(model_3b, model_3b_awq):
