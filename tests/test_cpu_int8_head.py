@@ -118,7 +118,7 @@ def test_kernel_is_its_stated_arithmetic_and_near_the_exact_product(n, k, group)
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 def test_rows_threads_and_the_portable_loop_give_the_same_bits(threads):
-    n, k, group = 1024, 2048, 128  # above the work a thread is woken for
+    n, k, group = 4096, 2048, 128  # 3 rows: 6x the work a thread is woken for (cpu_gemv.c Q4_WORK_PER_THREAD)
     _, _, weight = known_weight(n, k, group, seed=4)
     tiles, scales = q8_quantize(weight, group)
     x = activations(3, k, seed=5)
