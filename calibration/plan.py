@@ -118,9 +118,11 @@ def _decoder_linears(cfg: dict) -> list[tuple[int, int]]:
 def _weight_bytes(model_dir: Path, cfg: dict, dtype: torch.dtype, lm_head: str = "as_loaded") -> int:
     head = 0  # model.lm_head: int8 — the head (the tied embedding with it) as int8 + fp32 scales per 128 inputs
     if lm_head == "int8":
+        from edgekv.kernels.cpu_gemv import q8_group_for
+
         t = cfg["text"]
         d, vocab = t["hidden_size"], t["vocab_size"]
-        group = next((g for g in (128, 64, 32, 16) if d % g == 0), d)
+        group = q8_group_for(d) or d
         head = vocab * d + vocab * (d // group) * 4 - vocab * d * dtype_bytes(dtype)
     quant = cfg.get("quant")
     if quant is None:

@@ -195,10 +195,10 @@ class Int8Head(nn.Module):
             else:
                 return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
         out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32, device=x.device)
-        step = self._BLOCK_ROWS
+        rows32, step = rows.to(torch.float32), self._BLOCK_ROWS
         for row in range(0, self.out_features, step):
             weight = q8_dequant(self.tiles[row // 8:(row + step) // 8], self.scales[:, row:row + step])
-            out[:, row:row + step] = rows.to(torch.float32) @ weight.T
+            out[:, row:row + step] = rows32 @ weight.T
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -219,8 +219,10 @@ class Int8Embedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         from edgekv.kernels.cpu_gemv import q8_rows
 
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
-            raise IndexError(f"token ids must be in [0, {self.num_embeddings}), got {int(ids.min())}..{int(ids.max())}")
+        if ids.numel():  # a negative id would index from the end: refused, as nn.Embedding refuses it
+            low, high = (int(v) for v in ids.aminmax())
+            if low < 0 or high >= self.num_embeddings:
+                raise IndexError(f"token ids must be in [0, {self.num_embeddings}), got {low}..{high}")
         groups = self.embedding_dim // self.group_size
         values = q8_rows(self.tiles, ids).to(torch.float32).view(*ids.shape, groups, self.group_size)
         values = values * self.scales.T[ids][..., None]
@@ -246,10 +248,10 @@ def quantize_lm_head(language: nn.Module, head: str) -> dict:
     if isinstance(current, Int8Head):
         return {"lm_head": head, "tied": isinstance(language.embed_tokens, Int8Embedding)}
     weight = current.weight
-    from edgekv.kernels.cpu_gemv import Q8_TILE_ROWS
+    from edgekv.kernels.cpu_gemv import Q8_TILE_ROWS, q8_group_for
 
     n, k = weight.shape
-    group = next((g for g in (128, 64, 32, 16) if k % g == 0), None)  # 128 at 3B; the toy's 64 inputs: 64
+    group = q8_group_for(k)
     if n % Q8_TILE_ROWS or group is None:
         raise ValueError(f"model.lm_head: int8: a [{n}, {k}] head needs out_features % {Q8_TILE_ROWS} == 0 and "
                          f"in_features % 16 == 0")
