@@ -118,11 +118,11 @@ def _decoder_linears(cfg: dict) -> list[tuple[int, int]]:
 def _weight_bytes(model_dir: Path, cfg: dict, dtype: torch.dtype, lm_head: str = "as_loaded") -> int:
     head = 0  # model.lm_head: int8 — the head (the tied embedding with it) as int8 + fp32 scales per 128 inputs
     if lm_head == "int8":
-        from edgekv.kernels.cpu_gemv import q8_group_for
+        from edgekv.model.decode_routes import int8_head_group
 
         t = cfg["text"]
         d, vocab = t["hidden_size"], t["vocab_size"]
-        group = q8_group_for(d) or d
+        group = int8_head_group(d) or d
         head = vocab * d + vocab * (d // group) * 4 - vocab * d * dtype_bytes(dtype)
     quant = cfg.get("quant")
     if quant is None:

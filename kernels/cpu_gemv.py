@@ -354,12 +354,6 @@ Q8_TILE_ROWS = 8  # rows a tile
 _Q8_QUANTIZE_ROWS = 8192  # rows quantized at a time (a 3B embedding: 32 MiB of fp32 temporaries, not 1.2 GiB)
 
 
-def q8_group_for(in_features: int) -> int | None:
-    """The int8 head's group size for a weight of ``in_features`` inputs: 128 (the 3B), else the largest of 64,
-    32, 16 that divides it (the toy's 64 inputs: 64); None when none does."""
-    return next((g for g in (Q8_GROUP, 64, 32, 16) if in_features % g == 0), None)
-
-
 def q8_quantize(weight: torch.Tensor, group: int = Q8_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """A float weight [N, K] -> (int8 tiles [N/8, K/16, 128], fp32 scales [K/group, N]): per row and group of
     ``group`` inputs, scale = largest |w| / 127 and w8 = round(w / scale) (symmetric, round half to even; an

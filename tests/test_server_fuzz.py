@@ -44,6 +44,9 @@ def declared(running) -> dict[tuple[str, str], set[int]]:
     for path, methods in spec["paths"].items():
         for method, operation in methods.items():
             routes[(method.upper(), path)] = {int(code) for code in operation["responses"]}
+    # the schema does not list its own route, which FastAPI serves for GET and (Starlette) HEAD alike: a random
+    # draw of HEAD /openapi.json -> 200 failed this test once (2026-11-26) though nothing was wrong
+    routes[("GET", "/openapi.json")] = routes[("HEAD", "/openapi.json")] = {200}
     return routes
 
 

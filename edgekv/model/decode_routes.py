@@ -235,6 +235,12 @@ class Int8Embedding(nn.Module):
 LM_HEADS = ("as_loaded", "int8")
 
 
+def int8_head_group(in_features: int) -> int | None:
+    """The int8 head's group size for ``in_features`` inputs: 128 (the 3B), else the largest of 64, 32, 16 that
+    divides it (the toy's 64 inputs: 64); None when none does. ``edgekv plan`` counts the scales with it."""
+    return next((g for g in (128, 64, 32, 16) if in_features % g == 0), None)
+
+
 def quantize_lm_head(language: nn.Module, head: str) -> dict:
     """``model.lm_head`` (issue 29): ``int8`` replaces ``language.lm_head`` (a ``Qwen2LM``'s) with an
     ``Int8Head`` and, when the embedding is tied to it, the embedding with an ``Int8Embedding`` on the same
@@ -248,10 +254,10 @@ def quantize_lm_head(language: nn.Module, head: str) -> dict:
     if isinstance(current, Int8Head):
         return {"lm_head": head, "tied": isinstance(language.embed_tokens, Int8Embedding)}
     weight = current.weight
-    from edgekv.kernels.cpu_gemv import Q8_TILE_ROWS, q8_group_for
+    from edgekv.kernels.cpu_gemv import Q8_TILE_ROWS
 
     n, k = weight.shape
-    group = q8_group_for(k)
+    group = int8_head_group(k)
     if n % Q8_TILE_ROWS or group is None:
         raise ValueError(f"model.lm_head: int8: a [{n}, {k}] head needs out_features % {Q8_TILE_ROWS} == 0 and "
                          f"in_features % 16 == 0")
