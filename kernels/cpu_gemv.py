@@ -31,6 +31,16 @@ int8 weights (the opt-in int8 ``lm_head``, ``model.lm_head: int8``) with an fp32
     gemm_q8(tiles, scales, x [P, K], threads=1) -> fp32 [P, N]
     q8_dequant(tiles, scales)                   -> fp32 [N, K];  q8_rows(tiles, index) -> int8 rows
 
+The glue of a decode step, in the arithmetic of transformers' eager code (one call where torch issues 6-8
+small operations):
+
+    rms_norm(x [..., n], weight [n], eps) -> RMSNorm(x) * weight, x's dtype (fp32 or bf16)
+    rotary_(x [H, P, hd], cos [P, hd], sin [P, hd]) -> x rotated in place (q and k, rotate_half layout)
+
+and a whole decoder layer of a 4-bit model with bf16 activations in two calls around its attention
+(``Int4Layer``: ``pre`` = norm, q/k/v products, rotary; ``post`` = o product, residual, norm, SwiGLU MLP,
+residual).
+
 ``load(portable=True)`` builds the same source without SIMD (``-DEDGEKV_PORTABLE``): the loop a CPU
 without AVX2 or NEON runs, so that it is tested on this one.
 """
@@ -74,6 +84,13 @@ def _compiler_version(cc: str) -> str:
         return ""
 
 
+class Q4Linear(ctypes.Structure):
+    """``struct edgekv_q4_linear``: one tiled 4-bit weight (``Int4Product``'s buffers) for the fused layer."""
+
+    _fields_ = [("tiles", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("zeros", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("N", ctypes.c_int64), ("K", ctypes.c_int64), ("G", ctypes.c_int64)]
+
+
 def _build(portable: bool = False) -> ctypes.CDLL:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
@@ -114,6 +131,17 @@ def _build(portable: bool = False) -> ctypes.CDLL:
         lib.edgekv_int4_simd.restype = ctypes.c_int
         lib.edgekv_gemm_q8.argtypes = [pointer] * 4 + [int64, int64, int64, int64, ctypes.c_int]
         lib.edgekv_gemm_q8.restype = ctypes.c_int
+        lib.edgekv_rmsnorm.argtypes = [pointer] * 3 + [int64, int64, ctypes.c_float, ctypes.c_int]
+        lib.edgekv_rmsnorm.restype = ctypes.c_int
+        lib.edgekv_rotary.argtypes = [pointer] * 3 + [int64] * 5 + [ctypes.c_int]
+        lib.edgekv_rotary.restype = ctypes.c_int
+        linear = ctypes.POINTER(Q4Linear)
+        lib.edgekv_layer_pre_bf16.argtypes = ([pointer, pointer, ctypes.c_float] + [linear] * 3 + [pointer] * 5
+                                              + [int64] * 5 + [ctypes.c_int])
+        lib.edgekv_layer_pre_bf16.restype = ctypes.c_int
+        lib.edgekv_layer_post_bf16.argtypes = ([pointer, pointer, linear, pointer, ctypes.c_float] + [linear] * 3
+                                               + [pointer, int64, int64, ctypes.c_int])
+        lib.edgekv_layer_post_bf16.restype = ctypes.c_int
         return lib
     raise OSError("the C kernel did not compile: " + " | ".join(errors))
 
@@ -432,3 +460,118 @@ def gemm_q8(tiles: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, threads:
     if code != 0:
         raise MemoryError(f"cpu_gemv int8: error {code} for {x.shape[0]} row(s) of a [{n}, {k}] product")
     return out
+
+
+GLUE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def _glue_lib(portable: bool):
+    lib = load(portable)
+    if lib is None:
+        raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
+    return lib
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, portable: bool = False) -> torch.Tensor:
+    """Qwen2's RMSNorm of the rows of ``x [..., n]`` (fp32 or bf16, CPU, contiguous) times ``weight [n]`` of
+    the same dtype, in transformers' arithmetic (``cpu_gemv.c``); a new tensor. ValueError names what does
+    not fit."""
+    n = x.shape[-1] if x.dim() else 0
+    if (x.dtype not in GLUE_DTYPES or weight.dtype != x.dtype or x.device.type != "cpu"
+            or weight.device.type != "cpu" or tuple(weight.shape) != (n,) or n == 0):
+        raise ValueError(f"cpu_gemv rms_norm: x {x.dtype} {tuple(x.shape)} on {x.device} and weight {weight.dtype} "
+                         f"{tuple(weight.shape)} are not CPU fp32/bf16 rows [..., n] with a weight [n] of their dtype")
+    x = x.contiguous()
+    weight = weight.contiguous()
+    out = torch.empty_like(x)
+    code = _glue_lib(portable).edgekv_rmsnorm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n,
+                                              float(eps), GLUE_DTYPES[x.dtype])
+    if code != 0:
+        raise ValueError(f"cpu_gemv rms_norm: error {code} for x {tuple(x.shape)}")
+    return out
+
+
+def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, portable: bool = False) -> torch.Tensor:
+    """Rotate ``x [H, P, hd]`` (fp32 or bf16, CPU, last dim contiguous; any head and row strides) in place by
+    ``cos, sin [P, hd]`` of its dtype (contiguous): ``x * cos + rotate_half(x) * sin`` rounded as transformers'
+    eager code rounds it (``cpu_gemv.c``). Returns ``x``. ValueError names what does not fit."""
+    if (x.dim() != 3 or x.dtype not in GLUE_DTYPES or x.device.type != "cpu" or x.stride(-1) != 1
+            or x.shape[-1] % 2 or x.shape[-1] > 1024
+            or any(t.dtype != x.dtype or t.device.type != "cpu" or tuple(t.shape) != tuple(x.shape[1:])
+                   or not t.is_contiguous() for t in (cos, sin))):
+        raise ValueError(f"cpu_gemv rotary_: x {x.dtype} {tuple(x.shape)} strides {x.stride()} and cos/sin "
+                         f"{cos.dtype} {tuple(cos.shape)} are not CPU fp32/bf16 [H, P, hd] (last dim contiguous, hd "
+                         f"even and at most 1024) with contiguous [P, hd] of its dtype")
+    heads, rows, hd = x.shape
+    code = _glue_lib(portable).edgekv_rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), heads, rows, hd,
+                                             x.stride(0), x.stride(1), GLUE_DTYPES[x.dtype])
+    if code != 0:
+        raise ValueError(f"cpu_gemv rotary_: error {code} for x {tuple(x.shape)}")
+    return x
+
+
+class Int4Layer:
+    """One Qwen2 decoder layer of a 4-bit model with bf16 activations as two C calls around its attention
+    (``cpu_gemv.c``, "One Qwen2 decoder layer"): ``pre(x, cos, sin)`` -> rotated q, k and v; ``post(x, a)`` -> the
+    layer's output from its input and the attention's. Each is what the seven ``Int4Product``s and torch's bf16
+    operations between them give one by one (SiLU's exp aside: libm's here). ValueError for an inf / nan
+    activation (nothing written to the caller's tensors), for shapes that do not fit."""
+
+    def __init__(self, products: dict[str, Int4Product], input_norm: torch.Tensor, post_norm: torch.Tensor,
+                 eps: float, heads: int, kv_heads: int, head_dim: int) -> None:
+        lib = load()
+        if lib is None:
+            raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
+        names = ("q", "k", "v", "o", "gate", "up", "down")
+        if set(products) != set(names):
+            raise ValueError(f"cpu_gemv Int4Layer: products {sorted(products)}, want {list(names)}")
+        d = products["q"].k
+        norms = (input_norm, post_norm)
+        if any(t.dtype != torch.bfloat16 or tuple(t.shape) != (d,) or t.device.type != "cpu" for t in norms):
+            raise ValueError(f"cpu_gemv Int4Layer: the norms' weights must be bf16 [{d}] on the CPU")
+        self._lib, self.d, self.eps = lib, d, float(eps)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self._products = products  # keeps the buffers the structs point at alive
+        self._norms = tuple(t.detach().contiguous() for t in norms)
+        self._w = {name: Q4Linear(p.tiles.data_ptr(), p.scales.data_ptr(), p.zeros.data_ptr(),
+                                  None if p.bias32 is None else p.bias32.data_ptr(), p.n, p.k, p.group)
+                   for name, p in products.items()}
+        self._refs = {name: ctypes.byref(w) for name, w in self._w.items()}
+        self.inner = products["gate"].n
+
+    def pre(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            threads: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x bf16 [P, d], cos / sin bf16 [P, hd] -> q [P, Hq * hd], k, v [P, Hkv * hd] (bf16, q and k rotated)."""
+        rows = x.shape[0]
+        if (x.dtype != torch.bfloat16 or tuple(x.shape) != (rows, self.d) or rows < 1 or not x.is_contiguous()
+                or any(t.dtype != torch.bfloat16 or tuple(t.shape) != (rows, self.head_dim) or not t.is_contiguous()
+                       for t in (cos, sin))):
+            raise ValueError(f"cpu_gemv Int4Layer.pre: x {x.dtype} {tuple(x.shape)}, cos {cos.dtype} "
+                             f"{tuple(cos.shape)}: want contiguous bf16 [P, {self.d}] and [P, {self.head_dim}]")
+        q = torch.empty(rows, self.heads * self.head_dim, dtype=torch.bfloat16)
+        k = torch.empty(rows, self.kv_heads * self.head_dim, dtype=torch.bfloat16)
+        v = torch.empty_like(k)
+        r = self._refs
+        code = self._lib.edgekv_layer_pre_bf16(
+            x.data_ptr(), self._norms[0].data_ptr(), self.eps, r["q"], r["k"], r["v"], cos.data_ptr(), sin.data_ptr(),
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), rows, self.d, self.heads, self.kv_heads, self.head_dim,
+            max(1, int(threads)))
+        _int4_code(code, rows, self.d, self.d)
+        return q, k, v
+
+    def post(self, x: torch.Tensor, attention: torch.Tensor, threads: int = 1) -> torch.Tensor:
+        """x bf16 [P, d] (the layer's input), attention bf16 [P, Hq * hd] -> the layer's output bf16 [P, d]."""
+        rows = x.shape[0]
+        width = self.heads * self.head_dim
+        if (x.dtype != torch.bfloat16 or tuple(x.shape) != (rows, self.d) or rows < 1 or not x.is_contiguous()
+                or attention.dtype != torch.bfloat16 or tuple(attention.shape) != (rows, width)
+                or not attention.is_contiguous()):
+            raise ValueError(f"cpu_gemv Int4Layer.post: x {x.dtype} {tuple(x.shape)}, attention {attention.dtype} "
+                             f"{tuple(attention.shape)}: want contiguous bf16 [P, {self.d}] and [P, {width}]")
+        out = torch.empty_like(x)
+        r = self._refs
+        code = self._lib.edgekv_layer_post_bf16(
+            x.data_ptr(), attention.data_ptr(), r["o"], self._norms[1].data_ptr(), self.eps, r["gate"], r["up"],
+            r["down"], out.data_ptr(), rows, self.d, max(1, int(threads)))
+        _int4_code(code, rows, self.d, self.inner)
+        return out

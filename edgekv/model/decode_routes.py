@@ -23,6 +23,12 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
   then torch's fp32 GEMM, rounded once to the activations' dtype (a 3B 64-token chunk in bf16 on one
   thread: 44 s with the weight dequantized to bf16 and torch's bf16 GEMM, 9.8 s so; 5.4 s through the
   kernel). The bf16 ``lm_head`` of a bf16 model takes the bf16 kernel as above. Figures: README "4-bit weights", "CPU decode speed".
+* ``native`` with 4-bit weights and bf16 activations, the layers fused (issue 29) — a decoder layer whose seven
+  products are ``NativeInt4Linear``s runs as two C calls around its attention (``FusedInt4Layer``: norm, q/k/v
+  products and rotary; then the o product, residual, norm, SwiGLU MLP and residual), for up to
+  ``ROW_KERNEL_ROWS`` rows with autograd off. The same products and roundings as the layer run module by module
+  (SiLU's exp aside: libm's); what it removes is ~900 small torch operations and 252 product calls a 3B token
+  made from Python (~25 ms of ~165 on one core). Figures: README "CPU decode speed".
 * ``model.lm_head: int8`` (issue 29; opt-in, any route, applied before it: ``quantize_lm_head``) — the head as
   int8 with an fp32 scale per row and 128 inputs, the tied embedding reading the same table (``Int8Head``,
   ``Int8Embedding``); its C kernel (``edgekv_gemm_q8``) reads the activations as 15-bit fixed point per group:
@@ -122,15 +128,21 @@ class NativeInt4Linear(nn.Module):
 
         return dequant_int4(self.tiles, self.scales, self.zeros, dtype)
 
+    def product(self):
+        """The ``Int4Product`` over this module's buffers (made at first use, again after ``.to()``)."""
+        if self._product is None:
+            from edgekv.kernels.cpu_gemv import Int4Product
+
+            self._product = Int4Product(self.tiles, self.scales, self.zeros, self.bias)
+        return self._product
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from edgekv.kernels.cpu_gemv import Int4Product, dequant_int4
+        from edgekv.kernels.cpu_gemv import dequant_int4
 
         if x.numel() <= ROW_KERNEL_ROWS.get(x.dtype, 1) * self.in_features \
                 and not (torch.is_grad_enabled() and x.requires_grad):
-            if self._product is None:
-                self._product = Int4Product(self.tiles, self.scales, self.zeros, self.bias)
             try:
-                out = self._product(x.detach(), torch.get_num_threads())
+                out = self.product()(x.detach(), torch.get_num_threads())
             except ValueError:  # an inf / nan activation: torch's product below propagates it as torch does
                 pass
             else:
@@ -144,6 +156,63 @@ class NativeInt4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits=4, "
                 f"group_size={self.group_size}, bias={self.bias is not None}")
+
+
+class FusedInt4Layer:
+    """A decoder layer whose seven products are ``NativeInt4Linear``s, run as two C calls around its attention
+    (``edgekv.kernels.cpu_gemv.Int4Layer``) for bf16 activations of up to ``ROW_KERNEL_ROWS`` rows with autograd
+    off — a decode token, a frame pair, a question; anything else (training, fp32 / fp16 activations, long chunks)
+    gets None and runs the layer as written. The numbers are the unfused native route's, SiLU's exp aside (libm's
+    expf in C, torch's vectorised exp in the layer: a last-bit difference in fp32 reaches a bf16 activation only on
+    a rounding tie). An inf / nan activation runs the layer unfused (before the attention) or the rest of it in
+    torch (after), so it propagates as torch propagates it. The kernel is rebuilt when a product or a norm weight
+    was replaced (``.to()``)."""
+
+    def __init__(self) -> None:
+        self._kernel = None
+        self._key = None
+
+    def _kernel_for(self, layer: nn.Module):
+        from edgekv.kernels.cpu_gemv import Int4Layer
+
+        attn, mlp = layer.self_attn, layer.mlp
+        products = tuple(m.product() for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                                                mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        key = (products, *(w.data_ptr() for w in norms), *(w.dtype for w in norms))
+        if key != self._key:
+            self._kernel = None
+            if all(w.dtype is torch.bfloat16 for w in norms):
+                self._kernel = Int4Layer(dict(zip(("q", "k", "v", "o", "gate", "up", "down"), products)), *norms,
+                                         layer.input_layernorm.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim)
+            self._key = key
+        return self._kernel
+
+    def __call__(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: int,
+                 attend) -> torch.Tensor | None:
+        if (x.dtype is not torch.bfloat16 or x.dim() != 2 or x.shape[0] > ROW_KERNEL_ROWS[torch.bfloat16]
+                or cos.dtype is not torch.bfloat16 or (torch.is_grad_enabled() and x.requires_grad)):
+            return None
+        kernel = self._kernel_for(layer)
+        if kernel is None:
+            return None
+        threads = torch.get_num_threads()
+        x = x.contiguous()
+        rows = x.shape[0]
+        try:
+            q, k, v = kernel.pre(x, cos.contiguous(), sin.contiguous(), threads)
+        except ValueError:  # an inf / nan activation: the layer as written propagates it
+            return None
+        attn = layer.self_attn
+        out = attend(index, q.view(rows, attn.num_heads, attn.head_dim).transpose(0, 1),
+                     k.view(rows, attn.num_kv_heads, attn.head_dim).transpose(0, 1),
+                     v.view(rows, attn.num_kv_heads, attn.head_dim).transpose(0, 1))  # [Hq, P, hd]
+        a = out.transpose(0, 1).reshape(rows, attn.num_heads * attn.head_dim).contiguous()
+        try:
+            return kernel.post(x, a, threads)
+        except ValueError:  # the attention's output holds an inf / nan: the rest of the layer in torch
+            x = x + attn.o_proj(a)
+            return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
 _scratch = threading.local()
@@ -338,7 +407,15 @@ def prepare_decode(language: nn.Module, route: str) -> dict:
             packed += 1
             del child  # the last reference to the AWQ words: freed here, and their pages handed back
             trim()
+    fused = 0
+    for layer in getattr(language, "layers", ()):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        linears = () if attn is None or mlp is None else (
+            attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if linears and all(type(m) is NativeInt4Linear for m in linears) and mlp.act is F.silu:
+            layer.fused = FusedInt4Layer()
+            fused += 1
     info = {"route": route, "linears": replaced, "simd": simd()}
     if quantized:
-        info.update(int4_linears=packed, int4_simd=int4_simd())
+        info.update(int4_linears=packed, int4_simd=int4_simd(), fused_layers=fused)
     return info

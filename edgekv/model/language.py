@@ -147,6 +147,11 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    # Set by edgekv.model.decode_routes.prepare_decode (the native route of a 4-bit model): the whole layer in C
+    # around its attention, called as fused(self, x, cos, sin, layer, attend); it returns None where it does not
+    # apply (training, long chunks, other dtypes) and the layer runs as written below.
+    fused = None
+
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -156,6 +161,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
                 attend: AttendFn) -> torch.Tensor:
+        if self.fused is not None:
+            out = self.fused(self, x, cos, sin, layer, attend)
+            if out is not None:
+                return out
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -1,0 +1,163 @@
+"""The glue of a CPU decode step in C (kernels/cpu_gemv.c, issue 29): Qwen2's RMSNorm, the rotary of q and k,
+and a whole 4-bit decoder layer with bf16 activations in two calls around its attention (``Int4Layer``, used by
+the native route through ``decode_routes.FusedInt4Layer``). Each is checked against the torch code it replaces:
+the rotary and the bf16 norm bit for bit; the fp32 norm (whose mean is summed in another order) within a few
+ulps; the fused layer against the same layer unfused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgekv.kernels import cpu_gemv
+from edgekv.model.decode_routes import FusedInt4Layer, prepare_decode
+from edgekv.model.language import DenseKVCache, RMSNorm
+from edgekv.model.rope import apply_rotary, text_position_ids
+
+pytestmark = pytest.mark.skipif(cpu_gemv.load() is None,
+                                reason=f"the C kernel cannot be built here: {cpu_gemv.unavailable_reason()}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("width", [64, 2048])
+def test_rms_norm_is_transformers_norm(dtype, width):
+    norm = RMSNorm(width, 1e-6).to(dtype)
+    generator = torch.Generator().manual_seed(width)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(width, generator=generator) * 0.3 + 1)
+    for scale in (1e-3, 1.0, 50.0):
+        x = (torch.randn(5, width, generator=generator) * scale).to(dtype)
+        want = norm(x).detach()
+        got = cpu_gemv.rms_norm(x, norm.weight.detach(), norm.eps)
+        assert got.dtype == dtype and got.shape == x.shape
+        if dtype is torch.bfloat16:  # every square exact: the mean's summation order cannot show
+            assert torch.equal(got, want)
+        else:
+            ulp = torch.finfo(torch.float32).eps * want.abs()
+            assert ((got - want).abs() <= 4 * ulp).all()
+            assert (got != want).float().mean() < 0.5  # most elements equal: the same arithmetic, another order
+    rows3 = torch.randn(2, 3, width, generator=generator).to(dtype)  # leading dims are rows
+    assert torch.equal(cpu_gemv.rms_norm(rows3, norm.weight.detach(), norm.eps).view(6, width),
+                       cpu_gemv.rms_norm(rows3.view(6, width), norm.weight.detach(), norm.eps))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,rows,hd", [(4, 1, 16), (2, 5, 128), (3, 7, 8)])
+def test_rotary_is_apply_rotary_bit_for_bit(dtype, heads, rows, hd):
+    generator = torch.Generator().manual_seed(heads * 100 + rows)
+    x = (torch.randn(rows, heads, hd, generator=generator) * 3).to(dtype).transpose(0, 1)  # the projection's layout
+    angle = torch.rand(rows, hd // 2, generator=generator) * 200
+    angle = torch.cat((angle, angle), dim=-1)
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    want = apply_rotary(x, cos, sin)
+    got = x.clone()  # a contiguous copy: other strides than x's
+    assert cpu_gemv.rotary_(got, cos, sin) is got and torch.equal(got, want)
+    assert torch.equal(cpu_gemv.rotary_(x, cos, sin), want)  # in place on the transposed view
+
+
+def test_glue_refuses_what_it_cannot_take():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="rms_norm"):
+        cpu_gemv.rms_norm(x.half(), torch.ones(8).half(), 1e-6)
+    with pytest.raises(ValueError, match="rms_norm"):
+        cpu_gemv.rms_norm(x, torch.ones(7), 1e-6)
+    with pytest.raises(ValueError, match="rotary_"):
+        cpu_gemv.rotary_(torch.randn(2, 3, 7), torch.randn(3, 7), torch.randn(3, 7))  # odd head_dim
+    with pytest.raises(ValueError, match="rotary_"):
+        cpu_gemv.rotary_(torch.randn(2, 3, 8), torch.randn(3, 8).bfloat16(), torch.randn(3, 8))
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    from edgekv.calibration.quantize import quantize_checkpoint
+    from edgekv.model.tiny import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("fused")
+    dense = make_tiny_checkpoint(root / "dense", preset="test-gqa4", seed=8)
+    return quantize_checkpoint(dense, root / "q4", group_size=32)
+
+
+def _states(model, x, fused: bool, split: int = 12) -> torch.Tensor:
+    """A chunk of ``split`` rows, then one row at a time (decode), through a dense cache: the final hidden states."""
+    language = model.language
+    kept = [layer.fused for layer in language.layers]
+    if not fused:
+        for layer in language.layers:
+            layer.fused = None
+    try:
+        cache = DenseKVCache(model.config.text, x.shape[0], torch.bfloat16)
+        outs = []
+        with torch.inference_mode():
+            outs.append(language(x[:split], text_position_ids(0, split), cache))
+            cache.commit()
+            for i in range(split, x.shape[0]):
+                outs.append(language(x[i:i + 1], text_position_ids(i, 1), cache))
+                cache.commit()
+        return torch.cat(outs)
+    finally:
+        for layer, f in zip(language.layers, kept):
+            layer.fused = f
+
+
+def test_fused_layers_compute_what_the_unfused_native_route_does(quantized):
+    from edgekv.model import load_pretrained
+
+    model = load_pretrained(quantized, dtype=torch.bfloat16)
+    info = prepare_decode(model.language, "native")
+    layers = model.language.layers
+    assert info["fused_layers"] == len(layers) == 2 and all(isinstance(layer.fused, FusedInt4Layer) for layer in layers)
+    x = torch.randn(20, model.config.text.hidden_size, generator=torch.Generator().manual_seed(1)).bfloat16()
+    fused, unfused = _states(model, x, True), _states(model, x, False)
+    # the same products and roundings; only SiLU's exp is libm's, which can move a bf16 activation on a tie
+    assert torch.allclose(fused.float(), unfused.float(), rtol=2 ** -7, atol=0)
+    assert (fused == unfused).float().mean() > 0.99
+    ids = torch.randint(0, 4000, (10,), generator=torch.Generator().manual_seed(0))
+    tokens = model.generate(ids[None], max_new_tokens=6, stop_ids=[])
+    for layer in layers:
+        layer.fused = None
+    assert model.generate(ids[None], max_new_tokens=6, stop_ids=[]) == tokens
+
+
+def test_fused_layer_steps_aside_where_it_does_not_apply(quantized):
+    from edgekv.model import load_pretrained
+
+    model = load_pretrained(quantized, dtype=torch.bfloat16)
+    prepare_decode(model.language, "native")
+    layer = model.language.layers[0]
+    d, hd = model.config.text.hidden_size, model.config.text.head_dim
+    calls = []
+
+    def attend(index, q, k, v):
+        calls.append(index)
+        return torch.zeros(q.shape, dtype=q.dtype)
+
+    cos, sin = torch.ones(1, hd).bfloat16(), torch.zeros(1, hd).bfloat16()
+    with torch.inference_mode():
+        long = torch.randn(129, d).bfloat16()  # longer than the row kernel takes: the layer as written
+        assert layer.fused(layer, long, cos.expand(129, hd), sin.expand(129, hd), 0, attend) is None
+        assert layer.fused(layer, torch.randn(1, d), cos.float(), sin.float(), 0, attend) is None  # fp32
+        nan = torch.full((1, d), float("nan")).bfloat16()
+        assert layer.fused(layer, nan, cos, sin, 0, attend) is None and not calls  # before the attention
+        out = layer.fused(layer, torch.randn(1, d).bfloat16(), cos, sin, 0,
+                          lambda i, q, k, v: torch.full(q.shape, float("nan"), dtype=q.dtype))
+        assert out.shape == (1, d) and out.isnan().all()  # after it: the rest in torch, nan propagated
+    x = torch.randn(1, d, requires_grad=True).bfloat16()
+    assert layer.fused(layer, x, cos, sin, 0, attend) is None  # autograd on
+
+
+def test_fused_layer_follows_a_move_of_the_model(quantized):
+    from edgekv.model import load_pretrained
+
+    model = load_pretrained(quantized, dtype=torch.bfloat16)
+    prepare_decode(model.language, "native")
+    layer = model.language.layers[0]
+    x = torch.randn(14, model.config.text.hidden_size, generator=torch.Generator().manual_seed(2)).bfloat16()
+    before = _states(model, x, True)
+    kernel = layer.fused._kernel
+    model.to("cpu")  # a move may replace the products' buffers: the fused kernels are made again over them
+    assert torch.equal(_states(model, x, True), before) and layer.fused._kernel is not kernel
+    norm = layer.input_layernorm.weight
+    norm.data = norm.data.float()  # a norm weight no longer bf16: that layer steps aside
+    hd = model.config.text.head_dim
+    with torch.inference_mode():
+        assert layer.fused(layer, x[:1], torch.ones(1, hd).bfloat16(), torch.zeros(1, hd).bfloat16(), 0, None) is None
