@@ -374,3 +374,22 @@ def test_native_linear_checks_its_weight_again_after_a_move():
         assert torch.equal(native(x), first)
         exact = x.double() @ linear.dequantized_weight().double().t() + linear.bias.double()
         assert torch.allclose(first.double(), exact, rtol=2 ** -7, atol=1e-3)
+
+
+def test_a_dtype_cast_of_the_model_keeps_the_4bit_scales():
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randint(0, 16, (128, 32), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(4, 32, generator=gen) * 0.02 + 1e-3).half()
+    linear = Int4Linear.from_integers(q, torch.randint(0, 16, (4, 32), generator=gen, dtype=torch.uint8), scales,
+                                      torch.randn(32, generator=gen).bfloat16().float())  # a bias bf16 keeps
+    x = torch.randn(1, 128, generator=gen)
+    want = linear(x)
+    linear.to(torch.bfloat16).to(torch.float32)  # a round trip through bf16 would round the fp16 scales
+    assert linear.scales.dtype == torch.float16 and torch.equal(linear.scales, scales)
+    assert linear.bias.dtype == torch.float32 and torch.equal(linear(x), want)
+    native = NativeInt4Linear(linear)
+    with torch.inference_mode():
+        first = native(x.bfloat16())
+        native.bfloat16()
+        assert native.scales.dtype == torch.float16 and torch.equal(native.scales, scales)
+        assert torch.equal(native(x.bfloat16()), first)  # the kernel still takes the weight

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgekv.hostmem import trim, weight_empty
-from edgekv.model.int4 import Int4Linear, is_quantized, unpack_awq
+from edgekv.model.int4 import Int4Linear, apply_keeping_scales, is_quantized, unpack_awq
 
 ROUTES = ("eager", "native")
 _REPACK_ROWS = 256  # rows of a 4-bit weight unpacked at a time by the repack (a multiple of the tiles' 4)
@@ -116,7 +116,7 @@ class NativeInt4Linear(nn.Module):
 
     def _apply(self, fn, recurse=True):  # .to() / .half() may move or replace the buffers: check them again
         self._product = None
-        return super()._apply(fn, recurse)
+        return apply_keeping_scales(self, super()._apply, fn, recurse)
 
     def integers(self) -> tuple[torch.Tensor, torch.Tensor]:
         from edgekv.kernels.cpu_gemv import int4_untile

@@ -163,6 +163,18 @@ def gptq_to_awq(qweight: torch.Tensor, qzeros: torch.Tensor, g_idx: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------- module
+def apply_keeping_scales(module: nn.Module, apply, fn, recurse: bool):
+    """``module._apply(fn)`` for a 4-bit module whose ``scales`` buffer is float16 by format (AutoAWQ writes
+    them so; the kernels read float16): a cast of the whole model (``model.to(torch.bfloat16)``) would round
+    them to the new dtype, so they are moved to where ``fn`` sent the rest and keep their dtype and bits."""
+    scales = module._buffers.get("scales")
+    out = apply(fn, recurse)
+    moved = module._buffers.get("scales")
+    if scales is not None and moved is not None and moved.dtype != scales.dtype:
+        module._buffers["scales"] = scales.to(moved.device)
+    return out
+
+
 class Int4Linear(nn.Module):
     """A linear layer with 4-bit weights in the AutoAWQ GEMM layout (see the module docstring).
 
@@ -186,6 +198,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", torch.zeros(groups, out_features, dtype=torch.float16, device=device))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False) \
             if bias else None
+
+    def _apply(self, fn, recurse=True):
+        return apply_keeping_scales(self, super()._apply, fn, recurse)
 
     @classmethod
     def from_integers(cls, q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
