@@ -1096,8 +1096,9 @@ int edgekv_gemm_q8(const int8_t *W, const float *scales, const float *x, float *
  * Both compute what transformers' eager code computes, rounding where it rounds. dtype 0: fp32, 1: bf16.
  *   RMSNorm (Qwen2RMSNorm): v = x in fp32; r = 1 / sqrt(mean(v^2) + eps) in fp32; y = (v * r) rounded to the
  *   input dtype; out = weight * y, rounded to the dtype. The mean is summed in double and rounded once to fp32
- *   (torch sums fp32 partial sums, so the two may differ in the last bit of the mean; for bf16 inputs every
- *   square is exact, and a last-bit change of r reaches a bf16 output only where it sits on a rounding tie).
+ *   (torch sums fp32 partial sums, so the two may differ in the last bit of the mean, and a last-bit change of r
+ *   reaches a bf16 output only where it sits on a rounding tie: at the 3B width, 9 of 32768 values of one norm
+ *   in one layer of a 16-row chunk).
  *   Rotary (apply_rotary_pos_emb): out = x * cos + rotate_half(x) * sin with cos / sin in x's dtype; in bf16
  *   each product is rounded to bf16, their fp32 sum rounded to bf16 (torch's three operations exactly); in
  *   fp32 two products and a sum, no fused multiply-add (-std=c11 keeps the compiler from contracting them).
@@ -1184,9 +1185,9 @@ int edgekv_rotary(void *x, const void *cos, const void *sin, int64_t heads, int6
  *   post: x1 = x + a Wo^T; h = RMSNorm(x1) * w2; x2 = x1 + (silu(h Wg^T) * (h Wu^T)) Wd^T
  * P rows at once. Every product is edgekv_gemm_int4's with two activation digits, rounded once to bf16, and
  * every operation between them rounds to bf16 where transformers' eager bf16 code does, so the layer computes
- * what the same products and torch's operations give one by one — but for SiLU's exp (libm's expf here,
- * torch's vectorised exp there: they may differ in the last fp32 bit, which reaches a bf16 result only on a
- * rounding tie). A decode token of the 3B model issued ~900 small torch operations and 252 product calls
+ * what the same products and torch's operations give one by one — but for the norms' means (see above) and
+ * SiLU's exp (libm's expf here, torch's vectorised exp there): last-bit differences in fp32, which reach a bf16
+ * value only on a rounding tie (and then, through the layers after it, spread). A decode token of the 3B model issued ~900 small torch operations and 252 product calls
  * from Python; with this, 72 calls and the attention.
  * ------------------------------------------------------------------------------------------------------ */
 struct edgekv_q4_linear {

@@ -514,7 +514,8 @@ class Int4Layer:
     """One Qwen2 decoder layer of a 4-bit model with bf16 activations as two C calls around its attention
     (``cpu_gemv.c``, "One Qwen2 decoder layer"): ``pre(x, cos, sin)`` -> rotated q, k and v; ``post(x, a)`` -> the
     layer's output from its input and the attention's. Each is what the seven ``Int4Product``s and torch's bf16
-    operations between them give one by one (SiLU's exp aside: libm's here). ValueError for an inf / nan
+    operations between them give one by one, but for last-bit differences of the norms' means (summed in double)
+    and SiLU's exp (libm's), which move a bf16 value only on a rounding tie. ValueError for an inf / nan
     activation (nothing written to the caller's tensors), for shapes that do not fit."""
 
     def __init__(self, products: dict[str, Int4Product], input_norm: torch.Tensor, post_norm: torch.Tensor,

@@ -1,8 +1,9 @@
 """The glue of a CPU decode step in C (kernels/cpu_gemv.c, issue 29): Qwen2's RMSNorm, the rotary of q and k,
 and a whole 4-bit decoder layer with bf16 activations in two calls around its attention (``Int4Layer``, used by
 the native route through ``decode_routes.FusedInt4Layer``). Each is checked against the torch code it replaces:
-the rotary and the bf16 norm bit for bit; the fp32 norm (whose mean is summed in another order) within a few
-ulps; the fused layer against the same layer unfused."""
+the rotary bit for bit; the norm (whose mean C sums in double, torch in fp32 partial sums) equal in bf16 on these
+inputs and within a few ulps in fp32; the fused layer against the same layer unfused with the C norm (bit for bit)
+and with torch's (within rounding ties)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ def test_rms_norm_is_transformers_norm(dtype, width):
         want = norm(x).detach()
         got = cpu_gemv.rms_norm(x, norm.weight.detach(), norm.eps)
         assert got.dtype == dtype and got.shape == x.shape
-        if dtype is torch.bfloat16:  # every square exact: the mean's summation order cannot show
-            assert torch.equal(got, want)
-        else:
-            ulp = torch.finfo(torch.float32).eps * want.abs()
-            assert ((got - want).abs() <= 4 * ulp).all()
-            assert (got != want).float().mean() < 0.5  # most elements equal: the same arithmetic, another order
+        # the mean's last bit may differ (another summation order): in bf16 that moves a value only on a rounding
+        # tie, by one ulp; in fp32 by a few ulps
+        ulps = 2 if dtype is torch.bfloat16 else 4
+        eps = torch.finfo(dtype).eps
+        assert ((got.float() - want.float()).abs() <= ulps * eps * want.float().abs()).all()
+        assert (got != want).float().mean() < (0.01 if dtype is torch.bfloat16 else 0.5)
     rows3 = torch.randn(2, 3, width, generator=generator).to(dtype)  # leading dims are rows
     assert torch.equal(cpu_gemv.rms_norm(rows3, norm.weight.detach(), norm.eps).view(6, width),
                        cpu_gemv.rms_norm(rows3.view(6, width), norm.weight.detach(), norm.eps))
@@ -99,7 +100,7 @@ def _states(model, x, fused: bool, split: int = 12) -> torch.Tensor:
             layer.fused = f
 
 
-def test_fused_layers_compute_what_the_unfused_native_route_does(quantized):
+def test_fused_layers_compute_what_the_unfused_native_route_does(quantized, monkeypatch):
     from edgekv.model import load_pretrained
 
     model = load_pretrained(quantized, dtype=torch.bfloat16)
@@ -108,9 +109,14 @@ def test_fused_layers_compute_what_the_unfused_native_route_does(quantized):
     assert info["fused_layers"] == len(layers) == 2 and all(isinstance(layer.fused, FusedInt4Layer) for layer in layers)
     x = torch.randn(20, model.config.text.hidden_size, generator=torch.Generator().manual_seed(1)).bfloat16()
     fused, unfused = _states(model, x, True), _states(model, x, False)
-    # the same products and roundings; only SiLU's exp is libm's, which can move a bf16 activation on a tie
-    assert torch.allclose(fused.float(), unfused.float(), rtol=2 ** -7, atol=0)
-    assert (fused == unfused).float().mean() > 0.99
+    # The same products and roundings; the norm's mean is summed in double in C, in fp32 partial sums by torch,
+    # and SiLU's exp is libm's: last-bit differences that move a bf16 value only on a rounding tie.
+    assert torch.allclose(fused.float(), unfused.float(), rtol=2 ** -6, atol=2 ** -6 * unfused.float().abs().max())
+    # With the C norm in the layer as written, the two are the same arithmetic: equal (SiLU ties aside, none here)
+    norms = [m for layer in layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+    for norm in norms:
+        monkeypatch.setattr(norm, "forward", lambda v, norm=norm: cpu_gemv.rms_norm(v, norm.weight, norm.eps))
+    assert torch.equal(_states(model, x, False), fused)
     ids = torch.randint(0, 4000, (10,), generator=torch.Generator().manual_seed(0))
     tokens = model.generate(ids[None], max_new_tokens=6, stop_ids=[])
     for layer in layers:

@@ -27,7 +27,7 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
   products are ``NativeInt4Linear``s runs as two C calls around its attention (``FusedInt4Layer``: norm, q/k/v
   products and rotary; then the o product, residual, norm, SwiGLU MLP and residual), for up to
   ``ROW_KERNEL_ROWS`` rows with autograd off. The same products and roundings as the layer run module by module
-  (SiLU's exp aside: libm's); what it removes is ~900 small torch operations and 252 product calls a 3B token
+  (up to rounding ties: the norms' means summed in double, SiLU's exp libm's); what it removes is ~900 small torch operations and 252 product calls a 3B token
   made from Python (~25 ms of ~165 on one core). Figures: README "CPU decode speed".
 * ``model.lm_head: int8`` (issue 29; opt-in, any route, applied before it: ``quantize_lm_head``) — the head as
   int8 with an fp32 scale per row and 128 inputs, the tied embedding reading the same table (``Int8Head``,
@@ -162,9 +162,11 @@ class FusedInt4Layer:
     """A decoder layer whose seven products are ``NativeInt4Linear``s, run as two C calls around its attention
     (``edgekv.kernels.cpu_gemv.Int4Layer``) for bf16 activations of up to ``ROW_KERNEL_ROWS`` rows with autograd
     off — a decode token, a frame pair, a question; anything else (training, fp32 / fp16 activations, long chunks)
-    gets None and runs the layer as written. The numbers are the unfused native route's, SiLU's exp aside (libm's
-    expf in C, torch's vectorised exp in the layer: a last-bit difference in fp32 reaches a bf16 activation only on
-    a rounding tie). An inf / nan activation runs the layer unfused (before the attention) or the rest of it in
+    gets None and runs the layer as written. The numbers are the unfused native route's up to rounding ties: the
+    norms' means are summed in double in C (torch: fp32 partial sums) and SiLU's exp is libm's, last-bit differences
+    in fp32 that move a bf16 value only on a tie — after which the layers that follow carry the change (a 16-row
+    chunk of the random 3B model: one tie in layer 19 of 36, the final states then differ; 16-token decodes gave
+    the same tokens). An inf / nan activation runs the layer unfused (before the attention) or the rest of it in
     torch (after), so it propagates as torch propagates it. The kernel is rebuilt when a product or a norm weight
     was replaced (``.to()``)."""
 
