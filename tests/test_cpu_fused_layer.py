@@ -167,3 +167,37 @@ def test_fused_layer_follows_a_move_of_the_model(quantized):
     hd = model.config.text.head_dim
     with torch.inference_mode():
         assert layer.fused(layer, x[:1], torch.ones(1, hd).bfloat16(), torch.zeros(1, hd).bfloat16(), 0, None) is None
+
+
+def test_a_4bit_toy_session_in_bf16_answers_the_same_with_and_without_fusing(tmp_path):
+    """The runtime end to end: the toy quantized to 4 bits, bf16, the native route (fused layers), a capped cache:
+    frame pairs ingested in chunks and questions answered token by token — the same text as the layers unfused."""
+    from edgekv.calibration.quantize import quantize_checkpoint
+    from edgekv.eval.toy_accuracy import heldout_streams
+    from edgekv.model.builtin import resolve_model_path
+    from edgekv.runtime import Runtime
+
+    q4 = quantize_checkpoint(resolve_model_path("builtin:toy"), tmp_path / "toy-q4", group_size=16)
+    runtime = Runtime.from_pretrained(str(q4), model={"dtype": "bf16", "device": "cpu", "decode_route": "native"},
+                                      cache={"policy": "infinipot_v", "max_tokens": 96, "text_reserve_tokens": 32},
+                                      video={"fps": 2.0, "resolution": [112, 112]})
+    layers = runtime.model.language.layers
+    assert all(isinstance(layer.fused, FusedInt4Layer) for layer in layers)
+    stream = heldout_streams(1)[0]
+
+    def answers() -> list[str]:
+        session = runtime.session()
+        for frame in range(2 * stream.pairs):
+            session.ingest(stream.scene.frame(frame), t=stream.scene.time(frame))
+        return [session.ask(qa.question, max_new_tokens=3).text for qa in stream.questions]
+
+    fused = answers()
+    assert all(layer.fused._kernel is not None for layer in layers)  # the fused path did run
+    kept = [layer.fused for layer in layers]
+    for layer in layers:
+        layer.fused = None
+    try:
+        assert answers() == fused
+    finally:
+        for layer, f in zip(layers, kept):
+            layer.fused = f
