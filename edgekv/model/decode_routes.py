@@ -27,8 +27,9 @@ config; ``resolve_route`` picks for ``auto``). Routes measured on the 2-core x86
   products are ``NativeInt4Linear``s runs as two C calls around its attention (``FusedInt4Layer``: norm, q/k/v
   products and rotary; then the o product, residual, norm, SwiGLU MLP and residual), for up to
   ``ROW_KERNEL_ROWS`` rows with autograd off. The same products and roundings as the layer run module by module
-  (up to rounding ties: the norms' means summed in double, SiLU's exp libm's); what it removes is ~900 small torch operations and 252 product calls a 3B token
-  made from Python (~25 ms of ~165 on one core). Figures: README "CPU decode speed".
+  (up to rounding ties: the norms' means summed in double, SiLU's exp libm's); what it removes is ~900 small
+  torch operations and 252 product calls a 3B token made from Python (~25 ms of ~165 on one core). Figures:
+  README "CPU decode speed".
 * ``model.lm_head: int8`` (issue 29; opt-in, any route, applied before it: ``quantize_lm_head``) — the head as
   int8 with an fp32 scale per row and 128 inputs, the tied embedding reading the same table (``Int8Head``,
   ``Int8Embedding``); its C kernel (``edgekv_gemm_q8``) reads the activations as 15-bit fixed point per group:
