@@ -1187,8 +1187,8 @@ int edgekv_rotary(void *x, const void *cos, const void *sin, int64_t heads, int6
  * every operation between them rounds to bf16 where transformers' eager bf16 code does, so the layer computes
  * what the same products and torch's operations give one by one — but for the norms' means (see above) and
  * SiLU's exp (libm's expf here, torch's vectorised exp there): last-bit differences in fp32, which reach a bf16
- * value only on a rounding tie (and then, through the layers after it, spread). A decode token of the 3B model issued ~900 small torch operations and 252 product calls
- * from Python; with this, 72 calls and the attention.
+ * value only on a rounding tie (and then, through the layers after it, spread). A decode token of the 3B model
+ * issued ~900 small torch operations and 252 product calls from Python; with this, 72 calls and the attention.
  * ------------------------------------------------------------------------------------------------------ */
 struct edgekv_q4_linear {
   const uint8_t *tiles;
