@@ -7,6 +7,12 @@ and with torch's (within rounding ties)."""
 
 from __future__ import annotations
 
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -201,3 +207,61 @@ def test_a_4bit_toy_session_in_bf16_answers_the_same_with_and_without_fusing(tmp
     finally:
         for layer, f in zip(layers, kept):
             layer.fused = f
+
+
+CROSS = shutil.which("aarch64-linux-gnu-gcc")
+QEMU = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
+
+
+def _random_product(n: int, k: int, group: int, bias: bool, generator: torch.Generator):
+    q = torch.randint(0, 16, (k, n), generator=generator, dtype=torch.uint8)
+    zeros = torch.randint(0, 16, (k // group, n), generator=generator, dtype=torch.uint8)
+    scales = (torch.rand(k // group, n, generator=generator) * 0.02 + 1e-3).half()
+    b = torch.randn(n, generator=generator).bfloat16() if bias else None
+    return cpu_gemv.Int4Product(cpu_gemv.int4_tiles(q), scales, zeros, b)
+
+
+@pytest.mark.skipif(not (CROSS and QEMU), reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt: gcc-aarch64-linux-gnu, qemu-user)")
+def test_the_fused_layer_on_aarch64_gives_the_host_bits_under_an_emulator(tmp_path):
+    """Jetson's CPU: the fused layer built for aarch64 (NEON products, the same C glue) and run under qemu gives the
+    host's q, k, v and layer output bit for bit, for a decode row and a 3-row chunk."""
+    driver = tmp_path / "kernel_driver"
+    built = subprocess.run([CROSS, "-O3", "-march=armv8.2-a", "-std=c11", "-pthread", "-o", str(driver),
+                            str(cpu_gemv.SOURCE), str(Path(__file__).parent / "native" / "kernel_driver.c"), "-lm"],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    generator = torch.Generator().manual_seed(21)
+    d, hq, hkv, hd, inner, group = 64, 4, 2, 16, 176, 16  # the toy's shapes
+    shapes = {"q": (hq * hd, d), "k": (hkv * hd, d), "v": (hkv * hd, d), "o": (d, hq * hd), "gate": (inner, d),
+              "up": (inner, d), "down": (d, inner)}
+    products = {name: _random_product(n, k, group, name in ("q", "k", "v"), generator)
+                for name, (n, k) in shapes.items()}
+    norms = [(torch.rand(d, generator=generator) + 0.5).bfloat16() for _ in range(2)]
+    layer = cpu_gemv.Int4Layer(products, *norms, 1e-6, hq, hkv, hd)
+    for rows in (1, 3):
+        x = (torch.randn(rows, d, generator=generator) * 2).bfloat16()
+        angle = torch.rand(rows, hd // 2, generator=generator) * 50
+        angle = torch.cat((angle, angle), dim=-1)
+        cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
+        a = torch.randn(rows, hq * hd, generator=generator).bfloat16()
+        blob = struct.pack("<8q", rows, d, hq, hkv, hd, inner, group, 2) + struct.pack("<f4x", 1e-6)
+        for name in shapes:
+            p = products[name]
+            blob += p.tiles.numpy().tobytes() + p.scales.numpy().tobytes() + p.zeros.numpy().tobytes()
+            blob += struct.pack("<q", p.bias32 is not None)
+            blob += b"" if p.bias32 is None else p.bias32.numpy().tobytes()
+        for t in (*norms, x, cos, sin, a):
+            blob += t.view(torch.int16).numpy().tobytes()
+        (tmp_path / "in.bin").write_bytes(blob)
+        run = subprocess.run([QEMU, "-L", "/usr/aarch64-linux-gnu", str(driver), "layer", str(tmp_path / "in.bin"),
+                              str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        raw = (tmp_path / "out.bin").read_bytes()
+        assert struct.unpack("<i", raw[:4])[0] == 2  # the NEON path ran
+        values = torch.from_numpy(np.frombuffer(raw[4:], dtype=np.int16).copy()).view(torch.bfloat16)
+        q, k, v = layer.pre(x, cos, sin)
+        out = layer.post(x, a)
+        sizes = [q.numel(), k.numel(), v.numel(), out.numel()]
+        assert values.numel() == sum(sizes)
+        for got, want in zip(values.split(sizes), (q, k, v, out)):
+            assert torch.equal(got.view(want.shape), want)
