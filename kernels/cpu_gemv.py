@@ -520,9 +520,7 @@ class Int4Layer:
 
     def __init__(self, products: dict[str, Int4Product], input_norm: torch.Tensor, post_norm: torch.Tensor,
                  eps: float, heads: int, kv_heads: int, head_dim: int) -> None:
-        lib = load()
-        if lib is None:
-            raise RuntimeError(f"cpu_gemv: the C kernel is unavailable ({_state.get('reason')})")
+        lib = _glue_lib(False)
         names = ("q", "k", "v", "o", "gate", "up", "down")
         if set(products) != set(names):
             raise ValueError(f"cpu_gemv Int4Layer: products {sorted(products)}, want {list(names)}")
