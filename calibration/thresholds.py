@@ -23,7 +23,8 @@ import yaml
 
 
 def quartile_thresholds(layer_cv: torch.Tensor | list[float]) -> tuple[float, float, float]:
-    values = torch.as_tensor(layer_cv, dtype=torch.float64).flatten()
+    # on the host: the layer CVs of a CUDA session arrive on the GPU, and quantile wants q on their device
+    values = torch.as_tensor(layer_cv, dtype=torch.float64).flatten().cpu()
     if values.numel() == 0:
         raise ValueError("need at least one layer CV to choose thresholds")
     q = torch.quantile(values, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()

@@ -43,7 +43,9 @@ def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     # The batch axis matters: 3-D inputs take SDPA's math path on CPU, 4-D its fused (flash) kernel.
     out = F.scaled_dot_product_attention(folded, keys.unsqueeze(0).to(compute), values.unsqueeze(0).to(compute),
                                          attn_mask=mask)
-    return out.view(heads_q, num_new, dim).to(q.dtype)
+    # reshape, not view: CUDA's memory-efficient SDPA returns [1, Hkv, G * P, D] with a transposed layout
+    # (seen on an H200, fp32), which view refuses
+    return out.reshape(heads_q, num_new, dim).to(q.dtype)
 
 
 def fast_path_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:

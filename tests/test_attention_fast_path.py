@@ -95,3 +95,25 @@ def test_answers_are_unchanged_by_the_fast_path(tiny_checkpoint, monkeypatch, dt
     monkeypatch.setattr(attention, "folded_attention", masked_reference)
     assert run() == fast
     assert len(fast) >= 1
+
+
+def test_folded_attention_takes_a_non_contiguous_sdpa_result(monkeypatch):
+    """CUDA's memory-efficient SDPA returned [1, Hkv, G * P, D] in a transposed layout (fp32 on an H200, issue
+    32), which ``view`` refused: every fp32 question of a CUDA session failed. Here SDPA is made to return the
+    same values in that layout on the CPU; the result must not change."""
+    import edgekv.kernels.sdpa as sdpa_module
+
+    real = F.scaled_dot_product_attention
+
+    def transposed(*args, **kwargs):
+        out = real(*args, **kwargs)  # [1, Hkv, G * P, D]
+        strided = out.transpose(1, 2).contiguous().transpose(1, 2)  # same values, not viewable as [Hq, P, D]
+        assert not strided.is_contiguous()
+        return strided
+
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(8, 3, 16, generator=gen)
+    k, v = torch.randn(2, 2, 10 + 3, 16, generator=gen)
+    want = folded_attention(q, k, v, 10)
+    monkeypatch.setattr(sdpa_module.F, "scaled_dot_product_attention", transposed)
+    assert torch.equal(folded_attention(q, k, v, 10), want)

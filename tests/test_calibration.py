@@ -21,6 +21,18 @@ def test_quartile_rule_and_file_validation(tmp_path):
         CVThresholds.load(tmp_path / "missing.yaml")
 
 
+@pytest.mark.gpu
+def test_quartiles_of_layer_cvs_on_the_gpu():
+    """A CUDA session hands its layer CVs over on the GPU: quantile's q once sat on the host (issue 32: every
+    CUDA session failed at its first compression)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cvs = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5], device="cuda")
+    assert quartile_thresholds(cvs) == pytest.approx((0.2, 0.3, 0.4))
+
+
 def test_calibrate_command_and_runtime_use(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "cv.yaml"
     code = main(["calibrate", "--model", str(tiny_checkpoint), "--video", "synthetic:shapes?size=80x60&frames=200",

@@ -45,7 +45,11 @@ def packed(k: int, n: int, group: int, seed: int):
     return pack_awq(q).to(DEVICE), pack_awq(zeros).to(DEVICE), scales.to(DEVICE)
 
 
-def check(m: int, k: int, n: int, group: int, dtype: torch.dtype, seed: int = 0) -> None:
+def check(m: int, k: int, n: int, group: int, dtype: torch.dtype, seed: int = 0, sum_order_floor: bool = False) -> None:
+    """``sum_order_floor``: the floor grows with sqrt(K) fp32 roundings of the largest output, the usual size of
+    the difference between two fp32 summation orders of K terms. On an H200 the compiled fp32 tiles (FMA, no TF32)
+    differed from cuBLAS's fp32 product by up to ~2e-6 of the largest output at K = 2048..11008 (issue 32), 8x
+    cuBLAS's own error against fp64, but well inside this floor; the interpreter adds in numpy's order."""
     qweight, qzeros, scales = packed(k, n, group, seed)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE, dtype)
     got = int4_matmul_triton(x, qweight, qzeros, scales, group)
@@ -54,7 +58,7 @@ def check(m: int, k: int, n: int, group: int, dtype: torch.dtype, seed: int = 0)
     same = int4_matmul_reference(x, qweight, qzeros, scales, group)
     err = float((got.double() - reference).abs().max())
     base = float((same.double() - reference).abs().max())
-    floor = 2 * torch.finfo(torch.float32).eps * float(reference.abs().max())
+    floor = (max(2.0, k ** 0.5) if sum_order_floor else 2.0) * torch.finfo(torch.float32).eps * float(reference.abs().max())
     assert err <= 2 * base + floor, f"[{m}x{k}] @ [{k}x{n}] g{group} {dtype}: {err:.3g} > 2 x {base:.3g} + {floor:.2g}"
 
 
@@ -84,7 +88,7 @@ def test_dispatch_runs_triton_and_leaves_other_groups_to_the_reference(monkeypat
 @pytest.mark.parametrize("k,n", [(2048, 2048), (2048, 256), (2048, 11008), (11008, 2048)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_gpu_int4_matmul_3b_widths(m, k, n, dtype):
-    check(m, k, n, 128, dtype, seed=k + n)
+    check(m, k, n, 128, dtype, seed=k + n, sum_order_floor=True)
 
 
 # ---------------------------------------------------------------------------------------------- Jetson build

@@ -660,9 +660,10 @@ def test_pooled_van_cpu_path_is_the_reference_bit_for_bit(monkeypatch, sizes, pa
     monkeypatch.setattr(van_module, "_WINDOW_READS", 1000)  # several gather chunks
     grid = (4, 6)
     for seed, sparse in ((34, False), (35, True)):
-        meta = toy_slots(4, 2, grid, pairs=9, recent_pairs=2, past_kept=0.3, seed=seed)
+        # on the host even where CUDA is (the GPU's avg_pool2d adds in another order): this is the CPU path
+        meta = {name: t.cpu() for name, t in toy_slots(4, 2, grid, pairs=9, recent_pairs=2, past_kept=0.3, seed=seed).items()}
         n = meta["kind"].shape[2]
-        norms = value_norms_reference(cache_tensor(4, 2, n, n, 16, torch.float32, seed=seed + 10))
+        norms = value_norms_reference(cache_tensor(4, 2, n, n, 16, torch.float32, seed=seed + 10).cpu())
         frame = meta["frame"] * 1000003 if sparse else meta["frame"]
         args = (norms, frame, meta["row"], meta["col"], meta["vision"], grid, sizes)
         got = van_module.pooled_van_torch(*args)

@@ -86,6 +86,7 @@ def test_plan_into_a_closed_pipe_is_quiet():
 
 # ---------------------------------------------------------------------------------------------- voice
 def test_an_8_bit_wav_is_read(tmp_path):
+    pytest.importorskip("faster_whisper", reason="reading audio takes faster-whisper (pip install 'edgekv[voice]')")
     from edgekv.apps.voice.listen import read_wav
 
     rate = 8000

@@ -4,6 +4,7 @@ loads (the daemon prints nothing about the model)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -115,6 +116,8 @@ def test_missing_model_directory_and_wav(tiny_checkpoint, tmp_path):
     path = _deploy(tmp_path, tmp_path / "weights")
     _one_clear_line(_run("--config", str(path)), "model.path", "no such directory")
     path = _deploy(tmp_path, tiny_checkpoint)
+    if importlib.util.find_spec("faster_whisper") is None:  # then the missing voice model is named first
+        pytest.skip("the --voice-wav check comes after the voice model's, which needs faster-whisper")
     _one_clear_line(_run("--config", str(path), "--voice-wav", str(tmp_path / "q.wav")), "--voice-wav", "q.wav")
 
 
