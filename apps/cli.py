@@ -76,13 +76,18 @@ def _add_make_tiny(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
                         help="tiny for tests and demos; 3b is the real Qwen2.5-VL-3B shape (about 15 GB in fp32)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="dtype of the stored weights (bf16 halves a 3b checkpoint to about 7.5 GB)")
     parser.set_defaults(func=_make_tiny)
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
     from edgekv.model.tiny import make_tiny_checkpoint
 
-    out = make_tiny_checkpoint(Path(args.dir), preset=args.preset, seed=args.seed)
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    out = make_tiny_checkpoint(Path(args.dir), preset=args.preset, seed=args.seed, dtype=dtype)
     print(f"wrote a random-weight Qwen2.5-VL checkpoint ({args.preset}) to {out}")
     print("random weights give meaningless answers; point model.path at real Qwen2.5-VL weights for real ones")
     return 0

@@ -38,8 +38,10 @@ class ModelSection:
     host_memory: Literal["retain", "release"] = "retain"
     # How decode reads the language model's weights (edgekv/model/decode_routes.py): "auto" = the C
     # bf16 matrix-vector kernel for a bf16 model on CPU when a C compiler is there, torch otherwise;
-    # "native" insists (refused with the reason when it cannot serve); "eager" = torch's kernels.
-    decode_route: Literal["auto", "eager", "native"] = "auto"
+    # "native" insists (refused with the reason when it cannot serve); "eager" = torch's kernels. On CUDA,
+    # "auto" = "graph": an answer token is one replay of a CUDA graph of the decode step over the capped cache
+    # (edgekv/session/decode_graph.py; a 16/32-bit cache and the torch LLM; an 8-bit cache decodes eagerly).
+    decode_route: Literal["auto", "eager", "native", "graph"] = "auto"
     # The LM head's weights (edgekv/model/decode_routes.py Int8Head): "as_loaded" = the checkpoint's, in the
     # model dtype; "int8" = int8 with an fp32 scale per 128 inputs of a row, the tied embedding read from the
     # same table (3B: 622 MB in bf16 -> 321 MB). Opt-in: it changes the logits. On CPU a C kernel (3B head in

@@ -85,7 +85,7 @@ class Runtime:
             chosen, note = resolve_route(route, self.dtype, self.device, quantized=is_quantized(self.model.language))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        prepare_decode(self.model.language, chosen)
+        prepare_decode(self.model.language, "eager" if chosen == "graph" else chosen)
         if note and route == "auto" and self.dtype is torch.bfloat16 and self.device.type == "cpu":
             log.info("decode: torch's bf16 kernels (%s)", note)
         return chosen, note

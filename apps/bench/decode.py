@@ -55,6 +55,13 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=threads_argument, default="auto", help="torch CPU threads, or auto")
     parser.add_argument("--bandwidth-mib", type=int, default=512, help="buffer size of the bandwidth measurement")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N: the GPU figures (eager, CUDA graph, "
+                                                        "compiled graph; apps/bench/decode_gpu.py)")
+    parser.add_argument("--cuda-routes", default="eager,graph,compiled", help="with --device cuda: comma-separated "
+                                                                              "eager, graph, compiled")
+    parser.add_argument("--capacity", type=int, default=None,
+                        help="cache slots (default: prompt + tokens + 1); the graph reads all of them")
+    parser.add_argument("--profile", action="store_true", help="with --device cuda: the top kernels of a graph token")
     parser.add_argument("--json", default="bench-decode.json")
     parser.add_argument("--plot", default="bench-decode.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_decode)
@@ -187,6 +194,16 @@ def run_decode(args: argparse.Namespace) -> int:
         print(f"read bandwidth {bandwidths[-1] / 1e9:.1f} GB/s ({threads} thread(s))", flush=True)
         return bandwidths[-1]
 
+    if args.device != "cpu":
+        if not (args.device == "cuda" or (args.device.startswith("cuda:") and args.device[5:].isdigit())):
+            raise SystemExit(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
+        from edgekv.apps.bench.decode_gpu import run_decode_cuda
+
+        with tempfile.TemporaryDirectory(prefix="edgekv-bench-decode-") as tmp:
+            result = {"bench": "decode", "model": str(args.model or "tiny random"), "prompt": args.prompt,
+                      "tokens": args.tokens, **run_decode_cuda(args, model_or_tiny(args.model, tmp)), **provenance()}
+        write_figures(result, args.json, args.plot, plot)
+        return 0
     with tempfile.TemporaryDirectory(prefix="edgekv-bench-decode-") as tmp:
         model = model_or_tiny(args.model, tmp)
         rows = []

@@ -371,10 +371,17 @@ def resolve_route(route: str, dtype: torch.dtype, device: torch.device | str,
                   quantized: bool = False) -> tuple[str, str | None]:
     """(route to apply, why ``auto`` did not pick ``native`` or None). ``native`` that cannot serve this
     model raises ValueError with the reason."""
-    if route not in (*ROUTES, "auto"):
-        raise ValueError(f"model.decode_route: unknown route {route!r} (known: auto, {', '.join(ROUTES)})")
+    if route not in (*ROUTES, "auto", "graph"):
+        raise ValueError(f"model.decode_route: unknown route {route!r} (known: auto, {', '.join(ROUTES)}, graph)")
     if route == "eager":
         return "eager", None
+    # "graph" (the session's CUDA graph of a decode step, edgekv/session/decode_graph.py) leaves the weights as
+    # loaded: prepare_decode applies it as "eager"
+    cuda = torch.device(device).type == "cuda"
+    if route == "graph" and not cuda:
+        raise ValueError(f"model.decode_route: graph: a CUDA graph needs a CUDA device (device {device})")
+    if route == "graph" or (route == "auto" and cuda and not quantized):
+        return "graph", None
     reason = native_unavailable(dtype, device, quantized)
     if route == "native" and reason:
         raise ValueError(f"model.decode_route: native: {reason}")

@@ -137,6 +137,8 @@ class Answerer:
                     pairs = tuple(sorted(shares, key=lambda pair: -shares[pair])[:evidence])
                 position = self.text_start() + len(ids)
                 logits = s.llm.logits(hidden[-1])
+                # recall hides slots step by step (a mask the graph does not read): then decode eagerly
+                graph = s.decode_graph() if not recall and max_new_tokens > 1 else None
                 ttft = None
                 decode_start = time.perf_counter()
                 for step in range(max_new_tokens):
@@ -153,11 +155,15 @@ class Answerer:
                         on_token(token)
                     if step == max_new_tokens - 1:
                         break
-                    pos = text_position_ids(position, 1).to(s.device)
-                    hidden = s.prefill(s.embed([token]), pos, ChunkMeta(SlotKind.TEXT, tpos=pos[0]),
-                                       visible=self._answer_visible(recall))
+                    if graph is not None:  # one CUDA graph replay (edgekv/session/decode_graph.py)
+                        graph.feed(token, position)
+                        logits = graph.step()
+                    else:
+                        pos = text_position_ids(position, 1).to(s.device)
+                        hidden = s.prefill(s.embed([token]), pos, ChunkMeta(SlotKind.TEXT, tpos=pos[0]),
+                                           visible=self._answer_visible(recall))
+                        logits = s.llm.logits(hidden[-1])
                     position += 1
-                    logits = s.llm.logits(hidden[-1])
                 decode_s = time.perf_counter() - decode_start
         finally:
             used = max(s.cache.length, video_len + len(ids) + (s.recall_reserve if recall else 0))

@@ -106,6 +106,7 @@ class StreamSession:
             self.recall = Recall(self, self.config.archive)
         self.ingestor = PairIngest(self)
         self.answerer = Answerer(self)
+        self._decode_graph = None  # edgekv.session.decode_graph.DecodeGraph, captured at the first answer token
         self.pair_times: dict[int, float] = {}  # frame pair -> its time, for the pairs the cache still holds
         self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
 
@@ -244,6 +245,19 @@ class StreamSession:
             raise
         self.cache.commit(num)
         return hidden
+
+    def decode_graph(self):
+        """The CUDA graph of one decode step over this session's cache (``model.decode_route: graph``, the default on
+        CUDA), captured at the first call and replayed for every answer token after it: the cache's buffers never
+        move, so the graph stays valid for the session's life. None where answers decode eagerly (another
+        route, an 8-bit cache, an engine's LLM)."""
+        if self.runtime.decode_route != "graph" or self.cache.quantized or self.llm.name != "torch":
+            return None
+        if self._decode_graph is None:
+            from edgekv.session.decode_graph import DecodeGraph
+
+            self._decode_graph = DecodeGraph(self.model.language, self.cache)
+        return self._decode_graph
 
     # ------------------------------------------------------------------ questions (edgekv/session/answer.py)
     @_exclusive

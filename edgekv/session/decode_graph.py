@@ -1,0 +1,152 @@
+"""One decode step of the language model over the capped cache at static shapes: on CUDA, one graph replay.
+
+Why this works here and not in a growing cache: the capped cache is allocated once and never moves
+(DESIGN invariant 1), so every address a decode step touches — the weights, ``cache.k`` / ``cache.v`` and
+the small input buffers below — is fixed for the life of a session. A step captured once as a CUDA graph
+replays for every later answer token of every later question; the host launches one graph instead of the
+~1,500 kernels of a 36-layer step (issue 32).
+
+What changes from step to step lives in device buffers the graph reads, never in Python values:
+
+    token     [1] int64   the token fed in (the embedding row it looks up)
+    position  [1] int64   its text position (M-RoPE rows t = h = w for text: one 1-D rotary angle)
+    slot      [1] int64   the cache slot its K/V go to (= cache.length before the step)
+
+The step writes the new key and value of every layer at ``slot`` (``index_copy_``) and attends over all
+``M`` slots with an additive mask row that is 0 for slots ``<= slot`` and -inf beyond: the same keys the
+eager path (``edgekv.attention.CacheAttention``, one query, no mask over ``[0, slot]``) attends to, read at
+a fixed shape. The cost of the fixed shape is reading K/V of the slots past ``slot``: nothing in the
+steady state of a stream, where the cache is full (a question is asked of a full cache), and at most
+``M x 36 KiB`` (226 MB at M = 6144 for the 3B model) otherwise. The graph then picks the greedy next token
+(``argmax``) and advances its own inputs — token, position and slot — so a greedy chain needs no host
+write between replays; a sampled token is written back with :meth:`DecodeGraph.feed`.
+
+Metadata (``cache.kind`` / ``tpos`` ...) is not written for the decoded slots: they are an answer's, read by
+no policy, and the answerer truncates them when the answer ends (``CappedKVCache.truncate`` clears their
+metadata). An 8-bit cache has no graph here (its writes quantize per slot and read ``tpos``).
+
+Rotary: a text token's three M-RoPE rows are equal, so ``cos/sin = f(position * inv_freq)`` exactly as
+``edgekv.model.rope.mrope_cos_sin`` computes them for equal rows (the same fp32 products). On the CPU (or
+``capture=False``) the same static step runs eagerly: that is what the CPU tests check against the eager
+path, and the CUDA tests check the replay against it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgekv.cache.capped import CappedKVCache
+from edgekv.model.language import Qwen2LM
+
+
+class DecodeGraph:
+    """Decode steps over ``cache`` at static shapes; captured as a CUDA graph when ``capture`` (default: on CUDA).
+
+    ``compile``: run the step through ``torch.compile`` before capturing it (fuses the pointwise work between
+    the matrix products; costs a compilation at construction).
+    """
+
+    def __init__(self, language: Qwen2LM, cache: CappedKVCache, capture: bool | None = None, compile: bool = False,
+                 warmup: int = 2) -> None:
+        if cache.quantized:
+            raise ValueError(f"DecodeGraph needs a 16/32-bit cache; this one stores {cache.dtype} codes")
+        if cache.length >= cache.capacity:
+            raise ValueError(f"DecodeGraph: the cache is full ({cache.length} of {cache.capacity} slots); a decode "
+                             "step needs one free slot")
+        parameter = next(language.parameters())
+        if parameter.device != cache.device:
+            raise ValueError(f"the model is on {parameter.device} and the cache on {cache.device}")
+        self.language = language
+        self.cache = cache
+        self.device = cache.device
+        self.capture = (self.device.type == "cuda") if capture is None else capture
+        if self.capture and self.device.type != "cuda":
+            raise ValueError("a CUDA graph needs a CUDA cache and model")
+        text = language.config
+        self.groups = text.num_attention_heads // text.num_key_value_heads
+        # token, position, slot: one buffer, so that feeding a step is one host-to-device copy
+        self._inputs = torch.zeros(3, dtype=torch.long, device=self.device)
+        self.token, self.position, self.slot = self._inputs[0:1], self._inputs[1:2], self._inputs[2:3]
+        self._host = torch.zeros(3, dtype=torch.long, pin_memory=self.capture)
+        self._slots = torch.arange(cache.capacity, device=self.device)
+        self._inv_freq = language.inv_freq.to(device=self.device, dtype=torch.float32)
+        self._step = torch.compile(self._forward, dynamic=False) if compile else self._forward
+        self.logits: torch.Tensor | None = None  # [V] the last step's logits (a static buffer when captured)
+        self.next_token: torch.Tensor | None = None  # [1] its argmax
+        self.graph = None
+        if self.capture:
+            self._capture(warmup)
+
+    # ------------------------------------------------------------------------------------------------ the step
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """q [Hq, 1, D], k, v [Hkv, 1, D] -> [Hq, 1, D]: write at ``slot``, attend over slots [0, slot]."""
+        cache = self.cache
+        cache.k[layer].index_copy_(1, self.slot, k.to(cache.dtype))
+        cache.v[layer].index_copy_(1, self.slot, v.to(cache.dtype))
+        heads_q, _, dim = q.shape
+        keys, values = cache.k[layer], cache.v[layer]  # [Hkv, M, D]
+        folded = q.reshape(1, keys.shape[0], self.groups, dim)  # the G query heads of each KV head as G queries
+        out = F.scaled_dot_product_attention(folded, keys.unsqueeze(0).to(q.dtype), values.unsqueeze(0).to(q.dtype),
+                                             attn_mask=bias)
+        return out.reshape(heads_q, 1, dim)
+
+    def _forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        language = self.language
+        x = language.embed_tokens(self.token)  # [1, d]
+        angle = self.position.float()[:, None] * self._inv_freq[None]  # [1, D/2] fp32, as mrope_cos_sin
+        angle = torch.cat((angle, angle), dim=-1)
+        cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+        bias = torch.zeros(self.cache.capacity, dtype=x.dtype, device=self.device)
+        bias = bias.masked_fill(self._slots > self.slot, float("-inf")).view(1, 1, 1, -1)  # [1, 1, 1, M]
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return self._attend(layer, q, k, v, bias)
+
+        for index, layer in enumerate(language.layers):
+            x = layer(x, cos, sin, index, attend)
+        logits = language.logits(language.norm(x))[0]  # [V]
+        return logits, logits.argmax().view(1)
+
+    def _advance(self, next_token: torch.Tensor) -> None:
+        """In the graph: the greedy token becomes the next input; position and slot move on by one."""
+        self.token.copy_(next_token)
+        self.position.add_(1)
+        self.slot.add_(1)
+
+    def _capture(self, warmup: int) -> None:
+        # Warm-up and capture write a key and value at the free slot cache.length; the first real step overwrites it.
+        self._host.copy_(torch.tensor([0, 0, self.cache.length]))
+        self._inputs.copy_(self._host)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(max(1, warmup)):  # lazy initialisations (cuBLAS handles, compilation) happen here
+                self._step()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(self.graph):
+            self.logits, self.next_token = self._step()
+            self._advance(self.next_token)
+
+    # ------------------------------------------------------------------------------------------------ use
+    def feed(self, token: int, position: int) -> None:
+        """Set the next step's input token and text position; its slot is the cache's next free one."""
+        self._host[0], self._host[1], self._host[2] = token, position, self.cache.length
+        self._inputs.copy_(self._host)
+
+    def step(self) -> torch.Tensor:
+        """Run one step on the fed (or, after a step, the greedy) inputs; commit its slot; return its logits [V].
+
+        After ``step`` the inputs hold the greedy continuation (the argmax token, position + 1, slot + 1):
+        call ``step`` again to continue greedily, or ``feed`` another token first."""
+        if self.cache.length >= self.cache.capacity:
+            raise ValueError(f"the cache is full ({self.cache.length} of {self.cache.capacity} slots)")
+        with torch.inference_mode():
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self.logits, self.next_token = self._step()
+                self._advance(self.next_token)
+        self.cache.commit(1)
+        return self.logits
