@@ -184,3 +184,15 @@ def test_a_stream_that_ingests_nothing_is_stalled_and_unhealthy(tiny_checkpoint,
         assert _wait_for(lambda: daemon.stream_state == "running"), daemon.stream_state
         status, _, _ = call(running.port, "GET", "/healthz")
         assert status == 200
+
+
+def test_reset_keeps_the_configured_gap_cap(tiny_checkpoint):
+    """``reset()`` rebuilt the clock without video.max_gap_s: after a reset a long pause was capped at the default."""
+    import edgekv
+
+    rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cpu", "dtype": "fp32"},
+                                        video={"resolution": [56, 56], "max_gap_s": 7.5})
+    session = rt.session()
+    assert session.clock.max_gap_s == 7.5
+    session.reset()
+    assert session.clock.max_gap_s == 7.5

@@ -1,5 +1,6 @@
 """What the benches share: provenance of a figure, the JSON + PNG writer, choice lists, a scratch model, a
-daemon in a child process (its own interpreter: the clients of a bench never share its GIL)."""
+daemon in a child process (its own interpreter: the clients of a bench never share its GIL), the bytes a decode
+token reads."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import json
 import os
 import platform
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def provenance() -> dict:
@@ -121,3 +126,15 @@ class ClientThreads:
         self._stop.set()
         for thread in self.threads:
             thread.join(self.join_s)
+
+
+def bytes_per_token(language: torch.nn.Module, kv_slots: int, kv_bytes_per_slot: int) -> int:
+    """Weight bytes one decode step reads (each parameter and buffer once — 4-bit weights, their scales and
+    zero points are buffers; the tied embedding once, in full, as the lm_head) plus the K/V of ``kv_slots`` slots."""
+    seen, total = set(), 0
+    for parameter in [*language.parameters(), *language.buffers()]:
+        if id(parameter) in seen:
+            continue
+        seen.add(id(parameter))
+        total += parameter.numel() * parameter.element_size()
+    return total + kv_slots * kv_bytes_per_slot

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from edgekv.apps.bench.common import bytes_per_token  # noqa: F401 - re-exported: the bench's byte count
 from edgekv.threads import threads_argument
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int4": torch.bfloat16}
@@ -87,18 +88,6 @@ def read_bandwidth(mib: int, repeats: int = 5) -> float:
             read()
             rates.append(buffer.numel() * 4 / (time.perf_counter() - started))
     return max(rates)
-
-
-def bytes_per_token(language: torch.nn.Module, kv_slots: int, kv_bytes_per_slot: int) -> int:
-    """Weight bytes one decode step reads (each parameter and buffer once — 4-bit weights, their scales and
-    zero points are buffers; the tied embedding once, in full, as the lm_head) plus the K/V of ``kv_slots`` slots."""
-    seen, total = set(), 0
-    for parameter in [*language.parameters(), *language.buffers()]:
-        if id(parameter) in seen:
-            continue
-        seen.add(id(parameter))
-        total += parameter.numel() * parameter.element_size()
-    return total + kv_slots * kv_bytes_per_slot
 
 
 def edgekv_decode(model_dir: str, dtype: torch.dtype, route: str, prompt: int, tokens: int, repeats: int,

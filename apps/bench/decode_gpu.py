@@ -26,6 +26,7 @@ import time
 import torch
 
 CUDA_ROUTES = ("eager", "graph", "compiled")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _sync(device: torch.device) -> None:
@@ -225,15 +226,14 @@ def _hf(model_dir: str, dtype: torch.dtype, device: torch.device, prompt: int, t
 def run_decode_cuda(args: argparse.Namespace, model_dir: str, allow_cpu: bool = False) -> dict:
     """The CUDA figures of ``edgekv bench decode`` (``--device cuda``); returns the result dict. ``allow_cpu``
     (tests only): the same code on the CPU, where the graph routes run their static step eagerly."""
-    from edgekv.apps.bench.common import comma_choices
-    from edgekv.apps.bench.decode import _DTYPES, bytes_per_token
+    from edgekv.apps.bench.common import bytes_per_token, comma_choices
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: no CUDA GPU is visible to torch")
     if device.type != "cuda" and not allow_cpu:
         raise SystemExit(f"run_decode_cuda: --device {args.device} is not a CUDA device")
-    dtypes = comma_choices(args.dtypes, {k: v for k, v in _DTYPES.items() if k != "int4"}, "--dtypes", "dtype")
+    dtypes = comma_choices(args.dtypes, _DTYPES, "--dtypes", "dtype")
     routes = comma_choices(args.cuda_routes, {r: r for r in CUDA_ROUTES}, "--cuda-routes", "route")
     capacity = args.capacity or args.prompt + args.tokens + 1
     if args.prompt + args.tokens > capacity:

@@ -62,16 +62,16 @@ class PairIngest:
         pair_index = s.counters.frame_pairs
         with torch.inference_mode():
             pixel_values, grid_thw = s.preprocessor.pair(first, second)
-            vision_start = time.perf_counter()
+            vision_start = self._mark()
             tokens = s.vision.encode(pixel_values.to(s.device, s.dtype), grid_thw.to(s.device))
-            vision_ms = (time.perf_counter() - vision_start) * 1e3
+            vision_ms = (self._mark() - vision_start) * 1e3
             s.policy.observe_pair(pair_index, tokens)
             grid_h, grid_w = int(grid_thw[0, 1]) // s.merge, int(grid_thw[0, 2]) // s.merge
             s.grid = (grid_h, grid_w)
             compression_ms = self.make_room(tokens.shape[0])  # may re-base positions: compute them after
             t_pos = s.clock.position(t_first, s.t_offset)
             positions = vision_block_position_ids(s.video_start, t_pos, grid_h, grid_w).to(s.device)
-            prefill_start = time.perf_counter()
+            prefill_start = self._mark()
             index = torch.arange(tokens.shape[0], device=s.device)
             meta = ChunkMeta(SlotKind.VISION, frame=pair_index, rows=index // grid_w, cols=index % grid_w,
                              tpos=positions[0])
@@ -81,7 +81,7 @@ class PairIngest:
             else:
                 s.prefill(tokens, positions, meta, visible=s.sinks.visibility(), mass_out=s.sinks.mass)
                 s.sinks.update(start, tokens.shape[0])
-            prefill_ms = (time.perf_counter() - prefill_start) * 1e3
+            prefill_ms = (self._mark() - prefill_start) * 1e3
             if s.recall is not None:  # before any compaction can move these slots
                 s.recall.archive_pair(start, tokens.shape[0], pair_index, t_first, int(positions[0, 0]))
         s.next_position = max(s.next_position, int(positions.max()) + 1)
@@ -92,12 +92,21 @@ class PairIngest:
         s.counters.ingest_ms_total += ms
         return IngestResult(frame_index, pair_index, tokens.shape[0], ms, vision_ms, prefill_ms, compression_ms)
 
+    def _mark(self) -> float:
+        """The host clock at a phase boundary. On CUDA the phases' kernels run behind the host: with
+        ``session.sync_phases`` (a bench's switch; off in service, where a sync would stall the stream) the device
+        is synchronized first, so vision / prefill / compression times are each phase's own."""
+        s = self.session
+        if s.sync_phases and s.device.type == "cuda":
+            torch.cuda.synchronize(s.device)
+        return time.perf_counter()
+
     def make_room(self, num_tokens: int) -> float:
         """Ask the policy to free room for ``num_tokens`` more video tokens; returns the ms it took."""
         s = self.session
         if s.cache.length + num_tokens <= s.video_limit:
             return 0.0
-        started = time.perf_counter()
+        started = self._mark()
         before = s.cache.length
         if not s.policy.evicts:
             raise CacheFullError(
@@ -109,7 +118,7 @@ class PairIngest:
         s.policy.compress(s, num_tokens)
         if s.cache.length + num_tokens > s.video_limit:
             raise RuntimeError(f"policy '{s.policy.name}' left {s.cache.length} slots; {num_tokens} do not fit")
-        ms = (time.perf_counter() - started) * 1e3
+        ms = (self._mark() - started) * 1e3
         s.counters.compressions += 1
         s.counters.compression_ms_total += ms
         s.counters.tokens_evicted += before - s.cache.length

@@ -107,6 +107,7 @@ class StreamSession:
         self.ingestor = PairIngest(self)
         self.answerer = Answerer(self)
         self._decode_graph = None  # edgekv.session.decode_graph.DecodeGraph, captured at the first answer token
+        self.sync_phases = False  # True: ingest synchronizes a CUDA device at its phase boundaries (benches' timings)
         self.pair_times: dict[int, float] = {}  # frame pair -> its time, for the pairs the cache still holds
         self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
 
@@ -132,7 +133,7 @@ class StreamSession:
             self.sinks.mass.zero_()
             self.sinks.updates = 0
         self.counters = Counters()
-        self.clock = StreamClock(self.config.video.fps, self.tokens_per_second)
+        self.clock = StreamClock(self.config.video.fps, self.tokens_per_second, self.config.video.max_gap_s)
         self.ingestor = PairIngest(self)
         self.pair_times = {}
         self.t_offset = self.rebases = 0
