@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-MODULES = ("test_int4_kernels.py", "test_kernels.py")
+MODULES = ("test_int4_kernels.py", "test_kernels.py", "test_decode_attention_kernel.py")
 
 
 @dataclass(frozen=True)

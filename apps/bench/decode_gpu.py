@@ -5,8 +5,8 @@ The bound: a token reads every language-model weight once (the tied embedding in
 the K/V it attends over, so it cannot beat ``bandwidth / bytes``. Bandwidth is measured here, on this GPU,
 just before the figures: a device-to-device copy of a 2 GiB buffer counting the bytes read and written
 (the issue's "measured copy bandwidth"), and a streaming read (an fp32 sum of the same buffer); the bound
-uses the higher. Bytes: the weights, plus the K/V of the slots each route reads — the eager route the valid
-prefix, the graph all ``--capacity`` slots (its fixed shape; ``edgekv.session.decode_graph``). The cache is
+uses the higher. Bytes: the weights, plus the K/V of the slots each route reads — the valid prefix, or all
+``--capacity`` slots for a graph whose attention is SDPA with a mask row (no Triton; ``edgekv.session.decode_graph``). The cache is
 filled by a ``--prompt``-token prefill first, so with the default prompt the cache is nearly full, as it is
 when a question is asked of a running stream.
 
@@ -124,7 +124,7 @@ def _graph(language, cache, first: int, prompt: int, tokens: int, repeats: int, 
         _sync(cache.device)
         chained.append((tokens - 1) / (time.perf_counter() - started))
     row = {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tok_s_chained": statistics.median(chained),
-           "tok_s_chained_runs": chained, "tokens": out, "build_s": build_s}
+           "tok_s_chained_runs": chained, "tokens": out, "build_s": build_s, "split_attention": graph.split_attention}
     if profile:
         row["profile"] = _profile(graph, cache, first, prompt)
     cache.truncate(prompt)
@@ -256,7 +256,9 @@ def run_decode_cuda(args: argparse.Namespace, model_dir: str, allow_cpu: bool = 
             else:
                 row = _graph(model.language, cache, first, args.prompt, args.tokens, args.repeats,
                              compile=route == "compiled", profile=args.profile)
-                read = bytes_per_token(model.language, capacity, kv_slot)
+                # the split kernel reads the visible slots; SDPA with a mask row reads all of them
+                read = bytes_per_token(model.language, args.prompt + args.tokens // 2 if row["split_attention"]
+                                       else capacity, kv_slot)
             row = {"engine": "edgekv", "route": route, "dtype": dtype_name, **row, "bytes_per_token": read,
                    "bound_tok_s": bound_rate / read}
             row["share_of_bound"] = row["tok_s"] / row["bound_tok_s"]

@@ -12,12 +12,13 @@ What changes from step to step lives in device buffers the graph reads, never in
     position  [1] int64   its text position (M-RoPE rows t = h = w for text: one 1-D rotary angle)
     slot      [1] int64   the cache slot its K/V go to (= cache.length before the step)
 
-The step writes the new key and value of every layer at ``slot`` (``index_copy_``) and attends over all
-``M`` slots with an additive mask row that is 0 for slots ``<= slot`` and -inf beyond: the same keys the
-eager path (``edgekv.attention.CacheAttention``, one query, no mask over ``[0, slot]``) attends to, read at
-a fixed shape. The cost of the fixed shape is reading K/V of the slots past ``slot``: nothing in the
-steady state of a stream, where the cache is full (a question is asked of a full cache), and at most
-``M x 36 KiB`` (226 MB at M = 6144 for the 3B model) otherwise. The graph then picks the greedy next token
+The step writes the new key and value of every layer at ``slot`` (``index_copy_``) and attends over the
+slots ``[0, slot]`` — the keys the eager path (``edgekv.attention.CacheAttention``, one query) attends to —
+at a fixed launch shape: where Triton runs, with ``edgekv.kernels.decode_attention`` (split over the keys,
+the visible count read from the device; it reads only the visible slots); elsewhere with SDPA over all ``M``
+slots and an additive mask row, 0 for slots ``<= slot`` and -inf beyond (it reads all ``M``: 226 MB a token at
+M = 6144 for the 3B model, nothing extra in the steady state of a stream, where a question meets a full cache).
+On the first H200 run the masked SDPA took half of a 3B token (issue 32); the split kernel is why. The graph then picks the greedy next token
 (``argmax``) and advances its own inputs — token, position and slot — so a greedy chain needs no host
 write between replays; a sampled token is written back with :meth:`DecodeGraph.feed`.
 
@@ -37,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from edgekv.cache.capped import CappedKVCache
+from edgekv.kernels._triton import use_triton
+from edgekv.kernels.decode_attention import decode_attention_triton
 from edgekv.model.language import Qwen2LM
 
 
@@ -44,18 +47,19 @@ class DecodeGraph:
     """Decode steps over ``cache`` at static shapes; captured as a CUDA graph when ``capture`` (default: on CUDA).
 
     ``compile``: run the step through ``torch.compile`` before capturing it (fuses the pointwise work between
-    the matrix products; costs a compilation at construction).
+    the matrix products; costs a compilation at construction). ``split_attention``: the Triton decode-attention
+    kernel (default where Triton runs) or SDPA over all slots with a mask row (``False``).
     """
 
     def __init__(self, language: Qwen2LM, cache: CappedKVCache, capture: bool | None = None, compile: bool = False,
-                 warmup: int = 2) -> None:
+                 warmup: int = 2, split_attention: bool | None = None) -> None:
         if cache.quantized:
             raise ValueError(f"DecodeGraph needs a 16/32-bit cache; this one stores {cache.dtype} codes")
         if cache.length >= cache.capacity:
             raise ValueError(f"DecodeGraph: the cache is full ({cache.length} of {cache.capacity} slots); a decode "
                              "step needs one free slot")
         parameter = next(language.parameters())
-        if parameter.device != cache.device:
+        if parameter.device.type != cache.device.type or (parameter.device.index or 0) != (cache.device.index or 0):
             raise ValueError(f"the model is on {parameter.device} and the cache on {cache.device}")
         self.language = language
         self.cache = cache
@@ -71,6 +75,9 @@ class DecodeGraph:
         self._host = torch.zeros(3, dtype=torch.long, pin_memory=self.capture)
         self._slots = torch.arange(cache.capacity, device=self.device)
         self._inv_freq = language.inv_freq.to(device=self.device, dtype=torch.float32)
+        # Attention: the split Triton kernel where Triton runs (CUDA, or its interpreter), else SDPA over all M
+        # slots with a mask row (edgekv/kernels/decode_attention.py says why the split matters on a GPU)
+        self.split_attention = use_triton(self._slots, cache.k) if split_attention is None else split_attention
         self._step = torch.compile(self._forward, dynamic=False) if compile else self._forward
         self.logits: torch.Tensor | None = None  # [V] the last step's logits (a static buffer when captured)
         self.next_token: torch.Tensor | None = None  # [1] its argmax
@@ -79,13 +86,16 @@ class DecodeGraph:
             self._capture(warmup)
 
     # ------------------------------------------------------------------------------------------------ the step
-    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                visible: torch.Tensor) -> torch.Tensor:
         """q [Hq, 1, D], k, v [Hkv, 1, D] -> [Hq, 1, D]: write at ``slot``, attend over slots [0, slot]."""
         cache = self.cache
         cache.k[layer].index_copy_(1, self.slot, k.to(cache.dtype))
         cache.v[layer].index_copy_(1, self.slot, v.to(cache.dtype))
         heads_q, _, dim = q.shape
         keys, values = cache.k[layer], cache.v[layer]  # [Hkv, M, D]
+        if self.split_attention:  # Triton, split over the keys; reads only the visible slots
+            return decode_attention_triton(q, keys, values, visible)
         folded = q.reshape(1, keys.shape[0], self.groups, dim)  # the G query heads of each KV head as G queries
         out = F.scaled_dot_product_attention(folded, keys.unsqueeze(0).to(q.dtype), values.unsqueeze(0).to(q.dtype),
                                              attn_mask=bias)
@@ -97,11 +107,14 @@ class DecodeGraph:
         angle = self.position.float()[:, None] * self._inv_freq[None]  # [1, D/2] fp32, as mrope_cos_sin
         angle = torch.cat((angle, angle), dim=-1)
         cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-        bias = torch.zeros(self.cache.capacity, dtype=x.dtype, device=self.device)
-        bias = bias.masked_fill(self._slots > self.slot, float("-inf")).view(1, 1, 1, -1)  # [1, 1, 1, M]
+        visible = self.slot + 1  # [1] slots [0, slot] are seen
+        bias = None
+        if not self.split_attention:
+            bias = torch.zeros(self.cache.capacity, dtype=x.dtype, device=self.device)
+            bias = bias.masked_fill(self._slots > self.slot, float("-inf")).view(1, 1, 1, -1)  # [1, 1, 1, M]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return self._attend(layer, q, k, v, bias)
+            return self._attend(layer, q, k, v, bias, visible)
 
         for index, layer in enumerate(language.layers):
             x = layer(x, cos, sin, index, attend)
