@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--json", default="decode-3b.json")
     parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--compiled", action="store_true", help="also the graph of the torch.compile'd step")
     args = parser.parse_args()
 
     from edgekv.apps.bench.common import bytes_per_token
@@ -139,7 +140,27 @@ def main() -> None:
     for kernel in profile["top"][:8]:
         print(f"   {kernel['us_per_token']:7.1f} us  x{kernel['calls_per_token']:5.0f}  {kernel['name'][:90]}", flush=True)
     save()
-    del graph, cache, language
+    del graph
+    if args.compiled:
+        t0 = time.perf_counter()
+        compiled = DecodeGraph(language, cache, compile=True)
+        sync()
+        build_s = time.perf_counter() - t0
+        rates = []
+        for _ in range(3):
+            cache.truncate(args.prompt)
+            compiled.feed(first, args.prompt)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.tokens - 1):
+                compiled.step()
+                int(compiled.next_token)
+            rates.append((args.tokens - 1) / (time.perf_counter() - t0))
+        row("compiled", statistics.median(rates), bytes_per_token(language, slots_read, kv_slot), build_s=build_s)
+        result["compiled_profile"] = _profile(compiled, cache, first, args.prompt, steps=4)
+        save()
+        del compiled
+    del cache, language
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
