@@ -1,4 +1,5 @@
-"""The split decode-attention kernel (kernels/decode_attention.py) against the eager decode path.
+"""The decode step's Triton kernels against the eager decode path: the split attention
+(kernels/decode_attention.py) and the fused small work between the products (kernels/decode_fused.py).
 
 As in ``test_kernels.py``: on CPU the kernel runs in Triton's interpreter (this module runs again in a subprocess
 with ``TRITON_INTERPRET=1``: ``helpers_interpreter.py``), on CUDA compiled; ``gpu`` tests at the 3B shape.
@@ -80,19 +81,84 @@ def test_the_split_covers_every_slot_and_takes_strided_cache_layers():
 
 
 @needs_triton
-def test_the_decode_graph_step_through_the_kernel_is_the_eager_decode():
+@pytest.mark.parametrize("fused", [False, True], ids=["layers", "fused"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 0.05)], ids=["fp32", "bf16"])
+def test_the_decode_graph_step_through_the_kernels_is_the_eager_decode(fused, dtype, tol):
     from test_decode_graph import eager_steps, filled_cache, graph_steps, language_model
 
     from edgekv.session.decode_graph import DecodeGraph
 
-    model = language_model(torch.float32, str(DEVICE))
+    model = language_model(dtype, str(DEVICE))
     eager_cache, graph_cache = filled_cache(model, 96, 21, str(DEVICE)), filled_cache(model, 96, 21, str(DEVICE))
     want_tokens, want = eager_steps(model, eager_cache, 7, 30, 6)
-    graph = DecodeGraph(model, graph_cache, capture=CUDA)
-    assert graph.split_attention
+    graph = DecodeGraph(model, graph_cache, capture=CUDA, fused=fused)
+    assert graph.split_attention and graph.fused == fused
     got_tokens, got = graph_steps(graph, 7, 30, 6)
     assert got_tokens == want_tokens
-    assert (got - want).abs().max() <= 2e-5 * want.abs().max()
+    assert (got - want).abs().max() <= tol * want.abs().max()
+    end = graph_cache.length
+    assert torch.allclose(graph_cache.k[:, :, :end].float(), eager_cache.k[:, :, :end].float(), atol=tol, rtol=tol)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_the_fused_small_work_rounds_as_torch(dtype):
+    """bf16 / fp16: every rounding where torch's eager ops round, so the same bits (the norm's mean may differ in
+    its last fp32 bit: one ulp where that moves a tie); fp32: within a few ulps (the kernels' exp and rsqrt)."""
+    import torch.nn.functional as F
+
+    from edgekv.kernels.decode_fused import add_rms_norm, rope_write, silu_mul
+    from edgekv.model.language import RMSNorm
+    from edgekv.model.rope import apply_rotary
+
+    gen = torch.Generator().manual_seed(9)
+    exact = dtype != torch.float32
+
+    def close(got, want):
+        if exact:
+            ulp = torch.finfo(dtype).eps * want.float().abs().clamp_min(torch.finfo(dtype).tiny)
+            return bool(((got.float() - want.float()).abs() <= ulp).all()) and (got != want).float().mean() < 0.02
+        return torch.allclose(got, want, rtol=4e-6, atol=1e-6)
+
+    x = (torch.randn(1, 300, generator=gen) * 3).to(DEVICE, dtype)
+    delta = torch.randn(1, 300, generator=gen).to(DEVICE, dtype)
+    norm = RMSNorm(300, 1e-6).to(DEVICE)
+    norm.weight.data = (1 + 0.1 * torch.randn(300, generator=gen)).to(DEVICE, dtype)
+    summed, h = add_rms_norm(x, delta, norm.weight, 1e-6)
+    assert torch.equal(summed, x + delta) and close(h, norm(x + delta))
+    same, h_only = add_rms_norm(x, None, norm.weight, 1e-6)
+    assert same is x and close(h_only, norm(x))
+    gate, up = (torch.randn(2, 1, 700, generator=gen) * 3).to(DEVICE, dtype)
+    assert close(silu_mul(gate, up), F.silu(gate) * up)
+    heads_q, heads_kv, dim, slots = 8, 2, 32, 40
+    q, k, v = (torch.randn(3, heads_q * dim, generator=gen)).to(DEVICE, dtype)[:, : heads_q * dim]
+    k, v = k[: heads_kv * dim], v[: heads_kv * dim]
+    angle = torch.arange(dim // 2, dtype=torch.float32) * 1.7
+    angle = torch.cat([angle, angle])
+    cos, sin = angle.cos().to(DEVICE, dtype), angle.sin().to(DEVICE, dtype)
+    cache_k = torch.zeros(3, heads_kv, slots, dim, dtype=dtype, device=DEVICE)
+    cache_v = torch.zeros_like(cache_k)
+    rotated = rope_write(q, k, v, cos, sin, cache_k[1], cache_v[1], torch.tensor([17], device=DEVICE))
+    assert torch.equal(rotated, apply_rotary(q.view(heads_q, 1, dim), cos[None], sin[None]))
+    assert torch.equal(cache_k[1, :, 17], apply_rotary(k.view(heads_kv, 1, dim), cos[None], sin[None])[:, 0])
+    assert torch.equal(cache_v[1, :, 17], v.view(heads_kv, dim))
+    written = cache_k.abs().sum(-1) != 0
+    assert int(written.sum()) == heads_kv and bool(written[1, :, 17].all())  # nothing else written
+
+
+def test_fusable_names_what_it_cannot_fuse():
+    from test_decode_graph import filled_cache, language_model
+
+    from edgekv.model.decode_routes import quantize_lm_head  # noqa: F401 - the routes a layer may carry
+    from edgekv.session.decode_graph import DecodeGraph, fusable
+
+    model = language_model(torch.float32, "cpu")
+    cache = filled_cache(model, 32, 4, "cpu")
+    assert fusable(model, cache) is None
+    model.layers[1].mlp.up_proj = torch.nn.Sequential(model.layers[1].mlp.up_proj)
+    assert "layer 1" in fusable(model, cache)
+    with pytest.raises(ValueError, match="fused decode step"):
+        DecodeGraph(model, cache, capture=False, split_attention=True, fused=True)
 
 
 @pytest.mark.gpu

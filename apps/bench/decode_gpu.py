@@ -124,7 +124,8 @@ def _graph(language, cache, first: int, prompt: int, tokens: int, repeats: int, 
         _sync(cache.device)
         chained.append((tokens - 1) / (time.perf_counter() - started))
     row = {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tok_s_chained": statistics.median(chained),
-           "tok_s_chained_runs": chained, "tokens": out, "build_s": build_s, "split_attention": graph.split_attention}
+           "tok_s_chained_runs": chained, "tokens": out, "build_s": build_s, "split_attention": graph.split_attention,
+           "fused": graph.fused}
     if profile:
         row["profile"] = _profile(graph, cache, first, prompt)
     cache.truncate(prompt)

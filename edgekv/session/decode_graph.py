@@ -40,7 +40,29 @@ import torch.nn.functional as F
 from edgekv.cache.capped import CappedKVCache
 from edgekv.kernels._triton import use_triton
 from edgekv.kernels.decode_attention import decode_attention_triton
+from edgekv.kernels.decode_fused import add_rms_norm, rope_write, silu_mul
 from edgekv.model.language import Qwen2LM
+
+
+def fusable(language: Qwen2LM, cache: CappedKVCache) -> str | None:
+    """Why the fused decode step cannot run this model, or None when it can: the plain Qwen2 layers (torch
+    linears, SiLU, no replaced or fused forward), a 16/32-bit dtype and a power-of-two head_dim."""
+    from torch import nn
+
+    dtype = next(language.parameters()).dtype
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16) or cache.dtype != dtype:
+        return f"the model ({dtype}) and the cache ({cache.dtype}) must share a 16/32-bit float dtype"
+    head_dim = language.config.head_dim
+    if head_dim & (head_dim - 1):
+        return f"head_dim {head_dim} is not a power of two"
+    for index, layer in enumerate(language.layers):
+        linears = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                   layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+        if any(type(linear) is not nn.Linear for linear in linears):
+            return f"layer {index} has a replaced projection (4-bit or another route)"
+        if layer.mlp.act is not F.silu or layer.fused is not None:
+            return f"layer {index} is not the plain SiLU layer"
+    return None
 
 
 class DecodeGraph:
@@ -48,11 +70,12 @@ class DecodeGraph:
 
     ``compile``: run the step through ``torch.compile`` before capturing it (fuses the pointwise work between
     the matrix products; costs a compilation at construction). ``split_attention``: the Triton decode-attention
-    kernel (default where Triton runs) or SDPA over all slots with a mask row (``False``).
+    kernel (default where Triton runs) or SDPA over all slots with a mask row (``False``). ``fused``: the layers'
+    small work in three Triton kernels (default where the split attention runs and :func:`fusable` allows).
     """
 
     def __init__(self, language: Qwen2LM, cache: CappedKVCache, capture: bool | None = None, compile: bool = False,
-                 warmup: int = 2, split_attention: bool | None = None) -> None:
+                 warmup: int = 2, split_attention: bool | None = None, fused: bool | None = None) -> None:
         if cache.quantized:
             raise ValueError(f"DecodeGraph needs a 16/32-bit cache; this one stores {cache.dtype} codes")
         if cache.length >= cache.capacity:
@@ -78,6 +101,12 @@ class DecodeGraph:
         # Attention: the split Triton kernel where Triton runs (CUDA, or its interpreter), else SDPA over all M
         # slots with a mask row (edgekv/kernels/decode_attention.py says why the split matters on a GPU)
         self.split_attention = use_triton(self._slots, cache.k) if split_attention is None else split_attention
+        # The layers' small work in three Triton kernels (edgekv/kernels/decode_fused.py), where Triton runs and the
+        # layers are the plain Qwen2 ones (torch linears, SiLU); else each layer's own forward
+        eligible = fusable(language, cache)
+        if fused and not (self.split_attention and eligible is None):
+            raise ValueError(f"fused decode step: {eligible or 'needs the split attention kernel (Triton)'}")
+        self.fused = self.split_attention and eligible is None if fused is None else fused
         self._step = torch.compile(self._forward, dynamic=False) if compile else self._forward
         self.logits: torch.Tensor | None = None  # [V] the last step's logits (a static buffer when captured)
         self.next_token: torch.Tensor | None = None  # [1] its argmax
@@ -116,10 +145,37 @@ class DecodeGraph:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return self._attend(layer, q, k, v, bias, visible)
 
-        for index, layer in enumerate(language.layers):
-            x = layer(x, cos, sin, index, attend)
-        logits = language.logits(language.norm(x))[0]  # [V]
+        if self.fused:
+            hidden = self._fused_layers(x, cos[0], sin[0], visible)
+        else:
+            for index, layer in enumerate(language.layers):
+                x = layer(x, cos, sin, index, attend)
+            hidden = language.norm(x)
+        logits = language.logits(hidden)[0]  # [V]
         return logits, logits.argmax().view(1)
+
+    def _fused_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      visible: torch.Tensor) -> torch.Tensor:
+        """The decoder stack with its small work fused: 13 launches a layer (edgekv/kernels/decode_fused.py).
+        x [1, d] -> the final-normed hidden [1, d]; the same roundings as the layers' own forward."""
+        language, cache = self.language, self.cache
+        layers = language.layers
+        first = layers[0].input_layernorm
+        x, h = add_rms_norm(x.contiguous(), None, first.weight, first.eps)
+        for index, layer in enumerate(layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias)
+            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias)
+            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias)
+            q = rope_write(q, k, v, cos, sin, cache.k[index], cache.v[index], self.slot)  # [Hq, 1, D]
+            out = decode_attention_triton(q, cache.k[index], cache.v[index], visible)
+            out = F.linear(out.reshape(1, -1), attn.o_proj.weight)
+            norm = layer.post_attention_layernorm
+            x, h = add_rms_norm(x, out, norm.weight, norm.eps)
+            gated = silu_mul(F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight))
+            norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else language.norm
+            x, h = add_rms_norm(x, F.linear(gated, mlp.down_proj.weight), norm.weight, norm.eps)
+        return h
 
     def _advance(self, next_token: torch.Tensor) -> None:
         """In the graph: the greedy token becomes the next input; position and slot move on by one."""

@@ -104,46 +104,53 @@ def main() -> None:
     cache.truncate(args.prompt)
     row("eager", max(rates), bytes_per_token(language, args.prompt + args.tokens // 2, kv_slot))
 
-    # graph
-    t0 = time.perf_counter()
-    graph = DecodeGraph(language, cache)
-    sync()
-    build_s = time.perf_counter() - t0
-    rates, chained, graph_tokens = [], [], []
-    for _ in range(3):
-        cache.truncate(args.prompt)
-        graph.feed(first, args.prompt)
-        graph_tokens = [first]
-        sync()
+    # graph: as the session builds it (split attention + fused small work where Triton runs), then the two
+    # configurations before it, so each change has its own figure: the split attention alone, and SDPA's mask row
+    variants = [("graph", {}), ("graph-split", {"fused": False}), ("graph-sdpa", {"split_attention": False, "fused": False})]
+    slots_read = args.capacity
+    for name, options in variants:
         t0 = time.perf_counter()
-        for _ in range(args.tokens - 1):
-            graph.step()
-            graph_tokens.append(int(graph.next_token))
-        rates.append((args.tokens - 1) / (time.perf_counter() - t0))
-        cache.truncate(args.prompt)
-        graph.feed(first, args.prompt)
+        graph = DecodeGraph(language, cache, **options)
         sync()
-        t0 = time.perf_counter()
-        for _ in range(args.tokens - 1):
-            graph.step()
-        sync()
-        chained.append((args.tokens - 1) / (time.perf_counter() - t0))
-    slots_read = args.prompt + args.tokens // 2 if graph.split_attention else args.capacity
-    row("graph", statistics.median(rates), bytes_per_token(language, slots_read, kv_slot),
-        chained_tok_s=statistics.median(chained), build_s=build_s, tokens_match_eager=graph_tokens == eager_tokens,
-        split_attention=graph.split_attention)
-    profile = _profile(graph, cache, first, args.prompt, steps=4)
-    result["graph_profile"] = profile
-    kinds = ", ".join(f"{k} {v:.0f}" for k, v in sorted(profile["by_kind_us_per_token"].items(), key=lambda i: -i[1]))
-    print(f"profile ({profile['profiled']}): {profile['kernels_per_token']:.0f} kernels, "
-          f"{profile['device_us_per_token']:.0f} us a token: {kinds}", flush=True)
-    for kernel in profile["top"][:8]:
-        print(f"   {kernel['us_per_token']:7.1f} us  x{kernel['calls_per_token']:5.0f}  {kernel['name'][:90]}", flush=True)
-    save()
-    del graph
+        build_s = time.perf_counter() - t0
+        rates, chained, graph_tokens = [], [], []
+        for _ in range(3):
+            cache.truncate(args.prompt)
+            graph.feed(first, args.prompt)
+            graph_tokens = [first]
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.tokens - 1):
+                graph.step()
+                graph_tokens.append(int(graph.next_token))
+            rates.append((args.tokens - 1) / (time.perf_counter() - t0))
+            cache.truncate(args.prompt)
+            graph.feed(first, args.prompt)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.tokens - 1):
+                graph.step()
+            sync()
+            chained.append((args.tokens - 1) / (time.perf_counter() - t0))
+        read = args.prompt + args.tokens // 2 if graph.split_attention else args.capacity
+        if name == "graph":
+            slots_read = read
+        row(name, statistics.median(rates), bytes_per_token(language, read, kv_slot),
+            chained_tok_s=statistics.median(chained), build_s=build_s, tokens_match_eager=graph_tokens == eager_tokens,
+            split_attention=graph.split_attention, fused=graph.fused)
+        profile = _profile(graph, cache, first, args.prompt, steps=4)
+        result[f"{name}_profile"] = profile
+        kinds = ", ".join(f"{k} {v:.0f}" for k, v in sorted(profile["by_kind_us_per_token"].items(), key=lambda i: -i[1]))
+        print(f"  profile ({profile['profiled']}): {profile['kernels_per_token']:.0f} kernels, "
+              f"{profile['device_us_per_token']:.0f} us a token: {kinds}", flush=True)
+        for kernel in profile["top"][:6]:
+            print(f"   {kernel['us_per_token']:7.1f} us  x{kernel['calls_per_token']:5.0f}  {kernel['name'][:90]}",
+                  flush=True)
+        save()
+        del graph
     if args.compiled:
         t0 = time.perf_counter()
-        compiled = DecodeGraph(language, cache, compile=True)
+        compiled = DecodeGraph(language, cache, compile=True, fused=False)  # compile fuses the layers' own ops
         sync()
         build_s = time.perf_counter() - t0
         rates = []
