@@ -208,3 +208,34 @@ def test_a_session_answers_the_same_through_the_static_step(tiny_checkpoint):
         assert (session.decode_graph() is not None) == (route == "graph")
     assert results["graph"] == results["eager"]
     assert any(len(ids) > 3 for ids, _ in results["eager"])
+
+
+def test_a_graph_that_does_not_build_falls_back_and_says_why(tiny_checkpoint, monkeypatch, caplog):
+    """A kernel that fails to build on a GPU (none of the Triton kernels had run on one when this was written) must
+    not cost the answer: the session tries the graph without the Triton kernels, then decodes eagerly, once."""
+    import numpy as np
+
+    import edgekv
+    from edgekv.session import decode_graph as module
+
+    built = []
+
+    class Failing(module.DecodeGraph):
+        def __init__(self, *args, **options):
+            built.append(options)
+            raise RuntimeError("triton: no kernel image for this device")
+
+    monkeypatch.setattr(module, "DecodeGraph", Failing)
+    rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cpu", "dtype": "fp32"},
+                                        video={"resolution": [56, 56]}, cache={"max_tokens": 1024})
+    rt.decode_route = "graph"
+    session = rt.session()
+    session.ingest(np.zeros((56, 56, 3), dtype=np.uint8), t=0.0)
+    session.ingest(np.zeros((56, 56, 3), dtype=np.uint8), t=0.5)
+    with caplog.at_level("WARNING", logger="edgekv.session"):
+        first = session.ask("what is red?", max_new_tokens=6)
+        second = session.ask("what is red?", max_new_tokens=6)
+    assert first.token_ids == second.token_ids and first.token_ids
+    assert built == [{}, {"split_attention": False, "fused": False}]  # tried once each, not again per answer
+    assert session.decode_graph() is None
+    assert "no kernel image" in caplog.text and caplog.text.count("decode graph unavailable") == 1

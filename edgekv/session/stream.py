@@ -23,6 +23,7 @@ continues the video as if no one had asked (DESIGN: "question tokens dropped").
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import threading
 import time
@@ -255,10 +256,24 @@ class StreamSession:
         if self.runtime.decode_route != "graph" or self.cache.quantized or self.llm.name != "torch":
             return None
         if self._decode_graph is None:
-            from edgekv.session.decode_graph import DecodeGraph
+            self._decode_graph = self._build_decode_graph()
+        return self._decode_graph or None
 
-            self._decode_graph = DecodeGraph(self.model.language, self.cache)
-        return self._decode_graph
+    def _build_decode_graph(self):
+        """The decode graph as fast as it builds here: the Triton kernels (split attention, fused layers), else the
+        graph of the layers' own torch ops with SDPA (the configuration first run on an H200), else none — answers
+        then decode eagerly for the rest of the session (False, remembered), with one warning that says why."""
+        from edgekv.session.decode_graph import DecodeGraph
+
+        reasons = []
+        for options in ({}, {"split_attention": False, "fused": False}):
+            try:
+                return DecodeGraph(self.model.language, self.cache, **options)
+            except Exception as exc:  # a kernel that does not build on this GPU must not cost the answer
+                reasons.append(f"{options or 'default'}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        logging.getLogger("edgekv.session").warning("decode graph unavailable, answers decode eagerly (%s)",
+                                                    "; ".join(reasons))
+        return False
 
     # ------------------------------------------------------------------ questions (edgekv/session/answer.py)
     @_exclusive
