@@ -239,3 +239,25 @@ def test_a_graph_that_does_not_build_falls_back_and_says_why(tiny_checkpoint, mo
     assert built == [{}, {"split_attention": False, "fused": False}]  # tried once each, not again per answer
     assert session.decode_graph() is None
     assert "no kernel image" in caplog.text and caplog.text.count("decode graph unavailable") == 1
+
+
+def test_packing_the_projections_changes_no_value_and_no_memory():
+    from edgekv.session.decode_graph import _packed, pack_projections
+
+    model = language_model(torch.float32, "cpu")
+    ids = torch.tensor([3, 1, 4, 1, 5])
+    positions = text_position_ids(0, 5)
+    from edgekv.model.language import dense_causal_attend
+
+    with torch.inference_mode():
+        before = model(model.embed_tokens(ids), positions, dense_causal_attend)
+    weights = sum(p.numel() for p in model.parameters())
+    assert pack_projections(model) == 3 and pack_projections(model) == 0  # once
+    attn = model.layers[0].self_attn
+    assert _packed(attn) and attn.qkv_weight.shape[0] == attn.q_proj.weight.shape[0] + 2 * attn.k_proj.weight.shape[0]
+    assert attn.k_proj.weight.is_contiguous() and attn.k_proj.weight.data_ptr() > attn.qkv_weight.data_ptr()
+    assert sum(p.numel() for p in model.parameters()) == weights
+    with torch.inference_mode():
+        assert torch.equal(model(model.embed_tokens(ids), positions, dense_causal_attend), before)
+    model.to(torch.float64)  # new tensors: the packed one no longer backs the projections
+    assert not _packed(model.layers[0].self_attn)
