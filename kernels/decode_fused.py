@@ -15,8 +15,9 @@ time and more than the weights' 1.5 ms at the copy rate. Here each group is one 
   the rotated key and the value written at the cache slot read from the device (what ``index_copy_`` did).
 * ``silu_mul``: ``silu(gate) * up``, the SiLU rounded to the dtype before the product, as torch's two ops.
 
-Per decoder layer the fused step launches: add_rms_norm, 3 projections, rope_write, the split attention (2),
-the o projection, add_rms_norm, gate and up, silu_mul, down — 13 kernels instead of ~43.
+Per decoder layer the fused step (``edgekv.session.decode_graph``) launches: the q/k/v product (packed),
+rope_write, the split attention (2), the o product, add_rms_norm, gate and up, silu_mul, down, add_rms_norm —
+11 kernels instead of ~43.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ the K/V it attends over, so it cannot beat ``bandwidth / bytes``. Bandwidth is m
 just before the figures: a device-to-device copy of a 2 GiB buffer counting the bytes read and written
 (the issue's "measured copy bandwidth"), and a streaming read (an fp32 sum of the same buffer); the bound
 uses the higher. Bytes: the weights, plus the K/V of the slots each route reads — the valid prefix, or all
-``--capacity`` slots for a graph whose attention is SDPA with a mask row (no Triton; ``edgekv.session.decode_graph``). The cache is
-filled by a ``--prompt``-token prefill first, so with the default prompt the cache is nearly full, as it is
-when a question is asked of a running stream.
+``--capacity`` slots for a graph whose attention is SDPA with a mask row (no Triton;
+``edgekv.session.decode_graph``). The cache is filled by a ``--prompt``-token prefill first, so a prompt near
+the capacity fills it as a running stream's cache is filled when a question comes.
 
 Rates: ``tok_s`` synchronizes on every token (the host reads each token to stream the answer out, as
 ``StreamSession.ask`` does); ``tok_s_chained`` (graph routes) replays the greedy chain and synchronizes once at

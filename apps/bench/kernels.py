@@ -20,7 +20,8 @@ calls (``sets`` says how many copies the quantized side had). The Triton and bf1
 CUDA graph, as the decode step is (``edgekv/session/decode_graph.py``): without it a 2048-wide GEMV, a few
 microseconds of memory traffic, would time Python and kernel-launch overhead (``--no-graph`` to see that).
 The eager references are timed eagerly, as their name says (the 4-bit one also indexes with host lists,
-which a graph cannot capture), over at most ``REFERENCE_SETS`` of the copies. On CPU there is one copy and no graph: per-call medians, as the other rows.
+which a graph cannot capture), over at most ``REFERENCE_SETS`` of the copies. On CPU there is one copy and no
+graph: per-call medians, as the other rows.
 """
 
 from __future__ import annotations

@@ -18,9 +18,11 @@ at a fixed launch shape: where Triton runs, with ``edgekv.kernels.decode_attenti
 the visible count read from the device; it reads only the visible slots); elsewhere with SDPA over all ``M``
 slots and an additive mask row, 0 for slots ``<= slot`` and -inf beyond (it reads all ``M``: 226 MB a token at
 M = 6144 for the 3B model, nothing extra in the steady state of a stream, where a question meets a full cache).
-On the first H200 run the masked SDPA took half of a 3B token (issue 32); the split kernel is why. The graph then picks the greedy next token
-(``argmax``) and advances its own inputs — token, position and slot — so a greedy chain needs no host
-write between replays; a sampled token is written back with :meth:`DecodeGraph.feed`.
+On the first H200 run the masked SDPA took half of a 3B token (issue 32); the split kernel is why. Where Triton
+runs, the layers' small work is fused too (``edgekv.kernels.decode_fused``, q/k/v packed into one product:
+11 launches a layer). The graph then picks the greedy next token (``argmax``) and advances its own inputs —
+token, position and slot — so a greedy chain needs no host write between replays; a sampled token is written
+back with :meth:`DecodeGraph.feed`.
 
 Metadata (``cache.kind`` / ``tpos`` ...) is not written for the decoded slots: they are an answer's, read by
 no policy, and the answerer truncates them when the answer ends (``CappedKVCache.truncate`` clears their
@@ -142,7 +144,8 @@ class DecodeGraph:
         eligible = fusable(language, cache)
         if fused and not (self.split_attention and eligible is None):
             raise ValueError(f"fused decode step: {eligible or 'needs the split attention kernel (Triton)'}")
-        self.fused = self.split_attention and eligible is None if fused is None else fused
+        # (a compiled step fuses the layers' own ops: by default it keeps them)
+        self.fused = (not compile and self.split_attention and eligible is None) if fused is None else fused
         if self.fused:
             pack_projections(language)
         self._step = torch.compile(self._forward, dynamic=False) if compile else self._forward
@@ -194,7 +197,7 @@ class DecodeGraph:
 
     def _fused_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                       visible: torch.Tensor) -> torch.Tensor:
-        """The decoder stack with its small work fused: 13 launches a layer (edgekv/kernels/decode_fused.py).
+        """The decoder stack with its small work fused: 11 launches a layer (edgekv/kernels/decode_fused.py).
         x [1, d] -> the final-normed hidden [1, d]; the same roundings as the layers' own forward."""
         language, cache = self.language, self.cache
         layers = language.layers

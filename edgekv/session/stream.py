@@ -270,7 +270,8 @@ class StreamSession:
             try:
                 return DecodeGraph(self.model.language, self.cache, **options)
             except Exception as exc:  # a kernel that does not build on this GPU must not cost the answer
-                reasons.append(f"{options or 'default'}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+                first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
+                reasons.append(f"{options or 'default'}: {type(exc).__name__}: {first_line}")
         logging.getLogger("edgekv.session").warning("decode graph unavailable, answers decode eagerly (%s)",
                                                     "; ".join(reasons))
         return False
