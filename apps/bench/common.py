@@ -138,3 +138,46 @@ def bytes_per_token(language: torch.nn.Module, kv_slots: int, kv_bytes_per_slot:
         seen.add(id(parameter))
         total += parameter.numel() * parameter.element_size()
     return total + kv_slots * kv_bytes_per_slot
+
+
+def hf_decode(model_dir: str, dtype: "torch.dtype", prompt: int, tokens: int, repeats: int,
+              device: "torch.device | str" = "cpu") -> dict:
+    """tok/s of transformers' greedy ``generate``, same prompt: a logits processor stamps the time at each
+    step, so a token's time is the gap between consecutive stamps (prefill excluded, one run suffices)."""
+    import gc
+    import statistics
+    import time
+
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5_VLForConditionalGeneration
+
+    from edgekv.model.builtin import resolve_model_path
+
+    class StepClock(LogitsProcessor):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if device.type == "cuda":  # the step's kernels done: the stamp is the token's, not its launch's
+                torch.cuda.synchronize(device)
+            self.stamps.append(time.perf_counter())
+            return scores
+
+    device = torch.device(device)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(resolve_model_path(model_dir)), dtype=dtype)
+    model = model.to(device).eval()
+    vocab = model.config.text_config.vocab_size if hasattr(model.config, "text_config") else model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(0)).to(device)
+    rates, generated = [], []
+    for _ in range(repeats):
+        clock = StepClock()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                                 min_new_tokens=tokens, do_sample=False, logits_processor=LogitsProcessorList([clock]))
+        generated = out[0, prompt:].tolist()
+        rates.append((len(clock.stamps) - 1) / (clock.stamps[-1] - clock.stamps[0]))
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tokens": generated}

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from edgekv.apps.bench.common import bytes_per_token  # noqa: F401 - re-exported: the bench's byte count
+from edgekv.apps.bench.common import bytes_per_token, hf_decode  # noqa: F401 - bytes_per_token re-exported
 from edgekv.threads import threads_argument
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int4": torch.bfloat16}
@@ -129,37 +129,6 @@ def edgekv_decode(model_dir: str, dtype: torch.dtype, route: str, prompt: int, t
     gc.collect()
     return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "bytes_per_token": read, "tokens": generated,
             **route_info}
-
-
-def hf_decode(model_dir: str, dtype: torch.dtype, prompt: int, tokens: int, repeats: int) -> dict:
-    """tok/s of transformers' greedy ``generate``, same prompt: a logits processor stamps the time at each
-    step, so a token's time is the gap between consecutive stamps (prefill excluded, one run suffices)."""
-    from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5_VLForConditionalGeneration
-
-    from edgekv.model.builtin import resolve_model_path
-
-    class StepClock(LogitsProcessor):
-        def __init__(self) -> None:
-            self.stamps: list[float] = []
-
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            self.stamps.append(time.perf_counter())
-            return scores
-
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(resolve_model_path(model_dir)), dtype=dtype).eval()
-    vocab = model.config.text_config.vocab_size if hasattr(model.config, "text_config") else model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
-    rates, generated = [], []
-    for _ in range(repeats):
-        clock = StepClock()
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                 min_new_tokens=tokens, do_sample=False, logits_processor=LogitsProcessorList([clock]))
-        generated = out[0, prompt:].tolist()
-        rates.append((len(clock.stamps) - 1) / (clock.stamps[-1] - clock.stamps[0]))
-    del model
-    gc.collect()
-    return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tokens": generated}
 
 
 def run_decode(args: argparse.Namespace) -> int:

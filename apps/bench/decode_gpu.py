@@ -19,6 +19,7 @@ profiler) and their time grouped by kind: where a token's time goes.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import time
@@ -40,8 +41,8 @@ def copy_bandwidth(device: torch.device, mib: int = 2048, repeats: int = 10) -> 
     src = torch.empty(mib * 2**20 // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     rates = {"copy": [], "read": []}
-    for name, op, moved in (("copy", lambda: dst.copy_(src), 2 * src.numel() * 4),
-                            ("read", lambda: src.sum(), src.numel() * 4)):
+    for name, op, moved in (("copy", functools.partial(dst.copy_, src), 2 * src.numel() * 4),
+                            ("read", src.sum, src.numel() * 4)):
         op()
         for _ in range(repeats):
             _sync(device)
@@ -191,43 +192,10 @@ def _profile_steps(graph, cache, first: int, prompt: int, steps: int, cuda: bool
             "profiled": "graph replays" if replay and graph.graph is not None else "the static step"}
 
 
-def _hf(model_dir: str, dtype: torch.dtype, device: torch.device, prompt: int, tokens: int, repeats: int) -> dict:
-    from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5_VLForConditionalGeneration
-
-    from edgekv.model.builtin import resolve_model_path
-
-    class StepClock(LogitsProcessor):
-        def __init__(self) -> None:
-            self.stamps: list[float] = []
-
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            _sync(device)
-            self.stamps.append(time.perf_counter())
-            return scores
-
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(resolve_model_path(model_dir)), dtype=dtype)
-    model = model.to(device).eval()
-    vocab = model.config.text_config.vocab_size
-    ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(0)).to(device)
-    rates, generated = [], []
-    for _ in range(repeats):
-        clock = StepClock()
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                 min_new_tokens=tokens, do_sample=False, logits_processor=LogitsProcessorList([clock]))
-        generated = out[0, prompt:].tolist()
-        rates.append((len(clock.stamps) - 1) / (clock.stamps[-1] - clock.stamps[0]))
-    del model
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tokens": generated}
-
-
 def run_decode_cuda(args: argparse.Namespace, model_dir: str, allow_cpu: bool = False) -> dict:
     """The CUDA figures of ``edgekv bench decode`` (``--device cuda``); returns the result dict. ``allow_cpu``
     (tests only): the same code on the CPU, where the graph routes run their static step eagerly."""
-    from edgekv.apps.bench.common import bytes_per_token, comma_choices
+    from edgekv.apps.bench.common import bytes_per_token, comma_choices, hf_decode
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -276,7 +244,7 @@ def run_decode_cuda(args: argparse.Namespace, model_dir: str, allow_cpu: bool = 
             torch.cuda.empty_cache()
         if not args.no_hf:
             row = {"engine": "transformers", "route": "generate", "dtype": dtype_name,
-                   **_hf(model_dir, dtype, device, args.prompt, args.tokens, min(args.repeats, 2))}
+                   **hf_decode(model_dir, dtype, args.prompt, args.tokens, min(args.repeats, 2), device)}
             row["bytes_per_token"] = weights + (args.prompt + args.tokens // 2) * kv_slot
             row["bound_tok_s"] = bound_rate / row["bytes_per_token"]
             row["share_of_bound"] = row["tok_s"] / row["bound_tok_s"]
