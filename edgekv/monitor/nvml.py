@@ -25,13 +25,18 @@ class NvmlReading:
     source: str = "nvml"
 
 
+def _pynvml():
+    """The NVML binding (nvidia-ml-py), or ReaderError saying it is missing."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise ReaderError("NVML needs the nvidia-ml-py package (import pynvml)") from exc
+    return pynvml
+
+
 class NvmlReader:
     def __init__(self, index: int = 0) -> None:
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise ReaderError("NVML needs the nvidia-ml-py package (import pynvml)") from exc
-        self.nvml = pynvml
+        self.nvml = pynvml = _pynvml()
         try:
             pynvml.nvmlInit()
             self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -68,11 +73,7 @@ class NvmlEnergy:
     """
 
     def __init__(self, index: int = 0, uuid: str | None = None) -> None:
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise ReaderError("NVML needs the nvidia-ml-py package (import pynvml)") from exc
-        self.nvml = pynvml
+        self.nvml = pynvml = _pynvml()
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
