@@ -45,7 +45,10 @@ class RunningDaemon:
 
     def __enter__(self) -> "RunningDaemon":
         self.thread.start()
-        assert self.daemon.ready.wait(60), "daemon did not start"
+        deadline = time.monotonic() + 60
+        while not self.daemon.ready.wait(0.05) and self.thread.is_alive() and time.monotonic() < deadline:
+            pass
+        assert self.daemon.ready.is_set(), "daemon did not start (see its stderr)"
         deadline = time.monotonic() + 30
         while self.daemon.session.counters.frame_pairs < 2 and time.monotonic() < deadline:
             time.sleep(0.05)

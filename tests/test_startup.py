@@ -127,3 +127,29 @@ def test_serve_flags_are_checked_like_the_file(tiny_checkpoint, tmp_path):
     _one_clear_line(proc, "command line: cache.max_tokens: expected an integer, got 'lots'")
     proc = _run("serve", "--source", "synthetic:shapes", module="edgekv.apps.cli")
     _one_clear_line(proc, "model.path", "MODEL_DIR")
+
+
+def test_a_package_that_does_not_import_is_one_clear_line(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """On a GPU image fastapi was installed but its own dependency was not: the daemon's thread died with a
+    traceback while the HTTP server was imported, after every find_spec check had passed."""
+    import builtins
+
+    from helpers_server import daemon_args, server_config
+
+    from edgekv.apps.daemon.loop import Daemon
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "edgekv.apps.server.app" or name.startswith("fastapi"):
+            raise ModuleNotFoundError("No module named 'opentelemetry'", name="opentelemetry")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with open(tmp_path / "out.txt", "w") as out:
+        daemon = Daemon(server_config(tiny_checkpoint), daemon_args(), out=out)
+        assert daemon.run() == 2
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "cannot start" in line]  # (in process, the monitor logs here too)
+    assert len(said) == 1 and said[0].startswith("edgekv-camera: cannot start: ") and "opentelemetry" in said[0], err
+    assert "Traceback" not in err and not daemon.ready.is_set()

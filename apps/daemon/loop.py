@@ -213,7 +213,8 @@ class Daemon:
             try:
                 self.preflight()
                 self.start()
-            except (ValueError, OSError, RuntimeError) as exc:  # config, files, engines, camera, port
+            except (ValueError, OSError, RuntimeError, ImportError) as exc:  # config, files, engines, camera, port,
+                # an installed package that does not import (fastapi 0.165 without opentelemetry, seen on a GPU image)
                 print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
                 return 2
             self.ready.set()
