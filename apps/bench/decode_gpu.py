@@ -76,7 +76,8 @@ def _prefilled(model_dir: str, dtype: torch.dtype, device: torch.device, capacit
     return model, llm, cache, first
 
 
-def _eager(llm, cache, first: int, prompt: int, tokens: int, repeats: int) -> dict:
+def eager_decode(llm, cache, first: int, prompt: int, tokens: int, repeats: int) -> dict:
+    """tok/s of the runtime's eager decode step (``TorchLLM.prefill`` of one token), greedy, median of ``repeats``."""
     from edgekv.model.rope import text_position_ids
 
     rates, out = [], []
@@ -97,12 +98,13 @@ def _eager(llm, cache, first: int, prompt: int, tokens: int, repeats: int) -> di
     return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tokens": out}
 
 
-def _graph(language, cache, first: int, prompt: int, tokens: int, repeats: int, compile: bool,
-           profile: bool) -> dict:
+def graph_decode(language, cache, first: int, prompt: int, tokens: int, repeats: int, profile: bool,
+                 **options) -> dict:
+    """tok/s of ``DecodeGraph(language, cache, **options)``: with a host read of every token, and chained."""
     from edgekv.session.decode_graph import DecodeGraph
 
     started = time.perf_counter()
-    graph = DecodeGraph(language, cache, compile=compile)
+    graph = DecodeGraph(language, cache, **options)
     _sync(cache.device)
     build_s = time.perf_counter() - started
     rates, chained, out = [], [], []
@@ -220,11 +222,11 @@ def run_decode_cuda(args: argparse.Namespace, model_dir: str, allow_cpu: bool = 
         kv_slot = 2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * cache.k.element_size()
         for route in routes:
             if route == "eager":
-                row = _eager(llm, cache, first, args.prompt, args.tokens, args.repeats)
+                row = eager_decode(llm, cache, first, args.prompt, args.tokens, args.repeats)
                 read = bytes_per_token(model.language, args.prompt + args.tokens // 2, kv_slot)
             else:
-                row = _graph(model.language, cache, first, args.prompt, args.tokens, args.repeats,
-                             compile=route == "compiled", profile=args.profile)
+                row = graph_decode(model.language, cache, first, args.prompt, args.tokens, args.repeats,
+                                   profile=args.profile, compile=route == "compiled")
                 # the split kernel reads the visible slots; SDPA with a mask row reads all of them
                 read = bytes_per_token(model.language, args.prompt + args.tokens // 2 if row["split_attention"]
                                        else capacity, kv_slot)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -33,13 +33,13 @@ def main() -> None:
     args = parser.parse_args()
 
     from edgekv.apps.bench.common import bytes_per_token
-    from edgekv.apps.bench.decode_gpu import _profile, copy_bandwidth
+    from edgekv.apps.bench.decode_gpu import copy_bandwidth, eager_decode, graph_decode
     from edgekv.attention import CacheAttention
+    from edgekv.engines.torch_backend import TorchLLM
     from edgekv.cache import CacheSpec, CappedKVCache
     from edgekv.model.language import Qwen2LM
     from edgekv.model.rope import text_position_ids
     from edgekv.model.tiny import PRESETS
-    from edgekv.session.decode_graph import DecodeGraph
 
     device = torch.device("cpu" if args.small else "cuda")
     config = PRESETS["tiny" if args.small else "3b"].config
@@ -86,60 +86,23 @@ def main() -> None:
               f"({entry['bound_tok_s']:.0f} tok/s){more}", flush=True)
         save()
 
-    # eager
-    rates, eager_tokens = [], []
-    with torch.inference_mode():
-        for _ in range(2):
-            cache.truncate(args.prompt)
-            token, eager_tokens = first, [first]
-            sync()
-            t0 = time.perf_counter()
-            for step in range(args.tokens - 1):
-                h = language(language.embed_tokens(torch.tensor([token], device=device)),
-                             text_position_ids(args.prompt + step, 1, device), CacheAttention(cache, cache.length, 1))
-                cache.commit(1)
-                token = int(language.logits(h[-1]).argmax())
-                eager_tokens.append(token)
-            rates.append((args.tokens - 1) / (time.perf_counter() - t0))
-    cache.truncate(args.prompt)
-    row("eager", max(rates), bytes_per_token(language, args.prompt + args.tokens // 2, kv_slot))
+    # eager: the runtime's step (TorchLLM.prefill of one token through CacheAttention)
+    eager = eager_decode(TorchLLM(SimpleNamespace(language=language)), cache, first, args.prompt, args.tokens, 2)
+    row("eager", eager["tok_s"], bytes_per_token(language, args.prompt + args.tokens // 2, kv_slot))
 
     # graph: as the session builds it (split attention + fused small work where Triton runs), then the two
-    # configurations before it, so each change has its own figure: the split attention alone, and SDPA's mask row
+    # configurations before it, so each change has its own figure: the split attention alone, SDPA's mask row;
+    # with --compiled, the torch.compile'd step of the layers' own ops
     variants = [("graph", {}), ("graph-split", {"fused": False}), ("graph-sdpa", {"split_attention": False, "fused": False})]
-    slots_read = args.capacity
+    if args.compiled:
+        variants.append(("compiled", {"compile": True, "fused": False}))
     for name, options in variants:
-        t0 = time.perf_counter()
-        graph = DecodeGraph(language, cache, **options)
-        sync()
-        build_s = time.perf_counter() - t0
-        rates, chained, graph_tokens = [], [], []
-        for _ in range(3):
-            cache.truncate(args.prompt)
-            graph.feed(first, args.prompt)
-            graph_tokens = [first]
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(args.tokens - 1):
-                graph.step()
-                graph_tokens.append(int(graph.next_token))
-            rates.append((args.tokens - 1) / (time.perf_counter() - t0))
-            cache.truncate(args.prompt)
-            graph.feed(first, args.prompt)
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(args.tokens - 1):
-                graph.step()
-            sync()
-            chained.append((args.tokens - 1) / (time.perf_counter() - t0))
-        read = args.prompt + args.tokens // 2 if graph.split_attention else args.capacity
-        if name == "graph":
-            slots_read = read
-        row(name, statistics.median(rates), bytes_per_token(language, read, kv_slot),
-            chained_tok_s=statistics.median(chained), build_s=build_s, tokens_match_eager=graph_tokens == eager_tokens,
-            split_attention=graph.split_attention, fused=graph.fused)
-        profile = _profile(graph, cache, first, args.prompt, steps=4)
-        result[f"{name}_profile"] = profile
+        figures = graph_decode(language, cache, first, args.prompt, args.tokens, 3, profile=True, **options)
+        read = args.prompt + args.tokens // 2 if figures["split_attention"] else args.capacity
+        row(name, figures["tok_s"], bytes_per_token(language, read, kv_slot), chained_tok_s=figures["tok_s_chained"],
+            build_s=figures["build_s"], tokens_match_eager=figures["tokens"] == eager["tokens"],
+            split_attention=figures["split_attention"], fused=figures["fused"])
+        profile = result[f"{name}_profile"] = figures["profile"]
         kinds = ", ".join(f"{k} {v:.0f}" for k, v in sorted(profile["by_kind_us_per_token"].items(), key=lambda i: -i[1]))
         print(f"  profile ({profile['profiled']}): {profile['kernels_per_token']:.0f} kernels, "
               f"{profile['device_us_per_token']:.0f} us a token: {kinds}", flush=True)
@@ -147,26 +110,6 @@ def main() -> None:
             print(f"   {kernel['us_per_token']:7.1f} us  x{kernel['calls_per_token']:5.0f}  {kernel['name'][:90]}",
                   flush=True)
         save()
-        del graph
-    if args.compiled:
-        t0 = time.perf_counter()
-        compiled = DecodeGraph(language, cache, compile=True, fused=False)  # compile fuses the layers' own ops
-        sync()
-        build_s = time.perf_counter() - t0
-        rates = []
-        for _ in range(3):
-            cache.truncate(args.prompt)
-            compiled.feed(first, args.prompt)
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(args.tokens - 1):
-                compiled.step()
-                int(compiled.next_token)
-            rates.append((args.tokens - 1) / (time.perf_counter() - t0))
-        row("compiled", statistics.median(rates), bytes_per_token(language, slots_read, kv_slot), build_s=build_s)
-        result["compiled_profile"] = _profile(compiled, cache, first, args.prompt, steps=4)
-        save()
-        del compiled
     del cache, language
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -2,13 +2,7 @@
 # Issue 32, device call A (a lent H100/H200): what already exists, run once on CUDA.
 #   env + providers | pytest -m gpu | edgekv bench kernels (3B shapes) | the whole suite on CUDA torch (xdist)
 # Carry: .whl (test dependencies the GPU image lacks; see tools/gpu/README.md). Logs and figures go to $OUT.
-set -u
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T0=$(date +%s); stamp() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile -e . >/dev/null 2>&1 || { echo "editable install failed"; exit 1; }
+WHEELS=.whl source "$(dirname "$0")/setup.sh"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv
   python3 - <<'PY'
 import torch, triton, transformers, onnxruntime as ort, platform

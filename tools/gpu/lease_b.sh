@@ -8,13 +8,7 @@
 #   4. edgekv bench stream: 3B at 448x448, M 6144, StateKV B=1024 (1,000 pairs) and capped-full (300 pairs)
 #   5. edgekv bench kernels: the 8-bit attention and 4-bit rows (rows print as they finish)
 # At most 8 files come back: JSON and logs only. Carry: .whl (tools/gpu/README.md).
-set -u
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T0=$(date +%s); stamp() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile -e . >/dev/null 2>&1 || { echo "editable install failed"; exit 1; }
+WHEELS=.whl source "$(dirname "$0")/setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 CKPT=/tmp/ckpt-3b
 ( edgekv make-tiny-checkpoint $CKPT --preset 3b --dtype bf16 > /tmp/ckpt.log 2>&1; echo "checkpoint rc $?" >> /tmp/ckpt.log ) &

