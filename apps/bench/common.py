@@ -14,6 +14,24 @@ if TYPE_CHECKING:
     import torch
 
 
+def sync_device(device) -> None:
+    """Wait for a device's queued work before a host clock is read (a no-op on CPU, where every op runs in the caller)."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def device_argument(text: str) -> str:
+    """argparse ``type`` for a bench's ``--device``: cpu, cuda, cuda:N or auto (checked against the machine later)."""
+    import argparse
+
+    name = text.strip().lower()
+    if name in ("cpu", "cuda", "auto") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or auto, got {text!r}")
+
+
 def provenance() -> dict:
     """What a figure was measured with: versions, the git commit of this checkout, the date (UTC)."""
     import datetime

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from edgekv.apps.bench.common import bytes_per_token, hf_decode  # noqa: F401 - bytes_per_token re-exported
+from edgekv.apps.bench.common import bytes_per_token, device_argument, hf_decode  # noqa: F401 - bytes_per_token re-exported
 from edgekv.threads import threads_argument
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int4": torch.bfloat16}
@@ -56,7 +56,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=threads_argument, default="auto", help="torch CPU threads, or auto")
     parser.add_argument("--bandwidth-mib", type=int, default=512, help="buffer size of the bandwidth measurement")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
-    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N: the GPU figures (eager, CUDA graph, "
+    parser.add_argument("--device", type=device_argument, default="cpu", help="cpu, or cuda / cuda:N: the GPU figures (eager, CUDA graph, "
                                                         "compiled graph; apps/bench/decode_gpu.py)")
     parser.add_argument("--cuda-routes", default="eager,graph,compiled", help="with --device cuda: comma-separated "
                                                                               "eager, graph, compiled")
@@ -152,9 +152,9 @@ def run_decode(args: argparse.Namespace) -> int:
         print(f"read bandwidth {bandwidths[-1] / 1e9:.1f} GB/s ({threads} thread(s))", flush=True)
         return bandwidths[-1]
 
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device != "cpu":
-        if not (args.device == "cuda" or (args.device.startswith("cuda:") and args.device[5:].isdigit())):
-            raise SystemExit(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
         from edgekv.apps.bench.decode_gpu import run_decode_cuda
 
         with tempfile.TemporaryDirectory(prefix="edgekv-bench-decode-") as tmp:

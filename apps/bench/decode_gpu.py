@@ -26,13 +26,10 @@ import time
 
 import torch
 
+from edgekv.apps.bench.common import sync_device as _sync
+
 CUDA_ROUTES = ("eager", "graph", "compiled")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def copy_bandwidth(device: torch.device, mib: int = 2048, repeats: int = 10) -> dict:

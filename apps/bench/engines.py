@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from edgekv.apps.bench.common import sync_device as _sync
 from edgekv.threads import threads_argument
 
 FIGURES = ("vision_ms", "prefill_ms", "pair_ms", "ttft_ms", "decode_tok_s")
@@ -78,13 +79,6 @@ def available_backends() -> list[str]:
     except ImportError:
         pass
     return names
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
 
 
 def _frames(count: int):

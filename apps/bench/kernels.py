@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from edgekv.apps.bench.common import sync_device as _sync
+
 
 def add_kernel_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--small", action="store_true", help="toy shapes (for CPU, where Triton is interpreted)")
@@ -127,11 +129,6 @@ class Row:
 
 
 # ---------------------------------------------------------------------------------------------- timing
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def median_ms(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         fn()

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import psutil
 
-from edgekv.apps.bench.common import provenance
+from edgekv.apps.bench.common import device_argument, provenance
+from edgekv.apps.bench.common import sync_device as _sync
 from edgekv.threads import threads_argument
 from edgekv.video.sources import looped_frames
 
@@ -86,14 +87,6 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
     stream.add_argument("--plot", default="bench-stream.png", help="plot (PNG) written here")
     stream.epilog = STREAM_EPILOG
     stream.set_defaults(run=run_stream)
-
-
-def device_argument(text: str) -> str:
-    """argparse ``type`` for ``--device``: cpu, cuda, cuda:N or auto (checked against the machine later)."""
-    name = text.strip().lower()
-    if name in ("cpu", "cuda", "auto") or (name.startswith("cuda:") and name[5:].isdigit()):
-        return name
-    raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or auto, got {text!r}")
 
 
 def sinks_argument(text: str) -> list[int]:
@@ -156,14 +149,6 @@ def _rss_mb() -> float:
 
 
 # ---------------------------------------------------------------------------------------------- device
-def _sync(device) -> None:
-    """Wait for the device's queued work (a no-op on CPU, where every op runs in the caller)."""
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-
-
 def _gpu_memory(device) -> dict:
     """CUDA allocator figures for ``device`` in MiB: ``gpu_allocated_mb`` held by tensors now,
     ``gpu_reserved_mb`` held by the caching allocator now (what the driver sees), ``gpu_peak_mb`` the most
