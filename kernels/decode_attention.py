@@ -14,7 +14,8 @@ unnormalized weighted sum, in fp32), and a second kernel combines the chunks of 
     m* = max_s m_s,   out = sum_s 2^(m_s - m*) o_s  /  sum_s 2^(m_s - m*) l_s          (scores in log2 units)
 
 Chunks past ``n`` write ``m = -inf, l = 0`` and weigh nothing. Scores and sums are fp32 (keys and values are
-widened in registers; ``input_precision="ieee"``: no TF32), the output is cast to the query's dtype —
+widened in registers; the products take tf32 tensor cores for a 16-bit cache, fp32 ``ieee`` for an fp32 one:
+``dot_precision``), the output is cast to the query's dtype —
 flash-attention's forward with the split of its decoding variant.
 """
 
@@ -24,7 +25,7 @@ import math
 
 import torch
 
-from edgekv.kernels._triton import cdiv, jit, next_power_of_2, tl
+from edgekv.kernels._triton import cdiv, interpreting, jit, next_power_of_2, tl
 from edgekv.kernels.sdpa import folded_attention
 
 _LOG2E = 1.4426950408889634
@@ -47,7 +48,7 @@ def split_size(slots: int, heads_kv: int) -> int:
 def _partials_kernel(q_ptr, k_ptr, v_ptr, n_ptr, o_ptr, m_ptr, l_ptr,
                      s_qh, s_kh, s_kn, s_vh, s_vn, chunk, splits, qk_scale,
                      G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PRECISION: tl.constexpr):
     head, split = tl.program_id(0), tl.program_id(1)
     n = tl.load(n_ptr)
     lo = split * chunk
@@ -68,14 +69,15 @@ def _partials_kernel(q_ptr, k_ptr, v_ptr, n_ptr, o_ptr, m_ptr, l_ptr,
         n_ok = offs_n < hi
         tile = n_ok[:, None] & d_ok[None, :]
         key = tl.load(k_row + offs_n[:, None].to(tl.int64) * s_kn + offs_d[None, :], mask=tile, other=0.0)
-        s = tl.dot(q, tl.trans(key.to(tl.float32)), input_precision="ieee") * qk_scale  # [BLOCK_G, BLOCK], log2
+        # [BLOCK_G, BLOCK], log2 units; torch.compile passes the scale as fp64: the scores stay fp32
+        s = (tl.dot(q, tl.trans(key.to(tl.float32)), input_precision=PRECISION) * qk_scale).to(tl.float32)
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every block holds a visible key
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         value = tl.load(v_row + offs_n[:, None].to(tl.int64) * s_vn + offs_d[None, :], mask=tile, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p, value.to(tl.float32), input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, value.to(tl.float32), input_precision=PRECISION)
         m_i = m_new
     part = (head * splits + split) * G + offs_g  # [BLOCK_G] rows of the [Hkv, S, G] partials
     tl.store(m_ptr + part, m_i, mask=g_ok)
@@ -102,11 +104,22 @@ def _combine_kernel(o_ptr, m_ptr, l_ptr, out_ptr, s_oh, splits,
     tl.store(out_ptr + row * s_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision for a cache of ``dtype``, compiled: ``tf32`` for 16-bit caches, ``ieee`` for
+    fp32 (and always in the interpreter). With a bf16 / fp16 cache tf32 loses nothing on the scores — every
+    16-bit query and key element is a tf32 number, the products are exact and the sums fp32 — and rounds only the
+    probabilities to tf32's 10-bit mantissa (flash-attention rounds them to the 16-bit dtype's 7 or 10 bits).
+    ``ieee`` fp32 runs without tensor cores: on the H200 (Triton 3.6) this kernel took 138 us a 3B layer
+    with it (issue 32, 2026-11-26, second session), slower than the SDPA call it replaces."""
+    return "ieee" if dtype == torch.float32 or interpreting() else "tf32"
+
+
 def decode_attention_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                            n: torch.Tensor) -> torch.Tensor:
+                            n: torch.Tensor, precision: str | None = None) -> torch.Tensor:
     """q [Hq, 1, D]; keys, values [Hkv, M, D] (a cache layer, any strides with unit last stride); n: a
     one-element int tensor on q's device, the visible slot count (1 <= n <= M; not checked: it stays on the
-    device). Returns [Hq, 1, D] in q's dtype. No host sync, fixed launch shapes: capturable in a CUDA graph."""
+    device). Returns [Hq, 1, D] in q's dtype. No host sync, fixed launch shapes: capturable in a CUDA graph.
+    ``precision``: ``tl.dot``'s input precision (default ``dot_precision(q.dtype)``; the benchmark compares)."""
     heads_q, num, dim = q.shape
     heads_kv, slots, _ = keys.shape
     if num != 1:
@@ -131,7 +144,17 @@ def decode_attention_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.T
         q2.stride(0), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), chunk, splits,
         _LOG2E / math.sqrt(dim),
         G=group, BLOCK_G=block_g, D=dim, BLOCK_D=block_d, BLOCK=BLOCK_N,
+        PRECISION=precision or dot_precision(q.dtype),
     )
-    _combine_kernel[(heads_q,)](partial_o, partial_m, partial_l, out, out.stride(0), splits,
-                                G=group, D=dim, BLOCK_D=block_d, BLOCK_S=next_power_of_2(splits))
+    combine_partials(partial_o, partial_m, partial_l, out, splits, group)
     return out.view(heads_q, 1, dim)
+
+
+def combine_partials(partial_o: torch.Tensor, partial_m: torch.Tensor, partial_l: torch.Tensor, out: torch.Tensor,
+                     splits: int, group: int) -> None:
+    """Softmax partials [Hkv, S, group, D] / [Hkv, S, group] (contiguous, fp32, log2 units) into ``out``
+    [Hkv * group, D] (unit last stride), row ``h * group + j``; also the 8-bit attention's split decode."""
+    rows, dim = out.shape
+    block_d = next_power_of_2(dim)
+    _combine_kernel[(rows,)](partial_o, partial_m, partial_l, out, out.stride(0), splits,
+                             G=group, D=dim, BLOCK_D=block_d, BLOCK_S=next_power_of_2(splits))

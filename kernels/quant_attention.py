@@ -16,11 +16,17 @@ codes widened, scaled, rotated with the same products as ``edgekv.positions.rota
 softmax in exp2 (flash-attention's forward). fp8 (e4m3fn) codes are decoded from their bits in the kernel,
 so the kernel needs no fp8 hardware (Jetson Orin, sm_87, has none) and runs in Triton's interpreter.
 
-Grid: (query blocks of the folded axis, Hkv). As in ``folded_attention``, each KV head's ``G = Hq / Hkv``
+Grid: (query blocks of the folded axis, Hkv, S). As in ``folded_attention``, each KV head's ``G = Hq / Hkv``
 query heads are laid one after another on the query axis, so every program reads each 8-bit key block once
 for all ``G`` heads. Tiles are padded to powers of two (at least 16, ``tl.dot``'s minimum) and masked.
 The rotation loads each key block twice (itself and its half-swapped partner): cheaper than a second pass,
-and the partner read hits the same cache lines.
+and the partner read hits the same cache lines. A decode step has only ``Hkv`` programs (2 at the 3B shape), so
+its keys are cut into ``S`` chunks (flash-decoding, ``key_split``) whose softmax partials
+``kernels/decode_attention.combine_partials`` merges. Products: tf32 tensor cores for 16-bit queries (the
+dequantized key rounds to tf32's 10-bit mantissa, finer than the bf16 copy the torch path makes), fp32
+``ieee`` for fp32 ones (``decode_attention.dot_precision``). Measured on an H200 (issue 32, 2026-11-26), one
+3B decode call over 6,144 slots: int8 36 us, fp8 110 us, against 75 us for SDPA over a bf16 cache and 8.4 us
+for the bf16 split kernel; with ``ieee`` products and no split it had taken 29 ms.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import math
 import torch
 
 from edgekv.kernels._triton import cdiv, interpreting, jit, libdevice, next_power_of_2, precise_trig, tl, use_triton
+from edgekv.kernels.decode_attention import TARGET_PROGRAMS, combine_partials, dot_precision
 from edgekv.kernels.sdpa import chunk_causal_mask, folded_attention
 
 _LOG2E = 1.4426950408889634
@@ -89,12 +96,13 @@ def _quantized_attention_kernel(
     q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, tpos_ptr, inv_freq_ptr, out_ptr,
     start, num_new, dim, half, temporal_section, group, qk_scale,
     s_qh, s_qp, s_qd, s_kh, s_kn, s_kd, s_ksh, s_ksn, s_vh, s_vn, s_vd, s_vsh, s_vsn, s_th, s_tn,
-    s_oh, s_op, s_od,
+    s_oh, s_op, s_od, chunk, o_part_ptr, m_part_ptr, l_part_ptr,
     FP8: tl.constexpr, PRECISE_TRIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # grid: (cdiv(G * P, BLOCK_M), Hkv); folded row r = member j * P + token i of query head head_kv * G + j.
-    block_m, head_kv = tl.program_id(0), tl.program_id(1)
+    # grid: (cdiv(G * P, BLOCK_M), Hkv, S); folded row r = member j * P + token i of query head head_kv * G + j;
+    # program (., ., split) reads the keys [split * chunk, (split + 1) * chunk) of [0, start + P)
+    block_m, head_kv, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < group * num_new
     token = offs_m % num_new
@@ -115,9 +123,11 @@ def _quantized_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     end = start + num_new
-    for n0 in range(0, end, BLOCK_N):
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, end)
+    for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < end
+        n_ok = offs_n < hi
         tile_ok = n_ok[:, None] & d_ok[None, :]
         k_scale = tl.load(ks_ptr + head_kv.to(tl.int64) * s_ksh + offs_n * s_ksn, mask=n_ok, other=0.0).to(tl.float32)
         rows = k_base + offs_n[:, None] * s_kn
@@ -131,7 +141,8 @@ def _quantized_attention_kernel(
             cos, sin = tl.cos(angle), tl.sin(angle)
         key = x * cos + sign[None, :] * (y * sin)  # [BLOCK_N, BLOCK_D] fp32
         key = tl.where(tile_ok, key, 0.0)
-        s = tl.dot(q, tl.trans(key), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        # [BLOCK_M, BLOCK_N], log2 units; fp32 whatever type torch.compile gives the scale
+        s = (tl.dot(q, tl.trans(key), input_precision=PRECISION) * qk_scale).to(tl.float32)
         allowed = ((offs_n[None, :] < start) | ((offs_n[None, :] - start) <= token[:, None])) & n_ok[None, :]
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -143,8 +154,14 @@ def _quantized_attention_kernel(
         value = _decode_codes(tl.load(v_base + offs_n[:, None] * s_vn + offs_d[None, :] * s_vd, mask=tile_ok, other=0),
                               FP8) * v_scale[:, None]
         value = tl.where(tile_ok, value, 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p, value, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, value, input_precision=PRECISION)
         m_i = m_new
+    if SPLIT:  # the chunk's softmax partials, rows of [Hkv, S, G * P]; combined by decode_attention's kernel
+        part = (head_kv * tl.num_programs(2) + split) * (group * num_new) + offs_m
+        tl.store(m_part_ptr + part, m_i, mask=m_ok)
+        tl.store(l_part_ptr + part, l_i, mask=m_ok)
+        tl.store(o_part_ptr + part[:, None].to(tl.int64) * dim + offs_d[None, :], acc, mask=m_ok[:, None] & d_ok[None, :])
+        return
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # every valid row sees at least itself
     out = acc / l_safe[:, None]
     tl.store(out_ptr + head_q[:, None].to(tl.int64) * s_oh + token[:, None] * s_op + offs_d[None, :] * s_od,
@@ -181,20 +198,43 @@ def quantized_attention_triton(
     fp8 = k_codes.dtype == torch.float8_e4m3fn
     if fp8:  # decoded from the bits in the kernel
         k_codes, v_codes = k_codes.view(torch.uint8), v_codes.view(torch.uint8)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()
     interpreted = interpreting()
-    block_m = 16 if interpreted else 64
+    rows = group * num_new
+    block_m = max(16, min(16 if interpreted else 64, next_power_of_2(rows)))
     block_n = 32 if interpreted else 64
     block_d = max(16, next_power_of_2(dim))
-    _quantized_attention_kernel[(cdiv(group * num_new, block_m), heads_kv)](
+    programs = cdiv(rows, block_m) * heads_kv
+    chunk, splits = key_split(start + num_new, programs, block_n)
+    if splits > 1:
+        o_part = torch.empty(heads_kv, splits, rows, dim, dtype=torch.float32, device=q.device)
+        m_part = torch.empty(heads_kv, splits, rows, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+    else:
+        o_part = m_part = l_part = out  # not written
+    _quantized_attention_kernel[(cdiv(rows, block_m), heads_kv, splits)](
         q, k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, out,
         start, num_new, dim, dim // 2, temporal_section, group, _LOG2E / math.sqrt(dim),
         *q.stride(), *k_codes.stride(), *k_scale.stride(), *v_codes.stride(), *v_scale.stride(), *tpos.stride(),
-        *out.stride(),
-        FP8=fp8, PRECISE_TRIG=precise_trig(), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+        *out.stride(), chunk, o_part, m_part, l_part,
+        FP8=fp8, PRECISE_TRIG=precise_trig(), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        SPLIT=splits > 1, PRECISION=dot_precision(q.dtype), num_warps=4,
     )
+    if splits > 1:  # out [Hq, P, D] contiguous is [Hkv * G * P, D] in folded-row order
+        combine_partials(o_part, m_part, l_part, out.view(heads_kv * rows, dim), splits, rows)
     return out
+
+
+def key_split(keys: int, programs: int, block_n: int) -> tuple[int, int]:
+    """(keys per program, splits) for ``keys`` keys when the grid has ``programs`` (query block, KV head)
+    programs: a decode step at the 3B shape is 2 programs reading 6,144 keys each on a chip with 132
+    multiprocessors, so the keys are cut into chunks (flash-decoding) until there are about ``TARGET_PROGRAMS``;
+    a prefill chunk (a frame pair: 64 programs) stays whole."""
+    if programs >= TARGET_PROGRAMS // 4:
+        return max(keys, 1), 1
+    chunk = max(block_n, cdiv(cdiv(keys, max(1, TARGET_PROGRAMS // programs)), block_n) * block_n)
+    return chunk, cdiv(max(keys, 1), chunk)
 
 
 # ---------------------------------------------------------------------------------------------- op

@@ -270,7 +270,8 @@ def check_quantized_attention(args, start):
     (8, 2, 5, 20, 32, 40, 4),    # a chunk: causal inside, G * P = 20 folded rows over two query blocks
     (4, 1, 3, 0, 24, 8, 3),      # nothing committed yet; head_dim not a power of two
     (2, 2, 1, 70, 16, 80, 0),    # no temporal section: no rotation at all
-], ids=["decode", "chunk", "empty", "no-time"])
+    (8, 2, 5, 100, 32, 128, 4),  # a chunk over keys cut into 4 splits (flash-decoding), causal in the last
+], ids=["decode", "chunk", "empty", "no-time", "split-chunk"])
 def test_quantized_attention(codes, dtype, heads_q, heads_kv, num_new, start, dim, capacity, section):
     args = quantized_inputs(heads_q, heads_kv, num_new, start, dim, capacity, dtype, codes, section)
     check_quantized_attention(args, start)

@@ -97,7 +97,13 @@ def main() -> None:
     if args.compiled:
         variants.append(("compiled", {"compile": True, "fused": False}))
     for name, options in variants:
-        figures = graph_decode(language, cache, first, args.prompt, args.tokens, 3, profile=True, **options)
+        try:
+            figures = graph_decode(language, cache, first, args.prompt, args.tokens, 3, profile=True, **options)
+        except Exception as exc:  # one route failing on the device must not cost the others' figures
+            result[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+            print(f"{name:8s} FAILED: {result[f'{name}_error'][:600]}", flush=True)
+            save()
+            continue
         read = args.prompt + args.tokens // 2 if figures["split_attention"] else args.capacity
         row(name, figures["tok_s"], bytes_per_token(language, read, kv_slot), chained_tok_s=figures["tok_s_chained"],
             build_s=figures["build_s"], tokens_match_eager=figures["tokens"] == eager["tokens"],
