@@ -18,6 +18,13 @@ Two Triton kernels share the dequantization:
   multiplied in fp32 (``input_precision="ieee"``: no TF32), fp16 / bf16 activations with the dequantized
   weight rounded to their dtype and fp32 accumulation — what the same-precision torch run computes.
 
+Measured on an H200 (issue 32, 2026-11-26, `edgekv bench kernels --only int4`, bf16, graph-replayed): the GEMV
+at 2,048 x 2,048 went from 0.114 ms (no split) to 0.035 ms with split-K, still 0.18x of bf16 F.linear (0.006 ms);
+11,008-wide 0.15 ms (bf16 0.016-0.018); a frame pair (256 rows) 0.028-0.135 ms after dequantize-once, from
+0.195-1.13 ms (bf16 0.007-0.026). Not yet the 2.5x over bf16 decode needs: the next step is loading each
+packed word once per program (a [BLOCK_K, BLOCK_N / 8] tile unpacked by a shift vector) instead of once per
+nibble lane, and a profile.
+
 Both need a group size that is a multiple of 16 (``BLOCK_K`` divides it, so a block's zeros and scales are
 one row); anything else runs the torch reference: dequantize (exact, fp32) and multiply.
 """
@@ -77,33 +84,39 @@ def _round_to_bf16(w):
 
 
 @jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words,
+def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words, chunk,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid: (cdiv(N, BLOCK_N),); x [K] contiguous, out [N] fp32
+    # grid: (cdiv(N, BLOCK_N), S); x [K] contiguous; out [S, N] fp32: split s sums K rows [s * chunk, + chunk)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
     n_ok = offs_n < N
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, K)
+    for k0 in range(lo, hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
+        k_ok = offs_k < hi
         x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         w = _dequantized_block(qw_ptr, qz_ptr, s_ptr, k0, offs_k, k_ok, offs_n, n_ok, words, N, group)
         acc += tl.sum(x[:, None] * w, axis=0)
-    tl.store(out_ptr + offs_n, acc, mask=n_ok)
+    tl.store(out_ptr + split.to(tl.int64) * N + offs_n, acc, mask=n_ok)
 
 
 @jit
-def _int4_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, group, words, s_xm, s_om,
+def _int4_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, group, words, s_xm, s_om, s_os, chunk,
                       LOW_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BF16: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); x [M, K] rows contiguous, out [M, N] fp32
+    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), S); x [M, K] rows contiguous; out [S, M, N] fp32 (as the GEMV)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
     m_ok, n_ok = offs_m < M, offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, K)
+    for k0 in range(lo, hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
+        k_ok = offs_k < hi
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * s_xm + offs_k[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = _dequantized_block(qw_ptr, qz_ptr, s_ptr, k0, offs_k, k_ok, offs_n, n_ok, words, N, group)
@@ -115,37 +128,91 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, group, wor
                 acc += tl.dot(x, w.to(x.dtype))
         else:
             acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * s_om + offs_n[None, :], acc,
+    tl.store(out_ptr + split.to(tl.int64) * s_os + offs_m[:, None].to(tl.int64) * s_om + offs_n[None, :], acc,
              mask=m_ok[:, None] & n_ok[None, :])
 
 
+@jit
+def _int4_dequantize_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words,
+                            BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid: (cdiv(K, BLOCK_K), cdiv(N, BLOCK_N)); out [K, N] in the activations' dtype, rounded once (to nearest even)
+    offs_k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_ok, n_ok = offs_k < K, offs_n < N
+    w = _dequantized_block(qw_ptr, qz_ptr, s_ptr, tl.program_id(0) * BLOCK_K, offs_k, k_ok, offs_n, n_ok, words, N,
+                           group)
+    if BF16:  # the interpreter's own fp32 -> bf16 conversion truncates
+        w = _round_to_bf16(w)
+    tl.store(out_ptr + offs_k[:, None].to(tl.int64) * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=k_ok[:, None] & n_ok[None, :])
+
+
 # ---------------------------------------------------------------------------------------------- launcher
+DEQUANTIZE_ROWS = 64  # chunks of at least this many rows: dequantize the weight once, then the dense product
+PROGRAMS_PER_SM = 8
+
+
 def _block_k(group: int) -> int:
     return 64 if group % 64 == 0 else 32 if group % 32 == 0 else 16
 
 
+def _programs(device: torch.device) -> int:
+    """Programs a launch aims at: 8 a multiprocessor (132 on an H200, 16 on AGX Orin, 8 on Orin Nano; 16 in
+    the interpreter, where it only decides how the tests split)."""
+    if device.type == "cuda":
+        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return 16
+
+
+def k_split(k: int, tiles: int, block_k: int, programs: int) -> tuple[int, int]:
+    """(rows of K per program, splits) so that ``tiles`` output tiles x splits is about ``programs``.
+
+    Why: a program walks its K rows one block after another, and each block's loads wait on memory — the
+    first H200 run (issue 32, 2026-11-26) took 0.11 ms for a 2,048 x 2,048 4-bit GEMV with 32 programs of 32
+    blocks each (bf16 F.linear: 0.006 ms). Split-K (as in split-K GEMM and flash-decoding) gives each program a
+    few blocks; the partial sums are added in a fixed order (deterministic)."""
+    blocks = cdiv(k, block_k)
+    per_program = max(1, cdiv(blocks * tiles, max(programs, 1)))
+    chunk = min(blocks, per_program) * block_k
+    return chunk, cdiv(k, chunk)
+
+
 def int4_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                        group: int) -> torch.Tensor:
-    """x [M, K] (fp32 / fp16 / bf16) -> [M, N] in x's dtype; ``group`` a multiple of 16."""
+    """x [M, K] (fp32 / fp16 / bf16) -> [M, N] in x's dtype; ``group`` a multiple of 16.
+
+    One row (decode) and chunks of fewer than ``DEQUANTIZE_ROWS`` rows (a question) run the fused kernels over
+    the packed words, split over K; wider chunks (a frame pair's prefill) dequantize the weight once into the
+    activations' dtype and take the dense product — the same numbers as the reference, whose product is also
+    in that dtype — because a weight tile dequantized per program is redone for every block of rows."""
     if group % 16:
         raise ValueError(f"int4_matmul_triton: group size {group} is not a multiple of 16")
     m, k = x.shape
     n = scales.shape[1]
     x = x.contiguous()
-    out = torch.empty(m, n, dtype=torch.float32, device=x.device)
     words = qweight.shape[1]
+    block_k, block_n = _block_k(group), 64
+    if m >= DEQUANTIZE_ROWS:
+        weight = torch.empty(k, n, dtype=x.dtype, device=x.device)
+        _int4_dequantize_kernel[(cdiv(k, block_k), cdiv(n, block_n))](
+            qweight, qzeros, scales, weight, n, k, group, words, BF16=x.dtype == torch.bfloat16,
+            BLOCK_N=block_n, BLOCK_K=block_k)
+        return x @ weight
     if m == 1:
-        block_n = 64
-        _int4_gemv_kernel[(cdiv(n, block_n),)](x, qweight, qzeros, scales, out, n, k, group, words,
-                                               BLOCK_N=block_n, BLOCK_K=_block_k(group))
+        chunk, splits = k_split(k, cdiv(n, block_n), block_k, _programs(x.device))
+        partial = torch.empty(splits, 1, n, dtype=torch.float32, device=x.device)
+        _int4_gemv_kernel[(cdiv(n, block_n), splits)](x, qweight, qzeros, scales, partial, n, k, group, words, chunk,
+                                                      BLOCK_N=block_n, BLOCK_K=block_k)
     else:
         block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-        block_n = 64
-        _int4_gemm_kernel[(cdiv(m, block_m), cdiv(n, block_n))](
-            x, qweight, qzeros, scales, out, m, n, k, group, words, x.stride(0), out.stride(0),
+        chunk, splits = k_split(k, cdiv(m, block_m) * cdiv(n, block_n), block_k, _programs(x.device))
+        partial = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+        _int4_gemm_kernel[(cdiv(m, block_m), cdiv(n, block_n), splits)](
+            x, qweight, qzeros, scales, partial, m, n, k, group, words, x.stride(0), partial.stride(1),
+            partial.stride(0), chunk,
             LOW_PRECISION=x.dtype != torch.float32, DOT_IN_FP32=interpreting(), BF16=x.dtype == torch.bfloat16,
-            BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=_block_k(group))
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    out = partial[0] if splits == 1 else partial.sum(0)
     return out.to(x.dtype)
 
 

@@ -15,7 +15,7 @@ import torch
 
 from edgekv.kernels import triton_available
 from edgekv.kernels._triton import interpreting
-from edgekv.kernels.int4_matmul import int4_matmul, int4_matmul_reference, int4_matmul_triton
+from edgekv.kernels.int4_matmul import DEQUANTIZE_ROWS, int4_matmul, int4_matmul_reference, int4_matmul_triton, k_split
 from edgekv.model.int4 import pack_awq
 from helpers_interpreter import interpreted_run
 
@@ -63,11 +63,32 @@ def check(m: int, k: int, n: int, group: int, dtype: torch.dtype, seed: int = 0,
 
 
 @needs_triton
-@pytest.mark.parametrize("m", [1, 17])
+@pytest.mark.parametrize("m", [1, 17, 70])
 @pytest.mark.parametrize("k,n,group", [(64, 16, 16), (96, 40, 32), (128, 72, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_int4_matmul_small_odd_shapes(m, k, n, group, dtype):
     check(m, k, n, group, dtype, seed=m * 7 + k)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_wide_chunks_dequantize_once_to_the_references_numbers(dtype):
+    """A chunk of DEQUANTIZE_ROWS rows or more takes the weight dequantized by the kernel (rounded once to the
+    activations' dtype, to nearest even) and the dense product: the reference's own numbers, bit for bit."""
+    qweight, qzeros, scales = packed(96, 40, 32, seed=5)
+    x = torch.randn(DEQUANTIZE_ROWS, 96, generator=torch.Generator().manual_seed(6)).to(DEVICE, dtype)
+    assert torch.equal(int4_matmul_triton(x, qweight, qzeros, scales, 32),
+                       int4_matmul_reference(x, qweight, qzeros, scales, 32))
+
+
+def test_the_k_split_covers_k_and_fills_the_programs():
+    for k, tiles, block_k, programs in [(2048, 32, 64, 1056), (11008, 32, 64, 1056), (2048, 172, 64, 1056),
+                                        (64, 1, 16, 16), (2048, 2000, 64, 64), (100, 3, 16, 16)]:
+        chunk, splits = k_split(k, tiles, block_k, programs)
+        assert chunk % block_k == 0 and chunk * (splits - 1) < k <= chunk * splits
+        assert tiles * splits <= max(programs, tiles) * 2  # never far past the aim
+    assert k_split(2048, 32, 64, 1056) == (64, 32)  # the 3B decode row: one block a program
+    assert k_split(2048, 2000, 64, 64) == (2048, 1)  # enough tiles already: no split
 
 
 @needs_triton
