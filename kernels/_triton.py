@@ -80,6 +80,14 @@ def jit(fn: Callable[..., None]) -> Any:
     return triton.jit(fn) if triton is not None else fn
 
 
+@jit
+def round_to_bf16(w):
+    """fp32 -> the nearest bf16 (ties to even), kept in fp32: the interpreter's own conversion truncates."""
+    bits = w.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from edgekv.kernels._triton import cdiv, interpreting, jit, tl, use_triton
+from edgekv.kernels._triton import cdiv, interpreting, jit, round_to_bf16, tl, use_triton
 
 _MAX_DEQUANT_ELEMENTS = 1 << 22  # the reference dequantizes at most this many weights at a time
 
@@ -76,14 +76,6 @@ def _dequantized_block(qw_ptr, qz_ptr, s_ptr, k0, offs_k, k_ok, offs_n, n_ok, wo
 
 
 @jit
-def _round_to_bf16(w):
-    """fp32 -> the nearest bf16 (ties to even), kept in fp32: the interpreter's own conversion truncates."""
-    bits = w.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words, chunk,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # grid: (cdiv(N, BLOCK_N), S); x [K] contiguous; out [S, N] fp32: split s sums K rows [s * chunk, + chunk)
@@ -122,7 +114,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, group, wor
         w = _dequantized_block(qw_ptr, qz_ptr, s_ptr, k0, offs_k, k_ok, offs_n, n_ok, words, N, group)
         if LOW_PRECISION:  # fp16 / bf16: the weight rounded to the activations' dtype, fp32 accumulation
             if DOT_IN_FP32:  # the same rounding, multiplied in fp32 (Triton 3.9's interpreter gets bf16 tl.dot wrong)
-                rounded = _round_to_bf16(w) if BF16 else w.to(x.dtype).to(tl.float32)
+                rounded = round_to_bf16(w) if BF16 else w.to(x.dtype).to(tl.float32)
                 acc += tl.dot(x.to(tl.float32), rounded, input_precision="ieee")
             else:
                 acc += tl.dot(x, w.to(x.dtype))
@@ -142,7 +134,7 @@ def _int4_dequantize_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words,
     w = _dequantized_block(qw_ptr, qz_ptr, s_ptr, tl.program_id(0) * BLOCK_K, offs_k, k_ok, offs_n, n_ok, words, N,
                            group)
     if BF16:  # the interpreter's own fp32 -> bf16 conversion truncates
-        w = _round_to_bf16(w)
+        w = round_to_bf16(w)
     tl.store(out_ptr + offs_k[:, None].to(tl.int64) * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty),
              mask=k_ok[:, None] & n_ok[None, :])
 

@@ -31,6 +31,7 @@ from edgekv.kernels import attention_mass, compact_, triton_available, use_trito
 from edgekv.kernels._triton import interpreting
 from edgekv.kernels.attention_mass import attention_mass_reference, attention_mass_triton, chunk_mask
 from edgekv.kernels.compaction import METADATA_FIELDS, compact_reference_, compact_triton_
+from edgekv.kernels.decode_attention import decode_attention_triton
 from edgekv.kernels.quant_attention import quantized_attention_reference, quantized_attention_triton
 from edgekv.kernels.tar import VISION_KIND, tar_scores_reference, tar_scores_triton
 from edgekv.kernels.van import (
@@ -271,10 +272,35 @@ def check_quantized_attention(args, start):
     (4, 1, 3, 0, 24, 8, 3),      # nothing committed yet; head_dim not a power of two
     (2, 2, 1, 70, 16, 80, 0),    # no temporal section: no rotation at all
     (8, 2, 5, 100, 32, 128, 4),  # a chunk over keys cut into 4 splits (flash-decoding), causal in the last
-], ids=["decode", "chunk", "empty", "no-time", "split-chunk"])
+    (8, 2, 32, 40, 16, 96, 3),   # G x P = 128 folded rows: the keys dequantized once, then SDPA
+], ids=["decode", "chunk", "empty", "no-time", "split-chunk", "dequantized"])
 def test_quantized_attention(codes, dtype, heads_q, heads_kv, num_new, start, dim, capacity, section):
     args = quantized_inputs(heads_q, heads_kv, num_new, start, dim, capacity, dtype, codes, section)
     check_quantized_attention(args, start)
+
+
+@needs_triton
+@pytest.mark.parametrize("codes", CODES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_the_dequantize_kernel_makes_the_torch_paths_copy(codes, dtype):
+    """A wide chunk's keys and values dequantized in one kernel = the cache's torch path (values bit for bit; keys
+    to one ulp: the rotation's cos/sin are the kernel's, not torch's)."""
+    from edgekv.cache.quant import dequantize
+    from edgekv.kernels.quant_attention import dequantized_keys_values
+    from edgekv.positions import rotate_temporal
+
+    q, k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, section = quantized_inputs(
+        4, 2, 1, 60, 32, 80, dtype, codes, 6, seed=4)
+    fp8 = codes == torch.float8_e4m3fn
+    views = (k_codes.view(torch.uint8), v_codes.view(torch.uint8)) if fp8 else (k_codes, v_codes)
+    keys, values = dequantized_keys_values(views[0], k_scale, views[1], v_scale, tpos, inv_freq.float(), section, 61,
+                                           dtype, fp8)
+    want_k = rotate_temporal(dequantize(k_codes[:, :61], k_scale[:, :61], torch.float32), tpos[:, :61], inv_freq,
+                             section).to(dtype)
+    assert keys.dtype == values.dtype == dtype and keys.shape == (2, 61, 32)
+    assert torch.equal(values, dequantize(v_codes[:, :61], v_scale[:, :61], dtype))
+    ulp = torch.finfo(dtype).eps * want_k.float().abs().clamp_min(torch.finfo(dtype).tiny)
+    assert ((keys.float() - want_k.float()).abs() <= ulp).all()
 
 
 @needs_triton
@@ -484,9 +510,13 @@ def launches_of_every_kernel() -> None:
     pooled_van_triton(norms, meta["frame"], meta["row"], meta["col"], meta["vision"], (4, 4), [7, 1])
     fields = {name: meta[name] for name in ("kind", "frame", "row", "col", "tpos")}
     compact_triton_(k, k.clone(), torch.arange(n - 3).expand(2, 2, -1), sink=torch.zeros_like(meta["vision"]), **fields)
-    for codes in CODES:  # the 8-bit cache's decode/chunk attention (int8 and fp8 compile differently)
-        args = quantized_inputs(16, 2, 1, 2047, 128, 6144, torch.bfloat16, codes, 16)
-        quantized_attention_triton(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args], start=2047)
+    for codes in CODES:  # the 8-bit cache's decode (split + combine) and a frame pair (dequantized once)
+        for num_new, start in ((1, 2047), (256, 2048)):
+            args = quantized_inputs(16, 2, num_new, start, 128, 6144, torch.bfloat16, codes, 16)
+            quantized_attention_triton(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args], start=start)
+    # the decode graph's split attention over a bf16 cache (partials + combine)
+    decode_attention_triton(torch.zeros(16, 1, 128, dtype=torch.bfloat16), *torch.zeros(2, 2, 6144, 128,
+                            dtype=torch.bfloat16), torch.tensor([3000]))
 
 
 @pytest.mark.slow
@@ -506,7 +536,7 @@ def test_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(tar_module, "precise_trig", lambda: True)  # what a CUDA launch uses
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     launches_of_every_kernel()
-    assert len(launches) == 13
+    assert len(launches) == 19
     for fn, args, kwargs in launches:
         bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
         signature, constants = {}, {}
