@@ -77,6 +77,16 @@ def test_statekv_next_to_infinipot_v_is_the_same_pair_of_runs(tiny_checkpoint, t
     assert code == 0 and data["summary"]["runs"] == ["statekv B=32", "infinipot_v"]
 
 
+def test_an_8_bit_cache_is_benched_in_fewer_bytes(tiny_checkpoint, tmp_path):
+    code, wide = bench(tiny_checkpoint, tmp_path, "--frames", "6", "--dtype", "bf16")
+    assert code == 0 and wide["summary"]["kv_dtype"] == "the model's dtype"
+    code, narrow = bench(tiny_checkpoint, tmp_path, "--frames", "6", "--dtype", "bf16", "--kv-dtype", "int8")
+    assert code == 0 and narrow["summary"]["kv_dtype"] == "int8" and len(narrow["results"][0]["rows"]) == 3
+    # 8-bit codes + a bf16 scale a slot and head against 16-bit keys and values, the slots' metadata beside both:
+    # 0.66x at the toy's head_dim 16 (the scale is an eighth of a key there)
+    assert narrow["results"][0]["stats"]["cache_capacity_bytes"] < 0.7 * wide["results"][0]["stats"]["cache_capacity_bytes"]
+
+
 def test_stream_variants():
     assert stream.stream_variants(["statekv"], [1024, 0])[0] == [("statekv", 1024), ("infinipot_v", 0)]
     runs, notes = stream.stream_variants(["statekv", "infinipot_v"], [1024, 0])

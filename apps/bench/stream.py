@@ -81,6 +81,9 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
                         help="where edgekv's model runs: cpu, cuda, cuda:N, or auto (cuda when one is visible)")
     stream.add_argument("--dtype", choices=DTYPES, default="fp32",
                         help="model.dtype of edgekv (and of the transformers side, which runs on cpu only)")
+    stream.add_argument("--kv-dtype", choices=["fp32", "fp16", "bf16", "int8", "fp8"], default=None,
+                        help="cache.kv_dtype of edgekv's cache (default: the model's dtype); int8 / fp8 read the "
+                             "8-bit cache in the kernels on a GPU")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side (required off cpu)")
     stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
@@ -449,6 +452,8 @@ def energy_after_first_compression(rows: list[dict]) -> dict:
 
 def _cache_section(policy: str, args: argparse.Namespace, pairs: int, sinks: int) -> dict:
     section = {"policy": policy, "sinks": sinks}
+    if getattr(args, "kv_dtype", None):
+        section["kv_dtype"] = args.kv_dtype
     if args.max_tokens:
         section["max_tokens"] = args.max_tokens
     else:
@@ -687,6 +692,7 @@ def run_stream(args: argparse.Namespace) -> int:
             print(f"    {line}")
     del base
     summary = {"frames": args.frames, "resolution": list(args.resolution), "source": args.source,
+               "kv_dtype": args.kv_dtype or "the model's dtype",
                "policies": args.policy, "sinks": args.sinks, "runs": [_label(p, b) for p, b in runs],
                "notes": notes, "max_tokens": args.max_tokens, "device": str(device), "dtype": args.dtype,
                "phase_split_synchronized": synchronized, "phase_split_note": phase_note,

@@ -30,6 +30,9 @@ def main() -> None:
     parser.add_argument("--json", default="decode-3b.json")
     parser.add_argument("--no-hf", action="store_true")
     parser.add_argument("--compiled", action="store_true", help="also the graph of the torch.compile'd step")
+    parser.add_argument("--int4", action="store_true",
+                        help="the layers' seven linears as 4-bit AWQ weights (random integers, group 128), the "
+                             "Triton 4-bit kernels on the GPU; embedding and head stay bf16")
     args = parser.parse_args()
 
     from edgekv.apps.bench.common import bytes_per_token
@@ -61,6 +64,9 @@ def main() -> None:
         for name, parameter in language.named_parameters():
             if "norm" not in name:
                 parameter.normal_(0.0, 0.02)
+    if args.int4:
+        quantize_randomly(language, 16 if args.small else 128)
+        result["weights"] = "int4 (AWQ GEMM layout, group 128) layers, bf16 embedding and head"
     bandwidth = copy_bandwidth(device, mib=256 if args.small else 2048)
     bound_rate = max(bandwidth.values())
     result.update(copy_tb_s=bandwidth["copy"] / 1e12, read_tb_s=bandwidth["read"] / 1e12)
@@ -94,6 +100,8 @@ def main() -> None:
     # configurations before it, so each change has its own figure: the split attention alone, SDPA's mask row;
     # with --compiled, the torch.compile'd step of the layers' own ops
     variants = [("graph", {}), ("graph-split", {"fused": False}), ("graph-sdpa", {"split_attention": False, "fused": False})]
+    if args.int4:  # the fused step takes dense linears only (decode_fused.fusable)
+        variants = variants[1:]
     if args.compiled:
         variants.append(("compiled", {"compile": True, "fused": False}))
     for name, options in variants:
@@ -151,6 +159,26 @@ def main() -> None:
     weights = bytes_per_token(model.model.language_model, 0, 0) + model.lm_head.weight.numel() * 2 * (
         0 if text.tie_word_embeddings else 1)
     row("hf", max(rates), weights + (args.prompt + args.tokens // 2) * kv_slot)
+
+
+def quantize_randomly(language: torch.nn.Module, group: int) -> None:
+    """Every ``nn.Linear`` of the decoder layers becomes an ``Int4Linear`` of random 4-bit integers (zero point 8,
+    scale 0.004: weights within +-0.032), on the layer's device; biases kept."""
+    from edgekv.model.int4 import Int4Linear
+
+    gen = torch.Generator().manual_seed(1)
+    for layer in language.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if not isinstance(child, torch.nn.Linear):
+                    continue
+                k, n = child.in_features, child.out_features
+                q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+                zeros = torch.full((k // group, n), 8, dtype=torch.uint8)
+                scales = torch.full((k // group, n), 0.004, dtype=torch.float16)
+                bias = None if child.bias is None else child.bias.detach()
+                module = Int4Linear.from_integers(q, zeros, scales, None if bias is None else bias.cpu())
+                setattr(parent, name, module.to(child.weight.device))
 
 
 if __name__ == "__main__":
