@@ -32,6 +32,7 @@ from edgekv.kernels._triton import interpreting
 from edgekv.kernels.attention_mass import attention_mass_reference, attention_mass_triton, chunk_mask
 from edgekv.kernels.compaction import METADATA_FIELDS, compact_reference_, compact_triton_
 from edgekv.kernels.decode_attention import decode_attention_triton
+from edgekv.kernels.decode_fused import add_rms_norm, rope_write, silu_mul
 from edgekv.kernels.quant_attention import quantized_attention_reference, quantized_attention_triton
 from edgekv.kernels.tar import VISION_KIND, tar_scores_reference, tar_scores_triton
 from edgekv.kernels.van import (
@@ -514,9 +515,15 @@ def launches_of_every_kernel() -> None:
         for num_new, start in ((1, 2047), (256, 2048)):
             args = quantized_inputs(16, 2, num_new, start, 128, 6144, torch.bfloat16, codes, 16)
             quantized_attention_triton(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args], start=start)
-    # the decode graph's split attention over a bf16 cache (partials + combine)
+    # the decode graph's split attention over a bf16 cache (partials + combine) and its fused small work
     decode_attention_triton(torch.zeros(16, 1, 128, dtype=torch.bfloat16), *torch.zeros(2, 2, 6144, 128,
                             dtype=torch.bfloat16), torch.tensor([3000]))
+    hidden = torch.zeros(1, 2048, dtype=torch.bfloat16)
+    add_rms_norm(hidden, hidden.clone(), torch.ones(2048, dtype=torch.bfloat16), 1e-6)
+    silu_mul(torch.zeros(11008, dtype=torch.bfloat16), torch.zeros(11008, dtype=torch.bfloat16))
+    cache = torch.zeros(2, 2, 6144, 128, dtype=torch.bfloat16)
+    rope_write(torch.zeros(2048, dtype=torch.bfloat16), *torch.zeros(2, 256, dtype=torch.bfloat16),
+               *torch.ones(2, 128, dtype=torch.bfloat16), cache[0], cache[1], torch.tensor([5]))
 
 
 @pytest.mark.slow
@@ -536,7 +543,7 @@ def test_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(tar_module, "precise_trig", lambda: True)  # what a CUDA launch uses
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     launches_of_every_kernel()
-    assert len(launches) == 19
+    assert len(launches) == 22
     for fn, args, kwargs in launches:
         bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
         signature, constants = {}, {}
