@@ -1,0 +1,162 @@
+"""Issue 32 / 29, a prepared experiment for the next device call: variants of the 4-bit GEMV at the 3B widths,
+timed beside the shipped kernel (kernels/int4_matmul.py) and bf16 ``F.linear``, so the next session can pick
+one with figures instead of guesses.
+
+The H200 run of 2026-11-26 measured the shipped GEMV (split-K, one packed word loaded per nibble lane) at
+0.035 ms for 2,048 x 2,048 against 0.006 ms in bf16. Variants here:
+
+  shipped        int4_matmul_triton (split-K partials, a torch sum, a cast)
+  words-64x64    each program loads its [BLOCK_K, BLOCK_N / 8] packed words once and unpacks them with a
+                 shift vector (8 nibbles a word), split-K partials as shipped
+  words-128x128  the same with wider tiles (fewer programs, more bytes each)
+  words-atomic   words-64x64 whose splits add into one fp32 row with atomics (no partials, no torch sum;
+                 the sum order is not fixed, so it is a timing probe, not a candidate as it stands)
+
+Each timed pass runs the product over 36 different weights (a token's worth do not fit the L2), captured in
+one CUDA graph and replayed. Prints ms a call and max |diff| against the fp64 reference; JSON to ``--json``.
+``--small`` runs toy widths on the CPU in Triton's interpreter (a check of this script, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from edgekv.kernels._triton import cdiv, jit, tl
+
+SHIFTS = (0, 16, 4, 20, 8, 24, 12, 28)  # nibble of output n % 8 in its word (the AWQ packing order)
+
+
+@jit
+def _gemv_words_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words, chunk,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr):
+    WORDS: tl.constexpr = BLOCK_N // 8
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    offs_w = pid_n * WORDS + tl.arange(0, WORDS)  # packed word columns of this program
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    lane = tl.arange(0, 8)
+    shift = ((lane // 2) + (lane % 2) * 4) * 4  # == SHIFTS
+    w_ok = offs_w < words
+    n_ok = offs_n < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, K)
+    for k0 in range(lo, hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < hi
+        packed = tl.load(qw_ptr + offs_k[:, None].to(tl.int64) * words + offs_w[None, :],
+                         mask=k_ok[:, None] & w_ok[None, :], other=0)  # [BLOCK_K, WORDS]
+        q = tl.reshape((packed[:, :, None] >> shift[None, None, :]) & 0xF, [BLOCK_K, BLOCK_N])
+        row = k0 // group
+        zpacked = tl.load(qz_ptr + row.to(tl.int64) * words + offs_w, mask=w_ok, other=0)  # [WORDS]
+        z = tl.reshape((zpacked[:, None] >> shift[None, :]) & 0xF, [BLOCK_N])
+        s = tl.load(s_ptr + row.to(tl.int64) * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        acc += tl.sum(x[:, None] * (q - z[None, :]).to(tl.float32), axis=0) * s
+    if ATOMIC:
+        tl.atomic_add(out_ptr + offs_n, acc, mask=n_ok)
+    else:
+        tl.store(out_ptr + split.to(tl.int64) * N + offs_n, acc, mask=n_ok)
+
+
+def gemv_words(x, qweight, qzeros, scales, group, block_n=64, block_k=64, atomic=False, programs=1056):
+    from edgekv.kernels.int4_matmul import k_split
+
+    k, n = x.shape[1], scales.shape[1]
+    block_k = min(block_k, group)
+    chunk, splits = k_split(k, cdiv(n, block_n), block_k, programs)
+    if atomic:
+        out = torch.zeros(1, n, dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty(splits, n, dtype=torch.float32, device=x.device)
+    _gemv_words_kernel[(cdiv(n, block_n), splits)](x, qweight, qzeros, scales, out, n, k, group, qweight.shape[1], chunk,
+                                                   BLOCK_N=block_n, BLOCK_K=block_k, ATOMIC=atomic)
+    return (out[0] if atomic else out.sum(0)).to(x.dtype)[None]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--json", default="int4-variants.json")
+    parser.add_argument("--replays", type=int, default=20)
+    args = parser.parse_args()
+
+    import torch.nn.functional as F
+
+    from edgekv.kernels.int4_format import pack_awq
+    from edgekv.kernels.int4_matmul import int4_matmul_reference, int4_matmul_triton
+
+    cuda = not args.small
+    device = torch.device("cuda" if cuda else "cpu")
+    copies = 36 if cuda else 2
+    shapes = [(2048, 2048), (2048, 256), (2048, 11008), (11008, 2048)] if cuda else [(256, 64), (128, 200)]
+    group = 128 if cuda else 32
+    programs = 8 * torch.cuda.get_device_properties(device).multi_processor_count if cuda else 16
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreter)", "rows": []}
+    gen = torch.Generator().manual_seed(0)
+
+    def timed(call) -> float:
+        """ms a call: ``copies`` calls (one a weight) a pass, graph-replayed on CUDA."""
+        for i in range(copies):
+            call(i)
+        if not cuda:
+            t0 = time.perf_counter()
+            for i in range(copies):
+                call(i)
+            return (time.perf_counter() - t0) / copies * 1e3
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for i in range(copies):
+                    call(i)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / (args.replays * copies)
+
+    for k, n in shapes:
+        weights = []
+        for _ in range(copies):
+            q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+            zeros = torch.randint(0, 16, (k // group, n), generator=gen, dtype=torch.uint8)
+            scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).half()
+            weights.append((pack_awq(q).to(device), pack_awq(zeros).to(device), scales.to(device)))
+        dense = [torch.randn(n, k, generator=gen).to(device, torch.bfloat16) * 0.02 for _ in range(copies)]
+        x = torch.randn(1, k, generator=gen).to(device, torch.bfloat16)
+        want = int4_matmul_reference(x.double(), *weights[0], group)
+        calls = {
+            "bf16 F.linear": (lambda i: F.linear(x, dense[i]), None),
+            "shipped": (lambda i: int4_matmul_triton(x, *weights[i], group), True),
+            "words-64x64": (lambda i: gemv_words(x, *weights[i], group, 64, 64, programs=programs), True),
+            "words-128x128": (lambda i: gemv_words(x, *weights[i], group, 128, 128, programs=programs), True),
+            "words-atomic": (lambda i: gemv_words(x, *weights[i], group, 64, 64, atomic=True, programs=programs), True),
+        }
+        for name, (call, check) in calls.items():
+            try:
+                ms = timed(call)
+                diff = float((call(0).double() - want).abs().max()) if check else None
+                entry = {"k": k, "n": n, "variant": name, "ms": ms, "max_abs_diff": diff}
+                print(f"K {k:5d} N {n:5d}  {name:14s} {ms:8.4f} ms a call"
+                      + (f"   max|diff| {diff:.2e} (of max {float(want.abs().max()):.2e})" if check else ""), flush=True)
+            except Exception as exc:  # one variant failing must not cost the others' figures
+                entry = {"k": k, "n": n, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:600]}
+                print(f"K {k:5d} N {n:5d}  {name:14s} FAILED: {entry['error']}", flush=True)
+            result["rows"].append(entry)
+            with open(args.json, "w") as out:
+                json.dump(result, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
