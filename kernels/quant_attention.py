@@ -19,8 +19,9 @@ so the kernel needs no fp8 hardware (Jetson Orin, sm_87, has none) and runs in T
 Grid: (query blocks of the folded axis, Hkv, S). As in ``folded_attention``, each KV head's ``G = Hq / Hkv``
 query heads are laid one after another on the query axis, so every program reads each 8-bit key block once
 for all ``G`` heads. Tiles are padded to powers of two (at least 16, ``tl.dot``'s minimum) and masked.
-The rotation loads each key block twice (itself and its half-swapped partner): cheaper than a second pass,
-and the partner read hits the same cache lines. A decode step has only ``Hkv`` programs (2 at the 3B shape), so
+A key block is read as stored, and its T temporal pairs' two halves again (the same cache lines); only those
+pairs are rotated (trig on T of D/2 pairs: 16 of 64 at the 3B shape), and the scores add three products —
+the unrotated dims, each half of the pairs (``_key_parts``). A decode step has only ``Hkv`` programs (2 at the 3B shape), so
 its keys are cut into ``S`` chunks (flash-decoding, ``key_split``) whose softmax partials
 ``kernels/decode_attention.combine_partials`` merges. Products: tf32 tensor cores for 16-bit queries (the
 dequantized key rounds to tf32's 10-bit mantissa, finer than the bf16 copy the torch path makes), fp32
@@ -93,35 +94,36 @@ def _decode_codes(raw, FP8: tl.constexpr):
 
 
 @jit
-def _rotation(inv_freq_ptr, offs_d, d_ok, half, temporal_section):
-    """Per key dim d: the partner dim, the sign and the frequency of the temporal rotation — pair j = d mod half,
-    partner (d + half) mod dim; x1 cos - x2 sin for d < half, x2 cos + x1 sin above; frequency 0 (no rotation)
-    outside the temporal section."""
-    pair = tl.where(offs_d < half, offs_d, offs_d - half)
-    partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
-    sign = tl.where(offs_d < half, -1.0, 1.0)
-    freq = tl.load(inv_freq_ptr + pair, mask=d_ok & (pair < temporal_section), other=0.0)
-    return partner, sign, freq
-
-
-@jit
-def _key_block(k_base, ks_row, tpos_row, offs_n, n_ok, offs_d, d_ok, partner, sign, freq, s_kn, s_kd, s_ksn, s_tn,
-               FP8: tl.constexpr, PRECISE_TRIG: tl.constexpr):
-    """Keys ``offs_n`` of one KV head, dequantized and rotated forward to their temporal positions: fp32
-    [BLOCK_N, BLOCK_D], zero outside the tile."""
+def _key_parts(k_base, ks_row, tpos_row, inv_freq_ptr, offs_n, n_ok, offs_d, d_ok, offs_t, t_ok, half,
+               s_kn, s_kd, s_ksn, s_tn, FP8: tl.constexpr, PRECISE_TRIG: tl.constexpr):
+    """Keys ``offs_n`` of one KV head as three fp32 tiles, zero outside them: ``x`` [BLOCK_N, BLOCK_D] the
+    dequantized keys as stored (time-neutral), and the temporal pairs rotated forward to their positions —
+    ``low`` = x_j cos - x_(j+half) sin and ``high`` = x_(j+half) cos + x_j sin, [BLOCK_N, BLOCK_T] for pairs
+    j < T (``offs_t``, ``t_ok``) — the products of ``rotate_temporal``. Only the T temporal pairs take trig:
+    computing it on every dim (cos 0 = 1 outside the section) cost 8x the libdevice calls (issue 32)."""
     tile_ok = n_ok[:, None] & d_ok[None, :]
+    pair_ok = n_ok[:, None] & t_ok[None, :]
     k_scale = tl.load(ks_row + offs_n * s_ksn, mask=n_ok, other=0.0).to(tl.float32)
     rows = k_base + offs_n[:, None] * s_kn
     x = _decode_codes(tl.load(rows + offs_d[None, :] * s_kd, mask=tile_ok, other=0), FP8) * k_scale[:, None]
-    y = _decode_codes(tl.load(rows + partner[None, :] * s_kd, mask=tile_ok, other=0), FP8) * k_scale[:, None]
+    lo = _decode_codes(tl.load(rows + offs_t[None, :] * s_kd, mask=pair_ok, other=0), FP8) * k_scale[:, None]
+    hi = _decode_codes(tl.load(rows + (half + offs_t)[None, :] * s_kd, mask=pair_ok, other=0), FP8) * k_scale[:, None]
     t = tl.load(tpos_row + offs_n * s_tn, mask=n_ok, other=0).to(tl.float32)
+    freq = tl.load(inv_freq_ptr + offs_t, mask=t_ok, other=0.0)
     angle = t[:, None] * freq[None, :]
     if PRECISE_TRIG:
         cos, sin = libdevice.cos(angle), libdevice.sin(angle)
     else:
         cos, sin = tl.cos(angle), tl.sin(angle)
-    key = x * cos + sign[None, :] * (y * sin)
-    return tl.where(tile_ok, key, 0.0)
+    low = lo * cos + -1.0 * (hi * sin)
+    high = hi * cos + lo * sin
+    return tl.where(tile_ok, x, 0.0), tl.where(pair_ok, low, 0.0), tl.where(pair_ok, high, 0.0)
+
+
+@jit
+def _temporal(offs_d, half, temporal_section):
+    """Whether key dim d is in a temporal pair (rotated at read time): d < T or half <= d < half + T."""
+    return (offs_d < temporal_section) | ((offs_d >= half) & (offs_d < half + temporal_section))
 
 
 @jit
@@ -139,23 +141,32 @@ def _dequantize_kernel(
     k_ptr, ks_ptr, v_ptr, vs_ptr, tpos_ptr, inv_freq_ptr, key_out_ptr, value_out_ptr, end, dim, half, temporal_section,
     s_kh, s_kn, s_kd, s_ksh, s_ksn, s_vh, s_vn, s_vd, s_vsh, s_vsn, s_th, s_tn,
     FP8: tl.constexpr, PRECISE_TRIG: tl.constexpr, BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
     # grid: (cdiv(end, BLOCK_N), Hkv); key_out / value_out [Hkv, end, dim] contiguous in the queries' dtype
     block_n, head_kv = tl.program_id(0), tl.program_id(1)
     offs_n = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     n_ok, d_ok = offs_n < end, offs_d < dim
-    partner, sign, freq = _rotation(inv_freq_ptr, offs_d, d_ok, half, temporal_section)
-    key = _key_block(k_ptr + head_kv.to(tl.int64) * s_kh, ks_ptr + head_kv.to(tl.int64) * s_ksh,
-                     tpos_ptr + head_kv.to(tl.int64) * s_th, offs_n, n_ok, offs_d, d_ok, partner, sign, freq,
-                     s_kn, s_kd, s_ksn, s_tn, FP8, PRECISE_TRIG)
+    offs_t = tl.arange(0, BLOCK_T)
+    t_ok = offs_t < temporal_section
+    x, low, high = _key_parts(k_ptr + head_kv.to(tl.int64) * s_kh, ks_ptr + head_kv.to(tl.int64) * s_ksh,
+                              tpos_ptr + head_kv.to(tl.int64) * s_th, inv_freq_ptr, offs_n, n_ok, offs_d, d_ok, offs_t,
+                              t_ok, half, s_kn, s_kd, s_ksn, s_tn, FP8, PRECISE_TRIG)
     value = _value_block(v_ptr + head_kv.to(tl.int64) * s_vh, vs_ptr + head_kv.to(tl.int64) * s_vsh, offs_n, n_ok,
                          offs_d, d_ok, s_vn, s_vd, s_vsn, FP8)
     if BF16:  # rounded to nearest even, as torch's cast (the interpreter's own truncates)
-        key, value = round_to_bf16(key), round_to_bf16(value)
-    out = (head_kv.to(tl.int64) * end + offs_n[:, None]) * dim + offs_d[None, :]
+        x, low, high, value = round_to_bf16(x), round_to_bf16(low), round_to_bf16(high), round_to_bf16(value)
+    row = (head_kv.to(tl.int64) * end + offs_n[:, None]) * dim
     tile_ok = n_ok[:, None] & d_ok[None, :]
-    tl.store(key_out_ptr + out, key.to(key_out_ptr.dtype.element_ty), mask=tile_ok)
+    pair_ok = n_ok[:, None] & t_ok[None, :]
+    dtype = key_out_ptr.dtype.element_ty
+    # three disjoint sets of dims: the unrotated ones as stored, then the temporal pairs' two halves
+    tl.store(key_out_ptr + row + offs_d[None, :], x.to(dtype),
+             mask=tile_ok & ~_temporal(offs_d, half, temporal_section)[None, :])
+    tl.store(key_out_ptr + row + offs_t[None, :], low.to(dtype), mask=pair_ok)
+    tl.store(key_out_ptr + row + (half + offs_t)[None, :], high.to(dtype), mask=pair_ok)
+    out = row + offs_d[None, :]
     tl.store(value_out_ptr + out, value.to(value_out_ptr.dtype.element_ty), mask=tile_ok)
 
 
@@ -166,7 +177,7 @@ def _quantized_attention_kernel(
     s_qh, s_qp, s_qd, s_kh, s_kn, s_kd, s_ksh, s_ksn, s_vh, s_vn, s_vd, s_vsh, s_vsn, s_th, s_tn,
     s_oh, s_op, s_od, chunk, o_part_ptr, m_part_ptr, l_part_ptr,
     FP8: tl.constexpr, PRECISE_TRIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # grid: (cdiv(G * P, BLOCK_M), Hkv, S); folded row r = member j * P + token i of query head head_kv * G + j;
     # program (., ., split) reads the keys [split * chunk, (split + 1) * chunk) of [0, start + P)
@@ -177,9 +188,14 @@ def _quantized_attention_kernel(
     head_q = head_kv * group + offs_m // num_new
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < dim
-    q = tl.load(q_ptr + head_q[:, None].to(tl.int64) * s_qh + token[:, None] * s_qp + offs_d[None, :] * s_qd,
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    partner, sign, freq = _rotation(inv_freq_ptr, offs_d, d_ok, half, temporal_section)
+    q_row = q_ptr + head_q[:, None].to(tl.int64) * s_qh + token[:, None] * s_qp
+    q = tl.load(q_row + offs_d[None, :] * s_qd, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    # q . k = q . x over the unrotated dims + the temporal pairs' two halves against the rotated keys
+    q = tl.where(_temporal(offs_d, half, temporal_section)[None, :], 0.0, q)
+    offs_t = tl.arange(0, BLOCK_T)
+    t_ok = offs_t < temporal_section
+    q_lo = tl.load(q_row + offs_t[None, :] * s_qd, mask=m_ok[:, None] & t_ok[None, :], other=0.0).to(tl.float32)
+    q_hi = tl.load(q_row + (half + offs_t)[None, :] * s_qd, mask=m_ok[:, None] & t_ok[None, :], other=0.0).to(tl.float32)
     k_base = k_ptr + head_kv.to(tl.int64) * s_kh
     v_base = v_ptr + head_kv.to(tl.int64) * s_vh
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -191,10 +207,13 @@ def _quantized_attention_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
-        key = _key_block(k_base, ks_ptr + head_kv.to(tl.int64) * s_ksh, tpos_ptr + head_kv.to(tl.int64) * s_th,
-                         offs_n, n_ok, offs_d, d_ok, partner, sign, freq, s_kn, s_kd, s_ksn, s_tn, FP8, PRECISE_TRIG)
-        # [BLOCK_M, BLOCK_N], log2 units; fp32 whatever type torch.compile gives the scale
-        s = (tl.dot(q, tl.trans(key), input_precision=PRECISION) * qk_scale).to(tl.float32)
+        x, low, high = _key_parts(k_base, ks_ptr + head_kv.to(tl.int64) * s_ksh, tpos_ptr + head_kv.to(tl.int64) * s_th,
+                                  inv_freq_ptr, offs_n, n_ok, offs_d, d_ok, offs_t, t_ok, half, s_kn, s_kd, s_ksn, s_tn,
+                                  FP8, PRECISE_TRIG)
+        s = tl.dot(q, tl.trans(x), input_precision=PRECISION)
+        s += tl.dot(q_lo, tl.trans(low), input_precision=PRECISION)
+        s += tl.dot(q_hi, tl.trans(high), input_precision=PRECISION)
+        s = (s * qk_scale).to(tl.float32)  # [BLOCK_M, BLOCK_N], log2 units; fp32 whatever type compile gives the scale
         allowed = ((offs_n[None, :] < start) | ((offs_n[None, :] - start) <= token[:, None])) & n_ok[None, :]
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -273,7 +292,8 @@ def quantized_attention_triton(
         *q.stride(), *k_codes.stride(), *k_scale.stride(), *v_codes.stride(), *v_scale.stride(), *tpos.stride(),
         *out.stride(), chunk, o_part, m_part, l_part,
         FP8=fp8, PRECISE_TRIG=precise_trig(), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT=splits > 1, PRECISION=dot_precision(q.dtype), num_warps=4,
+        BLOCK_T=max(16, next_power_of_2(temporal_section)), SPLIT=splits > 1, PRECISION=dot_precision(q.dtype),
+        num_warps=4,
     )
     if splits > 1:  # out [Hq, P, D] contiguous is [Hkv * G * P, D] in folded-row order
         combine_partials(o_part, m_part, l_part, out.view(heads_kv * rows, dim), splits, rows)
@@ -301,7 +321,7 @@ def dequantized_keys_values(k_codes: torch.Tensor, k_scale: torch.Tensor, v_code
         k_codes, k_scale, v_codes, v_scale, tpos, inv_freq, keys, values, end, dim, dim // 2, temporal_section,
         *k_codes.stride(), *k_scale.stride(), *v_codes.stride(), *v_scale.stride(), *tpos.stride(),
         FP8=fp8, PRECISE_TRIG=precise_trig(), BF16=dtype == torch.bfloat16, BLOCK_N=block_n,
-        BLOCK_D=max(16, next_power_of_2(dim)), num_warps=4,
+        BLOCK_D=max(16, next_power_of_2(dim)), BLOCK_T=max(16, next_power_of_2(temporal_section)), num_warps=4,
     )
     return keys, values
 
