@@ -68,9 +68,22 @@ class Runtime:
                 quantize_lm_head(self.model.language, config.model.lm_head)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        self.vision_route = self._vision_route(config.model.vision_route)
         self.vision_backend, self.llm_backend = make_backends(self)
         self.decode_route, self.decode_route_note = self._prepare_decode(config.model.decode_route)
         self.host_memory = configure_host_memory(config.model.host_memory)  # after loading: see edgekv/hostmem.py
+
+    def _vision_route(self, route: str) -> str:
+        """``model.vision_route`` resolved for this device ("graph" or "eager"; "engine" when another backend
+        runs the tower)."""
+        if self.config.engines.vision != "torch":
+            return "engine"
+        from edgekv.engines.torch_backend import resolve_vision_route
+
+        try:
+            return resolve_vision_route(route, self.device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _prepare_decode(self, route: str) -> tuple[str, str | None]:
         """Apply ``model.decode_route`` to the torch language model (edgekv/model/decode_routes.py);

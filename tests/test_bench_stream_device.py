@@ -87,6 +87,13 @@ def test_an_8_bit_cache_is_benched_in_fewer_bytes(tiny_checkpoint, tmp_path):
     assert narrow["results"][0]["stats"]["cache_capacity_bytes"] < 0.7 * wide["results"][0]["stats"]["cache_capacity_bytes"]
 
 
+def test_the_vision_route_is_recorded_and_a_cpu_graph_refused(tiny_checkpoint, tmp_path, capsys):
+    code, data = bench(tiny_checkpoint, tmp_path, "--frames", "4", "--vision-route", "eager")
+    assert code == 0 and data["summary"]["vision_route"] == "eager" and "vision tower: eager" in capsys.readouterr().out
+    code, _ = bench(tiny_checkpoint, tmp_path, "--frames", "4", "--vision-route", "graph", "--json", str(tmp_path / "x"))
+    assert code == 2 and "vision_route: graph: a CUDA graph needs a CUDA device" in capsys.readouterr().err
+
+
 def test_stream_variants():
     assert stream.stream_variants(["statekv"], [1024, 0])[0] == [("statekv", 1024), ("infinipot_v", 0)]
     runs, notes = stream.stream_variants(["statekv", "infinipot_v"], [1024, 0])

@@ -84,6 +84,8 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
     stream.add_argument("--kv-dtype", choices=["fp32", "fp16", "bf16", "int8", "fp8"], default=None,
                         help="cache.kv_dtype of edgekv's cache (default: the model's dtype); int8 / fp8 read the "
                              "8-bit cache in the kernels on a GPU")
+    stream.add_argument("--vision-route", choices=["auto", "eager", "graph"], default=None,
+                        help="model.vision_route (default auto: a CUDA graph of the tower on CUDA, eager elsewhere)")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side (required off cpu)")
     stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
@@ -662,8 +664,13 @@ def run_stream(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}")
     # The weights load once; each run is a runtime sharing them with its own cache section (Runtime.sharing).
-    base = edgekv.Runtime.from_pretrained(model_dir, model={"dtype": args.dtype, "device": str(device)},
+    model = {"dtype": args.dtype, "device": str(device)}
+    if getattr(args, "vision_route", None):
+        model["vision_route"] = args.vision_route
+    base = edgekv.Runtime.from_pretrained(model_dir, model=model,
                                           video={"resolution": list(args.resolution), "fps": args.fps})
+    base_vision_route = base.vision_route
+    print(f"vision tower: {base_vision_route}")
     results = []
     for policy, sinks in runs:
         label = f"[edgekv {_label(policy, sinks)}]"
@@ -692,7 +699,7 @@ def run_stream(args: argparse.Namespace) -> int:
             print(f"    {line}")
     del base
     summary = {"frames": args.frames, "resolution": list(args.resolution), "source": args.source,
-               "kv_dtype": args.kv_dtype or "the model's dtype",
+               "kv_dtype": args.kv_dtype or "the model's dtype", "vision_route": base_vision_route,
                "policies": args.policy, "sinks": args.sinks, "runs": [_label(p, b) for p, b in runs],
                "notes": notes, "max_tokens": args.max_tokens, "device": str(device), "dtype": args.dtype,
                "phase_split_synchronized": synchronized, "phase_split_note": phase_note,

@@ -222,14 +222,18 @@ class VisionTower(nn.Module):
             self._layouts.popitem(last=False)
         return layout
 
-    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """pixel_values [N, C*tps*ps*ps], grid_thw [n, 3] -> merged tokens [N/4, out_hidden] in HF order."""
+    def check_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
+        """ValueError naming what does not fit: grid_thw [n, 3], pixel_values [sum of t*h*w, patch_dim]."""
         if grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
             raise ValueError(f"grid_thw must be [n, 3], got {tuple(grid_thw.shape)}")
         expected = int(grid_thw.prod(-1).sum())
         if pixel_values.dim() != 2 or pixel_values.shape != (expected, self.config.patch_dim):
             raise ValueError(f"pixel_values must be [{expected}, {self.config.patch_dim}] for grid_thw "
                              f"{grid_thw.tolist()}, got {tuple(pixel_values.shape)}")
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """pixel_values [N, C*tps*ps*ps], grid_thw [n, 3] -> merged tokens [N/4, out_hidden] in HF order."""
+        self.check_inputs(pixel_values, grid_thw)
         device = self.patch_embed.proj.weight.device
         return self.forward_layout(pixel_values.to(device), self.layout(grid_thw, device))
 

@@ -335,6 +335,7 @@ class StreamSession:
             "vision_backend": self.vision.name,
             "llm_backend": self.llm.name,
             "decode_route": self.runtime.decode_route,
+            "vision_route": getattr(self.runtime, "vision_route", "eager"),
             "host_memory": self.runtime.host_memory,
             "compressions": c.compressions,
             "compression_ms_total": c.compression_ms_total,

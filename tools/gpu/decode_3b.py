@@ -166,19 +166,19 @@ def quantize_randomly(language: torch.nn.Module, group: int) -> None:
     scale 0.004: weights within +-0.032), on the layer's device; biases kept."""
     from edgekv.model.int4 import Int4Linear
 
-    gen = torch.Generator().manual_seed(1)
+    device = next(language.parameters()).device
+    gen = torch.Generator(device).manual_seed(1)  # drawn and packed on the GPU: 3B of integers take minutes on a CPU
     for layer in language.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
                 if not isinstance(child, torch.nn.Linear):
                     continue
                 k, n = child.in_features, child.out_features
-                q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
-                zeros = torch.full((k // group, n), 8, dtype=torch.uint8)
-                scales = torch.full((k // group, n), 0.004, dtype=torch.float16)
+                q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8, device=device)
+                zeros = torch.full((k // group, n), 8, dtype=torch.uint8, device=device)
+                scales = torch.full((k // group, n), 0.004, dtype=torch.float16, device=device)
                 bias = None if child.bias is None else child.bias.detach()
-                module = Int4Linear.from_integers(q, zeros, scales, None if bias is None else bias.cpu())
-                setattr(parent, name, module.to(child.weight.device))
+                setattr(parent, name, Int4Linear.from_integers(q, zeros, scales, bias).to(device))
 
 
 if __name__ == "__main__":
