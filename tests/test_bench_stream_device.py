@@ -94,6 +94,13 @@ def test_the_vision_route_is_recorded_and_a_cpu_graph_refused(tiny_checkpoint, t
     assert code == 2 and "vision_route: graph: a CUDA graph needs a CUDA device" in capsys.readouterr().err
 
 
+def test_an_empty_plot_path_writes_no_png(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = main(["bench", "stream", "--model", str(tiny_checkpoint), "--frames", "4", "--resolution", "112", "112",
+                 "--no-hf", "--json", "s.json", "--plot", ""])
+    assert code == 0 and (tmp_path / "s.json").is_file() and not list(tmp_path.glob("*.png"))
+
+
 def test_stream_variants():
     assert stream.stream_variants(["statekv"], [1024, 0])[0] == [("statekv", 1024), ("infinipot_v", 0)]
     runs, notes = stream.stream_variants(["statekv", "infinipot_v"], [1024, 0])

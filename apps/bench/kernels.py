@@ -499,6 +499,9 @@ def run_kernels(args: argparse.Namespace) -> int:
         "rows": [{**asdict(r), "speedup": r.speedup, "bf16_ratio": r.bf16_ratio} for r in rows],
     }
     Path(args.json).write_text(json.dumps(record, indent=2))
+    if not args.plot:  # --plot "": figures only
+        print(f"wrote {args.json}")
+        return 0
     saved = _plot(rows, Path(args.plot), f"{name}, {args.dtype}: {note}")
     print(f"wrote {args.json}" + (f" and {args.plot}" if saved else " (no plot: matplotlib missing or nothing timed)"))
     return 0

@@ -718,9 +718,10 @@ def run_stream(args: argparse.Namespace) -> int:
             print(f"at frame pair {probe}: edgekv {mine:.1f} ms vs transformers {theirs:.1f} ms per pair "
                   f"-> ratio {mine / theirs:.2f} (edgekv / transformers)")
     Path(args.json).write_text(json.dumps({"summary": summary, "results": results}, indent=1))
-    _plot(results, Path(args.plot), f"{args.source} @ {args.resolution[0]}x{args.resolution[1]}, {args.frames} frames, "
-                                    f"{device} {args.dtype}")
-    print(f"wrote {args.json} and {args.plot}")
+    if args.plot:  # --plot "": figures only
+        _plot(results, Path(args.plot), f"{args.source} @ {args.resolution[0]}x{args.resolution[1]}, {args.frames} "
+                                        f"frames, {device} {args.dtype}")
+    print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
     failed = [r["label"] for r in results if r.get("failed")]
     if failed:
         print(f"failed runs: {', '.join(failed)} (their errors are in {args.json})")
