@@ -88,20 +88,22 @@ class VisionGraphs:
                     self._entries.popitem(last=False)
             else:
                 self._entries.move_to_end(key)
-            static_in, static_out, graph = entry
+            static_in, static_out, graph, layout = entry
             static_in.copy_(pixel_values)  # to the tower's device and the buffer's dtype, as the eager path
             if graph is not None:
                 graph.replay()
             else:
-                static_out = self.tower.forward_layout(static_in, self.tower.layout(grid_thw, device))
+                static_out = self.tower.forward_layout(static_in, layout)
             return static_out.clone()
 
     def _build(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, device: torch.device):
         layout = self.tower.layout(grid_thw, device)
         static_in = torch.empty(pixel_values.shape, dtype=pixel_values.dtype, device=device)
         static_in.copy_(pixel_values)
+        # the entry holds the layout: the graph reads its index and angle tensors at their captured addresses,
+        # and the tower's own layout cache may drop them
         if not self.capture:
-            return static_in, None, None
+            return static_in, None, None, layout
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -111,7 +113,7 @@ class VisionGraphs:
             with torch.cuda.graph(graph, stream=stream):
                 static_out = self.tower.forward_layout(static_in, layout)
         torch.cuda.current_stream(device).wait_stream(stream)
-        return static_in, static_out, graph
+        return static_in, static_out, graph, layout
 
 
 class TorchLLM:

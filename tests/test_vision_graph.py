@@ -52,6 +52,18 @@ def test_the_output_is_the_callers_and_the_grids_held_are_bounded(tower):
     assert len(graphs._entries) == 1 and next(iter(graphs._entries))[0] == ((1, 8, 8),)
 
 
+def test_an_entry_keeps_its_layout_alive_when_the_towers_cache_drops_it(tower):
+    """A captured graph reads the layout's tensors at their addresses: the entry must own them."""
+    graphs = VisionGraphs(tower, capture=False)
+    values, grid_thw = pixels(tower, (1, 4, 6), 0)
+    with torch.no_grad():
+        graphs(values, grid_thw)
+        tower._layouts.clear()  # the tower's LRU of layouts holds 8 grids
+        entry = next(iter(graphs._entries.values()))
+        assert entry[3] is not None and entry[3].token_order.numel() == 24
+        assert torch.equal(graphs(values, grid_thw), tower(values, grid_thw))
+
+
 def test_built_under_inference_mode_and_replayed_outside_it(tower):
     graphs = VisionGraphs(tower, capture=False)
     values, grid_thw = pixels(tower, (1, 4, 6), 0)
@@ -141,7 +153,7 @@ def test_gpu_the_replayed_tower_is_the_eager_tower(tiny_checkpoint):
             values, grid_thw = pixels(tower, (1, 8, 8), seed)
             got, want = rt.vision_backend.encode(values.cuda(), grid_thw), tower(values.cuda(), grid_thw)
             assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
-    entry = rt.vision_backend.graphs._entries[next(iter(rt.vision_backend.graphs._entries))]
+    entry = next(iter(rt.vision_backend.graphs._entries.values()))
     assert entry[2] is not None  # a real CUDA graph, not the static path
 
 
