@@ -15,10 +15,10 @@ interpreter (a check of this script, not a figure).
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
 import torch
+
+import replay  # tools/gpu/replay.py (the scripts run as python3 tools/gpu/<name>.py)
 
 
 def main() -> None:
@@ -60,32 +60,7 @@ def main() -> None:
               "heads_kv": heads_kv, "dim": dim, "slots": slots, "layers_rotated": layers, "rows": []}
 
     def timed(call) -> float:
-        """us per call: ``layers`` calls (one a layer buffer) a pass, graph-replayed on CUDA."""
-        for i in range(layers):
-            call(i)
-        if not cuda:
-            t0 = time.perf_counter()
-            for i in range(layers):
-                call(i)
-            return (time.perf_counter() - t0) / layers * 1e6
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                for i in range(layers):
-                    call(i)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / (args.replays * layers)
+        return replay.timed(call, layers, args.replays, cuda) * 1e6
 
     for n in visible:
         n_t = torch.tensor([n], device=device)
@@ -99,7 +74,7 @@ def main() -> None:
             calls[name] = (lambda sets: lambda i: quantized_attention_triton(
                 q, sets[i][0], sets[i][1], sets[i][2], sets[i][3], tpos, inv_freq, section, start=n - 1))(coded[name])
         for name, call in calls.items():
-            try:
+            def measure(name=name, call=call):
                 us = timed(call)
                 if name in coded:
                     kc, ks, vc, vs = coded[name][0]
@@ -108,15 +83,9 @@ def main() -> None:
                 else:
                     ref = want
                 diff = float((call(0).double() - ref.double()).abs().max())
-                entry = {"visible": n, "route": name, "us": us, "max_abs_diff": diff}
-                print(f"N {n:5d}  {name:10s} {us:9.2f} us a call   max|diff| {diff:.2e}", flush=True)
-            except Exception as exc:  # one route failing must not cost the others' figures
-                entry = {"visible": n, "route": name, "error": f"{type(exc).__name__}: {exc}"[:600]}
-                print(f"N {n:5d}  {name:10s} FAILED: {entry['error']}", flush=True)
-            result["rows"].append(entry)
-            with open(args.json, "w") as out:
-                json.dump(result, out, indent=1)
+                return {"us": us, "max_abs_diff": diff}, f"{us:9.2f} us a call   max|diff| {diff:.2e}"
 
+            replay.row(result, args.json, {"visible": n, "route": name}, f"N {n:5d}  {name:10s}", measure)
 
 if __name__ == "__main__":
     main()

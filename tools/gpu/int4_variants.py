@@ -20,10 +20,10 @@ one CUDA graph and replayed. Prints ms a call and max |diff| against the fp64 re
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
 import torch
+
+import replay  # tools/gpu/replay.py (the scripts run as python3 tools/gpu/<name>.py)
 
 from edgekv.kernels._triton import cdiv, jit, tl
 
@@ -99,32 +99,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
 
     def timed(call) -> float:
-        """ms a call: ``copies`` calls (one a weight) a pass, graph-replayed on CUDA."""
-        for i in range(copies):
-            call(i)
-        if not cuda:
-            t0 = time.perf_counter()
-            for i in range(copies):
-                call(i)
-            return (time.perf_counter() - t0) / copies * 1e3
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                for i in range(copies):
-                    call(i)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / (args.replays * copies)
+        return replay.timed(call, copies, args.replays, cuda) * 1e3
 
     for k, n in shapes:
         weights = []
@@ -144,19 +119,14 @@ def main() -> None:
             "words-atomic": (lambda i: gemv_words(x, *weights[i], group, 64, 64, atomic=True, programs=programs), True),
         }
         for name, (call, check) in calls.items():
-            try:
+            def measure(call=call, check=check):
                 ms = timed(call)
                 diff = float((call(0).double() - want).abs().max()) if check else None
-                entry = {"k": k, "n": n, "variant": name, "ms": ms, "max_abs_diff": diff}
-                print(f"K {k:5d} N {n:5d}  {name:14s} {ms:8.4f} ms a call"
-                      + (f"   max|diff| {diff:.2e} (of max {float(want.abs().max()):.2e})" if check else ""), flush=True)
-            except Exception as exc:  # one variant failing must not cost the others' figures
-                entry = {"k": k, "n": n, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:600]}
-                print(f"K {k:5d} N {n:5d}  {name:14s} FAILED: {entry['error']}", flush=True)
-            result["rows"].append(entry)
-            with open(args.json, "w") as out:
-                json.dump(result, out, indent=1)
+                text = f"{ms:8.4f} ms a call" + (
+                    f"   max|diff| {diff:.2e} (of max {float(want.abs().max()):.2e})" if check else "")
+                return {"ms": ms, "max_abs_diff": diff}, text
 
+            replay.row(result, args.json, {"k": k, "n": n, "variant": name}, f"K {k:5d} N {n:5d}  {name:14s}", measure)
 
 if __name__ == "__main__":
     main()
