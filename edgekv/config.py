@@ -42,9 +42,9 @@ class ModelSection:
     # "auto" = "graph": an answer token is one replay of a CUDA graph of the decode step over the capped cache
     # (edgekv/session/decode_graph.py; a 16/32-bit cache and the torch LLM; an 8-bit cache decodes eagerly).
     decode_route: Literal["auto", "eager", "native", "graph"] = "auto"
-    # How the vision tower runs (engines/torch_backend.py VisionGraphs): "auto" = "graph" on CUDA — one CUDA
-    # graph of the tower per frame-pair grid, replayed for every pair (the eager 3B tower was ~22 ms a 448x448
-    # pair on an H200, launch-bound) — and "eager" elsewhere; "graph" off CUDA is refused with the reason.
+    # How the vision tower runs (engines/torch_backend.py VisionGraphs): "graph" = one CUDA graph of the tower
+    # per frame-pair grid, replayed for every pair (the eager 3B tower was ~22 ms a 448x448 pair on an H200,
+    # launch-bound); refused off CUDA with the reason. "auto" = "eager" until the graph has run on a GPU.
     vision_route: Literal["auto", "eager", "graph"] = "auto"
     # The LM head's weights (edgekv/model/decode_routes.py Int8Head): "as_loaded" = the checkpoint's, in the
     # model dtype; "int8" = int8 with an fp32 scale per 128 inputs of a row, the tied embedding read from the

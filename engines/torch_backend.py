@@ -26,15 +26,19 @@ class TorchVision:
         return self.model.visual(pixel_values, grid_thw)
 
 
+AUTO_VISION_GRAPH = False  # "auto" picks the graph on CUDA once it has run on a GPU (issue 32); until then, opt-in
+
+
 def resolve_vision_route(route: str, device: torch.device | str) -> str:
-    """``model.vision_route`` -> "graph" or "eager": "auto" is "graph" on CUDA, "eager" elsewhere; "graph" off
-    CUDA is a ValueError with the reason."""
+    """``model.vision_route`` -> "graph" or "eager": "graph" asks for the CUDA graph (a ValueError with the reason
+    off CUDA); "auto" is "eager" for now — the graph has not yet run on a GPU, and a default should have
+    (``AUTO_VISION_GRAPH``)."""
     if route not in ("auto", "eager", "graph"):
         raise ValueError(f"model.vision_route: unknown route {route!r} (known: auto, eager, graph)")
     cuda = torch.device(device).type == "cuda"
     if route == "graph" and not cuda:
         raise ValueError(f"model.vision_route: graph: a CUDA graph needs a CUDA device (device {device})")
-    return "graph" if route == "graph" or (route == "auto" and cuda) else "eager"
+    return "graph" if route == "graph" or (route == "auto" and cuda and AUTO_VISION_GRAPH) else "eager"
 
 
 class VisionGraphs:

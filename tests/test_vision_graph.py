@@ -99,9 +99,14 @@ def test_a_grid_whose_capture_fails_runs_eagerly_with_one_warning(tower, monkeyp
     assert len(warnings) == 1 and "stream is capturing" in warnings[0].getMessage()
 
 
-def test_the_route_is_a_graph_on_cuda_and_refused_without_it():
-    assert resolve_vision_route("auto", "cuda") == resolve_vision_route("graph", "cuda:0") == "graph"
+def test_the_route_is_a_graph_on_cuda_when_asked_and_refused_without_it(monkeypatch):
+    import edgekv.engines.torch_backend as backend
+
+    assert resolve_vision_route("graph", "cuda:0") == "graph"
     assert resolve_vision_route("auto", "cpu") == resolve_vision_route("eager", "cuda") == "eager"
+    assert resolve_vision_route("auto", "cuda") == "eager"  # until the graph has run on a GPU
+    monkeypatch.setattr(backend, "AUTO_VISION_GRAPH", True)
+    assert resolve_vision_route("auto", "cuda") == "graph" and resolve_vision_route("auto", "cpu") == "eager"
     with pytest.raises(ValueError, match="vision_route: graph: a CUDA graph needs a CUDA device"):
         resolve_vision_route("graph", "cpu")
     with pytest.raises(ValueError, match="unknown route 'fast'"):
@@ -145,7 +150,8 @@ def test_a_session_ingests_the_same_through_the_static_path(tiny_checkpoint):
 def test_gpu_the_replayed_tower_is_the_eager_tower(tiny_checkpoint):
     import edgekv
 
-    rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cuda", "dtype": "fp32"})
+    rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cuda", "dtype": "fp32",
+                                                                "vision_route": "graph"})
     assert rt.vision_route == "graph" and rt.vision_backend.graphs is not None
     tower = rt.model.visual
     with torch.no_grad():
@@ -163,7 +169,7 @@ def test_gpu_a_session_answers_the_same_through_the_vision_graph(tiny_checkpoint
     import edgekv
 
     answers = {}
-    for route in ("eager", "auto"):
+    for route in ("eager", "graph"):
         rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cuda", "dtype": "fp32",
                                                                     "vision_route": route},
                                             video={"resolution": [56, 56]}, cache={"max_tokens": 1024})
@@ -172,4 +178,4 @@ def test_gpu_a_session_answers_the_same_through_the_vision_graph(tiny_checkpoint
         for index in range(6):
             session.ingest(gen.integers(0, 255, (56, 56, 3), dtype=np.uint8), t=index * 0.5)
         answers[route] = [session.ask(q, max_new_tokens=12).token_ids for q in ("what is red?", "and blue?")]
-    assert answers["auto"] == answers["eager"]
+    assert answers["graph"] == answers["eager"]

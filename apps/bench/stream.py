@@ -85,7 +85,8 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
                         help="cache.kv_dtype of edgekv's cache (default: the model's dtype); int8 / fp8 read the "
                              "8-bit cache in the kernels on a GPU")
     stream.add_argument("--vision-route", choices=["auto", "eager", "graph"], default=None,
-                        help="model.vision_route (default auto: a CUDA graph of the tower on CUDA, eager elsewhere)")
+                        help="model.vision_route: graph = a CUDA graph of the tower per frame-pair grid (CUDA only); "
+                             "eager; auto (default) = eager until the graph has run on a GPU")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side (required off cpu)")
     stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")

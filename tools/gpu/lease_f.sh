@@ -5,8 +5,8 @@
 #   3. tools/gpu/decode_3b.py --no-hf: bf16 (344.7 tok/s last) and --int4: 4-bit layers through the Triton kernels
 #   4. tools/gpu/int4_variants.py: 4-bit GEMV variants (words loaded once, wider tiles, atomics) vs shipped and bf16
 #   5. edgekv bench kernels --only quant_attention: the 8-bit rows (frame pair now dequantized once; was 3.6 ms)
-#   6. edgekv bench stream, 3B at 448x448, 200 pairs each: the vision tower eager, as a CUDA graph (the new
-#      default on CUDA), and on an int8 cache (last: 63.3 ms a pair, vision ~22 ms of it, eager)
+#   6. edgekv bench stream, 3B at 448x448, 200 pairs each: the vision tower eager, as a CUDA graph (opt-in until
+#      this run: then flip engines/torch_backend.AUTO_VISION_GRAPH), and on an int8 cache (last: 63.3 ms a pair, vision ~22 ms of it, eager)
 # About 9 minutes in all (each step time-boxed). 8 files come back. Carry: .whl (tools/gpu/README.md).
 WHEELS=.whl source "$(dirname "$0")/setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
@@ -31,7 +31,7 @@ stamp "bench kernels: 8-bit attention rows (the 4-bit ones are int4_variants' 's
 timeout -s INT ${KERNELS_S:-45} edgekv bench kernels --only quant_attention --keys 6144 --repeats 10 \
   --json /tmp/kernels.json --plot "" 2>&1 | tail -8
 wait $CK; cat /tmp/ckpt.log
-for run in "eager --vision-route eager" "graph --vision-route auto" "int8 --vision-route auto --kv-dtype int8"; do
+for run in "eager --vision-route eager" "graph --vision-route graph" "int8 --vision-route graph --kv-dtype int8"; do
   set -- $run; name=$1; shift
   stamp "bench stream ($name), StateKV B=1024, 200 pairs"
   timeout -s INT ${STREAM_S:-45} edgekv bench stream --model $CKPT --device cuda --dtype bf16 "$@" \
