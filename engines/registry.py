@@ -16,7 +16,7 @@ def make_backends(runtime) -> tuple:
     check_backend_name("llm", engines.llm)
     from edgekv.engines.torch_backend import TorchLLM, TorchVision
 
-    vision = (TorchVision(runtime.model, getattr(runtime, "vision_route", "eager")) if engines.vision == "torch"
+    vision = (TorchVision(runtime.model, runtime.vision_route) if engines.vision == "torch"
               else _engine(runtime, "vision", engines.vision))
     llm = TorchLLM(runtime.model) if engines.llm == "torch" else _engine(runtime, "llm", engines.llm)
     return vision, llm

@@ -17,7 +17,6 @@ class TorchVision:
 
     def __init__(self, model: Qwen25VL, route: str = "eager") -> None:
         self.model = model
-        self.route = route
         self.graphs = VisionGraphs(model.visual) if route == "graph" else None
 
     def encode(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:

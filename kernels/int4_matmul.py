@@ -31,6 +31,8 @@ one row); anything else runs the torch reference: dequantize (exact, fp32) and m
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from edgekv.kernels._triton import cdiv, interpreting, jit, round_to_bf16, tl, use_triton
@@ -152,8 +154,15 @@ def _programs(device: torch.device) -> int:
     """Programs a launch aims at: 8 a multiprocessor (132 on an H200, 16 on AGX Orin, 8 on Orin Nano; 16 in
     the interpreter, where it only decides how the tests split)."""
     if device.type == "cuda":
-        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return PROGRAMS_PER_SM * _multiprocessors(index)
     return 16
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    """Asked once a device: an eager 4-bit decode makes ~250 products a token, each would ask again."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def k_split(k: int, tiles: int, block_k: int, programs: int) -> tuple[int, int]:
