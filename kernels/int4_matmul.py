@@ -80,10 +80,16 @@ def _dequantized_block(qw_ptr, qz_ptr, s_ptr, k0, offs_k, k_ok, offs_n, n_ok, wo
 @jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words, chunk,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid: (cdiv(N, BLOCK_N), S); x [K] contiguous; out [S, N] fp32: split s sums K rows [s * chunk, + chunk)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # grid: (cdiv(N, BLOCK_N), S); x [K] contiguous; out [S, N] fp32: split s sums K rows [s * chunk, + chunk).
+    # Each packed word is loaded once (a [BLOCK_K, BLOCK_N / 8] tile) and unpacked by a vector of 8 shifts into
+    # its 8 outputs — not once per output lane, as _dequantized_block does for the tl.dot tiles.
+    WORDS: tl.constexpr = BLOCK_N // 8
+    offs_w = tl.program_id(0) * WORDS + tl.arange(0, WORDS)  # the packed word columns of this program
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # == 8 * offs_w + lane, word-major
     split = tl.program_id(1)
-    n_ok = offs_n < N
+    lane = tl.arange(0, 8)
+    shift = ((lane // 2) + (lane % 2) * 4) * 4  # output 8w + lane is nibble AWQ_INVERSE[lane] of word w
+    w_ok, n_ok = offs_w < words, offs_n < N
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, K)
@@ -91,8 +97,15 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words,
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < hi
         x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        w = _dequantized_block(qw_ptr, qz_ptr, s_ptr, k0, offs_k, k_ok, offs_n, n_ok, words, N, group)
-        acc += tl.sum(x[:, None] * w, axis=0)
+        packed = tl.load(qw_ptr + offs_k[:, None].to(tl.int64) * words + offs_w[None, :],
+                         mask=k_ok[:, None] & w_ok[None, :], other=0)
+        q = tl.reshape((packed[:, :, None] >> shift[None, None, :]) & 0xF, [BLOCK_K, BLOCK_N])
+        row = k0 // group  # BLOCK_K divides the group: one row of zeros and scales for the block
+        zpacked = tl.load(qz_ptr + row.to(tl.int64) * words + offs_w, mask=w_ok, other=0)
+        z = tl.reshape((zpacked[:, None] >> shift[None, :]) & 0xF, [BLOCK_N])
+        s = tl.load(s_ptr + row.to(tl.int64) * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        # the scale is shared by the block's rows: sum_k x (q - z) first, one multiplication a block
+        acc += tl.sum(x[:, None] * (q - z[None, :]).to(tl.float32), axis=0) * s
     tl.store(out_ptr + split.to(tl.int64) * N + offs_n, acc, mask=n_ok)
 
 
@@ -141,13 +154,30 @@ def _int4_dequantize_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words,
              mask=k_ok[:, None] & n_ok[None, :])
 
 
+@jit
+def _sum_splits_kernel(partial_ptr, out_ptr, S, L, BF16: tl.constexpr, BLOCK: tl.constexpr):
+    # grid: (cdiv(L, BLOCK),); partial [S, L] fp32 -> out [L] in the activations' dtype: the splits added in
+    # order 0, 1, ..., S - 1 (deterministic) and rounded once — one launch instead of torch's sum and cast
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < L
+    acc = tl.load(partial_ptr + offs, mask=ok, other=0.0)
+    for split in range(1, S):
+        acc += tl.load(partial_ptr + split * L + offs, mask=ok, other=0.0)
+    if BF16:  # the interpreter's own fp32 -> bf16 conversion truncates
+        acc = round_to_bf16(acc)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 # ---------------------------------------------------------------------------------------------- launcher
+GEMV_BLOCK = 128  # the GEMV's tile, K rows x N outputs (tools/gpu/int4_variants.py, H200: 128 x 128 fastest)
+SUM_BLOCK = 256  # outputs a program of _sum_splits_kernel adds up
 DEQUANTIZE_ROWS = 64  # chunks of at least this many rows: dequantize the weight once, then the dense product
 PROGRAMS_PER_SM = 8
 
 
-def _block_k(group: int) -> int:
-    return 64 if group % 64 == 0 else 32 if group % 32 == 0 else 16
+def _block_k(group: int, widest: int = 64) -> int:
+    """The widest of ``widest``, 64, 32, 16 that divides the group (a block reads one row of zeros and scales)."""
+    return next(b for b in (widest, 64, 32, 16) if group % b == 0)
 
 
 def _programs(device: torch.device) -> int:
@@ -200,6 +230,7 @@ def int4_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Ten
             BLOCK_N=block_n, BLOCK_K=block_k)
         return x @ weight
     if m == 1:
+        block_k, block_n = _block_k(group, GEMV_BLOCK), GEMV_BLOCK
         chunk, splits = k_split(k, cdiv(n, block_n), block_k, _programs(x.device))
         partial = torch.empty(splits, 1, n, dtype=torch.float32, device=x.device)
         _int4_gemv_kernel[(cdiv(n, block_n), splits)](x, qweight, qzeros, scales, partial, n, k, group, words, chunk,
@@ -213,8 +244,12 @@ def int4_matmul_triton(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Ten
             partial.stride(0), chunk,
             LOW_PRECISION=x.dtype != torch.float32, DOT_IN_FP32=interpreting(), BF16=x.dtype == torch.bfloat16,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    out = partial[0] if splits == 1 else partial.sum(0)
-    return out.to(x.dtype)
+    if splits == 1 and x.dtype == torch.float32:
+        return partial[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _sum_splits_kernel[(cdiv(m * n, SUM_BLOCK),)](partial, out, splits, m * n, BF16=x.dtype == torch.bfloat16,
+                                                  BLOCK=SUM_BLOCK)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- op

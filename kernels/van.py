@@ -15,10 +15,12 @@ Kernels: one pass over V for the norms; one program per layer for the CV (two lo
 norms — mean, then squared deviations — as the reference does, rather than a one-pass sum of squares
 that cancels badly); pooling in two launches of one kernel: phase 0 scatters each vision slot's norm
 and a presence count into a dense per-frame grid with atomic adds, phase 1 reads the k x k window of
-each slot (k per layer, from a [L] radius tensor, so one launch serves every layer). Trade-off: the
-dense grid is [L*H, F, rows, cols] x 2 fp32 with F the distinct frames in the cache (found with
-``torch.unique``, one host sync) — 7.1 MB for 48 distinct frames at the 3B shape — in exchange for
-O(k^2) reads per slot instead of a search of the slot list.
+each slot (k per layer, from a [L] radius tensor, so one launch serves every layer that pools; size-1
+layers are left out and keep their norms). Trade-off: the dense grid is [Lk*H, F, rows, cols] x 2 fp32
+with F the distinct frames the pooling layers hold (``frame_ranks``, one host sync), in exchange for O(k^2)
+reads per slot instead of a search of the slot list. F grows with the stream (heads keep tokens of many
+old pairs), so the grid covers at most ``POOL_CELLS`` cells a pass and the frames are taken in chunks
+(``frame_chunks``): the memory stays fixed however long the stream (issue 32).
 
 CPU (``pooled_van_torch``): the reference's ``avg_pool2d`` evaluates the window at every cell of every
 frame plane, ``F * rows * cols`` per (layer, head). Once compactions have thinned the old frames, the
@@ -114,6 +116,31 @@ _WINDOW_READS = 1 << 20  # window cells gathered at once by pooled_van_torch (8 
 _DENSE_PLANES_PER_SLOT = 4
 
 
+POOL_CELLS = 1 << 21  # cells of a pooling pass's dense frame planes (8 MiB of fp32 a plane set), whatever the stream
+
+
+def frame_chunks(num_frames: int, cells_per_frame: int) -> tuple[int, int]:
+    """(frames a pass, passes) so that one pass's dense planes hold at most ``POOL_CELLS`` cells.
+
+    Why: the planes cover every distinct frame the cache still holds a slot of, and under StateKV or
+    TaR/VaN that count grows with the stream (each head keeps its own tokens of many old pairs; the H200
+    run of issue 32 saw the pooling's transient grow ~135 MiB over 1,000 3B pairs, allocated memory flat,
+    and reserved memory grow 7.8 -> 10.4 GiB with the vision tower in a CUDA graph). Passes over chunks of
+    frames keep the memory fixed; each slot is pooled in the one pass that holds its frame, from the same
+    cells, so the values do not change."""
+    per_chunk = max(1, min(num_frames, POOL_CELLS // max(1, cells_per_frame)))
+    return per_chunk, cdiv(num_frames, per_chunk) if num_frames else 0
+
+
+def _pooled_layers(sizes: Sequence[int], device: torch.device):
+    """(the layers that pool: size > 1, a function that selects them along dim 0 — the identity if all do)."""
+    chosen = [layer for layer, size in enumerate(sizes) if size > 1]
+    if len(chosen) == len(sizes):
+        return chosen, lambda t: t
+    index = torch.tensor(chosen, dtype=torch.long, device=device)
+    return chosen, lambda t: t.index_select(0, index)
+
+
 def frame_ranks(frame: torch.Tensor, vision: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Dense rank of each slot's frame among the distinct frames held (non-vision slots count as frame -1).
 
@@ -142,7 +169,8 @@ def pooled_van_torch(
     """Alg. 2 l.22 for devices without Triton (CPU), bit-identical to ``pooled_van_reference`` (fp32).
 
     Per pool size ``k`` (its layers at once): the value and the presence of every vision slot go into a
-    zero-padded dense grid [Lk, H, F, rows + k - 1, cols + k - 1, 2]; each slot then gathers the ``k^2``
+    zero-padded dense grid [Lk, H, F, rows + k - 1, cols + k - 1, 2] (F frames at a time, at most
+    ``POOL_CELLS`` cells a pass: ``frame_chunks``); each slot then gathers the ``k^2``
     cells of its window (one gather of [k^2, slots] 8-byte (value, presence) words, in chunks of at most
     ``_WINDOW_READS``) and adds them one cell after the other in ``avg_pool2d``'s row-major order
     (padding adds exact zeros, as skipping does). Both sums are divided
@@ -174,26 +202,28 @@ def pooled_van_torch(
             return t if index is None else t.index_select(0, index)
 
         group = len(chosen) * heads
-        # first cell of each slot's window in the padded grid, flat over [Lk, H, F, rows + 2p, cols + 2p]
-        base = (torch.arange(group, device=norms.device) * (num_frames * plane)).view(len(chosen), heads, 1)
-        corner = (base + pick(rank) * plane + pick(row).long().clamp(min=0) * width
-                  + pick(col).long().clamp(min=0)).view(-1)  # [Lk * H * n]
-        dense = torch.zeros(group * num_frames * plane, 2, dtype=torch.float32, device=norms.device)
-        dense.index_add_(0, corner + (pad * width + pad), pick(sources).view(-1, 2))
-        pairs = dense.view(torch.int64).view(-1)  # each (value, presence) cell as one 8-byte word: a plain copy
-        steps = torch.arange(size, device=norms.device)
-        offsets = (steps.view(-1, 1) * width + steps.view(1, -1)).view(-1, 1)  # [k*k, 1], avg_pool2d's row-major order
-        if pairs.numel() < 2**31:
-            corner, offsets = corner.int(), offsets.int()
-        total = torch.empty(corner.numel(), 2, dtype=torch.float32, device=norms.device)
-        chunk = max(1, _WINDOW_READS // (size * size))  # bounds the [k*k, chunk] temporaries
-        for lo in range(0, corner.numel(), chunk):
-            window = (corner[lo:lo + chunk].view(1, -1) + offsets).view(-1)  # [k*k * chunk]
-            cells = pairs.index_select(0, window).view(torch.float32).view(size * size, -1, 2)
-            acc = total[lo:lo + chunk]
-            acc.copy_(cells[0])
-            for j in range(1, size * size):  # one cell after the other, from 0 (0 + x = x); counts are exact anyway
-                acc += cells[j]
+        slot_rank, slot_row, slot_col, slot_sources = pick(rank), pick(row).long(), pick(col).long(), pick(sources)
+        total = torch.empty(group * n, 2, dtype=torch.float32, device=norms.device)
+        per_chunk, chunks = frame_chunks(num_frames, group * plane)  # the dense planes stay under POOL_CELLS
+        for first in range(0, chunks * per_chunk, per_chunk):
+            # the slots of frames ranked [first, first + per_chunk): all of them when one pass holds every frame
+            slots = None if chunks == 1 else ((slot_rank >= first) & (slot_rank < first + per_chunk)).view(-1) \
+                .nonzero().squeeze(1)
+            # first cell of each slot's window in the padded grid, flat over [Lk, H, frames of the pass, rows + 2p,
+            # cols + 2p]
+            base = (torch.arange(group, device=norms.device) * (per_chunk * plane)).view(len(chosen), heads, 1)
+            corner = (base + (slot_rank - first) * plane + slot_row.clamp(min=0) * width
+                      + slot_col.clamp(min=0)).view(-1)  # [Lk * H * n]
+            values = slot_sources.view(-1, 2)
+            if slots is not None:
+                corner, values = corner.index_select(0, slots), values.index_select(0, slots)
+            dense = torch.zeros(group * per_chunk * plane, 2, dtype=torch.float32, device=norms.device)
+            dense.index_add_(0, corner + (pad * width + pad), values)
+            summed = _window_sums(dense, corner, size, width)
+            if slots is None:
+                total = summed
+            else:
+                total.index_copy_(0, slots, summed)
         average = total[:, 0] / (size * size)
         if not zero_padded:
             average = average / (total[:, 1] / (size * size)).clamp(min=1e-12)
@@ -203,6 +233,26 @@ def pooled_van_torch(
         else:
             pooled.index_copy_(0, index, average)
     return torch.where(vision, pooled, norms)
+
+
+def _window_sums(dense: torch.Tensor, corner: torch.Tensor, size: int, width: int) -> torch.Tensor:
+    """[slots, 2] (value, presence) sums of the ``size x size`` window from each slot's ``corner`` in the padded
+    ``dense`` grid [cells, 2], its cells added one after the other in avg_pool2d's row-major order."""
+    pairs = dense.view(torch.int64).view(-1)  # each (value, presence) cell as one 8-byte word: a plain copy
+    steps = torch.arange(size, device=dense.device)
+    offsets = (steps.view(-1, 1) * width + steps.view(1, -1)).view(-1, 1)  # [k*k, 1], avg_pool2d's row-major order
+    if pairs.numel() < 2**31:
+        corner, offsets = corner.int(), offsets.int()
+    total = torch.empty(corner.numel(), 2, dtype=torch.float32, device=dense.device)
+    chunk = max(1, _WINDOW_READS // (size * size))  # bounds the [k*k, chunk] temporaries
+    for lo in range(0, corner.numel(), chunk):
+        window = (corner[lo:lo + chunk].view(1, -1) + offsets).view(-1)  # [k*k * chunk]
+        cells = pairs.index_select(0, window).view(torch.float32).view(size * size, -1, 2)
+        acc = total[lo:lo + chunk]
+        acc.copy_(cells[0])
+        for j in range(1, size * size):  # one cell after the other, from 0 (0 + x = x); counts are exact anyway
+            acc += cells[j]
+    return total
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -248,22 +298,24 @@ def _layer_cv_kernel(norms_ptr, vision_ptr, cv_ptr, per_layer, BLOCK: tl.constex
 @jit
 def _van_pool_kernel(
     norms_ptr, vision_ptr, rank_ptr, row_ptr, col_ptr, radius_ptr, sum_ptr, count_ptr, out_ptr,
-    heads, n, grid_rows, grid_cols, dense_per_lh,
+    heads, n, grid_rows, grid_cols, dense_per_lh, frame_lo, frame_hi,
     PHASE: tl.constexpr, ZERO_PADDED: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # grid: (L*H, cdiv(n, BLOCK_N)). norms, vision, rank (the slot's frame among the distinct frames),
-    # row, col, out: contiguous [L*H, n]; sum, count: [L*H, dense_per_lh = F*rows*cols] fp32 zeros.
+    # row, col, out: contiguous [L*H, n]; sum, count: [L*H, dense_per_lh] fp32 zeros, the planes of the
+    # frames ranked [frame_lo, frame_hi) (one chunk of them); out holds the norms already, and phase 1 writes
+    # the pooled value of the chunk's vision slots only.
     lh = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < n
     slot = lh.to(tl.int64) * n + offs_n
-    norm = tl.load(norms_ptr + slot, mask=n_ok, other=0.0)
-    vision = (tl.load(vision_ptr + slot, mask=n_ok, other=0) != 0) & n_ok
+    rank = tl.load(rank_ptr + slot, mask=n_ok, other=0).to(tl.int64)
+    vision = (tl.load(vision_ptr + slot, mask=n_ok, other=0) != 0) & n_ok & (rank >= frame_lo) & (rank < frame_hi)
     row = tl.maximum(tl.load(row_ptr + slot, mask=n_ok, other=0).to(tl.int32), 0)
     col = tl.maximum(tl.load(col_ptr + slot, mask=n_ok, other=0).to(tl.int32), 0)
-    rank = tl.load(rank_ptr + slot, mask=n_ok, other=0).to(tl.int64)
-    frame_base = lh.to(tl.int64) * dense_per_lh + rank * grid_rows * grid_cols
+    frame_base = lh.to(tl.int64) * dense_per_lh + (rank - frame_lo) * grid_rows * grid_cols
     if PHASE == 0:
+        norm = tl.load(norms_ptr + slot, mask=n_ok, other=0.0)
         cell = frame_base + row * grid_cols + col
         tl.atomic_add(sum_ptr + cell, norm, mask=vision)
         tl.atomic_add(count_ptr + cell, tl.full([BLOCK_N], 1.0, tl.float32), mask=vision)
@@ -278,14 +330,12 @@ def _van_pool_kernel(
                 cell = frame_base + r * grid_cols + c
                 total += tl.load(sum_ptr + cell, mask=inside, other=0.0)
                 present += tl.load(count_ptr + cell, mask=inside, other=0.0)
-        # size 1 keeps the slot's own norm exactly, as the reference does
         if ZERO_PADDED:
             side = (2 * radius + 1).to(tl.float32)
             mean = total / (side * side)
         else:
             mean = total / tl.maximum(present, 1e-12)
-        out = tl.where(vision & (radius > 0), mean, norm)
-        tl.store(out_ptr + slot, out, mask=n_ok)
+        tl.store(out_ptr + slot, mean, mask=vision)  # the launcher passes pooling layers only (radius >= 1)
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -324,18 +374,32 @@ def pooled_van_triton(
     layers, heads, n = norms.shape
     if len(sizes) != layers:
         raise ValueError(f"one pool size per layer: {layers} layers, {len(sizes)} sizes")
+    source = norms.to(torch.float32).contiguous()
+    out = source.clone()  # size-1 layers and non-vision slots keep their own norm
+    chosen, pick = _pooled_layers(sizes, norms.device)
+    if not chosen or n == 0:
+        return out
+    subset = len(chosen) < layers
     rows, cols = grid
-    frames, rank = torch.unique(frame.masked_fill(~vision, -1), return_inverse=True)
-    dense_per_lh = frames.numel() * rows * cols
-    sums = torch.zeros(layers * heads, dense_per_lh, dtype=torch.float32, device=norms.device)
-    counts = torch.zeros_like(sums)
-    radius = torch.tensor([size // 2 for size in sizes], dtype=torch.int32, device=norms.device)
-    out = torch.empty(layers, heads, n, dtype=torch.float32, device=norms.device)
-    args = (norms.to(torch.float32).contiguous(), _as_bytes(vision), rank.to(torch.int32).contiguous(),
-            row.contiguous(), col.contiguous(), radius, sums, counts, out, heads, n, rows, cols, dense_per_lh)
-    for phase in (0, 1):
-        _van_pool_kernel[(layers * heads, cdiv(n, _block_n()))](*args, PHASE=phase, ZERO_PADDED=zero_padded,
-                                                                BLOCK_N=_block_n(), num_warps=4)
+    rank, num_frames = frame_ranks(pick(frame), pick(vision))  # ranks among the frames the pooled layers hold
+    group = len(chosen) * heads
+    per_chunk, chunks = frame_chunks(num_frames, group * rows * cols)
+    dense_per_lh = per_chunk * rows * cols
+    sums = torch.empty(group, dense_per_lh, dtype=torch.float32, device=norms.device)
+    counts = torch.empty_like(sums)
+    radius = torch.tensor([sizes[layer] // 2 for layer in chosen], dtype=torch.int32, device=norms.device)
+    pooled = pick(out) if subset else out  # a copy of the chosen layers' norms when some layers do not pool
+    args = (pick(source), _as_bytes(pick(vision)), rank.to(torch.int32).contiguous(), pick(row).contiguous(),
+            pick(col).contiguous(), radius, sums, counts, pooled, heads, n, rows, cols, dense_per_lh)
+    for chunk in range(chunks):
+        sums.zero_()
+        counts.zero_()
+        for phase in (0, 1):
+            _van_pool_kernel[(group, cdiv(n, _block_n()))](*args, chunk * per_chunk, (chunk + 1) * per_chunk,
+                                                           PHASE=phase, ZERO_PADDED=zero_padded,
+                                                           BLOCK_N=_block_n(), num_warps=4)
+    if subset:
+        out.index_copy_(0, torch.tensor(chosen, device=norms.device), pooled)
     return out
 
 

@@ -242,7 +242,7 @@ def test_a_graph_that_does_not_build_falls_back_and_says_why(tiny_checkpoint, mo
 
 
 def test_packing_the_projections_changes_no_value_and_no_memory():
-    from edgekv.session.decode_graph import _packed, pack_projections
+    from edgekv.session.decode_graph import _packed, _packed_mlp, pack_projections
 
     model = language_model(torch.float32, "cpu")
     ids = torch.tensor([3, 1, 4, 1, 5])
@@ -256,8 +256,11 @@ def test_packing_the_projections_changes_no_value_and_no_memory():
     attn = model.layers[0].self_attn
     assert _packed(attn) and attn.qkv_weight.shape[0] == attn.q_proj.weight.shape[0] + 2 * attn.k_proj.weight.shape[0]
     assert attn.k_proj.weight.is_contiguous() and attn.k_proj.weight.data_ptr() > attn.qkv_weight.data_ptr()
+    mlp = model.layers[0].mlp
+    assert _packed_mlp(mlp) and mlp.gate_up_weight.shape[0] == 2 * mlp.gate_proj.weight.shape[0]
+    assert mlp.up_proj.weight.is_contiguous() and mlp.up_proj.weight.data_ptr() > mlp.gate_up_weight.data_ptr()
     assert sum(p.numel() for p in model.parameters()) == weights
     with torch.inference_mode():
         assert torch.equal(model(model.embed_tokens(ids), positions, dense_causal_attend), before)
     model.to(torch.float64)  # new tensors: the packed one no longer backs the projections
-    assert not _packed(model.layers[0].self_attn)
+    assert not _packed(model.layers[0].self_attn) and not _packed_mlp(model.layers[0].mlp)

@@ -81,13 +81,29 @@ def test_wide_chunks_dequantize_once_to_the_references_numbers(dtype):
                        int4_matmul_reference(x, qweight, qzeros, scales, 32))
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_split_sums_add_in_order_and_round_once(dtype):
+    """The split-K partials are added in split order (deterministic) and rounded once to the activations' dtype:
+    bit for bit what a fixed-order fp32 sum and torch's cast (to nearest even) give."""
+    from edgekv.kernels.int4_matmul import SUM_BLOCK, _sum_splits_kernel
+
+    partial = torch.randn(5, 3, 300, generator=torch.Generator().manual_seed(2)).to(DEVICE) * 1e3
+    want = partial[0].clone()
+    for split in range(1, 5):
+        want += partial[split]
+    out = torch.empty(3, 300, dtype=dtype, device=DEVICE)
+    _sum_splits_kernel[(-(-900 // SUM_BLOCK),)](partial, out, 5, 900, BF16=dtype == torch.bfloat16, BLOCK=SUM_BLOCK)
+    assert torch.equal(out, want.to(dtype))
+
+
 def test_the_k_split_covers_k_and_fills_the_programs():
     for k, tiles, block_k, programs in [(2048, 32, 64, 1056), (11008, 32, 64, 1056), (2048, 172, 64, 1056),
                                         (64, 1, 16, 16), (2048, 2000, 64, 64), (100, 3, 16, 16)]:
         chunk, splits = k_split(k, tiles, block_k, programs)
         assert chunk % block_k == 0 and chunk * (splits - 1) < k <= chunk * splits
         assert tiles * splits <= max(programs, tiles) * 2  # never far past the aim
-    assert k_split(2048, 32, 64, 1056) == (64, 32)  # the 3B decode row: one block a program
+    assert k_split(2048, 16, 128, 1056) == (128, 16)  # the 3B decode row (128 x 128 tiles): one block a program
     assert k_split(2048, 2000, 64, 64) == (2048, 1)  # enough tiles already: no split
 
 
@@ -116,7 +132,8 @@ def test_gpu_int4_matmul_3b_widths(m, k, n, dtype):
 @pytest.mark.slow
 @pytest.mark.skipif(not triton_available() or INTERPRETED, reason="needs Triton's compiler, not its interpreter")
 def test_int4_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a GPU, build both kernels down to a cubin for sm_87 (Jetson Orin), for each activation dtype."""
+    """Without a GPU, build every kernel (GEMV, GEMM, the split sum, dequantize) down to a cubin for sm_87 (Jetson
+    Orin), for each activation dtype."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -125,10 +142,12 @@ def test_int4_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -
     launches = []
     monkeypatch.setattr(JITFunction, "run", lambda self, *args, grid, warmup, **kw: launches.append((self, args, kw)))
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for m in (1, 256):
+        for m in (1, 17, 256):
             qweight, qzeros, scales = packed(2048, 256, 128, seed=0)
             int4_matmul_triton(torch.zeros(m, 2048, dtype=dtype), qweight.cpu(), qzeros.cpu(), scales.cpu(), 128)
-    assert len(launches) == 6
+    names = [fn.__name__ for fn, _, _ in launches]
+    assert len(launches) == 15 and set(names) == {"_int4_gemv_kernel", "_int4_gemm_kernel", "_sum_splits_kernel",
+                                                  "_int4_dequantize_kernel"}, names
     for fn, args, kwargs in launches:
         bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
         signature, constants = {}, {}

@@ -407,6 +407,24 @@ def test_pooled_van(sizes, zero_padded):
             assert torch.equal(got[layer], norms[layer])
 
 
+@needs_triton
+def test_pooled_van_in_frame_chunks(monkeypatch):
+    """The kernel's dense planes over a few frames a pass (``POOL_CELLS`` small) pool every slot as one pass does
+    (each cell holds one slot of one frame: the same sums in any order)."""
+    from edgekv.kernels import van as van_module
+
+    grid, sizes = (4, 6), [7, 3, 1, 5]
+    meta = toy_slots(4, 2, grid, pairs=6, recent_pairs=1, past_kept=0.5, seed=12)
+    n = meta["kind"].shape[2]
+    norms = value_norms_reference(cache_tensor(4, 2, n, n, 16, torch.float32, seed=13))
+    args = (norms, meta["frame"], meta["row"], meta["col"], meta["vision"], grid, sizes)
+    whole = pooled_van_triton(*args)
+    monkeypatch.setattr(van_module, "POOL_CELLS", 300)  # 2 frames a pass (6 pooled heads x 24 cells a frame)
+    assert van_module.frame_chunks(7, 6 * 24) == (2, 4)
+    assert torch.equal(pooled_van_triton(*args), whole)
+    check_op(lambda *a: pooled_van_triton(*a), pooled_van_reference, args, "pooled VaN in chunks")
+
+
 # ---------------------------------------------------------------------------------------------- compaction
 def filled_cache(layers=2, heads=3, capacity=40, dim=24, length=31, dtype=torch.bfloat16, seed=12):
     spec = CacheSpec.uniform(layers, heads, dim, dtype)
@@ -713,6 +731,73 @@ def test_pooled_van_cpu_path_is_the_reference_bit_for_bit(monkeypatch, sizes, pa
             assert (zeros <= got + 1e-6).all() and (zeros < got - 1e-6).any()
     if set(sizes) != {1}:
         assert not torch.equal(got, norms)  # pooling changed something
+
+
+@pytest.mark.parametrize("sizes", [[7, 3, 1, 5], [3, 3, 3, 3]], ids=str)
+def test_pooled_van_cpu_path_in_frame_chunks_is_the_same_bits(monkeypatch, sizes):
+    """Dense planes over a few frames at a time (``POOL_CELLS`` small: many passes) give the reference's bits."""
+    from edgekv.kernels import van as van_module
+
+    monkeypatch.setattr(van_module, "_DENSE_PLANES_PER_SLOT", 0)
+    grid = (4, 6)
+    meta = {name: t.cpu() for name, t in toy_slots(4, 2, grid, pairs=9, recent_pairs=2, past_kept=0.3, seed=37).items()}
+    n = meta["kind"].shape[2]
+    norms = value_norms_reference(cache_tensor(4, 2, n, n, 16, torch.float32, seed=38).cpu())
+    args = (norms, meta["frame"], meta["row"], meta["col"], meta["vision"], grid, sizes)
+    for cells in (1, 200, 10**6):  # one frame a pass (the floor), a few frames, all of them at once
+        monkeypatch.setattr(van_module, "POOL_CELLS", cells)
+        for zero_padded in (False, True):
+            assert torch.equal(van_module.pooled_van_torch(*args, zero_padded=zero_padded),
+                               pooled_van_reference(*args, zero_padded=zero_padded)), (cells, zero_padded)
+
+
+def test_frame_chunks_bound_the_planes():
+    from edgekv.kernels.van import POOL_CELLS, frame_chunks
+
+    assert frame_chunks(0, 512) == (0, 0) or frame_chunks(0, 512)[1] == 0
+    for frames, cells in [(1, 512), (48, 18432), (3600, 18432), (3600, 512), (5, 10**8)]:
+        per_chunk, chunks = frame_chunks(frames, cells)
+        assert per_chunk * (chunks - 1) < frames <= per_chunk * chunks
+        assert per_chunk == 1 or per_chunk * cells <= POOL_CELLS
+    assert frame_chunks(3600, 72 * 256) == (113, 32)  # every 3B layer pooling, 3,600 distinct frames held
+
+
+def test_the_pooling_memory_does_not_grow_with_the_frames_held(monkeypatch):
+    """The dense planes cover the distinct frames the cache still holds, a count that grows with the stream
+    under StateKV and TaR/VaN (issue 32: ~135 MiB more over 1,000 3B pairs). Passes over chunks of frames keep
+    the largest tensor the pooling makes the same for 50 and for 800 distinct frames."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from edgekv.kernels import van as van_module
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.numel() > 0:
+                    Largest.largest = max(Largest.largest, t.numel() * t.element_size())
+            return out
+
+    monkeypatch.setattr(van_module, "_DENSE_PLANES_PER_SLOT", 0)
+    monkeypatch.setattr(van_module, "POOL_CELLS", 1 << 14)
+    layers, heads, n, grid = 3, 2, 800, (16, 16)
+    largest = {}
+    for frames in (50, 800):
+        gen = torch.Generator().manual_seed(frames)
+        frame = torch.randint(0, frames, (layers, heads, n), generator=gen, dtype=torch.int32)
+        frame[..., :frames] = torch.arange(frames, dtype=torch.int32)  # every frame held somewhere
+        row = torch.randint(0, grid[0], (layers, heads, n), generator=gen, dtype=torch.int16)
+        col = torch.randint(0, grid[1], (layers, heads, n), generator=gen, dtype=torch.int16)
+        vision = torch.ones(layers, heads, n, dtype=torch.bool)
+        norms = torch.rand(layers, heads, n, generator=gen)
+        Largest.largest = 0
+        with Largest():
+            van_module.pooled_van_torch(norms, frame, row, col, vision, grid, [5, 3, 7])
+        largest[frames] = Largest.largest
+    slot_bytes = layers * heads * n * 8 * 2  # [L, H, n, 2] fp32 sources and int64 metadata: the cache's own size
+    assert largest[800] <= max(largest[50], 2 * 4 * (1 << 14), slot_bytes), largest
 
 
 def test_pooled_van_cpu_path_refuses_wrong_pool_sizes():

@@ -104,9 +104,9 @@ def test_the_route_is_a_graph_on_cuda_when_asked_and_refused_without_it(monkeypa
 
     assert resolve_vision_route("graph", "cuda:0") == "graph"
     assert resolve_vision_route("auto", "cpu") == resolve_vision_route("eager", "cuda") == "eager"
-    assert resolve_vision_route("auto", "cuda") == "eager"  # until the graph has run on a GPU
-    monkeypatch.setattr(backend, "AUTO_VISION_GRAPH", True)
     assert resolve_vision_route("auto", "cuda") == "graph" and resolve_vision_route("auto", "cpu") == "eager"
+    monkeypatch.setattr(backend, "AUTO_VISION_GRAPH", False)  # the switch that kept it opt-in before a GPU ran it
+    assert resolve_vision_route("auto", "cuda") == "eager"
     with pytest.raises(ValueError, match="vision_route: graph: a CUDA graph needs a CUDA device"):
         resolve_vision_route("graph", "cpu")
     with pytest.raises(ValueError, match="unknown route 'fast'"):

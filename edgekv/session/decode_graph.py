@@ -19,8 +19,8 @@ the visible count read from the device; it reads only the visible slots); elsewh
 slots and an additive mask row, 0 for slots ``<= slot`` and -inf beyond (it reads all ``M``: 226 MB a token at
 M = 6144 for the 3B model, nothing extra in the steady state of a stream, where a question meets a full cache).
 On the first H200 run the masked SDPA took half of a 3B token (issue 32); the split kernel is why. Where Triton
-runs, the layers' small work is fused too (``edgekv.kernels.decode_fused``, q/k/v packed into one product:
-11 launches a layer). The graph then picks the greedy next token (``argmax``) and advances its own inputs —
+runs, the layers' small work is fused too (``edgekv.kernels.decode_fused``, q/k/v packed into one product and
+gate/up into another: 10 launches a layer). The graph then picks the greedy next token (``argmax``) and advances its own inputs —
 token, position and slot — so a greedy chain needs no host write between replays; a sampled token is written
 back with :meth:`DecodeGraph.feed`.
 
@@ -68,39 +68,55 @@ def fusable(language: Qwen2LM, cache: CappedKVCache) -> str | None:
 
 
 def pack_projections(language: Qwen2LM) -> int:
-    """Each layer's q, k and v projections (weights and biases) as row blocks of one tensor, so the fused step
-    reads them with one product instead of three; returns the layers packed. Memory-neutral: the projections'
-    weights become views of the packed tensor (row blocks of a row-major matrix: contiguous), and every other
-    path reads them as before. On the H200 the 3B's k and v products (1 MB each) took ~6 us apiece, bound by
-    latency, not bytes; q ~5.5 us (issue 32)."""
+    """Each layer's q, k and v projections (weights and biases) as row blocks of one tensor, and its MLP's gate
+    and up projections as another, so the fused step reads each group with one product; returns the layers
+    packed. Memory-neutral: the projections' weights become views of the packed tensors (row blocks of a
+    row-major matrix: contiguous), and every other path reads them as before. On the H200 (issue 32) the 3B's
+    k and v products (1 MB each) took ~5.4 us apiece, bound by latency, not bytes, q ~5.7 us; gate and up
+    13.9 us each and the packed gate|up 24.6 us (3.67 TB/s against 3.24; tools/gpu/products_3b.py)."""
     from torch import nn
 
-    packed = 0
-    for layer in language.layers:
-        attn = layer.self_attn
-        if _packed(attn):
-            continue
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    def pack(projections, biased: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.no_grad():
             weight = torch.cat([p.weight for p in projections])
-            bias = torch.cat([p.bias for p in projections])
+            bias = torch.cat([p.bias for p in projections]) if biased else None
             start = 0
             for projection in projections:
                 rows = projection.weight.shape[0]
                 projection.weight = nn.Parameter(weight[start:start + rows], requires_grad=False)
-                projection.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
+                if biased:
+                    projection.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
                 start += rows
-        attn.qkv_weight, attn.qkv_bias = weight, bias
+        return weight, bias
+
+    packed = 0
+    for layer in language.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if _packed(attn) and _packed_mlp(mlp):
+            continue
+        if not _packed(attn):
+            attn.qkv_weight, attn.qkv_bias = pack((attn.q_proj, attn.k_proj, attn.v_proj), biased=True)
+        if not _packed_mlp(mlp) and mlp.gate_proj.bias is None and mlp.up_proj.bias is None:
+            mlp.gate_up_weight, _ = pack((mlp.gate_proj, mlp.up_proj), biased=False)
         packed += 1
     return packed
 
 
+def _backs(packed: torch.Tensor | None, first: torch.Tensor, last: torch.Tensor) -> bool:
+    """Whether ``first`` starts and ``last`` ends the ``packed`` tensor's storage (a ``.to()`` makes new tensors)."""
+    return (packed is not None and first.data_ptr() == packed.data_ptr()
+            and last.data_ptr() + last.numel() * last.element_size()
+            == packed.data_ptr() + packed.numel() * packed.element_size())
+
+
 def _packed(attn) -> bool:
-    """Whether the layer's q/k/v weights are still the views of its packed tensor (a ``.to()`` makes new ones)."""
-    weight = getattr(attn, "qkv_weight", None)
-    return (weight is not None and attn.q_proj.weight.data_ptr() == weight.data_ptr()
-            and attn.v_proj.weight.data_ptr() + attn.v_proj.weight.numel() * weight.element_size()
-            == weight.data_ptr() + weight.numel() * weight.element_size())
+    """Whether the layer's q/k/v weights are still the views of its packed tensor."""
+    return _backs(getattr(attn, "qkv_weight", None), attn.q_proj.weight, attn.v_proj.weight)
+
+
+def _packed_mlp(mlp) -> bool:
+    """Whether the MLP's gate/up weights are still the views of its packed tensor."""
+    return _backs(getattr(mlp, "gate_up_weight", None), mlp.gate_proj.weight, mlp.up_proj.weight)
 
 
 class DecodeGraph:
@@ -217,7 +233,11 @@ class DecodeGraph:
             out = F.linear(out.reshape(1, -1), attn.o_proj.weight)
             norm = layer.post_attention_layernorm
             x, h = add_rms_norm(x, out, norm.weight, norm.eps)
-            gated = silu_mul(F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight))
+            if _packed_mlp(mlp):  # one product for gate and up (pack_projections)
+                gate, up = F.linear(h, mlp.gate_up_weight).split(mlp.gate_proj.weight.shape[0], dim=-1)
+            else:
+                gate, up = F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight)
+            gated = silu_mul(gate, up)
             norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else language.norm
             x, h = add_rms_norm(x, F.linear(gated, mlp.down_proj.weight), norm.weight, norm.eps)
         return h

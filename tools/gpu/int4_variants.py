@@ -2,13 +2,15 @@
 timed beside the shipped kernel (kernels/int4_matmul.py) and bf16 ``F.linear``, so the next session can pick
 one with figures instead of guesses.
 
-The H200 run of 2026-11-26 measured the shipped GEMV (split-K, one packed word loaded per nibble lane) at
-0.035 ms for 2,048 x 2,048 against 0.006 ms in bf16. Variants here:
+The H200 runs of 2026-11-26: the GEMV then shipped (split-K, one packed word loaded per nibble lane) took 0.033 ms
+for 2,048 x 2,048 against 0.006 ms in bf16; words-128x128 0.0087 ms, words-atomic 0.0084 (third call). The
+shipped kernel is now words-128x128 with its splits added by a Triton kernel (in order, cast included). Variants:
 
-  shipped        int4_matmul_triton (split-K partials, a torch sum, a cast)
+  shipped        int4_matmul_triton (split-K partials, _sum_splits_kernel)
   words-64x64    each program loads its [BLOCK_K, BLOCK_N / 8] packed words once and unpacks them with a
                  shift vector (8 nibbles a word), split-K partials as shipped
   words-128x128  the same with wider tiles (fewer programs, more bytes each)
+  words-256x128  256 outputs a program; words-128x128-p4 / -p16: 4 / 16 programs a multiprocessor (8 shipped)
   words-atomic   words-64x64 whose splits add into one fp32 row with atomics (no partials, no torch sum;
                  the sum order is not fixed, so it is a timing probe, not a candidate as it stands)
 
@@ -116,6 +118,9 @@ def main() -> None:
             "shipped": (lambda i: int4_matmul_triton(x, *weights[i], group), True),
             "words-64x64": (lambda i: gemv_words(x, *weights[i], group, 64, 64, programs=programs), True),
             "words-128x128": (lambda i: gemv_words(x, *weights[i], group, 128, 128, programs=programs), True),
+            "words-256x128": (lambda i: gemv_words(x, *weights[i], group, 256, 128, programs=programs), True),
+            "words-128x128-p4": (lambda i: gemv_words(x, *weights[i], group, 128, 128, programs=programs // 2), True),
+            "words-128x128-p16": (lambda i: gemv_words(x, *weights[i], group, 128, 128, programs=programs * 2), True),
             "words-atomic": (lambda i: gemv_words(x, *weights[i], group, 64, 64, atomic=True, programs=programs), True),
         }
         for name, (call, check) in calls.items():
