@@ -100,8 +100,6 @@ def main() -> None:
     # configurations before it, so each change has its own figure: the split attention alone, SDPA's mask row;
     # with --compiled, the torch.compile'd step of the layers' own ops
     variants = [("graph", {}), ("graph-split", {"fused": False}), ("graph-sdpa", {"split_attention": False, "fused": False})]
-    if args.int4:  # the fused step takes dense linears only (decode_fused.fusable)
-        variants = variants[1:]
     if args.compiled:
         variants.append(("compiled", {"compile": True, "fused": False}))
     for name, options in variants:
