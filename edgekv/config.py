@@ -43,9 +43,14 @@ class ModelSection:
     # (edgekv/session/decode_graph.py; a 16/32-bit cache and the torch LLM; an 8-bit cache decodes eagerly).
     decode_route: Literal["auto", "eager", "native", "graph"] = "auto"
     # How the vision tower runs (engines/torch_backend.py VisionGraphs): "graph" = one CUDA graph of the tower
-    # per frame-pair grid, replayed for every pair (the eager 3B tower was ~22 ms a 448x448 pair on an H200,
-    # launch-bound); refused off CUDA with the reason. "auto" = "eager" until the graph has run on a GPU.
+    # per frame-pair grid, replayed for every pair (on an H200 the 3B tower took 11.4 ms a 448x448 pair so,
+    # 20.3 ms eager: launch-bound); refused off CUDA with the reason. "auto" = "graph" on CUDA, "eager" elsewhere.
     vision_route: Literal["auto", "eager", "graph"] = "auto"
+    # How a chunk (a frame pair, a question) goes through the LM's layers (edgekv/model/prefill_fused.py):
+    # "fused" = each layer's small work in Triton kernels, ten launches a layer instead of ~86 operators (an H200
+    # 3B pair was 20 ms of device work in ~47 ms of wall: launch-bound); refused off CUDA with the reason.
+    # "auto" = "eager" until the fused route has run on a GPU.
+    prefill_route: Literal["auto", "eager", "fused"] = "auto"
     # The LM head's weights (edgekv/model/decode_routes.py Int8Head): "as_loaded" = the checkpoint's, in the
     # model dtype; "int8" = int8 with an fp32 scale per 128 inputs of a row, the tied embedding read from the
     # same table (3B: 622 MB in bf16 -> 321 MB). Opt-in: it changes the logits. On CPU a C kernel (3B head in

@@ -69,6 +69,7 @@ class Runtime:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         self.vision_route = self._vision_route(config.model.vision_route)
+        self.prefill_route = self._prefill_route(config.model.prefill_route)
         self.vision_backend, self.llm_backend = make_backends(self)
         self.decode_route, self.decode_route_note = self._prepare_decode(config.model.decode_route)
         self.host_memory = configure_host_memory(config.model.host_memory)  # after loading: see edgekv/hostmem.py
@@ -84,6 +85,22 @@ class Runtime:
             return resolve_vision_route(route, self.device)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _prefill_route(self, route: str) -> str:
+        """``model.prefill_route`` resolved and applied to the torch language model ("fused" or "eager"; "engine"
+        when another backend runs the LLM)."""
+        if self.config.engines.llm != "torch":
+            return "engine"
+        from edgekv.model.prefill_fused import prepare_prefill, resolve_prefill_route
+
+        try:
+            chosen = resolve_prefill_route(route, self.device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if chosen == "fused" and not prepare_prefill(self.model.language, "fused"):
+            raise ConfigError("model.prefill_route: fused: no layer of this model can take it (16/32-bit torch "
+                              "linears, SiLU and a power-of-two head_dim are needed)")
+        return chosen
 
     def _prepare_decode(self, route: str) -> tuple[str, str | None]:
         """Apply ``model.decode_route`` to the torch language model (edgekv/model/decode_routes.py);

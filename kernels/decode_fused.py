@@ -150,3 +150,80 @@ def rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
         q_out, cache_k, cache_v, slot, heads_q, cache_k.stride(0), cache_k.stride(1), D=dim, HALF=dim // 2,
         ROUND=_rounding(q.dtype))
     return q_out
+
+
+# ---------------------------------------------------------------------------------------------- chunks (prefill)
+@jit
+def _silu_mul_rows_kernel(gate_ptr, up_ptr, out_ptr, n, s_gate, s_up, BLOCK: tl.constexpr, ROUND: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    gate = tl.load(gate_ptr + row.to(tl.int64) * s_gate + offs, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + row.to(tl.int64) * s_up + offs, mask=ok, other=0.0).to(tl.float32)
+    act = _rounded(gate / (1.0 + tl.exp(-gate)), ROUND)
+    tl.store(out_ptr + row.to(tl.int64) * n + offs, _rounded(act * up, ROUND).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def silu_mul_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for [P, n] rows with unit stride along n and any row stride (the two halves of a
+    packed gate|up product's output, say) -> [P, n] contiguous; roundings as ``silu_mul``."""
+    if gate.dim() != 2 or gate.shape != up.shape or gate.dtype != up.dtype or gate.stride(1) != 1 or up.stride(1) != 1:
+        raise ValueError("silu_mul_rows takes [P, n] rows of one shape and dtype with unit stride along n")
+    rows, n = gate.shape
+    out = torch.empty(rows, n, dtype=gate.dtype, device=gate.device)
+    block = 1024
+    _silu_mul_rows_kernel[(rows, (n + block - 1) // block)](gate, up, out, n, gate.stride(0), up.stride(0),
+                                                            BLOCK=block, ROUND=_rounding(gate.dtype))
+    return out
+
+
+@jit
+def _rope_rows_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, rows, s_row, heads_q, heads_kv,
+                      D: tl.constexpr, HALF: tl.constexpr, ROUND: tl.constexpr):
+    # grid: (heads_q + 2 * heads_kv, rows): query heads, then key heads (rotated), then value heads (copied)
+    head = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, HALF)
+    src = qkv_ptr + row * s_row + head * D
+    if head < heads_q + heads_kv:
+        cos_lo = tl.load(cos_ptr + row * D + offs).to(tl.float32)
+        cos_hi = tl.load(cos_ptr + row * D + HALF + offs).to(tl.float32)
+        sin_lo = tl.load(sin_ptr + row * D + offs).to(tl.float32)
+        sin_hi = tl.load(sin_ptr + row * D + HALF + offs).to(tl.float32)
+        lo = tl.load(src + offs).to(tl.float32)
+        hi = tl.load(src + HALF + offs).to(tl.float32)
+        # rotate_half(x) = [-hi, lo]; each product and the sum rounded to the dtype (torch's x*cos, rot*sin, +)
+        new_lo = _rounded(_rounded(lo * cos_lo, ROUND) + _rounded(-hi * sin_lo, ROUND), ROUND)
+        new_hi = _rounded(_rounded(hi * cos_hi, ROUND) + _rounded(lo * sin_hi, ROUND), ROUND)
+        if head < heads_q:
+            dst = q_ptr + (head * rows + row) * D
+        else:
+            dst = k_ptr + ((head - heads_q) * rows + row) * D
+        tl.store(dst + offs, new_lo.to(q_ptr.dtype.element_ty))
+        tl.store(dst + HALF + offs, new_hi.to(q_ptr.dtype.element_ty))
+    else:
+        value = tl.load(src + tl.arange(0, D))
+        tl.store(v_ptr + ((head - heads_q - heads_kv) * rows + row) * D + tl.arange(0, D), value)
+
+
+def rope_rows(qkv: torch.Tensor, heads_q: int, heads_kv: int, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chunk's packed q|k|v projections [P, (Hq + 2 Hkv) D] (unit stride along the row), cos/sin [P, D] in its
+    dtype -> (q [Hq, P, D], k [Hkv, P, D], v [Hkv, P, D]), contiguous: q and k rotated as
+    ``edgekv.model.rope.apply_rotary`` rounds (``rope_write``'s math, a row at a time), v copied. One launch for
+    what the layer's own forward does in ~12 (views, two rotations of five ops, casts)."""
+    rows = qkv.shape[0]
+    dim = cos.shape[-1]
+    if dim % 2 or dim & (dim - 1):
+        raise ValueError(f"rope_rows needs a power-of-two head_dim, got {dim}")
+    if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] != (heads_q + 2 * heads_kv) * dim:
+        raise ValueError(f"rope_rows takes [P, (Hq + 2 Hkv) * D] rows with unit stride, got {tuple(qkv.shape)}")
+    cos, sin = cos.to(qkv.dtype).contiguous(), sin.to(qkv.dtype).contiguous()
+    if cos.shape != (rows, dim) or sin.shape != (rows, dim):
+        raise ValueError(f"rope_rows: cos/sin must be [P, D] = [{rows}, {dim}], got {tuple(cos.shape)}")
+    q = torch.empty(heads_q, rows, dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(heads_kv, rows, dim, dtype=qkv.dtype, device=qkv.device)
+    v = torch.empty_like(k)
+    _rope_rows_kernel[(heads_q + 2 * heads_kv, rows)](qkv, cos, sin, q, k, v, rows, qkv.stride(0), heads_q, heads_kv,
+                                                      D=dim, HALF=dim // 2, ROUND=_rounding(qkv.dtype))
+    return q, k, v

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from edgekv.kernels import triton_available
 from edgekv.kernels._triton import interpreting
@@ -195,6 +196,68 @@ def test_the_fused_small_work_rounds_as_torch(dtype):
     assert torch.equal(cache_v[1, :, 17], v.view(heads_kv, dim))
     written = cache_k.abs().sum(-1) != 0
     assert int(written.sum()) == heads_kv and bool(written[1, :, 17].all())  # nothing else written
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_the_chunk_kernels_round_as_torch(dtype):
+    """rope_rows (q and k rotated as apply_rotary rounds, v laid out): the eager ops' bits; silu_mul_rows (the
+    halves of a packed gate|up output) as silu_mul: one ulp of the dtype where a tie moves, a few fp32 ulps."""
+    from edgekv.kernels.decode_fused import rope_rows, silu_mul_rows
+    from edgekv.model.rope import apply_rotary
+
+    gen = torch.Generator().manual_seed(5)
+    rows, heads_q, heads_kv, dim = 7, 4, 2, 16
+    qkv = (torch.randn(rows, (heads_q + 2 * heads_kv) * dim, generator=gen) * 3).to(DEVICE, dtype)
+    angle = torch.rand(rows, dim // 2, generator=gen) * 50
+    cos, sin = torch.cat((angle, angle), -1).cos().to(DEVICE, dtype), torch.cat((angle, angle), -1).sin().to(DEVICE, dtype)
+    q, k, v = rope_rows(qkv, heads_q, heads_kv, cos, sin)
+    heads = qkv.view(rows, heads_q + 2 * heads_kv, dim).transpose(0, 1)
+    assert torch.equal(q, apply_rotary(heads[:heads_q], cos, sin))
+    assert torch.equal(k, apply_rotary(heads[heads_q:heads_q + heads_kv], cos, sin))
+    assert torch.equal(v, heads[heads_q + heads_kv:]) and q.is_contiguous() and v.is_contiguous()
+    gate_up = (torch.randn(rows, 2 * 40, generator=gen) * 4).to(DEVICE, dtype)
+    got, want = silu_mul_rows(gate_up[:, :40], gate_up[:, 40:]), F.silu(gate_up[:, :40]) * gate_up[:, 40:]
+    assert got.is_contiguous() and got.shape == want.shape
+    if dtype == torch.float32:  # the kernel's exp against torch's
+        assert torch.allclose(got, want, rtol=4e-6, atol=1e-6)
+    else:
+        ulp = torch.finfo(dtype).eps * want.float().abs().clamp_min(torch.finfo(dtype).tiny)
+        assert bool(((got.float() - want.float()).abs() <= ulp).all()) and (got != want).float().mean() < 0.02
+    with pytest.raises(ValueError, match="rope_rows takes"):
+        rope_rows(qkv[:, :-dim], heads_q, heads_kv, cos, sin)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 0.05)], ids=["fp32", "bf16"])
+def test_a_chunk_through_the_fused_layers_is_the_eager_chunk(dtype, tol, monkeypatch):
+    """``model.prefill_route: fused``: a prompt's chunk through the layers' fused small work gives the eager
+    layers' hidden states (within the one-ulp RMSNorm differences) and the same greedy token; a training batch
+    (3-D) still runs the layers' own forward."""
+    from test_decode_graph import language_model
+
+    from edgekv.model.language import dense_causal_attend
+    from edgekv.model.prefill_fused import FusedChunkLayer, prepare_prefill
+    from edgekv.model.rope import text_position_ids
+
+    model = language_model(dtype, str(DEVICE))
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5], device=DEVICE)
+    positions = text_position_ids(0, ids.numel()).to(DEVICE)
+    with torch.inference_mode():
+        want = model(model.embed_tokens(ids), positions, dense_causal_attend)
+    assert prepare_prefill(model, "fused") == 3 and isinstance(model.layers[0].fused, FusedChunkLayer)
+    import edgekv.kernels.decode_fused as fused_kernels
+
+    calls = []
+    rope_rows = fused_kernels.rope_rows
+    monkeypatch.setattr(fused_kernels, "rope_rows", lambda *a: calls.append(1) or rope_rows(*a))
+    with torch.inference_mode():
+        got = model(model.embed_tokens(ids), positions, dense_causal_attend)
+        assert torch.equal(model.logits(got[-1:]).argmax(), model.logits(want[-1:]).argmax())
+    assert (got - want).abs().max() <= tol * want.abs().max() and len(calls) == 3  # every layer fused
+    layer = model.layers[0]
+    batch = torch.zeros(2, 3, model.config.hidden_size, dtype=dtype, device=DEVICE)
+    assert layer.fused(layer, batch, None, None, 0, None) is None  # not its shape: the layer's own forward
 
 
 def test_fusable_names_what_it_cannot_fuse():

@@ -242,7 +242,7 @@ def test_a_graph_that_does_not_build_falls_back_and_says_why(tiny_checkpoint, mo
 
 
 def test_packing_the_projections_changes_no_value_and_no_memory():
-    from edgekv.session.decode_graph import _packed, _packed_mlp, pack_projections
+    from edgekv.model.packing import pack_projections, packed_attention as _packed, packed_mlp as _packed_mlp
 
     model = language_model(torch.float32, "cpu")
     ids = torch.tensor([3, 1, 4, 1, 5])

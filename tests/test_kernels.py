@@ -32,7 +32,7 @@ from edgekv.kernels._triton import interpreting
 from edgekv.kernels.attention_mass import attention_mass_reference, attention_mass_triton, chunk_mask
 from edgekv.kernels.compaction import METADATA_FIELDS, compact_reference_, compact_triton_
 from edgekv.kernels.decode_attention import decode_attention_triton
-from edgekv.kernels.decode_fused import add_rms_norm, rope_write, silu_mul
+from edgekv.kernels.decode_fused import add_rms_norm, rope_rows, rope_write, silu_mul, silu_mul_rows
 from edgekv.kernels.quant_attention import quantized_attention_reference, quantized_attention_triton
 from edgekv.kernels.tar import VISION_KIND, tar_scores_reference, tar_scores_triton
 from edgekv.kernels.van import (
@@ -542,6 +542,10 @@ def launches_of_every_kernel() -> None:
     cache = torch.zeros(2, 2, 6144, 128, dtype=torch.bfloat16)
     rope_write(torch.zeros(2048, dtype=torch.bfloat16), *torch.zeros(2, 256, dtype=torch.bfloat16),
                *torch.ones(2, 128, dtype=torch.bfloat16), cache[0], cache[1], torch.tensor([5]))
+    # the fused chunk layers (model.prefill_route: fused): a frame pair's 256 rows
+    rope_rows(torch.zeros(256, 2560, dtype=torch.bfloat16), 16, 2, *torch.ones(2, 256, 128, dtype=torch.bfloat16))
+    gate_up = torch.zeros(256, 22016, dtype=torch.bfloat16)
+    silu_mul_rows(gate_up[:, :11008], gate_up[:, 11008:])
 
 
 @pytest.mark.slow
@@ -561,7 +565,7 @@ def test_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(tar_module, "precise_trig", lambda: True)  # what a CUDA launch uses
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     launches_of_every_kernel()
-    assert len(launches) == 22
+    assert len(launches) == 24
     for fn, args, kwargs in launches:
         bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
         signature, constants = {}, {}

@@ -86,7 +86,10 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
                              "8-bit cache in the kernels on a GPU")
     stream.add_argument("--vision-route", choices=["auto", "eager", "graph"], default=None,
                         help="model.vision_route: graph = a CUDA graph of the tower per frame-pair grid (CUDA only); "
-                             "eager; auto (default) = eager until the graph has run on a GPU")
+                             "eager; auto (default) = graph on CUDA")
+    stream.add_argument("--prefill-route", choices=["auto", "eager", "fused"], default=None,
+                        help="model.prefill_route: fused = each LM layer's small work in Triton kernels (CUDA only); "
+                             "eager; auto (default) = eager until the fused route has run on a GPU")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side (required off cpu)")
     stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
@@ -668,10 +671,12 @@ def run_stream(args: argparse.Namespace) -> int:
     model = {"dtype": args.dtype, "device": str(device)}
     if getattr(args, "vision_route", None):
         model["vision_route"] = args.vision_route
+    if getattr(args, "prefill_route", None):
+        model["prefill_route"] = args.prefill_route
     base = edgekv.Runtime.from_pretrained(model_dir, model=model,
                                           video={"resolution": list(args.resolution), "fps": args.fps})
-    base_vision_route = base.vision_route
-    print(f"vision tower: {base_vision_route}")
+    base_vision_route, base_prefill_route = base.vision_route, base.prefill_route
+    print(f"vision tower: {base_vision_route}, LM prefill: {base.prefill_route}")
     results = []
     for policy, sinks in runs:
         label = f"[edgekv {_label(policy, sinks)}]"
@@ -701,6 +706,7 @@ def run_stream(args: argparse.Namespace) -> int:
     del base
     summary = {"frames": args.frames, "resolution": list(args.resolution), "source": args.source,
                "kv_dtype": args.kv_dtype or "the model's dtype", "vision_route": base_vision_route,
+               "prefill_route": base_prefill_route,
                "policies": args.policy, "sinks": args.sinks, "runs": [_label(p, b) for p, b in runs],
                "notes": notes, "max_tokens": args.max_tokens, "device": str(device), "dtype": args.dtype,
                "phase_split_synchronized": synchronized, "phase_split_note": phase_note,

@@ -45,20 +45,8 @@ from edgekv.kernels._triton import use_triton
 from edgekv.kernels.decode_attention import decode_attention_triton
 from edgekv.kernels.decode_fused import add_rms_norm, rope_write, silu_mul
 from edgekv.model.language import Qwen2LM
-
-
-def _projection_kind(linear) -> str | None:
-    """"dense" (``nn.Linear``), "int4" (``Int4Linear``: its own 4-bit product, kernels/int4_matmul.py) or None."""
-    from torch import nn
-
-    from edgekv.model.int4 import Int4Linear
-
-    return "dense" if type(linear) is nn.Linear else "int4" if type(linear) is Int4Linear else None
-
-
-def _product(linear, x: torch.Tensor) -> torch.Tensor:
-    """x [1, in] -> [1, out] through a projection of either kind (its bias added)."""
-    return F.linear(x, linear.weight, linear.bias) if type(linear) is torch.nn.Linear else linear(x)
+from edgekv.model.packing import pack_projections, packed_attention, packed_mlp, product, projection_kind
+from edgekv.model.prefill_fused import FusedChunkLayer
 
 
 def fusable(language: Qwen2LM, cache: CappedKVCache) -> str | None:
@@ -74,73 +62,11 @@ def fusable(language: Qwen2LM, cache: CappedKVCache) -> str | None:
     for index, layer in enumerate(language.layers):
         linears = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
                    layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
-        if any(_projection_kind(linear) is None for linear in linears):
+        if any(projection_kind(linear) is None for linear in linears):
             return f"layer {index} has a replaced projection (neither a torch linear nor a 4-bit one)"
-        if layer.mlp.act is not F.silu or layer.fused is not None:
+        if layer.mlp.act is not F.silu or not (layer.fused is None or isinstance(layer.fused, FusedChunkLayer)):
             return f"layer {index} is not the plain SiLU layer"
     return None
-
-
-def pack_projections(language: Qwen2LM) -> int:
-    """Each layer's q, k and v projections (weights and biases) as row blocks of one tensor, and its MLP's gate
-    and up projections as another, so the fused step reads each group with one product (torch linears only: a
-    4-bit projection keeps its own product); returns the layers where something was packed. Memory-neutral: the projections' weights become views of the packed tensors (row blocks of a
-    row-major matrix: contiguous), and every other path reads them as before. On the H200 (issue 32) the 3B's
-    k and v products (1 MB each) took ~5.4 us apiece, bound by latency, not bytes, q ~5.7 us; gate and up
-    13.9 us each and the packed gate|up 24.6 us (3.67 TB/s against 3.24; tools/gpu/products_3b.py)."""
-    from torch import nn
-
-    def pack(projections, biased: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        with torch.no_grad():
-            weight = torch.cat([p.weight for p in projections])
-            bias = torch.cat([p.bias for p in projections]) if biased else None
-            start = 0
-            for projection in projections:
-                rows = projection.weight.shape[0]
-                projection.weight = nn.Parameter(weight[start:start + rows], requires_grad=False)
-                if biased:
-                    projection.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
-                start += rows
-        return weight, bias
-
-    packed = 0
-    for layer in language.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        if _packed(attn) and _packed_mlp(mlp):
-            continue
-        dense = {name: _projection_kind(getattr(parent, name)) == "dense"
-                 for parent, names in ((attn, ("q_proj", "k_proj", "v_proj")), (mlp, ("gate_proj", "up_proj")))
-                 for name in names}
-        changed = False
-        if not _packed(attn) and dense["q_proj"] and dense["k_proj"] and dense["v_proj"]:
-            attn.qkv_weight, attn.qkv_bias = pack((attn.q_proj, attn.k_proj, attn.v_proj), biased=True)
-            changed = True
-        if (not _packed_mlp(mlp) and dense["gate_proj"] and dense["up_proj"] and mlp.gate_proj.bias is None
-                and mlp.up_proj.bias is None):
-            mlp.gate_up_weight, _ = pack((mlp.gate_proj, mlp.up_proj), biased=False)
-            changed = True
-        packed += changed
-    return packed
-
-
-def _backs(packed: torch.Tensor | None, first: torch.Tensor | None, last: torch.Tensor | None) -> bool:
-    """Whether ``first`` starts and ``last`` ends the ``packed`` tensor's storage (a ``.to()`` makes new tensors;
-    a 4-bit projection has no ``weight``)."""
-    return (packed is not None and first is not None and last is not None and first.data_ptr() == packed.data_ptr()
-            and last.data_ptr() + last.numel() * last.element_size()
-            == packed.data_ptr() + packed.numel() * packed.element_size())
-
-
-def _packed(attn) -> bool:
-    """Whether the layer's q/k/v weights are still the views of its packed tensor."""
-    return _backs(getattr(attn, "qkv_weight", None), getattr(attn.q_proj, "weight", None),
-                  getattr(attn.v_proj, "weight", None))
-
-
-def _packed_mlp(mlp) -> bool:
-    """Whether the MLP's gate/up weights are still the views of its packed tensor."""
-    return _backs(getattr(mlp, "gate_up_weight", None), getattr(mlp.gate_proj, "weight", None),
-                  getattr(mlp.up_proj, "weight", None))
 
 
 class DecodeGraph:
@@ -245,23 +171,23 @@ class DecodeGraph:
         x, h = add_rms_norm(x.contiguous(), None, first.weight, first.eps)
         for index, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            if _packed(attn):  # one product for q, k and v (pack_projections)
+            if packed_attention(attn):  # one product for q, k and v (pack_projections)
                 sizes = [attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0], attn.v_proj.weight.shape[0]]
                 q, k, v = F.linear(h, attn.qkv_weight, attn.qkv_bias).split(sizes, dim=-1)
             else:  # torch linears or 4-bit ones (Int4Linear: the Triton 4-bit GEMV)
-                q, k, v = _product(attn.q_proj, h), _product(attn.k_proj, h), _product(attn.v_proj, h)
+                q, k, v = product(attn.q_proj, h), product(attn.k_proj, h), product(attn.v_proj, h)
             q = rope_write(q, k, v, cos, sin, cache.k[index], cache.v[index], self.slot)  # [Hq, 1, D]
             out = decode_attention_triton(q, cache.k[index], cache.v[index], visible)
-            out = _product(attn.o_proj, out.reshape(1, -1))
+            out = product(attn.o_proj, out.reshape(1, -1))
             norm = layer.post_attention_layernorm
             x, h = add_rms_norm(x, out, norm.weight, norm.eps)
-            if _packed_mlp(mlp):  # one product for gate and up (pack_projections)
+            if packed_mlp(mlp):  # one product for gate and up (pack_projections)
                 gate, up = F.linear(h, mlp.gate_up_weight).split(mlp.gate_proj.weight.shape[0], dim=-1)
             else:
-                gate, up = _product(mlp.gate_proj, h), _product(mlp.up_proj, h)
+                gate, up = product(mlp.gate_proj, h), product(mlp.up_proj, h)
             gated = silu_mul(gate, up)
             norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else language.norm
-            x, h = add_rms_norm(x, _product(mlp.down_proj, gated), norm.weight, norm.eps)
+            x, h = add_rms_norm(x, product(mlp.down_proj, gated), norm.weight, norm.eps)
         return h
 
     def _advance(self, next_token: torch.Tensor) -> None:

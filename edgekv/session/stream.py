@@ -336,6 +336,7 @@ class StreamSession:
             "llm_backend": self.llm.name,
             "decode_route": self.runtime.decode_route,
             "vision_route": getattr(self.runtime, "vision_route", "eager"),
+            "prefill_route": getattr(self.runtime, "prefill_route", "eager"),
             "host_memory": self.runtime.host_memory,
             "compressions": c.compressions,
             "compression_ms_total": c.compression_ms_total,

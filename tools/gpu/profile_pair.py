@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--model", help="checkpoint dir (default with --small: a fresh tiny checkpoint)")
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--kv-dtype", default=None)
+    parser.add_argument("--prefill-route", default=None, help="model.prefill_route (auto, eager, fused)")
     parser.add_argument("--pairs", type=int, default=4, help="profiled pairs")
     parser.add_argument("--warm", type=int, default=40, help="pairs ingested before (past the first compression)")
     parser.add_argument("--json", default="profile-pair.json")
@@ -45,8 +46,11 @@ def main() -> None:
     cache = {"policy": "statekv", "sinks": 1024 if cuda else 64, "max_tokens": 6144 if cuda else 1024}
     if args.kv_dtype:
         cache["kv_dtype"] = args.kv_dtype
-    runtime = edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "bf16" if cuda else "fp32", "device": device},
-                                             video={"resolution": [size, size], "fps": 2}, cache=cache)
+    model = {"dtype": "bf16" if cuda else "fp32", "device": device}
+    if args.prefill_route:
+        model["prefill_route"] = args.prefill_route
+    runtime = edgekv.Runtime.from_pretrained(model_dir, model=model, video={"resolution": [size, size], "fps": 2},
+                                             cache=cache)
     session = runtime.session()
     frames = looped_frames(f"synthetic:shapes?size={size}x{size}&fps=2", 2 * (args.warm + args.pairs) + 2, 2, None)
 
@@ -80,12 +84,13 @@ def main() -> None:
         kinds[kernel["kind"]] = kinds.get(kernel["kind"], 0.0) + kernel["us_per_pair"]
     device_ms = sum(kinds.values()) / 1e3
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "kv_dtype": args.kv_dtype or "model",
+              "prefill_route": runtime.prefill_route,
               "pairs": args.pairs, "wall_ms_per_pair": wall_ms, "device_ms_per_pair": device_ms,
               "kernels_per_pair": sum(k["calls_per_pair"] for k in kernels), "by_kind_us_per_pair": kinds,
               "top": kernels[:25], "stats": {k: v for k, v in session.stats().items() if "ms" in k}}
     with open(args.json, "w") as out:
         json.dump(result, out, indent=1)
-    print(f"kv {result['kv_dtype']}: wall {wall_ms:.1f} ms a pair (profiled), device {device_ms:.1f} ms, "
+    print(f"kv {result['kv_dtype']}, prefill {runtime.prefill_route}: wall {wall_ms:.1f} ms a pair (profiled), device {device_ms:.1f} ms, "
           f"{result['kernels_per_pair']:.0f} kernels a pair")
     print("  by kind: " + ", ".join(f"{k} {v / 1e3:.1f} ms" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
     for kernel in kernels[:12]:

@@ -1,0 +1,93 @@
+"""A chunk through a decoder layer with its small work fused (``model.prefill_route: fused``; issue 32).
+
+Why: on an H200 a 3B frame pair's ingest was 20 ms of device work and ~47 ms of wall time, 3,221 kernels a pair
+(``tools/gpu/profile_pair.py``, 2026-11-26): the host's launches bound it, and a Jetson's CPU launches slower
+still. Counted on the CPU (aten operators a pair, the tiny model), a decoder layer's own forward is ~86
+operators — RMSNorm's eight twice, the rotary's five a tensor plus casts, three projections, SiLU and its
+product, two residual adds — around its attention. Here the same layer is:
+
+    add_rms_norm (input norm)  ->  one q|k|v product  ->  rope_rows (q and k rotated, v laid out)  ->  attend
+    ->  o product  ->  add_rms_norm (residual + post norm)  ->  one gate|up product  ->  silu_mul_rows
+    ->  down product  ->  residual add
+
+ten launches and the attention's own. The roundings are the layer's (the kernels in
+``edgekv.kernels.decode_fused`` replay torch's per-op roundings); the mean of squares in RMSNorm is one fp32
+tree sum, so a value can differ by one ulp where it lands near a rounding tie, as in the fused decode step.
+
+Installed as ``DecoderLayer.fused`` (the hook the CPU's native 4-bit route uses), on CUDA only: it serves 2-D
+inference chunks of plain Qwen2 layers (torch linears, SiLU, 16/32-bit) where Triton runs, and returns None
+otherwise (training batches, autograd, host tensors), and the layer runs as written. The packed q|k|v and gate|up weights are the decode step's
+(``edgekv.model.packing.pack_projections``: memory-neutral views).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# "auto" picks "fused" on CUDA once the route has run on a GPU (issue 32); until then it is opt-in, as the decode
+# graph and the vision graph were until a lent GPU ran them
+AUTO_FUSED_PREFILL = False
+
+
+class FusedChunkLayer:
+    """``DecoderLayer.fused``: ``(layer, x [P, d], cos, sin [P, D], index, attend) -> x`` or None."""
+
+    def __call__(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: int, attend):
+        from edgekv.kernels._triton import use_triton
+        from edgekv.kernels.decode_fused import add_rms_norm, rope_rows, silu_mul_rows
+        from edgekv.model.packing import packed_attention, packed_mlp
+
+        attn, mlp = layer.self_attn, layer.mlp
+        if (x.dim() != 2 or (torch.is_grad_enabled() and x.requires_grad) or not use_triton(x)
+                or not (packed_attention(attn) and packed_mlp(mlp))):
+            return None  # a training batch, autograd, a host tensor without the interpreter, unpacked weights
+        norm = layer.input_layernorm
+        x, h = add_rms_norm(x.contiguous(), None, norm.weight, norm.eps)
+        qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias)  # [P, (Hq + 2 Hkv) D]
+        q, k, v = rope_rows(qkv, attn.num_heads, attn.num_kv_heads, cos, sin)
+        out = attend(index, q, k, v)  # [Hq, P, D]
+        out = F.linear(out.transpose(0, 1).reshape(x.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
+        norm = layer.post_attention_layernorm
+        x, h = add_rms_norm(x, out, norm.weight, norm.eps)
+        gate_up = F.linear(h, mlp.gate_up_weight)  # [P, 2 I]
+        size = mlp.gate_proj.weight.shape[0]
+        gated = silu_mul_rows(gate_up[:, :size], gate_up[:, size:])
+        return x + F.linear(gated, mlp.down_proj.weight, mlp.down_proj.bias)
+
+
+def resolve_prefill_route(route: str, device: torch.device | str) -> str:
+    """``model.prefill_route`` -> "fused" or "eager": "fused" asks for it (a ValueError with the reason off CUDA);
+    "auto" is "fused" on CUDA once ``AUTO_FUSED_PREFILL`` is set, "eager" elsewhere."""
+    if route not in ("auto", "eager", "fused"):
+        raise ValueError(f"model.prefill_route: unknown route {route!r} (known: auto, eager, fused)")
+    cuda = torch.device(device).type == "cuda"
+    if route == "fused" and not cuda:
+        raise ValueError(f"model.prefill_route: fused: its Triton kernels need a CUDA device (device {device})")
+    return "fused" if route == "fused" or (route == "auto" and cuda and AUTO_FUSED_PREFILL) else "eager"
+
+
+def prepare_prefill(language, route: str) -> int:
+    """Install the fused chunk layer on every layer that can take it (``route == "fused"``); returns their count.
+    A layer that cannot (a replaced projection, another activation, a hook already set: the CPU's native 4-bit
+    route) keeps its own forward; the 16/32-bit float dtype and power-of-two head_dim are the decode step's rules."""
+    if route != "fused":
+        return 0
+    from torch import nn
+
+    from edgekv.model.packing import pack_projections
+
+    dtype = language.norm.weight.dtype
+    head_dim = language.config.head_dim
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16) or head_dim & (head_dim - 1):
+        return 0
+    pack_projections(language)
+    installed = 0
+    for layer in language.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if (layer.fused is None and all(type(linear) is nn.Linear for linear in linears) and mlp.act is F.silu
+                and mlp.gate_proj.bias is None and mlp.up_proj.bias is None):
+            layer.fused = FusedChunkLayer()
+            installed += 1
+    return installed

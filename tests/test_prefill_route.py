@@ -1,0 +1,90 @@
+"""``model.prefill_route`` (edgekv/model/prefill_fused.py): how it resolves, what it installs, where it is refused.
+
+The fused layers' numerics run in Triton's interpreter (test_decode_attention_kernel.py) and compiled for sm_87
+(test_kernels.py); here the route's plumbing on the CPU, and on a GPU a session's answers through it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgekv.model.prefill_fused import FusedChunkLayer, prepare_prefill, resolve_prefill_route
+
+CUDA = torch.cuda.is_available()
+
+
+def test_the_route_resolves_and_is_refused_off_cuda(monkeypatch):
+    import edgekv.model.prefill_fused as prefill
+
+    assert resolve_prefill_route("fused", "cuda:0") == "fused"
+    assert resolve_prefill_route("auto", "cuda") == "eager"  # until the fused route has run on a GPU
+    assert resolve_prefill_route("auto", "cpu") == resolve_prefill_route("eager", "cuda") == "eager"
+    monkeypatch.setattr(prefill, "AUTO_FUSED_PREFILL", True)
+    assert resolve_prefill_route("auto", "cuda") == "fused" and resolve_prefill_route("auto", "cpu") == "eager"
+    with pytest.raises(ValueError, match="prefill_route: fused: its Triton kernels need a CUDA device"):
+        resolve_prefill_route("fused", "cpu")
+    with pytest.raises(ValueError, match="unknown route 'fast'"):
+        resolve_prefill_route("fast", "cpu")
+
+
+def test_a_cpu_config_asking_for_it_is_refused_and_auto_is_eager(tiny_checkpoint):
+    import edgekv
+    from edgekv.config import ConfigError
+
+    with pytest.raises(ConfigError, match="prefill_route: fused"):
+        edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cpu", "prefill_route": "fused"})
+    rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cpu"})
+    assert rt.prefill_route == "eager" and all(layer.fused is None for layer in rt.model.language.layers)
+    assert rt.session().stats()["prefill_route"] == "eager"
+
+
+def test_it_installs_on_plain_layers_only_and_packs_without_new_memory():
+    from test_decode_graph import language_model
+
+    from edgekv.model.int4 import Int4Linear
+
+    model = language_model(torch.float32, "cpu")
+    weights = sum(p.numel() for p in model.parameters())
+    layer1 = model.layers[1]
+    q = torch.randint(0, 16, (layer1.mlp.down_proj.in_features, layer1.mlp.down_proj.out_features), dtype=torch.uint8)
+    zeros = torch.full((q.shape[0] // 16, q.shape[1]), 8, dtype=torch.uint8)
+    layer1.mlp.down_proj = Int4Linear.from_integers(q, zeros, torch.full(zeros.shape, 0.01, dtype=torch.float16))
+    assert prepare_prefill(model, "eager") == 0 and all(layer.fused is None for layer in model.layers)
+    assert prepare_prefill(model, "fused") == 2  # layer 1's 4-bit projection keeps its own forward
+    assert isinstance(model.layers[0].fused, FusedChunkLayer) and model.layers[1].fused is None
+    assert sum(p.numel() for p in model.parameters()) < weights  # the 4-bit swap; packing added nothing
+    packed = sum(p.numel() for p in model.parameters())
+    prepare_prefill(model, "fused")
+    assert sum(p.numel() for p in model.parameters()) == packed
+    assert model.layers[0].self_attn.qkv_weight.data_ptr() == model.layers[0].self_attn.q_proj.weight.data_ptr()
+
+
+def test_the_decode_step_still_fuses_a_model_with_fused_chunks():
+    from test_decode_graph import filled_cache, language_model
+
+    from edgekv.session.decode_graph import fusable
+
+    model = language_model(torch.float32, "cpu")
+    prepare_prefill(model, "fused")
+    assert fusable(model, filled_cache(model, 32, 4, "cpu")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_a_session_answers_the_same_through_the_fused_prefill(tiny_checkpoint):
+    import numpy as np
+
+    import edgekv
+
+    answers = {}
+    for route in ("eager", "fused"):
+        rt = edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cuda", "dtype": "fp32",
+                                                                    "prefill_route": route})
+        assert rt.prefill_route == route
+        session = rt.session()
+        rng = np.random.default_rng(0)
+        for i in range(8):
+            session.ingest(rng.integers(0, 255, (112, 112, 3), dtype=np.uint8), t=i * 0.5)
+        answers[route] = session.ask("what is red?", max_new_tokens=6).token_ids
+    assert answers["fused"] == answers["eager"] and answers["eager"]

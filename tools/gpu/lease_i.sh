@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 32 (and 29), the next device call — prepared 2026-11-26 (third session), NOT yet run. ~6 minutes.
+# Built after the last call, run only in Triton's interpreter and compiled for sm_87 so far:
+#   - model.prefill_route: fused (edgekv/model/prefill_fused.py): a chunk's small work in Triton kernels, ten
+#     launches a layer; "auto" stays eager until this run (then flip prefill_fused.AUTO_FUSED_PREFILL)
+#   - the fused decode step with 4-bit projections (Int4Linear) inside it (lease_g: 4-bit graph-split 177.4 tok/s)
+#   1. pytest -m gpu, the whole suite (lease_f/g: 54 passed, 4 skipped; new: the fused-prefill session test)
+#   2. decode_3b.py --int4: the fused 4-bit route beside graph-split
+#   3. profile_pair.py, bf16 cache: prefill eager vs fused (lease_g: 3,221 kernels, 20 ms device, ~47 ms wall)
+#   4. bench stream, StateKV B=1024, 300 pairs each: prefill eager, fused; fused on an int8 cache
+# Carry: .whl (tools/gpu/README.md).
+WHEELS=.whl source "$(dirname "$0")/setup.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+CKPT=/tmp/ckpt-3b
+( edgekv make-tiny-checkpoint $CKPT --preset 3b --dtype bf16 > /tmp/ckpt.log 2>&1; echo "checkpoint rc $?" >> /tmp/ckpt.log ) &
+CK=$!
+stamp "pytest -m gpu, whole suite (background: the 3B checkpoint)"
+timeout -s INT ${TESTS_S:-110} python3 -m pytest -q -rfEs -p no:cacheprovider -n 6 --timeout 120 -m gpu tests \
+  > "$OUT/gpu-tests.log" 2>&1
+echo "gpu tests rc $?"; tail -3 "$OUT/gpu-tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20
+stamp "decode at the 3B shape, 4-bit layers (fused step now)"
+timeout -s INT ${DECODE4_S:-60} python3 tools/gpu/decode_3b.py --no-hf --int4 --json "$OUT/decode-3b-int4.json" 2>&1 \
+  | grep -v -E "Warning|USDT|warn_once"
+wait $CK; cat /tmp/ckpt.log
+for route in eager fused; do
+  stamp "profile of a 3B pair, prefill $route"
+  timeout -s INT ${PROFILE_S:-50} python3 tools/gpu/profile_pair.py --model $CKPT --prefill-route $route \
+    --json "$OUT/profile-pair-$route.json" 2>&1 | grep -v -E "Warning|USDT"
+done
+for run in "eager --prefill-route eager" "fused --prefill-route fused" "fused-int8 --prefill-route fused --kv-dtype int8"; do
+  set -- $run; name=$1; shift
+  stamp "bench stream ($name), StateKV B=1024, 300 pairs"
+  timeout -s INT ${STREAM_S:-45} edgekv bench stream --model $CKPT --device cuda --dtype bf16 "$@" \
+    --resolution 448 448 --source 'synthetic:shapes?size=448x448&fps=2' --fps 2 --frames 600 --max-tokens 6144 \
+    --policy statekv --sinks 1024 --no-hf --json "$OUT/stream-$name.json" --plot "" 2>&1 | tail -5
+done
+( cd "$OUT" && tar czf streams.tgz stream-*.json && rm -f stream-*.json )
+stamp done
