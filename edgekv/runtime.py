@@ -98,8 +98,10 @@ class Runtime:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if chosen == "fused" and not prepare_prefill(self.model.language, "fused"):
-            raise ConfigError("model.prefill_route: fused: no layer of this model can take it (16/32-bit torch "
-                              "linears, SiLU and a power-of-two head_dim are needed)")
+            if route == "fused":
+                raise ConfigError("model.prefill_route: fused: no layer of this model can take it (16/32-bit torch "
+                                  "linears, SiLU and a power-of-two head_dim are needed)")
+            return "eager"  # "auto" on a model no layer of which can take it (4-bit projections, say)
         return chosen
 
     def _prepare_decode(self, route: str) -> tuple[str, str | None]:

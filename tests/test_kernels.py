@@ -513,6 +513,59 @@ def test_compaction_op_dispatches_in_place():
     assert all(torch.equal(getattr(cache, name), expected[name]) for name in METADATA_FIELDS)
 
 
+# ---------------------------------------------------------------------------------------------- int8 cache write
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dim,section", [(32, 4), (40, 6)])
+def test_quantize_write_is_torchs_codes(dtype, dim, section):
+    """One launch writes an int8 cache's chunk (keys turned back to time-neutral, absmax scale rounded to bf16,
+    codes rounded half to even) as the torch path does: the same scales and codes, but where the interpreter's
+    trig differs from torch's in the last bit and moves a code across a tie (at most one step, rarely)."""
+    from edgekv.kernels.quant_write import quantize_write_reference, quantize_write_triton
+    from edgekv.model.rope import rotary_inv_freq
+
+    gen = torch.Generator().manual_seed(41)
+    heads, rows, capacity = 2, 9, 20
+    k = (torch.randn(heads, rows, dim, generator=gen) * 2).to(DEVICE, dtype)
+    v = (torch.randn(heads, rows, dim, generator=gen) * 2).to(DEVICE, dtype)
+    v[1, 3] = 0.0  # an all-zero row: the tiny scale, codes 0
+    tpos = torch.randint(0, 6000, (heads, capacity), generator=gen, dtype=torch.int32).to(DEVICE)
+    inv_freq = rotary_inv_freq(dim, 1_000_000.0, DEVICE)
+    codes = torch.zeros(2, heads, capacity, dim, dtype=torch.int8, device=DEVICE)
+    scales = torch.zeros(2, heads, capacity, dtype=torch.bfloat16, device=DEVICE)
+    start = 7
+    quantize_write_triton(k, v, tpos[:, start:start + rows], inv_freq, section, codes[0, :, start:start + rows],
+                          scales[0, :, start:start + rows], codes[1, :, start:start + rows], scales[1, :, start:start + rows])
+    kq, ks, vq, vs = quantize_write_reference(k, v, tpos[:, start:start + rows], inv_freq, section)
+    assert torch.equal(scales[0, :, start:start + rows], ks) and torch.equal(scales[1, :, start:start + rows], vs)
+    assert torch.equal(codes[1, :, start:start + rows], vq)
+    moved = codes[0, :, start:start + rows].int() - kq.int()
+    assert moved.abs().max() <= 1 and (moved != 0).float().mean() <= 0.01
+    untouched = torch.ones(capacity, dtype=torch.bool)
+    untouched[start:start + rows] = False
+    assert not codes[:, :, untouched].any() and not scales[:, :, untouched].any()  # nothing outside the chunk
+
+
+@needs_triton
+def test_quantize_write_rounds_ties_to_even():
+    """Values that land exactly on .5 after the scale round to the even code, as torch.round does."""
+    from edgekv.kernels.quant_write import quantize_write_reference, quantize_write_triton
+
+    scale = 1.0078125  # bf16(127 / 127 * (1 + 2^-7)): the scale of a row whose absmax is 127
+    v = torch.zeros(1, 1, 8)
+    v[0, 0, :6] = torch.tensor([127.0, 0.5 * scale, 1.5 * scale, 2.5 * scale, -0.5 * scale, -2.5 * scale])
+    k = torch.zeros_like(v)
+    tpos = torch.zeros(1, 1, dtype=torch.int32)
+    inv_freq = torch.ones(4)
+    out_codes = torch.zeros(2, 1, 1, 8, dtype=torch.int8, device=DEVICE)
+    out_scales = torch.zeros(2, 1, 1, dtype=torch.bfloat16, device=DEVICE)
+    quantize_write_triton(k.to(DEVICE), v.to(DEVICE), tpos.to(DEVICE), inv_freq, 1, out_codes[0], out_scales[0],
+                          out_codes[1], out_scales[1])
+    _, _, vq, vs = quantize_write_reference(k, v, tpos, inv_freq, 1)
+    assert torch.equal(out_codes[1].cpu(), vq) and torch.equal(out_scales[1].cpu(), vs)
+    assert out_scales[1, 0, 0].item() == scale and out_codes[1, 0, 0, :6].tolist() == [126, 0, 2, 2, 0, -2]
+
+
 # ---------------------------------------------------------------------------------------------- compiled, no GPU
 def launches_of_every_kernel() -> None:
     """Call each launcher once on CPU tensors at 3B-like shapes (the launches are recorded, not run)."""
@@ -546,6 +599,13 @@ def launches_of_every_kernel() -> None:
     rope_rows(torch.zeros(256, 2560, dtype=torch.bfloat16), 16, 2, *torch.ones(2, 256, 128, dtype=torch.bfloat16))
     gate_up = torch.zeros(256, 22016, dtype=torch.bfloat16)
     silu_mul_rows(gate_up[:, :11008], gate_up[:, 11008:])
+    # an int8 cache's write of a frame pair (one layer: 2 KV heads x 256 rows, keys and values)
+    from edgekv.kernels.quant_write import quantize_write_triton
+
+    codes = torch.zeros(2, 2, 6144, 128, dtype=torch.int8)
+    scales = torch.zeros(2, 2, 6144, dtype=torch.bfloat16)
+    quantize_write_triton(*torch.zeros(2, 2, 256, 128, dtype=torch.bfloat16), torch.zeros(2, 256, dtype=torch.int32),
+                          torch.ones(64), 16, codes[0, :, :256], scales[0, :, :256], codes[1, :, :256], scales[1, :, :256])
 
 
 @pytest.mark.slow
@@ -565,7 +625,7 @@ def test_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(tar_module, "precise_trig", lambda: True)  # what a CUDA launch uses
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     launches_of_every_kernel()
-    assert len(launches) == 24
+    assert len(launches) == 25
     for fn, args, kwargs in launches:
         bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
         signature, constants = {}, {}
@@ -811,3 +871,25 @@ def test_pooled_van_cpu_path_refuses_wrong_pool_sizes():
     norms = torch.rand(meta["kind"].shape)
     with pytest.raises(ValueError, match="one pool size per layer: 2 layers, 3 sizes"):
         pooled_van_torch(norms, meta["frame"], meta["row"], meta["col"], meta["vision"], (3, 3), [3, 3, 3])
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_quantize_write_3b():
+    """The int8 cache's one-launch write at the 3B shape (a frame pair, one layer) against the torch path on CUDA:
+    libdevice trig against torch's, precise division, no fused multiply-adds."""
+    from edgekv.kernels.quant_write import quantize_write_reference, quantize_write_triton
+    from edgekv.model.rope import rotary_inv_freq
+
+    gen = torch.Generator().manual_seed(43)
+    k, v = (torch.randn(2, HEADS_KV, PAIR, HEAD_DIM, generator=gen) * 3).to(DEVICE, torch.bfloat16)
+    tpos = torch.randint(0, 60_000, (HEADS_KV, PAIR), generator=gen, dtype=torch.int32).to(DEVICE)
+    inv_freq = rotary_inv_freq(HEAD_DIM, 1_000_000.0, DEVICE)
+    codes = torch.zeros(2, HEADS_KV, PAIR, HEAD_DIM, dtype=torch.int8, device=DEVICE)
+    scales = torch.zeros(2, HEADS_KV, PAIR, dtype=torch.bfloat16, device=DEVICE)
+    quantize_write_triton(k, v, tpos, inv_freq, 16, codes[0], scales[0], codes[1], scales[1])
+    kq, ks, vq, vs = quantize_write_reference(k, v, tpos, inv_freq, 16)
+    assert torch.equal(scales[1], vs) and torch.equal(codes[1], vq)
+    assert (scales[0] != ks).float().mean() <= 0.01
+    moved = codes[0].int() - kq.int()
+    assert moved.abs().max() <= 1 and (moved != 0).float().mean() <= 1e-3

@@ -88,3 +88,17 @@ def test_gpu_a_session_answers_the_same_through_the_fused_prefill(tiny_checkpoin
             session.ingest(rng.integers(0, 255, (112, 112, 3), dtype=np.uint8), t=i * 0.5)
         answers[route] = session.ask("what is red?", max_new_tokens=6).token_ids
     assert answers["fused"] == answers["eager"] and answers["eager"]
+
+
+def test_auto_on_a_model_no_layer_can_take_falls_back_and_fused_is_refused(tiny_checkpoint, monkeypatch):
+    """Once "auto" means fused (a CUDA device), a model none of whose layers can take it (4-bit projections, say)
+    runs eager; asking for "fused" by name is refused with the reason."""
+    import edgekv
+    import edgekv.model.prefill_fused as prefill
+    from edgekv.config import ConfigError
+
+    monkeypatch.setattr(prefill, "resolve_prefill_route", lambda route, device: "fused")  # as on CUDA
+    monkeypatch.setattr(prefill, "prepare_prefill", lambda language, route: 0)  # no layer can take it
+    assert edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cpu"}).prefill_route == "eager"
+    with pytest.raises(ConfigError, match="prefill_route: fused: no layer of this model can take it"):
+        edgekv.Runtime.from_pretrained(tiny_checkpoint, model={"device": "cpu", "prefill_route": "fused"})

@@ -44,7 +44,9 @@ import torch
 
 from edgekv.cache.quant import SCALE_DTYPE, bit_view, dequantize, quantize
 from edgekv.cache.specs import CacheSpec
+from edgekv.kernels._triton import use_triton
 from edgekv.kernels.compaction import compact_
+from edgekv.kernels.quant_write import quantize_write_triton
 from edgekv.positions import rotate_temporal, rotate_temporal_
 
 
@@ -98,7 +100,8 @@ class CappedKVCache:
         self.compute_dtype = compute_dtype or (torch.float32 if self.quantized else self.dtype)
         if self.quantized and rope is None:
             raise ValueError(f"an 8-bit ({self.dtype}) CappedKVCache needs rope=(inv_freq, temporal_section)")
-        self.rope = rope
+        # inverse frequencies on the cache's device once (the int8 write kernel reads them every layer)
+        self.rope = None if rope is None else (rope[0].to(device=device, dtype=torch.float32), rope[1])
         shape = (self.num_layers, self.kv_heads, capacity)
         # k, v: [layers, kv_heads, M, head_dim]
         self.k = torch.zeros(*shape, self.head_dim, dtype=self.dtype, device=self.device)
@@ -190,6 +193,11 @@ class CappedKVCache:
     def write_layer(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write one layer's K/V for slots ``[start, start + P)``. k, v: [kv_heads, P, head_dim]."""
         end = start + k.shape[1]
+        if self.dtype is torch.int8 and use_triton(k):  # one launch (kernels/quant_write.py): torch's codes
+            quantize_write_triton(k, v, self.tpos[layer, :, start:end], *self.rope, self.k[layer, :, start:end],
+                                  self.k_scale[layer, :, start:end], self.v[layer, :, start:end],
+                                  self.v_scale[layer, :, start:end])
+            return
         if self.quantized:
             neutral = rotate_temporal(k.to(torch.float32), -self.tpos[layer, :, start:end], *self.rope)
             for data, scale, x in ((self.k, self.k_scale, neutral), (self.v, self.v_scale, v)):

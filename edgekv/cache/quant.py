@@ -23,6 +23,9 @@ before dividing, so ``|x / scale| <= Q`` and nothing clips; the bf16 rounding on
 at most 2**-7. Bytes per slot and KV head: ``2 * head_dim`` (K and V) + 4 (two bf16 scales), against
 ``4 * head_dim`` for fp16: at head_dim 128 and edgekv's 14 metadata bytes per slot, 274 against 526 —
 1.92x the slots in the same bytes (CacheSpec counts both).
+
+Where Triton runs, an int8 cache's chunk is written by one kernel a layer (``kernels/quant_write.py``: the
+rotation to time-neutral and this quantization, the same operations in the same order); fp8 stays here.
 """
 
 from __future__ import annotations

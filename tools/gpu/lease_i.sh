@@ -4,6 +4,7 @@
 #   - model.prefill_route: fused (edgekv/model/prefill_fused.py): a chunk's small work in Triton kernels, ten
 #     launches a layer; "auto" stays eager until this run (then flip prefill_fused.AUTO_FUSED_PREFILL)
 #   - the fused decode step with 4-bit projections (Int4Linear) inside it (lease_g: 4-bit graph-split 177.4 tok/s)
+#   - an int8 cache's chunk write in one launch a layer (kernels/quant_write.py; lease_g: int8 pair 5,458 kernels)
 #   1. pytest -m gpu, the whole suite (lease_f/g: 54 passed, 4 skipped; new: the fused-prefill session test)
 #   2. decode_3b.py --int4: the fused 4-bit route beside graph-split
 #   3. profile_pair.py, bf16 cache: prefill eager vs fused (lease_g: 3,221 kernels, 20 ms device, ~47 ms wall)
