@@ -33,12 +33,9 @@ AUTO_VISION_GRAPH = True
 def resolve_vision_route(route: str, device: torch.device | str) -> str:
     """``model.vision_route`` -> "graph" or "eager": "graph" asks for the CUDA graph (a ValueError with the reason
     off CUDA); "auto" is the graph on CUDA (``AUTO_VISION_GRAPH``) and eager elsewhere."""
-    if route not in ("auto", "eager", "graph"):
-        raise ValueError(f"model.vision_route: unknown route {route!r} (known: auto, eager, graph)")
-    cuda = torch.device(device).type == "cuda"
-    if route == "graph" and not cuda:
-        raise ValueError(f"model.vision_route: graph: a CUDA graph needs a CUDA device (device {device})")
-    return "graph" if route == "graph" or (route == "auto" and cuda and AUTO_VISION_GRAPH) else "eager"
+    from edgekv.model.routes import cuda_route
+
+    return cuda_route("vision_route", route, device, "graph", AUTO_VISION_GRAPH, "a CUDA graph needs a CUDA device")
 
 
 class VisionGraphs:

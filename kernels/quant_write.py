@@ -79,7 +79,8 @@ def _quantize_write_kernel(k_ptr, v_ptr, tpos_ptr, inv_freq_ptr, kq_ptr, ks_ptr,
         x = tl.load(v_ptr + head * s_vh + row * s_vp + offs, mask=ok, other=0.0).to(tl.float32)
         codes_ptr, scale_ptr = vq_ptr, vs_ptr
     amax = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-30)
-    scale = round_to_bf16(tl.math.div_rn(amax, 127.0) * 1.0078125)  # rounded to nearest bf16 (1 + 2^-7: |x / scale| <= 127)
+    # rounded to the nearest bf16; the factor 1 + 2^-7 keeps |x / scale| <= 127
+    scale = round_to_bf16(tl.math.div_rn(amax, 127.0) * 1.0078125)
     y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -127.0), 127.0)
     tl.store(codes_ptr + head * s_qh + row * s_qp + offs, _round_half_even(y).to(tl.int8), mask=ok)
     tl.store(scale_ptr + head * s_sh + row * s_sp, scale.to(scale_ptr.dtype.element_ty))

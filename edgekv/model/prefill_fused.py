@@ -16,8 +16,8 @@ tree sum, so a value can differ by one ulp where it lands near a rounding tie, a
 
 Installed as ``DecoderLayer.fused`` (the hook the CPU's native 4-bit route uses), on CUDA only: it serves 2-D
 inference chunks of plain Qwen2 layers (torch linears, SiLU, 16/32-bit) where Triton runs, and returns None
-otherwise (training batches, autograd, host tensors), and the layer runs as written. The packed q|k|v and gate|up weights are the decode step's
-(``edgekv.model.packing.pack_projections``: memory-neutral views).
+otherwise (training batches, autograd, host tensors), and the layer runs as written. The packed q|k|v and
+gate|up weights are the decode step's (``edgekv.model.packing.pack_projections``: memory-neutral views).
 """
 
 from __future__ import annotations
@@ -59,12 +59,10 @@ class FusedChunkLayer:
 def resolve_prefill_route(route: str, device: torch.device | str) -> str:
     """``model.prefill_route`` -> "fused" or "eager": "fused" asks for it (a ValueError with the reason off CUDA);
     "auto" is "fused" on CUDA once ``AUTO_FUSED_PREFILL`` is set, "eager" elsewhere."""
-    if route not in ("auto", "eager", "fused"):
-        raise ValueError(f"model.prefill_route: unknown route {route!r} (known: auto, eager, fused)")
-    cuda = torch.device(device).type == "cuda"
-    if route == "fused" and not cuda:
-        raise ValueError(f"model.prefill_route: fused: its Triton kernels need a CUDA device (device {device})")
-    return "fused" if route == "fused" or (route == "auto" and cuda and AUTO_FUSED_PREFILL) else "eager"
+    from edgekv.model.routes import cuda_route
+
+    return cuda_route("prefill_route", route, device, "fused", AUTO_FUSED_PREFILL,
+                      "its Triton kernels need a CUDA device")
 
 
 def prepare_prefill(language, route: str) -> int:

@@ -21,9 +21,9 @@ M = 6144 for the 3B model, nothing extra in the steady state of a stream, where 
 On the first H200 run the masked SDPA took half of a 3B token (issue 32); the split kernel is why. Where Triton
 runs, the layers' small work is fused too (``edgekv.kernels.decode_fused``, q/k/v packed into one product and
 gate/up into another: 10 launches a layer); a 4-bit model's projections (``Int4Linear``) keep their own products
-(the Triton 4-bit GEMV, two launches each) inside the same fused step. The graph then picks the greedy next token (``argmax``) and advances its own inputs —
-token, position and slot — so a greedy chain needs no host write between replays; a sampled token is written
-back with :meth:`DecodeGraph.feed`.
+(the Triton 4-bit GEMV, two launches each) inside the same fused step. The graph then picks the greedy next
+token (``argmax``) and advances its own inputs — token, position and slot — so a greedy chain needs no host
+write between replays; a sampled token is written back with :meth:`DecodeGraph.feed`.
 
 Metadata (``cache.kind`` / ``tpos`` ...) is not written for the decoded slots: they are an answer's, read by
 no policy, and the answerer truncates them when the answer ends (``CappedKVCache.truncate`` clears their

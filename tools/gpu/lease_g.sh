@@ -10,13 +10,9 @@
 # About 5 minutes. 7 files come back (the stream JSON tarred). Carry: .whl (tools/gpu/README.md).
 WHEELS=.whl source "$(dirname "$0")/setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
-CKPT=/tmp/ckpt-3b
-( edgekv make-tiny-checkpoint $CKPT --preset 3b --dtype bf16 > /tmp/ckpt.log 2>&1; echo "checkpoint rc $?" >> /tmp/ckpt.log ) &
-CK=$!
+checkpoint_3b
 stamp "pytest -m gpu, whole suite (background: the 3B checkpoint)"
-timeout -s INT ${TESTS_S:-100} python3 -m pytest -q -rfEs -p no:cacheprovider -n 6 --timeout 120 -m gpu tests \
-  > "$OUT/gpu-tests.log" 2>&1
-echo "gpu tests rc $?"; tail -3 "$OUT/gpu-tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20
+gpu_tests ${TESTS_S:-100} tests
 stamp "decode at the 3B shape, 4-bit layers"
 timeout -s INT ${DECODE4_S:-60} python3 tools/gpu/decode_3b.py --no-hf --int4 --json "$OUT/decode-3b-int4.json" 2>&1 \
   | grep -v -E "Warning|USDT|warn_once"
@@ -33,8 +29,6 @@ for kv in bf16 int8; do
     --json "$OUT/profile-pair-$kv.json" 2>&1 | grep -v -E "Warning|USDT"
 done
 stamp "bench stream (auto route), StateKV B=1024, 1000 pairs"
-timeout -s INT ${STREAM_S:-80} edgekv bench stream --model $CKPT --device cuda --dtype bf16 \
-  --resolution 448 448 --source 'synthetic:shapes?size=448x448&fps=2' --fps 2 --frames 2000 --max-tokens 6144 \
-  --policy statekv --sinks 1024 --no-hf --json "$OUT/stream-auto.json" --plot "" 2>&1 | tail -6
+stream_3b auto ${STREAM_S:-80} 2000
 ( cd "$OUT" && tar czf stream.tgz stream-auto.json && rm -f stream-auto.json )
 stamp done

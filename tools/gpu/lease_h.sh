@@ -7,22 +7,16 @@
 #   3. edgekv bench stream, 3B at 448x448, StateKV B=1024, 800 pairs, auto route: reserved memory flat?
 # Carry: .whl (tools/gpu/README.md).
 WHEELS=.whl source "$(dirname "$0")/setup.sh"
-CKPT=/tmp/ckpt-3b
-( edgekv make-tiny-checkpoint $CKPT --preset 3b --dtype bf16 > /tmp/ckpt.log 2>&1; echo "checkpoint rc $?" >> /tmp/ckpt.log ) &
-CK=$!
+checkpoint_3b
 stamp "pytest -m gpu, touched modules"
-timeout -s INT ${TESTS_S:-60} python3 -m pytest -q -rfEs -p no:cacheprovider -n 6 --timeout 60 -m gpu \
-  tests/test_kernels.py tests/test_decode_graph.py tests/test_decode_attention_kernel.py tests/test_int4_kernels.py \
-  tests/test_vision_graph.py > "$OUT/gpu-tests.log" 2>&1
-echo "gpu tests rc $?"; tail -2 "$OUT/gpu-tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20
+gpu_tests ${TESTS_S:-60} tests/test_kernels.py tests/test_decode_graph.py tests/test_decode_attention_kernel.py tests/test_int4_kernels.py \
+  tests/test_vision_graph.py
 stamp "decode at the 3B shape, bf16"
 timeout -s INT ${DECODE_S:-45} python3 tools/gpu/decode_3b.py --no-hf --json "$OUT/decode-3b.json" 2>&1 \
   | grep -v -E "Warning|USDT|warn_once"
 wait $CK; cat /tmp/ckpt.log
 stamp "bench stream (auto route), StateKV B=1024, 800 pairs"
-timeout -s INT ${STREAM_S:-70} edgekv bench stream --model $CKPT --device cuda --dtype bf16 \
-  --resolution 448 448 --source 'synthetic:shapes?size=448x448&fps=2' --fps 2 --frames 1600 --max-tokens 6144 \
-  --policy statekv --sinks 1024 --no-hf --json "$OUT/stream-auto.json" --plot "" 2>&1 | tail -6
+stream_3b auto ${STREAM_S:-70} 1600
 python3 - "$OUT/stream-auto.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["results"][0]["rows"]
