@@ -11,6 +11,7 @@ shipped kernel is now words-128x128 with its splits added by a Triton kernel (in
                  shift vector (8 nibbles a word), split-K partials as shipped
   words-128x128  the same with wider tiles (fewer programs, more bytes each)
   words-256x128  256 outputs a program; words-128x128-p4 / -p16: 4 / 16 programs a multiprocessor (8 shipped)
+  lanes-*        the same words, the 8 nibble lanes as 8 accumulators (no reshape to a [K, N] tile)
   words-atomic   words-64x64 whose splits add into one fp32 row with atomics (no partials, no torch sum;
                  the sum order is not fixed, so it is a timing probe, not a candidate as it stands)
 
@@ -79,6 +80,48 @@ def gemv_words(x, qweight, qzeros, scales, group, block_n=64, block_k=64, atomic
     return (out[0] if atomic else out.sum(0)).to(x.dtype)[None]
 
 
+@jit
+def _gemv_lanes_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, group, words, chunk,
+                       WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
+    # as _gemv_words_kernel, without the [BLOCK_K, WORDS, 8] -> [BLOCK_K, BLOCK_N] reshape (a layout change the
+    # compiler may route through shared memory): the 8 nibble lanes of each word are 8 [WORDS] accumulators,
+    # output 8w + lane stored with stride 8
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    offs_w = pid_n * WORDS + tl.arange(0, WORDS)
+    w_ok = offs_w < words
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, K)
+    for lane in tl.static_range(8):
+        shift = ((lane // 2) + (lane % 2) * 4) * 4
+        offs_n = offs_w * 8 + lane
+        n_ok = w_ok & (offs_n < N)
+        acc = tl.zeros([WORDS], dtype=tl.float32)
+        for k0 in range(lo, hi, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < hi
+            packed = tl.load(qw_ptr + offs_k[:, None].to(tl.int64) * words + offs_w[None, :],
+                             mask=k_ok[:, None] & w_ok[None, :], other=0)
+            q = ((packed >> shift) & 0xF).to(tl.float32)
+            row = k0 // group
+            z = ((tl.load(qz_ptr + row.to(tl.int64) * words + offs_w, mask=w_ok, other=0) >> shift) & 0xF).to(tl.float32)
+            s = tl.load(s_ptr + row.to(tl.int64) * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            acc += tl.sum(x[:, None] * (q - z[None, :]), axis=0) * s
+        tl.store(out_ptr + split.to(tl.int64) * N + offs_n, acc, mask=n_ok)
+
+
+def gemv_lanes(x, qweight, qzeros, scales, group, block_n=128, block_k=128, programs=1056):
+    from edgekv.kernels.int4_matmul import k_split
+
+    k, n = x.shape[1], scales.shape[1]
+    block_k = min(block_k, group)
+    chunk, splits = k_split(k, cdiv(n, block_n), block_k, programs)
+    out = torch.empty(splits, n, dtype=torch.float32, device=x.device)
+    _gemv_lanes_kernel[(cdiv(n, block_n), splits)](x, qweight, qzeros, scales, out, n, k, group, qweight.shape[1], chunk,
+                                                   WORDS=block_n // 8, BLOCK_K=block_k)
+    return out.sum(0).to(x.dtype)[None]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", action="store_true")
@@ -122,6 +165,8 @@ def main() -> None:
             "words-128x128-p4": (lambda i: gemv_words(x, *weights[i], group, 128, 128, programs=programs // 2), True),
             "words-128x128-p16": (lambda i: gemv_words(x, *weights[i], group, 128, 128, programs=programs * 2), True),
             "words-atomic": (lambda i: gemv_words(x, *weights[i], group, 64, 64, atomic=True, programs=programs), True),
+            "lanes-128x128": (lambda i: gemv_lanes(x, *weights[i], group, 128, 128, programs=programs), True),
+            "lanes-256x128": (lambda i: gemv_lanes(x, *weights[i], group, 256, 128, programs=programs), True),
         }
         for name, (call, check) in calls.items():
             def measure(call=call, check=check):

@@ -6,7 +6,7 @@
 #   - the fused decode step with 4-bit projections (Int4Linear) inside it (lease_g: 4-bit graph-split 177.4 tok/s)
 #   - an int8 cache's chunk write in one launch a layer (kernels/quant_write.py; lease_g: int8 pair 5,458 kernels)
 #   1. pytest -m gpu, the whole suite (lease_f/g: 54 passed, 4 skipped; new: the fused-prefill session test)
-#   2. decode_3b.py --int4: the fused 4-bit route beside graph-split
+#   2. decode_3b.py --int4: the fused 4-bit route beside graph-split; int4_variants.py with the lanes-* variants
 #   3. profile_pair.py, bf16 cache: prefill eager vs fused (lease_g: 3,221 kernels, 20 ms device, ~47 ms wall)
 #   4. bench stream, StateKV B=1024, 300 pairs each: prefill eager, fused; fused on an int8 cache
 # Carry: .whl (tools/gpu/README.md).
@@ -18,6 +18,9 @@ gpu_tests ${TESTS_S:-110} tests
 stamp "decode at the 3B shape, 4-bit layers (fused step now)"
 timeout -s INT ${DECODE4_S:-60} python3 tools/gpu/decode_3b.py --no-hf --int4 --json "$OUT/decode-3b-int4.json" 2>&1 \
   | grep -v -E "Warning|USDT|warn_once"
+stamp "4-bit GEMV variants (new: lanes-*, no reshape)"
+timeout -s INT ${VARIANTS_S:-60} python3 tools/gpu/int4_variants.py --json "$OUT/int4-variants.json" 2>&1 \
+  | grep -v -E "Warning|USDT"
 wait $CK; cat /tmp/ckpt.log
 for route in eager fused; do
   stamp "profile of a 3B pair, prefill $route"
