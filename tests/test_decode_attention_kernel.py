@@ -261,6 +261,32 @@ def test_a_chunk_through_the_fused_layers_is_the_eager_chunk(dtype, tol, monkeyp
     assert layer.fused(layer, batch, None, None, 0, None) is None  # not its shape: the layer's own forward
 
 
+@needs_triton
+def test_a_chunk_through_a_fused_4_bit_layer_is_the_eager_chunk(monkeypatch):
+    """A 4-bit layer (Int4Linear projections) takes the fused chunk route with its own products (the Triton 4-bit
+    GEMM), beside dense layers with packed ones."""
+    from test_decode_graph import language_model
+
+    from edgekv.model.language import dense_causal_attend
+    from edgekv.model.prefill_fused import prepare_prefill
+    from edgekv.model.rope import text_position_ids
+
+    import edgekv.kernels.decode_fused as fused_kernels
+
+    calls = []
+    rope_rows = fused_kernels.rope_rows
+    monkeypatch.setattr(fused_kernels, "rope_rows", lambda *a: calls.append(1) or rope_rows(*a))
+    model = quantized_randomly(language_model(torch.bfloat16, str(DEVICE)), layers=(2,))
+    ids = torch.tensor([3, 1, 4, 1, 5, 9], device=DEVICE)
+    positions = text_position_ids(0, ids.numel()).to(DEVICE)
+    with torch.inference_mode():
+        want = model(model.embed_tokens(ids), positions, dense_causal_attend)
+        assert prepare_prefill(model, "fused") == 3 and not hasattr(model.layers[2].self_attn, "qkv_weight")
+        got = model(model.embed_tokens(ids), positions, dense_causal_attend)
+        assert torch.equal(model.logits(got[-1:]).argmax(), model.logits(want[-1:]).argmax())
+    assert (got - want).abs().max() <= 0.05 * want.abs().max() and len(calls) == 3  # the 4-bit layer fused too
+
+
 def test_fusable_names_what_it_cannot_fuse():
     from test_decode_graph import filled_cache, language_model
 

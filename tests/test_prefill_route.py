@@ -39,25 +39,25 @@ def test_a_cpu_config_asking_for_it_is_refused_and_auto_is_eager(tiny_checkpoint
     assert rt.session().stats()["prefill_route"] == "eager"
 
 
-def test_it_installs_on_plain_layers_only_and_packs_without_new_memory():
+def test_it_installs_on_torch_and_4_bit_layers_and_packs_without_new_memory():
     from test_decode_graph import language_model
 
     from edgekv.model.int4 import Int4Linear
 
     model = language_model(torch.float32, "cpu")
-    weights = sum(p.numel() for p in model.parameters())
-    layer1 = model.layers[1]
+    layer1, layer2 = model.layers[1], model.layers[2]
     q = torch.randint(0, 16, (layer1.mlp.down_proj.in_features, layer1.mlp.down_proj.out_features), dtype=torch.uint8)
     zeros = torch.full((q.shape[0] // 16, q.shape[1]), 8, dtype=torch.uint8)
     layer1.mlp.down_proj = Int4Linear.from_integers(q, zeros, torch.full(zeros.shape, 0.01, dtype=torch.float16))
+    layer2.mlp.up_proj = torch.nn.Sequential(layer2.mlp.up_proj)  # a projection of no known kind
+    weights = sum(p.numel() for p in model.parameters())
     assert prepare_prefill(model, "eager") == 0 and all(layer.fused is None for layer in model.layers)
-    assert prepare_prefill(model, "fused") == 2  # layer 1's 4-bit projection keeps its own forward
-    assert isinstance(model.layers[0].fused, FusedChunkLayer) and model.layers[1].fused is None
-    assert sum(p.numel() for p in model.parameters()) < weights  # the 4-bit swap; packing added nothing
-    packed = sum(p.numel() for p in model.parameters())
-    prepare_prefill(model, "fused")
-    assert sum(p.numel() for p in model.parameters()) == packed
+    assert prepare_prefill(model, "fused") == 2  # layer 2's unknown projection keeps its own forward
+    assert isinstance(model.layers[0].fused, FusedChunkLayer) and isinstance(layer1.fused, FusedChunkLayer)
+    assert layer2.fused is None
+    assert sum(p.numel() for p in model.parameters()) == weights  # packing added nothing
     assert model.layers[0].self_attn.qkv_weight.data_ptr() == model.layers[0].self_attn.q_proj.weight.data_ptr()
+    assert hasattr(layer1.self_attn, "qkv_weight") and hasattr(layer1.mlp, "gate_up_weight")  # its dense ones
 
 
 def test_the_decode_step_still_fuses_a_model_with_fused_chunks():

@@ -15,7 +15,7 @@ ten launches and the attention's own. The roundings are the layer's (the kernels
 tree sum, so a value can differ by one ulp where it lands near a rounding tie, as in the fused decode step.
 
 Installed as ``DecoderLayer.fused`` (the hook the CPU's native 4-bit route uses), on CUDA only: it serves 2-D
-inference chunks of plain Qwen2 layers (torch linears, SiLU, 16/32-bit) where Triton runs, and returns None
+inference chunks of plain Qwen2 layers (torch or 4-bit linears, SiLU, 16/32-bit) where Triton runs, and returns None
 otherwise (training batches, autograd, host tensors), and the layer runs as written. The packed q|k|v and
 gate|up weights are the decode step's (``edgekv.model.packing.pack_projections``: memory-neutral views).
 """
@@ -36,24 +36,29 @@ class FusedChunkLayer:
     def __call__(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: int, attend):
         from edgekv.kernels._triton import use_triton
         from edgekv.kernels.decode_fused import add_rms_norm, rope_rows, silu_mul_rows
-        from edgekv.model.packing import packed_attention, packed_mlp
+        from edgekv.model.packing import packed_attention, packed_mlp, product
 
+        if x.dim() != 2 or (torch.is_grad_enabled() and x.requires_grad) or not use_triton(x):
+            return None  # a training batch, autograd, a host tensor without the interpreter: the layer's own forward
         attn, mlp = layer.self_attn, layer.mlp
-        if (x.dim() != 2 or (torch.is_grad_enabled() and x.requires_grad) or not use_triton(x)
-                or not (packed_attention(attn) and packed_mlp(mlp))):
-            return None  # a training batch, autograd, a host tensor without the interpreter, unpacked weights
         norm = layer.input_layernorm
         x, h = add_rms_norm(x.contiguous(), None, norm.weight, norm.eps)
-        qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias)  # [P, (Hq + 2 Hkv) D]
+        if packed_attention(attn):  # one product for q, k and v
+            qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias)  # [P, (Hq + 2 Hkv) D]
+        else:  # 4-bit projections (Int4Linear): their own products, side by side for rope_rows
+            qkv = torch.cat([product(attn.q_proj, h), product(attn.k_proj, h), product(attn.v_proj, h)], dim=-1)
         q, k, v = rope_rows(qkv, attn.num_heads, attn.num_kv_heads, cos, sin)
         out = attend(index, q, k, v)  # [Hq, P, D]
-        out = F.linear(out.transpose(0, 1).reshape(x.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
+        out = product(attn.o_proj, out.transpose(0, 1).reshape(x.shape[0], -1))
         norm = layer.post_attention_layernorm
         x, h = add_rms_norm(x, out, norm.weight, norm.eps)
-        gate_up = F.linear(h, mlp.gate_up_weight)  # [P, 2 I]
-        size = mlp.gate_proj.weight.shape[0]
-        gated = silu_mul_rows(gate_up[:, :size], gate_up[:, size:])
-        return x + F.linear(gated, mlp.down_proj.weight, mlp.down_proj.bias)
+        if packed_mlp(mlp):  # one product for gate and up
+            gate_up = F.linear(h, mlp.gate_up_weight)  # [P, 2 I]
+            size = mlp.gate_proj.weight.shape[0]
+            gate, up = gate_up[:, :size], gate_up[:, size:]
+        else:
+            gate, up = product(mlp.gate_proj, h), product(mlp.up_proj, h)
+        return x + product(mlp.down_proj, silu_mul_rows(gate, up))
 
 
 def resolve_prefill_route(route: str, device: torch.device | str) -> str:
@@ -67,13 +72,13 @@ def resolve_prefill_route(route: str, device: torch.device | str) -> str:
 
 def prepare_prefill(language, route: str) -> int:
     """Install the fused chunk layer on every layer that can take it (``route == "fused"``); returns their count.
-    A layer that cannot (a replaced projection, another activation, a hook already set: the CPU's native 4-bit
-    route) keeps its own forward; the 16/32-bit float dtype and power-of-two head_dim are the decode step's rules."""
+    Its projections may be torch linears (q|k|v and gate|up then packed: one product each) or 4-bit ones
+    (``Int4Linear``: their own products). A layer that cannot (another projection, another activation, a hook
+    already set: the CPU's native 4-bit route) keeps its own forward; the 16/32-bit float dtype and
+    power-of-two head_dim are the decode step's rules."""
     if route != "fused":
         return 0
-    from torch import nn
-
-    from edgekv.model.packing import pack_projections
+    from edgekv.model.packing import pack_projections, projection_kind
 
     dtype = language.norm.weight.dtype
     head_dim = language.config.head_dim
@@ -84,8 +89,8 @@ def prepare_prefill(language, route: str) -> int:
     for layer in language.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if (layer.fused is None and all(type(linear) is nn.Linear for linear in linears) and mlp.act is F.silu
-                and mlp.gate_proj.bias is None and mlp.up_proj.bias is None):
+        if (layer.fused is None and all(projection_kind(linear) is not None for linear in linears)
+                and mlp.act is F.silu):
             layer.fused = FusedChunkLayer()
             installed += 1
     return installed
