@@ -259,3 +259,42 @@ def test_policies_read_an_8_bit_cache_a_block_of_layers_at_a_time(monkeypatch):
     assert step < layers and reads and max(reads) <= step * heads * n * dim < whole
     assert torch.equal(lazy, tar_scores_torch(cache.keys(end=n), *meta, recent, grid, *ROPE))
     assert torch.equal(norms, value_norms_torch(cache.values(end=n)))
+
+
+def test_an_int8_write_whose_kernel_cannot_build_falls_back_to_torch_once(monkeypatch, caplog):
+    """Where Triton runs, an int8 cache writes through kernels/quant_write.py; a kernel this device's Triton cannot
+    build (a compiler error at the first launch, before anything is written) leaves torch's write for the rest of
+    the cache's life, with one warning — the chunk is still written, the same bytes as torch's."""
+    import edgekv.cache.capped as capped
+    from edgekv.cache import CacheSpec, CappedKVCache, ChunkMeta, SlotKind
+    from edgekv.model.rope import rotary_inv_freq
+
+    tried = []
+
+    def broken(*args):
+        tried.append(1)
+        raise RuntimeError("PTX .version 8.7 does not support .target sm_87")
+
+    monkeypatch.setattr(capped, "use_triton", lambda *tensors: True)
+    monkeypatch.setattr(capped, "quantize_write_triton", broken)
+    spec = CacheSpec.uniform(2, 2, 32, torch.int8)
+    cache = CappedKVCache(spec, 24, rope=(rotary_inv_freq(32, 1e6), 4))
+    twin = CappedKVCache(spec, 24, rope=(rotary_inv_freq(32, 1e6), 4))
+    twin.triton_write = False
+    gen = torch.Generator().manual_seed(7)
+    for target in (cache, twin):
+        target.write_meta(0, 20, ChunkMeta(SlotKind.VISION, frame=1, tpos=torch.arange(20) * 37))
+    with caplog.at_level("WARNING", logger="edgekv.cache"):
+        for layer in range(2):
+            k, v = torch.randn(2, 2, 20, 32, generator=gen)
+            cache.write_layer(layer, 0, k, v)
+            twin.write_layer(layer, 0, k, v)
+    assert tried == [1] and not cache.triton_write  # tried once, then torch's write
+    assert caplog.text.count("int8 cache write: the Triton kernel failed (RuntimeError") == 1
+    assert torch.equal(cache.k, twin.k) and torch.equal(cache.k_scale, twin.k_scale) and torch.equal(cache.v, twin.v)
+    with pytest.raises(ValueError, match="int8 code slices"):  # a caller's mistake is not swallowed
+        from edgekv.kernels.quant_write import quantize_write_triton
+
+        quantize_write_triton(k, v, torch.zeros(2, 20, dtype=torch.int32), torch.ones(16), 4,
+                              torch.zeros(2, 20, 32, dtype=torch.int16), torch.zeros(2, 20), torch.zeros(2, 20, 32,
+                              dtype=torch.int16), torch.zeros(2, 20))

@@ -37,6 +37,7 @@ compaction scratch is a preallocated one-layer buffer that is part of ``capacity
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -48,6 +49,8 @@ from edgekv.kernels._triton import use_triton
 from edgekv.kernels.compaction import compact_
 from edgekv.kernels.quant_write import quantize_write_triton
 from edgekv.positions import rotate_temporal, rotate_temporal_
+
+log = logging.getLogger("edgekv.cache")
 
 
 class SlotKind(IntEnum):
@@ -102,6 +105,7 @@ class CappedKVCache:
             raise ValueError(f"an 8-bit ({self.dtype}) CappedKVCache needs rope=(inv_freq, temporal_section)")
         # inverse frequencies on the cache's device once (the int8 write kernel reads them every layer)
         self.rope = None if rope is None else (rope[0].to(device=device, dtype=torch.float32), rope[1])
+        self.triton_write = self.dtype is torch.int8  # kernels/quant_write.py where Triton runs, until it fails once
         shape = (self.num_layers, self.kv_heads, capacity)
         # k, v: [layers, kv_heads, M, head_dim]
         self.k = torch.zeros(*shape, self.head_dim, dtype=self.dtype, device=self.device)
@@ -193,11 +197,18 @@ class CappedKVCache:
     def write_layer(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write one layer's K/V for slots ``[start, start + P)``. k, v: [kv_heads, P, head_dim]."""
         end = start + k.shape[1]
-        if self.dtype is torch.int8 and use_triton(k):  # one launch (kernels/quant_write.py): torch's codes
-            quantize_write_triton(k, v, self.tpos[layer, :, start:end], *self.rope, self.k[layer, :, start:end],
-                                  self.k_scale[layer, :, start:end], self.v[layer, :, start:end],
-                                  self.v_scale[layer, :, start:end])
-            return
+        if self.triton_write and use_triton(k):  # one launch (kernels/quant_write.py): torch's codes
+            try:
+                quantize_write_triton(k, v, self.tpos[layer, :, start:end], *self.rope, self.k[layer, :, start:end],
+                                      self.k_scale[layer, :, start:end], self.v[layer, :, start:end],
+                                      self.v_scale[layer, :, start:end])
+                return
+            except ValueError:
+                raise
+            except Exception as exc:  # a kernel this device's Triton cannot build: nothing was written
+                log.warning("int8 cache write: the Triton kernel failed (%s: %s); torch's write from now on",
+                            type(exc).__name__, str(exc)[:300])
+                self.triton_write = False
         if self.quantized:
             neutral = rotate_temporal(k.to(torch.float32), -self.tpos[layer, :, start:end], *self.rope)
             for data, scale, x in ((self.k, self.k_scale, neutral), (self.v, self.v_scale, v)):

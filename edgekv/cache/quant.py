@@ -25,7 +25,8 @@ at most 2**-7. Bytes per slot and KV head: ``2 * head_dim`` (K and V) + 4 (two b
 1.92x the slots in the same bytes (CacheSpec counts both).
 
 Where Triton runs, an int8 cache's chunk is written by one kernel a layer (``kernels/quant_write.py``: the
-rotation to time-neutral and this quantization, the same operations in the same order); fp8 stays here.
+rotation to time-neutral and this quantization, the same operations in the same order; a kernel the device's
+Triton cannot build leaves this path for the rest of the cache's life, with one warning); fp8 stays here.
 """
 
 from __future__ import annotations
