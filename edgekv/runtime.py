@@ -99,9 +99,9 @@ class Runtime:
             raise ConfigError(str(exc)) from None
         if chosen == "fused" and not prepare_prefill(self.model.language, "fused"):
             if route == "fused":
-                raise ConfigError("model.prefill_route: fused: no layer of this model can take it (16/32-bit torch "
-                                  "linears, SiLU and a power-of-two head_dim are needed)")
-            return "eager"  # "auto" on a model no layer of which can take it (4-bit projections, say)
+                raise ConfigError("model.prefill_route: fused: no layer of this model can take it (a 16/32-bit "
+                                  "model, torch or 4-bit linears, SiLU and a power-of-two head_dim are needed)")
+            return "eager"  # "auto" on a model no layer of which can take it (an fp64 model, another activation)
         return chosen
 
     def _prepare_decode(self, route: str) -> tuple[str, str | None]:

@@ -25,7 +25,7 @@ class TorchVision:
         return self.model.visual(pixel_values, grid_thw)
 
 
-# "auto" picks the graph on CUDA: it ran on an H200 (issue 32, 2026-11-26, third call): the replayed tower equals the
+# "auto" picks the graph on CUDA: it ran on an H200 (issue 32, 2026-11-26, third session): the replayed tower equals the
 # eager one (tests/test_vision_graph.py, gpu), and the 3B pair's vision took 11.4 ms instead of 20.3 (448 x 448, bf16)
 AUTO_VISION_GRAPH = True
 

@@ -15,8 +15,8 @@ ten launches and the attention's own. The roundings are the layer's (the kernels
 tree sum, so a value can differ by one ulp where it lands near a rounding tie, as in the fused decode step.
 
 Installed as ``DecoderLayer.fused`` (the hook the CPU's native 4-bit route uses), on CUDA only: it serves 2-D
-inference chunks of plain Qwen2 layers (torch or 4-bit linears, SiLU, 16/32-bit) where Triton runs, and returns None
-otherwise (training batches, autograd, host tensors), and the layer runs as written. The packed q|k|v and
+inference chunks of plain Qwen2 layers (torch or 4-bit linears, SiLU, 16/32-bit) where Triton runs, and returns
+None otherwise (training batches, autograd, host tensors), and the layer runs as written. The packed q|k|v and
 gate|up weights are the decode step's (``edgekv.model.packing.pack_projections``: memory-neutral views).
 """
 
