@@ -22,18 +22,17 @@ import torch
 
 from edgekv.kernels._triton import jit, libdevice, next_power_of_2, precise_trig, round_to_bf16, tl
 
-LEVELS = 127.0
-
-
 # ---------------------------------------------------------------------------------------------- reference
 def quantize_write_reference(k: torch.Tensor, v: torch.Tensor, tpos: torch.Tensor, inv_freq: torch.Tensor,
-                             temporal_section: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """k, v [H, P, D]; tpos [H, P] -> (key codes, key scales, value codes, value scales) as the cache stores them."""
+                             temporal_section: int, dtype: torch.dtype = torch.int8
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k, v [H, P, D]; tpos [H, P] -> (key codes, key scales, value codes, value scales) as an 8-bit cache of
+    ``dtype`` stores them: the cache's own write where the kernel does not run (and fp8's everywhere)."""
     from edgekv.cache.quant import quantize
     from edgekv.positions import rotate_temporal
 
     neutral = rotate_temporal(k.to(torch.float32), -tpos, inv_freq, temporal_section)
-    return (*quantize(neutral, torch.int8), *quantize(v, torch.int8))
+    return (*quantize(neutral, dtype), *quantize(v, dtype))
 
 
 # ---------------------------------------------------------------------------------------------- kernel

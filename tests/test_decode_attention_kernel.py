@@ -247,7 +247,7 @@ def test_a_chunk_through_the_fused_layers_is_the_eager_chunk(dtype, tol, monkeyp
     with torch.inference_mode():
         want = model(model.embed_tokens(ids), positions, dense_causal_attend)
     assert prepare_prefill(model, "fused") == 3 and isinstance(model.layers[0].fused, FusedChunkLayer)
-    import edgekv.kernels.decode_fused as fused_kernels
+    import edgekv.model.prefill_fused as fused_kernels  # where the fused layer looks the kernel up
 
     calls = []
     rope_rows = fused_kernels.rope_rows
@@ -271,7 +271,7 @@ def test_a_chunk_through_a_fused_4_bit_layer_is_the_eager_chunk(monkeypatch):
     from edgekv.model.prefill_fused import prepare_prefill
     from edgekv.model.rope import text_position_ids
 
-    import edgekv.kernels.decode_fused as fused_kernels
+    import edgekv.model.prefill_fused as fused_kernels  # where the fused layer looks the kernel up
 
     calls = []
     rope_rows = fused_kernels.rope_rows

@@ -43,11 +43,11 @@ from enum import IntEnum
 
 import torch
 
-from edgekv.cache.quant import SCALE_DTYPE, bit_view, dequantize, quantize
+from edgekv.cache.quant import SCALE_DTYPE, bit_view, dequantize
 from edgekv.cache.specs import CacheSpec
 from edgekv.kernels._triton import use_triton
 from edgekv.kernels.compaction import compact_
-from edgekv.kernels.quant_write import quantize_write_triton
+from edgekv.kernels.quant_write import quantize_write_reference, quantize_write_triton
 from edgekv.positions import rotate_temporal, rotate_temporal_
 
 log = logging.getLogger("edgekv.cache")
@@ -210,11 +210,9 @@ class CappedKVCache:
                             type(exc).__name__, str(exc)[:300])
                 self.triton_write = False
         if self.quantized:
-            neutral = rotate_temporal(k.to(torch.float32), -self.tpos[layer, :, start:end], *self.rope)
-            for data, scale, x in ((self.k, self.k_scale, neutral), (self.v, self.v_scale, v)):
-                q, s = quantize(x, self.dtype)
-                data[layer, :, start:end].copy_(q)
-                scale[layer, :, start:end].copy_(s)
+            codes = quantize_write_reference(k, v, self.tpos[layer, :, start:end], *self.rope, self.dtype)
+            for target, written in zip((self.k, self.k_scale, self.v, self.v_scale), codes):
+                target[layer, :, start:end].copy_(written)
             return
         self.k[layer, :, start:end].copy_(k)
         self.v[layer, :, start:end].copy_(v)

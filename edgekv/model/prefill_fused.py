@@ -25,6 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgekv.kernels._triton import use_triton
+from edgekv.kernels.decode_fused import add_rms_norm, rope_rows, silu_mul_rows
+from edgekv.model.packing import pack_projections, packed_attention, packed_mlp, product, projection_kind
+
 # "auto" picks "fused" on CUDA once the route has run on a GPU (issue 32); until then it is opt-in, as the decode
 # graph and the vision graph were until a lent GPU ran them
 AUTO_FUSED_PREFILL = False
@@ -34,10 +38,6 @@ class FusedChunkLayer:
     """``DecoderLayer.fused``: ``(layer, x [P, d], cos, sin [P, D], index, attend) -> x`` or None."""
 
     def __call__(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: int, attend):
-        from edgekv.kernels._triton import use_triton
-        from edgekv.kernels.decode_fused import add_rms_norm, rope_rows, silu_mul_rows
-        from edgekv.model.packing import packed_attention, packed_mlp, product
-
         if x.dim() != 2 or (torch.is_grad_enabled() and x.requires_grad) or not use_triton(x):
             return None  # a training batch, autograd, a host tensor without the interpreter: the layer's own forward
         attn, mlp = layer.self_attn, layer.mlp
@@ -78,8 +78,6 @@ def prepare_prefill(language, route: str) -> int:
     power-of-two head_dim are the decode step's rules."""
     if route != "fused":
         return 0
-    from edgekv.model.packing import pack_projections, projection_kind
-
     dtype = language.norm.weight.dtype
     head_dim = language.config.head_dim
     if dtype not in (torch.float32, torch.bfloat16, torch.float16) or head_dim & (head_dim - 1):
