@@ -314,6 +314,30 @@ def test_train_toy_command_writes_a_loadable_checkpoint_with_a_model_card(tmp_pa
     assert logits.shape[1] == 64 and torch.isfinite(logits).all()
 
 
+def test_train_toy_sizes_a_new_vision_tower(tmp_path, capsys):
+    """``--vision-width/--vision-depth`` size a new model's tower (full attention in every second block); the
+    card and its command say so; sizes the tower cannot have are refused before anything runs."""
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+
+    out = tmp_path / "wide"
+    assert main(["train-toy", str(out), "--steps", "1", "--batch-size", "1", "--heldout-streams", "0", "--eval-samples",
+                 "1", "--vision-steps", "1", "--threads", "1", "--no-prefetch", "--width", "32", "--layers", "1",
+                 "--vision-width", "48", "--vision-depth", "3"]) == 0
+    vision = load_pretrained(out, dtype=torch.float32).config.vision
+    assert (vision.hidden_size, vision.depth, vision.intermediate_size) == (48, 3, 96)
+    assert vision.fullatt_block_indexes == (1,) and vision.out_hidden_size == 32
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert (card["vision_width"], card["vision_depth"]) == (48, 3)
+    assert "--vision-width 48 --vision-depth 3" in card["command"]
+    assert toy_config().vision.fullatt_block_indexes == (1, 3)  # the shipped tower's layout is unchanged
+    capsys.readouterr()
+    for flags in (["--vision-width", "40"], ["--vision-width", "16"], ["--vision-depth", "0"]):
+        assert main(["train-toy", str(tmp_path / "no"), "--steps", "1", *flags]) == 2
+        assert "--vision-width must be a multiple of 16" in capsys.readouterr().out
+    assert not (tmp_path / "no").exists()
+
+
 def test_train_toy_init_goes_on_from_a_checkpoint_and_refuses_one_of_another_shape(tmp_path, capsys):
     """``--init DIR``: the run starts from DIR's weights (its width and depth, not the flags'), the card says
     so, and a checkpoint whose config is not a toy's is refused with the reason."""
@@ -321,7 +345,8 @@ def test_train_toy_init_goes_on_from_a_checkpoint_and_refuses_one_of_another_sha
     from edgekv.model.loading import load_pretrained
     from edgekv.toy.train import _from_checkpoint
 
-    start = save_checkpoint(init_model(toy_config(width=32, layers=2), 3), tmp_path / "start", {"note": "test"})
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3),
+                            tmp_path / "start", {"note": "test"})
     model, width, layers = _from_checkpoint(start)
     reference = load_pretrained(start, dtype=torch.float32)
     assert (width, layers) == (32, 2) and all(p.requires_grad for p in model.parameters())
@@ -335,6 +360,7 @@ def test_train_toy_init_goes_on_from_a_checkpoint_and_refuses_one_of_another_sha
     assert card["curriculum"] == "refine" and card["command"].endswith("--curriculum refine")
     assert card["history"][-1]["stage"] == "long, sparse, thinned, many shapes"
     assert "--width" not in card["command"]  # the width and depth come from --init, not flags
+    assert (card["vision_width"], card["vision_depth"]) == (32, 2) and "--vision-width" not in card["command"]
     assert card["parent"] == {"note": "test"}  # the starting checkpoint's card travels with the new one
     assert "Trained in rounds" in (out / "README.md").read_text()
     trained = load_pretrained(out, dtype=torch.float32)

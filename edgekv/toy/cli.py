@@ -20,6 +20,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
     parser.add_argument("--width", type=int, default=64, help="LM hidden size (4 query heads of width/4, 2 KV heads)")
     parser.add_argument("--layers", type=int, default=4, help="LM decoder layers")
+    parser.add_argument("--vision-width", type=int, default=64,
+                        help="vision tower hidden size of a new model (4 heads, MLP 2x; --init keeps its own)")
+    parser.add_argument("--vision-depth", type=int, default=4,
+                        help="vision tower blocks of a new model (full attention in every second one)")
     parser.add_argument("--init", metavar="DIR", default=None,
                         help="go on from this toy checkpoint (its width and layers) instead of random weights")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224"), default="full",
@@ -57,6 +61,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.width < 32 or args.width % 16:
         print(f"edgekv train-toy: --width must be a multiple of 16 and at least 32, got {args.width}")
         return 2
+    if args.vision_width < 32 or args.vision_width % 16 or args.vision_depth < 1:
+        print("edgekv train-toy: --vision-width must be a multiple of 16 and at least 32, --vision-depth at least 1; "
+              f"got {args.vision_width} / {args.vision_depth}")
+        return 2
     if args.init is not None and not Path(args.init, "config.json").is_file():
         print(f"edgekv train-toy: --init {args.init}: no config.json there (give a toy checkpoint directory)")
         return 2
@@ -73,7 +81,8 @@ def run_train(args: argparse.Namespace) -> int:
                  heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps,
                  width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
                  curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
-                 freeze_vision=not args.train_vision)
+                 freeze_vision=not args.train_vision, vision_width=args.vision_width,
+                 vision_depth=args.vision_depth)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

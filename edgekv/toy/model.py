@@ -38,12 +38,18 @@ MAX_POSITIONS = 8192
 RESOLUTION = (112, 112)  # 8 x 8 patches, 4 x 4 = 16 LLM tokens per frame pair
 
 
-def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4) -> ModelConfig:
+def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4, vision_width: int = 64,
+               vision_depth: int = 4) -> ModelConfig:
     """The toy's configuration; ``width`` is the LM's hidden size (4 query heads of ``width / 4`` on 2 KV
     heads, M-RoPE sections scaled as the 3B's (16, 24, 24) are to its head_dim 128, MLP 2.75x), ``layers``
-    its depth. The vision tower is the same at every width (its merger projects to ``width``)."""
+    its depth. The vision tower is ``vision_depth`` blocks of ``vision_width`` (4 heads, MLP 2x; full
+    attention in every second block, windowed in the others, as the 3B's tower alternates them in its
+    own proportion); its merger projects to ``width``. The shipped toy: 64 / 4 and 64 / 4."""
     if width % 16 or width < 32:
         raise ValueError(f"toy LM width must be a multiple of 16 and at least 32, got {width}")
+    if vision_width % 16 or vision_width < 32 or vision_depth < 1:
+        raise ValueError(f"toy vision width must be a multiple of 16 and at least 32, and its depth at least 1; "
+                         f"got {vision_width} / {vision_depth}")
     tokenizer, special = build_tokenizer()
     vocab_size = -(-tokenizer.get_vocab_size() // vocab_pad) * vocab_pad
     head_dim = width // 4
@@ -53,7 +59,8 @@ def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4) -> ModelCo
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
                       mrope_section=section, max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
                       rms_norm_eps=1e-6)
-    vision = VisionConfig(depth=4, hidden_size=64, intermediate_size=128, num_heads=4, fullatt_block_indexes=(1, 3),
+    vision = VisionConfig(depth=vision_depth, hidden_size=vision_width, intermediate_size=2 * vision_width, num_heads=4,
+                          fullatt_block_indexes=tuple(range(1, vision_depth, 2)),
                           out_hidden_size=width, window_size=112, tokens_per_second=2)
     return ModelConfig(text=text, vision=vision, image_token_id=special["<|image_pad|>"],
                        video_token_id=special["<|video_pad|>"], vision_start_token_id=special["<|vision_start|>"],

@@ -355,7 +355,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000,
           width: int = 64, layers: int = 4, prefetch: bool = True, init: str | Path | None = None,
           curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
-          size: int = RESOLUTION[0], freeze_vision: bool = True) -> dict:
+          size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4
+          ) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -368,7 +369,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     (and the world share of the vision warm-up: the curriculum's largest ``Stage.world``) are drawn on the
     background families ``families`` (default all) less ``holdout`` (default
     ``edgekv.video.world.DEFAULT_HOLDOUT``) that are available here; ``size`` is the frame side (112: 16
-    tokens per pair, 224: 64). ``freeze_vision`` keeps the tower as the warm-up left it."""
+    tokens per pair, 224: 64). ``freeze_vision`` keeps the tower as the warm-up left it. ``vision_width`` and
+    ``vision_depth`` size a new model's vision tower (``toy_config``; a checkpoint given as ``init`` keeps its own)."""
     if curriculum not in CURRICULA:
         raise ValueError(f"curriculum {curriculum!r} is not one of {', '.join(CURRICULA)}")
     if size % CELL or size < CELL:
@@ -389,8 +391,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     encoder = Encoder(aux=aux_weight > 0, seed=seed, size=size)
     if init is not None:
         model, width, layers = _from_checkpoint(init)
+        vision_width, vision_depth = model.config.vision.hidden_size, model.config.vision.depth
     else:
-        model = init_model(toy_config(width=width, layers=layers), seed)
+        model = init_model(toy_config(width=width, layers=layers, vision_width=vision_width,
+                                      vision_depth=vision_depth), seed)
     model.train()
     started = time.perf_counter()
     vision_history = (warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every, prefetch=prefetch,
@@ -447,6 +451,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --curriculum {curriculum}"
     if init is None and (width != 64 or layers != 4):
         command += f" --width {width} --layers {layers}"
+    if init is None and (vision_width != 64 or vision_depth != 4):
+        command += f" --vision-width {vision_width} --vision-depth {vision_depth}"
     if drawable is not None:
         command += f" --families {','.join(families) if families else 'all'} --holdout {','.join(holdout) or 'none'}"
     if size != RESOLUTION[0]:
@@ -455,7 +461,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += " --train-vision"
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
             "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps) and freeze_vision, "batch_size": batch_size, "lr": lr,
-            "aux_weight": aux_weight, "curriculum": curriculum, "init": None if init is None else str(init), "width": width, "layers": layers, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
+            "aux_weight": aux_weight, "curriculum": curriculum, "init": None if init is None else str(init), "width": width, "layers": layers, "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
             "history": history, "fps": 2.0, "resolution": [size, size], "max_position_embeddings": MAX_POSITIONS,
@@ -488,15 +494,21 @@ def _lineage(path: str | Path) -> dict | None:
 
 def _from_checkpoint(path: str | Path):
     """The toy checkpoint at ``path`` as a trainable fp32 model, with its LM width and depth; a directory
-    that is not a toy of today's vocabulary and vision tower is refused with what differs."""
+    that is not a toy of today's vocabulary (any LM and tower width and depth ``toy_config`` makes) is refused
+    with what differs."""
     from edgekv.model.loading import load_pretrained
 
     model = load_pretrained(path, dtype=torch.float32)
-    text = model.config.text
-    expected = toy_config(width=text.hidden_size, layers=text.num_hidden_layers) if text.hidden_size % 16 == 0 else None
+    text, vision = model.config.text, model.config.vision
+    sizes = dict(width=text.hidden_size, layers=text.num_hidden_layers, vision_width=vision.hidden_size,
+                 vision_depth=vision.depth)
+    try:
+        expected = toy_config(**sizes)
+    except ValueError:
+        expected = None
     if expected is None or model.config != expected:
         raise ValueError(f"{path}: not a toy checkpoint of this version (its config differs from "
-                         f"toy_config(width={text.hidden_size}, layers={text.num_hidden_layers}))")
+                         f"toy_config({', '.join(f'{k}={v}' for k, v in sizes.items())}))")
     for param in model.parameters():
         param.requires_grad_(True)
     return model, text.hidden_size, text.num_hidden_layers
