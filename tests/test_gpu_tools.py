@@ -35,3 +35,22 @@ def test_products_3b_checks_itself_on_the_cpu(tmp_path):
 
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 11 and all("us" in row and "error" not in row for row in rows)
+
+
+def test_toy_budget_sizes_the_run_to_the_time_left(tmp_path):
+    """``toy_budget.py`` (lease_toy.sh): from a calibration card's timed warm-up and question steps, the steps that
+    fill the seconds given (the warm-up's share of them); a card without timed steps is refused by name."""
+    import json
+
+    card = tmp_path / "card.json"
+    # warm-up: 20 steps in 10 s (0.5 s each); questions: 40 steps in 30 - 10 = 20 s (0.5 s each)
+    card.write_text(json.dumps({"vision_history": [{"vision_step": 20, "seconds": 10.0}],
+                                "history": [{"step": 20, "seconds": 20.0}, {"step": 40, "seconds": 30.0}]}))
+    run = subprocess.run([sys.executable, str(TOOLS / "toy_budget.py"), str(card), "--seconds", "330",
+                          "--vision-share", "0.3"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["180", "420"]  # (330 - 30) s: 90 s of warm-up, 210 s of questions
+    card.write_text(json.dumps({"history": [{"step": 40, "seconds": 30.0}]}))
+    run = subprocess.run([sys.executable, str(TOOLS / "toy_budget.py"), str(card), "--seconds", "330"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "no timed warm-up" in run.stderr

@@ -537,6 +537,83 @@ def test_prefetched_batches_are_the_batches_drawn_in_process():
         assert here.bit_generator.state == there.bit_generator.state
 
 
+def _equal_items(first, second) -> None:
+    for a, b in zip(first, second, strict=True):
+        fields = list(vars(a).values()) if hasattr(a, "__dict__") else list(a)
+        other = list(vars(b).values()) if hasattr(b, "__dict__") else list(b)
+        for x, y in zip(fields, other, strict=True):
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+
+
+def test_sharded_batches_are_the_same_for_any_number_of_workers():
+    """``--workers N`` draws step i in worker i mod N from that step's own generators: the batches come back in
+    step order and equal the in-process draw for N = 2 and 3 (QA batches with auxiliary labels, and the vision
+    warm-up's); the draw is another run than the single stream's (not its first batch)."""
+    from edgekv.toy.prefetch import sharded
+    from edgekv.toy.train import qa_batches, qa_batches_sharded, vision_batches_sharded
+
+    for make, steps, args in ((qa_batches_sharded, 5, (7, 5, 2, True)), (vision_batches_sharded, 3, (7, 3, 2))):
+        local = list(sharded(make, steps, *args, workers=0))
+        assert len(local) == steps
+        for workers in (2, 3):
+            _equal_items(local, list(sharded(make, steps, *args, workers=workers)))
+    stream = next(qa_batches(np.random.default_rng(7), 5, 2, True, 7))
+    first = list(sharded(qa_batches_sharded, 5, 7, 5, 2, True, workers=0))[0]
+    assert stream.ids.shape != first.ids.shape or not torch.equal(stream.ids, first.ids)
+
+
+def test_a_failing_sharded_worker_is_reported():
+    from edgekv.toy.prefetch import sharded
+    from edgekv.toy.train import qa_batches_sharded
+
+    with pytest.raises(RuntimeError, match="batch worker 0 failed"):
+        list(sharded(qa_batches_sharded, 2, 0, 2, -1, True, workers=2))
+
+
+def test_train_toy_workers_and_device_flags(tmp_path, capsys):
+    """A CPU run with ``--workers 2`` trains and its card keeps the draw (``--workers 2`` in the command, device
+    cpu); ``--device cuda`` where torch finds no GPU, a device of another kind and negative workers are
+    refused before anything is written."""
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "sharded"
+    assert main(["train-toy", str(out), "--steps", "2", "--batch-size", "2", "--heldout-streams", "0",
+                 "--eval-samples", "2", "--vision-steps", "2", "--threads", "1", "--width", "32", "--layers", "1",
+                 "--workers", "2", "--log-every", "1"]) == 0
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert card["workers"] == 2 and card["device"] == "cpu" and card["gpu"] is None
+    assert card["command"].endswith("--workers 2") and len(card["history"]) == 2 and len(card["vision_history"]) == 2
+    capsys.readouterr()
+    refusals = [(["--device", "tpu"], "--device must be cpu, cuda or cuda:N"), (["--workers", "-1"], "--workers must")]
+    if not torch.cuda.is_available():
+        refusals.append((["--device", "cuda"], "torch finds no CUDA GPU here"))
+    for flags, message in refusals:
+        assert main(["train-toy", str(tmp_path / "no"), "--steps", "1", *flags]) == 2
+        assert message in capsys.readouterr().out
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.gpu
+def test_train_toy_on_cuda_moves_every_batch_and_writes_a_host_checkpoint(tmp_path):
+    """On a GPU: the warm-up and the question steps run on CUDA with sharded drawing; the loss is finite, the
+    checkpoint loads on the host, and a batch's forward on CUDA matches the host's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from edgekv.model.loading import load_pretrained
+    from edgekv.toy.train import Encoder, forward_logits, heldout, train
+
+    card = train(tmp_path / "gpu", steps=4, batch_size=2, vision_steps=2, heldout_streams=0, eval_samples=4,
+                 width=32, layers=1, device="cuda", workers=2, log=lambda line: None, log_every=2)
+    assert card["gpu"] and card["device"].startswith("cuda")
+    assert all(np.isfinite(record["loss"]) for record in card["history"])
+    model = load_pretrained(tmp_path / "gpu", dtype=torch.float32).eval()
+    batch = Encoder().encode(heldout(0, 2))
+    with torch.no_grad():
+        host = forward_logits(model, batch)
+        device = forward_logits(model.cuda(), batch.to("cuda")).cpu()
+    torch.testing.assert_close(device, host, rtol=1e-3, atol=1e-3)
+
+
 def test_a_failing_batch_worker_is_reported():
     from edgekv.toy.prefetch import batches
     from edgekv.toy.train import qa_batches
@@ -655,6 +732,22 @@ def test_world_curriculum_samples_draw_every_family_and_never_a_held_out_backgro
     assert set(asked) >= set(ALL_FAMILIES) - {"order"} and worlds >= 6
     big = draw_sample(np.random.default_rng(5), WORLD[1][1], MAX_POSITIONS, size=224, pairs=(4, 6), families=families)
     assert big.evict_at.shape[1] == 64 and big.pairs[0][0].shape == (224, 224, 3)
+
+
+def test_world_scratch_goes_from_one_event_to_long_contexts_all_in_the_world():
+    """``--curriculum world-scratch`` (a new model in the randomized world): its stages in order over the run,
+    every one 85 % world (so the vision warm-up draws 85 % world frames too), and a one-event sample asks only
+    colour, shape and exists."""
+    rng = np.random.default_rng(4)
+    stages = CURRICULA["world-scratch"]
+    assert [s.name for _, s in stages] == ["world: one event", "world: several events", "world: long, sparse, thinned",
+                                          "world: long contexts, many distractor pairs"]
+    assert abs(sum(share for share, _ in stages) - 1) < 1e-9 and all(s.world == 0.85 for _, s in stages)
+    first = [stage_at(p, rng, "world-scratch").name for p in np.linspace(0, 0.14, 50)]
+    last = [stage_at(p, rng, "world-scratch").name for p in np.linspace(0.71, 0.999, 50)]
+    assert first.count("world: one event") >= 35 and last.count("world: long contexts, many distractor pairs") >= 35
+    sample = draw_sample(rng, stages[0][1], MAX_POSITIONS, pairs=(2, 4), families=("noise", "checks"))
+    assert len(sample.events) == 1 and {qa.family for qa in sample.qas} <= {"color", "shape", "exists"}
 
 
 def test_world_training_names_the_event_region_among_the_auxiliary_targets():

@@ -80,7 +80,9 @@ def write_model_card(directory: str | Path, card: dict) -> Path:
                       f"{', '.join(world.get('families', []))}; held out entirely: "
                       f"{', '.join(world.get('holdout', [])) or 'none'}; every question family"
                       + ("; contexts of 64-256 kept pairs, most of them distractor pairs"
-                         if card["curriculum"] == "world-long" else ""))
+                         if card["curriculum"] == "world-long" else "")
+                      + ("; from one event in short streams to contexts of 64-256 kept pairs, all in the world, "
+                         "the vision warm-up too" if card["curriculum"] == "world-scratch" else ""))
     elif card.get("curriculum", "full") == "refine":
         curriculum = ("Curriculum `refine` (`edgekv/toy/data.py`, for rounds after the first): several events "
                       "drawn from 3-4 distinct shapes, then long, sparse and thinned streams of them (evicted "

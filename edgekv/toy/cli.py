@@ -26,12 +26,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vision tower blocks of a new model (full attention in every second one)")
     parser.add_argument("--init", metavar="DIR", default=None,
                         help="go on from this toy checkpoint (its width and layers) instead of random weights")
-    parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224"), default="full",
+    parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch"),
+                        default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
                              "world (85 %% of streams in the randomized world, every question family), world-long "
                              "(world with contexts of 64-256 kept pairs, most of them distractor pairs), world-224 "
-                             "(world with 4-40 kept pairs, for --size 224)")
+                             "(world with 4-40 kept pairs, for --size 224), world-scratch (from one event to long contexts, "
+                             "all in the world: for a new model)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
@@ -43,6 +45,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep training the vision tower with the answers after the warm-up (default: frozen)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="draw batches in the training process instead of one step ahead in a worker process")
+    parser.add_argument("--device", default="cpu",
+                        help="where the model trains: cpu, cuda or cuda:N (batches are drawn on the host)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="draw the batches in N processes, each step from its own seeded generators (a "
+                             "different draw than the default single stream, the same for any N; what a GPU needs)")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--eval-samples", type=int, default=64,
@@ -65,6 +72,18 @@ def run_train(args: argparse.Namespace) -> int:
         print("edgekv train-toy: --vision-width must be a multiple of 16 and at least 32, --vision-depth at least 1; "
               f"got {args.vision_width} / {args.vision_depth}")
         return 2
+    if args.workers < 0:
+        print(f"edgekv train-toy: --workers must be at least 0, got {args.workers}")
+        return 2
+    if args.device.split(":")[0] not in ("cpu", "cuda"):
+        print(f"edgekv train-toy: --device must be cpu, cuda or cuda:N, got {args.device!r}")
+        return 2
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"edgekv train-toy: --device {args.device}: torch finds no CUDA GPU here")
+            return 2
     if args.init is not None and not Path(args.init, "config.json").is_file():
         print(f"edgekv train-toy: --init {args.init}: no config.json there (give a toy checkpoint directory)")
         return 2
@@ -82,7 +101,7 @@ def run_train(args: argparse.Namespace) -> int:
                  width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
                  curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
                  freeze_vision=not args.train_vision, vision_width=args.vision_width,
-                 vision_depth=args.vision_depth)
+                 vision_depth=args.vision_depth, device=args.device, workers=args.workers)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -9,6 +9,11 @@ memory through ``torch.multiprocessing``).
 The worker owns a copy of the trainer's random generator and draws exactly what the trainer would have
 drawn in the same order, then hands the generator's final state back, so a run with prefetching is the
 same run as one without (tested: equal batches).
+
+On a GPU one drawing process is the bottleneck (a world-long batch takes ~0.25 s to draw, the model's step
+milliseconds). ``sharded`` spreads the steps over several workers, worker ``i`` drawing steps ``i, i + n, ...``:
+for that the draw of each step must not depend on the steps before it (``edgekv.toy.train``'s ``*_sharded``
+generators seed each step's own generators), and the batches come back in step order, the same for any ``n``.
 """
 
 from __future__ import annotations
@@ -50,12 +55,7 @@ def batches(make: Callable[..., Iterator[Any]], rng: np.random.Generator, *args:
     process.start()
     try:
         while True:
-            try:
-                kind, item = channel.get(timeout=_POLL_S)
-            except queue_module.Empty:
-                if not process.is_alive():
-                    raise RuntimeError(f"the batch worker died (exit code {process.exitcode})") from None
-                continue
+            kind, item = _take(channel, process)
             if kind == "item":
                 yield item
             elif kind == "end":
@@ -69,3 +69,60 @@ def batches(make: Callable[..., Iterator[Any]], rng: np.random.Generator, *args:
         if process.is_alive():
             process.kill()
             process.join()
+
+
+def _take(channel, process) -> tuple[str, Any]:
+    """The worker's next message; a worker that died without one is an error, not a hang."""
+    while True:
+        try:
+            return channel.get(timeout=_POLL_S)
+        except queue_module.Empty:
+            if not process.is_alive():
+                raise RuntimeError(f"the batch worker died (exit code {process.exitcode})") from None
+
+
+def _shard_worker(out, done, make: Callable[..., Iterator[Any]], args: tuple, shard: int, shards: int) -> None:
+    torch.set_num_threads(1)
+    try:
+        for item in make(*args, shard=shard, shards=shards):
+            out.put(("item", item))
+        out.put(("end", None))
+    except BaseException as exc:  # reported to the trainer, which raises it
+        out.put(("error", f"{type(exc).__name__}: {exc}"))
+    done.wait()  # as in _worker: the trainer may still be rebuilding this worker's last tensors
+
+
+def sharded(make: Callable[..., Iterator[Any]], steps: int, *args: Any, workers: int, depth: int = 2
+            ) -> Iterator[Any]:
+    """Yield the ``steps`` items of ``make(*args, shard=0, shards=1)`` in order; with ``workers`` > 0 they are
+    drawn by that many spawned processes, worker ``i`` running ``make(*args, shard=i, shards=workers)`` up to
+    ``depth`` items ahead. ``make`` (module-level) must draw each step from generators of its own, so that
+    the items do not depend on how the steps are shared."""
+    if workers <= 0:
+        yield from make(*args, shard=0, shards=1)
+        return
+    context = torch.multiprocessing.get_context("spawn")
+    done = context.Event()
+    channels = [context.Queue(maxsize=depth) for _ in range(workers)]
+    processes = [context.Process(target=_shard_worker, args=(channel, done, make, args, shard, workers), daemon=True,
+                                 name=f"edgekv-train-draw-{shard}")
+                 for shard, channel in enumerate(channels)]
+    for process in processes:
+        process.start()
+    try:
+        for step in range(steps):
+            shard = step % workers
+            kind, item = _take(channels[shard], processes[shard])
+            if kind == "item":
+                yield item
+            elif kind == "end":
+                raise RuntimeError(f"batch worker {shard} ended before step {step}")
+            else:
+                raise RuntimeError(f"batch worker {shard} failed: {item}")
+    finally:
+        done.set()
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()

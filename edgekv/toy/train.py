@@ -35,7 +35,7 @@ from edgekv.toy.card import write_model_card
 from edgekv.toy.data import (CELL, CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample,
                              event_tokens, stage_at)
 from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
-from edgekv.toy.prefetch import batches
+from edgekv.toy.prefetch import batches, sharded
 from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, region_of
 from edgekv.toy.vocab import build_tokenizer
 from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, place_event
@@ -54,6 +54,15 @@ class Batch:
     targets: torch.Tensor      # [T] token ids
     families: list[str]        # [T] family of each target (answers and closing tokens)
     is_answer: torch.Tensor    # [T] bool: the answer word (not the closing <|im_end|>)
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """The batch with its tensors on ``device`` (``grid_thw`` stays on the host: the tower reads it there)."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self
+        moved = {name: (value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) and name != "grid_thw"
+                        else value) for name, value in self.__dict__.items()}
+        return Batch(**moved)
 
 
 class Encoder:
@@ -192,7 +201,8 @@ def forward_logits(model, batch: Batch) -> torch.Tensor:
     cos, sin = zip(*(language.rotary(p) for p in batch.positions))
     cos, sin = torch.stack(cos)[:, None], torch.stack(sin)[:, None]  # [B, 1, S, hd]
     # additive float mask, converted once for every layer (SDPA would convert a bool mask per call)
-    mask = torch.zeros(batch.mask.shape, dtype=embeds.dtype).masked_fill_(~batch.mask, float("-inf"))[:, None]
+    mask = torch.zeros(batch.mask.shape, dtype=embeds.dtype, device=embeds.device).masked_fill_(
+        ~batch.mask, float("-inf"))[:, None]
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
@@ -270,38 +280,71 @@ def vision_batches(rng: np.random.Generator, steps: int, batch_size: int, famili
         yield vision_batch(rng, preprocessor, batch_size, families, size, world)
 
 
+def vision_batches_sharded(seed: int, steps: int, batch_size: int, families: tuple[str, ...] | None = None,
+                           size: int = RESOLUTION[0], world: float = 0.0, shard: int = 0, shards: int = 1):
+    """Warm-up steps ``shard, shard + shards, ...``, each drawn from its own generator ``(seed, 13, step)``:
+    the same batches however many workers share the steps (``edgekv.toy.prefetch.sharded``)."""
+    preprocessor = FramePreprocessor(resolution=(size, size))
+    for step in range(shard, steps, shards):
+        yield vision_batch(np.random.default_rng((seed, 13, step)), preprocessor, batch_size, families, size, world)
+
+
+def qa_batch(rng: np.random.Generator, step: int, steps: int, batch_size: int, encoder: Encoder,
+             curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0]) -> Batch:
+    """Step ``step``'s batch: the curriculum stage at its progress, a narrow range of K, ``batch_size``
+    samples, encoded; world samples drawn on ``families``."""
+    stage = stage_at(step / max(1, steps), rng, curriculum)
+    pairs = batch_pairs(stage, rng)
+    count = batch_size if stage.batch_divisor == 1 else max(1, batch_size // stage.batch_divisor)
+    return encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, size=size, pairs=pairs, families=families)
+                           for _ in range(count)])
+
+
 def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool, seed: int,
                curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0]):
-    """The question-answering steps' batches: the curriculum stage at each step's progress, a narrow
-    range of K, ``batch_size`` samples, encoded (``Encoder``); world samples drawn on ``families``."""
+    """The question-answering steps' batches (``qa_batch``), all from the one generator ``rng``."""
     encoder = Encoder(aux=aux, seed=seed, size=size, aux_where=families is not None)
     for step in range(steps):
-        stage = stage_at(step / max(1, steps), rng, curriculum)
-        pairs = batch_pairs(stage, rng)
-        count = batch_size if stage.batch_divisor == 1 else max(1, batch_size // stage.batch_divisor)
-        yield encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, size=size, pairs=pairs, families=families)
-                              for _ in range(count)])
+        yield qa_batch(rng, step, steps, batch_size, encoder, curriculum, families, size)
+
+
+def qa_batches_sharded(seed: int, steps: int, batch_size: int, aux: bool, curriculum: str = "full",
+                       families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], shard: int = 0,
+                       shards: int = 1):
+    """Steps ``shard, shard + shards, ...``, each from its own generators (the draws ``(seed, 11, step)``, the
+    auxiliary labels ``(seed, 3, step)``): the same batches however many workers share the steps."""
+    encoder = Encoder(aux=aux, seed=seed, size=size, aux_where=families is not None)
+    for step in range(shard, steps, shards):
+        encoder.aux_rng = np.random.default_rng((seed, 3, step))
+        yield qa_batch(np.random.default_rng((seed, 11, step)), step, steps, batch_size, encoder, curriculum,
+                       families, size)
 
 
 def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3, batch_size: int = 32,
                    log: Callable[[str], None] = print, log_every: int = 100, prefetch: bool = False,
-                   families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0
-                   ) -> list[dict]:
+                   families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0,
+                   workers: int = 0, seed: int = 0) -> list[dict]:
     """Train the vision tower alone to tell shape and colour per token, through two linear probes that are
     then thrown away — the role a pre-trained ViT plays for a real VLM. Trained from scratch inside the
     question-answering loop, this 4-block ViT learned colours in tens of steps but shapes only after
     thousands (measured: token shape accuracy 0.44 after 800 steps of 32 pairs), which held every
-    question about shapes back; alone, its steps are cheap."""
+    question about shapes back; alone, its steps are cheap. ``workers`` > 0 draws the batches sharded over
+    that many processes (``vision_batches_sharded``, seeded by ``seed``) instead of from ``rng``; the tower
+    trains where the model's parameters are."""
     width = model.config.vision.out_hidden_size
-    shape_probe, color_probe = torch.nn.Linear(width, len(SHAPES) + 1), torch.nn.Linear(width, len(COLORS) + 1)
+    device = next(model.parameters()).device
+    shape_probe = torch.nn.Linear(width, len(SHAPES) + 1).to(device)
+    color_probe = torch.nn.Linear(width, len(COLORS) + 1).to(device)
     params = [*model.visual.parameters(), *shape_probe.parameters(), *color_probe.parameters()]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
     history: list[dict] = []
     started = time.perf_counter()
-    drawn = batches(vision_batches, rng, steps, batch_size, families, size, world, prefetch=prefetch)
+    drawn = (sharded(vision_batches_sharded, steps, seed, steps, batch_size, families, size, world, workers=workers)
+             if workers else batches(vision_batches, rng, steps, batch_size, families, size, world, prefetch=prefetch))
     for step, (pixels, grid, shape, color) in enumerate(drawn):
+        shape, color = shape.to(device), color.to(device)
         tokens = model.visual(pixels, grid)
         background = color == 0
         loss = (F.cross_entropy(shape_probe(tokens[shape > 0]), shape[shape > 0])
@@ -339,7 +382,7 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | 
     much together as the many background tokens ("no") — averaged over all of them, the event tokens'
     signal was 20x weaker and the vision tower learned shapes far more slowly (measured).
     """
-    aux = torch.tensor([family == "aux" for family in batch.families])
+    aux = torch.tensor([family == "aux" for family in batch.families], device=logits.device)
     answer = F.cross_entropy(logits[~aux].float(), batch.targets[~aux])
     if not aux.any() or aux_weight == 0:
         return answer, answer.item(), 0.0
@@ -355,8 +398,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           log_every: int = 100, eval_samples: int = 64, heldout_streams: int = 200, vision_steps: int = 2000,
           width: int = 64, layers: int = 4, prefetch: bool = True, init: str | Path | None = None,
           curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
-          size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4
-          ) -> dict:
+          size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
+          device: str = "cpu", workers: int = 0) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -370,7 +413,14 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     background families ``families`` (default all) less ``holdout`` (default
     ``edgekv.video.world.DEFAULT_HOLDOUT``) that are available here; ``size`` is the frame side (112: 16
     tokens per pair, 224: 64). ``freeze_vision`` keeps the tower as the warm-up left it. ``vision_width`` and
-    ``vision_depth`` size a new model's vision tower (``toy_config``; a checkpoint given as ``init`` keeps its own)."""
+    ``vision_depth`` size a new model's vision tower (``toy_config``; a checkpoint given as ``init`` keeps its own).
+
+    ``device`` trains on another device than the CPU (``cuda``: the batches are drawn on the host and moved;
+    the checkpoint is written from the host). ``workers`` > 0 draws the batches in that many spawned
+    processes, step ``i`` by worker ``i mod workers``, each step from its own generators seeded by ``seed``
+    and the step (``qa_batches_sharded``): a different draw than the default one stream of ``rng`` (0, as
+    every shipped round was trained), the same run for any number of workers — what feeds a GPU, where one
+    drawing process is the bottleneck (~0.25 s a world-long batch against milliseconds of model)."""
     if curriculum not in CURRICULA:
         raise ValueError(f"curriculum {curriculum!r} is not one of {', '.join(CURRICULA)}")
     if size % CELL or size < CELL:
@@ -382,6 +432,11 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
 
         holdout = DEFAULT_HOLDOUT if holdout is None else tuple(holdout)
         drawable = drawable_families(tuple(families) if families else None, holdout)
+    if workers < 0:
+        raise ValueError(f"workers must be at least 0, got {workers}")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda: torch finds no CUDA GPU here")
     if threads is not None:
         from edgekv.threads import apply_threads
 
@@ -395,10 +450,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     else:
         model = init_model(toy_config(width=width, layers=layers, vision_width=vision_width,
                                       vision_depth=vision_depth), seed)
-    model.train()
+    model.to(device).train()
     started = time.perf_counter()
     vision_history = (warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every, prefetch=prefetch,
-                                     families=drawable, size=size, world=world_share)
+                                     families=drawable, size=size, world=world_share, workers=workers, seed=seed)
                       if vision_steps else [])
     if vision_steps and freeze_vision:
         # The warmed-up tower stays as it is (a pre-trained ViT's role): trained on by the answers' noisy
@@ -417,12 +472,16 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
-    held = Encoder(size=size).encode(heldout(seed, eval_samples, curriculum=curriculum, families=drawable, size=size))
+    held = Encoder(size=size).encode(heldout(seed, eval_samples, curriculum=curriculum, families=drawable,
+                                             size=size)).to(device)
     history: list[dict] = []
     running = np.zeros(2)
-    drawn = batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, drawable, size,
-                    prefetch=prefetch)
+    drawn = (sharded(qa_batches_sharded, steps, seed, steps, batch_size, aux_weight > 0, curriculum, drawable, size,
+                     workers=workers)
+             if workers else batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, drawable,
+                                     size, prefetch=prefetch))
     for step, batch in enumerate(drawn):
+        batch = batch.to(device)
         progress = step / max(1, steps)
         loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch), batch, aux_weight, encoder.no)
         optimizer.zero_grad(set_to_none=True)
@@ -441,7 +500,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             history.append(record)
             log(json.dumps(record))
     wall = time.perf_counter() - started
-    model.eval()
+    model.cpu().eval()
     command = f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}"
     if batch_size != 8 or lr != 3e-3 or vision_steps != 2000:
         command += f" --batch-size {batch_size} --lr {lr} --vision-steps {vision_steps}"
@@ -459,9 +518,12 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --size {size}"
     if vision_steps and not freeze_vision:
         command += " --train-vision"
+    if workers:
+        command += f" --workers {workers}"  # the draw (sharded); the device is not part of the run's recipe
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
             "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps) and freeze_vision, "batch_size": batch_size, "lr": lr,
-            "aux_weight": aux_weight, "curriculum": curriculum, "init": None if init is None else str(init), "width": width, "layers": layers, "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
+            "aux_weight": aux_weight, "curriculum": curriculum, "init": None if init is None else str(init), "width": width, "layers": layers, "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers, "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
             "history": history, "fps": 2.0, "resolution": [size, size], "max_position_embeddings": MAX_POSITIONS,
