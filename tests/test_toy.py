@@ -770,3 +770,28 @@ def test_world_training_names_the_event_region_among_the_auxiliary_targets():
     batch = plain.encode([sample])
     assert "left" not in {plain.tokenizer.id_to_token(int(t)) for t, f in zip(batch.targets, batch.families)
                           if f == "aux"}
+
+
+def test_tower_probe_tool_scores_every_family_on_the_same_events(tmp_path, capsys):
+    """``tools/toy_tower_probe.py`` (README, "The vision tower on held-out backgrounds"): a few probe steps on a
+    small new tower, then per-family scores over the same event tokens; an unknown family is refused."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    tool = Path(__file__).parents[1] / "tools" / "toy_tower_probe.py"
+    spec = importlib.util.spec_from_file_location("toy_tower_probe", tool)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    out = tmp_path / "probe.json"
+    assert probe.main(["--steps", "2", "--batch", "2", "--vision-width", "32", "--vision-depth", "1",
+                       "--train-families", "classic,noise", "--families", "classic,checks", "--eval-pairs", "32",
+                       "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["by_family"]) == {"classic", "checks"} and result["trained"] == ["classic", "noise"]
+    counts = {family: scores["tokens"] for family, scores in result["by_family"].items()}
+    assert counts["classic"] == counts["checks"] > 0  # the same events on both backgrounds
+    assert all(0 <= scores[k] <= 1 for scores in result["by_family"].values() for k in ("shape", "color", "bg"))
+    out.unlink()
+    assert probe.main(["--steps", "1", "--families", "classic,marble", "--out", str(out)]) == 2
+    assert "marble" in capsys.readouterr().err and not out.exists()
