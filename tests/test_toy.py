@@ -314,6 +314,28 @@ def test_train_toy_command_writes_a_loadable_checkpoint_with_a_model_card(tmp_pa
     assert logits.shape[1] == 64 and torch.isfinite(logits).all()
 
 
+def test_freeze_vision_keeps_the_init_tower_through_the_question_steps(tmp_path):
+    """``--vision-steps 0 --freeze-vision``: the tower stays as ``--init`` has it (a tower trained apart), the
+    LM trains; the card says so. Without the flag the tower trains with the answers, as before."""
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+
+    start = save_checkpoint(init_model(toy_config(width=32, layers=1, vision_width=32, vision_depth=1), 5),
+                            tmp_path / "start", {"note": "test"})
+    before = load_pretrained(start, dtype=torch.float32)
+    runs = {}
+    for name, flags in (("frozen", ["--freeze-vision"]), ("trained", [])):
+        assert main(["train-toy", str(tmp_path / name), "--init", str(start), "--steps", "3", "--batch-size", "2",
+                     "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0", "--threads", "1",
+                     "--no-prefetch", "--lr", "0.01", *flags]) == 0
+        runs[name] = load_pretrained(tmp_path / name, dtype=torch.float32)
+        card = __import__("json").loads((tmp_path / name / "card.json").read_text())
+        assert card["vision_frozen"] is (name == "frozen") and card["command"].endswith("--freeze-vision") is (name == "frozen")
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert same(runs["frozen"].visual, before.visual) and not same(runs["trained"].visual, before.visual)
+    assert not same(runs["frozen"].language, before.language)
+
+
 def test_train_toy_sizes_a_new_vision_tower(tmp_path, capsys):
     """``--vision-width/--vision-depth`` size a new model's tower (full attention in every second block); the
     card and its command say so; sizes the tower cannot have are refused before anything runs."""
@@ -792,6 +814,13 @@ def test_tower_probe_tool_scores_every_family_on_the_same_events(tmp_path, capsy
     counts = {family: scores["tokens"] for family, scores in result["by_family"].items()}
     assert counts["classic"] == counts["checks"] > 0  # the same events on both backgrounds
     assert all(0 <= scores[k] <= 1 for scores in result["by_family"].values() for k in ("shape", "color", "bg"))
+    assert probe.main(["--steps", "1", "--batch", "2", "--vision-width", "32", "--vision-depth", "1", "--families",
+                       "classic", "--train-families", "classic", "--eval-pairs", "32", "--out", str(out), "--save",
+                       str(tmp_path / "kept")]) == 0
+    from edgekv.model.loading import load_pretrained
+
+    assert load_pretrained(tmp_path / "kept", dtype=torch.float32).config.vision.hidden_size == 32
+    assert "toy_tower_probe.py" in json.loads((tmp_path / "kept" / "card.json").read_text())["note"]
     out.unlink()
     assert probe.main(["--steps", "1", "--families", "classic,marble", "--out", str(out)]) == 2
     assert "marble" in capsys.readouterr().err and not out.exists()

@@ -6,7 +6,7 @@ probes) — with the warm-up's two per-token linear probes (``edgekv.toy.train.w
 pairs of the randomized world drawn on ``--train-families`` (default: every family but the held-out ones), then
 scores the probes on each of ``--families``: the same event draws on every background (one seed), so only the
 background differs. Writes JSON: shape and colour accuracy on event tokens, and ``bg``, the share of background
-tokens the colour probe calls background, per family.
+tokens the colour probe calls background, per family; ``--save DIR`` keeps the model with the trained tower.
 
     python tools/toy_tower_probe.py --steps 2000 --vision-width 128 --vision-depth 6 --out probe.json
 """
@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-pairs", type=int, default=384, help="frame pairs scored per family")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--save", default=None, metavar="DIR",
+                        help="also write the model with the trained tower as a toy checkpoint (the LM as it was: "
+                             "go on with `train-toy --init DIR --freeze-vision`)")
     args = parser.parse_args(argv)
     try:
         trained = (parse_families(args.train_families) if args.train_families
@@ -131,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         json.dump({"args": vars(args), "train_s": round(seconds, 1),
                    "params_tower": sum(p.numel() for p in tower.parameters()), "trained": list(trained),
                    "held_out": list(DEFAULT_HOLDOUT), "log": history, "by_family": by_family}, handle, indent=1)
+    if args.save:
+        from edgekv.toy.model import save_checkpoint
+
+        save_checkpoint(model.eval(), args.save, {"note": f"tower trained by tools/toy_tower_probe.py "
+                                                          f"{' '.join(argv if argv is not None else sys.argv[1:])}",
+                                                  "tower_probe": by_family})
     return 0
 
 

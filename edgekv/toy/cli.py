@@ -43,6 +43,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="frame side in px: 112 (16 tokens per frame pair) or 224 (64)")
     parser.add_argument("--train-vision", action="store_true",
                         help="keep training the vision tower with the answers after the warm-up (default: frozen)")
+    parser.add_argument("--freeze-vision", action="store_true",
+                        help="with --vision-steps 0: keep the tower as --init has it (default: trained with the answers)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="draw batches in the training process instead of one step ahead in a worker process")
     parser.add_argument("--device", default="cpu",
@@ -101,7 +103,8 @@ def run_train(args: argparse.Namespace) -> int:
                  width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
                  curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
                  freeze_vision=not args.train_vision, vision_width=args.vision_width,
-                 vision_depth=args.vision_depth, device=args.device, workers=args.workers)
+                 vision_depth=args.vision_depth, device=args.device, workers=args.workers,
+                 freeze_init_vision=args.freeze_vision)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -399,7 +399,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           width: int = 64, layers: int = 4, prefetch: bool = True, init: str | Path | None = None,
           curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
           size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
-          device: str = "cpu", workers: int = 0) -> dict:
+          device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -412,7 +412,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     (and the world share of the vision warm-up: the curriculum's largest ``Stage.world``) are drawn on the
     background families ``families`` (default all) less ``holdout`` (default
     ``edgekv.video.world.DEFAULT_HOLDOUT``) that are available here; ``size`` is the frame side (112: 16
-    tokens per pair, 224: 64). ``freeze_vision`` keeps the tower as the warm-up left it. ``vision_width`` and
+    tokens per pair, 224: 64). ``freeze_vision`` keeps the tower as the warm-up left it; ``freeze_init_vision``
+    keeps it as ``init`` has it when there is no warm-up (a tower trained apart, e.g. by
+    ``tools/toy_tower_probe.py --save``). ``vision_width`` and
     ``vision_depth`` size a new model's vision tower (``toy_config``; a checkpoint given as ``init`` keeps its own).
 
     ``device`` trains on another device than the CPU (``cuda``: the batches are drawn on the host and moved;
@@ -455,7 +457,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     vision_history = (warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every, prefetch=prefetch,
                                      families=drawable, size=size, world=world_share, workers=workers, seed=seed)
                       if vision_steps else [])
-    if vision_steps and freeze_vision:
+    if (vision_steps and freeze_vision) or (not vision_steps and freeze_init_vision):
         # The warmed-up tower stays as it is (a pre-trained ViT's role): trained on by the answers' noisy
         # early gradients it lost its shape features, and frozen its backward pass is saved (1.5x faster).
         model.visual.requires_grad_(False)
@@ -518,10 +520,13 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --size {size}"
     if vision_steps and not freeze_vision:
         command += " --train-vision"
+    if not vision_steps and freeze_init_vision:
+        command += " --freeze-vision"
     if workers:
         command += f" --workers {workers}"  # the draw (sharded); the device is not part of the run's recipe
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
-            "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps) and freeze_vision, "batch_size": batch_size, "lr": lr,
+            "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps) and freeze_vision,
+            "vision_frozen": bool((vision_steps and freeze_vision) or (not vision_steps and freeze_init_vision)), "batch_size": batch_size, "lr": lr,
             "aux_weight": aux_weight, "curriculum": curriculum, "init": None if init is None else str(init), "width": width, "layers": layers, "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers, "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
