@@ -32,8 +32,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
                              "world (85 %% of streams in the randomized world, every question family), world-long "
                              "(world with contexts of 64-256 kept pairs, most of them distractor pairs), world-224 "
-                             "(world with 4-40 kept pairs, for --size 224), world-scratch (from one event to long contexts, "
-                             "all in the world: for a new model)")
+                             "(world with 4-40 kept pairs, for --size 224), world-scratch (from one event to long "
+                             "contexts, all in the world: for a new model)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
@@ -44,7 +44,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-vision", action="store_true",
                         help="keep training the vision tower with the answers after the warm-up (default: frozen)")
     parser.add_argument("--freeze-vision", action="store_true",
-                        help="with --vision-steps 0: keep the tower as --init has it (default: trained with the answers)")
+                        help="with --vision-steps 0: keep the tower as --init has it (default: trained with the "
+                             "answers)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="draw batches in the training process instead of one step ahead in a worker process")
     parser.add_argument("--device", default="cpu",
