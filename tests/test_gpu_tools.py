@@ -43,13 +43,20 @@ def test_toy_budget_sizes_the_run_to_the_time_left(tmp_path):
     import json
 
     card = tmp_path / "card.json"
-    # warm-up: 20 steps in 10 s (0.5 s each); questions: 40 steps in 30 - 10 = 20 s (0.5 s each)
+    # warm-up: 20 steps in 10 s (0.5 s each); questions between the two log lines: 20 steps in 10 s (the first
+    # 20 took 50 s with the workers' start-up, which is not a step's time)
     card.write_text(json.dumps({"vision_history": [{"vision_step": 20, "seconds": 10.0}],
-                                "history": [{"step": 20, "seconds": 20.0}, {"step": 40, "seconds": 30.0}]}))
+                                "history": [{"step": 20, "seconds": 60.0}, {"step": 40, "seconds": 70.0}]}))
     run = subprocess.run([sys.executable, str(TOOLS / "toy_budget.py"), str(card), "--seconds", "330",
                           "--vision-share", "0.3"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["180", "420"]  # (330 - 30) s: 90 s of warm-up, 210 s of questions
+    card.write_text(json.dumps({"vision_history": [{"vision_step": 20, "seconds": 6.0},
+                                                   {"vision_step": 40, "seconds": 8.0}],
+                                "history": [{"step": 20, "seconds": 20.0}, {"step": 40, "seconds": 21.0}]}))
+    run = subprocess.run([sys.executable, str(TOOLS / "toy_budget.py"), str(card), "--seconds", "130",
+                          "--overhead", "30"], capture_output=True, text=True, timeout=60)
+    assert run.stdout.split() == ["300", "1400"]  # 0.1 s and 0.05 s a step: 30 s and 70 s of the 100 s
     card.write_text(json.dumps({"history": [{"step": 40, "seconds": 30.0}]}))
     run = subprocess.run([sys.executable, str(TOOLS / "toy_budget.py"), str(card), "--seconds", "330"],
                          capture_output=True, text=True, timeout=60)

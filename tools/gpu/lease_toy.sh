@@ -6,7 +6,7 @@
 # better than the shipped 64 x 4 — so this trains a new toy from scratch, all in the randomized world
 # (`--curriculum world-scratch`), with that tower, its batches drawn by $WORKERS processes (`--workers`).
 #   1. the train-toy gpu test (a CUDA step with sharded drawing, a host checkpoint)           ~20 s
-#   2. a calibration run (20 warm-up + 40 question steps; a short run walks every stage)     ~40 s
+#   2. a calibration run (40 warm-up + 40 question steps; a short run walks every stage)     ~40 s
 #   3. the run, sized by tools/gpu/toy_budget.py to the time left                            the rest
 # Back in $OUT: toy/ (checkpoint, card, README; a few MB), the logs. Evaluate on the dev VM (CPU), e.g.
 #   edgekv eval toy --model <files_at>/toy --families events,classic,noise,photo,cells,skimage,tree --streams 200
@@ -22,12 +22,13 @@ python3 -c "from edgekv.video.world import available_families as a; print('backg
 python3 -c "import cv2" 2>/dev/null || echo "no cv2 here: the video families (vtest, tree) are not drawn"
 stamp "the train-toy gpu test"
 timeout -s INT 90 python3 -m pytest -q -rfEs -p no:cacheprovider -n 0 -m gpu tests/test_toy.py 2>&1 | tail -3
-stamp "calibration: 20 warm-up + 40 question steps"
-timeout -s INT 120 edgekv train-toy /tmp/calib $COMMON --vision-steps 20 --steps 40 --log-every 20 \
+stamp "calibration: 40 warm-up + 40 question steps (timed between log lines 20 and 40)"
+timeout -s INT 120 edgekv train-toy /tmp/calib $COMMON --vision-steps 40 --steps 40 --log-every 20 \
   > "$OUT/calibration.log" 2>&1
 echo "calibration rc $?"; tail -2 "$OUT/calibration.log"
 LEFT=$(( TOTAL_S - ($(date +%s) - T0) - 30 ))  # 30 s: the copy back and a margin
-read -r VSTEPS QSTEPS < <(python3 tools/gpu/toy_budget.py /tmp/calib/card.json --seconds "$LEFT" --vision-share 0.3)
+read -r VSTEPS QSTEPS < <(python3 tools/gpu/toy_budget.py /tmp/calib/card.json --seconds "$LEFT" --vision-share 0.3 \
+  --overhead 40)
 stamp "training: ${VSTEPS:-?} warm-up + ${QSTEPS:-?} question steps in ~$LEFT s"
 [ -n "${QSTEPS:-}" ] || { echo "no budget (see calibration.log)"; exit 1; }
 timeout -s INT $(( LEFT + 60 )) edgekv train-toy "$OUT/toy" $COMMON --vision-steps "$VSTEPS" --steps "$QSTEPS" \

@@ -4,8 +4,8 @@ Reads the card of a short calibration run (``edgekv train-toy ... --vision-steps
 question steps timed on this machine with the same sizes, curriculum and workers) and prints ``VISION_STEPS
 QA_STEPS`` that fill ``--seconds`` with ``--vision-share`` of it in the warm-up. A short run of a curriculum walks
 all its stages in proportion (a stage is chosen by the step's share of the run), so its mean step time is the
-long run's. The calibration's seconds include its start-up (workers spawned, first batches drawn): the estimate
-errs long per step, so the run ends early rather than late.
+long run's. A step's time is taken between the calibration's last two log lines, after its start-up (workers
+spawned, first batches drawn), which ``--overhead`` leaves room for instead.
 """
 
 from __future__ import annotations
@@ -15,14 +15,23 @@ import json
 import sys
 
 
+def _per_step(records: list[dict], step_key: str, start_s: float) -> float:
+    """Seconds a step: between the last two log lines where there are two (the workers' start-up and the first
+    batches are before the first), else from ``start_s`` to the last one."""
+    if len(records) >= 2:
+        (a, b) = records[-2:]
+        return max(b["seconds"] - a["seconds"], 1e-3) / max(b[step_key] - a[step_key], 1)
+    return max(records[-1]["seconds"] - start_s, 1e-3) / records[-1][step_key]
+
+
 def budget(card: dict, seconds: float, vision_share: float, overhead_s: float = 30.0,
            minimum: tuple[int, int] = (50, 100)) -> tuple[int, int]:
     vision, questions = card.get("vision_history") or [], card.get("history") or []
     if not vision or not questions:
         raise ValueError("the calibration card has no timed warm-up or question steps (run it with "
                          "--vision-steps and --steps of at least one log interval)")
-    vision_s = vision[-1]["seconds"] / vision[-1]["vision_step"]
-    question_s = max(questions[-1]["seconds"] - vision[-1]["seconds"], 1e-3) / questions[-1]["step"]
+    vision_s = _per_step(vision, "vision_step", 0.0)
+    question_s = _per_step(questions, "step", vision[-1]["seconds"])
     usable = max(seconds - overhead_s, 0.0)
     return (max(minimum[0], int(vision_share * usable / vision_s)),
             max(minimum[1], int((1 - vision_share) * usable / question_s)))
@@ -33,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("card", help="card.json of the calibration run")
     parser.add_argument("--seconds", type=float, required=True, help="wall time the run may take")
     parser.add_argument("--vision-share", type=float, default=0.3, help="share of it for the vision warm-up")
-    parser.add_argument("--overhead", type=float, default=30.0, help="seconds of start-up and saving to leave")
+    parser.add_argument("--overhead", type=float, default=30.0,
+                        help="seconds to leave for the run's start-up (twice: warm-up and question workers) and saving")
     args = parser.parse_args(argv)
     try:
         with open(args.card) as handle:
