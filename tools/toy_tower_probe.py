@@ -21,25 +21,15 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from edgekv.preprocess import FramePreprocessor
 from edgekv.toy.model import init_model, toy_config
-from edgekv.toy.train import _from_checkpoint, vision_batch
+from edgekv.toy.train import _from_checkpoint, probe_loss, vision_batch
 from edgekv.video.events import COLORS, SHAPES
 from edgekv.video.world import DEFAULT_HOLDOUT, drawable_families, parse_families
 
 SIZE = 112
 EVAL_BATCH = 32
-
-
-def probe_loss(shape_probe, color_probe, tokens, shape, color) -> torch.Tensor:
-    """The warm-up's loss: event tokens' shape (slivers excluded) and colour, background tokens at a quarter."""
-    background = color == 0
-    return (F.cross_entropy(shape_probe(tokens[shape > 0]), shape[shape > 0])
-            + F.cross_entropy(color_probe(tokens[~background]), color[~background])
-            + 0.25 * (F.cross_entropy(shape_probe(tokens[background]), shape[background])
-                      + F.cross_entropy(color_probe(tokens[background]), color[background])))
 
 
 def train_probes(tower, width: int, steps: int, batch: int, lr: float, families: tuple[str, ...], freeze: bool,

@@ -320,6 +320,17 @@ def qa_batches_sharded(seed: int, steps: int, batch_size: int, aux: bool, curric
                        families, size)
 
 
+def probe_loss(shape_probe, color_probe, tokens: torch.Tensor, shape: torch.Tensor, color: torch.Tensor
+               ) -> torch.Tensor:
+    """The warm-up's loss on a tower's tokens: event tokens' shape (slivers, -1, left out) and colour, background
+    tokens (colour 0) weighted a quarter."""
+    background = color == 0
+    return (F.cross_entropy(shape_probe(tokens[shape > 0]), shape[shape > 0])
+            + F.cross_entropy(color_probe(tokens[~background]), color[~background])
+            + 0.25 * (F.cross_entropy(shape_probe(tokens[background]), shape[background])
+                      + F.cross_entropy(color_probe(tokens[background]), color[background])))
+
+
 def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3, batch_size: int = 32,
                    log: Callable[[str], None] = print, log_every: int = 100, prefetch: bool = False,
                    families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0,
@@ -347,10 +358,7 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
         shape, color = shape.to(device), color.to(device)
         tokens = model.visual(pixels, grid)
         background = color == 0
-        loss = (F.cross_entropy(shape_probe(tokens[shape > 0]), shape[shape > 0])
-                + F.cross_entropy(color_probe(tokens[~background]), color[~background])
-                + 0.25 * (F.cross_entropy(shape_probe(tokens[background]), shape[background])
-                          + F.cross_entropy(color_probe(tokens[background]), color[background])))
+        loss = probe_loss(shape_probe, color_probe, tokens, shape, color)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
