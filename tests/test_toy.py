@@ -670,6 +670,40 @@ def test_a_small_shape_on_a_cell_corner_still_has_a_token_that_carries_it():
     assert ((color > 0).sum(1) >= 1).all() and ((shape > 0).sum(1) >= 1).all()
 
 
+
+def test_warm_up_position_labels_are_the_cells_the_renderer_draws_in():
+    """``token_positions`` (row, column of a tower token in its pair: raster order, as the tower returns them) names
+    the cell a shape is drawn in, at 112 and 224 px; the warm-up's position probes train the tower with them."""
+    from edgekv.toy.train import token_positions
+
+    for size in (112, 224):
+        side = size // 28
+        for x, y in ((14, 14), (size - 15, 20), (40, size - 10), (size // 2 + 3, size // 2 - 30)):
+            scene = EventScene(size, size, seed=0, events=[Event("square", "red", 0, 1, (x, y), 6)])
+            token = int(np.argmax(scene.cell_cover(scene.events[0]).reshape(-1)))
+            row, col = token_positions(3 * side * side, side)
+            # the same token of the third pair of a batch
+            assert (row[2 * side * side + token].item(), col[2 * side * side + token].item()) == (y // 28, x // 28)
+
+
+def test_warm_up_trains_the_tower_to_tell_where_its_tokens_are():
+    """With ``position`` the warm-up's loss has the row and column probes too (the log says their accuracy), and
+    their gradient reaches the tower: the same batches leave it different than without."""
+    from edgekv.toy.train import warm_up_vision
+
+    towers, logs = {}, {}
+    for position in (True, False):
+        model = init_model(toy_config(width=32, layers=1, vision_width=32, vision_depth=1), 3)
+        torch.manual_seed(0)
+        logs[position] = warm_up_vision(model, 2, np.random.default_rng(4), batch_size=4, log=lambda _: None,
+                                        log_every=1, position=position)
+        towers[position] = [p.detach().clone() for p in model.visual.parameters()]
+    assert {"token_row_accuracy", "token_col_accuracy"} <= set(logs[True][-1])
+    assert "token_row_accuracy" not in logs[False][-1]
+    assert 0.0 <= logs[True][-1]["token_col_accuracy"] <= 1.0
+    assert any(not torch.equal(a, b) for a, b in zip(towers[True], towers[False]))
+
+
 # ---------------------------------------------------------------------------------------------- issue 27: new questions
 def test_region_of_names_clear_regions_and_skips_the_borders_between_them():
     from edgekv.toy.questions import region_of

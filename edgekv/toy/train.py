@@ -331,22 +331,49 @@ def probe_loss(shape_probe, color_probe, tokens: torch.Tensor, shape: torch.Tens
                       + F.cross_entropy(color_probe(tokens[background]), color[background])))
 
 
+def token_positions(count: int, grid: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column of each of ``count`` tower output tokens in its frame pair (``grid`` merged tokens a
+    side): the tower gives each pair's tokens in raster order (its window permutation undone)."""
+    index = torch.arange(count, device=device) % (grid * grid)
+    return index // grid, index % grid
+
+
+def position_loss(row_probe, col_probe, tokens: torch.Tensor, grid: int) -> torch.Tensor:
+    """The warm-up's position loss: every token's row and column in its frame pair, read by two linear probes."""
+    row, col = token_positions(tokens.shape[0], grid, tokens.device)
+    return 0.5 * (F.cross_entropy(row_probe(tokens), row) + F.cross_entropy(col_probe(tokens), col))
+
+
 def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3, batch_size: int = 32,
                    log: Callable[[str], None] = print, log_every: int = 100, prefetch: bool = False,
                    families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0,
-                   workers: int = 0, seed: int = 0) -> list[dict]:
+                   workers: int = 0, seed: int = 0, position: bool = True) -> list[dict]:
     """Train the vision tower alone to tell shape and colour per token, through two linear probes that are
     then thrown away — the role a pre-trained ViT plays for a real VLM. Trained from scratch inside the
     question-answering loop, this 4-block ViT learned colours in tens of steps but shapes only after
     thousands (measured: token shape accuracy 0.44 after 800 steps of 32 pairs), which held every
     question about shapes back; alone, its steps are cheap. ``workers`` > 0 draws the batches sharded over
     that many processes (``vision_batches_sharded``, seeded by ``seed``) instead of from ``rng``; the tower
-    trains where the model's parameters are."""
+    trains where the model's parameters are.
+
+    ``position`` also teaches each token where it is in the frame (row and column probes,
+    ``position_loss``). Nothing else can tell the LM: the tower has no absolute position embedding (2-D
+    RoPE only), and the LM's M-RoPE gives the width section the lowest frequencies — at the toy's
+    head_dim 16 with rope_theta 1e6, 1.8e-4 rad a column and below (theta^(-5/8); the 3B's width section
+    starts at the same frequency), invisible across 4 columns. Measured on the world-trained toy whose tower
+    was warmed up without it: ``Where was the {color} {shape}?`` answered 0.16 (chance 0.20), its
+    mistakes spread over every region. Trained on it, a 4-block tower's tokens tell row and column
+    (0.90 / 0.88 after 300 steps of 32 pairs) while its shape probe holds (0.93): the softmax over a
+    frame's finite set of keys is not translation invariant at the frame's edges."""
     width = model.config.vision.out_hidden_size
     device = next(model.parameters()).device
+    side = size // CELL  # merged tokens a side
     shape_probe = torch.nn.Linear(width, len(SHAPES) + 1).to(device)
     color_probe = torch.nn.Linear(width, len(COLORS) + 1).to(device)
+    row_probe, col_probe = torch.nn.Linear(width, side).to(device), torch.nn.Linear(width, side).to(device)
     params = [*model.visual.parameters(), *shape_probe.parameters(), *color_probe.parameters()]
+    if position:
+        params += [*row_probe.parameters(), *col_probe.parameters()]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
@@ -359,6 +386,8 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
         tokens = model.visual(pixels, grid)
         background = color == 0
         loss = probe_loss(shape_probe, color_probe, tokens, shape, color)
+        if position:
+            loss = loss + position_loss(row_probe, col_probe, tokens, side)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -369,7 +398,13 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
                 shape_acc = (shape_probe(tokens[shape > 0]).argmax(-1) == shape[shape > 0]).float().mean().item()
                 color_acc = (color_probe(tokens[~background]).argmax(-1) == color[~background]).float().mean().item()
             record = {"vision_step": step + 1, "loss": round(loss.item(), 4), "token_shape_accuracy": round(shape_acc, 3),
-                      "token_color_accuracy": round(color_acc, 3), "seconds": round(time.perf_counter() - started, 1)}
+                      "token_color_accuracy": round(color_acc, 3)}
+            if position:
+                with torch.no_grad():
+                    row, col = token_positions(tokens.shape[0], side, device)
+                    record["token_row_accuracy"] = round((row_probe(tokens).argmax(-1) == row).float().mean().item(), 3)
+                    record["token_col_accuracy"] = round((col_probe(tokens).argmax(-1) == col).float().mean().item(), 3)
+            record["seconds"] = round(time.perf_counter() - started, 1)
             history.append(record)
             log(json.dumps(record))
     return history
