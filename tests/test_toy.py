@@ -858,3 +858,24 @@ def test_tower_probe_tool_scores_every_family_on_the_same_events(tmp_path, capsy
     out.unlink()
     assert probe.main(["--steps", "1", "--families", "classic,marble", "--out", str(out)]) == 2
     assert "marble" in capsys.readouterr().err and not out.exists()
+
+
+def test_world_where_asks_where_three_times_as_often_as_world():
+    """``--curriculum world-where``: WORLD's stages with ``where`` listed three times among the families drawn
+    per question, nothing else changed."""
+    from dataclasses import replace
+
+    world, where = CURRICULA["world"], CURRICULA["world-where"]
+    assert [share for share, _ in where] == [share for share, _ in world]
+    for (_, a), (_, b) in zip(world, where):
+        assert b.families.count("where") == 3 * a.families.count("where") == 3
+        assert sorted(f for f in b.families if f != "where") == sorted(f for f in a.families if f != "where")
+        assert replace(b, name=a.name, families=a.families) == a
+    asked = {}
+    for name in ("world", "world-where"):
+        rng = np.random.default_rng(8)
+        stage = CURRICULA[name][0][1]
+        families = [qa.family for _ in range(24) for qa in draw_sample(rng, stage, MAX_POSITIONS, pairs=(4, 6),
+                                                                        families=("noise", "checks")).qas]
+        asked[name] = families.count("where") / len(families)
+    assert asked["world-where"] > 2 * asked["world"]
