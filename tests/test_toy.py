@@ -848,6 +848,12 @@ def test_tower_probe_tool_scores_every_family_on_the_same_events(tmp_path, capsy
     counts = {family: scores["tokens"] for family, scores in result["by_family"].items()}
     assert counts["classic"] == counts["checks"] > 0  # the same events on both backgrounds
     assert all(0 <= scores[k] <= 1 for scores in result["by_family"].values() for k in ("shape", "color", "bg"))
+    assert "row" not in result["by_family"]["classic"]
+    assert probe.main(["--steps", "2", "--batch", "2", "--vision-width", "32", "--vision-depth", "1", "--position",
+                       "--train-families", "classic", "--families", "classic", "--eval-pairs", "32",
+                       "--out", str(out)]) == 0
+    scores = json.loads(out.read_text())["by_family"]["classic"]
+    assert 0 <= scores["row"] <= 1 and 0 <= scores["col"] <= 1 and scores["tokens"] == counts["classic"]
     assert probe.main(["--steps", "1", "--batch", "2", "--vision-width", "32", "--vision-depth", "1", "--families",
                        "classic", "--train-families", "classic", "--eval-pairs", "32", "--out", str(out), "--save",
                        str(tmp_path / "kept")]) == 0

@@ -362,9 +362,11 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
     head_dim 16 with rope_theta 1e6, 1.8e-4 rad a column and below (theta^(-5/8); the 3B's width section
     starts at the same frequency), invisible across 4 columns. Measured on the world-trained toy whose tower
     was warmed up without it: ``Where was the {color} {shape}?`` answered 0.16 (chance 0.20), its
-    mistakes spread over every region. Trained on it, a 4-block tower's tokens tell row and column
-    (0.90 / 0.88 after 300 steps of 32 pairs) while its shape probe holds (0.93): the softmax over a
-    frame's finite set of keys is not translation invariant at the frame's edges."""
+    mistakes spread over every region, and fresh linear probes read its event tokens' row / column at
+    0.36 / 0.34. Re-warmed 1,500 steps with this loss, the same 4-block tower's event tokens read 0.998 /
+    0.999 (0.995 / 0.994 on held-out backgrounds) with its shape probe at 0.95: the softmax over a
+    frame's finite set of keys is not translation invariant at the frame's edges (README, "`where`: a
+    tower that knows where its tokens are")."""
     width = model.config.vision.out_hidden_size
     device = next(model.parameters()).device
     side = size // CELL  # merged tokens a side
