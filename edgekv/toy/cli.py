@@ -34,8 +34,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "world (85 %% of streams in the randomized world, every question family), world-long "
                              "(world with contexts of 64-256 kept pairs, most of them distractor pairs), world-224 "
                              "(world with 4-40 kept pairs, for --size 224), world-scratch (from one event to long "
-                             "contexts, all in the world: for a new model), world-where (world asking where three times as "
-                             "often: for a tower warmed up to tell where its tokens are)")
+                             "contexts, all in the world: for a new model), world-where (world asking where three "
+                             "times as often: for a tower warmed up to tell where its tokens are)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
