@@ -867,16 +867,17 @@ def test_tower_probe_tool_scores_every_family_on_the_same_events(tmp_path, capsy
 
 
 def test_world_where_asks_where_three_times_as_often_as_world():
-    """``--curriculum world-where``: WORLD's stages with ``where`` listed three times among the families drawn
-    per question, nothing else changed."""
+    """``--curriculum world-where`` (``world-where-long``): WORLD's (WORLD_LONG's) stages with ``where`` listed three
+    times among the families drawn per question, nothing else changed."""
     from dataclasses import replace
 
-    world, where = CURRICULA["world"], CURRICULA["world-where"]
-    assert [share for share, _ in where] == [share for share, _ in world]
-    for (_, a), (_, b) in zip(world, where):
-        assert b.families.count("where") == 3 * a.families.count("where") == 3
-        assert sorted(f for f in b.families if f != "where") == sorted(f for f in a.families if f != "where")
-        assert replace(b, name=a.name, families=a.families) == a
+    for base, variant in (("world", "world-where"), ("world-long", "world-where-long")):
+        world, where = CURRICULA[base], CURRICULA[variant]
+        assert [share for share, _ in where] == [share for share, _ in world]
+        for (_, a), (_, b) in zip(world, where):
+            assert b.families.count("where") == 3 * a.families.count("where") == 3
+            assert sorted(f for f in b.families if f != "where") == sorted(f for f in a.families if f != "where")
+            assert replace(b, name=a.name, families=a.families) == a
     asked = {}
     for name in ("world", "world-where"):
         rng = np.random.default_rng(8)

@@ -27,7 +27,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init", metavar="DIR", default=None,
                         help="go on from this toy checkpoint (its width and layers) instead of random weights")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
-                                                 "world-where"),
+                                                 "world-where", "world-where-long"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -35,7 +35,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "(world with contexts of 64-256 kept pairs, most of them distractor pairs), world-224 "
                              "(world with 4-40 kept pairs, for --size 224), world-scratch (from one event to long "
                              "contexts, all in the world: for a new model), world-where (world asking where three "
-                             "times as often: for a tower warmed up to tell where its tokens are)")
+                             "times as often: for a tower warmed up to tell where its tokens are), world-where-long "
+                             "(world-long asking where as often)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")

@@ -140,9 +140,13 @@ WORLD_SCRATCH: tuple[tuple[float, Stage], ...] = (
 _WHERE_THRICE = (*_EVERY_FAMILY, "where", "where")
 WORLD_WHERE: tuple[tuple[float, Stage], ...] = tuple(
     (share, replace(stage, name=stage.name + " (where x3)", families=_WHERE_THRICE)) for share, stage in WORLD)
+# WORLD_LONG with ``where`` asked as in WORLD_WHERE: long contexts kept in the round that teaches ``where``.
+WORLD_WHERE_LONG: tuple[tuple[float, Stage], ...] = tuple(
+    (share, replace(stage, name=stage.name + " (where x3)", families=_WHERE_THRICE)) for share, stage in WORLD_LONG)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
-                                                         "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE}
+                                                         "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,
+                                                         "world-where-long": WORLD_WHERE_LONG}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:
