@@ -138,11 +138,16 @@ WORLD_SCRATCH: tuple[tuple[float, Stage], ...] = (
 # contexts stop at 96 kept pairs: 1,500 steps of it after WORLD_LONG rounds took 2,000-pair answers from 94 % to 62 %
 # of the short-stream figure (toy K), so it undoes the long rounds' memory.
 _WHERE_THRICE = (*_EVERY_FAMILY, "where", "where")
-WORLD_WHERE: tuple[tuple[float, Stage], ...] = tuple(
-    (share, replace(stage, name=stage.name + " (where x3)", families=_WHERE_THRICE)) for share, stage in WORLD)
+
+
+def _where_thrice(curriculum: tuple[tuple[float, Stage], ...]) -> tuple[tuple[float, Stage], ...]:
+    return tuple((share, replace(stage, name=stage.name + " (where x3)", families=_WHERE_THRICE))
+                 for share, stage in curriculum)
+
+
+WORLD_WHERE = _where_thrice(WORLD)
 # WORLD_LONG with ``where`` asked as in WORLD_WHERE: long contexts kept in the round that teaches ``where``.
-WORLD_WHERE_LONG: tuple[tuple[float, Stage], ...] = tuple(
-    (share, replace(stage, name=stage.name + " (where x3)", families=_WHERE_THRICE)) for share, stage in WORLD_LONG)
+WORLD_WHERE_LONG = _where_thrice(WORLD_LONG)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
                                                          "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,

@@ -372,9 +372,9 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
     side = size // CELL  # merged tokens a side
     shape_probe = torch.nn.Linear(width, len(SHAPES) + 1).to(device)
     color_probe = torch.nn.Linear(width, len(COLORS) + 1).to(device)
-    row_probe, col_probe = torch.nn.Linear(width, side).to(device), torch.nn.Linear(width, side).to(device)
     params = [*model.visual.parameters(), *shape_probe.parameters(), *color_probe.parameters()]
-    if position:
+    if position:  # made only when used: without them the warm-up draws what it drew before
+        row_probe, col_probe = torch.nn.Linear(width, side).to(device), torch.nn.Linear(width, side).to(device)
         params += [*row_probe.parameters(), *col_probe.parameters()]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
