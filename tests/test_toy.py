@@ -886,3 +886,47 @@ def test_world_where_asks_where_three_times_as_often_as_world():
                                                                         families=("noise", "checks")).qas]
         asked[name] = families.count("where") / len(families)
     assert asked["world-where"] > 2 * asked["world"]
+
+
+def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys):
+    """``--grow-layers N`` deepens an ``--init`` toy: the grown model's logits equal the original's (new layers are
+    copies with zeroed residual branches, spread through the stack), its config is a toy's of the new depth, and
+    training moves the new layers' zeroed matrices; without ``--init`` it is refused."""
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+    from edgekv.toy.model import grow_layers
+
+    start = init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 5)
+    with torch.no_grad():  # trained-looking layers: non-zero everywhere, so a wrong copy shows
+        for name, param in start.language.named_parameters():
+            if name.startswith("layers."):
+                param.add_(torch.randn_like(param) * 0.05)
+    grown = grow_layers(start, 3)
+    assert grown.config == toy_config(width=32, layers=5, vision_width=32, vision_depth=2)
+    rng = np.random.default_rng(0)
+    batch = Encoder().encode([draw_sample(rng, REFINE[0][1], MAX_POSITIONS) for _ in range(3)])
+    with torch.no_grad():
+        before, after = forward_logits(start, batch), forward_logits(grown, batch)
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
+    fresh = [i for i, layer in enumerate(grown.language.layers) if not layer.mlp.down_proj.weight.any()]
+    assert len(fresh) == 3 and fresh != [2, 3, 4]  # spread through the stack, not stacked on top
+    for i in fresh:  # a copy of the layer below, residual branches zeroed
+        below, layer = grown.language.layers[i - 1], grown.language.layers[i]
+        assert torch.equal(layer.self_attn.q_proj.weight, below.self_attn.q_proj.weight)
+        assert not layer.self_attn.o_proj.weight.any()
+    with pytest.raises(ValueError, match="at least 0"):
+        grow_layers(start, -1)
+
+    path = save_checkpoint(start, tmp_path / "start", {"note": "test"})
+    out = tmp_path / "grown"
+    assert main(["train-toy", str(out), "--init", str(path), "--grow-layers", "2", "--steps", "2", "--batch-size", "2",
+                 "--log-every", "2", "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0",
+                 "--threads", "1", "--curriculum", "refine", "--lr", "0.01"]) == 0
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert card["layers"] == 4 and card["grown_layers"] == 2 and "--grow-layers 2" in card["command"]
+    trained = load_pretrained(out, dtype=torch.float32)
+    assert trained.config.text.num_hidden_layers == 4
+    assert all(layer.mlp.down_proj.weight.any() for layer in trained.language.layers)  # the zeroed ones trained
+    capsys.readouterr()
+    assert main(["train-toy", str(tmp_path / "x"), "--grow-layers", "2"]) == 2
+    assert "--init" in capsys.readouterr().out

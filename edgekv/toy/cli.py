@@ -26,6 +26,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vision tower blocks of a new model (full attention in every second one)")
     parser.add_argument("--init", metavar="DIR", default=None,
                         help="go on from this toy checkpoint (its width and layers) instead of random weights")
+    parser.add_argument("--grow-layers", type=int, default=0, metavar="N",
+                        help="with --init: deepen its LM by N layers first (copies of the layer below with "
+                             "zeroed residual branches: the same answers at step 0)")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
                                                  "world-where", "world-where-long"),
                         default="full",
@@ -78,6 +81,10 @@ def run_train(args: argparse.Namespace) -> int:
         print("edgekv train-toy: --vision-width must be a multiple of 16 and at least 32, --vision-depth at least 1; "
               f"got {args.vision_width} / {args.vision_depth}")
         return 2
+    if args.grow_layers < 0 or (args.grow_layers and args.init is None):
+        print(f"edgekv train-toy: --grow-layers deepens an --init checkpoint; got {args.grow_layers} "
+              f"{'without --init' if args.init is None else ''}".rstrip())
+        return 2
     if args.workers < 0:
         print(f"edgekv train-toy: --workers must be at least 0, got {args.workers}")
         return 2
@@ -108,7 +115,7 @@ def run_train(args: argparse.Namespace) -> int:
                  curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
                  freeze_vision=not args.train_vision, vision_width=args.vision_width,
                  vision_depth=args.vision_depth, device=args.device, workers=args.workers,
-                 freeze_init_vision=args.freeze_vision)
+                 freeze_init_vision=args.freeze_vision, grow=args.grow_layers)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -84,6 +84,45 @@ def init_model(config: ModelConfig, seed: int) -> Qwen25VL:
     return model
 
 
+def grow_layers(model: Qwen25VL, count: int) -> Qwen25VL:
+    """``model`` with ``count`` more LM decoder layers, computing exactly what it computed: each new layer is a
+    copy of the layer below it whose two residual branches start at zero (``o_proj`` and ``down_proj``
+    zeroed), so the residual stream passes through it unchanged until training moves those two matrices — the
+    zero-initialised residual branch of Goyal et al. 2017 / Fixup, used here to deepen a trained toy instead
+    of training a deeper one from scratch. The new layers are spread evenly through the stack (4 + 2: after
+    layers 0 and 2). Tower, embeddings and final norm are shared values, copied; the result is fp32 on the CPU."""
+    if count < 0:
+        raise ValueError(f"grow_layers: count must be at least 0, got {count}")
+    text = model.config.text
+    old = text.num_hidden_layers
+    config = toy_config(width=text.hidden_size, layers=old + count, vision_width=model.config.vision.hidden_size,
+                        vision_depth=model.config.vision.depth)
+    after = [0] * old
+    for k in range(count):
+        after[min(old - 1, max(0, round((k + 1) * old / (count + 1)) - 1))] += 1
+    order: list[tuple[int, bool]] = []  # (source layer, new?)
+    for index in range(old):
+        order.append((index, False))
+        order.extend((index, True) for _ in range(after[index]))
+    grown = Qwen25VL(config)
+    state = {name: value.detach().float().cpu() for name, value in model.state_dict().items()}
+    new_state: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if not name.startswith("language.layers."):
+            new_state[name] = value.clone()
+    for target, (source, fresh) in enumerate(order):
+        prefix = f"language.layers.{source}."
+        for name, value in state.items():
+            if name.startswith(prefix):
+                rest = name[len(prefix):]
+                value = value.clone()
+                if fresh and rest in ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight"):
+                    value.zero_()
+                new_state[f"language.layers.{target}.{rest}"] = value
+    grown.load_state_dict(new_state, strict=True)
+    return grown.float()
+
+
 def save_checkpoint(model: Qwen25VL, out_dir: str | Path, card: dict, dtype: torch.dtype = torch.float16,
                     resolution: tuple[int, int] = RESOLUTION) -> Path:
     """Write ``model`` as a released-layout checkpoint directory with the toy tokenizer and a model card."""
