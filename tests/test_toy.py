@@ -889,9 +889,10 @@ def test_world_where_asks_where_three_times_as_often_as_world():
 
 
 def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys):
-    """``--grow-layers N`` deepens an ``--init`` toy: the grown model's logits equal the original's (new layers are
-    copies with zeroed residual branches, spread through the stack), its config is a toy's of the new depth, and
-    training moves the new layers' zeroed matrices; without ``--init`` it is refused."""
+    """``--grow-layers N`` / ``--grow-vision N`` deepen an ``--init`` toy: the grown model's logits equal the
+    original's (new layers are copies with zeroed residual branches, the LM's spread through the stack, the
+    tower's appended with every old block keeping its attention kind), its config is a toy's of the new depths,
+    and training moves the new layers' zeroed matrices; without ``--init`` it is refused."""
     from edgekv.apps.cli import main
     from edgekv.model.loading import load_pretrained
     from edgekv.toy.model import grow_layers
@@ -901,8 +902,9 @@ def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys
         for name, param in start.language.named_parameters():
             if name.startswith("layers."):
                 param.add_(torch.randn_like(param) * 0.05)
-    grown = grow_layers(start, 3)
-    assert grown.config == toy_config(width=32, layers=5, vision_width=32, vision_depth=2)
+    grown = grow_layers(start, 3, vision=3)
+    assert grown.config == toy_config(width=32, layers=5, vision_width=32, vision_depth=5)
+    assert start.config.vision.fullatt_block_indexes == (1,) and grown.config.vision.fullatt_block_indexes == (1, 3)
     rng = np.random.default_rng(0)
     batch = Encoder().encode([draw_sample(rng, REFINE[0][1], MAX_POSITIONS) for _ in range(3)])
     with torch.no_grad():
@@ -914,19 +916,26 @@ def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys
         below, layer = grown.language.layers[i - 1], grown.language.layers[i]
         assert torch.equal(layer.self_attn.q_proj.weight, below.self_attn.q_proj.weight)
         assert not layer.self_attn.o_proj.weight.any()
+    blocks = grown.visual.blocks
+    for i, source in ((2, 0), (3, 1), (4, 0)):  # appended, each a copy of the last old block of its kind
+        assert torch.equal(blocks[i].attn.qkv.weight, start.visual.blocks[source].attn.qkv.weight)
+        assert not blocks[i].attn.proj.weight.any() and not blocks[i].mlp.down_proj.bias.any()
     with pytest.raises(ValueError, match="at least 0"):
         grow_layers(start, -1)
 
     path = save_checkpoint(start, tmp_path / "start", {"note": "test"})
     out = tmp_path / "grown"
-    assert main(["train-toy", str(out), "--init", str(path), "--grow-layers", "2", "--steps", "2", "--batch-size", "2",
+    assert main(["train-toy", str(out), "--init", str(path), "--grow-layers", "2", "--grow-vision", "1", "--steps", "2",
+                 "--batch-size", "2",
                  "--log-every", "2", "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0",
                  "--threads", "1", "--curriculum", "refine", "--lr", "0.01"]) == 0
     card = __import__("json").loads((out / "card.json").read_text())
     assert card["layers"] == 4 and card["grown_layers"] == 2 and "--grow-layers 2" in card["command"]
+    assert card["vision_depth"] == 3 and card["grown_vision_blocks"] == 1 and "--grow-vision 1" in card["command"]
     trained = load_pretrained(out, dtype=torch.float32)
-    assert trained.config.text.num_hidden_layers == 4
+    assert (trained.config.text.num_hidden_layers, trained.config.vision.depth) == (4, 3)
     assert all(layer.mlp.down_proj.weight.any() for layer in trained.language.layers)  # the zeroed ones trained
+    assert trained.visual.blocks[2].attn.proj.weight.any()
     capsys.readouterr()
     assert main(["train-toy", str(tmp_path / "x"), "--grow-layers", "2"]) == 2
     assert "--init" in capsys.readouterr().out

@@ -29,6 +29,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grow-layers", type=int, default=0, metavar="N",
                         help="with --init: deepen its LM by N layers first (copies of the layer below with "
                              "zeroed residual branches: the same answers at step 0)")
+    parser.add_argument("--grow-vision", type=int, default=0, metavar="N",
+                        help="with --init: append N blocks to its vision tower first (the same way)")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
                                                  "world-where", "world-where-long"),
                         default="full",
@@ -81,9 +83,9 @@ def run_train(args: argparse.Namespace) -> int:
         print("edgekv train-toy: --vision-width must be a multiple of 16 and at least 32, --vision-depth at least 1; "
               f"got {args.vision_width} / {args.vision_depth}")
         return 2
-    if args.grow_layers < 0 or (args.grow_layers and args.init is None):
-        print(f"edgekv train-toy: --grow-layers deepens an --init checkpoint; got {args.grow_layers} "
-              f"{'without --init' if args.init is None else ''}".rstrip())
+    if min(args.grow_layers, args.grow_vision) < 0 or ((args.grow_layers or args.grow_vision) and args.init is None):
+        print(f"edgekv train-toy: --grow-layers / --grow-vision deepen an --init checkpoint by N >= 0; got "
+              f"{args.grow_layers} / {args.grow_vision}{' without --init' if args.init is None else ''}")
         return 2
     if args.workers < 0:
         print(f"edgekv train-toy: --workers must be at least 0, got {args.workers}")
@@ -115,7 +117,8 @@ def run_train(args: argparse.Namespace) -> int:
                  curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
                  freeze_vision=not args.train_vision, vision_width=args.vision_width,
                  vision_depth=args.vision_depth, device=args.device, workers=args.workers,
-                 freeze_init_vision=args.freeze_vision, grow=args.grow_layers)
+                 freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
+                 grow_vision=args.grow_vision)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -84,19 +84,22 @@ def init_model(config: ModelConfig, seed: int) -> Qwen25VL:
     return model
 
 
-def grow_layers(model: Qwen25VL, count: int) -> Qwen25VL:
-    """``model`` with ``count`` more LM decoder layers, computing exactly what it computed: each new layer is a
-    copy of the layer below it whose two residual branches start at zero (``o_proj`` and ``down_proj``
-    zeroed), so the residual stream passes through it unchanged until training moves those two matrices — the
-    zero-initialised residual branch of Goyal et al. 2017 / Fixup, used here to deepen a trained toy instead
-    of training a deeper one from scratch. The new layers are spread evenly through the stack (4 + 2: after
-    layers 0 and 2). Tower, embeddings and final norm are shared values, copied; the result is fp32 on the CPU."""
-    if count < 0:
-        raise ValueError(f"grow_layers: count must be at least 0, got {count}")
+def grow_layers(model: Qwen25VL, count: int, vision: int = 0) -> Qwen25VL:
+    """``model`` with ``count`` more LM decoder layers and ``vision`` more tower blocks, computing exactly what it
+    computed: each new layer is a copy of a trained one whose two residual branches start at zero (the LM's
+    ``o_proj`` and ``down_proj``, the tower's ``attn.proj`` and ``mlp.down_proj``), so the residual stream
+    passes through it unchanged until training moves those matrices — the zero-initialised residual branch of
+    Goyal et al. 2017 / Fixup, used here to deepen a trained toy instead of training a deeper one from scratch.
+    New LM layers are copies of the layer below them, spread evenly through the stack (4 + 2: after layers 0
+    and 2). New tower blocks go after the last one, before the merger, each a copy of the last old block of its
+    attention kind: ``toy_config`` makes every second block full attention, so appending keeps every old block's
+    kind. The rest is copied; the result is fp32 on the CPU."""
+    if count < 0 or vision < 0:
+        raise ValueError(f"grow_layers: count and vision must be at least 0, got {count} and {vision}")
     text = model.config.text
-    old = text.num_hidden_layers
+    old, old_blocks = text.num_hidden_layers, model.config.vision.depth
     config = toy_config(width=text.hidden_size, layers=old + count, vision_width=model.config.vision.hidden_size,
-                        vision_depth=model.config.vision.depth)
+                        vision_depth=old_blocks + vision)
     after = [0] * old
     for k in range(count):
         after[min(old - 1, max(0, round((k + 1) * old / (count + 1)) - 1))] += 1
@@ -108,8 +111,20 @@ def grow_layers(model: Qwen25VL, count: int) -> Qwen25VL:
     state = {name: value.detach().float().cpu() for name, value in model.state_dict().items()}
     new_state: dict[str, torch.Tensor] = {}
     for name, value in state.items():
-        if not name.startswith("language.layers."):
+        if not name.startswith(("language.layers.", "visual.blocks.")):
             new_state[name] = value.clone()
+    full = set(config.vision.fullatt_block_indexes)
+    for target in range(old_blocks + vision):
+        same = [b for b in range(old_blocks) if (b in full) == (target in full)]
+        source = target if target < old_blocks else (same[-1] if same else old_blocks - 1)
+        prefix = f"visual.blocks.{source}."
+        for name, value in state.items():
+            if name.startswith(prefix):
+                rest = name[len(prefix):]
+                value = value.clone()
+                if target >= old_blocks and rest.startswith(("attn.proj.", "mlp.down_proj.")):
+                    value.zero_()
+                new_state[f"visual.blocks.{target}.{rest}"] = value
     for target, (source, fresh) in enumerate(order):
         prefix = f"language.layers.{source}."
         for name, value in state.items():

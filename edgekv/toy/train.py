@@ -444,7 +444,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           width: int = 64, layers: int = 4, prefetch: bool = True, init: str | Path | None = None,
           curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
           size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
-          device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0) -> dict:
+          device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0,
+          grow_vision: int = 0) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -461,8 +462,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     keeps it as ``init`` has it when there is no warm-up (a tower trained apart, e.g. by
     ``tools/toy_tower_probe.py --save``). ``vision_width`` and
     ``vision_depth`` size a new model's vision tower (``toy_config``; a checkpoint given as ``init`` keeps its own).
-    ``grow`` deepens ``init``'s LM by that many layers before training, answering as ``init`` did at step 0
-    (``edgekv.toy.model.grow_layers``).
+    ``grow`` and ``grow_vision`` deepen ``init``'s LM and tower by that many layers / blocks before training,
+    answering as ``init`` did at step 0 (``edgekv.toy.model.grow_layers``).
 
     ``device`` trains on another device than the CPU (``cuda``: the batches are drawn on the host and moved;
     the checkpoint is written from the host). ``workers`` > 0 draws the batches in that many spawned
@@ -483,8 +484,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         drawable = drawable_families(tuple(families) if families else None, holdout)
     if workers < 0:
         raise ValueError(f"workers must be at least 0, got {workers}")
-    if grow < 0 or (grow and init is None):
-        raise ValueError(f"grow deepens an --init checkpoint by at least 0 layers; got {grow} with init {init!r}")
+    if min(grow, grow_vision) < 0 or ((grow or grow_vision) and init is None):
+        raise ValueError(f"grow / grow_vision deepen an init checkpoint by at least 0 layers; got {grow} / "
+                         f"{grow_vision} with init {init!r}")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda: torch finds no CUDA GPU here")
@@ -497,10 +499,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     encoder = Encoder(aux=aux_weight > 0, seed=seed, size=size)
     if init is not None:
         model, width, layers = _from_checkpoint(init)
-        if grow:
+        if grow or grow_vision:
             from edgekv.toy.model import grow_layers
 
-            model, layers = grow_layers(model, grow), layers + grow
+            model, layers = grow_layers(model, grow, vision=grow_vision), layers + grow
         vision_width, vision_depth = model.config.vision.hidden_size, model.config.vision.depth
     else:
         model = init_model(toy_config(width=width, layers=layers, vision_width=vision_width,
@@ -563,6 +565,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --init {init}"
     if grow:
         command += f" --grow-layers {grow}"
+    if grow_vision:
+        command += f" --grow-vision {grow_vision}"
     if curriculum != "full":
         command += f" --curriculum {curriculum}"
     if init is None and (width != 64 or layers != 4):
@@ -583,7 +587,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "vision_history": vision_history, "vision_frozen_after_warm_up": bool(vision_steps) and freeze_vision,
             "vision_frozen": not any(p.requires_grad for p in model.visual.parameters()),
             "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "curriculum": curriculum,
-            "init": None if init is None else str(init), "grown_layers": grow, "width": width, "layers": layers,
+            "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
+            "width": width, "layers": layers,
             "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers,
             "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
