@@ -939,3 +939,44 @@ def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys
     capsys.readouterr()
     assert main(["train-toy", str(tmp_path / "x"), "--grow-layers", "2"]) == 2
     assert "--init" in capsys.readouterr().out
+
+
+def test_world_mild_draws_half_its_world_streams_as_the_cards_streams_on_world_backgrounds(monkeypatch):
+    """``--curriculum world-mild``: about half of its world samples take the classic renderer's camera (noise,
+    drift, lighting only: no JPEG, clutter, occlusion or colour jitter) and its events (one or two pairs) on a
+    trained world family's background — what ``eval toy --families F`` asks about; the other half the full
+    randomization. A curriculum without a mild share never draws one."""
+    from dataclasses import replace
+
+    import edgekv.video.world as world
+
+    from edgekv.toy.data import WORLD_MILD, WORLD_WHERE_LONG
+
+    seen: list = []
+    real = world.WorldScene
+
+    def recording(*args, **kwargs):
+        seen.append((args[5], args[6]))  # family, style
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(world, "WorldScene", recording)
+    families = ("noise", "photo") if "photo" in world.drawable_families(None, ()) else ("noise", "gradient")
+
+    def draw(stage, seed):
+        seen.clear()
+        rng = np.random.default_rng(seed)
+        out = []
+        for _ in range(24):
+            sample = draw_sample(rng, replace(stage, pairs=(6, 10), world=1.0), MAX_POSITIONS, families=families)
+            out.append((sample, *seen[-1]))
+        return out
+
+    drawn = draw(WORLD_MILD[1][1], 3)
+    mild = [(s, style) for s, family, style in drawn if style.color_jitter == 0]
+    assert all(family in families for _, family, _ in drawn)
+    assert 6 <= len(mild) <= 18  # half, give or take
+    for sample, style in mild:
+        assert (style.jpeg, style.distractors, style.transients, style.occlusion, style.shake) == (0, 0, 0, 0, 0)
+        assert all(e.pairs <= 2 for e in sample.events)
+    assert not [style for _, _, style in draw(WORLD_WHERE_LONG[1][1], 3) if style.color_jitter == 0]
+    assert CURRICULA["world-mild"] == WORLD_MILD and all(stage.mild == 0.5 for _, stage in WORLD_MILD)

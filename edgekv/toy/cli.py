@@ -32,7 +32,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grow-vision", type=int, default=0, metavar="N",
                         help="with --init: append N blocks to its vision tower first (the same way)")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
-                                                 "world-where", "world-where-long"),
+                                                 "world-where", "world-where-long", "world-mild"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -41,7 +41,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "(world with 4-40 kept pairs, for --size 224), world-scratch (from one event to long "
                              "contexts, all in the world: for a new model), world-where (world asking where three "
                              "times as often: for a tower warmed up to tell where its tokens are), world-where-long "
-                             "(world-long asking where as often)")
+                             "(world-long asking where as often), world-mild (world-where-long with half of "
+                             "the world streams mild: the classic renderer's events and camera on world "
+                             "backgrounds)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")

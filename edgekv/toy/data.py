@@ -73,6 +73,7 @@ class Stage:
     same_color: float = 0.6         # probability that a shape coming back keeps its last colour
     backgrounds: int = 4            # distinct background renderings per sample (world samples)
     batch_divisor: int = 1          # this stage's batches hold batch_size // batch_divisor streams (long ones)
+    mild: float = 0.0               # share of world samples drawn as the card's streams on a world background
 
 
 CURRICULUM: tuple[tuple[float, Stage], ...] = (
@@ -148,10 +149,17 @@ def _where_thrice(curriculum: tuple[tuple[float, Stage], ...]) -> tuple[tuple[fl
 WORLD_WHERE = _where_thrice(WORLD)
 # WORLD_LONG with ``where`` asked as in WORLD_WHERE: long contexts kept in the round that teaches ``where``.
 WORLD_WHERE_LONG = _where_thrice(WORLD_LONG)
+# WORLD_WHERE_LONG with half of its world samples mild (``Stage.mild``): the card's events, sizes and camera on
+# the trained world families' backgrounds, beside the full randomization — the streams `edgekv eval toy
+# --families F` and the needle benchmark's default `--style mild` ask about, which the other world curricula
+# draw only on the classic background.
+WORLD_MILD = tuple((share, replace(stage, name=stage.name + " (half mild)", mild=0.5))
+                   for share, stage in WORLD_WHERE_LONG)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
                                                          "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,
-                                                         "world-where-long": WORLD_WHERE_LONG}
+                                                         "world-where-long": WORLD_WHERE_LONG,
+                                                         "world-mild": WORLD_MILD}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:
@@ -245,10 +253,14 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
     num_units = int(rng.integers(stage.events[0], stage.events[1] + 1))
     pool = list(rng.permutation(SHAPES)[: int(rng.integers(stage.shape_pool[0], stage.shape_pool[1] + 1))])
     world = bool(stage.world) and rng.random() < stage.world
+    # Mild: a world family's background under the classic renderer's events and its noise, drift and lighting
+    # only — what `edgekv eval toy --families F` and `eval needle --style mild` ask about. Drawn only where the
+    # stage has a mild share, so every other stage's draws are what they were.
+    mild = world and stage.mild > 0 and rng.random() < stage.mild
     # Units: one slot of background, or an event (or several at once) lasting one or two slots (or 3-6).
     target_slots = int(rng.integers(pairs[0], pairs[1] + 1))
     event_lengths = [2 if rng.random() < stage.two_pair_events else 1 for _ in range(num_units)]
-    if world and stage.long_events:
+    if world and not mild and stage.long_events:
         event_lengths = [int(rng.integers(3, 7)) if rng.random() < stage.long_events else n for n in event_lengths]
     target_slots = max(target_slots, sum(event_lengths) + 1)
     lengths = [1] * (target_slots - sum(event_lengths)) + event_lengths
@@ -264,7 +276,14 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
 
         drawable = families or drawable_families(None, DEFAULT_HOLDOUT)
         family = drawable[int(rng.integers(len(drawable)))]
-        scene = WorldScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], family, random_style(rng))
+        if mild:
+            from edgekv.video.world import WorldStyle
+
+            base = _style(rng)
+            style = WorldStyle(noise=base.noise, drift=base.drift, light=base.light, light_period=base.light_period)
+        else:
+            style = random_style(rng)
+        scene = WorldScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], family, style)
     else:
         scene = EventScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], _style(rng))
     counts = {s: 0 for s in SHAPES}
@@ -282,7 +301,7 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
             shape = str(free[int(rng.integers(len(free)))])
             color = last_color.get(shape) if shape in last_color and rng.random() < stage.same_color \
                 else str(rng.choice(COLORS))
-            if world:
+            if world and not mild:
                 event = world_event(rng, shape, color, len(tpos), length, size, size, avoid=events[-4:] + unit)
             else:
                 event = place_event(rng, shape, color, len(tpos), length, size, size, avoid=events[-4:] + unit)
