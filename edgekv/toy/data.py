@@ -154,7 +154,7 @@ WORLD_WHERE_LONG = _where_thrice(WORLD_LONG)
 # --families F` and the needle benchmark's default `--style mild` ask about, which the other world curricula
 # draw only on the classic background. Measured (issue 27; README, "Deeper toys, a higher lr and mild world
 # streams"): 1,500 steps of it from toy J beat 1,500 of world-where-long from J (same seed, lr, time) on every
-# family, +1.4 to +2.8 points of the five base questions, `where` +3 to +6, long memory 94 % vs 83 %.
+# family, +1.4 to +2.8 points of the five base questions, `where` +0 to +9, long memory 94 % vs 83 %.
 WORLD_MILD = tuple((share, replace(stage, name=stage.name + " (half mild)", mild=0.5))
                    for share, stage in WORLD_WHERE_LONG)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
