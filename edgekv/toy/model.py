@@ -131,7 +131,7 @@ def grow_layers(model: Qwen25VL, count: int, vision: int = 0) -> Qwen25VL:
             if name.startswith(prefix):
                 rest = name[len(prefix):]
                 value = value.clone()
-                if fresh and rest in ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight"):
+                if fresh and rest in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):  # both without bias
                     value.zero_()
                 new_state[f"language.layers.{target}.{rest}"] = value
     grown.load_state_dict(new_state, strict=True)
