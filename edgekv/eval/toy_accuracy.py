@@ -148,7 +148,7 @@ def scene_for(stream: HeldoutStream, family: str, style=None, events: list[Event
               pairs: int | None = None):
     """``stream``'s events (or ``events``) drawn on ``family``: the stream's own scene for ``events``,
     else a world scene with ``style`` (default: the stream's noise, drift and lighting, nothing else)."""
-    from edgekv.video.world import WorldScene, WorldStyle
+    from edgekv.video.world import WorldScene, mild_style
 
     events = list(stream.scene.events) if events is None else events
     pairs = stream.pairs if pairs is None else pairs
@@ -156,8 +156,7 @@ def scene_for(stream: HeldoutStream, family: str, style=None, events: list[Event
         return EventScene(stream.scene.width, stream.scene.height, stream.scene.fps, stream.scene.seed, events,
                           stream.scene.style, frames=2 * pairs)
     if style is None:
-        base = stream.scene.style
-        style = WorldStyle(noise=base.noise, drift=base.drift, light=base.light, light_period=base.light_period)
+        style = mild_style(stream.scene.style)
     return WorldScene(stream.scene.width, stream.scene.height, stream.scene.fps, stream.scene.seed, events, family,
                       style, frames=2 * pairs)
 

@@ -274,17 +274,12 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
                         rng.random() < stage.shifted)
 
     if world:
-        from edgekv.video.world import DEFAULT_HOLDOUT, WorldScene, drawable_families, random_style, world_event
+        from edgekv.video.world import (DEFAULT_HOLDOUT, WorldScene, drawable_families, mild_style, random_style,
+                                        world_event)
 
         drawable = families or drawable_families(None, DEFAULT_HOLDOUT)
         family = drawable[int(rng.integers(len(drawable)))]
-        if mild:
-            from edgekv.video.world import WorldStyle
-
-            base = _style(rng)
-            style = WorldStyle(noise=base.noise, drift=base.drift, light=base.light, light_period=base.light_period)
-        else:
-            style = random_style(rng)
+        style = mild_style(_style(rng)) if mild else random_style(rng)
         scene = WorldScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], family, style)
     else:
         scene = EventScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], _style(rng))

@@ -109,31 +109,24 @@ def grow_layers(model: Qwen25VL, count: int, vision: int = 0) -> Qwen25VL:
         order.extend((index, True) for _ in range(after[index]))
     grown = Qwen25VL(config)
     state = {name: value.detach().float().cpu() for name, value in model.state_dict().items()}
-    new_state: dict[str, torch.Tensor] = {}
-    for name, value in state.items():
-        if not name.startswith(("language.layers.", "visual.blocks.")):
-            new_state[name] = value.clone()
+    new_state = {name: value.clone() for name, value in state.items()
+                 if not name.startswith(("language.layers.", "visual.blocks."))}
+
+    def copy(source: str, target: str, zeroed: tuple[str, ...]) -> None:
+        for name, value in state.items():
+            if name.startswith(source):
+                rest = name[len(source):]
+                new_state[target + rest] = torch.zeros_like(value) if rest.startswith(zeroed) else value.clone()
+
     full = set(config.vision.fullatt_block_indexes)
     for target in range(old_blocks + vision):
         same = [b for b in range(old_blocks) if (b in full) == (target in full)]
         source = target if target < old_blocks else (same[-1] if same else old_blocks - 1)
-        prefix = f"visual.blocks.{source}."
-        for name, value in state.items():
-            if name.startswith(prefix):
-                rest = name[len(prefix):]
-                value = value.clone()
-                if target >= old_blocks and rest.startswith(("attn.proj.", "mlp.down_proj.")):
-                    value.zero_()
-                new_state[f"visual.blocks.{target}.{rest}"] = value
-    for target, (source, fresh) in enumerate(order):
-        prefix = f"language.layers.{source}."
-        for name, value in state.items():
-            if name.startswith(prefix):
-                rest = name[len(prefix):]
-                value = value.clone()
-                if fresh and rest in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):  # both without bias
-                    value.zero_()
-                new_state[f"language.layers.{target}.{rest}"] = value
+        copy(f"visual.blocks.{source}.", f"visual.blocks.{target}.",
+             ("attn.proj.", "mlp.down_proj.") if target >= old_blocks else ())
+    for target, (source, fresh) in enumerate(order):  # the LM's o_proj and down_proj have no bias
+        copy(f"language.layers.{source}.", f"language.layers.{target}.",
+             ("self_attn.o_proj.", "mlp.down_proj.") if fresh else ())
     grown.load_state_dict(new_state, strict=True)
     return grown.float()
 

@@ -437,6 +437,12 @@ class WorldStyle:
             raise ValueError("world light_period and switch_period must be positive")
 
 
+def mild_style(style) -> WorldStyle:
+    """The classic renderer's camera (a ``SceneStyle``'s noise, drift and lighting) and nothing else: the card's
+    streams on a world background (``eval toy --families F``, ``--style mild``; ``Stage.mild`` in training)."""
+    return WorldStyle(noise=style.noise, drift=style.drift, light=style.light, light_period=style.light_period)
+
+
 def random_style(rng: np.random.Generator) -> WorldStyle:
     """A random style: each kind of nuisance present in a share of streams, at a random strength."""
     light = float(rng.uniform(0.05, 0.3)) if rng.random() < 0.4 else 0.0
