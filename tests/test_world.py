@@ -127,6 +127,22 @@ def test_distractors_are_outside_the_vocabulary():
     assert not pixels & vocabulary  # no vocabulary colour anywhere without an event
 
 
+def test_transients_render_the_same_frames_going_back_in_a_long_stream():
+    # a needle stream is encoded front to back, then its ceiling and replays ask for early pairs again: the
+    # per-block transients forgotten on the way must be redrawn the same (a KeyError once lost block 0)
+    style = WorldStyle(noise=0.0, transients=0.5)
+    scene = WorldScene(112, 112, 2.0, 4, [], "gradient", style, frames=2 * 600)
+    first = [scene.frame(2 * pair) for pair in (0, 33, 70)]
+    for pair in range(0, 600, 7):
+        scene.transients(pair)
+    assert len(scene._blocks) <= 8
+    again = [scene.frame(2 * pair) for pair in (0, 33, 70)]
+    fresh = WorldScene(112, 112, 2.0, 4, [], "gradient", style, frames=2 * 600)
+    for a, b, c in zip(first, again, [fresh.frame(2 * pair) for pair in (0, 33, 70)]):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+    assert any(scene.transients(pair) for pair in range(0, 96))
+
+
 def test_light_noise_and_jpeg_change_frames_and_keep_them_valid():
     event = _event(radius=20)
     plain = WorldScene(112, 112, 2.0, 1, [event], "noise", WorldStyle(noise=0.0), frames=400)

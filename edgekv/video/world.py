@@ -586,8 +586,9 @@ class WorldScene:
                 self._blocks[b] = [self._clutter(rng, radius_range, False,
                                                  b * _TRANSIENT_BLOCK + int(rng.integers(_TRANSIENT_BLOCK)),
                                                  int(rng.integers(1, 7))) for _ in range(count)]
-                if len(self._blocks) > 8:
-                    self._blocks.pop(min(self._blocks))
+                if len(self._blocks) > 8:  # forget the block farthest from this pair (never one it needs)
+                    self._blocks.pop(max((k for k in self._blocks if k not in (block - 1, block)),
+                                         key=lambda k: abs(k - block)))
             out.extend(c for c in self._blocks[b] if c.active(pair))
         return out
 
