@@ -39,6 +39,16 @@ def _fractions(text: str) -> tuple[float, ...]:
     return tuple(values)
 
 
+def _kv_dtypes(text: str) -> tuple[str, ...]:
+    from edgekv.cache.specs import KV_DTYPES
+
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = [n for n in names if n not in KV_DTYPES]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct K/V dtypes from {', '.join(KV_DTYPES)}, got {text!r}")
+    return names
+
+
 def _option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep:
@@ -79,6 +89,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--full-max-tokens", type=int, default=40000,
                         help="run the full cache on the long stream (the ceiling) where it needs at most this "
                              "many tokens; 0: never")
+    needle.add_argument("--kv-dtypes", type=_kv_dtypes, default=(),
+                        help="compare K/V storage dtypes at equal bytes: every run once per dtype, each given the "
+                             "slots that the first dtype's cache of M tokens takes in bytes (e.g. fp16,int8,fp8)")
     needle.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated policies ({', '.join(ALL_POLICIES)})")
     needle.add_argument("--sinks", type=_ints, default=(256, 1024), help="StateKV sink budgets B for 'statekv'")
@@ -163,7 +176,8 @@ def _run_needle(args: argparse.Namespace) -> int:
     config = NeedleConfig(model=args.model, lengths=args.lengths, budgets=budgets, runs=tuple(runs),
                           ages=args.ages or DEFAULT_AGES, streams=args.streams, events=args.events, fps=args.fps,
                           seed=args.seed, families=families, style=args.style, sizes=args.sizes, kinds=kinds,
-                          repeats=args.repeats, caps=args.caps, full_max_tokens=args.full_max_tokens)
+                          repeats=args.repeats, caps=args.caps, full_max_tokens=args.full_max_tokens,
+                          kv_dtypes=args.kv_dtypes)
     result = evaluate(config)
     save(result, args.json, args.plot)
     print(format_summary(result["summary"]))

@@ -28,7 +28,11 @@ Harder settings (issue 27), all off by default so that earlier figures keep thei
   questions about them are reported apart as ``count_gap``; the second colour; binding);
 * ``caps``: caps given as shares of the stream's video tokens (1/4 .. 1/256) instead of, or beside, tokens;
 * the **full-cache ceiling**: the same long stream with nothing evicted, where its tokens fit
-  ``full_max_tokens`` (``ceiling_full`` per record; the short-stream ceiling stays beside it).
+  ``full_max_tokens`` (``ceiling_full`` per record; the short-stream ceiling stays beside it);
+* ``kv_dtypes``: every run once per K/V storage dtype **at equal bytes** (DESIGN invariant 11): the first
+  dtype's cache of ``M`` tokens sets the bytes, and each other dtype gets the slots those bytes buy it
+  (``CacheSpec.tokens_for_bytes``, scales and metadata counted); records keep ``M`` as their budget (so the
+  dtypes line up in the summary) and the slots each one had.
 
 Every accuracy in the summary carries its question count and a 95 % Wilson interval (``edgekv.eval.stats``).
 
@@ -42,13 +46,14 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from edgekv.cache.specs import KV_DTYPES, CacheSpec
 from edgekv.eval.stats import proportion
 from edgekv.toy.questions import (CHANCE, COLORS, FAMILIES, QA, SHAPES, answer_of, binding_options,
                                   binding_question, count_question, exists_question, negative_exists,
@@ -316,6 +321,7 @@ class NeedleConfig:
     repeats: int = 0                         # events bringing a needle's shape back in another colour
     caps: tuple[float, ...] = ()             # caps as shares of the stream's video tokens (beside budgets)
     full_max_tokens: int = 40000             # the full-cache ceiling on the long stream where it fits this
+    kv_dtypes: tuple[str, ...] = ()          # K/V dtypes compared at equal bytes (the first one's M tokens)
 
 
 def tokens_per_pair(size: int) -> int:
@@ -327,6 +333,18 @@ def cap_budget(cap: float, length: int, size: int, reserve: int) -> int:
     four frame pairs and the text reserve)."""
     per_pair = tokens_per_pair(size)
     return max(int(round(cap * length * per_pair)), 32 + 4 * per_pair + reserve)
+
+
+def equal_bytes_slots(spec_of: Callable[[str], CacheSpec], budget: int, reference: str, kv_dtype: str) -> int:
+    """The slots a ``kv_dtype`` cache gets in the bytes ``budget`` tokens of ``reference`` take."""
+    return spec_of(kv_dtype).tokens_for_bytes(spec_of(reference).bytes_for(budget))
+
+
+def dtype_runs(runs: tuple[PolicyRun, ...], kv_dtypes: tuple[str, ...]) -> list[tuple[PolicyRun, str | None]]:
+    """Each run once per K/V dtype (its ``kv_dtype`` cache key set), or as given without ``kv_dtypes``."""
+    if not kv_dtypes:
+        return [(run, None) for run in runs]
+    return [(replace(run, options=run.options + (("kv_dtype", d),)), d) for run in runs for d in kv_dtypes]
 
 
 def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
@@ -341,6 +359,12 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                                        cache={"policy": "full", "max_tokens": 64 + 2 * per_pair,
                                               "text_reserve_tokens": 32},
                                        video={"fps": config.fps, "resolution": [size, size]})
+        text = base.model.config.text
+
+        def spec_of(name: str) -> CacheSpec:
+            return CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim,
+                                     KV_DTYPES[name])
+
         for length in config.lengths:
             budgets: list[tuple[int, float | None]] = [(b, None) for b in config.budgets]
             budgets += [(cap_budget(c, length, size, config.reserve), c) for c in config.caps]
@@ -369,25 +393,31 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                     log(f"  full cache on the long stream (M={needed}): accuracy {np.mean(correct):.3f} "
                         f"({time.perf_counter() - started:.1f} s)")
                 for budget, cap in budgets:
-                    for run in config.runs:
+                    for run, kv_dtype in dtype_runs(config.runs, config.kv_dtypes):
                         if run.policy == "full" and budget < needed:
                             continue  # full only where the stream fits
+                        slots = budget if kv_dtype is None else equal_bytes_slots(
+                            spec_of, budget, config.kv_dtypes[0], kv_dtype)
+                        if slots < cap_budget(0.0, length, size, config.reserve):
+                            log(f"  M={budget:6d} {run.label:28s} skipped: {slots} slots at equal bytes are "
+                                f"fewer than a session needs")
+                            continue
                         with tempfile.TemporaryDirectory(prefix="edgekv-needle-archive-") as folder:
-                            runtime = runtime_for(config.model, run, budget, config.fps, config.reserve,
+                            runtime = runtime_for(config.model, run, slots, config.fps, config.reserve,
                                                   folder if run.archive else None, size=size)
                             started = time.perf_counter()
                             answers, stats = run_stream(runtime, stream.scene, stream.pairs, replay, asks)
                             seconds = time.perf_counter() - started
                         correct = [answers[(p.checkpoint, p.qa.question)] == p.qa.answer for p in stream.probes]
                         log(f"  M={budget:6d} {run.label:28s} accuracy {np.mean(correct):.3f}  "
-                            f"({stats['compressions']} compressions"
+                            f"({f'{slots} slots, ' if slots != budget else ''}{stats['compressions']} compressions"
                             f"{', %d pairs recalled' % stats['recalled_pairs'] if run.archive else ''}"
                             f"{', %d dropped by the archive' % stats['archive_dropped'] if stats.get('archive_dropped') else ''}"
                             f", {seconds:.1f} s)")
                         for probe, ok in zip(stream.probes, correct):
                             key = (probe.checkpoint, probe.qa.question)
                             records.append({
-                                "length": length, "stream": index, "budget": budget,
+                                "length": length, "stream": index, "budget": budget, "slots": slots,
                                 "bytes": stats["cache_capacity_bytes"], "policy": run.label,
                                 "family": probe.qa.family, "kind": probe_family(probe),
                                 "question": probe.qa.question, "answer": probe.qa.answer,
@@ -442,6 +472,7 @@ def summarize(records: list[dict]) -> dict:
     out = {}
     for (size, length, budget, policy), rows in sorted(groups.items(), key=lambda kv: kv[0]):
         entry = {"length": length, "budget": budget, "bytes": rows[0]["bytes"], "policy": policy,
+                 "slots": rows[0].get("slots", budget),
                  "accuracy": _mean(rows, "correct"), "ceiling": _mean(rows, "ceiling_correct"), "by_age": {},
                  "by_family": {}, "size": size, "cap": rows[0].get("cap"), "cap_actual": rows[0].get("cap_actual"),
                  **_intervals(rows)}
