@@ -888,6 +888,27 @@ def test_world_where_asks_where_three_times_as_often_as_world():
     assert asked["world-where"] > 2 * asked["world"]
 
 
+def test_world_mild_hard_asks_order_and_count_twice_as_often():
+    """``--curriculum world-mild-hard``: world-mild's stages, with order and count listed twice (``where`` three
+    times, as there), nothing else changed."""
+    from dataclasses import replace
+
+    mild, hard = CURRICULA["world-mild"], CURRICULA["world-mild-hard"]
+    assert [share for share, _ in hard] == [share for share, _ in mild]
+    for (_, a), (_, b) in zip(mild, hard):
+        assert b.families.count("order") == b.families.count("count") == 2
+        assert b.families.count("where") == a.families.count("where") == 3
+        assert replace(b, name=a.name, families=a.families) == a and b.mild == 0.5
+    asked = {}
+    for name in ("world-mild", "world-mild-hard"):
+        rng = np.random.default_rng(8)
+        families = [qa.family for _, stage in CURRICULA[name] for _ in range(80)
+                    for qa in draw_sample(rng, stage, MAX_POSITIONS, pairs=(4, 6), families=("noise", "checks")).qas]
+        asked[name] = sum(f in ("order", "count") for f in families) / len(families)
+    # 2/11 vs 4/13 of the draws; a family a sample cannot ask (order needs two events) is drawn again
+    assert asked["world-mild-hard"] > 1.3 * asked["world-mild"]
+
+
 def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys):
     """``--grow-layers N`` / ``--grow-vision N`` deepen an ``--init`` toy: the grown model's logits equal the
     original's (new layers are copies with zeroed residual branches, the LM's spread through the stack, the
