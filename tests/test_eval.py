@@ -181,30 +181,33 @@ def test_eval_needle_with_an_archive_recalls_events_older_than_the_window(tmp_pa
     assert recalled["accuracy"] >= 0.75 * recalled["ceiling"]
 
 
-def test_eval_needle_compares_kv_dtypes_at_equal_bytes(tmp_path):
+def test_eval_needle_compares_kv_dtypes_at_equal_bytes(tmp_path, capsys):
     """``--kv-dtypes fp16,int8,fp8``: each run once per dtype; the 8-bit ones get the slots that the fp16 cache
     of M tokens takes in bytes (scales and metadata counted), so their caches cost no more than fp16's."""
     from edgekv.apps.cli import main
     from edgekv.cache.specs import KV_DTYPES, CacheSpec
     from edgekv.eval.needle import equal_bytes_slots
 
-    def spec_of(name):  # the shipped toy's shape is not needed: any shape with a small head_dim
+    def spec_of(name):  # the shipped toy's cache: 4 layers, 2 KV heads of head_dim 16
         return CacheSpec.uniform(4, 2, 16, KV_DTYPES[name])
 
     assert equal_bytes_slots(spec_of, 600, "fp16", "fp16") == 600
-    int8 = equal_bytes_slots(spec_of, 600, "fp16", "int8")
-    assert spec_of("int8").bytes_for(int8) <= spec_of("fp16").bytes_for(600) < spec_of("int8").bytes_for(int8 + 1)
-    assert equal_bytes_slots(spec_of, 600, "fp16", "fp32") < 600 < int8
+    int8_toy = equal_bytes_slots(spec_of, 600, "fp16", "int8")
+    assert spec_of("int8").bytes_for(int8_toy) <= spec_of("fp16").bytes_for(600) < spec_of("int8").bytes_for(int8_toy + 1)
+    assert equal_bytes_slots(spec_of, 600, "fp16", "fp32") < 600 < int8_toy
 
     out = tmp_path / "needle.json"
     code = main(["eval", "needle", "--lengths", "120", "--budgets", "600", "--policies", "sliding_window",
                  "--kv-dtypes", "fp16,int8,fp8", "--streams", "1", "--ages", "4,90,110", "--json", str(out),
                  "--plot", str(tmp_path / "needle.png"), "--threads", "1"])
     assert code == 0
+    printed = capsys.readouterr().out
+    assert f"sliding_window kv_dtype=int8 ({int8_toy} slots)" in printed
     summary = json.loads(out.read_text())["summary"]
     labels = {f"L=120 M=600 sliding_window kv_dtype={d}": d for d in ("fp16", "int8", "fp8")}
     assert set(summary) == set(labels)
     fp16 = summary["L=120 M=600 sliding_window kv_dtype=fp16"]
+    assert summary["L=120 M=600 sliding_window kv_dtype=int8"]["slots"] == int8_toy
     assert fp16["slots"] == 600
     for label, dtype in labels.items():
         entry = summary[label]

@@ -194,7 +194,9 @@ def format_summary(summary: dict) -> str:
         full = (f", full cache on this stream {entry['ceiling_full']:.3f}" if entry.get("ceiling_full") is not None
                 else "")
         low, high = entry.get("ci95", (float("nan"), float("nan")))
-        lines.append(f"L={entry['length']:5d}{size} M={entry['budget']:6d}{cap} {entry['policy']:28s} acc "
+        slots = entry.get("slots", entry["budget"])
+        policy = entry["policy"] + (f" ({slots} slots)" if slots != entry["budget"] else "")
+        lines.append(f"L={entry['length']:5d}{size} M={entry['budget']:6d}{cap} {policy:28s} acc "
                      f"{entry['accuracy']:.3f} [{low:.2f}-{high:.2f}] (ceiling {entry['ceiling']:.3f}{full})  "
                      f"by age acc/ceiling: {ages}")
     return "\n".join(lines)
