@@ -52,6 +52,33 @@ def test_summary_bins_and_ratios():
     assert age_bin(5000) == "4096+"
 
 
+def test_frontier_names_the_largest_cap_where_a_policy_falls_under_90_percent_of_its_ceiling():
+    from edgekv.eval.cli import format_frontier
+    from edgekv.eval.needle import frontier, summarize
+
+    records = []
+    # per policy, cap (tokens) -> (young correct of 10, old correct of 10); every ceiling answers 8 of 10
+    plan = {"infinipot_v": {4000: (9, 8), 1000: (8, 8), 250: (8, 7)},
+            "sliding_window": {4000: (9, 2), 1000: (8, 1), 250: (8, 0)}}
+    for policy, caps in plan.items():
+        for budget, (young, old) in caps.items():
+            for age, right in ((10, young), (900, old)):
+                for i in range(10):
+                    records.append({"length": 1000, "budget": budget, "bytes": budget * 100, "policy": policy,
+                                    "family": "color", "kind": "color", "correct": i < right, "age": age,
+                                    "ceiling_correct": i < 8, "ceiling_full": None, "size": 112, "cap": None,
+                                    "cap_actual": budget / 16000})
+    result = frontier(summarize(records))
+    window, pot = result["L=1000 sliding_window"], result["L=1000 infinipot_v"]
+    assert [c["budget"] for c in pot["caps"]] == [4000, 1000, 250]  # largest cap first
+    assert pot["caps"][0]["ratio"] == round(17 / 16, 4) and pot["caps"][2]["old_ratio"] == round(7 / 8, 4)
+    assert pot["breaks_at"] is None and pot["old_breaks_at"] == 250 / 16000  # old events: 7/8 = 0.875 at 1/64
+    assert window["breaks_at"] == 4000 / 16000 and window["old_breaks_at"] == 4000 / 16000  # 11/16 = 0.69
+    text = format_frontier(result)
+    assert "L=1000 infinipot_v: all questions holds to 1/64, events >= 256 pairs old breaks at 1/64" in text
+    assert "L=1000 sliding_window: all questions breaks at 1/4" in text
+
+
 def test_wilson_interval_matches_known_values():
     from edgekv.eval.stats import proportion, wilson
 
@@ -203,6 +230,9 @@ def test_eval_needle_compares_kv_dtypes_at_equal_bytes(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert f"sliding_window kv_dtype=int8 ({int8_toy} slots)" in printed
+    assert "frontier L=120 sliding_window kv_dtype=fp8: all questions" in printed
+    frontier = json.loads(out.read_text())["frontier"]
+    assert set(frontier) == {f"L=120 sliding_window kv_dtype={d}" for d in ("fp16", "int8", "fp8")}
     summary = json.loads(out.read_text())["summary"]
     labels = {f"L=120 M=600 sliding_window kv_dtype={d}": d for d in ("fp16", "int8", "fp8")}
     assert set(summary) == set(labels)

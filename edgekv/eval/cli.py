@@ -181,6 +181,7 @@ def _run_needle(args: argparse.Namespace) -> int:
     result = evaluate(config)
     save(result, args.json, args.plot)
     print(format_summary(result["summary"]))
+    print(format_frontier(result["frontier"]))
     print(f"wrote {args.json} and {args.plot}")
     return 0
 
@@ -199,6 +200,30 @@ def format_summary(summary: dict) -> str:
         lines.append(f"L={entry['length']:5d}{size} M={entry['budget']:6d}{cap} {policy:28s} acc "
                      f"{entry['accuracy']:.3f} [{low:.2f}-{high:.2f}] (ceiling {entry['ceiling']:.3f}{full})  "
                      f"by age acc/ceiling: {ages}")
+    return "\n".join(lines)
+
+
+def _share(cap: float | None) -> str:
+    return "?" if not cap else f"1/{1 / cap:.0f}"
+
+
+def format_frontier(frontier: dict) -> str:
+    """One line per policy: the ratio to the ceiling at each cap and the largest cap where it breaks."""
+    lines = []
+    for label, item in frontier.items():
+        threshold = item["threshold"]
+        def number(value: float | None) -> str:
+            return "-" if value is None else f"{value:.2f}"
+
+        ratios = "  ".join(f"{_share(c['cap'])} {number(c['ratio'])}/{number(c['old_ratio'])}" for c in item["caps"])
+
+        def verdict(key: str) -> str:
+            cap = item[key]
+            return f"breaks at {_share(cap)}" if cap is not None else f"holds to {_share(item['caps'][-1]['cap'])}"
+
+        lines.append(f"frontier {label}: all questions {verdict('breaks_at')}, events >= 256 pairs old "
+                     f"{verdict('old_breaks_at')} (breaking: under {threshold:.0%} of the ceiling; accuracy / "
+                     f"ceiling, all / old, per cap: {ratios})")
     return "\n".join(lines)
 
 

@@ -35,6 +35,8 @@ Harder settings (issue 27), all off by default so that earlier figures keep thei
   dtypes line up in the summary) and the slots each one had.
 
 Every accuracy in the summary carries its question count and a 95 % Wilson interval (``edgekv.eval.stats``).
+``frontier`` names, per policy, the largest cap at which it answers under 90 % of the ceiling (all questions, and
+those about events at least 256 pairs old): where the issue asks the benchmark to show each policy break.
 
 The vision tower's output does not depend on the cache, so each stream's frame pairs are encoded once
 and replayed to every policy run (``ReplayVision``: same tokens, checked against the pixels they came from).
@@ -65,6 +67,8 @@ AGE_BINS = (0, 4, 16, 64, 256, 768, 1536, 4096, 10**9)
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
 CLASSIC = "events"  # the family name of the classic renderer (edgekv.video.events)
 GAP_SPAN = 256  # count questions about appearances at least this many pairs apart are reported as count_gap
+BREAK_RATIO = 0.9  # a policy "breaks" at a cap where it answers under 90 % of the ceiling (issue 27)
+OLD_AGE = 256      # events at least this many pairs old: beyond a short window's reach
 
 
 @dataclass(frozen=True)
@@ -427,7 +431,8 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                                 "size": size, "background": family, "cap": cap,
                                 "cap_actual": round(budget / (length * per_pair), 6),
                             })
-    return {"config": _config_json(config), "records": records, "summary": summarize(records)}
+    summary = summarize(records)
+    return {"config": _config_json(config), "records": records, "summary": summary, "frontier": frontier(summary)}
 
 
 def _tokens_needed(runtime, pairs: int, reserve: int, per_pair: int = 16) -> int:
@@ -488,6 +493,48 @@ def summarize(records: list[dict]) -> dict:
         label = f"L={length} M={budget} {policy}" + (f" {size}px" if size != 112 else "")
         out[label] = entry
     return out
+
+
+def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
+    """Where each policy breaks: per (size, length, policy), its accuracy over the ceiling at every cap run,
+    largest cap first, for all questions and for those about events at least ``OLD_AGE`` pairs old, and the
+    largest cap at which that ratio falls under ``threshold`` (``breaks_at`` / ``old_breaks_at``; None: it holds
+    at every cap run). The ceiling is the full cache on the long stream where it was run, else the short
+    streams'."""
+    groups: dict[tuple, list[dict]] = {}
+    for entry in summary.values():
+        groups.setdefault((entry.get("size", 112), entry["length"], entry["policy"]), []).append(entry)
+    out = {}
+    for (size, length, policy), entries in sorted(groups.items(), key=lambda kv: kv[0]):
+        caps = []
+        for entry in sorted(entries, key=lambda e: -e["budget"]):
+            old = [v for k, v in entry["by_age"].items() if k != "none" and int(k.split("-")[0].rstrip("+")) >= OLD_AGE]
+            caps.append({"budget": entry["budget"], "cap": entry.get("cap_actual"),
+                         "ratio": _ratio(entry["accuracy"], entry.get("ceiling_full"), entry["ceiling"]),
+                         "old_n": sum(v["n"] for v in old), "old_ratio": _old_ratio(old)})
+        label = f"L={length} {policy}" + (f" {size}px" if size != 112 else "")
+        out[label] = {"size": size, "length": length, "policy": policy, "threshold": threshold, "caps": caps,
+                      "breaks_at": next((c["cap"] for c in caps if c["ratio"] is not None and c["ratio"] < threshold),
+                                        None),
+                      "old_breaks_at": next((c["cap"] for c in caps
+                                             if c["old_ratio"] is not None and c["old_ratio"] < threshold), None)}
+    return out
+
+
+def _ratio(accuracy: float, full: float | None, short: float) -> float | None:
+    ceiling = full if full is not None else short
+    return round(accuracy / ceiling, 4) if ceiling else None
+
+
+def _old_ratio(bins: list[dict]) -> float | None:
+    n = sum(v["n"] for v in bins)
+    if not n:
+        return None
+    accuracy = sum(v["accuracy"] * v["n"] for v in bins) / n
+    if all(v.get("ceiling_full") is not None for v in bins):
+        full_n = sum(v["ceiling_full_n"] for v in bins)
+        return _ratio(accuracy, sum(v["ceiling_full"] * v["ceiling_full_n"] for v in bins) / full_n, 0.0)
+    return _ratio(accuracy, None, sum(v["ceiling"] * v["n"] for v in bins) / n)
 
 
 def _intervals(rows: list[dict]) -> dict:
