@@ -60,6 +60,19 @@ def test_quantization_error_is_within_half_a_step():
     assert bool((err <= 2.0 ** -4 * x.abs() + 2.0 ** -10 * scale.float().unsqueeze(-1) * 1.001).all())
 
 
+def test_fp8_dequantizes_on_cpu_exactly_as_the_cast():
+    """The CPU table lookup gives every one of the 256 fp8 values (NaN bytes included) exactly as torch's cast."""
+    from edgekv.cache.quant import dequantize
+
+    q = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).reshape(4, 64)
+    scale = torch.tensor([1.0, 0.5, 2.0, 0.0078125], dtype=torch.bfloat16)
+    got = dequantize(q, scale, torch.float32)
+    want = q.to(torch.float32) * scale.to(torch.float32)[:, None]
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 2
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert dequantize(q, scale, torch.bfloat16).dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
 def test_compaction_moves_the_scales_with_their_slots(dtype):
     cache = CappedKVCache(CacheSpec.uniform(2, 2, 128, dtype), 12, rope=ROPE)

@@ -54,9 +54,22 @@ def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
     return q, scale
 
 
+_FP8_VALUES: torch.Tensor | None = None
+
+
+def _fp8_to_float32(q: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn -> fp32 on CPU through a table of its 256 values: exactly the cast (NaN bytes included), which
+    torch runs element by element there (~40x an int8 cast; the table: ~2x faster than the cast)."""
+    global _FP8_VALUES
+    if _FP8_VALUES is None:
+        _FP8_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+    return torch.take(_FP8_VALUES, q.view(torch.uint8).long())
+
+
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(q [..., D], scale [...]) -> [..., D] in ``dtype`` (the math in fp32)."""
-    return (q.to(torch.float32) * scale.to(torch.float32).unsqueeze(-1)).to(dtype)
+    values = _fp8_to_float32(q) if q.dtype == torch.float8_e4m3fn and q.device.type == "cpu" else q.to(torch.float32)
+    return (values * scale.to(torch.float32).unsqueeze(-1)).to(dtype)
 
 
 def bit_view(t: torch.Tensor) -> torch.Tensor:
