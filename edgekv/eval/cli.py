@@ -212,6 +212,7 @@ def format_frontier(frontier: dict) -> str:
     lines = []
     for label, item in frontier.items():
         threshold = item["threshold"]
+
         def number(value: float | None) -> str:
             return "-" if value is None else f"{value:.2f}"
 
