@@ -203,12 +203,10 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _share(cap: float | None) -> str:
-    return "?" if not cap else f"1/{1 / cap:.0f}"
-
-
 def format_frontier(frontier: dict) -> str:
     """One line per policy: the ratio to the ceiling at each cap and the largest cap where it breaks."""
+    from edgekv.eval.needle import share_label
+
     lines = []
     for label, item in frontier.items():
         threshold = item["threshold"]
@@ -216,11 +214,14 @@ def format_frontier(frontier: dict) -> str:
         def number(value: float | None) -> str:
             return "-" if value is None else f"{value:.2f}"
 
-        ratios = "  ".join(f"{_share(c['cap'])} {number(c['ratio'])}/{number(c['old_ratio'])}" for c in item["caps"])
+        ratios = "  ".join(f"{share_label(c['cap'])} {number(c['ratio'])}/{number(c['old_ratio'])}"
+                           for c in item["caps"])
 
         def verdict(key: str) -> str:
             cap = item[key]
-            return f"breaks at {_share(cap)}" if cap is not None else f"holds to {_share(item['caps'][-1]['cap'])}"
+            if cap is not None:
+                return f"breaks at {share_label(cap)}"
+            return f"holds to {share_label(item['caps'][-1]['cap'])}"
 
         lines.append(f"frontier {label}: all questions {verdict('breaks_at')}, events >= 256 pairs old "
                      f"{verdict('old_breaks_at')} (breaking: under {threshold:.0%} of the ceiling; accuracy / "

@@ -604,7 +604,7 @@ def plot(result: dict, path: str | Path) -> None:
             ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance (mean of families)")
             ax.set_xscale("log", base=2)
             ticks = sorted({r["budget"] / (length * per_pair) for r in chosen})
-            ax.set_xticks(ticks, [_fraction(t) for t in ticks], rotation=30)
+            ax.set_xticks(ticks, [share_label(t) for t in ticks], rotation=30)
             ax.set_xlabel("cap M as a share of the stream's video tokens")
             ax.set_ylabel("accuracy")
             ax.set_ylim(0, 1.05)
@@ -627,7 +627,7 @@ def plot(result: dict, path: str | Path) -> None:
         ax.set_xticks(list(range(len(bins))), bins, rotation=30)
         ax.set_xlabel("event age at the question (frame pairs)")
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"by age at the smallest cap (M = {smallest} tokens, {_fraction(smallest / (length * per_pair))})",
+        ax.set_title(f"by age at the smallest cap (M = {smallest} tokens, {share_label(smallest / (length * per_pair))})",
                      fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -645,7 +645,8 @@ def _ceiling_lines(ax, records: list[dict]) -> None:
                label="full cache, short stream")
 
 
-def _fraction(share: float) -> str:
+def share_label(share: float) -> str:
+    """A cap's share of the stream as written on the command line: ``1/64`` (``0.50`` at or above 1)."""
     return f"1/{1 / share:.0f}" if share < 1 else f"{share:.2f}"
 
 
