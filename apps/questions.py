@@ -45,17 +45,6 @@ class Question:
     evidence_pair: int | None = None
 
 
-def evidence_pair(session, text: str) -> int | None:
-    """The frame pair ``text`` attends most over ``session``'s cache as it is: one ``session.probe`` of it, the
-    same question prefill an answer starts with, its attention summed per kept frame pair (the cache is left
-    as it was; archived pairs an answer recalls are not among the candidates). None when no pair is kept or it
-    cannot be known (a model without single-token yes/no, no room left): the answer it goes with stands."""
-    try:
-        return next(iter(session.probe(text).top_pairs(1)), None)
-    except (ValueError, RuntimeError):
-        return None
-
-
 class QuestionRefused(Exception):
     """The daemon will not answer this question now; nothing is wrong with it (HTTP: 503)."""
 

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from edgekv.apps.outputs.alerts import AlertEvent
-from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, QuestionRefused, evidence_pair, printable
+from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, QuestionRefused, printable
 from edgekv.config import FleetSection, broker_address
 
 log = logging.getLogger("edgekv.fleet")
@@ -302,10 +302,12 @@ class SessionHost:
                 question = self.questions.popleft()
             try:
                 with self._lock:
+                    # the evidence as the daemon names it: the pairs the answering token attended most
                     question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
-                                                       temperature=question.temperature)
-                    if question.evidence:
-                        question.evidence_pair = evidence_pair(self.session, question.text)
+                                                       temperature=question.temperature,
+                                                       evidence=1 if question.evidence else 0)
+                    if question.evidence and question.answer.evidence:
+                        question.evidence_pair = question.answer.evidence[0]
             except Exception as exc:  # the asker gets the error; the device goes on
                 question.error = exc
             finally:
