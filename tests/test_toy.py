@@ -909,6 +909,29 @@ def test_world_mild_hard_asks_order_and_count_twice_as_often():
     assert asked["world-mild-hard"] > 1.3 * asked["world-mild"]
 
 
+def test_world_mild_count_asks_count_thrice_over_more_two_pair_events():
+    """``--curriculum world-mild-count``: world-mild-hard's stages with count listed three times and half of the
+    events two frame pairs long; the samples hold more two-pair events and ask more counts."""
+    from dataclasses import replace
+
+    hard, count = CURRICULA["world-mild-hard"], CURRICULA["world-mild-count"]
+    assert [share for share, _ in count] == [share for share, _ in hard]
+    for (_, a), (_, b) in zip(hard, count):
+        assert b.families.count("count") == 3 and b.families.count("order") == 2 and b.two_pair_events == 0.5
+        assert replace(b, name=a.name, families=a.families, two_pair_events=a.two_pair_events) == a
+    asked, two_pair = {}, {}
+    for name in ("world-mild-hard", "world-mild-count"):
+        rng = np.random.default_rng(9)
+        samples = [draw_sample(rng, stage, MAX_POSITIONS, pairs=(4, 6), families=("noise", "checks"))
+                   for _, stage in CURRICULA[name] for _ in range(60)]
+        families = [qa.family for sample in samples for qa in sample.qas]
+        asked[name] = families.count("count") / len(families)
+        events = [e for sample in samples for e in sample.events]
+        two_pair[name] = sum(e.pairs == 2 for e in events) / len(events)
+    assert asked["world-mild-count"] > 1.2 * asked["world-mild-hard"]
+    assert two_pair["world-mild-count"] > 1.3 * two_pair["world-mild-hard"]
+
+
 def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys):
     """``--grow-layers N`` / ``--grow-vision N`` deepen an ``--init`` toy: the grown model's logits equal the
     original's (new layers are copies with zeroed residual branches, the LM's spread through the stack, the
