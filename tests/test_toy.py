@@ -909,6 +909,30 @@ def test_world_mild_hard_asks_order_and_count_twice_as_often():
     assert asked["world-mild-hard"] > 1.3 * asked["world-mild"]
 
 
+def test_count_durations_tool_asks_about_one_event_of_each_length(tmp_path):
+    """``tools/toy_count_durations.py``: per duration, streams whose first event is the only one of its shape and
+    lasts exactly that many pairs; the result counts the toy's ``one`` answers over them."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    tool = Path(__file__).parents[1] / "tools" / "toy_count_durations.py"
+    spec = importlib.util.spec_from_file_location("toy_count_durations", tool)
+    counts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(counts)
+    for duration in (1, 2, 3):
+        for index in range(5):
+            scene = counts.stream(duration, index)
+            first = scene.events[0]
+            assert first.pairs == duration and [e.shape for e in scene.events].count(first.shape) == 1
+            assert first.last_pair < counts.PAIRS
+    out = tmp_path / "counts.json"
+    result = counts.main(["--streams", "2", "--durations", "1,3", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert sorted(result["by_duration"]) == [1, 3]
+    assert all(row["n"] == 2 and 0 <= row["right"] <= 2 for row in result["by_duration"].values())
+
+
 def test_world_mild_count_asks_count_thrice_over_more_two_pair_events():
     """``--curriculum world-mild-count``: world-mild-hard's stages with count listed three times and half of the
     events two frame pairs long; the samples hold more two-pair events and ask more counts."""

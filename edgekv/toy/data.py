@@ -167,10 +167,10 @@ _HARD_MORE = (*_WHERE_THRICE, "order", "count")
 WORLD_MILD_HARD = tuple((share, replace(stage, name=stage.name + " (order, count x2)", families=_HARD_MORE))
                         for share, stage in WORLD_MILD)
 # WORLD_MILD_HARD with count asked three times and half of the events lasting two frame pairs (0.3 elsewhere): one
-# event on screen for two or three pairs was counted as two or three. Measured (issue 27): "How many times did the
-# {shape} appear?" about a shape shown once, in 30 classic streams of 40 pairs per duration (1-3 events, full cache),
-# one / two / three pairs long: the toy shipped before 30 / 18 / 3 right, W5h (two world-mild-hard rounds) 30 / 23 /
-# 20 — the README demo's one white cross of pairs 74-75 answered "two" by W5h.
+# event on screen for two or three pairs was counted as two or three. Measured (issue 27; `tools/toy_count_durations.py
+# --streams 30`: "How many times did the {shape} appear?" about a shape shown once, full cache), one / two / three
+# pairs long: the toy shipped before 30 / 18 / 3 of 30 right, W5h (two world-mild-hard rounds) 30 / 23 / 20 — the
+# README demo's one white cross of pairs 74-75 answered "two" by W5h.
 WORLD_MILD_COUNT = tuple((share, replace(stage, name=stage.name + " (count x3, two-pair events 0.5)",
                                          families=(*_HARD_MORE, "count"), two_pair_events=0.5))
                          for share, stage in WORLD_MILD_HARD)
