@@ -933,6 +933,28 @@ def test_count_durations_tool_asks_about_one_event_of_each_length(tmp_path):
     assert all(row["n"] == 2 and 0 <= row["right"] <= 2 for row in result["by_duration"].values())
 
 
+def test_value_norms_tool_compares_event_pairs_with_background_pairs(tmp_path):
+    """``tools/toy_value_norms.py``: the AUC of the per-pair largest value norm, event pairs against background
+    pairs, over every frame pair of the stream (ties count half; None without both kinds)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    tool = Path(__file__).parents[1] / "tools" / "toy_value_norms.py"
+    spec = importlib.util.spec_from_file_location("toy_value_norms", tool)
+    norms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(norms)
+    assert norms.auc([3.0, 2.0], [1.0, 0.5]) == 1.0 and norms.auc([1.0], [2.0]) == 0.0
+    assert norms.auc([1.0, 3.0], [2.0, 1.0]) == 0.625 and norms.auc([], [1.0]) is None
+    out = tmp_path / "vn.json"
+    result = norms.main(["--source", "synthetic:events?size=112x112&fps=2&frames=60&rate=0.15&noise=3",
+                         "--streams", "1", "--out", str(out)])
+    row = result["streams"][0]
+    assert row["event_pairs"] > 0 and row["event_pairs"] + row["background_pairs"] == 30
+    assert 0.0 <= row["auc"] <= 1.0 and result["mean_auc"] == row["auc"]
+    assert json.loads(out.read_text())["streams"][0]["auc"] == row["auc"]
+
+
 def test_world_mild_count_asks_count_thrice_over_more_two_pair_events():
     """``--curriculum world-mild-count``: world-mild-hard's stages with count listed three times and half of the
     events two frame pairs long; the samples hold more two-pair events and ask more counts."""
