@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -80,8 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["mean_auc"] = float(np.mean(values)) if values else None
     print(f"{args.model}: mean AUC {result['mean_auc'] if result['mean_auc'] is None else round(result['mean_auc'], 3)}")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        Path(args.out).write_text(json.dumps(result, indent=1))
     return result
 
 
