@@ -933,6 +933,33 @@ def test_count_durations_tool_asks_about_one_event_of_each_length(tmp_path):
     assert all(row["n"] == 2 and 0 <= row["right"] <= 2 for row in result["by_duration"].values())
 
 
+def _back_to_back(sample: Sample) -> int:
+    """Events of one shape starting in the pair right after another of its events ended (in time, not slots)."""
+    step = min(b - a for a, b in zip(sample.tpos, sample.tpos[1:]) if b > a)
+    return sum(1 for a in sample.events for b in sample.events
+               if a.shape == b.shape and b.first_pair == a.first_pair + a.pairs
+               and sample.tpos[b.first_pair] - sample.tpos[b.first_pair - 1] <= step)
+
+
+def test_world_mild_apart_never_brings_a_shape_back_in_the_next_pair():
+    """``--curriculum world-mild-apart``: world-mild-count with ``Stage.apart``, so that one shape on screen over
+    consecutive pairs is always one appearance, as in the card's streams (``EventPlan.gap``); world-mild-count's
+    samples do put a shape's events back to back."""
+    from dataclasses import replace
+
+    count, apart = CURRICULA["world-mild-count"], CURRICULA["world-mild-apart"]
+    for (_, a), (_, b) in zip(count, apart):
+        assert b.apart and not a.apart and replace(b, name=a.name, apart=False) == a
+    found = {}
+    for name in ("world-mild-count", "world-mild-apart"):
+        rng = np.random.default_rng(3)
+        samples = [draw_sample(rng, stage, MAX_POSITIONS, pairs=(4, 24), families=("noise", "checks"))
+                   for _, stage in CURRICULA[name] for _ in range(40)]
+        found[name] = sum(_back_to_back(sample) for sample in samples)
+        assert sum(len(sample.events) for sample in samples) > 200
+    assert found["world-mild-apart"] == 0 and found["world-mild-count"] > 10
+
+
 def test_value_norms_tool_compares_event_pairs_with_background_pairs(tmp_path):
     """``tools/toy_value_norms.py``: the AUC of the per-pair largest value norm, event pairs against background
     pairs, over every frame pair of the stream (ties count half; None without both kinds)."""
