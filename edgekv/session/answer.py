@@ -133,17 +133,18 @@ class Answerer:
                     # the evidence is what the token that answers attends to: the question's last row. The rows
                     # before it are prefilled first (causal: the same states), so their mass is left out — the
                     # template's first words spread theirs over every pair (measured, issue 27: a whole-prefill
-                    # mass put the world-trained toy's evidence 3-10 pairs off the event it answered about)
-                    s.prefill(embeds[:-1], positions[:, :-1], ChunkMeta(SlotKind.TEXT, tpos=positions[0][:-1]),
-                              visible=self._answer_visible(recall))
+                    # mass put the world-trained toy's evidence 3-10 pairs off the event it answered about). The
+                    # recall mask is taken per chunk: it covers the slots before the chunk's start.
+                    if len(ids) > 1:
+                        s.prefill(embeds[:-1], positions[:, :-1], ChunkMeta(SlotKind.TEXT, tpos=positions[0][:-1]),
+                                  visible=self._answer_visible(recall))
                     hidden = s.prefill(embeds[-1:], positions[:, -1:], ChunkMeta(SlotKind.TEXT, tpos=positions[0][-1:]),
                                        visible=self._answer_visible(recall), mass_out=self._mass_buffer())
+                    shares = self._pair_mass(video_len)
+                    pairs = tuple(sorted(shares, key=lambda pair: -shares[pair])[:evidence])
                 else:
                     hidden = s.prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
                                        visible=self._answer_visible(recall))
-                if evidence:
-                    shares = self._pair_mass(video_len)
-                    pairs = tuple(sorted(shares, key=lambda pair: -shares[pair])[:evidence])
                 position = self.text_start() + len(ids)
                 logits = s.llm.logits(hidden[-1])
                 # recall hides slots step by step (a mask the graph does not read): then decode eagerly
