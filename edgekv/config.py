@@ -51,6 +51,10 @@ class ModelSection:
     # 3B pair was 20 ms of device work in ~47 ms of wall: launch-bound); refused off CUDA with the reason.
     # "auto" = "eager" until the fused route has run on a GPU.
     prefill_route: Literal["auto", "eager", "fused"] = "auto"
+    # How a frame pair's tokens go through the LM (edgekv/session/pair_graph.py): "graph" = one CUDA graph a pair,
+    # captured once per cache length (a few under a steady stream) and replayed, the same bits as "eager"; refused
+    # off CUDA with the reason. "auto" = "eager" until the graph has run on a GPU.
+    pair_route: Literal["auto", "eager", "graph"] = "auto"
     # The LM head's weights (edgekv/model/decode_routes.py Int8Head): "as_loaded" = the checkpoint's, in the
     # model dtype; "int8" = int8 with an fp32 scale per 128 inputs of a row, the tied embedding read from the
     # same table (3B: 622 MB in bf16 -> 321 MB). Opt-in: it changes the logits. On CPU a C kernel (3B head in

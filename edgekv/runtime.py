@@ -70,6 +70,7 @@ class Runtime:
                 raise ConfigError(str(exc)) from None
         self.vision_route = self._vision_route(config.model.vision_route)
         self.prefill_route = self._prefill_route(config.model.prefill_route)
+        self.pair_route = self._pair_route(config.model.pair_route)
         self.vision_backend, self.llm_backend = make_backends(self)
         self.decode_route, self.decode_route_note = self._prepare_decode(config.model.decode_route)
         self.host_memory = configure_host_memory(config.model.host_memory)  # after loading: see edgekv/hostmem.py
@@ -103,6 +104,18 @@ class Runtime:
                                   "model, torch or 4-bit linears, SiLU and a power-of-two head_dim are needed)")
             return "eager"  # "auto" on a model no layer of which can take it (an fp64 model, another activation)
         return chosen
+
+    def _pair_route(self, route: str) -> str:
+        """``model.pair_route`` resolved for this device ("graph" or "eager"; "engine" when another backend runs
+        the LLM)."""
+        if self.config.engines.llm != "torch":
+            return "engine"
+        from edgekv.session.pair_graph import resolve_pair_route
+
+        try:
+            return resolve_pair_route(route, self.device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _prepare_decode(self, route: str) -> tuple[str, str | None]:
         """Apply ``model.decode_route`` to the torch language model (edgekv/model/decode_routes.py);

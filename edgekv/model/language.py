@@ -207,7 +207,11 @@ class Qwen2LM(nn.Module):
                              f"{tuple(inputs_embeds.shape)} and {tuple(position_ids.shape)}")
         cos, sin = self.rotary(position_ids)
         cos, sin = cos.to(inputs_embeds.dtype), sin.to(inputs_embeds.dtype)  # HF casts once to the hidden dtype
-        x = inputs_embeds
+        return self.run_layers(inputs_embeds, cos, sin, attend)
+
+    def run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """The decoder stack and the final norm over ``x [P, d]`` with ``cos, sin [P, hd]`` already in x's dtype
+        (the part of ``forward`` a CUDA graph of a frame pair captures: edgekv/session/pair_graph.py)."""
         for index, layer in enumerate(self.layers):
             x = layer(x, cos, sin, index, attend)
         return self.norm(x)

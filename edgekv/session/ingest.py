@@ -77,9 +77,9 @@ class PairIngest:
                              tpos=positions[0])
             start = s.cache.length
             if s.sinks is None:
-                s.prefill(tokens, positions, meta)
+                s.prefill(tokens, positions, meta, pair=True)
             else:
-                s.prefill(tokens, positions, meta, visible=s.sinks.visibility(), mass_out=s.sinks.mass)
+                s.prefill(tokens, positions, meta, visible=s.sinks.visibility(), mass_out=s.sinks.mass, pair=True)
                 s.sinks.update(start, tokens.shape[0])
             prefill_ms = (self._mark() - prefill_start) * 1e3
             if s.recall is not None:  # before any compaction can move these slots

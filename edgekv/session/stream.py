@@ -108,6 +108,7 @@ class StreamSession:
         self.ingestor = PairIngest(self)
         self.answerer = Answerer(self)
         self._decode_graph = None  # edgekv.session.decode_graph.DecodeGraph, captured at the first answer token
+        self._pair_graphs = None  # edgekv.session.pair_graph.PairGraphs, made at the first pair (model.pair_route)
         self.sync_phases = False  # True: ingest synchronizes a CUDA device at its phase boundaries (benches' timings)
         self.pair_times: dict[int, float] = {}  # frame pair -> its time, for the pairs the cache still holds
         self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
@@ -233,20 +234,37 @@ class StreamSession:
         return self.llm.embed(torch.tensor(ids, dtype=torch.long, device=self.device))
 
     def prefill(self, embeds: torch.Tensor, positions: torch.Tensor, meta: ChunkMeta,
-                 visible=None, mass_out: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the LM over a chunk, writing its K/V at the end of the cache; returns final hidden states."""
+                 visible=None, mass_out: torch.Tensor | None = None, pair: bool = False) -> torch.Tensor:
+        """Run the LM over a chunk, writing its K/V at the end of the cache; returns final hidden states.
+        ``pair``: a frame pair's tokens, which go through the pair's CUDA graph where ``model.pair_route`` is
+        "graph" (edgekv/session/pair_graph.py; the same bits as the eager path)."""
         start, num = self.cache.length, embeds.shape[0]
         if start + num > self.capacity:
             raise CacheFullError(f"{num} tokens do not fit: the cache holds {start} of {self.capacity} slots")
         # Metadata first: an 8-bit cache stores keys time-neutral and reads the chunk's tpos as it writes.
         self.cache.write_meta(start, num, meta)
         try:
-            hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
+            graphs = self.pair_graphs() if pair else None
+            if graphs is not None:
+                hidden = graphs.prefill(embeds, positions, visible=visible, mass_out=mass_out)
+            else:
+                hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
         except BaseException:
             self.cache.clear_meta(start, start + num)
             raise
         self.cache.commit(num)
         return hidden
+
+    def pair_graphs(self):
+        """The frame pairs' CUDA graphs (edgekv.session.pair_graph.PairGraphs) where ``model.pair_route`` resolved
+        to "graph" (the torch LLM on CUDA), made at the first pair; None where pairs prefill eagerly."""
+        if getattr(self.runtime, "pair_route", "eager") != "graph" or self.llm.name != "torch":
+            return None
+        if self._pair_graphs is None:
+            from edgekv.session.pair_graph import PairGraphs
+
+            self._pair_graphs = PairGraphs(self.model.language, self.cache)
+        return self._pair_graphs
 
     def decode_graph(self):
         """The CUDA graph of one decode step over this session's cache (``model.decode_route: graph``, the default on
@@ -337,6 +355,7 @@ class StreamSession:
             "decode_route": self.runtime.decode_route,
             "vision_route": getattr(self.runtime, "vision_route", "eager"),
             "prefill_route": getattr(self.runtime, "prefill_route", "eager"),
+            "pair_route": getattr(self.runtime, "pair_route", "eager"),
             "host_memory": self.runtime.host_memory,
             "compressions": c.compressions,
             "compression_ms_total": c.compression_ms_total,

@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--kv-dtype", default=None)
     parser.add_argument("--prefill-route", default=None, help="model.prefill_route (auto, eager, fused)")
+    parser.add_argument("--pair-route", default=None, help="model.pair_route (auto, eager, graph)")
     parser.add_argument("--pairs", type=int, default=4, help="profiled pairs")
     parser.add_argument("--warm", type=int, default=40, help="pairs ingested before (past the first compression)")
     parser.add_argument("--json", default="profile-pair.json")
@@ -49,6 +50,8 @@ def main() -> None:
     model = {"dtype": "bf16" if cuda else "fp32", "device": device}
     if args.prefill_route:
         model["prefill_route"] = args.prefill_route
+    if args.pair_route:
+        model["pair_route"] = args.pair_route
     runtime = edgekv.Runtime.from_pretrained(model_dir, model=model, video={"resolution": [size, size], "fps": 2},
                                              cache=cache)
     session = runtime.session()
@@ -84,13 +87,13 @@ def main() -> None:
         kinds[kernel["kind"]] = kinds.get(kernel["kind"], 0.0) + kernel["us_per_pair"]
     device_ms = sum(kinds.values()) / 1e3
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "kv_dtype": args.kv_dtype or "model",
-              "prefill_route": runtime.prefill_route,
+              "prefill_route": runtime.prefill_route, "pair_route": runtime.pair_route,
               "pairs": args.pairs, "wall_ms_per_pair": wall_ms, "device_ms_per_pair": device_ms,
               "kernels_per_pair": sum(k["calls_per_pair"] for k in kernels), "by_kind_us_per_pair": kinds,
               "top": kernels[:25], "stats": {k: v for k, v in session.stats().items() if "ms" in k}}
     with open(args.json, "w") as out:
         json.dump(result, out, indent=1)
-    print(f"kv {result['kv_dtype']}, prefill {runtime.prefill_route}: wall {wall_ms:.1f} ms a pair (profiled), device {device_ms:.1f} ms, "
+    print(f"kv {result['kv_dtype']}, prefill {runtime.prefill_route}, pairs {runtime.pair_route}: wall {wall_ms:.1f} ms a pair (profiled), device {device_ms:.1f} ms, "
           f"{result['kernels_per_pair']:.0f} kernels a pair")
     print("  by kind: " + ", ".join(f"{k} {v / 1e3:.1f} ms" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
     for kernel in kernels[:12]:
