@@ -92,7 +92,7 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
                              "eager; auto (default) = eager until the fused route has run on a GPU")
     stream.add_argument("--pair-route", choices=["auto", "eager", "graph"], default=None,
                         help="model.pair_route: graph = a frame pair's LM prefill as one CUDA graph, one per cache "
-                             "length (CUDA only); eager; auto (default) = eager until the graph has run on a GPU")
+                             "length (CUDA only); eager; auto (default) = graph on CUDA")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side (required off cpu)")
     stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")

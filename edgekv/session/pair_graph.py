@@ -1,6 +1,9 @@
 """A frame pair's prefill through the language model as a CUDA graph, replayed for every later pair at the same
 cache length (``model.pair_route: graph``; issue 32).
 
+Measured (H200, 2026-11-27, 448x448, StateKV B = 1,024, M = 6,144, 300 pairs): 27.2 ms a pair through the graphs
+against 65.3 eager (the prefill 11.4 ms against 49.7), 24.4 ms with the fused layers over 1,000 pairs.
+
 Why: on an H200 a 3B frame pair (448x448, StateKV B = 1,024, M = 6,144) was 17-20 ms of device work in 56 ms of
 wall time — 3,222 kernels a pair launched one by one from Python (``tools/gpu/profile_pair.py``, 2026-11-27); the
 fused layers (``model.prefill_route: fused``) cut them to 2,250 and the device time to 17.2 ms, yet the pair took
@@ -33,6 +36,7 @@ same static-buffer path without a graph: the CPU tests' twin of the CUDA path.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 
 import torch
@@ -43,8 +47,9 @@ from edgekv.model.language import Qwen2LM
 
 log = logging.getLogger("edgekv.session")
 
-# "auto" picks "graph" on CUDA once the route has run on a GPU (issue 32), as the vision and decode graphs did
-AUTO_PAIR_GRAPH = False
+# "auto" picks "graph" on CUDA: it ran on an H200 on 2026-11-27 (issue 32) — a 3B pair 27.2 ms against 65.3 eager,
+# 24.4 with the fused layers; the whole `-m gpu` suite green with it as the default
+AUTO_PAIR_GRAPH = True
 
 
 def resolve_pair_route(route: str, device: torch.device | str) -> str:
@@ -53,6 +58,21 @@ def resolve_pair_route(route: str, device: torch.device | str) -> str:
     from edgekv.model.routes import cuda_route
 
     return cuda_route("pair_route", route, device, "graph", AUTO_PAIR_GRAPH, "a CUDA graph needs a CUDA device")
+
+
+_CAPTURE_STREAMS: dict = {}
+_CAPTURE_LOCK = threading.Lock()  # one capture at a time on the shared stream (cameras' sessions in threads)
+
+
+def capture_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The one side stream every pair graph of ``device`` is warmed up and captured on. One, not one a capture:
+    torch keeps a cuBLAS workspace per (handle, stream) for the process's life — 32 MiB each on Hopper — and the
+    H200 run that made a stream per capture (2026-11-27, 3B, 26 shapes) held 883 MiB more allocated memory than
+    the eager stream, flat after the shapes were met (the same order as 26 workspaces)."""
+    key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
+    if key not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[key] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[key]
 
 
 class _Entry:
@@ -163,7 +183,11 @@ class PairGraphs:
         device = self.device
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device)
+        with _CAPTURE_LOCK:
+            self._capture(entry, capture_stream(device))
+
+    def _capture(self, entry: _Entry, stream) -> None:
+        device = self.device
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(self.warmup):  # kernels compiled, workspaces sized outside the capture; writes what
