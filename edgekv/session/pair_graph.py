@@ -104,7 +104,6 @@ class PairGraphs:
             raise ValueError("a CUDA graph needs a CUDA cache and model")
         self.max_graphs = max_graphs
         self.warmup = max(1, warmup)
-        self.dtype = parameter.dtype
         self._entries: OrderedDict = OrderedDict()
         self._failed: set = set()
         self._pool = None
@@ -142,6 +141,7 @@ class PairGraphs:
                                None if gather is None else torch.empty_like(gather),
                                CacheAttention(cache, start, num, mass_out=mass_out))
                 entry.attend.gather = entry.gather  # the StateKV path reads the buffer the graph captured
+                entry.attend.mask = None  # read only where a visibility mask is attended, which never comes here
             self._feed(entry, embeds, cos, sin, gather)
             if entry.graph is None and key not in self._entries:
                 try:
