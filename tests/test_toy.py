@@ -960,6 +960,23 @@ def test_world_mild_apart_never_brings_a_shape_back_in_the_next_pair():
     assert found["world-mild-apart"] == 0 and found["world-mild-count"] > 10
 
 
+def test_world_mild_where_asks_where_six_times_in_seventeen():
+    """``--curriculum world-mild-where``: world-mild-apart's stages with `where` drawn 6 times in 17 (3 in 14 there),
+    everything else the same; the questions drawn follow the families' weights."""
+    from dataclasses import replace
+
+    apart, where = CURRICULA["world-mild-apart"], CURRICULA["world-mild-where"]
+    for (share_a, a), (share_w, w) in zip(apart, where, strict=True):
+        assert share_a == share_w and replace(w, name=a.name, families=a.families) == a
+        assert (a.families.count("where"), len(a.families)) == (3, 14)
+        assert (w.families.count("where"), len(w.families)) == (6, 17)
+    rng = np.random.default_rng(5)
+    asked = [q.family for _ in range(60)
+             for q in draw_sample(rng, where[1][1], MAX_POSITIONS, pairs=(4, 24), families=("noise", "checks")).qas]
+    # 0.29 here (a draw that finds no `where` to ask asks another family), world-mild-apart's same stage 0.17
+    assert 0.24 < asked.count("where") / len(asked) < 0.40
+
+
 def test_value_norms_tool_compares_event_pairs_with_background_pairs(tmp_path):
     """``tools/toy_value_norms.py``: the AUC of the per-pair largest value norm, event pairs against background
     pairs, over every frame pair of the stream (ties count half; None without both kinds)."""
