@@ -37,6 +37,20 @@ def test_products_3b_checks_itself_on_the_cpu(tmp_path):
     assert len(rows) == 11 and all("us" in row and "error" not in row for row in rows)
 
 
+def test_vit_mlp_3b_checks_itself_on_the_cpu(tmp_path):
+    """The padded vision-MLP timing (a lead for the next device call): every width runs, and zero padding leaves
+    the MLP's output as it was (on the CPU, bit for bit at this toy width)."""
+    out = tmp_path / "vit.json"
+    run = subprocess.run([sys.executable, str(TOOLS / "vit_mlp_3b.py"), "--small", "--replays", "1", "--json", str(out)],
+                         capture_output=True, text=True, cwd=TOOLS, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["width"] for row in rows] == [84, 88, 96]
+    assert all("error" not in row and row["mlp_us"] > 0 and row["max_abs_diff"] < 1e-5 for row in rows)
+
+
 def test_toy_budget_sizes_the_run_to_the_time_left(tmp_path):
     """``toy_budget.py`` (lease_toy.sh): from a calibration card's timed warm-up and question steps, the steps that
     fill the seconds given (the warm-up's share of them); a card without timed steps is refused by name."""
