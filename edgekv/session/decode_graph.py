@@ -47,6 +47,7 @@ from edgekv.kernels.decode_fused import add_rms_norm, rope_write, silu_mul
 from edgekv.model.language import Qwen2LM
 from edgekv.model.packing import pack_projections, packed_attention, packed_mlp, product, projection_kind
 from edgekv.model.prefill_fused import FusedChunkLayer
+from edgekv.session.pair_graph import graph_capture
 
 
 def fusable(language: Qwen2LM, cache: CappedKVCache) -> str | None:
@@ -85,15 +86,10 @@ class DecodeGraph:
         if cache.length >= cache.capacity:
             raise ValueError(f"DecodeGraph: the cache is full ({cache.length} of {cache.capacity} slots); a decode "
                              "step needs one free slot")
-        parameter = next(language.parameters())
-        if parameter.device.type != cache.device.type or (parameter.device.index or 0) != (cache.device.index or 0):
-            raise ValueError(f"the model is on {parameter.device} and the cache on {cache.device}")
         self.language = language
         self.cache = cache
         self.device = cache.device
-        self.capture = (self.device.type == "cuda") if capture is None else capture
-        if self.capture and self.device.type != "cuda":
-            raise ValueError("a CUDA graph needs a CUDA cache and model")
+        self.capture = graph_capture(language, cache, capture)
         text = language.config
         self.groups = text.num_attention_heads // text.num_key_value_heads
         # token, position, slot: one buffer, so that feeding a step is one host-to-device copy

@@ -60,6 +60,18 @@ def resolve_pair_route(route: str, device: torch.device | str) -> str:
     return cuda_route("pair_route", route, device, "graph", AUTO_PAIR_GRAPH, "a CUDA graph needs a CUDA device")
 
 
+def graph_capture(language: Qwen2LM, cache: CappedKVCache, capture: bool | None) -> bool:
+    """Whether a graph over ``language`` and ``cache`` is captured (``capture``; None: on CUDA), after checking that
+    the two share a device and that a capture has a CUDA one (ValueErrors naming what is wrong)."""
+    parameter = next(language.parameters())
+    if parameter.device.type != cache.device.type or (parameter.device.index or 0) != (cache.device.index or 0):
+        raise ValueError(f"the model is on {parameter.device} and the cache on {cache.device}")
+    capture = (cache.device.type == "cuda") if capture is None else capture
+    if capture and cache.device.type != "cuda":
+        raise ValueError("a CUDA graph needs a CUDA cache and model")
+    return capture
+
+
 _CAPTURE_STREAMS: dict = {}
 _CAPTURE_LOCK = threading.Lock()  # one capture at a time on the shared stream (cameras' sessions in threads)
 
@@ -92,17 +104,12 @@ class PairGraphs:
 
     def __init__(self, language: Qwen2LM, cache: CappedKVCache, capture: bool | None = None, max_graphs: int = 32,
                  warmup: int = 1) -> None:
-        parameter = next(language.parameters())
-        if parameter.device.type != cache.device.type or (parameter.device.index or 0) != (cache.device.index or 0):
-            raise ValueError(f"the model is on {parameter.device} and the cache on {cache.device}")
         if max_graphs < 1:
             raise ValueError(f"max_graphs must be at least 1, got {max_graphs}")
         self.language = language
         self.cache = cache
         self.device = cache.device
-        self.capture = (self.device.type == "cuda") if capture is None else capture
-        if self.capture and self.device.type != "cuda":
-            raise ValueError("a CUDA graph needs a CUDA cache and model")
+        self.capture = graph_capture(language, cache, capture)
         self.max_graphs = max_graphs
         self.warmup = max(1, warmup)
         self._entries: OrderedDict = OrderedDict()
