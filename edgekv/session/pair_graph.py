@@ -79,9 +79,10 @@ _CAPTURE_LOCK = threading.Lock()  # one capture at a time on the shared stream (
 def capture_stream(device: torch.device) -> "torch.cuda.Stream":
     """The one side stream every pair graph of ``device`` is warmed up and captured on. One, not one a capture:
     torch keeps a cuBLAS workspace per (handle, stream) for the process's life — 32 MiB each on Hopper — and the
-    H200 run that made a stream per capture (2026-11-27, 3B, 26 shapes) held 883 MiB more allocated memory than
-    the eager stream, flat after the shapes were met: 26 workspaces would be 832 MiB (the likely cause; the one
-    stream is not yet measured on a GPU)."""
+    H200 run that made a stream per capture (2026-11-27, 3B) held 883 MiB more allocated memory than the eager
+    stream, flat after the shapes were met: the ~25-30 cache lengths of that stream's first fill and cycle make as
+    many workspaces, 800-960 MiB (the likely cause, not counted by that run; one stream is not yet measured on a
+    GPU)."""
     key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
     if key not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[key] = torch.cuda.Stream(device)
