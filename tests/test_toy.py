@@ -977,6 +977,19 @@ def test_world_mild_where_asks_where_six_times_in_seventeen():
     assert 0.24 < asked.count("where") / len(asked) < 0.40
 
 
+def test_the_cli_offers_every_curriculum_and_no_other():
+    """``edgekv train-toy --curriculum`` lists its choices without importing the data module; they must stay the
+    keys of ``CURRICULA``."""
+    import argparse
+
+    from edgekv.toy.cli import add_train_arguments
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    action = next(a for a in parser._actions if a.dest == "curriculum")
+    assert sorted(action.choices) == sorted(CURRICULA)
+
+
 def test_value_norms_tool_compares_event_pairs_with_background_pairs(tmp_path):
     """``tools/toy_value_norms.py``: the AUC of the per-pair largest value norm, event pairs against background
     pairs, over every frame pair of the stream (ties count half; None without both kinds)."""
