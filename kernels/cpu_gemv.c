@@ -49,7 +49,8 @@
  * leave a shared machine's cores to others) sleeps at once, anything else spins 200 us. On the 2-core x86
  * machine, 3B int4 decode with two threads, a spinning pool beside torch's default (spinning) OpenMP
  * threads made every attention call ~80x slower (the two spinners took both cores from the threads that
- * had work); with both passive, 5.83 tok/s against 5.87 with the pool spinning.
+ * had work); with both passive, 5.83 tok/s against 5.87 with the pool spinning. Inside a run of calls a caller
+ * marks as one (pool_hold: a decoder layer's products) workers spin whatever the policy.
  *
  * One caller at a time: a second thread calling while the pool is busy runs its chunks itself (the same
  * results: each chunk writes its own outputs, in the same arithmetic). After fork() the child has no
@@ -66,12 +67,13 @@ static struct {
   atomic_ullong ticket; /* odd: a call is open */
   atomic_llong next;    /* the next chunk to take */
   atomic_int active;    /* workers inside the open call */
+  atomic_int hold;      /* > 0: a caller has more calls coming at once (pool_hold): workers spin, not sleep */
   chunk_fn fn;
   void *arg;
   int64_t chunks;
   int workers;
   pid_t pid;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, NULL, NULL, 0, 0, 0};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0, 0, 0};
 
 static inline void pool_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -101,7 +103,7 @@ static void *pool_worker(void *unused) {
       for (int spins = 0; !(t & 1) || t == seen; spins++) {
         pool_pause();
         t = atomic_load(&pool.ticket);
-        if ((spins & 255) == 255 && (!(t & 1) || t == seen) && now_ns() > until) {
+        if ((spins & 255) == 255 && (!(t & 1) || t == seen) && now_ns() > until && atomic_load(&pool.hold) <= 0) {
           pthread_mutex_lock(&pool.m);
           while (t = atomic_load(&pool.ticket), !(t & 1) || t == seen) pthread_cond_wait(&pool.wake, &pool.m);
           pthread_mutex_unlock(&pool.m);
@@ -162,6 +164,30 @@ static void pool_run(chunk_fn fn, void *arg, int64_t chunks, int threads) {
     return;
   }
   for (int64_t c = 0; c < chunks; c++) fn(arg, c);
+}
+
+/* Brackets a run of calls issued back to back by one caller (a decoder layer's products, microseconds apart):
+ * while held, workers that finish a call spin for the next one instead of sleeping, whatever the wait policy, so
+ * only the run's first call pays for waking them. Released, they sleep as the policy says (at once when passive).
+ * Holds nest (a count); a forked child starts with none. Only the C layer calls hold, for the ~2 ms of a 3B layer's
+ * products, when the machine's other work waits on them anyway. 3B 4-bit decode with two threads on the 2-core x86
+ * VM (ms a token, two runs each): the MLP's products 62.2 / 61.6 held, 64.7 / 66.3 not (POOL_HOLD 0). */
+#ifndef POOL_HOLD
+#define POOL_HOLD 1 /* 0: every call wakes the workers anew (for measuring what holding saves) */
+#endif
+static void pool_hold_forked(void) { atomic_store(&pool.hold, 0); } /* the holders are the parent's threads */
+static void pool_hold_once(void) { pthread_atfork(NULL, NULL, pool_hold_forked); }
+static pthread_once_t pool_hold_init = PTHREAD_ONCE_INIT;
+static void pool_hold(int on) {
+  if (!POOL_HOLD) return;
+  pthread_once(&pool_hold_init, pool_hold_once);
+  atomic_fetch_add(&pool.hold, on ? 1 : -1);
+}
+
+/* For tests: on 1 holds, 0 releases, -1 only reads; returns the count of holds after. */
+int edgekv_pool_hold(int on) {
+  if (on >= 0) pool_hold(on);
+  return atomic_load(&pool.hold);
 }
 
 static inline float widen(uint16_t h) {
@@ -519,6 +545,86 @@ Q4_INLINE void q4_blocks_bf16(const uint8_t *t, int64_t tile_stride, const struc
 }
 #endif
 
+#if EDGEKV_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define EDGEKV_AVX512 1
+/* Whether bf16 activations take the AVX-512 blocks below (1) or the AVX2 ones (0): the same integers and fp32
+ * operations, so the same outputs (a test switches it: edgekv_int4_set_wide). */
+static int q4_wide = 1;
+
+/* q4_blocks_bf16 with 512-bit vectors: a load is two tiles of the block (rows k..k+3 in the low half, k+4..k+7
+ * in the high half), the activation pairs of both put side by side by one permute per digit and nibble. Each
+ * half sums its 16-bit lanes over two of the chunk's four tiles (half the bound's margin used: 4 * 3840 <
+ * 2^15), both are joined to 32 bits as the AVX2 blocks join theirs and added there, exactly: the chunk's
+ * integer sums are the AVX2 ones, converted and accumulated in the same order. Up to four blocks at a time (AVX-512
+ * has the registers for them): four streams from memory. The products were never what limited one core — in cache
+ * these blocks run no faster than the AVX2 ones (a 2048 x 512 weight: 18-20 GB/s of 4-bit weights either way) —
+ * the reads were: a 2048 -> 11008 product from memory on one thread of the 2-core x86 VM, 11.5 GB/s with four
+ * blocks at a time against 10.5 with two (and 9.8 with the AVX2 blocks), the prefetch distance (256-4096 bytes,
+ * to L1 or L2) within noise. */
+Q4_INLINE void q4_blocks_bf16_512(const uint8_t *t, int64_t tile_stride, const struct q4_input *in,
+                                  const uint16_t *scales, const uint8_t *zeros, const float *bias, float *y, int64_t n0,
+                                  int64_t N, int64_t K, int64_t G, const int nb) {
+  const int64_t groups = K / G, half_k = K / 2;
+  const __m512i low = _mm512_set1_epi8(0x0f), join = _mm512_set1_epi32(1 | 256 << 16);
+  const __m512i pick_l = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512i pick_h = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
+  __m256 y0[4], y1[4];
+  for (int b = 0; b < 4; b++) y0[b] = y1[b] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    __m256 a0[4], a1[4];
+    for (int b = 0; b < 4; b++) a0[b] = a1[b] = _mm256_setzero_ps();
+    for (int64_t k0 = g * G; k0 < (g + 1) * G; k0 += Q4_ROWS_PER_CHUNK) {
+      __m512i d0[4], d1[4];
+      for (int b = 0; b < 4; b++) d0[b] = d1[b] = _mm512_setzero_si512();
+      for (int64_t k = k0; k < k0 + Q4_ROWS_PER_CHUNK; k += 8) {
+        const __m512i p0 = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(in->pairs + k / 2)));
+        const __m512i p1 = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(in->pairs + half_k + k / 2)));
+        const __m512i x0l = _mm512_permutexvar_epi32(pick_l, p0), x0h = _mm512_permutexvar_epi32(pick_h, p0);
+        const __m512i x1l = _mm512_permutexvar_epi32(pick_l, p1), x1h = _mm512_permutexvar_epi32(pick_h, p1);
+        for (int b = 0; b < nb; b++) {
+          const __m512i w = _mm512_loadu_si512((const void *)(t + b * tile_stride + k * 8));
+          _mm_prefetch((const char *)(t + b * tile_stride + k * 8 + Q4_PREFETCH), _MM_HINT_T0);
+          const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+          d0[b] = _mm512_add_epi16(d0[b], _mm512_add_epi16(_mm512_maddubs_epi16(lo, x0l), _mm512_maddubs_epi16(hi, x0h)));
+          d1[b] = _mm512_add_epi16(d1[b], _mm512_add_epi16(_mm512_maddubs_epi16(lo, x1l), _mm512_maddubs_epi16(hi, x1h)));
+        }
+      }
+      for (int b = 0; b < nb; b++) {
+        const __m512i l = _mm512_madd_epi16(_mm512_unpacklo_epi16(d0[b], d1[b]), join);
+        const __m512i h = _mm512_madd_epi16(_mm512_unpackhi_epi16(d0[b], d1[b]), join);
+        const __m256i l2 = _mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1));
+        const __m256i h2 = _mm256_add_epi32(_mm512_castsi512_si256(h), _mm512_extracti64x4_epi64(h, 1));
+        a0[b] = _mm256_add_ps(a0[b], _mm256_cvtepi32_ps(l2));
+        a1[b] = _mm256_add_ps(a1[b], _mm256_cvtepi32_ps(h2));
+      }
+    }
+    const __m256 xs = _mm256_set1_ps(in->xsum[g]), f = _mm256_set1_ps(in->factor[g]);
+    for (int b = 0; b < nb; b++) {
+      const __m256 c0 = _mm256_permute2f128_ps(a0[b], a1[b], 0x20), c1 = _mm256_permute2f128_ps(a0[b], a1[b], 0x31);
+      const uint8_t *z = zeros + g * N + n0 + 16 * b;
+      const uint16_t *sc = scales + g * N + n0 + 16 * b;
+      const __m256 z0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)z)));
+      const __m256 z1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8))));
+      const __m256 s0 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)));
+      const __m256 s1 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8))));
+      y0[b] = _mm256_fmadd_ps(s0, _mm256_fnmadd_ps(z0, xs, c0), y0[b]);
+      y1[b] = _mm256_fmadd_ps(s1, _mm256_fnmadd_ps(z1, xs, c1), y1[b]);
+    }
+  }
+  for (int b = 0; b < nb; b++) {
+    const int64_t n = n0 + 16 * b;
+    if (bias) {
+      y0[b] = _mm256_add_ps(y0[b], _mm256_loadu_ps(bias + n));
+      y1[b] = _mm256_add_ps(y1[b], _mm256_loadu_ps(bias + n + 8));
+    }
+    _mm256_storeu_ps(y + n, y0[b]);
+    _mm256_storeu_ps(y + n + 8, y1[b]);
+  }
+}
+#else
+#define EDGEKV_AVX512 0
+#endif
+
 /* y[n0 .. n0+16) for the 16-column block starting at tile t; acc/out in fp32. */
 Q4_INLINE void q4_block(const uint8_t *t, const struct q4_input *in, const uint16_t *scales, const uint8_t *zeros,
                         const float *bias, float *y, int64_t n0, int64_t N, int64_t K, int64_t G, const int digits) {
@@ -685,6 +791,23 @@ static void q4_run(void *arg, int64_t chunk) {
   for (int64_t b = chunk * j->per; b < b1;) {
 #if EDGEKV_AVX2
     if (j->digits == 2) {
+#if EDGEKV_AVX512
+      if (q4_wide) { /* four blocks at a time where the chunk has them: four streams from memory */
+        const int nb = b + 4 <= b1 ? 4 : b + 2 <= b1 ? 2 : 1;
+        for (int64_t r = 0; r < j->rows; r++) {
+          const uint8_t *t = j->tiles + b * stride;
+          float *y = j->y + r * j->N;
+          if (nb == 4)
+            q4_blocks_bf16_512(t, stride, j->in + r, j->scales, j->zeros, j->bias, y, b * 16, j->N, j->K, j->G, 4);
+          else if (nb == 2)
+            q4_blocks_bf16_512(t, stride, j->in + r, j->scales, j->zeros, j->bias, y, b * 16, j->N, j->K, j->G, 2);
+          else
+            q4_blocks_bf16_512(t, stride, j->in + r, j->scales, j->zeros, j->bias, y, b * 16, j->N, j->K, j->G, 1);
+        }
+        b += nb;
+        continue;
+      }
+#endif
       const int nb = b + 2 <= b1 ? 2 : 1;
       for (int64_t r = 0; r < j->rows; r++) {
         if (nb == 2)
@@ -715,11 +838,15 @@ static void q4_run(void *arg, int64_t chunk) {
 /* Products of fewer weight-rows (P * N * K) than this run on the calling thread alone, and larger ones on at most
  * one thread per this many. A worker waits passively between calls (OMP_WAIT_POLICY=PASSIVE: asleep), and waking
  * it takes a system call and, on a virtual machine, the other vCPU's wake-up; for a 3B k/v projection (0.5M weights,
- * ~20 us alone) that was more than the product, and a worker woken after the caller had finished still took a
- * core from it. 3B 4-bit decode with two threads on the 2-core x86 VM (ms a token, two runs each, one process per
- * setting): every product on the pool 150.7 / 131.0; products under 1M weights alone 128.1 / 128.6; under 5M
- * (k, v, q, o) alone 122.7 / 127.2; all 4-bit products alone 147.9 / 158.0. */
-#define Q4_WORK_PER_THREAD (INT64_C(1) << 22)
+ * ~20 us alone) that was more than the product. A layer call holds the workers between its products (pool_hold),
+ * so most products find them awake. 3B 4-bit decode with two threads on the 2-core x86 VM, ms a token (the
+ * fused layer, the AVX-512 blocks, the pool held; two runs each, one process per setting): 2^20 (the 2048 x 2048
+ * q and o products on two threads, k and v alone) 106.1 / 107.5, 2^22 (q and o alone too) 114.4 / 111.8. Before
+ * the hold and the AVX-512 blocks: every product on the pool 150.7 / 131.0; products under 1M weights alone
+ * 128.1 / 128.6; under 5M (k, v, q, o) alone 122.7 / 127.2. */
+#ifndef Q4_WORK_PER_THREAD
+#define Q4_WORK_PER_THREAD (INT64_C(1) << 20)
+#endif
 
 /* Y [P][N] (fp32) = X W^T + bias for P rows of activations X [P][K]: every row gets exactly what
  * edgekv_gemv_int4 gives it alone. The short chunks of a stream (a 112x112 frame pair is 16 tokens, a question
@@ -905,8 +1032,27 @@ int edgekv_dequant_int4(const uint8_t *tiles, const uint16_t *scales, const uint
   return 0;
 }
 
-/* 1: AVX2 integer products, 2: NEON, 0: the portable loop (for the 4-bit kernel). */
-int edgekv_int4_simd(void) { return EDGEKV_AVX2 ? 1 : EDGEKV_NEON ? 2 : 0; }
+/* 1: AVX2 integer products, 2: NEON, 3: AVX-512 BW for bf16 activations (AVX2 for the others), 0: the portable
+ * loop (for the 4-bit kernel). */
+int edgekv_int4_simd(void) {
+#if EDGEKV_AVX512
+  if (q4_wide) return 3;
+#endif
+  return EDGEKV_AVX2 ? 1 : EDGEKV_NEON ? 2 : 0;
+}
+
+/* Turns the AVX-512 blocks on (1) or off (0, the AVX2 ones) where they were compiled; returns the setting before,
+ * or -1 where they were not (nothing changes then). Not for a call in flight: set it between products. */
+int edgekv_int4_set_wide(int on) {
+#if EDGEKV_AVX512
+  const int before = q4_wide;
+  q4_wide = on ? 1 : 0;
+  return before;
+#else
+  (void)on;
+  return -1;
+#endif
+}
 
 /* ------------------------------------------------------------------------------------------------------
  * int8 weights (issue 29: the opt-in int8 lm_head, `model.lm_head: int8`): y = W x for W stored as int8
@@ -1225,6 +1371,7 @@ int edgekv_layer_pre_bf16(const uint16_t *x16, const uint16_t *norm16, float eps
   const int64_t widest = q->N > k->N ? q->N : k->N;
   float *y32 = (float *)malloc((size_t)(P * widest) * sizeof(float));
   int code = (h16 && h && y32) ? 0 : -1;
+  if (threads > 1) pool_hold(1); /* the three products follow each other */
   if (code == 0) code = edgekv_rmsnorm(x16, norm16, h16, P, d, eps, 1);
   if (code == 0) {
     widen_all(h16, h, P * d);
@@ -1234,6 +1381,7 @@ int edgekv_layer_pre_bf16(const uint16_t *x16, const uint16_t *norm16, float eps
   if (code == 0) code = q4_linear_bf16(v, h, y32, v16, P, threads);
   if (code == 0) code = edgekv_rotary(q16, cos16, sin16, hq, P, hd, hd, hq * hd, 1);
   if (code == 0) code = edgekv_rotary(k16, cos16, sin16, hkv, P, hd, hd, hkv * hd, 1);
+  if (threads > 1) pool_hold(0);
   free(h16);
   free(h);
   free(y32);
@@ -1256,6 +1404,7 @@ int edgekv_layer_post_bf16(const uint16_t *x16, const uint16_t *a16, const struc
   uint16_t *t16 = (uint16_t *)malloc((size_t)(P * most) * sizeof(uint16_t));
   uint16_t *g16 = (uint16_t *)malloc((size_t)(P * inner) * sizeof(uint16_t));
   int code = (f && y32 && x1 && t16 && g16) ? 0 : -1;
+  if (threads > 1) pool_hold(1); /* the four products follow each other */
   if (code == 0) {
     widen_all(a16, f, P * width);
     code = q4_linear_bf16(o, f, y32, t16, P, threads); /* t16: the attention's projection */
@@ -1279,6 +1428,7 @@ int edgekv_layer_post_bf16(const uint16_t *x16, const uint16_t *a16, const struc
   }
   if (code == 0)
     for (int64_t i = 0; i < P * d; i++) out16[i] = narrow(widen(x1[i]) + widen(t16[i]));
+  if (threads > 1) pool_hold(0);
   free(f);
   free(y32);
   free(x1);

@@ -129,6 +129,10 @@ def _build(portable: bool = False) -> ctypes.CDLL:
         lib.edgekv_dequant_int4.argtypes = [pointer] * 4 + [ctypes.c_int, int64, int64, int64, ctypes.c_int]
         lib.edgekv_dequant_int4.restype = ctypes.c_int
         lib.edgekv_int4_simd.restype = ctypes.c_int
+        lib.edgekv_int4_set_wide.argtypes = [ctypes.c_int]
+        lib.edgekv_pool_hold.argtypes = [ctypes.c_int]
+        lib.edgekv_pool_hold.restype = ctypes.c_int
+        lib.edgekv_int4_set_wide.restype = ctypes.c_int
         lib.edgekv_gemm_q8.argtypes = [pointer] * 4 + [int64, int64, int64, int64, ctypes.c_int]
         lib.edgekv_gemm_q8.restype = ctypes.c_int
         lib.edgekv_rmsnorm.argtypes = [pointer] * 3 + [int64, int64, ctypes.c_float, ctypes.c_int]
@@ -216,7 +220,7 @@ def gemv_bf16(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None =
 
 # ---------------------------------------------------------------------------------------------- 4-bit
 TILE_COLUMNS, TILE_ROWS = 16, 4
-INT4_SIMD = {0: "portable", 1: "avx2", 2: "neon"}
+INT4_SIMD = {0: "portable", 1: "avx2", 2: "neon", 3: "avx512"}
 INT4_DIGITS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2}  # bytes of fixed point per activation
 
 
@@ -248,6 +252,15 @@ def int4_untile(tiles: torch.Tensor) -> torch.Tensor:
 def int4_simd(portable: bool = False) -> str:
     lib = load(portable)
     return INT4_SIMD[lib.edgekv_int4_simd()] if lib else "unavailable"
+
+
+def int4_set_wide(on: bool) -> bool | None:
+    """Bf16 activations through the kernel's AVX-512 blocks (True) or its AVX2 ones (False) where both were
+    compiled (an AVX-512 BW CPU): the same outputs, for tests and benchmarks to compare. Returns the setting it
+    replaced, or None where there is no such choice (nothing changes). Set it between products, not during."""
+    lib = load()
+    before = lib.edgekv_int4_set_wide(int(bool(on))) if lib else -1
+    return None if before < 0 else bool(before)
 
 
 def _int4_weight(tiles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,

@@ -265,3 +265,62 @@ def test_the_fused_layer_on_aarch64_gives_the_host_bits_under_an_emulator(tmp_pa
         assert values.numel() == sum(sizes)
         for got, want in zip(values.split(sizes), (q, k, v, out)):
             assert torch.equal(got.view(want.shape), want)
+
+
+def _big_layer(generator: torch.Generator):
+    """A layer wide enough that its gate / up / down products go to the pool at two threads (cpu_gemv.c:
+    Q4_WORK_PER_THREAD), with the toy's head layout."""
+    d, hq, hkv, hd, inner, group = 1024, 8, 2, 128, 2048, 128
+    shapes = {"q": (hq * hd, d), "k": (hkv * hd, d), "v": (hkv * hd, d), "o": (d, hq * hd), "gate": (inner, d),
+              "up": (inner, d), "down": (d, inner)}
+    products = {name: _random_product(n, k, group, name in ("q", "k", "v"), generator)
+                for name, (n, k) in shapes.items()}
+    norms = [(torch.rand(d, generator=generator) + 0.5).bfloat16() for _ in range(2)]
+    return cpu_gemv.Int4Layer(products, *norms, 1e-6, hq, hkv, hd), (d, hq, hd)
+
+
+def _layer_outputs(layer, shape, generator, rows: int, threads: int):
+    d, hq, hd = shape
+    x = (torch.randn(rows, d, generator=generator) * 2).bfloat16()
+    angle = torch.rand(rows, hd // 2, generator=generator) * 50
+    angle = torch.cat((angle, angle), dim=-1)
+    a = torch.randn(rows, hq * hd, generator=generator).bfloat16()
+    return (*layer.pre(x, angle.cos().bfloat16(), angle.sin().bfloat16(), threads), layer.post(x, a, threads))
+
+
+def test_the_layer_on_the_pool_gives_one_threads_bits_and_lets_the_workers_sleep_after():
+    """At two threads a layer call holds the pool's workers between its products (they spin instead of sleeping, so
+    only its first product wakes them) and releases them when it returns: the same bits as one thread, and no hold
+    left behind, for a decode row and a chunk."""
+    layer, shape = _big_layer(torch.Generator().manual_seed(5))
+    for rows in (1, 3):
+        one = _layer_outputs(layer, shape, torch.Generator().manual_seed(rows), rows, threads=1)
+        two = _layer_outputs(layer, shape, torch.Generator().manual_seed(rows), rows, threads=2)
+        for got, want in zip(two, one):
+            assert torch.equal(got, want)
+        assert cpu_gemv.load().edgekv_pool_hold(-1) == 0
+
+
+def test_a_child_forked_during_a_hold_starts_with_none():
+    import multiprocessing
+
+    layer, shape = _big_layer(torch.Generator().manual_seed(6))
+    want = [t.tolist() for t in _layer_outputs(layer, shape, torch.Generator().manual_seed(9), 1, threads=1)]
+    lib = cpu_gemv.load()
+    assert lib.edgekv_pool_hold(1) == 1  # as if another thread were inside a layer call at the fork
+    try:
+        context = multiprocessing.get_context("fork")
+        results = context.Queue()
+        child = context.Process(target=_forked_layer, args=(layer, shape, results))
+        child.start()
+        held, got = results.get(timeout=120)  # a bound against a hang, not a figure
+        child.join(timeout=120)
+    finally:
+        assert lib.edgekv_pool_hold(0) == 0
+    assert child.exitcode == 0 and held == 0 and got == want
+
+
+def _forked_layer(layer, shape, results) -> None:
+    held = cpu_gemv.load().edgekv_pool_hold(-1)
+    outs = _layer_outputs(layer, shape, torch.Generator().manual_seed(9), 1, threads=2)
+    results.put((held, [t.tolist() for t in outs]))

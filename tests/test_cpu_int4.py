@@ -112,6 +112,34 @@ def test_threads_bias_and_the_portable_loop_give_the_same_bits(threads, dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("k,n,group", SHAPES_3B + [(256, 80, 32), (64, 32, 16)])
+def test_the_avx512_blocks_give_the_avx2_bits(k, n, group):
+    """bf16 activations on an AVX-512 BW CPU take 512-bit blocks (two tiles a load); the AVX2 blocks and the portable
+    loop must give the same bits, for one row and several, alone and on the pool."""
+    from edgekv.kernels.cpu_gemv import Int4Product, gemm_int4, int4_set_wide
+
+    before = int4_set_wide(True)
+    if before is None:
+        pytest.skip(f"no AVX-512 BW blocks compiled on this CPU (the kernel runs {cpu_gemv.int4_simd()})")
+    try:
+        q, zeros, scales = weights(k, n, group, seed=31)
+        tiles, bias = int4_tiles(q), torch.randn(n)
+        x = torch.stack([activations(k, seed=40 + r, dtype=torch.bfloat16) for r in range(3)])
+        x[1, :group] *= 1e-30  # a group of tiny values
+        product = Int4Product(tiles, scales, zeros, bias)
+        assert cpu_gemv.int4_simd() == "avx512"
+        wide = [product(x[:1], 1), product(x, 2)]
+        assert int4_set_wide(False) is True and cpu_gemv.int4_simd() == "avx2"
+        narrow = [product(x[:1], 1), product(x, 2)]
+        for got, want in zip(wide, narrow):
+            assert torch.equal(got, want)
+        portable = gemm_int4(tiles, scales, zeros, x, bias, portable=True)  # bf16 rows: two digits
+        assert torch.equal(wide[1].view(3, n), portable.to(torch.bfloat16))
+    finally:
+        int4_set_wide(before)
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("k,n,group", [(256, 80, 32), (2048, 48, 128)])  # 5 and 3 blocks: a pair and one alone
@@ -225,7 +253,7 @@ def test_route_packs_a_quantized_model_and_decodes_the_same_tokens(tmp_path):
         model = load_pretrained(quantized, dtype=torch.float32)
         info = prepare_decode(model.language, route)
         if route == "native":
-            assert info["int4_linears"] == 14 and info["int4_simd"] in ("avx2", "neon", "portable")
+            assert info["int4_linears"] == 14 and info["int4_simd"] in ("avx512", "avx2", "neon", "portable")
             assert not any(isinstance(m, Int4Linear) for m in model.modules())
         outputs[route] = model.generate(ids[None], max_new_tokens=8, stop_ids=[])
     assert outputs["native"] == outputs["eager"]

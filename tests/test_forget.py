@@ -38,8 +38,8 @@ def _pair_bytes(session, pair: int) -> list[bytes]:
 
 def test_forgetting_a_window_removes_it_from_the_cache_and_the_answers(tmp_path):
     rt, session = _session()
-    # the toy saw it (p(yes) 0.749 with the shipped W13, 0.976 with W9; 0.977 with the classic toy, 0.84 / 0.79 with
-    # W5h / W7)
+    # the toy saw it (p(yes) 0.863 with the shipped W12a, 0.749 with W13, 0.976 with W9; 0.977 with the classic
+    # toy, 0.84 / 0.79 with W5h / W7)
     assert session.probe("Was there a purple triangle?").p_yes > 0.7
     assert 60 in session.pair_times and session.pair_times[60] == pytest.approx(60.0)
     secrets = _pair_bytes(session, 60)
