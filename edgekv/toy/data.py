@@ -191,6 +191,7 @@ WORLD_MILD_APART = tuple((share, replace(stage, name=stage.name + " (apart)", ap
 # README, "Deeper toys"): 1,500 steps of it from W10 (lr 4e-4, seed 73: W11c) `where` 0.907, every card target met,
 # held out a little under W9 (cells base questions 0.869 vs 0.883); a world-mild-apart round after it at lr 2e-4
 # (W12a) and another at 1e-4 (W13) kept `where` at 0.901 / 0.907 and came back to or above W9 on every held-out family.
+# W12a ships as builtin:toy (W13's full cache reads 2,000-pair needle streams worse: 0.923 against 0.960).
 WORLD_MILD_WHERE = tuple((share, replace(stage, name=stage.name + " (where x6)",
                                          families=(*stage.families, "where", "where", "where")))
                          for share, stage in WORLD_MILD_APART)
