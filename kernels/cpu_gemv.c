@@ -493,6 +493,32 @@ static int q4_prepare(const float *x, int64_t K, int64_t G, int digits, struct q
  * chunk of 16 rows the 16-bit sums of digit 0 and digit 1 (one lane per column) are interleaved and
  * joined by one vpmaddwd against (1, 256) into s0 + 256 s1 in 32 bits, exact, for columns 0-3 / 8-11
  * and 4-7 / 12-15; the group's two accumulators go back to column order once per group. */
+/* A group's end for one 16-column block of bf16 activations: a0 / a1 hold the group's integer sums of columns 0-3,
+ * 8-11 / 4-7, 12-15 (as the digits were joined) in fp32; y += s 2^(E - B) (sum_k q X_k - z sum_k X_k). */
+Q4_INLINE void q4_group_end(__m256 a0, __m256 a1, const struct q4_input *in, int64_t g, const uint16_t *scales,
+                            const uint8_t *zeros, int64_t N, int64_t n, __m256 *y0, __m256 *y1) {
+  const __m256 xs = _mm256_set1_ps(in->xsum[g]), f = _mm256_set1_ps(in->factor[g]);
+  const __m256 c0 = _mm256_permute2f128_ps(a0, a1, 0x20), c1 = _mm256_permute2f128_ps(a0, a1, 0x31);
+  const uint8_t *z = zeros + g * N + n;
+  const uint16_t *sc = scales + g * N + n;
+  const __m256 z0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)z)));
+  const __m256 z1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8))));
+  const __m256 s0 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)));
+  const __m256 s1 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8))));
+  *y0 = _mm256_fmadd_ps(s0, _mm256_fnmadd_ps(z0, xs, c0), *y0);
+  *y1 = _mm256_fmadd_ps(s1, _mm256_fnmadd_ps(z1, xs, c1), *y1);
+}
+
+/* y[n .. n + 16) = y0, y1 (+ bias). */
+Q4_INLINE void q4_store(__m256 y0, __m256 y1, const float *bias, float *y, int64_t n) {
+  if (bias) {
+    y0 = _mm256_add_ps(y0, _mm256_loadu_ps(bias + n));
+    y1 = _mm256_add_ps(y1, _mm256_loadu_ps(bias + n + 8));
+  }
+  _mm256_storeu_ps(y + n, y0);
+  _mm256_storeu_ps(y + n + 8, y1);
+}
+
 Q4_INLINE void q4_blocks_bf16(const uint8_t *t, int64_t tile_stride, const struct q4_input *in, const uint16_t *scales,
                               const uint8_t *zeros, const float *bias, float *y, int64_t n0, int64_t N, int64_t K,
                               int64_t G, const int nb) {
@@ -520,28 +546,9 @@ Q4_INLINE void q4_blocks_bf16(const uint8_t *t, int64_t tile_stride, const struc
         a1[b] = _mm256_add_ps(a1[b], _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_unpackhi_epi16(d0[b], d1[b]), join)));
       }
     }
-    const __m256 xs = _mm256_set1_ps(in->xsum[g]), f = _mm256_set1_ps(in->factor[g]);
-    for (int b = 0; b < nb; b++) {
-      const __m256 c0 = _mm256_permute2f128_ps(a0[b], a1[b], 0x20), c1 = _mm256_permute2f128_ps(a0[b], a1[b], 0x31);
-      const uint8_t *z = zeros + g * N + n0 + 16 * b;
-      const uint16_t *sc = scales + g * N + n0 + 16 * b;
-      const __m256 z0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)z)));
-      const __m256 z1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8))));
-      const __m256 s0 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)));
-      const __m256 s1 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8))));
-      y0[b] = _mm256_fmadd_ps(s0, _mm256_fnmadd_ps(z0, xs, c0), y0[b]);
-      y1[b] = _mm256_fmadd_ps(s1, _mm256_fnmadd_ps(z1, xs, c1), y1[b]);
-    }
+    for (int b = 0; b < nb; b++) q4_group_end(a0[b], a1[b], in, g, scales, zeros, N, n0 + 16 * b, &y0[b], &y1[b]);
   }
-  for (int b = 0; b < nb; b++) {
-    const int64_t n = n0 + 16 * b;
-    if (bias) {
-      y0[b] = _mm256_add_ps(y0[b], _mm256_loadu_ps(bias + n));
-      y1[b] = _mm256_add_ps(y1[b], _mm256_loadu_ps(bias + n + 8));
-    }
-    _mm256_storeu_ps(y + n, y0[b]);
-    _mm256_storeu_ps(y + n + 8, y1[b]);
-  }
+  for (int b = 0; b < nb; b++) q4_store(y0[b], y1[b], bias, y, n0 + 16 * b);
 }
 #endif
 
@@ -598,28 +605,9 @@ Q4_INLINE void q4_blocks_bf16_512(const uint8_t *t, int64_t tile_stride, const s
         a1[b] = _mm256_add_ps(a1[b], _mm256_cvtepi32_ps(h2));
       }
     }
-    const __m256 xs = _mm256_set1_ps(in->xsum[g]), f = _mm256_set1_ps(in->factor[g]);
-    for (int b = 0; b < nb; b++) {
-      const __m256 c0 = _mm256_permute2f128_ps(a0[b], a1[b], 0x20), c1 = _mm256_permute2f128_ps(a0[b], a1[b], 0x31);
-      const uint8_t *z = zeros + g * N + n0 + 16 * b;
-      const uint16_t *sc = scales + g * N + n0 + 16 * b;
-      const __m256 z0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)z)));
-      const __m256 z1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8))));
-      const __m256 s0 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)));
-      const __m256 s1 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8))));
-      y0[b] = _mm256_fmadd_ps(s0, _mm256_fnmadd_ps(z0, xs, c0), y0[b]);
-      y1[b] = _mm256_fmadd_ps(s1, _mm256_fnmadd_ps(z1, xs, c1), y1[b]);
-    }
+    for (int b = 0; b < nb; b++) q4_group_end(a0[b], a1[b], in, g, scales, zeros, N, n0 + 16 * b, &y0[b], &y1[b]);
   }
-  for (int b = 0; b < nb; b++) {
-    const int64_t n = n0 + 16 * b;
-    if (bias) {
-      y0[b] = _mm256_add_ps(y0[b], _mm256_loadu_ps(bias + n));
-      y1[b] = _mm256_add_ps(y1[b], _mm256_loadu_ps(bias + n + 8));
-    }
-    _mm256_storeu_ps(y + n, y0[b]);
-    _mm256_storeu_ps(y + n + 8, y1[b]);
-  }
+  for (int b = 0; b < nb; b++) q4_store(y0[b], y1[b], bias, y, n0 + 16 * b);
 }
 #else
 #define EDGEKV_AVX512 0
