@@ -208,6 +208,21 @@ def test_eval_needle_with_an_archive_recalls_events_older_than_the_window(tmp_pa
     assert recalled["accuracy"] >= 0.75 * recalled["ceiling"]
 
 
+def test_eval_needle_skips_statekv_sinks_a_cap_cannot_hold(tmp_path, capsys):
+    """StateKV's B sinks live inside the cap: at a cap of B or fewer slots its run is skipped with a line saying so,
+    and the other runs (B below the cap, other policies) go on and are written (a 1/64 cap of a 2,000-pair stream
+    once ended the whole command at B = 1024, losing every figure before it)."""
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "needle.json"
+    code = main(["eval", "needle", "--lengths", "80", "--budgets", "400", "--policies", "statekv,sliding_window",
+                 "--sinks", "128,512", "--streams", "1", "--ages", "4,40,70", "--json", str(out),
+                 "--plot", "", "--threads", "1"])
+    assert code == 0
+    assert "statekv B=512                skipped: B=512 sinks do not fit a cap of 400 slots" in capsys.readouterr().out
+    assert set(json.loads(out.read_text())["summary"]) == {"L=80 M=400 statekv B=128", "L=80 M=400 sliding_window"}
+
+
 def test_eval_needle_compares_kv_dtypes_at_equal_bytes(tmp_path, capsys):
     """``--kv-dtypes fp16,int8,fp8``: each run once per dtype; the 8-bit ones get the slots that the fp16 cache
     of M tokens takes in bytes (scales and metadata counted), so their caches cost no more than fp16's."""

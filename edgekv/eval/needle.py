@@ -406,6 +406,10 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                             log(f"  M={budget:6d} {run.label:28s} skipped: {slots} slots at equal bytes are "
                                 f"fewer than a session needs")
                             continue
+                        if run.sinks and run.sinks >= slots:  # StateKV's B sinks live inside the cap
+                            log(f"  M={budget:6d} {run.label:28s} skipped: B={run.sinks} sinks do not fit a cap "
+                                f"of {slots} slots")
+                            continue
                         with tempfile.TemporaryDirectory(prefix="edgekv-needle-archive-") as folder:
                             runtime = runtime_for(config.model, run, slots, config.fps, config.reserve,
                                                   folder if run.archive else None, size=size)
