@@ -184,10 +184,15 @@ class CacheSection:
     van_pooling: Literal["present", "zeros"] = "present"  # VaN window mean over present cells | k^2 (zeros)
     rebase_position: int | None = None   # re-base temporal positions past this; None = half the trained range
     # K/V storage: None = model.dtype; int8 / fp8 (float8_e4m3fn) keep a bf16 scale per slot and KV head
-    # (edgekv/cache/quant.py), about half the bytes per slot of fp16, so max_mib buys ~1.9x the slots.
+    # (edgekv/cache/quant.py), about half the bytes per slot of fp16, so max_mib buys ~1.9x the slots. Kept at None
+    # by measurement (issue 27, toy W12a, 2,000-pair world needle streams, 405 questions a cell): at fp16's bytes
+    # infinipot_v answers 0.815 / 0.820 / 0.869 (fp16) vs 0.810 / 0.830 / 0.854 (int8) at caps 1/16 / 1/64 / 1/256;
+    # statekv gains where B fills most of the cap (B=256 of 500 slots: 0.615 fp16, 0.765 int8). README, "The needle
+    # benchmark across the cap".
     kv_dtype: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None
     # adaptive_infinipot_v (AdaReTaKe eq. 8-9): stretches of this many frame pairs share the budget by
-    # their redundancy, each weighted at least adaptive_floor x the mean weight.
+    # their redundancy, each weighted at least adaptive_floor x the mean weight. Not the default: on the same
+    # streams it never beat infinipot_v and fell to 0.304 (fp16) at the 160-slot floor against 0.869.
     adaptive_chunk_pairs: int = 8
     adaptive_floor: float = 0.25
 
