@@ -171,7 +171,7 @@ static void pool_run(chunk_fn fn, void *arg, int64_t chunks, int threads) {
  * only the run's first call pays for waking them. Released, they sleep as the policy says (at once when passive).
  * Holds nest (a count); a forked child starts with none. Only the C layer calls hold, for the ~2 ms of a 3B layer's
  * products, when the machine's other work waits on them anyway. 3B 4-bit decode with two threads on the 2-core x86
- * VM (ms a token, two runs each): the MLP's products 62.2 / 61.6 held, 64.7 / 66.3 not (POOL_HOLD 0). */
+ * VM (ms a token, two runs each): the post-attention calls 62.2 / 61.6 held, 64.7 / 66.3 not (POOL_HOLD 0). */
 #ifndef POOL_HOLD
 #define POOL_HOLD 1 /* 0: every call wakes the workers anew (for measuring what holding saves) */
 #endif
