@@ -221,6 +221,16 @@ def _random_product(n: int, k: int, group: int, bias: bool, generator: torch.Gen
     return cpu_gemv.Int4Product(cpu_gemv.int4_tiles(q), scales, zeros, b)
 
 
+def _random_layer(d: int, hq: int, hkv: int, hd: int, inner: int, group: int, generator: torch.Generator):
+    """A random 4-bit decoder layer (biased q/k/v, as Qwen2's): the kernel, its products' shapes, products, norms."""
+    shapes = {"q": (hq * hd, d), "k": (hkv * hd, d), "v": (hkv * hd, d), "o": (d, hq * hd), "gate": (inner, d),
+              "up": (inner, d), "down": (d, inner)}
+    products = {name: _random_product(n, k, group, name in ("q", "k", "v"), generator)
+                for name, (n, k) in shapes.items()}
+    norms = [(torch.rand(d, generator=generator) + 0.5).bfloat16() for _ in range(2)]
+    return cpu_gemv.Int4Layer(products, *norms, 1e-6, hq, hkv, hd), shapes, products, norms
+
+
 @pytest.mark.skipif(not (CROSS and QEMU), reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt: gcc-aarch64-linux-gnu, qemu-user)")
 def test_the_fused_layer_on_aarch64_gives_the_host_bits_under_an_emulator(tmp_path):
     """Jetson's CPU: the fused layer built for aarch64 (NEON products, the same C glue) and run under qemu gives the
@@ -232,12 +242,7 @@ def test_the_fused_layer_on_aarch64_gives_the_host_bits_under_an_emulator(tmp_pa
     assert built.returncode == 0, built.stderr
     generator = torch.Generator().manual_seed(21)
     d, hq, hkv, hd, inner, group = 64, 4, 2, 16, 176, 16  # the toy's shapes
-    shapes = {"q": (hq * hd, d), "k": (hkv * hd, d), "v": (hkv * hd, d), "o": (d, hq * hd), "gate": (inner, d),
-              "up": (inner, d), "down": (d, inner)}
-    products = {name: _random_product(n, k, group, name in ("q", "k", "v"), generator)
-                for name, (n, k) in shapes.items()}
-    norms = [(torch.rand(d, generator=generator) + 0.5).bfloat16() for _ in range(2)]
-    layer = cpu_gemv.Int4Layer(products, *norms, 1e-6, hq, hkv, hd)
+    layer, shapes, products, norms = _random_layer(d, hq, hkv, hd, inner, group, generator)
     for rows in (1, 3):
         x = (torch.randn(rows, d, generator=generator) * 2).bfloat16()
         angle = torch.rand(rows, hd // 2, generator=generator) * 50
@@ -271,12 +276,7 @@ def _big_layer(generator: torch.Generator):
     """A layer wide enough that its gate / up / down products go to the pool at two threads (cpu_gemv.c:
     Q4_WORK_PER_THREAD), with the toy's head layout."""
     d, hq, hkv, hd, inner, group = 1024, 8, 2, 128, 2048, 128
-    shapes = {"q": (hq * hd, d), "k": (hkv * hd, d), "v": (hkv * hd, d), "o": (d, hq * hd), "gate": (inner, d),
-              "up": (inner, d), "down": (d, inner)}
-    products = {name: _random_product(n, k, group, name in ("q", "k", "v"), generator)
-                for name, (n, k) in shapes.items()}
-    norms = [(torch.rand(d, generator=generator) + 0.5).bfloat16() for _ in range(2)]
-    return cpu_gemv.Int4Layer(products, *norms, 1e-6, hq, hkv, hd), (d, hq, hd)
+    return _random_layer(d, hq, hkv, hd, inner, group, generator)[0], (d, hq, hd)
 
 
 def _layer_outputs(layer, shape, generator, rows: int, threads: int):
