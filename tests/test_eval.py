@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -312,6 +313,10 @@ def test_eval_toy_on_other_backgrounds_and_long_streams(tmp_path):
         assert entry["long"]["short_all"]["n"] == entry["long"]["long_all"]["n"] > 0
         for figures in entry["by_question"].values():
             assert figures["ci95"][0] <= figures["accuracy"] <= figures["ci95"][1]
+        for question, table in entry["confusion"].items():  # answer -> what the toy said, right ones on the diagonal
+            figures = entry["by_question"][question]
+            assert sum(sum(row.values()) for row in table.values()) == figures["n"]
+            assert sum(row.get(answer, 0) for answer, row in table.items()) == figures["correct"]
     plain = tmp_path / "plain.json"
     assert main(["eval", "toy", "--streams", "4", "--json", str(plain)]) == 0
     base = json.loads(plain.read_text())["accuracy"]
@@ -411,3 +416,67 @@ def test_eval_videoqa_runs_resumes_and_refuses_a_bad_layout(tmp_path, tiny_check
     assert main(["eval", "videoqa", "--model", str(tiny_checkpoint), "--dataset", "videomme",
                  "--data", str(data), "--out", str(out)]) == 2
     assert "no Video-MME annotations" in capsys.readouterr().err
+
+
+def test_toy_confusion_tallies_answers_against_predictions():
+    from edgekv.eval.toy_accuracy import confusion
+
+    table = confusion([("one", "one"), ("one", "two"), ("two", "two"), ("one", "two"), ("zero", "<unk>")])
+    assert table == {"one": {"one": 1, "two": 2}, "two": {"two": 1}, "zero": {"<unk>": 1}}
+    assert confusion([]) == {}
+
+
+# ---------------------------------------------------------------------------------------------- eval compare
+def _needle_file(path: Path, runs: dict[str, list[bool]], caps=(0.0625,), streams=2) -> Path:
+    """A needle JSON whose runs answered the same questions: ``runs`` maps a policy label to its answers, in
+    order over (cap, stream, question)."""
+    records = []
+    for policy, answers in runs.items():
+        it = iter(answers)
+        for cap in caps:
+            for stream in range(streams):
+                for q in range(len(answers) // (len(caps) * streams)):
+                    records.append({"length": 2000, "stream": stream, "budget": int(cap * 32000), "policy": policy,
+                                    "question": f"Was there a red shape {q}?", "answer": "yes", "checkpoint": 2000,
+                                    "size": 112, "background": "photo", "cap": cap, "correct": next(it)})
+    path.write_text(json.dumps({"records": records}))
+    return path
+
+
+def test_eval_compare_pairs_questions_and_tests_the_discordant_ones(tmp_path, capsys):
+    from edgekv.apps.cli import main
+    from edgekv.eval.compare import compare, mcnemar_exact
+
+    a = [True] * 16 + [False] * 4         # 2 streams x 10 questions
+    b = [True] * 4 + [False] * 6 + [True] * 10  # loses 6 of A's in stream 0, wins A's 4 misses in stream 1
+    one = _needle_file(tmp_path / "one.json", {"infinipot_v": a, "tar": b})
+    result = compare(f"{one}@infinipot_v", f"{one}@tar")
+    cell = result["cells"][0]
+    assert (cell["n"], cell["a"], cell["b"], cell["only_a"], cell["only_b"]) == (20, 0.8, 0.7, 6, 4)
+    half = 1.959964 * math.sqrt(10 - 2 ** 2 / 20) / 20  # Wald, matched pairs: ((b + c) - (c - b)^2 / n) / n^2
+    assert cell["diff"] == -0.1 and cell["ci95"] == [round(-0.1 - half, 4), round(-0.1 + half, 4)]
+    assert cell["p_mcnemar"] == round(mcnemar_exact(6, 4), 4) == round(2 * (1 + 10 + 45 + 120 + 210) / 1024, 4)
+    assert cell["streams"] == {"b_better": 1, "b_worse": 1, "equal": 0}  # stream 0 lost 6, stream 1 won 4
+    assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(0, 10) < 0.002
+    # across files: the same streams under another setting
+    two = _needle_file(tmp_path / "two.json", {"infinipot_v": b})
+    assert main(["eval", "compare", f"{one}@infinipot_v", str(two), "--json", str(tmp_path / "c.json")]) == 0
+    assert "B-A -0.100" in capsys.readouterr().out
+    assert json.loads((tmp_path / "c.json").read_text())["all"]["n"] == 20
+
+
+def test_eval_compare_refuses_what_it_cannot_pair(tmp_path, capsys):
+    from edgekv.apps.cli import main
+
+    one = _needle_file(tmp_path / "one.json", {"infinipot_v": [True] * 4, "tar": [False] * 4})
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"records": [{"length": 500, "stream": 0, "budget": 100, "policy": "tar",
+                                              "question": "q", "answer": "yes", "checkpoint": 1, "correct": True}]}))
+    (tmp_path / "bad.json").write_text("{not json")
+    for a, b, said in ((str(one), f"{one}@tar", "holds 2 runs, name one"),
+                       (f"{one}@van", f"{one}@tar", "no run 'van'"),
+                       (f"{one}@tar", str(other), "share no question"),
+                       (str(tmp_path / "bad.json"), str(other), "not JSON"),
+                       (str(tmp_path / "none.json"), str(other), "cannot read it")):
+        assert main(["eval", "compare", a, b]) == 2
+        assert said in capsys.readouterr().err

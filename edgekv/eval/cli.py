@@ -112,6 +112,16 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--plot", default="out/eval-needle.png")
     needle.set_defaults(run=_run_needle)
 
+    compare = sub.add_parser(
+        "compare", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="two needle runs on the same streams, question by question: both accuracies per cap, the paired "
+             "difference with its 95 %% interval, McNemar's exact p and per-stream better / worse counts")
+    compare.add_argument("a", metavar="A", help="an `eval needle --json` file, or FILE@POLICY when it holds several "
+                                              "runs (the label as printed, e.g. 'infinipot_v kv_dtype=int8')")
+    compare.add_argument("b", metavar="B", help="the same for the setting compared against A")
+    compare.add_argument("--json", default=None, help="also write the figures here")
+    compare.set_defaults(run=_run_compare)
+
     from edgekv.eval.toy_accuracy import add_toy_arguments
 
     add_toy_arguments(sub.add_parser(
@@ -183,6 +193,25 @@ def _run_needle(args: argparse.Namespace) -> int:
     print(format_summary(result["summary"]))
     print(format_frontier(result["frontier"]))
     print(f"wrote {args.json} and {args.plot}")
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from edgekv.eval.compare import compare, format_comparison
+
+    try:
+        result = compare(args.a, args.b)
+    except ValueError as exc:
+        print(f"edgekv eval compare: {exc}", file=sys.stderr)
+        return 2
+    print(format_comparison(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -177,11 +177,21 @@ def spread_events(events: list[Event], pairs: int, long: int, rng: np.random.Gen
     return out
 
 
-def ask_stream(runtime, scene, pairs: int, questions: tuple[QA, ...]) -> list[bool]:
+def ask_stream(runtime, scene, pairs: int, questions: tuple[QA, ...]) -> list[str]:
+    """The answer word given to each of ``questions`` after ``pairs`` frame pairs of ``scene``."""
     session = runtime.session()
     for frame in range(2 * pairs):
         session.ingest(scene.frame(frame), t=scene.time(frame))
-    return [answer_of(session.ask(qa.question, max_new_tokens=2).text) == qa.answer for qa in questions]
+    return [answer_of(session.ask(qa.question, max_new_tokens=2).text) for qa in questions]
+
+
+def confusion(pairs: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """``{answer: {predicted: count}}`` over (answer, predicted) pairs: which way a question family errs."""
+    table: dict[str, dict[str, int]] = {}
+    for answer, predicted in pairs:
+        row = table.setdefault(answer, {})
+        row[predicted] = row.get(predicted, 0) + 1
+    return {answer: dict(sorted(row.items())) for answer, row in sorted(table.items())}
 
 
 def evaluate_families(model: str, families: tuple[str, ...], count: int = 200, seed: int = HELDOUT_SEED,
@@ -225,25 +235,30 @@ def evaluate_families(model: str, families: tuple[str, ...], count: int = 200, s
     for family in families:
         started = time.perf_counter()
         results: dict[str, list[bool]] = {f: [] for f in asked}
+        given: dict[str, list[tuple[str, str]]] = {f: [] for f in asked}
         short_paired: dict[str, list[bool]] = {f: [] for f in asked}
         long_paired: dict[str, list[bool]] = {f: [] for f in asked}
         parts = family.split("+")  # a mix: stream i on the (i mod n)-th family
         for index, (stream, st) in enumerate(zip(streams, styles)):
             background = parts[index % len(parts)]
             scene = scene_for(stream, background, st)
-            correct = ask_stream(runtime, scene, stream.pairs, stream.questions)
-            for qa, ok in zip(stream.questions, correct):
+            predicted = ask_stream(runtime, scene, stream.pairs, stream.questions)
+            correct = [word == qa.answer for qa, word in zip(stream.questions, predicted)]
+            for qa, ok, word in zip(stream.questions, correct, predicted):
                 results[qa.family].append(ok)
+                given[qa.family].append((qa.answer, word))
             if long and index < long_count:
                 rng = np.random.default_rng((seed, 17, index))
                 events = spread_events(list(stream.scene.events), stream.pairs, long, rng)
-                far = ask_stream(runtime, scene_for(stream, background, st, events, long), long, stream.questions)
+                far = [word == qa.answer for qa, word in zip(stream.questions, ask_stream(
+                    runtime, scene_for(stream, background, st, events, long), long, stream.questions))]
                 for qa, ok, ok_long in zip(stream.questions, correct, far):
                     short_paired[qa.family].append(ok)
                     long_paired[qa.family].append(ok_long)
             if log and (index + 1) % 50 == 0:
                 log(f"{family}: {index + 1}/{len(streams)} streams ({time.perf_counter() - started:.0f} s)")
         entry = {"by_question": {f: proportion(int(sum(v)), len(v)) for f, v in results.items() if v},
+                 "confusion": {f: confusion(v) for f, v in given.items() if v},
                  "seconds": round(time.perf_counter() - started, 1)}
         everything = [ok for v in results.values() for ok in v]
         entry["all"] = proportion(int(sum(everything)), len(everything))
