@@ -790,6 +790,21 @@ def test_world_curriculum_samples_draw_every_family_and_never_a_held_out_backgro
     assert big.evict_at.shape[1] == 64 and big.pairs[0][0].shape == (224, 224, 3)
 
 
+def test_world_mild_224_keeps_the_112_curriculum_but_a_quarter_of_its_pairs():
+    """``--curriculum world-mild-224``: world-mild-where's stages and questions, a quarter of the kept pairs (at
+    least 4), so a 224 x 224 sample (64 tokens a pair) holds no more video tokens than a 112 x 112 one did."""
+    rng = np.random.default_rng(6)
+    small, big = CURRICULA["world-mild-where"], CURRICULA["world-mild-224"]
+    assert [share for share, _ in big] == [share for share, _ in small]
+    for (_, a), (_, b) in zip(small, big):
+        assert b.families == a.families and b.mild == a.mild and b.apart and b.batch_divisor == a.batch_divisor
+        assert b.pairs == (max(4, a.pairs[0] // 4), max(8, a.pairs[1] // 4))
+        assert b.pairs[1] * 64 <= a.pairs[1] * 16
+    sample = draw_sample(rng, big[1][1], MAX_POSITIONS, size=224, pairs=(16, 18), families=("noise", "photo"))
+    assert sample.evict_at.shape[1] == 64 and sample.pairs[0][0].shape == (224, 224, 3)
+    assert sample.slots >= 16
+
+
 def test_world_scratch_goes_from_one_event_to_long_contexts_all_in_the_world():
     """``--curriculum world-scratch`` (a new model in the randomized world): its stages in order over the run,
     every one 85 % world (so the vision warm-up draws 85 % world frames too), and a one-event sample asks only

@@ -34,7 +34,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
                                                  "world-where", "world-where-long", "world-mild",
                                                  "world-mild-hard", "world-mild-count",
-                                                 "world-mild-apart", "world-mild-where"),
+                                                 "world-mild-apart", "world-mild-where", "world-mild-224"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -49,7 +49,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "world-mild-count (world-mild-hard asking count three times, half the events two pairs "
                              "long), world-mild-apart (world-mild-count where a shape never comes back in the pair "
                              "right after it left, as in the card's streams), world-mild-where (world-mild-apart "
-                             "asking where 6 times in 17 draws instead of 3 in 14)")
+                             "asking where 6 times in 17 draws instead of 3 in 14), world-mild-224 (world-mild-where "
+                             "with a quarter of the kept pairs, for --size 224 going on from a 112 x 112 toy)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")

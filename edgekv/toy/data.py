@@ -195,6 +195,13 @@ WORLD_MILD_APART = tuple((share, replace(stage, name=stage.name + " (apart)", ap
 WORLD_MILD_WHERE = tuple((share, replace(stage, name=stage.name + " (where x6)",
                                          families=(*stage.families, "where", "where", "where")))
                          for share, stage in WORLD_MILD_APART)
+# WORLD_MILD_WHERE at 224 x 224 (64 tokens per pair): each stage's kept pairs a quarter of the 112 x 112 ones (at
+# least 4), so that a sample holds as many video tokens as before (up to 4,096), and `where` asked as often — for a
+# toy going on from a 112 x 112 one (``train-toy --init DIR --size 224``), whose tokens must learn a grid of 8 x 8
+# cells instead of 4 x 4 (issue 27: the shipped 112 x 112 toy answers `where` at 224 x 224 at chance, 0.30).
+WORLD_MILD_224 = tuple((share, replace(stage, name=stage.name + " (224)",
+                                       pairs=(max(4, stage.pairs[0] // 4), max(8, stage.pairs[1] // 4))))
+                       for share, stage in WORLD_MILD_WHERE)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
                                                          "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,
@@ -202,7 +209,8 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-mild": WORLD_MILD, "world-mild-hard": WORLD_MILD_HARD,
                                                          "world-mild-count": WORLD_MILD_COUNT,
                                                          "world-mild-apart": WORLD_MILD_APART,
-                                                         "world-mild-where": WORLD_MILD_WHERE}
+                                                         "world-mild-where": WORLD_MILD_WHERE,
+                                                         "world-mild-224": WORLD_MILD_224}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:
