@@ -78,6 +78,30 @@ def test_frontier_names_the_largest_cap_where_a_policy_falls_under_90_percent_of
     text = format_frontier(result)
     assert "L=1000 infinipot_v: all questions holds to 1/64, events >= 256 pairs old breaks at 1/64" in text
     assert "L=1000 sliding_window: all questions breaks at 1/4" in text
+    assert pot["family_breaks_at"] == {"color": None} and window["family_breaks_at"] == {"color": 4000 / 16000}
+    assert "by question family: color breaks at 1/4 (n=20)" in text.split("\n")[1]  # FAMILY_MIN_N questions
+
+
+def test_frontier_per_question_family_finds_the_family_a_policy_loses():
+    """A policy that keeps colour but loses ``where`` breaks in the family figures, not in the pooled ones."""
+    from edgekv.eval.cli import format_frontier
+    from edgekv.eval.needle import frontier, summarize
+
+    records = []
+    for budget, where_right in ((4000, 20), (1000, 16)):  # ceiling: 20 of 20 each family
+        for family, right in (("color", 20), ("shape", 20), ("exists", 20), ("where", where_right)):
+            for i in range(20):
+                records.append({"length": 1000, "budget": budget, "bytes": budget, "policy": "infinipot_v",
+                                "family": family, "kind": family, "correct": i < right, "age": 10 + (i % 2) * 300,
+                                "ceiling_correct": True, "ceiling_full": None, "size": 112, "cap": None,
+                                "cap_actual": budget / 16000})
+    item = frontier(summarize(records))["L=1000 infinipot_v"]
+    assert item["breaks_at"] is None  # 76 of 80 pooled: 0.95
+    assert item["family_breaks_at"] == {"color": None, "exists": None, "shape": None, "where": 1000 / 16000}
+    assert item["caps"][1]["by_family"]["where"] == {"n": 20, "ratio": 0.8}
+    assert "by question family: where breaks at 1/16 (n=20)" in format_frontier({"x": item})
+    few = frontier(summarize([r for r in records if r["family"] != "where" or r["age"] == 10]))["L=1000 infinipot_v"]
+    assert few["caps"][1]["by_family"]["where"]["n"] == 10 and few["family_breaks_at"]["where"] is None  # too few
 
 
 def test_wilson_interval_matches_known_values():

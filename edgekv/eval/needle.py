@@ -499,12 +499,18 @@ def summarize(records: list[dict]) -> dict:
     return out
 
 
+# A question family's cell breaks only on at least this many questions (a family asked 4 times, e.g. count_gap on a
+# few streams, is within its noise of any ratio).
+FAMILY_MIN_N = 20
+
+
 def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
     """Where each policy breaks: per (size, length, policy), its accuracy over the ceiling at every cap run,
     largest cap first, for all questions and for those about events at least ``OLD_AGE`` pairs old, and the
     largest cap at which that ratio falls under ``threshold`` (``breaks_at`` / ``old_breaks_at``; None: it holds
-    at every cap run). The ceiling is the full cache on the long stream where it was run, else the short
-    streams'."""
+    at every cap run), and the same per question family on cells of at least ``FAMILY_MIN_N`` questions
+    (``family_breaks_at``: a policy may keep what colour and shape need and lose what ``where`` or ``count`` need). The ceiling is the full cache on the long stream where
+    it was run, else the short streams'."""
     groups: dict[tuple, list[dict]] = {}
     for entry in summary.values():
         groups.setdefault((entry.get("size", 112), entry["length"], entry["policy"]), []).append(entry)
@@ -515,13 +521,21 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
             old = [v for k, v in entry["by_age"].items() if k != "none" and int(k.split("-")[0].rstrip("+")) >= OLD_AGE]
             caps.append({"budget": entry["budget"], "cap": entry.get("cap_actual"),
                          "ratio": _ratio(entry["accuracy"], entry.get("ceiling_full"), entry["ceiling"]),
-                         "old_n": sum(v["n"] for v in old), "old_ratio": _old_ratio(old)})
+                         "old_n": sum(v["n"] for v in old), "old_ratio": _old_ratio(old),
+                         "by_family": {f: {"n": v["n"], "ratio": _ratio(v["accuracy"], v.get("ceiling_full"),
+                                                                        v["ceiling"])}
+                                       for f, v in entry.get("by_family", {}).items()}})
         label = f"L={length} {policy}" + (f" {size}px" if size != 112 else "")
         out[label] = {"size": size, "length": length, "policy": policy, "threshold": threshold, "caps": caps,
                       "breaks_at": next((c["cap"] for c in caps if c["ratio"] is not None and c["ratio"] < threshold),
                                         None),
                       "old_breaks_at": next((c["cap"] for c in caps
-                                             if c["old_ratio"] is not None and c["old_ratio"] < threshold), None)}
+                                             if c["old_ratio"] is not None and c["old_ratio"] < threshold), None),
+                      "family_breaks_at": {f: next((c["cap"] for c in caps
+                                                    if c["by_family"].get(f, {}).get("n", 0) >= FAMILY_MIN_N
+                                                    and (r := c["by_family"][f]["ratio"]) is not None
+                                                    and r < threshold), None)
+                                           for f in sorted({f for c in caps for f in c["by_family"]})}}
     return out
 
 
