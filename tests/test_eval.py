@@ -248,6 +248,22 @@ def test_eval_needle_skips_statekv_sinks_a_cap_cannot_hold(tmp_path, capsys):
     assert set(json.loads(out.read_text())["summary"]) == {"L=80 M=400 statekv B=128", "L=80 M=400 sliding_window"}
 
 
+def test_eval_needle_skips_archive_runs_whose_recall_a_cap_cannot_hold(tmp_path, capsys):
+    """An archive run reserves archive.top_k pairs of the cap for what it recalls: at a cap that cannot hold them
+    beside the prefix, two pairs and the text reserve the run is skipped with a line, and the others go on (the
+    1/256 floor of 160 slots with top_k = 4 once ended a whole command)."""
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "needle.json"
+    code = main(["eval", "needle", "--lengths", "80", "--budgets", "170", "--policies", "sliding_window",
+                 "--archive", "--option", "archive.top_k=4", "--streams", "1", "--ages", "4,40,70",
+                 "--json", str(out), "--plot", "", "--threads", "1"])
+    assert code == 0
+    assert ("skipped: 170 slots cannot hold the prefix, two pairs, the text reserve and the 4 recalled pairs of "
+            "archive.top_k") in capsys.readouterr().out
+    assert set(json.loads(out.read_text())["summary"]) == {"L=80 M=170 sliding_window"}
+
+
 def test_eval_needle_compares_kv_dtypes_at_equal_bytes(tmp_path, capsys):
     """``--kv-dtypes fp16,int8,fp8``: each run once per dtype; the 8-bit ones get the slots that the fp16 cache
     of M tokens takes in bytes (scales and metadata counted), so their caches cost no more than fp16's."""

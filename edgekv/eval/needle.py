@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from edgekv.cache.specs import KV_DTYPES, CacheSpec
+from edgekv.config import ArchiveSection
 from edgekv.eval.stats import proportion
 from edgekv.toy.questions import (CHANCE, COLORS, FAMILIES, QA, SHAPES, answer_of, binding_options,
                                   binding_question, count_question, exists_question, negative_exists,
@@ -405,6 +406,12 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                         if slots < cap_budget(0.0, length, size, config.reserve):
                             log(f"  M={budget:6d} {run.label:28s} skipped: {slots} slots at equal bytes are "
                                 f"fewer than a session needs")
+                            continue
+                        recalled = int(dict(run.options).get("archive.top_k", ArchiveSection.top_k)) \
+                            if run.archive else 0
+                        if run.archive and slots < 32 + (2 + recalled) * per_pair + config.reserve:
+                            log(f"  M={budget:6d} {run.label:28s} skipped: {slots} slots cannot hold the prefix, two "
+                                f"pairs, the text reserve and the {recalled} recalled pairs of archive.top_k")
                             continue
                         if run.sinks and run.sinks >= slots:  # StateKV's B sinks live inside the cap
                             log(f"  M={budget:6d} {run.label:28s} skipped: B={run.sinks} sinks do not fit a cap "
