@@ -176,12 +176,20 @@ class CacheSection:
     max_mib: float | None = None
     target_tokens: int | None = None     # C after a compression; None = 0.75 (M - text_reserve)
     recent_ratio: float = 0.125          # r as a share of the frame pairs that fit
-    tar_ratio: float = 0.5               # alpha
+    # alpha, TaR's share of a compression's budget (InfiniPot-V Alg. 1; its Table A1 peaks at 0.4-0.6 on real
+    # models). Kept by measurement (issue 27, toy W12a, 2,000-pair world needle streams, caps 1/16 / 1/64 / 1/256,
+    # `edgekv eval compare`, ~200 questions a cap and seed): 0.25 loses 1.5 / 1.5 / 5.5 points (p 0.04 at 1/256);
+    # 0.75 +3.0 / +1.0 / 0 on seed 45 and -0.5 / 0 / -1.0 on seed 47; TaR alone (1.0) +2.5 / +2.0 / +2.5 on seed 45
+    # and -1.0 / +0.5 / +0.5 on seed 47; VaN alone (0.0) -10.5 / -17.6 / -17.6 (worse on every stream). README,
+    # "The needle benchmark across the cap".
+    tar_ratio: float = 0.5
     sinks: int = 0                       # StateKV B; 0 = prefill attends to the whole capped cache
     calibration: str | None = None       # CV thresholds from `edgekv calibrate`
     text_reserve_tokens: int = 512       # room inside M for a question and its answer
     tar_rope: Literal["unrotated", "raw"] = "unrotated"
-    van_pooling: Literal["present", "zeros"] = "present"  # VaN window mean over present cells | k^2 (zeros)
+    # VaN window mean over present cells | k^2 (zeros). "present" kept (issue 27, toy W12a, same streams): zeros
+    # -2.0 / -4.0 (p 0.04) / +1.5 points at 1/16 / 1/64 / 1/256.
+    van_pooling: Literal["present", "zeros"] = "present"
     rebase_position: int | None = None   # re-base temporal positions past this; None = half the trained range
     # K/V storage: None = model.dtype; int8 / fp8 (float8_e4m3fn) keep a bf16 scale per slot and KV head
     # (edgekv/cache/quant.py), about half the bytes per slot of fp16, so max_mib buys ~1.9x the slots. Kept at None
