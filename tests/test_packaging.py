@@ -136,7 +136,9 @@ try:
     video_error = None
 except ModuleNotFoundError as exc:
     video_error = str(exc)
-print(json.dumps({"edgekv": edgekv.__file__, "pairs": session.stats()["frame_pairs"], "tokens": answer.token_ids,
+from edgekv.model.builtin import BUILTINS, builtin_path
+shipped = {name: (builtin_path(name) / "model.safetensors").is_file() for name in BUILTINS}
+print(json.dumps({"edgekv": edgekv.__file__, "builtins": shipped, "pairs": session.stats()["frame_pairs"], "tokens": answer.token_ids,
                   "cv2": importlib.util.find_spec("cv2") is not None, "video_error": video_error,
                   "decode_route": bf16.decode_route, "bf16_tokens": bf16_tokens}))
 """
@@ -169,6 +171,7 @@ def test_the_wheel_without_extras_runs_a_session(tmp_path, wheel, tiny_checkpoin
     assert not found["cv2"]  # the venv really is bare: no OpenCV
     assert "pip install 'edgekv[video]'" in found["video_error"]
     assert len(found["bf16_tokens"]) == 3
+    assert found["builtins"] == {"builtin:toy": True, "builtin:toy-224": True}  # both trained toys are package data
     assert found["decode_route"] == ("native" if shutil.which(os.environ.get("CC", "cc")) else "eager")
 
 

@@ -514,6 +514,42 @@ def test_the_shipped_checkpoint_scores_what_its_card_states():
         assert result["accuracy"][family] > CHANCE[family] + 0.1, family
 
 
+@pytest.mark.slow
+def test_the_224_variant_knows_where_at_224_and_the_112_toy_does_not():
+    """``builtin:toy-224`` (issue 27's 224 x 224 variant, 64 tokens a pair): on the first 40 held-out streams at 224
+    x 224 it answers ``where`` far above chance, where the 112 x 112 toy it went on from is at chance; both names
+    resolve to shipped checkpoints with their cards, and an unknown ``builtin:`` name is refused naming the known."""
+    import json
+
+    from edgekv.eval.toy_accuracy import evaluate_families
+    from edgekv.model.builtin import BUILTINS, builtin_path, resolve_model_path
+    from edgekv.toy.questions import CHANCE
+
+    card = json.loads((builtin_path("builtin:toy-224") / "card.json").read_text())
+    assert card["resolution"] == [224, 224] and card["heldout_accuracy"]["size"] == 224
+    assert set(BUILTINS) == {"builtin:toy", "builtin:toy-224"}
+    with pytest.raises(FileNotFoundError, match="builtin:toy-112: not a shipped checkpoint .shipped: builtin:toy, "):
+        resolve_model_path("builtin:toy-112")
+    from types import SimpleNamespace
+
+    from edgekv.apps.daemon.startup import StartupError, check_model_dir
+
+    check_model_dir(SimpleNamespace(model=SimpleNamespace(path="builtin:toy-224")))  # the daemon takes it
+    with pytest.raises(StartupError, match="model.path: builtin:toy-112: builtin:toy-112: not a shipped"):
+        check_model_dir(SimpleNamespace(model=SimpleNamespace(path="builtin:toy-112")))
+
+    def where(model: str) -> dict:
+        result = evaluate_families(model, ("events",), count=40, questions="all", size=224)
+        return result["families"]["events"]["by_question"]
+
+    variant, toy = where("builtin:toy-224"), where("builtin:toy")
+    # measured on these 40 streams: where 0.946 (35 of 37) vs 0.270 (10 of 37); on 200 streams 0.869 vs 0.296
+    assert variant["where"]["n"] == toy["where"]["n"] >= 25
+    assert variant["where"]["accuracy"] >= 0.6 and toy["where"]["accuracy"] <= 0.45
+    for family in FAMILIES:
+        assert variant[family]["accuracy"] > CHANCE[family] + 0.3, family
+
+
 DEMO_QUIZ_MIN_CORRECT = 7  # measured: 9 of 10 on the 2-core x86 dev machine (fp32; a margin for other CPUs)
 
 

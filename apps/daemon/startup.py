@@ -34,12 +34,12 @@ def check_model_dir(config: EdgeKVConfig) -> None:
     if config.model.path is None:
         raise StartupError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory, "
                            "or `edgekv make-tiny-checkpoint DIR` for a random one)")
-    from edgekv.model.builtin import BUILTIN_NAME, resolve_model_path
+    from edgekv.model.builtin import resolve_model_path
 
     try:
         path = Path(resolve_model_path(config.model.path)).expanduser()
-    except FileNotFoundError as exc:  # builtin:toy in a tree whose package data is missing
-        raise StartupError(f"model.path: {BUILTIN_NAME}: {exc}") from None
+    except FileNotFoundError as exc:  # builtin:toy in a tree whose package data is missing, or no such builtin
+        raise StartupError(f"model.path: {config.model.path}: {exc}") from None
     if not path.is_dir():
         raise StartupError(f"model.path: {path}: no such directory")
     if not (path / "config.json").is_file():
