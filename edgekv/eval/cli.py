@@ -66,7 +66,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle = sub.add_parser(
         "needle", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="toy-model answer accuracy per cache policy x cap x stream length x event age (JSON + PNG)")
-    needle.add_argument("--model", default="builtin:toy", help="a toy checkpoint dir (builtin:toy = the shipped one; builtin:toy-224 its 224 x 224 variant, for --sizes 224)")
+    needle.add_argument("--model", default="builtin:toy",
+                        help="a toy checkpoint dir (builtin:toy = the shipped one; builtin:toy-224 its 224 x 224 "
+                             "variant, for --sizes 224)")
     needle.add_argument("--lengths", type=_ints, default=(2000,), help="stream lengths in frame pairs")
     needle.add_argument("--budgets", type=_ints, default=None,
                         help="cache caps M in tokens (default 4000 when --caps is not given)")
