@@ -416,7 +416,10 @@ class ArchiveSection:
     queue_pairs: int = 8            # staging buffers between ingest and the writer
     when_full: Literal["drop", "wait"] = "drop"  # all buffers taken: drop the pair (live camera: ingest never
     #                                 waits on the disk) or wait for the writer (replay faster than real time)
-    top_k: int = 4                  # pairs recalled per question (the retrieval reserve holds this many)
+    # pairs recalled per question (the retrieval reserve holds this many). Kept by measurement (issue 27, toy W12a,
+    # 2,000-pair world needle streams at 1/64, `eval compare`): sliding_window answers 0.291 without recall, 0.809 /
+    # 0.879 / 0.864 with k = 1 / 4 / 16 (4 vs 1: +7.0 points, p 0.02; 16 vs 4: -1.5, p 0.45).
+    top_k: int = 4
     retrieval: Literal["layer", "pooled"] = "layer"  # top-k per layer (ReKV) or one top-k for all layers
     scoring: Literal["attention", "cosine"] = "attention"  # a pair's share of the question's attention, or
     #                                 ReKV's cosine of mean query and mean key (edgekv/archive/recall.py)
