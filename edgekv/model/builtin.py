@@ -25,4 +25,4 @@ def builtin_path(name: str = BUILTIN_NAME) -> Path:
 
 def resolve_model_path(path: str) -> str:
     """``builtin:toy`` / ``builtin:toy-224`` -> the shipped checkpoint's directory; any other path unchanged."""
-    return str(builtin_path(path)) if path.startswith("builtin:") else path
+    return str(builtin_path(path)) if isinstance(path, str) and path.startswith("builtin:") else path
