@@ -254,10 +254,12 @@ def format_frontier(frontier: dict) -> str:
                 return f"breaks at {share_label(cap)}"
             return f"holds to {share_label(item['caps'][-1]['cap'])}"
 
+        def asked(family: str, cap: float) -> int:
+            return next(c["by_family"][family]["n"] for c in item["caps"] if c["cap"] == cap)
+
         broken = [(f, cap) for f, cap in item.get("family_breaks_at", {}).items() if cap is not None]
         families = ("; by question family: " + ", ".join(
-            f"{f} breaks at {share_label(cap)} (n={next(c['by_family'][f]['n'] for c in item['caps'] if c['cap'] == cap)})"
-            for f, cap in broken)) if broken else ""
+            f"{f} breaks at {share_label(cap)} (n={asked(f, cap)})" for f, cap in broken)) if broken else ""
         lines.append(f"frontier {label}: all questions {verdict('breaks_at')}, events >= 256 pairs old "
                      f"{verdict('old_breaks_at')} (breaking: under {threshold:.0%} of the ceiling; accuracy / "
                      f"ceiling, all / old, per cap: {ratios}){families}")

@@ -516,8 +516,8 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
     largest cap first, for all questions and for those about events at least ``OLD_AGE`` pairs old, and the
     largest cap at which that ratio falls under ``threshold`` (``breaks_at`` / ``old_breaks_at``; None: it holds
     at every cap run), and the same per question family on cells of at least ``FAMILY_MIN_N`` questions
-    (``family_breaks_at``: a policy may keep what colour and shape need and lose what ``where`` or ``count`` need). The ceiling is the full cache on the long stream where
-    it was run, else the short streams'."""
+    (``family_breaks_at``: a policy may keep what colour and shape need and lose what ``where`` or ``count``
+    need). The ceiling is the full cache on the long stream where it was run, else the short streams'."""
     groups: dict[tuple, list[dict]] = {}
     for entry in summary.values():
         groups.setdefault((entry.get("size", 112), entry["length"], entry["policy"]), []).append(entry)
