@@ -493,12 +493,11 @@ static int q4_prepare(const float *x, int64_t K, int64_t G, int digits, struct q
  * chunk of 16 rows the 16-bit sums of digit 0 and digit 1 (one lane per column) are interleaved and
  * joined by one vpmaddwd against (1, 256) into s0 + 256 s1 in 32 bits, exact, for columns 0-3 / 8-11
  * and 4-7 / 12-15; the group's two accumulators go back to column order once per group. */
-/* A group's end for one 16-column block of bf16 activations: a0 / a1 hold the group's integer sums of columns 0-3,
- * 8-11 / 4-7, 12-15 (as the digits were joined) in fp32; y += s 2^(E - B) (sum_k q X_k - z sum_k X_k). */
-Q4_INLINE void q4_group_end(__m256 a0, __m256 a1, const struct q4_input *in, int64_t g, const uint16_t *scales,
-                            const uint8_t *zeros, int64_t N, int64_t n, __m256 *y0, __m256 *y1) {
+/* A group's end for one 16-column block, its integer sums in column order: c0 / c1 = sum_k q X_k of columns 0-7 /
+ * 8-15 in fp32; y += s 2^(E - B) (sum_k q X_k - z sum_k X_k). */
+Q4_INLINE void q4_group_scale(__m256 c0, __m256 c1, const struct q4_input *in, int64_t g, const uint16_t *scales,
+                              const uint8_t *zeros, int64_t N, int64_t n, __m256 *y0, __m256 *y1) {
   const __m256 xs = _mm256_set1_ps(in->xsum[g]), f = _mm256_set1_ps(in->factor[g]);
-  const __m256 c0 = _mm256_permute2f128_ps(a0, a1, 0x20), c1 = _mm256_permute2f128_ps(a0, a1, 0x31);
   const uint8_t *z = zeros + g * N + n;
   const uint16_t *sc = scales + g * N + n;
   const __m256 z0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)z)));
@@ -507,6 +506,14 @@ Q4_INLINE void q4_group_end(__m256 a0, __m256 a1, const struct q4_input *in, int
   const __m256 s1 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8))));
   *y0 = _mm256_fmadd_ps(s0, _mm256_fnmadd_ps(z0, xs, c0), *y0);
   *y1 = _mm256_fmadd_ps(s1, _mm256_fnmadd_ps(z1, xs, c1), *y1);
+}
+
+/* The same for bf16 activations' joined digits: a0 / a1 hold columns 0-3, 8-11 / 4-7, 12-15 (as the digits were
+ * joined), put back in column order first. */
+Q4_INLINE void q4_group_end(__m256 a0, __m256 a1, const struct q4_input *in, int64_t g, const uint16_t *scales,
+                            const uint8_t *zeros, int64_t N, int64_t n, __m256 *y0, __m256 *y1) {
+  q4_group_scale(_mm256_permute2f128_ps(a0, a1, 0x20), _mm256_permute2f128_ps(a0, a1, 0x31), in, g, scales, zeros,
+                 N, n, y0, y1);
 }
 
 /* y[n .. n + 16) = y0, y1 (+ bias). */
@@ -664,15 +671,7 @@ Q4_INLINE void q4_block(const uint8_t *t, const struct q4_input *in, const uint1
       }
 #undef Q4_WIDE
     }
-    const __m256 xs = _mm256_set1_ps(in->xsum[g]), f = _mm256_set1_ps(in->factor[g]);
-    const uint8_t *z = zeros + g * N + n0;
-    const uint16_t *s = scales + g * N + n0;
-    const __m256 z0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)z)));
-    const __m256 z1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8))));
-    const __m256 sc0 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)));
-    const __m256 sc1 = _mm256_mul_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 8))));
-    y0 = _mm256_fmadd_ps(sc0, _mm256_fnmadd_ps(z0, xs, a0), y0);
-    y1 = _mm256_fmadd_ps(sc1, _mm256_fnmadd_ps(z1, xs, a1), y1);
+    q4_group_scale(a0, a1, in, g, scales, zeros, N, n0, &y0, &y1);
   }
   if (bias) {
     y0 = _mm256_add_ps(y0, _mm256_loadu_ps(bias + n0));
