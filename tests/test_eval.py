@@ -151,6 +151,30 @@ def test_world_needle_streams_and_their_ceilings_share_the_background():
     assert scene.family == "stripes" and scene.style == stream.style
 
 
+def test_busy_needle_streams_pass_objects_and_lures_through_the_stream_and_its_ceilings(capsys):
+    from edgekv.eval.cli import main as eval_main  # noqa: F401  (the CLI's refusals below)
+    from edgekv.apps.cli import main
+    from edgekv.toy.questions import COLORS, SHAPES
+
+    stream = needle_stream(300, (10, 200, 250), seed=2, family="stripes", busy=1.0, lures=1.0)
+    assert stream.scene.style.transients == 1.0 and stream.scene.style.lures == 1.0
+    passing = [c for pair in range(300) for c in stream.scene.transients(pair)]
+    assert len(passing) > 150 and all(c.color in COLORS and c.shape not in SHAPES for c in passing)
+    scene, _ = ceiling_scene(tuple(stream.scene.events), 2, 2.0, family=stream.family, style=stream.style)
+    assert scene.style == stream.style  # the ceiling streams are as busy
+    # the events, their ages and the questions do not depend on what passes
+    quiet = needle_stream(300, (10, 200, 250), seed=2, family="stripes")
+    assert [e.describe() for e in quiet.scene.events] == [e.describe() for e in stream.scene.events]
+    assert [p.qa for p in quiet.probes] == [p.qa for p in stream.probes]
+    with pytest.raises(ValueError, match="classic family"):
+        needle_stream(300, (10, 200), seed=2, busy=0.5)
+    for args, message in ((["--busy", "2"], "--busy: passing objects per frame pair in \\[0, 1\\], got 2.0"),
+                          (["--families", "photo", "--lures", "0.5"], "mild streams have none: give --busy"),
+                          (["--busy", "0.5"], "classic renderer \\(family events\\) draws no passing objects")):
+        assert main(["eval", "needle", *args]) == 2
+        assert __import__("re").search(message, capsys.readouterr().err)
+
+
 def test_caps_are_shares_of_the_stream_with_a_floor():
     import argparse
 

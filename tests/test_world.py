@@ -127,6 +127,26 @@ def test_distractors_are_outside_the_vocabulary():
     assert not pixels & vocabulary  # no vocabulary colour anywhere without an event
 
 
+def test_lures_are_transients_in_vocabulary_colours_never_vocabulary_shapes():
+    plain = WorldScene(112, 112, 2.0, 5, [], "gradient", WorldStyle(noise=0.0, transients=0.8), frames=400)
+    lured = WorldScene(112, 112, 2.0, 5, [], "gradient", WorldStyle(noise=0.0, transients=0.8, lures=1.0), frames=400)
+    half = WorldScene(112, 112, 2.0, 5, [], "gradient", WorldStyle(noise=0.0, transients=0.8, lures=0.5), frames=400)
+    a, b, c = ([x for pair in range(200) for x in s.transients(pair)] for s in (plain, lured, half))
+    # the same objects, places and times; only the colour is drawn from the vocabulary
+    assert len(a) == len(b) == len(c) > 50
+    assert [(x.shape, x.center, x.first_pair) for x in a] == [(x.shape, x.center, x.first_pair) for x in b]
+    assert all(x.color in DISTRACTOR_BGR for x in a) and all(x.color in COLORS for x in b)
+    assert all(x.shape not in SHAPES for x in b + c)
+    share = np.mean([x.color in COLORS for x in c])
+    assert 0.3 < share < 0.7
+    pair = next(p for p in range(200) if lured.transients(p))
+    item = lured.transients(pair)[0]
+    pixels = {tuple(p) for p in lured.frame(2 * pair).reshape(-1, 3)}
+    assert tuple(COLOR_BGR[item.color]) in pixels  # drawn in its vocabulary colour
+    with pytest.raises(ValueError, match="lures"):
+        WorldStyle(lures=1.5)
+
+
 def test_transients_render_the_same_frames_going_back_in_a_long_stream():
     # a needle stream is encoded front to back, then its ceiling and replays ask for early pairs again: the
     # per-block transients forgotten on the way must be redrawn the same (a KeyError once lost block 0)

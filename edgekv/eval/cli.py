@@ -81,6 +81,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--style", choices=("mild", "world"), default="mild",
                         help="world streams: mild (only the background differs) or world (random camera, light, "
                              "JPEG, out-of-vocabulary distractors, occlusion, event sizes one cell to a quarter frame)")
+    needle.add_argument("--busy", type=float, default=0.0,
+                        help="world families: out-of-vocabulary objects passing through the frame, per frame pair "
+                             "(0-1, each on screen 1-6 pairs; whatever --style draws): a busy scene where what the "
+                             "cache must keep competes with what is new but never asked about")
+    needle.add_argument("--lures", type=float, default=0.0,
+                        help="the share (0-1) of the passing objects drawn in the vocabulary's colours (a red star, "
+                             "a blue ring): as salient as a needle to a cache that cannot know the question")
     needle.add_argument("--sizes", type=_ints, default=(112,), help="frame sides: 112 (16 tokens per pair), 224 (64)")
     needle.add_argument("--kinds", default="base",
                         help="question families: base (colour, shape, exists, order, count), all (also where, "
@@ -177,6 +184,15 @@ def _run_needle(args: argparse.Namespace) -> int:
             problems += [p for f in families if f != "events" and (p := family_problem(f))]
     except ValueError as exc:
         problems.append(str(exc))
+    if not 0 <= args.busy <= 1:
+        problems.append(f"--busy: passing objects per frame pair in [0, 1], got {args.busy}")
+    if not 0 <= args.lures <= 1:
+        problems.append(f"--lures: a share in [0, 1], got {args.lures}")
+    elif args.lures and not args.busy and args.style == "mild":
+        problems.append("--lures: a share of the passing objects, and mild streams have none: give --busy")
+    elif (args.busy or args.lures) and "events" in families:
+        problems.append("--busy / --lures: the classic renderer (family events) draws no passing objects; choose world "
+                        "families (--families photo,cells, ...)")
     if problems or any(size % 28 for size in args.sizes) or args.repeats < 0:
         detail = "; ".join(problems) or "--sizes must be multiples of 28 and --repeats at least 0"
         if any(k not in ALL_FAMILIES for k in kinds):
@@ -189,7 +205,7 @@ def _run_needle(args: argparse.Namespace) -> int:
                           ages=args.ages or DEFAULT_AGES, streams=args.streams, events=args.events, fps=args.fps,
                           seed=args.seed, families=families, style=args.style, sizes=args.sizes, kinds=kinds,
                           repeats=args.repeats, caps=args.caps, full_max_tokens=args.full_max_tokens,
-                          kv_dtypes=args.kv_dtypes)
+                          kv_dtypes=args.kv_dtypes, busy=args.busy, lures=args.lures)
     result = evaluate(config)
     save(result, args.json, args.plot)
     print(format_summary(result["summary"]))

@@ -108,12 +108,17 @@ class PolicyRun:
 def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3, fps: float = 2.0,
                   checkpoints: tuple[float, ...] = CHECKPOINTS, noise: float = 3.0, family: str = CLASSIC,
                   size: int = 112, kinds: tuple[str, ...] = FAMILIES, repeats: int = 0,
-                  style: str = "mild") -> NeedleStream:
+                  style: str = "mild", busy: float = 0.0, lures: float = 0.0) -> NeedleStream:
     """A ``length``-pair stream with ``events`` needle events at ages drawn from ``ages`` (distinct
     shapes and colours), ``repeats`` more that bring a needle's shape back in an unused colour at another
     age, and the probes (of the question families in ``kinds``) asked at each checkpoint. ``family`` other
     than ``events`` draws the background from the randomized world (``style`` "world": its random camera,
-    light, JPEG, clutter, occlusion and event sizes too)."""
+    light, JPEG, clutter, occlusion and event sizes too). ``busy`` > 0 (world families only): out-of-vocabulary
+    objects pass through the frame at that many per pair (each for 1-6 pairs), whatever the style; ``lures``
+    of them (a share) in the vocabulary's colours: out-of-vocabulary shapes as salient as the needles."""
+    if (busy or lures) and family == CLASSIC:
+        raise ValueError(f"busy {busy}, lures {lures}: passing objects are drawn by the world renderer; the "
+                         f"classic family {CLASSIC!r} has none (choose a world family)")
     rng = np.random.default_rng((seed, 41))
     valid = sorted({a for a in ages if 1 <= a <= length - 1})
     if not valid:
@@ -142,7 +147,7 @@ def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3
                 placed.append(world_event(rng, original.shape, color, length - age, 1, size, size, avoid=avoid))
             else:
                 placed.append(place_event(rng, original.shape, color, length - age, 1, size, size, avoid=avoid))
-    scene, world_style = make_scene(family, style, size, fps, seed, placed, 2 * length, noise)
+    scene, world_style = make_scene(family, style, size, fps, seed, placed, 2 * length, noise, busy, lures)
     probes: list[Probe] = []
     for fraction in checkpoints:
         at = max(1, int(round(fraction * length)))
@@ -152,9 +157,10 @@ def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3
 
 
 def make_scene(family: str, style: str | object, size: int, fps: float, seed: int, events: list[Event],
-               frames: int, noise: float = 3.0):
+               frames: int, noise: float = 3.0, busy: float = 0.0, lures: float = 0.0):
     """(scene, world style): the classic renderer for ``events``; else a world scene of ``family`` whose
-    style is the given ``WorldStyle``, or drawn from the seed ("world"), or noise only ("mild")."""
+    style is the given ``WorldStyle``, or drawn from the seed ("world"), or noise only ("mild"); ``busy``
+    sets its transient objects per pair, ``lures`` the share of them in vocabulary colours."""
     if family == CLASSIC:
         return EventScene(size, size, 2.0 if fps is None else fps, seed, events, SceneStyle(noise=noise),
                           frames=frames), None
@@ -164,6 +170,10 @@ def make_scene(family: str, style: str | object, size: int, fps: float, seed: in
         style = random_style(np.random.default_rng((seed, 43)))
     elif style == "mild":
         style = WorldStyle(noise=noise)
+    if busy:
+        style = replace(style, transients=busy)
+    if lures:
+        style = replace(style, lures=lures)
     return WorldScene(size, size, fps, seed, events, family, style, frames=frames), style
 
 
@@ -327,6 +337,8 @@ class NeedleConfig:
     caps: tuple[float, ...] = ()             # caps as shares of the stream's video tokens (beside budgets)
     full_max_tokens: int = 40000             # the full-cache ceiling on the long stream where it fits this
     kv_dtypes: tuple[str, ...] = ()          # K/V dtypes compared at equal bytes (the first one's M tokens)
+    busy: float = 0.0                        # world streams: passing out-of-vocabulary objects per frame pair
+    lures: float = 0.0                       # ... the share of them in the vocabulary's colours
 
 
 def tokens_per_pair(size: int) -> int:
@@ -379,7 +391,7 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                 family = config.families[index % len(config.families)]
                 stream = needle_stream(length, config.ages, seed, config.events, config.fps, config.checkpoints,
                                        family=family, size=size, kinds=config.kinds, repeats=config.repeats,
-                                       style=config.style)
+                                       style=config.style, busy=config.busy, lures=config.lures)
                 ceiling = _ceilings(config, stream, size)
                 started = time.perf_counter()
                 replay = encode_stream(base, stream.scene, stream.pairs)

@@ -75,6 +75,7 @@ class Stage:
     batch_divisor: int = 1          # this stage's batches hold batch_size // batch_divisor streams (long ones)
     mild: float = 0.0               # share of world samples drawn as the card's streams on a world background
     apart: bool = False             # a shape never starts in the pair right after one of its events ended
+    lures: float = 0.0              # share of world samples busy with lures (passing shapes in vocabulary colours)
 
 
 CURRICULUM: tuple[tuple[float, Stage], ...] = (
@@ -202,6 +203,13 @@ WORLD_MILD_WHERE = tuple((share, replace(stage, name=stage.name + " (where x6)",
 WORLD_MILD_224 = tuple((share, replace(stage, name=stage.name + " (224)",
                                        pairs=(max(4, stage.pairs[0] // 4), max(8, stage.pairs[1] // 4))))
                        for share, stage in WORLD_MILD_WHERE)
+# WORLD_MILD_WHERE with half of its world samples busy with lures (``Stage.lures``): out-of-vocabulary shapes (star,
+# ring, hexagon, ellipse) in the vocabulary's colours passing at 0.1-1 per pair, half to all of the passing objects.
+# Without it the toy takes a red ring for a red something: W12a's full cache answers busy lured needle streams
+# (`eval needle --style world --busy 1 --lures 1`) at 0.22 — and a cache that cannot know the question must keep
+# such lures as it keeps the needles (the separation issue 27 asks of the needle benchmark).
+WORLD_LURES = tuple((share, replace(stage, name=stage.name + " (lures)", lures=0.5))
+                    for share, stage in WORLD_MILD_WHERE)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
                                                          "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,
@@ -210,7 +218,8 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-mild-count": WORLD_MILD_COUNT,
                                                          "world-mild-apart": WORLD_MILD_APART,
                                                          "world-mild-where": WORLD_MILD_WHERE,
-                                                         "world-mild-224": WORLD_MILD_224}
+                                                         "world-mild-224": WORLD_MILD_224,
+                                                         "world-lures": WORLD_LURES}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:
@@ -329,6 +338,8 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
         drawable = families or drawable_families(None, DEFAULT_HOLDOUT)
         family = drawable[int(rng.integers(len(drawable)))]
         style = mild_style(_style(rng)) if mild else random_style(rng)
+        if stage.lures and rng.random() < stage.lures:  # drawn only where the stage has lures: others unchanged
+            style = replace(style, transients=float(rng.uniform(0.1, 1.0)), lures=float(rng.uniform(0.5, 1.0)))
         scene = WorldScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], family, style)
     else:
         scene = EventScene(size, size, 2.0, int(rng.integers(2 ** 31)), [], _style(rng))

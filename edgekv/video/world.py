@@ -418,11 +418,12 @@ class WorldStyle:
     distractors: int = 0        # out-of-vocabulary objects always in the scene (some wander)
     transients: float = 0.0     # out-of-vocabulary objects appearing, expected per frame pair
     occlusion: float = 0.0      # probability that an event is partly hidden by a bar in front of it
+    lures: float = 0.0          # share of the transients drawn in a vocabulary colour (still never a SHAPES shape)
     color_jitter: float = 0.0   # +- uint8 levels on each event's colour
 
     def __post_init__(self) -> None:
         for name in ("noise", "drift", "shake", "light", "cast", "switch", "distractors", "transients",
-                     "occlusion", "color_jitter"):
+                     "occlusion", "color_jitter", "lures"):
             if getattr(self, name) < 0:
                 raise ValueError(f"world {name}: must be >= 0, got {getattr(self, name)}")
         if self.light + self.switch >= 1.0 or self.cast >= 0.5:
@@ -430,9 +431,9 @@ class WorldStyle:
                              f"{self.switch}, {self.cast}")
         if not 0 <= self.jpeg <= 95:
             raise ValueError(f"world jpeg: a quality in 1..95 or 0 (off), got {self.jpeg}")
-        if self.occlusion > 1 or self.transients > 1:
-            raise ValueError(f"world occlusion and transients must be at most 1, got {self.occlusion}, "
-                             f"{self.transients}")
+        if self.occlusion > 1 or self.transients > 1 or self.lures > 1:
+            raise ValueError(f"world occlusion, transients and lures must be at most 1, got {self.occlusion}, "
+                             f"{self.transients}, {self.lures}")
         if self.light_period <= 0 or self.switch_period < 1:
             raise ValueError("world light_period and switch_period must be positive")
 
@@ -570,6 +571,15 @@ class WorldScene:
                        float(radius), float(rng.uniform(0, np.pi)), first_pair, pairs,
                        (float(speed[0]), float(speed[1])))
 
+    def _lure(self, block: int, items: list[Clutter]) -> list[Clutter]:
+        """Each of a block's transients in a vocabulary colour with probability ``style.lures``, drawn apart from
+        the objects themselves: the same shapes, places and times at any share of lures."""
+        if not self.style.lures:
+            return items
+        rng = np.random.default_rng((self.seed, 71, block))
+        draws = [(rng.random(), str(rng.choice(COLORS))) for _ in items]
+        return [replace(item, color=color) if u < self.style.lures else item for item, (u, color) in zip(items, draws)]
+
     def transients(self, pair: int) -> list[Clutter]:
         """Transient distractors on screen at ``pair`` (drawn per block, so unbounded streams work)."""
         if not self.style.transients:
@@ -583,9 +593,10 @@ class WorldScene:
                 rng = np.random.default_rng((self.seed, 67, b))
                 count = int(rng.poisson(self.style.transients * _TRANSIENT_BLOCK))
                 radius_range = world_radius_range(self.width, self.height)
-                self._blocks[b] = [self._clutter(rng, radius_range, False,
-                                                 b * _TRANSIENT_BLOCK + int(rng.integers(_TRANSIENT_BLOCK)),
-                                                 int(rng.integers(1, 7))) for _ in range(count)]
+                start = b * _TRANSIENT_BLOCK
+                self._blocks[b] = self._lure(b, [self._clutter(rng, radius_range, False,
+                                                               start + int(rng.integers(_TRANSIENT_BLOCK)),
+                                                               int(rng.integers(1, 7))) for _ in range(count)])
                 if len(self._blocks) > 8:  # forget the block farthest from this pair (never one it needs)
                     self._blocks.pop(max((k for k in self._blocks if k not in (block - 1, block)),
                                          key=lambda k: abs(k - block)))
@@ -683,7 +694,7 @@ class WorldScene:
                 cx, cy = _bounce(cx, self.width), _bounce(cy, self.height)
             center = (cx - (x0 - self.margin), cy - (y0 - self.margin))
             image[distractor_mask(item.shape, center, item.radius, self.height, self.width, item.angle)] = \
-                DISTRACTOR_BGR[item.color]
+                DISTRACTOR_BGR[item.color] if item.color in DISTRACTOR_BGR else COLOR_BGR[item.color]
         for event in self.active(pair):
             # the event is fixed in the world: it moves in the frame as the camera moved since its first pair
             bx, by = self._drift_only(event.first_pair)
