@@ -31,11 +31,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "zeroed residual branches: the same answers at step 0)")
     parser.add_argument("--grow-vision", type=int, default=0, metavar="N",
                         help="with --init: append N blocks to its vision tower first (the same way)")
-    parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
-                                                 "world-where", "world-where-long", "world-mild",
-                                                 "world-mild-hard", "world-mild-count",
-                                                 "world-mild-apart", "world-mild-where", "world-mild-224"),
-                        default="full",
+    from edgekv.toy.data import CURRICULA
+
+    parser.add_argument("--curriculum", choices=tuple(CURRICULA), default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
                              "world (85 %% of streams in the randomized world, every question family), world-long "
@@ -50,7 +48,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "long), world-mild-apart (world-mild-count where a shape never comes back in the pair "
                              "right after it left, as in the card's streams), world-mild-where (world-mild-apart "
                              "asking where 6 times in 17 draws instead of 3 in 14), world-mild-224 (world-mild-where "
-                             "with a quarter of the kept pairs, for --size 224 going on from a 112 x 112 toy)")
+                             "with a quarter of the kept pairs, for --size 224 going on from a 112 x 112 toy), "
+                             "world-lures (world-mild-where with half of the world streams busy with lures: "
+                             "out-of-vocabulary shapes in the vocabulary's colours passing through)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
