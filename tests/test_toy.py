@@ -1139,6 +1139,35 @@ def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys
     assert "--init" in capsys.readouterr().out
 
 
+def test_world_lures_makes_half_its_world_streams_busy_with_lures(monkeypatch):
+    """``--curriculum world-lures``: world-mild-where's stages with half of the world samples (mild or not) busy with
+    lures — out-of-vocabulary shapes passing at 0.1-1 per pair, half to all of them in vocabulary colours; the
+    questions and everything else as world-mild-where, whose samples draw no lures."""
+    from dataclasses import replace
+
+    import edgekv.video.world as world
+
+    from edgekv.toy.data import WORLD_LURES, WORLD_MILD_WHERE
+
+    for (share_w, w), (share_l, lured) in zip(WORLD_MILD_WHERE, WORLD_LURES, strict=True):
+        assert share_w == share_l and replace(lured, name=w.name, lures=0.0) == w and lured.lures == 0.5
+    seen: list = []
+    real = world.WorldScene
+    monkeypatch.setattr(world, "WorldScene", lambda *a, **k: seen.append(a[6]) or real(*a, **k))
+    families = ("noise", "gradient")
+    for stage in (WORLD_LURES[1][1], WORLD_MILD_WHERE[1][1]):
+        seen.clear()
+        rng = np.random.default_rng(8)
+        for _ in range(30):
+            draw_sample(rng, replace(stage, pairs=(6, 10), world=1.0), MAX_POSITIONS, families=families)
+        busy = [s for s in seen if s.lures]
+        if stage.lures:
+            assert 8 <= len(busy) <= 22 and len(seen) == 30  # half, give or take
+            assert all(0.1 <= s.transients <= 1.0 and 0.5 <= s.lures <= 1.0 for s in busy)
+        else:
+            assert not busy
+
+
 def test_world_mild_draws_half_its_world_streams_as_the_cards_streams_on_world_backgrounds(monkeypatch):
     """``--curriculum world-mild``: about half of its world samples take the classic renderer's camera (noise,
     drift, lighting only: no JPEG, clutter, occlusion or colour jitter) and its events (one or two pairs) on a

@@ -31,9 +31,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "zeroed residual branches: the same answers at step 0)")
     parser.add_argument("--grow-vision", type=int, default=0, metavar="N",
                         help="with --init: append N blocks to its vision tower first (the same way)")
-    from edgekv.toy.data import CURRICULA
-
-    parser.add_argument("--curriculum", choices=tuple(CURRICULA), default="full",
+    parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
+                                                 "world-where", "world-where-long", "world-mild",
+                                                 "world-mild-hard", "world-mild-count",
+                                                 "world-mild-apart", "world-mild-where", "world-mild-224",
+                                                 "world-lures"),
+                        default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
                              "world (85 %% of streams in the randomized world, every question family), world-long "
