@@ -29,6 +29,10 @@ Harder settings (issue 27), all off by default so that earlier figures keep thei
 * ``caps``: caps given as shares of the stream's video tokens (1/4 .. 1/256) instead of, or beside, tokens;
 * the **full-cache ceiling**: the same long stream with nothing evicted, where its tokens fit
   ``full_max_tokens`` (``ceiling_full`` per record; the short-stream ceiling stays beside it);
+* ``busy`` and ``lures`` (world families): out-of-vocabulary objects passing through the frame at ``busy`` per pair,
+  a ``lures`` share of them in the vocabulary's colours (a red star, a blue ring). A trained toy's value norms mark
+  its needles (``tools/toy_value_norms.py``), so a cache that ranks by them keeps every needle of a quiet stream
+  in a few tokens; lures are what a cache that cannot know the question must keep as well — the real condition;
 * ``kv_dtypes``: every run once per K/V storage dtype **at equal bytes** (DESIGN invariant 11): the first
   dtype's cache of ``M`` tokens sets the bytes, and each other dtype gets the slots those bytes buy it
   (``CacheSpec.tokens_for_bytes``, scales and metadata counted); records keep ``M`` as their budget (so the
