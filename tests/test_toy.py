@@ -1151,6 +1151,11 @@ def test_world_lures_makes_half_its_world_streams_busy_with_lures(monkeypatch):
 
     for (share_w, w), (share_l, lured) in zip(WORLD_MILD_WHERE, WORLD_LURES, strict=True):
         assert share_w == share_l and replace(lured, name=w.name, lures=0.0) == w and lured.lures == 0.5
+    from edgekv.toy.data import WORLD_LURES_DENSE
+
+    for (share_l, lured), (share_d, dense) in zip(WORLD_LURES, WORLD_LURES_DENSE, strict=True):
+        assert share_l == share_d and (dense.lures, dense.backgrounds) == (0.75, 24)
+        assert replace(dense, name=lured.name, lures=0.5, backgrounds=lured.backgrounds) == lured
     seen: list = []
     real = world.WorldScene
     monkeypatch.setattr(world, "WorldScene", lambda *a, **k: seen.append(a[6]) or real(*a, **k))

@@ -35,7 +35,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "world-where", "world-where-long", "world-mild",
                                                  "world-mild-hard", "world-mild-count",
                                                  "world-mild-apart", "world-mild-where", "world-mild-224",
-                                                 "world-lures"),
+                                                 "world-lures", "world-lures-dense"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -53,7 +53,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "asking where 6 times in 17 draws instead of 3 in 14), world-mild-224 (world-mild-where "
                              "with a quarter of the kept pairs, for --size 224 going on from a 112 x 112 toy), "
                              "world-lures (world-mild-where with half of the world streams busy with lures: "
-                             "out-of-vocabulary shapes in the vocabulary's colours passing through)")
+                             "out-of-vocabulary shapes in the vocabulary's colours passing through), world-lures-dense "
+                             "(world-lures with three quarters of the world streams lured and 24 background "
+                             "renderings a sample: for a round after world-lures)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")

@@ -210,6 +210,14 @@ WORLD_MILD_224 = tuple((share, replace(stage, name=stage.name + " (224)",
 # such lures as it keeps the needles (the separation issue 27 asks of the needle benchmark).
 WORLD_LURES = tuple((share, replace(stage, name=stage.name + " (lures)", lures=0.5))
                     for share, stage in WORLD_MILD_WHERE)
+# WORLD_LURES for a toy that went through it (``--init``): three quarters of the world samples lured and 24 background
+# renderings a sample instead of 4-8, so that a long training context holds as many distinct passing objects as a
+# long lured stream shows. After one world-lures round (toy WL), its full cache read 2,000-pair lured needle streams
+# (`--busy 0.2 --lures 1`) at 0.40-0.46 against 0.75-0.77 on short ones: a few dozen lures in a training context,
+# hundreds in the stream.
+WORLD_LURES_DENSE = tuple((share, replace(stage, name=stage.name + " (dense)", lures=0.75,
+                                          backgrounds=max(stage.backgrounds, 24)))
+                          for share, stage in WORLD_LURES)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
                                                          "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,
@@ -219,7 +227,8 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-mild-apart": WORLD_MILD_APART,
                                                          "world-mild-where": WORLD_MILD_WHERE,
                                                          "world-mild-224": WORLD_MILD_224,
-                                                         "world-lures": WORLD_LURES}
+                                                         "world-lures": WORLD_LURES,
+                                                         "world-lures-dense": WORLD_LURES_DENSE}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:
