@@ -226,3 +226,8 @@ def test_world_source_spec_gives_frames_and_ground_truth():
         parse_spec("synthetic:world?families=wood")
     with pytest.raises(ValueError, match="no background family left"):
         open_source("synthetic:world?families=cells&holdout=cells")
+    lured = open_source("synthetic:world?size=112x112&frames=40&seed=3&families=noise&transients=0.6&lures=1")
+    assert (lured.scene.style.transients, lured.scene.style.lures) == (0.6, 1.0)
+    assert all(c.color in COLORS for p in range(20) for c in lured.scene.transients(p))
+    with pytest.raises(ValueError, match="synthetic:world\\?lures=2.*lures must be at most 1"):
+        open_source("synthetic:world?lures=2")
