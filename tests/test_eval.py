@@ -152,7 +152,8 @@ def test_world_needle_streams_and_their_ceilings_share_the_background():
 
 
 def test_busy_needle_streams_pass_objects_and_lures_through_the_stream_and_its_ceilings(capsys):
-    from edgekv.eval.cli import main as eval_main  # noqa: F401  (the CLI's refusals below)
+    import re
+
     from edgekv.apps.cli import main
     from edgekv.toy.questions import COLORS, SHAPES
 
@@ -172,7 +173,7 @@ def test_busy_needle_streams_pass_objects_and_lures_through_the_stream_and_its_c
                           (["--families", "photo", "--lures", "0.5"], "mild streams have none: give --busy"),
                           (["--busy", "0.5"], "classic renderer \\(family events\\) draws no passing objects")):
         assert main(["eval", "needle", *args]) == 2
-        assert __import__("re").search(message, capsys.readouterr().err)
+        assert re.search(message, capsys.readouterr().err)
 
 
 def test_caps_are_shares_of_the_stream_with_a_floor():

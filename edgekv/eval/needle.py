@@ -174,10 +174,8 @@ def make_scene(family: str, style: str | object, size: int, fps: float, seed: in
         style = random_style(np.random.default_rng((seed, 43)))
     elif style == "mild":
         style = WorldStyle(noise=noise)
-    if busy:
-        style = replace(style, transients=busy)
-    if lures:
-        style = replace(style, lures=lures)
+    if busy or lures:
+        style = replace(style, transients=busy or style.transients, lures=lures or style.lures)
     return WorldScene(size, size, fps, seed, events, family, style, frames=frames), style
 
 
