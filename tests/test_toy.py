@@ -1173,6 +1173,47 @@ def test_world_lures_makes_half_its_world_streams_busy_with_lures(monkeypatch):
             assert not busy
 
 
+def test_world_mild_tone_regrades_half_its_world_backgrounds(monkeypatch):
+    """``--curriculum world-mild-tone``: world-mild-apart's stages with half of the world samples (mild or not) on a
+    background re-graded at a tone of 0.3-1; world-mild-apart's samples draw none."""
+    from dataclasses import replace
+
+    import edgekv.video.world as world
+
+    from edgekv.toy.data import WORLD_MILD_APART, WORLD_MILD_TONE
+
+    for (share_a, apart), (share_t, toned) in zip(WORLD_MILD_APART, WORLD_MILD_TONE, strict=True):
+        assert share_a == share_t and replace(toned, name=apart.name, tone=0.0) == apart and toned.tone == 0.5
+    seen: list = []
+    real = world.WorldScene
+    monkeypatch.setattr(world, "WorldScene", lambda *a, **k: seen.append(a[6]) or real(*a, **k))
+    for stage in (WORLD_MILD_TONE[1][1], WORLD_MILD_APART[1][1]):
+        seen.clear()
+        rng = np.random.default_rng(9)
+        for _ in range(30):
+            draw_sample(rng, replace(stage, pairs=(6, 10), world=1.0), MAX_POSITIONS, families=("noise", "checks"))
+        graded = [s for s in seen if s.tone]
+        assert len(seen) == 30
+        if stage.tone:
+            assert 8 <= len(graded) <= 22 and all(0.3 <= s.tone <= 1.0 for s in graded)
+        else:
+            assert not graded
+
+
+def test_world_mild_224_long_doubles_the_long_stage_contexts_at_one_stream_a_batch():
+    from dataclasses import replace
+
+    from edgekv.toy.data import WORLD_MILD_224, WORLD_MILD_224_LONG
+
+    (share_s, short), (share_l, long) = WORLD_MILD_224[1], WORLD_MILD_224_LONG[1]
+    assert share_s == share_l and long.pairs == (32, 128) and 8 // long.batch_divisor == 1
+    assert replace(long, name=short.name, pairs=short.pairs, batch_divisor=short.batch_divisor) == short
+    assert WORLD_MILD_224_LONG[0] == WORLD_MILD_224[0]
+    rng = np.random.default_rng(3)
+    sample = draw_sample(rng, replace(long, pairs=(120, 128)), MAX_POSITIONS, size=224, families=("noise",))
+    assert 120 <= len(sample.slot_pair) <= 128 and sample.evict_at.shape[1] == 64  # 64 tokens a pair at 224
+
+
 def test_world_mild_draws_half_its_world_streams_as_the_cards_streams_on_world_backgrounds(monkeypatch):
     """``--curriculum world-mild``: about half of its world samples take the classic renderer's camera (noise,
     drift, lighting only: no JPEG, clutter, occlusion or colour jitter) and its events (one or two pairs) on a

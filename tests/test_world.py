@@ -147,6 +147,37 @@ def test_lures_are_transients_in_vocabulary_colours_never_vocabulary_shapes():
         WorldStyle(lures=1.5)
 
 
+def test_tone_regrades_the_background_only_and_tone_zero_draws_what_it_drew_before():
+    from edgekv.video.world import apply_tone, background_tone
+
+    event = _event(radius=18)
+    plain = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0), frames=40)
+    zero = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0, tone=0.0), frames=40)
+    toned = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0, tone=1.0), frames=40)
+    again = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0, tone=1.0), frames=40)
+    a, b, c = plain.frame(4), toned.frame(4), again.frame(4)
+    assert np.array_equal(a, zero.frame(4)) and np.array_equal(b, c)  # tone 0: bit for bit; seeded: the same
+    shown = zero.mask(event)
+    assert np.array_equal(a[shown], b[shown])  # the needle keeps its colour exactly
+    assert np.all(b[shown] == COLOR_BGR["red"])
+    assert np.abs(a[~shown].astype(int) - b[~shown].astype(int)).mean() > 3  # the background is re-graded
+    assert np.array_equal(toned.frame(0), toned.frame(2))  # a still background stays still
+    # strength 0 is the identity, grey stays grey at any strength, and the tones differ from stream to stream
+    canvas = np.random.default_rng(0).uniform(0, 255, (8, 8, 3)).astype(np.float32)
+    identity = background_tone(np.random.default_rng(1), 0.0)
+    assert np.allclose(apply_tone(canvas, identity), canvas, atol=1e-3)
+    grey = np.full((2, 2, 3), 100.0, np.float32)
+    for seed in range(5):
+        out = apply_tone(grey, background_tone(np.random.default_rng(seed), 1.0))
+        assert np.allclose(out, out[..., :1], atol=1e-3)
+    gammas = {round(background_tone(np.random.default_rng(seed), 1.0).gamma, 3) for seed in range(6)}
+    assert len(gammas) == 6
+    with pytest.raises(ValueError, match="tone"):
+        WorldStyle(tone=1.5)
+    with pytest.raises(ValueError, match="tone"):
+        WorldStyle(tone=-0.1)
+
+
 def test_transients_render_the_same_frames_going_back_in_a_long_stream():
     # a needle stream is encoded front to back, then its ceiling and replays ask for early pairs again: the
     # per-block transients forgotten on the way must be redrawn the same (a KeyError once lost block 0)
@@ -231,3 +262,7 @@ def test_world_source_spec_gives_frames_and_ground_truth():
     assert all(c.color in COLORS for p in range(20) for c in lured.scene.transients(p))
     with pytest.raises(ValueError, match="synthetic:world\\?lures=2.*lures must be at most 1"):
         open_source("synthetic:world?lures=2")
+    toned = open_source("synthetic:world?size=112x112&frames=40&seed=3&families=noise&tone=0.8")
+    assert toned.scene.style.tone == 0.8
+    with pytest.raises(ValueError, match="synthetic:world\\?tone=1.5.*tone must be at most 1"):
+        open_source("synthetic:world?tone=1.5")

@@ -420,10 +420,12 @@ class WorldStyle:
     occlusion: float = 0.0      # probability that an event is partly hidden by a bar in front of it
     lures: float = 0.0          # share of the transients drawn in a vocabulary colour (still never a SHAPES shape)
     color_jitter: float = 0.0   # +- uint8 levels on each event's colour
+    tone: float = 0.0           # strength in [0, 1] of a random re-grading of the background only (gamma, contrast,
+                                # saturation, hue: a bright, green or washed-out scene), drawn per stream
 
     def __post_init__(self) -> None:
         for name in ("noise", "drift", "shake", "light", "cast", "switch", "distractors", "transients",
-                     "occlusion", "color_jitter", "lures"):
+                     "occlusion", "color_jitter", "lures", "tone"):
             if getattr(self, name) < 0:
                 raise ValueError(f"world {name}: must be >= 0, got {getattr(self, name)}")
         if self.light + self.switch >= 1.0 or self.cast >= 0.5:
@@ -431,11 +433,45 @@ class WorldStyle:
                              f"{self.switch}, {self.cast}")
         if not 0 <= self.jpeg <= 95:
             raise ValueError(f"world jpeg: a quality in 1..95 or 0 (off), got {self.jpeg}")
-        if self.occlusion > 1 or self.transients > 1 or self.lures > 1:
-            raise ValueError(f"world occlusion, transients and lures must be at most 1, got {self.occlusion}, "
-                             f"{self.transients}, {self.lures}")
+        for name in ("occlusion", "transients", "lures", "tone"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"world {name} must be at most 1, got {getattr(self, name)}")
         if self.light_period <= 0 or self.switch_period < 1:
             raise ValueError("world light_period and switch_period must be positive")
+
+
+@dataclass(frozen=True)
+class Tone:
+    """One stream's background grading (``WorldStyle.tone``): values in [0, 1] are raised to ``gamma``, then
+    ``matrix`` (saturation and a hue rotation about the grey axis, BGR) and ``contrast`` about mid-grey."""
+
+    gamma: float
+    contrast: float
+    matrix: np.ndarray
+
+
+def background_tone(rng: np.random.Generator, strength: float) -> Tone:
+    """A random grading of ``strength`` in [0, 1]: gamma and contrast within a factor e^(±0.6 s) and e^(±0.4 s),
+    saturation within e^(±0.9 s), hue turned by up to ±180° x s. At 1 it reaches the kinds of background the toy's
+    training photographs lack — an over-exposed, saturated green tree (opencv-doc's tree.avi, a held-out family)."""
+    gamma = math.exp(float(rng.uniform(-0.6, 0.6)) * strength)
+    contrast = math.exp(float(rng.uniform(-0.4, 0.4)) * strength)
+    saturation = math.exp(float(rng.uniform(-0.9, 0.9)) * strength)
+    angle = float(rng.uniform(-math.pi, math.pi)) * strength
+    grey = np.full((3, 3), 1.0 / 3.0)
+    # rotation by ``angle`` about the (1, 1, 1) axis (Rodrigues): keeps grey grey, turns the hues
+    k = np.array([[0.0, -1.0, 1.0], [1.0, 0.0, -1.0], [-1.0, 1.0, 0.0]]) / math.sqrt(3.0)
+    rotation = np.eye(3) + math.sin(angle) * k + (1.0 - math.cos(angle)) * (k @ k)
+    matrix = grey + saturation * rotation @ (np.eye(3) - grey)
+    return Tone(gamma, contrast, matrix.astype(np.float32))
+
+
+def apply_tone(canvas: np.ndarray, tone: Tone) -> np.ndarray:
+    """``canvas`` (HxWx3 float BGR in 0-255) graded by ``tone``, float32, clipped to 0-255."""
+    x = np.power(np.clip(canvas, 0, 255) / 255.0, tone.gamma, dtype=np.float32)
+    x = x @ tone.matrix.T
+    x = 0.5 + tone.contrast * (x - 0.5)
+    return np.clip(x * 255.0, 0, 255).astype(np.float32)
 
 
 def mild_style(style) -> WorldStyle:
@@ -560,6 +596,9 @@ class WorldScene:
                         for _ in range(self.style.distractors)]
         self._masks: dict[tuple, np.ndarray] = {}
         self._blocks: dict[int, list[Clutter]] = {}
+        self._tone = background_tone(np.random.default_rng((self.seed, 89)), self.style.tone) if self.style.tone \
+            else None
+        self._toned: tuple[np.ndarray, np.ndarray] | None = None  # (canvas, its re-graded copy)
 
     # ------------------------------------------------------------------ parts
     def _clutter(self, rng: np.random.Generator, radius_range: tuple[int, int], wander: bool = False,
@@ -684,7 +723,7 @@ class WorldScene:
         """Frame ``index`` as a new HxWx3 uint8 BGR array."""
         pair = index // 2
         ox, oy = self.offset(index)
-        canvas = self.background.at(index)
+        canvas = self._graded(self.background.at(index))
         x0, y0 = int(round(ox)), int(round(oy))
         image = canvas[y0:y0 + self.height, x0:x0 + self.width].copy()
         for item in self.clutter + self.transients(pair):
@@ -716,6 +755,14 @@ class WorldScene:
         if self.style.jpeg:
             out = jpeg_roundtrip(out, self.style.jpeg)
         return out
+
+    def _graded(self, canvas: np.ndarray) -> np.ndarray:
+        """``canvas`` re-graded by the stream's background tone (the same canvas object: the cached copy)."""
+        if self._tone is None:
+            return canvas
+        if self._toned is None or self._toned[0] is not canvas:
+            self._toned = (canvas, apply_tone(canvas, self._tone))
+        return self._toned[1]
 
     def _box(self, event: Event) -> np.ndarray:
         """The bar is drawn only near its event: within 1.6 radii of its centre."""
