@@ -59,7 +59,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "renderings a sample: for a round after world-lures), world-mild-tone "
                              "(world-mild-apart with half of the world streams on a re-graded background: gamma, "
                              "contrast, saturation and hue drawn per stream), world-mild-224-long (world-mild-224 "
-                             "with its long stage's contexts twice as long, one stream a batch)")
+                             "with its long stage's contexts 1.5 times as long, one stream a batch)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
