@@ -1200,20 +1200,6 @@ def test_world_mild_tone_regrades_half_its_world_backgrounds(monkeypatch):
             assert not graded
 
 
-def test_world_mild_224_long_lengthens_the_long_stage_contexts_at_one_stream_a_batch():
-    from dataclasses import replace
-
-    from edgekv.toy.data import WORLD_MILD_224, WORLD_MILD_224_LONG
-
-    (share_s, short), (share_l, long) = WORLD_MILD_224[1], WORLD_MILD_224_LONG[1]
-    assert share_s == share_l and long.pairs == (24, 96) and 8 // long.batch_divisor == 1
-    assert replace(long, name=short.name, pairs=short.pairs, batch_divisor=short.batch_divisor) == short
-    assert WORLD_MILD_224_LONG[0] == WORLD_MILD_224[0]
-    rng = np.random.default_rng(3)
-    sample = draw_sample(rng, replace(long, pairs=(90, 96)), MAX_POSITIONS, size=224, families=("noise",))
-    assert 90 <= len(sample.slot_pair) <= 96 and sample.evict_at.shape[1] == 64  # 64 tokens a pair at 224
-
-
 def test_world_mild_draws_half_its_world_streams_as_the_cards_streams_on_world_backgrounds(monkeypatch):
     """``--curriculum world-mild``: about half of its world samples take the classic renderer's camera (noise,
     drift, lighting only: no JPEG, clutter, occlusion or colour jitter) and its events (one or two pairs) on a
