@@ -228,8 +228,8 @@ WORLD_LURES_DENSE = tuple((share, replace(stage, name=stage.name + " (dense)", l
 # W12a at lr 2e-4, seed 84, 38.5 min each, two at once; `eval toy --families events,cells,tree,skimage --streams 1000
 # --questions all --seed 777000`): `tree` all questions 0.847 against 0.844 for the same round of world-mild-apart
 # (count 0.761 vs 0.776 = 83.8 vs 83.4 % of the card's streams) — no gain: not the background's grading. Nor its
-# motion: W12a answers `tree` streams the same with the video stopped or at twice its fastest speed (300 streams,
-# count 230 / 232 / 231 right of 300). Kept as an option of the world (``synthetic:world?tone=``), not shipped.
+# motion: W12a answers `tree` streams the same with the video stopped or at twice its fastest speed (300 streams:
+# count right in 232 as drawn, 230 stopped, 231 fast). Kept as an option of the world (``synthetic:world?tone=``), not shipped.
 WORLD_MILD_TONE = tuple((share, replace(stage, name=stage.name + " (tone)", tone=0.5))
                         for share, stage in WORLD_MILD_APART)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
