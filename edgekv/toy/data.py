@@ -225,7 +225,7 @@ WORLD_LURES_DENSE = tuple((share, replace(stage, name=stage.name + " (dense)", l
 # count on `tree` (opencv-doc's tree.avi, never trained: over-exposed, saturated green foliage): 83.3 % of the card's
 # streams on 1,000 streams, its errors spread over every colour and size (300 streams tallied by event);
 # the trained photographs and the one trained video (vtest) hold few such scenes. Measured (issue 27; 1,500 steps from
-# W12a at lr 2e-4, seed 84, 38.5 min each, two at once; `eval toy --families events,cells,tree,skimage --streams 1000
+# W12a at lr 2e-4, seed 84, 40 min each, two at once; `eval toy --families events,cells,tree,skimage --streams 1000
 # --questions all --seed 777000`): `tree` all questions 0.847 against 0.844 for the same round of world-mild-apart
 # (count 0.761 vs 0.776 = 83.8 vs 83.4 % of the card's streams) — no gain: not the background's grading. Nor its
 # motion: W12a answers `tree` streams the same with the video stopped or at twice its fastest speed (300 streams:
