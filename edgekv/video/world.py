@@ -452,8 +452,9 @@ class Tone:
 
 def background_tone(rng: np.random.Generator, strength: float) -> Tone:
     """A random grading of ``strength`` in [0, 1]: gamma and contrast within a factor e^(±0.6 s) and e^(±0.4 s),
-    saturation within e^(±0.9 s), hue turned by up to ±180° x s. At 1 it reaches the kinds of background the toy's
-    training photographs lack — an over-exposed, saturated green tree (opencv-doc's tree.avi, a held-out family)."""
+    saturation within e^(±0.9 s), hue turned by up to ±180° x s: washed-out, over-exposed or saturated scenes. Meant to
+    bring the held-out `tree` (over-exposed green foliage) within the training draws; a round trained with it did not
+    answer `tree` better (``edgekv.toy.data.WORLD_MILD_TONE``)."""
     gamma = math.exp(float(rng.uniform(-0.6, 0.6)) * strength)
     contrast = math.exp(float(rng.uniform(-0.4, 0.4)) * strength)
     saturation = math.exp(float(rng.uniform(-0.9, 0.9)) * strength)
