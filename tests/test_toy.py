@@ -283,6 +283,24 @@ def test_a_few_dozen_training_steps_lower_the_loss():
     assert after < 0.6 * before, (before, after)
 
 
+def test_recompute_gives_the_same_loss_and_gradients_as_keeping_the_activations():
+    torch.manual_seed(0)
+    encoder = Encoder(aux=True)
+    model = init_model(toy_config(), 0).train()
+    batch = encoder.encode([draw_sample(np.random.default_rng(s), CURRICULUM[0][1], MAX_POSITIONS) for s in range(3)])
+    grads = []
+    for recompute in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss = loss_of(forward_logits(model, batch, recompute), batch, 0.5, encoder.no)[0]
+        loss.backward()
+        grads.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (kept_loss, kept), (again_loss, again) = grads
+    torch.testing.assert_close(again_loss, kept_loss)
+    assert kept.keys() == again.keys() and any("layers.0" in n for n in kept)
+    for name in kept:
+        torch.testing.assert_close(again[name], kept[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_place_event_always_places_even_when_the_frame_is_crowded():
     from edgekv.video.events import place_event
 
@@ -1198,6 +1216,20 @@ def test_world_mild_tone_regrades_half_its_world_backgrounds(monkeypatch):
             assert 8 <= len(graded) <= 22 and all(0.3 <= s.tone <= 1.0 for s in graded)
         else:
             assert not graded
+
+
+def test_world_mild_224_long_lengthens_the_long_stage_contexts_at_one_stream_a_batch():
+    from dataclasses import replace
+
+    from edgekv.toy.data import WORLD_MILD_224, WORLD_MILD_224_LONG
+
+    (share_s, short), (share_l, long) = WORLD_MILD_224[1], WORLD_MILD_224_LONG[1]
+    assert share_s == share_l and long.pairs == (24, 96) and 8 // long.batch_divisor == 1
+    assert replace(long, name=short.name, pairs=short.pairs, batch_divisor=short.batch_divisor) == short
+    assert WORLD_MILD_224_LONG[0] == WORLD_MILD_224[0]
+    rng = np.random.default_rng(3)
+    sample = draw_sample(rng, replace(long, pairs=(90, 96)), MAX_POSITIONS, size=224, families=("noise",))
+    assert 90 <= len(sample.slot_pair) <= 96 and sample.evict_at.shape[1] == 64  # 64 tokens a pair at 224
 
 
 def test_world_mild_draws_half_its_world_streams_as_the_cards_streams_on_world_backgrounds(monkeypatch):

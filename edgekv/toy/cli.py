@@ -35,7 +35,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "world-where", "world-where-long", "world-mild",
                                                  "world-mild-hard", "world-mild-count",
                                                  "world-mild-apart", "world-mild-where", "world-mild-224",
-                                                 "world-lures", "world-lures-dense", "world-mild-tone"),
+                                                 "world-lures", "world-lures-dense", "world-mild-tone",
+                                                 "world-mild-224-long"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -57,7 +58,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "(world-lures with three quarters of the world streams lured and 24 background "
                              "renderings a sample: for a round after world-lures), world-mild-tone "
                              "(world-mild-apart with half of the world streams on a re-graded background: gamma, "
-                             "contrast, saturation and hue drawn per stream)")
+                             "contrast, saturation and hue drawn per stream), world-mild-224-long (world-mild-224 "
+                             "with its long stage's contexts 1.5 times as long, one stream a batch)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
@@ -77,6 +79,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=0,
                         help="draw the batches in N processes, each step from its own seeded generators (a "
                              "different draw than the default single stream, the same for any N; what a GPU needs)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="run each layer again in the backward pass instead of keeping its activations: the "
+                             "same gradients in the memory of one layer's attention (long contexts on a CPU)")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--eval-samples", type=int, default=64,
@@ -134,7 +139,7 @@ def run_train(args: argparse.Namespace) -> int:
                  freeze_vision=not args.train_vision, vision_width=args.vision_width,
                  vision_depth=args.vision_depth, device=args.device, workers=args.workers,
                  freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
-                 grow_vision=args.grow_vision)
+                 grow_vision=args.grow_vision, recompute=args.recompute)
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

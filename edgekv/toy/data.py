@@ -204,6 +204,15 @@ WORLD_MILD_WHERE = tuple((share, replace(stage, name=stage.name + " (where x6)",
 WORLD_MILD_224 = tuple((share, replace(stage, name=stage.name + " (224)",
                                        pairs=(max(4, stage.pairs[0] // 4), max(8, stage.pairs[1] // 4))))
                        for share, stage in WORLD_MILD_WHERE)
+# WORLD_MILD_224 with its long stage's contexts 1.5 times as long (24-96 kept pairs: 1,536-6,144 video tokens, one
+# stream a batch): the 224 x 224 toy's full cache answers 0.90 inside 500-pair streams against 1.00 on short ones
+# (W224b), its training contexts a quarter of the 112 x 112 toy's in pairs. Its first runs were killed for memory
+# (13-14 GB): not the training step (one 6,300-token stream: 0.84 GB) but the 64 held-out samples of the log lines
+# scored as one batch (a 10 GB attention mask); they are scored four at a time now (``edgekv.toy.train.HELD_CHUNK``).
+WORLD_MILD_224_LONG = tuple((share, replace(stage, name=stage.name + " (long)", pairs=(stage.pairs[0] * 3 // 2,
+                                                                                      stage.pairs[1] * 3 // 2),
+                                            batch_divisor=stage.batch_divisor * 2))
+                            if stage.batch_divisor > 1 else (share, stage) for share, stage in WORLD_MILD_224)
 # WORLD_MILD_WHERE with half of its world samples busy with lures (``Stage.lures``): out-of-vocabulary shapes (star,
 # ring, hexagon, ellipse) in the vocabulary's colours passing at 0.1-1 per pair, half to all of the passing objects.
 # Without it the toy takes a red ring for a red something: W12a's full cache answers lured 2,000-pair needle streams
@@ -244,7 +253,8 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-mild-224": WORLD_MILD_224,
                                                          "world-lures": WORLD_LURES,
                                                          "world-lures-dense": WORLD_LURES_DENSE,
-                                                         "world-mild-tone": WORLD_MILD_TONE}
+                                                         "world-mild-tone": WORLD_MILD_TONE,
+                                                         "world-mild-224-long": WORLD_MILD_224_LONG}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:

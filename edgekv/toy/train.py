@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from edgekv.model.rope import mrope_cos_sin, vision_block_position_ids
 from edgekv.preprocess import FramePreprocessor
@@ -192,8 +193,13 @@ class Encoder:
                 "slot_tokens": slot_tokens, "slot_positions": slot_positions}
 
 
-def forward_logits(model, batch: Batch) -> torch.Tensor:
-    """Logits [T, V] at the supervised positions (the runtime's modules, batched)."""
+def forward_logits(model, batch: Batch, recompute: bool = False) -> torch.Tensor:
+    """Logits [T, V] at the supervised positions (the runtime's modules, batched).
+
+    ``recompute`` keeps no layer's activations for the backward pass but its input, and runs the layer again
+    there (``torch.utils.checkpoint``): the memory of one layer's attention weights at a time instead of every
+    layer's — what a context of thousands of tokens needs on a CPU — for about a third more compute; the
+    gradients are the same."""
     language = model.language
     vision = model.visual(batch.pixel_values, batch.grid_thw)  # [R * 16, d]
     embeds = language.embed_tokens(batch.ids).clone()  # [B, S, d]
@@ -209,7 +215,10 @@ def forward_logits(model, batch: Batch) -> torch.Tensor:
 
     x = embeds
     for index, layer in enumerate(language.layers):
-        x = layer(x, cos, sin, index, attend)
+        if recompute and torch.is_grad_enabled():
+            x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, index, attend, use_reentrant=False)
+        else:
+            x = layer(x, cos, sin, index, attend)
     hidden = language.norm(x[batch.target_index[:, 0], batch.target_index[:, 1]])
     return language.logits(hidden)
 
@@ -445,7 +454,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
           size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
           device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0,
-          grow_vision: int = 0) -> dict:
+          grow_vision: int = 0, recompute: bool = False) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -463,7 +472,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     ``tools/toy_tower_probe.py --save``). ``vision_width`` and
     ``vision_depth`` size a new model's vision tower (``toy_config``; a checkpoint given as ``init`` keeps its own).
     ``grow`` and ``grow_vision`` deepen ``init``'s LM and tower by that many layers / blocks before training,
-    answering as ``init`` did at step 0 (``edgekv.toy.model.grow_layers``).
+    answering as ``init`` did at step 0 (``edgekv.toy.model.grow_layers``). ``recompute`` runs each layer
+    again in the backward pass instead of keeping its activations (``forward_logits``): the same training in
+    less memory, for long contexts.
 
     ``device`` trains on another device than the CPU (``cuda``: the batches are drawn on the host and moved;
     the checkpoint is written from the host). ``workers`` > 0 draws the batches in that many spawned
@@ -529,8 +540,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
-    held = Encoder(size=size).encode(heldout(seed, eval_samples, curriculum=curriculum, families=drawable,
-                                             size=size)).to(device)
+    held_samples = heldout(seed, eval_samples, curriculum=curriculum, families=drawable, size=size)
+    held_encoder = Encoder(size=size)
+    held = [held_encoder.encode(held_samples[i:i + HELD_CHUNK]).to(device)
+            for i in range(0, len(held_samples), HELD_CHUNK)]
     history: list[dict] = []
     running = np.zeros(2)
     drawn = (sharded(qa_batches_sharded, steps, seed, steps, batch_size, aux_weight > 0, curriculum, drawable, size,
@@ -540,7 +553,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     for step, batch in enumerate(drawn):
         batch = batch.to(device)
         progress = step / max(1, steps)
-        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch), batch, aux_weight, encoder.no)
+        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch, recompute), batch, aux_weight, encoder.no)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(decay + other, 1.0)
@@ -581,6 +594,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += " --train-vision"
     if not vision_steps and freeze_init_vision:
         command += " --freeze-vision"
+    if recompute:
+        command += " --recompute"  # memory, not the recipe: the same gradients
     if workers:
         command += f" --workers {workers}"  # the draw (sharded); the device is not part of the run's recipe
     card = {"command": command, "seed": seed, "steps": steps, "vision_steps": vision_steps,
@@ -590,6 +605,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
             "width": width, "layers": layers,
             "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers,
+            "recompute": recompute,
             "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
@@ -656,12 +672,23 @@ def _machine() -> str:
     return f"{os.cpu_count()} x {cpu}"
 
 
+# Held-out samples scored a few at a time: a batch's attention mask is [streams, S, S] floats, and the last
+# stage's 64 samples in one batch of 6,000-token contexts took 10 GB (what killed world-mild-224-long's first runs).
+HELD_CHUNK = 4
+
+
 @torch.no_grad()
-def evaluate(model, batch: Batch) -> dict[str, float]:
+def evaluate(model, batches: Batch | list[Batch]) -> dict[str, float]:
+    """Teacher-forced accuracy of the answer words per question family, over one batch or several."""
     was_training = model.training
     model.eval()
+    counts: dict[str, list[int]] = {}
     try:
-        counts = accuracy_by_family(forward_logits(model, batch), batch)
+        for batch in [batches] if isinstance(batches, Batch) else batches:
+            for family, (right, total) in accuracy_by_family(forward_logits(model, batch), batch).items():
+                slot = counts.setdefault(family, [0, 0])
+                slot[0] += right
+                slot[1] += total
     finally:
         model.train(was_training)
     return {family: round(counts[family][0] / counts[family][1], 3) for family in ALL_FAMILIES if family in counts}
