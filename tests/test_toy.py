@@ -301,6 +301,26 @@ def test_recompute_gives_the_same_loss_and_gradients_as_keeping_the_activations(
         torch.testing.assert_close(again[name], kept[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_train_toy_recompute_and_held_out_samples_scored_in_chunks(tmp_path):
+    from edgekv.apps.cli import main
+    from edgekv.toy.train import HELD_CHUNK, evaluate, heldout
+
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3),
+                            tmp_path / "start", {"note": "test"})
+    out = tmp_path / "next"
+    assert main(["train-toy", str(out), "--init", str(start), "--steps", "2", "--batch-size", "2", "--log-every", "2",
+                 "--heldout-streams", "0", "--eval-samples", str(HELD_CHUNK + 1), "--vision-steps", "0",
+                 "--threads", "1", "--curriculum", "refine", "--recompute"]) == 0
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert card["recompute"] is True and card["command"].endswith("--recompute") and card["history"][-1]["heldout"]
+    # scored in chunks, the counts are those of one batch of all the samples
+    model = init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 5)
+    samples = heldout(1, 2 * HELD_CHUNK + 1, curriculum="refine")
+    encoder = Encoder()
+    chunks = [encoder.encode(samples[i:i + HELD_CHUNK]) for i in range(0, len(samples), HELD_CHUNK)]
+    assert len(chunks) == 3 and evaluate(model, chunks) == evaluate(model, encoder.encode(samples))
+
+
 def test_place_event_always_places_even_when_the_frame_is_crowded():
     from edgekv.video.events import place_event
 
