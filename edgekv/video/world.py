@@ -16,8 +16,6 @@ Background families (``FAMILIES``):
 ``gradient``  linear or radial gradients between two or three colours
 ``stripes``   straight stripes at any angle and period, hard or soft edged
 ``checks``    checkerboards at any angle and cell size
-``leaves``    foliage: clusters of small overlapping leaves over a sky or a canopy, dark branches, sometimes
-              over-exposed (clutter at the scale of the smallest events)
 ``photo``     photographs that Debian's ``opencv-doc`` ships (``examples/data``)
 ``skimage``   scikit-image's sample photographs (the ``scikit-image`` wheel's ``skimage/data``)
 ``vtest``     frames of ``opencv-doc``'s ``vtest.avi`` (people walking in a hall; the background moves)
@@ -58,7 +56,7 @@ import numpy as np
 from edgekv.video.events import (COLOR_BGR, COLORS, SHAPES, Event, EventPlan, _bounce, _texture, place_event,
                                  shape_mask)
 
-PROCEDURAL: tuple[str, ...] = ("classic", "noise", "cells", "gradient", "stripes", "checks", "leaves")
+PROCEDURAL: tuple[str, ...] = ("classic", "noise", "cells", "gradient", "stripes", "checks")
 PHOTOS: tuple[str, ...] = ("photo", "skimage")
 VIDEOS: tuple[str, ...] = ("vtest", "tree")
 FAMILIES: tuple[str, ...] = PROCEDURAL + PHOTOS + VIDEOS
@@ -339,55 +337,7 @@ def procedural_background(family: str, height: int, width: int, rng: np.random.G
         size = float(rng.uniform(4, 40)) * max(1.0, min(height, width) / 160)
         parity = (np.floor(along / size) + np.floor(across / size)).astype(np.int64) % 2
         return _grain(rng, height, width, colors[parity])
-    if family == "leaves":
-        return _leaves(height, width, rng)
     raise ValueError(f"{family!r} is not a procedural background family ({', '.join(PROCEDURAL)})")
-
-
-def _leaves(height: int, width: int, rng: np.random.Generator) -> np.ndarray:
-    """Foliage: hundreds to thousands of small ellipses (semi-axes 1.5-5 px at 112 x 112, in shades of one
-    hue of at most 0.55 saturation) gathered in clusters where a value-noise field is high, over a bright sky
-    or a dark canopy, with a few dark branches behind them and, in a third of the draws, washed out by an
-    over-exposure. No other family has clutter at the scale of a one-cell event: the backgrounds on which
-    the toy miscounted most were of this kind (issue 27)."""
-    scale = max(1.0, min(height, width) / 112)
-    if rng.random() < 0.5:  # a sky: bright and pale
-        sky = _palette(rng, 2, max_saturation=0.25)
-        back = _blend(_noise_field(rng, height, width), 255 - (255 - sky) * rng.uniform(0.15, 0.5))
-    else:  # a canopy: dark and shaded
-        back = _blend(_noise_field(rng, height, width), _palette(rng, 2) * rng.uniform(0.3, 0.6))
-    image = back.copy()
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
-    for _ in range(int(rng.integers(0, 5))):  # branches: thick dark strokes across part of the frame
-        x0, y0 = rng.uniform(0, width), rng.uniform(height * 0.5, height * 1.1)
-        angle = rng.uniform(-2.6, -0.5)
-        along = (xs - x0) * math.cos(angle) + (ys - y0) * math.sin(angle)
-        across = -(xs - x0) * math.sin(angle) + (ys - y0) * math.cos(angle)
-        reach = rng.uniform(0.3, 1.0) * math.hypot(height, width)
-        thickness = rng.uniform(0.7, 3.0) * scale * np.clip(1.0 - along / reach, 0.3, 1.0)
-        image[(np.abs(across) < thickness) & (along > 0) & (along < reach)] = _palette(rng, 1)[0] * rng.uniform(0.2, 0.5)
-    hue, saturation = rng.random(), rng.uniform(0.1, 0.55)  # one foliage hue, its leaves in shades of it
-    colors = np.array([[c * 255 for c in reversed(colorsys.hsv_to_rgb(
-        (hue + rng.uniform(-0.06, 0.06)) % 1.0, saturation * rng.uniform(0.6, 1.0), rng.uniform(0.25, 0.9)))]
-        for _ in range(int(rng.integers(3, 7)))], dtype=np.float32)
-    clusters = _noise_field(rng, height, width) ** rng.uniform(1.0, 3.0)
-    mean_area = math.pi * (3.2 * scale) * (3.2 * scale * 0.6)
-    candidates = int(height * width / mean_area * rng.uniform(1.0, 3.0))
-    cy, cx = rng.uniform(0, height, candidates), rng.uniform(0, width, candidates)
-    kept = rng.random(candidates) < clusters[cy.astype(int), cx.astype(int)]
-    for y, x in zip(cy[kept], cx[kept]):
-        a = rng.uniform(1.5, 5.0) * scale
-        b = a * rng.uniform(0.35, 0.8)
-        theta = rng.uniform(0, np.pi)
-        top, bottom = max(0, int(y - a) - 1), min(height, int(y + a) + 2)
-        left, right = max(0, int(x - a) - 1), min(width, int(x + a) + 2)
-        dy, dx = ys[top:bottom, left:right] - y, xs[top:bottom, left:right] - x
-        u, v = dx * math.cos(theta) + dy * math.sin(theta), -dx * math.sin(theta) + dy * math.cos(theta)
-        inside = (u / a) ** 2 + (v / b) ** 2 <= 1.0
-        image[top:bottom, left:right][inside] = colors[int(rng.integers(len(colors)))] * rng.uniform(0.6, 1.3)
-    if rng.random() < 1 / 3:  # over-exposed: the highlights burn out, the colours wash out
-        image = image * rng.uniform(1.2, 1.8) + rng.uniform(20, 70)
-    return _grain(rng, height, width, np.clip(image, 0, 255))
 
 
 def _crop_box(rng: np.random.Generator, source_h: int, source_w: int, height: int, width: int,
