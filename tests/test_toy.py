@@ -1291,3 +1291,44 @@ def test_world_mild_draws_half_its_world_streams_as_the_cards_streams_on_world_b
         assert all(e.pairs <= 2 for e in sample.events)
     assert not [style for _, _, style in draw(WORLD_WHERE_LONG[1][1], 3) if style.color_jitter == 0]
     assert CURRICULA["world-mild"] == WORLD_MILD and all(stage.mild == 0.5 for _, stage in WORLD_MILD)
+
+
+def _tripled_background(sample: Sample, times: int) -> Sample:
+    """``sample`` (nothing thinned or evicted) with each background pair laid out ``times`` times at its position."""
+    from dataclasses import replace as dc_replace
+
+    rows = [slot for slot in range(sample.slots) for _ in range(times if sample.background_slots()[slot] else 1)]
+    slots = len(rows)
+    return dc_replace(sample, slot_pair=[sample.slot_pair[r] for r in rows], tpos=[sample.tpos[r] for r in rows],
+                      evict_at=np.full((slots, sample.evict_at.shape[1]), slots + 1), sink=None,
+                      carried=sample.carried[rows], cover=sample.cover[rows], present=None,
+                      shows_shape=None if sample.shows_shape is None else sample.shows_shape[rows], multiplicity=1.0)
+
+
+def test_a_diluted_sample_attends_as_if_its_background_pairs_were_there_that_many_times():
+    from dataclasses import replace as dc_replace
+
+    stage = dc_replace(CURRICULUM[1][1], thin=0.0, sinks=0.0, events=(2, 3), dilute=1.0)
+    samples = [draw_sample(np.random.default_rng(s), stage, MAX_POSITIONS, pairs=(6, 8)) for s in range(3)]
+    for sample in samples:
+        sample.present = None
+        sample.multiplicity = 3.0
+        assert 0 < sample.background_slots().sum() < sample.slots  # events and background pairs both
+    encoder = Encoder()
+    diluted = encoder.encode(samples)
+    assert diluted.key_bias is not None and torch.isclose(diluted.key_bias.max(), torch.tensor(np.log(3.0)).float())
+    copies = encoder.encode([_tripled_background(s, 3) for s in samples])
+    assert copies.key_bias is None and copies.ids.shape[1] > diluted.ids.shape[1]
+    # one layer: the questions read keys and values made from the embeddings alone, so the copies' own rows
+    # (which see each other) cannot differ from the diluted keys' — the logits must agree exactly
+    model = init_model(toy_config(width=32, layers=1, vision_width=32, vision_depth=2), 0).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(forward_logits(model, diluted), forward_logits(model, copies), rtol=1e-4, atol=1e-5)
+        plain = dc_replace(diluted, key_bias=None, slot=None)
+        assert not torch.allclose(forward_logits(model, plain), forward_logits(model, copies), atol=1e-3)
+    # draws of a curriculum without dilution are what they were
+    assert all(s.multiplicity == 1.0 for s in (draw_sample(np.random.default_rng(s), CURRICULUM[1][1], MAX_POSITIONS)
+                                                for s in range(20)))
+    drawn = [draw_sample(np.random.default_rng(s), CURRICULA["world-mild-224-dilute"][1][1], MAX_POSITIONS, size=224,
+                         pairs=(4, 6)).multiplicity for s in range(12)]
+    assert any(m == 1.0 for m in drawn) and any(m > 1.0 for m in drawn) and max(drawn) <= 64.0

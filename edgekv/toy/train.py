@@ -55,6 +55,11 @@ class Batch:
     targets: torch.Tensor      # [T] token ids
     families: list[str]        # [T] family of each target (answers and closing tokens)
     is_answer: torch.Tensor    # [T] bool: the answer word (not the closing <|im_end|>)
+    # Diluted samples (``Sample.multiplicity``; None when the batch has none): log of the multiplicity at the
+    # video tokens of background pairs, 0 elsewhere, added to the attention logits of every later pair's and
+    # question's query — exactly as if each such key and value were there that many times.
+    key_bias: torch.Tensor | None = None  # [B, S] float
+    slot: torch.Tensor | None = None      # [B, S] long: -1 prefix and padding, the slot of a video token, K a branch
 
     def to(self, device: torch.device | str) -> "Batch":
         """The batch with its tensors on ``device`` (``grid_thw`` stays on the host: the tower reads it there)."""
@@ -99,6 +104,9 @@ class Encoder:
         positions = torch.zeros(count, 3, longest, dtype=torch.long)
         mask = torch.zeros(count, longest, longest, dtype=torch.bool)
         mask[:] = torch.eye(longest, dtype=torch.bool)  # padding rows see themselves (no empty softmax)
+        diluted = any(sample.multiplicity != 1.0 for sample in samples)
+        key_bias = torch.zeros(count, longest) if diluted else None
+        slot_of = torch.full((count, longest), -1, dtype=torch.long) if diluted else None
         video_index, video_source, pixels, target_index, targets, families, is_answer = [], [], [], [], [], [], []
         pair_offset = 0
         for b, (row, sample) in enumerate(zip(rows, samples)):
@@ -106,6 +114,12 @@ class Encoder:
             ids[b, :n] = torch.tensor(row["ids"])
             positions[b, :, :n] = row["positions"]
             mask[b, :n, :n] = torch.from_numpy(row["mask"])
+            if diluted:
+                slot_of[b, :n] = torch.from_numpy(row["slot_of"])
+                background = sample.background_slots()
+                for slot, at in enumerate(row["slot_positions"]):
+                    if background[slot] and at:
+                        key_bias[b, at] = math.log(sample.multiplicity)
             for first, second in sample.pairs:
                 pixels.append(self.preprocessor.pair(first, second)[0])
             for slot, pair in enumerate(sample.slot_pair):
@@ -138,7 +152,8 @@ class Encoder:
                 is_answer.append(answer)
         grid = torch.tensor([[1, 2 * self.grid, 2 * self.grid]] * pair_offset)
         return Batch(ids, positions, mask, torch.tensor(video_index), torch.tensor(video_source), torch.cat(pixels),
-                     grid, torch.tensor(target_index), torch.tensor(targets), families, torch.tensor(is_answer))
+                     grid, torch.tensor(target_index), torch.tensor(targets), families, torch.tensor(is_answer),
+                     key_bias, slot_of)
 
     def _encode_one(self, sample: Sample) -> dict:
         slots = sample.slots
@@ -190,7 +205,7 @@ class Encoder:
         mask |= video_query & earlier_video & sink[None, :]
         mask |= branch_query & earlier_video
         return {"ids": ids, "positions": torch.cat(pos, dim=1), "mask": mask, "video_start": s0, "targets": targets,
-                "slot_tokens": slot_tokens, "slot_positions": slot_positions}
+                "slot_tokens": slot_tokens, "slot_positions": slot_positions, "slot_of": slot_a}
 
 
 def forward_logits(model, batch: Batch, recompute: bool = False) -> torch.Tensor:
@@ -208,7 +223,11 @@ def forward_logits(model, batch: Batch, recompute: bool = False) -> torch.Tensor
     cos, sin = torch.stack(cos)[:, None], torch.stack(sin)[:, None]  # [B, 1, S, hd]
     # additive float mask, converted once for every layer (SDPA would convert a bool mask per call)
     mask = torch.zeros(batch.mask.shape, dtype=embeds.dtype, device=embeds.device).masked_fill_(
-        ~batch.mask, float("-inf"))[:, None]
+        ~batch.mask, float("-inf"))
+    if batch.key_bias is not None:  # diluted samples: background keys weigh as many, seen from later slots
+        later = batch.slot[:, :, None] > batch.slot[:, None, :]
+        mask += later.to(mask.dtype) * batch.key_bias[:, None, :].to(mask.dtype)
+    mask = mask[:, None]
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
