@@ -36,7 +36,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "world-mild-hard", "world-mild-count",
                                                  "world-mild-apart", "world-mild-where", "world-mild-224",
                                                  "world-lures", "world-lures-dense", "world-mild-tone",
-                                                 "world-mild-224-long", "world-mild-224-dilute"),
+                                                 "world-mild-224-long", "world-mild-224-dilute",
+                                                 "world-mild-224-distinct", "world-mild-224-dilute-distinct"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -61,7 +62,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "contrast, saturation and hue drawn per stream), world-mild-224-long (world-mild-224 "
                              "with its long stage's contexts 1.5 times as long, one stream a batch), "
                              "world-mild-224-dilute (world-mild-224 with three quarters of the samples diluted: each "
-                             "background pair weighs as 1-64 of them in attention, as in a stream that much longer)")
+                             "background pair weighs as 1-64 of them in attention, as in a stream that much longer), "
+                             "world-mild-224-distinct (world-mild-224 with every background pair of a world sample "
+                             "rendered anew), world-mild-224-dilute-distinct (both)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")

@@ -223,6 +223,13 @@ WORLD_MILD_224_LONG = tuple((share, replace(stage, name=stage.name + " (long)", 
 # at most 4,096: the full cache of W224b reads such streams at 92 % of short (0.872 vs 0.952), 500-pair ones at 90 %.
 WORLD_MILD_224_DILUTE = tuple((share, replace(stage, name=stage.name + " (diluted)", dilute=0.75))
                               for share, stage in WORLD_MILD_224)
+# WORLD_MILD_224 with every background pair of a world sample rendered anew (up to 64 renderings instead of 4-8): a
+# long stream shows thousands of distinct background frames, the training contexts a handful repeated.
+WORLD_MILD_224_DISTINCT = tuple((share, replace(stage, name=stage.name + " (distinct)", backgrounds=64))
+                                for share, stage in WORLD_MILD_224)
+# Both: diluted and distinct.
+WORLD_MILD_224_DILUTE_DISTINCT = tuple((share, replace(stage, name=stage.name + " (distinct)", backgrounds=64))
+                                       for share, stage in WORLD_MILD_224_DILUTE)
 # WORLD_MILD_WHERE with half of its world samples busy with lures (``Stage.lures``): out-of-vocabulary shapes (star,
 # ring, hexagon, ellipse) in the vocabulary's colours passing at 0.1-1 per pair, half to all of the passing objects.
 # Without it the toy takes a red ring for a red something: W12a's full cache answers lured 2,000-pair needle streams
@@ -265,7 +272,10 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-lures-dense": WORLD_LURES_DENSE,
                                                          "world-mild-tone": WORLD_MILD_TONE,
                                                          "world-mild-224-long": WORLD_MILD_224_LONG,
-                                                         "world-mild-224-dilute": WORLD_MILD_224_DILUTE}
+                                                         "world-mild-224-dilute": WORLD_MILD_224_DILUTE,
+                                                         "world-mild-224-distinct": WORLD_MILD_224_DISTINCT,
+                                                         "world-mild-224-dilute-distinct":
+                                                             WORLD_MILD_224_DILUTE_DISTINCT}
 
 
 def batch_pairs(stage: Stage, rng: np.random.Generator) -> tuple[int, int]:
