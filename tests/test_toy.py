@@ -1332,3 +1332,30 @@ def test_a_diluted_sample_attends_as_if_its_background_pairs_were_there_that_man
     drawn = [draw_sample(np.random.default_rng(s), CURRICULA["world-mild-224-dilute"][1][1], MAX_POSITIONS, size=224,
                          pairs=(4, 6)).multiplicity for s in range(12)]
     assert any(m == 1.0 for m in drawn) and any(m > 1.0 for m in drawn) and max(drawn) <= 64.0
+
+
+def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
+    """``world-mild-224-dilute`` / ``-distinct`` / ``-dilute-distinct``: world-mild-224's stages with three quarters
+    of the samples diluted, with every background pair rendered anew, or both; and ``train-toy`` offers every
+    curriculum there is."""
+    import argparse
+    from dataclasses import replace
+
+    from edgekv.toy.cli import add_train_arguments
+
+    base = CURRICULA["world-mild-224"]
+    for name, changes in (("world-mild-224-dilute", {"dilute": 0.75}), ("world-mild-224-distinct", {"backgrounds": 64}),
+                          ("world-mild-224-dilute-distinct", {"dilute": 0.75, "backgrounds": 64})):
+        variant = CURRICULA[name]
+        assert [share for share, _ in variant] == [share for share, _ in base]
+        for (_, a), (_, b) in zip(base, variant):
+            assert all(getattr(b, k) == v != getattr(a, k) for k, v in changes.items())
+            assert replace(b, name=a.name, **{k: getattr(a, k) for k in changes}) == a
+    stage = CURRICULA["world-mild-224-distinct"][1][1]
+    sample = draw_sample(np.random.default_rng(4), replace(stage, world=1.0), MAX_POSITIONS, size=224, pairs=(20, 24),
+                         families=("noise", "checks"))
+    assert len(sample.pairs) == sample.slots >= 20  # one rendering per slot, background ones too
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    for name in CURRICULA:
+        assert parser.parse_args(["out", "--curriculum", name]).curriculum == name
