@@ -1336,17 +1336,19 @@ def test_a_diluted_sample_attends_as_if_its_background_pairs_were_there_that_man
 
 def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     """``world-mild-224-dilute`` / ``-distinct`` / ``-dilute-distinct``: world-mild-224's stages with three quarters
-    of the samples diluted, with every background pair rendered anew, or both; and ``train-toy`` offers every
-    curriculum there is."""
+    of the samples diluted, with every background pair rendered anew, or both; ``world-lures-dilute`` the lured
+    curriculum with both; and ``train-toy`` offers every curriculum there is."""
     import argparse
     from dataclasses import replace
 
     from edgekv.toy.cli import add_train_arguments
 
-    base = CURRICULA["world-mild-224"]
-    for name, changes in (("world-mild-224-dilute", {"dilute": 0.75}), ("world-mild-224-distinct", {"backgrounds": 64}),
-                          ("world-mild-224-dilute-distinct", {"dilute": 0.75, "backgrounds": 64})):
-        variant = CURRICULA[name]
+    for base_name, name, changes in (("world-mild-224", "world-mild-224-dilute", {"dilute": 0.75}),
+                                     ("world-mild-224", "world-mild-224-distinct", {"backgrounds": 64}),
+                                     ("world-mild-224", "world-mild-224-dilute-distinct",
+                                      {"dilute": 0.75, "backgrounds": 64}),
+                                     ("world-lures-dense", "world-lures-dilute", {"dilute": 0.75, "backgrounds": 64})):
+        base, variant = CURRICULA[base_name], CURRICULA[name]
         assert [share for share, _ in variant] == [share for share, _ in base]
         for (_, a), (_, b) in zip(base, variant):
             assert all(getattr(b, k) == v != getattr(a, k) for k, v in changes.items())

@@ -35,7 +35,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "world-where", "world-where-long", "world-mild",
                                                  "world-mild-hard", "world-mild-count",
                                                  "world-mild-apart", "world-mild-where", "world-mild-224",
-                                                 "world-lures", "world-lures-dense", "world-mild-tone",
+                                                 "world-lures", "world-lures-dense", "world-lures-dilute",
+                                                 "world-mild-tone",
                                                  "world-mild-224-long", "world-mild-224-dilute",
                                                  "world-mild-224-distinct", "world-mild-224-dilute-distinct"),
                         default="full",
@@ -57,7 +58,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "world-lures (world-mild-where with half of the world streams busy with lures: "
                              "out-of-vocabulary shapes in the vocabulary's colours passing through), world-lures-dense "
                              "(world-lures with three quarters of the world streams lured and 24 background "
-                             "renderings a sample: for a round after world-lures), world-mild-tone "
+                             "renderings a sample: for a round after world-lures), world-lures-dilute (world-lures-dense "
+                             "with three quarters of the samples diluted and every background pair rendered anew), "
+                             "world-mild-tone "
                              "(world-mild-apart with half of the world streams on a re-graded background: gamma, "
                              "contrast, saturation and hue drawn per stream), world-mild-224-long (world-mild-224 "
                              "with its long stage's contexts 1.5 times as long, one stream a batch), "

@@ -252,6 +252,12 @@ WORLD_LURES = tuple((share, replace(stage, name=stage.name + " (lures)", lures=0
 WORLD_LURES_DENSE = tuple((share, replace(stage, name=stage.name + " (dense)", lures=0.75,
                                           backgrounds=max(stage.backgrounds, 24)))
                           for share, stage in WORLD_LURES)
+# WORLD_LURES_DENSE diluted and distinct as WORLD_MILD_224_DILUTE_DISTINCT (three quarters of the samples diluted 1-64
+# times, every background pair rendered anew): a lured 2,000-pair stream shows hundreds of passing look-alikes, each
+# in its own frames, that the question must read past; the dense round's contexts hold a few dozen, 24 renderings.
+WORLD_LURES_DILUTE = tuple((share, replace(stage, name=stage.name + " (diluted) (distinct)", dilute=0.75,
+                                           backgrounds=64))
+                           for share, stage in WORLD_LURES_DENSE)
 # WORLD_MILD_APART with half of its world samples (mild ones too) on a re-graded background (``Stage.tone``,
 # ``WorldStyle.tone`` 0.3-1: gamma, contrast, saturation and hue drawn per stream). W12a's one clear held-out miss is
 # count on `tree` (opencv-doc's tree.avi, never trained: over-exposed, saturated green foliage): 83.3 % of the card's
@@ -276,6 +282,7 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-mild-224": WORLD_MILD_224,
                                                          "world-lures": WORLD_LURES,
                                                          "world-lures-dense": WORLD_LURES_DENSE,
+                                                         "world-lures-dilute": WORLD_LURES_DILUTE,
                                                          "world-mild-tone": WORLD_MILD_TONE,
                                                          "world-mild-224-long": WORLD_MILD_224_LONG,
                                                          "world-mild-224-dilute": WORLD_MILD_224_DILUTE,
