@@ -231,7 +231,8 @@ WORLD_MILD_224_DILUTE = tuple((share, replace(stage, name=stage.name + " (dilute
 # Measured as WORLD_MILD_224_DILUTE (above): alone 0.856 vs 0.936 (B1, 22.9 min); both (D2, 24.6 min) 0.904 vs 0.936,
 # 96.6 % — binding 12 of 12 (9 of 12 for every other round) — 7 questions right only for D2, 3 only for W224b (p 0.34);
 # over seeds 49-52 (253 questions) 0.885 vs 0.929, 95.3 %; over seeds 49-54 (375) 0.779 vs 0.880, 88.5 % (W224b
-# 83.9 %, p 0.02). D2 ships as `builtin:toy-224`.
+# 83.9 %, p 0.02); a second such round from D2 (D3, seed 91) 0.827 vs 0.893, 92.5 % (D3 vs D2: 26 to 8 questions, p
+# 0.003). D3 ships as `builtin:toy-224`.
 WORLD_MILD_224_DISTINCT = tuple((share, replace(stage, name=stage.name + " (distinct)", backgrounds=64))
                                 for share, stage in WORLD_MILD_224)
 # Both: diluted and distinct.
