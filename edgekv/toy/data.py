@@ -257,6 +257,9 @@ WORLD_LURES_DENSE = tuple((share, replace(stage, name=stage.name + " (dense)", l
 # WORLD_LURES_DENSE diluted and distinct as WORLD_MILD_224_DILUTE_DISTINCT (three quarters of the samples diluted 1-64
 # times, every background pair rendered anew): a lured 2,000-pair stream shows hundreds of passing look-alikes, each
 # in its own frames, that the question must read past; the dense round's contexts hold a few dozen, 24 renderings.
+# Measured (issue 27; `eval needle --lengths 2000 --busy 0.2 --lures 1`, seeds 45 / 47, 403 questions): one round from
+# W12a then one more (WLD, WLD2) read them 0.546 / 0.561 with the full cache against 0.774 / 0.789 short (71 %; two
+# world-lures rounds 69 %): the short streams stay at 0.75-0.80, look-alikes mistaken even there. Not shipped.
 WORLD_LURES_DILUTE = tuple((share, replace(stage, name=stage.name + " (diluted) (distinct)", dilute=0.75,
                                            backgrounds=64))
                            for share, stage in WORLD_LURES_DENSE)
