@@ -235,9 +235,16 @@ WORLD_MILD_224_DILUTE = tuple((share, replace(stage, name=stage.name + " (dilute
 # 0.003). D3 ships as `builtin:toy-224`; a third round (D4, seed 94) fell back to 88.9 %.
 WORLD_MILD_224_DISTINCT = tuple((share, replace(stage, name=stage.name + " (distinct)", backgrounds=64))
                                 for share, stage in WORLD_MILD_224)
+
+
+def _diluted_distinct(curriculum: tuple[tuple[float, Stage], ...]) -> tuple[tuple[float, Stage], ...]:
+    """Three quarters of the samples diluted (``Stage.dilute``) and every background pair rendered anew."""
+    return tuple((share, replace(stage, name=stage.name + " (diluted) (distinct)", dilute=0.75, backgrounds=64))
+                 for share, stage in curriculum)
+
+
 # Both: diluted and distinct.
-WORLD_MILD_224_DILUTE_DISTINCT = tuple((share, replace(stage, name=stage.name + " (distinct)", backgrounds=64))
-                                       for share, stage in WORLD_MILD_224_DILUTE)
+WORLD_MILD_224_DILUTE_DISTINCT = _diluted_distinct(WORLD_MILD_224)
 # WORLD_MILD_WHERE with half of its world samples busy with lures (``Stage.lures``): out-of-vocabulary shapes (star,
 # ring, hexagon, ellipse) in the vocabulary's colours passing at 0.1-1 per pair, half to all of the passing objects.
 # Without it the toy takes a red ring for a red something: W12a's full cache answers lured 2,000-pair needle streams
@@ -260,9 +267,7 @@ WORLD_LURES_DENSE = tuple((share, replace(stage, name=stage.name + " (dense)", l
 # Measured (issue 27; `eval needle --lengths 2000 --busy 0.2 --lures 1`, seeds 45 / 47, 403 questions): one round from
 # W12a then one more (WLD, WLD2) read them 0.546 / 0.561 with the full cache against 0.774 / 0.789 short (71 %; two
 # world-lures rounds 69 %): the short streams stay at 0.75-0.80, look-alikes mistaken even there. Not shipped.
-WORLD_LURES_DILUTE = tuple((share, replace(stage, name=stage.name + " (diluted) (distinct)", dilute=0.75,
-                                           backgrounds=64))
-                           for share, stage in WORLD_LURES_DENSE)
+WORLD_LURES_DILUTE = _diluted_distinct(WORLD_LURES_DENSE)
 # WORLD_MILD_APART with half of its world samples (mild ones too) on a re-graded background (``Stage.tone``,
 # ``WorldStyle.tone`` 0.3-1: gamma, contrast, saturation and hue drawn per stream). W12a's one clear held-out miss is
 # count on `tree` (opencv-doc's tree.avi, never trained: over-exposed, saturated green foliage): 83.3 % of the card's
