@@ -38,7 +38,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "world-lures", "world-lures-dense", "world-lures-dilute",
                                                  "world-mild-tone",
                                                  "world-mild-224-long", "world-mild-224-dilute",
-                                                 "world-mild-224-distinct", "world-mild-224-dilute-distinct"),
+                                                 "world-mild-224-distinct", "world-mild-224-dilute-distinct",
+                                                 "world-mild-224-dilute-far"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -67,7 +68,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "world-mild-224-dilute (world-mild-224 with three quarters of the samples diluted: each "
                              "background pair weighs as 1-64 of them in attention, as in a stream that much longer), "
                              "world-mild-224-distinct (world-mild-224 with every background pair of a world sample "
-                             "rendered anew), world-mild-224-dilute-distinct (both)")
+                             "rendered anew), world-mild-224-dilute-distinct (both), world-mild-224-dilute-far "
+                             "(world-mild-224-dilute-distinct diluted up to 256 times instead of 64)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
