@@ -234,7 +234,8 @@ WORLD_MILD_224_DILUTE = tuple((share, replace(stage, name=stage.name + " (dilute
 # 83.9 %, p 0.02); a second such round from D2 (D3, seed 91) 0.827 vs 0.893, 92.5 % (D3 vs D2: 26 to 8 questions, p
 # 0.003). D3 ships as `builtin:toy-224`; a third round (D4, seed 94) fell back to 88.9 %, a third at half the lr (E2:
 # lr 1e-4, seed 96, 23.2 min) to 88.3 % (0.805 vs 0.912: D3's full cache right on 17 questions E2's misses, 9 the
-# reverse, p 0.17), and the weights of D2, D3 and D4 averaged read seeds 49-52 at 95.0 % (D3 96.3 %; 3 vs 8, p 0.23).
+# reverse, p 0.17), and the weights of D2, D3 and D4 averaged read seeds 49-52 at 95.0 % (D3 96.3 %; 8 questions
+# right only for D3, 3 only for the average, p 0.23).
 WORLD_MILD_224_DISTINCT = tuple((share, replace(stage, name=stage.name + " (distinct)", backgrounds=64))
                                 for share, stage in WORLD_MILD_224)
 
