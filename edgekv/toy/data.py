@@ -257,7 +257,8 @@ WORLD_MILD_224_DILUTE_DISTINCT = _diluted_distinct(WORLD_MILD_224)
 # Measured (issue 27; E1: 600 steps from D3, lr 2e-4, seed 95, 26.3 min; the six needle streams of D3's figure, seeds
 # 49-54, 375 questions): full cache 0.829 vs 0.883 short (94.0 %) against D3's 0.827 vs 0.893 — the same full cache
 # (19 questions right only for D3, 20 only for E1), a short figure a point lower, `infinipot_v` at 1/256 0.776
-# against 0.824: no gain. Not shipped.
+# against 0.824: no gain; over ten streams (seeds 49-58, 617 questions) 0.830 vs 0.900 (92.3 %), D3 0.825 vs 0.895
+# (92.2 %). Not shipped.
 WORLD_MILD_224_DILUTE_FAR = _diluted_distinct(WORLD_MILD_224, dilute_max=256.0)
 # WORLD_MILD_WHERE with half of its world samples busy with lures (``Stage.lures``): out-of-vocabulary shapes (star,
 # ring, hexagon, ellipse) in the vocabulary's colours passing at 0.1-1 per pair, half to all of the passing objects.
