@@ -1177,6 +1177,60 @@ def test_grow_layers_answers_as_before_and_the_new_layers_train(tmp_path, capsys
     assert "--init" in capsys.readouterr().out
 
 
+def test_grow_width_answers_as_before_and_the_new_dimensions_train(tmp_path, capsys):
+    """``--grow-width W`` widens an ``--init`` toy's LM (hidden size, head_dim, MLP and M-RoPE sections as
+    ``toy_config`` makes them): the wider model's logits equal the original's (rotary pair j -> pair m j at the same
+    frequency, the query's old dimensions scaled by sqrt(m), everything new written through zeros), its config is a
+    toy's of the new width, training moves what started at zero, and a width that is no multiple, or whose M-RoPE
+    sections do not map, is refused with why."""
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+    from edgekv.toy.model import grow_width
+
+    start = init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 5)
+    with torch.no_grad():  # trained-looking weights: non-zero everywhere, so a misplaced row or column shows
+        for param in start.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    wide = grow_width(start, 96, seed=1)
+    assert wide.config == toy_config(width=96, layers=2, vision_width=32, vision_depth=2)
+    rng = np.random.default_rng(0)
+    batch = Encoder().encode([draw_sample(rng, REFINE[0][1], MAX_POSITIONS) for _ in range(3)])
+    for module in [*start.modules(), *wide.modules()]:  # RMSNorm's eps averages over 3x the dims: out of the way
+        if hasattr(module, "eps"):
+            module.eps = 0.0
+    with torch.no_grad():
+        before, after = forward_logits(start, batch), forward_logits(wide, batch)
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+    layer = wide.language.layers[0]
+    assert not layer.mlp.down_proj.weight[32:].any() and not layer.self_attn.o_proj.weight[32:].any()
+    assert not wide.language.embed_tokens.weight[:, 32:].any() and layer.mlp.gate_proj.weight[:, 32:].any()
+    head = layer.self_attn.q_proj.weight[:24]  # head 0: old dims 0-3 / 4-7 at 0, 3, 6, 9 / 12, 15, 18, 21
+    torch.testing.assert_close(head[[0, 3, 6, 9, 12, 15, 18, 21], :32],
+                               start.language.layers[0].self_attn.q_proj.weight[:8] * 3 ** 0.5)
+    assert not head[[1, 2, 4, 5, 7, 8, 10, 11]].any()
+    with pytest.raises(ValueError, match="multiple"):
+        grow_width(start, 80)
+    with pytest.raises(ValueError, match="do not map"):  # (2, 1, 1) of width 32 -> (2, 3, 3) of width 64
+        grow_width(start, 64)
+
+    path = save_checkpoint(start, tmp_path / "start", {"note": "test"})
+    out = tmp_path / "wide"
+    assert main(["train-toy", str(out), "--init", str(path), "--grow-width", "96", "--steps", "2", "--batch-size", "2",
+                 "--log-every", "2", "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0",
+                 "--threads", "1", "--curriculum", "refine", "--lr", "0.01"]) == 0
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert card["width"] == 96 and card["grown_width"] == 96 and "--grow-width 96" in card["command"]
+    trained = load_pretrained(out, dtype=torch.float32)
+    assert trained.config.text.hidden_size == 96
+    assert all(layer.mlp.down_proj.weight[32:].any() for layer in trained.language.layers)  # the zeroed rows trained
+    capsys.readouterr()
+    assert main(["train-toy", str(tmp_path / "x"), "--grow-width", "96"]) == 2
+    assert "--init" in capsys.readouterr().out
+    assert main(["train-toy", str(tmp_path / "y"), "--init", str(path), "--grow-width", "64", "--steps", "1",
+                 "--vision-steps", "0", "--heldout-streams", "0"]) == 2
+    assert "do not map" in capsys.readouterr().out
+
+
 def test_world_lures_makes_half_its_world_streams_busy_with_lures(monkeypatch):
     """``--curriculum world-lures``: world-mild-where's stages with half of the world samples (mild or not) busy with
     lures — out-of-vocabulary shapes passing at 0.1-1 per pair, half to all of them in vocabulary colours; the

@@ -31,6 +31,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "zeroed residual branches: the same answers at step 0)")
     parser.add_argument("--grow-vision", type=int, default=0, metavar="N",
                         help="with --init: append N blocks to its vision tower first (the same way)")
+    parser.add_argument("--grow-width", type=int, default=0, metavar="W",
+                        help="with --init: widen its LM to hidden size W first, a multiple of its own (new "
+                             "dimensions, heads' dimensions and MLP units that start at zero: the same answers at "
+                             "step 0, up to rounding)")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
                                                  "world-where", "world-where-long", "world-mild",
                                                  "world-mild-hard", "world-mild-count",
@@ -118,6 +122,10 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: --grow-layers / --grow-vision deepen an --init checkpoint by N >= 0; got "
               f"{args.grow_layers} / {args.grow_vision}{' without --init' if args.init is None else ''}")
         return 2
+    if args.grow_width and (args.init is None or args.grow_width < 32 or args.grow_width % 16):
+        print(f"edgekv train-toy: --grow-width widens an --init checkpoint to a multiple of its width (a multiple of "
+              f"16, at least 32); got {args.grow_width}{' without --init' if args.init is None else ''}")
+        return 2
     if args.workers < 0:
         print(f"edgekv train-toy: --workers must be at least 0, got {args.workers}")
         return 2
@@ -141,15 +149,20 @@ def run_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"edgekv train-toy: {exc}")
         return 2
-    card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
-                 threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
-                 heldout_streams=args.heldout_streams, eval_samples=args.eval_samples, vision_steps=args.vision_steps,
-                 width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
-                 curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
-                 freeze_vision=not args.train_vision, vision_width=args.vision_width,
-                 vision_depth=args.vision_depth, device=args.device, workers=args.workers,
-                 freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
-                 grow_vision=args.grow_vision, recompute=args.recompute)
+    try:
+        card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
+                     threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
+                     heldout_streams=args.heldout_streams, eval_samples=args.eval_samples,
+                     vision_steps=args.vision_steps,
+                     width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
+                     curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
+                     freeze_vision=not args.train_vision, vision_width=args.vision_width,
+                     vision_depth=args.vision_depth, device=args.device, workers=args.workers,
+                     freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
+                     grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width)
+    except ValueError as exc:  # what the checkpoint cannot take (a width that is not a multiple of its own, ...)
+        print(f"edgekv train-toy: {exc}")
+        return 2
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],
                       "heldout": card["history"][-1]["heldout"] if card["history"] else {}}))
     return 0

@@ -23,6 +23,7 @@ transformers' ``Qwen2_5_VLForConditionalGeneration`` loads it too.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -128,6 +129,99 @@ def grow_layers(model: Qwen25VL, count: int, vision: int = 0) -> Qwen25VL:
         copy(f"language.layers.{source}.", f"language.layers.{target}.",
              ("self_attn.o_proj.", "mlp.down_proj.") if fresh else ())
     grown.load_state_dict(new_state, strict=True)
+    return grown.float()
+
+
+def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
+    """``model`` with its LM ``width`` wide (an integer multiple ``m`` of today's hidden size; head_dim, MLP and
+    M-RoPE sections grow with it as ``toy_config`` makes them), computing what it computed up to rounding — the
+    function-preserving widening of Net2Net (Chen et al. 2016, sec. 2), done here with zeros instead of copies:
+
+    * the residual stream's new dimensions start at zero and stay zero at step 0: every matrix that writes to it
+      (the embedding, the merger's output, ``o_proj``, ``down_proj``) gets zero rows there; every matrix that
+      reads it gets small random columns there (they read zeros, and give the new dimensions a gradient);
+    * RMSNorm averages over ``m`` times the dimensions, so each norm's old scales are divided by sqrt(m);
+    * rotary pair ``j`` of a head (frequency theta^(-2j/d)) becomes pair ``m j`` of the wider head (theta^(-2mj/(md)),
+      the same frequency, in the same M-RoPE section since ``toy_config``'s sections scale by ``m`` too); the
+      query's old dimensions are multiplied by sqrt(m), so that q.k / sqrt(m d) is the old q.k / sqrt(d); the
+      query's new dimensions start at zero (the key's are random), so they add nothing yet and still train;
+    * new value dimensions and new MLP units are read out through zero columns of ``o_proj`` / ``down_proj``.
+
+    The vision tower is unchanged. The result is fp32 on the CPU; ``seed`` draws the new random columns."""
+    text = model.config.text
+    old = text.hidden_size
+    if width < old or width % old:
+        raise ValueError(f"grow_width: the new width must be a multiple of the old one ({old}), got {width}")
+    m = width // old
+    config = toy_config(width=width, layers=text.num_hidden_layers, vision_width=model.config.vision.hidden_size,
+                        vision_depth=model.config.vision.depth)
+    new_text = config.text
+    grown = Qwen25VL(config)
+    if m == 1:
+        grown.load_state_dict(model.state_dict(), strict=True)
+        return grown.float()
+    generator = torch.Generator().manual_seed(seed)
+    state = {name: value.detach().float().cpu() for name, value in model.state_dict().items()}
+    target = {name: value.detach().float() for name, value in grown.state_dict().items()}
+    d, d_new = text.head_dim, new_text.head_dim
+    half, half_new = d // 2, d_new // 2
+    # old head dimension i -> new one: rotate_half pairs (j, j + half) -> (m j, half_new + m j)
+    within = torch.tensor([m * i if i < half else half_new + m * (i - half) for i in range(d)])
+    from edgekv.model.rope import mrope_dim_rows
+
+    rows_old, rows_new = mrope_dim_rows(text.mrope_section), mrope_dim_rows(new_text.mrope_section)
+    if not torch.equal(rows_new[within[:half]], rows_old):  # toy_config's sections round: 32 -> 64 does not map
+        raise ValueError(f"grow_width: M-RoPE sections {list(text.mrope_section)} of width {old} do not map onto "
+                         f"{list(new_text.mrope_section)} of width {width} (pair j -> {m} j changes section)")
+    inter, inter_new = text.intermediate_size, new_text.intermediate_size
+
+    def random(shape) -> torch.Tensor:
+        return torch.randn(shape, generator=generator) * 0.02
+
+    def heads(count: int) -> torch.Tensor:  # old row index -> new row index, over ``count`` heads
+        return torch.cat([h * d_new + within for h in range(count)])
+
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        shape = target[name].shape
+        if not name.startswith(("language.", "visual.merger.mlp.2.")):
+            out[name] = value  # the tower and the merger's inside: unchanged
+            continue
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            new = torch.full(shape, 1.0 / math.sqrt(m))
+            new[:old] = value / math.sqrt(m)
+        elif name in ("language.embed_tokens.weight", "language.lm_head.weight"):  # [vocab, hidden], tied
+            new = torch.zeros(shape)  # writes to the residual stream (and reads it, as the head): new columns zero
+            new[:, :old] = value
+        elif name.startswith("visual.merger.mlp.2."):  # [hidden, 4 x tower] and [hidden]: writes the stream
+            new = torch.zeros(shape)
+            new[:old] = value
+        elif ".self_attn." in name:
+            kind = name.split(".self_attn.")[1].split(".")[0]
+            count = text.num_attention_heads if kind in ("q_proj", "o_proj") else text.num_key_value_heads
+            rows = heads(count)
+            if kind == "o_proj":  # [hidden, heads * d]: reads attention outputs, writes the residual stream
+                new = torch.zeros(shape)
+                new[:old, rows] = value
+            elif name.endswith(".bias"):
+                new = torch.zeros(shape)
+                new[rows] = value * (math.sqrt(m) if kind == "q_proj" else 1.0)
+            else:  # [heads * d, hidden]: the query's new head dimensions zero, the key's and value's random
+                new = torch.zeros(shape) if kind == "q_proj" else random(shape)
+                new[rows, :old] = value * (math.sqrt(m) if kind == "q_proj" else 1.0)
+                new[rows, old:] = random((len(rows), width - old))
+        elif name.endswith(("gate_proj.weight", "up_proj.weight")):  # [inter, hidden]
+            new = random(shape)
+            new[:inter, :old] = value
+        elif name.endswith("down_proj.weight"):  # [hidden, inter]
+            new = torch.zeros(shape)
+            new[:old, :inter] = value
+        else:
+            raise ValueError(f"grow_width: no rule for {name} {tuple(value.shape)}")
+        assert new.shape == shape, (name, new.shape, shape)
+        out[name] = new
+    assert inter_new >= inter
+    grown.load_state_dict(out, strict=True)
     return grown.float()
 
 

@@ -473,7 +473,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
           size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
           device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0,
-          grow_vision: int = 0, recompute: bool = False) -> dict:
+          grow_vision: int = 0, recompute: bool = False, grow_width: int = 0) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -491,7 +491,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     ``tools/toy_tower_probe.py --save``). ``vision_width`` and
     ``vision_depth`` size a new model's vision tower (``toy_config``; a checkpoint given as ``init`` keeps its own).
     ``grow`` and ``grow_vision`` deepen ``init``'s LM and tower by that many layers / blocks before training,
-    answering as ``init`` did at step 0 (``edgekv.toy.model.grow_layers``). ``recompute`` runs each layer
+    answering as ``init`` did at step 0 (``edgekv.toy.model.grow_layers``); ``grow_width`` > 0 widens ``init``'s
+    LM to that hidden size first (a multiple of its own; ``edgekv.toy.model.grow_width``, the same answers up to
+    rounding). ``recompute`` runs each layer
     again in the backward pass instead of keeping its activations (``forward_logits``): the same training in
     less memory, for long contexts.
 
@@ -517,6 +519,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     if min(grow, grow_vision) < 0 or ((grow or grow_vision) and init is None):
         raise ValueError(f"grow / grow_vision deepen an init checkpoint by at least 0 layers; got {grow} / "
                          f"{grow_vision} with init {init!r}")
+    if grow_width < 0 or (grow_width and init is None):
+        raise ValueError(f"grow_width widens an init checkpoint to a hidden size > 0; got {grow_width} with init {init!r}")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda: torch finds no CUDA GPU here")
@@ -533,6 +537,12 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             from edgekv.toy.model import grow_layers
 
             model, layers = grow_layers(model, grow, vision=grow_vision), layers + grow
+        if grow_width and grow_width != width:
+            from edgekv.toy.model import grow_width as widen
+
+            model, width = widen(model, grow_width, seed=seed), grow_width
+        for param in model.parameters():
+            param.requires_grad_(True)
         vision_width, vision_depth = model.config.vision.hidden_size, model.config.vision.depth
     else:
         model = init_model(toy_config(width=width, layers=layers, vision_width=vision_width,
@@ -599,6 +609,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --grow-layers {grow}"
     if grow_vision:
         command += f" --grow-vision {grow_vision}"
+    if grow_width:
+        command += f" --grow-width {grow_width}"
     if curriculum != "full":
         command += f" --curriculum {curriculum}"
     if init is None and (width != 64 or layers != 4):
@@ -622,6 +634,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "vision_frozen": not any(p.requires_grad for p in model.visual.parameters()),
             "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "curriculum": curriculum,
             "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
+            "grown_width": grow_width or None,
             "width": width, "layers": layers,
             "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers,
             "recompute": recompute,
