@@ -520,7 +520,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         raise ValueError(f"grow / grow_vision deepen an init checkpoint by at least 0 layers; got {grow} / "
                          f"{grow_vision} with init {init!r}")
     if grow_width < 0 or (grow_width and init is None):
-        raise ValueError(f"grow_width widens an init checkpoint to a hidden size > 0; got {grow_width} with init {init!r}")
+        raise ValueError(f"grow_width widens an init checkpoint to a hidden size > 0; got {grow_width} with init "
+                         f"{init!r}")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda: torch finds no CUDA GPU here")
