@@ -122,9 +122,9 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: --grow-layers / --grow-vision deepen an --init checkpoint by N >= 0; got "
               f"{args.grow_layers} / {args.grow_vision}{' without --init' if args.init is None else ''}")
         return 2
-    if args.grow_width and (args.init is None or args.grow_width < 32 or args.grow_width % 16):
-        print(f"edgekv train-toy: --grow-width widens an --init checkpoint to a multiple of its width (a multiple of "
-              f"16, at least 32); got {args.grow_width}{' without --init' if args.init is None else ''}")
+    if args.grow_width < 0 or (args.grow_width and args.init is None):
+        print(f"edgekv train-toy: --grow-width widens an --init checkpoint to a multiple of its width; got "
+              f"{args.grow_width}{' without --init' if args.init is None else ''}")
         return 2
     if args.workers < 0:
         print(f"edgekv train-toy: --workers must be at least 0, got {args.workers}")
@@ -149,6 +149,8 @@ def run_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"edgekv train-toy: {exc}")
         return 2
+    from edgekv.toy.model import WidthError
+
     try:
         card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                      threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
@@ -160,7 +162,7 @@ def run_train(args: argparse.Namespace) -> int:
                      vision_depth=args.vision_depth, device=args.device, workers=args.workers,
                      freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
                      grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width)
-    except ValueError as exc:  # what the checkpoint cannot take (a width that is not a multiple of its own, ...)
+    except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],

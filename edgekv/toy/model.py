@@ -132,6 +132,10 @@ def grow_layers(model: Qwen25VL, count: int, vision: int = 0) -> Qwen25VL:
     return grown.float()
 
 
+class WidthError(ValueError):
+    """A width ``grow_width`` cannot widen a checkpoint to (and why)."""
+
+
 def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
     """``model`` with its LM ``width`` wide (an integer multiple ``m`` of today's hidden size; head_dim, MLP and
     M-RoPE sections grow with it as ``toy_config`` makes them), computing what it computed up to rounding — the
@@ -153,7 +157,7 @@ def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
     text = model.config.text
     old = text.hidden_size
     if width < old or width % old:
-        raise ValueError(f"grow_width: the new width must be a multiple of the old one ({old}), got {width}")
+        raise WidthError(f"grow_width: the new width must be a multiple of the old one ({old}), got {width}")
     m = width // old
     config = toy_config(width=width, layers=text.num_hidden_layers, vision_width=model.config.vision.hidden_size,
                         vision_depth=model.config.vision.depth)
@@ -173,7 +177,7 @@ def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
 
     rows_old, rows_new = mrope_dim_rows(text.mrope_section), mrope_dim_rows(new_text.mrope_section)
     if not torch.equal(rows_new[within[:half]], rows_old):  # toy_config's sections round: 32 -> 64 does not map
-        raise ValueError(f"grow_width: M-RoPE sections {list(text.mrope_section)} of width {old} do not map onto "
+        raise WidthError(f"grow_width: M-RoPE sections {list(text.mrope_section)} of width {old} do not map onto "
                          f"{list(new_text.mrope_section)} of width {width} (pair j -> {m} j changes section)")
     inter = text.intermediate_size
 
