@@ -199,17 +199,59 @@ def test_eval_needle_with_caps_world_families_and_every_question_kind(tmp_path):
     out = tmp_path / "needle.json"
     code = main(["eval", "needle", "--lengths", "80", "--caps", "1/2,1/8", "--policies", "sliding_window",
                  "--streams", "1", "--ages", "4,40,70", "--families", "gradient", "--style", "world", "--kinds", "all",
-                 "--repeats", "1", "--json", str(out), "--plot", str(tmp_path / "needle.png"), "--threads", "1"])
+                 "--repeats", "1", "--json", str(out), "--plot", str(tmp_path / "needle.png"), "--threads", "1",
+                 "--oracle"])
     assert code == 0 and (tmp_path / "needle.png").stat().st_size > 10_000
     result = json.loads(out.read_text())
     assert set(result["summary"]) == {"L=80 M=640 sliding_window", "L=80 M=160 sliding_window"}
     for entry in result["summary"].values():
-        assert entry["cap"] in (0.5, 0.125) and entry["ceiling_full_n"] == len(
-            [r for r in result["records"] if r["budget"] == entry["budget"]])
+        rows = [r for r in result["records"] if r["budget"] == entry["budget"]]
+        assert entry["cap"] in (0.5, 0.125) and entry["ceiling_full_n"] == len(rows) == entry["ceiling_oracle_n"]
+        assert entry["ceiling_oracle"] == pytest.approx(np.mean([r["ceiling_oracle"] for r in rows]), abs=1e-3)
         low, high = entry["ci95"]
         assert low <= entry["accuracy"] <= high
+    assert {type(r["ceiling_oracle"]) for r in result["records"]} == {bool}
     assert {r["background"] for r in result["records"]} == {"gradient"}
     assert main(["eval", "needle", "--kinds", "colour", "--json", str(out)]) == 2
+    assert main(["eval", "needle", "--oracle", "--full-max-tokens", "0", "--json", str(out)]) == 2
+
+
+def test_oracle_cut_keeps_only_the_needle_pairs_and_puts_the_cache_back():
+    """``oracle_cut``: inside, the cache holds the prefix and every token of the named pairs, nothing else of the
+    video, and answers from them; after, every slot (K, V, metadata) and the length are as before, so the stream
+    goes on and answers as if nothing happened."""
+    import torch
+
+    from edgekv.cache.capped import METADATA_FIELDS, SlotKind
+    from edgekv.eval.needle import PolicyRun, encode_stream, oracle_cut, runtime_for
+
+    stream = needle_stream(13, (4, 9), seed=5, events=2)
+    runtime = runtime_for("builtin:toy", PolicyRun("full"), 32 + 16 * 13 + 64, 2.0, 64)
+    replay = encode_stream(runtime, stream.scene, 13)
+    session = runtime.session()
+    session.vision = replay
+    for pair in range(12):
+        for frame in stream.scene.pair_frames(pair):
+            session.ingest(frame)
+    cache = session.cache
+    n = cache.length
+    before = {name: getattr(cache, name)[:, :, :n].clone() for name in ("k", "v", *METADATA_FIELDS)}
+    question = "How many times did the circle appear?"
+    answer = session.ask(question, max_new_tokens=2).text
+    needles = {e.first_pair for e in stream.scene.events}
+    with oracle_cut(session, needles):
+        vision = cache.kind[:, :, :cache.length] == int(SlotKind.VISION)
+        assert set(cache.frame[:, :, :cache.length][vision].tolist()) == needles
+        assert int(vision[0, 0].sum()) == 16 * len(needles)  # every token of each needle pair
+        assert cache.length == int((before["kind"][0, 0] != int(SlotKind.VISION)).sum()) + 16 * len(needles)
+        session.ask(question, max_new_tokens=2)
+    assert cache.length == n
+    for name, value in before.items():
+        assert torch.equal(getattr(cache, name)[:, :, :n], value), name
+    assert session.ask(question, max_new_tokens=2).text == answer
+    for frame in stream.scene.pair_frames(12):  # the stream goes on after it
+        session.ingest(frame)
+    assert cache.length == n + 16 and int(cache.frame[0, 0, n]) == 12
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ class ChunkMeta:
     tpos: torch.Tensor | None = None  # [P] int32 temporal position
 
 
-_METADATA_FIELDS = ("kind", "sink", "frame", "row", "col", "tpos")
+METADATA_FIELDS = ("kind", "sink", "frame", "row", "col", "tpos")
 
 
 class CappedKVCache:
@@ -127,14 +127,14 @@ class CappedKVCache:
         self._scratch_kv = torch.zeros(capacity * self.head_dim, dtype=self.dtype, device=self.device)
         self._scratch_meta = {
             name: torch.zeros(self.kv_heads * capacity, dtype=getattr(self, name).dtype, device=self.device)
-            for name in _METADATA_FIELDS
+            for name in METADATA_FIELDS
         }
         self.length = 0
 
     # ------------------------------------------------------------------ accounting
     def buffers(self) -> list[torch.Tensor]:
         scales = [self.k_scale, self.v_scale, self._scratch_scale] if self.quantized else []
-        return [self.k, self.v, *(getattr(self, n) for n in _METADATA_FIELDS),
+        return [self.k, self.v, *(getattr(self, n) for n in METADATA_FIELDS),
                 self._scratch_kv, *self._scratch_meta.values(), *scales]
 
     @property
@@ -282,7 +282,7 @@ class CappedKVCache:
         """
         self.validate_keep(keep)
         kept = keep.shape[2]
-        compact_(bit_view(self.k), bit_view(self.v), keep, **{name: getattr(self, name) for name in _METADATA_FIELDS},
+        compact_(bit_view(self.k), bit_view(self.v), keep, **{name: getattr(self, name) for name in METADATA_FIELDS},
                  scratch_kv=bit_view(self._scratch_kv), scratch_meta=self._scratch_meta)
         if self.quantized:
             index = keep.to(device=self.device, dtype=torch.int64)

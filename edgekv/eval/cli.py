@@ -98,6 +98,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--full-max-tokens", type=int, default=40000,
                         help="run the full cache on the long stream (the ceiling) where it needs at most this "
                              "many tokens; 0: never")
+    needle.add_argument("--oracle", action="store_true",
+                        help="the full cache (where it runs) also answers cut down to the needle pairs seen so far: "
+                             "what a cache that knew the questions would answer; apart from the full cache, the "
+                             "background's distraction (ceiling_oracle per record)")
     needle.add_argument("--kv-dtypes", type=_kv_dtypes, default=(),
                         help="compare K/V storage dtypes at equal bytes: every run once per dtype, each given the "
                              "slots that the first dtype's cache of M tokens takes in bytes (e.g. fp16,int8,fp8)")
@@ -193,6 +197,8 @@ def _run_needle(args: argparse.Namespace) -> int:
     elif (args.busy or args.lures) and "events" in families:
         problems.append("--busy / --lures: the classic renderer (family events) draws no passing objects; choose world "
                         "families (--families photo,cells, ...)")
+    if args.oracle and args.full_max_tokens <= 0:
+        problems.append("--oracle cuts the full cache down to the needle pairs, and --full-max-tokens 0 never runs it")
     if problems or any(size % 28 for size in args.sizes) or args.repeats < 0:
         detail = "; ".join(problems) or "--sizes must be multiples of 28 and --repeats at least 0"
         if any(k not in ALL_FAMILIES for k in kinds):
@@ -205,7 +211,7 @@ def _run_needle(args: argparse.Namespace) -> int:
                           ages=args.ages or DEFAULT_AGES, streams=args.streams, events=args.events, fps=args.fps,
                           seed=args.seed, families=families, style=args.style, sizes=args.sizes, kinds=kinds,
                           repeats=args.repeats, caps=args.caps, full_max_tokens=args.full_max_tokens,
-                          kv_dtypes=args.kv_dtypes, busy=args.busy, lures=args.lures)
+                          kv_dtypes=args.kv_dtypes, busy=args.busy, lures=args.lures, oracle=args.oracle)
     result = evaluate(config)
     save(result, args.json, args.plot)
     print(format_summary(result["summary"]))
@@ -241,6 +247,8 @@ def format_summary(summary: dict) -> str:
         cap = f" ({entry['cap_actual'] and '1/%.0f' % (1 / entry['cap_actual'])})" if entry.get("cap") else ""
         full = (f", full cache on this stream {entry['ceiling_full']:.3f}" if entry.get("ceiling_full") is not None
                 else "")
+        full += (f", cut to the needle pairs {entry['ceiling_oracle']:.3f}" if entry.get("ceiling_oracle") is not None
+                 else "")
         low, high = entry.get("ci95", (float("nan"), float("nan")))
         slots = entry.get("slots", entry["budget"])
         policy = entry["policy"] + (f" ({slots} slots)" if slots != entry["budget"] else "")
