@@ -733,6 +733,9 @@ def _ceiling_lines(ax, records: list[dict]) -> None:
     full = [r["ceiling_full"] for r in records if r.get("ceiling_full") is not None]
     if full:
         ax.axhline(float(np.mean(full)), color="black", ls="--", lw=1.2, label="full cache, same long stream")
+    oracle = [r["ceiling_oracle"] for r in records if r.get("ceiling_oracle") is not None]
+    if oracle:
+        ax.axhline(float(np.mean(oracle)), color="black", ls=":", lw=1.2, label="full cache cut to the needle pairs")
     ax.axhline(float(np.mean([r["ceiling_correct"] for r in records])), color="dimgrey", ls="-.", lw=1,
                label="full cache, short stream")
 
