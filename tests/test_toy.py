@@ -332,14 +332,19 @@ def test_place_event_always_places_even_when_the_frame_is_crowded():
 
 
 def test_train_toy_command_writes_a_loadable_checkpoint_with_a_model_card(tmp_path, capsys):
+    import json
+
     from edgekv.apps.cli import main
     from edgekv.runtime import Runtime
 
     out = tmp_path / "toy"
     assert main(["train-toy", str(out), "--steps", "3", "--batch-size", "2", "--log-every", "3",
-                 "--heldout-streams", "2", "--eval-samples", "4", "--vision-steps", "2", "--threads", "1"]) == 0
+                 "--heldout-streams", "2", "--eval-samples", "4", "--vision-steps", "2", "--threads", "1",
+                 "--hard-negatives", "0.05"]) == 0
     card = (out / "README.md").read_text()
     assert "edgekv train-toy" in card and "| `color` |" in card and "held-out" in card
+    recorded = json.loads((out / "card.json").read_text())
+    assert recorded["hard_negatives"] == 0.05 and "--hard-negatives 0.05" in recorded["command"]
     assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "card.json"}
     assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir())  # readable by a service user
     session = Runtime.from_pretrained(out, model={"dtype": "fp32", "device": "cpu"},
@@ -1418,3 +1423,34 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     add_train_arguments(parser)
     for name in CURRICULA:
         assert parser.parse_args(["out", "--curriculum", name]).curriculum == name
+
+
+def test_hard_negatives_average_the_background_term_over_its_hardest_tokens():
+    """``loss_of(..., hard_negatives=F)``: the auxiliary background ("no") term is the mean over the share F of the
+    background tokens with the largest loss (at least one), the event tokens' term and the answers' unchanged; F = 1
+    is the plain mean. ``train-toy --hard-negatives`` refuses a share outside [0, 1]."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from edgekv.apps.cli import main
+    from edgekv.toy.train import loss_of
+
+    torch.manual_seed(0)
+    no, vocab = 3, 7
+    families = ["color"] * 2 + ["aux"] * 2 + ["aux"] * 10
+    targets = torch.tensor([1, 2, 5, 6] + [no] * 10)
+    logits = torch.randn(len(families), vocab)
+    logits[4:, no] += torch.linspace(-3, 6, 10)  # background tokens from hard (low "no" logit) to easy
+    batch = SimpleNamespace(families=families, targets=targets)
+    answer = F.cross_entropy(logits[:2], targets[:2])
+    shown = F.cross_entropy(logits[2:4], targets[2:4])
+    each = F.cross_entropy(logits[4:], targets[4:], reduction="none")
+    for share, k in ((0.2, 2), (0.01, 1), (1.0, 10)):
+        total, _, aux = loss_of(logits, batch, 0.5, no, hard_negatives=share)
+        hardest = each.sort(descending=True).values[:k].mean()
+        assert aux == pytest.approx(float(shown + 0.25 * hardest), rel=1e-5)
+        assert float(total) == pytest.approx(float(answer + 0.5 * (shown + 0.25 * hardest)), rel=1e-5)
+    assert loss_of(logits, batch, 0.5, no)[2] == pytest.approx(loss_of(logits, batch, 0.5, no, 1.0)[2], rel=1e-6)
+    assert loss_of(logits, batch, 0.5, no, 0.2)[2] > loss_of(logits, batch, 0.5, no)[2]
+    assert main(["train-toy", "/tmp/never-written", "--hard-negatives", "1.5"]) == 2

@@ -35,6 +35,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --init: widen its LM to hidden size W first, a multiple of its own (new "
                              "dimensions, heads' dimensions and MLP units that start at zero: the same answers at "
                              "step 0, up to rounding)")
+    parser.add_argument("--hard-negatives", type=float, default=0.0, metavar="F",
+                        help="average the auxiliary 'no' term over only this share (0-1] of the background tokens, "
+                             "those read least as background (look-alikes); 0: all of them")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
                                                  "world-where", "world-where-long", "world-mild",
                                                  "world-mild-hard", "world-mild-count",
@@ -129,6 +132,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.workers < 0:
         print(f"edgekv train-toy: --workers must be at least 0, got {args.workers}")
         return 2
+    if not 0.0 <= args.hard_negatives <= 1.0:
+        print(f"edgekv train-toy: --hard-negatives is a share of the background tokens in [0, 1], got "
+              f"{args.hard_negatives}")
+        return 2
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         print(f"edgekv train-toy: --device must be cpu, cuda or cuda:N, got {args.device!r}")
         return 2
@@ -161,7 +168,8 @@ def run_train(args: argparse.Namespace) -> int:
                      freeze_vision=not args.train_vision, vision_width=args.vision_width,
                      vision_depth=args.vision_depth, device=args.device, workers=args.workers,
                      freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
-                     grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width)
+                     grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
+                     hard_negatives=args.hard_negatives)
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2

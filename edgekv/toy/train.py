@@ -447,13 +447,18 @@ def heldout(seed: int, count: int, progress: float = 1.0, curriculum: str = "ful
             for _ in range(count)]
 
 
-def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | None = None
-            ) -> tuple[torch.Tensor, float, float]:
+def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | None = None,
+            hard_negatives: float = 0.0) -> tuple[torch.Tensor, float, float]:
     """Answer cross-entropy (answer words and closing tokens) + ``aux_weight`` x the auxiliary one.
 
     The auxiliary targets are balanced: the few tokens that show an event (colour or shape word) weigh as
     much together as the many background tokens ("no") — averaged over all of them, the event tokens'
     signal was 20x weaker and the vision tower learned shapes far more slowly (measured).
+
+    ``hard_negatives`` in (0, 1]: the background term averages only that share of the background tokens, those the
+    model reads least as "no" (online hard example mining, Shrivastava et al. 2016, applied per token): among
+    thousands of plain background tokens the few look-alikes — a grey ring on a bright wall read as a white circle
+    (issue 27, README "Where the full cache loses") — are what the question later mistakes for a needle.
     """
     aux = torch.tensor([family == "aux" for family in batch.families], device=logits.device)
     answer = F.cross_entropy(logits[~aux].float(), batch.targets[~aux])
@@ -462,6 +467,9 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | 
     background = aux & (batch.targets == no_id) if no_id is not None else torch.zeros_like(aux)
     shown = aux & ~background
     parts = [F.cross_entropy(logits[m].float(), batch.targets[m]) for m in (shown, background) if m.any()]
+    if hard_negatives and background.any():
+        each = F.cross_entropy(logits[background].float(), batch.targets[background], reduction="none")
+        parts[-1] = each.topk(max(1, math.ceil(hard_negatives * each.numel()))).values.mean()
     auxiliary = parts[0] if len(parts) == 1 else parts[0] + 0.25 * parts[1]
     return answer + aux_weight * auxiliary, answer.item(), auxiliary.item()
 
@@ -473,7 +481,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
           size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
           device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0,
-          grow_vision: int = 0, recompute: bool = False, grow_width: int = 0) -> dict:
+          grow_vision: int = 0, recompute: bool = False, grow_width: int = 0, hard_negatives: float = 0.0) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -495,7 +503,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     LM to that hidden size first (a multiple of its own; ``edgekv.toy.model.grow_width``, the same answers up to
     rounding). ``recompute`` runs each layer
     again in the backward pass instead of keeping its activations (``forward_logits``): the same training in
-    less memory, for long contexts.
+    less memory, for long contexts. ``hard_negatives`` > 0 averages the auxiliary background term over that share
+    of the background tokens, the hardest (``loss_of``).
 
     ``device`` trains on another device than the CPU (``cuda``: the batches are drawn on the host and moved;
     the checkpoint is written from the host). ``workers`` > 0 draws the batches in that many spawned
@@ -516,6 +525,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         drawable = drawable_families(tuple(families) if families else None, holdout)
     if workers < 0:
         raise ValueError(f"workers must be at least 0, got {workers}")
+    if not 0.0 <= hard_negatives <= 1.0:
+        raise ValueError(f"hard_negatives is a share of the background tokens in [0, 1], got {hard_negatives}")
     if min(grow, grow_vision) < 0 or ((grow or grow_vision) and init is None):
         raise ValueError(f"grow / grow_vision deepen an init checkpoint by at least 0 layers; got {grow} / "
                          f"{grow_vision} with init {init!r}")
@@ -583,7 +594,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     for step, batch in enumerate(drawn):
         batch = batch.to(device)
         progress = step / max(1, steps)
-        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch, recompute), batch, aux_weight, encoder.no)
+        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch, recompute), batch, aux_weight, encoder.no,
+                                              hard_negatives)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(decay + other, 1.0)
@@ -626,6 +638,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += " --train-vision"
     if not vision_steps and freeze_init_vision:
         command += " --freeze-vision"
+    if hard_negatives:
+        command += f" --hard-negatives {hard_negatives:g}"
     if recompute:
         command += " --recompute"  # memory, not the recipe: the same gradients
     if workers:
@@ -635,7 +649,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "vision_frozen": not any(p.requires_grad for p in model.visual.parameters()),
             "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "curriculum": curriculum,
             "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
-            "grown_width": grow_width or None,
+            "grown_width": grow_width or None, "hard_negatives": hard_negatives or None,
             "width": width, "layers": layers,
             "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers,
             "recompute": recompute,
