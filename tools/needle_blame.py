@@ -4,9 +4,9 @@
 what it holds besides the needles: cut down to the needle pairs (``oracle_cut``), the same cache answers as it does
 on the short streams. This tool says *which* background pairs do it. It ingests one needle stream (the same stream
 `edgekv eval needle` draws from ``--seed S``: ``needle_stream(..., seed=S * 1000)``) with the full cache, asks the
-last checkpoint's questions of the whole cache and of the needle pairs alone, then of the needle pairs plus one
-window of ``--window`` background pairs at a time (the cache is put back after each: one ingest). A window whose
-questions go wrong holds a look-alike.
+last checkpoint's questions of the whole cache and of the needle pairs alone (each with the ``CEILING_GAP`` pairs
+before it, as ``--oracle`` cuts it), then of those plus one window of ``--window`` background pairs at a time (the
+cache is put back after each: one ingest). A window whose questions go wrong holds a look-alike.
 
     python tools/needle_blame.py --model M --size 224 --length 120 --seed 63 --family photo --window 10
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from edgekv.eval.needle import (CHECKPOINTS, DEFAULT_AGES, PolicyRun, encode_stream, needle_stream, oracle_cut,
-                                runtime_for, tokens_per_pair)
+from edgekv.eval.needle import (CEILING_GAP, CHECKPOINTS, DEFAULT_AGES, PolicyRun, encode_stream, needle_stream,
+                                oracle_cut, runtime_for, tokens_per_pair)
 from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, answer_of
 
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
         first, second = stream.scene.pair_frames(pair)
         session.ingest(first, t=stream.scene.time(2 * pair))
         session.ingest(second, t=stream.scene.time(2 * pair + 1))
-    needles = {p for e in stream.scene.events for p in range(e.first_pair, e.last_pair + 1)}
+    needles = {p for e in stream.scene.events for p in range(max(0, e.first_pair - CEILING_GAP), e.last_pair + 1)}
 
     def wrong() -> list[dict]:
         out = []
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
     with oracle_cut(session, needles):
         result["needles_only"] = wrong()
     print(f"{len(probes)} questions at pair {args.length}; events {result['events']}")
-    print(f"whole cache: {len(result['full'])} wrong; needle pairs only: {len(result['needles_only'])} wrong")
+    print(f"whole cache: {len(result['full'])} wrong; needle pairs only: {len(result['needles_only'])} wrong "
+          f"({len(needles)} pairs with the {CEILING_GAP} before each needle)")
     result["windows"] = []
     background = [p for p in range(args.length) if p not in needles]
     for start in range(0, len(background), args.window):

@@ -29,8 +29,9 @@ Harder settings (issue 27), all off by default so that earlier figures keep thei
 * ``caps``: caps given as shares of the stream's video tokens (1/4 .. 1/256) instead of, or beside, tokens;
 * the **full-cache ceiling**: the same long stream with nothing evicted, where its tokens fit
   ``full_max_tokens`` (``ceiling_full`` per record; the short-stream ceiling stays beside it);
-* ``oracle``: the full cache also answers cut down to the needle pairs seen so far (``oracle_cut``: every token of
-  those pairs, nothing else of the video; ``ceiling_oracle`` per record) — a cache that knew the questions. Where
+* ``oracle``: the full cache also answers cut down to the needle pairs seen so far and the ``CEILING_GAP`` pairs
+  before each, as in the short streams (``oracle_cut``: every token of those pairs, nothing else of the video;
+  ``ceiling_oracle`` per record) — a cache that knew the questions. Where
   the full cache falls short of the short streams and the oracle does not, the events were remembered and the
   background misled the question (a look-alike; measured on the 224 x 224 toy: README, "Where the full cache
   loses");
@@ -229,7 +230,13 @@ def probe_family(probe: Probe) -> str:
     return probe.qa.family
 
 
-def ceiling_scene(seen: tuple[Event, ...], seed: int, fps: float, gap: int = 3, family: str = CLASSIC,
+# Background frame pairs before each event in the short ceiling streams, and before each needle pair in the oracle's
+# cut: the same short-stream view either way (without them the toy miscounts one appearance as two: it sees where
+# an event begins against the pairs before it).
+CEILING_GAP = 3
+
+
+def ceiling_scene(seen: tuple[Event, ...], seed: int, fps: float, gap: int = CEILING_GAP, family: str = CLASSIC,
                   style: object = None, size: int = 112) -> tuple[EventScene, int]:
     """The events of ``seen`` in the same order, ``gap`` background pairs apart, and the stream length
     (the same background family and world style as the long stream)."""
@@ -285,7 +292,7 @@ def run_stream(runtime, scene: EventScene, pairs: int, replay: ReplayVision,
     """Ingest ``pairs`` frame pairs with ``runtime``'s cache config; after ``at`` pairs ask ``asks[at]``.
     Returns {(checkpoint, question): answer word} and the session's final stats. With ``oracle`` (a dict to
     fill), each checkpoint's questions are asked a second time of the cache cut down to the needle pairs seen
-    so far (``oracle_cut``), and those answers go there."""
+    so far and the ``CEILING_GAP`` pairs before each (``oracle_cut``), and those answers go there."""
     session = runtime.session()
     replay.index = 0
     session.vision = replay
@@ -301,7 +308,8 @@ def run_stream(runtime, scene: EventScene, pairs: int, replay: ReplayVision,
             if key not in answers:
                 answers[key] = answer_of(session.ask(qa.question, max_new_tokens=max_new_tokens).text)
         if oracle is not None and asks.get(pair + 1):
-            needles = {p for e in scene.events if e.last_pair <= pair for p in range(e.first_pair, e.last_pair + 1)}
+            needles = {p for e in scene.events if e.last_pair <= pair
+                       for p in range(max(0, e.first_pair - CEILING_GAP), e.last_pair + 1)}
             with oracle_cut(session, needles):
                 for qa in asks[pair + 1]:
                     oracle.setdefault((pair + 1, qa.question),
