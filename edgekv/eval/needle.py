@@ -231,8 +231,7 @@ def probe_family(probe: Probe) -> str:
 
 
 # Background frame pairs before each event in the short ceiling streams, and before each needle pair in the oracle's
-# cut: the same short-stream view either way (without them the toy miscounts one appearance as two: it sees where
-# an event begins against the pairs before it).
+# cut (``oracle_cut``): the needles shown as the short streams show them.
 CEILING_GAP = 3
 
 
