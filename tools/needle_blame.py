@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from edgekv.eval.needle import (CEILING_GAP, CHECKPOINTS, DEFAULT_AGES, PolicyRun, encode_stream, needle_stream,
-                                oracle_cut, runtime_for, tokens_per_pair)
+                                oracle_cut, oracle_pairs, runtime_for, tokens_per_pair)
 from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, answer_of
 
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
         first, second = stream.scene.pair_frames(pair)
         session.ingest(first, t=stream.scene.time(2 * pair))
         session.ingest(second, t=stream.scene.time(2 * pair + 1))
-    needles = {p for e in stream.scene.events for p in range(max(0, e.first_pair - CEILING_GAP), e.last_pair + 1)}
+    needles = oracle_pairs(stream.scene.events)
 
     def wrong() -> list[dict]:
         out = []

@@ -99,10 +99,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the full cache on the long stream (the ceiling) where it needs at most this "
                              "many tokens; 0: never")
     needle.add_argument("--oracle", action="store_true",
-                        help="the full cache (where it runs) also answers cut down to the needle pairs seen so far and the "
-                             "3 before each, as the short streams show them: "
-                             "what a cache that knew the questions would answer; apart from the full cache, the "
-                             "background's distraction (ceiling_oracle per record)")
+                        help="the full cache (where it runs) also answers cut down to the needle pairs seen so far "
+                             "and the 3 before each, as the short streams show them: what a cache that knew the "
+                             "questions would answer; apart from the full cache, the background's distraction "
+                             "(ceiling_oracle per record)")
     needle.add_argument("--kv-dtypes", type=_kv_dtypes, default=(),
                         help="compare K/V storage dtypes at equal bytes: every run once per dtype, each given the "
                              "slots that the first dtype's cache of M tokens takes in bytes (e.g. fp16,int8,fp8)")

@@ -307,9 +307,7 @@ def run_stream(runtime, scene: EventScene, pairs: int, replay: ReplayVision,
             if key not in answers:
                 answers[key] = answer_of(session.ask(qa.question, max_new_tokens=max_new_tokens).text)
         if oracle is not None and asks.get(pair + 1):
-            needles = {p for e in scene.events if e.last_pair <= pair
-                       for p in range(max(0, e.first_pair - CEILING_GAP), e.last_pair + 1)}
-            with oracle_cut(session, needles):
+            with oracle_cut(session, oracle_pairs(scene.events, pair + 1)):
                 for qa in asks[pair + 1]:
                     oracle.setdefault((pair + 1, qa.question),
                                       answer_of(session.ask(qa.question, max_new_tokens=max_new_tokens).text))
@@ -317,6 +315,13 @@ def run_stream(runtime, scene: EventScene, pairs: int, replay: ReplayVision,
     if session.recall is not None:
         session.recall.close()  # the writer thread stops before its folder goes
     return answers, stats
+
+
+def oracle_pairs(events, at: int | None = None) -> set[int]:
+    """The frame pairs the oracle keeps at checkpoint ``at`` (default: the stream's end): every pair of each event
+    seen by then and the ``CEILING_GAP`` pairs before it."""
+    return {p for e in events if at is None or e.last_pair < at
+            for p in range(max(0, e.first_pair - CEILING_GAP), e.last_pair + 1)}
 
 
 @contextmanager
