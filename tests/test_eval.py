@@ -622,3 +622,40 @@ def test_needle_blame_tool_adds_the_background_back_a_window_at_a_time(tmp_path)
     records = [r for r in json.loads(needle_out.read_text())["records"] if r["checkpoint"] == 40]
     assert {r["question"] for r in records if not r["ceiling_full"]} == {m["question"] for m in result["full"]}
     assert {r["question"] for r in records if not r["ceiling_oracle"]} == {m["question"] for m in result["needles_only"]}
+
+
+def test_toy_near_white_tool_sorts_answers_by_near_white_share_and_caps_only_the_background(tmp_path):
+    """``tools/toy_near_white.py``: the card's held-out streams on one family, answered as ``eval toy --families``
+    answers them, sorted into near-white bins that partition them; ``--cap`` redraws the same streams with the
+    background (only) capped."""
+    import importlib.util
+
+    from edgekv.eval.toy_accuracy import evaluate_families, heldout_streams, scene_for
+    from edgekv.video.events import COLOR_BGR
+
+    tool = Path(__file__).parents[1] / "tools" / "toy_near_white.py"
+    spec = importlib.util.spec_from_file_location("toy_near_white", tool)
+    near = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(near)
+    out = tmp_path / "near.json"
+    result = near.main(["--family", "gradient", "--streams", "4", "--cap", "120", "--out", str(out)])
+    reference = evaluate_families("builtin:toy", ("gradient",), count=4)["families"]["gradient"]
+    assert result["as_drawn"]["all"] == reference["all"]
+    assert result["as_drawn"]["by_question"] == reference["by_question"]
+    assert sum(b["all"]["n"] for b in result["as_drawn"]["bins"] if b["all"]) == reference["all"]["n"]
+    assert result["capped"]["all"]["n"] == reference["all"]["n"]
+    assert json.loads(out.read_text())["capped"] == json.loads(json.dumps(result["capped"]))
+    # the capped scene: the events in their colours, the background at most the cap (no noise here), the same scene
+    stream = heldout_streams(4)[1]
+    scene = scene_for(stream, "gradient")
+    event = stream.scene.events[0]
+    frame_index = 2 * event.first_pair
+    same = near.capped(scene, 255.0)
+    assert np.array_equal(same.frame(frame_index), scene.frame(frame_index))
+    plain = scene_for(stream, "gradient", style=scene.style.__class__(noise=0.0))
+    low = near.capped(plain, 120.0).frame(frame_index)
+    shown = plain.mask(event)
+    assert np.all(low[shown] == COLOR_BGR[event.color])
+    assert low[~shown].max() <= 120 and plain.frame(frame_index)[~shown].max() > 120
+    assert near.near_white_share(scene, stream.pairs) == pytest.approx(
+        float((np.stack([scene.frame(2 * p) for p in range(0, stream.pairs, 4)]).min(axis=3) > 200).mean()))

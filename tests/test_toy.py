@@ -1297,6 +1297,39 @@ def test_world_mild_tone_regrades_half_its_world_backgrounds(monkeypatch):
             assert not graded
 
 
+def test_exposed_curricula_over_expose_half_their_world_backgrounds(monkeypatch):
+    """``--curriculum world-mild-exposed`` / ``world-mild-224-exposed``: world-mild-apart's and
+    world-mild-224-dilute-distinct's stages with half of the world samples (mild or not) on a background
+    over-exposed at 0.5-2; the stages they come from draw none."""
+    from dataclasses import replace
+
+    import edgekv.video.world as world
+
+    from edgekv.toy.data import (EXPOSURE_RANGE, WORLD_MILD_224_DILUTE_DISTINCT, WORLD_MILD_224_EXPOSED,
+                                 WORLD_MILD_APART, WORLD_MILD_EXPOSED)
+
+    for base, exposed in ((WORLD_MILD_APART, WORLD_MILD_EXPOSED),
+                          (WORLD_MILD_224_DILUTE_DISTINCT, WORLD_MILD_224_EXPOSED)):
+        for (share_b, stage_b), (share_e, stage_e) in zip(base, exposed, strict=True):
+            assert share_b == share_e and stage_e.exposure == 0.5
+            assert replace(stage_e, name=stage_b.name, exposure=0.0) == stage_b
+    seen: list = []
+    real = world.WorldScene
+    monkeypatch.setattr(world, "WorldScene", lambda *a, **k: seen.append(a[6]) or real(*a, **k))
+    for stage in (WORLD_MILD_EXPOSED[1][1], WORLD_MILD_APART[1][1]):
+        seen.clear()
+        rng = np.random.default_rng(9)
+        for _ in range(30):
+            draw_sample(rng, replace(stage, pairs=(6, 10), world=1.0), MAX_POSITIONS, families=("noise", "checks"))
+        exposed = [s for s in seen if s.exposure]
+        assert len(seen) == 30
+        if stage.exposure:
+            assert 8 <= len(exposed) <= 22
+            assert all(EXPOSURE_RANGE[0] <= s.exposure <= EXPOSURE_RANGE[1] for s in exposed)
+        else:
+            assert not exposed
+
+
 def test_world_mild_224_long_lengthens_the_long_stage_contexts_at_one_stream_a_batch():
     from dataclasses import replace
 

@@ -178,6 +178,38 @@ def test_tone_regrades_the_background_only_and_tone_zero_draws_what_it_drew_befo
         WorldStyle(tone=-0.1)
 
 
+def test_exposure_whitens_part_of_the_background_only_and_exposure_zero_draws_what_it_drew_before():
+    from edgekv.video.world import MAX_EXPOSURE, exposure_map
+
+    event = _event(color="white", radius=18)
+    plain = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0), frames=40)
+    zero = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0, exposure=0.0), frames=40)
+    exposed = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0, exposure=2.0), frames=40)
+    again = WorldScene(112, 112, 2.0, 9, [event], "checks", WorldStyle(noise=0.0, exposure=2.0), frames=40)
+    a, b = plain.frame(4).astype(int), exposed.frame(4).astype(int)
+    assert np.array_equal(a, zero.frame(4)) and np.array_equal(b, again.frame(4))  # 0: bit for bit; seeded
+    shown = zero.mask(event)
+    assert np.all(b[shown] == COLOR_BGR["white"])  # the event keeps its colour exactly
+    background = ~shown
+    unchanged = np.all(a == b, axis=2) & background
+    whitened = np.all(b >= 250, axis=2) & ~np.all(a >= 250, axis=2) & background
+    brighter = np.all(b >= a, axis=2) & background
+    # part of the background is left as it was, part turned white, none of it darkened
+    assert unchanged.mean() > 0.02 and whitened.mean() > 0.1 and brighter.sum() == background.sum()
+    assert np.array_equal(exposed.frame(0), exposed.frame(2))  # a still background stays still
+    # the map: 1 where nothing changes, 1 + exposure at most, a soft edge (no step over a quarter of the exposure
+    # between neighbouring pixels)
+    gains = exposure_map(np.random.default_rng(3), 120, 100, 1.5)
+    assert gains.shape == (120, 100) and gains.min() == pytest.approx(1.0) and gains.max() == pytest.approx(2.5)
+    assert np.abs(np.diff(gains, axis=0)).max() < 0.375 and np.abs(np.diff(gains, axis=1)).max() < 0.375
+    maps = {exposure_map(np.random.default_rng(seed), 32, 32, 1.0).tobytes() for seed in range(4)}
+    assert len(maps) == 4  # one map a stream
+    with pytest.raises(ValueError, match="exposure must be at most 3"):
+        WorldStyle(exposure=MAX_EXPOSURE + 0.5)
+    with pytest.raises(ValueError, match="exposure"):
+        WorldStyle(exposure=-0.1)
+
+
 def test_transients_render_the_same_frames_going_back_in_a_long_stream():
     # a needle stream is encoded front to back, then its ceiling and replays ask for early pairs again: the
     # per-block transients forgotten on the way must be redrawn the same (a KeyError once lost block 0)
@@ -266,3 +298,7 @@ def test_world_source_spec_gives_frames_and_ground_truth():
     assert toned.scene.style.tone == 0.8
     with pytest.raises(ValueError, match="synthetic:world\\?tone=1.5.*tone must be at most 1"):
         open_source("synthetic:world?tone=1.5")
+    exposed = open_source("synthetic:world?size=112x112&frames=40&seed=3&families=noise&exposure=1.2")
+    assert exposed.scene.style.exposure == 1.2
+    with pytest.raises(ValueError, match="synthetic:world\\?exposure=4.*exposure must be at most 3"):
+        open_source("synthetic:world?exposure=4")

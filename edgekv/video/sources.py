@@ -219,7 +219,7 @@ _SYNTHETIC_PARAMS: dict[str, dict[str, Callable[[str], Any]]] = {
               "randomize": _flag, "noise": _non_negative_float, "drift": _non_negative_float,
               "shake": _non_negative_float, "light": _non_negative_float, "jpeg": _non_negative_int,
               "distractors": _non_negative_int, "transients": _non_negative_float, "occlusion": _non_negative_float,
-              "lures": _non_negative_float, "tone": _non_negative_float},
+              "lures": _non_negative_float, "tone": _non_negative_float, "exposure": _non_negative_float},
 }
 _CSI_PARAMS: dict[str, Callable[[str], Any]] = {
     "width": _positive_int, "height": _positive_int, "fps": _positive_int, "flip": _non_negative_int,
@@ -616,7 +616,8 @@ class EventSource(SyntheticSource):
 class WorldSource(SyntheticSource):
     """``synthetic:world``: ``edgekv.video.world``'s randomized world as a frame source; ground truth in
     ``self.scene.events``, the background family drawn in ``self.scene.family``. Style fields given in the
-    spec (noise, drift, shake, light, jpeg, distractors, transients, occlusion, lures, tone) override the random draw."""
+    spec (noise, drift, shake, light, jpeg, distractors, transients, occlusion, lures, tone, exposure) override the
+    random draw."""
 
     def __init__(self, spec: str, size: tuple[int, int] = (112, 112), fps: float = 2.0, frames: int = 400,
                  seed: int = 0, rate: float = 0.05, duration: tuple[int, int] = (1, 8),

@@ -70,6 +70,7 @@ DISTRACTOR_BGR: dict[str, tuple[int, int, int]] = {
     "orange": (0, 140, 255), "cyan": (220, 210, 0), "brown": (30, 75, 140), "grey": (128, 128, 128),
     "black": (25, 25, 25), "olive": (30, 128, 128),
 }
+MAX_EXPOSURE = 3.0  # WorldStyle.exposure: a background gain of 4 at most (everything above 64 clips to white)
 ONE_CELL_RADIUS = 14  # px: a shape about one merged-grid cell (28 x 28 px) across, at any resolution
 
 # Photographs in opencv-doc's examples/data (Debian package opencv-doc): colour and grey photographs,
@@ -422,10 +423,13 @@ class WorldStyle:
     color_jitter: float = 0.0   # +- uint8 levels on each event's colour
     tone: float = 0.0           # strength in [0, 1] of a random re-grading of the background only (gamma, contrast,
                                 # saturation, hue: a bright, green or washed-out scene), drawn per stream
+    exposure: float = 0.0       # over-exposure of part of the background only: its gain less one where the stream's
+                                # exposure map (smooth, random) is 1 (1.0: values above 127 clip to white there, as a
+                                # sky or a lit wall does), no gain where it is 0; events keep their colour
 
     def __post_init__(self) -> None:
         for name in ("noise", "drift", "shake", "light", "cast", "switch", "distractors", "transients",
-                     "occlusion", "color_jitter", "lures", "tone"):
+                     "occlusion", "color_jitter", "lures", "tone", "exposure"):
             if getattr(self, name) < 0:
                 raise ValueError(f"world {name}: must be >= 0, got {getattr(self, name)}")
         if self.light + self.switch >= 1.0 or self.cast >= 0.5:
@@ -436,6 +440,9 @@ class WorldStyle:
         for name in ("occlusion", "transients", "lures", "tone"):
             if getattr(self, name) > 1:
                 raise ValueError(f"world {name} must be at most 1, got {getattr(self, name)}")
+        if self.exposure > MAX_EXPOSURE:
+            raise ValueError(f"world exposure must be at most {MAX_EXPOSURE} (a gain of {1 + MAX_EXPOSURE:g}), "
+                             f"got {self.exposure}")
         if self.light_period <= 0 or self.switch_period < 1:
             raise ValueError("world light_period and switch_period must be positive")
 
@@ -473,6 +480,21 @@ def apply_tone(canvas: np.ndarray, tone: Tone) -> np.ndarray:
     x = x @ tone.matrix.T
     x = 0.5 + tone.contrast * (x - 0.5)
     return np.clip(x * 255.0, 0, 255).astype(np.float32)
+
+
+def exposure_map(rng: np.random.Generator, height: int, width: int, exposure: float) -> np.ndarray:
+    """A stream's background gain (HxW float32, ``WorldStyle.exposure``): 1 + ``exposure`` x a smooth random map in
+    [0, 1] that is 0 over part of the frame and 1 over another (a 5 x 5 random field, upsampled bicubically in effect
+    by two bilinear passes of a smoothed grid, thresholded at a random level with a soft edge): a sky or a lit wall,
+    irregular, beside parts left as they were."""
+    coarse = rng.standard_normal((5, 5))
+    ys, xs = np.linspace(0, 4, height), np.linspace(0, 4, width)
+    rows = np.stack([np.interp(ys, np.arange(5), coarse[:, j]) for j in range(5)], axis=1)  # H x 5
+    field = np.stack([np.interp(xs, np.arange(5), rows[i]) for i in range(height)])  # H x W
+    field = (field - field.min()) / max(float(field.max() - field.min()), 1e-6)
+    level = float(rng.uniform(0.3, 0.7))
+    weight = np.clip((field - level) / 0.15 + 0.5, 0.0, 1.0)
+    return (1.0 + exposure * weight).astype(np.float32)
 
 
 def mild_style(style) -> WorldStyle:
@@ -599,7 +621,10 @@ class WorldScene:
         self._blocks: dict[int, list[Clutter]] = {}
         self._tone = background_tone(np.random.default_rng((self.seed, 89)), self.style.tone) if self.style.tone \
             else None
-        self._toned: tuple[np.ndarray, np.ndarray] | None = None  # (canvas, its re-graded copy)
+        self._toned: tuple[np.ndarray, np.ndarray] | None = None  # (canvas, its re-graded / exposed copy)
+        self._exposure = exposure_map(np.random.default_rng((self.seed, 97)), self.height + 2 * self.margin,
+                                      self.width + 2 * self.margin, self.style.exposure) if self.style.exposure \
+            else None
 
     # ------------------------------------------------------------------ parts
     def _clutter(self, rng: np.random.Generator, radius_range: tuple[int, int], wander: bool = False,
@@ -758,11 +783,15 @@ class WorldScene:
         return out
 
     def _graded(self, canvas: np.ndarray) -> np.ndarray:
-        """``canvas`` re-graded by the stream's background tone (the same canvas object: the cached copy)."""
-        if self._tone is None:
+        """``canvas`` re-graded by the stream's background tone, then over-exposed by its ``exposure`` (the same
+        canvas object: the cached copy)."""
+        if self._tone is None and not self.style.exposure:
             return canvas
         if self._toned is None or self._toned[0] is not canvas:
-            self._toned = (canvas, apply_tone(canvas, self._tone))
+            graded = apply_tone(canvas, self._tone) if self._tone is not None else canvas
+            if self._exposure is not None:
+                graded = np.minimum(graded * self._exposure[..., None], np.float32(255.0))
+            self._toned = (canvas, graded)
         return self._toned[1]
 
     def _box(self, event: Event) -> np.ndarray:
