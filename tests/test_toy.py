@@ -1270,31 +1270,35 @@ def test_world_lures_makes_half_its_world_streams_busy_with_lures(monkeypatch):
             assert not busy
 
 
+def _world_styles_drawn(monkeypatch, stage, samples: int = 30) -> list:
+    """The ``WorldStyle`` of each of ``samples`` samples ``draw_sample`` draws from ``stage`` (all of them world)."""
+    from dataclasses import replace
+
+    import edgekv.video.world as world
+
+    seen: list = []
+    real = world.WorldScene
+    monkeypatch.setattr(world, "WorldScene", lambda *a, **k: seen.append(a[6]) or real(*a, **k))
+    rng = np.random.default_rng(9)
+    for _ in range(samples):
+        draw_sample(rng, replace(stage, pairs=(6, 10), world=1.0), MAX_POSITIONS, families=("noise", "checks"))
+    monkeypatch.setattr(world, "WorldScene", real)
+    assert len(seen) == samples
+    return seen
+
+
 def test_world_mild_tone_regrades_half_its_world_backgrounds(monkeypatch):
     """``--curriculum world-mild-tone``: world-mild-apart's stages with half of the world samples (mild or not) on a
     background re-graded at a tone of 0.3-1; world-mild-apart's samples draw none."""
     from dataclasses import replace
 
-    import edgekv.video.world as world
-
     from edgekv.toy.data import WORLD_MILD_APART, WORLD_MILD_TONE
 
     for (share_a, apart), (share_t, toned) in zip(WORLD_MILD_APART, WORLD_MILD_TONE, strict=True):
         assert share_a == share_t and replace(toned, name=apart.name, tone=0.0) == apart and toned.tone == 0.5
-    seen: list = []
-    real = world.WorldScene
-    monkeypatch.setattr(world, "WorldScene", lambda *a, **k: seen.append(a[6]) or real(*a, **k))
-    for stage in (WORLD_MILD_TONE[1][1], WORLD_MILD_APART[1][1]):
-        seen.clear()
-        rng = np.random.default_rng(9)
-        for _ in range(30):
-            draw_sample(rng, replace(stage, pairs=(6, 10), world=1.0), MAX_POSITIONS, families=("noise", "checks"))
-        graded = [s for s in seen if s.tone]
-        assert len(seen) == 30
-        if stage.tone:
-            assert 8 <= len(graded) <= 22 and all(0.3 <= s.tone <= 1.0 for s in graded)
-        else:
-            assert not graded
+    graded = [s for s in _world_styles_drawn(monkeypatch, WORLD_MILD_TONE[1][1]) if s.tone]
+    assert 8 <= len(graded) <= 22 and all(0.3 <= s.tone <= 1.0 for s in graded)
+    assert not any(s.tone for s in _world_styles_drawn(monkeypatch, WORLD_MILD_APART[1][1]))
 
 
 def test_exposed_curricula_over_expose_half_their_world_backgrounds(monkeypatch):
@@ -1302,8 +1306,6 @@ def test_exposed_curricula_over_expose_half_their_world_backgrounds(monkeypatch)
     world-mild-224-dilute-distinct's stages with half of the world samples (mild or not) on a background
     over-exposed at 0.5-2; the stages they come from draw none."""
     from dataclasses import replace
-
-    import edgekv.video.world as world
 
     from edgekv.toy.data import (EXPOSURE_RANGE, WORLD_MILD_224_DILUTE_DISTINCT, WORLD_MILD_224_EXPOSED,
                                  WORLD_MILD_APART, WORLD_MILD_EXPOSED)
@@ -1313,21 +1315,10 @@ def test_exposed_curricula_over_expose_half_their_world_backgrounds(monkeypatch)
         for (share_b, stage_b), (share_e, stage_e) in zip(base, exposed, strict=True):
             assert share_b == share_e and stage_e.exposure == 0.5
             assert replace(stage_e, name=stage_b.name, exposure=0.0) == stage_b
-    seen: list = []
-    real = world.WorldScene
-    monkeypatch.setattr(world, "WorldScene", lambda *a, **k: seen.append(a[6]) or real(*a, **k))
-    for stage in (WORLD_MILD_EXPOSED[1][1], WORLD_MILD_APART[1][1]):
-        seen.clear()
-        rng = np.random.default_rng(9)
-        for _ in range(30):
-            draw_sample(rng, replace(stage, pairs=(6, 10), world=1.0), MAX_POSITIONS, families=("noise", "checks"))
-        exposed = [s for s in seen if s.exposure]
-        assert len(seen) == 30
-        if stage.exposure:
-            assert 8 <= len(exposed) <= 22
-            assert all(EXPOSURE_RANGE[0] <= s.exposure <= EXPOSURE_RANGE[1] for s in exposed)
-        else:
-            assert not exposed
+    exposed = [s for s in _world_styles_drawn(monkeypatch, WORLD_MILD_EXPOSED[1][1]) if s.exposure]
+    assert 8 <= len(exposed) <= 22
+    assert all(EXPOSURE_RANGE[0] <= s.exposure <= EXPOSURE_RANGE[1] for s in exposed)
+    assert not any(s.exposure for s in _world_styles_drawn(monkeypatch, WORLD_MILD_APART[1][1]))
 
 
 def test_world_mild_224_long_lengthens_the_long_stage_contexts_at_one_stream_a_batch():
