@@ -484,9 +484,9 @@ def apply_tone(canvas: np.ndarray, tone: Tone) -> np.ndarray:
 
 def exposure_map(rng: np.random.Generator, height: int, width: int, exposure: float) -> np.ndarray:
     """A stream's background gain (HxW float32, ``WorldStyle.exposure``): 1 + ``exposure`` x a smooth random map in
-    [0, 1] that is 0 over part of the frame and 1 over another (a 5 x 5 random field, upsampled bicubically in effect
-    by two bilinear passes of a smoothed grid, thresholded at a random level with a soft edge): a sky or a lit wall,
-    irregular, beside parts left as they were."""
+    [0, 1] that is 0 over part of the frame and 1 over another (a 5 x 5 Gaussian random field interpolated bilinearly
+    to the frame, thresholded at a random level with a soft edge): a sky or a lit wall, irregular, beside parts left
+    as they were. Numpy only (no OpenCV: the world's procedural families need none)."""
     coarse = rng.standard_normal((5, 5))
     ys, xs = np.linspace(0, 4, height), np.linspace(0, 4, width)
     rows = np.stack([np.interp(ys, np.arange(5), coarse[:, j]) for j in range(5)], axis=1)  # H x 5
