@@ -47,7 +47,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "world-mild-224-long", "world-mild-224-dilute",
                                                  "world-mild-224-distinct", "world-mild-224-dilute-distinct",
                                                  "world-mild-224-dilute-far", "world-mild-exposed",
-                                                 "world-mild-224-exposed"),
+                                                 "world-mild-224-exposed", "world-mild-exposed-dilute"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -80,7 +80,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "(world-mild-224-dilute-distinct diluted up to 256 times instead of 64), "
                              "world-mild-exposed (world-mild-apart with half of the world streams on an over-exposed "
                              "background: gain up to 1.5-3 over part of the frame, clipped to white), "
-                             "world-mild-224-exposed (world-mild-224-dilute-distinct with the same)")
+                             "world-mild-224-exposed (world-mild-224-dilute-distinct with the same), "
+                             "world-mild-exposed-dilute (world-mild-exposed with three quarters of the samples "
+                             "diluted and every background pair rendered anew)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
