@@ -1,4 +1,4 @@
-"""``edgekv`` command line: serve, build, make-tiny-checkpoint, train-toy, eval, plan,
+"""``edgekv`` command line: serve, build, make-tiny-checkpoint, train-toy, average-toy, eval, plan,
 quantize, calibrate, bench, bag, ask.
 
 Each command's options are added only when that command is run, and each command imports what it
@@ -140,6 +140,12 @@ def _add_train_toy(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)
 
 
+def _add_average_toy(parser: argparse.ArgumentParser) -> None:
+    from edgekv.toy.average import add_average_arguments
+
+    add_average_arguments(parser)
+
+
 def _add_eval(parser: argparse.ArgumentParser) -> None:
     from edgekv.eval.cli import add_eval_arguments
 
@@ -184,6 +190,7 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
               _add_build),
     "make-tiny-checkpoint": ("write a random-weight checkpoint with the real Qwen tokenizer", _add_make_tiny),
     "train-toy": ("train the toy Qwen2.5-VL on synthetic event streams", _add_train_toy),
+    "average-toy": ("one toy checkpoint whose weights are the mean of several (a model soup)", _add_average_toy),
     "eval": ("answer-accuracy benchmarks (toy needle streams, MLVU / Video-MME)", _add_eval),
     "plan": ("largest cache budget that fits a device's memory (an estimate)", _add_plan),
     "quantize": ("write a checkpoint's language-model linears as 4-bit weights (AutoAWQ GEMM layout)", _add_quantize),

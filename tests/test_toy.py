@@ -321,6 +321,48 @@ def test_train_toy_recompute_and_held_out_samples_scored_in_chunks(tmp_path):
     assert len(chunks) == 3 and evaluate(model, chunks) == evaluate(model, encoder.encode(samples))
 
 
+def test_average_toy_writes_the_mean_of_checkpoints_with_their_lineage(tmp_path, capsys):
+    """``edgekv average-toy OUT A B``: the weights are the (weighted) mean of A's and B's, written as a toy
+    checkpoint in fp16 with a card naming both and their rounds and the held-out accuracy; weights 1,0 give A back
+    bit for bit; toys of another shape, a missing directory, bad weights are refused with the reason."""
+    import json
+
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+
+    small = dict(width=32, layers=2, vision_width=32, vision_depth=2)
+    a = save_checkpoint(init_model(toy_config(**small), 3), tmp_path / "a", {"command": "edgekv train-toy A"})
+    b = save_checkpoint(init_model(toy_config(**small), 4), tmp_path / "b",
+                        {"command": "edgekv train-toy B --init A", "parent": {"command": "edgekv train-toy A",
+                                                                              "steps": 5, "wall_time_s": 60.0}})
+    assert main(["average-toy", str(tmp_path / "ab"), str(a), str(b), "--heldout-streams", "2"]) == 0
+    wa, wb, mean = (load_pretrained(d, dtype=torch.float32).state_dict() for d in (a, b, tmp_path / "ab"))
+    assert wa.keys() == mean.keys()
+    for name in mean:
+        torch.testing.assert_close(mean[name], ((wa[name] + wb[name]) / 2).half().float(), rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(mean[n], wa[n]) for n in mean)
+    card = json.loads((tmp_path / "ab" / "card.json").read_text())
+    assert [p["command"] for p in card["averaged"]] == ["edgekv train-toy A", "edgekv train-toy B --init A"]
+    assert card["weights"] == [0.5, 0.5] and card["heldout_accuracy"]["streams"] == 2
+    assert (card["width"], card["layers"], card["resolution"]) == (32, 2, [112, 112])
+    readme = (tmp_path / "ab" / "README.md").read_text()
+    assert "mean of 2 toy checkpoints" in readme and "    - from `edgekv train-toy A`: 5 steps, 1.0 min" in readme
+    assert main(["average-toy", str(tmp_path / "a_only"), str(a), str(b), "--weights", "1,0",
+                 "--heldout-streams", "0"]) == 0
+    same = load_pretrained(tmp_path / "a_only", dtype=torch.float32).state_dict()
+    assert all(torch.equal(same[n], wa[n]) for n in wa)
+    assert json.loads((tmp_path / "a_only" / "card.json").read_text())["command"].endswith("--weights 1,0")
+    wide = save_checkpoint(init_model(toy_config(width=48, layers=2, vision_width=32, vision_depth=2), 5),
+                           tmp_path / "wide", {})
+    capsys.readouterr()
+    for argv, says in (([str(a), str(wide)], "config differs"), ([str(a)], "at least two"),
+                       ([str(a), str(tmp_path / "missing")], "no config.json"),
+                       ([str(a), str(b), "--weights", "1"], "one non-negative weight per checkpoint"),
+                       ([str(a), str(b), "--weights", "1,x"], "comma-separated numbers")):
+        assert main(["average-toy", str(tmp_path / "bad"), *argv, "--heldout-streams", "0"]) == 2, argv
+        assert says in capsys.readouterr().out, argv
+
+
 def test_place_event_always_places_even_when_the_frame_is_crowded():
     from edgekv.video.events import place_event
 

@@ -12,6 +12,23 @@ from edgekv.toy.questions import ALL_FAMILIES, CHANCE, FAMILIES, TEMPLATES
 TARGETS = {"color": 0.95, "shape": 0.95, "exists": 0.95, "order": 0.90, "count": 0.85, "where": 0.90}
 
 
+def _averaged_lines(card: dict) -> str:
+    """Markdown lines for a checkpoint made by ``edgekv average-toy``: each checkpoint averaged, its weight and
+    the rounds it was trained in (``--init``), newest first."""
+    lines = []
+    for weight, parent in zip(card.get("weights", []), card["averaged"]):
+        round_ = parent or {}
+        accuracy = round_.get("heldout_accuracy") or {}
+        scores = ", ".join(f"{family} {accuracy[family]:.3f}" for family in FAMILIES if family in accuracy)
+        lines.append(f"  - weight {weight:.3f}: `{round_.get('command')}`" + (f"; held-out {scores}" if scores else ""))
+        round_ = round_.get("parent")
+        while round_:
+            lines.append(f"    - from `{round_.get('command')}`: {round_.get('steps')} steps, "
+                         f"{round_.get('wall_time_s', 0) / 60:.1f} min")
+            round_ = round_.get("parent")
+    return "\n".join(lines)
+
+
 def _lineage_lines(card: dict) -> str:
     """Markdown lines for the rounds a checkpoint was trained in (``--init``), newest first, and the total."""
     lines, total, parent = [], card.get("wall_time_s", 0.0), card.get("parent")
@@ -92,6 +109,18 @@ def write_model_card(directory: str | Path, card: dict) -> Path:
                       "then long, sparse and thinned streams (evicted tokens, StateKV-style sinks) as a capped "
                       "cache shows them")
     side = (card.get("resolution") or [112])[0]
+    if card.get("averaged"):
+        training = (f"- Weights: the element-wise mean of {len(card['averaged'])} toy checkpoints (a uniform or "
+                    f"weighted \"model soup\", Wortsman et al. 2022), `{card.get('command')}` "
+                    f"({card.get('wall_time_s', 0):.1f} s on {card.get('machine', 'a CPU')}); no training of its own. "
+                    f"{curriculum} (the first checkpoint's). The checkpoints averaged:\n{_averaged_lines(card)}")
+    else:
+        training = f"""- Training: `{card.get('command')}` — {card.get('steps')} AdamW steps of {card.get('batch_size')} streams, peak lr
+  {card.get('lr')}, seed {card.get('seed')}, {card.get('wall_time_s', 0) / 60:.1f} min wall time on {card.get('machine', 'a CPU')}
+  ({card.get('threads')} torch threads; {load_text}). {curriculum}. Loss: the answer word and the closing `<|im_end|>`, plus
+  {card.get('aux_weight')} x an auxiliary loss at the video tokens (the colour or shape word of the event a
+  token shows, "no" on background) that only speeds training up.
+- Last training log line: `{json.dumps(last)}`"""
     text = f"""# edgekv toy Qwen2.5-VL ({card.get('parameters', 0) / 1e6:.2f} M parameters)
 
 A Qwen2.5-VL trained from scratch on synthetic event streams on a CPU, so that answers — not token
@@ -103,12 +132,7 @@ released checkpoint layout: transformers' `Qwen2_5_VLForConditionalGeneration` l
   {sections}, tied embeddings; word-level vocabulary of Qwen's special tokens plus the task words.
 - Input: {side} x {side} frames at 2 fps ({(side // 28) ** 2} tokens per frame pair); `max_position_embeddings` {card.get('max_position_embeddings')}
   (see `edgekv/toy/model.py` for why).
-- Training: `{card.get('command')}` — {card.get('steps')} AdamW steps of {card.get('batch_size')} streams, peak lr
-  {card.get('lr')}, seed {card.get('seed')}, {card.get('wall_time_s', 0) / 60:.1f} min wall time on {card.get('machine', 'a CPU')}
-  ({card.get('threads')} torch threads; {load_text}). {curriculum}. Loss: the answer word and the closing `<|im_end|>`, plus
-  {card.get('aux_weight')} x an auxiliary loss at the video tokens (the colour or shape word of the event a
-  token shows, "no" on background) that only speeds training up.
-- Last training log line: `{json.dumps(last)}`{chr(10) + "- Note: " + card["note"] if card.get("note") else ""}{_lineage_lines(card)}
+{training}{chr(10) + "- Note: " + card["note"] if card.get("note") else ""}{_lineage_lines(card)}
 
 ## Accuracy (held-out set, full cache, through the live session)
 
