@@ -24,7 +24,8 @@ def _averaged_lines(card: dict) -> str:
         round_ = round_.get("parent")
         while round_:
             lines.append(f"    - from `{round_.get('command')}`: {round_.get('steps')} steps, "
-                         f"{round_.get('wall_time_s', 0) / 60:.1f} min")
+                         f"{round_.get('wall_time_s', 0) / 60:.1f} min"
+                         + (f" ({round_['note']})" if round_.get("note") else ""))
             round_ = round_.get("parent")
     return "\n".join(lines)
 
