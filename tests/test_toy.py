@@ -347,6 +347,19 @@ def test_average_toy_writes_the_mean_of_checkpoints_with_their_lineage(tmp_path,
     assert (card["width"], card["layers"], card["resolution"]) == (32, 2, [112, 112])
     readme = (tmp_path / "ab" / "README.md").read_text()
     assert "mean of 2 toy checkpoints" in readme and "    - from `edgekv train-toy A`: 5 steps, 1.0 min" in readme
+    from edgekv.toy.card import write_model_card
+    from edgekv.toy.train import _lineage
+
+    # a round that goes on from the mean keeps it in its lineage, the checkpoints averaged beneath it
+    (tmp_path / "next").mkdir()
+    write_model_card(tmp_path / "next", {"command": "edgekv train-toy NEXT", "wall_time_s": 30.0,
+                                         "parent": _lineage(tmp_path / "ab")})
+    lines = (tmp_path / "next" / "README.md").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  - from `edgekv average-toy"))
+    assert lines[at + 1].startswith("    - weight 0.500: `edgekv train-toy A`")
+    assert lines[at + 2].startswith("    - weight 0.500: `edgekv train-toy B --init A`")
+    assert lines[at + 3].startswith("      - from `edgekv train-toy A`: 5 steps, 1.0 min")
+    assert any("total wall time 1.5 min" in line for line in lines)  # 30 s + A's 60 s, the mean's ~0
     assert main(["average-toy", str(tmp_path / "a_only"), str(a), str(b), "--weights", "1,0",
                  "--heldout-streams", "0"]) == 0
     same = load_pretrained(tmp_path / "a_only", dtype=torch.float32).state_dict()

@@ -12,39 +12,52 @@ from edgekv.toy.questions import ALL_FAMILIES, CHANCE, FAMILIES, TEMPLATES
 TARGETS = {"color": 0.95, "shape": 0.95, "exists": 0.95, "order": 0.90, "count": 0.85, "where": 0.90}
 
 
+def _round_line(round_: dict, indent: str, lead: str) -> str:
+    """One markdown line for a round (a card's ``parent`` or an averaged checkpoint): its command, steps, wall
+    time, held-out accuracy and note."""
+    accuracy = round_.get("heldout_accuracy") or {}
+    scores = ", ".join(f"{family} {accuracy[family]:.3f}" for family in FAMILIES if family in accuracy)
+    line = (f"{indent}- {lead}`{round_.get('command')}`: {round_.get('steps')} steps, "
+            f"{round_.get('wall_time_s', 0) / 60:.1f} min" + (f"; held-out {scores}" if scores else ""))
+    return line + (f" ({round_['note']})" if round_.get("note") else "")
+
+
+def _chain(parent: dict | None, indent: str, seen: dict) -> list[str]:
+    """Lines for ``parent`` and the rounds before it, newest first; a checkpoint made by ``edgekv average-toy``
+    lists the checkpoints it averaged, and their rounds, beneath it. ``seen`` gathers each distinct round's wall
+    time (rounds shared by averaged checkpoints count once)."""
+    lines = []
+    while parent:
+        seen[(parent.get("command"), parent.get("seed"), parent.get("note"))] = parent.get("wall_time_s", 0.0)
+        lines.append(_round_line(parent, indent, "from "))
+        lines += _members(parent, indent + "  ", seen)
+        parent = parent.get("parent")
+    return lines
+
+
+def _members(card: dict, indent: str, seen: dict) -> list[str]:
+    lines = []
+    for weight, member in zip(card.get("weights", []), card.get("averaged") or []):
+        member = member or {}
+        seen[(member.get("command"), member.get("seed"), member.get("note"))] = member.get("wall_time_s", 0.0)
+        lines.append(_round_line(member, indent, f"weight {weight:.3f}: "))
+        lines += _chain(member.get("parent"), indent + "  ", seen)
+    return lines
+
+
 def _averaged_lines(card: dict) -> str:
     """Markdown lines for a checkpoint made by ``edgekv average-toy``: each checkpoint averaged, its weight and
     the rounds it was trained in (``--init``), newest first."""
-    lines = []
-    for weight, parent in zip(card.get("weights", []), card["averaged"]):
-        round_ = parent or {}
-        accuracy = round_.get("heldout_accuracy") or {}
-        scores = ", ".join(f"{family} {accuracy[family]:.3f}" for family in FAMILIES if family in accuracy)
-        lines.append(f"  - weight {weight:.3f}: `{round_.get('command')}`" + (f"; held-out {scores}" if scores else ""))
-        round_ = round_.get("parent")
-        while round_:
-            lines.append(f"    - from `{round_.get('command')}`: {round_.get('steps')} steps, "
-                         f"{round_.get('wall_time_s', 0) / 60:.1f} min"
-                         + (f" ({round_['note']})" if round_.get("note") else ""))
-            round_ = round_.get("parent")
-    return "\n".join(lines)
+    return "\n".join(_members(card, "  ", {}))
 
 
 def _lineage_lines(card: dict) -> str:
     """Markdown lines for the rounds a checkpoint was trained in (``--init``), newest first, and the total."""
-    lines, total, parent = [], card.get("wall_time_s", 0.0), card.get("parent")
-    while parent:
-        total += parent.get("wall_time_s", 0.0)
-        accuracy = parent.get("heldout_accuracy") or {}
-        scores = ", ".join(f"{family} {accuracy[family]:.3f}" for family in FAMILIES if family in accuracy)
-        line = (f"  - from `{parent.get('command')}`: {parent.get('steps')} steps, "
-                f"{parent.get('wall_time_s', 0) / 60:.1f} min" + (f"; held-out {scores}" if scores else ""))
-        if parent.get("note"):
-            line += f" ({parent['note']})"
-        lines.append(line)
-        parent = parent.get("parent")
+    seen: dict = {}
+    lines = _chain(card.get("parent"), "  ", seen)
     if not lines:
         return ""
+    total = card.get("wall_time_s", 0.0) + sum(seen.values())
     return ("\n- Trained in rounds (`--init`): this round went on from the checkpoint below; total wall time "
             f"{total / 60:.1f} min.\n" + "\n".join(lines))
 

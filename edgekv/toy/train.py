@@ -673,12 +673,14 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
 
 def _lineage(path: str | Path) -> dict | None:
     """What the checkpoint at ``path`` was trained from (its card's command, steps, wall time, held-out accuracy
-    and note, and its own parent), so a model trained in rounds keeps the whole recipe in its card."""
+    and note, and its own parent; the checkpoints it is the mean of, if ``edgekv average-toy`` made it), so a model
+    trained in rounds keeps the whole recipe in its card."""
     card_path = Path(path) / "card.json"
     if not card_path.is_file():
         return None
     parent = json.loads(card_path.read_text())
-    kept = {key: parent[key] for key in ("command", "seed", "steps", "vision_steps", "lr", "wall_time_s", "note", "parent")
+    kept = {key: parent[key] for key in ("command", "seed", "steps", "vision_steps", "lr", "wall_time_s", "note", "parent",
+                                         "averaged", "weights")
             if key in parent}
     if "heldout_accuracy" in parent:
         kept["heldout_accuracy"] = parent["heldout_accuracy"].get("accuracy")
