@@ -1475,8 +1475,8 @@ def test_a_diluted_sample_attends_as_if_its_background_pairs_were_there_that_man
 def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     """``world-mild-224-dilute`` / ``-distinct`` / ``-dilute-distinct``: world-mild-224's stages with three quarters
     of the samples diluted, with every background pair rendered anew, or both (``-dilute-far``: both, diluted up to
-    256 times instead of 64); ``world-lures-dilute`` the lured
-    curriculum with both, ``world-mild-exposed-dilute`` the exposed one; and ``train-toy`` offers every curriculum there is."""
+    256 times instead of 64); ``world-lures-dilute`` the lured curriculum with both, ``world-mild-exposed-dilute``
+    the exposed one; and ``train-toy`` offers every curriculum there is."""
     import argparse
     from dataclasses import replace
 
