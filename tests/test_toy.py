@@ -359,6 +359,7 @@ def test_average_toy_writes_the_mean_of_checkpoints_with_their_lineage(tmp_path,
     assert lines[at + 1].startswith("    - weight 0.500: `edgekv train-toy A`")
     assert lines[at + 2].startswith("    - weight 0.500: `edgekv train-toy B --init A`")
     assert lines[at + 3].startswith("      - from `edgekv train-toy A`: 5 steps, 1.0 min")
+    assert lines[at + 3].endswith("it and its rounds are listed above")  # A, averaged and B's parent: once
     assert any("total wall time 1.5 min" in line for line in lines)  # 30 s + A's 60 s, the mean's ~0
     assert main(["average-toy", str(tmp_path / "a_only"), str(a), str(b), "--weights", "1,0",
                  "--heldout-streams", "0"]) == 0

@@ -28,7 +28,12 @@ def _chain(parent: dict | None, indent: str, seen: dict) -> list[str]:
     time (rounds shared by averaged checkpoints count once)."""
     lines = []
     while parent:
-        seen[(parent.get("command"), parent.get("seed"), parent.get("note"))] = parent.get("wall_time_s", 0.0)
+        key = (parent.get("command"), parent.get("seed"), parent.get("note"))
+        if key in seen and parent.get("command"):  # a round an averaged checkpoint shares: listed once, above
+            seen[key] = max(seen[key], parent.get("wall_time_s", 0.0))
+            lines.append(_round_line(parent, indent, "from ") + "; it and its rounds are listed above")
+            break
+        seen[key] = parent.get("wall_time_s", 0.0)
         lines.append(_round_line(parent, indent, "from "))
         lines += _members(parent, indent + "  ", seen)
         parent = parent.get("parent")
@@ -39,7 +44,8 @@ def _members(card: dict, indent: str, seen: dict) -> list[str]:
     lines = []
     for weight, member in zip(card.get("weights", []), card.get("averaged") or []):
         member = member or {}
-        seen[(member.get("command"), member.get("seed"), member.get("note"))] = member.get("wall_time_s", 0.0)
+        key = (member.get("command"), member.get("seed"), member.get("note"))
+        seen[key] = max(seen.get(key, 0.0), member.get("wall_time_s", 0.0))
         lines.append(_round_line(member, indent, f"weight {weight:.3f}: "))
         lines += _chain(member.get("parent"), indent + "  ", seen)
     return lines
