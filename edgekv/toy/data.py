@@ -325,6 +325,11 @@ WORLD_MILD_224_EXPOSED = tuple((share, replace(stage, name=stage.name + " (expos
 # 97.3 %; X112b 0.913, 93.7 %: 35 questions right only for X112c, 3 only for X112b), every held-out family >= 90.6 %
 # of the card's streams on every question (AV112's `tree` count 87.8 %). X112c ships as builtin:toy.
 WORLD_MILD_EXPOSED_DILUTE = _diluted_distinct(WORLD_MILD_EXPOSED)
+# WORLD_MILD_EXPOSED_DILUTE (the shipped toy's last round) with half of its world samples busy with lures as in
+# WORLD_LURES: a round for the shipped toy that must read past look-alikes on the lured needle streams (issue 27's
+# separation) without giving up what its own curriculum taught it (over-exposed backgrounds, long diluted contexts).
+WORLD_LURES_EXPOSED_DILUTE = _diluted_distinct(tuple((share, replace(stage, name=stage.name + " (lures)", lures=0.5))
+                                                     for share, stage in WORLD_MILD_EXPOSED))
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
                                                          "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,
@@ -337,6 +342,7 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-lures": WORLD_LURES,
                                                          "world-lures-dense": WORLD_LURES_DENSE,
                                                          "world-lures-dilute": WORLD_LURES_DILUTE,
+                                                         "world-lures-exposed-dilute": WORLD_LURES_EXPOSED_DILUTE,
                                                          "world-mild-tone": WORLD_MILD_TONE,
                                                          "world-mild-224-long": WORLD_MILD_224_LONG,
                                                          "world-mild-224-dilute": WORLD_MILD_224_DILUTE,
