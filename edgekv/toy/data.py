@@ -323,11 +323,15 @@ WORLD_MILD_224_EXPOSED = tuple((share, replace(stage, name=stage.name + " (expos
 # things"): 1,000 steps of it (lr 2e-4, seed 108, 34.4 min) from the mean of W12a's and X112b's weights (AV112,
 # `edgekv average-toy`): the headline needle streams' full cache 0.978 against 0.984 short (99.4 %; AV112 0.948,
 # 97.3 %; X112b 0.913, 93.7 %: 35 questions right only for X112c, 3 only for X112b), every held-out family >= 90.6 %
-# of the card's streams on every question (AV112's `tree` count 87.8 %). X112c ships as builtin:toy.
+# of the card's streams on every question (AV112's `tree` count 87.8 %). X112c shipped as builtin:toy until X112L.
 WORLD_MILD_EXPOSED_DILUTE = _diluted_distinct(WORLD_MILD_EXPOSED)
 # WORLD_MILD_EXPOSED_DILUTE (the shipped toy's last round) with half of its world samples busy with lures as in
 # WORLD_LURES: a round for the shipped toy that must read past look-alikes on the lured needle streams (issue 27's
 # separation) without giving up what its own curriculum taught it (over-exposed backgrounds, long diluted contexts).
+# Measured (issue 27; 1,000 steps from X112c, lr 2e-4, seed 110, 31.9 min: X112L, shipped as builtin:toy): lured
+# 2,000-pair needle streams (`eval needle --busy 0.2 --lures 1`, seeds 45 / 47, 403 questions) read with the full cache
+# 0.484 against 0.787 short (X112c 0.333 / 0.695); the headline needle streams 0.980 full against 0.978 short (X112c
+# 0.978 / 0.984); every held-out family >= 91.2 % of the card's streams on every question (X112c 90.6 %).
 WORLD_LURES_EXPOSED_DILUTE = _diluted_distinct(tuple((share, replace(stage, name=stage.name + " (lures)", lures=0.5))
                                                      for share, stage in WORLD_MILD_EXPOSED))
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
