@@ -1477,7 +1477,8 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     """``world-mild-224-dilute`` / ``-distinct`` / ``-dilute-distinct``: world-mild-224's stages with three quarters
     of the samples diluted, with every background pair rendered anew, or both (``-dilute-far``: both, diluted up to
     256 times instead of 64); ``world-lures-dilute`` the lured curriculum with both, ``world-mild-exposed-dilute``
-    the exposed one (``world-lures-exposed-dilute``: with half the world samples lured too); and ``train-toy`` offers every curriculum there is."""
+    the exposed one (``world-lures-exposed-dilute``: with half the world samples lured too); and ``train-toy`` offers
+    every curriculum there is."""
     import argparse
     from dataclasses import replace
 
