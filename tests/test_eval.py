@@ -304,15 +304,19 @@ def test_eval_needle_with_an_archive_recalls_events_older_than_the_window(tmp_pa
 def test_eval_needle_skips_statekv_sinks_a_cap_cannot_hold(tmp_path, capsys):
     """StateKV's B sinks live inside the cap: at a cap of B or fewer slots its run is skipped with a line saying so,
     and the other runs (B below the cap, other policies) go on and are written (a 1/64 cap of a 2,000-pair stream
-    once ended the whole command at B = 1024, losing every figure before it)."""
+    once ended the whole command at B = 1024, losing every figure before it). So is a B under the cap that leaves
+    a compression no room beside the prefix and the recent pairs (B = 64 at the 160-slot floor ended a command)."""
     from edgekv.apps.cli import main
 
     out = tmp_path / "needle.json"
     code = main(["eval", "needle", "--lengths", "80", "--budgets", "400", "--policies", "statekv,sliding_window",
-                 "--sinks", "128,512", "--streams", "1", "--ages", "4,40,70", "--json", str(out),
+                 "--sinks", "128,300,512", "--streams", "1", "--ages", "4,40,70", "--json", str(out),
                  "--plot", "", "--threads", "1"])
     assert code == 0
-    assert "statekv B=512                skipped: B=512 sinks do not fit a cap of 400 slots" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "statekv B=512                skipped: B=512 sinks do not fit a cap of 400 slots" in printed
+    assert "statekv B=300                skipped: cache.target_tokens=" in printed
+    assert "and 300 sinks: the minimum is" in printed
     assert set(json.loads(out.read_text())["summary"]) == {"L=80 M=400 statekv B=128", "L=80 M=400 sliding_window"}
 
 

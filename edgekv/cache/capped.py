@@ -64,6 +64,11 @@ class CacheFullError(RuntimeError):
     """Raised when a write would exceed the hard cap and the policy may not evict."""
 
 
+class CapTooSmallError(ValueError):
+    """A cap that cannot hold what a session always keeps (the prefix, two frame pairs, the text reserve, a
+    policy's recent pairs and sinks): raised once the first frame fixes the grid, before anything is written."""
+
+
 @dataclass(frozen=True)
 class ChunkMeta:
     """Metadata of a chunk of ``P`` tokens about to be written (same for every layer and head)."""

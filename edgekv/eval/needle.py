@@ -66,7 +66,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from edgekv.cache.capped import METADATA_FIELDS, SlotKind
+from edgekv.cache.capped import METADATA_FIELDS, CapTooSmallError, SlotKind
 from edgekv.cache.specs import KV_DTYPES, CacheSpec
 from edgekv.config import ArchiveSection
 from edgekv.eval.stats import proportion
@@ -495,7 +495,11 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                             runtime = runtime_for(config.model, run, slots, config.fps, config.reserve,
                                                   folder if run.archive else None, size=size)
                             started = time.perf_counter()
-                            answers, stats = run_stream(runtime, stream.scene, stream.pairs, replay, asks)
+                            try:
+                                answers, stats = run_stream(runtime, stream.scene, stream.pairs, replay, asks)
+                            except CapTooSmallError as error:  # raised at the first frame, before any answer
+                                log(f"  M={budget:6d} {run.label:28s} skipped: {error}")
+                                continue
                             seconds = time.perf_counter() - started
                         correct = [answers[(p.checkpoint, p.qa.question)] == p.qa.answer for p in stream.probes]
                         log(f"  M={budget:6d} {run.label:28s} accuracy {np.mean(correct):.3f}  "

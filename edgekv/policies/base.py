@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from edgekv.cache.capped import SlotKind
+from edgekv.cache.capped import CapTooSmallError, SlotKind
 
 
 @dataclass
@@ -113,7 +113,7 @@ class ScoredPolicy(CachePolicy):
             )
         protected = session.prefix_tokens + self.recent_pairs(session) * per_pair + session.sink_budget
         if protected >= target:
-            raise ValueError(
+            raise CapTooSmallError(
                 f"cache.target_tokens={target} cannot hold the prefix ({session.prefix_tokens}), the "
                 f"{self.recent_pairs(session)} recent frame pairs always kept (cache.recent_ratio="
                 f"{self.recent_ratio}) and {session.sink_budget} sinks: the minimum is {protected + 1}"

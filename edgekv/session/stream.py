@@ -31,7 +31,7 @@ import time
 import numpy as np
 import torch
 
-from edgekv.cache.capped import CacheFullError, CappedKVCache, ChunkMeta, SlotKind
+from edgekv.cache.capped import CacheFullError, CappedKVCache, CapTooSmallError, ChunkMeta, SlotKind
 from edgekv.model.rope import text_position_ids
 from edgekv.policies.base import CacheView
 from edgekv.policies.statekv import SinkSelector
@@ -161,7 +161,7 @@ class StreamSession:
         if needed > self.capacity:
             recall = (f", the retrieval reserve (archive.top_k={self.recall.top_k} pairs = {self.recall_reserve} "
                       f"tokens)" if self.recall is not None else "")
-            raise ValueError(
+            raise CapTooSmallError(
                 f"cache.max_tokens={self.capacity} cannot hold the prefix ({self.prefix_tokens} tokens), two frame "
                 f"pairs ({per_pair} tokens each at {self.preprocessor.resolution}) and the text reserve "
                 f"({self.text_reserve}){recall}: the minimum is {needed}; raise cache.max_tokens (or max_mib), lower "
