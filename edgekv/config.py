@@ -200,7 +200,9 @@ class CacheSection:
     kv_dtype: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None
     # adaptive_infinipot_v (AdaReTaKe eq. 8-9): stretches of this many frame pairs share the budget by
     # their redundancy, each weighted at least adaptive_floor x the mean weight. Not the default: on the same
-    # streams it never beat infinipot_v and fell to 0.304 (fp16) at the 160-slot floor against 0.869.
+    # streams (toy W12a) it never beat infinipot_v and fell to 0.304 (fp16) at the 160-slot floor against 0.869;
+    # on lured streams (toy X112L, seeds 45 + 47, 403 questions a cap) 0.474 / 0.471 / 0.315 at 1/16 / 1/64 /
+    # 1/256 against infinipot_v's 0.442 / 0.345 / 0.355 — better at 1/64 (p < 0.001), worse at the floor.
     adaptive_chunk_pairs: int = 8
     adaptive_floor: float = 0.25
 

@@ -15,10 +15,18 @@ Streaming form. At a compression the budget of the evictable slots of each (laye
     w_i = max(d_i, floor * mean_k d_k)          (the floor keeps every stretch alive)
     quota_i = budget * w_i / sum_k w_k          (eq. 9), at most the n_i slots the stretch holds;
 
-what a full stretch cannot use is handed to the others in proportion to their weights (water filling),
-and quotas are rounded by largest remainders so they add up to the budget exactly. Inside a stretch the
-slots are ranked by InfiniPot-V's own order (TaR picks first, then pooled VaN: ``keep_scores``). With
-equal distances this is InfiniPot-V with per-stretch top-k instead of one global top-k.
+what a full stretch cannot use is handed to the others in proportion to their weights (water filling).
+Each stretch keeps the whole slots of its quota, ranked inside it by InfiniPot-V's own order (TaR picks
+first, then pooled VaN: ``keep_scores``); the fractions left over (under one slot a stretch) go to the
+best-scored slots of the whole cache, as plain InfiniPot-V would choose them. Where the budget is many slots
+a stretch this is eq. 9 with per-stretch top-k; where every quota is under one slot, the choice is
+InfiniPot-V's. Measured (issue 27, toy X112L, lured 2,000-pair needle streams, seeds 45 + 47, 403
+questions a cap, `edgekv eval compare`): rounding the quotas by largest remainders instead (the fractions
+handed out by the stretches' weights alone) answered 0.454 / 0.427 / 0.303 at caps 1/16 / 1/64 / 1/256, this
+0.474 / 0.471 / 0.315 (plain ``infinipot_v`` 0.442 / 0.345 / 0.355). At the 160-slot floor (~65 evictable
+slots, 2,000 pairs = 250 stretches of 8) the policy still answers below plain ``infinipot_v`` — likely
+because each stretch well above the mean weight still has a whole slot of quota and keeps it, whatever it
+holds (not traced).
 Memory outside the cap: one pair's visual tokens (the previous pair, for eq. 8) and one float per pair
 that still has tokens in the cache.
 """
@@ -43,7 +51,8 @@ def pair_distance(tokens: torch.Tensor, previous: torch.Tensor) -> float:
 def stretch_quotas(budget: torch.Tensor, held: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Split ``budget`` [R] slots over stretches by ``weight`` [S] (eq. 9), never above ``held`` [R, S].
 
-    Returns int64 [R, S] quotas with ``quota <= held`` and ``quota.sum(-1) == min(budget, held.sum(-1))``.
+    Returns float64 [R, S] quotas with ``quota <= held`` and ``quota.sum(-1) == min(budget, held.sum(-1))``
+    (water filling: what a full stretch cannot take goes to the others in proportion to their weights).
     """
     held = held.to(torch.float64)
     weight = weight.to(torch.float64).expand_as(held).clone()
@@ -63,14 +72,7 @@ def stretch_quotas(budget: torch.Tensor, held: torch.Tensor, weight: torch.Tenso
             break
         left = left - given
         open_ = open_ & ~full
-    # largest remainders: integers that add up to the (integer) total
-    total = torch.minimum(budget.to(torch.float64), held.sum(-1)).round()
-    floor = quota.floor()
-    missing = (total - floor.sum(-1)).long()
-    remainder = (quota - floor).masked_fill(floor >= held, -1.0)
-    order = remainder.argsort(dim=-1, descending=True, stable=True)
-    rank = order.argsort(dim=-1)
-    return (floor + (rank < missing.unsqueeze(-1)).to(floor.dtype)).long()
+    return quota
 
 
 @register
@@ -123,7 +125,8 @@ class AdaptiveInfiniPotVPolicy(InfiniPotVPolicy):
         held = torch.zeros(rows, stretches, dtype=torch.long)
         flat_stretch = stretch.view(rows, n)
         held.scatter_add_(1, flat_stretch.clamp_min(0), evictable.view(rows, n).long())
-        quota = stretch_quotas(budget, held, self.stretch_weights(stretches))  # [rows, S]
+        # whole slots of each quota (a hair under an integer counts as it); the fractions go by score below
+        quota = (stretch_quotas(budget, held, self.stretch_weights(stretches)) + 1e-6).floor().long()  # [rows, S]
         # rank of each evictable slot inside its stretch by InfiniPot-V's score (descending)
         flat = scores.view(rows, n).masked_fill(~evictable.view(rows, n), float("-inf"))
         by_score = flat.argsort(dim=-1, descending=True, stable=True)
@@ -136,7 +139,7 @@ class AdaptiveInfiniPotVPolicy(InfiniPotVPolicy):
         chosen_sorted = (grouped >= 0) & (rank < allowed)
         chosen = torch.zeros_like(chosen_sorted).scatter_(1, order, chosen_sorted)
         keep = chosen | protected.view(rows, n)
-        # exactly ``target`` per row: kept slots first (in InfiniPot-V's order), anything short filled by score
+        # exactly ``target`` per row: kept slots first, the rest (the quotas' fractions) by InfiniPot-V's score
         final = torch.where(keep, torch.full_like(flat, float("inf")), scores.view(rows, n).clamp(max=3e38))
         return torch.topk(final.view(layers, heads, n), target, dim=-1, sorted=False).indices.sort(dim=-1).values
 
