@@ -180,15 +180,20 @@ class CacheSection:
     # models). Kept by measurement (issue 27, toy W12a, 2,000-pair world needle streams, caps 1/16 / 1/64 / 1/256,
     # `edgekv eval compare`, ~200 questions a cap and seed): 0.25 loses 1.5 / 1.5 / 5.5 points (p 0.04 at 1/256);
     # 0.75 +3.0 / +1.0 / 0 on seed 45 and -0.5 / 0 / -1.0 on seed 47; TaR alone (1.0) +2.5 / +2.0 / +2.5 on seed 45
-    # and -1.0 / +0.5 / +0.5 on seed 47; VaN alone (0.0) -10.5 / -17.6 / -17.6 (worse on every stream). README,
-    # "The needle benchmark across the cap".
+    # and -1.0 / +0.5 / +0.5 on seed 47; VaN alone (0.0) -10.5 / -17.6 / -17.6 (worse on every stream). With the
+    # shipped toy X112L on lured streams (`--busy 0.2 --lures 1`, seeds 45 + 47, 403 questions a cap) the more TaR
+    # the better: 0.25 -5.0 / -2.5 / -1.7, 0.75 +3.2 / +7.2 / +6.9, TaR alone +2.2 / +16.6 / +15.6 (p < 0.001 at
+    # 1/64 and 1/256); without lures +0.5 / +1.2 / +2.2. Kept at 0.5 all the same: the default serves real weights,
+    # on which the paper's sweep finds TaR alone worse, and the toy's value norms mark lures as they mark needles.
+    # README, "The needle benchmark across the cap".
     tar_ratio: float = 0.5
     sinks: int = 0                       # StateKV B; 0 = prefill attends to the whole capped cache
     calibration: str | None = None       # CV thresholds from `edgekv calibrate`
     text_reserve_tokens: int = 512       # room inside M for a question and its answer
     tar_rope: Literal["unrotated", "raw"] = "unrotated"
     # VaN window mean over present cells | k^2 (zeros). "present" kept (issue 27, toy W12a, same streams): zeros
-    # -2.0 / -4.0 (p 0.04) / +1.5 points at 1/16 / 1/64 / 1/256.
+    # -2.0 / -4.0 (p 0.04) / +1.5 points at 1/16 / 1/64 / 1/256; X112L on lured streams +2.7 / +7.4 (p 0.003) / +4.2:
+    # the two disagree.
     van_pooling: Literal["present", "zeros"] = "present"
     rebase_position: int | None = None   # re-base temporal positions past this; None = half the trained range
     # K/V storage: None = model.dtype; int8 / fp8 (float8_e4m3fn) keep a bf16 scale per slot and KV head
@@ -420,7 +425,8 @@ class ArchiveSection:
     #                                 waits on the disk) or wait for the writer (replay faster than real time)
     # pairs recalled per question (the retrieval reserve holds this many). Kept by measurement (issue 27, toy W12a,
     # 2,000-pair world needle streams at 1/64, `eval compare`): sliding_window answers 0.291 without recall, 0.809 /
-    # 0.879 / 0.864 with k = 1 / 4 / 16 (4 vs 1: +7.0 points, p 0.02; 16 vs 4: -1.5, p 0.45).
+    # 0.879 / 0.864 with k = 1 / 4 / 16 (4 vs 1: +7.0 points, p 0.02; 16 vs 4: -1.5, p 0.45). Toy X112L on lured
+    # streams, infinipot_v at 1/16 / 1/64 (403 questions): 4 vs 1 +3.0 (p 0.004) / +2.0; 16 vs 4 -0.7 / +2.5 (p 0.25).
     top_k: int = 4
     retrieval: Literal["layer", "pooled"] = "layer"  # top-k per layer (ReKV) or one top-k for all layers
     scoring: Literal["attention", "cosine"] = "attention"  # a pair's share of the question's attention, or
