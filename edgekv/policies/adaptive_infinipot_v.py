@@ -23,10 +23,12 @@ a stretch this is eq. 9 with per-stretch top-k; where every quota is under one s
 InfiniPot-V's. Measured (issue 27, toy X112L, lured 2,000-pair needle streams, seeds 45 + 47, 403
 questions a cap, `edgekv eval compare`): rounding the quotas by largest remainders instead (the fractions
 handed out by the stretches' weights alone) answered 0.454 / 0.427 / 0.303 at caps 1/16 / 1/64 / 1/256, this
-0.474 / 0.471 / 0.315 (plain ``infinipot_v`` 0.442 / 0.345 / 0.355). At the 160-slot floor (~65 evictable
-slots, 2,000 pairs = 250 stretches of 8) the policy still answers below plain ``infinipot_v`` — likely
-because each stretch well above the mean weight still has a whole slot of quota and keeps it, whatever it
-holds (not traced).
+0.474 / 0.471 / 0.315 (plain ``infinipot_v`` 0.442 / 0.345 / 0.355). At the 160-slot floor (2,000 pairs
+are 250 stretches of 8) the policy still answers below plain ``infinipot_v``. Traced on one
+such stream (seed 45, `photo`; the second half of its 1,995 compressions; layer 0, head 0): ~41 evictable
+slots spread over ~42 stretches still present, the largest quota ~1.0, so ~12 stretches — the most changing
+ones — hold a whole slot each: three slots in ten given to stretches by weight, where plain InfiniPot-V
+would give them to its best scores.
 Memory outside the cap: one pair's visual tokens (the previous pair, for eq. 8) and one float per pair
 that still has tokens in the cache.
 """
