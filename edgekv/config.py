@@ -200,8 +200,9 @@ class CacheSection:
     # (edgekv/cache/quant.py), about half the bytes per slot of fp16, so max_mib buys ~1.9x the slots. Kept at None
     # by measurement (issue 27, toy W12a, 2,000-pair world needle streams, 405 questions a cell): at fp16's bytes
     # infinipot_v answers 0.815 / 0.820 / 0.869 (fp16) vs 0.810 / 0.830 / 0.854 (int8) at caps 1/16 / 1/64 / 1/256;
-    # statekv gains where B fills most of the cap (B=256 of 500 slots: 0.615 fp16, 0.765 int8). README, "The needle
-    # benchmark across the cap".
+    # statekv gains where B fills most of the cap (B=256 of 500 slots: 0.615 fp16, 0.765 int8). Toy X112L on lured
+    # streams (seeds 49-52, 800 questions): int8 0.351 vs fp16 0.281 at the 160-slot floor (p < 0.001), -1.1 at
+    # 1/64 (p 0.40): a gain only at the tightest caps. README, "The needle benchmark across the cap".
     kv_dtype: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None
     # adaptive_infinipot_v (AdaReTaKe eq. 8-9): stretches of this many frame pairs share the budget by
     # their redundancy, each weighted at least adaptive_floor x the mean weight. Not the default: on the same
