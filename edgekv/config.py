@@ -211,6 +211,9 @@ class CacheSection:
     # 1/256 against infinipot_v's 0.442 / 0.345 / 0.355 — better at 1/64 (p < 0.001), worse at the floor.
     adaptive_chunk_pairs: int = 8
     adaptive_floor: float = 0.25
+    # > 0: neighbouring stretches merge until each gets this many slots of a row's budget on average (at a tight
+    # cap the 8-pair stretches outnumber the slots). 0 = AdaReTaKe's fixed stretches.
+    adaptive_min_slots: float = 0.0
 
     def validate(self, at: str) -> None:
         if self.policy not in POLICIES:
@@ -243,6 +246,8 @@ class CacheSection:
             raise ConfigError(f"{at}.adaptive_chunk_pairs: must be >= 1, got {self.adaptive_chunk_pairs}")
         if not 0.0 < self.adaptive_floor <= 1.0:
             raise ConfigError(f"{at}.adaptive_floor: must be in (0, 1], got {self.adaptive_floor}")
+        if not self.adaptive_min_slots >= 0.0:
+            raise ConfigError(f"{at}.adaptive_min_slots: must be >= 0, got {self.adaptive_min_slots}")
         if self.target_tokens is not None and self.target_tokens <= 0:
             raise ConfigError(f"{at}.target_tokens: must be positive, got {self.target_tokens}")
 

@@ -232,7 +232,8 @@ def _policy_kwargs(config: EdgeKVConfig) -> dict:
     cache = config.cache
     return {"target_tokens": cache.target_tokens, "recent_ratio": cache.recent_ratio, "tar_ratio": cache.tar_ratio,
             "calibration": cache.calibration, "tar_rope": cache.tar_rope, "van_pooling": cache.van_pooling,
-            "chunk_pairs": cache.adaptive_chunk_pairs, "floor": cache.adaptive_floor}
+            "chunk_pairs": cache.adaptive_chunk_pairs, "floor": cache.adaptive_floor,
+            "min_slots": cache.adaptive_min_slots}
 
 
 def _keys(config: EdgeKVConfig):

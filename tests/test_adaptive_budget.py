@@ -111,3 +111,46 @@ def test_quotas_under_a_slot_fall_back_to_infinipot_v_and_whole_slots_follow_eq_
         1, stretch[0].gather(1, keep[0]), evictable[0].gather(1, keep[0]).long())
     assert bool((kept >= quota.floor().long()).all()) and bool((kept <= quota.floor().long() + 2 * PER_PAIR).all())
     assert kept.sum(-1).tolist() == [150, 150]
+
+
+def test_min_slots_merges_neighbouring_stretches_until_each_gets_its_share_of_the_budget(monkeypatch):
+    """``min_slots``: at a tight cap the chunks of ``chunk_pairs`` outnumber the slots; neighbouring chunks
+    still present merge into stretches of ``ceil(min_slots * chunks / mean budget)``, eq. 9 splits the budget
+    over those by their pairs' mean distance, and each keeps its best-scored slots."""
+    from test_policies import PER_PAIR, ToySession
+
+    session = ToySession(capacity=400, layers=1, heads=2)
+    for _ in range(60):
+        session.add_pair()
+    view = session.view(recent_pairs=1)
+    generator = torch.Generator().manual_seed(4)
+    scores = torch.rand(view.kind.shape, generator=generator, dtype=torch.float64).float()
+    protected = (view.kind == int(SlotKind.PREFIX)) | view.recent
+    fixed = int(protected[0, 0].sum())
+    scores = scores.masked_fill(protected, float("inf"))
+    distances = {pair: (0.05 if pair < 30 else 0.6) * float(torch.rand(1, generator=generator)) + 0.01
+                 for pair in range(1, 60)}  # the first half still, the second half changing
+    merged = make_policy("adaptive_infinipot_v", chunk_pairs=2, floor=0.25, min_slots=5)
+    monkeypatch.setattr(merged, "keep_scores", lambda view, target: scores)
+    merged.distances = dict(distances)
+    keep = merged.select(view, fixed + 10)  # 30 chunks, 10 slots: 15 chunks a stretch, two stretches
+    half = (view.frame[0] >= 30) & ~protected[0]  # [heads, n] slots of the second stretch
+    first = (view.frame[0] >= 0) & (view.frame[0] < 30) & ~protected[0]
+    d = [sum(v for p, v in distances.items() if p < 30) / 29, sum(v for p, v in distances.items() if p >= 30) / 30]
+    w = [max(x, 0.25 * sum(d) / 2) for x in d]
+    quota = [10 * x / sum(w) for x in w]
+    assert quota[1] > 5 + 1  # the changing stretch is owed most of the budget
+    for head in range(2):
+        kept = torch.zeros_like(half[head]).scatter_(0, keep[0, head], True)
+        counts = [int((kept & first[head]).sum()), int((kept & half[head]).sum())]
+        assert sum(counts) == 10 and all(int(q) <= c <= int(q) + 1 for q, c in zip(quota, counts))
+        for part, count in zip((first[head], half[head]), counts):  # each stretch keeps its best-scored slots
+            best = torch.topk(scores[0, head].masked_fill(~part, float("-inf")), count).indices
+            assert torch.equal(best.sort().values, torch.nonzero(kept & part).flatten())
+    fixed_stretches = make_policy("adaptive_infinipot_v", chunk_pairs=2, floor=0.25)
+    monkeypatch.setattr(fixed_stretches, "keep_scores", lambda view, target: scores)
+    fixed_stretches.distances = dict(distances)
+    plain = torch.topk(scores, fixed + 10, dim=-1).indices.sort(dim=-1).values  # every quota under a slot
+    assert torch.equal(fixed_stretches.select(view, fixed + 10), plain) and not torch.equal(keep, plain)
+    with pytest.raises(ValueError, match="cache.adaptive_min_slots must be >= 0"):
+        make_policy("adaptive_infinipot_v", min_slots=-1)

@@ -33,6 +33,7 @@ def test_shipped_profiles_load(name):
     ({"cache": {"max_tokens": 1000, "target_tokens": 1000}}, "cache.target_tokens: 1000 must be below max_tokens"),
     ({"cache": {"recent_ratio": 1.5}}, "cache.recent_ratio: must be in (0, 1)"),
     ({"cache": {"tar_ratio": -0.1}}, "cache.tar_ratio: must be in [0, 1]"),
+    ({"cache": {"adaptive_min_slots": -1}}, "cache.adaptive_min_slots: must be >= 0"),
     ({"cache": {"policy": "statekv"}}, "statekv needs a sink budget"),
     ({"model": {"dtype": "int3"}}, "model.dtype: expected one of fp32, fp16, bf16"),
     ({"model": {"device": "gpu0"}}, "model.device"),

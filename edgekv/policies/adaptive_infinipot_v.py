@@ -35,6 +35,7 @@ that still has tokens in the cache.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -83,6 +84,7 @@ class AdaptiveInfiniPotVPolicy(InfiniPotVPolicy):
     name: ClassVar[str] = "adaptive_infinipot_v"
     chunk_pairs: int = 8    # tau: frame pairs per stretch of time
     floor: float = 0.25     # a stretch weighs at least this share of the mean weight
+    min_slots: float = 0.0  # > 0: merge neighbouring stretches until each gets this many slots on average
     distances: dict[int, float] = field(init=False, default_factory=dict)  # pair -> eq. 8 distance
     _previous: torch.Tensor | None = field(init=False, default=None, repr=False)
 
@@ -92,43 +94,62 @@ class AdaptiveInfiniPotVPolicy(InfiniPotVPolicy):
             raise ValueError(f"cache.adaptive_chunk_pairs must be >= 1, got {self.chunk_pairs}")
         if not 0.0 < self.floor <= 1.0:
             raise ValueError(f"cache.adaptive_floor must be in (0, 1], got {self.floor}")
+        if not self.min_slots >= 0.0:
+            raise ValueError(f"cache.adaptive_min_slots must be >= 0, got {self.min_slots}")
 
     def observe_pair(self, pair: int, tokens: torch.Tensor) -> None:
         if self._previous is not None and self._previous.shape == tokens.shape:
             self.distances[pair] = pair_distance(tokens, self._previous)
         self._previous = tokens.detach().clone()
 
-    def stretch_weights(self, stretches: int) -> torch.Tensor:
-        """[stretches] mean eq. 8 distance of each stretch's observed pairs (eq. 9's d_i), floored."""
+    def stretch_weights(self, stretches: int, group: torch.Tensor | None = None) -> torch.Tensor:
+        """[stretches] mean eq. 8 distance of each stretch's observed pairs (eq. 9's d_i), floored. ``group``
+        [S]: the stretch (``pair // chunk_pairs``) each chunk of pairs belongs to, -1 for none (default: its own)."""
         sums = torch.zeros(stretches, dtype=torch.float64)
         counts = torch.zeros(stretches, dtype=torch.float64)
         for pair, distance in self.distances.items():
-            if pair // self.chunk_pairs < stretches:
-                sums[pair // self.chunk_pairs] += distance
-                counts[pair // self.chunk_pairs] += 1
+            chunk = pair // self.chunk_pairs
+            index = chunk if group is None else (int(group[chunk]) if chunk < len(group) else -1)
+            if 0 <= index < stretches:
+                sums[index] += distance
+                counts[index] += 1
         seen = counts > 0
         mean = torch.where(seen, sums / counts.clamp_min(1), torch.zeros_like(sums))
         overall = float(mean[seen].mean()) if bool(seen.any()) else 1.0
         mean[~seen] = overall  # a stretch with no measured pair (the first pair, after a restore) weighs the mean
         return mean.clamp_min(self.floor * max(overall, 1e-12))
 
+    def stretches_of(self, chunk: torch.Tensor, evictable: torch.Tensor, budget: torch.Tensor
+                     ) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+        """(stretch per slot, -1 where not evictable; stretch count; the group map for ``stretch_weights``).
+        Stretches are chunks of ``chunk_pairs`` pairs; with ``min_slots`` > 0, ``g`` neighbouring chunks still
+        present are merged into one stretch, ``g`` the least that gives a stretch ``min_slots`` of the mean
+        budget of a (layer, head) row."""
+        if self.min_slots <= 0:
+            stretch = torch.where(evictable, chunk, torch.full_like(chunk, -1))
+            return stretch, (int(stretch.max()) + 1 if bool(evictable.any()) else 0), None
+        present = torch.unique(chunk[evictable])  # sorted chunk ids with an evictable slot in some row
+        per = max(1, math.ceil(self.min_slots * len(present) / max(float(budget.double().mean()), 1.0)))
+        group = torch.full((int(present.max()) + 1 if len(present) else 1,), -1, dtype=torch.long)
+        group[present] = torch.arange(len(present)) // per
+        stretch = torch.where(evictable, group[chunk.clamp(0, len(group) - 1)], torch.full_like(chunk, -1))
+        return stretch, (int(group.max()) + 1 if len(present) else 0), group
+
     def select(self, view: CacheView, target: int) -> torch.Tensor:
         scores = self.keep_scores(view, target)  # [L, H, n], protected = +inf
         protected = torch.isinf(scores) & (scores > 0)
         evictable = view.vision & ~protected
-        stretch = torch.where(evictable, view.frame.long() // self.chunk_pairs, torch.full_like(view.frame, -1,
-                                                                                                 dtype=torch.long))
-        stretches = int(stretch.max()) + 1 if bool(evictable.any()) else 0
         layers, heads, n = scores.shape
         rows = layers * heads
         budget = (target - protected.view(rows, n).sum(-1)).clamp_min(0)
+        stretch, stretches, group = self.stretches_of(view.frame.long() // self.chunk_pairs, evictable, budget)
         if stretches == 0:
             return super().select(view, target)
         held = torch.zeros(rows, stretches, dtype=torch.long)
         flat_stretch = stretch.view(rows, n)
         held.scatter_add_(1, flat_stretch.clamp_min(0), evictable.view(rows, n).long())
         # whole slots of each quota (a hair under an integer counts as it); the fractions go by score below
-        quota = (stretch_quotas(budget, held, self.stretch_weights(stretches)) + 1e-6).floor().long()  # [rows, S]
+        quota = (stretch_quotas(budget, held, self.stretch_weights(stretches, group)) + 1e-6).floor().long()  # [rows, S]
         # rank of each evictable slot inside its stretch by InfiniPot-V's score (descending)
         flat = scores.view(rows, n).masked_fill(~evictable.view(rows, n), float("-inf"))
         by_score = flat.argsort(dim=-1, descending=True, stable=True)
