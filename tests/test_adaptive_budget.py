@@ -116,8 +116,9 @@ def test_quotas_under_a_slot_fall_back_to_infinipot_v_and_whole_slots_follow_eq_
 def test_min_slots_merges_neighbouring_stretches_until_each_gets_its_share_of_the_budget(monkeypatch):
     """``min_slots``: at a tight cap the chunks of ``chunk_pairs`` outnumber the slots; neighbouring chunks
     still present merge into stretches of ``ceil(min_slots * chunks / mean budget)``, eq. 9 splits the budget
-    over those by their pairs' mean distance, and each keeps its best-scored slots."""
-    from test_policies import PER_PAIR, ToySession
+    over those by their pairs' mean distance, and each keeps its best-scored slots. Under one slot a chunk, no
+    split: InfiniPot-V's order alone, merged or not."""
+    from test_policies import ToySession
 
     session = ToySession(capacity=400, layers=1, heads=2)
     for _ in range(60):
@@ -128,29 +129,41 @@ def test_min_slots_merges_neighbouring_stretches_until_each_gets_its_share_of_th
     protected = (view.kind == int(SlotKind.PREFIX)) | view.recent
     fixed = int(protected[0, 0].sum())
     scores = scores.masked_fill(protected, float("inf"))
-    distances = {pair: (0.05 if pair < 30 else 0.6) * float(torch.rand(1, generator=generator)) + 0.01
-                 for pair in range(1, 60)}  # the first half still, the second half changing
-    merged = make_policy("adaptive_infinipot_v", chunk_pairs=2, floor=0.25, min_slots=5)
-    monkeypatch.setattr(merged, "keep_scores", lambda view, target: scores)
-    merged.distances = dict(distances)
-    keep = merged.select(view, fixed + 10)  # 30 chunks, 10 slots: 15 chunks a stretch, two stretches
-    half = (view.frame[0] >= 30) & ~protected[0]  # [heads, n] slots of the second stretch
-    first = (view.frame[0] >= 0) & (view.frame[0] < 30) & ~protected[0]
-    d = [sum(v for p, v in distances.items() if p < 30) / 29, sum(v for p, v in distances.items() if p >= 30) / 30]
-    w = [max(x, 0.25 * sum(d) / 2) for x in d]
-    quota = [10 * x / sum(w) for x in w]
-    assert quota[1] > 5 + 1  # the changing stretch is owed most of the budget
+    # distance rising along the stream: later stretches are owed more of the budget
+    distances = {pair: 0.01 + pair / 60 * float(torch.rand(1, generator=generator)) for pair in range(1, 60)}
+
+    def policy(**kwargs):
+        made = make_policy("adaptive_infinipot_v", chunk_pairs=2, floor=0.25, **kwargs)
+        monkeypatch.setattr(made, "keep_scores", lambda view, target: scores)
+        made.distances = dict(distances)
+        return made
+
+    budget = 40  # 30 chunks of 2 pairs: 4 chunks a stretch give each 5.3 slots on average, 8 stretches
+    keep = policy(min_slots=5).select(view, fixed + budget)
+    stretch = torch.where(view.frame[0] >= 0, view.frame[0].long() // 8, -1)  # [heads, n]: chunk // 4
+    mean = [sum(v for p, v in distances.items() if p // 8 == k) / len([p for p in distances if p // 8 == k])
+            for k in range(8)]
+    weights = torch.tensor([max(m, 0.25 * sum(mean) / 8) for m in mean])
+    held = torch.stack([torch.bincount(stretch[h][~protected[0, h]], minlength=8) for h in range(2)])
+    quota = stretch_quotas(torch.tensor([budget, budget]), held, weights)
+    assert float(quota[0, 7]) > 2 * float(quota[0, 0])
     for head in range(2):
-        kept = torch.zeros_like(half[head]).scatter_(0, keep[0, head], True)
-        counts = [int((kept & first[head]).sum()), int((kept & half[head]).sum())]
-        assert sum(counts) == 10 and all(int(q) <= c <= int(q) + 1 for q, c in zip(quota, counts))
-        for part, count in zip((first[head], half[head]), counts):  # each stretch keeps its best-scored slots
-            best = torch.topk(scores[0, head].masked_fill(~part, float("-inf")), count).indices
+        kept = torch.zeros(stretch.shape[-1], dtype=torch.bool).scatter_(0, keep[0, head], True) & ~protected[0, head]
+        counts = torch.bincount(stretch[head][kept], minlength=8)
+        assert int(counts.sum()) == budget
+        whole = quota[head].floor().long()
+        assert bool((counts >= whole).all()) and int((counts - whole).sum()) == budget - int(whole.sum()) > 0
+        extra = []
+        for k in range(8):  # each stretch keeps its best-scored slots; past its whole quota, the cache's best
+            part = (stretch[head] == k) & ~protected[0, head]
+            best = torch.topk(scores[0, head].masked_fill(~part, float("-inf")), int(counts[k])).indices
             assert torch.equal(best.sort().values, torch.nonzero(kept & part).flatten())
-    fixed_stretches = make_policy("adaptive_infinipot_v", chunk_pairs=2, floor=0.25)
-    monkeypatch.setattr(fixed_stretches, "keep_scores", lambda view, target: scores)
-    fixed_stretches.distances = dict(distances)
-    plain = torch.topk(scores, fixed + 10, dim=-1).indices.sort(dim=-1).values  # every quota under a slot
-    assert torch.equal(fixed_stretches.select(view, fixed + 10), plain) and not torch.equal(keep, plain)
+            extra += scores[0, head][best[int(whole[k]):]].tolist()
+        left = scores[0, head][~kept & ~protected[0, head]]
+        assert min(extra) >= float(left.max())
+    assert not torch.equal(keep, policy().select(view, fixed + budget))  # the 30 stretches of 2 pairs differ
+    plain = torch.topk(scores, fixed + 20, dim=-1).indices.sort(dim=-1).values
+    assert torch.equal(policy(min_slots=5).select(view, fixed + 20), plain)  # 20 slots, 30 chunks
+    assert torch.equal(policy().select(view, fixed + 20), plain)
     with pytest.raises(ValueError, match="cache.adaptive_min_slots must be >= 0"):
         make_policy("adaptive_infinipot_v", min_slots=-1)

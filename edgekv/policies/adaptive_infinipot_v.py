@@ -124,16 +124,20 @@ class AdaptiveInfiniPotVPolicy(InfiniPotVPolicy):
         """(stretch per slot, -1 where not evictable; stretch count; the group map for ``stretch_weights``).
         Stretches are chunks of ``chunk_pairs`` pairs; with ``min_slots`` > 0, ``g`` neighbouring chunks still
         present are merged into one stretch, ``g`` the least that gives a stretch ``min_slots`` of the mean
-        budget of a (layer, head) row."""
+        budget of a (layer, head) row. None (count 0) where that budget is under one slot a chunk: every quota
+        would be a fraction, and the compression goes by InfiniPot-V's scores alone."""
+        present = torch.unique(chunk[evictable])  # sorted chunk ids with an evictable slot in some row
+        mean_budget = float(budget.double().mean()) if budget.numel() else 0.0
+        if not len(present) or mean_budget < len(present):  # under a slot a stretch: InfiniPot-V's order alone
+            return torch.full_like(chunk, -1), 0, None
         if self.min_slots <= 0:
             stretch = torch.where(evictable, chunk, torch.full_like(chunk, -1))
-            return stretch, (int(stretch.max()) + 1 if bool(evictable.any()) else 0), None
-        present = torch.unique(chunk[evictable])  # sorted chunk ids with an evictable slot in some row
-        per = max(1, math.ceil(self.min_slots * len(present) / max(float(budget.double().mean()), 1.0)))
-        group = torch.full((int(present.max()) + 1 if len(present) else 1,), -1, dtype=torch.long)
+            return stretch, int(stretch.max()) + 1, None
+        per = max(1, math.ceil(self.min_slots * len(present) / mean_budget))
+        group = torch.full((int(present.max()) + 1,), -1, dtype=torch.long)
         group[present] = torch.arange(len(present)) // per
         stretch = torch.where(evictable, group[chunk.clamp(0, len(group) - 1)], torch.full_like(chunk, -1))
-        return stretch, (int(group.max()) + 1 if len(present) else 0), group
+        return stretch, int(group.max()) + 1, group
 
     def select(self, view: CacheView, target: int) -> torch.Tensor:
         scores = self.keep_scores(view, target)  # [L, H, n], protected = +inf
