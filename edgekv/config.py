@@ -207,12 +207,14 @@ class CacheSection:
     # adaptive_infinipot_v (AdaReTaKe eq. 8-9): stretches of this many frame pairs share the budget by
     # their redundancy, each weighted at least adaptive_floor x the mean weight. Not the default: on the same
     # streams (toy W12a) it never beat infinipot_v and fell to 0.304 (fp16) at the 160-slot floor against 0.869;
-    # on lured streams (toy X112L, seeds 45 + 47, 403 questions a cap) 0.474 / 0.471 / 0.315 at 1/16 / 1/64 /
-    # 1/256 against infinipot_v's 0.442 / 0.345 / 0.355 — better at 1/64 (p < 0.001), worse at the floor.
+    # on lured streams (toy X112L, seeds 45 + 47, 403 questions a cap) 0.474 / 0.471 / 0.360 at 1/16 / 1/64 /
+    # 1/256 against infinipot_v's 0.442 / 0.345 / 0.355 — better at 1/64 (p < 0.001); without lures 0.893 / 0.868 /
+    # 0.650 against 0.871 / 0.875 / 0.866 — far worse at the 160-slot floor.
     adaptive_chunk_pairs: int = 8
     adaptive_floor: float = 0.25
     # > 0: neighbouring stretches merge until each gets this many slots of a row's budget on average (at a tight
-    # cap the 8-pair stretches outnumber the slots). 0 = AdaReTaKe's fixed stretches.
+    # cap the 8-pair stretches outnumber the slots). 0 = AdaReTaKe's fixed stretches, kept: 2 against 0 on the
+    # lured streams above +0.0 / +1.8 (p 0.23) / -0.8 points, without lures +0.0 / +0.0 / +1.0.
     adaptive_min_slots: float = 0.0
 
     def validate(self, at: str) -> None:

@@ -18,17 +18,22 @@ Streaming form. At a compression the budget of the evictable slots of each (laye
 what a full stretch cannot use is handed to the others in proportion to their weights (water filling).
 Each stretch keeps the whole slots of its quota, ranked inside it by InfiniPot-V's own order (TaR picks
 first, then pooled VaN: ``keep_scores``); the fractions left over (under one slot a stretch) go to the
-best-scored slots of the whole cache, as plain InfiniPot-V would choose them. Where the budget is many slots
-a stretch this is eq. 9 with per-stretch top-k; where every quota is under one slot, the choice is
-InfiniPot-V's. Measured (issue 27, toy X112L, lured 2,000-pair needle streams, seeds 45 + 47, 403
-questions a cap, `edgekv eval compare`): rounding the quotas by largest remainders instead (the fractions
-handed out by the stretches' weights alone) answered 0.454 / 0.427 / 0.303 at caps 1/16 / 1/64 / 1/256, this
-0.474 / 0.471 / 0.315 (plain ``infinipot_v`` 0.442 / 0.345 / 0.355). At the 160-slot floor (2,000 pairs
-are 250 stretches of 8) the policy still answers below plain ``infinipot_v``. Traced on one
-such stream (seed 45, `photo`; the second half of its 1,995 compressions; layer 0, head 0): ~41 evictable
-slots spread over ~42 stretches still present, the largest quota ~1.0, so ~12 stretches — the most changing
-ones — hold a whole slot each: three slots in ten given to stretches by weight, where plain InfiniPot-V
-would give them to its best scores.
+best-scored slots of the whole cache, as plain InfiniPot-V would choose them. Where a row's budget is under one
+slot a stretch, no split means anything and the compression goes by InfiniPot-V's scores alone.
+``min_slots`` > 0 merges neighbouring stretches still present until each gets that many slots on average
+(a coarser ``tau`` when the cap is tight; 0, the default: AdaReTaKe's fixed stretches).
+
+Measured (issue 27, toy X112L, 2,000-pair world needle streams, seeds 45 + 47, 403 questions a cap, caps 1/16 /
+1/64 / 1/256 (the 160-slot floor), against plain ``infinipot_v`` on the same questions; README, "The needle
+benchmark across the cap"). Lured streams (``--busy 0.2 --lures 1``; ``infinipot_v`` 0.442 / 0.345 / 0.355):
+this policy 0.474 / 0.471 / 0.360 (quotas rounded by largest remainders before: 0.454 / 0.427 / 0.303; before
+the under-a-slot rule: 0.474 / 0.471 / 0.315); ``min_slots`` 2 / 4 / 8 0.474 / 0.489 / 0.352, 0.474 / 0.449 /
+0.340 (without the rule), 0.476 / 0.404 / 0.362 (without it). Streams without lures (``infinipot_v`` 0.871 /
+0.875 / 0.866): 0.893 / 0.868 / **0.650** (0.459 before the rule; ``min_slots`` 2: 0.660). At the floor every
+row holds ~41 evictable slots over ~42 stretches (traced before the rule), so the rule falls back at some of its
+compressions only; where it does not, a split by time leaves about a slot a stretch that plain InfiniPot-V would
+spend on the needles' tokens (the likely cause of the rest of the loss; not traced further).
+
 Memory outside the cap: one pair's visual tokens (the previous pair, for eq. 8) and one float per pair
 that still has tokens in the cache.
 """
