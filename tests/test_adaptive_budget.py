@@ -78,22 +78,30 @@ def test_a_bursty_stream_keeps_more_of_its_bursts_and_every_stretch_survives(tin
     assert kept["adaptive_infinipot_v"][1] < kept["infinipot_v"][1]
 
 
+def _scored_view(seed: int):
+    """A 60-pair cache (tests/test_policies.ToySession: a real CappedKVCache, a 3-slot prefix, one recent pair)
+    and random InfiniPot-V scores for it, +inf where protected: (view, scores, protected, generator)."""
+    from test_policies import ToySession
+
+    session = ToySession(capacity=400, layers=1, heads=2)
+    for _ in range(60):
+        session.add_pair()
+    view = session.view(recent_pairs=1)
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.rand(view.kind.shape, generator=generator, dtype=torch.float64).float()
+    protected = (view.kind == int(SlotKind.PREFIX)) | view.recent
+    return view, scores.masked_fill(protected, float("inf")), protected, generator
+
+
 def test_quotas_under_a_slot_fall_back_to_infinipot_v_and_whole_slots_follow_eq_9(monkeypatch):
     """Quotas keep their whole slots in each stretch and the fractions go by InfiniPot-V's score. Where every
     quota is under one slot that is plain InfiniPot-V's choice (rounding by largest remainders kept one slot of
     each most-changing stretch instead, whatever it scored); with many slots a stretch, eq. 9's split holds."""
-    from test_policies import PER_PAIR, ToySession
+    from test_policies import PER_PAIR
 
-    session = ToySession(capacity=400, layers=1, heads=2)  # a 3-slot prefix
-    for _ in range(60):
-        session.add_pair()
-    view = session.view(recent_pairs=1)
-    generator = torch.Generator().manual_seed(3)
-    scores = torch.rand(view.kind.shape, generator=generator, dtype=torch.float64).float()
-    protected = (view.kind == int(SlotKind.PREFIX)) | view.recent
+    view, scores, protected, generator = _scored_view(3)
     fixed = int(protected[0, 0].sum())
     assert fixed == 3 + PER_PAIR
-    scores = scores.masked_fill(protected, float("inf"))
     policy = make_policy("adaptive_infinipot_v", chunk_pairs=2, floor=0.25)
     monkeypatch.setattr(policy, "keep_scores", lambda view, target: scores)
     policy.distances = {pair: float(torch.rand(1, generator=generator)) for pair in range(1, 60)}
@@ -118,17 +126,8 @@ def test_min_slots_merges_neighbouring_stretches_until_each_gets_its_share_of_th
     still present merge into stretches of ``ceil(min_slots * chunks / mean budget)``, eq. 9 splits the budget
     over those by their pairs' mean distance, and each keeps its best-scored slots. Under one slot a chunk, no
     split: InfiniPot-V's order alone, merged or not."""
-    from test_policies import ToySession
-
-    session = ToySession(capacity=400, layers=1, heads=2)
-    for _ in range(60):
-        session.add_pair()
-    view = session.view(recent_pairs=1)
-    generator = torch.Generator().manual_seed(4)
-    scores = torch.rand(view.kind.shape, generator=generator, dtype=torch.float64).float()
-    protected = (view.kind == int(SlotKind.PREFIX)) | view.recent
+    view, scores, protected, generator = _scored_view(4)
     fixed = int(protected[0, 0].sum())
-    scores = scores.masked_fill(protected, float("inf"))
     # distance rising along the stream: later stretches are owed more of the budget
     distances = {pair: 0.01 + pair / 60 * float(torch.rand(1, generator=generator)) for pair in range(1, 60)}
 
@@ -167,3 +166,12 @@ def test_min_slots_merges_neighbouring_stretches_until_each_gets_its_share_of_th
     assert torch.equal(policy().select(view, fixed + 20), plain)
     with pytest.raises(ValueError, match="cache.adaptive_min_slots must be >= 0"):
         make_policy("adaptive_infinipot_v", min_slots=-1)
+
+
+def test_the_config_keys_reach_the_policy(tiny_checkpoint):
+    runtime = edgekv.Runtime.from_pretrained(
+        tiny_checkpoint, model={"dtype": "fp32", "device": "cpu"}, video={"resolution": [56, 56], "fps": FPS},
+        cache={"policy": "adaptive_infinipot_v", "max_tokens": 140, "text_reserve_tokens": 32,
+               "adaptive_chunk_pairs": 6, "adaptive_floor": 0.5, "adaptive_min_slots": 3})
+    policy = runtime.session().policy
+    assert (policy.chunk_pairs, policy.floor, policy.min_slots) == (6, 0.5, 3.0)
