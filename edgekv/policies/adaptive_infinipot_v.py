@@ -31,8 +31,9 @@ the under-a-slot rule: 0.474 / 0.471 / 0.315); ``min_slots`` 2 / 4 / 8 0.474 / 0
 0.340 (without the rule), 0.476 / 0.404 / 0.362 (without it). Streams without lures (``infinipot_v`` 0.871 /
 0.875 / 0.866): 0.893 / 0.868 / **0.650** (0.459 before the rule; ``min_slots`` 2: 0.660). At the floor every
 row holds ~41 evictable slots over ~42 stretches (traced before the rule), so the rule falls back at some of its
-compressions only; where it does not, a split by time leaves about a slot a stretch that plain InfiniPot-V would
-spend on the needles' tokens (the likely cause of the rest of the loss; not traced further).
+compressions only. Falling back under 2.5 slots a stretch instead of 1 reads 0.712 there (1/64 0.891), but costs
+the lured streams their gain at 1/64 (0.409; 1.5 slots: 0.670 / 0.471): a split by time at a 41-slot budget loses
+answers even at a few slots a stretch, and the threshold stays at one slot, the point below which no split exists.
 
 Memory outside the cap: one pair's visual tokens (the previous pair, for eq. 8) and one float per pair
 that still has tokens in the cache.
