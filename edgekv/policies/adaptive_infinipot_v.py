@@ -27,8 +27,8 @@ Measured (issue 27, toy X112L, 2,000-pair world needle streams, seeds 45 + 47, 4
 1/64 / 1/256 (the 160-slot floor), against plain ``infinipot_v`` on the same questions; README, "The needle
 benchmark across the cap"). Lured streams (``--busy 0.2 --lures 1``; ``infinipot_v`` 0.442 / 0.345 / 0.355):
 this policy 0.474 / 0.471 / 0.360 (quotas rounded by largest remainders before: 0.454 / 0.427 / 0.303; before
-the under-a-slot rule: 0.474 / 0.471 / 0.315); ``min_slots`` 2 / 4 / 8 0.474 / 0.489 / 0.352, 0.474 / 0.449 /
-0.340 (without the rule), 0.476 / 0.404 / 0.362 (without it). Streams without lures (``infinipot_v`` 0.871 /
+the under-a-slot rule: 0.474 / 0.471 / 0.315); ``min_slots`` 2: 0.474 / 0.489 / 0.352; 4 and 8 (measured before
+the rule): 0.474 / 0.449 / 0.340 and 0.476 / 0.404 / 0.362. Streams without lures (``infinipot_v`` 0.871 /
 0.875 / 0.866): 0.893 / 0.868 / **0.650** (0.459 before the rule; ``min_slots`` 2: 0.660). At the floor every
 row holds ~41 evictable slots over ~42 stretches (traced before the rule), so the rule falls back at some of its
 compressions only. Falling back under 2.5 slots a stretch instead of 1 reads 0.712 there (1/64 0.891), but costs
