@@ -154,7 +154,7 @@ class AdaptiveInfiniPotVPolicy(InfiniPotVPolicy):
         budget = (target - protected.view(rows, n).sum(-1)).clamp_min(0)
         stretch, stretches, group = self.stretches_of(view.frame.long() // self.chunk_pairs, evictable, budget)
         if stretches == 0:
-            return super().select(view, target)
+            return self.top(scores, target)  # InfiniPot-V's choice, from the scores already computed
         held = torch.zeros(rows, stretches, dtype=torch.long)
         flat_stretch = stretch.view(rows, n)
         held.scatter_add_(1, flat_stretch.clamp_min(0), evictable.view(rows, n).long())
@@ -174,7 +174,7 @@ class AdaptiveInfiniPotVPolicy(InfiniPotVPolicy):
         keep = chosen | protected.view(rows, n)
         # exactly ``target`` per row: kept slots first, the rest (the quotas' fractions) by InfiniPot-V's score
         final = torch.where(keep, torch.full_like(flat, float("inf")), scores.view(rows, n).clamp(max=3e38))
-        return torch.topk(final.view(layers, heads, n), target, dim=-1, sorted=False).indices.sort(dim=-1).values
+        return self.top(final.view(layers, heads, n), target)
 
     def compress(self, session, incoming: int) -> None:
         super().compress(session, incoming)

@@ -34,7 +34,11 @@ class InfiniPotVPolicy(VaNPolicy):
             raise ValueError(f"cache.tar_rope must be 'unrotated' or 'raw', got {self.tar_rope!r}")
 
     def select(self, view: CacheView, target: int) -> torch.Tensor:
-        scores = self.keep_scores(view, target)
+        return self.top(self.keep_scores(view, target), target)
+
+    @staticmethod
+    def top(scores: torch.Tensor, target: int) -> torch.Tensor:
+        """[L, H, target] the slots of the ``target`` highest scores per (layer, head), in cache order."""
         return torch.topk(scores, target, dim=-1, sorted=False).indices.sort(dim=-1).values
 
     def keep_scores(self, view: CacheView, target: int) -> torch.Tensor:
