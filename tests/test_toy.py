@@ -396,11 +396,13 @@ def test_train_toy_command_writes_a_loadable_checkpoint_with_a_model_card(tmp_pa
     out = tmp_path / "toy"
     assert main(["train-toy", str(out), "--steps", "3", "--batch-size", "2", "--log-every", "3",
                  "--heldout-streams", "2", "--eval-samples", "4", "--vision-steps", "2", "--threads", "1",
-                 "--hard-negatives", "0.05"]) == 0
+                 "--hard-negatives", "0.05", "--vision-lr", "0.001", "--vision-lures", "0.5"]) == 0
     card = (out / "README.md").read_text()
     assert "edgekv train-toy" in card and "| `color` |" in card and "held-out" in card
     recorded = json.loads((out / "card.json").read_text())
     assert recorded["hard_negatives"] == 0.05 and "--hard-negatives 0.05" in recorded["command"]
+    assert recorded["vision_lr"] == 0.001 and recorded["vision_lures"] == 0.5
+    assert "--vision-lr 0.001 --vision-lures 0.5" in recorded["command"]
     assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "card.json"}
     assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir())  # readable by a service user
     session = Runtime.from_pretrained(out, model={"dtype": "fp32", "device": "cpu"},
@@ -804,6 +806,37 @@ def test_a_small_shape_on_a_cell_corner_still_has_a_token_that_carries_it():
     # every pair has 1-4 events; each keeps at least one token with its colour and its shape
     assert ((color > 0).sum(1) >= 1).all() and ((shape > 0).sum(1) >= 1).all()
 
+
+
+def test_warm_up_lures_are_look_alikes_clear_of_the_events_and_labelled_none():
+    """``vision_batch(lures=...)``: a share of the world pairs also shows look-alikes (an out-of-vocabulary shape in a
+    vocabulary colour, ``lure_clutter``) placed clear of the events; they change the pixels, not the labels (every
+    token a look-alike covers stays "none" unless an event covers it), and without lures the draw is what it was."""
+    from edgekv.preprocess import FramePreprocessor
+    from edgekv.toy.train import lure_clutter, vision_batch
+    from edgekv.video.world import DISTRACTOR_SHAPES, world_event
+
+    rng = np.random.default_rng(3)
+    events = [world_event(rng, "cross", "red", 0, 1, 112, 112), world_event(rng, "circle", "blue", 0, 1, 112, 112)]
+    drawn = 0
+    for _ in range(20):
+        lures = lure_clutter(rng, 3, events, 112)
+        assert len(lures) <= 3  # one that finds no room in a few tries is left out ...
+        drawn += len(lures)
+        placed = [(e.center, e.radius) for e in events] + [(c.center, c.radius) for c in lures]
+        for i, (center, radius) in enumerate(placed):
+            assert all(np.hypot(center[0] - other[0], center[1] - other[1]) > radius + other_radius
+                       for other, other_radius in placed[i + 1:])
+        assert all(c.shape in DISTRACTOR_SHAPES and c.color in COLORS and c.pairs == -1 for c in lures)
+    assert drawn >= 20  # ... a third of those asked for beside two events of the world's sizes
+
+    pre = FramePreprocessor(resolution=(112, 112))
+    plain = vision_batch(np.random.default_rng(8), pre, 1, ("noise",), 112, 1.0)
+    again = vision_batch(np.random.default_rng(8), pre, 1, ("noise",), 112, 1.0, 0.0)
+    lured = vision_batch(np.random.default_rng(8), pre, 1, ("noise",), 112, 1.0, 1.0)
+    assert all(torch.equal(x, y) for x, y in zip(plain, again))
+    assert not torch.equal(plain[0], lured[0])  # the look-alikes are drawn ...
+    assert torch.equal(plain[2], lured[2]) and torch.equal(plain[3], lured[3])  # ... and labelled none
 
 
 def test_warm_up_position_labels_are_the_cells_the_renderer_draws_in():
@@ -1539,3 +1572,41 @@ def test_hard_negatives_average_the_background_term_over_its_hardest_tokens():
     assert loss_of(logits, batch, 0.5, no)[2] == pytest.approx(loss_of(logits, batch, 0.5, no, 1.0)[2], rel=1e-6)
     assert loss_of(logits, batch, 0.5, no, 0.2)[2] > loss_of(logits, batch, 0.5, no)[2]
     assert main(["train-toy", "/tmp/never-written", "--hard-negatives", "1.5"]) == 2
+    assert main(["train-toy", "/tmp/never-written", "--vision-lures", "-0.1"]) == 2
+    assert main(["train-toy", "/tmp/never-written", "--vision-lr", "0"]) == 2
+
+
+def test_lure_probe_tool_reads_the_token_a_look_alike_is_drawn_on(tmp_path):
+    """``tools/toy_lure_probe.py`` (README, "Look-alikes in the tower"): a look-alike is drawn where
+    ``distractor_mask`` says (the token the tool reads is the one it covers most); the probe separates separable
+    features and scores every held-back pair; the command writes its JSON."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from edgekv.video.world import Clutter, WorldScene, WorldStyle, distractor_mask
+
+    tool = Path(__file__).parents[1] / "tools" / "toy_lure_probe.py"
+    spec = importlib.util.spec_from_file_location("toy_lure_probe", tool)
+    lure_probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lure_probe)
+    for shape in ("star", "ring", "hexagon", "ellipse"):
+        bare = WorldScene(112, 112, 2.0, 4, [], "noise", WorldStyle(noise=0.0))
+        lured = WorldScene(112, 112, 2.0, 4, [], "noise", WorldStyle(noise=0.0))
+        lured.clutter = [Clutter(shape, "red", (40.0, 70.0), 18.0, 0.3)]
+        changed = np.abs(lured.frame(0).astype(int) - bare.frame(0).astype(int)).max(-1) > 0
+        mask = distractor_mask(shape, (40.0, 70.0), 18.0, 112, 112, 0.3)
+        assert changed.sum() > 0.9 * mask.sum() and (changed & ~mask).sum() <= 0.02 * mask.sum()
+
+    rng = np.random.default_rng(0)
+    labels = torch.arange(8).repeat(50)
+    features = torch.nn.functional.one_hot(labels, 8).float() * 4 + torch.from_numpy(rng.normal(0, 0.1, (400, 8))).float()
+    result = lure_probe.probe(features, labels, np.full(400, 15.0), steps=200)
+    assert result["eight_way"] == 1.0 and result["lookalike_read_as_vocab"] == 0.0 and result["test_pairs"] == 100
+    assert sum(sum(row.values()) for row in result["confusion"].values()) == 100
+
+    out = tmp_path / "lure.json"
+    assert lure_probe.main(["--model", "builtin:toy", "--pairs", "48", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["test_pairs"] == 12 and 0 <= written["vocab_vs_lookalike"] <= 1
+    assert sum(group["pairs"] for group in written["by_radius"].values()) == 12

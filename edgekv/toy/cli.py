@@ -38,6 +38,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hard-negatives", type=float, default=0.0, metavar="F",
                         help="average the auxiliary 'no' term over only this share (0-1] of the background tokens, "
                              "those read least as background (look-alikes); 0: all of them")
+    parser.add_argument("--vision-lr", type=float, default=2e-3, metavar="LR",
+                        help="the vision warm-up's peak learning rate (lower to go on from an --init tower)")
+    parser.add_argument("--vision-lures", type=float, default=0.0, metavar="F",
+                        help="share (0-1) of the warm-up's world pairs that also show one to three look-alikes "
+                             "(out-of-vocabulary shapes in the vocabulary's colours) labelled none")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
                                                  "world-where", "world-where-long", "world-mild",
                                                  "world-mild-hard", "world-mild-count",
@@ -144,6 +149,10 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: --hard-negatives is a share of the background tokens in [0, 1], got "
               f"{args.hard_negatives}")
         return 2
+    if not 0.0 <= args.vision_lures <= 1.0 or not args.vision_lr > 0:
+        print(f"edgekv train-toy: --vision-lures is a share of the warm-up's world pairs in [0, 1] and --vision-lr "
+              f"must be > 0; got {args.vision_lures} / {args.vision_lr}")
+        return 2
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         print(f"edgekv train-toy: --device must be cpu, cuda or cuda:N, got {args.device!r}")
         return 2
@@ -177,7 +186,8 @@ def run_train(args: argparse.Namespace) -> int:
                      vision_depth=args.vision_depth, device=args.device, workers=args.workers,
                      freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
                      grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
-                     hard_negatives=args.hard_negatives)
+                     hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
+                     vision_lures=args.vision_lures)
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2

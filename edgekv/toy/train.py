@@ -256,12 +256,15 @@ def accuracy_by_family(logits: torch.Tensor, batch: Batch) -> dict[str, list[int
 
 # ---------------------------------------------------------------------------------------------- vision warm-up
 def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, count: int,
-                 families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0,
+                 lures: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``count`` frame pairs with one to four shapes each, and per-token labels: shape (0 = none, -1 = a
     sliver too small to tell) and colour (0 = none) of the event covering most of the token's cell.
     A share ``world`` of the pairs is drawn in the randomized world on ``families`` (world sizes, camera,
-    light, JPEG, distractors, occlusion); the rest on the classic renderer."""
+    light, JPEG, distractors, occlusion); the rest on the classic renderer. A share ``lures`` of the world
+    pairs also shows one to three look-alikes (``lure_clutter``: out-of-vocabulary shapes in the vocabulary's
+    colours, apart from the events), their tokens labelled none: the per-token lesson that a red star is no
+    red cross, which distractors in other colours never teach (they can be told by colour alone)."""
     grid = size // CELL
     tokens = grid * grid
     pixels, shapes, colors = [], [], []
@@ -278,6 +281,8 @@ def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, coun
                                           avoid=events))
             scene = WorldScene(size, size, 2.0, int(rng.integers(2 ** 31)), events,
                                drawable[int(rng.integers(len(drawable)))], random_style(rng))
+            if lures and rng.random() < lures:  # drawn only where asked: warm-ups without lures draw as before
+                scene.clutter = [*scene.clutter, *lure_clutter(rng, int(rng.integers(1, 4)), events, size)]
         else:
             for _ in range(int(rng.integers(1, 5))):
                 events.append(place_event(rng, str(rng.choice(SHAPES)), str(rng.choice(COLORS)), 0, 1, size, size,
@@ -300,21 +305,45 @@ def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, coun
     return torch.cat(pixels), grid_thw, torch.from_numpy(np.concatenate(shapes)), torch.from_numpy(np.concatenate(colors))
 
 
+def lure_clutter(rng: np.random.Generator, count: int, events: list[Event], size: int) -> list:
+    """Up to ``count`` static look-alikes for a ``size`` x ``size`` world pair: an out-of-vocabulary shape
+    (``edgekv.video.world.DISTRACTOR_SHAPES``) in a vocabulary colour, of the world's radii, each clear of
+    ``events`` and of the others (a few tries each; one that finds no room is left out)."""
+    from edgekv.video.world import DISTRACTOR_SHAPES, Clutter, draw_radius, world_radius_range
+
+    low, high = world_radius_range(size, size)
+    placed: list[tuple[tuple[float, float], float]] = [(event.center, event.radius) for event in events]
+    out = []
+    for _ in range(count):
+        shape, color = str(rng.choice(DISTRACTOR_SHAPES)), str(rng.choice(COLORS))
+        radius = float(draw_radius(rng, (low, max(low, high * 2 // 3))))
+        angle = float(rng.uniform(0, np.pi))
+        for _ in range(8):
+            center = (float(rng.uniform(radius, size - radius)), float(rng.uniform(radius, size - radius)))
+            if all(math.dist(center, other) > radius + other_radius + 2 for other, other_radius in placed):
+                placed.append((center, radius))
+                out.append(Clutter(shape, color, center, radius, angle))
+                break
+    return out
+
+
 def vision_batches(rng: np.random.Generator, steps: int, batch_size: int, families: tuple[str, ...] | None = None,
-                   size: int = RESOLUTION[0], world: float = 0.0):
+                   size: int = RESOLUTION[0], world: float = 0.0, lures: float = 0.0):
     """The warm-up's batches (``vision_batch``), one per step."""
     preprocessor = FramePreprocessor(resolution=(size, size))
     for _ in range(steps):
-        yield vision_batch(rng, preprocessor, batch_size, families, size, world)
+        yield vision_batch(rng, preprocessor, batch_size, families, size, world, lures)
 
 
 def vision_batches_sharded(seed: int, steps: int, batch_size: int, families: tuple[str, ...] | None = None,
-                           size: int = RESOLUTION[0], world: float = 0.0, shard: int = 0, shards: int = 1):
+                           size: int = RESOLUTION[0], world: float = 0.0, lures: float = 0.0, shard: int = 0,
+                           shards: int = 1):
     """Warm-up steps ``shard, shard + shards, ...``, each drawn from its own generator ``(seed, 13, step)``:
     the same batches however many workers share the steps (``edgekv.toy.prefetch.sharded``)."""
     preprocessor = FramePreprocessor(resolution=(size, size))
     for step in range(shard, steps, shards):
-        yield vision_batch(np.random.default_rng((seed, 13, step)), preprocessor, batch_size, families, size, world)
+        yield vision_batch(np.random.default_rng((seed, 13, step)), preprocessor, batch_size, families, size, world,
+                           lures)
 
 
 def qa_batch(rng: np.random.Generator, step: int, steps: int, batch_size: int, encoder: Encoder,
@@ -375,7 +404,7 @@ def position_loss(row_probe, col_probe, tokens: torch.Tensor, grid: int) -> torc
 def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3, batch_size: int = 32,
                    log: Callable[[str], None] = print, log_every: int = 100, prefetch: bool = False,
                    families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], world: float = 0.0,
-                   workers: int = 0, seed: int = 0, position: bool = True) -> list[dict]:
+                   workers: int = 0, seed: int = 0, position: bool = True, lures: float = 0.0) -> list[dict]:
     """Train the vision tower alone to tell shape and colour per token, through two linear probes that are
     then thrown away — the role a pre-trained ViT plays for a real VLM. Trained from scratch inside the
     question-answering loop, this 4-block ViT learned colours in tens of steps but shapes only after
@@ -409,8 +438,10 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
         optimizer, lambda step: min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
     history: list[dict] = []
     started = time.perf_counter()
-    drawn = (sharded(vision_batches_sharded, steps, seed, steps, batch_size, families, size, world, workers=workers)
-             if workers else batches(vision_batches, rng, steps, batch_size, families, size, world, prefetch=prefetch))
+    drawn = (sharded(vision_batches_sharded, steps, seed, steps, batch_size, families, size, world, lures,
+                     workers=workers)
+             if workers else batches(vision_batches, rng, steps, batch_size, families, size, world, lures,
+                                     prefetch=prefetch))
     for step, (pixels, grid, shape, color) in enumerate(drawn):
         shape, color = shape.to(device), color.to(device)
         tokens = model.visual(pixels, grid)
@@ -481,7 +512,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           curriculum: str = "full", families: tuple[str, ...] | None = None, holdout: tuple[str, ...] | None = None,
           size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
           device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0,
-          grow_vision: int = 0, recompute: bool = False, grow_width: int = 0, hard_negatives: float = 0.0) -> dict:
+          grow_vision: int = 0, recompute: bool = False, grow_width: int = 0, hard_negatives: float = 0.0,
+          vision_lr: float = 2e-3, vision_lures: float = 0.0) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -504,7 +536,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     rounding). ``recompute`` runs each layer
     again in the backward pass instead of keeping its activations (``forward_logits``): the same training in
     less memory, for long contexts. ``hard_negatives`` > 0 averages the auxiliary background term over that share
-    of the background tokens, the hardest (``loss_of``).
+    of the background tokens, the hardest (``loss_of``). ``vision_lr`` is the warm-up's peak learning rate;
+    ``vision_lures`` the share of its world pairs that also show look-alikes (``vision_batch``).
 
     ``device`` trains on another device than the CPU (``cuda``: the batches are drawn on the host and moved;
     the checkpoint is written from the host). ``workers`` > 0 draws the batches in that many spawned
@@ -527,6 +560,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         raise ValueError(f"workers must be at least 0, got {workers}")
     if not 0.0 <= hard_negatives <= 1.0:
         raise ValueError(f"hard_negatives is a share of the background tokens in [0, 1], got {hard_negatives}")
+    if not 0.0 <= vision_lures <= 1.0:
+        raise ValueError(f"vision_lures is a share of the warm-up's world pairs in [0, 1], got {vision_lures}")
+    if not vision_lr > 0:
+        raise ValueError(f"vision_lr must be > 0, got {vision_lr}")
     if min(grow, grow_vision) < 0 or ((grow or grow_vision) and init is None):
         raise ValueError(f"grow / grow_vision deepen an init checkpoint by at least 0 layers; got {grow} / "
                          f"{grow_vision} with init {init!r}")
@@ -561,8 +598,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
                                       vision_depth=vision_depth), seed)
     model.to(device).train()
     started = time.perf_counter()
-    vision_history = (warm_up_vision(model, vision_steps, rng, log=log, log_every=log_every, prefetch=prefetch,
-                                     families=drawable, size=size, world=world_share, workers=workers, seed=seed)
+    vision_history = (warm_up_vision(model, vision_steps, rng, lr=vision_lr, log=log, log_every=log_every,
+                                     prefetch=prefetch, families=drawable, size=size, world=world_share,
+                                     workers=workers, seed=seed, lures=vision_lures)
                       if vision_steps else [])
     if (vision_steps and freeze_vision) or (not vision_steps and freeze_init_vision):
         # The warmed-up tower stays as it is (a pre-trained ViT's role): trained on by the answers' noisy
@@ -640,6 +678,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += " --freeze-vision"
     if hard_negatives:
         command += f" --hard-negatives {hard_negatives:g}"
+    if vision_steps and vision_lr != 2e-3:
+        command += f" --vision-lr {vision_lr:g}"
+    if vision_steps and vision_lures:
+        command += f" --vision-lures {vision_lures:g}"
     if recompute:
         command += " --recompute"  # memory, not the recipe: the same gradients
     if workers:
@@ -650,6 +692,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "curriculum": curriculum,
             "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
             "grown_width": grow_width or None, "hard_negatives": hard_negatives or None,
+            "vision_lr": vision_lr if vision_steps else None, "vision_lures": vision_lures or None,
             "width": width, "layers": layers,
             "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers,
             "recompute": recompute,
