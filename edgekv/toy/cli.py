@@ -41,7 +41,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vision-lr", type=float, default=2e-3, metavar="LR",
                         help="the vision warm-up's peak learning rate (lower to go on from an --init tower)")
     parser.add_argument("--vision-lures", type=float, default=0.0, metavar="F",
-                        help="share (0-1) of the warm-up's world pairs that also show one to three look-alikes "
+                        help="share (0-1) of the warm-up's world pairs that also show up to three look-alikes "
                              "(out-of-vocabulary shapes in the vocabulary's colours) labelled none")
     parser.add_argument("--curriculum", choices=("full", "refine", "world", "world-long", "world-224", "world-scratch",
                                                  "world-where", "world-where-long", "world-mild",
