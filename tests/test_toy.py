@@ -1510,8 +1510,8 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     """``world-mild-224-dilute`` / ``-distinct`` / ``-dilute-distinct``: world-mild-224's stages with three quarters
     of the samples diluted, with every background pair rendered anew, or both (``-dilute-far``: both, diluted up to
     256 times instead of 64); ``world-lures-dilute`` the lured curriculum with both, ``world-mild-exposed-dilute``
-    the exposed one (``world-lures-exposed-dilute``: with half the world samples lured too); and ``train-toy`` offers
-    every curriculum there is."""
+    the exposed one (``world-lures-exposed-dilute``: with half the world samples lured too; ``world-lures-where-dilute``:
+    that with `where` asked six times); and ``train-toy`` offers every curriculum there is."""
     import argparse
     from dataclasses import replace
 
@@ -1537,6 +1537,9 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     sample = draw_sample(np.random.default_rng(4), replace(stage, world=1.0), MAX_POSITIONS, size=224, pairs=(20, 24),
                          families=("noise", "checks"))
     assert len(sample.pairs) == sample.slots >= 20  # one rendering per slot, background ones too
+    for (_, lured), (_, where) in zip(CURRICULA["world-lures-exposed-dilute"], CURRICULA["world-lures-where-dilute"]):
+        assert where.families == (*lured.families, "where", "where", "where")
+        assert replace(where, name=lured.name, families=lured.families) == lured
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
     for name in CURRICULA:

@@ -334,6 +334,13 @@ WORLD_MILD_EXPOSED_DILUTE = _diluted_distinct(WORLD_MILD_EXPOSED)
 # 0.978 / 0.984); every held-out family >= 91.2 % of the card's streams on every question (X112c 90.6 %).
 WORLD_LURES_EXPOSED_DILUTE = _diluted_distinct(tuple((share, replace(stage, name=stage.name + " (lures)", lures=0.5))
                                                      for share, stage in WORLD_MILD_EXPOSED))
+# WORLD_LURES_EXPOSED_DILUTE with `where` asked six times as in WORLD_MILD_WHERE (6 of 17 draws instead of 3 of 14):
+# every lure round so far cost `where` on the card's streams (X112L 0.901 on 1,000 streams; X112V2, a lure round with
+# the tower trained, 0.854; the mean of both, AVV, 0.891; issue 27's target 0.90), while it lifted the full cache on
+# lured 2,000-pair streams (X112L 62 %, X112V2 78 % of short).
+WORLD_LURES_WHERE_DILUTE = tuple((share, replace(stage, name=stage.name + " (where x6)",
+                                                 families=(*stage.families, "where", "where", "where")))
+                                 for share, stage in WORLD_LURES_EXPOSED_DILUTE)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
                                                          "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,
@@ -347,6 +354,7 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-lures-dense": WORLD_LURES_DENSE,
                                                          "world-lures-dilute": WORLD_LURES_DILUTE,
                                                          "world-lures-exposed-dilute": WORLD_LURES_EXPOSED_DILUTE,
+                                                         "world-lures-where-dilute": WORLD_LURES_WHERE_DILUTE,
                                                          "world-mild-tone": WORLD_MILD_TONE,
                                                          "world-mild-224-long": WORLD_MILD_224_LONG,
                                                          "world-mild-224-dilute": WORLD_MILD_224_DILUTE,
