@@ -180,12 +180,12 @@ class CacheSection:
     # models). Kept by measurement (issue 27, toy W12a, 2,000-pair world needle streams, caps 1/16 / 1/64 / 1/256,
     # `edgekv eval compare`, ~200 questions a cap and seed): 0.25 loses 1.5 / 1.5 / 5.5 points (p 0.04 at 1/256);
     # 0.75 +3.0 / +1.0 / 0 on seed 45 and -0.5 / 0 / -1.0 on seed 47; TaR alone (1.0) +2.5 / +2.0 / +2.5 on seed 45
-    # and -1.0 / +0.5 / +0.5 on seed 47; VaN alone (0.0) -10.5 / -17.6 / -17.6 (worse on every stream). With the
-    # shipped toy X112L on lured streams (`--busy 0.2 --lures 1`, seeds 45 + 47, 403 questions a cap) the more TaR
-    # the better: 0.25 -5.0 / -2.5 / -1.7, 0.75 +3.2 / +7.2 / +6.9, TaR alone +2.2 / +16.6 / +15.6 (p < 0.001 at
-    # 1/64 and 1/256); without lures +0.5 / +1.2 / +2.2. Kept at 0.5 all the same: the default serves real weights,
-    # on which the paper's sweep finds TaR alone worse, and the toy's value norms mark lures as they mark needles.
-    # README, "The needle benchmark across the cap".
+    # and -1.0 / +0.5 / +0.5 on seed 47; VaN alone (0.0) -10.5 / -17.6 / -17.6 (worse on every stream). With the toy
+    # X112L (shipped before AVW) on lured streams (`--busy 0.2 --lures 1`, seeds 45 + 47, 403 questions a cap) the more
+    # TaR the better: 0.25 -5.0 / -2.5 / -1.7, 0.75 +3.2 / +7.2 / +6.9, TaR alone +2.2 / +16.6 / +15.6 (p < 0.001 at
+    # 1/64 and 1/256); without lures +0.5 / +1.2 / +2.2. Kept at 0.5 all the same: the default serves real weights, on
+    # which the paper's sweep finds TaR alone worse, and the toy's value norms mark lures as they mark needles. README,
+    # "The needle benchmark across the cap".
     tar_ratio: float = 0.5
     sinks: int = 0                       # StateKV B; 0 = prefill attends to the whole capped cache
     calibration: str | None = None       # CV thresholds from `edgekv calibrate`

@@ -328,10 +328,10 @@ WORLD_MILD_EXPOSED_DILUTE = _diluted_distinct(WORLD_MILD_EXPOSED)
 # WORLD_MILD_EXPOSED_DILUTE (the shipped toy's last round) with half of its world samples busy with lures as in
 # WORLD_LURES: a round for the shipped toy that must read past look-alikes on the lured needle streams (issue 27's
 # separation) without giving up what its own curriculum taught it (over-exposed backgrounds, long diluted contexts).
-# Measured (issue 27; 1,000 steps from X112c, lr 2e-4, seed 110, 31.9 min: X112L, shipped as builtin:toy): lured
-# 2,000-pair needle streams (`eval needle --busy 0.2 --lures 1`, seeds 45 / 47, 403 questions) read with the full cache
-# 0.484 against 0.787 short (X112c 0.333 / 0.695); the headline needle streams 0.980 full against 0.978 short (X112c
-# 0.978 / 0.984); every held-out family >= 91.2 % of the card's streams on every question (X112c 90.6 %).
+# Measured (issue 27; 1,000 steps from X112c, lr 2e-4, seed 110, 31.9 min: X112L, shipped as builtin:toy until AVW):
+# lured 2,000-pair needle streams (`eval needle --busy 0.2 --lures 1`, seeds 45 / 47, 403 questions) read with the full
+# cache 0.484 against 0.787 short (X112c 0.333 / 0.695); the headline needle streams 0.980 full against 0.978 short
+# (X112c 0.978 / 0.984); every held-out family >= 91.2 % of the card's streams on every question (X112c 90.6 %).
 WORLD_LURES_EXPOSED_DILUTE = _diluted_distinct(tuple((share, replace(stage, name=stage.name + " (lures)", lures=0.5))
                                                      for share, stage in WORLD_MILD_EXPOSED))
 # WORLD_LURES_EXPOSED_DILUTE with `where` asked six times as in WORLD_MILD_WHERE (6 of 17 draws instead of 3 of 14):
@@ -340,7 +340,9 @@ WORLD_LURES_EXPOSED_DILUTE = _diluted_distinct(tuple((share, replace(stage, name
 # lured 2,000-pair streams (X112L 62 %, X112V2 78 % of short). Measured (issue 27; 600 steps from AVV, the mean of
 # X112L's and X112V2's weights, tower trained, --hard-negatives 0.02, lr 2e-4, seed 141, 33.6 min: X112W): lured full
 # cache 0.613 against 0.782 short (78 %; AVV 0.548, 72 %), but `where` on the card's 1,000 streams 0.883 (AVV 0.891):
-# asking it more often did not bring it back. Not shipped.
+# asking it more often did not bring it back. Not shipped alone: the mean of X112L's and X112W's weights (AVW) keeps
+# every target (`where` 0.903) with the full cache on lured streams at 72 % of short (X112L 62 %), and ships as
+# builtin:toy.
 WORLD_LURES_WHERE_DILUTE = tuple((share, replace(stage, name=stage.name + " (where x6)",
                                                  families=(*stage.families, "where", "where", "where")))
                                  for share, stage in WORLD_LURES_EXPOSED_DILUTE)
