@@ -38,9 +38,10 @@ def _pair_bytes(session, pair: int) -> list[bytes]:
 
 def test_forgetting_a_window_removes_it_from_the_cache_and_the_answers(tmp_path):
     rt, session = _session()
-    # the toy saw it (p(yes) 0.863 with the shipped W12a, 0.749 with W13, 0.976 with W9; 0.977 with the classic
-    # toy, 0.84 / 0.79 with W5h / W7)
-    assert session.probe("Was there a purple triangle?").p_yes > 0.7
+    # the toy saw it: it answers yes (p(yes) 0.697 with the shipped AVW, 0.863 with W12a, 0.749 with W13, 0.976 with
+    # W9; 0.977 with the classic toy, 0.84 / 0.79 with W5h / W7)
+    assert session.probe("Was there a purple triangle?").p_yes > 0.6
+    assert session.ask("Was there a purple triangle?", max_new_tokens=2, temperature=0.0).text == "yes"
     assert 60 in session.pair_times and session.pair_times[60] == pytest.approx(60.0)
     secrets = _pair_bytes(session, 60)
     assert secrets
