@@ -83,6 +83,34 @@ def test_frontier_names_the_largest_cap_where_a_policy_falls_under_90_percent_of
     assert "by question family: color breaks at 1/4 (n=20)" in text.split("\n")[1]  # FAMILY_MIN_N questions
 
 
+def test_frontier_flags_a_full_cache_ceiling_under_the_short_streams():
+    """Where the toy's full cache on the long stream answers under 90 % of its short streams (its long memory does
+    not hold at that length), every policy "holds" against that ceiling: the frontier says so, with the verdict
+    against the short streams beside it; a full cache at the short figure gets no caution."""
+    from edgekv.eval.cli import format_frontier
+    from edgekv.eval.needle import frontier, summarize
+
+    def records(full_right: int) -> list[dict]:
+        out = []
+        for budget, right in ((4000, 7), (1000, 6)):  # of 10; short streams 8 of 10
+            for i in range(10):
+                out.append({"length": 10000, "budget": budget, "bytes": budget, "policy": "infinipot_v",
+                            "family": "color", "kind": "color", "correct": i < right, "age": 3000,
+                            "ceiling_correct": i < 8, "ceiling_full": i < full_right, "size": 112, "cap": None,
+                            "cap_actual": budget / 160000})
+        return out
+
+    low = frontier(summarize(records(4)))["L=10000 infinipot_v"]
+    assert low["full_vs_short"] == 0.5 and low["breaks_at"] is None  # 0.7 / 0.4 and 0.6 / 0.4: "holds"
+    assert [c["short_ratio"] for c in low["caps"]] == [0.875, 0.75] and low["short_breaks_at"] == 4000 / 160000
+    text = format_frontier({"L=10000 infinipot_v": low})
+    assert "CAUTION: the full cache on the long stream reads 0.50 of the short streams" in text
+    assert text.endswith("against the short streams all questions breaks at 1/40")
+    fine = frontier(summarize(records(8)))["L=10000 infinipot_v"]
+    assert fine["full_vs_short"] == 1.0 and fine["breaks_at"] == 4000 / 160000
+    assert "CAUTION" not in format_frontier({"x": fine})
+
+
 def test_frontier_per_question_family_finds_the_family_a_policy_loses():
     """A policy that keeps colour but loses ``where`` breaks in the family figures, not in the pooled ones."""
     from edgekv.eval.cli import format_frontier

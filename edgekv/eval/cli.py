@@ -285,9 +285,14 @@ def format_frontier(frontier: dict) -> str:
         broken = [(f, cap) for f, cap in item.get("family_breaks_at", {}).items() if cap is not None]
         families = ("; by question family: " + ", ".join(
             f"{f} breaks at {share_label(cap)} (n={asked(f, cap)})" for f, cap in broken)) if broken else ""
+        low = item.get("full_vs_short")
+        caution = (f"; CAUTION: the full cache on the long stream reads {low:.2f} of the short streams here, a "
+                   f"ceiling under the toy's own (its long memory does not hold at this length); against the short "
+                   f"streams all questions {verdict('short_breaks_at')}"
+                   if low is not None and low < threshold else "")
         lines.append(f"frontier {label}: all questions {verdict('breaks_at')}, events >= 256 pairs old "
                      f"{verdict('old_breaks_at')} (breaking: under {threshold:.0%} of the ceiling; accuracy / "
-                     f"ceiling, all / old, per cap: {ratios}){families}")
+                     f"ceiling, all / old, per cap: {ratios}){families}{caution}")
     return "\n".join(lines)
 
 

@@ -596,7 +596,11 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
     largest cap at which that ratio falls under ``threshold`` (``breaks_at`` / ``old_breaks_at``; None: it holds
     at every cap run), and the same per question family on cells of at least ``FAMILY_MIN_N`` questions
     (``family_breaks_at``: a policy may keep what colour and shape need and lose what ``where`` or ``count``
-    need). The ceiling is the full cache on the long stream where it was run, else the short streams'."""
+    need). The ceiling is the full cache on the long stream where it was run, else the short streams'. Where the
+    full cache was run, ``full_vs_short`` is its accuracy over the short streams' on the same questions, and
+    ``short_breaks_at`` the verdict against the short streams: a toy whose long memory fails at a length (the
+    shipped one's full cache reads 10,000-pair world streams at about half of short) makes a low ceiling, against
+    which every policy "holds"."""
     groups: dict[tuple, list[dict]] = {}
     for entry in summary.values():
         groups.setdefault((entry.get("size", 112), entry["length"], entry["policy"]), []).append(entry)
@@ -612,7 +616,15 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
                                                                         v["ceiling"])}
                                        for f, v in entry.get("by_family", {}).items()}})
         label = f"L={length} {policy}" + (f" {size}px" if size != 112 else "")
+        full, short = entries[0].get("ceiling_full"), entries[0]["ceiling"]
+        full_vs_short = round(full / short, 4) if full is not None and short else None
+        for cap, entry in zip(caps, sorted(entries, key=lambda e: -e["budget"])):
+            cap["short_ratio"] = _ratio(entry["accuracy"], None, entry["ceiling"])
         out[label] = {"size": size, "length": length, "policy": policy, "threshold": threshold, "caps": caps,
+                      "full_vs_short": full_vs_short,
+                      "short_breaks_at": next((c["cap"] for c in caps
+                                               if c["short_ratio"] is not None and c["short_ratio"] < threshold),
+                                              None),
                       "breaks_at": next((c["cap"] for c in caps if c["ratio"] is not None and c["ratio"] < threshold),
                                         None),
                       "old_breaks_at": next((c["cap"] for c in caps
