@@ -616,7 +616,7 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
                                                                         v["ceiling"])}
                                        for f, v in entry.get("by_family", {}).items()}})
         label = f"L={length} {policy}" + (f" {size}px" if size != 112 else "")
-        full, short = entries[0].get("ceiling_full"), entries[0]["ceiling"]
+        full, short = entries[0].get("ceiling_full"), entries[0].get("ceiling_where_full")
         full_vs_short = round(full / short, 4) if full is not None and short else None
         for cap, entry in zip(caps, sorted(entries, key=lambda e: -e["budget"])):
             cap["short_ratio"] = _ratio(entry["accuracy"], None, entry["ceiling"])
@@ -665,6 +665,8 @@ def _intervals(rows: list[dict]) -> dict:
         out.update(ceiling_full=stats["accuracy"], ceiling_full_n=len(full), ceiling_full_ci95=stats["ci95"])
         accuracy = sum(bool(r["correct"]) for r in rows if r.get("ceiling_full") is not None) / len(full)
         out["ratio_full"] = round(accuracy / stats["accuracy"], 4) if stats["accuracy"] else None
+        out["ceiling_where_full"] = round(sum(bool(r["ceiling_correct"]) for r in rows
+                                              if r.get("ceiling_full") is not None) / len(full), 4)
     oracle = [r["ceiling_oracle"] for r in rows if r.get("ceiling_oracle") is not None]
     if oracle:
         stats = proportion(sum(oracle), len(oracle))
