@@ -1511,7 +1511,8 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     of the samples diluted, with every background pair rendered anew, or both (``-dilute-far``: both, diluted up to
     256 times instead of 64); ``world-lures-dilute`` the lured curriculum with both, ``world-mild-exposed-dilute``
     the exposed one (``world-lures-exposed-dilute``: with half the world samples lured too; ``world-lures-where-dilute``:
-    that with `where` asked six times); and ``train-toy`` offers every curriculum there is."""
+    that with `where` asked six times; ``-x256`` / ``-x1024``: diluted up to 256 / 1,024 times); and ``train-toy``
+    offers every curriculum there is."""
     import argparse
     from dataclasses import replace
 
@@ -1527,7 +1528,11 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
                                      ("world-mild-exposed", "world-mild-exposed-dilute",
                                       {"dilute": 0.75, "backgrounds": 64}),
                                      ("world-mild-exposed", "world-lures-exposed-dilute",
-                                      {"dilute": 0.75, "backgrounds": 64, "lures": 0.5})):
+                                      {"dilute": 0.75, "backgrounds": 64, "lures": 0.5}),
+                                     ("world-lures-exposed-dilute", "world-lures-exposed-dilute-x256",
+                                      {"dilute_max": 256.0}),
+                                     ("world-lures-exposed-dilute", "world-lures-exposed-dilute-x1024",
+                                      {"dilute_max": 1024.0})):
         base, variant = CURRICULA[base_name], CURRICULA[name]
         assert [share for share, _ in variant] == [share for share, _ in base]
         for (_, a), (_, b) in zip(base, variant):
@@ -1540,6 +1545,10 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     for (_, lured), (_, where) in zip(CURRICULA["world-lures-exposed-dilute"], CURRICULA["world-lures-where-dilute"]):
         assert where.families == (*lured.families, "where", "where", "where")
         assert replace(where, name=lured.name, families=lured.families) == lured
+    far = CURRICULA["world-lures-exposed-dilute-x1024"][1][1]
+    drawn = [draw_sample(np.random.default_rng(s), replace(far, dilute=1.0), MAX_POSITIONS, pairs=(4, 6)).multiplicity
+             for s in range(40)]
+    assert max(drawn) > 64.0 and max(drawn) <= 1024.0 and min(drawn) >= 1.0  # beyond what the 64x rounds drew
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
     for name in CURRICULA:
