@@ -114,6 +114,19 @@ def test_frontier_flags_a_full_cache_ceiling_under_the_short_streams():
     fine = frontier(summarize(records(8)))["L=10000 infinipot_v"]
     assert fine["full_vs_short"] == 1.0 and fine["breaks_at"] == 4000 / 160000
     assert "CAUTION" not in format_frontier({"x": fine})
+    # the full cache's video spanning more temporal positions than the model's max_position_embeddings (a
+    # 10,000-pair stream at 2 fps on the toy): flagged, whatever its accuracy; no figures, no flag (older JSON)
+    spanned = records(8)
+    for r in spanned:
+        r.update(span_positions=20000, trained_positions=8192)
+    past = frontier(summarize(spanned))["L=10000 infinipot_v"]
+    assert past["full_past_trained"] is True and past["full_span_positions"] == 20000
+    assert "full cache's video spans 20,000 temporal positions, past the model's max_position_embeddings (8,192)" \
+        in format_frontier({"x": past})
+    for r in spanned:
+        r["ceiling_full"] = None  # the full cache not run: nothing to flag
+    assert frontier(summarize(spanned))["L=10000 infinipot_v"]["full_past_trained"] is None
+    assert fine["full_past_trained"] is None
 
 
 def test_frontier_per_question_family_finds_the_family_a_policy_loses():
@@ -244,6 +257,9 @@ def test_eval_needle_with_caps_world_families_and_every_question_kind(tmp_path):
         assert entry["ceiling_oracle"] == pytest.approx(np.mean([r["ceiling_oracle"] for r in rows]), abs=1e-3)
         low, high = entry["ci95"]
         assert low <= entry["accuracy"] <= high
+    # the full cache's video at 2 fps spans 2 positions a pair, within the toy's 8,192: no position caution
+    item = result["frontier"]["L=80 sliding_window"]
+    assert (item["full_span_positions"], item["trained_positions"], item["full_past_trained"]) == (160, 8192, False)
     assert {type(r["ceiling_oracle"]) for r in result["records"]} == {bool}
     assert {r["background"] for r in result["records"]} == {"gradient"}
     assert main(["eval", "needle", "--kinds", "colour", "--json", str(out)]) == 2

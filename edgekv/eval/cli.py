@@ -290,6 +290,10 @@ def format_frontier(frontier: dict) -> str:
                    f"ceiling under the toy's own (its long memory does not hold at this length); against the short "
                    f"streams all questions {verdict('short_breaks_at')}"
                    if low is not None and low < threshold else "")
+        if item.get("full_past_trained"):
+            caution += (f"; CAUTION: the full cache's video spans {item['full_span_positions']:,} temporal positions, "
+                        f"past the model's max_position_embeddings ({item['trained_positions']:,}): its attention "
+                        f"reaches distances the model was not trained on, where a capped cache (re-based) never goes")
         lines.append(f"frontier {label}: all questions {verdict('breaks_at')}, events >= 256 pairs old "
                      f"{verdict('old_breaks_at')} (breaking: under {threshold:.0%} of the ceiling; accuracy / "
                      f"ceiling, all / old, per cap: {ratios}){families}{caution}")

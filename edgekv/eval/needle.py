@@ -435,6 +435,10 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                                               "text_reserve_tokens": 32},
                                        video={"fps": config.fps, "resolution": [size, size]})
         text = base.model.config.text
+        # The full cache keeps every pair at its own temporal position (nothing to squeeze: DESIGN invariant 5), so
+        # its video spans length x G positions; past the model's max_position_embeddings its attention reaches
+        # distances the model never saw (the toy: 8,192; a 10,000-pair stream at 2 fps spans 20,000).
+        spacing = base.session(archive=False).pair_spacing
 
         def spec_of(name: str) -> CacheSpec:
             return CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim,
@@ -520,6 +524,8 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                                 "ceiling_oracle": None if not oracle else oracle[key] == probe.qa.answer,
                                 "size": size, "background": family, "cap": cap,
                                 "cap_actual": round(budget / (length * per_pair), 6),
+                                "span_positions": length * spacing,
+                                "trained_positions": int(text.max_position_embeddings),
                             })
     summary = summarize(records)
     return {"config": _config_json(config), "records": records, "summary": summary, "frontier": frontier(summary)}
@@ -570,6 +576,7 @@ def summarize(records: list[dict]) -> dict:
                  "slots": rows[0].get("slots", budget),
                  "accuracy": _mean(rows, "correct"), "ceiling": _mean(rows, "ceiling_correct"), "by_age": {},
                  "by_family": {}, "size": size, "cap": rows[0].get("cap"), "cap_actual": rows[0].get("cap_actual"),
+                 "span_positions": rows[0].get("span_positions"), "trained_positions": rows[0].get("trained_positions"),
                  **_intervals(rows)}
         for key, name in (("by_age", None), ("by_family", "family")):
             buckets: dict[str, list[dict]] = {}
@@ -600,7 +607,9 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
     full cache was run, ``full_vs_short`` is its accuracy over the short streams' on the same questions, and
     ``short_breaks_at`` the verdict against the short streams: a toy whose long memory fails at a length (the
     shipped one's full cache reads 10,000-pair world streams at 59 % of short) makes a low ceiling, against
-    which every policy "holds"."""
+    which every policy "holds"; ``full_past_trained`` says whether the full cache's video spans more temporal
+    positions (``full_span_positions``: the stream's pairs times their spacing) than the model's
+    ``max_position_embeddings`` (``trained_positions``), where a capped cache, re-based, never goes."""
     groups: dict[tuple, list[dict]] = {}
     for entry in summary.values():
         groups.setdefault((entry.get("size", 112), entry["length"], entry["policy"]), []).append(entry)
@@ -619,8 +628,12 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
         label = f"L={length} {policy}" + (f" {size}px" if size != 112 else "")
         full, short = entries[0].get("ceiling_full"), entries[0].get("ceiling_where_full")
         full_vs_short = round(full / short, 4) if full is not None and short else None
+        span, trained = entries[0].get("span_positions"), entries[0].get("trained_positions")
         out[label] = {"size": size, "length": length, "policy": policy, "threshold": threshold, "caps": caps,
                       "full_vs_short": full_vs_short,
+                      "full_span_positions": span if full is not None else None,
+                      "full_past_trained": (span > trained) if full is not None and span and trained else None,
+                      "trained_positions": trained,
                       "short_breaks_at": next((c["cap"] for c in caps
                                                if c["short_ratio"] is not None and c["short_ratio"] < threshold),
                                               None),
