@@ -502,6 +502,45 @@ def test_train_toy_init_goes_on_from_a_checkpoint_and_refuses_one_of_another_sha
     assert "--init" in capsys.readouterr().out
 
 
+def test_train_toy_max_positions_widens_the_trained_temporal_range_and_the_checkpoint_says_so(tmp_path, capsys):
+    """``--max-positions N``: the samples' temporal positions are drawn over 0..N (a toy trained over 8,192 reads a
+    full cache spanning 20,000 at 59 % of its short streams, issue 27), the checkpoint's max_position_embeddings is
+    N (the session re-bases at half of it), the card's command says so, and a round from it keeps N; under 1,024
+    is refused."""
+    import json
+    from dataclasses import replace
+
+    from edgekv.apps.cli import main
+    from edgekv.runtime import Runtime
+    from edgekv.toy.train import _from_checkpoint
+
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3),
+                            tmp_path / "start", {"note": "test"})
+    out = tmp_path / "wide"
+    common = ["--steps", "2", "--batch-size", "2", "--log-every", "2", "--heldout-streams", "0", "--eval-samples",
+              "2", "--vision-steps", "0", "--threads", "1", "--curriculum", "refine", "--no-prefetch"]
+    assert main(["train-toy", str(out), "--init", str(start), "--max-positions", "32768", *common]) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["max_position_embeddings"] == 32768 and card["command"].endswith("--max-positions 32768")
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 32768
+    model, _, _ = _from_checkpoint(out)  # still a toy checkpoint of this version
+    assert model.config.text.max_position_embeddings == 32768
+    session = Runtime.from_pretrained(str(out), cache={"policy": "full", "max_tokens": 1200},
+                                      video={"resolution": [112, 112]}).session()
+    assert session.rebase_at == 16384
+    again = tmp_path / "again"
+    assert main(["train-toy", str(again), "--init", str(out), *common]) == 0  # a round from it keeps the range
+    assert json.loads((again / "config.json").read_text())["max_position_embeddings"] == 32768
+    assert "--max-positions" not in json.loads((again / "card.json").read_text())["command"]
+    stage = CURRICULA["refine"][1][1]
+    reach = [max(draw_sample(np.random.default_rng(s), replace(stage, sparse=1.0), n, pairs=(6, 8)).tpos)
+             for n in (8192, 32768) for s in range(12)]
+    assert max(reach[:12]) < 8192 < max(reach[12:]) < 32768
+    capsys.readouterr()
+    assert main(["train-toy", str(tmp_path / "x"), "--max-positions", "500"]) == 2
+    assert "--max-positions must be at least 1024" in capsys.readouterr().out
+
+
 def test_compact_samples_leave_early_evicted_tokens_out_of_the_sequence():
     scene = EventScene(seed=2)
     sample = _dense_sample(scene, 3, [QA("count", "How many times did the circle appear?", "zero")])

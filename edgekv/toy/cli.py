@@ -38,6 +38,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hard-negatives", type=float, default=0.0, metavar="F",
                         help="average the auxiliary 'no' term over only this share (0-1] of the background tokens, "
                              "those read least as background (look-alikes); 0: all of them")
+    parser.add_argument("--max-positions", type=int, default=None, metavar="N",
+                        help="draw the samples' temporal positions over 0..N and write N as the checkpoint's "
+                             "max_position_embeddings (default: --init's, else 8192); a full cache on a stream "
+                             "spanning more (pairs x 2 at 2 fps) reaches distances the toy never trained on")
     parser.add_argument("--vision-lr", type=float, default=2e-3, metavar="LR",
                         help="the vision warm-up's peak learning rate (lower to go on from an --init tower)")
     parser.add_argument("--vision-lures", type=float, default=0.0, metavar="F",
@@ -157,6 +161,10 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: --vision-lures is a share of the warm-up's world pairs in [0, 1] and --vision-lr "
               f"must be > 0; got {args.vision_lures} / {args.vision_lr}")
         return 2
+    if args.max_positions is not None and args.max_positions < 1024:
+        print(f"edgekv train-toy: --max-positions must be at least 1024 (a long sample's span), got "
+              f"{args.max_positions}")
+        return 2
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         print(f"edgekv train-toy: --device must be cpu, cuda or cuda:N, got {args.device!r}")
         return 2
@@ -191,7 +199,7 @@ def run_train(args: argparse.Namespace) -> int:
                      freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
                      grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
                      hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
-                     vision_lures=args.vision_lures)
+                     vision_lures=args.vision_lures, max_positions=args.max_positions)
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2

@@ -12,7 +12,9 @@ squeezed when they pass it, and a cache of C slots then spans at most ``C * G`` 
 every position a capped cache produces below the mark, and the overshoot of up to ``C * G`` after it at
 the budgets the benchmarks use (C <= 3,000 slots at G = 2 is 6,000 positions), is in distribution.
 A smaller value would re-base more often (each compaction once positions pass it); a larger one would
-need more training to cover.
+need more training to cover. A full cache is never re-based: its video spans ``pairs * G`` positions, past
+8,192 on a stream of more than 4,096 pairs at 2 fps, where the shipped toy's answers fall apart (issue 27);
+``train-toy --max-positions N`` trains over 0..N and writes N here.
 
 The checkpoint directory is what a released Qwen2.5-VL directory holds (``config.json`` in the released
 layout, ``model.safetensors`` with the released tensor names and the 5D patch-embedding kernel,
@@ -40,12 +42,13 @@ RESOLUTION = (112, 112)  # 8 x 8 patches, 4 x 4 = 16 LLM tokens per frame pair
 
 
 def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4, vision_width: int = 64,
-               vision_depth: int = 4) -> ModelConfig:
+               vision_depth: int = 4, max_positions: int = MAX_POSITIONS) -> ModelConfig:
     """The toy's configuration; ``width`` is the LM's hidden size (4 query heads of ``width / 4`` on 2 KV
     heads, M-RoPE sections scaled as the 3B's (16, 24, 24) are to its head_dim 128, MLP 2.75x), ``layers``
     its depth. The vision tower is ``vision_depth`` blocks of ``vision_width`` (4 heads, MLP 2x; full
     attention in every second block, windowed in the others, as the 3B's tower alternates them in its
-    own proportion); its merger projects to ``width``. The shipped toy: 64 / 4 and 64 / 4."""
+    own proportion); its merger projects to ``width``. ``max_positions`` is the temporal range its training
+    drew positions over (``max_position_embeddings``). The shipped toy: 64 / 4 and 64 / 4, 8,192."""
     if width % 16 or width < 32:
         raise ValueError(f"toy LM width must be a multiple of 16 and at least 32, got {width}")
     if vision_width % 16 or vision_width < 32 or vision_depth < 1:
@@ -58,7 +61,7 @@ def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4, vision_wid
     section = (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
     text = TextConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=int(width * 2.75),
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-                      mrope_section=section, max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
+                      mrope_section=section, max_position_embeddings=max_positions, tie_word_embeddings=True,
                       rms_norm_eps=1e-6)
     vision = VisionConfig(depth=vision_depth, hidden_size=vision_width, intermediate_size=2 * vision_width, num_heads=4,
                           fullatt_block_indexes=tuple(range(1, vision_depth, 2)),

@@ -20,7 +20,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -349,34 +349,36 @@ def vision_batches_sharded(seed: int, steps: int, batch_size: int, families: tup
 
 
 def qa_batch(rng: np.random.Generator, step: int, steps: int, batch_size: int, encoder: Encoder,
-             curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0]) -> Batch:
+             curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0],
+             max_positions: int = MAX_POSITIONS) -> Batch:
     """Step ``step``'s batch: the curriculum stage at its progress, a narrow range of K, ``batch_size``
-    samples, encoded; world samples drawn on ``families``."""
+    samples, encoded; world samples drawn on ``families``, temporal positions up to ``max_positions``."""
     stage = stage_at(step / max(1, steps), rng, curriculum)
     pairs = batch_pairs(stage, rng)
     count = batch_size if stage.batch_divisor == 1 else max(1, batch_size // stage.batch_divisor)
-    return encoder.encode([draw_sample(rng, stage, MAX_POSITIONS, size=size, pairs=pairs, families=families)
+    return encoder.encode([draw_sample(rng, stage, max_positions, size=size, pairs=pairs, families=families)
                            for _ in range(count)])
 
 
 def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool, seed: int,
-               curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0]):
+               curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0],
+               max_positions: int = MAX_POSITIONS):
     """The question-answering steps' batches (``qa_batch``), all from the one generator ``rng``."""
     encoder = Encoder(aux=aux, seed=seed, size=size, aux_where=families is not None)
     for step in range(steps):
-        yield qa_batch(rng, step, steps, batch_size, encoder, curriculum, families, size)
+        yield qa_batch(rng, step, steps, batch_size, encoder, curriculum, families, size, max_positions)
 
 
 def qa_batches_sharded(seed: int, steps: int, batch_size: int, aux: bool, curriculum: str = "full",
-                       families: tuple[str, ...] | None = None, size: int = RESOLUTION[0], shard: int = 0,
-                       shards: int = 1):
+                       families: tuple[str, ...] | None = None, size: int = RESOLUTION[0],
+                       max_positions: int = MAX_POSITIONS, shard: int = 0, shards: int = 1):
     """Steps ``shard, shard + shards, ...``, each from its own generators (the draws ``(seed, 11, step)``, the
     auxiliary labels ``(seed, 3, step)``): the same batches however many workers share the steps."""
     encoder = Encoder(aux=aux, seed=seed, size=size, aux_where=families is not None)
     for step in range(shard, steps, shards):
         encoder.aux_rng = np.random.default_rng((seed, 3, step))
         yield qa_batch(np.random.default_rng((seed, 11, step)), step, steps, batch_size, encoder, curriculum,
-                       families, size)
+                       families, size, max_positions)
 
 
 def probe_loss(shape_probe, color_probe, tokens: torch.Tensor, shape: torch.Tensor, color: torch.Tensor
@@ -474,9 +476,10 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
 
 
 def heldout(seed: int, count: int, progress: float = 1.0, curriculum: str = "full",
-            families: tuple[str, ...] | None = None, size: int = RESOLUTION[0]) -> list[Sample]:
+            families: tuple[str, ...] | None = None, size: int = RESOLUTION[0],
+            max_positions: int = MAX_POSITIONS) -> list[Sample]:
     rng = np.random.default_rng((seed, 99))
-    return [draw_sample(rng, stage_at(progress, rng, curriculum), MAX_POSITIONS, size=size, families=families)
+    return [draw_sample(rng, stage_at(progress, rng, curriculum), max_positions, size=size, families=families)
             for _ in range(count)]
 
 
@@ -515,7 +518,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
           device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0,
           grow_vision: int = 0, recompute: bool = False, grow_width: int = 0, hard_negatives: float = 0.0,
-          vision_lr: float = 2e-3, vision_lures: float = 0.0) -> dict:
+          vision_lr: float = 2e-3, vision_lures: float = 0.0, max_positions: int | None = None) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -540,6 +543,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     less memory, for long contexts. ``hard_negatives`` > 0 averages the auxiliary background term over that share
     of the background tokens, the hardest (``loss_of``). ``vision_lr`` is the warm-up's peak learning rate;
     ``vision_lures`` the share of its world pairs that also show look-alikes (``vision_batch``).
+    ``max_positions`` is the range the samples' temporal positions are drawn over, written to the checkpoint as
+    its ``max_position_embeddings`` (None: ``init``'s, else ``MAX_POSITIONS``): a full cache whose video spans more
+    than it reaches distances the toy never trained on (issue 27: the shipped toy's full cache on 10,000-pair
+    streams at 2 fps, 20,000 positions, answers 59 % of the short streams).
 
     ``device`` trains on another device than the CPU (``cuda``: the batches are drawn on the host and moved;
     the checkpoint is written from the host). ``workers`` > 0 draws the batches in that many spawned
@@ -566,6 +573,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         raise ValueError(f"vision_lures is a share of the warm-up's world pairs in [0, 1], got {vision_lures}")
     if not vision_lr > 0:
         raise ValueError(f"vision_lr must be > 0, got {vision_lr}")
+    if max_positions is not None and max_positions < 1024:
+        raise ValueError(f"max_positions must be at least 1024 (a long sample's span), got {max_positions}")
     if min(grow, grow_vision) < 0 or ((grow or grow_vision) and init is None):
         raise ValueError(f"grow / grow_vision deepen an init checkpoint by at least 0 layers; got {grow} / "
                          f"{grow_vision} with init {init!r}")
@@ -595,9 +604,14 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         for param in model.parameters():
             param.requires_grad_(True)
         vision_width, vision_depth = model.config.vision.hidden_size, model.config.vision.depth
+        if max_positions is not None and max_positions != model.config.text.max_position_embeddings:
+            text = replace(model.config.text, max_position_embeddings=max_positions)
+            model.config = replace(model.config, text=text)
+            model.language.config = text
     else:
         model = init_model(toy_config(width=width, layers=layers, vision_width=vision_width,
-                                      vision_depth=vision_depth), seed)
+                                      vision_depth=vision_depth, max_positions=max_positions or MAX_POSITIONS), seed)
+    positions = int(model.config.text.max_position_embeddings)
     model.to(device).train()
     started = time.perf_counter()
     vision_history = (warm_up_vision(model, vision_steps, rng, lr=vision_lr, log=log, log_every=log_every,
@@ -621,16 +635,17 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
-    held_samples = heldout(seed, eval_samples, curriculum=curriculum, families=drawable, size=size)
+    held_samples = heldout(seed, eval_samples, curriculum=curriculum, families=drawable, size=size,
+                           max_positions=positions)
     held_encoder = Encoder(size=size)
     held = [held_encoder.encode(held_samples[i:i + HELD_CHUNK]).to(device)
             for i in range(0, len(held_samples), HELD_CHUNK)]
     history: list[dict] = []
     running = np.zeros(2)
     drawn = (sharded(qa_batches_sharded, steps, seed, steps, batch_size, aux_weight > 0, curriculum, drawable, size,
-                     workers=workers)
+                     positions, workers=workers)
              if workers else batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, drawable,
-                                     size, prefetch=prefetch))
+                                     size, positions, prefetch=prefetch))
     for step, batch in enumerate(drawn):
         batch = batch.to(device)
         progress = step / max(1, steps)
@@ -680,6 +695,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += " --freeze-vision"
     if hard_negatives:
         command += f" --hard-negatives {hard_negatives:g}"
+    if max_positions is not None:
+        command += f" --max-positions {max_positions}"
     if vision_steps and vision_lr != 2e-3:
         command += f" --vision-lr {vision_lr:g}"
     if vision_steps and vision_lures:
@@ -702,7 +719,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "wall_time_s": round(wall, 1), "threads": torch.get_num_threads(),
             "machine": _machine(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
-            "history": history, "fps": 2.0, "resolution": [size, size], "max_position_embeddings": MAX_POSITIONS,
+            "history": history, "fps": 2.0, "resolution": [size, size], "max_position_embeddings": positions,
             "world": None if drawable is None else {"families": list(drawable), "holdout": list(holdout)}}
     if init is not None:
         card["parent"] = _lineage(init)
@@ -741,7 +758,7 @@ def _from_checkpoint(path: str | Path):
     model = load_pretrained(path, dtype=torch.float32)
     text, vision = model.config.text, model.config.vision
     sizes = dict(width=text.hidden_size, layers=text.num_hidden_layers, vision_width=vision.hidden_size,
-                 vision_depth=vision.depth)
+                 vision_depth=vision.depth, max_positions=text.max_position_embeddings)
     try:
         expected = toy_config(**sizes)
     except ValueError:
