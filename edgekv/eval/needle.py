@@ -609,7 +609,8 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
     shipped one's full cache reads 10,000-pair world streams at 59 % of short) makes a low ceiling, against
     which every policy "holds"; ``full_past_trained`` says whether the full cache's video spans more temporal
     positions (``full_span_positions``: the stream's pairs times their spacing) than the model's
-    ``max_position_embeddings`` (``trained_positions``), where a capped cache, re-based, never goes."""
+    ``max_position_embeddings`` (``trained_positions``); a capped cache is re-based to span at most its slots
+    times that spacing."""
     groups: dict[tuple, list[dict]] = {}
     for entry in summary.values():
         groups.setdefault((entry.get("size", 112), entry["length"], entry["policy"]), []).append(entry)
