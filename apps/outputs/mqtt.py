@@ -481,10 +481,11 @@ class FleetAgent:
                 self._unacked.add(info.mid)
         return True
 
-    def _on_connect_fail(self, client, userdata) -> None:
-        """No connection at all (unreachable, refused at TCP, a TLS handshake that failed): paho retries."""
+    def _on_connect_fail(self, client, userdata, error: str | None = None) -> None:
+        """No connection at all (unreachable, refused at TCP, a TLS handshake that failed): paho retries. The error
+        is set before the count goes up, so whoever watches the count reads this attempt's error."""
+        self.last_error = error or f"cannot reach the broker {self.section.broker}"
         self.counts["connect_failed"] += 1
-        self.last_error = f"cannot reach the broker {self.section.broker}"
         if self.counts["connect_failed"] == 1 or self.counts["connect_failed"] % 100 == 0:
             log.warning("fleet: %s (%d attempt(s)); answering locally, retrying with backoff up to %g s",
                         self.last_error, self.counts["connect_failed"], self.section.reconnect_backoff_s[1])
@@ -494,8 +495,9 @@ class FleetAgent:
         self.connected.clear()
         refused, self._refused = self._refused, False
         if not was and not refused and not self._stop.is_set():
-            self._on_connect_fail(client, userdata)  # closed before a CONNACK: a TLS client certificate refused, ...
-            self.last_error = f"the broker {self.section.broker} closed the connection before accepting it ({reason})"
+            # closed before a CONNACK: a TLS client certificate refused, ...
+            self._on_connect_fail(client, userdata, f"the broker {self.section.broker} closed the connection before "
+                                                    f"accepting it ({reason})")
         if was:
             self.counts["disconnects"] += 1
             if not self._stop.is_set():
