@@ -364,12 +364,10 @@ WORLD_LURES_WHERE_DILUTE = tuple((share, replace(stage, name=stage.name + " (whe
 # ``train-toy --max-positions 32768`` (PF, seed 153, 22.7 min) on the first stream of each seed 71 % / 85 % (P32K 72 % /
 # 79 %, AVW 60 % / 60 %); there, questions asked after 9,000 pairs 0.62-0.67 for all three (short 0.93-1.00). None
 # ships.
-WORLD_LURES_EXPOSED_DILUTE_X256 = _diluted_distinct(tuple((share, replace(stage, name=stage.name + " (lures)",
-                                                                          lures=0.5))
-                                                          for share, stage in WORLD_MILD_EXPOSED), dilute_max=256.0)
-WORLD_LURES_EXPOSED_DILUTE_X1024 = _diluted_distinct(tuple((share, replace(stage, name=stage.name + " (lures)",
-                                                                           lures=0.5))
-                                                           for share, stage in WORLD_MILD_EXPOSED), dilute_max=1024.0)
+WORLD_LURES_EXPOSED_DILUTE_X256 = tuple((share, replace(stage, dilute_max=256.0))
+                                        for share, stage in WORLD_LURES_EXPOSED_DILUTE)
+WORLD_LURES_EXPOSED_DILUTE_X1024 = tuple((share, replace(stage, dilute_max=1024.0))
+                                         for share, stage in WORLD_LURES_EXPOSED_DILUTE)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
                                                          "world-long": WORLD_LONG, "world-224": WORLD_224,
                                                          "world-scratch": WORLD_SCRATCH, "world-where": WORLD_WHERE,
