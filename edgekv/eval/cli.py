@@ -293,8 +293,8 @@ def format_frontier(frontier: dict) -> str:
         if item.get("full_past_trained"):
             caution += (f"; CAUTION: the full cache's video spans {item['full_span_positions']:,} temporal positions, "
                         f"past the model's max_position_embeddings ({item['trained_positions']:,}): its attention "
-                        f"reaches distances the model was not trained on (a capped cache is re-based to span at most its "
-                        f"slots x the pair spacing)")
+                        f"reaches distances the model was not trained on (a capped cache is re-based to span at "
+                        f"most its slots x the pair spacing)")
         lines.append(f"frontier {label}: all questions {verdict('breaks_at')}, events >= 256 pairs old "
                      f"{verdict('old_breaks_at')} (breaking: under {threshold:.0%} of the ceiling; accuracy / "
                      f"ceiling, all / old, per cap: {ratios}){families}{caution}")
