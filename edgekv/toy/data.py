@@ -346,24 +346,14 @@ WORLD_LURES_EXPOSED_DILUTE = _diluted_distinct(tuple((share, replace(stage, name
 WORLD_LURES_WHERE_DILUTE = tuple((share, replace(stage, name=stage.name + " (where x6)",
                                                  families=(*stage.families, "where", "where", "where")))
                                  for share, stage in WORLD_LURES_EXPOSED_DILUTE)
-# WORLD_LURES_EXPOSED_DILUTE (the shipped toy's parents' curriculum) diluted up to 256 or 1,024 times instead of 64: the
-# shipped toy's full cache reads 10,000-pair needle streams at 59 % of short (issue 27; four streams, seeds 45 and 47),
-# and by the question's place in the stream it is the context's length, not the event's age, that costs it: asked within
-# the first 3,000 pairs 0.87, 6,000-9,000 pairs in 0.50, after 9,000 0.30 (short streams 0.89-1.00 throughout),
-# questions about events under 256 pairs old 0.21, about 2,000+ old ones 0.58. A training context keeps 64-256 pairs;
-# diluted 1-64 times (log-uniform, median 8) it stands for one of a few hundred to ~2,000 pairs, 1-1,024 times (median
-# 32) for one of ~2,000-8,000. Measured (issue 27; 600 steps from AVW, lr 2e-4, 26.6 / 27.8 min, two at once; `eval
-# needle` on the 10,000-pair world streams, README "10,000-pair streams", seed 45, 99 questions): x1024 (F1024, seed
-# 150) full cache 0.586 against 0.899 short (65 %; AVW 0.485, 54 %), asked within the first 3,000 pairs 0.94, after
-# 9,000 0.41 (AVW 0.83 / 0.27), `infinipot_v` 0.77 at 1/16, 1/64 and 1/256 (AVW 0.72-0.77), the card's 200 streams 0.928
-# (AVW 0.925); x256 (F256, seed 151) 0.534 on the first stream (AVW 0.603, F1024 0.690), the rest not run. Dilution buys
-# a little; what it cannot buy is positions: at 2 fps a 10,000-pair full cache spans 20,000 temporal positions, these
-# rounds drew them over 0..8,192. A round of world-lures-exposed-dilute over 0..32,768 (P32K, seed 152, the same 600
-# steps from AVW) reads both seeds' four streams (214 questions) with the full cache at 0.696 against 0.916 short (76 %;
-# AVW 59 %), but costs the short streams (0.916 vs 0.944) and `infinipot_v` at 1/256 (0.81 vs 0.86); x1024 with
-# ``train-toy --max-positions 32768`` (PF, seed 153, 22.7 min) on the first stream of each seed 71 % / 85 % (P32K 72 % /
-# 79 %, AVW 60 % / 60 %); there, questions asked after 9,000 pairs 0.62-0.67 for all three (short 0.93-1.00). None
-# ships.
+# WORLD_LURES_EXPOSED_DILUTE (the shipped toy's parents' curriculum) diluted up to 256 or 1,024 times instead of 64.
+# A training context keeps 64-256 pairs; diluted 1-64 times (log-uniform, median 8) it stands for a few hundred to
+# ~2,000 pairs, 1-1,024 times (median 32) for ~2,000-8,000: made for the 10,000-pair needle streams, where the shipped
+# toy's full cache reads 59 % of short (issue 27). Measured (600 steps from AVW; README "Why the full cache fails at
+# 10,000 pairs" has the commands): x1024 65 % on seed 45 (AVW 54 %), the card's streams unchanged (0.928 vs 0.925);
+# x256 no better than AVW on its first stream. Positions, not dilution, are the larger cause: rounds over 0..32,768
+# (`train-toy --max-positions 32768`) reach 76 % after 600 steps and 86.6 % after 1,500, and x1024 on top of those
+# positions did not add to it (81 % against 95 % on one stream after 1,500 steps).
 WORLD_LURES_EXPOSED_DILUTE_X256 = tuple((share, replace(stage, dilute_max=256.0))
                                         for share, stage in WORLD_LURES_EXPOSED_DILUTE)
 WORLD_LURES_EXPOSED_DILUTE_X1024 = tuple((share, replace(stage, dilute_max=1024.0))
