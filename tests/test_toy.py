@@ -324,7 +324,8 @@ def test_train_toy_recompute_and_held_out_samples_scored_in_chunks(tmp_path):
 def test_average_toy_writes_the_mean_of_checkpoints_with_their_lineage(tmp_path, capsys):
     """``edgekv average-toy OUT A B``: the weights are the (weighted) mean of A's and B's, written as a toy
     checkpoint in fp16 with a card naming both and their rounds and the held-out accuracy; weights 1,0 give A back
-    bit for bit; toys of another shape, a missing directory, bad weights are refused with the reason."""
+    bit for bit; toys trained over different temporal ranges average to the widest; toys of another shape, a missing
+    directory, bad weights are refused with the reason."""
     import json
 
     from edgekv.apps.cli import main
@@ -366,6 +367,15 @@ def test_average_toy_writes_the_mean_of_checkpoints_with_their_lineage(tmp_path,
     same = load_pretrained(tmp_path / "a_only", dtype=torch.float32).state_dict()
     assert all(torch.equal(same[n], wa[n]) for n in wa)
     assert json.loads((tmp_path / "a_only" / "card.json").read_text())["command"].endswith("--weights 1,0")
+    # toys trained over different temporal ranges are of one shape (positions carry no weights): the widest is kept
+    far = save_checkpoint(init_model(toy_config(**small, max_positions=16384), 6), tmp_path / "far", {})
+    assert main(["average-toy", str(tmp_path / "af"), str(a), str(far), "--heldout-streams", "0"]) == 0
+    af = load_pretrained(tmp_path / "af", dtype=torch.float32)
+    assert af.config.text.max_position_embeddings == 16384
+    assert json.loads((tmp_path / "af" / "card.json").read_text())["averaged_positions"] == [8192, 16384]
+    wf = load_pretrained(far, dtype=torch.float32).state_dict()
+    for name, value in af.state_dict().items():
+        torch.testing.assert_close(value, ((wa[name] + wf[name]) / 2).half().float(), rtol=0, atol=0, msg=name)
     wide = save_checkpoint(init_model(toy_config(width=48, layers=2, vision_width=32, vision_depth=2), 5),
                            tmp_path / "wide", {})
     capsys.readouterr()

@@ -35,10 +35,21 @@ def _resolution(path: Path) -> tuple[int, int]:
     return int(side[0]), int(side[1])
 
 
+def _same_range(config, positions: int):
+    """``config`` with ``positions`` as its ``max_position_embeddings``: the temporal range a toy's training drew
+    positions over (``train-toy --max-positions``) has no weights (M-RoPE is computed, not learned), so toys that
+    differ only there are of one shape and can be averaged."""
+    from dataclasses import replace
+
+    return replace(config, text=replace(config.text, max_position_embeddings=positions))
+
+
 def average(out_dir: str | Path, inputs: list[str | Path], weights: list[float] | None = None,
             heldout_streams: int = 200, log: Callable[[str], None] = print) -> dict:
     """Write the weighted mean of the toy checkpoints ``inputs`` (same widths, depths and resolution) to
-    ``out_dir`` and return its card. ``weights`` (default equal) are normalized to sum to 1."""
+    ``out_dir`` and return its card. ``weights`` (default equal) are normalized to sum to 1. Toys trained over
+    different temporal ranges (``max_position_embeddings``) can be averaged: the mean takes the widest, which is
+    what a session re-bases a capped cache at (its half); the card lists each input's range."""
     from edgekv.toy.train import _from_checkpoint, _lineage, _machine
 
     if len(inputs) < 2:
@@ -56,9 +67,11 @@ def average(out_dir: str | Path, inputs: list[str | Path], weights: list[float] 
     model, width, layers = _from_checkpoint(paths[0])
     resolution = _resolution(paths[0])
     mean = {name: param.detach().double() * (weights[0] / total) for name, param in model.named_parameters()}
+    positions = [int(model.config.text.max_position_embeddings)]
     for path, weight in zip(paths[1:], weights[1:]):
         other, _, _ = _from_checkpoint(path)
-        if other.config != model.config:
+        positions.append(int(other.config.text.max_position_embeddings))
+        if _same_range(other.config, positions[0]) != model.config:
             raise ValueError(f"{path}: its config differs from {paths[0]}'s (only toys of one shape can be averaged)")
         if _resolution(path) != resolution:
             raise ValueError(f"{path}: trained at {_resolution(path)}, {paths[0]} at {resolution}")
@@ -68,6 +81,9 @@ def average(out_dir: str | Path, inputs: list[str | Path], weights: list[float] 
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(mean[name].to(param.dtype))
+    if max(positions) != positions[0]:
+        model.config = _same_range(model.config, max(positions))
+        model.language.config = model.config.text
     parents = [_lineage(path) for path in paths]
     first = json.loads((paths[0] / "card.json").read_text()) if (paths[0] / "card.json").is_file() else {}
     command = f"edgekv average-toy {out_dir} {' '.join(str(p) for p in paths)}"
@@ -81,6 +97,8 @@ def average(out_dir: str | Path, inputs: list[str | Path], weights: list[float] 
             "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()), "history": [],
             "fps": first.get("fps", 2.0), "resolution": list(resolution),
             "max_position_embeddings": model.config.text.max_position_embeddings}
+    if len(set(positions)) > 1:
+        card["averaged_positions"] = positions
     save_checkpoint(model, out_dir, card, resolution=resolution)
     card["wall_time_s"] = round(time.perf_counter() - started, 1)
     if heldout_streams:
