@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -39,8 +40,6 @@ def _same_range(config, positions: int):
     """``config`` with ``positions`` as its ``max_position_embeddings``: the temporal range a toy's training drew
     positions over (``train-toy --max-positions``) has no weights (M-RoPE is computed, not learned), so toys that
     differ only there are of one shape and can be averaged."""
-    from dataclasses import replace
-
     return replace(config, text=replace(config.text, max_position_embeddings=positions))
 
 
@@ -49,7 +48,7 @@ def average(out_dir: str | Path, inputs: list[str | Path], weights: list[float] 
     """Write the weighted mean of the toy checkpoints ``inputs`` (same widths, depths and resolution) to
     ``out_dir`` and return its card. ``weights`` (default equal) are normalized to sum to 1. Toys trained over
     different temporal ranges (``max_position_embeddings``) can be averaged: the mean takes the widest, which is
-    what a session re-bases a capped cache at (its half); the card lists each input's range."""
+    what a session re-bases a capped cache at (its half); the card lists the inputs' ranges when they differ."""
     from edgekv.toy.train import _from_checkpoint, _lineage, _machine
 
     if len(inputs) < 2:
