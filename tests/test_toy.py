@@ -321,6 +321,35 @@ def test_train_toy_recompute_and_held_out_samples_scored_in_chunks(tmp_path):
     assert len(chunks) == 3 and evaluate(model, chunks) == evaluate(model, encoder.encode(samples))
 
 
+def test_train_toy_save_every_writes_the_rounds_path_with_cut_cards(tmp_path, capsys):
+    """``--save-every N`` writes the model at steps N, 2N, ... (not the last) as OUT-stepN: a loadable toy between
+    the start and the end, whose card is the round's cut at that step; a negative N is refused."""
+    import json
+
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3),
+                            tmp_path / "start", {"command": "edgekv train-toy START"})
+    out = tmp_path / "next"
+    assert main(["train-toy", str(out), "--init", str(start), "--steps", "4", "--batch-size", "2", "--log-every", "1",
+                 "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0", "--threads", "1",
+                 "--curriculum", "refine", "--lr", "0.01", "--save-every", "2", "--no-prefetch"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["next", "next-step2", "start"]
+    weights = [load_pretrained(d, dtype=torch.float32).state_dict() for d in (start, tmp_path / "next-step2", out)]
+    for earlier, later in zip(weights, weights[1:]):
+        assert any(not torch.equal(earlier[n], later[n]) for n in earlier)  # two steps apart: moved
+    card, final = (json.loads((d / "card.json").read_text()) for d in (tmp_path / "next-step2", out))
+    assert card["steps"] == card["snapshot_step"] == 2 and final["steps"] == 4 and "snapshot_step" not in final
+    assert card["command"] == final["command"] + "  # its step 2 of 4"
+    assert [r["step"] for r in card["history"]] == [1, 2] and len(final["history"]) == 4
+    assert card["parent"]["command"] == "edgekv train-toy START"
+    assert "its step 2 of 4" in (tmp_path / "next-step2" / "README.md").read_text()
+    capsys.readouterr()
+    assert main(["train-toy", str(tmp_path / "bad"), "--steps", "2", "--save-every", "-1"]) == 2
+    assert "--save-every must be at least 0" in capsys.readouterr().out
+
+
 def test_average_toy_writes_the_mean_of_checkpoints_with_their_lineage(tmp_path, capsys):
     """``edgekv average-toy OUT A B``: the weights are the (weighted) mean of A's and B's, written as a toy
     checkpoint in fp16 with a card naming both and their rounds and the held-out accuracy; weights 1,0 give A back

@@ -42,6 +42,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draw the samples' temporal positions over 0..N and write N as the checkpoint's "
                              "max_position_embeddings (default: --init's, else 8192); a full cache on a stream "
                              "spanning more (pairs x 2 at 2 fps) reaches distances the toy never trained on")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N",
+                        help="also write the model every N steps beside OUT_DIR, as OUT_DIR-stepN, each with the "
+                             "round's card cut at that step (to evaluate a round's path); 0: only the last")
     parser.add_argument("--vision-lr", type=float, default=2e-3, metavar="LR",
                         help="the vision warm-up's peak learning rate (lower to go on from an --init tower)")
     parser.add_argument("--vision-lures", type=float, default=0.0, metavar="F",
@@ -165,6 +168,9 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: --max-positions must be at least 1024 (a long sample's span), got "
               f"{args.max_positions}")
         return 2
+    if args.save_every < 0:
+        print(f"edgekv train-toy: --save-every must be at least 0 (0: only the last step), got {args.save_every}")
+        return 2
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         print(f"edgekv train-toy: --device must be cpu, cuda or cuda:N, got {args.device!r}")
         return 2
@@ -199,7 +205,8 @@ def run_train(args: argparse.Namespace) -> int:
                      freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
                      grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
                      hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
-                     vision_lures=args.vision_lures, max_positions=args.max_positions)
+                     vision_lures=args.vision_lures, max_positions=args.max_positions,
+                     save_every=args.save_every)
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2

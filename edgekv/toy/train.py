@@ -518,7 +518,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           size: int = RESOLUTION[0], freeze_vision: bool = True, vision_width: int = 64, vision_depth: int = 4,
           device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0,
           grow_vision: int = 0, recompute: bool = False, grow_width: int = 0, hard_negatives: float = 0.0,
-          vision_lr: float = 2e-3, vision_lures: float = 0.0, max_positions: int | None = None) -> dict:
+          vision_lr: float = 2e-3, vision_lures: float = 0.0, max_positions: int | None = None,
+          save_every: int = 0) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -553,7 +554,14 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     processes, step ``i`` by worker ``i mod workers``, each step from its own generators seeded by ``seed``
     and the step (``qa_batches_sharded``): a different draw than the default one stream of ``rng`` (0, as
     every shipped round was trained), the same run for any number of workers — what feeds a GPU, where one
-    drawing process is the bottleneck (~0.25 s a world-long batch against milliseconds of model)."""
+    drawing process is the bottleneck (~0.25 s a world-long batch against milliseconds of model).
+
+    ``save_every`` > 0 also writes the model every that many steps (not the last) beside ``out_dir``, as
+    ``OUT_DIR-stepN``, each with the round's card cut at step N (its history and wall time; the command says which
+    step, since the schedule and the curriculum's progress are those of the whole round): a round's path can be
+    evaluated point by point (issue 27: a third 900-step round from P2 read the 10,000-pair streams worse than P2)."""
+    if save_every < 0:
+        raise ValueError(f"save_every must be at least 0, got {save_every}")
     if curriculum not in CURRICULA:
         raise ValueError(f"curriculum {curriculum!r} is not one of {', '.join(CURRICULA)}")
     if size % CELL or size < CELL:
@@ -641,6 +649,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     held = [held_encoder.encode(held_samples[i:i + HELD_CHUNK]).to(device)
             for i in range(0, len(held_samples), HELD_CHUNK)]
     history: list[dict] = []
+    snapshots: list[tuple[Path, int, int, float]] = []  # directory, step, history records then, seconds
     running = np.zeros(2)
     drawn = (sharded(qa_batches_sharded, steps, seed, steps, batch_size, aux_weight > 0, curriculum, drawable, size,
                      positions, workers=workers)
@@ -666,6 +675,12 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             record["heldout"] = evaluate(model, held)
             history.append(record)
             log(json.dumps(record))
+        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            snapshot = Path(f"{out_dir}-step{step + 1}")
+            save_checkpoint(model, snapshot, {"snapshot_step": step + 1, "steps_planned": steps},
+                            resolution=(size, size))
+            snapshots.append((snapshot, step + 1, len(history), round(time.perf_counter() - started, 1)))
+            log(json.dumps({"snapshot": str(snapshot), "step": step + 1}))
     wall = time.perf_counter() - started
     model.cpu().eval()
     command = f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}"
@@ -723,6 +738,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "world": None if drawable is None else {"families": list(drawable), "holdout": list(holdout)}}
     if init is not None:
         card["parent"] = _lineage(init)
+    for snapshot, at, logged, seconds in snapshots:
+        write_model_card(snapshot, {**card, "command": f"{command}  # its step {at} of {steps}", "steps": at,
+                                    "snapshot_step": at, "history": history[:logged], "wall_time_s": seconds})
     save_checkpoint(model, out_dir, card, resolution=(size, size))
     if heldout_streams:
         from edgekv.eval.toy_accuracy import evaluate as heldout_accuracy
