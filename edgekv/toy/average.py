@@ -20,27 +20,19 @@ import argparse
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from edgekv.toy.card import write_model_card
-from edgekv.toy.model import RESOLUTION, save_checkpoint
+from edgekv.toy.model import RESOLUTION, save_checkpoint, set_max_positions, with_max_positions
 
 
 def _resolution(path: Path) -> tuple[int, int]:
     config = json.loads((path / "config.json").read_text())
     side = (config.get("edgekv_toy") or {}).get("resolution") or list(RESOLUTION)
     return int(side[0]), int(side[1])
-
-
-def _same_range(config, positions: int):
-    """``config`` with ``positions`` as its ``max_position_embeddings``: the temporal range a toy's training drew
-    positions over (``train-toy --max-positions``) has no weights (M-RoPE is computed, not learned), so toys that
-    differ only there are of one shape and can be averaged."""
-    return replace(config, text=replace(config.text, max_position_embeddings=positions))
 
 
 def average(out_dir: str | Path, inputs: list[str | Path], weights: list[float] | None = None,
@@ -70,7 +62,7 @@ def average(out_dir: str | Path, inputs: list[str | Path], weights: list[float] 
     for path, weight in zip(paths[1:], weights[1:]):
         other, _, _ = _from_checkpoint(path)
         positions.append(int(other.config.text.max_position_embeddings))
-        if _same_range(other.config, positions[0]) != model.config:
+        if with_max_positions(other.config, positions[0]) != model.config:
             raise ValueError(f"{path}: its config differs from {paths[0]}'s (only toys of one shape can be averaged)")
         if _resolution(path) != resolution:
             raise ValueError(f"{path}: trained at {_resolution(path)}, {paths[0]} at {resolution}")
@@ -81,8 +73,7 @@ def average(out_dir: str | Path, inputs: list[str | Path], weights: list[float] 
         for name, param in model.named_parameters():
             param.copy_(mean[name].to(param.dtype))
     if max(positions) != positions[0]:
-        model.config = _same_range(model.config, max(positions))
-        model.language.config = model.config.text
+        set_max_positions(model, max(positions))
     parents = [_lineage(path) for path in paths]
     first = json.loads((paths[0] / "card.json").read_text()) if (paths[0] / "card.json").is_file() else {}
     command = f"edgekv average-toy {out_dir} {' '.join(str(p) for p in paths)}"

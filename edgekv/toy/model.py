@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -233,6 +234,20 @@ def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
         out[name] = new
     grown.load_state_dict(out, strict=True)
     return grown.float()
+
+
+def with_max_positions(config: ModelConfig, positions: int) -> ModelConfig:
+    """``config`` with ``positions`` as its ``max_position_embeddings``: the temporal range a toy's training drew
+    positions over (``train-toy --max-positions``). It has no weights (M-RoPE is computed, not learned), so toys
+    that differ only there are of one shape."""
+    return replace(config, text=replace(config.text, max_position_embeddings=positions))
+
+
+def set_max_positions(model: Qwen25VL, positions: int) -> Qwen25VL:
+    """Give ``model`` (and its language model) the temporal range ``positions`` (``with_max_positions``)."""
+    model.config = with_max_positions(model.config, positions)
+    model.language.config = model.config.text
+    return model
 
 
 def save_checkpoint(model: Qwen25VL, out_dir: str | Path, card: dict, dtype: torch.dtype = torch.float16,

@@ -20,7 +20,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -35,7 +35,8 @@ from edgekv.tokenizer import ChatLayout
 from edgekv.toy.card import write_model_card
 from edgekv.toy.data import (CELL, CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample,
                              event_tokens, stage_at)
-from edgekv.toy.model import MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, toy_config
+from edgekv.toy.model import (MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, set_max_positions,
+                              toy_config)
 from edgekv.toy.prefetch import batches, sharded
 from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, region_of
 from edgekv.toy.vocab import build_tokenizer
@@ -613,9 +614,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             param.requires_grad_(True)
         vision_width, vision_depth = model.config.vision.hidden_size, model.config.vision.depth
         if max_positions is not None and max_positions != model.config.text.max_position_embeddings:
-            text = replace(model.config.text, max_position_embeddings=max_positions)
-            model.config = replace(model.config, text=text)
-            model.language.config = text
+            set_max_positions(model, max_positions)
     else:
         model = init_model(toy_config(width=width, layers=layers, vision_width=vision_width,
                                       vision_depth=vision_depth, max_positions=max_positions or MAX_POSITIONS), seed)
