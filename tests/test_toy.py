@@ -1610,7 +1610,8 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
                                      ("world-lures-exposed-dilute", "world-lures-exposed-dilute-x256",
                                       {"dilute_max": 256.0}),
                                      ("world-lures-exposed-dilute", "world-lures-exposed-dilute-x1024",
-                                      {"dilute_max": 1024.0})):
+                                      {"dilute_max": 1024.0}),
+                                     ("world-mild-224-exposed", "world-lures-224", {"lures": 0.5})):
         base, variant = CURRICULA[base_name], CURRICULA[name]
         assert [share for share, _ in variant] == [share for share, _ in base]
         for (_, a), (_, b) in zip(base, variant):

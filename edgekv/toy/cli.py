@@ -61,7 +61,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "world-mild-224-dilute-far", "world-mild-exposed",
                                                  "world-mild-224-exposed", "world-mild-exposed-dilute",
                                                  "world-lures-exposed-dilute", "world-lures-where-dilute",
-                                                 "world-lures-exposed-dilute-x256", "world-lures-exposed-dilute-x1024"),
+                                                 "world-lures-exposed-dilute-x256", "world-lures-exposed-dilute-x1024",
+                                                 "world-lures-224"),
                         default="full",
                         help="training stages: full (from one event up; from scratch), refine (several events of "
                              "3-4 distinct shapes, long sparse thinned streams; for further rounds with --init), "
@@ -100,7 +101,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "(world-mild-exposed-dilute with half of the world streams busy with lures), "
                              "world-lures-where-dilute (world-lures-exposed-dilute with `where` asked six times), "
                              "world-lures-exposed-dilute-x256 / -x1024 (world-lures-exposed-dilute diluted up to 256 / "
-                             "1,024 times instead of 64: for streams of ~10,000 pairs)")
+                             "1,024 times instead of 64: for streams of ~10,000 pairs), world-lures-224 "
+                             "(world-mild-224-exposed with half of the world streams busy with lures)")
     parser.add_argument("--families", default=None,
                         help="background families of the world curricula, comma-separated names or groups "
                              "(procedural, photos, videos, all; default all available)")
