@@ -362,7 +362,10 @@ WORLD_LURES_EXPOSED_DILUTE_X1024 = tuple((share, replace(stage, dilute_max=1024.
 # analogue of the shipped 112 x 112 toy's parents' last curriculum. The 224 x 224 toy's full cache loses its 2,000-pair
 # answers to look-alikes in the background, not to memory (README, "Where the full cache loses": cut to the needle
 # pairs it reads 98.5 % of short, whole 92.5 %); its rounds so far taught look-alikes to the tower alone (V224's
-# warm-up) or not at all, while at 112 x 112 lured rounds taught the question stage to read past them.
+# warm-up) or not at all, while at 112 x 112 lured rounds taught the question stage to read past them. Measured
+# (issue 27; README, "Lures in the 224² question rounds"; 600 steps from D3, lr 2e-4, seed 180, 53.7 min: L224): held
+# out at 224 x 224 `tree` order / count / `where` 92.2 / 92.3 / 89.3 % of the card's streams (D3 88.0 / 84.7 / 84.7),
+# but the full cache on D3's hardest 2,000-pair needle stream (seed 54) 0.460 against D3's 0.571: not shipped.
 WORLD_LURES_224 = tuple((share, replace(stage, name=stage.name + " (lures)", lures=0.5))
                         for share, stage in WORLD_MILD_224_EXPOSED)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
