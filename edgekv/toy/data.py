@@ -233,10 +233,10 @@ WORLD_MILD_224_DILUTE = tuple((share, replace(stage, name=stage.name + " (dilute
 # 96.6 % — binding 12 of 12 (9 of 12 for every other round) — 7 questions right only for D2, 3 only for W224b (p 0.34);
 # over seeds 49-52 (253 questions) 0.885 vs 0.929, 95.3 %; over seeds 49-54 (375) 0.779 vs 0.880, 88.5 % (W224b
 # 83.9 %, p 0.02); a second such round from D2 (D3, seed 91) 0.827 vs 0.893, 92.5 % (D3 vs D2: 26 to 8 questions, p
-# 0.003). D3 ships as `builtin:toy-224`; a third round (D4, seed 94) fell back to 88.9 %, a third at half the lr (E2:
-# lr 1e-4, seed 96, 23.2 min) to 88.3 % (0.805 vs 0.912: D3's full cache right on 17 questions E2's misses, 9 the
-# reverse, p 0.17), and the weights of D2, D3 and D4 averaged read seeds 49-52 at 95.0 % (D3 96.3 %; 8 questions
-# right only for D3, 3 only for the average, p 0.23).
+# 0.003). D3 shipped as `builtin:toy-224` (until Y224s, below WORLD_LURES_224); a third round (D4, seed 94) fell
+# back to 88.9 %, a third at half the lr (E2: lr 1e-4, seed 96, 23.2 min) to 88.3 % (0.805 vs 0.912: D3's full cache
+# right on 17 questions E2's misses, 9 the reverse, p 0.17), and the weights of D2, D3 and D4 averaged read seeds
+# 49-52 at 95.0 % (D3 96.3 %; 8 questions right only for D3, 3 only for the average, p 0.23).
 WORLD_MILD_224_DISTINCT = tuple((share, replace(stage, name=stage.name + " (distinct)", backgrounds=64))
                                 for share, stage in WORLD_MILD_224)
 
@@ -368,7 +368,10 @@ WORLD_LURES_EXPOSED_DILUTE_X1024 = tuple((share, replace(stage, dilute_max=1024.
 # but the full cache on D3's hardest 2,000-pair needle stream (seed 54) 0.460 against D3's 0.571; over D3's six
 # streams 89.8 % of short (D3 92.5 %). A round from the mean of D3 and L224 (X224, seed 182, 44 min) keeps >= 90.0 % of
 # its card's streams on `tree`, `cells` and `skimage` for every question the issue names, but its six streams read
-# 90.9 % of short: neither shipped.
+# 90.9 % of short: neither shipped. A short WORLD_MILD_224_EXPOSED round from X224 (Y224s: 300 steps, lr 1e-4, seed
+# 185, 22.3 min) keeps that (`tree` >= 90.6 %) and reads the six at 95.1 % of short (0.835 vs 0.877; X224 16 : 4
+# questions, p 0.012): Y224s ships as `builtin:toy-224`. The same round at 600 steps and lr 2e-4 (Y224) gave `tree`
+# `where` (86.4 %) and stream 54 (73 % of short) back.
 WORLD_LURES_224 = tuple((share, replace(stage, name=stage.name + " (lures)", lures=0.5))
                         for share, stage in WORLD_MILD_224_EXPOSED)
 CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "refine": REFINE, "world": WORLD,
