@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +64,43 @@ def test_round_trip_index_and_layer_reads(tmp_path):
     assert torch.equal(reopened.mean_keys([3]), archive.mean_keys([3]))
     assert torch.equal(reopened.read_layer(reopened.entries()[3], 1)[1], v[1])
     reopened.close()
+
+
+def test_flush_waits_for_a_pair_counted_while_the_writer_ends_a_batch(tmp_path):
+    """The interleaving that made the soak bench read 239 of 240 pairs on CI: submit() has counted a pair but
+    not yet queued it when the writer ends the batch before it and finds the queue empty. Idle (what flush
+    waits for) means every submitted pair written or dropped, not an empty queue. Driven by events, no sleeps."""
+    archive = _archive(tmp_path)
+    real_put, real_get, real_append = archive._work.put, archive._work.get, archive._append_batch
+    in_batch, release, writer_back = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def append(batch):
+        in_batch.set()
+        release.wait(30)
+        real_append(batch)
+
+    def get(block=True, timeout=None):
+        if block and timeout is None and release.is_set():
+            writer_back.set()  # the writer ended the first batch and waits for the next pair
+        return real_get(block, timeout)
+
+    def put(item, *args, **kwargs):
+        if item is not None and in_batch.is_set() and not release.is_set():
+            release.set()
+            seen["writer_back"] = writer_back.wait(30)
+            seen["idle"], seen["stats"] = archive._idle.is_set(), archive.stats()
+        real_put(item, *args, **kwargs)
+
+    archive._append_batch, archive._work.get, archive._work.put = append, get, put
+    k, v = _kv(0)
+    assert archive.submit(k, v, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=STREAM)
+    assert in_batch.wait(30)  # the writer holds pair 0's batch
+    assert archive.submit(k, v, frame=1, t=0.5, tpos=1, t_offset=0, rows=2, cols=2, stream=STREAM)
+    assert seen["writer_back"] and seen["idle"] is False
+    assert (seen["stats"]["archive_written"], seen["stats"]["archive_pending"]) == (1, 1)
+    assert archive.flush() and archive.written == 2 and archive.stats()["archive_pending"] == 0
+    archive.close()
 
 
 def test_full_staging_drops_and_counts_instead_of_blocking(tmp_path):

@@ -256,6 +256,8 @@ def run_soak(args: argparse.Namespace) -> int:
                   answer_tokens=args.answer_tokens, sample_s=args.sample_s,
                   sample_every_pairs=args.sample_every_pairs, on_sample=show)
     summary = report.summary()
+    if session.recall is not None:  # the archive's counters as of the last pair: let its writer finish first
+        session.recall.archive.flush()
     setup = {"model": str(model_dir), "resolution": list(args.resolution), "policy": args.policy,
              "max_tokens": session.capacity, "tokens_per_pair": session.tokens_per_pair, "fps_clock": args.fps,
              "ask_every": args.ask_every, "answer_tokens": args.answer_tokens, "torch_threads": torch.get_num_threads(),

@@ -265,7 +265,8 @@ class FrameArchive:
         self._rows_used = 0
         self._segments: dict[int, int] = {}           # segment number -> bytes on disk
         self._segment_newest_t: dict[int, float] = {}
-        self.dropped = 0          # pairs not archived because every staging buffer was taken
+        self.dropped = 0          # pairs not archived: every staging buffer was taken, or their write failed
+        self._pending = 0         # pairs submitted and not yet written or dropped by the writer (under _lock)
         self.wait_ms_total = 0.0  # ingest time spent waiting for a staging buffer (when_full = "wait")
         self.written = 0          # records written by this process
         self.torn_bytes = 0       # bytes cut off torn tails on open
@@ -721,17 +722,19 @@ class FrameArchive:
             staged = self._free.get_nowait()
         except queue.Empty:
             if self.when_full == "drop":
-                self.dropped += 1
+                with self._lock:
+                    self.dropped += 1
                 return False
             staged = self._wait_for_buffer()
         staged.kv[:, 0].copy_(k)
         staged.kv[:, 1].copy_(v)
-        with self._lock:
-            staged.pair = self._next_key
-            self._next_key += 1
         staged.frame, staged.t, staged.tpos, staged.t_offset = int(frame), float(t), int(tpos), int(t_offset)
         staged.rows, staged.cols, staged.tokens, staged.stream = int(rows), int(cols), tokens, stream
-        self._idle.clear()
+        with self._lock:  # counted before it is queued: the writer can never see the queue empty with it pending
+            staged.pair = self._next_key
+            self._next_key += 1
+            self._pending += 1
+            self._idle.clear()
         self._work.put(staged)
         return True
 
@@ -816,9 +819,11 @@ class FrameArchive:
                 self.write_ms_total += (time.perf_counter() - started) * 1e3
                 for staged in batch:
                     self._free.put(staged)
-                if self._work.empty():
-                    self._idle.set()
-                    self._hurry.clear()
+                with self._lock:  # idle only when every submitted pair is written or dropped (not when the queue
+                    self._pending -= len(batch)  # merely looks empty: a submit may be between its count and put)
+                    if self._pending == 0:
+                        self._idle.set()
+                        self._hurry.clear()
         with self._write_lock:
             self._close_segment()
 
@@ -843,10 +848,12 @@ class FrameArchive:
             try:
                 written.append((self._append(staged, keys[i], weights[i]), i))
             except Exception as exc:  # the stream goes on; this pair is lost
-                self.dropped += 1
+                with self._lock:
+                    self.dropped += 1
                 self._write_failed(f"pair {staged.pair} not written", exc)
             else:
-                self.written += 1
+                with self._lock:
+                    self.written += 1
                 self._write_succeeded()
         if self._fd is not None and time.monotonic() - self._last_fsync > _FSYNC_EVERY_S:
             try:
@@ -1185,7 +1192,8 @@ class FrameArchive:
 
     def stats(self) -> dict:
         return {"archive_pairs": self.pairs, "archive_bytes": self.bytes_on_disk, "archive_dropped": self.dropped,
-                "archive_written": self.written, "archive_write_errors": self.write_errors,
+                "archive_written": self.written, "archive_pending": self._pending,
+                "archive_write_errors": self.write_errors,
                 "archive_torn_bytes": self.torn_bytes, "archive_bad_records": self.bad_records,
                 "archive_skipped_bytes": self.skipped_bytes, "archive_damaged_layers": self.damaged_layers,
                 "archive_disk_full": int(self.disk_full), "archive_failing": int(self.failing),
