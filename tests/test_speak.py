@@ -76,6 +76,24 @@ def test_barge_in_stops_the_sound_and_drops_what_waits():
     speaker.close()
 
 
+def test_idle_counts_sentences_not_an_empty_queue():
+    """wait_idle means every sentence said was spoken or dropped: sentences a barge-in drops before the speaking
+    thread takes them leave it idle (they once left it waiting out its timeout), and a full queue's refused
+    sentence is not waited for. The thread is not started: nothing here waits on it."""
+    engine = output = _Recorder()
+    speaker = Speaker(engine, output)
+    speaker.say("one.")
+    speaker.say("two.")
+    assert speaker.wait_idle(0) is False
+    speaker.interrupt()
+    assert speaker.wait_idle(0) is True and speaker.queue.empty()
+    for i in range(speaker.queue.maxsize + 1):  # the last one finds the queue full
+        speaker.say(f"{i}.")
+    assert speaker._pending == speaker.queue.maxsize
+    speaker.interrupt()
+    assert speaker.wait_idle(0) is True
+
+
 def test_push_to_talk_from_a_gpio_value_file_bounds_the_utterance(tmp_path):
     pytest.importorskip("faster_whisper", reason="faster-whisper not installed (pip install 'edgekv[voice]')")
     from edgekv.apps.voice import listen

@@ -176,6 +176,8 @@ class Speaker:
         self._closed = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
+        self._lock = threading.Lock()
+        self._pending = 0  # sentences queued and not yet spoken or dropped (under _lock)
         self._thread = threading.Thread(target=self._run, name="edgekv-speak", daemon=True)
 
     def start(self) -> "Speaker":
@@ -186,11 +188,14 @@ class Speaker:
         text = text.strip()
         if not text:
             return
-        self._idle.clear()
-        try:
-            self.queue.put_nowait((self._epoch, text, question_id, asked_at))
-        except queue.Full:
-            log.warning("speech queue full: a sentence was not spoken")
+        with self._lock:  # counted before it is queued: the thread never finds the queue empty with it pending
+            try:
+                self.queue.put_nowait((self._epoch, text, question_id, asked_at))
+            except queue.Full:
+                log.warning("speech queue full: a sentence was not spoken")
+                return
+            self._pending += 1
+            self._idle.clear()
 
     def interrupt(self) -> None:
         """The wearer spoke: stop the sound now and drop every sentence waiting."""
@@ -202,6 +207,14 @@ class Speaker:
                 self.queue.get_nowait()
             except queue.Empty:
                 break
+            self._done()
+
+    def _done(self) -> None:
+        """One queued sentence spoken or dropped; idle when none is left."""
+        with self._lock:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.set()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """True once everything queued was spoken (or dropped)."""
@@ -230,8 +243,7 @@ class Speaker:
                         self.sentences += 1
                 except Exception:  # a TTS failure must never reach the camera loop
                     log.exception("could not speak %r", text[:80])
-            if self.queue.empty():
-                self._idle.set()
+            self._done()
 
 
 class TokenSpeech:
