@@ -136,6 +136,15 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("--json", default=None, help="also write the figures here")
     compare.set_defaults(run=_run_compare)
 
+    merge = sub.add_parser(
+        "merge", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="needle runs made in parts on the same streams (e.g. one policy a process) as one result: each "
+             "question's full-cache ceiling shared by every part, the summary, frontier and figure made anew")
+    merge.add_argument("parts", metavar="PART", nargs="+", help="`eval needle --json` files of the same streams")
+    merge.add_argument("--json", default="out/eval-needle-merged.json")
+    merge.add_argument("--plot", default="out/eval-needle-merged.png")
+    merge.set_defaults(run=_run_merge)
+
     from edgekv.eval.toy_accuracy import add_toy_arguments
 
     add_toy_arguments(sub.add_parser(
@@ -237,6 +246,22 @@ def _run_compare(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
+    return 0
+
+
+def _run_merge(args: argparse.Namespace) -> int:
+    from edgekv.eval.merge import merge
+    from edgekv.eval.needle import save
+
+    try:
+        result = merge(args.parts)
+    except ValueError as exc:
+        print(f"edgekv eval merge: {exc}", file=sys.stderr)
+        return 2
+    save(result, args.json, args.plot)
+    print(format_summary(result["summary"]))
+    print(format_frontier(result["frontier"]))
+    print(f"wrote {args.json} and {args.plot}")
     return 0
 
 

@@ -1,0 +1,92 @@
+"""``edgekv eval merge``: needle runs made in parts, put back into what one run would have written."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from edgekv.apps.cli import main
+from edgekv.eval.merge import merge
+
+TINY = ["--lengths", "80", "--budgets", "400", "--streams", "1", "--ages", "4,40,70", "--seed", "3", "--threads", "1"]
+
+
+def _needle(tmp_path, name: str, *args: str) -> str:
+    out = tmp_path / f"{name}.json"
+    assert main(["eval", "needle", *TINY, *args, "--json", str(out), "--plot", str(tmp_path / f"{name}.png")]) == 0
+    return str(out)
+
+
+def _rows(result: dict) -> Counter:
+    return Counter(json.dumps(r, sort_keys=True) for r in result["records"])
+
+
+def test_parts_run_apart_merge_into_the_run_of_everything(tmp_path, capsys):
+    """One process with the full-cache ceiling and sliding_window, another with infinipot_v and no full cache:
+    merged, they are the single run of both policies record for record, summary and frontier alike (the second
+    part's ratios are against the first part's full cache)."""
+    whole = json.loads(open(_needle(tmp_path, "whole", "--policies", "sliding_window,infinipot_v")).read())
+    one = _needle(tmp_path, "one", "--policies", "sliding_window")
+    two = _needle(tmp_path, "two", "--policies", "infinipot_v", "--full-max-tokens", "0")
+    assert all(r["ceiling_full"] is None for r in json.loads(open(two).read())["records"])
+    out = tmp_path / "merged.json"
+    capsys.readouterr()
+    assert main(["eval", "merge", one, two, "--json", str(out), "--plot", str(tmp_path / "merged.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "frontier L=80 infinipot_v: all questions" in printed and f"wrote {out}" in printed
+    assert (tmp_path / "merged.png").stat().st_size > 10_000
+    merged = json.loads(out.read_text())
+    assert _rows(merged) == _rows(whole)
+    assert merged["summary"] == whole["summary"] and merged["frontier"] == whole["frontier"]
+    assert merged["summary"]["L=80 M=400 infinipot_v"]["ceiling_full"] is not None
+    assert merged["config"]["runs"] == ["sliding_window", "infinipot_v"] and merged["config"]["merged_from"] == [one, two]
+    assert merged["config"]["full_max_tokens"] == 40000
+
+
+def _part(path, policy="tar", seed=7, questions=(("Was there a red circle?", "yes", True),), full=None):
+    records = [{"length": 500, "stream": 0, "budget": 100, "policy": policy, "question": q, "answer": a,
+                "checkpoint": 400, "age": 30, "family": "exists", "size": 112, "background": "photo", "cap": None, "correct": True,
+                "ceiling_correct": short, "ceiling_full": full, "bytes": 1, "slots": 100}
+               for q, a, short in questions]
+    config = {"model": "builtin:toy", "seed": seed, "streams": 1, "runs": [policy], "kv_dtypes": [],
+              "full_max_tokens": 0 if full is None else 40000}
+    path.write_text(json.dumps({"config": config, "records": records}))
+    return str(path)
+
+
+def test_merge_refuses_parts_that_are_not_the_same_streams(tmp_path, capsys):
+    base = _part(tmp_path / "a.json", full=True)
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "plain.json").write_text(json.dumps({"records": [{"policy": "tar"}]}))
+    cases = (
+        ([base, _part(tmp_path / "b.json", policy="van", seed=8)], "drew different streams: seed is 8 against 7"),
+        ([base, _part(tmp_path / "c.json")], "both ran 'tar' at M=100"),
+        ([base, _part(tmp_path / "d.json", policy="van", questions=(("Was there a red circle?", "no", True),))],
+         "asked stream 0 (photo, L=500, 112px) different questions"),
+        ([base, _part(tmp_path / "e.json", policy="van", questions=(("Was there a red circle?", "yes", False),))],
+         "different questions or got other short-stream answers"),
+        ([base, _part(tmp_path / "f.json", policy="van", full=False)], "disagree on the ceiling full of"),
+        ([base, str(tmp_path / "bad.json")], "not JSON"),
+        ([base, str(tmp_path / "plain.json")], "needs its config and records"),
+        ([base, str(tmp_path / "missing.json")], "cannot read it"),
+        ([base], "at least two"),
+    )
+    for parts, said in cases:
+        with pytest.raises(ValueError) as caught:
+            merge(parts)
+        assert said in str(caught.value), (said, str(caught.value))
+    assert main(["eval", "merge", base, str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgekv eval merge: ") and "bad.json: not JSON" in err
+
+
+def test_merge_shares_the_ceiling_with_the_parts_that_did_not_run_it(tmp_path):
+    questions = (("Was there a red circle?", "yes", True), ("Which shape was blue?", "square", False))
+    with_full = _part(tmp_path / "a.json", questions=questions, full=True)
+    without = _part(tmp_path / "b.json", policy="van", questions=questions)
+    merged = merge([without, with_full])
+    assert {r["policy"]: r["ceiling_full"] for r in merged["records"]} == {"tar": True, "van": True}
+    assert merged["summary"]["L=500 M=100 van"]["ceiling_full"] == 1.0
+    assert merged["config"]["runs"] == ["van", "tar"] and merged["config"]["full_max_tokens"] == 40000
