@@ -712,3 +712,32 @@ def test_toy_near_white_tool_sorts_answers_by_near_white_share_and_caps_only_the
     assert low[~shown].max() <= 120 and plain.frame(frame_index)[~shown].max() > 120
     assert near.near_white_share(scene, stream.pairs) == pytest.approx(
         float((np.stack([scene.frame(2 * p) for p in range(0, stream.pairs, 4)]).min(axis=3) > 200).mean()))
+
+
+def test_frontier_pairs_each_cap_with_the_full_cache_and_prints_the_p_of_a_break():
+    """A cap under 90 % of the full cache on the long stream is tested against it on the same questions (exact
+    McNemar on the discordant ones), and the verdict prints that p."""
+    from edgekv.eval.cli import format_frontier
+    from edgekv.eval.compare import mcnemar_exact
+    from edgekv.eval.needle import frontier, summarize
+
+    records = []
+    # 40 questions; the full cache answers the first 30; the 1/4 cap 29 of them, the 1/64 cap 20 of them plus 2
+    # the full cache misses
+    for budget, right in ((4000, set(range(29))), (250, set(range(20)) | {35, 36})):
+        for i in range(40):
+            records.append({"length": 1000, "budget": budget, "bytes": budget, "policy": "infinipot_v",
+                            "family": "color", "kind": "color", "correct": i in right, "age": 10,
+                            "ceiling_correct": i < 32, "ceiling_full": i < 30, "size": 112, "cap": None,
+                            "cap_actual": budget / 16000})
+    summary = summarize(records)
+    assert summary["L=1000 M=250 infinipot_v"]["vs_full"] == {"only_cap": 2, "only_full": 10,
+                                                             "p_mcnemar": round(mcnemar_exact(2, 10), 4)}
+    item = frontier(summary)["L=1000 infinipot_v"]
+    assert item["caps"][0]["vs_full"]["only_full"] == 1 and item["breaks_at"] == 250 / 16000  # 22 / 30 = 0.73
+    assert (f"all questions breaks at 1/64 (McNemar p {mcnemar_exact(2, 10):.3f} against the full cache on the same "
+            "questions: 10 right only with it, 2 only with the cap)") in format_frontier({"x": item})
+    for r in records:
+        r["ceiling_full"] = None  # no full cache run: no pairing, the verdict as before
+    plain = frontier(summarize(records))["L=1000 infinipot_v"]
+    assert plain["caps"][1]["vs_full"] is None and "McNemar" not in format_frontier({"x": plain})

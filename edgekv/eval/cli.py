@@ -301,7 +301,12 @@ def format_frontier(frontier: dict) -> str:
         def verdict(key: str) -> str:
             cap = item[key]
             if cap is not None:
-                return f"breaks at {share_label(cap)}"
+                paired = next(c.get("vs_full") for c in item["caps"] if c["cap"] == cap) \
+                    if key == "breaks_at" else None
+                tested = (f" (McNemar p {paired['p_mcnemar']:.3f} against the full cache on the same questions: "
+                          f"{paired['only_full']} right only with it, {paired['only_cap']} only with the cap)"
+                          if paired else "")
+                return f"breaks at {share_label(cap)}{tested}"
             return f"holds to {share_label(item['caps'][-1]['cap'])}"
 
         def asked(family: str, cap: float) -> int:

@@ -46,7 +46,10 @@ Harder settings (issue 27), all off by default so that earlier figures keep thei
 
 Every accuracy in the summary carries its question count and a 95 % Wilson interval (``edgekv.eval.stats``).
 ``frontier`` names, per policy, the largest cap at which it answers under 90 % of the ceiling (all questions, and
-those about events at least 256 pairs old): where the issue asks the benchmark to show each policy break.
+those about events at least 256 pairs old): where the issue asks the benchmark to show each policy break. Where
+the full cache ran on the long stream, each cap is also paired with it question by question (``vs_full``: the
+questions right only with the cap, only with the full cache, and McNemar's exact p, as ``eval compare`` does): a
+ratio under 0.9 on 60 questions can be noise, and the verdict prints its p.
 
 The vision tower's output does not depend on the cache, so each stream's frame pairs are encoded once
 and replayed to every policy run (``ReplayVision``: same tokens, checked against the pixels they came from).
@@ -69,6 +72,7 @@ import torch
 from edgekv.cache.capped import METADATA_FIELDS, CapTooSmallError, SlotKind
 from edgekv.cache.specs import KV_DTYPES, CacheSpec
 from edgekv.config import ArchiveSection
+from edgekv.eval.compare import mcnemar_exact
 from edgekv.eval.stats import proportion
 from edgekv.toy.questions import (CHANCE, COLORS, FAMILIES, QA, SHAPES, answer_of, binding_options,
                                   binding_question, count_question, exists_question, negative_exists,
@@ -622,6 +626,7 @@ def frontier(summary: dict, threshold: float = BREAK_RATIO) -> dict:
             caps.append({"budget": entry["budget"], "cap": entry.get("cap_actual"),
                          "ratio": _ratio(entry["accuracy"], entry.get("ceiling_full"), entry["ceiling"]),
                          "short_ratio": _ratio(entry["accuracy"], None, entry["ceiling"]),
+                         "vs_full": entry.get("vs_full"),
                          "old_n": sum(v["n"] for v in old), "old_ratio": _old_ratio(old),
                          "by_family": {f: {"n": v["n"], "ratio": _ratio(v["accuracy"], v.get("ceiling_full"),
                                                                         v["ceiling"])}
@@ -678,6 +683,11 @@ def _intervals(rows: list[dict]) -> dict:
         out.update(ceiling_full=stats["accuracy"], ceiling_full_n=len(full), ceiling_full_ci95=stats["ci95"])
         accuracy = sum(bool(r["correct"]) for r in rows if r.get("ceiling_full") is not None) / len(full)
         out["ratio_full"] = round(accuracy / stats["accuracy"], 4) if stats["accuracy"] else None
+        # paired on the same questions: right only with this cache / only with the full one, and McNemar's exact p
+        only_cap = sum(1 for r in rows if r.get("ceiling_full") is not None and r["correct"] and not r["ceiling_full"])
+        only_full = sum(1 for r in rows if r.get("ceiling_full") is not None and r["ceiling_full"] and not r["correct"])
+        out["vs_full"] = {"only_cap": only_cap, "only_full": only_full,
+                          "p_mcnemar": round(mcnemar_exact(only_cap, only_full), 4)}
         out["ceiling_where_full"] = round(sum(bool(r["ceiling_correct"]) for r in rows
                                               if r.get("ceiling_full") is not None) / len(full), 4)
     oracle = [r["ceiling_oracle"] for r in rows if r.get("ceiling_oracle") is not None]
