@@ -72,6 +72,7 @@ def test_merge_refuses_parts_that_are_not_the_same_streams(tmp_path, capsys):
         ([base, str(tmp_path / "plain.json")], "needs its config and records"),
         ([base, str(tmp_path / "missing.json")], "cannot read it"),
         ([base], "at least two"),
+        ([base, str(tmp_path / "." / "a.json")], "a.json is given twice"),
     )
     for parts, said in cases:
         with pytest.raises(ValueError) as caught:

@@ -57,6 +57,10 @@ def merge(paths: list[str]) -> dict:
 
     if len(paths) < 2:
         raise ValueError("give at least two `eval needle --json` files to merge")
+    resolved = [Path(path).resolve() for path in paths]
+    twice = next((path for path, where in zip(paths, resolved) if resolved.count(where) > 1), None)
+    if twice is not None:
+        raise ValueError(f"{twice} is given twice: its questions would count twice")
     parts = [(path, load_part(path)) for path in paths]
     first_path, first = parts[0]
     for path, part in parts[1:]:
