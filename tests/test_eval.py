@@ -741,3 +741,5 @@ def test_frontier_pairs_each_cap_with_the_full_cache_and_prints_the_p_of_a_break
         r["ceiling_full"] = None  # no full cache run: no pairing, the verdict as before
     plain = frontier(summarize(records))["L=1000 infinipot_v"]
     assert plain["caps"][1]["vs_full"] is None and "McNemar" not in format_frontier({"x": plain})
+    item["caps"][1]["vs_full"]["p_mcnemar"] = 0.0004
+    assert "breaks at 1/64 (McNemar p < 0.001 against" in format_frontier({"x": item})

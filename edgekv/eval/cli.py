@@ -303,9 +303,12 @@ def format_frontier(frontier: dict) -> str:
             if cap is not None:
                 paired = next(c.get("vs_full") for c in item["caps"] if c["cap"] == cap) \
                     if key == "breaks_at" else None
-                tested = (f" (McNemar p {paired['p_mcnemar']:.3f} against the full cache on the same questions: "
-                          f"{paired['only_full']} right only with it, {paired['only_cap']} only with the cap)"
-                          if paired else "")
+                tested = ""
+                if paired:
+                    p = paired["p_mcnemar"]
+                    tested = (f" (McNemar p {'< 0.001' if p < 0.001 else f'{p:.3f}'} against the full cache on the "
+                              f"same questions: {paired['only_full']} right only with it, {paired['only_cap']} only "
+                              f"with the cap)")
                 return f"breaks at {share_label(cap)}{tested}"
             return f"holds to {share_label(item['caps'][-1]['cap'])}"
 
