@@ -27,16 +27,21 @@ from pathlib import Path
 from edgekv.eval.stats import Z95
 
 
-def load_run(spec: str) -> tuple[str, str, list[dict]]:
-    """``PATH`` or ``PATH@POLICY`` -> (path, policy label, its records). A file with one policy label needs no
-    ``@POLICY``; one with several names them in the error."""
-    path, at, policy = spec.partition("@")
+def read_json(path: str) -> object:
+    """A results file's JSON, or a ValueError that names the file and what is wrong with it."""
     try:
-        result = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except OSError as exc:
         raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def load_run(spec: str) -> tuple[str, str, list[dict]]:
+    """``PATH`` or ``PATH@POLICY`` -> (path, policy label, its records). A file with one policy label needs no
+    ``@POLICY``; one with several names them in the error."""
+    path, at, policy = spec.partition("@")
+    result = read_json(path)
     records = result.get("records") if isinstance(result, dict) else None
     if not isinstance(records, list) or not records:
         raise ValueError(f"{path}: no needle records (an `edgekv eval needle --json` file has them)")

@@ -16,7 +16,6 @@ size x length) may be in two parts (its questions would count twice). Anything e
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -27,12 +26,9 @@ CEILINGS = ("ceiling_full", "ceiling_oracle")
 
 
 def load_part(path: str) -> dict:
-    try:
-        result = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    from edgekv.eval.compare import read_json
+
+    result = read_json(path)
     if not isinstance(result, dict) or not isinstance(result.get("records"), list) or not result["records"] \
             or not isinstance(result.get("config"), dict):
         raise ValueError(f"{path}: not an `edgekv eval needle --json` file (it needs its config and records)")
