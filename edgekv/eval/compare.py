@@ -24,7 +24,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from edgekv.eval.stats import Z95
+from edgekv.eval.stats import Z95, mcnemar_exact
 
 
 def read_json(path: str) -> object:
@@ -66,16 +66,6 @@ def _keyed(records: list[dict]) -> dict[tuple, dict]:
         out[base + (seen[base],)] = r
         seen[base] += 1
     return out
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p for b and c discordant pairs (1.0 when there are none)."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
-    return min(1.0, 2.0 * tail)
 
 
 def paired(pairs: list[tuple[bool, bool]]) -> dict:

@@ -72,8 +72,7 @@ import torch
 from edgekv.cache.capped import METADATA_FIELDS, CapTooSmallError, SlotKind
 from edgekv.cache.specs import KV_DTYPES, CacheSpec
 from edgekv.config import ArchiveSection
-from edgekv.eval.compare import mcnemar_exact
-from edgekv.eval.stats import proportion
+from edgekv.eval.stats import mcnemar_exact, proportion
 from edgekv.toy.questions import (CHANCE, COLORS, FAMILIES, QA, SHAPES, answer_of, binding_options,
                                   binding_question, count_question, exists_question, negative_exists,
                                   order_question, questions_about)

@@ -35,3 +35,15 @@ def proportion(successes: int, trials: int) -> dict:
     low, high = wilson(successes, trials)
     return {"n": trials, "correct": successes, "accuracy": round(successes / trials, 4) if trials else None,
             "ci95": [round(low, 4), round(high, 4)]}
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p for b and c discordant pairs (1.0 when there are none): under "no difference"
+    the b + c discordant pairs split as Binomial(b + c, 1/2), and p is twice the tail at min(b, c) (Agresti,
+    Categorical Data Analysis, 3rd ed., section 11.1.2)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    k = min(b, c)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+    return min(1.0, 2.0 * tail)
