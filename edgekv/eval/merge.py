@@ -86,7 +86,7 @@ def merge(paths: list[str]) -> dict:
                 seen = asked.setdefault(stream, (path, questions))
                 if seen[1] != questions:
                     size, length, index, background = stream
-                    differ = sorted((seen[1] - questions) + (questions - seen[1]))[0]
+                    differ = min((seen[1] - questions) + (questions - seen[1]), key=lambda q: (q[0], q[1]))
                     raise ValueError(f"{path} and {seen[0]} asked stream {index} ({background}, L={length}, "
                                      f"{size}px) different questions or got other short-stream answers, e.g. "
                                      f"{differ[1]!r} at pair {differ[0]}")
