@@ -102,9 +102,10 @@ def merge(paths: list[str]) -> dict:
             out.append((key + (order[(_run(record), key)],), record))
         return out
 
+    every = [(path, keyed(part)) for path, part in parts]
     ceilings: dict[tuple, dict[str, tuple[bool, str]]] = {}
-    for path, part in parts:
-        for key, record in keyed(part):
+    for path, rows in every:
+        for key, record in rows:
             for name in CEILINGS:
                 value = record.get(name)
                 if value is None:
@@ -117,8 +118,8 @@ def merge(paths: list[str]) -> dict:
                 held.setdefault(name, (value, path))
 
     records = []
-    for _, part in parts:
-        for key, record in keyed(part):
+    for _, rows in every:
+        for key, record in rows:
             filled = dict(record)
             for name, (value, _) in ceilings.get(key, {}).items():
                 filled[name] = value
