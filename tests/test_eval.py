@@ -223,6 +223,35 @@ def test_busy_needle_streams_pass_objects_and_lures_through_the_stream_and_its_c
         assert re.search(message, capsys.readouterr().err)
 
 
+def test_free_lure_colors_are_those_no_event_of_the_stream_wears_in_the_stream_and_its_ceilings(capsys):
+    import re
+
+    from edgekv.apps.cli import main
+    from edgekv.toy.questions import COLORS
+
+    stream = needle_stream(300, (10, 200, 250), seed=2, family="stripes", busy=1.0, lures=1.0, lure_colors="free",
+                           lure_shapes=("ring",))
+    worn = {e.color for e in stream.scene.events}
+    assert len(worn) == 3 and stream.scene.style.lure_colors == tuple(c for c in COLORS if c not in worn)
+    passing = [c for pair in range(300) for c in stream.scene.transients(pair)]
+    assert len(passing) > 150 and {c.color for c in passing} == set(COLORS) - worn
+    assert {c.shape for c in passing} == {"ring"}
+    scene, _ = ceiling_scene(tuple(stream.scene.events[:1]), 2, 2.0, family=stream.family, style=stream.style)
+    assert scene.style.lure_colors == stream.scene.style.lure_colors  # the long stream's palette, not the short's
+    lured = needle_stream(300, (10, 200, 250), seed=2, family="stripes", busy=1.0, lures=1.0)
+    assert [p.qa for p in lured.probes] == [p.qa for p in stream.probes]  # the same questions
+    with pytest.raises(ValueError, match="every vocabulary colour"):
+        needle_stream(2000, tuple(range(1, 2000, 50)), seed=2, family="stripes", events=6, repeats=2, busy=1.0,
+                      lures=1.0, lure_colors="free")
+    for args, message in ((["--lure-colors", "free"], "--lure-colors / --lure-shapes: .* --lures is 0"),
+                          (["--busy", "0.2", "--lures", "1", "--lure-colors", "red,orange"],
+                           "--lure-colors: unknown orange"),
+                          (["--busy", "0.2", "--lures", "1", "--lure-shapes", "ring,circle"],
+                           "--lure-shapes: unknown circle \\(of star, ring, hexagon, ellipse\\)")):
+        assert main(["eval", "needle", "--families", "photo", *args]) == 2
+        assert re.search(message, capsys.readouterr().err)
+
+
 def test_caps_are_shares_of_the_stream_with_a_floor():
     import argparse
 

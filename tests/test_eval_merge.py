@@ -45,13 +45,13 @@ def test_parts_run_apart_merge_into_the_run_of_everything(tmp_path, capsys):
     assert merged["config"]["full_max_tokens"] == 40000
 
 
-def _part(path, policy="tar", seed=7, questions=(("Was there a red circle?", "yes", True),), full=None):
+def _part(path, policy="tar", seed=7, questions=(("Was there a red circle?", "yes", True),), full=None, **config):
     records = [{"length": 500, "stream": 0, "budget": 100, "policy": policy, "question": q, "answer": a,
                 "checkpoint": 400, "age": 30, "family": "exists", "size": 112, "background": "photo", "cap": None, "correct": True,
                 "ceiling_correct": short, "ceiling_full": full, "bytes": 1, "slots": 100}
                for q, a, short in questions]
     config = {"model": "builtin:toy", "seed": seed, "streams": 1, "runs": [policy], "kv_dtypes": [],
-              "full_max_tokens": 0 if full is None else 40000}
+              "full_max_tokens": 0 if full is None else 40000, **config}
     path.write_text(json.dumps({"config": config, "records": records}))
     return str(path)
 
@@ -63,6 +63,8 @@ def test_merge_refuses_parts_that_are_not_the_same_streams(tmp_path, capsys):
     cases = (
         ([base, _part(tmp_path / "b.json", policy="van", seed=8)], "drew different streams: seed is 8 against 7"),
         ([base, _part(tmp_path / "c.json")], "both ran 'tar' at M=100"),
+        ([base, _part(tmp_path / "g.json", policy="van", lure_colors="free")],  # a part from before lure_colors: []
+         "drew different streams: lure_colors is 'free' against []"),
         ([base, _part(tmp_path / "d.json", policy="van", questions=(("Was there a red circle?", "no", True),))],
          "asked stream 0 (photo, L=500, 112px) different questions"),
         ([base, _part(tmp_path / "e.json", policy="van", questions=(("Was there a red circle?", "yes", False),))],
@@ -88,6 +90,9 @@ def test_merge_shares_the_ceiling_with_the_parts_that_did_not_run_it(tmp_path):
     with_full = _part(tmp_path / "a.json", questions=questions, full=True)
     without = _part(tmp_path / "b.json", policy="van", questions=questions)
     merged = merge([without, with_full])
+    # a part written before lure_colors / lure_shapes existed drew the streams of one that gives them as ()
+    assert merge([with_full, _part(tmp_path / "c.json", policy="van", questions=questions, lure_colors=[],
+                                   lure_shapes=[])])["records"]
     assert {r["policy"]: r["ceiling_full"] for r in merged["records"]} == {"tar": True, "van": True}
     assert merged["summary"]["L=500 M=100 van"]["ceiling_full"] == 1.0
     assert merged["config"]["runs"] == ["van", "tar"] and merged["config"]["full_max_tokens"] == 40000

@@ -7,6 +7,7 @@ data folder); their tests skip, saying which package to install, where they are 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,28 @@ def test_lures_are_transients_in_vocabulary_colours_never_vocabulary_shapes():
     assert tuple(COLOR_BGR[item.color]) in pixels  # drawn in its vocabulary colour
     with pytest.raises(ValueError, match="lures"):
         WorldStyle(lures=1.5)
+
+
+def test_lure_colors_and_shapes_choose_the_lures_looks_and_leave_places_and_times_alone():
+    style = WorldStyle(noise=0.0, transients=0.8, lures=1.0)
+    default = WorldScene(112, 112, 2.0, 5, [], "gradient", style, frames=400)
+    named = WorldScene(112, 112, 2.0, 5, [], "gradient", replace(style, lure_colors=COLORS), frames=400)
+    looks = WorldScene(112, 112, 2.0, 5, [], "gradient",
+                       replace(style, lure_colors=("red", "blue"), lure_shapes=("ring", "ellipse")), frames=400)
+    half = WorldScene(112, 112, 2.0, 5, [], "gradient",
+                      replace(style, lures=0.5, lure_colors=("red",), lure_shapes=("ring",)), frames=400)
+    a, b, c, d = ([x for pair in range(200) for x in s.transients(pair)] for s in (default, named, looks, half))
+    assert a == b  # the whole vocabulary named: the lures drawn before lure_colors existed
+    assert len(a) == len(c) == len(d) > 50
+    assert [(x.center, x.first_pair, x.pairs) for x in a] == [(x.center, x.first_pair, x.pairs) for x in c]
+    assert {x.color for x in c} == {"red", "blue"} and {x.shape for x in c} == {"ring", "ellipse"}
+    assert {x.shape for x in a} - {"ring", "ellipse"}  # the default draws other look-alikes too
+    lured = [x for x in d if x.color in COLORS]  # at a share, only the lures take the chosen looks
+    assert 0.3 < len(lured) / len(d) < 0.7 and {(x.color, x.shape) for x in lured} == {("red", "ring")}
+    assert {x.shape for x in d if x.color not in COLORS} - {"ring"}
+    for field, value in (("lure_colors", ("orange",)), ("lure_shapes", ("circle",)), ("lure_shapes", "ring")):
+        with pytest.raises(ValueError, match=f"world {field}: a tuple of"):
+            WorldStyle(**{field: value})
 
 
 def test_tone_regrades_the_background_only_and_tone_zero_draws_what_it_drew_before():
@@ -294,6 +317,12 @@ def test_world_source_spec_gives_frames_and_ground_truth():
     assert all(c.color in COLORS for p in range(20) for c in lured.scene.transients(p))
     with pytest.raises(ValueError, match="synthetic:world\\?lures=2.*lures must be at most 1"):
         open_source("synthetic:world?lures=2")
+    looks = open_source("synthetic:world?size=112x112&frames=40&seed=3&families=noise&transients=0.6&lures=1"
+                        "&lure_colors=red,blue&lure_shapes=ring")
+    passing = [c for p in range(20) for c in looks.scene.transients(p)]
+    assert passing and {c.color for c in passing} <= {"red", "blue"} and {c.shape for c in passing} == {"ring"}
+    with pytest.raises(ValueError, match="bad value 'ring,circle' for 'lure_shapes'.*unknown: circle"):
+        parse_spec("synthetic:world?lures=1&lure_shapes=ring,circle")
     toned = open_source("synthetic:world?size=112x112&frames=40&seed=3&families=noise&tone=0.8")
     assert toned.scene.style.tone == 0.8
     with pytest.raises(ValueError, match="synthetic:world\\?tone=1.5.*tone must be at most 1"):

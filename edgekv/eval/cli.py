@@ -61,6 +61,25 @@ def _option(text: str) -> tuple[str, object]:
     return key, value
 
 
+def _lure_looks(args: argparse.Namespace, problems: list[str]) -> tuple[str | tuple[str, ...], tuple[str, ...]]:
+    """(lure_colors, lure_shapes) of NeedleConfig from --lure-colors / --lure-shapes; what is wrong goes to
+    ``problems``."""
+    from edgekv.video.events import COLORS
+    from edgekv.video.world import DISTRACTOR_SHAPES
+
+    text = args.lure_colors.strip()
+    colors: str | tuple[str, ...] = "free" if text == "free" else () if text in ("any", "") else \
+        tuple(c.strip() for c in text.split(",") if c.strip())
+    shapes = tuple(s.strip() for s in args.lure_shapes.split(",") if s.strip())
+    if isinstance(colors, tuple) and (unknown := [c for c in colors if c not in COLORS]):
+        problems.append(f"--lure-colors: unknown {', '.join(unknown)} (any, free, or of {', '.join(COLORS)})")
+    if unknown := [s for s in shapes if s not in DISTRACTOR_SHAPES]:
+        problems.append(f"--lure-shapes: unknown {', '.join(unknown)} (of {', '.join(DISTRACTOR_SHAPES)})")
+    if (colors or shapes) and not args.lures:
+        problems.append("--lure-colors / --lure-shapes: the looks of the lures, and --lures is 0: give --lures")
+    return colors, shapes
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval", required=True)
     needle = sub.add_parser(
@@ -88,6 +107,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--lures", type=float, default=0.0,
                         help="the share (0-1) of the passing objects drawn in the vocabulary's colours (a red star, "
                              "a blue ring): as salient as a needle to a cache that cannot know the question")
+    needle.add_argument("--lure-colors", default="any",
+                        help="the colours of the lures: any of the vocabulary's, free (those no event of the stream "
+                             "wears: no lure shares a question's colour) or a comma-separated list")
+    needle.add_argument("--lure-shapes", default="",
+                        help="the shapes of the lures, a comma-separated list of star, ring, hexagon, ellipse "
+                             "(default: any of them)")
     needle.add_argument("--sizes", type=_ints, default=(112,), help="frame sides: 112 (16 tokens per pair), 224 (64)")
     needle.add_argument("--kinds", default="base",
                         help="question families: base (colour, shape, exists, order, count), all (also where, "
@@ -207,6 +232,7 @@ def _run_needle(args: argparse.Namespace) -> int:
     elif (args.busy or args.lures) and "events" in families:
         problems.append("--busy / --lures: the classic renderer (family events) draws no passing objects; choose world "
                         "families (--families photo,cells, ...)")
+    lure_colors, lure_shapes = _lure_looks(args, problems)
     if args.oracle and args.full_max_tokens <= 0:
         problems.append("--oracle cuts the full cache down to the needle pairs, and --full-max-tokens 0 never runs it")
     if problems or any(size % 28 for size in args.sizes) or args.repeats < 0:
@@ -221,7 +247,8 @@ def _run_needle(args: argparse.Namespace) -> int:
                           ages=args.ages or DEFAULT_AGES, streams=args.streams, events=args.events, fps=args.fps,
                           seed=args.seed, families=families, style=args.style, sizes=args.sizes, kinds=kinds,
                           repeats=args.repeats, caps=args.caps, full_max_tokens=args.full_max_tokens,
-                          kv_dtypes=args.kv_dtypes, busy=args.busy, lures=args.lures, oracle=args.oracle)
+                          kv_dtypes=args.kv_dtypes, busy=args.busy, lures=args.lures, oracle=args.oracle,
+                          lure_colors=lure_colors, lure_shapes=lure_shapes)
     result = evaluate(config)
     save(result, args.json, args.plot)
     print(format_summary(result["summary"]))

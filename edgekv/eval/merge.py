@@ -21,7 +21,9 @@ from pathlib import Path
 
 # NeedleConfig fields that decide which streams are drawn and which questions are asked of them.
 STREAM_KEYS = ("model", "streams", "events", "ages", "fps", "seed", "reserve", "checkpoints", "families", "style",
-               "kinds", "repeats", "busy", "lures")
+               "kinds", "repeats", "busy", "lures", "lure_colors", "lure_shapes")
+# stream keys a part written before they existed lacks: their value then (the same streams)
+STREAM_DEFAULTS = {"lure_colors": [], "lure_shapes": []}
 CEILINGS = ("ceiling_full", "ceiling_oracle")
 
 
@@ -61,9 +63,10 @@ def merge(paths: list[str]) -> dict:
     first_path, first = parts[0]
     for path, part in parts[1:]:
         for key in STREAM_KEYS:
-            if part["config"].get(key) != first["config"].get(key):
-                raise ValueError(f"{path} and {first_path} drew different streams: {key} is "
-                                 f"{part['config'].get(key)!r} against {first['config'].get(key)!r}")
+            mine, theirs = (p["config"].get(key, STREAM_DEFAULTS.get(key)) for p in (part, first))
+            if mine != theirs:
+                raise ValueError(f"{path} and {first_path} drew different streams: {key} is {mine!r} against "
+                                 f"{theirs!r}")
     references = {p["config"]["kv_dtypes"][0] for _, p in parts if p["config"].get("kv_dtypes")}
     if len(references) > 1:
         raise ValueError(f"the parts compare K/V dtypes at the bytes of different first dtypes "

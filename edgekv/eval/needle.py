@@ -39,6 +39,9 @@ Harder settings (issue 27), all off by default so that earlier figures keep thei
   a ``lures`` share of them in the vocabulary's colours (a red star, a blue ring). A trained toy's value norms mark
   its needles (``tools/toy_value_norms.py``), so a cache that ranks by them keeps every needle of a quiet stream
   in a few tokens; lures are what a cache that cannot know the question must keep as well — the real condition;
+  ``lure_colors`` "free" draws them only in colours no event of the stream wears (and ``lure_shapes`` in chosen
+  look-alikes): then no lure matches a question's colour, and a full cache that cannot read past them is not
+  misled by a look-alike but by how many salient objects it holds;
 * ``kv_dtypes``: every run once per K/V storage dtype **at equal bytes** (DESIGN invariant 11): the first
   dtype's cache of ``M`` tokens sets the bytes, and each other dtype gets the slots those bytes buy it
   (``CacheSpec.tokens_for_bytes``, scales and metadata counted); records keep ``M`` as their budget (so the
@@ -123,14 +126,17 @@ class PolicyRun:
 def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3, fps: float = 2.0,
                   checkpoints: tuple[float, ...] = CHECKPOINTS, noise: float = 3.0, family: str = CLASSIC,
                   size: int = 112, kinds: tuple[str, ...] = FAMILIES, repeats: int = 0,
-                  style: str = "mild", busy: float = 0.0, lures: float = 0.0) -> NeedleStream:
+                  style: str = "mild", busy: float = 0.0, lures: float = 0.0, lure_colors: str | tuple[str, ...] = (),
+                  lure_shapes: tuple[str, ...] = ()) -> NeedleStream:
     """A ``length``-pair stream with ``events`` needle events at ages drawn from ``ages`` (distinct
     shapes and colours), ``repeats`` more that bring a needle's shape back in an unused colour at another
     age, and the probes (of the question families in ``kinds``) asked at each checkpoint. ``family`` other
     than ``events`` draws the background from the randomized world (``style`` "world": its random camera,
     light, JPEG, clutter, occlusion and event sizes too). ``busy`` > 0 (world families only): out-of-vocabulary
     objects pass through the frame at that many per pair (each for 1-6 pairs), whatever the style; ``lures``
-    of them (a share) in the vocabulary's colours: out-of-vocabulary shapes as salient as the needles."""
+    of them (a share) in the vocabulary's colours: out-of-vocabulary shapes as salient as the needles;
+    ``lure_colors`` the colours they take (default any; ``"free"``: those no event of the stream wears, so that a
+    question's colour picks out its needle) and ``lure_shapes`` their shapes (default any look-alike)."""
     if (busy or lures) and family == CLASSIC:
         raise ValueError(f"busy {busy}, lures {lures}: passing objects are drawn by the world renderer; the "
                          f"classic family {CLASSIC!r} has none (choose a world family)")
@@ -162,7 +168,13 @@ def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3
                 placed.append(world_event(rng, original.shape, color, length - age, 1, size, size, avoid=avoid))
             else:
                 placed.append(place_event(rng, original.shape, color, length - age, 1, size, size, avoid=avoid))
-    scene, world_style = make_scene(family, style, size, fps, seed, placed, 2 * length, noise, busy, lures)
+    if lure_colors == "free":
+        lure_colors = tuple(c for c in COLORS if c not in {e.color for e in placed})
+        if not lure_colors:
+            raise ValueError(f"lure colours 'free': the stream's {len(placed)} events wear every vocabulary colour "
+                             f"({', '.join(COLORS)}), none is left for the lures (fewer events or repeats)")
+    scene, world_style = make_scene(family, style, size, fps, seed, placed, 2 * length, noise, busy, lures,
+                                    tuple(lure_colors), tuple(lure_shapes))
     probes: list[Probe] = []
     for fraction in checkpoints:
         at = max(1, int(round(fraction * length)))
@@ -172,10 +184,12 @@ def needle_stream(length: int, ages: tuple[int, ...], seed: int, events: int = 3
 
 
 def make_scene(family: str, style: str | object, size: int, fps: float, seed: int, events: list[Event],
-               frames: int, noise: float = 3.0, busy: float = 0.0, lures: float = 0.0):
+               frames: int, noise: float = 3.0, busy: float = 0.0, lures: float = 0.0,
+               lure_colors: tuple[str, ...] = (), lure_shapes: tuple[str, ...] = ()):
     """(scene, world style): the classic renderer for ``events``; else a world scene of ``family`` whose
     style is the given ``WorldStyle``, or drawn from the seed ("world"), or noise only ("mild"); ``busy``
-    sets its transient objects per pair, ``lures`` the share of them in vocabulary colours."""
+    sets its transient objects per pair, ``lures`` the share of them in vocabulary colours, ``lure_colors`` /
+    ``lure_shapes`` the colours / shapes those take."""
     if family == CLASSIC:
         return EventScene(size, size, 2.0 if fps is None else fps, seed, events, SceneStyle(noise=noise),
                           frames=frames), None
@@ -187,6 +201,8 @@ def make_scene(family: str, style: str | object, size: int, fps: float, seed: in
         style = WorldStyle(noise=noise)
     if busy or lures:
         style = replace(style, transients=busy or style.transients, lures=lures or style.lures)
+    if lure_colors or lure_shapes:
+        style = replace(style, lure_colors=lure_colors, lure_shapes=lure_shapes)
     return WorldScene(size, size, fps, seed, events, family, style, frames=frames), style
 
 
@@ -399,6 +415,8 @@ class NeedleConfig:
     kv_dtypes: tuple[str, ...] = ()          # K/V dtypes compared at equal bytes (the first one's M tokens)
     busy: float = 0.0                        # world streams: passing out-of-vocabulary objects per frame pair
     lures: float = 0.0                       # ... the share of them in the vocabulary's colours
+    lure_colors: str | tuple[str, ...] = ()  # ... their colours: () any, "free" those no event wears, or a list
+    lure_shapes: tuple[str, ...] = ()        # ... their shapes: () any look-alike, or a list of them
     oracle: bool = False                     # the full cache also answers cut to the needle pairs (``oracle_cut``)
 
 
@@ -456,7 +474,8 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                 family = config.families[index % len(config.families)]
                 stream = needle_stream(length, config.ages, seed, config.events, config.fps, config.checkpoints,
                                        family=family, size=size, kinds=config.kinds, repeats=config.repeats,
-                                       style=config.style, busy=config.busy, lures=config.lures)
+                                       style=config.style, busy=config.busy, lures=config.lures,
+                                       lure_colors=config.lure_colors, lure_shapes=config.lure_shapes)
                 ceiling = _ceilings(config, stream, size)
                 started = time.perf_counter()
                 replay = encode_stream(base, stream.scene, stream.pairs)

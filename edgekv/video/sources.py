@@ -200,6 +200,23 @@ def _families(text: str) -> tuple[str, ...]:
     return parse_families(text)
 
 
+def _names(known_of: str) -> Callable[[str], tuple[str, ...]]:
+    """A parser of a comma-separated list of names from ``edgekv.video.world``'s / ``events``' ``known_of``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        from edgekv.video import world
+
+        known = getattr(world, known_of)
+        names = tuple(n.strip() for n in text.split(",") if n.strip())
+        unknown = [n for n in names if n not in known]
+        if not names or unknown:
+            raise ValueError(f"expected a comma-separated list of {', '.join(known)}"
+                             + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+        return names
+
+    return parse
+
+
 def _flag(text: str) -> bool:
     if text not in ("0", "1"):
         raise ValueError("expected 0 or 1")
@@ -219,7 +236,8 @@ _SYNTHETIC_PARAMS: dict[str, dict[str, Callable[[str], Any]]] = {
               "randomize": _flag, "noise": _non_negative_float, "drift": _non_negative_float,
               "shake": _non_negative_float, "light": _non_negative_float, "jpeg": _non_negative_int,
               "distractors": _non_negative_int, "transients": _non_negative_float, "occlusion": _non_negative_float,
-              "lures": _non_negative_float, "tone": _non_negative_float, "exposure": _non_negative_float},
+              "lures": _non_negative_float, "lure_colors": _names("COLORS"), "lure_shapes": _names("DISTRACTOR_SHAPES"),
+              "tone": _non_negative_float, "exposure": _non_negative_float},
 }
 _CSI_PARAMS: dict[str, Callable[[str], Any]] = {
     "width": _positive_int, "height": _positive_int, "fps": _positive_int, "flip": _non_negative_int,
@@ -616,8 +634,8 @@ class EventSource(SyntheticSource):
 class WorldSource(SyntheticSource):
     """``synthetic:world``: ``edgekv.video.world``'s randomized world as a frame source; ground truth in
     ``self.scene.events``, the background family drawn in ``self.scene.family``. Style fields given in the
-    spec (noise, drift, shake, light, jpeg, distractors, transients, occlusion, lures, tone, exposure) override the
-    random draw."""
+    spec (noise, drift, shake, light, jpeg, distractors, transients, occlusion, lures, lure_colors, lure_shapes, tone,
+    exposure) override the random draw."""
 
     def __init__(self, spec: str, size: tuple[int, int] = (112, 112), fps: float = 2.0, frames: int = 400,
                  seed: int = 0, rate: float = 0.05, duration: tuple[int, int] = (1, 8),

@@ -420,6 +420,8 @@ class WorldStyle:
     transients: float = 0.0     # out-of-vocabulary objects appearing, expected per frame pair
     occlusion: float = 0.0      # probability that an event is partly hidden by a bar in front of it
     lures: float = 0.0          # share of the transients drawn in a vocabulary colour (still never a SHAPES shape)
+    lure_colors: tuple[str, ...] = ()  # the colours lures take (default: any of COLORS), e.g. those no event wears
+    lure_shapes: tuple[str, ...] = ()  # the shapes lures take (default: the object's own, any of DISTRACTOR_SHAPES)
     color_jitter: float = 0.0   # +- uint8 levels on each event's colour
     tone: float = 0.0           # strength in [0, 1] of a random re-grading of the background only (gamma, contrast,
                                 # saturation, hue: a bright, green or washed-out scene), drawn per stream
@@ -445,6 +447,10 @@ class WorldStyle:
                              f"got {self.exposure}")
         if self.light_period <= 0 or self.switch_period < 1:
             raise ValueError("world light_period and switch_period must be positive")
+        for name, known in (("lure_colors", COLORS), ("lure_shapes", DISTRACTOR_SHAPES)):
+            values = getattr(self, name)
+            if not isinstance(values, tuple) or any(v not in known for v in values):
+                raise ValueError(f"world {name}: a tuple of {', '.join(known)}; got {values!r}")
 
 
 @dataclass(frozen=True)
@@ -637,13 +643,21 @@ class WorldScene:
                        (float(speed[0]), float(speed[1])))
 
     def _lure(self, block: int, items: list[Clutter]) -> list[Clutter]:
-        """Each of a block's transients in a vocabulary colour with probability ``style.lures``, drawn apart from
-        the objects themselves: the same shapes, places and times at any share of lures."""
+        """Each of a block's transients in a vocabulary colour (of ``style.lure_colors`` where given) with
+        probability ``style.lures``, drawn apart from the objects themselves: the same places and times at any
+        share of lures, and the same shapes unless ``style.lure_shapes`` gives the lures theirs (drawn for every
+        transient, so the same at any share too)."""
         if not self.style.lures:
             return items
         rng = np.random.default_rng((self.seed, 71, block))
-        draws = [(rng.random(), str(rng.choice(COLORS))) for _ in items]
-        return [replace(item, color=color) if u < self.style.lures else item for item, (u, color) in zip(items, draws)]
+        palette = self.style.lure_colors or COLORS
+        draws = [(rng.random(), str(rng.choice(palette))) for _ in items]
+        shapes = [item.shape for item in items]
+        if self.style.lure_shapes:
+            shape_rng = np.random.default_rng((self.seed, 73, block))
+            shapes = [str(shape_rng.choice(self.style.lure_shapes)) for _ in items]
+        return [replace(item, color=color, shape=shape) if u < self.style.lures else item
+                for item, (u, color), shape in zip(items, draws, shapes)]
 
     def transients(self, pair: int) -> list[Clutter]:
         """Transient distractors on screen at ``pair`` (drawn per block, so unbounded streams work)."""
