@@ -201,7 +201,7 @@ def _families(text: str) -> tuple[str, ...]:
 
 
 def _names(known_of: str) -> Callable[[str], tuple[str, ...]]:
-    """A parser of a comma-separated list of names from ``edgekv.video.world``'s / ``events``' ``known_of``."""
+    """A parser of a comma-separated list of the names ``edgekv.video.world`` holds as ``known_of``."""
 
     def parse(text: str) -> tuple[str, ...]:
         from edgekv.video import world
