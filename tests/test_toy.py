@@ -1611,7 +1611,9 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
                                       {"dilute_max": 256.0}),
                                      ("world-lures-exposed-dilute", "world-lures-exposed-dilute-x1024",
                                       {"dilute_max": 1024.0}),
-                                     ("world-mild-224-exposed", "world-lures-224", {"lures": 0.5})):
+                                     ("world-mild-224-exposed", "world-lures-224", {"lures": 0.5}),
+                                     ("world-lures-where-dilute", "world-lures-free-dilute",
+                                      {"lures": 0.75, "lure_free": 0.5})):
         base, variant = CURRICULA[base_name], CURRICULA[name]
         assert [share for share, _ in variant] == [share for share, _ in base]
         for (_, a), (_, b) in zip(base, variant):
@@ -1632,6 +1634,46 @@ def test_the_224_dilute_and_distinct_curricula_change_only_what_they_say():
     add_train_arguments(parser)
     for name in CURRICULA:
         assert parser.parse_args(["out", "--curriculum", name]).curriculum == name
+
+
+def test_free_lures_wear_only_the_colours_no_event_of_the_sample_wears(monkeypatch):
+    """``Stage.lure_free``: a lured world sample drawn with it renders its lures only in the colours none of its
+    events wears (as ``eval needle --lure-colors free``); without it the lures take every colour, events' too, and the
+    stage's draws are those of before (the same events and frames)."""
+    from dataclasses import replace
+
+    from edgekv.video import world
+
+    worn_lures: list[str] = []
+    original = world.WorldScene._lure
+
+    def recording(self, block, items):
+        out = original(self, block, items)
+        worn_lures.extend(item.color for item in out if item.color in COLORS)
+        return out
+
+    monkeypatch.setattr(world.WorldScene, "_lure", recording)
+    stage = replace(CURRICULA["world-lures-free-dilute"][1][1], world=1.0, mild=0.0, lures=1.0, dilute=0.0)
+    shared = 0
+    for seed in range(6):
+        for free in (1.0, 0.0):
+            worn_lures.clear()
+            sample = draw_sample(np.random.default_rng(seed), replace(stage, lure_free=free), MAX_POSITIONS,
+                                 pairs=(24, 32), families=("noise", "checks"))
+            colours = {event.color for event in sample.events}
+            assert worn_lures, "a lured sample shows lures"
+            if free:
+                assert not colours & set(worn_lures), (colours, worn_lures)
+            else:
+                shared += bool(colours & set(worn_lures))
+    assert shared  # without lure_free the lures also wear the events' colours
+    plain = replace(stage, lure_free=0.0)
+    a = draw_sample(np.random.default_rng(9), plain, MAX_POSITIONS, pairs=(8, 12), families=("noise",))
+    b = draw_sample(np.random.default_rng(9), replace(CURRICULA["world-lures-where-dilute"][1][1], world=1.0,
+                                                      mild=0.0, lures=1.0, dilute=0.0),
+                    MAX_POSITIONS, pairs=(8, 12), families=("noise",))
+    assert [e.describe() for e in a.events] == [e.describe() for e in b.events]
+    assert all(np.array_equal(x[0], y[0]) for x, y in zip(a.pairs, b.pairs))
 
 
 def test_hard_negatives_average_the_background_term_over_its_hardest_tokens():

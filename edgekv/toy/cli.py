@@ -61,6 +61,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "world-mild-224-dilute-far", "world-mild-exposed",
                                                  "world-mild-224-exposed", "world-mild-exposed-dilute",
                                                  "world-lures-exposed-dilute", "world-lures-where-dilute",
+                                                 "world-lures-free-dilute",
                                                  "world-lures-exposed-dilute-x256", "world-lures-exposed-dilute-x1024",
                                                  "world-lures-224"),
                         default="full",
@@ -100,6 +101,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "diluted and every background pair rendered anew), world-lures-exposed-dilute "
                              "(world-mild-exposed-dilute with half of the world streams busy with lures), "
                              "world-lures-where-dilute (world-lures-exposed-dilute with `where` asked six times), "
+                             "world-lures-free-dilute (world-lures-where-dilute with three quarters of the world "
+                             "streams lured, half of those in colours no event of theirs wears), "
                              "world-lures-exposed-dilute-x256 / -x1024 (world-lures-exposed-dilute diluted up to 256 / "
                              "1,024 times instead of 64: for streams of ~10,000 pairs), world-lures-224 "
                              "(world-mild-224-exposed with half of the world streams busy with lures)")

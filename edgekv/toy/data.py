@@ -80,6 +80,7 @@ class Stage:
     exposure: float = 0.0           # share of world samples whose background is over-exposed (``WorldStyle.exposure``)
     dilute: float = 0.0             # share of samples whose background pairs weigh as many (``Sample.multiplicity``)
     dilute_max: float = 64.0        # ... drawn log-uniformly in [1, dilute_max] per sample
+    lure_free: float = 0.0          # share of lured samples whose lures wear only colours no event of theirs wears
 
 
 CURRICULUM: tuple[tuple[float, Stage], ...] = (
@@ -354,6 +355,13 @@ WORLD_LURES_WHERE_DILUTE = tuple((share, replace(stage, name=stage.name + " (whe
 # x256 no better than AVW on its first stream. Positions, not dilution, are the larger cause: rounds over 0..32,768
 # (`train-toy --max-positions 32768`) reach 76 % after 600 steps and 86.6 % after 1,500, and x1024 on top of those
 # positions did not add to it (81 % against 95 % on one stream after 1,500 steps).
+# WORLD_LURES_WHERE_DILUTE with three quarters of the world samples lured, half of those in the colours no event of the
+# sample wears (``Stage.lure_free``: as `eval needle --lure-colors free` draws them). The shipped toy's full cache reads
+# 250-pair lured needle streams (seed 49, free colours) at 75 % of short; cut to the needle pairs it reads them as
+# short ones (the lures elsewhere in the stream cost it), and its wrong answers name the lures' colours or count a
+# lure as the shape asked about.
+WORLD_LURES_FREE_DILUTE = tuple((share, replace(stage, name=stage.name + " (free lures)", lures=0.75, lure_free=0.5))
+                                for share, stage in WORLD_LURES_WHERE_DILUTE)
 WORLD_LURES_EXPOSED_DILUTE_X256 = tuple((share, replace(stage, dilute_max=256.0))
                                         for share, stage in WORLD_LURES_EXPOSED_DILUTE)
 WORLD_LURES_EXPOSED_DILUTE_X1024 = tuple((share, replace(stage, dilute_max=1024.0))
@@ -388,6 +396,7 @@ CURRICULA: dict[str, tuple[tuple[float, Stage], ...]] = {"full": CURRICULUM, "re
                                                          "world-lures-dilute": WORLD_LURES_DILUTE,
                                                          "world-lures-exposed-dilute": WORLD_LURES_EXPOSED_DILUTE,
                                                          "world-lures-where-dilute": WORLD_LURES_WHERE_DILUTE,
+                                                         "world-lures-free-dilute": WORLD_LURES_FREE_DILUTE,
                                                          "world-lures-exposed-dilute-x256":
                                                              WORLD_LURES_EXPOSED_DILUTE_X256,
                                                          "world-lures-exposed-dilute-x1024":
@@ -568,6 +577,14 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
             slot_events.append(unit)
         just_left, previous_end = {e.shape for e in unit}, time + (length - 1) * spacing
 
+    if world and stage.lure_free and scene.style.lures and rng.random() < stage.lure_free:
+        # As `eval needle --lure-colors free` draws them: the lures take only the colours no event of the sample
+        # wears (fixed now that the events are drawn, before anything is rendered); drawn only where the stage
+        # asks for it, so every other stage's draws are what they were.
+        worn = {event.color for event in events}
+        free = tuple(color for color in COLORS if color not in worn)
+        if free:
+            scene.style = replace(scene.style, lure_colors=free)
     # Render: event slots each; background slots share a few renderings (noise differs per rendering).
     renders = stage.backgrounds if world else BACKGROUND_RENDERS
     pairs: list[tuple[np.ndarray, np.ndarray]] = []
