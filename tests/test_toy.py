@@ -1676,6 +1676,47 @@ def test_free_lures_wear_only_the_colours_no_event_of_the_sample_wears(monkeypat
     assert all(np.array_equal(x[0], y[0]) for x, y in zip(a.pairs, b.pairs))
 
 
+def test_lure_attention_tool_splits_the_question_attention_by_what_each_token_shows(tmp_path):
+    """``tools/toy_lure_attention.py`` (README, "Every lure costs alike"): on a lured needle stream it asks the last
+    checkpoint's questions of the full cache and reports, per LM layer, the last query token's attention mass on the
+    needles' tokens, the lures', the other video tokens and the text, split by right and wrong answers; the hook it
+    puts on the cache's attention is gone afterwards, and the shipped toy looks at a needle's token more than at a
+    background token."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    import edgekv.attention as attention
+    from edgekv.eval.needle import DEFAULT_AGES, needle_stream
+
+    tool = Path(__file__).parents[1] / "tools" / "toy_lure_attention.py"
+    spec = importlib.util.spec_from_file_location("toy_lure_attention", tool)
+    lure_attention = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lure_attention)
+    original = attention.CacheAttention.__call__
+    out = tmp_path / "attention.json"
+    assert lure_attention.main(["--length", "40", "--seeds", "49", "--streams", "1", "--families", "noise",
+                                "--busy", "0.5", "--out", str(out)]) == 0
+    assert attention.CacheAttention.__call__ is original
+    result = json.loads(out.read_text())
+    stream = needle_stream(40, DEFAULT_AGES, 49000, 3, 2.0, family="noise", style="world", busy=0.5, lures=1.0,
+                           lure_colors="free")
+    asked = [p for p in stream.probes if p.checkpoint == 40]
+    assert result["answered"]["right"] + result["answered"]["wrong"] == len(asked) > 0
+    assert sorted(result["layers"]) == ["0", "1", "2", "3"]  # the toy's four LM layers
+    needle_pairs = sum(e.last_pair - e.first_pair + 1 for e in stream.scene.events)
+    for entry in result["layers"].values():
+        for group in entry.values():
+            assert 0.0 <= sum(v["mass"] for v in group.values()) <= 1.0 + 1e-4
+            assert group["needle"]["tokens"] == needle_pairs and group["lure"]["tokens"] > 0
+    right = result["layers"]["1"]["right"]
+    assert right["needle"]["per_token"] > 10 * right["video"]["per_token"]
+    with pytest.raises(SystemExit):
+        lure_attention.main(["--busy", "0"])
+
+
 def test_hard_negatives_average_the_background_term_over_its_hardest_tokens():
     """``loss_of(..., hard_negatives=F)``: the auxiliary background ("no") term is the mean over the share F of the
     background tokens with the largest loss (at least one), the event tokens' term and the answers' unchanged; F = 1
