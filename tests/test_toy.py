@@ -774,6 +774,68 @@ def test_prefetched_batches_are_the_batches_drawn_in_process():
         assert here.bit_generator.state == there.bit_generator.state
 
 
+def _children_of(pid: int) -> set[int]:
+    from pathlib import Path
+
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child its new parent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="reads /proc to find the worker processes")
+@pytest.mark.parametrize("kind", ["prefetch", "sharded"])
+def test_batch_workers_end_when_their_trainer_is_killed(kind):
+    """A trainer killed by SIGKILL (or SIGTERM: no exit handler runs either way) cannot end its daemon batch
+    workers; each of them, blocked on a full queue, notices its trainer is gone and exits instead of holding its
+    memory for ever (seen: a killed ``train-toy`` left its prefetch worker, 750 MB, for 50 minutes)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    draw = ("batches(vision_batches, np.random.default_rng(0), 1000, 2)" if kind == "prefetch" else
+            "sharded(vision_batches_sharded, 1000, 7, 1000, 2, workers=2)")
+    script = ("import sys, numpy as np\n"
+              "from edgekv.toy.prefetch import batches, sharded\n"
+              "from edgekv.toy.train import vision_batches, vision_batches_sharded\n"
+              "if __name__ == '__main__':\n"
+              f"    it = {draw}\n"
+              "    next(it)\n"
+              "    print('ready', flush=True)\n"
+              "    sys.stdin.read()\n")
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout.readline().strip() == "ready"
+        workers = _children_of(trainer.pid)
+        assert workers  # the batch worker(s), and torch's resource tracker
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 120  # a liveness bound, not a measurement: the workers poll every 5 s
+    while time.monotonic() < deadline:
+        alive = {pid for pid in workers if _running(pid)}
+        if not alive:
+            break
+        time.sleep(0.5)
+    assert not alive, f"workers {sorted(alive)} outlived their killed trainer"
+
+
 def _equal_items(first, second) -> None:
     for a, b in zip(first, second, strict=True):
         fields = list(vars(a).values()) if hasattr(a, "__dict__") else list(a)

@@ -18,6 +18,7 @@ generators seed each step's own generators), and the batches come back in step o
 
 from __future__ import annotations
 
+import multiprocessing
 import queue as queue_module
 from typing import Any, Callable, Iterator
 
@@ -27,17 +28,47 @@ import torch
 _POLL_S = 5.0  # how often a waiting trainer checks that the worker is still alive
 
 
+def _trainer_gone() -> bool:
+    """True in a worker whose trainer has died. A trainer killed by a signal (``kill``, the OOM killer) runs no exit
+    handler that would end its daemon workers: they are the ones that must notice."""
+    parent = multiprocessing.parent_process()
+    return parent is not None and not parent.is_alive()
+
+
+def _send(out, message) -> bool:
+    """Put ``message`` for the trainer, waiting while the queue is full; False once the trainer is gone (a worker
+    blocked on a full queue would otherwise wait for it forever, holding its memory)."""
+    while True:
+        try:
+            out.put(message, timeout=_POLL_S)
+            return True
+        except queue_module.Full:
+            if _trainer_gone():
+                out.cancel_join_thread()  # nobody reads the pipe any more: do not wait at exit to flush it
+                return False
+
+
+def _wait_done(done) -> None:
+    """Stay until the trainer says it took every batch, or is gone."""
+    while not done.wait(_POLL_S):
+        if _trainer_gone():
+            return
+
+
 def _worker(out, done, make: Callable[..., Iterator[Any]], rng: np.random.Generator, args: tuple) -> None:
     torch.set_num_threads(1)
     try:
         for item in make(rng, *args):
-            out.put(("item", item))
-        out.put(("end", rng.bit_generator.state))
+            if not _send(out, ("item", item)):
+                return
+        if not _send(out, ("end", rng.bit_generator.state)):
+            return
     except BaseException as exc:  # reported to the trainer, which raises it
-        out.put(("error", f"{type(exc).__name__}: {exc}"))
+        if not _send(out, ("error", f"{type(exc).__name__}: {exc}")):
+            return
     # A tensor crosses as a file descriptor this process serves on request: stay until the trainer has
     # taken every batch, or the last ones could no longer be rebuilt.
-    done.wait()
+    _wait_done(done)
 
 
 def batches(make: Callable[..., Iterator[Any]], rng: np.random.Generator, *args: Any, prefetch: bool = True,
@@ -85,11 +116,14 @@ def _shard_worker(out, done, make: Callable[..., Iterator[Any]], args: tuple, sh
     torch.set_num_threads(1)
     try:
         for item in make(*args, shard=shard, shards=shards):
-            out.put(("item", item))
-        out.put(("end", None))
+            if not _send(out, ("item", item)):
+                return
+        if not _send(out, ("end", None)):
+            return
     except BaseException as exc:  # reported to the trainer, which raises it
-        out.put(("error", f"{type(exc).__name__}: {exc}"))
-    done.wait()  # as in _worker: the trainer may still be rebuilding this worker's last tensors
+        if not _send(out, ("error", f"{type(exc).__name__}: {exc}")):
+            return
+    _wait_done(done)  # as in _worker: the trainer may still be rebuilding this worker's last tensors
 
 
 def sharded(make: Callable[..., Iterator[Any]], steps: int, *args: Any, workers: int, depth: int = 2
