@@ -1779,6 +1779,66 @@ def test_lure_attention_tool_splits_the_question_attention_by_what_each_token_sh
         lure_attention.main(["--busy", "0"])
 
 
+def test_attention_loss_asks_each_answer_to_look_at_the_events_it_is_about(tmp_path, capsys):
+    """``Encoder(aux=True)`` marks, for every question about events, its answer word and the keys its query sees that
+    hold those events' tokens; ``forward_logits(..., attention_loss=[])`` appends -log(the share of layer 1's
+    attention, head-averaged, on them): 0 when every key the query sees is marked, more when only the events' are,
+    with gradients into the LM; not with ``recompute``; ``train(attend_weight=...)`` logs it and records it."""
+    from dataclasses import replace as replace_batch
+
+    from edgekv.toy.train import ATTEND_LAYER, qa_batches, train
+
+    batch = next(qa_batches(np.random.default_rng(3), 1, 3, True, 5, curriculum="refine"))
+    assert batch.attend_rows is not None and len(batch.attend_rows) == batch.attend_keys.shape[0] > 0
+    assert batch.is_answer[batch.attend_rows].all()
+    assert all(batch.families[int(r)] != "aux" for r in batch.attend_rows)
+    b_of = batch.target_index[batch.attend_rows, 0]
+    video = torch.zeros_like(batch.ids, dtype=torch.bool)
+    video[batch.video_index[:, 0], batch.video_index[:, 1]] = True
+    for a in range(len(batch.attend_rows)):
+        keys = batch.attend_keys[a].nonzero().flatten()
+        assert len(keys) > 0 and video[b_of[a], keys].all()  # only video tokens, at least one
+        query = batch.target_index[batch.attend_rows[a], 1]
+        assert batch.mask[b_of[a], query, keys].all()  # all of them visible to the answer's query
+    plain = next(qa_batches(np.random.default_rng(3), 1, 3, False, 5, curriculum="refine"))
+    assert plain.attend_rows is None  # only auxiliary (training) batches carry them
+
+    model = init_model(toy_config(), 0)
+    losses: list = []
+    logits = forward_logits(model, batch, attention_loss=losses)
+    assert torch.equal(logits, forward_logits(model, batch)) and len(losses) == 1
+    assert torch.isfinite(losses[0]) and losses[0].item() > 0.01
+    losses[0].backward()
+    layer = model.language.layers[ATTEND_LAYER]
+    grads = [p.grad for name, p in layer.named_parameters() if "q_proj" in name or "k_proj" in name]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+    seen = batch.mask[batch.target_index[batch.attend_rows, 0], batch.target_index[batch.attend_rows, 1]]
+    everything: list = []
+    forward_logits(model, replace_batch(batch, attend_keys=seen), attention_loss=everything)
+    assert abs(everything[0].item()) < 1e-4  # all the mass is on what the query sees
+    with pytest.raises(ValueError, match="recompute"):
+        forward_logits(model, batch, recompute=True, attention_loss=[])
+    with pytest.raises(ValueError, match="attend_weight"):
+        train(tmp_path / "unused", steps=1, attend_weight=-1.0)
+    assert not (tmp_path / "unused").exists()
+
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "steered"
+    base = ["train-toy", "--steps", "2", "--batch-size", "2", "--heldout-streams", "0", "--eval-samples", "2",
+            "--vision-steps", "1", "--threads", "1", "--width", "32", "--no-prefetch", "--log-every", "1",
+            "--curriculum", "refine", "--attend-weight", "0.5"]
+    assert main([*base[:1], str(out), *base[1:], "--layers", "2"]) == 0
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert card["attend_weight"] == 0.5 and card["command"].endswith("--attend-weight 0.5")
+    assert all(record["attend_loss"] > 0 for record in card["history"]) and len(card["history"]) == 2
+    capsys.readouterr()
+    for flags in (["--layers", "1"], ["--layers", "2", "--recompute"]):
+        assert main([*base[:1], str(tmp_path / "no"), *base[1:], *flags]) == 2
+        assert "--attend-weight must be >= 0" in capsys.readouterr().out
+    assert not (tmp_path / "no").exists()
+
+
 def test_hard_negatives_average_the_background_term_over_its_hardest_tokens():
     """``loss_of(..., hard_negatives=F)``: the auxiliary background ("no") term is the mean over the share F of the
     background tokens with the largest loss (at least one), the event tokens' term and the answers' unchanged; F = 1

@@ -38,6 +38,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hard-negatives", type=float, default=0.0, metavar="F",
                         help="average the auxiliary 'no' term over only this share (0-1] of the background tokens, "
                              "those read least as background (look-alikes); 0: all of them")
+    parser.add_argument("--attend-weight", type=float, default=0.0, metavar="W",
+                        help="add W x -log(the share of LM layer 1's attention that each answer's query gives to the "
+                             "tokens of the events it asks about; issue 27: lures take it); 0: off")
     parser.add_argument("--max-positions", type=int, default=None, metavar="N",
                         help="draw the samples' temporal positions over 0..N and write N as the checkpoint's "
                              "max_position_embeddings (default: --init's, else 8192); a full cache on a stream "
@@ -161,6 +164,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.workers < 0:
         print(f"edgekv train-toy: --workers must be at least 0, got {args.workers}")
         return 2
+    if args.attend_weight < 0 or (args.attend_weight and (args.recompute or (args.init is None and args.layers < 2))):
+        print(f"edgekv train-toy: --attend-weight must be >= 0 and needs a model of 2 or more LM layers, without "
+              f"--recompute; got {args.attend_weight}")
+        return 2
     if not 0.0 <= args.hard_negatives <= 1.0:
         print(f"edgekv train-toy: --hard-negatives is a share of the background tokens in [0, 1], got "
               f"{args.hard_negatives}")
@@ -211,7 +218,7 @@ def run_train(args: argparse.Namespace) -> int:
                      grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
                      hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
                      vision_lures=args.vision_lures, max_positions=args.max_positions,
-                     save_every=args.save_every)
+                     save_every=args.save_every, attend_weight=args.attend_weight)
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2

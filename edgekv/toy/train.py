@@ -61,6 +61,10 @@ class Batch:
     # question's query — exactly as if each such key and value were there that many times.
     key_bias: torch.Tensor | None = None  # [B, S] float
     slot: torch.Tensor | None = None      # [B, S] long: -1 prefix and padding, the slot of a video token, K a branch
+    # Where each answer should look (auxiliary batches): per question about events, the index in ``targets`` of its
+    # answer word and the keys [A, S] holding the tokens of those events that its query sees (``attention_loss``).
+    attend_rows: torch.Tensor | None = None  # [A] long
+    attend_keys: torch.Tensor | None = None  # [A, S] bool
 
     def to(self, device: torch.device | str) -> "Batch":
         """The batch with its tensors on ``device`` (``grid_thw`` stays on the host: the tower reads it there)."""
@@ -109,6 +113,8 @@ class Encoder:
         key_bias = torch.zeros(count, longest) if diluted else None
         slot_of = torch.full((count, longest), -1, dtype=torch.long) if diluted else None
         video_index, video_source, pixels, target_index, targets, families, is_answer = [], [], [], [], [], [], []
+        attend_rows: list[int] = []
+        attend_keys: list[tuple[int, np.ndarray]] = []
         pair_offset = 0
         for b, (row, sample) in enumerate(zip(rows, samples)):
             n = len(row["ids"])
@@ -146,15 +152,25 @@ class Encoder:
                         families.append("aux")
                         is_answer.append(False)
             pair_offset += len(sample.pairs)
+            if self.aux:
+                for local, keys in row["attend"]:
+                    attend_rows.append(len(targets) + local)
+                    attend_keys.append((b, keys))
             for s, target, family, answer in row["targets"]:
                 target_index.append((b, s))
                 targets.append(target)
                 families.append(family)
                 is_answer.append(answer)
         grid = torch.tensor([[1, 2 * self.grid, 2 * self.grid]] * pair_offset)
+        rows_at = keys_at = None
+        if attend_rows:
+            rows_at = torch.tensor(attend_rows)
+            keys_at = torch.zeros(len(attend_rows), longest, dtype=torch.bool)
+            for a, (b, keys) in enumerate(attend_keys):
+                keys_at[a, torch.from_numpy(keys)] = True
         return Batch(ids, positions, mask, torch.tensor(video_index), torch.tensor(video_source), torch.cat(pixels),
                      grid, torch.tensor(target_index), torch.tensor(targets), families, torch.tensor(is_answer),
-                     key_bias, slot_of)
+                     key_bias, slot_of, rows_at, keys_at)
 
     def _encode_one(self, sample: Sample) -> dict:
         slots = sample.slots
@@ -179,11 +195,18 @@ class Encoder:
             sink.extend((sample.sink[slot, tokens] if sample.sink is not None else np.ones(len(tokens), bool)).tolist())
         text_start = max(s0 + max(sample.tpos), s0 + self.grid - 1) + 1
         targets = []
+        looks: list[tuple[int, int, list[int]]] = []  # (local target index, query row, keys of the events asked about)
         for branch, qa in enumerate(sample.qas):
             question = self.ids(self.layout.question_suffix(qa.question))
             answer = self.ids(qa.answer)
             tokens = question + answer + [self.im_end]
             first = len(ids)
+            about = {index for index, event in enumerate(sample.events) if any(event is e for e in qa.about)}
+            if about:
+                keys = [position for slot in range(slots)
+                        for token, position in zip(slot_tokens[slot], slot_positions[slot])
+                        if int(sample.carried[slot, token]) in about]
+                looks.append((len(targets), first + len(question) - 1, keys))
             ids.extend(tokens)
             pos.append(torch.arange(text_start, text_start + len(tokens)).expand(3, len(tokens)))
             kind.extend([2 + branch] * len(tokens))
@@ -205,12 +228,27 @@ class Encoder:
         mask |= same_unit & (q_kind != 0)
         mask |= video_query & earlier_video & sink[None, :]
         mask |= branch_query & earlier_video
+        attend = []
+        for local, query, keys in looks:  # only the keys the answer's query sees (evicted tokens are not there)
+            seen = np.array([k for k in keys if mask[query, k]], dtype=np.int64)
+            if len(seen):
+                attend.append((local, seen))
         return {"ids": ids, "positions": torch.cat(pos, dim=1), "mask": mask, "video_start": s0, "targets": targets,
-                "slot_tokens": slot_tokens, "slot_positions": slot_positions, "slot_of": slot_a}
+                "slot_tokens": slot_tokens, "slot_positions": slot_positions, "slot_of": slot_a, "attend": attend}
 
 
-def forward_logits(model, batch: Batch, recompute: bool = False) -> torch.Tensor:
+ATTEND_LAYER = 1  # the LM layer whose question attention ``attention_loss`` steers: where the shipped toy's needles
+# take the most of it (tools/toy_lure_attention.py: layer 1, 0.18 of the last query token's mass on 3 needle tokens).
+
+
+def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss: list | None = None) -> torch.Tensor:
     """Logits [T, V] at the supervised positions (the runtime's modules, batched).
+
+    ``attention_loss`` (a list; the batch's ``attend_rows``, without ``recompute``): appends the mean over the
+    batch's questions about events of -log(the share of ``ATTEND_LAYER``'s attention, averaged over the query heads,
+    that the answer's query gives to the tokens of those events). Issue 27: the toy's question attention prefers a
+    needle token over a lure token only ~40 times, so a few hundred lures take most of it (README, "Every lure costs
+    alike"); this term asks for the margin directly.
 
     ``recompute`` keeps no layer's activations for the backward pass but its input, and runs the layer again
     there (``torch.utils.checkpoint``): the memory of one layer's attention weights at a time instead of every
@@ -230,7 +268,21 @@ def forward_logits(model, batch: Batch, recompute: bool = False) -> torch.Tensor
         mask += later.to(mask.dtype) * batch.key_bias[:, None, :].to(mask.dtype)
     mask = mask[:, None]
 
+    steer = attention_loss is not None and batch.attend_rows is not None
+    if steer and recompute:
+        raise ValueError("attention_loss needs the layers' activations: not with recompute")
+
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if steer and layer == ATTEND_LAYER:
+            where = batch.target_index[batch.attend_rows]  # [A, 2]: (b, s) of each answer's query
+            queries = q[where[:, 0], :, where[:, 1]].float()  # [A, Hq, hd]
+            keys = k[where[:, 0]].float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [A, Hq, S, hd]
+            scores = torch.einsum("ahd,ahsd->ahs", queries, keys) / q.shape[-1] ** 0.5
+            scores = scores + mask[where[:, 0], 0, where[:, 1]][:, None].float()  # the same visibility and dilution
+            logp = torch.log_softmax(scores, dim=-1)
+            chosen = logp.masked_fill(~batch.attend_keys[:, None], float("-inf")).logsumexp(-1)  # [A, Hq]
+            share = chosen.exp().mean(-1)
+            attention_loss.append(-torch.log(share + 1e-6).mean())
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
     x = embeds
@@ -520,7 +572,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           device: str = "cpu", workers: int = 0, freeze_init_vision: bool = False, grow: int = 0,
           grow_vision: int = 0, recompute: bool = False, grow_width: int = 0, hard_negatives: float = 0.0,
           vision_lr: float = 2e-3, vision_lures: float = 0.0, max_positions: int | None = None,
-          save_every: int = 0) -> dict:
+          save_every: int = 0, attend_weight: float = 0.0) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -578,6 +630,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         raise ValueError(f"workers must be at least 0, got {workers}")
     if not 0.0 <= hard_negatives <= 1.0:
         raise ValueError(f"hard_negatives is a share of the background tokens in [0, 1], got {hard_negatives}")
+    if attend_weight < 0 or (attend_weight and (recompute or aux_weight <= 0)):
+        raise ValueError(f"attend_weight must be >= 0 (got {attend_weight}), and > 0 only with the auxiliary labels "
+                         f"(aux_weight > 0) and without recompute")
     if not 0.0 <= vision_lures <= 1.0:
         raise ValueError(f"vision_lures is a share of the warm-up's world pairs in [0, 1], got {vision_lures}")
     if not vision_lr > 0:
@@ -619,6 +674,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         model = init_model(toy_config(width=width, layers=layers, vision_width=vision_width,
                                       vision_depth=vision_depth, max_positions=max_positions or MAX_POSITIONS), seed)
     positions = int(model.config.text.max_position_embeddings)
+    if attend_weight and len(model.language.layers) <= ATTEND_LAYER:
+        raise ValueError(f"attend_weight steers LM layer {ATTEND_LAYER}'s attention: the model has "
+                         f"{len(model.language.layers)} layer(s)")
     model.to(device).train()
     started = time.perf_counter()
     vision_history = (warm_up_vision(model, vision_steps, rng, lr=vision_lr, log=log, log_every=log_every,
@@ -650,6 +708,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     history: list[dict] = []
     snapshots: list[tuple[Path, int, int, float]] = []  # directory, step, history records then, seconds
     running = np.zeros(2)
+    attend_running = 0.0
     drawn = (sharded(qa_batches_sharded, steps, seed, steps, batch_size, aux_weight > 0, curriculum, drawable, size,
                      positions, workers=workers)
              if workers else batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, drawable,
@@ -657,8 +716,12 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     for step, batch in enumerate(drawn):
         batch = batch.to(device)
         progress = step / max(1, steps)
-        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch, recompute), batch, aux_weight, encoder.no,
-                                              hard_negatives)
+        steered: list | None = [] if attend_weight else None
+        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch, recompute, steered), batch, aux_weight,
+                                              encoder.no, hard_negatives)
+        if steered:
+            loss = loss + attend_weight * steered[0]
+            attend_running = steered[0].item() if step == 0 else 0.98 * attend_running + 0.02 * steered[0].item()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(decay + other, 1.0)
@@ -671,6 +734,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
                       "seconds": round(time.perf_counter() - started, 1),
                       "stage": stage_at(progress, np.random.default_rng(0), curriculum).name,
                       "load_average": round(os.getloadavg()[0], 2)}
+            if attend_weight:
+                record["attend_loss"] = round(float(attend_running), 4)
             record["heldout"] = evaluate(model, held)
             history.append(record)
             log(json.dumps(record))
@@ -709,6 +774,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += " --freeze-vision"
     if hard_negatives:
         command += f" --hard-negatives {hard_negatives:g}"
+    if attend_weight:
+        command += f" --attend-weight {attend_weight:g}"
     if max_positions is not None:
         command += f" --max-positions {max_positions}"
     if vision_steps and vision_lr != 2e-3:
@@ -724,7 +791,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "vision_frozen": not any(p.requires_grad for p in model.visual.parameters()),
             "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "curriculum": curriculum,
             "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
-            "grown_width": grow_width or None, "hard_negatives": hard_negatives or None,
+            "grown_width": grow_width or None, "hard_negatives": hard_negatives or None, "attend_weight": attend_weight or None,
             "vision_lr": vision_lr if vision_steps else None, "vision_lures": vision_lures or None,
             "width": width, "layers": layers,
             "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers,
