@@ -114,7 +114,7 @@ class Encoder:
         slot_of = torch.full((count, longest), -1, dtype=torch.long) if diluted else None
         video_index, video_source, pixels, target_index, targets, families, is_answer = [], [], [], [], [], [], []
         attend_rows: list[int] = []
-        attend_keys: list[tuple[int, np.ndarray]] = []
+        attend_keys: list[np.ndarray] = []
         pair_offset = 0
         for b, (row, sample) in enumerate(zip(rows, samples)):
             n = len(row["ids"])
@@ -152,10 +152,9 @@ class Encoder:
                         families.append("aux")
                         is_answer.append(False)
             pair_offset += len(sample.pairs)
-            if self.aux:
-                for local, keys in row["attend"]:
-                    attend_rows.append(len(targets) + local)
-                    attend_keys.append((b, keys))
+            for local, keys in row["attend"]:
+                attend_rows.append(len(targets) + local)
+                attend_keys.append(keys)
             for s, target, family, answer in row["targets"]:
                 target_index.append((b, s))
                 targets.append(target)
@@ -166,7 +165,7 @@ class Encoder:
         if attend_rows:
             rows_at = torch.tensor(attend_rows)
             keys_at = torch.zeros(len(attend_rows), longest, dtype=torch.bool)
-            for a, (b, keys) in enumerate(attend_keys):
+            for a, keys in enumerate(attend_keys):
                 keys_at[a, torch.from_numpy(keys)] = True
         return Batch(ids, positions, mask, torch.tensor(video_index), torch.tensor(video_source), torch.cat(pixels),
                      grid, torch.tensor(target_index), torch.tensor(targets), families, torch.tensor(is_answer),
@@ -195,18 +194,15 @@ class Encoder:
             sink.extend((sample.sink[slot, tokens] if sample.sink is not None else np.ones(len(tokens), bool)).tolist())
         text_start = max(s0 + max(sample.tpos), s0 + self.grid - 1) + 1
         targets = []
-        looks: list[tuple[int, int, list[int]]] = []  # (local target index, query row, keys of the events asked about)
+        looks: list[tuple[int, int, list[int]]] = []  # (local target index, query row, events asked about)
         for branch, qa in enumerate(sample.qas):
             question = self.ids(self.layout.question_suffix(qa.question))
             answer = self.ids(qa.answer)
             tokens = question + answer + [self.im_end]
             first = len(ids)
-            about = {index for index, event in enumerate(sample.events) if any(event is e for e in qa.about)}
-            if about:
-                keys = [position for slot in range(slots)
-                        for token, position in zip(slot_tokens[slot], slot_positions[slot])
-                        if int(sample.carried[slot, token]) in about]
-                looks.append((len(targets), first + len(question) - 1, keys))
+            if self.aux and qa.about:  # where the answer should look (``attention_loss``): training batches only
+                about = [index for index, event in enumerate(sample.events) if any(event is e for e in qa.about)]
+                looks.append((len(targets), first + len(question) - 1, about))
             ids.extend(tokens)
             pos.append(torch.arange(text_start, text_start + len(tokens)).expand(3, len(tokens)))
             kind.extend([2 + branch] * len(tokens))
@@ -229,10 +225,14 @@ class Encoder:
         mask |= video_query & earlier_video & sink[None, :]
         mask |= branch_query & earlier_video
         attend = []
-        for local, query, keys in looks:  # only the keys the answer's query sees (evicted tokens are not there)
-            seen = np.array([k for k in keys if mask[query, k]], dtype=np.int64)
-            if len(seen):
-                attend.append((local, seen))
+        if looks:
+            video_at = np.concatenate([np.asarray(p, dtype=np.int64) for p in slot_positions])  # every video token
+            shows = np.concatenate([sample.carried[slot, t] for slot, t in enumerate(slot_tokens)])  # its event
+            for local, query, about in looks:  # the about-events' tokens the answer's query sees (not evicted ones)
+                keys = video_at[np.isin(shows, about)]
+                seen = keys[mask[query, keys]]
+                if len(seen):
+                    attend.append((local, seen))
         return {"ids": ids, "positions": torch.cat(pos, dim=1), "mask": mask, "video_start": s0, "targets": targets,
                 "slot_tokens": slot_tokens, "slot_positions": slot_positions, "slot_of": slot_a, "attend": attend}
 
@@ -791,7 +791,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "vision_frozen": not any(p.requires_grad for p in model.visual.parameters()),
             "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "curriculum": curriculum,
             "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
-            "grown_width": grow_width or None, "hard_negatives": hard_negatives or None, "attend_weight": attend_weight or None,
+            "grown_width": grow_width or None, "hard_negatives": hard_negatives or None,
+            "attend_weight": attend_weight or None,
             "vision_lr": vision_lr if vision_steps else None, "vision_lures": vision_lures or None,
             "width": width, "layers": layers,
             "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers,
