@@ -1787,8 +1787,25 @@ def test_lure_attention_tool_splits_the_question_attention_by_what_each_token_sh
             assert group["needle"]["tokens"] == needle_pairs and group["lure"]["tokens"] > 0
     right = result["layers"]["1"]["right"]
     assert right["needle"]["per_token"] > 10 * right["video"]["per_token"]
+    # --keep-off-lures: in those layers the questions give the lures' tokens nothing; the same questions asked
+    kept = tmp_path / "kept.json"
+    assert lure_attention.main(["--length", "40", "--seeds", "49", "--streams", "1", "--families", "noise",
+                                "--busy", "0.5", "--keep-off-lures", "1,2", "--out", str(kept)]) == 0
+    assert attention.CacheAttention.__call__ is original
+    off = json.loads(kept.read_text())
+    assert result["readout_deviation"] < 1e-2 and off["readout_deviation"] < 1e-2  # recorded = what the layers read
+    assert off["keep_off_lures"] == [1, 2] and off["answered"] == {"right": off["answered"]["right"],
+                                                                   "wrong": len(asked) - off["answered"]["right"]}
+    for layer, entry in off["layers"].items():
+        for verdict, group in entry.items():
+            if layer in ("1", "2"):
+                assert group["lure"]["mass"] == 0.0 and group["lure"]["tokens"] > 0
+            else:
+                assert group["lure"]["mass"] > 0.0
     with pytest.raises(SystemExit):
         lure_attention.main(["--busy", "0"])
+    with pytest.raises(SystemExit):
+        lure_attention.main(["--keep-off-lures", "1,a"])
 
 
 def test_attention_loss_asks_each_answer_to_look_at_the_events_it_is_about(tmp_path, capsys):
@@ -1848,6 +1865,84 @@ def test_attention_loss_asks_each_answer_to_look_at_the_events_it_is_about(tmp_p
     for flags in (["--layers", "1"], ["--layers", "2", "--recompute"]):
         assert main([*base[:1], str(tmp_path / "no"), *base[1:], *flags]) == 2
         assert "--attend-weight must be >= 0" in capsys.readouterr().out
+    assert not (tmp_path / "no").exists()
+
+
+def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, capsys):
+    """A lured world sample marks the tokens that show a lure and no event (``Sample.lured``); ``Encoder(aux=True)``
+    marks, for every question of such a sample, its answer word and the lure tokens its query sees;
+    ``forward_logits(..., avoid_loss=[])`` appends per steered layer -log(1 - each head's share on them): 0 when
+    nothing is marked, more when the lures are, with gradients into those layers' q/k; ``train(avoid_weight=...)``
+    logs and records it; the CLI refuses a negative weight, layers without a weight and layers the model lacks."""
+    from dataclasses import replace
+
+    from edgekv.toy.train import AVOID_LAYERS, qa_batches, train
+
+    stage = replace(CURRICULA["world-lures-free-dilute"][1][1], world=1.0, mild=0.0, lures=1.0, dilute=0.0)
+    for seed in range(3):
+        sample = draw_sample(np.random.default_rng(seed), stage, MAX_POSITIONS, pairs=(24, 32),
+                             families=("noise", "checks"))
+        assert sample.lured is not None and sample.lured.shape == sample.carried.shape
+        assert not (sample.lured & (sample.carried >= 0)).any()  # an event's token is the event's, not a lure's
+    plain = draw_sample(np.random.default_rng(0), replace(stage, lures=0.0), MAX_POSITIONS, pairs=(24, 32),
+                        families=("noise", "checks"))
+    assert plain.lured is None
+
+    batch = next(qa_batches(np.random.default_rng(4), 1, 4, True, 5, curriculum="world-lures-free-dilute",
+                            families=("noise", "checks")))
+    assert batch.avoid_rows is not None and len(batch.avoid_rows) == batch.avoid_keys.shape[0] > 0
+    assert batch.is_answer[batch.avoid_rows].all()
+    video = torch.zeros_like(batch.ids, dtype=torch.bool)
+    video[batch.video_index[:, 0], batch.video_index[:, 1]] = True
+    b_of = batch.target_index[batch.avoid_rows, 0]
+    for a in range(len(batch.avoid_rows)):
+        keys = batch.avoid_keys[a].nonzero().flatten()
+        assert len(keys) > 0 and video[b_of[a], keys].all()
+        assert batch.mask[b_of[a], batch.target_index[batch.avoid_rows[a], 1], keys].all()
+        if batch.attend_rows is not None and (batch.attend_rows == batch.avoid_rows[a]).any():
+            asked = batch.attend_keys[(batch.attend_rows == batch.avoid_rows[a]).nonzero()[0, 0]]
+            assert not (asked & batch.avoid_keys[a]).any()  # never a token of the events asked about
+    assert next(qa_batches(np.random.default_rng(4), 1, 4, False, 5, curriculum="world-lures-free-dilute",
+                           families=("noise", "checks"))).avoid_rows is None  # training batches only
+
+    model = init_model(toy_config(), 0)
+    losses: list = []
+    logits = forward_logits(model, batch, avoid_loss=losses)
+    assert torch.equal(logits, forward_logits(model, batch)) and len(losses) == len(AVOID_LAYERS)
+    assert all(torch.isfinite(x) and x.item() > 0.01 for x in losses)
+    torch.stack(losses).mean().backward()
+    for index in AVOID_LAYERS:
+        grads = [p.grad for name, p in model.language.layers[index].named_parameters()
+                 if "q_proj" in name or "k_proj" in name]
+        assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+    nothing: list = []
+    forward_logits(model, replace(batch, avoid_keys=torch.zeros_like(batch.avoid_keys)), avoid_loss=nothing,
+                   avoid_layers=(2,))
+    assert len(nothing) == 1 and nothing[0].item() == 0.0
+    with pytest.raises(ValueError, match="recompute"):
+        forward_logits(model, batch, recompute=True, avoid_loss=[])
+    with pytest.raises(ValueError, match="avoid_weight"):
+        train(tmp_path / "unused", steps=1, avoid_weight=-1.0)
+
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "avoiding"
+    base = ["train-toy", "--steps", "2", "--batch-size", "2", "--heldout-streams", "0", "--eval-samples", "2",
+            "--vision-steps", "1", "--threads", "1", "--width", "32", "--no-prefetch", "--log-every", "1",
+            "--curriculum", "world-lures-free-dilute", "--families", "noise,checks", "--holdout", "none",
+            "--layers", "2", "--avoid-weight", "0.5"]
+    assert main([*base[:1], str(out), *base[1:], "--avoid-layers", "0,1"]) == 0
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert card["avoid_weight"] == 0.5 and card["avoid_layers"] == [0, 1]
+    assert card["command"].endswith("--avoid-weight 0.5 --avoid-layers 0,1")
+    assert all("avoid_loss" in record for record in card["history"]) and len(card["history"]) == 2
+    capsys.readouterr()
+    for flags, said in ((["--avoid-layers", "1,x"], "comma-separated"), (["--avoid-layers", "2"], "layers 0-1"),
+                        (["--avoid-weight", "-1"], "--avoid-weight must be >= 0")):
+        assert main([*base[:1], str(tmp_path / "no"), *base[1:], *flags]) == 2
+        assert said in capsys.readouterr().out
+    assert main([*base[:1], str(tmp_path / "no"), *base[1:-2], "--avoid-layers", "1"]) == 2
+    assert "--avoid-layers only with it" in capsys.readouterr().out
     assert not (tmp_path / "no").exists()
 
 

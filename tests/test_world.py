@@ -148,6 +148,25 @@ def test_lures_are_transients_in_vocabulary_colours_never_vocabulary_shapes():
         WorldStyle(lures=1.5)
 
 
+def test_lure_cells_are_the_cells_where_the_lures_are_drawn():
+    """``WorldScene.lure_cells(pair)``: the merged-grid cells where a lure shows in either frame of the pair, camera
+    drift and shake included: where the lured render differs from the same scene's render with the same transients
+    in distractor colours, and nowhere else; no lures, no cells."""
+    style = WorldStyle(noise=0.0, transients=0.8, drift=0.5, shake=1.0, light=0.0)
+    plain = WorldScene(112, 112, 2.0, 7, [], "checks", style, frames=200)
+    lured = WorldScene(112, 112, 2.0, 7, [], "checks", replace(style, lures=1.0), frames=200)
+    marked = 0
+    for pair in range(60):
+        differs = np.zeros((112, 112), dtype=bool)
+        for index in (2 * pair, 2 * pair + 1):
+            differs |= (plain.frame(index) != lured.frame(index)).any(axis=2)
+        cells = differs[:112, :112].reshape(4, 28, 4, 28).any(axis=(1, 3))
+        assert np.array_equal(lured.lure_cells(pair), cells), pair
+        assert not plain.lure_cells(pair).any()
+        marked += int(cells.sum())
+    assert marked > 20  # the stream shows lures
+
+
 def test_lure_colors_and_shapes_choose_the_lures_looks_and_leave_places_and_times_alone():
     style = WorldStyle(noise=0.0, transients=0.8, lures=1.0)
     default = WorldScene(112, 112, 2.0, 5, [], "gradient", style, frames=400)

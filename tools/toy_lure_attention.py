@@ -5,10 +5,15 @@ A toy's full cache loses a quarter of its answers on 250-pair needle streams wit
 ingests those streams with the full cache, asks each stream's last checkpoint's questions and records, in every LM
 layer, the attention of the question's last token over the cache (averaged over the query heads): the mass on the
 needles' tokens, the lures' tokens, the rest of the video and the text, in all and per token, split by whether the
-question was answered right. A token is a needle's (a lure's) when the centre of a needle (a lure on screen at that
-frame pair) lies in its merged-grid cell: one token an object, the one under its centre. The per-token ratio of
-needle to lure mass is the LM's margin; with hundreds of lure tokens against a few needle tokens, a margin of a few
-tens lets the lures take most of the mass.
+question was answered right. A token is a needle's when the centre of a needle lies in its merged-grid cell (one
+token a needle and pair), a lure's when a lure on screen at that frame pair shows in its cell (every cell it covers,
+``WorldScene.lure_cells``; a needle's cell stays the needle's). The per-token ratio of needle to lure mass is the LM's
+margin; with hundreds of lure tokens against a few needle tokens, a margin of a few tens lets the lures take most of
+the mass.
+
+``--keep-off-lures 1,2,3`` hides the lures' tokens from the questions' attention in those LM layers (only while the
+questions are asked; the stream was ingested as always): if the answers come back, the lures cost the toy through
+where its questions look, not through what the needles' own tokens took in from them.
 
     python tools/toy_lure_attention.py --model builtin:toy --length 250 --seeds 49,50 --out lure_attention.json
 """
@@ -28,7 +33,6 @@ from edgekv.cache.capped import SlotKind
 from edgekv.eval.needle import DEFAULT_AGES, PolicyRun, encode_stream, needle_stream, runtime_for, tokens_per_pair
 from edgekv.toy.data import CELL
 from edgekv.toy.questions import answer_of
-from edgekv.video.events import COLORS
 
 CLASSES = ("needle", "lure", "video", "text")
 
@@ -37,15 +41,25 @@ class LastQueryAttention:
     """While active, records per layer the first chunk's last-query attention over the committed slots (the
     question's prefill: a chunk of ``P`` tokens attends to ``start`` committed slots and itself)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hide: np.ndarray | None = None, layers: tuple[int, ...] = ()) -> None:
         self.rows: dict[int, dict] = {}
         self.active = False
+        self.hide = hide  # [capacity] bool: slots kept from the question's attention in ``layers``
+        self.layers = layers
+        self.deviation = 0.0  # largest gap between the recorded attention's read-out and the layer's output
         self._original = attention.CacheAttention.__call__
 
     def __enter__(self) -> "LastQueryAttention":
         recorder, original = self, self._original
 
         def call(chunk, layer, q, k, v):
+            hiding = recorder.active and recorder.hide is not None and layer in recorder.layers
+            if recorder.active and recorder.hide is not None and chunk.visible is None and chunk.mass_out is None:
+                cache = chunk.cache
+                visible = torch.ones(cache.num_layers, cache.kv_heads, chunk.start, dtype=torch.bool)
+                for hidden_layer in recorder.layers:
+                    visible[hidden_layer] = ~torch.from_numpy(recorder.hide[:chunk.start])
+                chunk.visible = visible
             out = original(chunk, layer, q, k, v)
             if recorder.active and layer not in recorder.rows:
                 cache, start = chunk.cache, chunk.start
@@ -53,7 +67,16 @@ class LastQueryAttention:
                 group = q.shape[0] // keys.shape[0]
                 last = q[:, -1].float()  # [Hq, D]
                 scores = torch.einsum("hd,hnd->hn", last, keys.repeat_interleave(group, 0)) / last.shape[-1] ** 0.5
-                probs = torch.softmax(scores, dim=-1)[:, :start].mean(0)  # [start]: mass per committed slot
+                if hiding:
+                    hidden = torch.from_numpy(np.concatenate([recorder.hide[:start], np.zeros(chunk.num_new, bool)]))
+                    scores = scores.masked_fill(hidden[: scores.shape[-1]], float("-inf"))
+                weights = torch.softmax(scores, dim=-1)  # [Hq, start + P]
+                # what these weights read must be what the layer's attention returned (the recorded attention is the
+                # one the answer used, kept off the lures where asked)
+                values = cache.values(layer, start + chunk.num_new).float().repeat_interleave(group, 0)
+                read = torch.einsum("hn,hnd->hd", weights, values)
+                recorder.deviation = max(recorder.deviation, float((read - out[:, -1].float()).abs().max()))
+                probs = weights[:, :start].mean(0)  # [start]: mass per committed slot
                 recorder.rows[layer] = {"mass": probs.numpy(), "kind": cache.kind[layer, 0, :start].numpy().copy(),
                                         "pair": cache.frame[layer, 0, :start].numpy().copy(),
                                         "row": cache.row[layer, 0, :start].numpy().copy(),
@@ -73,9 +96,8 @@ def slot_classes(row: dict, scene, pairs: int) -> np.ndarray:
     classes = np.where(video, "video", "text").astype(object)
     cells: dict[tuple[int, int, int], str] = {}
     for pair in range(pairs):
-        for item in scene.transients(pair):
-            if item.color in COLORS:  # a lure: a passing object in a vocabulary colour
-                cells[(pair, int(item.center[1] // CELL), int(item.center[0] // CELL))] = "lure"
+        for r, c in zip(*np.nonzero(scene.lure_cells(pair, CELL))):  # every cell a lure shows in
+            cells[(pair, int(r), int(c))] = "lure"
     for event in scene.events:  # a needle's cell wins over a lure's
         for pair in range(event.first_pair, event.last_pair + 1):
             cells[(pair, int(event.center[1] // CELL), int(event.center[0] // CELL))] = "needle"
@@ -87,11 +109,13 @@ def slot_classes(row: dict, scene, pairs: int) -> np.ndarray:
 
 
 def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, families: tuple[str, ...],
-            busy: float = 0.2, size: int = 112) -> dict:
+            busy: float = 0.2, size: int = 112, keep_off: tuple[int, ...] = ()) -> dict:
     """Per layer and class: mean attention mass of the question's last token, in all and per token, over the
-    questions answered right and those answered wrong."""
+    questions answered right and those answered wrong; ``keep_off``: the LM layers where the questions do not see
+    the lures' tokens."""
     sums: dict[tuple[bool, int, str], list[tuple[float, int]]] = defaultdict(list)
     answered = {True: 0, False: 0}
+    deviation = 0.0
     for seed in seeds:
         for index in range(streams):
             stream = needle_stream(length, DEFAULT_AGES, seed * 1000 + index, 3, 2.0, family=families[index % len(
@@ -105,21 +129,30 @@ def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, famil
                 first, second = stream.scene.pair_frames(pair)
                 session.ingest(first, t=stream.scene.time(2 * pair))
                 session.ingest(second, t=stream.scene.time(2 * pair + 1))
-            classes = None
+            classes = hide = None
+            if keep_off:
+                cache = session.cache
+                classes = slot_classes({"kind": cache.kind[0, 0].numpy(), "pair": cache.frame[0, 0].numpy(),
+                                        "row": cache.row[0, 0].numpy(), "col": cache.col[0, 0].numpy()},
+                                       stream.scene, length)
+                hide = classes == "lure"
             for probe in (p for p in stream.probes if p.checkpoint == length):
-                with LastQueryAttention() as recorder:
+                with LastQueryAttention(hide, keep_off) as recorder:
                     recorder.active = True
                     said = answer_of(session.ask(probe.qa.question, max_new_tokens=1).text)
                 right = said == probe.qa.answer
+                deviation = max(deviation, recorder.deviation)
                 answered[right] += 1
                 for layer, row in recorder.rows.items():
                     if classes is None or len(classes) != len(row["mass"]):
                         classes = slot_classes(row, stream.scene, length)
+                    classes = classes[: len(row["mass"])]
                     for name in CLASSES:
                         chosen = classes == name
                         sums[(right, layer, name)].append((float(row["mass"][chosen].sum()), int(chosen.sum())))
     layers = sorted({layer for _, layer, _ in sums})
     out: dict = {"model": model, "length": length, "seeds": list(seeds), "streams": streams, "busy": busy,
+                 "keep_off_lures": list(keep_off), "readout_deviation": deviation,
                  "answered": {"right": answered[True], "wrong": answered[False]}, "layers": {}}
     for layer in layers:
         entry = {}
@@ -147,15 +180,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=4, help="streams a seed")
     parser.add_argument("--families", default="photo,cells")
     parser.add_argument("--busy", type=float, default=0.2, help="passing objects per pair (all of them lures)")
+    parser.add_argument("--keep-off-lures", default="", metavar="LAYERS",
+                        help="comma-separated LM layers where the questions do not see the lures' tokens")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.length < 2 or args.streams < 1 or not args.busy > 0:
         parser.error(f"--length must be >= 2, --streams >= 1 and --busy > 0 (got {args.length}, {args.streams}, "
                      f"{args.busy})")
+    try:
+        keep_off = tuple(int(layer) for layer in args.keep_off_lures.split(",")) if args.keep_off_lures else ()
+    except ValueError:
+        parser.error(f"--keep-off-lures takes comma-separated LM layers, got {args.keep_off_lures!r}")
+    if any(layer < 0 for layer in keep_off):
+        parser.error(f"--keep-off-lures: LM layers are >= 0, got {args.keep_off_lures!r}")
     torch.set_num_threads(args.threads)
     seeds = tuple(int(s) for s in args.seeds.split(","))
-    result = measure(args.model, args.length, seeds, args.streams, tuple(args.families.split(",")), args.busy)
+    result = measure(args.model, args.length, seeds, args.streams, tuple(args.families.split(",")), args.busy,
+                     keep_off=keep_off)
     print(f"{result['answered']['right']} questions answered right, {result['answered']['wrong']} wrong")
     for layer, entry in result["layers"].items():
         for verdict, group in entry.items():

@@ -41,6 +41,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attend-weight", type=float, default=0.0, metavar="W",
                         help="add W x -log(the share of LM layer 1's attention that each answer's query gives to the "
                              "tokens of the events it asks about; issue 27: lures take it); 0: off")
+    parser.add_argument("--avoid-weight", type=float, default=0.0, metavar="W",
+                        help="add W x -log(1 - the share of each attention head's mass that each question's answer "
+                             "query gives to the lures' tokens), in the LM layers --avoid-layers, on lured world "
+                             "samples (issue 27); 0: off")
+    parser.add_argument("--avoid-layers", default=None, metavar="LIST",
+                        help="comma-separated LM layers --avoid-weight steers (default 1,2,3)")
     parser.add_argument("--max-positions", type=int, default=None, metavar="N",
                         help="draw the samples' temporal positions over 0..N and write N as the checkpoint's "
                              "max_position_embeddings (default: --init's, else 8192); a full cache on a stream "
@@ -141,7 +147,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from edgekv.toy.train import train
+    from edgekv.toy.train import AVOID_LAYERS, train
 
     if args.steps < 1 or args.batch_size < 1 or args.vision_steps < 0 or args.layers < 1:
         print("edgekv train-toy: --steps, --batch-size and --layers must be at least 1, --vision-steps at least 0")
@@ -167,6 +173,17 @@ def run_train(args: argparse.Namespace) -> int:
     if args.attend_weight < 0 or (args.attend_weight and (args.recompute or (args.init is None and args.layers < 2))):
         print(f"edgekv train-toy: --attend-weight must be >= 0 and needs a model of 2 or more LM layers, without "
               f"--recompute; got {args.attend_weight}")
+        return 2
+    try:
+        avoid_layers = AVOID_LAYERS if args.avoid_layers is None else tuple(
+            int(layer) for layer in args.avoid_layers.split(","))
+    except ValueError:
+        print(f"edgekv train-toy: --avoid-layers takes comma-separated LM layer indices, got {args.avoid_layers!r}")
+        return 2
+    if args.avoid_weight < 0 or (args.avoid_weight and (args.recompute or min(avoid_layers) < 0)) or \
+            (args.avoid_layers is not None and not args.avoid_weight):
+        print(f"edgekv train-toy: --avoid-weight must be >= 0, without --recompute, over LM layers >= 0, and "
+              f"--avoid-layers only with it; got {args.avoid_weight} over {args.avoid_layers or 'the default'}")
         return 2
     if not 0.0 <= args.hard_negatives <= 1.0:
         print(f"edgekv train-toy: --hard-negatives is a share of the background tokens in [0, 1], got "
@@ -218,8 +235,14 @@ def run_train(args: argparse.Namespace) -> int:
                      grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
                      hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
                      vision_lures=args.vision_lures, max_positions=args.max_positions,
-                     save_every=args.save_every, attend_weight=args.attend_weight)
+                     save_every=args.save_every, attend_weight=args.attend_weight,
+                     avoid_weight=args.avoid_weight, avoid_layers=avoid_layers)
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
+        print(f"edgekv train-toy: {exc}")
+        return 2
+    except ValueError as exc:  # layers the --init checkpoint lacks (known only once it is loaded)
+        if not str(exc).startswith(("avoid_layers", "attend_weight")):
+            raise
         print(f"edgekv train-toy: {exc}")
         return 2
     print(json.dumps({"wrote": args.out_dir, "wall_time_s": card["wall_time_s"],

@@ -457,6 +457,8 @@ class Sample:
                                                  # (None: cover >= SHAPE_COVER)
     multiplicity: float = 1.0                    # each background pair (no event) weighs as this many in
                                                  # attention from later pairs and the questions (``Stage.dilute``)
+    lured: np.ndarray | None = None              # [K, 16] bool: tokens showing a lure and no event (world
+                                                 # samples with lures; None: no lure on screen)
 
     def background_slots(self) -> np.ndarray:
         """[K] bool: the slots that show no event (every event carries at least its main token)."""
@@ -590,6 +592,7 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
     # Render: event slots each; background slots share a few renderings (noise differs per rendering).
     renders = stage.backgrounds if world else BACKGROUND_RENDERS
     pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    rendered_at: list[int] = []  # per rendered pair: its pair index in the live stream
     slot_pair: list[int] = []
     background: list[int] = []
     for slot, unit in enumerate(slot_events):
@@ -597,10 +600,12 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
         if unit:
             scene.events = [Event(e.shape, e.color, virtual, 1, e.center, e.radius) for e in unit]
             pairs.append(scene.pair_frames(virtual))
+            rendered_at.append(virtual)
             slot_pair.append(len(pairs) - 1)
         elif len(background) < renders:
             scene.events = []
             pairs.append(scene.pair_frames(virtual))
+            rendered_at.append(virtual)
             background.append(len(pairs) - 1)
             slot_pair.append(len(pairs) - 1)
         else:
@@ -624,6 +629,10 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
         sink = rng.random(evict_at.shape) < rng.uniform(0.05, 0.5)
     sample = Sample(pairs, slot_pair, tpos, evict_at, sink, events, visible, carried, cover, present=present,
                     shows_shape=shows_shape)
+    if world and scene.style.lures and scene.style.transients:  # no rng drawn: every sample is what it was
+        lure_at = np.stack([scene.lure_cells(at, CELL).reshape(-1) for at in rendered_at])  # [pairs, tokens]
+        lured = lure_at[np.asarray(slot_pair)] & (carried < 0)
+        sample.lured = lured if lured.any() else None
     if stage.dilute and rng.random() < stage.dilute:  # drawn only where the stage dilutes: others unchanged
         sample.multiplicity = float(np.exp(rng.uniform(0.0, np.log(stage.dilute_max))))
     families_asked = list(stage.families)

@@ -767,12 +767,7 @@ class WorldScene:
         x0, y0 = int(round(ox)), int(round(oy))
         image = canvas[y0:y0 + self.height, x0:x0 + self.width].copy()
         for item in self.clutter + self.transients(pair):
-            cx = item.center[0] + item.velocity[0] * index
-            cy = item.center[1] + item.velocity[1] * index
-            if item.velocity != (0.0, 0.0):
-                cx, cy = _bounce(cx, self.width), _bounce(cy, self.height)
-            center = (cx - (x0 - self.margin), cy - (y0 - self.margin))
-            image[distractor_mask(item.shape, center, item.radius, self.height, self.width, item.angle)] = \
+            image[self._item_mask(item, index, x0, y0)] = \
                 DISTRACTOR_BGR[item.color] if item.color in DISTRACTOR_BGR else COLOR_BGR[item.color]
         for event in self.active(pair):
             # the event is fixed in the world: it moves in the frame as the camera moved since its first pair
@@ -794,6 +789,31 @@ class WorldScene:
         out = np.clip(image, 0, 255).astype(np.uint8)
         if self.style.jpeg:
             out = jpeg_roundtrip(out, self.style.jpeg)
+        return out
+
+    def _item_mask(self, item: Clutter, index: int, x0: int, y0: int) -> np.ndarray:
+        """HxW bool: where distractor ``item`` lies in frame ``index``, whose crop of the canvas starts at (x0, y0)."""
+        cx = item.center[0] + item.velocity[0] * index
+        cy = item.center[1] + item.velocity[1] * index
+        if item.velocity != (0.0, 0.0):
+            cx, cy = _bounce(cx, self.width), _bounce(cy, self.height)
+        center = (cx - (x0 - self.margin), cy - (y0 - self.margin))
+        return distractor_mask(item.shape, center, item.radius, self.height, self.width, item.angle)
+
+    def lure_cells(self, pair: int, cell: int = 28) -> np.ndarray:
+        """[rows, cols] bool: the merged-grid cells a lure (a transient in a vocabulary colour) covers in either
+        frame of ``pair``, as drawn (the toy's training steers its questions' attention off them, issue 27)."""
+        rows, cols = self.height // cell, self.width // cell
+        out = np.zeros((rows, cols), dtype=bool)
+        lures = [item for item in self.transients(pair) if item.color in COLORS]
+        for index in (2 * pair, 2 * pair + 1):
+            if not lures:
+                break
+            ox, oy = self.offset(index)
+            x0, y0 = int(round(ox)), int(round(oy))
+            for item in lures:
+                mask = self._item_mask(item, index, x0, y0)[: rows * cell, : cols * cell]
+                out |= mask.reshape(rows, cell, cols, cell).any(axis=(1, 3))
         return out
 
     def _graded(self, canvas: np.ndarray) -> np.ndarray:
