@@ -1919,6 +1919,13 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
     forward_logits(model, replace(batch, avoid_keys=torch.zeros_like(batch.avoid_keys)), avoid_loss=nothing,
                    avoid_layers=(2,))
     assert len(nothing) == 1 and nothing[0].item() == 0.0
+    # among the video tokens only: the lures' share of a head's attention on the frames, never less than of all of it
+    among: list = []
+    forward_logits(model, batch, avoid_loss=among, avoid_among="video")
+    assert len(among) == len(AVOID_LAYERS)
+    assert all(torch.isfinite(v) and v.item() > a.item() for v, a in zip(among, losses))
+    with pytest.raises(ValueError, match="avoid_among is one of all, video"):
+        forward_logits(model, batch, avoid_loss=[], avoid_among="text")
     with pytest.raises(ValueError, match="recompute"):
         forward_logits(model, batch, recompute=True, avoid_loss=[])
     with pytest.raises(ValueError, match="avoid_weight"):
@@ -1936,13 +1943,23 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
     assert card["avoid_weight"] == 0.5 and card["avoid_layers"] == [0, 1]
     assert card["command"].endswith("--avoid-weight 0.5 --avoid-layers 0,1")
     assert all("avoid_loss" in record for record in card["history"]) and len(card["history"]) == 2
+    assert card["avoid_among"] == "all"
+    among = tmp_path / "among"
+    assert main([*base[:1], str(among), *base[1:], "--avoid-layers", "1", "--avoid-among", "video"]) == 0
+    card = __import__("json").loads((among / "card.json").read_text())
+    assert card["avoid_among"] == "video"
+    assert card["command"].endswith("--avoid-weight 0.5 --avoid-layers 1 --avoid-among video")
+    from edgekv.toy.train import AVOID_AMONG
+    assert AVOID_AMONG == ("all", "video")  # the CLI's choices, written out there to keep torch off its import
     capsys.readouterr()
     for flags, said in ((["--avoid-layers", "1,x"], "comma-separated"), (["--avoid-layers", "2"], "layers 0-1"),
                         (["--avoid-weight", "-1"], "--avoid-weight must be >= 0")):
         assert main([*base[:1], str(tmp_path / "no"), *base[1:], *flags]) == 2
         assert said in capsys.readouterr().out
     assert main([*base[:1], str(tmp_path / "no"), *base[1:-2], "--avoid-layers", "1"]) == 2
-    assert "--avoid-layers only with it" in capsys.readouterr().out
+    assert "--avoid-layers and --avoid-among only with it" in capsys.readouterr().out
+    assert main([*base[:1], str(tmp_path / "no"), *base[1:-2], "--avoid-among", "video"]) == 2
+    assert "--avoid-among only with it" in capsys.readouterr().out
     assert not (tmp_path / "no").exists()
 
 

@@ -47,6 +47,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "samples (issue 27); 0: off")
     parser.add_argument("--avoid-layers", default=None, metavar="LIST",
                         help="comma-separated LM layers --avoid-weight steers (default 1,2,3)")
+    parser.add_argument("--avoid-among", choices=("all", "video"), default=None,  # train.AVOID_AMONG (torch-free here)
+                        help="what --avoid-weight takes the lures' share of: all of each head's attention (default), "
+                             "or only its attention on video tokens (then looking at the prompt instead does not "
+                             "lower it)")
     parser.add_argument("--max-positions", type=int, default=None, metavar="N",
                         help="draw the samples' temporal positions over 0..N and write N as the checkpoint's "
                              "max_position_embeddings (default: --init's, else 8192); a full cache on a stream "
@@ -181,9 +185,10 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: --avoid-layers takes comma-separated LM layer indices, got {args.avoid_layers!r}")
         return 2
     if args.avoid_weight < 0 or (args.avoid_weight and (args.recompute or min(avoid_layers) < 0)) or \
-            (args.avoid_layers is not None and not args.avoid_weight):
+            ((args.avoid_layers is not None or args.avoid_among is not None) and not args.avoid_weight):
         print(f"edgekv train-toy: --avoid-weight must be >= 0, without --recompute, over LM layers >= 0, and "
-              f"--avoid-layers only with it; got {args.avoid_weight} over {args.avoid_layers or 'the default'}")
+              f"--avoid-layers and --avoid-among only with it; got {args.avoid_weight} over "
+              f"{args.avoid_layers or 'the default'}")
         return 2
     if not 0.0 <= args.hard_negatives <= 1.0:
         print(f"edgekv train-toy: --hard-negatives is a share of the background tokens in [0, 1], got "
@@ -236,7 +241,8 @@ def run_train(args: argparse.Namespace) -> int:
                      hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
                      vision_lures=args.vision_lures, max_positions=args.max_positions,
                      save_every=args.save_every, attend_weight=args.attend_weight,
-                     avoid_weight=args.avoid_weight, avoid_layers=avoid_layers)
+                     avoid_weight=args.avoid_weight, avoid_layers=avoid_layers,
+                     avoid_among=args.avoid_among or "all")
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2
