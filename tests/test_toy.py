@@ -1881,15 +1881,19 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
     stage = replace(CURRICULA["world-lures-free-dilute"][1][1], world=1.0, mild=0.0, lures=1.0, dilute=0.0)
     for seed in range(3):
         sample = draw_sample(np.random.default_rng(seed), stage, MAX_POSITIONS, pairs=(24, 32),
-                             families=("noise", "checks"))
+                             families=("noise", "checks"), mark_lures=True)
         assert sample.lured is not None and sample.lured.shape == sample.carried.shape
+        unmarked = draw_sample(np.random.default_rng(seed), stage, MAX_POSITIONS, pairs=(24, 32),
+                               families=("noise", "checks"))  # the same sample, its lures left unmarked
+        assert unmarked.lured is None and np.array_equal(unmarked.carried, sample.carried)
+        assert unmarked.qas == sample.qas
         assert not (sample.lured & (sample.carried >= 0)).any()  # an event's token is the event's, not a lure's
     plain = draw_sample(np.random.default_rng(0), replace(stage, lures=0.0), MAX_POSITIONS, pairs=(24, 32),
-                        families=("noise", "checks"))
+                        families=("noise", "checks"), mark_lures=True)
     assert plain.lured is None
 
     batch = next(qa_batches(np.random.default_rng(4), 1, 4, True, 5, curriculum="world-lures-free-dilute",
-                            families=("noise", "checks")))
+                            families=("noise", "checks"), mark_lures=True))
     assert batch.avoid_rows is not None and len(batch.avoid_rows) == batch.avoid_keys.shape[0] > 0
     assert batch.is_answer[batch.avoid_rows].all()
     video = torch.zeros_like(batch.ids, dtype=torch.bool)
@@ -1903,7 +1907,11 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
             asked = batch.attend_keys[(batch.attend_rows == batch.avoid_rows[a]).nonzero()[0, 0]]
             assert not (asked & batch.avoid_keys[a]).any()  # never a token of the events asked about
     assert next(qa_batches(np.random.default_rng(4), 1, 4, False, 5, curriculum="world-lures-free-dilute",
-                           families=("noise", "checks"))).avoid_rows is None  # training batches only
+                           families=("noise", "checks"), mark_lures=True)).avoid_rows is None  # training batches only
+    unmarked = next(qa_batches(np.random.default_rng(4), 1, 4, True, 5, curriculum="world-lures-free-dilute",
+                               families=("noise", "checks")))  # lures left unmarked: the same batch, nothing to avoid
+    assert unmarked.avoid_rows is None and torch.equal(unmarked.ids, batch.ids)
+    assert torch.equal(unmarked.pixel_values, batch.pixel_values)
 
     model = init_model(toy_config(), 0)
     losses: list = []
@@ -1942,7 +1950,8 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
     card = __import__("json").loads((out / "card.json").read_text())
     assert card["avoid_weight"] == 0.5 and card["avoid_layers"] == [0, 1]
     assert card["command"].endswith("--avoid-weight 0.5 --avoid-layers 0,1")
-    assert all("avoid_loss" in record for record in card["history"]) and len(card["history"]) == 2
+    # > 0: the round's draws marked the lures (``mark_lures``), and its batches asked to look away from them
+    assert all(record["avoid_loss"] > 0 for record in card["history"]) and len(card["history"]) == 2
     assert card["avoid_among"] == "all"
     among = tmp_path / "among"
     assert main([*base[:1], str(among), *base[1:], "--avoid-layers", "1", "--avoid-among", "video"]) == 0

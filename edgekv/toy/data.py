@@ -458,7 +458,8 @@ class Sample:
     multiplicity: float = 1.0                    # each background pair (no event) weighs as this many in
                                                  # attention from later pairs and the questions (``Stage.dilute``)
     lured: np.ndarray | None = None              # [K, 16] bool: tokens showing a lure and no event (world
-                                                 # samples with lures; None: no lure on screen)
+                                                 # samples with lures, drawn with ``mark_lures``; None: no lure
+                                                 # on screen, or not asked for)
 
     def background_slots(self) -> np.ndarray:
         """[K] bool: the slots that show no event (every event carries at least its main token)."""
@@ -505,11 +506,13 @@ def _unit_times(rng: np.random.Generator, lengths: list[int], recent: int, spaci
 
 def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, questions: int = 8,
                 size: int = 112, pairs: tuple[int, int] | None = None,
-                families: tuple[str, ...] | None = None) -> Sample:
+                families: tuple[str, ...] | None = None, mark_lures: bool = False) -> Sample:
     """A random sample of ``stage`` (see the module docstring); ``pairs`` narrows the stage's range of K.
     A share ``stage.world`` of samples is drawn in the randomized world (``edgekv.video.world``) on a
     background family of ``families`` (default: every available family but ``DEFAULT_HOLDOUT``), with
-    events from one merged-grid cell to a quarter of the frame; the rest on the classic renderer."""
+    events from one merged-grid cell to a quarter of the frame; the rest on the classic renderer.
+    ``mark_lures`` sets ``Sample.lured`` on lured world samples (what ``train-toy --avoid-weight`` reads; it costs
+    about a sixth of the drawing time, so only rounds that read it pay for it); the draws are the same either way."""
     pairs = stage.pairs if pairs is None else pairs
     spacing = int(rng.choice([1, 2, 2, 4]))  # G: pair spacing in positions (tokens_per_second 2, fps 4 / 2 / 1)
     num_units = int(rng.integers(stage.events[0], stage.events[1] + 1))
@@ -629,7 +632,7 @@ def draw_sample(rng: np.random.Generator, stage: Stage, max_positions: int, ques
         sink = rng.random(evict_at.shape) < rng.uniform(0.05, 0.5)
     sample = Sample(pairs, slot_pair, tpos, evict_at, sink, events, visible, carried, cover, present=present,
                     shows_shape=shows_shape)
-    if world and scene.style.lures and scene.style.transients:  # no rng drawn: every sample is what it was
+    if mark_lures and world and scene.style.lures and scene.style.transients:  # no rng drawn: samples unchanged
         lure_at = np.stack([scene.lure_cells(at, CELL).reshape(-1) for at in rendered_at])  # [pairs, tokens]
         lured = lure_at[np.asarray(slot_pair)] & (carried < 0)
         sample.lured = lured if lured.any() else None

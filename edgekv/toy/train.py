@@ -464,35 +464,37 @@ def vision_batches_sharded(seed: int, steps: int, batch_size: int, families: tup
 
 def qa_batch(rng: np.random.Generator, step: int, steps: int, batch_size: int, encoder: Encoder,
              curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0],
-             max_positions: int = MAX_POSITIONS) -> Batch:
+             max_positions: int = MAX_POSITIONS, mark_lures: bool = False) -> Batch:
     """Step ``step``'s batch: the curriculum stage at its progress, a narrow range of K, ``batch_size``
-    samples, encoded; world samples drawn on ``families``, temporal positions up to ``max_positions``."""
+    samples, encoded; world samples drawn on ``families``, temporal positions up to ``max_positions``;
+    ``mark_lures``: the lures' tokens marked for ``avoid_loss`` (``draw_sample``)."""
     stage = stage_at(step / max(1, steps), rng, curriculum)
     pairs = batch_pairs(stage, rng)
     count = batch_size if stage.batch_divisor == 1 else max(1, batch_size // stage.batch_divisor)
-    return encoder.encode([draw_sample(rng, stage, max_positions, size=size, pairs=pairs, families=families)
-                           for _ in range(count)])
+    return encoder.encode([draw_sample(rng, stage, max_positions, size=size, pairs=pairs, families=families,
+                                       mark_lures=mark_lures) for _ in range(count)])
 
 
 def qa_batches(rng: np.random.Generator, steps: int, batch_size: int, aux: bool, seed: int,
                curriculum: str = "full", families: tuple[str, ...] | None = None, size: int = RESOLUTION[0],
-               max_positions: int = MAX_POSITIONS):
+               max_positions: int = MAX_POSITIONS, mark_lures: bool = False):
     """The question-answering steps' batches (``qa_batch``), all from the one generator ``rng``."""
     encoder = Encoder(aux=aux, seed=seed, size=size, aux_where=families is not None)
     for step in range(steps):
-        yield qa_batch(rng, step, steps, batch_size, encoder, curriculum, families, size, max_positions)
+        yield qa_batch(rng, step, steps, batch_size, encoder, curriculum, families, size, max_positions, mark_lures)
 
 
 def qa_batches_sharded(seed: int, steps: int, batch_size: int, aux: bool, curriculum: str = "full",
                        families: tuple[str, ...] | None = None, size: int = RESOLUTION[0],
-                       max_positions: int = MAX_POSITIONS, shard: int = 0, shards: int = 1):
+                       max_positions: int = MAX_POSITIONS, mark_lures: bool = False, shard: int = 0,
+                       shards: int = 1):
     """Steps ``shard, shard + shards, ...``, each from its own generators (the draws ``(seed, 11, step)``, the
     auxiliary labels ``(seed, 3, step)``): the same batches however many workers share the steps."""
     encoder = Encoder(aux=aux, seed=seed, size=size, aux_where=families is not None)
     for step in range(shard, steps, shards):
         encoder.aux_rng = np.random.default_rng((seed, 3, step))
         yield qa_batch(np.random.default_rng((seed, 11, step)), step, steps, batch_size, encoder, curriculum,
-                       families, size, max_positions)
+                       families, size, max_positions, mark_lures)
 
 
 def probe_loss(shape_probe, color_probe, tokens: torch.Tensor, shape: torch.Tensor, color: torch.Tensor
@@ -778,10 +780,11 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     snapshots: list[tuple[Path, int, int, float]] = []  # directory, step, history records then, seconds
     running = np.zeros(2)
     attend_running = avoid_running = 0.0
+    marks = avoid_weight > 0  # the lures' tokens, drawn only for a round that reads them
     drawn = (sharded(qa_batches_sharded, steps, seed, steps, batch_size, aux_weight > 0, curriculum, drawable, size,
-                     positions, workers=workers)
+                     positions, marks, workers=workers)
              if workers else batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, drawable,
-                                     size, positions, prefetch=prefetch))
+                                     size, positions, marks, prefetch=prefetch))
     for step, batch in enumerate(drawn):
         batch = batch.to(device)
         progress = step / max(1, steps)
