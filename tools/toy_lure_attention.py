@@ -4,12 +4,13 @@ A toy's full cache loses a quarter of its answers on 250-pair needle streams wit
 --lure-colors free``): out-of-vocabulary shapes in the vocabulary's colours, passing through the frame. This tool
 ingests those streams with the full cache, asks each stream's last checkpoint's questions and records, in every LM
 layer, the attention of the question's last token over the cache (averaged over the query heads): the mass on the
-needles' tokens, the lures' tokens, the rest of the video and the text, in all and per token, split by whether the
-question was answered right. A token is a needle's when the centre of a needle lies in its merged-grid cell (one
-token a needle and pair), a lure's when a lure on screen at that frame pair shows in its cell (every cell it covers,
-``WorldScene.lure_cells``; a needle's cell stays the needle's). The per-token ratio of needle to lure mass is the LM's
-margin; with hundreds of lure tokens against a few needle tokens, a margin of a few tens lets the lures take most of
-the mass.
+needles' tokens, the lures' tokens, the rest of the video, the text before the question and the question's
+own tokens, in all and per token, split by whether the question was answered right (the five sum to 1). A token
+is a needle's when the centre of a needle lies in its merged-grid cell (one token a needle and pair), a lure's when a
+lure on screen at that frame pair shows in its cell (every cell it covers, ``WorldScene.lure_cells``; a needle's cell
+stays the needle's). The per-token ratio of needle to lure mass is the LM's margin; with hundreds of lure tokens
+against a few needle tokens, a margin of a few tens lets the lures take most of the mass. A toy trained to keep its
+questions off the lures (``train-toy --avoid-weight``) may instead look at no video at all: the question share says.
 
 ``--keep-off-lures 1,2,3`` hides the lures' tokens from the questions' attention in those LM layers (only while the
 questions are asked; the stream was ingested as always): if the answers come back, the lures cost the toy through
@@ -34,7 +35,7 @@ from edgekv.eval.needle import DEFAULT_AGES, PolicyRun, encode_stream, needle_st
 from edgekv.toy.data import CELL
 from edgekv.toy.questions import answer_of
 
-CLASSES = ("needle", "lure", "video", "text")
+CLASSES = ("needle", "lure", "video", "text", "question")
 
 
 class LastQueryAttention:
@@ -77,7 +78,9 @@ class LastQueryAttention:
                 read = torch.einsum("hn,hnd->hd", weights, values)
                 recorder.deviation = max(recorder.deviation, float((read - out[:, -1].float()).abs().max()))
                 probs = weights[:, :start].mean(0)  # [start]: mass per committed slot
-                recorder.rows[layer] = {"mass": probs.numpy(), "kind": cache.kind[layer, 0, :start].numpy().copy(),
+                recorder.rows[layer] = {"mass": probs.numpy(), "question": float(weights[:, start:].mean(0).sum()),
+                                        "question_tokens": int(chunk.num_new),
+                                        "kind": cache.kind[layer, 0, :start].numpy().copy(),
                                         "pair": cache.frame[layer, 0, :start].numpy().copy(),
                                         "row": cache.row[layer, 0, :start].numpy().copy(),
                                         "col": cache.col[layer, 0, :start].numpy().copy()}
@@ -91,7 +94,7 @@ class LastQueryAttention:
 
 
 def slot_classes(row: dict, scene, pairs: int) -> np.ndarray:
-    """Per committed slot: needle, lure, video (any other vision token) or text (prefix and question)."""
+    """Per committed slot: needle, lure, video (any other vision token) or text (the prompt before the video)."""
     video = row["kind"] == int(SlotKind.VISION)
     classes = np.where(video, "video", "text").astype(object)
     cells: dict[tuple[int, int, int], str] = {}
@@ -147,7 +150,8 @@ def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, famil
                     if classes is None or len(classes) != len(row["mass"]):
                         classes = slot_classes(row, stream.scene, length)
                     classes = classes[: len(row["mass"])]
-                    for name in CLASSES:
+                    sums[(right, layer, "question")].append((row["question"], row["question_tokens"]))
+                    for name in CLASSES[:-1]:
                         chosen = classes == name
                         sums[(right, layer, name)].append((float(row["mass"][chosen].sum()), int(chosen.sum())))
     layers = sorted({layer for _, layer, _ in sums})
