@@ -1972,6 +1972,110 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
     assert not (tmp_path / "no").exists()
 
 
+
+def test_distillation_from_a_teacher_that_does_not_see_the_lures(tmp_path, capsys):
+    """Issue 27: ``forward_logits(hide_lures=LAYERS)`` keeps every question branch's queries (``Batch.branch_rows``)
+    off its sample's lures' tokens (``Batch.lure_keys``) in those layers only, the stream's own tokens reading as
+    always; ``looks`` records the answer queries' attention; ``distill_terms`` is 0 against itself and > 0 against
+    the teacher, with gradients; ``train(distill_weight=..., distill_logits=...)`` logs both terms and writes them
+    to the card and its command; the CLI refuses negative weights, no --init, and layers without a weight."""
+    from dataclasses import replace
+
+    from edgekv.toy.train import AVOID_LAYERS, distill_terms, qa_batches, train
+
+    batch = next(qa_batches(np.random.default_rng(4), 1, 4, True, 5, curriculum="world-lures-free-dilute",
+                            families=("noise", "checks"), mark_lures=True))
+    assert batch.lure_keys is not None and batch.branch_rows.shape == batch.lure_keys.shape == batch.ids.shape
+    video = torch.zeros_like(batch.ids, dtype=torch.bool)
+    video[batch.video_index[:, 0], batch.video_index[:, 1]] = True
+    assert not (batch.lure_keys & ~video).any() and not (batch.branch_rows & video).any()
+    lured = batch.lure_keys.any(1)
+    assert lured.any() and (batch.branch_rows.any(1) == lured).all()  # only lured samples' branches are kept off
+    for b in lured.nonzero().flatten():  # the avoid term's keys are among the same lures
+        keys = batch.avoid_keys[batch.target_index[batch.avoid_rows, 0] == b]
+        assert len(keys) and torch.equal(keys & batch.lure_keys[b], keys)
+    assert next(qa_batches(np.random.default_rng(4), 1, 4, True, 5, curriculum="world-lures-free-dilute",
+                           families=("noise", "checks"))).lure_keys is None  # unmarked: nothing to hide
+
+    model = init_model(toy_config(), 0)
+    plain, student, same, taught = {}, {}, {}, {}
+    logits = forward_logits(model, batch, looks=student)
+    with torch.no_grad():
+        again = forward_logits(model, batch, looks=same)
+        hidden = forward_logits(model, batch, hide_lures=AVOID_LAYERS, looks=taught)
+        nothing_hidden = forward_logits(model, replace(batch, lure_keys=torch.zeros_like(batch.lure_keys)),
+                                        hide_lures=AVOID_LAYERS, looks=plain)
+    torch.testing.assert_close(nothing_hidden, again)
+    assert sorted(student) == sorted(taught) == list(AVOID_LAYERS)
+    answers = batch.is_answer.nonzero().flatten()
+    where = batch.target_index[answers]
+    on_lures = batch.lure_keys[where[:, 0]][:, None]  # [A, 1, S]
+    for layer in AVOID_LAYERS:
+        assert taught[layer].shape == (len(answers), model.config.text.num_attention_heads, batch.ids.shape[1])
+        torch.testing.assert_close(taught[layer].exp().sum(-1), torch.ones(taught[layer].shape[:2]))
+        assert (taught[layer].exp() * on_lures).sum(-1).max() == 0  # the teacher's answers never see a lure
+        assert (student[layer].exp() * on_lures).sum(-1).max() > 0.01
+    aux = torch.tensor([family == "aux" for family in batch.families])
+    torch.testing.assert_close(hidden[aux], again[aux])  # the stream's tokens read as always
+    assert not torch.allclose(hidden[batch.is_answer], again[batch.is_answer])
+    zero = distill_terms(student, same, logits, again, batch)
+    assert all(abs(term.item()) < 1e-5 for term in zero)
+    attention, answers_term = distill_terms(student, taught, logits, hidden, batch)
+    assert attention.item() > 0.01 and answers_term.item() > 0
+    (attention + answers_term).backward()
+    grads = [p.grad for name, p in model.language.layers[1].named_parameters() if "q_proj" in name]
+    assert grads and grads[0].abs().sum() > 0
+    with pytest.raises(ValueError, match="distill_weight and distill_logits"):
+        train(tmp_path / "unused", steps=1, distill_weight=1.0)  # no init: no teacher
+
+    from edgekv.apps.cli import main
+
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3),
+                            tmp_path / "start", {"note": "test"})
+    base = ["train-toy", "--init", str(start), "--steps", "2", "--batch-size", "2", "--heldout-streams", "0",
+            "--eval-samples", "2", "--vision-steps", "0", "--threads", "1", "--no-prefetch", "--log-every", "1",
+            "--curriculum", "world-lures-free-dilute", "--families", "noise,checks", "--holdout", "none"]
+    out = tmp_path / "distilled"
+    assert main([*base[:1], str(out), *base[1:], "--distill-weight", "2", "--distill-logits", "0.5",
+                 "--distill-layers", "0,1"]) == 0
+    card = __import__("json").loads((out / "card.json").read_text())
+    assert (card["distill_weight"], card["distill_logits"], card["distill_layers"]) == (2.0, 0.5, [0, 1])
+    assert card["command"].endswith("--distill-weight 2 --distill-logits 0.5 --distill-layers 0,1")
+    assert len(card["history"]) == 2
+    # the student starts as the teacher: it differs only on lured samples (where the teacher hides the lures)
+    assert all(record["distill_attention"] >= 0 and record["distill_answers"] >= 0 for record in card["history"])
+    assert any(record["distill_attention"] > 0 for record in card["history"])
+    capsys.readouterr()
+    for flags, said in ((["--distill-weight", "-1"], "must be >= 0"), (["--distill-layers", "1"], "only with one"),
+                        (["--distill-weight", "1", "--distill-layers", "1,x"], "comma-separated"),
+                        (["--distill-weight", "1", "--distill-layers", "2"], "layers 0-1"),
+                        (["--distill-logits", "1", "--recompute"], "no --recompute")):
+        assert main([*base[:1], str(tmp_path / "no"), *base[1:], *flags]) == 2
+        assert said in capsys.readouterr().out
+    no_init = [*base[:1], str(tmp_path / "no"), *base[3:], "--distill-weight", "1"]
+    assert main(no_init) == 2 and "need --init" in capsys.readouterr().out
+    # another checkpoint as the teacher: the same depth and heads
+    deeper = save_checkpoint(init_model(toy_config(width=32, layers=3, vision_width=32, vision_depth=2), 4),
+                             tmp_path / "deeper", {"note": "test"})
+    assert main([*base[:1], str(tmp_path / "no"), *base[1:], "--distill-weight", "1", "--distill-layers", "0,1",
+                 "--distill-teacher", str(deeper)]) == 2
+    assert "its LM has 3 layers" in capsys.readouterr().out
+    assert main([*base[:1], str(tmp_path / "no"), *base[1:], "--distill-teacher", str(start)]) == 2
+    assert "--distill-teacher only with one" in capsys.readouterr().out
+    assert main([*base[:1], str(tmp_path / "no"), *base[1:], "--distill-weight", "1", "--distill-teacher",
+                 str(tmp_path / "nowhere")]) == 2
+    assert "no config.json there" in capsys.readouterr().out
+    assert not (tmp_path / "no").exists()
+    other = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 5),
+                            tmp_path / "other", {"note": "test"})
+    taught = tmp_path / "taught"
+    assert main([*base[:1], str(taught), *base[1:], "--steps", "1", "--distill-logits", "1", "--distill-layers",
+                 "1", "--distill-teacher", str(other)]) == 0
+    card = __import__("json").loads((taught / "card.json").read_text())
+    assert card["distill_teacher"] == str(other) and card["command"].endswith(f"--distill-layers 1 --distill-teacher {other}")
+    # a teacher other than the student's start: their answers differ from the first step, lured or not
+    assert card["history"][0]["distill_answers"] > 0
+
 def test_hard_negatives_average_the_background_term_over_its_hardest_tokens():
     """``loss_of(..., hard_negatives=F)``: the auxiliary background ("no") term is the mean over the share F of the
     background tokens with the largest loss (at least one), the event tokens' term and the answers' unchanged; F = 1

@@ -51,6 +51,18 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what --avoid-weight takes the lures' share of: all of each head's attention (default), "
                              "or only its attention on video tokens (then looking at the prompt instead does not "
                              "lower it)")
+    parser.add_argument("--distill-weight", type=float, default=0.0, metavar="W",
+                        help="with --init: add W x KL(teacher || student) between the attentions of each answer's "
+                             "query in the LM layers --distill-layers, the teacher a frozen copy of --init whose "
+                             "questions do not see the lures' tokens there (issue 27); 0: off")
+    parser.add_argument("--distill-logits", type=float, default=0.0, metavar="W",
+                        help="with --init: add W x KL(teacher || student) between the answers' next-token "
+                             "distributions, the same teacher; 0: off")
+    parser.add_argument("--distill-teacher", default=None, metavar="DIR",
+                        help="the teacher of --distill-weight / --distill-logits: this toy checkpoint instead of "
+                             "--init (the same LM depth and heads)")
+    parser.add_argument("--distill-layers", default=None, metavar="LIST",
+                        help="comma-separated LM layers the teacher hides the lures in (default 1,2,3)")
     parser.add_argument("--max-positions", type=int, default=None, metavar="N",
                         help="draw the samples' temporal positions over 0..N and write N as the checkpoint's "
                              "max_position_embeddings (default: --init's, else 8192); a full cache on a stream "
@@ -190,6 +202,22 @@ def run_train(args: argparse.Namespace) -> int:
               f"--avoid-layers and --avoid-among only with it; got {args.avoid_weight} over "
               f"{args.avoid_layers or 'the default'}")
         return 2
+    try:
+        distill_layers = AVOID_LAYERS if args.distill_layers is None else tuple(
+            int(layer) for layer in args.distill_layers.split(","))
+    except ValueError:
+        print(f"edgekv train-toy: --distill-layers takes comma-separated LM layer indices, got "
+              f"{args.distill_layers!r}")
+        return 2
+    distill = args.distill_weight > 0 or args.distill_logits > 0
+    if min(args.distill_weight, args.distill_logits) < 0 or (distill and (
+            args.recompute or args.init is None or min(distill_layers) < 0)) or \
+            ((args.distill_layers is not None or args.distill_teacher is not None) and not distill):
+        print(f"edgekv train-toy: --distill-weight and --distill-logits must be >= 0, need --init and no "
+              f"--recompute, over LM layers >= 0, and --distill-layers and --distill-teacher only with one of them; "
+              f"got {args.distill_weight} / {args.distill_logits} over "
+              f"{args.distill_layers or 'the default'}")
+        return 2
     if not 0.0 <= args.hard_negatives <= 1.0:
         print(f"edgekv train-toy: --hard-negatives is a share of the background tokens in [0, 1], got "
               f"{args.hard_negatives}")
@@ -214,6 +242,10 @@ def run_train(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             print(f"edgekv train-toy: --device {args.device}: torch finds no CUDA GPU here")
             return 2
+    if args.distill_teacher is not None and not Path(args.distill_teacher, "config.json").is_file():
+        print(f"edgekv train-toy: --distill-teacher {args.distill_teacher}: no config.json there (give a toy "
+              f"checkpoint directory)")
+        return 2
     if args.init is not None and not Path(args.init, "config.json").is_file():
         print(f"edgekv train-toy: --init {args.init}: no config.json there (give a toy checkpoint directory)")
         return 2
@@ -242,12 +274,14 @@ def run_train(args: argparse.Namespace) -> int:
                      vision_lures=args.vision_lures, max_positions=args.max_positions,
                      save_every=args.save_every, attend_weight=args.attend_weight,
                      avoid_weight=args.avoid_weight, avoid_layers=avoid_layers,
-                     avoid_among=args.avoid_among or "all")
+                     avoid_among=args.avoid_among or "all", distill_weight=args.distill_weight,
+                     distill_logits=args.distill_logits, distill_layers=distill_layers,
+                     distill_teacher=args.distill_teacher)
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2
     except ValueError as exc:  # layers the --init checkpoint lacks (known only once it is loaded)
-        if not str(exc).startswith(("avoid_layers", "attend_weight")):
+        if not str(exc).startswith(("avoid_layers", "attend_weight", "distill_layers", "distill_teacher")):
             raise
         print(f"edgekv train-toy: {exc}")
         return 2

@@ -15,6 +15,7 @@ all pairs of a batch in one call. AdamW, linear warm-up then cosine decay, gradi
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -69,6 +70,11 @@ class Batch:
     # with lures on screen, the index in ``targets`` of its answer word and the lures' tokens [Q, S] its query sees.
     avoid_rows: torch.Tensor | None = None  # [Q] long
     avoid_keys: torch.Tensor | None = None  # [Q, S] bool
+    # The same lured samples for a teacher that does not see the lures (``forward_logits(hide_lures=...)``): per
+    # sample the lures' tokens [B, S] and the rows of its questions' branches [B, S] (every question token, answer
+    # and closing token), whose queries are kept off them.
+    lure_keys: torch.Tensor | None = None  # [B, S] bool
+    branch_rows: torch.Tensor | None = None  # [B, S] bool
 
     def to(self, device: torch.device | str) -> "Batch":
         """The batch with its tensors on ``device`` (``grid_thw`` stays on the host: the tower reads it there)."""
@@ -121,6 +127,7 @@ class Encoder:
         attend_keys: list[np.ndarray] = []
         avoid_rows: list[int] = []
         avoid_keys: list[np.ndarray] = []
+        lure_keys = branch_rows = None
         pair_offset = 0
         for b, (row, sample) in enumerate(zip(rows, samples)):
             n = len(row["ids"])
@@ -164,6 +171,12 @@ class Encoder:
             for local, keys in row["avoid"]:
                 avoid_rows.append(len(targets) + local)
                 avoid_keys.append(keys)
+            if row["lure_at"] is not None and len(row["lure_at"]):
+                if lure_keys is None:
+                    lure_keys = torch.zeros(count, longest, dtype=torch.bool)
+                    branch_rows = torch.zeros(count, longest, dtype=torch.bool)
+                lure_keys[b, torch.from_numpy(row["lure_at"])] = True
+                branch_rows[b, :n] = torch.from_numpy(row["branch"])
             for s, target, family, answer in row["targets"]:
                 target_index.append((b, s))
                 targets.append(target)
@@ -174,7 +187,7 @@ class Encoder:
         avoid_at, avoid_keys_at = _marked_keys(avoid_rows, avoid_keys, longest)
         return Batch(ids, positions, mask, torch.tensor(video_index), torch.tensor(video_source), torch.cat(pixels),
                      grid, torch.tensor(target_index), torch.tensor(targets), families, torch.tensor(is_answer),
-                     key_bias, slot_of, rows_at, keys_at, avoid_at, avoid_keys_at)
+                     key_bias, slot_of, rows_at, keys_at, avoid_at, avoid_keys_at, lure_keys, branch_rows)
 
     def _encode_one(self, sample: Sample) -> dict:
         slots = sample.slots
@@ -232,6 +245,7 @@ class Encoder:
         mask |= video_query & earlier_video & sink[None, :]
         mask |= branch_query & earlier_video
         attend, avoid = [], []
+        lure_at = None
         lured = sample.lured if self.aux else None
         if looks or lured is not None:
             video_at = np.concatenate([np.asarray(p, dtype=np.int64) for p in slot_positions])  # every video token
@@ -244,13 +258,14 @@ class Encoder:
                     attend.append((local, seen))
         if lured is not None:
             keys = video_at[np.concatenate([lured[slot, t] for slot, t in enumerate(slot_tokens)])]
+            lure_at = keys
             for local, query in queries:  # the lures' tokens each question's query sees
                 seen = keys[mask[query, keys]]
                 if len(seen):
                     avoid.append((local, seen))
         return {"ids": ids, "positions": torch.cat(pos, dim=1), "mask": mask, "video_start": s0, "targets": targets,
                 "slot_tokens": slot_tokens, "slot_positions": slot_positions, "slot_of": slot_a, "attend": attend,
-                "avoid": avoid}
+                "avoid": avoid, "lure_at": lure_at, "branch": kind_a >= 2}
 
 
 def _marked_keys(rows: list[int], keys: list[np.ndarray], longest: int
@@ -280,7 +295,8 @@ AVOID_AMONG = ("all", "video")
 
 def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss: list | None = None,
                    avoid_loss: list | None = None, avoid_layers: tuple[int, ...] = AVOID_LAYERS,
-                   avoid_among: str = "all") -> torch.Tensor:
+                   avoid_among: str = "all", hide_lures: tuple[int, ...] = (), looks: dict | None = None,
+                   look_layers: tuple[int, ...] = AVOID_LAYERS) -> torch.Tensor:
     """Logits [T, V] at the supervised positions (the runtime's modules, batched).
 
     ``attention_loss`` (a list; the batch's ``attend_rows``, without ``recompute``): appends the mean over the
@@ -294,6 +310,13 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
     of the head's attention that the answer's query gives to the lures' tokens). Unlike ``attention_loss`` it asks
     nothing of where the rest of the attention goes (the background, the text): only that it leave the lures.
     ``avoid_among="video"`` takes the share of the head's attention on the video tokens instead (``AVOID_AMONG``).
+
+    ``hide_lures``: in those LM layers the queries of every question's branch do not see the lures' tokens
+    (``Batch.lure_keys``; the stream's own tokens see them as always) — the teacher of ``train(distill_weight=...)``,
+    as ``tools/toy_lure_attention.py --keep-off-lures`` hides them at run time (issue 27: the shipped toy then reads
+    250-pair lured streams at 0.917 against 0.617, 0.933 without lures). ``looks`` (a dict): for each of
+    ``look_layers``, the log of each head's attention over the keys from the query of every answer word
+    (``Batch.is_answer``), [A, Hq, S] — what ``distill_weight`` matches.
 
     ``recompute`` keeps no layer's activations for the backward pass but its input, and runs the layer again
     there (``torch.utils.checkpoint``): the memory of one layer's attention weights at a time instead of every
@@ -315,8 +338,13 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
 
     steer = attention_loss is not None and batch.attend_rows is not None
     avoid = avoid_loss is not None and batch.avoid_rows is not None
-    if (steer or avoid) and recompute:
-        raise ValueError("attention_loss and avoid_loss need the layers' activations: not with recompute")
+    if (steer or avoid or looks is not None) and recompute:
+        raise ValueError("attention_loss, avoid_loss and looks need the layers' activations: not with recompute")
+    hidden_mask = mask
+    if hide_lures and batch.lure_keys is not None:  # the branches' queries kept off the lures' tokens
+        hidden_mask = mask.masked_fill((batch.branch_rows[:, :, None] & batch.lure_keys[:, None, :])[:, None],
+                                       float("-inf"))
+    answers = batch.is_answer.nonzero().flatten() if looks is not None else None
     if avoid_among not in AVOID_AMONG:
         raise ValueError(f"avoid_among is one of {', '.join(AVOID_AMONG)}, got {avoid_among!r}")
     if avoid and avoid_among == "video":  # per avoided question, the video tokens of its sample
@@ -324,17 +352,24 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
         video[batch.video_index[:, 0], batch.video_index[:, 1]] = True
         avoid_video = video[batch.target_index[batch.avoid_rows, 0]]  # [Q, S]
 
-    def log_shares(rows: torch.Tensor, marked: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """[A, Hq]: log of each head's attention share on the marked keys, from the query of each row's answer."""
+    def log_attention(rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """[A, Hq, S]: log of each head's attention over the keys from the query of each row's answer."""
         where = batch.target_index[rows]  # [A, 2]: (b, s) of each answer's query
         queries = q[where[:, 0], :, where[:, 1]].float()  # [A, Hq, hd]
         keys = k[where[:, 0]].float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # [A, Hq, S, hd]
         scores = torch.einsum("ahd,ahsd->ahs", queries, keys) / q.shape[-1] ** 0.5
-        scores = scores + mask[where[:, 0], 0, where[:, 1]][:, None].float()  # the same visibility and dilution
-        logp = torch.log_softmax(scores, dim=-1)
+        scores = scores + seen[where[:, 0], 0, where[:, 1]][:, None].float()  # the same visibility and dilution
+        return torch.log_softmax(scores, dim=-1)
+
+    def log_shares(rows: torch.Tensor, marked: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """[A, Hq]: log of each head's attention share on the marked keys, from the query of each row's answer."""
+        logp = log_attention(rows, q, k, mask)
         return logp.masked_fill(~marked[:, None], float("-inf")).logsumexp(-1)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        seen = hidden_mask if layer in hide_lures else mask
+        if looks is not None and layer in look_layers and len(answers):
+            looks[layer] = log_attention(answers, q, k, seen)
         if steer and layer == ATTEND_LAYER:
             share = log_shares(batch.attend_rows, batch.attend_keys, q, k).exp().mean(-1)
             attention_loss.append(-torch.log(share + 1e-6).mean())
@@ -344,7 +379,7 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
                 logs = logs - log_shares(batch.avoid_rows, avoid_video, q, k)
             share = logs.exp()
             avoid_loss.append(-torch.log1p(-share.clamp(max=1 - 1e-6)).mean())
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=True)
 
     x = embeds
     for index, layer in enumerate(language.layers):
@@ -354,6 +389,38 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
             x = layer(x, cos, sin, index, attend)
     hidden = language.norm(x[batch.target_index[:, 0], batch.target_index[:, 1]])
     return language.logits(hidden)
+
+
+def distill_terms(student_looks: dict, teacher_looks: dict, student_logits: torch.Tensor,
+                  teacher_logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention, answers): the student's distance from a teacher that does not see the lures (issue 27).
+
+    ``attention``: the mean over ``teacher_looks``' layers, the answer words' queries and the query heads of
+    KL(teacher || student) between the two attentions over the keys (``forward_logits(looks=...)``): the teacher's
+    hides the lures' tokens, so this asks the student to leave them *and* to spread the rest as the teacher does —
+    over the same frames, the text and the question — which ``avoid_loss`` leaves free (V2 met it by looking at no
+    video from layers 2-3). ``answers``: the mean over the answer words of KL(teacher || student) between the next-
+    token distributions. On a sample without lures the teacher is the round's starting model: both terms then hold
+    the student to what it read before (the short streams the avoid rounds lost)."""
+    layers = [layer for layer in teacher_looks if layer in student_looks]
+    if layers:
+        per_layer = []
+        for layer in layers:
+            lt, ls = teacher_looks[layer], student_looks[layer]
+            seen = torch.isfinite(lt)  # the keys the teacher's query sees (a subset of the student's)
+            term = torch.where(seen, lt.exp() * (lt.masked_fill(~seen, 0.0) - ls.masked_fill(~seen, 0.0)), 0.0)
+            per_layer.append(term.sum(-1).mean())
+        attention = torch.stack(per_layer).mean()
+    else:
+        attention = student_logits.new_zeros(())
+    answer = batch.is_answer.to(student_logits.device)
+    if answer.any():
+        lt = torch.log_softmax(teacher_logits[answer].float(), -1)
+        ls = torch.log_softmax(student_logits[answer].float(), -1)
+        answers = (lt.exp() * (lt - ls)).sum(-1).mean()
+    else:
+        answers = student_logits.new_zeros(())
+    return attention, answers
 
 
 def accuracy_by_family(logits: torch.Tensor, batch: Batch) -> dict[str, list[int]]:
@@ -636,7 +703,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           grow_vision: int = 0, recompute: bool = False, grow_width: int = 0, hard_negatives: float = 0.0,
           vision_lr: float = 2e-3, vision_lures: float = 0.0, max_positions: int | None = None,
           save_every: int = 0, attend_weight: float = 0.0, avoid_weight: float = 0.0,
-          avoid_layers: tuple[int, ...] = AVOID_LAYERS, avoid_among: str = "all") -> dict:
+          avoid_layers: tuple[int, ...] = AVOID_LAYERS, avoid_among: str = "all", distill_weight: float = 0.0,
+          distill_logits: float = 0.0, distill_layers: tuple[int, ...] = AVOID_LAYERS,
+          distill_teacher: str | Path | None = None) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -676,7 +745,14 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     ``save_every`` > 0 also writes the model every that many steps (not the last) beside ``out_dir``, as
     ``OUT_DIR-stepN``, each with the round's card cut at step N (its history and wall time; the command says which
     step, since the schedule and the curriculum's progress are those of the whole round): a round's path can be
-    evaluated point by point (issue 27: a third 900-step round from P2 read the 10,000-pair streams worse than P2)."""
+    evaluated point by point (issue 27: a third 900-step round from P2 read the 10,000-pair streams worse than P2).
+
+    ``distill_weight`` / ``distill_logits`` > 0 (with ``init``): a frozen copy of ``init`` whose questions do not see
+    the lures' tokens in ``distill_layers`` (``forward_logits(hide_lures=...)``) teaches the round —
+    ``distill_weight`` x the attention term of ``distill_terms`` in those layers, ``distill_logits`` x its answer
+    term — on every batch (issue 27: learning-using-privileged-information, the privilege being where the lures
+    are, which the stream at run time does not say). ``distill_teacher``: another toy checkpoint as the teacher
+    (the same LM depth and query heads), e.g. to go on from a distilled round with its first teacher."""
     if save_every < 0:
         raise ValueError(f"save_every must be at least 0, got {save_every}")
     if curriculum not in CURRICULA:
@@ -702,6 +778,14 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
                          f"(aux_weight > 0), without recompute and with at least one layer (got {avoid_layers})")
     if avoid_among not in AVOID_AMONG:
         raise ValueError(f"avoid_among is one of {', '.join(AVOID_AMONG)}, got {avoid_among!r}")
+    distill = distill_weight > 0 or distill_logits > 0
+    if min(distill_weight, distill_logits) < 0 or (distill and (init is None or recompute or aux_weight <= 0
+                                                                  or not distill_layers)) or \
+            (distill_teacher is not None and not distill):
+        raise ValueError(f"distill_weight and distill_logits must be >= 0 (got {distill_weight}, {distill_logits}), "
+                         f"and > 0 only from an init checkpoint (the teacher), with the auxiliary labels "
+                         f"(aux_weight > 0), without recompute and with at least one layer (got {distill_layers}); "
+                         f"a distill_teacher only with one of them")
     if not 0.0 <= vision_lures <= 1.0:
         raise ValueError(f"vision_lures is a share of the warm-up's world pairs in [0, 1], got {vision_lures}")
     if not vision_lr > 0:
@@ -748,6 +832,19 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
                          f"{len(model.language.layers)} layer(s)")
     if avoid_weight and not all(0 <= layer < len(model.language.layers) for layer in avoid_layers):
         raise ValueError(f"avoid_layers {avoid_layers}: the model's LM has layers 0-{len(model.language.layers) - 1}")
+    if distill and not all(0 <= layer < len(model.language.layers) for layer in distill_layers):
+        raise ValueError(f"distill_layers {distill_layers}: the model's LM has layers "
+                         f"0-{len(model.language.layers) - 1}")
+    teacher = None
+    if distill and distill_teacher is not None:
+        teacher = _from_checkpoint(distill_teacher)[0]
+        shapes = [(len(m.language.layers), m.config.text.num_attention_heads) for m in (model, teacher)]
+        if shapes[0] != shapes[1]:
+            raise ValueError(f"distill_teacher {distill_teacher}: its LM has {shapes[1][0]} layers of "
+                             f"{shapes[1][1]} query heads, the student {shapes[0][0]} of {shapes[0][1]}")
+        teacher = teacher.to(device).eval().requires_grad_(False)
+    elif distill:  # init as loaded (grown / widened alike), frozen: it answers with the lures hidden
+        teacher = copy.deepcopy(model).to(device).eval().requires_grad_(False)
     model.to(device).train()
     started = time.perf_counter()
     vision_history = (warm_up_vision(model, vision_steps, rng, lr=vision_lr, log=log, log_every=log_every,
@@ -780,7 +877,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     snapshots: list[tuple[Path, int, int, float]] = []  # directory, step, history records then, seconds
     running = np.zeros(2)
     attend_running = avoid_running = 0.0
-    marks = avoid_weight > 0  # the lures' tokens, drawn only for a round that reads them
+    distill_running = np.zeros(2)
+    marks = avoid_weight > 0 or distill  # the lures' tokens, drawn only for a round that reads them
     drawn = (sharded(qa_batches_sharded, steps, seed, steps, batch_size, aux_weight > 0, curriculum, drawable, size,
                      positions, marks, workers=workers)
              if workers else batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, drawable,
@@ -790,9 +888,19 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         progress = step / max(1, steps)
         steered: list | None = [] if attend_weight else None
         avoided: list | None = [] if avoid_weight else None
-        loss, answer_loss, aux_loss = loss_of(forward_logits(model, batch, recompute, steered, avoided, avoid_layers,
-                                                         avoid_among),
-                                              batch, aux_weight, encoder.no, hard_negatives)
+        looked: dict | None = {} if distill_weight else None
+        logits = forward_logits(model, batch, recompute, steered, avoided, avoid_layers, avoid_among,
+                                looks=looked, look_layers=distill_layers)
+        loss, answer_loss, aux_loss = loss_of(logits, batch, aux_weight, encoder.no, hard_negatives)
+        if teacher is not None:
+            taught: dict = {}
+            with torch.no_grad():
+                teacher_logits = forward_logits(teacher, batch, hide_lures=distill_layers,
+                                                looks=taught if distill_weight else None, look_layers=distill_layers)
+            attention_term, answers_term = distill_terms(looked or {}, taught, logits, teacher_logits, batch)
+            loss = loss + distill_weight * attention_term + distill_logits * answers_term
+            current_distill = np.array([attention_term.item(), answers_term.item()])
+            distill_running = current_distill if step == 0 else 0.98 * distill_running + 0.02 * current_distill
         if steered:
             loss = loss + attend_weight * steered[0]
             attend_running = steered[0].item() if step == 0 else 0.98 * attend_running + 0.02 * steered[0].item()
@@ -816,6 +924,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
                 record["attend_loss"] = round(float(attend_running), 4)
             if avoid_weight:
                 record["avoid_loss"] = round(float(avoid_running), 4)
+            if distill:
+                record["distill_attention"] = round(float(distill_running[0]), 4)
+                record["distill_answers"] = round(float(distill_running[1]), 4)
             record["heldout"] = evaluate(model, held)
             history.append(record)
             log(json.dumps(record))
@@ -862,6 +973,14 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             command += f" --avoid-layers {','.join(str(layer) for layer in avoid_layers)}"
         if avoid_among != "all":
             command += f" --avoid-among {avoid_among}"
+    if distill_weight:
+        command += f" --distill-weight {distill_weight:g}"
+    if distill_logits:
+        command += f" --distill-logits {distill_logits:g}"
+    if distill and tuple(distill_layers) != AVOID_LAYERS:
+        command += f" --distill-layers {','.join(str(layer) for layer in distill_layers)}"
+    if distill_teacher is not None:
+        command += f" --distill-teacher {distill_teacher}"
     if max_positions is not None:
         command += f" --max-positions {max_positions}"
     if vision_steps and vision_lr != 2e-3:
@@ -881,6 +1000,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "attend_weight": attend_weight or None,
             "avoid_weight": avoid_weight or None, "avoid_layers": list(avoid_layers) if avoid_weight else None,
             "avoid_among": avoid_among if avoid_weight else None,
+            "distill_weight": distill_weight or None, "distill_logits": distill_logits or None,
+            "distill_layers": list(distill_layers) if distill else None,
+            "distill_teacher": None if distill_teacher is None else str(distill_teacher),
             "vision_lr": vision_lr if vision_steps else None, "vision_lures": vision_lures or None,
             "width": width, "layers": layers,
             "vision_width": vision_width, "vision_depth": vision_depth, "prefetch": prefetch, "workers": workers,
