@@ -190,24 +190,19 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: --attend-weight must be >= 0 and needs a model of 2 or more LM layers, without "
               f"--recompute; got {args.attend_weight}")
         return 2
-    try:
-        avoid_layers = AVOID_LAYERS if args.avoid_layers is None else tuple(
-            int(layer) for layer in args.avoid_layers.split(","))
-    except ValueError:
-        print(f"edgekv train-toy: --avoid-layers takes comma-separated LM layer indices, got {args.avoid_layers!r}")
-        return 2
+    chosen = {}
+    for flag, text in (("--avoid-layers", args.avoid_layers), ("--distill-layers", args.distill_layers)):
+        try:
+            chosen[flag] = AVOID_LAYERS if text is None else tuple(int(layer) for layer in text.split(","))
+        except ValueError:
+            print(f"edgekv train-toy: {flag} takes comma-separated LM layer indices, got {text!r}")
+            return 2
+    avoid_layers, distill_layers = chosen["--avoid-layers"], chosen["--distill-layers"]
     if args.avoid_weight < 0 or (args.avoid_weight and (args.recompute or min(avoid_layers) < 0)) or \
             ((args.avoid_layers is not None or args.avoid_among is not None) and not args.avoid_weight):
         print(f"edgekv train-toy: --avoid-weight must be >= 0, without --recompute, over LM layers >= 0, and "
               f"--avoid-layers and --avoid-among only with it; got {args.avoid_weight} over "
               f"{args.avoid_layers or 'the default'}")
-        return 2
-    try:
-        distill_layers = AVOID_LAYERS if args.distill_layers is None else tuple(
-            int(layer) for layer in args.distill_layers.split(","))
-    except ValueError:
-        print(f"edgekv train-toy: --distill-layers takes comma-separated LM layer indices, got "
-              f"{args.distill_layers!r}")
         return 2
     distill = args.distill_weight > 0 or args.distill_logits > 0
     if min(args.distill_weight, args.distill_logits) < 0 or (distill and (

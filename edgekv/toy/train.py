@@ -408,7 +408,8 @@ def distill_terms(student_looks: dict, teacher_looks: dict, student_logits: torc
         for layer in layers:
             lt, ls = teacher_looks[layer], student_looks[layer]
             seen = torch.isfinite(lt)  # the keys the teacher's query sees (a subset of the student's)
-            term = torch.where(seen, lt.exp() * (lt.masked_fill(~seen, 0.0) - ls.masked_fill(~seen, 0.0)), 0.0)
+            # exp(-inf) = 0 weighs the unseen keys out; their logs are zeroed so that 0 x -inf never makes a nan
+            term = lt.exp() * (lt.masked_fill(~seen, 0.0) - ls.masked_fill(~seen, 0.0))
             per_layer.append(term.sum(-1).mean())
         attention = torch.stack(per_layer).mean()
     else:
