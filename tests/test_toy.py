@@ -1932,7 +1932,32 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
     forward_logits(model, batch, avoid_loss=among, avoid_among="video")
     assert len(among) == len(AVOID_LAYERS)
     assert all(torch.isfinite(v) and v.item() > a.item() for v, a in zip(among, losses))
-    with pytest.raises(ValueError, match="avoid_among is one of all, video"):
+    # against the needles: per question about events, log(1 + the lures' mass / its events' tokens' mass), read
+    # here from the answers' own attentions (``looks``) in layer 1
+    assert batch.attend_rows is not None and torch.isin(batch.avoid_rows, batch.attend_rows).any()
+    ratio: list = []
+    looked: dict = {}
+    forward_logits(model, batch, avoid_loss=ratio, avoid_layers=(1,), avoid_among="needles", looks=looked,
+                   look_layers=(1,))
+    answers = batch.is_answer.nonzero().flatten().tolist()
+    expected = []
+    for a, row in enumerate(batch.avoid_rows.tolist()):
+        if row not in batch.attend_rows.tolist():
+            continue
+        logp = looked[1][answers.index(row)]  # [Hq, S]
+        needles = batch.attend_keys[batch.attend_rows.tolist().index(row)]
+        lures, asked = logp[:, batch.avoid_keys[a]].logsumexp(-1), logp[:, needles].logsumexp(-1)
+        expected.append(torch.log1p(torch.exp(lures - asked)))
+    assert len(ratio) == 1 and torch.allclose(ratio[0], torch.stack(expected).mean(), rtol=1e-4, atol=1e-6)
+    assert ratio[0].item() > 0.01
+    ratio[0].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0
+               for name, p in model.language.layers[1].named_parameters() if "k_proj" in name)
+    none_asked: list = []  # no question about an event: nothing to weigh the lures against, no term
+    forward_logits(model, replace(batch, attend_rows=None, attend_keys=None), avoid_loss=none_asked,
+                   avoid_among="needles")
+    assert none_asked == []
+    with pytest.raises(ValueError, match="avoid_among is one of all, video, needles"):
         forward_logits(model, batch, avoid_loss=[], avoid_among="text")
     with pytest.raises(ValueError, match="recompute"):
         forward_logits(model, batch, recompute=True, avoid_loss=[])
@@ -1958,8 +1983,12 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
     card = __import__("json").loads((among / "card.json").read_text())
     assert card["avoid_among"] == "video"
     assert card["command"].endswith("--avoid-weight 0.5 --avoid-layers 1 --avoid-among video")
+    ratio = tmp_path / "ratio"
+    assert main([*base[:1], str(ratio), *base[1:], "--avoid-layers", "1", "--avoid-among", "needles"]) == 0
+    card = __import__("json").loads((ratio / "card.json").read_text())
+    assert card["avoid_among"] == "needles" and card["command"].endswith("--avoid-layers 1 --avoid-among needles")
     from edgekv.toy.train import AVOID_AMONG
-    assert AVOID_AMONG == ("all", "video")  # the CLI's choices, written out there to keep torch off its import
+    assert AVOID_AMONG == ("all", "video", "needles")  # the CLI's choices, written out there to keep torch off its import
     capsys.readouterr()
     for flags, said in ((["--avoid-layers", "1,x"], "comma-separated"), (["--avoid-layers", "2"], "layers 0-1"),
                         (["--avoid-weight", "-1"], "--avoid-weight must be >= 0")):

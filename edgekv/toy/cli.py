@@ -47,10 +47,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "samples (issue 27); 0: off")
     parser.add_argument("--avoid-layers", default=None, metavar="LIST",
                         help="comma-separated LM layers --avoid-weight steers (default 1,2,3)")
-    parser.add_argument("--avoid-among", choices=("all", "video"), default=None,  # train.AVOID_AMONG (torch-free here)
+    parser.add_argument("--avoid-among", choices=("all", "video", "needles"), default=None,  # train.AVOID_AMONG
                         help="what --avoid-weight takes the lures' share of: all of each head's attention (default), "
-                             "or only its attention on video tokens (then looking at the prompt instead does not "
-                             "lower it)")
+                             "only its attention on video tokens (then looking at the prompt instead does not "
+                             "lower it), or its attention on the lures and the tokens of the events asked about "
+                             "(-log(1 + lures / needles): only reading the needles above the lures lowers it)")
     parser.add_argument("--distill-weight", type=float, default=0.0, metavar="W",
                         help="with --init: add W x KL(teacher || student) between the attentions of each answer's "
                              "query in the LM layers --distill-layers, the teacher a frozen copy of --init whose "

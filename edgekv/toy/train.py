@@ -289,8 +289,10 @@ AVOID_LAYERS = (1, 2, 3)
 # With ``all`` a head can meet the term by giving its mass to the prompt instead of the frames: the toy trained
 # 600 steps at W = 3 over layers 1-3 (V2) looks from layers 2 and 3 at no video at all (lures 0.002, needles 0.022,
 # other video 0.013 of the question's attention in layer 2), and its short streams lost 12 points (issue 27).
-# ``video`` leaves that way out: only looking at other video tokens than the lures lowers it.
-AVOID_AMONG = ("all", "video")
+# ``video`` leaves that way out: only looking at other video tokens than the lures lowers it. ``needles`` takes the
+# lures' share of the lures' and the asked-about events' tokens: only a needle token read above a lure token lowers
+# it (the background drew V6's mass when the lures lost theirs among the frames).
+AVOID_AMONG = ("all", "video", "needles")
 
 
 def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss: list | None = None,
@@ -309,7 +311,10 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
     ``avoid_layers``, the mean over the batch's questions of lured samples and the query heads of -log(1 - the share
     of the head's attention that the answer's query gives to the lures' tokens). Unlike ``attention_loss`` it asks
     nothing of where the rest of the attention goes (the background, the text): only that it leave the lures.
-    ``avoid_among="video"`` takes the share of the head's attention on the video tokens instead (``AVOID_AMONG``).
+    ``avoid_among="video"`` takes the share of the head's attention on the video tokens instead (``AVOID_AMONG``);
+    ``"needles"`` the lures' share of what the head gives the lures and the tokens of the events the question asks
+    about (questions about no event add nothing), so the term is -log(1 + lure mass / needle mass): a ratio that
+    looking anywhere else — the prompt, the background — leaves as it is.
 
     ``hide_lures``: in those LM layers the queries of every question's branch do not see the lures' tokens
     (``Batch.lure_keys``; the stream's own tokens see them as always) — the teacher of ``train(distill_weight=...)``,
@@ -351,6 +356,16 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
         video = torch.zeros(batch.ids.shape, dtype=torch.bool, device=batch.ids.device)
         video[batch.video_index[:, 0], batch.video_index[:, 1]] = True
         avoid_video = video[batch.target_index[batch.avoid_rows, 0]]  # [Q, S]
+    avoid_rows, avoid_keys = batch.avoid_rows, batch.avoid_keys
+    if avoid and avoid_among == "needles":  # only the questions about events: their lures against their needles
+        if batch.attend_rows is None:
+            avoid = False
+        else:
+            match = batch.avoid_rows[:, None] == batch.attend_rows[None, :]  # [Q, A]
+            kept = match.any(-1)
+            avoid = bool(kept.any())
+            avoid_rows, avoid_keys = batch.avoid_rows[kept], batch.avoid_keys[kept]
+            avoid_needles = batch.attend_keys[match[kept].float().argmax(-1)]  # [Q', S]
 
     def log_attention(rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
         """[A, Hq, S]: log of each head's attention over the keys from the query of each row's answer."""
@@ -374,9 +389,11 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
             share = log_shares(batch.attend_rows, batch.attend_keys, q, k).exp().mean(-1)
             attention_loss.append(-torch.log(share + 1e-6).mean())
         if avoid and layer in avoid_layers:
-            logs = log_shares(batch.avoid_rows, batch.avoid_keys, q, k)  # [Q, Hq]
+            logs = log_shares(avoid_rows, avoid_keys, q, k)  # [Q, Hq]
             if avoid_among == "video":  # the lures' tokens are video tokens: a share of at most 1
-                logs = logs - log_shares(batch.avoid_rows, avoid_video, q, k)
+                logs = logs - log_shares(avoid_rows, avoid_video, q, k)
+            elif avoid_among == "needles":  # lures / (lures + needles): log(1 + lures / needles) below
+                logs = logs - torch.logaddexp(logs, log_shares(avoid_rows, avoid_needles, q, k))
             share = logs.exp()
             avoid_loss.append(-torch.log1p(-share.clamp(max=1 - 1e-6)).mean())
         return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=True)
