@@ -2172,3 +2172,50 @@ def test_lure_probe_tool_reads_the_token_a_look_alike_is_drawn_on(tmp_path):
     written = json.loads(out.read_text())
     assert written["test_pairs"] == 12 and 0 <= written["vocab_vs_lookalike"] <= 1
     assert sum(group["pairs"] for group in written["by_radius"].values()) == 12
+
+
+def test_lure_keys_tool_probes_what_the_keys_tell_apart(tmp_path):
+    """``tools/toy_lure_keys.py`` (issue 27): its probe scores held-out tokens (AUC 1 for classes a direction
+    separates, about 0.5 for one distribution labelled twice); on a lured needle stream it labels one token per needle
+    and pair (the event's centre cell) and per lure and pair, fits the probe per feature set (the tower's output, each
+    LM layer's cached keys, each KV head's) and writes what it found; the shipped toy's keys tell needles from the
+    background (the reference) well."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from edgekv.eval.needle import DEFAULT_AGES, needle_stream
+
+    tool = Path(__file__).parents[1] / "tools" / "toy_lure_keys.py"
+    spec = importlib.util.spec_from_file_location("toy_lure_keys", tool)
+    lure_keys = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lure_keys)
+    rng = np.random.default_rng(0)
+    y = (rng.random(400) < 0.2).astype(int)
+    x = rng.standard_normal((400, 6))
+    apart = lure_keys.probe(x + 12.0 * y[:, None] * np.eye(6)[0], y)
+    assert apart["auc"] == 1.0 and apart["balanced_accuracy"] == 1.0 and apart["lures_above_needle_p5"] == 0.0
+    same = lure_keys.probe(x, y)
+    assert 0.3 < same["auc"] < 0.7 and same["lures_above_needle_p5"] > 0.8
+
+    stream = needle_stream(60, DEFAULT_AGES, 49000, 3, 2.0, family="noise", style="world", busy=0.5, lures=1.0,
+                           lure_colors="free")
+    marks = lure_keys.token_labels(stream.scene, 60, 4, 4)
+    needle_cells = {(p, int(e.center[1] // 28), int(e.center[0] // 28)) for e in stream.scene.events
+                    for p in range(e.first_pair, e.last_pair + 1)}
+    assert {k for k, v in marks.items() if v == 1} == needle_cells
+    lured_pairs = {p for p in range(60) if any(t.color in ("red", "green", "blue", "yellow", "white", "purple")
+                                               for t in stream.scene.transients(p))}
+    assert {k[0] for k, v in marks.items() if v == 0} <= lured_pairs and any(v == 0 for v in marks.values())
+    small = lure_keys.token_labels(stream.scene, 60, 4, 4, small=14.0)
+    assert set(small) <= set(marks) and all(marks[k] == v for k, v in small.items())
+
+    out = tmp_path / "keys.json"
+    assert lure_keys.main(["--length", "60", "--seeds", "49", "--streams", "2", "--families", "noise",
+                           "--busy", "0.5", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["needle_tokens"] > 0 and result["lure_tokens"] > 0 and result["background_tokens"] > 0
+    assert set(result["probes"]) == {"tower"} | {f"layer {i}" for i in range(4)} | {
+        f"layer {i} head {h}" for i in range(4) for h in range(2)}
+    assert result["probes"]["tower"]["dims"] == 64 and result["probes"]["layer 1"]["dims"] == 32
+    assert result["background_probes"]["tower"]["auc"] > 0.9
