@@ -1998,6 +1998,9 @@ def test_avoid_loss_asks_every_question_to_look_away_from_the_lures(tmp_path, ca
     assert "--avoid-layers and --avoid-among only with it" in capsys.readouterr().out
     assert main([*base[:1], str(tmp_path / "no"), *base[1:-2], "--avoid-among", "video"]) == 2
     assert "--avoid-among only with it" in capsys.readouterr().out
+    # --train-vision only says something after a warm-up: with --vision-steps 0 the tower trains anyway
+    assert main([*base[:1], str(tmp_path / "no"), *base[1:], "--vision-steps", "0", "--train-vision"]) == 2
+    assert "--vision-steps 0 the tower trains with the answers already" in capsys.readouterr().out
     assert not (tmp_path / "no").exists()
 
 

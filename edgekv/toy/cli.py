@@ -187,6 +187,11 @@ def run_train(args: argparse.Namespace) -> int:
     if args.workers < 0:
         print(f"edgekv train-toy: --workers must be at least 0, got {args.workers}")
         return 2
+    if args.train_vision and not args.vision_steps:
+        # once silently nothing: rounds of issue 27 passed it with --vision-steps 0, where the tower trains anyway
+        print("edgekv train-toy: --train-vision keeps training the tower after a warm-up (--vision-steps > 0); with "
+              "--vision-steps 0 the tower trains with the answers already (--freeze-vision keeps --init's)")
+        return 2
     if args.attend_weight < 0 or (args.attend_weight and (args.recompute or (args.init is None and args.layers < 2))):
         print(f"edgekv train-toy: --attend-weight must be >= 0 and needs a model of 2 or more LM layers, without "
               f"--recompute; got {args.attend_weight}")
