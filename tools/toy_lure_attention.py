@@ -111,6 +111,36 @@ def slot_classes(row: dict, scene, pairs: int) -> np.ndarray:
     return classes
 
 
+def ingest_lured(model: str, length: int, seed: int, index: int, families: tuple[str, ...], busy: float = 0.2,
+                 size: int = 112):
+    """(stream, replay, session): the full cache of ``model`` after ingesting stream ``index`` of ``eval needle
+    --seed seed``'s free-colour lured needle streams (``--lures 1 --lure-colors free --events 3``), ``length``
+    pairs; ``replay`` holds the tower's output per pair."""
+    stream = needle_stream(length, DEFAULT_AGES, seed * 1000 + index, 3, 2.0, family=families[index % len(families)],
+                           size=size, style="world", busy=busy, lures=1.0, lure_colors="free")
+    runtime = runtime_for(model, PolicyRun("full"), 32 + length * tokens_per_pair(size) + 64, 2.0, 64, size=size)
+    replay = encode_stream(runtime, stream.scene, length)
+    session = runtime.session()
+    session.vision = replay
+    for pair in range(length):
+        first, second = stream.scene.pair_frames(pair)
+        session.ingest(first, t=stream.scene.time(2 * pair))
+        session.ingest(second, t=stream.scene.time(2 * pair + 1))
+    return stream, replay, session
+
+
+def stream_arguments(parser: argparse.ArgumentParser) -> None:
+    """The lured streams' flags, shared with ``toy_lure_keys.py``."""
+    parser.add_argument("--model", default="builtin:toy")
+    parser.add_argument("--length", type=int, default=250, help="frame pairs a stream")
+    parser.add_argument("--seeds", default="49,50", help="as `eval needle --seed`, comma-separated")
+    parser.add_argument("--streams", type=int, default=4, help="streams a seed")
+    parser.add_argument("--families", default="photo,cells")
+    parser.add_argument("--busy", type=float, default=0.2, help="passing objects per pair (all of them lures)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None, help="JSON file to write")
+
+
 def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, families: tuple[str, ...],
             busy: float = 0.2, size: int = 112, keep_off: tuple[int, ...] = ()) -> dict:
     """Per layer and class: mean attention mass of the question's last token, in all and per token, over the
@@ -121,17 +151,7 @@ def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, famil
     deviation = 0.0
     for seed in seeds:
         for index in range(streams):
-            stream = needle_stream(length, DEFAULT_AGES, seed * 1000 + index, 3, 2.0, family=families[index % len(
-                families)], size=size, style="world", busy=busy, lures=1.0, lure_colors="free")
-            runtime = runtime_for(model, PolicyRun("full"), 32 + length * tokens_per_pair(size) + 64, 2.0, 64,
-                                  size=size)
-            replay = encode_stream(runtime, stream.scene, length)
-            session = runtime.session()
-            session.vision = replay
-            for pair in range(length):
-                first, second = stream.scene.pair_frames(pair)
-                session.ingest(first, t=stream.scene.time(2 * pair))
-                session.ingest(second, t=stream.scene.time(2 * pair + 1))
+            stream, _, session = ingest_lured(model, length, seed, index, families, busy, size)
             classes = hide = None
             if keep_off:
                 cache = session.cache
@@ -178,16 +198,9 @@ def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, famil
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="builtin:toy")
-    parser.add_argument("--length", type=int, default=250, help="frame pairs a stream")
-    parser.add_argument("--seeds", default="49,50", help="as `eval needle --seed`, comma-separated")
-    parser.add_argument("--streams", type=int, default=4, help="streams a seed")
-    parser.add_argument("--families", default="photo,cells")
-    parser.add_argument("--busy", type=float, default=0.2, help="passing objects per pair (all of them lures)")
+    stream_arguments(parser)
     parser.add_argument("--keep-off-lures", default="", metavar="LAYERS",
                         help="comma-separated LM layers where the questions do not see the lures' tokens")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.length < 2 or args.streams < 1 or not args.busy > 0:
         parser.error(f"--length must be >= 2, --streams >= 1 and --busy > 0 (got {args.length}, {args.streams}, "

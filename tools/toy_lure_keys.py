@@ -26,14 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from edgekv.cache.capped import SlotKind
-from edgekv.eval.needle import DEFAULT_AGES, PolicyRun, encode_stream, needle_stream, runtime_for, tokens_per_pair
 from edgekv.toy.data import CELL
 from edgekv.video.events import COLORS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_lure_attention import ingest_lured, stream_arguments  # noqa: E402  (the sibling tool's lured streams)
 
 
 BACKGROUND_SHARE = 0.05  # of the other video tokens, kept as the reference class (label 2: neither a needle's nor a
@@ -71,17 +74,7 @@ def collect(model: str, length: int, seeds: tuple[int, ...], streams: int, famil
     grid = size // CELL
     for seed in seeds:
         for index in range(streams):
-            stream = needle_stream(length, DEFAULT_AGES, seed * 1000 + index, 3, 2.0, family=families[index % len(
-                families)], size=size, style="world", busy=busy, lures=1.0, lure_colors="free")
-            runtime = runtime_for(model, PolicyRun("full"), 32 + length * tokens_per_pair(size) + 64, 2.0, 64,
-                                  size=size)
-            replay = encode_stream(runtime, stream.scene, length)
-            session = runtime.session()
-            session.vision = replay
-            for pair in range(length):
-                first, second = stream.scene.pair_frames(pair)
-                session.ingest(first, t=stream.scene.time(2 * pair))
-                session.ingest(second, t=stream.scene.time(2 * pair + 1))
+            stream, replay, session = ingest_lured(model, length, seed, index, families, busy, size)
             cache = session.cache
             count = int(cache.length)
             kind = cache.kind[0, 0].numpy()
@@ -146,17 +139,10 @@ def probe(x: np.ndarray, y: np.ndarray, folds: int = 5, seed: int = 0, l2: float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="builtin:toy")
-    parser.add_argument("--length", type=int, default=250, help="frame pairs a stream")
-    parser.add_argument("--seeds", default="49,50", help="as `eval needle --seed`, comma-separated")
-    parser.add_argument("--streams", type=int, default=4, help="streams a seed")
-    parser.add_argument("--families", default="photo,cells")
-    parser.add_argument("--busy", type=float, default=0.2, help="passing objects per pair (all of them lures)")
+    stream_arguments(parser)
     parser.add_argument("--small", type=float, default=0.0, metavar="PX",
                         help="only needles of events of at most this radius and lures covering at least half a "
                              "cell (objects of a lure's size, 14-20 px at 112 x 112); 0: every needle and lure")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.length < 2 or args.streams < 1 or not args.busy > 0 or args.small < 0:
         parser.error(f"--length must be >= 2, --streams >= 1, --busy > 0 and --small >= 0 (got {args.length}, "
