@@ -141,6 +141,13 @@ def stream_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="JSON file to write")
 
 
+def write_json(path: str | None, result: dict) -> None:
+    """``result`` as indented JSON at ``path`` (nothing when None), as both lure tools write theirs."""
+    if path:
+        with open(path, "w") as handle:
+            json.dump(result, handle, indent=1)
+
+
 def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, families: tuple[str, ...],
             busy: float = 0.2, size: int = 112, keep_off: tuple[int, ...] = ()) -> dict:
     """Per layer and class: mean attention mass of the question's last token, in all and per token, over the
@@ -221,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"layer {layer} {verdict:5s}: " + "; ".join(
                 f"{name} {v['mass']:.3f} ({v['tokens']:.0f} tokens, {v['per_token']:.5f} each)"
                 for name, v in group.items() if v["per_token"] is not None))
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(result, handle, indent=1)
+    write_json(args.out, result)
     return 0
 
 

@@ -24,7 +24,6 @@ lure tokens a question cannot tell from a needle by any direction of that key sp
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from edgekv.toy.data import CELL
 from edgekv.video.events import COLORS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from toy_lure_attention import ingest_lured, stream_arguments  # noqa: E402  (the sibling tool's lured streams)
+from toy_lure_attention import ingest_lured, stream_arguments, write_json  # noqa: E402 (the sibling tool)
 
 
 BACKGROUND_SHARE = 0.05  # of the other video tokens, kept as the reference class (label 2: neither a needle's nor a
@@ -166,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:16s} ({p['dims']:3d} dims) needle vs lure: balanced accuracy {p['balanced_accuracy']:.3f}, "
               f"AUC {p['auc']:.3f}, above the needles' 5th percentile {p['lures_above_needle_p5']:.3f} | "
               f"vs background: {b['balanced_accuracy']:.3f}, {b['auc']:.3f}, {b['lures_above_needle_p5']:.3f}")
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(result, handle, indent=1)
+    write_json(args.out, result)
     return 0
 
 
