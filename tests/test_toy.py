@@ -416,6 +416,60 @@ def test_average_toy_writes_the_mean_of_checkpoints_with_their_lineage(tmp_path,
         assert says in capsys.readouterr().out, argv
 
 
+def test_rope_theta_rebases_a_toy_and_is_kept_through_growing_and_training(tmp_path, capsys):
+    """``train-toy --rope-theta T`` (issue 27): the M-RoPE base is a config value without weights. A toy re-based
+    with ``set_rope_theta`` answers exactly as a toy built with that base and the same weights (and not as before:
+    the rotary frequencies moved), growing keeps the base and the temporal range, a checkpoint of another base is
+    still a toy of this version, a round from it keeps its base, and a base <= 0 is refused."""
+    import json
+
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+    from edgekv.toy.model import grow_layers, grow_width, set_rope_theta, with_rope_theta
+    from edgekv.toy.train import _from_checkpoint
+
+    small = dict(width=32, layers=2, vision_width=32, vision_depth=2)
+    start = init_model(toy_config(**small), 3)
+    with torch.no_grad():  # trained-looking weights, so that every rotary pair carries something
+        for param in start.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    batch = Encoder().encode([draw_sample(np.random.default_rng(0), REFINE[0][1], MAX_POSITIONS) for _ in range(2)])
+    with torch.no_grad():
+        before = forward_logits(start, batch)
+        rebased = set_rope_theta(start, 1e9)
+        after = forward_logits(rebased, batch)
+        built = init_model(toy_config(**small, rope_theta=1e9), 0)
+        built.load_state_dict(rebased.state_dict())
+        again = forward_logits(built, batch)
+    assert rebased.config == toy_config(**small, rope_theta=1e9) == with_rope_theta(toy_config(**small), 1e9)
+    torch.testing.assert_close(after, again, rtol=0, atol=0)
+    assert (after - before).abs().max() > 1e-3
+    far = toy_config(**small, max_positions=16384, rope_theta=1e9)
+    assert grow_layers(init_model(far, 1), 1).config.text == toy_config(**{**small, "layers": 3},
+                                                                         max_positions=16384, rope_theta=1e9).text
+    assert grow_width(init_model(far, 1), 96).config.text == toy_config(**{**small, "width": 96},
+                                                                         max_positions=16384, rope_theta=1e9).text
+    with pytest.raises(ValueError, match="positive"):
+        with_rope_theta(toy_config(**small), 0.0)
+
+    path = save_checkpoint(init_model(toy_config(**small), 3), tmp_path / "start", {"note": "test"})
+    common = ["--steps", "2", "--batch-size", "2", "--log-every", "2", "--heldout-streams", "0", "--eval-samples",
+              "2", "--vision-steps", "0", "--threads", "1", "--curriculum", "refine", "--no-prefetch"]
+    out = tmp_path / "rebased"
+    assert main(["train-toy", str(out), "--init", str(path), "--rope-theta", "1e9", *common]) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["rope_theta"] == 1e9 and card["command"].endswith("--rope-theta 1e+09")
+    assert json.loads((out / "config.json").read_text())["rope_theta"] == 1e9
+    assert _from_checkpoint(out)[0].config.text.rope_theta == 1e9  # still a toy of this version
+    assert load_pretrained(out, dtype=torch.float32).language.inv_freq[-1] == pytest.approx(1e9 ** (-6 / 8))  # head_dim 8
+    on = tmp_path / "on"
+    assert main(["train-toy", str(on), "--init", str(out), *common]) == 0  # a round from it keeps the base
+    assert json.loads((on / "config.json").read_text())["rope_theta"] == 1e9
+    capsys.readouterr()
+    assert main(["train-toy", str(tmp_path / "x"), "--rope-theta", "-1"]) == 2
+    assert "--rope-theta must be positive" in capsys.readouterr().out
+
+
 def test_place_event_always_places_even_when_the_frame_is_crowded():
     from edgekv.video.events import place_event
 

@@ -64,6 +64,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "--init (the same LM depth and heads)")
     parser.add_argument("--distill-layers", default=None, metavar="LIST",
                         help="comma-separated LM layers the teacher hides the lures in (default 1,2,3)")
+    parser.add_argument("--rope-theta", type=float, default=None, metavar="T",
+                        help="the LM's M-RoPE base (default: --init's, else the 3B's 1e6); with --init another base "
+                             "re-bases its rotary frequencies first. A larger base leaves more of a head's rotary "
+                             "pairs turning slowly enough to match content across a long stream")
     parser.add_argument("--max-positions", type=int, default=None, metavar="N",
                         help="draw the samples' temporal positions over 0..N and write N as the checkpoint's "
                              "max_position_embeddings (default: --init's, else 8192); a full cache on a stream "
@@ -231,6 +235,9 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: --max-positions must be at least 1024 (a long sample's span), got "
               f"{args.max_positions}")
         return 2
+    if args.rope_theta is not None and not args.rope_theta > 0:
+        print(f"edgekv train-toy: --rope-theta must be positive, got {args.rope_theta}")
+        return 2
     if args.save_every < 0:
         print(f"edgekv train-toy: --save-every must be at least 0 (0: only the last step), got {args.save_every}")
         return 2
@@ -272,7 +279,7 @@ def run_train(args: argparse.Namespace) -> int:
                      freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
                      grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
                      hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
-                     vision_lures=args.vision_lures, max_positions=args.max_positions,
+                     vision_lures=args.vision_lures, max_positions=args.max_positions, rope_theta=args.rope_theta,
                      save_every=args.save_every, attend_weight=args.attend_weight,
                      avoid_weight=args.avoid_weight, avoid_layers=avoid_layers,
                      avoid_among=args.avoid_among or "all", distill_weight=args.distill_weight,

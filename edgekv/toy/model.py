@@ -41,17 +41,20 @@ from edgekv.model.tiny import PREPROCESSOR_CONFIG, QWEN25VL_CHAT_TEMPLATE
 from edgekv.toy.vocab import build_tokenizer, write_tokenizer_files
 
 MAX_POSITIONS = 8192
+ROPE_THETA = 1_000_000.0  # the 3B's M-RoPE base
 RESOLUTION = (112, 112)  # 8 x 8 patches, 4 x 4 = 16 LLM tokens per frame pair
 
 
 def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4, vision_width: int = 64,
-               vision_depth: int = 4, max_positions: int = MAX_POSITIONS) -> ModelConfig:
+               vision_depth: int = 4, max_positions: int = MAX_POSITIONS,
+               rope_theta: float = ROPE_THETA) -> ModelConfig:
     """The toy's configuration; ``width`` is the LM's hidden size (4 query heads of ``width / 4`` on 2 KV
     heads, M-RoPE sections scaled as the 3B's (16, 24, 24) are to its head_dim 128, MLP 2.75x), ``layers``
     its depth. The vision tower is ``vision_depth`` blocks of ``vision_width`` (4 heads, MLP 2x; full
     attention in every second block, windowed in the others, as the 3B's tower alternates them in its
     own proportion); its merger projects to ``width``. ``max_positions`` is the temporal range its training
-    drew positions over (``max_position_embeddings``). The shipped toy: 64 / 4 and 64 / 4, 8,192."""
+    drew positions over (``max_position_embeddings``), ``rope_theta`` its M-RoPE base (``with_rope_theta``). The
+    shipped toy: 64 / 4 and 64 / 4, 8,192, 1e6."""
     if width % 16 or width < 32:
         raise ValueError(f"toy LM width must be a multiple of 16 and at least 32, got {width}")
     if vision_width % 16 or vision_width < 32 or vision_depth < 1:
@@ -65,7 +68,7 @@ def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4, vision_wid
     text = TextConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=int(width * 2.75),
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
                       mrope_section=section, max_position_embeddings=max_positions, tie_word_embeddings=True,
-                      rms_norm_eps=1e-6)
+                      rms_norm_eps=1e-6, rope_theta=float(rope_theta))
     vision = VisionConfig(depth=vision_depth, hidden_size=vision_width, intermediate_size=2 * vision_width, num_heads=4,
                           fullatt_block_indexes=tuple(range(1, vision_depth, 2)),
                           out_hidden_size=width, window_size=112, tokens_per_second=2)
@@ -106,7 +109,8 @@ def grow_layers(model: Qwen25VL, count: int, vision: int = 0) -> Qwen25VL:
     text = model.config.text
     old, old_blocks = text.num_hidden_layers, model.config.vision.depth
     config = toy_config(width=text.hidden_size, layers=old + count, vision_width=model.config.vision.hidden_size,
-                        vision_depth=old_blocks + vision)
+                        vision_depth=old_blocks + vision, max_positions=text.max_position_embeddings,
+                        rope_theta=text.rope_theta)
     after = [0] * old
     for k in range(count):
         after[min(old - 1, max(0, round((k + 1) * old / (count + 1)) - 1))] += 1
@@ -166,7 +170,8 @@ def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
         raise WidthError(f"grow_width: the new width must be a multiple of the old one ({old}), got {width}")
     m = width // old
     config = toy_config(width=width, layers=text.num_hidden_layers, vision_width=model.config.vision.hidden_size,
-                        vision_depth=model.config.vision.depth)
+                        vision_depth=model.config.vision.depth, max_positions=text.max_position_embeddings,
+                        rope_theta=text.rope_theta)
     new_text = config.text
     grown = Qwen25VL(config)
     if m == 1:
@@ -247,6 +252,27 @@ def set_max_positions(model: Qwen25VL, positions: int) -> Qwen25VL:
     """Give ``model`` (and its language model) the temporal range ``positions`` (``with_max_positions``)."""
     model.config = with_max_positions(model.config, positions)
     model.language.config = model.config.text
+    return model
+
+
+def with_rope_theta(config: ModelConfig, theta: float) -> ModelConfig:
+    """``config`` with ``theta`` as its M-RoPE base (``train-toy --rope-theta``). Like the temporal range it has no
+    weights: only the rotary frequencies theta^(-2i/head_dim) change. Why a toy may want another base than the 3B's
+    1e6 (issue 27): a rotary pair can match content across a long stream only where it turns little over the
+    stream's span, which at 1e6 is the last ~35 % of a head's pairs; that is ~22 pairs of the 3B's 64 (head_dim
+    128) but only two or three of the toy's 8 (head_dim 16). A larger base moves more of the toy's pairs there."""
+    if not theta > 0:
+        raise ValueError(f"rope_theta must be positive, got {theta!r}")
+    return replace(config, text=replace(config.text, rope_theta=float(theta)))
+
+
+def set_rope_theta(model: Qwen25VL, theta: float) -> Qwen25VL:
+    """Give ``model`` (and its language model's rotary frequencies) the M-RoPE base ``theta``."""
+    from edgekv.model.rope import rotary_inv_freq
+
+    model.config = with_rope_theta(model.config, theta)
+    model.language.config = model.config.text
+    model.language._inv_freq = rotary_inv_freq(model.config.text.head_dim, float(theta), device="cpu")
     return model
 
 

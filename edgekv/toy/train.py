@@ -36,7 +36,8 @@ from edgekv.tokenizer import ChatLayout
 from edgekv.toy.card import write_model_card
 from edgekv.toy.data import (CELL, CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample,
                              event_tokens, stage_at)
-from edgekv.toy.model import (MAX_POSITIONS, RESOLUTION, init_model, save_checkpoint, set_max_positions,
+from edgekv.toy.model import (MAX_POSITIONS, RESOLUTION, ROPE_THETA, init_model, save_checkpoint, set_max_positions,
+                              set_rope_theta,
                               toy_config)
 from edgekv.toy.prefetch import batches, sharded
 from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, region_of
@@ -723,7 +724,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           save_every: int = 0, attend_weight: float = 0.0, avoid_weight: float = 0.0,
           avoid_layers: tuple[int, ...] = AVOID_LAYERS, avoid_among: str = "all", distill_weight: float = 0.0,
           distill_logits: float = 0.0, distill_layers: tuple[int, ...] = AVOID_LAYERS,
-          distill_teacher: str | Path | None = None) -> dict:
+          distill_teacher: str | Path | None = None, rope_theta: float | None = None) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -751,7 +752,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     ``max_positions`` is the range the samples' temporal positions are drawn over, written to the checkpoint as
     its ``max_position_embeddings`` (None: ``init``'s, else ``MAX_POSITIONS``): a full cache whose video spans more
     than it reaches distances the toy never trained on (issue 27: the shipped toy's full cache on 10,000-pair
-    streams at 2 fps, 20,000 positions, answers 59 % of the short streams).
+    streams at 2 fps, 20,000 positions, answers 59 % of the short streams). ``rope_theta`` is the LM's M-RoPE base
+    (None: ``init``'s, else the 3B's 1e6); another than ``init``'s re-bases its rotary frequencies before training
+    (``edgekv.toy.model.with_rope_theta``: why a toy may want a larger one).
 
     ``device`` trains on another device than the CPU (``cuda``: the batches are drawn on the host and moved;
     the checkpoint is written from the host). ``workers`` > 0 draws the batches in that many spawned
@@ -810,6 +813,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         raise ValueError(f"vision_lr must be > 0, got {vision_lr}")
     if max_positions is not None and max_positions < 1024:
         raise ValueError(f"max_positions must be at least 1024 (a long sample's span), got {max_positions}")
+    if rope_theta is not None and not rope_theta > 0:
+        raise ValueError(f"rope_theta must be positive, got {rope_theta}")
     if min(grow, grow_vision) < 0 or ((grow or grow_vision) and init is None):
         raise ValueError(f"grow / grow_vision deepen an init checkpoint by at least 0 layers; got {grow} / "
                          f"{grow_vision} with init {init!r}")
@@ -841,9 +846,12 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         vision_width, vision_depth = model.config.vision.hidden_size, model.config.vision.depth
         if max_positions is not None and max_positions != model.config.text.max_position_embeddings:
             set_max_positions(model, max_positions)
+        if rope_theta is not None and rope_theta != model.config.text.rope_theta:
+            set_rope_theta(model, rope_theta)
     else:
         model = init_model(toy_config(width=width, layers=layers, vision_width=vision_width,
-                                      vision_depth=vision_depth, max_positions=max_positions or MAX_POSITIONS), seed)
+                                      vision_depth=vision_depth, max_positions=max_positions or MAX_POSITIONS,
+                                      rope_theta=rope_theta or ROPE_THETA), seed)
     positions = int(model.config.text.max_position_embeddings)
     if attend_weight and len(model.language.layers) <= ATTEND_LAYER:
         raise ValueError(f"attend_weight steers LM layer {ATTEND_LAYER}'s attention: the model has "
@@ -1001,6 +1009,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --distill-teacher {distill_teacher}"
     if max_positions is not None:
         command += f" --max-positions {max_positions}"
+    if rope_theta is not None:
+        command += f" --rope-theta {rope_theta:g}"
     if vision_steps and vision_lr != 2e-3:
         command += f" --vision-lr {vision_lr:g}"
     if vision_steps and vision_lures:
@@ -1015,6 +1025,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "batch_size": batch_size, "lr": lr, "aux_weight": aux_weight, "curriculum": curriculum,
             "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
             "grown_width": grow_width or None, "hard_negatives": hard_negatives or None,
+            "rope_theta": float(model.config.text.rope_theta),
             "attend_weight": attend_weight or None,
             "avoid_weight": avoid_weight or None, "avoid_layers": list(avoid_layers) if avoid_weight else None,
             "avoid_among": avoid_among if avoid_weight else None,
@@ -1071,7 +1082,7 @@ def _from_checkpoint(path: str | Path):
     model = load_pretrained(path, dtype=torch.float32)
     text, vision = model.config.text, model.config.vision
     sizes = dict(width=text.hidden_size, layers=text.num_hidden_layers, vision_width=vision.hidden_size,
-                 vision_depth=vision.depth, max_positions=text.max_position_embeddings)
+                 vision_depth=vision.depth, max_positions=text.max_position_embeddings, rope_theta=text.rope_theta)
     try:
         expected = toy_config(**sizes)
     except ValueError:
