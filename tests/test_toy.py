@@ -1856,6 +1856,24 @@ def test_lure_attention_tool_splits_the_question_attention_by_what_each_token_sh
                 assert group["lure"]["mass"] == 0.0 and group["lure"]["tokens"] > 0
             else:
                 assert group["lure"]["mass"] > 0.0
+    # --by-pair: each rotary pair's part of the needle - lure score margin; the parts sum to the whole margin, and in
+    # the shipped toy (head_dim 16, M-RoPE sections 2/3/3, base 1e6) only the slow w pairs carry it in layers 1-3
+    pairs = tmp_path / "pairs.json"
+    assert lure_attention.main(["--length", "40", "--seeds", "49", "--streams", "1", "--families", "noise",
+                                "--busy", "0.5", "--by-pair", "--out", str(pairs)]) == 0
+    assert attention.CacheAttention.__call__ is original
+    by_pair = json.loads(pairs.read_text())["pair_margins"]
+    assert by_pair["span_positions"] == 80 and by_pair["trained_positions"] == 8192 and by_pair["rope_theta"] == 1e6
+    for layer, rows in by_pair["layers"].items():
+        assert [r["row"] for r in rows] == list("tthhhwww")
+        for r in rows:
+            assert r["inv_freq"] == pytest.approx(1e6 ** (-r["pair"] / 8))
+            assert r["turn"] == pytest.approx(80 * r["inv_freq"], abs=1e-3)
+            assert r["turn_trained"] == pytest.approx(8192 * r["inv_freq"], abs=1e-3)
+        assert sum(r["margin"] for r in rows) == pytest.approx(by_pair["score_margin"][layer], abs=2e-3)
+        if layer != "0":
+            slow = sum(r["margin"] for r in rows if r["row"] == "w")
+            assert slow > 1.0 and slow > 5 * abs(sum(r["margin"] for r in rows if r["row"] != "w")), (layer, rows)
     with pytest.raises(SystemExit):
         lure_attention.main(["--busy", "0"])
     with pytest.raises(SystemExit):

@@ -16,6 +16,11 @@ questions off the lures (``train-toy --avoid-weight``) may instead look at no vi
 questions are asked; the stream was ingested as always): if the answers come back, the lures cost the toy through
 where its questions look, not through what the needles' own tokens took in from them.
 
+``--by-pair`` splits the last query's score of each token into its rotary pairs' parts (head dims j and j + D/2,
+each turned by one M-RoPE row at its own frequency) and prints, per LM layer and pair, what the pair adds to a
+needle's score over a lure's, and how many radians it turns over the stream and over the range the toy trained on.
+A pair that turns far over that range cannot carry what a token shows to a question asked at another distance.
+
     python tools/toy_lure_attention.py --model builtin:toy --length 250 --seeds 49,50 --out lure_attention.json
 """
 
@@ -42,8 +47,9 @@ class LastQueryAttention:
     """While active, records per layer the first chunk's last-query attention over the committed slots (the
     question's prefill: a chunk of ``P`` tokens attends to ``start`` committed slots and itself)."""
 
-    def __init__(self, hide: np.ndarray | None = None, layers: tuple[int, ...] = ()) -> None:
+    def __init__(self, hide: np.ndarray | None = None, layers: tuple[int, ...] = (), by_pair: bool = False) -> None:
         self.rows: dict[int, dict] = {}
+        self.by_pair = by_pair  # also keep each rotary pair's part of the last query's scores
         self.active = False
         self.hide = hide  # [capacity] bool: slots kept from the question's attention in ``layers``
         self.layers = layers
@@ -78,12 +84,19 @@ class LastQueryAttention:
                 read = torch.einsum("hn,hnd->hd", weights, values)
                 recorder.deviation = max(recorder.deviation, float((read - out[:, -1].float()).abs().max()))
                 probs = weights[:, :start].mean(0)  # [start]: mass per committed slot
+                if recorder.by_pair:  # score = sum over pairs j of (q_j k_j + q_j+half k_j+half) / sqrt(D)
+                    half = last.shape[-1] // 2
+                    parts = last[:, None, :] * keys.repeat_interleave(group, 0)[:, :start] / last.shape[-1] ** 0.5
+                    pairs = (parts[..., :half] + parts[..., half:]).permute(0, 2, 1)  # [Hq, half, start]
                 recorder.rows[layer] = {"mass": probs.numpy(), "question": float(weights[:, start:].mean(0).sum()),
                                         "question_tokens": int(chunk.num_new),
                                         "kind": cache.kind[layer, 0, :start].numpy().copy(),
                                         "pair": cache.frame[layer, 0, :start].numpy().copy(),
                                         "row": cache.row[layer, 0, :start].numpy().copy(),
                                         "col": cache.col[layer, 0, :start].numpy().copy()}
+                if recorder.by_pair:
+                    recorder.rows[layer]["pairs"] = pairs.numpy()
+                    recorder.rows[layer]["scores"] = scores[:, :start].numpy()
             return out
 
         attention.CacheAttention.__call__ = call
@@ -149,16 +162,20 @@ def write_json(path: str | None, result: dict) -> None:
 
 
 def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, families: tuple[str, ...],
-            busy: float = 0.2, size: int = 112, keep_off: tuple[int, ...] = ()) -> dict:
+            busy: float = 0.2, size: int = 112, keep_off: tuple[int, ...] = (), by_pair: bool = False) -> dict:
     """Per layer and class: mean attention mass of the question's last token, in all and per token, over the
     questions answered right and those answered wrong; ``keep_off``: the LM layers where the questions do not see
-    the lures' tokens."""
+    the lures' tokens. ``by_pair``: also, per layer and rotary pair, what the pair adds to the last query's score of
+    a needle's token over a lure's (``pair_margins``)."""
     sums: dict[tuple[bool, int, str], list[tuple[float, int]]] = defaultdict(list)
+    pair_rows: dict[int, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+    text = None
     answered = {True: 0, False: 0}
     deviation = 0.0
     for seed in seeds:
         for index in range(streams):
             stream, _, session = ingest_lured(model, length, seed, index, families, busy, size)
+            text, spacing = session.model.config.text, session.pair_spacing
             classes = hide = None
             if keep_off:
                 cache = session.cache
@@ -167,7 +184,7 @@ def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, famil
                                        stream.scene, length)
                 hide = classes == "lure"
             for probe in (p for p in stream.probes if p.checkpoint == length):
-                with LastQueryAttention(hide, keep_off) as recorder:
+                with LastQueryAttention(hide, keep_off, by_pair) as recorder:
                     recorder.active = True
                     said = answer_of(session.ask(probe.qa.question, max_new_tokens=1).text)
                 right = said == probe.qa.answer
@@ -178,6 +195,13 @@ def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, famil
                         classes = slot_classes(row, stream.scene, length)
                     classes = classes[: len(row["mass"])]
                     sums[(right, layer, "question")].append((row["question"], row["question_tokens"]))
+                    needle, lure = classes == "needle", classes == "lure"
+                    if by_pair and needle.any() and lure.any():
+                        score = row["scores"]  # [Hq, slots]: the whole score, the pairs' parts summed
+                        row["score_margin"] = score[:, needle].mean(-1) - score[:, lure].mean(-1)
+                        parts = row["pairs"]  # [Hq, half, slots]
+                        pair_rows[layer].append((parts[:, :, needle].mean(-1) - parts[:, :, lure].mean(-1),
+                                                 parts[:, :, lure].std(-1), row["score_margin"]))
                     for name in CLASSES[:-1]:
                         chosen = classes == name
                         sums[(right, layer, name)].append((float(row["mass"][chosen].sum()), int(chosen.sum())))
@@ -200,6 +224,37 @@ def measure(model: str, length: int, seeds: tuple[int, ...], streams: int, famil
             if group:
                 entry["right" if right else "wrong"] = group
         out["layers"][str(layer)] = entry
+    if by_pair and text is not None:
+        out["pair_margins"] = pair_margins(pair_rows, text, length * spacing)
+    return out
+
+
+def pair_margins(rows: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]], text, span: int) -> dict:
+    """Per LM layer and rotary pair j (head dims j and j + head_dim / 2): the M-RoPE row that turns it (t, h or w),
+    its frequency, how far it turns over the stream's ``span`` positions and over the temporal range the toy trained
+    on (``max_position_embeddings``; radians), and, averaged over the query
+    heads and the questions, what it adds to the last query's mean score of a needle's token over a lure's
+    (``margin``) and the spread of its part over the lures' tokens (``lure_spread``). A pair that turns through
+    many radians over the span sees a needle and a lure at unrelated angles: it can tell them apart only by
+    where they are in the stream, not by what they show; one that turns that far over the trained range meets
+    questions at unrelated angles from one stream length to another, so training cannot give it a fixed use.
+    ``score_margin``: the same for the whole score (the pairs' margins sum to it)."""
+    from edgekv.model.rope import mrope_dim_rows, rotary_inv_freq
+
+    sections = mrope_dim_rows(text.mrope_section).tolist()
+    freq = rotary_inv_freq(text.head_dim, text.rope_theta).tolist()
+    trained = int(text.max_position_embeddings)
+    out = {"span_positions": span, "trained_positions": trained, "rope_theta": text.rope_theta, "layers": {},
+           "score_margin": {}}
+    for layer, entries in sorted(rows.items()):
+        margin = np.mean([m for m, _, _ in entries], axis=(0, 1))  # over questions and heads: [half]
+        spread = np.mean([s for _, s, _ in entries], axis=(0, 1))
+        out["score_margin"][str(layer)] = round(float(np.mean([w for _, _, w in entries])), 4)
+        out["layers"][str(layer)] = [
+            {"pair": j, "row": "thw"[sections[j]], "inv_freq": freq[j], "turn": round(freq[j] * span, 3),
+             "turn_trained": round(freq[j] * trained, 3), "margin": round(float(margin[j]), 4),
+             "lure_spread": round(float(spread[j]), 4)}
+            for j in range(len(freq))]
     return out
 
 
@@ -208,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     stream_arguments(parser)
     parser.add_argument("--keep-off-lures", default="", metavar="LAYERS",
                         help="comma-separated LM layers where the questions do not see the lures' tokens")
+    parser.add_argument("--by-pair", action="store_true",
+                        help="also print, per LM layer and rotary pair, what the pair adds to a needle's score over a "
+                             "lure's and how far it turns over the stream")
     args = parser.parse_args(argv)
     if args.length < 2 or args.streams < 1 or not args.busy > 0:
         parser.error(f"--length must be >= 2, --streams >= 1 and --busy > 0 (got {args.length}, {args.streams}, "
@@ -221,13 +279,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     seeds = tuple(int(s) for s in args.seeds.split(","))
     result = measure(args.model, args.length, seeds, args.streams, tuple(args.families.split(",")), args.busy,
-                     keep_off=keep_off)
+                     keep_off=keep_off, by_pair=args.by_pair)
     print(f"{result['answered']['right']} questions answered right, {result['answered']['wrong']} wrong")
     for layer, entry in result["layers"].items():
         for verdict, group in entry.items():
             print(f"layer {layer} {verdict:5s}: " + "; ".join(
                 f"{name} {v['mass']:.3f} ({v['tokens']:.0f} tokens, {v['per_token']:.5f} each)"
                 for name, v in group.items() if v["per_token"] is not None))
+    for layer, pairs in result.get("pair_margins", {}).get("layers", {}).items():
+        print(f"layer {layer} by rotary pair (row, turn over the stream / the trained range in rad: needle - lure "
+              f"score, lure spread): " + "; ".join(
+                  f"{p['row']}{p['pair']} {p['turn']:.3g}/{p['turn_trained']:.3g}: {p['margin']:+.2f} / "
+                  f"{p['lure_spread']:.2f}" for p in pairs))
     write_json(args.out, result)
     return 0
 
