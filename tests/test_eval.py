@@ -266,6 +266,22 @@ def test_caps_are_shares_of_the_stream_with_a_floor():
     assert cap_budget(1 / 256, 2000, 112, 64) == 32 + 4 * 16 + 64  # the floor: prefix, four pairs, reserve
 
 
+def test_eval_needle_refuses_a_full_cache_run_that_no_cap_can_hold_before_running(tmp_path, capsys):
+    """``--policies full`` runs only at a cap that holds the whole stream: with none, the command says so (and what
+    to give) before any stream is drawn, instead of running every stream for nothing; a figure of a run where every
+    policy was skipped says so instead of failing to draw."""
+    from edgekv.apps.cli import main
+    from edgekv.eval.needle import plot
+
+    out = tmp_path / "needle.json"
+    assert main(["eval", "needle", "--lengths", "250", "--caps", "1", "--policies", "full", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "a 250-pair stream at 112x112 needs 4096 tokens and the largest cap gives 4000" in err
+    assert "--budgets 4096" in err and not out.exists()
+    plot({"records": []}, tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").stat().st_size > 1000
+
+
 @pytest.mark.slow
 def test_eval_needle_with_caps_world_families_and_every_question_kind(tmp_path):
     """The command with the issue-27 options: caps as shares, a world family, every question kind, the

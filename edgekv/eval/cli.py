@@ -243,6 +243,20 @@ def _run_needle(args: argparse.Namespace) -> int:
         print(f"edgekv eval needle: {detail}", file=sys.stderr)
         return 2
     budgets = args.budgets if args.budgets is not None else (() if args.caps else (4000,))
+    if names and all(name == "full" for name in names):  # the full cache runs only where the whole stream fits
+        from edgekv.eval.needle import _tokens_needed, cap_budget, tokens_per_pair
+
+        reserve = NeedleConfig.reserve
+        short = [(size, length, need, most) for size in args.sizes for length in args.lengths
+                 if (need := _tokens_needed(None, length, reserve, tokens_per_pair(size)))
+                 > (most := max([*budgets, *(cap_budget(c, length, size, reserve) for c in args.caps)], default=0))]
+        if short:
+            size, length, need, most = short[0]
+            print(f"edgekv eval needle: --policies full runs only at a cap that holds the whole stream: a {length}-pair "
+                  f"stream at {size}x{size} needs {need} tokens and the largest cap gives {most} (give --budgets "
+                  f"{need} or more; the full cache also runs beside every other policy, --full-max-tokens)",
+                  file=sys.stderr)
+            return 2
     config = NeedleConfig(model=args.model, lengths=args.lengths, budgets=budgets, runs=tuple(runs),
                           ages=args.ages or DEFAULT_AGES, streams=args.streams, events=args.events, fps=args.fps,
                           seed=args.seed, families=families, style=args.style, sizes=args.sizes, kinds=kinds,

@@ -743,6 +743,13 @@ def plot(result: dict, path: str | Path) -> None:
 
     records = result["records"]
     rows = sorted({(r.get("size", 112), r["length"]) for r in records})
+    if not rows:  # every run skipped (the log says why for each): a figure that says so, not a crash after the run
+        fig, ax = plt.subplots(figsize=(6, 1.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no cap ran: every policy run was skipped (the log says why)", ha="center", va="center")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return
     fig, axes = plt.subplots(len(rows), 3, figsize=(18, 4.6 * len(rows)), squeeze=False)
     kinds = sorted({r["family"] for r in records}) or list(FAMILIES)
     chance = float(np.mean([CHANCE[k] for k in kinds if k in CHANCE]))
