@@ -1878,6 +1878,8 @@ def test_lure_attention_tool_splits_the_question_attention_by_what_each_token_sh
         lure_attention.main(["--busy", "0"])
     with pytest.raises(SystemExit):
         lure_attention.main(["--keep-off-lures", "1,a"])
+    with pytest.raises(SystemExit):
+        lure_attention.main(["--keep-off-lures", "1", "--by-pair"])
 
 
 def test_attention_loss_asks_each_answer_to_look_at_the_events_it_is_about(tmp_path, capsys):

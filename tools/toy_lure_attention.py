@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         keep_off = tuple(int(layer) for layer in args.keep_off_lures.split(",")) if args.keep_off_lures else ()
     except ValueError:
         parser.error(f"--keep-off-lures takes comma-separated LM layers, got {args.keep_off_lures!r}")
+    if keep_off and args.by_pair:
+        parser.error("--by-pair compares needles with lures in the scores, and --keep-off-lures hides the lures: one "
+                     "at a time")
     if any(layer < 0 for layer in keep_off):
         parser.error(f"--keep-off-lures: LM layers are >= 0, got {args.keep_off_lures!r}")
     torch.set_num_threads(args.threads)

@@ -258,9 +258,10 @@ def set_max_positions(model: Qwen25VL, positions: int) -> Qwen25VL:
 def with_rope_theta(config: ModelConfig, theta: float) -> ModelConfig:
     """``config`` with ``theta`` as its M-RoPE base (``train-toy --rope-theta``). Like the temporal range it has no
     weights: only the rotary frequencies theta^(-2i/head_dim) change. Why a toy may want another base than the 3B's
-    1e6 (issue 27): a rotary pair can match content across a long stream only where it turns little over the
-    stream's span, which at 1e6 is the last ~35 % of a head's pairs; that is ~22 pairs of the 3B's 64 (head_dim
-    128) but only two or three of the toy's 8 (head_dim 16). A larger base moves more of the toy's pairs there."""
+    1e6 (issue 27): a rotary pair can match content across a long stream only where it turns little (a radian or
+    two) over the positions trained on; over 8,192 at 1e6 that is the last 3/8 of a head's pairs, its ``w`` section:
+    24 of the 3B's 64 (head_dim 128) but 3 of the toy's 8 (head_dim 16). A larger base moves more pairs there
+    (``tools/toy_lure_attention.py --by-pair`` shows which pairs a toy's questions use)."""
     if not theta > 0:
         raise ValueError(f"rope_theta must be positive, got {theta!r}")
     return replace(config, text=replace(config.text, rope_theta=float(theta)))

@@ -37,8 +37,7 @@ from edgekv.toy.card import write_model_card
 from edgekv.toy.data import (CELL, CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample,
                              event_tokens, stage_at)
 from edgekv.toy.model import (MAX_POSITIONS, RESOLUTION, ROPE_THETA, init_model, save_checkpoint, set_max_positions,
-                              set_rope_theta,
-                              toy_config)
+                              set_rope_theta, toy_config)
 from edgekv.toy.prefetch import batches, sharded
 from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, region_of
 from edgekv.toy.vocab import build_tokenizer
