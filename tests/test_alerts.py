@@ -308,7 +308,8 @@ def test_the_api_adds_lists_and_deletes_standing_questions(tiny_checkpoint, tmp_
         port = run.port
         for body, param in [({"question": ""}, "question"), ({"question": "x?", "every_pairs": 0}, "every_pairs"),
                             ({"question": "x?", "threshold": 1.5}, "threshold"), ({"question": 5}, "question"),
-                            ({"question": "x?", "colour": "red"}, "colour")]:
+                            ({"question": "x?", "colour": "red"}, "colour"),
+                            ({"question": "x?", "camera": "side"}, "camera")]:  # one camera: none to name
             status, _, raw = call(port, "POST", "/v1/alerts", body)
             assert status == 400 and json.loads(raw)["error"]["param"] == param, (body, raw)
         status, _, raw = call(port, "POST", "/v1/alerts", {"question": "Is anything moving?", "every_pairs": 1})

@@ -135,6 +135,41 @@ def _event_only_in(first, second):
     return only[0]
 
 
+def _standing_questions_per_camera(port: int, front, back, question: str) -> None:
+    """The alerts API of a daemon with two cameras: each rule is one camera's, evaluated over its cache."""
+    import http.client
+
+    from helpers_server import call
+
+    status, _, body = call(port, "GET", "/v1/alerts")  # the config's rule, one on each camera
+    listed = json.loads(body)["data"]
+    assert [(r["id"], r["camera"]) for r in listed] == [("front-alert-1", "front"), ("back-alert-1", "back")], body
+    assert front.alerts.list()[0].evaluations >= 1 and back.alerts.list()[0].evaluations >= 1  # each its own stream
+    status, _, body = call(port, "POST", "/v1/alerts", {"question": question, "camera": "back"})
+    assert status == 201, body
+    rule = json.loads(body)
+    assert rule["id"] == "back-alert-2" and rule["camera"] == "back"
+    assert [s.id for s in back.alerts.list()] == ["back-alert-1", "back-alert-2"] and len(front.alerts.list()) == 1
+    status, _, body = call(port, "POST", "/v1/alerts", {"question": question, "camera": "side"})
+    assert status == 400 and json.loads(body)["error"]["param"] == "camera" and b"'side' is not one of front, back" in body
+    status, _, body = call(port, "POST", "/v1/alerts", {"question": "Is it dark?"})  # every camera
+    assert status == 201 and [r["camera"] for r in json.loads(body)["data"]] == ["front", "back"], body
+    assert call(port, "DELETE", "/v1/alerts/back-alert-2")[0] == 200
+    assert [s.id for s in back.alerts.list()] == ["back-alert-1", "back-alert-3"]
+    assert [s.id for s in front.alerts.list()] == ["front-alert-1", "front-alert-2"]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # one SSE stream takes every camera's alerts
+    try:
+        conn.request("GET", "/v1/alerts/stream")
+        assert conn.getresponse().status == 200
+        deadline = time.monotonic() + 60
+        while not (front.alert_bus.sinks and back.alert_bus.sinks) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(front.alert_bus.sinks) == len(back.alert_bus.sinks) == 1
+        assert front.alert_bus.sinks[0] is back.alert_bus.sinks[0]
+    finally:
+        conn.close()
+
+
 def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monkeypatch):
     pytest.importorskip("fastapi")
     from helpers_server import call, daemon_args
@@ -142,7 +177,7 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
     import edgekv.apps.daemon.loop as loop
     from edgekv.apps.daemon.cameras import CameraSet
 
-    config = _config(tmp_path)
+    config = _config(tmp_path, alerts={"rules": [{"question": "Is anything moving?", "every_pairs": 1}]})
     cameras = CameraSet(config, daemon_args(realtime=False, quiz=6), out=open(tmp_path / "out.txt", "w"))
     assert cameras.first.cameras is cameras.daemons and list(cameras.daemons) == ["front", "back"]
     front, back = cameras.daemons["front"], cameras.daemons["back"]
@@ -184,6 +219,7 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
         assert call(port, "GET", "/frame.jpg?camera=side")[0] == 400
         status, _, body = call(port, "GET", "/v1/edgekv/status")
         assert json.loads(body)["cameras"]["back"]["cache_capacity_tokens"] == 640
+        _standing_questions_per_camera(port, front, back, f"Was there a {color} {shape}?")
     finally:
         cameras.stop.event.set()
         thread.join(120)
@@ -246,3 +282,26 @@ def test_bench_cameras_writes_its_figures(tmp_path, capsys):
     assert sum(c["share_of_ingested"] for c in result["cameras"].values()) == pytest.approx(1.0)
     assert result["questions_asked"] >= 2 and (tmp_path / "cameras.png").read_bytes()[:4] == b"\x89PNG"
     assert "% of all ingested" in capsys.readouterr().out
+
+
+def test_the_fleet_agent_carries_every_cameras_alerts(tmp_path):
+    """The device's one fleet agent (on the first camera) is an output of every camera's alerts, so an alert
+    on ``back`` reaches the fleet as one on ``front`` does (the broker here is unreachable: the agent retries in
+    the background and the daemon runs)."""
+    pytest.importorskip("paho.mqtt")
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.cameras import CameraSet
+
+    config = _config(tmp_path, server={"enabled": False}, fleet={"broker": "mqtt://127.0.0.1:9", "device_id": "rig"})
+    cameras = CameraSet(config, daemon_args(realtime=False), out=open(tmp_path / "out.txt", "w"))
+    thread = threading.Thread(target=cameras.run, daemon=True)
+    thread.start()
+    try:
+        assert cameras.ready.wait(180)
+        front, back = cameras.daemons["front"], cameras.daemons["back"]
+        assert front.fleet is not None and back.fleet is None
+        assert front.fleet in front.alert_bus.sinks and front.fleet in back.alert_bus.sinks
+    finally:
+        cameras.stop.event.set()
+        thread.join(120)

@@ -207,6 +207,9 @@ class CameraSet:
 
                 print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
                 return 2
+            if self.first.fleet is not None:  # the device's one fleet agent carries every camera's alerts
+                for daemon in list(self.daemons.values())[1:]:
+                    daemon.alert_bus.add(self.first.fleet)
             caps = ", ".join(f"{name} {d.session.cache.capacity} tokens = {d.session.cache.capacity_bytes / 2**20:.2f} MiB"
                              for name, d in self.daemons.items())
             self.say(f"{len(self.daemons)} cameras on one model: {caps}")

@@ -21,6 +21,7 @@ Events go to every output through ``AlertBus.publish``, which only puts them in 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -197,11 +198,17 @@ class AlertEngine:
             self.add(rule, source="config")
 
     def add(self, rule: AlertRuleSection, source: str = "api") -> RuleState:
+        """``rule`` as a standing question of this stream. With a ``camera`` (one of ``video.sources``) the rule
+        is this camera's: it says so (a rule for every camera, ``camera`` unset, takes this one's name here) and
+        its id is ``<camera>-alert-<n>``, unique across the cameras of one daemon."""
         rule.validate("alert")
         if rule.camera is not None and self.camera is not None and rule.camera != self.camera:
             raise ValueError(f"alert.camera: {rule.camera!r} is not a camera of this daemon ({self.camera!r})")
+        if self.camera is not None and rule.camera is None:
+            rule = dataclasses.replace(rule, camera=self.camera)
+        prefix = f"{self.camera}-" if self.camera is not None else ""
         with self._lock:
-            state = RuleState(rule, id=f"alert-{next(self._ids)}", source=source)
+            state = RuleState(rule, id=f"{prefix}alert-{next(self._ids)}", source=source)
             self.rules[state.id] = state
         return state
 

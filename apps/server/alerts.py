@@ -7,6 +7,11 @@
     GET    /v1/alerts/events/{id}/keyframe.jpg
     GET    /v1/alerts/stream                  Server-Sent Events: one ``event: alert`` per alert as it is raised
 
+With several cameras (``video.sources``) a rule is one camera's, evaluated over its cache: ``"camera": "back"``
+adds it there, no camera (or ``"all"``) adds one to every camera, as a config rule without one (201 with the list
+of them); each rule says its camera and its id names it (``back-alert-1``). The list, the events and the SSE
+stream hold every camera's.
+
 The SSE stream is an output like the webhooks: each client has a bounded queue (``alerts.queue``) filled from
 the daemon's thread with ``call_soon_threadsafe``; a slow client loses its oldest waiting alerts (each stream
 says how many in a ``dropped`` field), never the daemon's time. A comment line every 15 s keeps proxies from
@@ -40,7 +45,7 @@ class AlertRequest(BaseModel):
     every_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     cooldown_s: float = Field(60.0, ge=0, allow_inf_nan=False)
     threshold: float = Field(0.5, gt=0, lt=1, allow_inf_nan=False)
-    camera: str | None = None
+    camera: str | None = Field(None, description="with video.sources: the camera to watch (default: every one)")
 
 
 class _SseClient:
@@ -68,11 +73,18 @@ def router(api: Api) -> APIRouter:
     routes = APIRouter()
     daemon = api.daemon
 
-    def engine():
-        if getattr(daemon, "alerts", None) is None:
+    def engines() -> dict:
+        """Each camera's standing questions by camera name (``video.sources``); one camera: {None: its}."""
+        cameras = getattr(daemon, "cameras", None) or {None: daemon}
+        if any(getattr(d, "alerts", None) is None for d in cameras.values()):
             raise ApiError(503, "standing questions are not running yet (the daemon is starting)",
                            kind="server_error", code="server_unavailable", headers={"retry-after": "1"})
-        return daemon.alerts
+        return {name: d.alerts for name, d in cameras.items()}
+
+    def recent() -> list:
+        """Every camera's last alerts, newest first."""
+        events = [e for engine in engines().values() for e in list(engine.bus.recent)]
+        return sorted(events, key=lambda e: e.raised_unix, reverse=True)
 
     @routes.post("/v1/alerts", status_code=201, openapi_extra=body_schema(AlertRequest.model_json_schema()))
     async def add(request: Request):
@@ -85,31 +97,50 @@ def router(api: Api) -> APIRouter:
             raise validation_error(exc) from None
         from edgekv.config import AlertRuleSection, ConfigError
 
+        found = engines()
+        camera = wanted.camera
+        if None in found:  # one camera (video.source)
+            if camera not in (None, "all"):
+                raise ApiError(400, f"camera: this daemon watches one camera (no video.sources); got "
+                                    f"{safe_text(camera)!r}", param="camera")
+            chosen = found
+        elif camera in (None, "all"):  # as a config rule without a camera: one rule on every camera
+            chosen = found
+        elif camera in found:
+            chosen = {camera: found[camera]}
+        else:
+            raise ApiError(400, f"camera: {safe_text(camera)!r} is not one of {', '.join(found)} (or 'all')",
+                           param="camera")
+        rule = AlertRuleSection(**{**wanted.model_dump(), "camera": None})  # each engine names its own camera
         try:
-            state = engine().add(AlertRuleSection(**wanted.model_dump()))
+            rule.validate("alert")  # refused before any camera has it
+            states = [engine.add(rule) for engine in chosen.values()]
         except (ConfigError, ValueError) as exc:
             raise ApiError(400, safe_text(str(exc), 300)) from None
-        return JsonResponse(state.to_json(), status_code=201)
+        if len(states) == 1:
+            return JsonResponse(states[0].to_json(), status_code=201)
+        return JsonResponse({"object": "list", "data": [state.to_json() for state in states]}, status_code=201)
 
     @routes.get("/v1/alerts")
     async def rules():
-        return JsonResponse({"object": "list", "data": [state.to_json() for state in engine().list()]})
+        return JsonResponse({"object": "list",
+                             "data": [state.to_json() for engine in engines().values() for state in engine.list()]})
 
     @routes.delete("/v1/alerts/{rule_id}")
     async def remove(rule_id: str):
-        if not engine().remove(rule_id):
+        if not any(engine.remove(rule_id) for engine in engines().values()):
             raise ApiError(404, f"no standing question {safe_text(rule_id)!r}", param="id", code="alert_not_found")
         return JsonResponse({"id": rule_id, "deleted": True})
 
     @routes.get("/v1/alerts/events")
     async def events():
-        bus = engine().bus
-        return JsonResponse({"object": "list", "data": [e.to_json() for e in reversed(bus.recent)]})
+        return JsonResponse({"object": "list", "data": [e.to_json() for e in recent()]})
 
     @routes.get("/v1/alerts/events/{event_id}/keyframe.jpg", response_class=Response,
                 responses={200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}}})
     async def keyframe(event_id: str):
-        event = engine().bus.event(event_id)
+        event = next((e for e in (engine.bus.event(event_id) for engine in engines().values()) if e is not None),
+                     None)
         if event is None or event.keyframe_jpeg is None:
             raise ApiError(404, f"no keyframe for alert {safe_text(event_id)!r} (only the last alerts keep theirs)",
                            code="keyframe_not_found")
@@ -118,9 +149,10 @@ def router(api: Api) -> APIRouter:
     @routes.get("/v1/alerts/stream", response_class=StreamingResponse,
                 responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}})
     async def stream(request: Request):
-        bus = engine().bus
+        buses = [engine.bus for engine in engines().values()]  # every camera's alerts on one stream
         client = _SseClient(asyncio.get_running_loop(), daemon.config.alerts.queue)
-        bus.add(client)
+        for bus in buses:
+            bus.add(client)
 
         async def events():
             try:
@@ -137,7 +169,8 @@ def router(api: Api) -> APIRouter:
                     payload["dropped"] = client.dropped
                     yield f"event: alert\nid: {event.id}\ndata: {json.dumps(payload)}\n\n"
             finally:
-                bus.remove(client)
+                for bus in buses:
+                    bus.remove(client)
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
