@@ -52,10 +52,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    archive, snapshots = result.get("archive"), result.get("snapshots") or {}
-    print(f"forgot t={result['from']:g}..{result['to']:g} s: {result['pairs']} frame pair(s) from the cache "
-          f"({result['cache_slots']} slots)"
-          + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)" if archive else ", no archive")
-          + (f", snapshot {snapshots['snapshot']} rewritten, {len(snapshots.get('removed', []))} older removed"
-             if snapshots.get("snapshot") else ", no snapshots"), file=sys.stdout)
+    cameras = result.get("cameras")  # a daemon with several cameras forgets on each: a line per camera
+    for name, one in (cameras.items() if cameras else [(None, result)]):
+        print(("" if name is None else f"{name}: ") + _summary(one), file=sys.stdout)
     return 0
+
+
+def _summary(result: dict) -> str:
+    """One camera's forget result (``Daemon.forget``) as a line."""
+    archive, snapshots = result.get("archive"), result.get("snapshots") or {}
+    return (f"forgot t={result['from']:g}..{result['to']:g} s: {result['pairs']} frame pair(s) from the cache "
+            f"({result['cache_slots']} slots)"
+            + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)" if archive else ", no archive")
+            + (f", snapshot {snapshots['snapshot']} rewritten, {len(snapshots.get('removed', []))} older removed"
+               if snapshots.get("snapshot") else ", no snapshots"))

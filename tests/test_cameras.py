@@ -305,3 +305,55 @@ def test_the_fleet_agent_carries_every_cameras_alerts(tmp_path):
     finally:
         cameras.stop.event.set()
         thread.join(120)
+
+
+def test_the_privacy_switch_and_forget_reach_every_camera(tmp_path, capsys):
+    """With several cameras the wearer's controls — the API's pause / forget / resume and the spoken commands —
+    act on every camera: a privacy switch that left the second camera watching would be no switch at all."""
+    pytest.importorskip("fastapi")
+    from helpers_server import call, daemon_args
+
+    from edgekv.apps.daemon.cameras import CameraSet
+    from edgekv.apps.voice.commands import Command, run
+
+    live = {"front": FRONT, "back": BACK}
+    config = _config(tmp_path, video={"sources": [{"name": name, "source": source.replace("frames=120", "frames=100000")}
+                                                  for name, source in live.items()],
+                                      "fps": 2.0, "resolution": [112, 112]})
+    cameras = CameraSet(config, daemon_args(realtime=True), out=open(tmp_path / "out.txt", "w"))
+    thread = threading.Thread(target=cameras.run, daemon=True)
+    thread.start()
+    try:
+        assert cameras.ready.wait(180)
+        front, back = cameras.daemons["front"], cameras.daemons["back"]
+        port = front.server.port
+        deadline = time.monotonic() + 120
+        while min(front.session.counters.frame_pairs, back.session.counters.frame_pairs) < 3 \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert front.session.counters.frame_pairs >= 3 and back.session.counters.frame_pairs >= 3
+        status, _, body = call(port, "POST", "/v1/privacy/pause", {})
+        state = json.loads(body)
+        assert status == 200 and state["paused"] is True, body
+        assert state["cameras"] == {name: {"paused": True, "reason": "privacy switch (API)"} for name in live}
+        assert front.paused is not None and back.paused is not None
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"last_s": 100000})
+        result = json.loads(body)
+        assert status == 200 and set(result["cameras"]) == {"front", "back"}, body
+        assert all(r["pairs"] >= 3 for r in result["cameras"].values())
+        assert result["pairs"] == sum(r["pairs"] for r in result["cameras"].values())
+        assert not front.session.pair_times and not back.session.pair_times  # nothing either camera saw is held
+        from edgekv.apps.cli import main
+
+        capsys.readouterr()
+        assert main(["forget", "--url", f"http://127.0.0.1:{port}", "--last", "5"]) == 0  # a line per camera
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split(": forgot ")[0] for line in lines] == ["front", "back"], lines
+        status, _, body = call(port, "POST", "/v1/privacy/resume", {})
+        assert status == 200 and json.loads(body)["paused"] is False and front.paused is None and back.paused is None
+        assert run(front, Command("pause")) == "Paused: I am not watching."  # the voice: the same switch
+        assert front.paused is not None and back.paused is not None
+        assert run(front, Command("resume")) == "Watching again." and back.paused is None
+    finally:
+        cameras.stop.event.set()
+        thread.join(120)

@@ -6,6 +6,9 @@
     POST /v1/memory/forget     {"from": t0, "to": t1} or {"last_s": s}: a window of stream time removed from the
                                live cache, the snapshots and the archive (``Daemon.forget``); says how much
 
+With several cameras (``video.sources``) each of these reaches every camera: paused means every camera is (each
+one's state under ``cameras``), and forget reports the totals and each camera's result.
+
 Paused is also ``stream_state: paused`` on the status page, ``/healthz`` and ``/metrics``
 (``edgekv_stream_state{state="paused"}``)."""
 
@@ -16,6 +19,7 @@ import math
 
 from fastapi import APIRouter, Request
 
+from edgekv.apps.daemon.cameras import every_camera, forget_every, pause_every, privacy_state, resume_every
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError
 
@@ -25,10 +29,10 @@ def router(api: Api) -> APIRouter:
     daemon = api.daemon
 
     def state() -> dict:
-        return {"paused": daemon.paused is not None, "reason": daemon.paused}
+        return privacy_state(daemon)
 
     def check() -> None:
-        if not hasattr(daemon, "pause") or daemon.sampler is None:
+        if not hasattr(daemon, "pause") or any(d.sampler is None for d in every_camera(daemon).values()):
             raise ApiError(503, "the stream is not running yet", kind="server_error", code="server_unavailable",
                            headers={"retry-after": "1"})
 
@@ -39,14 +43,14 @@ def router(api: Api) -> APIRouter:
     @routes.post("/v1/privacy/pause")
     async def pause():
         check()
-        await asyncio.get_running_loop().run_in_executor(None, daemon.pause, "privacy switch (API)")
+        await asyncio.get_running_loop().run_in_executor(None, pause_every, daemon, "privacy switch (API)")
         return JsonResponse(state())
 
     @routes.post("/v1/privacy/resume")
     async def resume():
         check()
         try:
-            await asyncio.get_running_loop().run_in_executor(None, daemon.resume)
+            await asyncio.get_running_loop().run_in_executor(None, resume_every, daemon)
         except (OSError, ValueError) as exc:  # the camera could not be reopened: still paused, and why
             raise ApiError(503, f"could not reopen the video source: {exc}", kind="server_error",
                            code="source_unavailable") from None
@@ -80,7 +84,7 @@ def router(api: Api) -> APIRouter:
                            code="server_unavailable")
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: daemon.forget(body.get("from"), body.get("to"), last_s=body.get("last_s")))
+                None, lambda: forget_every(daemon, body.get("from"), body.get("to"), last_s=body.get("last_s")))
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         except OSError as exc:  # a snapshot or archive rewrite failed: the cache is clean, the files are not yet

@@ -48,12 +48,15 @@ def parse(text: str) -> Command | None:
 
 
 def run(daemon, command: Command) -> str:
-    """Carry ``command`` out on the daemon; returns what to say back."""
+    """Carry ``command`` out on the daemon — on every camera where it watches several; returns what to say
+    back."""
+    from edgekv.apps.daemon.cameras import forget_every, pause_every, resume_every
+
     if command.action == "forget":
-        result = daemon.forget(last_s=command.last_s)
+        result = forget_every(daemon, last_s=command.last_s)
         archived = result["archive"]["pairs"] if result.get("archive") else 0
         return (f"Forgotten: the last {command.last_s:g} seconds, {result['pairs']} moments in memory"
                 + (f" and {archived} archived" if archived else "") + ".")
     if command.action == "pause":
-        return "Paused: I am not watching." if daemon.pause("privacy switch (voice)") else "Already paused."
-    return "Watching again." if daemon.resume() else "I was not paused."
+        return "Paused: I am not watching." if pause_every(daemon, "privacy switch (voice)") else "Already paused."
+    return "Watching again." if resume_every(daemon) else "I was not paused."
