@@ -4,6 +4,7 @@ and a camera that is pulled leaving the others ingesting."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -230,10 +231,26 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
         assert (tmp_path / "state" / name).is_dir() and list((tmp_path / "state" / name).glob("snapshot-*.ekv"))
 
 
+@contextlib.contextmanager
+def _running(config: EdgeKVConfig, tmp_path, **args):
+    """``config``'s cameras running in a thread: (front, back) once every one has started; stopped on the way out."""
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.cameras import CameraSet
+
+    cameras = CameraSet(config, daemon_args(**args), out=open(tmp_path / "out.txt", "w"))
+    thread = threading.Thread(target=cameras.run, daemon=True)
+    thread.start()
+    try:
+        assert cameras.ready.wait(180)
+        yield cameras.daemons["front"], cameras.daemons["back"]
+    finally:
+        cameras.stop.event.set()
+        thread.join(120)
+
+
 def test_a_pulled_camera_leaves_the_other_ingesting(tmp_path, monkeypatch):
     import edgekv.apps.daemon.loop as loop
-    from edgekv.apps.daemon.cameras import CameraSet
-    from helpers_server import daemon_args
 
     pulled = threading.Event()
     real = loop.open_video_source
@@ -250,12 +267,7 @@ def test_a_pulled_camera_leaves_the_other_ingesting(tmp_path, monkeypatch):
                                         {"name": "back", "source": BACK}], "fps": 2.0, "resolution": [112, 112],
                             "reconnect_backoff_s": [0.05, 0.2]})
     # paced like cameras (a live source is never read losslessly)
-    cameras = CameraSet(config, daemon_args(realtime=True), out=open(tmp_path / "out.txt", "w"))
-    thread = threading.Thread(target=cameras.run, daemon=True)
-    thread.start()
-    try:
-        assert cameras.ready.wait(180)
-        front, back = cameras.daemons["front"], cameras.daemons["back"]
+    with _running(config, tmp_path, realtime=True) as (front, back):
         assert pulled.wait(120)
         deadline = time.monotonic() + 120
         while back.stream_state != "reconnecting" and time.monotonic() < deadline:
@@ -266,9 +278,6 @@ def test_a_pulled_camera_leaves_the_other_ingesting(tmp_path, monkeypatch):
             time.sleep(0.02)
         assert front.session.counters.frames >= seen + 8 and front.stream_state == "running"
         assert back.session.counters.frames <= 10 and back.stream_state == "reconnecting"
-    finally:
-        cameras.stop.event.set()
-        thread.join(120)
 
 
 def test_bench_cameras_writes_its_figures(tmp_path, capsys):
@@ -289,43 +298,25 @@ def test_the_fleet_agent_carries_every_cameras_alerts(tmp_path):
     on ``back`` reaches the fleet as one on ``front`` does (the broker here is unreachable: the agent retries in
     the background and the daemon runs)."""
     pytest.importorskip("paho.mqtt")
-    from helpers_server import daemon_args
-
-    from edgekv.apps.daemon.cameras import CameraSet
-
     config = _config(tmp_path, server={"enabled": False}, fleet={"broker": "mqtt://127.0.0.1:9", "device_id": "rig"})
-    cameras = CameraSet(config, daemon_args(realtime=False), out=open(tmp_path / "out.txt", "w"))
-    thread = threading.Thread(target=cameras.run, daemon=True)
-    thread.start()
-    try:
-        assert cameras.ready.wait(180)
-        front, back = cameras.daemons["front"], cameras.daemons["back"]
+    with _running(config, tmp_path, realtime=False) as (front, back):
         assert front.fleet is not None and back.fleet is None
         assert front.fleet in front.alert_bus.sinks and front.fleet in back.alert_bus.sinks
-    finally:
-        cameras.stop.event.set()
-        thread.join(120)
 
 
 def test_the_privacy_switch_and_forget_reach_every_camera(tmp_path, capsys):
     """With several cameras the wearer's controls — the API's pause / forget / resume and the spoken commands —
     act on every camera: a privacy switch that left the second camera watching would be no switch at all."""
     pytest.importorskip("fastapi")
-    from helpers_server import call, daemon_args
+    from helpers_server import call
 
-    from edgekv.apps.daemon.cameras import CameraSet
     from edgekv.apps.voice.commands import Command, run
 
     live = {"front": FRONT, "back": BACK}
     config = _config(tmp_path, video={"sources": [{"name": name, "source": source.replace("frames=120", "frames=100000")}
                                                   for name, source in live.items()],
                                       "fps": 2.0, "resolution": [112, 112]})
-    cameras = CameraSet(config, daemon_args(realtime=True), out=open(tmp_path / "out.txt", "w"))
-    thread = threading.Thread(target=cameras.run, daemon=True)
-    thread.start()
-    try:
-        assert cameras.ready.wait(180)
-        front, back = cameras.daemons["front"], cameras.daemons["back"]
+    with _running(config, tmp_path, realtime=True) as (front, back):
         port = front.server.port
         deadline = time.monotonic() + 120
         while min(front.session.counters.frame_pairs, back.session.counters.frame_pairs) < 3 \
@@ -354,6 +345,3 @@ def test_the_privacy_switch_and_forget_reach_every_camera(tmp_path, capsys):
         assert run(front, Command("pause")) == "Paused: I am not watching."  # the voice: the same switch
         assert front.paused is not None and back.paused is not None
         assert run(front, Command("resume")) == "Watching again." and back.paused is None
-    finally:
-        cameras.stop.event.set()
-        thread.join(120)
