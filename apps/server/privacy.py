@@ -19,7 +19,7 @@ import math
 
 from fastapi import APIRouter, Request
 
-from edgekv.apps.daemon.cameras import every_camera, forget_every, pause_every, privacy_state, resume_every
+from edgekv.apps.controls import every_camera, forget_every, pause_every, privacy_state, resume_every
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError
 

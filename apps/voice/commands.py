@@ -50,7 +50,7 @@ def parse(text: str) -> Command | None:
 def run(daemon, command: Command) -> str:
     """Carry ``command`` out on the daemon — on every camera where it watches several; returns what to say
     back."""
-    from edgekv.apps.daemon.cameras import forget_every, pause_every, resume_every
+    from edgekv.apps.controls import forget_every, pause_every, resume_every
 
     if command.action == "forget":
         result = forget_every(daemon, last_s=command.last_s)

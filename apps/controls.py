@@ -1,0 +1,73 @@
+"""The wearer's controls on every camera: the privacy switch (pause / resume) and forget, from the HTTP API and
+the voice. With several cameras (``video.sources``, apps/daemon/cameras.py) the daemon that serves the API and
+hears the voice is the first camera's, and ``daemon.cameras`` holds every camera's daemon by name; a control that
+reached the first camera alone would leave the others watching and remembering. Here, below the rooms that call
+it (server, voice), so that neither imports the daemon's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def every_camera(daemon) -> dict:
+    """The daemons the wearer's controls reach from ``daemon`` (the one that serves the API and hears the voice):
+    every camera's by name with ``video.sources``, else ``daemon`` alone."""
+    cameras = getattr(daemon, "cameras", None)
+    return dict(cameras) if cameras else {getattr(daemon, "camera", None): daemon}
+
+
+def privacy_state(daemon) -> dict:
+    """``{"paused", "reason"}``: paused only when every camera is (a switch that left one watching is not off);
+    with several cameras also each one's."""
+    reasons = {name: d.paused for name, d in every_camera(daemon).items()}
+    out: dict[str, Any] = {"paused": all(r is not None for r in reasons.values()),
+                           "reason": next((r for r in reasons.values() if r is not None), None)}
+    if len(reasons) > 1:
+        out["cameras"] = {name: {"paused": r is not None, "reason": r} for name, r in reasons.items()}
+    return out
+
+
+def pause_every(daemon, reason: str) -> bool:
+    """The privacy switch: every camera stops ingest and releases its source. True if any was watching."""
+    return any([d.pause(reason) for d in every_camera(daemon).values()])  # a list: every camera, not the first
+
+
+def resume_every(daemon) -> bool:
+    """Every paused camera reopens its source and goes on; one that cannot stays paused while the others resume,
+    and the first such error is raised naming its camera. True if any resumed."""
+    resumed, failed = False, None
+    for name, d in every_camera(daemon).items():
+        try:
+            resumed = d.resume() or resumed
+        except (OSError, ValueError) as exc:
+            failed = failed or (name, exc)
+    if failed is not None:
+        name, exc = failed
+        raise type(exc)(str(exc) if name is None else f"camera {name}: {exc}")
+    return resumed
+
+
+def forget_every(daemon, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None) -> dict:
+    """``Daemon.forget`` on every camera (``last_s``: each camera's last seconds on its own stream clock). One
+    camera: its result. Several: the totals (``pairs``, ``cache_slots``, ``archive``) and each camera's result
+    under ``cameras``; a camera whose files could not be rewritten does not stop the others from forgetting, and
+    the first such error is raised after them, naming its camera."""
+    cameras = every_camera(daemon)
+    if len(cameras) == 1:
+        return next(iter(cameras.values())).forget(t_from, t_to, last_s=last_s)
+    results: dict[str, dict] = {}
+    failed = None
+    for name, d in cameras.items():
+        try:
+            results[name] = d.forget(t_from, t_to, last_s=last_s)
+        except OSError as exc:
+            failed = failed or (name, exc)
+    if failed is not None:
+        name, exc = failed
+        raise OSError(f"camera {name}: {exc}")
+    archives = [r["archive"] for r in results.values() if r.get("archive")]
+    return {"pairs": sum(r["pairs"] for r in results.values()),
+            "cache_slots": sum(r["cache_slots"] for r in results.values()),
+            "archive": ({"pairs": sum(a["pairs"] for a in archives), "bytes": sum(a["bytes"] for a in archives)}
+                        if archives else None),
+            "cameras": results}
