@@ -27,44 +27,41 @@ def privacy_state(daemon) -> dict:
     return out
 
 
-def pause_every(daemon, reason: str) -> bool:
-    """The privacy switch: every camera stops ingest and releases its source. True if any was watching."""
-    return any([d.pause(reason) for d in every_camera(daemon).values()])  # a list: every camera, not the first
-
-
-def resume_every(daemon) -> bool:
-    """Every paused camera reopens its source and goes on; one that cannot stays paused while the others resume,
-    and the first such error is raised naming its camera. True if any resumed."""
-    resumed, failed = False, None
+def _each(daemon, act, errors: tuple = ()) -> dict:
+    """``act(d)`` on every camera's daemon, by name. A camera whose step raises one of ``errors`` does not stop the
+    others; the first such error is raised after them, naming its camera (as it was, with one camera)."""
+    results, failed = {}, None
     for name, d in every_camera(daemon).items():
         try:
-            resumed = d.resume() or resumed
-        except (OSError, ValueError) as exc:
+            results[name] = act(d)
+        except errors as exc:
             failed = failed or (name, exc)
     if failed is not None:
         name, exc = failed
-        raise type(exc)(str(exc) if name is None else f"camera {name}: {exc}")
-    return resumed
+        if name is None:
+            raise exc
+        raise type(exc)(f"camera {name}: {exc}")
+    return results
+
+
+def pause_every(daemon, reason: str) -> bool:
+    """The privacy switch: every camera stops ingest and releases its source. True if any was watching."""
+    return any(_each(daemon, lambda d: d.pause(reason)).values())
+
+
+def resume_every(daemon) -> bool:
+    """Every paused camera reopens its source and goes on; one that cannot stays paused while the others resume
+    (its error raised after them). True if any resumed."""
+    return any(_each(daemon, lambda d: d.resume(), (OSError, ValueError)).values())
 
 
 def forget_every(daemon, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None) -> dict:
     """``Daemon.forget`` on every camera (``last_s``: each camera's last seconds on its own stream clock). One
     camera: its result. Several: the totals (``pairs``, ``cache_slots``, ``archive``) and each camera's result
-    under ``cameras``; a camera whose files could not be rewritten does not stop the others from forgetting, and
-    the first such error is raised after them, naming its camera."""
-    cameras = every_camera(daemon)
-    if len(cameras) == 1:
-        return next(iter(cameras.values())).forget(t_from, t_to, last_s=last_s)
-    results: dict[str, dict] = {}
-    failed = None
-    for name, d in cameras.items():
-        try:
-            results[name] = d.forget(t_from, t_to, last_s=last_s)
-        except OSError as exc:
-            failed = failed or (name, exc)
-    if failed is not None:
-        name, exc = failed
-        raise OSError(f"camera {name}: {exc}")
+    under ``cameras``; a camera whose files could not be rewritten does not stop the others from forgetting."""
+    results = _each(daemon, lambda d: d.forget(t_from, t_to, last_s=last_s), (OSError,))
+    if len(results) == 1:
+        return next(iter(results.values()))
     archives = [r["archive"] for r in results.values() if r.get("archive")]
     return {"pairs": sum(r["pairs"] for r in results.values()),
             "cache_slots": sum(r["cache_slots"] for r in results.values()),

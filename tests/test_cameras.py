@@ -140,6 +140,7 @@ def _standing_questions_per_camera(port: int, front, back, question: str) -> Non
     """The alerts API of a daemon with two cameras: each rule is one camera's, evaluated over its cache."""
     import http.client
 
+    from helpers_mqtt import until
     from helpers_server import call
 
     status, _, body = call(port, "GET", "/v1/alerts")  # the config's rule, one on each camera
@@ -162,9 +163,7 @@ def _standing_questions_per_camera(port: int, front, back, question: str) -> Non
     try:
         conn.request("GET", "/v1/alerts/stream")
         assert conn.getresponse().status == 200
-        deadline = time.monotonic() + 60
-        while not (front.alert_bus.sinks and back.alert_bus.sinks) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert until(lambda: front.alert_bus.sinks and back.alert_bus.sinks, 120)
         assert len(front.alert_bus.sinks) == len(back.alert_bus.sinks) == 1
         assert front.alert_bus.sinks[0] is back.alert_bus.sinks[0]
     finally:
@@ -308,6 +307,7 @@ def test_the_privacy_switch_and_forget_reach_every_camera(tmp_path, capsys):
     """With several cameras the wearer's controls — the API's pause / forget / resume and the spoken commands —
     act on every camera: a privacy switch that left the second camera watching would be no switch at all."""
     pytest.importorskip("fastapi")
+    from helpers_mqtt import until
     from helpers_server import call
 
     from edgekv.apps.voice.commands import Command, run
@@ -318,11 +318,7 @@ def test_the_privacy_switch_and_forget_reach_every_camera(tmp_path, capsys):
                                       "fps": 2.0, "resolution": [112, 112]})
     with _running(config, tmp_path, realtime=True) as (front, back):
         port = front.server.port
-        deadline = time.monotonic() + 120
-        while min(front.session.counters.frame_pairs, back.session.counters.frame_pairs) < 3 \
-                and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert front.session.counters.frame_pairs >= 3 and back.session.counters.frame_pairs >= 3
+        assert until(lambda: min(front.session.counters.frame_pairs, back.session.counters.frame_pairs) >= 3, 120)
         status, _, body = call(port, "POST", "/v1/privacy/pause", {})
         state = json.loads(body)
         assert status == 200 and state["paused"] is True, body
