@@ -1,11 +1,14 @@
 """The wearer's controls on every camera: the privacy switch (pause / resume) and forget, from the HTTP API and
 the voice. With several cameras (``video.sources``, apps/daemon/cameras.py) the daemon that serves the API and
 hears the voice is the first camera's, and ``daemon.cameras`` holds every camera's daemon by name; a control that
-reached the first camera alone would leave the others watching and remembering. Here, below the rooms that call
-it (server, voice), so that neither imports the daemon's."""
+reached the first camera alone would leave the others watching and remembering. So would a question typed on stdin
+or spoken to the microphone that only the first camera answered: ``route`` sends it to the camera it names at its
+start ("back: ...", "Back camera, ...") or to each. Here, below the rooms that call it (server, voice, daemon), so
+that neither imports the daemon's."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -14,6 +17,35 @@ def every_camera(daemon) -> dict:
     every camera's by name with ``video.sources``, else ``daemon`` alone."""
     cameras = getattr(daemon, "cameras", None)
     return dict(cameras) if cameras else {getattr(daemon, "camera", None): daemon}
+
+
+def addressed(text: str, names) -> tuple[str | None, str]:
+    """The camera ``text`` names at its start, and the question after it: ``back: what ...`` (typed, ``--ask``),
+    ``Back camera, what ...`` / ``On the back camera, what ...`` (spoken: faster-whisper capitalises and writes a
+    comma or a full stop there; "camera" makes the punctuation optional). ``(None, text)`` when it names none."""
+    names = sorted((str(name) for name in names if name), key=len, reverse=True)  # "front-left" before "front"
+    if not names:
+        return None, text
+    found = re.match(r"\s*(?:(?:ask|on|in|from)\s+)?(?:the\s+)?(?P<name>" + "|".join(map(re.escape, names))
+                     + r")(?:\s+camera\s*[:,.]?|\s*[:,])\s*(?P<rest>\S.*)$", text, re.IGNORECASE | re.DOTALL)
+    if found is None:
+        return None, text
+    name = next(n for n in names if n.lower() == found["name"].lower())
+    rest = found["rest"].strip()
+    return name, rest[:1].upper() + rest[1:]  # what follows the name starts the sentence
+
+
+def route(daemon, text: str) -> list[tuple[Any, Any, str]]:
+    """``(camera name, its daemon, question text)`` for each camera a question from ``daemon``'s stdin or
+    microphone goes to: the one it names, else every camera (one camera: ``daemon`` itself, the text as it is)."""
+    cameras = every_camera(daemon)
+    if len(cameras) == 1:
+        name, target = next(iter(cameras.items()))
+        return [(name, target, text)]
+    name, rest = addressed(text, cameras)
+    if name is not None:
+        return [(name, cameras[name], rest)]
+    return [(name, target, text) for name, target in cameras.items()]
 
 
 def privacy_state(daemon) -> dict:

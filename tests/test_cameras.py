@@ -60,6 +60,40 @@ def test_ask_prefixes_pick_a_camera():
                     "back": ["What color was the square?", "side: x"]}
 
 
+def test_a_question_names_its_camera_typed_or_spoken():
+    """``front: ...`` typed, ``Kitchen camera, ...`` / ``Ask the kitchen camera. ...`` as faster-whisper writes
+    speech: that camera alone; a question naming none goes to each; a spoken command stays with the first camera
+    (it reaches every camera by itself)."""
+    from edgekv.apps.controls import addressed, route
+
+    names = ["front", "kitchen", "front-left"]
+    assert addressed("kitchen: was there a red circle?", names) == ("kitchen", "Was there a red circle?")
+    assert addressed("Kitchen camera, how many times?", names) == ("kitchen", "How many times?")
+    assert addressed("Ask the kitchen camera. How many times?", names) == ("kitchen", "How many times?")
+    assert addressed("On the front camera how many times?", names) == ("front", "How many times?")
+    assert addressed("front-left: x", names) == ("front-left", "X")  # the longer name first
+    for text in ("Kitchens: x", "kitchen:", "What color was the kitchen?", "The kitchen was red"):
+        assert addressed(text, names) == (None, text)
+
+    class One:
+        camera = None
+
+    class Daemon:
+        def __init__(self, name):
+            self.camera, self.cameras = name, None
+
+    one = One()
+    assert route(one, "front: x") == [(None, one, "front: x")]  # one camera: no name is a camera's
+    front, kitchen = Daemon("front"), Daemon("kitchen")
+    front.cameras = {"front": front, "kitchen": kitchen}
+    assert route(front, "kitchen: Was there a red circle?") == [("kitchen", kitchen, "Was there a red circle?")]
+    assert route(front, "Was there a red circle?") == [("front", front, "Was there a red circle?"),
+                                                      ("kitchen", kitchen, "Was there a red circle?")]
+    spoken = split_asks(["Forget the last five minutes.", "Kitchen camera, how many?", "How many?"],
+                        ["front", "kitchen"], first_only=lambda text: text.startswith("Forget"))
+    assert spoken == {"front": ["Forget the last five minutes.", "How many?"], "kitchen": ["How many?", "How many?"]}
+
+
 def test_the_fair_lock_serves_waiting_threads_in_order():
     lock = FairLock()
     order: list[str] = []
@@ -174,7 +208,6 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
     pytest.importorskip("fastapi")
     from helpers_server import call, daemon_args
 
-    import edgekv.apps.daemon.loop as loop
     from edgekv.apps.daemon.cameras import CameraSet
 
     config = _config(tmp_path, alerts={"rules": [{"question": "Is anything moving?", "every_pairs": 1}]})
@@ -341,3 +374,39 @@ def test_the_privacy_switch_and_forget_reach_every_camera(tmp_path, capsys):
         assert run(front, Command("pause")) == "Paused: I am not watching."  # the voice: the same switch
         assert front.paused is not None and back.paused is not None
         assert run(front, Command("resume")) == "Watching again." and back.paused is None
+
+
+def test_typed_questions_reach_the_camera_they_name_or_each(tmp_path, monkeypatch):
+    """stdin (read by the first camera's daemon) with several cameras: ``back: ...`` is asked of back alone, a
+    question naming no camera of each, each answer printed under its camera; once stdin closes and no other channel
+    is open, every camera exits (the second camera is asked through the first's stdin, so it waited for it)."""
+    import io
+    import os
+    import sys
+
+    from helpers_mqtt import until
+
+    color, shape = _event_only_in(FRONT, BACK)
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.FileIO(read_end, "r"), encoding="utf-8"))
+    config = _config(tmp_path, server={"enabled": False})
+    typed = io.TextIOWrapper(io.FileIO(write_end, "w"), encoding="utf-8", write_through=True)
+    with _running(config, tmp_path, realtime=False, no_stdin=False) as (front, back):
+        assert until(lambda: front.stream_detail is not None and back.stream_detail is not None, 300)
+        typed.write(f"back: was there a {color} {shape}?\n\nWas there a {color} {shape}?\n")
+
+        def asked(daemon):
+            return [(h["question"], h["answer"]) for h in daemon.history if h.get("source") == "stdin"]
+
+        assert until(lambda: len(asked(back)) == 2 and len(asked(front)) == 1, 120)
+        assert asked(back) == [(f"Was there a {color} {shape}?", "no")] * 2  # the prefix is gone, the sentence starts
+        assert asked(front) == [(f"Was there a {color} {shape}?", "yes")]  # each about its own stream
+        typed.close()  # end of input: nothing can ask either camera any more
+
+        def exited() -> bool:
+            out = (tmp_path / "out.txt").read_text()
+            return all(f"[{name}] no question can arrive" in out for name in ("front", "back"))
+
+        assert until(exited, 120)
+    out = (tmp_path / "out.txt").read_text()
+    assert f"[back] Q [stdin]: Was there a {color} {shape}?" in out and "[front] A: yes" in out, out

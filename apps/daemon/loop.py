@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from edgekv.apps.controls import route
 from edgekv.apps.daemon.health import StallWatch, problems
 from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
 from edgekv.apps.daemon.quiz import Quiz
@@ -120,6 +121,8 @@ class Daemon:
         self.server = None
         self.voice = None
         self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
+        self.speaker_is_shared = False  # several cameras: the first camera's speaker (it closes it)
+        self.speech_name: str | None = None  # several cameras: said before each spoken answer ("back: ...")
         self.push_to_talk = None  # PushToTalk: voice.trigger: push_to_talk
         self.power = None  # PowerPolicy: power-aware sampling (power: in the YAML)
         self._skipper_before_saving = None
@@ -199,10 +202,11 @@ class Daemon:
                 text = line.strip()
                 if not text:
                     continue
-                try:
-                    self.submit(Question(text, source="stdin"))
-                except DaemonBusy as exc:
-                    self.say(f"stdin question refused: {exc}")
+                for _name, daemon, question in route(self, text):  # several cameras: the one it names, or each
+                    try:
+                        daemon.submit(Question(question, source="stdin"))
+                    except DaemonBusy as exc:
+                        daemon.say(f"stdin question refused: {exc}")
         except (OSError, ValueError, DaemonStopping):
             return
 
@@ -614,13 +618,17 @@ class Daemon:
             return False
         if self.options.one_shot:
             return True
-        stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
-        listening = (self.server is not None or self.voice is not None or self.ros2 is not None or stdin
-                     or self.fleet is not None
-                     or (self.asked_through is not None and self.asked_through.server is not None))
+        through = self.asked_through  # several cameras: the first camera's API, stdin and microphone ask this one too
+        listening = (self._hears() or self.ros2 is not None or self.fleet is not None
+                     or (through is not None and through._hears()))
         if not listening:
             self.say("no question can arrive (no HTTP API, no stdin, no microphone, no fleet): exiting")
         return not listening
+
+    def _hears(self) -> bool:
+        """A channel this daemon runs can still bring a question to it or to the cameras it asks for."""
+        stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
+        return self.server is not None or self.voice is not None or stdin
 
     def _ingest_next(self) -> None:
         from edgekv.cache import CacheFullError
@@ -736,7 +744,8 @@ class Daemon:
         if self.speaker is not None and self._speaks(question) and not quiet:
             from edgekv.apps.voice.speak import TokenSpeech
 
-            speech = TokenSpeech(self.session.tokenizer, self.speaker, question.id, question.asked_at)
+            speech = TokenSpeech(self.session.tokenizer, self.speaker, question.id, question.asked_at,
+                                 prefix=self._speech_prefix())
             voiced = on_token
 
             def on_token(token: int) -> None:  # noqa: F811 - the same callback, also spoken
@@ -789,7 +798,10 @@ class Daemon:
             self.server.question_answered(question)
         answer = question.answer
         if self.speaker is not None and answer is not None and answer.escalated and self._speaks(question):
-            self.speaker.say(answer.text, question.id, question.asked_at)  # the remote's answer, spoken whole
+            self.speaker.say(self._speech_prefix() + answer.text, question.id, question.asked_at)  # the remote's, whole
+
+    def _speech_prefix(self) -> str:
+        return f"{self.speech_name}: " if self.speech_name else ""
 
     def _speaks(self, question: Question) -> bool:
         sources = self.config.voice.speak.sources
@@ -979,7 +991,7 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [("speaker", self.speaker, lambda s: s.close()), ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
+        parts = [("speaker", None if self.speaker_is_shared else self.speaker, lambda s: s.close()), ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
                  *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
                  ("escalator", self.escalator, lambda e: e.stop()),
                  ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
@@ -1027,7 +1039,7 @@ class Daemon:
                          f"{self.fair.ingest_s:.1f} s, answering {self.fair.answer_s:.1f} s")
         if self.quiz is not None and self.quiz.graded:
             lines.append(self.quiz.score())
-        if self.speaker is not None:
+        if self.speaker is not None and not self.speaker_is_shared:  # the owner's summary counts every camera's
             waits = sorted(self.speaker.first_audio_s.values())
             first = (f"time to first audio after the question: median {1e3 * waits[len(waits) // 2]:.0f} ms, "
                      f"max {1e3 * waits[-1]:.0f} ms over {len(waits)} answer(s)") if waits else "nothing spoken"

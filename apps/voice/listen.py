@@ -335,10 +335,13 @@ class VoiceLoop:
         log.info("heard: %s", printable(text))
         if self._command(text):
             return
-        question = Question(text, source="voice")
-        try:
-            self.daemon.submit(question)
-        except QuestionRefused as exc:
-            log.warning("spoken question not queued: %s", exc)
-            return
-        self.questions.append(question)
+        from edgekv.apps.controls import route
+
+        for name, daemon, asked in route(self.daemon, text):  # several cameras: the one it names, or each
+            question = Question(asked, source="voice")
+            try:
+                daemon.submit(question)
+            except QuestionRefused as exc:
+                log.warning("spoken question not queued%s: %s", f" (camera {name})" if name else "", exc)
+                continue
+            self.questions.append(question)

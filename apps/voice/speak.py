@@ -250,11 +250,17 @@ class TokenSpeech:
     """One answer's tokens → whole sentences for the speaker, as they are decoded."""
 
     def __init__(self, tokenizer, speaker: Speaker, question_id: int | None = None,
-                 asked_at: float | None = None) -> None:
+                 asked_at: float | None = None, prefix: str = "") -> None:
         self.tokenizer, self.speaker = tokenizer, speaker
         self.question_id, self.asked_at = question_id, asked_at
+        self.prefix = prefix  # said with the first sentence (several cameras: the camera's name)
         self.ids: list[int] = []
         self.spoken = 0  # characters of the decoded text already handed to the speaker
+
+    def _say(self, text: str) -> None:
+        if text.strip():
+            self.speaker.say(self.prefix + text, self.question_id, self.asked_at)
+            self.prefix = ""
 
     def on_token(self, token: int) -> None:
         self.ids.append(token)
@@ -265,10 +271,10 @@ class TokenSpeech:
         for match in SENTENCE_END.finditer(text, self.spoken):
             end = match.end()
         if end is not None:
-            self.speaker.say(text[self.spoken:end], self.question_id, self.asked_at)
+            self._say(text[self.spoken:end])
             self.spoken = end
 
     def finish(self, final_text: str) -> None:
         """The answer is complete (``final_text`` is its text): speak what is left."""
         rest = final_text[self.spoken:] if final_text.startswith(final_text[:self.spoken]) else final_text
-        self.speaker.say(rest, self.question_id, self.asked_at)
+        self._say(rest)
