@@ -325,15 +325,38 @@ def test_bench_cameras_writes_its_figures(tmp_path, capsys):
     assert "% of all ingested" in capsys.readouterr().out
 
 
-def test_the_fleet_agent_carries_every_cameras_alerts(tmp_path):
-    """The device's one fleet agent (on the first camera) is an output of every camera's alerts, so an alert
-    on ``back`` reaches the fleet as one on ``front`` does (the broker here is unreachable: the agent retries in
-    the background and the daemon runs)."""
-    pytest.importorskip("paho.mqtt")
-    config = _config(tmp_path, server={"enabled": False}, fleet={"broker": "mqtt://127.0.0.1:9", "device_id": "rig"})
-    with _running(config, tmp_path, realtime=False) as (front, back):
-        assert front.fleet is not None and back.fleet is None
-        assert front.fleet in front.alert_bus.sinks and front.fleet in back.alert_bus.sinks
+def test_the_fleet_agent_carries_every_cameras_alerts_and_asks_every_camera(tmp_path, capsys):
+    """The device's one fleet agent (on the first camera) is an output of every camera's alerts, so an alert on
+    ``back`` reaches the fleet as one on ``front`` does; a fleet question is asked of each camera (one answer per
+    camera, each naming it, the asker waiting for both) or of the one it names (a real Mosquitto)."""
+    from helpers_mqtt import Mosquitto, need_mosquitto, until
+
+    need_mosquitto()
+    from edgekv.apps.outputs.mqtt import ask_fleet
+
+    color, shape = _event_only_in(FRONT, BACK)
+    question = f"Was there a {color} {shape}?"
+    with Mosquitto(tmp_path / "broker") as broker:
+        config = _config(tmp_path, server={"enabled": False},
+                         fleet={"broker": broker.url, "device_id": "rig", "status_every_s": 0.5})
+        with _running(config, tmp_path, realtime=False, no_stdin=False) as (front, back):
+            assert front.fleet is not None and back.fleet is None
+            assert front.fleet in front.alert_bus.sinks and front.fleet in back.alert_bus.sinks
+            assert until(lambda: front.stream_detail is not None and back.stream_detail is not None, 300)
+            assert until(front.fleet.connected.is_set, 60)
+            result = ask_fleet(question, broker.url, timeout_s=120)
+            assert sorted((a.device, a.camera, a.answer) for a in result.answers) == [
+                ("rig", "back", "no"), ("rig", "front", "yes")], result
+            assert all(a.raw["cameras"] == ["front", "back"] for a in result.answers) and result.silent == []
+            (only,) = ask_fleet(question, broker.url, timeout_s=120, camera="back").answers
+            assert (only.camera, only.answer, only.raw["cameras"]) == ("back", "no", ["back"])
+            (wrong,) = ask_fleet(question, broker.url, timeout_s=120, camera="side").answers
+            assert wrong.answer is None and "camera: 'side' is not one of front, back" in wrong.error
+            from edgekv.apps.cli import main
+
+            capsys.readouterr()
+            assert main(["ask", "--fleet", question, "--broker", broker.url, "--camera", "front", "--timeout", "120"]) == 0
+            assert "  rig (front): yes   [evidence t=" in capsys.readouterr().out
 
 
 def test_the_privacy_switch_and_forget_reach_every_camera(tmp_path, capsys):

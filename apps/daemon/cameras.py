@@ -19,7 +19,10 @@ reconnects alone while the others go on. What they share:
   alone; so do the standing questions' list, events and SSE stream, and the fleet agent (the first camera's) carries
   every camera's alerts.
 
-``--ask front:QUESTION`` asks one camera; a question without a camera's prefix is asked of each.
+``--ask front:QUESTION`` asks one camera; a question without a camera's prefix is asked of each. So do a line on
+stdin, a spoken question ("Back camera, ...": ``controls.route``) and a fleet question (its ``"camera"``, else one
+answer per camera: ``DaemonHost.cameras``); the first camera's speaker says every camera's answers, each after its
+camera's name.
 """
 
 from __future__ import annotations

@@ -618,9 +618,9 @@ class Daemon:
             return False
         if self.options.one_shot:
             return True
-        through = self.asked_through  # several cameras: the first camera's API, stdin and microphone ask this one too
+        through = self.asked_through  # several cameras: the first camera's API, stdin, microphone and fleet ask this one
         listening = (self._hears() or self.ros2 is not None or self.fleet is not None
-                     or (through is not None and through._hears()))
+                     or (through is not None and (through._hears() or through.fleet is not None)))
         if not listening:
             self.say("no question can arrive (no HTTP API, no stdin, no microphone, no fleet): exiting")
         return not listening

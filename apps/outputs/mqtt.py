@@ -11,8 +11,10 @@ The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are 
     P/devices/D/ask                a question to this device only
     <Response Topic>               {"type": "edgekv.fleet.answer", device, camera, answer, evidence_t, ttft_s, ...}
 
-A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N}`` published with
-a Response Topic (§3.3.2.3.5) and Correlation Data (§3.3.2.3.6). The device answers it through
+A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N, "camera": "back"}``
+(the last two optional) published with a Response Topic (§3.3.2.3.5) and Correlation Data (§3.3.2.3.6). A device
+with several cameras (``video.sources``) asks the one named, or each, and publishes one answer per camera, each
+naming its ``camera`` and listing every camera asked (``cameras``), so that an asker knows how many to wait for. The device answers it through
 ``daemon.submit(Question(..., source="fleet"))`` like any other channel (so the fair share and the question
 queue's bound hold) and publishes the answer to the Response Topic with the same Correlation Data. The answer
 carries its evidence: the frame pair the question's tokens attend most over the cache (one probe of the same
@@ -71,7 +73,7 @@ PACKET_HEADROOM = 65536     # topic names and properties beside a payload
 SEEN_KEPT = 256             # (response topic, correlation data) of recent questions: QoS 1 duplicates dropped
 WINDOW = 20                 # messages handed to paho and not yet acknowledged (paho's default in-flight bound)
 STOP_FLUSH_S = 2.0          # a clean stop waits this long for what is queued and the "offline" status
-REQUEST_KEYS = ("question", "max_new_tokens")
+REQUEST_KEYS = ("question", "max_new_tokens", "camera")
 
 
 class FleetError(RuntimeError):
@@ -136,6 +138,7 @@ class FleetRequest:
     max_new_tokens: int | None
     response_topic: str
     correlation: bytes | None
+    camera: str | None = None  # one camera of a device with several (None: each)
 
 
 def response_topic_of(properties) -> str | None:
@@ -175,8 +178,12 @@ def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: in
                                or not 1 <= tokens <= max_new_tokens):
         raise FleetMessageError("malformed", f"max_new_tokens: expected an integer from 1 to {max_new_tokens}, "
                                              f"got {printable(repr(tokens), 60)}")
+    camera = body.get("camera")
+    if camera is not None and (not isinstance(camera, str) or not camera.strip()):
+        raise FleetMessageError("malformed", f"camera: expected a camera's name, got {printable(repr(camera), 60)}")
     correlation = getattr(properties, "CorrelationData", None)
-    return FleetRequest(question, tokens, response_topic, bytes(correlation) if correlation is not None else None)
+    return FleetRequest(question, tokens, response_topic, bytes(correlation) if correlation is not None else None,
+                        camera)
 
 
 # ---------------------------------------------------------------------------------------------- hosts
@@ -190,6 +197,8 @@ class FleetHost(Protocol):
     def status(self) -> dict: ...                      # stream and cache figures for the status message
 
     def evidence_time(self, pair: int | None) -> float | None: ...  # stream time of a frame pair
+
+    # optional: ``cameras() -> dict[str, FleetHost]``, each camera of a device with several (``DaemonHost``)
 
 
 def camera_name(source: int | str) -> str:
@@ -215,9 +224,16 @@ class DaemonHost:
     """The camera daemon as a fleet host: questions through ``Daemon.submit``, figures read without its lock
     (plain counters; a status never waits for an answer to finish)."""
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon, camera: str | None = None) -> None:
         self.daemon = daemon
-        self.camera = daemon.config.fleet.camera or camera_name(daemon.config.video.source)
+        self.camera = camera or daemon.config.fleet.camera or camera_name(daemon.config.video.source)
+
+    def cameras(self) -> dict[str, "DaemonHost"]:
+        """Each camera's host by name where the daemon watches several (``video.sources``), else empty."""
+        from edgekv.apps.controls import every_camera
+
+        daemons = every_camera(self.daemon)
+        return {name: DaemonHost(d, name) for name, d in daemons.items()} if len(daemons) > 1 else {}
 
     def submit(self, question: Question) -> None:
         self.daemon.submit(question)
@@ -521,14 +537,36 @@ class FleetAgent:
             self._seen[key] = None
             while len(self._seen) > SEEN_KEPT:
                 self._seen.popitem(last=False)
+        try:
+            hosts = self._hosts(request.camera)
+        except FleetMessageError as exc:
+            self._refuse(exc, message)
+            return
+        asked = [host.camera for host in hosts] if len(hosts) > 1 or request.camera is not None else None
+        for host in hosts:
+            self._ask(request, host, asked)
+
+    def _hosts(self, camera: str | None) -> list:
+        """The hosts a question goes to: the camera it names, else each camera of the device (one: the host)."""
+        cameras = getattr(self.host, "cameras", lambda: {})()
+        if camera is None:
+            return list(cameras.values()) or [self.host]
+        if not cameras and camera == self.host.camera:
+            return [self.host]
+        if camera in cameras:
+            return [cameras[camera]]
+        known = ", ".join(cameras) if cameras else f"{self.host.camera} (this device watches one camera)"
+        raise FleetMessageError("malformed", f"camera: {printable(camera, 60)!r} is not one of {known}")
+
+    def _ask(self, request: FleetRequest, host, asked: list | None) -> None:
         question = Question(request.question, max_new_tokens=request.max_new_tokens, temperature=0.0, source="fleet",
                             evidence=True)  # no token bound asked: the device's generation.max_new_tokens
-        question.done = _Done(lambda: self._answered(question, request))
+        question.done = _Done(lambda: self._answered(question, request, host, asked))
         try:
-            self.host.submit(question)
+            host.submit(question)
         except QuestionRefused as exc:
             self.counts["refused_busy"] += 1
-            self._queue(self._reply(request, {"question": request.question, "error": str(exc)}))
+            self._queue(self._reply(request, {"question": request.question, "error": str(exc)}, host, asked))
             return
         with self._cond:
             self._pending += 1
@@ -548,7 +586,7 @@ class FleetAgent:
             self._queue(self._reply(request, {"error": f"{exc.kind}: {exc}"}))
 
     # ------------------------------------------------------------------ answers (the main loop's thread)
-    def _answered(self, question: Question, request: FleetRequest) -> None:
+    def _answered(self, question: Question, request: FleetRequest, host=None, asked: list | None = None) -> None:
         answer = question.answer
         body: dict[str, Any] = {"question": question.text, "asked_unix": question.asked_at,
                                 "answered_unix": question.answered_at}
@@ -559,13 +597,14 @@ class FleetAgent:
             self.counts["answered"] += 1
             pair = question.evidence_pair
             body.update(answer=answer.text, tokens=len(answer.token_ids), finish_reason=answer.finish_reason,
-                        ttft_s=answer.ttft_s, evidence_pair=pair, evidence_t=self.host.evidence_time(pair))
+                        ttft_s=answer.ttft_s, evidence_pair=pair, evidence_t=(host or self.host).evidence_time(pair))
         with self._cond:
             self._pending -= 1
-        self._queue(self._reply(request, body))
+        self._queue(self._reply(request, body, host, asked))
 
-    def _reply(self, request: FleetRequest, body: dict) -> _Outgoing:
-        body = {"type": "edgekv.fleet.answer", "device": self.device, "camera": self.host.camera, **body}
+    def _reply(self, request: FleetRequest, body: dict, host=None, asked: list | None = None) -> _Outgoing:
+        body = {"type": "edgekv.fleet.answer", "device": self.device, "camera": (host or self.host).camera,
+                **({"cameras": asked} if asked else {}), **body}
         return _Outgoing(request.response_topic, json.dumps(body).encode(), "answer", request.correlation)
 
     # ------------------------------------------------------------------ the sender
@@ -693,19 +732,23 @@ class FleetConnection:
 
 
 def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float = 10.0, device: str | None = None,
-              max_new_tokens: int | None = None) -> FleetResult:
-    """Ask every device (or one, ``device``) one question and gather the answers that arrive within ``timeout_s``.
+              max_new_tokens: int | None = None, camera: str | None = None) -> FleetResult:
+    """Ask every device (or one, ``device``) one question and gather the answers that arrive within ``timeout_s``;
+    ``camera`` asks that camera of devices with several (the others answer that they have no such camera).
 
     The question goes out once (QoS 1, Message Expiry = the timeout) with a fresh Response Topic and
     Correlation Data; the retained statuses say which devices are online. Gathering ends at the timeout, or
-    as soon as every device known to be online has answered. Raises ``FleetError`` when the broker cannot be
-    reached or refuses the credentials."""
+    as soon as every device known to be online has answered, for every camera it asked (a device with several
+    cameras answers once per camera, each answer listing the cameras asked). Raises ``FleetError`` when the broker
+    cannot be reached or refuses the credentials."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"question: expected a non-empty string, got {question!r}")
     if not timeout_s > 0:
         raise ValueError(f"timeout: must be > 0 s, got {timeout_s}")
     if device is not None and (not device or any(c in device for c in "/+#\0")):
         raise ValueError(f"device: one MQTT topic level (no '/', '+', '#'), got {device!r}")
+    if camera is not None and not camera.strip():
+        raise ValueError(f"camera: expected a camera's name, got {camera!r}")
     conn = FleetConnection(connection) if isinstance(connection, str) else connection
     mqtt = _paho()
     from paho.mqtt.packettypes import PacketTypes
@@ -721,7 +764,8 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
     reply_topic, correlation = topics.reply(token), token.encode()
     lock = threading.Condition()
     statuses: dict[str, str] = {}
-    answers: dict[str, FleetAnswer] = {}
+    answers: dict[tuple[str, str | None], FleetAnswer] = {}  # (device, camera)
+    expected: dict[str, set] = {}  # device -> the cameras it asked (a device with several answers once for each)
     connected: list = []
     closed: list = []
     subscribed = threading.Event()
@@ -756,8 +800,11 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
             answer = FleetAnswer(name, body.get("camera"), body.get("answer"), body.get("evidence_pair"),
                                  body.get("evidence_t"), body.get("ttft_s"), now - sent_at[0], body.get("error"),
                                  _device_seconds(body), body)
+            asked = body.get("cameras")
             with lock:
-                answers.setdefault(name, answer)
+                answers.setdefault((name, answer.camera), answer)
+                if isinstance(asked, list) and all(isinstance(c, str) for c in asked):
+                    expected.setdefault(name, set(asked))
                 lock.notify_all()
             return
         name = topics.device_of_status(message.topic)
@@ -810,6 +857,8 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
         body: dict[str, Any] = {"question": question}
         if max_new_tokens is not None:
             body["max_new_tokens"] = max_new_tokens
+        if camera is not None:
+            body["camera"] = camera
         started = time.monotonic()
         sent_at[0] = started
         client.publish(topics.ask_device(device) if device is not None else topics.ask_all, json.dumps(body),
@@ -818,7 +867,11 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
 
         def everyone_answered() -> bool:
             online = {name for name, state in statuses.items() if state == "online"}
-            return bool(answers) and online <= set(answers)
+            heard: dict[str, set] = {}
+            for name, which in answers:
+                heard.setdefault(name, set()).add(which)
+            return (bool(answers) and online <= set(heard)
+                    and all(expected.get(name, set()) <= cameras for name, cameras in heard.items()))
 
         with lock:
             while not everyone_answered():
@@ -827,8 +880,9 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
                     break
                 lock.wait(left)
             got = sorted(answers.values(), key=lambda a: a.latency_s)
-            silent = sorted(n for n, s in statuses.items() if s == "online" and n not in answers)
-            offline = sorted(n for n, s in statuses.items() if s == "offline" and n not in answers)
+            devices = {name for name, _ in answers}
+            silent = sorted(n for n, s in statuses.items() if s == "online" and n not in devices)
+            offline = sorted(n for n, s in statuses.items() if s == "offline" and n not in devices)
         return FleetResult(question, got, silent, offline, time.monotonic() - started)
     finally:
         client.disconnect()
@@ -851,6 +905,8 @@ def add_ask_arguments(parser) -> None:
                                                        "topic prefix, credentials and TLS files")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
     parser.add_argument("--device", default=None, help="ask this device only")
+    parser.add_argument("--camera", default=None, help="ask this camera of devices with several (video.sources); "
+                                                       "default: each")
     parser.add_argument("--topic-prefix", default=None, help="default: fleet.topic_prefix, else edgekv")
     parser.add_argument("--username", default=None)
     parser.add_argument("--password-env", default=None, help="environment variable holding the password")
@@ -889,7 +945,7 @@ def run_ask(args) -> int:
     at least one device answered, 1 when none did."""
     connection = connection_from_args(args)
     try:
-        result = ask_fleet(args.question, connection, args.timeout, args.device, args.max_new_tokens)
+        result = ask_fleet(args.question, connection, args.timeout, args.device, args.max_new_tokens, args.camera)
     except FleetError as exc:
         raise RuntimeError(str(exc)) from None
     if args.json:
