@@ -94,6 +94,40 @@ def test_a_question_names_its_camera_typed_or_spoken():
     assert spoken == {"front": ["Forget the last five minutes.", "How many?"], "kitchen": ["How many?", "How many?"]}
 
 
+def test_the_microphone_asks_the_camera_it_hears_named_or_each():
+    """The voice loop (the first camera's) with two cameras: what it hears goes where ``controls.route`` says; a
+    camera that is busy refuses its copy without losing the other's."""
+    import numpy as np
+
+    from edgekv.apps.questions import DaemonBusy
+    from edgekv.apps.voice.listen import VoiceLoop
+    from edgekv.config import VoiceSection
+
+    class Camera:
+        def __init__(self, name, busy=False):
+            self.camera, self.cameras, self.asked, self.busy = name, None, [], busy
+
+        def submit(self, question):
+            if self.busy:
+                raise DaemonBusy("16 questions are already waiting")
+            self.asked.append((question.source, question.text))
+
+    front, kitchen = Camera("front"), Camera("kitchen")
+    front.cameras = {"front": front, "kitchen": kitchen}
+    heard = iter(["Kitchen camera, how many times did the circle appear?", "Was there a red circle?",
+                  "Was there a blue square?"])
+    transcriber = type("Heard", (), {"transcribe": lambda self, audio: next(heard)})()
+    loop = VoiceLoop(front, VoiceSection(enabled=True), source=[], transcriber=transcriber)
+    loop._ask(np.zeros(1600, np.float32))
+    loop._ask(np.zeros(1600, np.float32))
+    assert kitchen.asked == [("voice", "How many times did the circle appear?"), ("voice", "Was there a red circle?")]
+    assert front.asked == [("voice", "Was there a red circle?")]
+    kitchen.busy = True
+    loop._ask(np.zeros(1600, np.float32))
+    assert front.asked[-1] == ("voice", "Was there a blue square?") and len(kitchen.asked) == 2
+    assert [q.text for q in loop.questions][-1] == "Was there a blue square?" and len(loop.questions) == 4
+
+
 def test_the_fair_lock_serves_waiting_threads_in_order():
     lock = FairLock()
     order: list[str] = []
