@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from edgekv.apps.questions import printable
+
 
 def every_camera(daemon) -> dict:
     """The daemons the wearer's controls reach from ``daemon`` (the one that serves the API and hears the voice):
@@ -27,7 +29,7 @@ def addressed(text: str, names) -> tuple[str | None, str]:
     if not names:
         return None, text
     found = re.match(r"\s*(?:(?:ask|on|in|from)\s+)?(?:the\s+)?(?P<name>" + "|".join(map(re.escape, names))
-                     + r")(?:\s+camera\s*[:,.]?|\s*[:,])\s*(?P<rest>\S.*)$", text, re.IGNORECASE | re.DOTALL)
+                     + r")(?:\s+camera\s*[:,.?]?|\s*[:,])\s*(?P<rest>.*)$", text, re.IGNORECASE | re.DOTALL)
     if found is None:
         return None, text
     name = next(n for n in names if n.lower() == found["name"].lower())
@@ -37,12 +39,15 @@ def addressed(text: str, names) -> tuple[str | None, str]:
 
 def route(daemon, text: str) -> list[tuple[Any, Any, str]]:
     """``(camera name, its daemon, question text)`` for each camera a question from ``daemon``'s stdin or
-    microphone goes to: the one it names, else every camera (one camera: ``daemon`` itself, the text as it is)."""
+    microphone goes to: the one it names, else every camera (one camera: ``daemon`` itself, the text as it is).
+    A camera's name with nothing after it ("back:") is refused (``ValueError``), not asked of every camera."""
     cameras = every_camera(daemon)
     if len(cameras) == 1:
         name, target = next(iter(cameras.items()))
         return [(name, target, text)]
     name, rest = addressed(text, cameras)
+    if name is not None and not rest:
+        raise ValueError(f"{printable(text, 80)!r} names the camera {name} but asks it nothing")
     if name is not None:
         return [(name, cameras[name], rest)]
     return [(name, target, text) for name, target in cameras.items()]

@@ -72,8 +72,9 @@ def test_a_question_names_its_camera_typed_or_spoken():
     assert addressed("Ask the kitchen camera. How many times?", names) == ("kitchen", "How many times?")
     assert addressed("On the front camera how many times?", names) == ("front", "How many times?")
     assert addressed("front-left: x", names) == ("front-left", "X")  # the longer name first
-    for text in ("Kitchens: x", "kitchen:", "What color was the kitchen?", "The kitchen was red"):
+    for text in ("Kitchens: x", "What color was the kitchen?", "The kitchen was red"):
         assert addressed(text, names) == (None, text)
+    assert addressed("kitchen:", names) == addressed("Kitchen camera.", names) == ("kitchen", "")  # and nothing asked
 
     class One:
         camera = None
@@ -89,6 +90,10 @@ def test_a_question_names_its_camera_typed_or_spoken():
     assert route(front, "kitchen: Was there a red circle?") == [("kitchen", kitchen, "Was there a red circle?")]
     assert route(front, "Was there a red circle?") == [("front", front, "Was there a red circle?"),
                                                       ("kitchen", kitchen, "Was there a red circle?")]
+    with pytest.raises(ValueError, match="'kitchen:' names the camera kitchen but asks it nothing"):
+        route(front, "kitchen:")
+    with pytest.raises(ValueError, match="--ask 'kitchen: ' names the camera kitchen but asks it nothing"):
+        split_asks(["kitchen: "], ["front", "kitchen"])
     spoken = split_asks(["Forget the last five minutes.", "Kitchen camera, how many?", "How many?"],
                         ["front", "kitchen"], first_only=lambda text: text.startswith("Forget"))
     assert spoken == {"front": ["Forget the last five minutes.", "How many?"], "kitchen": ["How many?", "How many?"]}
@@ -450,7 +455,7 @@ def test_typed_questions_reach_the_camera_they_name_or_each(tmp_path, monkeypatc
     typed = io.TextIOWrapper(io.FileIO(write_end, "w"), encoding="utf-8", write_through=True)
     with _running(config, tmp_path, realtime=False, no_stdin=False) as (front, back):
         assert until(lambda: front.stream_detail is not None and back.stream_detail is not None, 300)
-        typed.write(f"back: was there a {color} {shape}?\n\nWas there a {color} {shape}?\n")
+        typed.write(f"back:\nback: was there a {color} {shape}?\n\nWas there a {color} {shape}?\n")
 
         def asked(daemon):
             return [(h["question"], h["answer"]) for h in daemon.history if h.get("source") == "stdin"]
@@ -467,3 +472,4 @@ def test_typed_questions_reach_the_camera_they_name_or_each(tmp_path, monkeypatc
         assert until(exited, 120)
     out = (tmp_path / "out.txt").read_text()
     assert f"[back] Q [stdin]: Was there a {color} {shape}?" in out and "[front] A: yes" in out, out
+    assert "[front] stdin question refused: 'back:' names the camera back but asks it nothing" in out, out

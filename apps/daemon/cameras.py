@@ -138,6 +138,8 @@ def split_asks(questions: list[str], names: list[str], first_only=lambda text: F
         name, rest = addressed(text, names)
         if first_only(text):
             out[names[0]].append(text)
+        elif name is not None and not rest:
+            raise ValueError(f"--ask {text!r} names the camera {name} but asks it nothing")
         elif name is not None:
             out[name].append(rest)
         else:
@@ -211,7 +213,15 @@ class CameraSet:
         from edgekv.apps.voice.commands import parse
 
         if self.first.spoken:
-            spoken = split_asks(self.first.spoken, list(self.daemons), first_only=lambda text: parse(text) is not None)
+            said = []
+            for text in self.first.spoken:
+                name, rest = addressed(text, self.daemons)
+                if name is not None and not rest and parse(text) is None:
+                    self.first.say(f"{self.first.options.voice_wav}: {text!r} names the camera {name} but asks it "
+                                   f"nothing: not asked")
+                else:
+                    said.append(text)
+            spoken = split_asks(said, list(self.daemons), first_only=lambda text: parse(text) is not None)
             for name, daemon in self.daemons.items():
                 daemon.spoken = spoken[name]
         if len(self.daemons) > 1:

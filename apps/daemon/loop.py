@@ -202,7 +202,12 @@ class Daemon:
                 text = line.strip()
                 if not text:
                     continue
-                for _name, daemon, question in route(self, text):  # several cameras: the one it names, or each
+                try:
+                    routed = route(self, text)  # several cameras: the one it names, or each
+                except ValueError as exc:  # a camera's name and no question
+                    self.say(f"stdin question refused: {exc}")
+                    continue
+                for _name, daemon, question in routed:
                     try:
                         daemon.submit(Question(question, source="stdin"))
                     except DaemonBusy as exc:

@@ -337,7 +337,12 @@ class VoiceLoop:
             return
         from edgekv.apps.controls import route
 
-        for name, daemon, asked in route(self.daemon, text):  # several cameras: the one it names, or each
+        try:
+            routed = route(self.daemon, text)  # several cameras: the one it names, or each
+        except ValueError as exc:  # "Kitchen camera." and nothing after it
+            log.warning("spoken question not asked: %s", exc)
+            return
+        for name, daemon, asked in routed:
             question = Question(asked, source="voice")
             try:
                 daemon.submit(question)
