@@ -117,7 +117,8 @@ def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
         if index > 0:
             sections["server"] = {"enabled": False}
             sections["fleet"] = {"broker": None}
-            sections["voice"] = {"enabled": False, "speak": {**dataclasses.asdict(config.voice.speak), "enabled": False}}
+            speak = {**dataclasses.asdict(config.voice.speak), "enabled": False}
+            sections["voice"] = {"enabled": False, "speak": speak}
         out[camera.name] = config.with_overrides(label=f"video.sources[{index}] ({camera.name})", **sections)
     unknown = {rule.camera for rule in config.alerts.rules} - set(out) - {None}
     if unknown:

@@ -623,7 +623,7 @@ class Daemon:
             return False
         if self.options.one_shot:
             return True
-        through = self.asked_through  # several cameras: the first camera's API, stdin, microphone and fleet ask this one
+        through = self.asked_through  # several cameras: the first one's API, stdin, microphone and fleet ask this one
         listening = (self._hears() or self.ros2 is not None or self.fleet is not None
                      or (through is not None and (through._hears() or through.fleet is not None)))
         if not listening:
@@ -996,7 +996,8 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
-        parts = [("speaker", None if self.speaker_is_shared else self.speaker, lambda s: s.close()), ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
+        parts = [("speaker", None if self.speaker_is_shared else self.speaker, lambda s: s.close()),
+                 ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
                  *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
                  ("escalator", self.escalator, lambda e: e.stop()),
                  ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
