@@ -383,6 +383,8 @@ def test_the_fleet_agent_carries_every_cameras_alerts_and_asks_every_camera(tmp_
             assert front.fleet in front.alert_bus.sinks and front.fleet in back.alert_bus.sinks
             assert until(lambda: front.stream_detail is not None and back.stream_detail is not None, 300)
             assert until(front.fleet.connected.is_set, 60)
+            status = front.fleet.host.status()  # what the retained status carries: every camera's figures
+            assert {name: s["frames"] for name, s in status["cameras"].items()} == {"front": 120, "back": 120}
             result = ask_fleet(question, broker.url, timeout_s=120)
             assert sorted((a.device, a.camera, a.answer) for a in result.answers) == [
                 ("rig", "back", "no"), ("rig", "front", "yes")], result

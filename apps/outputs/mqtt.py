@@ -226,13 +226,14 @@ class DaemonHost:
 
     def __init__(self, daemon, camera: str | None = None) -> None:
         self.daemon = daemon
+        self.one_camera = camera is not None  # one camera's host among several: its own daemon, never split
         self.camera = camera or daemon.config.fleet.camera or camera_name(daemon.config.video.source)
 
     def cameras(self) -> dict[str, "DaemonHost"]:
         """Each camera's host by name where the daemon watches several (``video.sources``), else empty."""
         from edgekv.apps.controls import every_camera
 
-        daemons = every_camera(self.daemon)
+        daemons = {} if self.one_camera else every_camera(self.daemon)
         return {name: DaemonHost(d, name) for name, d in daemons.items()} if len(daemons) > 1 else {}
 
     def submit(self, question: Question) -> None:
@@ -247,6 +248,9 @@ class DaemonHost:
             out.update(frames=counters.frames, frame_pairs=counters.frame_pairs, questions=counters.questions,
                        compressions=counters.compressions, cache_tokens=cache.length,
                        cache_capacity_tokens=cache.capacity, cache_capacity_bytes=cache.capacity_bytes)
+        cameras = self.cameras()
+        if cameras:  # several: the figures above are the first camera's; each camera's by name
+            out["cameras"] = {name: host.status() for name, host in cameras.items()}
         return out
 
     def evidence_time(self, pair: int | None) -> float | None:
