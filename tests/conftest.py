@@ -13,3 +13,23 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     from edgekv.model.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", preset="tiny", seed=0)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A daemon run in-process configures the root logger (``logging:`` section: its handlers replaced by a stream
+    handler on the sys.stderr of that moment, which under ``capsys`` is the test's own capture, closed after it).
+    Put the root logger back after each test, so that a later test's log records do not land on a closed stream
+    (a "--- Logging error ---" printed into whatever that test captures)."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)

@@ -393,6 +393,7 @@ def test_the_fleet_agent_carries_every_cameras_alerts_and_asks_every_camera(tmp_
             assert (only.camera, only.answer, only.raw["cameras"]) == ("back", "no", ["back"])
             (wrong,) = ask_fleet(question, broker.url, timeout_s=120, camera="side").answers
             assert wrong.answer is None and "camera: 'side' is not one of front, back" in wrong.error
+            assert wrong.camera is None  # the device refused, not one of its cameras
             from edgekv.apps.cli import main
 
             capsys.readouterr()

@@ -607,7 +607,11 @@ class FleetAgent:
         self._queue(self._reply(request, body, host, asked))
 
     def _reply(self, request: FleetRequest, body: dict, host=None, asked: list | None = None) -> _Outgoing:
-        body = {"type": "edgekv.fleet.answer", "device": self.device, "camera": (host or self.host).camera,
+        if host is None and getattr(self.host, "cameras", lambda: {})():
+            camera = None  # the device's, not one camera's (several cameras: a refusal before any was asked)
+        else:
+            camera = (host or self.host).camera
+        body = {"type": "edgekv.fleet.answer", "device": self.device, "camera": camera,
                 **({"cameras": asked} if asked else {}), **body}
         return _Outgoing(request.response_topic, json.dumps(body).encode(), "answer", request.correlation)
 
