@@ -773,8 +773,8 @@ class Daemon:
                         evidence=max(evidence, 1 if question.evidence else 0))
                 if question.evidence and question.answer.evidence:  # the pair the question attended most
                     question.evidence_pair = question.answer.evidence[0]
-            if speech is not None:
-                speech.finish(question.answer.text)
+                if speech is not None:  # queued before another camera's answer can speak (several cameras)
+                    speech.finish(question.answer.text)
             deferred = not question.images and self._escalate(question)
         except AnswerCancelled:
             if question.cancelled.is_set():
