@@ -476,3 +476,37 @@ def test_typed_questions_reach_the_camera_they_name_or_each(tmp_path, monkeypatc
     out = (tmp_path / "out.txt").read_text()
     assert f"[back] Q [stdin]: Was there a {color} {shape}?" in out and "[front] A: yes" in out, out
     assert "[front] stdin question refused: 'back:' names the camera back but asks it nothing" in out, out
+
+
+def test_one_watchdog_for_the_device_goes_quiet_when_either_camera_hangs(tmp_path, monkeypatch):
+    """systemd's watchdog with several cameras: one pinger (the first camera's), fed by the oldest heartbeat of
+    the cameras' loops. A hung second camera withholds WATCHDOG=1 (systemd restarts the service) although the first
+    camera goes on; the pings come back when it does. (Each camera once ran its own watchdog: the first camera kept
+    pinging while the second was stuck, and nothing ever restarted it.)"""
+    from helpers_mqtt import until
+    from test_daemon import NotifyListener
+
+    listener = NotifyListener(tmp_path / "notify.sock")
+    monkeypatch.setenv("NOTIFY_SOCKET", str(listener.path))
+    monkeypatch.setenv("WATCHDOG_USEC", "1500000")  # a ping every 0.5 s; a loop silent 0.75 s is hung
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    live = {"front": FRONT, "back": BACK}
+    config = _config(tmp_path, server={"enabled": False},
+                     video={"sources": [{"name": name, "source": source.replace("frames=120", "frames=100000")}
+                                        for name, source in live.items()], "fps": 2.0, "resolution": [112, 112]})
+    try:
+        with _running(config, tmp_path, realtime=True) as (front, back):
+            assert front.watchdog is not None and back.watchdog is None
+            assert until(lambda: len(listener.pings()) >= 2, 60)
+            release = threading.Event()
+            tick = back._on_loop_tick  # back's loop stuck between steps (not holding the model: front goes on)
+            back._on_loop_tick = lambda: (release.wait(120), tick())
+            assert until(lambda: front.watchdog.withheld >= 2, 60)
+            seen = front.session.counters.frames
+            assert until(lambda: front.session.counters.frames > seen + 2, 60) and not release.is_set()
+            release.set()
+            back._on_loop_tick = tick
+            resumed = time.monotonic()
+            assert until(lambda: len(listener.pings(since=resumed)) >= 1, 60)
+    finally:
+        listener.close()

@@ -14,6 +14,8 @@ reconnects alone while the others go on. What they share:
   asks all of them (the default with several cameras: the answers listed per camera); ``/metrics`` adds families
   with a ``camera`` label; ``/v1/edgekv/status`` lists the cameras.
 - **one stop flag**: SIGTERM stops every camera, each saving its memory; SIGHUP makes each save and go on.
+- **one systemd watchdog** (the first camera's): it pings only while every camera's loop makes progress
+  (``OldestHeartbeat``), so a camera whose loop hangs gets the service restarted.
 - **the wearer's controls** (apps/controls.py: ``pause_every``, ``resume_every``, ``forget_every``): the privacy
   switch and "forget the last five minutes", from the API or the voice, reach every camera, never the first one
   alone; so do the standing questions' list, events and SSE stream, and the fleet agent (the first camera's) carries
@@ -92,6 +94,19 @@ class FairLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class OldestHeartbeat:
+    """The systemd watchdog's heartbeat with several cameras: the oldest beat among the loops still serving. Each
+    camera's daemon would otherwise run a watchdog of its own, and one camera's progress would keep pinging systemd
+    while another's loop hung: the hung camera would never be restarted. A loop that ended by itself (its stream
+    done, one-shot) no longer counts."""
+
+    def __init__(self, beats: list[tuple[Any, Any]]) -> None:
+        self.beats = beats  # (Heartbeat, serving: () -> bool)
+
+    def age_s(self) -> float:
+        return max((beat.age_s() for beat, serving in self.beats if serving()), default=0.0)
 
 
 def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
@@ -251,6 +266,10 @@ class CameraSet:
                 print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
                 return 2
             self._share_voice()
+            for daemon in list(self.daemons.values())[1:]:  # one watchdog for the device: the first camera's
+                if daemon.watchdog is not None:
+                    daemon.watchdog.stop()
+                    daemon.watchdog = None
             if self.first.fleet is not None:  # the device's one fleet agent carries every camera's alerts
                 for daemon in list(self.daemons.values())[1:]:
                     daemon.alert_bus.add(self.first.fleet)
@@ -262,6 +281,9 @@ class CameraSet:
                 thread = threading.Thread(target=daemon.serve, name=f"edgekv-camera-{name}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
+            if self.first.watchdog is not None:  # it pings systemd only while every camera's loop makes progress
+                self.first.watchdog.heartbeat = OldestHeartbeat(
+                    [(d.heartbeat, t.is_alive) for d, t in zip(self.daemons.values(), self._threads)])
             self.ready.set()
             while any(thread.is_alive() for thread in self._threads):
                 for thread in self._threads:
