@@ -261,12 +261,14 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
         assert cameras.ready.wait(180)
         front, back = cameras.daemons["front"], cameras.daemons["back"]
         assert front.runtime.model is back.runtime.model  # the weights loaded once
+        assert back.monitor is front.monitor and back.monitor_is_shared  # one power monitor for the device
         assert front.session.cache.capacity == back.session.cache.capacity == 640
         deadline = time.monotonic() + 300
         while (front.stream_detail is None or back.stream_detail is None) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert front.stream_detail is not None and back.stream_detail is not None
         assert front.session.counters.frames == back.session.counters.frames == 120
+        assert front.monitor.frames_counted == 240  # J/frame divides the device's energy by every camera's frames
         port = front.server.port
         color, shape = _event_only_in(FRONT, BACK)
         question = {"messages": [{"role": "user", "content": f"Was there a {color} {shape}?"}], "max_tokens": 2}
@@ -296,6 +298,7 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
         cameras.stop.event.set()
         thread.join(120)
     out = (tmp_path / "out.txt").read_text()
+    assert "[front] power (device, 2 cameras): no sensor" in out and "[back] power" not in out, out
     for name in ("front", "back"):
         graded = [line for line in out.splitlines() if line.startswith(f"[{name}] quiz: ")]
         assert graded and int(graded[0].split()[2].split("/")[0]) >= 5, graded  # each about its own stream

@@ -14,8 +14,9 @@ reconnects alone while the others go on. What they share:
   asks all of them (the default with several cameras: the answers listed per camera); ``/metrics`` adds families
   with a ``camera`` label; ``/v1/edgekv/status`` lists the cameras.
 - **one stop flag**: SIGTERM stops every camera, each saving its memory; SIGHUP makes each save and go on.
-- **one systemd watchdog** (the first camera's): it pings only while every camera's loop makes progress
-  (``OldestHeartbeat``), so a camera whose loop hangs gets the service restarted.
+- **one systemd watchdog and one power monitor** (the first camera's): the watchdog pings only while every camera's
+  loop makes progress (``OldestHeartbeat``), so a camera whose loop hangs gets the service restarted; the monitor
+  divides the device's energy by every camera's frames (J/frame for the device, in the first camera's summary).
 - **the wearer's controls** (apps/controls.py: ``pause_every``, ``resume_every``, ``forget_every``): the privacy
   switch and "forget the last five minutes", from the API or the voice, reach every camera, never the first one
   alone; so do the standing questions' list, events and SSE stream, and the fleet agent (the first camera's) carries
@@ -246,6 +247,24 @@ class CameraSet:
                 if daemon is not self.first:
                     daemon.speaker, daemon.speaker_is_shared = self.first.speaker, True
 
+    def _share_monitor(self) -> None:
+        """One power monitor and one systemd watchdog for the device, the first camera's. Each camera's daemon
+        started its own: two tegrastats readers of the same rails, each dividing the whole device's energy by its
+        own camera's frames (a J/frame N times too high), and watchdogs of which any one could vouch for a camera
+        whose loop hung. The shared monitor counts every camera's frames and answer tokens."""
+        daemons = list(self.daemons.values())
+        if len(daemons) < 2:
+            return
+        for daemon in daemons:
+            daemon.monitor_cameras = daemons
+        for daemon in daemons[1:]:
+            if daemon.watchdog is not None:
+                daemon.watchdog.stop()
+                daemon.watchdog = None
+            if daemon.monitor is not None and daemon.monitor is not self.first.monitor:
+                daemon.monitor.stop()
+            daemon.monitor, daemon.monitor_is_shared = self.first.monitor, True
+
     def run(self) -> int:
         import edgekv
 
@@ -266,10 +285,7 @@ class CameraSet:
                 print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
                 return 2
             self._share_voice()
-            for daemon in list(self.daemons.values())[1:]:  # one watchdog for the device: the first camera's
-                if daemon.watchdog is not None:
-                    daemon.watchdog.stop()
-                    daemon.watchdog = None
+            self._share_monitor()
             if self.first.fleet is not None:  # the device's one fleet agent carries every camera's alerts
                 for daemon in list(self.daemons.values())[1:]:
                     daemon.alert_bus.add(self.first.fleet)

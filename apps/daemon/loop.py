@@ -118,6 +118,8 @@ class Daemon:
         self.asked_through = None  # the camera daemon whose server and voice bring this one's questions
         self.sampler = None
         self.monitor = None
+        self.monitor_cameras: list | None = None  # several cameras: the daemons whose frames one monitor counts
+        self.monitor_is_shared = False  # several cameras: the first camera's monitor (it stops it)
         self.server = None
         self.voice = None
         self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
@@ -663,7 +665,7 @@ class Daemon:
         self.heartbeat.beat()
         self.stall.progressed()
         self._latest_frame = frame
-        self.monitor.count_frames(self.session.counters.frames)
+        self.monitor.count_frames(self._monitor_total("frames"))
         if self.server is not None:
             self.server.pair_ingested(result)
         if result.pair_index is None:
@@ -788,7 +790,12 @@ class Daemon:
             self._current = None
             if not deferred:
                 self._finish(question)
-        self.monitor.count_tokens(self.session.counters.answer_tokens)
+        self.monitor.count_tokens(self._monitor_total("answer_tokens"))
+
+    def _monitor_total(self, counter: str) -> int:
+        """What the monitor divides the device's energy by: this camera's count, or every camera's sharing it."""
+        daemons = self.monitor_cameras or [self]
+        return sum(getattr(d.session.counters, counter) for d in daemons if d.session is not None)
 
     def _finish(self, question: Question) -> None:
         """The question is answered (or refused): record it, print it, wake whoever waits for it."""
@@ -1002,7 +1009,8 @@ class Daemon:
                  ("escalator", self.escalator, lambda e: e.stop()),
                  ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
-                 ("monitor", self.monitor, lambda m: m.stop()), ("watchdog", self.watchdog, lambda w: w.stop()),
+                 ("monitor", None if self.monitor_is_shared else self.monitor, lambda m: m.stop()),
+                 ("watchdog", self.watchdog, lambda w: w.stop()),
                  ("fleet", self.fleet, lambda f: f.stop())]  # last: a broker out of reach costs no other part time
         for name, part, stop in parts:
             if part is not None:
@@ -1026,12 +1034,16 @@ class Daemon:
             f"memory: process RSS {snap.get('process_rss_mb', float('nan')):.0f} MiB "
             f"(peak {snap.get('peak_rss_mb', float('nan')):.0f} MiB)",
         ]
-        if snap.get("power_w") is not None:
-            lines.append(f"power {snap['power_w']:.1f} W, energy {snap['energy_j']:.1f} J, "
+        several = f" (device, {len(self.monitor_cameras)} cameras)" if self.monitor_cameras else ""
+        if self.monitor_is_shared:  # the device's power and J/frame are the first camera's lines, over every camera
+            pass
+        elif snap.get("power_w") is not None:
+            lines.append(f"power{several} {snap['power_w']:.1f} W, energy {snap['energy_j']:.1f} J, "
                          f"{snap.get('j_per_frame') or float('nan'):.2f} J/frame, "
                          f"{snap.get('j_per_token') or float('nan'):.2f} J/answer token")
         else:
-            lines.append(f"power: no sensor on this machine ({snap.get('backend', 'cpu')} monitor); J/frame unknown")
+            lines.append(f"power{several}: no sensor on this machine ({snap.get('backend', 'cpu')} monitor); "
+                         f"J/frame unknown")
         if self.sampler is not None:
             capture = self.sampler.stats()
             lines.append(f"capture: {capture.get('frames_read', 0)} read, {capture.get('frames_dropped', 0)} dropped, "

@@ -173,6 +173,12 @@ class Monitor:
         with self._lock:
             self._mark(self._frames, total)
 
+    @property
+    def frames_counted(self) -> int:
+        """The latest frame total the app reported (with several cameras sharing a monitor: all of theirs)."""
+        with self._lock:
+            return self._frames[-1][0] if self._frames else 0
+
     def count_tokens(self, total: int) -> None:
         with self._lock:
             self._mark(self._tokens, total)
