@@ -402,6 +402,8 @@ def test_the_fleet_agent_carries_every_cameras_alerts_and_asks_every_camera(tmp_
             capsys.readouterr()
             assert main(["ask", "--fleet", question, "--broker", broker.url, "--camera", "front", "--timeout", "120"]) == 0
             assert "  rig (front): yes   [evidence t=" in capsys.readouterr().out
+            assert main(["ask", "--fleet", question, "--broker", broker.url, "--camera", "side", "--timeout", "120"]) == 1
+            assert "rig: error: malformed: camera: 'side' is not one of front, back" in capsys.readouterr().out
 
 
 def test_the_privacy_switch_and_forget_reach_every_camera(tmp_path, capsys):

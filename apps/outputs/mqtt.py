@@ -950,7 +950,7 @@ def connection_from_args(args) -> FleetConnection:
 
 def run_ask(args) -> int:
     """``edgekv ask --fleet``: prints each answer, then the devices online that did not answer; exit 0 when
-    at least one device answered, 1 when none did."""
+    at least one device answered, 1 when none did or every reply was a refusal (busy, no such camera, ...)."""
     connection = connection_from_args(args)
     try:
         result = ask_fleet(args.question, connection, args.timeout, args.device, args.max_new_tokens, args.camera)
@@ -960,7 +960,7 @@ def run_ask(args) -> int:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print(format_result(result))
-    return 0 if result.answers else 1
+    return 0 if any(a.error is None for a in result.answers) else 1
 
 
 def format_result(result: FleetResult) -> str:
