@@ -1020,6 +1020,14 @@ class Daemon:
         if self.session is not None:
             self.say(self.summary())
 
+    def _power_line(self, snap: dict) -> str:
+        several = f" (device, {len(self.monitor_cameras)} cameras)" if self.monitor_cameras else ""
+        if snap.get("power_w") is None:
+            return f"power{several}: no sensor on this machine ({snap.get('backend', 'cpu')} monitor); J/frame unknown"
+        return (f"power{several} {snap['power_w']:.1f} W, energy {snap['energy_j']:.1f} J, "
+                f"{snap.get('j_per_frame') or float('nan'):.2f} J/frame, "
+                f"{snap.get('j_per_token') or float('nan'):.2f} J/answer token")
+
     def summary(self) -> str:
         stats = self.session.stats()
         elapsed = time.monotonic() - self.started
@@ -1034,16 +1042,8 @@ class Daemon:
             f"memory: process RSS {snap.get('process_rss_mb', float('nan')):.0f} MiB "
             f"(peak {snap.get('peak_rss_mb', float('nan')):.0f} MiB)",
         ]
-        several = f" (device, {len(self.monitor_cameras)} cameras)" if self.monitor_cameras else ""
-        if self.monitor_is_shared:  # the device's power and J/frame are the first camera's lines, over every camera
-            pass
-        elif snap.get("power_w") is not None:
-            lines.append(f"power{several} {snap['power_w']:.1f} W, energy {snap['energy_j']:.1f} J, "
-                         f"{snap.get('j_per_frame') or float('nan'):.2f} J/frame, "
-                         f"{snap.get('j_per_token') or float('nan'):.2f} J/answer token")
-        else:
-            lines.append(f"power{several}: no sensor on this machine ({snap.get('backend', 'cpu')} monitor); "
-                         f"J/frame unknown")
+        if not self.monitor_is_shared:  # shared: the device's power is the first camera's line, over every camera
+            lines.append(self._power_line(snap))
         if self.sampler is not None:
             capture = self.sampler.stats()
             lines.append(f"capture: {capture.get('frames_read', 0)} read, {capture.get('frames_dropped', 0)} dropped, "

@@ -552,7 +552,7 @@ class FleetAgent:
 
     def _hosts(self, camera: str | None) -> list:
         """The hosts a question goes to: the camera it names, else each camera of the device (one: the host)."""
-        cameras = getattr(self.host, "cameras", lambda: {})()
+        cameras = self._cameras()
         if camera is None:
             return list(cameras.values()) or [self.host]
         if not cameras and camera == self.host.camera:
@@ -561,6 +561,10 @@ class FleetAgent:
             return [cameras[camera]]
         known = ", ".join(cameras) if cameras else f"{self.host.camera} (this device watches one camera)"
         raise FleetMessageError("malformed", f"camera: {printable(camera, 60)!r} is not one of {known}")
+
+    def _cameras(self) -> dict:
+        """Each camera's host by name where the host has several (``DaemonHost.cameras``), else empty."""
+        return getattr(self.host, "cameras", lambda: {})()
 
     def _ask(self, request: FleetRequest, host, asked: list | None) -> None:
         question = Question(request.question, max_new_tokens=request.max_new_tokens, temperature=0.0, source="fleet",
@@ -607,10 +611,10 @@ class FleetAgent:
         self._queue(self._reply(request, body, host, asked))
 
     def _reply(self, request: FleetRequest, body: dict, host=None, asked: list | None = None) -> _Outgoing:
-        if host is None and getattr(self.host, "cameras", lambda: {})():
-            camera = None  # the device's, not one camera's (several cameras: a refusal before any was asked)
-        else:
-            camera = (host or self.host).camera
+        if host is not None:
+            camera = host.camera
+        else:  # a refusal before any camera was asked: the device's (no camera where it has several)
+            camera = None if self._cameras() else self.host.camera
         body = {"type": "edgekv.fleet.answer", "device": self.device, "camera": camera,
                 **({"cameras": asked} if asked else {}), **body}
         return _Outgoing(request.response_topic, json.dumps(body).encode(), "answer", request.correlation)
