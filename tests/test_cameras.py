@@ -209,6 +209,25 @@ def _event_only_in(first, second):
     return only[0]
 
 
+def _chat_names_its_camera(port: int, asked: str) -> None:
+    """A chat question naming a camera first (as stdin, ``--ask`` and the microphone take them) is that camera's."""
+    from helpers_server import call
+
+    def chat(text: str, **more):
+        return call(port, "POST", "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": text}], "max_tokens": 2, **more})
+    status, _, body = chat(f"back: {asked}")
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "no", body
+    status, _, body = chat(f"Front camera, {asked[0].lower()}{asked[1:]}")
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "yes", body
+    status, _, body = chat(f"back: {asked}", stream=True)  # one camera named: its answer streams
+    assert status == 200 and b'"content":"no"' in body.replace(b" ", b""), body
+    status, _, body = chat("back:")
+    assert status == 400 and b"names the camera back but asks it nothing" in body
+    status, _, body = chat(f"back: {asked}", camera="all")  # the field, when given, decides
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"].startswith("front: "), body
+
+
 def _standing_questions_per_camera(port: int, front, back, question: str) -> None:
     """The alerts API of a daemon with two cameras: each rule is one camera's, evaluated over its cache."""
     import http.client
@@ -283,6 +302,7 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
         assert status == 400 and b"'side' is not one of front, back" in body
         status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "stream": True})
         assert status == 400 and b"name it with" in body
+        _chat_names_its_camera(port, f"Was there a {color} {shape}?")
         status, _, body = call(port, "GET", "/metrics")
         text = body.decode()
         assert 'edgekv_camera_frames_total{camera="front"} 120.0' in text

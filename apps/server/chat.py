@@ -8,6 +8,7 @@ queue answers 503 at once) and its tokens and completion come back through ``cal
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import queue
@@ -19,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from edgekv.apps.controls import addressed
 from edgekv.apps.questions import Question
 from edgekv.apps.server.api import Api, JsonResponse, body_schema
 from edgekv.apps.server.openai_chat import (
@@ -48,6 +50,8 @@ def router(api: Api) -> APIRouter:
                 raise ApiError(400, f"camera: this daemon watches one camera (no video.sources); got "
                                     f"{params.camera!r}", param="camera")
             return await answer_chat(api.daemon, params, api.limits.served_models[0], request.receive)
+        if params.camera is None:  # "back: what ...", as typed at stdin or spoken: the camera named first
+            params = _addressed(params, cameras)
         if params.camera not in (None, "all"):
             if params.camera not in cameras:
                 raise ApiError(400, f"camera: {params.camera!r} is not one of {', '.join(cameras)} (or 'all')",
@@ -56,6 +60,17 @@ def router(api: Api) -> APIRouter:
         return await answer_every_camera(cameras, params, api.limits.served_models[0])
 
     return routes
+
+
+def _addressed(params: ChatRequest, cameras: dict) -> ChatRequest:
+    """The question's camera when its text names one at its start (``back: ...``, "Back camera, ..."; the way
+    stdin, ``--ask`` and the microphone route), that name taken off the question; else ``params`` as it is."""
+    name, rest = addressed(params.question, cameras)
+    if name is None:
+        return params
+    if not rest:
+        raise ApiError(400, f"messages: the question names the camera {name} but asks it nothing", param="messages")
+    return dataclasses.replace(params, question=rest, camera=name)
 
 
 async def answer_every_camera(cameras: dict, params: ChatRequest, model_id: str) -> Response:
