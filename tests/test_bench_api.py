@@ -59,3 +59,19 @@ def test_bench_soak_daemon_samples_the_daemon_and_its_clients(tiny_checkpoint, t
     summary = result["summary"]
     assert summary["requests"] > 0 and summary["pairs"] > 0 and summary["rss_end_mb"] > 0
     assert len(result["samples"]) >= 2 and "client_errors" in result["samples"][-1]
+
+
+@pytest.mark.slow
+def test_bench_keepalive_times_both_kinds_of_connection(tmp_path, capsys):
+    """``edgekv bench keepalive`` (it once imported a helper another refactor had moved: every run failed)."""
+    from edgekv.apps.cli import main
+
+    out_json, out_png = tmp_path / "keepalive.json", tmp_path / "keepalive.png"
+    code = main(["bench", "keepalive", "--requests", "3", "--chats", "1", "--answer-tokens", "1",
+                 "--json", str(out_json), "--plot", str(out_png)])
+    assert code == 0
+    result = json.loads(out_json.read_text())
+    assert {name: result[name]["n"] for name in ("healthz_kept", "healthz_fresh", "chat_kept", "chat_fresh")} == {
+        "healthz_kept": 3, "healthz_fresh": 3, "chat_kept": 1, "chat_fresh": 1}
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "kept-alive median" in capsys.readouterr().out

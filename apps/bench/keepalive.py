@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgekv.apps.bench.api import _serve
-from edgekv.apps.bench.common import provenance, write_figures
+from edgekv.apps.bench.common import daemon_port, provenance, serve_daemon, write_figures
 
 HEALTHZ_TARGET_MS = 2.0
 OVERHEAD_TARGET_MS = 2.0
@@ -98,10 +97,10 @@ def run_keepalive(args: argparse.Namespace) -> int:
     }
     context = multiprocessing.get_context("spawn")
     port_queue = context.Queue()
-    child = context.Process(target=_serve, args=(sections, str(log_path), port_queue))
+    child = context.Process(target=serve_daemon, args=(sections, str(log_path), port_queue))
     child.start()
     try:
-        port = port_queue.get(timeout=300)
+        port = daemon_port(child, port_queue)
         if port is None:
             raise SystemExit(f"edgekv bench keepalive: the daemon did not start; see {log_path}")
         result = measure(port, args.requests, args.chats, args.answer_tokens)

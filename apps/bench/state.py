@@ -11,6 +11,7 @@ JSON + PNG; the figures depend on the disk and on what else the machine is doing
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ import torch
 
 from edgekv.cache.capped import CappedKVCache, SlotKind
 from edgekv.cache.specs import CacheSpec
+from edgekv.session.results import Counters
 from edgekv.state import FORMAT, cache_views, read_manifest, read_tensors, write_snapshot
 from edgekv.threads import threads_argument
 
@@ -62,10 +64,21 @@ def full_cache(layers: int, kv_heads: int, head_dim: int, tokens: int, dtype: to
     return cache
 
 
+def bench_session_state(cache: CappedKVCache) -> dict:
+    """A session's state as ``edgekv.state`` writes it beside a full cache of this shape (every field its reader
+    checks; a pair's time for each of the cache's frame pairs), so that the manifest is one a daemon would read."""
+    pairs = int(cache.frame[0, : cache.length].max()) + 1 if cache.length else 0
+    return {"cache_length": cache.length, "counters": dataclasses.asdict(Counters(frames=2 * pairs, frame_pairs=pairs)),
+            "next_position": int(cache.tpos[0, : cache.length].max()) + 1 if cache.length else 0, "t_offset": 0,
+            "rebases": 0, "video_start": 0, "prefix_tokens": 0, "grid": [16, 16], "t0": 0.0,
+            "last_t": float(2 * pairs), "pending_t": None, "clock": None, "sink_updates": 0,
+            "pair_times": {str(pair): float(2 * pair) for pair in range(pairs)}, "policy": None}
+
+
 def measure(cache: CappedKVCache, folder: Path, repeats: int, sinks: bool) -> dict:
     mass = torch.rand(cache.num_layers, cache.kv_heads, cache.capacity) if sinks else None
     views = cache_views(cache, cache.length, mass)
-    manifest = {"format": FORMAT, "key": {}, "session": {"cache_length": cache.length}}
+    manifest = {"format": FORMAT, "key": {}, "session": bench_session_state(cache)}
     path = folder / "bench.ekv"
     write_ms, read_ms, size = [], [], 0
     for _ in range(repeats):
