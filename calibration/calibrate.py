@@ -20,8 +20,8 @@ from typing import TextIO
 class Progress:
     """One status line on stderr: rewritten in place on a terminal, a line per tenth of the work in a log."""
 
-    def __init__(self, total: int, stream: TextIO | None = None) -> None:
-        self.total = max(total, 1)
+    def __init__(self, total: int, stream: TextIO | None = None, label: str = "calibrate") -> None:
+        self.total, self.label = max(total, 1), label
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty()
         self.started = time.monotonic()
@@ -34,7 +34,7 @@ class Progress:
         self._last_tenth = tenth
         elapsed = time.monotonic() - self.started
         eta = elapsed / done * (self.total - done) if done else float("nan")
-        line = f"calibrate: {100 * done / self.total:5.1f} %  {text}  ({elapsed:.0f} s, ~{eta:.0f} s left)"
+        line = f"{self.label}: {100 * done / self.total:5.1f} %  {text}  ({elapsed:.0f} s, ~{eta:.0f} s left)"
         print(("\r" + line.ljust(100)) if self.live else line, end="" if self.live else "\n", file=self.stream,
               flush=True)
 

@@ -39,6 +39,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from edgekv.calibration.calibrate import Progress
 from edgekv.model.int4 import PACK, QuantConfig, dequantize, pack_awq, unpack_awq
 
 COPIED_FILES = ("generation_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
@@ -173,7 +174,7 @@ class _LinearInputs:
         return {name: torch.cat(parts) for name, parts in self.parts.items()}
 
 
-def awq_adjustments(model_dir: Path, group: int) -> dict[str, torch.Tensor]:
+def awq_adjustments(model_dir: Path, group: int, progress: Progress | None = None) -> dict[str, torch.Tensor]:
     """Released-checkpoint tensor name -> multiplier applied before rounding: ``[1, K]`` column scales for
     linears (``W diag(s)``), ``[K]`` divisors for the norms and ``[N, 1]`` row divisors for ``up_proj``."""
     from edgekv.model.config import ModelConfig
@@ -199,6 +200,8 @@ def awq_adjustments(model_dir: Path, group: int) -> dict[str, torch.Tensor]:
                 factors[name] = factors.get(name, 1.0) / s[:, None]
             else:
                 factors[producer] = 1.0 / s
+        if progress is not None:
+            progress(layer + 1, f"AWQ scales, layer {layer + 1}/{config.text.num_hidden_layers}")
     return factors
 
 
@@ -240,6 +243,10 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
         raise ValueError(f"--dtype: {dtype!r} is not one of {', '.join(_OUT_DTYPES)}")
     if out_dir.resolve() == in_dir.resolve():
         raise ValueError(f"OUT_DIR: {out_dir} is the input directory; write the 4-bit copy elsewhere")
+    if not in_dir.is_dir():
+        raise ValueError(f"IN_DIR: {in_dir}: no such directory")
+    if not (in_dir / "config.json").is_file():
+        raise ValueError(f"IN_DIR: {in_dir} has no config.json (not a Qwen2.5-VL checkpoint directory)")
     raw = json.loads((in_dir / "config.json").read_text())
     if raw.get("quantization_config") is not None:
         raise ValueError(f"{in_dir}: already quantized (config.json has a quantization_config)")
@@ -250,11 +257,16 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
         if k % group:
             raise ValueError(f"--group-size: {group_size} does not divide in_features {k} of {name} "
                              f"(choose a divisor of {sorted({kk for _, kk in linears.values()})})")
-    factors = awq_adjustments(in_dir, group_size) if method == "awq" else {}
+    factors = {}
+    if method == "awq":
+        search = Progress(config.text.num_hidden_layers, label="quantize") if progress else None
+        factors = awq_adjustments(in_dir, group_size, search)
+        if search is not None:
+            search.close()
     out_dtype = _OUT_DTYPES[dtype]
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = _ShardWriter(out_dir, max_shard_bytes)
-    done = 0
+    done, bar = 0, Progress(len(linears), label="quantize") if progress else None
     for path in weight_files(in_dir):
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             for key in handle.keys():
@@ -269,13 +281,13 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
                     for part, value in quantized_tensors(tensor, group).items():
                         writer.add(f"{prefix}.{part}", value)
                     done += 1
-                    if progress:
-                        print(f"\r{done}/{len(linears)} linears", end="", flush=True)
+                    if bar is not None:
+                        bar(done, f"{done}/{len(linears)} linears ({prefix})")
                 else:
                     writer.add(name, tensor.to(out_dtype) if tensor.is_floating_point() else tensor)
     writer.close()
-    if progress:
-        print()
+    if bar is not None:
+        bar.close()
     quant = QuantConfig("awq", bits, group_size, modules_to_not_convert=("visual",))
     raw["quantization_config"] = quant.to_dict()
     raw["torch_dtype"] = str(out_dtype).removeprefix("torch.")

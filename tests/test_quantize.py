@@ -52,9 +52,13 @@ def test_rtn_bounds_and_zero_point():
     assert float(error[:32, 3].max()) <= 1e-4
 
 
-def test_cli_writes_the_autoawq_layout(dense, tmp_path):
+def test_cli_writes_the_autoawq_layout(dense, tmp_path, capsys):
     out = tmp_path / "q4"
     assert main(["quantize", str(dense), str(out), "--bits", "4", "--group-size", "32"]) == 0
+    # progress into a log (not a terminal): whole lines, a tenth of the work each, no carriage returns
+    err = capsys.readouterr().err
+    assert "\r" not in err and "quantize: 100.0 %  14/14 linears" in err, err
+    assert len([line for line in err.splitlines() if line.startswith("quantize: ")]) <= 11
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
                                              "version": "gemm", "modules_to_not_convert": ["visual"]}
@@ -89,6 +93,10 @@ def test_refuses_bad_arguments(dense, tmp_path, capsys):
     quantized = quantize_checkpoint(dense, tmp_path / "q", group_size=32)
     assert main(["quantize", str(quantized), str(tmp_path / "again")]) == 2
     assert "already quantized" in capsys.readouterr().err
+    assert main(["quantize", str(tmp_path / "nothere"), str(tmp_path / "y")]) == 2
+    assert "IN_DIR: " in (err := capsys.readouterr().err) and "nothere: no such directory" in err
+    assert main(["quantize", str(tmp_path), str(tmp_path / "y")]) == 2
+    assert "has no config.json" in capsys.readouterr().err and not (tmp_path / "y").exists()
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,137 @@
+"""``edgekv bench keepalive``: what a kept-alive HTTP connection costs, against a fresh one per request.
+
+A daemon runs in a child process (``edgekv bench api``'s, on the shipped toy by default, paced like a camera).
+Then ``--requests`` ``GET /healthz`` and ``--chats`` chat completions go over one kept-alive connection, and
+as many each on a fresh connection, alternating so both see the same load. Reported: median and p90 of each,
+and the chat's kept-alive overhead (kept-alive median - fresh median). The targets of issue 25 (``/healthz``
+median ≤ 2 ms on one connection, overhead ≤ 2 ms) are printed beside the figures, not asserted.
+
+Why it matters: the server once listened on a socket made by hand with protocol 0, and asyncio sets
+``TCP_NODELAY`` only on sockets whose protocol is TCP: every request after the first on a connection then
+waited for the client's delayed ACK (~40 ms on Linux).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from edgekv.apps.bench.common import daemon_port, provenance, serve_daemon, write_figures
+
+HEALTHZ_TARGET_MS = 2.0
+OVERHEAD_TARGET_MS = 2.0
+
+
+def add_keepalive_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="builtin:toy", help="checkpoint dir or builtin:toy")
+    parser.add_argument("--requests", type=int, default=200, help="/healthz requests per kind of connection")
+    parser.add_argument("--chats", type=int, default=20, help="chat completions per kind of connection")
+    parser.add_argument("--answer-tokens", type=int, default=2, help="max_tokens of each chat")
+    parser.add_argument("--json", default="bench-keepalive.json")
+    parser.add_argument("--plot", default="bench-keepalive.png")
+    parser.set_defaults(run=run_keepalive)
+
+
+def _timed(conn: http.client.HTTPConnection, method: str, path: str, body: dict | None = None) -> float:
+    data = json.dumps(body).encode() if body is not None else None
+    started = time.perf_counter()
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+    response = conn.getresponse()
+    response.read()
+    if response.status != 200:
+        raise SystemExit(f"edgekv bench keepalive: {method} {path} answered {response.status}")
+    return (time.perf_counter() - started) * 1e3
+
+
+def _fresh(port: int, method: str, path: str, body: dict | None = None) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        return _timed(conn, method, path, body)
+    finally:
+        conn.close()
+
+
+def _summary(values: list[float]) -> dict:
+    ordered = sorted(values)
+    return {"n": len(values), "median_ms": statistics.median(values), "p90_ms": ordered[int(0.9 * (len(values) - 1))],
+            "min_ms": ordered[0], "max_ms": ordered[-1]}
+
+
+def measure(port: int, requests: int, chats: int, answer_tokens: int) -> dict:
+    kept = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    samples: dict[str, list[float]] = {"healthz_kept": [], "healthz_fresh": [], "chat_kept": [], "chat_fresh": []}
+    try:
+        chat = {"messages": [{"role": "user", "content": "What color was the circle?"}], "max_tokens": answer_tokens}
+        _timed(kept, "GET", "/healthz")  # the connection is open before anything is timed
+        for _ in range(requests):
+            samples["healthz_kept"].append(_timed(kept, "GET", "/healthz"))
+            samples["healthz_fresh"].append(_fresh(port, "GET", "/healthz"))
+        for _ in range(chats):
+            samples["chat_kept"].append(_timed(kept, "POST", "/v1/chat/completions", chat))
+            samples["chat_fresh"].append(_fresh(port, "POST", "/v1/chat/completions", chat))
+    finally:
+        kept.close()
+    result = {name: _summary(values) for name, values in samples.items()}
+    result["chat_keepalive_overhead_ms"] = result["chat_kept"]["median_ms"] - result["chat_fresh"]["median_ms"]
+    result["samples"] = samples
+    return result
+
+
+def run_keepalive(args: argparse.Namespace) -> int:
+    log_path = Path(tempfile.mkdtemp(prefix="edgekv-bench-keepalive-")) / "daemon.log"
+    sections = {
+        "model": {"path": args.model, "dtype": "fp32", "device": "cpu"},
+        "video": {"source": "synthetic:events?size=112x112&fps=2&frames=10000000&seed=2", "fps": 2.0,
+                  "resolution": [112, 112]},
+        "cache": {"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
+        "server": {"port": 0, "keep_alive_s": 60.0, "max_new_tokens": max(args.answer_tokens, 1)},
+        "generation": {"max_new_tokens": args.answer_tokens},
+        "monitor": {"interval_s": 1.0, "backend": "cpu"},
+    }
+    context = multiprocessing.get_context("spawn")
+    port_queue = context.Queue()
+    child = context.Process(target=serve_daemon, args=(sections, str(log_path), port_queue))
+    child.start()
+    try:
+        port = daemon_port(child, port_queue)
+        if port is None:
+            raise SystemExit(f"edgekv bench keepalive: the daemon did not start; see {log_path}")
+        result = measure(port, args.requests, args.chats, args.answer_tokens)
+    finally:
+        child.terminate()
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    result.update(provenance=provenance(), daemon_log=str(log_path), load_average_after=list(os.getloadavg()),
+                  targets={"healthz_kept_median_ms": HEALTHZ_TARGET_MS, "chat_overhead_ms": OVERHEAD_TARGET_MS})
+    h, c = result["healthz_kept"], result["chat_keepalive_overhead_ms"]
+    print(f"/healthz on one kept-alive connection: median {h['median_ms']:.2f} ms (p90 {h['p90_ms']:.2f}); fresh "
+          f"connections {result['healthz_fresh']['median_ms']:.2f} ms  [target <= {HEALTHZ_TARGET_MS:g} ms]")
+    print(f"chat: kept-alive median {result['chat_kept']['median_ms']:.1f} ms, fresh {result['chat_fresh']['median_ms']:.1f}"
+          f" ms: overhead {c:+.1f} ms  [target <= {OVERHEAD_TARGET_MS:g} ms]")
+    write_figures(result, args.json, args.plot, _plot)
+    return 0
+
+
+def _plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, kind in zip(axes, ("healthz", "chat")):
+        data = [result["samples"][f"{kind}_kept"], result["samples"][f"{kind}_fresh"]]
+        ax.boxplot(data, tick_labels=["kept-alive", "fresh"], showfliers=False)
+        ax.set_title(f"{'GET /healthz' if kind == 'healthz' else 'chat completion'}")
+        ax.set_ylabel("ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

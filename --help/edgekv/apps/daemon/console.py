@@ -1,0 +1,71 @@
+"""What the daemon prints: a line per frame pair, each answer with its figures, the random-weights note;
+and the stop flag SIGTERM/SIGINT set."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+from edgekv.apps.questions import Question, printable
+
+RANDOM_WEIGHTS_NOTE = (
+    "NOTE: {path} holds random weights (made by `edgekv make-tiny-checkpoint`): answers are meaningless text.\n"
+    "      Point model.path at a real Qwen2.5-VL checkpoint directory for real answers."
+)
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the loop finishes its current step and exits cleanly. SIGHUP (a closed terminal,
+    ``systemctl reload``) does not stop it: it sets ``hangup``, and the loop saves the memory and goes on (its
+    default action killed the daemon without saving)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.hangup = threading.Event()
+        self.signal_name: str | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # embedded (tests, another app): the owner stops the loop through ``event``
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, lambda _signum, _frame: self.hangup.set())
+
+    def _handle(self, signum, _frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self.event.set()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+
+def is_random_checkpoint(model_dir: Path) -> bool:
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("edgekv_random_weights"))
+
+
+def format_pair(result, stats: dict) -> str:
+    return (
+        f"pair {result.pair_index:5d}  ingest {result.ms:7.1f} ms (vision {result.vision_ms:6.1f}, prefill "
+        f"{result.prefill_ms:6.1f}, compress {result.compression_ms:6.1f})  cache {stats['cache_tokens']}/"
+        f"{stats['cache_capacity_tokens']} tokens, {stats['cache_capacity_bytes'] / 2**20:.2f} MiB  "
+        f"compressions {stats['compressions']}"
+    )
+
+
+def format_answer(question: Question) -> str:
+    """What the daemon prints for a finished question; every piece of request text is escaped."""
+    asked = f"Q [{question.source}]: {printable(question.text)}"
+    if question.error is not None:
+        return f"{asked}\n   refused: {printable(str(question.error))}"
+    a = question.answer
+    # one token is all prefill: there is no decode step to time
+    rate = f"{a.decode_tok_s:.1f} tok/s" if len(a.token_ids) > 1 else "no decode step"
+    return (f"{asked}\nA: {printable(a.text, limit=4000)}\n   ({len(a.token_ids)} tokens, ttft {a.ttft_s * 1e3:.0f} ms, "
+            f"{rate}, over {a.video_tokens} cached tokens)")

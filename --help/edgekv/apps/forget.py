@@ -1,0 +1,68 @@
+"""``edgekv forget``: ask a running daemon to forget a window of stream time (``POST /v1/memory/forget``): the
+live cache, the snapshots and the archive. The window is in stream seconds (what ``/v1/edgekv/status`` and the
+answers' evidence times show), or the last so many seconds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+
+def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="the daemon's HTTP address")
+    window = parser.add_mutually_exclusive_group(required=True)
+    window.add_argument("--last", type=float, metavar="SECONDS", help="forget the last so many seconds")
+    window.add_argument("--from", dest="t_from", type=float, metavar="T0", help="window start (stream seconds)")
+    parser.add_argument("--to", dest="t_to", type=float, metavar="T1", help="window end (stream seconds), with --from")
+    parser.add_argument("--token-env", default="EDGEKV_TOKEN",
+                        help="environment variable holding the daemon's server.token (when it has one)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the rewrite")
+    parser.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.last is not None:
+        body = {"last_s": args.last}
+    else:
+        if args.t_to is None:
+            raise ValueError("--from needs --to (stream seconds)")
+        body = {"from": args.t_from, "to": args.t_to}
+    headers = {"content-type": "application/json"}
+    token = os.environ.get(args.token_env) if args.token_env else None
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(args.url.rstrip("/") + "/v1/memory/forget", data=json.dumps(body).encode(),
+                                     headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout) as response:
+            result = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = exc.reason
+        raise ValueError(f"{args.url}: HTTP {exc.code}: {message}") from None
+    except urllib.error.URLError as exc:
+        raise OSError(f"{args.url}: the daemon is not reachable ({exc.reason})") from None
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    cameras = result.get("cameras")  # a daemon with several cameras forgets on each: a line per camera
+    for name, one in (cameras.items() if cameras else [(None, result)]):
+        print(("" if name is None else f"{name}: ") + _summary(one), file=sys.stdout)
+    return 0
+
+
+def _summary(result: dict) -> str:
+    """One camera's forget result (``Daemon.forget``) as a line."""
+    archive, snapshots = result.get("archive"), result.get("snapshots") or {}
+    return (f"forgot t={result['from']:g}..{result['to']:g} s: {result['pairs']} frame pair(s) from the cache "
+            f"({result['cache_slots']} slots)"
+            + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)" if archive else ", no archive")
+            + (f", snapshot {snapshots['snapshot']} rewritten, {len(snapshots.get('removed', []))} older removed"
+               if snapshots.get("snapshot") else ", no snapshots"))

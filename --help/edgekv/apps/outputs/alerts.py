@@ -1,0 +1,277 @@
+"""Standing questions: yes/no questions evaluated over the live cache as the stream goes on, an alert on each
+rising edge (no -> yes).
+
+A rule (``alerts.rules`` in the config, or ``POST /v1/alerts``) is evaluated after every ``every_pairs``-th
+frame pair, or at the first pair after ``every_s`` seconds (every pair by default): nothing changes in the
+cache between pairs, so there is nothing new to evaluate. One evaluation is ``StreamSession.probe``: one
+prefill of the question's tokens over the cache and the model's yes/no verdict at the first answer token
+(P(yes) among its yes and no tokens); no answer token is decoded and the question's slots are dropped, so the
+cache stays query-agnostic (DESIGN invariant 3). The daemon runs evaluations in its loop as answer steps, so
+the fair share (``video.min_ingest_share``) bounds what they take from ingest.
+
+A rule is "yes" once P(yes) passes ``threshold`` and falls back to "no" below ``threshold - 0.2`` (hysteresis:
+a verdict near the line does not flicker into a burst of alerts). The no -> yes edge raises an ``AlertEvent`` —
+the question, the stream time and wall time, the camera, P(yes), and a keyframe: the frame of the pair the
+question attended most, when it is still among the last ``alerts.keyframe_pairs`` pairs (else the latest
+frame, said so). A rule that fired stays quiet for ``cooldown_s``. The verdict starts at "no": a rule added
+while the condition already holds fires at its first evaluation.
+
+Events go to every output through ``AlertBus.publish``, which only puts them in each output's bounded queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from edgekv.config import AlertRuleSection
+
+log = logging.getLogger("edgekv.alerts")
+HYSTERESIS = 0.2
+EVENTS_KEPT = 64
+
+
+class AlertSink(Protocol):
+    """An output: ``offer`` never blocks (a full queue drops and counts)."""
+
+    def offer(self, event: "AlertEvent") -> None: ...
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    id: str
+    rule_id: str
+    name: str
+    question: str
+    camera: str | None
+    p_yes: float
+    stream_t: float | None       # the stream time of the pair that raised it (seconds)
+    evidence_pair: int | None    # the frame pair the question attended most
+    evidence_t: float | None     # its stream time
+    raised_unix: float
+    keyframe_jpeg: bytes | None = field(default=None, repr=False)
+    keyframe_note: str = ""
+
+    def to_json(self, keyframe: str = "url") -> dict:
+        """JSON for an output: ``keyframe`` "url" (the API's /v1/alerts/events/{id}/keyframe.jpg), "base64"
+        (webhooks, MQTT: the receiver may not reach the API) or "none"."""
+        out = {"type": "edgekv.alert", "id": self.id, "rule_id": self.rule_id, "name": self.name,
+               "question": self.question, "camera": self.camera, "p_yes": round(self.p_yes, 4),
+               "stream_t": self.stream_t, "evidence_pair": self.evidence_pair, "evidence_t": self.evidence_t,
+               "raised_unix": self.raised_unix, "keyframe_note": self.keyframe_note}
+        if self.keyframe_jpeg is not None and keyframe == "url":
+            out["keyframe_url"] = f"/v1/alerts/events/{self.id}/keyframe.jpg"
+        elif self.keyframe_jpeg is not None and keyframe == "base64":
+            import base64
+
+            out["keyframe_jpeg_base64"] = base64.b64encode(self.keyframe_jpeg).decode()
+        return out
+
+
+@dataclass
+class RuleState:
+    """A rule and what its evaluations found."""
+
+    rule: AlertRuleSection
+    id: str
+    source: str = "config"   # config | api
+    verdict: bool = False
+    p_yes: float | None = None
+    evaluations: int = 0
+    fired: int = 0
+    last_pair: int | None = None
+    last_eval: float | None = None    # monotonic
+    last_fired: float | None = None   # monotonic
+    eval_ms_total: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.rule.name or self.rule.question
+
+    def to_json(self) -> dict:
+        rule = self.rule
+        return {"id": self.id, "name": self.name, "question": rule.question, "every_pairs": rule.every_pairs,
+                "every_s": rule.every_s, "cooldown_s": rule.cooldown_s, "threshold": rule.threshold,
+                "camera": rule.camera, "source": self.source, "verdict": "yes" if self.verdict else "no",
+                "p_yes": self.p_yes, "evaluations": self.evaluations, "fired": self.fired,
+                "eval_ms_mean": self.eval_ms_total / self.evaluations if self.evaluations else None}
+
+
+class KeyframeRing:
+    """The last ``pairs`` ingested frames by frame pair (one frame each), and every pair's stream time since
+    the start (a float per pair: what an answer's evidence time needs)."""
+
+    def __init__(self, pairs: int) -> None:
+        self.pairs = pairs
+        self.frames: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.times: dict[int, float] = {}  # the last TIMES_KEPT pairs' stream times
+        self.latest: tuple[int, np.ndarray] | None = None
+
+    TIMES_KEPT = 1 << 16  # ~1 MiB of (pair, time); older pairs' times come from the session (``pair_times``)
+
+    def add(self, pair: int, frame: np.ndarray, t: float) -> None:
+        self.times[pair] = t
+        if len(self.times) > self.TIMES_KEPT:
+            del self.times[next(iter(self.times))]  # insertion order: the oldest pair
+        self.latest = (pair, frame)
+        if self.pairs:
+            self.frames[pair] = frame
+            while len(self.frames) > self.pairs:
+                self.frames.popitem(last=False)
+
+    def jpeg(self, pair: int | None) -> tuple[bytes | None, str]:
+        import cv2
+
+        if pair is not None and pair in self.frames:
+            frame, note = self.frames[pair], f"frame pair {pair}, the one the question attended most"
+        elif self.latest is not None:
+            frame = self.latest[1]
+            note = (f"latest frame (pair {self.latest[0]}); the pair attended most ({pair}) is older than the "
+                    f"last {self.pairs} kept for keyframes" if pair is not None else f"latest frame (pair {self.latest[0]})")
+        else:
+            return None, "no frame yet"
+        ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 85])
+        return (data.tobytes() if ok else None), note
+
+
+class AlertBus:
+    """Fan-out of events to the outputs, and the last ``EVENTS_KEPT`` events (for the API)."""
+
+    def __init__(self) -> None:
+        self.sinks: list[AlertSink] = []
+        self.recent: deque[AlertEvent] = deque(maxlen=EVENTS_KEPT)
+        self._lock = threading.Lock()
+
+    def add(self, sink: AlertSink) -> None:
+        with self._lock:
+            self.sinks.append(sink)
+
+    def remove(self, sink: AlertSink) -> None:
+        with self._lock:
+            if sink in self.sinks:
+                self.sinks.remove(sink)
+
+    def publish(self, event: AlertEvent) -> None:
+        with self._lock:
+            self.recent.append(event)
+            sinks = list(self.sinks)
+        for sink in sinks:
+            try:
+                sink.offer(event)
+            except Exception:  # an output's bug must not stop the stream
+                log.exception("alert output %r failed to take an alert", sink)
+
+    def forget(self, t_from: float, t_to: float) -> int:
+        """Drop the alerts (and their keyframes) raised about a forgotten window; returns how many."""
+        with self._lock:
+            kept = [e for e in self.recent if not (e.stream_t is not None and t_from <= e.stream_t <= t_to)
+                    and not (e.evidence_t is not None and t_from <= e.evidence_t <= t_to)]
+            dropped = len(self.recent) - len(kept)
+            self.recent.clear()
+            self.recent.extend(kept)
+        return dropped
+
+    def event(self, event_id: str) -> AlertEvent | None:
+        with self._lock:
+            return next((e for e in self.recent if e.id == event_id), None)
+
+
+class AlertEngine:
+    """The standing questions of one stream (one camera): which are due, their verdicts, their alerts."""
+
+    def __init__(self, rules: list[AlertRuleSection], bus: AlertBus, keyframes: KeyframeRing,
+                 camera: str | None = None, clock=time.monotonic) -> None:
+        self.bus, self.keyframes, self.camera, self.clock = bus, keyframes, camera, clock
+        self.rules: dict[str, RuleState] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        for rule in rules:
+            self.add(rule, source="config")
+
+    def add(self, rule: AlertRuleSection, source: str = "api") -> RuleState:
+        """``rule`` as a standing question of this stream. With a ``camera`` (one of ``video.sources``) the rule
+        is this camera's: it says so (a rule for every camera, ``camera`` unset, takes this one's name here) and
+        its id is ``<camera>-alert-<n>``, unique across the cameras of one daemon."""
+        rule.validate("alert")
+        if rule.camera is not None and self.camera is not None and rule.camera != self.camera:
+            raise ValueError(f"alert.camera: {rule.camera!r} is not a camera of this daemon ({self.camera!r})")
+        if self.camera is not None and rule.camera is None:
+            rule = dataclasses.replace(rule, camera=self.camera)
+        prefix = f"{self.camera}-" if self.camera is not None else ""
+        with self._lock:
+            state = RuleState(rule, id=f"{prefix}alert-{next(self._ids)}", source=source)
+            self.rules[state.id] = state
+        return state
+
+    def remove(self, rule_id: str) -> bool:
+        with self._lock:
+            return self.rules.pop(rule_id, None) is not None
+
+    def list(self) -> list[RuleState]:
+        with self._lock:
+            return list(self.rules.values())
+
+    def due(self, pair: int) -> list[RuleState]:
+        """The rules to evaluate now that frame pair ``pair`` is in the cache."""
+        now = self.clock()
+        out = []
+        for state in self.list():
+            rule = state.rule
+            if rule.every_pairs is not None:
+                ready = (pair + 1) % rule.every_pairs == 0
+            elif rule.every_s is not None:
+                ready = state.last_eval is None or now - state.last_eval >= rule.every_s
+            else:
+                ready = True
+            if ready and state.last_pair != pair:
+                out.append(state)
+        return out
+
+    def evaluate(self, state: RuleState, session, pair: int) -> AlertEvent | None:
+        """One evaluation of ``state``'s question over ``session`` (its lock taken by ``probe``); the alert if
+        its verdict rose."""
+        verdict = session.probe(state.rule.question)
+        now = self.clock()
+        state.evaluations += 1
+        state.eval_ms_total += verdict.ms
+        state.p_yes, state.last_pair, state.last_eval = verdict.p_yes, pair, now
+        threshold = state.rule.threshold
+        rising = not state.verdict and verdict.p_yes > threshold
+        if state.verdict and verdict.p_yes < threshold - HYSTERESIS:
+            state.verdict = False
+        elif rising:
+            state.verdict = True
+        if not rising or (state.last_fired is not None and now - state.last_fired < state.rule.cooldown_s):
+            return None
+        state.last_fired = now
+        state.fired += 1
+        (evidence,) = verdict.top_pairs(1) or (None,)
+        jpeg, note = self.keyframes.jpeg(evidence)
+        event = AlertEvent(uuid.uuid4().hex[:16], state.id, state.name, state.rule.question,
+                           state.rule.camera or self.camera, verdict.p_yes, self.keyframes.times.get(pair), evidence,
+                           self._time_of(session, evidence), time.time(),
+                           jpeg, note)
+        log.info("alert %s: %r (P(yes) %.2f at pair %d)", state.name, state.rule.question, verdict.p_yes, pair)
+        self.bus.publish(event)
+        return event
+
+    def _time_of(self, session, pair: int | None) -> float | None:
+        if pair is None:
+            return None
+        held = getattr(session, "pair_times", {})
+        return held.get(pair, self.keyframes.times.get(pair))
+
+    def stats(self) -> dict[str, Any]:
+        rules = self.list()
+        evaluations = sum(r.evaluations for r in rules)
+        return {"alert_rules": len(rules), "alert_evaluations": evaluations, "alerts_fired": sum(r.fired for r in rules),
+                "alert_eval_ms_total": sum(r.eval_ms_total for r in rules)}

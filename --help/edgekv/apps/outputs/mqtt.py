@@ -1,0 +1,984 @@
+"""The fleet over MQTT 5 (``fleet:`` in the config): each daemon announces itself to a broker, publishes its
+alerts and status, and answers fleet questions; ``ask_fleet`` / ``edgekv ask --fleet`` asks every device at
+once and gathers the answers.
+
+The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are its. Topics (``P`` is
+``fleet.topic_prefix``, ``D`` the device id)::
+
+    P/devices/D/status   retained  {"type": "edgekv.status", "state": "online" | "offline", stream, cache, ...}
+    P/devices/D/alerts             AlertEvent.to_json("base64") + "device"
+    P/fleet/ask                    a question to every device        (request: Response Topic + Correlation Data)
+    P/devices/D/ask                a question to this device only
+    <Response Topic>               {"type": "edgekv.fleet.answer", device, camera, answer, evidence_t, ttft_s, ...}
+
+A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N, "camera": "back"}``
+(the last two optional) published with a Response Topic (§3.3.2.3.5) and Correlation Data (§3.3.2.3.6). A device
+with several cameras (``video.sources``) asks the one named, or each, and publishes one answer per camera, each
+naming its ``camera`` and listing every camera asked (``cameras``), so that an asker knows how many to wait for.
+The device answers it through ``daemon.submit(Question(..., source="fleet"))`` like any other channel (so the fair
+share and the question queue's bound hold) and publishes the answer to the Response Topic with the same Correlation
+Data. The answer carries its evidence: the frame pair the question's tokens attend most over the cache (one probe
+of the same question prefill the answer starts with, ``apps/questions.evidence_pair``) and that pair's stream time.
+
+QoS and retain, and why:
+- status: QoS 1, **retained**. The broker keeps each device's last status, so an asker that connects later
+  learns at once who is in the fleet and who is online. QoS 1 because a lost "offline" would leave a dead
+  device looking alive; a duplicate is harmless (a status is a last value, not an event). It is refreshed every
+  ``status_every_s`` and on each (re)connection.
+- last will (§3.1.2.5): the same topic, QoS 1, retained, ``"state": "offline"``: a device that vanishes without
+  a DISCONNECT (power cut, link cut past the keep-alive) is marked offline by the broker, after
+  ``will_delay_s`` (§3.1.3.2.2) so that a short blip does not flap. A clean stop publishes "offline" itself.
+- alerts: QoS 1, not retained. At least once: an alert lost in a reconnect is worse than one seen twice (each
+  carries its ``id`` to deduplicate). Retaining one would show a stale alert to every new subscriber as new.
+- questions: QoS 1, not retained, with a Message Expiry Interval (§3.3.2.3.3) of the asker's timeout. A
+  retained question would be asked again of every device at every reconnection; QoS 1 survives a retransmit
+  on a flaky link and the device drops the duplicate (same Response Topic and Correlation Data). Each
+  connection starts clean (§3.1.2.4): questions asked while a device was away are not kept for it (the asker
+  has stopped waiting; it lists the device as silent instead).
+- answers: QoS 1, not retained (an answer is for the one asker who is listening on its Response Topic).
+QoS 2 is nowhere: every message here is either idempotent or deduplicated, and its extra round trip would
+cost every answer's latency.
+
+Bounds: nothing queues without bound. ``offer`` (alerts, from the main loop) and finished answers go into this
+output's own queue (``fleet.queue`` messages; when full the oldest waiting is dropped and counted), drained by
+its thread while connected, at most ``WINDOW`` messages handed to paho and not yet acknowledged (PUBACK) at a
+time; paho's own queue is capped a little above that (``max_queued_messages_set``), so a burst waits in the
+bounded queue here instead of overflowing paho's. Questions enter the daemon's bounded question queue (a full queue answers
+"busy"). A received payload over ``fleet.max_payload_bytes`` is dropped and counted; the device tells the
+broker its Maximum Packet Size (§3.1.2.11.4) of 4x that plus 64 KiB, so anything larger never reaches its
+memory (the broker discards it). While the broker is unreachable the daemon goes on ingesting and answering
+locally; paho reconnects with exponential backoff (``fleet.reconnect_backoff_s``: first, doubling, max).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from edgekv.apps.outputs.alerts import AlertEvent
+from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, QuestionRefused, printable
+from edgekv.config import FleetSection, broker_address
+
+log = logging.getLogger("edgekv.fleet")
+PACKET_HEADROOM = 65536     # topic names and properties beside a payload
+SEEN_KEPT = 256             # (response topic, correlation data) of recent questions: QoS 1 duplicates dropped
+WINDOW = 20                 # messages handed to paho and not yet acknowledged (paho's default in-flight bound)
+STOP_FLUSH_S = 2.0          # a clean stop waits this long for what is queued and the "offline" status
+REQUEST_KEYS = ("question", "max_new_tokens", "camera")
+
+
+class FleetError(RuntimeError):
+    """The fleet cannot be reached or refused us (one line: what and why)."""
+
+
+class FleetMessageError(ValueError):
+    """A fleet message that cannot be answered; ``kind`` is the counter it is dropped under."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _paho():
+    try:
+        import paho.mqtt.client as mqtt
+    except ImportError:
+        raise FleetError("the fleet needs paho-mqtt (pip install 'edgekv[fleet]')") from None
+    return mqtt
+
+
+# ---------------------------------------------------------------------------------------------- topics
+@dataclass(frozen=True)
+class FleetTopics:
+    prefix: str = "edgekv"
+
+    def status(self, device: str) -> str:
+        return f"{self.prefix}/devices/{device}/status"
+
+    def alerts(self, device: str) -> str:
+        return f"{self.prefix}/devices/{device}/alerts"
+
+    def ask_device(self, device: str) -> str:
+        return f"{self.prefix}/devices/{device}/ask"
+
+    @property
+    def ask_all(self) -> str:
+        return f"{self.prefix}/fleet/ask"
+
+    @property
+    def statuses(self) -> str:
+        return f"{self.prefix}/devices/+/status"
+
+    def reply(self, token: str) -> str:
+        return f"{self.prefix}/replies/{token}"
+
+    def device_of_status(self, topic: str) -> str | None:
+        head, tail = f"{self.prefix}/devices/", "/status"
+        if topic.startswith(head) and topic.endswith(tail):
+            device = topic[len(head):-len(tail)]
+            return device if device and "/" not in device else None
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class FleetRequest:
+    """A fleet question as it arrived: the text, its token bound, and where the answer goes."""
+
+    question: str
+    max_new_tokens: int | None
+    response_topic: str
+    correlation: bytes | None
+    camera: str | None = None  # one camera of a device with several (None: each)
+
+
+def response_topic_of(properties) -> str | None:
+    """The message's Response Topic when it is one a client may publish to, else None."""
+    topic = getattr(properties, "ResponseTopic", None) if properties is not None else None
+    if not isinstance(topic, str) or not topic or any(c in topic for c in "+#\0"):
+        return None
+    return topic
+
+
+def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: int) -> FleetRequest:
+    """Check a fleet question; raises ``FleetMessageError`` (kind ``oversized`` or ``malformed``) naming what is
+    wrong."""
+    if len(payload) > max_bytes:
+        raise FleetMessageError("oversized", f"payload of {len(payload)} bytes is over fleet.max_payload_bytes "
+                                             f"({max_bytes})")
+    response_topic = response_topic_of(properties)
+    if response_topic is None:
+        raise FleetMessageError("malformed", "no Response Topic (an MQTT 5 request names where its answer goes) "
+                                             "or one with a wildcard")
+    try:
+        body = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FleetMessageError("malformed", f"not JSON ({printable(str(exc), 120)})") from None
+    if not isinstance(body, dict):
+        raise FleetMessageError("malformed", f"expected a JSON object with a question, got {type(body).__name__}")
+    unknown = sorted(set(body) - set(REQUEST_KEYS))
+    if unknown:
+        raise FleetMessageError("malformed", f"unknown key {printable(unknown[0], 60)!r} (known: "
+                                             f"{', '.join(REQUEST_KEYS)})")
+    question = body.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise FleetMessageError("malformed", "question: expected a non-empty string, got "
+                                             f"{printable(repr(question), 60)}")
+    tokens = body.get("max_new_tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                               or not 1 <= tokens <= max_new_tokens):
+        raise FleetMessageError("malformed", f"max_new_tokens: expected an integer from 1 to {max_new_tokens}, "
+                                             f"got {printable(repr(tokens), 60)}")
+    camera = body.get("camera")
+    if camera is not None and (not isinstance(camera, str) or not camera.strip()):
+        raise FleetMessageError("malformed", f"camera: expected a camera's name, got {printable(repr(camera), 60)}")
+    correlation = getattr(properties, "CorrelationData", None)
+    return FleetRequest(question, tokens, response_topic, bytes(correlation) if correlation is not None else None,
+                        camera)
+
+
+# ---------------------------------------------------------------------------------------------- hosts
+class FleetHost(Protocol):
+    """What answers a device's fleet questions: the daemon (``DaemonHost``) or a bare session (``SessionHost``)."""
+
+    camera: str | None
+
+    def submit(self, question: Question) -> None: ...   # never blocks; QuestionRefused when it cannot take it
+
+    def status(self) -> dict: ...                      # stream and cache figures for the status message
+
+    def evidence_time(self, pair: int | None) -> float | None: ...  # stream time of a frame pair
+
+    # optional: ``cameras() -> dict[str, FleetHost]``, each camera of a device with several (``DaemonHost``)
+
+
+def camera_name(source: int | str) -> str:
+    """``video.source`` as a fleet may see it: a camera index, a file's name, a URL without its credentials."""
+    import re
+
+    if isinstance(source, int) or str(source).isdigit():
+        return f"camera {source}"
+    text = re.sub(r"://[^/@\s]*@", "://", str(source))  # user:password@ anywhere (a gst: pipeline's rtspsrc too)
+    if "://" in text and not text.startswith(("gst:", "csi:")):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(text)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{host}{port}{parts.path}"
+    if text.startswith(("synthetic:", "gst:", "csi:")):
+        return text
+    return os.path.basename(text.rstrip("/")) or text
+
+
+class DaemonHost:
+    """The camera daemon as a fleet host: questions through ``Daemon.submit``, figures read without its lock
+    (plain counters; a status never waits for an answer to finish)."""
+
+    def __init__(self, daemon, camera: str | None = None) -> None:
+        self.daemon = daemon
+        self.one_camera = camera is not None  # one camera's host among several: its own daemon, never split
+        self.camera = camera or daemon.config.fleet.camera or camera_name(daemon.config.video.source)
+
+    def cameras(self) -> dict[str, "DaemonHost"]:
+        """Each camera's host by name where the daemon watches several (``video.sources``), else empty."""
+        from edgekv.apps.controls import every_camera
+
+        daemons = {} if self.one_camera else every_camera(self.daemon)
+        return {name: DaemonHost(d, name) for name, d in daemons.items()} if len(daemons) > 1 else {}
+
+    def submit(self, question: Question) -> None:
+        self.daemon.submit(question)
+
+    def status(self) -> dict:
+        daemon, session = self.daemon, self.daemon.session
+        out: dict[str, Any] = {"stream_state": daemon.stream_state, "stream_detail": daemon.stream_detail,
+                               "questions_waiting": daemon.questions.qsize()}
+        if session is not None:
+            counters, cache = session.counters, session.cache
+            out.update(frames=counters.frames, frame_pairs=counters.frame_pairs, questions=counters.questions,
+                       compressions=counters.compressions, cache_tokens=cache.length,
+                       cache_capacity_tokens=cache.capacity, cache_capacity_bytes=cache.capacity_bytes)
+        cameras = self.cameras()
+        if cameras:  # several: the figures above are the first camera's; each camera's by name
+            out["cameras"] = {name: host.status() for name, host in cameras.items()}
+        return out
+
+    def evidence_time(self, pair: int | None) -> float | None:
+        if pair is None:
+            return None
+        held = getattr(self.daemon.session, "pair_times", {})  # the pairs the cache holds
+        alerts = self.daemon.alerts
+        return held.get(pair, alerts.keyframes.times.get(pair) if alerts is not None else None)
+
+
+class SessionHost:
+    """A fleet host without a daemon: one ``StreamSession`` whose questions are answered in a thread of its own
+    (simulated devices: ``edgekv bench fleet``, tests). Sessions of one runtime share its model, so answers of
+    hosts given the same ``model_lock`` run one at a time."""
+
+    def __init__(self, session, camera: str, queue_size: int = 16, model_lock: threading.Lock | None = None) -> None:
+        self.session, self.camera = session, camera
+        self.questions: deque[Question] = deque()
+        self.queue_size = queue_size
+        self.times: dict[int, float] = {}
+        self.stream_state = "running"
+        self._lock = model_lock or threading.Lock()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="edgekv-fleet-host", daemon=True)
+
+    def ingest(self, frame, t: float) -> None:
+        with self._lock:
+            result = self.session.ingest(frame, t=t)
+        if result.pair_index is not None:
+            self.times[result.pair_index] = t
+
+    def start(self) -> "SessionHost":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(10)
+
+    def submit(self, question: Question) -> None:
+        with self._cond:
+            if self._stop:
+                raise DaemonStopping("this device is stopping")
+            if len(self.questions) >= self.queue_size:
+                raise DaemonBusy(f"{self.queue_size} questions are already waiting; try again shortly")
+            self.questions.append(question)
+            self._cond.notify()
+
+    def status(self) -> dict:
+        counters, cache = self.session.counters, self.session.cache
+        return {"stream_state": self.stream_state, "frames": counters.frames, "frame_pairs": counters.frame_pairs,
+                "questions": counters.questions, "cache_tokens": cache.length,
+                "cache_capacity_tokens": cache.capacity, "cache_capacity_bytes": cache.capacity_bytes,
+                "questions_waiting": len(self.questions)}
+
+    def evidence_time(self, pair: int | None) -> float | None:
+        return self.times.get(pair) if pair is not None else None
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self.questions and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                question = self.questions.popleft()
+            try:
+                with self._lock:
+                    # the evidence as the daemon names it: the pairs the answering token attended most
+                    question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
+                                                       temperature=question.temperature,
+                                                       evidence=1 if question.evidence else 0)
+                    if question.evidence and question.answer.evidence:
+                        question.evidence_pair = question.answer.evidence[0]
+            except Exception as exc:  # the asker gets the error; the device goes on
+                question.error = exc
+            finally:
+                question.answered_at = time.time()
+                question.done.set()
+
+
+class _Done(threading.Event):
+    """A question's ``done`` event that also hands the question to the fleet output when it is set (by the
+    main loop, which must not wait: the callback only queues)."""
+
+    def __init__(self, callback) -> None:
+        super().__init__()
+        self._callback = callback
+
+    def set(self) -> None:
+        super().set()
+        try:
+            self._callback()
+        except Exception:  # an output's bug must not reach the main loop
+            log.exception("fleet: answer not queued")
+
+
+# ---------------------------------------------------------------------------------------------- the device
+@dataclass
+class _Outgoing:
+    topic: str
+    payload: bytes
+    kind: str                      # alert | answer
+    correlation: bytes | None = None
+
+
+class FleetAgent:
+    """One device in the fleet: connection, status, alerts (an ``AlertBus`` sink) and fleet questions."""
+
+    def __init__(self, section: FleetSection, host: FleetHost, password: str | None = None,
+                 device_id: str | None = None) -> None:
+        if section.broker is None:
+            raise FleetError("fleet.broker is not set")
+        self.section, self.host, self._password = section, host, password
+        self.device = device_id or section.device_id or socket.gethostname().split(".")[0]
+        self.topics = FleetTopics(section.topic_prefix)
+        self.broker_host, self.broker_port, self.tls = broker_address(section.broker)
+        self.outbox: deque[_Outgoing] = deque()
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("connects", "disconnects", "connect_refused", "connect_failed", "questions_received", "answered",
+             "answer_errors", "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent", "answers_sent",
+             "status_sent", "outbox_dropped", "paho_queue_full"), 0)
+        self.last_error: str | None = None
+        self.connected = threading.Event()
+        self._seen: OrderedDict[tuple[str, bytes | None], None] = OrderedDict()
+        self._pending = 0
+        self._refused = False  # the last CONNACK refused us (its disconnect is no news)
+        self._unacked: set[int] = set()     # message ids handed to paho, no PUBACK yet (at most WINDOW)
+        self._acked_early: set[int] = set()  # PUBACKs that came before publish() returned their id
+        self._status_due = True
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._client = None
+        self._thread = threading.Thread(target=self._run, name="edgekv-fleet", daemon=True)
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> "FleetAgent":
+        mqtt = _paho()
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        section = self.section
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgekv-{self.device}",
+                             protocol=mqtt.MQTTv5)
+        client.max_inflight_messages_set(WINDOW)
+        client.max_queued_messages_set(WINDOW + 4)  # the window, the status and the "offline" status on stop
+        client.reconnect_delay_set(section.reconnect_backoff_s[0], section.reconnect_backoff_s[1])
+        if section.username is not None:
+            client.username_pw_set(section.username, self._password)
+        if self.tls:
+            client.tls_set(ca_certs=section.ca_file, certfile=section.cert_file, keyfile=section.key_file)
+        will = Properties(PacketTypes.WILLMESSAGE)
+        will.WillDelayInterval = section.will_delay_s
+        client.will_set(self.topics.status(self.device), self._status_payload("offline", "connection lost (last will)"),
+                        qos=1, retain=True, properties=will)
+        client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
+        client.on_message, client.on_publish = self._on_message, self._on_publish
+        client.on_connect_fail = self._on_connect_fail
+        connect = Properties(PacketTypes.CONNECT)
+        connect.SessionExpiryInterval = section.will_delay_s  # a will delay needs the session to outlive it
+        connect.MaximumPacketSize = 4 * section.max_payload_bytes + PACKET_HEADROOM
+        client.connect_async(self.broker_host, self.broker_port, keepalive=section.keepalive_s, clean_start=True,
+                             properties=connect)
+        self._client = client
+        client.loop_start()
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = STOP_FLUSH_S) -> None:
+        """Flush what waits (bounded), say "offline" (retained), disconnect."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.outbox and self.connected.is_set() and time.monotonic() < deadline:
+                self._cond.wait(0.05)
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(max(0.1, deadline - time.monotonic()))
+        client = self._client
+        if client is None:
+            return
+        if self.connected.is_set():
+            info = client.publish(self.topics.status(self.device), self._status_payload("offline", "stopped"), qos=1,
+                                  retain=True)
+            try:
+                info.wait_for_publish(max(0.1, deadline - time.monotonic()))
+            except (ValueError, RuntimeError):
+                pass  # not connected any more: the will says offline instead
+        client.disconnect()
+        client.loop_stop()
+
+    # ------------------------------------------------------------------ alerts (an AlertBus sink)
+    def offer(self, event: AlertEvent) -> None:
+        body = {**event.to_json("base64"), "device": self.device}
+        self._queue(_Outgoing(self.topics.alerts(self.device), json.dumps(body).encode(), "alert"))
+
+    def _queue(self, item: _Outgoing) -> None:
+        with self._cond:
+            if len(self.outbox) >= self.section.queue:
+                self.outbox.popleft()
+                self.counts["outbox_dropped"] += 1
+            self.outbox.append(item)
+            self._cond.notify()
+
+    # ------------------------------------------------------------------ paho callbacks (its network thread)
+    def _on_connect(self, client, userdata, flags, reason, properties) -> None:
+        if reason.is_failure:
+            self._refused = True
+            self.counts["connect_refused"] += 1
+            self.last_error = f"broker {self.section.broker} refused the connection: {reason}"
+            if self.counts["connect_refused"] == 1 or self.counts["connect_refused"] % 100 == 0:
+                log.error("fleet: %s (refused %d time(s); retrying with backoff up to %g s)", self.last_error,
+                          self.counts["connect_refused"], self.section.reconnect_backoff_s[1])
+            return
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        self.counts["connects"] += 1
+        self.last_error = None
+        client.subscribe([(self.topics.ask_all, SubscribeOptions(qos=1)),
+                          (self.topics.ask_device(self.device), SubscribeOptions(qos=1))])
+        log.info("fleet: connected to %s as %s (connection %d)", self.section.broker, self.device,
+                 self.counts["connects"])
+        with self._cond:
+            self.connected.set()
+            self._status_due = True
+            self._cond.notify()
+
+    def _on_publish(self, client, userdata, mid, reason, properties) -> None:
+        with self._cond:
+            if mid in self._unacked:
+                self._unacked.discard(mid)
+            else:
+                self._acked_early.add(mid)
+            self._cond.notify_all()
+
+    def _handed(self, info) -> bool:
+        """Track a publish in the window; False when paho refused it (its queue full)."""
+        if info.rc == _paho().MQTT_ERR_QUEUE_SIZE:
+            self.counts["paho_queue_full"] += 1
+            return False
+        with self._cond:  # sent, or (the connection just went) kept by paho for the next one
+            if info.mid in self._acked_early:
+                self._acked_early.discard(info.mid)
+            else:
+                self._unacked.add(info.mid)
+        return True
+
+    def _on_connect_fail(self, client, userdata, error: str | None = None) -> None:
+        """No connection at all (unreachable, refused at TCP, a TLS handshake that failed): paho retries. The error
+        is set before the count goes up, so whoever watches the count reads this attempt's error."""
+        self.last_error = error or f"cannot reach the broker {self.section.broker}"
+        self.counts["connect_failed"] += 1
+        if self.counts["connect_failed"] == 1 or self.counts["connect_failed"] % 100 == 0:
+            log.warning("fleet: %s (%d attempt(s)); answering locally, retrying with backoff up to %g s",
+                        self.last_error, self.counts["connect_failed"], self.section.reconnect_backoff_s[1])
+
+    def _on_disconnect(self, client, userdata, flags, reason, properties) -> None:
+        was = self.connected.is_set()
+        self.connected.clear()
+        refused, self._refused = self._refused, False
+        if not was and not refused and not self._stop.is_set():
+            # closed before a CONNACK: a TLS client certificate refused, ...
+            self._on_connect_fail(client, userdata, f"the broker {self.section.broker} closed the connection before "
+                                                    f"accepting it ({reason})")
+        if was:
+            self.counts["disconnects"] += 1
+            if not self._stop.is_set():
+                self.last_error = f"lost the broker {self.section.broker}: {reason}"
+                log.warning("fleet: %s as %s; answering locally, reconnecting with backoff", self.last_error,
+                            self.device)
+
+    def _on_message(self, client, userdata, message) -> None:
+        self.counts["questions_received"] += 1
+        try:
+            request = parse_request(message.payload, message.properties, self.section.max_payload_bytes,
+                                    self.section.max_new_tokens)
+        except FleetMessageError as exc:
+            self._refuse(exc, message)
+            return
+        key = (request.response_topic, request.correlation)
+        with self._cond:
+            if key in self._seen:
+                self.counts["duplicates"] += 1
+                return
+            self._seen[key] = None
+            while len(self._seen) > SEEN_KEPT:
+                self._seen.popitem(last=False)
+        try:
+            hosts = self._hosts(request.camera)
+        except FleetMessageError as exc:
+            self._refuse(exc, message)
+            return
+        asked = [host.camera for host in hosts] if len(hosts) > 1 or request.camera is not None else None
+        for host in hosts:
+            self._ask(request, host, asked)
+
+    def _hosts(self, camera: str | None) -> list:
+        """The hosts a question goes to: the camera it names, else each camera of the device (one: the host)."""
+        cameras = self._cameras()
+        if camera is None:
+            return list(cameras.values()) or [self.host]
+        if not cameras and camera == self.host.camera:
+            return [self.host]
+        if camera in cameras:
+            return [cameras[camera]]
+        known = ", ".join(cameras) if cameras else f"{self.host.camera} (this device watches one camera)"
+        raise FleetMessageError("malformed", f"camera: {printable(camera, 60)!r} is not one of {known}")
+
+    def _cameras(self) -> dict:
+        """Each camera's host by name where the host has several (``DaemonHost.cameras``), else empty."""
+        return getattr(self.host, "cameras", lambda: {})()
+
+    def _ask(self, request: FleetRequest, host, asked: list | None) -> None:
+        question = Question(request.question, max_new_tokens=request.max_new_tokens, temperature=0.0, source="fleet",
+                            evidence=True)  # no token bound asked: the device's generation.max_new_tokens
+        question.done = _Done(lambda: self._answered(question, request, host, asked))
+        try:
+            host.submit(question)
+        except QuestionRefused as exc:
+            self.counts["refused_busy"] += 1
+            self._queue(self._reply(request, {"question": request.question, "error": str(exc)}, host, asked))
+            return
+        with self._cond:
+            self._pending += 1
+
+    def _refuse(self, exc: FleetMessageError, message) -> None:
+        """A fleet message that cannot be answered: counted, logged (the first of a kind, then every 100th),
+        and answered with the reason when it names where answers go."""
+        name = f"dropped_{exc.kind}"
+        self.counts[name] += 1
+        if self.counts[name] == 1 or self.counts[name] % 100 == 0:
+            log.warning("fleet: message on %s dropped: %s (%s so far)", printable(message.topic, 120), exc,
+                        self.counts[name])
+        topic = response_topic_of(message.properties)
+        if topic is not None:
+            correlation = getattr(message.properties, "CorrelationData", None)
+            request = FleetRequest("", None, topic, bytes(correlation) if correlation is not None else None)
+            self._queue(self._reply(request, {"error": f"{exc.kind}: {exc}"}))
+
+    # ------------------------------------------------------------------ answers (the main loop's thread)
+    def _answered(self, question: Question, request: FleetRequest, host=None, asked: list | None = None) -> None:
+        answer = question.answer
+        body: dict[str, Any] = {"question": question.text, "asked_unix": question.asked_at,
+                                "answered_unix": question.answered_at}
+        if question.error is not None or answer is None:
+            self.counts["answer_errors"] += 1
+            body["error"] = printable(str(question.error), 400)
+        else:
+            self.counts["answered"] += 1
+            pair = question.evidence_pair
+            body.update(answer=answer.text, tokens=len(answer.token_ids), finish_reason=answer.finish_reason,
+                        ttft_s=answer.ttft_s, evidence_pair=pair, evidence_t=(host or self.host).evidence_time(pair))
+        with self._cond:
+            self._pending -= 1
+        self._queue(self._reply(request, body, host, asked))
+
+    def _reply(self, request: FleetRequest, body: dict, host=None, asked: list | None = None) -> _Outgoing:
+        if host is not None:
+            camera = host.camera
+        else:  # a refusal before any camera was asked: the device's (no camera where it has several)
+            camera = None if self._cameras() else self.host.camera
+        body = {"type": "edgekv.fleet.answer", "device": self.device, "camera": camera,
+                **({"cameras": asked} if asked else {}), **body}
+        return _Outgoing(request.response_topic, json.dumps(body).encode(), "answer", request.correlation)
+
+    # ------------------------------------------------------------------ the sender
+    def _run(self) -> None:
+        next_status = 0.0
+        while not self._stop.is_set():
+            with self._cond:
+                now = time.monotonic()
+                room = len(self._unacked) < WINDOW
+                if not self.connected.is_set() or (not (self.outbox and room) and not self._status_due
+                                                   and now < next_status):
+                    self._cond.wait(min(1.0, max(0.0, next_status - now)) if self.connected.is_set() else 1.0)
+                    continue
+                status_now = self._status_due or now >= next_status
+                self._status_due = False
+                item = self.outbox.popleft() if self.outbox and room else None
+                self._cond.notify_all()  # stop() waits for the outbox to drain
+            if status_now:
+                self._publish_status()
+                next_status = time.monotonic() + self.section.status_every_s
+            if item is not None:
+                self._send(item)
+
+    def _send(self, item: _Outgoing) -> None:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        properties = Properties(PacketTypes.PUBLISH)
+        properties.PayloadFormatIndicator = 1  # UTF-8 (§3.3.2.3.2)
+        properties.ContentType = "application/json"
+        if item.correlation is not None:
+            properties.CorrelationData = item.correlation
+        info = self._client.publish(item.topic, item.payload, qos=1, retain=False, properties=properties)
+        if self._handed(info):
+            self.counts["alerts_sent" if item.kind == "alert" else "answers_sent"] += 1
+
+    def _publish_status(self) -> None:
+        info = self._client.publish(self.topics.status(self.device), self._status_payload("online"), qos=1,
+                                    retain=True)
+        if self._handed(info):
+            self.counts["status_sent"] += 1
+
+    def _status_payload(self, state: str, reason: str | None = None) -> bytes:
+        import edgekv
+
+        body: dict[str, Any] = {"type": "edgekv.status", "device": self.device, "state": state,
+                                "camera": self.host.camera, "version": edgekv.__version__, "unix": time.time()}
+        if reason is not None:
+            body["reason"] = reason
+        if state == "online":
+            try:
+                body.update(self.host.status())
+            except Exception as exc:  # a status must not stop the sender
+                body["status_error"] = printable(str(exc), 200)
+            body["fleet"] = {name: self.counts[name] for name in ("connects", "questions_received", "answered",
+                                                                  "dropped_malformed", "dropped_oversized")}
+        return json.dumps(body).encode()
+
+    def stats(self) -> dict:
+        with self._cond:
+            waiting, pending = len(self.outbox), self._pending
+        return {"broker": self.section.broker, "device": self.device, "connected": self.connected.is_set(),
+                "last_error": self.last_error, "waiting": waiting, "questions_pending": pending, **self.counts}
+
+
+def preflight(section: FleetSection, environ=os.environ) -> str | None:
+    """What can be checked before the daemon starts: paho installed, the password's variable set, TLS files
+    readable. Returns the password (or None); raises ``FleetError`` naming the key."""
+    _paho()
+    password = None
+    if section.password_env is not None:
+        password = environ.get(section.password_env)
+        if password is None:
+            raise FleetError(f"fleet.password_env: the environment variable {section.password_env} is not set")
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = getattr(section, name)
+        if path is not None and not os.access(path, os.R_OK):
+            raise FleetError(f"fleet.{name}: cannot read {path}")
+    return password
+
+
+# ---------------------------------------------------------------------------------------------- the asker
+@dataclass(frozen=True)
+class FleetAnswer:
+    device: str
+    camera: str | None
+    answer: str | None
+    evidence_pair: int | None
+    evidence_t: float | None
+    ttft_s: float | None
+    latency_s: float              # from publishing the question to receiving this answer
+    error: str | None = None
+    device_s: float | None = None  # the device's own time: queued + answered
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    question: str
+    answers: list[FleetAnswer]
+    silent: list[str]              # online (their retained status) and no answer within the timeout
+    offline: list[str]             # known to the broker, their last status "offline"
+    elapsed_s: float
+
+    def to_json(self) -> dict:
+        return {"question": self.question, "elapsed_s": self.elapsed_s, "silent": self.silent,
+                "offline": self.offline,
+                "answers": [{"device": a.device, "camera": a.camera, "answer": a.answer, "error": a.error,
+                             "evidence_pair": a.evidence_pair, "evidence_t": a.evidence_t, "ttft_s": a.ttft_s,
+                             "latency_s": a.latency_s, "device_s": a.device_s} for a in self.answers]}
+
+
+@dataclass
+class FleetConnection:
+    """How an asker reaches the broker (the asking side of a ``fleet:`` section)."""
+
+    broker: str
+    topic_prefix: str = "edgekv"
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    connect_timeout_s: float = 10.0
+
+
+def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float = 10.0, device: str | None = None,
+              max_new_tokens: int | None = None, camera: str | None = None) -> FleetResult:
+    """Ask every device (or one, ``device``) one question and gather the answers that arrive within ``timeout_s``;
+    ``camera`` asks that camera of devices with several (the others answer that they have no such camera).
+
+    The question goes out once (QoS 1, Message Expiry = the timeout) with a fresh Response Topic and
+    Correlation Data; the retained statuses say which devices are online. Gathering ends at the timeout, or
+    as soon as every device known to be online has answered, for every camera it asked (a device with several
+    cameras answers once per camera, each answer listing the cameras asked). Raises ``FleetError`` when the broker
+    cannot be reached or refuses the credentials."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question: expected a non-empty string, got {question!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout: must be > 0 s, got {timeout_s}")
+    if device is not None and (not device or any(c in device for c in "/+#\0")):
+        raise ValueError(f"device: one MQTT topic level (no '/', '+', '#'), got {device!r}")
+    if camera is not None and not camera.strip():
+        raise ValueError(f"camera: expected a camera's name, got {camera!r}")
+    conn = FleetConnection(connection) if isinstance(connection, str) else connection
+    mqtt = _paho()
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+
+    try:
+        host, port, tls = broker_address(conn.broker)
+    except ValueError as exc:
+        raise ValueError(f"broker: {exc}") from None
+    topics = FleetTopics(conn.topic_prefix)
+    token = uuid.uuid4().hex
+    reply_topic, correlation = topics.reply(token), token.encode()
+    lock = threading.Condition()
+    statuses: dict[str, str] = {}
+    answers: dict[tuple[str, str | None], FleetAnswer] = {}  # (device, camera)
+    expected: dict[str, set] = {}  # device -> the cameras it asked (a device with several answers once for each)
+    connected: list = []
+    closed: list = []
+    subscribed = threading.Event()
+    sent_at = [math.inf]
+
+    def on_connect(client, userdata, flags, reason, properties):
+        with lock:
+            connected.append(reason)
+            lock.notify_all()
+
+    def on_subscribe(client, userdata, mid, reasons, properties):
+        subscribed.set()
+
+    def on_disconnect(client, userdata, flags, reason, properties):
+        with lock:
+            closed.append(reason)
+            lock.notify_all()
+
+    def on_message(client, userdata, message):
+        now = time.monotonic()
+        if message.topic == reply_topic:
+            if getattr(message.properties, "CorrelationData", None) != correlation:
+                return  # not this question's
+            try:
+                body = json.loads(message.payload)
+                name = str(body["device"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("fleet: an answer that is not edgekv's JSON on %s", reply_topic)
+                return
+            if device is not None and name != device:
+                return
+            answer = FleetAnswer(name, body.get("camera"), body.get("answer"), body.get("evidence_pair"),
+                                 body.get("evidence_t"), body.get("ttft_s"), now - sent_at[0], body.get("error"),
+                                 _device_seconds(body), body)
+            asked = body.get("cameras")
+            with lock:
+                answers.setdefault((name, answer.camera), answer)
+                if isinstance(asked, list) and all(isinstance(c, str) for c in asked):
+                    expected.setdefault(name, set(asked))
+                lock.notify_all()
+            return
+        name = topics.device_of_status(message.topic)
+        if name is None or (device is not None and name != device):
+            return
+        try:
+            state = json.loads(message.payload).get("state") if message.payload else None
+        except (ValueError, AttributeError):
+            state = None
+        with lock:
+            if state in ("online", "offline"):
+                statuses[name] = state
+            else:
+                statuses.pop(name, None)  # a cleared (empty) retained status: the device left the fleet
+            lock.notify_all()
+
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgekv-ask-{token[:12]}", protocol=mqtt.MQTTv5)
+    client.on_connect, client.on_subscribe, client.on_message = on_connect, on_subscribe, on_message
+    client.on_disconnect = on_disconnect
+    if conn.username is not None:
+        client.username_pw_set(conn.username, conn.password)
+    if tls:
+        client.tls_set(ca_certs=conn.ca_file, certfile=conn.cert_file, keyfile=conn.key_file)
+    try:
+        client.connect(host, port, keepalive=max(5, int(timeout_s) + 5), clean_start=True)
+    except (OSError, ValueError) as exc:
+        raise FleetError(f"cannot reach the broker {conn.broker}: {exc}") from None
+    client.loop_start()
+    try:
+        with lock:
+            if not lock.wait_for(lambda: connected or closed, conn.connect_timeout_s):
+                raise FleetError(f"the broker {conn.broker} did not answer the connection within "
+                                 f"{conn.connect_timeout_s:g} s")
+            if not connected:
+                hint = ("; does it require a client certificate (--cert-file, --key-file)?"
+                        if tls and conn.cert_file is None else "")
+                raise FleetError(f"the broker {conn.broker} closed the connection before accepting it "
+                                 f"({closed[0]}){hint}")
+            if connected[0].is_failure:
+                raise FleetError(f"the broker {conn.broker} refused the connection: {connected[0]}")
+        client.subscribe([(topics.statuses, SubscribeOptions(qos=1)), (reply_topic, SubscribeOptions(qos=1))])
+        if not subscribed.wait(conn.connect_timeout_s):
+            raise FleetError(f"the broker {conn.broker} did not confirm the subscriptions")
+        properties = Properties(PacketTypes.PUBLISH)
+        properties.ResponseTopic = reply_topic
+        properties.CorrelationData = correlation
+        properties.MessageExpiryInterval = max(1, math.ceil(timeout_s))
+        properties.PayloadFormatIndicator = 1
+        properties.ContentType = "application/json"
+        body: dict[str, Any] = {"question": question}
+        if max_new_tokens is not None:
+            body["max_new_tokens"] = max_new_tokens
+        if camera is not None:
+            body["camera"] = camera
+        started = time.monotonic()
+        sent_at[0] = started
+        client.publish(topics.ask_device(device) if device is not None else topics.ask_all, json.dumps(body),
+                       qos=1, properties=properties)
+        deadline = started + timeout_s
+
+        def everyone_answered() -> bool:
+            online = {name for name, state in statuses.items() if state == "online"}
+            heard: dict[str, set] = {}
+            for name, which in answers:
+                heard.setdefault(name, set()).add(which)
+            return (bool(answers) and online <= set(heard)
+                    and all(expected.get(name, set()) <= cameras for name, cameras in heard.items()))
+
+        with lock:
+            while not everyone_answered():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                lock.wait(left)
+            got = sorted(answers.values(), key=lambda a: a.latency_s)
+            devices = {name for name, _ in answers}
+            silent = sorted(n for n, s in statuses.items() if s == "online" and n not in devices)
+            offline = sorted(n for n, s in statuses.items() if s == "offline" and n not in devices)
+        return FleetResult(question, got, silent, offline, time.monotonic() - started)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def _device_seconds(body: dict) -> float | None:
+    asked, answered = body.get("asked_unix"), body.get("answered_unix")
+    return answered - asked if isinstance(asked, (int, float)) and isinstance(answered, (int, float)) else None
+
+
+# ---------------------------------------------------------------------------------------------- edgekv ask
+def add_ask_arguments(parser) -> None:
+    parser.add_argument("question", help="the question, e.g. 'Was there a red circle?'")
+    parser.add_argument("--fleet", action="store_true", required=True,
+                        help="ask every device of the fleet over MQTT (the only way edgekv ask asks, for now)")
+    parser.add_argument("--broker", default=None, help="mqtt://host[:port] or mqtts://host[:port] "
+                                                       "(default: fleet.broker of --config)")
+    parser.add_argument("--config", default=None, help="a daemon's YAML: its fleet: section gives the broker, "
+                                                       "topic prefix, credentials and TLS files")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+    parser.add_argument("--device", default=None, help="ask this device only")
+    parser.add_argument("--camera", default=None, help="ask this camera of devices with several (video.sources); "
+                                                       "default: each")
+    parser.add_argument("--topic-prefix", default=None, help="default: fleet.topic_prefix, else edgekv")
+    parser.add_argument("--username", default=None)
+    parser.add_argument("--password-env", default=None, help="environment variable holding the password")
+    parser.add_argument("--ca-file", default=None)
+    parser.add_argument("--cert-file", default=None)
+    parser.add_argument("--key-file", default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.epilog = ("example: edgekv ask --fleet 'Was there a red circle?' --broker mqtt://broker.local:1883 "
+                     "--timeout 10")
+    parser.set_defaults(func=run_ask)
+
+
+def connection_from_args(args) -> FleetConnection:
+    section = FleetSection()
+    if args.config is not None:
+        from edgekv.config import load_config
+
+        section = load_config(args.config).fleet
+    broker = args.broker or section.broker
+    if broker is None:
+        raise ValueError("--broker: give the broker's URL (mqtt://host:port), or --config with a fleet: section")
+    password_env = args.password_env or section.password_env
+    password = None
+    if password_env is not None:
+        password = os.environ.get(password_env)
+        if password is None:
+            raise ValueError(f"--password-env: the environment variable {password_env} is not set")
+    return FleetConnection(broker, args.topic_prefix or section.topic_prefix, args.username or section.username,
+                           password, args.ca_file or section.ca_file, args.cert_file or section.cert_file,
+                           args.key_file or section.key_file)
+
+
+def run_ask(args) -> int:
+    """``edgekv ask --fleet``: prints each answer, then the devices online that did not answer; exit 0 when
+    at least one device answered, 1 when none did or every reply was a refusal (busy, no such camera, ...)."""
+    connection = connection_from_args(args)
+    try:
+        result = ask_fleet(args.question, connection, args.timeout, args.device, args.max_new_tokens, args.camera)
+    except FleetError as exc:
+        raise RuntimeError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(format_result(result))
+    return 0 if any(a.error is None for a in result.answers) else 1
+
+
+def format_result(result: FleetResult) -> str:
+    lines = [f"Q: {printable(result.question)}"]
+    for a in result.answers:
+        where = f" ({printable(a.camera, 80)})" if a.camera else ""
+        if a.error is not None:
+            lines.append(f"  {printable(a.device, 60)}{where}: error: {printable(a.error)}")
+            continue
+        evidence = (f"evidence t={a.evidence_t:.1f} s (pair {a.evidence_pair})" if a.evidence_t is not None
+                    else "evidence: unknown")
+        ttft = f"ttft {a.ttft_s * 1e3:.0f} ms" if a.ttft_s is not None else ""
+        lines.append(f"  {printable(a.device, 60)}{where}: {printable(a.answer or '')}   [{evidence}; {ttft}; "
+                     f"answered in {a.latency_s:.2f} s]")
+    lines.append(f"{len(result.answers)} answer(s) in {result.elapsed_s:.2f} s; online but silent: "
+                 f"{', '.join(result.silent) or 'none'}; offline: {', '.join(result.offline) or 'none'}")
+    return "\n".join(lines)

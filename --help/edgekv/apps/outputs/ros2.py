@@ -1,0 +1,195 @@
+"""Questions and answers on ROS 2 topics (``ros2.enabled``): a thin adapter, topics in, topics out.
+
+Topic names follow NVIDIA-AI-IOT/ros2_nanollm where it has one (``input_query`` in, ``output`` out, both
+``std_msgs/msg/String``), under ``ros2.namespace`` (default ``/edgekv``):
+
+==========================  =====  =======================================================================
+``<ns>/input_query``        in     a question; handed to the daemon's ``submit`` like HTTP and voice ones
+``<ns>/output``             out    the final answer, one message per question (``error: …`` when refused)
+``<ns>/output_stream``      out    the answer as it is decoded, one piece of text per message
+``<ns>/status``             out    JSON once per ``ros2.status_period_s``: stream state, cache figures,
+                                   capture and topic counters
+==========================  =====  =======================================================================
+
+All four use ROS 2's default QoS (reliable, keep last 10, volatile; edgekv.video.ros2). Nothing here
+blocks ingest: a question arrives in Cyclone DDS's listener thread and is queued with ``submit`` (which
+never blocks); answer tokens are published from the main loop with a non-blocking keep-last write; the
+final answers and the status go out from this channel's own thread. The answer of a question published
+on ``input_query`` is the next message on ``output`` (questions are answered in arrival order).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from edgekv.apps.questions import Question, QuestionRefused, printable
+
+log = logging.getLogger("edgekv.ros2")
+STATS_WAIT_S = 0.25  # the main loop holds the session lock for a whole step: wait this long, else reuse
+
+
+def check_ros2(settings: Any) -> None:
+    """Before the model loads: the binding imports, the interface exists, the names are valid. Raises the
+    ``SourceUnavailable`` / ``ValueError`` of ``edgekv.video.ros2`` with a one-line reason."""
+    from edgekv.video.ros2 import binding, cyclone_config, domain_id, resolve_name
+
+    binding()
+    domain_id(settings)
+    cyclone_config(settings)
+    for key in ("question_topic", "answer_topic", "token_topic", "status_topic"):
+        resolve_name(getattr(settings, key), settings.namespace)
+
+
+class _TextPieces:
+    """Answer token ids -> the text each one adds, released only as whole characters."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.ids, self.sent = tokenizer, [], ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd") or not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent):], text
+        return piece
+
+
+class Ros2Channel:
+    def __init__(self, daemon: Any, settings: Any) -> None:
+        from edgekv.video.ros2 import STRING, Ros2Graph, default_qos, resolve_name
+
+        self.daemon, self.settings = daemon, settings
+        self.names = {key: resolve_name(getattr(settings, key + "_topic"), settings.namespace)
+                      for key in ("question", "answer", "token", "status")}
+        self.counts = {"questions": 0, "refused": 0, "malformed": 0, "answers": 0, "status": 0}
+        self._pending: deque[Question] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._stats: dict | None = None
+        self._stats_at = 0.0
+        self.graph = Ros2Graph.acquire(settings)
+        try:
+            self.answers = self.graph.publisher(self.names["answer"])
+            self.tokens = self.graph.publisher(self.names["token"])
+            self.status_out = self.graph.publisher(self.names["status"])
+            self.questions = self.graph.subscribe(self.names["question"], STRING, default_qos(), self._arrived)
+        except BaseException:
+            self.graph.release()
+            raise
+        self.thread = threading.Thread(target=self._run, name="edgekv-ros2", daemon=True)
+
+    def describe(self) -> str:
+        return (f"questions on {self.names['question']}, answers on {self.names['answer']} (tokens on "
+                f"{self.names['token']}), status on {self.names['status']}; ROS domain {self.graph.domain_id}")
+
+    def start(self) -> Ros2Channel:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self.questions.close()  # no more questions come in
+        if self.thread.is_alive():
+            self.thread.join(timeout=2.0)
+        for publication in (self.answers, self.tokens, self.status_out):
+            publication.close()
+        self.graph.release()
+
+    # ------------------------------------------------------------------ questions in (Cyclone DDS's listener thread)
+    def _arrived(self, raw: bytes) -> None:
+        from edgekv.video.ros2 import STRING
+        from edgekv.video.ros_images import decode_cdr
+        from edgekv.video.sources import CorruptFrame
+
+        try:
+            text = decode_cdr(raw, STRING).data.strip()
+        except CorruptFrame as exc:
+            self.counts["malformed"] += 1
+            log.warning("%s: a malformed question skipped (%s)", self.names["question"], exc)
+            return
+        if not text:
+            return
+        pieces = _TextPieces(self.daemon.session.tokenizer)
+        question = Question(text, source="ros2", on_token=lambda token: self._token(pieces, token))
+        try:
+            self.daemon.submit(question)
+        except QuestionRefused as exc:
+            self.counts["refused"] += 1
+            self._publish(self.answers, f"error: {exc}")
+            log.warning("ROS 2 question not queued: %s", exc)
+            return
+        self.counts["questions"] += 1
+        log.info("ROS 2 question: %s", printable(text))
+        with self._cond:
+            self._pending.append(question)
+            self._cond.notify_all()
+
+    def _token(self, pieces: _TextPieces, token: int) -> None:  # the daemon's main loop
+        piece = pieces.push(token)
+        if piece:
+            self._publish(self.tokens, piece)
+
+    # ------------------------------------------------------------------ answers and status out (this thread)
+    def _run(self) -> None:
+        period = self.settings.status_period_s
+        next_status = time.monotonic()
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                done = [q for q in self._pending if q.done.is_set()]
+                if not done:
+                    self._cond.wait(max(0.0, min(next_status - time.monotonic(), 0.05)))
+            for question in done:
+                self._pending.remove(question)
+                self._answer(question)
+            if time.monotonic() >= next_status:
+                self._publish(self.status_out, json.dumps(self.status(), default=str))
+                self.counts["status"] += 1
+                next_status += period
+                if next_status < time.monotonic():  # a stall: no burst of late status messages
+                    next_status = time.monotonic() + period
+
+    def _answer(self, question: Question) -> None:
+        if question.answer is not None and question.error is None:
+            self._publish(self.answers, question.answer.text)
+            self.counts["answers"] += 1
+        else:
+            self._publish(self.answers, f"error: {question.error}")
+
+    def _publish(self, publication: Any, text: str) -> None:
+        try:
+            publication.publish_text(text)
+        except Exception as exc:  # a DDS error must not take the loop (or the listener thread) down
+            log.warning("ROS 2 topic %s: publish failed (%s)", publication.topic, exc)
+
+    def status(self) -> dict:
+        """What goes on the status topic: the daemon's figures and the session's (at most ``STATS_WAIT_S`` old
+        when the main loop is between steps, else the last ones taken), capture and topic counters."""
+        daemon = self.daemon
+        if daemon.session is not None and daemon.lock.acquire(timeout=STATS_WAIT_S):
+            try:
+                self._stats, self._stats_at = daemon.session.stats(), time.monotonic()
+            finally:
+                daemon.lock.release()
+        stats = self._stats or {}
+        keys = ("frames", "frame_pairs", "cache_tokens", "cache_capacity_tokens", "cache_capacity_bytes",
+                "compressions", "tokens_evicted", "position_max", "questions", "answer_tokens")
+        sampler = daemon.sampler
+        capture = sampler.stats() if sampler is not None else {}
+        source = getattr(sampler.capture.source, "stats", None) if sampler is not None else None
+        return {
+            "time": time.time(), **daemon.status(), "cache": {key: stats.get(key) for key in keys},
+            "stats_age_s": round(time.monotonic() - self._stats_at, 3) if self._stats is not None else None,
+            "capture": {key: capture.get(key) for key in ("frames_read", "frames_dropped", "frames_corrupt",
+                                                            "reconnects", "ended", "last_error")},
+            "source": source() if callable(source) else None, "ros2": dict(self.counts),
+        }

@@ -1,0 +1,105 @@
+"""Alerts POSTed as JSON to webhook URLs (``alerts.webhooks``), from a thread of its own.
+
+Each URL has a bounded queue (``alerts.queue``): when it is full the oldest waiting alert is dropped and
+counted, so a dead receiver costs memory for ``queue`` alerts, never ingest time. A delivery is retried
+``alerts.webhook_retries`` times with exponential backoff (0.5 s, 1 s, 2 s, ... at most 30 s) on a connection
+error, a timeout or a 5xx / 429 answer; a 4xx answer is final (the receiver refused that alert). The body is
+``AlertEvent.to_json("base64")``: the keyframe travels inside (the receiver may not reach the API).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from collections import deque
+
+from edgekv.apps.outputs.alerts import AlertEvent
+
+log = logging.getLogger("edgekv.webhooks")
+BACKOFF_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+class WebhookSender:
+    """One receiver URL: ``offer`` queues, a thread delivers in order."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0, retries: int = 4, queue: int = 64,
+                 token: str | None = None) -> None:
+        self.url, self.timeout_s, self.retries, self.token = url, timeout_s, retries, token
+        self.pending: deque[AlertEvent] = deque()  # waiting (the one being delivered is ``in_flight``)
+        self.in_flight: AlertEvent | None = None
+        self.capacity = queue
+        self.sent = self.failed = self.dropped = self.attempts = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgekv-webhook", daemon=True)
+
+    def start(self) -> "WebhookSender":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def offer(self, event: AlertEvent) -> None:
+        with self._cond:
+            if len(self.pending) >= self.capacity:
+                self.pending.popleft()
+                self.dropped += 1
+            self.pending.append(event)
+            self._cond.notify()
+
+    def stats(self) -> dict:
+        return {"url": self.url, "sent": self.sent, "failed": self.failed, "dropped": self.dropped,
+                "waiting": len(self.pending), "attempts": self.attempts}
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                while not self.pending and not self._stop.is_set():
+                    self._cond.wait(1.0)
+                if self._stop.is_set():
+                    return
+                event = self.pending.popleft()
+                self.in_flight = event
+            delivered = self._deliver(event)
+            self.in_flight = None
+            if delivered:
+                self.sent += 1
+            else:
+                self.failed += 1
+
+    def _deliver(self, event: AlertEvent) -> bool:
+        body = json.dumps(event.to_json("base64")).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": "edgekv-alerts"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        delay = BACKOFF_S
+        for attempt in range(self.retries + 1):
+            self.attempts += 1
+            try:
+                request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    response.read()
+                return True
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500 and exc.code != 429:
+                    log.warning("webhook %s refused alert %s: HTTP %d", self.url, event.id, exc.code)
+                    return False
+                reason = f"HTTP {exc.code}"
+            except (urllib.error.URLError, OSError, TimeoutError) as exc:
+                reason = str(getattr(exc, "reason", exc))
+            if attempt < self.retries:
+                log.info("webhook %s: %s; retry %d in %.1f s", self.url, reason, attempt + 1, delay)
+                if self._stop.wait(delay):
+                    return False
+                delay = min(delay * 2, BACKOFF_MAX_S)
+        log.warning("webhook %s: alert %s not delivered after %d tries (%s)", self.url, event.id, self.retries + 1,
+                    reason)
+        return False

@@ -1,0 +1,85 @@
+"""A question on its way through the daemon, whichever channel asked it (stdin, ``--ask``, HTTP, voice),
+and the refusals every channel maps to its own "try later" (HTTP: 503).
+
+Also ``printable``: request text made safe for one terminal or log line.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+_question_ids = itertools.count(1)
+
+
+@dataclass
+class Question:
+    """A question waiting for the main loop; ``done`` is set when ``answer`` or ``error`` is filled.
+
+    ``source`` says where it came from: ``cli`` (``--ask``), ``stdin``, ``http``, ``voice``. ``on_token``
+    is called with each answer token id from the main loop's thread.
+    """
+
+    text: str
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    recall: bool | None = None  # recall archived frame pairs (None: archive.recall when an archive is set)
+    escalate: bool | None = None  # ask the escalation server (None: when the local answer's confidence is low)
+    images: tuple[bytes, ...] = ()  # encoded images to answer about instead of the stream (server.image_requests)
+    stream: bool = False  # its tokens go out as they come (a streamed chat): only escalated when it asks
+    on_token: object = None
+    source: str = "cli"
+    evidence: bool = False  # also find the frame pair the question attends most (``evidence_pair``): fleet answers
+    answer: object = None
+    error: Exception | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the asker left: stop at the next token
+    id: int = field(default_factory=lambda: next(_question_ids))
+    asked_at: float = field(default_factory=time.time)
+    answered_at: float | None = None
+    evidence_pair: int | None = None
+
+
+class QuestionRefused(Exception):
+    """The daemon will not answer this question now; nothing is wrong with it (HTTP: 503)."""
+
+    status = 503
+
+
+class DaemonBusy(QuestionRefused, queue.Full):
+    """``server.queue_size`` questions are already waiting: retry shortly. (A ``queue.Full`` too.)"""
+
+
+class DaemonStopping(QuestionRefused):
+    """The daemon is shutting down (SIGTERM): it takes no new question and refuses the queued ones."""
+
+
+class AskerLeft(QuestionRefused):
+    """The asker disconnected (an HTTP client closed its connection): the answer was stopped, or never begun."""
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def printable(text: str, limit: int | None = 400) -> str:
+    """``text`` made safe for one terminal or log line: newlines, terminal escape sequences, lone
+    surrogates and every other non-printable character become backslash escapes (and a backslash
+    itself doubles), so request text can neither crash an encoder nor forge a line like ``A: …``.
+    Longer than ``limit`` characters: cut, saying how long it was."""
+    if limit is not None and len(text) > limit:
+        return printable(text[:limit], None) + f"… ({len(text)} characters)"
+    out = []
+    for char in text:
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        else:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)

@@ -1,0 +1,355 @@
+"""``POST /v1/chat/completions``: a question about the live stream, answered whole or streamed (SSE).
+
+The event loop never blocks: a question is handed to the daemon with a non-blocking ``submit`` (a full
+queue answers 503 at once) and its tokens and completion come back through ``call_soon_threadsafe``
+(``AnswerHandoff``); no thread waits per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from edgekv.apps.controls import addressed
+from edgekv.apps.questions import Question
+from edgekv.apps.server.api import Api, JsonResponse, body_schema
+from edgekv.apps.server.openai_chat import (
+    ApiError,
+    ChatCompletionRequest,
+    ChatRequest,
+    first_stop,
+    held_back,
+    parse_chat_request,
+    safe_text,
+)
+
+log = logging.getLogger("edgekv.server")
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def router(api: Api) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest.model_json_schema()),
+              responses={200: {"description": "chat.completion, or text/event-stream chunks when stream is true"}})
+    async def chat(request: Request):
+        params = parse_chat_request(await api.body(request), api.limits)
+        cameras = getattr(api.daemon, "cameras", None) or {}
+        if not cameras:  # one camera (video.source)
+            if params.camera not in (None, "all"):
+                raise ApiError(400, f"camera: this daemon watches one camera (no video.sources); got "
+                                    f"{params.camera!r}", param="camera")
+            return await answer_chat(api.daemon, params, api.limits.served_models[0], request.receive)
+        if params.camera is None:  # "back: what ...", as typed at stdin or spoken: the camera named first
+            params = _addressed(params, cameras)
+        if params.camera not in (None, "all"):
+            if params.camera not in cameras:
+                raise ApiError(400, f"camera: {params.camera!r} is not one of {', '.join(cameras)} (or 'all')",
+                               param="camera")
+            return await answer_chat(cameras[params.camera], params, api.limits.served_models[0], request.receive)
+        return await answer_every_camera(cameras, params, api.limits.served_models[0])
+
+    return routes
+
+
+def _addressed(params: ChatRequest, cameras: dict) -> ChatRequest:
+    """The question's camera when its text names one at its start (``back: ...``, "Back camera, ..."; the way
+    stdin, ``--ask`` and the microphone route), that name taken off the question; else ``params`` as it is."""
+    name, rest = addressed(params.question, cameras)
+    if name is None:
+        return params
+    if not rest:
+        raise ApiError(400, f"messages: the question names the camera {name} but asks it nothing", param="messages")
+    return dataclasses.replace(params, question=rest, camera=name)
+
+
+async def answer_every_camera(cameras: dict, params: ChatRequest, model_id: str) -> Response:
+    """The question asked of each camera at once (each camera's loop answers its own); one answer listing
+    them, ``edgekv.cameras`` holding each camera's figures. Streaming needs one camera."""
+    if params.stream:
+        raise ApiError(400, "stream: a streamed answer comes from one camera; name it with \"camera\"",
+                       param="camera")
+    responses = await asyncio.gather(*(answer_chat(daemon, params, model_id) for daemon in cameras.values()),
+                                     return_exceptions=True)
+    lines, figures, usage = [], {}, {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for name, response in zip(cameras, responses):
+        if isinstance(response, ApiError):
+            lines.append(f"{name}: (no answer: {response.message})")
+            figures[name] = {"error": response.message}
+            continue
+        if isinstance(response, BaseException):
+            raise response
+        body = json.loads(response.body)
+        lines.append(f"{name}: {body['choices'][0]['message']['content']}")
+        figures[name] = body["edgekv"]
+        for key in usage:
+            usage[key] += body["usage"][key]
+    return JsonResponse({
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+        "model": model_id,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "\n".join(lines)},
+                     "finish_reason": "stop", "logprobs": None}],
+        "usage": usage, "edgekv": {"cameras": figures},
+    })
+
+
+async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: Any = None) -> Response:
+    """Queue the question without blocking, wait for its first token (a refusal before it is a plain HTTP
+    error: no stream has started), then stream the answer or return it whole. ``receive`` (the request's
+    ASGI receive, its body already read) reports the client leaving: the question is then cancelled, so the
+    daemon stops decoding at the next token (or never starts) instead of answering nobody."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, check_fits, daemon.session, params)  # tokenizing a long question takes ms
+    handoff = AnswerHandoff(loop)
+    question = Question(params.question, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                        top_p=params.top_p, on_token=handoff.on_token, source="http", done=handoff.done)
+    question.seed = params.seed
+    question.recall = params.recall
+    question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
+    submit(daemon, question)
+    watcher = asyncio.ensure_future(_cancel_when_gone(receive, question)) if receive is not None else None
+    try:
+        first = await handoff.next()
+        if first is _DONE and question.error is not None:
+            raise answer_error(question.error)
+        text = AnswerText(daemon.session.tokenizer, params.stop)
+        completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if params.stream:
+            events = _sse(first, handoff, question, text, params, completion_id, created, model_id, watcher)
+            watcher = None  # the stream owns it now
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        item = first
+        while item is not _DONE:
+            if params.stop:
+                text.push(item)
+            item = await handoff.next()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    if question.error is not None:
+        raise answer_error(question.error)
+    answer = question.answer
+    escalated = answer.escalated is not None
+    content = text.sent + text.finish(answer.text) if params.stop and not escalated else answer.text
+    return JsonResponse({
+        "id": completion_id, "object": "chat.completion", "created": created,
+        "model": answer.escalated if escalated else model_id,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop" if escalated else text.finish_reason(answer), "logprobs": None}],
+        "usage": _usage(answer, text.completion_tokens(answer)),
+        "edgekv": _extension(answer),
+    })
+
+
+def _extension(answer: Any) -> dict:
+    """edgekv's own figures beside an OpenAI answer: speed, confidence, and escalation."""
+    return {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens,
+            "confidence": answer.confidence, "evidence_pairs": list(answer.evidence),
+            "escalated": answer.escalated is not None, "escalated_model": answer.escalated,
+            "escalation_note": answer.escalation_note}
+
+
+_DONE = object()
+
+
+class _DoneSignal(threading.Event):
+    """``Question.done`` for an HTTP question: setting it (from the main loop) also wakes the handler."""
+
+    def __init__(self, handoff: "AnswerHandoff") -> None:
+        super().__init__()
+        self._handoff = handoff
+
+    def set(self) -> None:
+        super().set()
+        self._handoff.post(_DONE)
+
+
+class AnswerHandoff:
+    """One question's answer tokens, then ``_DONE``, carried from the daemon's thread to the event loop
+    with ``call_soon_threadsafe``: nothing waits in a thread, nothing blocks the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.done = _DoneSignal(self)
+
+    def post(self, item: Any) -> None:  # any thread
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the server's loop is closed: nobody is waiting any more
+            pass
+
+    def on_token(self, token: int) -> None:  # the daemon's main loop
+        self.post(token)
+
+    async def next(self) -> Any:
+        """The next token id, or ``_DONE``."""
+        return await self.items.get()
+
+
+class AnswerText:
+    """Answer tokens -> text for the client: released only as whole characters, never the start of a stop
+    string, and ending before the first stop string (OpenAI ``stop``; finish_reason ``stop``).
+
+    ``StreamSession.ask`` has no stop hook, so after a stop string the daemon still decodes up to
+    ``max_tokens``: a stream ends for the client at once (unless it asked for usage, which needs the
+    answer's token counts), a non-streamed answer when the daemon is done."""
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.ids: list[int] = []
+        self.sent = ""
+        self.stop_tokens: int | None = None  # tokens up to the one completing a stop string
+
+    def push(self, token: int) -> str:
+        if self.stop_tokens is not None:
+            return ""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        return "" if text.endswith("\ufffd") else self._release(text, final=False)  # wait for whole characters
+
+    def finish(self, final_text: str) -> str:
+        return "" if self.stop_tokens is not None else self._release(final_text, final=True)
+
+    def _release(self, text: str, final: bool) -> str:
+        cut = first_stop(text, self.stops)
+        if cut is not None:
+            self.stop_tokens = len(self.ids)
+            end = cut
+        else:
+            end = len(text) if final else len(text) - held_back(text, self.stops)
+        if end <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent):end], text[:end]
+        return piece
+
+    def finish_reason(self, answer: Any) -> str:
+        return "stop" if self.stop_tokens is not None else answer.finish_reason
+
+    def completion_tokens(self, answer: Any) -> int:
+        return self.stop_tokens if self.stop_tokens is not None else len(answer.token_ids)
+
+
+def _usage(answer: Any, completion_tokens: int) -> dict:
+    prompt = answer.prompt_tokens + answer.video_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
+
+
+def answer_error(error: Exception) -> ApiError:
+    """The daemon's refusal of a question as an HTTP error: 503 for ``QuestionRefused`` (busy, stopping),
+    400 for a question the session refused (ValueError), 500 for anything else (a bug)."""
+    status = getattr(error, "status", None)
+    if isinstance(status, int) and status >= 500:
+        return ApiError(status, safe_text(str(error), 300), kind="server_error", code="server_unavailable",
+                        headers={"retry-after": "1"})
+    if isinstance(error, ValueError):
+        return ApiError(400, safe_text(str(error), 400))
+    log.error("answering a question failed: %s", safe_text(repr(error), 300))
+    return ApiError(500, f"the answer failed: {safe_text(str(error), 300)}", kind="server_error", code="answer_failed")
+
+
+def check_fits(session: Any, request: ChatRequest) -> None:
+    """Refuse (400 ``context_length_exceeded``), before it is queued and before any stream starts, only a
+    question that cannot fit when its turn comes: more than the room the session always keeps for text
+    (``cache.text_reserve_tokens``, and the retrieval reserve when it does not recall) and more than the room
+    the video leaves now. What fits alone is queued, whatever another answer decoding right now holds in the
+    cache (its question and answer tokens leave with it; counting them refused valid questions, issue 26).
+    Reads no lock: the session's length before the answer in flight (``answerer.video_length``), if any."""
+    ids = session.layout.question_suffix_ids(session.tokenizer, request.question)
+    recall = request.recall if request.recall is not None else getattr(session, "recall", None) is not None
+    reserved = getattr(session, "recall_reserve", 0) if recall else 0
+    need = len(ids) + request.max_new_tokens
+    if need <= session.capacity - session.video_limit - reserved:
+        return  # always fits: ingest never leaves less than this free
+    answering = getattr(getattr(session, "answerer", None), "video_length", None)
+    video = answering if answering is not None else session.cache.length
+    room = session.capacity - video - reserved
+    if need > room:
+        raise ApiError(400, f"the question ({len(ids)} tokens) + max_tokens ({request.max_new_tokens}) exceed the "
+                            f"{room} cache slots free for text (cache.text_reserve_tokens={session.text_reserve}); "
+                            "shorten the question or lower max_tokens", param="messages",
+                       code="context_length_exceeded")
+
+
+def submit(daemon: Any, question: Question) -> None:
+    """Hand the question to the daemon without blocking; a refusal (full queue, stopping) is a 503."""
+    try:
+        daemon.submit(question, timeout=0)
+    except queue.Full as exc:
+        raise ApiError(503, f"{daemon.questions.maxsize} questions are already waiting (server.queue_size); "
+                            "retry shortly", kind="server_error", code="server_busy",
+                       headers={"retry-after": "1"}) from exc
+    except Exception as exc:
+        if getattr(exc, "status", None) == 503:
+            raise answer_error(exc) from exc
+        raise
+
+
+async def _cancel_when_gone(receive: Any, question: Question) -> None:
+    """Set ``question.cancelled`` when the client disconnects (the next ASGI message after the body is
+    ``http.disconnect``); cancelled itself once the answer is sent."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            question.cancelled.set()
+            return
+
+
+async def _sse(first: Any, handoff: AnswerHandoff, question: Question, text: AnswerText, params: ChatRequest,
+               completion_id: str, created: int, model_id: str, watcher: "asyncio.Future | None" = None):
+    """The answer as server-sent events; when the stream ends early (the client left), the question is
+    cancelled so that the daemon stops decoding it."""
+    finished = False
+    try:
+        async for event in _sse_events(first, handoff, question, text, params, completion_id, created, model_id):
+            yield event
+        finished = True
+    finally:
+        if not finished and not question.done.is_set():
+            question.cancelled.set()
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def _sse_events(first: Any, handoff: AnswerHandoff, question: Question, text: AnswerText,
+                      params: ChatRequest, completion_id: str, created: int, model_id: str):
+    def event(payload: dict) -> str:
+        return "data: " + json.dumps(payload) + "\n\n"
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return event({"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
+                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    item = first
+    while item is not _DONE:
+        piece = text.push(item)
+        if piece:
+            yield chunk({"content": piece})
+        if text.stop_tokens is not None and not params.include_usage:
+            break  # the client has all it will get; the daemon finishes the answer on its own
+        item = await handoff.next()
+    if item is _DONE and question.error is not None:  # failed mid-answer: the status line is long gone
+        error = answer_error(question.error)
+        yield event({"error": {"message": error.message, "type": error.kind, "param": None, "code": error.code}})
+    else:
+        answer = question.answer
+        tail = text.finish(answer.text) if answer is not None else ""
+        if tail:
+            yield chunk({"content": tail})
+        reason = "stop" if text.stop_tokens is not None else answer.finish_reason
+        yield chunk({}, finish=reason)
+        if params.include_usage:
+            yield event({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                         "model": model_id, "choices": [], "usage": _usage(answer, text.completion_tokens(answer))})
+    yield "data: [DONE]\n\n"

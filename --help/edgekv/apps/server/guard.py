@@ -1,0 +1,482 @@
+"""What the HTTP API checks before any handler runs, and the connection limits uvicorn does not have.
+
+``AccessPolicy`` + ``RequestGuard`` (an ASGI middleware, so it runs before a single body byte is read):
+
+1. ``Host`` must name this server (localhost, 127.0.0.1, [::1], ``server.host``, ``server.allowed_hosts``;
+   on a wildcard bind also any IP literal and this machine's names). A DNS-rebinding page reaches the
+   socket under the attacker's name, so it is refused here.
+2. An ``Origin`` header (browsers send it on cross-site requests and on every POST) must be this
+   server's own origin: a foreign web page cannot drive the API through the user's browser.
+3. The token (``Authorization: Bearer``, or the session cookie the login form sets) is checked next,
+   before the body is read; ``/healthz``, the page itself (which shows the login form) and the login
+   route need none.
+4. A POST must be ``Content-Type: application/json`` (a cross-site ``<form>`` or ``text/plain`` fetch
+   cannot send that without a CORS preflight, which step 2 refuses).
+5. A declared ``Content-Length`` over ``server.max_request_bytes`` is refused at once; a chunked body is
+   counted while it is read (``read_body``) and refused as soon as it passes the limit.
+
+Every refusal is an OpenAI error object and closes the connection (the client may still be sending).
+
+``GuardedH11Protocol`` is uvicorn's h11 protocol with a request deadline (headers and body must arrive
+within ``server.request_timeout_s`` of the request's first byte: slow-header and half-sent-body
+connections are closed, with a 408 when nothing else answered) and connection limits: ``server.max_connections``
+in all, and ``server.max_connections_per_client`` connections per client address that are *not waiting for
+an answer* (still sending their request, or idle between requests). One more is answered 503 and closed as it
+opens, so a slowloris from one host that reopens every connection it loses cannot hold every slot, while the
+clients of one host — or of a reverse proxy, where every client is 127.0.0.1 — that have sent their request
+and wait for the answer (a queued chat) are never counted. uvicorn's own ``timeout_keep_alive`` closes idle
+keep-alive connections.
+
+``AttemptLimiter`` rate-limits the status page's login per client address (a token bucket): guesses in
+parallel no longer go as fast as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import math
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from edgekv.apps.server.openai_chat import ApiError, error_body
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+PUBLIC_PATHS = frozenset({"/healthz", "/health", "/version", "/", "/v1/edgekv/login", "/v1/edgekv/logout"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+COOKIE_NAME = "edgekv_session"
+REFUSAL_PAUSE_S = 1.0  # a connection refused by the per-client cap is closed this long after its 503
+PENDING_GRACE_S = 1.0  # a connection counts against its address's cap once it has been receiving this long
+SHAPED_PATHS = frozenset({"/metrics", "/v1/edgekv/status", "/frame.jpg"})  # server.reads_per_second
+SHAPING_WAIT_S = 2.0   # a read over the rate waits at most this long for its turn, else 429
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """``Host``-header syntax -> (lower-case name without brackets or trailing dot, port or None)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        name, _, port = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
+    return name.rstrip("."), int(port) if port.isdigit() and len(port) <= 5 else None
+
+
+# ---------------------------------------------------------------------------------------------- session cookie
+class SessionCookies:
+    """The status page's login: a cookie that proves the token was typed, without holding it.
+
+    Chosen over a one-time URL token: a token in a URL lands in browser history, server logs, the
+    ``Referer`` of every link and over the shoulder, and a one-time token needs server-side state that a
+    restart loses. The cookie is ``HttpOnly`` (page scripts, and so injected scripts, cannot read it),
+    ``SameSite=Strict`` (no other site's page makes the browser send it) and ``Path=/``; it holds an
+    expiry and ``HMAC-SHA256(token, expiry)``, so it is stateless, outlives daemon restarts, and every
+    cookie dies when the token changes. Not ``Secure``: the daemon serves plain HTTP (put a TLS proxy in
+    front for remote access).
+    """
+
+    def __init__(self, token: str, lifetime_s: int = 12 * 3600, clock: Callable[[], float] = time.time) -> None:
+        self._key, self.lifetime_s, self._clock = token.encode(), lifetime_s, clock
+
+    def _mac(self, expiry: int) -> str:
+        return hmac.new(self._key, f"edgekv-session:{expiry}".encode(), hashlib.sha256).hexdigest()
+
+    def issue(self) -> str:
+        expiry = int(self._clock()) + self.lifetime_s
+        return f"{expiry}.{self._mac(expiry)}"
+
+    def valid(self, value: str) -> bool:
+        expiry, _, mac = value.partition(".")
+        if not expiry.isdigit() or len(expiry) > 12 or int(expiry) < self._clock():
+            return False
+        return hmac.compare_digest(mac.encode(), self._mac(int(expiry)).encode())
+
+    def set_header(self) -> str:
+        return f"{COOKIE_NAME}={self.issue()}; Max-Age={self.lifetime_s}; Path=/; HttpOnly; SameSite=Strict"
+
+    @staticmethod
+    def clear_header() -> str:
+        return f"{COOKIE_NAME}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"
+
+
+def cookie_value(header: str, name: str = COOKIE_NAME) -> str | None:
+    for item in header.split(";"):
+        key, _, value = item.strip().partition("=")
+        if key == name:
+            return value.strip()
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- policy
+@dataclass
+class AccessPolicy:
+    bind_host: str
+    token: str | None
+    allowed_hosts: tuple[str, ...]
+    max_request_bytes: int
+    metrics_public: bool = False  # server.metrics_public: /metrics without the token
+
+    def __post_init__(self) -> None:
+        names = set(LOOPBACK_NAMES) | {split_host(h)[0] for h in self.allowed_hosts}
+        self.wildcard = self.bind_host in WILDCARD_HOSTS
+        if self.wildcard:
+            names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        else:
+            names.add(split_host(self.bind_host)[0])
+        self.names = frozenset(names)
+        self.cookies = SessionCookies(self.token) if self.token else None
+        self._bearer = f"Bearer {self.token}".encode() if self.token else b""  # header bytes as clients send them
+        self.public = PUBLIC_PATHS | ({"/metrics"} if self.metrics_public else set())
+
+    def host_allowed(self, name: str) -> bool:
+        if name in self.names:
+            return True
+        if self.wildcard:
+            try:
+                ipaddress.ip_address(name)
+                return True
+            except ValueError:
+                return False
+        return False
+
+    def origin_allowed(self, origin: str, host: str | None) -> bool:
+        try:
+            parts = urlsplit(origin)
+            port = parts.port
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False
+        name = parts.hostname.rstrip(".")
+        if not self.host_allowed(name):
+            return False
+        if host is None:
+            return True
+        host_name, host_port = split_host(host)
+        default = 443 if parts.scheme == "https" else 80
+        return name == host_name and (port or default) == (host_port or default)
+
+    def authenticated(self, headers: dict[bytes, bytes]) -> bool:
+        if not self.token:
+            return True
+        given = headers.get(b"authorization")
+        if given is not None and hmac.compare_digest(given, self._bearer):
+            return True
+        cookie = cookie_value(headers.get(b"cookie", b"").decode("latin-1"))
+        return cookie is not None and self.cookies.valid(cookie)
+
+    def check(self, scope: dict) -> ApiError | None:
+        """The first reason to refuse this request before its body is read, or None."""
+        headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1") or None
+        if host is not None and not self.host_allowed(split_host(host)[0]):
+            return ApiError(400, f"Host {host[:80]!r} is not a name of this server (DNS rebinding guard); "
+                                 "add it to server.allowed_hosts", param="Host", code="invalid_host")
+        origin = headers.get(b"origin")
+        if origin is not None and not self.origin_allowed(origin.decode("latin-1"), host):
+            return ApiError(403, "cross-origin requests are refused: use this server's own page or a non-browser "
+                                 "client", kind="permission_error", param="Origin", code="cross_origin")
+        authed = self.authenticated(headers)
+        scope.setdefault("state", {})["edgekv_authenticated"] = authed
+        if not authed and scope["path"] not in self.public:
+            return ApiError(401, "missing or wrong bearer token (Authorization: Bearer <server.token>)",
+                            kind="authentication_error", code="invalid_api_key",
+                            headers={"www-authenticate": "Bearer"})
+        if scope["method"] in BODY_METHODS:
+            media, _, params = headers.get(b"content-type", b"").decode("latin-1").partition(";")
+            charset = params.strip().lower()
+            if media.strip().lower() != "application/json" or charset not in ("", "charset=utf-8"):
+                return ApiError(415, "request bodies must be Content-Type: application/json (UTF-8)",
+                                param="Content-Type", code="unsupported_media_type")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_request_bytes):
+            return ApiError(413, f"request body over server.max_request_bytes ({self.max_request_bytes} bytes)",
+                            code="request_too_large")
+        return None
+
+
+async def send_error(send: Callable, error: ApiError, close: bool) -> None:
+    body = error.body()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestGuard:
+    """ASGI middleware applying ``AccessPolicy.check`` before the app (and before any body byte is read).
+
+    ``fast``: GET routes answered right here, without the app's routing, validation and response classes —
+    ``/healthz`` (path -> a function returning status and JSON bytes): health must not wait behind work, and
+    under load every bit of Python the event loop runs per request is time a probe waits for (issue 26)."""
+
+    def __init__(self, app: Any, policy: AccessPolicy,
+                 fast: dict[str, Callable[[], tuple[int, bytes]]] | None = None,
+                 reads_per_second: float | None = None) -> None:
+        self.app, self.policy, self.fast = app, policy, fast or {}
+        self.reads = (AttemptLimiter(60.0 * reads_per_second, burst=max(1, int(2 * reads_per_second)))
+                      if reads_per_second else None)
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            refusal = self.policy.check(scope)
+            if refusal is None and self.reads is not None and scope["path"] in SHAPED_PATHS:
+                refusal = await self._shape(scope)
+            if refusal is not None:
+                await send_error(send, refusal, close=True)
+                return
+            answer = self.fast.get(scope["path"]) if scope["method"] in ("GET", "HEAD") else None
+            if answer is not None:
+                status, body = answer()
+                await send({"type": "http.response.start", "status": status, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
+                return
+        await self.app(scope, receive, send)
+
+
+    async def _shape(self, scope: dict) -> ApiError | None:
+        """``server.reads_per_second`` per client address on the routes that make figures or frames: a client
+        over it waits for its turn (costing the event loop nothing), and past SHAPING_WAIT_S it is refused
+        (429): twenty connections polling as fast as they can no longer keep the loop busy and /healthz
+        waiting behind them."""
+        client = scope["client"][0] if scope.get("client") else "?"
+        wait = self.reads.reserve(client, SHAPING_WAIT_S)
+        if wait is None:
+            after = max(1, math.ceil(self.reads.retry_after(client)))
+            return ApiError(429, f"more than server.reads_per_second ({self.reads.rate:g}) requests a second from "
+                                 f"this address on figures and frames; retry in {after} s", kind="rate_limit_error",
+                            code="rate_limit_exceeded", headers={"retry-after": str(after)})
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return None
+
+
+async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes and (408) when it has not all
+    arrived within ``timeout_s``: a chunked body is never read whole before the check."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    chunks: list[bytes] = []
+    size = 0
+    stream = request.stream().__aiter__()
+    while True:
+        remaining = deadline - loop.time()
+        try:
+            if remaining <= 0:
+                raise asyncio.TimeoutError
+            chunk = await asyncio.wait_for(stream.__anext__(), remaining)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within server.request_timeout_s ({timeout_s:g} s)",
+                           code="request_timeout", headers={"connection": "close"}) from None
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body over server.max_request_bytes ({limit} bytes)",
+                           code="request_too_large", headers={"connection": "close"})
+        chunks.append(chunk)
+
+
+# ---------------------------------------------------------------------------------------------- connections
+@dataclass(frozen=True)
+class ConnectionLimits:
+    request_timeout_s: float
+    max_connections: int
+    max_per_client: int | None = None
+    body_grace_s: float = 1.0  # the handler's own body deadline (read_body) answers 408 first
+
+
+class AttemptLimiter:
+    """A token bucket per client address: ``burst`` attempts at once, refilled at ``per_minute`` (so a guesser
+    gets ``per_minute`` tries a minute, however many connections it opens). Bounded: full buckets are
+    forgotten when more than ``max_clients`` addresses are tracked."""
+
+    def __init__(self, per_minute: float, burst: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 max_clients: int = 4096) -> None:
+        self.rate = float(per_minute) / 60.0
+        self.burst = float(burst if burst is not None else max(1, min(5, int(per_minute))))
+        self.clock, self.max_clients = clock, max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, when)
+
+    def _tokens(self, client: str, now: float) -> float:
+        tokens, when = self._buckets.get(client, (self.burst, now))
+        return min(self.burst, tokens + (now - when) * self.rate)
+
+    def _prune(self, client: str, now: float) -> None:
+        if len(self._buckets) >= self.max_clients and client not in self._buckets:
+            self._buckets = {c: b for c, b in self._buckets.items() if self._tokens(c, now) < self.burst}
+
+    def allow(self, client: str) -> bool:
+        """Take one attempt for ``client`` if its bucket has one."""
+        now = self.clock()
+        tokens = self._tokens(client, now)
+        self._prune(client, now)
+        if tokens < 1.0:
+            self._buckets[client] = (tokens, now)
+            return False
+        self._buckets[client] = (tokens - 1.0, now)
+        return True
+
+    def retry_after(self, client: str) -> float:
+        """Seconds until ``client`` has an attempt again."""
+        return max(0.0, (1.0 - self._tokens(client, self.clock())) / self.rate)
+
+    def reserve(self, client: str, max_wait_s: float) -> float | None:
+        """Shaping instead of refusing: take the next attempt of ``client`` and return how long to wait until
+        it is due (0: now), or None (nothing taken) when that would be longer than ``max_wait_s``."""
+        now = self.clock()
+        tokens = self._tokens(client, now)
+        wait = max(0.0, (1.0 - tokens) / self.rate)
+        if wait > max_wait_s:
+            return None
+        self._prune(client, now)
+        self._buckets[client] = (tokens - 1.0, now)
+        return wait
+
+
+def raw_response(status: int, reason: str, message: str, code: str) -> bytes:
+    """A whole HTTP/1.1 error response, for answers given outside any request cycle."""
+    body = error_body(message, "invalid_request_error" if status < 500 else "server_error", None, code)
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus a per-request arrival deadline and a connection limit (see module doc)."""
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict, _loop: Any = None, *,
+                 limits: ConnectionLimits) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = limits
+        self._deadline: asyncio.TimerHandle | None = None
+        self._body_phase = False
+        self._pending_since = 0.0  # when the request being received (or the idle wait for one) began
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._pending_since = self.loop.time()
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(f"more than server.max_connections ({self.limits.max_connections}) open connections; "
+                         "retry shortly", pause=False)
+            return
+        if self._over_client_cap():
+            self._refuse(self._cap_message(), pause=True)
+            return
+        self._arm(self.limits.request_timeout_s)
+        if self.limits.max_per_client is not None:
+            self.loop.call_later(PENDING_GRACE_S, self._grace_over)
+
+    # the per-client cap counts connections from one address that have been receiving a request (or idle)
+    # for PENDING_GRACE_S and more: a burst of clients that send their requests at once never counts, a
+    # slowloris does within a second, and past the cap its new connections are refused as they open. Fresh
+    # connections (a burst) may add as many again, no more: one address never holds more than twice the
+    # cap of the slots, so others (a health check) always find one.
+    def _long_pending(self, now: float) -> bool:
+        return not self._refused and self.receiving and now - self._pending_since >= PENDING_GRACE_S
+
+    def _over_client_cap(self) -> bool:
+        if self.limits.max_per_client is None or self.client is None:
+            return False
+        host, now = self.client[0], self.loop.time()
+        mine = [other for other in self.connections if other is not self and isinstance(other, GuardedH11Protocol)
+                and other.client is not None and other.client[0] == host and not other._refused and other.receiving]
+        held = sum(1 for other in mine if other._long_pending(now))
+        return held >= self.limits.max_per_client or len(mine) >= 2 * self.limits.max_per_client
+
+    def _grace_over(self) -> None:
+        if self._refused or self.transport.is_closing() or not self.receiving:
+            return
+        waited = self.loop.time() - self._pending_since
+        if waited < PENDING_GRACE_S - 1e-3:  # a new request began meanwhile on this kept-alive connection
+            self.loop.call_later(PENDING_GRACE_S - waited, self._grace_over)
+        elif self._over_client_cap():
+            self._refuse(self._cap_message(), pause=False)
+
+    def _cap_message(self) -> str:
+        return (f"more than server.max_connections_per_client ({self.limits.max_per_client}) connections from this "
+                "address still sending a request (or idle); retry shortly")
+
+    def _refuse(self, message: str, pause: bool) -> None:
+        """503 and close; the connection no longer holds a slot. ``pause``: close only after REFUSAL_PAUSE_S, so
+        a client that reopens every connection it loses waits a moment for each refusal (it would otherwise
+        keep the event loop busy accepting and refusing, and /healthz behind it)."""
+        self._refused = True
+        self._disarm()
+        self.connections.discard(self)
+        self.transport.write(raw_response(503, "Service Unavailable", message, "too_many_connections"))
+        if pause:
+            self.transport.pause_reading()
+            self.loop.call_later(REFUSAL_PAUSE_S, self.transport.close)
+        else:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._deadline is None and self.conn.their_state is h11.IDLE:  # a new request on a kept-alive connection
+            self._body_phase = False
+            self._pending_since = self.loop.time()
+            self._arm(self.limits.request_timeout_s)
+        super().data_received(data)
+        state = self.conn.their_state
+        if state is h11.SEND_BODY and not self._body_phase:
+            self._body_phase = True  # headers are in: the handler reads the body under its own deadline
+            self._arm(self.limits.request_timeout_s + self.limits.body_grace_s)
+        elif state is not h11.IDLE and state is not h11.SEND_BODY:
+            self._disarm()
+
+    @property
+    def receiving(self) -> bool:
+        """Still sending a request, or idle between two: not waiting for an answer (the per-client cap)."""
+        return self.conn.their_state is h11.IDLE or self.conn.their_state is h11.SEND_BODY
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        self._disarm()
+        self.transport.write(raw_response(400, "Bad Request", f"invalid HTTP request: {msg}", "invalid_http"))
+        self.transport.close()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:  # nobody else can answer this request
+            self.transport.write(raw_response(408, "Request Timeout", "the request did not arrive within "
+                                              f"server.request_timeout_s ({self.limits.request_timeout_s:g} s)",
+                                              "request_timeout"))
+        self.transport.close()

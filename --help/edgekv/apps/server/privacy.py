@@ -1,0 +1,95 @@
+"""The wearer's control over what the device keeps:
+
+    POST /v1/privacy/pause     stop ingest and release the camera until resumed (the privacy switch)
+    POST /v1/privacy/resume
+    GET  /v1/privacy           {"paused": bool, "reason": ...}
+    POST /v1/memory/forget     {"from": t0, "to": t1} or {"last_s": s}: a window of stream time removed from the
+                               live cache, the snapshots and the archive (``Daemon.forget``); says how much
+
+With several cameras (``video.sources``) each of these reaches every camera: paused means every camera is (each
+one's state under ``cameras``), and forget reports the totals and each camera's result.
+
+Paused is also ``stream_state: paused`` on the status page, ``/healthz`` and ``/metrics``
+(``edgekv_stream_state{state="paused"}``)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from fastapi import APIRouter, Request
+
+from edgekv.apps.controls import every_camera, forget_every, pause_every, privacy_state, resume_every
+from edgekv.apps.server.api import Api, JsonResponse
+from edgekv.apps.server.openai_chat import ApiError
+
+
+def router(api: Api) -> APIRouter:
+    routes = APIRouter()
+    daemon = api.daemon
+
+    def state() -> dict:
+        return privacy_state(daemon)
+
+    def check() -> None:
+        if not hasattr(daemon, "pause") or any(d.sampler is None for d in every_camera(daemon).values()):
+            raise ApiError(503, "the stream is not running yet", kind="server_error", code="server_unavailable",
+                           headers={"retry-after": "1"})
+
+    @routes.get("/v1/privacy")
+    async def current():
+        return JsonResponse(state())
+
+    @routes.post("/v1/privacy/pause")
+    async def pause():
+        check()
+        await asyncio.get_running_loop().run_in_executor(None, pause_every, daemon, "privacy switch (API)")
+        return JsonResponse(state())
+
+    @routes.post("/v1/privacy/resume")
+    async def resume():
+        check()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, resume_every, daemon)
+        except (OSError, ValueError) as exc:  # the camera could not be reopened: still paused, and why
+            raise ApiError(503, f"could not reopen the video source: {exc}", kind="server_error",
+                           code="source_unavailable") from None
+        return JsonResponse(state())
+
+    @routes.post("/v1/memory/forget")
+    async def forget(request: Request):
+        body = await api.body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object: {\"from\": t0, \"to\": t1} (stream "
+                           "seconds) or {\"last_s\": seconds}")
+        unknown = sorted(set(body) - {"from", "to", "last_s"})
+        if unknown:
+            raise ApiError(400, f"unknown field(s) {unknown}: expected from and to, or last_s", param=unknown[0])
+        for name in ("from", "to", "last_s"):
+            value = body.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise ApiError(400, f"{name}: must be a finite number of seconds, got {value!r}", param=name)
+        if "last_s" in body:
+            if "from" in body or "to" in body:
+                raise ApiError(400, "give either from and to, or last_s, not both", param="last_s")
+            if not body["last_s"] > 0:
+                raise ApiError(400, f"last_s: must be > 0, got {body['last_s']!r}", param="last_s")
+        elif body.get("from") is None or body.get("to") is None:
+            raise ApiError(400, "from and to are required (stream seconds, from <= to), or last_s", param="from")
+        elif body["from"] > body["to"]:
+            raise ApiError(400, f"from ({body['from']}) is after to ({body['to']})", param="from")
+        if not hasattr(daemon, "forget"):
+            raise ApiError(503, "this server has no memory to forget from", kind="server_error",
+                           code="server_unavailable")
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: forget_every(daemon, body.get("from"), body.get("to"), last_s=body.get("last_s")))
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        except OSError as exc:  # a snapshot or archive rewrite failed: the cache is clean, the files are not yet
+            raise ApiError(500, f"the window was removed from the live cache but not from every file: {exc}",
+                           kind="server_error", code="forget_incomplete") from None
+        return JsonResponse(result)
+
+    return routes

@@ -1,0 +1,1 @@
+"""Voice: questions spoken into a microphone or a WAV file (``listen``: VAD, segmentation, ASR)."""

@@ -1,0 +1,1285 @@
+"""FrameArchive: every frame pair's KV on flash, appended by a background writer, crash-safe.
+
+What is stored, and when: **the whole frame pair at ingest**, not the slots a compression evicts.
+- Retrieval then does not depend on what the query-agnostic policy chose (DESIGN invariant 3): a pair
+  comes back with every patch, in every layer and KV head, as it was prefilled. Evicted slots are a
+  different subset per (layer, head) (invariant 2), so storing evictions would archive fragments: a
+  pair recalled from them would be whatever each head happened to drop, never the whole frame.
+- The bytes per hour are the same either way in the long run: under a hard cap every token ingested
+  is evicted once the stream is long enough (the cache only holds ``C`` of them), so evictions carry
+  the ingest rate's KV bytes, plus per-slot provenance (frame, row, col, position per layer and head,
+  ~12 B against 512 B of K+V per slot-head at the 3B shape) that a whole-pair record does not need.
+  ``edgekv bench archive`` prints both rates at the 3B shape.
+- Ingest writes are steady (one record per pair) where evictions arrive in bursts of a compression's
+  worth of pairs; and the pair's keys are stored rotated at the position they were prefilled with, so
+  one temporal delta re-rotates them exactly at recall (edgekv/positions.py), whatever re-basing did
+  to the cache since.
+ReKV (seed 001, §3 "Video Stream Encoding") keeps all video KV the same way and offloads it to RAM/disk.
+
+Writing never blocks ingest: ``submit`` copies the pair's K/V from the cache into one of
+``queue_pairs`` preallocated staging buffers and hands it to the writer thread; when every buffer is
+taken (the disk is slower than the stream) the pair is **dropped and counted** (``dropped``) — the
+live cache has it anyway, and a stalled camera loop would lose frames for everyone. A stream replayed
+faster than real time (an evaluation, a file) sets ``when_full = "wait"`` instead: ingest waits for the
+writer, and every pair is archived whatever the machine's load. The writer takes
+pairs in batches (up to half the buffers, gathered for at most 0.2 s) so that its Python and torch work
+per pair, which holds the GIL the ingest thread needs, stays small (``_write_loop``). Host memory of
+the archive is bounded: the staging buffers (``queue_pairs`` pairs, allocated at the first pair) and the
+index, one row per archived pair of ``index_keys`` fp16 keys per layer and KV head (18 KiB per key at the
+3B shape, 0.2 % of its 9.5 MB record; ``index_keys = 2``: 0.4 %) in a matrix that doubles as needed, so at
+most ~2 x 0.4 % of ``max_gib`` (e.g. 128 MiB for 16 GiB).
+
+Files, under ``dir``: ``seg-00000001.ekva``, ... Each starts with a header (magic, JSON shape key with a
+CRC) followed by records::
+
+    record = head [magic 'EKVA', u32 meta bytes, u64 kv bytes, u32 crc(meta), u32 0]
+             meta [struct _META: pair, frame, t, tpos, t_offset, rows, cols, tokens; 16 B stream id;
+                   u32 crc per layer of that layer's KV; the index row: fp16 keys [layers, kv_heads,
+                   index_keys, head_dim], then fp16 weights [layers, kv_heads, index_keys] when
+                   index_keys > 1 (with one key the row is the first format's mean key)]
+             kv   per layer: K [kv_heads, P, head_dim] then V [kv_heads, P, head_dim], the cache's dtype
+
+The index row summarizes the pair's post-RoPE keys with their temporal rotation undone (all tokens of a
+pair share one temporal position, so undoing it on the summary is exact), so retrieval scores do not
+depend on when the pair was seen: one key per layer and KV head is the pair's mean key (ReKV's
+representative vector); more are k-means centroids of its keys with the share of tokens each stands for
+(``summarize_keys``), which lets ``attention_scores`` estimate the attention a question would pay the
+pair's tokens, an object that covers a few patches included. Per-layer CRCs let retrieval read and verify one layer
+of one pair (ReKV's per-layer internal retrieval reads only what each layer chose).
+
+Crash safety: a record becomes visible in the index only after it is written; a ``kill -9`` during a write
+loses that record and the pairs still waiting in the staging buffers (at most a batch gathered for 0.2 s
+beyond them), nothing else. Records are written at explicit offsets through ``SegmentFiles`` (the file-system
+boundary tests inject faults at). A write that fails part way — a full disk — is rolled back: the segment is
+truncated to its last complete record (or, if even that fails, sealed, the next record starting a new
+segment), so what is written after the disk frees up follows a complete record. The pair is lost and counted
+(``dropped``, ``write_errors``); ``disk_full`` / ``failing`` / ``last_error`` say so until a write succeeds
+(``/healthz`` reports the archive ``degraded``; ``/metrics`` counts both).
+
+Damage (DESIGN invariant 13: one bad byte costs one record). On reopen every segment is scanned: each record's
+head and meta are checked (magic, length, meta CRC, a KV length that matches the meta's token count), and the
+newest segment's KV too (layer CRCs; older segments were sealed with an fsync and their KV is checked when
+read). A record that does not check is skipped and counted (``bad_records``, ``skipped_bytes``) and the scan
+resynchronizes on the next offset where a record checks — found by its magic, proven by its meta's CRC, the
+way leveldb's log reader (``doc/log_format.md``) drops a damaged record and resumes at the next block boundary
+instead of dropping the rest of the file. Fixed-size blocks are not needed for that here: every record's meta
+is checksummed and fixes the record's length, so no format change was made and archives already on devices
+read as they are (including those the old writer left after a full disk: half a record, then complete ones
+appended after it; the complete ones are found inside the partial one's extent and kept). A record whose meta
+checks but one KV layer does not keeps its other layers (``damaged_layers``; the damaged layer is never handed
+out). A damaged segment header no longer condemns its records: they are read with this archive's shape, each
+checked on its own. Only a tail that is the start of a record cut by the end of the file is a torn write: it
+is cut off (``torn_bytes``); damaged bytes are left in place, never truncated away with the good records after
+them. Retention: segments are ``segment_mib`` each; the oldest are deleted while the files would pass
+``max_gib`` (and, with ``max_age_s``, when their newest pair is older than that behind the newest pair).
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+import uuid
+import weakref
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgekv.positions import rotate_temporal
+
+log = logging.getLogger("edgekv.archive")
+
+SEGMENT_MAGIC = b"EDGEKV-ARCHIVE\x01\x00"
+RECORD_MAGIC = b"EKVA"
+_HEAD = struct.Struct("<4sIQII")           # magic, meta bytes, kv bytes, crc(meta), reserved
+_SEGMENT_HEAD = struct.Struct("<II")       # json bytes, crc(json)
+_META = struct.Struct("<qqdqqhhi")         # pair (archive key), frame (session's pair index), t, tpos, t_offset,
+#                                            rows, cols, tokens
+_FSYNC_EVERY_S = 2.0                       # a power cut loses at most this much of the open segment
+_LINGER_S = 0.2                            # the writer gathers queued pairs this long (or half the staging
+                                           # buffers) and writes them as one batch
+_INDEX_ROWS = 256                          # initial rows of the index matrix (doubled as needed)
+_SCORE_CHUNK = 512                         # index rows scored at a time
+_TAG = 16                                  # AES-GCM tag of each sealed meta and layer (edgekv.privacy)
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ArchiveError(RuntimeError):
+    """An archive folder that cannot be used; the message names the file and what is wrong."""
+
+
+class ArchiveMismatchError(ArchiveError):
+    """An archive written for another KV shape (layers, heads, head_dim, dtype)."""
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """The per-pair KV an archive holds: [layers, kv_heads, P, head_dim] of ``dtype`` for K and for V."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str  # "float32" | "float16" | "bfloat16"
+    index_keys: int = 1  # representative keys per pair, layer and KV head in the index (1: the mean key)
+
+    def __post_init__(self) -> None:
+        if min(self.layers, self.kv_heads, self.head_dim) <= 0:
+            raise ValueError(f"KVShape needs positive layers, kv_heads and head_dim, got {self}")
+        if not 1 <= self.index_keys <= 64:
+            raise ValueError(f"KVShape.index_keys: must be 1 to 64, got {self.index_keys}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"KVShape.dtype: {self.dtype!r} is not one of {sorted(_DTYPES)}")
+
+    @classmethod
+    def of(cls, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, index_keys: int = 1) -> "KVShape":
+        return cls(layers, kv_heads, head_dim, str(dtype).removeprefix("torch."), int(index_keys))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def layer_bytes(self, tokens: int) -> int:
+        """K and V of one layer of one pair."""
+        return 2 * self.kv_heads * tokens * self.head_dim * torch.empty((), dtype=self.torch_dtype).element_size()
+
+    def summary_bytes(self) -> int:
+        """The index row in a record's meta: fp16 keys [layers, kv_heads, index_keys, head_dim], then (when
+        index_keys > 1) their fp16 weights [layers, kv_heads, index_keys]. With one key the layout is the
+        first format's mean key [layers, kv_heads * head_dim], so those archives read unchanged."""
+        cells = self.layers * self.kv_heads * self.index_keys
+        return 2 * cells * self.head_dim + (2 * cells if self.index_keys > 1 else 0)
+
+    def meta_bytes(self) -> int:
+        return _META.size + 16 + 4 * self.layers + self.summary_bytes()
+
+    def record_bytes(self, tokens: int) -> int:
+        return _HEAD.size + self.meta_bytes() + self.layers * self.layer_bytes(tokens)
+
+
+@dataclass(frozen=True)
+class ArchivedPair:
+    """One index entry (what retrieval needs without touching the disk)."""
+
+    pair: int        # the archive's key: unique, in write order, continuing across restarts
+    frame: int       # the session's frame-pair index (what the cache's ``frame`` metadata holds)
+    t: float
+    tpos: int        # the temporal position its keys were rotated with
+    t_offset: int    # the session's re-basing offset when it was prefilled
+    rows: int
+    cols: int
+    tokens: int
+    stream: bytes    # 16 B id of the stream (a new session's stream gets a new id)
+    segment: int
+    offset: int      # of the record's head in the segment file
+    layer_crcs: tuple[int, ...]
+    seq: int = 0     # the record's number in a sealed segment (its AES-GCM nonces); 0 in the clear
+
+
+@dataclass
+class _Staged:
+    kv: torch.Tensor  # [layers, 2, kv_heads, P, head_dim], host memory (each layer's record block contiguous)
+    pair: int = 0
+    frame: int = 0
+    t: float = 0.0
+    tpos: int = 0
+    t_offset: int = 0
+    rows: int = 0
+    cols: int = 0
+    tokens: int = 0
+    stream: bytes = b""
+
+
+class SegmentFiles:
+    """The archive's file-system boundary: every byte the writer puts on flash goes through these calls, at an
+    explicit offset (so a failed write can be cut back and the next record written where it belongs). Tests
+    override them to inject faults — a short write, ENOSPC, a failing fsync — as RocksDB's FaultInjectionFS
+    (``utilities/fault_injection_fs.h``) and SQLite's I/O-error tests do, instead of hoping for them."""
+
+    def create(self, path: Path) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+    def pwrite(self, fd: int, data, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+
+class FrameArchive:
+    """Segments of frame-pair records under ``folder`` plus their index; see the module docstring.
+
+    Threads: ``submit`` is called by the ingesting thread, the writer thread appends, and retrieval reads
+    (``read_layer``) from the asking thread; ``_lock`` guards the index and segment deletion.
+    """
+
+    def __init__(self, folder: str | Path, shape: KVShape, *, max_bytes: int, segment_bytes: int = 256 << 20,
+                 queue_pairs: int = 8, max_age_s: float | None = None, inv_freq: torch.Tensor | None = None,
+                 temporal_section: int = 0, when_full: str = "drop", files: "SegmentFiles | None" = None,
+                 keys=None) -> None:
+        if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
+            raise ValueError(f"archive: max bytes ({max_bytes}) must hold at least two segments of {segment_bytes}")
+        if queue_pairs < 1:
+            raise ValueError(f"archive.queue_pairs: must be >= 1, got {queue_pairs}")
+        if when_full not in ("drop", "wait"):
+            raise ValueError(f"archive.when_full: must be 'drop' or 'wait', got {when_full!r}")
+        self.when_full = when_full
+        self.keys = keys  # edgekv.privacy.KeyRing: new segments sealed with its current key (see "Sealed")
+        self._sealers: dict[int, object] = {}  # segment number -> its Sealer (sealed segments only)
+        self._scan_sealer = None  # the sealer of the segment being scanned
+        self._seq = 0  # the next record's number in the open segment
+        self._write_lock = threading.Lock()  # the writer's batch, or a forget's rewrite
+        self.forgotten = 0  # pairs removed by forget
+        self.files = files if files is not None else SegmentFiles()
+        self.dir = Path(folder).expanduser()
+        self.shape = shape
+        self.max_bytes, self.segment_bytes = int(max_bytes), int(segment_bytes)
+        self.queue_pairs, self.max_age_s = int(queue_pairs), max_age_s
+        self.inv_freq, self.temporal_section = inv_freq, int(temporal_section)
+        self._lock = threading.RLock()
+        self._entries: dict[int, ArchivedPair] = {}   # pair -> entry (newest record wins)
+        # the index, one row per archived pair: its representative keys, fp16 [rows, layers, kv_heads,
+        # index_keys, head_dim], their weights (share of the pair's tokens each stands for, summing to 1) and
+        # the norm of the weighted mean (= the pair's mean key) per layer, so a question scores every pair
+        # with one pass over a matrix
+        cells = (shape.layers, shape.kv_heads, shape.index_keys)
+        self._matrix = torch.zeros(_INDEX_ROWS, *cells, shape.head_dim, dtype=torch.float16)
+        self._weights = torch.zeros(_INDEX_ROWS, *cells, dtype=torch.float16)
+        self._norms = torch.zeros(_INDEX_ROWS, shape.layers)
+        self._row_of: dict[int, int] = {}             # pair -> row
+        self._free_rows: list[int] = []
+        self._rows_used = 0
+        self._segments: dict[int, int] = {}           # segment number -> bytes on disk
+        self._segment_newest_t: dict[int, float] = {}
+        self.dropped = 0          # pairs not archived: every staging buffer was taken, or their write failed
+        self._pending = 0         # pairs submitted and not yet written or dropped by the writer (under _lock)
+        self.wait_ms_total = 0.0  # ingest time spent waiting for a staging buffer (when_full = "wait")
+        self.written = 0          # records written by this process
+        self.torn_bytes = 0       # bytes cut off torn tails on open
+        self.bad_records = 0      # damaged records skipped on open, or layers refused on read, for a failed checksum
+        self.skipped_bytes = 0    # bytes of damaged records skipped on open (left in place)
+        self.damaged_layers = 0   # layers of otherwise good records that failed their CRC at open (never handed out)
+        self.write_errors = 0
+        self.disk_full = False    # the last write failed for want of space (ENOSPC, EDQUOT)
+        self.failing = False      # the last write failed (any reason); cleared by the next one that succeeds
+        self.last_error: str | None = None
+        self._failed_in_a_row = 0
+        self.segments_deleted = 0
+        self.write_ms_total = 0.0
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for leftover in self.dir.glob("seg-*.ekva.tmp"):  # a forget's rewrite cut short: the original stands
+            leftover.unlink()
+        self._scan()
+        self._next_key = max(self._entries, default=-1) + 1
+        self._current: int | None = None
+        self._fd: int | None = None  # the open segment, written at explicit offsets (pwrite)
+        self._last_fsync = time.monotonic()
+        self._free: queue.SimpleQueue[_Staged] = queue.SimpleQueue()
+        self._staging_tokens: int | None = None
+        self._work: queue.Queue[_Staged | None] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._hurry = threading.Event()  # flush() waits: no gathering
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_loop, name="edgekv-archive-writer", daemon=True)
+        self._writer.start()
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ index
+    @property
+    def pairs(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    @property
+    def bytes_on_disk(self) -> int:
+        with self._lock:
+            return sum(self._segments.values())
+
+    @property
+    def next_pair(self) -> int:
+        """The key the next submitted pair gets: one past every key this folder has held."""
+        with self._lock:
+            return self._next_key
+
+    def entries(self, stream: bytes | None = None) -> list[ArchivedPair]:
+        """Index entries in pair order (of one stream when given)."""
+        with self._lock:
+            return [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
+
+    def mean_keys(self, pairs: list[int]) -> torch.Tensor:
+        """fp32 [n, layers, kv_heads * head_dim] time-undone mean keys of ``pairs`` (the weighted mean of
+        each pair's representative keys: its mean key, to fp16 rounding)."""
+        with self._lock:
+            rows = torch.tensor([self._row_of[p] for p in pairs], dtype=torch.long)
+            return _weighted_mean(self._matrix[rows], self._weights[rows])
+
+    def summaries(self, pairs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The index rows of ``pairs``: fp32 keys [n, layers, kv_heads, index_keys, head_dim] and weights
+        [n, layers, kv_heads, index_keys]."""
+        with self._lock:
+            rows = torch.tensor([self._row_of[p] for p in pairs], dtype=torch.long)
+            return self._matrix[rows].float(), self._weights[rows].float()
+
+    def cosine_scores(self, query: torch.Tensor,
+                      stream: bytes | None = None) -> tuple[list[ArchivedPair], torch.Tensor]:
+        """The entries (of one stream when given, pair order) and the cosine similarity of their mean keys
+        to ``query`` [layers, kv_heads * head_dim] per layer: fp32 [n, layers] (ReKV's retrieval score). One
+        pass over the index matrix, in chunks of _SCORE_CHUNK rows."""
+        query = query.float()
+        unit = query / query.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        with self._lock:
+            entries = self._stream_entries(stream)
+            rows = torch.tensor([self._row_of[e.pair] for e in entries], dtype=torch.long)
+            used = self._rows_used
+            out = torch.empty(used, self.shape.layers)
+            for start in range(0, used, _SCORE_CHUNK):
+                end = min(start + _SCORE_CHUNK, used)
+                mean = _weighted_mean(self._matrix[start:end], self._weights[start:end])
+                out[start:end] = torch.einsum("nlw,lw->nl", mean, unit)
+            out /= self._norms[:used].clamp_min(1e-12)
+            return entries, out[rows]
+
+    def attention_scores(self, queries: torch.Tensor, stream: bytes | None = None,
+                         exclude=None) -> tuple[list[ArchivedPair], torch.Tensor]:
+        """The entries (of one stream when given, pair order) and the share of the question's attention each
+        would draw among them, per layer: fp32 [n, layers], each finite column summing to 1.
+
+        queries: [layers, q_heads, T, head_dim], the question's queries with their temporal rotation undone
+        (what ``Recall.probe`` records). For every layer, query head and question token, a pair's logit is
+        ``log sum_c w_c exp(q . c / sqrt(d))`` over its representative keys ``c`` (weights ``w_c``: the
+        share of its tokens each stands for) — the log of its tokens' attention mass, exact when every
+        token of a cluster has its centroid's key — and a softmax over the candidate pairs gives each one's
+        share of that head's attention; the score is the share averaged over query heads and tokens.
+        ``exclude(entries)``, when given, returns a bool mask [n, layers] (or [n, 1]) of entries that are
+        not candidates (score -inf, not in any softmax). Runs on ``queries``' device, in chunks of
+        _SCORE_CHUNK index rows, two passes (the softmax's normalizer, then the shares)."""
+        device = queries.device
+        layers, q_heads, tokens, dim = queries.shape
+        kv_heads = self.shape.kv_heads
+        if q_heads % kv_heads or dim != self.shape.head_dim or layers != self.shape.layers:
+            raise ValueError(f"archive: queries [layers, q_heads, T, head_dim] = {tuple(queries.shape)} do not "
+                             f"match the archive's {self.shape}")
+        # [layers, kv_heads, group * T, head_dim]: each KV head's query heads and tokens on one axis
+        q = (queries.float() / dim ** 0.5).reshape(layers, kv_heads, (q_heads // kv_heads) * tokens, dim)
+        with self._lock:
+            entries = self._stream_entries(stream)
+            if not entries:
+                return entries, torch.empty(0, layers)
+            rows = torch.tensor([self._row_of[e.pair] for e in entries], dtype=torch.long)
+            mask = torch.zeros(len(entries), layers, dtype=torch.bool)
+            if exclude is not None:
+                mask |= exclude(entries).to(torch.bool).cpu()
+            mask = mask.to(device)
+
+            m, cells = self.shape.index_keys, layers * kv_heads
+            flat_q = q.reshape(cells, q.shape[2], dim)  # [L H, J, D]
+            heads_mask = mask.t().repeat_interleave(kv_heads, dim=0)  # [L H, N]
+
+            def logits(start: int, end: int) -> torch.Tensor:  # [L H, J, m, n]: q . c / sqrt(d) + log w_c
+                index = rows[start:end]
+                n = index.shape[0]
+                # [L H, D, m n]: one batched matmul per chunk, each (layer, head) its queries x every key
+                keys = self._matrix[index].to(device, torch.float32).permute(1, 2, 4, 3, 0).reshape(cells, dim, m * n)
+                bias = self._weights[index].to(device, torch.float32).log()  # [n, L, H, m]; log 0 = -inf
+                out = torch.bmm(flat_q, keys).view(cells, -1, m, n)
+                out += bias.permute(1, 2, 3, 0).reshape(cells, 1, m, n)
+                return out.masked_fill_(heads_mask[:, None, None, start:end], float("-inf"))
+
+            # pass 1: the softmax's normalizer per (layer, head, query), online over chunks (max and sum)
+            peak = torch.full((cells, q.shape[2], 1, 1), float("-inf"), device=device)
+            total = torch.zeros(cells, q.shape[2], 1, 1, device=device)
+            for start in range(0, len(entries), _SCORE_CHUNK):
+                chunk = logits(start, start + _SCORE_CHUNK)
+                new = torch.maximum(peak, chunk.amax(dim=(2, 3), keepdim=True))
+                shift = new.masked_fill(new.isinf(), 0.0)  # no candidate yet: nothing to scale
+                total = total * (peak - shift).exp() + (chunk - shift).exp().sum(dim=(2, 3), keepdim=True)
+                peak = new
+            shift = peak.masked_fill(peak.isinf(), 0.0)
+            total = total.clamp_min(torch.finfo(torch.float32).tiny)  # a layer with no candidate: every share 0
+            # pass 2: each pair's share (summed over its keys), averaged over the query heads and tokens
+            out = torch.empty(len(entries), layers, device=device)
+            for start in range(0, len(entries), _SCORE_CHUNK):
+                share = ((logits(start, start + _SCORE_CHUNK) - shift).exp().sum(dim=2) / total[..., 0])  # [L H, J, n]
+                out[start:start + share.shape[-1]] = share.view(layers, -1, share.shape[-1]).mean(dim=1).t()
+        return entries, out.masked_fill(mask, float("-inf")).cpu()
+
+    def _stream_entries(self, stream: bytes | None) -> list[ArchivedPair]:
+        return [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
+
+    def _add_many(self, entries: list[ArchivedPair], keys: torch.Tensor, weights: torch.Tensor) -> None:
+        """``_add`` for a batch: the rows assigned one by one, the matrix and norms written in one go."""
+        with self._lock:
+            rows = []
+            for entry in entries:
+                if entry.pair in self._row_of:
+                    row = self._row_of[entry.pair]
+                elif self._free_rows:
+                    row = self._free_rows.pop()
+                else:
+                    row = self._rows_used
+                    if row == self._matrix.shape[0]:  # grow by doubling (amortized; bounded by max_gib's pairs)
+                        self._matrix = torch.cat([self._matrix, torch.zeros_like(self._matrix)])
+                        self._weights = torch.cat([self._weights, torch.zeros_like(self._weights)])
+                        self._norms = torch.cat([self._norms, torch.zeros_like(self._norms)])
+                    self._rows_used += 1
+                self._entries[entry.pair] = entry
+                self._row_of[entry.pair] = row
+                rows.append(row)
+                newest = self._segment_newest_t.get(entry.segment, float("-inf"))
+                self._segment_newest_t[entry.segment] = max(newest, entry.t)
+            index = torch.tensor(rows)
+            self._matrix[index] = keys
+            self._weights[index] = weights
+            self._norms[index] = _weighted_mean(keys, weights).norm(dim=-1)
+
+    def _add(self, entry: ArchivedPair, keys: torch.Tensor, weights: torch.Tensor) -> None:
+        self._add_many([entry], keys.unsqueeze(0), weights.unsqueeze(0))
+
+    # ------------------------------------------------------------------ opening
+    def _segment_path(self, number: int) -> Path:
+        return self.dir / f"seg-{number:08d}.ekva"
+
+    def _segment_numbers(self) -> list[int]:
+        out = []
+        for path in self.dir.glob("seg-*.ekva"):
+            digits = path.name[4:-5]
+            if digits.isdigit():
+                out.append(int(digits))
+        return sorted(out)
+
+    def _header_bytes(self, sealer=None) -> bytes:
+        fields = asdict(self.shape)
+        if sealer is not None:
+            fields["sealed"] = sealer.header.hex()  # key id + salt (edgekv.privacy.Sealer)
+        key = json.dumps(fields, sort_keys=True).encode()
+        return SEGMENT_MAGIC + _SEGMENT_HEAD.pack(len(key), zlib.crc32(key)) + key
+
+    def _read_header(self, path: Path, handle) -> int:
+        """Check a segment's header against this archive's shape; returns where its records start."""
+        head = handle.read(len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size)
+        if len(head) < len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size or not head.startswith(SEGMENT_MAGIC):
+            return -1
+        size, crc = _SEGMENT_HEAD.unpack(head[len(SEGMENT_MAGIC):])
+        key = handle.read(size)
+        if len(key) != size or zlib.crc32(key) != crc:
+            return -1
+        saved = json.loads(key)
+        saved.setdefault("index_keys", 1)  # segments of the first format: one mean key per pair
+        if saved.get("sealed"):
+            from edgekv.privacy import SealError, Sealer
+
+            if self.keys is None or not self.keys.keys:
+                raise ArchiveError(f"{path}: sealed (encrypted) and this deployment has no key; set privacy.key_file "
+                                   "(or key_env / key_credential) to the key it was written with. The file is left "
+                                   "as it is")
+            try:
+                self._scan_sealer = Sealer.for_header(bytes.fromhex(saved["sealed"]), self.keys, str(path))
+            except SealError as exc:
+                raise ArchiveError(str(exc)) from None
+        wanted = asdict(self.shape)
+        for name, value in wanted.items():
+            if saved.get(name) != value:
+                if name == "index_keys":
+                    raise ArchiveMismatchError(
+                        f"{path}: indexed with archive.index_keys={saved[name]!r}, this config has "
+                        f"archive.index_keys={value!r}; set archive.index_keys: {saved[name]!r} or point "
+                        f"archive.dir at another folder")
+                raise ArchiveMismatchError(
+                    f"{path}: archived for {name}={saved.get(name)!r}, this model's cache has {name}={value!r}; "
+                    f"point archive.dir at another folder (or remove this one)")
+        return len(head) + size
+
+    def _scan(self) -> None:
+        numbers = self._segment_numbers()
+        for number in numbers:
+            self._scan_segment(number, verify_kv=number == numbers[-1])
+
+    def _scan_segment(self, number: int, verify_kv: bool) -> None:
+        self._scan_sealer = None
+        try:
+            self._scan_segment_records(number, verify_kv)
+            if self._scan_sealer is not None and number in self._segments:
+                self._sealers[number] = self._scan_sealer
+        finally:
+            self._scan_sealer = None
+
+    def _scan_segment_records(self, number: int, verify_kv: bool) -> None:
+        """Index every record of a segment that checks (see "Damage" in the module docstring): a damaged
+        record is skipped and counted and the scan resynchronizes on the next record that checks; a torn tail
+        is cut; nothing that checks is ever removed."""
+        path = self._segment_path(number)
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            start = self._read_header(path, handle)
+            if start < 0:
+                if size <= len(self._header_bytes()) and self._find_record(handle, 0, size) is None:
+                    log.warning("archive: %s: a header torn before its first record (%d bytes); removed", path, size)
+                    self.torn_bytes += size
+                    handle.close()
+                    path.unlink()
+                    return
+                log.warning("archive: %s: its header is damaged; reading its records with this archive's shape "
+                            "(each record is checked on its own)", path)
+                start = self._find_record(handle, 0, size)
+                if start is None:
+                    start = size
+                    self._skipped(path, 0, size, "no record in it checks")
+            size = self._scan_records(path, handle, number, start, size, verify_kv)
+        self._segments[number] = size
+
+    def _scan_records(self, path: Path, handle, number: int, offset: int, size: int, verify_kv: bool) -> int:
+        """The records of one segment from ``offset``; returns the segment's size (less a torn tail cut off)."""
+        previous: ArchivedPair | None = None  # the last record indexed: a partial one ends inside the next
+        while offset < size:
+            kind, parsed = self._parse_record(handle, number, offset, size, verify_kv)
+            if kind == "ok":
+                entry, keys, weights, end, damaged = parsed
+                if damaged:  # a layer failed its CRC: a damaged record, or one cut short with more written after
+                    inside = self._find_record(handle, offset + 1, end)
+                    if inside is not None:
+                        self._skipped(path, offset, inside, "a partial record with records written after it")
+                        offset = inside
+                        continue
+                    self.damaged_layers += len(damaged)
+                    log.warning("archive: %s: pair %d at byte %d: layer(s) %s damaged (failed their CRC); its other "
+                                "layers are kept", path, entry.pair, offset, sorted(damaged))
+                self._add(entry, keys, weights)
+                previous, offset = entry, end
+                continue
+            # sealed segments' KV is not read at open, so the record before may be a partial one: look in it too
+            since = previous.offset + 1 if previous is not None and not verify_kv else offset + 1
+            found = self._find_record(handle, since, size)
+            if found is None:
+                if kind == "torn":
+                    self.torn_bytes += size - offset
+                    log.warning("archive: %s: %d bytes after the last complete record (a torn write) cut off", path,
+                                size - offset)
+                    handle.close()
+                    os.truncate(path, offset)
+                    return offset
+                self._skipped(path, offset, size, "a damaged record at the end (left in place)")
+                return size
+            if found < offset:  # the record before was partial: the one found starts inside it
+                self._forget(previous.pair)
+                self._skipped(path, previous.offset, found, "a partial record with records written after it")
+            else:
+                self._skipped(path, offset, found, "a damaged record")
+            previous, offset = None, found
+        return size
+
+    def _skipped(self, path: Path, start: int, end: int, why: str) -> None:
+        self.bad_records += 1
+        self.skipped_bytes += end - start
+        log.warning("archive: %s: bytes %d-%d skipped: %s (damaged: failed its checksum); the scan goes on at "
+                    "the next record that checks", path, start, end, why)
+
+    def _find_record(self, handle, start: int, limit: int) -> int | None:
+        """The first offset in [start, limit) where a record's head and meta check (leveldb's reader skips to
+        the next block; records here are found by their magic, then proven by the meta's CRC)."""
+        chunk = 1 << 20
+        at = start
+        while at < limit:
+            handle.seek(at)
+            data = handle.read(min(chunk, limit - at) + len(RECORD_MAGIC) - 1)
+            if not data:
+                return None
+            hit = data.find(RECORD_MAGIC)
+            while hit >= 0 and at + hit < limit:
+                if self._record_head(handle, at + hit) is not None:
+                    return at + hit
+                hit = data.find(RECORD_MAGIC, hit + 1)
+            at += chunk
+        return None
+
+    def _meta_len(self, sealed: bool) -> int:
+        return self.shape.meta_bytes() + (_TAG if sealed else 0)
+
+    def _layer_len(self, tokens: int, sealed: bool) -> int:
+        return self.shape.layer_bytes(tokens) + (_TAG if sealed else 0)
+
+    def _nonce_index(self, seq: int, layer: int) -> int:
+        """The AES-GCM chunk index of a sealed record's layer (``layer = layers``: its meta)."""
+        return seq * (self.shape.layers + 1) + layer
+
+    def _record_head(self, handle, offset: int) -> tuple[bytes, int, int] | None:
+        """(meta, end, seq) of a record whose head and meta check at ``offset`` (in a sealed segment: the meta
+        opens under the segment's key), wherever it ends; None otherwise."""
+        sealer = self._scan_sealer
+        handle.seek(offset)
+        head = handle.read(_HEAD.size)
+        if len(head) < _HEAD.size:
+            return None
+        magic, meta_len, kv_len, meta_crc, seq = _HEAD.unpack(head)
+        if magic != RECORD_MAGIC or meta_len != self._meta_len(sealer is not None):
+            return None
+        meta = handle.read(meta_len)
+        if len(meta) != meta_len or zlib.crc32(meta) != meta_crc:
+            return None
+        if sealer is not None:
+            from edgekv.privacy import SealError
+
+            try:
+                meta = sealer.open(self._nonce_index(seq, self.shape.layers), meta, "archive record")
+            except SealError:
+                return None
+        tokens = _META.unpack_from(meta)[7]
+        if tokens <= 0 or kv_len != self.shape.layers * self._layer_len(tokens, sealer is not None):
+            return None
+        return meta, offset + _HEAD.size + meta_len + kv_len, seq
+
+    def _parse_record(self, handle, number: int, offset: int, size: int, verify_kv: bool) -> tuple[str, tuple | None]:
+        """("ok", (entry, keys, weights, end, damaged layers)), ("torn", None): the start of a record cut by the
+        end of the file, or ("bad", None): bytes that are not a record that checks."""
+        checked = self._record_head(handle, offset)
+        if checked is None:
+            handle.seek(offset)
+            head = handle.read(_HEAD.size)
+            if len(head) < _HEAD.size:
+                return "torn", None
+            magic, meta_len, kv_len, _, _ = _HEAD.unpack(head)
+            wanted = self._meta_len(self._scan_sealer is not None)
+            if magic == RECORD_MAGIC and meta_len == wanted and offset + _HEAD.size + meta_len > size:
+                return "torn", None  # the meta itself was cut
+            if magic == RECORD_MAGIC and meta_len == wanted and offset + _HEAD.size + meta_len + kv_len > size:
+                return "torn", None
+            return "bad", None
+        meta, end, seq = checked
+        if end > size:
+            return "torn", None
+        entry, keys, weights = self._unpack_meta(meta, number, offset, seq)
+        damaged: set[int] = set()
+        if verify_kv:
+            sealer = self._scan_sealer
+            layer_len = self._layer_len(entry.tokens, sealer is not None)
+            handle.seek(offset + _HEAD.size + self._meta_len(sealer is not None))
+            for layer, crc in enumerate(entry.layer_crcs):
+                data = handle.read(layer_len)
+                if sealer is not None:
+                    try:
+                        data = sealer.open(self._nonce_index(seq, layer), data, "archive record")
+                    except ValueError:
+                        damaged.add(layer)
+                        continue
+                if zlib.crc32(data) != crc:
+                    damaged.add(layer)
+        return "ok", (entry, keys, weights, end, damaged)
+
+    def _unpack_meta(self, meta: bytes, segment: int, offset: int,
+                     seq: int = 0) -> tuple[ArchivedPair, torch.Tensor, torch.Tensor]:
+        layers, cells = self.shape.layers, (self.shape.layers, self.shape.kv_heads, self.shape.index_keys)
+        pair, frame, t, tpos, t_offset, rows, cols, tokens = _META.unpack_from(meta)
+        at = _META.size
+        stream = bytes(meta[at:at + 16])
+        at += 16
+        crcs = tuple(int(c) for c in np.frombuffer(meta, dtype="<u4", count=layers, offset=at))
+        at += 4 * layers
+        count = int(np.prod(cells)) * self.shape.head_dim
+        keys = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=count, offset=at).copy())
+        at += 2 * count
+        if self.shape.index_keys > 1:
+            weights = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=int(np.prod(cells)), offset=at).copy())
+        else:
+            weights = torch.ones(int(np.prod(cells)), dtype=torch.float16)
+        entry = ArchivedPair(pair, frame, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs, seq)
+        return entry, keys.view(*cells, self.shape.head_dim), weights.view(cells)
+
+    # ------------------------------------------------------------------ ingest side
+    def submit(self, k: torch.Tensor, v: torch.Tensor, *, frame: int, t: float, tpos: int, t_offset: int,
+               rows: int, cols: int, stream: bytes) -> bool:
+        """Queue frame pair ``frame`` for writing under the next archive key (``next_pair``). When no staging
+        buffer is free: with ``when_full = "drop"`` (a live camera: ingest never waits on the disk) False and
+        ``dropped`` + 1; with ``"wait"`` (a replayed file or an evaluation, where ingest runs faster than
+        real time and every pair should be archived) it waits for the writer to free one.
+
+        k, v: [layers, kv_heads, P, head_dim] (views of the cache are fine: copied here, before returning).
+        """
+        if self._closed:
+            raise ArchiveError(f"{self.dir}: the archive is closed")
+        tokens = k.shape[2]
+        expected = (self.shape.layers, self.shape.kv_heads, tokens, self.shape.head_dim)
+        if tuple(k.shape) != expected or tuple(v.shape) != expected:
+            raise ValueError(f"archive: K/V must be [layers, kv_heads, P, head_dim] = {expected}, got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        if len(stream) != 16:
+            raise ValueError(f"archive: stream id must be 16 bytes, got {len(stream)}")
+        self._ensure_staging(tokens)
+        try:
+            staged = self._free.get_nowait()
+        except queue.Empty:
+            if self.when_full == "drop":
+                with self._lock:
+                    self.dropped += 1
+                return False
+            staged = self._wait_for_buffer()
+        staged.kv[:, 0].copy_(k)
+        staged.kv[:, 1].copy_(v)
+        staged.frame, staged.t, staged.tpos, staged.t_offset = int(frame), float(t), int(tpos), int(t_offset)
+        staged.rows, staged.cols, staged.tokens, staged.stream = int(rows), int(cols), tokens, stream
+        with self._lock:  # counted before it is queued: the writer can never see the queue empty with it pending
+            staged.pair = self._next_key
+            self._next_key += 1
+            self._pending += 1
+            self._idle.clear()
+        self._work.put(staged)
+        return True
+
+    def _wait_for_buffer(self) -> "_Staged":
+        started = time.perf_counter()
+        try:
+            while True:
+                try:
+                    return self._free.get(timeout=0.5)
+                except queue.Empty:
+                    if not self._writer.is_alive():
+                        raise ArchiveError(f"{self.dir}: the archive writer stopped; no staging buffer will "
+                                           f"come free") from None
+        finally:
+            self.wait_ms_total += (time.perf_counter() - started) * 1e3
+
+    def _ensure_staging(self, tokens: int) -> None:
+        if self._staging_tokens == tokens:
+            return
+        if self._staging_tokens is not None:
+            raise ValueError(f"archive: a pair of {tokens} tokens after pairs of {self._staging_tokens}; the frame "
+                             f"grid is fixed for a session")
+        shape = (self.shape.layers, 2, self.shape.kv_heads, tokens, self.shape.head_dim)
+        pin = torch.cuda.is_available()
+        for _ in range(self.queue_pairs):
+            self._free.put(_Staged(torch.empty(shape, dtype=self.shape.torch_dtype, pin_memory=pin)))
+        self._staging_tokens = tokens
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every submitted pair is on disk (True) or ``timeout`` passes (False); the writer stops
+        gathering a batch (``_LINGER_S``) and writes what is queued."""
+        if self._idle.is_set():
+            return True
+        self._hurry.set()
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Write what is queued, fsync, stop the writer. Idempotent."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        self._work.put(None)
+        self._writer.join(timeout)
+
+    # ------------------------------------------------------------------ writer thread
+    def _write_loop(self) -> None:
+        """Write queued pairs in batches: after the first pair the writer waits up to ``_LINGER_S`` for more
+        (at most half the staging buffers, so ingest always finds free ones), then computes the batch's
+        index rows in one pass and appends its records with one flush. Per pair it costs a few struct packs,
+        a checksum per layer and file writes; the torch work is per batch (measured on the toy model, where
+        ingest is ~5 ms per pair: ~0.5 ms of writer CPU per pair record by record, which the ingest thread
+        felt through the GIL)."""
+        largest = max(1, self.queue_pairs // 2)
+        stop = False
+        while not stop:
+            first = self._work.get()
+            if first is None:
+                break
+            batch = [first]
+            deadline = time.monotonic() + _LINGER_S
+            while len(batch) < largest:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                hurry = self._hurry.is_set()  # someone waits in flush(): write what is queued now
+                try:
+                    item = self._work.get_nowait() if hurry else self._work.get(timeout=min(remaining, 0.02))
+                except queue.Empty:
+                    if hurry:
+                        break
+                    continue
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            started = time.perf_counter()
+            try:
+                with self._write_lock:
+                    self._append_batch(batch)
+            finally:
+                self.write_ms_total += (time.perf_counter() - started) * 1e3
+                for staged in batch:
+                    self._free.put(staged)
+                with self._lock:  # idle only when every submitted pair is written or dropped (not when the queue
+                    self._pending -= len(batch)  # merely looks empty: a submit may be between its count and put)
+                    if self._pending == 0:
+                        self._idle.set()
+                        self._hurry.clear()
+        with self._write_lock:
+            self._close_segment()
+
+    def _summaries(self, batch: list[_Staged]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each pair's index row with its temporal rotation undone: fp16 keys [n, layers, kv_heads,
+        index_keys, head_dim] and weights [n, layers, kv_heads, index_keys] (``summarize_keys``). All tokens
+        of a pair share one temporal position, so undoing it on the summary is exact: the mean of rotated
+        keys is the rotated mean, and a rotation keeps distances, so the clusters are the same."""
+        keys = torch.stack([staged.kv[:, 0] for staged in batch]).float()  # [n, layers, kv_heads, P, D]
+        centroids, weights = summarize_keys(keys, self.shape.index_keys)
+        if self.inv_freq is not None and self.temporal_section > 0:
+            back = torch.tensor([-staged.tpos for staged in batch]).view(-1, 1, 1, 1).expand(centroids.shape[:-1])
+            centroids = rotate_temporal(centroids, back, self.inv_freq, self.temporal_section)
+        return centroids.to(torch.float16), weights.to(torch.float16)
+
+    def _append_batch(self, batch: list[_Staged]) -> None:
+        """Append each pair's record (a failing one — disk full, folder removed — is lost and counted, the
+        rest are written), fsync now and then, then index the written ones."""
+        keys, weights = self._summaries(batch)
+        written: list[tuple[ArchivedPair, int]] = []
+        for i, staged in enumerate(batch):
+            try:
+                written.append((self._append(staged, keys[i], weights[i]), i))
+            except Exception as exc:  # the stream goes on; this pair is lost
+                with self._lock:
+                    self.dropped += 1
+                self._write_failed(f"pair {staged.pair} not written", exc)
+            else:
+                with self._lock:
+                    self.written += 1
+                self._write_succeeded()
+        if self._fd is not None and time.monotonic() - self._last_fsync > _FSYNC_EVERY_S:
+            try:
+                self.files.fsync(self._fd)
+            except OSError as exc:  # a sync that fails may have lost pages: start afresh in a new segment
+                self._write_failed("fsync failed; the segment is sealed and a new one begun", exc)
+                self._close_segment(sync=False)
+            self._last_fsync = time.monotonic()
+        kept = [(entry, i) for entry, i in written if entry.segment in self._segments]  # retention may have
+        if kept:                                                     # deleted a segment later in the batch
+            index = torch.tensor([i for _, i in kept])
+            self._add_many([entry for entry, _ in kept], keys[index], weights[index])
+
+    def _write_failed(self, what: str, exc: BaseException) -> None:
+        """Count a failed write and say so: the first of a run of failures, then every 100th (a full disk
+        fails every pair until space returns)."""
+        self.write_errors += 1
+        self.failing = True
+        self.disk_full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row == 1 or self._failed_in_a_row % 100 == 0:
+            log.warning("archive: %s (%s); %d write error(s) in a row, %d pair(s) not archived so far", what,
+                        self.last_error, self._failed_in_a_row, self.dropped)
+
+    def _write_succeeded(self) -> None:
+        if self._failed_in_a_row:
+            log.warning("archive: writing again after %d failed write(s); %d pair(s) not archived so far",
+                        self._failed_in_a_row, self.dropped)
+        self._failed_in_a_row = 0
+        self.failing = self.disk_full = False
+
+    def _append(self, staged: _Staged, keys: torch.Tensor, weights: torch.Tensor) -> ArchivedPair:
+        """Write one record at the end of the open segment. A write that fails part way (a full disk) is
+        rolled back: the segment is truncated to its last complete record, so the next record follows a
+        complete one (or, when even that fails, the segment is sealed and the next record begins a new one)."""
+        flat = staged.kv.view(torch.uint8).numpy().reshape(self.shape.layers, -1)  # the record's layer blocks
+        crcs = np.array([zlib.crc32(chunk) for chunk in flat], dtype="<u4")
+        meta = b"".join((
+            _META.pack(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
+                       staged.tokens),
+            staged.stream, crcs.tobytes(), keys.numpy().astype("<f2").tobytes(),
+            weights.numpy().astype("<f2").tobytes() if self.shape.index_keys > 1 else b"",
+        ))
+        sealed = self.keys is not None and self.keys.enabled
+        kv_len = self.shape.layers * self._layer_len(staged.tokens, sealed)
+        record_len = _HEAD.size + self._meta_len(sealed) + kv_len
+        self._make_room(record_len, staged.t)
+        offset = self._segments[self._current]
+        sealer, seq = self._sealers.get(self._current), 0
+        if sealer is not None:  # every nonce once: a record's number is never reused in its segment, even when
+            seq, self._seq = self._seq, self._seq + 1  # a failed write is rolled back
+            meta = sealer.seal(self._nonce_index(seq, self.shape.layers), meta)
+            body = b"".join(sealer.seal(self._nonce_index(seq, layer), flat[layer].data)
+                            for layer in range(self.shape.layers))
+        else:
+            body = flat.data
+        head = _HEAD.pack(RECORD_MAGIC, len(meta), kv_len, zlib.crc32(meta), seq) + meta
+        try:
+            self._write_at(head, offset)
+            self._write_at(body, offset + len(head))
+        except BaseException:
+            self._roll_back(offset)
+            raise
+        with self._lock:
+            self._segments[self._current] = offset + record_len
+            newest = self._segment_newest_t.get(self._current, float("-inf"))
+            self._segment_newest_t[self._current] = max(newest, staged.t)
+        return ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
+                            staged.cols, staged.tokens, staged.stream, self._current, offset,
+                            tuple(int(c) for c in crcs), seq)
+
+    def _write_at(self, data, offset: int) -> None:
+        """All of ``data`` at ``offset`` of the open segment (a short write is continued; a failure raises)."""
+        self._write_to(self._fd, data, offset)
+
+    def _roll_back(self, offset: int) -> None:
+        """Cut what a failed write left after the last complete record."""
+        try:
+            self.files.truncate(self._fd, offset)
+        except OSError as exc:
+            log.warning("archive: a failed write could not be cut back (%s); the segment is sealed and the next "
+                        "record begins a new one (the reader skips the partial record)", exc)
+            self._close_segment(sync=False)
+
+    def _make_room(self, record_len: int, t: float) -> None:
+        """Open a segment if needed (a new one when the current would pass segment_bytes) and delete the
+        oldest sealed segments while the folder would pass max_bytes or they are older than max_age_s."""
+        if (self._current is None or self._segments[self._current] + record_len > self.segment_bytes
+                or (self._current in self._sealers and self._nonce_index(self._seq + 1, 0) >= 1 << 32)):
+            self._close_segment()
+            self._open_segment()
+        with self._lock:
+            sealed = sorted(n for n in self._segments if n != self._current)
+            for number in sealed:
+                too_big = sum(self._segments.values()) + record_len > self.max_bytes
+                too_old = (self.max_age_s is not None
+                           and self._segment_newest_t.get(number, float("-inf")) < t - self.max_age_s)
+                if not (too_big or too_old):
+                    break
+                self._delete_segment(number)
+        if sum(self._segments.values()) + record_len > self.max_bytes:
+            raise OSError(f"a record of {record_len} bytes does not fit archive.max_gib beside the open segment")
+
+    def _forget(self, pair: int) -> None:
+        """Drop ``pair`` from the index (its row is reused)."""
+        with self._lock:
+            del self._entries[pair]
+            row = self._row_of.pop(pair)
+            self._norms[row] = 0.0
+            self._weights[row] = 0.0
+            self._free_rows.append(row)
+
+    def _delete_segment(self, number: int) -> None:
+        with self._lock:
+            for pair in [p for p, e in self._entries.items() if e.segment == number]:
+                self._forget(pair)
+            self._segments.pop(number, None)
+            self._segment_newest_t.pop(number, None)
+            self._sealers.pop(number, None)
+            self._segment_path(number).unlink(missing_ok=True)
+            self.segments_deleted += 1
+
+    # ------------------------------------------------------------------ forget (issue 31)
+    def forget(self, t_from: float, t_to: float, stream: bytes | None = None) -> dict:
+        """Remove every archived pair stamped in ``[t_from, t_to]`` (of ``stream``, or of every stream) from the
+        files, not only from the index: each segment holding one is rewritten without it — the records kept are
+        copied byte for byte (a sealed record keeps its nonce and its bytes) into ``seg-N.ekva.tmp``, which is
+        fsynced and renamed over the segment — and a segment left with no record is deleted. Queued pairs are
+        written first and the open segment is sealed, so the writer's next record begins a new segment.
+        A crash part way leaves each segment either whole as it was or rewritten (a leftover ``.tmp`` is
+        removed at the next open). What it does not do: erase the flash blocks the old file used (the FTL
+        reuses them later); with ``privacy:`` keys set those blocks are ciphertext. Returns what was removed."""
+        self.flush()
+        removed_pairs, rewritten, deleted, freed = 0, 0, 0, 0
+        with self._write_lock:
+            self._close_segment()
+            with self._lock:
+                doomed = sorted((e for e in self._entries.values() if t_from <= e.t <= t_to
+                                 and (stream is None or e.stream == stream)), key=lambda e: (e.segment, e.offset))
+            by_segment: dict[int, set[int]] = {}
+            for entry in doomed:
+                by_segment.setdefault(entry.segment, set()).add(entry.pair)
+            for number, pairs in by_segment.items():
+                before = self._segments.get(number, 0)
+                if self._rewrite_segment(number, pairs):
+                    rewritten += 1
+                    freed += before - self._segments[number]
+                else:
+                    deleted += 1
+                    freed += before
+                removed_pairs += len(pairs)
+            if by_segment:
+                _fsync_dir(self.dir)
+        self.forgotten += removed_pairs
+        if removed_pairs:
+            log.info("archive: forgot %d pair(s) stamped %g..%g s (%d segment(s) rewritten, %d deleted, %d bytes "
+                     "freed)", removed_pairs, t_from, t_to, rewritten, deleted, freed)
+        return {"pairs": removed_pairs, "segments_rewritten": rewritten, "segments_deleted": deleted,
+                "bytes": freed}
+
+    def _rewrite_segment(self, number: int, drop: set[int]) -> bool:
+        """Segment ``number`` without the records of ``drop`` (False: none was left, the segment is deleted)."""
+        path = self._segment_path(number)
+        with self._lock:
+            keep = sorted((e for e in self._entries.values() if e.segment == number and e.pair not in drop),
+                          key=lambda e: e.offset)
+        if not keep:
+            self._delete_segment(number)
+            self.segments_deleted -= 1  # not retention
+            return False
+        sealed = number in self._sealers
+        tmp = path.with_name(path.name + ".tmp")
+        moved: list[ArchivedPair] = []
+        with open(path, "rb") as source:
+            first = keep[0].offset
+            header = self._segment_header(source, first)
+            fd = self.files.create(tmp)
+            try:
+                self._write_to(fd, header, 0)
+                at = len(header)
+                for entry in keep:
+                    length = _HEAD.size + self._meta_len(sealed) + self.shape.layers * self._layer_len(entry.tokens,
+                                                                                                       sealed)
+                    source.seek(entry.offset)
+                    data = source.read(length)
+                    if len(data) != length:
+                        raise ArchiveError(f"{path}: pair {entry.pair} at byte {entry.offset} is cut short")
+                    self._write_to(fd, data, at)
+                    moved.append(ArchivedPair(**{**asdict(entry), "offset": at}))
+                    at += length
+                self.files.fsync(fd)
+            except BaseException:
+                self.files.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            self.files.close(fd)
+        with self._lock:  # readers hold this lock while they read a segment
+            os.replace(tmp, path)
+            for pair in drop:
+                self._forget(pair)
+            for entry in moved:
+                self._entries[entry.pair] = entry
+            self._segments[number] = at
+        return True
+
+    def _segment_header(self, handle, first_record: int) -> bytes:
+        """The segment's header bytes as written (a damaged header: this archive's own, unsealed)."""
+        handle.seek(0)
+        data = handle.read(first_record)
+        if data.startswith(SEGMENT_MAGIC):
+            size, crc = _SEGMENT_HEAD.unpack_from(data, len(SEGMENT_MAGIC))
+            end = len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size + size
+            if end <= len(data) and zlib.crc32(data[len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size:end]) == crc:
+                return data[:end]
+        return self._header_bytes()
+
+    def _write_to(self, fd: int, data, offset: int) -> None:
+        """All of ``data`` at ``offset`` of ``fd`` (a short write is continued; a failure raises)."""
+        view = memoryview(data).cast("B")
+        while len(view):
+            done = self.files.pwrite(fd, view, offset)
+            if done <= 0:
+                raise OSError(errno.EIO, f"write returned {done}")
+            view, offset = view[done:], offset + done
+
+    def _open_segment(self) -> None:
+        numbers = self._segment_numbers()
+        number = max([*numbers, *self._segments, 0]) + 1
+        path = self._segment_path(number)
+        sealer = None
+        if self.keys is not None and self.keys.enabled:
+            from edgekv.privacy import Sealer
+
+            sealer = Sealer(self.keys.current)  # a new random salt: the segment's nonces are its own
+        self._fd = self.files.create(path)
+        header = self._header_bytes(sealer)
+        try:
+            self._write_at(header, 0)
+        except BaseException:  # a disk too full for a header: nothing in this segment, so no segment
+            self.files.close(self._fd)
+            self._fd = None
+            path.unlink(missing_ok=True)
+            raise
+        with self._lock:
+            self._segments[number] = len(header)
+            if sealer is not None:
+                self._sealers[number] = sealer
+        self._current, self._seq = number, 0
+        _fsync_dir(self.dir)
+
+    def _close_segment(self, sync: bool = True) -> None:
+        """Seal the open segment (fsync, close); the next record begins a new one. Never raises: a failing
+        fsync is counted (the records stay indexed; a reader checks each on its own)."""
+        fd, self._fd, self._current = self._fd, None, None
+        if fd is None:
+            return
+        try:
+            if sync:
+                self.files.fsync(fd)
+        except OSError as exc:
+            self._write_failed("fsync at the end of a segment failed", exc)
+        finally:
+            try:
+                self.files.close(fd)
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------------ retrieval side
+    def read_into(self, entry: ArchivedPair, targets: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> set[int]:
+        """Read layers of one archived pair straight into ``targets``: layer -> (k, v) destinations, each
+        [kv_heads, P, head_dim] of the archive's dtype whose rows per head are contiguous (slices of a
+        cache). Returns the layers read and verified; a layer failing its checksum is left out (counted in
+        ``bad_records``), all are when the record is gone (retention deleted its segment)."""
+        layer_bytes = self.shape.layer_bytes(entry.tokens)
+        good: set[int] = set()
+        with self._lock:  # retention cannot delete the segment while it is read
+            if entry.segment not in self._segments:
+                return good
+            sealer = self._sealers.get(entry.segment)
+            layer_len = self._layer_len(entry.tokens, sealer is not None)
+            base = entry.offset + _HEAD.size + self._meta_len(sealer is not None)
+            try:
+                fd = os.open(self._segment_path(entry.segment), os.O_RDONLY)
+            except OSError:
+                return good
+            try:
+                for layer, (k, v) in targets.items():
+                    host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype) for t in (k, v)]
+                    views = [_bytes_of(t[head]) for t in host for head in range(t.shape[0])]
+                    if sealer is not None:
+                        if not self._read_sealed(fd, sealer, entry, layer, base + layer * layer_len, views):
+                            continue
+                    elif os.preadv(fd, views, base + layer * layer_bytes) != layer_bytes:
+                        continue
+                    crc = 0
+                    for view in views:
+                        crc = zlib.crc32(view, crc)
+                    if crc != entry.layer_crcs[layer]:
+                        self.bad_records += 1
+                        continue
+                    for target, read in zip((k, v), host):
+                        if read is not target:
+                            target.copy_(read)
+                    good.add(layer)
+            finally:
+                os.close(fd)
+        return good
+
+    def _read_sealed(self, fd: int, sealer, entry: ArchivedPair, layer: int, at: int, views: list) -> bool:
+        """One sealed layer opened into ``views`` (False when short or when it does not authenticate)."""
+        length = self._layer_len(entry.tokens, True)
+        data = os.pread(fd, length, at)
+        if len(data) != length:
+            return False
+        try:
+            plain = memoryview(sealer.open(self._nonce_index(entry.seq, layer), data, "archive record"))
+        except ValueError:
+            self.bad_records += 1
+            return False
+        for view in views:
+            view[:] = plain[:len(view)]
+            plain = plain[len(view):]
+        return True
+
+    def read_layers(self, entry: ArchivedPair, layers: list[int]) -> dict[int, torch.Tensor]:
+        """K and V of some layers of one pair: layer -> [2, kv_heads, P, head_dim] (new tensors)."""
+        shape = (2, self.shape.kv_heads, entry.tokens, self.shape.head_dim)
+        out = {layer: torch.empty(shape, dtype=self.shape.torch_dtype) for layer in layers}
+        good = self.read_into(entry, {layer: (t[0], t[1]) for layer, t in out.items()})
+        return {layer: t for layer, t in out.items() if layer in good}
+
+    def read_layer(self, entry: ArchivedPair, layer: int) -> torch.Tensor | None:
+        """One layer of one pair (``read_layers``), None when it cannot be read."""
+        return self.read_layers(entry, [layer]).get(layer)
+
+    def stats(self) -> dict:
+        return {"archive_pairs": self.pairs, "archive_bytes": self.bytes_on_disk, "archive_dropped": self.dropped,
+                "archive_written": self.written, "archive_pending": self._pending,
+                "archive_write_errors": self.write_errors,
+                "archive_torn_bytes": self.torn_bytes, "archive_bad_records": self.bad_records,
+                "archive_skipped_bytes": self.skipped_bytes, "archive_damaged_layers": self.damaged_layers,
+                "archive_disk_full": int(self.disk_full), "archive_failing": int(self.failing),
+                "archive_last_error": self.last_error,
+                "archive_segments": len(self._segments), "archive_segments_deleted": self.segments_deleted,
+                "archive_write_ms_total": round(self.write_ms_total, 3), "archive_forgotten": self.forgotten,
+                "archive_sealed_segments": len(self._sealers),
+                "archive_wait_ms_total": round(self.wait_ms_total, 3)}
+
+
+def _bytes_of(rows: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous tensor (bf16 included: numpy sees its bytes)."""
+    if not rows.is_contiguous():
+        raise ValueError("archive: read targets must be contiguous per KV head")
+    return memoryview(rows.view(torch.uint8).numpy()).cast("B")
+
+
+def _weighted_mean(keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """fp32 [..., layers, kv_heads * head_dim] from keys [..., layers, kv_heads, m, head_dim] and weights
+    [..., layers, kv_heads, m]: each pair's mean key."""
+    mean = (keys.float() * weights.float().unsqueeze(-1)).sum(dim=-2)
+    return mean.flatten(start_dim=-2)
+
+
+def summarize_keys(keys: torch.Tensor, m: int, iters: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pair's keys in ``m`` representative keys per (pair, layer, head): keys [..., P, D] (fp32) ->
+    centroids [..., m, D] and weights [..., m], the share of the P tokens each one stands for.
+
+    ``m == 1``: the mean key, ReKV's representative vector (seed 001, §3). ``m > 1``: k-means (Lloyd,
+    ``iters`` rounds) seeded deterministically with the mean and then, one at a time, the key farthest from
+    the seeds so far — so an object that covers a few of a frame's patches gets a key of its own instead
+    of being averaged into the background. A cluster left empty keeps its seed with weight 0. With the toy,
+    2, 4 and 8 rounds recalled the same pairs (the tenth session's note on issue 11); each round costs ~5-10
+    ms per pair at the 3B shape (36 layers x 2 heads x 256 tokens x 128) on one core of the dev VM.
+    """
+    *lead, tokens, dim = keys.shape
+    x = keys.reshape(-1, tokens, dim)
+    mean = x.mean(dim=1, keepdim=True)
+    if m == 1:
+        return mean.view(*lead, 1, dim), torch.ones(*lead, 1, dtype=keys.dtype)
+    rows = torch.arange(x.shape[0])
+    norms = torch.einsum("bpd,bpd->bp", x, x)  # |x|^2, so |x - c|^2 = |x|^2 - 2 x.c + |c|^2 takes one matmul
+
+    def distance(c: torch.Tensor) -> torch.Tensor:  # [B, P] squared distance of every key to c [B, D]
+        return torch.baddbmm(norms.unsqueeze(-1), x, c.unsqueeze(-1), alpha=-2.0)[..., 0] + c.pow(2).sum(-1, keepdim=True)
+
+    seeds = [mean[:, 0]]
+    nearest = distance(mean[:, 0])  # [B, P] squared distance to the closest seed
+    for _ in range(m - 1):
+        far = x[rows, nearest.argmax(dim=1)]
+        seeds.append(far)
+        nearest = torch.minimum(nearest, distance(far))
+    centroids = torch.stack(seeds, dim=1)  # [B, m, D]
+
+    def assign(centroids: torch.Tensor) -> torch.Tensor:  # [B, P, m] one-hot of the nearest centroid
+        # argmin |x - c|^2 = argmax (2 x.c - |c|^2): one batched matmul, no [B, P, m, D] difference tensor
+        score = torch.baddbmm(centroids.pow(2).sum(-1).neg().unsqueeze(1), x, centroids.transpose(1, 2), alpha=2.0)
+        return torch.nn.functional.one_hot(score.argmax(dim=-1), m).to(x.dtype)
+
+    for _ in range(iters):
+        onehot = assign(centroids)
+        counts = onehot.sum(dim=1)  # [B, m]
+        sums = torch.bmm(onehot.transpose(1, 2), x)  # [B, m, D]
+        centroids = torch.where(counts.unsqueeze(-1) > 0, sums / counts.clamp_min(1).unsqueeze(-1), centroids)
+    weights = assign(centroids).mean(dim=1)
+    return centroids.view(*lead, m, dim), weights.view(*lead, m)
+
+
+def new_stream_id() -> bytes:
+    return uuid.uuid4().bytes
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the data files are still fsynced
+    finally:
+        os.close(fd)
+
+
+def _close_at_exit(ref: "weakref.ref[FrameArchive]") -> None:
+    archive = ref()
+    if archive is not None:
+        archive.close(timeout=10.0)

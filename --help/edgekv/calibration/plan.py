@@ -1,0 +1,227 @@
+"""``edgekv plan``: the largest cache budget M that fits a device's memory.
+
+    free for the cache = device memory - OS/runtime reserve - weights - activation workspace
+    M = free for the cache // bytes per token        (bytes per token from edgekv.cache.specs.CacheSpec)
+
+Everything is an estimate from formulas, not a measurement on a Jetson:
+- weights: parameter count x dtype bytes from config.json; with a ``quantization_config`` (a 4-bit AWQ /
+  GPTQ checkpoint, issue 29) the decoder layers' linears count what the AWQ layout holds — half a byte per
+  weight, a float16 scale and a 4-bit zero point per group of ``group_size`` — and everything else (vision
+  tower, embedding / tied head, norms) the serving dtype;
+- reserve: what JetPack, CUDA context and allocator slack take on a Jetson with the desktop off
+  (``DEFAULT_RESERVE_GB``, overridable): unified memory is shared with the OS;
+- activations: one frame pair through the vision tower (every block keeps ``patches x hidden`` plus its
+  MLP and attention scores per window) and one prefill chunk through the language model (logits of the
+  chunk, MLP, and scores against M keys), times a safety factor.
+
+Loading is not a separate peak: the loader reads each tensor straight into its final dtype (no memory map,
+a 32 MiB conversion buffer) and the CPU decode route repacks 4-bit weights one linear at a time, freeing
+each one's AWQ words as it goes. Measured on the x86 VM for a 4-bit 3B checkpoint in bf16 (issue 29):
+VmHWM 3.61 GiB through the Runtime's load and repack for 3.53 GiB resident after, and 3.90 GiB for a whole
+session with a 6144-slot cache, two frame pairs and an answer — the steady state, which is what this plan
+counts (before those changes the load alone peaked at 6.02 GiB).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from edgekv.cache.specs import CacheSpec, dtype_bytes
+from edgekv.model.int4 import QuantConfig
+
+DEFAULT_RESERVE_GB = 2.0  # JetPack 6 with the desktop off (~1.2 GB) + CUDA context and allocator slack
+SAFETY = 1.5
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Plan:
+    device_memory_bytes: int
+    reserve_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    bytes_per_token: int
+    max_tokens: int
+    tokens_per_pair: int
+    text_reserve_tokens: int
+    capped_by_positions: bool = False
+    weights_note: str = ""
+
+    @property
+    def frame_pairs_that_fit(self) -> int:
+        return max(0, (self.max_tokens - self.text_reserve_tokens) // self.tokens_per_pair)
+
+    def summary(self) -> str:
+        gib = 2**30
+        free = self.device_memory_bytes - self.reserve_bytes - self.weight_bytes - self.activation_bytes
+        return "\n".join([
+            f"device memory        {self.device_memory_bytes / gib:8.2f} GiB",
+            f"  OS/runtime reserve {self.reserve_bytes / gib:8.2f} GiB",
+            f"  weights            {self.weight_bytes / gib:8.2f} GiB{f' ({self.weights_note})' if self.weights_note else ''}",
+            f"  activations        {self.activation_bytes / gib:8.2f} GiB (one frame pair, x{SAFETY} safety)",
+            f"  left for the cache {free / gib:8.2f} GiB at {self.bytes_per_token} bytes per token",
+            f"cache.max_tokens: {self.max_tokens}   "
+            f"(~{self.frame_pairs_that_fit} frame pairs of {self.tokens_per_pair} tokens before the first "
+            f"compression, {self.text_reserve_tokens} kept for a question)",
+            *(["(capped at half the model's position range; more memory would fit more)"]
+              if self.capped_by_positions else []),
+            "estimates from formulas, not measured on a device",
+        ])
+
+
+def _model_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no config.json in the model directory")
+    data = json.loads(path.read_text())
+    text = data.get("text_config") or data
+    vision = data.get("vision_config") or {}
+    try:
+        quant = QuantConfig.from_model_config(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    return {"text": text, "vision": vision, "quant": quant,
+            "tie": data.get("tie_word_embeddings", text.get("tie_word_embeddings", True))}
+
+
+def _parameter_count(cfg: dict) -> int:
+    t, v = cfg["text"], cfg["vision"]
+    d, inter, layers, vocab = t["hidden_size"], t["intermediate_size"], t["num_hidden_layers"], t["vocab_size"]
+    heads, kv = t["num_attention_heads"], t["num_key_value_heads"]
+    hd = t.get("head_dim") or d // heads
+    per_layer = d * heads * hd * 2 + d * kv * hd * 2 + 3 * d * inter + 2 * d
+    lm = layers * per_layer + vocab * d * (1 if cfg["tie"] else 2) + d
+    if v:
+        vd, vi = v["hidden_size"], v["intermediate_size"]
+        patch = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 14) ** 2
+        merge = v.get("spatial_merge_size", 2) ** 2
+        vision = v["depth"] * (4 * vd * vd + 3 * vd * vi) + patch * vd + merge * vd * merge * vd \
+            + merge * vd * v.get("out_hidden_size", d)
+    else:
+        vision = 0
+    return lm + vision
+
+
+def _decoder_linears(cfg: dict) -> list[tuple[int, int]]:
+    """(in_features, out_features) of every decoder-layer linear (q, k, v, o, gate, up, down per layer)."""
+    t = cfg["text"]
+    d, inter, heads, kv = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"], t["num_key_value_heads"]
+    hd = t.get("head_dim") or d // heads
+    per_layer = [(d, heads * hd), (d, kv * hd), (d, kv * hd), (heads * hd, d), (d, inter), (d, inter), (inter, d)]
+    return per_layer * t["num_hidden_layers"]
+
+
+def _weight_bytes(model_dir: Path, cfg: dict, dtype: torch.dtype, lm_head: str = "as_loaded") -> int:
+    head = 0  # model.lm_head: int8 — the head (the tied embedding with it) as int8 + fp32 scales per 128 inputs
+    if lm_head == "int8":
+        from edgekv.model.decode_routes import int8_head_group
+
+        t = cfg["text"]
+        d, vocab = t["hidden_size"], t["vocab_size"]
+        group = int8_head_group(d) or d
+        head = vocab * d + vocab * (d // group) * 4 - vocab * d * dtype_bytes(dtype)
+    quant = cfg.get("quant")
+    if quant is None:
+        return _parameter_count(cfg) * dtype_bytes(dtype) + head
+    linears = _decoder_linears(cfg)
+    dense = _parameter_count(cfg) - sum(k * n for k, n in linears)
+    packed = 0
+    for k, n in linears:
+        groups = k // quant.group_for(k)
+        packed += k * n // 2 + groups * n * 2 + groups * n // 2  # 4-bit weights, fp16 scales, 4-bit zeros
+    return packed + dense * dtype_bytes(dtype) + head
+
+
+def _weights_note(cfg: dict, weight_dtype: str, override: bool, lm_head: str = "as_loaded") -> str:
+    if override:
+        return "--weights-gb"
+    quant = cfg.get("quant")
+    head = "; int8 lm_head" if lm_head == "int8" else ""
+    if quant is None:
+        return f"{weight_dtype}{head}"
+    embedding = "embedding (int8 head) and norms" if lm_head == "int8" and cfg["tie"] else "embedding and norms"
+    return (f"4-bit {quant.method.upper()} decoder linears, group {quant.group_size}; {weight_dtype} vision tower, "
+            f"{embedding}" + ("" if cfg["tie"] else head))
+
+
+def _activation_bytes(cfg: dict, tokens_per_pair: int, max_tokens: int, dtype: torch.dtype) -> int:
+    t, v = cfg["text"], cfg["vision"]
+    b = dtype_bytes(dtype)
+    patches = 4 * tokens_per_pair
+    vision = 0
+    if v:
+        window = (v.get("window_size", 112) // v.get("patch_size", 14)) ** 2
+        vision = patches * (4 * v["hidden_size"] + 2 * v["intermediate_size"]) * b \
+            + v["num_heads"] * patches * max(window, patches) * 4
+    # SDPA/flash attention never holds [heads, P, M] scores; the StateKV mass path reads keys in blocks
+    lm = tokens_per_pair * (4 * t["hidden_size"] + 2 * t["intermediate_size"]) * b \
+        + t["num_attention_heads"] * tokens_per_pair * 1024 * 4 \
+        + tokens_per_pair * t["vocab_size"] * 4
+    return int(SAFETY * (vision + lm))
+
+
+def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, int] = (448, 448),
+         weight_dtype: str = "bf16", reserve_gb: float = DEFAULT_RESERVE_GB, text_reserve_tokens: int = 512,
+         weights_gb: float | None = None, lm_head: str = "as_loaded") -> Plan:
+    """``weights_gb`` overrides the weight estimate (quantized engines: e.g. W4A16 LM + FP16 ViT); ``lm_head``
+    is ``model.lm_head`` (``int8``: the head, and the tied embedding, in int8)."""
+    dtype = _DTYPES[weight_dtype]
+    cfg = _model_config(Path(model_dir))
+    t = cfg["text"]
+    hd = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"], hd, dtype)
+    tokens_per_pair = (resolution[0] // 28) * (resolution[1] // 28)
+    total = int(device_memory_gb * 2**30)
+    reserve = int(reserve_gb * 2**30)
+    weights = int(weights_gb * 2**30) if weights_gb is not None else _weight_bytes(Path(model_dir), cfg, dtype, lm_head)
+    activations = _activation_bytes(cfg, tokens_per_pair, 0, dtype)
+    free = total - reserve - weights - activations
+    tokens = free // spec.bytes_per_token if free > 0 else 0
+    # more slots than the model has positions buy nothing (re-basing keeps positions below this)
+    position_cap = int(t.get("max_position_embeddings", 32768)) // 2
+    capped = tokens > position_cap
+    tokens = min(tokens, position_cap)
+    minimum = text_reserve_tokens + 2 * tokens_per_pair + 64
+    if tokens < minimum:
+        short = (minimum - tokens) * spec.bytes_per_token + max(0, -(total - reserve - weights - activations))
+        raise ValueError(
+            f"{device_memory_gb} GB cannot hold the model ({weights / 2**30:.2f} GiB of {weight_dtype} weights), "
+            f"the reserve ({reserve_gb} GB), activations and a minimal cache ({minimum} tokens): short by "
+            f"{short / 2**30:.2f} GiB; use 4-bit weights (an AWQ or GPTQ checkpoint, or `edgekv quantize`) or a smaller "
+            f"resolution")
+    return Plan(total, reserve, weights, activations, spec.bytes_per_token, int(tokens), tokens_per_pair,
+                text_reserve_tokens, capped, _weights_note(cfg, weight_dtype, weights_gb is not None, lm_head))
+
+
+def check_config(config_path: str | Path, device_memory_gb: float, model_dir: str | Path | None = None,
+                 reserve_gb: float = DEFAULT_RESERVE_GB, weights_gb: float | None = None) -> tuple[Plan, str]:
+    """Plan for a deployment config (its model, ``model.dtype``, ``video.resolution``,
+    ``cache.text_reserve_tokens``) and check its cap: (plan, verdict line); ValueError when the config's
+    ``cache.max_tokens`` (or ``max_mib``) is more than the device holds."""
+    from edgekv.config import load_config
+
+    config = load_config(config_path)
+    path = model_dir if model_dir is not None else config.model.path
+    if path is None:
+        raise ValueError(f"{config_path}: model.path is not set (or pass --model DIR)")
+    resolution = config.video.resolution or (448, 448)
+    result = plan(device_memory_gb, path, resolution=(int(resolution[0]), int(resolution[1])),
+                  weight_dtype=config.model.dtype, reserve_gb=reserve_gb,
+                  text_reserve_tokens=int(config.cache.text_reserve_tokens), weights_gb=weights_gb,
+                  lm_head=config.model.lm_head)
+    cfg = _model_config(Path(path))
+    t = cfg["text"]
+    spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"],
+                             t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"], _DTYPES[config.model.dtype])
+    cap = spec.tokens_for_mib(config.cache.max_mib) if config.cache.max_mib is not None else int(config.cache.max_tokens)
+    if cap > result.max_tokens:
+        raise ValueError(f"{config_path}: cache.max_tokens {cap} does not fit {device_memory_gb} GB (the plan allows "
+                         f"{result.max_tokens}; weights {result.weight_bytes / 2**30:.2f} GiB, {result.weights_note})")
+    free = result.device_memory_bytes - result.reserve_bytes - result.weight_bytes - result.activation_bytes
+    spare = free - cap * result.bytes_per_token
+    return result, (f"{config_path}: cache.max_tokens {cap} fits ({cap * result.bytes_per_token / 2**20:.0f} MiB; "
+                    f"the plan allows {result.max_tokens}, {spare / 2**30:.2f} GiB to spare)")

@@ -1,0 +1,242 @@
+"""What an engine bundle was built from, and the check that it fits the deployment that loads it.
+
+A bundle is a directory under ``engines.engine_dir`` named ``<model dir name>-<key>``; ``key`` hashes
+everything an engine depends on, so a cache of bundles can hold several models, configs and GPUs side by
+side:
+
+* the **model**: a content hash of ``config.json`` and every weight file (random and real weights of one
+  shape must not share engines). Hashing 7 GB takes seconds, so digests are remembered per file in
+  ``<engine_dir>/hashes.json`` keyed by (path, size, mtime) and recomputed only when a file changes;
+* the **config** fields the graphs bake in: frame grid (from ``video.resolution``), cache capacity M, model
+  dtype, the largest prefill chunk, the graph format version, and — for ``tensorrt`` — the precision;
+* for ``tensorrt`` also the **TensorRT version** and the **GPU** (name and compute capability): a plan file
+  only runs on the TensorRT build and the GPU model it was built for.
+
+``manifest.json`` inside the bundle records all of it plus the files built and their digests. Loading
+checks each recorded field against the running deployment and, on any difference, raises
+:class:`EngineMismatchError` naming the field, both values and the ``edgekv build`` command that rebuilds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GRAPH_FORMAT = 2  # bump when the graphs' inputs/outputs or semantics change (2: one llm graph)
+MANIFEST = "manifest.json"
+_HASH_CHUNK = 1 << 24
+
+
+class EngineError(ValueError):
+    """An engine cannot be used; the message says what to run to fix it."""
+
+
+class EngineMismatchError(EngineError):
+    """A bundle exists but was built for another model, config, TensorRT version or GPU."""
+
+
+def rebuild_hint(model_dir: str | Path, config, backend: str) -> str:
+    """The ``edgekv build`` command that builds engines for ``config`` (an ``EdgeKVConfig`` or a file path):
+    ``--config FILE`` when it came from a file, else its non-default keys as ``--set`` (a config made in
+    Python, e.g. ``Runtime.from_pretrained(d, cache={...})``), so the command runs as printed."""
+    import shlex
+
+    source = getattr(config, "source", config)
+    command = f"edgekv build --model {shlex.quote(str(model_dir))}"
+    if source and Path(str(source)).is_file():
+        command += f" --config {shlex.quote(str(source))}"
+    elif hasattr(config, "assignments"):
+        keep = ("model.", "video.", "cache.", "engines.")
+        command += "".join(f" --set {shlex.quote(a)}" for a in config.assignments(skip=("model.path",))
+                           if a.startswith(keep))
+    return f"build the engines with: {command} --backend {backend}"
+
+
+def file_digest(path: Path, memo: dict | None = None) -> str:
+    """sha256 of a file; ``memo`` maps ``str(path)`` -> {size, mtime_ns, sha256} and is updated."""
+    stat = path.stat()
+    key = str(path.resolve())
+    if memo is not None:
+        known = memo.get(key)
+        if known and known.get("size") == stat.st_size and known.get("mtime_ns") == stat.st_mtime_ns:
+            return known["sha256"]
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    value = digest.hexdigest()
+    if memo is not None:
+        memo[key] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": value}
+    return value
+
+
+def model_hash(model_dir: Path, memo_file: Path | None = None) -> str:
+    """Content hash of a checkpoint directory: config.json plus every ``*.safetensors`` file, by name."""
+    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise EngineError(f"model.path: {model_dir} is not a checkpoint directory (missing {', '.join(missing)})")
+    memo: dict = {}
+    if memo_file is not None and memo_file.is_file():
+        try:
+            memo = json.loads(memo_file.read_text())
+        except (OSError, ValueError):
+            memo = {}
+    total = hashlib.sha256()
+    for path in files:
+        total.update(path.name.encode() + b"\0" + file_digest(path, memo).encode() + b"\n")
+    if memo_file is not None:
+        try:
+            memo_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
+            os.replace(tmp, memo_file)
+        except OSError:
+            pass  # a read-only engine dir only costs a re-hash next time
+    return total.hexdigest()
+
+
+@dataclass(frozen=True)
+class BuildKey:
+    """The fields an engine bundle depends on (see the module docstring)."""
+
+    backend: str  # onnxruntime | tensorrt
+    model_hash: str
+    grid_thw: tuple[int, int, int]  # vision grid of one frame pair, in patches
+    cache_tokens: int  # M
+    dtype: str  # fp32 | fp16 | bf16: the graphs' I/O dtype (= the KV cache's)
+    max_chunk_tokens: int  # the largest prefill chunk the LLM engine accepts
+    precision: str | None = None  # tensorrt only: fp16 | bf16 | fp32 | int8 | fp8
+    tensorrt_version: str | None = None
+    gpu: str | None = None  # "NVIDIA H100 80GB HBM3 (sm_90)"
+    graph_format: int = GRAPH_FORMAT
+    kv_dtype: str | None = None  # "int8": the llm graph takes an 8-bit cache (codes + scales); None: model dtype
+
+    def fields(self) -> dict:
+        return {
+            "backend": self.backend, "model_hash": self.model_hash, "grid_thw": list(self.grid_thw),
+            "cache_tokens": self.cache_tokens, "dtype": self.dtype, "max_chunk_tokens": self.max_chunk_tokens,
+            "precision": self.precision, "tensorrt_version": self.tensorrt_version, "gpu": self.gpu,
+            "graph_format": self.graph_format,
+            **({"kv_dtype": self.kv_dtype} if self.kv_dtype is not None else {}),  # absent: bundles before it match
+        }
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.fields(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def bundle_dir(self, engine_dir: Path, model_name: str) -> Path:
+        return engine_dir / f"{model_name}-{self.backend}-{self.digest()}"
+
+
+# What each key field is called in the user's terms, for error messages.
+_FIELD_NAMES = {
+    "backend": "backend",
+    "model_hash": "model weights (content hash of model.path)",
+    "grid_thw": "frame grid [T, H, W] in patches (video.resolution)",
+    "cache_tokens": "cache capacity M in tokens (cache.max_tokens / cache.max_mib)",
+    "dtype": "graph dtype (model.dtype)",
+    "max_chunk_tokens": "largest prefill chunk (engines.max_chunk_tokens)",
+    "precision": "TensorRT precision (engines.precision)",
+    "tensorrt_version": "TensorRT version",
+    "gpu": "GPU",
+    "graph_format": "edgekv graph format",
+}
+
+
+def differences(built: dict, wanted: dict) -> list[str]:
+    """Human-readable differences between a manifest's key fields and the deployment's."""
+    out = []
+    for name, label in _FIELD_NAMES.items():
+        a, b = built.get(name), wanted.get(name)
+        if a != b:
+            if name == "model_hash":
+                a, b = str(a)[:12], str(b)[:12]
+            out.append(f"{label}: built for {a!r}, this deployment has {b!r}")
+    return out
+
+
+@dataclass
+class Manifest:
+    key: dict
+    model_dir: str
+    files: dict = field(default_factory=dict)  # graph name -> {file, sha256, bytes, inputs, outputs, ...}
+    versions: dict = field(default_factory=dict)
+    created: str = ""
+    build_s: float = 0.0
+
+    def write(self, bundle: Path) -> Path:
+        path = bundle / MANIFEST
+        data = {"edgekv_manifest": 1, "created": self.created or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "model_dir": self.model_dir, "key": self.key, "files": self.files, "versions": self.versions,
+                "build_s": round(self.build_s, 3)}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def read(cls, bundle: Path) -> Manifest:
+        path = bundle / MANIFEST
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise EngineError(f"{path}: no manifest — not an edgekv engine bundle") from None
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"{path}: unreadable manifest ({exc})") from None
+        if data.get("edgekv_manifest") != 1 or not isinstance(data.get("key"), dict):
+            raise EngineError(f"{path}: not an edgekv manifest (format {data.get('edgekv_manifest')!r})")
+        return cls(key=data["key"], model_dir=data.get("model_dir", ""), files=data.get("files", {}),
+                   versions=data.get("versions", {}), created=data.get("created", ""),
+                   build_s=float(data.get("build_s", 0.0)))
+
+    def path_of(self, bundle: Path, graph: str) -> Path:
+        entry = self.files.get(graph)
+        if entry is None:
+            raise EngineError(f"{bundle / MANIFEST}: the bundle has no {graph!r} graph (has: {', '.join(self.files)})")
+        return bundle / entry["file"]
+
+
+def locate(engine_dir: Path, model_dir: Path, key: BuildKey, hint: str) -> tuple[Path, Manifest]:
+    """The bundle built for ``key``, or an error that says what exists instead and how to rebuild.
+
+    ``engine_dir`` may also be a bundle itself (a directory holding ``manifest.json``, e.g. engines built
+    elsewhere and copied in): then its manifest must match ``key`` field by field.
+    """
+    wanted = key.fields()
+    if (engine_dir / MANIFEST).is_file():
+        bundle = engine_dir
+    else:
+        bundle = key.bundle_dir(engine_dir, model_dir.name)
+        if not (bundle / MANIFEST).is_file():
+            candidates = sorted(engine_dir.glob(f"*/{MANIFEST}")) if engine_dir.is_dir() else []
+            same_backend = []
+            for path in candidates:
+                try:
+                    other = Manifest.read(path.parent)
+                except EngineError:
+                    continue
+                if other.key.get("backend") == key.backend:
+                    same_backend.append((len(differences(other.key, wanted)), path.parent, other))
+            if same_backend:
+                _, nearest, other = min(same_backend, key=lambda item: item[0])
+                raise EngineMismatchError(
+                    f"no {key.backend} engines for this deployment under {engine_dir}; the nearest bundle "
+                    f"{nearest} differs — " + "; ".join(differences(other.key, wanted)) + f". {hint}")
+            raise EngineError(f"no {key.backend} engines built for this model and config under {engine_dir} "
+                              f"(expected {bundle}). {hint}")
+    manifest = Manifest.read(bundle)
+    diff = differences(manifest.key, wanted)
+    if diff:
+        raise EngineMismatchError(f"engines in {bundle} do not fit this deployment — " + "; ".join(diff) + f". {hint}")
+    for graph, entry in manifest.files.items():
+        path = bundle / entry["file"]
+        if not path.is_file():
+            raise EngineError(f"{path}: engine file missing ({graph} graph listed in {bundle / MANIFEST}). {hint}")
+        if "bytes" in entry and path.stat().st_size != entry["bytes"]:
+            raise EngineError(f"{path}: engine file is {path.stat().st_size} bytes, the manifest says "
+                              f"{entry['bytes']} (truncated or replaced). {hint}")
+    return bundle, manifest

@@ -1,0 +1,195 @@
+"""The ``tensorrt`` backend: TensorRT 10+ engines built from the exported ONNX graphs, run in place.
+
+    engines: {vision: tensorrt, llm: tensorrt, precision: fp16}      # then: edgekv build --backend tensorrt
+
+Builder (``build_engines``, called by ``edgekv build``): the ONNX parser reads each graph (external data
+included) into a strongly typed network; the ``llm`` engine gets two optimization profiles — prefill chunks,
+P in ``[1, max_chunk_tokens]`` with the frame pair as the optimum, and decode, P = 1 — used by two execution
+contexts of the one engine (one copy of the weights); everything else is static. The
+precision is the graphs' dtype (``engines.precision`` fp32 / fp16 / bf16 must equal ``model.dtype``; int8 =
+the vision engine in INT8 with the entropy calibrator below, fed by frames from
+``engines.int8_calibration``, on TensorRT 10 only, and the LLM engines in ``model.dtype``), a timing cache per (TensorRT version, GPU) under the engine dir that every
+later build reuses, and one serialized plan per graph next to its ONNX file. The plan is only valid for the
+TensorRT version and GPU that built it, which is why both are part of the bundle key (``manifest.py``).
+
+Runner (``tensorrt_runtime``): ``IExecutionContext.execute_async_v3`` on torch's current CUDA stream with every I/O tensor bound
+by address (``set_tensor_address``) — the session's KV cache buffers and torch-allocated outputs — so
+nothing is copied to or from the host.
+
+What was run where: this module was written against the TensorRT 10 Python API documentation; neither a
+Jetson nor TensorRT was available on the machines edgekv's CI and development used, so the tests that
+build and run engines (``tests/test_engines.py``, marked ``gpu`` and ``tensorrt``) were skipped there.
+The CPU-side parts — the install hint, the build key and manifest checks — are tested everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from edgekv.engines.manifest import EngineError
+
+if TYPE_CHECKING:  # build.py calls this module; the type only names what it passes
+    from edgekv.engines.build import Deployment
+
+INSTALL_HINT = (
+    "TensorRT's Python bindings are not installed. On a Jetson (JetPack 6, TensorRT 10): "
+    "sudo apt install python3-libnvinfer python3-libnvinfer-dev (create the venv with --system-site-packages "
+    "to see them); on an x86 machine with an NVIDIA GPU: pip install tensorrt. Or choose engines: onnxruntime"
+)
+WORKSPACE_BYTES = 4 * 1024 ** 3
+
+
+def require():
+    """The ``tensorrt`` module and a CUDA device, or an EngineError that says what to install."""
+    try:
+        import tensorrt
+    except ImportError:
+        raise EngineError(f"engines: tensorrt was asked for, but {INSTALL_HINT}") from None
+    if not torch.cuda.is_available():
+        raise EngineError("engines: tensorrt needs a CUDA GPU and a CUDA build of torch (on a Jetson, NVIDIA's "
+                          "JetPack torch wheel); none is visible here")
+    major = int(tensorrt.__version__.split(".")[0])
+    if major < 10:
+        raise EngineError(f"engines: TensorRT {tensorrt.__version__} found; edgekv needs TensorRT 10 or newer "
+                          f"(JetPack 6.x ships 10.x)")
+    return tensorrt
+
+
+def identity() -> tuple[str, str]:
+    """(TensorRT version, "GPU name (sm_XY)") — the two things a plan file is tied to."""
+    trt = require()
+    major, minor = torch.cuda.get_device_capability()
+    return trt.__version__, f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+
+
+def _logger(trt):
+    return trt.Logger(trt.Logger.WARNING)
+
+
+class FrameCalibrator:
+    """INT8 entropy calibration of the vision graph from real frames (TensorRT ``IInt8EntropyCalibrator2``).
+
+    Frames come from ``engines.int8_calibration`` (a video file or any ``video.source`` spec), preprocessed
+    exactly as the session does, as frame pairs; the calibration cache is kept next to the plan so a rebuild
+    skips the pass.
+    """
+
+    def __init__(self, trt, pixel_batches: list[torch.Tensor], cache_file: Path) -> None:
+        base = trt.IInt8EntropyCalibrator2
+
+        class _Calibrator(base):  # TensorRT calls these from C++; keep the tensors alive on self
+            def __init__(inner) -> None:
+                base.__init__(inner)
+                inner.batches = [b.cuda().contiguous() for b in pixel_batches]
+                inner.index = 0
+
+            def get_batch_size(inner) -> int:
+                return 1
+
+            def get_batch(inner, names):
+                if inner.index >= len(inner.batches):
+                    return None
+                batch = inner.batches[inner.index]
+                inner.index += 1
+                return [int(batch.data_ptr())]
+
+            def read_calibration_cache(inner):
+                return cache_file.read_bytes() if cache_file.is_file() else None
+
+            def write_calibration_cache(inner, cache) -> None:
+                cache_file.write_bytes(bytes(cache))
+
+        self.calibrator = _Calibrator()
+
+
+def _calibration_pixels(config, dep: Deployment, limit: int = 64) -> list[torch.Tensor]:
+    from edgekv.preprocess import FramePreprocessor
+    from edgekv.video.sources import iter_frames, open_source
+
+    source = config.engines.int8_calibration
+    if source is None:
+        raise EngineError("engines.int8_calibration: int8 needs calibration frames (a video file or source spec); "
+                          "set it, or choose engines.precision fp16")
+    vision = dep.model_config.vision
+    pre = FramePreprocessor(resolution=tuple(config.video.resolution), patch_size=vision.patch_size,
+                            temporal_patch_size=vision.temporal_patch_size, merge_size=vision.spatial_merge_size)
+    frames, batches = [], []
+    for frame in iter_frames(open_source(source)):
+        frames.append(frame)
+        if len(frames) == 2:
+            pixels, _ = pre.pair(*frames)
+            batches.append(pixels.to(torch.float32).clone())
+            frames.clear()
+        if len(batches) >= limit:
+            break
+    if not batches:
+        raise EngineError(f"engines.int8_calibration: {source} gave no frames")
+    return batches
+
+
+def _network_flags(trt, strongly_typed: bool) -> int:
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    return 1 << int(flag) if strongly_typed and flag is not None else 0
+
+
+def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
+    """Compile every ONNX graph of ``files`` into ``<graph>.plan``; updates each entry's ``file``.
+
+    Networks are strongly typed: each tensor keeps the dtype the ONNX graph gives it, so the engine runs in
+    ``model.dtype`` (the dtype of the cache it binds) and the graphs' explicit fp32 attention stays fp32.
+    TensorRT 11 only has strongly typed networks; TensorRT 10 has both. The one weakly typed build is
+    ``int8`` on TensorRT 10: the vision engine with INT8 + FP16 flags and the entropy calibrator (implicit
+    quantization, deprecated since 10.1 and removed in 11, where INT8 needs Q/DQ nodes in the graph).
+    """
+    trt = require()
+    logger = _logger(trt)
+    precision = dep.key.precision
+    major = int(str(dep.key.tensorrt_version).split(".")[0])
+    if precision == "fp8" or (precision == "int8" and major >= 11):
+        raise EngineError(f"engines.precision: {precision} on TensorRT {dep.key.tensorrt_version} needs an explicitly "
+                          f"quantized (Q/DQ) ONNX graph, which `edgekv build` does not produce yet; use "
+                          f"{dep.key.dtype} (= model.dtype)" + (", or int8 on TensorRT 10 (JetPack 6)" if major >= 11 else ""))
+    timing_file = dep.engine_dir / f"timing-trt{dep.key.tensorrt_version}-{_slug(dep.key.gpu)}.cache"
+    builder = trt.Builder(logger)
+    for name, entry in files.items():
+        implicit_int8 = precision == "int8" and name == "vision"
+        network = builder.create_network(_network_flags(trt, strongly_typed=not implicit_int8))
+        parser = trt.OnnxParser(network, logger)
+        onnx_path = bundle / entry["onnx"]
+        if not parser.parse_from_file(str(onnx_path)):
+            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise EngineError(f"{onnx_path}: TensorRT's ONNX parser failed: {errors}")
+        cfg = builder.create_builder_config()
+        cfg.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
+        if implicit_int8:  # post-training INT8 of the ViT, calibrated on real frames; fp16 where INT8 cannot go
+            cfg.set_flag(trt.BuilderFlag.INT8)
+            cfg.set_flag(trt.BuilderFlag.FP16)
+            calibrator = FrameCalibrator(trt, _calibration_pixels(config, dep), bundle / "vision.int8.cache")
+            cfg.int8_calibrator = calibrator.calibrator
+        # The LLM graphs stay in model.dtype under int8: activation-calibrated INT8 of a decoder loses
+        # accuracy, and the weight-only INT8/INT4 that speeds up decode needs Q/DQ nodes in the graph.
+        timing = cfg.create_timing_cache(timing_file.read_bytes() if timing_file.is_file() else b"")
+        cfg.set_timing_cache(timing, ignore_mismatch=False)
+        if name == "llm":  # profile 0: prefill chunks, P in [1, max] tuned for a frame pair; 1: decode, P = 1
+            hidden = dep.model_config.text.hidden_size
+            opt = min(dep.tokens_per_pair, dep.key.max_chunk_tokens)
+            for low, best, top in ((1, opt, dep.key.max_chunk_tokens), (1, 1, 1)):
+                profile = builder.create_optimization_profile()
+                profile.set_shape("embeds", (low, hidden), (best, hidden), (top, hidden))
+                profile.set_shape("position_ids", (3, low), (3, best), (3, top))
+                cfg.add_optimization_profile(profile)
+            entry["profiles"] = {"prefill": [1, opt, dep.key.max_chunk_tokens], "decode": [1, 1, 1]}
+        plan = builder.build_serialized_network(network, cfg)
+        if plan is None:
+            raise EngineError(f"TensorRT could not build the {name} engine from {onnx_path} (see the log above)")
+        path = bundle / f"{name}.plan"
+        path.write_bytes(bytes(plan))
+        entry["file"] = path.name
+        timing_file.write_bytes(bytes(cfg.get_timing_cache().serialize()))
+
+
+def _slug(text: str | None) -> str:
+    return "".join(c if c.isalnum() else "-" for c in (text or "gpu")).strip("-").lower()

@@ -1,0 +1,418 @@
+"""``edgekv eval videoqa``: real Qwen2.5-VL weights on video QA benchmarks, streamed through the capped cache.
+
+Each video is streamed into ONE session at ``--fps`` (frames picked by their timestamps, as the daemon
+samples a camera) under the deployment's cache (policy, cap, sinks), and its questions are asked of that
+cache. The cache is query-agnostic (DESIGN invariant 3) and each answer leaves it as it was, so one pass
+serves all of a video's questions:
+
+* **offline** benchmarks (MLVU, Video-MME) ask every question after the whole video;
+* **streaming** benchmarks (OVO-Bench, StreamingBench, RVS-Ego / RVS-Movie; readers and their layouts in
+  ``edgekv/eval/streaming_sets.py``) ask each question when the stream reaches its timestamp — the frames
+  after it are not yet seen — and streaming then goes on to the next question's time (and stops after the
+  video's last question). Each result row records what the session had seen when it was asked
+  (``frames_seen``, ``stream_t``, ``pairs_prefilled``: frame pairs prefilled so far, kept or not).
+
+Datasets, read in their published layouts from a local directory (nothing is downloaded):
+
+* **MLVU** (dev set, the layout of the MLVU release): ``DATA/json/<n>_<task>.json`` — a list of
+  ``{"video", "duration", "question", "candidates", "answer", "question_type"}`` with ``answer`` one of the
+  ``candidates`` — and the videos in ``DATA/video/<n>_<task>/<video>``. Only multiple-choice tasks
+  (items with ``candidates``) are scored. The headline figure is the mean of the per-task accuracies.
+* **Video-MME** (the ``lmms-lab/Video-MME`` layout): ``DATA/videomme/test-*.parquet`` (or the same rows
+  as ``.json`` / ``.jsonl``) with ``videoID, duration, domain, sub_category, task_type, question_id,
+  question, options, answer`` — ``options`` like ``"A. ..."``, ``answer`` a letter — and the videos in
+  ``DATA/data/<videoID>.mp4`` (the released zips unpack there) or ``DATA/video/<videoID>.mp4``. Scored
+  without subtitles, overall and per duration (short / medium / long) and task type.
+* **OVO-Bench** (``ovobench``), **StreamingBench** real-time (``streamingbench``), **RVS-Ego** / **RVS-Movie**
+  (``rvs_ego`` / ``rvs_movie``, open-ended): see ``edgekv/eval/streaming_sets.py``.
+
+Prompt for multiple choice (the format of InfiniPot-V's evaluation code, aiha-lab/InfiniPot-V):
+``Question: {q}\\nOptions:\\n`` then one line per option (MLVU: ``(A) {candidate}``; the others: ``A. ...``),
+then ``Respond with only the letter (A, B, C or D) of the correct option.`` (Video-MME and StreamingBench:
+``(A, B, C, or D)``). The reply's first option letter is the prediction; a reply with none counts as ``C``,
+as there. Open-ended questions (RVS) are asked as written plus ``Answer in a few words.`` (the references
+are short phrases) and scored with the token-F1 proxy of ``edgekv/eval/open_ended.py`` — not the papers'
+GPT judge.
+
+Results are appended to ``OUT/results.jsonl`` one item at a time (``--out``); a rerun skips the items
+already there (resumable: a video with questions left is streamed again and only those are asked), and
+``OUT/summary.json`` is rewritten after every video: accuracy per task and overall, each with a 95 % Wilson
+interval (``edgekv/eval/stats.py``).
+
+Reproducing InfiniPot-V's Qwen2.5-VL-3B figures at a 6K budget (seed 004, Table 1: MLVU 62.1, Video-MME
+59.3 with 768 uniformly sampled frames at up to 128 x 28 x 28 pixels): see the README section
+"Real-weights evaluation". Not run here: no real weights or datasets can be downloaded in this workplace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgekv.eval import open_ended
+from edgekv.eval.qa_item import LETTERS, VIDEO_SUFFIXES, DatasetError, Item
+from edgekv.eval.stats import proportion
+from edgekv.eval.streaming_sets import load_ovobench, load_rvs_ego, load_rvs_movie, load_streamingbench
+
+__all__ = ["DatasetError", "Item", "LETTERS", "LOADERS", "VIDEO_SUFFIXES", "extract_letter", "load_mlvu",
+           "load_videomme", "prompt", "run", "summarize"]
+
+
+# ---------------------------------------------------------------------------------------------- readers
+def load_mlvu(data: Path) -> list[Item]:
+    folder = data / "json"
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not files:
+        raise DatasetError(f"{folder}: no MLVU annotation files (expected json/<n>_<task>.json)")
+    items: list[Item] = []
+    for path in files:
+        try:
+            rows = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DatasetError(f"{path}: not a readable JSON list ({exc})") from None
+        if not isinstance(rows, list):
+            raise DatasetError(f"{path}: expected a JSON list of questions")
+        task = re.sub(r"^\d+_", "", path.stem)
+        for index, row in enumerate(rows):
+            if not isinstance(row, dict) or "candidates" not in row:
+                continue  # generation tasks (sub_scene, summary) have no candidates: not multiple choice
+            try:
+                candidates = [str(c) for c in row["candidates"]]
+                answer = LETTERS[candidates.index(str(row["answer"]))]
+                video = data / "video" / path.stem / str(row["video"])
+                question = str(row["question"])
+            except (KeyError, ValueError, IndexError) as exc:
+                raise DatasetError(f"{path}: item {index} lacks video/question/candidates/answer ({exc!r})") from None
+            options = tuple(f"({LETTERS[i]}) {c}" for i, c in enumerate(candidates))
+            items.append(Item(f"{path.stem}/{index}", video, question, options, answer, task,
+                              {"duration": row.get("duration")}))
+    return items
+
+
+def load_videomme(data: Path) -> list[Item]:
+    folder = data / "videomme"
+    rows: list[dict] = []
+    parquet = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    plain = sorted([*folder.glob("*.json"), *folder.glob("*.jsonl")]) if folder.is_dir() else []
+    if parquet:
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise DatasetError(f"{parquet[0]}: reading Video-MME's parquet needs pyarrow "
+                               "(pip install 'edgekv[eval]' or pip install pyarrow)") from None
+        for path in parquet:
+            rows.extend(pq.read_table(path).to_pylist())
+    elif plain:
+        for path in plain:
+            text = path.read_text()
+            try:
+                if path.suffix == ".jsonl":
+                    rows.extend(json.loads(line) for line in text.splitlines() if line.strip())
+                else:
+                    rows.extend(json.loads(text))
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}: not valid JSON ({exc})") from None
+    else:
+        raise DatasetError(f"{folder}: no Video-MME annotations (expected videomme/test-*.parquet, .json or .jsonl)")
+    items = []
+    for index, row in enumerate(rows):
+        try:
+            video_id = str(row["videoID"])
+            options = tuple(str(o) for o in row["options"])
+            answer = str(row["answer"]).strip().upper()[:1]
+            question = str(row["question"])
+        except (KeyError, TypeError) as exc:
+            raise DatasetError(f"{folder}: row {index} lacks videoID/question/options/answer ({exc!r})") from None
+        if answer not in LETTERS[: len(options)]:
+            raise DatasetError(f"{folder}: row {index}: answer {row['answer']!r} is not an option letter")
+        video = _first_existing([data / sub / f"{video_id}{suffix}" for sub in ("data", "video")
+                                 for suffix in VIDEO_SUFFIXES]) or data / "data" / f"{video_id}.mp4"
+        items.append(Item(str(row.get("question_id", f"{video_id}-{index}")), video, question, options, answer,
+                          str(row.get("task_type", "unknown")),
+                          {"duration": row.get("duration"), "domain": row.get("domain")}))
+    return items
+
+
+def _first_existing(paths: list[Path]) -> Path | None:
+    return next((p for p in paths if p.is_file()), None)
+
+
+LOADERS = {"mlvu": load_mlvu, "videomme": load_videomme, "ovobench": load_ovobench,
+           "streamingbench": load_streamingbench, "rvs_ego": load_rvs_ego, "rvs_movie": load_rvs_movie}
+OXFORD_COMMA = ("videomme", "streamingbench")  # their own prompts list the letters as (A, B, C, or D)
+OPEN_ENDED_PROMPT = "Answer in a few words."
+
+
+def prompt(item: Item, dataset: str) -> str:
+    if item.open_ended:
+        return f"{item.question}\n{OPEN_ENDED_PROMPT}"
+    letters = ", ".join(LETTERS[: len(item.options) - 1]) + ("," if dataset in OXFORD_COMMA else "") + \
+        f" or {LETTERS[len(item.options) - 1]}"
+    lines = [f"Question: {item.question}", "Options:", *item.options,
+             f"Respond with only the letter ({letters}) of the correct option."]
+    return "\n".join(lines)
+
+
+def extract_letter(reply: str, options: int = 4) -> str:
+    """The first option letter in a reply (``A``, ``(B)``, ``C.``, ``[D]``); ``C`` when there is none."""
+    valid = LETTERS[:options]
+    found = re.findall(rf"[\(\[\s]*([{valid}])(?:[\)\]\.\s:,]|$)", reply.replace("Answer", "").strip())
+    return found[0] if found else "C"
+
+
+# ---------------------------------------------------------------------------------------------- running
+ASK_EPSILON_S = 1e-6  # container clocks are in ms, floats are not: a frame read at 2.0000001 s is the 2 s frame
+CHOICE_MAX_NEW_TOKENS = 8
+OPEN_MAX_NEW_TOKENS = 64
+NOTES = {
+    "ovobench": "Backward Tracing and Real-Time Visual Perception only: the Forward Active Responding tasks (REC, "
+                "SSR, CRR) are left out, so there is no forward average and no OVO-Bench total; "
+                "backward_realtime_avg is the mean of the two category averages (each a mean of task accuracies)",
+    "streamingbench": "Real-Time Visual Understanding subset; each question sees what the cap kept of the whole "
+                      "stream so far (StreamingBench's main table gives only the 60 s before the question)",
+    "rvs_ego": f"open-ended: correct = token F1 >= {open_ended.CORRECT_F1} against the reference "
+               "(edgekv/eval/open_ended.py), NOT the papers' GPT-3.5 judge; not comparable to published RVS figures",
+}
+NOTES["rvs_movie"] = NOTES["rvs_ego"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgekv.config import ConfigError, EdgeKVConfig, load_config
+
+    data = Path(args.data).expanduser()
+    try:
+        items = LOADERS[args.dataset](data)
+    except DatasetError as exc:
+        print(f"edgekv eval videoqa: {exc}", file=sys.stderr)
+        return 2
+    if args.limit:
+        items = items[: args.limit]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    done = _read_results(results_path)
+    try:
+        base = load_config(args.config) if args.config else EdgeKVConfig()
+        cache = {"policy": args.policy, "max_tokens": args.max_tokens, "sinks": args.sinks,
+                 "text_reserve_tokens": args.text_reserve}
+        config = base.with_overrides(model={"path": args.model, **({"dtype": args.dtype} if args.dtype else {})},
+                                     cache=cache, video={"fps": args.fps, "resolution": args.resolution})
+    except ConfigError as exc:
+        print(f"edgekv eval videoqa: {exc}", file=sys.stderr)
+        return 2
+    missing = sorted({str(i.video) for i in items if not i.video.is_file()})
+    if missing:
+        print(f"edgekv eval videoqa: {len(missing)} video file(s) missing, e.g. {missing[0]}", file=sys.stderr)
+        return 2
+    from edgekv.runtime import Runtime
+
+    runtime = Runtime(config)
+    by_video: dict[Path, list[Item]] = {}
+    for item in items:
+        if item.id not in done:
+            by_video.setdefault(item.video, []).append(item)
+    progress = _progress(sum(len(v) for v in by_video.values()), f"{args.dataset} ({len(done)} already done)")
+    with _append(results_path) as sink:
+        for video, questions in by_video.items():
+            for record in stream_and_ask(runtime.session(), video, questions, args.dataset, args.fps,
+                                         args.max_frames, args.max_new_tokens):
+                sink.write(json.dumps(record) + "\n")
+                sink.flush()
+                done[record["id"]] = record
+                progress(1)
+            _write_summary(out, args, config, done)
+    summary = _write_summary(out, args, config, done)
+    print(json.dumps(summary["accuracy"], indent=1))
+    print(f"wrote {results_path} and {out / 'summary.json'}")
+    return 0
+
+
+@dataclass
+class _Seen:
+    """What the stream has put into the session so far."""
+
+    frames: int = 0
+    t: float | None = None  # the last frame's timestamp
+    ingest_s: float = 0.0
+
+
+def stream_and_ask(session, video: Path, questions: list[Item], dataset: str, fps: float,
+                   max_frames: int | None = None, max_new_tokens: int | None = None) -> Iterator[dict]:
+    """Stream ``video`` into ``session`` once and ask each question when the stream reaches its ``ask_at``
+    (after the whole video when it has none); yields each question's result row as it is answered.
+
+    A question at time T is asked before the first frame stamped after T goes in, so it sees exactly the
+    frames up to T; the stream stops after the last question (nothing later can change an answer).
+    ``session`` is a ``StreamSession`` (``ingest``, ``ask``, ``stats``); its ``ask`` leaves the cache as it was.
+    """
+    from edgekv.video.sources import iter_frames
+
+    queue = sorted(questions, key=lambda item: math.inf if item.ask_at is None else item.ask_at)  # stable
+    seen = _Seen()
+    with closing(iter_frames(str(video), max_frames=max_frames, fps=fps)) as frames:
+        for frame, t in frames:
+            while queue and queue[0].ask_at is not None and t > queue[0].ask_at + ASK_EPSILON_S:
+                yield _ask(session, queue.pop(0), dataset, seen, max_new_tokens)
+            if not queue:
+                return
+            started = time.perf_counter()
+            session.ingest(frame, t=t)
+            seen.ingest_s += time.perf_counter() - started
+            seen.frames += 1
+            seen.t = t
+    while queue:  # after the whole video (offline benchmarks), or a time past the video's end
+        yield _ask(session, queue.pop(0), dataset, seen, max_new_tokens)
+
+
+def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | None) -> dict:
+    stats = session.stats()
+    if max_new_tokens is None:
+        max_new_tokens = OPEN_MAX_NEW_TOKENS if item.open_ended else CHOICE_MAX_NEW_TOKENS
+    started = time.perf_counter()
+    answer = session.ask(prompt(item, dataset), max_new_tokens=max_new_tokens)
+    record: dict = {"id": item.id, "task": item.task, "video": str(item.video), "answer": item.answer}
+    if item.open_ended:
+        record.update(open_ended.score(answer.text, item.answer))
+    else:
+        predicted = extract_letter(answer.text, len(item.options))
+        record.update(predicted=predicted, correct=predicted == item.answer)
+    record.update({
+        "reply": answer.text, "answer_s": round(time.perf_counter() - started, 3), "ttft_s": round(answer.ttft_s, 3),
+        "ask_at": item.ask_at, "stream_t": seen.t, "frames_seen": seen.frames, "pairs_prefilled": stats["frame_pairs"],
+        "ingest_fps": round(seen.frames / seen.ingest_s, 3) if seen.ingest_s else None,
+        "cache_tokens": stats["cache_tokens"], "compressions": stats["compressions"],
+        **{k: v for k, v in item.extra.items() if v is not None}})
+    return record
+
+
+def _append(path: Path):
+    """``results.jsonl`` opened to append, after a newline if an interrupted run left a torn last line (the next
+    row would be glued to it and lost too)."""
+    torn = False
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as existing:
+            existing.seek(-1, 2)
+            torn = existing.read(1) != b"\n"
+    sink = path.open("a")
+    if torn:
+        sink.write("\n")
+    return sink
+
+
+def _read_results(path: Path) -> dict[str, dict]:
+    done: dict[str, dict] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by an interrupted run: that item is asked again
+            done[record["id"]] = record
+    return done
+
+
+def summarize(records: list[dict], dataset: str) -> dict:
+    """Accuracy per task and overall (percent, as the papers print them) and the same as proportions with a
+    95 % Wilson interval (``tasks``, ``all``); the benchmark's own headline averages beside them."""
+    tasks: dict[str, list[dict]] = {}
+    durations: dict[str, list[bool]] = {}
+    for r in records:
+        tasks.setdefault(r["task"], []).append(r)
+        if dataset == "videomme" and r.get("duration"):
+            durations.setdefault(str(r["duration"]), []).append(r["correct"])
+    per_task = {t: _percent(rs) for t, rs in sorted(tasks.items())}
+    out = {"questions": len(records), "overall": _percent(records) if records else None, "per_task": per_task,
+           "all": _proportion(records), "tasks": {t: _proportion(rs) for t, rs in sorted(tasks.items())}}
+    if dataset == "mlvu":
+        out["m_avg"] = _mean(per_task.values())
+    if durations:
+        out["per_duration"] = {d: round(100 * sum(v) / len(v), 2) for d, v in sorted(durations.items())}
+    if dataset == "ovobench":  # OVO-Bench's score.py: a category's figure is the mean of its tasks' accuracies
+        categories: dict[str, list[float]] = {}
+        for task, rs in sorted(tasks.items()):
+            categories.setdefault(rs[0].get("category", "unknown"), []).append(per_task[task])
+        out["per_category"] = {c: _mean(v) for c, v in sorted(categories.items())}
+        out["backward_realtime_avg"] = _mean(out["per_category"].values())
+    if records and "f1" in records[0]:  # open-ended: the proxy's mean F1 and exact-match rate beside "correct"
+        out["f1_mean"] = round(sum(r["f1"] for r in records) / len(records), 4)
+        out["exact_match"] = proportion(sum(bool(r["exact"]) for r in records), len(records))
+    return out
+
+
+def _percent(records: list[dict]) -> float:
+    return round(100 * sum(bool(r["correct"]) for r in records) / len(records), 2)
+
+
+def _proportion(records: list[dict]) -> dict:
+    return proportion(sum(bool(r["correct"]) for r in records), len(records))
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return round(sum(values) / len(values), 2) if values else None
+
+
+def _write_summary(out: Path, args: argparse.Namespace, config, done: dict[str, dict]) -> dict:
+    records = list(done.values())
+    fps_values = [r["ingest_fps"] for r in records if r.get("ingest_fps")]
+    streamed = any(r.get("ask_at") is not None for r in records)
+    summary = {
+        "dataset": args.dataset, "model": args.model, "policy": config.cache.policy,
+        "budget_tokens": config.cache.max_tokens, "sinks": config.cache.sinks, "fps": config.video.fps,
+        "resolution": config.video.resolution, "dtype": config.model.dtype,
+        "questions_asked": "at their timestamps during the stream" if streamed else "after the whole video",
+        "accuracy": summarize(records, args.dataset),
+        "throughput": {"ingest_frames_per_s_mean": round(sum(fps_values) / len(fps_values), 3) if fps_values else None,
+                       "answer_s_mean": round(sum(r["answer_s"] for r in records) / len(records), 3) if records else None},
+    }
+    if args.dataset in NOTES:
+        summary["note"] = NOTES[args.dataset]
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _progress(total: int, label: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        count = [0]
+
+        def step(n: int) -> None:
+            count[0] += n
+            print(f"{label}: {count[0]}/{total}", file=sys.stderr)
+
+        return step
+    bar = tqdm(total=total, desc=label, unit="q")
+    return bar.update
+
+
+def add_videoqa_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="Qwen2.5-VL checkpoint directory (e.g. Qwen2.5-VL-3B-Instruct)")
+    parser.add_argument("--dataset", required=True, choices=sorted(LOADERS))
+    parser.add_argument("--data", required=True,
+                        help="dataset directory in its published layout (edgekv/eval/videoqa.py, streaming_sets.py)")
+    parser.add_argument("--config", default=None, help="deployment YAML to start from (flags override it)")
+    parser.add_argument("--policy", default="infinipot_v")
+    parser.add_argument("--max-tokens", type=int, default=6144, help="cache cap M in tokens")
+    parser.add_argument("--sinks", type=int, default=0, help="StateKV sink budget B (0 = off)")
+    parser.add_argument("--text-reserve", type=int, default=512, help="slots of M kept for the prompt and answer")
+    parser.add_argument("--fps", type=float, default=0.5, help="frames sampled per second of video")
+    parser.add_argument("--resolution", type=int, nargs=2, default=[252, 448], metavar=("H", "W"),
+                        help="frame grid (multiples of 28); 252x448 = 144 tokens per frame pair")
+    parser.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"])
+    parser.add_argument("--max-frames", type=int, default=None,
+                        help="stop each video after this many frames (questions left are asked there)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"tokens per answer; when not given: {CHOICE_MAX_NEW_TOKENS} for multiple choice, "
+                             f"{OPEN_MAX_NEW_TOKENS} for open-ended questions")
+    parser.add_argument("--limit", type=int, default=None, help="first N questions only")
+    parser.add_argument("--out", default="out/videoqa", help="results.jsonl + summary.json go here")
+    parser.set_defaults(run=run)

@@ -1,0 +1,35 @@
+"""``sink_recent``: attention sinks plus a recent window (StreamingLLM; the vLLM hybrid allocator's
+sink + sliding-window eviction, seed 003). The first ``sink_pairs`` frame pairs of the stream are kept
+for ever next to the prefix; the rest of the budget goes to the newest tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from edgekv.policies.base import CacheView, ScoredPolicy, register
+
+
+@register
+@dataclass
+class SinkRecentPolicy(ScoredPolicy):
+    name: ClassVar[str] = "sink_recent"
+    sink_pairs: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sink_pairs < 0:
+            raise ValueError(f"sink_pairs must be >= 0, got {self.sink_pairs}")
+
+    def protected(self, view: CacheView) -> torch.Tensor:
+        first = view.frame.masked_fill(~view.vision, 2**30).amin()
+        stream_sinks = view.vision & (view.frame < first + self.sink_pairs)
+        return super().protected(view) | stream_sinks
+
+    def score(self, view: CacheView) -> torch.Tensor:
+        n = view.frame.shape[-1]
+        order = torch.arange(n, device=view.frame.device, dtype=torch.float32) / max(n, 1)
+        return view.frame.to(torch.float32) + order

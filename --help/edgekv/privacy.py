@@ -1,0 +1,156 @@
+"""The one place for the key that seals what the device keeps on flash (``privacy:`` in the config).
+
+Snapshots (edgekv/state.py) — and so the memory of everything seen — are encrypted at rest with AES-256-GCM
+(``cryptography``'s AEAD, NIST SP 800-38D) when a key is configured. The key is 32 random bytes, given as a file
+(``privacy.key_file``: raw 32 bytes, or 64 hex digits, or base64), an environment variable (``privacy.key_env``:
+hex or base64), or a systemd credential (``privacy.key_credential``: the name under ``$CREDENTIALS_DIRECTORY``,
+``LoadCredentialEncrypted=`` in the unit keeps it sealed by the TPM or the host key on disk). Make one with
+``head -c 32 /dev/urandom > /etc/edgekv/memory.key`` (mode 0400, owned by the service user).
+
+Each sealed file names its key by id (the first 8 bytes of the key's SHA-256), so a wrong key is told from a
+damaged file: a wrong or missing key is a one-line error naming the file and the key ids, and the file is left as
+it is. Key rotation: put the new key in ``key_file`` and the old one in ``previous_key_files``; files sealed with
+the old key still open, every new snapshot is sealed with the new one, and after ``state.every_s`` (two
+generations) no file needs the old key any more: remove it from the config.
+
+Sealing is in chunks (``CHUNK`` bytes of plaintext each, 16-byte tag), so a snapshot is written and read one layer
+at a time as before, and each chunk is authenticated on its own: nonce = the file's random 8-byte salt + the
+chunk's 4-byte index (never reused under one key: a new salt per file), associated data = the file's header and
+the chunk's index (a chunk moved, dropped or swapped fails its tag).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK = 1 << 20
+TAG = 16
+KEY_BYTES = 32
+
+
+class SealError(ValueError):
+    """A key that cannot be loaded or does not open a file; the message names the file (or variable)."""
+
+
+@dataclass(frozen=True)
+class Key:
+    material: bytes
+    source: str  # where it came from, for messages
+
+    @property
+    def id(self) -> bytes:
+        return hashlib.sha256(self.material).digest()[:8]
+
+
+def _decode(raw: bytes, source: str) -> Key:
+    text = raw.strip()
+    if len(raw) == KEY_BYTES and not all(32 <= b < 127 for b in raw):
+        return Key(bytes(raw), source)
+    for decode in (lambda t: bytes.fromhex(t.decode()), lambda t: base64.b64decode(t, validate=True)):
+        try:
+            material = decode(text)
+        except (ValueError, binascii.Error, UnicodeDecodeError):
+            continue
+        if len(material) == KEY_BYTES:
+            return Key(material, source)
+    raise SealError(f"{source}: not a 256-bit key (32 raw bytes, 64 hex digits or base64 of 32 bytes); make one "
+                    "with: head -c 32 /dev/urandom > FILE")
+
+
+def _read(path: str | Path, source: str) -> Key:
+    path = Path(path).expanduser()
+    try:
+        return _decode(path.read_bytes(), f"{source} {path}")
+    except FileNotFoundError:
+        raise SealError(f"{source} {path}: no such key file") from None
+    except PermissionError:
+        raise SealError(f"{source} {path}: not readable by this user") from None
+
+
+class KeyRing:
+    """The key new files are sealed with (``current``) and every key files may be opened with."""
+
+    def __init__(self, current: Key | None, previous: list[Key] = ()) -> None:
+        self.current = current
+        self.keys = {key.id: key for key in ([current] if current else []) + list(previous)}
+
+    @classmethod
+    def from_section(cls, section) -> "KeyRing":
+        current = None
+        if section.key_file:
+            current = _read(section.key_file, "privacy.key_file")
+        elif section.key_env:
+            value = os.environ.get(section.key_env)
+            if not value:
+                raise SealError(f"privacy.key_env: the environment variable {section.key_env} is not set")
+            current = _decode(value.encode(), f"privacy.key_env {section.key_env}")
+        elif section.key_credential:
+            folder = os.environ.get("CREDENTIALS_DIRECTORY")
+            if not folder:
+                raise SealError(f"privacy.key_credential {section.key_credential}: no $CREDENTIALS_DIRECTORY (set "
+                                "LoadCredential= or LoadCredentialEncrypted= in the systemd unit)")
+            current = _read(Path(folder) / section.key_credential, "privacy.key_credential")
+        previous = [_read(path, "privacy.previous_key_files") for path in section.previous_key_files]
+        return cls(current, previous)
+
+    @property
+    def enabled(self) -> bool:
+        return self.current is not None
+
+    def key(self, key_id: bytes, what: str) -> Key:
+        try:
+            return self.keys[key_id]
+        except KeyError:
+            known = ", ".join(k.hex() for k in self.keys) or "none configured"
+            raise SealError(f"{what}: sealed with key {key_id.hex()}, which this deployment does not have (keys: "
+                            f"{known}); set privacy.key_file (or previous_key_files) to that key. The file is "
+                            "left as it is") from None
+
+
+class Sealer:
+    """AES-256-GCM over numbered chunks of one file (see the module docstring)."""
+
+    HEADER = struct.Struct("<8s8s")  # key id, salt
+
+    def __init__(self, key: Key, salt: bytes | None = None) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        self.key = key
+        self.salt = os.urandom(8) if salt is None else salt
+        self.aead = AESGCM(key.material)
+        self.header = self.HEADER.pack(key.id, self.salt)
+
+    @classmethod
+    def for_header(cls, header: bytes, keys: KeyRing, what: str) -> "Sealer":
+        key_id, salt = cls.HEADER.unpack(header)
+        return cls(keys.key(key_id, what), salt)
+
+    def _nonce_aad(self, index: int) -> tuple[bytes, bytes]:
+        counter = struct.pack("<I", index)
+        return self.salt + counter, self.header + counter
+
+    def seal(self, index: int, plain: bytes) -> bytes:
+        nonce, aad = self._nonce_aad(index)
+        return self.aead.encrypt(nonce, bytes(plain), aad)
+
+    def open(self, index: int, sealed: bytes, what: str) -> bytes:
+        from cryptography.exceptions import InvalidTag
+
+        nonce, aad = self._nonce_aad(index)
+        try:
+            return self.aead.decrypt(nonce, bytes(sealed), aad)
+        except InvalidTag:
+            raise SealError(f"{what}: chunk {index} does not authenticate under key {self.key.id.hex()} (damaged, "
+                            "or sealed with another key of the same id)") from None
+
+
+def sealed_size(plain: int) -> int:
+    """Bytes of ``plain`` bytes once sealed in chunks."""
+    chunks = -(-plain // CHUNK) if plain else 0
+    return plain + TAG * chunks

@@ -1,0 +1,271 @@
+"""Answer: a question prefilled over the whole capped cache (and, with an archive, the pairs it recalls),
+then decoded token by token; the question and answer tokens are dropped afterwards, so the next frame
+continues the video as if no one had asked (DESIGN: "question tokens dropped"; invariant 3: nothing the
+cache keeps depends on a question)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from edgekv.cache.capped import ChunkMeta, SlotKind
+from edgekv.model.rope import text_position_ids
+from edgekv.session.results import Answer, YesNo
+
+YES_WORDS = ("yes", "Yes", " yes", " Yes")
+NO_WORDS = ("no", "No", " no", " No")
+
+
+class Answerer:
+    """The question side of a ``StreamSession`` (which calls it under its lock)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self._mass: torch.Tensor | None = None  # [layers, kv_heads, M] fp32, allocated at the first probe
+        self._yes_no: tuple[list[int], list[int]] | None = None
+        self.video_length: int | None = None  # while answering: the cache's length before the question
+
+    def probe(self, question: str) -> YesNo:
+        """A yes/no question answered by one prefill of its tokens over the cache: P(yes) among the model's
+        yes/no tokens at the first answer position, and the attention mass each kept frame pair drew (summed
+        over layers, KV heads and the question's tokens). No token is decoded and the question's slots are
+        dropped afterwards: the cache is exactly as before (DESIGN invariant 3)."""
+        s = self.session
+        started = time.perf_counter()
+        yes_ids, no_ids = self._yes_no_ids()
+        ids = self.question_ids(question, 1, 0.0, 1.0)
+        video_len = s.cache.length
+        self.video_length = video_len
+        try:
+            with torch.inference_mode():
+                positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
+                hidden = s.prefill(s.embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
+                                   mass_out=self._mass_buffer())
+                logits = s.llm.logits(hidden[-1]).float()
+                both = torch.log_softmax(logits, dim=-1)
+                yes = torch.logsumexp(both[yes_ids], dim=0)
+                no = torch.logsumexp(both[no_ids], dim=0)
+                p_yes = float(torch.sigmoid(yes - no))
+                pair_mass = self._pair_mass(video_len)
+        finally:
+            s.cache.truncate(video_len)
+            self.video_length = None
+        s.counters.probes += 1
+        return YesNo(p_yes, pair_mass, (time.perf_counter() - started) * 1e3, len(ids))
+
+    def _mass_buffer(self) -> torch.Tensor:
+        """[layers, kv_heads, M] fp32 attention mass of a question's prefill, allocated at the first use."""
+        if self._mass is None:
+            cache = self.session.cache
+            self._mass = torch.zeros(cache.num_layers, cache.kv_heads, cache.capacity, dtype=torch.float32,
+                                     device=self.session.device)
+        return self._mass
+
+    def _pair_mass(self, video_len: int) -> dict[int, float]:
+        cache = self.session.cache
+        mass = self._mass[:, :, :video_len]
+        vision = cache.kind[:, :, :video_len] == int(SlotKind.VISION)
+        frames = cache.frame[:, :, :video_len][vision].long()
+        if frames.numel() == 0:
+            return {}
+        totals = torch.zeros(int(frames.max()) + 1, dtype=torch.float64, device=mass.device)
+        totals.index_add_(0, frames, mass[vision].double())
+        share = totals / max(float(mass.sum()), 1e-30)
+        present = torch.unique(frames)
+        return {int(pair): float(share[pair]) for pair in present}
+
+    def _yes_no_ids(self) -> tuple[list[int], list[int]]:
+        """The tokens that start a "yes" and a "no" answer in this vocabulary (one token each)."""
+        if self._yes_no is None:
+            tokenizer = self.session.tokenizer
+
+            def single(words: tuple[str, ...]) -> list[int]:
+                ids = {tuple(tokenizer.encode(word)) for word in words}
+                return sorted({i[0] for i in ids if len(i) == 1 and i[0] not in tokenizer.control_ids})
+
+            yes_ids, no_ids = single(YES_WORDS), single(NO_WORDS)
+            if not yes_ids or not no_ids:
+                raise ValueError("this model's tokenizer has no single-token 'yes' and 'no': yes/no probes "
+                                 "(standing questions) need them")
+            self._yes_no = (yes_ids, no_ids)
+        return self._yes_no
+
+    def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
+            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
+            evidence: int = 0) -> Answer:
+        """Answer a question about everything the cache holds; the cache is unchanged afterwards.
+
+        ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
+        archived frame pairs the question points at into the retrieval reserve (edgekv/archive/recall.py).
+        ``evidence``: also name the frame pairs the question attended most (at most that many; the question's
+        prefill then records each key's attention mass, as ``probe`` does). ``Answer.confidence`` is the
+        geometric mean of the answer tokens' probabilities under the model (temperature 1).
+        """
+        s = self.session
+        gen = s.config.generation
+        max_new_tokens = gen.max_new_tokens if max_new_tokens is None else max_new_tokens
+        temperature = gen.temperature if temperature is None else temperature
+        top_p = gen.top_p if top_p is None else top_p
+        if recall is None:
+            recall = s.recall is not None and s.config.archive.recall
+        if recall and s.recall is None:
+            raise ValueError("recall=True needs an archive: set archive.dir in the config")
+        ids = self.question_ids(question, max_new_tokens, temperature, top_p,
+                                reserved=s.recall_reserve if recall else 0)
+        video_len = s.cache.length
+        self.video_length = video_len
+        recalled = ()
+        pairs: tuple[int, ...] = ()
+        logprob = 0.0
+        generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else seed)
+        started = time.perf_counter()
+        out: list[int] = []
+        finish = "length"
+        try:
+            with torch.inference_mode():
+                positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
+                embeds = s.embed(ids)
+                if recall:
+                    recalled = s.recall.recall(embeds, positions).unique_pairs
+                if evidence:
+                    # the evidence is what the token that answers attends to: the question's last row. The rows
+                    # before it are prefilled first (causal: the same states), so their mass is left out — the
+                    # template's first words spread theirs over every pair (measured, issue 27: a whole-prefill
+                    # mass put the world-trained toy's evidence 3-10 pairs off the event it answered about). The
+                    # recall mask is taken per chunk: it covers the slots before the chunk's start.
+                    if len(ids) > 1:
+                        s.prefill(embeds[:-1], positions[:, :-1], ChunkMeta(SlotKind.TEXT, tpos=positions[0][:-1]),
+                                  visible=self._answer_visible(recall))
+                    hidden = s.prefill(embeds[-1:], positions[:, -1:], ChunkMeta(SlotKind.TEXT, tpos=positions[0][-1:]),
+                                       visible=self._answer_visible(recall), mass_out=self._mass_buffer())
+                    shares = self._pair_mass(video_len)
+                    pairs = tuple(sorted(shares, key=lambda pair: -shares[pair])[:evidence])
+                else:
+                    hidden = s.prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
+                                       visible=self._answer_visible(recall))
+                position = self.text_start() + len(ids)
+                logits = s.llm.logits(hidden[-1])
+                # recall hides slots step by step (a mask the graph does not read): then decode eagerly
+                graph = s.decode_graph() if not recall and max_new_tokens > 1 else None
+                ttft = None
+                decode_start = time.perf_counter()
+                for step in range(max_new_tokens):
+                    token = sample(logits, temperature, top_p, generator)
+                    logprob += float(torch.log_softmax(logits.float(), dim=-1)[token])
+                    if ttft is None:
+                        ttft = time.perf_counter() - started
+                        decode_start = time.perf_counter()
+                    if token in s.tokenizer.stop_ids:
+                        finish = "stop"
+                        break
+                    out.append(token)
+                    if on_token is not None:
+                        on_token(token)
+                    if step == max_new_tokens - 1:
+                        break
+                    if graph is not None:  # one CUDA graph replay (edgekv/session/decode_graph.py)
+                        graph.feed(token, position)
+                        logits = graph.step()
+                    else:
+                        pos = text_position_ids(position, 1).to(s.device)
+                        hidden = s.prefill(s.embed([token]), pos, ChunkMeta(SlotKind.TEXT, tpos=pos[0]),
+                                           visible=self._answer_visible(recall))
+                        logits = s.llm.logits(hidden[-1])
+                    position += 1
+                decode_s = time.perf_counter() - decode_start
+        finally:
+            used = max(s.cache.length, video_len + len(ids) + (s.recall_reserve if recall else 0))
+            s.cache.truncate(video_len)
+            self.video_length = None
+            if recall:
+                s.recall.clear(video_len, used)
+        s.counters.questions += 1
+        s.counters.answer_tokens += len(out)
+        ttft = ttft if ttft is not None else time.perf_counter() - started
+        rate = (len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0
+        scored = len(out) + (finish == "stop")  # the end-of-turn token is part of the answer's likelihood
+        confidence = math.exp(logprob / scored) if scored else None
+        return Answer(s.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish, recalled, confidence,
+                      pairs)
+
+    def text_start(self) -> int:
+        """Position of the first text token after the video (``model.text_after_video``).
+
+        ``qwen``: the largest position used so far + 1 (Qwen2.5-VL's reference ``get_rope_index`` and
+        transformers 4.x). ``transformers-5``: video start + max(grid h, grid w), ignoring time, which is
+        what transformers 5.x computes — kept so that streaming can be checked against that oracle.
+        """
+        s = self.session
+        if s.config.model.text_after_video == "transformers-5" and s.grid is not None:
+            return s.video_start + max(s.grid)
+        return s.next_position
+
+    def question_logits(self, question: str, recall: bool = False) -> torch.Tensor:
+        """Logits [n, V] at every token of the question suffix, over the cache as it is; nothing kept.
+
+        The parity surface for streaming exactness: equals transformers' one-shot logits at the same
+        tokens for the same video and question when nothing was evicted. ``recall``: as in ``ask``.
+        """
+        s = self.session
+        if recall and s.recall is None:
+            raise ValueError("recall=True needs an archive: set archive.dir in the config")
+        ids = self.question_ids(question, 1, 0.0, 1.0, reserved=s.recall_reserve if recall else 0)
+        video_len = s.cache.length
+        self.video_length = video_len
+        try:
+            with torch.inference_mode():
+                positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
+                embeds = s.embed(ids)
+                if recall:
+                    s.recall.recall(embeds, positions)
+                hidden = s.prefill(embeds, positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
+                                   visible=self._answer_visible(recall))
+                return s.llm.logits(hidden).float()
+        finally:
+            used = max(s.cache.length, video_len + len(ids) + (s.recall_reserve if recall else 0))
+            s.cache.truncate(video_len)
+            if recall:
+                s.recall.clear(video_len, used)
+
+    def _answer_visible(self, recall: bool) -> torch.Tensor | None:
+        """With recall: hide the cache's kept copies of the pairs recalled whole (edgekv/archive/recall.py)."""
+        s = self.session
+        return s.recall.visible(s.cache.length) if recall else None
+
+    def question_ids(self, question: str, max_new_tokens: int, temperature: float, top_p: float,
+                     reserved: int = 0) -> list[int]:
+        s = self.session
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be a non-empty string, got {question!r}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not 0.0 <= float(temperature) <= 10.0:
+            raise ValueError(f"temperature must be in [0, 10], got {temperature}")
+        if not 0.0 < float(top_p) <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        ids = s.layout.question_suffix_ids(s.tokenizer, question)  # the question as plain text
+        room = s.capacity - s.cache.length - reserved
+        if len(ids) + max_new_tokens > room:
+            raise ValueError(
+                f"question ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the {room} free slots "
+                f"(cache.text_reserve_tokens={s.text_reserve}); shorten the question, lower max_new_tokens, "
+                f"or raise cache.text_reserve_tokens"
+            )
+        return ids
+
+    # ------------------------------------------------------------------ persistence
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """Greedy at temperature 0; otherwise nucleus sampling over the temperature-scaled distribution."""
+    if temperature <= 0.0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+        sorted_probs = sorted_probs * keep
+        return int(order[torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)])
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,376 @@
+"""StreamSession: ingest a video frame pair by frame pair into the capped cache; answer at any time.
+
+The session is a thin coordinator: it owns what every part shares (the model, the capped cache, the policy,
+the sink set, positions, counters, the lock) and hands each capability to its room — the stream's time to
+``clock``, frames to ``ingest``, the cache's layout to ``memory``, questions to ``answer``, snapshots to
+``edgekv.state``. Nothing in those rooms imports this module.
+
+The conversation a session holds is Qwen2.5-VL's chat template for one video, split in time:
+
+    <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n<|vision_start|>   prefilled at start
+    [frame pair 0 tokens][frame pair 1 tokens] ...                                    prefilled per pair
+    <|vision_end|>{question}<|im_end|>\\n<|im_start|>assistant\\n{answer}            per ask, then dropped
+
+Positions follow transformers' ``get_rope_index`` for a video: text before the video counts 0..s-1;
+frame pair k's tokens get temporal position ``s + floor(seconds_k * tokens_per_second)`` and height /
+width positions ``s + row`` / ``s + col`` in the merged grid (``seconds_k`` = time of the pair's first
+frame since the stream's first frame; HF computes ``k * second_per_grid * tokens_per_second`` for a
+uniformly sampled video, the same number). Text after the video starts at the largest position used
+so far plus one. A question's tokens and its answer are removed after the answer, so the next frame
+continues the video as if no one had asked (DESIGN: "question tokens dropped").
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+import torch
+
+from edgekv.cache.capped import CacheFullError, CappedKVCache, CapTooSmallError, ChunkMeta, SlotKind
+from edgekv.model.rope import text_position_ids
+from edgekv.policies.base import CacheView
+from edgekv.policies.statekv import SinkSelector
+from edgekv.model.rope import rotary_inv_freq
+from edgekv.session import memory
+from edgekv.session.answer import Answerer
+from edgekv.session.clock import StreamClock
+from edgekv.session.ingest import PairIngest
+from edgekv.session.results import Answer, Counters, IngestResult, YesNo
+from edgekv.tokenizer import ChatLayout
+
+
+def _exclusive(method):
+    """Run a public session method under the session's lock (see StreamSession's docstring)."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+class StreamSession:
+    """One live stream's state. Create it with ``Runtime.session()``.
+
+    Threads: a session may be shared. ``ingest``, ``ask``, ``question_logits``, ``save`` and ``stats``
+    each hold the session's lock from start to end, so they run one at a time in call order: a frame
+    ingested while another thread is answering waits for the answer, then goes in; nothing is dropped
+    and an answer never sees half a frame pair. The lock is re-entrant, so an ``on_token`` callback may
+    call ``stats()``; it must not wait for another thread that uses this session (that would deadlock).
+    """
+
+    def __init__(self, runtime: "Runtime", archive: bool = True) -> None:  # noqa: F821 - Runtime imports this module
+        self._lock = threading.RLock()
+        self.runtime = runtime
+        self.model = runtime.model
+        self.vision, self.llm = runtime.vision_backend, runtime.llm_backend
+        self.tokenizer = runtime.tokenizer
+        self.config = runtime.config
+        self.device = runtime.device
+        self.dtype = runtime.dtype
+        text = self.model.config.text
+        self.layout = ChatLayout(self.config.model.system_prompt)
+        self.policy = runtime.make_policy()
+        self.preprocessor = runtime.make_preprocessor()
+        self.tokens_per_second = float(self.model.config.vision.tokens_per_second)
+        self.merge = self.model.config.vision.spatial_merge_size
+        self.inv_freq = rotary_inv_freq(text.head_dim, text.rope_theta, device=self.device)
+        self.temporal_section = int(text.mrope_section[0])
+        self.sink_budget = int(self.config.cache.sinks)
+        # Re-basing (DESIGN invariant 5): once positions pass this mark, a compaction squeezes the gaps
+        # between kept frames' temporal positions to at most one nominal pair spacing.
+        self.rebase_at = int(self.config.cache.rebase_position or text.max_position_embeddings // 2)
+        self.pair_spacing = max(1, round(2.0 / self.config.video.fps * self.tokens_per_second))
+        self.t_offset = 0  # subtracted from new frames' temporal positions after re-basing
+        self.rebases = 0
+        self.clock = StreamClock(self.config.video.fps, self.tokens_per_second, self.config.video.max_gap_s)
+
+        spec = runtime.cache_spec()
+        self.capacity = runtime.cache_capacity_tokens(spec)
+        self.text_reserve = int(self.config.cache.text_reserve_tokens)
+        self.cache = CappedKVCache(spec, self.capacity, device=self.device, compute_dtype=self.dtype,
+                                   rope=(self.inv_freq, self.temporal_section))
+        if getattr(self.policy, "uses_sinks", False) and self.sink_budget <= 0:
+            raise ValueError(f"cache.policy: '{self.policy.name}' needs cache.sinks > 0 (StateKV sink budget B)")
+        self.sinks = SinkSelector(self.cache, self.sink_budget) if self.sink_budget > 0 else None
+        self.counters = Counters()
+        self.recall = None  # edgekv.archive.recall.Recall when archive.dir is set
+        if archive and self.config.archive.dir is not None:
+            from edgekv.archive.recall import Recall
+
+            self.recall = Recall(self, self.config.archive)
+        self.ingestor = PairIngest(self)
+        self.answerer = Answerer(self)
+        self._decode_graph = None  # edgekv.session.decode_graph.DecodeGraph, captured at the first answer token
+        self._pair_graphs = None  # edgekv.session.pair_graph.PairGraphs, made at the first pair (model.pair_route)
+        self.sync_phases = False  # True: ingest synchronizes a CUDA device at its phase boundaries (benches' timings)
+        self.pair_times: dict[int, float] = {}  # frame pair -> its time, for the pairs the cache still holds
+        self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
+
+        prefix_ids = self.tokenizer.encode(self.layout.stream_prefix())
+        self.prefix_tokens = len(prefix_ids)
+        self.grid: tuple[int, int] | None = None
+        self._check_budget()
+        self.video_start = self.prefix_tokens  # HF's st_idx for the video block
+        self.next_position = self.video_start
+        with torch.inference_mode():
+            positions = text_position_ids(0, self.prefix_tokens).to(self.device)
+            self.prefill(self.embed(prefix_ids), positions, ChunkMeta(SlotKind.PREFIX, tpos=positions[0]))
+
+    @_exclusive
+    def reset(self) -> None:
+        """Forget the stream: the cache back to the system prefix (kept: it never changes), counters, clock,
+        positions, the policy's and the sink set's state as at the start. No buffer is allocated or freed
+        except the policy's and sinks' own small state (a session answering about a request's images reuses
+        its cache this way)."""
+        self.cache.truncate(self.prefix_tokens)
+        self.policy = self.runtime.make_policy()
+        if self.sinks is not None:
+            self.sinks.mass.zero_()
+            self.sinks.updates = 0
+        self.counters = Counters()
+        self.clock = StreamClock(self.config.video.fps, self.tokens_per_second, self.config.video.max_gap_s)
+        self.ingestor = PairIngest(self)
+        self.pair_times = {}
+        self.t_offset = self.rebases = 0
+        self.next_position = self.video_start
+        self.grid = None
+
+    # ------------------------------------------------------------------ budget
+    @property
+    def video_limit(self) -> int:
+        """Slots the prefix and the video may use: the cap less the room kept for a question and, with an
+        archive, the retrieval reserve for recalled pairs (DESIGN invariant 10)."""
+        return self.capacity - self.text_reserve - self.recall_reserve
+
+    @property
+    def recall_reserve(self) -> int:
+        return self.recall.reserve_tokens if self.recall is not None else 0
+
+    def _check_budget(self) -> None:
+        if self.preprocessor is None:
+            return  # the grid is fixed by the first frame; checked then
+        per_pair = self.tokens_per_pair
+        needed = self.prefix_tokens + 2 * per_pair + self.text_reserve + self.recall_reserve
+        if needed > self.capacity:
+            recall = (f", the retrieval reserve (archive.top_k={self.recall.top_k} pairs = {self.recall_reserve} "
+                      f"tokens)" if self.recall is not None else "")
+            raise CapTooSmallError(
+                f"cache.max_tokens={self.capacity} cannot hold the prefix ({self.prefix_tokens} tokens), two frame "
+                f"pairs ({per_pair} tokens each at {self.preprocessor.resolution}) and the text reserve "
+                f"({self.text_reserve}){recall}: the minimum is {needed}; raise cache.max_tokens (or max_mib), lower "
+                f"video.resolution or cache.text_reserve_tokens"
+            )
+        self.policy.check(self)
+
+    @property
+    def tokens_per_pair(self) -> int:
+        return self.preprocessor.tokens_per_pair
+
+    def frames_that_fit(self) -> int:
+        per_pair = self.preprocessor.tokens_per_pair
+        return 2 * ((self.video_limit - self.prefix_tokens) // per_pair)
+
+    # ------------------------------------------------------------------ ingest
+    @_exclusive
+    def ingest(self, frame: np.ndarray, t: float | None = None) -> IngestResult:
+        """Add one BGR uint8 frame (HxWx3) stamped ``t`` seconds. Every second frame completes a pair that is
+        prefilled. A timestamp that jumps (back, or forward by more than ``video.max_gap_s``) is taken as a
+        bounded, logged gap in stream time (``edgekv/session/clock.py``, DESIGN invariant 12).
+
+        Invalid input raises ``ValueError`` before any state changes, so nothing ingested is lost.
+        """
+        started = time.perf_counter()
+        if self.preprocessor is None:
+            self.preprocessor = self.runtime.make_preprocessor(frame)
+            self._check_budget()
+        try:
+            self.preprocessor.check_frame(frame)
+            pending = self.ingestor.pending
+            stamp = self.clock.check(t, self.counters.frames, pending[1] if pending is not None else None,
+                                     self.t_offset, self.temporal_position_limit)
+        except ValueError:
+            self.counters.frames_rejected += 1
+            raise
+        return self.ingestor.frame(frame, stamp, started)
+
+    @property
+    def temporal_position_limit(self) -> int:
+        """Largest temporal offset a frame pair may get: the cache keeps positions as int32 (``tpos``),
+        and the video start plus a question after the video must still fit below int32's maximum."""
+        return int(torch.iinfo(self.cache.tpos.dtype).max) - self.video_start - self.capacity
+
+    # ------------------------------------------------------------------ what policies call (edgekv/session/memory.py)
+    def view(self, recent_pairs: int) -> CacheView:
+        """The valid part of the cache, as policies see it."""
+        return memory.cache_view(self, recent_pairs)
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Compact the cache to ``keep``, then re-base positions if they ran high."""
+        memory.compact(self, keep)
+
+    def rebase_positions(self) -> None:
+        """Squeeze the temporal positions of kept video tokens; rotate their keys to match."""
+        memory.rebase_positions(self)
+
+    @_exclusive
+    def forget(self, t_from: float, t_to: float) -> dict:
+        """Remove the frame pairs stamped in ``[t_from, t_to]`` (stream seconds) from the cache: their slots gone,
+        their bytes zeroed (edgekv/session/memory.py). Returns what was removed."""
+        if not (math.isfinite(t_from) and math.isfinite(t_to)) or t_from > t_to:
+            raise ValueError(f"forget: expected a window from <= to, got from={t_from!r} to={t_to!r}")
+        pairs, slots = memory.forget(self, float(t_from), float(t_to))
+        self.counters.extra["pairs_forgotten"] = self.counters.extra.get("pairs_forgotten", 0) + len(pairs)
+        return {"pairs": pairs, "slots": slots, "cache_tokens": self.cache.length}
+
+    # ------------------------------------------------------------------ model plumbing
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        return self.llm.embed(torch.tensor(ids, dtype=torch.long, device=self.device))
+
+    def prefill(self, embeds: torch.Tensor, positions: torch.Tensor, meta: ChunkMeta,
+                 visible=None, mass_out: torch.Tensor | None = None, pair: bool = False) -> torch.Tensor:
+        """Run the LM over a chunk, writing its K/V at the end of the cache; returns final hidden states.
+        ``pair``: a frame pair's tokens, which go through the pair's CUDA graph where ``model.pair_route`` is
+        "graph" (edgekv/session/pair_graph.py; the same bits as the eager path)."""
+        start, num = self.cache.length, embeds.shape[0]
+        if start + num > self.capacity:
+            raise CacheFullError(f"{num} tokens do not fit: the cache holds {start} of {self.capacity} slots")
+        # Metadata first: an 8-bit cache stores keys time-neutral and reads the chunk's tpos as it writes.
+        self.cache.write_meta(start, num, meta)
+        try:
+            graphs = self.pair_graphs() if pair else None
+            if graphs is not None:
+                hidden = graphs.prefill(embeds, positions, visible=visible, mass_out=mass_out)
+            else:
+                hidden = self.llm.prefill(embeds, positions, self.cache, visible=visible, mass_out=mass_out)
+        except BaseException:
+            self.cache.clear_meta(start, start + num)
+            raise
+        self.cache.commit(num)
+        return hidden
+
+    def pair_graphs(self):
+        """The frame pairs' CUDA graphs (edgekv.session.pair_graph.PairGraphs) where ``model.pair_route`` resolved
+        to "graph" (the torch LLM on CUDA), made at the first pair; None where pairs prefill eagerly."""
+        if getattr(self.runtime, "pair_route", "eager") != "graph" or self.llm.name != "torch":
+            return None
+        if self._pair_graphs is None:
+            from edgekv.session.pair_graph import PairGraphs
+
+            self._pair_graphs = PairGraphs(self.model.language, self.cache)
+        return self._pair_graphs
+
+    def decode_graph(self):
+        """The CUDA graph of one decode step over this session's cache (``model.decode_route: graph``, the default on
+        CUDA), captured at the first call and replayed for every answer token after it: the cache's buffers never
+        move, so the graph stays valid for the session's life. None where answers decode eagerly (another
+        route, an 8-bit cache, an engine's LLM)."""
+        if self.runtime.decode_route != "graph" or self.cache.quantized or self.llm.name != "torch":
+            return None
+        if self._decode_graph is None:
+            self._decode_graph = self._build_decode_graph()
+        return self._decode_graph or None
+
+    def _build_decode_graph(self):
+        """The decode graph as fast as it builds here: the Triton kernels (split attention, fused layers), else the
+        graph of the layers' own torch ops with SDPA (the configuration first run on an H200), else none — answers
+        then decode eagerly for the rest of the session (False, remembered), with one warning that says why."""
+        from edgekv.session.decode_graph import DecodeGraph
+
+        reasons = []
+        for options in ({}, {"split_attention": False, "fused": False}):
+            try:
+                return DecodeGraph(self.model.language, self.cache, **options)
+            except Exception as exc:  # a kernel that does not build on this GPU must not cost the answer
+                first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
+                reasons.append(f"{options or 'default'}: {type(exc).__name__}: {first_line}")
+        logging.getLogger("edgekv.session").warning("decode graph unavailable, answers decode eagerly (%s)",
+                                                    "; ".join(reasons))
+        return False
+
+    # ------------------------------------------------------------------ questions (edgekv/session/answer.py)
+    @_exclusive
+    def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
+            top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
+            evidence: int = 0) -> Answer:
+        """Answer a question about everything the cache holds; the cache is unchanged afterwards.
+
+        ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
+        archived frame pairs the question points at into the retrieval reserve (edgekv/archive/recall.py).
+        ``evidence=K``: ``Answer.evidence`` names the K frame pairs the question attended most.
+        """
+        return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall, evidence)
+
+    @_exclusive
+    def probe(self, question: str) -> YesNo:
+        """A yes/no question answered without decoding (standing questions, alerts): ``YesNo`` with P(yes) and
+        the frame pairs the question attended; the cache is unchanged afterwards."""
+        return self.answerer.probe(question)
+
+    @_exclusive
+    def question_logits(self, question: str, recall: bool = False) -> torch.Tensor:
+        """Logits [n, V] at every token of the question suffix, over the cache as it is; nothing kept (the
+        parity surface for streaming exactness against transformers' one-shot logits)."""
+        return self.answerer.question_logits(question, recall)
+
+    def text_start(self) -> int:
+        """Position of the first text token after the video (``model.text_after_video``)."""
+        return self.answerer.text_start()
+
+    # ------------------------------------------------------------------ persistence
+    @_exclusive
+    def save(self, path) -> "SnapshotInfo":  # noqa: F821 - imported here: edgekv.state never imports the session
+        """Write everything this session's future depends on to ``path``, atomically (see edgekv/state.py);
+        ``Runtime.restore(path)`` returns a session that continues exactly where this one is now."""
+        from edgekv.state import save_session
+
+        return save_session(self, path)
+
+    # ------------------------------------------------------------------ reporting
+    @_exclusive
+    def stats(self) -> dict:
+        c = self.counters
+        cache = self.cache
+        stats = {
+            "frames": c.frames,
+            "frame_pairs": c.frame_pairs,
+            "pairs_skipped": c.pairs_skipped,
+            "frames_rejected": c.frames_rejected,
+            "clock_jumps": self.clock.jumps,
+            "cache_tokens": cache.length,
+            "video_tokens": max(cache.length - self.prefix_tokens, 0),
+            "prefix_tokens": self.prefix_tokens,
+            "cache_capacity_tokens": cache.capacity,
+            "cache_capacity_bytes": cache.capacity_bytes,
+            "text_reserve_tokens": self.text_reserve,
+            "policy": self.policy.name,
+            "vision_backend": self.vision.name,
+            "llm_backend": self.llm.name,
+            "decode_route": self.runtime.decode_route,
+            "vision_route": getattr(self.runtime, "vision_route", "eager"),
+            "prefill_route": getattr(self.runtime, "prefill_route", "eager"),
+            "pair_route": getattr(self.runtime, "pair_route", "eager"),
+            "host_memory": self.runtime.host_memory,
+            "compressions": c.compressions,
+            "compression_ms_total": c.compression_ms_total,
+            "tokens_evicted": c.tokens_evicted,
+            "ingest_ms_last": c.ingest_ms_last,
+            "ingest_ms_total": c.ingest_ms_total,
+            "sink_tokens": int(cache.sink[0, 0, : cache.length].sum()) if cache.length else 0,
+            "position_max": self.next_position - 1,
+            "position_limit": self.model.config.text.max_position_embeddings,
+            "position_rebases": self.rebases,
+            "questions": c.questions,
+            "answer_tokens": c.answer_tokens,
+            "probes": c.probes,
+        }
+        stats.update(self.policy.stats(self))
+        if self.recall is not None:
+            stats.update(self.recall.stats())
+        return stats

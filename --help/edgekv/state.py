@@ -1,0 +1,734 @@
+"""Snapshots of a StreamSession: the memory of a stream survives a restart (DESIGN invariant 8).
+
+``session.save(path)`` writes everything the session's future depends on; ``Runtime.restore(path)``
+returns a session that continues bit for bit as if it had never stopped: the capped cache (K, V and
+every slot's metadata up to its length), the StateKV sink flags and attention mass, positions
+(``next_position``, ``t_offset``, re-bases, the video start, the grid), counters, the policy's state
+(VaN's CV sums and pool sizes), and the stream clock (first and last timestamp, a frame waiting for
+its partner).
+
+One file per snapshot, written in one pass with one layer in memory at a time:
+
+    [16 B magic] [tensor sections, 64-byte aligned] [manifest, JSON] [trailer]
+    trailer = u64 manifest offset, u64 manifest length, 32 B sha256 of the manifest, 16 B end magic
+
+The manifest holds the deployment key, the session's scalar state and, per tensor, dtype, shape,
+offset, bytes and sha256. It comes last because the checksums are known only once the data is written;
+a reader starts from the trailer, so a truncated file is recognised before anything is parsed, and a
+flipped byte anywhere is caught by a checksum. Writing is atomic: a temporary file in the same folder,
+fsync, rename over the target, fsync of the folder — a crash or ``kill -9`` at any point leaves the
+previous file or the new one, never a mix.
+
+A snapshot is restored only into the deployment it was made for: the same model weights (content hash
+of the checkpoint, memoized like the engine bundles': ``engines/manifest.model_hash``), dtype, cache
+spec (capacity, layers, KV heads, head_dim, dtype), frame grid, policy, sink budget and system prompt.
+Anything else is refused with :class:`SnapshotMismatchError` naming the field and both values.
+
+:class:`StateKeeper` is the daemon's side (``state:`` in the YAML): restore the newest valid snapshot
+at start (or start fresh, set the old one aside and say why), a snapshot every ``state.every_s`` and
+one at stop, at most two generations under ``state.dir`` and never more than ``state.max_mib`` bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgekv.config import StateSection
+
+log = logging.getLogger("edgekv.state")
+
+FORMAT = 1
+MAGIC = b"EDGEKV-SNAPSHOT\x01"
+SEALED_MAGIC = b"EDGEKV-SNAPSEAL\x01"  # the same layout, every section and the manifest sealed (edgekv/privacy.py)
+END_MAGIC = b"EDGEKV-SNAP-END\x01"
+_MANIFEST_CHUNKS = 0xFFFF0000  # chunk indices of a sealed manifest (tensor sections count up from 0)
+_TRAILER = struct.Struct("<QQ32s16s")
+_ALIGN = 64
+_MANIFEST_ALLOWANCE = 1 << 16  # manifest bytes assumed when bounding a snapshot's size in advance
+_CACHE_TENSORS = ("k", "v", "kind", "sink", "frame", "row", "col", "tpos")
+_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.int8,
+                                                       torch.bool, torch.int16, torch.int32, torch.uint8,
+                                                       torch.float8_e4m3fn)}
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be used; the message names the file and what is wrong."""
+
+
+class SnapshotMismatchError(SnapshotError):
+    """A valid snapshot made for another model, dtype, cache spec, grid, policy or system prompt."""
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    path: Path
+    bytes: int
+    seconds: float       # time taken to write or read it
+    cache_tokens: int
+    frames: int
+    stream_s: float      # stream time it covers: last timestamp - first
+    last_t: float | None = None       # the stream clock at the snapshot
+    saved_unix: float | None = None   # wall-clock time of the snapshot (time.time())
+    last_source_t: float | None = None  # the source's timestamp of the last frame (edgekv/session/clock.py)
+
+
+# ---------------------------------------------------------------------------------------------- the key
+# What each key field is called in the user's terms, for error messages.
+_KEY_FIELDS = {
+    "model_hash": "model weights (content hash of model.path)",
+    "dtype": "model.dtype",
+    "lm_head": "model.lm_head (the weights the tied embedding reads)",
+    "cache_capacity": "cache capacity M in tokens (cache.max_tokens / cache.max_mib)",
+    "cache_layers": "cache layers (the model's)",
+    "cache_kv_heads": "cache KV heads (the model's)",
+    "cache_head_dim": "cache head_dim (the model's)",
+    "cache_dtype": "cache dtype (cache.kv_dtype, default model.dtype)",
+    "resolution": "frame grid in pixels (video.resolution)",
+    "policy": "cache.policy",
+    "sinks": "cache.sinks",
+    "prefix": "system prompt (model.system_prompt)",
+}
+
+
+def deployment_key(runtime, resolution: tuple[int, int] | None) -> dict:
+    """The fields a snapshot must share with the session that restores it (see the module docstring)."""
+    from edgekv.tokenizer import ChatLayout
+
+    text = runtime.model.config.text
+    spec = runtime.cache_spec()
+    prefix = runtime.tokenizer.encode(ChatLayout(runtime.config.model.system_prompt).stream_prefix())
+    return {
+        "model_hash": runtime.model_hash(),
+        "dtype": runtime.config.model.dtype,
+        "lm_head": runtime.config.model.lm_head,
+        "cache_capacity": runtime.cache_capacity_tokens(spec),
+        "cache_layers": text.num_hidden_layers,
+        "cache_kv_heads": text.num_key_value_heads,
+        "cache_head_dim": text.head_dim,
+        "cache_dtype": str(runtime.kv_dtype).removeprefix("torch."),
+        "resolution": list(resolution) if resolution is not None else None,
+        "policy": runtime.config.cache.policy,
+        "sinks": int(runtime.config.cache.sinks),
+        "prefix": hashlib.sha256(json.dumps(prefix).encode()).hexdigest()[:16],
+    }
+
+
+def key_differences(saved: dict, wanted: dict) -> list[str]:
+    """Fields that differ, in the user's terms. A grid not yet fixed (``None``) on either side fits any."""
+    out = []
+    for name, label in _KEY_FIELDS.items():
+        mine, theirs = saved.get(name), wanted.get(name)
+        if name == "resolution" and (mine is None or theirs is None):
+            continue
+        if name == "lm_head":  # snapshots from before model.lm_head existed were made with the head as loaded
+            mine, theirs = mine or "as_loaded", theirs or "as_loaded"
+        if mine != theirs:
+            if name == "model_hash":
+                mine, theirs = str(mine)[:12], str(theirs)[:12]
+            out.append(f"{label}: snapshot has {mine!r}, this deployment {theirs!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- what is saved
+def cache_views(cache, length: int, sink_mass: torch.Tensor | None = None) -> dict[str, list[torch.Tensor]]:
+    """Each saved tensor as per-layer views into the cache's buffers, ``[:length]`` of every slot axis.
+
+    Saving writes the views one after another; loading reads into the same views. Per layer, so that a
+    snapshot of a device-resident cache copies one layer at a time to the host, never the whole cache.
+    """
+    views = {name: [getattr(cache, name)[layer, :, :length] for layer in range(cache.num_layers)]
+             for name in _CACHE_TENSORS + (("k_scale", "v_scale") if cache.quantized else ())}
+    if sink_mass is not None:  # [layers, kv_heads, M] fp32 StateKV attention mass
+        views["sink_mass"] = [sink_mass[layer, :, :length] for layer in range(cache.num_layers)]
+    return views
+
+
+def _tensor_views(session, length: int) -> dict[str, list[torch.Tensor]]:
+    return cache_views(session.cache, length, session.sinks.mass if session.sinks is not None else None)
+
+
+def _session_state(session) -> dict:
+    pending = session.ingestor.pending
+    return {
+        "cache_length": session.cache.length,
+        "counters": dataclasses.asdict(session.counters),
+        "next_position": session.next_position,
+        "t_offset": session.t_offset,
+        "rebases": session.rebases,
+        "video_start": session.video_start,
+        "prefix_tokens": session.prefix_tokens,
+        "grid": list(session.grid) if session.grid is not None else None,
+        "t0": session.clock.t0,
+        "last_t": session.clock.last_t,
+        "pending_t": pending[1] if pending is not None else None,
+        "clock": session.clock.state(),
+        "sink_updates": session.sinks.updates if session.sinks is not None else 0,
+        "pair_times": {str(pair): t for pair, t in session.pair_times.items()},
+        "policy": session.policy.state(),
+    }
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
+
+
+def _chunk_bytes(chunk: torch.Tensor) -> int:
+    return chunk.numel() * chunk.element_size()
+
+
+def estimate_bytes(session, length: int | None = None) -> int:
+    """Upper bound of a snapshot's size with ``length`` cache slots (default: the cache's capacity), sealed or
+    not (a sealed section adds a 16-byte tag per MiB)."""
+    from edgekv.privacy import Sealer, sealed_size
+
+    length = session.capacity if length is None else length
+    total = len(MAGIC) + Sealer.HEADER.size
+    sections = [sum(_chunk_bytes(c) for c in chunks) for chunks in _tensor_views(session, length).values()]
+    if session.ingestor.pending is not None:
+        sections.append(session.ingestor.pending[0].nbytes)
+    for size in sections:
+        total = _aligned(total) + sealed_size(size)
+    return total + sealed_size(_MANIFEST_ALLOWANCE) + _TRAILER.size
+
+
+# ---------------------------------------------------------------------------------------------- writing
+class _SealedWriter:
+    """One section of a sealed snapshot: plaintext in, AES-GCM chunks of ``privacy.CHUNK`` bytes out."""
+
+    def __init__(self, handle, sealer, index: int) -> None:
+        self.handle, self.sealer, self.index = handle, sealer, index
+        self.buffer = bytearray()
+        self.sealed = 0
+
+    def write(self, data) -> None:
+        from edgekv.privacy import CHUNK
+
+        self.buffer += memoryview(data).cast("B")
+        while len(self.buffer) >= CHUNK:
+            self._emit(bytes(self.buffer[:CHUNK]))
+            del self.buffer[:CHUNK]
+
+    def close(self) -> None:
+        if self.buffer:
+            self._emit(bytes(self.buffer))
+            self.buffer.clear()
+
+    def _emit(self, plain: bytes) -> None:
+        sealed = self.sealer.seal(self.index, plain)
+        self.handle.write(sealed)
+        self.sealed += len(sealed)
+        self.index += 1
+
+
+class _SealedReader:
+    """Reads one sealed section back as plaintext, chunk by chunk (each authenticated)."""
+
+    def __init__(self, handle, sealer, index: int, sealed_bytes: int, what: str) -> None:
+        self.handle, self.sealer, self.index, self.what = handle, sealer, index, what
+        self.remaining = sealed_bytes  # the section's sealed bytes not read yet (the next section follows)
+        self.plain = b""
+
+    def readinto(self, out) -> int:
+        from edgekv.privacy import CHUNK, TAG
+
+        view, filled = memoryview(out).cast("B"), 0
+        while filled < len(view):
+            if not self.plain:
+                sealed = self.handle.read(min(CHUNK + TAG, self.remaining))
+                if not sealed:
+                    return filled
+                self.remaining -= len(sealed)
+                self.plain = self.sealer.open(self.index, sealed, self.what)
+                self.index += 1
+            take = min(len(self.plain), len(view) - filled)
+            view[filled:filled + take] = self.plain[:take]
+            self.plain, filled = self.plain[take:], filled + take
+        return filled
+
+
+def _write_tensor(handle, chunks: list[torch.Tensor], offset: int) -> tuple[dict, int]:
+    """Write ``chunks`` back to back at ``offset`` (already aligned); returns the manifest entry and the plaintext
+    bytes (``handle`` may be a ``_SealedWriter``)."""
+    digest = hashlib.sha256()
+    written = 0
+    for chunk in chunks:
+        host = chunk.detach().contiguous().cpu()
+        raw = host.view(torch.uint8).numpy().reshape(-1) if host.numel() else np.empty(0, np.uint8)
+        handle.write(raw)
+        digest.update(raw)
+        written += raw.size
+    entry = {"dtype": str(chunks[0].dtype).removeprefix("torch."), "shape": [len(chunks), *chunks[0].shape],
+             "offset": offset, "bytes": written, "sha256": digest.hexdigest()}
+    return entry, written
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]], sealer=None) -> int:
+    """Write ``views`` and ``manifest`` (its ``tensors`` filled in here) to ``path`` atomically; returns bytes.
+    With ``sealer`` (``edgekv.privacy.Sealer``) every section and the manifest are sealed (AES-256-GCM)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    manifest = {**manifest, "tensors": {}}
+    try:
+        with open(tmp, "wb") as handle:
+            head = MAGIC if sealer is None else SEALED_MAGIC + sealer.header
+            handle.write(head)
+            offset, index = len(head), 0
+            for name, chunks in views.items():
+                start = _aligned(offset)
+                handle.write(b"\0" * (start - offset))
+                if sealer is None:
+                    manifest["tensors"][name], written = _write_tensor(handle, chunks, start)
+                    offset = start + written
+                else:
+                    writer = _SealedWriter(handle, sealer, index)
+                    entry, _ = _write_tensor(writer, chunks, start)
+                    writer.close()
+                    entry.update(first_chunk=index, sealed_bytes=writer.sealed)
+                    manifest["tensors"][name], index, offset = entry, writer.index, start + writer.sealed
+            body = json.dumps(manifest, sort_keys=True).encode()
+            if sealer is not None:
+                sink = io.BytesIO()
+                writer = _SealedWriter(sink, sealer, _MANIFEST_CHUNKS)
+                writer.write(body)
+                writer.close()
+                body = sink.getvalue()
+            handle.write(body)
+            handle.write(_TRAILER.pack(offset, len(body), hashlib.sha256(body).digest(), END_MAGIC))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def save_session(session, path: str | Path) -> SnapshotInfo:
+    """Write ``session`` to ``path`` atomically (call through ``StreamSession.save``, under its lock)."""
+    started = time.perf_counter()
+    path = Path(path).expanduser()
+    state = _session_state(session)
+    resolution = session.preprocessor.resolution if session.preprocessor is not None else None
+    saved_unix = time.time()
+    manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(saved_unix)),
+                "saved_unix": saved_unix, "key": deployment_key(session.runtime, resolution), "session": state}
+    views = _tensor_views(session, session.cache.length)
+    if session.ingestor.pending is not None:
+        views["pending_frame"] = [torch.from_numpy(np.ascontiguousarray(session.ingestor.pending[0]))]
+    keys = getattr(session.runtime, "keys", None)
+    sealer = None
+    if keys is not None and keys.enabled:
+        from edgekv.privacy import Sealer
+
+        sealer = Sealer(keys.current)
+    size = write_snapshot(path, manifest, views, sealer)
+    return _info(path, size, time.perf_counter() - started, state, saved_unix)
+
+
+def _info(path: Path, size: int, seconds: float, state: dict, saved_unix: float | None) -> SnapshotInfo:
+    t0, last = state.get("t0"), state.get("last_t")
+    span = (last - t0) if t0 is not None and last is not None else 0.0
+    clock = state.get("clock") if isinstance(state.get("clock"), dict) else {}
+    return SnapshotInfo(path, size, seconds, int(state["cache_length"]), int(state["counters"]["frames"]), span,
+                        last, saved_unix, clock.get("last_source_t", last))
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def read_manifest(path: str | Path, keys=None) -> dict:
+    """The manifest of a complete, undamaged snapshot file; ``SnapshotError`` naming the file otherwise. A sealed
+    snapshot needs ``keys`` (``edgekv.privacy.KeyRing``) holding its key: ``SealError`` when it does not (the file
+    is left as it is)."""
+    from edgekv.privacy import SealError, Sealer
+
+    path = Path(path).expanduser()
+    sealer = None
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(len(MAGIC))
+            if head == SEALED_MAGIC:
+                if keys is None or not keys.keys:
+                    raise SealError(f"{path}: the snapshot is encrypted; set privacy.key_file (or key_env, "
+                                    "key_credential) to its key. The file is left as it is")
+                sealer = Sealer.for_header(handle.read(Sealer.HEADER.size), keys, str(path))
+            elif head != MAGIC:
+                raise SnapshotError(f"{path}: not an edgekv snapshot (no snapshot header)")
+            if size < len(MAGIC) + _TRAILER.size:
+                raise SnapshotError(f"{path}: truncated ({size} bytes): the snapshot is incomplete")
+            handle.seek(size - _TRAILER.size)
+            offset, length, digest, end = _TRAILER.unpack(handle.read(_TRAILER.size))
+            if end != END_MAGIC or offset + length + _TRAILER.size != size:
+                raise SnapshotError(f"{path}: truncated or damaged ({size} bytes, no valid end marker): "
+                                    f"the snapshot is incomplete")
+            handle.seek(offset)
+            body = handle.read(length)
+    except FileNotFoundError:
+        raise SnapshotError(f"{path}: no such snapshot file") from None
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot read the snapshot ({exc})") from None
+    if hashlib.sha256(body).digest() != digest:
+        raise SnapshotError(f"{path}: damaged: the manifest's sha256 does not match")
+    if sealer is not None:
+        from edgekv.privacy import CHUNK, TAG
+
+        step = CHUNK + TAG
+        body = b"".join(sealer.open(_MANIFEST_CHUNKS + i, body[i * step:(i + 1) * step], str(path))
+                        for i in range(-(-len(body) // step)))
+    try:
+        manifest = json.loads(body)
+    except ValueError as exc:
+        raise SnapshotError(f"{path}: damaged manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise SnapshotError(f"{path}: snapshot format {found!r}, this edgekv reads {FORMAT}")
+    _check_fields(path, manifest)
+    if sealer is not None:
+        manifest["_sealer"] = sealer  # not JSON: read_tensors opens the sections with it
+    return manifest
+
+
+_TENSOR_FIELDS = {"dtype": str, "shape": list, "offset": int, "bytes": int, "sha256": str}
+
+
+def _check_fields(path: Path, manifest: dict) -> None:
+    """A manifest whose checksums hold can still lack what a reader needs (another writer, a hand edit): name
+    the missing field, so that the keeper sets the file aside instead of crashing every start (issue 26)."""
+    for name in ("key", "session", "tensors"):
+        if not isinstance(manifest.get(name), dict):
+            raise SnapshotError(f"{path}: the manifest has no {name!r} section")
+    for name in ("cache_length", "counters", "next_position", "t_offset", "rebases", "video_start", "grid", "t0",
+                 "last_t", "pending_t", "policy"):
+        if name not in manifest["session"]:
+            raise SnapshotError(f"{path}: the manifest's session state has no {name!r}")
+    for tensor, entry in manifest["tensors"].items():
+        for name, kind in _TENSOR_FIELDS.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get(name), kind):
+                raise SnapshotError(f"{path}: tensor {tensor!r} has no valid {name!r} in the manifest")
+
+
+def check_key(path: Path, manifest: dict, runtime) -> None:
+    """Refuse a snapshot made for another deployment, naming every field that differs."""
+    resolution = runtime.config.video.resolution
+    diff = key_differences(manifest["key"], deployment_key(runtime, tuple(resolution) if resolution else None))
+    if diff:
+        raise SnapshotMismatchError(f"{path}: made for another deployment — " + "; ".join(diff))
+
+
+def _read_tensor(handle, path: Path, name: str, entry: dict, chunks: list[torch.Tensor], sealer=None) -> None:
+    """Read a tensor section into ``chunks`` (views of the session's buffers), checking its sha256."""
+    expected = [len(chunks), *chunks[0].shape]
+    if entry["shape"] != expected or entry["dtype"] != str(chunks[0].dtype).removeprefix("torch."):
+        raise SnapshotError(f"{path}: tensor {name} is {entry['dtype']} {entry['shape']}, the session needs "
+                            f"{str(chunks[0].dtype).removeprefix('torch.')} {expected}")
+    handle.seek(entry["offset"])
+    if sealer is not None:
+        handle = _SealedReader(handle, sealer, int(entry["first_chunk"]), int(entry["sealed_bytes"]),
+                               f"{path}: tensor {name}")
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        staging = torch.empty(chunk.shape, dtype=chunk.dtype)
+        raw = staging.view(torch.uint8).numpy().reshape(-1) if staging.numel() else np.empty(0, np.uint8)
+        if handle.readinto(raw) != raw.size:
+            raise SnapshotError(f"{path}: truncated inside tensor {name}")
+        digest.update(raw)
+        chunk.copy_(staging)
+    if digest.hexdigest() != entry["sha256"]:
+        raise SnapshotError(f"{path}: damaged: tensor {name} does not match its sha256")
+
+
+def read_tensors(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]]) -> None:
+    """Fill ``views`` from the snapshot's tensor sections, each checked against its sha256."""
+    try:
+        with open(path, "rb") as handle:
+            for name, chunks in views.items():
+                _read_tensor(handle, path, name, manifest["tensors"][name], chunks, manifest.get("_sealer"))
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot read the snapshot ({exc})") from None
+
+
+def _apply_state(session, state: dict, length: int, pending) -> None:
+    session.cache.length = length
+    session.counters = type(session.counters)(**state["counters"])
+    session.next_position, session.t_offset = int(state["next_position"]), int(state["t_offset"])
+    session.rebases, session.video_start = int(state["rebases"]), int(state["video_start"])
+    session.grid = tuple(state["grid"]) if state["grid"] is not None else None
+    session.clock.load_state(state["t0"], state["last_t"], state.get("clock"))
+    session.ingestor.pending = pending
+    session.pair_times = {int(pair): float(t) for pair, t in state.get("pair_times", {}).items()}
+    if session.sinks is not None:
+        session.sinks.updates = int(state["sink_updates"])
+    session.policy.load_state(state["policy"])
+
+
+def load_session(runtime, path: str | Path):
+    """A new session of ``runtime`` holding the state saved in ``path`` (``Runtime.restore``); a snapshot that
+    cannot be used raises ``SnapshotError`` naming the file (never a bare KeyError or TypeError)."""
+    try:
+        return _load_session(runtime, path)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise SnapshotError(f"{path}: the manifest is unusable ({type(exc).__name__}: {exc})") from None
+
+
+def _load_session(runtime, path: str | Path):
+    started = time.perf_counter()
+    path = Path(path).expanduser()
+    manifest = read_manifest(path, getattr(runtime, "keys", None))
+    check_key(path, manifest, runtime)
+    state = manifest["session"]
+    session = runtime.session()
+    resolution = manifest["key"]["resolution"]
+    if session.preprocessor is None and resolution is not None:
+        session.preprocessor = runtime.make_preprocessor(resolution=tuple(resolution))
+    length = int(state["cache_length"])
+    views = _tensor_views(session, length)
+    names = set(views) | ({"pending_frame"} if state["pending_t"] is not None else set())
+    if set(manifest["tensors"]) != names:
+        raise SnapshotError(f"{path}: holds tensors {sorted(manifest['tensors'])}, expected {sorted(names)}")
+    read_tensors(path, manifest, views)
+    pending = None
+    if state["pending_t"] is not None:
+        entry = manifest["tensors"]["pending_frame"]
+        frame = torch.empty(entry["shape"][1:], dtype=torch.uint8)
+        read_tensors(path, manifest, {"pending_frame": [frame]})
+        pending = (frame.numpy(), float(state["pending_t"]))
+    try:
+        _apply_state(session, state, length, pending)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotError(f"{path}: the session state in the manifest is unusable ({type(exc).__name__}: {exc})") from None
+    session.restored_from = _info(path, path.stat().st_size, time.perf_counter() - started, state,
+                                  manifest.get("saved_unix"))
+    return session
+
+
+# ---------------------------------------------------------------------------------------------- the daemon's keeper
+def describe_span(seconds: float) -> str:
+    """56 years, 3 days, 3 h 12 min, 12 min, 45 s."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 48 * 60:
+        return f"{minutes // 60} h {minutes % 60} min"
+    days = seconds / 86400
+    return f"{days:.0f} days" if days < 730 else f"{days / 365.25:.0f} years"
+
+
+class StateKeeper:
+    """Persistent memory for a long-running process (``state:`` in the YAML).
+
+    ``restore(runtime)`` at start returns the session to use: the newest snapshot under ``state.dir``
+    that loads, or a fresh one — then the snapshot that could not be used is renamed into
+    ``state.dir/set-aside/`` (the latest one only) and the reason is said. ``maybe_snapshot(session)``
+    each loop iteration writes one every ``state.every_s``; ``final_snapshot(session)`` at stop (SIGTERM
+    included). Before each write every generation but the newest is removed, so the folder holds at most
+    two (the newest and the one being written) and, with the set-aside file, at most ``state.max_mib``.
+    A snapshot that cannot be written (disk full, permissions) is logged and the stream goes on.
+    A restarted source counts time from 0 again: ``stream_time(t)`` moves its timestamps past the
+    restored stream's last one, plus the time the process was down by the wall clock — at most
+    ``video.max_gap_s``, and said when the wall clock moved back or further than that (a board without an RTC
+    battery saves in 1970 and restarts after NTP: 56 years of "downtime", DESIGN invariant 12).
+    """
+
+    PREFIX, SUFFIX, ASIDE = "snapshot-", ".ekv", "set-aside"
+
+    def __init__(self, section: StateSection, say: Callable[[str], None] = print,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.section = section
+        self.say = say
+        self.clock = clock
+        self.wall = wall  # the wall clock, only to measure how long the process was down
+        self.dir = Path(section.dir).expanduser() if section.dir else None
+        self.max_bytes = int(section.max_mib * 2**20)
+        self.last_saved: float | None = None
+        self.failures = 0
+        self.clock_offset = 0.0  # added to the source's timestamps after a restore: see stream_time
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None
+
+    # ------------------------------------------------------------------ files
+    def generations(self) -> list[Path]:
+        """Complete snapshot files, oldest first."""
+        if self.dir is None or not self.dir.is_dir():
+            return []
+        return sorted(p for p in self.dir.glob(f"{self.PREFIX}*{self.SUFFIX}") if p.name[len(self.PREFIX):-len(self.SUFFIX)].isdigit())
+
+    def _next_path(self) -> Path:
+        existing = self.generations()
+        number = int(existing[-1].name[len(self.PREFIX):-len(self.SUFFIX)]) + 1 if existing else 1
+        return self.dir / f"{self.PREFIX}{number:08d}{self.SUFFIX}"
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of writes a crash interrupted: never valid, never needed."""
+        for leftover in self.dir.glob(f".{self.PREFIX}*.tmp-*"):
+            leftover.unlink(missing_ok=True)
+
+    def _set_aside(self, path: Path) -> Path:
+        aside = self.dir / self.ASIDE
+        aside.mkdir(exist_ok=True)
+        for old in aside.iterdir():
+            old.unlink()
+        target = aside / path.name
+        os.replace(path, target)
+        return target
+
+    def _aside_bytes(self) -> int:
+        aside = self.dir / self.ASIDE
+        return sum(p.stat().st_size for p in aside.iterdir()) if aside.is_dir() else 0
+
+    # ------------------------------------------------------------------ start
+    def restore(self, runtime):
+        """The session to run: restored from the newest usable snapshot, or fresh (and why)."""
+        if not self.enabled:
+            return runtime.session()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
+        runtime.model_hash()  # hashed here, once (seconds for a 7 GB checkpoint, then memoized), not in the loop
+        problem, rejected = None, None
+        for path in reversed(self.generations()):
+            try:
+                session = load_session(runtime, path)
+            except SnapshotMismatchError as exc:  # older generations were made for it too
+                problem, rejected = str(exc), path
+                break
+            except SnapshotError as exc:  # damaged: an older generation may still be good
+                problem, rejected = problem or str(exc), rejected or path
+                continue
+            self._check_budget(session)
+            info = session.restored_from
+            self.clock_offset = self._resume_offset(info, runtime.config.video.max_gap_s)
+            self.say(f"resumed {describe_span(info.stream_s)} of memory, {info.cache_tokens:,} tokens "
+                     f"({info.frames:,} frames; {path} read in {info.seconds:.2f} s)")
+            if rejected is not None:
+                self.say(f"(newer snapshot {rejected.name} skipped: {problem}; set aside as "
+                         f"{self._set_aside(rejected)})")
+            self.last_saved = self.clock()
+            return session
+        session = runtime.session()
+        self._check_budget(session)
+        if rejected is None:
+            self.say(f"no snapshot in {self.dir}: starting with an empty memory")
+        else:
+            aside = self._set_aside(rejected)
+            for other in self.generations():
+                other.unlink()  # older generations of the memory that was set aside
+            self.say(f"starting with an empty memory: {problem}. The old snapshot is kept as {aside}")
+        self.last_saved = self.clock()
+        return session
+
+    def _resume_offset(self, info: SnapshotInfo, max_gap_s: float) -> float:
+        """A restarted source counts from 0 again; the restored stream continues after its last frame plus
+        the wall-clock time the process was down (a 5-minute outage is a 5-minute gap in the video), bounded
+        by ``max_gap_s`` when the wall clock jumped in between."""
+        last = info.last_source_t if info.last_source_t is not None else info.last_t
+        if last is None:
+            return 0.0
+        down = self.wall() - info.saved_unix if info.saved_unix is not None else 0.0
+        if not 0.0 <= down <= max_gap_s:
+            bounded = 0.0 if down < 0 else max_gap_s
+            self.say(f"the wall clock moved {'back ' if down < 0 else ''}{describe_span(abs(down))} between the "
+                     f"snapshot and now (a clock set after the snapshot, e.g. by NTP on a board without an RTC "
+                     f"battery?): the memory continues {describe_span(bounded)} after its last frame "
+                     f"(video.max_gap_s={max_gap_s:g})")
+            down = bounded
+        return last + down
+
+    def stream_time(self, t: float) -> float:
+        """The session's time for a frame the (restarted) source stamped ``t``."""
+        return t + self.clock_offset
+
+    def _check_budget(self, session) -> None:
+        full = estimate_bytes(session)
+        if 2 * full > self.max_bytes:
+            raise ValueError(f"state.max_mib={self.section.max_mib:g} cannot hold two snapshots of a full cache "
+                             f"({full / 2**20:.1f} MiB each): raise state.max_mib to at least "
+                             f"{2 * full / 2**20:.0f}")
+
+    # ------------------------------------------------------------------ snapshots
+    def maybe_snapshot(self, session) -> SnapshotInfo | None:
+        """A snapshot if ``state.every_s`` has passed since the last one (call it every loop iteration)."""
+        if not self.enabled or (self.last_saved is not None and self.clock() - self.last_saved < self.section.every_s):
+            return None
+        info = self.snapshot(session)
+        if info is not None:
+            log.info("state: %s (%.1f MiB, %.0f ms)", info.path.name, info.bytes / 2**20, info.seconds * 1e3)
+        return info
+
+    def final_snapshot(self, session) -> SnapshotInfo | None:
+        """The snapshot at stop (SIGTERM, end of the source); says where the memory went."""
+        if not self.enabled:
+            return None
+        info = self.snapshot(session)
+        if info is not None:
+            self.say(f"memory saved: {describe_span(info.stream_s)}, {info.cache_tokens:,} tokens in {info.path} "
+                     f"({info.bytes / 2**20:.1f} MiB, {info.seconds * 1e3:.0f} ms)")
+        return info
+
+    def rewrite_after_forget(self, session) -> dict:
+        """After ``session.forget``: a new snapshot of the session as it is now, then every other file under
+        ``state.dir`` that may hold the forgotten window deleted — older generations and the set-aside snapshot
+        (made for another deployment, it cannot be rewritten here). Returns what was written and removed."""
+        if not self.enabled:
+            return {"snapshot": None, "removed": []}
+        info = self.snapshot(session)
+        if info is None:
+            raise OSError(f"state: the snapshot after forgetting could not be written in {self.dir}; the older "
+                          "ones are kept (they still hold the window)")
+        removed = []
+        for old in self.generations():
+            if old != info.path:
+                old.unlink()
+                removed.append(old.name)
+        aside = self.dir / self.ASIDE
+        if aside.is_dir():
+            for old in aside.iterdir():
+                old.unlink()
+                removed.append(f"{self.ASIDE}/{old.name}")
+        return {"snapshot": info.path.name, "removed": removed}
+
+    def snapshot(self, session) -> SnapshotInfo | None:
+        self.last_saved = self.clock()
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for old in self.generations()[:-1]:
+                old.unlink()
+            needed = estimate_bytes(session, session.cache.length) + sum(p.stat().st_size for p in self.generations())
+            if needed + self._aside_bytes() > self.max_bytes and self._aside_bytes():
+                log.warning("state: removing the set-aside snapshot to stay within state.max_mib")
+                for old in (self.dir / self.ASIDE).iterdir():
+                    old.unlink()
+            if needed > self.max_bytes:
+                raise OSError(f"{needed / 2**20:.1f} MiB needed exceeds state.max_mib={self.section.max_mib:g}")
+            info = session.save(self._next_path())
+        except OSError as exc:
+            self.failures += 1
+            log.warning("state: snapshot not written (%s); the previous one stays", exc)
+            return None
+        for old in self.generations()[:-2]:
+            old.unlink()
+        return info

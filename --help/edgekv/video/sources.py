@@ -1,0 +1,849 @@
+"""Frame sources: everything a deployment can point ``video.source`` at, behind one small interface.
+
+A source yields ``(frame, t)``: an HxWx3 uint8 BGR frame (OpenCV's layout, what ``session.ingest``
+takes) and its time in seconds. Files and synthetic videos carry their own clock (so a replay is
+reproducible); live sources (cameras, network streams, GStreamer pipelines) are stamped with a
+monotonic clock at arrival, shared across reconnects so time never goes back.
+
+Failures are typed, because the capture thread reacts differently to each:
+
+- ``CorruptFrame``: this one frame is unusable, the stream goes on (skip and count it);
+- ``EndOfStream``: a recorded source is over (``reason`` says "eof" or "truncated");
+- ``SourceLost``: a live source stopped delivering (reopen it with backoff);
+- ``SourceUnavailable``: a source cannot be opened (at start-up: a configuration problem).
+
+Spec strings (``open_source``), all parsed by ``parse_spec`` without touching any device:
+
+===============================  ============================================================
+``"clip.mp4"`` / ``Path``         a video file (must exist)
+``0`` / ``"0"``                   a camera index (V4L2 on Linux)
+``"rtsp://…"``, ``"http(s)://…"`` a network stream (live)
+``"gst:<pipeline>"``              a raw GStreamer pipeline ending in ``appsink`` (OpenCV with GStreamer)
+``"csi:<sensor_id>[?…]"``         a Jetson CSI camera via ``nvarguscamerasrc`` (see ``csi_pipeline``)
+``"synthetic:shapes[?…]"``        moving shapes on a textured background, generated in-process
+``"synthetic:needle[?…]"``        a static scene where one object appears in exactly two frames
+``"synthetic:events[?…]"``        shapes of known colours appearing at known times, with ground
+                                 truth (``source.scene.events``; ``edgekv.video.events``)
+``"synthetic:world[?…]"``         the same events in a randomized world: background families
+                                 (``families=``, ``holdout=``), camera, light, JPEG, distractors,
+                                 occlusion (``edgekv.video.world``)
+``"ros2:/camera/image_raw[?…]"``  a ROS 2 camera topic over DDS, no ROS install (``edgekv.video.ros2``;
+                                 the ``ros2`` extra; live)
+``"rosbag:PATH[?topic=…]"``       a recorded ROS 2 bag, MCAP or sqlite3 (``edgekv.video.rosbag``;
+                                 the ``ros2`` extra); a plain path to a bag directory or to a
+                                 ``.mcap`` / ``.db3`` file reads the same way
+===============================  ============================================================
+
+``ros2:`` and ``rosbag:`` are the ``EXTRA_SCHEMES``: each a module with ``parse(spec, rest)`` (no extra
+package needed) and ``open_parsed(parsed, ros2=...)`` (imports its extra), so an install without ``edgekv[ros2]``
+parses and refuses them with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+import numpy as np
+
+try:
+    import cv2
+except ModuleNotFoundError as exc:  # the runtime works without OpenCV; capture does not
+    raise ModuleNotFoundError("edgekv.video needs OpenCV for capture: pip install 'edgekv[video]' "
+                              "(opencv-python-headless)") from exc
+
+__all__ = [
+    "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "LoopingSource", "NeedleSource", "OpenCVSource",
+    "ShapesSource", "SourceError", "WorldSource",
+    "SourceLost", "SourceSpec", "SourceUnavailable", "SyntheticSource", "TimestampSelector", "csi_pipeline",
+    "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec",
+]
+
+log = logging.getLogger("edgekv.video")
+
+Frame = tuple[np.ndarray, float]  # (HxWx3 uint8 BGR, seconds)
+STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://")
+
+
+# ---------------------------------------------------------------------------------------------- errors
+class SourceError(RuntimeError):
+    """Base of the failures a frame source reports."""
+
+
+class SourceUnavailable(SourceError):
+    """The source could not be opened (no such camera, unreachable stream, missing backend)."""
+
+
+class SourceLost(SourceError):
+    """A live source stopped delivering frames; it may come back after a reopen."""
+
+
+class CorruptFrame(SourceError):
+    """One frame (``count`` frames in a row) could not be decoded or is not HxWx3 uint8; the stream itself
+    goes on."""
+
+    def __init__(self, message: str, count: int = 1) -> None:
+        super().__init__(message)
+        self.count = count
+
+
+class EndOfStream(Exception):
+    """A recorded source has no more frames. ``reason``: "eof" (complete) or "truncated" (ended early)."""
+
+    def __init__(self, reason: str = "eof", detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def frame_problem(frame: object) -> str | None:
+    """Why ``frame`` is not an HxWx3 uint8 array, or None if it is (backends can hand back odd shapes)."""
+    if not isinstance(frame, np.ndarray):
+        return f"got {type(frame).__name__} instead of an array"
+    if frame.ndim != 3 or frame.shape[2] != 3 or frame.shape[0] == 0 or frame.shape[1] == 0:
+        return f"got shape {frame.shape}, expected HxWx3"
+    if frame.dtype != np.uint8:
+        return f"got dtype {frame.dtype}, expected uint8"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class SourceSpec:
+    """A parsed ``video.source``: what to open and with which parameters, before opening anything."""
+
+    kind: str  # file | camera | stream | gstreamer | csi | synthetic | ros2 | rosbag
+    target: str | int  # path, camera index, URL, pipeline string, or synthetic name
+    params: dict[str, Any] = field(default_factory=dict)
+    raw: str = ""
+
+    @property
+    def live(self) -> bool:
+        """Live sources cannot be paused or replayed: they are reopened on loss and sampled latest-wins."""
+        return self.kind in ("camera", "stream", "gstreamer", "csi", "ros2")
+
+
+def _parse_query(spec: str, query: str, allowed: dict[str, Callable[[str], Any]]) -> dict[str, Any]:
+    """``a=1&b=2`` -> typed dict; unknown keys and bad values are refused naming the spec."""
+    params: dict[str, Any] = {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ValueError(f"video source {spec!r}: parameters must look like 'key=value&key=value'") from None
+    for key, value in pairs:
+        if key not in allowed:
+            raise ValueError(f"video source {spec!r}: unknown parameter {key!r}; known: {', '.join(sorted(allowed))}")
+        try:
+            params[key] = allowed[key](value)
+        except ValueError as exc:
+            raise ValueError(f"video source {spec!r}: bad value {value!r} for {key!r}: {exc}") from None
+    return params
+
+
+def _size(text: str) -> tuple[int, int]:
+    """``"640x480"`` -> (width, height)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError("expected WIDTHxHEIGHT, e.g. 640x480")
+    return int(parts[0]), int(parts[1])
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _int_range(text: str) -> tuple[int, int]:
+    """``"2"`` -> (2, 2); ``"1-3"`` -> (1, 3)."""
+    low, _, high = text.partition("-")
+    values = (int(low), int(high or low))
+    if values[0] < 1 or values[1] < values[0]:
+        raise ValueError("expected N or MIN-MAX with 1 <= MIN <= MAX")
+    return values
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a non-negative number")
+    return value
+
+
+def _families(text: str) -> tuple[str, ...]:
+    from edgekv.video.world import parse_families
+
+    return parse_families(text)
+
+
+def _names(known_of: str) -> Callable[[str], tuple[str, ...]]:
+    """A parser of a comma-separated list of the names ``edgekv.video.world`` holds as ``known_of``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        from edgekv.video import world
+
+        known = getattr(world, known_of)
+        names = tuple(n.strip() for n in text.split(",") if n.strip())
+        unknown = [n for n in names if n not in known]
+        if not names or unknown:
+            raise ValueError(f"expected a comma-separated list of {', '.join(known)}"
+                             + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+        return names
+
+    return parse
+
+
+def _flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError("expected 0 or 1")
+    return text == "1"
+
+
+_SYNTHETIC_PARAMS: dict[str, dict[str, Callable[[str], Any]]] = {
+    "shapes": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
+               "shapes": _positive_int},
+    "needle": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
+               "at": _non_negative_int, "noise": _non_negative_float},
+    "events": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
+               "rate": _non_negative_float, "duration": _int_range, "noise": _non_negative_float,
+               "drift": _non_negative_float, "light": _non_negative_float, "distractors": _non_negative_int},
+    "world": {"size": _size, "fps": _positive_float, "frames": _positive_int, "seed": _non_negative_int,
+              "rate": _non_negative_float, "duration": _int_range, "families": _families, "holdout": _families,
+              "randomize": _flag, "noise": _non_negative_float, "drift": _non_negative_float,
+              "shake": _non_negative_float, "light": _non_negative_float, "jpeg": _non_negative_int,
+              "distractors": _non_negative_int, "transients": _non_negative_float, "occlusion": _non_negative_float,
+              "lures": _non_negative_float, "lure_colors": _names("COLORS"), "lure_shapes": _names("DISTRACTOR_SHAPES"),
+              "tone": _non_negative_float, "exposure": _non_negative_float},
+}
+_CSI_PARAMS: dict[str, Callable[[str], Any]] = {
+    "width": _positive_int, "height": _positive_int, "fps": _positive_int, "flip": _non_negative_int,
+    "out_width": _positive_int, "out_height": _positive_int,
+}
+
+
+def parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
+    """Classify a ``video.source`` value; raises ``ValueError`` naming the spec if it cannot be one."""
+    if isinstance(spec, bool):
+        raise ValueError(f"video source {spec!r}: expected a camera index, path, URL, 'gst:…', 'csi:…' "
+                         "or 'synthetic:…'")
+    if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError(f"video source {spec!r}: a camera index must be >= 0")
+        return SourceSpec("camera", spec, raw=str(spec))
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise ValueError(f"video source {spec!r}: expected a string, path or camera index, got {type(spec).__name__}")
+    text = spec.strip()
+    if not text:
+        raise ValueError("video source '': empty; give a camera index, file, URL, 'gst:…', 'csi:…' or 'synthetic:…'")
+    if text.isdigit():
+        return SourceSpec("camera", int(text), raw=spec)
+    lowered = text.lower()
+    if lowered.startswith("gst:"):
+        return _parse_gst(spec, text[4:].strip())
+    if lowered.startswith("csi:"):
+        return _parse_csi(spec, text[4:])
+    if lowered.startswith("synthetic:"):
+        return _parse_synthetic(spec, text[len("synthetic:"):])
+    for scheme, module in EXTRA_SCHEMES.items():
+        if lowered.startswith(scheme + ":"):
+            return _extra_scheme(module).parse(spec, text[len(scheme) + 1:])
+    if lowered.startswith(STREAM_SCHEMES):
+        return SourceSpec("stream", text, raw=spec)
+    if lowered.startswith("file://"):
+        text = text[len("file://"):]
+    elif "://" in text:
+        raise ValueError(f"video source {spec!r}: unsupported URL scheme; use one of {', '.join(STREAM_SCHEMES)}")
+    if _is_bag(Path(text).expanduser()):  # a ROS 2 bag given as a plain path reads as rosbag:PATH
+        return _extra_scheme(EXTRA_SCHEMES["rosbag"]).parse(spec, text)
+    if not Path(text).is_file():
+        raise ValueError(f"video source {spec!r}: no such video file (and not a camera index, URL, 'gst:', 'csi:' "
+                         "or 'synthetic:' spec)")
+    return SourceSpec("file", text, raw=spec)
+
+
+def _parse_gst(spec: str, pipeline: str) -> SourceSpec:
+    if not pipeline:
+        raise ValueError(f"video source {spec!r}: 'gst:' needs a pipeline ending in appsink")
+    if "appsink" not in pipeline:
+        raise ValueError(f"video source {spec!r}: the GStreamer pipeline must end in 'appsink' for OpenCV to read it")
+    return SourceSpec("gstreamer", pipeline, raw=spec)
+
+
+def _parse_csi(spec: str, rest: str) -> SourceSpec:
+    sensor, _, query = rest.partition("?")
+    if not sensor.strip().isdigit():
+        raise ValueError(f"video source {spec!r}: expected 'csi:<sensor_id>' with an integer sensor id, e.g. 'csi:0'")
+    params = _parse_query(spec, query, _CSI_PARAMS)
+    return SourceSpec("csi", int(sensor), params, raw=spec)
+
+
+def _parse_synthetic(spec: str, rest: str) -> SourceSpec:
+    name, _, query = rest.partition("?")
+    if name not in _SYNTHETIC_PARAMS:
+        raise ValueError(f"video source {spec!r}: unknown synthetic video {name!r}; known: "
+                         f"{', '.join('synthetic:' + n for n in sorted(_SYNTHETIC_PARAMS))}")
+    return SourceSpec("synthetic", name, _parse_query(spec, query, _SYNTHETIC_PARAMS[name]), raw=spec)
+
+
+def csi_pipeline(sensor_id: int = 0, width: int = 1920, height: int = 1080, fps: int = 30, flip: int = 0,
+                 out_width: int | None = None, out_height: int | None = None) -> str:
+    """The GStreamer pipeline for a Jetson CSI camera (Argus ISP) that OpenCV reads as BGR.
+
+    The ISP delivers NV12 in NVMM (device) memory; ``nvvidconv`` converts and copies it to CPU memory
+    as BGRx (it cannot emit 3-byte BGR), ``videoconvert`` drops the pad byte, and the appsink keeps
+    only the newest buffer (``drop=true max-buffers=1``) so a slow reader gets fresh frames, not a
+    backlog. ``out_width``/``out_height`` let nvvidconv downscale on the VIC instead of the CPU.
+    """
+    out_w, out_h = out_width or width, out_height or height
+    return (
+        f"nvarguscamerasrc sensor-id={sensor_id} ! "
+        f"video/x-raw(memory:NVMM),width={width},height={height},framerate={fps}/1,format=NV12 ! "
+        f"nvvidconv flip-method={flip} ! video/x-raw,width={out_w},height={out_h},format=BGRx ! "
+        "videoconvert ! video/x-raw,format=BGR ! appsink drop=true max-buffers=1"
+    )
+
+
+@functools.cache
+def opencv_has_gstreamer() -> bool:
+    """Whether this OpenCV build can open GStreamer pipelines (pip wheels cannot; JetPack's can)."""
+    for line in cv2.getBuildInformation().splitlines():
+        name, _, value = line.strip().partition(":")
+        if name.strip() == "GStreamer":
+            return value.strip().upper().startswith("YES")
+    return False
+
+
+# ---------------------------------------------------------------------------------------------- base
+class FrameSource(ABC):
+    """Something that yields ``(frame, t)``. ``read`` returns a fresh array each call (consumers keep it)."""
+
+    kind: str = "source"
+
+    def __init__(self, spec: str, live: bool) -> None:
+        self.spec = spec
+        self.live = live
+        self.frames_skipped = 0  # corrupt frames skipped while iterating
+
+    @abstractmethod
+    def read(self) -> Frame:
+        """The next frame, or raise ``CorruptFrame`` / ``EndOfStream`` / ``SourceLost``."""
+
+    def reopen(self) -> None:
+        """Reconnect after ``SourceLost``; sources that cannot be reopened refuse."""
+        raise SourceUnavailable(f"video source {self.spec!r} cannot be reopened")
+
+    def close(self) -> None:
+        """Release the device or file; safe to call twice."""
+
+    def interrupt(self) -> None:
+        """Wake a ``read`` or ``reopen`` that waits for data (a topic that went quiet): the capture thread is
+        stopping. Sources whose reads return by themselves need nothing."""
+
+    def __iter__(self) -> Iterator[Frame]:
+        """Frames until the end, skipping (and counting) corrupt ones; ``SourceLost`` propagates."""
+        while True:
+            try:
+                yield self.read()
+            except CorruptFrame as exc:
+                self.frames_skipped += exc.count
+                log.warning("%s: skipped a frame: %s", self.spec, exc)
+            except EndOfStream:
+                return
+
+    def __enter__(self) -> FrameSource:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r}, live={self.live})"
+
+
+# ---------------------------------------------------------------------------------------------- OpenCV
+class OpenCVSource(FrameSource):
+    """A ``cv2.VideoCapture``: files (own timestamps), cameras, network streams and GStreamer pipelines.
+
+    A read that fails is not yet the end of the stream: OpenCV's FFmpeg backend returns False for one
+    undecodable frame (a garbage part of an MJPEG stream, a corrupt chunk of a file) and the next frame reads
+    fine. So after a failed read the source reads on: when a frame comes within ``LIVE_RETRIES`` tries and
+    ``LIVE_RETRY_S`` (a live source) or ``FILE_RETRIES`` tries (a file), the failures are one ``CorruptFrame``
+    (skipped and counted, ``count`` frames) and the good frame is handed out by the next ``read``; only then
+    is a live source lost (reconnect) or a file at its end.
+    """
+
+    kind = "opencv"
+    LIVE_RETRIES = 3     # failed reads in a row a live stream may have and still be there
+    LIVE_RETRY_S = 2.0   # ... within this long (a stream that is gone times out slowly: reconnect instead)
+    FILE_RETRIES = 32    # corrupt frames in a row a file may have before its end is taken as the end
+
+    def __init__(self, spec: str, target: str | int, api: int, live: bool) -> None:
+        super().__init__(spec, live)
+        self.target = target
+        self.api = api
+        self.capture: cv2.VideoCapture | None = None
+        self.fps = 0.0
+        self.frame_count = 0
+        self._clock_origin = time.monotonic()  # live timestamps: shared across reopens, never go back
+        self._last_t: float | None = None
+        self._ahead: tuple[np.ndarray, float] | None = None  # the good frame read after corrupt ones
+        self._open()
+
+    def _open(self) -> None:
+        capture = cv2.VideoCapture(self.target, self.api)
+        if not capture.isOpened():
+            capture.release()
+            why = "device or stream unreachable" if self.live else "unreadable or unsupported file"
+            raise SourceUnavailable(f"video source {self.spec!r}: OpenCV could not open it ({why})")
+        if self.live:
+            capture.set(cv2.CAP_PROP_BUFFERSIZE, 1)  # the newest frame, not a backlog (ignored where unsupported)
+        self.capture = capture
+        self.fps = float(capture.get(cv2.CAP_PROP_FPS) or 0.0)
+        self.frame_count = int(max(0.0, capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0.0))
+
+    def reopen(self) -> None:
+        if not self.live:
+            raise SourceUnavailable(f"video source {self.spec!r}: a file is not reopened")
+        self.close()
+        self._open()
+
+    def close(self) -> None:
+        self._ahead = None
+        if self.capture is not None:
+            self.capture.release()
+            self.capture = None
+
+    def read(self) -> Frame:
+        if self._ahead is not None:
+            frame_t, self._ahead = self._ahead, None
+            return frame_t
+        if self.capture is None:
+            raise SourceLost(f"video source {self.spec!r} is closed") if self.live else EndOfStream("eof", "closed")
+        position = self.capture.get(cv2.CAP_PROP_POS_FRAMES)
+        started = time.monotonic()
+        ok, frame = self.capture.read()
+        if not ok:
+            self._read_failed(position, started)
+        problem = frame_problem(frame)
+        if problem is not None:
+            raise CorruptFrame(f"video source {self.spec!r}: {problem}")
+        return frame, self._timestamp()
+
+    def _read_failed(self, position: float, started: float) -> None:
+        """Raises: ``CorruptFrame`` when frames come again after the failure (the next one waits in
+        ``_ahead``), else ``SourceLost`` (live) or ``EndOfStream`` (a file)."""
+        if not self.live and self.capture.get(cv2.CAP_PROP_POS_FRAMES) > position:
+            # the demuxer moved on but the frame did not decode: skip it, the file goes on
+            raise CorruptFrame(f"video source {self.spec!r}: frame {int(position)} could not be decoded")
+        failed = 1
+        while failed <= (self.LIVE_RETRIES if self.live else self.FILE_RETRIES):
+            if self.live and time.monotonic() - started > self.LIVE_RETRY_S:
+                break
+            ok, frame = self.capture.read()
+            if ok and frame_problem(frame) is None:
+                self._ahead = (frame, self._timestamp())
+                where = "" if self.live else f" from frame {int(position)}"
+                raise CorruptFrame(f"video source {self.spec!r}: {failed} frame(s){where} could not be read or "
+                                   f"decoded; skipped, the stream goes on", count=failed)
+            failed += 1
+        if self.live:
+            raise SourceLost(f"video source {self.spec!r} stopped delivering frames")
+        raise self._end_of_file(position)
+
+    def _end_of_file(self, position: float) -> EndOfStream:
+        """EOF or truncation. The header's frame count alone cannot tell: AVIs with dropped-frame
+        entries (OpenCV's own tree.avi: 444 declared, 68 decodable) end early but complete, so the
+        stream is "truncated" only when its last timestamp also falls short of the declared duration."""
+        if self.fps > 0 and self.frame_count > 0 and self._last_t is not None:
+            duration = self.frame_count / self.fps
+            if position < self.frame_count - 1 and self._last_t < duration - 2.0 / self.fps:
+                return EndOfStream("truncated", f"ended at {self._last_t:.2f}s of {duration:.2f}s "
+                                                f"(frame {int(position)} of {self.frame_count} declared)")
+        return EndOfStream("eof")
+
+    def _timestamp(self) -> float:
+        if self.live:
+            t = time.monotonic() - self._clock_origin
+        else:
+            t = self._file_timestamp()
+        self._last_t = t
+        return t
+
+    def _file_timestamp(self) -> float:
+        """The container's time (CAP_PROP_POS_MSEC) while it increases; otherwise the previous frame's
+        time plus 1/fps. Some demuxers report 0 for the last frame or nothing at all (then this is
+        ``frame_index / fps``); timestamps never go back (the session would take that as a clock jump)."""
+        raw = self.capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
+        step = 1.0 / self.fps if self.fps > 0 else 1.0 / 30.0
+        if self._last_t is None:
+            return raw if math.isfinite(raw) and raw >= 0 else 0.0
+        if math.isfinite(raw) and raw > self._last_t:
+            return raw
+        return self._last_t + step
+
+
+# ---------------------------------------------------------------------------------------------- synthetic
+def _textured_background(width: int, height: int, rng: np.random.Generator) -> np.ndarray:
+    """Smooth colour gradients plus fixed fine grain: patches differ from each other (so a vision
+    tower sees structure) but the image is the same for the same seed."""
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    phases = rng.uniform(0, 2 * np.pi, size=(3, 2)).astype(np.float32)
+    periods = rng.uniform(40, 160, size=(3, 2)).astype(np.float32)
+    channels = [
+        96 + 48 * np.sin(xs / periods[c, 0] + phases[c, 0]) + 48 * np.cos(ys / periods[c, 1] + phases[c, 1])
+        for c in range(3)
+    ]
+    grain = rng.integers(-12, 13, size=(height, width, 3), dtype=np.int16)
+    image = np.stack(channels, axis=-1).astype(np.int16) + grain
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+class SyntheticSource(FrameSource):
+    """In-process video with its own clock ``t = index / fps``: deterministic for a given spec."""
+
+    kind = "synthetic"
+
+    def __init__(self, spec: str, size: tuple[int, int], fps: float, frames: int | None, seed: int) -> None:
+        super().__init__(spec, live=False)
+        self.width, self.height = size
+        self.fps = float(fps)
+        self.frames = frames
+        self.seed = seed
+        self.index = 0
+        self.background = _textured_background(self.width, self.height, np.random.default_rng(seed))
+
+    @abstractmethod
+    def render(self, index: int) -> np.ndarray:
+        """Frame ``index`` as a new HxWx3 uint8 BGR array."""
+
+    def read(self) -> Frame:
+        if self.frames is not None and self.index >= self.frames:
+            raise EndOfStream("eof")
+        index = self.index
+        self.index += 1
+        return self.render(index), index / self.fps
+
+
+class ShapesSource(SyntheticSource):
+    """Coloured shapes moving along bouncing paths over a textured background (the demo video)."""
+
+    def __init__(self, spec: str, size: tuple[int, int] = (640, 480), fps: float = 10.0, frames: int | None = None,
+                 seed: int = 0, shapes: int = 4) -> None:
+        super().__init__(spec, size, fps, frames, seed)
+        rng = np.random.default_rng(seed + 1)
+        scale = min(self.width, self.height)
+        self.shapes = [
+            {
+                "kind": ("circle", "square", "triangle")[i % 3],
+                "color": tuple(int(c) for c in rng.integers(0, 256, size=3)),
+                "radius": int(rng.integers(max(2, scale // 16), max(3, scale // 7))),
+                "origin": rng.uniform(0, 1, size=2),
+                "velocity": rng.uniform(0.01, 0.05, size=2) * rng.choice([-1, 1], size=2),
+            }
+            for i in range(shapes)
+        ]
+
+    def render(self, index: int) -> np.ndarray:
+        frame = self.background.copy()
+        for shape in self.shapes:
+            u, v = (_bounce(shape["origin"][k] + shape["velocity"][k] * index) for k in range(2))
+            center = (int(u * (self.width - 1)), int(v * (self.height - 1)))
+            _draw_shape(frame, shape["kind"], center, shape["radius"], shape["color"])
+        return frame
+
+
+class NeedleSource(SyntheticSource):
+    """A static scene where a distinct object (a red cross on white) appears only in frames ``at`` and
+    ``at + 1``: the needle-in-a-haystack probe for compression policies. With an even ``at`` the two
+    frames form one temporal patch group (one ingested pair). ``noise`` adds per-frame sensor grain
+    (std in uint8 levels) so that the static frames are not bit-identical."""
+
+    def __init__(self, spec: str, size: tuple[int, int] = (224, 224), fps: float = 1.0, frames: int = 1000,
+                 at: int | None = None, seed: int = 0, noise: float = 0.0) -> None:
+        super().__init__(spec, size, fps, frames, seed)
+        self.at = (frames // 2) // 2 * 2 if at is None else at
+        if self.at + 1 >= frames:
+            raise ValueError(f"video source {spec!r}: the needle needs frames at={self.at} and {self.at + 1}, "
+                             f"but the video has frames=0..{frames - 1}")
+        self.noise = noise
+        rng = np.random.default_rng(seed + 2)
+        self.needle_size = max(8, min(self.width, self.height) // 4)
+        half = self.needle_size // 2
+        self.needle_center = (int(rng.integers(half, self.width - half + 1)),
+                              int(rng.integers(half, self.height - half + 1)))
+
+    @property
+    def needle_frames(self) -> tuple[int, int]:
+        return self.at, self.at + 1
+
+    def render(self, index: int) -> np.ndarray:
+        frame = self.background.copy()
+        if self.noise > 0:
+            grain = np.random.default_rng((self.seed, index)).normal(0, self.noise, size=frame.shape)
+            frame = np.clip(frame + grain, 0, 255).astype(np.uint8)
+        if index in self.needle_frames:
+            _draw_needle(frame, self.needle_center, self.needle_size)
+        return frame
+
+
+class EventSource(SyntheticSource):
+    """``synthetic:events``: the scene generator of ``edgekv.video.events`` as a frame source. Its ground
+    truth is ``self.scene.events`` (what, which frame pairs, where); the frames are ``scene.frame(i)``."""
+
+    def __init__(self, spec: str, size: tuple[int, int] = (112, 112), fps: float = 2.0, frames: int = 400,
+                 seed: int = 0, rate: float = 0.05, duration: tuple[int, int] = (1, 2), noise: float = 3.0,
+                 drift: float = 0.0, light: float = 0.0, distractors: int = 0) -> None:
+        from edgekv.video.events import scene_from_params
+
+        try:
+            self.scene = scene_from_params(size, fps, frames, seed, rate, duration, noise, drift, light, distractors)
+        except ValueError as exc:
+            raise ValueError(f"video source {spec!r}: {exc}") from None
+        super().__init__(spec, size, fps, frames, seed)
+
+    def render(self, index: int) -> np.ndarray:
+        return self.scene.frame(index)
+
+
+class WorldSource(SyntheticSource):
+    """``synthetic:world``: ``edgekv.video.world``'s randomized world as a frame source; ground truth in
+    ``self.scene.events``, the background family drawn in ``self.scene.family``. Style fields given in the
+    spec (noise, drift, shake, light, jpeg, distractors, transients, occlusion, lures, lure_colors, lure_shapes, tone,
+    exposure) override the random draw."""
+
+    def __init__(self, spec: str, size: tuple[int, int] = (112, 112), fps: float = 2.0, frames: int = 400,
+                 seed: int = 0, rate: float = 0.05, duration: tuple[int, int] = (1, 8),
+                 families: tuple[str, ...] = (), holdout: tuple[str, ...] = (), randomize: bool = True,
+                 **style: Any) -> None:
+        from edgekv.video.world import world_scene
+
+        try:
+            self.scene = world_scene(size, fps, frames, seed, rate, duration, families, holdout, randomize, **style)
+        except ValueError as exc:
+            raise ValueError(f"video source {spec!r}: {exc}") from None
+        super().__init__(spec, size, fps, frames, seed)
+
+    def render(self, index: int) -> np.ndarray:
+        return self.scene.frame(index)
+
+
+def _bounce(x: float) -> float:
+    """Triangle wave in [0, 1]: a position that reflects off the frame edges."""
+    x = x % 2.0
+    return 2.0 - x if x > 1.0 else x
+
+
+def _draw_shape(frame: np.ndarray, kind: str, center: tuple[int, int], radius: int, color: tuple[int, ...]) -> None:
+    x, y = center
+    if kind == "circle":
+        cv2.circle(frame, center, radius, color, thickness=-1)
+    elif kind == "square":
+        cv2.rectangle(frame, (x - radius, y - radius), (x + radius, y + radius), color, thickness=-1)
+    else:
+        points = np.array([(x, y - radius), (x - radius, y + radius), (x + radius, y + radius)], dtype=np.int32)
+        cv2.fillPoly(frame, [points], color)
+
+
+def _draw_needle(frame: np.ndarray, center: tuple[int, int], size: int) -> None:
+    x, y = center
+    half = size // 2
+    cv2.rectangle(frame, (x - half, y - half), (x + half, y + half), (255, 255, 255), thickness=-1)
+    bar = max(2, size // 6)
+    cv2.rectangle(frame, (x - half, y - bar), (x + half, y + bar), (0, 0, 255), thickness=-1)
+    cv2.rectangle(frame, (x - bar, y - half), (x + bar, y + half), (0, 0, 255), thickness=-1)
+
+
+class LoopingSource(FrameSource):
+    """A recorded source played again from its start whenever it ends (``video.loop``), time running on.
+
+    Each pass is reopened with ``reopen`` and shifted so its timestamps continue after the previous
+    pass's last frame by one frame interval: the session (which would take time going back as a clock jump)
+    sees one long stream, and a short clip can stand in for a camera for hours.
+    """
+
+    kind = "loop"
+
+    def __init__(self, source: FrameSource, reopen: Callable[[], FrameSource]) -> None:
+        if source.live:
+            raise ValueError(f"video source {source.spec!r} is live: only a recorded source can loop")
+        super().__init__(source.spec, live=False)
+        self.source = source
+        self._reopen = reopen
+        self.passes = 1
+        self._offset = 0.0
+        self._last_t: float | None = None
+        self._step = 1.0 / 30.0
+
+    def read(self) -> Frame:
+        try:
+            frame, t = self.source.read()
+        except EndOfStream:
+            if self._last_t is None:
+                raise  # an empty video would loop forever without a frame
+            self.source.close()
+            self.source = self._reopen()
+            self.passes += 1
+            self._offset = self._last_t + self._step
+            frame, t = self.source.read()
+        t = self._offset + t
+        if self._last_t is not None and t > self._last_t:
+            self._step = t - self._last_t
+        self._last_t = t
+        return frame, t
+
+    def close(self) -> None:
+        self.source.close()
+
+
+# ---------------------------------------------------------------------------------------------- open
+EXTRA_SCHEMES = {"ros2": "edgekv.video.ros2", "rosbag": "edgekv.video.rosbag"}  # scheme -> module (parse, open_parsed)
+
+
+def _is_bag(path: Path) -> bool:
+    """A rosbag2 directory (metadata.yaml beside its storage files) or a bare MCAP / sqlite3 bag file."""
+    return (path.is_dir() and (path / "metadata.yaml").is_file()) or (path.is_file() and path.suffix in (".mcap", ".db3"))
+
+
+def _extra_scheme(module: str) -> Any:
+    import importlib
+
+    return importlib.import_module(module)
+
+
+def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None) -> FrameSource:
+    """Open a ``video.source``. Bad specs raise ``ValueError`` naming the spec; a well-formed source that
+    cannot be opened raises ``SourceUnavailable`` saying why. ``ros2``: the config's ``ros2:`` section
+    (domain, network, QoS) for a ``ros2:`` source; defaults (and ``$ROS_DOMAIN_ID``) without it."""
+    parsed = spec if isinstance(spec, SourceSpec) else parse_spec(spec)
+    if parsed.kind in EXTRA_SCHEMES:
+        return _extra_scheme(EXTRA_SCHEMES[parsed.kind]).open_parsed(parsed, ros2=ros2)
+    if parsed.kind == "synthetic":
+        cls = {"shapes": ShapesSource, "needle": NeedleSource, "events": EventSource,
+               "world": WorldSource}[parsed.target]
+        return cls(parsed.raw, **parsed.params)
+    if parsed.kind == "file":
+        return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=False)
+    if parsed.kind == "camera":
+        return OpenCVSource(parsed.raw, int(parsed.target), cv2.CAP_ANY, live=True)
+    if parsed.kind == "stream":
+        return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=True)
+    pipeline = str(parsed.target) if parsed.kind == "gstreamer" else csi_pipeline(int(parsed.target), **parsed.params)
+    if not opencv_has_gstreamer():
+        raise SourceUnavailable(
+            f"video source {parsed.raw!r} needs OpenCV built with GStreamer, but this OpenCV "
+            f"({cv2.__version__}) reports 'GStreamer: NO' in cv2.getBuildInformation(); the pip wheels lack it - "
+            "on a Jetson use JetPack's python3-opencv (uninstall opencv-python from the environment)"
+        )
+    return OpenCVSource(parsed.raw, pipeline, cv2.CAP_GSTREAMER, live=True)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+class TimestampSelector:
+    """Picks frames at a target fps by their own timestamps: the first frame at or after each tick
+    ``t0 + k / fps``. Never duplicates a frame (a slower source just yields fewer), and the choice
+    depends only on timestamps, so a replay picks the same frames."""
+
+    EPSILON = 1e-6  # container clocks are in ms, floats are not exact: 0.5 s may read 0.49999999
+
+    def __init__(self, fps: float) -> None:
+        if not (isinstance(fps, (int, float)) and not isinstance(fps, bool) and math.isfinite(fps) and fps > 0):
+            raise ValueError(f"fps must be a positive number, got {fps!r}")
+        self.fps = float(fps)
+        self._t0: float | None = None
+        self._next_tick = 0  # index k of the next tick
+
+    def set_fps(self, fps: float) -> None:
+        """Change the rate from the next tick on: the tick schedule restarts at the next tick's time."""
+        if self._t0 is not None:
+            self._t0 += self._next_tick / self.fps
+            self._next_tick = 0
+        self.fps = float(fps)
+
+    def accept(self, t: float) -> bool:
+        if self._t0 is None:
+            self._t0 = t
+            self._next_tick = 1
+            return True
+        elapsed_ticks = (t - self._t0) * self.fps
+        if elapsed_ticks + self.EPSILON * self.fps < self._next_tick:
+            return False
+        self._next_tick = math.floor(elapsed_ticks + self.EPSILON * self.fps) + 1
+        return True
+
+
+def iter_frames(source: str | int | os.PathLike | FrameSource, max_frames: int | None = None,
+                fps: float | None = None) -> Iterator[Frame]:
+    """Deterministic frames from a recorded source (file or synthetic), in the caller's thread.
+
+    ``fps`` picks frames by timestamp (``TimestampSelector``); ``None`` yields every frame. Corrupt
+    frames are skipped (counted in ``source.frames_skipped``). Benchmarks and tests use this; a live
+    camera goes through ``CaptureThread`` + ``Sampler`` instead, since it cannot be replayed.
+    """
+    if max_frames is not None and (not isinstance(max_frames, int) or max_frames < 0):
+        raise ValueError(f"max_frames must be a non-negative integer or None, got {max_frames!r}")
+    owned = not isinstance(source, FrameSource)
+    src = open_source(source) if owned else source
+    try:
+        if src.live:
+            raise ValueError(f"video source {src.spec!r} is live: it cannot be replayed deterministically; "
+                             "use CaptureThread and Sampler")
+        selector = TimestampSelector(fps) if fps is not None else None
+        emitted = 0
+        if max_frames == 0:
+            return
+        for frame, t in src:
+            if selector is None or selector.accept(t):
+                yield frame, t
+                emitted += 1
+                if max_frames is not None and emitted >= max_frames:
+                    return
+    finally:
+        if owned:
+            src.close()
+
+
+def looped_frames(source: str, count: int, fps: float, resize_to: tuple[int, int] | None = None) -> Iterator[Frame]:
+    """``count`` frames sampled at ``fps``; a recorded file shorter than that is looped with time running
+    on, so a short real clip (vtest.avi: 795 frames) can feed an hour-long stream. Frames are produced
+    lazily (an hour of 768x576 frames would not fit in memory); ``resize_to`` (H, W) shrinks them first.
+    """
+    import cv2
+
+    emitted, offset = 0, 0.0
+    while emitted < count:
+        last_t, produced = 0.0, 0
+        for frame, t in iter_frames(source, max_frames=count - emitted, fps=fps):
+            if resize_to is not None:
+                frame = cv2.resize(frame, (resize_to[1], resize_to[0]), interpolation=cv2.INTER_AREA)
+            yield frame, offset + t
+            last_t, produced = t, produced + 1
+            emitted += 1
+        if produced == 0:
+            raise ValueError(f"source {source!r} gave no frames")
+        offset += last_t + 1.0 / fps
