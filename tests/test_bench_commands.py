@@ -80,3 +80,53 @@ def test_bench_alerts_both_parts_run_small(tiny_checkpoint, tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "precision" in printed and "an evaluation after every pair would take" in printed
+
+
+@pytest.mark.slow
+def test_bench_daemon_runs_from_any_folder_with_nothing_made_first(tmp_path, monkeypatch, capsys):
+    """Without ``--config`` it used configs/tiny-random.yaml relative to the working folder, whose model
+    (../models/tiny) had to be made first: from anywhere else, or from the wheel, it refused to start."""
+    monkeypatch.chdir(tmp_path)
+    code = main(["bench", "daemon", "--questions", "1", "--answer-tokens", "4", "--load", "2", "--load-tokens", "2",
+                 "--window-s", "1", "--json", "d.json", "--plot", "d.png"])
+    assert code == 0
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["config"] is None and [mode["backlog"] for mode in data["blind_spot"]] == [True, False]
+    assert "a tiny random checkpoint: synthetic:shapes" in capsys.readouterr().out
+
+
+class _Session:
+    """Enough of a session for ``soak``: counts frames; Ctrl-C arrives inside the ingest of frame ``stop_at``."""
+
+    def __init__(self, stop_at: int) -> None:
+        self.frames, self.stop_at = 0, stop_at
+
+    def ingest(self, frame, t=None):
+        if self.frames == self.stop_at:
+            raise KeyboardInterrupt
+        self.frames += 1
+
+    def stats(self) -> dict:
+        return {"frames": self.frames, "frame_pairs": self.frames // 2, "cache_capacity_bytes": 1024,
+                "cache_tokens": 16, "compressions": 0, "questions": 0, "position_max": 0, "position_rebases": 0}
+
+
+def test_a_soak_stopped_by_ctrl_c_keeps_its_figures():
+    """An hours-long soak cut short kept nothing (the interrupt ended the command); now it reports the pairs it
+    ran, marked ``interrupted``, with a sample at the stop."""
+    import numpy as np
+
+    from edgekv.apps.bench.soak import soak
+
+    frames = [np.zeros((8, 8, 3), np.uint8)]
+    try:
+        report = soak(_Session(stop_at=101), frames, 2.0, pairs=10_000, sample_every_pairs=20)
+    except KeyboardInterrupt:  # (not let through: it would end the test run itself)
+        pytest.fail("the interrupt ended the soak and its figures were lost")
+    assert report.interrupted and report.pairs == 50  # the pair the interrupt cut is not counted
+    assert [s["pairs"] for s in report.samples] == [1, 20, 40, 50]  # the first pair, every 20th, the stop
+    assert report.summary()["interrupted"] is True
+    done = soak(_Session(stop_at=-1), frames, 2.0, pairs=30, sample_every_pairs=20)
+    assert not done.interrupted and done.pairs == 30 and done.summary()["interrupted"] is False
+    with pytest.raises(KeyboardInterrupt):  # before the first sample there is nothing to keep
+        soak(_Session(stop_at=1), frames, 2.0, pairs=10)

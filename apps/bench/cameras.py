@@ -65,38 +65,40 @@ def run_cameras(args: argparse.Namespace) -> int:
     cameras = CameraSet(config, DaemonOptions(realtime=True, no_stdin=True, quiet=True), out=log)
     thread = threading.Thread(target=cameras.run, daemon=True)
     thread.start()
-    if not cameras.ready.wait(600):
-        raise SystemExit("edgekv bench cameras: the cameras did not start")
-    daemons = cameras.daemons
-    first = next(iter(daemons.values()))
-    model_bytes = sum(p.numel() * p.element_size() for p in first.runtime.model.parameters())
-    cache_bytes = {name: d.session.cache.capacity_bytes for name, d in daemons.items()}
-    rss_ready = _rss_mib()
-    start_frames = {name: d.session.counters.frames for name, d in daemons.items()}
-    asked: list[Question] = []
-    samples = []
-    started = time.monotonic()
-    next_ask, turn = started, 0
-    while time.monotonic() - started < args.seconds:
-        now = time.monotonic()
-        if now >= next_ask:
-            name = names[turn % len(names)]
-            question = Question("Was there a red circle?", max_new_tokens=2, source="http")
-            try:
-                daemons[name].submit(question)
-                asked.append(question)
-            except Exception:  # noqa: BLE001 - a refused question is counted below
-                pass
-            turn, next_ask = turn + 1, now + args.ask_every_s
-        samples.append({"t": now - started, "rss_mib": _rss_mib(),
-                        **{name: d.session.counters.frames - start_frames[name] for name, d in daemons.items()}})
-        time.sleep(0.5)
-    elapsed = time.monotonic() - started
-    ingested = {name: d.session.counters.frames - start_frames[name] for name, d in daemons.items()}
-    cache_after = {name: d.session.cache.capacity_bytes for name, d in daemons.items()}
-    answered = {name: d.session.counters.questions for name, d in daemons.items()}
-    cameras.stop.event.set()
-    thread.join(120)
+    try:  # Ctrl-C included: the cameras stop and their threads end before the interpreter does (else abort)
+        if not cameras.ready.wait(600):
+            raise SystemExit("edgekv bench cameras: the cameras did not start")
+        daemons = cameras.daemons
+        first = next(iter(daemons.values()))
+        model_bytes = sum(p.numel() * p.element_size() for p in first.runtime.model.parameters())
+        cache_bytes = {name: d.session.cache.capacity_bytes for name, d in daemons.items()}
+        rss_ready = _rss_mib()
+        start_frames = {name: d.session.counters.frames for name, d in daemons.items()}
+        asked: list[Question] = []
+        samples = []
+        started = time.monotonic()
+        next_ask, turn = started, 0
+        while time.monotonic() - started < args.seconds:
+            now = time.monotonic()
+            if now >= next_ask:
+                name = names[turn % len(names)]
+                question = Question("Was there a red circle?", max_new_tokens=2, source="http")
+                try:
+                    daemons[name].submit(question)
+                    asked.append(question)
+                except Exception:  # noqa: BLE001 - a refused question is counted below
+                    pass
+                turn, next_ask = turn + 1, now + args.ask_every_s
+            samples.append({"t": now - started, "rss_mib": _rss_mib(),
+                            **{name: d.session.counters.frames - start_frames[name] for name, d in daemons.items()}})
+            time.sleep(0.5)
+        elapsed = time.monotonic() - started
+        ingested = {name: d.session.counters.frames - start_frames[name] for name, d in daemons.items()}
+        cache_after = {name: d.session.cache.capacity_bytes for name, d in daemons.items()}
+        answered = {name: d.session.counters.questions for name, d in daemons.items()}
+    finally:
+        cameras.stop.event.set()
+        thread.join(120)
     total = sum(ingested.values()) or 1
     result = {
         "provenance": provenance(), "load_average_after": list(os.getloadavg()),

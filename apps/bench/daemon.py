@@ -33,8 +33,9 @@ from edgekv.threads import threads_argument
 
 
 def add_daemon_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="configs/tiny-random.yaml",
-                        help="deployment YAML (its model and source); the default wants `edgekv make-tiny-checkpoint models/tiny`")
+    parser.add_argument("--config", default=None,
+                        help="deployment YAML (its model and source); default: configs/tiny-random.yaml's settings on "
+                             "a tiny random checkpoint made for the run")
     parser.add_argument("--questions", type=int, default=5, help="questions asked one after another, per mode")
     parser.add_argument("--answer-tokens", type=int, default=64, help="tokens per answer")
     parser.add_argument("--token-delay-ms", type=float, default=0.0,
@@ -224,6 +225,22 @@ def _plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _tiny_random():
+    """configs/tiny-random.yaml's deployment (a 224x224 synthesized camera, M = 1536) on a tiny random checkpoint
+    written for this run: the bench runs from any folder, the wheel's included, with nothing made first."""
+    import tempfile
+
+    from edgekv.apps.bench.common import model_or_tiny
+    from edgekv.config import EdgeKVConfig
+
+    model = model_or_tiny(None, tempfile.mkdtemp(prefix="edgekv-bench-daemon-"))
+    return EdgeKVConfig().with_overrides(
+        model={"path": model, "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=320x240&fps=4&frames=400", "fps": 2.0, "resolution": [224, 224]},
+        cache={"policy": "infinipot_v", "max_tokens": 1536, "text_reserve_tokens": 256},
+        generation={"max_new_tokens": 24}, monitor={"backend": "auto"})
+
+
 def run_daemon_bench(args: argparse.Namespace) -> int:
     from edgekv.apps.bench.common import provenance
     from edgekv.config import load_config
@@ -233,10 +250,11 @@ def run_daemon_bench(args: argparse.Namespace) -> int:
 
         apply_threads(args.threads)
 
-    config = load_config(args.config).with_overrides(
+    config = (load_config(args.config) if args.config else _tiny_random()).with_overrides(
         server={"enabled": False, "queue_size": max(args.load, 16)},
         generation={"max_new_tokens": max(args.answer_tokens, args.load_tokens)})
-    title = (f"edgekv bench daemon — {args.config}: {config.video.source} at {config.video.fps:g} fps, "
+    title = (f"edgekv bench daemon — {args.config or 'a tiny random checkpoint'}: {config.video.source} at "
+             f"{config.video.fps:g} fps, "
              f"{args.answer_tokens}-token answers, token delay {args.token_delay_ms:g} ms")
     print(title)
     modes = []

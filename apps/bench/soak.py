@@ -100,6 +100,7 @@ class SoakReport:
     error_messages: list[str] = field(default_factory=list)
     pairs: int = 0
     elapsed_s: float = 0.0
+    interrupted: bool = False  # stopped by Ctrl-C before its --hours / --pairs: the figures are of the run so far
 
     def record_error(self, exc: Exception) -> None:
         self.errors += 1
@@ -118,7 +119,7 @@ class SoakReport:
         after = [s for s in self.samples if s["elapsed_s"] >= warm["elapsed_s"]]
         fps = [s["fps"] for s in self.samples[1:] if s["fps"] is not None]
         return {
-            "pairs": self.pairs, "elapsed_s": self.elapsed_s, "errors": self.errors,
+            "pairs": self.pairs, "elapsed_s": self.elapsed_s, "interrupted": self.interrupted, "errors": self.errors,
             "error_messages": self.error_messages,
             "rss_start_mb": first["rss_mb"], "rss_after_warmup_mb": warm["rss_mb"], "rss_end_mb": last["rss_mb"],
             "rss_max_after_warmup_mb": max(s["rss_mb"] for s in after),
@@ -178,27 +179,32 @@ def soak(session, frames: Sequence[np.ndarray], fps: float, *, hours: float | No
             on_sample(sample)
 
     next_sample = started + sample_s
-    while not done():
-        for _ in range(2):
-            try:
-                session.ingest(frames[frame_index % len(frames)], t=frame_index / fps)
-            except Exception as exc:  # counted, not fatal: the soak reports errors over time
-                report.record_error(exc)
-            frame_index += 1
-        report.pairs += 1
-        if ask_every and report.pairs % ask_every == 0:
-            try:
-                session.ask("What is in the picture?", max_new_tokens=answer_tokens)
-            except Exception as exc:
-                report.record_error(exc)
-        if report.pairs == 1:
-            take_sample()  # the start: after the first pair (weights touched, buffers faulted in)
-        elif sample_every_pairs is not None:
-            if report.pairs % sample_every_pairs == 0:
+    try:
+        while not done():
+            for _ in range(2):
+                try:
+                    session.ingest(frames[frame_index % len(frames)], t=frame_index / fps)
+                except Exception as exc:  # counted, not fatal: the soak reports errors over time
+                    report.record_error(exc)
+                frame_index += 1
+            report.pairs += 1
+            if ask_every and report.pairs % ask_every == 0:
+                try:
+                    session.ask("What is in the picture?", max_new_tokens=answer_tokens)
+                except Exception as exc:
+                    report.record_error(exc)
+            if report.pairs == 1:
+                take_sample()  # the start: after the first pair (weights touched, buffers faulted in)
+            elif sample_every_pairs is not None:
+                if report.pairs % sample_every_pairs == 0:
+                    take_sample()
+            elif time.monotonic() >= next_sample:
                 take_sample()
-        elif time.monotonic() >= next_sample:
-            take_sample()
-            next_sample += sample_s * max(1, int((time.monotonic() - next_sample) // sample_s) + 1)
+                next_sample += sample_s * max(1, int((time.monotonic() - next_sample) // sample_s) + 1)
+    except KeyboardInterrupt:  # a soak of hours stopped early keeps what it measured (with a sample at the stop)
+        if not report.samples:
+            raise
+        report.interrupted = True
     report.elapsed_s = time.monotonic() - started
     if report.samples[-1]["pairs"] != report.pairs:
         take_sample()
@@ -265,7 +271,8 @@ def run_soak(args: argparse.Namespace) -> int:
              "load_avg_end": list(os.getloadavg()), "set": list(args.set),
              "archive": {k: v for k, v in session.stats().items() if k.startswith(("archive", "recall"))}}
     Path(args.json).write_text(json.dumps({"setup": setup, "summary": summary, "samples": report.samples}, indent=1))
-    print(f"soak done: {summary['pairs']} pairs in {summary['elapsed_s'] / 3600:.2f} h ({summary['fps_mean']:.1f} fps); "
+    print(f"soak {'stopped early (Ctrl-C)' if report.interrupted else 'done'}: {summary['pairs']} pairs in "
+          f"{summary['elapsed_s'] / 3600:.2f} h ({summary['fps_mean']:.1f} fps); "
           f"RSS start {summary['rss_start_mb']:.1f} / after warm-up {summary['rss_after_warmup_mb']:.1f} / end "
           f"{summary['rss_end_mb']:.1f} MiB ({summary['rss_growth_after_warmup_pct']:+.3f} % after warm-up); cache "
           f"bytes {summary['cache_bytes']}; errors {summary['errors']}")
@@ -273,7 +280,7 @@ def run_soak(args: argparse.Namespace) -> int:
         _plot(report, Path(args.plot), f"soak {target}: {args.policy}, M={session.capacity}, "
                                        f"{args.resolution[0]}x{args.resolution[1]}")
     print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
-    return 0
+    return 130 if report.interrupted else 0  # the figures are written; the exit still says it was cut short
 
 
 def _plot(report: SoakReport, path: Path, title: str) -> None:
@@ -414,7 +421,8 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
              "machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_end": list(os.getloadavg()),
              "set": list(args.set)}
     Path(args.json).write_text(json.dumps({"setup": setup, "summary": summary, "samples": report.samples}, indent=1))
-    print(f"soak --daemon done: {summary['elapsed_s'] / 3600:.2f} h, {summary['pairs']} pairs; daemon RSS start "
+    print(f"soak --daemon {'stopped early (Ctrl-C)' if report.interrupted else 'done'}: "
+          f"{summary['elapsed_s'] / 3600:.2f} h, {summary['pairs']} pairs; daemon RSS start "
           f"{summary['rss_start_mb']:.1f} / after warm-up {summary['rss_after_warmup_mb']:.1f} / end "
           f"{summary['rss_end_mb']:.1f} MiB ({summary['rss_growth_after_warmup_pct']:+.3f} % after warm-up); "
           f"{clients.requests} requests, {clients.answers} answers, {clients.abandoned} streams abandoned, "
@@ -423,7 +431,7 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
         _plot(report, Path(args.plot), f"soak --daemon {args.hours} h: {args.clients} clients, {args.policy}, "
                                        f"M={args.max_tokens}")
     print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
-    return 0
+    return 130 if report.interrupted else 0  # the figures are written; the exit still says it was cut short
 
 
 def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float) -> tuple[SoakReport, _Clients]:
@@ -475,6 +483,10 @@ def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float) 
             if now - started >= seconds:
                 break
             time.sleep(max(0.0, args.sample_s - (time.monotonic() - now)))
+    except KeyboardInterrupt:  # stopped early: the figures so far are written
+        if not report.samples:
+            raise
+        report.interrupted = True
     finally:
         clients.stop()
     report.elapsed_s = time.monotonic() - started
