@@ -96,3 +96,41 @@ def test_merge_shares_the_ceiling_with_the_parts_that_did_not_run_it(tmp_path):
     assert {r["policy"]: r["ceiling_full"] for r in merged["records"]} == {"tar": True, "van": True}
     assert merged["summary"]["L=500 M=100 van"]["ceiling_full"] == 1.0
     assert merged["config"]["runs"] == ["van", "tar"] and merged["config"]["full_max_tokens"] == 40000
+
+
+def test_an_interrupted_needle_run_keeps_its_whole_streams_and_merge_refuses_it(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in a long `eval needle` lost every figure; now the streams every run finished on are written (the
+    one under way dropped, so each policy answered the same questions), marked `interrupted`, exit 130; merging
+    such a part with a whole one would compare policies on different streams, so merge refuses it."""
+    import edgekv.eval.needle as needle
+
+    real, calls = needle.run_stream, []
+
+    def cut_at_the_fourth(runtime, scene, pairs, *args, **kwargs):  # per stream: the full cache, then infinipot_v
+        if pairs == 80:  # the long stream's runs (each question's short-stream ceiling runs on its own scene)
+            calls.append(1)
+            if len(calls) == 4:
+                raise KeyboardInterrupt
+        return real(runtime, scene, pairs, *args, **kwargs)
+
+    monkeypatch.setattr(needle, "run_stream", cut_at_the_fourth)
+    out = tmp_path / "cut.json"
+    args = ["eval", "needle", *TINY, "--streams", "3", "--policies", "infinipot_v", "--json", str(out),
+            "--plot", str(tmp_path / "cut.png")]
+    try:
+        code = main(args)
+    except KeyboardInterrupt:  # (not let through: it would end the test run itself)
+        pytest.fail("the interrupt ended eval needle and its figures were lost")
+    assert code == 130 and len(calls) == 4
+    result = json.loads(out.read_text())
+    assert result["interrupted"] == {"streams_done": 1}
+    assert {r["stream"] for r in result["records"]} == {0} and "L=80 M=400 infinipot_v" in result["summary"]
+    assert "interrupted: the figures are of 1 whole stream(s)" in capsys.readouterr().out
+    other = _part(tmp_path / "other.json")
+    with pytest.raises(ValueError, match="cut.json was interrupted .*1 whole stream"):
+        merge([str(out), other])
+    calls.clear()
+    monkeypatch.setattr(needle, "run_stream", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # nothing finished: nothing to keep, the interrupt goes on
+        needle.evaluate(needle.NeedleConfig(model="builtin:toy", lengths=(80,), budgets=(400,), streams=1,
+                                            ages=(4, 40, 70)), log=lambda line: None)

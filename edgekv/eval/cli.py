@@ -268,6 +268,10 @@ def _run_needle(args: argparse.Namespace) -> int:
     print(format_summary(result["summary"]))
     print(format_frontier(result["frontier"]))
     print(f"wrote {args.json} and {args.plot}")
+    if "interrupted" in result:  # the figures of the whole streams are written; the exit says it was cut short
+        print(f"interrupted: the figures are of {result['interrupted']['streams_done']} whole stream(s), not of "
+              f"--streams {args.streams} (eval merge refuses such a part)")
+        return 130
     return 0
 
 

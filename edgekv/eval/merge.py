@@ -11,7 +11,8 @@ ratio is against the same full cache on the same long stream.
 Parts merge only when they asked the same questions of the same streams: the settings that make a stream (model,
 seed, streams, families, style, events, ages, repeats, kinds, busy, lures, fps, ...) must be equal, a stream in
 two parts must carry the same questions with the same short-stream answers, and no run (policy label x cap x
-size x length) may be in two parts (its questions would count twice). Anything else is refused, naming it.
+size x length) may be in two parts (its questions would count twice); a part cut short by Ctrl-C (``interrupted``)
+holds fewer streams than the others and is refused too. Anything else is refused, naming it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ def merge(paths: list[str]) -> dict:
     if twice is not None:
         raise ValueError(f"{twice} is given twice: its questions would count twice")
     parts = [(path, load_part(path)) for path in paths]
+    for path, part in parts:  # a part cut short answered fewer streams than the others: not the same questions
+        if part.get("interrupted"):
+            done = part["interrupted"].get("streams_done")
+            raise ValueError(f"{path} was interrupted (its figures are of {done} whole stream(s)): run that part "
+                             f"again to merge it")
     first_path, first = parts[0]
     for path, part in parts[1:]:
         for key in STREAM_KEYS:

@@ -65,9 +65,9 @@ import math
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ from edgekv.cache.specs import KV_DTYPES, CacheSpec
 from edgekv.config import ArchiveSection
 from edgekv.eval.stats import mcnemar_exact, proportion
 from edgekv.toy.questions import (CHANCE, COLORS, FAMILIES, QA, SHAPES, answer_of, binding_options,
-                                  binding_question, count_question, exists_question, negative_exists,
+                                  binding_question, count_question, negative_exists,
                                   order_question, questions_about)
 from edgekv.video.events import Event, EventScene, SceneStyle, place_event
 
@@ -445,10 +445,30 @@ def dtype_runs(runs: tuple[PolicyRun, ...], kv_dtypes: tuple[str, ...]) -> list[
 
 def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
     """Run every (size, length, stream, cap, policy), the ceilings and the full-cache runs; returns the
-    JSON document."""
+    JSON document. Ctrl-C keeps the streams every run finished on (each policy and cap then answered the same
+    questions), marks the result ``interrupted`` and drops the stream under way; before the first: the interrupt."""
+    records: list[dict] = []
+    streams_done, interrupted = 0, False
+    try:
+        for done in _stream_records(config, log):
+            records.extend(done)
+            streams_done += 1
+    except KeyboardInterrupt:
+        if not records:
+            raise
+        interrupted = True
+        log(f"interrupted: keeping the {streams_done} stream(s) every run finished on; the one under way is dropped")
+    summary = summarize(records)
+    result = {"config": _config_json(config), "records": records, "summary": summary, "frontier": frontier(summary)}
+    if interrupted:
+        result["interrupted"] = {"streams_done": streams_done}
+    return result
+
+
+def _stream_records(config: NeedleConfig, log: Callable[[str], None]) -> Iterator[list[dict]]:
+    """Each stream's records once every run on it (ceilings, full cache, each cap x policy) has finished."""
     from edgekv.runtime import Runtime
 
-    records: list[dict] = []
     for size in config.sizes:
         per_pair = tokens_per_pair(size)
         base = Runtime.from_pretrained(config.model, model={"dtype": "fp32", "device": "cpu"},
@@ -485,6 +505,7 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                 log(f"{size}px length {length} stream {index} ({family}): {len(stream.probes)} questions, events "
                     f"{[e.describe() for e in stream.scene.events]} (encoded in {time.perf_counter() - started:.1f} s)")
                 full = oracle = None
+                done: list[dict] = []
                 if config.full_max_tokens and needed <= config.full_max_tokens:
                     started = time.perf_counter()
                     runtime = runtime_for(config.model, PolicyRun("full"), needed, config.fps, config.reserve,
@@ -535,7 +556,7 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                             f", {seconds:.1f} s)")
                         for probe, ok in zip(stream.probes, correct):
                             key = (probe.checkpoint, probe.qa.question)
-                            records.append({
+                            done.append({
                                 "length": length, "stream": index, "budget": budget, "slots": slots,
                                 "bytes": stats["cache_capacity_bytes"], "policy": run.label,
                                 "family": probe.qa.family, "kind": probe_family(probe),
@@ -549,8 +570,7 @@ def evaluate(config: NeedleConfig, log: Callable[[str], None] = print) -> dict:
                                 "span_positions": length * spacing,
                                 "trained_positions": int(text.max_position_embeddings),
                             })
-    summary = summarize(records)
-    return {"config": _config_json(config), "records": records, "summary": summary, "frontier": frontier(summary)}
+                yield done
 
 
 def _tokens_needed(runtime, pairs: int, reserve: int, per_pair: int = 16) -> int:
