@@ -321,6 +321,50 @@ def test_train_toy_recompute_and_held_out_samples_scored_in_chunks(tmp_path):
     assert len(chunks) == 3 and evaluate(model, chunks) == evaluate(model, encoder.encode(samples))
 
 
+def test_train_toy_interrupted_keeps_the_steps_it_took(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in a training round lost every step (an hour on the CPU); now the steps taken are written as
+    OUT-stepN with its card (marked interrupted, the history so far), OUT itself is not, and the command exits
+    130 as an interrupt does. Before the first step there is nothing to keep."""
+    import json
+
+    import edgekv.toy.train as train_module
+    from edgekv.apps.cli import main
+    from edgekv.model.loading import load_pretrained
+
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3),
+                            tmp_path / "start", {"command": "edgekv train-toy START"})
+    real, calls = train_module.loss_of, []
+
+    def key_in_step_three(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "loss_of", key_in_step_three)
+    out = tmp_path / "next"
+    argv = ["train-toy", str(out), "--init", str(start), "--steps", "4", "--batch-size", "2", "--log-every", "1",
+            "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0", "--threads", "1",
+            "--curriculum", "refine", "--lr", "0.01", "--no-prefetch"]
+    try:
+        code = main(argv)
+    except KeyboardInterrupt:  # (not let through: it would end the test run itself)
+        pytest.fail("the interrupt was not handled by the command")
+    assert code == 130 and len(calls) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["next-step2", "start"]
+    card = json.loads((tmp_path / "next-step2" / "card.json").read_text())
+    assert card["interrupted"] is True and card["steps"] == card["snapshot_step"] == 2
+    assert [r["step"] for r in card["history"]] == [1, 2] and card["command"].endswith("its step 2 of 4, interrupted")
+    moved = load_pretrained(tmp_path / "next-step2", dtype=torch.float32).state_dict()
+    first = load_pretrained(start, dtype=torch.float32).state_dict()
+    assert any(not torch.equal(first[n], moved[n]) for n in first)
+    assert '"interrupted": true' in capsys.readouterr().out
+    calls.clear()
+    monkeypatch.setattr(train_module, "loss_of", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main([*argv[:1], str(tmp_path / "none"), *argv[2:]]) == 130
+    assert not any(p.name.startswith("none") for p in tmp_path.iterdir())
+
+
 def test_train_toy_save_every_writes_the_rounds_path_with_cut_cards(tmp_path, capsys):
     """``--save-every N`` writes the model at steps N, 2N, ... (not the last) as OUT-stepN: a loadable toy between
     the start and the end, whose card is the round's cut at that step; a negative N is refused."""

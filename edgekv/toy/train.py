@@ -908,59 +908,69 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
                      positions, marks, workers=workers)
              if workers else batches(qa_batches, rng, steps, batch_size, aux_weight > 0, seed, curriculum, drawable,
                                      size, positions, marks, prefetch=prefetch))
-    for step, batch in enumerate(drawn):
-        batch = batch.to(device)
-        progress = step / max(1, steps)
-        steered: list | None = [] if attend_weight else None
-        avoided: list | None = [] if avoid_weight else None
-        looked: dict | None = {} if distill_weight else None
-        logits = forward_logits(model, batch, recompute, steered, avoided, avoid_layers, avoid_among,
-                                looks=looked, look_layers=distill_layers)
-        loss, answer_loss, aux_loss = loss_of(logits, batch, aux_weight, encoder.no, hard_negatives)
-        if teacher is not None:
-            taught: dict = {}
-            with torch.no_grad():
-                teacher_logits = forward_logits(teacher, batch, hide_lures=distill_layers,
-                                                looks=taught if distill_weight else None, look_layers=distill_layers)
-            attention_term, answers_term = distill_terms(looked or {}, taught, logits, teacher_logits, batch)
-            loss = loss + distill_weight * attention_term + distill_logits * answers_term
-            current_distill = np.array([attention_term.item(), answers_term.item()])
-            distill_running = current_distill if step == 0 else 0.98 * distill_running + 0.02 * current_distill
-        if steered:
-            loss = loss + attend_weight * steered[0]
-            attend_running = steered[0].item() if step == 0 else 0.98 * attend_running + 0.02 * steered[0].item()
-        if avoided:  # a batch without lures on screen adds nothing
-            avoid_term = torch.stack(avoided).mean()
-            loss = loss + avoid_weight * avoid_term
-            avoid_running = avoid_term.item() if not avoid_running else 0.98 * avoid_running + 0.02 * avoid_term.item()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(decay + other, 1.0)
-        optimizer.step()
-        scheduler.step()
-        current = np.array([answer_loss, aux_loss])
-        running = current if step == 0 else 0.98 * running + 0.02 * current
-        if (step + 1) % log_every == 0 or step == steps - 1:
-            record = {"step": step + 1, "loss": round(float(running[0]), 4), "aux_loss": round(float(running[1]), 4),
-                      "seconds": round(time.perf_counter() - started, 1),
-                      "stage": stage_at(progress, np.random.default_rng(0), curriculum).name,
-                      "load_average": round(os.getloadavg()[0], 2)}
-            if attend_weight:
-                record["attend_loss"] = round(float(attend_running), 4)
-            if avoid_weight:
-                record["avoid_loss"] = round(float(avoid_running), 4)
-            if distill:
-                record["distill_attention"] = round(float(distill_running[0]), 4)
-                record["distill_answers"] = round(float(distill_running[1]), 4)
-            record["heldout"] = evaluate(model, held)
-            history.append(record)
-            log(json.dumps(record))
-        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
-            snapshot = Path(f"{out_dir}-step{step + 1}")
-            save_checkpoint(model, snapshot, {"snapshot_step": step + 1, "steps_planned": steps},
-                            resolution=(size, size))
-            snapshots.append((snapshot, step + 1, len(history), round(time.perf_counter() - started, 1)))
-            log(json.dumps({"snapshot": str(snapshot), "step": step + 1}))
+    applied, interrupted = 0, False  # optimizer steps taken; Ctrl-C keeps them as a snapshot (below)
+    try:
+        for step, batch in enumerate(drawn):
+            batch = batch.to(device)
+            progress = step / max(1, steps)
+            steered: list | None = [] if attend_weight else None
+            avoided: list | None = [] if avoid_weight else None
+            looked: dict | None = {} if distill_weight else None
+            logits = forward_logits(model, batch, recompute, steered, avoided, avoid_layers, avoid_among,
+                                    looks=looked, look_layers=distill_layers)
+            loss, answer_loss, aux_loss = loss_of(logits, batch, aux_weight, encoder.no, hard_negatives)
+            if teacher is not None:
+                taught: dict = {}
+                with torch.no_grad():
+                    teacher_logits = forward_logits(teacher, batch, hide_lures=distill_layers,
+                                                    looks=taught if distill_weight else None,
+                                                    look_layers=distill_layers)
+                attention_term, answers_term = distill_terms(looked or {}, taught, logits, teacher_logits, batch)
+                loss = loss + distill_weight * attention_term + distill_logits * answers_term
+                current_distill = np.array([attention_term.item(), answers_term.item()])
+                distill_running = current_distill if step == 0 else 0.98 * distill_running + 0.02 * current_distill
+            if steered:
+                loss = loss + attend_weight * steered[0]
+                attend_running = steered[0].item() if step == 0 else 0.98 * attend_running + 0.02 * steered[0].item()
+            if avoided:  # a batch without lures on screen adds nothing
+                avoid_term = torch.stack(avoided).mean()
+                loss = loss + avoid_weight * avoid_term
+                avoid_running = (avoid_term.item() if not avoid_running
+                                 else 0.98 * avoid_running + 0.02 * avoid_term.item())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(decay + other, 1.0)
+            optimizer.step()
+            scheduler.step()
+            applied = step + 1
+            current = np.array([answer_loss, aux_loss])
+            running = current if step == 0 else 0.98 * running + 0.02 * current
+            if (step + 1) % log_every == 0 or step == steps - 1:
+                record = {"step": step + 1, "loss": round(float(running[0]), 4),
+                          "aux_loss": round(float(running[1]), 4),
+                          "seconds": round(time.perf_counter() - started, 1),
+                          "stage": stage_at(progress, np.random.default_rng(0), curriculum).name,
+                          "load_average": round(os.getloadavg()[0], 2)}
+                if attend_weight:
+                    record["attend_loss"] = round(float(attend_running), 4)
+                if avoid_weight:
+                    record["avoid_loss"] = round(float(avoid_running), 4)
+                if distill:
+                    record["distill_attention"] = round(float(distill_running[0]), 4)
+                    record["distill_answers"] = round(float(distill_running[1]), 4)
+                record["heldout"] = evaluate(model, held)
+                history.append(record)
+                log(json.dumps(record))
+            if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+                snapshot = Path(f"{out_dir}-step{step + 1}")
+                save_checkpoint(model, snapshot, {"snapshot_step": step + 1, "steps_planned": steps},
+                                resolution=(size, size))
+                snapshots.append((snapshot, step + 1, len(history), round(time.perf_counter() - started, 1)))
+                log(json.dumps({"snapshot": str(snapshot), "step": step + 1}))
+    except KeyboardInterrupt:
+        if not applied:
+            raise
+        interrupted = True
     wall = time.perf_counter() - started
     model.cpu().eval()
     command = f"edgekv train-toy {out_dir} --steps {steps} --seed {seed}"
@@ -1046,6 +1056,13 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     for snapshot, at, logged, seconds in snapshots:
         write_model_card(snapshot, {**card, "command": f"{command}  # its step {at} of {steps}", "steps": at,
                                     "snapshot_step": at, "history": history[:logged], "wall_time_s": seconds})
+    if interrupted:  # Ctrl-C: the steps taken are kept as OUT-stepN, as --save-every writes; OUT itself is not
+        snapshot = Path(f"{out_dir}-step{applied}")  # (a key inside optimizer.step may leave part of one step in)
+        save_checkpoint(model, snapshot, {**card, "command": f"{command}  # its step {applied} of {steps}, "
+                                          "interrupted", "steps": applied, "snapshot_step": applied,
+                                          "interrupted": True}, resolution=(size, size))
+        log(json.dumps({"snapshot": str(snapshot), "step": applied, "interrupted": True}))
+        raise KeyboardInterrupt
     save_checkpoint(model, out_dir, card, resolution=(size, size))
     if heldout_streams:
         from edgekv.eval.toy_accuracy import evaluate as heldout_accuracy
