@@ -172,6 +172,7 @@ def test_parse_spec_params():
     ("", "empty"),
     ("   ", "empty"),
     ("/no/such/clip.mp4", "no such video file"),
+    ("/tmp", "a folder, not a video file"),
     ("ftp://host/clip.mp4", "unsupported URL scheme"),
     ("gst:", "needs a pipeline"),
     ("gst:videotestsrc ! autovideosink", "must end in 'appsink'"),

@@ -281,6 +281,9 @@ def parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
         raise ValueError(f"video source {spec!r}: unsupported URL scheme; use one of {', '.join(STREAM_SCHEMES)}")
     if _is_bag(Path(text).expanduser()):  # a ROS 2 bag given as a plain path reads as rosbag:PATH
         return _extra_scheme(EXTRA_SCHEMES["rosbag"]).parse(spec, text)
+    if Path(text).expanduser().is_dir():
+        raise ValueError(f"video source {spec!r}: a folder, not a video file (nor a ROS 2 bag: no metadata.yaml in "
+                         "it); give a video file, camera index, URL, 'gst:', 'csi:' or 'synthetic:' spec")
     if not Path(text).is_file():
         raise ValueError(f"video source {spec!r}: no such video file (and not a camera index, URL, 'gst:', 'csi:' "
                          "or 'synthetic:' spec)")
