@@ -160,9 +160,29 @@ def _add_bag(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_ask(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.ask import add_local_arguments
     from edgekv.apps.outputs.mqtt import add_ask_arguments
 
     add_ask_arguments(parser)
+    add_local_arguments(parser)
+    parser.set_defaults(func=_ask)
+
+
+def _ask(args: argparse.Namespace) -> int:
+    """``--fleet``: every device over MQTT; else the daemon at ``--url`` over HTTP."""
+    if args.fleet:
+        from edgekv.apps.outputs.mqtt import run_ask
+
+        return run_ask(args)
+    from edgekv.apps import ask
+
+    fleet_only = [f"--{name.replace('_', '-')}" for name in ("broker", "device", "topic_prefix", "username",
+                                                              "password_env", "ca_file", "cert_file", "key_file")
+                  if getattr(args, name) is not None]
+    if fleet_only:
+        raise ValueError(f"{', '.join(fleet_only)}: only with --fleet (without it edgekv ask asks the daemon at "
+                         f"--url over HTTP)")
+    return ask.run(argparse.Namespace(**{**vars(args), "timeout": 120.0 if args.timeout is None else args.timeout}))
 
 
 def _add_quantize(parser: argparse.ArgumentParser) -> None:
@@ -197,7 +217,8 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
     "calibrate": ("VaN CV thresholds for a model from sample videos", _add_calibrate),
     "bench": ("benchmarks that print and save figures (JSON + PNG)", _add_bench),
     "bag": ("write a ROS 2 bag (MCAP or sqlite3) from a video source (then video.source: rosbag:DIR)", _add_bag),
-    "ask": ("ask the fleet one question over MQTT and gather every device's answer", _add_ask),
+    "ask": ("ask the daemon here one question over HTTP, or the fleet over MQTT (--fleet) gathering every "
+            "device's answer", _add_ask),
     "forget": ("ask the running daemon to forget a window of stream time (cache, snapshots, archive)", _add_forget),
 }
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import urllib.error
-import urllib.request
+
+from edgekv.apps.ask import daemon_request
 
 
 def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,23 +31,8 @@ def run(args: argparse.Namespace) -> int:
         if args.t_to is None:
             raise ValueError("--from needs --to (stream seconds)")
         body = {"from": args.t_from, "to": args.t_to}
-    headers = {"content-type": "application/json"}
-    token = os.environ.get(args.token_env) if args.token_env else None
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(args.url.rstrip("/") + "/v1/memory/forget", data=json.dumps(body).encode(),
-                                     headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as response:
-            result = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read())["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = exc.reason
-        raise ValueError(f"{args.url}: HTTP {exc.code}: {message}") from None
-    except urllib.error.URLError as exc:
-        raise OSError(f"{args.url}: the daemon is not reachable ({exc.reason})") from None
+    with daemon_request(args.url, "/v1/memory/forget", body, args.token_env, args.timeout) as response:
+        result = json.loads(response.read())
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -199,3 +199,42 @@ def test_kept_alive_connections_send_without_delay(served):
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     finally:
         conn.close()
+
+
+def test_edgekv_ask_asks_the_daemon_here_over_http(served, monkeypatch, capsys):
+    """`edgekv ask QUESTION` without --fleet asks the daemon on this machine (it refused: --fleet was required):
+    the answer printed, whole (--json), or token by token (--stream); the token, an unreachable daemon and options
+    of the fleet alone each named in one line."""
+    from edgekv.apps.cli import main
+
+    url = f"http://127.0.0.1:{served.port}"
+    monkeypatch.setenv("EDGEKV_TOKEN", "sesame")
+    capsys.readouterr()
+    assert main(["ask", "What is in the picture?", "--url", url, "--max-new-tokens", "3", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] <= 3
+    assert main(["ask", "What is in the picture?", "--url", url, "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+    assert main(["ask", "What is in the picture?", "--url", url, "--max-new-tokens", "3", "--stream"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+    monkeypatch.delenv("EDGEKV_TOKEN")
+    assert main(["ask", "What is in the picture?", "--url", url]) == 2
+    assert f"edgekv ask: {url}: HTTP 401" in capsys.readouterr().err
+    monkeypatch.setenv("EDGEKV_TOKEN", "sesame")
+    assert main(["ask", "What is in the picture?", "--url", url, "--camera", "back"]) == 2
+    assert "this daemon watches one camera" in capsys.readouterr().err
+    assert main(["ask", "What is in the picture?", "--url", "http://127.0.0.1:9"]) == 2
+    assert "the daemon is not reachable" in capsys.readouterr().err
+    assert main(["ask", "What is in the picture?", "--url", url, "--broker", "mqtt://b", "--device", "d"]) == 2
+    assert "--broker, --device: only with --fleet" in capsys.readouterr().err
+
+
+def test_edgekv_ask_finds_the_daemon_of_a_config(tmp_path):
+    from edgekv.apps.ask import daemon_url
+
+    assert daemon_url(None) == "http://127.0.0.1:8080"
+    for host, url in (("0.0.0.0", "http://127.0.0.1:9001"), ("10.0.0.7", "http://10.0.0.7:9001"),
+                      ("::1", "http://[::1]:9001")):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"server:\n  host: '{host}'\n  port: 9001\n")
+        assert daemon_url(str(path)) == url

@@ -909,13 +909,14 @@ def _device_seconds(body: dict) -> float | None:
 # ---------------------------------------------------------------------------------------------- edgekv ask
 def add_ask_arguments(parser) -> None:
     parser.add_argument("question", help="the question, e.g. 'Was there a red circle?'")
-    parser.add_argument("--fleet", action="store_true", required=True,
-                        help="ask every device of the fleet over MQTT (the only way edgekv ask asks, for now)")
+    parser.add_argument("--fleet", action="store_true",
+                        help="ask every device of the fleet over MQTT (without it: the daemon at --url, over HTTP)")
     parser.add_argument("--broker", default=None, help="mqtt://host[:port] or mqtts://host[:port] "
                                                        "(default: fleet.broker of --config)")
     parser.add_argument("--config", default=None, help="a daemon's YAML: its fleet: section gives the broker, "
                                                        "topic prefix, credentials and TLS files")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds to wait for answers (default: 10 with --fleet, 120 for one daemon)")
     parser.add_argument("--device", default=None, help="ask this device only")
     parser.add_argument("--camera", default=None, help="ask this camera of devices with several (video.sources); "
                                                        "default: each")
@@ -927,8 +928,8 @@ def add_ask_arguments(parser) -> None:
     parser.add_argument("--key-file", default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.epilog = ("example: edgekv ask --fleet 'Was there a red circle?' --broker mqtt://broker.local:1883 "
-                     "--timeout 10")
+    parser.epilog = ("examples: edgekv ask 'Was there a red circle?' (the daemon here); edgekv ask --fleet 'Was there "
+                     "a red circle?' --broker mqtt://broker.local:1883 --timeout 10")
     parser.set_defaults(func=run_ask)
 
 
@@ -957,7 +958,7 @@ def run_ask(args) -> int:
     at least one device answered, 1 when none did or every reply was a refusal (busy, no such camera, ...)."""
     connection = connection_from_args(args)
     try:
-        result = ask_fleet(args.question, connection, args.timeout, args.device, args.max_new_tokens, args.camera)
+        result = ask_fleet(args.question, connection, 10.0 if args.timeout is None else args.timeout, args.device, args.max_new_tokens, args.camera)
     except FleetError as exc:
         raise RuntimeError(str(exc)) from None
     if args.json:
