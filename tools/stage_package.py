@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import configparser
 import shutil
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +46,9 @@ def stage(dest: Path, root: Path = ROOT) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python tools/stage_package.py DEST")
-    print(stage(Path(sys.argv[1])))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="copy the edgekv import namespace into DEST/edgekv, laid out as "
+                                                 "it is installed (for import-linter)")
+    parser.add_argument("dest", help="folder to write DEST/edgekv/... in (its edgekv/ is replaced)")
+    print(stage(Path(parser.parse_args().dest)))

@@ -1,1 +1,0 @@
-"""Voice: questions spoken into a microphone or a WAV file (``listen``: VAD, segmentation, ASR)."""
