@@ -13,11 +13,10 @@ import urllib.error
 import urllib.request
 
 
-def daemon_request(url: str, path: str, body: dict, token_env: str | None, timeout: float):
-    """``POST url+path`` with ``body`` as JSON (the bearer token from ``token_env`` when it is set); the open
+def daemon_request(url: str, path: str, body: dict, token: str | None, timeout: float):
+    """``POST url+path`` with ``body`` as JSON (``token`` as the bearer token when there is one); the open
     response. An HTTP error is a ``ValueError`` with the server's message, an unreachable daemon an ``OSError``."""
     headers = {"content-type": "application/json"}
-    token = os.environ.get(token_env) if token_env else None
     if token:
         headers["authorization"] = f"Bearer {token}"
     request = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), headers=headers,
@@ -40,26 +39,28 @@ def add_local_arguments(parser: argparse.ArgumentParser) -> None:
     local = parser.add_argument_group("without --fleet: the daemon on this machine, over HTTP")
     local.add_argument("--url", default=None, help="the daemon's HTTP address (default: server.host:port of "
                                                    "--config, else http://127.0.0.1:8080)")
-    local.add_argument("--token-env", default="EDGEKV_TOKEN",
-                       help="environment variable holding the daemon's server.token (when it has one)")
+    local.add_argument("--token-env", default=None,
+                       help="environment variable holding the daemon's token (default: --config's server.token or "
+                            "server.token_env, else EDGEKV_TOKEN)")
     local.add_argument("--stream", action="store_true",
                        help="print the answer's tokens as they are decoded (one camera: --camera, or its name first)")
 
 
-def daemon_url(config_path: str | None) -> str:
-    """The HTTP address of the daemon a config deploys (one bound to every address is asked on this machine)."""
-    if config_path is None:
-        return "http://127.0.0.1:8080"
-    from edgekv.config import load_config
+def daemon_target(config_path: str | None, token_env: str | None = None) -> tuple[str, str | None]:
+    """The HTTP address of the daemon a config deploys (one bound to every address is asked on this machine) and
+    its token: ``token_env``'s value when given, else the config's ``server.token`` or ``server.token_env``'s."""
+    from edgekv.config import ServerSection, load_config
 
-    server = load_config(config_path).server
+    server = load_config(config_path).server if config_path is not None else ServerSection()
     host = "127.0.0.1" if server.host in ("0.0.0.0", "", "::") else server.host
-    return f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
+    token = os.environ.get(token_env) if token_env else server.token or os.environ.get(server.token_env)
+    return f"http://{f'[{host}]' if ':' in host else host}:{server.port}", token or None
 
 
 def run(args: argparse.Namespace) -> int:
     """Prints the answer (``--json``: the whole chat.completion); exit 0 once answered."""
-    args.url = args.url or daemon_url(args.config)
+    url, token = daemon_target(args.config, args.token_env)
+    args.url = args.url or url
     body: dict = {"messages": [{"role": "user", "content": args.question}]}
     if args.max_new_tokens is not None:
         body["max_tokens"] = args.max_new_tokens
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     timeout = max(args.timeout, 1.0)
     if args.stream and not args.json:
         body["stream"] = True
-        with daemon_request(args.url, "/v1/chat/completions", body, args.token_env, timeout) as response:
+        with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
             for raw in response:
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:") or line == "data: [DONE]":
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                     sys.stdout.flush()
         print()
         return 0
-    with daemon_request(args.url, "/v1/chat/completions", body, args.token_env, timeout) as response:
+    with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
         result = json.loads(response.read())
     if args.json:
         print(json.dumps(result, indent=2))

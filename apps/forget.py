@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from edgekv.apps.ask import daemon_request
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
         if args.t_to is None:
             raise ValueError("--from needs --to (stream seconds)")
         body = {"from": args.t_from, "to": args.t_to}
-    with daemon_request(args.url, "/v1/memory/forget", body, args.token_env, args.timeout) as response:
+    with daemon_request(args.url, "/v1/memory/forget", body,
+                        os.environ.get(args.token_env) if args.token_env else None, args.timeout) as response:
         result = json.loads(response.read())
     if args.json:
         print(json.dumps(result, indent=2))

@@ -229,12 +229,21 @@ def test_edgekv_ask_asks_the_daemon_here_over_http(served, monkeypatch, capsys):
     assert "--broker, --device: only with --fleet" in capsys.readouterr().err
 
 
-def test_edgekv_ask_finds_the_daemon_of_a_config(tmp_path):
-    from edgekv.apps.ask import daemon_url
+def test_edgekv_ask_finds_the_daemon_of_a_config(tmp_path, monkeypatch):
+    """The address and token of the daemon a config deploys: its server.host (asked here when bound to every
+    address) and port, its server.token or the variable server.token_env names; --token-env wins."""
+    from edgekv.apps.ask import daemon_target
 
-    assert daemon_url(None) == "http://127.0.0.1:8080"
+    monkeypatch.setenv("EDGEKV_TOKEN", "default-variable")
+    monkeypatch.setenv("RIG_TOKEN", "rig")
+    assert daemon_target(None) == ("http://127.0.0.1:8080", "default-variable")
+    path = tmp_path / "c.yaml"
     for host, url in (("0.0.0.0", "http://127.0.0.1:9001"), ("10.0.0.7", "http://10.0.0.7:9001"),
                       ("::1", "http://[::1]:9001")):
-        path = tmp_path / "c.yaml"
-        path.write_text(f"server:\n  host: '{host}'\n  port: 9001\n")
-        assert daemon_url(str(path)) == url
+        path.write_text(f"server:\n  host: '{host}'\n  port: 9001\n  token_env: RIG_TOKEN\n")
+        assert daemon_target(str(path)) == (url, "rig")
+    assert daemon_target(str(path), "EDGEKV_TOKEN")[1] == "default-variable"
+    path.write_text("server:\n  token: written-in-the-config\n")
+    assert daemon_target(str(path)) == ("http://127.0.0.1:8080", "written-in-the-config")
+    monkeypatch.delenv("EDGEKV_TOKEN")
+    assert daemon_target(None) == ("http://127.0.0.1:8080", None)
