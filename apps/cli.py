@@ -173,6 +173,11 @@ def _ask(args: argparse.Namespace) -> int:
     if args.fleet:
         from edgekv.apps.outputs.mqtt import run_ask
 
+        local_only = [option for option, given in (("--url", args.url is not None), ("--stream", args.stream),
+                                                   ("--token-env", args.token_env is not None)) if given]
+        if local_only:
+            raise ValueError(f"{', '.join(local_only)}: only without --fleet (they ask the daemon on this machine "
+                             f"over HTTP; --fleet asks every device over MQTT)")
         return run_ask(args)
     from edgekv.apps import ask
 

@@ -227,6 +227,8 @@ def test_edgekv_ask_asks_the_daemon_here_over_http(served, monkeypatch, capsys):
     assert "the daemon is not reachable" in capsys.readouterr().err
     assert main(["ask", "What is in the picture?", "--url", url, "--broker", "mqtt://b", "--device", "d"]) == 2
     assert "--broker, --device: only with --fleet" in capsys.readouterr().err
+    assert main(["ask", "What is in the picture?", "--fleet", "--url", url, "--stream"]) == 2
+    assert "--url, --stream: only without --fleet" in capsys.readouterr().err
 
 
 def test_edgekv_ask_finds_the_daemon_of_a_config(tmp_path, monkeypatch):
