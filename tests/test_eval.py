@@ -485,6 +485,57 @@ def test_the_held_out_set_answered_in_parts_gives_the_whole_set_s_figures():
         evaluate("builtin:toy", count=4, part=(2, 2))
 
 
+def test_an_interrupted_eval_toy_keeps_the_streams_it_answered(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in `eval toy` lost every figure; now the streams answered before it are written (the one under way
+    dropped: a stream counts whole, with its long run), marked `interrupted`, exit 130; with nothing answered the
+    interrupt goes on."""
+    import edgekv.eval.toy_accuracy as toy_accuracy
+    from edgekv.apps.cli import main
+    from edgekv.session.stream import StreamSession as Session
+
+    real, asked = Session.ask, []
+
+    def cut_at(limit):
+        def ask(self, *args, **kwargs):
+            asked.append(1)
+            if len(asked) == limit:
+                raise KeyboardInterrupt
+            return real(self, *args, **kwargs)
+        return ask
+
+    questions = sum(len(s.questions) for s in toy_accuracy.heldout_streams(2, seed=5))
+    monkeypatch.setattr(Session, "ask", cut_at(questions + 1))  # in the third stream's first question
+    out = tmp_path / "cut.json"
+    try:
+        code = main(["eval", "toy", "--streams", "4", "--seed", "5", "--json", str(out)])
+    except KeyboardInterrupt:  # (not let through: it would end the test run itself)
+        pytest.fail("the interrupt ended eval toy and its figures were lost")
+    result = json.loads(out.read_text())
+    assert code == 130 and result["interrupted"] == {"streams_done": 2, "streams": 4}
+    assert result["streams"] == 2 and sum(result["questions"].values()) == questions
+    assert "interrupted" in capsys.readouterr().err
+    # the families path: the first family whole, the second cut in its second stream (each stream also asked long)
+    asked.clear()
+    first = toy_accuracy.heldout_streams(2, seed=5)
+    per_family = 2 * sum(len(s.questions) for s in first)  # short and long answers
+    monkeypatch.setattr(Session, "ask", cut_at(per_family + 2 * len(first[0].questions) + 1))
+    out = tmp_path / "families.json"
+    try:
+        code = main(["eval", "toy", "--streams", "2", "--seed", "5", "--families", "events,gradient,noise",
+                     "--long", "60", "--json", str(out)])
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt ended eval toy --families and its figures were lost")
+    result = json.loads(out.read_text())
+    assert code == 130 and list(result["families"]) == ["events", "gradient"]
+    assert result["interrupted"] == {"family": "gradient", "streams_done": 1, "streams": 2, "families_left": ["noise"]}
+    assert result["families"]["events"]["streams"] == 2 and result["families"]["gradient"]["streams"] == 1
+    cut = result["families"]["gradient"]
+    assert cut["long"]["streams"] == 1 and cut["all"]["n"] == len(first[0].questions) == cut["long"]["long_all"]["n"]
+    monkeypatch.setattr(Session, "ask", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # nothing answered: nothing to keep
+        toy_accuracy.evaluate("builtin:toy", count=2, seed=5)
+
+
 def test_events_spread_over_a_long_stream_keep_every_answer():
     from edgekv.eval.toy_accuracy import heldout_streams, spread_events
     from edgekv.toy.questions import ALL_FAMILIES, sample_question

@@ -365,6 +365,44 @@ def test_train_toy_interrupted_keeps_the_steps_it_took(tmp_path, monkeypatch, ca
     assert not any(p.name.startswith("none") for p in tmp_path.iterdir())
 
 
+def test_ctrl_c_inside_an_optimizer_step_waits_for_the_step(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C that arrives inside ``optimizer.step`` is held until the step (and its schedule) is applied whole,
+    then interrupts: the snapshot counts that step, and holds no half-moved parameters."""
+    import json
+    import signal
+    import threading
+
+    from edgekv.apps.cli import main
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("SIGINT handlers can be set only in the main thread, and this test runs in another")
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3),
+                            tmp_path / "start", {"command": "edgekv train-toy START"})
+    real, calls, finished = torch.optim.AdamW.step, [], []
+
+    def key_inside_step_two(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)  # to this thread: Python runs its handler before the next line
+        result = real(self, *args, **kwargs)
+        finished.append(len(calls))
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", key_inside_step_two)
+    out = tmp_path / "next"
+    try:
+        code = main(["train-toy", str(out), "--init", str(start), "--steps", "4", "--batch-size", "2", "--log-every",
+                     "1", "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0", "--threads", "1",
+                     "--curriculum", "refine", "--lr", "0.01", "--no-prefetch"])
+    except KeyboardInterrupt:  # (not let through: it would end the test run itself)
+        pytest.fail("the interrupt was not handled by the command")
+    assert code == 130 and calls == [1, 1] and finished == [1, 2]
+    card = json.loads((tmp_path / "next-step2" / "card.json").read_text())
+    assert card["interrupted"] is True and card["steps"] == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler put back
+    assert '"interrupted": true' in capsys.readouterr().out
+
+
 def test_train_toy_save_every_writes_the_rounds_path_with_cut_cards(tmp_path, capsys):
     """``--save-every N`` writes the model at steps N, 2N, ... (not the last) as OUT-stepN: a loadable toy between
     the start and the end, whose card is the round's cut at that step; a negative N is refused."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
 
@@ -83,15 +84,27 @@ def evaluate(model: str, count: int = 200, seed: int = HELDOUT_SEED, log=None, p
                                       video={"fps": 2.0, "resolution": [112, 112]})
     results: dict[str, list[bool]] = {family: [] for family in FAMILIES}
     started = time.perf_counter()
-    for done, stream in enumerate(streams):
-        session = runtime.session()
-        for frame in range(2 * stream.pairs):
-            session.ingest(stream.scene.frame(frame), t=stream.scene.time(frame))
-        for qa in stream.questions:
-            reply = session.ask(qa.question, max_new_tokens=2).text
-            results[qa.family].append(answer_of(reply) == qa.answer)
-        if log and (done + 1) % 50 == 0:
-            log(f"{done + 1}/{len(streams)} streams")
+    done = 0
+    try:
+        for stream in streams:
+            session = runtime.session()
+            for frame in range(2 * stream.pairs):
+                session.ingest(stream.scene.frame(frame), t=stream.scene.time(frame))
+            answers = [(qa.family, answer_of(session.ask(qa.question, max_new_tokens=2).text) == qa.answer)
+                       for qa in stream.questions]
+            for family, ok in answers:  # a stream counts whole or not at all
+                results[family].append(ok)
+            done += 1
+            if log and done % 50 == 0:
+                log(f"{done}/{len(streams)} streams")
+    except KeyboardInterrupt:  # Ctrl-C: the figures of the streams answered so far, marked
+        if not done:  # nothing to keep: the interrupt goes on
+            raise
+        if log:
+            log(f"interrupted after {done} of {len(streams)} streams: their figures only")
+        figures = _figures(done, seed, {f: len(v) for f, v in results.items()},
+                           {f: sum(v) for f, v in results.items()}, time.perf_counter() - started)
+        return {**figures, "interrupted": {"streams_done": done, "streams": len(streams)}}
     questions, correct = {f: len(v) for f, v in results.items()}, {f: sum(v) for f, v in results.items()}
     return _figures(len(streams), seed, questions, correct, time.perf_counter() - started)
 
@@ -239,40 +252,58 @@ def evaluate_families(model: str, families: tuple[str, ...], count: int = 200, s
         short_paired: dict[str, list[bool]] = {f: [] for f in asked}
         long_paired: dict[str, list[bool]] = {f: [] for f in asked}
         parts = family.split("+")  # a mix: stream i on the (i mod n)-th family
-        for index, (stream, st) in enumerate(zip(streams, styles)):
-            background = parts[index % len(parts)]
-            scene = scene_for(stream, background, st)
-            predicted = ask_stream(runtime, scene, stream.pairs, stream.questions)
-            correct = [word == qa.answer for qa, word in zip(stream.questions, predicted)]
-            for qa, ok, word in zip(stream.questions, correct, predicted):
-                results[qa.family].append(ok)
-                given[qa.family].append((qa.answer, word))
-            if long and index < long_count:
-                rng = np.random.default_rng((seed, 17, index))
-                events = spread_events(list(stream.scene.events), stream.pairs, long, rng)
-                far = [word == qa.answer for qa, word in zip(stream.questions, ask_stream(
-                    runtime, scene_for(stream, background, st, events, long), long, stream.questions))]
-                for qa, ok, ok_long in zip(stream.questions, correct, far):
-                    short_paired[qa.family].append(ok)
-                    long_paired[qa.family].append(ok_long)
-            if log and (index + 1) % 50 == 0:
-                log(f"{family}: {index + 1}/{len(streams)} streams ({time.perf_counter() - started:.0f} s)")
+        done = long_done = 0
+        try:
+            for index, (stream, st) in enumerate(zip(streams, styles)):
+                background = parts[index % len(parts)]
+                scene = scene_for(stream, background, st)
+                predicted = ask_stream(runtime, scene, stream.pairs, stream.questions)
+                correct = [word == qa.answer for qa, word in zip(stream.questions, predicted)]
+                far = None
+                if long and index < long_count:
+                    rng = np.random.default_rng((seed, 17, index))
+                    events = spread_events(list(stream.scene.events), stream.pairs, long, rng)
+                    far = [word == qa.answer for qa, word in zip(stream.questions, ask_stream(
+                        runtime, scene_for(stream, background, st, events, long), long, stream.questions))]
+                # a stream counts whole (its short and long answers) or not at all
+                for qa, ok, word in zip(stream.questions, correct, predicted):
+                    results[qa.family].append(ok)
+                    given[qa.family].append((qa.answer, word))
+                if far is not None:
+                    for qa, ok, ok_long in zip(stream.questions, correct, far):
+                        short_paired[qa.family].append(ok)
+                        long_paired[qa.family].append(ok_long)
+                    long_done += 1
+                done += 1
+                if log and done % 50 == 0:
+                    log(f"{family}: {done}/{len(streams)} streams ({time.perf_counter() - started:.0f} s)")
+        except KeyboardInterrupt:  # Ctrl-C: the families done, and this one's streams so far, marked
+            if not done and not out["families"]:  # nothing to keep: the interrupt goes on
+                raise
+            out["interrupted"] = {"family": family, "streams_done": done, "streams": len(streams),
+                                  "families_left": list(families[families.index(family) + 1:])}
+            if log:
+                log(f"interrupted in {family} after {done} of {len(streams)} streams: the figures so far")
         entry = {"by_question": {f: proportion(int(sum(v)), len(v)) for f, v in results.items() if v},
                  "confusion": {f: confusion(v) for f, v in given.items() if v},
-                 "seconds": round(time.perf_counter() - started, 1)}
+                 "seconds": round(time.perf_counter() - started, 1), "streams": done}
         everything = [ok for v in results.values() for ok in v]
-        entry["all"] = proportion(int(sum(everything)), len(everything))
-        if long:
-            entry["long"] = {"pairs": long, "streams": long_count,
+        if everything:
+            entry["all"] = proportion(int(sum(everything)), len(everything))
+        if long and long_done:
+            entry["long"] = {"pairs": long, "streams": long_done,
                              "short": {f: proportion(int(sum(v)), len(v)) for f, v in short_paired.items() if v},
                              "long": {f: proportion(int(sum(v)), len(v)) for f, v in long_paired.items() if v}}
             short_all = [ok for v in short_paired.values() for ok in v]
             long_all = [ok for v in long_paired.values() for ok in v]
             entry["long"]["short_all"] = proportion(int(sum(short_all)), len(short_all))
             entry["long"]["long_all"] = proportion(int(sum(long_all)), len(long_all))
-        out["families"][family] = entry
-        if log:
-            log(format_family(family, entry))
+        if everything:
+            out["families"][family] = entry
+            if log:
+                log(format_family(family, entry))
+        if "interrupted" in out:
+            break
     return out
 
 
@@ -346,4 +377,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=1)
+    if "interrupted" in result:  # Ctrl-C: the figures above are those of the streams answered before it
+        print(f"edgekv eval toy: interrupted ({result['interrupted']['streams_done']} streams of the last set done)",
+              file=sys.stderr)
+        return 130
     return 0

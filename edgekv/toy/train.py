@@ -20,7 +20,10 @@ import json
 import math
 import os
 import platform
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -676,6 +679,28 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
     return history
 
 
+@contextmanager
+def _interrupt_after():
+    """Holds a Ctrl-C (SIGINT) that arrives inside the block until the block has run, then raises it: an
+    optimizer step is applied whole or not at all (a KeyboardInterrupt inside ``AdamW.step`` can leave some
+    parameters moved and others not). Then the handler before runs (Python's raises ``KeyboardInterrupt``).
+    Outside the main thread, where no handler can be set, the block just runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: held.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held and previous is not signal.SIG_IGN:  # what the handler before would have done (Python's: raise)
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        else:
+            raise KeyboardInterrupt
+
+
 def heldout(seed: int, count: int, progress: float = 1.0, curriculum: str = "full",
             families: tuple[str, ...] | None = None, size: int = RESOLUTION[0],
             max_positions: int = MAX_POSITIONS) -> list[Sample]:
@@ -940,9 +965,10 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(decay + other, 1.0)
-            optimizer.step()
-            scheduler.step()
-            applied = step + 1
+            with _interrupt_after():  # Ctrl-C here waits for the step: a snapshot never holds part of one
+                optimizer.step()
+                scheduler.step()
+                applied = step + 1
             current = np.array([answer_loss, aux_loss])
             running = current if step == 0 else 0.98 * running + 0.02 * current
             if (step + 1) % log_every == 0 or step == steps - 1:
@@ -1057,7 +1083,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         write_model_card(snapshot, {**card, "command": f"{command}  # its step {at} of {steps}", "steps": at,
                                     "snapshot_step": at, "history": history[:logged], "wall_time_s": seconds})
     if interrupted:  # Ctrl-C: the steps taken are kept as OUT-stepN, as --save-every writes; OUT itself is not
-        snapshot = Path(f"{out_dir}-step{applied}")  # (a key inside optimizer.step may leave part of one step in)
+        snapshot = Path(f"{out_dir}-step{applied}")
         save_checkpoint(model, snapshot, {**card, "command": f"{command}  # its step {applied} of {steps}, "
                                           "interrupted", "steps": applied, "snapshot_step": applied,
                                           "interrupted": True}, resolution=(size, size))
