@@ -33,16 +33,15 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from edgekv.model.rope import mrope_cos_sin, vision_block_position_ids
+from edgekv.model.rope import vision_block_position_ids
 from edgekv.preprocess import FramePreprocessor
 from edgekv.tokenizer import ChatLayout
 from edgekv.toy.card import write_model_card
-from edgekv.toy.data import (CELL, CURRICULA, GRID, SHAPE_COVER, TOKENS, Sample, batch_pairs, draw_sample,
-                             event_tokens, stage_at)
+from edgekv.toy.data import CELL, CURRICULA, SHAPE_COVER, Sample, batch_pairs, draw_sample, event_tokens, stage_at
 from edgekv.toy.model import (MAX_POSITIONS, RESOLUTION, ROPE_THETA, init_model, save_checkpoint, set_max_positions,
                               set_rope_theta, toy_config)
 from edgekv.toy.prefetch import batches, sharded
-from edgekv.toy.questions import ALL_FAMILIES, FAMILIES, region_of
+from edgekv.toy.questions import ALL_FAMILIES, region_of
 from edgekv.toy.vocab import build_tokenizer
 from edgekv.video.events import COLORS, SHAPES, Event, EventScene, SceneStyle, place_event
 
