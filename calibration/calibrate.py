@@ -52,14 +52,20 @@ def calibrate(model_dir: str | Path, videos: list[str], out: str | Path, frames:
     from edgekv.video.sources import looped_frames
     from edgekv.calibration.thresholds import write_thresholds
 
+    for video in videos:  # each source opens before any is sampled: a bad last --video fails now, not after the rest
+        first = looped_frames(video, 1, fps)
+        try:
+            next(first, None)
+        finally:
+            first.close()
     sums: list[float] = []  # per-layer CV sums over every video's compressions (running, not a list)
     count = 0
+    per_pair = (resolution[0] // 28) * (resolution[1] // 28)
+    cap = max_tokens or 64 + 256 + 12 * per_pair
+    rt = edgekv.Runtime.from_pretrained(model_dir, model={"dtype": dtype, "device": device},  # once: a session a video
+                                        video={"resolution": list(resolution), "fps": fps},
+                                        cache={"policy": "van", "max_tokens": cap, "text_reserve_tokens": 256})
     for number, video in enumerate(videos):
-        per_pair = (resolution[0] // 28) * (resolution[1] // 28)
-        cap = max_tokens or 64 + 256 + 12 * per_pair
-        rt = edgekv.Runtime.from_pretrained(model_dir, model={"dtype": dtype, "device": device},
-                                            video={"resolution": list(resolution), "fps": fps},
-                                            cache={"policy": "van", "max_tokens": cap, "text_reserve_tokens": 256})
         session = rt.session()
         for index, (frame, t) in enumerate(looped_frames(video, frames, fps)):
             session.ingest(frame, t=t)

@@ -60,3 +60,10 @@ def test_calibrate_command_and_runtime_use(tiny_checkpoint, tmp_path, capsys):
 
     assert run(str(out))["van_calibration"].startswith("calibrated")
     assert run(None)["van_calibration"].startswith("uncalibrated")
+    # a --video that cannot be opened is named before any other is sampled (it was found after them)
+    missing = tmp_path / "nope.mp4"
+    assert main(["calibrate", "--model", str(tiny_checkpoint), "--video", "synthetic:shapes?size=80x60&frames=200",
+                 "--video", str(missing), "--frames", "80", "--out", str(tmp_path / "never.yaml")]) == 2
+    captured = capsys.readouterr()
+    assert f"'{missing}': no such video file" in captured.err and not (tmp_path / "never.yaml").exists()
+    assert "video 1/2" not in captured.err
