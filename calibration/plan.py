@@ -169,6 +169,15 @@ def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, 
          weights_gb: float | None = None, lm_head: str = "as_loaded") -> Plan:
     """``weights_gb`` overrides the weight estimate (quantized engines: e.g. W4A16 LM + FP16 ViT); ``lm_head``
     is ``model.lm_head`` (``int8``: the head, and the tied embedding, in int8)."""
+    problems = [f"{name} must be {rule}, got {value}" for name, value, bad, rule in (
+        ("the device memory", device_memory_gb, device_memory_gb <= 0, "positive (GB)"),
+        ("the reserve", reserve_gb, reserve_gb < 0, "0 or more (GB)"),
+        ("the weights' size", weights_gb, weights_gb is not None and weights_gb <= 0, "positive (GB)"))
+        if bad]
+    problems += [f"the resolution's {side} {value} is not a positive multiple of 28 (patch 14 x merge 2)"
+                 for side, value in zip(("height", "width"), resolution) if value <= 0 or value % 28]
+    if problems:
+        raise ValueError("; ".join(problems))
     dtype = _DTYPES[weight_dtype]
     cfg = _model_config(Path(model_dir))
     t = cfg["text"]
@@ -208,6 +217,9 @@ def check_config(config_path: str | Path, device_memory_gb: float, model_dir: st
     path = model_dir if model_dir is not None else config.model.path
     if path is None:
         raise ValueError(f"{config_path}: model.path is not set (or pass --model DIR)")
+    from edgekv.model.builtin import resolve_model_path
+
+    path = resolve_model_path(str(path))  # builtin:toy and the like, as the daemon loads them
     resolution = config.video.resolution or (448, 448)
     result = plan(device_memory_gb, path, resolution=(int(resolution[0]), int(resolution[1])),
                   weight_dtype=config.model.dtype, reserve_gb=reserve_gb,

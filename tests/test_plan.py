@@ -34,6 +34,27 @@ def test_monotone_in_device_memory_and_clear_when_too_small(model_3b):
         plan(6, model_3b)
 
 
+def test_impossible_inputs_are_refused_by_name(model_3b, capsys):
+    """A negative device or reserve, a zero weight size and a grid the vision tower cannot cut were planned as if
+    meant (a 100-pixel side as 3 merged patches)."""
+    with pytest.raises(ValueError, match="the device memory must be positive .*got -1"):
+        plan(-1, model_3b)
+    with pytest.raises(ValueError, match="the reserve must be 0 or more .*; the resolution's width 100 is not a "
+                                         "positive multiple of 28"):
+        plan(64, model_3b, resolution=(448, 100), reserve_gb=-2)
+    with pytest.raises(ValueError, match="the weights' size must be positive"):
+        plan(64, model_3b, weights_gb=0)
+    assert main(["plan", "--device-memory", "0", "--model", str(model_3b)]) == 2
+    assert "edgekv plan: the device memory must be positive (GB), got 0.0" in capsys.readouterr().err
+
+
+def test_plan_checks_the_shipped_demo_config(capsys):
+    """`--config configs/cpu-demo.yaml` (model.path builtin:toy) failed: 'builtin:toy/config.json: no config.json'."""
+    demo = Path(__file__).resolve().parents[1] / "configs" / "cpu-demo.yaml"
+    assert main(["plan", "--device-memory", "8", "--config", str(demo)]) == 0
+    assert f"{demo}: cache.max_tokens 640 fits" in capsys.readouterr().out
+
+
 def test_plan_command_prints_the_budget(model_3b, capsys):
     assert main(["plan", "--device-memory", "64", "--model", str(model_3b)]) == 0
     out = capsys.readouterr().out
