@@ -149,6 +149,66 @@ def test_edgekv_bag_command_writes_a_bag_the_daemon_can_read(tmp_path, capsys):
     assert open_source(f"rosbag:{copy}").ground_truth == SCENE and len(list(open_source(f"rosbag:{copy}"))) == 10
 
 
+def test_ctrl_c_or_a_failing_source_closes_the_bag_whole(tmp_path, monkeypatch, capsys):
+    """Recording until Ctrl-C (a camera's usual end) left a bag without metadata.yaml, which no reader opens;
+    now the frames before it are closed into a whole bag and `edgekv bag` says how many (exit 130). A source that
+    fails mid-recording keeps them the same way and its error goes on."""
+    import edgekv.video.rosbag as rosbag
+    from edgekv.apps.cli import main
+    from edgekv.video.sources import SourceError
+
+    def cut(error, after=7):
+        def frames(source, count, fps):
+            for index, frame in enumerate(iter_frames(source, max_frames=count, fps=fps)):
+                if index == after:
+                    raise error
+                yield frame
+        return frames
+
+    monkeypatch.setattr(rosbag, "_frames", cut(KeyboardInterrupt))
+    out = tmp_path / "stopped"
+    try:
+        code = main(["bag", SCENE, str(out)])
+    except KeyboardInterrupt:  # (not let through: it would end the test run itself)
+        pytest.fail("the interrupt ended edgekv bag and the bag was left unreadable")
+    assert code == 130 and "wrote 7 frames" in capsys.readouterr().out and (out / "metadata.yaml").exists()
+    assert [t for _, t in open_source(f"rosbag:{out}")] == [t for _, t in _frames()[:7]]
+    monkeypatch.setattr(rosbag, "_frames", cut(SourceError("the camera went away")))
+    with pytest.raises(SourceError, match="went away"):
+        rosbag.bag_main(type("Args", (), {"source": SCENE, "out": str(tmp_path / "failed"), "frames": None,
+                                          "fps": None, "topic": "/camera/image_raw", "storage": "sqlite3",
+                                          "encoding": "bgr8", "stamp_base": 1_700_000_000})())
+    assert len(list(open_source(f"rosbag:{tmp_path / 'failed'}"))) == 7
+
+
+def test_a_camera_records_until_ctrl_c(tmp_path, capsys):
+    """A live source without --frames was refused ("say how many frames"); now it records until Ctrl-C, which
+    closes the bag whole."""
+    import edgekv.video.rosbag as rosbag
+    from edgekv.video.sources import FrameSource
+
+    class Camera(FrameSource):  # live, a new frame on every read
+        def __init__(self):
+            super().__init__("fake:camera", live=True)
+            self.index = 0
+
+        def read(self):
+            self.index += 1
+            return np.full((48, 64, 3), self.index % 256, np.uint8), self.index / 100.0
+
+    def until_ctrl_c(frames, keys_after=5):
+        for index, frame in enumerate(frames):
+            if index == keys_after:
+                frames.close()  # (the capture thread stopped, as the interrupt's unwinding does)
+                raise KeyboardInterrupt
+            yield frame
+
+    with pytest.raises(rosbag.BagInterrupted) as stop:
+        write_bag(until_ctrl_c(rosbag._frames(Camera(), None, 1000.0)), tmp_path / "camera")
+    assert stop.value.written == 5 and "until Ctrl-C" in capsys.readouterr().err
+    assert len(list(open_source(f"rosbag:{tmp_path / 'camera'}"))) == 5
+
+
 def test_a_plain_bag_path_is_a_bag_and_a_missing_rosbags_is_one_line(tmp_path, monkeypatch):
     write_bag(_frames(), tmp_path / "run")
     for path in (tmp_path / "run", tmp_path / "run" / "run.mcap"):  # what eval/bench/dataset paths look like

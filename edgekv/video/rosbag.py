@@ -20,6 +20,7 @@ Ground truth travels with the frames: ``edgekv bag`` writes a ``synthetic:events
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -263,18 +264,39 @@ def write_bag(frames: Iterable[Frame], path: str | Path, topic: str = "/camera/i
     store = typestore()
     msgtype = COMPRESSED if encoding in ("jpeg", "png") else IMAGE
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
-    written = 0
+    written, stopped = 0, None
     with Writer(out, version=8, storage_plugin=plugin) as writer:
         images = writer.add_connection(topic, msgtype, typestore=store)
         truth = writer.add_connection(GROUND_TRUTH_TOPIC, STRING, typestore=store) if ground_truth else None
-        for frame, t in frames:
+        source = iter(frames)
+        while True:
+            try:
+                frame, t = next(source)
+            except StopIteration:
+                break
+            except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C, or the source failing: the frames before it are
+                stopped = exc  # closed into a whole bag (metadata.yaml written; an exception inside the writer would
+                break  # abort it, and rosbag2 cannot open a bag without its metadata)
             stamp = stamp_base_s * 1_000_000_000 + round(t * 1e9)
             if truth is not None and written == 0:
                 writer.write(truth, stamp, bytes(store.serialize_cdr(store.types[STRING](data=ground_truth), STRING)))
             kind, message = encode_message(frame, encoding, stamp)
             writer.write(images, stamp, bytes(store.serialize_cdr(message, kind)))
             written += 1
+    if isinstance(stopped, KeyboardInterrupt):
+        raise BagInterrupted(written, out) from None
+    if stopped is not None:
+        raise stopped
     return written
+
+
+class BagInterrupted(KeyboardInterrupt):
+    """Ctrl-C while ``write_bag`` was recording: the bag at ``path`` was closed whole with the ``written`` frames
+    before it (recording a camera until Ctrl-C is the usual way to stop)."""
+
+    def __init__(self, written: int, path: Path) -> None:
+        super().__init__(f"{written} frames written to {path}")
+        self.written, self.path = written, path
 
 
 # ---------------------------------------------------------------------------------------------- edgekv bag
@@ -285,7 +307,7 @@ def add_bag_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", choices=STORAGES, default="mcap")
     parser.add_argument("--encoding", choices=WRITE_ENCODINGS, default="bgr8",
                         help="Image encoding, or jpeg/png for a CompressedImage topic")
-    parser.add_argument("--frames", type=int, default=None, help="at most this many frames (a camera needs it)")
+    parser.add_argument("--frames", type=int, default=None, help="at most this many frames (default: the whole source; a camera records until Ctrl-C, which closes the bag whole)")
     parser.add_argument("--fps", type=float, default=None, help="sample the source at this rate (default: every frame)")
     parser.add_argument("--stamp-base", type=int, default=DEFAULT_STAMP_BASE_S,
                         help="seconds added to the source's time in header.stamp and the recording time")
@@ -300,20 +322,24 @@ def bag_main(args: argparse.Namespace) -> int:
     if args.frames is not None and args.frames < 1:
         raise ValueError(f"--frames must be positive, got {args.frames}")
     parsed = parse_spec(args.source)
+    interrupted = False
     with open_source(parsed) as source:
         truth = parsed.raw if parsed.kind == "synthetic" and parsed.target == "events" else None
         truth = truth or getattr(source, "ground_truth", None)
-        count = write_bag(_frames(source, args.frames, args.fps), args.out, args.topic, args.storage, args.encoding,
-                          args.stamp_base, truth)
+        try:
+            count = write_bag(_frames(source, args.frames, args.fps), args.out, args.topic, args.storage,
+                              args.encoding, args.stamp_base, truth)
+        except BagInterrupted as stop:  # Ctrl-C: the bag holds the frames recorded before it, closed whole
+            count, interrupted = stop.written, True
     kind = COMPRESSED if args.encoding in ("jpeg", "png") else IMAGE
     print(f"wrote {count} frames to {args.out} ({args.storage}; {args.topic}: {kind}, {args.encoding})"
-          + (f"; ground truth {truth}" if truth else ""))
-    return 0
+          + (f"; ground truth {truth}" if truth else "") + ("; stopped by Ctrl-C" if interrupted else ""))
+    return 130 if interrupted else 0
 
 
 def _frames(source: FrameSource, count: int | None, fps: float | None) -> Iterator[Frame]:
     """A recorded source frame by frame (``fps``: by timestamp); a live one through the capture thread and the
-    latest-frame sampler, ``count`` frames at ``fps`` (default 10)."""
+    latest-frame sampler, ``count`` frames (default: until Ctrl-C) at ``fps`` (default 10)."""
     import itertools
 
     from edgekv.video.capture import CaptureThread, Sampler
@@ -323,7 +349,7 @@ def _frames(source: FrameSource, count: int | None, fps: float | None) -> Iterat
         yield from iter_frames(source, max_frames=count, fps=fps)
         return
     if count is None:
-        raise ValueError(f"{source.spec!r} is live: say how many frames to record with --frames")
+        print(f"edgekv bag: recording {source.spec!r} until Ctrl-C (or give --frames)", file=sys.stderr)
     sampler = Sampler(CaptureThread(source).start(), fps or 10.0)
     try:
         yield from itertools.islice(iter(sampler), count)
