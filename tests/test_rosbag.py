@@ -17,7 +17,7 @@ cv2 = pytest.importorskip("cv2")
 pytest.importorskip("rosbags", reason="rosbags is not installed (pip install 'edgekv[ros2]')")
 
 from edgekv.video.ros_images import IMAGE, STRING, typestore  # noqa: E402
-from edgekv.video.rosbag import GROUND_TRUTH_TOPIC, encode_message, write_bag  # noqa: E402
+from edgekv.video.rosbag import encode_message, write_bag  # noqa: E402
 from edgekv.video.sources import CorruptFrame, EndOfStream, SourceUnavailable, iter_frames, open_source  # noqa: E402
 
 SCENE = "synthetic:events?size=112x112&fps=2&frames=24&seed=2&rate=0.1"
