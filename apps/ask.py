@@ -6,6 +6,7 @@ other commands that talk to a running daemon (``edgekv forget``)."""
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -32,6 +33,57 @@ def daemon_request(url: str, path: str, body: dict, token: str | None, timeout: 
     except urllib.error.URLError as exc:
         raise OSError(f"{url}: the daemon is not reachable ({exc.reason}); is it running (edgekv serve / "
                       f"edgekv-camera), with its server on? --fleet asks the fleet over MQTT") from None
+    except TimeoutError:
+        raise OSError(f"{url}: no reply within {timeout:g} s (--timeout)") from None
+    except (ConnectionError, http.client.HTTPException) as exc:  # reset, refused mid-way, a malformed status line
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise OSError(f"{url}: the connection broke off ({why})") from None
+
+
+def _not_an_answer(url: str, what: str) -> ValueError:
+    return ValueError(f"{url}: {what}; is this an edgekv daemon's address (edgekv serve / edgekv-camera)?")
+
+
+def _stream_answer(url: str, response, timeout: float) -> None:
+    """Prints the answer's tokens as the daemon's server-sent events bring them. An ``error`` event (the answer
+    failed mid-way: the status line was long sent) and a stream that ends before ``[DONE]`` are errors, as is a
+    reply that is not an event stream."""
+    kind = response.headers.get("content-type", "")
+    if not kind.startswith("text/event-stream"):
+        raise _not_an_answer(url, f"the reply is {kind or 'untyped'}, not an answer stream")
+    done = printed = False
+    try:
+        for raw in response:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            try:
+                chunk = json.loads(line[len("data:"):])
+            except ValueError:
+                raise _not_an_answer(url, f"a stream event that is not JSON ({line[:80]!r})") from None
+            if not isinstance(chunk, dict):
+                raise _not_an_answer(url, f"a stream event that is not an object ({line[:80]!r})")
+            if "error" in chunk:
+                error = chunk["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                raise ValueError(f"{url}: the answer failed on the way: {message}")
+            for choice in chunk.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content") or ""
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                printed = printed or bool(piece)
+    except TimeoutError:
+        raise OSError(f"{url}: the answer stopped coming for {timeout:g} s (--timeout)") from None
+    except (ConnectionError, http.client.HTTPException) as exc:
+        raise OSError(f"{url}: the answer stream broke off ({type(exc).__name__})") from None
+    finally:
+        if printed:
+            print()  # the answer so far ends its line, whatever comes after
+    if not done:
+        raise OSError(f"{url}: the daemon closed the stream before the answer ended (no [DONE])")
 
 
 def add_local_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,20 +122,20 @@ def run(args: argparse.Namespace) -> int:
     if args.stream and not args.json:
         body["stream"] = True
         with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
-            for raw in response:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data:"):])
-                for choice in chunk.get("choices") or ():
-                    sys.stdout.write((choice.get("delta") or {}).get("content") or "")
-                    sys.stdout.flush()
-        print()
+            _stream_answer(args.url, response, timeout)
         return 0
     with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
-        result = json.loads(response.read())
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(result["choices"][0]["message"]["content"])
+        try:
+            result = json.loads(response.read())
+        except TimeoutError:
+            raise OSError(f"{args.url}: no answer within {timeout:g} s (--timeout)") from None
+        except (ConnectionError, http.client.HTTPException) as exc:
+            raise OSError(f"{args.url}: the answer broke off ({type(exc).__name__})") from None
+        except ValueError:
+            raise _not_an_answer(args.url, "the reply is not JSON") from None
+    try:
+        content = result["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise _not_an_answer(args.url, "the reply is JSON but not a chat.completion") from None
+    print(json.dumps(result, indent=2) if args.json else content)
     return 0

@@ -231,6 +231,63 @@ def test_edgekv_ask_asks_the_daemon_here_over_http(served, monkeypatch, capsys):
     assert "--url, --stream: only without --fleet" in capsys.readouterr().err
 
 
+def test_edgekv_ask_tells_a_broken_answer_from_an_answer(capsys):
+    """`edgekv ask` printed a stream cut short, or one whose answer failed mid-way (the daemon's `error` event),
+    as if whole, with exit 0; and a reply from something that is not a daemon as a JSON parser's message. Each is
+    now one line naming the address, exit 2 (the part of an answer already printed stays on its own line)."""
+    import http.server
+    import socket
+    import threading
+
+    from edgekv.apps.cli import main
+
+    replies = {
+        "cut": ("text/event-stream", b'data: {"choices": [{"delta": {"content": "hel"}}]}\n\n'),
+        "failed": ("text/event-stream", b'data: {"choices": [{"delta": {"content": "so"}}]}\n\n'
+                   b'data: {"error": {"message": "the answer failed: out of memory"}}\n\ndata: [DONE]\n\n'),
+        "garbage": ("text/event-stream", b"data: {not json\n\n"),
+        "page": ("text/html", b"<html>router login</html>"),
+        "whole": ("text/event-stream", b'data: {"choices": [{"delta": {"content": "two"}}]}\n\ndata: [DONE]\n\n'),
+    }
+
+    class Fake(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            kind, body = replies[self.path.split("/")[1]]
+            self.send_response(200)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        expected = {"cut": "the daemon closed the stream before the answer ended", "failed": "the answer failed on the way: "
+                    "the answer failed: out of memory", "garbage": "a stream event that is not JSON",
+                    "page": "the reply is text/html, not an answer stream"}
+        for name, message in expected.items():
+            assert main(["ask", "How many?", "--url", f"{base}/{name}", "--stream"]) == 2, name
+            captured = capsys.readouterr()
+            assert f"edgekv ask: {base}/{name}: {message}" in captured.err, (name, captured.err)
+            assert captured.out in ("", "hel\n", "so\n")
+        assert main(["ask", "How many?", "--url", f"{base}/whole", "--stream"]) == 0
+        assert capsys.readouterr().out == "two\n"
+        assert main(["ask", "How many?", "--url", f"{base}/page"]) == 2
+        assert "the reply is not JSON; is this an edgekv daemon's address" in capsys.readouterr().err
+        quiet = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        assert main(["ask", "How many?", "--url", quiet, "--timeout", "1"]) == 2
+        assert f"edgekv ask: {quiet}: no reply within 1 s (--timeout)" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        silent.close()
+
+
 def test_edgekv_ask_finds_the_daemon_of_a_config(tmp_path, monkeypatch):
     """The address and token of the daemon a config deploys: its server.host (asked here when bound to every
     address) and port, its server.token or the variable server.token_env names; --token-env wins."""
