@@ -496,8 +496,16 @@ def _load_session(runtime, path: str | Path):
     path = Path(path).expanduser()
     manifest = read_manifest(path, getattr(runtime, "keys", None))
     check_key(path, manifest, runtime)
-    state = manifest["session"]
     session = runtime.session()
+    try:
+        return _fill_session(session, path, manifest, started)
+    except BaseException:  # a snapshot that does not load leaves no session holding the archive folder
+        session.close()
+        raise
+
+
+def _fill_session(session, path: Path, manifest: dict, started: float):
+    runtime, state = session.runtime, manifest["session"]
     resolution = manifest["key"]["resolution"]
     if session.preprocessor is None and resolution is not None:
         session.preprocessor = runtime.make_preprocessor(resolution=tuple(resolution))

@@ -280,3 +280,58 @@ def test_an_archive_with_an_8_bit_cache_is_refused_naming_both_keys(tmp_path):
     with pytest.raises(ConfigError, match=r"archive\.dir is set, so cache\.kv_dtype must be .*'int8'"):
         EdgeKVConfig().with_overrides(archive={"dir": str(tmp_path)}, cache={"kv_dtype": "int8"})
     EdgeKVConfig().with_overrides(archive={"dir": str(tmp_path)}, cache={"kv_dtype": "bf16"})  # accepted
+
+
+def test_one_open_archive_a_folder(tiny_checkpoint, tmp_path):
+    """Two archives appending to one folder — two sessions of a process, or two daemons given the same archive.dir
+    — wrote their records at the same segment offsets, and half of them were gone at the next open without an
+    error. Now the second open is refused naming the holder; session.close() lets go (the session goes on from its
+    cache); a session that fails to start or to restore holds nothing."""
+    import subprocess
+    import sys
+
+    from edgekv.archive.store import ArchiveError
+    from edgekv.state import SnapshotError, load_session
+
+    runtime = _runtime(tiny_checkpoint, tmp_path / "archive", policy="sliding_window", max_tokens=130)
+    first = runtime.session()
+    _stream(first, 3)
+    with pytest.raises(ArchiveError, match=r"archive\.dir .*archive is in use by another open archive \(this process: "
+                                           r"close the other session's archive first, session\.close\(\)\)"):
+        runtime.session()
+    first.save(tmp_path / "snap.ekv")
+    first.close()
+    first.ingest(np.zeros((56, 56, 3), np.uint8), t=10.0)  # cache only from here: nothing archived, nothing recalled
+    first.ingest(np.zeros((56, 56, 3), np.uint8), t=10.5)
+    assert first.counters.frame_pairs == 4 and first.recall.archive.pairs == 3
+    assert first.ask("Was there a red circle?", max_new_tokens=1, recall=True).text is not None
+    first.close()  # idempotent
+    import edgekv.state as state
+
+    def damaged(path, *args, **kwargs):  # the manifest reads; the tensors, read into the new session, do not check
+        raise SnapshotError(f"{path}: tensor 'k' fails its checksum")
+
+    real = state.read_tensors
+    state.read_tensors = damaged
+    try:
+        with pytest.raises(SnapshotError, match="fails its checksum"):
+            load_session(runtime, tmp_path / "snap.ekv")
+    finally:
+        state.read_tensors = real
+    restored = runtime.restore(tmp_path / "snap.ekv")  # the failed load let go of the folder
+    assert restored.recall.archive.pairs == 3 and restored.counters.frame_pairs == 3
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from edgekv.archive.store import _lock_folder; from pathlib import Path; "
+         "Path(sys.argv[1]).mkdir(); _lock_folder(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()", str(tmp_path / "other")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ArchiveError, match=rf"is in use by another open archive \(process {holder.pid}: another "
+                                               r"edgekv daemon with the same archive\.dir\?\)"):
+            _runtime(tiny_checkpoint, tmp_path / "other", policy="sliding_window", max_tokens=130).session()
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+    other = _runtime(tiny_checkpoint, tmp_path / "other", policy="sliding_window", max_tokens=130).session()
+    other.close()  # the holder's exit let go: no stale lock after a process dies
+    restored.close()

@@ -1009,6 +1009,7 @@ class Daemon:
                  ("escalator", self.escalator, lambda e: e.stop()),
                  ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
+                 ("archive", self.session, lambda s: s.close()),  # its queued pairs written, its folder let go
                  ("monitor", None if self.monitor_is_shared else self.monitor, lambda m: m.stop()),
                  ("watchdog", self.watchdog, lambda w: w.stop()),
                  ("fleet", self.fleet, lambda f: f.stop())]  # last: a broker out of reach costs no other part time

@@ -146,6 +146,8 @@ class Recall:
 
     def archive_pair(self, start: int, tokens: int, pair: int, t: float, tpos: int) -> bool:
         """Queue the pair just prefilled at slots [start, start + tokens) (never blocks: see FrameArchive)."""
+        if self.archive.closed:  # the session let go of its archive folder (session.close()): cache only from here
+            return False
         cache, (rows, cols) = self.session.cache, self.session.grid
         return self.archive.submit(cache.k[:, :, start:start + tokens], cache.v[:, :, start:start + tokens],
                                    frame=pair, t=t, tpos=tpos, t_offset=self.session.t_offset, rows=rows, cols=cols,
@@ -274,7 +276,11 @@ class Recall:
         cache.tpos[:, :, start:end] = (per_slot(lambda e: e.tpos) + delta).expand(heads).to(cache.tpos.dtype)
 
     def recall(self, embeds: torch.Tensor, positions: torch.Tensor) -> Recalled:
-        """Probe, select and load for one question (the session then prefills the question after them)."""
+        """Probe, select and load for one question (the session then prefills the question after them); after
+        ``session.close()`` nothing (the archive's folder is another's to open)."""
+        if self.archive.closed:
+            self.hidden = None
+            return Recalled(tuple(() for _ in range(self.session.cache.num_layers)), 0, 0.0, 0.0, 0.0)
         started = time.perf_counter()
         queries = self.probe(embeds, positions)
         probed = time.perf_counter()

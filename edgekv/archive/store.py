@@ -281,9 +281,14 @@ class FrameArchive:
         self.segments_deleted = 0
         self.write_ms_total = 0.0
         self.dir.mkdir(parents=True, exist_ok=True)
-        for leftover in self.dir.glob("seg-*.ekva.tmp"):  # a forget's rewrite cut short: the original stands
-            leftover.unlink()
-        self._scan()
+        self._lock_fd = _lock_folder(self.dir)  # before anything reads, repairs or removes a file of it
+        try:
+            for leftover in self.dir.glob("seg-*.ekva.tmp"):  # a forget's rewrite cut short: the original stands
+                leftover.unlink()
+            self._scan()
+        except BaseException:  # an archive that does not open lets go of the folder
+            _unlock_folder(self._lock_fd)
+            raise
         self._next_key = max(self._entries, default=-1) + 1
         self._current: int | None = None
         self._fd: int | None = None  # the open segment, written at explicit offsets (pwrite)
@@ -300,6 +305,10 @@ class FrameArchive:
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ index
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     @property
     def pairs(self) -> int:
         with self._lock:
@@ -772,13 +781,17 @@ class FrameArchive:
         return self._idle.wait(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Write what is queued, fsync, stop the writer. Idempotent."""
+        """Write what is queued, fsync, stop the writer, let go of the folder (another archive may open it).
+        Idempotent."""
         if self._closed:
             return
         self.flush(timeout)
         self._closed = True
         self._work.put(None)
         self._writer.join(timeout)
+        if not self._writer.is_alive():  # a writer still stuck in a write keeps the folder to itself
+            _unlock_folder(self._lock_fd)
+            self._lock_fd = None
 
     # ------------------------------------------------------------------ writer thread
     def _write_loop(self) -> None:
@@ -1277,6 +1290,45 @@ def _fsync_dir(folder: Path) -> None:
         pass  # some filesystems refuse fsync on a directory; the data files are still fsynced
     finally:
         os.close(fd)
+
+
+LOCK_NAME = "archive.lock"
+
+
+def _lock_folder(folder: Path) -> int | None:
+    """An exclusive lock on ``folder`` for one open archive: two archives appending to one folder — two daemons
+    given the same ``archive.dir``, or two sessions of one process — each wrote its next records at the same
+    segment offsets as the other, and an opener's scan cut the other's record being written as a torn tail: records
+    lost without an error. ``flock`` on ``folder/archive.lock`` (held by the open file: two opens conflict within a
+    process too; the kernel lets go when the process dies, so a crash leaves nothing stale); the file holds the
+    holder's pid for the refusal's message. None where there is no ``fcntl`` (not Linux or macOS: no lock)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        same = holder == str(os.getpid())
+        raise ArchiveError(
+            f"archive.dir {folder} is in use by another open archive ("
+            + ("this process: close the other session's archive first, session.close()" if same else
+               f"process {holder}: another edgekv daemon with the same archive.dir?" if holder else
+               "another process") + "); each archive needs a folder of its own") from None
+    except OSError:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _unlock_folder(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)  # closing the file lets go of its flock
 
 
 def _close_at_exit(ref: "weakref.ref[FrameArchive]") -> None:

@@ -104,7 +104,14 @@ class StreamSession:
         if archive and self.config.archive.dir is not None:
             from edgekv.archive.recall import Recall
 
-            self.recall = Recall(self, self.config.archive)
+            self.recall = Recall(self, self.config.archive)  # holds archive.dir until close()
+        try:
+            self._start()
+        except BaseException:  # a session that never started lets go of its archive folder
+            self.close()
+            raise
+
+    def _start(self) -> None:
         self.ingestor = PairIngest(self)
         self.answerer = Answerer(self)
         self._decode_graph = None  # edgekv.session.decode_graph.DecodeGraph, captured at the first answer token
@@ -122,6 +129,14 @@ class StreamSession:
         with torch.inference_mode():
             positions = text_position_ids(0, self.prefix_tokens).to(self.device)
             self.prefill(self.embed(prefix_ids), positions, ChunkMeta(SlotKind.PREFIX, tpos=positions[0]))
+
+    def close(self) -> None:
+        """Write the archive's queued pairs and let go of its folder (``archive.dir``: one open archive a folder,
+        so another session, or ``Runtime.restore``, may open it). The session goes on from its cache alone: pairs
+        ingested after this are not archived and questions recall nothing. Without an archive nothing happens.
+        Idempotent; also done at exit."""
+        if self.recall is not None:
+            self.recall.close()
 
     @_exclusive
     def reset(self) -> None:
