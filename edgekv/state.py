@@ -574,10 +574,29 @@ class StateKeeper:
         self.last_saved: float | None = None
         self.failures = 0
         self.clock_offset = 0.0  # added to the source's timestamps after a restore: see stream_time
+        self._lock_fd: int | None = None  # state.dir/state.lock while hold() is in force
 
     @property
     def enabled(self) -> bool:
         return self.dir is not None
+
+    def hold(self) -> None:
+        """Claim ``state.dir`` for this keeper until ``release()`` or the process's end (edgekv/folder_lock.py):
+        two daemons given one folder numbered their snapshots past each other's and deleted each other's
+        generations, and the next start resumed whichever stream wrote last. Another holder is a
+        ``RuntimeError`` naming it. The daemon holds it from before the restore to after the final snapshot."""
+        if self.enabled and self._lock_fd is None:
+            from edgekv.folder_lock import lock_folder
+
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = lock_folder(self.dir, "state.lock", "state.dir", "edgekv daemon",
+                                        "another daemon in this process watches with the same state.dir")
+
+    def release(self) -> None:
+        from edgekv.folder_lock import unlock_folder
+
+        unlock_folder(self._lock_fd)
+        self._lock_fd = None
 
     # ------------------------------------------------------------------ files
     def generations(self) -> list[Path]:

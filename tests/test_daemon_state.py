@@ -66,3 +66,47 @@ def test_sigterm_saves_the_memory_and_the_next_start_resumes_it(tiny_checkpoint,
     frames_after, pairs_after = map(int, re.search(r"^frames (\d+) \((\d+) pairs\)", second, re.M).groups())
     assert pairs_after >= pairs_before + 3 and frames_after >= 2 * pairs_after
     assert len(list(state_dir.glob("snapshot-*.ekv"))) == 2
+
+
+def test_a_second_daemon_on_the_same_state_dir_is_refused_before_the_model_loads(tiny_checkpoint, tmp_path):
+    """Two daemons given one state.dir (a service and a hand-started copy) numbered their snapshots past each
+    other's and deleted each other's generations; the next start resumed whichever wrote last. Now the second
+    is refused at start, naming the holder; the holder's end lets go (no stale lock after a crash)."""
+    from edgekv.config import StateSection
+    from edgekv.state import StateKeeper
+
+    state_dir = tmp_path / "state"
+    first, second = (StateKeeper(StateSection(dir=str(state_dir)), say=lambda line: None) for _ in range(2))
+    first.hold()
+    first.hold()  # idempotent
+    with pytest.raises(RuntimeError, match=r"state\.dir .*state is in use by another edgekv daemon \(this process: "):
+        second.hold()
+    first.release()
+    second.hold()
+    second.release()
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=8", "fps": 4.0, "resolution": [56, 56]},
+        cache={"policy": "infinipot_v", "max_tokens": 128, "text_reserve_tokens": 48},
+        server={"enabled": False}, monitor={"backend": "cpu"}, state={"dir": str(state_dir), "every_s": 3600.0})
+    path = tmp_path / "deploy.yaml"
+    path.write_text(json.dumps(config.to_dict()))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from edgekv.config import StateSection; from edgekv.state import "
+         "StateKeeper; StateKeeper(StateSection(dir=sys.argv[1])).hold(); print('held', flush=True); sys.stdin.read()",
+         str(state_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        refused = subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", "--config", str(path), "--no-stdin",
+                                  "--exit-at-end"], capture_output=True, text=True, timeout=300)
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"cannot start: state.dir {state_dir} is in use by another edgekv daemon (process {holder.pid}: another " \
+           f"edgekv daemon with the same state.dir?)" in refused.stderr
+    assert "model" not in refused.stdout  # refused before the model loaded
+    ran = subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", "--config", str(path), "--no-stdin",
+                          "--exit-at-end"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "memory saved" in ran.stdout + ran.stderr

@@ -243,6 +243,7 @@ class Daemon:
         setup_logging(cfg.logging)
         check_model_dir(cfg)
         check_calibration(cfg)
+        self.state.hold()  # state.dir is this daemon's alone until it stops (another's is refused, naming it)
         if cfg.voice.enabled or self.options.voice_wav:
             self._asr_model = resolve_voice_model(cfg.with_overrides(voice={"enabled": True}))
             check_voice_packages(cfg, microphone=cfg.voice.enabled)
@@ -1003,6 +1004,7 @@ class Daemon:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
         if self.session is not None:
             self._on_stop()
+        self.state.release()  # after the final snapshot: the next daemon may take state.dir
         parts = [("speaker", None if self.speaker_is_shared else self.speaker, lambda s: s.close()),
                  ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
                  *(("webhook", sender, lambda w: w.stop()) for sender in self.webhooks),

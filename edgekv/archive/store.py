@@ -94,6 +94,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edgekv.folder_lock import lock_folder, unlock_folder
 from edgekv.positions import rotate_temporal
 
 log = logging.getLogger("edgekv.archive")
@@ -287,7 +288,7 @@ class FrameArchive:
                 leftover.unlink()
             self._scan()
         except BaseException:  # an archive that does not open lets go of the folder
-            _unlock_folder(self._lock_fd)
+            unlock_folder(self._lock_fd)
             raise
         self._next_key = max(self._entries, default=-1) + 1
         self._current: int | None = None
@@ -790,7 +791,7 @@ class FrameArchive:
         self._work.put(None)
         self._writer.join(timeout)
         if not self._writer.is_alive():  # a writer still stuck in a write keeps the folder to itself
-            _unlock_folder(self._lock_fd)
+            unlock_folder(self._lock_fd)
             self._lock_fd = None
 
     # ------------------------------------------------------------------ writer thread
@@ -1296,39 +1297,11 @@ LOCK_NAME = "archive.lock"
 
 
 def _lock_folder(folder: Path) -> int | None:
-    """An exclusive lock on ``folder`` for one open archive: two archives appending to one folder — two daemons
-    given the same ``archive.dir``, or two sessions of one process — each wrote its next records at the same
-    segment offsets as the other, and an opener's scan cut the other's record being written as a torn tail: records
-    lost without an error. ``flock`` on ``folder/archive.lock`` (held by the open file: two opens conflict within a
-    process too; the kernel lets go when the process dies, so a crash leaves nothing stale); the file holds the
-    holder's pid for the refusal's message. None where there is no ``fcntl`` (not Linux or macOS: no lock)."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-        os.close(fd)
-        same = holder == str(os.getpid())
-        raise ArchiveError(
-            f"archive.dir {folder} is in use by another open archive ("
-            + ("this process: close the other session's archive first, session.close()" if same else
-               f"process {holder}: another edgekv daemon with the same archive.dir?" if holder else
-               "another process") + "); each archive needs a folder of its own") from None
-    except OSError:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def _unlock_folder(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)  # closing the file lets go of its flock
+    """One open archive a folder (edgekv/folder_lock.py): two archives appending to one folder each wrote their
+    next records at the same segment offsets as the other, and an opener's scan cut the other's record being
+    written as a torn tail — records lost without an error."""
+    return lock_folder(folder, LOCK_NAME, "archive.dir", "open archive",
+                       "close the other session's archive first, session.close()", ArchiveError)
 
 
 def _close_at_exit(ref: "weakref.ref[FrameArchive]") -> None:
