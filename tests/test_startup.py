@@ -101,6 +101,19 @@ def test_log_file_in_a_missing_folder(tiny_checkpoint, tmp_path):
     _one_clear_line(_run("--config", str(path)), "logging.file", str(tmp_path / "no" / "such"), "does not exist")
 
 
+def test_state_and_archive_folders_that_cannot_be(tiny_checkpoint, tmp_path):
+    """A file where the folder should be, or a folder that cannot be made, stopped the start with a bare
+    `[Errno 17] File exists: '/dev/null'` once the model had loaded; now one line names the key, first."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    path = _deploy(tmp_path, tiny_checkpoint, state={"dir": str(a_file)})
+    _one_clear_line(_run("--config", str(path)), f"state.dir: {a_file} is not a folder")
+    under_a_file = a_file / "archive"
+    path = _deploy(tmp_path, tiny_checkpoint, archive={"dir": str(under_a_file)})
+    _one_clear_line(_run("--config", str(path)), f"archive.dir: {under_a_file}: the folder cannot be made (Not a "
+                                                  f"directory)")
+
+
 def test_busy_port_and_bad_host(tiny_checkpoint, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -44,6 +44,7 @@ from edgekv.apps.daemon.startup import (
     StartupError,
     bind_error,
     check_calibration,
+    check_folders,
     check_logging_file,
     check_model_dir,
     check_server_address,
@@ -243,6 +244,7 @@ class Daemon:
         setup_logging(cfg.logging)
         check_model_dir(cfg)
         check_calibration(cfg)
+        check_folders(cfg)
         self.state.hold()  # state.dir is this daemon's alone until it stops (another's is refused, naming it)
         if cfg.voice.enabled or self.options.voice_wav:
             self._asr_model = resolve_voice_model(cfg.with_overrides(voice={"enabled": True}))

@@ -57,6 +57,24 @@ def check_logging_file(config: EdgeKVConfig) -> None:
         raise StartupError(f"logging.file: {file}: the folder {folder} is not writable by this user")
 
 
+def check_folders(config: EdgeKVConfig) -> None:
+    """``state.dir`` and ``archive.dir`` are folders this user can write (made when missing), before the model
+    loads: a path that is a file, or under a folder that cannot hold one, stopped the start with a bare
+    ``[Errno 17] File exists: '/dev/null'``."""
+    for key, value in (("state.dir", config.state.dir), ("archive.dir", config.archive.dir)):
+        if value is None:
+            continue
+        folder = Path(value).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise StartupError(f"{key}: {value} is not a folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(f"{key}: {value}: the folder cannot be made ({exc.strerror or exc})") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StartupError(f"{key}: {value}: the folder is not writable by this user")
+
+
 def check_calibration(config: EdgeKVConfig) -> None:
     file = config.cache.calibration
     if file is not None and not Path(file).expanduser().is_file():
