@@ -114,3 +114,52 @@ def test_a_server_without_image_requests_refuses_images(tiny_checkpoint, tmp_pat
                               {"messages": [{"role": "user", "content": [
                                   {"type": "image_url", "image_url": {"url": "https://example.com/x.jpg"}}]}]})
         assert status == 400
+
+
+def test_a_request_image_is_sized_from_its_header_before_it_is_decoded(tiny_checkpoint, tmp_path):
+    """A server that takes images (and a raised server.max_request_bytes, as they need) decoded whatever came: a
+    2.6 MB PNG of zeros declaring 30,000 x 30,000 is 2.7 GB decoded, enough to kill the daemon on an 8 GB board and
+    its memory with it. Now the header is read first: over 4096 x 4096, or not a JPEG or PNG (OpenCV would decode
+    any of its formats), is a 400 naming the part; the images a user sends are answered as before."""
+    import base64
+    import struct
+    import zlib
+
+    import cv2
+    import numpy as np
+    from helpers_server import RunningDaemon, call, server_config
+
+    from edgekv.apps.server.openai_chat import image_size
+
+    def png_header(width, height):  # the signature and IHDR of a PNG that declares this size (no pixels follow)
+        ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+        return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+
+    frame = np.full((90, 160, 3), 128, np.uint8)
+    encoded = {ext: cv2.imencode(ext, frame, params)[1].tobytes()
+               for ext, params in ((".jpg", []), (".png", []), (".bmp", []))}
+    progressive = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    assert image_size(encoded[".jpg"]) == image_size(encoded[".png"]) == image_size(progressive) == (160, 90)
+    assert image_size(encoded[".bmp"]) is None and image_size(b"\xff\xd8\xff") is None and image_size(b"") is None
+    assert image_size(png_header(30000, 30000)) == (30000, 30000)
+
+    def part(data, kind="png"):
+        return {"type": "image_url", "image_url": {"url": f"data:image/{kind};base64,{base64.b64encode(data).decode()}"}}
+
+    config = server_config(tiny_checkpoint).with_overrides(server={"image_requests": True,
+                                                                   "max_request_bytes": 4 * 2**20})
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        def ask(image):
+            return call(run.port, "POST", "/v1/chat/completions", {"max_tokens": 2, "messages": [
+                {"role": "user", "content": [image, {"type": "text", "text": "What is in the picture?"}]}]})
+
+        for image, message in ((part(png_header(30000, 30000) + bytes(1000)), "a 30000 x 30000 image; at most 16.8 "
+                                                                              "megapixels are decoded"),
+                               (part(encoded[".bmp"], "bmp"), "not a JPEG or PNG")):
+            status, _, raw = ask(image)
+            assert status == 400, raw
+            error = json.loads(raw)["error"]
+            assert message in error["message"] and error["param"] == "messages[0].content[0]", error
+        for data, kind in ((encoded[".jpg"], "jpeg"), (encoded[".png"], "png"), (progressive, "jpeg")):
+            status, _, raw = ask(part(data, kind))
+            assert status == 200, raw

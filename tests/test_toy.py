@@ -389,6 +389,8 @@ def test_ctrl_c_inside_an_optimizer_step_waits_for_the_step(tmp_path, monkeypatc
         return result
 
     monkeypatch.setattr(torch.optim.AdamW, "step", key_inside_step_two)
+    # Python's own Ctrl-C handler (a daemon test run before this one in the same worker may have left its own)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     out = tmp_path / "next"
     try:
         code = main(["train-toy", str(out), "--init", str(start), "--steps", "4", "--batch-size", "2", "--log-every",
@@ -396,10 +398,12 @@ def test_ctrl_c_inside_an_optimizer_step_waits_for_the_step(tmp_path, monkeypatc
                      "--curriculum", "refine", "--lr", "0.01", "--no-prefetch"])
     except KeyboardInterrupt:  # (not let through: it would end the test run itself)
         pytest.fail("the interrupt was not handled by the command")
+    finally:
+        restored = signal.signal(signal.SIGINT, before)
     assert code == 130 and calls == [1, 1] and finished == [1, 2]
     card = json.loads((tmp_path / "next-step2" / "card.json").read_text())
     assert card["interrupted"] is True and card["steps"] == 2
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler put back
+    assert restored is signal.default_int_handler  # the handler the step held the key from was put back
     assert '"interrupted": true' in capsys.readouterr().out
 
 

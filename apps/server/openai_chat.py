@@ -25,6 +25,7 @@ GREEDY_BELOW = 1e-6
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_IMAGES = 16
 MAX_IMAGE_URL = 16 * 2**20
+MAX_IMAGE_PIXELS = 4096 * 4096  # a request's image, decoded (a 4K frame is 8.3 Mpx)
 SEED_RANGE = (-(2**63), 2**63 - 1)
 TEXT_PART_TYPES = ("text", "input_text")
 MEDIA_PART_TYPES = ("image_url", "input_image", "video_url", "input_audio", "file", "audio_url")
@@ -183,9 +184,51 @@ class ImagePart(BaseModel):
         import binascii
 
         try:
-            return base64.b64decode(data, validate=True)
+            raw = base64.b64decode(data, validate=True)
         except binascii.Error:
             raise PydanticCustomError("invalid_image", "image_url: the data: URL is not valid base64") from None
+        size = image_size(raw)
+        if size is None:
+            raise PydanticCustomError("invalid_image", "image_url: not a JPEG or PNG (its header does not read as one)")
+        if size[0] * size[1] > MAX_IMAGE_PIXELS:
+            raise PydanticCustomError("invalid_image", f"image_url: a {size[0]} x {size[1]} image; at most "
+                                      f"{MAX_IMAGE_PIXELS / 1e6:.1f} megapixels are decoded (it is resized to the "
+                                      f"video grid anyway)")
+        return raw
+
+
+_JPEG_FRAMES = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # SOF0-15 but DHT, JPG, DAC
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a PNG's IHDR or a JPEG's frame header, read before anything is decoded: a small file
+    can declare a huge image (a 2.6 MB PNG of zeros decodes to 30,000 x 30,000, 2.7 GB). None for anything else."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data[:2] != b"\xff\xd8":
+        return None
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # no length
+            at += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header before the data
+            return None
+        length = int.from_bytes(data[at + 2:at + 4], "big")
+        if marker in _JPEG_FRAMES:
+            if at + 9 > len(data):
+                return None
+            return int.from_bytes(data[at + 7:at + 9], "big"), int.from_bytes(data[at + 5:at + 7], "big")
+        if length < 2:
+            return None
+        at += 2 + length
+    return None
 
 
 def _part_kind(part: Any) -> str:
