@@ -129,7 +129,7 @@ def test_a_request_image_is_sized_from_its_header_before_it_is_decoded(tiny_chec
     import numpy as np
     from helpers_server import RunningDaemon, call, server_config
 
-    from edgekv.apps.server.openai_chat import image_size
+    from edgekv.video.image_header import image_size
 
     def png_header(width, height):  # the signature and IHDR of a PNG that declares this size (no pixels follow)
         ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)

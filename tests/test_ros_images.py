@@ -138,6 +138,16 @@ def test_bad_compressed_images_and_bytes_are_refused(frame):
     cases = [("jpeg", jpeg[: jpeg.size // 2], "cut off"), ("png", jpeg, "says png, but the data is a jpeg"),
              ("16UC1; compressedDepth", jpeg, "depth image"), ("webp", jpeg, "not jpeg or png"),
              ("jpeg", np.zeros(0, np.uint8), "no data"), ("jpeg", np.arange(40, dtype=np.uint8), "not a JPEG or PNG")]
+    # a PNG declaring 30,000 x 30,000 (2.7 GB decoded), its IEND present: refused from its header, never decoded
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)
+    bomb = (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+            + struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND")))
+    cases.append(("png", np.frombuffer(bomb, np.uint8), "the png declares 30000 x 30000, over the 67 megapixels"))
+    headless = np.concatenate([jpeg[:2], np.frombuffer(b"\xff\xda\x00\x02", np.uint8), jpeg[2:]])  # scan first
+    cases.append(("jpeg", headless, "the jpeg header does not read"))
     for fmt, data, message in cases:
         with pytest.raises(CorruptFrame, match=message):
             _roundtrip(store.types[COMPRESSED](header=_header(), format=fmt, data=data), COMPRESSED)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from edgekv.video.image_header import image_size
 from edgekv.video.sources import CorruptFrame, SourceUnavailable, cv2
 
 __all__ = ["COMPRESSED", "IMAGE", "STRING", "IMAGE_TYPES", "StampClock", "decode_cdr", "frame_from_message",
@@ -42,6 +43,7 @@ COMPRESSED = "sensor_msgs/msg/CompressedImage"
 STRING = "std_msgs/msg/String"
 IMAGE_TYPES = (IMAGE, COMPRESSED)
 INSTALL_HINT = "pip install 'edgekv[ros2]'"
+MAX_COMPRESSED_PIXELS = 8192 * 8192  # a CompressedImage, decoded (8K video is 33 Mpx)
 
 # encoding -> (bytes per pixel, OpenCV conversion to BGR or None for a plain copy)
 _ENCODINGS: dict[str, tuple[int, int | None]] = {
@@ -171,6 +173,12 @@ def _from_compressed(msg: Any) -> np.ndarray:
     kind, rgb = _compressed_kind(str(msg.format), data)
     if not _complete(kind, data):
         raise CorruptFrame(f"{COMPRESSED}: the {kind} data ({data.size} bytes) is cut off (no end marker)")
+    size = image_size(data.tobytes())  # the header, before anything is decoded
+    if size is None:
+        raise CorruptFrame(f"{COMPRESSED}: the {kind} header does not read (no image size before the data)")
+    if size[0] * size[1] > MAX_COMPRESSED_PIXELS:
+        raise CorruptFrame(f"{COMPRESSED}: the {kind} declares {size[0]} x {size[1]}, over the "
+                           f"{MAX_COMPRESSED_PIXELS / 1e6:.0f} megapixels a frame is decoded at")
     frame = cv2.imdecode(data, cv2.IMREAD_COLOR)
     if frame is None:
         raise CorruptFrame(f"{COMPRESSED}: OpenCV could not decode the {kind} data ({data.size} bytes)")
