@@ -568,8 +568,16 @@ class AlertsSection:
     webhook_retries: int = 4         # after the first try, with exponential backoff from 0.5 s
     queue: int = 64                  # alerts waiting per output; beyond it the oldest waiting is dropped (counted)
     keyframe_pairs: int = 32         # recent frame pairs kept to show as an alert's keyframe
+    # standing questions at most, per camera, config and API together: each is evaluated over the cache while it
+    # stands (the fair share bounds their time, this their number and memory); the API refuses one more
+    max_rules: int = 32
 
     def validate(self, at: str) -> None:
+        if self.max_rules < 1:
+            raise ConfigError(f"{at}.max_rules: must be >= 1, got {self.max_rules}")
+        if len(self.rules) > self.max_rules:
+            raise ConfigError(f"{at}.rules: {len(self.rules)} standing questions, over {at}.max_rules "
+                              f"({self.max_rules})")
         for index, rule in enumerate(self.rules):
             rule.validate(f"{at}.rules[{index}]")
         for index, url in enumerate(self.webhooks):

@@ -121,6 +121,26 @@ def test_bad_rules_are_refused_naming_the_field():
         config_from_dict({"alerts": {"rules": [{"question": "x?", "every_pairs": 1, "every_s": 2.0}]}})
     with pytest.raises(ConfigError, match=r"alerts.webhooks\[0\]"):
         config_from_dict({"alerts": {"webhooks": ["ftp://x"]}})
+    with pytest.raises(ConfigError, match=r"alerts.rules: 3 standing questions, over alerts.max_rules \(2\)"):
+        config_from_dict({"alerts": {"max_rules": 2, "rules": [{"question": f"{c}?"} for c in "abc"]}})
+    with pytest.raises(ConfigError, match=r"alerts.max_rules: must be >= 1"):
+        config_from_dict({"alerts": {"max_rules": 0}})
+
+
+def test_standing_questions_are_bounded():
+    """Nothing bounded how many standing questions the API could add: each is held and evaluated over the cache
+    while it stands, so a client adding them in a loop grew the daemon's memory without end. alerts.max_rules
+    (32 by default) is the most, config and API together; one more is refused naming it, until one is deleted."""
+    from edgekv.apps.outputs.alerts import MAX_RULES, AlertBus, AlertEngine, KeyframeRing
+
+    engine = AlertEngine([AlertRuleSection(question="a?")], AlertBus(), KeyframeRing(0), camera="back", max_rules=3)
+    added = [engine.add(AlertRuleSection(question=f"{c}?")) for c in "bc"]
+    with pytest.raises(ValueError, match=r"alerts: 3 standing questions already on camera back, the most "
+                                         r"alerts.max_rules allows \(3\); delete one first"):
+        engine.add(AlertRuleSection(question="d?"))
+    assert engine.remove(added[0].id)
+    assert engine.add(AlertRuleSection(question="d?")).id == "back-alert-4" and len(engine.list()) == 3
+    assert MAX_RULES == 32
 
 
 # ---------------------------------------------------------------------------------------------- webhooks
@@ -322,3 +342,7 @@ def test_the_api_adds_lists_and_deletes_standing_questions(tiny_checkpoint, tmp_
         assert json.loads(call(port, "GET", "/v1/alerts")[2])["data"] == []
         assert call(port, "DELETE", f"/v1/alerts/{rule['id']}")[0] == 404
         assert call(port, "GET", "/v1/alerts/events/nope/keyframe.jpg")[0] == 404
+        for index in range(32):  # alerts.max_rules: 32 by default
+            assert call(port, "POST", "/v1/alerts", {"question": f"Is thing {index} here?"})[0] == 201
+        status, _, raw = call(port, "POST", "/v1/alerts", {"question": "One more?"})
+        assert status == 400 and "alerts.max_rules allows (32)" in json.loads(raw)["error"]["message"], raw

@@ -251,6 +251,11 @@ def _standing_questions_per_camera(port: int, front, back, question: str) -> Non
     assert call(port, "DELETE", "/v1/alerts/back-alert-2")[0] == 200
     assert [s.id for s in back.alerts.list()] == ["back-alert-1", "back-alert-3"]
     assert [s.id for s in front.alerts.list()] == ["front-alert-1", "front-alert-2"]
+    back.alerts.max_rules = 2  # back is full (alerts.max_rules): a rule for every camera is none's
+    status, _, body = call(port, "POST", "/v1/alerts", {"question": "Is it light?"})
+    assert status == 400 and b"on camera back, the most alerts.max_rules allows (2)" in body, body
+    assert len(front.alerts.list()) == 2 and len(back.alerts.list()) == 2
+    back.alerts.max_rules = 32
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # one SSE stream takes every camera's alerts
     try:
         conn.request("GET", "/v1/alerts/stream")

@@ -334,7 +334,8 @@ class Daemon:
         section = self.config.alerts
         self.alert_bus = AlertBus()
         self.alerts = AlertEngine(section.rules, self.alert_bus, KeyframeRing(section.keyframe_pairs),
-                                  camera=self.camera)  # video.sources: this camera's name on its rules and alerts
+                                  camera=self.camera,  # video.sources: this camera's name on its rules and alerts
+                                  max_rules=section.max_rules)
         for url in section.webhooks:
             sender = WebhookSender(url, section.webhook_timeout_s, section.webhook_retries, section.queue).start()
             self.webhooks.append(sender)

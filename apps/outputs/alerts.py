@@ -33,10 +33,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edgekv.config import AlertRuleSection
+from edgekv.config import AlertRuleSection, AlertsSection
 
 log = logging.getLogger("edgekv.alerts")
 HYSTERESIS = 0.2
+MAX_RULES = AlertsSection.max_rules  # the config's default
 EVENTS_KEPT = 64
 
 
@@ -189,8 +190,9 @@ class AlertEngine:
     """The standing questions of one stream (one camera): which are due, their verdicts, their alerts."""
 
     def __init__(self, rules: list[AlertRuleSection], bus: AlertBus, keyframes: KeyframeRing,
-                 camera: str | None = None, clock=time.monotonic) -> None:
+                 camera: str | None = None, clock=time.monotonic, max_rules: int = MAX_RULES) -> None:
         self.bus, self.keyframes, self.camera, self.clock = bus, keyframes, camera, clock
+        self.max_rules = max_rules  # alerts.max_rules: each is evaluated over the cache, and held, while it stands
         self.rules: dict[str, RuleState] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -208,6 +210,10 @@ class AlertEngine:
             rule = dataclasses.replace(rule, camera=self.camera)
         prefix = f"{self.camera}-" if self.camera is not None else ""
         with self._lock:
+            if len(self.rules) >= self.max_rules:
+                raise ValueError(f"alerts: {len(self.rules)} standing questions already"
+                                 f"{f' on camera {self.camera}' if self.camera is not None else ''}, the most "
+                                 f"alerts.max_rules allows ({self.max_rules}); delete one first (DELETE /v1/alerts/ID)")
             state = RuleState(rule, id=f"{prefix}alert-{next(self._ids)}", source=source)
             self.rules[state.id] = state
         return state

@@ -114,6 +114,9 @@ def router(api: Api) -> APIRouter:
         rule = AlertRuleSection(**{**wanted.model_dump(), "camera": None})  # each engine names its own camera
         try:
             rule.validate("alert")  # refused before any camera has it
+            full = [engine for engine in chosen.values() if len(engine.list()) >= engine.max_rules]
+            if full:  # (every camera takes it, or none: the check and the adds run in this one handler)
+                full[0].add(rule)  # raises, naming the camera and alerts.max_rules
             states = [engine.add(rule) for engine in chosen.values()]
         except (ConfigError, ValueError) as exc:
             raise ApiError(400, safe_text(str(exc), 300)) from None
