@@ -144,9 +144,14 @@ def test_pause_releases_the_camera_and_resume_goes_on(tmp_path, monkeypatch):
                               {"messages": [{"role": "user", "content": "Which shape was purple?"}], "max_tokens": 2})
         assert status == 200
         assert daemon.session.counters.frames == frames  # nothing ingested while paused
+        # ... nor collected: an answer while paused started the backlog's collector on the released camera's
+        # sampler, whose last frame then went in after the resume stamped as the new source's (the stream's time
+        # ran ahead, some seconds a pause)
+        assert daemon._collector is None and len(daemon.backlog) == 0
         last_t = daemon.session.clock.last_t
         status, _, raw = call(port, "POST", "/v1/privacy/resume", {})
         assert status == 200 and json.loads(raw)["paused"] is False and len(opened) == 2
         assert _until(lambda: daemon.session.counters.frames >= frames + 4)
         assert daemon.session.clock.last_t > last_t  # the stream's time went on after the pause
+        assert daemon.session.stats()["clock_jumps"] == 0
         assert json.loads(call(port, "GET", "/healthz")[2])["stream_state"] == "running"

@@ -487,6 +487,8 @@ class Daemon:
             if self.paused is None:
                 return False
             cfg = self.config
+            self._stop_collector()  # nothing sampled before the pause goes in after it, stamped as if new
+            self.backlog.clear()
             self._spec, self._source = open_video_source(cfg)
             last = self.session.clock.last_t
             if last is not None:
@@ -550,8 +552,8 @@ class Daemon:
     def _update_collector(self, answering: bool) -> None:
         """Run the collector from the start of an answer until the backlog has drained (while ingest
         can catch up); the main loop pulls frames itself otherwise."""
-        want = (self._ingesting() and self._backlog_enabled() and self._ingest_keeps_up()
-                and (answering or len(self.backlog) > 0))
+        want = (self.paused is None and self._ingesting() and self._backlog_enabled() and self._ingest_keeps_up()
+                and (answering or len(self.backlog) > 0))  # paused: the camera is released, nothing is collected
         if want and self._collector is None:
             self._collector = Collector(self.backlog, self.sampler.next_frame).start()
         elif not want and self._collector is not None:
