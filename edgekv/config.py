@@ -184,8 +184,8 @@ class CacheSection:
     # X112L (shipped before AVW) on lured streams (`--busy 0.2 --lures 1`, seeds 45 + 47, 403 questions a cap) the more
     # TaR the better: 0.25 -5.0 / -2.5 / -1.7, 0.75 +3.2 / +7.2 / +6.9, TaR alone +2.2 / +16.6 / +15.6 (p < 0.001 at
     # 1/64 and 1/256); without lures +0.5 / +1.2 / +2.2. Kept at 0.5 all the same: the default serves real weights, on
-    # which the paper's sweep finds TaR alone worse, and the toy's value norms mark lures as they mark needles. README,
-    # "The needle benchmark across the cap".
+    # which the paper's sweep finds TaR alone worse, and the toy's value norms mark lures as they mark needles.
+    # docs/measurements.md, "The needle benchmark across the cap".
     tar_ratio: float = 0.5
     sinks: int = 0                       # StateKV B; 0 = prefill attends to the whole capped cache
     calibration: str | None = None       # CV thresholds from `edgekv calibrate`
@@ -202,7 +202,7 @@ class CacheSection:
     # infinipot_v answers 0.815 / 0.820 / 0.869 (fp16) vs 0.810 / 0.830 / 0.854 (int8) at caps 1/16 / 1/64 / 1/256;
     # statekv gains where B fills most of the cap (B=256 of 500 slots: 0.615 fp16, 0.765 int8). Toy X112L on lured
     # streams (seeds 49-52, 800 questions): int8 0.351 vs fp16 0.281 at the 160-slot floor (p < 0.001), -1.1 at
-    # 1/64 (p 0.40): a gain only at the tightest caps. README, "The needle benchmark across the cap".
+    # 1/64 (p 0.40): a gain only at the tightest caps. docs/measurements.md, "The needle benchmark across the cap".
     kv_dtype: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None
     # adaptive_infinipot_v (AdaReTaKe eq. 8-9): stretches of this many frame pairs share the budget by
     # their redundancy, each weighted at least adaptive_floor x the mean weight. Not the default: on the same

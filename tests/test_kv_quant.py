@@ -210,7 +210,8 @@ def test_engines_take_int8_on_onnxruntime_and_refuse_the_rest_naming_the_option(
 
 
 def test_bench_memory_writes_figures(tmp_path, capsys):
-    """The command end to end on short streams of the shipped toy model (figures in README come from long ones)."""
+    """The command end to end on short streams of the shipped toy model (figures in docs/measurements.md come from
+    long ones)."""
     import json
 
     from edgekv.apps.cli import main

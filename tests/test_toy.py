@@ -1304,8 +1304,8 @@ def test_world_training_names_the_event_region_among_the_auxiliary_targets():
 
 
 def test_tower_probe_tool_scores_every_family_on_the_same_events(tmp_path, capsys):
-    """``tools/toy_tower_probe.py`` (README, "The vision tower on held-out backgrounds"): a few probe steps on a
-    small new tower, then per-family scores over the same event tokens; an unknown family is refused."""
+    """``tools/toy_tower_probe.py`` (docs/measurements.md, "The vision tower on held-out backgrounds"): a few probe
+    steps on a small new tower, then per-family scores over the same event tokens; an unknown family is refused."""
     import importlib.util
     import json
     from pathlib import Path
@@ -1891,11 +1891,11 @@ def test_free_lures_wear_only_the_colours_no_event_of_the_sample_wears(monkeypat
 
 
 def test_lure_attention_tool_splits_the_question_attention_by_what_each_token_shows(tmp_path):
-    """``tools/toy_lure_attention.py`` (README, "Every lure costs alike"): on a lured needle stream it asks the last
-    checkpoint's questions of the full cache and reports, per LM layer, the last query token's attention mass on the
-    needles' tokens, the lures', the other video tokens, the prompt and the question's own tokens (the whole of it),
-    split by right and wrong answers; the hook it puts on the cache's attention is gone afterwards, and the shipped
-    toy looks at a needle's token more than at a background token."""
+    """``tools/toy_lure_attention.py`` (docs/measurements.md, "Every lure costs alike"): on a lured needle stream it
+    asks the last checkpoint's questions of the full cache and reports, per LM layer, the last query token's attention
+    mass on the needles' tokens, the lures', the other video tokens, the prompt and the question's own tokens (the whole
+    of it), split by right and wrong answers; the hook it puts on the cache's attention is gone afterwards, and the
+    shipped toy looks at a needle's token more than at a background token."""
     import importlib.util
     import json
     from pathlib import Path
@@ -2302,7 +2302,7 @@ def test_hard_negatives_average_the_background_term_over_its_hardest_tokens():
 
 
 def test_lure_probe_tool_reads_the_token_a_look_alike_is_drawn_on(tmp_path):
-    """``tools/toy_lure_probe.py`` (README, "Look-alikes in the tower"): a look-alike is drawn where
+    """``tools/toy_lure_probe.py`` (docs/measurements.md, "Look-alikes in the tower"): a look-alike is drawn where
     ``distractor_mask`` says (the token the tool reads is the one it covers most); the probe separates separable
     features and scores every held-back pair; the command writes its JSON."""
     import importlib.util

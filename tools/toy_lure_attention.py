@@ -1,4 +1,4 @@
-"""Issue 27: where does a toy's question look on a lured needle stream? (README, "Every lure costs alike")
+"""Issue 27: where does a toy's question look on a lured needle stream? (docs/measurements.md, "Every lure costs alike")
 
 A toy's full cache loses a quarter of its answers on 250-pair needle streams with lures (``eval needle --lures 1
 --lure-colors free``): out-of-vocabulary shapes in the vocabulary's colours, passing through the frame. This tool

@@ -2,8 +2,8 @@
 
 The lured needle streams (``eval needle --lures 1 --lure-colors free``) cost the toy's full cache a quarter of its
 answers, and no training signal on where its questions look (``train-toy --attend-weight``, ``--avoid-weight``,
-``--distill-weight``) has taught it to read past the lures (README, issue 27's lured section). A query can only
-prefer a needle over a lure as far as the keys it reads separate them: this tool ingests the same streams with the
+``--distill-weight``) has taught it to read past the lures (docs/measurements.md, issue 27's lured section). A query can
+only prefer a needle over a lure as far as the keys it reads separate them: this tool ingests the same streams with the
 full cache and fits, per LM layer, a linear probe (class-balanced logistic regression, k-fold) from the cached keys
 (post-RoPE, as the questions read them; both KV heads side by side, and each head alone) to "needle or lure", and
 the same from the tower's output (the LM's input at those tokens). A token is a needle's when it is the cell under

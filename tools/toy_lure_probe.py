@@ -1,5 +1,5 @@
-"""Issue 27: can a toy's vision tower tell a needle from a look-alike of the same colour? (README, "Look-alikes in the
-tower")
+"""Issue 27: can a toy's vision tower tell a needle from a look-alike of the same colour? (docs/measurements.md,
+"Look-alikes in the tower")
 
 Draws frame pairs of the randomized world, each with one object: half of them a vocabulary shape (an event), half a
 look-alike (``edgekv.video.world.DISTRACTOR_SHAPES`` — star, ring, hexagon, ellipse — in a vocabulary colour, as

@@ -1,5 +1,5 @@
-"""Issue 27: does a toy vision tower read held-out backgrounds as well as the trained ones? (README, "The vision
-tower on held-out backgrounds")
+"""Issue 27: does a toy vision tower read held-out backgrounds as well as the trained ones? (docs/measurements.md, "The
+vision tower on held-out backgrounds")
 
 Trains a tower — new (``--vision-width/--vision-depth``) or a checkpoint's (``--init``; ``--freeze``: only the
 probes) — with the warm-up's two per-token linear probes (``edgekv.toy.train.warm_up_vision``'s losses) on frame

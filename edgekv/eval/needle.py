@@ -33,8 +33,8 @@ Harder settings (issue 27), all off by default so that earlier figures keep thei
   before each, as in the short streams (``oracle_cut``: every token of those pairs, nothing else of the video;
   ``ceiling_oracle`` per record) — a cache that knew the questions. Where
   the full cache falls short of the short streams and the oracle does not, the events were remembered and the
-  background misled the question (a look-alike; measured on the 224 x 224 toy: README, "Where the full cache
-  loses");
+  background misled the question (a look-alike; measured on the 224 x 224 toy: docs/measurements.md, "Where the full
+  cache loses");
 * ``busy`` and ``lures`` (world families): out-of-vocabulary objects passing through the frame at ``busy`` per pair,
   a ``lures`` share of them in the vocabulary's colours (a red star, a blue ring). A trained toy's value norms mark
   its needles (``tools/toy_value_norms.py``), so a cache that ranks by them keeps every needle of a quiet stream

@@ -24,8 +24,8 @@ slot a stretch, no split means anything and the compression goes by InfiniPot-V'
 (a coarser ``tau`` when the cap is tight; 0, the default: AdaReTaKe's fixed stretches).
 
 Measured (issue 27, toy X112L, 2,000-pair world needle streams, seeds 45 + 47, 403 questions a cap, caps 1/16 /
-1/64 / 1/256 (the 160-slot floor), against plain ``infinipot_v`` on the same questions; README, "The needle
-benchmark across the cap"). Lured streams (``--busy 0.2 --lures 1``; ``infinipot_v`` 0.442 / 0.345 / 0.355):
+1/64 / 1/256 (the 160-slot floor), against plain ``infinipot_v`` on the same questions; docs/measurements.md, "The
+needle benchmark across the cap"). Lured streams (``--busy 0.2 --lures 1``; ``infinipot_v`` 0.442 / 0.345 / 0.355):
 this policy 0.474 / 0.471 / 0.360 (quotas rounded by largest remainders before: 0.454 / 0.427 / 0.303; before
 the under-a-slot rule: 0.474 / 0.471 / 0.315); ``min_slots`` 2: 0.474 / 0.489 / 0.352; 4 and 8 (measured before
 the rule): 0.474 / 0.449 / 0.340 and 0.476 / 0.404 / 0.362. Streams without lures (``infinipot_v`` 0.871 /

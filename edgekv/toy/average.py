@@ -6,12 +6,12 @@ mean of their weights is a model of its own that often keeps what each learned (
 ICML 2022, the uniform soup of their Section 3). Issue 27: two rounds of ``world-mild-exposed`` from W12a (then the
 shipped 112 x 112 toy) learned the over-exposed backgrounds it took for white things and lost some of its long
 memory; the mean of W12a and the second round got most of the long memory back and half of the held-out gain, and
-one diluted round from that mean kept both (X112c, shipped until X112L, a lured round from it, replaced it; README,
-"The toys take near-white background for white things"). The shipped toy since, AVW, is such a mean too: X112L and
-X112W, a lured round from X112L that read look-alikes better and lost `where`; the mean kept every target and most
-of the lured gain (README, "Look-alikes in the tower"). The mean is taken in fp32 and written as ``train-toy`` writes a
-checkpoint (fp16), with a card that names every checkpoint averaged and its lineage, and the held-out accuracy
-measured as ``train-toy``'s.
+one diluted round from that mean kept both (X112c, shipped until X112L, a lured round from it, replaced it;
+docs/measurements.md, "The toys take near-white background for white things"). The shipped toy since, AVW, is such a
+mean too: X112L and X112W, a lured round from X112L that read look-alikes better and lost `where`; the mean kept every
+target and most of the lured gain (docs/measurements.md, "Look-alikes in the tower"). The mean is taken in fp32 and
+written as ``train-toy`` writes a checkpoint (fp16), with a card that names every checkpoint averaged and its lineage,
+and the held-out accuracy measured as ``train-toy``'s.
 """
 
 from __future__ import annotations

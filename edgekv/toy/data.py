@@ -130,7 +130,7 @@ WORLD_224: tuple[tuple[float, Stage], ...] = tuple(
 # From scratch in the randomized world (issue 27; for a GPU: ``train-toy --device cuda --workers N``): one event
 # first, then WORLD's two stages, then WORLD_LONG's long contexts — every stage 85 % world. Its vision warm-up
 # draws 85 % of its frames in the world too (a stage's largest ``world``): towers warmed so on the trained
-# families read shape and colour per token almost as well on held-out ones (measured: README, "The vision
+# families read shape and colour per token almost as well on held-out ones (measured: docs/measurements.md, "The vision
 # tower on held-out backgrounds").
 WORLD_SCRATCH: tuple[tuple[float, Stage], ...] = (
     (0.15, Stage("world: one event", (2, 8), (1, 1), ("color", "shape", "exists"), shifted=0.0, world=0.85)),
@@ -140,11 +140,11 @@ WORLD_SCRATCH: tuple[tuple[float, Stage], ...] = (
 )
 # WORLD with ``where`` asked three times as often (3 of 11 questions): for a toy whose tower was warmed up with the
 # position probes (``edgekv.toy.train.warm_up_vision``), so that its tokens say where they are. Measured on one
-# (issue 27; README, "`where`: a tower that knows where its tokens are"): in WORLD's mix (1 of 9) 1,500 steps left
-# `where` at chance; asked alone it left chance after ~200 steps (lr 1e-3); 2,000 steps of this mix (tower trained,
-# lr 4e-4) took the runtime's answers to 0.55-0.69 on four background families, the other families unchanged. Its
-# contexts stop at 96 kept pairs: 1,500 steps of it after WORLD_LONG rounds took 2,000-pair answers from 94 % to 62 %
-# of the short-stream figure (toy K), so it undoes the long rounds' memory.
+# (issue 27; docs/measurements.md, "`where`: a tower that knows where its tokens are"): in WORLD's mix (1 of 9) 1,500
+# steps left `where` at chance; asked alone it left chance after ~200 steps (lr 1e-3); 2,000 steps of this mix (tower
+# trained, lr 4e-4) took the runtime's answers to 0.55-0.69 on four background families, the other families unchanged.
+# Its contexts stop at 96 kept pairs: 1,500 steps of it after WORLD_LONG rounds took 2,000-pair answers from 94 % to
+# 62 % of the short-stream figure (toy K), so it undoes the long rounds' memory.
 _WHERE_THRICE = (*_EVERY_FAMILY, "where", "where")
 
 
@@ -159,17 +159,18 @@ WORLD_WHERE_LONG = _where_thrice(WORLD_LONG)
 # WORLD_WHERE_LONG with half of its world samples mild (``Stage.mild``): the card's events, sizes and camera on
 # the trained world families' backgrounds, beside the full randomization — the streams `edgekv eval toy
 # --families F` and the needle benchmark's default `--style mild` ask about, which the other world curricula
-# draw only on the classic background. Measured (issue 27; README, "Deeper toys, a higher lr and mild world
-# streams"): 1,500 steps of it from toy J beat 1,500 of world-where-long from J (same seed, lr, time) on every
+# draw only on the classic background. Measured (issue 27; docs/measurements.md, "Deeper toys, a higher lr and mild
+# world streams"): 1,500 steps of it from toy J beat 1,500 of world-where-long from J (same seed, lr, time) on every
 # family, +1.4 to +2.8 points of the five base questions, `where` +0 to +9, long memory 94 % vs 83 %.
 WORLD_MILD = tuple((share, replace(stage, name=stage.name + " (half mild)", mild=0.5))
                    for share, stage in WORLD_WHERE_LONG)
 # WORLD_MILD with the questions still under their targets on the card's streams asked more often: order and count
 # twice, `where` three times (13 draws per question: order and count 2/13 each instead of 1/11). After two rounds of
 # world-mild (toy W2), colour / shape / exists were at 0.994 / 0.962 / 0.970, order 0.894, count 0.800, where 0.741
-# (targets 0.90 / 0.85 / 0.90). Measured (issue 27; README, "Deeper toys, a higher lr and mild world streams"): 1,500
-# steps of it from W3 against 1,500 of world-mild (same seed and lr): count 0.850 vs 0.815 on the card's streams and
-# +4 points on both held-out families, order 0.901 vs 0.915, `where` 0.796 vs 0.815, base questions 0.940 vs 0.931.
+# (targets 0.90 / 0.85 / 0.90). Measured (issue 27; docs/measurements.md, "Deeper toys, a higher lr and mild world
+# streams"): 1,500 steps of it from W3 against 1,500 of world-mild (same seed and lr): count 0.850 vs 0.815 on the
+# card's streams and +4 points on both held-out families, order 0.901 vs 0.915, `where` 0.796 vs 0.815, base questions
+# 0.940 vs 0.931.
 _HARD_MORE = (*_WHERE_THRICE, "order", "count")
 WORLD_MILD_HARD = tuple((share, replace(stage, name=stage.name + " (order, count x2)", families=_HARD_MORE))
                         for share, stage in WORLD_MILD)
@@ -194,10 +195,10 @@ WORLD_MILD_APART = tuple((share, replace(stage, name=stage.name + " (apart)", ap
 # WORLD_MILD_APART with `where` asked six times (6 of 17 draws instead of 3 of 14): after W10 (two world-mild rounds,
 # two mild-hard, one count, one apart) `where` was the one card question under its target (0.870 of 0.90 on the
 # card's streams; colour / shape / exists / order / count 1.000 / 0.973 / 0.985 / 0.922 / 0.880). Measured (issue 27;
-# README, "Deeper toys"): 1,500 steps of it from W10 (lr 4e-4, seed 73: W11c) `where` 0.907, every card target met,
-# held out a little under W9 (cells base questions 0.869 vs 0.883); a world-mild-apart round after it at lr 2e-4
-# (W12a) and another at 1e-4 (W13) kept `where` at 0.901 / 0.907 and came back to or above W9 on every held-out family.
-# W12a ships as builtin:toy (W13's full cache reads 2,000-pair needle streams worse: 0.923 against 0.960).
+# docs/measurements.md, "Deeper toys"): 1,500 steps of it from W10 (lr 4e-4, seed 73: W11c) `where` 0.907, every card
+# target met, held out a little under W9 (cells base questions 0.869 vs 0.883); a world-mild-apart round after it at lr
+# 2e-4 (W12a) and another at 1e-4 (W13) kept `where` at 0.901 / 0.907 and came back to or above W9 on every held-out
+# family. W12a ships as builtin:toy (W13's full cache reads 2,000-pair needle streams worse: 0.923 against 0.960).
 WORLD_MILD_WHERE = tuple((share, replace(stage, name=stage.name + " (where x6)",
                                          families=(*stage.families, "where", "where", "where")))
                          for share, stage in WORLD_MILD_APART)
@@ -307,11 +308,12 @@ WORLD_MILD_TONE = tuple((share, replace(stage, name=stage.name + " (tone)", tone
 # over 25 %; D3 at 224 x 224 likewise (0.943 / 0.724). Mean near-white share of the frames: classic, noise, stripes
 # 0.002, photo 0.067, vtest 0.090, `tree` 0.133. Half of the world samples over-exposed: WORLD_MILD_APART's stages
 # for a 112 x 112 round, the shipped 224 x 224 toy's WORLD_MILD_224_DILUTE_DISTINCT for a 224 x 224 one. Measured
-# (README, "The toys take near-white background for white things"): two 1,000-step rounds of WORLD_MILD_EXPOSED from
-# W12a (lr 2e-4, seeds 104 / 105: X112b) keep 90.6 % of the card's count on `tree` (W12a 83.3 %), 90.0 % on `cells`,
-# but its full cache reads 2,000-pair needle streams at 0.913 (W12a 0.960): not shipped (X112b's mean with W12a, then
-# WORLD_MILD_EXPOSED_DILUTE below, is); rounds of WORLD_MILD_224_EXPOSED from D3 (X224, X224b, X224c: 600 steps
-# each) read D3's six 2,000-pair needle streams at 93.3 / 94.4 / 91.3 % of short (D3 92.5 %): within noise.
+# (docs/measurements.md, "The toys take near-white background for white things"): two 1,000-step rounds of
+# WORLD_MILD_EXPOSED from W12a (lr 2e-4, seeds 104 / 105: X112b) keep 90.6 % of the card's count on `tree` (W12a
+# 83.3 %), 90.0 % on `cells`, but its full cache reads 2,000-pair needle streams at 0.913 (W12a 0.960): not shipped
+# (X112b's mean with W12a, then WORLD_MILD_EXPOSED_DILUTE below, is); rounds of WORLD_MILD_224_EXPOSED from D3 (X224,
+# X224b, X224c: 600 steps each) read D3's six 2,000-pair needle streams at 93.3 / 94.4 / 91.3 % of short (D3 92.5 %):
+# within noise.
 EXPOSURE_RANGE = (0.5, 2.0)
 WORLD_MILD_EXPOSED = tuple((share, replace(stage, name=stage.name + " (exposed)", exposure=0.5))
                            for share, stage in WORLD_MILD_APART)
@@ -320,8 +322,8 @@ WORLD_MILD_224_EXPOSED = tuple((share, replace(stage, name=stage.name + " (expos
 # WORLD_MILD_EXPOSED diluted and distinct as WORLD_MILD_224_DILUTE_DISTINCT (three quarters of the samples diluted
 # 1-64 times, every background pair rendered anew): the rounds of world-mild-exposed that taught W12a the over-exposed
 # backgrounds cost its full cache on 2,000-pair streams 0.960 -> 0.913 (X112b), and dilution is what lifted the
-# 224 x 224 toy's long memory (D2). Measured (issue 27; README, "The toys take near-white background for white
-# things"): 1,000 steps of it (lr 2e-4, seed 108, 34.4 min) from the mean of W12a's and X112b's weights (AV112,
+# 224 x 224 toy's long memory (D2). Measured (issue 27; docs/measurements.md, "The toys take near-white background for
+# white things"): 1,000 steps of it (lr 2e-4, seed 108, 34.4 min) from the mean of W12a's and X112b's weights (AV112,
 # `edgekv average-toy`): the headline needle streams' full cache 0.978 against 0.984 short (99.4 %; AV112 0.948,
 # 97.3 %; X112b 0.913, 93.7 %: 35 questions right only for X112c, 3 only for X112b), every held-out family >= 90.6 %
 # of the card's streams on every question (AV112's `tree` count 87.8 %). X112c shipped as builtin:toy until X112L.
@@ -350,18 +352,18 @@ WORLD_LURES_WHERE_DILUTE = tuple((share, replace(stage, name=stage.name + " (whe
 # WORLD_LURES_EXPOSED_DILUTE (the shipped toy's parents' curriculum) diluted up to 256 or 1,024 times instead of 64.
 # A training context keeps 64-256 pairs; diluted 1-64 times (log-uniform, median 8) it stands for a few hundred to
 # ~2,000 pairs, 1-1,024 times (median 32) for ~2,000-8,000: made for the 10,000-pair needle streams, where the shipped
-# toy's full cache reads 59 % of short (issue 27). Measured (600 steps from AVW; README "Why the full cache fails at
-# 10,000 pairs" has the commands): x1024 65 % on seed 45 (AVW 54 %), the card's streams unchanged (0.928 vs 0.925);
-# x256 no better than AVW on its first stream. Positions, not dilution, are the larger cause: rounds over 0..32,768
-# (`train-toy --max-positions 32768`) reach 76 % after 600 steps and 86.6 % after 1,500, and x1024 on top of those
-# positions did not add to it (81 % against 95 % on one stream after 1,500 steps).
+# toy's full cache reads 59 % of short (issue 27). Measured (600 steps from AVW; docs/measurements.md "Why the full
+# cache fails at 10,000 pairs" has the commands): x1024 65 % on seed 45 (AVW 54 %), the card's streams unchanged (0.928
+# vs 0.925); x256 no better than AVW on its first stream. Positions, not dilution, are the larger cause: rounds over
+# 0..32,768 (`train-toy --max-positions 32768`) reach 76 % after 600 steps and 86.6 % after 1,500, and x1024 on top of
+# those positions did not add to it (81 % against 95 % on one stream after 1,500 steps).
 # WORLD_LURES_WHERE_DILUTE with three quarters of the world samples lured, half of those in the colours no event of the
 # sample wears (``Stage.lure_free``: as `eval needle --lure-colors free` draws them). The shipped toy's full cache reads
 # 250-pair lured needle streams (seed 49, free colours) at 75 % of short; cut to the needle pairs it reads them as
 # short ones (the lures elsewhere in the stream cost it), and its wrong answers name the lures' colours or count a
-# lure as the shape asked about. Measured (issue 27; README, "Lured rounds keyed on free colours"; 250-pair streams,
-# seeds 49-51, 296 questions): 900 steps from AVW at lr 5e-4 (F1) 74 % of short, AVW 75 %; with the tower trained and
-# hard negatives (F2, F2b) 74-81 % along the rounds, 2,000-pair streams 68 % (AVW 63 %). Not shipped.
+# lure as the shape asked about. Measured (issue 27; docs/measurements.md, "Lured rounds keyed on free colours";
+# 250-pair streams, seeds 49-51, 296 questions): 900 steps from AVW at lr 5e-4 (F1) 74 % of short, AVW 75 %; with the
+# tower trained and hard negatives (F2, F2b) 74-81 % along the rounds, 2,000-pair streams 68 % (AVW 63 %). Not shipped.
 WORLD_LURES_FREE_DILUTE = tuple((share, replace(stage, name=stage.name + " (free lures)", lures=0.75, lure_free=0.5))
                                 for share, stage in WORLD_LURES_WHERE_DILUTE)
 WORLD_LURES_EXPOSED_DILUTE_X256 = tuple((share, replace(stage, dilute_max=256.0))
@@ -370,12 +372,12 @@ WORLD_LURES_EXPOSED_DILUTE_X1024 = tuple((share, replace(stage, dilute_max=1024.
                                          for share, stage in WORLD_LURES_EXPOSED_DILUTE)
 # WORLD_MILD_224_EXPOSED with half of its world samples busy with lures as in WORLD_LURES_EXPOSED_DILUTE: the 224 x 224
 # analogue of the shipped 112 x 112 toy's parents' last curriculum. The 224 x 224 toy's full cache loses its 2,000-pair
-# answers to look-alikes in the background, not to memory (README, "Where the full cache loses": cut to the needle
-# pairs it reads 98.5 % of short, whole 92.5 %); its rounds so far taught look-alikes to the tower alone (V224's
-# warm-up) or not at all, while at 112 x 112 lured rounds taught the question stage to read past them. Measured
-# (issue 27; README, "Lures in the 224² question rounds"; 600 steps from D3, lr 2e-4, seed 180, 53.7 min: L224): held
-# out at 224 x 224 `tree` order / count / `where` 92.2 / 92.3 / 89.3 % of the card's streams (D3 88.0 / 84.7 / 84.7),
-# but the full cache on D3's hardest 2,000-pair needle stream (seed 54) 0.460 against D3's 0.571; over D3's six
+# answers to look-alikes in the background, not to memory (docs/measurements.md, "Where the full cache loses": cut to
+# the needle pairs it reads 98.5 % of short, whole 92.5 %); its rounds so far taught look-alikes to the tower alone
+# (V224's warm-up) or not at all, while at 112 x 112 lured rounds taught the question stage to read past them. Measured
+# (issue 27; docs/measurements.md, "Lures in the 224² question rounds"; 600 steps from D3, lr 2e-4, seed 180, 53.7 min:
+# L224): held out at 224 x 224 `tree` order / count / `where` 92.2 / 92.3 / 89.3 % of the card's streams (D3 88.0 / 84.7
+# / 84.7), but the full cache on D3's hardest 2,000-pair needle stream (seed 54) 0.460 against D3's 0.571; over D3's six
 # streams 89.8 % of short (D3 92.5 %). A round from the mean of D3 and L224 (X224, seed 182, 44 min) keeps >= 90.0 % of
 # its card's streams on `tree`, `cells` and `skimage` for every question the issue names, but its six streams read
 # 90.9 % of short: neither shipped. A short WORLD_MILD_224_EXPOSED round from X224 (Y224s: 300 steps, lr 1e-4, seed

@@ -15,8 +15,8 @@ A smaller value would re-base more often (each compaction once positions pass it
 need more training to cover. A full cache is never re-based: its video spans ``pairs * G`` positions, past
 8,192 on a stream of more than 4,096 pairs at 2 fps: the shipped toy's full cache answers 0.87 asked within
 3,000 pairs, 0.30 after 9,000 (issue 27; a round trained over 0..32,768 takes the 10,000-pair streams from 59 %
-to 76 % of short: README, "Why the full cache fails at 10,000 pairs"). ``train-toy --max-positions N`` trains
-over 0..N and writes N here.
+to 76 % of short: docs/measurements.md, "Why the full cache fails at 10,000 pairs"). ``train-toy --max-positions N``
+trains over 0..N and writes N here.
 
 The checkpoint directory is what a released Qwen2.5-VL directory holds (``config.json`` in the released
 layout, ``model.safetensors`` with the released tensor names and the 5D patch-embedding kernel,
@@ -163,7 +163,7 @@ def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
 
     The vision tower is unchanged. The result is fp32 on the CPU; ``seed`` draws the new random columns.
     Measured (issue 27): D3 widened to 128 answered all 59 questions of a 2,000-pair 224 x 224 needle stream as D3;
-    one training round after it read the long streams worse than D3 (README, "A wider toy")."""
+    one training round after it read the long streams worse than D3 (docs/measurements.md, "A wider toy")."""
     text = model.config.text
     old = text.hidden_size
     if width < old or width % old:

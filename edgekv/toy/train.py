@@ -306,8 +306,8 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
     ``attention_loss`` (a list; the batch's ``attend_rows``, without ``recompute``): appends the mean over the
     batch's questions about events of -log(the share of ``ATTEND_LAYER``'s attention, averaged over the query heads,
     that the answer's query gives to the tokens of those events). Issue 27: the toy's question attention prefers a
-    needle token over a lure token only ~40 times, so a few hundred lures take most of it (README, "Every lure costs
-    alike"); this term asks for the margin directly.
+    needle token over a lure token only ~40 times, so a few hundred lures take most of it (docs/measurements.md, "Every
+    lure costs alike"); this term asks for the margin directly.
 
     ``avoid_loss`` (a list; the batch's ``avoid_rows``, without ``recompute``): appends, for each of
     ``avoid_layers``, the mean over the batch's questions of lured samples and the query heads of -log(1 - the share
@@ -509,9 +509,9 @@ def vision_batch(rng: np.random.Generator, preprocessor: FramePreprocessor, coun
 def lure_clutter(rng: np.random.Generator, count: int, events: list[Event], size: int) -> list:
     """Up to ``count`` static look-alikes for a ``size`` x ``size`` world pair: an out-of-vocabulary shape
     (``edgekv.video.world.DISTRACTOR_SHAPES``) in a vocabulary colour, of the world's radii, each clear of
-    ``events`` and of the others (a few tries each; one that finds no room is left out). Measured (issue 27; README,
-    "Look-alikes in the tower"): a warm-up with them lifts how well a linear probe tells a needle's token from a
-    look-alike's (``tools/toy_lure_probe.py``) from 0.914 to 0.932 on the shipped toy's tower."""
+    ``events`` and of the others (a few tries each; one that finds no room is left out). Measured (issue 27;
+    docs/measurements.md, "Look-alikes in the tower"): a warm-up with them lifts how well a linear probe tells a
+    needle's token from a look-alike's (``tools/toy_lure_probe.py``) from 0.914 to 0.932 on the shipped toy's tower."""
     from edgekv.video.world import DISTRACTOR_SHAPES, Clutter, draw_radius, world_radius_range
 
     low, high = world_radius_range(size, size)
@@ -629,7 +629,7 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
     mistakes spread over every region, and fresh linear probes read its event tokens' row / column at
     0.36 / 0.34. Re-warmed 1,500 steps with this loss, the same 4-block tower's event tokens read 0.998 /
     0.999 (0.995 / 0.994 on held-out backgrounds) with its shape probe at 0.95: the softmax over a
-    frame's finite set of keys is not translation invariant at the frame's edges (README, "`where`: a
+    frame's finite set of keys is not translation invariant at the frame's edges (docs/measurements.md, "`where`: a
     tower that knows where its tokens are")."""
     width = model.config.vision.out_hidden_size
     device = next(model.parameters()).device
@@ -719,7 +719,7 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | 
     ``hard_negatives`` in (0, 1]: the background term averages only that share of the background tokens, those the
     model reads least as "no" (online hard example mining, Shrivastava et al. 2016, applied per token): among
     thousands of plain background tokens the few look-alikes — a grey ring on a bright wall read as a white circle
-    (issue 27, README "Where the full cache loses") — are what the question later mistakes for a needle.
+    (issue 27, docs/measurements.md "Where the full cache loses") — are what the question later mistakes for a needle.
     """
     aux = torch.tensor([family == "aux" for family in batch.families], device=logits.device)
     answer = F.cross_entropy(logits[~aux].float(), batch.targets[~aux])

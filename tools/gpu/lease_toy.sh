@@ -2,9 +2,9 @@
 # Issue 27: a new toy trained on the GPU — prepared 2026-11-26 (fourth session; a second round added 2026-11-27; a
 # 256-wide LM and a third, lured round 2026-12-04), NOT yet run. TOTAL_S (default 330 s).
 # Why: every CPU round of the toy is 40-60 min on the 2-core VM and the held-out gap has not closed in five of them.
-# Measured on the CPU (README, "The vision tower on held-out backgrounds"): a tower warmed on the trained background
-# families reads shape and colour per token within 1-4 points as well on held-out ones, and a 128 x 6 tower 4 points
-# better than the shipped 64 x 4 — so this trains a new toy from scratch, all in the randomized world
+# Measured on the CPU (docs/measurements.md, "The vision tower on held-out backgrounds"): a tower warmed on the
+# trained background families reads shape and colour per token within 1-4 points as well on held-out ones, and a
+# 128 x 6 tower 4 points better than the shipped 64 x 4 — so this trains a new toy from scratch, all in the randomized world
 # (`--curriculum world-scratch`), with that tower and a wider LM, its batches drawn by $WORKERS processes.
 #   1. the train-toy gpu test (a CUDA step with sharded drawing, a host checkpoint)           ~20 s
 #   2. a calibration run (40 warm-up + 40 question steps; a short run walks every stage)     ~40 s
@@ -21,9 +21,9 @@ export EDGEKV_OPENCV_DATA=$PWD/.assets/opencv EDGEKV_SKIMAGE_DATA=$PWD/.assets/s
 TOTAL_S=${TOTAL_S:-330}
 WORKERS=${WORKERS:-12}
 # A 256-wide LM (the shipped toy's is 64): head_dim 64, so 12 of each head's rotary pairs turn slowly enough along
-# the frame's width to match what a token shows across a long stream, where the shipped toy has 3 (README, issue
-# 27's lured section: the lures win through those few pairs, and pairs grown into a trained toy were never taken up
-# on the CPU: "the head room has to be there from the first step"). WIDTH=128 is the earlier plan (head_dim 32).
+# the frame's width to match what a token shows across a long stream, where the shipped toy has 3
+# (docs/measurements.md, issue 27's lured section: the lures win through those few pairs, and pairs grown into a
+# trained toy were never taken up on the CPU: "the head room has to be there from the first step"). WIDTH=128 is the earlier plan (head_dim 32).
 SIZES="--vision-width ${VISION_WIDTH:-128} --vision-depth ${VISION_DEPTH:-6} --width ${WIDTH:-256} --layers ${LAYERS:-4}"
 COMMON="--curriculum world-scratch --device cuda --workers $WORKERS --heldout-streams 0 --seed ${SEED:-31} $SIZES"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -36,8 +36,8 @@ timeout -s INT 120 edgekv train-toy /tmp/calib $COMMON --vision-steps 40 --steps
   > "$OUT/calibration.log" 2>&1
 echo "calibration rc $?"; tail -2 "$OUT/calibration.log"
 LEFT=$(( TOTAL_S - ($(date +%s) - T0) - 30 ))  # 30 s: the copy back and a margin
-# Two rounds (measured on the CPU: README, "Deeper toys, a higher lr and mild world streams"): the warm-up
-# (shape, colour and each token's row and column) and question steps with the tower frozen, then a round of
+# Two rounds (measured on the CPU: docs/measurements.md, "Deeper toys, a higher lr and mild world streams"): the
+# warm-up (shape, colour and each token's row and column) and question steps with the tower frozen, then a round of
 # `world-mild` with the tower trained by the answers at a low lr: long contexts, `where` asked 3 of 11 questions,
 # half the world streams as the card's streams on world backgrounds (toy W1 on the CPU: every family +1 to +3
 # points over the same round without the mild half, `where` 0.57-0.70, 2,000-pair answers 94 % of short ones; a
@@ -62,8 +62,8 @@ timeout -s INT $(( SECOND + 30 )) edgekv train-toy "$OUT/toy-mild" --init "$OUT/
   --curriculum world-mild --lr 0.0004 --device cuda --workers "$WORKERS" --heldout-streams 0 --seed "${SEED:-31}" \
   --steps "$QSTEPS2" --log-every 250 > "$OUT/train2.log" 2>&1
 echo "train rc $?"; tail -3 "$OUT/train2.log"
-# Third round, lured (README, issue 27's lured section, KD3's recipe: the best full-cache reading of lured streams
-# with the short streams held): `world-lures-free-dilute` (three quarters of the world samples with look-alikes
+# Third round, lured (docs/measurements.md, issue 27's lured section, KD3's recipe: the best full-cache reading of
+# lured streams with the short streams held): `world-lures-free-dilute` (three quarters of the world samples with look-alikes
 # passing, half of those in colours no event wears), distilled from a frozen copy of the second round whose
 # questions do not see the lures' tokens in LM layers 1-3 (--distill-weight 3 on those attentions, 1 on the answers),
 # --hard-negatives 0.02, lr 3e-4. Ctrl-C (the timeout's INT) keeps the steps taken as toy-stepN.
