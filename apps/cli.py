@@ -202,6 +202,12 @@ def _add_forget(parser: argparse.ArgumentParser) -> None:
     add_forget_arguments(parser)
 
 
+def _add_rekey(parser: argparse.ArgumentParser) -> None:
+    from edgekv.apps.rekey import add_rekey_arguments
+
+    add_rekey_arguments(parser)
+
+
 def _add_bench(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     from edgekv.apps.bench import add_arguments
 
@@ -225,6 +231,8 @@ COMMANDS: dict[str, tuple[str, Callable]] = {
     "ask": ("ask the daemon here one question over HTTP, or the fleet over MQTT (--fleet) gathering every "
             "device's answer", _add_ask),
     "forget": ("ask the running daemon to forget a window of stream time (cache, snapshots, archive)", _add_forget),
+    "rekey": ("seal the memory on flash (snapshots, archive) with privacy's current key now, the daemon stopped",
+              _add_rekey),
 }
 
 

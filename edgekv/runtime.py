@@ -49,7 +49,7 @@ class Runtime:
         if config.model.path is None:
             raise ValueError("model.path: no model directory given (a Qwen2.5-VL checkpoint directory)")
         self.config = config
-        self.keys = _keys(config)  # the key that seals snapshots (privacy:), checked before the weights load
+        self.keys = deployment_keys(config)  # the key that seals snapshots (privacy:), checked before the weights load
         self.threads = apply_threads(config.runtime.threads)  # before the weights load (edgekv/threads.py)
         self.device = resolve_device(config.model.device)
         self.dtype = _DTYPES[config.model.dtype]
@@ -236,7 +236,7 @@ def _policy_kwargs(config: EdgeKVConfig) -> dict:
             "min_slots": cache.adaptive_min_slots}
 
 
-def _keys(config: EdgeKVConfig):
+def deployment_keys(config: EdgeKVConfig):
     """The deployment's ``privacy:`` keys; an empty ring (nothing sealed) when none is configured, without
     importing ``cryptography`` (an optional dependency: ``pip install 'edgekv[privacy]'``)."""
     section = config.privacy

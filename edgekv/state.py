@@ -306,23 +306,82 @@ def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tenso
                     writer.close()
                     entry.update(first_chunk=index, sealed_bytes=writer.sealed)
                     manifest["tensors"][name], index, offset = entry, writer.index, start + writer.sealed
-            body = json.dumps(manifest, sort_keys=True).encode()
-            if sealer is not None:
-                sink = io.BytesIO()
-                writer = _SealedWriter(sink, sealer, _MANIFEST_CHUNKS)
-                writer.write(body)
-                writer.close()
-                body = sink.getvalue()
-            handle.write(body)
-            handle.write(_TRAILER.pack(offset, len(body), hashlib.sha256(body).digest(), END_MAGIC))
-            handle.flush()
-            os.fsync(handle.fileno())
+            _write_manifest(handle, manifest, offset, sealer)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path.stat().st_size
+
+
+def _write_manifest(handle, manifest: dict, offset: int, sealer) -> None:
+    """The manifest at ``offset`` (sealed with ``sealer`` when given), the trailer, then fsync."""
+    body = json.dumps(manifest, sort_keys=True).encode()
+    if sealer is not None:
+        sink = io.BytesIO()
+        writer = _SealedWriter(sink, sealer, _MANIFEST_CHUNKS)
+        writer.write(body)
+        writer.close()
+        body = sink.getvalue()
+    handle.write(body)
+    handle.write(_TRAILER.pack(offset, len(body), hashlib.sha256(body).digest(), END_MAGIC))
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def reseal_snapshot(path: str | Path, keys) -> bool:
+    """Rewrite the snapshot at ``path`` sealed with ``keys.current`` (``edgekv.privacy.KeyRing``), from a file in
+    the clear or sealed with any key of ``keys``; False (untouched) when it already is. For ``edgekv rekey``: after
+    a key leaks, or when a key is first set, the memory is sealed with the new key at once instead of as new
+    snapshots replace the old. The file is read section by section (``privacy.CHUNK`` bytes at a time, each
+    section checked against its sha256 as it goes) and written as ``write_snapshot`` writes one: a temporary
+    file, fsync, rename — a crash leaves the old file or the new one. A damaged or truncated file, or one no key
+    of ``keys`` opens, is ``SnapshotError`` / ``SealError`` naming it, and is left as it is."""
+    from edgekv.privacy import CHUNK, Sealer
+
+    path = Path(path).expanduser()
+    if keys is None or keys.current is None:
+        raise ValueError("reseal_snapshot: no current key to seal with (privacy.key_file, key_env or key_credential)")
+    manifest = read_manifest(path, keys)
+    old = manifest.pop("_sealer", None)
+    if old is not None and old.key.id == keys.current.id:
+        return False
+    new = Sealer(keys.current)
+    out = {**manifest, "tensors": {}}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(path, "rb") as source, open(tmp, "wb") as handle:
+            head = SEALED_MAGIC + new.header
+            handle.write(head)
+            offset, index, buffer = len(head), 0, bytearray(CHUNK)
+            for name, entry in sorted(manifest["tensors"].items(), key=lambda item: item[1]["offset"]):
+                start = _aligned(offset)
+                handle.write(b"\0" * (start - offset))
+                source.seek(entry["offset"])
+                reader = source if old is None else _SealedReader(
+                    source, old, int(entry["first_chunk"]), int(entry["sealed_bytes"]), f"{path}: tensor {name}")
+                writer, digest, left = _SealedWriter(handle, new, index), hashlib.sha256(), int(entry["bytes"])
+                while left:
+                    view = memoryview(buffer)[:min(CHUNK, left)]
+                    if reader.readinto(view) != len(view):
+                        raise SnapshotError(f"{path}: truncated inside tensor {name}")
+                    digest.update(view)
+                    writer.write(view)
+                    left -= len(view)
+                writer.close()
+                if digest.hexdigest() != entry["sha256"]:
+                    raise SnapshotError(f"{path}: damaged: tensor {name} does not match its sha256")
+                out["tensors"][name] = {**{field: entry[field] for field in _TENSOR_FIELDS}, "offset": start,
+                                        "first_chunk": index, "sealed_bytes": writer.sealed}
+                index, offset = writer.index, start + writer.sealed
+            _write_manifest(handle, out, offset, new)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
 
 
 def save_session(session, path: str | Path) -> SnapshotInfo:

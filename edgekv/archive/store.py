@@ -1074,6 +1074,92 @@ class FrameArchive:
             self._segments[number] = at
         return True
 
+    # ------------------------------------------------------------------ rekey
+    def reseal(self, dry_run: bool = False) -> dict:
+        """Rewrite every segment not sealed with the key ring's current key — in the clear, or under an older key
+        of ``previous_key_files`` — sealed with it (``edgekv rekey``): after a key leaks, or when a key is first
+        set, the archive no longer needs the old key (nor holds frames in the clear) once this returns, instead of
+        once retention has deleted the old segments. Each segment is rewritten as ``forget`` rewrites one (a
+        ``.tmp`` copy, fsync, rename; a crash leaves it whole as it was or rewritten) with a new random salt, its
+        records renumbered from 0 so every nonce is used once. A layer that does not open (damaged) is carried
+        as the bytes that were there, so its checksum still fails and it is never handed out; records the scan
+        skipped as damaged are not carried. Queued pairs are written first and the open segment is sealed.
+        ``dry_run``: count what would be rewritten, write nothing."""
+        if self.keys is None or self.keys.current is None:
+            raise ValueError("archive: no current key to seal with (privacy.key_file, key_env or key_credential)")
+        self.flush()
+        resealed, current, written = 0, 0, 0
+        with self._write_lock:
+            self._close_segment()
+            for number in sorted(self._segments):
+                sealer = self._sealers.get(number)
+                if sealer is not None and sealer.key.id == self.keys.current.id:
+                    current += 1
+                    continue
+                written += 0 if dry_run else self._reseal_segment(number)
+                resealed += 1
+            if resealed and not dry_run:
+                _fsync_dir(self.dir)
+        return {"segments_resealed": resealed, "segments_current": current, "bytes": written}
+
+    def _reseal_segment(self, number: int) -> int:
+        """Segment ``number`` rewritten under the current key (see ``reseal``); returns its new size."""
+        from edgekv.privacy import Sealer
+
+        path = self._segment_path(number)
+        old = self._sealers.get(number)
+        new = Sealer(self.keys.current)
+        layers = self.shape.layers
+        with self._lock:
+            keep = sorted((e for e in self._entries.values() if e.segment == number), key=lambda e: e.offset)
+        tmp = path.with_name(path.name + ".tmp")
+        moved: list[ArchivedPair] = []
+        with open(path, "rb") as source:
+            fd = self.files.create(tmp)
+            try:
+                header = self._header_bytes(new)
+                self._write_to(fd, header, 0)
+                at = len(header)
+                for seq, entry in enumerate(keep):
+                    source.seek(entry.offset + _HEAD.size)
+                    meta = source.read(self._meta_len(old is not None))
+                    parts = [source.read(self._layer_len(entry.tokens, old is not None)) for _ in range(layers)]
+                    if len(meta) != self._meta_len(old is not None) or any(
+                            len(part) != self._layer_len(entry.tokens, old is not None) for part in parts):
+                        raise ArchiveError(f"{path}: pair {entry.pair} at byte {entry.offset} is cut short")
+                    if old is not None:
+                        meta = old.open(self._nonce_index(entry.seq, layers), meta, str(path))
+                        parts = [self._open_or_carry(old, entry.seq, layer, part) for layer, part in enumerate(parts)]
+                    meta = new.seal(self._nonce_index(seq, layers), meta)
+                    body = b"".join(new.seal(self._nonce_index(seq, layer), part) for layer, part in enumerate(parts))
+                    head = _HEAD.pack(RECORD_MAGIC, len(meta), len(body), zlib.crc32(meta), seq)
+                    self._write_to(fd, head + meta + body, at)
+                    moved.append(ArchivedPair(**{**asdict(entry), "offset": at, "seq": seq}))
+                    at += len(head) + len(meta) + len(body)
+                self.files.fsync(fd)
+            except BaseException:
+                self.files.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            self.files.close(fd)
+        with self._lock:  # readers hold this lock while they read a segment
+            os.replace(tmp, path)
+            for entry in moved:
+                self._entries[entry.pair] = entry
+            self._segments[number] = at
+            self._sealers[number] = new
+        return at
+
+    def _open_or_carry(self, sealer, seq: int, layer: int, sealed: bytes) -> bytes:
+        """A sealed layer's plaintext; one that does not authenticate is carried as its bytes less the tag (its
+        CRC in the record's meta will not match them, so it stays a damaged layer)."""
+        from edgekv.privacy import SealError
+
+        try:
+            return sealer.open(self._nonce_index(seq, layer), sealed, "archive record")
+        except SealError:
+            return sealed[:-_TAG]
+
     def _segment_header(self, handle, first_record: int) -> bytes:
         """The segment's header bytes as written (a damaged header: this archive's own, unsealed)."""
         handle.seek(0)
@@ -1274,6 +1360,25 @@ def summarize_keys(keys: torch.Tensor, m: int, iters: int = 2) -> tuple[torch.Te
         centroids = torch.where(counts.unsqueeze(-1) > 0, sums / counts.clamp_min(1).unsqueeze(-1), centroids)
     weights = assign(centroids).mean(dim=1)
     return centroids.view(*lead, m, dim), weights.view(*lead, m)
+
+
+def archived_shape(folder: str | Path) -> KVShape | None:
+    """The KV shape the archive under ``folder`` was written for, read from the first segment whose header checks
+    (``edgekv rekey`` opens an archive without loading the model); None when no segment's header does."""
+    folder = Path(folder).expanduser()
+    for path in sorted(folder.glob("seg-*.ekva")) if folder.is_dir() else []:
+        with open(path, "rb") as handle:
+            head = handle.read(len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size)
+            if len(head) < len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size or not head.startswith(SEGMENT_MAGIC):
+                continue
+            size, crc = _SEGMENT_HEAD.unpack(head[len(SEGMENT_MAGIC):])
+            key = handle.read(size)
+        if len(key) != size or zlib.crc32(key) != crc:
+            continue
+        saved = json.loads(key)
+        return KVShape(int(saved["layers"]), int(saved["kv_heads"]), int(saved["head_dim"]), str(saved["dtype"]),
+                       int(saved.get("index_keys", 1)))
+    return None
 
 
 def new_stream_id() -> bytes:

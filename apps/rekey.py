@@ -1,0 +1,126 @@
+"""``edgekv rekey``: seal the memory on flash — every snapshot under ``state.dir`` (the set-aside one included) and
+every archive segment under ``archive.dir`` — with the key ``privacy:`` names now, while the daemon is stopped.
+
+Why: the daemon seals each new snapshot and segment with the current key and reads the old ones with
+``privacy.previous_key_files``, so without this the old key stays needed until two snapshots have been written and
+retention has deleted every older segment — days, on a 16 GiB archive — and frames archived before a key was first
+set stay in the clear as long. After a key leaks, or when encryption is turned on for a device that already holds a
+memory, ``systemctl stop edgekv; edgekv rekey --config /etc/edgekv/config.yaml; systemctl start edgekv``: once it
+says so, no file needs the old key (remove it from ``previous_key_files``) and none is in the clear.
+
+Each file is rewritten as the daemon rewrites one (a temporary copy sealed under a new random salt, fsync, rename:
+a crash leaves the old file or the new one; ``edgekv.state.reseal_snapshot``, ``FrameArchive.reseal``). It takes
+the folders' locks, so a running daemon (or a second rekey) is refused naming its pid. With ``video.sources`` each
+camera's folders are done in turn. What it cannot do: erase the flash blocks the old files used.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_rekey_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True,
+                        help="the daemon's deployment YAML: its privacy:, state: and archive: sections")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="any other config key, value in YAML (repeatable), e.g. --set privacy.key_file=/k")
+    parser.add_argument("--dry-run", action="store_true", help="say what would be rewritten; change nothing")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgekv.apps.daemon.cameras import camera_configs
+    from edgekv.config import assignment_sections, load_config
+    from edgekv.runtime import deployment_keys
+
+    config = load_config(args.config)
+    sections = assignment_sections(args.set)
+    if sections:
+        config = config.with_overrides(label="command line", **sections)
+    keys = deployment_keys(config)
+    if keys is None:
+        raise ValueError("privacy: no key is set (privacy.key_file, key_env or key_credential): rekey seals the "
+                         "memory with that key")
+    cameras = camera_configs(config) if config.video.sources else {None: config}
+    left = 0
+    for name, one in cameras.items():
+        say = (lambda line, name=name: print(f"{name}: {line}")) if name else print
+        left += _state(one, keys, args.dry_run, say) + _archive(one, keys, args.dry_run, say)
+    key = keys.current.id.hex()
+    if left:
+        print(f"{left} snapshot(s) or archive folder(s) left as they were (above): give the key they need in "
+              f"privacy.previous_key_files and run again, or remove them; until then keep the old keys")
+        return 1
+    if not args.dry_run:
+        print(f"every snapshot and archive segment opens with the current key ({key}) alone: "
+              f"privacy.previous_key_files can be emptied")
+    return 0
+
+
+def _state(config, keys, dry_run: bool, say) -> int:
+    """Snapshots under ``state.dir``; returns how many were left as they were."""
+    from edgekv.privacy import SealError
+    from edgekv.state import SnapshotError, StateKeeper, read_manifest, reseal_snapshot
+
+    keeper = StateKeeper(config.state, say=lambda line: None)
+    if not keeper.enabled or not keeper.dir.is_dir():
+        say(f"state.dir {config.state.dir or '(not set)'}: no snapshots")
+        return 0
+    try:
+        keeper.hold()  # a running daemon holds it: refused naming its pid
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; rekey runs while the daemon is stopped (systemctl stop edgekv)") from None
+    try:
+        aside = keeper.dir / keeper.ASIDE
+        paths = keeper.generations() + (sorted(p for p in aside.iterdir() if p.is_file()) if aside.is_dir() else [])
+        done, current, left = 0, 0, 0
+        for path in paths:
+            try:
+                if dry_run:
+                    sealer = read_manifest(path, keys).get("_sealer")
+                    changed = sealer is None or sealer.key.id != keys.current.id
+                else:
+                    changed = reseal_snapshot(path, keys)
+            except (SnapshotError, SealError) as exc:
+                from edgekv.apps.daemon.startup import one_line
+
+                say(f"left as it is: {one_line(exc)}")
+                left += 1
+                continue
+            done += changed
+            current += not changed
+        verb = "would be re-sealed" if dry_run else "re-sealed"
+        say(f"state.dir {keeper.dir}: {done} snapshot(s) {verb}, {current} already under the current key")
+        return left
+    finally:
+        keeper.release()
+
+
+def _archive(config, keys, dry_run: bool, say) -> int:
+    """Segments under ``archive.dir``; returns 1 when the folder was left as it was (a segment no key of the ring
+    opens keeps the whole archive from opening: named), else 0."""
+    from edgekv.apps.daemon.startup import one_line
+    from edgekv.archive.store import ArchiveError, FrameArchive, archived_shape
+
+    section = config.archive
+    folder = Path(section.dir).expanduser() if section.dir else None
+    shape = archived_shape(folder) if folder is not None else None
+    if shape is None:
+        say(f"archive.dir {section.dir or '(not set)'}: no segments")
+        return 0
+    segment = int(section.segment_mib * 2**20)
+    try:
+        archive = FrameArchive(folder, shape, max_bytes=max(int(section.max_gib * 2**30), 2 * segment),
+                               segment_bytes=segment, keys=keys)
+    except ArchiveError as exc:
+        say(f"archive.dir {folder}: left as it is: {one_line(exc)}")
+        return 1
+    try:
+        result = archive.reseal(dry_run=dry_run)
+    finally:
+        archive.close()
+    verb = "would be re-sealed" if dry_run else f"re-sealed ({result['bytes']:,} bytes written)"
+    say(f"archive.dir {folder}: {result['segments_resealed']} segment(s) {verb}, {result['segments_current']} "
+        f"already under the current key")
+    return 0

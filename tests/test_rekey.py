@@ -1,0 +1,278 @@
+"""``edgekv rekey``: the memory on flash sealed with the current ``privacy:`` key at once — snapshots
+(``edgekv.state.reseal_snapshot``) and archive segments (``FrameArchive.reseal``) written in the clear or under an
+older key — so that the old key is not needed (nor anything left in the clear) once it has run. Bit-identical
+reads after it, damaged parts left damaged or left alone, a failed rewrite leaves the file as it was, and a
+running daemon's folders are refused."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("cryptography", reason="cryptography not installed (pip install 'edgekv[privacy]')")
+
+import edgekv  # noqa: E402
+from edgekv.apps.cli import main  # noqa: E402
+from edgekv.archive.store import ArchiveError, FrameArchive, KVShape, SegmentFiles, archived_shape  # noqa: E402
+from edgekv.config import StateSection  # noqa: E402
+from edgekv.privacy import Key, KeyRing, SealError  # noqa: E402
+from edgekv.state import SnapshotError, StateKeeper, read_manifest, reseal_snapshot  # noqa: E402
+
+SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
+TOKENS = 4
+STREAM = b"s" * 16
+RES = (56, 84)
+
+
+def _key(seed: int) -> Key:
+    return Key(bytes([seed]) * 32, f"test key {seed}")
+
+
+def _kv(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(pair)
+    k = torch.randn(SHAPE.layers, SHAPE.kv_heads, TOKENS, SHAPE.head_dim, generator=g)
+    return k, k * 2 + 1
+
+
+def _archive(folder: Path, keys=None, **kw) -> FrameArchive:
+    return FrameArchive(folder, SHAPE, max_bytes=1 << 20, segment_bytes=4 << 10, keys=keys, **kw)
+
+
+def _fill(archive: FrameArchive, pairs: range) -> None:
+    for pair in pairs:
+        k, v = _kv(pair)
+        while not archive.submit(k, v, frame=pair, t=float(pair), tpos=10 + pair, t_offset=0, rows=2, cols=2,
+                                 stream=STREAM):
+            archive.flush()
+    assert archive.flush()
+
+
+def _runs(pair: int) -> list[bytes]:
+    k, v = _kv(pair)
+    return [t[layer, head].numpy().tobytes()[:32] for t in (k, v) for layer in range(SHAPE.layers)
+            for head in range(SHAPE.kv_heads)]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("seg-*"))}
+
+
+def _readable(archive: FrameArchive, pairs, skip: tuple[int, int] | None = None) -> None:
+    entries = {e.frame: e for e in archive.entries()}
+    for pair in pairs:
+        k, v = _kv(pair)
+        got = archive.read_layers(entries[pair], list(range(SHAPE.layers)))
+        wanted = [layer for layer in range(SHAPE.layers) if (pair, layer) != skip]
+        assert sorted(got) == wanted, pair
+        for layer, kv in got.items():
+            assert torch.equal(kv[0], k[layer]) and torch.equal(kv[1], v[layer])
+
+
+def _old_archive(folder: Path) -> None:
+    """Four pairs archived in the clear (before a key was set), then eight under key 1."""
+    clear = _archive(folder)
+    _fill(clear, range(4))
+    clear.close()
+    sealed = _archive(folder, keys=KeyRing(_key(1)))
+    _fill(sealed, range(4, 12))
+    sealed.close()
+
+
+def test_an_archive_in_the_clear_and_under_an_old_key_is_resealed_and_reads_bit_identically(tmp_path):
+    _old_archive(tmp_path)
+    assert any(run in b"".join(_files(tmp_path).values()) for run in _runs(1))  # the clear segment holds them
+    assert archived_shape(tmp_path) == SHAPE
+    rotated = _archive(tmp_path, keys=KeyRing(_key(2), [_key(1)]))
+    segments = rotated.stats()["archive_segments"]
+    assert rotated.reseal(dry_run=True) == {"segments_resealed": segments, "segments_current": 0, "bytes": 0}
+    result = rotated.reseal()
+    assert result["segments_resealed"] == segments > 2 and result["segments_current"] == 0
+    _readable(rotated, range(12))  # the open archive's index follows the rewritten records
+    assert rotated.reseal() == {"segments_resealed": 0, "segments_current": segments, "bytes": 0}
+    rotated.close()
+    data = b"".join(_files(tmp_path).values())
+    assert not any(run in data for pair in range(12) for run in _runs(pair))
+    assert not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(ArchiveError, match="does not have"):  # the old key no longer opens anything
+        _archive(tmp_path, keys=KeyRing(_key(1)))
+    alone = _archive(tmp_path, keys=KeyRing(_key(2)))  # the new key alone opens everything
+    assert alone.pairs == 12 and alone.bad_records == 0 and alone.damaged_layers == 0
+    _readable(alone, range(12))
+    _fill(alone, range(12, 15))  # and the archive goes on
+    alone.close()
+    again = _archive(tmp_path, keys=KeyRing(_key(2)))
+    _readable(again, range(15))
+    again.close()
+
+
+def test_a_damaged_layer_stays_damaged_through_a_reseal(tmp_path):
+    archive = _archive(tmp_path, keys=KeyRing(_key(1)))
+    _fill(archive, range(6))
+    entry = {e.frame: e for e in archive.entries()}[2]
+    archive.close()
+    path = tmp_path / f"seg-{entry.segment:08d}.ekva"
+    data = bytearray(path.read_bytes())
+    data[entry.offset + 400] ^= 0x01  # inside one sealed layer of pair 2
+    path.write_bytes(bytes(data))
+    rotated = _archive(tmp_path, keys=KeyRing(_key(2), [_key(1)]))
+    damaged = [layer for layer in range(SHAPE.layers)
+               if layer not in rotated.read_layers({e.frame: e for e in rotated.entries()}[2], [0, 1, 2])]
+    assert len(damaged) == 1
+    rotated.reseal()
+    rotated.close()
+    alone = _archive(tmp_path, keys=KeyRing(_key(2)))
+    assert alone.pairs == 6
+    _readable(alone, range(6), skip=(2, damaged[0]))  # never handed out, the other layers kept
+    alone.close()
+
+
+class _FullDisk(SegmentFiles):
+    """ENOSPC once ``room`` bytes have been written."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def pwrite(self, fd, data, offset):
+        if self.room < len(data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return super().pwrite(fd, data, offset)
+
+
+def test_a_reseal_cut_short_leaves_every_segment_as_it_was(tmp_path):
+    _old_archive(tmp_path)
+    before = _files(tmp_path)
+    failing = _archive(tmp_path, keys=KeyRing(_key(2), [_key(1)]), files=_FullDisk(6000))
+    with pytest.raises(OSError, match="No space"):
+        failing.reseal()
+    _readable(failing, range(12))  # the archive still reads, the segment that failed as it was
+    failing.close()
+    after = _files(tmp_path)
+    assert not [name for name in after if name.endswith(".tmp")]
+    changed = [name for name in before if after[name] != before[name]]
+    assert len(changed) <= 1  # those rewritten before the disk filled are whole, under the new key
+    reopened = _archive(tmp_path, keys=KeyRing(_key(2), [_key(1)]))
+    assert reopened.pairs == 12 and reopened.bad_records == 0
+    _readable(reopened, range(12))
+    reopened.reseal()  # and a second run finishes the job
+    reopened.close()
+    alone = _archive(tmp_path, keys=KeyRing(_key(2)))
+    _readable(alone, range(12))
+    alone.close()
+
+
+def _runtime(model_dir, **privacy) -> edgekv.Runtime:
+    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": "cpu"},
+                                          video={"resolution": list(RES), "fps": 2.0},
+                                          cache={"policy": "infinipot_v", "max_tokens": 120, "text_reserve_tokens": 40},
+                                          privacy=privacy)
+
+
+def _session(rt, frames: int = 21):
+    session = rt.session()
+    for index in range(frames):
+        session.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)
+    return session
+
+
+def _write_key(path: Path, seed: int) -> str:
+    path.write_bytes(_key(seed).material)
+    return str(path)
+
+
+def test_snapshots_in_the_clear_and_under_an_old_key_are_resealed_and_restore_bit_identically(tiny_checkpoint,
+                                                                                             tmp_path):
+    old, new = _write_key(tmp_path / "old.key", 1), _write_key(tmp_path / "new.key", 2)
+    session = _session(_runtime(tiny_checkpoint))
+    plain, sealed = tmp_path / "plain.ekv", tmp_path / "sealed.ekv"
+    session.save(plain)
+    _runtime(tiny_checkpoint, key_file=old).restore(plain).save(sealed)
+    n = session.cache.length
+    k = session.cache.k[:, :, :n].contiguous().numpy().tobytes()
+    runs = [k[i:i + 32] for i in range(0, len(k), len(k) // 40)]
+    assert sum(run in plain.read_bytes() for run in runs) > 30
+    ring = KeyRing(_key(2), [_key(1)])
+    assert reseal_snapshot(plain, ring) and reseal_snapshot(sealed, ring)
+    new_id = hashlib.sha256(_key(2).material).digest()[:8]
+    rt = _runtime(tiny_checkpoint, key_file=new)
+    for path in (plain, sealed):
+        data = path.read_bytes()
+        assert data.startswith(b"EDGEKV-SNAPSEAL") and data[16:24] == new_id
+        assert not any(run in data for run in runs)
+        restored = rt.restore(path)  # the new key alone
+        for name in ("k", "v", "kind", "frame", "tpos", "sink"):
+            assert torch.equal(getattr(restored.cache, name)[:, :, :n], getattr(session.cache, name)[:, :, :n]), name
+        assert torch.equal(restored.question_logits("What happened?"), session.question_logits("What happened?"))
+        assert np.array_equal(restored.ingestor.pending[0], session.ingestor.pending[0])
+    before = sealed.read_bytes()
+    assert not reseal_snapshot(sealed, ring) and sealed.read_bytes() == before  # already under the key: untouched
+    with pytest.raises(SealError, match="does not have"):
+        _runtime(tiny_checkpoint, key_file=old).restore(sealed)
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_a_damaged_snapshot_is_named_and_left_as_it_is(tiny_checkpoint, tmp_path):
+    path = tmp_path / "plain.ekv"
+    _session(_runtime(tiny_checkpoint)).save(path)
+    manifest = read_manifest(path)
+    data = bytearray(path.read_bytes())
+    data[manifest["tensors"]["k"]["offset"] + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match=r"plain\.ekv: damaged: tensor k"):
+        reseal_snapshot(path, KeyRing(_key(2)))
+    assert path.read_bytes() == bytes(data) and not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(tiny_checkpoint, tmp_path, capsys):
+    old, new = _write_key(tmp_path / "old.key", 1), _write_key(tmp_path / "new.key", 2)
+    state, archive_dir = tmp_path / "state", tmp_path / "archive"
+    state.mkdir()
+    _session(_runtime(tiny_checkpoint, key_file=old)).save(state / "snapshot-00000001.ekv")
+    _old_archive(archive_dir)
+    config = tmp_path / "deploy.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"path": str(tiny_checkpoint)}, "state": {"dir": str(state)},
+        "archive": {"dir": str(archive_dir), "max_gib": 0.01, "segment_mib": 1},
+        "privacy": {"key_file": new}}))
+    with_old = ["--set", f"privacy.previous_key_files=[{old}]"]
+
+    assert main(["rekey", "--config", str(config)]) == 1  # the snapshot needs the old key: named, left alone
+    out = capsys.readouterr()
+    assert "snapshot-00000001.ekv: sealed with key" in out.out and "left as they were" in out.out
+    assert "archive: left as it is:" in out.out.replace(str(archive_dir), "archive")
+
+    keeper = StateKeeper(StateSection(dir=str(state)), say=lambda line: None)
+    keeper.hold()  # as a running daemon holds it
+    try:
+        assert main(["rekey", "--config", str(config), *with_old]) == 2
+        assert f"state.dir {state} is in use" in capsys.readouterr().err
+    finally:
+        keeper.release()
+
+    before = {p: p.read_bytes() for p in [*state.glob("*.ekv"), *archive_dir.glob("seg-*")]}
+    assert main(["rekey", "--config", str(config), *with_old, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1 snapshot(s) would be re-sealed" in out and "segment(s) would be re-sealed, 0 already" in out
+    assert {p: p.read_bytes() for p in before} == before
+
+    assert main(["rekey", "--config", str(config), *with_old]) == 0
+    out = capsys.readouterr().out
+    assert "1 snapshot(s) re-sealed, 0 already" in out and "previous_key_files can be emptied" in out
+    assert main(["rekey", "--config", str(config)]) == 0  # the new key alone now opens everything
+    out = capsys.readouterr().out
+    assert "0 snapshot(s) re-sealed, 1 already" in out and "0 segment(s) re-sealed" in out
+    alone = _archive(archive_dir, keys=KeyRing(_key(2)))
+    _readable(alone, range(12))
+    alone.close()
+
+    config.write_text(yaml.safe_dump({"model": {"path": str(tiny_checkpoint)}, "state": {"dir": str(state)}}))
+    assert main(["rekey", "--config", str(config)]) == 2
+    assert "privacy: no key is set" in capsys.readouterr().err
+    assert os.listdir(state)
