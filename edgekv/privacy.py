@@ -24,10 +24,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("edgekv.privacy")
 
 CHUNK = 1 << 20
 TAG = 16
@@ -66,11 +69,16 @@ def _decode(raw: bytes, source: str) -> Key:
 def _read(path: str | Path, source: str) -> Key:
     path = Path(path).expanduser()
     try:
-        return _decode(path.read_bytes(), f"{source} {path}")
+        key = _decode(path.read_bytes(), f"{source} {path}")
+        mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
         raise SealError(f"{source} {path}: no such key file") from None
     except PermissionError:
         raise SealError(f"{source} {path}: not readable by this user") from None
+    if mode & 0o077:  # `head -c 32 /dev/urandom > FILE` under the usual umask 022 makes it world-readable
+        log.warning("%s %s: the key file is readable by other users (mode %o): any local account can read the "
+                    "memory it seals; chmod 400 it (owned by the service's user)", source, path, mode)
+    return key
 
 
 class KeyRing:

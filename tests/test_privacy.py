@@ -121,3 +121,20 @@ def test_keys_from_a_file_an_environment_variable_and_a_credential(tmp_path, mon
         KeyRing.from_section(config_from_dict({"privacy": {"key_file": str(tmp_path / "none.key")}}).privacy)
     with pytest.raises(ConfigError, match="set one of key_file, key_env and key_credential"):
         config_from_dict({"privacy": {"key_file": "a", "key_env": "B"}})
+
+
+def test_a_key_file_other_users_can_read_is_warned_of(tmp_path, caplog):
+    """The key is read either way (a deployment keeps running), but the log says what it exposes and how to fix it."""
+    path = tmp_path / "memory.key"
+    path.write_bytes(os.urandom(32))
+    section = config_from_dict({"privacy": {"key_file": str(path)}}).privacy
+    for mode, warned in ((0o644, True), (0o640, True), (0o600, False), (0o400, False)):
+        path.chmod(mode)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="edgekv.privacy"):
+            assert KeyRing.from_section(section).current is not None
+        messages = [r.getMessage() for r in caplog.records]
+        assert bool(messages) == warned, (oct(mode), messages)
+        if warned:
+            assert f"{path}: the key file is readable by other users (mode {mode:o})" in messages[0]
+            assert "chmod 400" in messages[0]
