@@ -237,14 +237,16 @@ def _policy_kwargs(config: EdgeKVConfig) -> dict:
 
 
 def deployment_keys(config: EdgeKVConfig):
-    """The deployment's ``privacy:`` keys; an empty ring (nothing sealed) when none is configured, without
-    importing ``cryptography`` (an optional dependency: ``pip install 'edgekv[privacy]'``)."""
+    """The deployment's ``privacy:`` keys; None (nothing sealed) when none is configured, without importing
+    ``cryptography`` (an optional dependency: ``pip install 'edgekv[privacy]'``). With a key, ``cryptography`` is
+    imported here: without it a daemon ran for ``state.every_s`` and then lost its first snapshot to a traceback."""
     section = config.privacy
     if not (section.key_file or section.key_env or section.key_credential):
         return None
     from edgekv.privacy import KeyRing
 
     try:
-        return KeyRing.from_section(section)
+        import cryptography.hazmat.primitives.ciphers.aead  # noqa: F401  (what edgekv.privacy.Sealer seals with)
     except ImportError as exc:
         raise ImportError("privacy: encryption at rest needs cryptography (pip install 'edgekv[privacy]')") from exc
+    return KeyRing.from_section(section)

@@ -138,3 +138,17 @@ def test_a_key_file_other_users_can_read_is_warned_of(tmp_path, caplog):
         if warned:
             assert f"{path}: the key file is readable by other users (mode {mode:o})" in messages[0]
             assert "chmod 400" in messages[0]
+
+
+def test_a_key_without_cryptography_stops_the_start_not_the_first_snapshot(tiny_checkpoint, tmp_path, monkeypatch):
+    """``pip install edgekv`` without ``[privacy]`` and a key configured: the runtime refuses at once, naming the
+    extra (a daemon used to run until its first snapshot and lose it to a traceback)."""
+    import sys
+
+    for name in [name for name in sys.modules if name == "cryptography" or name.startswith("cryptography.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "cryptography", None)
+    with pytest.raises(ImportError, match=r"privacy: encryption at rest needs cryptography \(pip install "
+                                          r"'edgekv\[privacy\]'\)"):
+        _runtime(tiny_checkpoint, key_file=_key(tmp_path / "memory.key"))
+    assert _runtime(tiny_checkpoint).keys is None  # without a key nothing needs it
