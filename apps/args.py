@@ -50,7 +50,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, model_positional: bool
     group.add_argument("--threads", type=threads_argument, metavar="N|auto",
                        help="runtime.threads: torch CPU threads")
     group.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="any other config key, value in YAML (repeatable), e.g. --set cache.sinks=1024")
+                       help="any other config key, value in YAML (repeatable), e.g. --set cache.sinks=1024 (a nested "
+                            "section's key: --set voice.speak.enabled=true)")
     defaults = EdgeKVConfig().to_dict()
     for action in group._group_actions:  # say what applies when neither the flag nor the file sets the key
         key = _FLAG_KEYS.get(action.dest)

@@ -799,7 +799,7 @@ class EdgeKVConfig:
                 raise ConfigError(f"{name}: unknown section (known: {', '.join(data)})")
             if not isinstance(values, dict):
                 raise ConfigError(f"{name}: expected a mapping of keys, got {type(values).__name__}")
-            data[name] = {**data[name], **_cap_given(name, values, drop=True)}
+            data[name] = _merged(data[name], _cap_given(name, values, drop=True), name)
         return config_from_dict(data, source=f"{self.source} + {label}")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -834,22 +834,44 @@ def _cap_given(section: str, values: dict, drop: bool = False) -> dict:
     return {**values, other: None} if drop or other == "max_tokens" else values
 
 
+def _merged(base: dict, values: dict, at: str) -> dict:
+    """``values`` over ``base``, nested sections key by key (``voice.speak.enabled=true`` keeps the file's other
+    ``voice.speak`` keys); a key that is not a section cannot take sub-keys."""
+    out = dict(base)
+    for key, value in values.items():
+        if isinstance(value, dict) and key in base and not isinstance(base[key], dict):
+            raise ConfigError(f"{at}.{key}: not a section (it takes a value), so it has no key "
+                              f"{', '.join(map(str, value))}")
+        out[key] = _merged(base[key], value, f"{at}.{key}") if isinstance(value, dict) and isinstance(
+            base.get(key), dict) else value
+    return out
+
+
 def assignment_sections(assignments: list[str]) -> dict[str, dict[str, Any]]:
-    """``["cache.max_tokens=2048", ...]`` -> ``{"cache": {"max_tokens": 2048}}`` (for ``with_overrides``)."""
+    """``["cache.max_tokens=2048", "voice.speak.enabled=true"]`` -> ``{"cache": {"max_tokens": 2048}, "voice":
+    {"speak": {"enabled": True}}}`` (for ``with_overrides``, which merges nested sections key by key)."""
     sections: dict[str, dict[str, Any]] = {}
     for text in assignments:
         name, value = parse_assignment(text)
-        section, key = name.split(".", 1)
-        sections.setdefault(section, {})[key] = value
+        section, *path, key = name.split(".")
+        target = sections.setdefault(section, {})
+        for part in path:
+            if not isinstance(target.get(part, {}), dict):
+                raise ConfigError(f"--set {text!r}: {section}.{'.'.join(path)} was set to a value earlier on the "
+                                  f"command line")
+            target = target.setdefault(part, {})
+        target[key] = value
     return sections
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
-    """``"cache.max_tokens=2048"`` -> ``("cache.max_tokens", 2048)``; refuses anything else naming it."""
+    """``"cache.max_tokens=2048"`` -> ``("cache.max_tokens", 2048)`` (a nested section's key:
+    ``"voice.speak.enabled=true"``); refuses anything else naming it."""
     name, sep, raw = text.partition("=")
     name = name.strip()
-    if not sep or name.count(".") != 1 or not all(name.split(".")):
-        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. cache.max_tokens=2048")
+    if not sep or "." not in name or not all(name.split(".")):
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. cache.max_tokens=2048 (a nested "
+                          f"section's key: voice.speak.enabled=true)")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:

@@ -91,6 +91,27 @@ def test_assignments_round_trip_a_config_built_in_python():
         EdgeKVConfig().with_assignments(["cache.max_tokens=lots"])
 
 
+def test_set_reaches_a_nested_sections_key_and_keeps_its_others():
+    """``--set voice.speak.enabled=true`` (it was refused: only section.key) changes that key alone; the file's
+    other ``voice.speak`` keys stay, and a key that is not a section, or one it does not have, is named."""
+    config = config_from_dict({"voice": {"speak": {"engine": "espeak-ng", "words_per_minute": 120}},
+                               "video": {"skip_static": {"enabled": True}}})
+    changed = config.with_assignments(["voice.speak.enabled=true", "video.skip_static.threshold=9",
+                                       "voice.speak.espeak_voice=en-gb"])
+    assert changed.voice.speak.enabled and changed.voice.speak.espeak_voice == "en-gb"
+    assert changed.voice.speak.engine == "espeak-ng" and changed.voice.speak.words_per_minute == 120
+    assert changed.video.skip_static.enabled and changed.video.skip_static.threshold == 9.0
+    assert changed.cache == config.cache
+    with pytest.raises(ConfigError, match=r"voice.speak.nope: unknown key"):
+        config.with_assignments(["voice.speak.nope=1"])
+    with pytest.raises(ConfigError, match=r"cache.max_tokens: not a section \(it takes a value\), so it has no key x"):
+        config.with_assignments(["cache.max_tokens.x=1"])
+    with pytest.raises(ConfigError, match=r"voice.speak was set to a value earlier"):
+        config.with_assignments(["voice.speak=null", "voice.speak.enabled=true"])
+    with pytest.raises(ConfigError, match=r"expected section.key=value"):
+        config.with_assignments(["voice..enabled=true"])
+
+
 def test_voice_enabled_needs_no_model_in_the_config():
     """The daemon falls back to the bundled tiny.en; only the start-up check can tell whether it is installed."""
     assert config_from_dict({"voice": {"enabled": True}}).voice.asr_model is None

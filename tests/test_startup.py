@@ -166,3 +166,15 @@ def test_a_package_that_does_not_import_is_one_clear_line(tiny_checkpoint, tmp_p
     said = [line for line in err.splitlines() if "cannot start" in line]  # (in process, the monitor logs here too)
     assert len(said) == 1 and said[0].startswith("edgekv-camera: cannot start: ") and "opentelemetry" in said[0], err
     assert "Traceback" not in err and not daemon.ready.is_set()
+
+
+def test_the_server_check_names_every_package_the_http_api_imports(monkeypatch):
+    """prometheus-client (``/metrics``) is imported by the server as fastapi and uvicorn are; without it the start
+    said only "No module named 'prometheus_client'"."""
+    from edgekv.apps.daemon.startup import StartupError, check_server_packages
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "prometheus_client" else real(name, *rest))
+    with pytest.raises(StartupError, match=r"needs prometheus-client \(pip install 'edgekv\[server\]'\)"):
+        check_server_packages()

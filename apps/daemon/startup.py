@@ -112,7 +112,8 @@ def check_voice_packages(config: EdgeKVConfig, microphone: bool) -> None:
 def check_server_packages() -> None:
     import importlib.util
 
-    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    missing = [name.replace("_", "-") for name in ("fastapi", "uvicorn", "prometheus_client")
+               if importlib.util.find_spec(name) is None]
     if missing:
         raise StartupError(f"server.enabled: the HTTP API needs {' and '.join(missing)} (pip install 'edgekv[server]'), "
                            "or set server.enabled: false / pass --no-server")
