@@ -71,7 +71,8 @@ class PiperEngine:
         try:
             from piper import PiperVoice
         except ImportError as exc:
-            raise RuntimeError("voice.speak.piper_model needs piper-tts (pip install 'edgekv[voice]')") from exc
+            raise RuntimeError("voice.speak.piper_model needs piper-tts (pip install piper-tts; edgekv[voice] does not "
+                               "bring it), or set voice.speak.engine: espeak-ng") from exc
         path = Path(model).expanduser()
         if not path.is_file() or not Path(str(path) + ".json").is_file():
             raise RuntimeError(f"voice.speak.piper_model: {path} (and {path}.json beside it) not found")
