@@ -253,6 +253,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _check_figure_packages(args: argparse.Namespace) -> None:
+    """A bench or eval that ends in a PNG needs matplotlib (``edgekv[bench]``): say so before it runs — an
+    hours-long ``eval needle`` used to fail on its last line, at the figure."""
+    import importlib.util
+
+    graceful = args.command == "bench" and args.bench == "kernels"  # says "no plot: matplotlib missing" itself
+    if args.command in ("bench", "eval") and getattr(args, "plot", None) and not graceful and importlib.util.find_spec(
+            "matplotlib") is None:
+        raise ImportError(f"--plot {args.plot}: the figure needs matplotlib (pip install 'edgekv[bench]'); "
+                          f"--plot '' writes the JSON alone")
+
+
 def main(argv: list[str] | None = None) -> int:
     # Idle OpenMP threads sleep instead of spinning: on a busy 2-core machine spinning waits dominated
     # (a 4 MB multiply: 7.99 ms spinning vs 0.059 ms passive; a toy training step 5.5 s vs 1.9 s).
@@ -261,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     try:
+        _check_figure_packages(args)
         return args.func(args)
     except KeyboardInterrupt:
         print(f"edgekv {args.command}: interrupted", file=sys.stderr)

@@ -158,3 +158,20 @@ def test_bench_daemon_writes_its_figures(tmp_path, tiny_checkpoint):
     assert with_backlog["frames_lost_per_question"] <= 1
     assert [load["realtime"] for load in data["ingest_under_load"]] == [True, False]
     assert plot.is_file() and Path(out).stat().st_size > 0
+
+
+def test_a_figure_without_matplotlib_is_refused_before_the_run(monkeypatch, tmp_path, capsys):
+    """``edgekv[bench]`` missing: an hours-long ``eval needle`` failed at its last line, the PNG; it is now refused
+    before anything runs, naming the extra and ``--plot ''`` (which every bench and eval honours)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "matplotlib" else real(name, *rest))
+    out = tmp_path / "needle.json"
+    assert main(["eval", "needle", "--lengths", "30", "--budgets", "320", "--streams", "1", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--plot out/eval-needle.png: the figure needs matplotlib (pip install 'edgekv[bench]')" in err
+    assert not out.exists()  # nothing ran
+    assert main(["bench", "state", "--json", str(tmp_path / "state.json")]) == 2
+    assert "--plot bench-state.png: the figure needs matplotlib" in capsys.readouterr().err

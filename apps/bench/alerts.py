@@ -43,7 +43,7 @@ def add_alerts_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed evaluations and ingests (cost)")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     parser.add_argument("--json", default="bench-alerts.json")
-    parser.add_argument("--plot", default="bench-alerts.png")
+    parser.add_argument("--plot", default="bench-alerts.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_alerts)
 
 

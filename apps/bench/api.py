@@ -81,7 +81,7 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=JSON",
                         help="extra config override, e.g. video.min_ingest_share=0.8 (repeatable)")
     parser.add_argument("--json", default="bench-api.json")
-    parser.add_argument("--plot", default="bench-api.png")
+    parser.add_argument("--plot", default="bench-api.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_api)
 
 
@@ -353,8 +353,9 @@ def run_api(args: argparse.Namespace) -> int:
                      "args": {k: v for k, v in vars(args).items() if k not in ("run", "func")}}
     Path(args.json).write_text(json.dumps(result, indent=1))
     _print(result)
-    _plot(result, Path(args.plot))
-    print(f"wrote {args.json} and {args.plot}")
+    if args.plot:
+        _plot(result, Path(args.plot))
+    print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
     return 0
 
 

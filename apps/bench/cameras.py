@@ -29,7 +29,7 @@ def add_cameras_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--ask-every-s", type=float, default=2.0, help="a question to the next camera this often")
     parser.add_argument("--json", default="bench-cameras.json")
-    parser.add_argument("--plot", default="bench-cameras.png")
+    parser.add_argument("--plot", default="bench-cameras.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_cameras)
 
 

@@ -45,7 +45,7 @@ def add_daemon_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-s", type=float, default=30.0, help="seconds of each ingest-rate window")
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", default="bench-daemon.json", help="figures (JSON) written here")
-    parser.add_argument("--plot", default="bench-daemon.png", help="plot (PNG) written here")
+    parser.add_argument("--plot", default="bench-daemon.png", help="plot (PNG) written here ('' to skip)")
     parser.set_defaults(run=run_daemon_bench)
 
 
@@ -275,6 +275,7 @@ def run_daemon_bench(args: argparse.Namespace) -> int:
     result = {"title": title, "config": args.config, "answer_tokens": args.answer_tokens,
               "token_delay_ms": args.token_delay_ms, **provenance(), "blind_spot": modes, "ingest_under_load": loads}
     Path(args.json).write_text(json.dumps(result, indent=1, default=str))
-    _plot(result, Path(args.plot))
-    print(f"wrote {args.json} and {args.plot}")
+    if args.plot:
+        _plot(result, Path(args.plot))
+    print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
     return 0

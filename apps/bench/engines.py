@@ -41,7 +41,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=threads_argument, default=None, help="torch / onnxruntime CPU threads")
     parser.add_argument("--engine-dir", default=None, help="engine cache (default: a temporary directory)")
     parser.add_argument("--json", default="bench-engines.json", help="figures (JSON) written here")
-    parser.add_argument("--plot", default="bench-engines.png", help="plot (PNG) written here")
+    parser.add_argument("--plot", default="bench-engines.png", help="plot (PNG) written here ('' to skip)")
     parser.set_defaults(run=run_engines)
 
 
@@ -209,6 +209,7 @@ def run_engines(args: argparse.Namespace) -> int:
            "model": str(model_dir), **provenance(), "results": results}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))
-    _plot(results, Path(args.plot), title)
-    print(f"wrote {args.json} and {args.plot}")
+    if args.plot:
+        _plot(results, Path(args.plot), title)
+    print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
     return 0

@@ -41,7 +41,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
                                                        "on a loopback port)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds one question may take")
     parser.add_argument("--json", default="bench-fleet.json")
-    parser.add_argument("--plot", default="bench-fleet.png")
+    parser.add_argument("--plot", default="bench-fleet.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_fleet)
 
 

@@ -35,7 +35,7 @@ def add_keepalive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chats", type=int, default=20, help="chat completions per kind of connection")
     parser.add_argument("--answer-tokens", type=int, default=2, help="max_tokens of each chat")
     parser.add_argument("--json", default="bench-keepalive.json")
-    parser.add_argument("--plot", default="bench-keepalive.png")
+    parser.add_argument("--plot", default="bench-keepalive.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_keepalive)
 
 

@@ -55,7 +55,7 @@ def add_kernel_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
                         help="on CUDA, replay the quant_attention / int4 Triton and bf16 passes from a CUDA graph")
     parser.add_argument("--json", default="bench-kernels.json")
-    parser.add_argument("--plot", default="bench-kernels.png")
+    parser.add_argument("--plot", default="bench-kernels.png", help="PNG to write ('' to skip)")
     parser.set_defaults(run=run_kernels)
 
 

@@ -96,7 +96,7 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side (required off cpu)")
     stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
-    stream.add_argument("--plot", default="bench-stream.png", help="plot (PNG) written here")
+    stream.add_argument("--plot", default="bench-stream.png", help="plot (PNG) written here ('' to skip)")
     stream.epilog = STREAM_EPILOG
     stream.set_defaults(run=run_stream)
 

@@ -148,7 +148,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.add_argument("--threads", type=threads_argument, default=1,
                         help="torch CPU threads (the toy's matrices are tiny: one thread avoids sync waits)")
     needle.add_argument("--json", default="out/eval-needle.json")
-    needle.add_argument("--plot", default="out/eval-needle.png")
+    needle.add_argument("--plot", default="out/eval-needle.png", help="PNG to write ('' to skip)")
     needle.set_defaults(run=_run_needle)
 
     compare = sub.add_parser(
@@ -167,7 +167,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
              "question's full-cache ceiling shared by every part, the summary, frontier and figure made anew")
     merge.add_argument("parts", metavar="PART", nargs="+", help="`eval needle --json` files of the same streams")
     merge.add_argument("--json", default="out/eval-needle-merged.json")
-    merge.add_argument("--plot", default="out/eval-needle-merged.png")
+    merge.add_argument("--plot", default="out/eval-needle-merged.png", help="PNG to write ('' to skip)")
     merge.set_defaults(run=_run_merge)
 
     from edgekv.eval.toy_accuracy import add_toy_arguments
@@ -267,7 +267,7 @@ def _run_needle(args: argparse.Namespace) -> int:
     save(result, args.json, args.plot)
     print(format_summary(result["summary"]))
     print(format_frontier(result["frontier"]))
-    print(f"wrote {args.json} and {args.plot}")
+    print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
     if "interrupted" in result:  # the figures of the whole streams are written; the exit says it was cut short
         print(f"interrupted: the figures are of {result['interrupted']['streams_done']} whole stream(s), not of "
               f"--streams {args.streams} (eval merge refuses such a part)")
@@ -306,7 +306,7 @@ def _run_merge(args: argparse.Namespace) -> int:
     save(result, args.json, args.plot)
     print(format_summary(result["summary"]))
     print(format_frontier(result["frontier"]))
-    print(f"wrote {args.json} and {args.plot}")
+    print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
     return 0
 
 
