@@ -30,6 +30,7 @@ checkpoint without a tokenizer gets random token ids instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -243,6 +244,7 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
         raise ValueError(f"--dtype: {dtype!r} is not one of {', '.join(_OUT_DTYPES)}")
     if out_dir.resolve() == in_dir.resolve():
         raise ValueError(f"OUT_DIR: {out_dir} is the input directory; write the 4-bit copy elsewhere")
+    _check_output(out_dir, max_shard_bytes)
     if not in_dir.is_dir():
         raise ValueError(f"IN_DIR: {in_dir}: no such directory")
     if not (in_dir / "config.json").is_file():
@@ -264,39 +266,75 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
         if search is not None:
             search.close()
     out_dtype = _OUT_DTYPES[dtype]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    writer = _ShardWriter(out_dir, max_shard_bytes)
-    done, bar = 0, Progress(len(linears), label="quantize") if progress else None
-    for path in weight_files(in_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            for key in handle.keys():
-                module = checkpoint_key_to_module(key)
-                name = module_key_to_checkpoint(module) if module else key
-                tensor = handle.get_tensor(key)
-                if name in factors:
-                    tensor = tensor.to(torch.float32) * factors[name]
-                prefix = name.removesuffix(".weight")
-                if prefix in linears:
-                    group = _group_for(group_size, linears[prefix][1])
-                    for part, value in quantized_tensors(tensor, group).items():
-                        writer.add(f"{prefix}.{part}", value)
-                    done += 1
-                    if bar is not None:
-                        bar(done, f"{done}/{len(linears)} linears ({prefix})")
-                else:
-                    writer.add(name, tensor.to(out_dtype) if tensor.is_floating_point() else tensor)
-    writer.close()
-    if bar is not None:
-        bar.close()
-    quant = QuantConfig("awq", bits, group_size, modules_to_not_convert=("visual",))
-    raw["quantization_config"] = quant.to_dict()
-    raw["torch_dtype"] = str(out_dtype).removeprefix("torch.")
-    raw["edgekv_quantize"] = {"method": method, "group_size": group_size}
-    (out_dir / "config.json").write_text(json.dumps(raw, indent=2))
-    for name in COPIED_FILES:
-        if (in_dir / name).is_file():
-            shutil.copyfile(in_dir / name, out_dir / name)
+    with _output_folder(out_dir) as folder:
+        writer = _ShardWriter(folder, max_shard_bytes)
+        done, bar = 0, Progress(len(linears), label="quantize") if progress else None
+        for path in weight_files(in_dir):
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for key in handle.keys():
+                    module = checkpoint_key_to_module(key)
+                    name = module_key_to_checkpoint(module) if module else key
+                    tensor = handle.get_tensor(key)
+                    if name in factors:
+                        tensor = tensor.to(torch.float32) * factors[name]
+                    prefix = name.removesuffix(".weight")
+                    if prefix in linears:
+                        group = _group_for(group_size, linears[prefix][1])
+                        for part, value in quantized_tensors(tensor, group).items():
+                            writer.add(f"{prefix}.{part}", value)
+                        done += 1
+                        if bar is not None:
+                            bar(done, f"{done}/{len(linears)} linears ({prefix})")
+                    else:
+                        writer.add(name, tensor.to(out_dtype) if tensor.is_floating_point() else tensor)
+        writer.close()
+        if bar is not None:
+            bar.close()
+        quant = QuantConfig("awq", bits, group_size, modules_to_not_convert=("visual",))
+        raw["quantization_config"] = quant.to_dict()
+        raw["torch_dtype"] = str(out_dtype).removeprefix("torch.")
+        raw["edgekv_quantize"] = {"method": method, "group_size": group_size}
+        (folder / "config.json").write_text(json.dumps(raw, indent=2))
+        for name in COPIED_FILES:
+            if (in_dir / name).is_file():
+                shutil.copyfile(in_dir / name, folder / name)
     return out_dir
+
+
+def _check_output(out_dir: Path, max_shard_bytes: int) -> None:
+    """Refuse, before anything is read or searched, an ``OUT_DIR`` that is a file or a folder of something other
+    than a checkpoint (it would be replaced whole), and a shard size that is not positive."""
+    if max_shard_bytes <= 0:
+        raise ValueError(f"--max-shard-gb: must be > 0 (got {max_shard_bytes / 2**30:g})")
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir())
+                                                       and not (out_dir / "config.json").is_file())):
+        raise ValueError(f"OUT_DIR: {out_dir} exists and is not a checkpoint folder (it would be replaced); choose "
+                         f"another or remove it")
+
+
+@contextlib.contextmanager
+def _output_folder(out_dir: Path):
+    """A checkpoint folder written whole or not at all: the files go to a hidden sibling, which replaces
+    ``out_dir`` only once every file is written. Writing over an earlier checkpoint used to keep its shards and
+    index beside the new files, and the index — read first — pointed at the old weights: a checkpoint that
+    failed to load, or loaded the previous run's weights where the shapes agreed. A failure or Ctrl-C leaves
+    ``out_dir`` as it was and removes the sibling."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        os.replace(out_dir, old)
+    os.replace(partial, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _linear_shapes(config) -> dict[str, tuple[int, int]]:
@@ -366,32 +404,33 @@ def dequantize_checkpoint(in_dir: str | Path, out_dir: str | Path, dtype: torch.
     quant = QuantConfig.from_model_config(raw)
     if quant is None or quant.method != "awq":
         raise ValueError(f"{in_dir}: not an AWQ checkpoint")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    writer = _ShardWriter(out_dir, max_shard_bytes)
-    parts: dict[str, dict[str, torch.Tensor]] = {}
-    for path in weight_files(in_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            for key in handle.keys():
-                prefix, _, part = key.rpartition(".")
-                if part not in ("qweight", "qzeros", "scales"):
-                    writer.add(key, handle.get_tensor(key).to(dtype))
-                    continue
-                parts.setdefault(prefix, {})[part] = handle.get_tensor(key)
-                if len(parts[prefix]) == 3:
-                    p = parts.pop(prefix)
-                    group = _group_for(quant.group_size, p["qweight"].shape[0])
-                    weight = dequantize(unpack_awq(p["qweight"]), unpack_awq(p["qzeros"]), p["scales"], group)
-                    writer.add(f"{prefix}.weight", weight.t().contiguous().to(dtype))
-    if parts:
-        prefix = next(iter(parts))
-        raise ValueError(f"{in_dir}: {prefix} has only {sorted(parts[prefix])} of qweight, qzeros, scales")
-    writer.close()
-    del raw["quantization_config"]
-    raw["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (out_dir / "config.json").write_text(json.dumps(raw, indent=2))
-    for name in COPIED_FILES:
-        if (in_dir / name).is_file():
-            shutil.copyfile(in_dir / name, out_dir / name)
+    _check_output(out_dir, max_shard_bytes)
+    with _output_folder(out_dir) as folder:
+        writer = _ShardWriter(folder, max_shard_bytes)
+        parts: dict[str, dict[str, torch.Tensor]] = {}
+        for path in weight_files(in_dir):
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for key in handle.keys():
+                    prefix, _, part = key.rpartition(".")
+                    if part not in ("qweight", "qzeros", "scales"):
+                        writer.add(key, handle.get_tensor(key).to(dtype))
+                        continue
+                    parts.setdefault(prefix, {})[part] = handle.get_tensor(key)
+                    if len(parts[prefix]) == 3:
+                        p = parts.pop(prefix)
+                        group = _group_for(quant.group_size, p["qweight"].shape[0])
+                        weight = dequantize(unpack_awq(p["qweight"]), unpack_awq(p["qzeros"]), p["scales"], group)
+                        writer.add(f"{prefix}.weight", weight.t().contiguous().to(dtype))
+        if parts:
+            prefix = next(iter(parts))
+            raise ValueError(f"{in_dir}: {prefix} has only {sorted(parts[prefix])} of qweight, qzeros, scales")
+        writer.close()
+        del raw["quantization_config"]
+        raw["torch_dtype"] = str(dtype).removeprefix("torch.")
+        (folder / "config.json").write_text(json.dumps(raw, indent=2))
+        for name in COPIED_FILES:
+            if (in_dir / name).is_file():
+                shutil.copyfile(in_dir / name, folder / name)
     return out_dir
 
 

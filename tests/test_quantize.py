@@ -97,6 +97,53 @@ def test_refuses_bad_arguments(dense, tmp_path, capsys):
     assert "IN_DIR: " in (err := capsys.readouterr().err) and "nothere: no such directory" in err
     assert main(["quantize", str(tmp_path), str(tmp_path / "y")]) == 2
     assert "has no config.json" in capsys.readouterr().err and not (tmp_path / "y").exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    assert main(["quantize", str(dense), str(tmp_path / "notes")]) == 2
+    assert "OUT_DIR: " in (err := capsys.readouterr().err) and "is not a checkpoint folder" in err
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+    assert main(["quantize", str(dense), str(tmp_path / "z"), "--max-shard-gb", "0"]) == 2
+    assert "--max-shard-gb: must be > 0" in capsys.readouterr().err and not (tmp_path / "z").exists()
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_checkpoint_written_over_another_is_the_new_one_alone(dense, tmp_path, monkeypatch):
+    """Writing over an earlier 4-bit checkpoint kept its shards and index beside the new files; the index (read
+    first) pointed at the old weights: a checkpoint that failed to load (another group size) or loaded the last
+    run's weights. Now the folder is replaced whole once every file is written, and a run that fails part way
+    leaves the earlier checkpoint as it was, with no partial folder beside it."""
+    import edgekv.calibration.quantize as quantize
+
+    fresh = quantize_checkpoint(dense, tmp_path / "fresh", group_size=16)
+    out = tmp_path / "out"
+    quantize_checkpoint(dense, out, group_size=32, max_shard_bytes=1)  # a shard per tensor, and an index
+    assert (out / "model.safetensors.index.json").is_file()
+    quantize_checkpoint(dense, out, group_size=16)
+    assert _files(out) == _files(fresh)  # no shard, no index of the earlier run
+    model = load_pretrained(out, dtype=torch.float32)
+    assert any(isinstance(m, Int4Linear) for m in model.modules())
+    before = _files(out)
+
+    calls = {"n": 0}
+    real_add = quantize._ShardWriter.add
+
+    def interrupted(self, name, tensor):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real_add(self, name, tensor)
+
+    monkeypatch.setattr(quantize._ShardWriter, "add", interrupted)
+    try:
+        quantize_checkpoint(dense, out, group_size=32)
+        pytest.fail("the interrupt did not reach the caller")
+    except KeyboardInterrupt:
+        pass
+    assert _files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out"]
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
