@@ -119,6 +119,23 @@ def test_sharded_equals_single_file(source, reference, tmp_path):
     _assert_same_weights(load_pretrained(sharded), reference)
 
 
+def test_a_checkpoint_written_over_a_sharded_one_is_the_new_one(source, reference, tmp_path):
+    """The index of an earlier sharded checkpoint in the same folder is read before a new single file: it loaded
+    the old shards (here: another seed's weights) under the new config. Writers now remove them first."""
+    out = make_tiny_checkpoint(tmp_path / "ckpt", preset=PRESET, seed=7, max_shard_bytes=300_000)
+    assert (out / INDEX_FILE).is_file()
+    make_tiny_checkpoint(out, preset=PRESET, seed=2)
+    assert not (out / INDEX_FILE).exists() and not list(out.glob("model-*-of-*.safetensors"))
+    _assert_same_weights(load_pretrained(out), reference)
+    from edgekv.toy.model import init_model, save_checkpoint, toy_config
+
+    make_tiny_checkpoint(out, preset=PRESET, seed=7, max_shard_bytes=300_000)
+    toy = init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3)
+    save_checkpoint(toy, out, {"note": "test"})
+    load_pretrained(out)  # the toy's own shapes, not the tiny preset's shards
+    assert not (out / INDEX_FILE).exists() and not list(out.glob("model-*-of-*.safetensors"))
+
+
 def test_transformers5_layout_loads(source, reference, tmp_path):
     v5 = rewrite_as_transformers5(source, tmp_path / "v5")
     assert "text_config" in json.loads((v5 / "config.json").read_text())

@@ -90,6 +90,15 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def remove_weight_files(model_dir: Path) -> None:
+    """Delete a checkpoint folder's weight files — the single file, the index and ``model-*-of-*`` shards — before
+    new ones are written in place: an index left from an earlier, sharded checkpoint is read before a new single
+    file (``weight_files``), so it loaded the old shards against the new config.json."""
+    model_dir = Path(model_dir)
+    for path in [model_dir / SINGLE_FILE, model_dir / INDEX_FILE, *model_dir.glob("model-*-of-*.safetensors")]:
+        path.unlink(missing_ok=True)
+
+
 def weight_files(model_dir: Path) -> dict[Path, list[str] | None]:
     """Safetensors files to read -> the tensor names the index promises in each (None: single file)."""
     index_path = model_dir / INDEX_FILE

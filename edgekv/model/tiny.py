@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import save_file
 
 from edgekv.model.config import ModelConfig, TextConfig, VisionConfig
-from edgekv.model.loading import INDEX_FILE, SINGLE_FILE, checkpoint_shapes
+from edgekv.model.loading import INDEX_FILE, SINGLE_FILE, checkpoint_shapes, remove_weight_files
 
 # Qwen2.5-VL's chat template (chat_template.json of the released checkpoints).
 QWEN25VL_CHAT_TEMPLATE = (
@@ -194,6 +194,7 @@ def make_tiny_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int = 
     shapes = checkpoint_shapes(config)
     element_size = torch.empty((), dtype=dtype).element_size()
     shards = _shard_plan(shapes, element_size, max_shard_bytes)
+    remove_weight_files(out)  # an earlier checkpoint's shards and index would be read instead
     generator = torch.Generator().manual_seed(seed)
     weight_map: dict[str, str] = {}
     total = 0

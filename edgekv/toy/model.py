@@ -35,7 +35,8 @@ import torch
 from safetensors.torch import save_file
 
 from edgekv.model.config import ModelConfig, TextConfig, VisionConfig
-from edgekv.model.loading import SINGLE_FILE, checkpoint_shapes, module_key_to_checkpoint
+from edgekv.model.loading import (SINGLE_FILE, checkpoint_shapes, module_key_to_checkpoint,
+                                  remove_weight_files)
 from edgekv.model.qwen25vl import Qwen25VL
 from edgekv.model.tiny import PREPROCESSOR_CONFIG, QWEN25VL_CHAT_TEMPLATE
 from edgekv.toy.vocab import build_tokenizer, write_tokenizer_files
@@ -288,6 +289,7 @@ def save_checkpoint(model: Qwen25VL, out_dir: str | Path, card: dict, dtype: tor
     for name, param in model.named_parameters(remove_duplicate=True):
         key = module_key_to_checkpoint(name)
         tensors[key] = param.detach().to(dtype).reshape(shapes[key]).contiguous()
+    remove_weight_files(out)  # an earlier checkpoint's shards and index would be read instead
     save_file(tensors, str(out / SINGLE_FILE), metadata={"format": "pt"})
     hf = config.to_hf_dict()
     hf["torch_dtype"] = str(dtype).removeprefix("torch.")
