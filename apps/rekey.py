@@ -1,5 +1,6 @@
-"""``edgekv rekey``: seal the memory on flash — every snapshot under ``state.dir`` (the set-aside one included) and
-every archive segment under ``archive.dir`` — with the key ``privacy:`` names now, while the daemon is stopped.
+"""``edgekv rekey``: seal the memory on flash — every snapshot under ``state.dir`` (the set-aside one included), the
+standing questions the API added (``state.dir/alerts.json``) and every archive segment under ``archive.dir`` — with
+the key ``privacy:`` names now, while the daemon is stopped.
 
 Why: the daemon seals each new snapshot and segment with the current key and reads the old ones with
 ``privacy.previous_key_files``, so without this the old key stays needed until two snapshots have been written and
@@ -92,9 +93,33 @@ def _state(config, keys, dry_run: bool, say) -> int:
             current += not changed
         verb = "would be re-sealed" if dry_run else "re-sealed"
         say(f"state.dir {keeper.dir}: {done} snapshot(s) {verb}, {current} already under the current key")
-        return left
+        return left + _rules(keeper.dir, keys, dry_run, say)
     finally:
         keeper.release()
+
+
+def _rules(folder: Path, keys, dry_run: bool, say) -> int:
+    """The standing questions the API added (``state.dir/alerts.json``); returns 1 when left as they were."""
+    from edgekv.apps.daemon.startup import one_line
+    from edgekv.apps.outputs.alerts import RuleStore
+    from edgekv.privacy import BLOB_MAGIC, SealError, Sealer
+
+    store = RuleStore(folder, keys)
+    if not store.path.is_file():
+        return 0
+    try:
+        if dry_run:
+            data = store.path.read_bytes()
+            header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
+            changed = not data.startswith(BLOB_MAGIC) or Sealer.HEADER.unpack(header)[0] != keys.current.id
+        else:
+            changed = store.reseal()
+    except SealError as exc:
+        say(f"left as it is: {one_line(exc)}")
+        return 1
+    state = ("would be re-sealed" if dry_run else "re-sealed") if changed else "already under the current key"
+    say(f"{store.path} (the API's standing questions): {state}")
+    return 0
 
 
 def _archive(config, keys, dry_run: bool, say) -> int:

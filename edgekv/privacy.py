@@ -162,3 +162,25 @@ def sealed_size(plain: int) -> int:
     """Bytes of ``plain`` bytes once sealed in chunks."""
     chunks = -(-plain // CHUNK) if plain else 0
     return plain + TAG * chunks
+
+
+BLOB_MAGIC = b"EDGEKV-SEALBLOB\x01"  # a small file sealed whole: magic, Sealer header, one sealed chunk
+
+
+def seal_blob(keys: KeyRing, plain: bytes) -> bytes:
+    """``plain`` sealed whole with ``keys.current`` under a new random salt (a small file: one chunk, index 0)."""
+    sealer = Sealer(keys.current)
+    return BLOB_MAGIC + sealer.header + sealer.seal(0, plain)
+
+
+def open_blob(keys: KeyRing | None, data: bytes, what: str) -> bytes:
+    """The plaintext of a ``seal_blob`` file; ``SealError`` naming ``what`` when no key of ``keys`` opens it."""
+    if not data.startswith(BLOB_MAGIC):
+        raise SealError(f"{what}: not a sealed file")
+    if keys is None or not keys.keys:
+        raise SealError(f"{what}: sealed (encrypted) and this deployment has no key; set privacy.key_file (or "
+                        "key_env, key_credential) to its key. The file is left as it is")
+    header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
+    if len(header) != Sealer.HEADER.size:
+        raise SealError(f"{what}: cut short")
+    return Sealer.for_header(header, keys, what).open(0, data[len(BLOB_MAGIC) + Sealer.HEADER.size:], what)

@@ -143,6 +143,62 @@ def test_standing_questions_are_bounded():
     assert MAX_RULES == 32
 
 
+def test_the_apis_standing_questions_stand_again_after_a_restart(tmp_path):
+    """Standing questions added through the API lived only as long as the process: after a restart (a power cycle,
+    a crash, an update) the memory came back and what the device was told to watch for did not. They are kept in
+    state.dir/alerts.json (ids too: clients delete by id); the config's rules come from the config."""
+    from edgekv.apps.outputs.alerts import RuleStore
+
+    config_rules = [AlertRuleSection(question="From the config?")]
+    engine = AlertEngine(config_rules, AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path))
+    assert not (tmp_path / "alerts.json").exists()  # nothing added yet
+    a = engine.add(AlertRuleSection(question="Is the door open?", every_s=5.0, cooldown_s=10.0, threshold=0.7))
+    b = engine.add(AlertRuleSection(question="Is anyone in the kitchen?"))
+    c = engine.add(AlertRuleSection(question="Temporary?"))
+    assert engine.remove(c.id)
+    assert [s.id for s in engine.list()] == ["alert-1", "alert-2", "alert-3"]
+
+    again = AlertEngine(config_rules, AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path))
+    by_question = {state.rule.question: state for state in again.list()}
+    assert set(by_question) == {"From the config?", "Is the door open?", "Is anyone in the kitchen?"}
+    assert by_question["Is the door open?"].id == a.id and by_question["Is the door open?"].rule == a.rule
+    assert by_question["Is anyone in the kitchen?"].id == b.id and by_question["From the config?"].source == "config"
+    assert [state.id for state in again.restored] == [a.id, b.id]
+    fresh = again.add(AlertRuleSection(question="New?"))
+    assert fresh.id not in (a.id, b.id, c.id)  # an id once given is not given to another rule
+    assert again.remove(a.id) and not again.remove(a.id)
+    third = AlertEngine([], AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path))
+    assert sorted(state.rule.question for state in third.list()) == ["Is anyone in the kitchen?", "New?"]
+
+    small = AlertEngine(config_rules, AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path), max_rules=2)
+    assert [state.rule.question for state in small.list()] == ["Is anyone in the kitchen?", "From the config?"]
+    assert small.dropped == [fresh.id]  # over max_rules with the config's: left out, and said by the daemon
+
+
+def test_the_stored_questions_are_sealed_with_the_key_and_a_damaged_file_is_set_aside(tmp_path):
+    pytest.importorskip("cryptography")
+    from edgekv.apps.outputs.alerts import RuleStore
+    from edgekv.privacy import Key, KeyRing, SealError
+
+    old, new = Key(b"\x01" * 32, "old"), Key(b"\x02" * 32, "new")
+    engine = AlertEngine([], AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path, KeyRing(old)))
+    engine.add(AlertRuleSection(question="Is the safe open?"))
+    data = (tmp_path / "alerts.json").read_bytes()
+    assert data.startswith(b"EDGEKV-SEALBLOB") and b"safe" not in data
+    with pytest.raises(SealError, match="alerts.json: sealed with key"):
+        RuleStore(tmp_path, KeyRing(new)).load()
+    with pytest.raises(SealError, match="alerts.json: sealed .encrypted. and this deployment has no key"):
+        RuleStore(tmp_path).load()
+    assert (tmp_path / "alerts.json").read_bytes() == data  # left as it is
+    rotated = RuleStore(tmp_path, KeyRing(new, [old]))
+    assert rotated.reseal() and not rotated.reseal()  # edgekv rekey
+    assert [rule.question for _, rule in RuleStore(tmp_path, KeyRing(new)).load()] == ["Is the safe open?"]
+
+    (tmp_path / "alerts.json").write_text('{"format": 1, "rules": [{"id": "alert-1", "rule": {"question": ""}}]}')
+    assert AlertEngine([], AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path)).list() == []
+    assert (tmp_path / "alerts.json.bad").is_file() and not (tmp_path / "alerts.json").exists()
+
+
 # ---------------------------------------------------------------------------------------------- webhooks
 class _Receiver:
     """A webhook receiver on 127.0.0.1: answers each POST with the next scripted status (200 when out)."""
@@ -346,3 +402,22 @@ def test_the_api_adds_lists_and_deletes_standing_questions(tiny_checkpoint, tmp_
             assert call(port, "POST", "/v1/alerts", {"question": f"Is thing {index} here?"})[0] == 201
         status, _, raw = call(port, "POST", "/v1/alerts", {"question": "One more?"})
         assert status == 400 and "alerts.max_rules allows (32)" in json.loads(raw)["error"]["message"], raw
+
+
+def test_a_rule_the_api_added_stands_again_when_the_daemon_restarts(tiny_checkpoint, tmp_path):
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon, call, server_config
+
+    config = server_config(tiny_checkpoint).with_overrides(state={"dir": str(tmp_path / "state")})
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        status, _, raw = call(run.port, "POST", "/v1/alerts", {"question": "Is anything moving?", "every_pairs": 3})
+        assert status == 201, raw
+        rule = json.loads(raw)
+    with RunningDaemon(config, tmp_path / "out2.txt") as run:
+        listed = json.loads(call(run.port, "GET", "/v1/alerts")[2])["data"]
+        assert [(r["id"], r["question"], r["every_pairs"], r["source"]) for r in listed] == [
+            (rule["id"], "Is anything moving?", 3, "api")]
+        assert call(run.port, "DELETE", f"/v1/alerts/{rule['id']}")[0] == 200
+    assert "restored from" in (tmp_path / "out2.txt").read_text()
+    with RunningDaemon(config, tmp_path / "out3.txt") as run:
+        assert json.loads(call(run.port, "GET", "/v1/alerts")[2])["data"] == []

@@ -236,6 +236,11 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     state.mkdir()
     _session(_runtime(tiny_checkpoint, key_file=old)).save(state / "snapshot-00000001.ekv")
     _old_archive(archive_dir)
+    from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing, RuleStore
+    from edgekv.config import AlertRuleSection
+
+    AlertEngine([], AlertBus(), KeyframeRing(0), store=RuleStore(state, KeyRing(_key(1)))).add(
+        AlertRuleSection(question="Is the safe open?"))  # the API's standing questions, sealed with the old key
     config = tmp_path / "deploy.yaml"
     config.write_text(yaml.safe_dump({
         "model": {"path": str(tiny_checkpoint)}, "state": {"dir": str(state)},
@@ -265,6 +270,8 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     assert main(["rekey", "--config", str(config), *with_old]) == 0
     out = capsys.readouterr().out
     assert "1 snapshot(s) re-sealed, 0 already" in out and "previous_key_files can be emptied" in out
+    assert "alerts.json (the API's standing questions): re-sealed" in out
+    assert [rule.question for _, rule in RuleStore(state, KeyRing(_key(2))).load()] == ["Is the safe open?"]
     assert main(["rekey", "--config", str(config)]) == 0  # the new key alone now opens everything
     out = capsys.readouterr().out
     assert "0 snapshot(s) re-sealed, 1 already" in out and "0 segment(s) re-sealed" in out

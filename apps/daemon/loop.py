@@ -328,14 +328,21 @@ class Daemon:
 
     def _start_alerts(self) -> None:
         """Standing questions and their outputs (apps/outputs/): always on, so the API can add rules."""
-        from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing
+        from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing, RuleStore
         from edgekv.apps.outputs.webhooks import WebhookSender
 
         section = self.config.alerts
         self.alert_bus = AlertBus()
+        store = RuleStore(self.state.dir, self.runtime.keys) if self.state.enabled else None  # the API's rules
         self.alerts = AlertEngine(section.rules, self.alert_bus, KeyframeRing(section.keyframe_pairs),
                                   camera=self.camera,  # video.sources: this camera's name on its rules and alerts
-                                  max_rules=section.max_rules)
+                                  max_rules=section.max_rules, store=store)
+        if self.alerts.restored:
+            self.say(f"standing questions added through the API, restored from {store.path}: "
+                     + "; ".join(f"{state.id} {printable(state.rule.question)}" for state in self.alerts.restored))
+        if self.alerts.dropped:
+            self.say(f"{len(self.alerts.dropped)} standing question(s) of {store.path} left out: over "
+                     f"alerts.max_rules ({section.max_rules}) with the config's ({', '.join(self.alerts.dropped)})")
         for url in section.webhooks:
             sender = WebhookSender(url, section.webhook_timeout_s, section.webhook_retries, section.queue).start()
             self.webhooks.append(sender)

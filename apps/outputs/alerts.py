@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
+import os
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -190,19 +193,36 @@ class AlertEngine:
     """The standing questions of one stream (one camera): which are due, their verdicts, their alerts."""
 
     def __init__(self, rules: list[AlertRuleSection], bus: AlertBus, keyframes: KeyframeRing,
-                 camera: str | None = None, clock=time.monotonic, max_rules: int = MAX_RULES) -> None:
+                 camera: str | None = None, clock=time.monotonic, max_rules: int = MAX_RULES,
+                 store: "RuleStore | None" = None) -> None:
         self.bus, self.keyframes, self.camera, self.clock = bus, keyframes, camera, clock
         self.max_rules = max_rules  # alerts.max_rules: each is evaluated over the cache, and held, while it stands
         self.rules: dict[str, RuleState] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self.store = None  # set below, once the saved rules are back: restoring them does not write the file
+        self.restored: list[RuleState] = []
+        self.dropped: list[str] = []  # saved rules beyond max_rules at this start (said by the daemon)
+        self.save_errors = 0
+        for rule_id, rule in store.load() if store is not None else []:  # the API's rules keep their ids
+            if len(self.rules) + len(rules) >= self.max_rules:
+                self.dropped.append(rule_id)
+                continue
+            self.restored.append(self.add(rule, source="api", rule_id=rule_id))
+        numbers = [int(state.id.rpartition("-")[2]) for state in self.restored
+                   if state.id.rpartition("-")[2].isdigit()]
+        self._ids = itertools.count(max(numbers, default=0) + 1)  # an id is not given again to another rule
         for rule in rules:
             self.add(rule, source="config")
+        self.store = store
+        if self.dropped:
+            self._save()
 
-    def add(self, rule: AlertRuleSection, source: str = "api") -> RuleState:
+    def add(self, rule: AlertRuleSection, source: str = "api", rule_id: str | None = None) -> RuleState:
         """``rule`` as a standing question of this stream. With a ``camera`` (one of ``video.sources``) the rule
         is this camera's: it says so (a rule for every camera, ``camera`` unset, takes this one's name here) and
-        its id is ``<camera>-alert-<n>``, unique across the cameras of one daemon."""
+        its id is ``<camera>-alert-<n>``, unique across the cameras of one daemon. A rule the API adds
+        (``source="api"``) is saved in the ``RuleStore`` at once, so it stands again after a restart."""
         rule.validate("alert")
         if rule.camera is not None and self.camera is not None and rule.camera != self.camera:
             raise ValueError(f"alert.camera: {rule.camera!r} is not a camera of this daemon ({self.camera!r})")
@@ -214,13 +234,33 @@ class AlertEngine:
                 raise ValueError(f"alerts: {len(self.rules)} standing questions already"
                                  f"{f' on camera {self.camera}' if self.camera is not None else ''}, the most "
                                  f"alerts.max_rules allows ({self.max_rules}); delete one first (DELETE /v1/alerts/ID)")
-            state = RuleState(rule, id=f"{prefix}alert-{next(self._ids)}", source=source)
+            if rule_id is None or rule_id in self.rules:
+                rule_id = next(i for i in (f"{prefix}alert-{n}" for n in self._ids) if i not in self.rules)
+            state = RuleState(rule, id=rule_id, source=source)
             self.rules[state.id] = state
+        if source == "api":
+            self._save()
         return state
 
     def remove(self, rule_id: str) -> bool:
         with self._lock:
-            return self.rules.pop(rule_id, None) is not None
+            state = self.rules.pop(rule_id, None)
+        if state is not None and state.source == "api":
+            self._save()
+        return state is not None
+
+    def _save(self) -> None:
+        """The API's rules to the store (a failing disk is logged and counted: the rules stand until the stop)."""
+        if self.store is None:
+            return
+        with self._lock:
+            states = [state for state in self.rules.values() if state.source == "api"]
+        try:
+            self.store.save(states)
+        except OSError as exc:
+            self.save_errors += 1
+            log.warning("alerts: could not save the standing questions to %s (%s); they stand until the daemon "
+                        "stops", self.store.path, exc)
 
     def list(self) -> list[RuleState]:
         with self._lock:
@@ -281,3 +321,84 @@ class AlertEngine:
         evaluations = sum(r.evaluations for r in rules)
         return {"alert_rules": len(rules), "alert_evaluations": evaluations, "alerts_fired": sum(r.fired for r in rules),
                 "alert_eval_ms_total": sum(r.eval_ms_total for r in rules)}
+
+
+class RuleStore:
+    """The standing questions the API added, in ``state.dir/alerts.json`` (one daemon's, one camera's), so that
+    they stand again after a restart as the memory does: rewritten whole at each add and delete (temporary file,
+    fsync, rename), ids kept (clients delete by id). With a ``privacy:`` key it is sealed with it (the questions
+    say what the device watches for). A file that does not read is set aside (``alerts.json.bad``) and said, never
+    a reason not to start; one sealed with a key this deployment does not have stops the start, as a snapshot
+    does (``SealError``)."""
+
+    NAME = "alerts.json"
+    FORMAT = 1
+
+    def __init__(self, folder: str | Path, keys=None) -> None:
+        self.path = Path(folder) / self.NAME
+        self.keys = keys if keys is not None and keys.enabled else None  # edgekv.privacy.KeyRing
+
+    def load(self) -> list[tuple[str, AlertRuleSection]]:
+        from edgekv.privacy import BLOB_MAGIC, open_blob
+
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        if data.startswith(BLOB_MAGIC):
+            data = open_blob(self.keys, data, str(self.path))
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != self.FORMAT:
+                raise ValueError(f"format {doc.get('format')!r}, this edgekv reads {self.FORMAT}")
+            out = []
+            for item in doc["rules"]:
+                rule = AlertRuleSection(**item["rule"])
+                rule.validate(f"{self.path}: rule {item['id']}")
+                out.append((str(item["id"]), rule))
+            return out
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            aside = self.path.with_name(self.NAME + ".bad")
+            os.replace(self.path, aside)
+            log.warning("alerts: %s does not read (%s); set aside as %s, the API's standing questions start empty",
+                        self.path, exc, aside.name)
+            return []
+
+    def save(self, states: list[RuleState]) -> None:
+        from edgekv.privacy import seal_blob
+
+        doc = {"format": self.FORMAT, "rules": [{"id": s.id, "rule": dataclasses.asdict(s.rule)} for s in states]}
+        data = json.dumps(doc, indent=1).encode()
+        if self.keys is not None:
+            data = seal_blob(self.keys, data)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.NAME}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def reseal(self) -> bool:
+        """Rewrite the file sealed with the current key (``edgekv rekey``); False when it already is, or absent."""
+        from edgekv.privacy import BLOB_MAGIC, Sealer
+
+        if self.keys is None:
+            raise ValueError("alerts: no current key to seal with")
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if data.startswith(BLOB_MAGIC):
+            key_id = Sealer.HEADER.unpack(data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size])[0]
+            if key_id == self.keys.current.id:
+                return False
+        rules = self.load()
+        if not self.path.exists():  # it did not read: set aside, nothing to seal
+            return False
+        self.save([RuleState(rule, id=rule_id, source="api") for rule_id, rule in rules])
+        return True
