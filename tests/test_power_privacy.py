@@ -155,3 +155,46 @@ def test_pause_releases_the_camera_and_resume_goes_on(tmp_path, monkeypatch):
         assert daemon.session.clock.last_t > last_t  # the stream's time went on after the pause
         assert daemon.session.stats()["clock_jumps"] == 0
         assert json.loads(call(port, "GET", "/healthz")[2])["stream_state"] == "running"
+
+
+def test_a_pause_holds_across_a_restart_until_resumed(tmp_path, monkeypatch):
+    """A device told to stop watching that restarted (a power cycle, a crash, an update) watched again: the pause
+    lived in the process. With state.dir it is kept there until the resume; the restarted daemon starts paused,
+    its camera's capture never started (no frame read) and the source closed, and answers as before."""
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon, call
+
+    import edgekv.apps.daemon.loop as loop
+
+    opened, closed = [], []
+    real = loop.open_video_source
+
+    def tracked(config):
+        spec, source = real(config)
+        opened.append(source)
+        close = source.close
+        source.close = lambda: (closed.append(source), close())
+        return spec, source
+
+    monkeypatch.setattr(loop, "open_video_source", tracked)
+    config = _config(tmp_path).with_overrides(state={"dir": str(tmp_path / "state")})
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        assert _until(lambda: run.daemon.session.counters.frames >= 2)
+        assert call(run.port, "POST", "/v1/privacy/pause", {})[0] == 200
+        frames = run.daemon.session.counters.frames
+    assert (tmp_path / "state" / "paused.json").is_file()
+    with RunningDaemon(config, tmp_path / "out2.txt") as run:
+        daemon = run.daemon
+        state = json.loads(call(run.port, "GET", "/v1/privacy")[2])
+        assert state["paused"] is True and "kept across the restart" in state["reason"], state
+        assert daemon.session.counters.frames == frames  # the memory came back, and nothing new went in
+        assert opened[-1] in closed and daemon.sampler.stats()["frames_read"] == 0
+        status, _, _ = call(run.port, "POST", "/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "Which shape was purple?"}], "max_tokens": 2})
+        assert status == 200
+        assert call(run.port, "POST", "/v1/privacy/resume", {})[0] == 200
+        assert _until(lambda: daemon.session.counters.frames >= frames + 2)
+    assert not (tmp_path / "state" / "paused.json").exists()
+    with RunningDaemon(config, tmp_path / "out3.txt") as run:
+        assert json.loads(call(run.port, "GET", "/v1/privacy")[2])["paused"] is False
+        assert _until(lambda: run.daemon.session.counters.frames >= frames + 4)

@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import math
+import os
 import queue
 import sys
 import threading
@@ -301,10 +303,14 @@ class Daemon:
         deterministic = not self._spec.live and not self.options.realtime
         base, most = cfg.video.reconnect_backoff_s
         capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
-        self.sampler = Sampler(capture.start(), cfg.video.fps)
+        kept = self._kept_pause()  # paused before a restart: no frame goes in, the camera is released at once
+        self.sampler = Sampler(capture.start() if kept is None else capture, cfg.video.fps)
         self.say(f"source {printable(str(cfg.video.source))} ({'live' if self._spec.live else 'recorded'}"
                  f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
                  f"{' (every frame by timestamp)' if deterministic else ''}")
+        if kept is not None:
+            self.pause(f"{kept}, kept across the restart", _restored=True)
+            self._source.close()  # its capture never started, so nothing else closes it
         self._start_alerts()
         if cfg.power.enabled:
             from edgekv.apps.daemon.power import PowerPolicy
@@ -468,16 +474,21 @@ class Daemon:
         self.say(f"power: {'saving' if change else 'normal'} ({why}): video.fps {old:g} -> {fps:g}, skipping static "
                  f"pairs {'at ' + format(cfg.power.save_skip_threshold, 'g') + ' grey levels' if change else 'as configured'}")
 
-    def pause(self, reason: str = "privacy switch") -> bool:
+    PAUSE_FILE = "paused.json"  # under state.dir while paused: a restart keeps the pause
+
+    def pause(self, reason: str = "privacy switch", _restored: bool = False) -> bool:
         """Stop ingest and release the camera until ``resume``; questions are still answered about what was seen.
-        False if already paused."""
+        False if already paused. With ``state.dir`` the pause is kept there (``paused.json``) until ``resume``: a
+        device told to stop watching that restarts (a power cycle, a crash, an update) starts paused."""
         with self._submit_lock:
             if self.paused is not None or self.sampler is None:
                 return False
             self.paused, self._paused_at = reason, time.monotonic()
+        if not _restored:
+            self._keep_pause(reason)
         self._pause_seen.clear()
         self._wake.set()
-        if threading.current_thread() is not self._loop_thread:
+        if threading.current_thread() is not self._loop_thread and self._loop_thread is not None:
             self._pause_seen.wait(STOP_BUDGET_S)  # a step in flight (a frame, an answer) finishes first
         self._stop_collector()
         self.sampler.close()  # the capture thread ends and the source (the camera) is closed
@@ -507,9 +518,43 @@ class Daemon:
             paused_for = time.monotonic() - self._paused_at
             self.paused = self._paused_at = None
             self.stall.start()  # the pause was no stall: count from the resume
+        self._keep_pause(None)
         self.say(f"resumed after {paused_for:.0f} s paused")
         self._wake.set()
         return True
+
+    def _keep_pause(self, reason: str | None) -> None:
+        """``state.dir/paused.json`` written while paused (temporary file, fsync, rename), removed at the resume; a
+        failing disk is said, the pause holds in this process all the same."""
+        if not self.state.enabled:
+            return
+        path = self.state.dir / self.PAUSE_FILE
+        try:
+            if reason is None:
+                path.unlink(missing_ok=True)
+                return
+            tmp = path.with_name(f".{self.PAUSE_FILE}.tmp-{os.getpid()}")
+            with open(tmp, "w") as handle:
+                json.dump({"reason": reason, "since_unix": time.time()}, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.say(f"privacy: could not {'keep' if reason else 'clear'} the pause in {path} ({exc}); "
+                     f"{'a restart would watch again' if reason else 'a restart would start paused'}")
+
+    def _kept_pause(self) -> str | None:
+        """The reason of a pause kept in ``state.dir`` by the process before this one (None: not paused)."""
+        if not self.state.enabled:
+            return None
+        path = self.state.dir / self.PAUSE_FILE
+        try:
+            kept = json.loads(path.read_text())
+            return str(kept["reason"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable: paused all the same (the safe side)
+            return "privacy switch"
 
     def forget(self, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None) -> dict:
         """Remove a window of stream time from everything the device keeps: the live cache, the snapshots (a new
