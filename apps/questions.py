@@ -83,3 +83,10 @@ def printable(text: str, limit: int | None = 400) -> str:
             code = ord(char)
             out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
     return "".join(out)
+
+
+def logs_text(daemon) -> bool:
+    """``privacy.log_text`` of ``daemon``'s config (True for a stand-in without one): may its log hold the text of
+    questions and answers?"""
+    privacy = getattr(getattr(daemon, "config", None), "privacy", None)
+    return privacy.logs_text() if privacy is not None else True

@@ -738,6 +738,16 @@ class PrivacySection:
     key_env: str | None = None         # an environment variable holding the key (hex or base64)
     key_credential: str | None = None  # a systemd credential's name (LoadCredential[Encrypted]=)
     previous_key_files: list[str] = field(default_factory=list)  # older keys: read, never written (rotation)
+    # the text of questions and answers in the daemon's log (stdout, so journald on flash): null = not when a key
+    # seals the memory (a log of answers is a record of what was seen, in the clear, that forget cannot reach);
+    # questions typed on stdin or given with --ask are answered there, so always shown
+    log_text: bool | None = None
+
+    def logs_text(self) -> bool:
+        """Whether the log may hold question and answer text (``log_text``, else: no key configured)."""
+        if self.log_text is not None:
+            return self.log_text
+        return not (self.key_file or self.key_env or self.key_credential)
 
     def validate(self, at: str) -> None:
         given = [name for name in ("key_file", "key_env", "key_credential") if getattr(self, name)]

@@ -152,3 +152,42 @@ def test_a_key_without_cryptography_stops_the_start_not_the_first_snapshot(tiny_
                                           r"'edgekv\[privacy\]'\)"):
         _runtime(tiny_checkpoint, key_file=_key(tmp_path / "memory.key"))
     assert _runtime(tiny_checkpoint).keys is None  # without a key nothing needs it
+
+
+def test_the_log_holds_no_question_or_answer_text_when_a_key_seals_the_memory(tmp_path):
+    """The daemon printed every question and answer, whatever channel they came by, to stdout — journald, on flash:
+    a record of what was seen, in the clear, that forget cannot reach. With a key (privacy.log_text unset) the
+    log shows lengths for HTTP, voice, ROS 2 and fleet questions; stdin and --ask ones are answered on the console,
+    so they are shown; log_text: true brings the text back."""
+    from edgekv.apps.daemon.console import format_answer
+    from edgekv.apps.questions import Question
+    from edgekv.session.results import Answer
+
+    fields = {f.name: None for f in __import__("dataclasses").fields(Answer)}
+    answer = Answer(**{**fields, "text": "a red circle", "token_ids": [1, 2], "ttft_s": 0.01, "decode_tok_s": 5.0,
+                       "video_tokens": 40})
+    private = config_from_dict({"privacy": {"key_file": "k"}}).privacy
+    assert not private.logs_text() and config_from_dict({}).privacy.logs_text()
+    assert config_from_dict({"privacy": {"key_file": "k", "log_text": True}}).privacy.logs_text()
+    for source in ("http", "voice", "ros2", "fleet"):
+        line = format_answer(Question("What did you see at the door?", source=source, answer=answer),
+                             private.logs_text())
+        assert "door" not in line and "red circle" not in line, line
+        assert f"Q [{source}]: (29 characters; privacy.log_text)" in line and "A: (12 characters;" in line
+    for source in ("stdin", "cli"):
+        line = format_answer(Question("What did you see at the door?", source=source, answer=answer), False)
+        assert "door" in line and "A: a red circle" in line
+
+
+def test_a_daemon_with_a_key_logs_no_text_of_an_http_question(tiny_checkpoint, tmp_path):
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon, call, server_config
+
+    config = server_config(tiny_checkpoint).with_overrides(privacy={"key_file": _key(tmp_path / "memory.key")})
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        status, _, raw = call(run.port, "POST", "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": "Who walked past the window?"}],
+                               "max_tokens": 3})
+        assert status == 200, raw
+    log = (tmp_path / "out.txt").read_text()
+    assert "Q [http]: (27 characters; privacy.log_text)" in log and "window" not in log

@@ -59,13 +59,21 @@ def format_pair(result, stats: dict) -> str:
     )
 
 
-def format_answer(question: Question) -> str:
-    """What the daemon prints for a finished question; every piece of request text is escaped."""
-    asked = f"Q [{question.source}]: {printable(question.text)}"
+ANSWERED_HERE = ("stdin", "cli", "quiz")  # questions asked on this console: their answers are shown whatever the log
+
+
+def format_answer(question: Question, log_text: bool = True) -> str:
+    """What the daemon prints for a finished question; every piece of request text is escaped. Without
+    ``log_text`` (``privacy.log_text``) the question and answer of another channel (HTTP, voice, ROS 2, the fleet:
+    they get their answer there) are logged by length only."""
+    shown = log_text or question.source in ANSWERED_HERE
+    text = printable(question.text) if shown else f"({len(question.text)} characters; privacy.log_text)"
+    asked = f"Q [{question.source}]: {text}"
     if question.error is not None:
         return f"{asked}\n   refused: {printable(str(question.error))}"
     a = question.answer
     # one token is all prefill: there is no decode step to time
     rate = f"{a.decode_tok_s:.1f} tok/s" if len(a.token_ids) > 1 else "no decode step"
-    return (f"{asked}\nA: {printable(a.text, limit=4000)}\n   ({len(a.token_ids)} tokens, ttft {a.ttft_s * 1e3:.0f} ms, "
+    said = printable(a.text, limit=4000) if shown else f"({len(a.text)} characters; privacy.log_text)"
+    return (f"{asked}\nA: {said}\n   ({len(a.token_ids)} tokens, ttft {a.ttft_s * 1e3:.0f} ms, "
             f"{rate}, over {a.video_tokens} cached tokens)")

@@ -860,7 +860,7 @@ class Daemon:
         self.stall.progressed()
         question.answered_at = time.time()
         self._record(question)
-        self.say(format_answer(question))
+        self.say(format_answer(question, self.config.privacy.logs_text()))
         if self.quiz is not None and question.source == "quiz":
             self.say(self.quiz.grade(question))
         question.done.set()

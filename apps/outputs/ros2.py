@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any
 
-from edgekv.apps.questions import Question, QuestionRefused, printable
+from edgekv.apps.questions import Question, QuestionRefused, logs_text, printable
 
 log = logging.getLogger("edgekv.ros2")
 STATS_WAIT_S = 0.25  # the main loop holds the session lock for a whole step: wait this long, else reuse
@@ -127,7 +127,8 @@ class Ros2Channel:
             log.warning("ROS 2 question not queued: %s", exc)
             return
         self.counts["questions"] += 1
-        log.info("ROS 2 question: %s", printable(text))
+        log.info("ROS 2 question: %s", printable(text) if logs_text(self.daemon)
+                 else f"{len(text)} characters (privacy.log_text)")
         with self._cond:
             self._pending.append(question)
             self._cond.notify_all()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekv.apps.questions import Question, QuestionRefused, printable
+from edgekv.apps.questions import Question, QuestionRefused, logs_text, printable
 
 log = logging.getLogger("edgekv.voice")
 SAMPLE_RATE = 16000
@@ -332,7 +332,8 @@ class VoiceLoop:
         text = self.transcriber.transcribe(utterance)
         if not text or self.stop_event.is_set():
             return
-        log.info("heard: %s", printable(text))
+        log.info("heard: %s", printable(text) if logs_text(self.daemon)
+                 else f"{len(text.split())} words (privacy.log_text)")
         if self._command(text):
             return
         from edgekv.apps.controls import route
