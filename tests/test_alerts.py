@@ -421,3 +421,26 @@ def test_a_rule_the_api_added_stands_again_when_the_daemon_restarts(tiny_checkpo
     assert "restored from" in (tmp_path / "out2.txt").read_text()
     with RunningDaemon(config, tmp_path / "out3.txt") as run:
         assert json.loads(call(run.port, "GET", "/v1/alerts")[2])["data"] == []
+
+
+def test_rules_added_and_deleted_at_once_are_saved_as_they_stand(tmp_path):
+    """Many API clients at once: each add and delete rewrites the file; writers one at a time, each with the rules
+    as they are, so the file read back is exactly the rules that stand (no torn or stale write)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgekv.apps.outputs.alerts import RuleStore
+
+    engine = AlertEngine([], AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path), max_rules=64)
+
+    def churn(worker: int) -> None:
+        for index in range(10):
+            state = engine.add(AlertRuleSection(question=f"Is thing {worker}-{index} here?"))
+            if index % 2:
+                assert engine.remove(state.id)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(churn, range(6)))
+    standing = {(state.id, state.rule.question) for state in engine.list()}
+    assert len(standing) == 30
+    assert {(rule_id, rule.question) for rule_id, rule in RuleStore(tmp_path).load()} == standing
+    assert not list(tmp_path.glob(".alerts.json.tmp-*"))

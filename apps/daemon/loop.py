@@ -484,8 +484,8 @@ class Daemon:
             if self.paused is not None or self.sampler is None:
                 return False
             self.paused, self._paused_at = reason, time.monotonic()
-        if not _restored:
-            self._keep_pause(reason)
+            if not _restored:
+                self._keep_pause(reason)  # under the lock: a resume racing this pause cannot leave the file behind
         self._pause_seen.clear()
         self._wake.set()
         if threading.current_thread() is not self._loop_thread and self._loop_thread is not None:
@@ -518,7 +518,7 @@ class Daemon:
             paused_for = time.monotonic() - self._paused_at
             self.paused = self._paused_at = None
             self.stall.start()  # the pause was no stall: count from the resume
-        self._keep_pause(None)
+            self._keep_pause(None)
         self.say(f"resumed after {paused_for:.0f} s paused")
         self._wake.set()
         return True

@@ -200,6 +200,7 @@ class AlertEngine:
         self.rules: dict[str, RuleState] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
         self.store = None  # set below, once the saved rules are back: restoring them does not write the file
         self.restored: list[RuleState] = []
         self.dropped: list[str] = []  # saved rules beyond max_rules at this start (said by the daemon)
@@ -253,10 +254,11 @@ class AlertEngine:
         """The API's rules to the store (a failing disk is logged and counted: the rules stand until the stop)."""
         if self.store is None:
             return
-        with self._lock:
-            states = [state for state in self.rules.values() if state.source == "api"]
         try:
-            self.store.save(states)
+            with self._save_lock:  # one writer at a time (one temporary file), each writing the rules as they are
+                with self._lock:
+                    states = [state for state in self.rules.values() if state.source == "api"]
+                self.store.save(states)
         except OSError as exc:
             self.save_errors += 1
             log.warning("alerts: could not save the standing questions to %s (%s); they stand until the daemon "
