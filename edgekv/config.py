@@ -763,6 +763,17 @@ class LoggingSection:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
     file: str | None = None
+    # the file's bound: at max_mib it is renamed file.1 (file.1 to file.2, ...) and a new one begun, keeping
+    # `backups` old ones — a log that grew for the life of the device filled the flash the memory lives on
+    max_mib: float = 64.0
+    backups: int = 2
+
+    def validate(self, at: str) -> None:
+        if not self.max_mib > 0:
+            raise ConfigError(f"{at}.max_mib: must be > 0, got {self.max_mib}")
+        if self.backups < 1:
+            raise ConfigError(f"{at}.backups: must be >= 1 (the file's bound needs somewhere to roll to), got "
+                              f"{self.backups}")
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,15 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(section) -> None:
-    """Configure the root logger from a ``logging:`` config section (level, format, file)."""
-    handler = logging.FileHandler(section.file) if section.file else logging.StreamHandler()
+    """Configure the root logger from a ``logging:`` config section (level, format, file). A file is bounded: at
+    ``max_mib`` it rolls over to ``file.1`` .. ``file.<backups>`` (so at most ``(backups + 1) * max_mib`` on disk)."""
+    if section.file:
+        from logging.handlers import RotatingFileHandler
+
+        handler = RotatingFileHandler(section.file, maxBytes=max(1, int(section.max_mib * 2**20)),
+                                      backupCount=section.backups)
+    else:
+        handler = logging.StreamHandler()
     if section.format == "json":
         handler.setFormatter(JsonFormatter())
     else:

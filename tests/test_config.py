@@ -115,3 +115,37 @@ def test_set_reaches_a_nested_sections_key_and_keeps_its_others():
 def test_voice_enabled_needs_no_model_in_the_config():
     """The daemon falls back to the bundled tiny.en; only the start-up check can tell whether it is installed."""
     assert config_from_dict({"voice": {"enabled": True}}).voice.asr_model is None
+
+
+def test_the_log_file_is_bounded(tmp_path):
+    """logging.file grew for the life of the device, on the flash its memory lives on; it now rolls over at
+    logging.max_mib keeping logging.backups old files."""
+    import logging
+
+    from edgekv.logs import setup_logging
+
+    path = tmp_path / "edgekv.log"
+    section = config_from_dict({"logging": {"file": str(path), "max_mib": 0.01, "backups": 2}}).logging
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        setup_logging(section)
+        for index in range(2000):
+            logging.getLogger("edgekv.test").info("line %d %s", index, "x" * 40)
+        for handler in root.handlers:
+            handler.flush()
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            handler.close()
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["edgekv.log", "edgekv.log.1", "edgekv.log.2"]
+    assert all(p.stat().st_size <= 0.01 * 2**20 + 200 for p in tmp_path.iterdir())
+    assert "line 1999" in path.read_text()
+    with pytest.raises(ConfigError, match="logging.max_mib: must be > 0"):
+        config_from_dict({"logging": {"max_mib": 0}})
+    with pytest.raises(ConfigError, match="logging.backups: must be >= 1"):
+        config_from_dict({"logging": {"backups": 0}})
