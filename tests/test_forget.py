@@ -118,6 +118,11 @@ def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
         assert len(secrets) > 2
         assert sum(run in before for run in secrets) == len(secrets)  # the scan below can fail
         port = daemon.server.port
+        status, _, body = call(port, "POST", "/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": "Was there a purple triangle?"}],
+                                "max_tokens": 2, "recall": False})
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "yes"
+        assert json.loads(call(port, "GET", "/v1/edgekv/status")[2])["questions"]  # the page shows the answer
         status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 30.0})
         assert status == 400 and b"from and to are required" in body
         status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 61.0, "to": 59.0})
@@ -126,6 +131,7 @@ def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
         assert status == 200, body
         result = json.loads(body)
         assert result["pairs"] == 1 and result["archive"]["pairs"] == 1 and result["snapshots"]["snapshot"]
+        assert json.loads(call(port, "GET", "/v1/edgekv/status")[2])["questions"] == []  # its "yes" told of it
         with daemon.lock:
             for recall in (False, True):
                 answer = session.ask("Was there a purple triangle?", max_new_tokens=2, recall=recall)

@@ -559,7 +559,8 @@ class Daemon:
     def forget(self, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None) -> dict:
         """Remove a window of stream time from everything the device keeps: the live cache, the snapshots (a new
         one written, the older deleted), the archive (its segments rewritten without those pairs), the keyframes
-        and alerts held in memory. ``last_s``: the last so many seconds up to now."""
+        and alerts held in memory, and the answers kept for the status page (any may tell of the window).
+        ``last_s``: the last so many seconds up to now."""
         with self.lock:
             now = self.session.clock.last_t
             if last_s is not None:
@@ -585,6 +586,11 @@ class Daemon:
                 self.alerts.bus.forget(t_from, t_to)
             if now is not None and t_from <= now <= t_to:
                 self._latest_frame = None  # the status page shows nothing of the window
+            # the answers given so far (the status page's recent questions): any of them may tell of the window
+            self.history.clear()
+            telemetry = getattr(self.server, "telemetry", None)
+            if telemetry is not None:
+                telemetry.answered.clear()
         out = {"from": t_from, "to": t_to, "pairs": len(result["pairs"]), "cache_slots": result["slots"],
                "cache_tokens": result["cache_tokens"], "snapshots": snapshots, "archive": archive}
         self.say(f"forgot t={t_from:g}..{t_to:g} s: {out['pairs']} frame pairs, {out['cache_slots']} cache slots"
