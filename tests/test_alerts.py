@@ -194,6 +194,10 @@ def test_the_stored_questions_are_sealed_with_the_key_and_a_damaged_file_is_set_
     assert rotated.reseal() and not rotated.reseal()  # edgekv rekey
     assert [rule.question for _, rule in RuleStore(tmp_path, KeyRing(new)).load()] == ["Is the safe open?"]
 
+    data = (tmp_path / "alerts.json").read_bytes()
+    (tmp_path / "alerts.json").write_bytes(data[:-3] + bytes([data[-3] ^ 1]) + data[-2:])  # a flipped bit
+    assert AlertEngine([], AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path, KeyRing(new))).list() == []
+    assert (tmp_path / "alerts.json.bad").is_file() and not (tmp_path / "alerts.json").exists()
     (tmp_path / "alerts.json").write_text('{"format": 1, "rules": [{"id": "alert-1", "rule": {"question": ""}}]}')
     assert AlertEngine([], AlertBus(), KeyframeRing(0), store=RuleStore(tmp_path)).list() == []
     assert (tmp_path / "alerts.json.bad").is_file() and not (tmp_path / "alerts.json").exists()

@@ -341,14 +341,21 @@ class RuleStore:
         self.keys = keys if keys is not None and keys.enabled else None  # edgekv.privacy.KeyRing
 
     def load(self) -> list[tuple[str, AlertRuleSection]]:
-        from edgekv.privacy import BLOB_MAGIC, open_blob
+        from edgekv.privacy import BLOB_MAGIC, Sealer, SealError, open_blob
 
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return []
         if data.startswith(BLOB_MAGIC):
-            data = open_blob(self.keys, data, str(self.path))
+            header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
+            whole = len(header) == Sealer.HEADER.size
+            if whole and (self.keys is None or Sealer.HEADER.unpack(header)[0] not in self.keys.keys):
+                open_blob(self.keys, data, str(self.path))  # a key this deployment lacks: SealError naming the file
+            try:
+                data = open_blob(self.keys, data, str(self.path))
+            except SealError as exc:  # cut short, or it does not authenticate: damaged
+                return self._set_aside(exc)
         try:
             doc = json.loads(data)
             if doc.get("format") != self.FORMAT:
@@ -360,11 +367,14 @@ class RuleStore:
                 out.append((str(item["id"]), rule))
             return out
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            aside = self.path.with_name(self.NAME + ".bad")
-            os.replace(self.path, aside)
-            log.warning("alerts: %s does not read (%s); set aside as %s, the API's standing questions start empty",
-                        self.path, exc, aside.name)
-            return []
+            return self._set_aside(exc)
+
+    def _set_aside(self, why: BaseException) -> list:
+        aside = self.path.with_name(self.NAME + ".bad")
+        os.replace(self.path, aside)
+        log.warning("alerts: %s does not read (%s); set aside as %s, the API's standing questions start empty",
+                    self.path, why, aside.name)
+        return []
 
     def save(self, states: list[RuleState]) -> None:
         from edgekv.privacy import seal_blob
