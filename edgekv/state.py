@@ -31,6 +31,7 @@ one at stop, at most two generations under ``state.dir`` and never more than ``s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -287,32 +288,40 @@ def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tenso
     """Write ``views`` and ``manifest`` (its ``tensors`` filled in here) to ``path`` atomically; returns bytes.
     With ``sealer`` (``edgekv.privacy.Sealer``) every section and the manifest are sealed (AES-256-GCM)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     manifest = {**manifest, "tensors": {}}
+    with _replacing(path) as handle:
+        head = MAGIC if sealer is None else SEALED_MAGIC + sealer.header
+        handle.write(head)
+        offset, index = len(head), 0
+        for name, chunks in views.items():
+            start = _aligned(offset)
+            handle.write(b"\0" * (start - offset))
+            if sealer is None:
+                manifest["tensors"][name], written = _write_tensor(handle, chunks, start)
+                offset = start + written
+            else:
+                writer = _SealedWriter(handle, sealer, index)
+                entry, _ = _write_tensor(writer, chunks, start)
+                writer.close()
+                entry.update(first_chunk=index, sealed_bytes=writer.sealed)
+                manifest["tensors"][name], index, offset = entry, writer.index, start + writer.sealed
+        _write_manifest(handle, manifest, offset, sealer)
+    return path.stat().st_size
+
+
+@contextlib.contextmanager
+def _replacing(path: Path):
+    """A file written whole or not at all: the handle of a temporary sibling, renamed over ``path`` (the folder
+    fsynced) when the block ends; an error removes it and leaves ``path`` as it was (the writer fsyncs the file)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
-            head = MAGIC if sealer is None else SEALED_MAGIC + sealer.header
-            handle.write(head)
-            offset, index = len(head), 0
-            for name, chunks in views.items():
-                start = _aligned(offset)
-                handle.write(b"\0" * (start - offset))
-                if sealer is None:
-                    manifest["tensors"][name], written = _write_tensor(handle, chunks, start)
-                    offset = start + written
-                else:
-                    writer = _SealedWriter(handle, sealer, index)
-                    entry, _ = _write_tensor(writer, chunks, start)
-                    writer.close()
-                    entry.update(first_chunk=index, sealed_bytes=writer.sealed)
-                    manifest["tensors"][name], index, offset = entry, writer.index, start + writer.sealed
-            _write_manifest(handle, manifest, offset, sealer)
+            yield handle
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path.stat().st_size
 
 
 def _write_manifest(handle, manifest: dict, offset: int, sealer) -> None:
@@ -349,38 +358,31 @@ def reseal_snapshot(path: str | Path, keys) -> bool:
         return False
     new = Sealer(keys.current)
     out = {**manifest, "tensors": {}}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(path, "rb") as source, open(tmp, "wb") as handle:
-            head = SEALED_MAGIC + new.header
-            handle.write(head)
-            offset, index, buffer = len(head), 0, bytearray(CHUNK)
-            for name, entry in sorted(manifest["tensors"].items(), key=lambda item: item[1]["offset"]):
-                start = _aligned(offset)
-                handle.write(b"\0" * (start - offset))
-                source.seek(entry["offset"])
-                reader = source if old is None else _SealedReader(
-                    source, old, int(entry["first_chunk"]), int(entry["sealed_bytes"]), f"{path}: tensor {name}")
-                writer, digest, left = _SealedWriter(handle, new, index), hashlib.sha256(), int(entry["bytes"])
-                while left:
-                    view = memoryview(buffer)[:min(CHUNK, left)]
-                    if reader.readinto(view) != len(view):
-                        raise SnapshotError(f"{path}: truncated inside tensor {name}")
-                    digest.update(view)
-                    writer.write(view)
-                    left -= len(view)
-                writer.close()
-                if digest.hexdigest() != entry["sha256"]:
-                    raise SnapshotError(f"{path}: damaged: tensor {name} does not match its sha256")
-                out["tensors"][name] = {**{field: entry[field] for field in _TENSOR_FIELDS}, "offset": start,
-                                        "first_chunk": index, "sealed_bytes": writer.sealed}
-                index, offset = writer.index, start + writer.sealed
-            _write_manifest(handle, out, offset, new)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with open(path, "rb") as source, _replacing(path) as handle:
+        head = SEALED_MAGIC + new.header
+        handle.write(head)
+        offset, index, buffer = len(head), 0, bytearray(CHUNK)
+        for name, entry in sorted(manifest["tensors"].items(), key=lambda item: item[1]["offset"]):
+            start = _aligned(offset)
+            handle.write(b"\0" * (start - offset))
+            source.seek(entry["offset"])
+            reader = source if old is None else _SealedReader(
+                source, old, int(entry["first_chunk"]), int(entry["sealed_bytes"]), f"{path}: tensor {name}")
+            writer, digest, left = _SealedWriter(handle, new, index), hashlib.sha256(), int(entry["bytes"])
+            while left:
+                view = memoryview(buffer)[:min(CHUNK, left)]
+                if reader.readinto(view) != len(view):
+                    raise SnapshotError(f"{path}: truncated inside tensor {name}")
+                digest.update(view)
+                writer.write(view)
+                left -= len(view)
+            writer.close()
+            if digest.hexdigest() != entry["sha256"]:
+                raise SnapshotError(f"{path}: damaged: tensor {name} does not match its sha256")
+            out["tensors"][name] = {**{field: entry[field] for field in _TENSOR_FIELDS}, "offset": start,
+                                    "first_chunk": index, "sealed_bytes": writer.sealed}
+            index, offset = writer.index, start + writer.sealed
+        _write_manifest(handle, out, offset, new)
     return True
 
 

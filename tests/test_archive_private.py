@@ -8,26 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_archive import SHAPE, STREAM, byte_runs, fill, pair_kv
 
 pytest.importorskip("cryptography")
 
-from edgekv.archive.store import ArchiveError, FrameArchive, KVShape  # noqa: E402
+from edgekv.archive.store import ArchiveError, FrameArchive  # noqa: E402
 from edgekv.privacy import Key, KeyRing  # noqa: E402
 
-SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
-TOKENS = 4
-STREAM = b"s" * 16
 OTHER = b"o" * 16
 
 
 def _keys(seed: int) -> KeyRing:
     return KeyRing(Key(bytes([seed]) * 32, f"test key {seed}"))
 
-
-def _kv(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(pair)
-    k = torch.randn(SHAPE.layers, SHAPE.kv_heads, TOKENS, SHAPE.head_dim, generator=g)
-    return k, k * 2 + 1
 
 
 def _archive(folder: Path, **kw) -> FrameArchive:
@@ -36,30 +29,16 @@ def _archive(folder: Path, **kw) -> FrameArchive:
     return FrameArchive(folder, SHAPE, **kw)
 
 
-def _fill(archive: FrameArchive, pairs: range, stream: bytes = STREAM) -> None:
-    for pair in pairs:
-        k, v = _kv(pair)
-        while not archive.submit(k, v, frame=pair, t=float(pair), tpos=10 + pair, t_offset=0, rows=2, cols=2,
-                                 stream=stream):
-            archive.flush()
-    assert archive.flush()
-
 
 def _files(folder: Path) -> bytes:
     return b"".join(path.read_bytes() for path in sorted(folder.glob("seg-*.ekva")))
 
 
-def _runs(pair: int) -> list[bytes]:
-    """Byte runs of the pair's K and V as the cache holds them (each layer and head's first 32 bytes)."""
-    k, v = _kv(pair)
-    return [t[layer, head].numpy().tobytes()[:32] for t in (k, v) for layer in range(SHAPE.layers)
-            for head in range(SHAPE.kv_heads)]
-
 
 def _check_reads(archive: FrameArchive, pairs) -> None:
     entries = {e.frame: e for e in archive.entries()}  # frames are distinct across the tests' streams
     for pair in pairs:
-        k, v = _kv(pair)
+        k, v = pair_kv(pair)
         got = archive.read_layers(entries[pair], list(range(SHAPE.layers)))
         assert sorted(got) == list(range(SHAPE.layers)), pair
         for layer, kv in got.items():
@@ -68,10 +47,10 @@ def _check_reads(archive: FrameArchive, pairs) -> None:
 
 def test_sealed_segments_hold_no_plaintext_and_read_back_bit_identical(tmp_path):
     archive = _archive(tmp_path, keys=_keys(1))
-    _fill(archive, range(12))
+    fill(archive, range(12))
     archive.close()
     data = _files(tmp_path)
-    assert data and not any(run in data for pair in range(12) for run in _runs(pair))
+    assert data and not any(run in data for pair in range(12) for run in byte_runs(pair))
     reopened = _archive(tmp_path, keys=_keys(1))
     assert reopened.pairs == 12 and reopened.bad_records == 0 and reopened.damaged_layers == 0
     assert reopened.stats()["archive_sealed_segments"] == reopened.stats()["archive_segments"] > 1
@@ -85,15 +64,15 @@ def test_sealed_segments_hold_no_plaintext_and_read_back_bit_identical(tmp_path)
 def test_clear_archive_holds_the_plaintext(tmp_path):
     """The check above can fail: without a key the same bytes are in the files."""
     archive = _archive(tmp_path)
-    _fill(archive, range(3))
+    fill(archive, range(3))
     archive.close()
     data = _files(tmp_path)
-    assert all(run in data for run in _runs(1))
+    assert all(run in data for run in byte_runs(1))
 
 
 def test_wrong_or_missing_key_is_one_clear_error_and_the_files_are_untouched(tmp_path):
     archive = _archive(tmp_path, keys=_keys(1))
-    _fill(archive, range(6))
+    fill(archive, range(6))
     archive.close()
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(ArchiveError, match=r"seg-\d+\.ekva: sealed with key [0-9a-f]{16}, which this deployment"):
@@ -103,14 +82,14 @@ def test_wrong_or_missing_key_is_one_clear_error_and_the_files_are_untouched(tmp
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     rotated = _archive(tmp_path, keys=KeyRing(_keys(2).current, [_keys(1).current]))  # key rotation
     assert rotated.pairs == 6
-    _fill(rotated, range(6, 9))
+    fill(rotated, range(6, 9))
     _check_reads(rotated, range(9))
     rotated.close()
 
 
 def test_a_flipped_byte_in_a_sealed_record_costs_that_record_only(tmp_path):
     archive = _archive(tmp_path, keys=_keys(1), segment_bytes=1 << 20, max_bytes=4 << 20)
-    _fill(archive, range(6))
+    fill(archive, range(6))
     entry = {e.frame: e for e in archive.entries()}[2]
     archive.close()
     path = tmp_path / f"seg-{entry.segment:08d}.ekva"
@@ -128,8 +107,8 @@ def test_a_flipped_byte_in_a_sealed_record_costs_that_record_only(tmp_path):
 def test_forget_rewrites_the_segments_without_the_window(tmp_path, sealed):
     keys = _keys(1) if sealed else None
     archive = _archive(tmp_path, keys=keys)
-    _fill(archive, range(20))
-    _fill(archive, range(100, 104), stream=OTHER)  # another stream's pairs at t 100..103
+    fill(archive, range(20))
+    fill(archive, range(100, 104), stream=OTHER)  # another stream's pairs at t 100..103
     segments = archive.stats()["archive_segments"]
     assert segments >= 4
     plain = archive.forget(4.0, 9.0, stream=STREAM)  # pairs 4..9
@@ -138,11 +117,11 @@ def test_forget_rewrites_the_segments_without_the_window(tmp_path, sealed):
     _check_reads(archive, [*range(4), *range(10, 20), *range(100, 104)])
     if not sealed:  # the window's bytes are gone from the files, the others' are there
         data = _files(tmp_path)
-        assert not any(run in data for pair in range(4, 10) for run in _runs(pair))
-        assert all(run in data for run in _runs(12))
+        assert not any(run in data for pair in range(4, 10) for run in byte_runs(pair))
+        assert all(run in data for run in byte_runs(12))
     assert archive.forget(4.0, 9.0)["pairs"] == 0  # nothing left to forget
     assert archive.forget(100.0, 200.0, stream=STREAM)["pairs"] == 0  # the other stream is not this one's
-    _fill(archive, range(20, 24))  # the writer goes on in a new segment
+    fill(archive, range(20, 24))  # the writer goes on in a new segment
     archive.close()
     assert not list(tmp_path.glob("*.tmp"))
     reopened = _archive(tmp_path, keys=keys)
@@ -154,7 +133,7 @@ def test_forget_rewrites_the_segments_without_the_window(tmp_path, sealed):
 
 def test_forget_of_a_whole_segment_deletes_it_and_a_leftover_rewrite_is_removed(tmp_path):
     archive = _archive(tmp_path)
-    _fill(archive, range(12))
+    fill(archive, range(12))
     archive.close()
     names = sorted(p.name for p in tmp_path.glob("seg-*.ekva"))
     reopened = _archive(tmp_path)

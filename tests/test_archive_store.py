@@ -13,20 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_archive import SHAPE, STREAM, TOKENS, pair_kv
 
 from edgekv.archive.store import ArchiveError, ArchiveMismatchError, FrameArchive, KVShape, new_stream_id
 from edgekv.model.rope import rotary_inv_freq
 from edgekv.positions import rotate_temporal
 
-SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
-TOKENS = 4
-STREAM = b"s" * 16
-
-
-def _kv(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(pair)
-    k = torch.randn(SHAPE.layers, SHAPE.kv_heads, TOKENS, SHAPE.head_dim, generator=g)
-    return k, k * 2 + 1
+_kv = pair_kv
 
 
 def _archive(folder: Path, **kw) -> FrameArchive:

@@ -5,7 +5,6 @@ files change, and pause/resume through the API with the camera released while pa
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -114,10 +113,8 @@ def test_the_daemon_lowers_and_restores_its_rate_as_the_readings_change(tmp_path
     assert "gpu-thermal at 97.0 °C > 85 °C" in log and log.count("power: normal (conditions cleared)") == 2
 
 
-def test_pause_releases_the_camera_and_resume_goes_on(tmp_path, monkeypatch):
-    pytest.importorskip("fastapi")
-    from helpers_server import RunningDaemon, call
-
+def _track_sources(monkeypatch) -> tuple[list, list]:
+    """The video sources the daemon opens, and those closed since (its camera released)."""
     import edgekv.apps.daemon.loop as loop
 
     opened, closed = [], []
@@ -131,6 +128,14 @@ def test_pause_releases_the_camera_and_resume_goes_on(tmp_path, monkeypatch):
         return spec, source
 
     monkeypatch.setattr(loop, "open_video_source", tracked)
+    return opened, closed
+
+
+def test_pause_releases_the_camera_and_resume_goes_on(tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon, call
+
+    opened, closed = _track_sources(monkeypatch)
     with RunningDaemon(_config(tmp_path), tmp_path / "out.txt") as run:
         daemon, port = run.daemon, run.port
         status, _, raw = call(port, "POST", "/v1/privacy/pause", {})
@@ -164,19 +169,7 @@ def test_a_pause_holds_across_a_restart_until_resumed(tmp_path, monkeypatch):
     pytest.importorskip("fastapi")
     from helpers_server import RunningDaemon, call
 
-    import edgekv.apps.daemon.loop as loop
-
-    opened, closed = [], []
-    real = loop.open_video_source
-
-    def tracked(config):
-        spec, source = real(config)
-        opened.append(source)
-        close = source.close
-        source.close = lambda: (closed.append(source), close())
-        return spec, source
-
-    monkeypatch.setattr(loop, "open_video_source", tracked)
+    opened, closed = _track_sources(monkeypatch)
     config = _config(tmp_path).with_overrides(state={"dir": str(tmp_path / "state")})
     with RunningDaemon(config, tmp_path / "out.txt") as run:
         assert _until(lambda: run.daemon.session.counters.frames >= 2)

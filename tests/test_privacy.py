@@ -11,29 +11,18 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers_privacy import privacy_runtime, seen_session
 
-import edgekv
 from edgekv.config import ConfigError, StateSection, config_from_dict
 from edgekv.state import StateKeeper, read_manifest
 
 pytest.importorskip("cryptography", reason="cryptography not installed (pip install 'edgekv[privacy]')")
 from edgekv.privacy import KeyRing, SealError  # noqa: E402
 
-RES = (56, 84)
 
 
-def _runtime(model_dir, **privacy) -> edgekv.Runtime:
-    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": "cpu"},
-                                          video={"resolution": list(RES), "fps": 2.0},
-                                          cache={"policy": "infinipot_v", "max_tokens": 120, "text_reserve_tokens": 40},
-                                          privacy=privacy)
 
 
-def _session(rt, frames: int = 21):
-    session = rt.session()
-    for index in range(frames):
-        session.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)
-    return session
 
 
 def _key(path) -> str:
@@ -50,14 +39,14 @@ def _runs(session) -> list[bytes]:
 
 def test_a_sealed_snapshot_hides_the_kv_and_restores_bit_identically(tiny_checkpoint, tmp_path):
     key = _key(tmp_path / "memory.key")
-    rt = _runtime(tiny_checkpoint, key_file=key)
-    session = _session(rt)
+    rt = privacy_runtime(tiny_checkpoint, key_file=key)
+    session = seen_session(rt)
     path = tmp_path / "sealed.ekv"
     session.save(path)
     data = path.read_bytes()
     assert data.startswith(b"EDGEKV-SNAPSEAL") and not any(run in data for run in _runs(session))
     plain = tmp_path / "plain.ekv"
-    _session(_runtime(tiny_checkpoint)).save(plain)
+    seen_session(privacy_runtime(tiny_checkpoint)).save(plain)
     assert sum(run in plain.read_bytes() for run in _runs(session)) > 40  # the same runs are there in the clear
     restored = rt.restore(path)
     n = session.cache.length
@@ -68,7 +57,7 @@ def test_a_sealed_snapshot_hides_the_kv_and_restores_bit_identically(tiny_checkp
 
 
 def test_a_wrong_or_missing_key_names_the_file_and_leaves_it_untouched(tiny_checkpoint, tmp_path):
-    rt = _runtime(tiny_checkpoint, key_file=_key(tmp_path / "a.key"))
+    rt = privacy_runtime(tiny_checkpoint, key_file=_key(tmp_path / "a.key"))
     folder = tmp_path / "state"
     keeper = StateKeeper(StateSection(dir=str(folder), every_s=1.0, max_mib=64), say=lambda line: None)
     session = keeper.restore(rt)
@@ -76,7 +65,7 @@ def test_a_wrong_or_missing_key_names_the_file_and_leaves_it_untouched(tiny_chec
         session.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)
     info = keeper.snapshot(session)
     before = hashlib.sha256(info.path.read_bytes()).hexdigest()
-    for other in (_runtime(tiny_checkpoint, key_file=_key(tmp_path / "b.key")), _runtime(tiny_checkpoint)):
+    for other in (privacy_runtime(tiny_checkpoint, key_file=_key(tmp_path / "b.key")), privacy_runtime(tiny_checkpoint)):
         with pytest.raises(SealError) as err:
             StateKeeper(StateSection(dir=str(folder), every_s=1.0, max_mib=64), say=lambda line: None).restore(other)
         message = str(err.value)
@@ -87,10 +76,10 @@ def test_a_wrong_or_missing_key_names_the_file_and_leaves_it_untouched(tiny_chec
 
 def test_key_rotation_reads_the_old_key_and_writes_the_new(tiny_checkpoint, tmp_path):
     old, new = _key(tmp_path / "old.key"), _key(tmp_path / "new.key")
-    session = _session(_runtime(tiny_checkpoint, key_file=old))
+    session = seen_session(privacy_runtime(tiny_checkpoint, key_file=old))
     first = tmp_path / "old.ekv"
     session.save(first)
-    rotated = _runtime(tiny_checkpoint, key_file=new, previous_key_files=[old])
+    rotated = privacy_runtime(tiny_checkpoint, key_file=new, previous_key_files=[old])
     restored = rotated.restore(first)
     second = tmp_path / "new.ekv"
     restored.save(second)
@@ -98,7 +87,7 @@ def test_key_rotation_reads_the_old_key_and_writes_the_new(tiny_checkpoint, tmp_
     assert second.read_bytes()[16:24] == new_id  # sealed with the new key
     assert read_manifest(second, KeyRing.from_section(config_from_dict({"privacy": {"key_file": new}}).privacy))
     with pytest.raises(SealError, match="does not have"):
-        _runtime(tiny_checkpoint, key_file=new).restore(first)  # without the old key, the old file does not open
+        privacy_runtime(tiny_checkpoint, key_file=new).restore(first)  # without the old key, the old file does not open
 
 
 def test_keys_from_a_file_an_environment_variable_and_a_credential(tmp_path, monkeypatch):
@@ -150,8 +139,8 @@ def test_a_key_without_cryptography_stops_the_start_not_the_first_snapshot(tiny_
     monkeypatch.setitem(sys.modules, "cryptography", None)
     with pytest.raises(ImportError, match=r"privacy: encryption at rest needs cryptography \(pip install "
                                           r"'edgekv\[privacy\]'\)"):
-        _runtime(tiny_checkpoint, key_file=_key(tmp_path / "memory.key"))
-    assert _runtime(tiny_checkpoint).keys is None  # without a key nothing needs it
+        privacy_runtime(tiny_checkpoint, key_file=_key(tmp_path / "memory.key"))
+    assert privacy_runtime(tiny_checkpoint).keys is None  # without a key nothing needs it
 
 
 def test_the_log_holds_no_question_or_answer_text_when_a_key_seals_the_memory(tmp_path):

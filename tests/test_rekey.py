@@ -15,49 +15,28 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers_archive import SHAPE, byte_runs, fill, pair_kv
+from helpers_privacy import privacy_runtime, seen_session
 
 pytest.importorskip("cryptography", reason="cryptography not installed (pip install 'edgekv[privacy]')")
 
-import edgekv  # noqa: E402
 from edgekv.apps.cli import main  # noqa: E402
-from edgekv.archive.store import ArchiveError, FrameArchive, KVShape, SegmentFiles, archived_shape  # noqa: E402
+from edgekv.archive.store import ArchiveError, FrameArchive, SegmentFiles, archived_shape  # noqa: E402
 from edgekv.config import StateSection  # noqa: E402
 from edgekv.privacy import Key, KeyRing, SealError  # noqa: E402
 from edgekv.state import SnapshotError, StateKeeper, read_manifest, reseal_snapshot  # noqa: E402
 
-SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
-TOKENS = 4
-STREAM = b"s" * 16
-RES = (56, 84)
 
 
 def _key(seed: int) -> Key:
     return Key(bytes([seed]) * 32, f"test key {seed}")
 
 
-def _kv(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(pair)
-    k = torch.randn(SHAPE.layers, SHAPE.kv_heads, TOKENS, SHAPE.head_dim, generator=g)
-    return k, k * 2 + 1
-
 
 def _archive(folder: Path, keys=None, **kw) -> FrameArchive:
     return FrameArchive(folder, SHAPE, max_bytes=1 << 20, segment_bytes=4 << 10, keys=keys, **kw)
 
 
-def _fill(archive: FrameArchive, pairs: range) -> None:
-    for pair in pairs:
-        k, v = _kv(pair)
-        while not archive.submit(k, v, frame=pair, t=float(pair), tpos=10 + pair, t_offset=0, rows=2, cols=2,
-                                 stream=STREAM):
-            archive.flush()
-    assert archive.flush()
-
-
-def _runs(pair: int) -> list[bytes]:
-    k, v = _kv(pair)
-    return [t[layer, head].numpy().tobytes()[:32] for t in (k, v) for layer in range(SHAPE.layers)
-            for head in range(SHAPE.kv_heads)]
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -67,7 +46,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 def _readable(archive: FrameArchive, pairs, skip: tuple[int, int] | None = None) -> None:
     entries = {e.frame: e for e in archive.entries()}
     for pair in pairs:
-        k, v = _kv(pair)
+        k, v = pair_kv(pair)
         got = archive.read_layers(entries[pair], list(range(SHAPE.layers)))
         wanted = [layer for layer in range(SHAPE.layers) if (pair, layer) != skip]
         assert sorted(got) == wanted, pair
@@ -78,16 +57,16 @@ def _readable(archive: FrameArchive, pairs, skip: tuple[int, int] | None = None)
 def _old_archive(folder: Path) -> None:
     """Four pairs archived in the clear (before a key was set), then eight under key 1."""
     clear = _archive(folder)
-    _fill(clear, range(4))
+    fill(clear, range(4))
     clear.close()
     sealed = _archive(folder, keys=KeyRing(_key(1)))
-    _fill(sealed, range(4, 12))
+    fill(sealed, range(4, 12))
     sealed.close()
 
 
 def test_an_archive_in_the_clear_and_under_an_old_key_is_resealed_and_reads_bit_identically(tmp_path):
     _old_archive(tmp_path)
-    assert any(run in b"".join(_files(tmp_path).values()) for run in _runs(1))  # the clear segment holds them
+    assert any(run in b"".join(_files(tmp_path).values()) for run in byte_runs(1))  # the clear segment holds them
     assert archived_shape(tmp_path) == SHAPE
     rotated = _archive(tmp_path, keys=KeyRing(_key(2), [_key(1)]))
     segments = rotated.stats()["archive_segments"]
@@ -98,14 +77,14 @@ def test_an_archive_in_the_clear_and_under_an_old_key_is_resealed_and_reads_bit_
     assert rotated.reseal() == {"segments_resealed": 0, "segments_current": segments, "bytes": 0}
     rotated.close()
     data = b"".join(_files(tmp_path).values())
-    assert not any(run in data for pair in range(12) for run in _runs(pair))
+    assert not any(run in data for pair in range(12) for run in byte_runs(pair))
     assert not list(tmp_path.glob("*.tmp"))
     with pytest.raises(ArchiveError, match="does not have"):  # the old key no longer opens anything
         _archive(tmp_path, keys=KeyRing(_key(1)))
     alone = _archive(tmp_path, keys=KeyRing(_key(2)))  # the new key alone opens everything
     assert alone.pairs == 12 and alone.bad_records == 0 and alone.damaged_layers == 0
     _readable(alone, range(12))
-    _fill(alone, range(12, 15))  # and the archive goes on
+    fill(alone, range(12, 15))  # and the archive goes on
     alone.close()
     again = _archive(tmp_path, keys=KeyRing(_key(2)))
     _readable(again, range(15))
@@ -114,7 +93,7 @@ def test_an_archive_in_the_clear_and_under_an_old_key_is_resealed_and_reads_bit_
 
 def test_a_damaged_layer_stays_damaged_through_a_reseal(tmp_path):
     archive = _archive(tmp_path, keys=KeyRing(_key(1)))
-    _fill(archive, range(6))
+    fill(archive, range(6))
     entry = {e.frame: e for e in archive.entries()}[2]
     archive.close()
     path = tmp_path / f"seg-{entry.segment:08d}.ekva"
@@ -168,18 +147,8 @@ def test_a_reseal_cut_short_leaves_every_segment_as_it_was(tmp_path):
     alone.close()
 
 
-def _runtime(model_dir, **privacy) -> edgekv.Runtime:
-    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": "cpu"},
-                                          video={"resolution": list(RES), "fps": 2.0},
-                                          cache={"policy": "infinipot_v", "max_tokens": 120, "text_reserve_tokens": 40},
-                                          privacy=privacy)
 
 
-def _session(rt, frames: int = 21):
-    session = rt.session()
-    for index in range(frames):
-        session.ingest(np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=index / 2.0)
-    return session
 
 
 def _write_key(path: Path, seed: int) -> str:
@@ -190,10 +159,10 @@ def _write_key(path: Path, seed: int) -> str:
 def test_snapshots_in_the_clear_and_under_an_old_key_are_resealed_and_restore_bit_identically(tiny_checkpoint,
                                                                                              tmp_path):
     old, new = _write_key(tmp_path / "old.key", 1), _write_key(tmp_path / "new.key", 2)
-    session = _session(_runtime(tiny_checkpoint))
+    session = seen_session(privacy_runtime(tiny_checkpoint))
     plain, sealed = tmp_path / "plain.ekv", tmp_path / "sealed.ekv"
     session.save(plain)
-    _runtime(tiny_checkpoint, key_file=old).restore(plain).save(sealed)
+    privacy_runtime(tiny_checkpoint, key_file=old).restore(plain).save(sealed)
     n = session.cache.length
     k = session.cache.k[:, :, :n].contiguous().numpy().tobytes()
     runs = [k[i:i + 32] for i in range(0, len(k), len(k) // 40)]
@@ -201,7 +170,7 @@ def test_snapshots_in_the_clear_and_under_an_old_key_are_resealed_and_restore_bi
     ring = KeyRing(_key(2), [_key(1)])
     assert reseal_snapshot(plain, ring) and reseal_snapshot(sealed, ring)
     new_id = hashlib.sha256(_key(2).material).digest()[:8]
-    rt = _runtime(tiny_checkpoint, key_file=new)
+    rt = privacy_runtime(tiny_checkpoint, key_file=new)
     for path in (plain, sealed):
         data = path.read_bytes()
         assert data.startswith(b"EDGEKV-SNAPSEAL") and data[16:24] == new_id
@@ -214,13 +183,13 @@ def test_snapshots_in_the_clear_and_under_an_old_key_are_resealed_and_restore_bi
     before = sealed.read_bytes()
     assert not reseal_snapshot(sealed, ring) and sealed.read_bytes() == before  # already under the key: untouched
     with pytest.raises(SealError, match="does not have"):
-        _runtime(tiny_checkpoint, key_file=old).restore(sealed)
+        privacy_runtime(tiny_checkpoint, key_file=old).restore(sealed)
     assert not list(tmp_path.glob(".*.tmp-*"))
 
 
 def test_a_damaged_snapshot_is_named_and_left_as_it_is(tiny_checkpoint, tmp_path):
     path = tmp_path / "plain.ekv"
-    _session(_runtime(tiny_checkpoint)).save(path)
+    seen_session(privacy_runtime(tiny_checkpoint)).save(path)
     manifest = read_manifest(path)
     data = bytearray(path.read_bytes())
     data[manifest["tensors"]["k"]["offset"] + 10] ^= 0xFF
@@ -234,7 +203,7 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     old, new = _write_key(tmp_path / "old.key", 1), _write_key(tmp_path / "new.key", 2)
     state, archive_dir = tmp_path / "state", tmp_path / "archive"
     state.mkdir()
-    _session(_runtime(tiny_checkpoint, key_file=old)).save(state / "snapshot-00000001.ekv")
+    seen_session(privacy_runtime(tiny_checkpoint, key_file=old)).save(state / "snapshot-00000001.ekv")
     _old_archive(archive_dir)
     from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing, RuleStore
     from edgekv.config import AlertRuleSection

@@ -1031,7 +1031,6 @@ class FrameArchive:
 
     def _rewrite_segment(self, number: int, drop: set[int]) -> bool:
         """Segment ``number`` without the records of ``drop`` (False: none was left, the segment is deleted)."""
-        path = self._segment_path(number)
         with self._lock:
             keep = sorted((e for e in self._entries.values() if e.segment == number and e.pair not in drop),
                           key=lambda e: e.offset)
@@ -1039,26 +1038,44 @@ class FrameArchive:
             self._delete_segment(number)
             self.segments_deleted -= 1  # not retention
             return False
-        sealed = number in self._sealers
+        path, sealed = self._segment_path(number), number in self._sealers
+
+        def record(source, entry: ArchivedPair, index: int) -> tuple[bytes, int]:  # byte for byte, nonces kept
+            length = _HEAD.size + self._meta_len(sealed) + self.shape.layers * self._layer_len(entry.tokens, sealed)
+            source.seek(entry.offset)
+            data = source.read(length)
+            if len(data) != length:
+                raise ArchiveError(f"{path}: pair {entry.pair} at byte {entry.offset} is cut short")
+            return data, entry.seq
+
+        def forget_dropped() -> None:
+            for pair in drop:
+                self._forget(pair)
+
+        self._replace_segment(number, keep, lambda source: self._segment_header(source, keep[0].offset), record,
+                              forget_dropped)
+        return True
+
+    def _replace_segment(self, number: int, keep: list[ArchivedPair], header, record, after=None) -> int:
+        """Segment ``number`` written anew into ``seg-N.ekva.tmp`` — ``header(source)``, then for each of ``keep``
+        (in order) the bytes and record number ``record(source, entry, index)`` gives — fsynced and renamed over
+        it (a crash leaves it whole as it was or rewritten; a leftover ``.tmp`` is removed at the next open). The
+        index follows the records; ``after()`` runs with the rename, under the lock readers hold. Returns the new
+        size."""
+        path = self._segment_path(number)
         tmp = path.with_name(path.name + ".tmp")
         moved: list[ArchivedPair] = []
         with open(path, "rb") as source:
-            first = keep[0].offset
-            header = self._segment_header(source, first)
             fd = self.files.create(tmp)
             try:
-                self._write_to(fd, header, 0)
-                at = len(header)
-                for entry in keep:
-                    length = _HEAD.size + self._meta_len(sealed) + self.shape.layers * self._layer_len(entry.tokens,
-                                                                                                       sealed)
-                    source.seek(entry.offset)
-                    data = source.read(length)
-                    if len(data) != length:
-                        raise ArchiveError(f"{path}: pair {entry.pair} at byte {entry.offset} is cut short")
+                data = header(source)
+                self._write_to(fd, data, 0)
+                at = len(data)
+                for index, entry in enumerate(keep):
+                    data, seq = record(source, entry, index)
                     self._write_to(fd, data, at)
-                    moved.append(ArchivedPair(**{**asdict(entry), "offset": at}))
-                    at += length
+                    moved.append(ArchivedPair(**{**asdict(entry), "offset": at, "seq": seq}))
+                    at += len(data)
                 self.files.fsync(fd)
             except BaseException:
                 self.files.close(fd)
@@ -1067,12 +1084,12 @@ class FrameArchive:
             self.files.close(fd)
         with self._lock:  # readers hold this lock while they read a segment
             os.replace(tmp, path)
-            for pair in drop:
-                self._forget(pair)
+            if after is not None:
+                after()
             for entry in moved:
                 self._entries[entry.pair] = entry
             self._segments[number] = at
-        return True
+        return at
 
     # ------------------------------------------------------------------ rekey
     def reseal(self, dry_run: bool = False) -> dict:
@@ -1107,48 +1124,29 @@ class FrameArchive:
         from edgekv.privacy import Sealer
 
         path = self._segment_path(number)
-        old = self._sealers.get(number)
-        new = Sealer(self.keys.current)
+        old, new = self._sealers.get(number), Sealer(self.keys.current)
         layers = self.shape.layers
         with self._lock:
             keep = sorted((e for e in self._entries.values() if e.segment == number), key=lambda e: e.offset)
-        tmp = path.with_name(path.name + ".tmp")
-        moved: list[ArchivedPair] = []
-        with open(path, "rb") as source:
-            fd = self.files.create(tmp)
-            try:
-                header = self._header_bytes(new)
-                self._write_to(fd, header, 0)
-                at = len(header)
-                for seq, entry in enumerate(keep):
-                    source.seek(entry.offset + _HEAD.size)
-                    meta = source.read(self._meta_len(old is not None))
-                    parts = [source.read(self._layer_len(entry.tokens, old is not None)) for _ in range(layers)]
-                    if len(meta) != self._meta_len(old is not None) or any(
-                            len(part) != self._layer_len(entry.tokens, old is not None) for part in parts):
-                        raise ArchiveError(f"{path}: pair {entry.pair} at byte {entry.offset} is cut short")
-                    if old is not None:
-                        meta = old.open(self._nonce_index(entry.seq, layers), meta, str(path))
-                        parts = [self._open_or_carry(old, entry.seq, layer, part) for layer, part in enumerate(parts)]
-                    meta = new.seal(self._nonce_index(seq, layers), meta)
-                    body = b"".join(new.seal(self._nonce_index(seq, layer), part) for layer, part in enumerate(parts))
-                    head = _HEAD.pack(RECORD_MAGIC, len(meta), len(body), zlib.crc32(meta), seq)
-                    self._write_to(fd, head + meta + body, at)
-                    moved.append(ArchivedPair(**{**asdict(entry), "offset": at, "seq": seq}))
-                    at += len(head) + len(meta) + len(body)
-                self.files.fsync(fd)
-            except BaseException:
-                self.files.close(fd)
-                tmp.unlink(missing_ok=True)
-                raise
-            self.files.close(fd)
-        with self._lock:  # readers hold this lock while they read a segment
-            os.replace(tmp, path)
-            for entry in moved:
-                self._entries[entry.pair] = entry
-            self._segments[number] = at
+
+        def record(source, entry: ArchivedPair, seq: int) -> tuple[bytes, int]:  # renumbered: new salt, new nonces
+            source.seek(entry.offset + _HEAD.size)
+            meta = source.read(self._meta_len(old is not None))
+            parts = [source.read(self._layer_len(entry.tokens, old is not None)) for _ in range(layers)]
+            if len(meta) != self._meta_len(old is not None) or any(
+                    len(part) != self._layer_len(entry.tokens, old is not None) for part in parts):
+                raise ArchiveError(f"{path}: pair {entry.pair} at byte {entry.offset} is cut short")
+            if old is not None:
+                meta = old.open(self._nonce_index(entry.seq, layers), meta, str(path))
+                parts = [self._open_or_carry(old, entry.seq, layer, part) for layer, part in enumerate(parts)]
+            meta = new.seal(self._nonce_index(seq, layers), meta)
+            body = b"".join(new.seal(self._nonce_index(seq, layer), part) for layer, part in enumerate(parts))
+            return _HEAD.pack(RECORD_MAGIC, len(meta), len(body), zlib.crc32(meta), seq) + meta + body, seq
+
+        def sealed_with_new() -> None:
             self._sealers[number] = new
-        return at
+
+        return self._replace_segment(number, keep, lambda source: self._header_bytes(new), record, sealed_with_new)
 
     def _open_or_carry(self, sealer, seq: int, layer: int, sealed: bytes) -> bytes:
         """A sealed layer's plaintext; one that does not authenticate is carried as its bytes less the tag (its

@@ -1,0 +1,34 @@
+"""Shared by the sealed-archive tests (test_archive_private.py, test_rekey.py): a small KV shape, each pair's K/V
+drawn from its number, an archive filled with such pairs, and byte runs to look for in the files."""
+
+from __future__ import annotations
+
+import torch
+
+from edgekv.archive.store import FrameArchive, KVShape
+
+SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
+TOKENS = 4
+STREAM = b"s" * 16
+
+
+def pair_kv(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(pair)
+    k = torch.randn(SHAPE.layers, SHAPE.kv_heads, TOKENS, SHAPE.head_dim, generator=g)
+    return k, k * 2 + 1
+
+
+def fill(archive: FrameArchive, pairs: range, stream: bytes = STREAM) -> None:
+    for pair in pairs:
+        k, v = pair_kv(pair)
+        while not archive.submit(k, v, frame=pair, t=float(pair), tpos=10 + pair, t_offset=0, rows=2, cols=2,
+                                 stream=stream):
+            archive.flush()
+    assert archive.flush()
+
+
+def byte_runs(pair: int) -> list[bytes]:
+    """Byte runs of the pair's K and V as the cache holds them (each layer and head's first 32 bytes)."""
+    k, v = pair_kv(pair)
+    return [t[layer, head].numpy().tobytes()[:32] for t in (k, v) for layer in range(SHAPE.layers)
+            for head in range(SHAPE.kv_heads)]
