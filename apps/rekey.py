@@ -6,7 +6,7 @@ Why: the daemon seals each new snapshot and segment with the current key and rea
 ``privacy.previous_key_files``, so without this the old key stays needed until two snapshots have been written and
 retention has deleted every older segment — days, on a 16 GiB archive — and frames archived before a key was first
 set stay in the clear as long. After a key leaks, or when encryption is turned on for a device that already holds a
-memory, ``systemctl stop edgekv; edgekv rekey --config /etc/edgekv/config.yaml; systemctl start edgekv``: once it
+memory, ``systemctl stop edgekv; edgekv rekey --config /etc/edgekv/deploy.yaml; systemctl start edgekv``: once it
 says so, no file needs the old key (remove it from ``previous_key_files``) and none is in the clear.
 
 Each file is rewritten as the daemon rewrites one (a temporary copy sealed under a new random salt, fsync, rename:
@@ -18,6 +18,7 @@ camera's folders are done in turn. What it cannot do: erase the flash blocks the
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -59,6 +60,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _give_back(folder: Path) -> None:
+    """Run as root (``sudo edgekv rekey``), the rewritten files would be root's in the service user's folders:
+    hand each back to the folder's owner, as the daemon (``User=edgekv``) wrote them."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return
+    owner = folder.stat()
+    for path in [folder, *folder.rglob("*")]:
+        info = path.lstat()
+        if (info.st_uid, info.st_gid) != (owner.st_uid, owner.st_gid) and not path.is_symlink():
+            os.chown(path, owner.st_uid, owner.st_gid)
+
+
 def _state(config, keys, dry_run: bool, say) -> int:
     """Snapshots under ``state.dir``; returns how many were left as they were."""
     from edgekv.privacy import SealError
@@ -96,6 +109,8 @@ def _state(config, keys, dry_run: bool, say) -> int:
         return left + _rules(keeper.dir, keys, dry_run, say)
     finally:
         keeper.release()
+        if not dry_run:
+            _give_back(keeper.dir)
 
 
 def _rules(folder: Path, keys, dry_run: bool, say) -> int:
@@ -145,6 +160,8 @@ def _archive(config, keys, dry_run: bool, say) -> int:
         result = archive.reseal(dry_run=dry_run)
     finally:
         archive.close()
+        if not dry_run:
+            _give_back(folder)
     verb = "would be re-sealed" if dry_run else f"re-sealed ({result['bytes']:,} bytes written)"
     say(f"archive.dir {folder}: {result['segments_resealed']} segment(s) {verb}, {result['segments_current']} "
         f"already under the current key")

@@ -252,3 +252,24 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     assert main(["rekey", "--config", str(config)]) == 2
     assert "privacy: no key is set" in capsys.readouterr().err
     assert os.listdir(state)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root: sudo edgekv rekey")
+def test_rekey_run_as_root_leaves_the_files_the_service_users(tmp_path, capsys):
+    """``sudo edgekv rekey``: the rewritten files were root's inside folders the daemon (User=edgekv) owns."""
+    state, archive_dir = tmp_path / "state", tmp_path / "archive"
+    state.mkdir()
+    _old_archive(archive_dir)
+    for folder in (state, archive_dir):
+        for path in [folder, *folder.rglob("*")]:
+            os.chown(path, 4321, 4321)  # the service user
+    config = tmp_path / "deploy.yaml"
+    config.write_text(yaml.safe_dump({"state": {"dir": str(state)},
+                                      "archive": {"dir": str(archive_dir), "max_gib": 0.01, "segment_mib": 1},
+                                      "privacy": {"key_file": _write_key(tmp_path / "new.key", 2),
+                                                  "previous_key_files": [_write_key(tmp_path / "old.key", 1)]}}))
+    assert main(["rekey", "--config", str(config)]) == 0, capsys.readouterr()
+    assert "segment(s) re-sealed" in capsys.readouterr().out
+    owners = {(p.stat().st_uid, p.stat().st_gid) for folder in (state, archive_dir)
+              for p in [folder, *folder.rglob("*")]}
+    assert owners == {(4321, 4321)}
