@@ -178,3 +178,41 @@ def test_the_server_check_names_every_package_the_http_api_imports(monkeypatch):
                         lambda name, *rest: None if name == "prometheus_client" else real(name, *rest))
     with pytest.raises(StartupError, match=r"needs prometheus-client \(pip install 'edgekv\[server\]'\)"):
         check_server_packages()
+
+
+def test_the_daemon_gives_back_the_signal_handlers_it_took(tiny_checkpoint, tmp_path, capsys):
+    """Run in a program's main thread (an app embedding it, a test), the daemon left its SIGINT / SIGTERM / SIGHUP
+    handlers installed when it returned: a Ctrl-C after it only set a flag nobody read. One camera and several, a
+    start that fails and one that runs to the stream's end."""
+    import signal
+
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.cameras import CameraSet
+    from edgekv.apps.daemon.loop import Daemon
+
+    def mine(signum, frame):
+        pass
+
+    signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    before = {sig: signal.signal(sig, mine) for sig in signals}
+    try:
+        ok = EdgeKVConfig().with_overrides(
+            model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+            video={"source": "synthetic:shapes?size=160x120&fps=8&frames=6", "fps": 4.0, "resolution": [112, 112]},
+            cache={"policy": "infinipot_v", "max_tokens": 400, "text_reserve_tokens": 96},
+            monitor={"backend": "cpu"})
+        bad = ok.with_overrides(model={"path": str(tmp_path / "no-model")})
+        two = ok.with_overrides(video={"sources": [{"name": "a", "source": "synthetic:shapes?size=160x120&frames=6"},
+                                                   {"name": "b", "source": "synthetic:shapes?size=160x120&frames=6"}]})
+        with open(tmp_path / "out.txt", "w") as out:
+            args = daemon_args(no_server=True, realtime=False, max_frames=4)
+            assert Daemon(bad, args, out=out).run() == 2
+            assert all(signal.getsignal(sig) is mine for sig in signals)
+            assert Daemon(ok, args, out=out).run() == 0
+            assert all(signal.getsignal(sig) is mine for sig in signals)
+            assert CameraSet(two.with_overrides(model={"path": str(tmp_path / "no-model")}), args, out=out).run() == 2
+            assert all(signal.getsignal(sig) is mine for sig in signals)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -389,7 +389,7 @@ def test_ctrl_c_inside_an_optimizer_step_waits_for_the_step(tmp_path, monkeypatc
         return result
 
     monkeypatch.setattr(torch.optim.AdamW, "step", key_inside_step_two)
-    # Python's own Ctrl-C handler (a daemon test run before this one in the same worker may have left its own)
+    # Python's own Ctrl-C handler, whatever an earlier test in the same worker installed
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     out = tmp_path / "next"
     try:

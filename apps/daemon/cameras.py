@@ -266,11 +266,17 @@ class CameraSet:
             daemon.monitor, daemon.monitor_is_shared = self.first.monitor, True
 
     def run(self) -> int:
-        import edgekv
-
         self.stop.install()
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, lambda _signum, _frame: [d.stop.hangup.set() for d in self.daemons.values()])
+        try:
+            return self._run()
+        finally:
+            self.stop.uninstall()
+
+    def _run(self) -> int:
+        import edgekv
+
         try:
             try:
                 for daemon in self.daemons.values():
@@ -279,7 +285,7 @@ class CameraSet:
                 for daemon in self.daemons.values():
                     daemon.runtime = runtime if daemon is self.first else runtime.sharing(daemon.config)
                     daemon.start()
-            except (ValueError, OSError, RuntimeError) as exc:
+            except (ValueError, OSError, RuntimeError, ImportError) as exc:  # as Daemon.run: a missing extra too
                 from edgekv.apps.daemon.startup import one_line
 
                 print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)

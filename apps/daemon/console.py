@@ -25,14 +25,26 @@ class StopFlag:
         self.event = threading.Event()
         self.hangup = threading.Event()
         self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}  # the handlers install() replaced, put back by uninstall()
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # embedded (tests, another app): the owner stops the loop through ``event``
+        signals = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+        self._previous = {sig: signal.getsignal(sig) for sig in signals}
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
         if hasattr(signal, "SIGHUP"):
             signal.signal(signal.SIGHUP, lambda _signum, _frame: self.hangup.set())
+
+    def uninstall(self) -> None:
+        """Put back the handlers ``install`` replaced: a program that ran the daemon in its main thread (an app
+        embedding it, a test) got a Ctrl-C that only set this flag, for the rest of its life."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
 
     def _handle(self, signum, _frame) -> None:
         self.signal_name = signal.Signals(signum).name

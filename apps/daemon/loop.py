@@ -235,6 +235,7 @@ class Daemon:
             self.serve()
         finally:
             self.shutdown()
+            self.stop.uninstall()
         return 0
 
     def preflight(self) -> None:
