@@ -636,6 +636,7 @@ class StateKeeper:
         self.failures = 0
         self.clock_offset = 0.0  # added to the source's timestamps after a restore: see stream_time
         self._lock_fd: int | None = None  # state.dir/state.lock while hold() is in force
+        self.camera: str | None = None  # one camera of video.sources: dir is state.dir/<camera>
 
     @property
     def enabled(self) -> bool:
@@ -675,6 +676,24 @@ class StateKeeper:
         """Temporary files of writes a crash interrupted: never valid, never needed."""
         for leftover in self.dir.glob(f".{self.PREFIX}*.tmp-*"):
             leftover.unlink(missing_ok=True)
+
+    def _elsewhere(self) -> str:
+        """Where memory of this folder's other layout lies: a one-camera deployment keeps its snapshots in
+        ``state.dir``, several cameras (``video.sources``) each in ``state.dir/<name>`` — one that went from one to
+        several (or back) started empty without a word about the memory beside it."""
+        if self.camera is not None and self._holds_snapshots(self.dir.parent):
+            return (f" ({self.dir.parent} itself holds the memory of a one-camera deployment; with video.sources "
+                    f"each camera keeps its own in state.dir/<name>: move those snapshot files into {self.dir} to "
+                    f"resume from them, if this camera's cache is the same)")
+        cameras = sorted(p.name for p in self.dir.iterdir() if p.is_dir() and self._holds_snapshots(p))
+        if self.camera is None and cameras:
+            return (f" ({self.dir} holds the memory of cameras {', '.join(cameras)} of a deployment with "
+                    f"video.sources, each in its own folder; it is not read without video.sources)")
+        return ""
+
+    def _holds_snapshots(self, folder: Path) -> bool:
+        return any(p.name[len(self.PREFIX):-len(self.SUFFIX)].isdigit()
+                   for p in folder.glob(f"{self.PREFIX}*{self.SUFFIX}"))
 
     def _set_aside(self, path: Path) -> Path:
         aside = self.dir / self.ASIDE
@@ -720,7 +739,7 @@ class StateKeeper:
         session = runtime.session()
         self._check_budget(session)
         if rejected is None:
-            self.say(f"no snapshot in {self.dir}: starting with an empty memory")
+            self.say(f"no snapshot in {self.dir}: starting with an empty memory{self._elsewhere()}")
         else:
             aside = self._set_aside(rejected)
             for other in self.generations():

@@ -202,6 +202,33 @@ def test_the_keeper_resumes_the_newest_snapshot_and_keeps_two_generations(runtim
     assert resumed.counters.frames == 31 and resumed.counters.frame_pairs == 15
 
 
+def test_an_empty_start_names_the_memory_of_the_other_layout_beside_it(runtime, tmp_path):
+    """A deployment that went from one camera to several (video.sources: each camera's memory in state.dir/<name>)
+    or back started with an empty memory without a word about the snapshots lying beside it."""
+    said: list[str] = []
+    root = tmp_path / "state"
+    session = _keeper(root, said).restore(runtime)
+    _ingest(session, 0, 4)
+    _keeper(root, said).snapshot(session)  # a one-camera deployment's memory, in state.dir itself
+    said.clear()
+    camera = _keeper(root / "front", said)
+    camera.camera = "front"  # as apps/daemon/cameras.py sets it
+    front = camera.restore(runtime)
+    assert said[0].startswith(f"no snapshot in {root / 'front'}: starting with an empty memory ({root} itself holds "
+                              f"the memory of a one-camera deployment"), said
+    _keeper(root / "front", []).snapshot(front)
+    for old in root.glob("snapshot-*.ekv"):
+        old.unlink()
+    said.clear()
+    _keeper(root, said).restore(runtime)
+    assert said == [f"no snapshot in {root}: starting with an empty memory ({root} holds the memory of cameras front "
+                    f"of a deployment with video.sources, each in its own folder; it is not read without "
+                    f"video.sources)"]
+    said.clear()
+    _keeper(tmp_path / "elsewhere", said).restore(runtime)
+    assert said == [f"no snapshot in {tmp_path / 'elsewhere'}: starting with an empty memory"]
+
+
 def test_the_keeper_falls_back_to_the_older_generation_when_the_newest_is_damaged(runtime, tmp_path):
     said, clock = [], _Clock()
     keeper = _keeper(tmp_path, said, clock)

@@ -210,6 +210,7 @@ class CameraSet:
                                                  speak_wav=options.speak_wav if index == 0 else None)
             daemon = Daemon(camera_config, camera_options, out=PrefixedOutput(self.out, name), prog=prog)
             daemon.camera, daemon.lock = name, self.lock
+            daemon.state.camera = name  # its memory is state.dir/<name>: said so when that is empty
             daemon.stop.event = self.stop.event  # one stop for all; each its own SIGHUP flag (each saves its memory)
             self.daemons[name] = daemon
         self.first = next(iter(self.daemons.values()))
