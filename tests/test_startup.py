@@ -216,3 +216,28 @@ def test_the_daemon_gives_back_the_signal_handlers_it_took(tiny_checkpoint, tmp_
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_archive_segments_of_the_other_layout_are_named_with_their_size(tmp_path):
+    """One camera archives in archive.dir, each of several in archive.dir/<name>: segments of the other layout
+    were never read, counted in archive.max_gib nor deleted by retention, and nothing said so."""
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.loop import Daemon
+
+    root = tmp_path / "archive"
+    (root / "front").mkdir(parents=True)
+    (root / "seg-00000001.ekva").write_bytes(b"\0" * 2**20)
+    (root / "front" / "seg-00000001.ekva").write_bytes(b"\0" * 2**19)
+    config = EdgeKVConfig().with_overrides(archive={"dir": str(root)})
+    with open(tmp_path / "out.txt", "w") as out:
+        single = Daemon(config, daemon_args(), out=out)
+        single._say_archive_elsewhere()
+        camera = Daemon(config.with_overrides(archive={"dir": str(root / "front")}), daemon_args(), out=out)
+        camera.camera = "front"
+        camera._say_archive_elsewhere()
+    said = (tmp_path / "out.txt").read_text().splitlines()
+    assert said == [f"archive: {root / 'front'} holds 1 segment(s) (0.5 MiB) of a camera of video.sources, which "
+                    f"this deployment never reads, counts in archive.max_gib nor deletes; remove them",
+                    f"archive: {root} holds 1 segment(s) (1.0 MiB) of a one-camera deployment, which this deployment "
+                    f"never reads, counts in archive.max_gib nor deletes; remove them"]

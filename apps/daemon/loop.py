@@ -295,6 +295,7 @@ class Daemon:
         runtime = self.runtime if self.runtime is not None else edgekv.Runtime.from_config(cfg)
         self.runtime = runtime
         self.session = self.state.restore(runtime)  # a fresh session unless a matching snapshot is on disk
+        self._say_archive_elsewhere()
         self._on_session_ready()
         stats = self.session.stats()
         self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
@@ -523,6 +524,23 @@ class Daemon:
         self.say(f"resumed after {paused_for:.0f} s paused")
         self._wake.set()
         return True
+
+    def _say_archive_elsewhere(self) -> None:
+        """Archive segments of the other layout (one camera: ``archive.dir``; several: ``archive.dir/<name>``) are
+        never read nor counted in ``archive.max_gib``, nor deleted by retention: say so, with what they take."""
+        folder = self.config.archive.dir
+        if folder is None:
+            return
+        folder = Path(folder).expanduser()
+        where = ([folder.parent] if self.camera is not None else
+                 [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else [])
+        for other in where:
+            segments = list(other.glob("seg-*.ekva"))
+            if segments:
+                size = sum(p.stat().st_size for p in segments)
+                self.say(f"archive: {other} holds {len(segments)} segment(s) ({size / 2**20:.1f} MiB) of a "
+                         f"{'one-camera deployment' if self.camera is not None else 'camera of video.sources'}, "
+                         f"which this deployment never reads, counts in archive.max_gib nor deletes; remove them")
 
     def _keep_pause(self, reason: str | None) -> None:
         """``state.dir/paused.json`` written while paused (temporary file, fsync, rename), removed at the resume; a
