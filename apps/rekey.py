@@ -12,7 +12,9 @@ says so, no file needs the old key (remove it from ``previous_key_files``) and n
 Each file is rewritten as the daemon rewrites one (a temporary copy sealed under a new random salt, fsync, rename:
 a crash leaves the old file or the new one; ``edgekv.state.reseal_snapshot``, ``FrameArchive.reseal``). It takes
 the folders' locks, so a running daemon (or a second rekey) is refused naming its pid. With ``video.sources`` each
-camera's folders are done in turn. What it cannot do: erase the flash blocks the old files used.
+camera's folders are done in turn. What it cannot do: erase the flash blocks the old files used. A key given as a
+systemd credential (``privacy.key_credential``) exists only inside a unit: run rekey in one with the same credential
+(``systemd-run --pipe --wait -p LoadCredentialEncrypted=NAME:FILE edgekv rekey ...``).
 """
 
 from __future__ import annotations
