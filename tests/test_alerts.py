@@ -421,10 +421,16 @@ def test_a_rule_the_api_added_stands_again_when_the_daemon_restarts(tiny_checkpo
         listed = json.loads(call(run.port, "GET", "/v1/alerts")[2])["data"]
         assert [(r["id"], r["question"], r["every_pairs"], r["source"]) for r in listed] == [
             (rule["id"], "Is anything moving?", 3, "api")]
-        assert call(run.port, "DELETE", f"/v1/alerts/{rule['id']}")[0] == 200
+        status, _, raw = call(run.port, "DELETE", f"/v1/alerts/{rule['id']}")
+        assert status == 200 and json.loads(raw) == {"id": rule["id"], "deleted": True}  # for good
     assert "restored from" in (tmp_path / "out2.txt").read_text()
     with RunningDaemon(config, tmp_path / "out3.txt") as run:
         assert json.loads(call(run.port, "GET", "/v1/alerts")[2])["data"] == []
+    ruled = config.with_overrides(alerts={"rules": [{"question": "From the config?"}]})
+    with RunningDaemon(ruled, tmp_path / "out4.txt") as run:
+        (listed,) = json.loads(call(run.port, "GET", "/v1/alerts")[2])["data"]
+        status, _, raw = call(run.port, "DELETE", f"/v1/alerts/{listed['id']}")
+        assert status == 200 and "stands again at the next start" in json.loads(raw)["note"], raw
 
 
 def test_rules_added_and_deleted_at_once_are_saved_as_they_stand(tmp_path):

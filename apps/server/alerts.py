@@ -131,9 +131,13 @@ def router(api: Api) -> APIRouter:
 
     @routes.delete("/v1/alerts/{rule_id}")
     async def remove(rule_id: str):
+        found = [state for engine in engines().values() for state in engine.list() if state.id == rule_id]
         if not any(engine.remove(rule_id) for engine in engines().values()):
             raise ApiError(404, f"no standing question {safe_text(rule_id)!r}", param="id", code="alert_not_found")
-        return JsonResponse({"id": rule_id, "deleted": True})
+        body = {"id": rule_id, "deleted": True}
+        if found and found[0].source == "config":  # the API's own are gone for good (state.dir/alerts.json)
+            body["note"] = "a rule of the config (alerts.rules): it stands again at the next start unless removed there"
+        return JsonResponse(body)
 
     @routes.get("/v1/alerts/events")
     async def events():
