@@ -408,6 +408,27 @@ def test_the_api_adds_lists_and_deletes_standing_questions(tiny_checkpoint, tmp_
         assert status == 400 and "alerts.max_rules allows (32)" in json.loads(raw)["error"]["message"], raw
 
 
+def test_a_standing_question_too_long_for_the_reserve_is_refused(tiny_checkpoint, tmp_path, capsys):
+    """A standing question is evaluated over the full cache in the cache.text_reserve_tokens slots: one longer was
+    taken, then failed every evaluation once the cache filled (a warning each frame pair). The API refuses it, and
+    a config rule as long stops the start in one line."""
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon, call, daemon_args, server_config
+
+    from edgekv.apps.daemon.loop import Daemon
+
+    long = "Is there a red circle" + " and a red circle" * 40 + "?"
+    config = server_config(tiny_checkpoint)  # text_reserve_tokens 96
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        status, _, raw = call(run.port, "POST", "/v1/alerts", {"question": long})
+        assert status == 400 and "cache.text_reserve_tokens slots (96" in json.loads(raw)["error"]["message"], raw
+        assert call(run.port, "POST", "/v1/alerts", {"question": "Is there a red circle?"})[0] == 201
+    ruled = config.with_overrides(alerts={"rules": [{"question": long}]})
+    with open(tmp_path / "out2.txt", "w") as out:
+        assert Daemon(ruled, daemon_args(), out=out).run() == 2
+    assert "cannot start: alert.question: " in capsys.readouterr().err
+
+
 def test_a_rule_the_api_added_stands_again_when_the_daemon_restarts(tiny_checkpoint, tmp_path):
     pytest.importorskip("fastapi")
     from helpers_server import RunningDaemon, call, server_config

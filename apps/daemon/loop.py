@@ -344,7 +344,7 @@ class Daemon:
         store = RuleStore(self.state.dir, self.runtime.keys) if self.state.enabled else None  # the API's rules
         self.alerts = AlertEngine(section.rules, self.alert_bus, KeyframeRing(section.keyframe_pairs),
                                   camera=self.camera,  # video.sources: this camera's name on its rules and alerts
-                                  max_rules=section.max_rules, store=store)
+                                  max_rules=section.max_rules, store=store, check=self._fits_the_reserve)
         if self.alerts.restored:
             self.say(f"standing questions added through the API, restored from {store.path}: "
                      + "; ".join(f"{state.id} {printable(state.rule.question)}" for state in self.alerts.restored))
@@ -358,6 +358,16 @@ class Daemon:
         if section.rules:
             self.say(f"standing questions: {len(section.rules)} ("
                      + "; ".join(printable(rule.question) for rule in section.rules) + ")")
+
+    def _fits_the_reserve(self, rule) -> None:
+        """A standing question is evaluated over a full cache, in its ``cache.text_reserve_tokens`` slots: one that
+        does not fit was taken, then failed every evaluation once the cache filled (a warning a frame pair)."""
+        session = self.session
+        tokens = len(session.layout.question_suffix_ids(session.tokenizer, rule.question))
+        if tokens + 1 > session.text_reserve:
+            raise ValueError(f"alert.question: {tokens} tokens, more than a standing question can have: it is "
+                             f"evaluated over the full cache in the cache.text_reserve_tokens slots "
+                             f"({session.text_reserve}, one for the answer); shorten it or raise that")
 
     def _start_fleet(self) -> None:
         """The fleet over MQTT (apps/outputs/mqtt.py): a question channel and an alert output; an unreachable
