@@ -241,3 +241,24 @@ def test_archive_segments_of_the_other_layout_are_named_with_their_size(tmp_path
                     f"this deployment never reads, counts in archive.max_gib nor deletes; remove them",
                     f"archive: {root} holds 1 segment(s) (1.0 MiB) of a one-camera deployment, which this deployment "
                     f"never reads, counts in archive.max_gib nor deletes; remove them"]
+
+
+def test_a_kept_pause_that_does_not_read_keeps_the_daemon_paused(tmp_path):
+    """state.dir/paused.json damaged (a power cut mid-write on a filesystem without ordered data): the safe side is
+    to stay paused — watching again would break the user's request — and say why."""
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.loop import Daemon
+
+    config = EdgeKVConfig().with_overrides(state={"dir": str(tmp_path)})
+    with open(tmp_path / "out.txt", "w") as out:
+        daemon = Daemon(config, daemon_args(), out=out)
+        assert daemon._kept_pause() is None
+        (tmp_path / "paused.json").write_text('{"reason": "voice: pause", "since_unix": 1}')
+        assert daemon._kept_pause() == "voice: pause"
+        (tmp_path / "paused.json").write_bytes(b"\0\0\0")
+        assert daemon._kept_pause() == "privacy switch"
+        daemon._keep_pause(None)
+        assert not (tmp_path / "paused.json").exists() and daemon._kept_pause() is None
+        daemon._keep_pause("privacy switch (API)")
+        assert daemon._kept_pause() == "privacy switch (API)" and not list(tmp_path.glob(".paused.json.tmp-*"))
