@@ -88,6 +88,8 @@ def _state(config, keys, dry_run: bool, say) -> int:
     except RuntimeError as exc:
         raise RuntimeError(f"{exc}; rekey runs while the daemon is stopped (systemctl stop edgekv)") from None
     try:
+        if not dry_run:
+            keeper._remove_leftovers()  # a crashed write's temporary file: never read, maybe under the old key
         aside = keeper.dir / keeper.ASIDE
         paths = keeper.generations() + (sorted(p for p in aside.iterdir() if p.is_file()) if aside.is_dir() else [])
         done, current, left = 0, 0, 0

@@ -236,7 +236,9 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     assert "1 snapshot(s) would be re-sealed" in out and "segment(s) would be re-sealed, 0 already" in out
     assert {p: p.read_bytes() for p in before} == before
 
+    (state / ".snapshot-00000002.ekv.tmp-999").write_bytes(b"half a snapshot under the old key")  # a crashed write
     assert main(["rekey", "--config", str(config), *with_old]) == 0
+    assert not list(state.glob(".*tmp*"))
     out = capsys.readouterr().out
     assert "1 snapshot(s) re-sealed, 0 already" in out and "previous_key_files can be emptied" in out
     assert "alerts.json (the API's standing questions): re-sealed" in out
