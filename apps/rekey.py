@@ -76,6 +76,7 @@ def _give_back(folder: Path) -> None:
 
 def _state(config, keys, dry_run: bool, say) -> int:
     """Snapshots under ``state.dir``; returns how many were left as they were."""
+    from edgekv.apps.daemon.startup import one_line
     from edgekv.privacy import SealError
     from edgekv.state import SnapshotError, StateKeeper, read_manifest, reseal_snapshot
 
@@ -101,8 +102,6 @@ def _state(config, keys, dry_run: bool, say) -> int:
                 else:
                     changed = reseal_snapshot(path, keys)
             except (SnapshotError, SealError) as exc:
-                from edgekv.apps.daemon.startup import one_line
-
                 say(f"left as it is: {one_line(exc)}")
                 left += 1
                 continue
@@ -121,18 +120,13 @@ def _rules(folder: Path, keys, dry_run: bool, say) -> int:
     """The standing questions the API added (``state.dir/alerts.json``); returns 1 when left as they were."""
     from edgekv.apps.daemon.startup import one_line
     from edgekv.apps.outputs.alerts import RuleStore
-    from edgekv.privacy import BLOB_MAGIC, SealError, Sealer
+    from edgekv.privacy import SealError
 
     store = RuleStore(folder, keys)
     if not store.path.is_file():
         return 0
     try:
-        if dry_run:
-            data = store.path.read_bytes()
-            header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
-            changed = not data.startswith(BLOB_MAGIC) or Sealer.HEADER.unpack(header)[0] != keys.current.id
-        else:
-            changed = store.reseal()
+        changed = store.needs_reseal() if dry_run else store.reseal()
     except SealError as exc:
         say(f"left as it is: {one_line(exc)}")
         return 1

@@ -402,8 +402,8 @@ class RuleStore:
             tmp.unlink(missing_ok=True)
             raise
 
-    def reseal(self) -> bool:
-        """Rewrite the file sealed with the current key (``edgekv rekey``); False when it already is, or absent."""
+    def needs_reseal(self) -> bool:
+        """The file is there and not sealed with the current key (in the clear, or under another key)."""
         from edgekv.privacy import BLOB_MAGIC, Sealer
 
         if self.keys is None:
@@ -412,10 +412,14 @@ class RuleStore:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return False
-        if data.startswith(BLOB_MAGIC):
-            key_id = Sealer.HEADER.unpack(data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size])[0]
-            if key_id == self.keys.current.id:
-                return False
+        header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
+        return (not data.startswith(BLOB_MAGIC) or len(header) != Sealer.HEADER.size
+                or Sealer.HEADER.unpack(header)[0] != self.keys.current.id)
+
+    def reseal(self) -> bool:
+        """Rewrite the file sealed with the current key (``edgekv rekey``); False when it already is, or absent."""
+        if not self.needs_reseal():
+            return False
         rules = self.load()
         if not self.path.exists():  # it did not read: set aside, nothing to seal
             return False

@@ -481,15 +481,10 @@ class FrameArchive:
 
     def _read_header(self, path: Path, handle) -> int:
         """Check a segment's header against this archive's shape; returns where its records start."""
-        head = handle.read(len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size)
-        if len(head) < len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size or not head.startswith(SEGMENT_MAGIC):
+        found = _segment_fields(handle)
+        if found is None:
             return -1
-        size, crc = _SEGMENT_HEAD.unpack(head[len(SEGMENT_MAGIC):])
-        key = handle.read(size)
-        if len(key) != size or zlib.crc32(key) != crc:
-            return -1
-        saved = json.loads(key)
-        saved.setdefault("index_keys", 1)  # segments of the first format: one mean key per pair
+        saved, start = found
         if saved.get("sealed"):
             from edgekv.privacy import SealError, Sealer
 
@@ -512,7 +507,7 @@ class FrameArchive:
                 raise ArchiveMismatchError(
                     f"{path}: archived for {name}={saved.get(name)!r}, this model's cache has {name}={value!r}; "
                     f"point archive.dir at another folder (or remove this one)")
-        return len(head) + size
+        return start
 
     def _scan(self) -> None:
         numbers = self._segment_numbers()
@@ -1360,22 +1355,32 @@ def summarize_keys(keys: torch.Tensor, m: int, iters: int = 2) -> tuple[torch.Te
     return centroids.view(*lead, m, dim), weights.view(*lead, m)
 
 
+def _segment_fields(handle) -> tuple[dict, int] | None:
+    """A segment header's JSON fields (``index_keys`` 1 for the first format) and where its records start, read
+    from the start of ``handle``; None when the header does not check (magic, length, CRC)."""
+    head = handle.read(len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size)
+    if len(head) < len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size or not head.startswith(SEGMENT_MAGIC):
+        return None
+    size, crc = _SEGMENT_HEAD.unpack(head[len(SEGMENT_MAGIC):])
+    key = handle.read(size)
+    if len(key) != size or zlib.crc32(key) != crc:
+        return None
+    saved = json.loads(key)
+    saved.setdefault("index_keys", 1)  # segments of the first format: one mean key per pair
+    return saved, len(head) + size
+
+
 def archived_shape(folder: str | Path) -> KVShape | None:
     """The KV shape the archive under ``folder`` was written for, read from the first segment whose header checks
     (``edgekv rekey`` opens an archive without loading the model); None when no segment's header does."""
     folder = Path(folder).expanduser()
     for path in sorted(folder.glob("seg-*.ekva")) if folder.is_dir() else []:
         with open(path, "rb") as handle:
-            head = handle.read(len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size)
-            if len(head) < len(SEGMENT_MAGIC) + _SEGMENT_HEAD.size or not head.startswith(SEGMENT_MAGIC):
-                continue
-            size, crc = _SEGMENT_HEAD.unpack(head[len(SEGMENT_MAGIC):])
-            key = handle.read(size)
-        if len(key) != size or zlib.crc32(key) != crc:
-            continue
-        saved = json.loads(key)
-        return KVShape(int(saved["layers"]), int(saved["kv_heads"]), int(saved["head_dim"]), str(saved["dtype"]),
-                       int(saved.get("index_keys", 1)))
+            found = _segment_fields(handle)
+        if found is not None:
+            saved = found[0]
+            return KVShape(int(saved["layers"]), int(saved["kv_heads"]), int(saved["head_dim"]), str(saved["dtype"]),
+                           int(saved["index_keys"]))
     return None
 
 
