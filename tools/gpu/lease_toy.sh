@@ -9,8 +9,8 @@
 #   1. the train-toy gpu test (a CUDA step with sharded drawing, a host checkpoint)           ~20 s
 #   2. a calibration run (40 warm-up + 40 question steps; a short run walks every stage)     ~40 s
 #   3. three rounds, sized by tools/gpu/toy_budget.py to the time left (50 % / 25 % / 25 %)   the rest
-# Back in $OUT: toy/ (the third, lured round's checkpoint, card, README; a few MB), toy-mild/ (the second round's),
-# toy-frozen/ (the first's), the logs. Evaluate on the dev VM (CPU), e.g.
+# Back in $OUT as toy.tgz, toy-mild.tgz, toy-frozen.tgz and logs.tgz: toy/ (the third, lured round's checkpoint,
+# card, README; a few MB), toy-mild/ (the second round's), toy-frozen/ (the first's), the logs. Evaluate on the dev VM (CPU), e.g.
 #   edgekv eval toy --model <files_at>/toy --families events,classic,noise,photo,cells,skimage,tree --streams 200
 # and the lured long-memory bar on its cheap target (issue 27; AVW, the shipped toy: full 0.645 / short 0.855, 75 %):
 #   edgekv eval needle --model <files_at>/toy --lengths 250 --caps 1/16 --events 3 --repeats 0 --families photo,cells \
@@ -19,6 +19,11 @@
 WHEELS=.whl source "$(dirname "$0")/setup.sh"
 export EDGEKV_OPENCV_DATA=$PWD/.assets/opencv EDGEKV_SKIMAGE_DATA=$PWD/.assets/skimage
 TOTAL_S=${TOTAL_S:-330}
+# At most 8 files come back from a call (the device README): each checkpoint folder and the logs go back as one
+# archive each, also when a step fails or the time runs out.
+pack() { ( cd "$OUT" && for d in toy*/; do [ -d "$d" ] && tar czf "${d%/}.tgz" "${d%/}" && rm -rf "$d"; done
+           ls *.log >/dev/null 2>&1 && tar czf logs.tgz *.log && rm -f *.log; ls -la ); }
+trap pack EXIT
 WORKERS=${WORKERS:-12}
 # A 256-wide LM (the shipped toy's is 64): head_dim 64, so 12 of each head's rotary pairs turn slowly enough along
 # the frame's width to match what a token shows across a long stream, where the shipped toy has 3
