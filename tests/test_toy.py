@@ -988,6 +988,53 @@ def test_batch_workers_end_when_their_trainer_is_killed(kind):
     assert not alive, f"workers {sorted(alive)} outlived their killed trainer"
 
 
+@pytest.mark.parametrize("kind", ["prefetch", "sharded"])
+def test_a_ctrl_c_ends_the_batch_workers_without_killing_them(kind):
+    """Ctrl-C (or ``timeout -s INT``) reaches the trainer and its workers, one process group: the workers ignore it,
+    the trainer stops taking batches, and every worker — blocked on its full queue — ends by itself, so the trainer
+    exits at once instead of joining each worker until the join gives up and kills it (seen on the H200: a
+    ``train-toy --workers 12`` stopped by its timeout took ~50 s more, and the call ran out before its checkpoints
+    were packed). The script counts the kills the trainer had to make."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    draw = ("batches(vision_batches, np.random.default_rng(0), 1000, 2)" if kind == "prefetch" else
+            "sharded(vision_batches_sharded, 1000, 7, 1000, 2, workers=2)")
+    script = ("import sys, time, multiprocessing.process as mp, numpy as np\n"
+              "from edgekv.toy.prefetch import batches, sharded\n"
+              "from edgekv.toy.train import vision_batches, vision_batches_sharded\n"
+              "kills = []\n"
+              "kill = mp.BaseProcess.kill\n"
+              "mp.BaseProcess.kill = lambda self: (kills.append(self.name), kill(self))\n"
+              "if __name__ == '__main__':\n"
+              f"    it = {draw}\n"
+              "    next(it); next(it)\n"  # both shards have drawn: both workers run
+              "    local = it.gi_frame.f_locals\n"  # wait until every worker is blocked on its full queue
+              "    while not all(q.full() for q in local.get('channels', [local.get('channel')])):\n"
+              "        time.sleep(0.05)\n"
+              "    print('ready', flush=True)\n"
+              "    try:\n"
+              "        while True:\n"
+              "            time.sleep(60)\n"
+              "    except KeyboardInterrupt:\n"
+              "        it.close()\n"
+              "        print('closed, killed:', len(kills), flush=True)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        assert trainer.stdout.readline().strip() == "ready"
+        os.killpg(trainer.pid, signal.SIGINT)  # the whole group, as a terminal's Ctrl-C
+        out = trainer.stdout.read()
+        assert trainer.wait(timeout=300) == 0, out
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+    assert "closed, killed: 0" in out, out
+
+
 def _equal_items(first, second) -> None:
     for a, b in zip(first, second, strict=True):
         fields = list(vars(a).values()) if hasattr(a, "__dict__") else list(a)

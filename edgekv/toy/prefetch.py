@@ -20,12 +20,21 @@ from __future__ import annotations
 
 import multiprocessing
 import queue as queue_module
+import signal
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 _POLL_S = 5.0  # how often a waiting trainer checks that the worker is still alive
+_PUT_S = 0.5  # how often a worker blocked on a full queue checks that its trainer still wants batches
+
+
+def _worker_signals() -> None:
+    """A worker ignores SIGINT: a Ctrl-C at a terminal (or ``timeout -s INT``) reaches the whole process group, and
+    it is the trainer's to act on — it stops taking batches and tells its workers (``done``). A worker that took
+    the KeyboardInterrupt itself would report it as a failed draw and wait on a full queue to say so."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _trainer_gone() -> bool:
@@ -35,16 +44,22 @@ def _trainer_gone() -> bool:
     return parent is not None and not parent.is_alive()
 
 
-def _send(out, message) -> bool:
-    """Put ``message`` for the trainer, waiting while the queue is full; False once the trainer is gone (a worker
-    blocked on a full queue would otherwise wait for it forever, holding its memory)."""
+def _send(out, done, message) -> bool:
+    """Put ``message`` for the trainer, waiting while the queue is full; False once the trainer is gone or has
+    stopped taking batches (``done``: it finished, or a Ctrl-C ended its loop). A worker blocked on a full queue
+    would otherwise wait for ever, holding its memory — or, its trainer alive and joining it, hold the trainer
+    up until the join gives up (seen: a `train-toy --workers 12` stopped by `timeout -s INT` took ~50 s to
+    exit, ten seconds a worker blocked here)."""
     while True:
+        if done.is_set():
+            out.cancel_join_thread()  # nobody reads the pipe any more: do not wait at exit to flush it
+            return False
         try:
-            out.put(message, timeout=_POLL_S)
+            out.put(message, timeout=_PUT_S)
             return True
         except queue_module.Full:
             if _trainer_gone():
-                out.cancel_join_thread()  # nobody reads the pipe any more: do not wait at exit to flush it
+                out.cancel_join_thread()
                 return False
 
 
@@ -56,15 +71,16 @@ def _wait_done(done) -> None:
 
 
 def _worker(out, done, make: Callable[..., Iterator[Any]], rng: np.random.Generator, args: tuple) -> None:
+    _worker_signals()
     torch.set_num_threads(1)
     try:
         for item in make(rng, *args):
-            if not _send(out, ("item", item)):
+            if not _send(out, done, ("item", item)):
                 return
-        if not _send(out, ("end", rng.bit_generator.state)):
+        if not _send(out, done, ("end", rng.bit_generator.state)):
             return
     except BaseException as exc:  # reported to the trainer, which raises it
-        if not _send(out, ("error", f"{type(exc).__name__}: {exc}")):
+        if not _send(out, done, ("error", f"{type(exc).__name__}: {exc}")):
             return
     # A tensor crosses as a file descriptor this process serves on request: stay until the trainer has
     # taken every batch, or the last ones could no longer be rebuilt.
@@ -113,15 +129,16 @@ def _take(channel, process) -> tuple[str, Any]:
 
 
 def _shard_worker(out, done, make: Callable[..., Iterator[Any]], args: tuple, shard: int, shards: int) -> None:
+    _worker_signals()
     torch.set_num_threads(1)
     try:
         for item in make(*args, shard=shard, shards=shards):
-            if not _send(out, ("item", item)):
+            if not _send(out, done, ("item", item)):
                 return
-        if not _send(out, ("end", None)):
+        if not _send(out, done, ("end", None)):
             return
     except BaseException as exc:  # reported to the trainer, which raises it
-        if not _send(out, ("error", f"{type(exc).__name__}: {exc}")):
+        if not _send(out, done, ("error", f"{type(exc).__name__}: {exc}")):
             return
     _wait_done(done)  # as in _worker: the trainer may still be rebuilding this worker's last tensors
 

@@ -9,7 +9,8 @@
 #   1. the train-toy gpu test (a CUDA step with sharded drawing, a host checkpoint)           ~20 s
 #   2. a calibration run (40 warm-up + 40 question steps; a short run walks every stage)     ~40 s
 #   3. three rounds, sized by tools/gpu/toy_budget.py to the time left (50 % / 25 % / 25 %)   the rest
-# Back in $OUT as toy.tgz, toy-mild.tgz, toy-frozen.tgz and logs.tgz: toy/ (the third, lured round's checkpoint,
+# Back in $OUT as toy.tgz, toy-mild.tgz and toy-frozen.tgz (untar them first), beside the four logs: toy/ (the third,
+# lured round's checkpoint,
 # card, README; a few MB), toy-mild/ (the second round's), toy-frozen/ (the first's), the logs. Evaluate on the dev VM (CPU), e.g.
 #   edgekv eval toy --model <files_at>/toy --families events,classic,noise,photo,cells,skimage,tree --streams 200
 # and the lured long-memory bar on its cheap target (issue 27; AVW, the shipped toy: full 0.645 / short 0.855, 75 %):
@@ -19,11 +20,17 @@
 WHEELS=.whl source "$(dirname "$0")/setup.sh"
 export EDGEKV_OPENCV_DATA=$PWD/.assets/opencv EDGEKV_SKIMAGE_DATA=$PWD/.assets/skimage
 TOTAL_S=${TOTAL_S:-330}
-# At most 8 files come back from a call (the device README): each checkpoint folder and the logs go back as one
-# archive each, also when a step fails or the time runs out.
-pack() { ( cd "$OUT" && for d in toy*/; do [ -d "$d" ] && tar czf "${d%/}.tgz" "${d%/}" && rm -rf "$d"; done
-           ls *.log >/dev/null 2>&1 && tar czf logs.tgz *.log && rm -f *.log; ls -la ); }
-trap pack EXIT
+# At most 8 files come back from a call (the device README), whatever ends it: the checkpoints are written outside
+# $OUT (TOYS) and each round's folder (with any Ctrl-C snapshot, NAME-stepN) is packed into $OUT/NAME.tgz as soon
+# as the round ends, so a call cut short still returns the rounds before (2026-12-04's first run lost two of
+# three: written into $OUT, they were to be packed at the end, and the call ran out first). Each round's timeout
+# also kills (-k) a trainer that has not exited 20 s after its INT.
+TOYS=/tmp/toys; mkdir -p "$TOYS"
+pack() {
+  local found=() d
+  for d in "$TOYS/$1" "$TOYS/$1"-step*; do [ -d "$d" ] && found+=("${d##*/}"); done
+  [ ${#found[@]} -gt 0 ] && tar czf "$OUT/$1.tgz" -C "$TOYS" "${found[@]}" && echo "packed $1.tgz: ${found[*]}"
+}
 WORKERS=${WORKERS:-12}
 # A 256-wide LM (the shipped toy's is 64): head_dim 64, so 12 of each head's rotary pairs turn slowly enough along
 # the frame's width to match what a token shows across a long stream, where the shipped toy has 3
@@ -59,23 +66,23 @@ read -r _ QSTEPS3 < <(python3 tools/gpu/toy_budget.py /tmp/calib/card.json --sec
   --vision-share 0 --overhead 20)
 stamp "training: ${VSTEPS:-?} warm-up + ${QSTEPS:-?} question steps in ~$FIRST s, then ${QSTEPS2:-?} in ~$SECOND s"
 [ -n "${QSTEPS:-}" ] && [ -n "${QSTEPS2:-}" ] && [ -n "${QSTEPS3:-}" ] || { echo "no budget (see calibration.log)"; exit 1; }
-timeout -s INT $(( FIRST + 60 )) edgekv train-toy "$OUT/toy-frozen" $COMMON --vision-steps "$VSTEPS" \
+timeout -k 20 -s INT $(( FIRST + 60 )) edgekv train-toy "$TOYS/toy-frozen" $COMMON --vision-steps "$VSTEPS" \
   --steps "$QSTEPS" --log-every 250 > "$OUT/train.log" 2>&1
-echo "train rc $?"; tail -3 "$OUT/train.log"
+echo "train rc $?"; tail -3 "$OUT/train.log"; pack toy-frozen
 stamp "second round: world-mild, the tower trained with the answers"
-timeout -s INT $(( SECOND + 30 )) edgekv train-toy "$OUT/toy-mild" --init "$OUT/toy-frozen" --vision-steps 0 \
+timeout -k 20 -s INT $(( SECOND + 30 )) edgekv train-toy "$TOYS/toy-mild" --init "$TOYS/toy-frozen" --vision-steps 0 \
   --curriculum world-mild --lr 0.0004 --device cuda --workers "$WORKERS" --heldout-streams 0 --seed "${SEED:-31}" \
   --steps "$QSTEPS2" --log-every 250 > "$OUT/train2.log" 2>&1
-echo "train rc $?"; tail -3 "$OUT/train2.log"
+echo "train rc $?"; tail -3 "$OUT/train2.log"; pack toy-mild
 # Third round, lured (docs/measurements.md, issue 27's lured section, KD3's recipe: the best full-cache reading of
 # lured streams with the short streams held): `world-lures-free-dilute` (three quarters of the world samples with look-alikes
 # passing, half of those in colours no event wears), distilled from a frozen copy of the second round whose
 # questions do not see the lures' tokens in LM layers 1-3 (--distill-weight 3 on those attentions, 1 on the answers),
 # --hard-negatives 0.02, lr 3e-4. Ctrl-C (the timeout's INT) keeps the steps taken as toy-stepN.
 stamp "third round: world-lures-free-dilute, distilled from the second round with the lures hidden"
-timeout -s INT $(( THIRD + 30 )) edgekv train-toy "$OUT/toy" --init "$OUT/toy-mild" --vision-steps 0 \
+timeout -k 20 -s INT $(( THIRD + 30 )) edgekv train-toy "$TOYS/toy" --init "$TOYS/toy-mild" --vision-steps 0 \
   --curriculum world-lures-free-dilute --distill-weight 3 --distill-logits 1 --hard-negatives 0.02 --lr 0.0003 \
   --device cuda --workers "$WORKERS" --heldout-streams 0 --seed "$(( ${SEED:-31} + 1 ))" \
   --steps "$QSTEPS3" --log-every 250 > "$OUT/train3.log" 2>&1
-echo "train rc $?"; tail -3 "$OUT/train3.log"
+echo "train rc $?"; tail -3 "$OUT/train3.log"; pack toy
 stamp done
