@@ -55,6 +55,11 @@ class ModelSection:
     # captured once per cache length (a few under a steady stream) and replayed, the same bits as "eager"; refused
     # off CUDA with the reason. "auto" = "graph" on CUDA (an H200 3B pair: 27.2 ms, 65.3 eager), "eager" elsewhere.
     pair_route: Literal["auto", "eager", "graph"] = "auto"
+    # The vision tower's MLP width (edgekv/model/vision.py pad_mlp_width): "padded" = zero units appended up to a
+    # multiple of 8 — the same tower (act(0) * 0 = 0), its products on aligned rows (the 3B's 3,420 is not: on an
+    # H200 its block MLP took 155.6 us, 58.3 padded to 3,424); "as_loaded" = the checkpoint's. "auto" = "padded"
+    # on CUDA with the torch tower, "as_loaded" elsewhere.
+    vision_mlp_width: Literal["auto", "as_loaded", "padded"] = "auto"
     # The LM head's weights (edgekv/model/decode_routes.py Int8Head): "as_loaded" = the checkpoint's, in the
     # model dtype; "int8" = int8 with an fp32 scale per 128 inputs of a row, the tied embedding read from the
     # same table (3B: 622 MB in bf16 -> 321 MB). Opt-in: it changes the logits. On CPU a C kernel (3B head in

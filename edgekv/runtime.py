@@ -31,6 +31,9 @@ from edgekv.model.builtin import resolve_model_path
 log = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The vision MLP width a padded tower runs at is a multiple of this (model.vision_mlp_width): 8 bf16 values are
+# the 16 bytes a row must be aligned to for Hopper's TMA kernels (edgekv/model/vision.py pad_mlp_width).
+VISION_MLP_MULTIPLE = 8
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,12 +71,27 @@ class Runtime:
                 quantize_lm_head(self.model.language, config.model.lm_head)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-        self.vision_route = self._vision_route(config.model.vision_route)
+        self.vision_mlp_width = self._vision_mlp_width(config.model.vision_mlp_width)
+        self.vision_route = self._vision_route(config.model.vision_route)  # after the padding: a graph captures it
         self.prefill_route = self._prefill_route(config.model.prefill_route)
         self.pair_route = self._pair_route(config.model.pair_route)
         self.vision_backend, self.llm_backend = make_backends(self)
         self.decode_route, self.decode_route_note = self._prepare_decode(config.model.decode_route)
         self.host_memory = configure_host_memory(config.model.host_memory)  # after loading: see edgekv/hostmem.py
+
+    def _vision_mlp_width(self, choice: str) -> int | None:
+        """``model.vision_mlp_width`` applied to the torch vision tower; the width its MLPs run at (None when
+        another backend runs the tower, whose weights are not loaded here)."""
+        if self.config.engines.vision != "torch":
+            return None
+        visual = self.model.visual
+        if choice == "padded" or (choice == "auto" and self.device.type == "cuda"):
+            width = visual.pad_mlps(VISION_MLP_MULTIPLE)
+            if width != visual.config.intermediate_size:
+                log.info("vision tower: MLP width %d padded to %d (model.vision_mlp_width)",
+                         visual.config.intermediate_size, width)
+            return width
+        return visual.config.intermediate_size
 
     def _vision_route(self, route: str) -> str:
         """``model.vision_route`` resolved for this device ("graph" or "eager"; "engine" when another backend

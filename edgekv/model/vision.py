@@ -198,6 +198,44 @@ class PatchMerger(nn.Module):
         return self.mlp(self.ln_q(x).view(-1, self.unit_dim))  # [N/4, out_hidden]
 
 
+def pad_mlp_width(mlp: GatedMLP, multiple: int) -> int:
+    """Zero-pad a SwiGLU MLP's hidden width up to a multiple of ``multiple``; returns the new width.
+
+    Rows of zeros appended to ``gate_proj`` and ``up_proj`` (and their biases) and columns of zeros to
+    ``down_proj`` compute the same MLP: each new unit is ``act(0) * 0 = 0`` (any activation with a finite value
+    at 0), and a zero column adds nothing to ``down``. Only the products' summation order may change. Why:
+    the 3B's ViT width 3,420 is not a multiple of 8, so a bf16 row is not 16-byte aligned and cuBLAS falls back
+    to an Ampere-generation ``align2`` kernel on Hopper; measured on the H200 (issue 32, 2026-12-04,
+    ``tools/gpu/vit_mlp_3b.py``, 1,024 patches of a 448x448 pair): the block's MLP 155.6 us at 3,420, 58.3 us at
+    3,424, 57.6 us at 3,456 — ~3 ms of a pair's device work over 32 blocks. Costs 0.1 % more MLP weight."""
+    if multiple < 1:
+        raise ValueError(f"multiple must be at least 1, got {multiple}")
+    width = mlp.gate_proj.out_features
+    target = -(-width // multiple) * multiple
+    if target == width:
+        return width
+    extra = target - width
+    with torch.no_grad():
+        for name in ("gate_proj", "up_proj"):
+            old = getattr(mlp, name)
+            new = nn.Linear(old.in_features, target, bias=old.bias is not None, device=old.weight.device,
+                            dtype=old.weight.dtype)
+            new.weight.copy_(F.pad(old.weight, (0, 0, 0, extra)))
+            if old.bias is not None:
+                new.bias.copy_(F.pad(old.bias, (0, extra)))
+            new.requires_grad_(old.weight.requires_grad)
+            setattr(mlp, name, new)
+        old = mlp.down_proj
+        new = nn.Linear(target, old.out_features, bias=old.bias is not None, device=old.weight.device,
+                        dtype=old.weight.dtype)
+        new.weight.copy_(F.pad(old.weight, (0, extra)))
+        if old.bias is not None:
+            new.bias.copy_(old.bias)
+        new.requires_grad_(old.weight.requires_grad)
+        mlp.down_proj = new
+    return target
+
+
 class VisionTower(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
@@ -207,6 +245,12 @@ class VisionTower(nn.Module):
         self.merger = PatchMerger(config)
         self._full_attention = frozenset(config.fullatt_block_indexes)
         self._layouts: OrderedDict[tuple, VisionLayout] = OrderedDict()
+
+    def pad_mlps(self, multiple: int = 8) -> int:
+        """Every block's MLP zero-padded to a width that is a multiple of ``multiple`` (``pad_mlp_width``: the
+        same tower, faster products on a GPU); returns the width. The config keeps the checkpoint's width."""
+        widths = {pad_mlp_width(block.mlp, multiple) for block in self.blocks}
+        return widths.pop() if len(widths) == 1 else self.config.intermediate_size
 
     def layout(self, grid_thw: torch.Tensor, device: torch.device) -> VisionLayout:
         """The cached layout of ``grid_thw`` [n, 3] on ``device`` (small LRU keyed by grid and device)."""

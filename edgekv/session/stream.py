@@ -371,6 +371,7 @@ class StreamSession:
             "vision_route": getattr(self.runtime, "vision_route", "eager"),
             "prefill_route": getattr(self.runtime, "prefill_route", "eager"),
             "pair_route": getattr(self.runtime, "pair_route", "eager"),
+            "vision_mlp_width": getattr(self.runtime, "vision_mlp_width", None),
             "host_memory": self.runtime.host_memory,
             "compressions": c.compressions,
             "compression_ms_total": c.compression_ms_total,
