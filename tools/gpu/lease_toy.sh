@@ -37,7 +37,11 @@ WORKERS=${WORKERS:-12}
 # (docs/measurements.md, issue 27's lured section: the lures win through those few pairs, and pairs grown into a
 # trained toy were never taken up on the CPU: "the head room has to be there from the first step"). WIDTH=128 is the earlier plan (head_dim 32).
 SIZES="--vision-width ${VISION_WIDTH:-128} --vision-depth ${VISION_DEPTH:-6} --width ${WIDTH:-256} --layers ${LAYERS:-4}"
-COMMON="--curriculum world-scratch --device cuda --workers $WORKERS --heldout-streams 0 --seed ${SEED:-31} $SIZES"
+# BATCH: streams a step (train-toy's default 8). 2026-12-04's run took ~10 question steps a second at 8 with the
+# 12 drawing workers' cores half idle (load 5-13 of 16): the step itself (a small model, launch-bound) was the
+# bound, so a larger batch may train on several times the streams a second; the calibration times whatever is set.
+BATCH=${BATCH:-8}
+COMMON="--curriculum world-scratch --device cuda --workers $WORKERS --batch-size $BATCH --heldout-streams 0 --seed ${SEED:-31} $SIZES"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "from edgekv.video.world import available_families as a; print('background families here:', ', '.join(a()))"
 python3 -c "import cv2" 2>/dev/null || echo "no cv2 here: the video families (vtest, tree) are not drawn"
@@ -71,7 +75,7 @@ timeout -k 20 -s INT $(( FIRST + 60 )) edgekv train-toy "$TOYS/toy-frozen" $COMM
 echo "train rc $?"; tail -3 "$OUT/train.log"; pack toy-frozen
 stamp "second round: world-mild, the tower trained with the answers"
 timeout -k 20 -s INT $(( SECOND + 30 )) edgekv train-toy "$TOYS/toy-mild" --init "$TOYS/toy-frozen" --vision-steps 0 \
-  --curriculum world-mild --lr 0.0004 --device cuda --workers "$WORKERS" --heldout-streams 0 --seed "${SEED:-31}" \
+  --curriculum world-mild --lr 0.0004 --device cuda --workers "$WORKERS" --batch-size "$BATCH" --heldout-streams 0 --seed "${SEED:-31}" \
   --steps "$QSTEPS2" --log-every 250 > "$OUT/train2.log" 2>&1
 echo "train rc $?"; tail -3 "$OUT/train2.log"; pack toy-mild
 # Third round, lured (docs/measurements.md, issue 27's lured section, KD3's recipe: the best full-cache reading of
@@ -82,7 +86,7 @@ echo "train rc $?"; tail -3 "$OUT/train2.log"; pack toy-mild
 stamp "third round: world-lures-free-dilute, distilled from the second round with the lures hidden"
 timeout -k 20 -s INT $(( THIRD + 30 )) edgekv train-toy "$TOYS/toy" --init "$TOYS/toy-mild" --vision-steps 0 \
   --curriculum world-lures-free-dilute --distill-weight 3 --distill-logits 1 --hard-negatives 0.02 --lr 0.0003 \
-  --device cuda --workers "$WORKERS" --heldout-streams 0 --seed "$(( ${SEED:-31} + 1 ))" \
+  --device cuda --workers "$WORKERS" --batch-size "$BATCH" --heldout-streams 0 --seed "$(( ${SEED:-31} + 1 ))" \
   --steps "$QSTEPS3" --log-every 250 > "$OUT/train3.log" 2>&1
 echo "train rc $?"; tail -3 "$OUT/train3.log"; pack toy
 stamp done
