@@ -94,6 +94,18 @@ def test_the_vision_route_is_recorded_and_a_cpu_graph_refused(tiny_checkpoint, t
     assert code == 2 and "vision_route: graph: a CUDA graph needs a CUDA device" in capsys.readouterr().err
 
 
+def test_the_vision_mlp_width_is_chosen_and_recorded(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """--vision-mlp-width sets model.vision_mlp_width; the width the tower ran at is in the summary. The tiny
+    tower's 128 is aligned to 8, so the multiple is raised to 48 here (-> 144); on the CPU auto keeps 128."""
+    import edgekv.runtime
+
+    monkeypatch.setattr(edgekv.runtime, "VISION_MLP_MULTIPLE", 48)
+    for choice, width in (("padded", 144), ("as_loaded", 128), ("auto", 128)):
+        code, data = bench(tiny_checkpoint, tmp_path, "--frames", "4", "--vision-mlp-width", choice)
+        assert code == 0 and data["summary"]["vision_mlp_width"] == width
+        assert f"(MLP width {width})" in capsys.readouterr().out
+
+
 def test_an_empty_plot_path_writes_no_png(tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = main(["bench", "stream", "--model", str(tiny_checkpoint), "--frames", "4", "--resolution", "112", "112",

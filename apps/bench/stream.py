@@ -93,6 +93,9 @@ def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
     stream.add_argument("--pair-route", choices=["auto", "eager", "graph"], default=None,
                         help="model.pair_route: graph = a frame pair's LM prefill as one CUDA graph, one per cache "
                              "length (CUDA only); eager; auto (default) = graph on CUDA")
+    stream.add_argument("--vision-mlp-width", choices=["auto", "as_loaded", "padded"], default=None,
+                        help="model.vision_mlp_width: padded = the vision MLPs zero-padded to a multiple of 8 (the same "
+                             "tower, aligned products); as_loaded; auto (default) = padded on CUDA")
     stream.add_argument("--no-hf", action="store_true", help="skip the transformers side (required off cpu)")
     stream.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads")
     stream.add_argument("--json", default="bench-stream.json", help="figures (JSON) written here")
@@ -678,10 +681,14 @@ def run_stream(args: argparse.Namespace) -> int:
         model["prefill_route"] = args.prefill_route
     if getattr(args, "pair_route", None):
         model["pair_route"] = args.pair_route
+    if getattr(args, "vision_mlp_width", None):
+        model["vision_mlp_width"] = args.vision_mlp_width
     base = edgekv.Runtime.from_pretrained(model_dir, model=model,
                                           video={"resolution": list(args.resolution), "fps": args.fps})
     base_vision_route, base_prefill_route, base_pair_route = base.vision_route, base.prefill_route, base.pair_route
-    print(f"vision tower: {base_vision_route}, LM prefill: {base.prefill_route}, pairs: {base.pair_route}")
+    base_mlp_width = base.vision_mlp_width
+    print(f"vision tower: {base_vision_route} (MLP width {base_mlp_width}), LM prefill: {base.prefill_route}, "
+          f"pairs: {base.pair_route}")
     results = []
     for policy, sinks in runs:
         label = f"[edgekv {_label(policy, sinks)}]"
@@ -712,7 +719,7 @@ def run_stream(args: argparse.Namespace) -> int:
     summary = {"frames": args.frames, "resolution": list(args.resolution), "source": args.source,
                "kv_dtype": args.kv_dtype or "the model's dtype", "vision_route": base_vision_route,
                "prefill_route": base_prefill_route,
-               "pair_route": base_pair_route,
+               "pair_route": base_pair_route, "vision_mlp_width": base_mlp_width,
                "policies": args.policy, "sinks": args.sinks, "runs": [_label(p, b) for p, b in runs],
                "notes": notes, "max_tokens": args.max_tokens, "device": str(device), "dtype": args.dtype,
                "phase_split_synchronized": synchronized, "phase_split_note": phase_note,

@@ -23,6 +23,7 @@ def main() -> None:
     parser.add_argument("--kv-dtype", default=None)
     parser.add_argument("--prefill-route", default=None, help="model.prefill_route (auto, eager, fused)")
     parser.add_argument("--pair-route", default=None, help="model.pair_route (auto, eager, graph)")
+    parser.add_argument("--vision-mlp-width", default=None, help="model.vision_mlp_width (auto, as_loaded, padded)")
     parser.add_argument("--pairs", type=int, default=4, help="profiled pairs")
     parser.add_argument("--warm", type=int, default=40, help="pairs ingested before (past the first compression)")
     parser.add_argument("--json", default="profile-pair.json")
@@ -52,6 +53,8 @@ def main() -> None:
         model["prefill_route"] = args.prefill_route
     if args.pair_route:
         model["pair_route"] = args.pair_route
+    if args.vision_mlp_width:
+        model["vision_mlp_width"] = args.vision_mlp_width
     runtime = edgekv.Runtime.from_pretrained(model_dir, model=model, video={"resolution": [size, size], "fps": 2},
                                              cache=cache)
     session = runtime.session()
