@@ -31,6 +31,12 @@ pack() {
   for d in "$TOYS/$1" "$TOYS/$1"-step*; do [ -d "$d" ] && found+=("${d##*/}"); done
   [ ${#found[@]} -gt 0 ] && tar czf "$OUT/$1.tgz" -C "$TOYS" "${found[@]}" && echo "packed $1.tgz: ${found[*]}"
 }
+# `latest NAME`: the round's checkpoint, or, when its timeout stopped it, the snapshot of its last step (NAME-stepN):
+# the next round goes on from that.
+latest() {
+  [ -f "$TOYS/$1/config.json" ] && { echo "$TOYS/$1"; return; }
+  ls -d "$TOYS/$1"-step* 2>/dev/null | sort -V | tail -1
+}
 WORKERS=${WORKERS:-12}
 # A 256-wide LM (the shipped toy's is 64): head_dim 64, so 12 of each head's rotary pairs turn slowly enough along
 # the frame's width to match what a token shows across a long stream, where the shipped toy has 3
@@ -41,14 +47,26 @@ SIZES="--vision-width ${VISION_WIDTH:-128} --vision-depth ${VISION_DEPTH:-6} --w
 # 12 drawing workers' cores half idle (load 5-13 of 16): the step itself (a small model, launch-bound) was the
 # bound, so a larger batch may train on several times the streams a second; the calibration times whatever is set.
 BATCH=${BATCH:-8}
-COMMON="--curriculum world-scratch --device cuda --workers $WORKERS --batch-size $BATCH --heldout-streams 0 --seed ${SEED:-31} $SIZES"
+# INIT: a toy checkpoint folder to go on from (carried, e.g. a last session's toy-frozen/ unpacked under .assets/):
+# round 1 continues it, with no vision warm-up, instead of starting from random weights. One session's device time
+# trains ~2,000 question steps a round; chaining sessions this way adds them up (the dev VM keeps /work/runs).
+INIT_ARGS=(); VSHARE=0.3
+if [ -n "${INIT:-}" ]; then
+  [ -f "$INIT/config.json" ] || { echo "INIT=$INIT: no toy checkpoint there (config.json)"; exit 1; }
+  INIT_ARGS=(--init "$INIT"); VSHARE=0
+fi
+# DEVICE=cpu (with tiny SIZES, EDGEKV_SETUP=0 and the venv first on PATH) runs the whole script on the dev VM: a
+# check of the script itself: its budget, packing and interrupts (tools/gpu/README.md has the command).
+DEVICE=${DEVICE:-cuda}
+RUN="--device $DEVICE --workers $WORKERS --batch-size $BATCH --heldout-streams 0"
+COMMON="--curriculum world-scratch $RUN --seed ${SEED:-31} $SIZES"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "from edgekv.video.world import available_families as a; print('background families here:', ', '.join(a()))"
 python3 -c "import cv2" 2>/dev/null || echo "no cv2 here: the video families (vtest, tree) are not drawn"
 stamp "the train-toy gpu test"
 timeout -s INT 90 python3 -m pytest -q -rfEs -p no:cacheprovider -n 0 -m gpu tests/test_toy.py 2>&1 | tail -3
 stamp "calibration: 40 warm-up + 40 question steps (timed between log lines 20 and 40)"
-timeout -s INT 120 edgekv train-toy /tmp/calib $COMMON --vision-steps 40 --steps 40 --log-every 20 \
+timeout -s INT ${CALIB_S:-120} edgekv train-toy /tmp/calib $COMMON "${INIT_ARGS[@]}" --vision-steps 40 --steps 40 --log-every 20 \
   > "$OUT/calibration.log" 2>&1
 echo "calibration rc $?"; tail -2 "$OUT/calibration.log"
 LEFT=$(( TOTAL_S - ($(date +%s) - T0) - 30 ))  # 30 s: the copy back and a margin
@@ -60,22 +78,25 @@ LEFT=$(( TOTAL_S - ($(date +%s) - T0) - 30 ))  # 30 s: the copy back and a margi
 # `world-where` round, contexts <= 96 pairs, had cost the long memory: 94 % -> 62 %, toy K). The second round's
 # step time is taken as the first's. Judge both checkpoints: toy-frozen/ and toy/, with --long and on `where`.
 FIRST=$(( LEFT * 50 / 100 )); SECOND=$(( LEFT * 25 / 100 )); THIRD=$(( LEFT - FIRST - SECOND ))
-read -r VSTEPS QSTEPS < <(python3 tools/gpu/toy_budget.py /tmp/calib/card.json --seconds "$FIRST" --vision-share 0.3 \
-  --overhead 40)
+read -r VSTEPS QSTEPS < <(python3 tools/gpu/toy_budget.py /tmp/calib/card.json --seconds "$FIRST" \
+  --vision-share "$VSHARE" --overhead 40)
+[ -n "${INIT:-}" ] && VSTEPS=0  # toy_budget keeps a floor of 50 warm-up steps; a continued toy takes none
 read -r _ QSTEPS2 < <(python3 tools/gpu/toy_budget.py /tmp/calib/card.json --seconds "$SECOND" --vision-share 0 \
   --overhead 25)
-# The third round runs a teacher beside the student (a forward pass more a step, no backward): its steps are taken
-# as 1.5 calibration steps (a guess; the log's seconds say what they were).
-read -r _ QSTEPS3 < <(python3 tools/gpu/toy_budget.py /tmp/calib/card.json --seconds $(( THIRD * 2 / 3 )) \
-  --vision-share 0 --overhead 20)
+# The third round runs a teacher beside the student (a forward pass more a step, no backward): measured on the H200
+# (2026-12-04) 6.5 steps/s from its step 250 to 500 against round 2's 11.4, and ~40 s before its first steps; so
+# its steps are taken as 1.75 calibration steps after 45 s of start (the first guess, 1.5 and 20 s, overran): the
+# budget in calibration seconds is (THIRD - 45) / 1.75 = THIRD * 4 / 7 - 26.
+read -r _ QSTEPS3 < <(python3 tools/gpu/toy_budget.py /tmp/calib/card.json --seconds $(( THIRD * 4 / 7 )) \
+  --vision-share 0 --overhead 26)
 stamp "training: ${VSTEPS:-?} warm-up + ${QSTEPS:-?} question steps in ~$FIRST s, then ${QSTEPS2:-?} in ~$SECOND s"
 [ -n "${QSTEPS:-}" ] && [ -n "${QSTEPS2:-}" ] && [ -n "${QSTEPS3:-}" ] || { echo "no budget (see calibration.log)"; exit 1; }
-timeout -k 20 -s INT $(( FIRST + 60 )) edgekv train-toy "$TOYS/toy-frozen" $COMMON --vision-steps "$VSTEPS" \
-  --steps "$QSTEPS" --log-every 250 > "$OUT/train.log" 2>&1
+timeout -k 20 -s INT $(( FIRST + 60 )) edgekv train-toy "$TOYS/toy-frozen" $COMMON "${INIT_ARGS[@]}" \
+  --vision-steps "$VSTEPS" --steps "$QSTEPS" --log-every 250 > "$OUT/train.log" 2>&1
 echo "train rc $?"; tail -3 "$OUT/train.log"; pack toy-frozen
 stamp "second round: world-mild, the tower trained with the answers"
-timeout -k 20 -s INT $(( SECOND + 30 )) edgekv train-toy "$TOYS/toy-mild" --init "$TOYS/toy-frozen" --vision-steps 0 \
-  --curriculum world-mild --lr 0.0004 --device cuda --workers "$WORKERS" --batch-size "$BATCH" --heldout-streams 0 --seed "${SEED:-31}" \
+timeout -k 20 -s INT $(( SECOND + 30 )) edgekv train-toy "$TOYS/toy-mild" --init "$(latest toy-frozen)" --vision-steps 0 \
+  --curriculum world-mild --lr 0.0004 $RUN --seed "${SEED:-31}" \
   --steps "$QSTEPS2" --log-every 250 > "$OUT/train2.log" 2>&1
 echo "train rc $?"; tail -3 "$OUT/train2.log"; pack toy-mild
 # Third round, lured (docs/measurements.md, issue 27's lured section, KD3's recipe: the best full-cache reading of
@@ -84,9 +105,9 @@ echo "train rc $?"; tail -3 "$OUT/train2.log"; pack toy-mild
 # questions do not see the lures' tokens in LM layers 1-3 (--distill-weight 3 on those attentions, 1 on the answers),
 # --hard-negatives 0.02, lr 3e-4. Ctrl-C (the timeout's INT) keeps the steps taken as toy-stepN.
 stamp "third round: world-lures-free-dilute, distilled from the second round with the lures hidden"
-timeout -k 20 -s INT $(( THIRD + 30 )) edgekv train-toy "$TOYS/toy" --init "$TOYS/toy-mild" --vision-steps 0 \
+timeout -k 20 -s INT $(( THIRD + 30 )) edgekv train-toy "$TOYS/toy" --init "$(latest toy-mild)" --vision-steps 0 \
   --curriculum world-lures-free-dilute --distill-weight 3 --distill-logits 1 --hard-negatives 0.02 --lr 0.0003 \
-  --device cuda --workers "$WORKERS" --batch-size "$BATCH" --heldout-streams 0 --seed "$(( ${SEED:-31} + 1 ))" \
+  $RUN --seed "$(( ${SEED:-31} + 1 ))" \
   --steps "$QSTEPS3" --log-every 250 > "$OUT/train3.log" 2>&1
 echo "train rc $?"; tail -3 "$OUT/train3.log"; pack toy
 stamp done

@@ -5,10 +5,12 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s); stamp() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "${WHEELS:-.whl}"/*.whl && export PYTHONPATH=/tmp/site || exit 1
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile -e . >/dev/null 2>&1 \
-  || { echo "editable install failed"; exit 1; }
+if [ "${EDGEKV_SETUP:-1}" = 1 ]; then  # EDGEKV_SETUP=0: a dry run on the dev VM, in its venv (lease_toy.sh)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${WHEELS:-.whl}"/*.whl && export PYTHONPATH=/tmp/site || exit 1
+  python3 -m pip install -q --no-deps --no-build-isolation --no-compile -e . >/dev/null 2>&1 \
+    || { echo "editable install failed"; exit 1; }
+fi
 
 # The random 3B-shape checkpoint at $CKPT, written in the background: `wait $CK` before reading it.
 checkpoint_3b() {
