@@ -996,13 +996,17 @@ def test_a_ctrl_c_ends_the_batch_workers_without_killing_them(kind):
     ``train-toy --workers 12`` stopped by its timeout took ~50 s more, and the call ran out before its checkpoints
     were packed). The script counts the kills the trainer had to make."""
     import os
+    import select
     import signal
     import subprocess
     import sys
 
     draw = ("batches(vision_batches, np.random.default_rng(0), 1000, 2)" if kind == "prefetch" else
             "sharded(vision_batches_sharded, 1000, 7, 1000, 2, workers=2)")
-    script = ("import sys, time, multiprocessing.process as mp, numpy as np\n"
+    # A shell's background job (`cmd &`, as CI or nohup may start the suite) begins with SIGINT ignored, and Python
+    # then leaves it ignored: the script puts back the handler a terminal's process has, whatever started the tests.
+    script = ("import signal, sys, time, multiprocessing.process as mp, numpy as np\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "from edgekv.toy.prefetch import batches, sharded\n"
               "from edgekv.toy.train import vision_batches, vision_batches_sharded\n"
               "kills = []\n"
@@ -1012,7 +1016,9 @@ def test_a_ctrl_c_ends_the_batch_workers_without_killing_them(kind):
               f"    it = {draw}\n"
               "    next(it); next(it)\n"  # both shards have drawn: both workers run
               "    local = it.gi_frame.f_locals\n"  # wait until every worker is blocked on its full queue
-              "    while not all(q.full() for q in local.get('channels', [local.get('channel')])):\n"
+              "    for _ in range(6000):\n"  # at most ~5 min on a loaded machine; the check below holds either way
+              "        if all(q.full() for q in local.get('channels', [local.get('channel')])):\n"
+              "            break\n"
               "        time.sleep(0.05)\n"
               "    print('ready', flush=True)\n"
               "    try:\n"
@@ -1024,10 +1030,11 @@ def test_a_ctrl_c_ends_the_batch_workers_without_killing_them(kind):
     trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
-        assert trainer.stdout.readline().strip() == "ready"
+        ready, _, _ = select.select([trainer.stdout], [], [], 600)
+        assert ready and trainer.stdout.readline().strip() == "ready"
         os.killpg(trainer.pid, signal.SIGINT)  # the whole group, as a terminal's Ctrl-C
-        out = trainer.stdout.read()
-        assert trainer.wait(timeout=300) == 0, out
+        out, _ = trainer.communicate(timeout=300)
+        assert trainer.returncode == 0, out
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
