@@ -22,7 +22,7 @@ def test_the_lease_scripts_parse(script):
 
 def test_the_helpers_the_lease_scripts_call_are_defined():
     setup = (TOOLS / "setup.sh").read_text()
-    for helper in ("stamp", "checkpoint_3b", "gpu_tests", "stream_3b"):
+    for helper in ("stamp", "gpu_info", "checkpoint_3b", "gpu_tests", "stream_3b"):
         assert f"{helper}()" in setup, helper
 
 

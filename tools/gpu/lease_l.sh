@@ -9,7 +9,7 @@
 # 7,574.4 MiB allocated, 65.3 ms a pair) so that lease_toy.sh gets the rest of the session's device time.
 # Carry: .whl (tools/gpu/README.md).
 WHEELS=.whl source "$(dirname "$0")/setup.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+gpu_info
 checkpoint_3b
 stamp "pytest -m gpu, the whole suite (background: the 3B checkpoint)"
 gpu_tests ${TESTS_S:-110} tests

@@ -8,7 +8,7 @@
 # Then, in the time left, lease_toy.sh (issue 27): `TOTAL_S=<left - 60> bash tools/gpu/lease_toy.sh`, carry .assets
 # too. Carry: .whl (tools/gpu/README.md).
 WHEELS=.whl source "$(dirname "$0")/setup.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+gpu_info
 checkpoint_3b
 stamp "pytest -m gpu: vision MLP width, vision and pair graphs (background: the 3B checkpoint)"
 gpu_tests ${TESTS_S:-80} tests/test_vision_mlp_width.py tests/test_vision_graph.py tests/test_pair_graph.py

@@ -12,6 +12,11 @@ if [ "${EDGEKV_SETUP:-1}" = 1 ]; then  # EDGEKV_SETUP=0: a dry run on the dev VM
     || { echo "editable install failed"; exit 1; }
 fi
 
+# `gpu_info`: the chip, its driver, clocks, temperature and power as the call starts (beside every figure).
+gpu_info() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+}
+
 # The random 3B-shape checkpoint at $CKPT, written in the background: `wait $CK` before reading it.
 checkpoint_3b() {
   CKPT=/tmp/ckpt-3b
