@@ -407,6 +407,49 @@ def test_ctrl_c_inside_an_optimizer_step_waits_for_the_step(tmp_path, monkeypatc
     assert '"interrupted": true' in capsys.readouterr().out
 
 
+def test_a_sigterm_ends_a_round_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """SIGTERM — `timeout`'s default, `kill`'s, systemd's — ended a round with nothing written; now it interrupts as
+    Ctrl-C does: inside an optimizer step it waits for the step, then the steps taken are kept as OUT-stepN and the
+    command exits 130. The handler before is put back (here a guard that records what reaches it: nothing)."""
+    import json
+    import signal
+    import threading
+
+    from edgekv.apps.cli import main
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can be set only in the main thread, and this test runs in another")
+    start = save_checkpoint(init_model(toy_config(width=32, layers=2, vision_width=32, vision_depth=2), 3),
+                            tmp_path / "start", {"command": "edgekv train-toy START"})
+    real, calls, finished, reached = torch.optim.AdamW.step, [], [], []
+
+    def term_inside_step_two(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        result = real(self, *args, **kwargs)
+        finished.append(len(calls))
+        return result
+
+    def guard(number, frame):
+        reached.append(number)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", term_inside_step_two)
+    before = signal.signal(signal.SIGTERM, guard)  # (the default would end the test run itself)
+    try:
+        code = main(["train-toy", str(tmp_path / "next"), "--init", str(start), "--steps", "4", "--batch-size", "2",
+                     "--log-every", "1", "--heldout-streams", "0", "--eval-samples", "2", "--vision-steps", "0",
+                     "--threads", "1", "--curriculum", "refine", "--lr", "0.01", "--no-prefetch"])
+    finally:
+        restored = signal.signal(signal.SIGTERM, before)
+    assert code == 130 and calls == [1, 1] and finished == [1, 2] and reached == []
+    card = json.loads((tmp_path / "next-step2" / "card.json").read_text())
+    assert card["interrupted"] is True and card["steps"] == 2
+    assert not (tmp_path / "next").exists()
+    assert restored is guard
+    assert '"interrupted": true' in capsys.readouterr().out
+
+
 def test_train_toy_save_every_writes_the_rounds_path_with_cut_cards(tmp_path, capsys):
     """``--save-every N`` writes the model at steps N, 2N, ... (not the last) as OUT-stepN: a loadable toy between
     the start and the end, whose card is the round's cut at that step; a negative N is refused."""

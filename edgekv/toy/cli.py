@@ -266,25 +266,27 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: {exc}")
         return 2
     from edgekv.toy.model import WidthError
+    from edgekv.toy.train import term_as_interrupt
 
     try:
-        card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
-                     threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
-                     heldout_streams=args.heldout_streams, eval_samples=args.eval_samples,
-                     vision_steps=args.vision_steps,
-                     width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
-                     curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
-                     freeze_vision=not args.train_vision, vision_width=args.vision_width,
-                     vision_depth=args.vision_depth, device=args.device, workers=args.workers,
-                     freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
-                     grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
-                     hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
-                     vision_lures=args.vision_lures, max_positions=args.max_positions, rope_theta=args.rope_theta,
-                     save_every=args.save_every, attend_weight=args.attend_weight,
-                     avoid_weight=args.avoid_weight, avoid_layers=avoid_layers,
-                     avoid_among=args.avoid_among or "all", distill_weight=args.distill_weight,
-                     distill_logits=args.distill_logits, distill_layers=distill_layers,
-                     distill_teacher=args.distill_teacher)
+        with term_as_interrupt():  # `timeout`, `kill`, systemd: the steps taken are kept, as on Ctrl-C
+            card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
+                         threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
+                         heldout_streams=args.heldout_streams, eval_samples=args.eval_samples,
+                         vision_steps=args.vision_steps,
+                         width=args.width, layers=args.layers, prefetch=args.prefetch, init=args.init,
+                         curriculum=args.curriculum, families=families, holdout=holdout, size=args.size,
+                         freeze_vision=not args.train_vision, vision_width=args.vision_width,
+                         vision_depth=args.vision_depth, device=args.device, workers=args.workers,
+                         freeze_init_vision=args.freeze_vision, grow=args.grow_layers,
+                         grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
+                         hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
+                         vision_lures=args.vision_lures, max_positions=args.max_positions, rope_theta=args.rope_theta,
+                         save_every=args.save_every, attend_weight=args.attend_weight,
+                         avoid_weight=args.avoid_weight, avoid_layers=avoid_layers,
+                         avoid_among=args.avoid_among or "all", distill_weight=args.distill_weight,
+                         distill_logits=args.distill_logits, distill_layers=distill_layers,
+                         distill_teacher=args.distill_teacher)
     except WidthError as exc:  # a width the --init checkpoint cannot be widened to (known only once it is loaded)
         print(f"edgekv train-toy: {exc}")
         return 2

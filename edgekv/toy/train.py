@@ -680,24 +680,58 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
 
 @contextmanager
 def _interrupt_after():
-    """Holds a Ctrl-C (SIGINT) that arrives inside the block until the block has run, then raises it: an
+    """Holds a Ctrl-C (SIGINT) or SIGTERM that arrives inside the block until the block has run, then acts on it: an
     optimizer step is applied whole or not at all (a KeyboardInterrupt inside ``AdamW.step`` can leave some
-    parameters moved and others not). Then the handler before runs (Python's raises ``KeyboardInterrupt``).
-    Outside the main thread, where no handler can be set, the block just runs."""
+    parameters moved and others not). Then the handler before runs (Python's raises ``KeyboardInterrupt``, as
+    ``term_as_interrupt``'s does for SIGTERM; a default SIGTERM is sent again). Outside the main thread, where no
+    handler can be set, the block just runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda number, frame: held.append(number))
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    previous = {number: handler for number, handler in previous.items() if handler is not None}  # set outside Python
+    for number in previous:
+        signal.signal(number, lambda number, frame: held.append(number))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if held and previous is not signal.SIG_IGN:  # what the handler before would have done (Python's: raise)
-        if callable(previous):
-            previous(signal.SIGINT, None)
-        else:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    for number in dict.fromkeys(held):
+        before = previous[number]
+        if before is signal.SIG_IGN:
+            continue
+        if callable(before):  # what the handler before would have done (Python's SIGINT one: raise)
+            before(number, None)
+        elif number == signal.SIGINT:
             raise KeyboardInterrupt
+        else:
+            signal.raise_signal(number)
+
+
+@contextmanager
+def term_as_interrupt():
+    """SIGTERM ends a training round as Ctrl-C does: the steps taken are kept as OUT-stepN (``train``). ``timeout``
+    (whose default signal it is), ``kill``, systemd and container runtimes stop a process with SIGTERM, which would
+    otherwise end the round with nothing written. In the main thread, unless SIGTERM is ignored; the handler before
+    is put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    if before is signal.SIG_IGN or before is None:
+        yield
+        return
+
+    def stop(number, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def heldout(seed: int, count: int, progress: float = 1.0, curriculum: str = "full",
