@@ -1063,8 +1063,8 @@ def test_a_ctrl_c_ends_the_batch_workers_without_killing_them(kind):
               "        if all(q.full() for q in local.get('channels', [local.get('channel')])):\n"
               "            break\n"
               "        time.sleep(0.05)\n"
-              "    print('ready', flush=True)\n"
-              "    try:\n"
+              "    try:\n"  # before 'ready': the INT may come at once (seen: inside the print, outside the try)
+              "        print('ready', flush=True)\n"
               "        while True:\n"
               "            time.sleep(60)\n"
               "    except KeyboardInterrupt:\n"
