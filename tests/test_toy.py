@@ -1059,14 +1059,15 @@ def test_a_ctrl_c_ends_the_batch_workers_without_killing_them(kind):
               f"    it = {draw}\n"
               "    next(it); next(it)\n"  # both shards have drawn: both workers run
               "    local = it.gi_frame.f_locals\n"  # wait until every worker is blocked on its full queue
-              "    for _ in range(6000):\n"  # at most ~5 min on a loaded machine; the check below holds either way
-              "        if all(q.full() for q in local.get('channels', [local.get('channel')])):\n"
+              "    deadline = time.monotonic() + 600\n"  # generous: the check below holds either way
+              "    while not all(q.full() for q in local.get('channels', [local.get('channel')])):\n"
+              "        if time.monotonic() > deadline:\n"
               "            break\n"
-              "        time.sleep(0.05)\n"
+              "        time.sleep(0.05)\n"  # a queue's fullness has no event to wait on: polled
               "    try:\n"  # before 'ready': the INT may come at once (seen: inside the print, outside the try)
               "        print('ready', flush=True)\n"
               "        while True:\n"
-              "            time.sleep(60)\n"
+              "            signal.pause()\n"  # until the INT: no clock involved
               "    except KeyboardInterrupt:\n"
               "        it.close()\n"
               "        print('closed, killed:', len(kills), flush=True)\n")
