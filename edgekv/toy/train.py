@@ -723,11 +723,7 @@ def term_as_interrupt():
     if before is signal.SIG_IGN or before is None:
         yield
         return
-
-    def stop(number, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt, whichever signal
     try:
         yield
     finally:

@@ -10,8 +10,8 @@
 #   2. a calibration run (40 warm-up + 40 question steps; a short run walks every stage)     ~40 s
 #   3. three rounds, sized by tools/gpu/toy_budget.py to the time left (50 % / 25 % / 25 %)   the rest
 # Back in $OUT as toy.tgz, toy-mild.tgz and toy-frozen.tgz (untar them first), beside the four logs: toy/ (the third,
-# lured round's checkpoint,
-# card, README; a few MB), toy-mild/ (the second round's), toy-frozen/ (the first's), the logs. Evaluate on the dev VM (CPU), e.g.
+# lured round's checkpoint, card, README; a few MB), toy-mild/ (the second round's), toy-frozen/ (the first's).
+# Evaluate on the dev VM (CPU), e.g.
 #   edgekv eval toy --model <files_at>/toy --families events,classic,noise,photo,cells,skimage,tree --streams 200
 # and the lured long-memory bar on its cheap target (issue 27; AVW, the shipped toy: full 0.645 / short 0.855, 75 %):
 #   edgekv eval needle --model <files_at>/toy --lengths 250 --caps 1/16 --events 3 --repeats 0 --families photo,cells \
@@ -60,7 +60,7 @@ fi
 DEVICE=${DEVICE:-cuda}
 RUN="--device $DEVICE --workers $WORKERS --batch-size $BATCH --heldout-streams 0"
 COMMON="--curriculum world-scratch $RUN --seed ${SEED:-31} $SIZES"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+gpu_info
 python3 -c "from edgekv.video.world import available_families as a; print('background families here:', ', '.join(a()))"
 python3 -c "import cv2" 2>/dev/null || echo "no cv2 here: the video families (vtest, tree) are not drawn"
 stamp "the train-toy gpu test"
