@@ -75,3 +75,27 @@ def test_toy_budget_sizes_the_run_to_the_time_left(tmp_path):
     run = subprocess.run([sys.executable, str(TOOLS / "toy_budget.py"), str(card), "--seconds", "330"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "no timed warm-up" in run.stderr
+
+
+def test_int4_variants_check_themselves_in_the_interpreter(tmp_path):
+    """The 4-bit GEMV variants the next device call times (``--only magic``: bits or'ed into 2^23 instead of an
+    int -> float conversion, the zero point out of the K sum) give the product the shipped kernel gives, at toy
+    shapes with a partial last tile (N 200: 25 words in a 16-word tile) in Triton's CPU interpreter."""
+    import json
+    import os
+
+    pytest.importorskip("triton")
+    out = tmp_path / "variants.json"
+    run = subprocess.run([sys.executable, str(TOOLS / "int4_variants.py"), "--small", "--replays", "1", "--only",
+                          "magic", "--json", str(out)], capture_output=True, text=True, cwd=TOOLS, timeout=600,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    names = [row["variant"] for row in rows]
+    assert names.count("magic-128x128") == 2 and names.count("shipped") == 2 and "lanes-128x128" not in names
+    assert all("error" not in row for row in rows), rows
+    shipped = {row["k"]: row["max_abs_diff"] for row in rows if row["variant"] == "shipped"}
+    for row in rows:
+        if row["variant"].startswith("magic"):
+            # bf16 activations and output: the output's rounding dominates, as for the shipped kernel
+            assert row["max_abs_diff"] <= 1.01 * shipped[row["k"]] + 1e-6, row
