@@ -3,9 +3,10 @@ timed beside the shipped kernel (kernels/int4_matmul.py) and bf16 ``F.linear``, 
 one with figures instead of guesses.
 
 Issue 32's lease_i (2026-11-28): the lanes-* variants 0.0133 / 0.0137 ms at 2,048 x 2,048, the shipped kernel
-0.0060, bf16 0.0057. The H200 runs of 2026-11-26: the GEMV then shipped (split-K, one packed word loaded per nibble lane) took 0.033 ms
-for 2,048 x 2,048 against 0.006 ms in bf16; words-128x128 0.0087 ms, words-atomic 0.0084 (third call). The
-shipped kernel is now words-128x128 with its splits added by a Triton kernel (in order, cast included). Variants:
+0.0060, bf16 0.0057. The H200 runs of 2026-11-26: the GEMV then shipped (split-K, one packed word loaded per
+nibble lane) took 0.033 ms for 2,048 x 2,048 against 0.006 ms in bf16; words-128x128 0.0087 ms, words-atomic
+0.0084 (third call). The shipped kernel is now words-128x128 with its splits added by a Triton kernel (in order,
+cast included). Variants:
 
   shipped        int4_matmul_triton (split-K partials, _sum_splits_kernel)
   words-64x64    each program loads its [BLOCK_K, BLOCK_N / 8] packed words once and unpacks them with a
@@ -168,8 +169,8 @@ def gemv_magic(x, qweight, qzeros, scales, group, block_n=128, block_k=128, prog
     block_k = min(block_k, group)
     chunk, splits = k_split(k, cdiv(n, block_n), block_k, programs)
     out = torch.empty(splits, n, dtype=torch.float32, device=x.device)
-    _gemv_magic_kernel[(cdiv(n, block_n), splits)](x, qweight, qzeros, scales, out, n, k, group, qweight.shape[1], chunk,
-                                                   WORDS=block_n // 8, BLOCK_K=block_k, num_warps=warps)
+    _gemv_magic_kernel[(cdiv(n, block_n), splits)](x, qweight, qzeros, scales, out, n, k, group, qweight.shape[1],
+                                                   chunk, WORDS=block_n // 8, BLOCK_K=block_k, num_warps=warps)
     return out.sum(0).to(x.dtype)[None]
 
 
