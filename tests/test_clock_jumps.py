@@ -86,6 +86,22 @@ def test_a_refused_timestamp_never_blocks_the_next_frame(runtime, bad):
     assert session.stats()["frames"] == 4 and session.stats()["frames_rejected"] == 1
 
 
+
+def test_timestamps_read_from_numpy_arrays_go_in_and_bools_do_not(runtime):
+    """A timestamp taken from an array (``ts[i]``: numpy's float32 / int64 are not Python floats) is a number of
+    seconds like any other (before: float32 and int64 were refused as "not a finite number"); a bool is not."""
+    session = runtime.session()
+    frames = _frames(5, seed=3)
+    for frame, t in zip(frames, np.array([0.0, 0.5, 1.0, 1.5], dtype=np.float32)):
+        session.ingest(frame, t=t)
+    session.ingest(frames[4], t=np.int64(2))
+    assert session.stats()["frames"] == 5 and session.stats()["frames_rejected"] == 0
+    assert session.clock.last_t == pytest.approx(2.0)
+    for bad in (True, np.bool_(False)):
+        with pytest.raises(ValueError, match="finite number of seconds"):
+            session.ingest(frames[0], t=bad)
+    assert session.stats()["frames_rejected"] == 2
+
 def test_the_clock_maps_and_bounds_in_one_place():
     clock = StreamClock(fps=2.0, tokens_per_second=2.0, max_gap_s=60.0)
     stamps = []

@@ -245,6 +245,20 @@ def test_bad_questions_are_refused(runtime):
         session.ask("ok?", max_new_tokens=0)
     with pytest.raises(ValueError, match="text_reserve_tokens"):
         session.ask("ok?", max_new_tokens=100_000)
+    for bad in (-1, 1.5, True):  # before: any value was taken (a negative count as none)
+        with pytest.raises(ValueError, match="evidence must be a whole number"):
+            session.ask("ok?", max_new_tokens=2, evidence=bad)
+    assert session.stats()["questions"] == 0
+
+
+def test_counts_read_from_numpy_are_counts(runtime):
+    """``max_new_tokens`` and ``evidence`` taken from numpy (``np.int64``, not a Python int) are whole numbers
+    like any other (before: max_new_tokens=np.int64(3) was refused as "not a positive integer")."""
+    session = runtime.session()
+    for i, frame in enumerate(_frames(4, seed=11)):
+        session.ingest(frame, t=i / FPS)
+    answer = session.ask("ok?", max_new_tokens=np.int64(3), evidence=np.int64(1))
+    assert 1 <= len(answer.token_ids) <= 3 and len(answer.evidence) <= 1
 
 
 def test_budget_too_small_for_two_frame_pairs_names_the_minimum(tiny_checkpoint):

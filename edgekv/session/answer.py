@@ -6,6 +6,7 @@ cache keeps depends on a question)."""
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 import torch
@@ -112,8 +113,11 @@ class Answerer:
             recall = s.recall is not None and s.config.archive.recall
         if recall and s.recall is None:
             raise ValueError("recall=True needs an archive: set archive.dir in the config")
+        if not isinstance(evidence, numbers.Integral) or isinstance(evidence, bool) or evidence < 0:
+            raise ValueError(f"evidence must be a whole number of frame pairs >= 0, got {evidence!r}")
         ids = self.question_ids(question, max_new_tokens, temperature, top_p,
                                 reserved=s.recall_reserve if recall else 0)
+        max_new_tokens = int(max_new_tokens)
         video_len = s.cache.length
         self.video_length = video_len
         recalled = ()
@@ -239,8 +243,9 @@ class Answerer:
         s = self.session
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        max_new_tokens = int(max_new_tokens)  # numpy's int64 too
         if not 0.0 <= float(temperature) <= 10.0:
             raise ValueError(f"temperature must be in [0, 10], got {temperature}")
         if not 0.0 < float(top_p) <= 1.0:

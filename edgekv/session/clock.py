@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from dataclasses import dataclass
 
 log = logging.getLogger("edgekv.session")
@@ -60,7 +61,8 @@ class StreamClock:
         position past ``limit`` (the cache keeps positions as int32). Nothing changes until ``accept``."""
         if t is None:
             t = frames / self.fps
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(float(t)):
+        # any real number (numpy's float32 / int64 too, as read from a timestamp array), never a bool
+        if not isinstance(t, numbers.Real) or isinstance(t, bool) or not math.isfinite(float(t)):
             raise ValueError(f"t={t!r}: a timestamp must be a finite number of seconds")
         source = float(t)
         if abs(source) > MAX_ABS_SECONDS:
