@@ -94,7 +94,9 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 
 def _add_plan(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device-memory", type=float, required=True, help="device memory in GB")
+    parser.add_argument("--device-memory", type=float, default=None,
+                        help="device memory in GB (default: this machine's: a Jetson's unified memory, else the "
+                             "GPU's for model.device cuda / auto with a GPU, else the RAM)")
     parser.add_argument("--model", default=None, help="model directory (config.json), or builtin:toy; required "
                                                       "without --config")
     parser.add_argument("--config", default=None, help="a deployment config: plan for its model, dtype and grid, "
@@ -113,6 +115,14 @@ def _plan(args: argparse.Namespace) -> int:
     from edgekv.calibration.plan import check_config, plan
     from edgekv.model.builtin import resolve_model_path
 
+    if args.device_memory is None:
+        from edgekv.calibration.plan import memory_here
+        from edgekv.config import load_config
+
+        device = load_config(args.config).model.device if args.config else "auto"
+        args.device_memory, where = memory_here(device)
+        args.device_memory = round(args.device_memory, 2)
+        print(f"device memory {args.device_memory:.2f} GiB: {where} (--device-memory GB plans for another device)")
     if args.config:
         result, verdict = check_config(args.config, args.device_memory, model_dir=args.model,
                                        reserve_gb=args.reserve_gb, weights_gb=args.weights_gb)

@@ -206,6 +206,33 @@ def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, 
                 text_reserve_tokens, capped, _weights_note(cfg, weight_dtype, weights_gb is not None, lm_head))
 
 
+def memory_here(device: str = "auto", root: str | Path = "/") -> tuple[float, str]:
+    """This machine's memory for a plan, in GiB (the unit ``plan`` counts "GB" in), and where it was read —
+    what ``edgekv plan`` takes without ``--device-memory``. A Jetson: its unified memory (``/proc/meminfo``
+    MemTotal, what the kernel manages after the carve-outs; the CPU and the GPU share it — JETSON.md), whatever
+    ``device`` says. Elsewhere, ``device`` (``model.device``) cuda / cuda:N, or auto with a CUDA GPU: that
+    GPU's memory; cpu, or auto without one: the machine's RAM. ``root`` is for tests."""
+    from edgekv.monitor.jetson import is_jetson, read_meminfo
+
+    meminfo = Path(root) / "proc" / "meminfo"
+    if is_jetson(root):
+        total = read_meminfo(meminfo)["ram_total_mb"] / 1024
+        return total, "this Jetson's unified memory (/proc/meminfo MemTotal; the CPU and the GPU share it)"
+    if device != "cpu" and torch.cuda.is_available():
+        index = int(device[5:]) if device.startswith("cuda:") else 0
+        props = torch.cuda.get_device_properties(index)
+        return props.total_memory / 2**30, f"the memory of GPU {index} ({props.name}; model.device {device})"
+    if device.startswith("cuda"):
+        raise ValueError(f"model.device is {device} but torch sees no CUDA GPU here: give --device-memory GB")
+    try:
+        total = read_meminfo(meminfo)["ram_total_mb"] / 1024
+        where = "/proc/meminfo MemTotal"
+    except (OSError, KeyError):
+        import psutil
+
+        total, where = psutil.virtual_memory().total / 2**30, "psutil"
+    return total, f"this machine's RAM ({where}; model.device {device}, no GPU in use)"
+
 def check_config(config_path: str | Path, device_memory_gb: float, model_dir: str | Path | None = None,
                  reserve_gb: float = DEFAULT_RESERVE_GB, weights_gb: float | None = None) -> tuple[Plan, str]:
     """Plan for a deployment config (its model, ``model.dtype``, ``video.resolution``,

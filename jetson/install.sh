@@ -70,6 +70,8 @@ fi
 run install -m 0644 "$SRC/jetson/edgekv-camera.service" /etc/systemd/system/edgekv-camera.service
 run systemctl daemon-reload
 run systemctl enable edgekv-camera.service
-echo "edit /etc/edgekv/deploy.yaml (model.path, video.source), build the TensorRT engines on this device:"
+echo "edit /etc/edgekv/deploy.yaml (model.path, video.source), check that its cache fits this board's memory:"
+echo "  $PREFIX/venv/bin/edgekv plan --config /etc/edgekv/deploy.yaml"
+echo "build the TensorRT engines on this device:"
 echo "  sudo -u edgekv $PREFIX/venv/bin/edgekv build --config /etc/edgekv/deploy.yaml --backend tensorrt"
 echo "then: sudo systemctl start edgekv-camera"

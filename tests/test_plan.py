@@ -132,3 +132,52 @@ def test_unsupported_quantization_config_is_refused_by_plan(model_3b_awq):
     (model_3b_awq / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"quantization_config\.bits"):
         plan(8, model_3b_awq)
+
+
+def _machine(root: Path, total_kb: int, jetson: bool) -> Path:
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text(f"MemTotal: {total_kb} kB\nMemFree: 1000000 kB\nBuffers: 0 kB\n"
+                                           "Cached: 0 kB\n")
+    if jetson:
+        (root / "etc").mkdir()
+        (root / "etc" / "nv_tegra_release").write_text("# R36 (release), REVISION: 4.3\n")
+    return root
+
+
+def test_the_plan_reads_the_memory_of_the_machine_it_runs_on(tmp_path, monkeypatch):
+    """Without ``--device-memory`` (on the device itself): a Jetson's unified memory whatever model.device says,
+    a GPU's memory for cuda, the RAM for cpu; cuda without a GPU is refused naming the flag."""
+    from edgekv.calibration.plan import memory_here
+
+    orin_nano = _machine(tmp_path / "nano", 7802232, jetson=True)  # MemTotal of an 8 GB board after carve-outs
+    for device in ("auto", "cuda", "cpu"):
+        gib, where = memory_here(device, root=orin_nano)
+        assert gib == pytest.approx(7802232 / 2**20) and "Jetson's unified memory" in where
+    desktop = _machine(tmp_path / "desktop", 32 * 2**20, jetson=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    gib, where = memory_here("auto", root=desktop)
+    assert gib == pytest.approx(32.0) and "RAM" in where and "model.device auto" in where
+    with pytest.raises(ValueError, match="no CUDA GPU here: give --device-memory"):
+        memory_here("cuda:1", root=desktop)
+
+    class Props:
+        name, total_memory = "NVIDIA H200", 150_000_000_000
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.get_device_properties", lambda index: Props)
+    gib, where = memory_here("auto", root=desktop)
+    assert gib == pytest.approx(150e9 / 2**30) and "GPU 0 (NVIDIA H200" in where
+    assert memory_here("cpu", root=desktop)[0] == pytest.approx(32.0)  # a CPU deployment on a GPU machine
+
+
+def test_plan_without_device_memory_plans_for_this_machine(model_3b, capsys, monkeypatch):
+    import edgekv.calibration.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "memory_here", lambda device="auto", root="/": (61.37, f"fake ({device})"))
+    assert main(["plan", "--model", str(model_3b)]) == 0
+    out = capsys.readouterr().out
+    assert "device memory 61.37 GiB: fake (auto)" in out and "device memory           61.37 GiB" in out
+    demo = Path(__file__).resolve().parents[1] / "configs" / "cpu-demo.yaml"
+    assert main(["plan", "--config", str(demo)]) == 0  # model.device cpu: the config's device is asked for
+    out = capsys.readouterr().out
+    assert "fake (cpu)" in out and f"{demo}: cache.max_tokens 640 fits" in out
