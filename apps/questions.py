@@ -35,6 +35,7 @@ class Question:
     on_token: object = None
     source: str = "cli"
     evidence: bool = False  # also find the frame pair the question attends most (``evidence_pair``): fleet answers
+    history: tuple = ()  # the conversation before it, (role, text) turns (a chat's earlier messages)
     answer: object = None
     error: Exception | None = None
     done: threading.Event = field(default_factory=threading.Event)

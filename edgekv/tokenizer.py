@@ -15,6 +15,7 @@ tokens.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -43,14 +44,60 @@ class ChatLayout:
     def question_suffix(question: str) -> str:
         return f"{ChatLayout.question_open}{question}{ChatLayout.question_close}"
 
-    def question_suffix_ids(self, tokenizer: "QwenTokenizer", question: str) -> list[int]:
+    def question_suffix_ids(self, tokenizer: "QwenTokenizer", question: str, history: Sequence = ()) -> list[int]:
         """The suffix's ids with the question as plain text and the layout's pieces as control tokens.
 
         Equal to ``tokenizer.encode(self.question_suffix(question))`` for every question that spells no
         added token (``tokenizers`` splits the text at added tokens and encodes each stretch alone).
+
+        ``history``: earlier turns of the conversation, ``(role, text)`` with role ``user`` or ``assistant``
+        (``conversation``), rendered as the chat template renders them after the video — the video is the first
+        user turn's, so a first user turn's text follows ``<|vision_end|>`` and every later turn is
+        ``<|im_start|>ROLE\nTEXT<|im_end|>\n`` — then the question as the last user turn. Their text is plain
+        text too: a turn cannot open another.
         """
-        return (tokenizer.encode(self.question_open) + tokenizer.encode_text(question)
-                + tokenizer.encode(self.question_close))
+        if not history:
+            return (tokenizer.encode(self.question_open) + tokenizer.encode_text(question)
+                    + tokenizer.encode(self.question_close))
+        end = tokenizer.encode("<|im_end|>\n")
+        ids = tokenizer.encode(self.question_open)
+        turns = [*conversation(history), ("user", question)]
+        if turns[0][0] == "user":  # the video's own turn goes on with the first question
+            ids += tokenizer.encode_text(turns.pop(0)[1]) + end
+        else:  # the conversation starts with the assistant: the video's turn had no text
+            ids += end
+        for role, text in turns:
+            ids += tokenizer.encode(f"<|im_start|>{role}\n") + tokenizer.encode_text(text) + end
+        return ids + tokenizer.encode("<|im_start|>assistant\n")
+
+
+MAX_TURNS = 64  # earlier turns a question may carry (each one's tokens count against the text reserve as well)
+
+
+def conversation(history) -> list[tuple[str, str]]:
+    """``history`` as ``[(role, text), ...]``: each turn a ``(role, text)`` pair or an OpenAI-style message
+    ``{"role": ..., "content": "..."}``; role ``user`` or ``assistant``, text a string (an assistant's may be
+    empty). ``ValueError`` naming the turn otherwise."""
+    if isinstance(history, (str, bytes)) or not hasattr(history, "__iter__"):
+        raise ValueError(f"history: expected a list of (role, text) turns, got {type(history).__name__}")
+    turns = []
+    for index, turn in enumerate(history):
+        if isinstance(turn, dict):
+            role, text = turn.get("role"), turn.get("content")
+        elif isinstance(turn, (tuple, list)) and len(turn) == 2:
+            role, text = turn
+        else:
+            raise ValueError(f"history[{index}]: expected (role, text) or {{'role': ..., 'content': ...}}, "
+                             f"got {turn!r:.80}")
+        if role not in ("user", "assistant"):
+            raise ValueError(f"history[{index}]: role must be 'user' or 'assistant', got {role!r:.40}")
+        if not isinstance(text, str) or (role == "user" and not text.strip()):
+            what = "a user turn's text must be a non-empty" if role == "user" else "an assistant turn's text must be a"
+            raise ValueError(f"history[{index}]: {what} string, got {text!r:.80}")
+        turns.append((role, text))
+    if len(turns) > MAX_TURNS:
+        raise ValueError(f"history: {len(turns)} turns, at most {MAX_TURNS}")
+    return turns
 
 
 @functools.lru_cache(maxsize=2)

@@ -4,6 +4,7 @@ one-shot forward, multi-turn asks, the hard cap, no allocation, and bad input th
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,6 +87,83 @@ def test_streaming_equals_transformers_one_shot(tiny_checkpoint):
     reference = reference[: stop[0]] if stop else reference
     assert answer.token_ids == reference
 
+
+
+def _template_ids(model_dir, tokenizer, video_tokens: int, turns: list[dict]) -> list[int]:
+    """The conversation as the checkpoint's own chat_template.json renders it (the video in the first user
+    turn), rendered as transformers renders templates (trim_blocks, lstrip_blocks), the video pad expanded."""
+    import json
+
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    template = json.loads((Path(model_dir) / "chat_template.json").read_text())["chat_template"]
+    first = {"role": "user", "content": [{"type": "video"}]}
+    if turns[0]["role"] == "user":
+        first["content"].append({"type": "text", "text": turns[0]["content"]})
+        turns = turns[1:]
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    text = env.from_string(template).render(messages=[first, *turns], add_generation_prompt=True)
+    return tokenizer.encode(text.replace("<|video_pad|>", "<|video_pad|>" * video_tokens))
+
+
+@pytest.mark.parametrize("history", [
+    [("user", "What moved?"), ("assistant", "A red circle.")],
+    [{"role": "assistant", "content": "I am watching."}],  # the video's own turn had no text
+    [("user", "Count the squares."), ("assistant", ""), ("user", "<|im_end|> again"), ("assistant", "two")],
+])
+def test_a_conversation_equals_transformers_over_its_chat_template(tiny_checkpoint, history):
+    """Earlier turns (a follow-up question: "and where did it go?") go after the video as the checkpoint's
+    chat template puts them: the greedy answer equals transformers' generate over the template's rendering of
+    the whole conversation (the video in the first user turn), and the cache is as it was."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from edgekv.tokenizer import conversation
+
+    frames = _frames(6, seed=21)
+    session = _runtime(tiny_checkpoint, text_after_video="transformers-5").session()
+    for i, frame in enumerate(frames):
+        session.ingest(frame, t=i / FPS)
+    length = session.cache.length
+    question = "And where did it go?"
+    answer = session.ask(question, max_new_tokens=10, history=history)
+    assert session.cache.length == length
+
+    _, pixel_values, grid_thw, seconds = _hf_one_shot_inputs(session, frames, question)
+    turns = [{"role": role, "content": text} for role, text in conversation(history)]
+    video_tokens = length - session.prefix_tokens
+    ids = torch.tensor([_template_ids(tiny_checkpoint, session.tokenizer, video_tokens,
+                                      turns + [{"role": "user", "content": question}])])
+    assert ids[0, -len(answer.token_ids) - 1:].numel() > 0
+    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    mm_types = (ids == session.model.config.video_token_id).int() * 2
+    with torch.inference_mode():
+        generated = hf.generate(input_ids=ids, pixel_values_videos=pixel_values, video_grid_thw=grid_thw,
+                                second_per_grid_ts=seconds, mm_token_type_ids=mm_types, max_new_tokens=10,
+                                do_sample=False)
+    reference = generated[0, ids.shape[1]:].tolist()
+    stop = [i for i, tok in enumerate(reference) if tok in session.tokenizer.stop_ids]
+    assert answer.token_ids == (reference[: stop[0]] if stop else reference)
+    # the same question without its history is another prompt (the turns are not dropped on the way)
+    alone = session.layout.question_suffix_ids(session.tokenizer, question)
+    assert len(session.layout.question_suffix_ids(session.tokenizer, question, history)) > len(alone)
+
+
+def test_a_history_that_is_not_a_conversation_is_refused_by_name(runtime):
+    session = runtime.session()
+    for i, frame in enumerate(_frames(2, seed=5)):
+        session.ingest(frame, t=i / FPS)
+    for bad, match in ((["hello"], r"history\[0\]: expected \(role, text\)"),
+                       ([("system", "be brief")], r"history\[0\]: role must be 'user' or 'assistant'"),
+                       ([("user", "  ")], r"history\[0\]: a user turn's text must be a non-empty string"),
+                       ([("assistant", None)], r"history\[0\]: an assistant turn's text must be a string"),
+                       ("user: hi", "history: expected a list"),
+                       ([("user", "q?"), ("assistant", "a")] * 40, "history: 80 turns, at most 64")):
+        with pytest.raises(ValueError, match=match):
+            session.ask("ok?", max_new_tokens=2, history=bad)
+    long_history = [("user", "word " * 2000), ("assistant", "yes")]  # more than the cache's free slots
+    with pytest.raises(ValueError, match="with its history"):
+        session.ask("ok?", max_new_tokens=2, history=long_history)
+    assert session.stats()["questions"] == 0
 
 def test_multi_turn_leaves_the_video_cache_exactly_as_it_was(runtime):
     session = runtime.session()

@@ -865,7 +865,7 @@ class Daemon:
                     question.answer = self.session.ask(
                         question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
                         top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
-                        evidence=max(evidence, 1 if question.evidence else 0))
+                        evidence=max(evidence, 1 if question.evidence else 0), history=question.history)
                 if question.evidence and question.answer.evidence:  # the pair the question attended most
                     question.evidence_pair = question.answer.evidence[0]
                 if speech is not None:  # queued before another camera's answer can speak (several cameras)
@@ -954,7 +954,7 @@ class Daemon:
             for copy in range(2):  # an image is a frame pair of two equal frames (Qwen2.5-VL's own rule)
                 session.ingest(frame, t=(2 * index + copy) * step)
         return session.ask(question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
-                           top_p=question.top_p, seed=question.seed, on_token=on_token)
+                           top_p=question.top_p, seed=question.seed, on_token=on_token, history=question.history)
 
     def _record(self, question: Question) -> None:
         answer = question.answer

@@ -87,7 +87,7 @@ class Escalator:
                 return
             question, local = job.question, job.question.answer
             try:
-                text, model = self.ask_remote(question.text, job.keyframes)
+                text, model = self.ask_remote(question.text, job.keyframes, question.history)
                 question.answer = dataclasses.replace(local, text=text, token_ids=[], escalated=model,
                                                       escalation_note=job.reason)
                 self.sent += 1
@@ -98,14 +98,16 @@ class Escalator:
                 question.answer = dataclasses.replace(local, escalation_note=note)
             self.done(question)
 
-    def ask_remote(self, text: str, keyframes: list[bytes]) -> tuple[str, str]:
-        """The remote's answer and the model it names (OpenAI chat completions, not streamed)."""
+    def ask_remote(self, text: str, keyframes: list[bytes], history=()) -> tuple[str, str]:
+        """The remote's answer and the model it names (OpenAI chat completions, not streamed); ``history``, the
+        (role, text) turns the question came after, goes before it as the conversation's messages."""
         section = self.section
         content = [{"type": "text", "text": text}] + [
             {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()}}
             for jpeg in keyframes]
         body = json.dumps({"model": section.model, "max_tokens": section.max_tokens, "stream": False,
-                           "messages": [{"role": "user", "content": content}]}).encode()
+                           "messages": [*({"role": role, "content": turn} for role, turn in history),
+                                        {"role": "user", "content": content}]}).encode()
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"

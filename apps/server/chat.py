@@ -114,7 +114,7 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
     question = Question(params.question, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                         top_p=params.top_p, on_token=handoff.on_token, source="http", done=handoff.done)
     question.seed = params.seed
-    question.recall = params.recall
+    question.recall, question.history = params.recall, params.history
     question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
     submit(daemon, question)
     watcher = asyncio.ensure_future(_cancel_when_gone(receive, question)) if receive is not None else None
@@ -265,7 +265,7 @@ def check_fits(session: Any, request: ChatRequest) -> None:
     the video leaves now. What fits alone is queued, whatever another answer decoding right now holds in the
     cache (its question and answer tokens leave with it; counting them refused valid questions, issue 26).
     Reads no lock: the session's length before the answer in flight (``answerer.video_length``), if any."""
-    ids = session.layout.question_suffix_ids(session.tokenizer, request.question)
+    ids = session.layout.question_suffix_ids(session.tokenizer, request.question, request.history)
     recall = request.recall if request.recall is not None else getattr(session, "recall", None) is not None
     reserved = getattr(session, "recall_reserve", 0) if recall else 0
     need = len(ids) + request.max_new_tokens
@@ -275,7 +275,8 @@ def check_fits(session: Any, request: ChatRequest) -> None:
     video = answering if answering is not None else session.cache.length
     room = session.capacity - video - reserved
     if need > room:
-        raise ApiError(400, f"the question ({len(ids)} tokens) + max_tokens ({request.max_new_tokens}) exceed the "
+        told = f"{len(ids)} tokens{' with its history' if request.history else ''}"
+        raise ApiError(400, f"the question ({told}) + max_tokens ({request.max_new_tokens}) exceed the "
                             f"{room} cache slots free for text (cache.text_reserve_tokens={session.text_reserve}); "
                             "shorten the question or lower max_tokens", param="messages",
                        code="context_length_exceeded")

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from edgekv.tokenizer import MAX_TURNS
 from edgekv.video.image_header import image_size
 
 MAX_JSON_DEPTH = 32  # containers inside containers; a chat request needs 4
@@ -236,7 +237,8 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 class ChatCompletionRequest(BaseModel):
     """The request as this server reads it (and as ``/openapi.json`` documents it)."""
 
-    messages: list[Message] = Field(min_length=1, description="the last message is the user's question about the stream")
+    messages: list[Message] = Field(min_length=1, description="the last message is the user's question about the "
+                                    "stream; the user and assistant messages before it are its conversation")
     model: str | None = Field(None, description="one of the served model names (GET /v1/models), or omitted")
     max_tokens: int | None = Field(None, ge=1, description="at most server.max_new_tokens")
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -291,6 +293,7 @@ class ChatRequest:
     escalate: bool | None = None  # edgekv extension: ask the escalation server (null: by confidence)
     images: tuple[bytes, ...] = ()  # encoded images of the question (server.image_requests)
     camera: str | None = None  # edgekv extension: the camera asked (video.sources), "all" or null
+    history: tuple[tuple[str, str], ...] = ()  # the user and assistant turns before the question
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,7 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
     temperature = request.temperature
     images = _images(request.messages, limits)  # before the question: an image part refused names itself
     return ChatRequest(
-        question=_question(request.messages),
+        question=_question(request.messages), history=_history(request.messages),
         max_new_tokens=asked if asked is not None else min(limits.default_new_tokens, limits.max_new_tokens),
         temperature=0.0 if temperature is not None and temperature < GREEDY_BELOW else temperature,
         top_p=request.top_p, stream=bool(request.stream),
@@ -333,7 +336,8 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
 
 
 def _images(messages: list[Message], limits: ChatLimits) -> tuple[bytes, ...]:
-    """The last message's images, decoded (earlier turns' images are refused like their text is unused)."""
+    """The last message's images, decoded (earlier turns' images are refused: their text is kept as the
+    question's history, what they showed is not)."""
     found = []
     for i, message in enumerate(messages):
         for j, part in message.images():
@@ -353,9 +357,31 @@ def _images(messages: list[Message], limits: ChatLimits) -> tuple[bytes, ...]:
     return tuple(found)
 
 
+def _history(messages: list[Message]) -> tuple[tuple[str, str], ...]:
+    """The conversation before the question: the earlier user and assistant messages' text, in order (the
+    session renders them after the video as the chat template does: ``StreamSession.ask(history=...)``).
+    System and developer messages are not among them: the system prompt is ``model.system_prompt``, in the
+    cache since the stream began. A ``tool`` message is refused (this server calls no tools)."""
+    turns = []
+    for index, message in enumerate(messages[:-1]):
+        if message.role == "tool":
+            raise ApiError(400, f"messages[{index}].role: 'tool' messages answer tool calls, and this server "
+                                "makes none", param=f"messages[{index}].role")
+        if message.role in ("user", "assistant"):
+            text = message.text() or ""
+            if message.role == "user" and not text.strip():
+                raise ApiError(400, f"messages[{index}].content: an earlier user turn with no text",
+                               param=f"messages[{index}].content")
+            turns.append((message.role, text))
+    if len(turns) > MAX_TURNS:
+        raise ApiError(400, f"messages: {len(turns)} earlier user and assistant turns; at most {MAX_TURNS}",
+                       param="messages")
+    return tuple(turns)
+
+
 def _question(messages: list[Message]) -> str:
-    """The question is the last message, which must come from the user; earlier turns are checked, not used
-    (the stream itself is the context)."""
+    """The question is the last message, which must come from the user; the turns before it are its history
+    (``_history``)."""
     last = len(messages) - 1
     if messages[last].role != "user":
         raise ApiError(400, f"messages[{last}].role: the last message must be the user's question, got "

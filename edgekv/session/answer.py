@@ -95,7 +95,7 @@ class Answerer:
 
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
-            evidence: int = 0) -> Answer:
+            evidence: int = 0, history=()) -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
@@ -116,7 +116,7 @@ class Answerer:
         if not isinstance(evidence, numbers.Integral) or isinstance(evidence, bool) or evidence < 0:
             raise ValueError(f"evidence must be a whole number of frame pairs >= 0, got {evidence!r}")
         ids = self.question_ids(question, max_new_tokens, temperature, top_p,
-                                reserved=s.recall_reserve if recall else 0)
+                                reserved=s.recall_reserve if recall else 0, history=history)
         max_new_tokens = int(max_new_tokens)
         video_len = s.cache.length
         self.video_length = video_len
@@ -239,7 +239,7 @@ class Answerer:
         return s.recall.visible(s.cache.length) if recall else None
 
     def question_ids(self, question: str, max_new_tokens: int, temperature: float, top_p: float,
-                     reserved: int = 0) -> list[int]:
+                     reserved: int = 0, history=()) -> list[int]:
         s = self.session
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
@@ -250,11 +250,12 @@ class Answerer:
             raise ValueError(f"temperature must be in [0, 10], got {temperature}")
         if not 0.0 < float(top_p) <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        ids = s.layout.question_suffix_ids(s.tokenizer, question)  # the question as plain text
+        ids = s.layout.question_suffix_ids(s.tokenizer, question, history)  # the question as plain text
         room = s.capacity - s.cache.length - reserved
         if len(ids) + max_new_tokens > room:
             raise ValueError(
-                f"question ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the {room} free slots "
+                f"question ({len(ids)} tokens{' with its history' if history else ''}) + max_new_tokens "
+                f"({max_new_tokens}) exceed the {room} free slots "
                 f"(cache.text_reserve_tokens={s.text_reserve}); shorten the question, lower max_new_tokens, "
                 f"or raise cache.text_reserve_tokens"
             )

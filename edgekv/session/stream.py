@@ -313,14 +313,19 @@ class StreamSession:
     @_exclusive
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
-            evidence: int = 0) -> Answer:
+            evidence: int = 0, history=()) -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
         archived frame pairs the question points at into the retrieval reserve (edgekv/archive/recall.py).
         ``evidence=K``: ``Answer.evidence`` names the K frame pairs the question attended most.
+        ``history``: the conversation so far, ``[(role, text), ...]`` or OpenAI-style ``{"role", "content"}``
+        messages, role ``user`` / ``assistant`` (a follow-up: "and where did it go?"); rendered after the video as
+        the chat template renders earlier turns, its tokens in the text reserve with the question's and dropped
+        with them (``edgekv.tokenizer.ChatLayout.question_suffix_ids``).
         """
-        return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall, evidence)
+        return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall, evidence,
+                                 history)
 
     @_exclusive
     def probe(self, question: str) -> YesNo:
