@@ -36,6 +36,8 @@ class Question:
     source: str = "cli"
     evidence: bool = False  # also find the frame pair the question attends most (``evidence_pair``): fleet answers
     history: tuple = ()  # the conversation before it, (role, text) turns (a chat's earlier messages)
+    window: tuple[float, float] | None = None  # read only the pairs stamped in it (stream seconds) ...
+    window_last_s: float | None = None  # ... or in the last seconds of the stream when it is answered
     answer: object = None
     error: Exception | None = None
     done: threading.Event = field(default_factory=threading.Event)

@@ -1,8 +1,10 @@
-"""A conversation over the chat API: the user and assistant messages before the question are its history,
+"""A conversation and a stretch of time over the chat API: the user and assistant messages before the question
+are its history,
 rendered after the video as the chat template renders earlier turns (``StreamSession.ask(history=...)``; the
 parity with transformers over the template is in test_session.py). A ``tool`` message is refused by name, a
 history too long for the text reserve is refused before it is queued, and an escalated question carries its
-conversation to the bigger model."""
+conversation to the bigger model. ``window`` ({from, to} stream seconds or {last_s}) limits what the
+question reads (tests/test_question_window.py checks the session's side)."""
 
 from __future__ import annotations
 
@@ -133,3 +135,22 @@ def test_an_escalated_question_carries_its_conversation():
     assert messages[:2] == [{"role": "user", "content": "Which shape was purple?"},
                             {"role": "assistant", "content": "triangle"}]
     assert messages[2]["content"][0] == {"type": "text", "text": "What color was the cross?"}
+
+
+def test_a_window_limits_what_the_question_reads(ended):
+    port, session = ended.server.port, ended.session
+    ask = [{"role": "user", "content": "Which shape was purple?"}]
+    status, body = _chat(port, ask, window={"from": 55, "to": 65})  # the purple triangle is at stream second 60
+    assert status == 200 and body["choices"][0]["message"]["content"] == "triangle", body
+    assert body["edgekv"]["window_pairs"] >= 1
+    status, body = _chat(port, ask, window={"last_s": 10})
+    assert status == 200, body
+    now = session.clock.last_t
+    with ended.lock:
+        direct = session.ask("Which shape was purple?", max_new_tokens=4, window=(now - 10, now))
+    assert body["choices"][0]["message"]["content"] == direct.text
+    assert body["edgekv"]["window_pairs"] == direct.window_pairs <= 11
+    status, body = _chat(port, ask)
+    assert status == 200 and body["edgekv"]["window_pairs"] is None
+    status, body = _chat(port, ask, window={"from": 100, "to": 200})
+    assert status == 400 and "window 100-200 s: no frame pair of it is in the cache" in body["error"]["message"]

@@ -865,7 +865,8 @@ class Daemon:
                     question.answer = self.session.ask(
                         question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
                         top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
-                        evidence=max(evidence, 1 if question.evidence else 0), history=question.history)
+                        evidence=max(evidence, 1 if question.evidence else 0), history=question.history,
+                        window=self._window(question))
                 if question.evidence and question.answer.evidence:  # the pair the question attended most
                     question.evidence_pair = question.answer.evidence[0]
                 if speech is not None:  # queued before another camera's answer can speak (several cameras)
@@ -955,6 +956,13 @@ class Daemon:
                 session.ingest(frame, t=(2 * index + copy) * step)
         return session.ask(question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
                            top_p=question.top_p, seed=question.seed, on_token=on_token, history=question.history)
+
+    def _window(self, question: Question) -> tuple[float, float] | None:
+        """The stretch of stream time a question reads: its own, or its last seconds up to the newest frame."""
+        if question.window_last_s is None:
+            return question.window
+        now = self.session.clock.last_t if self.session.clock.last_t is not None else 0.0
+        return now - question.window_last_s, now
 
     def _record(self, question: Question) -> None:
         answer = question.answer

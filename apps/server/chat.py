@@ -115,6 +115,7 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
                         top_p=params.top_p, on_token=handoff.on_token, source="http", done=handoff.done)
     question.seed = params.seed
     question.recall, question.history = params.recall, params.history
+    question.window, question.window_last_s = params.window, params.window_last_s
     question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
     submit(daemon, question)
     watcher = asyncio.ensure_future(_cancel_when_gone(receive, question)) if receive is not None else None
@@ -156,7 +157,7 @@ def _extension(answer: Any) -> dict:
     return {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens,
             "confidence": answer.confidence, "evidence_pairs": list(answer.evidence),
             "escalated": answer.escalated is not None, "escalated_model": answer.escalated,
-            "escalation_note": answer.escalation_note}
+            "escalation_note": answer.escalation_note, "window_pairs": answer.window_pairs}
 
 
 _DONE = object()

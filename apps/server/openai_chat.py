@@ -234,6 +234,28 @@ class StreamOptions(BaseModel):
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
+class TimeWindow(BaseModel):
+    """edgekv: the stretch of the stream a question reads, in stream seconds as ``/v1/memory/forget`` takes them:
+    ``{"from": t0, "to": t1}`` or ``{"last_s": seconds}`` (up to the newest frame when the answer starts)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    from_: float | None = Field(None, alias="from", allow_inf_nan=False)
+    to: float | None = Field(None, allow_inf_nan=False)
+    last_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "TimeWindow":
+        if self.last_s is not None:
+            if self.from_ is not None or self.to is not None:
+                raise PydanticCustomError("window", "give either from and to, or last_s, not both")
+        elif self.from_ is None or self.to is None:
+            raise PydanticCustomError("window", "from and to are required (stream seconds), or last_s")
+        elif self.from_ > self.to:
+            raise PydanticCustomError("window", "from ({start}) is after to ({end})",
+                                      {"start": self.from_, "end": self.to})
+        return self
+
+
 class ChatCompletionRequest(BaseModel):
     """The request as this server reads it (and as ``/openapi.json`` documents it)."""
 
@@ -254,6 +276,8 @@ class ChatCompletionRequest(BaseModel):
     camera: Annotated[str, Field(min_length=1, max_length=32)] | None = Field(
         None, description="edgekv: which camera of video.sources answers ('all': each, listed per camera; the "
                           "default with several cameras)")
+    window: TimeWindow | None = Field(None, description="edgekv: read only the frame pairs of this stretch of the "
+                                                        "stream ({from, to} stream seconds, or {last_s})")
     # accepted and ignored: they change nothing about an answer
     user: str | None = None
     store: bool | None = None
@@ -294,6 +318,8 @@ class ChatRequest:
     images: tuple[bytes, ...] = ()  # encoded images of the question (server.image_requests)
     camera: str | None = None  # edgekv extension: the camera asked (video.sources), "all" or null
     history: tuple[tuple[str, str], ...] = ()  # the user and assistant turns before the question
+    window: tuple[float, float] | None = None  # edgekv extension: the stretch read, stream seconds
+    window_last_s: float | None = None  # edgekv extension: ... or the last seconds before the answer starts
 
 
 @dataclass(frozen=True)
@@ -324,8 +350,13 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
                             f"server.max_new_tokens), got {describe(asked)}", param=name)
     temperature = request.temperature
     images = _images(request.messages, limits)  # before the question: an image part refused names itself
+    if images and request.window is not None:
+        raise ApiError(400, "window: a question with images is answered about its images, not the stream",
+                       param="window")
     return ChatRequest(
         question=_question(request.messages), history=_history(request.messages),
+        window=(request.window.from_, request.window.to) if request.window and request.window.last_s is None else None,
+        window_last_s=request.window.last_s if request.window else None,
         max_new_tokens=asked if asked is not None else min(limits.default_new_tokens, limits.max_new_tokens),
         temperature=0.0 if temperature is not None and temperature < GREEDY_BELOW else temperature,
         top_p=request.top_p, stream=bool(request.stream),
@@ -405,7 +436,7 @@ def validation_error(exc: ValidationError) -> ApiError:
     param = _param(error["loc"])
     if kind == "extra_forbidden":
         return ApiError(400, f"{param}: unrecognized field", param=param)
-    if kind not in ("unsupported_content", "text_part"):
+    if kind not in ("unsupported_content", "text_part", "window"):  # these say what was wrong themselves
         message = TYPE_WORDS.get(kind) or f"{message[0].lower()}{message[1:]}"
         message = f"{message}, got {describe(error.get('input'))}"
     return ApiError(400, f"{param}: {message}", param=param, code=kind if kind == "unsupported_content" else None)

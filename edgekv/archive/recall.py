@@ -183,9 +183,10 @@ class Recall:
         """[n, layers] bool: every token of the pair is in every KV head of that layer."""
         return whole_in_cache(self.session.cache, [e.frame for e in entries], entries[0].tokens if entries else 0)
 
-    def select(self, queries: torch.Tensor) -> list[list[ArchivedPair]]:
+    def select(self, queries: torch.Tensor, window: tuple[float, float] | None = None) -> list[list[ArchivedPair]]:
         """Per layer, the best ``top_k + _SPARE`` archived pairs of this stream (best first) among those not
-        whole in the cache (``queries``: ``probe``'s); the spares stand in for a record that fails its checksum."""
+        whole in the cache (``queries``: ``probe``'s); the spares stand in for a record that fails its checksum.
+        ``window`` (stream seconds): only pairs stamped inside it are candidates (a question about a time)."""
         layers = self.session.cache.num_layers
         if self.stream is None:  # before this stream's first pair: none of its pairs is archived
             return [[] for _ in range(layers)]
@@ -210,6 +211,9 @@ class Recall:
                 scores = scores.mean(dim=1, keepdim=True).masked_fill(whole.all(dim=1, keepdim=True), float("-inf"))
             else:
                 scores = scores.masked_fill(whole, float("-inf"))
+        if window is not None:
+            outside = torch.tensor([not window[0] <= e.t <= window[1] for e in entries], device=scores.device)
+            scores = scores.masked_fill(outside[:, None], float("-inf"))
         best = torch.topk(scores, min(self.top_k + _SPARE, len(entries)), dim=0)  # [m, L or 1]
         ranked = [[entries[i] for i, value in zip(idx, val) if value != float("-inf")]
                   for idx, val in zip(best.indices.t().tolist(), best.values.t().tolist())]
@@ -275,16 +279,17 @@ class Recall:
         cache.col[:, :, start:end] = (index % cols).expand(heads).to(cache.col.dtype)
         cache.tpos[:, :, start:end] = (per_slot(lambda e: e.tpos) + delta).expand(heads).to(cache.tpos.dtype)
 
-    def recall(self, embeds: torch.Tensor, positions: torch.Tensor) -> Recalled:
+    def recall(self, embeds: torch.Tensor, positions: torch.Tensor,
+               window: tuple[float, float] | None = None) -> Recalled:
         """Probe, select and load for one question (the session then prefills the question after them); after
-        ``session.close()`` nothing (the archive's folder is another's to open)."""
+        ``session.close()`` nothing (the archive's folder is another's to open). ``window``: as ``select``'s."""
         if self.archive.closed:
             self.hidden = None
             return Recalled(tuple(() for _ in range(self.session.cache.num_layers)), 0, 0.0, 0.0, 0.0)
         started = time.perf_counter()
         queries = self.probe(embeds, positions)
         probed = time.perf_counter()
-        ranked = self.select(queries)
+        ranked = self.select(queries, window)
         selected = time.perf_counter()
         start = self.session.cache.length
         pairs = self.load(ranked)

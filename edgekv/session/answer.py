@@ -27,6 +27,7 @@ class Answerer:
         self._mass: torch.Tensor | None = None  # [layers, kv_heads, M] fp32, allocated at the first probe
         self._yes_no: tuple[list[int], list[int]] | None = None
         self.video_length: int | None = None  # while answering: the cache's length before the question
+        self._window: torch.Tensor | None = None  # while answering with a window: its visible mask (capacity)
 
     def probe(self, question: str) -> YesNo:
         """A yes/no question answered by one prefill of its tokens over the cache: P(yes) among the model's
@@ -95,7 +96,7 @@ class Answerer:
 
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
-            evidence: int = 0, history=()) -> Answer:
+            evidence: int = 0, history=(), window: tuple[float, float] | None = None) -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
@@ -115,11 +116,15 @@ class Answerer:
             raise ValueError("recall=True needs an archive: set archive.dir in the config")
         if not isinstance(evidence, numbers.Integral) or isinstance(evidence, bool) or evidence < 0:
             raise ValueError(f"evidence must be a whole number of frame pairs >= 0, got {evidence!r}")
+        window = checked_window(window)
         ids = self.question_ids(question, max_new_tokens, temperature, top_p,
                                 reserved=s.recall_reserve if recall else 0, history=history)
         max_new_tokens = int(max_new_tokens)
         video_len = s.cache.length
+        if window is not None and not recall and not self._window_pairs(video_len, window):
+            raise ValueError(self._nothing_held(window))
         self.video_length = video_len
+        self._window = None
         recalled = ()
         pairs: tuple[int, ...] = ()
         logprob = 0.0
@@ -132,7 +137,12 @@ class Answerer:
                 positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
                 embeds = s.embed(ids)
                 if recall:
-                    recalled = s.recall.recall(embeds, positions).unique_pairs
+                    recalled = s.recall.recall(embeds, positions, window=window).unique_pairs
+                if window is not None:
+                    self._window = self._window_mask(video_len, window, recall)
+                    seen = self._window_pairs(video_len, window) | set(recalled)
+                    if not seen:
+                        raise ValueError(self._nothing_held(window, recall))
                 if evidence:
                     # the evidence is what the token that answers attends to: the question's last row. The rows
                     # before it are prefilled first (causal: the same states), so their mass is left out — the
@@ -151,8 +161,8 @@ class Answerer:
                                        visible=self._answer_visible(recall))
                 position = self.text_start() + len(ids)
                 logits = s.llm.logits(hidden[-1])
-                # recall hides slots step by step (a mask the graph does not read): then decode eagerly
-                graph = s.decode_graph() if not recall and max_new_tokens > 1 else None
+                # recall and a window hide slots step by step (a mask the graph does not read): then decode eagerly
+                graph = s.decode_graph() if not recall and window is None and max_new_tokens > 1 else None
                 ttft = None
                 decode_start = time.perf_counter()
                 for step in range(max_new_tokens):
@@ -183,6 +193,7 @@ class Answerer:
             used = max(s.cache.length, video_len + len(ids) + (s.recall_reserve if recall else 0))
             s.cache.truncate(video_len)
             self.video_length = None
+            self._window = None
             if recall:
                 s.recall.clear(video_len, used)
         s.counters.questions += 1
@@ -192,7 +203,7 @@ class Answerer:
         scored = len(out) + (finish == "stop")  # the end-of-turn token is part of the answer's likelihood
         confidence = math.exp(logprob / scored) if scored else None
         return Answer(s.tokenizer.decode(out), out, ttft, rate, len(ids), video_len, finish, recalled, confidence,
-                      pairs)
+                      pairs, window_pairs=len(seen) if window is not None else None)
 
     def text_start(self) -> int:
         """Position of the first text token after the video (``model.text_after_video``).
@@ -234,9 +245,48 @@ class Answerer:
                 s.recall.clear(video_len, used)
 
     def _answer_visible(self, recall: bool) -> torch.Tensor | None:
-        """With recall: hide the cache's kept copies of the pairs recalled whole (edgekv/archive/recall.py)."""
+        """With recall: hide the cache's kept copies of the pairs recalled whole (edgekv/archive/recall.py); with
+        a window, the question's window mask (``_window_mask``, which has the recall's in it)."""
         s = self.session
+        if self._window is not None:
+            return self._window[:, :, :s.cache.length]
         return s.recall.visible(s.cache.length) if recall else None
+
+    def _held_pairs(self, video_len: int) -> set[int]:
+        """The frame pairs that still have a token in the cache's first ``video_len`` slots."""
+        cache = self.session.cache
+        vision = cache.kind[:, :, :video_len] == int(SlotKind.VISION)
+        return set(torch.unique(cache.frame[:, :, :video_len][vision]).tolist())
+
+    def _window_pairs(self, video_len: int, window: tuple[float, float]) -> set[int]:
+        """The frame pairs stamped in ``window`` that still have a token in the cache."""
+        inside = {pair for pair, t in self.session.pair_times.items() if window[0] <= t <= window[1]}
+        return inside & self._held_pairs(video_len) if inside else set()
+
+    def _window_mask(self, video_len: int, window: tuple[float, float], recall: bool) -> torch.Tensor:
+        """[L, Hkv, M] bool over the whole capacity, built once per question: every slot but the video slots
+        [0, video_len) of a pair stamped outside ``window`` (and, with recall, the kept copies of the pairs it
+        brought back); the recalled pairs (chosen inside the window) and the question's slots stay visible."""
+        s, cache = self.session, self.session.cache
+        visible = torch.ones(cache.num_layers, cache.kv_heads, cache.capacity, dtype=torch.bool, device=cache.device)
+        if recall and s.recall.hidden is not None:
+            visible[:, :, :cache.length] = s.recall.visible(cache.length)
+        inside = [pair for pair, t in s.pair_times.items() if window[0] <= t <= window[1]]
+        frames = cache.frame[:, :, :video_len]
+        outside = (cache.kind[:, :, :video_len] == int(SlotKind.VISION)) & ~torch.isin(
+            frames, torch.tensor(inside, dtype=frames.dtype, device=frames.device))
+        visible[:, :, :video_len] &= ~outside
+        return visible
+
+    def _nothing_held(self, window: tuple[float, float], recall: bool = False) -> str:
+        s = self.session
+        held = self._held_pairs(s.cache.length)
+        times = [t for pair, t in s.pair_times.items() if pair in held]
+        span = f"; the cache holds stream seconds {min(times):.1f}-{max(times):.1f}" if times else ""
+        how = ("nor did recall find any in the archive" if recall
+               else "ask with recall (an archive) to bring them back" if s.recall is not None else "")
+        return (f"window {window[0]:g}-{window[1]:g} s: no frame pair of it is in the cache{span}"
+                + (f"; {how}" if how else ""))
 
     def question_ids(self, question: str, max_new_tokens: int, temperature: float, top_p: float,
                      reserved: int = 0, history=()) -> list[int]:
@@ -262,6 +312,22 @@ class Answerer:
         return ids
 
     # ------------------------------------------------------------------ persistence
+
+
+def checked_window(window) -> tuple[float, float] | None:
+    """``window`` (stream seconds, ``(from, to)``, both ends included) as floats, or ``ValueError`` naming it."""
+    if window is None:
+        return None
+    try:
+        t_from, t_to = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window: expected (from, to) in stream seconds, got {window!r:.80}") from None
+    for name, value in (("from", t_from), ("to", t_to)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(float(value)):
+            raise ValueError(f"window {name}: must be a finite number of seconds, got {value!r:.40}")
+    if t_from > t_to:
+        raise ValueError(f"window: from ({t_from:g}) is after to ({t_to:g})")
+    return float(t_from), float(t_to)
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:

@@ -33,6 +33,7 @@ class Answer:
     evidence: tuple[int, ...] = ()  # frame pairs the question attended most (ask(..., evidence=K))
     escalated: str | None = None  # the remote model that answered instead (apps/outputs/escalate.py)
     escalation_note: str | None = None  # why it was (not) escalated
+    window_pairs: int | None = None  # with ask(..., window=...): the frame pairs of the window the question saw
 
 
 @dataclass(frozen=True)

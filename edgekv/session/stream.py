@@ -313,7 +313,7 @@ class StreamSession:
     @_exclusive
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
-            evidence: int = 0, history=()) -> Answer:
+            evidence: int = 0, history=(), window: tuple[float, float] | None = None) -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
@@ -323,9 +323,13 @@ class StreamSession:
         messages, role ``user`` / ``assistant`` (a follow-up: "and where did it go?"); rendered after the video as
         the chat template renders earlier turns, its tokens in the text reserve with the question's and dropped
         with them (``edgekv.tokenizer.ChatLayout.question_suffix_ids``).
+        ``window=(from, to)`` (stream seconds, as ``forget``'s): the question reads only the frame pairs stamped
+        in that window — the others are hidden from its attention, not removed — and, with ``recall``, the
+        archive's pairs of that window only ("what happened between 10:02 and 10:05?"); ``Answer.window_pairs``
+        counts the pairs it saw. A window of which nothing is held (nor recalled) is a ``ValueError``.
         """
         return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall, evidence,
-                                 history)
+                                 history, window)
 
     @_exclusive
     def probe(self, question: str) -> YesNo:
