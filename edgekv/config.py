@@ -370,6 +370,10 @@ class VoiceSection:
     # the button: "http" (POST /v1/voice/talk), "file:/sys/class/gpio/gpio17/value" (a GPIO value file, polled)
     # or "gpiod:/dev/gpiochip0:17" (libgpiod's Python binding)
     push_to_talk: str = "http"
+    # a spoken question within this many seconds of the last spoken answer (to that camera) is a follow-up: it
+    # carries the exchanges before it (at most 3, the chain unbroken, none before a forget) as its conversation
+    # ("What was on the table?" ... "And what colour was it?"); 0: every spoken question stands alone
+    follow_up_s: float = 0.0
     speak: SpeakSection = field(default_factory=SpeakSection)
 
     def validate(self, at: str) -> None:
@@ -378,6 +382,8 @@ class VoiceSection:
         for name in ("sample_rate", "min_silence_s", "max_utterance_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.follow_up_s < float("inf"):
+            raise ConfigError(f"{at}.follow_up_s: seconds >= 0 (0: no follow-ups), got {self.follow_up_s!r}")
         if not 0.0 < self.vad_threshold < 1.0:
             raise ConfigError(f"{at}.vad_threshold: a speech probability in (0, 1), got {self.vad_threshold}")
         if not (self.push_to_talk == "http" or self.push_to_talk.startswith(("file:", "gpiod:"))):

@@ -143,3 +143,63 @@ def test_voice_wav_asks_by_recorded_speech(tiny_checkpoint, tmp_path):
     asked = [line for line in proc.stdout.splitlines() if line.startswith("Q [voice]: ")]
     assert len(asked) == 1 and "circle" in _words(asked[0]), proc.stdout
     assert "\nA: " in proc.stdout
+
+
+def test_a_spoken_follow_up_carries_the_conversation_before_it():
+    """``voice.follow_up_s``: a spoken question soon after the last spoken answer (to the same camera) carries
+    the exchanges before it as its history — at most three, the chain unbroken, none before a forget; off by
+    default. (Heard text stands in for the microphone and whisper; the cameras answer at once.)"""
+    import time
+
+    from edgekv.apps.voice.listen import VoiceLoop
+    from edgekv.config import ConfigError, VoiceSection
+
+    class Camera:
+        def __init__(self, name):
+            self.camera, self.cameras, self.asked, self.forgotten_at = name, None, [], None
+
+        def submit(self, question):
+            self.asked.append(question)
+            question.answer = type("Answer", (), {"text": f"answer {len(self.asked)}"})()
+            question.answered_at = time.time()
+            question.done.set()
+
+    front, kitchen = Camera("front"), Camera("kitchen")
+    front.cameras = {"front": front, "kitchen": kitchen}
+    heard: list[str] = []
+    transcriber = type("Heard", (), {"transcribe": lambda self, audio: heard.pop(0)})()
+
+    def say(loop, text):
+        heard.append(text)
+        loop._ask(np.zeros(1600, np.float32))
+
+    alone = VoiceLoop(front, VoiceSection(enabled=True), source=[], transcriber=transcriber)
+    say(alone, "What was on the table?")
+    say(alone, "And what color was it?")
+    assert [q.history for q in front.asked] == [(), ()]  # follow_up_s 0: each stands alone
+
+    front.asked.clear()
+    loop = VoiceLoop(front, VoiceSection(enabled=True, follow_up_s=30), source=[], transcriber=transcriber)
+    for text in ("What was on the table?", "And what color was it?", "Where did it go?", "Who took it?",
+                 "When?"):
+        say(loop, text)
+    assert front.asked[1].history == (("user", "What was on the table?"), ("assistant", "answer 1"))
+    assert front.asked[3].history == (("user", "What was on the table?"), ("assistant", "answer 1"),
+                                      ("user", "And what color was it?"), ("assistant", "answer 2"),
+                                      ("user", "Where did it go?"), ("assistant", "answer 3"))
+    assert [turn[1] for turn in front.asked[4].history[::2]] == ["And what color was it?", "Where did it go?",
+                                                                  "Who took it?"]  # the newest three
+    say(loop, "Kitchen camera, was there a red circle?")  # another camera: its own conversation
+    assert kitchen.asked[0].history == ()
+    front.asked[-1].answered_at -= 60  # an answer older than the window breaks the chain
+    say(loop, "What else?")
+    assert front.asked[-1].history == ()
+    say(loop, "And then?")
+    assert len(front.asked[-1].history) == 2
+    front.forgotten_at = time.time()  # a forget: nothing asked before it is carried
+    say(loop, "What moved?")
+    assert front.asked[-1].history == ()
+    loop.forget_conversation()
+    assert not loop.questions and not loop._asked
+    with pytest.raises(ConfigError, match="follow_up_s: seconds >= 0"):
+        VoiceSection(follow_up_s=-1).validate("voice")

@@ -125,6 +125,7 @@ class Daemon:
         self.monitor_is_shared = False  # several cameras: the first camera's monitor (it stops it)
         self.server = None
         self.voice = None
+        self.forgotten_at: float | None = None  # wall time of the last forget: no conversation reaches across it
         self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
         self.speaker_is_shared = False  # several cameras: the first camera's speaker (it closes it)
         self.speech_name: str | None = None  # several cameras: said before each spoken answer ("back: ...")
@@ -620,6 +621,9 @@ class Daemon:
             telemetry = getattr(self.server, "telemetry", None)
             if telemetry is not None:
                 telemetry.answered.clear()
+            self.forgotten_at = time.time()
+            if self.voice is not None:  # the spoken questions heard and their answers (a follow-up's conversation)
+                self.voice.forget_conversation()
         out = {"from": t_from, "to": t_to, "pairs": len(result["pairs"]), "cache_slots": result["slots"],
                "cache_tokens": result["cache_tokens"], "snapshots": snapshots, "archive": archive}
         self.say(f"forgot t={t_from:g}..{t_to:g} s: {out['pairs']} frame pairs, {out['cache_slots']} cache slots"

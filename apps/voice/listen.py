@@ -17,15 +17,18 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edgekv.apps.questions import Question, QuestionRefused, logs_text, printable
 
 log = logging.getLogger("edgekv.voice")
+FOLLOW_UP_EXCHANGES = 3  # question-and-answer pairs a spoken follow-up carries at most (voice.follow_up_s)
 SAMPLE_RATE = 16000
 BLOCK_MS = 32  # one Silero window (512 samples at 16 kHz)
 HYSTERESIS = 0.15  # speech continues while the probability stays above threshold - 0.15 (Silero's own rule)
@@ -282,6 +285,7 @@ class VoiceLoop:
         self.source = source
         self.transcriber = transcriber or Transcriber(section.asr_model or default_asr_model())
         self.questions: deque[Question] = deque(maxlen=64)  # the latest heard, for tests and logs; bounded
+        self._asked: deque[tuple[Any, Question]] = deque(maxlen=16)  # (camera name, question): follow-ups' chains
         self.thread = threading.Thread(target=self._run, name="edgekv-voice", daemon=True)
 
     def start(self) -> "VoiceLoop":
@@ -344,10 +348,38 @@ class VoiceLoop:
             log.warning("spoken question not asked: %s", exc)
             return
         for name, daemon, asked in routed:
-            question = Question(asked, source="voice")
+            question = Question(asked, source="voice", history=self._follow_up(name, daemon))
             try:
                 daemon.submit(question)
             except QuestionRefused as exc:
                 log.warning("spoken question not queued%s: %s", f" (camera {name})" if name else "", exc)
                 continue
             self.questions.append(question)
+            self._asked.append((name, question))
+
+    def _follow_up(self, name, daemon) -> tuple[tuple[str, str], ...]:
+        """The conversation a spoken question to camera ``name`` continues (``voice.follow_up_s``): the exchanges
+        before it, newest first back while each was answered within ``follow_up_s`` of the next being asked (at
+        most ``FOLLOW_UP_EXCHANGES``, none asked before that camera's last forget), as (role, text) turns."""
+        window = self.section.follow_up_s
+        if not window:
+            return ()
+        since, now, exchanges = getattr(daemon, "forgotten_at", None), time.time(), []
+        for asked_name, question in reversed(self._asked):
+            if asked_name != name:
+                continue
+            done = question.done.is_set() and question.error is None and question.answer is not None
+            if not done or question.answered_at is None or now - question.answered_at > window:
+                break
+            if since is not None and question.asked_at <= since:
+                break
+            exchanges.append((question.text, question.answer.text))
+            now = question.asked_at
+            if len(exchanges) == FOLLOW_UP_EXCHANGES:
+                break
+        return tuple(turn for text, answer in reversed(exchanges) for turn in (("user", text), ("assistant", answer)))
+
+    def forget_conversation(self) -> None:
+        """Drop every question heard and its answer (a forget: they may tell of the forgotten window)."""
+        self.questions.clear()
+        self._asked.clear()
