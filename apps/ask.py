@@ -96,6 +96,11 @@ def add_local_arguments(parser: argparse.ArgumentParser) -> None:
                             "server.token_env, else EDGEKV_TOKEN)")
     local.add_argument("--stream", action="store_true",
                        help="print the answer's tokens as they are decoded (one camera: --camera, or its name first)")
+    local.add_argument("--last", type=float, metavar="SECONDS", default=None,
+                       help="read only the last so many seconds of the stream (the chat API's window.last_s)")
+    local.add_argument("--from", dest="t_from", type=float, metavar="T0", default=None,
+                       help="read only the stream from T0 to --to (stream seconds, as edgekv forget takes them)")
+    local.add_argument("--to", dest="t_to", type=float, metavar="T1", default=None, help="with --from")
 
 
 def daemon_target(config_path: str | None, token_env: str | None = None) -> tuple[str, str | None]:
@@ -109,6 +114,18 @@ def daemon_target(config_path: str | None, token_env: str | None = None) -> tupl
     return f"http://{f'[{host}]' if ':' in host else host}:{server.port}", token or None
 
 
+def question_window(last: float | None, t_from: float | None, t_to: float | None) -> dict | None:
+    """``--last`` or ``--from``/``--to`` as the chat API's ``window`` (None: the whole memory); the daemon checks
+    the numbers, this only that one way is given whole."""
+    if last is not None and (t_from is not None or t_to is not None):
+        raise ValueError("--last, or --from and --to, not both")
+    if (t_from is None) != (t_to is None):
+        raise ValueError("--from and --to go together (stream seconds)")
+    if last is not None:
+        return {"last_s": last}
+    return {"from": t_from, "to": t_to} if t_from is not None else None
+
+
 def run(args: argparse.Namespace) -> int:
     """Prints the answer (``--json``: the whole chat.completion); exit 0 once answered."""
     url, token = daemon_target(args.config, args.token_env)
@@ -118,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
         body["max_tokens"] = args.max_new_tokens
     if args.camera is not None:
         body["camera"] = args.camera
+    window = question_window(args.last, args.t_from, args.t_to)
+    if window is not None:
+        body["window"] = window
     timeout = max(args.timeout, 1.0)
     if args.stream and not args.json:
         body["stream"] = True

@@ -154,3 +154,20 @@ def test_a_window_limits_what_the_question_reads(ended):
     assert status == 200 and body["edgekv"]["window_pairs"] is None
     status, body = _chat(port, ask, window={"from": 100, "to": 200})
     assert status == 400 and "window 100-200 s: no frame pair of it is in the cache" in body["error"]["message"]
+
+
+def test_edgekv_ask_takes_a_window(ended, capsys):
+    from edgekv.apps.cli import main
+
+    url = f"http://127.0.0.1:{ended.server.port}"
+    assert main(["ask", "Which shape was purple?", "--url", url, "--from", "55", "--to", "65"]) == 0
+    assert capsys.readouterr().out.strip() == "triangle"
+    assert main(["ask", "Which shape was purple?", "--url", url, "--last", "10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["edgekv"]["window_pairs"] >= 1
+    for bad, said in ((["--last", "5", "--from", "1", "--to", "2"], "--last, or --from and --to, not both"),
+                      (["--from", "3"], "--from and --to go together"),
+                      (["--from", "90", "--to", "99"], "window 90-99 s: no frame pair of it is in the cache"),
+                      (["--fleet", "--last", "5"], "--last: only without --fleet")):
+        assert main(["ask", "Which shape was purple?", "--url", url, *bad] if "--fleet" not in bad
+                    else ["ask", "Which shape was purple?", *bad]) == 2
+        assert said in capsys.readouterr().err
