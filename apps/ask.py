@@ -97,7 +97,8 @@ def add_local_arguments(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--stream", action="store_true",
                        help="print the answer's tokens as they are decoded (one camera: --camera, or its name first)")
     local.add_argument("--last", type=float, metavar="SECONDS", default=None,
-                       help="read only the last so many seconds of the stream (the chat API's window.last_s)")
+                       help="read only the last so many seconds of the stream (the chat API's window.last_s; with "
+                            "--fleet, of each device's stream)")
     local.add_argument("--from", dest="t_from", type=float, metavar="T0", default=None,
                        help="read only the stream from T0 to --to (stream seconds, as edgekv forget takes them)")
     local.add_argument("--to", dest="t_to", type=float, metavar="T1", default=None, help="with --from")

@@ -185,7 +185,6 @@ def _ask(args: argparse.Namespace) -> int:
 
         local_only = [option for option, given in (("--url", args.url is not None), ("--stream", args.stream),
                                                    ("--token-env", args.token_env is not None),
-                                                   ("--last", args.last is not None),
                                                    ("--from", args.t_from is not None),
                                                    ("--to", args.t_to is not None)) if given]
         if local_only:

@@ -88,7 +88,11 @@ def _props(response_topic: str | None = "edgekv/replies/x", correlation: bytes |
     (b'{"question": "x?", "max_new_tokens": "9"}', {}, "malformed", "max_new_tokens: expected an integer from 1 to 64"),
     (b'{"question": "x?", "max_new_tokens": 1000}', {}, "malformed", "max_new_tokens: expected an integer from 1 to 64"),
     (b'{"question": "x?", "max_new_tokens": true}', {}, "malformed", "max_new_tokens"),
-    (b'{"question": "x?", "colour": "red"}', {}, "malformed", "unknown key 'colour' (known: question, max_new_tokens, camera)"),
+    (b'{"question": "x?", "colour": "red"}', {}, "malformed",
+     "unknown key 'colour' (known: question, max_new_tokens, camera, last_s)"),
+    (b'{"question": "x?", "last_s": 0}', {}, "malformed", "last_s: expected seconds > 0, got 0"),
+    (b'{"question": "x?", "last_s": "5"}', {}, "malformed", "last_s: expected seconds > 0, got '5'"),
+    (b'{"question": "x?", "last_s": true}', {}, "malformed", "last_s: expected seconds > 0, got True"),
     (b'{"question": "x?", "camera": ""}', {}, "malformed", "camera: expected a camera's name, got ''"),
     (b'{"question": "x?", "camera": 3}', {}, "malformed", "camera: expected a camera's name, got 3"),
     (b'{"question": "x?"}', {"response_topic": None}, "malformed", "no Response Topic"),
@@ -102,6 +106,8 @@ def test_a_bad_fleet_message_is_refused_naming_what_is_wrong(payload, properties
         parse_request(payload, _props(**properties), max_bytes=100, max_new_tokens=64)
     assert info.value.kind == kind and message in str(info.value)
     good = parse_request(b'{"question": "x?", "max_new_tokens": 3}', _props(), max_bytes=100, max_new_tokens=64)
+    assert good.last_s is None
+    assert parse_request(b'{"question": "x?", "last_s": 300}', _props(), max_bytes=100, max_new_tokens=64).last_s == 300
     assert (good.question, good.max_new_tokens, good.response_topic, good.correlation) == ("x?", 3, "edgekv/replies/x",
                                                                                           b"c1")
 
@@ -183,15 +189,28 @@ def test_a_fleet_question_gets_every_device_answer_with_its_evidence(broker, fle
         assert status["state"] == "online" and status["device"] == "cam-red"
         assert status["frame_pairs"] == 24 and status["cache_capacity_tokens"] == 640 and status["stream_state"] == "ended"
         late.close()
+        # the last seconds of each device's own stream: the circles (pairs 11-16 of 24) are older than 5 s, so
+        # every device reads only its last pairs, where its evidence is; 20 s holds them again
+        recent = ask_fleet(QUESTION, broker.url, timeout_s=60, last_s=5)
+        assert sorted(a.device for a in recent.answers) == sorted(STREAMS)
+        for answer in recent.answers:
+            times = fleet.devices[answer.device][1].times
+            assert answer.error is None and times[answer.evidence_pair] >= max(times.values()) - 5, answer
+        wider = ask_fleet(QUESTION, broker.url, timeout_s=60, last_s=20)
+        assert sorted((a.device, a.answer) for a in wider.answers) == sorted(
+            (name, colour) for name, (_, colour, _) in STREAMS.items())
         # one device asked by name; the others never see the question
         only = ask_fleet("Was there a red circle?", broker.url, timeout_s=60, device="cam-green")
         assert [(a.device, a.answer) for a in only.answers] == [("cam-green", "no")] and only.silent == []
-        assert fleet.devices["cam-red"][0].counts["questions_received"] == 1
+        assert fleet.devices["cam-red"][0].counts["questions_received"] == 3
         # the command line
         assert main(["ask", "--fleet", "Was there a red circle?", "--broker", broker.url, "--timeout", "60"]) == 0
         out = capsys.readouterr().out
         assert "cam-red (synthetic:events" in out and ": yes   [evidence t=" in out
         assert "3 answer(s)" in out and "online but silent: none" in out
+        assert main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--timeout", "60", "--last", "20",
+                     "--json"]) == 0
+        assert sorted(a["answer"] for a in json.loads(capsys.readouterr().out)["answers"]) == ["blue", "green", "red"]
         assert main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--json", "--device", "cam-blue"]) == 0
         printed = json.loads(capsys.readouterr().out)
         assert [a["answer"] for a in printed["answers"]] == ["blue"] and printed["answers"][0]["evidence_t"] is not None

@@ -11,8 +11,9 @@ The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are 
     P/devices/D/ask                a question to this device only
     <Response Topic>               {"type": "edgekv.fleet.answer", device, camera, answer, evidence_t, ttft_s, ...}
 
-A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N, "camera": "back"}``
-(the last two optional) published with a Response Topic (§3.3.2.3.5) and Correlation Data (§3.3.2.3.6). A device
+A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N, "camera": "back",
+"last_s": S}`` (all but the question optional; ``last_s``: read only the last S seconds of each device's stream, on
+its own clock — "did any camera see a person in the last five minutes?") published with a Response Topic (§3.3.2.3.5) and Correlation Data (§3.3.2.3.6). A device
 with several cameras (``video.sources``) asks the one named, or each, and publishes one answer per camera, each
 naming its ``camera`` and listing every camera asked (``cameras``), so that an asker knows how many to wait for.
 The device answers it through ``daemon.submit(Question(..., source="fleet"))`` like any other channel (so the fair
@@ -73,7 +74,7 @@ PACKET_HEADROOM = 65536     # topic names and properties beside a payload
 SEEN_KEPT = 256             # (response topic, correlation data) of recent questions: QoS 1 duplicates dropped
 WINDOW = 20                 # messages handed to paho and not yet acknowledged (paho's default in-flight bound)
 STOP_FLUSH_S = 2.0          # a clean stop waits this long for what is queued and the "offline" status
-REQUEST_KEYS = ("question", "max_new_tokens", "camera")
+REQUEST_KEYS = ("question", "max_new_tokens", "camera", "last_s")
 
 
 class FleetError(RuntimeError):
@@ -139,6 +140,7 @@ class FleetRequest:
     response_topic: str
     correlation: bytes | None
     camera: str | None = None  # one camera of a device with several (None: each)
+    last_s: float | None = None  # read only the last so many seconds of each stream (None: the whole memory)
 
 
 def response_topic_of(properties) -> str | None:
@@ -181,9 +183,13 @@ def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: in
     camera = body.get("camera")
     if camera is not None and (not isinstance(camera, str) or not camera.strip()):
         raise FleetMessageError("malformed", f"camera: expected a camera's name, got {printable(repr(camera), 60)}")
+    last_s = body.get("last_s")
+    if last_s is not None and (isinstance(last_s, bool) or not isinstance(last_s, (int, float))
+                               or not 0 < last_s < float("inf")):
+        raise FleetMessageError("malformed", f"last_s: expected seconds > 0, got {printable(repr(last_s), 60)}")
     correlation = getattr(properties, "CorrelationData", None)
     return FleetRequest(question, tokens, response_topic, bytes(correlation) if correlation is not None else None,
-                        camera)
+                        camera, float(last_s) if last_s is not None else None)
 
 
 # ---------------------------------------------------------------------------------------------- hosts
@@ -323,9 +329,13 @@ class SessionHost:
             try:
                 with self._lock:
                     # the evidence as the daemon names it: the pairs the answering token attended most
+                    window = None
+                    if question.window_last_s is not None:  # the last seconds up to the newest frame
+                        now = self.session.clock.last_t if self.session.clock.last_t is not None else 0.0
+                        window = (now - question.window_last_s, now)
                     question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
                                                        temperature=question.temperature,
-                                                       evidence=1 if question.evidence else 0)
+                                                       evidence=1 if question.evidence else 0, window=window)
                     if question.evidence and question.answer.evidence:
                         question.evidence_pair = question.answer.evidence[0]
             except Exception as exc:  # the asker gets the error; the device goes on
@@ -568,7 +578,7 @@ class FleetAgent:
 
     def _ask(self, request: FleetRequest, host, asked: list | None) -> None:
         question = Question(request.question, max_new_tokens=request.max_new_tokens, temperature=0.0, source="fleet",
-                            evidence=True)  # no token bound asked: the device's generation.max_new_tokens
+                            evidence=True, window_last_s=request.last_s)  # no token bound: generation.max_new_tokens
         question.done = _Done(lambda: self._answered(question, request, host, asked))
         try:
             host.submit(question)
@@ -744,7 +754,7 @@ class FleetConnection:
 
 
 def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float = 10.0, device: str | None = None,
-              max_new_tokens: int | None = None, camera: str | None = None) -> FleetResult:
+              max_new_tokens: int | None = None, camera: str | None = None, last_s: float | None = None) -> FleetResult:
     """Ask every device (or one, ``device``) one question and gather the answers that arrive within ``timeout_s``;
     ``camera`` asks that camera of devices with several (the others answer that they have no such camera).
 
@@ -871,6 +881,8 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
             body["max_new_tokens"] = max_new_tokens
         if camera is not None:
             body["camera"] = camera
+        if last_s is not None:
+            body["last_s"] = last_s
         started = time.monotonic()
         sent_at[0] = started
         client.publish(topics.ask_device(device) if device is not None else topics.ask_all, json.dumps(body),
@@ -958,7 +970,8 @@ def run_ask(args) -> int:
     at least one device answered, 1 when none did or every reply was a refusal (busy, no such camera, ...)."""
     connection = connection_from_args(args)
     try:
-        result = ask_fleet(args.question, connection, 10.0 if args.timeout is None else args.timeout, args.device, args.max_new_tokens, args.camera)
+        result = ask_fleet(args.question, connection, 10.0 if args.timeout is None else args.timeout, args.device,
+                           args.max_new_tokens, args.camera, getattr(args, "last", None))
     except FleetError as exc:
         raise RuntimeError(str(exc)) from None
     if args.json:
