@@ -13,12 +13,13 @@ The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are 
 
 A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N, "camera": "back",
 "last_s": S}`` (all but the question optional; ``last_s``: read only the last S seconds of each device's stream, on
-its own clock — "did any camera see a person in the last five minutes?") published with a Response Topic (§3.3.2.3.5) and Correlation Data (§3.3.2.3.6). A device
-with several cameras (``video.sources``) asks the one named, or each, and publishes one answer per camera, each
-naming its ``camera`` and listing every camera asked (``cameras``), so that an asker knows how many to wait for.
-The device answers it through ``daemon.submit(Question(..., source="fleet"))`` like any other channel (so the fair
-share and the question queue's bound hold) and publishes the answer to the Response Topic with the same Correlation
-Data. The answer carries its evidence: the frame pair the question's tokens attend most over the cache (one probe
+its own clock — "did any camera see a person in the last five minutes?") published with a Response Topic
+(§3.3.2.3.5) and Correlation Data (§3.3.2.3.6). A device with several cameras (``video.sources``) asks the one
+named, or each, and publishes one answer per camera, each naming its ``camera`` and listing every camera asked
+(``cameras``), so that an asker knows how many to wait for. The device answers it through
+``daemon.submit(Question(..., source="fleet"))`` like any other channel (so the fair share and the question queue's
+bound hold) and publishes the answer to the Response Topic with the same Correlation Data. The answer carries its
+evidence: the frame pair the question's tokens attend most over the cache (one probe
 of the same question prefill the answer starts with, ``apps/questions.evidence_pair``) and that pair's stream time.
 
 QoS and retain, and why:
