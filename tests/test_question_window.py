@@ -42,6 +42,9 @@ def _outside(session, window) -> torch.Tensor:
 def test_what_lies_outside_the_window_cannot_change_the_answer(tiny_checkpoint):
     session = _session(tiny_checkpoint)
     window, question = (3.0, 6.5), "What moved?"
+    stats = session.stats()  # what a window can reach
+    assert (stats["stream_t_last"], stats["pairs_held"], stats["held_t_first"], stats["held_t_last"]) == (
+        11.5, 12, 0.0, 11.0)
     length = session.cache.length
     before = {name: getattr(session.cache, name)[:, :, :length].clone() for name in ("k", "v", "frame", "kind", "tpos")}
     windowed = session.ask(question, max_new_tokens=6, window=window)

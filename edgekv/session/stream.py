@@ -367,6 +367,11 @@ class StreamSession:
             "pairs_skipped": c.pairs_skipped,
             "frames_rejected": c.frames_rejected,
             "clock_jumps": self.clock.jumps,
+            # what a question's window can reach: the newest frame's stream time and the span of the pairs held
+            "stream_t_last": self.clock.last_t,
+            "pairs_held": len(self.pair_times),
+            "held_t_first": min(self.pair_times.values()) if self.pair_times else None,
+            "held_t_last": max(self.pair_times.values()) if self.pair_times else None,
             "cache_tokens": cache.length,
             "video_tokens": max(cache.length - self.prefix_tokens, 0),
             "prefix_tokens": self.prefix_tokens,
