@@ -99,3 +99,16 @@ def test_int4_variants_check_themselves_in_the_interpreter(tmp_path):
         if row["variant"].startswith("magic"):
             # bf16 activations and output: the output's rounding dominates, as for the shipped kernel
             assert row["max_abs_diff"] <= 1.01 * shipped[row["k"]] + 1e-6, row
+
+
+def test_toy_step_profile_checks_itself_on_the_cpu(tmp_path):
+    """The toy training step's profile (lease_toy.sh, issue 27): a tiny toy's steps run and are counted."""
+    import json
+
+    out = tmp_path / "steps.json"
+    run = subprocess.run([sys.executable, str(TOOLS / "toy_step_profile.py"), "--small", "--batches", "2",
+                          "--progress", "0.3", "--steps", "1", "--json", str(out)],
+                         capture_output=True, text=True, cwd=TOOLS, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["batch"] == 2 and row["tokens"] > 0 and row["wall_ms_per_step"] > 0 and row["aten_ops_per_step"] > 0

@@ -7,6 +7,7 @@
 # 128 x 6 tower 4 points better than the shipped 64 x 4 — so this trains a new toy from scratch, all in the randomized world
 # (`--curriculum world-scratch`), with that tower and a wider LM, its batches drawn by $WORKERS processes.
 #   1. the train-toy gpu test (a CUDA step with sharded drawing, a host checkpoint)           ~20 s
+#   1b. where a step's time goes, batch 8 and 32 (tools/gpu/toy_step_profile.py; PROFILE=0 skips it) ~40-60 s
 #   2. a calibration run (40 warm-up + 40 question steps; a short run walks every stage)     ~40 s
 #   3. three rounds, sized by tools/gpu/toy_budget.py to the time left (50 % / 25 % / 25 %)   the rest
 # Back in $OUT as toy.tgz, toy-mild.tgz and toy-frozen.tgz (untar them first), beside the four logs: toy/ (the third,
@@ -65,9 +66,18 @@ python3 -c "from edgekv.video.world import available_families as a; print('backg
 python3 -c "import cv2" 2>/dev/null || echo "no cv2 here: the video families (vtest, tree) are not drawn"
 stamp "the train-toy gpu test"
 timeout -s INT 90 python3 -m pytest -q -rfEs -p no:cacheprovider -n 0 -m gpu tests/test_toy.py 2>&1 | tail -3
+# Where a step's time goes (tools/gpu/toy_step_profile.py, first run here; PROFILE=0 skips it, ~40-60 s): wall
+# against device ms a step at batch 8 and 32, launches, syncs; its lines open calibration.log (8 files come back).
+: > "$OUT/calibration.log"
+if [ "${PROFILE:-1}" = 1 ]; then
+  stamp "toy step profile: batch 8 and 32, early and late curriculum"
+  SMALL=(); [ "$DEVICE" = cpu ] && SMALL=(--small --batches 2 --progress 0.3 --steps 1)  # the dry run
+  timeout -s INT ${PROFILE_S:-90} python3 tools/gpu/toy_step_profile.py "${SMALL[@]}" --json /tmp/toy-step.json \
+    2>&1 | grep -v -E "Warning|USDT" | tee -a "$OUT/calibration.log"
+fi
 stamp "calibration: 40 warm-up + 40 question steps (timed between log lines 20 and 40)"
 timeout -s INT ${CALIB_S:-120} edgekv train-toy /tmp/calib $COMMON "${INIT_ARGS[@]}" --vision-steps 40 --steps 40 --log-every 20 \
-  > "$OUT/calibration.log" 2>&1
+  >> "$OUT/calibration.log" 2>&1
 echo "calibration rc $?"; tail -2 "$OUT/calibration.log"
 LEFT=$(( TOTAL_S - ($(date +%s) - T0) - 30 ))  # 30 s: the copy back and a margin
 # Two rounds (measured on the CPU: docs/measurements.md, "Deeper toys, a higher lr and mild world streams"): the
