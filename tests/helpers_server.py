@@ -67,6 +67,28 @@ class RunningDaemon:
         self.out.close()
 
 
+
+@contextmanager
+def ended_daemon(config: EdgeKVConfig, out_path: Path):
+    """A Daemon (no stdin, quiet, the source read as fast as it goes) whose finite stream has ended: its cache no
+    longer changes, so answers do not depend on when they are asked. Stopped on exit."""
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+
+    with open(out_path, "w") as out:
+        daemon = Daemon(config, DaemonOptions(no_stdin=True, quiet=True), out=out)
+        thread = threading.Thread(target=daemon.run, daemon=True)
+        thread.start()
+        try:
+            assert daemon.ready.wait(120)
+            deadline = time.monotonic() + 300
+            while daemon.stream_state != "ended" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert daemon.stream_state == "ended", "the stream did not end"
+            yield daemon
+        finally:
+            daemon.stop.event.set()
+            thread.join(60)
+
 def call(port: int, method: str, path: str, body=None, headers: dict | None = None, raw: bytes | None = None,
          timeout: float = 60) -> tuple[int, dict, bytes]:
     """One HTTP request on a fresh connection: (status, lower-case headers, body)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -37,22 +36,10 @@ def _config(**sections) -> EdgeKVConfig:
 @pytest.fixture(scope="module")
 def ended(tmp_path_factory):
     """A daemon whose stream has ended (all 80 pairs in): its answers no longer depend on when they are asked."""
-    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+    from helpers_server import ended_daemon
 
-    out = open(tmp_path_factory.mktemp("conversation") / "out.txt", "w")
-    daemon = Daemon(_config(), DaemonOptions(no_stdin=True, quiet=True), out=out)
-    thread = threading.Thread(target=daemon.run, daemon=True)
-    thread.start()
-    assert daemon.ready.wait(120)
-    deadline = time.monotonic() + 300
-    while daemon.stream_state != "ended" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert daemon.stream_state == "ended"
-    yield daemon
-    daemon.stop.event.set()
-    thread.join(60)
-    out.close()
-
+    with ended_daemon(_config(), tmp_path_factory.mktemp("conversation") / "out.txt") as daemon:
+        yield daemon
 
 def _chat(port: int, messages: list[dict], **fields) -> tuple[int, dict]:
     from helpers_server import call

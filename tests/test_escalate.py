@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
-import time
 
 import pytest
 
@@ -40,9 +38,7 @@ def _ask(port: int, question: str, **fields) -> dict:
 
 @pytest.mark.slow
 def test_escalation_to_a_second_server_by_request_by_confidence_and_when_it_is_gone(tmp_path):
-    from helpers_server import RunningDaemon
-
-    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+    from helpers_server import RunningDaemon, ended_daemon
 
     remote_config = _config(REMOTE, server={"port": 0, "image_requests": True, "max_request_bytes": 4 * 2**20,
                                             "served_model_name": ["big-model"]})
@@ -51,15 +47,7 @@ def test_escalation_to_a_second_server_by_request_by_confidence_and_when_it_is_g
         local_config = _config(LOCAL, server={"port": 0},
                                escalate={"url": f"{remote.base}/v1", "model": "big-model", "keyframes": 4,
                                          "timeout_s": 120})
-        with open(tmp_path / "local.txt", "w") as out:
-            local = Daemon(local_config, DaemonOptions(no_stdin=True, quiet=True), out=out)
-            thread = threading.Thread(target=local.run, daemon=True)
-            thread.start()
-            assert local.ready.wait(120)
-            deadline = time.monotonic() + 300
-            while local.stream_state != "ended" and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert local.stream_state == "ended"  # all 80 pairs in, the purple triangle among them
+        with ended_daemon(local_config, tmp_path / "local.txt") as local:  # all 80 pairs in, the triangle among them
             port = local.server.port
 
             plain = _ask(port, "Which shape was purple?", escalate=False)
@@ -94,8 +82,6 @@ def test_escalation_to_a_second_server_by_request_by_confidence_and_when_it_is_g
             ext = gone["edgekv"]
             assert ext["escalated"] is False and "escalation failed" in ext["escalation_note"]
             assert gone["choices"][0]["message"]["content"].strip() == "triangle"  # the local answer stands
-            local.stop.event.set()
-            thread.join(60)
     finally:
         remote.__exit__(None, None, None)
 
