@@ -552,10 +552,16 @@ class AlertRuleSection:
     cooldown_s: float = 60.0         # no second alert of this rule within this time
     threshold: float = 0.5           # P(yes) above this is "yes"; it falls back to "no" below threshold - 0.2
     camera: str | None = None        # which camera (null: the daemon's camera)
+    # read only the last so many seconds of the stream: "is there a person at the door?" asked of now, so the verdict
+    # falls back once they have gone and a second visit raises a second alert (null: the whole memory, where one
+    # sighting keeps the verdict "yes" while it is held)
+    window_s: float | None = None
 
     def validate(self, at: str) -> None:
         if not self.question.strip():
             raise ConfigError(f"{at}.question: empty; a standing question is a yes/no question about the stream")
+        if self.window_s is not None and not 0 < self.window_s < float("inf"):
+            raise ConfigError(f"{at}.window_s: seconds > 0 (null: the whole memory), got {self.window_s}")
         if self.every_pairs is not None and self.every_s is not None:
             raise ConfigError(f"{at}: set every_pairs or every_s, not both")
         if self.every_pairs is not None and self.every_pairs < 1:

@@ -97,6 +97,41 @@ def test_rising_edges_hysteresis_and_cooldown():
     assert got[0].keyframe_jpeg[:2] == b"\xff\xd8" and "pair 3" in got[0].keyframe_note
 
 
+
+def test_a_rule_with_a_window_asks_of_now_and_fires_for_each_visit():
+    """``window_s``: the question reads only the last seconds, so its verdict falls back once the event has left
+    them and a second visit raises a second alert; over the whole memory one sighting keeps the verdict "yes"
+    while it is held (measured with the toy: P(yes) 1.0 from the first triangle to the end). A window of which
+    nothing is held (no frame yet) leaves the verdict as it is."""
+    from edgekv.video.events import Event, EventScene
+
+    session = _toy_session()
+    scene = EventScene(112, 112, 2.0, seed=4, events=[Event("triangle", "purple", 20, 1, (60, 56), 17),
+                                                      Event("circle", "red", 30, 1, (40, 40), 14),
+                                                      Event("triangle", "purple", 50, 1, (70, 60), 17)])
+    bus = AlertBus()
+    engine = AlertEngine([AlertRuleSection(question="Was there a purple triangle?", cooldown_s=0.0, window_s=8.0,
+                                           name="now"),
+                          AlertRuleSection(question="Was there a purple triangle?", cooldown_s=0.0, name="ever")],
+                         bus, KeyframeRing(4))
+    now, ever = engine.list()
+    assert now.to_json()["window_s"] == 8.0 and ever.to_json()["window_s"] is None
+    assert engine.evaluate(now, session, 0) is None and now.evaluations == 0  # no frame yet: nothing to read
+    fired: dict[str, list[int]] = {"now": [], "ever": []}
+    verdicts = []
+    for pair in range(66):
+        first, second = scene.pair_frames(pair)
+        session.ingest(first, t=scene.time(2 * pair))
+        session.ingest(second, t=scene.time(2 * pair + 1))
+        for state in (now, ever):
+            if engine.evaluate(state, session, pair) is not None:
+                fired[state.name].append(pair)
+        verdicts.append((now.verdict, ever.verdict))
+    assert fired == {"now": [20, 50], "ever": [20]}
+    assert verdicts[40] == (False, True) and verdicts[-1] == (False, True)  # the triangle left the last 8 s
+    assert [e.name for e in bus.recent] == ["now", "ever", "now"]
+    assert session.cache.length == session.stats()["cache_tokens"]  # the probes kept nothing
+
 def test_due_rules_by_pairs_and_seconds():
     now = [0.0]
     engine = AlertEngine([AlertRuleSection(question="a?", every_pairs=3), AlertRuleSection(question="b?", every_s=5.0),
@@ -119,6 +154,8 @@ def test_bad_rules_are_refused_naming_the_field():
         config_from_dict({"alerts": {"rules": [{"question": "x?", "every_pairs": 0}]}})
     with pytest.raises(ConfigError, match="every_pairs or every_s, not both"):
         config_from_dict({"alerts": {"rules": [{"question": "x?", "every_pairs": 1, "every_s": 2.0}]}})
+    with pytest.raises(ConfigError, match=r"alerts.rules\[0\].window_s: seconds > 0"):
+        config_from_dict({"alerts": {"rules": [{"question": "x?", "window_s": 0}]}})
     with pytest.raises(ConfigError, match=r"alerts.webhooks\[0\]"):
         config_from_dict({"alerts": {"webhooks": ["ftp://x"]}})
     with pytest.raises(ConfigError, match=r"alerts.rules: 3 standing questions, over alerts.max_rules \(2\)"):
@@ -389,13 +426,16 @@ def test_the_api_adds_lists_and_deletes_standing_questions(tiny_checkpoint, tmp_
         for body, param in [({"question": ""}, "question"), ({"question": "x?", "every_pairs": 0}, "every_pairs"),
                             ({"question": "x?", "threshold": 1.5}, "threshold"), ({"question": 5}, "question"),
                             ({"question": "x?", "colour": "red"}, "colour"),
+                            ({"question": "x?", "window_s": 0}, "window_s"),
                             ({"question": "x?", "camera": "side"}, "camera")]:  # one camera: none to name
             status, _, raw = call(port, "POST", "/v1/alerts", body)
             assert status == 400 and json.loads(raw)["error"]["param"] == param, (body, raw)
-        status, _, raw = call(port, "POST", "/v1/alerts", {"question": "Is anything moving?", "every_pairs": 1})
+        status, _, raw = call(port, "POST", "/v1/alerts", {"question": "Is anything moving?", "every_pairs": 1,
+                                                           "window_s": 5})
         assert status == 201, raw
         rule = json.loads(raw)
         assert rule["id"].startswith("alert-") and rule["source"] == "api" and rule["verdict"] == "no"
+        assert rule["window_s"] == 5
         assert _until(lambda: json.loads(call(port, "GET", "/v1/alerts")[2])["data"][0]["evaluations"] >= 2)
         assert run.daemon.session.stats()["probes"] >= 2
         assert call(port, "DELETE", f"/v1/alerts/{rule['id']}")[0] == 200

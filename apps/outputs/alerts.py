@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edgekv.config import AlertRuleSection, AlertsSection
+from edgekv.session import WindowEmpty
 
 log = logging.getLogger("edgekv.alerts")
 HYSTERESIS = 0.2
@@ -105,7 +106,8 @@ class RuleState:
         rule = self.rule
         return {"id": self.id, "name": self.name, "question": rule.question, "every_pairs": rule.every_pairs,
                 "every_s": rule.every_s, "cooldown_s": rule.cooldown_s, "threshold": rule.threshold,
-                "camera": rule.camera, "source": self.source, "verdict": "yes" if self.verdict else "no",
+                "camera": rule.camera, "window_s": rule.window_s, "source": self.source,
+                "verdict": "yes" if self.verdict else "no",
                 "p_yes": self.p_yes, "evaluations": self.evaluations, "fired": self.fired,
                 "eval_ms_mean": self.eval_ms_total / self.evaluations if self.evaluations else None}
 
@@ -294,7 +296,16 @@ class AlertEngine:
     def evaluate(self, state: RuleState, session, pair: int) -> AlertEvent | None:
         """One evaluation of ``state``'s question over ``session`` (its lock taken by ``probe``); the alert if
         its verdict rose."""
-        verdict = session.probe(state.rule.question)
+        window = None
+        if state.rule.window_s is not None:  # the last window_s seconds, up to the newest frame
+            newest = session.clock.last_t
+            window = (newest - state.rule.window_s, newest) if newest is not None else (0.0, 0.0)
+        try:
+            verdict = session.probe(state.rule.question, window=window) if window else session.probe(
+                state.rule.question)
+        except WindowEmpty:  # nothing of the window is held (a camera stalled or paused): the verdict stands
+            state.last_pair, state.last_eval = pair, self.clock()
+            return None
         now = self.clock()
         state.evaluations += 1
         state.eval_ms_total += verdict.ms

@@ -46,6 +46,8 @@ class AlertRequest(BaseModel):
     cooldown_s: float = Field(60.0, ge=0, allow_inf_nan=False)
     threshold: float = Field(0.5, gt=0, lt=1, allow_inf_nan=False)
     camera: str | None = Field(None, description="with video.sources: the camera to watch (default: every one)")
+    window_s: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                   description="read only the last so many seconds (a question about now)")
 
 
 class _SseClient:

@@ -19,6 +19,10 @@ YES_WORDS = ("yes", "Yes", " yes", " Yes")
 NO_WORDS = ("no", "No", " no", " No")
 
 
+class WindowEmpty(ValueError):
+    """A question's window holds no frame pair: none kept in the cache (nor, with recall, brought back)."""
+
+
 class Answerer:
     """The question side of a ``StreamSession`` (which calls it under its lock)."""
 
@@ -29,22 +33,28 @@ class Answerer:
         self.video_length: int | None = None  # while answering: the cache's length before the question
         self._window: torch.Tensor | None = None  # while answering with a window: its visible mask (capacity)
 
-    def probe(self, question: str) -> YesNo:
+    def probe(self, question: str, window: tuple[float, float] | None = None) -> YesNo:
         """A yes/no question answered by one prefill of its tokens over the cache: P(yes) among the model's
         yes/no tokens at the first answer position, and the attention mass each kept frame pair drew (summed
         over layers, KV heads and the question's tokens). No token is decoded and the question's slots are
-        dropped afterwards: the cache is exactly as before (DESIGN invariant 3)."""
+        dropped afterwards: the cache is exactly as before (DESIGN invariant 3). ``window``: only the frame
+        pairs stamped in it are read, as ``ask``'s (``WindowEmpty`` when none is held)."""
         s = self.session
         started = time.perf_counter()
         yes_ids, no_ids = self._yes_no_ids()
+        window = checked_window(window)
         ids = self.question_ids(question, 1, 0.0, 1.0)
         video_len = s.cache.length
+        if window is not None and not self._window_pairs(video_len, window):
+            raise WindowEmpty(self._nothing_held(window))
         self.video_length = video_len
         try:
             with torch.inference_mode():
                 positions = text_position_ids(self.text_start(), len(ids)).to(s.device)
+                if window is not None:
+                    self._window = self._window_mask(video_len, window, False)
                 hidden = s.prefill(s.embed(ids), positions, ChunkMeta(SlotKind.TEXT, tpos=positions[0]),
-                                   mass_out=self._mass_buffer())
+                                   visible=self._answer_visible(False), mass_out=self._mass_buffer())
                 logits = s.llm.logits(hidden[-1]).float()
                 both = torch.log_softmax(logits, dim=-1)
                 yes = torch.logsumexp(both[yes_ids], dim=0)
@@ -54,6 +64,7 @@ class Answerer:
         finally:
             s.cache.truncate(video_len)
             self.video_length = None
+            self._window = None
         s.counters.probes += 1
         return YesNo(p_yes, pair_mass, (time.perf_counter() - started) * 1e3, len(ids))
 
@@ -122,7 +133,7 @@ class Answerer:
         max_new_tokens = int(max_new_tokens)
         video_len = s.cache.length
         if window is not None and not recall and not self._window_pairs(video_len, window):
-            raise ValueError(self._nothing_held(window))
+            raise WindowEmpty(self._nothing_held(window))
         self.video_length = video_len
         self._window = None
         recalled = ()
@@ -142,7 +153,7 @@ class Answerer:
                     self._window = self._window_mask(video_len, window, recall)
                     seen = self._window_pairs(video_len, window) | set(recalled)
                     if not seen:
-                        raise ValueError(self._nothing_held(window, recall))
+                        raise WindowEmpty(self._nothing_held(window, recall))
                 if evidence:
                     # the evidence is what the token that answers attends to: the question's last row. The rows
                     # before it are prefilled first (causal: the same states), so their mass is left out — the

@@ -332,10 +332,10 @@ class StreamSession:
                                  history, window)
 
     @_exclusive
-    def probe(self, question: str) -> YesNo:
+    def probe(self, question: str, window: tuple[float, float] | None = None) -> YesNo:
         """A yes/no question answered without decoding (standing questions, alerts): ``YesNo`` with P(yes) and
-        the frame pairs the question attended; the cache is unchanged afterwards."""
-        return self.answerer.probe(question)
+        the frame pairs the question attended; the cache is unchanged afterwards. ``window``: as ``ask``'s."""
+        return self.answerer.probe(question, window)
 
     @_exclusive
     def question_logits(self, question: str, recall: bool = False) -> torch.Tensor:
