@@ -9,7 +9,6 @@ import http.server
 import json
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
