@@ -80,6 +80,13 @@ def test_bench_alerts_both_parts_run_small(tiny_checkpoint, tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "precision" in printed and "an evaluation after every pair would take" in printed
+    accuracy = result["accuracy"]
+    assert accuracy["window_s"] is None and accuracy["appearances"] >= accuracy["appearances_alerted"] >= 0
+    # rules about now: the same stream with each question reading its last 8 seconds
+    assert main(["bench", "alerts", "--parts", "accuracy", "--streams", "1", "--pairs", "20", "--window-s", "8",
+                 "--cooldown-s", "0", "--json", str(out_json), "--plot", ""]) == 0
+    windowed = json.loads(out_json.read_text())["accuracy"]
+    assert windowed["window_s"] == 8 and windowed["appearances"] == accuracy["appearances"]
 
 
 @pytest.mark.slow

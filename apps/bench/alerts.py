@@ -6,7 +6,9 @@ and as many about pairs it never shows (negatives), all evaluated after every fr
 rule (``AlertEngine``: rising edge, hysteresis, cool-down ``--cooldown-s``). Precision = alerts raised at or after
 the first appearance of what they ask about / all alerts; recall = positive questions that raised an alert by the
 end of the stream / all positive questions; latency = pairs from the first appearance to the alert. Wilson 95 %
-intervals beside each.
+intervals beside each. Per appearance (a colour-shape can come back): an appearance is alerted when its question
+raised an alert from its first pair to ``--window-s`` after its last (the pair itself without a window) — what a rule
+about now (``--window-s``) is for; over the whole memory a rule stays "yes" after the first sighting.
 
 ``--parts cost``: ms of one evaluation (``StreamSession.probe``) over a full cache, against one frame pair's
 ingest at the same shape (default: the real Qwen2.5-VL-3B widths from a random checkpoint, ``--model`` and
@@ -35,6 +37,8 @@ def add_alerts_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", type=int, default=120, help="frame pairs per stream (accuracy)")
     parser.add_argument("--negatives", type=int, default=2, help="questions per stream about what it never shows")
     parser.add_argument("--cooldown-s", type=float, default=60.0, help="alerts.rules[].cooldown_s (stream seconds)")
+    parser.add_argument("--window-s", type=float, default=None,
+                        help="alerts.rules[].window_s: each question reads only the last so many seconds (accuracy)")
     parser.add_argument("--max-tokens", type=int, default=640, help="cache cap M for the toy (accuracy)")
     parser.add_argument("--model", default=None, help="checkpoint for the cost part (default: a random 3B-shape one)")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="cost part's weights")
@@ -73,11 +77,14 @@ def accuracy(args: argparse.Namespace) -> dict:
         "builtin:toy", model={"dtype": "fp32", "device": "cpu"}, video={"resolution": [112, 112], "fps": 2.0},
         cache={"policy": "infinipot_v", "max_tokens": args.max_tokens, "text_reserve_tokens": 64})
     alerts, positives, negatives_asked, started = [], {}, 0, time.perf_counter()
+    appearances: list[tuple[int, str, int, int]] = []  # (seed, question, first pair, last pair an alert counts at)
     for seed in range(args.seed, args.seed + args.streams):
         source = open_source(f"synthetic:events?size=112x112&fps=2&frames={2 * args.pairs}&seed={seed}&rate=0.05&noise=3")
         first: dict[tuple[str, str], int] = {}
         for event in source.scene.events:
             first.setdefault((event.color, event.shape), event.first_pair)
+            reach = event.first_pair + event.pairs - 1 + math.ceil(args.window_s or 0.0)  # a pair is 1 s at 2 fps
+            appearances.append((seed, f"{event.color} {event.shape}", event.first_pair, reach))
         rng = np.random.default_rng(seed)
         absent = [pair for pair in itertools.product(COLORS, SHAPES) if pair not in first]
         negatives = [absent[i] for i in rng.choice(len(absent), size=min(args.negatives, len(absent)), replace=False)]
@@ -88,7 +95,8 @@ def accuracy(args: argparse.Namespace) -> dict:
         raised: list = []
         bus.add(type("Collect", (), {"offer": lambda self, event: raised.append(event)})())
         rules = [AlertRuleSection(question=f"Was there a {color} {shape}?", name=f"{color} {shape}",
-                                  cooldown_s=args.cooldown_s) for color, shape in [*first, *negatives]]
+                                  cooldown_s=args.cooldown_s, window_s=args.window_s)
+                 for color, shape in [*first, *negatives]]
         engine = AlertEngine(rules, bus, KeyframeRing(0), clock=lambda: now[0])
         session = runtime.session()
         for frame, t in source:
@@ -111,7 +119,13 @@ def accuracy(args: argparse.Namespace) -> dict:
     for a in true:
         found.setdefault((a["seed"], a["question"]), a)
     latency = [a["pair"] - a["first_pair"] for a in found.values()]
+    alerted = sum(1 for seed, name, start, reach in appearances
+                  if any(a["seed"] == seed and a["question"] == name and start <= a["pair"] <= reach for a in alerts))
     out = {
+        "window_s": args.window_s, "cooldown_s": args.cooldown_s,
+        "appearances": len(appearances), "appearances_alerted": alerted,
+        "appearance_recall": alerted / len(appearances) if appearances else None,
+        "appearance_recall_ci95": wilson(alerted, len(appearances)),
         "streams": args.streams, "pairs": args.pairs, "positive_questions": len(positives),
         "negative_questions": negatives_asked, "alerts": len(alerts), "true_alerts": len(true),
         "precision": len(true) / len(alerts) if alerts else None, "precision_ci95": wilson(len(true), len(alerts)),
@@ -125,7 +139,8 @@ def accuracy(args: argparse.Namespace) -> dict:
         "alert_rows": alerts, "wall_s": time.perf_counter() - started,
     }
     print(f"precision {out['precision']} {out['precision_ci95']}, recall {out['recall']} {out['recall_ci95']}, "
-          f"median latency {out['latency_pairs']['median']} pairs, {out['alerts']} alerts")
+          f"median latency {out['latency_pairs']['median']} pairs, {out['alerts']} alerts; appearances alerted "
+          f"{alerted} of {len(appearances)} ({out['appearance_recall_ci95']})")
     return out
 
 
