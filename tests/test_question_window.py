@@ -39,8 +39,9 @@ def _outside(session, window) -> torch.Tensor:
         cache.frame[:, :, :n], torch.tensor(inside, dtype=cache.frame.dtype))
 
 
-def test_what_lies_outside_the_window_cannot_change_the_answer(tiny_checkpoint):
-    session = _session(tiny_checkpoint)
+@pytest.mark.parametrize("kv_dtype", [None, "int8", "fp8"])
+def test_what_lies_outside_the_window_cannot_change_the_answer(tiny_checkpoint, kv_dtype):
+    session = _session(tiny_checkpoint, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
     window, question = (3.0, 6.5), "What moved?"
     stats = session.stats()  # what a window can reach
     assert (stats["stream_t_last"], stats["pairs_held"], stats["held_t_first"], stats["held_t_last"]) == (
@@ -57,9 +58,9 @@ def test_what_lies_outside_the_window_cannot_change_the_answer(tiny_checkpoint):
     outside = _outside(session, window)
     assert int(outside.sum()) > 0
     gen = torch.Generator().manual_seed(0)
-    for name in ("k", "v"):
+    for name in ("k", "v"):  # 8-bit caches: their codes
         tensor = getattr(session.cache, name)[:, :, :length]
-        noise = torch.randn(tensor.shape, generator=gen, dtype=tensor.dtype) * 5
+        noise = (torch.randn(tensor.shape, generator=gen) * (5 if tensor.is_floating_point() else 60)).to(tensor.dtype)
         tensor[outside] = noise[outside]
     again = session.ask(question, max_new_tokens=6, window=window)
     assert again.token_ids == windowed.token_ids and again.confidence == windowed.confidence
