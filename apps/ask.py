@@ -96,6 +96,9 @@ def add_local_arguments(parser: argparse.ArgumentParser) -> None:
                             "server.token_env, else EDGEKV_TOKEN)")
     local.add_argument("--stream", action="store_true",
                        help="print the answer's tokens as they are decoded (one camera: --camera, or its name first)")
+    local.add_argument("--chat", action="store_true",
+                       help="go on asking the lines typed after the question (or without one), each with the "
+                            "conversation so far; an empty line ends it")
     local.add_argument("--last", type=float, metavar="SECONDS", default=None,
                        help="read only the last so many seconds of the stream (the chat API's window.last_s; with "
                             "--fleet, of each device's stream)")
@@ -127,11 +130,15 @@ def question_window(last: float | None, t_from: float | None, t_to: float | None
     return {"from": t_from, "to": t_to} if t_from is not None else None
 
 
+CHAT_EXCHANGES = 8  # question-and-answer pairs ``--chat`` sends as the conversation (the daemon takes at most 64 turns)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Prints the answer (``--json``: the whole chat.completion); exit 0 once answered."""
+    """Prints the answer (``--json``: the whole chat.completion); exit 0 once answered. ``--chat``: goes on asking
+    the lines typed after it, each with the conversation so far (``chat``)."""
     url, token = daemon_target(args.config, args.token_env)
     args.url = args.url or url
-    body: dict = {"messages": [{"role": "user", "content": args.question}]}
+    body: dict = {}
     if args.max_new_tokens is not None:
         body["max_tokens"] = args.max_new_tokens
     if args.camera is not None:
@@ -140,23 +147,65 @@ def run(args: argparse.Namespace) -> int:
     if window is not None:
         body["window"] = window
     timeout = max(args.timeout, 1.0)
+    if getattr(args, "chat", False):
+        if args.stream or args.json:
+            raise ValueError("--chat prints each answer when it is whole: without --stream or --json")
+        return chat(args, token, body, timeout)
+    if not args.question:
+        raise ValueError("a question is needed (or --chat to type them one after another)")
+    body["messages"] = [{"role": "user", "content": args.question}]
     if args.stream and not args.json:
         body["stream"] = True
         with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
             _stream_answer(args.url, response, timeout)
         return 0
-    with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
-        try:
-            result = json.loads(response.read())
-        except TimeoutError:
-            raise OSError(f"{args.url}: no answer within {timeout:g} s (--timeout)") from None
-        except (ConnectionError, http.client.HTTPException) as exc:
-            raise OSError(f"{args.url}: the answer broke off ({type(exc).__name__})") from None
-        except ValueError:
-            raise _not_an_answer(args.url, "the reply is not JSON") from None
-    try:
-        content = result["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise _not_an_answer(args.url, "the reply is JSON but not a chat.completion") from None
-    print(json.dumps(result, indent=2) if args.json else content)
+    result = _completion(args.url, body, token, timeout)
+    print(json.dumps(result, indent=2) if args.json else _content(args.url, result))
     return 0
+
+
+def chat(args: argparse.Namespace, token: str | None, body: dict, timeout: float, lines=None) -> int:
+    """A conversation from the shell: the question given (if any), then each line read from ``lines`` (stdin) is
+    asked with the last ``CHAT_EXCHANGES`` questions and answers before it as its history ("And where did it go?");
+    an empty line or the end of the input ends it. A question the daemon refuses is said and left out of the
+    conversation; a daemon that cannot be reached ends it (exit 2, as for one question)."""
+    lines = sys.stdin if lines is None else lines
+    history: list[dict] = []
+    pending = args.question
+    while True:
+        if pending is None:
+            if sys.stdout.isatty():
+                print("> ", end="", flush=True)
+            line = lines.readline()
+            if not line.strip():
+                return 0
+            pending = line.strip()
+        question, pending = pending, None
+        asked = {**body, "messages": [*history, {"role": "user", "content": question}]}
+        try:
+            answer = _content(args.url, _completion(args.url, asked, token, timeout))
+        except ValueError as exc:  # refused (too long, a window of nothing held...): said, the chat goes on
+            print(f"edgekv ask: {exc}", file=sys.stderr)
+            continue
+        print(answer, flush=True)
+        history = [*history, {"role": "user", "content": question},
+                   {"role": "assistant", "content": answer}][-2 * CHAT_EXCHANGES:]
+
+
+def _completion(url: str, body: dict, token: str | None, timeout: float) -> dict:
+    with daemon_request(url, "/v1/chat/completions", body, token, timeout) as response:
+        try:
+            return json.loads(response.read())
+        except TimeoutError:
+            raise OSError(f"{url}: no answer within {timeout:g} s (--timeout)") from None
+        except (ConnectionError, http.client.HTTPException) as exc:
+            raise OSError(f"{url}: the answer broke off ({type(exc).__name__})") from None
+        except ValueError:
+            raise _not_an_answer(url, "the reply is not JSON") from None
+
+
+def _content(url: str, result: dict) -> str:
+    try:
+        return result["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise _not_an_answer(url, "the reply is JSON but not a chat.completion") from None

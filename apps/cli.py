@@ -185,11 +185,14 @@ def _ask(args: argparse.Namespace) -> int:
 
         local_only = [option for option, given in (("--url", args.url is not None), ("--stream", args.stream),
                                                    ("--token-env", args.token_env is not None),
+                                                   ("--chat", args.chat),
                                                    ("--from", args.t_from is not None),
                                                    ("--to", args.t_to is not None)) if given]
         if local_only:
             raise ValueError(f"{', '.join(local_only)}: only without --fleet (they ask the daemon on this machine "
                              f"over HTTP; --fleet asks every device over MQTT)")
+        if not args.question:
+            raise ValueError("--fleet: a question is needed")
         return run_ask(args)
     from edgekv.apps import ask
 

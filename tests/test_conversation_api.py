@@ -158,3 +158,29 @@ def test_edgekv_ask_takes_a_window(ended, capsys):
         assert main(["ask", "Which shape was purple?", "--url", url, *bad] if "--fleet" not in bad
                     else ["ask", "Which shape was purple?", *bad]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_edgekv_ask_chat_keeps_the_conversation(ended, capsys, monkeypatch):
+    """``edgekv ask --chat``: the question given, then each line typed, asked with the conversation so far; an
+    empty line ends it; a refused question is said and left out of the conversation."""
+    import io
+
+    from edgekv.apps.cli import main
+
+    url = f"http://127.0.0.1:{ended.server.port}"
+    typed = io.StringIO("What color was the cross?\n" + "purple " * 700 + "\nHow many times did the cross appear?\n\n")
+    monkeypatch.setattr("sys.stdin", typed)
+    assert main(["ask", "Which shape was purple?", "--url", url, "--chat", "--max-new-tokens", "4"]) == 0
+    printed = capsys.readouterr()
+    answers = printed.out.split()
+    assert len(answers) == 3 and answers[0] == "triangle"
+    assert "tokens with its history) + max_tokens (4) exceed" in printed.err  # the long line, refused, left out
+    session = ended.session
+    history = [("user", "Which shape was purple?"), ("assistant", "triangle")]
+    with ended.lock:
+        second = session.ask("What color was the cross?", max_new_tokens=4, history=history)
+        history += [("user", "What color was the cross?"), ("assistant", second.text)]
+        third = session.ask("How many times did the cross appear?", max_new_tokens=4, history=history)
+    assert answers[1:] == [second.text, third.text]
+    assert main(["ask", "--url", url, "--chat", "--stream"]) == 2
+    assert "--chat prints each answer when it is whole" in capsys.readouterr().err

@@ -921,7 +921,8 @@ def _device_seconds(body: dict) -> float | None:
 
 # ---------------------------------------------------------------------------------------------- edgekv ask
 def add_ask_arguments(parser) -> None:
-    parser.add_argument("question", help="the question, e.g. 'Was there a red circle?'")
+    parser.add_argument("question", nargs="?", default=None,
+                        help="the question, e.g. 'Was there a red circle?' (optional with --chat)")
     parser.add_argument("--fleet", action="store_true",
                         help="ask every device of the fleet over MQTT (without it: the daemon at --url, over HTTP)")
     parser.add_argument("--broker", default=None, help="mqtt://host[:port] or mqtts://host[:port] "
