@@ -249,6 +249,14 @@ def test_full_stream_50_pairs_3_questions_same_answers(runtimes):
     assert answers[1] == answers[0]
     assert len({tuple(a) for a in answers[0]}) > 1 or len(set(answers[0][0])) > 1  # answers are not one token
     assert logits_gap < 1e-3
+    # a question about a stretch of time, with a conversation before it: the engine reads the same window (its
+    # graph's ``visible`` input) and the same turns as the torch LLM
+    held = sorted(sessions[0].pair_times.values())
+    window, history = (held[len(held) // 3], held[2 * len(held) // 3]), [("user", "What moved?"), ("assistant", "x")]
+    scoped = [s.ask("And then?", max_new_tokens=8, window=window, history=history) for s in sessions]
+    assert scoped[0].token_ids == scoped[1].token_ids and scoped[0].window_pairs == scoped[1].window_pairs >= 1
+    unscoped = sessions[1].ask("And then?", max_new_tokens=8, history=history)
+    assert unscoped.token_ids != scoped[1].token_ids  # the engine did read only the window
 
 
 # ---------------------------------------------------------------------------- an int8 cache
