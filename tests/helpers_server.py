@@ -67,7 +67,6 @@ class RunningDaemon:
         self.out.close()
 
 
-
 @contextmanager
 def ended_daemon(config: EdgeKVConfig, out_path: Path):
     """A Daemon (no stdin, quiet, the source read as fast as it goes) whose finite stream has ended: its cache no
@@ -80,10 +79,8 @@ def ended_daemon(config: EdgeKVConfig, out_path: Path):
         thread.start()
         try:
             assert daemon.ready.wait(120)
-            deadline = time.monotonic() + 300
-            while daemon.stream_state != "ended" and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert daemon.stream_state == "ended", "the stream did not end"
+            assert daemon.stream_ended.wait(300), "the stream did not end"
+            assert daemon.stream_state == "ended"
             yield daemon
         finally:
             daemon.stop.event.set()

@@ -150,6 +150,7 @@ class Daemon:
         self._spec = None
         self._asr_model: str | None = None
         self._stream_end: str | None = None
+        self.stream_ended = threading.Event()  # set once the source has ended (stream_state "ended" from then on)
         self._scheduled: deque[Question] = deque()  # --ask questions: never refused, answered first
         self._current: Question | None = None
         self._closed = False  # no more questions accepted (stopping)
@@ -704,6 +705,7 @@ class Daemon:
         if self._stream_end is not None:
             return
         self._stream_end = reason
+        self.stream_ended.set()
         self._stop_collector()
         frames = self.session.counters.frames
         if self.options.one_shot:
@@ -965,8 +967,7 @@ class Daemon:
         """The stretch of stream time a question reads: its own, or its last seconds up to the newest frame."""
         if question.window_last_s is None:
             return question.window
-        now = self.session.clock.last_t if self.session.clock.last_t is not None else 0.0
-        return now - question.window_last_s, now
+        return self.session.last_seconds(question.window_last_s)
 
     def _record(self, question: Question) -> None:
         answer = question.answer

@@ -296,13 +296,11 @@ class AlertEngine:
     def evaluate(self, state: RuleState, session, pair: int) -> AlertEvent | None:
         """One evaluation of ``state``'s question over ``session`` (its lock taken by ``probe``); the alert if
         its verdict rose."""
-        window = None
-        if state.rule.window_s is not None:  # the last window_s seconds, up to the newest frame
-            newest = session.clock.last_t
-            window = (newest - state.rule.window_s, newest) if newest is not None else (0.0, 0.0)
         try:
-            verdict = session.probe(state.rule.question, window=window) if window else session.probe(
-                state.rule.question)
+            if state.rule.window_s is None:
+                verdict = session.probe(state.rule.question)
+            else:  # the last window_s seconds, up to the newest frame
+                verdict = session.probe(state.rule.question, window=session.last_seconds(state.rule.window_s))
         except WindowEmpty:  # nothing of the window is held (a camera stalled or paused): the verdict stands
             state.last_pair, state.last_eval = pair, self.clock()
             return None

@@ -330,10 +330,8 @@ class SessionHost:
             try:
                 with self._lock:
                     # the evidence as the daemon names it: the pairs the answering token attended most
-                    window = None
-                    if question.window_last_s is not None:  # the last seconds up to the newest frame
-                        now = self.session.clock.last_t if self.session.clock.last_t is not None else 0.0
-                        window = (now - question.window_last_s, now)
+                    window = (self.session.last_seconds(question.window_last_s)
+                              if question.window_last_s is not None else None)
                     question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
                                                        temperature=question.temperature,
                                                        evidence=1 if question.evidence else 0, window=window)

@@ -331,6 +331,12 @@ class StreamSession:
         return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall, evidence,
                                  history, window)
 
+    def last_seconds(self, seconds: float) -> tuple[float, float]:
+        """The window of the last ``seconds`` of stream time, up to the newest frame (ending at 0 before any), for
+        ``ask`` / ``probe``: what ``last_s`` means wherever a window is asked by its length."""
+        newest = self.clock.last_t if self.clock.last_t is not None else 0.0
+        return newest - seconds, newest
+
     @_exclusive
     def probe(self, question: str, window: tuple[float, float] | None = None) -> YesNo:
         """A yes/no question answered without decoding (standing questions, alerts): ``YesNo`` with P(yes) and
