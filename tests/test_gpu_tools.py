@@ -110,5 +110,10 @@ def test_toy_step_profile_checks_itself_on_the_cpu(tmp_path):
                           "--progress", "0.3", "--steps", "1", "--json", str(out)],
                          capture_output=True, text=True, cwd=TOOLS, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    (row,) = json.loads(out.read_text())["rows"]
-    assert row["batch"] == 2 and row["tokens"] > 0 and row["wall_ms_per_step"] > 0 and row["aten_ops_per_step"] > 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["products"] for row in rows] == ["tf32", "fp32"]  # each timed (on the CPU the same products)
+    for row in rows:
+        assert row["batch"] == 2 and row["tokens"] > 0 and row["wall_ms_per_step"] > 0 and row["aten_ops_per_step"] > 0
+    bad = subprocess.run([sys.executable, str(TOOLS / "toy_step_profile.py"), "--small", "--products", "fp16"],
+                         capture_output=True, text=True, cwd=TOOLS, timeout=600)
+    assert bad.returncode == 2 and "--products" in bad.stderr

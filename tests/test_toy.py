@@ -2390,9 +2390,10 @@ def test_hard_negatives_average_the_background_term_over_its_hardest_tokens():
     for share, k in ((0.2, 2), (0.01, 1), (1.0, 10)):
         total, _, aux = loss_of(logits, batch, 0.5, no, hard_negatives=share)
         hardest = each.sort(descending=True).values[:k].mean()
-        assert aux == pytest.approx(float(shown + 0.25 * hardest), rel=1e-5)
+        assert float(aux) == pytest.approx(float(shown + 0.25 * hardest), rel=1e-5)
         assert float(total) == pytest.approx(float(answer + 0.5 * (shown + 0.25 * hardest)), rel=1e-5)
-    assert loss_of(logits, batch, 0.5, no)[2] == pytest.approx(loss_of(logits, batch, 0.5, no, 1.0)[2], rel=1e-6)
+    assert float(loss_of(logits, batch, 0.5, no)[2]) == pytest.approx(float(loss_of(logits, batch, 0.5, no, 1.0)[2]),
+                                                                       rel=1e-6)
     assert loss_of(logits, batch, 0.5, no, 0.2)[2] > loss_of(logits, batch, 0.5, no)[2]
     assert main(["train-toy", "/tmp/never-written", "--hard-negatives", "1.5"]) == 2
     assert main(["train-toy", "/tmp/never-written", "--vision-lures", "-0.1"]) == 2

@@ -152,6 +152,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draw batches in the training process instead of one step ahead in a worker process")
     parser.add_argument("--device", default="cpu",
                         help="where the model trains: cpu, cuda or cuda:N (batches are drawn on the host)")
+    parser.add_argument("--fp32-products", action="store_true",
+                        help="on a GPU, keep the matrix products in fp32 (default: TF32 on the tensor cores)")
     parser.add_argument("--workers", type=int, default=0,
                         help="draw the batches in N processes, each step from its own seeded generators (a "
                              "different draw than the default single stream, the same for any N; what a GPU needs)")
@@ -266,10 +268,10 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"edgekv train-toy: {exc}")
         return 2
     from edgekv.toy.model import WidthError
-    from edgekv.toy.train import term_as_interrupt
+    from edgekv.toy.train import term_as_interrupt, tf32_products
 
     try:
-        with term_as_interrupt():  # `timeout`, `kill`, systemd: the steps taken are kept, as on Ctrl-C
+        with term_as_interrupt(), tf32_products(args.device, not args.fp32_products):  # kept on Ctrl-C, `timeout`
             card = train(args.out_dir, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                          threads=args.threads, log=lambda line: print(line, flush=True), log_every=args.log_every,
                          heldout_streams=args.heldout_streams, eval_samples=args.eval_samples,

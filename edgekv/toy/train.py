@@ -77,15 +77,64 @@ class Batch:
     # and closing token), whose queries are kept off them.
     lure_keys: torch.Tensor | None = None  # [B, S] bool
     branch_rows: torch.Tensor | None = None  # [B, S] bool
+    # The batch as drawn, on the host (set by ``to``): what the step decides from (which targets are auxiliary, which
+    # answer words to read) is read here, never from the device copy, so that a step queues its kernels without
+    # waiting for the GPU (``host_rows``; issue 27: the GPU step's syncs, docs/measurements.md).
+    host: "Batch | None" = None
 
     def to(self, device: torch.device | str) -> "Batch":
-        """The batch with its tensors on ``device`` (``grid_thw`` stays on the host: the tower reads it there)."""
+        """The batch with its tensors on ``device`` (``grid_thw`` stays on the host: the tower reads it there).
+
+        On a GPU the tensors are pinned first, so that their copies are queued behind the step before (a copy from
+        pageable memory makes the host wait for the GPU to drain: 20-44 copies a step, 3-11 ms, in the toy step's
+        profile of 2026-12-04)."""
         device = torch.device(device)
         if device.type == "cpu":
             return self
-        moved = {name: (value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) and name != "grid_thw"
-                        else value) for name, value in self.__dict__.items()}
-        return Batch(**moved)
+        pin = device.type == "cuda"
+        moved = {name: ((value.pin_memory() if pin else value).to(device, non_blocking=True)
+                        if isinstance(value, torch.Tensor) and name != "grid_thw" else value)
+                 for name, value in self.__dict__.items() if name != "host"}
+        return Batch(**moved, host=self.host or self)
+
+
+def host_rows(flags: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The indices of ``flags``' True entries as a long tensor on ``device``, made on the host: no device sync.
+
+    Boolean indexing of a device tensor (``logits[mask]``), ``.any()`` in a condition and ``.item()`` each make the
+    host wait for the GPU; the toy step's profile on an H200 (2026-12-04) found ~25 such waits a step and the host
+    and the device then taking turns (wall 100 ms a step, device 53 ms, at batch 32)."""
+    return _queued_to(torch.from_numpy(np.flatnonzero(flags)), device)
+
+
+def _queued_to(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without the host waiting for the GPU: pinned, then copied behind the kernels
+    queued before (``Batch.to``)."""
+    if device.type == "cpu":
+        return values
+    return (values.pin_memory() if device.type == "cuda" else values).to(device, non_blocking=True)
+
+
+@contextmanager
+def tf32_products(device: torch.device | str, enabled: bool = True):
+    """fp32 matrix products on a CUDA GPU's tensor cores (TF32: inputs rounded to a 10-bit mantissa, fp32 sums) for
+    the block, as the GPU toy rounds train (``edgekv train-toy --device cuda``; ``--fp32-products`` keeps them fp32).
+    The toy step's profile on an H200 (2026-12-04) found its products and their backward in fp32 FFMA kernels
+    (``sm80_xmma_gemm_f32f32...ffma``), the tensor cores idle. Nothing changes on the CPU."""
+    if torch.device(device).type != "cuda" or not enabled:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def _on_host(batch):
+    """The batch's host copy (``Batch.host``), or the batch itself when it was never moved."""
+    return getattr(batch, "host", None) or batch
 
 
 class Encoder:
@@ -351,7 +400,8 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
     if hide_lures and batch.lure_keys is not None:  # the branches' queries kept off the lures' tokens
         hidden_mask = mask.masked_fill((batch.branch_rows[:, :, None] & batch.lure_keys[:, None, :])[:, None],
                                        float("-inf"))
-    answers = batch.is_answer.nonzero().flatten() if looks is not None else None
+    host = _on_host(batch)
+    answers = host_rows(np.asarray(host.is_answer), embeds.device) if looks is not None else None
     if avoid_among not in AVOID_AMONG:
         raise ValueError(f"avoid_among is one of {', '.join(AVOID_AMONG)}, got {avoid_among!r}")
     if avoid and avoid_among == "video":  # per avoided question, the video tokens of its sample
@@ -363,11 +413,14 @@ def forward_logits(model, batch: Batch, recompute: bool = False, attention_loss:
         if batch.attend_rows is None:
             avoid = False
         else:
-            match = batch.avoid_rows[:, None] == batch.attend_rows[None, :]  # [Q, A]
+            match = np.asarray(host.avoid_rows)[:, None] == np.asarray(host.attend_rows)[None, :]  # [Q, A]
             kept = match.any(-1)
             avoid = bool(kept.any())
-            avoid_rows, avoid_keys = batch.avoid_rows[kept], batch.avoid_keys[kept]
-            avoid_needles = batch.attend_keys[match[kept].float().argmax(-1)]  # [Q', S]
+            if avoid:
+                chosen = host_rows(kept, embeds.device)
+                needles = _queued_to(torch.from_numpy(match[kept].argmax(-1)), embeds.device)  # each one's own row
+                avoid_rows, avoid_keys = batch.avoid_rows[chosen], batch.avoid_keys[chosen]
+                avoid_needles = batch.attend_keys[needles]  # [Q', S]
 
     def log_attention(rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
         """[A, Hq, S]: log of each head's attention over the keys from the query of each row's answer."""
@@ -433,8 +486,9 @@ def distill_terms(student_looks: dict, teacher_looks: dict, student_logits: torc
         attention = torch.stack(per_layer).mean()
     else:
         attention = student_logits.new_zeros(())
-    answer = batch.is_answer.to(student_logits.device)
-    if answer.any():
+    host = _on_host(batch)
+    if np.asarray(host.is_answer).any():
+        answer = host_rows(np.asarray(host.is_answer), student_logits.device)
         lt = torch.log_softmax(teacher_logits[answer].float(), -1)
         ls = torch.log_softmax(student_logits[answer].float(), -1)
         answers = (lt.exp() * (lt - ls)).sum(-1).mean()
@@ -587,12 +641,17 @@ def qa_batches_sharded(seed: int, steps: int, batch_size: int, aux: bool, curric
 def probe_loss(shape_probe, color_probe, tokens: torch.Tensor, shape: torch.Tensor, color: torch.Tensor
                ) -> torch.Tensor:
     """The warm-up's loss on a tower's tokens: event tokens' shape (slivers, -1, left out) and colour, background
-    tokens (colour 0) weighted a quarter."""
+    tokens (colour 0) weighted a quarter. ``shape`` and ``color`` are read on the host (moved there if they are
+    not): the tokens each term reads are chosen there, so that the step never waits for the GPU (``host_rows``)."""
+    shape, color = shape.cpu(), color.cpu()
     background = color == 0
-    return (F.cross_entropy(shape_probe(tokens[shape > 0]), shape[shape > 0])
-            + F.cross_entropy(color_probe(tokens[~background]), color[~background])
-            + 0.25 * (F.cross_entropy(shape_probe(tokens[background]), shape[background])
-                      + F.cross_entropy(color_probe(tokens[background]), color[background])))
+
+    def term(probe, labels: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        rows = host_rows(flags.numpy(), tokens.device)
+        return F.cross_entropy(probe(tokens[rows]), _queued_to(labels[flags], tokens.device))
+
+    return (term(shape_probe, shape, shape > 0) + term(color_probe, color, ~background)
+            + 0.25 * (term(shape_probe, shape, background) + term(color_probe, color, background)))
 
 
 def token_positions(count: int, grid: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -640,7 +699,7 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
     if position:  # made only when used: without them the warm-up draws what it drew before
         row_probe, col_probe = torch.nn.Linear(width, side).to(device), torch.nn.Linear(width, side).to(device)
         params += [*row_probe.parameters(), *col_probe.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, fused=device.type == "cuda")
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))))
     history: list[dict] = []
@@ -650,10 +709,8 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
              if workers else batches(vision_batches, rng, steps, batch_size, families, size, world, lures,
                                      prefetch=prefetch))
     for step, (pixels, grid, shape, color) in enumerate(drawn):
-        shape, color = shape.to(device), color.to(device)
-        tokens = model.visual(pixels, grid)
-        background = color == 0
-        loss = probe_loss(shape_probe, color_probe, tokens, shape, color)
+        tokens = model.visual(_queued_to(pixels, device), grid)
+        loss = probe_loss(shape_probe, color_probe, tokens, shape, color)  # shape, colour: on the host
         if position:
             loss = loss + position_loss(row_probe, col_probe, tokens, side)
         optimizer.zero_grad(set_to_none=True)
@@ -662,6 +719,8 @@ def warm_up_vision(model, steps: int, rng: np.random.Generator, lr: float = 2e-3
         optimizer.step()
         schedule.step()
         if (step + 1) % log_every == 0 or step == steps - 1:
+            shape, color = shape.to(device), color.to(device)
+            background = color == 0
             with torch.no_grad():
                 shape_acc = (shape_probe(tokens[shape > 0]).argmax(-1) == shape[shape > 0]).float().mean().item()
                 color_acc = (color_probe(tokens[~background]).argmax(-1) == color[~background]).float().mean().item()
@@ -739,7 +798,7 @@ def heldout(seed: int, count: int, progress: float = 1.0, curriculum: str = "ful
 
 
 def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | None = None,
-            hard_negatives: float = 0.0) -> tuple[torch.Tensor, float, float]:
+            hard_negatives: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Answer cross-entropy (answer words and closing tokens) + ``aux_weight`` x the auxiliary one.
 
     The auxiliary targets are balanced: the few tokens that show an event (colour or shape word) weigh as
@@ -750,19 +809,28 @@ def loss_of(logits: torch.Tensor, batch: Batch, aux_weight: float, no_id: int | 
     model reads least as "no" (online hard example mining, Shrivastava et al. 2016, applied per token): among
     thousands of plain background tokens the few look-alikes — a grey ring on a bright wall read as a white circle
     (issue 27, docs/measurements.md "Where the full cache loses") — are what the question later mistakes for a needle.
+        Returns (the loss, the answer term, the auxiliary term), the last two detached 0-dim tensors (0 without
+    auxiliary targets): read them (``float``) only when logging, since reading a device tensor waits for the GPU.
+    Which rows are auxiliary, shown or background is decided from the batch's host copy (``host_rows``).
     """
-    aux = torch.tensor([family == "aux" for family in batch.families], device=logits.device)
-    answer = F.cross_entropy(logits[~aux].float(), batch.targets[~aux])
+    host = _on_host(batch)
+    aux = np.array([family == "aux" for family in batch.families], dtype=bool)
+
+    def term(flags: np.ndarray, reduction: str = "mean") -> torch.Tensor:
+        rows = host_rows(flags, logits.device)
+        return F.cross_entropy(logits[rows].float(), batch.targets[rows], reduction=reduction)
+
+    answer = term(~aux)
     if not aux.any() or aux_weight == 0:
-        return answer, answer.item(), 0.0
-    background = aux & (batch.targets == no_id) if no_id is not None else torch.zeros_like(aux)
+        return answer, answer.detach(), answer.new_zeros(())
+    targets = np.asarray(host.targets.cpu())
+    background = aux & (targets == no_id) if no_id is not None else np.zeros_like(aux)
     shown = aux & ~background
-    parts = [F.cross_entropy(logits[m].float(), batch.targets[m]) for m in (shown, background) if m.any()]
+    parts = [term(flags) for flags in (shown, background) if flags.any()]
     if hard_negatives and background.any():
-        each = F.cross_entropy(logits[background].float(), batch.targets[background], reduction="none")
-        parts[-1] = each.topk(max(1, math.ceil(hard_negatives * each.numel()))).values.mean()
+        parts[-1] = term(background, "none").topk(max(1, math.ceil(hard_negatives * background.sum()))).values.mean()
     auxiliary = parts[0] if len(parts) == 1 else parts[0] + 0.25 * parts[1]
-    return answer + aux_weight * auxiliary, answer.item(), auxiliary.item()
+    return answer + aux_weight * auxiliary, answer.detach(), auxiliary.detach()
 
 
 def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int = 8, lr: float = 3e-3,
@@ -938,7 +1006,7 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     decay = [p for n, p in trainable if p.dim() >= 2]
     other = [p for n, p in trainable if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": other, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.98))
+                                  lr=lr, betas=(0.9, 0.98), fused=device.type == "cuda")  # one kernel a step
     warmup = max(1, min(200, steps // 20))
 
     def rate(step: int) -> float:
@@ -954,9 +1022,12 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             for i in range(0, len(held_samples), HELD_CHUNK)]
     history: list[dict] = []
     snapshots: list[tuple[Path, int, int, float]] = []  # directory, step, history records then, seconds
-    running = np.zeros(2)
-    attend_running = avoid_running = 0.0
-    distill_running = np.zeros(2)
+    # Running means of the loss terms, kept on the device (read on log steps only: ``loss_of``'s note), exponential
+    # with 0.98 from the first value on.
+    running = attend_running = avoid_running = distill_running = None
+
+    def ema(mean: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+        return value if mean is None else 0.98 * mean + 0.02 * value
     marks = avoid_weight > 0 or distill  # the lures' tokens, drawn only for a round that reads them
     drawn = (sharded(qa_batches_sharded, steps, seed, steps, batch_size, aux_weight > 0, curriculum, drawable, size,
                      positions, marks, workers=workers)
@@ -981,16 +1052,14 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
                                                     look_layers=distill_layers)
                 attention_term, answers_term = distill_terms(looked or {}, taught, logits, teacher_logits, batch)
                 loss = loss + distill_weight * attention_term + distill_logits * answers_term
-                current_distill = np.array([attention_term.item(), answers_term.item()])
-                distill_running = current_distill if step == 0 else 0.98 * distill_running + 0.02 * current_distill
+                distill_running = ema(distill_running, torch.stack([attention_term, answers_term]).detach())
             if steered:
                 loss = loss + attend_weight * steered[0]
-                attend_running = steered[0].item() if step == 0 else 0.98 * attend_running + 0.02 * steered[0].item()
+                attend_running = ema(attend_running, steered[0].detach())
             if avoided:  # a batch without lures on screen adds nothing
                 avoid_term = torch.stack(avoided).mean()
                 loss = loss + avoid_weight * avoid_term
-                avoid_running = (avoid_term.item() if not avoid_running
-                                 else 0.98 * avoid_running + 0.02 * avoid_term.item())
+                avoid_running = ema(avoid_running, avoid_term.detach())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(decay + other, 1.0)
@@ -998,21 +1067,20 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
                 optimizer.step()
                 scheduler.step()
                 applied = step + 1
-            current = np.array([answer_loss, aux_loss])
-            running = current if step == 0 else 0.98 * running + 0.02 * current
+            running = ema(running, torch.stack([answer_loss, aux_loss]))
             if (step + 1) % log_every == 0 or step == steps - 1:
-                record = {"step": step + 1, "loss": round(float(running[0]), 4),
-                          "aux_loss": round(float(running[1]), 4),
+                answer_running, aux_running = running.tolist()  # the step's one wait for the GPU, on log steps only
+                record = {"step": step + 1, "loss": round(answer_running, 4), "aux_loss": round(aux_running, 4),
                           "seconds": round(time.perf_counter() - started, 1),
                           "stage": stage_at(progress, np.random.default_rng(0), curriculum).name,
                           "load_average": round(os.getloadavg()[0], 2)}
                 if attend_weight:
-                    record["attend_loss"] = round(float(attend_running), 4)
+                    record["attend_loss"] = round(float(attend_running if attend_running is not None else 0.0), 4)
                 if avoid_weight:
-                    record["avoid_loss"] = round(float(avoid_running), 4)
+                    record["avoid_loss"] = round(float(avoid_running if avoid_running is not None else 0.0), 4)
                 if distill:
-                    record["distill_attention"] = round(float(distill_running[0]), 4)
-                    record["distill_answers"] = round(float(distill_running[1]), 4)
+                    both = distill_running.tolist() if distill_running is not None else [0.0, 0.0]
+                    record["distill_attention"], record["distill_answers"] = round(both[0], 4), round(both[1], 4)
                 record["heldout"] = evaluate(model, held)
                 history.append(record)
                 log(json.dumps(record))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 32, the next device call — prepared 2026-12-04 after lease_l, NOT yet run. ~5 minutes.
+# Issue 32 — prepared 2026-12-04 after lease_l, run the same day (150 s; results in tools/gpu/README.md).
 #   1. gpu tests of the touched modules: model.vision_mlp_width (the 3B's ViT MLP padded 3,420 -> 3,424 in bf16),
 #      the vision and pair graphs that capture the padded tower
 #   2. the 3B stream (graph + fused, 300 pairs) with the ViT MLPs as loaded and padded: lease_l's vit_mlp_3b.py

@@ -9,6 +9,12 @@ curriculum progress asked, and profiles a few steps: wall ms a step, device ms a
 step, the batch's host-to-device copy, and the top kernels. If device time is far under wall time, a larger batch
 (lease_toy's ``BATCH``) buys streams at almost no cost; if the syncs are many, they are the next thing to remove.
 JSON to ``--json``. ``--small`` runs a tiny toy on the CPU (a check of this script, not a figure).
+
+First run on an H200 (2026-12-04, lease_toy.sh): batch 8 wall 82.0 ms a step against 11.6 ms of device time; batch
+32 117.5 / 28.2 ms early in the curriculum and 100.5 / 53.0 ms late; 25-49 device syncs a step, 3-11 ms of copies
+from pageable memory, the products in fp32 FFMA kernels. Since then the step reads no device value on the host
+(tests/test_toy_step_sync.py), the batch is pinned and its copy queued, AdamW is fused and the products TF32
+(``--products tf32,fp32`` times both); the copy is timed apart from the steps.
 """
 
 from __future__ import annotations
@@ -28,13 +34,15 @@ def main() -> None:
     parser.add_argument("--progress", default="0.3,0.9", help="curriculum progress of the drawn batches (its stages)")
     parser.add_argument("--curriculum", default="world-scratch")
     parser.add_argument("--steps", type=int, default=2, help="batches drawn; stepped once to warm up, then profiled")
+    parser.add_argument("--products", default="tf32,fp32",
+                        help="the matrix products on the GPU: tf32 (train-toy's default since 2026-12-04), fp32")
     parser.add_argument("--json", default="toy-step-profile.json")
     args = parser.parse_args()
 
     from torch.profiler import ProfilerActivity, profile
 
     from edgekv.toy.model import init_model, toy_config
-    from edgekv.toy.train import Encoder, forward_logits, loss_of, qa_batch
+    from edgekv.toy.train import Encoder, forward_logits, loss_of, qa_batch, tf32_products
     from edgekv.video.world import available_families
 
     cuda = not args.small
@@ -46,13 +54,17 @@ def main() -> None:
               "families": list(families), "rows": []}
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    for batch_size in (int(b) for b in args.batches.split(",")):
-        for progress in (float(p) for p in args.progress.split(",")):
+    rows = [(products, int(b), float(p)) for products in args.products.split(",") for b in args.batches.split(",")
+            for p in args.progress.split(",")]
+    if {products for products, _, _ in rows} - {"tf32", "fp32"}:
+        parser.error(f"--products: tf32 and/or fp32, got {args.products!r}")
+    for products, batch_size, progress in rows:
+        with tf32_products(device, products == "tf32"):
             torch.manual_seed(0)
             model = init_model(toy_config(**sizes), 0).to(device).train()
             model.visual.requires_grad_(False)  # the first round's question steps: the warmed tower frozen
             params = [p for p in model.parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(params, lr=1e-3)
+            optimizer = torch.optim.AdamW(params, lr=1e-3, fused=cuda)  # as train-toy on a GPU
             encoder = Encoder(aux=True, seed=0, size=112, aux_where=True)
             steps = 1000
             rng = np.random.default_rng(int(progress * 1000) + batch_size)
@@ -60,11 +72,8 @@ def main() -> None:
                      for _ in range(args.steps)]
             copy_ms: list[float] = []
 
-            def step(batch) -> None:
-                started = time.perf_counter()
+            def step(batch) -> None:  # as train-toy's loop: the copy queued, no wait for the GPU in the step
                 batch = batch.to(device)
-                sync()
-                copy_ms.append((time.perf_counter() - started) * 1e3)
                 logits = forward_logits(model, batch)
                 loss = loss_of(logits, batch, 0.5, encoder.no, 0.0)[0]
                 optimizer.zero_grad(set_to_none=True)
@@ -75,7 +84,11 @@ def main() -> None:
             for batch in drawn:  # warm-up: the allocator, cuBLAS's handles, the layouts
                 step(batch)
             sync()
-            copy_ms.clear()
+            for batch in drawn:  # the batch's copy alone, waited for (in a step it overlaps the step before)
+                started = time.perf_counter()
+                batch.to(device)
+                sync()
+                copy_ms.append((time.perf_counter() - started) * 1e3)
             started = time.perf_counter()
             with profile(activities=activities) as prof:
                 for batch in drawn:
@@ -97,14 +110,14 @@ def main() -> None:
                     aten += event.count
             kernels.sort(key=lambda k: -k["us_per_step"])
             first = drawn[0]
-            row = {"batch": batch_size, "progress": progress, "samples": int(first.ids.shape[0]),
+            row = {"products": products, "batch": batch_size, "progress": progress, "samples": int(first.ids.shape[0]),
                    "tokens": int(first.ids.shape[1]), "pixel_rows": int(first.pixel_values.shape[0]),
                    "wall_ms_per_step": wall_ms, "device_ms_per_step": device_us / 1e3 / args.steps,
                    "kernel_launches_per_step": launches / args.steps, "syncs_per_step": syncs / args.steps,
                    "aten_ops_per_step": aten / args.steps, "copy_ms_per_step": sum(copy_ms) / len(copy_ms),
                    "top": kernels[:12]}
             result["rows"].append(row)
-            print(f"batch {batch_size:3d} progress {progress:.1f}: {row['samples']} samples x {row['tokens']} tokens"
+            print(f"{products} batch {batch_size:3d} progress {progress:.1f}: {row['samples']} samples x {row['tokens']} tokens"
                   f" ({row['pixel_rows']} patch rows): wall {wall_ms:7.1f} ms a step, device "
                   f"{row['device_ms_per_step']:6.1f} ms, {row['kernel_launches_per_step']:5.0f} launches, "
                   f"{row['syncs_per_step']:3.0f} syncs, {row['aten_ops_per_step']:5.0f} aten ops, copy "
