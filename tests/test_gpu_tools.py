@@ -77,6 +77,32 @@ def test_toy_budget_sizes_the_run_to_the_time_left(tmp_path):
     assert run.returncode == 2 and "no timed warm-up" in run.stderr
 
 
+def test_toy_budget_picks_the_batch_with_the_most_streams_a_second(tmp_path):
+    """``toy_budget.py --pick-batch`` (lease_toy.sh's BATCH=auto): from a step profile, the batch whose TF32 step
+    trains on the most samples a second (samples a step over wall ms, not the batch asked: long stages take fewer);
+    a missing or empty profile gives the fallback."""
+    import json
+
+    def pick(*args: str) -> str:
+        run = subprocess.run([sys.executable, str(TOOLS / "toy_budget.py"), *args], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    profile = tmp_path / "toy-step.json"
+    rows = [{"products": "tf32", "batch": 32, "samples": 8, "wall_ms_per_step": 60.0},     # 0.133 a ms
+            {"products": "tf32", "batch": 64, "samples": 16, "wall_ms_per_step": 100.0},   # 0.160
+            {"products": "tf32", "batch": 128, "samples": 32, "wall_ms_per_step": 210.0},  # 0.152
+            {"products": "fp32", "batch": 128, "samples": 32, "wall_ms_per_step": 150.0}]  # not the products trained
+    profile.write_text(json.dumps({"rows": rows}))
+    assert pick("--pick-batch", str(profile)) == "64"
+    profile.write_text(json.dumps({"rows": []}))
+    assert pick("--pick-batch", str(profile), "--fallback", "16") == "16"
+    assert pick("--pick-batch", str(tmp_path / "missing.json")) == "32"
+    run = subprocess.run([sys.executable, str(TOOLS / "toy_budget.py")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--pick-batch" in run.stderr
+
+
 def test_int4_variants_check_themselves_in_the_interpreter(tmp_path):
     """The 4-bit GEMV variants the next device call times (``--only magic``: bits or'ed into 2^23 instead of an
     int -> float conversion, the zero point out of the K sum) give the product the shipped kernel gives, at toy

@@ -350,6 +350,10 @@ class Daemon:
         if self.alerts.restored:
             self.say(f"standing questions added through the API, restored from {store.path}: "
                      + "; ".join(f"{state.id} {printable(state.rule.question)}" for state in self.alerts.restored))
+        resumed = [state for state in self.alerts.list() if state.verdict]
+        if resumed:  # restored from alerts.json with the memory: what they saw is not alerted again
+            self.say("standing questions resumed at 'yes' (no alert until they fall back to 'no'): "
+                     + "; ".join(f"{state.id} {printable(state.name)}" for state in resumed))
         if self.alerts.dropped:
             self.say(f"{len(self.alerts.dropped)} standing question(s) of {store.path} left out: over "
                      f"alerts.max_rules ({section.max_rules}) with the config's ({', '.join(self.alerts.dropped)})")

@@ -16,12 +16,18 @@ question attended most, when it is still among the last ``alerts.keyframe_pairs`
 frame, said so). A rule that fired stays quiet for ``cooldown_s``. The verdict starts at "no": a rule added
 while the condition already holds fires at its first evaluation.
 
+With ``state.dir`` (the memory kept over restarts) each rule's verdict and the wall time it last fired are kept
+beside the API's rules (``RuleStore``, written at each edge): the memory comes back after a restart, and with a
+"no" verdict every rule whose event it holds would fire again — after every watchdog restart, an alert about what
+was already alerted. A restored rule goes on from its verdict, and its cool-down from the wall time it fired.
+
 Events go to every output through ``AlertBus.publish``, which only puts them in each output's bounded queue.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -96,7 +102,17 @@ class RuleState:
     last_pair: int | None = None
     last_eval: float | None = None    # monotonic
     last_fired: float | None = None   # monotonic
+    last_fired_wall: float | None = None  # time.time(): what a restart carries the cool-down by (RuleStore)
     eval_ms_total: float = 0.0
+
+    @property
+    def key(self) -> str:
+        """What the rule's saved verdict is found by after a restart: the API's rules by their id; the config's by
+        what they ask (their ids follow the API's rules restored before them, so they can change)."""
+        if self.source == "api":
+            return self.id
+        text = json.dumps(dataclasses.asdict(self.rule), sort_keys=True)
+        return "config:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def name(self) -> str:
@@ -196,8 +212,8 @@ class AlertEngine:
 
     def __init__(self, rules: list[AlertRuleSection], bus: AlertBus, keyframes: KeyframeRing,
                  camera: str | None = None, clock=time.monotonic, max_rules: int = MAX_RULES,
-                 store: "RuleStore | None" = None, check=None) -> None:
-        self.bus, self.keyframes, self.camera, self.clock = bus, keyframes, camera, clock
+                 store: "RuleStore | None" = None, check=None, wall=time.time) -> None:
+        self.bus, self.keyframes, self.camera, self.clock, self.wall = bus, keyframes, camera, clock, wall
         self.check = check  # check(rule): ValueError when the question cannot be evaluated (too long for the cache)
         self.max_rules = max_rules  # alerts.max_rules: each is evaluated over the cache, and held, while it stands
         self.rules: dict[str, RuleState] = {}
@@ -222,9 +238,24 @@ class AlertEngine:
         self._ids = itertools.count(max(numbers, default=0) + 1)  # an id is not given again to another rule
         for rule in rules:
             self.add(rule, source="config")
+        self._resume(store.verdicts if store is not None else {})
         self.store = store
         if self.dropped:
             self._save()
+
+    def _resume(self, saved: dict[str, dict]) -> None:
+        """Each rule's verdict and cool-down as the last run left them (``RuleState.key``; module docstring)."""
+        now_wall, now = self.wall(), self.clock()
+        for state in self.list():
+            entry = saved.get(state.key)
+            if not entry:
+                continue
+            state.verdict = bool(entry.get("verdict", False))
+            fired = entry.get("last_fired")
+            if isinstance(fired, (int, float)):
+                # a wall clock set back since makes it "just fired": the cool-down is at most one cool-down long
+                state.last_fired_wall = float(fired)
+                state.last_fired = now - min(max(now_wall - float(fired), 0.0), state.rule.cooldown_s + 1.0)
 
     def add(self, rule: AlertRuleSection, source: str = "api", rule_id: str | None = None) -> RuleState:
         """``rule`` as a standing question of this stream. With a ``camera`` (one of ``video.sources``) the rule
@@ -266,8 +297,10 @@ class AlertEngine:
         try:
             with self._save_lock:  # one writer at a time (one temporary file), each writing the rules as they are
                 with self._lock:
-                    states = [state for state in self.rules.values() if state.source == "api"]
-                self.store.save(states)
+                    every = list(self.rules.values())
+                self.store.save([state for state in every if state.source == "api"],
+                                {state.key: {"verdict": state.verdict, "last_fired": state.last_fired_wall}
+                                 for state in every if state.verdict or state.last_fired_wall is not None})
         except OSError as exc:
             self.save_errors += 1
             log.warning("alerts: could not save the standing questions to %s (%s); they stand until the daemon "
@@ -312,12 +345,17 @@ class AlertEngine:
         rising = not state.verdict and verdict.p_yes > threshold
         if state.verdict and verdict.p_yes < threshold - HYSTERESIS:
             state.verdict = False
+            self._save()  # an edge: what a restart goes on from
         elif rising:
             state.verdict = True
-        if not rising or (state.last_fired is not None and now - state.last_fired < state.rule.cooldown_s):
+        if not rising:
             return None
-        state.last_fired = now
+        if state.last_fired is not None and now - state.last_fired < state.rule.cooldown_s:
+            self._save()
+            return None
+        state.last_fired, state.last_fired_wall = now, self.wall()
         state.fired += 1
+        self._save()
         (evidence,) = verdict.top_pairs(1) or (None,)
         jpeg, note = self.keyframes.jpeg(evidence)
         event = AlertEvent(uuid.uuid4().hex[:16], state.id, state.name, state.rule.question,
@@ -355,6 +393,9 @@ class RuleStore:
     def __init__(self, folder: str | Path, keys=None) -> None:
         self.path = Path(folder) / self.NAME
         self.keys = keys if keys is not None and keys.enabled else None  # edgekv.privacy.KeyRing
+        # Each rule's verdict and last alert as ``load`` found them (``RuleState.key`` -> {"verdict", "last_fired"}):
+        # an optional key of the same format, which an edgekv before it leaves alone.
+        self.verdicts: dict[str, dict] = {}
 
     def load(self) -> list[tuple[str, AlertRuleSection]]:
         from edgekv.privacy import BLOB_MAGIC, Sealer, SealError, open_blob
@@ -381,6 +422,12 @@ class RuleStore:
                 rule = AlertRuleSection(**item["rule"])
                 rule.validate(f"{self.path}: rule {item['id']}")
                 out.append((str(item["id"]), rule))
+            verdicts = doc.get("verdicts", {})
+            if isinstance(verdicts, dict) and all(isinstance(v, dict) for v in verdicts.values()):
+                self.verdicts = verdicts
+            else:  # the rules read: they stand; the verdicts start at "no", as they did before they were kept
+                log.warning("alerts: %s: its verdicts do not read (not an object of objects); the rules start at "
+                            "'no'", self.path)
             return out
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return self._set_aside(exc)
@@ -392,10 +439,13 @@ class RuleStore:
                     self.path, why, aside.name)
         return []
 
-    def save(self, states: list[RuleState]) -> None:
+    def save(self, states: list[RuleState], verdicts: dict[str, dict] | None = None) -> None:
+        """The API's rules (``states``) and every rule's verdict (``verdicts``, by ``RuleState.key``)."""
         from edgekv.privacy import seal_blob
 
         doc = {"format": self.FORMAT, "rules": [{"id": s.id, "rule": dataclasses.asdict(s.rule)} for s in states]}
+        if verdicts:
+            doc["verdicts"] = verdicts
         data = json.dumps(doc, indent=1).encode()
         if self.keys is not None:
             data = seal_blob(self.keys, data)
@@ -432,5 +482,5 @@ class RuleStore:
         rules = self.load()
         if not self.path.exists():  # it did not read: set aside, nothing to seal
             return False
-        self.save([RuleState(rule, id=rule_id, source="api") for rule_id, rule in rules])
+        self.save([RuleState(rule, id=rule_id, source="api") for rule_id, rule in rules], self.verdicts)
         return True

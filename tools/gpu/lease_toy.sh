@@ -45,10 +45,13 @@ WORKERS=${WORKERS:-12}
 # (docs/measurements.md, issue 27's lured section: the lures win through those few pairs, and pairs grown into a
 # trained toy were never taken up on the CPU: "the head room has to be there from the first step"). WIDTH=128 is the earlier plan (head_dim 32).
 SIZES="--vision-width ${VISION_WIDTH:-128} --vision-depth ${VISION_DEPTH:-6} --width ${WIDTH:-256} --layers ${LAYERS:-4}"
-# BATCH: streams a step (train-toy's default 8). 2026-12-04's run took ~10 question steps a second at 8 with the
-# 12 drawing workers' cores half idle (load 5-13 of 16): the step itself (a small model, launch-bound) was the
-# bound, so a larger batch may train on several times the streams a second; the calibration times whatever is set.
-BATCH=${BATCH:-8}
+# BATCH: streams a step (train-toy's default 8; long-context stages take a quarter). 2026-12-04's first run took
+# ~10 question steps a second at 8 with the 12 drawing workers' cores half idle: the step itself was the bound; the
+# second run's profile (BATCH=32) found the host bounding it (batch 8: wall 82 ms, device 11.6). BATCH=auto (the
+# default): the profile times the step at each of AUTO_BATCHES late in the curriculum, and the batch that trains on
+# the most streams a second with TF32 products is taken (32 when the profile is skipped or says nothing).
+BATCH=${BATCH:-auto}
+AUTO_BATCHES=${AUTO_BATCHES:-32,64,128}
 # INIT: a toy checkpoint folder to go on from (carried, e.g. a last session's toy-frozen/ unpacked under .assets/):
 # round 1 continues it, with no vision warm-up, instead of starting from random weights. One session's device time
 # trains ~2,000 question steps a round; chaining sessions this way adds them up (the dev VM keeps /work/runs).
@@ -60,22 +63,29 @@ fi
 # DEVICE=cpu (with tiny SIZES, EDGEKV_SETUP=0 and the venv first on PATH) runs the whole script on the dev VM: a
 # check of the script itself: its budget, packing and interrupts (tools/gpu/README.md has the command).
 DEVICE=${DEVICE:-cuda}
-RUN="--device $DEVICE --workers $WORKERS --batch-size $BATCH --heldout-streams 0"
-COMMON="--curriculum world-scratch $RUN --seed ${SEED:-31} $SIZES"
 gpu_info
 python3 -c "from edgekv.video.world import available_families as a; print('background families here:', ', '.join(a()))"
 python3 -c "import cv2" 2>/dev/null || echo "no cv2 here: the video families (vtest, tree) are not drawn"
 stamp "the train-toy gpu test"
 timeout -s INT 90 python3 -m pytest -q -rfEs -p no:cacheprovider -n 0 -m gpu tests/test_toy.py 2>&1 | tail -3
-# Where a step's time goes (tools/gpu/toy_step_profile.py, first run here; PROFILE=0 skips it, ~40-60 s): wall
-# against device ms a step at batch 8 and 32, launches, syncs; its lines open calibration.log (8 files come back).
+# Where a step's time goes (tools/gpu/toy_step_profile.py; PROFILE=0 skips it, ~60 s): wall against device ms a step
+# at each of AUTO_BATCHES late in the curriculum, TF32 and fp32 products, launches, syncs; its lines open
+# calibration.log (8 files come back).
 : > "$OUT/calibration.log"
+rm -f /tmp/toy-step.json
 if [ "${PROFILE:-1}" = 1 ]; then
-  stamp "toy step profile: batch 8 and 32, early and late curriculum"
-  SMALL=(); [ "$DEVICE" = cpu ] && SMALL=(--small --batches 2 --progress 0.3 --steps 1)  # the dry run
-  timeout -s INT ${PROFILE_S:-90} python3 tools/gpu/toy_step_profile.py "${SMALL[@]}" --json /tmp/toy-step.json \
+  stamp "toy step profile: batches $AUTO_BATCHES, late curriculum, TF32 and fp32 products"
+  ROWS=(--batches "$AUTO_BATCHES" --progress 0.9)
+  [ "$DEVICE" = cpu ] && ROWS=(--small --batches "$AUTO_BATCHES" --progress 0.3 --steps 1)  # the dry run
+  timeout -s INT "${PROFILE_S:-120}" python3 tools/gpu/toy_step_profile.py "${ROWS[@]}" --json /tmp/toy-step.json \
     2>&1 | grep -v -E "Warning|USDT" | tee -a "$OUT/calibration.log"
 fi
+if [ "$BATCH" = auto ]; then
+  BATCH=$(python3 tools/gpu/toy_budget.py --pick-batch /tmp/toy-step.json --fallback 32)
+  echo "BATCH=auto: $BATCH streams a step" | tee -a "$OUT/calibration.log"
+fi
+RUN="--device $DEVICE --workers $WORKERS --batch-size $BATCH --heldout-streams 0"
+COMMON="--curriculum world-scratch $RUN --seed ${SEED:-31} $SIZES"
 stamp "calibration: 40 warm-up + 40 question steps (timed between log lines 20 and 40)"
 timeout -s INT ${CALIB_S:-120} edgekv train-toy /tmp/calib $COMMON "${INIT_ARGS[@]}" --vision-steps 40 --steps 40 --log-every 20 \
   >> "$OUT/calibration.log" 2>&1

@@ -37,14 +37,41 @@ def budget(card: dict, seconds: float, vision_share: float, overhead_s: float = 
             max(minimum[1], int((1 - vision_share) * usable / question_s)))
 
 
+def pick_batch(profile: dict, products: str = "tf32") -> int | None:
+    """The batch size whose step trains on the most streams a second in a step profile
+    (tools/gpu/toy_step_profile.py's JSON: samples a step over wall ms a step, rows with ``products``), or None
+    when it has no such row."""
+    rows = [row for row in profile.get("rows", []) if row.get("products", products) == products
+            and row.get("wall_ms_per_step", 0) > 0 and row.get("samples", 0) > 0]
+    if not rows:
+        return None
+    return int(max(rows, key=lambda row: (row["samples"] / row["wall_ms_per_step"], -row["batch"]))["batch"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("card", help="card.json of the calibration run")
-    parser.add_argument("--seconds", type=float, required=True, help="wall time the run may take")
+    parser.add_argument("card", nargs="?", help="card.json of the calibration run")
+    parser.add_argument("--seconds", type=float, help="wall time the run may take")
+    parser.add_argument("--pick-batch", metavar="PROFILE_JSON",
+                        help="instead: print the batch size with the most streams a second in this step profile "
+                             "(toy_step_profile.py's JSON; lease_toy.sh's BATCH=auto)")
+    parser.add_argument("--fallback", type=int, default=32,
+                        help="with --pick-batch: the batch printed when the profile is missing or has no rows")
     parser.add_argument("--vision-share", type=float, default=0.3, help="share of it for the vision warm-up")
     parser.add_argument("--overhead", type=float, default=30.0,
                         help="seconds to leave for the run's start-up (twice: warm-up and question workers) and saving")
     args = parser.parse_args(argv)
+    if args.pick_batch is not None:
+        try:
+            with open(args.pick_batch) as handle:
+                picked = pick_batch(json.load(handle))
+        except (OSError, ValueError) as exc:
+            print(f"toy_budget: {args.pick_batch}: {exc}; batch {args.fallback}", file=sys.stderr)
+            picked = None
+        print(picked if picked is not None else args.fallback)
+        return 0
+    if args.card is None or args.seconds is None:
+        parser.error("a calibration card and --seconds (or --pick-batch PROFILE_JSON)")
     try:
         with open(args.card) as handle:
             steps = budget(json.load(handle), args.seconds, args.vision_share, args.overhead)
