@@ -18,8 +18,16 @@ O(P + N) per head:
 Trade-off: pass 2 recomputes Q·Kᵀ (about half of pass 1's FLOPs, no P·V) instead of writing the
 probabilities out — O(N) extra memory instead of O(Hq·P·N). Looping over queries per key block rather
 than scattering with atomics keeps the mass deterministic and write-once; its parallelism is
-N/BLOCK_N x Hkv programs (192 at the 3B shape), enough for a Jetson-sized GPU. D need not be a power
+N/BLOCK_N x Hkv programs (192 over a whole 6,144-slot cache), enough for a Jetson-sized GPU. D need not be a power
 of two: tiles are padded to the next power of two (at least 16, tl.dot's minimum) and masked.
+
+Occupancy on a large GPU: StateKV's prefill gathers the visible slots first (edgekv/attention.py), so at the
+3B shape N is ~1,300 (1,024 sinks and a 256-token pair): pass 2 is then 21 x 2 = 42 programs and pass 1 4 x 16 = 64
+on an H200's 132 multiprocessors, and the pair's profile (2026-12-04) put them first and third among its kernels:
+1.26 and 0.90 ms of a 14.2 ms pair over 36 layers (35 and 25 us a call, ~5 and ~14 TFLOP/s). Two knobs, kept at
+what ran there until they are timed (tools/gpu/attention_mass_3b.py): ``MASS_SPLIT`` shares a KV head's G query
+heads among that many programs, each writing its part of the mass, summed after in a fixed order (deterministic);
+``FORWARD_BLOCK_M`` is pass 1's query block (32 doubles its programs).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ import torch
 from edgekv.kernels._triton import cdiv, interpreting, jit, next_power_of_2, tl, use_triton
 
 _LOG2E = 1.4426950408889634
+MASS_SPLIT = 1        # programs sharing a KV head's query heads in pass 2 (a divisor of G; module docstring)
+FORWARD_BLOCK_M = 64  # pass 1's query block on a GPU (the interpreter takes 32)
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -130,12 +140,14 @@ def _attention_forward_kernel(
 def _key_mass_kernel(
     q_ptr, k_ptr, vis_ptr, lse_ptr, mass_ptr,
     start, num_new, dim, group, qk_scale,
-    s_qh, s_qp, s_qd, s_kh, s_kn, s_kd, s_vish, s_visn, s_mh, s_mn,
+    s_qh, s_qp, s_qd, s_kh, s_kn, s_kd, s_vish, s_visn, s_ms, s_mh, s_mn,
     HAS_VISIBLE: tl.constexpr, DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
 ):
-    # grid: (cdiv(N, BLOCK_N), Hkv). mass[g, n] = mean over the group's heads of sum_p exp2(s - lse).
-    block_n, head_kv = tl.program_id(0), tl.program_id(1)
+    # grid: (cdiv(N, BLOCK_N), Hkv, G / HEADS_PER_PROGRAM). mass[g, n] = mean over the group's heads of
+    # sum_p exp2(s - lse); program (.., .., split) sums heads [split * HEADS_PER_PROGRAM, +HEADS_PER_PROGRAM) into
+    # its own row of mass (s_ms apart; 0 when there is one split).
+    block_n, head_kv, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     end = start + num_new
     offs_n = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -154,8 +166,8 @@ def _key_mass_kernel(
     # chunk key n is seen by queries p >= n - start: skip query blocks that end before the first one
     first_query = tl.maximum(block_n * BLOCK_N - start, 0)
     m_lo = (first_query // BLOCK_M) * BLOCK_M
-    for g in range(0, group):
-        head = head_kv * group + g
+    for gi in range(0, HEADS_PER_PROGRAM):
+        head = head_kv * group + split * HEADS_PER_PROGRAM + gi
         for m0 in range(m_lo, num_new, BLOCK_M):
             offs_m = m0 + tl.arange(0, BLOCK_M)
             m_ok = offs_m < num_new
@@ -169,7 +181,8 @@ def _key_mass_kernel(
             allowed = tl.where(committed[None, :], seen[None, :], causal) & n_ok[None, :] & m_ok[:, None]
             p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)  # invisible keys: exactly 0
             mass += tl.sum(p, 0)
-    tl.store(mass_ptr + head_kv.to(tl.int64) * s_mh + offs_n * s_mn, mass / group, mask=n_ok)
+    tl.store(mass_ptr + split.to(tl.int64) * s_ms + head_kv.to(tl.int64) * s_mh + offs_n * s_mn, mass / group,
+             mask=n_ok)
 
 
 # ---------------------------------------------------------------------------------------------- launcher
@@ -187,9 +200,11 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, visibl
 
 def attention_mass_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, start: int, visible: torch.Tensor | None = None,
-    mass_out: torch.Tensor | None = None,
+    mass_out: torch.Tensor | None = None, mass_split: int | None = None, forward_block_m: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both passes. Same contract as ``attention_mass``; ``mass_out`` [Hkv, >= N] fp32 is written in place."""
+    """Both passes. Same contract as ``attention_mass``; ``mass_out`` [Hkv, >= N] fp32 is written in place.
+    ``mass_split`` and ``forward_block_m`` override ``MASS_SPLIT`` and ``FORWARD_BLOCK_M`` (a split that does not
+    divide G falls back to 1)."""
     _check(q, k, v, start, visible)
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"q, k, v must share a dtype for tl.dot, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -209,21 +224,33 @@ def attention_mass_triton(
     interpreted = interpreting()
     block_d = max(16, next_power_of_2(dim))
     block_m = 32 if interpreted else 64
+    forward_m = forward_block_m or (32 if interpreted else FORWARD_BLOCK_M)
+    if forward_m not in (16, 32, 64, 128):
+        raise ValueError(f"forward_block_m must be 16, 32, 64 or 128, got {forward_m}")
+    split = mass_split or MASS_SPLIT
+    if split < 1 or group % split:
+        split = 1
     block_n = 32 if interpreted or (q.dtype == torch.float32 and block_d > 64) else 64
     common = dict(
         HAS_VISIBLE=visible is not None, DOT_IN_FP32=interpreted,  # Triton 3.9's interpreter gets bf16 tl.dot wrong
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 or interpreted else "tf32",  # fp32 never drops to tf32
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_N=block_n, BLOCK_D=block_d,
     )
     qk_scale = _LOG2E / math.sqrt(dim)
-    _attention_forward_kernel[(cdiv(num_new, block_m), heads_q)](
+    _attention_forward_kernel[(cdiv(num_new, forward_m), heads_q)](
         q, k, v, vis, out, lse, start, num_new, dim, group, qk_scale,
-        *q.stride(), *k.stride(), *v.stride(), *s_vis, *out.stride(), num_warps=4, **common,
+        *q.stride(), *k.stride(), *v.stride(), *s_vis, *out.stride(), num_warps=4, BLOCK_M=forward_m, **common,
     )
-    _key_mass_kernel[(cdiv(end, block_n), heads_kv)](
-        q, k, vis, lse, mass, start, num_new, dim, group, qk_scale,
-        *q.stride(), *k.stride(), *s_vis, *mass.stride(), num_warps=4, **common,
+    # one split writes the mass itself; several write their rows of a partial, summed in split order below
+    parts = mass if split == 1 else torch.empty(split, heads_kv, end, dtype=torch.float32, device=q.device)
+    s_parts = (0, *mass.stride()) if split == 1 else parts.stride()
+    _key_mass_kernel[(cdiv(end, block_n), heads_kv, split)](
+        q, k, vis, lse, parts, start, num_new, dim, group, qk_scale,
+        *q.stride(), *k.stride(), *s_vis, *s_parts, num_warps=4, BLOCK_M=block_m,
+        HEADS_PER_PROGRAM=group // split, **common,
     )
+    if split > 1:
+        mass.copy_(parts.sum(0))
     return out, mass
 
 

@@ -127,6 +127,24 @@ def test_int4_variants_check_themselves_in_the_interpreter(tmp_path):
             assert row["max_abs_diff"] <= 1.01 * shipped[row["k"]] + 1e-6, row
 
 
+def test_attention_mass_variants_check_themselves_in_the_interpreter(tmp_path):
+    """The StateKV prefill's attention + mass with its occupancy knobs (tools/gpu/attention_mass_3b.py, the next
+    device call): every variant's out and mass within float error of the fp64 reference in the interpreter."""
+    import json
+    import os
+
+    pytest.importorskip("triton")
+    out = tmp_path / "mass.json"
+    run = subprocess.run([sys.executable, str(TOOLS / "attention_mass_3b.py"), "--small", "--replays", "1",
+                          "--splits", "1,8", "--json", str(out)], capture_output=True, text=True, cwd=TOOLS,
+                         timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r.get("forward_block_m"), r.get("mass_split")) for r in rows] == [
+        (None, None), (16, 1), (16, 8), (32, 1), (32, 8)]
+    assert all("error" not in row and row["max_diff_out"] < 1e-5 and row["max_diff_mass"] < 1e-5 for row in rows), rows
+
+
 def test_toy_step_profile_checks_itself_on_the_cpu(tmp_path):
     """The toy training step's profile (lease_toy.sh, issue 27): a tiny toy's steps run and are counted."""
     import json

@@ -145,6 +145,29 @@ def test_attention_mass_masks(num_new, start, dim, capacity, visible_share):
 
 
 @needs_triton
+@pytest.mark.parametrize("split", [2, 4, 8, 3])
+def test_attention_mass_split_over_query_heads_and_smaller_query_blocks(split):
+    """``mass_split`` shares a KV head's 8 query heads among programs (each writes its part, summed after in a
+    fixed order) and ``forward_block_m`` shrinks pass 1's query block (issue 32: at the 3B shape both passes ran
+    42-64 programs on 132 multiprocessors): the same attention and mass as one program a KV head; a split that
+    does not divide G (3) runs as one; a block that is not a tile size is refused by name."""
+    q, k, v, visible = attention_inputs(16, 2, 19, 37, 24, 70, torch.float32, 0.6, seed=4)
+    out, mass = attention_mass_triton(q, k, v, start=37, visible=visible)
+    for forward_block_m in (16, 32):
+        got_out, got_mass = attention_mass_triton(q, k, v, start=37, visible=visible, mass_split=split,
+                                                  forward_block_m=forward_block_m)
+        torch.testing.assert_close(got_out, out, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got_mass, mass, rtol=1e-5, atol=1e-6)
+        assert (got_mass[:, :37][~visible] == 0).all()
+    mass_out = torch.full((2, 80), -1.0, device=DEVICE)
+    _, written = attention_mass_triton(q, k, v, start=37, visible=visible, mass_out=mass_out, mass_split=split)
+    assert written.data_ptr() == mass_out.data_ptr() and (mass_out[:, 56:] == -1.0).all()
+    torch.testing.assert_close(mass_out[:, :56], mass, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="forward_block_m must be 16, 32, 64 or 128, got 48"):
+        attention_mass_triton(q, k, v, start=37, visible=visible, forward_block_m=48)
+
+
+@needs_triton
 def test_attention_mass_writes_mass_out_in_place():
     q, k, v, visible = attention_inputs(8, 2, 11, 20, 32, 40, torch.float32, 0.5, seed=2)
     mass_out = torch.full((2, 40), -1.0, device=DEVICE)
@@ -573,6 +596,9 @@ def launches_of_every_kernel() -> None:
         q = torch.zeros(heads_q, 256, 128, dtype=dtype)
         k = torch.zeros(2, 6144, 128, dtype=dtype)
         attention_mass_triton(q, k, k, start=1000, visible=torch.ones(2, 1000, dtype=torch.bool) if visible else None)
+        if heads_q == 16:  # the tuning knobs tools/gpu/attention_mass_3b.py times (pass 2 split, pass 1 blocks of 32)
+            attention_mass_triton(q, k, k, start=1000, visible=torch.ones(2, 1000, dtype=torch.bool), mass_split=4,
+                                  forward_block_m=32)
     meta = toy_slots(2, 2, (4, 4), pairs=3, recent_pairs=1)
     n = meta["kind"].shape[2]
     k = torch.zeros(2, 2, n, 128, dtype=torch.bfloat16)
@@ -625,7 +651,7 @@ def test_kernels_compile_for_jetson_orin(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(tar_module, "precise_trig", lambda: True)  # what a CUDA launch uses
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     launches_of_every_kernel()
-    assert len(launches) == 25
+    assert len(launches) == 27  # 25 + the attention-mass passes with their tuning knobs set
     for fn, args, kwargs in launches:
         bound = {**dict(zip(fn.arg_names, args)), **{key: v for key, v in kwargs.items() if key in fn.arg_names}}
         signature, constants = {}, {}
@@ -653,6 +679,20 @@ LAYERS, HEADS_Q, HEADS_KV, HEAD_DIM, GRID_3B, PAIR = 36, 16, 2, 128, (16, 16), 2
 def test_gpu_attention_mass_3b(dtype, start):
     q, k, v, visible = attention_inputs(HEADS_Q, HEADS_KV, PAIR, start, HEAD_DIM, 6144, dtype, 0.7, seed=16)
     check_attention(q, k, v, start, visible)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("split,block_m", [(2, 64), (4, 32), (8, 16)])
+def test_gpu_attention_mass_knobs_3b(split, block_m):
+    """The occupancy knobs at the gathered StateKV shape (1,044 visible keys and a pair): the attention and mass
+    of the shipped launch, within the reference's error."""
+    q, k, v, _ = attention_inputs(HEADS_Q, HEADS_KV, PAIR, 1044, HEAD_DIM, 1044 + PAIR, torch.bfloat16, None, seed=22)
+    out, mass = attention_mass_triton(q, k, v, start=1044)
+    got_out, got_mass = attention_mass_triton(q, k, v, start=1044, mass_split=split, forward_block_m=block_m)
+    ref_out, ref_mass = attention_mass_reference(q, k, v, start=1044, compute_dtype=torch.float64)
+    assert_within_2x(got_out, out, ref_out, f"out, split {split}, block_m {block_m}")
+    assert_within_2x(got_mass, mass, ref_mass, f"mass, split {split}, block_m {block_m}")
 
 
 @pytest.mark.gpu

@@ -24,6 +24,10 @@ def main() -> None:
     parser.add_argument("--prefill-route", default=None, help="model.prefill_route (auto, eager, fused)")
     parser.add_argument("--pair-route", default=None, help="model.pair_route (auto, eager, graph)")
     parser.add_argument("--vision-mlp-width", default=None, help="model.vision_mlp_width (auto, as_loaded, padded)")
+    parser.add_argument("--mass-split", type=int, default=None,
+                        help="kernels/attention_mass.py MASS_SPLIT for this run (attention_mass_3b.py's knob)")
+    parser.add_argument("--forward-block-m", type=int, default=None,
+                        help="kernels/attention_mass.py FORWARD_BLOCK_M for this run")
     parser.add_argument("--pairs", type=int, default=4, help="profiled pairs")
     parser.add_argument("--warm", type=int, default=40, help="pairs ingested before (past the first compression)")
     parser.add_argument("--json", default="profile-pair.json")
@@ -31,6 +35,12 @@ def main() -> None:
 
     import edgekv
     from edgekv.apps.bench.decode_gpu import kernel_kind
+    from edgekv.kernels import attention_mass as mass_module
+
+    if args.mass_split is not None:  # read at each call: set before the session captures its graphs
+        mass_module.MASS_SPLIT = args.mass_split
+    if args.forward_block_m is not None:
+        mass_module.FORWARD_BLOCK_M = args.forward_block_m
     from edgekv.video.sources import looped_frames
 
     cuda = not args.small
@@ -91,6 +101,7 @@ def main() -> None:
     device_ms = sum(kinds.values()) / 1e3
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "kv_dtype": args.kv_dtype or "model",
               "prefill_route": runtime.prefill_route, "pair_route": runtime.pair_route,
+              "mass_split": mass_module.MASS_SPLIT, "forward_block_m": mass_module.FORWARD_BLOCK_M,
               "pairs": args.pairs, "wall_ms_per_pair": wall_ms, "device_ms_per_pair": device_ms,
               "kernels_per_pair": sum(k["calls_per_pair"] for k in kernels), "by_kind_us_per_pair": kinds,
               "top": kernels[:25], "stats": {k: v for k, v in session.stats().items() if "ms" in k}}
