@@ -109,7 +109,7 @@ def _state(config, keys, dry_run: bool, say) -> int:
             current += not changed
         verb = "would be re-sealed" if dry_run else "re-sealed"
         say(f"state.dir {keeper.dir}: {done} snapshot(s) {verb}, {current} already under the current key")
-        return left + _rules(keeper.dir, keys, dry_run, say)
+        return left + _rules(keeper.dir, keys, dry_run, say) + _alert_events(keeper.dir, keys, dry_run, say)
     finally:
         keeper.release()
         if not dry_run:
@@ -132,6 +132,25 @@ def _rules(folder: Path, keys, dry_run: bool, say) -> int:
         return 1
     state = ("would be re-sealed" if dry_run else "re-sealed") if changed else "already under the current key"
     say(f"{store.path} (the API's standing questions): {state}")
+    return 0
+
+
+def _alert_events(folder: Path, keys, dry_run: bool, say) -> int:
+    """The last alerts (``state.dir/alert-events``, apps/outputs/alert_log.py); returns 1 when left as they were."""
+    from edgekv.apps.daemon.startup import one_line
+    from edgekv.apps.outputs.alert_log import EventLog
+    from edgekv.privacy import SealError
+
+    events = EventLog(folder, keys)
+    if not events.files():
+        return 0
+    try:
+        count = len(events.needs_reseal()) if dry_run else events.reseal()
+    except SealError as exc:
+        say(f"left as it is: {one_line(exc)}")
+        return 1
+    say(f"{events.dir} (the last alerts): {count} {'would be re-sealed' if dry_run else 're-sealed'}, "
+        f"{len(events.files()) - count} already under the current key")
     return 0
 
 

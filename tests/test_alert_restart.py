@@ -1,5 +1,5 @@
 """Standing questions across a restart: the memory comes back, and an alert about what it holds is not raised
-again (apps/outputs/alerts.py, "With ``state.dir``").
+again (apps/outputs/alerts.py, "With ``state.dir``"); the alerts raised before are listed again (alert_log.py).
 
 Before, every rule restarted at "no": with the memory restored from ``state.dir``, a rule whose event the memory
 still held rose at its first evaluation and alerted again — after every watchdog restart, power cycle or update,
@@ -166,13 +166,18 @@ def test_the_daemon_restarted_on_its_memory_does_not_alert_again(tmp_path):
             daemon = Daemon(config, DaemonOptions(no_stdin=True, quiet=True, exit_at_end=True), out=log)
             daemon.run()  # to the stream's end: its memory saved on the way out
         (rule,) = daemon.alerts.list()
-        return rule
+        return rule, daemon
 
-    first = run(event_stream, "first.txt")
+    first, daemon = run(event_stream, "first.txt")
     assert first.fired == 1 and first.verdict
-    again = run(empty_stream, "second.txt")
+    (raised,) = daemon.alert_bus.recent
+    again, daemon = run(empty_stream, "second.txt")
+    # the alert itself is listed again, its keyframe with it (state.dir/alert-events)
+    (kept,) = daemon.alert_bus.recent
+    assert kept.id == raised.id and kept.keyframe_jpeg == raised.keyframe_jpeg and kept.keyframe_jpeg[:2] == b"\xff\xd8"
     said = (tmp_path / "second.txt").read_text()
     assert "resumed 1 min of memory" in said  # the memory came back, and the rule's verdict with it (said)
     assert "standing questions resumed at 'yes'" in said and "purple" in said
+    assert "1 alert(s) of earlier runs kept" in said
     assert again.evaluations >= 4 and again.verdict and again.p_yes > again.rule.threshold  # it holds the triangle
     assert again.fired == 0

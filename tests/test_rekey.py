@@ -210,6 +210,11 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
 
     AlertEngine([], AlertBus(), KeyframeRing(0), store=RuleStore(state, KeyRing(_key(1)))).add(
         AlertRuleSection(question="Is the safe open?"))  # the API's standing questions, sealed with the old key
+    from edgekv.apps.outputs.alert_log import EventLog
+    from edgekv.apps.outputs.alerts import AlertEvent
+
+    EventLog(state, KeyRing(_key(1))).save(AlertEvent("e1", "alert-1", "safe", "Is the safe open?", None, 0.9, 3.0,
+                                                      1, 0.5, 1_700_000_000.0, b"\xff\xd8jpeg"))  # the last alerts
     config = tmp_path / "deploy.yaml"
     config.write_text(yaml.safe_dump({
         "model": {"path": str(tiny_checkpoint)}, "state": {"dir": str(state)},
@@ -243,6 +248,9 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     assert "1 snapshot(s) re-sealed, 0 already" in out and "previous_key_files can be emptied" in out
     assert "alerts.json (the API's standing questions): re-sealed" in out
     assert [rule.question for _, rule in RuleStore(state, KeyRing(_key(2))).load()] == ["Is the safe open?"]
+    assert "alert-events (the last alerts): 1 re-sealed, 0 already under the current key" in out
+    (event,) = EventLog(state, KeyRing(_key(2))).load()
+    assert event.id == "e1" and event.keyframe_jpeg == b"\xff\xd8jpeg"
     assert main(["rekey", "--config", str(config)]) == 0  # the new key alone now opens everything
     out = capsys.readouterr().out
     assert "0 snapshot(s) re-sealed, 1 already" in out and "0 segment(s) re-sealed" in out

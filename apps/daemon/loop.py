@@ -341,8 +341,13 @@ class Daemon:
         from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing, RuleStore
         from edgekv.apps.outputs.webhooks import WebhookSender
 
+        from edgekv.apps.outputs.alert_log import EventLog
+
         section = self.config.alerts
-        self.alert_bus = AlertBus()
+        # the last alerts, kept with the memory: listed and their keyframes served again after a restart
+        self.alert_bus = AlertBus(EventLog(self.state.dir, self.runtime.keys) if self.state.enabled else None)
+        if self.alert_bus.recent:
+            self.say(f"{len(self.alert_bus.recent)} alert(s) of earlier runs kept (GET /v1/alerts/events)")
         store = RuleStore(self.state.dir, self.runtime.keys) if self.state.enabled else None  # the API's rules
         self.alerts = AlertEngine(section.rules, self.alert_bus, KeyframeRing(section.keyframe_pairs),
                                   camera=self.camera,  # video.sources: this camera's name on its rules and alerts

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edgekv.apps.outputs.alert_log import EventLog
 from edgekv.config import AlertRuleSection, AlertsSection
 from edgekv.session import WindowEmpty
 
@@ -168,10 +169,14 @@ class KeyframeRing:
 class AlertBus:
     """Fan-out of events to the outputs, and the last ``EVENTS_KEPT`` events (for the API)."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: "EventLog | None" = None) -> None:
         self.sinks: list[AlertSink] = []
         self.recent: deque[AlertEvent] = deque(maxlen=EVENTS_KEPT)
         self._lock = threading.Lock()
+        # state.dir/alert-events (apps/outputs/alert_log.py): the last alerts, read back at a start
+        self.log = log
+        if log is not None:
+            self.recent.extend(log.load())
 
     def add(self, sink: AlertSink) -> None:
         with self._lock:
@@ -186,6 +191,8 @@ class AlertBus:
         with self._lock:
             self.recent.append(event)
             sinks = list(self.sinks)
+        if self.log is not None:  # never raises: a failing disk costs the file, not the alert
+            self.log.save(event)
         for sink in sinks:
             try:
                 sink.offer(event)
@@ -197,10 +204,12 @@ class AlertBus:
         with self._lock:
             kept = [e for e in self.recent if not (e.stream_t is not None and t_from <= e.stream_t <= t_to)
                     and not (e.evidence_t is not None and t_from <= e.evidence_t <= t_to)]
-            dropped = len(self.recent) - len(kept)
+            gone = [e.id for e in self.recent if e not in kept]
             self.recent.clear()
             self.recent.extend(kept)
-        return dropped
+        if self.log is not None and gone:
+            self.log.forget(gone)
+        return len(gone)
 
     def event(self, event_id: str) -> AlertEvent | None:
         with self._lock:

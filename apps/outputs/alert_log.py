@@ -1,0 +1,151 @@
+"""The last alerts, kept under ``state.dir`` so that they outlive a restart as the memory does.
+
+``GET /v1/alerts/events`` lists the last ``EVENTS_KEPT`` alerts and ``.../{id}/keyframe.jpg`` serves their
+keyframes — the link an SSE client or a phone notification holds. Kept in memory only, both were gone after every
+restart (a watchdog restart, a power cycle, an update) while the memory they were raised about came back. With
+``state.dir`` each alert is written as it is raised to ``state.dir/alert-events/``, one small file an alert (its
+JSON and keyframe; sealed with the ``privacy:`` key when one is set: an alert says what the device saw), the
+oldest removed past ``EVENTS_KEPT``; a start reads them back. What ``POST /v1/forget`` drops goes from the folder
+too. A file that does not read is set aside (``.bad``) and said; one sealed with a key this deployment lacks stops
+the start, as a snapshot does. A failing disk costs the file, never the alert (logged and counted).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("edgekv.alerts")
+FOLDER = "alert-events"
+SUFFIX = ".evt"
+FORMAT = 1
+
+
+class EventLog:
+    """``state.dir/alert-events/``: one file an alert, named by the time it was raised, at most ``keep``."""
+
+    def __init__(self, folder: str | Path, keys=None, keep: int = 64) -> None:
+        self.dir = Path(folder) / FOLDER
+        self.keys = keys if keys is not None and keys.enabled else None  # edgekv.privacy.KeyRing
+        self.keep = keep
+        self.write_errors = 0
+        self.set_aside = 0
+
+    def _path(self, event) -> Path:
+        return self.dir / f"{int(event.raised_unix * 1000):015d}-{event.id}{SUFFIX}"
+
+    def files(self) -> list[Path]:
+        """The kept alerts' files, oldest first."""
+        return sorted(self.dir.glob(f"*{SUFFIX}")) if self.dir.is_dir() else []
+
+    def save(self, event) -> None:
+        """Write ``event`` (temporary file, fsync, rename) and remove the oldest past ``keep``; a failing disk is
+        logged and counted, never raised: the alert has gone out already."""
+        from edgekv.privacy import seal_blob
+
+        doc = {"format": FORMAT, **{f.name: getattr(event, f.name) for f in dataclasses.fields(event)
+                                    if f.name != "keyframe_jpeg"}}
+        if event.keyframe_jpeg is not None:
+            doc["keyframe_jpeg_base64"] = base64.b64encode(event.keyframe_jpeg).decode()
+        data = json.dumps(doc).encode()
+        if self.keys is not None:
+            data = seal_blob(self.keys, data)
+        path = self._path(event)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            for old in self.files()[:-self.keep]:
+                old.unlink(missing_ok=True)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            self.write_errors += 1
+            log.warning("alerts: could not keep alert %s under %s (%s); it went out, and a restart will not list "
+                        "it", event.id, self.dir, exc)
+
+    def load(self) -> list:
+        """The kept alerts, oldest first (``AlertEvent``s). ``SealError`` for a file sealed with a key this
+        deployment lacks; a damaged one is set aside."""
+        from edgekv.apps.outputs.alerts import AlertEvent
+        from edgekv.privacy import BLOB_MAGIC, Sealer, SealError, open_blob
+
+        events = []
+        names = {f.name for f in dataclasses.fields(AlertEvent)}
+        for path in self.files()[-self.keep:]:
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                self._aside(path, exc)
+                continue
+            sealed = data.startswith(BLOB_MAGIC)
+            header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
+            if sealed and len(header) == Sealer.HEADER.size and (
+                    self.keys is None or Sealer.HEADER.unpack(header)[0] not in self.keys.keys):
+                open_blob(self.keys, data, str(path))  # a key this deployment lacks: SealError naming the file
+            try:
+                doc = json.loads(open_blob(self.keys, data, str(path)) if sealed else data)
+                if doc.pop("format", None) != FORMAT:
+                    raise ValueError(f"format, this edgekv reads {FORMAT}")
+                jpeg = doc.pop("keyframe_jpeg_base64", None)
+                event = AlertEvent(**{k: v for k, v in doc.items() if k in names},
+                                   keyframe_jpeg=base64.b64decode(jpeg) if jpeg is not None else None)
+                if not isinstance(event.id, str) or not isinstance(event.raised_unix, (int, float)):
+                    raise ValueError("id / raised_unix")
+            except (SealError, ValueError, TypeError, KeyError, AttributeError) as exc:  # cut short, damaged
+                self._aside(path, exc)
+                continue
+            events.append(event)
+        return events
+
+    def _aside(self, path: Path, why: BaseException) -> None:
+        self.set_aside += 1
+        try:
+            os.replace(path, path.with_name(path.name + ".bad"))
+        except OSError:
+            pass
+        log.warning("alerts: %s does not read (%s); set aside as %s.bad", path, why, path.name)
+
+    def forget(self, event_ids) -> int:
+        """Remove the files of these alerts (``POST /v1/forget``); returns how many."""
+        ids = set(event_ids)
+        removed = 0
+        for path in self.files():
+            if path.name[:-len(SUFFIX)].partition("-")[2] in ids:
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    def needs_reseal(self) -> list[Path]:
+        """The kept alerts not sealed with the current key (``edgekv rekey``)."""
+        from edgekv.privacy import BLOB_MAGIC, Sealer
+
+        if self.keys is None:
+            raise ValueError("alerts: no current key to seal with")
+        out = []
+        for path in self.files():
+            data = path.read_bytes()
+            header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
+            if (not data.startswith(BLOB_MAGIC) or len(header) != Sealer.HEADER.size
+                    or Sealer.HEADER.unpack(header)[0] != self.keys.current.id):
+                out.append(path)
+        return out
+
+    def reseal(self) -> int:
+        """Rewrite every kept alert sealed with the current key; returns how many were rewritten."""
+        stale = {path.name for path in self.needs_reseal()}
+        if not stale:
+            return 0
+        done = 0
+        for event in self.load():
+            if self._path(event).name in stale:
+                self.save(event)
+                done += 1
+        return done

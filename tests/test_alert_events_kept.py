@@ -1,0 +1,110 @@
+"""The last alerts outlive a restart (apps/outputs/alert_log.py): ``GET /v1/alerts/events`` and the keyframe links
+an SSE client or a notification holds were empty after every restart while the memory came back."""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import json
+
+import pytest
+
+from edgekv.apps.outputs.alert_log import EventLog
+from edgekv.apps.outputs.alerts import AlertBus, AlertEvent
+
+JPEG = b"\xff\xd8\xff\xe0 a keyframe \xff\xd9"
+
+
+def event(i: int, stream_t: float = 10.0, keyframe: bytes | None = JPEG) -> AlertEvent:
+    return AlertEvent(f"{i:016x}", "alert-1", "purple", "Was there a purple triangle?", "front", 0.9,
+                      stream_t + i, 60 + i, stream_t + i - 0.5, 1_800_000_000.0 + i, keyframe, f"frame pair {60 + i}")
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.got: list[AlertEvent] = []
+
+    def offer(self, e: AlertEvent) -> None:
+        self.got.append(e)
+
+
+def test_alerts_are_listed_and_their_keyframes_served_again_after_a_restart(tmp_path):
+    bus = AlertBus(EventLog(tmp_path))
+    for i in range(3):
+        bus.publish(event(i, keyframe=None if i == 1 else JPEG))
+    again = AlertBus(EventLog(tmp_path))  # a restart
+    assert [e.to_json("base64") for e in again.recent] == [e.to_json("base64") for e in bus.recent]
+    assert again.event(event(2).id).keyframe_jpeg == JPEG and again.event(event(1).id).keyframe_jpeg is None
+    assert len(list((tmp_path / "alert-events").iterdir())) == 3
+
+
+def test_only_the_last_alerts_are_kept_on_disk(tmp_path):
+    bus = AlertBus(EventLog(tmp_path, keep=2))
+    for i in range(5):
+        bus.publish(event(i))
+    assert [e.id for e in EventLog(tmp_path, keep=2).load()] == [event(3).id, event(4).id]
+    assert len(list((tmp_path / "alert-events").iterdir())) == 2
+
+
+def test_forgetting_a_window_removes_its_alerts_from_disk(tmp_path):
+    bus = AlertBus(EventLog(tmp_path))
+    for i in range(4):
+        bus.publish(event(i, stream_t=10.0 * (i + 1)))  # raised at t 10, 21, 32, 43
+    assert bus.forget(20.0, 33.0) == 2
+    assert [e.stream_t for e in AlertBus(EventLog(tmp_path)).recent] == [10.0, 43.0]
+
+
+def test_kept_alerts_are_sealed_and_a_missing_key_stops_the_start(tmp_path):
+    pytest.importorskip("cryptography")
+    from edgekv.privacy import Key, KeyRing, SealError
+
+    old, new = Key(b"\x01" * 32, "old"), Key(b"\x02" * 32, "new")
+    AlertBus(EventLog(tmp_path, KeyRing(old))).publish(event(0))
+    (path,) = (tmp_path / "alert-events").iterdir()
+    data = path.read_bytes()
+    assert data.startswith(b"EDGEKV-SEALBLOB") and b"purple" not in data and b"a keyframe" not in data
+    with pytest.raises(SealError, match="sealed with key"):
+        AlertBus(EventLog(tmp_path, KeyRing(new)))
+    with pytest.raises(SealError, match="has no key"):
+        AlertBus(EventLog(tmp_path))
+    assert path.read_bytes() == data  # left as it is
+    rotated = EventLog(tmp_path, KeyRing(new, [old]))
+    assert [p.name for p in rotated.needs_reseal()] == [path.name] and rotated.reseal() == 1
+    assert rotated.reseal() == 0  # edgekv rekey, a second time: nothing left to do
+    (kept,) = AlertBus(EventLog(tmp_path, KeyRing(new))).recent
+    assert kept.id == event(0).id and kept.keyframe_jpeg == JPEG
+
+
+def test_a_damaged_file_is_set_aside_and_the_others_read(tmp_path, caplog):
+    bus = AlertBus(EventLog(tmp_path))
+    for i in range(3):
+        bus.publish(event(i))
+    first, second, _ = sorted((tmp_path / "alert-events").iterdir())
+    first.write_bytes(first.read_bytes()[:20])  # cut short
+    second.write_text(json.dumps({"format": 1, "id": 7}))  # a field missing, the id not a string
+    log = EventLog(tmp_path)
+    assert [e.id for e in AlertBus(log).recent] == [event(2).id] and log.set_aside == 2
+    assert sorted(p.name for p in (tmp_path / "alert-events").glob("*.bad")) == sorted(
+        [first.name + ".bad", second.name + ".bad"])
+    assert "does not read" in caplog.text
+
+
+def test_a_full_disk_costs_the_file_never_the_alert(tmp_path, monkeypatch, caplog):
+    sink, log = Sink(), EventLog(tmp_path)
+    bus = AlertBus(log)
+    bus.add(sink)
+    real_open = builtins.open
+
+    def full(path, mode="r", *args, **kwargs):
+        if "alert-events" in str(path) and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full)
+    bus.publish(event(0))
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert [e.id for e in sink.got] == [event(0).id] and bus.event(event(0).id) is not None  # it went out
+    assert log.write_errors == 1 and "No space left" in caplog.text
+    assert not [p for p in (tmp_path / "alert-events").iterdir()]  # no temporary file left behind
+    bus.publish(event(1))  # the disk has room again
+    assert [e.id for e in EventLog(tmp_path).load()] == [event(1).id]
