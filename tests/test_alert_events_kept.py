@@ -108,3 +108,30 @@ def test_a_full_disk_costs_the_file_never_the_alert(tmp_path, monkeypatch, caplo
     assert not [p for p in (tmp_path / "alert-events").iterdir()]  # no temporary file left behind
     bus.publish(event(1))  # the disk has room again
     assert [e.id for e in EventLog(tmp_path).load()] == [event(1).id]
+
+
+def test_a_forget_while_an_alert_is_being_written_leaves_no_file(tmp_path):
+    """The alert is in the list before its file is written: a forget in between found no file to remove, and the
+    file written after it brought the forgotten alert back at the next start. The write now happens under the
+    list's lock, so the forget waits for it. Here the write waits (2 s at most) for the forget to be done: with
+    the forget waiting on the write instead, the bound passes and the forget then removes the file."""
+    import threading
+
+    forgotten = threading.Event()
+
+    class SlowLog(EventLog):
+        def save(self, e):
+            forgotten.wait(2.0)
+            super().save(e)
+
+    bus = AlertBus(SlowLog(tmp_path))
+    writer = threading.Thread(target=bus.publish, args=(event(0, stream_t=30.0),))
+    writer.start()
+    while bus.event(event(0, stream_t=30.0).id) is None and writer.is_alive():  # the alert is listed
+        writer.join(0.01)
+    forget = threading.Thread(target=lambda: (bus.forget(0.0, 100.0), forgotten.set()))
+    forget.start()
+    writer.join(30)
+    forget.join(30)
+    assert not writer.is_alive() and not forget.is_alive()
+    assert list(bus.recent) == [] and EventLog(tmp_path).load() == []

@@ -191,8 +191,8 @@ class AlertBus:
         with self._lock:
             self.recent.append(event)
             sinks = list(self.sinks)
-        if self.log is not None:  # never raises: a failing disk costs the file, not the alert
-            self.log.save(event)
+            if self.log is not None:  # never raises: a failing disk costs the file, not the alert. Under the lock:
+                self.log.save(event)  # a forget between the append and the file would leave the file behind
         for sink in sinks:
             try:
                 sink.offer(event)
@@ -207,8 +207,8 @@ class AlertBus:
             gone = [e.id for e in self.recent if e not in kept]
             self.recent.clear()
             self.recent.extend(kept)
-        if self.log is not None and gone:
-            self.log.forget(gone)
+            if self.log is not None and gone:
+                self.log.forget(gone)
         return len(gone)
 
     def event(self, event_id: str) -> AlertEvent | None:
