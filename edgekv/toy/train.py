@@ -79,7 +79,8 @@ class Batch:
     branch_rows: torch.Tensor | None = None  # [B, S] bool
     # The batch as drawn, on the host (set by ``to``): what the step decides from (which targets are auxiliary, which
     # answer words to read) is read here, never from the device copy, so that a step queues its kernels without
-    # waiting for the GPU (``host_rows``; issue 27: the GPU step's syncs, docs/measurements.md).
+    # waiting for the GPU (``host_rows``; issue 27: the GPU step's profile, docs/measurements.md "A toy trained on
+    # the GPU").
     host: "Batch | None" = None
 
     def to(self, device: torch.device | str) -> "Batch":
