@@ -135,3 +135,28 @@ def test_a_forget_while_an_alert_is_being_written_leaves_no_file(tmp_path):
     forget.join(30)
     assert not writer.is_alive() and not forget.is_alive()
     assert list(bus.recent) == [] and EventLog(tmp_path).load() == []
+
+
+def test_the_daemon_refuses_to_start_on_kept_alerts_it_cannot_open(tmp_path, capsys):
+    """As for a snapshot sealed with a key this deployment lacks: the start stops, naming the file, which is left."""
+    pytest.importorskip("cryptography")
+    pytest.importorskip("fastapi")
+    import io
+
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+    from edgekv.config import EdgeKVConfig
+    from edgekv.privacy import Key, KeyRing
+
+    EventLog(tmp_path, KeyRing(Key(b"\x01" * 32, "old"))).save(event(0))
+    (path,) = (tmp_path / "alert-events").iterdir()
+    sealed = path.read_bytes()
+    config = EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:events?size=112x112&fps=2&frames=4&seed=9&rate=0", "fps": 2.0,
+               "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64}, server={"port": 0},
+        monitor={"backend": "cpu"}, state={"dir": str(tmp_path)})
+    out = io.StringIO()
+    assert Daemon(config, DaemonOptions(no_stdin=True, quiet=True, exit_at_end=True), out=out).run() == 2
+    assert f"cannot start: {path}: sealed (encrypted) and this deployment has no key" in capsys.readouterr().err
+    assert path.read_bytes() == sealed
