@@ -82,3 +82,26 @@ def test_the_vision_warm_up_step_reads_nothing_from_the_device():
     loss = probe_loss(*probes, tokens, shape, color)
     loss.backward()
     assert loss.device.type == "meta" and probes[0].weight.grad is not None
+
+
+def test_tf32_products_on_a_gpu_only_and_only_for_the_block(capsys):
+    """``train-toy --device cuda`` trains with TF32 products (the profile found fp32 FFMA kernels, the tensor cores
+    idle) unless ``--fp32-products``; the flags are torch's process-wide ones, restored after."""
+    from edgekv.apps.cli import main
+    from edgekv.toy.train import tf32_products
+
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # noqa: E731
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with tf32_products("cuda"):
+            assert flags() == (True, True)
+        assert flags() == (False, False)
+        for device, enabled in (("cuda", False), ("cpu", True)):
+            with tf32_products(device, enabled):
+                assert flags() == (False, False)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True  # torch's default
+    capsys.readouterr()
+    assert main(["train-toy", "/tmp/never-written", "--fp32-products", "--hard-negatives", "2"]) == 2
+    said = capsys.readouterr()
+    assert "hard-negatives" in said.out + said.err and "unrecognized" not in said.err  # the flag parsed
