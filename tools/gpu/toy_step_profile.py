@@ -58,6 +58,7 @@ def main() -> None:
             for p in args.progress.split(",")]
     if {products for products, _, _ in rows} - {"tf32", "fp32"}:
         parser.error(f"--products: tf32 and/or fp32, got {args.products!r}")
+    draws: dict[tuple[int, float], list] = {}
     for products, batch_size, progress in rows:
         with tf32_products(device, products == "tf32"):
             torch.manual_seed(0)
@@ -67,9 +68,11 @@ def main() -> None:
             optimizer = torch.optim.AdamW(params, lr=1e-3, fused=cuda)  # as train-toy on a GPU
             encoder = Encoder(aux=True, seed=0, size=112, aux_where=True)
             steps = 1000
-            rng = np.random.default_rng(int(progress * 1000) + batch_size)
-            drawn = [qa_batch(rng, int(progress * steps), steps, batch_size, encoder, args.curriculum, families)
-                     for _ in range(args.steps)]
+            if (batch_size, progress) not in draws:  # drawn once, stepped with each kind of products
+                rng = np.random.default_rng(int(progress * 1000) + batch_size)
+                draws[batch_size, progress] = [qa_batch(rng, int(progress * steps), steps, batch_size, encoder,
+                                                        args.curriculum, families) for _ in range(args.steps)]
+            drawn = draws[batch_size, progress]
             copy_ms: list[float] = []
 
             def step(batch) -> None:  # as train-toy's loop: the copy queued, no wait for the GPU in the step
