@@ -42,7 +42,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edgekv.apps.outputs.alert_log import EventLog
 from edgekv.config import AlertRuleSection, AlertsSection
 from edgekv.session import WindowEmpty
 
@@ -169,7 +168,7 @@ class KeyframeRing:
 class AlertBus:
     """Fan-out of events to the outputs, and the last ``EVENTS_KEPT`` events (for the API)."""
 
-    def __init__(self, log: "EventLog | None" = None) -> None:
+    def __init__(self, log=None) -> None:  # log: an EventLog (apps/outputs/alert_log.py; it imports this module)
         self.sinks: list[AlertSink] = []
         self.recent: deque[AlertEvent] = deque(maxlen=EVENTS_KEPT)
         self._lock = threading.Lock()
