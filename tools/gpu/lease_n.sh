@@ -35,6 +35,6 @@ for knobs in "${KNOBS[@]}"; do
   stamp "profile_pair.py: graph + fused, ViT MLP padded, mass split $split, forward block $block"
   timeout -s INT "${PROFILE_S:-50}" python3 tools/gpu/profile_pair.py --model "$CKPT" --pair-route graph \
     --prefill-route fused --vision-mlp-width padded --mass-split "$split" --forward-block-m "$block" \
-    --json "$OUT/profile-pair-split$split-block$block.json" 2>&1 | grep -v -E "Warning|USDT" | head -8
+    --json "$OUT/profile-pair-split$split-block$block.json" 2>&1 | grep -v -E "Warning|USDT|_warn_once"
 done
 stamp "done"
