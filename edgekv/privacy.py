@@ -173,6 +173,23 @@ def seal_blob(keys: KeyRing, plain: bytes) -> bytes:
     return BLOB_MAGIC + sealer.header + sealer.seal(0, plain)
 
 
+def blob_key_id(data: bytes) -> str | None:
+    """The id of the key a ``seal_blob`` file was sealed with; None when the file is not sealed or is cut short
+    before its header ends."""
+    header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
+    if not data.startswith(BLOB_MAGIC) or len(header) != Sealer.HEADER.size:
+        return None
+    return Sealer.HEADER.unpack(header)[0]
+
+
+def refuse_unknown_blob_key(keys: KeyRing | None, data: bytes, what: str) -> None:
+    """``SealError`` naming ``what`` when ``data`` is sealed whole with a key ``keys`` lacks (a deployment without
+    its key: the start stops, the file is left); nothing otherwise — a damaged file is its reader's to set aside."""
+    key_id = blob_key_id(data)
+    if key_id is not None and (keys is None or key_id not in keys.keys):
+        open_blob(keys, data, what)  # raises, naming the file and the key
+
+
 def open_blob(keys: KeyRing | None, data: bytes, what: str) -> bytes:
     """The plaintext of a ``seal_blob`` file; ``SealError`` naming ``what`` when no key of ``keys`` opens it."""
     if not data.startswith(BLOB_MAGIC):

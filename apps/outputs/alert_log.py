@@ -75,7 +75,7 @@ class EventLog:
         """The kept alerts, oldest first (``AlertEvent``s). ``SealError`` for a file sealed with a key this
         deployment lacks; a damaged one is set aside."""
         from edgekv.apps.outputs.alerts import AlertEvent
-        from edgekv.privacy import BLOB_MAGIC, Sealer, SealError, open_blob
+        from edgekv.privacy import BLOB_MAGIC, SealError, open_blob, refuse_unknown_blob_key
 
         events = []
         names = {f.name for f in dataclasses.fields(AlertEvent)}
@@ -86,10 +86,7 @@ class EventLog:
                 self._aside(path, exc)
                 continue
             sealed = data.startswith(BLOB_MAGIC)
-            header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
-            if sealed and len(header) == Sealer.HEADER.size and (
-                    self.keys is None or Sealer.HEADER.unpack(header)[0] not in self.keys.keys):
-                open_blob(self.keys, data, str(path))  # a key this deployment lacks: SealError naming the file
+            refuse_unknown_blob_key(self.keys, data, str(path))  # a key this deployment lacks: stop the start
             try:
                 doc = json.loads(open_blob(self.keys, data, str(path)) if sealed else data)
                 if doc.pop("format", None) != FORMAT:
@@ -125,18 +122,11 @@ class EventLog:
 
     def needs_reseal(self) -> list[Path]:
         """The kept alerts not sealed with the current key (``edgekv rekey``)."""
-        from edgekv.privacy import BLOB_MAGIC, Sealer
+        from edgekv.privacy import blob_key_id
 
         if self.keys is None:
             raise ValueError("alerts: no current key to seal with")
-        out = []
-        for path in self.files():
-            data = path.read_bytes()
-            header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
-            if (not data.startswith(BLOB_MAGIC) or len(header) != Sealer.HEADER.size
-                    or Sealer.HEADER.unpack(header)[0] != self.keys.current.id):
-                out.append(path)
-        return out
+        return [path for path in self.files() if blob_key_id(path.read_bytes()) != self.keys.current.id]
 
     def reseal(self) -> int:
         """Rewrite every kept alert sealed with the current key; returns how many were rewritten."""

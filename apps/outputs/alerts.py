@@ -406,17 +406,14 @@ class RuleStore:
         self.verdicts: dict[str, dict] = {}
 
     def load(self) -> list[tuple[str, AlertRuleSection]]:
-        from edgekv.privacy import BLOB_MAGIC, Sealer, SealError, open_blob
+        from edgekv.privacy import BLOB_MAGIC, SealError, open_blob, refuse_unknown_blob_key
 
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return []
         if data.startswith(BLOB_MAGIC):
-            header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
-            whole = len(header) == Sealer.HEADER.size
-            if whole and (self.keys is None or Sealer.HEADER.unpack(header)[0] not in self.keys.keys):
-                open_blob(self.keys, data, str(self.path))  # a key this deployment lacks: SealError naming the file
+            refuse_unknown_blob_key(self.keys, data, str(self.path))  # a key this deployment lacks: stop the start
             try:
                 data = open_blob(self.keys, data, str(self.path))
             except SealError as exc:  # cut short, or it does not authenticate: damaged
@@ -471,7 +468,7 @@ class RuleStore:
 
     def needs_reseal(self) -> bool:
         """The file is there and not sealed with the current key (in the clear, or under another key)."""
-        from edgekv.privacy import BLOB_MAGIC, Sealer
+        from edgekv.privacy import blob_key_id
 
         if self.keys is None:
             raise ValueError("alerts: no current key to seal with")
@@ -479,9 +476,7 @@ class RuleStore:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return False
-        header = data[len(BLOB_MAGIC):len(BLOB_MAGIC) + Sealer.HEADER.size]
-        return (not data.startswith(BLOB_MAGIC) or len(header) != Sealer.HEADER.size
-                or Sealer.HEADER.unpack(header)[0] != self.keys.current.id)
+        return blob_key_id(data) != self.keys.current.id
 
     def reseal(self) -> bool:
         """Rewrite the file sealed with the current key (``edgekv rekey``); False when it already is, or absent."""
