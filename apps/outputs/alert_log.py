@@ -79,6 +79,9 @@ class EventLog:
 
         events = []
         names = {f.name for f in dataclasses.fields(AlertEvent)}
+        if self.dir.is_dir():  # a write a crash cut short: never renamed, never read, removed at the next start
+            for leftover in self.dir.glob(f".*{SUFFIX}.tmp-*"):
+                leftover.unlink(missing_ok=True)
         for path in self.files()[-self.keep:]:
             try:
                 data = path.read_bytes()
