@@ -13,6 +13,8 @@ import sys
 import urllib.error
 import urllib.request
 
+from edgekv.apps.wall_times import cli_bound
+
 
 def daemon_request(url: str, path: str, body: dict, token: str | None, timeout: float):
     """``POST url+path`` with ``body`` as JSON (``token`` as the bearer token when there is one); the open
@@ -102,9 +104,11 @@ def add_local_arguments(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--last", type=float, metavar="SECONDS", default=None,
                        help="read only the last so many seconds of the stream (the chat API's window.last_s; with "
                             "--fleet, of each device's stream)")
-    local.add_argument("--from", dest="t_from", type=float, metavar="T0", default=None,
-                       help="read only the stream from T0 to --to (stream seconds, as edgekv forget takes them)")
-    local.add_argument("--to", dest="t_to", type=float, metavar="T1", default=None, help="with --from")
+    local.add_argument("--from", dest="t_from", type=cli_bound, metavar="T0", default=None,
+                       help="read only the stream from T0 to --to: stream seconds (as edgekv forget takes them), or "
+                            "wall times: 10:03 (today, local time), 2026-12-04T10:03:00+01:00 (with --fleet: wall "
+                            "times, what each device saw then)")
+    local.add_argument("--to", dest="t_to", type=cli_bound, metavar="T1", default=None, help="with --from")
 
 
 def daemon_target(config_path: str | None, token_env: str | None = None) -> tuple[str, str | None]:
@@ -124,7 +128,7 @@ def question_window(last: float | None, t_from: float | None, t_to: float | None
     if last is not None and (t_from is not None or t_to is not None):
         raise ValueError("--last, or --from and --to, not both")
     if (t_from is None) != (t_to is None):
-        raise ValueError("--from and --to go together (stream seconds)")
+        raise ValueError("--from and --to go together (stream seconds or wall times)")
     if last is not None:
         return {"last_s": last}
     return {"from": t_from, "to": t_to} if t_from is not None else None

@@ -185,9 +185,7 @@ def _ask(args: argparse.Namespace) -> int:
 
         local_only = [option for option, given in (("--url", args.url is not None), ("--stream", args.stream),
                                                    ("--token-env", args.token_env is not None),
-                                                   ("--chat", args.chat),
-                                                   ("--from", args.t_from is not None),
-                                                   ("--to", args.t_to is not None)) if given]
+                                                   ("--chat", args.chat)) if given]
         if local_only:
             raise ValueError(f"{', '.join(local_only)}: only without --fleet (they ask the daemon on this machine "
                              f"over HTTP; --fleet asks every device over MQTT)")

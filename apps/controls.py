@@ -92,11 +92,13 @@ def resume_every(daemon) -> bool:
     return any(_each(daemon, lambda d: d.resume(), (OSError, ValueError)).values())
 
 
-def forget_every(daemon, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None) -> dict:
-    """``Daemon.forget`` on every camera (``last_s``: each camera's last seconds on its own stream clock). One
+def forget_every(daemon, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None,
+                 unix: tuple[float, float] | None = None) -> dict:
+    """``Daemon.forget`` on every camera (``last_s``: each camera's last seconds on its own stream clock; ``unix``:
+    what each camera saw between two wall times, by its own wall-clock map). One
     camera: its result. Several: the totals (``pairs``, ``cache_slots``, ``archive``) and each camera's result
     under ``cameras``; a camera whose files could not be rewritten does not stop the others from forgetting."""
-    results = _each(daemon, lambda d: d.forget(t_from, t_to, last_s=last_s), (OSError,))
+    results = _each(daemon, lambda d: d.forget(t_from, t_to, last_s=last_s, unix=unix), (OSError,))
     if len(results) == 1:
         return next(iter(results.values()))
     archives = [r["archive"] for r in results.values() if r.get("archive")]

@@ -1,6 +1,7 @@
 """``edgekv forget``: ask a running daemon to forget a window of stream time (``POST /v1/memory/forget``): the
 live cache, the snapshots and the archive. The window is in stream seconds (what ``/v1/edgekv/status`` and the
-answers' evidence times show), or the last so many seconds."""
+answers' evidence times show), in wall times (what was seen between 14:00 and 14:10), or the last so many
+seconds."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import os
 import sys
 
 from edgekv.apps.ask import daemon_request
+from edgekv.apps.wall_times import cli_bound, wall_text
 
 
 def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="the daemon's HTTP address")
     window = parser.add_mutually_exclusive_group(required=True)
     window.add_argument("--last", type=float, metavar="SECONDS", help="forget the last so many seconds")
-    window.add_argument("--from", dest="t_from", type=float, metavar="T0", help="window start (stream seconds)")
-    parser.add_argument("--to", dest="t_to", type=float, metavar="T1", help="window end (stream seconds), with --from")
+    window.add_argument("--from", dest="t_from", type=cli_bound, metavar="T0",
+                        help="window start: stream seconds, or a wall time: 14:00 (today, local time), "
+                             "2026-12-04T14:00:00+01:00")
+    parser.add_argument("--to", dest="t_to", type=cli_bound, metavar="T1", help="window end, with --from")
     parser.add_argument("--token-env", default="EDGEKV_TOKEN",
                         help="environment variable holding the daemon's server.token (when it has one)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the rewrite")
@@ -47,7 +51,11 @@ def run(args: argparse.Namespace) -> int:
 def _summary(result: dict) -> str:
     """One camera's forget result (``Daemon.forget``) as a line."""
     archive, snapshots = result.get("archive"), result.get("snapshots") or {}
-    return (f"forgot t={result['from']:g}..{result['to']:g} s: {result['pairs']} frame pair(s) from the cache "
+    if result.get("from") is None:  # a wall-clock window this camera saw nothing in
+        return result.get("note") or "nothing to forget"
+    wall = result.get("wall")
+    when = (f" (seen {wall_text(wall['from'])} to {wall_text(wall['to'])})" if wall else "")
+    return (f"forgot t={result['from']:g}..{result['to']:g} s{when}: {result['pairs']} frame pair(s) from the cache "
             f"({result['cache_slots']} slots)"
             + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)" if archive else ", no archive")
             + (f", snapshot {snapshots['snapshot']} rewritten, {len(snapshots.get('removed', []))} older removed"

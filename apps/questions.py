@@ -37,6 +37,7 @@ class Question:
     evidence: bool = False  # also find the frame pair the question attends most (``evidence_pair``): fleet answers
     history: tuple = ()  # the conversation before it, (role, text) turns (a chat's earlier messages)
     window: tuple[float, float] | None = None  # read only the pairs stamped in it (stream seconds) ...
+    window_unix: tuple[float, float] | None = None  # ... or seen between two wall times (each camera's own map) ...
     window_last_s: float | None = None  # ... or in the last seconds of the stream when it is answered
     answer: object = None
     error: Exception | None = None

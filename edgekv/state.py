@@ -178,6 +178,7 @@ def _session_state(session) -> dict:
         "clock": session.clock.state(),
         "sink_updates": session.sinks.updates if session.sinks is not None else 0,
         "pair_times": {str(pair): t for pair, t in session.pair_times.items()},
+        "wall": session.wall.state(),
         "policy": session.policy.state(),
     }
 
@@ -538,6 +539,7 @@ def _apply_state(session, state: dict, length: int, pending) -> None:
     session.clock.load_state(state["t0"], state["last_t"], state.get("clock"))
     session.ingestor.pending = pending
     session.pair_times = {int(pair): float(t) for pair, t in state.get("pair_times", {}).items()}
+    session.wall.load_state(state.get("wall"))  # absent in a snapshot written before the wall-clock map
     if session.sinks is not None:
         session.sinks.updates = int(state["sink_updates"])
     session.policy.load_state(state["policy"])

@@ -164,11 +164,11 @@ class _Refusing:
         self.session, self.refuse = session, threading.Event()
         self.ingest = session.ingest
 
-    def __call__(self, frame, t=None):
+    def __call__(self, frame, t=None, **stamps):
         if self.refuse.is_set():
             self.session.counters.frames_rejected += 1
             raise ValueError(f"t={t}: refused")
-        return self.ingest(frame, t=t)
+        return self.ingest(frame, t=t, **stamps)
 
 
 def _wait_for(predicate, seconds: float = 60.0) -> bool:

@@ -154,7 +154,7 @@ def test_edgekv_ask_takes_a_window(ended, capsys):
     for bad, said in ((["--last", "5", "--from", "1", "--to", "2"], "--last, or --from and --to, not both"),
                       (["--from", "3"], "--from and --to go together"),
                       (["--from", "90", "--to", "99"], "window 90-99 s: no frame pair of it is in the cache"),
-                      (["--fleet", "--from", "1", "--to", "5"], "--from, --to: only without --fleet")):
+                      (["--fleet", "--from", "1", "--to", "5"], "--fleet --from / --to: wall times")):
         assert main(["ask", "Which shape was purple?", "--url", url, *bad] if "--fleet" not in bad
                     else ["ask", "Which shape was purple?", *bad]) == 2
         assert said in capsys.readouterr().err

@@ -248,8 +248,8 @@ def _recording(daemon) -> list[float]:
     times: list[float] = []
     ingest = daemon.session.ingest
 
-    def recording(frame, t=None):
-        result = ingest(frame, t=t)
+    def recording(frame, t=None, **stamps):
+        result = ingest(frame, t=t, **stamps)
         times.append(t)
         return result
 
@@ -430,7 +430,7 @@ def test_watchdog_goes_quiet_when_the_main_loop_hangs(tiny_checkpoint, notify):
         assert _wait(lambda: len(notify.pings()) >= 2, 10)
         release = threading.Event()
         ingest = daemon.session.ingest
-        daemon.session.ingest = lambda frame, t=None: (release.wait(30), ingest(frame, t=t))[1]
+        daemon.session.ingest = lambda frame, t=None, **stamps: (release.wait(30), ingest(frame, t=t, **stamps))[1]
         assert _wait(lambda: daemon.watchdog.withheld >= 2, 10)
         quiet = time.monotonic()
         time.sleep(1.0)

@@ -89,7 +89,12 @@ def _props(response_topic: str | None = "edgekv/replies/x", correlation: bytes |
     (b'{"question": "x?", "max_new_tokens": 1000}', {}, "malformed", "max_new_tokens: expected an integer from 1 to 64"),
     (b'{"question": "x?", "max_new_tokens": true}', {}, "malformed", "max_new_tokens"),
     (b'{"question": "x?", "colour": "red"}', {}, "malformed",
-     "unknown key 'colour' (known: question, max_new_tokens, camera, last_s)"),
+     "unknown key 'colour' (known: question, max_new_tokens, camera, last_s, from, to)"),
+    (b'{"question": "x?", "from": 1, "to": 5}', {}, "malformed", "from and to: expected two wall times"),
+    (b'{"question": "x?", "from": "10:00"}', {}, "malformed", "from and to: expected two wall times"),
+    (b'{"question": "x?", "from": "noon", "to": "10:00"}', {}, "malformed", "from: 'noon': not a wall time"),
+    (b'{"question": "x?", "from": "10:00", "to": "10:05", "last_s": 5}', {}, "malformed",
+     "give either from and to, or last_s, not both"),
     (b'{"question": "x?", "last_s": 0}', {}, "malformed", "last_s: expected seconds > 0, got 0"),
     (b'{"question": "x?", "last_s": "5"}', {}, "malformed", "last_s: expected seconds > 0, got '5'"),
     (b'{"question": "x?", "last_s": true}', {}, "malformed", "last_s: expected seconds > 0, got True"),
@@ -108,11 +113,18 @@ def test_a_bad_fleet_message_is_refused_naming_what_is_wrong(payload, properties
     good = parse_request(b'{"question": "x?", "max_new_tokens": 3}', _props(), max_bytes=100, max_new_tokens=64)
     assert good.last_s is None
     assert parse_request(b'{"question": "x?", "last_s": 300}', _props(), max_bytes=100, max_new_tokens=64).last_s == 300
+    assert good.wall is None and parse_request(b'{"question": "x?", "from": "2027-01-15T08:00:00Z", "to": '
+                                               b'"2027-01-15T08:01:00Z"}', _props(), max_bytes=100,
+                                               max_new_tokens=64).wall == (WALL, WALL + 60)
     assert (good.question, good.max_new_tokens, good.response_topic, good.correlation) == ("x?", 3, "edgekv/replies/x",
                                                                                           b"c1")
 
 
 # ---------------------------------------------------------------------------------------------- devices
+WALL = 1_800_000_000.0  # 2027-01-15T08:00:00Z: the simulated devices' wall clock at their stream's start ...
+WALL_START = {"cam-red": 0.0, "cam-green": 5.0, "cam-blue": 10.0}  # ... which each started so many seconds later
+
+
 @pytest.fixture(scope="module")
 def runtime():
     return edgekv.Runtime.from_pretrained("builtin:toy", model={"dtype": "fp32", "device": "cpu"},
@@ -139,7 +151,7 @@ class Fleet:
         seed = STREAMS[name][0] if name in STREAMS else 0
         host = SessionHost(self.runtime.session(), stream(seed), model_lock=lock or self.lock)
         for frame, t in iter_frames(stream(seed)):
-            host.ingest(frame, t)
+            host.ingest(frame, t, captured_unix=WALL + WALL_START.get(name, 0.0) + t)
         host.stream_state = "ended"
         values = {"broker": url, "device_id": name, "status_every_s": 0.5, "reconnect_backoff_s": [0.1, 0.5], **section}
         agent = FleetAgent(FleetSection(**values), host.start(), password)
@@ -199,10 +211,20 @@ def test_a_fleet_question_gets_every_device_answer_with_its_evidence(broker, fle
         wider = ask_fleet(QUESTION, broker.url, timeout_s=60, last_s=20)
         assert sorted((a.device, a.answer) for a in wider.answers) == sorted(
             (name, colour) for name, (_, colour, _) in STREAMS.items())
+        # one stretch of wall time, 08:00:10 to 08:00:20: each device reads what it saw then, by its own clock — red
+        # its stream seconds 10-20 (its circle at 11-12), green 5-15 (12-13), blue 0-10 (its circle, 15-16, after)
+        clock = ask_fleet(QUESTION, broker.url, timeout_s=60, wall=("2027-01-15T08:00:10Z", "2027-01-15T08:00:20Z"))
+        assert sorted(a.device for a in clock.answers) == sorted(STREAMS)
+        for answer in clock.answers:
+            start = 10.0 - WALL_START[answer.device]
+            t = fleet.devices[answer.device][1].times[answer.evidence_pair]
+            assert answer.error is None and start <= t <= start + 10.0, (answer, t)
+        assert {a.device: a.answer for a in clock.answers if a.device != "cam-blue"} == {"cam-red": "red",
+                                                                                        "cam-green": "green"}
         # one device asked by name; the others never see the question
         only = ask_fleet("Was there a red circle?", broker.url, timeout_s=60, device="cam-green")
         assert [(a.device, a.answer) for a in only.answers] == [("cam-green", "no")] and only.silent == []
-        assert fleet.devices["cam-red"][0].counts["questions_received"] == 3
+        assert fleet.devices["cam-red"][0].counts["questions_received"] == 4
         # the command line
         assert main(["ask", "--fleet", "Was there a red circle?", "--broker", broker.url, "--timeout", "60"]) == 0
         out = capsys.readouterr().out
@@ -211,6 +233,10 @@ def test_a_fleet_question_gets_every_device_answer_with_its_evidence(broker, fle
         assert main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--timeout", "60", "--last", "20",
                      "--json"]) == 0
         assert sorted(a["answer"] for a in json.loads(capsys.readouterr().out)["answers"]) == ["blue", "green", "red"]
+        assert main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--timeout", "60", "--json", "--from",
+                     "2027-01-15T08:00:10Z", "--to", "2027-01-15T08:00:20Z"]) == 0
+        printed = {a["device"]: a["answer"] for a in json.loads(capsys.readouterr().out)["answers"]}
+        assert (printed["cam-red"], printed["cam-green"]) == ("red", "green")
         assert main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--json", "--device", "cam-blue"]) == 0
         printed = json.loads(capsys.readouterr().out)
         assert [a["answer"] for a in printed["answers"]] == ["blue"] and printed["answers"][0]["evidence_t"] is not None

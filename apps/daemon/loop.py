@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -58,6 +59,7 @@ from edgekv.apps.daemon.startup import (
 )
 from edgekv.apps.daemon.systemd import Heartbeat, Watchdog, notify_systemd
 from edgekv.config import EdgeKVConfig, load_config
+from edgekv.session.wallclock import NothingSeen
 
 log = logging.getLogger("edgekv.daemon")
 STOP_BUDGET_S = 8.0  # shutdown after the current step; systemd's TimeoutStopSec is 20 s (jetson/edgekv-camera.service)
@@ -142,6 +144,7 @@ class Daemon:
         self.watchdog: Watchdog | None = None
         self.started = time.monotonic()
         self.created = time.time()
+        self.wall_clock: Callable[[], float] = time.time  # stamps sampled frames' wall times (tests set it)
         self.ready = threading.Event()
         self.lock = threading.RLock()  # held while the session changes; the HTTP thread reads under it
         self._latest_frame = None
@@ -596,13 +599,23 @@ class Daemon:
         except (OSError, ValueError, KeyError, TypeError):  # unreadable: paused all the same (the safe side)
             return "privacy switch"
 
-    def forget(self, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None) -> dict:
+    def forget(self, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None,
+               unix: tuple[float, float] | None = None) -> dict:
         """Remove a window of stream time from everything the device keeps: the live cache, the snapshots (a new
         one written, the older deleted), the archive (its segments rewritten without those pairs), the keyframes
         and alerts held in memory, and the answers kept for the status page (any may tell of the window).
-        ``last_s``: the last so many seconds up to now."""
+        ``last_s``: the last so many seconds up to now; ``unix``: what was seen between two wall times (this
+        camera's wall-clock map; nothing seen then removes nothing)."""
         with self.lock:
             now = self.session.clock.last_t
+            if unix is not None:
+                try:
+                    t_from, t_to = self.session.wall_window(*unix)
+                except NothingSeen as exc:
+                    self.say(f"forget: {exc}")
+                    return {"from": None, "to": None, "pairs": 0, "cache_slots": 0,
+                            "cache_tokens": self.session.cache.length, "snapshots": {"snapshot": None, "removed": []},
+                            "archive": None, "note": str(exc)}
             if last_s is not None:
                 if not (isinstance(last_s, (int, float)) and math.isfinite(last_s) and last_s > 0):
                     raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r}")
@@ -636,6 +649,8 @@ class Daemon:
                 self.voice.forget_conversation()
         out = {"from": t_from, "to": t_to, "pairs": len(result["pairs"]), "cache_slots": result["slots"],
                "cache_tokens": result["cache_tokens"], "snapshots": snapshots, "archive": archive}
+        if unix is not None:
+            out["wall"] = {"from": unix[0], "to": unix[1]}
         self.say(f"forgot t={t_from:g}..{t_to:g} s: {out['pairs']} frame pairs, {out['cache_slots']} cache slots"
                  + (f", {archive['pairs']} archived pairs ({archive['bytes']} bytes freed)" if archive else "")
                  + (f", snapshot {snapshots['snapshot']} written, {len(snapshots['removed'])} older removed"
@@ -656,7 +671,7 @@ class Daemon:
         want = (self.paused is None and self._ingesting() and self._backlog_enabled() and self._ingest_keeps_up()
                 and (answering or len(self.backlog) > 0))  # paused: the camera is released, nothing is collected
         if want and self._collector is None:
-            self._collector = Collector(self.backlog, self.sampler.next_frame).start()
+            self._collector = Collector(self.backlog, self._sample).start()
         elif not want and self._collector is not None:
             self._stop_collector()
 
@@ -688,11 +703,21 @@ class Daemon:
         if self._frame_limit_reached(len(self.backlog)):
             self._end_stream(self._frame_limit_reason())
             return
-        item = self.sampler.next_frame(timeout=timeout)
+        item = self._sample(timeout)
         if item is not None:
             self.backlog.push(*item, bounded=False)
         elif self.sampler.exhausted:
             self._end_stream(self._source_end_reason())
+
+    def _sample(self, timeout: float):
+        """The next sampled frame as ``(frame, t, unix)``: ``unix`` the wall time it was sampled at (within a frame
+        interval of its capture), kept in the session's wall-clock map so questions and forgets can name a stretch
+        by the clock; None for a recorded source read losslessly, whose frames come as fast as they are ingested
+        and were seen at no particular wall time."""
+        item = self.sampler.next_frame(timeout=timeout)
+        if item is None:
+            return None
+        return (*item, None if self.sampler.deterministic else self.wall_clock())
 
     def _source_end_reason(self) -> str:
         ended = self.sampler.stats().get("ended")
@@ -748,14 +773,14 @@ class Daemon:
     def _ingest_next(self) -> None:
         from edgekv.cache import CacheFullError
 
-        frame, t = self.backlog.pop()
+        frame, t, unix = self.backlog.pop()
         if self._frame_limit_reached():
             self._end_stream(self._frame_limit_reason())
             return
         started = time.perf_counter()
         try:
             with self.lock:
-                result = self.session.ingest(frame, t=self._stream_time(t))
+                result = self.session.ingest(frame, t=self._stream_time(t), captured_unix=unix)
             if self.quiz is not None:
                 self.quiz.saw(t)
         except ValueError as exc:
@@ -973,7 +998,10 @@ class Daemon:
                            top_p=question.top_p, seed=question.seed, on_token=on_token, history=question.history)
 
     def _window(self, question: Question) -> tuple[float, float] | None:
-        """The stretch of stream time a question reads: its own, or its last seconds up to the newest frame."""
+        """The stretch of stream time a question reads: its own, the stretch seen between its wall times (this
+        camera's wall-clock map), or its last seconds up to the newest frame."""
+        if question.window_unix is not None:
+            return self.session.wall_window(*question.window_unix)
         if question.window_last_s is None:
             return question.window
         return self.session.last_seconds(question.window_last_s)

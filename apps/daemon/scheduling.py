@@ -105,7 +105,7 @@ class FrameBacklog:
     def __init__(self, max_seconds: float, max_bytes: int) -> None:
         self.max_seconds = max_seconds
         self.max_bytes = max_bytes
-        self._frames: deque[Frame] = deque()
+        self._frames: deque[tuple[np.ndarray, float, float | None]] = deque()
         self._bytes = 0
         self._lock = threading.Lock()
         self.frames_lost = 0
@@ -129,9 +129,10 @@ class FrameBacklog:
         with self._lock:
             return self._frames[-1][1] - self._frames[0][1] if len(self._frames) > 1 else 0.0
 
-    def push(self, frame: np.ndarray, t: float, bounded: bool = True) -> bool:
-        """Append a frame; with ``bounded`` it is dropped (and counted) when it would take the backlog
-        past either bound. The frame the loop itself pulled (``bounded=False``) always fits."""
+    def push(self, frame: np.ndarray, t: float, unix: float | None = None, *, bounded: bool = True) -> bool:
+        """Append a frame stamped ``t`` (the source's time) and ``unix`` (the wall time it was sampled, None for
+        none); with ``bounded`` it is dropped (and counted) when it would take the backlog past either bound. The
+        frame the loop itself pulled (``bounded=False``) always fits."""
         with self._lock:
             if bounded and self._frames and (t - self._frames[0][1] > self.max_seconds
                                              or self._bytes + frame.nbytes > self.max_bytes):
@@ -140,19 +141,20 @@ class FrameBacklog:
             if bounded and not self._frames and frame.nbytes > self.max_bytes:
                 self.frames_lost += 1
                 return False
-            self._frames.append((frame, t))
+            self._frames.append((frame, t, unix))
             self._bytes += frame.nbytes
             self.frames_kept += bounded
             self.peak_frames = max(self.peak_frames, len(self._frames))
             return True
 
-    def pop(self) -> Frame | None:
+    def pop(self) -> tuple[np.ndarray, float, float | None] | None:
+        """The oldest frame as ``(frame, t, unix)``, or None."""
         with self._lock:
             if not self._frames:
                 return None
-            frame, t = self._frames.popleft()
+            frame, t, unix = self._frames.popleft()
             self._bytes -= frame.nbytes
-            return frame, t
+            return frame, t, unix
 
     def stats(self) -> dict:
         return {"backlog_frames": len(self._frames), "backlog_bytes": self._bytes,
@@ -165,7 +167,8 @@ class Collector:
     answer until the backlog has drained (``start()`` / ``stop()``, or ``with collector:``), so neither the
     answer nor a long ingest step while catching up delays a tick.
 
-    ``take(timeout)`` returns the next sampled ``(frame, t)`` or None; while the collector runs nobody
+    ``take(timeout)`` returns the next sampled ``(frame, t)`` or ``(frame, t, unix)`` (the wall time it was
+    sampled), or None; while the collector runs nobody
     else reads the sampler (the main loop stops pulling).
     """
 

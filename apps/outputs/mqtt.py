@@ -13,7 +13,10 @@ The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are 
 
 A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N, "camera": "back",
 "last_s": S}`` (all but the question optional; ``last_s``: read only the last S seconds of each device's stream, on
-its own clock — "did any camera see a person in the last five minutes?") published with a Response Topic
+its own clock — "did any camera see a person in the last five minutes?"; or ``"from"`` / ``"to"``, wall times as
+ISO 8601 strings: what each device saw between them, by its own wall-clock map — "did any robot see the red box
+between 10:00 and 10:05?"; stream seconds are each device's own and mean nothing to the fleet) published with a
+Response Topic
 (§3.3.2.3.5) and Correlation Data (§3.3.2.3.6). A device with several cameras (``video.sources``) asks the one
 named, or each, and publishes one answer per camera, each naming its ``camera`` and listing every camera asked
 (``cameras``), so that an asker knows how many to wait for. The device answers it through
@@ -68,6 +71,7 @@ from typing import Any, Protocol
 
 from edgekv.apps.outputs.alerts import AlertEvent
 from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, QuestionRefused, printable
+from edgekv.apps.wall_times import window_bounds
 from edgekv.config import FleetSection, broker_address
 
 log = logging.getLogger("edgekv.fleet")
@@ -75,7 +79,7 @@ PACKET_HEADROOM = 65536     # topic names and properties beside a payload
 SEEN_KEPT = 256             # (response topic, correlation data) of recent questions: QoS 1 duplicates dropped
 WINDOW = 20                 # messages handed to paho and not yet acknowledged (paho's default in-flight bound)
 STOP_FLUSH_S = 2.0          # a clean stop waits this long for what is queued and the "offline" status
-REQUEST_KEYS = ("question", "max_new_tokens", "camera", "last_s")
+REQUEST_KEYS = ("question", "max_new_tokens", "camera", "last_s", "from", "to")
 
 
 class FleetError(RuntimeError):
@@ -142,6 +146,7 @@ class FleetRequest:
     correlation: bytes | None
     camera: str | None = None  # one camera of a device with several (None: each)
     last_s: float | None = None  # read only the last so many seconds of each stream (None: the whole memory)
+    wall: tuple[float, float] | None = None  # ... or what each device saw between two wall times (epoch seconds)
 
 
 def response_topic_of(properties) -> str | None:
@@ -190,7 +195,24 @@ def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: in
         raise FleetMessageError("malformed", f"last_s: expected seconds > 0, got {printable(repr(last_s), 60)}")
     correlation = getattr(properties, "CorrelationData", None)
     return FleetRequest(question, tokens, response_topic, bytes(correlation) if correlation is not None else None,
-                        camera, float(last_s) if last_s is not None else None)
+                        camera, float(last_s) if last_s is not None else None, _wall_window(body))
+
+
+def _wall_window(body: dict) -> tuple[float, float] | None:
+    """A fleet question's ``from`` / ``to``: wall times (ISO 8601 strings), both or neither, not with ``last_s``."""
+    if "from" not in body and "to" not in body:
+        return None
+    if "last_s" in body:
+        raise FleetMessageError("malformed", "give either from and to, or last_s, not both")
+    t_from, t_to = body.get("from"), body.get("to")
+    if not isinstance(t_from, str) or not isinstance(t_to, str):
+        raise FleetMessageError("malformed", "from and to: expected two wall times (ISO 8601 strings such as "
+                                             "\"2026-12-04T10:03:00+01:00\"); stream seconds are each device's own")
+    try:
+        _, start, end = window_bounds(t_from, t_to)
+    except ValueError as exc:
+        raise FleetMessageError("malformed", printable(str(exc), 200)) from None
+    return start, end
 
 
 # ---------------------------------------------------------------------------------------------- hosts
@@ -284,9 +306,9 @@ class SessionHost:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="edgekv-fleet-host", daemon=True)
 
-    def ingest(self, frame, t: float) -> None:
+    def ingest(self, frame, t: float, captured_unix: float | None = None) -> None:
         with self._lock:
-            result = self.session.ingest(frame, t=t)
+            result = self.session.ingest(frame, t=t, captured_unix=captured_unix)
         if result.pair_index is not None:
             self.times[result.pair_index] = t
 
@@ -330,7 +352,8 @@ class SessionHost:
             try:
                 with self._lock:
                     # the evidence as the daemon names it: the pairs the answering token attended most
-                    window = (self.session.last_seconds(question.window_last_s)
+                    window = (self.session.wall_window(*question.window_unix) if question.window_unix is not None
+                              else self.session.last_seconds(question.window_last_s)
                               if question.window_last_s is not None else None)
                     question.answer = self.session.ask(question.text, max_new_tokens=question.max_new_tokens,
                                                        temperature=question.temperature,
@@ -577,7 +600,8 @@ class FleetAgent:
 
     def _ask(self, request: FleetRequest, host, asked: list | None) -> None:
         question = Question(request.question, max_new_tokens=request.max_new_tokens, temperature=0.0, source="fleet",
-                            evidence=True, window_last_s=request.last_s)  # no token bound: generation.max_new_tokens
+                            evidence=True, window_last_s=request.last_s,  # no token bound: generation.max_new_tokens
+                            window_unix=request.wall)
         question.done = _Done(lambda: self._answered(question, request, host, asked))
         try:
             host.submit(question)
@@ -753,7 +777,8 @@ class FleetConnection:
 
 
 def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float = 10.0, device: str | None = None,
-              max_new_tokens: int | None = None, camera: str | None = None, last_s: float | None = None) -> FleetResult:
+              max_new_tokens: int | None = None, camera: str | None = None, last_s: float | None = None,
+              wall: tuple[str, str] | None = None) -> FleetResult:
     """Ask every device (or one, ``device``) one question and gather the answers that arrive within ``timeout_s``;
     ``camera`` asks that camera of devices with several (the others answer that they have no such camera).
 
@@ -882,6 +907,8 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
             body["camera"] = camera
         if last_s is not None:
             body["last_s"] = last_s
+        if wall is not None:
+            body["from"], body["to"] = wall
         started = time.monotonic()
         sent_at[0] = started
         client.publish(topics.ask_device(device) if device is not None else topics.ask_all, json.dumps(body),
@@ -968,10 +995,11 @@ def connection_from_args(args) -> FleetConnection:
 def run_ask(args) -> int:
     """``edgekv ask --fleet``: prints each answer, then the devices online that did not answer; exit 0 when
     at least one device answered, 1 when none did or every reply was a refusal (busy, no such camera, ...)."""
+    wall = fleet_wall_window(args)
     connection = connection_from_args(args)
     try:
         result = ask_fleet(args.question, connection, 10.0 if args.timeout is None else args.timeout, args.device,
-                           args.max_new_tokens, args.camera, getattr(args, "last", None))
+                           args.max_new_tokens, args.camera, getattr(args, "last", None), wall)
     except FleetError as exc:
         raise RuntimeError(str(exc)) from None
     if args.json:
@@ -979,6 +1007,21 @@ def run_ask(args) -> int:
     else:
         print(format_result(result))
     return 0 if any(a.error is None for a in result.answers) else 1
+
+
+def fleet_wall_window(args) -> tuple[str, str] | None:
+    """``--from`` / ``--to`` of ``edgekv ask --fleet``: wall times only (each device's stream seconds are its own)."""
+    t_from, t_to = getattr(args, "t_from", None), getattr(args, "t_to", None)
+    if t_from is None and t_to is None:
+        return None
+    if t_from is None or t_to is None:
+        raise ValueError("--from and --to go together")
+    if not isinstance(t_from, str) or not isinstance(t_to, str):
+        raise ValueError("--fleet --from / --to: wall times (10:03, 2026-12-04T10:03:00+01:00), not stream seconds: "
+                         "each device's stream clock is its own")
+    if getattr(args, "last", None) is not None:
+        raise ValueError("--last, or --from and --to, not both")
+    return t_from, t_to
 
 
 def format_result(result: FleetResult) -> str:

@@ -116,6 +116,7 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
     question.seed = params.seed
     question.recall, question.history = params.recall, params.history
     question.window, question.window_last_s = params.window, params.window_last_s
+    question.window_unix = params.window_unix
     question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
     submit(daemon, question)
     watcher = asyncio.ensure_future(_cancel_when_gone(receive, question)) if receive is not None else None

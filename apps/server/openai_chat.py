@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from edgekv.apps.wall_times import window_bounds
 from edgekv.tokenizer import MAX_TURNS
 from edgekv.video.image_header import image_size
 
@@ -234,13 +235,18 @@ class StreamOptions(BaseModel):
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
+Bound = Annotated[float, Field(allow_inf_nan=False)] | Annotated[str, Field(min_length=1, max_length=64)]
+
+
 class TimeWindow(BaseModel):
-    """edgekv: the stretch of the stream a question reads, in stream seconds as ``/v1/memory/forget`` takes them:
-    ``{"from": t0, "to": t1}`` or ``{"last_s": seconds}`` (up to the newest frame when the answer starts)."""
+    """edgekv: the stretch of the stream a question reads: ``{"from": t0, "to": t1}`` in stream seconds (as
+    ``/v1/memory/forget`` takes them), or as wall times (strings: ``"2026-12-04T10:03:00+01:00"``, or ``"10:03"``
+    in the device's local time; apps/wall_times.py), or ``{"last_s": seconds}`` (up to the newest frame when the
+    answer starts)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
-    from_: float | None = Field(None, alias="from", allow_inf_nan=False)
-    to: float | None = Field(None, allow_inf_nan=False)
+    from_: Bound | None = Field(None, alias="from")
+    to: Bound | None = None
     last_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
@@ -249,11 +255,17 @@ class TimeWindow(BaseModel):
             if self.from_ is not None or self.to is not None:
                 raise PydanticCustomError("window", "give either from and to, or last_s, not both")
         elif self.from_ is None or self.to is None:
-            raise PydanticCustomError("window", "from and to are required (stream seconds), or last_s")
-        elif self.from_ > self.to:
-            raise PydanticCustomError("window", "from ({start}) is after to ({end})",
-                                      {"start": self.from_, "end": self.to})
+            raise PydanticCustomError("window", "from and to are required (stream seconds or wall times), or last_s")
+        else:
+            try:
+                window_bounds(self.from_, self.to)
+            except ValueError as exc:
+                raise PydanticCustomError("window", "{why}", {"why": str(exc)}) from None
         return self
+
+    def bounds(self) -> tuple[str, float, float] | None:
+        """``("stream" | "wall", from, to)``, or None for ``last_s``."""
+        return None if self.last_s is not None else window_bounds(self.from_, self.to)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -277,7 +289,8 @@ class ChatCompletionRequest(BaseModel):
         None, description="edgekv: which camera of video.sources answers ('all': each, listed per camera; the "
                           "default with several cameras)")
     window: TimeWindow | None = Field(None, description="edgekv: read only the frame pairs of this stretch of the "
-                                                        "stream ({from, to} stream seconds, or {last_s})")
+                                                        "stream ({from, to} stream seconds or wall times, or "
+                                                        "{last_s})")
     # accepted and ignored: they change nothing about an answer
     user: str | None = None
     store: bool | None = None
@@ -319,6 +332,7 @@ class ChatRequest:
     camera: str | None = None  # edgekv extension: the camera asked (video.sources), "all" or null
     history: tuple[tuple[str, str], ...] = ()  # the user and assistant turns before the question
     window: tuple[float, float] | None = None  # edgekv extension: the stretch read, stream seconds
+    window_unix: tuple[float, float] | None = None  # edgekv extension: ... or wall times (seconds since the epoch)
     window_last_s: float | None = None  # edgekv extension: ... or the last seconds before the answer starts
 
 
@@ -350,12 +364,14 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
                             f"server.max_new_tokens), got {describe(asked)}", param=name)
     temperature = request.temperature
     images = _images(request.messages, limits)  # before the question: an image part refused names itself
+    bounds = request.window.bounds() if request.window is not None else None
     if images and request.window is not None:
         raise ApiError(400, "window: a question with images is answered about its images, not the stream",
                        param="window")
     return ChatRequest(
         question=_question(request.messages), history=_history(request.messages),
-        window=(request.window.from_, request.window.to) if request.window and request.window.last_s is None else None,
+        window=bounds[1:] if bounds is not None and bounds[0] == "stream" else None,
+        window_unix=bounds[1:] if bounds is not None and bounds[0] == "wall" else None,
         window_last_s=request.window.last_s if request.window else None,
         max_new_tokens=asked if asked is not None else min(limits.default_new_tokens, limits.max_new_tokens),
         temperature=0.0 if temperature is not None and temperature < GREEDY_BELOW else temperature,

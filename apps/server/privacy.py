@@ -4,7 +4,9 @@
     POST /v1/privacy/resume
     GET  /v1/privacy           {"paused": bool, "reason": ...}
     POST /v1/memory/forget     {"from": t0, "to": t1} or {"last_s": s}: a window of stream time removed from the
-                               live cache, the snapshots and the archive (``Daemon.forget``); says how much
+                               live cache, the snapshots and the archive (``Daemon.forget``); says how much.
+                               ``from`` / ``to`` as strings are wall times ("10:03", "2026-12-04T10:03:00+01:00"):
+                               what each camera saw between them (its wall-clock map)
 
 With several cameras (``video.sources``) each of these reaches every camera: paused means every camera is (each
 one's state under ``cameras``), and forget reports the totals and each camera's result.
@@ -21,7 +23,8 @@ from fastapi import APIRouter, Request
 
 from edgekv.apps.controls import every_camera, forget_every, pause_every, privacy_state, resume_every
 from edgekv.apps.server.api import Api, JsonResponse
-from edgekv.apps.server.openai_chat import ApiError
+from edgekv.apps.server.openai_chat import ApiError, safe_text
+from edgekv.apps.wall_times import window_bounds
 
 
 def router(api: Api) -> APIRouter:
@@ -65,26 +68,34 @@ def router(api: Api) -> APIRouter:
         unknown = sorted(set(body) - {"from", "to", "last_s"})
         if unknown:
             raise ApiError(400, f"unknown field(s) {unknown}: expected from and to, or last_s", param=unknown[0])
-        for name in ("from", "to", "last_s"):
-            value = body.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value)):
-                raise ApiError(400, f"{name}: must be a finite number of seconds, got {value!r}", param=name)
+        last_s = body.get("last_s")
+        if last_s is not None and (isinstance(last_s, bool) or not isinstance(last_s, (int, float))
+                                   or not math.isfinite(last_s)):
+            raise ApiError(400, f"last_s: must be a finite number of seconds, got {last_s!r}", param="last_s")
+        bounds = None
         if "last_s" in body:
             if "from" in body or "to" in body:
                 raise ApiError(400, "give either from and to, or last_s, not both", param="last_s")
-            if not body["last_s"] > 0:
-                raise ApiError(400, f"last_s: must be > 0, got {body['last_s']!r}", param="last_s")
+            if not last_s > 0:
+                raise ApiError(400, f"last_s: must be > 0, got {last_s!r}", param="last_s")
         elif body.get("from") is None or body.get("to") is None:
-            raise ApiError(400, "from and to are required (stream seconds, from <= to), or last_s", param="from")
-        elif body["from"] > body["to"]:
-            raise ApiError(400, f"from ({body['from']}) is after to ({body['to']})", param="from")
+            raise ApiError(400, "from and to are required (stream seconds, or wall times such as \"10:03\" or "
+                                "\"2026-12-04T10:03:00+01:00\"; from <= to), or last_s", param="from")
+        else:
+            try:
+                bounds = window_bounds(body["from"], body["to"])
+            except ValueError as exc:
+                raise ApiError(400, safe_text(str(exc), 300), param="from" if str(exc).startswith("from") else "to") \
+                    from None
+        stream = bounds is not None and bounds[0] == "stream"
+        t_from, t_to = (bounds[1], bounds[2]) if stream else (None, None)
+        unix = (bounds[1], bounds[2]) if bounds is not None and not stream else None
         if not hasattr(daemon, "forget"):
             raise ApiError(503, "this server has no memory to forget from", kind="server_error",
                            code="server_unavailable")
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: forget_every(daemon, body.get("from"), body.get("to"), last_s=body.get("last_s")))
+                None, lambda: forget_every(daemon, t_from, t_to, last_s=last_s, unix=unix))
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         except OSError as exc:  # a snapshot or archive rewrite failed: the cache is clean, the files are not yet

@@ -2,7 +2,7 @@
 
 The session is a thin coordinator: it owns what every part shares (the model, the capped cache, the policy,
 the sink set, positions, counters, the lock) and hands each capability to its room — the stream's time to
-``clock``, frames to ``ingest``, the cache's layout to ``memory``, questions to ``answer``, snapshots to
+``clock``, its map to the wall clock to ``wallclock``, frames to ``ingest``, the cache's layout to ``memory``, questions to ``answer``, snapshots to
 ``edgekv.state``. Nothing in those rooms imports this module.
 
 The conversation a session holds is Qwen2.5-VL's chat template for one video, split in time:
@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import numbers
 import threading
 import time
 
@@ -41,6 +42,7 @@ from edgekv.session.answer import Answerer
 from edgekv.session.clock import StreamClock
 from edgekv.session.ingest import PairIngest
 from edgekv.session.results import Answer, Counters, IngestResult, YesNo
+from edgekv.session.wallclock import WallClock
 from edgekv.tokenizer import ChatLayout
 
 
@@ -118,6 +120,7 @@ class StreamSession:
         self._pair_graphs = None  # edgekv.session.pair_graph.PairGraphs, made at the first pair (model.pair_route)
         self.sync_phases = False  # True: ingest synchronizes a CUDA device at its phase boundaries (benches' timings)
         self.pair_times: dict[int, float] = {}  # frame pair -> its time, for the pairs the cache still holds
+        self.wall = WallClock()  # stream time <-> wall clock (edgekv/session/wallclock.py)
         self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
 
         prefix_ids = self.tokenizer.encode(self.layout.stream_prefix())
@@ -153,6 +156,7 @@ class StreamSession:
         self.clock = StreamClock(self.config.video.fps, self.tokens_per_second, self.config.video.max_gap_s)
         self.ingestor = PairIngest(self)
         self.pair_times = {}
+        self.wall = WallClock()
         self.t_offset = self.rebases = 0
         self.next_position = self.video_start
         self.grid = None
@@ -194,10 +198,14 @@ class StreamSession:
 
     # ------------------------------------------------------------------ ingest
     @_exclusive
-    def ingest(self, frame: np.ndarray, t: float | None = None) -> IngestResult:
+    def ingest(self, frame: np.ndarray, t: float | None = None, captured_unix: float | None = None) -> IngestResult:
         """Add one BGR uint8 frame (HxWx3) stamped ``t`` seconds. Every second frame completes a pair that is
         prefilled. A timestamp that jumps (back, or forward by more than ``video.max_gap_s``) is taken as a
         bounded, logged gap in stream time (``edgekv/session/clock.py``, DESIGN invariant 12).
+
+        ``captured_unix``: the wall time the frame was captured (seconds since the epoch), kept in the session's
+        wall-clock map so that questions and forgets can name a stretch by the clock (``wall_window``,
+        ``edgekv/session/wallclock.py``); None keeps no wall time for it.
 
         Invalid input raises ``ValueError`` before any state changes, so nothing ingested is lost.
         """
@@ -207,13 +215,32 @@ class StreamSession:
             self._check_budget()
         try:
             self.preprocessor.check_frame(frame)
+            if captured_unix is not None and (isinstance(captured_unix, bool) or not isinstance(
+                    captured_unix, numbers.Real) or not math.isfinite(captured_unix)):
+                raise ValueError(f"captured_unix={captured_unix!r}: a wall time must be a finite number of seconds "
+                                 f"since the epoch")
             pending = self.ingestor.pending
             stamp = self.clock.check(t, self.counters.frames, pending[1] if pending is not None else None,
                                      self.t_offset, self.temporal_position_limit)
         except ValueError:
             self.counters.frames_rejected += 1
             raise
-        return self.ingestor.frame(frame, stamp, started)
+        result = self.ingestor.frame(frame, stamp, started)
+        if captured_unix is not None:
+            self.wall.observe(stamp.stream, float(captured_unix))
+        return result
+
+    def wall_window(self, unix_from: float, unix_to: float) -> tuple[float, float]:
+        """The window of stream time seen between two wall times (seconds since the epoch), for ``ask`` /
+        ``probe`` / ``forget``; ``ValueError`` when the frames of that stretch have no wall time or it happened
+        twice (the wall clock was set back): ``edgekv/session/wallclock.py``."""
+        with self._lock:
+            return self.wall.window(unix_from, unix_to, self.clock.last_t)
+
+    def wall_time(self, stream_t: float) -> float | None:
+        """The wall time (seconds since the epoch) a stream time was seen at, or None when it has none."""
+        with self._lock:
+            return self.wall.unix_of(stream_t)
 
     @property
     def temporal_position_limit(self) -> int:
@@ -367,6 +394,7 @@ class StreamSession:
     def stats(self) -> dict:
         c = self.counters
         cache = self.cache
+        wall = self.wall.span(self.clock.last_t)
         stats = {
             "frames": c.frames,
             "frame_pairs": c.frame_pairs,
@@ -378,6 +406,9 @@ class StreamSession:
             "pairs_held": len(self.pair_times),
             "held_t_first": min(self.pair_times.values()) if self.pair_times else None,
             "held_t_last": max(self.pair_times.values()) if self.pair_times else None,
+            # ... and the wall times (seconds since the epoch) the stream's wall-clock map knows: first and newest
+            "wall_t_first": wall[0] if wall is not None else None,
+            "wall_t_last": wall[1] if wall is not None else None,
             "cache_tokens": cache.length,
             "video_tokens": max(cache.length - self.prefix_tokens, 0),
             "prefix_tokens": self.prefix_tokens,

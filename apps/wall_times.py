@@ -1,0 +1,90 @@
+"""Wall-clock times as people write them, for a question's or a forget's window ("between 10:03 and 10:05"):
+the chat API's and ``/v1/memory/forget``'s ``from`` / ``to`` given as strings, and ``edgekv ask`` / ``edgekv forget``
+``--from`` / ``--to``. Numbers stay stream seconds, as before; the daemon turns a wall-clock window into stream time
+with each camera's own map (``edgekv/session/wallclock.py``).
+
+Accepted: an ISO 8601 date and time (``2026-12-04T10:03:00+01:00``, ``2026-12-04 10:03Z``; without an offset it is
+the local time of the machine reading it), or a time of day ``HH:MM[:SS[.ffffff]]`` (local): the latest such
+moment not after now, so at 00:10 "23:55" is a quarter of an hour ago, not tomorrow.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import time
+
+_TIME_OF_DAY = re.compile(r"^\d{1,2}:\d{2}(:\d{2}(\.\d{1,6})?)?$")
+MAX_TEXT = 64
+
+
+def parse_wall_time(text: str, now: float | None = None) -> float:
+    """``text`` as seconds since the epoch (the module's docstring), or ``ValueError`` naming what is wrong."""
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_TEXT:
+        raise ValueError(f"{text!r}: expected a wall time such as 2026-12-04T10:03:00+01:00 or 10:03")
+    text = text.strip()
+    now = time.time() if now is None else now
+    if _TIME_OF_DAY.match(text):
+        hour, minute, *rest = text.split(":")
+        second = float(rest[0]) if rest else 0.0
+        if not (int(hour) < 24 and int(minute) < 60 and second < 60):
+            raise ValueError(f"{text!r}: not a time of day (HH:MM or HH:MM:SS, 24-hour)")
+        today = dt.datetime.fromtimestamp(now).replace(hour=int(hour), minute=int(minute), second=int(second),
+                                                        microsecond=round((second % 1) * 1e6) % 1_000_000)
+        moment = today if today.timestamp() <= now else today - dt.timedelta(days=1)
+        return moment.timestamp()
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        raise ValueError(f"{text!r}: not a wall time: give an ISO 8601 date and time (2026-12-04T10:03:00+01:00; "
+                         f"without an offset, local time) or a time of day (10:03)") from None
+    unix = moment.timestamp()  # a naive time is local time
+    if not math.isfinite(unix):
+        raise ValueError(f"{text!r}: out of range")
+    return unix
+
+
+def wall_or_stream(name: str, value) -> tuple[str, float]:
+    """A window bound as given to the API: ``("stream", seconds)`` for a number, ``("wall", unix)`` for a string;
+    ``ValueError`` naming the field otherwise."""
+    if isinstance(value, str):
+        try:
+            return "wall", parse_wall_time(value)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}: expected stream seconds (a finite number) or a wall time (a string such as "
+                         f"\"10:03\" or \"2026-12-04T10:03:00+01:00\"), got {value!r}")
+    return "stream", float(value)
+
+
+def window_bounds(t_from, t_to) -> tuple[str, float, float]:
+    """``from`` and ``to`` as one kind: ``("stream" | "wall", from, to)``; a mix, or from after to, refused."""
+    kind_from, start = wall_or_stream("from", t_from)
+    kind_to, end = wall_or_stream("to", t_to)
+    if kind_from != kind_to:
+        raise ValueError("from and to: give both in stream seconds (numbers) or both as wall times (strings)")
+    if start > end:
+        raise ValueError(f"from ({t_from}) is after to ({t_to})")
+    return kind_from, start, end
+
+
+def cli_bound(text: str) -> float | str:
+    """A ``--from`` / ``--to`` typed at ``edgekv ask`` or ``edgekv forget``, as the API takes it: a number is stream
+    seconds; anything else a wall time read here (a time of day is this machine's local time, today or, if that is
+    still to come, yesterday), sent as ISO 8601 with its UTC offset so that a daemon in another time zone reads the
+    same moment."""
+    try:
+        value = float(text)
+    except ValueError:
+        unix = parse_wall_time(text)
+        return dt.datetime.fromtimestamp(unix).astimezone().isoformat()
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r}: expected stream seconds or a wall time")
+    return value
+
+
+def wall_text(unix: float) -> str:
+    """A wall time as this machine's local clock shows it."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))

@@ -1,0 +1,124 @@
+"""When each part of the stream was seen by the wall clock, so that a question or a forget can name its stretch as
+people do: "what happened between 10:03 and 10:05?", "forget 14:00 to 14:10".
+
+Stream time (``edgekv/session/clock.py``) is what the memory counts in: it only goes forward, a restart continues
+it after the time the device was down, a pause after the time it was paused. The wall clock does not behave like
+that: NTP steps it (a board without an RTC battery boots in 1970 or at its last shutdown and jumps when the network
+comes up), an operator sets it, it slews. So the two are kept apart, and the session keeps a map between them: a
+list of anchors ``(stream_t, offset)``, each meaning "from stream time ``stream_t`` on, wall time = stream time +
+``offset``", until the next anchor. A frame ingested with its capture's wall time (``captured_unix``) adds an anchor
+only when its offset differs from the current one by more than ``TOLERANCE_S`` — a clock step, a restart, a drift
+that added up — so a day of video holds a handful of anchors, and the map is saved in every snapshot with the
+memory it describes (``edgekv/state.py``).
+
+Turning a wall-clock window back into stream time is exact up to ``TOLERANCE_S``, and can be ambiguous: after the
+wall clock was set back, one wall-clock minute happened twice. Such a window is refused, naming the stretches of
+stream time it matches (each can be asked for in stream seconds), never silently narrowed. Frames ingested without
+a wall time (a recording read as fast as it is ingested, a snapshot written before the map existed) have none, and
+a window is refused where the map says nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+
+TOLERANCE_S = 1.0   # a frame whose wall offset differs by more than this from the current anchor starts a new one
+MAX_ANCHORS = 4096  # the oldest are dropped beyond this (their stretch of the stream loses its wall times)
+
+
+class NothingSeen(ValueError):
+    """A wall-clock window in which the stream saw nothing (the device was off, paused, or not yet started)."""
+
+
+def describe_unix(unix: float) -> str:
+    """A wall time as the device's local clock shows it, with its UTC offset."""
+    return time.strftime("%Y-%m-%d %H:%M:%S%z", time.localtime(unix))
+
+
+class WallClock:
+    """The stream-time <-> wall-clock map of one session (the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.anchors: list[tuple[float, float]] = []  # (stream time from which it holds, wall - stream), in order
+        self.dropped = 0  # anchors dropped beyond MAX_ANCHORS
+
+    def observe(self, stream_t: float, unix: float) -> None:
+        """A frame at stream time ``stream_t`` was captured at wall time ``unix`` (seconds since the epoch)."""
+        if isinstance(unix, bool) or not isinstance(unix, (int, float)) or not math.isfinite(unix):
+            raise ValueError(f"captured_unix={unix!r}: a wall time must be a finite number of seconds since the "
+                             f"epoch")
+        offset = float(unix) - float(stream_t)
+        if self.anchors and abs(offset - self.anchors[-1][1]) <= TOLERANCE_S:
+            return
+        if self.anchors and stream_t < self.anchors[-1][0]:  # never: stream time only goes forward
+            raise ValueError(f"stream time {stream_t!r} is before the last wall-clock anchor {self.anchors[-1][0]!r}")
+        if self.anchors and stream_t == self.anchors[-1][0]:
+            self.anchors[-1] = (float(stream_t), offset)
+            return
+        self.anchors.append((float(stream_t), offset))
+        if len(self.anchors) > MAX_ANCHORS:
+            del self.anchors[0]
+            self.dropped += 1
+
+    def unix_of(self, stream_t: float) -> float | None:
+        """The wall time of stream time ``stream_t``, or None when it has none (before the first anchor)."""
+        index = bisect.bisect_right(self.anchors, (float(stream_t), math.inf)) - 1
+        return None if index < 0 else float(stream_t) + self.anchors[index][1]
+
+    def window(self, unix_from: float, unix_to: float, last_t: float | None) -> tuple[float, float]:
+        """The stretch of stream time seen between wall times ``unix_from`` and ``unix_to`` (up to ``last_t``, the
+        newest frame's stream time), or ``ValueError`` saying why there is none: no wall times kept, none of them
+        in the window, or the window matches several separate stretches (the wall clock was set back)."""
+        for name, value in (("from", unix_from), ("to", unix_to)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name}: a wall time must be a finite number of seconds since the epoch, "
+                                 f"got {value!r}")
+        if unix_from > unix_to:
+            raise ValueError(f"from ({describe_unix(unix_from)}) is after to ({describe_unix(unix_to)})")
+        if not self.anchors or last_t is None:
+            raise ValueError("no frame of this stream has a wall-clock time (a recording read as fast as it is "
+                             "ingested, or frames ingested without captured_unix): give the window in stream seconds")
+        stretches: list[list[float]] = []
+        for index, (start, offset) in enumerate(self.anchors):
+            end = self.anchors[index + 1][0] if index + 1 < len(self.anchors) else max(start, float(last_t))
+            # to the microsecond: seconds since the epoch carry ~0.2 us of float64 rounding at today's dates
+            low, high = round(max(start, unix_from - offset), 6), round(min(end, unix_to - offset), 6)
+            if low > high:
+                continue
+            if stretches and low <= stretches[-1][1] + 1e-9:  # continues the stretch before (an anchor's boundary)
+                stretches[-1][1] = max(stretches[-1][1], high)
+            else:
+                stretches.append([low, high])
+        known = (f"the wall times kept span {describe_unix(self.anchors[0][0] + self.anchors[0][1])} to "
+                 f"{describe_unix(self.unix_of(max(self.anchors[-1][0], float(last_t))))}")
+        if not stretches:
+            raise NothingSeen(f"nothing of this stream was seen between {describe_unix(unix_from)} and "
+                             f"{describe_unix(unix_to)} ({known})")
+        if len(stretches) > 1:
+            parts = ", ".join(f"{low:.3f}..{high:.3f}" for low, high in stretches)
+            raise ValueError(f"{describe_unix(unix_from)} to {describe_unix(unix_to)} matches {len(stretches)} "
+                             f"separate stretches of the stream (the device's wall clock was set back in between): "
+                             f"stream seconds {parts}; ask for one of them in stream seconds")
+        return stretches[0][0], stretches[0][1]
+
+    def span(self, last_t: float | None) -> tuple[float, float] | None:
+        """The wall times of the first anchored frame and of the newest frame, or None when none is known."""
+        if not self.anchors or last_t is None:
+            return None
+        return self.anchors[0][0] + self.anchors[0][1], self.unix_of(max(self.anchors[-1][0], float(last_t)))
+
+    def state(self) -> dict:
+        return {"anchors": [list(anchor) for anchor in self.anchors], "dropped": self.dropped}
+
+    def load_state(self, state: dict | None) -> None:
+        """Back from a snapshot (``state``); a snapshot written before the map existed has none (None)."""
+        self.anchors, self.dropped = [], 0
+        if state is None:
+            return
+        anchors = [(float(start), float(offset)) for start, offset in state["anchors"]]
+        starts = [start for start, _ in anchors]
+        if any(not (math.isfinite(s) and math.isfinite(o)) for s, o in anchors) or starts != sorted(set(starts)):
+            raise ValueError("wall-clock anchors must be finite and in stream-time order")
+        self.anchors, self.dropped = anchors, int(state.get("dropped", 0))

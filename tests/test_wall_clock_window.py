@@ -1,0 +1,261 @@
+"""Windows by the wall clock ("what happened between 10:03 and 10:05?", "forget 14:00 to 14:10"): the session's
+map from stream time to wall time (edgekv/session/wallclock.py) — anchors only where the offset moves, a clock set
+forward joins, a clock set back makes a window ambiguous and it is refused naming the stretches, kept in snapshots —
+the API's and the CLI's wall times (apps/wall_times.py), and the daemon end to end: a question and a forget by wall
+time read and remove what the same window in stream seconds does."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import edgekv
+from edgekv.session.wallclock import MAX_ANCHORS, TOLERANCE_S, NothingSeen, WallClock
+
+BASE = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+
+
+def _clock(*observations) -> WallClock:
+    wall = WallClock()
+    for stream_t, unix in observations:
+        wall.observe(stream_t, unix)
+    return wall
+
+
+def test_anchors_are_kept_only_where_the_offset_moves():
+    wall = _clock(*((t * 0.5, BASE + t * 0.5 + 0.01 * (t % 3)) for t in range(100)))  # capture jitter of 20 ms
+    assert wall.anchors == [(0.0, BASE)]
+    wall.observe(50.0, BASE + 50.0 + TOLERANCE_S + 0.5)  # a drift past the tolerance: a new anchor
+    assert len(wall.anchors) == 2 and wall.unix_of(49.5) == BASE + 49.5 and wall.unix_of(60.0) == BASE + 61.5
+    assert wall.unix_of(-1.0) is None  # before the first anchor: no wall time
+    with pytest.raises(ValueError, match="captured_unix=nan"):
+        wall.observe(51.0, float("nan"))
+    for _ in range(MAX_ANCHORS + 5):
+        wall.observe(wall.anchors[-1][0] + 1.0, BASE + 10 * len(wall.anchors) + wall.dropped * 10)
+    assert len(wall.anchors) == MAX_ANCHORS and wall.dropped > 0
+
+
+def test_a_wall_window_maps_to_the_stream_time_seen_in_it():
+    wall = _clock((0.0, BASE), (100.0, BASE + 100.0))
+    assert wall.window(BASE + 10, BASE + 20, last_t=100.0) == (10.0, 20.0)
+    assert wall.window(BASE - 50, BASE + 20, last_t=100.0) == (0.0, 20.0)  # clipped to what was seen
+    assert wall.window(BASE + 90, BASE + 500, last_t=100.0) == (90.0, 100.0)
+    with pytest.raises(NothingSeen, match="nothing of this stream was seen between"):
+        wall.window(BASE + 200, BASE + 300, last_t=100.0)
+    with pytest.raises(ValueError, match="is after to"):
+        wall.window(BASE + 20, BASE + 10, last_t=100.0)
+    with pytest.raises(ValueError, match="no frame of this stream has a wall-clock time"):
+        WallClock().window(BASE, BASE + 1, last_t=5.0)
+
+
+def test_a_clock_set_forward_joins_and_a_clock_set_back_is_refused_naming_the_stretches():
+    # NTP stepped the clock forward an hour at stream second 60: one stretch of stream time across the step
+    forward = _clock((0.0, BASE), (60.0, BASE + 60.0 + 3600.0))
+    assert forward.window(BASE + 30, BASE + 3600 + 90, last_t=120.0) == (30.0, 90.0)
+    with pytest.raises(NothingSeen):  # the hour the step skipped: nothing was seen in it
+        forward.window(BASE + 70, BASE + 3000, last_t=120.0)
+    # set back 30 s at stream second 60: 10:00:40 happened twice
+    back = _clock((0.0, BASE), (60.0, BASE + 60.0 - 30.0))
+    assert back.unix_of(59.0) == BASE + 59.0 and back.unix_of(61.0) == BASE + 31.0
+    with pytest.raises(ValueError, match=r"matches 2 separate stretches .*set back.*stream seconds "
+                                         r"35.000..45.000, 65.000..75.000"):
+        back.window(BASE + 35, BASE + 45, last_t=120.0)
+    assert back.window(BASE + 62, BASE + 80, last_t=120.0) == (92.0, 110.0)  # after the overlap: one stretch
+
+
+def test_the_map_survives_its_state_and_refuses_a_damaged_one():
+    wall = _clock((0.0, BASE), (60.0, BASE + 90.0))
+    again = WallClock()
+    again.load_state(json.loads(json.dumps(wall.state())))
+    assert again.anchors == wall.anchors and again.window(BASE + 95, BASE + 100, 80.0) == (65.0, 70.0)
+    again.load_state(None)  # a snapshot written before the map
+    assert again.anchors == []
+    with pytest.raises(ValueError, match="stream-time order"):
+        again.load_state({"anchors": [[5.0, BASE], [1.0, BASE]]})
+
+
+# --------------------------------------------------------------------------------------- wall times as written
+def test_wall_times_as_people_write_them(monkeypatch):
+    from edgekv.apps.wall_times import cli_bound, parse_wall_time, window_bounds
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        assert parse_wall_time("2027-01-15T08:00:00Z") == BASE
+        assert parse_wall_time("2027-01-15T09:00:00+01:00") == BASE
+        assert parse_wall_time("2027-01-15 09:00") == BASE  # no offset: local time (Berlin, UTC+1 in January)
+        now = BASE + 3 * 3600  # 12:00 in Berlin
+        assert parse_wall_time("09:00", now=now) == BASE  # a time of day: today ...
+        assert parse_wall_time("13:00", now=now) == BASE + 4 * 3600 - 86400  # ... or yesterday, never to come
+        assert parse_wall_time("11:59:30.5", now=now) == now - 29.5
+        for bad in ("25:00", "9h", "", "2027-13-01T00:00", "x" * 100):
+            with pytest.raises(ValueError):
+                parse_wall_time(bad, now=now)
+        sent = cli_bound("2027-01-15T09:00:00")  # typed at the CLI: sent with this machine's offset
+        assert sent == "2027-01-15T09:00:00+01:00" and parse_wall_time(sent) == BASE
+        assert cli_bound("12.5") == 12.5
+        assert window_bounds(1, 2.5) == ("stream", 1.0, 2.5)
+        assert window_bounds("2027-01-15T08:00:00Z", "2027-01-15T08:00:10Z") == ("wall", BASE, BASE + 10)
+        with pytest.raises(ValueError, match="both in stream seconds"):
+            window_bounds(1, "10:00")
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_the_chat_window_takes_wall_times():
+    from edgekv.apps.server.openai_chat import ApiError, ChatLimits, parse_chat_request
+
+    limits = ChatLimits(served_models=("edgekv",), max_new_tokens=16, default_new_tokens=4)
+    ask = {"messages": [{"role": "user", "content": "What moved?"}]}
+    request = parse_chat_request({**ask, "window": {"from": "2027-01-15T08:00:00Z", "to": "2027-01-15T08:05:00Z"}},
+                                 limits)
+    assert request.window is None and request.window_unix == (BASE, BASE + 300) and request.window_last_s is None
+    for window, message in (({"from": "10:00", "to": 5}, "window: from and to: give both in stream seconds"),
+                            ({"from": "tea time", "to": "10:00"}, "window: from: 'tea time': not a wall time"),
+                            ({"from": "2027-01-15T08:05:00Z", "to": "2027-01-15T08:00:00Z"}, "window: from (2027")):
+        with pytest.raises(ApiError) as refused:
+            parse_chat_request({**ask, "window": window}, limits)
+        assert refused.value.message.startswith(message), refused.value.message
+
+
+# --------------------------------------------------------------------------------------------- the session
+def _session(model_dir):
+    rt = edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": "cpu"},
+                                        video={"resolution": [56, 56], "fps": 2.0},
+                                        cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64},
+                                        generation={"max_new_tokens": 4})
+    return rt, rt.session()
+
+
+def test_a_session_answers_and_forgets_by_the_wall_clock_and_keeps_its_map(tiny_checkpoint, tmp_path):
+    rt, session = _session(tiny_checkpoint)
+    rng = np.random.default_rng(5)
+    frames = [rng.integers(0, 256, (56, 56, 3), dtype=np.uint8) for _ in range(24)]
+    for i, frame in enumerate(frames):  # 12 pairs stamped 0 .. 11 s; the wall clock set back 4 s at pair 6
+        session.ingest(frame, t=i / 2.0, captured_unix=BASE + i / 2.0 - (4.0 if i >= 12 else 0.0))
+    with pytest.raises(ValueError, match="captured_unix='noon'"):
+        session.ingest(frames[0], t=12.0, captured_unix="noon")
+    assert session.counters.frames == 24 and session.counters.frames_rejected == 1  # refused before any change
+    assert session.wall.anchors == [(0.0, BASE), (6.0, BASE - 4.0)]
+    assert session.wall_time(2.0) == BASE + 2.0 and session.wall_time(8.0) == BASE + 4.0
+    window = session.wall_window(BASE, BASE + 1.9)
+    assert window == (0.0, 1.9)
+    by_wall = session.ask("What moved?", window=window)
+    assert by_wall.window_pairs == 2  # pairs stamped 0 and 1 s
+    assert by_wall.token_ids == session.ask("What moved?", window=(0.0, 1.9)).token_ids
+    assert session.wall_window(BASE + 6.5, BASE + 7.5) == (10.5, 11.5)  # seen only after the step back
+    with pytest.raises(ValueError, match=r"separate stretches .* stream seconds 2.000..4.000, 6.000..8.000"):
+        session.wall_window(BASE + 2.0, BASE + 4.0)  # seen before the step back and again after it
+    snapshot = tmp_path / "s.ekv"
+    session.save(snapshot)
+    restored = rt.restore(snapshot)
+    assert restored.wall.anchors == session.wall.anchors
+    assert restored.wall_window(BASE, BASE + 1.9) == (0.0, 1.9)
+    restored.reset()
+    assert restored.wall.anchors == []
+
+
+# --------------------------------------------------------------------------------------------- the daemon
+def _config(model_dir, **video):
+    from edgekv.config import EdgeKVConfig
+
+    return EdgeKVConfig().with_overrides(
+        model={"path": str(model_dir), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56], **video},
+        cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
+        monitor={"backend": "cpu"}, generation={"max_new_tokens": 2, "temperature": 0.0})
+
+
+@contextlib.contextmanager
+def _ended(config, out_path, realtime: bool):
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.loop import Daemon
+
+    with open(out_path, "w") as out:
+        daemon = Daemon(config, daemon_args(realtime=realtime), out=out)
+        thread = threading.Thread(target=daemon.run, daemon=True)
+        thread.start()
+        try:
+            assert daemon.ready.wait(120)
+            assert daemon.stream_ended.wait(300), "the stream did not end"
+            yield daemon
+        finally:
+            daemon.stop.event.set()
+            thread.join(60)
+
+
+def _iso(unix: float) -> str:
+    return dt.datetime.fromtimestamp(unix, dt.timezone.utc).isoformat()
+
+
+def test_the_daemon_answers_and_forgets_by_the_wall_clock(tiny_checkpoint, tmp_path):
+    """A paced source (frames sampled as a camera's are): each frame's wall time is kept; a chat question and a
+    forget given wall times (ISO 8601 strings) read and remove what the same stretch in stream seconds does, the CLI
+    sends its --from / --to as wall times, and a stretch seen at no wall time is said, not an error."""
+    pytest.importorskip("fastapi")
+    from helpers_server import call, chat, error_of
+
+    from edgekv.apps.cli import main
+    from edgekv.apps.wall_times import parse_wall_time
+
+    with _ended(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=True) as daemon:
+        port, session = daemon.server.port, daemon.session
+        with daemon.lock:
+            times = sorted(session.pair_times.values())
+            assert len(times) >= 8 and session.wall.anchors  # the frames' wall times were kept
+            first, last = _iso(session.wall_time(times[2])), _iso(session.wall_time(times[6]))
+            window = session.wall_window(parse_wall_time(first), parse_wall_time(last))
+            assert window[0] <= times[2] and window[1] >= times[6]  # the wall times map back onto those pairs
+            want = session.ask("What moved?", max_new_tokens=2, window=window)
+        assert want.window_pairs >= 5
+        status, _, body = chat(port, "What moved?", max_tokens=2, window={"from": first, "to": last})
+        assert status == 200, body
+        got = json.loads(body)
+        assert got["edgekv"]["window_pairs"] == want.window_pairs
+        assert got["choices"][0]["message"]["content"] == want.text
+        before = _iso(session.wall_time(times[0]) - 3600)
+        status, _, body = chat(port, "What moved?", max_tokens=2, window={"from": before, "to": _iso(BASE * 2)})
+        assert status == 200 and json.loads(body)["edgekv"]["window_pairs"] == len(times)  # clipped to what was seen
+        status, _, body = chat(port, "What moved?", window={"from": "tea time", "to": last})
+        assert status == 400 and "not a wall time" in error_of(body)["message"]
+        # forget by the clock: the same pairs as that stretch in stream seconds
+        held = [t for t in times if window[0] <= t <= window[1]]
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": first, "to": last})
+        assert status == 200, body
+        result = json.loads(body)
+        assert (result["from"], result["to"], result["pairs"]) == (window[0], window[1], len(held))
+        assert result["wall"] == {"from": parse_wall_time(first), "to": parse_wall_time(last)}
+        assert not [t for t in session.pair_times.values() if window[0] <= t <= window[1]]
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": _iso(BASE * 2), "to": _iso(BASE * 2 + 60)})
+        assert status == 200 and json.loads(body)["pairs"] == 0 and "nothing of this stream was seen" in json.loads(
+            body)["note"]
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 3.0, "to": "10:00"})
+        assert status == 400 and "both in stream seconds" in error_of(body)["message"]
+        printed = tmp_path / "cli.txt"
+        end = session.wall_time(times[-1])
+        with open(printed, "w") as sink, contextlib.redirect_stdout(sink):
+            assert main(["forget", "--url", f"http://127.0.0.1:{port}", "--from",
+                         dt.datetime.fromtimestamp(end - 0.3).isoformat(), "--to",
+                         dt.datetime.fromtimestamp(end + 60).isoformat()]) == 0
+        assert printed.read_text().startswith("forgot t=") and " (seen " in printed.read_text()
+        assert times[-1] not in session.pair_times.values()
+
+
+def test_a_recording_read_as_fast_as_it_goes_has_no_wall_times(tiny_checkpoint, tmp_path):
+    pytest.importorskip("fastapi")
+    from helpers_server import chat, error_of
+
+    with _ended(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=False) as daemon:
+        assert daemon.session.wall.anchors == [] and daemon.session.pair_times
+        status, _, body = chat(daemon.server.port, "What moved?", window={"from": _iso(BASE), "to": _iso(BASE + 9)})
+        assert status == 400 and "no frame of this stream has a wall-clock time" in error_of(body)["message"]
+        status, _, body = chat(daemon.server.port, "What moved?", max_tokens=2, window={"from": 0, "to": 2})
+        assert status == 200, body  # stream seconds, as before
