@@ -219,6 +219,7 @@ def test_a_fleet_question_gets_every_device_answer_with_its_evidence(broker, fle
             start = 10.0 - WALL_START[answer.device]
             t = fleet.devices[answer.device][1].times[answer.evidence_pair]
             assert answer.error is None and start <= t <= start + 10.0, (answer, t)
+            assert answer.evidence_unix == WALL + WALL_START[answer.device] + answer.evidence_t  # by its own clock
         assert {a.device: a.answer for a in clock.answers if a.device != "cam-blue"} == {"cam-red": "red",
                                                                                         "cam-green": "green"}
         # one device asked by name; the others never see the question
@@ -229,6 +230,7 @@ def test_a_fleet_question_gets_every_device_answer_with_its_evidence(broker, fle
         assert main(["ask", "--fleet", "Was there a red circle?", "--broker", broker.url, "--timeout", "60"]) == 0
         out = capsys.readouterr().out
         assert "cam-red (synthetic:events" in out and ": yes   [evidence t=" in out
+        assert re.search(r"evidence t=\d+\.\d s \(pair \d+\), seen 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d;", out), out
         assert "3 answer(s)" in out and "online but silent: none" in out
         assert main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--timeout", "60", "--last", "20",
                      "--json"]) == 0

@@ -9,7 +9,8 @@ The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are 
     P/devices/D/alerts             AlertEvent.to_json("base64") + "device"
     P/fleet/ask                    a question to every device        (request: Response Topic + Correlation Data)
     P/devices/D/ask                a question to this device only
-    <Response Topic>               {"type": "edgekv.fleet.answer", device, camera, answer, evidence_t, ttft_s, ...}
+    <Response Topic>               {"type": "edgekv.fleet.answer", device, camera, answer, evidence_t,
+                                    evidence_unix (its wall time, or null), ttft_s, ...}
 
 A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N, "camera": "back",
 "last_s": S}`` (all but the question optional; ``last_s``: read only the last S seconds of each device's stream, on
@@ -71,7 +72,7 @@ from typing import Any, Protocol
 
 from edgekv.apps.outputs.alerts import AlertEvent
 from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, QuestionRefused, printable
-from edgekv.apps.wall_times import window_bounds
+from edgekv.apps.wall_times import wall_text, window_bounds
 from edgekv.config import FleetSection, broker_address
 
 log = logging.getLogger("edgekv.fleet")
@@ -227,7 +228,8 @@ class FleetHost(Protocol):
 
     def evidence_time(self, pair: int | None) -> float | None: ...  # stream time of a frame pair
 
-    # optional: ``cameras() -> dict[str, FleetHost]``, each camera of a device with several (``DaemonHost``)
+    # optional: ``cameras() -> dict[str, FleetHost]``, each camera of a device with several (``DaemonHost``);
+    # ``wall_time(t) -> float | None``, the wall time a stream time was seen at (the session's wall-clock map)
 
 
 def camera_name(source: int | str) -> str:
@@ -289,6 +291,9 @@ class DaemonHost:
         alerts = self.daemon.alerts
         return held.get(pair, alerts.keyframes.times.get(pair) if alerts is not None else None)
 
+    def wall_time(self, t: float | None) -> float | None:
+        return self.daemon.session.wall_time(t) if t is not None else None
+
 
 class SessionHost:
     """A fleet host without a daemon: one ``StreamSession`` whose questions are answered in a thread of its own
@@ -340,6 +345,9 @@ class SessionHost:
 
     def evidence_time(self, pair: int | None) -> float | None:
         return self.times.get(pair) if pair is not None else None
+
+    def wall_time(self, t: float | None) -> float | None:
+        return self.session.wall_time(t) if t is not None else None
 
     def _run(self) -> None:
         while True:
@@ -636,9 +644,12 @@ class FleetAgent:
             body["error"] = printable(str(question.error), 400)
         else:
             self.counts["answered"] += 1
-            pair = question.evidence_pair
+            pair, asked_host = question.evidence_pair, host or self.host
+            t = asked_host.evidence_time(pair)
+            wall = getattr(asked_host, "wall_time", None)
             body.update(answer=answer.text, tokens=len(answer.token_ids), finish_reason=answer.finish_reason,
-                        ttft_s=answer.ttft_s, evidence_pair=pair, evidence_t=(host or self.host).evidence_time(pair))
+                        ttft_s=answer.ttft_s, evidence_pair=pair, evidence_t=t,
+                        evidence_unix=wall(t) if wall is not None else None)
         with self._cond:
             self._pending -= 1
         self._queue(self._reply(request, body, host, asked))
@@ -744,6 +755,7 @@ class FleetAnswer:
     error: str | None = None
     device_s: float | None = None  # the device's own time: queued + answered
     raw: dict = field(default_factory=dict, repr=False)
+    evidence_unix: float | None = None  # the wall time the evidence was seen at (None: the device keeps none)
 
 
 @dataclass(frozen=True)
@@ -758,7 +770,8 @@ class FleetResult:
         return {"question": self.question, "elapsed_s": self.elapsed_s, "silent": self.silent,
                 "offline": self.offline,
                 "answers": [{"device": a.device, "camera": a.camera, "answer": a.answer, "error": a.error,
-                             "evidence_pair": a.evidence_pair, "evidence_t": a.evidence_t, "ttft_s": a.ttft_s,
+                             "evidence_pair": a.evidence_pair, "evidence_t": a.evidence_t,
+                             "evidence_unix": a.evidence_unix, "ttft_s": a.ttft_s,
                              "latency_s": a.latency_s, "device_s": a.device_s} for a in self.answers]}
 
 
@@ -845,7 +858,7 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
                 return
             answer = FleetAnswer(name, body.get("camera"), body.get("answer"), body.get("evidence_pair"),
                                  body.get("evidence_t"), body.get("ttft_s"), now - sent_at[0], body.get("error"),
-                                 _device_seconds(body), body)
+                                 _device_seconds(body), body, _finite_or_none(body.get("evidence_unix")))
             asked = body.get("cameras")
             with lock:
                 answers.setdefault((name, answer.camera), answer)
@@ -1009,6 +1022,13 @@ def run_ask(args) -> int:
     return 0 if any(a.error is None for a in result.answers) else 1
 
 
+def _finite_or_none(value) -> float | None:
+    """A number from a device's answer, or None for anything else (a device's reply is not trusted blindly)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def fleet_wall_window(args) -> tuple[str, str] | None:
     """``--from`` / ``--to`` of ``edgekv ask --fleet``: wall times only (each device's stream seconds are its own)."""
     t_from, t_to = getattr(args, "t_from", None), getattr(args, "t_to", None)
@@ -1033,6 +1053,8 @@ def format_result(result: FleetResult) -> str:
             continue
         evidence = (f"evidence t={a.evidence_t:.1f} s (pair {a.evidence_pair})" if a.evidence_t is not None
                     else "evidence: unknown")
+        if a.evidence_unix is not None:
+            evidence += f", seen {wall_text(a.evidence_unix)}"
         ttft = f"ttft {a.ttft_s * 1e3:.0f} ms" if a.ttft_s is not None else ""
         lines.append(f"  {printable(a.device, 60)}{where}: {printable(a.answer or '')}   [{evidence}; {ttft}; "
                      f"answered in {a.latency_s:.2f} s]")
