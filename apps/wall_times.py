@@ -22,7 +22,7 @@ MAX_TEXT = 64
 def parse_wall_time(text: str, now: float | None = None) -> float:
     """``text`` as seconds since the epoch (the module's docstring), or ``ValueError`` naming what is wrong."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_TEXT:
-        raise ValueError(f"{text!r}: expected a wall time such as 2026-12-04T10:03:00+01:00 or 10:03")
+        raise ValueError(f"{_shown(text)}: expected a wall time such as 2026-12-04T10:03:00+01:00 or 10:03")
     text = text.strip()
     now = time.time() if now is None else now
     if _TIME_OF_DAY.match(text):
@@ -39,10 +39,16 @@ def parse_wall_time(text: str, now: float | None = None) -> float:
     except ValueError:
         raise ValueError(f"{text!r}: not a wall time: give an ISO 8601 date and time (2026-12-04T10:03:00+01:00; "
                          f"without an offset, local time) or a time of day (10:03)") from None
-    unix = moment.timestamp()  # a naive time is local time
-    if not math.isfinite(unix):
-        raise ValueError(f"{text!r}: out of range")
-    return unix
+    try:
+        return moment.timestamp()  # a naive time is local time
+    except (ValueError, OverflowError, OSError):
+        raise ValueError(f"{text!r}: out of the range this machine's clock can represent") from None
+
+
+def _shown(value) -> str:
+    """A value as an error message names it: at most 40 characters of it."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def wall_or_stream(name: str, value) -> tuple[str, float]:
@@ -55,7 +61,7 @@ def wall_or_stream(name: str, value) -> tuple[str, float]:
             raise ValueError(f"{name}: {exc}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name}: expected stream seconds (a finite number) or a wall time (a string such as "
-                         f"\"10:03\" or \"2026-12-04T10:03:00+01:00\"), got {value!r}")
+                         f"\"10:03\" or \"2026-12-04T10:03:00+01:00\"), got {_shown(value)}")
     return "stream", float(value)
 
 
@@ -66,7 +72,8 @@ def window_bounds(t_from, t_to) -> tuple[str, float, float]:
     if kind_from != kind_to:
         raise ValueError("from and to: give both in stream seconds (numbers) or both as wall times (strings)")
     if start > end:
-        raise ValueError(f"from ({t_from}) is after to ({t_to})")
+        shown = (start, end) if kind_from == "stream" else (t_from, t_to)
+        raise ValueError(f"from ({shown[0]}) is after to ({shown[1]})")
     return kind_from, start, end
 
 

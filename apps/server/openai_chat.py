@@ -235,7 +235,7 @@ class StreamOptions(BaseModel):
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
-Bound = Annotated[float, Field(allow_inf_nan=False)] | Annotated[str, Field(min_length=1, max_length=64)]
+Bound = Any  # stream seconds (a finite number) or a wall time (a string): checked by apps/wall_times.window_bounds
 
 
 class TimeWindow(BaseModel):
