@@ -259,3 +259,26 @@ def test_a_recording_read_as_fast_as_it_goes_has_no_wall_times(tiny_checkpoint, 
         assert status == 400 and "no frame of this stream has a wall-clock time" in error_of(body)["message"]
         status, _, body = chat(daemon.server.port, "What moved?", max_tokens=2, window={"from": 0, "to": 2})
         assert status == 200, body  # stream seconds, as before
+
+
+def test_the_wall_times_outlive_a_restart(tiny_checkpoint, tmp_path):
+    """``state.dir``: the map is in every snapshot, so a restarted daemon still finds what its first run saw by the
+    clock, and maps its own new frames too."""
+    pytest.importorskip("fastapi")
+    from edgekv.apps.wall_times import parse_wall_time
+
+    config = _config(tiny_checkpoint).with_overrides(state={"dir": str(tmp_path / "state"), "every_s": 3600})
+    with _ended(config, tmp_path / "first.txt", realtime=True) as first:
+        with first.lock:
+            seen = sorted(first.session.pair_times.values())
+            anchors = list(first.session.wall.anchors)
+            stretch = _iso(first.session.wall_time(seen[1])), _iso(first.session.wall_time(seen[4]))
+            window = first.session.wall_window(*map(parse_wall_time, stretch))
+    assert anchors and window[0] <= seen[1] and window[1] >= seen[4]
+    with _ended(config, tmp_path / "second.txt", realtime=True) as second:
+        with second.lock:
+            session = second.session
+            assert session.restored_from is not None and session.wall.anchors[:len(anchors)] == anchors
+            assert session.wall_window(*map(parse_wall_time, stretch)) == window  # the first run's stretch
+            newest = max(session.pair_times.values())
+            assert newest > seen[-1] and session.wall_time(newest) > session.wall_time(seen[-1])
