@@ -35,6 +35,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --init: widen its LM to hidden size W first, a multiple of its own (new "
                              "dimensions, heads' dimensions and MLP units that start at zero: the same answers at "
                              "step 0, up to rounding)")
+    parser.add_argument("--reshape-heads", default=None, metavar="H:KV",
+                        help="with --init: cut its LM attention into H query heads on KV key/value heads (head_dim "
+                             "width / H) and make it new (o_proj zero: the rest of the toy as it was), e.g. 2:2 — "
+                             "wider heads have more slowly turning rotary pairs to match content across a stream "
+                             "(issue 27); with --distill-logits the teacher is --init as it was")
     parser.add_argument("--hard-negatives", type=float, default=0.0, metavar="F",
                         help="average the auxiliary 'no' term over only this share (0-1] of the background tokens, "
                              "those read least as background (look-alikes); 0: all of them")
@@ -243,6 +248,18 @@ def run_train(args: argparse.Namespace) -> int:
     if args.save_every < 0:
         print(f"edgekv train-toy: --save-every must be at least 0 (0: only the last step), got {args.save_every}")
         return 2
+    reshape = None
+    if args.reshape_heads is not None:
+        try:
+            heads, _, kv = args.reshape_heads.partition(":")
+            reshape = (int(heads), int(kv or heads))
+        except ValueError:
+            reshape = None
+        if reshape is None or min(reshape) < 1 or args.init is None or args.distill_weight:
+            print(f"edgekv train-toy: --reshape-heads H:KV (two positive integers) cuts an --init checkpoint's "
+                  f"attention into new heads, without --distill-weight; got {args.reshape_heads!r}"
+                  f"{' without --init' if args.init is None else ''}")
+            return 2
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         print(f"edgekv train-toy: --device must be cpu, cuda or cuda:N, got {args.device!r}")
         return 2
@@ -284,6 +301,7 @@ def run_train(args: argparse.Namespace) -> int:
                          grow_vision=args.grow_vision, recompute=args.recompute, grow_width=args.grow_width,
                          hard_negatives=args.hard_negatives, vision_lr=args.vision_lr,
                          vision_lures=args.vision_lures, max_positions=args.max_positions, rope_theta=args.rope_theta,
+                         reshape=reshape,
                          save_every=args.save_every, attend_weight=args.attend_weight,
                          avoid_weight=args.avoid_weight, avoid_layers=avoid_layers,
                          avoid_among=args.avoid_among or "all", distill_weight=args.distill_weight,

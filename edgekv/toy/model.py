@@ -48,26 +48,30 @@ RESOLUTION = (112, 112)  # 8 x 8 patches, 4 x 4 = 16 LLM tokens per frame pair
 
 def toy_config(vocab_pad: int = 64, width: int = 64, layers: int = 4, vision_width: int = 64,
                vision_depth: int = 4, max_positions: int = MAX_POSITIONS,
-               rope_theta: float = ROPE_THETA) -> ModelConfig:
-    """The toy's configuration; ``width`` is the LM's hidden size (4 query heads of ``width / 4`` on 2 KV
-    heads, M-RoPE sections scaled as the 3B's (16, 24, 24) are to its head_dim 128, MLP 2.75x), ``layers``
-    its depth. The vision tower is ``vision_depth`` blocks of ``vision_width`` (4 heads, MLP 2x; full
+               rope_theta: float = ROPE_THETA, heads: int = 4, kv_heads: int = 2) -> ModelConfig:
+    """The toy's configuration; ``width`` is the LM's hidden size (``heads`` query heads of ``width / heads`` on
+    ``kv_heads`` KV heads — 4 on 2 unless ``reshape_heads`` made others — M-RoPE sections scaled as the 3B's (16, 24,
+    24) are to its head_dim 128, MLP 2.75x), ``layers`` its depth. The vision tower is ``vision_depth`` blocks of ``vision_width`` (4 heads, MLP 2x; full
     attention in every second block, windowed in the others, as the 3B's tower alternates them in its
     own proportion); its merger projects to ``width``. ``max_positions`` is the temporal range its training
     drew positions over (``max_position_embeddings``), ``rope_theta`` its M-RoPE base (``with_rope_theta``). The
     shipped toy: 64 / 4 and 64 / 4, 8,192, 1e6."""
     if width % 16 or width < 32:
         raise ValueError(f"toy LM width must be a multiple of 16 and at least 32, got {width}")
+    if heads < 1 or kv_heads < 1 or heads % kv_heads or width % heads or (width // heads) % 4:
+        raise ValueError(f"toy LM heads: {heads} query heads on {kv_heads} KV heads must divide evenly, and width "
+                         f"{width} into heads of a multiple of 4 dimensions")
     if vision_width % 16 or vision_width < 32 or vision_depth < 1:
         raise ValueError(f"toy vision width must be a multiple of 16 and at least 32, and its depth at least 1; "
                          f"got {vision_width} / {vision_depth}")
     tokenizer, special = build_tokenizer()
     vocab_size = -(-tokenizer.get_vocab_size() // vocab_pad) * vocab_pad
-    head_dim = width // 4
+    head_dim = width // heads
     half = head_dim // 2
     section = (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
     text = TextConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=int(width * 2.75),
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=head_dim,
                       mrope_section=section, max_position_embeddings=max_positions, tie_word_embeddings=True,
                       rms_norm_eps=1e-6, rope_theta=float(rope_theta))
     vision = VisionConfig(depth=vision_depth, hidden_size=vision_width, intermediate_size=2 * vision_width, num_heads=4,
@@ -111,7 +115,8 @@ def grow_layers(model: Qwen25VL, count: int, vision: int = 0) -> Qwen25VL:
     old, old_blocks = text.num_hidden_layers, model.config.vision.depth
     config = toy_config(width=text.hidden_size, layers=old + count, vision_width=model.config.vision.hidden_size,
                         vision_depth=old_blocks + vision, max_positions=text.max_position_embeddings,
-                        rope_theta=text.rope_theta)
+                        rope_theta=text.rope_theta, heads=text.num_attention_heads,
+                        kv_heads=text.num_key_value_heads)
     after = [0] * old
     for k in range(count):
         after[min(old - 1, max(0, round((k + 1) * old / (count + 1)) - 1))] += 1
@@ -172,7 +177,8 @@ def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
     m = width // old
     config = toy_config(width=width, layers=text.num_hidden_layers, vision_width=model.config.vision.hidden_size,
                         vision_depth=model.config.vision.depth, max_positions=text.max_position_embeddings,
-                        rope_theta=text.rope_theta)
+                        rope_theta=text.rope_theta, heads=text.num_attention_heads,
+                        kv_heads=text.num_key_value_heads)
     new_text = config.text
     grown = Qwen25VL(config)
     if m == 1:
@@ -240,6 +246,43 @@ def grow_width(model: Qwen25VL, width: int, seed: int = 0) -> Qwen25VL:
         out[name] = new
     grown.load_state_dict(out, strict=True)
     return grown.float()
+
+
+def reshape_heads(model: Qwen25VL, heads: int, kv_heads: int, seed: int = 0) -> Qwen25VL:
+    """``model`` with its LM's attention cut into ``heads`` query heads on ``kv_heads`` KV heads (head_dim ``width /
+    heads``, M-RoPE sections as ``toy_config`` scales them), the attention itself new: query, key and value
+    projections drawn N(0, 0.02) (``seed``), ``o_proj`` zero, so that at step 0 the residual stream carries no
+    attention and each layer's attention enters as training writes ``o_proj`` (the zero-initialised residual branch
+    of ``grow_layers``). Everything else — embeddings, norms, MLPs, the tower, the merger — is copied.
+
+    Why (issue 27, docs/measurements.md "Six of sixteen"): a question matches a video token across a long stream
+    only through the rotary pairs that turn less than a radian or two over the toy's positions — at head_dim 16 and
+    base 1e6 three pairs (6 of 16 dimensions) of each head; rotary pairs grown into a trained head were never taken
+    up. Fewer, wider heads have that room from the first step (head_dim 32: 6 slow pairs; 64: 12), the 3B's
+    proportion. The result is fp32 on the CPU."""
+    text = model.config.text
+    config = toy_config(width=text.hidden_size, layers=text.num_hidden_layers,
+                        vision_width=model.config.vision.hidden_size, vision_depth=model.config.vision.depth,
+                        max_positions=text.max_position_embeddings, rope_theta=text.rope_theta, heads=heads,
+                        kv_heads=kv_heads)
+    reshaped = Qwen25VL(config)
+    generator = torch.Generator().manual_seed(seed)
+    target = reshaped.state_dict()
+    out = {}
+    for name, value in model.state_dict().items():
+        if ".self_attn." not in name:
+            out[name] = value.detach().float().cpu()
+            continue
+        shape = target[name].shape
+        if ".o_proj." in name or name.endswith(".bias"):
+            out[name] = torch.zeros(shape)
+        else:
+            out[name] = torch.randn(shape, generator=generator) * 0.02
+    missing = sorted(set(target) - set(out))
+    if missing:
+        raise ValueError(f"reshape_heads: no weights for {missing[:3]}")
+    reshaped.load_state_dict(out, strict=True)
+    return reshaped.float()
 
 
 def with_max_positions(config: ModelConfig, positions: int) -> ModelConfig:

@@ -846,7 +846,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
           save_every: int = 0, attend_weight: float = 0.0, avoid_weight: float = 0.0,
           avoid_layers: tuple[int, ...] = AVOID_LAYERS, avoid_among: str = "all", distill_weight: float = 0.0,
           distill_logits: float = 0.0, distill_layers: tuple[int, ...] = AVOID_LAYERS,
-          distill_teacher: str | Path | None = None, rope_theta: float | None = None) -> dict:
+          distill_teacher: str | Path | None = None, rope_theta: float | None = None,
+          reshape: tuple[int, int] | None = None) -> dict:
     """Train from scratch — or go on from the toy checkpoint ``init`` (its width and depth are kept; the
     vision warm-up, when ``vision_steps`` > 0, starts from its tower) — and write the checkpoint (fp16) with
     ``card.json``; returns the card.
@@ -895,7 +896,12 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     ``distill_weight`` x the attention term of ``distill_terms`` in those layers, ``distill_logits`` x its answer
     term — on every batch (issue 27: learning-using-privileged-information, the privilege being where the lures
     are, which the stream at run time does not say). ``distill_teacher``: another toy checkpoint as the teacher
-    (the same LM depth and query heads), e.g. to go on from a distilled round with its first teacher."""
+    (the same LM depth and query heads for ``distill_weight``; any toy for ``distill_logits`` alone), e.g. to go on
+    from a distilled round with its first teacher.
+
+    ``reshape`` = (heads, kv_heads): ``init``'s LM attention cut into that many heads and made new before training
+    (``edgekv.toy.model.reshape_heads``; the rest copied); with ``distill_logits`` the teacher is ``init`` as it
+    was (or ``distill_teacher``)."""
     if save_every < 0:
         raise ValueError(f"save_every must be at least 0, got {save_every}")
     if curriculum not in CURRICULA:
@@ -940,6 +946,9 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
     if min(grow, grow_vision) < 0 or ((grow or grow_vision) and init is None):
         raise ValueError(f"grow / grow_vision deepen an init checkpoint by at least 0 layers; got {grow} / "
                          f"{grow_vision} with init {init!r}")
+    if reshape is not None and (init is None or distill_weight > 0):
+        raise ValueError(f"reshape {reshape}: cuts an init checkpoint's attention into new heads (got init {init!r}); "
+                         f"its attention is new, so it cannot be distilled head by head (distill_weight)")
     if grow_width < 0 or (grow_width and init is None):
         raise ValueError(f"grow_width widens an init checkpoint to a hidden size > 0; got {grow_width} with init "
                          f"{init!r}")
@@ -963,6 +972,13 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             from edgekv.toy.model import grow_width as widen
 
             model, width = widen(model, grow_width, seed=seed), grow_width
+        teacher_before_reshape = None
+        if reshape is not None:
+            from edgekv.toy.model import reshape_heads
+
+            if distill and distill_teacher is None:  # the teacher: init as it was, before its attention is new
+                teacher_before_reshape = copy.deepcopy(model)
+            model = reshape_heads(model, *reshape, seed=seed)
         for param in model.parameters():
             param.requires_grad_(True)
         vision_width, vision_depth = model.config.vision.hidden_size, model.config.vision.depth
@@ -984,10 +1000,12 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         raise ValueError(f"distill_layers {distill_layers}: the model's LM has layers "
                          f"0-{len(model.language.layers) - 1}")
     teacher = None
-    if distill and distill_teacher is not None:
+    if distill and init is not None and reshape is not None and distill_teacher is None:
+        teacher = teacher_before_reshape.to(device).eval().requires_grad_(False)
+    elif distill and distill_teacher is not None:
         teacher = _from_checkpoint(distill_teacher)[0]
         shapes = [(len(m.language.layers), m.config.text.num_attention_heads) for m in (model, teacher)]
-        if shapes[0] != shapes[1]:
+        if distill_weight > 0 and shapes[0] != shapes[1]:
             raise ValueError(f"distill_teacher {distill_teacher}: its LM has {shapes[1][0]} layers of "
                              f"{shapes[1][1]} query heads, the student {shapes[0][0]} of {shapes[0][1]}")
         teacher = teacher.to(device).eval().requires_grad_(False)
@@ -1144,6 +1162,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
         command += f" --max-positions {max_positions}"
     if rope_theta is not None:
         command += f" --rope-theta {rope_theta:g}"
+    if reshape is not None:
+        command += f" --reshape-heads {reshape[0]}:{reshape[1]}"
     if vision_steps and vision_lr != 2e-3:
         command += f" --vision-lr {vision_lr:g}"
     if vision_steps and vision_lures:
@@ -1159,6 +1179,8 @@ def train(out_dir: str | Path, steps: int = 4000, seed: int = 0, batch_size: int
             "init": None if init is None else str(init), "grown_layers": grow, "grown_vision_blocks": grow_vision,
             "grown_width": grow_width or None, "hard_negatives": hard_negatives or None,
             "rope_theta": float(model.config.text.rope_theta),
+            "heads": model.config.text.num_attention_heads, "kv_heads": model.config.text.num_key_value_heads,
+            "reshaped_heads": list(reshape) if reshape is not None else None,
             "attend_weight": attend_weight or None,
             "avoid_weight": avoid_weight or None, "avoid_layers": list(avoid_layers) if avoid_weight else None,
             "avoid_among": avoid_among if avoid_weight else None,
@@ -1222,7 +1244,8 @@ def _from_checkpoint(path: str | Path):
     model = load_pretrained(path, dtype=torch.float32)
     text, vision = model.config.text, model.config.vision
     sizes = dict(width=text.hidden_size, layers=text.num_hidden_layers, vision_width=vision.hidden_size,
-                 vision_depth=vision.depth, max_positions=text.max_position_embeddings, rope_theta=text.rope_theta)
+                 vision_depth=vision.depth, max_positions=text.max_position_embeddings, rope_theta=text.rope_theta,
+                 heads=text.num_attention_heads, kv_heads=text.num_key_value_heads)
     try:
         expected = toy_config(**sizes)
     except ValueError:
