@@ -39,6 +39,10 @@ def test_anchors_are_kept_only_where_the_offset_moves():
     for _ in range(MAX_ANCHORS + 5):
         wall.observe(wall.anchors[-1][0] + 1.0, BASE + 10 * len(wall.anchors) + wall.dropped * 10)
     assert len(wall.anchors) == MAX_ANCHORS and wall.dropped > 0
+    weeks = WallClock()  # a full map of realistic numbers stays within a snapshot manifest's allowance (64 KiB)
+    for i in range(MAX_ANCHORS + 3):
+        weeks.observe(1e7 + i * 2000.123456789, BASE + 1e7 + i * 2000.123456789 + (i % 2) * 1.7 + i * 1e-3)
+    assert len(weeks.anchors) == MAX_ANCHORS and len(json.dumps(weeks.state())) < 60_000
 
 
 def test_a_wall_window_maps_to_the_stream_time_seen_in_it():

@@ -25,7 +25,10 @@ import math
 import time
 
 TOLERANCE_S = 1.0   # a frame whose wall offset differs by more than this from the current anchor starts a new one
-MAX_ANCHORS = 4096  # the oldest are dropped beyond this (their stretch of the stream loses its wall times)
+# The oldest are dropped beyond this (their stretch of the stream loses its wall times). A clock slewed by NTP at its
+# 500 ppm limit adds one a 2,000 s, so 1,024 hold weeks; they stay within the ~46 KB of a snapshot's manifest that
+# edgekv/state.py allows for when it bounds a snapshot's size in advance (_MANIFEST_ALLOWANCE, 64 KiB).
+MAX_ANCHORS = 1024
 
 
 class NothingSeen(ValueError):
