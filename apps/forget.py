@@ -55,7 +55,9 @@ def _summary(result: dict) -> str:
         return result.get("note") or "nothing to forget"
     wall = result.get("wall")
     when = (f" (seen {wall_text(wall['from'])} to {wall_text(wall['to'])})" if wall else "")
-    return (f"forgot t={result['from']:g}..{result['to']:g} s{when}: {result['pairs']} frame pair(s) from the cache "
+    spans = result.get("stretches") or [[result["from"], result["to"]]]  # several: the clock was set back between
+    return (f"forgot t={', '.join(f'{a:g}..{b:g}' for a, b in spans)} s{when}: {result['pairs']} frame pair(s) from "
+            f"the cache "
             f"({result['cache_slots']} slots)"
             + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)" if archive else ", no archive")
             + (f", snapshot {snapshots['snapshot']} rewritten, {len(snapshots.get('removed', []))} older removed"

@@ -286,3 +286,62 @@ def test_the_wall_times_outlive_a_restart(tiny_checkpoint, tmp_path):
             assert session.wall_window(*map(parse_wall_time, stretch)) == window  # the first run's stretch
             newest = max(session.pair_times.values())
             assert newest > seen[-1] and session.wall_time(newest) > session.wall_time(seen[-1])
+
+
+class _SetBack:
+    """A wall clock that NTP sets back after ``after`` readings, to the first reading: the time since then is lived
+    twice (the daemon reads it once a sampled frame)."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.readings, self.first, self.step = after, 0, None, None
+
+    def __call__(self) -> float:
+        now = time.time()
+        self.readings += 1
+        if self.first is None:
+            self.first = now
+        if self.readings > self.after:
+            if self.step is None:
+                self.step = now - self.first
+            return now - self.step
+        return now
+
+
+def test_a_forget_by_the_clock_removes_every_stretch_the_clock_lived_twice(tiny_checkpoint, tmp_path):
+    """The wall clock set back mid-stream: a question about the doubled minute is refused naming both stretches of
+    stream time; a forget of it removes both (the wearer's side), says which, and nothing else."""
+    pytest.importorskip("fastapi")
+    from helpers_server import call, chat, error_of
+
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.loop import Daemon
+    from edgekv.apps.wall_times import parse_wall_time
+
+    clock = _SetBack(after=12)
+    with open(tmp_path / "out.txt", "w") as out:
+        daemon = Daemon(_config(tiny_checkpoint), daemon_args(realtime=True), out=out)
+        daemon.wall_clock = clock
+        thread = threading.Thread(target=daemon.run, daemon=True)
+        thread.start()
+        try:
+            assert daemon.ready.wait(120) and daemon.stream_ended.wait(300), "the stream did not end"
+            session, port = daemon.session, daemon.server.port
+            with daemon.lock:
+                assert len(session.wall.anchors) >= 2 and clock.step is not None  # the step back was seen
+                overlap = min(clock.step, session.wall_time(session.clock.last_t) - clock.first)
+                u0, u1 = (parse_wall_time(_iso(clock.first + share * overlap)) for share in (0.1, 0.6))
+                stretches = session.wall_stretches(u0, u1)
+                held = {p for p, t in session.pair_times.items() if any(a <= t <= b for a, b in stretches)}
+            assert len(stretches) == 2 and stretches[0][1] < stretches[1][0]
+            status, _, body = chat(port, "What moved?", max_tokens=2, window={"from": _iso(u0), "to": _iso(u1)})
+            assert status == 400 and "matches 2 separate stretches" in error_of(body)["message"]
+            status, _, body = call(port, "POST", "/v1/memory/forget", {"from": _iso(u0), "to": _iso(u1)})
+            assert status == 200, body
+            result = json.loads(body)
+            assert [tuple(s) for s in result["stretches"]] == stretches and result["pairs"] == len(held)
+            assert not held & set(session.pair_times) and session.pair_times  # both gone, the rest kept
+        finally:
+            daemon.stop.event.set()
+            thread.join(60)
+    assert "forgot t=" in (tmp_path / "out.txt").read_text()

@@ -59,7 +59,7 @@ from edgekv.apps.daemon.startup import (
 )
 from edgekv.apps.daemon.systemd import Heartbeat, Watchdog, notify_systemd
 from edgekv.config import EdgeKVConfig, load_config
-from edgekv.session.wallclock import NothingSeen
+from edgekv.apps.wall_times import wall_text
 
 log = logging.getLogger("edgekv.daemon")
 STOP_BUDGET_S = 8.0  # shutdown after the current step; systemd's TimeoutStopSec is 20 s (jetson/edgekv-camera.service)
@@ -605,40 +605,34 @@ class Daemon:
         one written, the older deleted), the archive (its segments rewritten without those pairs), the keyframes
         and alerts held in memory, and the answers kept for the status page (any may tell of the window).
         ``last_s``: the last so many seconds up to now; ``unix``: what was seen between two wall times (this
-        camera's wall-clock map; nothing seen then removes nothing)."""
+        camera's wall-clock map) — every stretch of it where the wall clock lived that time twice (set back in
+        between: forgetting both is the side a wearer asking to forget takes), nothing where nothing was seen."""
         with self.lock:
             now = self.session.clock.last_t
             if unix is not None:
-                try:
-                    t_from, t_to = self.session.wall_window(*unix)
-                except NothingSeen as exc:
-                    self.say(f"forget: {exc}")
+                stretches = self.session.wall_stretches(*unix)
+                if not stretches:
+                    note = f"nothing of this stream was seen between {wall_text(unix[0])} and {wall_text(unix[1])}"
+                    self.say(f"forget: {note}")
                     return {"from": None, "to": None, "pairs": 0, "cache_slots": 0,
                             "cache_tokens": self.session.cache.length, "snapshots": {"snapshot": None, "removed": []},
-                            "archive": None, "note": str(exc)}
-            if last_s is not None:
-                if not (isinstance(last_s, (int, float)) and math.isfinite(last_s) and last_s > 0):
-                    raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r}")
-                t_to = now if now is not None else 0.0  # nothing is ingested while the lock is held
-                t_from = t_to - float(last_s)
-            if t_from is None or t_to is None:
-                raise ValueError("forget: give from and to (stream seconds), or last_s")
-            result = self.session.forget(t_from, t_to)
-            removed = set(result["pairs"])
-            archive = None
-            if self.session.recall is not None:  # this stream's records (another stream's times are its own)
-                archive = self.session.recall.archive.forget(t_from, t_to, stream=self.session.recall.stream)
+                            "archive": None, "note": note, "wall": {"from": unix[0], "to": unix[1]}}
+            else:
+                if last_s is not None:
+                    if not (isinstance(last_s, (int, float)) and math.isfinite(last_s) and last_s > 0):
+                        raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r}")
+                    t_to = now if now is not None else 0.0  # nothing is ingested while the lock is held
+                    t_from = t_to - float(last_s)
+                if t_from is None or t_to is None:
+                    raise ValueError("forget: give from and to (stream seconds), or last_s")
+                stretches = [(t_from, t_to)]
+            pairs, slots, archive = 0, 0, None
+            for t_from, t_to in stretches:
+                result = self._forget_stretch(t_from, t_to, now)
+                pairs, slots = pairs + len(result["pairs"]), slots + result["slots"]
+                if result["archive"] is not None:
+                    archive = {key: (archive or {}).get(key, 0) + value for key, value in result["archive"].items()}
             snapshots = self.state.rewrite_after_forget(self.session)
-            if self.alerts is not None:
-                ring = self.alerts.keyframes
-                for pair in [p for p, t in ring.times.items() if t_from <= t <= t_to]:
-                    ring.frames.pop(pair, None)
-                    ring.times.pop(pair, None)
-                if ring.latest is not None and ring.latest[0] in removed:
-                    ring.latest = None
-                self.alerts.bus.forget(t_from, t_to)
-            if now is not None and t_from <= now <= t_to:
-                self._latest_frame = None  # the status page shows nothing of the window
             # the answers given so far (the status page's recent questions): any of them may tell of the window
             self.history.clear()
             telemetry = getattr(self.server, "telemetry", None)
@@ -647,15 +641,38 @@ class Daemon:
             self.forgotten_at = time.time()
             if self.voice is not None:  # the spoken questions heard and their answers (a follow-up's conversation)
                 self.voice.forget_conversation()
-        out = {"from": t_from, "to": t_to, "pairs": len(result["pairs"]), "cache_slots": result["slots"],
-               "cache_tokens": result["cache_tokens"], "snapshots": snapshots, "archive": archive}
+        t_from, t_to = stretches[0][0], stretches[-1][1]
+        out = {"from": t_from, "to": t_to, "pairs": pairs, "cache_slots": slots,
+               "cache_tokens": self.session.cache.length, "snapshots": snapshots, "archive": archive}
         if unix is not None:
             out["wall"] = {"from": unix[0], "to": unix[1]}
-        self.say(f"forgot t={t_from:g}..{t_to:g} s: {out['pairs']} frame pairs, {out['cache_slots']} cache slots"
+            if len(stretches) > 1:
+                out["stretches"] = [list(stretch) for stretch in stretches]
+        self.say(f"forgot t={', '.join(f'{a:g}..{b:g}' for a, b in stretches)} s: {out['pairs']} frame pairs, "
+                 f"{out['cache_slots']} cache slots"
                  + (f", {archive['pairs']} archived pairs ({archive['bytes']} bytes freed)" if archive else "")
                  + (f", snapshot {snapshots['snapshot']} written, {len(snapshots['removed'])} older removed"
                     if snapshots["snapshot"] else ""))
         return out
+
+    def _forget_stretch(self, t_from: float, t_to: float, now: float | None) -> dict:
+        """One stretch of ``forget`` (under its lock): the cache, the archive, the alerts' keyframes and events."""
+        result = self.session.forget(t_from, t_to)
+        removed = set(result["pairs"])
+        archive = None
+        if self.session.recall is not None:  # this stream's records (another stream's times are its own)
+            archive = self.session.recall.archive.forget(t_from, t_to, stream=self.session.recall.stream)
+        if self.alerts is not None:
+            ring = self.alerts.keyframes
+            for pair in [p for p, t in ring.times.items() if t_from <= t <= t_to]:
+                ring.frames.pop(pair, None)
+                ring.times.pop(pair, None)
+            if ring.latest is not None and ring.latest[0] in removed:
+                ring.latest = None
+            self.alerts.bus.forget(t_from, t_to)
+        if now is not None and t_from <= now <= t_to:
+            self._latest_frame = None  # the status page shows nothing of the window
+        return {**result, "archive": archive}
 
     def _stream_time(self, t: float) -> float:
         return self.state.stream_time(t) + self._resume_offset

@@ -237,6 +237,12 @@ class StreamSession:
         with self._lock:
             return self.wall.window(unix_from, unix_to, self.clock.last_t)
 
+    def wall_stretches(self, unix_from: float, unix_to: float) -> list[tuple[float, float]]:
+        """Every stretch of stream time seen between two wall times (several where the wall clock was set back in
+        between, none where nothing was seen): what a forget by the clock removes."""
+        with self._lock:
+            return self.wall.stretches(unix_from, unix_to, self.clock.last_t)
+
     def wall_time(self, stream_t: float) -> float | None:
         """The wall time (seconds since the epoch) a stream time was seen at, or None when it has none."""
         with self._lock:

@@ -12,8 +12,9 @@ that added up — so a day of video holds a handful of anchors, and the map is s
 memory it describes (``edgekv/state.py``).
 
 Turning a wall-clock window back into stream time is exact up to ``TOLERANCE_S``, and can be ambiguous: after the
-wall clock was set back, one wall-clock minute happened twice. Such a window is refused, naming the stretches of
-stream time it matches (each can be asked for in stream seconds), never silently narrowed. Frames ingested without
+wall clock was set back, one wall-clock minute happened twice. A question about such a window is refused, naming the
+stretches of stream time it matches (each can be asked for in stream seconds), never silently narrowed; a forget
+removes every one of them (``stretches``). Frames ingested without
 a wall time (a recording read as fast as it is ingested, a snapshot written before the map existed) have none, and
 a window is refused where the map says nothing.
 """
@@ -70,10 +71,11 @@ class WallClock:
         index = bisect.bisect_right(self.anchors, (float(stream_t), math.inf)) - 1
         return None if index < 0 else float(stream_t) + self.anchors[index][1]
 
-    def window(self, unix_from: float, unix_to: float, last_t: float | None) -> tuple[float, float]:
-        """The stretch of stream time seen between wall times ``unix_from`` and ``unix_to`` (up to ``last_t``, the
-        newest frame's stream time), or ``ValueError`` saying why there is none: no wall times kept, none of them
-        in the window, or the window matches several separate stretches (the wall clock was set back)."""
+    def stretches(self, unix_from: float, unix_to: float, last_t: float | None) -> list[tuple[float, float]]:
+        """Every separate stretch of stream time seen between wall times ``unix_from`` and ``unix_to`` (up to
+        ``last_t``, the newest frame's stream time), in stream order: none when nothing was seen then, several when
+        the wall clock was set back in between (it lived that time twice). ``ValueError`` for a window that is no
+        window, or a stream whose frames have no wall time at all."""
         for name, value in (("from", unix_from), ("to", unix_to)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{name}: a wall time must be a finite number of seconds since the epoch, "
@@ -94,17 +96,24 @@ class WallClock:
                 stretches[-1][1] = max(stretches[-1][1], high)
             else:
                 stretches.append([low, high])
-        known = (f"the wall times kept span {describe_unix(self.anchors[0][0] + self.anchors[0][1])} to "
-                 f"{describe_unix(self.unix_of(max(self.anchors[-1][0], float(last_t))))}")
+        return [(low, high) for low, high in stretches]
+
+    def window(self, unix_from: float, unix_to: float, last_t: float | None) -> tuple[float, float]:
+        """The one stretch of stream time seen between wall times ``unix_from`` and ``unix_to`` (``stretches``), or
+        ``ValueError`` saying why there is none: no wall times kept, none of them in the window (``NothingSeen``),
+        or the window matches several separate stretches (the wall clock was set back), each named."""
+        stretches = self.stretches(unix_from, unix_to, last_t)
         if not stretches:
+            known = (f"the wall times kept span {describe_unix(self.anchors[0][0] + self.anchors[0][1])} to "
+                     f"{describe_unix(self.unix_of(max(self.anchors[-1][0], float(last_t))))}")
             raise NothingSeen(f"nothing of this stream was seen between {describe_unix(unix_from)} and "
-                             f"{describe_unix(unix_to)} ({known})")
+                              f"{describe_unix(unix_to)} ({known})")
         if len(stretches) > 1:
             parts = ", ".join(f"{low:.3f}..{high:.3f}" for low, high in stretches)
             raise ValueError(f"{describe_unix(unix_from)} to {describe_unix(unix_to)} matches {len(stretches)} "
                              f"separate stretches of the stream (the device's wall clock was set back in between): "
                              f"stream seconds {parts}; ask for one of them in stream seconds")
-        return stretches[0][0], stretches[0][1]
+        return stretches[0]
 
     def span(self, last_t: float | None) -> tuple[float, float] | None:
         """The wall times of the first anchored frame and of the newest frame, or None when none is known."""
