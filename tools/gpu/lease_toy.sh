@@ -60,6 +60,16 @@ if [ -n "${INIT:-}" ]; then
   [ -f "$INIT/config.json" ] || { echo "INIT=$INIT: no toy checkpoint there (config.json)"; exit 1; }
   INIT_ARGS=(--init "$INIT"); VSHARE=0
 fi
+# RESHAPE=H:KV (e.g. 1:1, head_dim 64): round 1 starts from the shipped toy instead, its LM attention cut into H heads
+# on KV and made new (`train-toy --reshape-heads`; embeddings, MLPs and the tower kept, the tower frozen), taught by the
+# shipped toy's answers (--distill-logits 1) through world-scratch's curriculum at lr 1e-3. On the CPU (2026-12-04, E22: 2:2,
+# 1,200 steps, 25.5 min) such a toy read the lured 250-pair streams at 0.324 / 0.426 short, far from recovered: it
+# needs the GPU's thousands of steps. The next rounds go on from it.
+if [ -n "${RESHAPE:-}" ]; then
+  [ -z "${INIT:-}" ] || { echo "RESHAPE=$RESHAPE and INIT=$INIT: give one start"; exit 1; }
+  INIT=edgekv/toy/checkpoint
+  INIT_ARGS=(--init "$INIT" --reshape-heads "$RESHAPE" --distill-logits 1 --freeze-vision --lr 0.001); VSHARE=0
+fi
 # DEVICE=cpu (with tiny SIZES, EDGEKV_SETUP=0 and the venv first on PATH) runs the whole script on the dev VM: a
 # check of the script itself: its budget, packing and interrupts (tools/gpu/README.md has the command).
 DEVICE=${DEVICE:-cuda}
