@@ -67,8 +67,8 @@ class Probe:
         session = self.daemon.session
         ingest = session.ingest
 
-        def recording(frame, t=None):
-            result = ingest(frame, t=t)
+        def recording(frame, t=None, **stamps):  # stamps: the daemon's captured_unix (the wall-clock map)
+            result = ingest(frame, t=t, **stamps)
             self.ingested.append((time.monotonic(), t))
             return result
 
