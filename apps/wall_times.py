@@ -15,6 +15,8 @@ import math
 import re
 import time
 
+from edgekv.apps.questions import printable
+
 _TIME_OF_DAY = re.compile(r"^\d{1,2}:\d{2}(:\d{2}(\.\d{1,6})?)?$")
 MAX_TEXT = 64
 
@@ -22,7 +24,8 @@ MAX_TEXT = 64
 def parse_wall_time(text: str, now: float | None = None) -> float:
     """``text`` as seconds since the epoch (the module's docstring), or ``ValueError`` naming what is wrong."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_TEXT:
-        raise ValueError(f"{_shown(text)}: expected a wall time such as 2026-12-04T10:03:00+01:00 or 10:03")
+        raise ValueError(f"{printable(repr(text), 40)}: expected a wall time such as 2026-12-04T10:03:00+01:00 or "
+                         f"10:03")
     text = text.strip()
     now = time.time() if now is None else now
     if _TIME_OF_DAY.match(text):
@@ -45,11 +48,6 @@ def parse_wall_time(text: str, now: float | None = None) -> float:
         raise ValueError(f"{text!r}: out of the range this machine's clock can represent") from None
 
 
-def _shown(value) -> str:
-    """A value as an error message names it: at most 40 characters of it."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
-
 
 def wall_or_stream(name: str, value) -> tuple[str, float]:
     """A window bound as given to the API: ``("stream", seconds)`` for a number, ``("wall", unix)`` for a string;
@@ -61,7 +59,7 @@ def wall_or_stream(name: str, value) -> tuple[str, float]:
             raise ValueError(f"{name}: {exc}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name}: expected stream seconds (a finite number) or a wall time (a string such as "
-                         f"\"10:03\" or \"2026-12-04T10:03:00+01:00\"), got {_shown(value)}")
+                         f"\"10:03\" or \"2026-12-04T10:03:00+01:00\"), got {printable(repr(value), 40)}")
     return "stream", float(value)
 
 
