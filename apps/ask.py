@@ -13,7 +13,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from edgekv.apps.wall_times import cli_bound
+from edgekv.apps.wall_times import cli_bound, wall_text
 
 
 def daemon_request(url: str, path: str, body: dict, token: str | None, timeout: float):
@@ -46,14 +46,16 @@ def _not_an_answer(url: str, what: str) -> ValueError:
     return ValueError(f"{url}: {what}; is this an edgekv daemon's address (edgekv serve / edgekv-camera)?")
 
 
-def _stream_answer(url: str, response, timeout: float) -> None:
-    """Prints the answer's tokens as the daemon's server-sent events bring them. An ``error`` event (the answer
+def _stream_answer(url: str, response, timeout: float) -> dict | None:
+    """Prints the answer's tokens as the daemon's server-sent events bring them; returns the ``edgekv`` figures of
+    its last chunk (where the request asked for them, else None). An ``error`` event (the answer
     failed mid-way: the status line was long sent) and a stream that ends before ``[DONE]`` are errors, as is a
     reply that is not an event stream."""
     kind = response.headers.get("content-type", "")
     if not kind.startswith("text/event-stream"):
         raise _not_an_answer(url, f"the reply is {kind or 'untyped'}, not an answer stream")
     done = printed = False
+    extension = None
     try:
         for raw in response:
             line = raw.decode("utf-8", "replace").strip()
@@ -72,6 +74,8 @@ def _stream_answer(url: str, response, timeout: float) -> None:
                 error = chunk["error"]
                 message = error.get("message") if isinstance(error, dict) else error
                 raise ValueError(f"{url}: the answer failed on the way: {message}")
+            if isinstance(chunk.get("edgekv"), dict):  # the last chunk's, when the request asked for evidence
+                extension = chunk["edgekv"]
             for choice in chunk.get("choices") or ():
                 piece = (choice.get("delta") or {}).get("content") or ""
                 sys.stdout.write(piece)
@@ -86,6 +90,7 @@ def _stream_answer(url: str, response, timeout: float) -> None:
             print()  # the answer so far ends its line, whatever comes after
     if not done:
         raise OSError(f"{url}: the daemon closed the stream before the answer ended (no [DONE])")
+    return extension
 
 
 def add_local_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +114,10 @@ def add_local_arguments(parser: argparse.ArgumentParser) -> None:
                             "wall times: 10:03 (today, local time), 2026-12-04T10:03:00+01:00 (with --fleet: wall "
                             "times, what each device saw then)")
     local.add_argument("--to", dest="t_to", type=cli_bound, metavar="T1", default=None, help="with --from")
+    local.add_argument("--evidence", type=int, nargs="?", const=1, default=None, metavar="K",
+                       help="after the answer, when it was seen: the K frame pairs (default 1, at most 8) the "
+                            "question attended most, each with its wall time and stream time (the chat API's "
+                            "evidence; --fleet answers always carry one)")
 
 
 def daemon_target(config_path: str | None, token_env: str | None = None) -> tuple[str, str | None]:
@@ -150,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     window = question_window(args.last, args.t_from, args.t_to)
     if window is not None:
         body["window"] = window
+    if getattr(args, "evidence", None) is not None:
+        body["evidence"] = args.evidence  # the daemon checks the number (0-8) and names what was wrong
     timeout = max(args.timeout, 1.0)
     if getattr(args, "chat", False):
         if args.stream or args.json:
@@ -161,11 +172,35 @@ def run(args: argparse.Namespace) -> int:
     if args.stream and not args.json:
         body["stream"] = True
         with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
-            _stream_answer(args.url, response, timeout)
+            extension = _stream_answer(args.url, response, timeout)
+        for line in evidence_lines(extension):
+            print(line)
         return 0
     result = _completion(args.url, body, token, timeout)
     print(json.dumps(result, indent=2) if args.json else _content(args.url, result))
+    if not args.json:
+        for line in evidence_lines(result.get("edgekv")):
+            print(line)
     return 0
+
+
+def evidence_lines(extension) -> list[str]:
+    """The answer's evidence (the chat API's ``edgekv.evidence``) as lines to print under it: when each frame pair
+    the question attended most was seen, by the wall clock where the daemon knows it and always in stream time."""
+    items = extension.get("evidence") if isinstance(extension, dict) else None
+    if not isinstance(items, list):
+        return []
+    if not items:
+        return ["  evidence: none (no frame pair of the stream was read for this answer)"]
+    lines = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        pair, t, unix = item.get("pair"), item.get("t"), item.get("unix")
+        when = f"seen {wall_text(unix)}, " if isinstance(unix, (int, float)) else ""
+        stream = f"stream {t:.1f} s" if isinstance(t, (int, float)) else "stream time unknown"
+        lines.append(f"  evidence: {when}{stream} (frame pair {pair})")
+    return lines
 
 
 def chat(args: argparse.Namespace, token: str | None, body: dict, timeout: float, lines=None) -> int:
@@ -187,11 +222,12 @@ def chat(args: argparse.Namespace, token: str | None, body: dict, timeout: float
         question, pending = pending, None
         asked = {**body, "messages": [*history, {"role": "user", "content": question}]}
         try:
-            answer = _content(args.url, _completion(args.url, asked, token, timeout))
+            result = _completion(args.url, asked, token, timeout)
+            answer = _content(args.url, result)
         except ValueError as exc:  # refused (too long, a window of nothing held...): said, the chat goes on
             print(f"edgekv ask: {exc}", file=sys.stderr)
             continue
-        print(answer, flush=True)
+        print("\n".join([answer, *evidence_lines(result.get("edgekv"))]), flush=True)
         history = [*history, {"role": "user", "content": question},
                    {"role": "assistant", "content": answer}][-2 * CHAT_EXCHANGES:]
 

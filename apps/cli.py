@@ -185,7 +185,8 @@ def _ask(args: argparse.Namespace) -> int:
 
         local_only = [option for option, given in (("--url", args.url is not None), ("--stream", args.stream),
                                                    ("--token-env", args.token_env is not None),
-                                                   ("--chat", args.chat)) if given]
+                                                   ("--chat", args.chat),
+                                                   ("--evidence", args.evidence is not None)) if given]
         if local_only:
             raise ValueError(f"{', '.join(local_only)}: only without --fleet (they ask the daemon on this machine "
                              f"over HTTP; --fleet asks every device over MQTT)")

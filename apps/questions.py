@@ -34,7 +34,8 @@ class Question:
     stream: bool = False  # its tokens go out as they come (a streamed chat): only escalated when it asks
     on_token: object = None
     source: str = "cli"
-    evidence: bool = False  # also find the frame pair the question attends most (``evidence_pair``): fleet answers
+    evidence: bool | int = False  # also find the frame pair(s) the question attends most (``evidence_pair``, the
+    # fleet's; a number K: the first K in ``evidence_seen``, a chat's ``evidence``)
     history: tuple = ()  # the conversation before it, (role, text) turns (a chat's earlier messages)
     window: tuple[float, float] | None = None  # read only the pairs stamped in it (stream seconds) ...
     window_unix: tuple[float, float] | None = None  # ... or seen between two wall times (each camera's own map) ...
@@ -47,6 +48,7 @@ class Question:
     asked_at: float = field(default_factory=time.time)
     answered_at: float | None = None
     evidence_pair: int | None = None
+    evidence_seen: tuple = ()  # (pair, stream seconds or None, wall time or None) of each pair asked for, most first
 
 
 class QuestionRefused(Exception):

@@ -81,6 +81,7 @@ chat_body = st.fixed_dictionaries({}, optional={
     "stream": st.one_of(st.booleans(), scalars), "stop": st.one_of(st.lists(weird_text, max_size=5), scalars),
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}), json_values),
     "seed": scalars, "n": scalars, "user": scalars, "tools": json_values, "extra_field": json_values,
+    "evidence": st.one_of(st.integers(-2, 10), scalars),
 })
 
 
@@ -88,7 +89,8 @@ valid_chat = st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries({
     "role": st.just("user"), "content": st.text(min_size=1, max_size=40).filter(str.strip)}), min_size=1, max_size=2)},
     optional={"max_tokens": st.integers(1, 2), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1),
               "stream": st.booleans(), "seed": st.integers(-(2**63), 2**63 - 1),
-              "stop": st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=4)})
+              "stop": st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=4),
+              "evidence": st.integers(0, 8)})
 
 
 @st.composite

@@ -922,10 +922,12 @@ class Daemon:
                     question.answer = self.session.ask(
                         question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
                         top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
-                        evidence=max(evidence, 1 if question.evidence else 0), history=question.history,
+                        evidence=max(evidence, int(question.evidence)), history=question.history,
                         window=self._window(question))
                 if question.evidence and question.answer.evidence:  # the pair the question attended most
                     question.evidence_pair = question.answer.evidence[0]
+                    question.evidence_seen = tuple(self.seen(pair)
+                                                   for pair in question.answer.evidence[:int(question.evidence)])
                 if speech is not None:  # queued before another camera's answer can speak (several cameras)
                     speech.finish(question.answer.text)
             deferred = not question.images and self._escalate(question)
@@ -1022,6 +1024,14 @@ class Daemon:
         if question.window_last_s is None:
             return question.window
         return self.session.last_seconds(question.window_last_s)
+
+    def seen(self, pair: int) -> tuple[int, float | None, float | None]:
+        """An answer's evidence pair, the stream time it was seen at (the cache's pairs, else the alerts' keyframe
+        ring's) and that moment's wall time by this camera's clock map (None where either is not known)."""
+        t = self.session.pair_times.get(pair)
+        if t is None and self.alerts is not None:
+            t = self.alerts.keyframes.times.get(pair)
+        return pair, t, self.session.wall_time(t) if t is not None else None
 
     def _record(self, question: Question) -> None:
         answer = question.answer

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import json
 import logging
 import queue
@@ -116,6 +117,7 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
     question.seed = params.seed
     question.recall, question.history = params.recall, params.history
     question.window, question.window_last_s = params.window, params.window_last_s
+    question.evidence = params.evidence
     question.window_unix = params.window_unix
     question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
     submit(daemon, question)
@@ -149,16 +151,28 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                      "finish_reason": "stop" if escalated else text.finish_reason(answer), "logprobs": None}],
         "usage": _usage(answer, text.completion_tokens(answer)),
-        "edgekv": _extension(answer),
+        "edgekv": _extension(answer, question),
     })
 
 
-def _extension(answer: Any) -> dict:
-    """edgekv's own figures beside an OpenAI answer: speed, confidence, and escalation."""
-    return {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens,
-            "confidence": answer.confidence, "evidence_pairs": list(answer.evidence),
-            "escalated": answer.escalated is not None, "escalated_model": answer.escalated,
-            "escalation_note": answer.escalation_note, "window_pairs": answer.window_pairs}
+def _extension(answer: Any, question: Question) -> dict:
+    """edgekv's own figures beside an OpenAI answer: speed, confidence, escalation, and (when the request asked
+    for ``evidence``) the frame pairs the question attended most with when each was seen."""
+    out = {"ttft_s": answer.ttft_s, "decode_tok_s": answer.decode_tok_s, "video_tokens": answer.video_tokens,
+           "confidence": answer.confidence, "evidence_pairs": list(answer.evidence),
+           "escalated": answer.escalated is not None, "escalated_model": answer.escalated,
+           "escalation_note": answer.escalation_note, "window_pairs": answer.window_pairs}
+    if question.evidence:
+        out["evidence"] = [evidence_item(*seen) for seen in question.evidence_seen]
+    return out
+
+
+def evidence_item(pair: int, t: float | None, unix: float | None) -> dict:
+    """One evidence pair as the API gives it: its index, stream seconds, wall time (seconds since the epoch) and
+    the same as ISO 8601 with the daemon's UTC offset; a time the daemon does not know is null."""
+    seen = (datetime.datetime.fromtimestamp(unix).astimezone().isoformat(timespec="milliseconds")
+            if unix is not None else None)
+    return {"pair": pair, "t": t, "unix": unix, "seen": seen}
 
 
 _DONE = object()
@@ -329,9 +343,9 @@ async def _sse_events(first: Any, handoff: AnswerHandoff, question: Question, te
     def event(payload: dict) -> str:
         return "data: " + json.dumps(payload) + "\n\n"
 
-    def chunk(delta: dict, finish: str | None = None) -> str:
+    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
         return event({"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra})
 
     yield chunk({"role": "assistant", "content": ""})
     item = first
@@ -351,7 +365,10 @@ async def _sse_events(first: Any, handoff: AnswerHandoff, question: Question, te
         if tail:
             yield chunk({"content": tail})
         reason = "stop" if text.stop_tokens is not None else answer.finish_reason
-        yield chunk({}, finish=reason)
+        # the evidence asked for rides on the last chunk (a client ignores a key it does not know); a stream cut at
+        # a stop string ends before the answer is whole, and without it
+        whole = answer is not None and question.done.is_set()
+        yield chunk({}, reason, **({"edgekv": _extension(answer, question)} if question.evidence and whole else {}))
         if params.include_usage:
             yield event({"id": completion_id, "object": "chat.completion.chunk", "created": created,
                          "model": model_id, "choices": [], "usage": _usage(answer, text.completion_tokens(answer))})

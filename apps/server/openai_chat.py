@@ -28,6 +28,7 @@ MAX_JSON_DEPTH = 32  # containers inside containers; a chat request needs 4
 GREEDY_BELOW = 1e-6
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_IMAGES = 16
+MAX_EVIDENCE = 8  # frame pairs an answer names as its evidence (edgekv's ``evidence``)
 MAX_IMAGE_URL = 16 * 2**20
 MAX_IMAGE_PIXELS = 4096 * 4096  # a request's image, decoded (a 4K frame is 8.3 Mpx)
 SEED_RANGE = (-(2**63), 2**63 - 1)
@@ -291,6 +292,9 @@ class ChatCompletionRequest(BaseModel):
     window: TimeWindow | None = Field(None, description="edgekv: read only the frame pairs of this stretch of the "
                                                         "stream ({from, to} stream seconds or wall times, or "
                                                         "{last_s})")
+    evidence: int | None = Field(None, ge=0, le=MAX_EVIDENCE, description=(
+        "edgekv: also name the frame pairs the question attended most (at most this many), each with its stream "
+        "time and the wall time it was seen at, in the answer's edgekv.evidence"))
     # accepted and ignored: they change nothing about an answer
     user: str | None = None
     store: bool | None = None
@@ -334,6 +338,7 @@ class ChatRequest:
     window: tuple[float, float] | None = None  # edgekv extension: the stretch read, stream seconds
     window_unix: tuple[float, float] | None = None  # edgekv extension: ... or wall times (seconds since the epoch)
     window_last_s: float | None = None  # edgekv extension: ... or the last seconds before the answer starts
+    evidence: int = 0  # edgekv extension: name this many frame pairs attended most, with when they were seen
 
 
 @dataclass(frozen=True)
@@ -368,11 +373,14 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
     if images and request.window is not None:
         raise ApiError(400, "window: a question with images is answered about its images, not the stream",
                        param="window")
+    if images and request.evidence:
+        raise ApiError(400, "evidence: a question with images is answered about its images; no frame of the stream "
+                            "is its evidence", param="evidence")
     return ChatRequest(
         question=_question(request.messages), history=_history(request.messages),
         window=bounds[1:] if bounds is not None and bounds[0] == "stream" else None,
         window_unix=bounds[1:] if bounds is not None and bounds[0] == "wall" else None,
-        window_last_s=request.window.last_s if request.window else None,
+        window_last_s=request.window.last_s if request.window else None, evidence=request.evidence or 0,
         max_new_tokens=asked if asked is not None else min(limits.default_new_tokens, limits.max_new_tokens),
         temperature=0.0 if temperature is not None and temperature < GREEDY_BELOW else temperature,
         top_p=request.top_p, stream=bool(request.stream),

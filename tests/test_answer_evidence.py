@@ -1,0 +1,170 @@
+"""When was it seen? An answer's evidence over the chat API (``"evidence": K``): the K frame pairs the question attended
+most, each with its stream time and the wall time it was seen at (the camera's clock map), on the answer whole and on
+a streamed answer's last chunk; ``edgekv ask --evidence`` prints them under the answer. A recording read as fast as it
+goes has no wall times: its evidence says so (null), and the stream time is still given."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import io
+import json
+import threading
+
+import cv2
+import numpy as np
+import pytest
+
+ASK = {"messages": [{"role": "user", "content": "What moved?"}]}
+
+
+def _limits(images: bool = False):
+    from edgekv.apps.server.openai_chat import ChatLimits
+
+    return ChatLimits(served_models=("edgekv",), max_new_tokens=16, default_new_tokens=4, images=images)
+
+
+def test_the_request_names_a_bad_evidence_count():
+    from edgekv.apps.server.openai_chat import MAX_EVIDENCE, ApiError, parse_chat_request
+
+    assert parse_chat_request(ASK, _limits()).evidence == 0
+    assert parse_chat_request({**ASK, "evidence": None}, _limits()).evidence == 0
+    assert parse_chat_request({**ASK, "evidence": 3}, _limits()).evidence == 3
+    assert parse_chat_request({**ASK, "evidence": MAX_EVIDENCE}, _limits()).evidence == MAX_EVIDENCE
+    for bad in (MAX_EVIDENCE + 1, -1, True, 1.5, "2", [1]):
+        with pytest.raises(ApiError) as refused:
+            parse_chat_request({**ASK, "evidence": bad}, _limits())
+        assert refused.value.status == 400 and refused.value.param == "evidence", (bad, refused.value.message)
+    ok, png = cv2.imencode(".png", np.zeros((8, 8, 3), np.uint8))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
+    with_image = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"}, image]}]}
+    assert parse_chat_request(with_image, _limits(images=True)).images  # an image question is taken ...
+    with pytest.raises(ApiError) as refused:  # ... but has no frame of the stream to show
+        parse_chat_request({**with_image, "evidence": 1}, _limits(images=True))
+    assert refused.value.message.startswith("evidence: a question with images")
+
+
+def _config(model_dir):
+    from edgekv.config import EdgeKVConfig
+
+    return EdgeKVConfig().with_overrides(
+        model={"path": str(model_dir), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56]},
+        cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
+        monitor={"backend": "cpu"}, generation={"max_new_tokens": 2, "temperature": 0.0})
+
+
+@contextlib.contextmanager
+def _ended(config, out_path, realtime: bool):
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.loop import Daemon
+
+    with open(out_path, "w") as out:
+        daemon = Daemon(config, daemon_args(realtime=realtime), out=out)
+        thread = threading.Thread(target=daemon.run, daemon=True)
+        thread.start()
+        try:
+            assert daemon.ready.wait(120)
+            assert daemon.stream_ended.wait(300), "the stream did not end"
+            yield daemon
+        finally:
+            daemon.stop.event.set()
+            thread.join(60)
+
+
+def _streamed(port: int, body: dict) -> list[dict]:
+    from helpers_server import call
+
+    status, headers, raw = call(port, "POST", "/v1/chat/completions", {**body, "stream": True})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream"), raw
+    events = [line[len("data: "):] for line in raw.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+def _ask_cli(argv: list[str]) -> str:
+    from edgekv.apps.cli import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["ask", *argv]) == 0
+    return printed.getvalue()
+
+
+def test_an_answer_says_when_its_evidence_was_seen(tiny_checkpoint, tmp_path):
+    pytest.importorskip("fastapi")
+    from helpers_server import chat
+
+    from edgekv.apps.wall_times import wall_text
+
+    with _ended(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=True) as daemon:
+        port, session = daemon.server.port, daemon.session
+        with daemon.lock:
+            want = session.ask("What moved?", max_new_tokens=2, evidence=3)
+            times = dict(session.pair_times)
+            assert session.wall.anchors  # a paced source: each frame's wall time was kept
+        assert len(want.evidence) == 3
+        status, _, body = chat(port, "What moved?", max_tokens=2, evidence=3)
+        assert status == 200, body
+        got = json.loads(body)
+        assert got["choices"][0]["message"]["content"] == want.text
+        evidence = got["edgekv"]["evidence"]
+        assert [item["pair"] for item in evidence] == list(want.evidence)  # most attended first
+        for item in evidence:
+            assert item["t"] == times[item["pair"]]
+            assert item["unix"] == pytest.approx(session.wall_time(item["t"]), abs=1e-6)
+            seen = dt.datetime.fromisoformat(item["seen"])
+            assert seen.tzinfo is not None and seen.timestamp() == pytest.approx(item["unix"], abs=1e-3)
+        status, _, body = chat(port, "What moved?", max_tokens=2)  # not asked: not given (nor computed)
+        assert status == 200 and "evidence" not in json.loads(body)["edgekv"]
+        # a window: the evidence is inside it
+        ordered = sorted(times.values())
+        window = {"from": ordered[3], "to": ordered[6]}
+        status, _, body = chat(port, "What moved?", max_tokens=2, evidence=2, window=window)
+        assert status == 200, body
+        assert all(ordered[3] <= item["t"] <= ordered[6] for item in json.loads(body)["edgekv"]["evidence"])
+        # streamed: the same evidence on the last chunk, and only there
+        chunks = _streamed(port, {**ASK, "max_tokens": 2, "evidence": 3})
+        assert [c["choices"][0]["finish_reason"] for c in chunks if "edgekv" in c] == [got["choices"][0]["finish_reason"]]
+        assert chunks[-1]["edgekv"]["evidence"] == evidence
+        assert all("edgekv" not in c for c in _streamed(port, {**ASK, "max_tokens": 2}))
+        # the CLI prints it under the answer, whole or streamed
+        url = f"http://127.0.0.1:{port}"
+        top = evidence[0]
+        line = f"  evidence: seen {wall_text(top['unix'])}, stream {top['t']:.1f} s (frame pair {top['pair']})"
+        printed = _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2", "--evidence"]).splitlines()
+        assert printed == [want.text, line]
+        printed = _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2", "--evidence", "3", "--stream"])
+        assert printed.splitlines()[-3:] == [
+            f"  evidence: seen {wall_text(i['unix'])}, stream {i['t']:.1f} s (frame pair {i['pair']})" for i in evidence]
+        assert "evidence" not in _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2"])
+        from edgekv.apps.cli import main
+
+        with contextlib.redirect_stderr(io.StringIO()) as said:
+            assert main(["ask", "What moved?", "--url", url, "--evidence", "9"]) == 2
+        assert "HTTP 400" in said.getvalue() and "evidence" in said.getvalue()
+
+
+def test_a_recording_has_evidence_in_stream_time_only(tiny_checkpoint, tmp_path):
+    pytest.importorskip("fastapi")
+    from helpers_server import chat
+
+    with _ended(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=False) as daemon:
+        port, session = daemon.server.port, daemon.session
+        status, _, body = chat(port, "What moved?", max_tokens=2, evidence=1)
+        assert status == 200, body
+        (item,) = json.loads(body)["edgekv"]["evidence"]
+        assert item["t"] == session.pair_times[item["pair"]] and item["unix"] is None and item["seen"] is None
+        printed = _ask_cli(["What moved?", "--url", f"http://127.0.0.1:{port}", "--max-new-tokens", "2",
+                            "--evidence"])
+        assert printed.splitlines()[-1] == f"  evidence: stream {item['t']:.1f} s (frame pair {item['pair']})"
+
+
+def test_the_fleet_refuses_evidence_it_always_gives():
+    from edgekv.apps.cli import main
+
+    with contextlib.redirect_stderr(io.StringIO()) as said:
+        assert main(["ask", "--fleet", "What moved?", "--broker", "mqtt://127.0.0.1:1", "--evidence"]) == 2
+    assert "--evidence: only without --fleet" in said.getvalue()
