@@ -127,18 +127,19 @@ def test_an_answer_says_when_its_evidence_was_seen(tiny_checkpoint, tmp_path):
         assert all(ordered[3] <= item["t"] <= ordered[6] for item in json.loads(body)["edgekv"]["evidence"])
         # streamed: the same evidence on the last chunk, and only there
         chunks = _streamed(port, {**ASK, "max_tokens": 2, "evidence": 3})
-        assert [c["choices"][0]["finish_reason"] for c in chunks if "edgekv" in c] == [got["choices"][0]["finish_reason"]]
+        finishing = [c["choices"][0]["finish_reason"] for c in chunks if "edgekv" in c]
+        assert finishing == [got["choices"][0]["finish_reason"]]
         assert chunks[-1]["edgekv"]["evidence"] == evidence
         assert all("edgekv" not in c for c in _streamed(port, {**ASK, "max_tokens": 2}))
         # the CLI prints it under the answer, whole or streamed
         url = f"http://127.0.0.1:{port}"
-        top = evidence[0]
-        line = f"  evidence: seen {wall_text(top['unix'])}, stream {top['t']:.1f} s (frame pair {top['pair']})"
+        def line(item: dict) -> str:
+            return f"  evidence: seen {wall_text(item['unix'])}, stream {item['t']:.1f} s (frame pair {item['pair']})"
+
         printed = _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2", "--evidence"]).splitlines()
-        assert printed == [want.text, line]
+        assert printed == [want.text, line(evidence[0])]
         printed = _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2", "--evidence", "3", "--stream"])
-        assert printed.splitlines()[-3:] == [
-            f"  evidence: seen {wall_text(i['unix'])}, stream {i['t']:.1f} s (frame pair {i['pair']})" for i in evidence]
+        assert printed.splitlines()[-3:] == [line(item) for item in evidence]
         assert "evidence" not in _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2"])
         from edgekv.apps.cli import main
 

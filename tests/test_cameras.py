@@ -301,6 +301,12 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
         answer = json.loads(body)
         assert answer["choices"][0]["message"]["content"] == "front: yes\nback: no"
         assert set(answer["edgekv"]["cameras"]) == {"front", "back"}
+        status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "evidence": 2})
+        assert status == 200, body
+        for name, figures in json.loads(body)["edgekv"]["cameras"].items():  # each camera's own pairs and times
+            times = cameras.daemons[name].session.pair_times
+            assert len(figures["evidence"]) == 2
+            assert all(item["t"] == times[item["pair"]] for item in figures["evidence"])
         status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "camera": "back"})
         assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "no"
         status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "camera": "side"})
