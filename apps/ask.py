@@ -13,6 +13,7 @@ import sys
 import urllib.error
 import urllib.request
 
+from edgekv.apps.questions import printable
 from edgekv.apps.wall_times import cli_bound, wall_text
 
 
@@ -173,20 +174,21 @@ def run(args: argparse.Namespace) -> int:
         body["stream"] = True
         with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
             extension = _stream_answer(args.url, response, timeout)
-        for line in evidence_lines(extension):
+        for line in evidence_lines(extension, args.url):
             print(line)
         return 0
     result = _completion(args.url, body, token, timeout)
     print(json.dumps(result, indent=2) if args.json else _content(args.url, result))
     if not args.json:
-        for line in evidence_lines(result.get("edgekv")):
+        for line in evidence_lines(result.get("edgekv"), args.url):
             print(line)
     return 0
 
 
-def evidence_lines(extension) -> list[str]:
+def evidence_lines(extension, url: str = "") -> list[str]:
     """The answer's evidence (the chat API's ``edgekv.evidence``) as lines to print under it: when each frame pair
-    the question attended most was seen, by the wall clock where the daemon knows it and always in stream time."""
+    the question attended most was seen, by the wall clock where the daemon knows it and always in stream time, and
+    the address of its frame while the daemon keeps it."""
     items = extension.get("evidence") if isinstance(extension, dict) else None
     if not isinstance(items, list):
         return []
@@ -199,7 +201,9 @@ def evidence_lines(extension) -> list[str]:
         pair, t, unix = item.get("pair"), item.get("t"), item.get("unix")
         when = f"seen {wall_text(unix)}, " if isinstance(unix, (int, float)) else ""
         stream = f"stream {t:.1f} s" if isinstance(t, (int, float)) else "stream time unknown"
-        lines.append(f"  evidence: {when}{stream} (frame pair {pair})")
+        frame = item.get("frame")
+        shown = f"; {url.rstrip('/')}{frame}" if isinstance(frame, str) and frame.startswith("/") else ""
+        lines.append(printable(f"  evidence: {when}{stream} (frame pair {pair}{shown})"))  # the daemon's text
     return lines
 
 
@@ -227,7 +231,7 @@ def chat(args: argparse.Namespace, token: str | None, body: dict, timeout: float
         except ValueError as exc:  # refused (too long, a window of nothing held...): said, the chat goes on
             print(f"edgekv ask: {exc}", file=sys.stderr)
             continue
-        print("\n".join([answer, *evidence_lines(result.get("edgekv"))]), flush=True)
+        print("\n".join([answer, *evidence_lines(result.get("edgekv"), args.url)]), flush=True)
         history = [*history, {"role": "user", "content": question},
                    {"role": "assistant", "content": answer}][-2 * CHAT_EXCHANGES:]
 

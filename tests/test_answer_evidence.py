@@ -45,14 +45,15 @@ def test_the_request_names_a_bad_evidence_count():
     assert refused.value.message.startswith("evidence: a question with images")
 
 
-def _config(model_dir):
+def _config(model_dir, keyframe_pairs: int = 32):
     from edgekv.config import EdgeKVConfig
 
     return EdgeKVConfig().with_overrides(
         model={"path": str(model_dir), "dtype": "fp32", "device": "cpu"},
         video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56]},
         cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
-        monitor={"backend": "cpu"}, generation={"max_new_tokens": 2, "temperature": 0.0})
+        monitor={"backend": "cpu"}, generation={"max_new_tokens": 2, "temperature": 0.0},
+        alerts={"keyframe_pairs": keyframe_pairs})
 
 
 @contextlib.contextmanager
@@ -95,7 +96,7 @@ def _ask_cli(argv: list[str]) -> str:
 
 def test_an_answer_says_when_its_evidence_was_seen(tiny_checkpoint, tmp_path):
     pytest.importorskip("fastapi")
-    from helpers_server import chat
+    from helpers_server import call, chat, error_of
 
     from edgekv.apps.wall_times import wall_text
 
@@ -117,6 +118,18 @@ def test_an_answer_says_when_its_evidence_was_seen(tiny_checkpoint, tmp_path):
             assert item["unix"] == pytest.approx(session.wall_time(item["t"]), abs=1e-6)
             seen = dt.datetime.fromisoformat(item["seen"])
             assert seen.tzinfo is not None and seen.timestamp() == pytest.approx(item["unix"], abs=1e-3)
+            # its frame, while the keyframe ring keeps it (24 pairs seen, the last 32 kept)
+            assert item["frame"] == f"/frame.jpg?pair={item['pair']}"
+            status, headers, jpeg = call(port, "GET", item["frame"])
+            assert status == 200 and headers["content-type"] == "image/jpeg"
+            ok, want_jpeg = cv2.imencode(".jpg", daemon.alerts.keyframes.frames[item["pair"]],
+                                         [cv2.IMWRITE_JPEG_QUALITY, 85])
+            assert jpeg == want_jpeg.tobytes()  # that pair's frame, no other
+        for path in ("/frame.jpg?pair=100000", "/frame.jpg?pair=-1"):
+            status, _, body = call(port, "GET", path)
+            assert status == 404 and error_of(body)["code"] == "frame_not_kept", body
+        status, _, body = call(port, "GET", "/frame.jpg?pair=one")
+        assert status == 400 and "pair" in error_of(body)["message"], body
         status, _, body = chat(port, "What moved?", max_tokens=2)  # not asked: not given (nor computed)
         assert status == 200 and "evidence" not in json.loads(body)["edgekv"]
         # a window: the evidence is inside it
@@ -134,7 +147,8 @@ def test_an_answer_says_when_its_evidence_was_seen(tiny_checkpoint, tmp_path):
         # the CLI prints it under the answer, whole or streamed
         url = f"http://127.0.0.1:{port}"
         def line(item: dict) -> str:
-            return f"  evidence: seen {wall_text(item['unix'])}, stream {item['t']:.1f} s (frame pair {item['pair']})"
+            return (f"  evidence: seen {wall_text(item['unix'])}, stream {item['t']:.1f} s (frame pair {item['pair']}; "
+                    f"{url}/frame.jpg?pair={item['pair']})")
 
         printed = _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2", "--evidence"]).splitlines()
         assert printed == [want.text, line(evidence[0])]
@@ -149,18 +163,26 @@ def test_an_answer_says_when_its_evidence_was_seen(tiny_checkpoint, tmp_path):
 
 
 def test_a_recording_has_evidence_in_stream_time_only(tiny_checkpoint, tmp_path):
+    """... and a frame older than the keyframe ring's last pairs is not linked (nor served): its time still is."""
     pytest.importorskip("fastapi")
-    from helpers_server import chat
+    from helpers_server import call, chat
 
-    with _ended(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=False) as daemon:
+    with _ended(_config(tiny_checkpoint, keyframe_pairs=2), tmp_path / "out.txt", realtime=False) as daemon:
         port, session = daemon.server.port, daemon.session
-        status, _, body = chat(port, "What moved?", max_tokens=2, evidence=1)
+        status, _, body = chat(port, "What moved?", max_tokens=2, evidence=8)
         assert status == 200, body
-        (item,) = json.loads(body)["edgekv"]["evidence"]
+        evidence = json.loads(body)["edgekv"]["evidence"]
+        item = evidence[0]
         assert item["t"] == session.pair_times[item["pair"]] and item["unix"] is None and item["seen"] is None
+        last_two = sorted(session.pair_times)[-2:]
+        assert len(evidence) == 8 and list(daemon.alerts.keyframes.frames) == last_two
+        for each in evidence:
+            assert (each["frame"] is not None) == (each["pair"] in last_two)
+            assert call(port, "GET", f"/frame.jpg?pair={each['pair']}")[0] == (200 if each["frame"] else 404)
         printed = _ask_cli(["What moved?", "--url", f"http://127.0.0.1:{port}", "--max-new-tokens", "2",
-                            "--evidence"])
-        assert printed.splitlines()[-1] == f"  evidence: stream {item['t']:.1f} s (frame pair {item['pair']})"
+                            "--evidence", "8"])
+        (item,) = [each for each in evidence if each["frame"] is None][:1]  # not kept: a time, no address
+        assert f"  evidence: stream {item['t']:.1f} s (frame pair {item['pair']})" in printed.splitlines()
 
 
 def test_the_fleet_refuses_evidence_it_always_gives():

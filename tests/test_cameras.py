@@ -307,6 +307,12 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
             times = cameras.daemons[name].session.pair_times
             assert len(figures["evidence"]) == 2
             assert all(item["t"] == times[item["pair"]] for item in figures["evidence"])
+            ring = cameras.daemons[name].alerts.keyframes.frames
+            for item in figures["evidence"]:  # its frame from that camera's ring, while kept there
+                kept = item["pair"] in ring
+                assert item["frame"] == (f"/frame.jpg?pair={item['pair']}&camera={name}" if kept else None)
+                path = f"/frame.jpg?pair={item['pair']}&camera={name}"
+                assert call(port, "GET", path)[0] == (200 if kept else 404)
         status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "camera": "back"})
         assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "no"
         status, _, body = call(port, "POST", "/v1/chat/completions", {**question, "camera": "side"})

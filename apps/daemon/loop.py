@@ -1025,13 +1025,21 @@ class Daemon:
             return question.window
         return self.session.last_seconds(question.window_last_s)
 
-    def seen(self, pair: int) -> tuple[int, float | None, float | None]:
+    def seen(self, pair: int) -> tuple[int, float | None, float | None, bool, str | None]:
         """An answer's evidence pair, the stream time it was seen at (the cache's pairs, else the alerts' keyframe
-        ring's) and that moment's wall time by this camera's clock map (None where either is not known)."""
+        ring's), that moment's wall time by this camera's clock map (None where either is not known), whether its
+        frame is still among the last ``alerts.keyframe_pairs`` kept (``keyframe_jpeg``), and this camera's name."""
         t = self.session.pair_times.get(pair)
-        if t is None and self.alerts is not None:
-            t = self.alerts.keyframes.times.get(pair)
-        return pair, t, self.session.wall_time(t) if t is not None else None
+        ring = self.alerts.keyframes if self.alerts is not None else None
+        if t is None and ring is not None:
+            t = ring.times.get(pair)
+        kept = ring is not None and pair in ring.frames
+        return pair, t, self.session.wall_time(t) if t is not None else None, kept, self.camera
+
+    def keyframe_jpeg(self, pair: int) -> bytes | None:
+        """Frame pair ``pair``'s frame as JPEG while the keyframe ring keeps it (the last ``alerts.keyframe_pairs``
+        pairs; any thread), else None."""
+        return self.alerts.keyframes.jpeg_of(pair) if self.alerts is not None else None
 
     def _record(self, question: Question) -> None:
         answer = question.answer

@@ -150,6 +150,16 @@ class KeyframeRing:
             while len(self.frames) > self.pairs:
                 self.frames.popitem(last=False)
 
+    def jpeg_of(self, pair: int) -> bytes | None:
+        """That pair's frame as JPEG while the ring keeps it (any thread: one lookup, no iteration), else None."""
+        import cv2
+
+        frame = self.frames.get(pair)
+        if frame is None:
+            return None
+        ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 85])
+        return data.tobytes() if ok else None
+
     def jpeg(self, pair: int | None) -> tuple[bytes | None, str]:
         import cv2
 

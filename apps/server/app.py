@@ -6,7 +6,8 @@
     GET  /version               edgekv's version (never needs the token)                                   (info)
     GET  /metrics               Prometheus (prometheus_client): seconds, bytes, histograms, exact counters (info)
     GET  /v1/edgekv/status      figures, kept-patch map, recent questions (the page polls it)              (info)
-    GET  /frame.jpg             the latest ingested frame (``?overlay=kept`` tints the kept patches)         (info)
+    GET  /frame.jpg             the latest ingested frame (the page tints the kept patches itself); ``?pair=N``:
+                                an answer's evidence frame while the keyframe ring keeps it                  (info)
     GET  /                      status page (a login form first when a token is set)                      (page)
     POST /v1/edgekv/login       {"token": ...} -> session cookie for the page (HttpOnly, SameSite=Strict)  (page)
     POST /v1/edgekv/logout                                                                                  (page)

@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+import urllib.parse
 import uuid
 from typing import Any
 
@@ -167,12 +168,15 @@ def _extension(answer: Any, question: Question) -> dict:
     return out
 
 
-def evidence_item(pair: int, t: float | None, unix: float | None) -> dict:
+def evidence_item(pair: int, t: float | None, unix: float | None, kept: bool = False,
+                  camera: str | None = None) -> dict:
     """One evidence pair as the API gives it: its index, stream seconds, wall time (seconds since the epoch) and
-    the same as ISO 8601 with the daemon's UTC offset; a time the daemon does not know is null."""
+    the same as ISO 8601 with the daemon's UTC offset (a time the daemon does not know is null), and where its
+    frame can be fetched while the keyframe ring keeps it (else null)."""
     seen = (datetime.datetime.fromtimestamp(unix).astimezone().isoformat(timespec="milliseconds")
             if unix is not None else None)
-    return {"pair": pair, "t": t, "unix": unix, "seen": seen}
+    frame = f"/frame.jpg?pair={pair}" + (f"&camera={urllib.parse.quote(camera)}" if camera else "") if kept else None
+    return {"pair": pair, "t": t, "unix": unix, "seen": seen, "frame": frame}
 
 
 _DONE = object()

@@ -74,7 +74,7 @@ def router(api: Api) -> APIRouter:
 
     @routes.get("/frame.jpg", response_class=Response,
              responses={200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}}})
-    async def frame(camera: str | None = None):
+    async def frame(camera: str | None = None, pair: int | None = None):
         source = daemon
         if camera is not None:  # video.sources: that camera's latest frame
             cameras = getattr(daemon, "cameras", None) or {}
@@ -82,6 +82,13 @@ def router(api: Api) -> APIRouter:
                 raise ApiError(400, f"camera: {safe_text(camera)!r} is not one of this daemon's cameras "
                                     f"({', '.join(cameras) or 'it watches one: leave camera out'})", param="camera")
             source = cameras[camera]
+        if pair is not None:  # an answer's evidence (edgekv.evidence[].frame): while the keyframe ring keeps it
+            keyframe = getattr(source, "keyframe_jpeg", None)
+            data = await run_in_threadpool(keyframe, pair) if callable(keyframe) else None
+            if data is None:
+                raise ApiError(404, f"frame pair {pair}: its frame is not kept (only the last alerts.keyframe_pairs "
+                                    f"pairs' are; the answer's evidence still gives its time)", code="frame_not_kept")
+            return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
         cached = getattr(source, "jpeg_cached", None)
         data = await _refresh(bool(cached()) if callable(cached) else False, source.latest_jpeg)
         if data is None:
