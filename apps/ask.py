@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 from edgekv.apps.questions import printable
-from edgekv.apps.wall_times import cli_bound, wall_text
+from edgekv.apps.wall_times import cli_bound, cli_window, wall_text
 
 
 def daemon_request(url: str, path: str, body: dict, token: str | None, timeout: float):
@@ -141,7 +141,10 @@ def question_window(last: float | None, t_from: float | None, t_to: float | None
         raise ValueError("--from and --to go together (stream seconds or wall times)")
     if last is not None:
         return {"last_s": last}
-    return {"from": t_from, "to": t_to} if t_from is not None else None
+    if t_from is None:
+        return None
+    t_from, t_to = cli_window(t_from, t_to)  # wall times read together, sent with this machine's UTC offset
+    return {"from": t_from, "to": t_to}
 
 
 CHAT_EXCHANGES = 8  # question-and-answer pairs ``--chat`` sends as the conversation (the daemon takes at most 64 turns)

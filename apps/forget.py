@@ -11,7 +11,7 @@ import os
 import sys
 
 from edgekv.apps.ask import daemon_request
-from edgekv.apps.wall_times import cli_bound, wall_text
+from edgekv.apps.wall_times import cli_bound, cli_window, wall_text
 
 
 def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
         body = {"last_s": args.last}
     else:
         if args.t_to is None:
-            raise ValueError("--from needs --to (stream seconds)")
-        body = {"from": args.t_from, "to": args.t_to}
+            raise ValueError("--from needs --to (stream seconds or wall times)")
+        t_from, t_to = cli_window(args.t_from, args.t_to)  # wall times read together, sent with this machine's offset
+        body = {"from": t_from, "to": t_to}
     with daemon_request(args.url, "/v1/memory/forget", body,
                         os.environ.get(args.token_env) if args.token_env else None, args.timeout) as response:
         result = json.loads(response.read())

@@ -5,7 +5,10 @@ with each camera's own map (``edgekv/session/wallclock.py``).
 
 Accepted: an ISO 8601 date and time (``2026-12-04T10:03:00+01:00``, ``2026-12-04 10:03Z``; without an offset it is
 the local time of the machine reading it), or a time of day ``HH:MM[:SS[.ffffff]]`` (local): the latest such
-moment not after now, so at 00:10 "23:55" is a quarter of an hour ago, not tomorrow.
+moment not after now, so at 00:10 "23:55" is a quarter of an hour ago, not tomorrow. A window's two bounds are read
+together (``window_bounds``): its ``to``, a time of day, is the first such moment not before its ``from`` — so at
+10:04 "10:00 to 10:30" is the half hour under way (read up to now), and at 00:05 "23:50 to 00:10" runs across
+midnight — and its ``from``, a time of day, is the latest such moment not after its ``to`` when that is a date.
 """
 
 from __future__ import annotations
@@ -21,8 +24,14 @@ _TIME_OF_DAY = re.compile(r"^\d{1,2}:\d{2}(:\d{2}(\.\d{1,6})?)?$")
 MAX_TEXT = 64
 
 
-def parse_wall_time(text: str, now: float | None = None) -> float:
-    """``text`` as seconds since the epoch (the module's docstring), or ``ValueError`` naming what is wrong."""
+def is_time_of_day(text) -> bool:
+    """``text`` is written as a time of day (``10:03``), whose date the reader supplies."""
+    return isinstance(text, str) and bool(_TIME_OF_DAY.match(text.strip()))
+
+
+def parse_wall_time(text: str, now: float | None = None, after: float | None = None) -> float:
+    """``text`` as seconds since the epoch (the module's docstring), or ``ValueError`` naming what is wrong. A time of
+    day is the latest such moment not after ``now``, or with ``after`` the first such moment not before it."""
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_TEXT:
         raise ValueError(f"{printable(repr(text), 40)}: expected a wall time such as 2026-12-04T10:03:00+01:00 or "
                          f"10:03")
@@ -33,9 +42,12 @@ def parse_wall_time(text: str, now: float | None = None) -> float:
         second = float(rest[0]) if rest else 0.0
         if not (int(hour) < 24 and int(minute) < 60 and second < 60):
             raise ValueError(f"{text!r}: not a time of day (HH:MM or HH:MM:SS, 24-hour)")
-        today = dt.datetime.fromtimestamp(now).replace(hour=int(hour), minute=int(minute), second=int(second),
-                                                        microsecond=round((second % 1) * 1e6) % 1_000_000)
-        moment = today if today.timestamp() <= now else today - dt.timedelta(days=1)
+        at = dt.datetime.fromtimestamp(now if after is None else after).replace(
+            hour=int(hour), minute=int(minute), second=int(second), microsecond=round((second % 1) * 1e6) % 1_000_000)
+        if after is None:  # the day of now, or the one before
+            moment = at if at.timestamp() <= now else at - dt.timedelta(days=1)
+        else:  # the day of after, or the one after it
+            moment = at if at.timestamp() >= after else at + dt.timedelta(days=1)
         return moment.timestamp()
     try:
         moment = dt.datetime.fromisoformat(text.replace("z", "Z"))
@@ -49,12 +61,12 @@ def parse_wall_time(text: str, now: float | None = None) -> float:
 
 
 
-def wall_or_stream(name: str, value) -> tuple[str, float]:
-    """A window bound as given to the API: ``("stream", seconds)`` for a number, ``("wall", unix)`` for a string;
-    ``ValueError`` naming the field otherwise."""
+def wall_or_stream(name: str, value, now: float | None = None, after: float | None = None) -> tuple[str, float]:
+    """A window bound as given to the API: ``("stream", seconds)`` for a number, ``("wall", unix)`` for a string
+    (``parse_wall_time``'s ``now`` and ``after``); ``ValueError`` naming the field otherwise."""
     if isinstance(value, str):
         try:
-            return "wall", parse_wall_time(value)
+            return "wall", parse_wall_time(value, now=now, after=after)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -63,10 +75,15 @@ def wall_or_stream(name: str, value) -> tuple[str, float]:
     return "stream", float(value)
 
 
-def window_bounds(t_from, t_to) -> tuple[str, float, float]:
-    """``from`` and ``to`` as one kind: ``("stream" | "wall", from, to)``; a mix, or from after to, refused."""
-    kind_from, start = wall_or_stream("from", t_from)
-    kind_to, end = wall_or_stream("to", t_to)
+def window_bounds(t_from, t_to, now: float | None = None) -> tuple[str, float, float]:
+    """``from`` and ``to`` as one kind: ``("stream" | "wall", from, to)``; a mix, or from after to, refused. Wall
+    times are read together (the module's docstring): a ``to`` given as a time of day follows ``from``."""
+    now = time.time() if now is None else now
+    if isinstance(t_to, str) and not is_time_of_day(t_to):  # a date: a time-of-day from is that day's, or before
+        _, dated = wall_or_stream("to", t_to)
+        now = min(now, dated)
+    kind_from, start = wall_or_stream("from", t_from, now=now)
+    kind_to, end = wall_or_stream("to", t_to, now=now, after=start if kind_from == "wall" else None)
     if kind_from != kind_to:
         raise ValueError("from and to: give both in stream seconds (numbers) or both as wall times (strings)")
     if start > end:
@@ -76,18 +93,26 @@ def window_bounds(t_from, t_to) -> tuple[str, float, float]:
 
 
 def cli_bound(text: str) -> float | str:
-    """A ``--from`` / ``--to`` typed at ``edgekv ask`` or ``edgekv forget``, as the API takes it: a number is stream
-    seconds; anything else a wall time read here (a time of day is this machine's local time, today or, if that is
-    still to come, yesterday), sent as ISO 8601 with its UTC offset so that a daemon in another time zone reads the
-    same moment."""
+    """A ``--from`` / ``--to`` typed at ``edgekv ask`` or ``edgekv forget``: a number is stream seconds; anything else
+    a wall time, checked here and kept as typed until ``cli_window`` reads the two bounds together."""
     try:
         value = float(text)
     except ValueError:
-        unix = parse_wall_time(text)
-        return dt.datetime.fromtimestamp(unix).astimezone().isoformat()
+        parse_wall_time(text)  # a mistake is said at once, naming the option
+        return text.strip()
     if not math.isfinite(value):
         raise ValueError(f"{text!r}: expected stream seconds or a wall time")
     return value
+
+
+def cli_window(t_from, t_to) -> tuple:
+    """``--from`` / ``--to`` as the API takes them: stream seconds as they are; wall times read here, together
+    (``window_bounds``: a time of day is this machine's local time), and sent as ISO 8601 with its UTC offset, so
+    that a daemon in another time zone reads the same moments."""
+    if not isinstance(t_from, str) or not isinstance(t_to, str):
+        return t_from, t_to  # stream seconds, or a mix the daemon refuses by name
+    _, start, end = window_bounds(t_from, t_to)
+    return tuple(dt.datetime.fromtimestamp(unix).astimezone().isoformat() for unix in (start, end))
 
 
 def wall_text(unix: float) -> str:

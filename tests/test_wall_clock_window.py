@@ -86,7 +86,7 @@ def test_the_map_survives_its_state_and_refuses_a_damaged_one():
 
 # --------------------------------------------------------------------------------------- wall times as written
 def test_wall_times_as_people_write_them(monkeypatch):
-    from edgekv.apps.wall_times import cli_bound, parse_wall_time, window_bounds
+    from edgekv.apps.wall_times import cli_bound, cli_window, parse_wall_time, window_bounds
 
     monkeypatch.setenv("TZ", "Europe/Berlin")
     time.tzset()
@@ -101,13 +101,27 @@ def test_wall_times_as_people_write_them(monkeypatch):
         for bad in ("25:00", "9h", "", "2027-13-01T00:00", "x" * 100):
             with pytest.raises(ValueError):
                 parse_wall_time(bad, now=now)
-        sent = cli_bound("2027-01-15T09:00:00")  # typed at the CLI: sent with this machine's offset
-        assert sent == "2027-01-15T09:00:00+01:00" and parse_wall_time(sent) == BASE
-        assert cli_bound("12.5") == 12.5
+        assert cli_bound(" 2027-01-15T09:00:00") == "2027-01-15T09:00:00"  # checked, kept as typed ...
+        sent = cli_window(cli_bound("2027-01-15T09:00:00"), cli_bound("09:30"))  # ... and read together when sent
+        assert sent == ("2027-01-15T09:00:00+01:00", "2027-01-15T09:30:00+01:00")  # with this machine's offset
+        assert parse_wall_time(sent[0]) == BASE
+        assert cli_bound("12.5") == 12.5 and cli_window(1.0, 2.5) == (1.0, 2.5)
+        with pytest.raises(ValueError, match="not a wall time"):
+            cli_bound("tea time")
         assert window_bounds(1, 2.5) == ("stream", 1.0, 2.5)
         assert window_bounds("2027-01-15T08:00:00Z", "2027-01-15T08:00:10Z") == ("wall", BASE, BASE + 10)
         with pytest.raises(ValueError, match="both in stream seconds"):
             window_bounds(1, "10:00")
+        # a window's times of day are read together: at 12:00, "11:30 to 12:30" is the half hour under way ...
+        assert window_bounds("11:30", "12:30", now=now) == ("wall", now - 1800, now + 1800)
+        assert window_bounds("13:00", "14:00", now=now) == ("wall", BASE + 4 * 3600 - 86400, BASE + 5 * 3600 - 86400)
+        at_midnight = BASE + 15 * 3600 + 300  # 00:05 in Berlin: "23:50 to 00:10" runs across midnight
+        assert window_bounds("23:50", "00:10", now=at_midnight) == ("wall", at_midnight - 900, at_midnight + 300)
+        # ... a time-of-day "to" follows a dated "from", a time-of-day "from" precedes a dated "to"
+        assert window_bounds("2027-01-14T23:00:00+01:00", "01:00", now=now) == ("wall", BASE - 10 * 3600,
+                                                                                 BASE - 8 * 3600)
+        assert window_bounds("20:00", "2027-01-14T22:00:00+01:00", now=now) == ("wall", BASE - 13 * 3600,
+                                                                                 BASE - 11 * 3600)
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()

@@ -72,7 +72,7 @@ from typing import Any, Protocol
 
 from edgekv.apps.outputs.alerts import AlertEvent
 from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, QuestionRefused, printable
-from edgekv.apps.wall_times import wall_text, window_bounds
+from edgekv.apps.wall_times import cli_window, wall_text, window_bounds
 from edgekv.config import FleetSection, broker_address
 
 log = logging.getLogger("edgekv.fleet")
@@ -1041,7 +1041,7 @@ def fleet_wall_window(args) -> tuple[str, str] | None:
                          "each device's stream clock is its own")
     if getattr(args, "last", None) is not None:
         raise ValueError("--last, or --from and --to, not both")
-    return t_from, t_to
+    return cli_window(t_from, t_to)  # read together here, sent as ISO 8601 with this machine's UTC offset
 
 
 def format_result(result: FleetResult) -> str:
