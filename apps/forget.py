@@ -61,5 +61,6 @@ def _summary(result: dict) -> str:
             f"the cache "
             f"({result['cache_slots']} slots)"
             + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)" if archive else ", no archive")
+            + (f", {archive['frames']} evidence frame(s) overwritten" if archive and "frames" in archive else "")
             + (f", snapshot {snapshots['snapshot']} rewritten, {len(snapshots.get('removed', []))} older removed"
                if snapshots.get("snapshot") else ", no snapshots"))

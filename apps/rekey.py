@@ -1,6 +1,6 @@
 """``edgekv rekey``: seal the memory on flash — every snapshot under ``state.dir`` (the set-aside one included), the
-standing questions the API added (``state.dir/alerts.json``) and every archive segment under ``archive.dir`` — with
-the key ``privacy:`` names now, while the daemon is stopped.
+standing questions the API added (``state.dir/alerts.json``), every archive segment under ``archive.dir`` and the
+evidence frames beside it (``frames.sqlite``) — with the key ``privacy:`` names now, while the daemon is stopped.
 
 Why: the daemon seals each new snapshot and segment with the current key and reads the old ones with
 ``privacy.previous_key_files``, so without this the old key stays needed until two snapshots have been written and
@@ -165,7 +165,7 @@ def _archive(config, keys, dry_run: bool, say) -> int:
     shape = archived_shape(folder) if folder is not None else None
     if shape is None:
         say(f"archive.dir {section.dir or '(not set)'}: no segments")
-        return 0
+        return _frames(folder, keys, dry_run, say) if folder is not None else 0
     segment = int(section.segment_mib * 2**20)
     try:
         archive = FrameArchive(folder, shape, max_bytes=max(int(section.max_gib * 2**30), 2 * segment),
@@ -175,11 +175,29 @@ def _archive(config, keys, dry_run: bool, say) -> int:
         return 1
     try:
         result = archive.reseal(dry_run=dry_run)
+        verb = "would be re-sealed" if dry_run else f"re-sealed ({result['bytes']:,} bytes written)"
+        say(f"archive.dir {folder}: {result['segments_resealed']} segment(s) {verb}, {result['segments_current']} "
+            f"already under the current key")
+        return _frames(folder, keys, dry_run, say)  # under the archive folder's lock
     finally:
         archive.close()
         if not dry_run:
             _give_back(folder)
-    verb = "would be re-sealed" if dry_run else f"re-sealed ({result['bytes']:,} bytes written)"
-    say(f"archive.dir {folder}: {result['segments_resealed']} segment(s) {verb}, {result['segments_current']} "
-        f"already under the current key")
-    return 0
+
+
+def _frames(folder: Path, keys, dry_run: bool, say) -> int:
+    """The evidence frames beside the archive (``archive.frames_mib``: ``frames.sqlite``), every row sealed with the
+    current key; returns 1 when some row no key opens was left (named), else 0."""
+    from edgekv.apps.daemon.frame_store import FILE, FrameStore
+
+    if not (folder / FILE).is_file():
+        return 0
+    store = FrameStore(folder, max_bytes=2**62, keys=keys)
+    try:
+        counts = store.reseal(dry_run=dry_run)
+    finally:
+        store.close()
+    verb = "would be re-sealed" if dry_run else "re-sealed"
+    say(f"evidence frames {folder / FILE}: {counts['resealed']} frame(s) {verb}, {counts['current']} already under the "
+        f"current key" + (f", {counts['unopened']} no key opens left as they are" if counts["unopened"] else ""))
+    return 1 if counts["unopened"] else 0

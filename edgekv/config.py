@@ -452,8 +452,16 @@ class ArchiveSection:
     #                                 ReKV's cosine of mean query and mean key (edgekv/archive/recall.py)
     index_keys: int = 2             # representative keys per pair, layer and KV head in the index (1: mean key)
     recall: bool = True             # Session.ask's default when an archive is configured
+    # evidence frames (the daemon's): each pair's frame as a small JPEG in dir/frames.sqlite, shown for an answer's
+    # evidence after the keyframe ring let it go (apps/daemon/frame_store.py); 0 = none kept on disk
+    frames_mib: float = 0.0
+    frames_px: int = 320            # their long side in pixels (never scaled up)
 
     def validate(self, at: str) -> None:
+        if not self.frames_mib >= 0:
+            raise ConfigError(f"{at}.frames_mib: must be >= 0 (0: no evidence frames on disk), got {self.frames_mib}")
+        if not 16 <= self.frames_px <= 4096:
+            raise ConfigError(f"{at}.frames_px: must be 16 to 4096, got {self.frames_px}")
         for name in ("max_gib", "segment_mib"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")

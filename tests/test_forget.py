@@ -79,7 +79,8 @@ def _files_under(*folders) -> bytes:
 def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
     """Issue 31's forget, end to end: POST /v1/memory/forget on a daemon with a snapshot and an archive; the toy
     answers "no" about the event with and without recall and after a restart from the snapshot, and no file
-    under state.dir or archive.dir holds a byte run of the window's K/V captured before."""
+    under state.dir or archive.dir holds a byte run of the window's K/V captured before, nor of its evidence frame
+    (archive.frames_mib: a picture of every pair beside the archive, served for an answer's evidence)."""
     pytest.importorskip("fastapi")
     import threading
 
@@ -93,7 +94,9 @@ def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
         model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
         video={"source": SOURCE, "fps": 2.0, "resolution": [112, 112]},
         cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
-        archive={"dir": str(archive_dir), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01, "top_k": 2},
+        archive={"dir": str(archive_dir), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01, "top_k": 2,
+                 "frames_mib": 1, "frames_px": 64},
+        alerts={"keyframe_pairs": 2},  # the window's frame comes from disk, not from the ring in memory
         state={"dir": str(state_dir), "every_s": 3600}, server={"port": 0}, monitor={"backend": "cpu"},
         generation={"max_new_tokens": 2, "temperature": 0.0})
     out = open(tmp_path / "out.txt", "w")
@@ -107,13 +110,16 @@ def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
             time.sleep(0.05)
         assert daemon.stream_detail is not None, "the stream did not end"
         session, archive = daemon.session, daemon.session.recall.archive
-        assert archive.flush()
+        assert archive.flush() and daemon.frames.flush()
+        picture = daemon.frames.jpeg(daemon._frame_stream(), 60)
+        assert picture is not None and 60 not in daemon.alerts.keyframes.frames
         with daemon.lock:
             assert session.ask("Was there a purple triangle?", max_new_tokens=2, recall=False).text == "yes"
             secrets = _pair_bytes(session, 60)
             entry = next(e for e in archive.entries() if e.frame == 60)
             secrets += [layer[0, 0, 0].numpy().tobytes() for layer in archive.read_layers(entry, [0, 1]).values()]
             daemon.state.snapshot(session)  # a snapshot that holds the window, to be rewritten
+        secrets.append(picture[-160:-96])  # the entropy-coded part of that pair's picture (its header is anyone's)
         before = _files_under(state_dir, archive_dir)
         assert len(secrets) > 2
         assert sum(run in before for run in secrets) == len(secrets)  # the scan below can fail
@@ -123,6 +129,12 @@ def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
                                 "max_tokens": 2, "recall": False})
         assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "yes"
         assert json.loads(call(port, "GET", "/v1/edgekv/status")[2])["questions"]  # the page shows the answer
+        status, _, body = call(port, "POST", "/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": "Was there a purple triangle?"}],
+                                "max_tokens": 2, "recall": False, "evidence": 4})
+        evidence = json.loads(body)["edgekv"]["evidence"]
+        assert status == 200 and all(item["frame"] == f"/frame.jpg?pair={item['pair']}" for item in evidence)
+        assert call(port, "GET", "/frame.jpg?pair=60")[2] == picture  # from disk: the ring keeps the last 2
         status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 30.0})
         assert status == 400 and b"from and to are required" in body
         status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 61.0, "to": 59.0})
@@ -133,6 +145,8 @@ def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
         assert daemon.forgotten_at is not None  # no spoken follow-up reaches across it (test_voice.py)
         result = json.loads(body)
         assert result["pairs"] == 1 and result["archive"]["pairs"] == 1 and result["snapshots"]["snapshot"]
+        assert result["archive"]["frames"] == 1 and call(port, "GET", "/frame.jpg?pair=60")[0] == 404
+        assert call(port, "GET", "/frame.jpg?pair=61")[0] == 200
         assert json.loads(call(port, "GET", "/v1/edgekv/status")[2])["questions"] == []  # its "yes" told of it
         with daemon.lock:
             for recall in (False, True):

@@ -205,6 +205,14 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     state.mkdir()
     seen_session(privacy_runtime(tiny_checkpoint, key_file=old)).save(state / "snapshot-00000001.ekv")
     _old_archive(archive_dir)
+    from edgekv.apps.daemon.frame_store import FrameStore
+
+    frames = FrameStore(archive_dir, max_bytes=1 << 20, px=32)  # evidence frames: one in the clear, one sealed
+    frames.submit("ab" * 16, 0, 0.0, None, np.full((24, 32, 3), 7, np.uint8))
+    frames.close()
+    frames = FrameStore(archive_dir, max_bytes=1 << 20, px=32, keys=KeyRing(_key(1)))
+    frames.submit("ab" * 16, 1, 1.0, None, np.full((24, 32, 3), 9, np.uint8))
+    frames.close()
     from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, KeyframeRing, RuleStore
     from edgekv.config import AlertRuleSection
 
@@ -239,6 +247,7 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     assert main(["rekey", "--config", str(config), *with_old, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "1 snapshot(s) would be re-sealed" in out and "segment(s) would be re-sealed, 0 already" in out
+    assert "frames.sqlite: 2 frame(s) would be re-sealed, 0 already" in out
     assert {p: p.read_bytes() for p in before} == before
 
     (state / ".snapshot-00000002.ekv.tmp-999").write_bytes(b"half a snapshot under the old key")  # a crashed write
@@ -251,6 +260,13 @@ def test_rekey_command_seals_a_deployments_memory_and_refuses_a_running_daemons(
     assert "alert-events (the last alerts): 1 re-sealed, 0 already under the current key" in out
     (event,) = EventLog(state, KeyRing(_key(2))).load()
     assert event.id == "e1" and event.keyframe_jpeg == b"\xff\xd8jpeg"
+    assert "frames.sqlite: 2 frame(s) re-sealed, 0 already under the current key" in out
+    frames = FrameStore(archive_dir, max_bytes=1 << 20, px=32, keys=KeyRing(_key(2)))  # the new key alone
+    try:
+        assert [frames.jpeg("ab" * 16, pair)[:2] for pair in (0, 1)] == [b"\xff\xd8"] * 2
+        assert frames.reseal(dry_run=True) == {"resealed": 0, "current": 2, "unopened": 0}
+    finally:
+        frames.close()
     assert main(["rekey", "--config", str(config)]) == 0  # the new key alone now opens everything
     out = capsys.readouterr().out
     assert "0 snapshot(s) re-sealed, 1 already" in out and "0 segment(s) re-sealed" in out

@@ -42,7 +42,8 @@ class StallWatch:
 
 def problems(daemon) -> list[str]:
     """What is wrong but does not stop the memory, one line each (``/healthz`` then says ``degraded``):
-    a camera being reconnected, an archive that cannot write (a full disk). Lock-free reads only."""
+    a camera being reconnected, an archive or its evidence frames that cannot write (a full disk). Lock-free
+    reads only."""
     out = []
     sampler = daemon.sampler
     if sampler is not None and sampler.capture.reconnecting:
@@ -53,4 +54,7 @@ def problems(daemon) -> list[str]:
         why = "disk full" if archive.disk_full else "writes failing"
         out.append(f"archive: {why} ({archive.write_errors} write errors, {archive.dropped} pairs not archived; "
                    f"last: {archive.last_error})")
+    frames = getattr(daemon, "frames", None)
+    if frames is not None and frames.last_error is not None:  # cleared by the next frame written
+        out.append(f"evidence frames: writes failing ({frames.write_errors} write errors; last: {frames.last_error})")
     return out

@@ -164,6 +164,7 @@ class Daemon:
         self._collector: Collector | None = None
         self.quiz: Quiz | None = None  # --quiz: ground-truth questions about a synthetic:events stream
         self.alerts = None  # AlertEngine: standing questions (alerts: in the YAML, /v1/alerts)
+        self.frames = None  # FrameStore: evidence frames on disk (archive.frames_mib; apps/daemon/frame_store.py)
         self.escalator = None  # Escalator: hard questions to a bigger model (escalate: in the YAML)
         self.image_session = None  # answers questions that carry images (server.image_requests)
         self.alert_bus = None
@@ -319,6 +320,7 @@ class Daemon:
             self.pause(f"{kept}, kept across the restart", _restored=True)
             self._source.close()  # its capture never started, so nothing else closes it
         self._start_alerts()
+        self._start_frames()
         if cfg.power.enabled:
             from edgekv.apps.daemon.power import PowerPolicy
 
@@ -338,6 +340,26 @@ class Daemon:
         self.watchdog = Watchdog.from_environment(self.heartbeat)
         if self.watchdog is not None:
             self.watchdog.start()
+
+    def _start_frames(self) -> None:
+        """Evidence frames on disk beside this camera's archive (``archive.frames_mib`` > 0 with ``archive.dir``)."""
+        section = self.config.archive
+        if not section.frames_mib or self.session.recall is None:
+            return
+        from edgekv.apps.daemon.frame_store import FrameStore
+
+        self.frames = FrameStore(self.session.recall.archive.dir, max_bytes=int(section.frames_mib * 2**20),
+                                 px=section.frames_px, keys=self.runtime.keys, max_age_s=section.max_age_s,
+                                 wait_when_full=section.when_full == "wait")
+        kept = self.frames.stats()
+        self.say(f"evidence frames: {self.frames.path} ({kept['frames_kept']} kept, {kept['frames_bytes'] / 2**20:.1f} "
+                 f"of {section.frames_mib:g} MiB, {section.frames_px} px)"
+                 + (f"; a damaged file was set aside as {self.frames.set_aside.name}" if self.frames.set_aside else ""))
+
+    def _frame_stream(self) -> str | None:
+        """The archive's id of this stream (what the frame store keys a pair by), None before its first pair."""
+        stream = self.session.recall.stream if self.session.recall is not None else None
+        return stream.hex() if stream is not None else None
 
     def _start_alerts(self) -> None:
         """Standing questions and their outputs (apps/outputs/): always on, so the API can add rules."""
@@ -662,6 +684,8 @@ class Daemon:
         archive = None
         if self.session.recall is not None:  # this stream's records (another stream's times are its own)
             archive = self.session.recall.archive.forget(t_from, t_to, stream=self.session.recall.stream)
+        if self.frames is not None:  # its evidence frames on disk, overwritten
+            archive = {**(archive or {}), "frames": self.frames.forget(t_from, t_to, self._frame_stream())}
         if self.alerts is not None:
             ring = self.alerts.keyframes
             for pair in [p for p, t in ring.times.items() if t_from <= t <= t_to]:
@@ -820,8 +844,14 @@ class Daemon:
             self.server.pair_ingested(result)
         if result.pair_index is None:
             return
+        # the pair's time as the session stamps it (its first frame's): what a forget's window and an answer's evidence
+        # name it by (this frame, the pair's second, is half a pair later)
+        t_pair = self.session.pair_times.get(result.pair_index, self._stream_time(t))
+        if self.frames is not None:
+            self.frames.submit(self._frame_stream(), result.pair_index, t_pair,
+                               self.session.wall_time(t_pair) if unix is not None else None, frame)
         if self.alerts is not None:
-            self.alerts.keyframes.add(result.pair_index, frame, self._stream_time(t))
+            self.alerts.keyframes.add(result.pair_index, frame, t_pair)
             waiting = {state.id for state in self._probes}
             self._probes.extend(s for s in self.alerts.due(result.pair_index) if s.id not in waiting)
         if not self.options.quiet:
@@ -1033,13 +1063,17 @@ class Daemon:
         ring = self.alerts.keyframes if self.alerts is not None else None
         if t is None and ring is not None:
             t = ring.times.get(pair)
-        kept = ring is not None and pair in ring.frames
+        kept = (ring is not None and pair in ring.frames) or (
+            self.frames is not None and self.frames.has(self._frame_stream(), pair))
         return pair, t, self.session.wall_time(t) if t is not None else None, kept, self.camera
 
     def keyframe_jpeg(self, pair: int) -> bytes | None:
         """Frame pair ``pair``'s frame as JPEG while the keyframe ring keeps it (the last ``alerts.keyframe_pairs``
-        pairs; any thread), else None."""
-        return self.alerts.keyframes.jpeg_of(pair) if self.alerts is not None else None
+        pairs), else from the evidence frames on disk (``archive.frames_mib``), else None. Any thread."""
+        data = self.alerts.keyframes.jpeg_of(pair) if self.alerts is not None else None
+        if data is None and self.frames is not None:
+            data = self.frames.jpeg(self._frame_stream(), pair)
+        return data
 
     def _record(self, question: Question) -> None:
         answer = question.answer
@@ -1100,6 +1134,7 @@ class Daemon:
             "ingest_s": self.fair.ingest_s, "answer_s": self.fair.answer_s, "answers_ahead_of_frames": self.fair.answers_ahead,
             "watchdog_pings": self.watchdog.pings if self.watchdog else None,
             "fleet": self.fleet.stats() if self.fleet is not None else None,
+            "frames": self.frames.stats() if self.frames is not None else None,
         }
 
     def jpeg_cached(self) -> bool:
@@ -1188,6 +1223,7 @@ class Daemon:
                  ("escalator", self.escalator, lambda e: e.stop()),
                  ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
+                 ("evidence frames", self.frames, lambda f: f.close()),  # before the archive lets its folder go
                  ("archive", self.session, lambda s: s.close()),  # its queued pairs written, its folder let go
                  ("monitor", None if self.monitor_is_shared else self.monitor, lambda m: m.stop()),
                  ("watchdog", self.watchdog, lambda w: w.stop()),

@@ -1,0 +1,333 @@
+"""Evidence frames on flash: a small JPEG of every frame pair, beside the archive, so that an answer's evidence can be
+shown hours later ("Where did I leave my keys?" -> the frame it looked at, not only "at 10:03").
+
+The keyframe ring (``alerts.keyframe_pairs``) keeps the last few frames in memory; an answer about an hour ago points
+at a pair long gone from it. With ``archive.frames_mib`` > 0 (and ``archive.dir``), the daemon also writes each
+ingested pair's frame, scaled to ``archive.frames_px`` on its long side, as one row of ``frames.sqlite`` in the camera's
+archive folder: what the archive keeps as K/V for recall, kept here as a picture for people. ``GET
+/frame.jpg?pair=N`` serves it (the ring first), and an answer's ``edgekv.evidence[].frame`` links it.
+
+Why SQLite (the standard library's): one small blob a pair is what it does well, and it brings what the archive's
+segment files had to build — a write is a transaction (a ``kill -9`` or a power cut mid-write loses that row, never an
+earlier one; a full disk fails the row and rolls it back, and later rows go in once there is room), and damage is
+detected (``PRAGMA quick_check`` at start: a file that fails it is set aside whole as ``frames.sqlite.bad-<time>`` and
+a new one begun, said in the log; a row that fails to read later is a 404, logged).
+
+Privacy: with a ``privacy:`` key every JPEG is sealed whole (``edgekv.privacy.seal_blob``: AES-256-GCM under a random
+salt a row); ``edgekv rekey`` reseals them. A forget deletes the stretch's rows with ``secure_delete`` on (SQLite
+overwrites the freed content with zeros) and then truncates the write-ahead log, so the pictures are gone from both
+files, not only unlinked from an index (what the file system or the flash translation layer keeps of overwritten
+blocks is beyond any file format; the archive says the same of its segments).
+
+Ingest never waits on it (unless ``archive.when_full`` is ``wait``, as for the archive: a replay faster than real
+time): ``submit`` hands the frame to a writer thread through a queue of ``QUEUE_FRAMES``; when the queue is full the
+frame is dropped and counted (``dropped``). The writer scales, encodes (OpenCV releases the GIL while it does) and
+writes; rows are trimmed oldest first while the blobs pass ``archive.frames_mib`` and, with ``archive.max_age_s``,
+when they are older than that behind the newest frame in stream time (as the archive's segments are).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("edgekv.frames")
+
+FILE = "frames.sqlite"
+QUEUE_FRAMES = 8
+JPEG_QUALITY = 80
+_STOP = object()
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS frames (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: the order frames were written in
+    stream TEXT NOT NULL,                  -- the archive's id of the stream (pair numbers are a stream's own)
+    pair INTEGER NOT NULL,
+    t REAL NOT NULL,                       -- stream seconds
+    unix REAL,                             -- the wall time it was seen at (null: a recording read as fast as it goes)
+    jpeg BLOB NOT NULL                     -- the JPEG, or it sealed whole with the privacy key
+);
+CREATE INDEX IF NOT EXISTS frames_by_pair ON frames (stream, pair);
+CREATE INDEX IF NOT EXISTS frames_by_t ON frames (stream, t);
+"""
+
+
+class FrameStore:
+    """``folder/frames.sqlite``: one downscaled JPEG a frame pair (the module's docstring)."""
+
+    def __init__(self, folder: str | Path, *, max_bytes: int, px: int = 320, keys=None, max_age_s: float | None = None,
+                 wait_when_full: bool = False) -> None:
+        self.path = Path(folder) / FILE
+        self.max_bytes, self.px, self.max_age_s = int(max_bytes), int(px), max_age_s
+        self.keys = keys if keys is not None and keys.enabled else None  # edgekv.privacy.KeyRing
+        self.wait_when_full = wait_when_full
+        self.written = self.dropped = self.write_errors = self.trimmed = self.read_errors = 0
+        self.set_aside: Path | None = None
+        self.last_error: str | None = None
+        self._lock = threading.Lock()  # the one connection: the writer's rows, a reader's lookups, a forget
+        self._db = self._open()
+        self._bytes = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
+        self._thread = threading.Thread(target=self._write_loop, name="edgekv-frames", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the file
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db = self._connect()
+            ok = db.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise sqlite3.DatabaseError(ok)
+            db.executescript(_SCHEMA)
+            return db
+        except sqlite3.DatabaseError as exc:  # not a database, or a damaged one: set aside whole, begin anew
+            try:
+                db.close()
+            except (NameError, sqlite3.Error):
+                pass
+            self.set_aside = self.path.with_name(f"{FILE}.bad-{int(time.time())}")
+            for suffix in ("", "-wal", "-shm"):
+                part = Path(str(self.path) + suffix)
+                if part.exists():
+                    part.rename(Path(str(self.set_aside) + suffix))
+            log.warning("evidence frames: %s does not check (%s); set aside as %s, a new one begun", self.path,
+                        str(exc)[:200], self.set_aside.name)
+            db = self._connect()
+            db.executescript(_SCHEMA)
+            return db
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut loses at most the last rows, never the file
+        db.execute("PRAGMA secure_delete=ON")  # a forgotten frame's bytes are overwritten, not only unlinked
+        return db
+
+    # ------------------------------------------------------------------ ingest side
+    def submit(self, stream: str, pair: int, t: float, unix: float | None, frame: np.ndarray) -> bool:
+        """Queue frame pair ``pair``'s frame (never blocks unless ``wait_when_full``); False when it was dropped (or
+        the stream has no id yet: the archive gives it with its first pair)."""
+        if stream is None:
+            return False
+        item = (stream, int(pair), float(t), None if unix is None else float(unix), frame)
+        if self.wait_when_full:
+            self._queue.put(item)
+            return True
+        try:
+            self._queue.put_nowait(item)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if isinstance(item, threading.Event):  # flush(): everything queued before it is written
+                    item.set()
+                    continue
+                self._write(*item)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, stream: str, pair: int, t: float, unix: float | None, frame: np.ndarray) -> None:
+        import cv2
+
+        try:
+            data = encode_thumbnail(frame, self.px)
+            if self.keys is not None:
+                from edgekv.privacy import seal_blob
+
+                data = seal_blob(self.keys, data)
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.execute("INSERT INTO frames (stream, pair, t, unix, jpeg) VALUES (?, ?, ?, ?, ?)",
+                                     (stream, pair, t, unix, data))
+                    self._bytes += len(data)
+                    self._trim(stream, t)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:  # SQLITE_FULL and I/O errors may have rolled it back already
+                        self._db.execute("ROLLBACK")
+                    self._bytes = int(self._db.execute(
+                        "SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
+                    raise
+            self.written += 1
+            self.last_error = None
+        except (sqlite3.Error, OSError, cv2.error, ValueError) as exc:  # a full disk, an I/O error: this frame only
+            self.write_errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("evidence frames: pair %d not written (%s)", pair, self.last_error)
+
+    def _trim(self, stream: str, newest_t: float) -> None:
+        """(In the writer's transaction.) With ``max_age_s``, this stream's rows older than that behind its newest
+        frame (an earlier stream's rows go by size only); then the oldest rows while the blobs pass ``max_bytes``."""
+        if self.max_age_s is not None:  # stream time, as the archive's: a wall clock set forward deletes nothing
+            self.trimmed += self._delete("stream = ? AND t < ?", (stream, newest_t - self.max_age_s))
+        while self._bytes > self.max_bytes:  # the oldest rows, just enough of them
+            excess, last = self._bytes - self.max_bytes, None
+            for row_id, size in self._db.execute("SELECT id, LENGTH(jpeg) FROM frames ORDER BY id LIMIT 64"):
+                excess, last = excess - size, row_id
+                if excess <= 0:
+                    break
+            if last is None:
+                break
+            self.trimmed += self._delete("id <= ?", (last,))
+
+    def _delete(self, where: str, args: tuple) -> int:
+        """(In a transaction.) Delete the rows ``where`` holds (no ``RETURNING``: SQLite 3.31 of JetPack 5 lacks it)
+        and count their bytes out; returns how many rows went."""
+        count, size = self._db.execute(f"SELECT COUNT(*), COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames WHERE {where}",
+                                       args).fetchone()
+        if count:
+            self._db.execute(f"DELETE FROM frames WHERE {where}", args)
+            self._bytes -= int(size)
+        return int(count)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every frame queued so far is written (or failed); False on timeout."""
+        if not self._thread.is_alive():
+            return True
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
+
+    # ------------------------------------------------------------------ question side
+    def jpeg(self, stream: str | None, pair: int) -> bytes | None:
+        """Frame pair ``pair``'s JPEG of ``stream``, opened if sealed; None when it is not kept or does not read."""
+        if stream is None:
+            return None
+        try:
+            with self._lock:
+                row = self._db.execute("SELECT jpeg FROM frames WHERE stream = ? AND pair = ? ORDER BY id DESC "
+                                       "LIMIT 1", (stream, int(pair))).fetchone()
+        except (sqlite3.Error, OverflowError) as exc:
+            self.read_errors += 1
+            log.warning("evidence frames: pair %s does not read (%s)", pair, exc)
+            return None
+        if row is None:
+            return None
+        return self._plain(row[0], pair)
+
+    def has(self, stream: str | None, pair: int) -> bool:
+        if stream is None:
+            return False
+        try:
+            with self._lock:
+                return self._db.execute("SELECT 1 FROM frames WHERE stream = ? AND pair = ? LIMIT 1",
+                                        (stream, int(pair))).fetchone() is not None
+        except (sqlite3.Error, OverflowError):
+            return False
+
+    def _plain(self, data: bytes, pair: int) -> bytes | None:
+        from edgekv.privacy import SealError, blob_key_id, open_blob
+
+        if blob_key_id(data) is None:
+            return data if data[:2] == b"\xff\xd8" else None  # a JPEG written in the clear
+        try:
+            return open_blob(self.keys, data, f"{self.path.name} pair {pair}")
+        except SealError as exc:
+            self.read_errors += 1
+            log.warning("evidence frames: %s", exc)
+            return None
+
+    # ------------------------------------------------------------------ forget, rekey
+    def forget(self, t_from: float, t_to: float, stream: str | None) -> int:
+        """Delete ``stream``'s frames of stream time [t_from, t_to] (those still queued are written first, then go
+        too), their bytes overwritten, and truncate the write-ahead log; returns how many went."""
+        if stream is None:
+            return 0
+        self.flush()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                gone = self._delete("stream = ? AND t BETWEEN ? AND ?", (stream, t_from, t_to))
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                self._bytes = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
+                raise
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return gone
+
+    def reseal(self, dry_run: bool = False) -> dict:
+        """Every row sealed with the current key (``edgekv rekey``): rows in the clear or under an older key of the
+        ring are rewritten; a row no key opens is left and counted. One transaction, then the log truncated."""
+        from edgekv.privacy import SealError, blob_key_id, open_blob, seal_blob
+
+        current = self.keys.current.id if self.keys is not None else None
+        counts = {"resealed": 0, "current": 0, "unopened": 0}
+        with self._lock:
+            rows = self._db.execute("SELECT id, pair, jpeg FROM frames").fetchall()
+            updates = []
+            for row_id, pair, data in rows:
+                key_id = blob_key_id(data)
+                if current is None or key_id == current:
+                    counts["current"] += 1
+                    continue
+                try:
+                    plain = data if key_id is None else open_blob(self.keys, data, f"{self.path.name} pair {pair}")
+                except SealError:
+                    counts["unopened"] += 1
+                    continue
+                updates.append((seal_blob(self.keys, plain), row_id))
+            counts["resealed"] = len(updates)
+            if updates and not dry_run:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany("UPDATE frames SET jpeg = ? WHERE id = ?", updates)
+                self._db.execute("COMMIT")
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._bytes = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
+        return counts
+
+    # ------------------------------------------------------------------ figures, close
+    def stats(self) -> dict:
+        with self._lock:
+            rows = self._db.execute("SELECT COUNT(*) FROM frames").fetchone()[0]
+        return {"frames_kept": rows, "frames_bytes": self._bytes, "frames_written": self.written,
+                "frames_dropped": self.dropped, "frames_write_errors": self.write_errors,
+                "frames_trimmed": self.trimmed, "frames_last_error": self.last_error}
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued, then close the file."""
+        if self._thread.is_alive():
+            try:
+                self._queue.put(_STOP, timeout=timeout)
+            except queue.Full:
+                pass
+            self._thread.join(timeout)
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+            self._db.close()
+
+
+def encode_thumbnail(frame: np.ndarray, px: int) -> bytes:
+    """``frame`` (H x W x 3 BGR, or gray) scaled down to ``px`` on its long side (never up) as a JPEG."""
+    import cv2
+
+    height, width = frame.shape[:2]
+    scale = px / max(height, width)
+    if scale < 1:
+        frame = cv2.resize(frame, (max(1, round(width * scale)), max(1, round(height * scale))),
+                           interpolation=cv2.INTER_AREA)
+    ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+    if not ok:
+        raise ValueError(f"a frame of shape {frame.shape} does not encode as JPEG")
+    return data.tobytes()

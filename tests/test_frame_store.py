@@ -1,0 +1,233 @@
+"""Evidence frames on flash (apps/daemon/frame_store.py): a small JPEG a frame pair beside the archive, read back for an
+answer's evidence after the keyframe ring let it go. Written and read back scaled; trimmed by size and by age; a
+forget overwrites the stretch's pictures in the database and its log (the bytes are gone from both files, not only
+unlinked); sealed with the privacy key and resealed by rekey; a full disk fails a frame and rolls it back, later ones
+go in; a damaged file is set aside whole and a new one begun; a writer killed mid-row loses at most that row."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import cv2
+import numpy as np
+import pytest
+
+from edgekv.apps.daemon.frame_store import FILE, FrameStore, encode_thumbnail
+
+STREAM = "ab" * 16
+
+
+def _frame(seed: int, size=(120, 160)) -> np.ndarray:
+    """A frame no other seed draws: a mark of its own colour and place on noise."""
+    rng = np.random.default_rng(seed)
+    frame = rng.integers(0, 255, (*size, 3), dtype=np.uint8)
+    cv2.circle(frame, (20 + 7 * (seed % 16), 30 + 3 * (seed % 20)), 12, (seed * 37 % 256, 200, seed * 91 % 256), -1)
+    return frame
+
+
+def _store(folder, **kw) -> FrameStore:
+    return FrameStore(folder, **{"max_bytes": 1 << 20, "px": 64, **kw})
+
+
+def _fill(store: FrameStore, pairs, stream: str = STREAM) -> None:
+    for pair in pairs:
+        assert store.submit(stream, pair, pair * 0.5, 1_800_000_000.0 + pair * 0.5, _frame(pair))
+        store.flush()  # one at a time: the queue never fills, whatever the machine's speed
+    assert store.flush()
+
+
+def _file_bytes(folder) -> bytes:
+    return b"".join((folder / name).read_bytes() for name in os.listdir(folder) if name.startswith(FILE))
+
+
+def test_frames_are_kept_scaled_and_read_back(tmp_path):
+    store = _store(tmp_path)
+    try:
+        _fill(store, range(6))
+        for pair in range(6):
+            jpeg = store.jpeg(STREAM, pair)
+            assert jpeg == encode_thumbnail(_frame(pair), 64)  # that pair's frame, no other
+            assert cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR).shape == (48, 64, 3)
+            assert store.has(STREAM, pair)
+        assert store.jpeg(STREAM, 6) is None and not store.has(STREAM, 6)
+        assert store.jpeg("cd" * 16, 0) is None  # another stream's pair 0 is not this one's
+        assert store.jpeg(None, 0) is None and not store.submit(None, 7, 3.5, None, _frame(7))
+        assert store.jpeg(STREAM, 2**80) is None  # a number no row can have
+        stats = store.stats()
+        assert stats["frames_kept"] == stats["frames_written"] == 6 and stats["frames_write_errors"] == 0
+        assert stats["frames_bytes"] == sum(len(store.jpeg(STREAM, p)) for p in range(6))
+    finally:
+        store.close()
+    again = _store(tmp_path)  # what was written is there after a restart
+    try:
+        assert again.jpeg(STREAM, 3) == encode_thumbnail(_frame(3), 64) and again.stats()["frames_kept"] == 6
+    finally:
+        again.close()
+
+
+def test_the_oldest_go_past_the_size_and_the_age(tmp_path):
+    one = len(encode_thumbnail(_frame(0), 64))
+    store = _store(tmp_path, max_bytes=int(4.5 * one))  # room for about four
+    try:
+        _fill(store, range(12))
+        kept = [pair for pair in range(12) if store.has(STREAM, pair)]
+        assert kept == list(range(12 - len(kept), 12)) and 3 <= len(kept) <= 5  # the newest, in order
+        assert store.stats()["frames_bytes"] <= store.max_bytes and store.stats()["frames_trimmed"] == 12 - len(kept)
+    finally:
+        store.close()
+    aged = _store(tmp_path / "aged", max_age_s=2.0)  # stream time: 0.5 s a pair
+    try:
+        _fill(aged, range(12))
+        assert [pair for pair in range(12) if aged.has(STREAM, pair)] == [7, 8, 9, 10, 11]  # t >= 5.5 - 2.0
+    finally:
+        aged.close()
+
+
+def test_a_forget_overwrites_the_pictures_in_both_files(tmp_path):
+    store = _store(tmp_path)
+    try:
+        _fill(store, range(8))
+        gone = [store.jpeg(STREAM, pair) for pair in (3, 4)]
+        kept = store.jpeg(STREAM, 6)
+        assert all(jpeg[-160:-96] in _file_bytes(tmp_path) for jpeg in gone)  # there, before
+        assert store.forget(1.5, 2.0, STREAM) == 2  # pairs 3 and 4 (t 1.5 and 2.0)
+        assert store.forget(1.5, 2.0, "cd" * 16) == 0 and store.forget(0, 100, None) == 0
+        assert not store.has(STREAM, 3) and not store.has(STREAM, 4) and store.jpeg(STREAM, 6) == kept
+        on_disk = _file_bytes(tmp_path)
+        assert not any(jpeg[-160:-96] in on_disk for jpeg in gone)  # overwritten, in the database and its log
+        assert kept[-160:-96] in on_disk
+        assert store.stats()["frames_kept"] == 6
+    finally:
+        store.close()
+
+
+def test_sealed_with_the_key_and_resealed_by_rekey(tmp_path):
+    pytest.importorskip("cryptography", reason="cryptography not installed (pip install 'edgekv[privacy]')")
+    from edgekv.privacy import BLOB_MAGIC, Key, KeyRing
+
+    old, new = Key(b"\x01" * 32, "old"), Key(b"\x02" * 32, "new")
+    clear = _store(tmp_path)
+    _fill(clear, [0, 1])  # before a key was set: in the clear
+    clear.close()
+    sealed = _store(tmp_path, keys=KeyRing(old))
+    try:
+        _fill(sealed, [2, 3])
+        assert sealed.jpeg(STREAM, 0) == encode_thumbnail(_frame(0), 64)  # the clear ones still read
+        assert sealed.jpeg(STREAM, 2) == encode_thumbnail(_frame(2), 64)
+        jpeg = encode_thumbnail(_frame(2), 64)
+        assert jpeg[-160:-96] not in _file_bytes(tmp_path)  # sealed on disk
+    finally:
+        sealed.close()
+    rows = dict(sqlite3.connect(tmp_path / FILE).execute("SELECT pair, jpeg FROM frames").fetchall())
+    assert [bytes(rows[p]).startswith(BLOB_MAGIC) for p in range(4)] == [False, False, True, True]
+    rotated = _store(tmp_path, keys=KeyRing(new, [old]))
+    try:
+        assert rotated.reseal(dry_run=True) == {"resealed": 4, "current": 0, "unopened": 0}
+        assert rotated.reseal() == {"resealed": 4, "current": 0, "unopened": 0}
+        assert rotated.reseal() == {"resealed": 0, "current": 4, "unopened": 0}
+        assert encode_thumbnail(_frame(0), 64)[-160:-96] not in _file_bytes(tmp_path)  # nothing left in the clear
+    finally:
+        rotated.close()
+    alone = _store(tmp_path, keys=KeyRing(new))  # the new key alone opens every frame
+    try:
+        assert [alone.jpeg(STREAM, p) for p in range(4)] == [encode_thumbnail(_frame(p), 64) for p in range(4)]
+    finally:
+        alone.close()
+    stranger = _store(tmp_path, keys=KeyRing(Key(b"\x03" * 32, "other")))
+    try:
+        assert stranger.jpeg(STREAM, 2) is None and stranger.stats()  # no key opens it: not served, counted
+        assert stranger.read_errors == 1
+        assert stranger.reseal() == {"resealed": 0, "current": 0, "unopened": 4}  # left as they are
+    finally:
+        stranger.close()
+
+
+def test_a_full_disk_fails_a_frame_and_later_ones_go_in(tmp_path):
+    store = _store(tmp_path)
+    try:
+        _fill(store, range(3))
+        with store._lock:  # SQLite's own "database or disk is full" (SQLITE_FULL), as a full flash gives it
+            pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+            store._db.execute(f"PRAGMA max_page_count = {pages}")
+        for pair in range(3, 9):  # the file's free pages take a frame or so, then it is full
+            store.submit(STREAM, pair, pair * 0.5, None, _frame(pair))
+            store.flush()
+        stats = store.stats()
+        assert stats["frames_write_errors"] >= 4 and "full" in stats["frames_last_error"]
+        kept = [pair for pair in range(9) if store.has(STREAM, pair)]
+        assert kept[:3] == [0, 1, 2] and len(kept) == 9 - stats["frames_write_errors"]  # a failed one left nothing
+        assert all(store.jpeg(STREAM, p) == encode_thumbnail(_frame(p), 64) for p in kept)
+        assert stats["frames_bytes"] == sum(len(store.jpeg(STREAM, p)) for p in kept)  # rolled back whole
+        with store._lock:  # room again
+            store._db.execute("PRAGMA max_page_count = 1073741823")
+        _fill(store, [9])
+        assert store.jpeg(STREAM, 9) == encode_thumbnail(_frame(9), 64) and store.stats()["frames_last_error"] is None
+    finally:
+        store.close()
+
+
+def test_a_damaged_file_is_set_aside_and_a_new_one_begun(tmp_path):
+    store = _store(tmp_path)
+    _fill(store, range(4))
+    store.close()
+    path = tmp_path / FILE
+    data = bytearray(path.read_bytes())
+    data[4096:8192] = os.urandom(4096)  # a page of garbage
+    path.write_bytes(bytes(data))
+    again = _store(tmp_path)
+    try:
+        assert again.set_aside is not None and again.set_aside.exists()
+        assert again.stats()["frames_kept"] == 0
+        _fill(again, [9])
+        assert again.jpeg(STREAM, 9) == encode_thumbnail(_frame(9), 64)
+    finally:
+        again.close()
+    (tmp_path / FILE).unlink()
+    for leftover in tmp_path.glob(f"{FILE}-*"):
+        leftover.unlink()
+    (tmp_path / FILE).write_bytes(b"not a database at all" * 100)
+    third = _store(tmp_path)
+    try:
+        assert third.set_aside is not None and third.stats()["frames_kept"] == 0
+    finally:
+        third.close()
+
+
+def test_a_writer_killed_mid_row_loses_at_most_that_row(tmp_path):
+    """A child process writes frames as fast as it can and says each one written; it is killed with SIGKILL after
+    the fifth. Every frame it said was written reads back whole (WAL: a commit is durable in the file's log)."""
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_frame_store import STREAM, _frame, _store
+        store = _store({str(tmp_path)!r})
+        pair = 0
+        while True:
+            store.submit(STREAM, pair, pair * 0.5, None, _frame(pair))
+            store.flush()
+            print(pair, flush=True)
+            pair += 1
+        """)], stdout=subprocess.PIPE, text=True)
+    said = []
+    try:
+        for line in child.stdout:
+            said.append(int(line))
+            if len(said) == 5:
+                child.send_signal(signal.SIGKILL)
+                break
+    finally:
+        child.kill()
+        child.wait(30)
+    store = _store(tmp_path)
+    try:
+        assert store.set_aside is None  # the file checks
+        for pair in said:
+            assert store.jpeg(STREAM, pair) == encode_thumbnail(_frame(pair), 64)
+    finally:
+        store.close()
