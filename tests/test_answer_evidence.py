@@ -191,3 +191,31 @@ def test_the_fleet_refuses_evidence_it_always_gives():
     with contextlib.redirect_stderr(io.StringIO()) as said:
         assert main(["ask", "--fleet", "What moved?", "--broker", "mqtt://127.0.0.1:1", "--evidence"]) == 2
     assert "--evidence: only without --fleet" in said.getvalue()
+
+
+def test_evidence_frames_on_disk_outlive_the_ring_and_a_restart(tiny_checkpoint, tmp_path):
+    """``archive.frames_mib``: a pair long gone from the keyframe ring (2 kept) is still shown for an answer's
+    evidence, from disk, and after the daemon restarts from its snapshot (the same stream: the same pairs)."""
+    pytest.importorskip("fastapi")
+    from helpers_server import call, chat
+
+    config = _config(tiny_checkpoint, keyframe_pairs=2).with_overrides(
+        archive={"dir": str(tmp_path / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
+                 "frames_mib": 1, "frames_px": 48},
+        state={"dir": str(tmp_path / "state"), "every_s": 3600})
+    with _ended(config, tmp_path / "out.txt", realtime=False) as daemon:
+        port = daemon.server.port
+        assert daemon.frames.flush()
+        held = sorted(daemon.session.pair_times)
+        old = held[0]
+        assert old not in daemon.alerts.keyframes.frames and len(held) == 24
+        status, _, first = call(port, "GET", f"/frame.jpg?pair={old}")
+        assert status == 200 and cv2.imdecode(np.frombuffer(first, np.uint8), cv2.IMREAD_COLOR).shape == (36, 48, 3)
+        status, _, body = chat(port, "What moved?", max_tokens=2, evidence=8)
+        assert status == 200 and all(item["frame"] for item in json.loads(body)["edgekv"]["evidence"])  # all on disk
+        assert daemon.status()["frames"]["frames_kept"] == 24
+    assert "evidence frames:" in (tmp_path / "out.txt").read_text()
+    with _ended(config, tmp_path / "out2.txt", realtime=False) as daemon:  # restored: the same stream, on
+        assert "resumed 6 s of memory" in (tmp_path / "out2.txt").read_text()
+        status, _, again = call(daemon.server.port, "GET", f"/frame.jpg?pair={old}")
+        assert status == 200 and again == first
