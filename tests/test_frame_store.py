@@ -231,3 +231,27 @@ def test_a_writer_killed_mid_row_loses_at_most_that_row(tmp_path):
             assert store.jpeg(STREAM, pair) == encode_thumbnail(_frame(pair), 64)
     finally:
         store.close()
+
+
+def test_an_io_error_is_no_damage(tmp_path, monkeypatch):
+    """A disk that cannot be written (here: SQLite's I/O error at the first statement) is raised to the daemon, which
+    goes on without pictures; the file is not set aside as damaged."""
+    store = _store(tmp_path)
+    _fill(store, [0])
+    store.close()
+    real = FrameStore._connect
+
+    def failing(self):
+        db = real(self)
+        db.close()
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(FrameStore, "_connect", failing)
+    with pytest.raises(sqlite3.OperationalError):
+        _store(tmp_path)
+    monkeypatch.setattr(FrameStore, "_connect", real)
+    again = _store(tmp_path)
+    try:
+        assert again.set_aside is None and again.jpeg(STREAM, 0) == encode_thumbnail(_frame(0), 64)
+    finally:
+        again.close()

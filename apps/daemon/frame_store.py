@@ -78,7 +78,10 @@ class FrameStore:
 
     # ------------------------------------------------------------------ the file
     def _open(self) -> sqlite3.Connection:
+        """The file, checked; one that is not a database or fails ``quick_check`` is set aside and a new one begun.
+        An I/O error (a read-only or failing disk: ``sqlite3.OperationalError``) is raised: that is no damage."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = None
         try:
             db = self._connect()
             ok = db.execute("PRAGMA quick_check").fetchone()[0]
@@ -86,11 +89,13 @@ class FrameStore:
                 raise sqlite3.DatabaseError(ok)
             db.executescript(_SCHEMA)
             return db
-        except sqlite3.DatabaseError as exc:  # not a database, or a damaged one: set aside whole, begin anew
-            try:
+        except sqlite3.OperationalError:
+            if db is not None:
                 db.close()
-            except (NameError, sqlite3.Error):
-                pass
+            raise
+        except sqlite3.DatabaseError as exc:  # not a database, or a damaged one: set aside whole, begin anew
+            if db is not None:
+                db.close()
             self.set_aside = self.path.with_name(f"{FILE}.bad-{int(time.time())}")
             for suffix in ("", "-wal", "-shm"):
                 part = Path(str(self.path) + suffix)

@@ -346,11 +346,18 @@ class Daemon:
         section = self.config.archive
         if not section.frames_mib or self.session.recall is None:
             return
+        import sqlite3
+
         from edgekv.apps.daemon.frame_store import FrameStore
 
-        self.frames = FrameStore(self.session.recall.archive.dir, max_bytes=int(section.frames_mib * 2**20),
-                                 px=section.frames_px, keys=self.runtime.keys, max_age_s=section.max_age_s,
-                                 wait_when_full=section.when_full == "wait")
+        try:
+            self.frames = FrameStore(self.session.recall.archive.dir, max_bytes=int(section.frames_mib * 2**20),
+                                     px=section.frames_px, keys=self.runtime.keys, max_age_s=section.max_age_s,
+                                     wait_when_full=section.when_full == "wait")
+        except (sqlite3.Error, OSError) as exc:  # a disk that cannot take it: the memory goes on without pictures
+            self.say(f"evidence frames off: {self.session.recall.archive.dir} cannot hold them "
+                     f"({type(exc).__name__}: {printable(str(exc), 200)}); answers still give their evidence times")
+            return
         kept = self.frames.stats()
         self.say(f"evidence frames: {self.frames.path} ({kept['frames_kept']} kept, {kept['frames_bytes'] / 2**20:.1f} "
                  f"of {section.frames_mib:g} MiB, {section.frames_px} px)"
