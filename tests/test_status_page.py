@@ -85,6 +85,11 @@ def test_page_with_a_token_login_figures_questions_and_states(tiny_checkpoint, t
             page.wait_for_selector("#answer[data-done='1']", timeout=60_000)
             answer = page.inner_text("#answer")
             assert answer.strip() and not answer.startswith("error")
+            # when its evidence was seen (a live camera: a wall time), and the frame while the daemon keeps it
+            evidence = page.inner_text("#evidence")
+            assert evidence.startswith("evidence: seen ") and " s (frame pair " in evidence, evidence
+            if "no longer kept" not in evidence:
+                poll(page, "document.querySelector('#evidence img').naturalWidth > 0")  # the cookie authenticates it
             poll(page, "document.querySelector('#questions li .src').textContent === 'http'")
 
             poll(page, "document.querySelector('#memory polyline').getAttribute('points').split(' ').length >= 3")
