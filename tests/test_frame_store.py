@@ -255,3 +255,28 @@ def test_an_io_error_is_no_damage(tmp_path, monkeypatch):
         assert again.set_aside is None and again.jpeg(STREAM, 0) == encode_thumbnail(_frame(0), 64)
     finally:
         again.close()
+
+
+def test_failing_writes_make_the_daemon_degraded_until_one_succeeds(tmp_path):
+    from types import SimpleNamespace
+
+    from edgekv.apps.daemon.health import problems
+
+    store = _store(tmp_path)
+    try:
+        daemon = SimpleNamespace(sampler=None, session=SimpleNamespace(recall=None), frames=store)
+        _fill(store, [0])
+        assert problems(daemon) == []
+        with store._lock:
+            store._db.execute(f"PRAGMA max_page_count = {store._db.execute('PRAGMA page_count').fetchone()[0]}")
+        for pair in range(1, 6):
+            store.submit(STREAM, pair, pair * 0.5, None, _frame(pair))
+            store.flush()
+        (line,) = problems(daemon)
+        assert line.startswith("evidence frames: writes failing (") and "full" in line
+        with store._lock:
+            store._db.execute("PRAGMA max_page_count = 1073741823")
+        _fill(store, [6])
+        assert problems(daemon) == []
+    finally:
+        store.close()
