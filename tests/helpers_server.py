@@ -68,13 +68,14 @@ class RunningDaemon:
 
 
 @contextmanager
-def ended_daemon(config: EdgeKVConfig, out_path: Path):
-    """A Daemon (no stdin, quiet, the source read as fast as it goes) whose finite stream has ended: its cache no
-    longer changes, so answers do not depend on when they are asked. Stopped on exit."""
+def ended_daemon(config: EdgeKVConfig, out_path: Path, realtime: bool = False):
+    """A Daemon (no stdin, quiet, the source read as fast as it goes — or, ``realtime``, at its own pace, each frame
+    stamped with the wall time it was sampled at) whose finite stream has ended: its cache no longer changes, so
+    answers do not depend on when they are asked. Stopped on exit."""
     from edgekv.apps.daemon.loop import Daemon, DaemonOptions
 
     with open(out_path, "w") as out:
-        daemon = Daemon(config, DaemonOptions(no_stdin=True, quiet=True), out=out)
+        daemon = Daemon(config, DaemonOptions(no_stdin=True, quiet=True, realtime=realtime), out=out)
         thread = threading.Thread(target=daemon.run, daemon=True)
         thread.start()
         try:

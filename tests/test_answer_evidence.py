@@ -10,11 +10,11 @@ import contextlib
 import datetime as dt
 import io
 import json
-import threading
 
 import cv2
 import numpy as np
 import pytest
+from helpers_server import ended_daemon
 
 ASK = {"messages": [{"role": "user", "content": "What moved?"}]}
 
@@ -56,25 +56,6 @@ def _config(model_dir, keyframe_pairs: int = 32):
         alerts={"keyframe_pairs": keyframe_pairs})
 
 
-@contextlib.contextmanager
-def _ended(config, out_path, realtime: bool):
-    from helpers_server import daemon_args
-
-    from edgekv.apps.daemon.loop import Daemon
-
-    with open(out_path, "w") as out:
-        daemon = Daemon(config, daemon_args(realtime=realtime), out=out)
-        thread = threading.Thread(target=daemon.run, daemon=True)
-        thread.start()
-        try:
-            assert daemon.ready.wait(120)
-            assert daemon.stream_ended.wait(300), "the stream did not end"
-            yield daemon
-        finally:
-            daemon.stop.event.set()
-            thread.join(60)
-
-
 def _streamed(port: int, body: dict) -> list[dict]:
     from helpers_server import call
 
@@ -100,7 +81,7 @@ def test_an_answer_says_when_its_evidence_was_seen(tiny_checkpoint, tmp_path):
 
     from edgekv.apps.wall_times import wall_text
 
-    with _ended(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=True) as daemon:
+    with ended_daemon(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=True) as daemon:
         port, session = daemon.server.port, daemon.session
         with daemon.lock:
             want = session.ask("What moved?", max_new_tokens=2, evidence=3)
@@ -167,7 +148,7 @@ def test_a_recording_has_evidence_in_stream_time_only(tiny_checkpoint, tmp_path)
     pytest.importorskip("fastapi")
     from helpers_server import call, chat
 
-    with _ended(_config(tiny_checkpoint, keyframe_pairs=2), tmp_path / "out.txt", realtime=False) as daemon:
+    with ended_daemon(_config(tiny_checkpoint, keyframe_pairs=2), tmp_path / "out.txt", realtime=False) as daemon:
         port, session = daemon.server.port, daemon.session
         status, _, body = chat(port, "What moved?", max_tokens=2, evidence=8)
         assert status == 200, body
@@ -203,7 +184,7 @@ def test_evidence_frames_on_disk_outlive_the_ring_and_a_restart(tiny_checkpoint,
         archive={"dir": str(tmp_path / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
                  "frames_mib": 1, "frames_px": 48},
         state={"dir": str(tmp_path / "state"), "every_s": 3600})
-    with _ended(config, tmp_path / "out.txt", realtime=False) as daemon:
+    with ended_daemon(config, tmp_path / "out.txt", realtime=False) as daemon:
         port = daemon.server.port
         assert daemon.frames.flush()
         held = sorted(daemon.session.pair_times)
@@ -215,7 +196,7 @@ def test_evidence_frames_on_disk_outlive_the_ring_and_a_restart(tiny_checkpoint,
         assert status == 200 and all(item["frame"] for item in json.loads(body)["edgekv"]["evidence"])  # all on disk
         assert daemon.status()["frames"]["frames_kept"] == 24
     assert "evidence frames:" in (tmp_path / "out.txt").read_text()
-    with _ended(config, tmp_path / "out2.txt", realtime=False) as daemon:  # restored: the same stream, on
+    with ended_daemon(config, tmp_path / "out2.txt", realtime=False) as daemon:  # restored: the same stream, on
         assert "resumed 6 s of memory" in (tmp_path / "out2.txt").read_text()
         status, _, again = call(daemon.server.port, "GET", f"/frame.jpg?pair={old}")
         assert status == 200 and again == first

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers_server import ended_daemon
 
 import edgekv
 from edgekv.session.wallclock import MAX_ANCHORS, TOLERANCE_S, NothingSeen, WallClock
@@ -191,25 +192,6 @@ def _config(model_dir, **video):
         monitor={"backend": "cpu"}, generation={"max_new_tokens": 2, "temperature": 0.0})
 
 
-@contextlib.contextmanager
-def _ended(config, out_path, realtime: bool):
-    from helpers_server import daemon_args
-
-    from edgekv.apps.daemon.loop import Daemon
-
-    with open(out_path, "w") as out:
-        daemon = Daemon(config, daemon_args(realtime=realtime), out=out)
-        thread = threading.Thread(target=daemon.run, daemon=True)
-        thread.start()
-        try:
-            assert daemon.ready.wait(120)
-            assert daemon.stream_ended.wait(300), "the stream did not end"
-            yield daemon
-        finally:
-            daemon.stop.event.set()
-            thread.join(60)
-
-
 def _iso(unix: float) -> str:
     return dt.datetime.fromtimestamp(unix, dt.timezone.utc).isoformat()
 
@@ -224,7 +206,7 @@ def test_the_daemon_answers_and_forgets_by_the_wall_clock(tiny_checkpoint, tmp_p
     from edgekv.apps.cli import main
     from edgekv.apps.wall_times import parse_wall_time
 
-    with _ended(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=True) as daemon:
+    with ended_daemon(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=True) as daemon:
         port, session = daemon.server.port, daemon.session
         with daemon.lock:
             times = sorted(session.pair_times.values())
@@ -271,7 +253,7 @@ def test_a_recording_read_as_fast_as_it_goes_has_no_wall_times(tiny_checkpoint, 
     pytest.importorskip("fastapi")
     from helpers_server import chat, error_of
 
-    with _ended(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=False) as daemon:
+    with ended_daemon(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=False) as daemon:
         assert daemon.session.wall.anchors == [] and daemon.session.pair_times
         status, _, body = chat(daemon.server.port, "What moved?", window={"from": _iso(BASE), "to": _iso(BASE + 9)})
         assert status == 400 and "no frame of this stream has a wall-clock time" in error_of(body)["message"]
@@ -286,14 +268,14 @@ def test_the_wall_times_outlive_a_restart(tiny_checkpoint, tmp_path):
     from edgekv.apps.wall_times import parse_wall_time
 
     config = _config(tiny_checkpoint).with_overrides(state={"dir": str(tmp_path / "state"), "every_s": 3600})
-    with _ended(config, tmp_path / "first.txt", realtime=True) as first:
+    with ended_daemon(config, tmp_path / "first.txt", realtime=True) as first:
         with first.lock:
             seen = sorted(first.session.pair_times.values())
             anchors = list(first.session.wall.anchors)
             stretch = _iso(first.session.wall_time(seen[1])), _iso(first.session.wall_time(seen[4]))
             window = first.session.wall_window(*map(parse_wall_time, stretch))
     assert anchors and window[0] <= seen[1] and window[1] >= seen[4]
-    with _ended(config, tmp_path / "second.txt", realtime=True) as second:
+    with ended_daemon(config, tmp_path / "second.txt", realtime=True) as second:
         with second.lock:
             session = second.session
             assert session.restored_from is not None and session.wall.anchors[:len(anchors)] == anchors
