@@ -79,10 +79,10 @@ def window_bounds(t_from, t_to, now: float | None = None) -> tuple[str, float, f
     """``from`` and ``to`` as one kind: ``("stream" | "wall", from, to)``; a mix, or from after to, refused. Wall
     times are read together (the module's docstring): a ``to`` given as a time of day follows ``from``."""
     now = time.time() if now is None else now
-    if isinstance(t_to, str) and not is_time_of_day(t_to):  # a date: a time-of-day from is that day's, or before
-        _, dated = wall_or_stream("to", t_to)
-        now = min(now, dated)
-    kind_from, start = wall_or_stream("from", t_from, now=now)
+    kind_from, start = wall_or_stream("from", t_from, now=now)  # checked first: a mistake in it is named first
+    if is_time_of_day(t_from) and isinstance(t_to, str) and not is_time_of_day(t_to):
+        _, dated = wall_or_stream("to", t_to)  # a dated to: a time-of-day from is the latest such moment before it
+        _, start = wall_or_stream("from", t_from, now=min(now, dated))
     kind_to, end = wall_or_stream("to", t_to, now=now, after=start if kind_from == "wall" else None)
     if kind_from != kind_to:
         raise ValueError("from and to: give both in stream seconds (numbers) or both as wall times (strings)")
