@@ -104,6 +104,7 @@ def forget_every(daemon, t_from: float | None = None, t_to: float | None = None,
     archives = [r["archive"] for r in results.values() if r.get("archive")]
     return {"pairs": sum(r["pairs"] for r in results.values()),
             "cache_slots": sum(r["cache_slots"] for r in results.values()),
-            "archive": ({"pairs": sum(a["pairs"] for a in archives), "bytes": sum(a["bytes"] for a in archives)}
-                        if archives else None),
+            "archive": ({"pairs": sum(a["pairs"] for a in archives), "bytes": sum(a["bytes"] for a in archives),
+                         **({"frames": sum(a.get("frames", 0) for a in archives)}
+                            if any("frames" in a for a in archives) else {})} if archives else None),
             "cameras": results}

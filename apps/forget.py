@@ -60,7 +60,8 @@ def _summary(result: dict) -> str:
     return (f"forgot t={', '.join(f'{a:g}..{b:g}' for a, b in spans)} s{when}: {result['pairs']} frame pair(s) from "
             f"the cache "
             f"({result['cache_slots']} slots)"
-            + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)" if archive else ", no archive")
+            + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)"
+               if archive and "pairs" in archive else ", no archive")
             + (f", {archive['frames']} evidence frame(s) overwritten" if archive and "frames" in archive else "")
             + (f", snapshot {snapshots['snapshot']} rewritten, {len(snapshots.get('removed', []))} older removed"
                if snapshots.get("snapshot") else ", no snapshots"))

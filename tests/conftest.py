@@ -33,3 +33,23 @@ def _root_logging_restored():
         if handler not in root.handlers:
             root.addHandler(handler)
     root.setLevel(level)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 512 KiB tmpfs mounted for the test, a disk that fills (root only; CI runs as root), unmounted after."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root (CI runs as root)")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)

@@ -10,7 +10,6 @@ import errno
 import json
 import logging
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -62,23 +61,6 @@ def _check_all(archive: FrameArchive) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- a full disk
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 512 KiB tmpfs mounted for the test (root only; CI runs as root), unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root (CI runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
 def test_enospc_on_a_real_full_disk_costs_only_the_pairs_not_written(small_disk):
     """Fill a real 512 KiB tmpfs: the writes that hit ENOSPC lose their pair (counted as dropped), the
     state shows "disk full", and once space returns every pair written afterwards checks on reopen
@@ -142,6 +124,36 @@ def test_a_write_that_fails_by_injection_is_rolled_back(tmp_path):
     reopened = _archive(tmp_path)
     assert _check_all(reopened) == [0, 1, 2, 6, 7, 8]
     assert reopened.bad_records == 0 and reopened.torn_bytes == 0
+    reopened.close()
+
+
+def test_a_forget_on_a_full_disk_deletes_the_segment_whole_rather_than_keep_the_window(tmp_path):
+    """A forget rewrites each segment holding a forgotten pair; on a full disk that rewrite cannot be written, and
+    the segment goes whole (its other pairs counted as lost to the forget) rather than the window staying on the
+    disk. Other segments are untouched, and what is left reads back whole after a reopen."""
+    disk = _full_disk()
+    archive = _archive(tmp_path, files=disk, segment_bytes=100 << 10)  # about four records a segment
+    _submit(archive, range(12))
+    by_segment = {}
+    for entry in archive.entries():
+        by_segment.setdefault(entry.segment, []).append(entry.frame)
+    assert len(by_segment) >= 3
+    first = sorted(by_segment)[0]
+    doomed = by_segment[first][1]  # a pair with others beside it in its segment
+    secrets = [_kv(frame)[0][0, 0, 0].numpy().tobytes() for frame in by_segment[first]]
+    disk.full = True
+    result = archive.forget(doomed * 0.5, doomed * 0.5, stream=STREAM)
+    disk.full = False
+    assert result["pairs"] == 1 and result["segments_deleted"] == 1 and result["segments_rewritten"] == 0
+    assert archive.lost_to_forget == len(by_segment[first]) - 1
+    assert not list(tmp_path.glob("*.tmp"))
+    on_disk = b"".join(p.read_bytes() for p in sorted(tmp_path.glob("seg-*.ekva")))
+    assert not [run for run in secrets if run in on_disk]
+    left = sorted(frame for number, frames in by_segment.items() if number != first for frame in frames)
+    assert sorted(_check_all(archive)) == left
+    archive.close()
+    reopened = _archive(tmp_path)
+    assert sorted(_check_all(reopened)) == left and reopened.bad_records == 0
     reopened.close()
 
 

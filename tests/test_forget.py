@@ -188,3 +188,42 @@ def test_spoken_commands(text, action, last_s):
     assert (command.action if command else None) == action
     if command is not None:
         assert command.last_s == last_s
+
+
+def test_a_part_that_fails_does_not_stop_the_rest_of_a_forget(tiny_checkpoint, tmp_path):
+    """The archive's rewrite fails with an I/O error (not a full disk, which deletes the segment whole): the cache,
+    the evidence frames and the snapshots are still done, and the caller hears what was not (HTTP 500
+    ``forget_incomplete``, naming the archive)."""
+    pytest.importorskip("fastapi")
+    import errno
+
+    from helpers_server import call, ended_daemon
+
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56]},
+        cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
+        archive={"dir": str(tmp_path / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
+                 "frames_mib": 1, "frames_px": 32},
+        state={"dir": str(tmp_path / "state"), "every_s": 3600}, monitor={"backend": "cpu"})
+    with ended_daemon(config, tmp_path / "out.txt") as daemon:
+        assert daemon.frames.flush()
+        stream = daemon._frame_stream()
+        with daemon.lock:
+            daemon.state.snapshot(daemon.session)
+        t = daemon.session.pair_times[5]
+
+        def failing(*args, **kwargs):
+            raise OSError(errno.EIO, "Input/output error")
+
+        daemon.session.recall.archive.forget = failing
+        status, _, body = call(daemon.server.port, "POST", "/v1/memory/forget", {"from": t, "to": t})
+        assert status == 500, body
+        error = json.loads(body)["error"]
+        assert error["code"] == "forget_incomplete" and "archive: [Errno 5] Input/output error" in error["message"]
+        assert 5 not in daemon.session.pair_times  # the cache
+        assert not daemon.frames.has(stream, 5) and daemon.frames.has(stream, 6)  # the evidence frames
+        assert len(daemon.state.generations()) == 1  # a snapshot without the window, the older removed
+    assert "forget incomplete: archive:" in (tmp_path / "out.txt").read_text()

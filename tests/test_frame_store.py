@@ -280,3 +280,57 @@ def test_failing_writes_make_the_daemon_degraded_until_one_succeeds(tmp_path):
         assert problems(daemon) == []
     finally:
         store.close()
+
+
+def test_a_forget_on_a_full_disk_drops_every_frame_rather_than_keep_the_stretch(small_disk):
+    """On a real full disk (a 512 KiB tmpfs) a forget cannot write its deletion's log: rather than keep the stretch's
+    pictures, the store drops every evidence frame (the file unlinked), begins anew, and writes again once there is
+    room. Writes that failed for lack of room were logged at most once a minute, not once a frame."""
+    folder = small_disk / "archive"
+    folder.mkdir()
+    store = _store(folder, px=160)
+    try:
+        pair = 0
+        while store.stats()["frames_write_errors"] < 3:  # until the disk is full
+            store.submit(STREAM, pair, pair * 0.5, None, _frame(pair))
+            store.flush()
+            pair += 1
+        assert pair < 400 and store.stats()["frames_kept"] > 5
+        window = [p for p in range(pair) if 1.0 <= p * 0.5 <= 2.0 and store.has(STREAM, p)]
+        pictures = [store.jpeg(STREAM, p)[-160:-96] for p in window]
+        filler = small_disk / "filler"  # whatever room deletions left, taken too
+        with open(filler, "wb", buffering=0) as sink:
+            try:
+                while True:
+                    sink.write(b"\0" * 4096)
+            except OSError:
+                pass
+        gone = store.forget(1.0, 2.0, STREAM)
+        assert gone == len(window) > 0 and store.stats()["frames_discarded"] == 1
+        assert store.stats()["frames_kept"] == 0 and not store.has(STREAM, window[0])
+        assert not any(picture in _file_bytes(folder) for picture in pictures)
+        filler.unlink()  # room again
+        _fill(store, [1000])
+        assert store.jpeg(STREAM, 1000) == encode_thumbnail(_frame(1000), 160)
+    finally:
+        store.close()
+
+
+def test_write_failures_are_logged_once_a_minute(tmp_path, caplog):
+    store = _store(tmp_path)
+    try:
+        _fill(store, [0])
+        with store._lock:
+            store._db.execute(f"PRAGMA max_page_count = {store._db.execute('PRAGMA page_count').fetchone()[0]}")
+        with caplog.at_level("INFO", logger="edgekv.frames"):
+            for pair in range(1, 30):
+                store.submit(STREAM, pair, pair * 0.5, None, _frame(pair))
+                store.flush()
+            with store._lock:
+                store._db.execute("PRAGMA max_page_count = 1073741823")
+            _fill(store, [30])
+        said = [r.getMessage() for r in caplog.records if r.name == "edgekv.frames"]
+        assert store.write_errors > 20 and len(said) == 2, said
+        assert "not written" in said[0] and said[1].startswith("evidence frames: written again")
+    finally:
+        store.close()

@@ -41,6 +41,7 @@ log = logging.getLogger("edgekv.frames")
 
 FILE = "frames.sqlite"
 QUEUE_FRAMES = 8
+WARN_EVERY_S = 60.0  # a failing write is logged at most this often
 JPEG_QUALITY = 80
 _STOP = object()
 _SCHEMA = """
@@ -66,9 +67,10 @@ class FrameStore:
         self.max_bytes, self.px, self.max_age_s = int(max_bytes), int(px), max_age_s
         self.keys = keys if keys is not None and keys.enabled else None  # edgekv.privacy.KeyRing
         self.wait_when_full = wait_when_full
-        self.written = self.dropped = self.write_errors = self.trimmed = self.read_errors = 0
+        self.written = self.dropped = self.write_errors = self.trimmed = self.read_errors = self.discarded = 0
         self.set_aside: Path | None = None
         self.last_error: str | None = None
+        self._warned: float | None = None  # when a failing write was last logged (None: writing fine)
         self._lock = threading.Lock()  # the one connection: the writer's rows, a reader's lookups, a forget
         self._db = self._open()
         self._bytes = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
@@ -172,7 +174,15 @@ class FrameStore:
         except (sqlite3.Error, OSError, cv2.error, ValueError) as exc:  # a full disk, an I/O error: this frame only
             self.write_errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-            log.warning("evidence frames: pair %d not written (%s)", pair, self.last_error)
+            now = time.monotonic()
+            if self._warned is None or now - self._warned >= WARN_EVERY_S:  # a full disk must not fill the log too
+                self._warned = now
+                log.warning("evidence frames: pair %d not written (%s; %d write error(s) so far, said at most once a "
+                            "minute)", pair, self.last_error, self.write_errors)
+            return
+        if self._warned is not None:
+            self._warned = None
+            log.info("evidence frames: written again (%d write error(s) before)", self.write_errors)
 
     def _trim(self, stream: str, newest_t: float) -> None:
         """(In the writer's transaction.) With ``max_age_s``, this stream's rows older than that behind its newest
@@ -256,18 +266,36 @@ class FrameStore:
         if stream is None:
             return 0
         self.flush()
+        where, args, gone = "stream = ? AND t BETWEEN ? AND ?", (stream, t_from, t_to), None
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                gone = self._delete("stream = ? AND t BETWEEN ? AND ?", (stream, t_from, t_to))
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                self._bytes = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
-                raise
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return gone
+                gone = self._db.execute(f"SELECT COUNT(*) FROM frames WHERE {where}", args).fetchone()[0]
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._delete(where, args)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:  # no room for the deletion's log (a full disk), an I/O error, damage
+                self._discard(f"a forget could not be written ({exc})")
+                return -1 if gone is None else int(gone)
+        return int(gone)
+
+    def _discard(self, why: str) -> None:
+        """(Under the lock.) Every evidence frame dropped: the files unlinked and a new, empty one begun — what a
+        forget does when it cannot write its deletion, so that the stretch never stays on the disk."""
+        self._db.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(self.path) + suffix).unlink(missing_ok=True)
+        log.warning("evidence frames: %s; every evidence frame dropped (%s unlinked), a new file begun", why,
+                    self.path.name)
+        self.discarded += 1
+        self._db = self._connect()
+        self._db.executescript(_SCHEMA)
+        self._bytes = 0
 
     def reseal(self, dry_run: bool = False) -> dict:
         """Every row sealed with the current key (``edgekv rekey``): rows in the clear or under an older key of the
@@ -305,7 +333,8 @@ class FrameStore:
             rows = self._db.execute("SELECT COUNT(*) FROM frames").fetchone()[0]
         return {"frames_kept": rows, "frames_bytes": self._bytes, "frames_written": self.written,
                 "frames_dropped": self.dropped, "frames_write_errors": self.write_errors,
-                "frames_trimmed": self.trimmed, "frames_last_error": self.last_error}
+                "frames_trimmed": self.trimmed, "frames_discarded": self.discarded,
+                "frames_last_error": self.last_error}
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, then close the file."""

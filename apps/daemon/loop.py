@@ -655,13 +655,18 @@ class Daemon:
                 if t_from is None or t_to is None:
                     raise ValueError("forget: give from and to (stream seconds), or last_s")
                 stretches = [(t_from, t_to)]
-            pairs, slots, archive = 0, 0, None
+            pairs, slots, archive, failed = 0, 0, None, []
             for t_from, t_to in stretches:
                 result = self._forget_stretch(t_from, t_to, now)
+                failed += result.pop("failed")
                 pairs, slots = pairs + len(result["pairs"]), slots + result["slots"]
                 if result["archive"] is not None:
                     archive = {key: (archive or {}).get(key, 0) + value for key, value in result["archive"].items()}
-            snapshots = self.state.rewrite_after_forget(self.session)
+            try:
+                snapshots = self.state.rewrite_after_forget(self.session)
+            except OSError as exc:  # the rest is still done; the caller hears what was not (HTTP: forget_incomplete)
+                failed.append(f"snapshots: {exc}")
+                snapshots = {"snapshot": None, "removed": []}
             # the answers given so far (the status page's recent questions): any of them may tell of the window
             self.history.clear()
             telemetry = getattr(self.server, "telemetry", None)
@@ -679,19 +684,28 @@ class Daemon:
                 out["stretches"] = [list(stretch) for stretch in stretches]
         self.say(f"forgot t={', '.join(f'{a:g}..{b:g}' for a, b in stretches)} s: {out['pairs']} frame pairs, "
                  f"{out['cache_slots']} cache slots"
-                 + (f", {archive['pairs']} archived pairs ({archive['bytes']} bytes freed)" if archive else "")
+                 + (f", {archive['pairs']} archived pairs ({archive['bytes']} bytes freed)"
+                    if archive and "pairs" in archive else "")
+                 + (f", {archive['frames']} evidence frames" if archive and "frames" in archive else "")
                  + (f", snapshot {snapshots['snapshot']} written, {len(snapshots['removed'])} older removed"
                     if snapshots["snapshot"] else ""))
+        if failed:
+            self.say(f"forget incomplete: {'; '.join(failed)}")
+            raise OSError("; ".join(failed))
         return out
 
     def _forget_stretch(self, t_from: float, t_to: float, now: float | None) -> dict:
-        """One stretch of ``forget`` (under its lock): the cache, the archive, the alerts' keyframes and events."""
+        """One stretch of ``forget`` (under its lock): the cache, the archive and its evidence frames, the alerts'
+        keyframes and events. A part that fails does not stop the others: it is named in ``failed``."""
         result = self.session.forget(t_from, t_to)
         removed = set(result["pairs"])
-        archive = None
+        archive, failed = None, []
         if self.session.recall is not None:  # this stream's records (another stream's times are its own)
-            archive = self.session.recall.archive.forget(t_from, t_to, stream=self.session.recall.stream)
-        if self.frames is not None:  # its evidence frames on disk, overwritten
+            try:
+                archive = self.session.recall.archive.forget(t_from, t_to, stream=self.session.recall.stream)
+            except OSError as exc:  # not a full disk (that deletes the segment whole): an I/O error, said at the end
+                failed.append(f"archive: {exc}")
+        if self.frames is not None:  # its evidence frames on disk, overwritten (or, no room, all dropped)
             archive = {**(archive or {}), "frames": self.frames.forget(t_from, t_to, self._frame_stream())}
         if self.alerts is not None:
             ring = self.alerts.keyframes
@@ -703,7 +717,7 @@ class Daemon:
             self.alerts.bus.forget(t_from, t_to)
         if now is not None and t_from <= now <= t_to:
             self._latest_frame = None  # the status page shows nothing of the window
-        return {**result, "archive": archive}
+        return {**result, "archive": archive, "failed": failed}
 
     def _stream_time(self, t: float) -> float:
         return self.state.stream_time(t) + self._resume_offset

@@ -86,8 +86,9 @@ def router(api: Api) -> APIRouter:
             keyframe = getattr(source, "keyframe_jpeg", None)
             data = await run_in_threadpool(keyframe, pair) if callable(keyframe) else None
             if data is None:
-                raise ApiError(404, f"frame pair {pair}: its frame is not kept (only the last alerts.keyframe_pairs "
-                                    f"pairs' are; the answer's evidence still gives its time)", code="frame_not_kept")
+                raise ApiError(404, f"frame pair {pair}: its frame is not kept (the last alerts.keyframe_pairs pairs' "
+                                    f"are, in memory, and with archive.frames_mib older ones on disk while they fit; "
+                                    f"the answer's evidence still gives its time)", code="frame_not_kept")
             return Response(data, media_type="image/jpeg", headers={"cache-control": "no-store"})
         cached = getattr(source, "jpeg_cached", None)
         data = await _refresh(bool(cached()) if callable(cached) else False, source.latest_jpeg)

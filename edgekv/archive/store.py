@@ -245,6 +245,7 @@ class FrameArchive:
         self._seq = 0  # the next record's number in the open segment
         self._write_lock = threading.Lock()  # the writer's batch, or a forget's rewrite
         self.forgotten = 0  # pairs removed by forget
+        self.lost_to_forget = 0  # other pairs of a segment a forget had to delete whole (no room to rewrite it)
         self.files = files if files is not None else SegmentFiles()
         self.dir = Path(folder).expanduser()
         self.shape = shape
@@ -1008,7 +1009,22 @@ class FrameArchive:
                 by_segment.setdefault(entry.segment, set()).add(entry.pair)
             for number, pairs in by_segment.items():
                 before = self._segments.get(number, 0)
-                if self._rewrite_segment(number, pairs):
+                try:
+                    kept = self._rewrite_segment(number, pairs)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    # no room to write the segment anew (its .tmp is gone again): it goes whole, its other pairs
+                    # with it — the archive is recall's, and a forget must never leave the window on the disk
+                    with self._lock:
+                        others = sum(1 for e in self._entries.values() if e.segment == number) - len(pairs)
+                    self._delete_segment(number)
+                    self.segments_deleted -= 1  # not retention
+                    self.lost_to_forget += others
+                    log.warning("archive: no room to rewrite %s without the forgotten pair(s) (%s): deleted whole, "
+                                "%d other pair(s) with it", self._segment_path(number).name, exc.strerror, others)
+                    kept = False
+                if kept:
                     rewritten += 1
                     freed += before - self._segments[number]
                 else:
