@@ -1309,6 +1309,7 @@ class FrameArchive:
                 "archive_last_error": self.last_error,
                 "archive_segments": len(self._segments), "archive_segments_deleted": self.segments_deleted,
                 "archive_write_ms_total": round(self.write_ms_total, 3), "archive_forgotten": self.forgotten,
+                "archive_lost_to_forget": self.lost_to_forget,
                 "archive_sealed_segments": len(self._sealers),
                 "archive_wait_ms_total": round(self.wait_ms_total, 3)}
 
