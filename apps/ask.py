@@ -202,7 +202,10 @@ def evidence_lines(extension, url: str = "") -> list[str]:
         if not isinstance(item, dict):
             continue
         pair, t, unix = item.get("pair"), item.get("t"), item.get("unix")
-        when = f"seen {wall_text(unix)}, " if isinstance(unix, (int, float)) else ""
+        try:
+            when = f"seen {wall_text(unix)}, " if isinstance(unix, (int, float)) else ""
+        except (OverflowError, OSError, ValueError):  # not a time this machine's clock can show
+            when = ""
         stream = f"stream {t:.1f} s" if isinstance(t, (int, float)) else "stream time unknown"
         frame = item.get("frame")
         shown = f"; {url.rstrip('/')}{frame}" if isinstance(frame, str) and frame.startswith("/") else ""

@@ -200,3 +200,14 @@ def test_evidence_frames_on_disk_outlive_the_ring_and_a_restart(tiny_checkpoint,
         assert "resumed 6 s of memory" in (tmp_path / "out2.txt").read_text()
         status, _, again = call(daemon.server.port, "GET", f"/frame.jpg?pair={old}")
         assert status == 200 and again == first
+
+
+def test_the_cli_prints_a_hostile_daemons_evidence_safely():
+    from edgekv.apps.ask import evidence_lines
+
+    lines = evidence_lines({"evidence": [{"pair": 1, "t": 2.0, "unix": 1e300, "frame": "/frame.jpg?pair=1\x1b[31m"},
+                                         "not an item", {"pair": "\n", "t": None, "unix": float("nan")}]}, "http://h")
+    assert lines == ["  evidence: stream 2.0 s (frame pair 1; http://h/frame.jpg?pair=1\\x1b[31m)",
+                     "  evidence: stream time unknown (frame pair \\n)"]  # escaped, no time it cannot show
+    assert evidence_lines({"evidence": []}) == ["  evidence: none (no frame pair of the stream was read for this answer)"]
+    assert evidence_lines(None) == evidence_lines({"evidence": "x"}) == evidence_lines([1]) == []
