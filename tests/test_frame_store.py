@@ -161,6 +161,7 @@ def test_a_full_disk_fails_a_frame_and_later_ones_go_in(tmp_path):
         assert stats["frames_write_errors"] >= 4 and "full" in stats["frames_last_error"]
         kept = [pair for pair in range(9) if store.has(STREAM, pair)]
         assert kept[:3] == [0, 1, 2] and len(kept) == 9 - stats["frames_write_errors"]  # a failed one left nothing
+        assert stats["frames_kept"] == len(kept)
         assert all(store.jpeg(STREAM, p) == encode_thumbnail(_frame(p), 64) for p in kept)
         assert stats["frames_bytes"] == sum(len(store.jpeg(STREAM, p)) for p in kept)  # rolled back whole
         with store._lock:  # room again

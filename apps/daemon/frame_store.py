@@ -73,7 +73,7 @@ class FrameStore:
         self._warned: float | None = None  # when a failing write was last logged (None: writing fine)
         self._lock = threading.Lock()  # the one connection: the writer's rows, a reader's lookups, a forget
         self._db = self._open()
-        self._bytes = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
+        self._bytes, self._rows = self._totals()
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
         self._thread = threading.Thread(target=self._write_loop, name="edgekv-frames", daemon=True)
         self._thread.start()
@@ -160,14 +160,13 @@ class FrameStore:
                 try:
                     self._db.execute("INSERT INTO frames (stream, pair, t, unix, jpeg) VALUES (?, ?, ?, ?, ?)",
                                      (stream, pair, t, unix, data))
-                    self._bytes += len(data)
+                    self._bytes, self._rows = self._bytes + len(data), self._rows + 1
                     self._trim(stream, t)
                     self._db.execute("COMMIT")
                 except BaseException:
                     if self._db.in_transaction:  # SQLITE_FULL and I/O errors may have rolled it back already
                         self._db.execute("ROLLBACK")
-                    self._bytes = int(self._db.execute(
-                        "SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
+                    self._bytes, self._rows = self._totals()
                     raise
             self.written += 1
             self.last_error = None
@@ -206,8 +205,13 @@ class FrameStore:
                                        args).fetchone()
         if count:
             self._db.execute(f"DELETE FROM frames WHERE {where}", args)
-            self._bytes -= int(size)
+            self._bytes, self._rows = self._bytes - int(size), self._rows - int(count)
         return int(count)
+
+    def _totals(self) -> tuple[int, int]:
+        """(Under the lock, or before the writer starts.) The blobs' bytes and the rows, as the file has them."""
+        size, rows = self._db.execute("SELECT COALESCE(SUM(LENGTH(jpeg)), 0), COUNT(*) FROM frames").fetchone()
+        return int(size), int(rows)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every frame queued so far is written (or failed); False on timeout."""
@@ -277,6 +281,7 @@ class FrameStore:
                 except BaseException:
                     if self._db.in_transaction:
                         self._db.execute("ROLLBACK")
+                    self._bytes, self._rows = self._totals()
                     raise
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error as exc:  # no room for the deletion's log (a full disk), an I/O error, damage
@@ -295,7 +300,7 @@ class FrameStore:
         self.discarded += 1
         self._db = self._connect()
         self._db.executescript(_SCHEMA)
-        self._bytes = 0
+        self._bytes = self._rows = 0
 
     def reseal(self, dry_run: bool = False) -> dict:
         """Every row sealed with the current key (``edgekv rekey``): rows in the clear or under an older key of the
@@ -324,14 +329,13 @@ class FrameStore:
                 self._db.executemany("UPDATE frames SET jpeg = ? WHERE id = ?", updates)
                 self._db.execute("COMMIT")
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                self._bytes = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(jpeg)), 0) FROM frames").fetchone()[0])
+                self._bytes, self._rows = self._totals()
         return counts
 
     # ------------------------------------------------------------------ figures, close
     def stats(self) -> dict:
-        with self._lock:
-            rows = self._db.execute("SELECT COUNT(*) FROM frames").fetchone()[0]
-        return {"frames_kept": rows, "frames_bytes": self._bytes, "frames_written": self.written,
+        """The figures (no query: the status page asks every second)."""
+        return {"frames_kept": self._rows, "frames_bytes": self._bytes, "frames_written": self.written,
                 "frames_dropped": self.dropped, "frames_write_errors": self.write_errors,
                 "frames_trimmed": self.trimmed, "frames_discarded": self.discarded,
                 "frames_last_error": self.last_error}

@@ -1079,7 +1079,8 @@ class Daemon:
     def seen(self, pair: int) -> tuple[int, float | None, float | None, bool, str | None]:
         """An answer's evidence pair, the stream time it was seen at (the cache's pairs, else the alerts' keyframe
         ring's), that moment's wall time by this camera's clock map (None where either is not known), whether its
-        frame is still among the last ``alerts.keyframe_pairs`` kept (``keyframe_jpeg``), and this camera's name."""
+        frame is still kept (the keyframe ring's last pairs, else the evidence frames on disk: ``keyframe_jpeg``), and
+        this camera's name."""
         t = self.session.pair_times.get(pair)
         ring = self.alerts.keyframes if self.alerts is not None else None
         if t is None and ring is not None:
