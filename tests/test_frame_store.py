@@ -186,6 +186,7 @@ def test_a_damaged_file_is_set_aside_and_a_new_one_begun(tmp_path):
         assert again.stats()["frames_kept"] == 0
         _fill(again, [9])
         assert again.jpeg(STREAM, 9) == encode_thumbnail(_frame(9), 64)
+        assert again.forget(100.0, 101.0, STREAM) == 0 and not again.set_aside.exists()  # a forget takes it too
     finally:
         again.close()
     (tmp_path / FILE).unlink()

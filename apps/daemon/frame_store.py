@@ -98,6 +98,7 @@ class FrameStore:
         except sqlite3.DatabaseError as exc:  # not a database, or a damaged one: set aside whole, begin anew
             if db is not None:
                 db.close()
+            self._remove_set_aside()  # one kept at most: it is outside frames_mib
             self.set_aside = self.path.with_name(f"{FILE}.bad-{int(time.time())}")
             for suffix in ("", "-wal", "-shm"):
                 part = Path(str(self.path) + suffix)
@@ -108,6 +109,13 @@ class FrameStore:
             db = self._connect()
             db.executescript(_SCHEMA)
             return db
+
+    def _remove_set_aside(self) -> int:
+        """Unlink the files a damaged start set aside (``frames.sqlite.bad-*``); returns how many."""
+        parts = list(self.path.parent.glob(f"{FILE}.bad-*"))
+        for part in parts:
+            part.unlink(missing_ok=True)
+        return len(parts)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
@@ -266,11 +274,14 @@ class FrameStore:
     # ------------------------------------------------------------------ forget, rekey
     def forget(self, t_from: float, t_to: float, stream: str | None) -> int:
         """Delete ``stream``'s frames of stream time [t_from, t_to] (those still queued are written first, then go
-        too), their bytes overwritten, and truncate the write-ahead log; returns how many went."""
+        too), their bytes overwritten, and truncate the write-ahead log; a file set aside as damaged is unlinked (it
+        may hold the stretch and cannot be read to tell). Returns how many went."""
         if stream is None:
             return 0
         self.flush()
         where, args, gone = "stream = ? AND t BETWEEN ? AND ?", (stream, t_from, t_to), None
+        if self._remove_set_aside():  # a damaged file set aside at a start may hold the stretch: it goes too
+            log.info("evidence frames: the file set aside as damaged removed with the forget")
         with self._lock:
             try:
                 gone = self._db.execute(f"SELECT COUNT(*) FROM frames WHERE {where}", args).fetchone()[0]
