@@ -197,6 +197,9 @@ def _frames(folder: Path, keys, dry_run: bool, say) -> int:
         counts = store.reseal(dry_run=dry_run)
     finally:
         store.close()
+    if store.set_aside is not None:  # damaged: the daemon would have done the same at its next start
+        say(f"evidence frames {folder / FILE}: did not check; set aside as {store.set_aside.name} (a forget removes "
+            f"it), a new one begun")
     verb = "would be re-sealed" if dry_run else "re-sealed"
     say(f"evidence frames {folder / FILE}: {counts['resealed']} frame(s) {verb}, {counts['current']} already under the "
         f"current key" + (f", {counts['unopened']} no key opens left as they are" if counts["unopened"] else ""))
