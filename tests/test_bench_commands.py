@@ -137,3 +137,27 @@ def test_a_soak_stopped_by_ctrl_c_keeps_its_figures():
     assert not done.interrupted and done.pairs == 30 and done.summary()["interrupted"] is False
     with pytest.raises(KeyboardInterrupt):  # before the first sample there is nothing to keep
         soak(_Session(stop_at=1), frames, 2.0, pairs=10)
+
+
+def test_bench_frames_measures_what_the_store_writes(tmp_path, capsys):
+    """``edgekv bench frames``: each source's frames through a real FrameStore at each size; the KiB it reports are
+    the JPEGs' (each size's thumbnail of that frame), and no write failed."""
+    from edgekv.apps.daemon.frame_store import encode_thumbnail
+    from edgekv.video import open_source
+
+    source = "synthetic:world?size=96x64&fps=2&frames=20&seed=3"
+    out_json, out_png = tmp_path / "frames.json", tmp_path / "frames.png"
+    code = main(["bench", "frames", "--sources", source, "--px", "32,64", "--frames", "3", "--frames-mib", "1",
+                 "--json", str(out_json), "--plot", str(out_png)])
+    assert code == 0
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [(row["source"], row["px"]) for row in rows] == [(source, 32), (source, 64)]
+    frames = [frame for frame, _ in zip((f for f, _ in open_source(source)), range(3))]
+    for row in rows:
+        sizes = [len(encode_thumbnail(frame, row["px"])) for frame in frames]
+        assert row["kib_per_frame"] == pytest.approx(sum(sizes) / 3 / 1024)
+        assert row["hours_at_one_pair_a_second"] == pytest.approx(2**20 / (sum(sizes) / 3) / 3600)
+        assert row["write_errors"] == 0 and row["writer_ms"]["n"] == 3
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "KiB a frame" in capsys.readouterr().out
+    code = main(["bench", "frames", "--px", "8", "--json", str(out_json), "--plot", ""])
+    assert code == 2  # a size archive.frames_px refuses, named

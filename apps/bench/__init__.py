@@ -13,7 +13,7 @@ from edgekv.apps.args import HelpFormatter
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
     """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``, ``memory``,
-    ``decode``, ``threads``, ``compression``, ``fleet``, ``faults``, ``cameras``; with ``argv`` only the chosen one gets its options
+    ``decode``, ``threads``, ``compression``, ``fleet``, ``faults``, ``cameras``, ``frames``; with ``argv`` only the chosen one gets its options
     (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.args import first_positional
 
@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
                    _lazy("faults", "add_faults_arguments")),
         "cameras": ("several cameras on one model: memory, each camera's share of the loop, answers",
                     _lazy("cameras", "add_cameras_arguments")),
+        "frames": ("evidence frames on disk: KiB a frame, hours a budget holds, the writer's ms a frame",
+                   _lazy("frames", "add_frames_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)

@@ -1,0 +1,149 @@
+"""``edgekv bench frames``: what the evidence frames on disk cost (``archive.frames_mib``, apps/daemon/frame_store.py):
+bytes a frame and the hours ``--frames-mib`` holds at one pair a second, and the writer thread's time a frame —
+scaling and JPEG encoding, then the SQLite transaction — for each ``--px`` on each source.
+
+The sources default to a synthesized world stream and, where Debian's ``opencv-doc`` is installed, its real videos
+(``vtest.avi``, ``tree.avi``; read at run time, never shipped). Each frame goes through a ``FrameStore`` in a temporary
+folder one at a time (submit, then flush: the writer's time, not the queue's), so the figure is the writer's own; on
+a device the camera loop does not wait for it (the queue drops a frame when the writer falls behind, counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from edgekv.apps.bench.common import provenance, write_figures
+
+OPENCV_VIDEOS = Path("/usr/share/doc/opencv-doc/examples/data")
+SYNTHETIC = "synthetic:world?size=640x480&fps=2&frames=100000&seed=3"
+
+
+def add_frames_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sources", default=None,
+                        help="comma-separated video sources (default: a synthetic world stream, and opencv-doc's "
+                             "vtest.avi and tree.avi where installed)")
+    parser.add_argument("--px", default="160,320,640", help="comma-separated long sides to scale frames to")
+    parser.add_argument("--frames", type=int, default=60, help="frames a source and size")
+    parser.add_argument("--size", type=int, nargs=2, metavar=("W", "H"), default=None,
+                        help="scale every source's frames to W x H first (a camera's resolution; default: as read)")
+    parser.add_argument("--frames-mib", type=float, default=256.0, help="the budget the hours are given for")
+    parser.add_argument("--json", default="bench-frames.json")
+    parser.add_argument("--plot", default="bench-frames.png", help="PNG to write ('' to skip)")
+    parser.set_defaults(run=run_frames)
+
+
+def _sources(text: str | None) -> list[str]:
+    if text:
+        return [s.strip() for s in text.split(",") if s.strip()]
+    found = [str(OPENCV_VIDEOS / name) for name in ("vtest.avi", "tree.avi") if (OPENCV_VIDEOS / name).is_file()]
+    return [SYNTHETIC, *found]
+
+
+def _read(source: str, count: int, size) -> list:
+    import cv2
+
+    from edgekv.video import open_source
+
+    frames = []
+    reader = open_source(source)
+    try:
+        for frame, _ in reader:
+            frames.append(cv2.resize(frame, tuple(size), interpolation=cv2.INTER_AREA) if size else frame)
+            if len(frames) == count:
+                break
+    finally:
+        close = getattr(reader, "close", None)
+        if callable(close):
+            close()
+    if not frames:
+        raise ValueError(f"{source}: no frame read")
+    return frames
+
+
+def _label(source: str) -> str:
+    return Path(source).name if "/" in source else source.split("?")[0]
+
+
+def _spread(values: list[float]) -> dict:
+    ordered = sorted(values)
+    return {"median": statistics.median(values), "p90": ordered[int(0.9 * (len(values) - 1))], "n": len(values)}
+
+
+def measure(frames: list, px: int, budget_mib: float) -> dict:
+    from edgekv.apps.daemon.frame_store import FrameStore, encode_thumbnail
+
+    encode_ms, sizes = [], []
+    for frame in frames:
+        started = time.perf_counter()
+        sizes.append(len(encode_thumbnail(frame, px)))
+        encode_ms.append((time.perf_counter() - started) * 1e3)
+    write_ms = []
+    with tempfile.TemporaryDirectory(prefix="edgekv-bench-frames-") as folder:
+        store = FrameStore(folder, max_bytes=1 << 40, px=px)
+        try:
+            for pair, frame in enumerate(frames):
+                started = time.perf_counter()
+                store.submit("ab" * 16, pair, float(pair), None, frame)
+                store.flush()
+                write_ms.append((time.perf_counter() - started) * 1e3)
+            errors = store.stats()["frames_write_errors"]
+        finally:
+            store.close()
+    mean = statistics.fmean(sizes)
+    return {"px": px, "kib_per_frame": mean / 1024, "kib_min": min(sizes) / 1024, "kib_max": max(sizes) / 1024,
+            "encode_ms": _spread(encode_ms), "writer_ms": _spread(write_ms), "write_errors": errors,
+            "hours_at_one_pair_a_second": budget_mib * 2**20 / mean / 3600}
+
+
+def run_frames(args: argparse.Namespace) -> int:
+    try:
+        sizes = [int(p) for p in args.px.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"--px: expected comma-separated whole numbers of pixels, got {args.px!r}") from None
+    if not sizes or any(not 16 <= p <= 4096 for p in sizes):
+        raise ValueError(f"--px: each 16 to 4096 (archive.frames_px), got {args.px!r}")
+    if args.frames < 1:
+        raise ValueError(f"--frames: must be >= 1, got {args.frames}")
+    rows = []
+    for source in _sources(args.sources):
+        frames = _read(source, args.frames, args.size)
+        shape = list(frames[0].shape)
+        for px in sizes:
+            row = {"source": source, "frame_shape": shape, **measure(frames, px, args.frames_mib)}
+            rows.append(row)
+            print(f"{_label(source):<16} {shape[1]}x{shape[0]} -> {px:>4} px: "
+                  f"{row['kib_per_frame']:6.1f} KiB a frame ({row['kib_min']:.1f}-{row['kib_max']:.1f}), "
+                  f"{args.frames_mib:g} MiB hold {row['hours_at_one_pair_a_second']:5.1f} h; writer "
+                  f"{row['writer_ms']['median']:.2f} ms a frame (p90 {row['writer_ms']['p90']:.2f}), of it encoding "
+                  f"{row['encode_ms']['median']:.2f}")
+    result = {"rows": rows, "frames": args.frames, "frames_mib": args.frames_mib, "size": args.size,
+              "provenance": provenance()}
+    write_figures(result, args.json, args.plot, _plot)
+    return 0
+
+
+def _plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    sources = list(dict.fromkeys(row["source"] for row in result["rows"]))
+    for source in sources:
+        rows = [row for row in result["rows"] if row["source"] == source]
+        label = _label(source)
+        axes[0].plot([r["px"] for r in rows], [r["kib_per_frame"] for r in rows], marker="o", label=label)
+        axes[1].plot([r["px"] for r in rows], [r["writer_ms"]["median"] for r in rows], marker="o", label=label)
+    axes[0].set(xlabel="long side (px)", ylabel="KiB a frame (JPEG q80)", title="evidence frame size")
+    axes[1].set(xlabel="long side (px)", ylabel="ms a frame (median)", title="writer thread: scale, encode, commit")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
