@@ -6,6 +6,7 @@ ground truth differs (the circle is red, green or blue)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -89,7 +90,8 @@ def _props(response_topic: str | None = "edgekv/replies/x", correlation: bytes |
     (b'{"question": "x?", "max_new_tokens": 1000}', {}, "malformed", "max_new_tokens: expected an integer from 1 to 64"),
     (b'{"question": "x?", "max_new_tokens": true}', {}, "malformed", "max_new_tokens"),
     (b'{"question": "x?", "colour": "red"}', {}, "malformed",
-     "unknown key 'colour' (known: question, max_new_tokens, camera, last_s, from, to)"),
+     "unknown key 'colour' (known: question, max_new_tokens, camera, last_s, from, to, frame)"),
+    (b'{"question": "x?", "frame": 1}', {}, "malformed", "frame: expected true or false, got 1"),
     (b'{"question": "x?", "from": 1, "to": 5}', {}, "malformed", "from and to: expected two wall times"),
     (b'{"question": "x?", "from": "10:00"}', {}, "malformed", "from and to: expected two wall times"),
     (b'{"question": "x?", "from": "noon", "to": "10:00"}', {}, "malformed", "from: 'noon': not a wall time"),
@@ -423,6 +425,7 @@ def _gated(gate: threading.Event):
 def test_the_daemon_publishes_its_alert_and_status_and_answers_the_fleet(broker, tmp_path, monkeypatch):
     pytest.importorskip("fastapi")
     from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+    from edgekv.apps.cli import main
     from edgekv.apps.outputs.mqtt import ask_fleet
     from edgekv.config import EdgeKVConfig
     from edgekv.video.sources import SourceSpec
@@ -461,12 +464,25 @@ def test_the_daemon_publishes_its_alert_and_status_and_answers_the_fleet(broker,
             assert (answer.device, answer.answer, answer.camera) == ("gate-3", "yes", ALERT_SOURCE)
             assert ALERT_PAIR <= answer.evidence_pair <= ALERT_PAIR + 1
             assert answer.evidence_t == daemon.session.pair_times[answer.evidence_pair]  # the pair's first frame
+            assert answer.evidence_jpeg is None and "evidence_jpeg_base64" not in answer.raw  # not asked for
+            (framed,) = ask_fleet("Was there a purple triangle?", broker.url, timeout_s=120, frame=True).answers
+            assert framed.evidence_pair == answer.evidence_pair
+            assert framed.evidence_jpeg == daemon.keyframe_jpeg(answer.evidence_pair)  # from its keyframe ring
+            saved = tmp_path / "frames"
+            printed = tmp_path / "ask.txt"
+            with open(printed, "w") as sink, contextlib.redirect_stdout(sink):
+                assert main(["ask", "--fleet", "Was there a purple triangle?", "--broker", broker.url, "--timeout",
+                             "120", "--frames", str(saved)]) == 0
+            (file,) = saved.iterdir()
+            assert file.name.startswith("gate-3-synthetic_events_size_112x112") and "?" not in file.name
+            assert file.name.endswith(f"-pair{answer.evidence_pair}.jpg") and file.read_bytes() == framed.evidence_jpeg
+            assert f", frame {file}" in printed.read_text()
             assert any(q["source"] == "fleet" for q in daemon.recent_questions())
             publish_raw(broker.url, "edgekv/devices/gate-3/ask", b"{not json", "edgekv/replies/x", b"1")
             assert until(lambda: daemon.fleet.counts["dropped_malformed"] == 1)
             metrics = call(daemon.server.port, "GET", "/metrics")[2].decode()
             assert 'edgekv_fleet_dropped_total{reason="malformed"} 1.0' in metrics
-            assert 'edgekv_fleet_questions_total{outcome="answered"} 1.0' in metrics
+            assert 'edgekv_fleet_questions_total{outcome="answered"} 3.0' in metrics  # one plain, two with frames
             assert "edgekv_fleet_connected 1.0" in metrics
             assert daemon.status()["fleet"]["dropped_malformed"] == 1 and daemon.session.counters.frame_pairs == 80
         finally:
@@ -565,3 +581,24 @@ def test_a_daemon_refused_by_the_broker_keeps_ingesting_and_answering(tmp_path, 
             assert run.daemon.stream_state == "running"
     log = (tmp_path / "out.txt").read_text()
     assert "fleet: device cam-9 on mqtt://127.0.0.1" in log
+
+
+def test_evidence_frames_from_devices_are_checked_and_saved_under_safe_names(tmp_path):
+    """A device names itself and sends its frame: the name never leaves the folder, and only a JPEG is kept."""
+    import base64
+
+    from edgekv.apps.outputs.mqtt import FleetAnswer, FleetResult, _jpeg_or_none, format_result, save_frames
+
+    jpeg = b"\xff\xd8\xff\xe0 a frame"
+    assert _jpeg_or_none(base64.b64encode(jpeg).decode()) == jpeg
+    for bad in (None, "", "not base64!", base64.b64encode(b"<svg>").decode(), 42):
+        assert _jpeg_or_none(bad) is None
+    answers = [FleetAnswer("../../etc/x", None, "yes", 7, 3.5, 0.01, 0.2, evidence_jpeg=jpeg),
+               FleetAnswer("cam/era", "front door", "no", 9, 4.5, 0.01, 0.3, evidence_jpeg=jpeg),
+               FleetAnswer("gate-3", None, "no", None, None, 0.01, 0.4)]
+    result = FleetResult("Was there a red circle?", answers, [], [], 0.5)
+    saved = save_frames(result, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cam_era-front_door-pair9.jpg", "etc_x-pair7.jpg"]
+    assert all(p.read_bytes() == jpeg for p in tmp_path.iterdir())
+    text = format_result(result, saved)
+    assert f", frame {tmp_path / 'etc_x-pair7.jpg'}" in text and "gate-3: no   [evidence: unknown, no frame kept" in text

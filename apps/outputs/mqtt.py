@@ -58,16 +58,19 @@ locally; paho reconnects with exponential backoff (``fleet.reconnect_backoff_s``
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from edgekv.apps.outputs.alerts import AlertEvent
@@ -80,7 +83,7 @@ PACKET_HEADROOM = 65536     # topic names and properties beside a payload
 SEEN_KEPT = 256             # (response topic, correlation data) of recent questions: QoS 1 duplicates dropped
 WINDOW = 20                 # messages handed to paho and not yet acknowledged (paho's default in-flight bound)
 STOP_FLUSH_S = 2.0          # a clean stop waits this long for what is queued and the "offline" status
-REQUEST_KEYS = ("question", "max_new_tokens", "camera", "last_s", "from", "to")
+REQUEST_KEYS = ("question", "max_new_tokens", "camera", "last_s", "from", "to", "frame")
 
 
 class FleetError(RuntimeError):
@@ -148,6 +151,7 @@ class FleetRequest:
     camera: str | None = None  # one camera of a device with several (None: each)
     last_s: float | None = None  # read only the last so many seconds of each stream (None: the whole memory)
     wall: tuple[float, float] | None = None  # ... or what each device saw between two wall times (epoch seconds)
+    frame: bool = False  # also send the evidence pair's frame (a JPEG, base64) where the device keeps it
 
 
 def response_topic_of(properties) -> str | None:
@@ -194,9 +198,12 @@ def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: in
     if last_s is not None and (isinstance(last_s, bool) or not isinstance(last_s, (int, float))
                                or not 0 < last_s < float("inf")):
         raise FleetMessageError("malformed", f"last_s: expected seconds > 0, got {printable(repr(last_s), 60)}")
+    frame = body.get("frame", False)
+    if not isinstance(frame, bool):
+        raise FleetMessageError("malformed", f"frame: expected true or false, got {printable(repr(frame), 60)}")
     correlation = getattr(properties, "CorrelationData", None)
     return FleetRequest(question, tokens, response_topic, bytes(correlation) if correlation is not None else None,
-                        camera, float(last_s) if last_s is not None else None, _wall_window(body))
+                        camera, float(last_s) if last_s is not None else None, _wall_window(body), frame)
 
 
 def _wall_window(body: dict) -> tuple[float, float] | None:
@@ -293,6 +300,10 @@ class DaemonHost:
 
     def wall_time(self, t: float | None) -> float | None:
         return self.daemon.session.wall_time(t) if t is not None else None
+
+    def evidence_jpeg(self, pair: int) -> bytes | None:
+        keyframe = getattr(self.daemon, "keyframe_jpeg", None)
+        return keyframe(pair) if callable(keyframe) else None
 
 
 class SessionHost:
@@ -650,6 +661,9 @@ class FleetAgent:
             body.update(answer=answer.text, tokens=len(answer.token_ids), finish_reason=answer.finish_reason,
                         ttft_s=answer.ttft_s, evidence_pair=pair, evidence_t=t,
                         evidence_unix=wall(t) if wall is not None else None)
+            if request.frame:  # the evidence frame where this device keeps it (its keyframe ring, its disk)
+                jpeg = getattr(asked_host, "evidence_jpeg", lambda pair: None)(pair) if pair is not None else None
+                body["evidence_jpeg_base64"] = base64.b64encode(jpeg).decode() if jpeg else None
         with self._cond:
             self._pending -= 1
         self._queue(self._reply(request, body, host, asked))
@@ -756,6 +770,7 @@ class FleetAnswer:
     device_s: float | None = None  # the device's own time: queued + answered
     raw: dict = field(default_factory=dict, repr=False)
     evidence_unix: float | None = None  # the wall time the evidence was seen at (None: the device keeps none)
+    evidence_jpeg: bytes | None = field(default=None, repr=False)  # its frame, when asked for and the device has it
 
 
 @dataclass(frozen=True)
@@ -791,7 +806,7 @@ class FleetConnection:
 
 def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float = 10.0, device: str | None = None,
               max_new_tokens: int | None = None, camera: str | None = None, last_s: float | None = None,
-              wall: tuple[str, str] | None = None) -> FleetResult:
+              wall: tuple[str, str] | None = None, frame: bool = False) -> FleetResult:
     """Ask every device (or one, ``device``) one question and gather the answers that arrive within ``timeout_s``;
     ``camera`` asks that camera of devices with several (the others answer that they have no such camera).
 
@@ -858,7 +873,8 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
                 return
             answer = FleetAnswer(name, body.get("camera"), body.get("answer"), body.get("evidence_pair"),
                                  body.get("evidence_t"), body.get("ttft_s"), now - sent_at[0], body.get("error"),
-                                 _device_seconds(body), body, _finite_or_none(body.get("evidence_unix")))
+                                 _device_seconds(body), body, _finite_or_none(body.get("evidence_unix")),
+                                 _jpeg_or_none(body.get("evidence_jpeg_base64")))
             asked = body.get("cameras")
             with lock:
                 answers.setdefault((name, answer.camera), answer)
@@ -922,6 +938,8 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
             body["last_s"] = last_s
         if wall is not None:
             body["from"], body["to"] = wall
+        if frame:
+            body["frame"] = True
         started = time.monotonic()
         sent_at[0] = started
         client.publish(topics.ask_device(device) if device is not None else topics.ask_all, json.dumps(body),
@@ -979,6 +997,10 @@ def add_ask_arguments(parser) -> None:
     parser.add_argument("--cert-file", default=None)
     parser.add_argument("--key-file", default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--frames", default=None, metavar="DIR",
+                        help="with --fleet: also ask each device for its evidence frame and save each one received "
+                             "in DIR as DEVICE[-CAMERA]-pairN.jpg (a device keeps frames in its keyframe ring, and "
+                             "on disk with archive.frames_mib)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.epilog = ("examples: edgekv ask 'Was there a red circle?' (the daemon here); edgekv ask --fleet 'Was there "
                      "a red circle?' --broker mqtt://broker.local:1883 --timeout 10")
@@ -1010,16 +1032,52 @@ def run_ask(args) -> int:
     at least one device answered, 1 when none did or every reply was a refusal (busy, no such camera, ...)."""
     wall = fleet_wall_window(args)
     connection = connection_from_args(args)
+    frames = getattr(args, "frames", None)
+    if frames is not None:
+        Path(frames).mkdir(parents=True, exist_ok=True)  # before asking: a folder that cannot be made is said first
     try:
         result = ask_fleet(args.question, connection, 10.0 if args.timeout is None else args.timeout, args.device,
-                           args.max_new_tokens, args.camera, getattr(args, "last", None), wall)
+                           args.max_new_tokens, args.camera, getattr(args, "last", None), wall,
+                           frame=frames is not None)
     except FleetError as exc:
         raise RuntimeError(str(exc)) from None
+    saved = save_frames(result, frames) if frames is not None else None
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        out = result.to_json()
+        for answer, item in zip(result.answers, out["answers"]):
+            if saved is not None:
+                item["frame_file"] = saved.get(id(answer))
+        print(json.dumps(out, indent=2))
     else:
-        print(format_result(result))
+        print(format_result(result, saved))
     return 0 if any(a.error is None for a in result.answers) else 1
+
+
+def save_frames(result: FleetResult, folder: str) -> dict[int, str]:
+    """Each answer's evidence frame written to ``folder`` as ``DEVICE[-CAMERA]-pairN.jpg`` (names made safe for a
+    file system: a device names itself); returns the path by answer (``id``)."""
+    saved = {}
+    for answer in result.answers:
+        if answer.evidence_jpeg is None:
+            continue
+        parts = [answer.device] + ([answer.camera] if answer.camera else [])
+        stem = "-".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", part)[:60].strip("._-") or "device" for part in parts)
+        pair = answer.evidence_pair if isinstance(answer.evidence_pair, int) else "unknown"
+        path = Path(folder) / f"{stem}-pair{pair}.jpg"
+        path.write_bytes(answer.evidence_jpeg)
+        saved[id(answer)] = str(path)
+    return saved
+
+
+def _jpeg_or_none(value) -> bytes | None:
+    """A device's evidence frame (base64 of a JPEG), or None for anything else."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        data = base64.b64decode(value, validate=True)
+    except ValueError:
+        return None
+    return data if data[:2] == b"\xff\xd8" else None
 
 
 def _finite_or_none(value) -> float | None:
@@ -1044,7 +1102,8 @@ def fleet_wall_window(args) -> tuple[str, str] | None:
     return cli_window(t_from, t_to)  # read together here, sent as ISO 8601 with this machine's UTC offset
 
 
-def format_result(result: FleetResult) -> str:
+def format_result(result: FleetResult, saved: dict[int, str] | None = None) -> str:
+    """The answers as lines (``saved``: the evidence frame's file by answer, from ``save_frames``)."""
     lines = [f"Q: {printable(result.question)}"]
     for a in result.answers:
         where = f" ({printable(a.camera, 80)})" if a.camera else ""
@@ -1055,6 +1114,10 @@ def format_result(result: FleetResult) -> str:
                     else "evidence: unknown")
         if a.evidence_unix is not None:
             evidence += f", seen {wall_text(a.evidence_unix)}"
+        if saved is not None and id(a) in saved:
+            evidence += f", frame {printable(saved[id(a)], 200)}"
+        elif saved is not None:
+            evidence += ", no frame kept"
         ttft = f"ttft {a.ttft_s * 1e3:.0f} ms" if a.ttft_s is not None else ""
         lines.append(f"  {printable(a.device, 60)}{where}: {printable(a.answer or '')}   [{evidence}; {ttft}; "
                      f"answered in {a.latency_s:.2f} s]")
