@@ -10,10 +10,11 @@ The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are 
     P/fleet/ask                    a question to every device        (request: Response Topic + Correlation Data)
     P/devices/D/ask                a question to this device only
     <Response Topic>               {"type": "edgekv.fleet.answer", device, camera, answer, evidence_t,
-                                    evidence_unix (its wall time, or null), ttft_s, ...}
+                                    evidence_unix (its wall time, or null), ttft_s, ...; with "frame": true
+                                    evidence_jpeg_base64 (its frame, or null where the device keeps none)}
 
 A fleet question is an MQTT 5 request (§4.10): JSON ``{"question": "...", "max_new_tokens": N, "camera": "back",
-"last_s": S}`` (all but the question optional; ``last_s``: read only the last S seconds of each device's stream, on
+"last_s": S, "frame": true}`` (all but the question optional; ``last_s``: read only the last S seconds of each device's stream, on
 its own clock — "did any camera see a person in the last five minutes?"; or ``"from"`` / ``"to"``, wall times as
 ISO 8601 strings: what each device saw between them, by its own wall-clock map — "did any robot see the red box
 between 10:00 and 10:05?"; stream seconds are each device's own and mean nothing to the fleet) published with a
