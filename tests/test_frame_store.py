@@ -336,3 +336,16 @@ def test_write_failures_are_logged_once_a_minute(tmp_path, caplog):
         assert "not written" in said[0] and said[1].startswith("evidence frames: written again")
     finally:
         store.close()
+
+
+def test_a_frame_that_does_not_encode_costs_that_frame_not_the_writer(tmp_path):
+    store = _store(tmp_path)
+    try:
+        for bad in (np.zeros((0, 0, 3), np.uint8), np.zeros((4, 4, 3), object)):
+            assert store.submit(STREAM, 0, 0.0, None, bad)
+            assert store.flush()
+        _fill(store, [1])
+        assert store.stats()["frames_write_errors"] == 2 and store.jpeg(STREAM, 1) == encode_thumbnail(_frame(1), 64)
+        assert store._thread.is_alive()
+    finally:
+        store.close()

@@ -155,8 +155,6 @@ class FrameStore:
                 self._queue.task_done()
 
     def _write(self, stream: str, pair: int, t: float, unix: float | None, frame: np.ndarray) -> None:
-        import cv2
-
         try:
             data = encode_thumbnail(frame, self.px)
             if self.keys is not None:
@@ -178,7 +176,8 @@ class FrameStore:
                     raise
             self.written += 1
             self.last_error = None
-        except (sqlite3.Error, OSError, cv2.error, ValueError) as exc:  # a full disk, an I/O error: this frame only
+        except Exception as exc:  # a full disk, an I/O error, a frame that does not encode: this frame only, never
+            # the writer thread (a dead writer would drop every later frame without a word)
             self.write_errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
             now = time.monotonic()
