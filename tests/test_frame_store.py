@@ -46,8 +46,7 @@ def _file_bytes(folder) -> bytes:
 
 
 def test_frames_are_kept_scaled_and_read_back(tmp_path):
-    store = _store(tmp_path)
-    try:
+    with _store(tmp_path) as store:
         _fill(store, range(6))
         for pair in range(6):
             jpeg = store.jpeg(STREAM, pair)
@@ -61,36 +60,24 @@ def test_frames_are_kept_scaled_and_read_back(tmp_path):
         stats = store.stats()
         assert stats["frames_kept"] == stats["frames_written"] == 6 and stats["frames_write_errors"] == 0
         assert stats["frames_bytes"] == sum(len(store.jpeg(STREAM, p)) for p in range(6))
-    finally:
-        store.close()
-    again = _store(tmp_path)  # what was written is there after a restart
-    try:
+    with _store(tmp_path) as again:  # what was written is there after a restart
         assert again.jpeg(STREAM, 3) == encode_thumbnail(_frame(3), 64) and again.stats()["frames_kept"] == 6
-    finally:
-        again.close()
 
 
 def test_the_oldest_go_past_the_size_and_the_age(tmp_path):
     one = len(encode_thumbnail(_frame(0), 64))
-    store = _store(tmp_path, max_bytes=int(4.5 * one))  # room for about four
-    try:
+    with _store(tmp_path, max_bytes=int(4.5 * one)) as store:  # room for about four
         _fill(store, range(12))
         kept = [pair for pair in range(12) if store.has(STREAM, pair)]
         assert kept == list(range(12 - len(kept), 12)) and 3 <= len(kept) <= 5  # the newest, in order
         assert store.stats()["frames_bytes"] <= store.max_bytes and store.stats()["frames_trimmed"] == 12 - len(kept)
-    finally:
-        store.close()
-    aged = _store(tmp_path / "aged", max_age_s=2.0)  # stream time: 0.5 s a pair
-    try:
+    with _store(tmp_path / "aged", max_age_s=2.0) as aged:  # stream time: 0.5 s a pair
         _fill(aged, range(12))
         assert [pair for pair in range(12) if aged.has(STREAM, pair)] == [7, 8, 9, 10, 11]  # t >= 5.5 - 2.0
-    finally:
-        aged.close()
 
 
 def test_a_forget_overwrites_the_pictures_in_both_files(tmp_path):
-    store = _store(tmp_path)
-    try:
+    with _store(tmp_path) as store:
         _fill(store, range(8))
         gone = [store.jpeg(STREAM, pair) for pair in (3, 4)]
         kept = store.jpeg(STREAM, 6)
@@ -102,8 +89,6 @@ def test_a_forget_overwrites_the_pictures_in_both_files(tmp_path):
         assert not any(jpeg[-160:-96] in on_disk for jpeg in gone)  # overwritten, in the database and its log
         assert kept[-160:-96] in on_disk
         assert store.stats()["frames_kept"] == 6
-    finally:
-        store.close()
 
 
 def test_sealed_with_the_key_and_resealed_by_rekey(tmp_path):
@@ -111,45 +96,31 @@ def test_sealed_with_the_key_and_resealed_by_rekey(tmp_path):
     from edgekv.privacy import BLOB_MAGIC, Key, KeyRing
 
     old, new = Key(b"\x01" * 32, "old"), Key(b"\x02" * 32, "new")
-    clear = _store(tmp_path)
-    _fill(clear, [0, 1])  # before a key was set: in the clear
-    clear.close()
-    sealed = _store(tmp_path, keys=KeyRing(old))
-    try:
+    with _store(tmp_path) as clear:
+        _fill(clear, [0, 1])  # before a key was set: in the clear
+    with _store(tmp_path, keys=KeyRing(old)) as sealed:
         _fill(sealed, [2, 3])
         assert sealed.jpeg(STREAM, 0) == encode_thumbnail(_frame(0), 64)  # the clear ones still read
         assert sealed.jpeg(STREAM, 2) == encode_thumbnail(_frame(2), 64)
         jpeg = encode_thumbnail(_frame(2), 64)
         assert jpeg[-160:-96] not in _file_bytes(tmp_path)  # sealed on disk
-    finally:
-        sealed.close()
     rows = dict(sqlite3.connect(tmp_path / FILE).execute("SELECT pair, jpeg FROM frames").fetchall())
     assert [bytes(rows[p]).startswith(BLOB_MAGIC) for p in range(4)] == [False, False, True, True]
-    rotated = _store(tmp_path, keys=KeyRing(new, [old]))
-    try:
+    with _store(tmp_path, keys=KeyRing(new, [old])) as rotated:
         assert rotated.reseal(dry_run=True) == {"resealed": 4, "current": 0, "unopened": 0}
         assert rotated.reseal() == {"resealed": 4, "current": 0, "unopened": 0}
         assert rotated.reseal() == {"resealed": 0, "current": 4, "unopened": 0}
         assert encode_thumbnail(_frame(0), 64)[-160:-96] not in _file_bytes(tmp_path)  # nothing left in the clear
-    finally:
-        rotated.close()
-    alone = _store(tmp_path, keys=KeyRing(new))  # the new key alone opens every frame
-    try:
+    with _store(tmp_path, keys=KeyRing(new)) as alone:  # the new key alone opens every frame
         assert [alone.jpeg(STREAM, p) for p in range(4)] == [encode_thumbnail(_frame(p), 64) for p in range(4)]
-    finally:
-        alone.close()
-    stranger = _store(tmp_path, keys=KeyRing(Key(b"\x03" * 32, "other")))
-    try:
+    with _store(tmp_path, keys=KeyRing(Key(b"\x03" * 32, "other"))) as stranger:
         assert stranger.jpeg(STREAM, 2) is None and stranger.stats()  # no key opens it: not served, counted
         assert stranger.read_errors == 1
         assert stranger.reseal() == {"resealed": 0, "current": 0, "unopened": 4}  # left as they are
-    finally:
-        stranger.close()
 
 
 def test_a_full_disk_fails_a_frame_and_later_ones_go_in(tmp_path):
-    store = _store(tmp_path)
-    try:
+    with _store(tmp_path) as store:
         _fill(store, range(3))
         with store._lock:  # SQLite's own "database or disk is full" (SQLITE_FULL), as a full flash gives it
             pages = store._db.execute("PRAGMA page_count").fetchone()[0]
@@ -168,36 +139,27 @@ def test_a_full_disk_fails_a_frame_and_later_ones_go_in(tmp_path):
             store._db.execute("PRAGMA max_page_count = 1073741823")
         _fill(store, [9])
         assert store.jpeg(STREAM, 9) == encode_thumbnail(_frame(9), 64) and store.stats()["frames_last_error"] is None
-    finally:
-        store.close()
 
 
 def test_a_damaged_file_is_set_aside_and_a_new_one_begun(tmp_path):
-    store = _store(tmp_path)
-    _fill(store, range(4))
-    store.close()
+    with _store(tmp_path) as store:
+        _fill(store, range(4))
     path = tmp_path / FILE
     data = bytearray(path.read_bytes())
     data[4096:8192] = os.urandom(4096)  # a page of garbage
     path.write_bytes(bytes(data))
-    again = _store(tmp_path)
-    try:
+    with _store(tmp_path) as again:
         assert again.set_aside is not None and again.set_aside.exists()
         assert again.stats()["frames_kept"] == 0
         _fill(again, [9])
         assert again.jpeg(STREAM, 9) == encode_thumbnail(_frame(9), 64)
         assert again.forget(100.0, 101.0, STREAM) == 0 and not again.set_aside.exists()  # a forget takes it too
-    finally:
-        again.close()
     (tmp_path / FILE).unlink()
     for leftover in tmp_path.glob(f"{FILE}-*"):
         leftover.unlink()
     (tmp_path / FILE).write_bytes(b"not a database at all" * 100)
-    third = _store(tmp_path)
-    try:
+    with _store(tmp_path) as third:
         assert third.set_aside is not None and third.stats()["frames_kept"] == 0
-    finally:
-        third.close()
 
 
 def test_a_writer_killed_mid_row_loses_at_most_that_row(tmp_path):
@@ -226,21 +188,17 @@ def test_a_writer_killed_mid_row_loses_at_most_that_row(tmp_path):
     finally:
         child.kill()
         child.wait(30)
-    store = _store(tmp_path)
-    try:
+    with _store(tmp_path) as store:
         assert store.set_aside is None  # the file checks
         for pair in said:
             assert store.jpeg(STREAM, pair) == encode_thumbnail(_frame(pair), 64)
-    finally:
-        store.close()
 
 
 def test_an_io_error_is_no_damage(tmp_path, monkeypatch):
     """A disk that cannot be written (here: SQLite's I/O error at the first statement) is raised to the daemon, which
     goes on without pictures; the file is not set aside as damaged."""
-    store = _store(tmp_path)
-    _fill(store, [0])
-    store.close()
+    with _store(tmp_path) as store:
+        _fill(store, [0])
     real = FrameStore._connect
 
     def failing(self):
@@ -252,11 +210,8 @@ def test_an_io_error_is_no_damage(tmp_path, monkeypatch):
     with pytest.raises(sqlite3.OperationalError):
         _store(tmp_path)
     monkeypatch.setattr(FrameStore, "_connect", real)
-    again = _store(tmp_path)
-    try:
+    with _store(tmp_path) as again:
         assert again.set_aside is None and again.jpeg(STREAM, 0) == encode_thumbnail(_frame(0), 64)
-    finally:
-        again.close()
 
 
 def test_failing_writes_make_the_daemon_degraded_until_one_succeeds(tmp_path):
@@ -264,8 +219,7 @@ def test_failing_writes_make_the_daemon_degraded_until_one_succeeds(tmp_path):
 
     from edgekv.apps.daemon.health import problems
 
-    store = _store(tmp_path)
-    try:
+    with _store(tmp_path) as store:
         daemon = SimpleNamespace(sampler=None, session=SimpleNamespace(recall=None), frames=store)
         _fill(store, [0])
         assert problems(daemon) == []
@@ -280,8 +234,6 @@ def test_failing_writes_make_the_daemon_degraded_until_one_succeeds(tmp_path):
             store._db.execute("PRAGMA max_page_count = 1073741823")
         _fill(store, [6])
         assert problems(daemon) == []
-    finally:
-        store.close()
 
 
 def test_a_forget_on_a_full_disk_drops_every_frame_rather_than_keep_the_stretch(small_disk):
@@ -290,8 +242,7 @@ def test_a_forget_on_a_full_disk_drops_every_frame_rather_than_keep_the_stretch(
     room. Writes that failed for lack of room were logged at most once a minute, not once a frame."""
     folder = small_disk / "archive"
     folder.mkdir()
-    store = _store(folder, px=160)
-    try:
+    with _store(folder, px=160) as store:
         pair = 0
         while store.stats()["frames_write_errors"] < 3:  # until the disk is full
             store.submit(STREAM, pair, pair * 0.5, None, _frame(pair))
@@ -314,13 +265,10 @@ def test_a_forget_on_a_full_disk_drops_every_frame_rather_than_keep_the_stretch(
         filler.unlink()  # room again
         _fill(store, [1000])
         assert store.jpeg(STREAM, 1000) == encode_thumbnail(_frame(1000), 160)
-    finally:
-        store.close()
 
 
 def test_write_failures_are_logged_once_a_minute(tmp_path, caplog):
-    store = _store(tmp_path)
-    try:
+    with _store(tmp_path) as store:
         _fill(store, [0])
         with store._lock:
             store._db.execute(f"PRAGMA max_page_count = {store._db.execute('PRAGMA page_count').fetchone()[0]}")
@@ -334,18 +282,13 @@ def test_write_failures_are_logged_once_a_minute(tmp_path, caplog):
         said = [r.getMessage() for r in caplog.records if r.name == "edgekv.frames"]
         assert store.write_errors > 20 and len(said) == 2, said
         assert "not written" in said[0] and said[1].startswith("evidence frames: written again")
-    finally:
-        store.close()
 
 
 def test_a_frame_that_does_not_encode_costs_that_frame_not_the_writer(tmp_path):
-    store = _store(tmp_path)
-    try:
+    with _store(tmp_path) as store:
         for bad in (np.zeros((0, 0, 3), np.uint8), np.zeros((4, 4, 3), object)):
             assert store.submit(STREAM, 0, 0.0, None, bad)
             assert store.flush()
         _fill(store, [1])
         assert store.stats()["frames_write_errors"] == 2 and store.jpeg(STREAM, 1) == encode_thumbnail(_frame(1), 64)
         assert store._thread.is_alive()
-    finally:
-        store.close()

@@ -350,6 +350,12 @@ class FrameStore:
                 "frames_trimmed": self.trimmed, "frames_discarded": self.discarded,
                 "frames_last_error": self.last_error}
 
+    def __enter__(self) -> "FrameStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, then close the file."""
         if self._thread.is_alive():

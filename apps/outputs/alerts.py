@@ -152,17 +152,10 @@ class KeyframeRing:
 
     def jpeg_of(self, pair: int) -> bytes | None:
         """That pair's frame as JPEG while the ring keeps it (any thread: one lookup, no iteration), else None."""
-        import cv2
-
         frame = self.frames.get(pair)
-        if frame is None:
-            return None
-        ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 85])
-        return data.tobytes() if ok else None
+        return _encoded(frame) if frame is not None else None
 
     def jpeg(self, pair: int | None) -> tuple[bytes | None, str]:
-        import cv2
-
         if pair is not None and pair in self.frames:
             frame, note = self.frames[pair], f"frame pair {pair}, the one the question attended most"
         elif self.latest is not None:
@@ -171,8 +164,15 @@ class KeyframeRing:
                     f"last {self.pairs} kept for keyframes" if pair is not None else f"latest frame (pair {self.latest[0]})")
         else:
             return None, "no frame yet"
-        ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 85])
-        return (data.tobytes() if ok else None), note
+        return _encoded(frame), note
+
+
+def _encoded(frame) -> bytes | None:
+    """A kept frame as the JPEG an alert, an escalation or an answer's evidence shows (quality 85)."""
+    import cv2
+
+    ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 85])
+    return data.tobytes() if ok else None
 
 
 class AlertBus:
