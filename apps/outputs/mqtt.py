@@ -293,11 +293,7 @@ class DaemonHost:
         return out
 
     def evidence_time(self, pair: int | None) -> float | None:
-        if pair is None:
-            return None
-        held = getattr(self.daemon.session, "pair_times", {})  # the pairs the cache holds
-        alerts = self.daemon.alerts
-        return held.get(pair, alerts.keyframes.times.get(pair) if alerts is not None else None)
+        return self.daemon.seen(pair)[1] if pair is not None else None  # the cache's time, else the ring's
 
     def wall_time(self, t: float | None) -> float | None:
         return self.daemon.session.wall_time(t) if t is not None else None
