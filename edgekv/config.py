@@ -458,8 +458,9 @@ class ArchiveSection:
     frames_px: int = 320            # their long side in pixels (never scaled up)
 
     def validate(self, at: str) -> None:
-        if not self.frames_mib >= 0:
-            raise ConfigError(f"{at}.frames_mib: must be >= 0 (0: no evidence frames on disk), got {self.frames_mib}")
+        if not (self.frames_mib == 0 or self.frames_mib >= 1):
+            raise ConfigError(f"{at}.frames_mib: must be 0 (no evidence frames on disk) or at least 1 (MiB: the "
+                              f"files' own pages and log take up to 96 KiB of it), got {self.frames_mib}")
         if not 16 <= self.frames_px <= 4096:
             raise ConfigError(f"{at}.frames_px: must be 16 to 4096, got {self.frames_px}")
         for name in ("max_gib", "segment_mib"):

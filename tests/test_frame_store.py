@@ -56,7 +56,7 @@ def test_frames_are_kept_scaled_and_read_back(tmp_path):
         assert store.jpeg(STREAM, 6) is None and not store.has(STREAM, 6)
         assert store.jpeg("cd" * 16, 0) is None  # another stream's pair 0 is not this one's
         assert store.jpeg(None, 0) is None and not store.submit(None, 7, 3.5, None, _frame(7))
-        assert store.jpeg(STREAM, 2**80) is None  # a number no row can have
+        assert store.jpeg(STREAM, 2**80) is None and store.read_errors == 0  # a number no row can have: no error
         stats = store.stats()
         assert stats["frames_kept"] == stats["frames_written"] == 6 and stats["frames_write_errors"] == 0
         assert stats["frames_bytes"] == sum(len(store.jpeg(STREAM, p)) for p in range(6))
@@ -65,15 +65,51 @@ def test_frames_are_kept_scaled_and_read_back(tmp_path):
 
 
 def test_the_oldest_go_past_the_size_and_the_age(tmp_path):
-    one = len(encode_thumbnail(_frame(0), 64))
-    with _store(tmp_path, max_bytes=int(4.5 * one)) as store:  # room for about four
-        _fill(store, range(12))
-        kept = [pair for pair in range(12) if store.has(STREAM, pair)]
-        assert kept == list(range(12 - len(kept), 12)) and 3 <= len(kept) <= 5  # the newest, in order
-        assert store.stats()["frames_bytes"] <= store.max_bytes and store.stats()["frames_trimmed"] == 12 - len(kept)
+    # frames_mib bounds the files (database, log, its index), not only the pictures: 112 px frames are ~2 KB, and a
+    # row's bookkeeping beside each would have taken the files 65 % past the budget (measured on a daemon: 13.8 MB
+    # for frames_mib 8); the oldest go first, before a frame that would pass it goes in
+    budget = 256 << 10
+    with _store(tmp_path, max_bytes=budget, px=112) as store:
+        sizes = []
+        for pair in range(150):
+            _fill(store, [pair])
+            sizes.append(store.file_bytes())
+            assert store.file_bytes() <= budget, (pair, sizes[-3:])  # never past it, after any frame
+        kept = [pair for pair in range(150) if store.has(STREAM, pair)]
+        assert kept == list(range(150 - len(kept), 150)) and 20 <= len(kept) < 150  # the newest, in order
+        stats = store.stats()
+        assert stats["frames_trimmed"] == 150 - len(kept) and stats["frames_write_errors"] == 0
+        assert stats["frames_file_bytes"] == store.file_bytes() <= budget
+        assert stats["frames_bytes"] > (budget - store.wal_bytes) // 2  # the trim keeps the budget in use
+        assert max(sizes) > budget * 3 // 4  # and the files grew to it: a bound that was reached, not a loose one
     with _store(tmp_path / "aged", max_age_s=2.0) as aged:  # stream time: 0.5 s a pair
         _fill(aged, range(12))
         assert [pair for pair in range(12) if aged.has(STREAM, pair)] == [7, 8, 9, 10, 11]  # t >= 5.5 - 2.0
+
+
+def test_a_file_larger_than_a_lowered_budget_is_made_to_fit_at_start(tmp_path):
+    with _store(tmp_path, max_bytes=768 << 10, px=112) as store:
+        _fill(store, range(120))
+        assert store.file_bytes() > 512 << 10
+    with _store(tmp_path, max_bytes=256 << 10, px=112) as smaller:  # the budget lowered: trimmed and rebuilt
+        assert smaller.file_bytes() <= 256 << 10
+        kept = [pair for pair in range(120) if smaller.has(STREAM, pair)]
+        assert kept == list(range(120 - len(kept), 120)) and len(kept) >= 15  # the newest, in order
+        assert smaller.jpeg(STREAM, 119) == encode_thumbnail(_frame(119), 112)
+        _fill(smaller, [120])
+        assert smaller.has(STREAM, 120) and smaller.file_bytes() <= 256 << 10
+
+
+def test_a_frame_larger_than_the_budget_is_refused_by_name(tmp_path):
+    with _store(tmp_path, max_bytes=192 << 10, px=640) as store:  # 96 KiB of it for the database's pages
+        _fill(store, [0])  # a 160 px frame: ~18 KB, fits
+        big = np.random.default_rng(5).integers(0, 255, (480, 640, 3), dtype=np.uint8)  # noise at 640 px: ~200 KB
+        assert store.submit(STREAM, 1, 0.5, None, big) and store.flush()
+        stats = store.stats()
+        assert stats["frames_write_errors"] == 1 and "frames_mib" in stats["frames_last_error"]
+        assert store.has(STREAM, 0) and not store.has(STREAM, 1)  # nothing kept was given up for it
+        _fill(store, [2])
+        assert store.has(STREAM, 2) and store.file_bytes() <= 192 << 10
 
 
 def test_a_forget_overwrites_the_pictures_in_both_files(tmp_path):

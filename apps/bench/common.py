@@ -72,7 +72,11 @@ def comma_choices(text: str, known, flag: str, what: str) -> list[str]:
 
 
 def write_figures(result: dict, json_path: str, plot_path: str | None, plot, indent: int = 2) -> None:
-    """Every bench's last step: the JSON, then the PNG through ``plot(result, path)`` unless ``plot_path`` is empty."""
+    """Every bench's last step: the JSON, then the PNG through ``plot(result, path)`` unless ``plot_path`` is empty;
+    their folders made first (a run of minutes is not lost at its end to a folder not yet there)."""
+    for path in (json_path, plot_path):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(json_path).write_text(json.dumps(result, indent=indent))
     print(f"wrote {json_path}")
     if plot_path:

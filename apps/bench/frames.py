@@ -1,5 +1,6 @@
 """``edgekv bench frames``: what the evidence frames on disk cost (``archive.frames_mib``, apps/daemon/frame_store.py):
-bytes a frame and the hours ``--frames-mib`` holds at one pair a second, and the writer thread's time a frame —
+bytes a frame (the JPEG's, and on the disk with the row's bookkeeping), the hours ``--frames-mib`` holds at one pair a
+second (its files, as the store bounds them), and the writer thread's time a frame —
 scaling and JPEG encoding, then the SQLite transaction — for each ``--px`` on each source.
 
 The sources default to a synthesized world stream and, where Debian's ``opencv-doc`` is installed, its real videos
@@ -19,6 +20,7 @@ from pathlib import Path
 from edgekv.apps.bench.common import provenance, write_figures
 
 OPENCV_VIDEOS = Path("/usr/share/doc/opencv-doc/examples/data")
+DISK_ROWS = 256  # the bytes on disk a frame are measured over at least this many rows (a page holds several small ones)
 SYNTHETIC = "synthetic:world?size=640x480&fps=2&frames=100000&seed=3"
 
 
@@ -74,7 +76,10 @@ def _spread(values: list[float]) -> dict:
 
 
 def measure(frames: list, px: int, budget_mib: float) -> dict:
-    from edgekv.apps.daemon.frame_store import FrameStore, encode_thumbnail
+    """One ``--px`` on one source: each frame's JPEG bytes and encoding time, then each written through a real
+    ``FrameStore`` (the writer's time a frame) and the database's pages in use a frame — the bytes on the disk,
+    rows, indexes and part-filled pages, which ``frames_mib`` bounds — from which the hours the budget holds."""
+    from edgekv.apps.daemon.frame_store import FrameStore, budget_shares, encode_thumbnail
 
     encode_ms, sizes = [], []
     for frame in frames:
@@ -83,20 +88,25 @@ def measure(frames: list, px: int, budget_mib: float) -> dict:
         encode_ms.append((time.perf_counter() - started) * 1e3)
     write_ms = []
     with tempfile.TemporaryDirectory(prefix="edgekv-bench-frames-") as folder:
-        store = FrameStore(folder, max_bytes=1 << 40, px=px)
-        try:
+        with FrameStore(folder, max_bytes=1 << 40, px=px, wait_when_full=True) as store:
+            with store._lock:
+                empty = store._in_use()
             for pair, frame in enumerate(frames):
                 started = time.perf_counter()
                 store.submit("ab" * 16, pair, float(pair), None, frame)
                 store.flush()
                 write_ms.append((time.perf_counter() - started) * 1e3)
             errors = store.stats()["frames_write_errors"]
-        finally:
-            store.close()
+            for pair in range(len(frames), DISK_ROWS):  # the frames again, untimed: enough rows for pages to show
+                store.submit("ab" * 16, pair, float(pair), None, frames[pair % len(frames)])
+            store.flush()
+            with store._lock:
+                on_disk = (store._in_use() - empty) / store.stats()["frames_kept"]
     mean = statistics.fmean(sizes)
+    database = budget_shares(int(budget_mib * 2**20))[1]
     return {"px": px, "kib_per_frame": mean / 1024, "kib_min": min(sizes) / 1024, "kib_max": max(sizes) / 1024,
-            "encode_ms": _spread(encode_ms), "writer_ms": _spread(write_ms), "write_errors": errors,
-            "hours_at_one_pair_a_second": budget_mib * 2**20 / mean / 3600}
+            "disk_kib_per_frame": on_disk / 1024, "encode_ms": _spread(encode_ms), "writer_ms": _spread(write_ms),
+            "write_errors": errors, "hours_at_one_pair_a_second": database / on_disk / 3600}
 
 
 def run_frames(args: argparse.Namespace) -> int:
@@ -116,7 +126,8 @@ def run_frames(args: argparse.Namespace) -> int:
             row = {"source": source, "frame_shape": shape, **measure(frames, px, args.frames_mib)}
             rows.append(row)
             print(f"{_label(source):<16} {shape[1]}x{shape[0]} -> {px:>4} px: "
-                  f"{row['kib_per_frame']:6.1f} KiB a frame ({row['kib_min']:.1f}-{row['kib_max']:.1f}), "
+                  f"{row['kib_per_frame']:6.1f} KiB a frame ({row['kib_min']:.1f}-{row['kib_max']:.1f}; "
+                  f"{row['disk_kib_per_frame']:.1f} on disk), "
                   f"{args.frames_mib:g} MiB hold {row['hours_at_one_pair_a_second']:5.1f} h; writer "
                   f"{row['writer_ms']['median']:.2f} ms a frame (p90 {row['writer_ms']['p90']:.2f}), of it encoding "
                   f"{row['encode_ms']['median']:.2f}")
@@ -137,9 +148,11 @@ def _plot(result: dict, path: str) -> None:
     for source in sources:
         rows = [row for row in result["rows"] if row["source"] == source]
         label = _label(source)
-        axes[0].plot([r["px"] for r in rows], [r["kib_per_frame"] for r in rows], marker="o", label=label)
+        line = axes[0].plot([r["px"] for r in rows], [r["kib_per_frame"] for r in rows], marker="o", label=label)[0]
+        axes[0].plot([r["px"] for r in rows], [r["disk_kib_per_frame"] for r in rows], marker="x", linestyle="--",
+                     color=line.get_color(), label=f"{label}, on disk")
         axes[1].plot([r["px"] for r in rows], [r["writer_ms"]["median"] for r in rows], marker="o", label=label)
-    axes[0].set(xlabel="long side (px)", ylabel="KiB a frame (JPEG q80)", title="evidence frame size")
+    axes[0].set(xlabel="long side (px)", ylabel="KiB a frame (JPEG q80; dashed: on disk)", title="evidence frame size")
     axes[1].set(xlabel="long side (px)", ylabel="ms a frame (median)", title="writer thread: scale, encode, commit")
     for ax in axes:
         ax.grid(alpha=0.3)

@@ -22,8 +22,18 @@ blocks is beyond any file format; the archive says the same of its segments).
 Ingest never waits on it (unless ``archive.when_full`` is ``wait``, as for the archive: a replay faster than real
 time): ``submit`` hands the frame to a writer thread through a queue of ``QUEUE_FRAMES``; when the queue is full the
 frame is dropped and counted (``dropped``). The writer scales, encodes (OpenCV releases the GIL while it does) and
-writes; rows are trimmed oldest first while the blobs pass ``archive.frames_mib`` and, with ``archive.max_age_s``,
-when they are older than that behind the newest frame in stream time (as the archive's segments are).
+writes; rows are trimmed oldest first, before a frame goes in, while the file would pass ``archive.frames_mib`` and,
+with ``archive.max_age_s``, when they are older than that behind the newest frame in stream time (as the archive's
+segments are).
+
+``frames_mib`` bounds the files on the disk, not only the pictures in them: the database's pages in use (rows, their
+indexes, the pages part-filled by a picture's last bytes: 10-15 % beside the JPEGs of 320 px frames, far more beside
+the 2 KB of a 112 px one), its write-ahead log and that log's index (``-shm``). The log is checkpointed every
+``wal_bytes // 2`` of pages and cut back to ``wal_bytes`` (``journal_size_limit``) — a sixteenth of the budget, 64
+KiB to 4 MiB — and the database's pages in use are held to the rest; pages freed by the trim are reused before the
+file grows, so the file never passes what was in use at its fullest. (A forget and ``edgekv rekey`` write their
+whole change to the log in one transaction, then truncate it.) Measured: ``edgekv bench frames`` gives the bytes
+on disk a frame.
 """
 
 from __future__ import annotations
@@ -41,6 +51,8 @@ log = logging.getLogger("edgekv.frames")
 
 FILE = "frames.sqlite"
 QUEUE_FRAMES = 8
+SHM_BYTES = 32 * 1024  # the write-ahead log's index: 32 KiB covers 4,096 logged pages, more than the log ever holds
+ROW_BYTES = 128  # a row beside its picture: its header, pair, times and two index entries (plus the stream's id twice)
 WARN_EVERY_S = 60.0  # a failing write is logged at most this often
 JPEG_QUALITY = 80
 _STOP = object()
@@ -58,6 +70,18 @@ CREATE INDEX IF NOT EXISTS frames_by_t ON frames (stream, t);
 """
 
 
+def budget_shares(max_bytes: int) -> tuple[int, int]:
+    """``max_bytes`` (``archive.frames_mib``) split: the write-ahead log's share (a sixteenth, 64 KiB to 4 MiB) and
+    the database's pages' (the rest, less the log's index)."""
+    wal = min(4 << 20, max(64 << 10, max_bytes // 16))
+    return wal, max_bytes - wal - SHM_BYTES
+
+
+def _storable(pair) -> bool:
+    """A pair number SQLite's INTEGER holds (one asked for outside it is simply not kept: no read error)."""
+    return -(1 << 63) <= int(pair) < 1 << 63
+
+
 class FrameStore:
     """``folder/frames.sqlite``: one downscaled JPEG a frame pair (the module's docstring)."""
 
@@ -65,6 +89,7 @@ class FrameStore:
                  wait_when_full: bool = False) -> None:
         self.path = Path(folder) / FILE
         self.max_bytes, self.px, self.max_age_s = int(max_bytes), int(px), max_age_s
+        self.wal_bytes, self.db_budget = budget_shares(self.max_bytes)
         self.keys = keys if keys is not None and keys.enabled else None  # edgekv.privacy.KeyRing
         self.wait_when_full = wait_when_full
         self.written = self.dropped = self.write_errors = self.trimmed = self.read_errors = self.discarded = 0
@@ -74,6 +99,7 @@ class FrameStore:
         self._lock = threading.Lock()  # the one connection: the writer's rows, a reader's lookups, a forget
         self._db = self._open()
         self._bytes, self._rows = self._totals()
+        self._fit()
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
         self._thread = threading.Thread(target=self._write_loop, name="edgekv-frames", daemon=True)
         self._thread.start()
@@ -110,6 +136,34 @@ class FrameStore:
             db.executescript(_SCHEMA)
             return db
 
+    def _fit(self) -> None:
+        """(Before the writer starts.) A file larger than its share of ``max_bytes`` — the budget was lowered, or the
+        file was written before the budget counted its pages — is trimmed, oldest first, then rebuilt compact
+        (``VACUUM``: SQLite never gives a file's free pages back by itself). A failure (no room for the rebuild)
+        is said and leaves the file as it was: the writer's trim holds it from then on, at its old size."""
+        if self.path.stat().st_size <= self.db_budget:
+            return
+        before = self.file_bytes()
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._trim_to(0)
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("VACUUM")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except (sqlite3.Error, ValueError) as exc:
+            log.warning("evidence frames: %s is larger than archive.frames_mib (%d bytes) and could not be made "
+                        "smaller (%s)", self.path.name, self.max_bytes, exc)
+        else:
+            log.info("evidence frames: %s made to fit archive.frames_mib: %d bytes -> %d", self.path.name, before,
+                     self.file_bytes())
+        finally:
+            self._bytes, self._rows = self._totals()
+
     def _remove_set_aside(self) -> int:
         """Unlink the files a damaged start set aside (``frames.sqlite.bad-*``); returns how many."""
         parts = list(self.path.parent.glob(f"{FILE}.bad-*"))
@@ -122,7 +176,16 @@ class FrameStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut loses at most the last rows, never the file
         db.execute("PRAGMA secure_delete=ON")  # a forgotten frame's bytes are overwritten, not only unlinked
+        self._page = int(db.execute("PRAGMA page_size").fetchone()[0])
+        db.execute(f"PRAGMA wal_autocheckpoint={max(4, self.wal_bytes // 2 // (self._page + 24))}")
+        db.execute(f"PRAGMA journal_size_limit={self.wal_bytes}")
         return db
+
+    def _in_use(self) -> int:
+        """(In a transaction, or under the lock.) The bytes of the database's pages in use (not free)."""
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        return (int(pages) - int(free)) * self._page
 
     # ------------------------------------------------------------------ ingest side
     def submit(self, stream: str, pair: int, t: float, unix: float | None, frame: np.ndarray) -> bool:
@@ -164,10 +227,11 @@ class FrameStore:
             with self._lock:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
+                    # the row, and a page part-filled by its last bytes
+                    self._trim(stream, t, len(data) + ROW_BYTES + 2 * len(stream) + self._page)
                     self._db.execute("INSERT INTO frames (stream, pair, t, unix, jpeg) VALUES (?, ?, ?, ?, ?)",
                                      (stream, pair, t, unix, data))
                     self._bytes, self._rows = self._bytes + len(data), self._rows + 1
-                    self._trim(stream, t)
                     self._db.execute("COMMIT")
                 except BaseException:
                     if self._db.in_transaction:  # SQLITE_FULL and I/O errors may have rolled it back already
@@ -190,19 +254,26 @@ class FrameStore:
             self._warned = None
             log.info("evidence frames: written again (%d write error(s) before)", self.write_errors)
 
-    def _trim(self, stream: str, newest_t: float) -> None:
-        """(In the writer's transaction.) With ``max_age_s``, this stream's rows older than that behind its newest
-        frame (an earlier stream's rows go by size only); then the oldest rows while the blobs pass ``max_bytes``."""
+    def _trim(self, stream: str, newest_t: float, incoming: int) -> None:
+        """(In the writer's transaction, before a row of about ``incoming`` bytes goes in.) With ``max_age_s``, this
+        stream's rows older than that behind the new frame (an earlier stream's rows go by size only); then the oldest
+        rows while the pages in use and the new row would pass the database's share of ``max_bytes``. A frame that
+        would not fit an empty file is refused (a ``ValueError`` naming both: that frame is not written)."""
         if self.max_age_s is not None:  # stream time, as the archive's: a wall clock set forward deletes nothing
             self.trimmed += self._delete("stream = ? AND t < ?", (stream, newest_t - self.max_age_s))
-        while self._bytes > self.max_bytes:  # the oldest rows, just enough of them
-            excess, last = self._bytes - self.max_bytes, None
+        self._trim_to(incoming)
+
+    def _trim_to(self, incoming: int) -> None:
+        """(In a transaction.) The oldest rows go while the pages in use and ``incoming`` pass the database's share."""
+        while (excess := self._in_use() + incoming - self.db_budget) > 0:
+            last = None
             for row_id, size in self._db.execute("SELECT id, LENGTH(jpeg) FROM frames ORDER BY id LIMIT 64"):
-                excess, last = excess - size, row_id
+                excess, last = excess - size - ROW_BYTES, row_id  # just enough of the oldest rows, at least one
                 if excess <= 0:
                     break
             if last is None:
-                break
+                raise ValueError(f"a frame of {incoming} bytes does not fit archive.frames_mib "
+                                 f"({self.max_bytes / 2**20:g} MiB, of it {self.db_budget} bytes for the database)")
             self.trimmed += self._delete("id <= ?", (last,))
 
     def _delete(self, where: str, args: tuple) -> int:
@@ -234,7 +305,7 @@ class FrameStore:
     # ------------------------------------------------------------------ question side
     def jpeg(self, stream: str | None, pair: int) -> bytes | None:
         """Frame pair ``pair``'s JPEG of ``stream``, opened if sealed; None when it is not kept or does not read."""
-        if stream is None:
+        if stream is None or not _storable(pair):
             return None
         try:
             with self._lock:
@@ -249,7 +320,7 @@ class FrameStore:
         return self._plain(row[0], pair)
 
     def has(self, stream: str | None, pair: int) -> bool:
-        if stream is None:
+        if stream is None or not _storable(pair):
             return False
         try:
             with self._lock:
@@ -345,10 +416,21 @@ class FrameStore:
     # ------------------------------------------------------------------ figures, close
     def stats(self) -> dict:
         """The figures (no query: the status page asks every second)."""
-        return {"frames_kept": self._rows, "frames_bytes": self._bytes, "frames_written": self.written,
+        return {"frames_kept": self._rows, "frames_bytes": self._bytes, "frames_file_bytes": self.file_bytes(),
+                "frames_written": self.written,
                 "frames_dropped": self.dropped, "frames_write_errors": self.write_errors,
                 "frames_trimmed": self.trimmed, "frames_discarded": self.discarded,
                 "frames_last_error": self.last_error}
+
+    def file_bytes(self) -> int:
+        """The bytes of the files on the disk (database, log, its index): what ``max_bytes`` bounds."""
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                total += Path(str(self.path) + suffix).stat().st_size
+            except OSError:
+                pass
+        return total
 
     def __enter__(self) -> "FrameStore":
         return self

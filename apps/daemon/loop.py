@@ -359,8 +359,8 @@ class Daemon:
                      f"({type(exc).__name__}: {printable(str(exc), 200)}); answers still give their evidence times")
             return
         kept = self.frames.stats()
-        self.say(f"evidence frames: {self.frames.path} ({kept['frames_kept']} kept, {kept['frames_bytes'] / 2**20:.1f} "
-                 f"of {section.frames_mib:g} MiB, {section.frames_px} px)"
+        self.say(f"evidence frames: {self.frames.path} ({kept['frames_kept']} kept, files "
+                 f"{kept['frames_file_bytes'] / 2**20:.1f} of {section.frames_mib:g} MiB, {section.frames_px} px)"
                  + (f"; a damaged file was set aside as {self.frames.set_aside.name}" if self.frames.set_aside else ""))
 
     def _frame_stream(self) -> str | None:
