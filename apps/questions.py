@@ -6,10 +6,12 @@ Also ``printable``: request text made safe for one terminal or log line.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import queue
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 
 _question_ids = itertools.count(1)
@@ -49,6 +51,17 @@ class Question:
     answered_at: float | None = None
     evidence_pair: int | None = None
     evidence_seen: tuple = ()  # (pair, stream seconds or None, wall time or None) of each pair asked for, most first
+
+
+def evidence_item(pair: int, t: float | None, unix: float | None, kept: bool = False,
+                  camera: str | None = None) -> dict:
+    """One evidence pair as the API gives it: its index, stream seconds, wall time (seconds since the epoch) and
+    the same as ISO 8601 with the daemon's UTC offset (a time the daemon does not know is null), and where its
+    frame can be fetched while the daemon keeps it (the keyframe ring, the evidence frames on disk; else null)."""
+    seen = (datetime.datetime.fromtimestamp(unix).astimezone().isoformat(timespec="milliseconds")
+            if unix is not None else None)
+    frame = f"/frame.jpg?pair={pair}" + (f"&camera={urllib.parse.quote(camera)}" if camera else "") if kept else None
+    return {"pair": pair, "t": t, "unix": unix, "seen": seen, "frame": frame}
 
 
 class QuestionRefused(Exception):

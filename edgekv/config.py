@@ -497,6 +497,10 @@ def ros_name_problem(name: str) -> str | None:
     return None
 
 
+# the topics of ros2: (apps/outputs/ros2.py), each a name relative to ros2.namespace or absolute
+ROS2_TOPIC_KEYS = ("question_topic", "answer_topic", "token_topic", "status_topic", "json_topic", "evidence_topic")
+
+
 @dataclass(frozen=True)
 class Ros2Section:
     """ROS 2 on the wire through Cyclone DDS (edgekv/video/ros2.py): the graph a ``ros2:`` video source joins,
@@ -514,6 +518,10 @@ class Ros2Section:
     answer_topic: str = "output"           # std_msgs/msg/String out: the final answer (ros2_nanollm's name)
     token_topic: str = "output_stream"     # std_msgs/msg/String out: the answer as it is decoded, piece by piece
     status_topic: str = "status"           # std_msgs/msg/String out: JSON (stream state, cache figures)
+    json_topic: str = "output_json"        # std_msgs/msg/String out: the answer as JSON, with its evidence's times
+    evidence_topic: str = "output_evidence"  # sensor_msgs/msg/CompressedImage out: the frame the answer looked at
+    evidence: int = 1                      # frame pairs an answer names on json_topic, most attended first (0: none,
+    # and no evidence image; 1-8: the answer's prefill is split before its last token to read the attention)
     status_period_s: float = 1.0
     image_reliability: Literal["best_effort", "reliable"] = "best_effort"  # ROS 2's sensor-data profile
     image_depth: int = 5                   # KEEP_LAST depth of the image reader
@@ -528,13 +536,15 @@ class Ros2Section:
         if not self.namespace.startswith("/") or ros_name_problem(self.namespace):
             problem = ros_name_problem(self.namespace) or "must start with '/'"
             raise ConfigError(f"{at}.namespace: {self.namespace!r} is not a ROS 2 namespace ({problem})")
-        for name in ("question_topic", "answer_topic", "token_topic", "status_topic"):
+        for name in ROS2_TOPIC_KEYS:
             value = getattr(self, name)
             problem = ros_name_problem(value) or ("the root '/' is not a topic" if value == "/" else None)
             if problem:
                 raise ConfigError(f"{at}.{name}: {value!r} is not a ROS 2 topic name ({problem})")
         if not self.status_period_s > 0:
             raise ConfigError(f"{at}.status_period_s: must be > 0, got {self.status_period_s}")
+        if not 0 <= self.evidence <= 8:
+            raise ConfigError(f"{at}.evidence: must be 0..8 frame pairs (0: none), got {self.evidence}")
         if not 1 <= self.image_depth <= 1000:
             raise ConfigError(f"{at}.image_depth: must be 1..1000, got {self.image_depth}")
         if self.interface is not None and not self.interface.strip():

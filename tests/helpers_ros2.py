@@ -6,8 +6,8 @@ Run as a script in its own process (``python tests/helpers_ros2.py --domain D --
 joins the ROS domain on loopback (explicit peer, no multicast), streams a video as ``sensor_msgs/msg/Image``
 (or ``CompressedImage``) at a fixed rate with ``header.stamp`` = the video's own time, can slip in bad
 messages (a wrong encoding, a truncated message), asks questions on the question topic and records what
-comes back on the answer, token and status topics. The frames come from edgekv's ``synthetic:`` sources
-(the ground truth); everything on the wire is this file's.
+comes back on the answer, token, status, JSON answer and evidence image topics. The frames come from edgekv's
+``synthetic:`` sources (the ground truth); everything on the wire is this file's.
 """
 
 from dataclasses import dataclass, field
@@ -126,13 +126,20 @@ def main() -> int:
     answers = DataReader(participant, Topic(participant, f"rt{ns}/output", String), qos=reliable)
     tokens = DataReader(participant, Topic(participant, f"rt{ns}/output_stream", String), qos=reliable)
     status = DataReader(participant, Topic(participant, f"rt{ns}/status", String), qos=reliable)
-    result = {"published": 0, "first_serialized": None, "answers": [], "tokens": [], "status": [], "errors": []}
+    answers_json = DataReader(participant, Topic(participant, f"rt{ns}/output_json", String), qos=reliable)
+    evidence = DataReader(participant, Topic(participant, f"rt{ns}/output_evidence", CompressedImage), qos=reliable)
+    result = {"published": 0, "first_serialized": None, "answers": [], "tokens": [], "status": [], "json": [],
+              "evidence": [], "errors": []}
     deadline = time.monotonic() + args.timeout
 
     def drain() -> None:
-        for reader, key in ((answers, "answers"), (tokens, "tokens"), (status, "status")):
+        for reader, key in ((answers, "answers"), (tokens, "tokens"), (status, "status"), (answers_json, "json")):
             for sample in reader.take(N=64):
                 result[key].append(sample.data)
+        for sample in evidence.take(N=16):
+            result["evidence"].append({"sec": sample.header.stamp.sec, "nanosec": sample.header.stamp.nanosec,
+                                       "frame_id": sample.header.frame_id, "format": sample.format,
+                                       "data": bytes(sample.data).hex()})
 
     def wait(condition, what: str) -> bool:
         while time.monotonic() < deadline:
@@ -182,6 +189,7 @@ def main() -> int:
             have = len(result["answers"])
             questions.write(String(data=question))
             wait(lambda: len(result["answers"]) > have, f"the answer to {question!r}")
+            wait(lambda: len(result["json"]) > have, f"the JSON answer to {question!r}")
         seen = len(result["status"])
         wait(lambda: len(result["status"]) > seen, "a status message after the answers")
     drain()

@@ -101,7 +101,8 @@ def test_ros2_section_is_validated_with_the_key_named():
     cases = [({"domain_id": 233}, "ros2.domain_id"), ({"namespace": "edgekv"}, "ros2.namespace"),
              ({"answer_topic": "out put"}, "ros2.answer_topic"), ({"multicast": False}, "needs ros2.peers"),
              ({"image_reliability": "sometimes"}, "ros2.image_reliability"), ({"image_depth": 0}, "ros2.image_depth"),
-             ({"topics": {}}, "ros2.topics: unknown key")]
+             ({"topics": {}}, "ros2.topics: unknown key"), ({"evidence": 9}, r"ros2.evidence: must be 0..8"),
+             ({"evidence_topic": "a//b"}, "ros2.evidence_topic"), ({"json_topic": "1x"}, "ros2.json_topic")]
     for keys, message in cases:
         with pytest.raises(ConfigError, match=message):
             config_from_dict({**base, "ros2": keys})
@@ -263,7 +264,9 @@ def test_a_stopping_capture_wakes_a_source_waiting_on_a_silent_topic():
 def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
     """The robot streams a synthetic:events video as sensor_msgs/Image at 10 Hz, then asks on
     /edgekv/input_query; the daemon (the shipped toy) answers on /edgekv/output what the ground truth says,
-    streams the same answer on /edgekv/output_stream, and publishes its status as JSON once a second."""
+    streams the same answer on /edgekv/output_stream, gives it as JSON with its evidence on /edgekv/output_json
+    and the frame it looked at on /edgekv/output_evidence (sensor_msgs/CompressedImage, stamped with the wall time
+    it was seen at), and publishes its status as JSON once a second."""
     from edgekv.apps.daemon.loop import Daemon, DaemonOptions
     from edgekv.toy.questions import answer_of
     from edgekv.toy.quiz import make_quiz
@@ -286,8 +289,11 @@ def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
     robot = None
     try:
         assert daemon.ready.wait(120), out.getvalue()
+        started = time.time()
         robot = Robot(tmp_path, domain, "--spec", SCENE, *[a for qa in quiz for a in ("--ask", qa.question)])
         result = robot.result(timeout=180)
+        frames = {item["evidence"][0]["pair"]: daemon.keyframe_jpeg(item["evidence"][0]["pair"])
+                  for item in map(json.loads, result["json"])}
     finally:
         if robot is not None:
             robot.stop()
@@ -302,6 +308,21 @@ def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
     assert status[-1]["cache"]["frames"] >= 30 and status[-1]["ros2"]["questions"] == 3
     assert status[-1]["source"]["topic"] == "/camera/image_raw" and status[-1]["source"]["corrupt"] == 0
     assert "ROS 2: questions on /edgekv/input_query, answers on /edgekv/output" in out.getvalue()
+    # the answer as JSON, with the pair it attended most (ros2.evidence: 1) and when that pair was seen
+    answers = [json.loads(item) for item in result["json"]]
+    assert [item["question"] for item in answers] == [qa.question for qa in quiz]
+    assert [item["answer"] for item in answers] == result["answers"] and all(not item["error"] for item in answers)
+    for item in answers:
+        (seen,) = item["evidence"]
+        assert 0 <= seen["pair"] < 20 and seen["t"] == pytest.approx(seen["pair"] * 0.2, abs=0.11)  # 10 fps, 2 a pair
+        assert started <= seen["unix"] <= time.time() and seen["frame"] == f"/frame.jpg?pair={seen['pair']}"
+    # the frame of that pair, as the daemon serves it, stamped with that wall time
+    assert len(result["evidence"]) == len(quiz) and status[-1]["ros2"]["evidence_images"] == len(quiz)
+    for item, image in zip(answers, result["evidence"]):
+        seen = item["evidence"][0]
+        assert image["format"] == "jpeg" and image["frame_id"] == ""
+        assert bytes.fromhex(image["data"]) == frames[seen["pair"]] and frames[seen["pair"]][:2] == b"\xff\xd8"
+        assert image["sec"] * 10**9 + image["nanosec"] == round(seen["unix"] * 1e9)
 
 
 def test_two_cameras_answer_their_own_robots_over_ros2(tmp_path):
@@ -347,4 +368,8 @@ def test_two_cameras_answer_their_own_robots_over_ros2(tmp_path):
         assert not result["errors"], (name, result["errors"], out.getvalue())
         assert [answer_of(a) for a in result["answers"]] == [qa.answer for qa in quizzes[name]], (name, out.getvalue())
         assert json.loads(result["status"][-1])["source"]["topic"] == f"/{name}/image_raw"
+        # each camera's answers name it, and its evidence frames carry its name as their frame_id
+        assert [json.loads(item)["camera"] for item in result["json"]] == [name] * len(quizzes[name])
+        assert result["evidence"] and all(image["frame_id"] == name for image in result["evidence"])
+        assert all(json.loads(item)["evidence"][0]["frame"].endswith(f"&camera={name}") for item in result["json"])
     assert "[back] ROS 2: questions on /edgekv/back/input_query" in out.getvalue()

@@ -9,9 +9,23 @@ Topic names follow NVIDIA-AI-IOT/ros2_nanollm where it has one (``input_query`` 
 ``<ns>/output_stream``      out    the answer as it is decoded, one piece of text per message
 ``<ns>/status``             out    JSON once per ``ros2.status_period_s``: stream state, cache figures,
                                    capture and topic counters
+``<ns>/output_json``        out    the answer as JSON: ``question``, ``answer``, ``error``, ``camera`` and
+                                   ``evidence`` — the ``ros2.evidence`` frame pairs the answer attended
+                                   most, each with its stream seconds and the wall time it was seen at (the
+                                   HTTP API's ``edgekv.evidence`` items)
+``<ns>/output_evidence``    out    ``sensor_msgs/msg/CompressedImage``: the frame of the pair the answer
+                                   attended most, JPEG, ``header.stamp`` the wall time it was seen at (zero
+                                   where the daemon does not know it: a recording read as fast as it goes),
+                                   ``header.frame_id`` the camera's name (empty with one camera); none where
+                                   the frame is no longer kept (``alerts.keyframe_pairs``,
+                                   ``archive.frames_mib``)
 ==========================  =====  =======================================================================
 
-All four use ROS 2's default QoS (reliable, keep last 10, volatile; edgekv.video.ros2). Nothing here
+For a question asked on ``input_query`` the evidence image and the JSON are published before the answer on
+``output``, so a node that waits for ``output`` has the others in flight: a robot can look up where it was
+(its odometry or map log) at the moment the answer points to, and show the frame.
+
+All use ROS 2's default QoS (reliable, keep last 10, volatile; edgekv.video.ros2). Nothing here
 blocks ingest: a question arrives in Cyclone DDS's listener thread and is queued with ``submit`` (which
 never blocks); answer tokens are published from the main loop with a non-blocking keep-last write; the
 final answers and the status go out from this channel's own thread. The answer of a question published
@@ -27,7 +41,7 @@ import time
 from collections import deque
 from typing import Any
 
-from edgekv.apps.questions import Question, QuestionRefused, logs_text, printable
+from edgekv.apps.questions import Question, QuestionRefused, evidence_item, logs_text, printable
 
 log = logging.getLogger("edgekv.ros2")
 STATS_WAIT_S = 0.25  # the main loop holds the session lock for a whole step: wait this long, else reuse
@@ -36,12 +50,13 @@ STATS_WAIT_S = 0.25  # the main loop holds the session lock for a whole step: wa
 def check_ros2(settings: Any) -> None:
     """Before the model loads: the binding imports, the interface exists, the names are valid. Raises the
     ``SourceUnavailable`` / ``ValueError`` of ``edgekv.video.ros2`` with a one-line reason."""
+    from edgekv.config import ROS2_TOPIC_KEYS
     from edgekv.video.ros2 import binding, cyclone_config, domain_id, resolve_name
 
     binding()
     domain_id(settings)
     cyclone_config(settings)
-    for key in ("question_topic", "answer_topic", "token_topic", "status_topic"):
+    for key in ROS2_TOPIC_KEYS:
         resolve_name(getattr(settings, key), settings.namespace)
 
 
@@ -63,11 +78,13 @@ class _TextPieces:
 class Ros2Channel:
     def __init__(self, daemon: Any, settings: Any) -> None:
         from edgekv.video.ros2 import STRING, Ros2Graph, default_qos, resolve_name
+        from edgekv.video.ros_images import COMPRESSED
 
         self.daemon, self.settings = daemon, settings
         self.names = {key: resolve_name(getattr(settings, key + "_topic"), settings.namespace)
-                      for key in ("question", "answer", "token", "status")}
-        self.counts = {"questions": 0, "refused": 0, "malformed": 0, "answers": 0, "status": 0}
+                      for key in ("question", "answer", "token", "status", "json", "evidence")}
+        self.counts = {"questions": 0, "refused": 0, "malformed": 0, "answers": 0, "status": 0,
+                       "evidence_images": 0}
         self._pending: deque[Question] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -78,6 +95,8 @@ class Ros2Channel:
             self.answers = self.graph.publisher(self.names["answer"])
             self.tokens = self.graph.publisher(self.names["token"])
             self.status_out = self.graph.publisher(self.names["status"])
+            self.json_out = self.graph.publisher(self.names["json"])
+            self.evidence_out = self.graph.publisher(self.names["evidence"], COMPRESSED)
             self.questions = self.graph.subscribe(self.names["question"], STRING, default_qos(), self._arrived)
         except BaseException:
             self.graph.release()
@@ -86,7 +105,8 @@ class Ros2Channel:
 
     def describe(self) -> str:
         return (f"questions on {self.names['question']}, answers on {self.names['answer']} (tokens on "
-                f"{self.names['token']}), status on {self.names['status']}; ROS domain {self.graph.domain_id}")
+                f"{self.names['token']}, JSON on {self.names['json']}, evidence frames on {self.names['evidence']}), "
+                f"status on {self.names['status']}; ROS domain {self.graph.domain_id}")
 
     def start(self) -> Ros2Channel:
         self.thread.start()
@@ -99,7 +119,7 @@ class Ros2Channel:
         self.questions.close()  # no more questions come in
         if self.thread.is_alive():
             self.thread.join(timeout=2.0)
-        for publication in (self.answers, self.tokens, self.status_out):
+        for publication in (self.answers, self.tokens, self.status_out, self.json_out, self.evidence_out):
             publication.close()
         self.graph.release()
 
@@ -118,11 +138,13 @@ class Ros2Channel:
         if not text:
             return
         pieces = _TextPieces(self.daemon.session.tokenizer)
-        question = Question(text, source="ros2", on_token=lambda token: self._token(pieces, token))
+        question = Question(text, source="ros2", on_token=lambda token: self._token(pieces, token),
+                            evidence=self.settings.evidence)
         try:
             self.daemon.submit(question)
         except QuestionRefused as exc:
             self.counts["refused"] += 1
+            self._publish(self.json_out, json.dumps(self.answer_json(question, error=exc)))
             self._publish(self.answers, f"error: {exc}")
             log.warning("ROS 2 question not queued: %s", exc)
             return
@@ -160,11 +182,36 @@ class Ros2Channel:
                     next_status = time.monotonic() + period
 
     def _answer(self, question: Question) -> None:
-        if question.answer is not None and question.error is None:
+        answered = question.answer is not None and question.error is None
+        if answered and question.evidence_seen:
+            self._evidence_image(question.evidence_seen[0])
+        self._publish(self.json_out, json.dumps(self.answer_json(question)))
+        if answered:
             self._publish(self.answers, question.answer.text)
             self.counts["answers"] += 1
         else:
             self._publish(self.answers, f"error: {question.error}")
+
+    def answer_json(self, question: Question, error: Exception | None = None) -> dict:
+        """What goes on ``output_json`` for ``question`` (answered, failed, or refused with ``error``)."""
+        error = error if error is not None else question.error
+        answer = question.answer.text if question.answer is not None and error is None else None
+        return {"question": question.text, "answer": answer, "error": None if error is None else str(error),
+                "camera": getattr(self.daemon, "camera", None),
+                "evidence": [evidence_item(*seen) for seen in question.evidence_seen] if answer is not None else []}
+
+    def _evidence_image(self, seen: tuple) -> None:
+        """The frame of the answer's first evidence pair on ``output_evidence``, when it is still kept."""
+        pair, _t, unix, kept = seen[:4]
+        data = self.daemon.keyframe_jpeg(pair) if kept else None
+        if data is None:
+            return
+        stamp_ns = round(unix * 1e9) if unix is not None else 0
+        try:
+            self.evidence_out.publish_image(data, stamp_ns, getattr(self.daemon, "camera", None) or "")
+            self.counts["evidence_images"] += 1
+        except Exception as exc:  # a DDS error must not take the loop down
+            log.warning("ROS 2 topic %s: publish failed (%s)", self.evidence_out.topic, exc)
 
     def _publish(self, publication: Any, text: str) -> None:
         try:

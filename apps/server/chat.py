@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import json
 import logging
 import queue
 import threading
 import time
-import urllib.parse
 import uuid
 from typing import Any
 
@@ -23,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from edgekv.apps.controls import addressed
-from edgekv.apps.questions import Question
+from edgekv.apps.questions import Question, evidence_item
 from edgekv.apps.server.api import Api, JsonResponse, body_schema
 from edgekv.apps.server.openai_chat import (
     ApiError,
@@ -166,17 +164,6 @@ def _extension(answer: Any, question: Question) -> dict:
     if question.evidence:
         out["evidence"] = [evidence_item(*seen) for seen in question.evidence_seen]
     return out
-
-
-def evidence_item(pair: int, t: float | None, unix: float | None, kept: bool = False,
-                  camera: str | None = None) -> dict:
-    """One evidence pair as the API gives it: its index, stream seconds, wall time (seconds since the epoch) and
-    the same as ISO 8601 with the daemon's UTC offset (a time the daemon does not know is null), and where its
-    frame can be fetched while the daemon keeps it (the keyframe ring, the evidence frames on disk; else null)."""
-    seen = (datetime.datetime.fromtimestamp(unix).astimezone().isoformat(timespec="milliseconds")
-            if unix is not None else None)
-    frame = f"/frame.jpg?pair={pair}" + (f"&camera={urllib.parse.quote(camera)}" if camera else "") if kept else None
-    return {"pair": pair, "t": t, "unix": unix, "seen": seen, "frame": frame}
 
 
 _DONE = object()

@@ -47,7 +47,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from edgekv.video.ros_images import (
@@ -299,6 +299,16 @@ class Publication:
 
     def publish_text(self, text: str) -> None:
         self.writer.write(self._struct(data=text))
+
+    def publish_image(self, data: bytes, stamp_ns: int, frame_id: str = "", fmt: str = "jpeg") -> None:
+        """A ``sensor_msgs/msg/CompressedImage`` of encoded ``data`` stamped ``stamp_ns`` (nanoseconds since the
+        epoch; 0: no time, ROS's convention)."""
+        from edgekv.video import ros2_idl
+
+        stamp_ns = max(0, int(stamp_ns))
+        header = ros2_idl.Header(stamp=ros2_idl.Time(sec=stamp_ns // 1_000_000_000, nanosec=stamp_ns % 1_000_000_000),
+                                 frame_id=frame_id)
+        self.writer.write(self._struct(header=header, format=fmt, data=list(data)))
 
     def close(self) -> None:
         _delete(self.writer)

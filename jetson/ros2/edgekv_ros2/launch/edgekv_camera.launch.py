@@ -22,7 +22,8 @@ def generate_launch_description():
         DeclareLaunchArgument("camera_topic", default_value="/camera/image_raw",
                               description="sensor_msgs/Image or CompressedImage topic to watch"),
         DeclareLaunchArgument("namespace", default_value="/edgekv",
-                              description="namespace of input_query, output, output_stream, status"),
+                              description="namespace of input_query, output, output_stream, output_json, "
+                                          "output_evidence, status"),
         DeclareLaunchArgument("executable", default_value="edgekv-camera",
                               description="edgekv-camera of the venv edgekv is installed in"),
     ]
