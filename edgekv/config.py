@@ -438,6 +438,9 @@ class ArchiveSection:
     dir: str | None = None          # where segments live; null = no archive (recall off)
     max_gib: float = 16.0           # the oldest segments are deleted to stay below this
     max_age_s: float | None = None  # also delete segments whose newest pair is this much older than the newest
+    # free space the archive and its evidence frames always leave on their disk, whatever else fills it (a bag
+    # recorder, logs): below it the oldest segments and frames go first, then pairs are not archived; 0 = none
+    keep_free_gib: float = 1.0
     segment_mib: float = 256.0      # size of one segment file
     queue_pairs: int = 8            # staging buffers between ingest and the writer
     when_full: Literal["drop", "wait"] = "drop"  # all buffers taken: drop the pair (live camera: ingest never
@@ -463,6 +466,8 @@ class ArchiveSection:
                               f"files' own pages and log take up to 96 KiB of it), got {self.frames_mib}")
         if not 16 <= self.frames_px <= 4096:
             raise ConfigError(f"{at}.frames_px: must be 16 to 4096, got {self.frames_px}")
+        if not self.keep_free_gib >= 0:
+            raise ConfigError(f"{at}.keep_free_gib: must be >= 0 (0: no floor), got {self.keep_free_gib}")
         for name in ("max_gib", "segment_mib"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{at}.{name}: must be > 0, got {getattr(self, name)}")

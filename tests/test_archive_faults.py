@@ -86,6 +86,67 @@ def test_enospc_on_a_real_full_disk_costs_only_the_pairs_not_written(small_disk)
     reopened.close()
 
 
+def test_the_archive_leaves_the_floor_free_on_a_real_disk_another_writer_fills(small_disk):
+    """archive.keep_free_gib on a real 512 KiB tmpfs: another writer (a bag recorder, say) grows a file beside the
+    archive; the archive gives up its oldest segments to keep the floor free, then refuses pairs (disk full, said)
+    rather than take it — the other writer never meets a full disk — and writes again once the room returns."""
+    floor = 128 << 10
+    folder, other = small_disk / "archive", small_disk / "bag"
+    archive = _archive(folder, segment_bytes=56 << 10, max_bytes=4 << 20, keep_free_bytes=floor)  # 2 records each
+    assert archive.files.free_bytes(folder) > 400 << 10
+    with open(other, "wb") as bag:
+        for frame in range(24):
+            written = archive.written
+            _submit(archive, [frame])
+            if archive.written > written:  # a record went in only where it left the floor free (a page's slack)
+                assert store.disk_free_bytes(small_disk) >= floor - (4 << 10), frame
+            bag.write(os.urandom(16 << 10))  # the other writer: 16 KiB a pair, never refused (an error would raise)
+            bag.flush()
+    stats = archive.stats()
+    assert stats["archive_segments_yielded"] > 0 and stats["archive_written"] > 8
+    assert stats["archive_dropped"] > 0 and stats["archive_disk_full"] == 1  # at the end there was nothing to give
+    kept = _check_all(archive)
+    assert kept and kept == sorted(kept) and max(kept) < 24  # the newest that fit, every layer intact
+    other.unlink()  # the room returns
+    _submit(archive, [24, 25])
+    assert archive.stats()["archive_disk_full"] == 0 and {24, 25} <= set(_check_all(archive))
+    archive.close()
+
+
+def test_the_floor_by_injection_gives_up_the_oldest_segments_first(tmp_path):
+    """The same floor with the file system's free space told by the boundary (any machine, no root): segments go
+    oldest first and only as far as needed, a pair is refused only when nothing older is left, and the
+    warnings say why."""
+
+    class SharedDisk(store.SegmentFiles):
+        capacity, taken_by_others = 2 << 20, 0
+
+        def free_bytes(self, folder):
+            used = sum(p.stat().st_size for p in Path(folder).glob("seg-*.ekva"))
+            return self.capacity - used - self.taken_by_others
+
+    disk = SharedDisk()
+    archive = _archive(tmp_path, files=disk, segment_bytes=128 << 10, max_bytes=64 << 20, keep_free_bytes=512 << 10)
+    _submit(archive, range(0, 40))  # ~1 MiB: under the floor's reach, nothing given up
+    assert archive.stats()["archive_segments_yielded"] == 0 and len(_check_all(archive)) == 40
+    disk.taken_by_others = 900 << 10  # another writer takes most of the rest
+    _submit(archive, range(40, 50))
+    stats = archive.stats()
+    assert stats["archive_segments_yielded"] > 0 and stats["archive_dropped"] == 0
+    assert disk.free_bytes(tmp_path) >= 512 << 10
+    frames = _check_all(archive)
+    assert frames == list(range(frames[0], 50)) and frames[0] > 0  # the oldest went, the newest all kept
+    disk.taken_by_others = disk.capacity  # the disk is gone: nothing older left to give, pairs refused by name
+    _submit(archive, range(50, 53))
+    stats = archive.stats()
+    assert stats["archive_disk_full"] == 1 and stats["archive_dropped"] == 3
+    assert "keep_free_gib" in stats["archive_last_error"]
+    disk.taken_by_others = 0
+    _submit(archive, [53])
+    assert archive.stats()["archive_disk_full"] == 0 and 53 in _check_all(archive)
+    archive.close()
+
+
 def _full_disk():
     """A file system that fills up on demand (RocksDB's FaultInjectionFS idea): while ``full``, a write puts
     half its bytes down (a short write, as the kernel does) and the next one fails with ENOSPC."""
@@ -318,6 +379,9 @@ def test_a_full_disk_shows_in_healthz_metrics_and_the_status_page(tiny_checkpoin
         assert "edgekv_archive_disk_full 1.0" in metrics and "edgekv_archive_write_errors_total" in metrics
         dropped = [line for line in metrics.splitlines() if line.startswith("edgekv_archive_dropped_total")]
         assert dropped and float(dropped[0].split()[-1]) > 0
+        assert "edgekv_archive_segments_yielded_total 0.0" in metrics
+        free = [line for line in metrics.splitlines() if line.startswith("edgekv_archive_disk_free_bytes ")]
+        assert free and float(free[0].split()[-1]) > 0  # the real disk's free space (the injection fails writes only)
         _, _, body = call(running.port, "GET", "/v1/edgekv/status")
         assert "disk full" in json.loads(body)["daemon"]["problems"][0]
         disk.full = False  # space returns: writes go on, health is ok again
@@ -335,3 +399,26 @@ def test_bench_faults_writes_its_figures(tmp_path):
     flips = json.loads(out.read_text())["flips"]
     assert len(flips["trials"]) == 2 and flips["records"] == 6
     assert flips["intact_recovered"] == flips["intact_records"]  # every record a flip did not touch survives
+
+
+def test_the_daemon_says_at_start_when_its_disk_cannot_hold_the_archive_beside_the_floor(tmp_path, monkeypatch):
+    """A disk with less free space than archive.max_gib (+ frames_mib) beside keep_free_gib: the daemon says so in
+    one line at start (the archive will keep the floor before its budget: it reaches back less far), and stays
+    quiet where the disk holds it all."""
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:events?size=112x112&fps=2&frames=6&seed=2", "fps": 2.0, "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64}, server={"enabled": False},
+        archive={"dir": str(tmp_path / "archive"), "max_gib": 16, "frames_mib": 64, "keep_free_gib": 1})
+    for free, said in ((3 * 2**30, True), (40 * 2**30, False)):
+        monkeypatch.setattr(store, "disk_free_bytes", lambda folder, free=free: free)
+        with open(tmp_path / "out.txt", "w") as out:  # no way for a question to come: it exits at the stream's end
+            Daemon(config, DaemonOptions(no_stdin=True, quiet=True), out=out).run()
+        text = (tmp_path / "out.txt").read_text()
+        line = [row for row in text.splitlines() if "less than archive.max_gib" in row]
+        assert bool(line) == said, text
+        if said:
+            assert "3.00 GiB free" in line[0] and "frames_mib (64 MiB)" in line[0] and "keep_free_gib (1 GiB)" in line[0]

@@ -158,3 +158,10 @@ def test_evidence_frames_budget_is_off_or_a_mebibyte_at_least():
     for bad in (0.5, -1, float("nan")):
         with pytest.raises(ConfigError, match=r"archive.frames_mib: must be 0 .* or at least 1"):
             config_from_dict({"archive": {"frames_mib": bad}})
+
+
+def test_archive_keep_free_is_a_floor_of_zero_or_more():
+    assert config_from_dict({}).archive.keep_free_gib == 1.0  # a disk shared with a bag recorder never fills
+    assert config_from_dict({"archive": {"keep_free_gib": 0}}).archive.keep_free_gib == 0
+    with pytest.raises(ConfigError, match="archive.keep_free_gib: must be >= 0"):
+        config_from_dict({"archive": {"keep_free_gib": -1}})

@@ -303,6 +303,41 @@ def test_a_forget_on_a_full_disk_drops_every_frame_rather_than_keep_the_stretch(
         assert store.jpeg(STREAM, 1000) == encode_thumbnail(_frame(1000), 160)
 
 
+def test_the_frames_leave_the_floor_free_on_a_real_disk_another_writer_fills(small_disk):
+    """archive.keep_free_gib on a real 512 KiB tmpfs: another writer grows a file beside the frames into the floor;
+    the store gives up its oldest frames (their pages reused) rather than grow, then refuses frames (ENOSPC, the
+    floor named) rather than take the last of the disk, and the other writer never meets a full disk (its write
+    would raise); once the room returns, frames go in again."""
+    from edgekv.archive.store import disk_free_bytes
+
+    floor = 160 << 10
+    folder, other = small_disk / "archive", small_disk / "bag"
+    folder.mkdir()
+    with _store(folder, px=160, max_bytes=8 << 20, keep_free_bytes=floor) as store:  # a budget past the disk
+        _fill(store, range(10))
+        room = disk_free_bytes(small_disk)
+        assert room > floor and store.stats()["frames_yielded"] == 0
+        with open(other, "wb") as bag:
+            for pair in range(10, 60):
+                size = store.file_bytes()
+                _fill(store, [pair])
+                if store.file_bytes() > size:  # the files grew only where that left the floor
+                    assert disk_free_bytes(small_disk) >= floor, pair
+                if disk_free_bytes(small_disk) >= 56 << 10:  # the other writer: into the floor, to 48 KiB of the end
+                    bag.write(os.urandom(8 << 10))
+                    bag.flush()
+        stats = store.stats()
+        assert stats["frames_yielded"] > 0 and stats["frames_trimmed"] == 0  # the disk's floor, not the budget
+        assert stats["frames_write_errors"] > 0 and "keep_free_gib" in stats["frames_last_error"]
+        kept = [p for p in range(60) if store.has(STREAM, p)]
+        assert kept == list(range(kept[0], kept[-1] + 1)) and kept[0] > 0  # the oldest went first
+        # the other writer went into the floor, and the store never took the room it left
+        assert other.stat().st_size > room - floor and disk_free_bytes(small_disk) >= 40 << 10
+        other.unlink()
+        _fill(store, [60])
+        assert store.jpeg(STREAM, 60) == encode_thumbnail(_frame(60), 160)
+
+
 def test_write_failures_are_logged_once_a_minute(tmp_path, caplog):
     with _store(tmp_path) as store:
         _fill(store, [0])

@@ -24,7 +24,8 @@ time): ``submit`` hands the frame to a writer thread through a queue of ``QUEUE_
 frame is dropped and counted (``dropped``). The writer scales, encodes (OpenCV releases the GIL while it does) and
 writes; rows are trimmed oldest first, before a frame goes in, while the file would pass ``archive.frames_mib`` and,
 with ``archive.max_age_s``, when they are older than that behind the newest frame in stream time (as the archive's
-segments are).
+segments are), and, with ``archive.keep_free_gib``, before the file would grow into that much of the disk's free
+space (other writers fill it too: the oldest frames go, their pages reused, then frames are refused).
 
 ``frames_mib`` bounds the files on the disk, not only the pictures in them: the database's pages in use (rows, their
 indexes, the pages part-filled by a picture's last bytes: 10-15 % beside the JPEGs of 320 px frames, far more beside
@@ -38,6 +39,7 @@ on disk a frame.
 
 from __future__ import annotations
 
+import errno
 import logging
 import queue
 import sqlite3
@@ -86,13 +88,15 @@ class FrameStore:
     """``folder/frames.sqlite``: one downscaled JPEG a frame pair (the module's docstring)."""
 
     def __init__(self, folder: str | Path, *, max_bytes: int, px: int = 320, keys=None, max_age_s: float | None = None,
-                 wait_when_full: bool = False) -> None:
+                 wait_when_full: bool = False, keep_free_bytes: int = 0) -> None:
         self.path = Path(folder) / FILE
         self.max_bytes, self.px, self.max_age_s = int(max_bytes), int(px), max_age_s
         self.wal_bytes, self.db_budget = budget_shares(self.max_bytes)
+        self.keep_free_bytes = max(0, int(keep_free_bytes))  # archive.keep_free_gib: the disk's floor, as the archive's
         self.keys = keys if keys is not None and keys.enabled else None  # edgekv.privacy.KeyRing
         self.wait_when_full = wait_when_full
         self.written = self.dropped = self.write_errors = self.trimmed = self.read_errors = self.discarded = 0
+        self.yielded = 0  # rows deleted only because the disk's free space fell to keep_free_bytes
         self.set_aside: Path | None = None
         self.last_error: str | None = None
         self._warned: float | None = None  # when a failing write was last logged (None: writing fine)
@@ -238,6 +242,8 @@ class FrameStore:
                         self._db.execute("ROLLBACK")
                     self._bytes, self._rows = self._totals()
                     raise
+                if self._tight():  # near the floor the log is folded back each frame, not left to grow to its share
+                    self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.written += 1
             self.last_error = None
         except Exception as exc:  # a full disk, an I/O error, a frame that does not encode: this frame only, never
@@ -275,6 +281,44 @@ class FrameStore:
                 raise ValueError(f"a frame of {incoming} bytes does not fit archive.frames_mib "
                                  f"({self.max_bytes / 2**20:g} MiB, of it {self.db_budget} bytes for the database)")
             self.trimmed += self._delete("id <= ?", (last,))
+        if self.keep_free_bytes:
+            self._keep_the_floor(incoming)
+
+    def _tight(self) -> bool:
+        """The disk's free space within the log's share of ``keep_free_bytes`` (never without a floor)."""
+        if not self.keep_free_bytes:
+            return False
+        from edgekv.archive.store import disk_free_bytes
+
+        free = disk_free_bytes(self.path.parent)
+        return free is not None and free < self.keep_free_bytes + self.wal_bytes
+
+    def _keep_the_floor(self, incoming: int) -> None:
+        """(In a transaction.) A frame goes in only where the file's growth and this transaction's write-ahead log
+        (the new row's pages, the freed ones zeroed, a few b-tree pages) leave ``keep_free_bytes`` of the disk free:
+        while the file would grow (the row needs more than the database's free pages hold) the oldest rows go, their
+        pages reused; when that cannot make the room, an ``OSError`` (ENOSPC) naming the floor: that frame is not
+        written. (Near the floor the log is truncated after each frame, so it never holds more than one.)"""
+        from edgekv.archive.store import disk_free_bytes, size_text
+
+        free = disk_free_bytes(self.path.parent)
+        if free is None:
+            return
+        log_bytes = 2 * incoming + 8 * self._page
+        while True:
+            growth = incoming - int(self._db.execute("PRAGMA freelist_count").fetchone()[0]) * self._page
+            if free - max(0, growth) - log_bytes >= self.keep_free_bytes:
+                return
+            last = None
+            if growth > 0:  # only a file that would grow is helped by giving up rows
+                for row_id, size in self._db.execute("SELECT id, LENGTH(jpeg) FROM frames ORDER BY id LIMIT 64"):
+                    growth, last = growth - size - ROW_BYTES, row_id
+                    if growth <= 0:
+                        break
+            if last is None:
+                raise OSError(errno.ENOSPC, f"the disk has {size_text(free)} free and archive.keep_free_gib keeps "
+                                            f"{size_text(self.keep_free_bytes)} free")
+            self.yielded += self._delete("id <= ?", (last,))
 
     def _delete(self, where: str, args: tuple) -> int:
         """(In a transaction.) Delete the rows ``where`` holds (no ``RETURNING``: SQLite 3.31 of JetPack 5 lacks it)
@@ -419,7 +463,7 @@ class FrameStore:
         return {"frames_kept": self._rows, "frames_bytes": self._bytes, "frames_file_bytes": self.file_bytes(),
                 "frames_written": self.written,
                 "frames_dropped": self.dropped, "frames_write_errors": self.write_errors,
-                "frames_trimmed": self.trimmed, "frames_discarded": self.discarded,
+                "frames_trimmed": self.trimmed, "frames_yielded": self.yielded, "frames_discarded": self.discarded,
                 "frames_last_error": self.last_error}
 
     def file_bytes(self) -> int:

@@ -302,6 +302,7 @@ class Daemon:
         self.runtime = runtime
         self.session = self.state.restore(runtime)  # a fresh session unless a matching snapshot is on disk
         self._say_archive_elsewhere()
+        self._say_archive_room()
         self._on_session_ready()
         stats = self.session.stats()
         self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
@@ -353,7 +354,8 @@ class Daemon:
         try:
             self.frames = FrameStore(self.session.recall.archive.dir, max_bytes=int(section.frames_mib * 2**20),
                                      px=section.frames_px, keys=self.runtime.keys, max_age_s=section.max_age_s,
-                                     wait_when_full=section.when_full == "wait")
+                                     wait_when_full=section.when_full == "wait",
+                                     keep_free_bytes=int(section.keep_free_gib * 2**30))
         except (sqlite3.Error, OSError) as exc:  # a disk that cannot take it: the memory goes on without pictures
             self.say(f"evidence frames off: {self.session.recall.archive.dir} cannot hold them "
                      f"({type(exc).__name__}: {printable(str(exc), 200)}); answers still give their evidence times")
@@ -594,6 +596,29 @@ class Daemon:
                 self.say(f"archive: {other} holds {len(segments)} segment(s) ({size / 2**20:.1f} MiB) of a "
                          f"{'one-camera deployment' if self.camera is not None else 'camera of video.sources'}, "
                          f"which this deployment never reads, counts in archive.max_gib nor deletes; remove them")
+
+    def _say_archive_room(self) -> None:
+        """A disk that cannot hold ``archive.max_gib`` (and ``frames_mib``) beside ``keep_free_gib``: said at start,
+        since the archive will then give up its oldest segments to the floor before it reaches its budget."""
+        from edgekv.archive.store import disk_free_bytes, size_text
+
+        recall = self.session.recall if self.session is not None else None
+        if recall is None:
+            return
+        section, archive = self.config.archive, recall.archive
+        free = disk_free_bytes(archive.dir)
+        if free is None:
+            return
+        held = archive.bytes_on_disk + sum(p.stat().st_size for p in archive.dir.glob("frames.sqlite*"))
+        wanted = int(section.max_gib * 2**30 + section.frames_mib * 2**20)
+        floor = int(section.keep_free_gib * 2**30)
+        if free + held < wanted + floor:
+            self.say(f"archive: the disk holding {archive.dir} has {size_text(free)} free ({size_text(held)} more "
+                     f"held by the archive), less than archive.max_gib ({section.max_gib:g} GiB)"
+                     + (f" and frames_mib ({section.frames_mib:g} MiB)" if section.frames_mib else "")
+                     + f" beside keep_free_gib ({section.keep_free_gib:g} GiB): the oldest segments will go to keep "
+                     f"the floor before the budget is reached (about {size_text(max(0, free + held - floor))} of "
+                     f"memory on flash)")
 
     def _keep_pause(self, reason: str | None) -> None:
         """``state.dir/paused.json`` written while paused (temporary file, fsync, rename), removed at the resume; a

@@ -210,6 +210,8 @@ class DaemonCollector:
                  stats.get("archive_write_errors", 0)),
                 ("edgekv_archive_bad_records", "damaged archive records skipped (failed their checksum)",
                  stats.get("archive_bad_records", 0)),
+                ("edgekv_archive_segments_yielded", "oldest archive segments deleted to keep archive.keep_free_gib "
+                 "free on the disk", stats.get("archive_segments_yielded", 0)),
                 ("edgekv_recalls", "questions answered with recall from the archive", stats["recalls"]),
                 ("edgekv_recall_seconds", "time spent recalling (probe + select + read)",
                  stats["recall_ms_total"] / 1e3),
@@ -240,7 +242,9 @@ class DaemonCollector:
                        ("edgekv_archive_disk_full", "1 while archive writes fail for want of space",
                         stats.get("archive_disk_full", 0)),
                        ("edgekv_archive_failing", "1 while archive writes fail (any reason)",
-                        stats.get("archive_failing", 0))]
+                        stats.get("archive_failing", 0)),
+                       ("edgekv_archive_disk_free_bytes", "free space on the archive's disk (statvfs: what an "
+                        "unprivileged writer may still take)", _archive_disk_free(daemon))]
         for name, help_text, value in gauges:
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
@@ -380,3 +384,12 @@ def kept_patch_map(session: Any, recent_pairs: int = 4) -> dict:
     counts = torch.bincount(cell[mask].flatten(), minlength=rows * cols).float()
     share = counts / float(cache.num_layers * cache.kv_heads * max(window, 1))
     return {"rows": rows, "cols": cols, "pairs": window, "kept": share.view(rows, cols).tolist()}
+
+
+def _archive_disk_free(daemon) -> int | None:
+    """The free bytes of the file system holding the daemon's archive (None without one, or where it cannot be
+    asked)."""
+    from edgekv.archive.store import disk_free_bytes
+
+    recall = getattr(getattr(daemon, "session", None), "recall", None)
+    return disk_free_bytes(recall.archive.dir) if recall is not None else None

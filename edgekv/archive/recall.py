@@ -105,7 +105,8 @@ class Recall:
             max_bytes=int(section.max_gib * 2**30), segment_bytes=int(section.segment_mib * 2**20),
             queue_pairs=section.queue_pairs, max_age_s=section.max_age_s, inv_freq=session.inv_freq.cpu(),
             temporal_section=session.temporal_section, when_full=section.when_full,
-            keys=getattr(getattr(session, "runtime", None), "keys", None))
+            keys=getattr(getattr(session, "runtime", None), "keys", None),
+            keep_free_bytes=int(section.keep_free_gib * 2**30))
         self.attached = False
         self._stream_hex, self._stream = "", b""
         self.recalls = 0

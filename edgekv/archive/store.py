@@ -56,6 +56,13 @@ segment), so what is written after the disk frees up follows a complete record. 
 (``dropped``, ``write_errors``); ``disk_full`` / ``failing`` / ``last_error`` say so until a write succeeds
 (``/healthz`` reports the archive ``degraded``; ``/metrics`` counts both).
 
+A disk shared with other writers (a robot's bag recorder, logs, the OS): ``keep_free_bytes``
+(``archive.keep_free_gib``) is a floor of free space on the file system. Before each record the writer asks the
+file system (``statvfs``: the blocks an unprivileged writer may still take); while the record would leave less
+free than the floor, the oldest sealed segments are deleted, as past ``max_bytes`` (counted:
+``segments_yielded``); when none is left to give, the pair is not archived (an ``ENOSPC``: ``disk_full``), so
+the archive never takes the last of a disk whatever else fills it, and takes the room back as it is freed.
+
 Damage (DESIGN invariant 13: one bad byte costs one record). On reopen every segment is scanned: each record's
 head and meta are checked (magic, length, meta CRC, a KV length that matches the meta's token count), and the
 newest segment's KV too (layer CRCs; older segments were sealed with an fsync and their KV is checked when
@@ -220,6 +227,27 @@ class SegmentFiles:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def free_bytes(self, folder: Path) -> int | None:
+        return disk_free_bytes(folder)
+
+
+def size_text(size: float) -> str:
+    """``size`` bytes for a person: 512 B, 96.0 KiB, 12.3 MiB, 1.50 GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.2f} {unit}" if unit == "GiB" else f"{size / scale:.1f} {unit}"
+    return f"{int(size)} B"
+
+
+def disk_free_bytes(folder: str | Path) -> int | None:
+    """The bytes an unprivileged writer may still put on the file system holding ``folder`` (``statvfs``'s
+    ``f_bavail`` blocks: the root-reserved ones left out); None when it cannot be asked."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return int(st.f_bavail) * int(st.f_frsize)
+
 
 class FrameArchive:
     """Segments of frame-pair records under ``folder`` plus their index; see the module docstring.
@@ -231,7 +259,7 @@ class FrameArchive:
     def __init__(self, folder: str | Path, shape: KVShape, *, max_bytes: int, segment_bytes: int = 256 << 20,
                  queue_pairs: int = 8, max_age_s: float | None = None, inv_freq: torch.Tensor | None = None,
                  temporal_section: int = 0, when_full: str = "drop", files: "SegmentFiles | None" = None,
-                 keys=None) -> None:
+                 keys=None, keep_free_bytes: int = 0) -> None:
         if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
             raise ValueError(f"archive: max bytes ({max_bytes}) must hold at least two segments of {segment_bytes}")
         if queue_pairs < 1:
@@ -281,6 +309,8 @@ class FrameArchive:
         self.last_error: str | None = None
         self._failed_in_a_row = 0
         self.segments_deleted = 0
+        self.segments_yielded = 0  # of them, deleted only because the disk's free space fell to keep_free_bytes
+        self.keep_free_bytes = max(0, int(keep_free_bytes))
         self.write_ms_total = 0.0
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_folder(self.dir)  # before anything reads, repairs or removes a file of it
@@ -956,17 +986,31 @@ class FrameArchive:
                 or (self._current in self._sealers and self._nonce_index(self._seq + 1, 0) >= 1 << 32)):
             self._close_segment()
             self._open_segment()
+        floor = self.keep_free_bytes
+        free = self.files.free_bytes(self.dir) if floor else None  # None: no floor, or the disk cannot be asked
         with self._lock:
             sealed = sorted(n for n in self._segments if n != self._current)
             for number in sealed:
                 too_big = sum(self._segments.values()) + record_len > self.max_bytes
                 too_old = (self.max_age_s is not None
                            and self._segment_newest_t.get(number, float("-inf")) < t - self.max_age_s)
-                if not (too_big or too_old):
+                low = free is not None and free - record_len < floor
+                if not (too_big or too_old or low):
                     break
+                size = self._segments.get(number, 0)
+                if low and not (too_big or too_old):
+                    self.segments_yielded += 1
+                    log.warning("archive: the disk has %s free, below archive.keep_free_gib (%s): the oldest "
+                                "segment, seg-%08d.ekva (%s), deleted to keep it", size_text(free),
+                                size_text(floor), number, size_text(size))
                 self._delete_segment(number)
+                if free is not None:
+                    free += size
         if sum(self._segments.values()) + record_len > self.max_bytes:
             raise OSError(f"a record of {record_len} bytes does not fit archive.max_gib beside the open segment")
+        if free is not None and free - record_len < floor:
+            raise OSError(errno.ENOSPC, f"the disk has {size_text(free)} free and archive.keep_free_gib keeps "
+                                        f"{size_text(floor)} free (no older segment left to give up)")
 
     def _forget(self, pair: int) -> None:
         """Drop ``pair`` from the index (its row is reused)."""
@@ -1308,6 +1352,7 @@ class FrameArchive:
                 "archive_disk_full": int(self.disk_full), "archive_failing": int(self.failing),
                 "archive_last_error": self.last_error,
                 "archive_segments": len(self._segments), "archive_segments_deleted": self.segments_deleted,
+                "archive_segments_yielded": self.segments_yielded,
                 "archive_write_ms_total": round(self.write_ms_total, 3), "archive_forgotten": self.forgotten,
                 "archive_lost_to_forget": self.lost_to_forget,
                 "archive_sealed_segments": len(self._sealers),
