@@ -503,7 +503,8 @@ def ros_name_problem(name: str) -> str | None:
 
 
 # the topics of ros2: (apps/outputs/ros2.py), each a name relative to ros2.namespace or absolute
-ROS2_TOPIC_KEYS = ("question_topic", "answer_topic", "token_topic", "status_topic", "json_topic", "evidence_topic")
+ROS2_TOPIC_KEYS = ("question_topic", "answer_topic", "token_topic", "status_topic", "json_topic", "evidence_topic",
+                   "alerts_topic", "alert_image_topic")
 
 
 @dataclass(frozen=True)
@@ -525,6 +526,8 @@ class Ros2Section:
     status_topic: str = "status"           # std_msgs/msg/String out: JSON (stream state, cache figures)
     json_topic: str = "output_json"        # std_msgs/msg/String out: the answer as JSON, with its evidence's times
     evidence_topic: str = "output_evidence"  # sensor_msgs/msg/CompressedImage out: the frame the answer looked at
+    alerts_topic: str = "alerts"           # std_msgs/msg/String out: each alert (a standing question turned yes), JSON
+    alert_image_topic: str = "alert_image"  # sensor_msgs/msg/CompressedImage out: that alert's keyframe
     evidence: int = 1                      # frame pairs an answer names on json_topic, most attended first (0: none,
     # and no evidence image; 1-8: the answer's prefill is split before its last token to read the attention)
     status_period_s: float = 1.0

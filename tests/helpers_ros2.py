@@ -106,6 +106,7 @@ def main() -> int:
                         help="replace message INDEX by a bad one: encoding (32FC1), truncated (half the pixel data), string "
                              "(a std_msgs/String on the image topic)")
     parser.add_argument("--ask", action="append", default=[], help="questions, asked once every frame was ingested")
+    parser.add_argument("--alerts", type=int, default=0, help="wait for this many alerts (and their keyframes)")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
 
@@ -128,18 +129,23 @@ def main() -> int:
     status = DataReader(participant, Topic(participant, f"rt{ns}/status", String), qos=reliable)
     answers_json = DataReader(participant, Topic(participant, f"rt{ns}/output_json", String), qos=reliable)
     evidence = DataReader(participant, Topic(participant, f"rt{ns}/output_evidence", CompressedImage), qos=reliable)
+    alerts = DataReader(participant, Topic(participant, f"rt{ns}/alerts", String), qos=reliable)
+    alert_images = DataReader(participant, Topic(participant, f"rt{ns}/alert_image", CompressedImage), qos=reliable)
     result = {"published": 0, "first_serialized": None, "answers": [], "tokens": [], "status": [], "json": [],
-              "evidence": [], "errors": []}
+              "evidence": [], "alerts": [], "alert_images": [], "errors": []}
     deadline = time.monotonic() + args.timeout
 
     def drain() -> None:
         for reader, key in ((answers, "answers"), (tokens, "tokens"), (status, "status"), (answers_json, "json")):
             for sample in reader.take(N=64):
                 result[key].append(sample.data)
-        for sample in evidence.take(N=16):
-            result["evidence"].append({"sec": sample.header.stamp.sec, "nanosec": sample.header.stamp.nanosec,
-                                       "frame_id": sample.header.frame_id, "format": sample.format,
-                                       "data": bytes(sample.data).hex()})
+        for sample in alerts.take(N=16):
+            result["alerts"].append(sample.data)
+        for reader, key in ((evidence, "evidence"), (alert_images, "alert_images")):
+            for sample in reader.take(N=16):
+                result[key].append({"sec": sample.header.stamp.sec, "nanosec": sample.header.stamp.nanosec,
+                                    "frame_id": sample.header.frame_id, "format": sample.format,
+                                    "data": bytes(sample.data).hex()})
 
     def wait(condition, what: str) -> bool:
         while time.monotonic() < deadline:
@@ -150,8 +156,9 @@ def main() -> int:
         result["errors"].append(f"timed out waiting for {what}")
         return False
 
-    if wait(lambda: images.get_matched_subscriptions() or (wrong and wrong.get_matched_subscriptions()),
-            "a reader of the image topic"):
+    if wait(lambda: (images.get_matched_subscriptions() or (wrong and wrong.get_matched_subscriptions()))
+            and (not args.alerts or (alerts.get_matched_publications() and alert_images.get_matched_publications())),
+            "a reader of the image topic (and the alert topics' writers)"):
         source = open_source(args.spec)
         period, start = 1.0 / args.rate, time.monotonic()
         for index, (frame, t) in enumerate(source):
@@ -192,6 +199,9 @@ def main() -> int:
             wait(lambda: len(result["json"]) > have, f"the JSON answer to {question!r}")
         seen = len(result["status"])
         wait(lambda: len(result["status"]) > seen, "a status message after the answers")
+    if args.alerts:
+        wait(lambda: len(result["alerts"]) >= args.alerts and len(result["alert_images"]) >= args.alerts,
+             f"{args.alerts} alert(s) and their keyframes")
     drain()
     with open(args.out, "w") as out:
         json.dump(result, out)

@@ -325,6 +325,48 @@ def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
         assert image["sec"] * 10**9 + image["nanosec"] == round(seen["unix"] * 1e9)
 
 
+def test_alerts_reach_the_robot_over_ros2_with_their_keyframe(tmp_path):
+    """A standing question (alerts.rules) turns yes while the robot's camera shows a green circle: the alert comes on
+    /edgekv/alerts as JSON and its keyframe on /edgekv/alert_image (sensor_msgs/CompressedImage), stamped with the
+    wall time its evidence pair was seen at; the bytes are the alert's keyframe, as the API serves it."""
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+
+    domain = _domain()
+    config = EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"source": "ros2:/camera/image_raw", "fps": 20.0, "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
+        server={"enabled": False}, generation={"max_new_tokens": 8, "temperature": 0.0}, monitor={"backend": "cpu"},
+        alerts={"rules": [{"name": "green", "question": "Was there a green circle?", "cooldown_s": 0}]},
+        ros2={"enabled": True, "domain_id": domain, "interface": "lo", "peers": ["127.0.0.1"], "multicast": False})
+    out = io.StringIO()
+    daemon = Daemon(config, DaemonOptions(no_stdin=True, no_server=True, quiet=True), out=out)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    robot = None
+    try:
+        assert daemon.ready.wait(120), out.getvalue()
+        started = time.time()
+        robot = Robot(tmp_path, domain, "--spec", SCENE, "--alerts", "1")
+        result = robot.result(timeout=180)
+        events = list(daemon.alert_bus.recent)
+    finally:
+        if robot is not None:
+            robot.stop()
+        daemon.stop.event.set()
+        thread.join(60)
+    assert not result["errors"], (result["errors"], out.getvalue())
+    (first, *_), (image, *_) = result["alerts"], result["alert_images"]
+    alert = json.loads(first)
+    assert alert["type"] == "edgekv.alert" and alert["name"] == "green" and alert["p_yes"] >= 0.5
+    event = next(e for e in events if e.id == alert["id"])
+    assert alert["evidence_pair"] == event.evidence_pair and 10 <= event.evidence_pair <= 16  # the circle's pairs
+    assert started <= alert["evidence_unix"] <= alert["raised_unix"] <= time.time()
+    assert bytes.fromhex(image["data"]) == event.keyframe_jpeg and image["format"] == "jpeg"
+    assert image["sec"] * 10**9 + image["nanosec"] == round(alert["evidence_unix"] * 1e9)
+    assert "alerts on /edgekv/alerts (keyframes on /edgekv/alert_image)" in out.getvalue()
+
+
 def test_two_cameras_answer_their_own_robots_over_ros2(tmp_path):
     """video.sources with two ROS 2 cameras on one model: each camera reads its own image topic and answers on
     its own namespace (/edgekv/front/..., /edgekv/back/...), about what it saw (two robots, two scenes)."""

@@ -71,6 +71,7 @@ class AlertEvent:
     raised_unix: float
     keyframe_jpeg: bytes | None = field(default=None, repr=False)
     keyframe_note: str = ""
+    evidence_unix: float | None = None  # the wall time the evidence pair was seen at (the session's clock map)
 
     def to_json(self, keyframe: str = "url") -> dict:
         """JSON for an output: ``keyframe`` "url" (the API's /v1/alerts/events/{id}/keyframe.jpg), "base64"
@@ -78,7 +79,8 @@ class AlertEvent:
         out = {"type": "edgekv.alert", "id": self.id, "rule_id": self.rule_id, "name": self.name,
                "question": self.question, "camera": self.camera, "p_yes": round(self.p_yes, 4),
                "stream_t": self.stream_t, "evidence_pair": self.evidence_pair, "evidence_t": self.evidence_t,
-               "raised_unix": self.raised_unix, "keyframe_note": self.keyframe_note}
+               "evidence_unix": self.evidence_unix, "raised_unix": self.raised_unix,
+               "keyframe_note": self.keyframe_note}
         if self.keyframe_jpeg is not None and keyframe == "url":
             out["keyframe_url"] = f"/v1/alerts/events/{self.id}/keyframe.jpg"
         elif self.keyframe_jpeg is not None and keyframe == "base64":
@@ -376,10 +378,13 @@ class AlertEngine:
         self._save()
         (evidence,) = verdict.top_pairs(1) or (None,)
         jpeg, note = self.keyframes.jpeg(evidence)
+        evidence_t = self._time_of(session, evidence)
+        wall_time = getattr(session, "wall_time", None)  # the session's clock map: when the evidence was seen
         event = AlertEvent(uuid.uuid4().hex[:16], state.id, state.name, state.rule.question,
                            state.rule.camera or self.camera, verdict.p_yes, self.keyframes.times.get(pair), evidence,
-                           self._time_of(session, evidence), time.time(),
-                           jpeg, note)
+                           evidence_t, time.time(), jpeg, note,
+                           evidence_unix=wall_time(evidence_t) if wall_time is not None and evidence_t is not None
+                           else None)
         log.info("alert %s: %r (P(yes) %.2f at pair %d)", state.name, state.rule.question, verdict.p_yes, pair)
         self.bus.publish(event)
         return event

@@ -19,6 +19,10 @@ Topic names follow NVIDIA-AI-IOT/ros2_nanollm where it has one (``input_query`` 
                                    ``header.frame_id`` the camera's name (empty with one camera); none where
                                    the frame is no longer kept (``alerts.keyframe_pairs``,
                                    ``archive.frames_mib``)
+``<ns>/alerts``             out    each alert — a standing question (``alerts:``, ``POST /v1/alerts``)
+                                   turned yes — as JSON (the webhooks' fields, the keyframe left out)
+``<ns>/alert_image``        out    ``sensor_msgs/msg/CompressedImage``: that alert's keyframe, stamped with
+                                   the wall time its evidence pair was seen at (else when it was raised)
 ==========================  =====  =======================================================================
 
 For a question asked on ``input_query`` the evidence image and the JSON are published before the answer on
@@ -45,6 +49,7 @@ from edgekv.apps.questions import Question, QuestionRefused, evidence_item, logs
 
 log = logging.getLogger("edgekv.ros2")
 STATS_WAIT_S = 0.25  # the main loop holds the session lock for a whole step: wait this long, else reuse
+ALERTS_QUEUED = 64  # alerts waiting for the channel's thread; past it the oldest is dropped and counted
 
 
 def check_ros2(settings: Any) -> None:
@@ -82,9 +87,11 @@ class Ros2Channel:
 
         self.daemon, self.settings = daemon, settings
         self.names = {key: resolve_name(getattr(settings, key + "_topic"), settings.namespace)
-                      for key in ("question", "answer", "token", "status", "json", "evidence")}
+                      for key in ("question", "answer", "token", "status", "json", "evidence", "alerts",
+                                  "alert_image")}
         self.counts = {"questions": 0, "refused": 0, "malformed": 0, "answers": 0, "status": 0,
-                       "evidence_images": 0}
+                       "evidence_images": 0, "alerts": 0, "alerts_dropped": 0}
+        self._alerts: deque = deque()  # AlertEvents offered by the alert bus, published by this channel's thread
         self._pending: deque[Question] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -97,6 +104,8 @@ class Ros2Channel:
             self.status_out = self.graph.publisher(self.names["status"])
             self.json_out = self.graph.publisher(self.names["json"])
             self.evidence_out = self.graph.publisher(self.names["evidence"], COMPRESSED)
+            self.alerts_out = self.graph.publisher(self.names["alerts"])
+            self.alert_image_out = self.graph.publisher(self.names["alert_image"], COMPRESSED)
             self.questions = self.graph.subscribe(self.names["question"], STRING, default_qos(), self._arrived)
         except BaseException:
             self.graph.release()
@@ -106,20 +115,28 @@ class Ros2Channel:
     def describe(self) -> str:
         return (f"questions on {self.names['question']}, answers on {self.names['answer']} (tokens on "
                 f"{self.names['token']}, JSON on {self.names['json']}, evidence frames on {self.names['evidence']}), "
-                f"status on {self.names['status']}; ROS domain {self.graph.domain_id}")
+                f"alerts on {self.names['alerts']} (keyframes on {self.names['alert_image']}), status on "
+                f"{self.names['status']}; ROS domain {self.graph.domain_id}")
 
     def start(self) -> Ros2Channel:
         self.thread.start()
+        bus = getattr(self.daemon, "alert_bus", None)
+        if bus is not None:  # alerts go out on the alerts topic too
+            bus.add(self)
         return self
 
     def stop(self) -> None:
+        bus = getattr(self.daemon, "alert_bus", None)
+        if bus is not None:
+            bus.remove(self)
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         self.questions.close()  # no more questions come in
         if self.thread.is_alive():
             self.thread.join(timeout=2.0)
-        for publication in (self.answers, self.tokens, self.status_out, self.json_out, self.evidence_out):
+        for publication in (self.answers, self.tokens, self.status_out, self.json_out, self.evidence_out,
+                            self.alerts_out, self.alert_image_out):
             publication.close()
         self.graph.release()
 
@@ -169,11 +186,15 @@ class Ros2Channel:
                 if self._stopping:
                     return
                 done = [q for q in self._pending if q.done.is_set()]
-                if not done:
+                if not done and not self._alerts:
                     self._cond.wait(max(0.0, min(next_status - time.monotonic(), 0.05)))
+                alerts = list(self._alerts)
+                self._alerts.clear()
             for question in done:
                 self._pending.remove(question)
                 self._answer(question)
+            for event in alerts:
+                self._alert(event)
             if time.monotonic() >= next_status:
                 self._publish(self.status_out, json.dumps(self.status(), default=str))
                 self.counts["status"] += 1
@@ -191,6 +212,28 @@ class Ros2Channel:
             self.counts["answers"] += 1
         else:
             self._publish(self.answers, f"error: {question.error}")
+
+    # ------------------------------------------------------------------ alerts (the alert bus's sink)
+    def offer(self, event: Any) -> None:
+        """An alert for the topics (any thread; never blocks: past ``ALERTS_QUEUED`` waiting, the oldest is dropped
+        and counted)."""
+        with self._cond:
+            if len(self._alerts) >= ALERTS_QUEUED:
+                self._alerts.popleft()
+                self.counts["alerts_dropped"] += 1
+            self._alerts.append(event)
+            self._cond.notify_all()
+
+    def _alert(self, event: Any) -> None:
+        """(This channel's thread.) The keyframe on ``alert_image``, then the alert's JSON on ``alerts``."""
+        if event.keyframe_jpeg is not None:
+            stamp = event.evidence_unix if event.evidence_unix is not None else event.raised_unix
+            try:
+                self.alert_image_out.publish_image(event.keyframe_jpeg, round(stamp * 1e9), event.camera or "")
+            except Exception as exc:  # a DDS error must not take the loop down
+                log.warning("ROS 2 topic %s: publish failed (%s)", self.alert_image_out.topic, exc)
+        self._publish(self.alerts_out, json.dumps(event.to_json(keyframe="none")))
+        self.counts["alerts"] += 1
 
     def answer_json(self, question: Question, error: Exception | None = None) -> dict:
         """What goes on ``output_json`` for ``question`` (answered, failed, or refused with ``error``)."""
