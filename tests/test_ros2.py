@@ -108,6 +108,38 @@ def test_ros2_section_is_validated_with_the_key_named():
             config_from_dict({**base, "ros2": keys})
 
 
+def test_a_json_request_on_input_query_is_checked_naming_what_is_wrong():
+    from edgekv.apps.outputs.ros2 import parse_request
+
+    assert parse_request("What is on the table?", 1) == {"question": "What is on the table?", "evidence": 1}
+    assert parse_request('{"question": " q? ", "last_s": 30, "evidence": 0, "recall": false}', 1) == {
+        "question": "q?", "evidence": 0, "recall": False, "window_last_s": 30.0}
+    assert parse_request('{"question": "q?", "from": 10, "to": 20.5}', 2)["window"] == (10.0, 20.5)
+    wall = parse_request(json.dumps({"question": "q?", "from": "2026-12-05T10:00:00+00:00",
+                                     "to": "2026-12-05T10:05:00+00:00"}), 1)
+    assert wall["window_unix"] == (1796464800.0, 1796465100.0) and "window" not in wall
+    refused = {'{"question": 3}': "question: the question's text is required",
+               '{"question": "q", "when": 1}': "when: not a request key",
+               '{"question": "q", "evidence": 9}': "evidence: a whole number of frame pairs from 0 to 8",
+               '{"question": "q", "evidence": true}': "evidence: a whole number",
+               '{"question": "q", "recall": "yes"}': "recall: true or false",
+               '{"question": "q", "last_s": 0}': "last_s: seconds > 0",
+               '{"question": "q", "last_s": Infinity}': "last_s: seconds > 0",
+               '{"question": "q", "last_s": 5, "from": 1, "to": 2}': "either from and to, or last_s",
+               '{"question": "q", "from": 1}': "from and to: both are required",
+               '{"question": "q", "from": NaN, "to": 2}': "from: expected stream seconds",
+               '{"question": "q", "from": 5, "to": 2}': "from \\(5.0\\) is after to",
+               '{"question": "q", "from": [1], "to": 2}': "from: stream seconds \\(a number\\) or a wall time",
+               '{"question": "q", "from": 1, "to": "10:00"}': "give both in stream seconds",
+               '{not json': "a request starting with '\\{' is JSON", "[]": None}
+    for text, message in refused.items():
+        if message is None:
+            assert parse_request(text, 1)["question"] == text  # not an object's brace: a plain question
+            continue
+        with pytest.raises(ValueError, match=message):
+            parse_request(text, 1)
+
+
 def test_cyclone_config_is_loopback_unicast_and_refuses_a_missing_interface():
     from edgekv.video.ros2 import cyclone_config
 
@@ -290,10 +322,14 @@ def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
     try:
         assert daemon.ready.wait(120), out.getvalue()
         started = time.time()
-        robot = Robot(tmp_path, domain, "--spec", SCENE, *[a for qa in quiz for a in ("--ask", qa.question)])
+        # the quiz, then the first question again as a JSON request (the last 100 s, two evidence pairs), then a
+        # request that names no question
+        requests = [json.dumps({"question": quiz[0].question, "last_s": 100, "evidence": 2}), '{"question": 3}']
+        robot = Robot(tmp_path, domain, "--spec", SCENE,
+                      *[a for text in [qa.question for qa in quiz] + requests for a in ("--ask", text)])
         result = robot.result(timeout=180)
-        frames = {item["evidence"][0]["pair"]: daemon.keyframe_jpeg(item["evidence"][0]["pair"])
-                  for item in map(json.loads, result["json"])}
+        frames = {seen["pair"]: daemon.keyframe_jpeg(seen["pair"])
+                  for item in map(json.loads, result["json"]) for seen in item["evidence"]}
     finally:
         if robot is not None:
             robot.stop()
@@ -301,24 +337,30 @@ def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
         thread.join(60)
     assert not thread.is_alive()
     assert not result["errors"], (result["errors"], out.getvalue())
-    assert [answer_of(a) for a in result["answers"]] == [qa.answer for qa in quiz], (result["answers"], out.getvalue())
-    assert "".join(result["tokens"]) == "".join(result["answers"])  # the streamed pieces make up the answers
+    *answered, again, refused = result["answers"]
+    assert [answer_of(a) for a in answered] == [qa.answer for qa in quiz], (result["answers"], out.getvalue())
+    assert answer_of(again) == quiz[0].answer and refused.startswith("error: question: the question's text is req")
+    assert "".join(result["tokens"]) == "".join(result["answers"][:-1])  # the streamed pieces make up the answers
     status = [json.loads(s) for s in result["status"]]
     assert status[-1]["stream_state"] == "running" and status[-1]["cache"]["cache_capacity_tokens"] == 640
-    assert status[-1]["cache"]["frames"] >= 30 and status[-1]["ros2"]["questions"] == 3
+    assert status[-1]["cache"]["frames"] >= 30 and status[-1]["ros2"]["questions"] == 4
+    assert status[-1]["ros2"]["malformed"] == 1
     assert status[-1]["source"]["topic"] == "/camera/image_raw" and status[-1]["source"]["corrupt"] == 0
     assert "ROS 2: questions on /edgekv/input_query, answers on /edgekv/output" in out.getvalue()
     # the answer as JSON, with the pair it attended most (ros2.evidence: 1) and when that pair was seen
-    answers = [json.loads(item) for item in result["json"]]
-    assert [item["question"] for item in answers] == [qa.question for qa in quiz]
-    assert [item["answer"] for item in answers] == result["answers"] and all(not item["error"] for item in answers)
+    *answers, json_again, json_refused = [json.loads(item) for item in result["json"]]
+    assert [item["question"] for item in answers + [json_again]] == [qa.question for qa in quiz + [quiz[0]]]
+    assert [item["answer"] for item in answers + [json_again]] == result["answers"][:-1]
+    assert all(not item["error"] for item in answers + [json_again])
+    assert json_refused["answer"] is None and json_refused["error"].startswith("question: the question's text")
+    assert len(json_again["evidence"]) == 2 and json_again["evidence"][0] == answers[0]["evidence"][0]
     for item in answers:
         (seen,) = item["evidence"]
         assert 0 <= seen["pair"] < 20 and seen["t"] == pytest.approx(seen["pair"] * 0.2, abs=0.11)  # 10 fps, 2 a pair
         assert started <= seen["unix"] <= time.time() and seen["frame"] == f"/frame.jpg?pair={seen['pair']}"
     # the frame of that pair, as the daemon serves it, stamped with that wall time
-    assert len(result["evidence"]) == len(quiz) and status[-1]["ros2"]["evidence_images"] == len(quiz)
-    for item, image in zip(answers, result["evidence"]):
+    assert len(result["evidence"]) == len(quiz) + 1 and status[-1]["ros2"]["evidence_images"] == len(quiz) + 1
+    for item, image in zip(answers + [json_again], result["evidence"]):
         seen = item["evidence"][0]
         assert image["format"] == "jpeg" and image["frame_id"] == ""
         assert bytes.fromhex(image["data"]) == frames[seen["pair"]] and frames[seen["pair"]][:2] == b"\xff\xd8"

@@ -4,7 +4,10 @@ Topic names follow NVIDIA-AI-IOT/ros2_nanollm where it has one (``input_query`` 
 ``std_msgs/msg/String``), under ``ros2.namespace`` (default ``/edgekv``):
 
 ==========================  =====  =======================================================================
-``<ns>/input_query``        in     a question; handed to the daemon's ``submit`` like HTTP and voice ones
+``<ns>/input_query``        in     a question; handed to the daemon's ``submit`` like HTTP and voice ones.
+                                   Text starting with ``{`` is a JSON request: ``question``, and any of
+                                   ``last_s`` (the last seconds), ``from`` / ``to`` (stream seconds, or wall
+                                   times as the HTTP API takes them), ``evidence`` (0-8), ``recall``
 ``<ns>/output``             out    the final answer, one message per question (``error: …`` when refused)
 ``<ns>/output_stream``      out    the answer as it is decoded, one piece of text per message
 ``<ns>/status``             out    JSON once per ``ros2.status_period_s``: stream state, cache figures,
@@ -63,6 +66,56 @@ def check_ros2(settings: Any) -> None:
     cyclone_config(settings)
     for key in ROS2_TOPIC_KEYS:
         resolve_name(getattr(settings, key), settings.namespace)
+
+
+REQUEST_KEYS = ("question", "last_s", "from", "to", "evidence", "recall")
+
+
+def parse_request(text: str, evidence: int) -> dict:
+    """A question as it came on ``input_query``: plain text, or (starting with ``{``) a JSON request with the
+    ``REQUEST_KEYS``. Returns ``Question`` keywords (``question`` among them); ``ValueError`` naming what is wrong."""
+    from edgekv.apps.wall_times import window_bounds
+
+    if not text.startswith("{"):
+        return {"question": text, "evidence": evidence}
+    try:
+        request = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"a request starting with '{{' is JSON, and this is not ({exc})") from None
+    if not isinstance(request, dict):
+        raise ValueError("a JSON request is an object")
+    unknown = sorted(set(request) - set(REQUEST_KEYS))
+    if unknown:
+        raise ValueError(f"{printable(unknown[0], 60)}: not a request key (they are {', '.join(REQUEST_KEYS)})")
+    question = request.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("question: the question's text is required (a non-empty string)")
+    out = {"question": question.strip(), "evidence": request.get("evidence", evidence)}
+    if isinstance(out["evidence"], bool) or not isinstance(out["evidence"], int) or not 0 <= out["evidence"] <= 8:
+        raise ValueError("evidence: a whole number of frame pairs from 0 to 8, got "
+                         f"{printable(repr(out['evidence']), 60)}")
+    if "recall" in request:
+        if not isinstance(request["recall"], bool):
+            raise ValueError(f"recall: true or false, got {printable(repr(request['recall']), 60)}")
+        out["recall"] = request["recall"]
+    last_s = request.get("last_s")
+    if last_s is not None:
+        if "from" in request or "to" in request:
+            raise ValueError("give either from and to, or last_s, not both")
+        if isinstance(last_s, bool) or not isinstance(last_s, (int, float)) or not 0 < last_s < float("inf"):
+            raise ValueError(f"last_s: seconds > 0, got {printable(repr(last_s), 60)}")
+        out["window_last_s"] = float(last_s)
+    elif "from" in request or "to" in request:
+        if "from" not in request or "to" not in request:
+            raise ValueError("from and to: both are required (stream seconds or wall times), or last_s")
+        for name in ("from", "to"):
+            value = request[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError(f"{name}: stream seconds (a number) or a wall time (a string), got "
+                                 f"{printable(repr(value), 60)}")
+        kind, start, end = window_bounds(request["from"], request["to"])
+        out["window" if kind == "stream" else "window_unix"] = (start, end)
+    return out
 
 
 class _TextPieces:
@@ -155,8 +208,17 @@ class Ros2Channel:
         if not text:
             return
         pieces = _TextPieces(self.daemon.session.tokenizer)
-        question = Question(text, source="ros2", on_token=lambda token: self._token(pieces, token),
-                            evidence=self.settings.evidence)
+        try:
+            asked = parse_request(text, self.settings.evidence)
+        except ValueError as exc:
+            self.counts["malformed"] += 1
+            refused = Question(text, source="ros2")
+            self._publish(self.json_out, json.dumps(self.answer_json(refused, error=exc)))
+            self._publish(self.answers, f"error: {exc}")
+            log.warning("%s: a request refused (%s)", self.names["question"], printable(str(exc), 200))
+            return
+        text = asked.pop("question")
+        question = Question(text, source="ros2", on_token=lambda token: self._token(pieces, token), **asked)
         try:
             self.daemon.submit(question)
         except QuestionRefused as exc:
