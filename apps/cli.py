@@ -123,17 +123,26 @@ def _plan(args: argparse.Namespace) -> int:
         args.device_memory, where = memory_here(device)
         args.device_memory = round(args.device_memory, 2)
         print(f"device memory {args.device_memory:.2f} GiB: {where} (--device-memory GB plans for another device)")
+    from edgekv.calibration.plan import flash_lines
+    from edgekv.config import EdgeKVConfig, load_config
+
     if args.config:
         result, verdict = check_config(args.config, args.device_memory, model_dir=args.model,
                                        reserve_gb=args.reserve_gb, weights_gb=args.weights_gb)
         print(result.summary())
         print(verdict)
+        config = load_config(args.config)
+        model_dir = args.model if args.model is not None else resolve_model_path(str(config.model.path))
+        print("\n".join(flash_lines(config, model_dir, result.tokens_per_pair)))
         return 0
     if args.model is None:
         raise ValueError("--model: a model directory is needed (or --config)")
-    result = plan(device_memory_gb=args.device_memory, model_dir=resolve_model_path(args.model), resolution=tuple(args.resolution),
+    model_dir = resolve_model_path(args.model)
+    result = plan(device_memory_gb=args.device_memory, model_dir=model_dir, resolution=tuple(args.resolution),
                   weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb, lm_head=args.lm_head)
     print(result.summary())
+    defaults = EdgeKVConfig().with_overrides(model={"dtype": args.dtype})  # the archive's defaults at this shape
+    print("\n".join(flash_lines(defaults, model_dir, result.tokens_per_pair)))
     return 0
 
 

@@ -206,6 +206,65 @@ def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, 
                 text_reserve_tokens, capped, _weights_note(cfg, weight_dtype, weights_gb is not None, lm_head))
 
 
+# Evidence frames on disk (archive.frames_mib), KiB a frame with its row's bookkeeping: the largest of the three
+# sources `edgekv bench frames --frames 30 --size 1280 720` measured on 2026-12-05 (vtest.avi, tree.avi, a
+# synthesized world stream; JPEG quality 80) at each long side; other sizes interpolated in log-log.
+FRAME_KIB_MEASURED = {160: 6.1, 320: 16.1, 640: 45.4}
+
+
+def _frame_kib(px: int) -> float:
+    import math
+
+    sizes = sorted(FRAME_KIB_MEASURED)
+    lo = max([s for s in sizes if s <= px], default=sizes[0])
+    hi = min([s for s in sizes if s >= px], default=sizes[-1])
+    if lo == hi:
+        lo, hi = (sizes[0], sizes[1]) if px < sizes[0] else (sizes[-2], sizes[-1]) if px > sizes[-1] else (lo, hi)
+    if lo == hi:
+        return FRAME_KIB_MEASURED[lo]
+    slope = math.log(FRAME_KIB_MEASURED[hi] / FRAME_KIB_MEASURED[lo]) / math.log(hi / lo)
+    return FRAME_KIB_MEASURED[lo] * (px / lo) ** slope
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def flash_lines(config, model_dir: str | Path, tokens_per_pair: int) -> list[str]:
+    """What the memory on flash holds for a deployment: a frame pair's archive record (its K/V at the model's dtype,
+    its index keys and checksums: ``KVShape.record_bytes``, what the writer appends), how far back ``archive.max_gib``
+    reaches at the cameras' pair rate (``fps / 2`` each), the index it keeps in RAM for that many pairs, and the
+    evidence frames' hours (``archive.frames_mib``, from ``FRAME_KIB_MEASURED``). Formulas, not a measurement."""
+    from edgekv.archive.store import KVShape
+
+    cfg = _model_config(Path(model_dir))
+    t = cfg["text"]
+    section = config.archive
+    shape = KVShape.of(t["num_hidden_layers"], t["num_key_value_heads"],
+                       t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"], _DTYPES[config.model.dtype],
+                       section.index_keys)
+    record = shape.record_bytes(tokens_per_pair)
+    cameras = config.video.sources
+    rate = sum((c.fps or config.video.fps) for c in cameras) / 2 if cameras else config.video.fps / 2
+    budget = section.max_gib * 2**30
+    pairs = int(budget // record)
+    index = pairs * (shape.summary_bytes() + 4 * shape.layers)  # fp16 keys (+ weights) and fp32 norms a pair
+    where = f"archive.dir {section.dir}" if section.dir else "archive.dir not set: no archive; were it set"
+    lines = [f"archive ({where}): a frame pair of {tokens_per_pair} tokens is {record / 2**20:.2f} MiB on flash "
+             f"({config.model.dtype} K/V of {shape.layers} layers, {shape.index_keys} index key(s), checksums)",
+             f"  archive.max_gib {section.max_gib:g} GiB hold {pairs:,} pairs: {_hours(pairs / rate)} of video at "
+             f"{rate:g} pair(s) a second{' (all cameras)' if cameras else ''}; its index {index / 2**20:.1f} MiB of RAM"
+             f" (up to twice that while it grows)"]
+    if section.frames_mib:
+        kib = _frame_kib(section.frames_px)
+        from edgekv.apps.daemon.frame_store import budget_shares
+
+        frames = budget_shares(int(section.frames_mib * 2**20))[1] / (kib * 1024)
+        lines.append(f"  evidence frames: archive.frames_mib {section.frames_mib:g} MiB at {section.frames_px} px "
+                     f"(about {kib:.1f} KiB a frame on disk, edgekv bench frames) hold about {_hours(frames / rate)}")
+    return lines
+
+
 def memory_here(device: str = "auto", root: str | Path = "/") -> tuple[float, str]:
     """This machine's memory for a plan, in GiB (the unit ``plan`` counts "GB" in), and where it was read —
     what ``edgekv plan`` takes without ``--device-memory``. A Jetson: its unified memory (``/proc/meminfo``

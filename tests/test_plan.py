@@ -181,3 +181,32 @@ def test_plan_without_device_memory_plans_for_this_machine(model_3b, capsys, mon
     assert main(["plan", "--config", str(demo)]) == 0  # model.device cpu: the config's device is asked for
     out = capsys.readouterr().out
     assert "fake (cpu)" in out and f"{demo}: cache.max_tokens 640 fits" in out
+
+
+def test_plan_says_how_far_back_the_archive_and_the_evidence_frames_reach(model_3b, tmp_path, capsys):
+    """A frame pair's archive record at the 3B shape is what the writer appends (KVShape.record_bytes: 36 layers of
+    bf16 K/V for 256 tokens, index keys, checksums, ~9 MiB), so archive.max_gib 16 holds ~1,800 pairs — half an hour
+    at two cameras' worth of pairs (two sources at 1 fps: 1 pair a second in all) — and 256 MiB of evidence frames
+    at 320 px hold hours."""
+    from edgekv.archive.store import KVShape
+
+    config = tmp_path / "deploy.yaml"
+    config.write_text(f"""model: {{path: {model_3b}, dtype: bf16}}
+video:
+  fps: 1.0
+  resolution: [448, 448]
+  sources: [{{name: front, source: 0}}, {{name: back, source: 1}}]
+cache: {{max_tokens: 8192}}
+archive: {{dir: {tmp_path / 'archive'}, max_gib: 16, frames_mib: 256, frames_px: 320}}
+""")
+    assert main(["plan", "--device-memory", "16", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    record = KVShape(36, 2, 128, "bfloat16", 2).record_bytes(256)
+    assert 9 * 2**20 < record < 9.5 * 2**20  # 36 x 2 x 2 x 256 x 128 x 2 bytes of K/V, and the rest
+    pairs = 16 * 2**30 // record
+    assert f"a frame pair of 256 tokens is {record / 2**20:.2f} MiB on flash" in out
+    assert f"hold {pairs:,} pairs: {pairs / 60:.0f} min of video at 1 pair(s) a second (all cameras)" in out
+    assert "evidence frames: archive.frames_mib 256 MiB at 320 px (about 16.1 KiB a frame on disk" in out
+    assert "hold about 4.5 h" in out
+    assert main(["plan", "--device-memory", "16", "--model", str(model_3b)]) == 0  # the defaults: 0.5 pairs a second
+    assert f"hold {pairs:,} pairs: 1.0 h of video at 0.5 pair(s) a second" in capsys.readouterr().out
