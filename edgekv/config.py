@@ -459,6 +459,9 @@ class ArchiveSection:
     # evidence after the keyframe ring let it go (apps/daemon/frame_store.py); 0 = none kept on disk
     frames_mib: float = 0.0
     frames_px: int = 320            # their long side in pixels (never scaled up)
+    # how a pair's K/V is stored on flash: "auto" as the cache holds it; int8 / fp8 quantized per (layer, KV head,
+    # token) with a bf16 scale (edgekv/cache/quant.py's scheme): 1.92x the pairs in max_gib at head_dim 128
+    kv_dtype: Literal["auto", "int8", "fp8"] = "auto"
 
     def validate(self, at: str) -> None:
         if not (self.frames_mib == 0 or self.frames_mib >= 1):
@@ -976,7 +979,8 @@ def config_from_dict(data: Any, source: str = "<dict>", base_dir: Path | None = 
             # the archive stores and recalls a pair's K/V as the cache holds them post-RoPE at 16/32 bits;
             # an 8-bit cache keeps scales beside time-neutral keys, which the archive's records do not carry
             raise ConfigError(f"archive.dir is set, so cache.kv_dtype must be fp32, fp16 or bf16 (got "
-                              f"{config.cache.kv_dtype!r}): the archive does not store 8-bit caches yet")
+                              f"{config.cache.kv_dtype!r}): the archive does not store 8-bit caches yet (with a "
+                              f"16-bit cache, archive.kv_dtype: int8 stores its pairs in 8 bits on flash)")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return _resolve_paths(config, base_dir) if base_dir is not None else config

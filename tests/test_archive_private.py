@@ -145,3 +145,31 @@ def test_forget_of_a_whole_segment_deletes_it_and_a_leftover_rewrite_is_removed(
     again = _archive(tmp_path)
     assert not list(tmp_path.glob("*.tmp")) and again.pairs == 0
     again.close()
+
+
+def test_sealed_8bit_records_read_back_and_a_forget_removes_them(tmp_path):
+    """archive.kv_dtype int8 with the privacy key: 8-bit records sealed like float ones (each layer's codes and
+    scales one sealed chunk), read back as the 8-bit scheme gives them; a forget rewrites the segments without
+    the window's records and the rest still read."""
+    from edgekv.archive.store import KVShape
+    from edgekv.cache.quant import dequantize, quantize
+
+    shape = KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, "int8", SHAPE.index_keys)
+    archive = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=2 << 10, keys=_keys(3),
+                           stage_dtype=torch.float32)
+    fill(archive, range(10))
+    assert archive.stats()["archive_sealed_segments"] > 1
+    assert archive.forget(3.0, 5.0)["pairs"] == 3
+    archive.close()
+    reopened = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=2 << 10, keys=_keys(3),
+                            stage_dtype=torch.float32)
+    entries = {e.frame: e for e in reopened.entries()}
+    assert sorted(entries) == [0, 1, 2, 6, 7, 8, 9] and reopened.bad_records == 0
+    for pair in entries:
+        k, v = pair_kv(pair)
+        got = reopened.read_layers(entries[pair], list(range(SHAPE.layers)))
+        assert sorted(got) == list(range(SHAPE.layers))
+        for layer, kv in got.items():
+            for index, x in enumerate((k[layer], v[layer])):
+                assert torch.equal(kv[index], dequantize(*quantize(x, torch.int8), torch.float32))
+    reopened.close()

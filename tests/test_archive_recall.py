@@ -110,6 +110,35 @@ def test_recalled_cache_equals_the_full_cache_and_is_cleared_after(tiny_checkpoi
     assert session.stats()["recalls"] == 2 and session.stats()["recalled_pairs"] == 4
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_8bit_records_recall_the_same_pairs_and_nearly_the_full_caches_answer(tiny_checkpoint, tmp_path, kv_dtype):
+    """archive.kv_dtype int8 / fp8 on a float cache: the same two pairs cut out are recalled (the index keys are
+    the float ones), the cut pairs' K/V come back as the 8-bit scheme gives them, and the question's logits move
+    most of the way back to the uncut cache's; the cache is as before after the answer."""
+    session = _runtime(tiny_checkpoint, tmp_path, archive={"kv_dtype": kv_dtype}, policy="full",
+                       max_tokens=900).session()
+    assert session.recall.archive.shape.quantized
+    _stream(session, 10)
+    full = session.question_logits("What moved?")
+    n = session.cache.length
+    frames = session.cache.frame[:, :, :n]
+    keep_row = [i for i in range(n) if int(frames[0, 0, i]) not in {3, 6}]
+    keep = torch.tensor(keep_row).expand(session.cache.num_layers, session.cache.kv_heads, -1).contiguous()
+    session.cache.compact(keep)
+    cut_logits = session.question_logits("What moved?")
+    length = session.cache.length
+    with torch.inference_mode():
+        recalled = session.question_logits("What moved?", recall=True)
+    assert session.recall.last.unique_pairs == (3, 6)
+    gap, error = (cut_logits - full).abs().max(), (recalled - full).abs().max()
+    assert error < gap / (10 if kv_dtype == "int8" else 4), (float(error), float(gap))
+    assert session.cache.length == length and torch.equal(session.question_logits("What moved?"), cut_logits)
+    record = session.recall.archive.shape.record_bytes(session.recall.archive.entries()[0].tokens)
+    float_shape = type(session.recall.archive.shape)(*[getattr(session.recall.archive.shape, f) for f in
+                                                       ("layers", "kv_heads", "head_dim")], "float32", 2)
+    assert record < float_shape.record_bytes(session.recall.archive.entries()[0].tokens) / 2
+
+
 def test_a_pair_kept_in_part_is_seen_once_whole(tiny_checkpoint, tmp_path):
     """Two pairs of which the cache kept half the tokens (as a policy's eviction would): recall brings them
     back whole and hides the kept halves from the answer, so the question's logits equal the uncut cache's —

@@ -358,3 +358,43 @@ def test_index_keys_of_another_archive_are_refused_and_first_format_folders_open
     reopened.close()
     with pytest.raises(ArchiveMismatchError, match=r"indexed with archive.index_keys=1, this config has archive.index_keys=2"):
         FrameArchive(tmp_path, KVShape(3, 2, 8, "float32", index_keys=2), max_bytes=1 << 20, segment_bytes=16 << 10)
+
+
+@pytest.mark.parametrize("stored", ["int8", "float8_e4m3fn"])
+def test_8bit_records_hold_a_pair_in_half_the_bytes_and_read_back_within_the_quantization(tmp_path, stored):
+    """archive.kv_dtype int8 / fp8: a float cache's pair stored as 8-bit codes with a bf16 scale per (layer, KV head,
+    token) — edgekv/cache/quant.py's scheme, so a layer reads back exactly as that quantization gives it — in
+    (head_dim + 2) / (head_dim x 4) of fp32's bytes; a flipped byte still costs only its layer, reopen reads all."""
+    from edgekv.cache.quant import dequantize, quantize
+
+    shape = KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, stored, SHAPE.index_keys)
+    assert shape.quantized and shape.layer_bytes(TOKENS) == 2 * SHAPE.kv_heads * TOKENS * (SHAPE.head_dim + 2)
+    archive = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=64 << 10, stage_dtype=torch.float32)
+    _fill(archive, range(4))
+    entry = archive.entries()[2]
+    k, v = _kv(2)
+    for layer in range(SHAPE.layers):
+        got = archive.read_layer(entry, layer)
+        assert got.dtype == torch.float32
+        for index, x in enumerate((k[layer], v[layer])):
+            expected = dequantize(*quantize(x, shape.torch_dtype), torch.float32)
+            assert torch.equal(got[index], expected)  # exactly the cache's 8-bit scheme
+            assert (got[index] - x).norm() / x.norm() < (0.01 if stored == "int8" else 0.05)
+    float_record = SHAPE.record_bytes(TOKENS)
+    assert shape.record_bytes(TOKENS) < float_record / 2  # fp32 -> 8 bits: under half, index keys and all
+    archive.close()
+    (segment,) = sorted(tmp_path.glob("seg-*.ekva"))[-1:]
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0xFF  # a scale byte of the last record's last layer
+    segment.write_bytes(bytes(data))
+    reopened = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=64 << 10, stage_dtype=torch.float32)
+    last = reopened.entries()[-1]
+    assert reopened.read_layer(last, SHAPE.layers - 1) is None and reopened.read_layer(last, 0) is not None
+    assert torch.equal(reopened.read_layer(reopened.entries()[2], 1)[0],
+                       dequantize(*quantize(k[1], shape.torch_dtype), torch.float32))
+    reopened.close()
+    # to a float archive, this folder is another shape, and the message says which key wrote it
+    written_by = "int8" if stored == "int8" else "fp8"
+    with pytest.raises(ArchiveMismatchError, match=rf"archived as dtype='{stored}', this config stores 'float32' "
+                                                   rf"\(archive.kv_dtype: {written_by} wrote it\)"):
+        FrameArchive(tmp_path, SHAPE, max_bytes=1 << 20, segment_bytes=64 << 10)

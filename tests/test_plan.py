@@ -210,3 +210,11 @@ archive: {{dir: {tmp_path / 'archive'}, max_gib: 16, frames_mib: 256, frames_px:
     assert "hold about 4.5 h" in out
     assert main(["plan", "--device-memory", "16", "--model", str(model_3b)]) == 0  # the defaults: 0.5 pairs a second
     assert f"hold {pairs:,} pairs: 1.0 h of video at 0.5 pair(s) a second" in capsys.readouterr().out
+    # archive.kv_dtype int8: 8-bit codes and a bf16 scale per (layer, head, token): about twice the pairs
+    from edgekv.calibration.plan import flash_lines
+    from edgekv.config import EdgeKVConfig
+
+    eight = KVShape(36, 2, 128, "int8", 2).record_bytes(256)
+    lines = flash_lines(EdgeKVConfig().with_overrides(archive={"kv_dtype": "int8"}), model_3b, 256)
+    assert f"is {eight / 2**20:.2f} MiB on flash (int8 (archive.kv_dtype) K/V" in lines[0]
+    assert f"hold {16 * 2**30 // eight:,} pairs" in lines[1] and 1.9 < record / eight < 2

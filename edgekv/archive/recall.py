@@ -99,9 +99,10 @@ class Recall:
         self.top_k = int(section.top_k)
         self.mode = section.retrieval
         self.scoring = section.scoring
+        stored = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}.get(section.kv_dtype, cache.dtype)
         self.archive = FrameArchive(
-            section.dir, KVShape.of(cache.num_layers, cache.kv_heads, cache.head_dim, cache.dtype,
-                                    section.index_keys),
+            section.dir, KVShape.of(cache.num_layers, cache.kv_heads, cache.head_dim, stored, section.index_keys),
+            stage_dtype=cache.dtype,
             max_bytes=int(section.max_gib * 2**30), segment_bytes=int(section.segment_mib * 2**20),
             queue_pairs=section.queue_pairs, max_age_s=section.max_age_s, inv_freq=session.inv_freq.cpu(),
             temporal_section=session.temporal_section, when_full=section.when_full,

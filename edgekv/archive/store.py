@@ -37,7 +37,12 @@ CRC) followed by records::
                    u32 crc per layer of that layer's KV; the index row: fp16 keys [layers, kv_heads,
                    index_keys, head_dim], then fp16 weights [layers, kv_heads, index_keys] when
                    index_keys > 1 (with one key the row is the first format's mean key)]
-             kv   per layer: K [kv_heads, P, head_dim] then V [kv_heads, P, head_dim], the cache's dtype
+             kv   per layer: K [kv_heads, P, head_dim] then V [kv_heads, P, head_dim], the cache's dtype;
+                  or, 8-bit records (``archive.kv_dtype: int8 | fp8``, the shape key's dtype): K codes, V codes,
+                  then K scales [kv_heads, P] and V scales in bf16 — the 8-bit cache's scheme (one absmax scale
+                  per layer, KV head and token: edgekv/cache/quant.py), quantized by the writer from the float
+                  cache's K/V and dequantized into the cache's slots at recall: (head_dim + 2) / (2 x head_dim)
+                  of a bf16 record's K/V, 1.96x the pairs in ``max_gib`` at the 3B shape (``edgekv plan``)
 
 The index row summarizes the pair's post-RoPE keys with their temporal rotation undone (all tokens of a
 pair share one temporal position, so undoing it on the summary is exact), so retrieval scores do not
@@ -118,7 +123,10 @@ _LINGER_S = 0.2                            # the writer gathers queued pairs thi
 _INDEX_ROWS = 256                          # initial rows of the index matrix (doubled as needed)
 _SCORE_CHUNK = 512                         # index rows scored at a time
 _TAG = 16                                  # AES-GCM tag of each sealed meta and layer (edgekv.privacy)
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # 8-bit: codes + a bf16 scale per row
+_QUANTIZED = ("int8", "float8_e4m3fn")
+_KV_DTYPE_NAMES = {"int8": "int8", "float8_e4m3fn": "fp8"}  # archive.kv_dtype's names of the 8-bit dtypes
 
 
 class ArchiveError(RuntimeError):
@@ -136,7 +144,7 @@ class KVShape:
     layers: int
     kv_heads: int
     head_dim: int
-    dtype: str  # "float32" | "float16" | "bfloat16"
+    dtype: str  # "float32" | "float16" | "bfloat16", or "int8" | "float8_e4m3fn": 8-bit records (``quantized``)
     index_keys: int = 1  # representative keys per pair, layer and KV head in the index (1: the mean key)
 
     def __post_init__(self) -> None:
@@ -155,8 +163,17 @@ class KVShape:
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
 
+    @property
+    def quantized(self) -> bool:
+        """8-bit records (``archive.kv_dtype``): a layer is K codes [kv_heads, P, head_dim], V codes, then K scales
+        [kv_heads, P] and V scales in bf16 — one scale per (layer, KV head, token), absmax over ``head_dim``, as
+        the 8-bit cache (edgekv/cache/quant.py) — written from the float cache's K/V, read back dequantized."""
+        return self.dtype in _QUANTIZED
+
     def layer_bytes(self, tokens: int) -> int:
-        """K and V of one layer of one pair."""
+        """K and V of one layer of one pair (with an 8-bit record's scales)."""
+        if self.quantized:
+            return 2 * self.kv_heads * tokens * (self.head_dim + 2)
         return 2 * self.kv_heads * tokens * self.head_dim * torch.empty((), dtype=self.torch_dtype).element_size()
 
     def summary_bytes(self) -> int:
@@ -259,7 +276,7 @@ class FrameArchive:
     def __init__(self, folder: str | Path, shape: KVShape, *, max_bytes: int, segment_bytes: int = 256 << 20,
                  queue_pairs: int = 8, max_age_s: float | None = None, inv_freq: torch.Tensor | None = None,
                  temporal_section: int = 0, when_full: str = "drop", files: "SegmentFiles | None" = None,
-                 keys=None, keep_free_bytes: int = 0) -> None:
+                 keys=None, keep_free_bytes: int = 0, stage_dtype: torch.dtype | None = None) -> None:
         if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
             raise ValueError(f"archive: max bytes ({max_bytes}) must hold at least two segments of {segment_bytes}")
         if queue_pairs < 1:
@@ -277,6 +294,10 @@ class FrameArchive:
         self.files = files if files is not None else SegmentFiles()
         self.dir = Path(folder).expanduser()
         self.shape = shape
+        # the dtype pairs are staged and read back in: the archive's own, or for 8-bit records the cache's float
+        # dtype (quantized by the writer, dequantized by ``read_into``)
+        self.stage_dtype = stage_dtype if shape.quantized and stage_dtype is not None else (
+            torch.float16 if shape.quantized else shape.torch_dtype)
         self.max_bytes, self.segment_bytes = int(max_bytes), int(segment_bytes)
         self.queue_pairs, self.max_age_s = int(queue_pairs), max_age_s
         self.inv_freq, self.temporal_section = inv_freq, int(temporal_section)
@@ -535,6 +556,11 @@ class FrameArchive:
                         f"{path}: indexed with archive.index_keys={saved[name]!r}, this config has "
                         f"archive.index_keys={value!r}; set archive.index_keys: {saved[name]!r} or point "
                         f"archive.dir at another folder")
+                if name == "dtype" and (saved.get(name) in _QUANTIZED or value in _QUANTIZED):
+                    raise ArchiveMismatchError(
+                        f"{path}: archived as dtype={saved.get(name)!r}, this config stores {value!r} "
+                        f"(archive.kv_dtype: {_KV_DTYPE_NAMES.get(saved.get(name), 'auto')} wrote it); set "
+                        f"archive.kv_dtype back, or point archive.dir at another folder")
                 raise ArchiveMismatchError(
                     f"{path}: archived for {name}={saved.get(name)!r}, this model's cache has {name}={value!r}; "
                     f"point archive.dir at another folder (or remove this one)")
@@ -796,7 +822,7 @@ class FrameArchive:
         shape = (self.shape.layers, 2, self.shape.kv_heads, tokens, self.shape.head_dim)
         pin = torch.cuda.is_available()
         for _ in range(self.queue_pairs):
-            self._free.put(_Staged(torch.empty(shape, dtype=self.shape.torch_dtype, pin_memory=pin)))
+            self._free.put(_Staged(torch.empty(shape, dtype=self.stage_dtype, pin_memory=pin)))
         self._staging_tokens = tokens
 
     def flush(self, timeout: float | None = 30.0) -> bool:
@@ -930,7 +956,7 @@ class FrameArchive:
         """Write one record at the end of the open segment. A write that fails part way (a full disk) is
         rolled back: the segment is truncated to its last complete record, so the next record follows a
         complete one (or, when even that fails, the segment is sealed and the next record begins a new one)."""
-        flat = staged.kv.view(torch.uint8).numpy().reshape(self.shape.layers, -1)  # the record's layer blocks
+        flat = self._layer_blocks(staged.kv)  # the record's layer blocks
         crcs = np.array([zlib.crc32(chunk) for chunk in flat], dtype="<u4")
         meta = b"".join((
             _META.pack(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
@@ -965,6 +991,18 @@ class FrameArchive:
         return ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
                             staged.cols, staged.tokens, staged.stream, self._current, offset,
                             tuple(int(c) for c in crcs), seq)
+
+    def _layer_blocks(self, kv: torch.Tensor) -> np.ndarray:
+        """A staged pair's K/V [layers, 2, kv_heads, P, head_dim] as the record's bytes, one row a layer: as they
+        are, or 8-bit codes then bf16 scales (``KVShape.quantized``)."""
+        layers = self.shape.layers
+        if not self.shape.quantized:
+            return kv.view(torch.uint8).numpy().reshape(layers, -1)
+        from edgekv.cache.quant import quantize
+
+        codes, scales = quantize(kv, self.shape.torch_dtype)
+        return torch.cat((codes.view(torch.uint8).reshape(layers, -1), scales.view(torch.uint8).reshape(layers, -1)),
+                         dim=1).numpy()
 
     def _write_at(self, data, offset: int) -> None:
         """All of ``data`` at ``offset`` of the open segment (a short write is continued; a failure raises)."""
@@ -1295,8 +1333,12 @@ class FrameArchive:
                 return good
             try:
                 for layer, (k, v) in targets.items():
-                    host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype) for t in (k, v)]
-                    views = [_bytes_of(t[head]) for t in host for head in range(t.shape[0])]
+                    if self.shape.quantized:  # codes and scales into a buffer of their own, dequantized into k, v
+                        host = [torch.empty(layer_bytes, dtype=torch.uint8)]
+                        views = [_bytes_of(host[0])]
+                    else:
+                        host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype) for t in (k, v)]
+                        views = [_bytes_of(t[head]) for t in host for head in range(t.shape[0])]
                     if sealer is not None:
                         if not self._read_sealed(fd, sealer, entry, layer, base + layer * layer_len, views):
                             continue
@@ -1308,13 +1350,26 @@ class FrameArchive:
                     if crc != entry.layer_crcs[layer]:
                         self.bad_records += 1
                         continue
-                    for target, read in zip((k, v), host):
-                        if read is not target:
-                            target.copy_(read)
+                    if self.shape.quantized:
+                        self._dequantize_into(host[0], entry.tokens, k, v)
+                    else:
+                        for target, read in zip((k, v), host):
+                            if read is not target:
+                                target.copy_(read)
                     good.add(layer)
             finally:
                 os.close(fd)
         return good
+
+    def _dequantize_into(self, block: torch.Tensor, tokens: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """An 8-bit record's layer (codes, then scales) dequantized into ``k``, ``v`` [kv_heads, P, head_dim]."""
+        from edgekv.cache.quant import dequantize
+
+        heads, dim = self.shape.kv_heads, self.shape.head_dim
+        codes = block[:2 * heads * tokens * dim].view(self.shape.torch_dtype).view(2, heads, tokens, dim)
+        scales = block[2 * heads * tokens * dim:].view(torch.bfloat16).view(2, heads, tokens)
+        for index, target in enumerate((k, v)):
+            target.copy_(dequantize(codes[index], scales[index], target.dtype))
 
     def _read_sealed(self, fd: int, sealer, entry: ArchivedPair, layer: int, at: int, views: list) -> bool:
         """One sealed layer opened into ``views`` (False when short or when it does not authenticate)."""
@@ -1335,7 +1390,7 @@ class FrameArchive:
     def read_layers(self, entry: ArchivedPair, layers: list[int]) -> dict[int, torch.Tensor]:
         """K and V of some layers of one pair: layer -> [2, kv_heads, P, head_dim] (new tensors)."""
         shape = (2, self.shape.kv_heads, entry.tokens, self.shape.head_dim)
-        out = {layer: torch.empty(shape, dtype=self.shape.torch_dtype) for layer in layers}
+        out = {layer: torch.empty(shape, dtype=self.stage_dtype) for layer in layers}
         good = self.read_into(entry, {layer: (t[0], t[1]) for layer, t in out.items()})
         return {layer: t for layer, t in out.items() if layer in good}
 
