@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import importlib.util
 import io
 import json
 
@@ -195,6 +196,12 @@ def test_evidence_frames_on_disk_outlive_the_ring_and_a_restart(tiny_checkpoint,
         status, _, body = chat(port, "What moved?", max_tokens=2, evidence=8)
         assert status == 200 and all(item["frame"] for item in json.loads(body)["edgekv"]["evidence"])  # all on disk
         assert daemon.status()["frames"]["frames_kept"] == 24
+        if importlib.util.find_spec("prometheus_client") is not None:  # /metrics counts them
+            metrics = call(port, "GET", "/metrics")[2].decode()
+            assert "edgekv_evidence_frames_kept 24.0" in metrics
+            assert "edgekv_evidence_frames_written_total 24.0" in metrics
+            size = [line for line in metrics.splitlines() if line.startswith("edgekv_evidence_frames_file_bytes ")]
+            assert size and 0 < float(size[0].split()[-1]) <= 2**20
     assert "evidence frames:" in (tmp_path / "out.txt").read_text()
     with ended_daemon(config, tmp_path / "out2.txt", realtime=False) as daemon:  # restored: the same stream, on
         assert "resumed 6 s of memory" in (tmp_path / "out2.txt").read_text()

@@ -216,6 +216,16 @@ class DaemonCollector:
                 ("edgekv_recall_seconds", "time spent recalling (probe + select + read)",
                  stats["recall_ms_total"] / 1e3),
             ]
+        frames = getattr(daemon, "frames", None)  # evidence frames on disk (archive.frames_mib)
+        frame_stats = frames.stats() if frames is not None else None
+        if frame_stats is not None:
+            counters += [
+                ("edgekv_evidence_frames_written", "evidence frames written to disk", frame_stats["frames_written"]),
+                ("edgekv_evidence_frames_dropped", "evidence frames dropped (the writer's queue was full)",
+                 frame_stats["frames_dropped"]),
+                ("edgekv_evidence_frames_write_errors", "evidence frames that failed to write (disk full, I/O, "
+                 "archive.keep_free_gib)", frame_stats["frames_write_errors"]),
+            ]
         for name, help_text, value in counters:
             yield CounterMetricFamily(name, help_text, value=value)
         elapsed = max(time.monotonic() - daemon.started, 1e-9)
@@ -245,6 +255,10 @@ class DaemonCollector:
                         stats.get("archive_failing", 0)),
                        ("edgekv_archive_disk_free_bytes", "free space on the archive's disk (statvfs: what an "
                         "unprivileged writer may still take)", _archive_disk_free(daemon))]
+        if frame_stats is not None:
+            gauges += [("edgekv_evidence_frames_kept", "evidence frames kept on disk", frame_stats["frames_kept"]),
+                       ("edgekv_evidence_frames_file_bytes", "bytes of the evidence frames' files (what "
+                        "archive.frames_mib bounds)", frame_stats["frames_file_bytes"])]
         for name, help_text, value in gauges:
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
