@@ -5,6 +5,7 @@ binding directly; its messages are checked byte for byte against rosbags' CDR se
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import random
@@ -293,13 +294,41 @@ def test_a_stopping_capture_wakes_a_source_waiting_on_a_silent_topic():
 
 # ---------------------------------------------------------------------------------------------- the daemon
 @pytest.mark.slow
+def _robot_config(domain: int, **sections) -> EdgeKVConfig:
+    """The shipped toy watching the robot's camera topic, the ROS 2 topics on (loopback, the test's domain)."""
+    return EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"source": "ros2:/camera/image_raw", "fps": 20.0, "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
+        server={"enabled": False}, generation={"max_new_tokens": 8, "temperature": 0.0}, monitor={"backend": "cpu"},
+        ros2={"enabled": True, "domain_id": domain, "interface": "lo", "peers": ["127.0.0.1"], "multicast": False},
+        **sections)
+
+
+@contextlib.contextmanager
+def _running(config: EdgeKVConfig):
+    """The daemon of ``config`` in a thread, ready: yields (daemon, its output); stopped after."""
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+
+    out = io.StringIO()
+    daemon = Daemon(config, DaemonOptions(no_stdin=True, no_server=True, quiet=True), out=out)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(120), out.getvalue()
+        yield daemon, out
+    finally:
+        daemon.stop.event.set()
+        thread.join(60)
+    assert not thread.is_alive()
+
+
 def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
     """The robot streams a synthetic:events video as sensor_msgs/Image at 10 Hz, then asks on
     /edgekv/input_query; the daemon (the shipped toy) answers on /edgekv/output what the ground truth says,
     streams the same answer on /edgekv/output_stream, gives it as JSON with its evidence on /edgekv/output_json
     and the frame it looked at on /edgekv/output_evidence (sensor_msgs/CompressedImage, stamped with the wall time
     it was seen at), and publishes its status as JSON once a second."""
-    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
     from edgekv.toy.questions import answer_of
     from edgekv.toy.quiz import make_quiz
 
@@ -307,35 +336,19 @@ def test_daemon_answers_a_robot_over_ros2_from_what_it_saw(tmp_path):
     quiz = make_quiz(scene.events, 3, seed=scene.seed)
     assert scene.events and len(quiz) == 3
     domain = _domain()
-    config = EdgeKVConfig().with_overrides(
-        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
-        video={"source": "ros2:/camera/image_raw", "fps": 20.0, "resolution": [112, 112]},
-        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
-        server={"enabled": False}, generation={"max_new_tokens": 8, "temperature": 0.0},
-        monitor={"backend": "cpu"},
-        ros2={"enabled": True, "domain_id": domain, "interface": "lo", "peers": ["127.0.0.1"], "multicast": False})
-    out = io.StringIO()
-    daemon = Daemon(config, DaemonOptions(no_stdin=True, no_server=True, quiet=True), out=out)
-    thread = threading.Thread(target=daemon.run, daemon=True)
-    thread.start()
-    robot = None
-    try:
-        assert daemon.ready.wait(120), out.getvalue()
+    with _running(_robot_config(domain)) as (daemon, out):
         started = time.time()
         # the quiz, then the first question again as a JSON request (the last 100 s, two evidence pairs), then a
         # request that names no question
         requests = [json.dumps({"question": quiz[0].question, "last_s": 100, "evidence": 2}), '{"question": 3}']
         robot = Robot(tmp_path, domain, "--spec", SCENE,
                       *[a for text in [qa.question for qa in quiz] + requests for a in ("--ask", text)])
-        result = robot.result(timeout=180)
+        try:
+            result = robot.result(timeout=180)
+        finally:
+            robot.stop()
         frames = {seen["pair"]: daemon.keyframe_jpeg(seen["pair"])
                   for item in map(json.loads, result["json"]) for seen in item["evidence"]}
-    finally:
-        if robot is not None:
-            robot.stop()
-        daemon.stop.event.set()
-        thread.join(60)
-    assert not thread.is_alive()
     assert not result["errors"], (result["errors"], out.getvalue())
     *answered, again, refused = result["answers"]
     assert [answer_of(a) for a in answered] == [qa.answer for qa in quiz], (result["answers"], out.getvalue())
@@ -371,32 +384,16 @@ def test_alerts_reach_the_robot_over_ros2_with_their_keyframe(tmp_path):
     """A standing question (alerts.rules) turns yes while the robot's camera shows a green circle: the alert comes on
     /edgekv/alerts as JSON and its keyframe on /edgekv/alert_image (sensor_msgs/CompressedImage), stamped with the
     wall time its evidence pair was seen at; the bytes are the alert's keyframe, as the API serves it."""
-    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
-
     domain = _domain()
-    config = EdgeKVConfig().with_overrides(
-        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
-        video={"source": "ros2:/camera/image_raw", "fps": 20.0, "resolution": [112, 112]},
-        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
-        server={"enabled": False}, generation={"max_new_tokens": 8, "temperature": 0.0}, monitor={"backend": "cpu"},
-        alerts={"rules": [{"name": "green", "question": "Was there a green circle?", "cooldown_s": 0}]},
-        ros2={"enabled": True, "domain_id": domain, "interface": "lo", "peers": ["127.0.0.1"], "multicast": False})
-    out = io.StringIO()
-    daemon = Daemon(config, DaemonOptions(no_stdin=True, no_server=True, quiet=True), out=out)
-    thread = threading.Thread(target=daemon.run, daemon=True)
-    thread.start()
-    robot = None
-    try:
-        assert daemon.ready.wait(120), out.getvalue()
+    rules = [{"name": "green", "question": "Was there a green circle?", "cooldown_s": 0}]
+    with _running(_robot_config(domain, alerts={"rules": rules})) as (daemon, out):
         started = time.time()
         robot = Robot(tmp_path, domain, "--spec", SCENE, "--alerts", "1")
-        result = robot.result(timeout=180)
-        events = list(daemon.alert_bus.recent)
-    finally:
-        if robot is not None:
+        try:
+            result = robot.result(timeout=180)
+        finally:
             robot.stop()
-        daemon.stop.event.set()
-        thread.join(60)
+        events = list(daemon.alert_bus.recent)
     assert not result["errors"], (result["errors"], out.getvalue())
     (first, *_), (image, *_) = result["alerts"], result["alert_images"]
     alert = json.loads(first)
