@@ -294,11 +294,12 @@ class FrameStore:
         return free is not None and free < self.keep_free_bytes + self.wal_bytes
 
     def _keep_the_floor(self, incoming: int) -> None:
-        """(In a transaction.) A frame goes in only where the file's growth and this transaction's write-ahead log
-        (the new row's pages, the freed ones zeroed, a few b-tree pages) leave ``keep_free_bytes`` of the disk free:
-        while the file would grow (the row needs more than the database's free pages hold) the oldest rows go, their
-        pages reused; when that cannot make the room, an ``OSError`` (ENOSPC) naming the floor: that frame is not
-        written. (Near the floor the log is truncated after each frame, so it never holds more than one.)"""
+        """(In a transaction.) The file grows only where its growth and this transaction's write-ahead log (the new
+        row's pages, the freed ones zeroed, a few b-tree pages) leave ``keep_free_bytes`` of the disk free; else
+        the oldest rows go, their pages reused by the new row, so that near the floor the store keeps its size
+        (as the archive gives up its oldest segments). Without growing, a frame needs only room for its log, which
+        is truncated after each frame while the disk is near the floor; when even that is not there, an
+        ``OSError`` (ENOSPC) naming the floor: that frame is not written."""
         from edgekv.archive.store import disk_free_bytes, size_text
 
         free = disk_free_bytes(self.path.parent)
@@ -307,7 +308,9 @@ class FrameStore:
         log_bytes = 2 * incoming + 8 * self._page
         while True:
             growth = incoming - int(self._db.execute("PRAGMA freelist_count").fetchone()[0]) * self._page
-            if free - max(0, growth) - log_bytes >= self.keep_free_bytes:
+            if growth <= 0 and free > log_bytes:
+                return  # reuses its own pages: the disk loses nothing once the log is folded back
+            if growth > 0 and free - growth - log_bytes >= self.keep_free_bytes:
                 return
             last = None
             if growth > 0:  # only a file that would grow is helped by giving up rows
