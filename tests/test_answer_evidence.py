@@ -196,6 +196,11 @@ def test_evidence_frames_on_disk_outlive_the_ring_and_a_restart(tiny_checkpoint,
         status, _, body = chat(port, "What moved?", max_tokens=2, evidence=8)
         assert status == 200 and all(item["frame"] for item in json.loads(body)["edgekv"]["evidence"])  # all on disk
         assert daemon.status()["frames"]["frames_kept"] == 24
+        # how far back it remembers: the cache its own oldest pair, the archive and the pictures the stream's first
+        reach = daemon.status()["reach"]
+        assert reach["newest_t"] == max(daemon.session.pair_times.values()) and reach["archive_t"] == 0.0
+        assert reach["cache_t"] == min(daemon.session.pair_times.values()) and reach["frames_t"] == 0.0
+        assert reach["newest_unix"] is None  # a recording read as fast as it goes: no wall times
         if importlib.util.find_spec("prometheus_client") is not None:  # /metrics counts them
             metrics = call(port, "GET", "/metrics")[2].decode()
             assert "edgekv_evidence_frames_kept 24.0" in metrics

@@ -94,7 +94,8 @@ def test_page_with_a_token_login_figures_questions_and_states(tiny_checkpoint, t
 
             poll(page, "document.querySelector('#memory polyline').getAttribute('points').split(' ').length >= 3")
             figures = page.inner_text("#figures")
-            for label in ("ingest rate", "fps", "last answer TTFT", "ms", "tok/s", "process RSS"):
+            for label in ("ingest rate", "fps", "last answer TTFT", "ms", "tok/s", "process RSS",
+                          "memory in the cache reaches back\tto "):  # a live camera: the wall time it goes back to
                 assert label in figures, label
             assert page.inner_text("#state") == "live" and not page.is_visible("#banner")
 

@@ -366,6 +366,17 @@ class FrameStore:
             return None
         return self._plain(row[0], pair)
 
+    def oldest_t(self, stream: str | None) -> float | None:
+        """The stream time of ``stream``'s oldest frame kept (None: none, or it does not read)."""
+        if stream is None:
+            return None
+        try:
+            with self._lock:
+                row = self._db.execute("SELECT MIN(t) FROM frames WHERE stream = ?", (stream,)).fetchone()
+        except sqlite3.Error:
+            return None
+        return None if row is None or row[0] is None else float(row[0])
+
     def has(self, stream: str | None, pair: int) -> bool:
         if stream is None or not _storable(pair):
             return False

@@ -64,6 +64,7 @@ from edgekv.apps.wall_times import wall_text
 log = logging.getLogger("edgekv.daemon")
 STOP_BUDGET_S = 8.0  # shutdown after the current step; systemd's TimeoutStopSec is 20 s (jetson/edgekv-camera.service)
 HISTORY = 64  # finished questions kept for the status page
+REACH_EVERY_S = 10.0  # how far back the memory goes (Daemon.reach), worked out at most this often
 
 
 class AnswerCancelled(Exception):
@@ -165,6 +166,7 @@ class Daemon:
         self.quiz: Quiz | None = None  # --quiz: ground-truth questions about a synthetic:events stream
         self.alerts = None  # AlertEngine: standing questions (alerts: in the YAML, /v1/alerts)
         self.frames = None  # FrameStore: evidence frames on disk (archive.frames_mib; apps/daemon/frame_store.py)
+        self._reach: tuple[float, dict] | None = None  # (monotonic time, reach()) worked out last
         self.escalator = None  # Escalator: hard questions to a bigger model (escalate: in the YAML)
         self.image_session = None  # answers questions that carry images (server.image_requests)
         self.alert_bus = None
@@ -1182,7 +1184,35 @@ class Daemon:
             "watchdog_pings": self.watchdog.pings if self.watchdog else None,
             "fleet": self.fleet.stats() if self.fleet is not None else None,
             "frames": self.frames.stats() if self.frames is not None else None,
+            "reach": self.reach(),
         }
+
+    def reach(self) -> dict | None:
+        """How far back the memory goes, for people (the status page, ``/v1/edgekv/status``): the stream time and the
+        wall time of the newest pair and of the oldest one the cache, the archive and the evidence frames on disk
+        still hold (None where there is none, or no wall time: a recording read as fast as it goes). Worked out
+        at most every ``REACH_EVERY_S`` (the page asks every second); any thread, no session lock."""
+        session = self.session
+        if session is None:
+            return None
+        now = time.monotonic()
+        if self._reach is not None and now - self._reach[0] < REACH_EVERY_S:
+            return self._reach[1]
+        held = list(session.pair_times.values())  # one C-level copy: safe beside the main loop's changes
+        recall = session.recall
+        oldest = {"cache": min(held) if held else None,
+                  "archive": recall.archive.oldest_t(recall.stream) if recall is not None else None,
+                  "frames": self.frames.oldest_t(self._frame_stream()) if self.frames is not None else None}
+        newest = max(held) if held else None
+        wall = session.wall  # its anchors only grow at the end: read without the session's lock
+
+        def unix(t):
+            return wall.unix_of(t) if t is not None else None
+
+        out = {"newest_t": newest, "newest_unix": unix(newest),
+               **{f"{k}_t": t for k, t in oldest.items()}, **{f"{k}_unix": unix(t) for k, t in oldest.items()}}
+        self._reach = (now, out)
+        return out
 
     def jpeg_cached(self) -> bool:
         """``latest_jpeg()`` would return without encoding."""

@@ -367,6 +367,15 @@ class FrameArchive:
         with self._lock:
             return len(self._entries)
 
+    def oldest_t(self, stream: bytes | None) -> float | None:
+        """The stream time of the oldest pair of ``stream`` the archive still holds (None: none). Entries are
+        kept in the order they were written, so this walks only past earlier streams' pairs."""
+        with self._lock:
+            for entry in self._entries.values():
+                if entry.stream == stream:
+                    return entry.t
+        return None
+
     @property
     def bytes_on_disk(self) -> int:
         with self._lock:
