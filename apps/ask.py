@@ -9,9 +9,12 @@ import argparse
 import http.client
 import json
 import os
+import re
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
+from pathlib import Path
 
 from edgekv.apps.questions import printable
 from edgekv.apps.wall_times import cli_bound, cli_window, wall_text
@@ -147,6 +150,7 @@ def question_window(last: float | None, t_from: float | None, t_to: float | None
     return {"from": t_from, "to": t_to}
 
 
+MAX_FRAME_BYTES = 16 << 20  # an evidence frame fetched by --frames is read up to this (a JPEG of 4096 px is < 8 MiB)
 CHAT_EXCHANGES = 8  # question-and-answer pairs ``--chat`` sends as the conversation (the daemon takes at most 64 turns)
 
 
@@ -165,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
         body["window"] = window
     if getattr(args, "evidence", None) is not None:
         body["evidence"] = args.evidence  # the daemon checks the number (0-8) and names what was wrong
+    frames = getattr(args, "frames", None)
+    if frames is not None:  # the evidence frames saved here: the evidence is asked for (one pair unless --evidence)
+        Path(frames).mkdir(parents=True, exist_ok=True)  # before asking: a folder that cannot be made is said first
+        body.setdefault("evidence", 1)
     timeout = max(args.timeout, 1.0)
     if getattr(args, "chat", False):
         if args.stream or args.json:
@@ -177,15 +185,68 @@ def run(args: argparse.Namespace) -> int:
         body["stream"] = True
         with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
             extension = _stream_answer(args.url, response, timeout)
-        for line in evidence_lines(extension, args.url):
+        for line in evidence_lines(extension, args.url) + save_evidence_frames(args.url, token, extension, frames,
+                                                                                timeout):
             print(line)
         return 0
     result = _completion(args.url, body, token, timeout)
+    saved = save_evidence_frames(args.url, token, result.get("edgekv"), frames, timeout)
     print(json.dumps(result, indent=2) if args.json else _content(args.url, result))
     if not args.json:
-        for line in evidence_lines(result.get("edgekv"), args.url):
+        for line in evidence_lines(result.get("edgekv"), args.url) + saved:
             print(line)
     return 0
+
+
+def save_evidence_frames(url: str, token: str | None, extension, folder: str | None, timeout: float) -> list[str]:
+    """``--frames DIR``: each evidence frame the daemon still keeps fetched (``GET /frame.jpg?...``) and written to
+    ``folder`` as ``pairN.jpg`` (``CAMERA-pairN.jpg`` with several cameras; names made safe: the daemon's text is not
+    trusted); each evidence item gets its ``frame_file`` (None where none was saved). Lines to print: each file, or
+    why a frame was not saved."""
+    items = extension.get("evidence") if isinstance(extension, dict) else None
+    if folder is None or not isinstance(items, list):
+        return []
+    lines = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        item["frame_file"] = None
+        pair, frame = item.get("pair"), item.get("frame")
+        label = pair if isinstance(pair, int) and not isinstance(pair, bool) else "unknown"
+        if not isinstance(frame, str) or not frame.startswith("/frame.jpg?"):
+            lines.append(f"  frame of pair {printable(str(label), 40)}: no longer kept by the daemon, not saved")
+            continue
+        try:
+            data = _get(url, frame, token, timeout)
+        except (OSError, ValueError) as exc:
+            lines.append(printable(f"  frame of pair {label}: not saved ({exc})"))
+            continue
+        if data[:2] != b"\xff\xd8":
+            lines.append(f"  frame of pair {label}: not saved (the reply is not a JPEG)")
+            continue
+        camera = urllib.parse.parse_qs(urllib.parse.urlsplit(frame).query).get("camera", [""])[0]
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", camera)[:60].strip("._-")
+        path = Path(folder) / f"{stem + '-' if stem else ''}pair{label}.jpg"
+        path.write_bytes(data)
+        item["frame_file"] = str(path)
+        lines.append(printable(f"  frame of pair {label} saved: {path}"))
+    return lines
+
+
+def _get(url: str, path: str, token: str | None, timeout: float) -> bytes:
+    """``GET url+path`` (the bearer token when there is one): the body; an HTTP error a ``ValueError``."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url.rstrip("/") + path, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = response.read(MAX_FRAME_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        raise ValueError(f"HTTP {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
+        raise OSError(f"{type(exc).__name__}") from None
+    if len(data) > MAX_FRAME_BYTES:
+        raise ValueError(f"larger than {MAX_FRAME_BYTES >> 20} MiB")
+    return data
 
 
 def evidence_lines(extension, url: str = "") -> list[str]:
@@ -237,7 +298,8 @@ def chat(args: argparse.Namespace, token: str | None, body: dict, timeout: float
         except ValueError as exc:  # refused (too long, a window of nothing held...): said, the chat goes on
             print(f"edgekv ask: {exc}", file=sys.stderr)
             continue
-        print("\n".join([answer, *evidence_lines(result.get("edgekv"), args.url)]), flush=True)
+        saved = save_evidence_frames(args.url, token, result.get("edgekv"), getattr(args, "frames", None), timeout)
+        print("\n".join([answer, *evidence_lines(result.get("edgekv"), args.url), *saved]), flush=True)
         history = [*history, {"role": "user", "content": question},
                    {"role": "assistant", "content": answer}][-2 * CHAT_EXCHANGES:]
 

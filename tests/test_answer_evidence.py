@@ -137,6 +137,19 @@ def test_an_answer_says_when_its_evidence_was_seen(tiny_checkpoint, tmp_path):
         printed = _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2", "--evidence", "3", "--stream"])
         assert printed.splitlines()[-3:] == [line(item) for item in evidence]
         assert "evidence" not in _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2"])
+        # --frames DIR: each evidence frame still kept saved there, named by its pair, the same bytes as served
+        folder = tmp_path / "frames" / "new"
+        printed = _ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2", "--evidence", "3", "--frames",
+                            str(folder)]).splitlines()
+        files = [folder / f"pair{item['pair']}.jpg" for item in evidence]
+        assert printed == [want.text, *[line(item) for item in evidence],
+                           *[f"  frame of pair {item['pair']} saved: {path}" for item, path in zip(evidence, files)]]
+        assert [path.read_bytes() for path in files] == [call(port, "GET", item["frame"])[2] for item in evidence]
+        one = json.loads(_ask_cli(["What moved?", "--url", url, "--max-new-tokens", "2", "--json", "--frames",
+                                   str(tmp_path / "one")]))  # --frames alone asks for one pair's evidence
+        (item,) = one["edgekv"]["evidence"]
+        assert item["frame_file"] == str(tmp_path / "one" / f"pair{item['pair']}.jpg")
+        assert item["pair"] == want.evidence[0]
         from edgekv.apps.cli import main
 
         with contextlib.redirect_stderr(io.StringIO()) as said:
@@ -222,4 +235,12 @@ def test_the_cli_prints_a_hostile_daemons_evidence_safely():
     assert lines == ["  evidence: stream 2.0 s (frame pair 1; http://h/frame.jpg?pair=1\\x1b[31m)",
                      "  evidence: stream time unknown (frame pair \\n)"]  # escaped, no time it cannot show
     assert evidence_lines({"evidence": []}) == ["  evidence: none (no frame pair of the stream was read for this answer)"]
+    from edgekv.apps.ask import save_evidence_frames
+
+    hostile = {"evidence": [{"pair": "../../x", "frame": None}, {"pair": 2, "frame": "http://elsewhere/x.jpg"}, 7]}
+    assert save_evidence_frames("http://h", None, hostile, "/nonexistent", 1.0) == [
+        "  frame of pair unknown: no longer kept by the daemon, not saved",  # no path from the daemon's text
+        "  frame of pair 2: no longer kept by the daemon, not saved"]  # only the daemon's own /frame.jpg is fetched
+    assert hostile["evidence"][0]["frame_file"] is None
+    assert save_evidence_frames("http://h", None, hostile, None, 1) == []
     assert evidence_lines(None) == evidence_lines({"evidence": "x"}) == evidence_lines([1]) == []

@@ -995,8 +995,9 @@ def add_ask_arguments(parser) -> None:
     parser.add_argument("--key-file", default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--frames", default=None, metavar="DIR",
-                        help="with --fleet: also ask each device for its evidence frame and save each one received "
-                             "in DIR as DEVICE[-CAMERA]-pairN.jpg (a device keeps frames in its keyframe ring, and "
+                        help="save the answer's evidence frames in DIR: from the daemon here, each one it still "
+                             "keeps as [CAMERA-]pairN.jpg (asks for --evidence, 1 by default); with --fleet, each "
+                             "device's as DEVICE[-CAMERA]-pairN.jpg (a device keeps frames in its keyframe ring, and "
                              "on disk with archive.frames_mib)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.epilog = ("examples: edgekv ask 'Was there a red circle?' (the daemon here); edgekv ask --fleet 'Was there "
