@@ -975,12 +975,6 @@ def config_from_dict(data: Any, source: str = "<dict>", base_dir: Path | None = 
             section = getattr(config, name)
             if hasattr(section, "validate"):
                 section.validate(name)
-        if config.archive.dir is not None and config.cache.kv_dtype in ("int8", "fp8"):
-            # the archive stores and recalls a pair's K/V as the cache holds them post-RoPE at 16/32 bits;
-            # an 8-bit cache keeps scales beside time-neutral keys, which the archive's records do not carry
-            raise ConfigError(f"archive.dir is set, so cache.kv_dtype must be fp32, fp16 or bf16 (got "
-                              f"{config.cache.kv_dtype!r}): the archive does not store 8-bit caches yet (with a "
-                              f"16-bit cache, archive.kv_dtype: int8 stores its pairs in 8 bits on flash)")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return _resolve_paths(config, base_dir) if base_dir is not None else config

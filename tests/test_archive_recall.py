@@ -131,7 +131,7 @@ def test_8bit_records_recall_the_same_pairs_and_nearly_the_full_caches_answer(ti
         recalled = session.question_logits("What moved?", recall=True)
     assert session.recall.last.unique_pairs == (3, 6)
     gap, error = (cut_logits - full).abs().max(), (recalled - full).abs().max()
-    assert error < gap / (10 if kv_dtype == "int8" else 4), (float(error), float(gap))
+    assert error < gap / (100 if kv_dtype == "int8" else 20), (float(error), float(gap))
     assert session.cache.length == length and torch.equal(session.question_logits("What moved?"), cut_logits)
     record = session.recall.archive.shape.record_bytes(session.recall.archive.entries()[0].tokens)
     float_shape = type(session.recall.archive.shape)(*[getattr(session.recall.archive.shape, f) for f in
@@ -303,12 +303,32 @@ def test_a_record_failing_its_checksum_is_skipped_for_the_next_best(tiny_checkpo
     assert session.stats()["archive_bad_records"] == 1
 
 
-def test_an_archive_with_an_8_bit_cache_is_refused_naming_both_keys(tmp_path):
-    from edgekv.config import ConfigError, EdgeKVConfig
-
-    with pytest.raises(ConfigError, match=r"archive\.dir is set, so cache\.kv_dtype must be .*'int8'"):
-        EdgeKVConfig().with_overrides(archive={"dir": str(tmp_path)}, cache={"kv_dtype": "int8"})
-    EdgeKVConfig().with_overrides(archive={"dir": str(tmp_path)}, cache={"kv_dtype": "bf16"})  # accepted
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_an_8_bit_cache_recalls_from_8_bit_records(tiny_checkpoint, tmp_path, kv_dtype):
+    """An 8-bit cache (cache.kv_dtype) with an archive (refused before): its pairs are archived as 8-bit records
+    from their dequantized, rotated keys, and recalled into the cache's own time-neutral codes — the same pairs
+    picked back, the logits most of the way back to the uncut cache's, the cache as before after the answer."""
+    session = _runtime(tiny_checkpoint, tmp_path, policy="full", max_tokens=900, kv_dtype=kv_dtype).session()
+    assert session.cache.quantized and session.recall.archive.shape.dtype == str(session.cache.dtype)[6:]
+    _stream(session, 10)
+    full = session.question_logits("What moved?")
+    n = session.cache.length
+    frames = session.cache.frame[:, :, :n]
+    keep_row = [i for i in range(n) if int(frames[0, 0, i]) not in {3, 6}]
+    keep = torch.tensor(keep_row).expand(session.cache.num_layers, session.cache.kv_heads, -1).contiguous()
+    session.cache.compact(keep)
+    cut_logits = session.question_logits("What moved?")
+    before = {name: getattr(session.cache, name).clone() for name in ("k", "v", "k_scale", "v_scale", "tpos")}
+    length = session.cache.length
+    with torch.inference_mode():
+        recalled = session.question_logits("What moved?", recall=True)
+    assert session.recall.last.unique_pairs == (3, 6)
+    gap, error = (cut_logits - full).abs().max(), (recalled - full).abs().max()
+    assert error < gap / (100 if kv_dtype == "int8" else 20), (float(error), float(gap))
+    assert session.cache.length == length
+    for name, was in before.items():
+        assert torch.equal(getattr(session.cache, name)[:, :, :length], was[:, :, :length]), name
+    assert torch.equal(session.question_logits("What moved?"), cut_logits)
 
 
 def test_one_open_archive_a_folder(tiny_checkpoint, tmp_path):

@@ -99,10 +99,12 @@ class Recall:
         self.top_k = int(section.top_k)
         self.mode = section.retrieval
         self.scoring = section.scoring
+        # what is stored on flash: archive.kv_dtype, else as the cache holds it (an 8-bit cache: 8-bit records,
+        # re-quantized from its dequantized, rotated keys: the archive keeps keys rotated at their positions)
         stored = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}.get(section.kv_dtype, cache.dtype)
         self.archive = FrameArchive(
             section.dir, KVShape.of(cache.num_layers, cache.kv_heads, cache.head_dim, stored, section.index_keys),
-            stage_dtype=cache.dtype,
+            stage_dtype=cache.compute_dtype if cache.quantized else cache.dtype,
             max_bytes=int(section.max_gib * 2**30), segment_bytes=int(section.segment_mib * 2**20),
             queue_pairs=section.queue_pairs, max_age_s=section.max_age_s, inv_freq=session.inv_freq.cpu(),
             temporal_section=session.temporal_section, when_full=section.when_full,
@@ -151,9 +153,9 @@ class Recall:
         if self.archive.closed:  # the session let go of its archive folder (session.close()): cache only from here
             return False
         cache, (rows, cols) = self.session.cache, self.session.grid
-        return self.archive.submit(cache.k[:, :, start:start + tokens], cache.v[:, :, start:start + tokens],
-                                   frame=pair, t=t, tpos=tpos, t_offset=self.session.t_offset, rows=rows, cols=cols,
-                                   stream=self.stream)
+        k, v = cache.slots(start, start + tokens)
+        return self.archive.submit(k, v, frame=pair, t=t, tpos=tpos, t_offset=self.session.t_offset, rows=rows,
+                                   cols=cols, stream=self.stream)
 
     # ------------------------------------------------------------------ question side
     def probe(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -241,17 +243,29 @@ class Recall:
                     entry = row[depth[layer]]
                     depth[layer] += 1
                     at = start + len(chosen[layer]) * tokens
-                    need.setdefault(entry.pair, (entry, {}))[1][layer] = (
-                        cache.k[layer, :, at:at + tokens], cache.v[layer, :, at:at + tokens])
+                    entry, targets, slots = need.setdefault(entry.pair, (entry, {}, {}))
+                    targets[layer] = ((cache.k[layer, :, at:at + tokens], cache.v[layer, :, at:at + tokens])
+                                      if not cache.quantized else self._scratch(tokens))
+                    slots[layer] = at
             if not need:
                 break
-            for entry, targets in need.values():
+            for entry, targets, slots in need.values():
                 for layer in sorted(self.archive.read_into(entry, targets)):
+                    if cache.quantized:  # written as the cache writes: time-neutral codes, from the archived rotation
+                        at, (k, v) = slots[layer], targets[layer]
+                        cache.tpos[layer, :, at:at + tokens] = entry.tpos
+                        cache.write_layer(layer, at, k.to(cache.device), v.to(cache.device))
                     chosen[layer].append(entry)
         count = min(len(row) for row in chosen)
         self._prepare(start, [row[:count] for row in chosen])
         cache.commit(count * tokens)
         return tuple(tuple(e.frame for e in row[:count]) for row in chosen)
+
+    def _scratch(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float K/V [kv_heads, P, head_dim] a recalled layer is read into before an 8-bit cache writes it."""
+        cache = self.session.cache
+        shape = (cache.kv_heads, tokens, cache.head_dim)
+        return torch.empty(shape, dtype=self.archive.stage_dtype), torch.empty(shape, dtype=self.archive.stage_dtype)
 
     def _prepare(self, start: int, rows: list[list[ArchivedPair]]) -> None:
         """Metadata of the recalled slots (``rows``: each layer's pairs in slot order, equal counts), and the
@@ -271,7 +285,7 @@ class Recall:
         cols = per_slot(lambda e: e.cols)
         index = torch.arange(tokens, device=device).repeat(len(rows[0]))
         heads = (len(rows), cache.kv_heads, end - start)
-        if bool(delta.any()):
+        if bool(delta.any()) and not cache.quantized:  # an 8-bit cache's keys are time-neutral: tpos moves them
             rotate_temporal_(cache.k[:, :, start:end], delta.expand(heads), session.inv_freq,
                              session.temporal_section)
         cache.kind[:, :, start:end] = int(SlotKind.VISION)

@@ -161,6 +161,17 @@ class CappedKVCache:
         """V, as ``keys``."""
         return self._read(self.v, self.v_scale, layer, end)
 
+    def slots(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of slots ``[start, end)`` of every layer, [layers, kv_heads, n, D] in ``compute_dtype`` with the
+        keys rotated to their slots' positions (what the archive stores of a pair): views of a 16/32-bit cache,
+        dequantized copies of an 8-bit one."""
+        if not self.quantized:
+            return self.k[:, :, start:end], self.v[:, :, start:end]
+        k = dequantize(self.k[:, :, start:end], self.k_scale[:, :, start:end], torch.float32)
+        k = rotate_temporal(k, self.tpos[:, :, start:end], *self.rope)
+        v = dequantize(self.v[:, :, start:end], self.v_scale[:, :, start:end], torch.float32)
+        return k.to(self.compute_dtype), v.to(self.compute_dtype)
+
     def policy_keys(self, end: int) -> "torch.Tensor | DequantizedView":
         """K of slots ``[0, end)`` of every layer for a policy: the buffer's view, or, for an 8-bit cache,
         a ``DequantizedView`` that dequantizes only the layers (or gathered slots) a reader indexes."""
