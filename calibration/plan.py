@@ -240,7 +240,10 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int) -> list[str
     cfg = _model_config(Path(model_dir))
     t = cfg["text"]
     section = config.archive
-    stored = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}.get(section.kv_dtype, _DTYPES[config.model.dtype])
+    eight = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # archive.kv_dtype, else an 8-bit cache's own
+    stored = eight.get(section.kv_dtype, eight.get(config.cache.kv_dtype, _DTYPES[config.model.dtype]))
+    named = (f"{section.kv_dtype} (archive.kv_dtype)" if section.kv_dtype != "auto" else
+             f"{config.cache.kv_dtype} (cache.kv_dtype)" if config.cache.kv_dtype in eight else config.model.dtype)
     shape = KVShape.of(t["num_hidden_layers"], t["num_key_value_heads"],
                        t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"], stored, section.index_keys)
     record = shape.record_bytes(tokens_per_pair)
@@ -251,8 +254,7 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int) -> list[str
     index = pairs * (shape.summary_bytes() + 4 * shape.layers)  # fp16 keys (+ weights) and fp32 norms a pair
     where = f"archive.dir {section.dir}" if section.dir else "archive.dir not set: no archive; were it set"
     lines = [f"archive ({where}): a frame pair of {tokens_per_pair} tokens is {record / 2**20:.2f} MiB on flash "
-             f"({config.model.dtype if section.kv_dtype == 'auto' else section.kv_dtype + ' (archive.kv_dtype)'} "
-             f"K/V of {shape.layers} layers, {shape.index_keys} index key(s), checksums)",
+             f"({named} K/V of {shape.layers} layers, {shape.index_keys} index key(s), checksums)",
              f"  archive.max_gib {section.max_gib:g} GiB hold {pairs:,} pairs: {_hours(pairs / rate)} of video at "
              f"{rate:g} pair(s) a second{' (all cameras)' if cameras else ''}; its index {index / 2**20:.1f} MiB of RAM"
              f" (up to twice that while it grows)"]

@@ -218,3 +218,5 @@ archive: {{dir: {tmp_path / 'archive'}, max_gib: 16, frames_mib: 256, frames_px:
     lines = flash_lines(EdgeKVConfig().with_overrides(archive={"kv_dtype": "int8"}), model_3b, 256)
     assert f"is {eight / 2**20:.2f} MiB on flash (int8 (archive.kv_dtype) K/V" in lines[0]
     assert f"hold {16 * 2**30 // eight:,} pairs" in lines[1] and 1.9 < record / eight < 2
+    lines = flash_lines(EdgeKVConfig().with_overrides(cache={"kv_dtype": "int8"}), model_3b, 256)  # the cache's own
+    assert f"is {eight / 2**20:.2f} MiB on flash (int8 (cache.kv_dtype) K/V" in lines[0]
