@@ -92,6 +92,45 @@ def window_bounds(t_from, t_to, now: float | None = None) -> tuple[str, float, f
     return kind_from, start, end
 
 
+class WindowError(ValueError):
+    """A forget or question window that does not check; ``param`` names the key that is wrong."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def forget_request(body) -> dict:
+    """A forget request's JSON (``POST /v1/memory/forget``, ROS 2's ``input_forget``): ``{"from": t0, "to": t1}``
+    (stream seconds, or wall times) or ``{"last_s": seconds}``, checked; ``Daemon.forget``'s keywords (``t_from`` /
+    ``t_to``, ``unix`` or ``last_s``). ``WindowError`` naming the key that is wrong."""
+    if not isinstance(body, dict):
+        raise WindowError("the request must be a JSON object: {\"from\": t0, \"to\": t1} (stream seconds) or "
+                          "{\"last_s\": seconds}")
+    unknown = sorted(set(body) - {"from", "to", "last_s"})
+    if unknown:
+        raise WindowError(f"unknown field(s) {[printable(str(k), 60) for k in unknown]}: expected from and to, or "
+                          f"last_s", param=str(unknown[0]))
+    last_s = body.get("last_s")
+    if "last_s" in body:
+        if isinstance(last_s, bool) or not isinstance(last_s, (int, float)) or not math.isfinite(last_s):
+            raise WindowError(f"last_s: must be a finite number of seconds, got {printable(repr(last_s), 60)}",
+                              param="last_s")
+        if "from" in body or "to" in body:
+            raise WindowError("give either from and to, or last_s, not both", param="last_s")
+        if not last_s > 0:
+            raise WindowError(f"last_s: must be > 0, got {last_s!r}", param="last_s")
+        return {"last_s": float(last_s)}
+    if body.get("from") is None or body.get("to") is None:
+        raise WindowError("from and to are required (stream seconds, or wall times such as \"10:03\" or "
+                          "\"2026-12-04T10:03:00+01:00\"; from <= to), or last_s", param="from")
+    try:
+        kind, start, end = window_bounds(body["from"], body["to"])
+    except ValueError as exc:
+        raise WindowError(str(exc), param="from" if str(exc).startswith("from") else "to") from None
+    return {"t_from": start, "t_to": end} if kind == "stream" else {"unix": (start, end)}
+
+
 def cli_bound(text: str) -> float | str:
     """A ``--from`` / ``--to`` typed at ``edgekv ask`` or ``edgekv forget``: a number is stream seconds; anything else
     a wall time, checked here and kept as typed until ``cli_window`` reads the two bounds together."""

@@ -507,7 +507,7 @@ def ros_name_problem(name: str) -> str | None:
 
 # the topics of ros2: (apps/outputs/ros2.py), each a name relative to ros2.namespace or absolute
 ROS2_TOPIC_KEYS = ("question_topic", "answer_topic", "token_topic", "status_topic", "json_topic", "evidence_topic",
-                   "alerts_topic", "alert_image_topic")
+                   "alerts_topic", "alert_image_topic", "forget_topic", "forget_result_topic")
 
 
 @dataclass(frozen=True)
@@ -531,6 +531,11 @@ class Ros2Section:
     evidence_topic: str = "output_evidence"  # sensor_msgs/msg/CompressedImage out: the frame the answer looked at
     alerts_topic: str = "alerts"           # std_msgs/msg/String out: each alert (a standing question turned yes), JSON
     alert_image_topic: str = "alert_image"  # sensor_msgs/msg/CompressedImage out: that alert's keyframe
+    # forget over ROS 2: {"last_s": S} or {"from": t0, "to": t1} on forget_topic, the result on forget_result_topic;
+    # off unless accept_forget (anyone on the ROS domain could publish one: nothing listens until it is on)
+    accept_forget: bool = False
+    forget_topic: str = "input_forget"     # std_msgs/msg/String in: a forget request (JSON)
+    forget_result_topic: str = "output_forget"  # std_msgs/msg/String out: what was forgotten (JSON), or the error
     evidence: int = 1                      # frame pairs an answer names on json_topic, most attended first (0: none,
     # and no evidence image; 1-8: the answer's prefill is split before its last token to read the attention)
     status_period_s: float = 1.0

@@ -107,6 +107,8 @@ def main() -> int:
                              "(a std_msgs/String on the image topic)")
     parser.add_argument("--ask", action="append", default=[], help="questions, asked once every frame was ingested")
     parser.add_argument("--alerts", type=int, default=0, help="wait for this many alerts (and their keyframes)")
+    parser.add_argument("--forget", action="append", default=[],
+                        help="forget requests, published after the questions, each waited for")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
 
@@ -131,12 +133,15 @@ def main() -> int:
     evidence = DataReader(participant, Topic(participant, f"rt{ns}/output_evidence", CompressedImage), qos=reliable)
     alerts = DataReader(participant, Topic(participant, f"rt{ns}/alerts", String), qos=reliable)
     alert_images = DataReader(participant, Topic(participant, f"rt{ns}/alert_image", CompressedImage), qos=reliable)
+    forgets = DataWriter(participant, Topic(participant, f"rt{ns}/input_forget", String), qos=reliable)
+    forgotten = DataReader(participant, Topic(participant, f"rt{ns}/output_forget", String), qos=reliable)
     result = {"published": 0, "first_serialized": None, "answers": [], "tokens": [], "status": [], "json": [],
-              "evidence": [], "alerts": [], "alert_images": [], "errors": []}
+              "evidence": [], "alerts": [], "alert_images": [], "forgotten": [], "errors": []}
     deadline = time.monotonic() + args.timeout
 
     def drain() -> None:
-        for reader, key in ((answers, "answers"), (tokens, "tokens"), (status, "status"), (answers_json, "json")):
+        for reader, key in ((answers, "answers"), (tokens, "tokens"), (status, "status"), (answers_json, "json"),
+                            (forgotten, "forgotten")):
             for sample in reader.take(N=64):
                 result[key].append(sample.data)
         for sample in alerts.take(N=16):
@@ -199,6 +204,13 @@ def main() -> int:
             wait(lambda: len(result["json"]) > have, f"the JSON answer to {question!r}")
         seen = len(result["status"])
         wait(lambda: len(result["status"]) > seen, "a status message after the answers")
+    if args.forget and wait(ingested, "the daemon to ingest every frame") and wait(
+            lambda: forgets.get_matched_subscriptions() and forgotten.get_matched_publications(),
+            "the forget topics"):
+        for request in args.forget:
+            have = len(result["forgotten"])
+            forgets.write(String(data=request))
+            wait(lambda: len(result["forgotten"]) > have, f"the result of forget {request!r}")
     if args.alerts:
         wait(lambda: len(result["alerts"]) >= args.alerts and len(result["alert_images"]) >= args.alerts,
              f"{args.alerts} alert(s) and their keyframes")

@@ -294,14 +294,16 @@ def test_a_stopping_capture_wakes_a_source_waiting_on_a_silent_topic():
 
 # ---------------------------------------------------------------------------------------------- the daemon
 @pytest.mark.slow
-def _robot_config(domain: int, **sections) -> EdgeKVConfig:
-    """The shipped toy watching the robot's camera topic, the ROS 2 topics on (loopback, the test's domain)."""
+def _robot_config(domain: int, ros2: dict | None = None, **sections) -> EdgeKVConfig:
+    """The shipped toy watching the robot's camera topic, the ROS 2 topics on (loopback, the test's domain; ``ros2``:
+    more of that section's keys)."""
     return EdgeKVConfig().with_overrides(
         model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
         video={"source": "ros2:/camera/image_raw", "fps": 20.0, "resolution": [112, 112]},
         cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
         server={"enabled": False}, generation={"max_new_tokens": 8, "temperature": 0.0}, monitor={"backend": "cpu"},
-        ros2={"enabled": True, "domain_id": domain, "interface": "lo", "peers": ["127.0.0.1"], "multicast": False},
+        ros2={"enabled": True, "domain_id": domain, "interface": "lo", "peers": ["127.0.0.1"], "multicast": False,
+              **(ros2 or {})},
         **sections)
 
 
@@ -404,6 +406,34 @@ def test_alerts_reach_the_robot_over_ros2_with_their_keyframe(tmp_path):
     assert bytes.fromhex(image["data"]) == event.keyframe_jpeg and image["format"] == "jpeg"
     assert image["sec"] * 10**9 + image["nanosec"] == round(alert["evidence_unix"] * 1e9)
     assert "alerts on /edgekv/alerts (keyframes on /edgekv/alert_image)" in out.getvalue()
+
+
+def test_a_robot_forgets_a_stretch_over_ros2_only_where_it_is_allowed(tmp_path):
+    """ros2.accept_forget: a forget request on /edgekv/input_forget removes the stretch from the cache (the result on
+    /edgekv/output_forget, as the HTTP API's); a request that does not check is answered naming what is wrong;
+    without accept_forget nothing listens on the topic."""
+    domain = _domain()
+    requests = ['{"from": 0, "to": 0.9}', '{"last_s": -1}', "forget it all", '{"from": 1}']
+    with _running(_robot_config(domain, ros2={"accept_forget": True})) as (daemon, out):
+        robot = Robot(tmp_path, domain, "--spec", SCENE, *[a for request in requests for a in ("--forget", request)])
+        try:
+            result = robot.result(timeout=180)
+        finally:
+            robot.stop()
+        held = sorted(daemon.session.pair_times.values())
+        counts = dict(daemon.ros2.counts)
+    assert not result["errors"], (result["errors"], out.getvalue())
+    done, negative, prose, half = [json.loads(text) for text in result["forgotten"]]
+    # pairs 0-4 at 0.2 s a pair (fewer where the busy machine dropped frames, latest frame wins) gone from the cache
+    assert done["from"] == 0.0 and done["to"] == 0.9 and 1 <= done["pairs"] <= 5 and done["cache_slots"] > 0, done
+    assert held and held[0] > 0.9
+    assert negative["error"].startswith("last_s: must be > 0") and prose["error"].startswith("not JSON")
+    assert half["error"].startswith("from and to are required")
+    assert counts["forgets"] == 1 and counts["forgets_refused"] == 3
+    assert "forget requests on /edgekv/input_forget" in out.getvalue()
+    with _running(_robot_config(_domain())) as (daemon, out):  # the default: no forget topics at all
+        assert daemon.ros2.forget_in is None and daemon.ros2.forget_out is None
+        assert "input_forget" not in out.getvalue()
 
 
 def test_two_cameras_answer_their_own_robots_over_ros2(tmp_path):

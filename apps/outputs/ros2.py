@@ -26,6 +26,11 @@ Topic names follow NVIDIA-AI-IOT/ros2_nanollm where it has one (``input_query`` 
                                    turned yes — as JSON (the webhooks' fields, the keyframe left out)
 ``<ns>/alert_image``        out    ``sensor_msgs/msg/CompressedImage``: that alert's keyframe, stamped with
                                    the wall time its evidence pair was seen at (else when it was raised)
+``<ns>/input_forget``       in     with ``ros2.accept_forget`` only: ``{"last_s": S}`` or ``{"from": t0,
+                                   "to": t1}`` (stream seconds, or wall times): that stretch removed from
+                                   everything this camera keeps, as ``POST /v1/memory/forget``
+``<ns>/output_forget``      out    what was forgotten (JSON: pairs, cache slots, archive, frames), or
+                                   ``{"error": ...}`` naming what was wrong
 ==========================  =====  =======================================================================
 
 For a question asked on ``input_query`` the evidence image and the JSON are published before the answer on
@@ -53,6 +58,7 @@ from edgekv.apps.questions import Question, QuestionRefused, evidence_item, logs
 log = logging.getLogger("edgekv.ros2")
 STATS_WAIT_S = 0.25  # the main loop holds the session lock for a whole step: wait this long, else reuse
 ALERTS_QUEUED = 64  # alerts waiting for the channel's thread; past it the oldest is dropped and counted
+FORGETS_QUEUED = 8  # forget requests waiting for the channel's thread; past it one is refused ("busy")
 
 
 def check_ros2(settings: Any) -> None:
@@ -141,9 +147,10 @@ class Ros2Channel:
         self.daemon, self.settings = daemon, settings
         self.names = {key: resolve_name(getattr(settings, key + "_topic"), settings.namespace)
                       for key in ("question", "answer", "token", "status", "json", "evidence", "alerts",
-                                  "alert_image")}
+                                  "alert_image", "forget", "forget_result")}
         self.counts = {"questions": 0, "refused": 0, "malformed": 0, "answers": 0, "status": 0,
-                       "evidence_images": 0, "alerts": 0, "alerts_dropped": 0}
+                       "evidence_images": 0, "alerts": 0, "alerts_dropped": 0, "forgets": 0, "forgets_refused": 0}
+        self._forgets: deque = deque()  # checked forget requests (Daemon.forget keywords), run by this thread
         self._alerts: deque = deque()  # AlertEvents offered by the alert bus, published by this channel's thread
         self._pending: deque[Question] = deque()
         self._cond = threading.Condition()
@@ -159,6 +166,10 @@ class Ros2Channel:
             self.evidence_out = self.graph.publisher(self.names["evidence"], COMPRESSED)
             self.alerts_out = self.graph.publisher(self.names["alerts"])
             self.alert_image_out = self.graph.publisher(self.names["alert_image"], COMPRESSED)
+            self.forget_out = self.forget_in = None
+            if settings.accept_forget:  # nothing listens unless asked: anyone on the domain could publish one
+                self.forget_out = self.graph.publisher(self.names["forget_result"])
+                self.forget_in = self.graph.subscribe(self.names["forget"], STRING, default_qos(), self._forget_arrived)
             self.questions = self.graph.subscribe(self.names["question"], STRING, default_qos(), self._arrived)
         except BaseException:
             self.graph.release()
@@ -169,7 +180,9 @@ class Ros2Channel:
         return (f"questions on {self.names['question']}, answers on {self.names['answer']} (tokens on "
                 f"{self.names['token']}, JSON on {self.names['json']}, evidence frames on {self.names['evidence']}), "
                 f"alerts on {self.names['alerts']} (keyframes on {self.names['alert_image']}), status on "
-                f"{self.names['status']}; ROS domain {self.graph.domain_id}")
+                f"{self.names['status']}"
+                + (f", forget requests on {self.names['forget']} (results on {self.names['forget_result']})"
+                   if self.settings.accept_forget else "") + f"; ROS domain {self.graph.domain_id}")
 
     def start(self) -> Ros2Channel:
         self.thread.start()
@@ -186,11 +199,14 @@ class Ros2Channel:
             self._stopping = True
             self._cond.notify_all()
         self.questions.close()  # no more questions come in
+        if self.forget_in is not None:
+            self.forget_in.close()
         if self.thread.is_alive():
             self.thread.join(timeout=2.0)
         for publication in (self.answers, self.tokens, self.status_out, self.json_out, self.evidence_out,
-                            self.alerts_out, self.alert_image_out):
-            publication.close()
+                            self.alerts_out, self.alert_image_out, self.forget_out):
+            if publication is not None:
+                publication.close()
         self.graph.release()
 
     # ------------------------------------------------------------------ questions in (Cyclone DDS's listener thread)
@@ -234,6 +250,44 @@ class Ros2Channel:
             self._pending.append(question)
             self._cond.notify_all()
 
+    def _forget_arrived(self, raw: bytes) -> None:  # Cyclone DDS's listener thread: checked here, run by ours
+        from edgekv.apps.wall_times import WindowError, forget_request
+        from edgekv.video.ros2 import STRING
+        from edgekv.video.ros_images import decode_cdr
+        from edgekv.video.sources import CorruptFrame
+
+        try:
+            text = decode_cdr(raw, STRING).data.strip()
+            window = forget_request(json.loads(text))
+        except (CorruptFrame, ValueError) as exc:  # not CDR, not JSON, or a window that does not check
+            self.counts["forgets_refused"] += 1
+            why = str(exc) if isinstance(exc, (WindowError, CorruptFrame)) else f"not JSON ({exc})"
+            self._publish(self.forget_out, json.dumps({"error": why}))
+            log.warning("%s: a forget refused (%s)", self.names["forget"], printable(why, 200))
+            return
+        with self._cond:
+            if len(self._forgets) >= FORGETS_QUEUED:  # a flood of requests does not queue without bound
+                self.counts["forgets_refused"] += 1
+                self._publish(self.forget_out, json.dumps({"error": f"busy: {FORGETS_QUEUED} forgets waiting"}))
+                return
+            self._forgets.append(window)
+            self._cond.notify_all()
+
+    def _forget(self, window: dict) -> None:
+        """(This channel's thread.) The stretch removed from everything this camera keeps; the result published."""
+        try:
+            result = self.daemon.forget(**window)
+        except ValueError as exc:  # a window this camera's clock cannot read (a recording has no wall times)
+            self.counts["forgets_refused"] += 1
+            self._publish(self.forget_out, json.dumps({"error": str(exc)}))
+            return
+        except OSError as exc:  # every part done, and a file that could not be rewritten named (as HTTP's 500)
+            self.counts["forgets_refused"] += 1
+            self._publish(self.forget_out, json.dumps({"error": f"forget incomplete: {exc}"}))
+            return
+        self.counts["forgets"] += 1
+        self._publish(self.forget_out, json.dumps(result, default=str))
+
     def _token(self, pieces: _TextPieces, token: int) -> None:  # the daemon's main loop
         piece = pieces.push(token)
         if piece:
@@ -248,15 +302,18 @@ class Ros2Channel:
                 if self._stopping:
                     return
                 done = [q for q in self._pending if q.done.is_set()]
-                if not done and not self._alerts:
+                if not done and not self._alerts and not self._forgets:
                     self._cond.wait(max(0.0, min(next_status - time.monotonic(), 0.05)))
-                alerts = list(self._alerts)
+                alerts, forgets = list(self._alerts), list(self._forgets)
                 self._alerts.clear()
+                self._forgets.clear()
             for question in done:
                 self._pending.remove(question)
                 self._answer(question)
             for event in alerts:
                 self._alert(event)
+            for window in forgets:
+                self._forget(window)
             if time.monotonic() >= next_status:
                 self._publish(self.status_out, json.dumps(self.status(), default=str))
                 self.counts["status"] += 1

@@ -17,14 +17,13 @@ Paused is also ``stream_state: paused`` on the status page, ``/healthz`` and ``/
 from __future__ import annotations
 
 import asyncio
-import math
 
 from fastapi import APIRouter, Request
 
 from edgekv.apps.controls import every_camera, forget_every, pause_every, privacy_state, resume_every
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError, safe_text
-from edgekv.apps.wall_times import window_bounds
+from edgekv.apps.wall_times import WindowError, forget_request
 
 
 def router(api: Api) -> APIRouter:
@@ -62,40 +61,16 @@ def router(api: Api) -> APIRouter:
     @routes.post("/v1/memory/forget")
     async def forget(request: Request):
         body = await api.body(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object: {\"from\": t0, \"to\": t1} (stream "
-                           "seconds) or {\"last_s\": seconds}")
-        unknown = sorted(set(body) - {"from", "to", "last_s"})
-        if unknown:
-            raise ApiError(400, f"unknown field(s) {unknown}: expected from and to, or last_s", param=unknown[0])
-        last_s = body.get("last_s")
-        if last_s is not None and (isinstance(last_s, bool) or not isinstance(last_s, (int, float))
-                                   or not math.isfinite(last_s)):
-            raise ApiError(400, f"last_s: must be a finite number of seconds, got {last_s!r}", param="last_s")
-        bounds = None
-        if "last_s" in body:
-            if "from" in body or "to" in body:
-                raise ApiError(400, "give either from and to, or last_s, not both", param="last_s")
-            if not last_s > 0:
-                raise ApiError(400, f"last_s: must be > 0, got {last_s!r}", param="last_s")
-        elif body.get("from") is None or body.get("to") is None:
-            raise ApiError(400, "from and to are required (stream seconds, or wall times such as \"10:03\" or "
-                                "\"2026-12-04T10:03:00+01:00\"; from <= to), or last_s", param="from")
-        else:
-            try:
-                bounds = window_bounds(body["from"], body["to"])
-            except ValueError as exc:
-                raise ApiError(400, safe_text(str(exc), 300), param="from" if str(exc).startswith("from") else "to") \
-                    from None
-        stream = bounds is not None and bounds[0] == "stream"
-        t_from, t_to = (bounds[1], bounds[2]) if stream else (None, None)
-        unix = (bounds[1], bounds[2]) if bounds is not None and not stream else None
+        try:
+            window = forget_request(body)
+        except WindowError as exc:
+            raise ApiError(400, safe_text(str(exc), 300), param=exc.param) from None
         if not hasattr(daemon, "forget"):
             raise ApiError(503, "this server has no memory to forget from", kind="server_error",
                            code="server_unavailable")
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: forget_every(daemon, t_from, t_to, last_s=last_s, unix=unix))
+                None, lambda: forget_every(daemon, **window))
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         except OSError as exc:  # a snapshot or archive rewrite failed: the cache is clean, the files are not yet
