@@ -514,3 +514,45 @@ def test_rules_added_and_deleted_at_once_are_saved_as_they_stand(tmp_path):
     assert len(standing) == 30
     assert {(rule_id, rule.question) for rule_id, rule in RuleStore(tmp_path).load()} == standing
     assert not list(tmp_path.glob(".alerts.json.tmp-*"))
+
+
+def test_a_standing_question_due_every_pair_does_not_starve_a_question(tmp_path):
+    """Frames always waiting (a recording replayed losslessly, as a slow device's camera) and a standing question
+    due every pair: each answer step the fair share allows went to its evaluation, and a question waited until the
+    stream ended (found probing a daemon: 'no reply within 120 s'). Questions and evaluations now take turns: the
+    question is answered while the stream is still being ingested, and the rule goes on being evaluated."""
+    import io
+    import threading
+
+    from edgekv.apps.daemon.loop import Daemon, DaemonOptions
+    from edgekv.apps.questions import Question
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:events?size=112x112&fps=2&frames=4000&seed=2&rate=0.05", "fps": 2.0,
+               "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64}, server={"enabled": False},
+        monitor={"backend": "cpu"}, alerts={"rules": [{"name": "purple", "question": "Was there a purple triangle?"}]})
+    daemon = Daemon(config, DaemonOptions(no_stdin=True, no_server=True, quiet=True), out=io.StringIO())
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(120)
+        for _ in range(600):  # until the rule has been evaluated (bounded: 60 s)
+            if daemon.alerts.stats()["alert_evaluations"] > 3:
+                break
+            daemon.stream_ended.wait(0.1)
+        question = Question("What color was the cross?", source="stdin", max_new_tokens=2)
+        daemon.submit(question)
+        assert question.done.wait(120) and question.error is None, question.error
+        evaluations = daemon.alerts.stats()["alert_evaluations"]
+        assert not daemon.stream_ended.is_set(), "answered only once the stream had ended: starved"
+        for _ in range(600):  # and the rule is still evaluated after it
+            if daemon.alerts.stats()["alert_evaluations"] > evaluations or daemon.stream_ended.is_set():
+                break
+            daemon.stream_ended.wait(0.1)
+        assert daemon.alerts.stats()["alert_evaluations"] > evaluations
+    finally:
+        daemon.stop.event.set()
+        thread.join(60)

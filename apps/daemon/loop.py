@@ -174,6 +174,7 @@ class Daemon:
         self.fleet = None  # FleetAgent (fleet: in the YAML): MQTT status, alerts and fleet questions
         self._fleet_password: str | None = None
         self._probes: deque = deque()  # standing questions due for an evaluation
+        self._question_went_last = False  # questions and evaluations take turns (_answer_next)
         from edgekv.state import StateKeeper  # imports torch: only once a daemon is made, not for --help
 
         self.state = StateKeeper(config.state, say=self.say)  # persistent memory (state: in the YAML)
@@ -934,13 +935,19 @@ class Daemon:
                 + [Question(text, source="voice") for text in self.spoken])
 
     def _answer_next(self, jumped_ahead: bool) -> None:
-        """One answer step: a command-line question, else a standing question's evaluation (short, and late
-        if it waits), else the next question from the API, stdin or voice."""
+        """One answer step: a standing question's evaluation (short, and late if it waits) or a question — a
+        command-line one first, else the next from the API, stdin or voice — taking turns when both wait. (The
+        evaluations went first always: with a rule due every pair and frames always waiting — a slow device, a
+        recording replayed — every answer step the fair share allowed went to them and a question waited until
+        the stream ended.)"""
         self._update_collector(answering=True)
         started = time.perf_counter()
-        if not self._scheduled and self._probes:
+        asked = bool(self._scheduled) or not self.questions.empty()
+        if self._probes and (not asked or self._question_went_last):
+            self._question_went_last = False
             self._evaluate(self._probes.popleft())
         else:
+            self._question_went_last = True
             self._answer(self._scheduled.popleft() if self._scheduled else self.questions.get_nowait())
         self.fair.answered(time.perf_counter() - started, jumped_ahead)
 
