@@ -110,14 +110,10 @@ def test_recalled_cache_equals_the_full_cache_and_is_cleared_after(tiny_checkpoi
     assert session.stats()["recalls"] == 2 and session.stats()["recalled_pairs"] == 4
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
-def test_8bit_records_recall_the_same_pairs_and_nearly_the_full_caches_answer(tiny_checkpoint, tmp_path, kv_dtype):
-    """archive.kv_dtype int8 / fp8 on a float cache: the same two pairs cut out are recalled (the index keys are
-    the float ones), the cut pairs' K/V come back as the 8-bit scheme gives them, and the question's logits move
-    most of the way back to the uncut cache's; the cache is as before after the answer."""
-    session = _runtime(tiny_checkpoint, tmp_path, archive={"kv_dtype": kv_dtype}, policy="full",
-                       max_tokens=900).session()
-    assert session.recall.archive.shape.quantized
+def _cut_and_recall_8bit(session, kv_dtype: str, buffers: tuple[str, ...]) -> None:
+    """Ten pairs streamed, pairs 3 and 6 cut out of the cache (as an eviction would): recall from 8-bit records must
+    pick exactly them back, the question's logits come back to within a hundredth (int8) or a twentieth (fp8) of
+    the cut cache's distance from the uncut one's, and ``buffers`` of the cache are as before after the answer."""
     _stream(session, 10)
     full = session.question_logits("What moved?")
     n = session.cache.length
@@ -126,13 +122,28 @@ def test_8bit_records_recall_the_same_pairs_and_nearly_the_full_caches_answer(ti
     keep = torch.tensor(keep_row).expand(session.cache.num_layers, session.cache.kv_heads, -1).contiguous()
     session.cache.compact(keep)
     cut_logits = session.question_logits("What moved?")
+    before = {name: getattr(session.cache, name).clone() for name in buffers}
     length = session.cache.length
     with torch.inference_mode():
         recalled = session.question_logits("What moved?", recall=True)
     assert session.recall.last.unique_pairs == (3, 6)
     gap, error = (cut_logits - full).abs().max(), (recalled - full).abs().max()
     assert error < gap / (100 if kv_dtype == "int8" else 20), (float(error), float(gap))
-    assert session.cache.length == length and torch.equal(session.question_logits("What moved?"), cut_logits)
+    assert session.cache.length == length
+    for name, was in before.items():
+        assert torch.equal(getattr(session.cache, name)[:, :, :length], was[:, :, :length]), name
+    assert torch.equal(session.question_logits("What moved?"), cut_logits)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_8bit_records_recall_the_same_pairs_and_nearly_the_full_caches_answer(tiny_checkpoint, tmp_path, kv_dtype):
+    """archive.kv_dtype int8 / fp8 on a float cache: the same two pairs cut out are recalled (the index keys are
+    the float ones), the cut pairs' K/V come back as the 8-bit scheme gives them, and the question's logits move
+    most of the way back to the uncut cache's; the cache is as before after the answer."""
+    session = _runtime(tiny_checkpoint, tmp_path, archive={"kv_dtype": kv_dtype}, policy="full",
+                       max_tokens=900).session()
+    assert session.recall.archive.shape.quantized
+    _cut_and_recall_8bit(session, kv_dtype, ("k", "v", "tpos"))
     record = session.recall.archive.shape.record_bytes(session.recall.archive.entries()[0].tokens)
     float_shape = type(session.recall.archive.shape)(*[getattr(session.recall.archive.shape, f) for f in
                                                        ("layers", "kv_heads", "head_dim")], "float32", 2)
@@ -310,25 +321,7 @@ def test_an_8_bit_cache_recalls_from_8_bit_records(tiny_checkpoint, tmp_path, kv
     picked back, the logits most of the way back to the uncut cache's, the cache as before after the answer."""
     session = _runtime(tiny_checkpoint, tmp_path, policy="full", max_tokens=900, kv_dtype=kv_dtype).session()
     assert session.cache.quantized and session.recall.archive.shape.dtype == str(session.cache.dtype)[6:]
-    _stream(session, 10)
-    full = session.question_logits("What moved?")
-    n = session.cache.length
-    frames = session.cache.frame[:, :, :n]
-    keep_row = [i for i in range(n) if int(frames[0, 0, i]) not in {3, 6}]
-    keep = torch.tensor(keep_row).expand(session.cache.num_layers, session.cache.kv_heads, -1).contiguous()
-    session.cache.compact(keep)
-    cut_logits = session.question_logits("What moved?")
-    before = {name: getattr(session.cache, name).clone() for name in ("k", "v", "k_scale", "v_scale", "tpos")}
-    length = session.cache.length
-    with torch.inference_mode():
-        recalled = session.question_logits("What moved?", recall=True)
-    assert session.recall.last.unique_pairs == (3, 6)
-    gap, error = (cut_logits - full).abs().max(), (recalled - full).abs().max()
-    assert error < gap / (100 if kv_dtype == "int8" else 20), (float(error), float(gap))
-    assert session.cache.length == length
-    for name, was in before.items():
-        assert torch.equal(getattr(session.cache, name)[:, :, :length], was[:, :, :length]), name
-    assert torch.equal(session.question_logits("What moved?"), cut_logits)
+    _cut_and_recall_8bit(session, kv_dtype, ("k", "v", "k_scale", "v_scale", "tpos"))
 
 
 def test_one_open_archive_a_folder(tiny_checkpoint, tmp_path):
