@@ -11,6 +11,7 @@ import os
 import sys
 
 from edgekv.apps.ask import daemon_request
+from edgekv.apps.questions import printable
 from edgekv.apps.wall_times import cli_bound, cli_window, wall_text
 
 
@@ -24,12 +25,61 @@ def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", dest="t_to", type=cli_bound, metavar="T1", help="window end, with --from")
     parser.add_argument("--token-env", default="EDGEKV_TOKEN",
                         help="environment variable holding the daemon's server.token (when it has one)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the rewrite")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds to wait for the rewrite (default: 120; with --fleet, 30 for every answer)")
     parser.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+    fleet = parser.add_argument_group("--fleet: every device of an MQTT fleet (each where fleet.accept_forget is on)")
+    fleet.add_argument("--fleet", action="store_true",
+                       help="ask every device to forget what it saw between two wall times (--from/--to) or in "
+                            "its last --last seconds, and list what each removed or why it did not")
+    fleet.add_argument("--broker", default=None, help="mqtt://host[:port] or mqtts://... (default: --config's)")
+    fleet.add_argument("--config", default=None, help="a daemon's YAML: its fleet: section gives the broker, topic "
+                                                      "prefix, credentials and TLS files")
+    fleet.add_argument("--device", default=None, help="this device only")
+    fleet.add_argument("--camera", default=None, help="this camera of devices with several (default: each)")
+    for name in ("--topic-prefix", "--username", "--password-env", "--ca-file", "--cert-file", "--key-file"):
+        fleet.add_argument(name, default=None)
     parser.set_defaults(func=run)
 
 
+def run_fleet(args: argparse.Namespace) -> int:
+    """``edgekv forget --fleet``: a line per device and camera (what it removed, or why not), then the devices online
+    that did not answer; exit 0 when every device that answered forgot, 1 otherwise (or when none answered)."""
+    from edgekv.apps.outputs.mqtt import FleetError, connection_from_args, forget_fleet
+
+    if args.t_from is not None:
+        if args.t_to is None:
+            raise ValueError("--from needs --to")
+        if not isinstance(args.t_from, str) or not isinstance(args.t_to, str):
+            raise ValueError("--fleet: --from and --to are wall times (14:00, 2026-12-04T14:00:00+01:00); stream "
+                             "seconds are each device's own")
+        wall = cli_window(args.t_from, args.t_to)
+    else:
+        wall = None
+    try:
+        result = forget_fleet(connection_from_args(args), 30.0 if args.timeout is None else args.timeout, args.device,
+                              args.camera, args.last, wall)
+    except FleetError as exc:
+        raise RuntimeError(str(exc)) from None
+    if args.json:
+        print(json.dumps({**result.to_json(), "results": [
+            {"device": a.device, "camera": a.camera, "result": a.raw.get("result"), "error": a.error}
+            for a in result.answers]}, indent=2))
+    else:
+        for answer in result.answers:
+            where = answer.device + (f" ({answer.camera})" if answer.camera else "")
+            outcome = answer.raw.get("result")
+            line = (f"error: {answer.error}" if answer.error else
+                    _summary(outcome) if isinstance(outcome, dict) and "cache_slots" in outcome and "from" in outcome
+                    else f"forgot {outcome.get('pairs')} frame pair(s)" if isinstance(outcome, dict) else "no result")
+            print(printable(f"{where}: {line}"))
+        print(f"{len(result.answers)} answer(s); online but silent: {', '.join(result.silent) or 'none'}")
+    return 0 if result.answers and all(a.error is None for a in result.answers) else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "fleet", False):
+        return run_fleet(args)
     if args.last is not None:
         body = {"last_s": args.last}
     else:
@@ -37,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--from needs --to (stream seconds or wall times)")
         t_from, t_to = cli_window(args.t_from, args.t_to)  # wall times read together, sent with this machine's offset
         body = {"from": t_from, "to": t_to}
-    with daemon_request(args.url, "/v1/memory/forget", body,
-                        os.environ.get(args.token_env) if args.token_env else None, args.timeout) as response:
+    with daemon_request(args.url, "/v1/memory/forget", body, os.environ.get(args.token_env) if args.token_env else None,
+                        120.0 if args.timeout is None else args.timeout) as response:
         result = json.loads(response.read())
     if args.json:
         print(json.dumps(result, indent=2))

@@ -688,6 +688,10 @@ class FleetSection:
     max_payload_bytes: int = 65536   # a larger fleet question is dropped and counted
     status_every_s: float = 30.0     # the retained status is refreshed this often (and on connect)
     max_new_tokens: int = 64         # the most answer tokens a fleet question may ask for (default: generation's)
+    # a fleet forget (P/fleet/forget, P/devices/<id>/forget: a stretch removed from every device's memory) is
+    # carried out only where this is on; elsewhere it is answered "refused" (restrict who may publish on those
+    # topics with the broker's ACL)
+    accept_forget: bool = False
 
     def validate(self, at: str) -> None:
         if self.password is not None:

@@ -248,6 +248,46 @@ def test_a_fleet_question_gets_every_device_answer_with_its_evidence(broker, fle
         listener.close()
 
 
+def test_a_fleet_forget_removes_each_devices_own_stretch_only_where_it_is_accepted(broker, fleet, capsys):
+    """``forget_fleet`` / ``edgekv forget --fleet``: one wall-clock window, 08:00:10-08:00:20, is each device's own
+    stretch of stream time (red 10-20 s, green 5-15 s: they started 0 and 5 s after 08:00); each device where
+    fleet.accept_forget is on removes exactly the pairs it saw then and says how many; one where it is off answers
+    "refused" and keeps everything; a request that does not check is answered naming what is wrong."""
+    from edgekv.apps.cli import main
+    from edgekv.apps.outputs.mqtt import forget_fleet
+
+    listener = Listener(broker.url, ["edgekv/devices/+/status"])
+    try:
+        for name in STREAMS:
+            fleet.add(broker.url, name, accept_forget=name != "cam-blue")
+        assert until(lambda: all(any(s["state"] == "online" for s in _statuses(listener, n)) for n in STREAMS))
+        before = {name: dict(host.session.pair_times) for name, (_, host) in fleet.devices.items()}  # pair -> t
+        result = forget_fleet(broker.url, timeout_s=60, wall=("2027-01-15T08:00:10Z", "2027-01-15T08:00:20Z"))
+        assert sorted(a.device for a in result.answers) == sorted(STREAMS) and result.silent == []
+        by_device = {a.device: a for a in result.answers}
+        for name in ("cam-red", "cam-green"):
+            start = 10.0 - WALL_START[name]
+            gone = sorted(p for p, t in before[name].items() if start <= t <= start + 10.0)
+            answer, host = by_device[name], fleet.devices[name][1]
+            assert answer.error is None and answer.raw["type"] == "edgekv.fleet.forgot", answer
+            assert answer.raw["result"]["pairs"] == len(gone) > 0
+            assert set(host.session.pair_times) == set(before[name]) - set(gone)
+            assert not set(gone) & {int(f) for f in host.session.cache.frame[0, 0, :host.session.cache.length]}
+        assert by_device["cam-blue"].error.startswith("refused: this device does not take forgets from the fleet")
+        assert fleet.devices["cam-blue"][1].session.pair_times == before["cam-blue"]  # kept everything
+        # the command line: the last 2 s of each device's stream, on the two that accept; exit 1 (one refused)
+        assert main(["forget", "--fleet", "--last", "2", "--broker", broker.url, "--timeout", "60"]) == 1
+        out = capsys.readouterr().out
+        assert "cam-red (" in out and "forgot " in out and "cam-blue (" in out and "error: refused" in out
+        assert "3 answer(s); online but silent: none" in out
+        assert main(["forget", "--fleet", "--from", "10", "--to", "20", "--broker", broker.url]) == 2  # stream s
+        assert "stream seconds are each device's own" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="a wall-time window .* or last_s"):
+            forget_fleet(broker.url, timeout_s=5)
+    finally:
+        listener.close()
+
+
 def _drop_counts(agent) -> tuple[int, int, int, int]:
     counts = agent.counts
     return counts["dropped_malformed"], counts["dropped_oversized"], counts["duplicates"], counts["answered"]
@@ -426,7 +466,7 @@ def test_the_daemon_publishes_its_alert_and_status_and_answers_the_fleet(broker,
     pytest.importorskip("fastapi")
     from edgekv.apps.daemon.loop import Daemon, DaemonOptions
     from edgekv.apps.cli import main
-    from edgekv.apps.outputs.mqtt import ask_fleet
+    from edgekv.apps.outputs.mqtt import ask_fleet, forget_fleet
     from edgekv.config import EdgeKVConfig
     from edgekv.video.sources import SourceSpec
     from helpers_server import call
@@ -441,7 +481,7 @@ def test_the_daemon_publishes_its_alert_and_status_and_answers_the_fleet(broker,
         cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
         server={"port": 0}, monitor={"backend": "cpu"}, generation={"max_new_tokens": 8},
         alerts={"rules": [{"question": "Was there a purple triangle?", "every_pairs": 1, "name": "purple"}]},
-        fleet={"broker": broker.url, "device_id": "gate-3", "status_every_s": 0.5})
+        fleet={"broker": broker.url, "device_id": "gate-3", "status_every_s": 0.5, "accept_forget": True})
     listener = Listener(broker.url, ["edgekv/devices/gate-3/#"])
     with open(tmp_path / "out.txt", "w") as log:
         daemon = Daemon(config, DaemonOptions(no_stdin=True, quiet=True), out=log)
@@ -485,6 +525,11 @@ def test_the_daemon_publishes_its_alert_and_status_and_answers_the_fleet(broker,
             assert 'edgekv_fleet_questions_total{outcome="answered"} 3.0' in metrics  # one plain, two with frames
             assert "edgekv_fleet_connected 1.0" in metrics
             assert daemon.status()["fleet"]["dropped_malformed"] == 1 and daemon.session.counters.frame_pairs == 80
+            # a fleet forget of the device's last 5 s: the daemon's own forget (cache, snapshots, archive, frames)
+            last = max(daemon.session.pair_times.values())
+            (forgot,) = forget_fleet(broker.url, timeout_s=120, last_s=5).answers
+            assert forgot.error is None and forgot.raw["result"]["pairs"] == 5, forgot.raw  # a pair a second
+            assert max(daemon.session.pair_times.values()) < last - 4
         finally:
             gate.set()
             daemon.stop.event.set()
@@ -602,3 +647,23 @@ def test_evidence_frames_from_devices_are_checked_and_saved_under_safe_names(tmp
     assert all(p.read_bytes() == jpeg for p in tmp_path.iterdir())
     text = format_result(result, saved)
     assert f", frame {tmp_path / 'etc_x-pair7.jpg'}" in text and "gate-3: no   [evidence: unknown, no frame kept" in text
+
+
+def test_a_fleet_forget_request_is_checked_naming_what_is_wrong():
+    from edgekv.apps.outputs.mqtt import FleetMessageError, parse_forget
+
+    ok = parse_forget(b'{"from": "2027-01-15T08:00:10Z", "to": "2027-01-15T08:00:20Z", "camera": "back"}', _props(),
+                      1000)
+    assert ok.window == {"unix": (1800000010.0, 1800000020.0)} and ok.camera == "back" and ok.correlation == b"c1"
+    assert parse_forget(b'{"last_s": 30}', _props(), 1000).window == {"last_s": 30.0}
+    for payload, message in ((b'{"from": 10, "to": 20}', "stream seconds are each device's own"),
+                             (b'{"last_s": 0}', "last_s: must be > 0"), (b'{"when": 1}', "unknown key 'when'"),
+                             (b'{"from": "2027-01-15T08:00:20Z", "to": "2027-01-15T08:00:10Z"}', "is after to"),
+                             (b"{}", "from and to are required"), (b"[1]", "expected a JSON object"),
+                             (b'{"last_s": 5, "camera": ""}', "camera: expected a camera's name")):
+        with pytest.raises(FleetMessageError, match=message):
+            parse_forget(payload, _props(), 1000)
+    with pytest.raises(FleetMessageError, match="no Response Topic"):
+        parse_forget(b'{"last_s": 5}', _props(None), 1000)
+    with pytest.raises(FleetMessageError, match="over fleet.max_payload_bytes"):
+        parse_forget(b'{"last_s": 5}' + b" " * 2000, _props(), 1000)

@@ -9,6 +9,9 @@ The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are 
     P/devices/D/alerts             AlertEvent.to_json("base64") + "device"
     P/fleet/ask                    a question to every device        (request: Response Topic + Correlation Data)
     P/devices/D/ask                a question to this device only
+    P/fleet/forget                 a stretch to forget on every device (request, as a question; fleet.accept_forget)
+    P/devices/D/forget             ... on this device only           -> {"type": "edgekv.fleet.forgot", device,
+                                                                         camera, result | error}
     <Response Topic>               {"type": "edgekv.fleet.answer", device, camera, answer, evidence_t,
                                     evidence_unix (its wall time, or null), ttft_s, ...; with "frame": true
                                     evidence_jpeg_base64 (its frame, or null where the device keeps none)}
@@ -125,6 +128,16 @@ class FleetTopics:
     def ask_all(self) -> str:
         return f"{self.prefix}/fleet/ask"
 
+    def forget_device(self, device: str) -> str:
+        return f"{self.prefix}/devices/{device}/forget"
+
+    @property
+    def forget_all(self) -> str:
+        return f"{self.prefix}/fleet/forget"
+
+    def is_forget(self, topic: str) -> bool:
+        return topic == self.forget_all or (topic.startswith(f"{self.prefix}/devices/") and topic.endswith("/forget"))
+
     @property
     def statuses(self) -> str:
         return f"{self.prefix}/devices/+/status"
@@ -224,6 +237,58 @@ def _wall_window(body: dict) -> tuple[float, float] | None:
     return start, end
 
 
+FORGET_KEYS = ("from", "to", "last_s", "camera")
+FORGETS_QUEUED = 4  # fleet forgets waiting for the forget thread; past it one is refused ("busy")
+
+
+@dataclass(frozen=True)
+class FleetForget:
+    """A fleet forget as it arrived: ``Daemon.forget``'s keywords (``unix`` or ``last_s``) and where its result
+    goes."""
+
+    window: dict
+    response_topic: str
+    correlation: bytes | None
+    camera: str | None = None
+
+
+def parse_forget(payload: bytes, properties, max_bytes: int) -> FleetForget:
+    """Check a fleet forget: ``{"from": ISO, "to": ISO}`` (wall times: what each device saw then, by its own clock)
+    or ``{"last_s": S}`` (each device's last seconds), ``camera`` optional; ``FleetMessageError`` naming what is
+    wrong."""
+    if len(payload) > max_bytes:
+        raise FleetMessageError("oversized", f"payload of {len(payload)} bytes is over fleet.max_payload_bytes "
+                                             f"({max_bytes})")
+    response_topic = response_topic_of(properties)
+    if response_topic is None:
+        raise FleetMessageError("malformed", "no Response Topic (an MQTT 5 request names where its answer goes) "
+                                             "or one with a wildcard")
+    try:
+        body = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FleetMessageError("malformed", f"not JSON ({printable(str(exc), 120)})") from None
+    if not isinstance(body, dict):
+        raise FleetMessageError("malformed", f"expected a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - set(FORGET_KEYS))
+    if unknown:
+        raise FleetMessageError("malformed", f"unknown key {printable(unknown[0], 60)!r} (known: "
+                                             f"{', '.join(FORGET_KEYS)})")
+    camera = body.pop("camera", None)
+    if camera is not None and (not isinstance(camera, str) or not camera.strip()):
+        raise FleetMessageError("malformed", f"camera: expected a camera's name, got {printable(repr(camera), 60)}")
+    if any(not isinstance(body.get(key), str) for key in ("from", "to") if key in body):
+        raise FleetMessageError("malformed", "from and to: expected two wall times (ISO 8601 strings such as "
+                                             "\"2026-12-04T10:03:00+01:00\"); stream seconds are each device's own")
+    from edgekv.apps.wall_times import forget_request
+
+    try:
+        window = forget_request(body)
+    except ValueError as exc:
+        raise FleetMessageError("malformed", printable(str(exc), 200)) from None
+    correlation = getattr(properties, "CorrelationData", None)
+    return FleetForget(window, response_topic, bytes(correlation) if correlation is not None else None, camera)
+
+
 # ---------------------------------------------------------------------------------------------- hosts
 class FleetHost(Protocol):
     """What answers a device's fleet questions: the daemon (``DaemonHost``) or a bare session (``SessionHost``)."""
@@ -302,6 +367,10 @@ class DaemonHost:
         keyframe = getattr(self.daemon, "keyframe_jpeg", None)
         return keyframe(pair) if callable(keyframe) else None
 
+    def forget(self, **window) -> dict:
+        """A fleet forget on this camera: ``Daemon.forget`` (cache, snapshots, archive, evidence frames, alerts)."""
+        return self.daemon.forget(**window)
+
 
 class SessionHost:
     """A fleet host without a daemon: one ``StreamSession`` whose questions are answered in a thread of its own
@@ -356,6 +425,22 @@ class SessionHost:
 
     def wall_time(self, t: float | None) -> float | None:
         return self.session.wall_time(t) if t is not None else None
+
+    def forget(self, unix: tuple[float, float] | None = None, last_s: float | None = None, **stream) -> dict:
+        """A fleet forget on this session's cache: every stretch it saw between two wall times, or its last
+        seconds (a simulated device keeps nothing else)."""
+        with self._lock:
+            if unix is not None:
+                stretches = self.session.wall_stretches(*unix)
+            else:
+                last = self.session.clock.last_t or 0.0
+                stretches = [(last - last_s, last)] if last_s is not None else [(stream["t_from"], stream["t_to"])]
+            removed = [self.session.forget(a, b) for a, b in stretches]
+        pairs = sorted({p for r in removed for p in r.get("pairs", [])})
+        for pair in pairs:
+            self.times.pop(pair, None)
+        return {"pairs": len(pairs), "stretches": [list(s) for s in stretches],
+                "cache_slots": sum(r.get("slots", 0) for r in removed)}
 
     def _run(self) -> None:
         while True:
@@ -423,7 +508,10 @@ class FleetAgent:
         self.counts: dict[str, int] = dict.fromkeys(
             ("connects", "disconnects", "connect_refused", "connect_failed", "questions_received", "answered",
              "answer_errors", "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent", "answers_sent",
-             "status_sent", "outbox_dropped", "paho_queue_full"), 0)
+             "status_sent", "outbox_dropped", "paho_queue_full", "forgets_received", "forgets_done",
+             "forgets_refused"), 0)
+        self._forgets: deque = deque()  # (FleetForget, host, cameras asked) for the forget thread
+        self._forget_thread: threading.Thread | None = None
         self.last_error: str | None = None
         self.connected = threading.Event()
         self._seen: OrderedDict[tuple[str, bytes | None], None] = OrderedDict()
@@ -521,7 +609,9 @@ class FleetAgent:
         self.counts["connects"] += 1
         self.last_error = None
         client.subscribe([(self.topics.ask_all, SubscribeOptions(qos=1)),
-                          (self.topics.ask_device(self.device), SubscribeOptions(qos=1))])
+                          (self.topics.ask_device(self.device), SubscribeOptions(qos=1)),
+                          (self.topics.forget_all, SubscribeOptions(qos=1)),  # answered "refused" unless accepted
+                          (self.topics.forget_device(self.device), SubscribeOptions(qos=1))])
         log.info("fleet: connected to %s as %s (connection %d)", self.section.broker, self.device,
                  self.counts["connects"])
         with self._cond:
@@ -574,6 +664,9 @@ class FleetAgent:
                             self.device)
 
     def _on_message(self, client, userdata, message) -> None:
+        if self.topics.is_forget(message.topic):
+            self._on_forget(message)
+            return
         self.counts["questions_received"] += 1
         try:
             request = parse_request(message.payload, message.properties, self.section.max_payload_bytes,
@@ -597,6 +690,67 @@ class FleetAgent:
         asked = [host.camera for host in hosts] if len(hosts) > 1 or request.camera is not None else None
         for host in hosts:
             self._ask(request, host, asked)
+
+    def _on_forget(self, message) -> None:
+        """A fleet forget (paho's thread): checked, then run by the forget thread, one at a time (a forget rewrites
+        files: it must not hold up paho's keep-alives); refused where ``fleet.accept_forget`` is off."""
+        self.counts["forgets_received"] += 1
+        try:
+            request = parse_forget(message.payload, message.properties, self.section.max_payload_bytes)
+        except FleetMessageError as exc:
+            self._refuse(exc, message)
+            return
+        key = (request.response_topic, request.correlation)
+        with self._cond:
+            if key in self._seen:
+                self.counts["duplicates"] += 1
+                return
+            self._seen[key] = None
+            while len(self._seen) > SEEN_KEPT:
+                self._seen.popitem(last=False)
+        reply = FleetRequest("", None, request.response_topic, request.correlation)
+        if not self.section.accept_forget:
+            self.counts["forgets_refused"] += 1
+            self._queue(self._reply(reply, {"type": "edgekv.fleet.forgot", "error": "refused: this device does not "
+                                            "take forgets from the fleet (fleet.accept_forget is off)"}))
+            return
+        try:
+            hosts = self._hosts(request.camera)
+        except FleetMessageError as exc:
+            self._refuse(exc, message)
+            return
+        asked = [host.camera for host in hosts] if len(hosts) > 1 or request.camera is not None else None
+        with self._cond:
+            if len(self._forgets) >= FORGETS_QUEUED:
+                self.counts["forgets_refused"] += 1
+                self._queue(self._reply(reply, {"type": "edgekv.fleet.forgot",
+                                                "error": f"busy: {FORGETS_QUEUED} forgets waiting"}))
+                return
+            self._forgets.extend((request, host, asked) for host in hosts)
+            if self._forget_thread is None:
+                self._forget_thread = threading.Thread(target=self._forget_loop, name="edgekv-fleet-forget",
+                                                       daemon=True)
+                self._forget_thread.start()
+            self._cond.notify_all()
+
+    def _forget_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                if not self._forgets:
+                    self._cond.wait(0.5)
+                    continue
+                request, host, asked = self._forgets.popleft()
+            reply = FleetRequest("", None, request.response_topic, request.correlation)
+            body: dict[str, Any] = {"type": "edgekv.fleet.forgot"}
+            try:
+                body["result"] = json.loads(json.dumps(host.forget(**request.window), default=str))
+                self.counts["forgets_done"] += 1
+            except (ValueError, OSError) as exc:  # a window its clock cannot read; a file it could not rewrite
+                self.counts["forgets_refused"] += 1
+                body["error"] = printable(f"{'forget incomplete: ' if isinstance(exc, OSError) else ''}{exc}", 400)
+            log.info("fleet: forget %s on %s: %s", request.window, host.camera,
+                     body.get("error") or f"{body['result'].get('pairs')} pair(s)")
+            self._queue(self._reply(reply, body, host, asked))
 
     def _hosts(self, camera: str | None) -> list:
         """The hosts a question goes to: the camera it names, else each camera of the device (one: the host)."""
@@ -821,6 +975,42 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
     if camera is not None and not camera.strip():
         raise ValueError(f"camera: expected a camera's name, got {camera!r}")
     conn = FleetConnection(connection) if isinstance(connection, str) else connection
+    body: dict[str, Any] = {"question": question}
+    if max_new_tokens is not None:
+        body["max_new_tokens"] = max_new_tokens
+    if camera is not None:
+        body["camera"] = camera
+    if last_s is not None:
+        body["last_s"] = last_s
+    if wall is not None:
+        body["from"], body["to"] = wall
+    if frame:
+        body["frame"] = True
+    return _fleet_request(conn, "ask", body, question, timeout_s, device)
+
+
+def forget_fleet(connection: "FleetConnection | str", timeout_s: float = 10.0, device: str | None = None,
+                 camera: str | None = None, last_s: float | None = None,
+                 wall: tuple[str, str] | None = None) -> FleetResult:
+    """Ask every device (or one, ``device``) to forget a stretch — what each saw between two wall times (``wall``,
+    ISO 8601), or its last ``last_s`` seconds — and gather what each removed (``FleetAnswer.raw["result"]``) or why
+    it did not (``error``: a device where ``fleet.accept_forget`` is off answers "refused"), as ``ask_fleet`` does."""
+    if (wall is None) == (last_s is None):
+        raise ValueError("forget: give a wall-time window (from and to) or last_s, one of them")
+    if device is not None and (not device or any(c in device for c in "/+#\0")):
+        raise ValueError(f"device: one MQTT topic level (no '/', '+', '#'), got {device!r}")
+    conn = FleetConnection(connection) if isinstance(connection, str) else connection
+    body: dict[str, Any] = {"last_s": last_s} if last_s is not None else {"from": wall[0], "to": wall[1]}
+    if camera is not None:
+        body["camera"] = camera
+    what = f"forget the last {last_s:g} s" if last_s is not None else f"forget {wall[0]} to {wall[1]}"
+    return _fleet_request(conn, "forget", body, what, timeout_s, device)
+
+
+def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, timeout_s: float,
+                   device: str | None) -> FleetResult:
+    """One MQTT 5 request to the fleet (``kind`` "ask" or "forget": its topics) and the replies gathered (the
+    module's docstring; ``ask_fleet``'s)."""
     mqtt = _paho()
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
@@ -926,21 +1116,11 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
         properties.MessageExpiryInterval = max(1, math.ceil(timeout_s))
         properties.PayloadFormatIndicator = 1
         properties.ContentType = "application/json"
-        body: dict[str, Any] = {"question": question}
-        if max_new_tokens is not None:
-            body["max_new_tokens"] = max_new_tokens
-        if camera is not None:
-            body["camera"] = camera
-        if last_s is not None:
-            body["last_s"] = last_s
-        if wall is not None:
-            body["from"], body["to"] = wall
-        if frame:
-            body["frame"] = True
         started = time.monotonic()
         sent_at[0] = started
-        client.publish(topics.ask_device(device) if device is not None else topics.ask_all, json.dumps(body),
-                       qos=1, properties=properties)
+        topic = ((topics.ask_device(device) if device is not None else topics.ask_all) if kind == "ask" else
+                 (topics.forget_device(device) if device is not None else topics.forget_all))
+        client.publish(topic, json.dumps(body), qos=1, properties=properties)
         deadline = started + timeout_s
 
         def everyone_answered() -> bool:
@@ -961,7 +1141,7 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
             devices = {name for name, _ in answers}
             silent = sorted(n for n, s in statuses.items() if s == "online" and n not in devices)
             offline = sorted(n for n, s in statuses.items() if s == "offline" and n not in devices)
-        return FleetResult(question, got, silent, offline, time.monotonic() - started)
+        return FleetResult(what, got, silent, offline, time.monotonic() - started)
     finally:
         client.disconnect()
         client.loop_stop()
