@@ -176,9 +176,9 @@ def response_topic_of(properties) -> str | None:
     return topic
 
 
-def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: int) -> FleetRequest:
-    """Check a fleet question; raises ``FleetMessageError`` (kind ``oversized`` or ``malformed``) naming what is
-    wrong."""
+def _request_body(payload: bytes, properties, max_bytes: int, keys: tuple, expected: str) -> tuple[dict, str]:
+    """A fleet request's JSON object (only ``keys``) and its Response Topic; ``FleetMessageError`` (``oversized``,
+    ``malformed``) naming what is wrong."""
     if len(payload) > max_bytes:
         raise FleetMessageError("oversized", f"payload of {len(payload)} bytes is over fleet.max_payload_bytes "
                                              f"({max_bytes})")
@@ -191,11 +191,17 @@ def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: in
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FleetMessageError("malformed", f"not JSON ({printable(str(exc), 120)})") from None
     if not isinstance(body, dict):
-        raise FleetMessageError("malformed", f"expected a JSON object with a question, got {type(body).__name__}")
-    unknown = sorted(set(body) - set(REQUEST_KEYS))
+        raise FleetMessageError("malformed", f"expected {expected}, got {type(body).__name__}")
+    unknown = sorted(set(body) - set(keys))
     if unknown:
-        raise FleetMessageError("malformed", f"unknown key {printable(unknown[0], 60)!r} (known: "
-                                             f"{', '.join(REQUEST_KEYS)})")
+        raise FleetMessageError("malformed", f"unknown key {printable(unknown[0], 60)!r} (known: {', '.join(keys)})")
+    return body, response_topic
+
+
+def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: int) -> FleetRequest:
+    """Check a fleet question; raises ``FleetMessageError`` (kind ``oversized`` or ``malformed``) naming what is
+    wrong."""
+    body, response_topic = _request_body(payload, properties, max_bytes, REQUEST_KEYS, "a JSON object with a question")
     question = body.get("question")
     if not isinstance(question, str) or not question.strip():
         raise FleetMessageError("malformed", "question: expected a non-empty string, got "
@@ -256,23 +262,7 @@ def parse_forget(payload: bytes, properties, max_bytes: int) -> FleetForget:
     """Check a fleet forget: ``{"from": ISO, "to": ISO}`` (wall times: what each device saw then, by its own clock)
     or ``{"last_s": S}`` (each device's last seconds), ``camera`` optional; ``FleetMessageError`` naming what is
     wrong."""
-    if len(payload) > max_bytes:
-        raise FleetMessageError("oversized", f"payload of {len(payload)} bytes is over fleet.max_payload_bytes "
-                                             f"({max_bytes})")
-    response_topic = response_topic_of(properties)
-    if response_topic is None:
-        raise FleetMessageError("malformed", "no Response Topic (an MQTT 5 request names where its answer goes) "
-                                             "or one with a wildcard")
-    try:
-        body = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FleetMessageError("malformed", f"not JSON ({printable(str(exc), 120)})") from None
-    if not isinstance(body, dict):
-        raise FleetMessageError("malformed", f"expected a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - set(FORGET_KEYS))
-    if unknown:
-        raise FleetMessageError("malformed", f"unknown key {printable(unknown[0], 60)!r} (known: "
-                                             f"{', '.join(FORGET_KEYS)})")
+    body, response_topic = _request_body(payload, properties, max_bytes, FORGET_KEYS, "a JSON object")
     camera = body.pop("camera", None)
     if camera is not None and (not isinstance(camera, str) or not camera.strip()):
         raise FleetMessageError("malformed", f"camera: expected a camera's name, got {printable(repr(camera), 60)}")
@@ -674,22 +664,26 @@ class FleetAgent:
         except FleetMessageError as exc:
             self._refuse(exc, message)
             return
-        key = (request.response_topic, request.correlation)
+        if self._duplicate(request.response_topic, request.correlation):
+            return
+        named = self._named_hosts(request.camera, message)
+        if named is None:
+            return
+        hosts, asked = named
+        for host in hosts:
+            self._ask(request, host, asked)
+
+    def _duplicate(self, response_topic: str, correlation: bytes | None) -> bool:
+        """A QoS 1 retransmit of a request already taken (its Response Topic and Correlation Data): counted."""
+        key = (response_topic, correlation)
         with self._cond:
             if key in self._seen:
                 self.counts["duplicates"] += 1
-                return
+                return True
             self._seen[key] = None
             while len(self._seen) > SEEN_KEPT:
                 self._seen.popitem(last=False)
-        try:
-            hosts = self._hosts(request.camera)
-        except FleetMessageError as exc:
-            self._refuse(exc, message)
-            return
-        asked = [host.camera for host in hosts] if len(hosts) > 1 or request.camera is not None else None
-        for host in hosts:
-            self._ask(request, host, asked)
+        return False
 
     def _on_forget(self, message) -> None:
         """A fleet forget (paho's thread): checked, then run by the forget thread, one at a time (a forget rewrites
@@ -700,26 +694,18 @@ class FleetAgent:
         except FleetMessageError as exc:
             self._refuse(exc, message)
             return
-        key = (request.response_topic, request.correlation)
-        with self._cond:
-            if key in self._seen:
-                self.counts["duplicates"] += 1
-                return
-            self._seen[key] = None
-            while len(self._seen) > SEEN_KEPT:
-                self._seen.popitem(last=False)
+        if self._duplicate(request.response_topic, request.correlation):
+            return
         reply = FleetRequest("", None, request.response_topic, request.correlation)
         if not self.section.accept_forget:
             self.counts["forgets_refused"] += 1
             self._queue(self._reply(reply, {"type": "edgekv.fleet.forgot", "error": "refused: this device does not "
                                             "take forgets from the fleet (fleet.accept_forget is off)"}))
             return
-        try:
-            hosts = self._hosts(request.camera)
-        except FleetMessageError as exc:
-            self._refuse(exc, message)
+        named = self._named_hosts(request.camera, message)
+        if named is None:
             return
-        asked = [host.camera for host in hosts] if len(hosts) > 1 or request.camera is not None else None
+        hosts, asked = named
         with self._cond:
             if len(self._forgets) >= FORGETS_QUEUED:
                 self.counts["forgets_refused"] += 1
@@ -751,6 +737,16 @@ class FleetAgent:
             log.info("fleet: forget %s on %s: %s", request.window, host.camera,
                      body.get("error") or f"{body['result'].get('pairs')} pair(s)")
             self._queue(self._reply(reply, body, host, asked))
+
+    def _named_hosts(self, camera: str | None, message) -> tuple[list, list | None] | None:
+        """The hosts a request goes to and the cameras it names in each reply (None with one camera asked without a
+        name); None, after refusing the message, for a camera this device does not have."""
+        try:
+            hosts = self._hosts(camera)
+        except FleetMessageError as exc:
+            self._refuse(exc, message)
+            return None
+        return hosts, [host.camera for host in hosts] if len(hosts) > 1 or camera is not None else None
 
     def _hosts(self, camera: str | None) -> list:
         """The hosts a question goes to: the camera it names, else each camera of the device (one: the host)."""
