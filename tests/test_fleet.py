@@ -667,3 +667,24 @@ def test_a_fleet_forget_request_is_checked_naming_what_is_wrong():
         parse_forget(b'{"last_s": 5}', _props(None), 1000)
     with pytest.raises(FleetMessageError, match="over fleet.max_payload_bytes"):
         parse_forget(b'{"last_s": 5}' + b" " * 2000, _props(), 1000)
+
+
+def test_a_forget_that_fails_unexpectedly_is_answered_and_the_next_is_still_carried_out(broker, fleet):
+    """The forget thread survives any failure of a host's forget: the asker hears why, and the next forget runs."""
+    from edgekv.apps.outputs.mqtt import forget_fleet
+
+    agent, host = fleet.add(broker.url, "cam-red", accept_forget=True)
+    assert until(lambda: agent.connected.is_set())
+    real, calls = host.forget, []
+
+    def flaky(**window):
+        calls.append(window)
+        if len(calls) == 1:
+            raise RuntimeError("the disk controller went away")
+        return real(**window)
+
+    host.forget = flaky
+    (first,) = forget_fleet(broker.url, timeout_s=60, last_s=2).answers
+    assert first.error == "forget failed: RuntimeError: the disk controller went away"
+    (second,) = forget_fleet(broker.url, timeout_s=60, last_s=2).answers
+    assert second.error is None and second.raw["result"]["pairs"] > 0 and len(calls) == 2

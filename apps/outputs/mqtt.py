@@ -734,6 +734,10 @@ class FleetAgent:
             except (ValueError, OSError) as exc:  # a window its clock cannot read; a file it could not rewrite
                 self.counts["forgets_refused"] += 1
                 body["error"] = printable(f"{'forget incomplete: ' if isinstance(exc, OSError) else ''}{exc}", 400)
+            except Exception as exc:  # anything else: said to the asker, and this thread goes on with the next
+                log.exception("fleet: forget %s on %s failed", request.window, host.camera)
+                self.counts["forgets_refused"] += 1
+                body["error"] = printable(f"forget failed: {type(exc).__name__}: {exc}", 400)
             log.info("fleet: forget %s on %s: %s", request.window, host.camera,
                      body.get("error") or f"{body['result'].get('pairs')} pair(s)")
             self._queue(self._reply(reply, body, host, asked))
