@@ -77,9 +77,16 @@ def run_fleet(args: argparse.Namespace) -> int:
     return 0 if result.answers and all(a.error is None for a in result.answers) else 1
 
 
+FLEET_ONLY = ("broker", "config", "device", "camera", "topic_prefix", "username", "password_env", "ca_file",
+              "cert_file", "key_file")
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "fleet", False):
         return run_fleet(args)
+    given = [f"--{name.replace('_', '-')}" for name in FLEET_ONLY if getattr(args, name, None) is not None]
+    if given:  # not silently ignored: the daemon at --url would forget, the fleet would not
+        raise ValueError(f"{', '.join(given)}: only with --fleet (without it edgekv forget asks the daemon at --url)")
     if args.last is not None:
         body = {"last_s": args.last}
     else:

@@ -282,6 +282,8 @@ def test_a_fleet_forget_removes_each_devices_own_stretch_only_where_it_is_accept
         assert "3 answer(s); online but silent: none" in out
         assert main(["forget", "--fleet", "--from", "10", "--to", "20", "--broker", broker.url]) == 2  # stream s
         assert "stream seconds are each device's own" in capsys.readouterr().err
+        assert main(["forget", "--last", "2", "--broker", broker.url, "--device", "cam-red"]) == 2  # not the fleet
+        assert "--broker, --device: only with --fleet" in capsys.readouterr().err
         with pytest.raises(ValueError, match="a wall-time window .* or last_s"):
             forget_fleet(broker.url, timeout_s=5)
     finally:
