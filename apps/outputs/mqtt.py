@@ -970,8 +970,6 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
         raise ValueError(f"question: expected a non-empty string, got {question!r}")
     if not timeout_s > 0:
         raise ValueError(f"timeout: must be > 0 s, got {timeout_s}")
-    if device is not None and (not device or any(c in device for c in "/+#\0")):
-        raise ValueError(f"device: one MQTT topic level (no '/', '+', '#'), got {device!r}")
     if camera is not None and not camera.strip():
         raise ValueError(f"camera: expected a camera's name, got {camera!r}")
     conn = FleetConnection(connection) if isinstance(connection, str) else connection
@@ -997,8 +995,6 @@ def forget_fleet(connection: "FleetConnection | str", timeout_s: float = 10.0, d
     it did not (``error``: a device where ``fleet.accept_forget`` is off answers "refused"), as ``ask_fleet`` does."""
     if (wall is None) == (last_s is None):
         raise ValueError("forget: give a wall-time window (from and to) or last_s, one of them")
-    if device is not None and (not device or any(c in device for c in "/+#\0")):
-        raise ValueError(f"device: one MQTT topic level (no '/', '+', '#'), got {device!r}")
     conn = FleetConnection(connection) if isinstance(connection, str) else connection
     body: dict[str, Any] = {"last_s": last_s} if last_s is not None else {"from": wall[0], "to": wall[1]}
     if camera is not None:
@@ -1011,6 +1007,8 @@ def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, ti
                    device: str | None) -> FleetResult:
     """One MQTT 5 request to the fleet (``kind`` "ask" or "forget": its topics) and the replies gathered (the
     module's docstring; ``ask_fleet``'s)."""
+    if device is not None and (not device or any(c in device for c in "/+#\0")):
+        raise ValueError(f"device: one MQTT topic level (no '/', '+', '#'), got {device!r}")
     mqtt = _paho()
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
