@@ -75,3 +75,56 @@ def test_bench_keepalive_times_both_kinds_of_connection(tmp_path, capsys):
         "healthz_kept": 3, "healthz_fresh": 3, "chat_kept": 1, "chat_fresh": 1}
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "kept-alive median" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_soak_daemon_soaks_a_deployment_config_with_two_cameras(tiny_checkpoint, tmp_path):
+    """``--config``: the deployment's own file (here two cameras, as edgekv-camera runs them: the soak's child
+    once built a single-camera daemon and refused ``video.sources``); streamed chats name a camera in turn (a
+    streamed answer comes from one camera: unnamed, every one was a 400) and the pairs are both cameras'."""
+    from edgekv.apps.cli import main
+
+    config = tmp_path / "two.yaml"
+    config.write_text(
+        f"model: {{path: {json.dumps(str(tiny_checkpoint))}, dtype: fp32, device: cpu}}\n"
+        "video:\n  fps: 2.0\n  resolution: [56, 56]\n  sources:\n"
+        "    - {name: a, source: 'synthetic:shapes?size=56x56&fps=2&frames=100000'}\n"
+        "    - {name: b, source: 'synthetic:shapes?size=56x56&fps=2&frames=100000&seed=3'}\n"
+        "cache: {max_tokens: 400, text_reserve_tokens: 48}\n"
+        "server: {port: 8080}\n"  # a deployment's port: the soak's daemon listens on a free one instead
+        "generation: {max_new_tokens: 2}\nmonitor: {backend: cpu}\n")
+    out_json = tmp_path / "soak.json"
+    code = main(["bench", "soak", "--daemon", "--config", str(config), "--replay", "--hours", "0.0015", "--clients",
+                 "2", "--ask-every-s", "1", "--sample-s", "2", "--json", str(out_json), "--plot", ""])
+    assert code == 0
+    result = json.loads(out_json.read_text())
+    summary = result["summary"]
+    assert summary["client_errors"] == 0, summary["client_error_messages"]
+    assert summary["answers"] >= 2 and summary["pairs"] > 0
+    assert result["setup"]["config"] == str(config) and result["setup"]["model"] == str(tiny_checkpoint)
+    assert summary["cache_bytes"][-1] > 0
+
+
+def test_bench_soak_daemon_stats_sum_the_cameras():
+    from edgekv.apps.bench.soak import _daemon_stats
+
+    page = {"stats": {"frames": 10, "frame_pairs": 5, "cache_capacity_bytes": 100, "errors": 1},
+            "cameras": {"a": {"frames": 10, "frame_pairs": 5, "cache_capacity_bytes": 100},
+                        "b": {"frames": 6, "frame_pairs": 3, "cache_capacity_bytes": 200}}}
+    stats = _daemon_stats(page)
+    assert (stats["frames"], stats["frame_pairs"], stats["cache_capacity_bytes"], stats["errors"]) == (16, 8, 300, 1)
+    one = {"stats": {"frames": 10}, "cameras": {"a": {"frames": 99}}}
+    assert _daemon_stats(one)["frames"] == 10 and _daemon_stats({}) == {}
+
+
+def test_bench_soak_config_is_refused_without_daemon_and_when_wrong(tmp_path, capsys):
+    from edgekv.apps.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cache: {max_tokens: -3}\n")
+    assert main(["bench", "soak", "--config", str(bad), "--hours", "0.001"]) == 2
+    assert "--config soaks a deployment's daemon; add --daemon" in capsys.readouterr().out
+    assert main(["bench", "soak", "--daemon", "--config", str(bad), "--hours", "0.001", "--plot", ""]) == 2
+    assert "cache.max_tokens" in capsys.readouterr().out
+    assert main(["bench", "soak", "--daemon", "--config", str(tmp_path / "none.yaml"), "--hours", "0.001"]) == 2
+    assert "config file not found" in capsys.readouterr().out

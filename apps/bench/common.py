@@ -94,29 +94,37 @@ def model_or_tiny(model: str | None, scratch: str | Path) -> str:
 
 
 def serve_daemon(sections: dict, log_path: str, port_queue) -> None:
-    """Child process: the daemon of ``sections`` (config overrides) paced like a camera, or replaying its source
-    at full speed when ``sections["_replay"]``; its HTTP port goes back through ``port_queue``."""
+    """Child process: the daemon of ``sections`` (config overrides, on top of the file ``sections["_config"]`` when
+    given) paced like a camera, or replaying its source at full speed when ``sections["_replay"]``; its HTTP port goes
+    back through ``port_queue``."""
     import argparse
     import sys
     import threading
 
     from edgekv.apps.daemon.loop import Daemon
-    from edgekv.config import EdgeKVConfig
+    from edgekv.config import EdgeKVConfig, load_config
 
     sections = dict(sections)
     replay = sections.pop("_replay", False)
-    config = EdgeKVConfig().with_overrides(**sections)
+    file = sections.pop("_config", None)  # a deployment's config file, the overrides on top
+    config = (EdgeKVConfig() if file is None else load_config(file)).with_overrides(**sections)
     args = argparse.Namespace(ask=[], ask_every=0, max_frames=None, no_server=False, no_stdin=True, quiet=True,
                               realtime=not replay, exit_at_end=False, voice_wav=None)
     with open(log_path, "w") as out:
-        daemon = Daemon(config, args, out=out)
+        if config.video.sources:  # several cameras on one model, as edgekv-camera runs them
+            from edgekv.apps.daemon.cameras import CameraSet
+
+            runner = CameraSet(config, args, out=out)
+            first = runner.first
+        else:
+            runner = first = Daemon(config, args, out=out)
 
         def report_port() -> None:
-            daemon.ready.wait(300)
-            port_queue.put(daemon.server.port if daemon.server is not None else None)
+            runner.ready.wait(300)
+            port_queue.put(first.server.port if first.server is not None else None)
 
         threading.Thread(target=report_port, daemon=True).start()
-        sys.exit(daemon.run())
+        sys.exit(runner.run())
 
 
 def daemon_port(child, port_queue, limit_s: float = 300.0) -> int | None:

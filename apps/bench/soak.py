@@ -40,30 +40,39 @@ from edgekv.threads import threads_argument
 
 MAX_SAMPLES = 2000
 MAX_ERROR_MESSAGES = 10
+# the options' values when not given (with --daemon --config an option not given leaves the config's value)
+SOAK_DEFAULTS = {"resolution": [224, 224], "policy": "infinipot_v", "max_tokens": 1536, "text_reserve": 256, "sinks": 0,
+                 "fps": 2.0, "answer_tokens": 24, "threads": 1}
 
 
 def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hours", type=float, default=None, help="how long to run (or --pairs)")
     parser.add_argument("--pairs", type=int, default=None, help="frame pairs to ingest (or --hours)")
     parser.add_argument("--model", help="checkpoint dir (default: a fresh tiny random checkpoint)")
-    # defaults: the CPU demo's budget (a random tiny checkpoint at 224 x 224)
-    parser.add_argument("--resolution", type=int, nargs=2, default=[224, 224], metavar=("H", "W"))
-    parser.add_argument("--policy", default="infinipot_v")
-    parser.add_argument("--max-tokens", type=int, default=1536, help="cache cap M")
-    parser.add_argument("--text-reserve", type=int, default=256, help="cache.text_reserve_tokens")
-    parser.add_argument("--sinks", type=int, default=0, help="StateKV sink budget B (policy statekv)")
-    parser.add_argument("--fps", type=float, default=2.0, help="the virtual clock's frame rate (timestamps)")
+    # defaults (SOAK_DEFAULTS): the CPU demo's budget (a random tiny checkpoint at 224 x 224); with --daemon --config
+    # only the ones given on the command line override the config file's
+    parser.add_argument("--resolution", type=int, nargs=2, default=None, metavar=("H", "W"), help="default: 224 224")
+    parser.add_argument("--policy", default=None, help="default: infinipot_v")
+    parser.add_argument("--max-tokens", type=int, default=None, help="cache cap M (default: 1536)")
+    parser.add_argument("--text-reserve", type=int, default=None, help="cache.text_reserve_tokens (default: 256)")
+    parser.add_argument("--sinks", type=int, default=None, help="StateKV sink budget B (policy statekv; default 0)")
+    parser.add_argument("--fps", type=float, default=None,
+                        help="the virtual clock's frame rate (timestamps; --daemon: video.fps) (default: 2.0)")
     parser.add_argument("--ask-every", type=int, default=100, help="ask a question every N frame pairs (0: never)")
-    parser.add_argument("--answer-tokens", type=int, default=24, help="max_new_tokens per question")
+    parser.add_argument("--answer-tokens", type=int, default=None,
+                        help="max_new_tokens per question (default: 24; --daemon --config: the config's generation)")
     parser.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--sample-every-pairs", type=int, default=None,
                         help="sample every N pairs instead of every --sample-s seconds")
-    parser.add_argument("--threads", type=threads_argument, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=threads_argument, default=None, help="torch CPU threads (default: 1)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="any other config key, e.g. --set archive.dir=/tmp/a --set archive.max_gib=0.01 "
                              "(the archive's disk and recall counters then go into the JSON)")
     parser.add_argument("--daemon", action="store_true",
                         help="soak the daemon in a child process with HTTP clients around it (module docstring)")
+    parser.add_argument("--config", default=None,
+                        help="--daemon: soak this deployment config (its model, cameras, archive, alerts, fleet ...; "
+                             "the API on a free port of 127.0.0.1), --set and the options given on top")
     parser.add_argument("--clients", type=int, default=4, help="--daemon: chat clients")
     parser.add_argument("--ask-every-s", type=float, default=10.0, help="--daemon: seconds between a client's chats")
     parser.add_argument("--replay", action="store_true", help="--daemon: the source at full speed, not paced")
@@ -218,6 +227,13 @@ def run_soak(args: argparse.Namespace) -> int:
     if args.hours is None and args.pairs is None:
         print("edgekv bench soak: give --hours H or --pairs N")
         return 2
+    if args.config is not None and not args.daemon:
+        print("edgekv bench soak: --config soaks a deployment's daemon; add --daemon")
+        return 2
+    if args.config is None:
+        for name, value in SOAK_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
     if args.daemon:
         if args.hours is None:
             print("edgekv bench soak --daemon: give --hours H (the daemon's stream has no pair count to stop at)")
@@ -315,10 +331,11 @@ class _Clients(ClientThreads):
 
     join_s = 120.0
 
-    def __init__(self, port: int, args: argparse.Namespace) -> None:
+    def __init__(self, port: int, args: argparse.Namespace, cameras: Sequence[str] = ()) -> None:
         import threading
 
         self.port, self.args = port, args
+        self.cameras = list(cameras)  # video.sources: a streamed answer names one (in turn), the others ask all
         self.requests = self.errors = self.answers = self.abandoned = 0
         self.error_messages: list[str] = []
         self._lock = threading.Lock()
@@ -357,8 +374,11 @@ class _Clients(ClientThreads):
         self._stop.wait(index * self.args.ask_every_s / max(1, self.args.clients))  # spread the clients out
         while not self._stop.is_set():
             stream, abandon = turn % 2 == 1, turn % 10 == 9
-            body = json.dumps({"messages": [{"role": "user", "content": f"What is in the picture, {index}.{turn}?"}],
-                               "max_tokens": self.args.answer_tokens, "stream": stream}).encode()
+            request = {"messages": [{"role": "user", "content": f"What is in the picture, {index}.{turn}?"}],
+                       "max_tokens": self.args.answer_tokens, "stream": stream}
+            if stream and self.cameras:
+                request["camera"] = self.cameras[(index + turn) % len(self.cameras)]
+            body = json.dumps(request).encode()
             status, _ = self._request("POST", "/v1/chat/completions", body, abandon=abandon)
             self._outcome("chat", status)
             with self._lock:
@@ -377,22 +397,14 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
     """``--daemon``: the daemon in a child process, clients around it, samples of its RSS and counters."""
     import multiprocessing
 
-    from edgekv.apps.bench.common import daemon_port, model_or_tiny, serve_daemon
-    from edgekv.config import assignment_sections
+    from edgekv.apps.bench.common import daemon_port, serve_daemon
 
     scratch = Path(tempfile.mkdtemp(prefix="edgekv-soak-"))
-    model_dir = model_or_tiny(args.model, scratch)
-    sections = {"model": {"path": str(model_dir), "dtype": "fp32", "device": "cpu"},
-                "video": {"source": "synthetic:shapes?size=320x240&fps=30&frames=100000000", "fps": args.fps,
-                          "resolution": list(args.resolution)},
-                "cache": {"policy": args.policy, "max_tokens": args.max_tokens, "text_reserve_tokens": args.text_reserve,
-                          "sinks": args.sinks},
-                "server": {"port": 0, "max_new_tokens": max(args.answer_tokens, 1), "queue_size": max(16, args.clients)},
-                "generation": {"max_new_tokens": args.answer_tokens},
-                "runtime": {"threads": args.threads},
-                "monitor": {"interval_s": 1.0, "backend": "cpu"}, "_replay": bool(args.replay)}
-    for name, values in assignment_sections(args.set).items():
-        sections[name] = {**sections.get(name, {}), **values}
+    try:
+        sections, model = _daemon_sections(args, scratch)
+    except ValueError as exc:  # ConfigError: the file or an option, named
+        print(f"edgekv bench soak: {exc}")
+        return 2
     log_path = scratch / "daemon.log"
     context = multiprocessing.get_context("spawn")
     port_queue = context.Queue()
@@ -404,8 +416,8 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
         if port is None:
             print(f"edgekv bench soak: the daemon did not start; see {log_path}")
             return 2
-        print(f"soak --daemon: {args.hours} h, {args.clients} chat clients every {args.ask_every_s:g} s, policy "
-              f"{args.policy}, M={args.max_tokens}, daemon pid {child.pid} on 127.0.0.1:{port} (log {log_path})")
+        print(f"soak --daemon: {args.hours} h, {args.clients} chat clients every {args.ask_every_s:g} s, "
+              f"{_what(args)}, daemon pid {child.pid} on 127.0.0.1:{port} (log {log_path})")
         report, clients = _soak_daemon(child.pid, port, args, seconds)
     finally:
         child.terminate()
@@ -415,7 +427,7 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
     summary = report.summary()
     summary.update(requests=clients.requests, client_errors=clients.errors, answers=clients.answers,
                    abandoned_streams=clients.abandoned, client_error_messages=clients.error_messages)
-    setup = {"model": str(model_dir), "resolution": list(args.resolution), "policy": args.policy,
+    setup = {"model": model, "config": args.config, "resolution": args.resolution, "policy": args.policy,
              "max_tokens": args.max_tokens, "fps": args.fps, "clients": args.clients, "ask_every_s": args.ask_every_s,
              "answer_tokens": args.answer_tokens, "replay": args.replay, "daemon_log": str(log_path),
              "machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_end": list(os.getloadavg()),
@@ -428,10 +440,64 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
           f"{clients.requests} requests, {clients.answers} answers, {clients.abandoned} streams abandoned, "
           f"{clients.errors} client errors; daemon errors {summary['errors']}")
     if args.plot:
-        _plot(report, Path(args.plot), f"soak --daemon {args.hours} h: {args.clients} clients, {args.policy}, "
-                                       f"M={args.max_tokens}")
+        _plot(report, Path(args.plot), f"soak --daemon {args.hours} h: {args.clients} clients, {_what(args)}")
     print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))
     return 130 if report.interrupted else 0  # the figures are written; the exit still says it was cut short
+
+
+def _daemon_sections(args: argparse.Namespace, scratch: Path) -> tuple[dict, str]:
+    """The child daemon's config overrides (``_config``: the file they go on top of) and its model, checked here so
+    that a bad file or option is refused before a process starts. Raises ``ConfigError`` naming what is wrong."""
+    from edgekv.apps.bench.common import model_or_tiny
+    from edgekv.config import EdgeKVConfig, assignment_sections, load_config
+
+    if args.config is None:
+        model = model_or_tiny(args.model, scratch)
+        sections = {"model": {"path": model, "dtype": "fp32", "device": "cpu"},
+                    "video": {"source": "synthetic:shapes?size=320x240&fps=30&frames=100000000", "fps": args.fps,
+                              "resolution": list(args.resolution)},
+                    "cache": {"policy": args.policy, "max_tokens": args.max_tokens,
+                              "text_reserve_tokens": args.text_reserve, "sinks": args.sinks},
+                    "server": {"port": 0, "max_new_tokens": max(args.answer_tokens, 1),
+                               "queue_size": max(16, args.clients)},
+                    "generation": {"max_new_tokens": args.answer_tokens},
+                    "runtime": {"threads": args.threads},
+                    "monitor": {"interval_s": 1.0, "backend": "cpu"}}
+    else:  # the deployment's own config; what the command line gives goes on top, the API on a free local port
+        given = {"video": {"resolution": args.resolution and list(args.resolution), "fps": args.fps},
+                 "cache": {"policy": args.policy, "max_tokens": args.max_tokens, "text_reserve_tokens": args.text_reserve,
+                           "sinks": args.sinks},
+                 "model": {"path": args.model}, "runtime": {"threads": args.threads},
+                 "generation": {"max_new_tokens": args.answer_tokens}}
+        sections = {name: {key: value for key, value in values.items() if value is not None}
+                    for name, values in given.items()}
+        sections["server"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
+    for name, values in assignment_sections(args.set).items():
+        sections[name] = {**sections.get(name, {}), **values}
+    base = EdgeKVConfig() if args.config is None else load_config(args.config)
+    config = base.with_overrides(**sections)
+    if args.config is not None:
+        sections["_config"] = str(Path(args.config).resolve())
+    sections["_replay"] = bool(args.replay)
+    return sections, config.model.path
+
+
+def _what(args: argparse.Namespace) -> str:
+    """The run in a few words, for its first line and its figure's title."""
+    if args.config is not None:
+        return f"config {Path(args.config).name}"
+    return f"policy {args.policy}, M={args.max_tokens}"
+
+
+def _daemon_stats(page: dict) -> dict:
+    """The status page's counters; with several cameras, the frames, pairs and cache bytes of all of them summed
+    (the page's own ``stats`` are the first camera's)."""
+    stats = dict(page.get("stats") or {})
+    cameras = [camera for camera in (page.get("cameras") or {}).values() if isinstance(camera, dict)]
+    if len(cameras) > 1:
+        for key in ("frames", "frame_pairs", "cache_capacity_bytes", "cache_tokens", "compressions", "questions"):
+            stats[key] = sum(camera.get(key) or 0 for camera in cameras)
+    return stats
 
 
 def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float) -> tuple[SoakReport, _Clients]:
@@ -439,9 +505,6 @@ def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float) 
 
     daemon = psutil.Process(pid)
     report = SoakReport()
-    clients = _Clients(port, args).start()
-    started = time.monotonic()
-    last = {"time": started, "frames": None}
 
     def status() -> dict:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -451,6 +514,10 @@ def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float) 
         finally:
             conn.close()
 
+    clients = _Clients(port, args, cameras=list(status().get("cameras") or {})).start()
+    started = time.monotonic()
+    last = {"time": started, "frames": None}
+
     try:
         while True:
             now = time.monotonic()
@@ -459,7 +526,7 @@ def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float) 
             except (OSError, ValueError) as exc:
                 report.record_error(exc)
                 page = None
-            stats = (page or {}).get("stats") or {}
+            stats = _daemon_stats(page or {})
             frames = stats.get("frames", 0)
             interval = now - last["time"]
             fps = ((frames - last["frames"]) / interval if last["frames"] is not None and interval > 0 else None)
