@@ -75,6 +75,88 @@ def test_mono_encodings_repeat_grey_in_every_channel(frame):
     assert np.array_equal(_roundtrip(_image(wide.astype(">u2"), "mono16", bigendian=1), IMAGE)[:, :, 1], grey)
 
 
+# the colour each letter of a Bayer pattern name samples, as image_encodings.hpp's names read (top-left 2x2 block,
+# row by row): BGR channel indices
+_BAYER_CHANNEL = {"b": 0, "g": 1, "r": 2}
+
+
+def _mosaic(bgr: np.ndarray, pattern: str) -> np.ndarray:
+    """A raw Bayer frame sampled from ``bgr`` by hand: pixel (y, x) keeps the channel its place in the pattern names."""
+    out = np.empty(bgr.shape[:2], bgr.dtype)
+    for index, letter in enumerate(pattern):
+        dy, dx = divmod(index, 2)
+        out[dy::2, dx::2] = bgr[dy::2, dx::2, _BAYER_CHANNEL[letter]]
+    return out
+
+
+@pytest.mark.parametrize("pattern", ["rggb", "bggr", "gbrg", "grbg"])
+def test_bayer_mosaics_are_demosaiced_in_the_pattern_their_encoding_names(frame, pattern):
+    """A flat colour sampled through each pattern comes back that colour (a pattern read as another swaps red and
+    blue or mixes green in); a smooth scene comes back close to itself; the 16-bit twins (either byte order) read
+    as their high bytes."""
+    flat = np.zeros((16, 16, 3), np.uint8)
+    flat[:] = (30, 120, 220)  # B, G, R
+    decoded = _roundtrip(_image(_mosaic(flat, pattern), f"bayer_{pattern}8"), IMAGE)
+    assert np.abs(decoded[2:-2, 2:-2].astype(int) - (30, 120, 220)).max() <= 1, (pattern, decoded[8, 8])
+    for other in {"rggb", "bggr", "gbrg", "grbg"} - {pattern}:
+        misread = _roundtrip(_image(_mosaic(flat, pattern), f"bayer_{other}8"), IMAGE)
+        assert np.abs(misread[2:-2, 2:-2].astype(int) - (30, 120, 220)).max() > 40, (pattern, other)
+    smooth = cv2.GaussianBlur(frame, (9, 9), 3)
+    back = _roundtrip(_image(_mosaic(smooth, pattern), f"bayer_{pattern}8"), IMAGE)
+    assert np.abs(back[4:-4, 4:-4].astype(int) - smooth[4:-4, 4:-4]).mean() < 3.0
+    wide = _mosaic(smooth, pattern).astype(np.uint16) * 256 + 77
+    for order, big in (("<u2", 0), (">u2", 1)):
+        sixteen = _roundtrip(_image(wide.astype(order), f"bayer_{pattern}16", bigendian=big), IMAGE)
+        assert np.array_equal(sixteen, back), order
+
+
+def test_sixteen_bit_colour_encodings_read_their_high_bytes_in_either_byte_order(frame):
+    wide = frame.astype(np.uint16) * 256 + 201  # the high byte carries the level
+    alpha = np.full(frame.shape[:2] + (1,), 65535, np.uint16)
+    for encoding, pixels in (("bgr16", wide), ("rgb16", wide[:, :, ::-1]),
+                             ("bgra16", np.concatenate([wide, alpha], 2)),
+                             ("rgba16", np.concatenate([wide[:, :, ::-1], alpha], 2))):
+        for order, big in (("<u2", 0), (">u2", 1)):
+            data = np.ascontiguousarray(pixels).astype(order)
+            assert np.array_equal(_roundtrip(_image(data, encoding, bigendian=big), IMAGE), frame), (encoding, order)
+    with_alpha = np.concatenate([frame, np.full(frame.shape[:2] + (1,), 9, np.uint8)], 2)
+    assert np.array_equal(_roundtrip(_image(with_alpha, "8UC4"), IMAGE), frame)
+
+
+def _planes_420(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Y (h x w), U and V (h/2 x w/2) of ``frame`` by OpenCV's I420 conversion (three separate planes)."""
+    h, w = frame.shape[:2]
+    i420 = cv2.cvtColor(frame, cv2.COLOR_BGR2YUV_I420).reshape(-1)
+    y = i420[:h * w].reshape(h, w)
+    u = i420[h * w:h * w + h * w // 4].reshape(h // 2, w // 2)
+    v = i420[h * w + h * w // 4:].reshape(h // 2, w // 2)
+    return y, u, v
+
+
+def test_nv12_nv21_and_nv24_read_as_the_v4l2_pixel_formats_lay_them_out(frame):
+    """Built by hand from three separate planes (V4L2's pixfmt-yuv-planar: NV12 interleaves U,V after the Y plane,
+    NV21 V,U; NV24 the same at full resolution), padded rows too; read against OpenCV's conversion of the same
+    planes laid out as I420 (three planes), which shares none of the two-plane code."""
+    h, w = frame.shape[:2]
+    y, u, v = _planes_420(frame)
+    reference = cv2.cvtColor(np.concatenate([y.reshape(-1), u.reshape(-1), v.reshape(-1)]).reshape(h * 3 // 2, w),
+                             cv2.COLOR_YUV2BGR_I420)
+    for encoding, first, second in (("nv12", u, v), ("nv21", v, u)):
+        chroma = np.stack([first, second], axis=2).reshape(h // 2, w)
+        for step in (w, w + 16):
+            pad = np.full((h * 3 // 2, step - w), 255, np.uint8)
+            data = np.concatenate([np.concatenate([y, chroma]), pad], axis=1)
+            decoded = _roundtrip(_image(data, encoding, step=step, height=h, width=w), IMAGE)
+            assert np.array_equal(decoded, reference), (encoding, step)
+    full_u, full_v = (np.repeat(np.repeat(plane, 2, 0), 2, 1) for plane in (u, v))  # 4:4:4 of the same samples
+    nv24 = np.concatenate([y.reshape(-1), np.stack([full_u, full_v], 2).reshape(-1)]).reshape(3 * h, w)
+    decoded = _roundtrip(_image(nv24, "nv24", step=w, height=h, width=w), IMAGE)
+    assert np.abs(decoded.astype(int) - reference).max() <= 2  # fixed point (OpenCV) against float (NV24)
+    grey = np.array([[50, 128, 128]], np.uint8)  # Y = 50, then U, V neutral: BT.601 limited range grey 40
+    assert np.array_equal(_roundtrip(_image(grey, "nv24", step=1, height=1, width=1), IMAGE)[0, 0],
+                          [round(255 / 219 * (50 - 16))] * 3)
+
+
 def test_yuv422_is_uyvy_and_yuv422_yuy2_is_yuyv_as_image_encodings_hpp_says():
     """Built by hand from the fourcc definitions: one pixel pair with luma 50 and 200, neutral chroma 128.
     UYVY stores U Y0 V Y1, YUYV stores Y0 U Y1 V. Grey levels by ITU-R BT.601's limited range (what V4L2
@@ -116,6 +198,8 @@ def test_compressed_jpeg_and_png_and_image_transport_formats(frame):
     ("step", "step 100 is less than width 112 x 3 bytes"),
     ("empty", "an empty image (0x0)"),
     ("odd yuv", "the width 3 is odd"),
+    ("odd nv12", "shares a chroma sample among 2x2 pixels, but the image is 4x3 (odd)"),
+    ("truncated nv12", "(needs 24): truncated"),
 ])
 def test_bad_images_name_what_is_wrong(frame, case, message):
     if case == "encoding":
@@ -126,6 +210,10 @@ def test_bad_images_name_what_is_wrong(frame, case, message):
         bad = _image(frame, "bgr8", step=100)
     elif case == "empty":
         bad = _image(np.zeros((0, 0, 3), np.uint8), "bgr8", step=0, height=0, width=0)
+    elif case == "odd nv12":
+        bad = _image(np.zeros((6, 4), np.uint8), "nv12", width=4, height=3)
+    elif case == "truncated nv12":
+        bad = _image(np.zeros((4, 4), np.uint8), "nv12", width=4, height=4)  # the Y plane without its chroma
     else:
         bad = _image(np.zeros((1, 3, 2), np.uint8), "yuv422", step=6, width=3, height=1)
     with pytest.raises(CorruptFrame, match=message.replace("(", r"\(").replace(")", r"\)")):

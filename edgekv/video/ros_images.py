@@ -6,10 +6,19 @@ Messages arrive as CDR bytes (the DDS wire and rosbag2 store the same serializat
 - ``sensor_msgs/msg/Image`` (sensor_msgs/msg/Image.msg: ``header``, ``height``, ``width``, ``encoding``,
   ``is_bigendian``, ``step`` = bytes per row, ``data`` = ``step * height`` bytes). Encodings, as
   sensor_msgs/image_encodings.hpp names them: ``rgb8``, ``bgr8``, ``rgba8``, ``bgra8``, ``mono8``,
-  ``mono16`` (the high byte is kept), ``8UC1``/``8UC3`` (read as mono8/bgr8), and the 4:2:2 YUV pair
-  ``yuv422`` (UYVY byte order, https://www.fourcc.org/pixel-format/yuv-uyvy) and ``yuv422_yuy2`` (YUYV,
-  https://www.fourcc.org/pixel-format/yuv-yuy2; also accepted as ``yuyv``, what some V4L2 drivers write).
-  Rows may be padded (``step`` larger than the pixels need).
+  ``8UC1``/``8UC3``/``8UC4`` (read as mono8/bgr8/bgra8); the 16-bit ``mono16``, ``rgb16``, ``bgr16``,
+  ``rgba16``, ``bgra16`` (``is_bigendian`` says the byte order; the high byte is kept, as cv_bridge's
+  conversion to 8 bits does); the raw Bayer mosaics of machine-vision and CSI sensors ``bayer_rggb8``,
+  ``bayer_bggr8``, ``bayer_gbrg8``, ``bayer_grbg8`` and their 16-bit twins (the pattern names the top-left 2x2
+  block read row by row; demosaiced bilinearly by OpenCV); the 4:2:2 YUV pair ``yuv422`` (UYVY byte order,
+  https://www.fourcc.org/pixel-format/yuv-uyvy) and ``yuv422_yuy2`` (YUYV,
+  https://www.fourcc.org/pixel-format/yuv-yuy2; also accepted as ``uyvy`` / ``yuyv``, the names newer ROS 2
+  releases and some V4L2 drivers write); and the two-plane YUV of hardware encoders and ISPs, ``nv12`` /
+  ``nv21`` (4:2:0: the Y plane, then half as many rows of interleaved U,V / V,U) and ``nv24`` (4:4:4: the Y
+  plane, then as many rows of interleaved U,V, each twice ``step``), as the kernel's V4L2 pixel-format pages
+  lay them out (userspace-api/media/v4l/pixfmt-yuv-planar), BT.601 limited range as OpenCV converts NV12.
+  Rows may be padded (``step`` larger than the pixels need; a chroma row of a two-plane image is ``step``
+  bytes, ``2 * step`` in ``nv24``).
 - ``sensor_msgs/msg/CompressedImage`` (``format``, ``data``): JPEG or PNG, decoded with OpenCV. ``format``
   is either ``jpeg``/``png`` or image_transport's ``"<raw encoding>; <jpeg|png> compressed <target>"``; a
   ``target`` of ``rgb8`` means the compressed pixels are in RGB order and are swapped back.
@@ -45,16 +54,28 @@ IMAGE_TYPES = (IMAGE, COMPRESSED)
 INSTALL_HINT = "pip install 'edgekv[ros2]'"
 MAX_COMPRESSED_PIXELS = 8192 * 8192  # a CompressedImage, decoded (8K video is 33 Mpx)
 
-# encoding -> (bytes per pixel, OpenCV conversion to BGR or None for a plain copy)
+# encoding -> (bytes per pixel, OpenCV conversion to BGR or None for a plain copy); 16-bit ones are read as their
+# high bytes first (_SIXTEEN), Bayer mosaics demosaiced (OpenCV names a pattern by the second row's second and third
+# pixels: ROS's rggb, whose top-left block is R G / G B, is OpenCV's BayerBG, as cv_bridge maps it)
 _ENCODINGS: dict[str, tuple[int, int | None]] = {
     "bgr8": (3, None), "8uc3": (3, None),
     "rgb8": (3, cv2.COLOR_RGB2BGR),
-    "bgra8": (4, cv2.COLOR_BGRA2BGR), "rgba8": (4, cv2.COLOR_RGBA2BGR),
+    "bgra8": (4, cv2.COLOR_BGRA2BGR), "8uc4": (4, cv2.COLOR_BGRA2BGR), "rgba8": (4, cv2.COLOR_RGBA2BGR),
     "mono8": (1, cv2.COLOR_GRAY2BGR), "8uc1": (1, cv2.COLOR_GRAY2BGR),
     "mono16": (2, cv2.COLOR_GRAY2BGR),
+    "bgr16": (6, None), "rgb16": (6, cv2.COLOR_RGB2BGR),
+    "bgra16": (8, cv2.COLOR_BGRA2BGR), "rgba16": (8, cv2.COLOR_RGBA2BGR),
+    "bayer_rggb8": (1, cv2.COLOR_BayerBG2BGR), "bayer_bggr8": (1, cv2.COLOR_BayerRG2BGR),
+    "bayer_gbrg8": (1, cv2.COLOR_BayerGR2BGR), "bayer_grbg8": (1, cv2.COLOR_BayerGB2BGR),
+    "bayer_rggb16": (2, cv2.COLOR_BayerBG2BGR), "bayer_bggr16": (2, cv2.COLOR_BayerRG2BGR),
+    "bayer_gbrg16": (2, cv2.COLOR_BayerGR2BGR), "bayer_grbg16": (2, cv2.COLOR_BayerGB2BGR),
     "yuv422": (2, cv2.COLOR_YUV2BGR_UYVY), "uyvy": (2, cv2.COLOR_YUV2BGR_UYVY),
     "yuv422_yuy2": (2, cv2.COLOR_YUV2BGR_YUYV), "yuyv": (2, cv2.COLOR_YUV2BGR_YUYV),
+    "nv12": (1, cv2.COLOR_YUV2BGR_NV12), "nv21": (1, cv2.COLOR_YUV2BGR_NV21), "nv24": (1, None),
 }
+_SIXTEEN = frozenset(name for name in _ENCODINGS if name.endswith("16"))
+_PACKED_YUV = frozenset({"yuv422", "uyvy", "yuv422_yuy2", "yuyv"})  # a pixel pair shares its chroma
+_TWO_PLANE = {"nv12": 2, "nv21": 2, "nv24": 1}  # the chroma plane's rows: 1 for 2 luma rows (4:2:0), or for 1
 ENCODINGS = tuple(sorted(_ENCODINGS))
 _JPEG_MAGIC, _PNG_MAGIC = b"\xff\xd8", b"\x89PNG\r\n\x1a\n"
 
@@ -110,7 +131,8 @@ def frame_from_message(msg: Any, msgtype: str) -> np.ndarray:
 
 def _from_image(msg: Any) -> np.ndarray:
     encoding = str(msg.encoding)
-    entry = _ENCODINGS.get(encoding.lower())
+    name = encoding.lower()
+    entry = _ENCODINGS.get(name)
     if entry is None:
         raise CorruptFrame(f"{IMAGE}: encoding {encoding!r} is not supported (supported: {', '.join(ENCODINGS)})")
     bpp, conversion = entry
@@ -119,18 +141,26 @@ def _from_image(msg: Any) -> np.ndarray:
         raise CorruptFrame(f"{IMAGE}: an empty image ({width}x{height})")
     if step < width * bpp:
         raise CorruptFrame(f"{IMAGE}: step {step} is less than width {width} x {bpp} bytes of {encoding}")
-    if bpp == 2 and encoding.lower() != "mono16" and width % 2:
+    if name in _PACKED_YUV and width % 2:
         raise CorruptFrame(f"{IMAGE}: {encoding} pairs pixels, but the width {width} is odd")
+    if name in ("nv12", "nv21") and (width % 2 or height % 2):
+        raise CorruptFrame(f"{IMAGE}: {encoding} shares a chroma sample among 2x2 pixels, but the image is "
+                           f"{width}x{height} (odd)")
+    # the bytes the rows take: a two-plane image's chroma rows come after its luma rows
+    needed = step * height + (step * height // 2 if name in ("nv12", "nv21") else 2 * step * height if name == "nv24"
+                              else 0)
     data = np.asarray(msg.data, dtype=np.uint8).reshape(-1)
-    if data.size < step * height:
+    if data.size < needed:
         raise CorruptFrame(f"{IMAGE}: {data.size} bytes of data for a {width}x{height} {encoding} image of step "
-                           f"{step} (needs {step * height}): truncated")
+                           f"{step} (needs {needed}): truncated")
+    if name in _TWO_PLANE:
+        return _from_two_planes(data, name, height, width, step)
     rows = data[:step * height].reshape(height, step)[:, :width * bpp]
-    if encoding.lower() == "mono16":
+    if name in _SIXTEEN:
         order = ">u2" if msg.is_bigendian else "<u2"
-        rows = (np.ascontiguousarray(rows).view(order) >> 8).astype(np.uint8)
-        pixels = rows
-    elif bpp == 2:
+        rows = (np.ascontiguousarray(rows).view(order) >> 8).astype(np.uint8)  # (height, width * channels)
+        bpp //= 2
+    if bpp == 2:
         pixels = np.ascontiguousarray(rows).reshape(height, width, 2)
     elif bpp == 1:
         pixels = np.ascontiguousarray(rows)
@@ -139,6 +169,21 @@ def _from_image(msg: Any) -> np.ndarray:
     if conversion is None:
         return np.array(pixels, dtype=np.uint8, copy=True, order="C")
     return cv2.cvtColor(np.ascontiguousarray(pixels), conversion)
+
+
+def _from_two_planes(data: np.ndarray, name: str, height: int, width: int, step: int) -> np.ndarray:
+    """NV12 / NV21 / NV24: the Y plane (``height`` rows of ``step`` bytes), then the interleaved chroma plane."""
+    luma = data[:step * height].reshape(height, step)[:, :width]
+    if name == "nv24":  # 4:4:4: OpenCV has no two-plane conversion; BT.601 limited range, as its NV12 one is
+        chroma = data[step * height:3 * step * height].reshape(height, 2 * step)[:, :2 * width]
+        y = (luma.astype(np.float32) - 16.0) * 1.164
+        u = chroma[:, 0::2].astype(np.float32) - 128.0
+        v = chroma[:, 1::2].astype(np.float32) - 128.0
+        bgr = np.stack([y + 2.018 * u, y - 0.813 * v - 0.391 * u, y + 1.596 * v], axis=2)
+        return np.clip(np.rint(bgr), 0, 255).astype(np.uint8)
+    chroma = data[step * height:step * height + step * height // 2].reshape(height // 2, step)[:, :width]
+    planes = np.concatenate([luma, chroma], axis=0)  # OpenCV's NV12 / NV21 input: (height * 3 / 2) x width
+    return cv2.cvtColor(np.ascontiguousarray(planes), _ENCODINGS[name][1])
 
 
 def _compressed_kind(fmt: str, data: np.ndarray) -> tuple[str, bool]:

@@ -55,7 +55,7 @@ __all__ = ["GROUND_TRUTH_TOPIC", "RosbagSource", "encode_message", "open_parsed"
 
 GROUND_TRUTH_TOPIC = "/edgekv/ground_truth"
 STORAGES = ("mcap", "sqlite3")
-WRITE_ENCODINGS = ("bgr8", "rgb8", "mono8", "yuv422", "yuv422_yuy2", "jpeg", "png")
+WRITE_ENCODINGS = ("bgr8", "rgb8", "mono8", "yuv422", "yuv422_yuy2", "nv12", "bayer_rggb8", "jpeg", "png")
 DEFAULT_STAMP_BASE_S = 1_700_000_000  # a wall-clock epoch, as a robot's driver would stamp (2023-11-14)
 
 
@@ -217,7 +217,9 @@ def bgr_to_yuv422(frame: np.ndarray, order: str) -> np.ndarray:
 
 def encode_message(frame: np.ndarray, encoding: str, stamp: int, frame_id: str = "camera") -> tuple[str, Any]:
     """``(message type, rosbags message)`` of a BGR frame: an Image in ``encoding`` (bgr8, rgb8, mono8, yuv422 =
-    UYVY, yuv422_yuy2 = YUYV) or a CompressedImage (jpeg, png), stamped ``stamp`` ns."""
+    UYVY, yuv422_yuy2 = YUYV, nv12 = the Y plane then interleaved U,V at half resolution, bayer_rggb8 = the raw
+    mosaic of a sensor whose top-left 2x2 block is R G / G B) or a CompressedImage (jpeg, png), stamped ``stamp``
+    ns."""
     store = typestore()
     Time, Header = store.types["builtin_interfaces/msg/Time"], store.types["std_msgs/msg/Header"]
     header = Header(stamp=Time(sec=stamp // 1_000_000_000, nanosec=stamp % 1_000_000_000), frame_id=frame_id)
@@ -236,6 +238,20 @@ def encode_message(frame: np.ndarray, encoding: str, stamp: int, frame_id: str =
         if frame.shape[1] % 2:
             raise ValueError(f"{encoding} pairs pixels: the frame width {frame.shape[1]} must be even")
         pixels = bgr_to_yuv422(frame, "uyvy" if encoding == "yuv422" else "yuyv")
+    elif encoding == "nv12":
+        height, width = frame.shape[:2]
+        if height % 2 or width % 2:
+            raise ValueError(f"nv12 shares chroma among 2x2 pixels: the frame ({width}x{height}) must be even")
+        planar = cv2.cvtColor(frame, cv2.COLOR_BGR2YUV_I420).reshape(-1)  # Y, then U and V each a quarter
+        luma, quarter = height * width, height * width // 4
+        chroma = np.stack([planar[luma:luma + quarter], planar[luma + quarter:]], axis=1).reshape(height // 2, width)
+        pixels = np.concatenate([planar[:luma].reshape(height, width), chroma])
+        return IMAGE, store.types[IMAGE](header=header, height=height, width=width, encoding=encoding,
+                                         is_bigendian=0, step=width, data=pixels.reshape(-1))
+    elif encoding == "bayer_rggb8":
+        pixels = np.empty(frame.shape[:2], np.uint8)
+        for (dy, dx), channel in (((0, 0), 2), ((0, 1), 1), ((1, 0), 1), ((1, 1), 0)):  # R G / G B, BGR indices
+            pixels[dy::2, dx::2] = frame[dy::2, dx::2, channel]
     else:
         raise ValueError(f"encoding {encoding!r}: expected one of {', '.join(WRITE_ENCODINGS)}")
     pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
