@@ -85,6 +85,32 @@ def test_the_map_survives_its_state_and_refuses_a_damaged_one():
         again.load_state({"anchors": [[5.0, BASE], [1.0, BASE]]})
 
 
+def test_frames_without_wall_times_after_wall_timed_ones_have_none():
+    """A memory kept from a live camera, then fed a recording read as fast as it goes: the recording's frames must
+    not take the live run's last offset (they were seen at no wall time: the anchor ``None``), a window after the
+    live run finds nothing of them, and a later wall-timed frame starts a map of its own again."""
+    wall = _clock((0.0, BASE), (30.0, BASE + 30.0))
+    wall.observe_none(40.0)
+    wall.observe_none(41.0)  # one anchor for the whole stretch
+    assert wall.anchors == [(0.0, BASE), (40.0, None)]
+    assert wall.unix_of(35.0) == BASE + 35.0 and wall.unix_of(40.0) is None and wall.unix_of(500.0) is None
+    assert wall.span(last_t=500.0) == (BASE, BASE + 40.0)
+    assert wall.window(BASE + 30, BASE + 400, last_t=500.0) == (30.0, 40.0)  # the live run's end, no more
+    with pytest.raises(NothingSeen, match="wall times kept span .* to .*"):
+        wall.window(BASE + 100, BASE + 400, last_t=500.0)  # extrapolated, the recording's pairs 100-400 were "seen"
+    wall.observe(600.0, BASE + 7200.0)  # a live camera again, two hours later by the clock
+    assert wall.anchors[-1] == (600.0, BASE + 6600.0) and wall.unix_of(610.0) == BASE + 7210.0
+    assert wall.stretches(BASE, BASE + 8000, last_t=620.0) == [(0.0, 40.0), (600.0, 620.0)]
+    again = WallClock()
+    again.load_state(json.loads(json.dumps(wall.state())))  # JSON null: a snapshot keeps the stretch's lack
+    assert again.anchors == wall.anchors and again.unix_of(45.0) is None
+    empty = WallClock()
+    empty.observe_none(3.0)  # nothing known yet: nothing to say
+    assert empty.anchors == []
+    with pytest.raises(ValueError, match="finite"):
+        again.load_state({"anchors": [[0.0, BASE], [1.0, float("nan")]]})
+
+
 # --------------------------------------------------------------------------------------- wall times as written
 def test_wall_times_as_people_write_them(monkeypatch):
     from edgekv.apps.wall_times import cli_bound, cli_window, parse_wall_time, window_bounds
@@ -282,6 +308,29 @@ def test_the_wall_times_outlive_a_restart(tiny_checkpoint, tmp_path):
             assert session.wall_window(*map(parse_wall_time, stretch)) == window  # the first run's stretch
             newest = max(session.pair_times.values())
             assert newest > seen[-1] and session.wall_time(newest) > session.wall_time(seen[-1])
+
+
+def test_a_recording_fed_to_a_live_runs_memory_is_seen_at_no_wall_time(tiny_checkpoint, tmp_path):
+    """The probe of 2026-12-05: a daemon's memory from a paced (live) run, restarted on a recording read as fast as
+    it goes. The recording's pairs had the live run's last offset, an evidence line said "seen 04:05" at 01:53 and a
+    forget by that time would have removed them; now they have no wall time, and the live run's stretch keeps its."""
+    pytest.importorskip("fastapi")
+    config = _config(tiny_checkpoint).with_overrides(state={"dir": str(tmp_path / "state"), "every_s": 3600})
+    with ended_daemon(config, tmp_path / "first.txt", realtime=True) as first:
+        with first.lock:
+            live = sorted(first.session.pair_times.values())
+            live_unix = first.session.wall_time(live[-1])
+    assert live_unix is not None
+    with ended_daemon(config, tmp_path / "second.txt", realtime=False) as second:
+        with second.lock:
+            session = second.session
+            replayed = sorted(t for t in session.pair_times.values() if t > live[-1])
+            assert session.restored_from is not None and replayed
+            assert all(session.wall_time(t) is None for t in replayed)
+            assert session.wall_time(live[-1]) == live_unix
+            assert session.wall.anchors[-1][1] is None
+            with pytest.raises(NothingSeen):  # the time the recording was read in: nothing was seen then
+                session.wall_window(live_unix + 60.0, live_unix + 3600.0)
 
 
 class _SetBack:

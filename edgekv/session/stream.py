@@ -205,7 +205,8 @@ class StreamSession:
 
         ``captured_unix``: the wall time the frame was captured (seconds since the epoch), kept in the session's
         wall-clock map so that questions and forgets can name a stretch by the clock (``wall_window``,
-        ``edgekv/session/wallclock.py``); None keeps no wall time for it.
+        ``edgekv/session/wallclock.py``); None: it was seen at no known wall time (after frames that had one, the
+        map says so from here until a frame brings one again).
 
         Invalid input raises ``ValueError`` before any state changes, so nothing ingested is lost.
         """
@@ -228,6 +229,8 @@ class StreamSession:
         result = self.ingestor.frame(frame, stamp, started)
         if captured_unix is not None:
             self.wall.observe(stamp.stream, float(captured_unix))
+        else:
+            self.wall.observe_none(stamp.stream)
         return result
 
     def wall_window(self, unix_from: float, unix_to: float) -> tuple[float, float]:

@@ -16,7 +16,10 @@ wall clock was set back, one wall-clock minute happened twice. A question about 
 stretches of stream time it matches (each can be asked for in stream seconds), never silently narrowed; a forget
 removes every one of them (``stretches``). Frames ingested without
 a wall time (a recording read as fast as it is ingested, a snapshot written before the map existed) have none, and
-a window is refused where the map says nothing.
+a window is refused where the map says nothing. Such frames after wall-timed ones (a memory kept from a live camera,
+then fed a recording) add an anchor whose offset is None, "no wall time from here": without it the recording's
+pairs would take the last live offset and be "seen" at wall times when the device saw nothing of them, and a
+forget of that time would remove them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ TOLERANCE_S = 1.0   # a frame whose wall offset differs by more than this from t
 MAX_ANCHORS = 1024
 
 
+def _start(anchor: tuple[float, float | None]) -> float:
+    return anchor[0]
+
+
 class NothingSeen(ValueError):
     """A wall-clock window in which the stream saw nothing (the device was off, paused, or not yet started)."""
 
@@ -45,7 +52,8 @@ class WallClock:
     """The stream-time <-> wall-clock map of one session (the module's docstring)."""
 
     def __init__(self) -> None:
-        self.anchors: list[tuple[float, float]] = []  # (stream time from which it holds, wall - stream), in order
+        # (stream time from which it holds, wall - stream or None: no wall time), in order
+        self.anchors: list[tuple[float, float | None]] = []
         self.dropped = 0  # anchors dropped beyond MAX_ANCHORS
 
     def observe(self, stream_t: float, unix: float) -> None:
@@ -54,8 +62,17 @@ class WallClock:
             raise ValueError(f"captured_unix={unix!r}: a wall time must be a finite number of seconds since the "
                              f"epoch")
         offset = float(unix) - float(stream_t)
-        if self.anchors and abs(offset - self.anchors[-1][1]) <= TOLERANCE_S:
+        if self.anchors and self.anchors[-1][1] is not None and abs(offset - self.anchors[-1][1]) <= TOLERANCE_S:
             return
+        self._anchor(stream_t, offset)
+
+    def observe_none(self, stream_t: float) -> None:
+        """A frame at stream time ``stream_t`` came without a wall time: after wall-timed frames, the map says
+        nothing from here on until a frame brings one (the module's docstring)."""
+        if self.anchors and self.anchors[-1][1] is not None:
+            self._anchor(stream_t, None)
+
+    def _anchor(self, stream_t: float, offset: float | None) -> None:
         if self.anchors and stream_t < self.anchors[-1][0]:  # never: stream time only goes forward
             raise ValueError(f"stream time {stream_t!r} is before the last wall-clock anchor {self.anchors[-1][0]!r}")
         if self.anchors and stream_t == self.anchors[-1][0]:
@@ -67,9 +84,15 @@ class WallClock:
             self.dropped += 1
 
     def unix_of(self, stream_t: float) -> float | None:
-        """The wall time of stream time ``stream_t``, or None when it has none (before the first anchor)."""
-        index = bisect.bisect_right(self.anchors, (float(stream_t), math.inf)) - 1
-        return None if index < 0 else float(stream_t) + self.anchors[index][1]
+        """The wall time of stream time ``stream_t``, or None when it has none (before the first anchor, or in a
+        stretch ingested without wall times)."""
+        index = bisect.bisect_right(self.anchors, float(stream_t), key=_start) - 1
+        if index < 0 or self.anchors[index][1] is None:
+            return None
+        return float(stream_t) + self.anchors[index][1]
+
+    def _known(self) -> bool:
+        return any(offset is not None for _, offset in self.anchors)
 
     def stretches(self, unix_from: float, unix_to: float, last_t: float | None) -> list[tuple[float, float]]:
         """Every separate stretch of stream time seen between wall times ``unix_from`` and ``unix_to`` (up to
@@ -82,11 +105,13 @@ class WallClock:
                                  f"got {value!r}")
         if unix_from > unix_to:
             raise ValueError(f"from ({describe_unix(unix_from)}) is after to ({describe_unix(unix_to)})")
-        if not self.anchors or last_t is None:
+        if not self._known() or last_t is None:
             raise ValueError("no frame of this stream has a wall-clock time (a recording read as fast as it is "
                              "ingested, or frames ingested without captured_unix): give the window in stream seconds")
         stretches: list[list[float]] = []
         for index, (start, offset) in enumerate(self.anchors):
+            if offset is None:  # a stretch seen at no known wall time
+                continue
             end = self.anchors[index + 1][0] if index + 1 < len(self.anchors) else max(start, float(last_t))
             # to the microsecond: seconds since the epoch carry ~0.2 us of float64 rounding at today's dates
             low, high = round(max(start, unix_from - offset), 6), round(min(end, unix_to - offset), 6)
@@ -104,8 +129,8 @@ class WallClock:
         or the window matches several separate stretches (the wall clock was set back), each named."""
         stretches = self.stretches(unix_from, unix_to, last_t)
         if not stretches:
-            known = (f"the wall times kept span {describe_unix(self.anchors[0][0] + self.anchors[0][1])} to "
-                     f"{describe_unix(self.unix_of(max(self.anchors[-1][0], float(last_t))))}")
+            first, last = self.span(last_t)
+            known = f"the wall times kept span {describe_unix(first)} to {describe_unix(last)}"
             raise NothingSeen(f"nothing of this stream was seen between {describe_unix(unix_from)} and "
                               f"{describe_unix(unix_to)} ({known})")
         if len(stretches) > 1:
@@ -116,10 +141,15 @@ class WallClock:
         return stretches[0]
 
     def span(self, last_t: float | None) -> tuple[float, float] | None:
-        """The wall times of the first anchored frame and of the newest frame, or None when none is known."""
-        if not self.anchors or last_t is None:
+        """The wall times of the first and the last frame that had one (the newest frame's, unless the newest
+        stretch came without wall times), or None when none is known."""
+        known = [index for index, (_, offset) in enumerate(self.anchors) if offset is not None]
+        if not known or last_t is None:
             return None
-        return self.anchors[0][0] + self.anchors[0][1], self.unix_of(max(self.anchors[-1][0], float(last_t)))
+        first_start, first_offset = self.anchors[known[0]]
+        start, offset = self.anchors[known[-1]]
+        end = self.anchors[known[-1] + 1][0] if known[-1] + 1 < len(self.anchors) else max(start, float(last_t))
+        return first_start + first_offset, end + offset
 
     def state(self) -> dict:
         return {"anchors": [list(anchor) for anchor in self.anchors], "dropped": self.dropped}
@@ -129,8 +159,9 @@ class WallClock:
         self.anchors, self.dropped = [], 0
         if state is None:
             return
-        anchors = [(float(start), float(offset)) for start, offset in state["anchors"]]
+        anchors = [(float(start), None if offset is None else float(offset)) for start, offset in state["anchors"]]
         starts = [start for start, _ in anchors]
-        if any(not (math.isfinite(s) and math.isfinite(o)) for s, o in anchors) or starts != sorted(set(starts)):
-            raise ValueError("wall-clock anchors must be finite and in stream-time order")
+        if any(not (math.isfinite(s) and (o is None or math.isfinite(o))) for s, o in anchors) \
+                or starts != sorted(set(starts)):
+            raise ValueError("wall-clock anchors must be finite (or null: no wall time) and in stream-time order")
         self.anchors, self.dropped = anchors, int(state.get("dropped", 0))
