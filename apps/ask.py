@@ -20,16 +20,17 @@ from edgekv.apps.questions import printable
 from edgekv.apps.wall_times import cli_bound, cli_window, wall_text
 
 
-def daemon_request(url: str, path: str, body: dict, token: str | None, timeout: float):
-    """``POST url+path`` with ``body`` as JSON (``token`` as the bearer token when there is one); the open
-    response. An HTTP error is a ``ValueError`` with the server's message, an unreachable daemon an ``OSError``."""
+def daemon_request(url: str, path: str, body: dict, token: str | None, timeout: float, context=None):
+    """``POST url+path`` with ``body`` as JSON (``token`` as the bearer token when there is one; ``context``: the TLS
+    of an ``https://`` daemon, ``apps/server/tls.py``); the open response. An HTTP error is a ``ValueError`` with the
+    server's message, an unreachable daemon an ``OSError``."""
     headers = {"content-type": "application/json"}
     if token:
         headers["authorization"] = f"Bearer {token}"
     request = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), headers=headers,
                                      method="POST")
     try:
-        return urllib.request.urlopen(request, timeout=timeout)
+        return urllib.request.urlopen(request, timeout=timeout, context=context)
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read())["error"]["message"]
@@ -37,13 +38,21 @@ def daemon_request(url: str, path: str, body: dict, token: str | None, timeout: 
             message = exc.reason
         raise ValueError(f"{url}: HTTP {exc.code}: {message}") from None
     except urllib.error.URLError as exc:
+        from edgekv.apps.server.tls import tls_failure
+
+        failure = tls_failure(exc.reason)
+        if failure is not None:
+            raise OSError(f"{url}: {failure}") from None
         raise OSError(f"{url}: the daemon is not reachable ({exc.reason}); is it running (edgekv serve / "
                       f"edgekv-camera), with its server on? --fleet asks the fleet over MQTT") from None
     except TimeoutError:
         raise OSError(f"{url}: no reply within {timeout:g} s (--timeout)") from None
     except (ConnectionError, http.client.HTTPException) as exc:  # reset, refused mid-way, a malformed status line
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise OSError(f"{url}: the connection broke off ({why})") from None
+        hint = ("; a daemon serving HTTPS (server.tls_cert_file) is asked at https://" if url.startswith("http:")
+                else "; does it require a client certificate (server.tls_client_ca_file)? give --cert-file and "
+                     "--key-file")
+        raise OSError(f"{url}: the connection broke off ({why}){hint}") from None
 
 
 def _not_an_answer(url: str, what: str) -> ValueError:
@@ -132,7 +141,24 @@ def daemon_target(config_path: str | None, token_env: str | None = None) -> tupl
     server = load_config(config_path).server if config_path is not None else ServerSection()
     host = "127.0.0.1" if server.host in ("0.0.0.0", "", "::") else server.host
     token = os.environ.get(token_env) if token_env else server.token or os.environ.get(server.token_env)
-    return f"http://{f'[{host}]' if ':' in host else host}:{server.port}", token or None
+    scheme = "https" if server.tls_cert_file is not None else "http"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{server.port}", token or None
+
+
+def daemon_certificate(config_path: str | None) -> str | None:
+    """The certificate the daemon of this config serves over HTTPS (None: plain HTTP, or no config): the one
+    certificate trusted when asking it through its config (apps/server/tls.py's ``client_context``)."""
+    from edgekv.config import load_config
+
+    return load_config(config_path).server.tls_cert_file if config_path is not None else None
+
+
+def _tls_context(args: argparse.Namespace, pinned: str | None):
+    """The TLS context of ``args.url`` (None for http://) from ``--ca-file`` / ``--cert-file`` / ``--key-file``."""
+    from edgekv.apps.server.tls import client_context
+
+    return client_context(args.url, getattr(args, "ca_file", None), getattr(args, "cert_file", None),
+                          getattr(args, "key_file", None), pinned)
 
 
 def question_window(last: float | None, t_from: float | None, t_to: float | None) -> dict | None:
@@ -158,7 +184,9 @@ def run(args: argparse.Namespace) -> int:
     """Prints the answer (``--json``: the whole chat.completion); exit 0 once answered. ``--chat``: goes on asking
     the lines typed after it, each with the conversation so far (``chat``)."""
     url, token = daemon_target(args.config, args.token_env)
+    pinned = daemon_certificate(args.config) if args.url is None else None  # the daemon's own, on this machine
     args.url = args.url or url
+    args.tls_context = _tls_context(args, pinned)
     body: dict = {}
     if args.max_new_tokens is not None:
         body["max_tokens"] = args.max_new_tokens
@@ -183,14 +211,14 @@ def run(args: argparse.Namespace) -> int:
     body["messages"] = [{"role": "user", "content": args.question}]
     if args.stream and not args.json:
         body["stream"] = True
-        with daemon_request(args.url, "/v1/chat/completions", body, token, timeout) as response:
+        with daemon_request(args.url, "/v1/chat/completions", body, token, timeout, args.tls_context) as response:
             extension = _stream_answer(args.url, response, timeout)
         for line in evidence_lines(extension, args.url) + save_evidence_frames(args.url, token, extension, frames,
-                                                                                timeout):
+                                                                                timeout, args.tls_context):
             print(line)
         return 0
-    result = _completion(args.url, body, token, timeout)
-    saved = save_evidence_frames(args.url, token, result.get("edgekv"), frames, timeout)
+    result = _completion(args.url, body, token, timeout, args.tls_context)
+    saved = save_evidence_frames(args.url, token, result.get("edgekv"), frames, timeout, args.tls_context)
     print(json.dumps(result, indent=2) if args.json else _content(args.url, result))
     if not args.json:
         for line in evidence_lines(result.get("edgekv"), args.url) + saved:
@@ -198,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def save_evidence_frames(url: str, token: str | None, extension, folder: str | None, timeout: float) -> list[str]:
+def save_evidence_frames(url: str, token: str | None, extension, folder: str | None, timeout: float,
+                         context=None) -> list[str]:
     """``--frames DIR``: each evidence frame the daemon still keeps fetched (``GET /frame.jpg?...``) and written to
     ``folder`` as ``pairN.jpg`` (``CAMERA-pairN.jpg`` with several cameras; names made safe: the daemon's text is not
     trusted); each evidence item gets its ``frame_file`` (None where none was saved). Lines to print: each file, or
@@ -217,7 +246,7 @@ def save_evidence_frames(url: str, token: str | None, extension, folder: str | N
             lines.append(f"  frame of pair {printable(str(label), 40)}: no longer kept by the daemon, not saved")
             continue
         try:
-            data = _get(url, frame, token, timeout)
+            data = _get(url, frame, token, timeout, context)
         except (OSError, ValueError) as exc:
             lines.append(printable(f"  frame of pair {label}: not saved ({exc})"))
             continue
@@ -233,12 +262,12 @@ def save_evidence_frames(url: str, token: str | None, extension, folder: str | N
     return lines
 
 
-def _get(url: str, path: str, token: str | None, timeout: float) -> bytes:
+def _get(url: str, path: str, token: str | None, timeout: float, context=None) -> bytes:
     """``GET url+path`` (the bearer token when there is one): the body; an HTTP error a ``ValueError``."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(url.rstrip("/") + path, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             data = response.read(MAX_FRAME_BYTES + 1)
     except urllib.error.HTTPError as exc:
         raise ValueError(f"HTTP {exc.code}") from None
@@ -293,19 +322,20 @@ def chat(args: argparse.Namespace, token: str | None, body: dict, timeout: float
         question, pending = pending, None
         asked = {**body, "messages": [*history, {"role": "user", "content": question}]}
         try:
-            result = _completion(args.url, asked, token, timeout)
+            result = _completion(args.url, asked, token, timeout, getattr(args, "tls_context", None))
             answer = _content(args.url, result)
         except ValueError as exc:  # refused (too long, a window of nothing held...): said, the chat goes on
             print(f"edgekv ask: {exc}", file=sys.stderr)
             continue
-        saved = save_evidence_frames(args.url, token, result.get("edgekv"), getattr(args, "frames", None), timeout)
+        saved = save_evidence_frames(args.url, token, result.get("edgekv"), getattr(args, "frames", None), timeout,
+                                     getattr(args, "tls_context", None))
         print("\n".join([answer, *evidence_lines(result.get("edgekv"), args.url), *saved]), flush=True)
         history = [*history, {"role": "user", "content": question},
                    {"role": "assistant", "content": answer}][-2 * CHAT_EXCHANGES:]
 
 
-def _completion(url: str, body: dict, token: str | None, timeout: float) -> dict:
-    with daemon_request(url, "/v1/chat/completions", body, token, timeout) as response:
+def _completion(url: str, body: dict, token: str | None, timeout: float, context=None) -> dict:
+    with daemon_request(url, "/v1/chat/completions", body, token, timeout, context) as response:
         try:
             return json.loads(response.read())
         except TimeoutError:

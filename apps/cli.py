@@ -205,7 +205,7 @@ def _ask(args: argparse.Namespace) -> int:
     from edgekv.apps import ask
 
     fleet_only = [f"--{name.replace('_', '-')}" for name in ("broker", "device", "topic_prefix", "username",
-                                                              "password_env", "ca_file", "cert_file", "key_file")
+                                                              "password_env")  # TLS files: HTTPS's too
                   if getattr(args, name) is not None]
     if fleet_only:
         raise ValueError(f"{', '.join(fleet_only)}: only with --fleet (without it edgekv ask asks the daemon at "

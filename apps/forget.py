@@ -16,7 +16,8 @@ from edgekv.apps.wall_times import cli_bound, cli_window, wall_text
 
 
 def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8080", help="the daemon's HTTP address")
+    parser.add_argument("--url", default="http://127.0.0.1:8080",
+                        help="the daemon's address (https://... when it serves HTTPS: server.tls_cert_file)")
     window = parser.add_mutually_exclusive_group(required=True)
     window.add_argument("--last", type=float, metavar="SECONDS", help="forget the last so many seconds")
     window.add_argument("--from", dest="t_from", type=cli_bound, metavar="T0",
@@ -37,8 +38,14 @@ def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
                                                       "prefix, credentials and TLS files")
     fleet.add_argument("--device", default=None, help="this device only")
     fleet.add_argument("--camera", default=None, help="this camera of devices with several (default: each)")
-    for name in ("--topic-prefix", "--username", "--password-env", "--ca-file", "--cert-file", "--key-file"):
+    for name in ("--topic-prefix", "--username", "--password-env"):
         fleet.add_argument(name, default=None)
+    tls = parser.add_argument_group("TLS: an https:// --url, or an mqtts:// broker with --fleet")
+    tls.add_argument("--ca-file", default=None, help="the CA (PEM) that signed the daemon's or the broker's "
+                                                     "certificate (a self-signed one is its own CA)")
+    tls.add_argument("--cert-file", default=None, help="a client certificate (PEM), with --key-file, for a daemon "
+                                                       "(server.tls_client_ca_file) or broker that requires one")
+    tls.add_argument("--key-file", default=None)
     parser.set_defaults(func=run)
 
 
@@ -77,8 +84,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     return 0 if result.answers and all(a.error is None for a in result.answers) else 1
 
 
-FLEET_ONLY = ("broker", "config", "device", "camera", "topic_prefix", "username", "password_env", "ca_file",
-              "cert_file", "key_file")
+FLEET_ONLY = ("broker", "config", "device", "camera", "topic_prefix", "username", "password_env")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,8 +100,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--from needs --to (stream seconds or wall times)")
         t_from, t_to = cli_window(args.t_from, args.t_to)  # wall times read together, sent with this machine's offset
         body = {"from": t_from, "to": t_to}
+    from edgekv.apps.server.tls import client_context
+
+    context = client_context(args.url, getattr(args, "ca_file", None), getattr(args, "cert_file", None),
+                             getattr(args, "key_file", None))
     with daemon_request(args.url, "/v1/memory/forget", body, os.environ.get(args.token_env) if args.token_env else None,
-                        120.0 if args.timeout is None else args.timeout) as response:
+                        120.0 if args.timeout is None else args.timeout, context) as response:
         result = json.loads(response.read())
     if args.json:
         print(json.dumps(result, indent=2))

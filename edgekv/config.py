@@ -318,8 +318,26 @@ class ServerSection:
     # allocated at start beside the stream's (same cap: the plan must hold two caches): what lets a bigger
     # edgekv take other devices' escalations (escalate:).
     image_requests: bool = False
+    # HTTPS: the API, the status page and /metrics over TLS (1.2 or later), with this certificate (PEM, its
+    # intermediate CAs after it) and its private key (PEM, unencrypted: the daemon starts unattended). null = plain
+    # HTTP, where the token, the questions and the answers cross the network in the clear: enough on 127.0.0.1,
+    # not on a robot's or a pair of glasses' shared Wi-Fi (apps/server/tls.py)
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    # mutual TLS: a client must present a certificate this CA (PEM) signed, before any request is read (the token
+    # is still asked for): only the devices given one can reach the API at all
+    tls_client_ca_file: str | None = None
+
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
 
     def validate(self, at: str) -> None:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError(f"{at}.tls_cert_file and {at}.tls_key_file: HTTPS needs both (the certificate and "
+                              f"its private key)")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ConfigError(f"{at}.tls_client_ca_file: client certificates need HTTPS ({at}.tls_cert_file and "
+                              f"{at}.tls_key_file)")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{at}.port: must be in 0..65535, got {self.port}")
         for name in ("max_request_bytes", "max_new_tokens", "queue_size", "request_timeout_s", "keep_alive_s",
@@ -1078,6 +1096,8 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
     archive = dataclasses.replace(config.archive, dir=resolve(config.archive.dir))
     fleet = dataclasses.replace(config.fleet, **{name: resolve(getattr(config.fleet, name))
                                                  for name in ("ca_file", "cert_file", "key_file")})
+    server = dataclasses.replace(config.server, **{name: resolve(getattr(config.server, name))
+                                                   for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file")})
     source = config.video.source
     if isinstance(source, str) and _is_relative_file(source):
         source = resolve(source)
@@ -1086,7 +1106,7 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
         source = f"rosbag:{resolve(path) if path else path}{mark}{query}"
     video = dataclasses.replace(config.video, source=source)
     return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state,
-                               archive=archive, privacy=privacy, fleet=fleet)
+                               archive=archive, privacy=privacy, fleet=fleet, server=server)
 
 
 def _is_relative_file(source: str) -> bool:

@@ -331,10 +331,10 @@ class _Clients(ClientThreads):
 
     join_s = 120.0
 
-    def __init__(self, port: int, args: argparse.Namespace, cameras: Sequence[str] = ()) -> None:
+    def __init__(self, port: int, args: argparse.Namespace, cameras: Sequence[str] = (), https: bool = False) -> None:
         import threading
 
-        self.port, self.args = port, args
+        self.port, self.args, self.https = port, args, https
         self.cameras = list(cameras)  # video.sources: a streamed answer names one (in turn), the others ask all
         self.requests = self.errors = self.answers = self.abandoned = 0
         self.error_messages: list[str] = []
@@ -354,9 +354,7 @@ class _Clients(ClientThreads):
                     self.error_messages.append(message)
 
     def _request(self, method: str, path: str, body: bytes | None = None, abandon: bool = False):
-        import http.client
-
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        conn = _connection(self.port, self.https, 600)
         try:
             conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
             response = conn.getresponse()
@@ -401,7 +399,7 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
 
     scratch = Path(tempfile.mkdtemp(prefix="edgekv-soak-"))
     try:
-        sections, model = _daemon_sections(args, scratch)
+        sections, model, https = _daemon_sections(args, scratch)
     except ValueError as exc:  # ConfigError: the file or an option, named
         print(f"edgekv bench soak: {exc}")
         return 2
@@ -418,7 +416,7 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
             return 2
         print(f"soak --daemon: {args.hours} h, {args.clients} chat clients every {args.ask_every_s:g} s, "
               f"{_what(args)}, daemon pid {child.pid} on 127.0.0.1:{port} (log {log_path})")
-        report, clients = _soak_daemon(child.pid, port, args, seconds)
+        report, clients = _soak_daemon(child.pid, port, args, seconds, https)
     finally:
         child.terminate()
         child.join(60)
@@ -445,9 +443,10 @@ def run_daemon_soak(args: argparse.Namespace) -> int:
     return 130 if report.interrupted else 0  # the figures are written; the exit still says it was cut short
 
 
-def _daemon_sections(args: argparse.Namespace, scratch: Path) -> tuple[dict, str]:
-    """The child daemon's config overrides (``_config``: the file they go on top of) and its model, checked here so
-    that a bad file or option is refused before a process starts. Raises ``ConfigError`` naming what is wrong."""
+def _daemon_sections(args: argparse.Namespace, scratch: Path) -> tuple[dict, str, bool]:
+    """The child daemon's config overrides (``_config``: the file they go on top of), its model and whether it serves
+    HTTPS, checked here so that a bad file or option is refused before a process starts. Raises ``ConfigError``
+    naming what is wrong."""
     from edgekv.apps.bench.common import model_or_tiny
     from edgekv.config import EdgeKVConfig, assignment_sections, load_config
 
@@ -479,7 +478,19 @@ def _daemon_sections(args: argparse.Namespace, scratch: Path) -> tuple[dict, str
     if args.config is not None:
         sections["_config"] = str(Path(args.config).resolve())
     sections["_replay"] = bool(args.replay)
-    return sections, config.model.path
+    return sections, config.model.path, config.server.tls()
+
+
+def _connection(port: int, https: bool, timeout: float):
+    """A connection to the soaked daemon on 127.0.0.1: HTTPS when its config serves it (the soak measures the daemon,
+    not its certificate: nothing is verified on the loopback)."""
+    import http.client
+    import ssl
+
+    if https:
+        return http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
+                                           context=ssl._create_unverified_context())
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
 
 
 def _what(args: argparse.Namespace) -> str:
@@ -500,21 +511,20 @@ def _daemon_stats(page: dict) -> dict:
     return stats
 
 
-def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float) -> tuple[SoakReport, _Clients]:
-    import http.client
-
+def _soak_daemon(pid: int, port: int, args: argparse.Namespace, seconds: float,
+                 https: bool = False) -> tuple[SoakReport, _Clients]:
     daemon = psutil.Process(pid)
     report = SoakReport()
 
     def status() -> dict:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn = _connection(port, https, 60)
         try:
             conn.request("GET", "/v1/edgekv/status")
             return json.loads(conn.getresponse().read())
         finally:
             conn.close()
 
-    clients = _Clients(port, args, cameras=list(status().get("cameras") or {})).start()
+    clients = _Clients(port, args, cameras=list(status().get("cameras") or {}), https=https).start()
     started = time.monotonic()
     last = {"time": started, "frames": None}
 

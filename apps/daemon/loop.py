@@ -127,6 +127,7 @@ class Daemon:
         self.monitor_cameras: list | None = None  # several cameras: the daemons whose frames one monitor counts
         self.monitor_is_shared = False  # several cameras: the first camera's monitor (it stops it)
         self.server = None
+        self._certificate = None  # what HTTPS serves (apps/server/tls.py), for the start-up line
         self.voice = None
         self.forgotten_at: float | None = None  # wall time of the last forget: no conversation reaches across it
         self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
@@ -270,6 +271,12 @@ class Daemon:
         if cfg.server.enabled and not self.options.no_server:
             check_server_packages()
             check_server_address(cfg)
+            from edgekv.apps.server.tls import check_server_tls
+
+            try:
+                self._certificate = check_server_tls(cfg.server)
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
         if cfg.fleet.broker is not None:
             from edgekv.apps.outputs.mqtt import FleetError, preflight
 
@@ -440,7 +447,8 @@ class Daemon:
                 self.server.start()
             except OSError as exc:  # taken between the preflight check and now
                 raise bind_error(cfg.server.host, cfg.server.port, exc) from None
-            self.say(f"HTTP API on http://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, /metrics, /)")
+            self.say(f"HTTP API on {self.server.scheme}://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, "
+                     f"/metrics, /)" + self._tls_text())
         if not self.options.no_stdin and sys.stdin is not None and not sys.stdin.closed:
             self._stdin_reader = threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True)
             self._stdin_reader.start()
@@ -854,6 +862,15 @@ class Daemon:
         if not listening:
             self.say("no question can arrive (no HTTP API, no stdin, no microphone, no fleet): exiting")
         return not listening
+
+    def _tls_text(self) -> str:
+        """The served certificate in words, for the start-up line (HTTPS only)."""
+        info = self._certificate
+        if info is None:
+            return ""
+        said = info.describe()
+        client = ", client certificates required" if self.config.server.tls_client_ca_file else ""
+        return f"; TLS{client}{': certificate ' + said if said else ''}"
 
     def _hears(self) -> bool:
         """A channel this daemon runs can still bring a question to it or to the cameras it asks for."""

@@ -1168,8 +1168,11 @@ def add_ask_arguments(parser) -> None:
     parser.add_argument("--topic-prefix", default=None, help="default: fleet.topic_prefix, else edgekv")
     parser.add_argument("--username", default=None)
     parser.add_argument("--password-env", default=None, help="environment variable holding the password")
-    parser.add_argument("--ca-file", default=None)
-    parser.add_argument("--cert-file", default=None)
+    parser.add_argument("--ca-file", default=None,
+                        help="the CA (PEM) that signed the broker's certificate (mqtts://), or without --fleet the "
+                             "daemon's (an https:// --url; a self-signed certificate is its own CA)")
+    parser.add_argument("--cert-file", default=None,
+                        help="a client certificate (PEM) for a broker or daemon that requires one (with --key-file)")
     parser.add_argument("--key-file", default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--frames", default=None, metavar="DIR",

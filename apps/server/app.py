@@ -93,7 +93,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     cfg = daemon.config.server
     token = cfg.token or os.environ.get(cfg.token_env) or None
     api = Api(daemon, telemetry,
-              AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes, cfg.metrics_public),
+              AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes, cfg.metrics_public,
+                           cfg.tls()),
               ChatLimits(served_model_names(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens,
                          images=cfg.image_requests),
               {name: resources.files("edgekv.apps.server").joinpath(f"static/{name}").read_text()
@@ -165,9 +166,17 @@ class ApiServer:
         self.telemetry = Telemetry(daemon)
         protocol = functools.partial(GuardedH11Protocol, limits=ConnectionLimits(
             cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client))
+        tls = {}
+        if cfg.tls():  # HTTPS (apps/server/tls.py; the files were checked at start)
+            import ssl
+
+            tls = {"ssl_certfile": cfg.tls_cert_file, "ssl_keyfile": cfg.tls_key_file}
+            if cfg.tls_client_ca_file is not None:
+                tls.update(ssl_ca_certs=cfg.tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
         config = uvicorn.Config(build_app(daemon, self.telemetry), host=cfg.host, port=cfg.port, http=protocol,
                                 ws="none", lifespan="off", log_level="warning", access_log=False,
-                                timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2)
+                                timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2, **tls)
+        self.scheme = "https" if cfg.tls() else "http"
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="edgekv-http", daemon=True)
         self.host, self.port = cfg.host, cfg.port

@@ -89,12 +89,14 @@ class SessionCookies:
     restart loses. The cookie is ``HttpOnly`` (page scripts, and so injected scripts, cannot read it),
     ``SameSite=Strict`` (no other site's page makes the browser send it) and ``Path=/``; it holds an
     expiry and ``HMAC-SHA256(token, expiry)``, so it is stateless, outlives daemon restarts, and every
-    cookie dies when the token changes. Not ``Secure``: the daemon serves plain HTTP (put a TLS proxy in
-    front for remote access).
+    cookie dies when the token changes. ``Secure`` (sent over HTTPS only) when the daemon serves HTTPS
+    (``server.tls_cert_file``); over plain HTTP a browser would never send a Secure cookie back.
     """
 
-    def __init__(self, token: str, lifetime_s: int = 12 * 3600, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, token: str, lifetime_s: int = 12 * 3600, clock: Callable[[], float] = time.time,
+                 secure: bool = False) -> None:
         self._key, self.lifetime_s, self._clock = token.encode(), lifetime_s, clock
+        self.flags = "Path=/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
 
     def _mac(self, expiry: int) -> str:
         return hmac.new(self._key, f"edgekv-session:{expiry}".encode(), hashlib.sha256).hexdigest()
@@ -110,11 +112,10 @@ class SessionCookies:
         return hmac.compare_digest(mac.encode(), self._mac(int(expiry)).encode())
 
     def set_header(self) -> str:
-        return f"{COOKIE_NAME}={self.issue()}; Max-Age={self.lifetime_s}; Path=/; HttpOnly; SameSite=Strict"
+        return f"{COOKIE_NAME}={self.issue()}; Max-Age={self.lifetime_s}; {self.flags}"
 
-    @staticmethod
-    def clear_header() -> str:
-        return f"{COOKIE_NAME}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"
+    def clear_header(self) -> str:
+        return f"{COOKIE_NAME}=; Max-Age=0; {self.flags}"
 
 
 def cookie_value(header: str, name: str = COOKIE_NAME) -> str | None:
@@ -133,6 +134,7 @@ class AccessPolicy:
     allowed_hosts: tuple[str, ...]
     max_request_bytes: int
     metrics_public: bool = False  # server.metrics_public: /metrics without the token
+    https: bool = False  # server.tls_cert_file: the page's cookie is Secure
 
     def __post_init__(self) -> None:
         names = set(LOOPBACK_NAMES) | {split_host(h)[0] for h in self.allowed_hosts}
@@ -142,7 +144,7 @@ class AccessPolicy:
         else:
             names.add(split_host(self.bind_host)[0])
         self.names = frozenset(names)
-        self.cookies = SessionCookies(self.token) if self.token else None
+        self.cookies = SessionCookies(self.token, secure=self.https) if self.token else None
         self._bearer = f"Bearer {self.token}".encode() if self.token else b""  # header bytes as clients send them
         self.public = PUBLIC_PATHS | ({"/metrics"} if self.metrics_public else set())
 

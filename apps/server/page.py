@@ -50,6 +50,7 @@ def router(api: Api) -> APIRouter:
     @routes.post("/v1/edgekv/logout", status_code=204, openapi_extra={"requestBody": {"required": False, "content": {
         "application/json": {"schema": {"type": "object"}}}}})
     async def logout():
-        return Response(status_code=204, headers={"set-cookie": SessionCookies.clear_header()})
+        clear = cookies.clear_header() if cookies is not None else SessionCookies("-").clear_header()
+        return Response(status_code=204, headers={"set-cookie": clear})
 
     return routes

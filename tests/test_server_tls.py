@@ -1,0 +1,216 @@
+"""HTTPS for the daemon's API (server.tls_cert_file / tls_key_file / tls_client_ca_file, apps/server/tls.py): a real
+daemon on the tiny checkpoint serving TLS with certificates made here (a private CA, a server certificate for
+localhost / 127.0.0.1, client certificates of that CA and of another), reached by the standard library's HTTPS
+client and by ``edgekv ask`` / ``edgekv forget`` as their users run them; plain HTTP refused on that port; the
+status page's cookie Secure; and every wrong file refused at start, named by its key."""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import ipaddress
+import json
+import ssl
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+x509 = pytest.importorskip("cryptography.x509", reason="cryptography is not installed (pip install 'edgekv[privacy]')")
+
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import NameOID  # noqa: E402
+from helpers_server import RunningDaemon, server_config  # noqa: E402
+
+NOW = dt.datetime.now(dt.timezone.utc)
+
+
+def _name(text: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
+
+
+def _certificate(subject: str, key, issuer_name: str, issuer_key, *, ca: bool = False, server: bool = False,
+                 days: int = 30) -> x509.Certificate:
+    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer_name))
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(NOW - dt.timedelta(days=1)).not_valid_after(NOW + dt.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if server:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write(folder: Path, name: str, certificate=None, key=None, password: bytes | None = None) -> Path:
+    path = folder / name
+    if certificate is not None:
+        path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    else:
+        encryption = (serialization.BestAvailableEncryption(password) if password
+                      else serialization.NoEncryption())
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path]:
+    """A CA; a server certificate it signed (localhost, 127.0.0.1); a client certificate it signed; another CA's
+    client certificate; and keys that do not belong (another key, an encrypted one)."""
+    folder = tmp_path_factory.mktemp("pki")
+    ca_key, other_ca_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    server_key, client_key, stranger_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    ca = _certificate("edgekv test CA", ca_key, "edgekv test CA", ca_key, ca=True)
+    paths = {
+        "ca": _write(folder, "ca.pem", ca),
+        "server": _write(folder, "server.pem", _certificate("robot", server_key, "edgekv test CA", ca_key,
+                                                            server=True, days=90)),
+        "server_key": _write(folder, "server.key", key=server_key),
+        "client": _write(folder, "client.pem", _certificate("operator", client_key, "edgekv test CA", ca_key)),
+        "client_key": _write(folder, "client.key", key=client_key),
+        "stranger": _write(folder, "stranger.pem", _certificate("stranger", stranger_key, "other CA", other_ca_key)),
+        "stranger_key": _write(folder, "stranger.key", key=stranger_key),
+        "wrong_key": _write(folder, "wrong.key", key=ec.generate_private_key(ec.SECP256R1())),
+        "locked_key": _write(folder, "locked.key", key=server_key, password=b"passphrase"),
+    }
+    return paths
+
+
+def _tls(pki, **more) -> dict:
+    return {"tls_cert_file": str(pki["server"]), "tls_key_file": str(pki["server_key"]), **more}
+
+
+def _https(port: int, path: str, context: ssl.SSLContext, method: str = "GET", body=None, headers=None):
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=60, context=context)
+    try:
+        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                     headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def _ask(argv: list[str], capsys) -> tuple[int, str, str]:
+    from edgekv.apps.cli import main
+
+    code = main(["ask", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_api_serves_https_and_the_cli_reaches_it(tiny_checkpoint, tmp_path, pki, capsys):
+    config = server_config(tiny_checkpoint, **_tls(pki), token="s3cret")
+    config_file = tmp_path / "deploy.yaml"
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        port = run.port
+        trusted = ssl.create_default_context(cafile=str(pki["ca"]))
+        assert _https(port, "/healthz", trusted)[0] == 200
+        status, _, _ = _https(port, "/v1/edgekv/status", trusted, headers={"Authorization": "Bearer s3cret"})
+        assert status == 200
+        status, headers, _ = _https(port, "/v1/edgekv/login", trusted, "POST", {"token": "s3cret"})
+        assert status == 204 and "; Secure" in headers["set-cookie"] and "HttpOnly" in headers["set-cookie"]
+        with pytest.raises(ssl.SSLCertVerificationError):  # the system's CAs do not know this one
+            _https(port, "/healthz", ssl.create_default_context())
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # plain HTTP on the TLS port: nothing
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            plain.request("GET", "/healthz")
+            plain.getresponse().read()
+        plain.close()
+
+        config_file.write_text(f"server: {{host: 127.0.0.1, port: {port}, token: s3cret, tls_cert_file: "
+                               f"{json.dumps(str(pki['server']))}, tls_key_file: {json.dumps(str(pki['server_key']))}}}\n")
+        code, out, err = _ask(["--config", str(config_file), "--max-new-tokens", "2", "--json", "What?"], capsys)
+        assert code == 0 and json.loads(out)["choices"], err  # the daemon's own certificate, pinned: no --ca-file
+        url = f"https://localhost:{port}"
+        code, out, err = _ask(["--url", url, "--token-env", "NOPE_UNSET", "--max-new-tokens", "2", "Q?"], capsys)
+        assert code == 2 and "certificate is not trusted here" in err and "--ca-file" in err
+        code, out, err = _ask(["--url", url, "--ca-file", str(pki["ca"]), "--max-new-tokens", "2", "Q?"], capsys)
+        assert code == 2 and "HTTP 401" in err  # TLS fine, the token was not given
+        code, out, err = _ask(["--url", f"http://127.0.0.1:{port}", "--max-new-tokens", "2", "Q?"], capsys)
+        assert code == 2 and "https://" in err
+    out_text = (tmp_path / "out.txt").read_text()
+    assert f"HTTP API on https://127.0.0.1:{port}" in out_text and "TLS: certificate for localhost, 127.0.0.1" in out_text
+    assert "valid until" in out_text
+
+
+def test_mutual_tls_takes_only_the_clients_its_ca_signed(tiny_checkpoint, tmp_path, pki, capsys, monkeypatch):
+    from edgekv.apps.cli import main
+
+    config = server_config(tiny_checkpoint, **_tls(pki, tls_client_ca_file=str(pki["ca"])))
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        url = f"https://127.0.0.1:{run.port}"
+        anonymous = ssl.create_default_context(cafile=str(pki["ca"]))
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            _https(run.port, "/healthz", anonymous)
+        stranger = ssl.create_default_context(cafile=str(pki["ca"]))
+        stranger.load_cert_chain(str(pki["stranger"]), str(pki["stranger_key"]))
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            _https(run.port, "/healthz", stranger)
+        member = ssl.create_default_context(cafile=str(pki["ca"]))
+        member.load_cert_chain(str(pki["client"]), str(pki["client_key"]))
+        assert _https(run.port, "/healthz", member)[0] == 200
+
+        code, _, err = _ask(["--url", url, "--ca-file", str(pki["ca"]), "--max-new-tokens", "2", "Q?"], capsys)
+        assert code == 2 and "client certificate" in err and "--cert-file" in err
+        code, out, err = _ask(["--url", url, "--ca-file", str(pki["ca"]), "--cert-file", str(pki["client"]),
+                               "--key-file", str(pki["client_key"]), "--max-new-tokens", "2", "--json", "Q?"], capsys)
+        assert code == 0 and json.loads(out)["choices"], err
+        code, _, err = _ask(["--url", url, "--ca-file", str(pki["ca"]), "--cert-file", str(pki["client"]), "Q?"],
+                            capsys)
+        assert code == 2 and "--cert-file and --key-file" in err
+        monkeypatch.delenv("EDGEKV_TOKEN", raising=False)
+        code = main(["forget", "--url", url, "--last", "1", "--ca-file", str(pki["ca"]), "--cert-file",
+                     str(pki["client"]), "--key-file", str(pki["client_key"]), "--json"])
+        assert code == 0 and "removed" in capsys.readouterr().out
+    assert "TLS, client certificates required" in (tmp_path / "out.txt").read_text()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "server.tls_key_file: {dir}/none.key: no such file"),
+    ("mismatch", "server.tls_key_file: {wrong_key} is not the private key of the certificate"),
+    ("encrypted", "is encrypted with a passphrase"),
+    ("not pem", "server.tls_cert_file: {server_key} holds no PEM certificate"),
+    ("client ca", "server.tls_client_ca_file: {server_key} holds no PEM certificate"),
+])
+def test_wrong_tls_files_are_refused_at_start_by_key(tiny_checkpoint, tmp_path, pki, capsys, case, message):
+    from edgekv.apps.daemon.loop import Daemon
+    from helpers_server import daemon_args
+
+    server = {"missing": _tls(pki, tls_key_file=str(tmp_path / "none.key")),
+              "mismatch": _tls(pki, tls_key_file=str(pki["wrong_key"])),
+              "encrypted": _tls(pki, tls_key_file=str(pki["locked_key"])),
+              "not pem": _tls(pki, tls_cert_file=str(pki["server_key"])),
+              "client ca": _tls(pki, tls_client_ca_file=str(pki["server_key"]))}[case]
+    with open(tmp_path / "out.txt", "w") as out:
+        assert Daemon(server_config(tiny_checkpoint, **server), daemon_args(), out=out).run() == 2
+    err = capsys.readouterr().err
+    expected = message.format(dir=tmp_path, wrong_key=pki["wrong_key"], server_key=pki["server_key"])
+    assert expected in err and "Traceback" not in err, err
+
+
+def test_tls_settings_are_checked_with_the_config():
+    from edgekv.config import ConfigError, EdgeKVConfig
+
+    with pytest.raises(ConfigError, match="server.tls_cert_file and server.tls_key_file: HTTPS needs both"):
+        EdgeKVConfig().with_overrides(server={"tls_cert_file": "/c.pem"})
+    with pytest.raises(ConfigError, match="tls_client_ca_file: client certificates need HTTPS"):
+        EdgeKVConfig().with_overrides(server={"tls_client_ca_file": "/ca.pem"})
+
+
+def test_certificate_words_and_client_contexts(pki, tmp_path):
+    from edgekv.apps.server.tls import CertificateInfo, check_server_tls, client_context
+    from edgekv.config import ServerSection
+
+    info = check_server_tls(ServerSection(tls_cert_file=str(pki["server"]), tls_key_file=str(pki["server_key"])))
+    assert info.names == ("localhost", "127.0.0.1")
+    assert "valid until" in info.describe() and "(88 days)" in info.describe(NOW + dt.timedelta(days=2))
+    assert "expired" in info.describe(NOW + dt.timedelta(days=400))  # said, never refused: the clock may be wrong
+    assert check_server_tls(ServerSection()) is None
+    assert CertificateInfo(None, None).describe() == ""
+    assert client_context("http://127.0.0.1:8080") is None
+    assert client_context("https://h", ca_file=str(pki["ca"])).check_hostname
+    pinned = client_context("https://127.0.0.1:8080", pinned=str(pki["server"]))
+    assert not pinned.check_hostname and pinned.verify_flags & ssl.VERIFY_X509_PARTIAL_CHAIN
+    with pytest.raises(ValueError, match="--ca-file: .*no such file"):
+        client_context("https://h", ca_file=str(tmp_path / "none.pem"))
