@@ -214,3 +214,32 @@ def test_certificate_words_and_client_contexts(pki, tmp_path):
     assert not pinned.check_hostname and pinned.verify_flags & ssl.VERIFY_X509_PARTIAL_CHAIN
     with pytest.raises(ValueError, match="--ca-file: .*no such file"):
         client_context("https://h", ca_file=str(tmp_path / "none.pem"))
+
+
+def test_connections_that_never_greet_count_against_the_limits_and_time_out(tiny_checkpoint, tmp_path, pki):
+    """The TLS slowloris: TCP connections that never send a ClientHello. Counted as they are accepted, as plain
+    HTTP's are (server.max_connections: those past it are closed long before any deadline), and closed when the
+    handshake has not ended within server.request_timeout_s (asyncio's own handshake timeout is a minute); a
+    client that greets is served throughout."""
+    from helpers_server import connect, read_until_closed
+
+    trusted = ssl.create_default_context(cafile=str(pki["ca"]))
+    limited = server_config(tiny_checkpoint, **_tls(pki), max_connections=6, max_connections_per_client=100,
+                            request_timeout_s=60.0)
+    with RunningDaemon(limited, tmp_path / "limited.txt") as run:
+        silent = [connect(run.port) for _ in range(5)]
+        assert _https(run.port, "/healthz", trusted)[0] == 200  # the sixth slot is left for it
+        last_slot, one_more = connect(run.port), connect(run.port)  # the seventh: past max_connections
+        data, waited = read_until_closed(one_more, 20.0)
+        assert data == b"" and waited < 20.0  # closed as accepted: the handshake deadline is 60 s
+        for sock in [*silent, last_slot, one_more]:
+            sock.close()
+    deadline = server_config(tiny_checkpoint, **_tls(pki), request_timeout_s=1.0)
+    with RunningDaemon(deadline, tmp_path / "deadline.txt") as run:
+        silent = [connect(run.port) for _ in range(3)]
+        silent[1].sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # half a ClientHello
+        for sock in silent:
+            data, waited = read_until_closed(sock, 30.0)
+            assert waited < 30.0  # ended by the server (a minute with asyncio's own timeout)
+            sock.close()
+        assert _https(run.port, "/healthz", trusted)[0] == 200

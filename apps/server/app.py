@@ -164,18 +164,16 @@ class ApiServer:
         cfg = daemon.config.server
         self.config = cfg
         self.telemetry = Telemetry(daemon)
-        protocol = functools.partial(GuardedH11Protocol, limits=ConnectionLimits(
-            cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client))
-        tls = {}
-        if cfg.tls():  # HTTPS (apps/server/tls.py; the files were checked at start)
-            import ssl
+        tls = None
+        if cfg.tls():  # HTTPS, its handshake done by the protocol under the connection limits (apps/server/tls.py)
+            from edgekv.apps.server.tls import server_context
 
-            tls = {"ssl_certfile": cfg.tls_cert_file, "ssl_keyfile": cfg.tls_key_file}
-            if cfg.tls_client_ca_file is not None:
-                tls.update(ssl_ca_certs=cfg.tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+            tls = server_context(cfg)
+        protocol = functools.partial(GuardedH11Protocol, limits=ConnectionLimits(
+            cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client, tls=tls))
         config = uvicorn.Config(build_app(daemon, self.telemetry), host=cfg.host, port=cfg.port, http=protocol,
                                 ws="none", lifespan="off", log_level="warning", access_log=False,
-                                timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2, **tls)
+                                timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2)
         self.scheme = "https" if cfg.tls() else "http"
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="edgekv-http", daemon=True)

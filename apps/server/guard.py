@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.utils import get_remote_addr
 
 from edgekv.apps.server.openai_chat import ApiError, error_body
 
@@ -307,6 +308,7 @@ class ConnectionLimits:
     max_connections: int
     max_per_client: int | None = None
     body_grace_s: float = 1.0  # the handler's own body deadline (read_body) answers 408 first
+    tls: Any = None  # ssl.SSLContext: HTTPS, the handshake done here (GuardedH11Protocol; apps/server/tls.py)
 
 
 class AttemptLimiter:
@@ -376,8 +378,14 @@ class GuardedH11Protocol(H11Protocol):
         self._body_phase = False
         self._pending_since = 0.0  # when the request being received (or the idle wait for one) began
         self._refused = False
+        self._handshake: asyncio.Task | None = None  # HTTPS: the TLS handshake under way (_accept_tls)
+        self._early: list[bytes] | None = None  # HTTPS: request bytes that came with the handshake's end
+        self._lost = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self.limits.tls is not None and not transport.get_extra_info("sslcontext"):
+            self._accept_tls(transport)
+            return
         super().connection_made(transport)
         self._pending_since = self.loop.time()
         if len(self.connections) > self.limits.max_connections:
@@ -390,6 +398,37 @@ class GuardedH11Protocol(H11Protocol):
         self._arm(self.limits.request_timeout_s)
         if self.limits.max_per_client is not None:
             self.loop.call_later(PENDING_GRACE_S, self._grace_over)
+
+    # HTTPS: the TCP connection is counted as it is accepted, against the same limits as a plain one (refused by
+    # closing it: no HTTP can be said before TLS), and its handshake must end within request_timeout_s; then the
+    # HTTP protocol starts on the TLS transport (connection_made again, counted once)
+    def _accept_tls(self, transport: asyncio.Transport) -> None:
+        self.transport, self.client = transport, get_remote_addr(transport)
+        self.connections.add(self)
+        self._pending_since = self.loop.time()
+        if len(self.connections) > self.limits.max_connections or self._over_client_cap():
+            self._refused = True
+            self.connections.discard(self)
+            transport.close()
+            return
+        self._early = []
+        self._handshake = self.loop.create_task(self._handshake_tls(transport))
+
+    async def _handshake_tls(self, transport: asyncio.Transport) -> None:
+        try:
+            secured = await self.loop.start_tls(transport, self, self.limits.tls, server_side=True,
+                                                ssl_handshake_timeout=self.limits.request_timeout_s)
+        except Exception:  # a failed, refused (no client certificate) or unfinished handshake: the client's loss
+            self.connections.discard(self)
+            transport.close()
+            return
+        self.connections.discard(self)
+        if secured is None or self._refused or self._lost or secured.is_closing():  # gone meanwhile
+            return
+        early, self._early = self._early or [], None
+        self.connection_made(secured)
+        if early and not self._refused:  # asyncio hands over what followed the handshake before this resumes
+            self.data_received(b"".join(early))
 
     # the per-client cap counts connections from one address that have been receiving a request (or idle)
     # for PENDING_GRACE_S and more: a burst of clients that send their requests at once never counts, a
@@ -438,6 +477,9 @@ class GuardedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        if self._early is not None:  # HTTPS: before the protocol started on the TLS transport (_handshake_tls)
+            self._early.append(data)
+            return
         if self._deadline is None and self.conn.their_state is h11.IDLE:  # a new request on a kept-alive connection
             self._body_phase = False
             self._pending_since = self.loop.time()
@@ -456,6 +498,7 @@ class GuardedH11Protocol(H11Protocol):
         return self.conn.their_state is h11.IDLE or self.conn.their_state is h11.SEND_BODY
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self._disarm()
         super().connection_lost(exc)
 

@@ -6,6 +6,11 @@ client certificate signed by that CA required in the handshake, before a byte of
 token, every question and every answer cross the network in the clear: fine on 127.0.0.1, not on the shared Wi-Fi
 of a robot fleet or of a pair of glasses talking to a phone.
 
+The handshake is the connection protocol's (``apps/server/guard.py``'s ``GuardedH11Protocol``, through asyncio's
+``start_tls``), not uvicorn's: a connection is counted against ``server.max_connections`` and the per-client cap
+as it is accepted, before its handshake, and the handshake has ``server.request_timeout_s`` to finish (asyncio's own
+default is 60 s), so sockets opened and never greeted cannot pile up past the limits plain HTTP has.
+
 ``check_server_tls`` is the start-up check (``apps/daemon/startup.py``): each file read as the server will read it,
 a problem named by its key (a missing file, a key that is not the certificate's, a key encrypted with a passphrase
 the unattended daemon cannot type), and what the certificate says (its names and expiry) for the start-up line.
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CertificateInfo", "check_server_tls", "client_context", "tls_failure"]
+__all__ = ["CertificateInfo", "check_server_tls", "client_context", "server_context", "tls_failure"]
 
 PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 
@@ -64,9 +69,16 @@ def _read(key: str, path: str) -> str:
 
 def check_server_tls(server: Any) -> CertificateInfo | None:
     """None without HTTPS; else the served certificate's names and expiry, after loading the files exactly as the
-    server will. ``ValueError`` naming the key of the file that is wrong, and how."""
+    server will (``server_context``). ``ValueError`` naming the key of the file that is wrong, and how."""
     if server.tls_cert_file is None:
         return None
+    server_context(server)
+    return _certificate_info(_read("tls_cert_file", server.tls_cert_file))
+
+
+def server_context(server: Any) -> ssl.SSLContext:
+    """The TLS context the API serves with (TLS 1.2 or later; a client certificate required with
+    ``tls_client_ca_file``). ``ValueError`` naming the key of the file that is wrong, and how."""
     cert, key = server.tls_cert_file, server.tls_key_file
     cert_text, key_text = _read("tls_cert_file", cert), _read("tls_key_file", key)
     if PEM_CERTIFICATE not in cert_text:
@@ -77,6 +89,7 @@ def check_server_tls(server: Any) -> CertificateInfo | None:
         raise ValueError(f"server.tls_key_file: {key} is encrypted with a passphrase, which a daemon started by "
                          f"systemd cannot type: give it the key unencrypted, readable by the daemon's user only")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(cert, key)
     except ssl.SSLError as exc:
@@ -93,7 +106,8 @@ def check_server_tls(server: Any) -> CertificateInfo | None:
             context.load_verify_locations(cafile=ca)
         except ssl.SSLError as exc:
             raise ValueError(f"server.tls_client_ca_file: OpenSSL cannot read {ca} ({exc.reason or exc})") from None
-    return _certificate_info(cert_text)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def _certificate_info(cert_text: str) -> CertificateInfo:
