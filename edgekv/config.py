@@ -641,8 +641,15 @@ class AlertsSection:
     # standing questions at most, per camera, config and API together: each is evaluated over the cache while it
     # stands (the fair share bounds their time, this their number and memory); the API refuses one more
     max_rules: int = 32
+    # https:// receivers whose certificate a private CA signed: that CA (PEM), and a client certificate if they
+    # require one (mutual TLS); the same for every webhook
+    webhook_ca_file: str | None = None
+    webhook_cert_file: str | None = None
+    webhook_key_file: str | None = None
 
     def validate(self, at: str) -> None:
+        _check_tls_files(at, "webhook_", self.webhook_ca_file, self.webhook_cert_file, self.webhook_key_file,
+                         self.webhooks)
         if self.max_rules < 1:
             raise ConfigError(f"{at}.max_rules: must be >= 1, got {self.max_rules}")
         if len(self.rules) > self.max_rules:
@@ -660,6 +667,17 @@ class AlertsSection:
         if self.queue < 1 or self.keyframe_pairs < 0:
             raise ConfigError(f"{at}: queue must be >= 1 and keyframe_pairs >= 0, got {self.queue} and "
                               f"{self.keyframe_pairs}")
+
+
+def _check_tls_files(at: str, prefix: str, ca: str | None, cert: str | None, key: str | None,
+                     urls: list[str]) -> None:
+    """TLS files of an outgoing HTTPS client (escalate:, alerts: webhooks): a client certificate needs its key, and
+    TLS files need an https:// URL to be used for."""
+    if (cert is None) != (key is None):
+        raise ConfigError(f"{at}.{prefix}cert_file and {at}.{prefix}key_file: a client certificate needs both")
+    if (ca or cert) and not any(url.startswith("https://") for url in urls):
+        raise ConfigError(f"{at}.{prefix}{'ca_file' if ca else 'cert_file'}: TLS files need an https:// URL to "
+                          f"reach, got {', '.join(urls) or 'none'}")
 
 
 def _topic_level(value: str) -> bool:
@@ -764,10 +782,17 @@ class EscalateSection:
     timeout_s: float = 30.0
     max_tokens: int = 256
     queue: int = 4                     # escalations waiting or in flight; beyond, the local answer stands
+    # an https:// server whose certificate a private CA signed (another edgekv with server.tls_cert_file): that CA
+    # (PEM; a self-signed certificate is its own); and the client certificate it requires (its tls_client_ca_file)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
     def validate(self, at: str) -> None:
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"{at}.url: expected an http:// or https:// URL, got {self.url!r}")
+        _check_tls_files(at, "", self.ca_file, self.cert_file, self.key_file,
+                         [self.url] if self.url is not None else [])
         if self.url is not None and not self.model.strip():
             raise ConfigError(f"{at}.model: name the model the escalation server serves")
         if self.confidence_below is not None and not 0.0 < self.confidence_below < 1.0:
@@ -1098,6 +1123,10 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
                                                  for name in ("ca_file", "cert_file", "key_file")})
     server = dataclasses.replace(config.server, **{name: resolve(getattr(config.server, name))
                                                    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file")})
+    escalate = dataclasses.replace(config.escalate, **{name: resolve(getattr(config.escalate, name))
+                                                       for name in ("ca_file", "cert_file", "key_file")})
+    alerts = dataclasses.replace(config.alerts, **{name: resolve(getattr(config.alerts, name)) for name in (
+        "webhook_ca_file", "webhook_cert_file", "webhook_key_file")})
     source = config.video.source
     if isinstance(source, str) and _is_relative_file(source):
         source = resolve(source)
@@ -1106,7 +1135,8 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
         source = f"rosbag:{resolve(path) if path else path}{mark}{query}"
     video = dataclasses.replace(config.video, source=source)
     return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state,
-                               archive=archive, privacy=privacy, fleet=fleet, server=server)
+                               archive=archive, privacy=privacy, fleet=fleet, server=server, escalate=escalate,
+                               alerts=alerts)
 
 
 def _is_relative_file(source: str) -> bool:

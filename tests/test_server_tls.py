@@ -119,7 +119,8 @@ def test_the_api_serves_https_and_the_cli_reaches_it(tiny_checkpoint, tmp_path, 
         plain.close()
 
         config_file.write_text(f"server: {{host: 127.0.0.1, port: {port}, token: s3cret, tls_cert_file: "
-                               f"{json.dumps(str(pki['server']))}, tls_key_file: {json.dumps(str(pki['server_key']))}}}\n")
+                               f"{json.dumps(str(pki['server']))}, "
+                               f"tls_key_file: {json.dumps(str(pki['server_key']))}}}\n")
         code, out, err = _ask(["--config", str(config_file), "--max-new-tokens", "2", "--json", "What?"], capsys)
         assert code == 0 and json.loads(out)["choices"], err  # the daemon's own certificate, pinned: no --ca-file
         url = f"https://localhost:{port}"
@@ -130,7 +131,8 @@ def test_the_api_serves_https_and_the_cli_reaches_it(tiny_checkpoint, tmp_path, 
         code, out, err = _ask(["--url", f"http://127.0.0.1:{port}", "--max-new-tokens", "2", "Q?"], capsys)
         assert code == 2 and "https://" in err
     out_text = (tmp_path / "out.txt").read_text()
-    assert f"HTTP API on https://127.0.0.1:{port}" in out_text and "TLS: certificate for localhost, 127.0.0.1" in out_text
+    assert f"HTTP API on https://127.0.0.1:{port}" in out_text
+    assert "TLS: certificate for localhost, 127.0.0.1" in out_text
     assert "valid until" in out_text
 
 
@@ -243,3 +245,97 @@ def test_connections_that_never_greet_count_against_the_limits_and_time_out(tiny
             assert waited < 30.0  # ended by the server (a minute with asyncio's own timeout)
             sock.close()
         assert _https(run.port, "/healthz", trusted)[0] == 200
+
+
+# ---------------------------------------------------------------------------------------------- outgoing HTTPS
+def test_escalation_reaches_an_edgekv_serving_mutual_tls(tiny_checkpoint, tmp_path, pki):
+    """escalate.ca_file / cert_file / key_file: the bigger edgekv serves HTTPS with client certificates required;
+    the escalation carries the device's certificate (without it, the local answer stands, the failure said)."""
+    from helpers_server import call
+
+    remote_config = server_config(tiny_checkpoint, **_tls(pki, tls_client_ca_file=str(pki["ca"])),
+                                  image_requests=True, max_request_bytes=4 * 2**20, served_model_name=["big-model"])
+    with RunningDaemon(remote_config, tmp_path / "remote.txt") as remote:
+        url = f"https://localhost:{remote.port}/v1"
+        outcomes = {}
+        for name, files in (("member", {"cert_file": str(pki["client"]), "key_file": str(pki["client_key"])}),
+                            ("anonymous", {})):
+            local_config = server_config(tiny_checkpoint).with_overrides(escalate={
+                "url": url, "model": "big-model", "keyframes": 2, "timeout_s": 60, "max_tokens": 4,
+                "ca_file": str(pki["ca"]), **files})
+            with RunningDaemon(local_config, tmp_path / f"local-{name}.txt") as local:
+                status, _, raw = call(local.port, "POST", "/v1/chat/completions", {
+                    "messages": [{"role": "user", "content": "What is here?"}], "max_tokens": 2, "escalate": True})
+                assert status == 200, raw
+                outcomes[name] = json.loads(raw)
+        assert outcomes["member"]["edgekv"]["escalated"] is True and outcomes["member"]["model"] == "big-model"
+        assert outcomes["anonymous"]["edgekv"]["escalated"] is False
+        assert "escalation failed" in outcomes["anonymous"]["edgekv"]["escalation_note"]
+        assert remote.daemon.image_session.counters.frame_pairs >= 1
+
+
+def test_a_webhook_of_a_private_ca_gets_its_alerts(pki):
+    """alerts.webhook_ca_file: an HTTPS receiver whose certificate a private CA signed; without the CA the
+    delivery fails (certificate not trusted), with it the alert arrives."""
+    import http.server
+    import threading
+    import time
+
+    from edgekv.apps.outputs.alerts import AlertEvent
+    from edgekv.apps.outputs.webhooks import WebhookSender
+    from edgekv.apps.server.tls import client_context
+
+    bodies = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pki["server"]), str(pki["server_key"]))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://localhost:{server.server_address[1]}/hook"
+    event = AlertEvent("e1", "alert-1", "red", "Was there a red circle?", None, 0.9, 1.0, 2, 1.0, time.time(),
+                       b"\xff\xd8jpeg", "pair 2")
+    try:
+        untrusting = WebhookSender(url, timeout_s=10, retries=0).start()
+        trusting = WebhookSender(url, timeout_s=10, retries=0, context=client_context(
+            url, str(pki["ca"]), names=("alerts.webhook_ca_file", "alerts.webhook_cert_file",
+                                        "alerts.webhook_key_file"))).start()
+        untrusting.offer(event)
+        trusting.offer(event)
+        deadline = time.monotonic() + 30
+        while (untrusting.failed + trusting.sent < 2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert untrusting.failed == 1 and untrusting.sent == 0
+        assert trusting.sent == 1 and bodies[0]["question"] == "Was there a red circle?"
+        untrusting.stop()
+        trusting.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_outgoing_tls_files_are_checked_with_the_config_and_at_start(tiny_checkpoint, tmp_path, pki, capsys):
+    from edgekv.apps.daemon.loop import Daemon
+    from edgekv.config import ConfigError, EdgeKVConfig
+    from helpers_server import daemon_args
+
+    with pytest.raises(ConfigError, match="escalate.cert_file and escalate.key_file: a client certificate needs"):
+        EdgeKVConfig().with_overrides(escalate={"url": "https://big:8000/v1", "model": "m", "cert_file": "/c"})
+    with pytest.raises(ConfigError, match="alerts.webhook_ca_file: TLS files need an https:// URL"):
+        EdgeKVConfig().with_overrides(alerts={"webhooks": ["http://hooks.local/x"], "webhook_ca_file": "/ca.pem"})
+    config = server_config(tiny_checkpoint).with_overrides(alerts={
+        "webhooks": ["https://hooks.local/x"], "webhook_ca_file": str(tmp_path / "none.pem")})
+    with open(tmp_path / "out.txt", "w") as out:
+        assert Daemon(config, daemon_args(), out=out).run() == 2
+    err = capsys.readouterr().err
+    assert f"alerts.webhook_ca_file: {tmp_path / 'none.pem'}: no such file" in err, err

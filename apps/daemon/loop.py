@@ -277,6 +277,7 @@ class Daemon:
                 self._certificate = check_server_tls(cfg.server)
             except ValueError as exc:
                 raise StartupError(str(exc)) from None
+        self._check_client_tls(cfg)
         if cfg.fleet.broker is not None:
             from edgekv.apps.outputs.mqtt import FleetError, preflight
 
@@ -287,6 +288,24 @@ class Daemon:
         self._spec, self._source = open_video_source(cfg)
         if self.options.quiz:
             self.quiz = Quiz.for_source(self._source, self.options.quiz)
+
+    @staticmethod
+    def _check_client_tls(cfg) -> None:
+        """The TLS files of what the daemon reaches over HTTPS (escalate:, alerts: webhooks), read before the model
+        loads: a missing or unreadable one named by its key."""
+        from edgekv.apps.server.tls import client_context
+
+        reached = [(cfg.escalate.url, cfg.escalate.ca_file, cfg.escalate.cert_file, cfg.escalate.key_file,
+                    ("escalate.ca_file", "escalate.cert_file", "escalate.key_file"))]
+        reached += [(url, cfg.alerts.webhook_ca_file, cfg.alerts.webhook_cert_file, cfg.alerts.webhook_key_file,
+                     ("alerts.webhook_ca_file", "alerts.webhook_cert_file", "alerts.webhook_key_file"))
+                    for url in cfg.alerts.webhooks]
+        for url, ca, cert, key, names in reached:
+            if url is not None:
+                try:
+                    client_context(url, ca, cert, key, names=names)
+                except ValueError as exc:
+                    raise StartupError(str(exc)) from None
 
     @staticmethod
     def _check_wav(path: str) -> None:
@@ -406,8 +425,14 @@ class Daemon:
         if self.alerts.dropped:
             self.say(f"{len(self.alerts.dropped)} standing question(s) of {store.path} left out: over "
                      f"alerts.max_rules ({section.max_rules}) with the config's ({', '.join(self.alerts.dropped)})")
-        for url in section.webhooks:
-            sender = WebhookSender(url, section.webhook_timeout_s, section.webhook_retries, section.queue).start()
+        from edgekv.apps.server.tls import client_context
+
+        for url in section.webhooks:  # an https:// receiver of a private CA: ValueError naming the key, at start
+            context = client_context(url, section.webhook_ca_file, section.webhook_cert_file, section.webhook_key_file,
+                                     names=("alerts.webhook_ca_file", "alerts.webhook_cert_file",
+                                            "alerts.webhook_key_file"))
+            sender = WebhookSender(url, section.webhook_timeout_s, section.webhook_retries, section.queue,
+                                   context=context).start()
             self.webhooks.append(sender)
             self.alert_bus.add(sender)
         if section.rules:
@@ -447,8 +472,8 @@ class Daemon:
                 self.server.start()
             except OSError as exc:  # taken between the preflight check and now
                 raise bind_error(cfg.server.host, cfg.server.port, exc) from None
-            self.say(f"HTTP API on {self.server.scheme}://{self.server.host}:{self.server.port} (OpenAI-compatible /v1, "
-                     f"/metrics, /)" + self._tls_text())
+            address = f"{self.server.scheme}://{self.server.host}:{self.server.port}"
+            self.say(f"HTTP API on {address} (OpenAI-compatible /v1, /metrics, /)" + self._tls_text())
         if not self.options.no_stdin and sys.stdin is not None and not sys.stdin.closed:
             self._stdin_reader = threading.Thread(target=self._read_stdin, name="edgekv-stdin", daemon=True)
             self._stdin_reader.start()

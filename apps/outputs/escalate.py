@@ -39,8 +39,13 @@ class Escalation:
 
 class Escalator:
     def __init__(self, section, done: Callable[[object], None]) -> None:
+        from edgekv.apps.server.tls import client_context
+
         self.section, self.done = section, done
         self.token = os.environ.get(section.api_key_env) if section.api_key_env else None
+        # an https:// server of a private CA (another edgekv serving TLS): ValueError naming the key at start
+        self.context = client_context(section.url, section.ca_file, section.cert_file, section.key_file,
+                                      names=("escalate.ca_file", "escalate.cert_file", "escalate.key_file"))
         self.jobs: queue.Queue[Escalation | None] = queue.Queue(maxsize=section.queue)
         self.sent = self.failed = self.refused = 0
         self._thread = threading.Thread(target=self._run, name="edgekv-escalate", daemon=True)
@@ -114,7 +119,7 @@ class Escalator:
         request = urllib.request.Request(section.url.rstrip("/") + "/chat/completions", data=body, headers=headers,
                                          method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=section.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=section.timeout_s, context=self.context) as response:
                 reply = json.loads(response.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode("utf-8", "replace")

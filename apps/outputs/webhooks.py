@@ -27,8 +27,9 @@ class WebhookSender:
     """One receiver URL: ``offer`` queues, a thread delivers in order."""
 
     def __init__(self, url: str, timeout_s: float = 5.0, retries: int = 4, queue: int = 64,
-                 token: str | None = None) -> None:
+                 token: str | None = None, context=None) -> None:
         self.url, self.timeout_s, self.retries, self.token = url, timeout_s, retries, token
+        self.context = context  # ssl.SSLContext of an https:// receiver (alerts.webhook_ca_file, ...), or None
         self.pending: deque[AlertEvent] = deque()  # waiting (the one being delivered is ``in_flight``)
         self.in_flight: AlertEvent | None = None
         self.capacity = queue
@@ -85,7 +86,7 @@ class WebhookSender:
             self.attempts += 1
             try:
                 request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.context) as response:
                     response.read()
                 return True
             except urllib.error.HTTPError as exc:

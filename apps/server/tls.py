@@ -129,18 +129,23 @@ def _certificate_info(cert_text: str) -> CertificateInfo:
     return CertificateInfo(tuple(names) or None, certificate.not_valid_after_utc)
 
 
+CLI_NAMES = ("--ca-file", "--cert-file", "--key-file")
+
+
 def client_context(url: str, ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
-                   pinned: str | None = None) -> ssl.SSLContext | None:
-    """The TLS context to reach the daemon at ``url`` (None for ``http://``): the system's CAs, or ``ca_file``'s;
+                   pinned: str | None = None, names: tuple[str, str, str] = CLI_NAMES) -> ssl.SSLContext | None:
+    """The TLS context to reach the server at ``url`` (None for ``http://``): the system's CAs, or ``ca_file``'s;
     ``pinned`` (the daemon's own certificate, read from its config on the same machine) trusted alone, its names
-    not checked against the address; ``cert_file`` / ``key_file`` the client certificate of mutual TLS."""
+    not checked against the address; ``cert_file`` / ``key_file`` the client certificate of mutual TLS. Errors name
+    the files by ``names`` (the CLI's options, or config keys: ``escalate.ca_file``, ...)."""
     if not url.lower().startswith("https://"):
         return None
-    for name, path in (("--ca-file", ca_file), ("--cert-file", cert_file), ("--key-file", key_file)):
+    ca_name, cert_name, key_name = names
+    for name, path in ((ca_name, ca_file), (cert_name, cert_file), (key_name, key_file)):
         if path is not None and not Path(path).is_file():
             raise ValueError(f"{name}: {path}: no such file")
     if (cert_file is None) != (key_file is None):
-        raise ValueError("--cert-file and --key-file: a client certificate needs both")
+        raise ValueError(f"{cert_name} and {key_name}: a client certificate needs both")
     if pinned is not None and ca_file is None:
         context = ssl.create_default_context(cafile=pinned)
         context.check_hostname = False  # the one certificate trusted is the identity checked
@@ -149,12 +154,12 @@ def client_context(url: str, ca_file: str | None = None, cert_file: str | None =
         try:
             context = ssl.create_default_context(cafile=ca_file)
         except ssl.SSLError as exc:
-            raise ValueError(f"--ca-file: {ca_file} is not a PEM certificate OpenSSL can read ({exc.reason})") from None
+            raise ValueError(f"{ca_name}: {ca_file} is not a PEM certificate OpenSSL can read ({exc.reason})") from None
     if cert_file is not None:
         try:
             context.load_cert_chain(cert_file, key_file)
         except ssl.SSLError as exc:
-            raise ValueError(f"--cert-file / --key-file: OpenSSL cannot use {cert_file} with {key_file} "
+            raise ValueError(f"{cert_name} / {key_name}: OpenSSL cannot use {cert_file} with {key_file} "
                              f"({exc.reason or exc})") from None
     return context
 
