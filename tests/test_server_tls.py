@@ -339,3 +339,41 @@ def test_outgoing_tls_files_are_checked_with_the_config_and_at_start(tiny_checkp
         assert Daemon(config, daemon_args(), out=out).run() == 2
     err = capsys.readouterr().err
     assert f"alerts.webhook_ca_file: {tmp_path / 'none.pem'}: no such file" in err, err
+
+
+def test_the_status_page_over_https_in_a_real_browser(tiny_checkpoint, tmp_path, pki):
+    """Chromium (Debian's, through Playwright) on https://localhost: the login sets a Secure cookie, and the page's
+    figures and its <img> of the frame load over TLS with it."""
+    import shutil
+    import time
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
+
+    def poll(page, expression: str, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if page.evaluate(f"() => Boolean({expression})"):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {expression}")
+
+    config = server_config(tiny_checkpoint, **_tls(pki), token="page-token-7")
+    with RunningDaemon(config, tmp_path / "out.txt") as run, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu",
+                                                                     "--no-first-run", "--disable-quic"])
+        try:
+            context = browser.new_context(ignore_https_errors=True)  # the test CA is not the browser's
+            page = context.new_page()
+            page.goto(f"https://localhost:{run.port}/")
+            page.fill("#token", "page-token-7")
+            with page.expect_navigation():
+                page.click("#signin")
+            poll(page, "document.querySelector('#figures')?.textContent.includes('cache')")
+            poll(page, "document.querySelector('#frame').naturalWidth > 0")
+            cookie = {c["name"]: c for c in context.cookies()}["edgekv_session"]
+            assert cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        finally:
+            browser.close()
