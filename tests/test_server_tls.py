@@ -10,6 +10,7 @@ import datetime as dt
 import http.client
 import ipaddress
 import json
+import socket
 import ssl
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def pki(tmp_path_factory) -> dict[str, Path]:
         "stranger_key": _write(folder, "stranger.key", key=stranger_key),
         "wrong_key": _write(folder, "wrong.key", key=ec.generate_private_key(ec.SECP256R1())),
         "locked_key": _write(folder, "locked.key", key=server_key, password=b"passphrase"),
+        "ca_key": _write(folder, "ca.key", key=ca_key),
     }
     return paths
 
@@ -377,3 +379,45 @@ def test_the_status_page_over_https_in_a_real_browser(tiny_checkpoint, tmp_path,
             assert cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         finally:
             browser.close()
+
+
+def test_sighup_serves_a_renewed_certificate_and_keeps_the_old_when_the_new_is_bad(tiny_checkpoint, tmp_path, pki):
+    """A certificate renewed in place (a private CA's, Let's Encrypt's every 60-90 days): SIGHUP reads it again and
+    new connections get it, no restart; a renewal that does not load (a half-written file) leaves the served one,
+    said why."""
+    import shutil
+    import time
+
+    ca_key = serialization.load_pem_private_key(pki["ca_key"].read_bytes(), password=None)
+    cert, key = tmp_path / "robot.pem", tmp_path / "robot.key"
+    shutil.copy(pki["server"], cert)
+    shutil.copy(pki["server_key"], key)
+    trusted = ssl.create_default_context(cafile=str(pki["ca"]))
+
+    def served_serial(port: int) -> int:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                trusted.wrap_socket(raw, server_hostname="localhost") as tls:
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+    old_serial = x509.load_pem_x509_certificate(cert.read_bytes()).serial_number
+    new_key = ec.generate_private_key(ec.SECP256R1())
+    renewed = _certificate("robot", new_key, "edgekv test CA", ca_key, server=True, days=365)
+    config = server_config(tiny_checkpoint, tls_cert_file=str(cert), tls_key_file=str(key))
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        assert served_serial(run.port) == old_serial
+        _write(tmp_path, "robot.pem", renewed)
+        _write(tmp_path, "robot.key", key=new_key)
+        run.daemon.stop.hangup.set()  # what the SIGHUP handler does
+        deadline = time.monotonic() + 60
+        while served_serial(run.port) != renewed.serial_number and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert served_serial(run.port) == renewed.serial_number
+        cert.write_text("-----BEGIN CERTIFICATE-----\nhalf a file")  # a renewal caught mid-write
+        run.daemon.stop.hangup.set()
+        out = tmp_path / "out.txt"
+        while "did not load" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert served_serial(run.port) == renewed.serial_number
+    text = (tmp_path / "out.txt").read_text()
+    assert "SIGHUP: TLS certificate read again: for localhost, 127.0.0.1; valid until" in text
+    assert "SIGHUP: the TLS files did not load" in text and "still serving the certificate loaded before" in text

@@ -1293,10 +1293,26 @@ class Daemon:
         at once after SIGHUP."""
         if self.stop.hangup.is_set():
             self.stop.hangup.clear()
+            self._reload_tls()
             self._save_now("SIGHUP")
         if self.state.enabled:  # no lock taken on every loop turn when persistent memory is off
             with self.lock:
                 self.state.maybe_snapshot(self.session)
+
+    def _reload_tls(self) -> None:
+        """SIGHUP with HTTPS: the certificate files read again (``ApiServer.reload_tls``), so a renewed certificate
+        is served without a restart; files that do not load leave the served certificate in place, said why."""
+        if self.server is None or getattr(self.server, "tls", None) is None:
+            return
+        try:
+            info = self.server.reload_tls()
+        except (ValueError, OSError) as exc:
+            self.say(f"SIGHUP: the TLS files did not load ({one_line(exc)}); still serving the certificate loaded "
+                     "before")
+            return
+        self._certificate = info
+        said = info.describe() if info is not None else ""
+        self.say(f"SIGHUP: TLS certificate read again{': ' + said if said else ''}")
 
     def _save_now(self, why: str) -> None:
         if not self.state.enabled:

@@ -169,6 +169,7 @@ class ApiServer:
             from edgekv.apps.server.tls import server_context
 
             tls = server_context(cfg)
+        self.tls = tls
         protocol = functools.partial(GuardedH11Protocol, limits=ConnectionLimits(
             cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client, tls=tls))
         config = uvicorn.Config(build_app(daemon, self.telemetry), host=cfg.host, port=cfg.port, http=protocol,
@@ -209,6 +210,20 @@ class ApiServer:
             raise OSError(f"the HTTP server did not start on {self.config.host}:{self.config.port} within "
                           f"{SERVER_START_S:g} s (the log says why)")
         self.host, self.port = self.server.servers[0].sockets[0].getsockname()[:2]
+
+    def reload_tls(self):
+        """SIGHUP: the certificate and key read again into the context new connections are served with (a renewed
+        certificate without a restart; connections open keep theirs). The files are checked whole first
+        (``check_server_tls``: ``ValueError`` naming the key), so a bad renewal leaves the served certificate in
+        place. A client CA added to ``tls_client_ca_file`` is trusted from now on; one removed, only after a
+        restart (OpenSSL adds trust anchors, it does not drop them). Returns the new certificate's info."""
+        from edgekv.apps.server.tls import check_server_tls
+
+        info = check_server_tls(self.config)
+        self.tls.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_file)
+        if self.config.tls_client_ca_file is not None:
+            self.tls.load_verify_locations(cafile=self.config.tls_client_ca_file)
+        return info
 
     def stop(self) -> None:
         self.server.should_exit = True
