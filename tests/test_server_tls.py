@@ -132,6 +132,13 @@ def test_the_api_serves_https_and_the_cli_reaches_it(tiny_checkpoint, tmp_path, 
         assert code == 2 and "HTTP 401" in err  # TLS fine, the token was not given
         code, out, err = _ask(["--url", f"http://127.0.0.1:{port}", "--max-new-tokens", "2", "Q?"], capsys)
         assert code == 2 and "https://" in err
+        status, _, metrics = _https(port, "/metrics", trusted, headers={"Authorization": "Bearer s3cret"})
+        assert status == 200
+        figures = {line.split()[0]: float(line.split()[1]) for line in metrics.decode().splitlines()
+                   if line.startswith("edgekv_tls")}
+        assert figures["edgekv_tls_handshakes_total"] >= 3 and figures["edgekv_tls_handshakes_failed_total"] >= 2
+        expiry = x509.load_pem_x509_certificate(pki["server"].read_bytes()).not_valid_after_utc.timestamp()
+        assert figures["edgekv_tls_certificate_not_after_seconds"] == expiry
     out_text = (tmp_path / "out.txt").read_text()
     assert f"HTTP API on https://127.0.0.1:{port}" in out_text
     assert "TLS: certificate for localhost, 127.0.0.1" in out_text

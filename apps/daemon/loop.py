@@ -127,7 +127,7 @@ class Daemon:
         self.monitor_cameras: list | None = None  # several cameras: the daemons whose frames one monitor counts
         self.monitor_is_shared = False  # several cameras: the first camera's monitor (it stops it)
         self.server = None
-        self._certificate = None  # what HTTPS serves (apps/server/tls.py), for the start-up line
+        self.certificate = None  # what HTTPS serves (apps/server/tls.py), for the start-up line
         self.voice = None
         self.forgotten_at: float | None = None  # wall time of the last forget: no conversation reaches across it
         self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
@@ -274,7 +274,7 @@ class Daemon:
             from edgekv.apps.server.tls import check_server_tls
 
             try:
-                self._certificate = check_server_tls(cfg.server)
+                self.certificate = check_server_tls(cfg.server)
             except ValueError as exc:
                 raise StartupError(str(exc)) from None
         self._check_client_tls(cfg)
@@ -890,7 +890,7 @@ class Daemon:
 
     def _tls_text(self) -> str:
         """The served certificate in words, for the start-up line (HTTPS only)."""
-        info = self._certificate
+        info = self.certificate
         if info is None:
             return ""
         said = info.describe()
@@ -1310,7 +1310,7 @@ class Daemon:
             self.say(f"SIGHUP: the TLS files did not load ({one_line(exc)}); still serving the certificate loaded "
                      "before")
             return
-        self._certificate = info
+        self.certificate = info
         said = info.describe() if info is not None else ""
         self.say(f"SIGHUP: TLS certificate read again{': ' + said if said else ''}")
 

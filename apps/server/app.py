@@ -46,7 +46,14 @@ from starlette.requests import ClientDisconnect
 from edgekv.apps.questions import Question
 from edgekv.apps.server import alerts, chat, info, page, privacy, voice
 from edgekv.apps.server.api import Api, error_response
-from edgekv.apps.server.guard import AccessPolicy, ConnectionLimits, GuardedH11Protocol, RequestGuard, is_loopback
+from edgekv.apps.server.guard import (
+    AccessPolicy,
+    ConnectionLimits,
+    GuardedH11Protocol,
+    RequestGuard,
+    TlsCounts,
+    is_loopback,
+)
 from edgekv.apps.server.openai_chat import ApiError, ChatLimits, safe_text
 from edgekv.apps.server.telemetry import Telemetry
 
@@ -170,8 +177,10 @@ class ApiServer:
 
             tls = server_context(cfg)
         self.tls = tls
+        self.tls_counts = TlsCounts() if tls is not None else None
         protocol = functools.partial(GuardedH11Protocol, limits=ConnectionLimits(
-            cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client, tls=tls))
+            cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client, tls=tls,
+            tls_counts=self.tls_counts))
         config = uvicorn.Config(build_app(daemon, self.telemetry), host=cfg.host, port=cfg.port, http=protocol,
                                 ws="none", lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2)

@@ -309,6 +309,15 @@ class ConnectionLimits:
     max_per_client: int | None = None
     body_grace_s: float = 1.0  # the handler's own body deadline (read_body) answers 408 first
     tls: Any = None  # ssl.SSLContext: HTTPS, the handshake done here (GuardedH11Protocol; apps/server/tls.py)
+    tls_counts: Any = None  # TlsCounts of those handshakes (the /metrics counters)
+
+
+class TlsCounts:
+    """HTTPS handshakes done and failed (refused client certificates, clients that never finished, plain HTTP sent
+    to the TLS port), counted on the server's event loop and read by /metrics."""
+
+    def __init__(self) -> None:
+        self.done = self.failed = 0
 
 
 class AttemptLimiter:
@@ -421,7 +430,11 @@ class GuardedH11Protocol(H11Protocol):
         except Exception:  # a failed, refused (no client certificate) or unfinished handshake: the client's loss
             self.connections.discard(self)
             transport.close()
+            if self.limits.tls_counts is not None:
+                self.limits.tls_counts.failed += 1
             return
+        if self.limits.tls_counts is not None:
+            self.limits.tls_counts.done += 1
         self.connections.discard(self)
         if secured is None or self._refused or self._lost or secured.is_closing():  # gone meanwhile
             return

@@ -226,8 +226,21 @@ class DaemonCollector:
                 ("edgekv_evidence_frames_write_errors", "evidence frames that failed to write (disk full, I/O, "
                  "archive.keep_free_gib)", frame_stats["frames_write_errors"]),
             ]
+        tls_counts = getattr(getattr(daemon, "server", None), "tls_counts", None)  # server.tls_cert_file: HTTPS
+        if tls_counts is not None:
+            counters += [
+                ("edgekv_tls_handshakes", "HTTPS handshakes completed", tls_counts.done),
+                ("edgekv_tls_handshakes_failed", "HTTPS handshakes failed: refused or missing client certificates, "
+                 "clients that never finished within server.request_timeout_s, plain HTTP sent to the port",
+                 tls_counts.failed),
+            ]
         for name, help_text, value in counters:
             yield CounterMetricFamily(name, help_text, value=value)
+        certificate = getattr(daemon, "certificate", None)
+        if certificate is not None and certificate.not_after is not None:
+            yield GaugeMetricFamily("edgekv_tls_certificate_not_after_seconds", "the served certificate's expiry, "
+                                    "seconds since the epoch (alert on it minus time())",
+                                    value=certificate.not_after.timestamp())
         elapsed = max(time.monotonic() - daemon.started, 1e-9)
         recent = t.ingest_fps()
         mib = 2**20
