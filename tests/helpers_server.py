@@ -150,3 +150,14 @@ def frozen(run: RunningDaemon, monkeypatch):
     with run.daemon.lock:  # wait for a step in progress to finish
         pass
     yield
+
+
+def poll(page, expression: str, timeout_s: float = 20) -> None:
+    """Wait until a JS expression is truthy in a Playwright page. (Playwright's wait_for_function evaluates strings,
+    which the status page's Content-Security-Policy forbids; page.evaluate is not subject to it.)"""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if page.evaluate(f"() => Boolean({expression})"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {expression}")

@@ -354,20 +354,13 @@ def test_the_status_page_over_https_in_a_real_browser(tiny_checkpoint, tmp_path,
     """Chromium (Debian's, through Playwright) on https://localhost: the login sets a Secure cookie, and the page's
     figures and its <img> of the frame load over TLS with it."""
     import shutil
-    import time
+
+    from helpers_server import poll
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("no chromium (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
-
-    def poll(page, expression: str, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if page.evaluate(f"() => Boolean({expression})"):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {expression}")
 
     config = server_config(tiny_checkpoint, **_tls(pki), token="page-token-7")
     with RunningDaemon(config, tmp_path / "out.txt") as run, sync_api.sync_playwright() as p:

@@ -13,30 +13,18 @@ import json
 import os
 import shutil
 import struct
-import time
 from pathlib import Path
 
 import pytest
 
 from edgekv.apps.questions import Question
-from helpers_server import RunningDaemon, server_config
+from helpers_server import RunningDaemon, poll, server_config
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TOKEN = "page-token-42"
-
-
-def poll(page, expression: str, timeout_s: float = 20) -> None:
-    """Wait until a JS expression is truthy. (Playwright's wait_for_function evaluates strings, which the
-    page's Content-Security-Policy forbids; page.evaluate is not subject to it.)"""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if page.evaluate(f"() => Boolean({expression})"):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {expression}")
 
 
 def screenshot(page, tmp_path: Path, name: str) -> Path:
