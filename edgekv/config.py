@@ -10,6 +10,7 @@ keyword dicts, validated the same way (``EdgeKVConfig.with_overrides``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -324,6 +325,9 @@ class ServerSection:
     # not on a robot's or a pair of glasses' shared Wi-Fi (apps/server/tls.py)
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # or the key as a systemd credential (its name under $CREDENTIALS_DIRECTORY: LoadCredentialEncrypted= keeps it
+    # sealed on the flash by the TPM or the host key, as privacy.key_credential does for the memory's key)
+    tls_key_credential: str | None = None
     # mutual TLS: a client must present a certificate this CA (PEM) signed, before any request is read (the token
     # is still asked for): only the devices given one can reach the API at all
     tls_client_ca_file: str | None = None
@@ -331,10 +335,28 @@ class ServerSection:
     def tls(self) -> bool:
         return self.tls_cert_file is not None
 
+    def tls_key_path(self) -> str | None:
+        """The private key's file: ``tls_key_file``, or the systemd credential's under ``$CREDENTIALS_DIRECTORY``
+        (``ValueError`` when the daemon was not given it)."""
+        if self.tls_key_credential is None:
+            return self.tls_key_file
+        folder = os.environ.get("CREDENTIALS_DIRECTORY")
+        if not folder:
+            raise ValueError(f"server.tls_key_credential {self.tls_key_credential}: no $CREDENTIALS_DIRECTORY (set "
+                             f"LoadCredential= or LoadCredentialEncrypted= in the systemd unit)")
+        return str(Path(folder) / self.tls_key_credential)
+
     def validate(self, at: str) -> None:
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+        if self.tls_key_file is not None and self.tls_key_credential is not None:
+            raise ConfigError(f"{at}.tls_key_file and {at}.tls_key_credential: give the key one way")
+        key = self.tls_key_file if self.tls_key_file is not None else self.tls_key_credential
+        if (self.tls_cert_file is None) != (key is None):
             raise ConfigError(f"{at}.tls_cert_file and {at}.tls_key_file: HTTPS needs both (the certificate and "
-                              f"its private key)")
+                              f"its private key, or tls_key_credential)")
+        if self.tls_key_credential is not None and ("/" in self.tls_key_credential
+                                                    or not self.tls_key_credential.strip()):
+            raise ConfigError(f"{at}.tls_key_credential: a credential's name (LoadCredential=NAME:...), not a path, "
+                              f"got {self.tls_key_credential!r}")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ConfigError(f"{at}.tls_client_ca_file: client certificates need HTTPS ({at}.tls_cert_file and "
                               f"{at}.tls_key_file)")

@@ -421,3 +421,29 @@ def test_sighup_serves_a_renewed_certificate_and_keeps_the_old_when_the_new_is_b
     text = (tmp_path / "out.txt").read_text()
     assert "SIGHUP: TLS certificate read again: for localhost, 127.0.0.1; valid until" in text
     assert "SIGHUP: the TLS files did not load" in text and "still serving the certificate loaded before" in text
+
+
+def test_the_key_as_a_systemd_credential(tiny_checkpoint, tmp_path, pki, monkeypatch, capsys):
+    """server.tls_key_credential: the key systemd hands over under $CREDENTIALS_DIRECTORY (LoadCredentialEncrypted=
+    keeps it sealed on the flash); a daemon started without it is refused, naming the key."""
+    import shutil
+
+    from edgekv.apps.daemon.loop import Daemon
+    from edgekv.config import ConfigError, EdgeKVConfig
+    from helpers_server import daemon_args
+
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    shutil.copy(pki["server_key"], credentials / "edgekv-tls.key")
+    config = server_config(tiny_checkpoint, tls_cert_file=str(pki["server"]), tls_key_credential="edgekv-tls.key")
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    with open(tmp_path / "refused.txt", "w") as out:
+        assert Daemon(config, daemon_args(), out=out).run() == 2
+    assert "server.tls_key_credential edgekv-tls.key: no $CREDENTIALS_DIRECTORY" in capsys.readouterr().err
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        assert _https(run.port, "/healthz", ssl.create_default_context(cafile=str(pki["ca"])))[0] == 200
+    with pytest.raises(ConfigError, match="give the key one way"):
+        EdgeKVConfig().with_overrides(server={"tls_cert_file": "/c", "tls_key_file": "/k", "tls_key_credential": "k"})
+    with pytest.raises(ConfigError, match="a credential's name"):
+        EdgeKVConfig().with_overrides(server={"tls_cert_file": "/c", "tls_key_credential": "/etc/k"})

@@ -229,7 +229,7 @@ class ApiServer:
         from edgekv.apps.server.tls import check_server_tls
 
         info = check_server_tls(self.config)
-        self.tls.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_file)
+        self.tls.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_path())
         if self.config.tls_client_ca_file is not None:
             self.tls.load_verify_locations(cafile=self.config.tls_client_ca_file)
         return info

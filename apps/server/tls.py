@@ -79,14 +79,15 @@ def check_server_tls(server: Any) -> CertificateInfo | None:
 def server_context(server: Any) -> ssl.SSLContext:
     """The TLS context the API serves with (TLS 1.2 or later; a client certificate required with
     ``tls_client_ca_file``). ``ValueError`` naming the key of the file that is wrong, and how."""
-    cert, key = server.tls_cert_file, server.tls_key_file
-    cert_text, key_text = _read("tls_cert_file", cert), _read("tls_key_file", key)
+    cert, key = server.tls_cert_file, server.tls_key_path()
+    key_name = "tls_key_credential" if server.tls_key_credential is not None else "tls_key_file"
+    cert_text, key_text = _read("tls_cert_file", cert), _read(key_name, key)
     if PEM_CERTIFICATE not in cert_text:
         raise ValueError(f"server.tls_cert_file: {cert} holds no PEM certificate ({PEM_CERTIFICATE} ...)")
     if "PRIVATE KEY-----" not in key_text:
-        raise ValueError(f"server.tls_key_file: {key} holds no PEM private key")
+        raise ValueError(f"server.{key_name}: {key} holds no PEM private key")
     if "ENCRYPTED" in key_text:
-        raise ValueError(f"server.tls_key_file: {key} is encrypted with a passphrase, which a daemon started by "
+        raise ValueError(f"server.{key_name}: {key} is encrypted with a passphrase, which a daemon started by "
                          f"systemd cannot type: give it the key unencrypted, readable by the daemon's user only")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -94,7 +95,7 @@ def server_context(server: Any) -> ssl.SSLContext:
         context.load_cert_chain(cert, key)
     except ssl.SSLError as exc:
         if "KEY_VALUES_MISMATCH" in str(exc) or "key values mismatch" in str(exc):
-            raise ValueError(f"server.tls_key_file: {key} is not the private key of the certificate in "
+            raise ValueError(f"server.{key_name}: {key} is not the private key of the certificate in "
                              f"server.tls_cert_file ({cert})") from None
         raise ValueError(f"server.tls_cert_file / tls_key_file: OpenSSL cannot use {cert} with {key} "
                          f"({exc.reason or exc})") from None
