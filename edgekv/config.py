@@ -1126,7 +1126,8 @@ def _describe(hint: Any) -> str:
 
 
 def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
-    """Relative model/calibration/video-file paths are relative to the YAML file's folder."""
+    """Relative paths (model, calibration, video file or bag, state, archive, keys, certificates, the log file) are
+    relative to the YAML file's folder."""
 
     def resolve(value: str | None) -> str | None:
         if value is None or value.startswith("builtin:") or Path(value).expanduser().is_absolute():
@@ -1145,6 +1146,7 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
                                                  for name in ("ca_file", "cert_file", "key_file")})
     server = dataclasses.replace(config.server, **{name: resolve(getattr(config.server, name))
                                                    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file")})
+    logging_section = dataclasses.replace(config.logging, file=resolve(config.logging.file))
     escalate = dataclasses.replace(config.escalate, **{name: resolve(getattr(config.escalate, name))
                                                        for name in ("ca_file", "cert_file", "key_file")})
     alerts = dataclasses.replace(config.alerts, **{name: resolve(getattr(config.alerts, name)) for name in (
@@ -1158,7 +1160,7 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
     video = dataclasses.replace(config.video, source=source)
     return dataclasses.replace(config, model=model, cache=cache, video=video, engines=engines, state=state,
                                archive=archive, privacy=privacy, fleet=fleet, server=server, escalate=escalate,
-                               alerts=alerts)
+                               alerts=alerts, logging=logging_section)
 
 
 def _is_relative_file(source: str) -> bool:

@@ -76,6 +76,16 @@ def test_overrides_round_trip_and_relative_paths(tmp_path):
     loaded = load_config(path)
     assert loaded.model.path == str((tmp_path / "weights" / "qwen").resolve())
     assert loaded.cache == config.cache
+    # every file a config names is the YAML's neighbour when relative (the log file was the cwd's: under systemd,
+    # whose cwd is /, a read-only place)
+    path.write_text(yaml.safe_dump({"logging": {"file": "logs/edgekv.log"}, "server": {
+        "tls_cert_file": "tls/robot.pem", "tls_key_file": "tls/robot.key", "tls_client_ca_file": "tls/ca.pem"},
+        "escalate": {"url": "https://big:8000/v1", "model": "m", "ca_file": "tls/ca.pem"},
+        "alerts": {"webhooks": ["https://hooks.local/x"], "webhook_ca_file": "tls/ca.pem"}}))
+    loaded = load_config(path)
+    assert loaded.logging.file == str((tmp_path / "logs" / "edgekv.log").resolve())
+    assert loaded.server.tls_cert_file == str((tmp_path / "tls" / "robot.pem").resolve())
+    assert loaded.server.tls_client_ca_file == loaded.escalate.ca_file == loaded.alerts.webhook_ca_file
 
 
 def test_assignments_round_trip_a_config_built_in_python():
