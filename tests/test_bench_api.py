@@ -78,6 +78,21 @@ def test_bench_keepalive_times_both_kinds_of_connection(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_bench_keepalive_over_https(tmp_path, capsys):
+    """``--tls``: the daemon serves HTTPS with a certificate made for the run; both kinds of connection go over it."""
+    pytest.importorskip("cryptography")
+    from edgekv.apps.cli import main
+
+    out_json = tmp_path / "keepalive.json"
+    assert main(["bench", "keepalive", "--tls", "--requests", "3", "--chats", "1", "--answer-tokens", "1",
+                 "--json", str(out_json), "--plot", ""]) == 0
+    result = json.loads(out_json.read_text())
+    assert result["tls"] is True and result["tls_version"].startswith("TLSv1.")
+    assert result["healthz_fresh"]["n"] == 3 and result["chat_fresh"]["n"] == 1
+    assert f"over {result['tls_version']}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_bench_soak_daemon_soaks_a_deployment_config_with_two_cameras(tiny_checkpoint, tmp_path):
     """``--config``: the deployment's own file (here two cameras, as edgekv-camera runs them: the soak's child
     once built a single-camera daemon and refused ``video.sources``); streamed chats name a camera in turn (a
