@@ -1,26 +1,28 @@
-"""HTTPS for the daemon's API, and the TLS of the commands that talk to it.
+"""HTTPS for the daemon's API, and the TLS of what talks to it and of what it talks to.
 
-``server.tls_cert_file`` + ``server.tls_key_file`` serve the API, the status page and ``/metrics`` over TLS 1.2 or
-later (uvicorn's own TLS: Python's ``ssl``, OpenSSL underneath); ``server.tls_client_ca_file`` adds mutual TLS, a
-client certificate signed by that CA required in the handshake, before a byte of a request is read. Without them the
-token, every question and every answer cross the network in the clear: fine on 127.0.0.1, not on the shared Wi-Fi
-of a robot fleet or of a pair of glasses talking to a phone.
+``server.tls_cert_file`` + ``server.tls_key_file`` (or ``tls_key_credential``, a systemd credential) serve the API,
+the status page and ``/metrics`` over TLS 1.2 or later (Python's ``ssl``, OpenSSL underneath);
+``server.tls_client_ca_file`` adds mutual TLS, a client certificate signed by that CA required in the handshake,
+before a byte of a request is read. Without them the token, every question and every answer cross the network in
+the clear: fine on 127.0.0.1, not on the shared Wi-Fi of a robot fleet or of a pair of glasses talking to a phone.
 
 The handshake is the connection protocol's (``apps/server/guard.py``'s ``GuardedH11Protocol``, through asyncio's
 ``start_tls``), not uvicorn's: a connection is counted against ``server.max_connections`` and the per-client cap
 as it is accepted, before its handshake, and the handshake has ``server.request_timeout_s`` to finish (asyncio's own
-default is 60 s), so sockets opened and never greeted cannot pile up past the limits plain HTTP has.
+default is 60 s), so sockets opened and never greeted cannot pile up past the limits plain HTTP has. SIGHUP reads
+the files again into the served context (``ApiServer.reload_tls``): a renewed certificate without a restart.
 
-``check_server_tls`` is the start-up check (``apps/daemon/startup.py``): each file read as the server will read it,
-a problem named by its key (a missing file, a key that is not the certificate's, a key encrypted with a passphrase
-the unattended daemon cannot type), and what the certificate says (its names and expiry) for the start-up line.
-The device's clock is not the certificate's judge: a Jetson without an RTC battery boots in the past, so an
-expiry is reported, never refused.
+``check_server_tls`` is the start-up check (the daemon's preflight, before the model loads): each file read as the
+server will read it, a problem named by its key (a missing file, a key that is not the certificate's, a key
+encrypted with a passphrase the unattended daemon cannot type), and what the certificate says (its names and
+expiry) for the start-up line and ``/metrics``. The device's clock is not the certificate's judge: a Jetson without
+an RTC battery boots in the past, so an expiry is reported, never refused.
 
-``client_context`` is the other side (``edgekv ask`` / ``edgekv forget``): ``--ca-file`` trusts a private CA (or a
-self-signed certificate), ``--cert-file`` / ``--key-file`` present a client certificate; asked through the
-daemon's own ``--config`` on the same machine, the daemon's certificate itself is the one trusted (pinned), so a
-certificate made for the robot's network name still serves ``127.0.0.1``.
+``client_context`` is the other side: ``edgekv ask`` / ``edgekv forget`` (``--ca-file`` trusts a private CA or a
+self-signed certificate, ``--cert-file`` / ``--key-file`` present a client certificate; asked through the daemon's
+own ``--config`` on the same machine, the daemon's certificate itself is the one trusted, pinned, so a certificate
+made for the robot's network name still serves ``127.0.0.1``), and what the daemon reaches over HTTPS of a private
+CA: the escalation server (``escalate.ca_file`` ...) and the alert webhooks (``alerts.webhook_ca_file`` ...).
 """
 
 from __future__ import annotations
