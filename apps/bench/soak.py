@@ -41,8 +41,8 @@ from edgekv.threads import threads_argument
 MAX_SAMPLES = 2000
 MAX_ERROR_MESSAGES = 10
 # the options' values when not given (with --daemon --config an option not given leaves the config's value)
-SOAK_DEFAULTS = {"resolution": [224, 224], "policy": "infinipot_v", "max_tokens": 1536, "text_reserve": 256, "sinks": 0,
-                 "fps": 2.0, "answer_tokens": 24, "threads": 1}
+SOAK_DEFAULTS = {"resolution": [224, 224], "policy": "infinipot_v", "max_tokens": 1536, "text_reserve": 256,
+                 "sinks": 0, "fps": 2.0, "answer_tokens": 24, "threads": 1}
 
 
 def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
@@ -464,8 +464,8 @@ def _daemon_sections(args: argparse.Namespace, scratch: Path) -> tuple[dict, str
                     "monitor": {"interval_s": 1.0, "backend": "cpu"}}
     else:  # the deployment's own config; what the command line gives goes on top, the API on a free local port
         given = {"video": {"resolution": args.resolution and list(args.resolution), "fps": args.fps},
-                 "cache": {"policy": args.policy, "max_tokens": args.max_tokens, "text_reserve_tokens": args.text_reserve,
-                           "sinks": args.sinks},
+                 "cache": {"policy": args.policy, "max_tokens": args.max_tokens,
+                           "text_reserve_tokens": args.text_reserve, "sinks": args.sinks},
                  "model": {"path": args.model}, "runtime": {"threads": args.threads},
                  "generation": {"max_new_tokens": args.answer_tokens}}
         sections = {name: {key: value for key, value in values.items() if value is not None}
@@ -488,8 +488,9 @@ def _connection(port: int, https: bool, timeout: float):
     import ssl
 
     if https:
-        return http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
-                                           context=ssl._create_unverified_context())
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        return http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=context)
     return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
 
 
