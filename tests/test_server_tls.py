@@ -71,6 +71,8 @@ def pki(tmp_path_factory) -> dict[str, Path]:
         "client_key": _write(folder, "client.key", key=client_key),
         "stranger": _write(folder, "stranger.pem", _certificate("stranger", stranger_key, "other CA", other_ca_key)),
         "stranger_key": _write(folder, "stranger.key", key=stranger_key),
+        "other_ca": _write(folder, "other_ca.pem", _certificate("other CA", other_ca_key, "other CA", other_ca_key,
+                                                                ca=True)),
         "wrong_key": _write(folder, "wrong.key", key=ec.generate_private_key(ec.SECP256R1())),
         "locked_key": _write(folder, "locked.key", key=server_key, password=b"passphrase"),
         "ca_key": _write(folder, "ca.key", key=ca_key),
@@ -427,6 +429,47 @@ def test_sighup_serves_a_renewed_certificate_and_keeps_the_old_when_the_new_is_b
     text = (tmp_path / "out.txt").read_text()
     assert "SIGHUP: TLS certificate read again: for localhost, 127.0.0.1; valid until" in text
     assert "SIGHUP: the TLS files did not load" in text and "still serving the certificate loaded before" in text
+
+
+def test_sighup_drops_a_client_ca_taken_out_of_the_file(tiny_checkpoint, tmp_path, pki):
+    """Mutual TLS trusting two CAs; one is taken out of tls_client_ca_file (a lost robot's, a contractor's) and
+    SIGHUP sent: its clients are refused from the next connection on, the other CA's still served, and a connection
+    opened before the reload keeps being served. (Loading the file again into the served context would have kept the
+    removed CA: OpenSSL adds trust anchors and never drops them.)"""
+    import time
+
+    bundle = tmp_path / "clients-ca.pem"
+    bundle.write_bytes(pki["ca"].read_bytes() + pki["other_ca"].read_bytes())
+
+    def client(name: str) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(pki["ca"]))
+        context.load_cert_chain(str(pki[name]), str(pki[f"{name}_key"]))
+        return context
+
+    def served(name: str) -> bool:
+        try:
+            return _https(run.port, "/healthz", client(name))[0] == 200
+        except (ssl.SSLError, ConnectionError, OSError):
+            return False
+
+    config = server_config(tiny_checkpoint, **_tls(pki, tls_client_ca_file=str(bundle)))
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        assert served("client") and served("stranger")
+        kept = http.client.HTTPSConnection("127.0.0.1", run.port, timeout=60, context=client("stranger"))
+        kept.request("GET", "/healthz")
+        assert kept.getresponse().read() and kept.sock is not None
+        bundle.write_bytes(pki["ca"].read_bytes())  # the other CA taken out
+        run.daemon.stop.hangup.set()  # what the SIGHUP handler does
+        out, deadline = tmp_path / "out.txt", time.monotonic() + 60
+        while "TLS certificate read again" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "TLS certificate read again" in out.read_text()
+        assert not served("stranger")
+        assert served("client")
+        kept.request("GET", "/healthz")  # the same TLS connection, opened under the old context
+        response = kept.getresponse()
+        assert response.status == 200 and json.loads(response.read())
+        kept.close()
 
 
 def test_the_key_as_a_systemd_credential(tiny_checkpoint, tmp_path, pki, monkeypatch, capsys):

@@ -178,9 +178,9 @@ class ApiServer:
             tls = server_context(cfg)
         self.tls = tls
         self.tls_counts = TlsCounts() if tls is not None else None
-        protocol = functools.partial(GuardedH11Protocol, limits=ConnectionLimits(
-            cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client, tls=tls,
-            tls_counts=self.tls_counts))
+        self.limits = ConnectionLimits(cfg.request_timeout_s, cfg.max_connections, cfg.max_connections_per_client,
+                                       tls=tls, tls_counts=self.tls_counts)
+        protocol = functools.partial(GuardedH11Protocol, limits=self.limits)
         config = uvicorn.Config(build_app(daemon, self.telemetry), host=cfg.host, port=cfg.port, http=protocol,
                                 ws="none", lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2)
@@ -221,17 +221,17 @@ class ApiServer:
         self.host, self.port = self.server.servers[0].sockets[0].getsockname()[:2]
 
     def reload_tls(self):
-        """SIGHUP: the certificate and key read again into the context new connections are served with (a renewed
-        certificate without a restart; connections open keep theirs). The files are checked whole first
-        (``check_server_tls``: ``ValueError`` naming the key), so a bad renewal leaves the served certificate in
-        place. A client CA added to ``tls_client_ca_file`` is trusted from now on; one removed, only after a
-        restart (OpenSSL adds trust anchors, it does not drop them). Returns the new certificate's info."""
-        from edgekv.apps.server.tls import check_server_tls
+        """SIGHUP: the certificate, key and client CAs read again into a new context that connections accepted from
+        then on are served with (a renewed certificate without a restart; connections open keep theirs). A new
+        context, not the files loaded again into the served one: OpenSSL adds trust anchors to a context and never
+        drops them, so a client CA taken out of ``tls_client_ca_file`` (a lost robot's, a leaver's) would have stayed
+        trusted until a restart. The files are checked whole first (``ValueError`` naming the key), so a bad renewal
+        leaves the served context in place. Returns the new certificate's info."""
+        from edgekv.apps.server.tls import check_server_tls, server_context
 
+        context = server_context(self.config)
         info = check_server_tls(self.config)
-        self.tls.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_path())
-        if self.config.tls_client_ca_file is not None:
-            self.tls.load_verify_locations(cafile=self.config.tls_client_ca_file)
+        self.tls = self.limits.tls = context  # read by each connection as it is accepted (GuardedH11Protocol)
         return info
 
     def stop(self) -> None:

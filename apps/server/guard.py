@@ -302,8 +302,11 @@ async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------- connections
-@dataclass(frozen=True)
+@dataclass
 class ConnectionLimits:
+    """What each accepted connection is held to, read by ``GuardedH11Protocol`` as it accepts one. Not frozen for
+    one field: SIGHUP puts a new ``tls`` context here (``ApiServer.reload_tls``), taken by connections from then on."""
+
     request_timeout_s: float
     max_connections: int
     max_per_client: int | None = None
