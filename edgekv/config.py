@@ -132,6 +132,15 @@ class VideoSection:
     # No frame ingested for this long (and at least 4 frame intervals), while not answering and the source
     # not reconnecting: the stream is "stalled" and /healthz answers 503 (apps/daemon/loop.py).
     stall_s: float = 60.0
+    # Network streams (rtsp://, http(s)://, rtmp://): FFmpeg gives up opening one, or waiting for its next frame,
+    # after this long (OpenCV's own default, null here, is 30 s each: a camera gone silent with its connection
+    # open went unnoticed that long), then the capture reconnects with reconnect_backoff_s. Mind a camera that
+    # sends a frame less often than this (a time-lapse stream): raise it.
+    stream_timeout_s: float | None = 10.0
+    # A network stream not reachable at start (an IP camera that boots after the robot, a Wi-Fi link not up yet):
+    # true starts anyway and connects it when it comes (/healthz "reconnecting", a line said at start);
+    # false refuses to start, as for a file that is not there.
+    wait_for_stream: bool = True
     skip_static: SkipStaticSection = field(default_factory=SkipStaticSection)
     # exact: Pillow bicubic, bit-identical to transformers' processor; fast: OpenCV (INTER_AREA shrinking,
     # INTER_CUBIC growing), ~2x faster, mean |difference| <= 1.5 uint8 levels on camera-like frames
@@ -163,6 +172,9 @@ class VideoSection:
             raise ConfigError(f"{at}.max_gap_s: must be in (0, 4.4e12] seconds, got {self.max_gap_s}")
         if not self.stall_s > 0.0:
             raise ConfigError(f"{at}.stall_s: must be > 0, got {self.stall_s}")
+        if self.stream_timeout_s is not None and not 0.0 < self.stream_timeout_s <= 3600.0:
+            raise ConfigError(f"{at}.stream_timeout_s: must be in (0, 3600] seconds or null (OpenCV's own 30 s), "
+                              f"got {self.stream_timeout_s}")
         names = set()
         for index, camera in enumerate(self.sources):
             camera.validate(f"{at}.sources[{index}]")

@@ -47,7 +47,11 @@ def problems(daemon) -> list[str]:
     out = []
     sampler = daemon.sampler
     if sampler is not None and sampler.capture.reconnecting:
-        out.append(f"video source lost: reconnecting ({sampler.capture.stats()['reconnect_attempts']} attempts so far)")
+        attempts = sampler.capture.stats()["reconnect_attempts"]
+        if getattr(sampler.capture.source, "connected", True):
+            out.append(f"video source lost: reconnecting ({attempts} attempts so far)")
+        else:  # video.wait_for_stream: not reached once since the start
+            out.append(f"video source not reached yet: connecting ({attempts} attempts so far)")
     recall = getattr(daemon.session, "recall", None)
     archive = getattr(recall, "archive", None)
     if archive is not None and (archive.disk_full or archive.failing):

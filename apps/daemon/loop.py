@@ -286,8 +286,17 @@ class Daemon:
             except FleetError as exc:
                 raise StartupError(str(exc)) from None
         self._spec, self._source = open_video_source(cfg)
+        self._say_waiting()
         if self.options.quiz:
             self.quiz = Quiz.for_source(self._source, self.options.quiz)
+
+    def _say_waiting(self) -> None:
+        """A network stream not reachable at start (``video.wait_for_stream``): said once, the daemon goes on."""
+        waiting = getattr(self._source, "waiting", None)
+        if waiting is not None:
+            self.say(f"video.source: {one_line(waiting)}; starting anyway, connecting when it answers "
+                     f"(video.reconnect_backoff_s {self.config.video.reconnect_backoff_s}; /healthz says "
+                     "\"reconnecting\" until then; video.wait_for_stream: false refuses to start instead)")
 
     @staticmethod
     def _check_client_tls(cfg) -> None:
@@ -601,6 +610,7 @@ class Daemon:
             self._stop_collector()  # nothing sampled before the pause goes in after it, stamped as if new
             self.backlog.clear()
             self._spec, self._source = open_video_source(cfg)
+            self._say_waiting()
             last = self.session.clock.last_t
             if last is not None:
                 self._resume_offset = last + (time.monotonic() - self._paused_at) - self.state.stream_time(0.0) + 1e-6

@@ -406,24 +406,41 @@ class OpenCVSource(FrameSource):
     LIVE_RETRY_S = 2.0   # ... within this long (a stream that is gone times out slowly: reconnect instead)
     FILE_RETRIES = 32    # corrupt frames in a row a file may have before its end is taken as the end
 
-    def __init__(self, spec: str, target: str | int, api: int, live: bool) -> None:
+    def __init__(self, spec: str, target: str | int, api: int, live: bool, *, timeout_s: float | None = None,
+                 wait: bool = False) -> None:
         super().__init__(spec, live)
         self.target = target
         self.api = api
+        self.timeout_s = timeout_s
         self.capture: cv2.VideoCapture | None = None
         self.fps = 0.0
         self.frame_count = 0
+        self.connected = False  # opened at least once
+        self.waiting: str | None = None  # why a stream waited for at start is not open yet
         self._clock_origin = time.monotonic()  # live timestamps: shared across reopens, never go back
         self._last_t: float | None = None
         self._ahead: tuple[np.ndarray, float] | None = None  # the good frame read after corrupt ones
-        self._open()
+        try:
+            self._open()
+        except SourceUnavailable as exc:
+            if not (wait and live):
+                raise
+            self.waiting = str(exc)  # read() says "lost": the capture thread connects with its backoff
 
     def _open(self) -> None:
-        capture = cv2.VideoCapture(self.target, self.api)
+        if self.timeout_s is not None:  # FFmpeg's own limits (OpenCV's default: 30 s for each)
+            ms = max(1, round(self.timeout_s * 1000))
+            capture = cv2.VideoCapture(self.target, self.api,
+                                       [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms])
+        else:
+            capture = cv2.VideoCapture(self.target, self.api)
         if not capture.isOpened():
             capture.release()
             why = "device or stream unreachable" if self.live else "unreadable or unsupported file"
+            if self.timeout_s is not None:
+                why += f", or silent for video.stream_timeout_s ({self.timeout_s:g} s)"
             raise SourceUnavailable(f"video source {self.spec!r}: OpenCV could not open it ({why})")
+        self.connected, self.waiting = True, None
         if self.live:
             capture.set(cv2.CAP_PROP_BUFFERSIZE, 1)  # the newest frame, not a backlog (ignored where unsupported)
         self.capture = capture
@@ -447,6 +464,8 @@ class OpenCVSource(FrameSource):
             frame_t, self._ahead = self._ahead, None
             return frame_t
         if self.capture is None:
+            if self.live and self.waiting is not None:
+                raise SourceLost(f"{self.waiting}; not connected yet")
             raise SourceLost(f"video source {self.spec!r} is closed") if self.live else EndOfStream("eof", "closed")
         position = self.capture.get(cv2.CAP_PROP_POS_FRAMES)
         started = time.monotonic()
@@ -739,10 +758,18 @@ def _extra_scheme(module: str) -> Any:
     return importlib.import_module(module)
 
 
-def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None) -> FrameSource:
+def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None, stream_timeout_s: float | None = None,
+                wait_for_stream: bool = False) -> FrameSource:
     """Open a ``video.source``. Bad specs raise ``ValueError`` naming the spec; a well-formed source that
     cannot be opened raises ``SourceUnavailable`` saying why. ``ros2``: the config's ``ros2:`` section
-    (domain, network, QoS) for a ``ros2:`` source; defaults (and ``$ROS_DOMAIN_ID``) without it."""
+    (domain, network, QoS) for a ``ros2:`` source; defaults (and ``$ROS_DOMAIN_ID``) without it.
+
+    Network streams (``rtsp://`` ...): ``stream_timeout_s`` bounds FFmpeg's open and each read (OpenCV's
+    ``CAP_PROP_OPEN_TIMEOUT_MSEC`` / ``CAP_PROP_READ_TIMEOUT_MSEC``; without it OpenCV's 30 s each: a camera
+    that goes silent with its connection open is noticed only after that). ``wait_for_stream``: a stream not
+    reachable now is returned unopened (``OpenCVSource.waiting`` says why) and its first read is a
+    ``SourceLost``, so a ``CaptureThread`` connects it with its backoff (an IP camera that boots after the
+    robot, a Wi-Fi link not up yet)."""
     parsed = spec if isinstance(spec, SourceSpec) else parse_spec(spec)
     if parsed.kind in EXTRA_SCHEMES:
         return _extra_scheme(EXTRA_SCHEMES[parsed.kind]).open_parsed(parsed, ros2=ros2)
@@ -755,7 +782,8 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None)
     if parsed.kind == "camera":
         return OpenCVSource(parsed.raw, int(parsed.target), cv2.CAP_ANY, live=True)
     if parsed.kind == "stream":
-        return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=True)
+        return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=True, timeout_s=stream_timeout_s,
+                            wait=wait_for_stream)
     pipeline = str(parsed.target) if parsed.kind == "gstreamer" else csi_pipeline(int(parsed.target), **parsed.params)
     if not opencv_has_gstreamer():
         raise SourceUnavailable(

@@ -1,0 +1,174 @@
+"""Network cameras as they behave on a robot (video.stream_timeout_s, video.wait_for_stream): an IP camera that is
+not up when the daemon starts (a PoE camera boots slower than the Jetson) is connected when it comes, the daemon
+serving meanwhile and saying so; a camera that goes silent with its connection open is reconnected after
+``stream_timeout_s``, not after OpenCV's own 30 s. The camera is an MJPEG-over-HTTP server on 127.0.0.1, what many
+IP cameras serve, read through OpenCV's FFmpeg backend as an ``rtsp://`` stream is."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+cv2 = pytest.importorskip("cv2")
+
+from edgekv.video.capture import Backoff, CaptureThread  # noqa: E402
+from edgekv.video.sources import SourceUnavailable, open_source  # noqa: E402
+
+
+class MjpegCamera:
+    """An MJPEG camera on 127.0.0.1. Its port is bound at once but not listened on until ``power_on()``: until then a
+    connection is refused, as a camera still booting refuses it. ``go_silent()`` stops the frames on the connections
+    open now (kept open, as a camera whose encoder hung keeps them); a later connection gets frames again."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/camera.mjpg"
+        self.clients = 0
+        self._silent_up_to = 0  # connections numbered up to this one send nothing more
+        self._closed = threading.Event()
+
+    def power_on(self) -> None:
+        self.sock.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def go_silent(self) -> None:
+        self._silent_up_to = self.clients
+
+    def close(self) -> None:
+        self._closed.set()
+        self.sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.clients += 1
+            threading.Thread(target=self._serve, args=(conn, self.clients), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: multipart/x-mixed-replace; boundary=frame\r\n\r\n")
+                index = 0
+                while not self._closed.is_set():
+                    if number <= self._silent_up_to:
+                        self._closed.wait(0.05)
+                        continue
+                    image = np.zeros((120, 160, 3), np.uint8)
+                    image[:, :] = (index * 13 % 256, 90, 200)
+                    data = cv2.imencode(".jpg", image)[1].tobytes()
+                    conn.sendall(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(data)
+                                 + data + b"\r\n")
+                    index += 1
+                    self._closed.wait(0.05)
+            except OSError:
+                return
+
+
+@pytest.fixture
+def camera():
+    cam = MjpegCamera()
+    yield cam
+    cam.close()
+
+
+def _wait(condition, bound_s: float) -> bool:
+    deadline = time.monotonic() + bound_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_stream_that_is_not_up_is_refused_or_waited_for(camera):
+    with pytest.raises(SourceUnavailable, match="could not open it"):
+        open_source(camera.url, stream_timeout_s=5.0)
+    source = open_source(camera.url, stream_timeout_s=5.0, wait_for_stream=True)
+    assert not source.connected and "could not open it" in source.waiting
+    capture = CaptureThread(source, backoff=Backoff(base_s=0.05, max_s=0.2)).start()
+    try:
+        assert _wait(lambda: capture.stats()["reconnect_failures"] >= 2, 60), capture.stats()
+        assert capture.stats()["frames_read"] == 0 and capture.reconnecting
+        camera.power_on()
+        assert _wait(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
+        assert source.connected and source.waiting is None
+    finally:
+        capture.stop()
+
+
+def test_a_camera_gone_silent_is_reconnected_after_stream_timeout_s(camera):
+    """Its connection stays open and sends nothing: before, FFmpeg waited OpenCV's 30 s before the read failed (the
+    daemon blind, /healthz still "running"); with stream_timeout_s 1 the capture reconnects after about a second
+    (the bound below, 25 s, is still under those 30 s, so this fails without the timeout)."""
+    camera.power_on()
+    capture = CaptureThread(open_source(camera.url, stream_timeout_s=1.0),
+                            backoff=Backoff(base_s=0.05, max_s=0.2)).start()
+    try:
+        assert _wait(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
+        camera.go_silent()
+        silent_at = time.monotonic()
+        assert _wait(lambda: capture.stats()["reconnects"] >= 1, 25), capture.stats()
+        assert time.monotonic() - silent_at < 25
+        read = capture.stats()["frames_read"]
+        assert _wait(lambda: capture.stats()["frames_read"] >= read + 3, 60), capture.stats()
+        assert camera.clients >= 2
+    finally:
+        capture.stop()
+
+
+def _health(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_checkpoint, tmp_path, camera):
+    """The daemon starts (the model loaded, the API served) with its IP camera not up yet: the start says so, and
+    /healthz says "reconnecting" with the reason; when the camera comes the frames go into the memory. With
+    video.wait_for_stream false it refuses to start, naming video.source."""
+    from edgekv.apps.daemon.loop import Daemon
+    from edgekv.apps.daemon.startup import StartupError
+    from helpers_server import daemon_args, server_config
+
+    config = server_config(tiny_checkpoint).with_overrides(
+        video={"source": camera.url, "fps": 4.0, "reconnect_backoff_s": [0.05, 0.2], "stream_timeout_s": 5.0})
+    refused = Daemon(config.with_overrides(video={"wait_for_stream": False}), daemon_args(),
+                     out=open(tmp_path / "refused.txt", "w"))
+    with pytest.raises(StartupError, match="video.source: .*could not open it"):
+        refused.preflight()
+
+    out = open(tmp_path / "out.txt", "w")
+    daemon = Daemon(config, daemon_args(), out=out)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        assert _wait(daemon.ready.is_set, 120) and thread.is_alive()
+        port = daemon.server.port
+        assert _wait(lambda: daemon.stream_state == "reconnecting", 60), daemon.stream_state
+        code, health = _health(port)
+        assert code == 200 and health["status"] == "degraded" and health["stream_state"] == "reconnecting", health
+        assert any("not reached yet" in problem for problem in health["problems"]), health
+        assert daemon.session.counters.frame_pairs == 0
+        camera.power_on()
+        assert _wait(lambda: daemon.session.counters.frame_pairs >= 2, 120), daemon.session.counters
+        assert _wait(lambda: _health(port)[1]["status"] == "ok", 60), _health(port)
+    finally:
+        daemon.stop.event.set()
+        thread.join(30)
+        out.close()
+    text = (tmp_path / "out.txt").read_text()
+    assert "starting anyway, connecting when it answers" in text and "could not open it" in text
