@@ -305,9 +305,11 @@ def test_a_forget_on_a_full_disk_drops_every_frame_rather_than_keep_the_stretch(
 
 def test_the_frames_leave_the_floor_free_on_a_real_disk_another_writer_fills(small_disk):
     """archive.keep_free_gib on a real 512 KiB tmpfs: another writer grows a file beside the frames into the floor;
-    the store gives up its oldest frames (their pages reused) rather than grow, then refuses frames (ENOSPC, the
-    floor named) rather than take the last of the disk, and the other writer never meets a full disk (its write
-    would raise); once the room returns, frames go in again."""
+    the store grows only where that leaves the floor, and gives back what the other writer takes of it — its oldest
+    frames deleted and the file cut by as much, so the disk's free space is at the floor again after each frame (as
+    the archive deletes its oldest segments) — then, with nothing left to give, refuses frames (ENOSPC, the floor
+    named) rather than take the last of the disk; the other writer never meets a full disk (its write would raise);
+    once the room returns, frames go in again."""
     from edgekv.archive.store import disk_free_bytes
 
     floor = 160 << 10
@@ -318,24 +320,146 @@ def test_the_frames_leave_the_floor_free_on_a_real_disk_another_writer_fills(sma
         room = disk_free_bytes(small_disk)
         assert room > floor and store.stats()["frames_yielded"] == 0
         with open(other, "wb") as bag:
-            for pair in range(10, 60):
+            for pair in range(10, 35):  # the other writer takes 8 KiB beside each frame, into the floor
                 size = store.file_bytes()
                 _fill(store, [pair])
                 if store.file_bytes() > size:  # the files grew only where that left the floor
                     assert disk_free_bytes(small_disk) >= floor, pair
-                if disk_free_bytes(small_disk) >= 56 << 10:  # the other writer: into the floor, to 48 KiB of the end
-                    bag.write(os.urandom(8 << 10))
-                    bag.flush()
+                assert disk_free_bytes(small_disk) >= floor - (4 << 10), pair  # and gave back what was taken of it
+                bag.write(os.urandom(8 << 10))
+                bag.flush()
+            stats = store.stats()
+            assert stats["frames_yielded"] > 0 and stats["frames_trimmed"] == 0  # the disk's floor, not the budget
+            assert stats["frames_write_errors"] == 0
+            kept = [p for p in range(35) if store.has(STREAM, p)]
+            assert kept == list(range(kept[0], 35)) and kept[0] > 0  # the oldest went first, the newest kept
+            assert other.stat().st_size > room - floor  # the other writer took more than the floor left it at first
+            pair = 35
+            while disk_free_bytes(small_disk) >= 56 << 10:  # the other writer on, into the floor to 48 KiB of the end
+                bag.write(os.urandom(8 << 10))
+                bag.flush()
+                _fill(store, [pair])
+                pair += 1
+                assert pair < 200
         stats = store.stats()
-        assert stats["frames_yielded"] > 0 and stats["frames_trimmed"] == 0  # the disk's floor, not the budget
+        assert stats["frames_kept"] == 0 and store.file_bytes() <= 64 << 10  # every frame given back, the file cut
         assert stats["frames_write_errors"] > 0 and "keep_free_gib" in stats["frames_last_error"]
-        kept = [p for p in range(60) if store.has(STREAM, p)]
-        assert kept == list(range(kept[0], kept[-1] + 1)) and kept[0] > 0  # the oldest went first
-        # the other writer went into the floor, and the store never took the room it left
-        assert other.stat().st_size > room - floor and disk_free_bytes(small_disk) >= 40 << 10
+        assert disk_free_bytes(small_disk) >= 40 << 10  # the store never took the room the other writer left
         other.unlink()
-        _fill(store, [60])
-        assert store.jpeg(STREAM, 60) == encode_thumbnail(_frame(60), 160)
+        _fill(store, [pair])
+        assert store.jpeg(STREAM, pair) == encode_thumbnail(_frame(pair), 160)
+
+
+def _fake_free(monkeypatch, free: list) -> None:
+    """The disk's free space as the store measures it (``edgekv.archive.store.disk_free_bytes``, asked at each use)
+    set by the test: ``free[0]``, the disk never filled."""
+    from edgekv.archive import store as archive_store
+
+    monkeypatch.setattr(archive_store, "disk_free_bytes", lambda folder: free[0])
+
+
+def _on_disk(folder) -> int:
+    """The database's and its log's bytes on the disk."""
+    return sum(os.path.getsize(folder / name) for name in (FILE, f"{FILE}-wal") if (folder / name).exists())
+
+
+def _auto_vacuum(folder) -> int:
+    db = sqlite3.connect(folder / FILE)
+    try:
+        return db.execute("PRAGMA auto_vacuum").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_below_the_floor_a_frame_gives_the_deficit_back_to_the_disk(tmp_path, monkeypatch, caplog):
+    """Another writer takes the disk's free space D below archive.keep_free_gib: the next frame deletes the oldest
+    frames and the files on the disk shrink by at least D (their pages cut off, not only freed inside the file), as
+    the archive deletes its oldest segments; the newest are kept and read; said once while the disk stays below."""
+    floor, deficit, free = 64 << 20, 200 << 10, [1 << 40]
+    _fake_free(monkeypatch, free)
+    with _store(tmp_path, px=160, keep_free_bytes=floor) as store:  # 1 MiB: ~50 frames of 18 KB
+        _fill(store, range(70))
+        assert store.stats()["frames_trimmed"] > 0 and store.stats()["frames_yielded"] == 0  # held at its budget
+        with store._lock:
+            store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the log folded back: the file's own bytes compared
+        before, oldest, trimmed = _on_disk(tmp_path), min(p for p in range(70) if store.has(STREAM, p)), store.trimmed
+        free[0] = floor - deficit
+        with caplog.at_level("INFO", logger="edgekv.frames"):
+            _fill(store, [70])
+            assert before - _on_disk(tmp_path) >= deficit  # given back to the disk
+            kept = [p for p in range(71) if store.has(STREAM, p)]
+            assert kept == list(range(kept[0], 71)) and kept[0] >= oldest + deficit // (20 << 10)  # the oldest went
+            assert store.jpeg(STREAM, 70) == encode_thumbnail(_frame(70), 160)
+            assert store.jpeg(STREAM, kept[0]) == encode_thumbnail(_frame(kept[0]), 160)
+            stats = store.stats()
+            assert stats["frames_yielded"] == kept[0] - oldest and stats["frames_trimmed"] == trimmed
+            assert stats["frames_write_errors"] == 0 and stats["frames_kept"] == len(kept)
+            _fill(store, [71])  # still below: more given back, not said again
+            free[0] = floor + (8 << 20)  # above it again
+            _fill(store, [72])
+            free[0] = floor - (64 << 10)  # below it again: said again
+            _fill(store, [73])
+        said = [r.getMessage() for r in caplog.records if r.name == "edgekv.frames"]
+        assert len(said) == 2 and all("below archive.keep_free_gib (64.0 MiB)" in line for line in said), said
+        assert store.has(STREAM, 73) and store.stats()["frames_write_errors"] == 0
+    assert _auto_vacuum(tmp_path) == 2  # a new file is made able to give back (INCREMENTAL)
+
+
+def _old_store(folder, pairs) -> None:
+    """A file as the store made every one before it gave room back: the same schema, ``auto_vacuum`` NONE."""
+    from edgekv.apps.daemon.frame_store import _SCHEMA
+
+    db = sqlite3.connect(folder / FILE, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(_SCHEMA)
+    for pair in pairs:
+        db.execute("INSERT INTO frames (stream, pair, t, unix, jpeg) VALUES (?, ?, ?, ?, ?)",
+                   (STREAM, pair, pair * 0.5, None, encode_thumbnail(_frame(pair), 64)))
+    db.close()
+    assert _auto_vacuum(folder) == 0
+
+
+def test_a_file_made_before_is_converted_at_start_to_give_room_back(tmp_path, monkeypatch, caplog):
+    floor, free = 1 << 30, [8 << 30]
+    _fake_free(monkeypatch, free)
+    _old_store(tmp_path, range(40))
+    with caplog.at_level("INFO", logger="edgekv.frames"), _store(tmp_path, keep_free_bytes=floor) as store:
+        assert [store.jpeg(STREAM, p) for p in range(40)] == [encode_thumbnail(_frame(p), 64) for p in range(40)]
+        assert store.stats()["frames_kept"] == 40
+        with store._lock:
+            assert store._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+            store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        before = _on_disk(tmp_path)
+        free[0] = floor - (16 << 10)  # and so it gives back below the floor
+        _fill(store, [40])
+        assert before - _on_disk(tmp_path) >= 16 << 10 and store.has(STREAM, 40) and not store.has(STREAM, 0)
+    said = [r.getMessage() for r in caplog.records if r.name == "edgekv.frames"]
+    assert "converted to give room back" in said[0], said
+    assert _auto_vacuum(tmp_path) == 2
+
+
+def test_a_file_made_before_stays_as_it_is_where_the_disk_has_no_room_to_convert_it(tmp_path, monkeypatch, caplog):
+    """The rebuild takes about twice the file beyond the floor: without that room the store opens as it is, every
+    frame there, says so in one line, and keeps its size below the floor as it did; a later start converts it."""
+    floor = 1 << 30
+    _old_store(tmp_path, range(40))
+    free = [floor + os.path.getsize(tmp_path / FILE)]  # room for one copy beyond the floor, not two
+    _fake_free(monkeypatch, free)
+    with caplog.at_level("INFO", logger="edgekv.frames"), _store(tmp_path, keep_free_bytes=floor) as store:
+        assert [store.jpeg(STREAM, p) for p in range(40)] == [encode_thumbnail(_frame(p), 64) for p in range(40)]
+        said = [r.getMessage() for r in caplog.records if r.name == "edgekv.frames"]
+        assert len(said) == 1 and "not converted" in said[0] and "a later start converts it" in said[0], said
+        assert "keep_free_gib (1.00 GiB)" in said[0]
+        size = os.path.getsize(tmp_path / FILE)
+        free[0] = floor - (16 << 10)  # below the floor: it keeps its size, as before, and the frame goes in
+        _fill(store, [40])
+        assert store.has(STREAM, 40) and os.path.getsize(tmp_path / FILE) == size
+        kept = [p for p in range(41) if store.has(STREAM, p)]
+    assert _auto_vacuum(tmp_path) == 0
+    free[0] = 8 << 30  # room at a later start
+    with _store(tmp_path, keep_free_bytes=floor) as later:
+        assert [p for p in range(41) if later.has(STREAM, p)] == kept
+    assert _auto_vacuum(tmp_path) == 2
 
 
 def test_write_failures_are_logged_once_a_minute(tmp_path, caplog):

@@ -27,6 +27,18 @@ with ``archive.max_age_s``, when they are older than that behind the newest fram
 segments are), and, with ``archive.keep_free_gib``, before the file would grow into that much of the disk's free
 space (other writers fill it too: the oldest frames go, their pages reused, then frames are refused).
 
+Below that floor the file gives the room back, as the archive deletes its oldest segments: when another writer on
+the disk (a robot's bag recorder, logs) has taken the free space under ``keep_free_gib``, the next frame first
+deletes the oldest rows, enough for the deficit and itself, and the file is made smaller by the deficit — its freed
+pages cut off its end (``auto_vacuum = INCREMENTAL``, ``PRAGMA incremental_vacuum``) and the log truncated — so the
+bytes return to the file system, not only to SQLite's list of free pages (counted in ``yielded``, said once a time
+the disk goes below the floor). It does so in steps of the log's share (what it deletes and the pages the vacuum
+moves pass through the log), so the log stays within ``frames_mib`` and a disk near full holds a step of it at most.
+With nothing left to give, frames are refused (ENOSPC, the floor named). A file made before this (``auto_vacuum``
+NONE, which cannot be cut) is rebuilt at start (``VACUUM``, once) where the disk has room for the rebuild — about
+twice the file beyond the floor: SQLite's temporary copy and the log it is copied back through — else it opens as
+it is, said in one line: below the floor it keeps its size, as it did, until a later start converts it.
+
 ``frames_mib`` bounds the files on the disk, not only the pictures in them: the database's pages in use (rows, their
 indexes, the pages part-filled by a picture's last bytes: 10-15 % beside the JPEGs of 320 px frames, far more beside
 the 2 KB of a 112 px one), its write-ahead log and that log's index (``-shm``). The log is checkpointed every
@@ -97,6 +109,8 @@ class FrameStore:
         self.wait_when_full = wait_when_full
         self.written = self.dropped = self.write_errors = self.trimmed = self.read_errors = self.discarded = 0
         self.yielded = 0  # rows deleted only because the disk's free space fell to keep_free_bytes
+        self._incremental = False  # the file's auto_vacuum is INCREMENTAL: freed pages can be given back to the disk
+        self._giving = False  # below the floor and said so (the warning once a time, as the disk goes below it)
         self.set_aside: Path | None = None
         self.last_error: str | None = None
         self._warned: float | None = None  # when a failing write was last logged (None: writing fine)
@@ -104,6 +118,7 @@ class FrameStore:
         self._db = self._open()
         self._bytes, self._rows = self._totals()
         self._fit()
+        self._convert()
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
         self._thread = threading.Thread(target=self._write_loop, name="edgekv-frames", daemon=True)
         self._thread.start()
@@ -157,6 +172,7 @@ class FrameStore:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a file made without it is converted by the rebuild
             self._db.execute("VACUUM")
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except (sqlite3.Error, ValueError) as exc:
@@ -168,6 +184,47 @@ class FrameStore:
         finally:
             self._bytes, self._rows = self._totals()
 
+    def _convert(self) -> None:
+        """(Before the writer starts, after ``_fit``.) A file made before the store gave room back (``auto_vacuum``
+        NONE: SQLite can then never cut its freed pages off) is rebuilt with ``auto_vacuum = INCREMENTAL``
+        (``VACUUM``, once). The rebuild writes a copy of the pages in use to SQLite's temporary folder (often this
+        disk) and copies it back through the write-ahead log, so it is done only where the disk has twice the file
+        free beyond ``keep_free_bytes`` — a conversion must not take the floor it serves; else the file opens as it
+        is, said in one line, keeps its size below the floor as it did, and a later start converts it. A rebuild that
+        fails (a full disk) is rolled back by SQLite, said, and tried again at the next start."""
+        self._incremental = self._auto_vacuum() == 2
+        if self._incremental:
+            return
+        from edgekv.archive.store import disk_free_bytes, size_text
+
+        need = 2 * self.path.stat().st_size
+        free = disk_free_bytes(self.path.parent)
+        if free is not None and free - self.keep_free_bytes < need:
+            log.warning("evidence frames: %s not converted to give room back below archive.keep_free_gib (%s): "
+                        "its rebuild needs about %s free beyond that, the disk has %s beyond it; it keeps its size "
+                        "below the floor until a later start converts it", self.path.name,
+                        size_text(self.keep_free_bytes), size_text(need),
+                        size_text(max(0, free - self.keep_free_bytes)))
+            return
+        before = self.file_bytes()
+        try:
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # outside a transaction, then the rebuild takes it
+            self._db.execute("VACUUM")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            log.warning("evidence frames: %s could not be converted to give room back below "
+                        "archive.keep_free_gib (%s); a later start tries again", self.path.name, exc)
+        finally:
+            self._incremental = self._auto_vacuum() == 2
+            self._bytes, self._rows = self._totals()
+        if self._incremental:
+            log.info("evidence frames: %s converted to give room back below archive.keep_free_gib (auto_vacuum "
+                     "incremental): %d bytes -> %d", self.path.name, before, self.file_bytes())
+
+    def _auto_vacuum(self) -> int:
+        """The file's ``auto_vacuum``: 0 NONE, 1 FULL, 2 INCREMENTAL."""
+        return int(self._db.execute("PRAGMA auto_vacuum").fetchone()[0])
+
     def _remove_set_aside(self) -> int:
         """Unlink the files a damaged start set aside (``frames.sqlite.bad-*``); returns how many."""
         parts = list(self.path.parent.glob(f"{FILE}.bad-*"))
@@ -177,6 +234,9 @@ class FrameStore:
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
+        # first: a new file takes it only before its first table (and before WAL writes its first page); a file made
+        # without it keeps NONE until a VACUUM (_convert), for which this also asks
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut loses at most the last rows, never the file
         db.execute("PRAGMA secure_delete=ON")  # a forgotten frame's bytes are overwritten, not only unlinked
@@ -229,10 +289,12 @@ class FrameStore:
 
                 data = seal_blob(self.keys, data)
             with self._lock:
+                incoming = len(data) + ROW_BYTES + 2 * len(stream) + self._page  # the row, a page part-filled by it
+                if self.keep_free_bytes and self._incremental:
+                    self._give_back(incoming)
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    # the row, and a page part-filled by its last bytes
-                    self._trim(stream, t, len(data) + ROW_BYTES + 2 * len(stream) + self._page)
+                    self._trim(stream, t, incoming)
                     self._db.execute("INSERT INTO frames (stream, pair, t, unix, jpeg) VALUES (?, ?, ?, ?, ?)",
                                      (stream, pair, t, unix, data))
                     self._bytes, self._rows = self._bytes + len(data), self._rows + 1
@@ -272,11 +334,7 @@ class FrameStore:
     def _trim_to(self, incoming: int) -> None:
         """(In a transaction.) The oldest rows go while the pages in use and ``incoming`` pass the database's share."""
         while (excess := self._in_use() + incoming - self.db_budget) > 0:
-            last = None
-            for row_id, size in self._db.execute("SELECT id, LENGTH(jpeg) FROM frames ORDER BY id LIMIT 64"):
-                excess, last = excess - size - ROW_BYTES, row_id  # just enough of the oldest rows, at least one
-                if excess <= 0:
-                    break
+            last = self._oldest_covering(excess)
             if last is None:
                 raise ValueError(f"a frame of {incoming} bytes does not fit archive.frames_mib "
                                  f"({self.max_bytes / 2**20:g} MiB, of it {self.db_budget} bytes for the database)")
@@ -297,9 +355,10 @@ class FrameStore:
         """(In a transaction.) The file grows only where its growth and this transaction's write-ahead log (the new
         row's pages, the freed ones zeroed, a few b-tree pages) leave ``keep_free_bytes`` of the disk free; else
         the oldest rows go, their pages reused by the new row, so that near the floor the store keeps its size
-        (as the archive gives up its oldest segments). Without growing, a frame needs only room for its log, which
-        is truncated after each frame while the disk is near the floor; when even that is not there, an
-        ``OSError`` (ENOSPC) naming the floor: that frame is not written."""
+        (below it, ``_give_back`` has already made the file smaller by the deficit and left the frame's pages free;
+        a file not yet converted to ``auto_vacuum`` only keeps its size). Without growing, a frame needs only room
+        for its log, which is truncated after each frame while the disk is near the floor; when even that is not
+        there, an ``OSError`` (ENOSPC) naming the floor: that frame is not written."""
         from edgekv.archive.store import disk_free_bytes, size_text
 
         free = disk_free_bytes(self.path.parent)
@@ -312,16 +371,84 @@ class FrameStore:
                 return  # reuses its own pages: the disk loses nothing once the log is folded back
             if growth > 0 and free - growth - log_bytes >= self.keep_free_bytes:
                 return
-            last = None
-            if growth > 0:  # only a file that would grow is helped by giving up rows
-                for row_id, size in self._db.execute("SELECT id, LENGTH(jpeg) FROM frames ORDER BY id LIMIT 64"):
-                    growth, last = growth - size - ROW_BYTES, row_id
-                    if growth <= 0:
-                        break
+            last = self._oldest_covering(growth) if growth > 0 else None  # only a file that would grow is helped
             if last is None:
                 raise OSError(errno.ENOSPC, f"the disk has {size_text(free)} free and archive.keep_free_gib keeps "
                                             f"{size_text(self.keep_free_bytes)} free")
             self.yielded += self._delete("id <= ?", (last,))
+
+    def _give_back(self, incoming: int) -> None:
+        """(Under the lock, outside a transaction, before a frame of about ``incoming`` bytes.) While the disk's free
+        space is below ``keep_free_bytes`` (another writer took it), the oldest rows go, enough for the deficit and
+        the frame, and the file is cut by the deficit (its freed pages moved to its end and cut off,
+        ``incremental_vacuum``, then the log truncated): the bytes go back to the file system, as the archive's
+        oldest segments do; the frame's own pages stay free for it. ``_keep_the_floor`` alone cannot: it keeps the
+        file from growing, and pages a deletion frees stay in the file. In steps of half the log's share, each a
+        transaction of its own and the log truncated after it (the deleted pages, zeroed by ``secure_delete``, and
+        those the vacuum moves pass through the log): the log stays within ``max_bytes``, and a disk near full
+        needs room for one step only. With no row left, every free page goes and the frame is then refused by
+        ``_keep_the_floor`` (ENOSPC); the deletions stand, as the archive's do."""
+        from edgekv.archive.store import disk_free_bytes, size_text
+
+        free = disk_free_bytes(self.path.parent)
+        if free is None or free >= self.keep_free_bytes:
+            self._giving = False
+            return
+        want = -(-(self.keep_free_bytes - free) // self._page)  # pages to cut off the file: the deficit
+        keep = -(-incoming // self._page)  # pages left free for the frame
+        step = max(1, self.wal_bytes // 2 // self._page)
+        size, cut, rows = self.file_bytes(), 0, 0
+        while cut < want:
+            pages = min(step, want - cut)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                while (short := pages + keep - self._free_pages()) > 0:
+                    last = self._oldest_covering(short * self._page)
+                    if last is None:
+                        break  # nothing left to give
+                    rows += self._delete("id <= ?", (last,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                self._bytes, self._rows = self._totals()
+                raise
+            free_pages, count = self._free_pages(), self._page_count()
+            if short > 0:  # no row left: every free page goes, the frame's too
+                pages = free_pages
+            if pages <= 0 or free_pages <= 0:
+                break
+            # executescript steps it to its end (execute would stop after its first page: the pragma yields a row
+            # a page); outside a transaction, as auto_vacuum's pragmas must be
+            self._db.executescript(f"PRAGMA incremental_vacuum({min(pages, free_pages)});")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            done = count - self._page_count()
+            cut += done
+            if short > 0 or done <= 0:
+                break
+        self.yielded += rows
+        if (rows or cut) and not self._giving:
+            self._giving = True
+            log.warning("evidence frames: the disk has %s free, below archive.keep_free_gib (%s): the oldest %d "
+                        "frame(s) deleted and %s given back to the disk (%s -> %s; said once until the disk is above "
+                        "the floor again)", size_text(free), size_text(self.keep_free_bytes), rows,
+                        size_text(size - self.file_bytes()), size_text(size), size_text(self.file_bytes()))
+
+    def _free_pages(self) -> int:
+        return int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
+
+    def _page_count(self) -> int:
+        return int(self._db.execute("PRAGMA page_count").fetchone()[0])
+
+    def _oldest_covering(self, excess: int) -> int | None:
+        """(In a transaction.) The id of the last of the fewest oldest rows whose bytes cover ``excess`` (at least
+        one row, at most 64: the caller asks again); None when there is no row."""
+        last = None
+        for row_id, size in self._db.execute("SELECT id, LENGTH(jpeg) FROM frames ORDER BY id LIMIT 64"):
+            excess, last = excess - size - ROW_BYTES, row_id
+            if excess <= 0:
+                break
+        return last
 
     def _delete(self, where: str, args: tuple) -> int:
         """(In a transaction.) Delete the rows ``where`` holds (no ``RETURNING``: SQLite 3.31 of JetPack 5 lacks it)
@@ -439,6 +566,7 @@ class FrameStore:
         self.discarded += 1
         self._db = self._connect()
         self._db.executescript(_SCHEMA)
+        self._incremental = self._auto_vacuum() == 2
         self._bytes = self._rows = 0
 
     def reseal(self, dry_run: bool = False) -> dict:
