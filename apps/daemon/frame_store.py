@@ -51,12 +51,14 @@ on disk a frame.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -164,14 +166,8 @@ class FrameStore:
             return
         before = self.file_bytes()
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction(recount=False):
                 self._trim_to(0)
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
             self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a file made without it is converted by the rebuild
             self._db.execute("VACUUM")
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -292,18 +288,11 @@ class FrameStore:
                 incoming = len(data) + ROW_BYTES + 2 * len(stream) + self._page  # the row, a page part-filled by it
                 if self.keep_free_bytes and self._incremental:
                     self._give_back(incoming)
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
+                with self._transaction():
                     self._trim(stream, t, incoming)
                     self._db.execute("INSERT INTO frames (stream, pair, t, unix, jpeg) VALUES (?, ?, ?, ?, ?)",
                                      (stream, pair, t, unix, data))
                     self._bytes, self._rows = self._bytes + len(data), self._rows + 1
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    if self._db.in_transaction:  # SQLITE_FULL and I/O errors may have rolled it back already
-                        self._db.execute("ROLLBACK")
-                    self._bytes, self._rows = self._totals()
-                    raise
                 if self._tight():  # near the floor the log is folded back each frame, not left to grow to its share
                     self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.written += 1
@@ -400,19 +389,12 @@ class FrameStore:
         size, cut, rows = self.file_bytes(), 0, 0
         while cut < want:
             pages = min(step, want - cut)
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction():
                 while (short := pages + keep - self._free_pages()) > 0:
                     last = self._oldest_covering(short * self._page)
                     if last is None:
                         break  # nothing left to give
                     rows += self._delete("id <= ?", (last,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                self._bytes, self._rows = self._totals()
-                raise
             free_pages, count = self._free_pages(), self._page_count()
             if short > 0:  # no row left: every free page goes, the frame's too
                 pages = free_pages
@@ -433,6 +415,21 @@ class FrameStore:
                         "frame(s) deleted and %s given back to the disk (%s -> %s; said once until the disk is above "
                         "the floor again)", size_text(free), size_text(self.keep_free_bytes), rows,
                         size_text(size - self.file_bytes()), size_text(size), size_text(self.file_bytes()))
+
+    @contextlib.contextmanager
+    def _transaction(self, recount: bool = True) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; on any failure rolled back (SQLITE_FULL and I/O errors may have rolled
+        it back already) and, with ``recount``, the running totals read again from the file, then re-raised."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if recount:
+                self._bytes, self._rows = self._totals()
+            raise
 
     def _free_pages(self) -> int:
         return int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
@@ -540,15 +537,8 @@ class FrameStore:
         with self._lock:
             try:
                 gone = self._db.execute(f"SELECT COUNT(*) FROM frames WHERE {where}", args).fetchone()[0]
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
+                with self._transaction():
                     self._delete(where, args)
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    self._bytes, self._rows = self._totals()
-                    raise
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error as exc:  # no room for the deletion's log (a full disk), an I/O error, damage
                 self._discard(f"a forget could not be written ({exc})")
