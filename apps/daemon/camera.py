@@ -34,6 +34,10 @@ def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-server", action="store_true", help="do not start the HTTP API")
     group.add_argument("--no-stdin", action="store_true", help="do not read questions from stdin")
     group.add_argument("--quiet", action="store_true", help="no per-pair lines")
+    group.add_argument("--check", action="store_true",
+                       help="run every start-up check (config, files, folders, port, certificates, fleet, one frame "
+                            "of the video source) without loading the model, say each, and exit: 0 when the daemon "
+                            "would start, 2 when it would not; beside a running daemon, before a restart")
     group.add_argument("--quiz", type=int, default=0, metavar="N",
                        help="when a synthetic:events stream ends, ask N questions about the events seen and grade "
                             "each answer against the scene's ground truth (the toy model's demo)")
@@ -71,8 +75,19 @@ def run_daemon(args: argparse.Namespace, prog: str) -> int:
         except ValueError as exc:
             print(f"{prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
             return 2
+        if getattr(args, "check", False):
+            return _check(cameras.daemons, args)
         return cameras.run()
-    return Daemon(config, DaemonOptions.from_namespace(args), prog=prog).run()
+    daemon = Daemon(config, DaemonOptions.from_namespace(args), prog=prog)
+    if getattr(args, "check", False):
+        return _check({"": daemon}, args)
+    return daemon.run()
+
+
+def _check(daemons: dict, args: argparse.Namespace) -> int:
+    from edgekv.apps.daemon.check import run_check
+
+    return run_check(daemons, sys.stdout, getattr(args, "config", None) or "defaults and flags")
 
 
 def main(argv: list[str] | None = None) -> int:

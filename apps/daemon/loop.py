@@ -110,6 +110,7 @@ class Daemon:
         self.args = self.options
         self.out = out or sys.stdout
         self.prog = prog
+        self.checking = False  # edgekv-camera --check: the start's checks only (apps/daemon/check.py)
         self.stop = StopFlag()
         self.questions: queue.Queue[Question] = queue.Queue(maxsize=config.server.queue_size)
         self.history: deque[dict] = deque(maxlen=HISTORY)
@@ -250,45 +251,74 @@ class Daemon:
 
     def preflight(self) -> None:
         """Everything that can be checked before the model loads; raises ``StartupError`` naming the key."""
-        from edgekv.logs import setup_logging
-
-        cfg = self.config
-        check_logging_file(cfg)
-        setup_logging(cfg.logging)
-        check_model_dir(cfg)
-        check_calibration(cfg)
-        check_folders(cfg)
-        self.state.hold()  # state.dir is this daemon's alone until it stops (another's is refused, naming it)
-        if cfg.voice.enabled or self.options.voice_wav:
-            self._asr_model = resolve_voice_model(cfg.with_overrides(voice={"enabled": True}))
-            check_voice_packages(cfg, microphone=cfg.voice.enabled)
-        if self.options.voice_wav:
-            self._check_wav(self.options.voice_wav)
-        if cfg.ros2.enabled:
-            from edgekv.apps.outputs.ros2 import check_ros2
-
-            check_ros2(cfg.ros2)
-        if cfg.server.enabled and not self.options.no_server:
-            check_server_packages()
-            check_server_address(cfg)
-            from edgekv.apps.server.tls import check_server_tls
-
-            try:
-                self.certificate = check_server_tls(cfg.server)
-            except ValueError as exc:
-                raise StartupError(str(exc)) from None
-        self._check_client_tls(cfg)
-        if cfg.fleet.broker is not None:
-            from edgekv.apps.outputs.mqtt import FleetError, preflight
-
-            try:
-                self._fleet_password = preflight(cfg.fleet)
-            except FleetError as exc:
-                raise StartupError(str(exc)) from None
-        self._spec, self._source = open_video_source(cfg)
+        for _key, step in self.preflight_steps():
+            step()
         self._say_waiting()
         if self.options.quiz:
             self.quiz = Quiz.for_source(self._source, self.options.quiz)
+
+    def preflight_steps(self) -> list[tuple[str, Callable[[], object]]]:
+        """The start's checks in their order, each named by what it checks: ``preflight`` runs them and stops at
+        the first that raises; ``edgekv-camera --check`` runs every one and says each (apps/daemon/check.py). A
+        step returns what it found worth saying (or None)."""
+        cfg = self.config
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("logging.file", self._check_logging),
+            ("model.path", lambda: check_model_dir(cfg)),
+            ("cache.calibration", lambda: check_calibration(cfg)),
+            ("state.dir, archive.dir", lambda: check_folders(cfg)),
+            # state.dir is this daemon's alone until it stops (another's is refused, naming it)
+            ("state.dir lock", self.state.hold),
+        ]
+        if cfg.voice.enabled or self.options.voice_wav:
+            steps.append(("voice", self._check_voice))
+        if self.options.voice_wav:
+            steps.append(("--voice-wav", lambda: self._check_wav(self.options.voice_wav)))
+        if cfg.ros2.enabled:
+            from edgekv.apps.outputs.ros2 import check_ros2
+
+            steps.append(("ros2", lambda: check_ros2(cfg.ros2)))
+        if cfg.server.enabled and not self.options.no_server:
+            steps += [("server packages", check_server_packages),
+                      ("server.host:port", lambda: check_server_address(cfg)), ("server TLS", self._check_server_tls)]
+        steps.append(("client TLS (escalate:, alerts:)", lambda: self._check_client_tls(cfg)))
+        if cfg.fleet.broker is not None:
+            steps.append(("fleet", self._check_fleet))
+        steps.append(("video.source", self._open_source))
+        return steps
+
+    def _check_logging(self) -> None:
+        from edgekv.logs import setup_logging
+
+        check_logging_file(self.config)
+        if not self.checking:  # a check beside the running daemon leaves its log file alone
+            setup_logging(self.config.logging)
+
+    def _check_voice(self) -> None:
+        cfg = self.config
+        self._asr_model = resolve_voice_model(cfg.with_overrides(voice={"enabled": True}))
+        check_voice_packages(cfg, microphone=cfg.voice.enabled)
+
+    def _check_server_tls(self):
+        from edgekv.apps.server.tls import check_server_tls
+
+        try:
+            self.certificate = check_server_tls(self.config.server)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        return self.certificate.describe() if self.certificate is not None else None
+
+    def _check_fleet(self) -> None:
+        from edgekv.apps.outputs.mqtt import FleetError, preflight
+
+        try:
+            self._fleet_password = preflight(self.config.fleet)
+        except FleetError as exc:
+            raise StartupError(str(exc)) from None
+
+    def _open_source(self):
+        self._spec, self._source = open_video_source(self.config)
+        return self._source
 
     def _say_waiting(self) -> None:
         """A network stream not reachable at start (``video.wait_for_stream``): said once, the daemon goes on."""

@@ -1,0 +1,203 @@
+"""``edgekv-camera --config X.yaml --check``: the start's checks, every one, without loading the model.
+
+The daemon already checks at start, before the model loads, everything it can (``Daemon.preflight_steps``: the
+config, the files it names, its folders, the port, the certificates, the fleet's settings, the video source) and
+stops at the first mistake. On a Jetson that start then loads a 3B model for a minute or more, and a restart after
+an edited config takes the robot's memory offline for as long; a mistake found then costs that downtime, one
+mistake at a time. ``--check`` is the operator's ``nginx -t``: every step run and said, ``ok`` / ``note`` /
+``FAIL``, exit 0 when the daemon would start and 2 when it would not — run beside the daemon already serving,
+before ``systemctl restart``.
+
+Beside a running daemon two steps find its own holds, not mistakes: its ``state.dir`` lock and its port. Each is a
+``note`` naming the holder (the lock's pid; an edgekv answering ``/healthz`` on the port), which the restart takes
+over. What only the check does: one frame read from the video source (a camera that opens but never delivers is
+found too: ``READ_BOUND_S``), and a TCP connection to the fleet's broker. Nothing is written but what the start's
+checks make (the folders, ``state.dir``'s lock file): no log line to ``logging.file``, no snapshot, no frame.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CheckResult", "READ_BOUND_S", "check_daemon", "run_check"]
+
+READ_BOUND_S = 20.0  # a source that opened: its first frame within this long (a network stream's timeout is 10 s)
+CONNECT_BOUND_S = 5.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    key: str
+    status: str  # ok | note | FAIL
+    detail: str = ""
+
+
+def check_daemon(daemon: Any) -> list[CheckResult]:
+    """Every preflight step of ``daemon`` (an ``apps.daemon.loop.Daemon``), each said; the folder lock and the
+    source it opened are let go again."""
+    from edgekv.apps.daemon.startup import one_line
+
+    daemon.checking = True
+    results: list[CheckResult] = []
+    try:
+        for key, step in daemon.preflight_steps():
+            try:
+                found = step()
+            except (ValueError, OSError, RuntimeError, ImportError) as exc:
+                results.append(_held_by_the_running_daemon(daemon, key, exc)
+                               or CheckResult(key, "FAIL", one_line(exc)))
+                continue
+            results.append(_found(daemon, key, found))
+    finally:
+        daemon.state.release()
+        source = getattr(daemon, "_source", None)
+        if source is not None:
+            source.close()
+    return results
+
+
+def _found(daemon: Any, key: str, found: object) -> CheckResult:
+    """What a step that passed found, said."""
+    cfg = daemon.config
+    unset = {"cache.calibration": (cfg.cache.calibration is None, "none set"),
+             "state.dir lock": (cfg.state.dir is None, "no state.dir"),
+             "server TLS": (cfg.server.tls_cert_file is None, "plain HTTP (no server.tls_cert_file)"),
+             "client TLS (escalate:, alerts:)": (cfg.escalate.url is None and not cfg.alerts.webhooks,
+                                                 "nothing reached (no escalate.url, no alerts.webhooks)")}
+    if key in unset and unset[key][0]:
+        return CheckResult(key, "ok", unset[key][1])
+    if key == "state.dir lock":
+        return CheckResult(key, "ok", f"{daemon.state.dir} free to take")
+    if key == "model.path":
+        return CheckResult(key, "ok", _model_text(cfg.model.path))
+    if key == "state.dir, archive.dir":
+        folders = [f"{k} {v}" for k, v in (("state.dir", cfg.state.dir), ("archive.dir", cfg.archive.dir)) if v]
+        return CheckResult(key, "ok", ", ".join(folders) + " writable" if folders else "none set (nothing kept)")
+    if key == "server.host:port":
+        return CheckResult(key, "ok", f"{cfg.server.host}:{cfg.server.port} free")
+    if key == "fleet":
+        return _broker_result(cfg.fleet.broker)
+    if key == "video.source":
+        return _source_result(found)
+    return CheckResult(key, "ok", str(found) if isinstance(found, str) else "")
+
+
+def _model_text(path: str) -> str:
+    from edgekv.model.builtin import resolve_model_path
+
+    folder = Path(resolve_model_path(path)).expanduser()
+    weights = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)]
+    from edgekv.archive.store import size_text
+
+    size = sum(f.stat().st_size for f in weights)
+    return f"{folder} (config.json, {len(weights)} weight file(s), {size_text(size)})"
+
+
+def _held_by_the_running_daemon(daemon: Any, key: str, exc: Exception) -> CheckResult | None:
+    """The running daemon's own holds, found by a check beside it: a ``note``, not a mistake."""
+    text = str(exc)
+    if key == "state.dir lock" and "is in use by another" in text:
+        return CheckResult(key, "note", f"{text.split(' (')[0]} now ({text.split('(', 1)[-1].split(':')[0]}); "
+                                        "a restart takes it over once that one has stopped")
+    if "no $CREDENTIALS_DIRECTORY" in text:  # a systemd credential is handed over to the service only
+        return CheckResult(key, "note", f"{text.split(':')[0]} is a systemd credential, handed over to the service "
+                                        "only: not checked from here")
+    if key == "server.host:port" and "already in use" in text:
+        who = _edgekv_on(daemon.config.server)
+        if who is not None:
+            return CheckResult(key, "note", f"{daemon.config.server.host}:{daemon.config.server.port} served now by "
+                                            f"{who}; a restart takes it over once that one has stopped")
+    return None
+
+
+def _edgekv_on(server: Any) -> str | None:
+    """How an edgekv daemon answering ``/healthz`` (public, as liveness probes need) at the configured address
+    describes itself, or None when what holds the port is not one."""
+    scheme = "https" if server.tls() else "http"
+    host = "127.0.0.1" if server.host in ("0.0.0.0", "", "::") else server.host
+    host = f"[{host}]" if ":" in host else host
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # who it is, not whether to trust it
+    request = urllib.request.Request(f"{scheme}://{host}:{server.port}/healthz")
+    try:
+        with urllib.request.urlopen(request, timeout=CONNECT_BOUND_S,
+                                    context=context if scheme == "https" else None) as response:
+            data = json.loads(response.read())
+    except urllib.error.HTTPError as err:  # 503 while starting or stalled: still its answer
+        try:
+            data = json.loads(err.read())
+        except ValueError:
+            return None
+    except (OSError, ValueError, ssl.SSLError):
+        return None
+    if not (isinstance(data, dict) and "stream_state" in data):
+        return None
+    return f"an edgekv daemon ({data.get('status')}, {data.get('stream_state')}, {data.get('frames')} frames)"
+
+
+def _broker_result(broker: str) -> CheckResult:
+    from edgekv.config import broker_address
+
+    host, port, tls = broker_address(broker)
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_BOUND_S):
+            pass
+    except OSError as exc:
+        return CheckResult("fleet", "note", f"settings ok; the broker {host}:{port} does not answer now ({exc}): the "
+                                            "daemon starts anyway and joins the fleet when it does")
+    return CheckResult("fleet", "ok", f"settings ok; the broker {host}:{port} accepts connections"
+                                      + (" (TLS not tried)" if tls else ""))
+
+
+def _source_result(source: Any) -> CheckResult:
+    """One frame read from the opened source within ``READ_BOUND_S`` (in a thread: a driver call may block)."""
+    waiting = getattr(source, "waiting", None)
+    if waiting is not None:
+        return CheckResult("video.source", "note", f"{waiting}: not reachable now; the daemon would start and "
+                                                   "connect it when it answers (video.wait_for_stream)")
+    got: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            got["frame"] = source.read()[0]
+        except Exception as exc:  # SourceLost, CorruptFrame, EndOfStream, a backend's own error
+            got["error"] = exc
+
+    thread = threading.Thread(target=read, name="edgekv-check-read", daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(READ_BOUND_S)
+    kind = "live" if source.live else "recorded"
+    if thread.is_alive():
+        source.interrupt()
+        return CheckResult("video.source", "FAIL", f"opened ({kind}) but no frame within {READ_BOUND_S:g} s")
+    if "error" in got:
+        return CheckResult("video.source", "FAIL", f"opened ({kind}) but its first frame failed: "
+                                                   f"{type(got['error']).__name__}: {got['error']}")
+    height, width = got["frame"].shape[:2]
+    return CheckResult("video.source", "ok", f"{kind}; a {width}x{height} frame read in "
+                                             f"{time.monotonic() - started:.2f} s")
+
+
+def run_check(daemons: dict[str, Any], out: Any, config_name: str) -> int:
+    """Say every camera's checks; 0 when the daemon would start, 2 when it would not."""
+    failed = 0
+    print(f"edgekv-camera --check: {config_name} (the model is not loaded)", file=out)
+    for name, daemon in daemons.items():
+        prefix = f"[{name}] " if len(daemons) > 1 else ""
+        for result in check_daemon(daemon):
+            failed += result.status == "FAIL"
+            print(f"{prefix}{result.status:<4}  {result.key}{': ' + result.detail if result.detail else ''}",
+                  file=out)
+    print(f"{failed} problem(s): the daemon would not start" if failed else
+          "every check passed: the daemon would start", file=out, flush=True)
+    return 2 if failed else 0

@@ -1,0 +1,143 @@
+"""``edgekv-camera --check`` (apps/daemon/check.py): every start-up check run and said without loading the model —
+all the mistakes of an edited config at once, not the first one a restart stops at; beside the running daemon its
+own state.dir lock and port are notes naming it, not failures; a port another program holds, a camera that does not
+deliver, a stream not up are told apart; nothing is written."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgekv.apps.daemon.camera import main
+
+
+def _config(tmp_path: Path, model: Path, **sections) -> Path:
+    data = {
+        "model": {"path": str(model), "dtype": "fp32", "device": "cpu"},
+        "video": {"source": "synthetic:shapes?size=160x120&fps=8&frames=1000", "fps": 4.0, "resolution": [112, 112]},
+        "cache": {"policy": "infinipot_v", "max_tokens": 400, "text_reserve_tokens": 96},
+        "server": {"port": 0},
+        "monitor": {"backend": "cpu"},
+    }
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _check(path: Path, capsys) -> tuple[int, dict[str, tuple[str, str]]]:
+    code = main(["--config", str(path), "--check"])
+    lines = capsys.readouterr().out.splitlines()
+    results = {}
+    for line in lines[1:-1]:
+        status, _, rest = line.partition("  ")
+        key, _, detail = rest.strip().partition(": ")
+        results[key] = (status.strip(), detail)
+    return code, results
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_good_config_passes_every_check_without_loading_the_model(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    import edgekv
+
+    monkeypatch.setattr(edgekv.Runtime, "from_config", lambda *a, **k: pytest.fail("--check loaded the model"))
+    path = _config(tmp_path, tiny_checkpoint, state={"dir": str(tmp_path / "state")},
+                   logging={"file": str(tmp_path / "logs" / "edgekv.log")})
+    (tmp_path / "logs").mkdir()
+    code, results = _check(path, capsys)
+    assert code == 0, results
+    assert {k: s for k, (s, _) in results.items()} == {
+        "logging.file": "ok", "model.path": "ok", "cache.calibration": "ok", "state.dir, archive.dir": "ok",
+        "state.dir lock": "ok", "server packages": "ok", "server.host:port": "ok", "server TLS": "ok",
+        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok"}
+    assert "config.json" in results["model.path"][1]
+    assert "a 160x120 frame read" in results["video.source"][1]
+    assert "plain HTTP" in results["server TLS"][1]
+    assert not (tmp_path / "logs" / "edgekv.log").exists()  # nothing written: no log file, no snapshot
+    assert {p.name for p in (tmp_path / "state").iterdir()} <= {"state.lock"}
+
+
+def test_every_mistake_is_said_at_once(tiny_checkpoint, tmp_path, capsys):
+    """Four mistakes in one edit: a restart would have stopped at the first, four restarts to find them all."""
+    (tmp_path / "state-file").write_text("not a folder")
+    (tmp_path / "cert.pem").write_text("not a certificate")
+    (tmp_path / "key.pem").write_text("not a key")
+    path = _config(tmp_path, tiny_checkpoint, cache={"calibration": str(tmp_path / "missing-cv.yaml")},
+                   state={"dir": str(tmp_path / "state-file")},
+                   server={"tls_cert_file": str(tmp_path / "cert.pem"), "tls_key_file": str(tmp_path / "key.pem")},
+                   video={"source": str(tmp_path / "missing.mp4")})
+    code, results = _check(path, capsys)
+    assert code == 2
+    failed = {k: d for k, (s, d) in results.items() if s == "FAIL"}
+    assert set(failed) >= {"cache.calibration", "state.dir, archive.dir", "server TLS", "video.source"}, results
+    assert "no such file" in failed["cache.calibration"] and "is not a folder" in failed["state.dir, archive.dir"]
+    assert "tls_cert_file" in failed["server TLS"] and "missing.mp4" in failed["video.source"]
+    assert results["model.path"][0] == "ok"
+
+
+def test_beside_the_running_daemon_its_lock_and_port_are_notes(tiny_checkpoint, tmp_path, capsys):
+    from edgekv.config import load_config
+    from helpers_server import RunningDaemon
+
+    port = _free_port()
+    path = _config(tmp_path, tiny_checkpoint, state={"dir": str(tmp_path / "state")}, server={"port": port})
+    with RunningDaemon(load_config(str(path)), tmp_path / "out.txt") as run:
+        assert run.port == port
+        code, results = _check(path, capsys)
+        assert run.thread.is_alive() and run.daemon.stream_state == "running"  # the check took nothing from it
+    assert code == 0, results
+    status, detail = results["state.dir lock"]
+    assert status == "note" and "a restart takes it over" in detail and "process" in detail
+    status, detail = results["server.host:port"]
+    assert status == "note" and "served now by an edgekv daemon" in detail
+
+
+def test_a_port_another_program_holds_fails(tiny_checkpoint, tmp_path, capsys):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        path = _config(tmp_path, tiny_checkpoint, server={"port": other.getsockname()[1]})
+        code, results = _check(path, capsys)
+    assert code == 2 and results["server.host:port"][0] == "FAIL" and "already in use" in results["server.host:port"][1]
+
+
+def test_a_stream_not_up_is_a_note_or_a_failure_as_the_daemon_would_take_it(tiny_checkpoint, tmp_path, capsys):
+    with socket.socket() as booting:  # bound, not listening: connections refused, as a camera still booting
+        booting.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{booting.getsockname()[1]}/camera.mjpg"
+        code, results = _check(_config(tmp_path, tiny_checkpoint, video={"source": url}), capsys)
+        assert code == 0 and results["video.source"][0] == "note", results
+        assert "the daemon would start and connect it" in results["video.source"][1]
+        code, results = _check(_config(tmp_path, tiny_checkpoint, video={"source": url, "wait_for_stream": False}),
+                               capsys)
+        assert code == 2 and results["video.source"][0] == "FAIL" and "could not open it" in results["video.source"][1]
+
+
+def test_each_camera_of_several_is_checked(tiny_checkpoint, tmp_path, capsys):
+    path = _config(tmp_path, tiny_checkpoint, video={"sources": [
+        {"name": "front", "source": "synthetic:shapes?size=160x120&fps=8&frames=100"},
+        {"name": "back", "source": str(tmp_path / "missing.mp4")}]})
+    assert main(["--config", str(path), "--check"]) == 2
+    out = capsys.readouterr().out
+    assert "[front] ok    video.source" in out and "[back] FAIL  video.source" in out and "missing.mp4" in out
+    assert out.rstrip().endswith("1 problem(s): the daemon would not start")
+
+
+def test_a_key_kept_as_a_systemd_credential_is_a_note_outside_the_service(tiny_checkpoint, tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    (tmp_path / "cert.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    path = _config(tmp_path, tiny_checkpoint, server={"tls_cert_file": str(tmp_path / "cert.pem"),
+                                                      "tls_key_credential": "edgekv-tls.key"})
+    code, results = _check(path, capsys)
+    assert code == 0 and results["server TLS"][0] == "note", results
+    assert "systemd credential" in results["server TLS"][1] and "edgekv-tls.key" in results["server TLS"][1]
