@@ -399,6 +399,14 @@ class OpenCVSource(FrameSource):
     ``LIVE_RETRY_S`` (a live source) or ``FILE_RETRIES`` tries (a file), the failures are one ``CorruptFrame``
     (skipped and counted, ``count`` frames) and the good frame is handed out by the next ``read``; only then
     is a live source lost (reconnect) or a file at its end.
+
+    A network stream's read that takes ``timeout_s`` or longer (FFmpeg's read timeout fired: nothing came for that
+    long) is the stream lost at once, even when it hands back a frame: the demuxer gave up, so OpenCV drains the
+    decoder, and a frame-threaded decoder (H.264 from an RTSP camera; OpenCV gives FFmpeg's decoder several threads)
+    still holds frames from before the silence. Measured with OpenCV 5.1's FFmpeg against GStreamer's RTSP server
+    (tests/test_rtsp_camera.py): each of the first two such reads waited the whole timeout and returned one of those
+    old frames, so the failure came only at the third, three times ``stream_timeout_s`` after the camera went
+    silent, with two stale frames handed out stamped as new.
     """
 
     kind = "opencv"
@@ -469,7 +477,7 @@ class OpenCVSource(FrameSource):
             raise SourceLost(f"video source {self.spec!r} is closed") if self.live else EndOfStream("eof", "closed")
         position = self.capture.get(cv2.CAP_PROP_POS_FRAMES)
         started = time.monotonic()
-        ok, frame = self.capture.read()
+        ok, frame = self._read_capture()
         if not ok:
             self._read_failed(position, started)
         problem = frame_problem(frame)
@@ -487,7 +495,7 @@ class OpenCVSource(FrameSource):
         while failed <= (self.LIVE_RETRIES if self.live else self.FILE_RETRIES):
             if self.live and time.monotonic() - started > self.LIVE_RETRY_S:
                 break
-            ok, frame = self.capture.read()
+            ok, frame = self._read_capture()
             if ok and frame_problem(frame) is None:
                 self._ahead = (frame, self._timestamp())
                 where = "" if self.live else f" from frame {int(position)}"
@@ -497,6 +505,15 @@ class OpenCVSource(FrameSource):
         if self.live:
             raise SourceLost(f"video source {self.spec!r} stopped delivering frames")
         raise self._end_of_file(position)
+
+    def _read_capture(self) -> tuple[bool, Any]:
+        """``capture.read()``; raises ``SourceLost`` when it took ``timeout_s`` or longer (see the class)."""
+        started = time.monotonic()
+        ok, frame = self.capture.read()
+        if self.live and self.timeout_s is not None and time.monotonic() - started >= self.timeout_s:
+            raise SourceLost(f"video source {self.spec!r}: nothing came for video.stream_timeout_s "
+                             f"({self.timeout_s:g} s)")
+        return ok, frame
 
     def _end_of_file(self, position: float) -> EndOfStream:
         """EOF or truncation. The header's frame count alone cannot tell: AVIs with dropped-frame
