@@ -108,6 +108,9 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserve-gb", type=float, default=2.0, help="OS + CUDA context reserve, in GB")
     parser.add_argument("--lm-head", choices=["as_loaded", "int8"], default="as_loaded",
                         help="model.lm_head (without --config; a config's own value is used with it)")
+    parser.add_argument("--flash-tbw", type=float, default=None, metavar="TB",
+                        help="the flash's endurance rating in terabytes written: the years the memory's writes "
+                             "(archive, snapshots, evidence frames) take to reach it")
     parser.set_defaults(func=_plan)
 
 
@@ -133,7 +136,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(verdict)
         config = load_config(args.config)
         model_dir = args.model if args.model is not None else resolve_model_path(str(config.model.path))
-        print("\n".join(flash_lines(config, model_dir, result.tokens_per_pair)))
+        print("\n".join(flash_lines(config, model_dir, result.tokens_per_pair, args.flash_tbw)))
         return 0
     if args.model is None:
         raise ValueError("--model: a model directory is needed (or --config)")
@@ -142,7 +145,7 @@ def _plan(args: argparse.Namespace) -> int:
                   weight_dtype=args.dtype, weights_gb=args.weights_gb, reserve_gb=args.reserve_gb, lm_head=args.lm_head)
     print(result.summary())
     defaults = EdgeKVConfig().with_overrides(model={"dtype": args.dtype})  # the archive's defaults at this shape
-    print("\n".join(flash_lines(defaults, model_dir, result.tokens_per_pair)))
+    print("\n".join(flash_lines(defaults, model_dir, result.tokens_per_pair, args.flash_tbw)))
     return 0
 
 

@@ -230,11 +230,12 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def flash_lines(config, model_dir: str | Path, tokens_per_pair: int) -> list[str]:
+def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: float | None = None) -> list[str]:
     """What the memory on flash holds for a deployment: a frame pair's archive record (its K/V at the model's dtype,
     its index keys and checksums: ``KVShape.record_bytes``, what the writer appends), how far back ``archive.max_gib``
     reaches at the cameras' pair rate (``fps / 2`` each), the index it keeps in RAM for that many pairs, and the
-    evidence frames' hours (``archive.frames_mib``, from ``FRAME_KIB_MEASURED``). Formulas, not a measurement."""
+    evidence frames' hours (``archive.frames_mib``, from ``FRAME_KIB_MEASURED``); then what all that writes to the
+    flash a day (``write_lines``). Formulas, not a measurement."""
     from edgekv.archive.store import KVShape
 
     cfg = _model_config(Path(model_dir))
@@ -265,6 +266,51 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int) -> list[str
         frames = budget_shares(int(section.frames_mib * 2**20))[1] / (kib * 1024)
         lines.append(f"  evidence frames: archive.frames_mib {section.frames_mib:g} MiB at {section.frames_px} px "
                      f"(about {kib:.1f} KiB a frame on disk, edgekv bench frames) hold about {_hours(frames / rate)}")
+    return lines + write_lines(config, cfg, record, rate, flash_tbw)
+
+
+GB = 1e9  # flash is rated in decimal units (TBW: terabytes written)
+
+
+def write_lines(config, cfg: dict, record: int, rate: float, flash_tbw: float | None = None) -> list[str]:
+    """What the memory writes to the flash a day, by part: the archive appends every pair's record (``record``
+    bytes at ``rate`` pairs a second), each snapshot rewrites the cache whole (its capacity at ``cache.kv_dtype``,
+    every ``state.every_s``; the caps of several cameras are one budget), the evidence frames a JPEG a pair, which
+    SQLite's write-ahead log writes twice (once to the log, once to the file). Flash wears by what is written to it:
+    a Jetson's eMMC or a microSD card is rated for far fewer terabytes written (TBW) than an NVMe SSD, and at the 3B
+    shape the archive writes hundreds of GB a day. With ``flash_tbw``, the years until that rating is written
+    (the flash controller's own write amplification not counted: it only shortens them)."""
+    day = 86400.0
+    t = cfg["text"]
+    eight = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
+    spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"],
+                             t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"],
+                             eight.get(config.cache.kv_dtype, _DTYPES[config.model.dtype]))
+    cap = spec.tokens_for_mib(config.cache.max_mib) if config.cache.max_mib is not None else int(config.cache.max_tokens)
+    snapshot = cap * spec.bytes_per_token
+    archive = config.archive
+    parts = [("archive", archive.dir is not None, record * rate * day,
+              f"{record / 2**20:.2f} MiB a pair"),
+             ("snapshots", config.state.dir is not None, snapshot * day / config.state.every_s,
+              f"{snapshot / 2**20:.0f} MiB every {config.state.every_s:g} s, state.every_s"),
+             ("evidence frames", archive.dir is not None and archive.frames_mib > 0,
+              2 * _frame_kib(archive.frames_px) * 1024 * rate * day, "a JPEG a pair, its log writing it twice")]
+    on = [(name, size, why) for name, enabled, size, why in parts if enabled]
+    shown = on or [(name, size, why) for name, _, size, why in parts]
+    total = sum(size for _, size, _ in shown)
+    said = ", ".join(f"{name} {size / GB:,.1f} GB ({why})" for name, size, why in shown)
+    head = ("writes to flash a day" if on else
+            "writes to flash a day (state.dir and archive.dir not set: nothing is written; were they set)")
+    lines = [f"{head}, at {rate:g} pair(s) a second: {said}; {total / GB:,.1f} GB a day, "
+             f"{total * 365 / 1e12:,.1f} TB a year"]
+    if flash_tbw is not None:
+        years = flash_tbw * 1e12 / (total * 365) if total > 0 else float("inf")
+        lines.append(f"  a flash rated {flash_tbw:g} TBW (--flash-tbw) has that written in {years:,.1f} years "
+                     "(its controller's write amplification not counted: fewer in truth)")
+    elif total * 365 > 50e12:
+        lines.append("  check the flash's rating (TBW; --flash-tbw TB gives the years): eMMC and microSD cards are "
+                     "rated far lower than NVMe SSDs. Fewer writes: archive.kv_dtype int8 (half the archive), "
+                     "video.skip_static, a longer state.every_s, archive.dir on an NVMe drive")
     return lines
 
 

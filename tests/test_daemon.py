@@ -122,6 +122,11 @@ def test_metrics_parse_as_prometheus_text(running):
     for name in ("edgekv_frames", "edgekv_ingest_fps", "edgekv_frame_pair_ingest_seconds", "edgekv_compressions",
                  "edgekv_frames_dropped", "process_resident_memory_bytes"):
         assert name in families, name
+    # what wears the flash: this process's bytes written to storage, read at a scrape (the daemon runs in it here)
+    psutil = pytest.importorskip("psutil")
+    written = families["edgekv_disk_write_bytes"].samples[0]
+    assert written.name == "edgekv_disk_write_bytes_total"
+    assert 0 <= written.value <= psutil.Process().io_counters().write_bytes
 
 
 def test_health_models_status_page_and_frame(running):

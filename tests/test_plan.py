@@ -220,3 +220,34 @@ archive: {{dir: {tmp_path / 'archive'}, max_gib: 16, frames_mib: 256, frames_px:
     assert f"hold {16 * 2**30 // eight:,} pairs" in lines[1] and 1.9 < record / eight < 2
     lines = flash_lines(EdgeKVConfig().with_overrides(cache={"kv_dtype": "int8"}), model_3b, 256)  # the cache's own
     assert f"is {eight / 2**20:.2f} MiB on flash (int8 (cache.kv_dtype) K/V" in lines[0]
+
+
+def test_plan_says_what_the_memory_writes_to_flash_a_day(model_3b, tmp_path, capsys):
+    """Flash wears by what is written: at the 3B shape the archive appends a ~9 MiB record a pair (hundreds of GB a
+    day at a pair every two seconds), each snapshot rewrites the whole cache, the evidence frames' log writes each
+    JPEG twice; with --flash-tbw, the years until a flash's rating is written."""
+    from edgekv.archive.store import KVShape
+    from edgekv.calibration.plan import flash_lines
+    from edgekv.config import EdgeKVConfig
+
+    record = KVShape(36, 2, 128, "bfloat16", 2).record_bytes(256)
+    config = EdgeKVConfig().with_overrides(
+        model={"dtype": "bf16"}, cache={"max_tokens": 6144}, state={"dir": str(tmp_path / "s"), "every_s": 300},
+        archive={"dir": str(tmp_path / "a"), "frames_mib": 256, "frames_px": 320})
+    day = 86400
+    archive, snapshots = record * 0.5 * day, 6144 * 38156 * day / 300  # 38,156 bytes a token (test above)
+    frames = 2 * 16.1 * 1024 * 0.5 * day
+    total = archive + snapshots + frames
+    line = flash_lines(config, model_3b, 256, flash_tbw=600)[-2:]
+    assert line[0].startswith("writes to flash a day, at 0.5 pair(s) a second: ")
+    assert f"archive {archive / 1e9:,.1f} GB" in line[0] and f"snapshots {snapshots / 1e9:,.1f} GB" in line[0]
+    assert f"evidence frames {frames / 1e9:,.1f} GB" in line[0] and f"; {total / 1e9:,.1f} GB a day" in line[0]
+    assert 400e9 < total < 500e9
+    assert f"has that written in {600e12 / (total * 365):,.1f} years" in line[1]
+    # an 8-bit archive halves its share; without state.dir or archive.dir nothing is written, what would be is said
+    lines = flash_lines(config.with_overrides(archive={"kv_dtype": "int8"}), model_3b, 256)
+    eight = KVShape(36, 2, 128, "int8", 2).record_bytes(256) * 0.5 * day
+    assert f"archive {eight / 1e9:,.1f} GB" in lines[-2] and "check the flash's rating" in lines[-1]
+    assert "nothing is written; were they set" in flash_lines(EdgeKVConfig(), model_3b, 256)[-2]
+    assert main(["plan", "--device-memory", "16", "--model", str(model_3b), "--flash-tbw", "150"]) == 0
+    assert "a flash rated 150 TBW (--flash-tbw) has that written in" in capsys.readouterr().out

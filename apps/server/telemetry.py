@@ -169,6 +169,19 @@ class Telemetry:
         return {"ago_s": [round(now - t, 1) for t, _, _ in points], "rss_mb": [m for _, _, m in points]}
 
 
+def _disk_write_bytes() -> int | None:
+    """This process's bytes written to storage (psutil's ``io_counters``: /proc/self/io on Linux), or None where
+    the platform does not count them."""
+    try:
+        import psutil
+
+        return int(psutil.Process().io_counters().write_bytes)
+    except (AttributeError, OSError, ImportError):
+        return None
+    except Exception:  # psutil.AccessDenied and the like: the metric is left out, the scrape goes on
+        return None
+
+
 class DaemonCollector:
     """Counters and gauges read at scrape time (see ``Telemetry.snapshot``)."""
 
@@ -234,6 +247,11 @@ class DaemonCollector:
                  "clients that never finished within server.request_timeout_s, plain HTTP sent to the port",
                  tls_counts.failed),
             ]
+        written = _disk_write_bytes()
+        if written is not None:
+            counters.append(("edgekv_disk_write_bytes", "bytes this process caused to be written to storage (Linux "
+                             "/proc/self/io write_bytes: archive, snapshots, evidence frames, logs): what wears the "
+                             "flash, against its TBW rating (edgekv plan --flash-tbw)", written))
         for name, help_text, value in counters:
             yield CounterMetricFamily(name, help_text, value=value)
         certificate = getattr(daemon, "certificate", None)
