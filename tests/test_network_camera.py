@@ -1,8 +1,9 @@
 """Network cameras as they behave on a robot (video.stream_timeout_s, video.wait_for_stream): an IP camera that is
 not up when the daemon starts (a PoE camera boots slower than the Jetson) is connected when it comes, the daemon
 serving meanwhile and saying so; a camera that goes silent with its connection open is reconnected after
-``stream_timeout_s``, not after OpenCV's own 30 s. The camera is an MJPEG-over-HTTP server on 127.0.0.1, what many
-IP cameras serve, read through OpenCV's FFmpeg backend as an ``rtsp://`` stream is."""
+``stream_timeout_s``, not after OpenCV's own 30 s; its password (in the URL) is never shown. The camera is an
+MJPEG-over-HTTP server on 127.0.0.1, what many IP cameras serve, read through OpenCV's FFmpeg backend as an
+``rtsp://`` stream is."""
 
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def _health(port: int) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
-def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_checkpoint, tmp_path, camera):
+def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_checkpoint, tmp_path, camera, caplog):
     """The daemon starts (the model loaded, the API served) with its IP camera not up yet: the start says so, and
     /healthz says "reconnecting" with the reason; when the camera comes the frames go into the memory. With
     video.wait_for_stream false it refuses to start, naming video.source."""
@@ -144,12 +145,14 @@ def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_chec
     from edgekv.apps.daemon.startup import StartupError
     from helpers_server import daemon_args, server_config
 
+    url = camera.url.replace("://", "://admin:s3cret@")  # the camera's password: never in a log, status or error
     config = server_config(tiny_checkpoint).with_overrides(
-        video={"source": camera.url, "fps": 4.0, "reconnect_backoff_s": [0.05, 0.2], "stream_timeout_s": 5.0})
+        video={"source": url, "fps": 4.0, "reconnect_backoff_s": [0.05, 0.2], "stream_timeout_s": 5.0})
     refused = Daemon(config.with_overrides(video={"wait_for_stream": False}), daemon_args(),
                      out=open(tmp_path / "refused.txt", "w"))
-    with pytest.raises(StartupError, match="video.source: .*could not open it"):
+    with pytest.raises(StartupError, match="video.source: .*could not open it") as refusal:
         refused.preflight()
+    assert "s3cret" not in str(refusal.value) and "admin:***@" in str(refusal.value)
 
     out = open(tmp_path / "out.txt", "w")
     daemon = Daemon(config, daemon_args(), out=out)
@@ -162,6 +165,9 @@ def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_chec
         code, health = _health(port)
         assert code == 200 and health["status"] == "degraded" and health["stream_state"] == "reconnecting", health
         assert any("not reached yet" in problem for problem in health["problems"]), health
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/edgekv/status", timeout=60) as response:
+            status = response.read().decode()
+        assert "admin:***@127.0.0.1" in status and "s3cret" not in status
         assert daemon.session.counters.frame_pairs == 0
         camera.power_on()
         assert _wait(lambda: daemon.session.counters.frame_pairs >= 2, 120), daemon.session.counters
@@ -172,3 +178,20 @@ def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_chec
         out.close()
     text = (tmp_path / "out.txt").read_text()
     assert "starting anyway, connecting when it answers" in text and "could not open it" in text
+    assert "admin:***@" in text and "s3cret" not in text + caplog.text
+
+
+@pytest.mark.parametrize("given, shown", [
+    ("rtsp://admin:s3cret@10.0.0.5:554/Streaming/Channels/101", "rtsp://admin:***@10.0.0.5:554/Streaming/Channels/101"),
+    ("rtsp://10.0.0.5/cam/realmonitor?channel=1&user=admin&password=s3cret&subtype=0",
+     "rtsp://10.0.0.5/cam/realmonitor?channel=1&user=admin&password=***&subtype=0"),
+    ("http://cam.local/snapshot.mjpg?PWD=s3cret", "http://cam.local/snapshot.mjpg?PWD=***"),
+    ("gst:rtspsrc location=rtsp://op:s3cret@cam/live latency=0 ! decodebin ! appsink",
+     "gst:rtspsrc location=rtsp://op:***@cam/live latency=0 ! decodebin ! appsink"),
+    ("rtsp://cam.local:8554/live", "rtsp://cam.local:8554/live"),  # nothing to hide: kept as it is
+    ("synthetic:events?size=112x112&seed=3", "synthetic:events?size=112x112&seed=3"),
+])
+def test_a_cameras_password_is_hidden_wherever_the_source_is_shown(given, shown):
+    from edgekv.video.sources import redact
+
+    assert redact(given) == shown

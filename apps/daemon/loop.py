@@ -359,6 +359,7 @@ class Daemon:
         import edgekv
         from edgekv.monitor import Monitor
         from edgekv.video.capture import Backoff, CaptureThread, Sampler
+        from edgekv.video.sources import redact
 
         from edgekv.model.builtin import resolve_model_path
 
@@ -382,7 +383,7 @@ class Daemon:
         capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
         kept = self._kept_pause()  # paused before a restart: no frame goes in, the camera is released at once
         self.sampler = Sampler(capture.start() if kept is None else capture, cfg.video.fps)
-        self.say(f"source {printable(str(cfg.video.source))} ({'live' if self._spec.live else 'recorded'}"
+        self.say(f"source {printable(redact(cfg.video.source))} ({'live' if self._spec.live else 'recorded'}"
                  f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
                  f"{' (every frame by timestamp)' if deterministic else ''}")
         if kept is not None:

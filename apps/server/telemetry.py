@@ -169,6 +169,13 @@ class Telemetry:
         return {"ago_s": [round(now - t, 1) for t, _, _ in points], "rss_mb": [m for _, _, m in points]}
 
 
+def _redact(source: Any) -> str:
+    """``video.source`` without a camera's password (edgekv.video.sources.redact)."""
+    from edgekv.video.sources import redact
+
+    return redact(source)
+
+
 def _disk_write_bytes() -> int | None:
     """This process's bytes written to storage (psutil's ``io_counters``: /proc/self/io on Linux), or None where
     the platform does not count them."""
@@ -316,7 +323,7 @@ def camera_figures(cameras: dict) -> dict[str, dict]:
             continue
         capture = sampler.capture.stats() if sampler is not None else {}
         out[name] = {
-            "stream_state": stream_state(daemon), "source": str(daemon.config.video.source),
+            "stream_state": stream_state(daemon), "source": _redact(daemon.config.video.source),
             "frames": session.counters.frames, "frame_pairs": session.counters.frame_pairs,
             "compressions": session.counters.compressions, "questions": session.counters.questions,
             "cache_tokens": session.cache.length, "cache_capacity_tokens": session.cache.capacity,

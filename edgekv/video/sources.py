@@ -45,6 +45,7 @@ import functools
 import logging
 import math
 import os
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -65,7 +66,7 @@ __all__ = [
     "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "LoopingSource", "NeedleSource", "OpenCVSource",
     "ShapesSource", "SourceError", "WorldSource",
     "SourceLost", "SourceSpec", "SourceUnavailable", "SyntheticSource", "TimestampSelector", "csi_pipeline",
-    "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec",
+    "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec", "redact",
 ]
 
 log = logging.getLogger("edgekv.video")
@@ -114,6 +115,19 @@ def frame_problem(frame: object) -> str | None:
     if frame.dtype != np.uint8:
         return f"got dtype {frame.dtype}, expected uint8"
     return None
+
+
+_USERINFO = re.compile(r"(://[^/@\s:]*):[^/@\s]*@")  # rtsp://user:password@host, in a gst: pipeline's rtspsrc too
+_SECRET_PARAM = re.compile(r"([?&;](?:password|passwd|pwd|pass|token|auth|key|secret|signature|sig)=)[^&;\s'\"]*",
+                           re.IGNORECASE)
+
+
+def redact(spec: object) -> str:
+    """``video.source`` as logs, errors, ``/v1/edgekv/status`` and ``--check`` may show it: a URL's password
+    (``rtsp://admin:***@cam/stream``; the user kept, it tells which account) and query parameters that carry one
+    (``?user=admin&password=***``, as some cameras take it) hidden. Everything else is kept to diagnose with."""
+    text = str(spec)
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1:***@", text))
 
 
 # ---------------------------------------------------------------------------------------------- specs
@@ -246,7 +260,15 @@ _CSI_PARAMS: dict[str, Callable[[str], Any]] = {
 
 
 def parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
-    """Classify a ``video.source`` value; raises ``ValueError`` naming the spec if it cannot be one."""
+    """Classify a ``video.source`` value; raises ``ValueError`` naming the spec (``redact``-ed) if it cannot be
+    one."""
+    try:
+        return _parse_spec(spec)
+    except ValueError as exc:
+        raise ValueError(redact(exc)) from None
+
+
+def _parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
     if isinstance(spec, bool):
         raise ValueError(f"video source {spec!r}: expected a camera index, path, URL, 'gst:…', 'csi:…' "
                          "or 'synthetic:…'")
@@ -349,7 +371,7 @@ class FrameSource(ABC):
     kind: str = "source"
 
     def __init__(self, spec: str, live: bool) -> None:
-        self.spec = spec
+        self.spec = redact(spec)  # for messages, logs and stats only: a camera's password never goes there
         self.live = live
         self.frames_skipped = 0  # corrupt frames skipped while iterating
 
