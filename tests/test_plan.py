@@ -236,7 +236,7 @@ def test_plan_says_what_the_memory_writes_to_flash_a_day(model_3b, tmp_path, cap
         archive={"dir": str(tmp_path / "a"), "frames_mib": 256, "frames_px": 320})
     day = 86400
     archive, snapshots = record * 0.5 * day, 6144 * 38156 * day / 300  # 38,156 bytes a token (test above)
-    frames = 2 * 16.1 * 1024 * 0.5 * day
+    frames = 2 * (5 + 2) * 4096 * 0.5 * day  # a 16.1 KiB JPEG in 5 pages, 2 b-tree pages, each written twice
     total = archive + snapshots + frames
     line = flash_lines(config, model_3b, 256, flash_tbw=600)[-2:]
     assert line[0].startswith("writes to flash a day, at 0.5 pair(s) a second: ")
