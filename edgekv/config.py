@@ -141,6 +141,13 @@ class VideoSection:
     # true starts anyway and connects it when it comes (/healthz "reconnecting", a line said at start);
     # false refuses to start, as for a file that is not there.
     wait_for_stream: bool = True
+    # A camera whose driver returns nothing at all, no frame and no error, for this long (a CSI camera's Argus
+    # pipeline or a gst: pipeline that hung inside GStreamer, which has no read timeout here): the daemon saves its
+    # memory and exits with status 3, for the service manager to restart it (systemd's Restart=on-failure), since a
+    # driver call that never returns cannot be abandoned safely from inside the process. Camera indexes, gst: and
+    # csi: sources only (a network stream times out by itself: stream_timeout_s; a quiet ROS 2 topic is no hang).
+    # null: never (/healthz still answers 503 "stalled" after stall_s).
+    exit_when_hung_s: float | None = 600.0
     skip_static: SkipStaticSection = field(default_factory=SkipStaticSection)
     # exact: Pillow bicubic, bit-identical to transformers' processor; fast: OpenCV (INTER_AREA shrinking,
     # INTER_CUBIC growing), ~2x faster, mean |difference| <= 1.5 uint8 levels on camera-like frames
@@ -172,6 +179,8 @@ class VideoSection:
             raise ConfigError(f"{at}.max_gap_s: must be in (0, 4.4e12] seconds, got {self.max_gap_s}")
         if not self.stall_s > 0.0:
             raise ConfigError(f"{at}.stall_s: must be > 0, got {self.stall_s}")
+        if self.exit_when_hung_s is not None and not self.exit_when_hung_s > 0.0:
+            raise ConfigError(f"{at}.exit_when_hung_s: must be > 0 seconds or null (never), got {self.exit_when_hung_s}")
         if self.stream_timeout_s is not None and not 0.0 < self.stream_timeout_s <= 3600.0:
             raise ConfigError(f"{at}.stream_timeout_s: must be in (0, 3600] seconds or null (OpenCV's own 30 s), "
                               f"got {self.stream_timeout_s}")

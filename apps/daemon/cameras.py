@@ -317,4 +317,4 @@ class CameraSet:
                 thread.join(60)
             for daemon in [*list(self.daemons.values())[1:], self.first]:  # the server goes last
                 daemon.shutdown()
-        return 0
+        return max(daemon.exit_code for daemon in self.daemons.values())  # 3: a camera hung (all restart)

@@ -111,6 +111,7 @@ class Daemon:
         self.out = out or sys.stdout
         self.prog = prog
         self.checking = False  # edgekv-camera --check: the start's checks only (apps/daemon/check.py)
+        self.exit_code = 0  # what run() returns: 3 after a hung camera (video.exit_when_hung_s)
         self.stop = StopFlag()
         self.questions: queue.Queue[Question] = queue.Queue(maxsize=config.server.queue_size)
         self.history: deque[dict] = deque(maxlen=HISTORY)
@@ -247,7 +248,7 @@ class Daemon:
         finally:
             self.shutdown()
             self.stop.uninstall()
-        return 0
+        return self.exit_code
 
     def preflight(self) -> None:
         """Everything that can be checked before the model loads; raises ``StartupError`` naming the key."""
@@ -1339,6 +1340,26 @@ class Daemon:
         if self.state.enabled:  # no lock taken on every loop turn when persistent memory is off
             with self.lock:
                 self.state.maybe_snapshot(self.session)
+        self._check_hung()
+
+    HANG_KINDS = ("camera", "gstreamer", "csi")  # sources whose driver call can block with no timeout of ours
+
+    def _check_hung(self) -> None:
+        """``video.exit_when_hung_s``: the camera's driver has returned nothing, no frame and no error, for that long
+        (a hung Argus or GStreamer pipeline): stop, saving the memory, with exit status 3 for the service manager to
+        restart the daemon — the one way out of a driver call that never returns."""
+        limit = self.config.video.exit_when_hung_s
+        if (limit is None or self.sampler is None or self.paused is not None or self._stream_end is not None
+                or self._spec is None or self._spec.kind not in self.HANG_KINDS or self.exit_code):
+            return
+        silent = self.sampler.capture.silent_s()
+        if silent is None or silent < limit:
+            return
+        self.exit_code = 3
+        self.say(f"video.source: the camera's driver has returned nothing, no frame and no error, for {silent:.0f} s "
+                 f"(a hung {self._spec.kind} pipeline?): saving the memory and exiting with status 3 for the service "
+                 f"manager to restart the daemon (video.exit_when_hung_s {limit:g})")
+        self.stop.event.set()
 
     def _reload_tls(self) -> None:
         """SIGHUP with HTTPS: the certificate files read again (``ApiServer.reload_tls``), so a renewed certificate

@@ -104,11 +104,12 @@ class CaptureThread:
         self._last_error: str | None = None
         self._started_at: float | None = None
         self._stopped_at: float | None = None
+        self._returned_at: float | None = None  # the source's last read returned (a frame or an error)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> CaptureThread:
-        self._started_at = time.monotonic()
+        self._started_at = self._returned_at = time.monotonic()
         self._thread.start()
         return self
 
@@ -169,6 +170,13 @@ class CaptureThread:
                 self._finished = True
                 self._cond.notify_all()
 
+    def silent_s(self) -> float | None:
+        """Seconds since the source's last read returned anything, a frame or an error (None before ``start`` and
+        while reconnecting): how long a driver call has been stuck when nothing comes back at all."""
+        if self._returned_at is None or self._reconnecting or self._finished:
+            return None
+        return time.monotonic() - self._returned_at
+
     def _read_one(self) -> Frame | object | None:
         """One read with every failure handled: a frame, None (try again) or _END (finish)."""
         try:
@@ -187,6 +195,8 @@ class CaptureThread:
         except Exception as exc:  # a backend raising (cv2.error, OSError): never kill the thread silently
             log.exception("video source %r raised while reading", self.source.spec)
             return self._lost(exc) if self.source.live else self._fail(exc)
+        finally:
+            self._returned_at = time.monotonic()  # it came back (after a reconnect, once that is over)
         self._counts["frames_read"] += 1
         return frame_t
 
