@@ -36,9 +36,11 @@ def server_config(model_dir: Path, **server) -> EdgeKVConfig:
 class RunningDaemon:
     """A Daemon in a background thread, stopped through its flag (signals belong to the main thread)."""
 
-    def __init__(self, config: EdgeKVConfig, out_path: Path) -> None:
+    def __init__(self, config: EdgeKVConfig, out_path: Path, pairs: int = 2) -> None:
+        """``pairs``: frame pairs to wait for after the start (0: none, e.g. a camera that is not up yet)."""
         from edgekv.apps.daemon.loop import Daemon
 
+        self.pairs = pairs
         self.out = open(out_path, "w")
         self.daemon = Daemon(config, daemon_args(), out=self.out)
         self.thread = threading.Thread(target=self.daemon.run, daemon=True)
@@ -50,7 +52,7 @@ class RunningDaemon:
             pass
         assert self.daemon.ready.is_set(), "daemon did not start (see its stderr)"
         deadline = time.monotonic() + 30
-        while self.daemon.session.counters.frame_pairs < 2 and time.monotonic() < deadline:
+        while self.daemon.session.counters.frame_pairs < self.pairs and time.monotonic() < deadline:
             time.sleep(0.05)
         self.port = self.daemon.server.port
         self.base = f"http://127.0.0.1:{self.port}"

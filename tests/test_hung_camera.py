@@ -13,6 +13,7 @@ import pytest
 
 from edgekv.video.capture import CaptureThread
 from edgekv.video.sources import FrameSource, SourceSpec
+from helpers_cameras import wait_for
 
 
 class HangingCamera(FrameSource):
@@ -41,20 +42,13 @@ class HangingCamera(FrameSource):
         self.released.set()
 
 
-def _wait(condition, bound_s: float) -> bool:
-    deadline = time.monotonic() + bound_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
-
-
 def test_the_capture_says_how_long_its_source_has_returned_nothing():
     source = HangingCamera(frames=3)
     capture = CaptureThread(source).start()
     try:
-        assert _wait(source.blocked.is_set, 60)
+        assert wait_for(source.blocked.is_set, 60)
         first = capture.silent_s()
-        assert _wait(lambda: capture.silent_s() > first + 0.2, 60)
+        assert wait_for(lambda: capture.silent_s() > first + 0.2, 60)
         assert capture.stats()["frames_read"] == 3
     finally:
         capture.stop()

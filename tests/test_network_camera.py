@@ -20,7 +20,8 @@ import pytest
 cv2 = pytest.importorskip("cv2")
 
 from edgekv.video.capture import Backoff, CaptureThread  # noqa: E402
-from edgekv.video.sources import SourceUnavailable, open_source  # noqa: E402
+from edgekv.video.sources import open_source  # noqa: E402
+from helpers_cameras import camera_waited_for, wait_for  # noqa: E402
 
 
 class MjpegCamera:
@@ -86,27 +87,10 @@ def camera():
     cam.close()
 
 
-def _wait(condition, bound_s: float) -> bool:
-    deadline = time.monotonic() + bound_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
-
 
 def test_a_stream_that_is_not_up_is_refused_or_waited_for(camera):
-    with pytest.raises(SourceUnavailable, match="could not open it"):
-        open_source(camera.url, stream_timeout_s=5.0)
-    source = open_source(camera.url, stream_timeout_s=5.0, wait_for_stream=True)
-    assert not source.connected and "could not open it" in source.waiting
-    capture = CaptureThread(source, backoff=Backoff(base_s=0.05, max_s=0.2)).start()
-    try:
-        assert _wait(lambda: capture.stats()["reconnect_failures"] >= 2, 60), capture.stats()
-        assert capture.stats()["frames_read"] == 0 and capture.reconnecting
-        camera.power_on()
-        assert _wait(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
-        assert source.connected and source.waiting is None
-    finally:
-        capture.stop()
+    with camera_waited_for(camera, stream_timeout_s=5.0) as (_, capture):
+        assert capture.stats()["reconnects"] == 1
 
 
 def test_a_camera_gone_silent_is_reconnected_after_stream_timeout_s(camera):
@@ -117,13 +101,13 @@ def test_a_camera_gone_silent_is_reconnected_after_stream_timeout_s(camera):
     capture = CaptureThread(open_source(camera.url, stream_timeout_s=1.0),
                             backoff=Backoff(base_s=0.05, max_s=0.2)).start()
     try:
-        assert _wait(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
+        assert wait_for(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
         camera.go_silent()
         silent_at = time.monotonic()
-        assert _wait(lambda: capture.stats()["reconnects"] >= 1, 25), capture.stats()
+        assert wait_for(lambda: capture.stats()["reconnects"] >= 1, 25), capture.stats()
         assert time.monotonic() - silent_at < 25
         read = capture.stats()["frames_read"]
-        assert _wait(lambda: capture.stats()["frames_read"] >= read + 3, 60), capture.stats()
+        assert wait_for(lambda: capture.stats()["frames_read"] >= read + 3, 60), capture.stats()
         assert camera.clients >= 2
     finally:
         capture.stop()
@@ -143,7 +127,7 @@ def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_chec
     video.wait_for_stream false it refuses to start, naming video.source."""
     from edgekv.apps.daemon.loop import Daemon
     from edgekv.apps.daemon.startup import StartupError
-    from helpers_server import daemon_args, server_config
+    from helpers_server import RunningDaemon, daemon_args, server_config
 
     url = camera.url.replace("://", "://admin:s3cret@")  # the camera's password: never in a log, status or error
     config = server_config(tiny_checkpoint).with_overrides(
@@ -154,14 +138,9 @@ def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_chec
         refused.preflight()
     assert "s3cret" not in str(refusal.value) and "admin:***@" in str(refusal.value)
 
-    out = open(tmp_path / "out.txt", "w")
-    daemon = Daemon(config, daemon_args(), out=out)
-    thread = threading.Thread(target=daemon.run, daemon=True)
-    thread.start()
-    try:
-        assert _wait(daemon.ready.is_set, 120) and thread.is_alive()
-        port = daemon.server.port
-        assert _wait(lambda: daemon.stream_state == "reconnecting", 60), daemon.stream_state
+    with RunningDaemon(config, tmp_path / "out.txt", pairs=0) as run:
+        daemon, port = run.daemon, run.port
+        assert wait_for(lambda: daemon.stream_state == "reconnecting", 60), daemon.stream_state
         code, health = _health(port)
         assert code == 200 and health["status"] == "degraded" and health["stream_state"] == "reconnecting", health
         assert any("not reached yet" in problem for problem in health["problems"]), health
@@ -170,12 +149,8 @@ def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_chec
         assert "admin:***@127.0.0.1" in status and "s3cret" not in status
         assert daemon.session.counters.frame_pairs == 0
         camera.power_on()
-        assert _wait(lambda: daemon.session.counters.frame_pairs >= 2, 120), daemon.session.counters
-        assert _wait(lambda: _health(port)[1]["status"] == "ok", 60), _health(port)
-    finally:
-        daemon.stop.event.set()
-        thread.join(30)
-        out.close()
+        assert wait_for(lambda: daemon.session.counters.frame_pairs >= 2, 120), daemon.session.counters
+        assert wait_for(lambda: _health(port)[1]["status"] == "ok", 60), _health(port)
     text = (tmp_path / "out.txt").read_text()
     assert "starting anyway, connecting when it answers" in text and "could not open it" in text
     assert "admin:***@" in text and "s3cret" not in text + caplog.text

@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -34,7 +33,8 @@ cv2 = pytest.importorskip("cv2")
 
 from edgekv.video import sources  # noqa: E402
 from edgekv.video.capture import Backoff, CaptureThread  # noqa: E402
-from edgekv.video.sources import SourceLost, SourceUnavailable, open_source  # noqa: E402
+from edgekv.video.sources import SourceLost, open_source  # noqa: E402
+from helpers_cameras import camera_waited_for, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -71,12 +71,6 @@ def _need_rtsp_server() -> None:
     if reason:
         pytest.skip(reason)
 
-
-def _wait(condition, bound_s: float) -> bool:
-    deadline = time.monotonic() + bound_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
 
 
 class RtspCamera:
@@ -237,32 +231,21 @@ def test_an_rtsp_camera_gives_bgr_frames_of_its_size_in_order(running_camera):
 
     capture = CaptureThread(open_source(running_camera.url, stream_timeout_s=5.0)).start()
     try:
-        assert _wait(lambda: capture.stats()["frames_read"] >= 5, 60), capture.stats()
+        assert wait_for(lambda: capture.stats()["frames_read"] >= 5, 60), capture.stats()
         read = capture.stats()["frames_read"]
         latest = capture.latest(timeout=30)
         assert latest is not None and latest[0].shape == (HEIGHT, WIDTH, 3)
-        assert _wait(lambda: capture.stats()["frames_read"] >= read + 5, 60), capture.stats()
+        assert wait_for(lambda: capture.stats()["frames_read"] >= read + 5, 60), capture.stats()
         assert capture.stats()["reconnect_attempts"] == 0 and not capture.reconnecting
     finally:
         capture.stop()
 
 
 def test_an_rtsp_camera_not_up_is_refused_or_waited_for(camera):
-    with pytest.raises(SourceUnavailable, match="could not open it"):
-        open_source(camera.url, stream_timeout_s=2.0)
-    source = open_source(camera.url, stream_timeout_s=2.0, wait_for_stream=True)
-    assert not source.connected and "could not open it" in source.waiting
-    capture = CaptureThread(source, backoff=Backoff(base_s=0.05, max_s=0.2)).start()
-    try:
-        assert _wait(lambda: capture.stats()["reconnect_failures"] >= 2, 60), capture.stats()
-        assert capture.stats()["frames_read"] == 0 and capture.reconnecting
-        camera.power_on()
-        assert _wait(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
-        assert source.connected and source.waiting is None and capture.stats()["reconnects"] == 1
+    with camera_waited_for(camera, stream_timeout_s=2.0) as (_, capture):
+        assert capture.stats()["reconnects"] == 1
         latest = capture.latest(timeout=30)
         assert latest is not None and latest[0].shape == (HEIGHT, WIDTH, 3)
-    finally:
-        capture.stop()
 
 
 def test_an_rtsp_camera_that_loses_power_is_reconnected_when_it_is_back(camera):
@@ -272,14 +255,14 @@ def test_an_rtsp_camera_that_loses_power_is_reconnected_when_it_is_back(camera):
     capture = CaptureThread(open_source(camera.url, stream_timeout_s=2.0),
                             backoff=Backoff(base_s=0.05, max_s=0.2)).start()
     try:
-        assert _wait(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
+        assert wait_for(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
         camera.signal(signal.SIGKILL)
-        assert _wait(lambda: capture.reconnecting or capture.stats()["reconnect_attempts"] >= 1, 25), capture.stats()
-        assert _wait(lambda: capture.stats()["reconnect_failures"] >= 2, 25), capture.stats()
+        assert wait_for(lambda: capture.reconnecting or capture.stats()["reconnect_attempts"] >= 1, 25), capture.stats()
+        assert wait_for(lambda: capture.stats()["reconnect_failures"] >= 2, 25), capture.stats()
         read = capture.stats()["frames_read"]
         assert capture.stats()["reconnects"] == 0
         camera.power_on()
-        assert _wait(lambda: capture.stats()["frames_read"] >= read + 3, 60), capture.stats()
+        assert wait_for(lambda: capture.stats()["frames_read"] >= read + 3, 60), capture.stats()
         assert capture.stats()["reconnects"] >= 1 and not capture.stats()["ended"]
     finally:
         capture.stop()
@@ -296,7 +279,7 @@ def test_an_rtsp_camera_that_hangs_is_lost_after_stream_timeout_s_without_stale_
     capture = CaptureThread(open_source(camera.url, stream_timeout_s=timeout_s),
                             backoff=Backoff(base_s=0.05, max_s=0.2)).start()
     try:
-        assert _wait(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
+        assert wait_for(lambda: capture.stats()["frames_read"] >= 3, 60), capture.stats()
         camera.signal(signal.SIGSTOP)
         hung_at = time.monotonic()
         last_read, read = hung_at, capture.stats()["frames_read"]
@@ -312,27 +295,17 @@ def test_an_rtsp_camera_that_hangs_is_lost_after_stream_timeout_s_without_stale_
         assert "nothing came for video.stream_timeout_s (3 s)" in lost["last_error"], lost
         assert capture.stats()["reconnects"] == 0
         camera.signal(signal.SIGCONT)
-        assert _wait(lambda: capture.stats()["frames_read"] >= read + 3, 60), capture.stats()
+        assert wait_for(lambda: capture.stats()["frames_read"] >= read + 3, 60), capture.stats()
         assert capture.stats()["reconnects"] >= 1
     finally:
         capture.stop()
 
 
 def test_the_daemon_ingests_an_rtsp_camera(tiny_checkpoint, tmp_path, running_camera):
-    from edgekv.apps.daemon.loop import Daemon
-    from helpers_server import daemon_args, server_config
+    from helpers_server import RunningDaemon, server_config
 
     config = server_config(tiny_checkpoint).with_overrides(
         video={"source": running_camera.url, "fps": 4.0, "reconnect_backoff_s": [0.05, 0.2], "stream_timeout_s": 5.0})
-    out = open(tmp_path / "out.txt", "w")
-    daemon = Daemon(config, daemon_args(), out=out)
-    thread = threading.Thread(target=daemon.run, daemon=True)
-    thread.start()
-    try:
-        assert _wait(daemon.ready.is_set, 120) and thread.is_alive()
-        assert _wait(lambda: daemon.session.counters.frame_pairs >= 2, 120), daemon.session.counters
-        assert daemon.stream_state == "running", daemon.stream_state
-    finally:
-        daemon.stop.event.set()
-        thread.join(30)
-        out.close()
+    with RunningDaemon(config, tmp_path / "out.txt", pairs=0) as run:
+        assert wait_for(lambda: run.daemon.session.counters.frame_pairs >= 2, 120), run.daemon.session.counters
+        assert run.daemon.stream_state == "running", run.daemon.stream_state
