@@ -163,6 +163,7 @@ def test_the_daemon_starts_before_its_camera_and_ingests_once_it_is_up(tiny_chec
     ("http://cam.local/snapshot.mjpg?PWD=s3cret", "http://cam.local/snapshot.mjpg?PWD=***"),
     ("gst:rtspsrc location=rtsp://op:s3cret@cam/live latency=0 ! decodebin ! appsink",
      "gst:rtspsrc location=rtsp://op:***@cam/live latency=0 ! decodebin ! appsink"),
+    ("rtsp://admin:p@ss@10.0.0.5/live", "rtsp://admin:***@10.0.0.5/live"),  # an @ in it, not written as %40
     ("rtsp://cam.local:8554/live", "rtsp://cam.local:8554/live"),  # nothing to hide: kept as it is
     ("synthetic:events?size=112x112&seed=3", "synthetic:events?size=112x112&seed=3"),
 ])
@@ -170,3 +171,13 @@ def test_a_cameras_password_is_hidden_wherever_the_source_is_shown(given, shown)
     from edgekv.video.sources import redact
 
     assert redact(given) == shown
+
+
+def test_an_at_sign_in_a_cameras_password_is_refused_with_the_fix():
+    """``rtsp://admin:p@ss@cam``: FFmpeg would take ``ss@cam`` for the host and the camera would never answer."""
+    from edgekv.video.sources import parse_spec
+
+    with pytest.raises(ValueError, match="write each '@' in them as %40") as refused:
+        parse_spec("rtsp://admin:p@ss@10.0.0.5/live")
+    assert "p@ss" not in str(refused.value) and "ss@" not in str(refused.value)
+    assert parse_spec("rtsp://admin:p%40ss@10.0.0.5/live").kind == "stream"

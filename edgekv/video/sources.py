@@ -117,7 +117,8 @@ def frame_problem(frame: object) -> str | None:
     return None
 
 
-_USERINFO = re.compile(r"(://[^/@\s:]*):[^/@\s]*@")  # rtsp://user:password@host, in a gst: pipeline's rtspsrc too
+# rtsp://user:password@host (in a gst: pipeline's rtspsrc too); up to the authority's last @, should a password hold one
+_USERINFO = re.compile(r"(://[^/@\s:]*):[^/\s]*@")
 _SECRET_PARAM = re.compile(r"([?&;](?:password|passwd|pwd|pass|token|auth|key|secret|signature|sig)=)[^&;\s'\"]*",
                            re.IGNORECASE)
 
@@ -296,6 +297,10 @@ def _parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
         if lowered.startswith(scheme + ":"):
             return _extra_scheme(module).parse(spec, text[len(scheme) + 1:])
     if lowered.startswith(STREAM_SCHEMES):
+        authority = text.split("://", 1)[1].split("/", 1)[0]
+        if authority.count("@") > 1:  # FFmpeg would split user:password@host at the wrong @ (and redact could not)
+            raise ValueError(f"video source {redact(spec)!r}: the user or password holds '@': write each '@' in them "
+                             "as %40 (and ':' as %3A, '/' as %2F), as a URL needs")
         return SourceSpec("stream", text, raw=spec)
     if lowered.startswith("file://"):
         text = text[len("file://"):]
