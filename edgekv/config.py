@@ -142,6 +142,11 @@ class VideoSection:
     # true starts anyway and connects it when it comes (/healthz "reconnecting", a line said at start);
     # false refuses to start, as for a file that is not there.
     wait_for_stream: bool = True
+    # How an rtsp:// camera is decoded: ffmpeg (OpenCV's FFmpeg, on the CPU; works everywhere), gstreamer (a
+    # GStreamer pipeline, CPU decode), jetson (GStreamer with NVIDIA's hardware decoder, nvv4l2decoder + nvvidconv:
+    # no CPU core spent decoding). The last two need OpenCV built with GStreamer (JetPack's python3-opencv);
+    # edgekv.video.sources.rtsp_pipeline says what each runs. jetson was not run on a Jetson here.
+    decoder: Literal["ffmpeg", "gstreamer", "jetson"] = "ffmpeg"
     # A camera whose driver returns nothing at all, no frame and no error, for this long (a CSI camera's Argus
     # pipeline or a gst: pipeline that hung inside GStreamer, which has no read timeout here): the daemon saves its
     # memory and exits with status 3, for the service manager to restart it (systemd's Restart=on-failure), since a

@@ -159,7 +159,7 @@ def open_video_source(config: EdgeKVConfig):
             raise StartupError(f"video.loop: {spec_text!r} is a live source; only a file or synthetic video loops")
         with quiet_native_stderr():
             source = open_source(spec, ros2=config.ros2, stream_timeout_s=config.video.stream_timeout_s,
-                                 wait_for_stream=config.video.wait_for_stream)
+                                 wait_for_stream=config.video.wait_for_stream, decoder=config.video.decoder)
     except StartupError:
         raise
     except (ValueError, SourceError) as exc:

@@ -66,7 +66,7 @@ __all__ = [
     "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "LoopingSource", "NeedleSource", "OpenCVSource",
     "ShapesSource", "SourceError", "WorldSource",
     "SourceLost", "SourceSpec", "SourceUnavailable", "SyntheticSource", "TimestampSelector", "csi_pipeline",
-    "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec", "redact",
+    "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec", "redact", "rtsp_pipeline",
 ]
 
 log = logging.getLogger("edgekv.video")
@@ -357,6 +357,30 @@ def csi_pipeline(sensor_id: int = 0, width: int = 1920, height: int = 1080, fps:
         f"nvvidconv flip-method={flip} ! video/x-raw,width={out_w},height={out_h},format=BGRx ! "
         "videoconvert ! video/x-raw,format=BGR ! appsink drop=true max-buffers=1"
     )
+
+
+RTSP_DECODERS = ("ffmpeg", "gstreamer", "jetson")
+
+
+def rtsp_pipeline(url: str, decoder: str = "jetson", timeout_s: float | None = 10.0, latency_ms: int = 200) -> str:
+    """The GStreamer pipeline that reads an RTSP camera for OpenCV as BGR (``video.decoder``: ``gstreamer`` or
+    ``jetson``; ``ffmpeg``, the default, reads the URL through OpenCV's FFmpeg instead).
+
+    ``rtspsrc`` over TCP (interleaved RTP: no UDP loss on a robot's Wi-Fi), ``latency`` ms of jitter buffer, and
+    ``tcp-timeout`` = ``video.stream_timeout_s`` (its error ends the stream: the capture reconnects). ``decodebin``
+    picks the decoder for whatever the camera sends (H.264 or H.265): on a Jetson NVIDIA's ``nvv4l2decoder``
+    (the NVDEC engine: no CPU core spent decoding), which hands out NVMM (device) memory, so ``jetson`` adds
+    ``nvvidconv`` to copy it out as BGRx (as ``csi_pipeline`` does) before ``videoconvert`` drops the pad byte;
+    ``gstreamer`` decodes on the CPU (libav) and converts with ``videoconvert`` alone. The appsink keeps the newest
+    frame only and does not wait on the clock. Checked here: the ``gstreamer`` pipeline against GStreamer's RTSP
+    server (tests/test_rtsp_camera.py); ``jetson``'s NVIDIA elements were not run here (no Jetson)."""
+    if decoder not in RTSP_DECODERS[1:]:
+        raise ValueError(f"video.decoder: {decoder!r} builds no pipeline; one of {', '.join(RTSP_DECODERS[1:])}")
+    quoted = url.replace("\\", "\\\\").replace('"', '\\"')
+    timeout = f" tcp-timeout={int(timeout_s * 1e6)}" if timeout_s is not None else ""
+    convert = ("nvvidconv ! video/x-raw,format=BGRx ! videoconvert" if decoder == "jetson" else "videoconvert")
+    return (f'rtspsrc location="{quoted}" protocols=tcp latency={int(latency_ms)}{timeout} ! decodebin ! '
+            f"{convert} ! video/x-raw,format=BGR ! appsink drop=true max-buffers=1 sync=false")
 
 
 @functools.cache
@@ -803,7 +827,7 @@ def _extra_scheme(module: str) -> Any:
 
 
 def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None, stream_timeout_s: float | None = None,
-                wait_for_stream: bool = False) -> FrameSource:
+                wait_for_stream: bool = False, decoder: str = "ffmpeg") -> FrameSource:
     """Open a ``video.source``. Bad specs raise ``ValueError`` naming the spec; a well-formed source that
     cannot be opened raises ``SourceUnavailable`` saying why. ``ros2``: the config's ``ros2:`` section
     (domain, network, QoS) for a ``ros2:`` source; defaults (and ``$ROS_DOMAIN_ID``) without it.
@@ -813,7 +837,9 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None,
     that goes silent with its connection open is noticed only after that). ``wait_for_stream``: a stream not
     reachable now is returned unopened (``OpenCVSource.waiting`` says why) and its first read is a
     ``SourceLost``, so a ``CaptureThread`` connects it with its backoff (an IP camera that boots after the
-    robot, a Wi-Fi link not up yet)."""
+    robot, a Wi-Fi link not up yet). ``decoder`` (``video.decoder``): an ``rtsp://`` camera through OpenCV's FFmpeg
+    (``ffmpeg``), or through a GStreamer pipeline (``rtsp_pipeline``: ``gstreamer``, or ``jetson`` for the
+    hardware decoder), which needs OpenCV built with GStreamer (JetPack's)."""
     parsed = spec if isinstance(spec, SourceSpec) else parse_spec(spec)
     if parsed.kind in EXTRA_SCHEMES:
         return _extra_scheme(EXTRA_SCHEMES[parsed.kind]).open_parsed(parsed, ros2=ros2)
@@ -825,17 +851,24 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None,
         return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=False)
     if parsed.kind == "camera":
         return OpenCVSource(parsed.raw, int(parsed.target), cv2.CAP_ANY, live=True)
+    if parsed.kind == "stream" and decoder != "ffmpeg" and str(parsed.target).lower().startswith("rtsp"):
+        if not opencv_has_gstreamer():
+            raise SourceUnavailable(_no_gstreamer(parsed.raw, f"video.decoder {decoder}"))
+        return OpenCVSource(parsed.raw, rtsp_pipeline(str(parsed.target), decoder, stream_timeout_s), cv2.CAP_GSTREAMER,
+                            live=True, wait=wait_for_stream)
     if parsed.kind == "stream":
         return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=True, timeout_s=stream_timeout_s,
                             wait=wait_for_stream)
     pipeline = str(parsed.target) if parsed.kind == "gstreamer" else csi_pipeline(int(parsed.target), **parsed.params)
     if not opencv_has_gstreamer():
-        raise SourceUnavailable(
-            f"video source {parsed.raw!r} needs OpenCV built with GStreamer, but this OpenCV "
-            f"({cv2.__version__}) reports 'GStreamer: NO' in cv2.getBuildInformation(); the pip wheels lack it - "
-            "on a Jetson use JetPack's python3-opencv (uninstall opencv-python from the environment)"
-        )
+        raise SourceUnavailable(_no_gstreamer(parsed.raw))
     return OpenCVSource(parsed.raw, pipeline, cv2.CAP_GSTREAMER, live=True)
+
+
+def _no_gstreamer(raw: str, what: str = "") -> str:
+    return (f"video source {redact(raw)!r}{' with ' + what if what else ''} needs OpenCV built with GStreamer, but "
+            f"this OpenCV ({cv2.__version__}) reports 'GStreamer: NO' in cv2.getBuildInformation(); the pip wheels "
+            "lack it - on a Jetson use JetPack's python3-opencv (uninstall opencv-python from the environment)")
 
 
 # ---------------------------------------------------------------------------------------------- sampling
