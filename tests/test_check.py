@@ -58,7 +58,7 @@ def test_a_good_config_passes_every_check_without_loading_the_model(tiny_checkpo
     assert {k: s for k, (s, _) in results.items()} == {
         "logging.file": "ok", "model.path": "ok", "cache.calibration": "ok", "state.dir, archive.dir": "ok",
         "state.dir lock": "ok", "server packages": "ok", "server.host:port": "ok", "server TLS": "ok",
-        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok"}
+        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "flash": "note"}
     assert "config.json" in results["model.path"][1]
     assert "a 160x120 frame read" in results["video.source"][1]
     assert "plain HTTP" in results["server TLS"][1]
@@ -141,3 +141,20 @@ def test_a_key_kept_as_a_systemd_credential_is_a_note_outside_the_service(tiny_c
     code, results = _check(path, capsys)
     assert code == 0 and results["server TLS"][0] == "note", results
     assert "systemd credential" in results["server TLS"][1] and "edgekv-tls.key" in results["server TLS"][1]
+
+
+def test_the_memorys_writes_to_flash_are_said(tiny_checkpoint, tmp_path, capsys):
+    """With state.dir or archive.dir set, the last line before the verdict says what the memory writes to flash a day
+    (edgekv plan's figure), each camera's summed: flash wears by it."""
+    from edgekv.calibration.plan import flash_lines
+    from edgekv.config import load_config
+
+    path = _config(tmp_path, tiny_checkpoint, state={"dir": str(tmp_path / "state")},
+                   archive={"dir": str(tmp_path / "archive")})
+    code, results = _check(path, capsys)
+    day = next(line for line in flash_lines(load_config(str(path)), tiny_checkpoint, 16)
+               if line.startswith("writes to flash"))
+    assert code == 0 and results["flash"][0] == "note", results
+    assert f"about {day.rsplit('; ', 1)[-1].split(' GB')[0]} GB a day" in results["flash"][1]
+    _, results = _check(_config(tmp_path, tiny_checkpoint), capsys)
+    assert "flash" not in results  # nothing kept, nothing written

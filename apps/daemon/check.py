@@ -188,6 +188,35 @@ def _source_result(source: Any) -> CheckResult:
                                              f"{time.monotonic() - started:.2f} s")
 
 
+def flash_result(configs: list[Any]) -> CheckResult | None:
+    """What the deployment's memory writes to flash a day, every camera's summed (``edgekv plan``'s figure: flash
+    wears by it), when it keeps any (``state.dir`` or ``archive.dir``); None otherwise, or when a model cannot be
+    read for it."""
+    import re
+
+    from edgekv.calibration.plan import flash_lines
+    from edgekv.model.builtin import resolve_model_path
+
+    total = 0.0
+    for config in configs:
+        if config.state.dir is None and config.archive.dir is None:
+            continue
+        try:
+            height, width = config.video.resolution or (448, 448)
+            lines = flash_lines(config, resolve_model_path(str(config.model.path)), (height // 28) * (width // 28))
+        except (OSError, ValueError, KeyError):
+            return None
+        found = [re.search(r"; ([\d,.]+) GB a day", line) for line in lines if line.startswith("writes to flash")]
+        if not found or found[0] is None:
+            return None
+        total += float(found[0].group(1).replace(",", ""))
+    if not total:
+        return None
+    return CheckResult("flash", "note", f"the memory writes about {total:,.1f} GB a day, {total * 365 / 1e3:,.1f} TB a "
+                                        "year (edgekv plan --config ... --flash-tbw TB: by part, and the years to the "
+                                        "flash's rating)")
+
+
 def run_check(daemons: dict[str, Any], out: Any, config_name: str) -> int:
     """Say every camera's checks; 0 when the daemon would start, 2 when it would not."""
     failed = 0
@@ -198,6 +227,9 @@ def run_check(daemons: dict[str, Any], out: Any, config_name: str) -> int:
             failed += result.status == "FAIL"
             print(f"{prefix}{result.status:<4}  {result.key}{': ' + result.detail if result.detail else ''}",
                   file=out)
+    flash = flash_result([daemon.config for daemon in daemons.values()])
+    if flash is not None and not failed:
+        print(f"{flash.status:<4}  {flash.key}: {flash.detail}", file=out)
     print(f"{failed} problem(s): the daemon would not start" if failed else
           "every check passed: the daemon would start", file=out, flush=True)
     return 2 if failed else 0
