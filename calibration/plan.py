@@ -285,7 +285,8 @@ def _frame_write_bytes(px: int) -> float:
 
 def write_lines(config, cfg: dict, record: int, rate: float, flash_tbw: float | None = None) -> list[str]:
     """What the memory writes to the flash a day, by part: the archive appends every pair's record (``record``
-    bytes at ``rate`` pairs a second), each snapshot rewrites the cache whole (its capacity at ``cache.kv_dtype``,
+    bytes at ``rate`` pairs a second), each snapshot rewrites the cache whole while frames come (a memory that did
+    not change is not written again; its capacity at ``cache.kv_dtype``,
     every ``state.every_s``; the caps of several cameras are one budget: an upper bound, a snapshot holds the slots
     in use), the evidence frames a JPEG a pair (``_frame_write_bytes``). Flash wears by what is written to it:
     a Jetson's eMMC or a microSD card is rated for far fewer terabytes written (TBW) than an NVMe SSD, and at the 3B

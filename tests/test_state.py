@@ -177,6 +177,32 @@ def _keeper(folder: Path, said: list, clock=None, **section) -> StateKeeper:
                        clock=clock or _Clock())
 
 
+def test_an_unchanged_memory_is_not_written_again(runtime, tmp_path):
+    """A daemon paused, at the end of its stream, waiting for a lost camera or only answering questions rewrote the
+    same cache every state.every_s (224 MiB at the 3B shape: 65 GB of flash a day for nothing). Now only a memory
+    that changed is written; answers (their counters only) are no change; a frame is."""
+    said, clock = [], _Clock()
+    keeper = _keeper(tmp_path / "state", said, clock)
+    session = keeper.restore(runtime)
+    _ingest(session, 0, 6)
+    clock.now += 61.0
+    first = keeper.maybe_snapshot(session)
+    assert first is not None and len(keeper.generations()) == 1
+    for _ in range(3):  # nothing new, then answers only
+        clock.now += 61.0
+        assert keeper.maybe_snapshot(session) is None
+        session.ask(QUESTION, max_new_tokens=2)
+    assert session.counters.questions == 3 and keeper.unchanged == 3
+    assert [p.name for p in keeper.generations()] == [first.path.name]
+    _ingest(session, 6, 8)  # a frame pair: the memory moved
+    clock.now += 61.0
+    again = keeper.maybe_snapshot(session)
+    assert again is not None and again.path != first.path
+    said.clear()
+    resumed = _keeper(tmp_path / "state", said).restore(runtime)
+    assert torch.equal(resumed.question_logits(QUESTION), session.question_logits(QUESTION))
+
+
 def test_the_keeper_resumes_the_newest_snapshot_and_keeps_two_generations(runtime, tmp_path):
     said, clock = [], _Clock()
     keeper = _keeper(tmp_path / "state", said, clock)
