@@ -8,7 +8,7 @@ Python cannot import):
     /usr/bin/python3 tests/rtsp_camera_server.py PORT          # serves until killed; prints "ready PORT"
     /usr/bin/python3 tests/rtsp_camera_server.py --check       # exit 0 if everything needed is here, else 1 and why
 
-Each client gets its own pipeline (a camera's encoder per session is what FFmpeg sees either way), 320x240 at 10 fps,
+Each client gets its own pipeline (a camera's encoder per session is what FFmpeg sees either way), 320x240 at 25 fps,
 a key frame every 10 frames so a client that connects mid-stream decodes within a second."""
 
 from __future__ import annotations
