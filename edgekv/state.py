@@ -751,6 +751,7 @@ class StateKeeper:
                 self.say(f"(newer snapshot {rejected.name} skipped: {problem}; set aside as "
                          f"{self._set_aside(rejected)})")
             self.last_saved = self.clock()
+            self._saved_mark = _memory_mark(session)  # what that file holds: not written again until it changes
             return session
         session = runtime.session()
         self._check_budget(session)

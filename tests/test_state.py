@@ -199,8 +199,12 @@ def test_an_unchanged_memory_is_not_written_again(runtime, tmp_path):
     again = keeper.maybe_snapshot(session)
     assert again is not None and again.path != first.path
     said.clear()
-    resumed = _keeper(tmp_path / "state", said).restore(runtime)
+    clock = _Clock()
+    keeper = _keeper(tmp_path / "state", said, clock)
+    resumed = keeper.restore(runtime)
     assert torch.equal(resumed.question_logits(QUESTION), session.question_logits(QUESTION))
+    clock.now += 61.0  # a restarted daemon whose camera has not come back: its memory is the file it read
+    assert keeper.maybe_snapshot(resumed) is None and keeper.unchanged == 1
 
 
 def test_the_keeper_resumes_the_newest_snapshot_and_keeps_two_generations(runtime, tmp_path):
