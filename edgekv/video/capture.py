@@ -388,6 +388,7 @@ class Sampler:
 
     def _next_latest(self, deadline: float | None) -> Frame | None:
         now = time.monotonic()
+        late = False
         if self._next_tick is not None and now < self._next_tick:
             if deadline is not None and deadline < self._next_tick:
                 self.capture.wait_stopped(deadline - now)
@@ -395,10 +396,11 @@ class Sampler:
             if self.capture.wait_stopped(self._next_tick - now):
                 return None
         elif self._next_tick is not None and now > self._next_tick + self.period:
-            self._counts["late_ticks"] += 1
+            late = True
         item = self.capture.latest(self._after, self._remaining(deadline))
         if item is None:
-            return None
+            return None  # no frame yet (a camera reconnecting): a poll, not a tick taken late
+        self._counts["late_ticks"] += late  # a frame taken more than a period after its tick (a slow consumer)
         frame, t, self._after = item
         tick = self._next_tick if self._next_tick is not None else time.monotonic()
         self._next_tick = max(tick + self.period, time.monotonic())  # no catch-up burst after a slow call
