@@ -652,6 +652,8 @@ class StateKeeper:
         self._lock_fd: int | None = None  # state.dir/state.lock while hold() is in force
         self._saved_mark: str | None = None  # _memory_mark of the session as the last snapshot saved it
         self.unchanged = 0  # snapshots not written: the memory had not changed since the last one
+        self.written = 0  # snapshots written by this keeper (periodic, SIGHUP, forget, final)
+        self.written_at: float | None = None  # clock() of the last one written (or of the snapshot restored)
         self.camera: str | None = None  # one camera of video.sources: dir is state.dir/<camera>
 
     @property
@@ -750,7 +752,7 @@ class StateKeeper:
             if rejected is not None:
                 self.say(f"(newer snapshot {rejected.name} skipped: {problem}; set aside as "
                          f"{self._set_aside(rejected)})")
-            self.last_saved = self.clock()
+            self.last_saved = self.written_at = self.clock()
             self._saved_mark = _memory_mark(session)  # what that file holds: not written again until it changes
             return session
         session = runtime.session()
@@ -865,4 +867,6 @@ class StateKeeper:
         for old in self.generations()[:-2]:
             old.unlink()
         self._saved_mark = mark
+        self.written += 1
+        self.written_at = self.clock()
         return info

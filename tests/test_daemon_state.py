@@ -110,3 +110,26 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_the_model_loads
                           "--exit-at-end"], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "memory saved" in ran.stdout + ran.stderr
+
+
+def test_the_memory_on_disk_is_on_metrics(tiny_checkpoint, tmp_path):
+    """Snapshots written, failed and not needed (the memory unchanged) and the age of the memory on disk, for an
+    alert that says the memory stopped being saved (a full disk, state.max_mib)."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    import urllib.request
+
+    from helpers_server import RunningDaemon, server_config
+
+    config = server_config(tiny_checkpoint).with_overrides(state={"dir": str(tmp_path / "state"), "every_s": 0.2})
+    with RunningDaemon(config, tmp_path / "out.txt") as run:
+        deadline = time.monotonic() + 60
+        while run.daemon.state.written < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with urllib.request.urlopen(run.base + "/metrics", timeout=60) as response:
+            families = {f.name: f for f in parser.text_string_to_metric_families(response.read().decode())}
+        keeper = run.daemon.state
+        written = families["edgekv_snapshots_written"].samples[0].value
+        assert 1 <= written <= keeper.written
+        assert families["edgekv_snapshots_failed"].samples[0].value == keeper.failures == 0
+        assert "edgekv_snapshots_unchanged" in families
+        assert 0 <= families["edgekv_snapshot_age_seconds"].samples[0].value < 120

@@ -254,6 +254,15 @@ class DaemonCollector:
                  "clients that never finished within server.request_timeout_s, plain HTTP sent to the port",
                  tls_counts.failed),
             ]
+        keeper = getattr(daemon, "state", None)  # persistent memory (state.dir)
+        if keeper is not None and getattr(keeper, "enabled", False):
+            counters += [
+                ("edgekv_snapshots_written", "snapshots of the memory written (state.dir)", keeper.written),
+                ("edgekv_snapshots_failed", "snapshots that could not be written (disk full, state.max_mib, I/O); "
+                 "the previous one stays", keeper.failures),
+                ("edgekv_snapshots_unchanged", "periodic snapshots not written: the memory had not changed since the "
+                 "last one", keeper.unchanged),
+            ]
         written = _disk_write_bytes()
         if written is not None:
             counters.append(("edgekv_disk_write_bytes", "bytes this process caused to be written to storage (Linux "
@@ -261,6 +270,10 @@ class DaemonCollector:
                              "flash, against its TBW rating (edgekv plan --flash-tbw)", written))
         for name, help_text, value in counters:
             yield CounterMetricFamily(name, help_text, value=value)
+        if keeper is not None and getattr(keeper, "enabled", False) and keeper.written_at is not None:
+            yield GaugeMetricFamily("edgekv_snapshot_age_seconds", "seconds since the memory on disk was last "
+                                    "written or read back (alert when it passes state.every_s by far while frames "
+                                    "come in)", value=keeper.clock() - keeper.written_at)
         certificate = getattr(daemon, "certificate", None)
         if certificate is not None and certificate.not_after is not None:
             yield GaugeMetricFamily("edgekv_tls_certificate_not_after_seconds", "the served certificate's expiry, "
