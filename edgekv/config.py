@@ -134,8 +134,8 @@ class VideoSection:
     stall_s: float = 60.0
     # Network streams (rtsp://, http(s)://, rtmp://): FFmpeg gives up opening one, or waiting for its next frame,
     # after this long (OpenCV's own default, null here, is 30 s each: a camera gone silent with its connection
-    # open went unnoticed that long, and an H.264 camera's decoder then handed out two held-back frames, each after
-    # another such wait: 90 s), then the capture reconnects with reconnect_backoff_s. Mind a camera that sends a
+    # open went unnoticed that long), then the capture reconnects with reconnect_backoff_s; a read that waited it
+    # out is the stream lost even when an H.264 decoder hands back a held-back frame. Mind a camera that sends a
     # frame less often than this (a time-lapse stream): raise it.
     stream_timeout_s: float | None = 10.0
     # A network stream not reachable at start (an IP camera that boots after the robot, a Wi-Fi link not up yet):

@@ -164,8 +164,9 @@ class _HangingCapture:
     an H.264 camera that hangs: each later read waits the read timeout, and FFmpeg, its demuxer given up, drains the
     decoder's threads, so the first reads still return a frame (from before the silence) and only then fail."""
 
-    def __init__(self, target, api, params) -> None:
-        self.timeout_s = dict(zip(params[::2], params[1::2]))[cv2.CAP_PROP_READ_TIMEOUT_MSEC] / 1000
+    def __init__(self, target, api, params=None) -> None:  # no params: OpenCV's own timeout (see the test's patch)
+        self.timeout_s = (dict(zip(params[::2], params[1::2]))[cv2.CAP_PROP_READ_TIMEOUT_MSEC] / 1000 if params
+                          else sources.OpenCVSource.OPENCV_READ_TIMEOUT_S)
         self.good, self.stale, self.reads = 3, 2, 0
 
     def isOpened(self) -> bool:
@@ -208,6 +209,14 @@ def test_a_read_that_waited_out_stream_timeout_s_is_the_stream_lost(monkeypatch)
     with pytest.raises(SourceLost, match=r"nothing came for video.stream_timeout_s \(0.2 s\)"):
         source.read()
     assert captures[0].reads == 4  # the one timed-out read, no retries that would each wait the timeout again
+    # video.stream_timeout_s null: OpenCV's own read timeout (30 s; 0.2 here) is the limit, said as such
+    monkeypatch.setattr(sources.OpenCVSource, "OPENCV_READ_TIMEOUT_S", 0.2)
+    source = open_source("rtsp://127.0.0.1:9/cam", stream_timeout_s=None)
+    for number in (1, 2, 3):
+        assert int(source.read()[0][0, 0, 0]) == number
+    with pytest.raises(SourceLost, match=r"OpenCV's read timeout \(0.2 s; video.stream_timeout_s is null\)"):
+        source.read()
+    assert captures[-1].reads == 4
 
 
 # ---------------------------------------------------------------------------------------------- the RTSP camera

@@ -465,12 +465,15 @@ class OpenCVSource(FrameSource):
     LIVE_RETRY_S = 2.0   # ... within this long (a stream that is gone times out slowly: reconnect instead)
     FILE_RETRIES = 32    # corrupt frames in a row a file may have before its end is taken as the end
 
+    OPENCV_READ_TIMEOUT_S = 30.0  # OpenCV's own FFmpeg read timeout (LIBAVFORMAT_INTERRUPT_READ_DEFAULT_TIMEOUT_MS)
+
     def __init__(self, spec: str, target: str | int, api: int, live: bool, *, timeout_s: float | None = None,
-                 wait: bool = False) -> None:
+                 wait: bool = False, network: bool = False) -> None:
         super().__init__(spec, live)
         self.target = target
         self.api = api
         self.timeout_s = timeout_s
+        self.network = network  # a network stream read by FFmpeg: its reads time out (timeout_s, else OpenCV's)
         self.capture: cv2.VideoCapture | None = None
         self.fps = 0.0
         self.frame_count = 0
@@ -558,12 +561,15 @@ class OpenCVSource(FrameSource):
         raise self._end_of_file(position)
 
     def _read_capture(self) -> tuple[bool, Any]:
-        """``capture.read()``; raises ``SourceLost`` when it took ``timeout_s`` or longer (see the class)."""
+        """``capture.read()``; raises ``SourceLost`` when a network stream's read took its timeout or longer (see the
+        class): ``timeout_s``, or OpenCV's own 30 s where ``video.stream_timeout_s`` is null."""
         started = time.monotonic()
         ok, frame = self.capture.read()
-        if self.live and self.timeout_s is not None and time.monotonic() - started >= self.timeout_s:
-            raise SourceLost(f"video source {self.spec!r}: nothing came for video.stream_timeout_s "
-                             f"({self.timeout_s:g} s)")
+        limit = self.timeout_s if self.timeout_s is not None else self.OPENCV_READ_TIMEOUT_S if self.network else None
+        if self.live and limit is not None and time.monotonic() - started >= limit:
+            named = (f"video.stream_timeout_s ({limit:g} s)" if self.timeout_s is not None
+                     else f"OpenCV's read timeout ({limit:g} s; video.stream_timeout_s is null)")
+            raise SourceLost(f"video source {self.spec!r}: nothing came for {named}")
         return ok, frame
 
     def _end_of_file(self, position: float) -> EndOfStream:
@@ -858,7 +864,7 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None,
                             live=True, wait=wait_for_stream)
     if parsed.kind == "stream":
         return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=True, timeout_s=stream_timeout_s,
-                            wait=wait_for_stream)
+                            wait=wait_for_stream, network=True)
     pipeline = str(parsed.target) if parsed.kind == "gstreamer" else csi_pipeline(int(parsed.target), **parsed.params)
     if not opencv_has_gstreamer():
         raise SourceUnavailable(_no_gstreamer(parsed.raw))
