@@ -8,76 +8,17 @@ MJPEG-over-HTTP server on 127.0.0.1, what many IP cameras serve, read through Op
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 
 cv2 = pytest.importorskip("cv2")
 
 from edgekv.video.capture import Backoff, CaptureThread  # noqa: E402
 from edgekv.video.sources import open_source  # noqa: E402
-from helpers_cameras import camera_waited_for, wait_for  # noqa: E402
-
-
-class MjpegCamera:
-    """An MJPEG camera on 127.0.0.1. Its port is bound at once but not listened on until ``power_on()``: until then a
-    connection is refused, as a camera still booting refuses it. ``go_silent()`` stops the frames on the connections
-    open now (kept open, as a camera whose encoder hung keeps them); a later connection gets frames again."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/camera.mjpg"
-        self.clients = 0
-        self._silent_up_to = 0  # connections numbered up to this one send nothing more
-        self._closed = threading.Event()
-
-    def power_on(self) -> None:
-        self.sock.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def go_silent(self) -> None:
-        self._silent_up_to = self.clients
-
-    def close(self) -> None:
-        self._closed.set()
-        self.sock.close()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.clients += 1
-            threading.Thread(target=self._serve, args=(conn, self.clients), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: multipart/x-mixed-replace; boundary=frame\r\n\r\n")
-                index = 0
-                while not self._closed.is_set():
-                    if number <= self._silent_up_to:
-                        self._closed.wait(0.05)
-                        continue
-                    image = np.zeros((120, 160, 3), np.uint8)
-                    image[:, :] = (index * 13 % 256, 90, 200)
-                    data = cv2.imencode(".jpg", image)[1].tobytes()
-                    conn.sendall(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(data)
-                                 + data + b"\r\n")
-                    index += 1
-                    self._closed.wait(0.05)
-            except OSError:
-                return
+from helpers_cameras import MjpegCamera, camera_waited_for, wait_for  # noqa: E402
 
 
 @pytest.fixture

@@ -145,6 +145,35 @@ def close(pixel: list[int], colour: list[int]) -> bool:
     return all(abs(a - b) <= 2 for a, b in zip(pixel, colour, strict=True))
 
 
+def test_page_says_a_camera_that_has_not_answered_yet(tiny_checkpoint, tmp_path):
+    """An IP camera not up when the daemon starts (video.wait_for_stream): the page says "reconnecting" with the
+    daemon's own words ("not reached yet", not "stopped delivering frames", which it never did), then "live" once it
+    answers."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
+    pytest.importorskip("cv2")
+    from helpers_cameras import MjpegCamera
+
+    camera = MjpegCamera()
+    config = server_config(tiny_checkpoint).with_overrides(
+        video={"source": camera.url, "reconnect_backoff_s": [0.05, 0.2], "stream_timeout_s": 5.0})
+    try:
+        with RunningDaemon(config, tmp_path / "out.txt", pairs=0) as run, sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = browser.new_context(viewport={"width": 1100, "height": 760}).new_page()
+                page.goto(run.base + "/")
+                poll(page, "document.querySelector('#state').textContent === 'reconnecting'", timeout_s=60)
+                poll(page, "document.querySelector('#banner').textContent.includes('not reached yet')")
+                assert "stopped delivering" not in page.inner_text("#banner")
+                screenshot(page, tmp_path, "status-not-reached.png")
+                camera.power_on()
+                poll(page, "document.querySelector('#state').textContent === 'live'", timeout_s=60)
+            finally:
+                browser.close()
+    finally:
+        camera.close()
+
+
 def test_page_picks_a_camera_when_several_watch(tmp_path):
     """video.sources: the page offers the cameras, lists each one's figures, shows the chosen camera's frame
     and asks the chosen camera (a streamed answer needs one)."""
