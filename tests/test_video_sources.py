@@ -544,3 +544,66 @@ def test_capture_says_when_it_is_reconnecting():
         assert capture.stats()["reconnects"] == 1
     finally:
         capture.stop()
+
+
+def test_a_camera_by_device_path_and_the_mode_asked_of_it(tmp_path, monkeypatch, caplog):
+    """A V4L2 camera named by its device file (a udev by-id link keeps naming the same USB camera whatever order the
+    bus enumerated them in; an index does not), and the mode asked of the driver: a USB webcam's 720p or 1080p at 30
+    fps needs MJPG. Before, ``/dev/video0`` was refused as "no such video file" (a device is not a regular file)."""
+    import logging
+
+    from edgekv.video import sources
+
+    link = tmp_path / "usb-Example_Cam-video-index0"
+    link.symlink_to("/dev/null")  # a character device every machine has, standing in for /dev/video0
+    parsed = parse_spec(f"{link}?width=1280&height=720&fps=30&fourcc=MJPG")
+    assert parsed.kind == "camera" and parsed.target == str(link) and parsed.live
+    assert parsed.params == {"width": 1280, "height": 720, "fps": 30.0, "fourcc": "MJPG"}
+    assert parse_spec("2?fourcc=YUYV").params == {"fourcc": "YUYV"} and parse_spec("2?fourcc=YUYV").target == 2
+    with pytest.raises(ValueError, match="no such camera device .*ls /dev/v4l/by-id/"):
+        parse_spec("/dev/v4l/by-id/usb-not-plugged-video-index0")
+    with pytest.raises(ValueError, match="'fourcc': expected four characters"):
+        parse_spec("0?fourcc=MJ")
+    with pytest.raises(ValueError, match="unknown parameter 'zoom'"):
+        parse_spec("0?zoom=2")
+
+    calls = []
+
+    class Driver:  # a cv2.VideoCapture whose camera has 1280x720 but tops out at 15 fps
+        def __init__(self, target, api):
+            calls.append(("open", target, api))
+            self.props = {sources.cv2.CAP_PROP_FRAME_WIDTH: 640.0, sources.cv2.CAP_PROP_FRAME_HEIGHT: 480.0,
+                          sources.cv2.CAP_PROP_FPS: 30.0}
+
+        def isOpened(self):
+            return True
+
+        def set(self, prop, value):
+            calls.append(("set", prop, value))
+            self.props[prop] = min(value, 15.0) if prop == sources.cv2.CAP_PROP_FPS else value
+            return True
+
+        def get(self, prop):
+            return self.props.get(prop, 0.0)
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(sources.cv2, "VideoCapture", Driver)
+    with caplog.at_level(logging.WARNING, logger="edgekv.video"):
+        source = open_source(f"{link}?width=1280&height=720&fps=30&fourcc=MJPG")
+        source.reopen()
+    cv2 = sources.cv2
+    assert calls[0] == ("open", "/dev/null", cv2.CAP_V4L2)  # the link followed, the V4L2 backend asked for
+    asked = [(prop, value) for kind, prop, value in calls[:6] if kind == "set"]
+    assert asked == [(cv2.CAP_PROP_BUFFERSIZE, 1), (cv2.CAP_PROP_FOURCC, cv2.VideoWriter_fourcc(*"MJPG")),
+                     (cv2.CAP_PROP_FRAME_WIDTH, 1280), (cv2.CAP_PROP_FRAME_HEIGHT, 720), (cv2.CAP_PROP_FPS, 30.0)]
+    assert sum(kind == "open" for kind, *_ in calls) == 2 and len([c for c in calls if c[0] == "set"]) == 10
+    said = [r.getMessage() for r in caplog.records if "the driver gave" in r.getMessage()]
+    assert said == [f"video source '{link}?width=1280&height=720&fps=30&fourcc=MJPG': asked for fps 30.0, the driver "
+                    "gave fps 15"]  # once, not at every reopen
+
+
+def test_a_device_that_is_no_camera_is_refused_at_open():
+    with pytest.raises(SourceUnavailable, match="could not open it"):
+        open_source("/dev/null")

@@ -164,7 +164,7 @@ def open_video_source(config: EdgeKVConfig):
         raise
     except (ValueError, SourceError) as exc:
         message = one_line(exc)
-        if isinstance(spec_text, int) or str(spec_text).strip().isdigit():
+        if isinstance(spec_text, int) or str(spec_text).strip().partition("?")[0].isdigit():
             message += " (no camera at that index? set video.source, e.g. a file, rtsp://… or synthetic:shapes)"
         raise StartupError(f"video.source: {message}") from None
     if config.video.loop:

@@ -254,6 +254,20 @@ _SYNTHETIC_PARAMS: dict[str, dict[str, Callable[[str], Any]]] = {
               "lures": _non_negative_float, "lure_colors": _names("COLORS"), "lure_shapes": _names("DISTRACTOR_SHAPES"),
               "tone": _non_negative_float, "exposure": _non_negative_float},
 }
+def _fourcc(text: str) -> str:
+    if len(text) != 4 or not text.isascii() or not text.isprintable():
+        raise ValueError("expected four characters, e.g. MJPG or YUYV")
+    return text
+
+
+# A camera index or device path (``0?width=1280&height=720&fps=30&fourcc=MJPG``): what the V4L2 driver is asked for
+# after the open. A USB webcam's default mode may be a small or slow one, and 720p or 1080p at 30 fps over USB 2
+# needs MJPG (uncompressed YUYV does not fit the bus): the mode a user of such a camera asks for first.
+_CAMERA_PARAMS: dict[str, Callable[[str], Any]] = {
+    "width": _positive_int, "height": _positive_int, "fps": _positive_float, "fourcc": _fourcc,
+}
+_CAMERA_PROPS = (("fourcc", "CAP_PROP_FOURCC"), ("width", "CAP_PROP_FRAME_WIDTH"),
+                 ("height", "CAP_PROP_FRAME_HEIGHT"), ("fps", "CAP_PROP_FPS"))  # the order V4L2 wants them in
 _CSI_PARAMS: dict[str, Callable[[str], Any]] = {
     "width": _positive_int, "height": _positive_int, "fps": _positive_int, "flip": _non_negative_int,
     "out_width": _positive_int, "out_height": _positive_int,
@@ -284,8 +298,11 @@ def _parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
     text = spec.strip()
     if not text:
         raise ValueError("video source '': empty; give a camera index, file, URL, 'gst:…', 'csi:…' or 'synthetic:…'")
-    if text.isdigit():
-        return SourceSpec("camera", int(text), raw=spec)
+    head, _, query = text.partition("?")
+    if head.isdigit():
+        return SourceSpec("camera", int(head), _parse_query(spec, query, _CAMERA_PARAMS), raw=spec)
+    if head.startswith("/dev/") or _is_char_device(head):  # /dev/video0, /dev/v4l/by-id/usb-...-video-index0
+        return _parse_device(spec, head, query)
     lowered = text.lower()
     if lowered.startswith("gst:"):
         return _parse_gst(spec, text[4:].strip())
@@ -315,6 +332,32 @@ def _parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
         raise ValueError(f"video source {spec!r}: no such video file (and not a camera index, URL, 'gst:', 'csi:' "
                          "or 'synthetic:' spec)")
     return SourceSpec("file", text, raw=spec)
+
+
+def _is_char_device(path: str) -> bool:
+    """A character device, or a link to one (a camera's udev name made elsewhere)."""
+    import stat
+
+    try:
+        return stat.S_ISCHR(os.stat(os.path.expanduser(path)).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _parse_device(spec: str, path: str, query: str) -> SourceSpec:
+    """A V4L2 camera named by its device file. ``/dev/v4l/by-id/...`` (udev's links) names the same camera whatever
+    order the USB bus enumerated them in this boot, which an index does not: on a robot with two cameras, the one
+    to use. It must be a character device (a link to one) when the daemon starts."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise ValueError(f"video source {spec!r}: no such camera device ({path} is not there: unplugged, or another "
+                         "name? `ls /dev/v4l/by-id/` lists the cameras connected)") from None
+    if not stat.S_ISCHR(mode):
+        raise ValueError(f"video source {spec!r}: {path} is not a camera device (not a character device)")
+    return SourceSpec("camera", path, _parse_query(spec, query, _CAMERA_PARAMS), raw=spec)
 
 
 def _parse_gst(spec: str, pipeline: str) -> SourceSpec:
@@ -468,10 +511,11 @@ class OpenCVSource(FrameSource):
     OPENCV_READ_TIMEOUT_S = 30.0  # OpenCV's own FFmpeg read timeout (LIBAVFORMAT_INTERRUPT_READ_DEFAULT_TIMEOUT_MS)
 
     def __init__(self, spec: str, target: str | int, api: int, live: bool, *, timeout_s: float | None = None,
-                 wait: bool = False, network: bool = False) -> None:
+                 wait: bool = False, network: bool = False, camera_params: dict | None = None) -> None:
         super().__init__(spec, live)
         self.target = target
         self.api = api
+        self.camera_params = dict(camera_params or {})  # width, height, fps, fourcc asked of a V4L2 camera
         self.timeout_s = timeout_s
         self.network = network  # a network stream read by FFmpeg: its reads time out (timeout_s, else OpenCV's)
         self.capture: cv2.VideoCapture | None = None
@@ -505,9 +549,29 @@ class OpenCVSource(FrameSource):
         self.connected, self.waiting = True, None
         if self.live:
             capture.set(cv2.CAP_PROP_BUFFERSIZE, 1)  # the newest frame, not a backlog (ignored where unsupported)
+        self._ask_camera_mode(capture)
         self.capture = capture
         self.fps = float(capture.get(cv2.CAP_PROP_FPS) or 0.0)
         self.frame_count = int(max(0.0, capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0.0))
+
+    def _ask_camera_mode(self, capture: Any) -> None:
+        """``camera_params`` asked of the driver (again at every reopen), and what it gave where it gave another
+        mode: a driver takes the nearest it has, which is said once, not refused (the camera still works)."""
+        if not self.camera_params:
+            return
+        for key, prop in _CAMERA_PROPS:
+            if key in self.camera_params:
+                value = self.camera_params[key]
+                capture.set(getattr(cv2, prop), cv2.VideoWriter_fourcc(*value) if key == "fourcc" else value)
+        got = {"width": capture.get(cv2.CAP_PROP_FRAME_WIDTH), "height": capture.get(cv2.CAP_PROP_FRAME_HEIGHT),
+               "fps": capture.get(cv2.CAP_PROP_FPS)}
+        other = {k: v for k, v in got.items() if k in self.camera_params and v > 0
+                 and abs(v - float(self.camera_params[k])) > 0.5}
+        if other and not getattr(self, "_mode_said", False):
+            self._mode_said = True
+            log.warning("video source %r: asked for %s, the driver gave %s", self.spec,
+                        ", ".join(f"{k} {self.camera_params[k]}" for k in other),
+                        ", ".join(f"{k} {v:g}" for k, v in other.items()))
 
     def reopen(self) -> None:
         if not self.live:
@@ -856,7 +920,9 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None,
     if parsed.kind == "file":
         return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=False)
     if parsed.kind == "camera":
-        return OpenCVSource(parsed.raw, int(parsed.target), cv2.CAP_ANY, live=True)
+        device = parsed.target if isinstance(parsed.target, int) else os.path.realpath(parsed.target)
+        api = cv2.CAP_ANY if isinstance(device, int) else getattr(cv2, "CAP_V4L2", cv2.CAP_ANY)
+        return OpenCVSource(parsed.raw, device, api, live=True, camera_params=parsed.params)
     if parsed.kind == "stream" and decoder != "ffmpeg" and str(parsed.target).lower().startswith("rtsp"):
         if not opencv_has_gstreamer():
             raise SourceUnavailable(_no_gstreamer(parsed.raw, f"video.decoder {decoder}"))
