@@ -64,6 +64,9 @@ def test_a_camera_is_named_without_its_credentials():
     assert camera_name("synthetic:events?seed=2") == "synthetic:events?seed=2"
     assert camera_name("gst:rtspsrc location=rtsp://u:p@cam/live ! decodebin") == (
         "gst:rtspsrc location=rtsp://cam/live ! decodebin")
+    assert camera_name("0?width=1280&height=720&fourcc=MJPG") == "camera 0"  # its mode is not its name
+    assert camera_name("/dev/v4l/by-id/usb-Cam_123-video-index0?fourcc=MJPG") == "usb-Cam_123-video-index0"
+    assert camera_name("rtsp://admin:p@ss@10.0.0.5/live") == "rtsp://10.0.0.5/live"  # an unescaped @ in it
 
 
 # ---------------------------------------------------------------------------------------------- requests

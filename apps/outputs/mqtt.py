@@ -299,9 +299,12 @@ def camera_name(source: int | str) -> str:
     """``video.source`` as a fleet may see it: a camera index, a file's name, a URL without its credentials."""
     import re
 
-    if isinstance(source, int) or str(source).isdigit():
-        return f"camera {source}"
-    text = re.sub(r"://[^/@\s]*@", "://", str(source))  # user:password@ anywhere (a gst: pipeline's rtspsrc too)
+    head = str(source).partition("?")[0]  # a camera's mode (?width=...&fourcc=MJPG) is not its name
+    if isinstance(source, int) or head.isdigit():
+        return f"camera {head}"
+    if head.startswith("/dev/"):
+        return os.path.basename(head)  # /dev/video0, udev's /dev/v4l/by-id/usb-Logitech_...-video-index0
+    text = re.sub(r"://[^/\s]*@", "://", str(source))  # user:password@ anywhere (a gst: pipeline's rtspsrc too)
     if "://" in text and not text.startswith(("gst:", "csi:")):
         from urllib.parse import urlsplit
 
