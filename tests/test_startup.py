@@ -262,3 +262,17 @@ def test_a_kept_pause_that_does_not_read_keeps_the_daemon_paused(tmp_path):
         assert not (tmp_path / "paused.json").exists() and daemon._kept_pause() is None
         daemon._keep_pause("privacy switch (API)")
         assert daemon._kept_pause() == "privacy switch (API)" and not list(tmp_path.glob(".paused.json.tmp-*"))
+
+
+def test_a_decoder_for_rtsp_on_another_source_is_said(caplog):
+    """video.decoder jetson on a file or a camera index: read as before, and said so (no silent surprise)."""
+    import logging
+
+    from edgekv.apps.daemon.startup import open_video_source
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(video={"source": "synthetic:shapes?size=64x48&frames=4", "decoder": "jetson"})
+    with caplog.at_level(logging.WARNING, logger="edgekv.video"):
+        _, source = open_video_source(config)
+    source.close()
+    assert any("video.decoder jetson applies to rtsp:// cameras" in r.getMessage() for r in caplog.records)

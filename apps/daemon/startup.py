@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import socket
 import tempfile
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from edgekv.config import EdgeKVConfig
+
+log = logging.getLogger("edgekv.video")
 
 
 class StartupError(ValueError):
@@ -150,13 +153,17 @@ def bind_error(host: str, port: int, exc: OSError) -> StartupError:
 def open_video_source(config: EdgeKVConfig):
     """Open ``video.source`` (wrapped to loop when ``video.loop``), with OpenCV's and FFmpeg's own
     complaints kept off the terminal: the one-line error says it better."""
-    from edgekv.video.sources import LoopingSource, SourceError, open_source, parse_spec
+    from edgekv.video.sources import LoopingSource, SourceError, open_source, parse_spec, redact
 
     spec_text = config.video.source
     try:
         spec = parse_spec(spec_text)
         if config.video.loop and spec.live:
             raise StartupError(f"video.loop: {spec_text!r} is a live source; only a file or synthetic video loops")
+        if config.video.decoder != "ffmpeg" and not (spec.kind == "stream"
+                                                     and str(spec.target).lower().startswith("rtsp")):
+            log.warning("video.decoder %s applies to rtsp:// cameras; %s is read as before (FFmpeg, or its own "
+                        "pipeline)", config.video.decoder, redact(spec_text))
         with quiet_native_stderr():
             source = open_source(spec, ros2=config.ros2, stream_timeout_s=config.video.stream_timeout_s,
                                  wait_for_stream=config.video.wait_for_stream, decoder=config.video.decoder)
