@@ -353,14 +353,17 @@ def memory_here(device: str = "auto", root: str | Path = "/") -> tuple[float, st
         total, where = psutil.virtual_memory().total / 2**30, "psutil"
     return total, f"this machine's RAM ({where}; model.device {device}, no GPU in use)"
 
-def check_config(config_path: str | Path, device_memory_gb: float, model_dir: str | Path | None = None,
+def check_config(config_path, device_memory_gb: float, model_dir: str | Path | None = None,
                  reserve_gb: float = DEFAULT_RESERVE_GB, weights_gb: float | None = None) -> tuple[Plan, str]:
     """Plan for a deployment config (its model, ``model.dtype``, ``video.resolution``,
     ``cache.text_reserve_tokens``) and check its cap: (plan, verdict line); ValueError when the config's
-    ``cache.max_tokens`` (or ``max_mib``) is more than the device holds."""
-    from edgekv.config import load_config
+    ``cache.max_tokens`` (or ``max_mib``) is more than the device holds. ``config_path``: a YAML file, or an
+    ``EdgeKVConfig`` already loaded (``edgekv-camera --check``: the file with its flags and ``--set``)."""
+    from edgekv.config import EdgeKVConfig, load_config
 
-    config = load_config(config_path)
+    config = config_path if isinstance(config_path, EdgeKVConfig) else load_config(config_path)
+    if isinstance(config_path, EdgeKVConfig):
+        config_path = "the config"
     path = model_dir if model_dir is not None else config.model.path
     if path is None:
         raise ValueError(f"{config_path}: model.path is not set (or pass --model DIR)")

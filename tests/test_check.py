@@ -58,7 +58,7 @@ def test_a_good_config_passes_every_check_without_loading_the_model(tiny_checkpo
     assert {k: s for k, (s, _) in results.items()} == {
         "logging.file": "ok", "model.path": "ok", "cache.calibration": "ok", "state.dir, archive.dir": "ok",
         "state.dir lock": "ok", "server packages": "ok", "server.host:port": "ok", "server TLS": "ok",
-        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "flash": "note"}
+        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "device memory": "ok", "flash": "note"}
     assert "config.json" in results["model.path"][1]
     assert "a 160x120 frame read" in results["video.source"][1]
     assert "plain HTTP" in results["server TLS"][1]
@@ -158,3 +158,42 @@ def test_the_memorys_writes_to_flash_are_said(tiny_checkpoint, tmp_path, capsys)
     assert f"about {day.rsplit('; ', 1)[-1].split(' GB')[0]} GB a day" in results["flash"][1]
     _, results = _check(_config(tmp_path, tiny_checkpoint), capsys)
     assert "flash" not in results  # nothing kept, nothing written
+
+
+def _board(root: Path, total_kb: int, mode: int | None) -> Path:
+    """A Jetson's files as the check reads them: MemTotal, nv_tegra_release, nvpmodel's status and modes (the AGX
+    Orin's names; ids as /etc/nvpmodel.conf has them)."""
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text(f"MemTotal: {total_kb} kB\nMemFree: 1000000 kB\nBuffers: 0 kB\n"
+                                           "Cached: 0 kB\n")
+    (root / "etc").mkdir()
+    (root / "etc" / "nv_tegra_release").write_text("# R36 (release), REVISION: 4.3\n")
+    (root / "etc" / "nvpmodel.conf").write_text("< POWER_MODEL ID=0 NAME=MAXN >\n< POWER_MODEL ID=1 NAME=15W >\n"
+                                                "< POWER_MODEL ID=2 NAME=30W >\n")
+    if mode is not None:
+        (root / "var" / "lib" / "nvpmodel").mkdir(parents=True)
+        (root / "var" / "lib" / "nvpmodel" / "status").write_text(f"pmode:{mode:04d} fmode:quiet\n")
+    return root
+
+
+def test_the_device_its_memory_and_power_mode(tiny_checkpoint, tmp_path):
+    """The device the daemon would run on: the cap against its memory (edgekv plan's estimate: a note when it says
+    it does not fit, not a refusal) and, on a Jetson, a power mode other than MAXN said (decode rates are quoted at
+    MAXN: NanoLLM#38)."""
+    from edgekv.apps.daemon.check import device_results
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+                                           video={"resolution": [112, 112]},
+                                           cache={"max_tokens": 400, "text_reserve_tokens": 96})
+    memory, power = device_results(config, root=str(_board(tmp_path / "agx", 64 * 2**20, mode=2)))
+    assert memory.status == "ok" and "64.0 GiB (this Jetson's unified memory)" in memory.detail
+    assert "cache.max_tokens 400 fits" in memory.detail
+    assert power.status == "note" and "30W (id 2), not MAXN" in power.detail
+    _, power = device_results(config, root=str(_board(tmp_path / "maxn", 64 * 2**20, mode=0)))
+    assert (power.status, power.detail) == ("ok", "MAXN (id 0)")
+    _, power = device_results(config, root=str(_board(tmp_path / "unknown", 64 * 2**20, mode=None)))
+    assert power.status == "note" and "not known" in power.detail
+    small = _board(tmp_path / "tiny", 2 * 2**20, mode=0)  # 2 GiB: not even the 2 GB reserve and the weights
+    memory, _ = device_results(config.with_overrides(cache={"max_tokens": 4000}), root=str(small))
+    assert memory.status == "note" and "the plan's estimate" in memory.detail

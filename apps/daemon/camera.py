@@ -76,18 +76,18 @@ def run_daemon(args: argparse.Namespace, prog: str) -> int:
             print(f"{prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
             return 2
         if getattr(args, "check", False):
-            return _check(cameras.daemons, args)
+            return _check(cameras.daemons, args, config)
         return cameras.run()
     daemon = Daemon(config, DaemonOptions.from_namespace(args), prog=prog)
     if getattr(args, "check", False):
-        return _check({"": daemon}, args)
+        return _check({"": daemon}, args, config)
     return daemon.run()
 
 
-def _check(daemons: dict, args: argparse.Namespace) -> int:
+def _check(daemons: dict, args: argparse.Namespace, config) -> int:
     from edgekv.apps.daemon.check import run_check
 
-    return run_check(daemons, sys.stdout, getattr(args, "config", None) or "defaults and flags")
+    return run_check(daemons, sys.stdout, getattr(args, "config", None) or "defaults and flags", deployment=config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -217,8 +217,42 @@ def flash_result(configs: list[Any]) -> CheckResult | None:
                                         "flash's rating)")
 
 
-def run_check(daemons: dict[str, Any], out: Any, config_name: str) -> int:
-    """Say every camera's checks; 0 when the daemon would start, 2 when it would not."""
+def device_results(config: Any, root: str = "/", nvpmodel_output: str | None = None) -> list[CheckResult]:
+    """The device the daemon would run on: its memory against the cache cap (``edgekv plan``'s estimate, a
+    ``note`` when it says the cap does not fit: an estimate, not a refusal), and on a Jetson its power mode (decode
+    rates are quoted at MAXN; users who measured less ran another mode, NanoLLM#38). ``root`` and
+    ``nvpmodel_output`` are for tests."""
+    from edgekv.calibration.plan import check_config, memory_here
+    from edgekv.monitor.jetson import is_jetson, power_mode
+
+    results = []
+    try:
+        memory, where = memory_here(config.model.device, root=root)
+        _, verdict = check_config(config, memory)
+        results.append(CheckResult("device memory", "ok", f"{memory:.1f} GiB ({where.split(' (')[0]}): "
+                                                          f"{verdict.split(': ', 1)[-1]}"))
+    except ValueError as exc:
+        results.append(CheckResult("device memory", "note", f"the plan's estimate: {str(exc).split(': ', 1)[-1]} "
+                                                            "(edgekv plan --config ...)"))
+    except (OSError, KeyError) as exc:
+        results.append(CheckResult("device memory", "note", f"not estimated ({exc})"))
+    if is_jetson(root):
+        mode = power_mode(nvpmodel_output, status_path=f"{root.rstrip('/')}/var/lib/nvpmodel/status",
+                          conf_path=f"{root.rstrip('/')}/etc/nvpmodel.conf")
+        if mode is None:
+            results.append(CheckResult("power mode", "note", "not known (no nvpmodel, no /var/lib/nvpmodel/status)"))
+        elif mode[1].upper().startswith("MAXN"):
+            results.append(CheckResult("power mode", "ok", f"{mode[1]} (id {mode[0]})"))
+        else:
+            results.append(CheckResult("power mode", "note", f"{mode[1]} (id {mode[0]}), not MAXN: decode runs "
+                                                             "slower than the figures quoted for MAXN "
+                                                             "(jetson/power-mode.sh set MAXN)"))
+    return results
+
+
+def run_check(daemons: dict[str, Any], out: Any, config_name: str, deployment: Any = None) -> int:
+    """Say every camera's checks, then the deployment's (``deployment``: the whole config, every camera's cap
+    together; default: the first camera's); 0 when the daemon would start, 2 when it would not."""
     failed = 0
     print(f"edgekv-camera --check: {config_name} (the model is not loaded)", file=out)
     for name, daemon in daemons.items():
@@ -227,9 +261,12 @@ def run_check(daemons: dict[str, Any], out: Any, config_name: str) -> int:
             failed += result.status == "FAIL"
             print(f"{prefix}{result.status:<4}  {result.key}{': ' + result.detail if result.detail else ''}",
                   file=out)
-    flash = flash_result([daemon.config for daemon in daemons.values()])
-    if flash is not None and not failed:
-        print(f"{flash.status:<4}  {flash.key}: {flash.detail}", file=out)
+    if not failed:  # the deployment's own: said once, after every camera's steps
+        whole = deployment if deployment is not None else next(iter(daemons.values())).config
+        for result in [*device_results(whole),
+                       flash_result([daemon.config for daemon in daemons.values()])]:
+            if result is not None:
+                print(f"{result.status:<4}  {result.key}: {result.detail}", file=out)
     print(f"{failed} problem(s): the daemon would not start" if failed else
           "every check passed: the daemon would start", file=out, flush=True)
     return 2 if failed else 0
