@@ -17,20 +17,24 @@ from helpers_cameras import wait_for
 
 
 class HangingCamera(FrameSource):
-    """A live source: ``frames`` frames, then a read that blocks until ``close()`` (as a hung driver call)."""
+    """A live source: ``frames`` frames (and, with ``until``, more until that holds: the consumer took what it
+    needed), then a read that blocks until ``close()`` (as a hung driver call)."""
 
     kind = "fake"
 
-    def __init__(self, frames: int) -> None:
+    def __init__(self, frames: int, until=None) -> None:
         super().__init__("gst:hanging ! appsink", live=True)
         self.left = frames
+        self.until = until
         self.released = threading.Event()
         self.blocked = threading.Event()
 
     def read(self):
-        if self.left > 0:
+        if self.left > 0 or (self.until is not None and not self.until()):
             self.left -= 1
-            return np.full((120, 160, 3), 60 + 10 * self.left, np.uint8), time.monotonic()
+            if self.left < 0:
+                self.released.wait(0.02)  # a camera's pace while the consumer is not there yet
+            return np.full((120, 160, 3), 60 + 10 * (self.left % 10), np.uint8), time.monotonic()
         self.blocked.set()
         self.released.wait()
         raise RuntimeError("released")
@@ -59,7 +63,10 @@ def test_the_daemon_exits_with_status_3_and_its_memory_saved(tiny_checkpoint, tm
     import edgekv.apps.daemon.loop as loop
     from helpers_server import daemon_args, server_config
 
-    source = HangingCamera(frames=12)
+    daemon = None
+    # frames come until the daemon has ingested some (however slow a busy machine makes its start), then none
+    source = HangingCamera(frames=0, until=lambda: daemon is not None and daemon.session is not None
+                           and daemon.session.counters.frames >= 2)
     monkeypatch.setattr(loop, "open_video_source",
                         lambda config: (SourceSpec("gstreamer", "hanging ! appsink", raw="gst:hanging ! appsink"),
                                         source))
@@ -75,7 +82,7 @@ def test_the_daemon_exits_with_status_3_and_its_memory_saved(tiny_checkpoint, tm
     assert not thread.is_alive() and result == [3]
     text = (tmp_path / "out.txt").read_text()
     assert "has returned nothing, no frame and no error, for" in text and "exiting with status 3" in text
-    assert daemon.session.counters.frames >= 1
+    assert daemon.session.counters.frames >= 2 and source.blocked.is_set()
     assert list((tmp_path / "state").glob("snapshot-*.ekv"))  # the memory saved on the way out
 
 
