@@ -293,12 +293,8 @@ def write_lines(config, cfg: dict, record: int, rate: float, flash_tbw: float | 
     shape the archive writes hundreds of GB a day. With ``flash_tbw``, the years until that rating is written
     (the flash controller's own write amplification not counted: it only shortens them)."""
     day = 86400.0
-    t = cfg["text"]
     eight = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
-    spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"],
-                             t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"],
-                             eight.get(config.cache.kv_dtype, _DTYPES[config.model.dtype]))
-    cap = spec.tokens_for_mib(config.cache.max_mib) if config.cache.max_mib is not None else int(config.cache.max_tokens)
+    spec, cap = _cap(config, cfg, eight.get(config.cache.kv_dtype, _DTYPES[config.model.dtype]))
     snapshot = cap * spec.bytes_per_token
     archive = config.archive
     parts = [("archive", archive.dir is not None, record * rate * day,
@@ -353,6 +349,17 @@ def memory_here(device: str = "auto", root: str | Path = "/") -> tuple[float, st
         total, where = psutil.virtual_memory().total / 2**30, "psutil"
     return total, f"this machine's RAM ({where}; model.device {device}, no GPU in use)"
 
+def _cap(config, cfg: dict, dtype: torch.dtype) -> tuple[CacheSpec, int]:
+    """The cache's spec at the model's shape and ``dtype``, and the config's cap in tokens (``cache.max_mib`` or
+    ``cache.max_tokens``)."""
+    t = cfg["text"]
+    spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"],
+                             t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"], dtype)
+    if config.cache.max_mib is not None:
+        return spec, spec.tokens_for_mib(config.cache.max_mib)
+    return spec, int(config.cache.max_tokens)
+
+
 def check_config(config_path, device_memory_gb: float, model_dir: str | Path | None = None,
                  reserve_gb: float = DEFAULT_RESERVE_GB, weights_gb: float | None = None) -> tuple[Plan, str]:
     """Plan for a deployment config (its model, ``model.dtype``, ``video.resolution``,
@@ -375,11 +382,7 @@ def check_config(config_path, device_memory_gb: float, model_dir: str | Path | N
                   weight_dtype=config.model.dtype, reserve_gb=reserve_gb,
                   text_reserve_tokens=int(config.cache.text_reserve_tokens), weights_gb=weights_gb,
                   lm_head=config.model.lm_head)
-    cfg = _model_config(Path(path))
-    t = cfg["text"]
-    spec = CacheSpec.uniform(t["num_hidden_layers"], t["num_key_value_heads"],
-                             t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"], _DTYPES[config.model.dtype])
-    cap = spec.tokens_for_mib(config.cache.max_mib) if config.cache.max_mib is not None else int(config.cache.max_tokens)
+    _, cap = _cap(config, _model_config(Path(path)), _DTYPES[config.model.dtype])
     if cap > result.max_tokens:
         raise ValueError(f"{config_path}: cache.max_tokens {cap} does not fit {device_memory_gb} GB (the plan allows "
                          f"{result.max_tokens}; weights {result.weight_bytes / 2**30:.2f} GiB, {result.weights_note})")

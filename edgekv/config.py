@@ -186,7 +186,8 @@ class VideoSection:
         if not self.stall_s > 0.0:
             raise ConfigError(f"{at}.stall_s: must be > 0, got {self.stall_s}")
         if self.exit_when_hung_s is not None and not self.exit_when_hung_s > 0.0:
-            raise ConfigError(f"{at}.exit_when_hung_s: must be > 0 seconds or null (never), got {self.exit_when_hung_s}")
+            raise ConfigError(f"{at}.exit_when_hung_s: must be > 0 seconds or null (never), "
+                              f"got {self.exit_when_hung_s}")
         if self.stream_timeout_s is not None and not 0.0 < self.stream_timeout_s <= 3600.0:
             raise ConfigError(f"{at}.stream_timeout_s: must be in (0, 3600] seconds or null (OpenCV's own 30 s), "
                               f"got {self.stream_timeout_s}")

@@ -87,7 +87,8 @@ def test_the_daemon_exits_with_status_3_and_its_memory_saved(tiny_checkpoint, tm
 
 
 @pytest.mark.parametrize("kind, limit, hung", [("gstreamer", 1.0, True), ("csi", 1.0, True), ("camera", 1.0, True),
-                                               ("stream", 1.0, False), ("ros2", 1.0, False), ("gstreamer", None, False)])
+                                               ("stream", 1.0, False), ("ros2", 1.0, False),
+                                               ("gstreamer", None, False)])
 def test_only_sources_without_a_timeout_of_their_own_count_as_hung(kind, limit, hung):
     """A network stream times out by itself (video.stream_timeout_s); a ROS 2 topic may be quiet for hours; null
     turns it off."""

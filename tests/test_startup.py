@@ -271,7 +271,8 @@ def test_a_decoder_for_rtsp_on_another_source_is_said(caplog):
     from edgekv.apps.daemon.startup import open_video_source
     from edgekv.config import EdgeKVConfig
 
-    config = EdgeKVConfig().with_overrides(video={"source": "synthetic:shapes?size=64x48&frames=4", "decoder": "jetson"})
+    config = EdgeKVConfig().with_overrides(video={"source": "synthetic:shapes?size=64x48&frames=4",
+                                                  "decoder": "jetson"})
     with caplog.at_level(logging.WARNING, logger="edgekv.video"):
         _, source = open_video_source(config)
     source.close()

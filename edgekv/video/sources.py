@@ -348,14 +348,10 @@ def _parse_device(spec: str, path: str, query: str) -> SourceSpec:
     """A V4L2 camera named by its device file. ``/dev/v4l/by-id/...`` (udev's links) names the same camera whatever
     order the USB bus enumerated them in this boot, which an index does not: on a robot with two cameras, the one
     to use. It must be a character device (a link to one) when the daemon starts."""
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
+    if not os.path.exists(path):
         raise ValueError(f"video source {spec!r}: no such camera device ({path} is not there: unplugged, or another "
-                         "name? `ls /dev/v4l/by-id/` lists the cameras connected)") from None
-    if not stat.S_ISCHR(mode):
+                         "name? `ls /dev/v4l/by-id/` lists the cameras connected)")
+    if not _is_char_device(path):
         raise ValueError(f"video source {spec!r}: {path} is not a camera device (not a character device)")
     return SourceSpec("camera", path, _parse_query(spec, query, _CAMERA_PARAMS), raw=spec)
 
@@ -516,6 +512,7 @@ class OpenCVSource(FrameSource):
         self.target = target
         self.api = api
         self.camera_params = dict(camera_params or {})  # width, height, fps, fourcc asked of a V4L2 camera
+        self._mode_said = False  # a driver that gave another mode than asked: said once, not at every reopen
         self.timeout_s = timeout_s
         self.network = network  # a network stream read by FFmpeg: its reads time out (timeout_s, else OpenCV's)
         self.capture: cv2.VideoCapture | None = None
@@ -567,7 +564,7 @@ class OpenCVSource(FrameSource):
                "fps": capture.get(cv2.CAP_PROP_FPS)}
         other = {k: v for k, v in got.items() if k in self.camera_params and v > 0
                  and abs(v - float(self.camera_params[k])) > 0.5}
-        if other and not getattr(self, "_mode_said", False):
+        if other and not self._mode_said:
             self._mode_said = True
             log.warning("video source %r: asked for %s, the driver gave %s", self.spec,
                         ", ".join(f"{k} {self.camera_params[k]}" for k in other),
