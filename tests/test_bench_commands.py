@@ -164,3 +164,21 @@ def test_bench_frames_measures_what_the_store_writes(tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "KiB a frame" in capsys.readouterr().out
     code = main(["bench", "frames", "--px", "8", "--json", str(out_json), "--plot", ""])
     assert code == 2  # a size archive.frames_px refuses, named
+
+
+def test_bench_capture_runs_both_modes_on_what_it_says(tmp_path, capsys):
+    """``edgekv bench capture``: the same clip read with every frame decoded and with only the wanted ones; each run
+    says which it was, and the wanted run decoded no more frames than it read (its CPU figures are not asserted)."""
+    out_json, out_png = tmp_path / "capture.json", tmp_path / "capture.png"
+    code = main(["bench", "capture", "--size", "64", "48", "--fps", "20", "--sample-fps", "4", "--seconds", "0.5",
+                 "--repeats", "1", "--json", str(out_json), "--plot", str(out_png)])
+    assert code == 0
+    result = json.loads(out_json.read_text())
+    runs = {run["mode"]: run for run in result["runs"]}
+    assert (runs["every"]["decodes"], runs["wanted"]["decodes"]) == ("every", "wanted")
+    every = runs["every"]  # a frame read as the run's figures were taken may not be decoded yet (it waits its time)
+    assert every["frames_read"] - 1 <= every["frames_decoded"] <= every["frames_read"] and every["frames_read"] > 0
+    assert 0 < runs["wanted"]["frames_decoded"] <= runs["wanted"]["frames_read"]
+    assert set(result["saving"]) == {"capture_cpu_ms_per_s", "process_cpu_ms_per_s"}
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wanted frames only" in capsys.readouterr().out
+    assert main(["bench", "capture", "--seconds", "0", "--json", str(out_json), "--plot", ""]) == 2

@@ -113,7 +113,8 @@ def test_a_camera_that_delivers_nothing_is_no_late_tick():
 
     frames = [(np.zeros((4, 4, 3), np.uint8), 0.0, 1)]
     capture = SimpleNamespace(lossless=False, wait_stopped=lambda s: time.sleep(s) or False,
-                              latest=lambda after, timeout: frames.pop(0) if frames else None)
+                              latest=lambda after, timeout: frames.pop(0) if frames else None,
+                              want_from=lambda tick: None)
     sampler = Sampler(capture, fps=1000.0)
     assert sampler.next_frame(timeout=0) is not None
     for _ in range(10):

@@ -607,3 +607,159 @@ def test_a_camera_by_device_path_and_the_mode_asked_of_it(tmp_path, monkeypatch,
 def test_a_device_that_is_no_camera_is_refused_at_open():
     with pytest.raises(SourceUnavailable, match="could not open it"):
         open_source("/dev/null")
+
+
+# ---------------------------------------------------------------------------------------------- decode what is taken
+class GrabbedCamera(FrameSource):
+    """A live camera whose frames the test releases one at a time, frame k coming at k/30 s on the test's clock;
+    ``grab`` costs nothing, ``retrieve`` is the decoding, and which frames were decoded is kept."""
+
+    grab_saves_decoding = True
+
+    def __init__(self) -> None:
+        super().__init__("fake:grabbed", live=True)
+        self.gate = threading.Semaphore(0)
+        self.now = 0.0
+        self.index = -1
+        self.grabs_started = 0
+        self.decoded: list[int] = []
+        self.finish = threading.Event()
+
+    def read(self):
+        t = self.grab()
+        return self.retrieve(), t
+
+    def grab(self) -> float:
+        self.grabs_started += 1
+        while not self.gate.acquire(timeout=0.005):
+            if self.finish.is_set():
+                raise EndOfStream("eof")
+        self.index += 1
+        self.now = self.index / 30.0
+        return self.now
+
+    def retrieve(self) -> np.ndarray:
+        self.decoded.append(self.index)
+        return _numbered(self.index)
+
+    def release(self, frames: int = 1) -> None:
+        """Let ``frames`` frames through and wait until the capture came back for the next (they were handled)."""
+        target = self.grabs_started + frames
+        for _ in range(frames):
+            self.gate.release()
+        _wait_until(lambda: self.grabs_started >= target)
+
+
+def test_a_grabbed_frame_is_decoded_only_near_the_consumers_tick():
+    """30 frames a second, the consumer's next tick at 5.01 s: frame 0 is decoded (the frame rate is not known yet),
+    then only frames from two frame intervals before the tick (149/30 = 4.967 >= 5.01 - 2/30; 148 is not)."""
+    camera = GrabbedCamera()
+    capture = CaptureThread(camera, clock=lambda: camera.now)
+    assert capture.two_phase
+    capture.want_from(5.01)
+    capture.start()
+    camera.release(180)
+    stats = capture.stats()
+    assert camera.decoded == [0, *range(149, 180)]
+    assert (stats["frames_read"], stats["frames_decoded"], stats["decodes"]) == (180, 32, "wanted")
+    assert stats["frames_dropped"] == 180 - 1  # every frame but the newest was never handed out
+    item = capture.latest(after=0, timeout=0)
+    assert item is not None and item[0][0, 0, 0] == 179 and item[1] == pytest.approx(179 / 30)
+    camera.finish.set()
+    capture.stop()
+
+
+def test_a_waiting_consumer_gets_the_next_frame_decoded():
+    """Before its tick a consumer that asks waits, and the frame that comes next is decoded for it (a late camera,
+    a tick the rate estimate missed): it never waits for a frame the capture chose not to decode."""
+    camera = GrabbedCamera()
+    capture = CaptureThread(camera, clock=lambda: camera.now)
+    capture.want_from(100.0)
+    capture.start()
+    camera.release(10)
+    assert camera.decoded == [0]
+    got: list = []
+    consumer = threading.Thread(target=lambda: got.append(capture.latest(after=1, timeout=30)))
+    consumer.start()
+    _wait_until(lambda: capture._waiting == 1)
+    camera.release()
+    consumer.join(30)
+    assert camera.decoded == [0, 10]
+    assert got[0][0][0, 0, 0] == 10 and got[0][2] == 2  # the second frame published
+    camera.finish.set()
+    capture.stop()
+
+
+def test_every_frame_is_decoded_when_asked_or_when_grabbing_saves_nothing():
+    camera = GrabbedCamera()
+    capture = CaptureThread(camera, clock=lambda: camera.now, decode_all=True).start()
+    capture.want_from(100.0)
+    camera.release(5)
+    assert camera.decoded == [0, 1, 2, 3, 4] and capture.stats()["decodes"] == "every"
+    camera.finish.set()
+    capture.stop()
+    plain = CaptureThread(GatedSource())  # read() only: nothing to save
+    assert not plain.two_phase and plain.stats()["decodes"] == "every"
+
+
+def test_the_sampler_tells_the_capture_its_next_tick():
+    camera = GrabbedCamera()
+    sampler = Sampler(CaptureThread(camera).start(), fps=0.5)
+    camera.release()
+    assert sampler.next_frame(timeout=30) is not None
+    assert sampler.capture._want_from == sampler._next_tick > time.monotonic() + 1.0
+    camera.finish.set()
+    sampler.close()
+
+
+def _counting_video(path: Path, frames: int, fps: float) -> Path:
+    """An MJPEG AVI whose frame k is flat grey at level 4k: a decoded frame says which one it is."""
+    import cv2
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (64, 48))
+    assert writer.isOpened()
+    for k in range(frames):
+        writer.write(np.full((48, 64, 3), 4 * k, np.uint8))
+    writer.release()
+    return path
+
+
+def test_opencv_grab_and_retrieve_are_the_frames_read_gives(tmp_path):
+    path = _counting_video(tmp_path / "count.avi", 20, 10.0)
+    source = open_source(str(path))
+    assert source.grab_saves_decoding
+    times = [source.grab() for _ in range(5)]  # four never decoded
+    frame = source.retrieve()
+    assert times == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert abs(float(frame.mean()) - 16) < 3 and frame.shape == (48, 64, 3)
+    with pytest.raises(RuntimeError, match="without a grab"):
+        FrameSource.retrieve(source)  # the base class's own: nothing held
+    frame_t = source.read()  # read after grab goes on from there
+    assert frame_t[1] == pytest.approx(0.5) and abs(float(frame_t[0].mean()) - 20) < 3
+    source.close()
+
+
+def test_a_looping_file_grabs_across_its_end(tmp_path):
+    from edgekv.video.sources import LoopingSource
+
+    path = str(_counting_video(tmp_path / "count.avi", 3, 4.0))
+    source = LoopingSource(open_source(path), lambda: open_source(path))
+    assert source.grab_saves_decoding
+    times = [source.grab() for _ in range(5)]
+    assert times == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0]) and source.passes == 2
+    assert abs(float(source.retrieve().mean()) - 4) < 3  # the second pass's frame 1
+    source.close()
+
+
+def test_a_paced_file_sampled_by_wanted_frames_hands_out_the_right_pictures(tmp_path):
+    """A file standing in for a camera (paced at 50 fps), sampled at 5 fps: each frame handed out is the file's
+    frame at its timestamp, though most frames were never decoded."""
+    path = _counting_video(tmp_path / "count.avi", 60, 50.0)
+    sampler = Sampler.open(str(path), fps=5.0)
+    assert sampler.capture.two_phase and not sampler.deterministic
+    got = list(sampler)
+    assert len(got) >= 3
+    for frame, t in got:
+        assert abs(float(frame.mean()) - 4 * round(t * 50)) < 3, t
+    stats = sampler.stats()
+    assert stats["ended"] == "eof" and stats["frames_read"] == 60 and stats["frames_decoded"] >= len(got)

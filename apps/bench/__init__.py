@@ -13,7 +13,8 @@ from edgekv.apps.args import HelpFormatter
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
     """``stream``, ``kernels``, ``engines``, ``daemon``, ``soak``, ``state``, ``api``, ``archive``, ``memory``,
-    ``decode``, ``threads``, ``compression``, ``fleet``, ``faults``, ``cameras``, ``frames``; with ``argv`` only the chosen one gets its options
+    ``decode``, ``threads``, ``compression``, ``fleet``, ``faults``, ``cameras``, ``frames``,
+    ``capture``; with ``argv`` only the chosen one gets its options
     (the others' modules, and torch, are not imported for ``--help``)."""
     from edgekv.apps.args import first_positional
 
@@ -51,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
                     _lazy("cameras", "add_cameras_arguments")),
         "frames": ("evidence frames on disk: KiB a frame, hours a budget holds, the writer's ms a frame",
                    _lazy("frames", "add_frames_arguments")),
+        "capture": ("a camera's capture thread: CPU with every frame decoded against only those sampled",
+                    _lazy("capture", "add_capture_arguments")),
     }
     for name, (summary, add) in benches.items():
         bench = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)

@@ -1466,7 +1466,8 @@ class Daemon:
             lines.append(self._power_line(snap))
         if self.sampler is not None:
             capture = self.sampler.stats()
-            lines.append(f"capture: {capture.get('frames_read', 0)} read, {capture.get('frames_dropped', 0)} dropped, "
+            lines.append(f"capture: {capture.get('frames_read', 0)} read, {capture.get('frames_decoded', 0)} decoded, "
+                         f"{capture.get('frames_dropped', 0)} dropped, "
                          f"{capture.get('frames_corrupt', 0)} corrupt, {capture.get('reconnects', 0)} reconnects")
         backlog = self.backlog.stats()
         if stats["questions"]:

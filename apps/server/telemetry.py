@@ -215,6 +215,8 @@ class DaemonCollector:
             ("edgekv_clock_jumps", "timestamps that jumped, taken as bounded gaps (video.max_gap_s)",
              stats.get("clock_jumps", 0)),
             ("edgekv_frames_dropped", "frames the capture dropped (latest frame wins)", cap.get("frames_dropped", 0)),
+            ("edgekv_frames_decoded", "frames the capture converted to pixels (only those the sampler may take)",
+             cap.get("frames_decoded", 0)),
             ("edgekv_compressions", "cache compressions", stats["compressions"]),
             ("edgekv_tokens_evicted", "cache tokens evicted", stats.get("tokens_evicted", 0)),
             ("edgekv_questions", "questions answered", stats["questions"]),

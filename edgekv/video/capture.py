@@ -7,6 +7,12 @@ overwritten before anyone took them are counted as dropped. Corrupt frames are s
 frame that fails to decode is not a lost stream: ``OpenCVSource`` reads on); a lost live source is reopened
 with jittered exponential backoff; the end of a file ends the thread cleanly. Nothing raises out of the thread: failures land in ``stats()``.
 
+A source whose ``grab`` costs less than ``read`` (``FrameSource.grab_saves_decoding``: OpenCV's cameras, streams and
+files) is grabbed at every frame and its pixels retrieved only for the frames a consumer may take: those from a frame
+interval or two before the sampler's next tick (``want_from``), and any while a consumer waits. A 30 fps camera
+sampled at 2 fps then has about one frame in six converted to BGR (and, from a V4L2 camera sending MJPEG, decoded)
+instead of every one; the frame handed out is as new as before.
+
 ``Sampler`` hands the ingest loop one frame per tick of the target fps. For recorded sources a
 ``lossless`` capture (a bounded queue instead of the latest slot) plus timestamp-based selection
 gives a reproducible frame sequence, which benchmarks and tests need; only live sources must drop.
@@ -22,6 +28,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -73,11 +80,19 @@ class CaptureThread:
 
     ``pace`` plays a recorded source back at its own clock, so that a file can stand in for a camera
     (default: on for recorded sources in latest-frame mode, off otherwise).
+
+    ``decode_all`` retrieves every frame's pixels even where the source could skip them (the comparison
+    ``edgekv bench capture`` makes); by default a latest-frame capture retrieves only what ``_wanted`` says.
+    ``clock`` (monotonic seconds) times the frames for that choice; tests give a fake one.
     """
+
+    LEAD_INTERVALS = 2.0  # frames retrieved from this many frame intervals before the consumer's next tick
+    INTERVAL_SMOOTHING = 0.1  # weight of the newest frame interval in its running mean
 
     def __init__(self, source: FrameSource | str | int | os.PathLike, *, backoff: Backoff | None = None,
                  lossless: bool = False, queue_size: int = 8, pace: bool | None = None, seed: int | None = None,
-                 name: str = "edgekv-capture") -> None:
+                 name: str = "edgekv-capture", decode_all: bool = False, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
         self.source = source if isinstance(source, FrameSource) else open_source(source)
         if lossless and self.source.live:
             raise ValueError(f"video source {self.source.spec!r} is live: it cannot be read losslessly "
@@ -96,8 +111,15 @@ class CaptureThread:
         self._taken_seq = 0  # newest frame number a consumer took
         self._finished = False
         self._end_seen = False  # lossless: the consumer reached the end marker
-        self._counts = {"frames_read": 0, "frames_dropped": 0, "frames_consumed": 0, "frames_corrupt": 0,
-                        "reconnects": 0, "reconnect_attempts": 0, "reconnect_failures": 0}
+        self._counts = {"frames_read": 0, "frames_decoded": 0, "frames_dropped": 0, "frames_consumed": 0,
+                        "frames_corrupt": 0, "reconnects": 0, "reconnect_attempts": 0, "reconnect_failures": 0}
+        # grab every frame, retrieve only the wanted ones: latest-frame mode, a source where that saves work
+        self.two_phase = not lossless and not decode_all and self.source.grab_saves_decoding
+        self._clock = clock
+        self._want_from: float | None = None  # the consumer's next tick (clock seconds); None: every frame
+        self._waiting = 0  # consumers inside latest(): the next frame is retrieved whatever the time
+        self._interval: float | None = None  # running mean of the seconds between frames
+        self._frame_at: float | None = None  # when the previous frame came
         self._backoff_s_total = 0.0
         self._ended: str | None = None
         self._reconnecting = False
@@ -159,6 +181,11 @@ class CaptureThread:
                     pace_origin = pace_origin or (time.monotonic(), t)
                     if self._stop.wait(max(0.0, pace_origin[0] + (t - pace_origin[1]) - time.monotonic())):
                         break
+                if frame is None:  # grabbed: its pixels only if a consumer may take it
+                    frame = self._retrieve_if_wanted()
+                    if frame is None:
+                        continue
+                self._counts["frames_decoded"] += 1
                 self._publish(frame, t)
         finally:
             self._ended = self._ended or "stopped"
@@ -177,10 +204,11 @@ class CaptureThread:
             return None
         return time.monotonic() - self._returned_at
 
-    def _read_one(self) -> Frame | object | None:
-        """One read with every failure handled: a frame, None (try again) or _END (finish)."""
+    def _read_one(self) -> tuple[np.ndarray | None, float] | object | None:
+        """One read with every failure handled: a frame (its pixels None when only grabbed), None (try again) or _END
+        (finish)."""
         try:
-            frame_t = self.source.read()
+            frame_t = (None, self.source.grab()) if self.two_phase else self.source.read()
         except CorruptFrame as exc:
             self._counts["frames_corrupt"] += exc.count
             self._last_error = str(exc)
@@ -199,6 +227,40 @@ class CaptureThread:
             self._returned_at = time.monotonic()  # it came back (after a reconnect, once that is over)
         self._counts["frames_read"] += 1
         return frame_t
+
+    def _retrieve_if_wanted(self) -> np.ndarray | None:
+        """The grabbed frame's pixels if ``_wanted`` says a consumer may take it, else None (counted dropped)."""
+        if not self._wanted(self._clock()):
+            with self._cond:
+                self._counts["frames_dropped"] += 1
+            return None
+        try:
+            return self.source.retrieve()
+        except CorruptFrame as exc:
+            self._counts["frames_corrupt"] += exc.count
+            self._last_error = str(exc)
+        except Exception as exc:  # a backend raising: as a read that raised (the next grab says if the source is lost)
+            log.warning("video source %r raised while decoding a frame: %s", self.source.spec, exc)
+            self._counts["frames_corrupt"] += 1
+            self._last_error = f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _wanted(self, now: float) -> bool:
+        """Whether the frame that came at ``now`` may be taken: a consumer waits, no tick was said yet, the frame
+        rate is not known yet, or the frame is within ``LEAD_INTERVALS`` frame intervals of the next tick (so the
+        newest frame at the tick is as recent as with every frame retrieved). Updates the running frame interval."""
+        if self._frame_at is not None and now > self._frame_at:
+            gap = now - self._frame_at
+            self._interval = gap if self._interval is None else (
+                self._interval + self.INTERVAL_SMOOTHING * (gap - self._interval))
+        self._frame_at = now
+        if self._waiting or self._want_from is None or self._interval is None:
+            return True
+        return now >= self._want_from - self.LEAD_INTERVALS * self._interval
+
+    def want_from(self, tick: float | None) -> None:
+        """The consumer takes its next frame at ``tick`` (``clock`` seconds); None: it may take one at any time."""
+        self._want_from = tick
 
     def _fail(self, exc: BaseException) -> object:
         self._ended = "error"
@@ -280,8 +342,12 @@ class CaptureThread:
         if self.lossless:
             raise RuntimeError("latest() is for latest-frame mode; a lossless capture is read with get()")
         with self._cond:
-            ready = self._cond.wait_for(
-                lambda: self._seq > after or self._finished or self._stop.is_set(), timeout)
+            self._waiting += 1
+            try:
+                ready = self._cond.wait_for(
+                    lambda: self._seq > after or self._finished or self._stop.is_set(), timeout)
+            finally:
+                self._waiting -= 1
             if not ready or self._seq <= after or self._latest is None:
                 return None
             self._counts["frames_consumed"] += 1
@@ -322,6 +388,7 @@ class CaptureThread:
             "source": self.source.spec,
             "live": self.source.live,
             "mode": "lossless" if self.lossless else "latest",
+            "decodes": "wanted" if self.two_phase else "every",
             "running": self._thread.is_alive(),
             "reconnecting": self._reconnecting,
             **self._counts,
@@ -404,6 +471,7 @@ class Sampler:
         frame, t, self._after = item
         tick = self._next_tick if self._next_tick is not None else time.monotonic()
         self._next_tick = max(tick + self.period, time.monotonic())  # no catch-up burst after a slow call
+        self.capture.want_from(self._next_tick)  # the frames before it need not be decoded
         self._counts["frames_sampled"] += 1
         return frame, t
 

@@ -437,15 +437,33 @@ class FrameSource(ABC):
     """Something that yields ``(frame, t)``. ``read`` returns a fresh array each call (consumers keep it)."""
 
     kind: str = "source"
+    grab_saves_decoding: bool = False  # ``grab`` without ``retrieve`` costs less than ``read`` (see ``grab``)
 
     def __init__(self, spec: str, live: bool) -> None:
         self.spec = redact(spec)  # for messages, logs and stats only: a camera's password never goes there
         self.live = live
         self.frames_skipped = 0  # corrupt frames skipped while iterating
+        self._grabbed: np.ndarray | None = None  # the frame ``grab`` read, for ``retrieve``
 
     @abstractmethod
     def read(self) -> Frame:
         """The next frame, or raise ``CorruptFrame`` / ``EndOfStream`` / ``SourceLost``."""
+
+    def grab(self) -> float:
+        """Move to the next frame and return its timestamp; its pixels only if ``retrieve`` is called before the next
+        ``grab``. Raises as ``read`` does. Where ``grab_saves_decoding`` (a ``cv2.VideoCapture``), a frame that is
+        grabbed and not retrieved is never converted to BGR (nor decoded, for a V4L2 camera's MJPEG), so a capture
+        that keeps only the frames its sampler takes does not pay for the rest. Here: ``read``, the frame held."""
+        self._grabbed, t = self.read()
+        return t
+
+    def retrieve(self) -> np.ndarray:
+        """The pixels of the frame the last ``grab`` moved to (once); raises ``CorruptFrame`` where they do not
+        decode. Here: the frame ``grab`` read."""
+        frame, self._grabbed = self._grabbed, None
+        if frame is None:
+            raise RuntimeError(f"video source {self.spec!r}: retrieve() without a grab() before it")
+        return frame
 
     def reopen(self) -> None:
         """Reconnect after ``SourceLost``; sources that cannot be reopened refuse."""
@@ -500,6 +518,7 @@ class OpenCVSource(FrameSource):
     """
 
     kind = "opencv"
+    grab_saves_decoding = True
     LIVE_RETRIES = 3     # failed reads in a row a live stream may have and still be there
     LIVE_RETRY_S = 2.0   # ... within this long (a stream that is gone times out slowly: reconnect instead)
     FILE_RETRIES = 32    # corrupt frames in a row a file may have before its end is taken as the end
@@ -577,7 +596,7 @@ class OpenCVSource(FrameSource):
         self._open()
 
     def close(self) -> None:
-        self._ahead = None
+        self._ahead = self._grabbed = None
         if self.capture is not None:
             self.capture.release()
             self.capture = None
@@ -586,19 +605,48 @@ class OpenCVSource(FrameSource):
         if self._ahead is not None:
             frame_t, self._ahead = self._ahead, None
             return frame_t
-        if self.capture is None:
-            if self.live and self.waiting is not None:
-                raise SourceLost(f"{self.waiting}; not connected yet")
-            raise SourceLost(f"video source {self.spec!r} is closed") if self.live else EndOfStream("eof", "closed")
+        self._check_open()
         position = self.capture.get(cv2.CAP_PROP_POS_FRAMES)
         started = time.monotonic()
-        ok, frame = self._read_capture()
+        ok, frame = self._timed(self.capture.read)
         if not ok:
             self._read_failed(position, started)
         problem = frame_problem(frame)
         if problem is not None:
             raise CorruptFrame(f"video source {self.spec!r}: {problem}")
         return frame, self._timestamp()
+
+    def grab(self) -> float:
+        """``cv2.VideoCapture.grab``: the frame is taken from the driver or demuxer (FFmpeg decodes it) but not
+        converted to BGR; a V4L2 camera's MJPEG is not decoded until ``retrieve`` (OpenCV's cap_v4l.cpp converts in
+        ``retrieveFrame``, and its ``grabFrame`` queues a buffer that was never retrieved back to the driver)."""
+        self._grabbed = None
+        if self._ahead is not None:  # the good frame read after corrupt ones
+            (self._grabbed, t), self._ahead = self._ahead, None
+            return t
+        self._check_open()
+        position = self.capture.get(cv2.CAP_PROP_POS_FRAMES)
+        started = time.monotonic()
+        if not self._timed(self.capture.grab):
+            self._read_failed(position, started)  # reads on as ``read`` does: raises, a good frame in ``_ahead``
+        return self._timestamp()
+
+    def retrieve(self) -> np.ndarray:
+        if self._grabbed is not None:
+            frame, self._grabbed = self._grabbed, None
+            return frame
+        self._check_open()
+        ok, frame = self.capture.retrieve()
+        problem = "the grabbed frame could not be decoded" if not ok else frame_problem(frame)
+        if problem is not None:
+            raise CorruptFrame(f"video source {self.spec!r}: {problem}")
+        return frame
+
+    def _check_open(self) -> None:
+        if self.capture is None:
+            if self.live and self.waiting is not None:
+                raise SourceLost(f"{self.waiting}; not connected yet")
+            raise SourceLost(f"video source {self.spec!r} is closed") if self.live else EndOfStream("eof", "closed")
 
     def _read_failed(self, position: float, started: float) -> None:
         """Raises: ``CorruptFrame`` when frames come again after the failure (the next one waits in
@@ -610,7 +658,7 @@ class OpenCVSource(FrameSource):
         while failed <= (self.LIVE_RETRIES if self.live else self.FILE_RETRIES):
             if self.live and time.monotonic() - started > self.LIVE_RETRY_S:
                 break
-            ok, frame = self._read_capture()
+            ok, frame = self._timed(self.capture.read)
             if ok and frame_problem(frame) is None:
                 self._ahead = (frame, self._timestamp())
                 where = "" if self.live else f" from frame {int(position)}"
@@ -621,17 +669,18 @@ class OpenCVSource(FrameSource):
             raise SourceLost(f"video source {self.spec!r} stopped delivering frames")
         raise self._end_of_file(position)
 
-    def _read_capture(self) -> tuple[bool, Any]:
-        """``capture.read()``; raises ``SourceLost`` when a network stream's read took its timeout or longer (see the
-        class): ``timeout_s``, or OpenCV's own 30 s where ``video.stream_timeout_s`` is null."""
+    def _timed(self, call: Callable[[], Any]) -> Any:
+        """``capture.read()`` or ``capture.grab()``; raises ``SourceLost`` when a network stream's read took its
+        timeout or longer (see the class): ``timeout_s``, or OpenCV's own 30 s where ``video.stream_timeout_s`` is
+        null."""
         started = time.monotonic()
-        ok, frame = self.capture.read()
+        result = call()
         limit = self.timeout_s if self.timeout_s is not None else self.OPENCV_READ_TIMEOUT_S if self.network else None
         if self.live and limit is not None and time.monotonic() - started >= limit:
             named = (f"video.stream_timeout_s ({limit:g} s)" if self.timeout_s is not None
                      else f"OpenCV's read timeout ({limit:g} s; video.stream_timeout_s is null)")
             raise SourceLost(f"video source {self.spec!r}: nothing came for {named}")
-        return ok, frame
+        return result
 
     def _end_of_file(self, position: float) -> EndOfStream:
         """EOF or truncation. The header's frame count alone cannot tell: AVIs with dropped-frame
@@ -857,9 +906,23 @@ class LoopingSource(FrameSource):
         self._last_t: float | None = None
         self._step = 1.0 / 30.0
 
+    @property
+    def grab_saves_decoding(self) -> bool:  # as the source it plays
+        return self.source.grab_saves_decoding
+
     def read(self) -> Frame:
+        frame, t = self._next(lambda source: source.read())
+        return frame, t
+
+    def grab(self) -> float:
+        return self._next(lambda source: (None, source.grab()))[1]
+
+    def retrieve(self) -> np.ndarray:
+        return self.source.retrieve()
+
+    def _next(self, take: Callable[[FrameSource], tuple[Any, float]]) -> tuple[Any, float]:
         try:
-            frame, t = self.source.read()
+            frame, t = take(self.source)
         except EndOfStream:
             if self._last_t is None:
                 raise  # an empty video would loop forever without a frame
@@ -867,7 +930,7 @@ class LoopingSource(FrameSource):
             self.source = self._reopen()
             self.passes += 1
             self._offset = self._last_t + self._step
-            frame, t = self.source.read()
+            frame, t = take(self.source)
         t = self._offset + t
         if self._last_t is not None and t > self._last_t:
             self._step = t - self._last_t
