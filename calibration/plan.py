@@ -242,7 +242,8 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: 
     t = cfg["text"]
     section = config.archive
     eight = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # archive.kv_dtype, else an 8-bit cache's own
-    stored = eight.get(section.kv_dtype, eight.get(config.cache.kv_dtype, _DTYPES[config.model.dtype]))
+    stored = {**eight, "int4": "int4"}.get(section.kv_dtype,
+                                           eight.get(config.cache.kv_dtype, _DTYPES[config.model.dtype]))
     named = (f"{section.kv_dtype} (archive.kv_dtype)" if section.kv_dtype != "auto" else
              f"{config.cache.kv_dtype} (cache.kv_dtype)" if config.cache.kv_dtype in eight else config.model.dtype)
     shape = KVShape.of(t["num_hidden_layers"], t["num_key_value_heads"],
@@ -317,7 +318,8 @@ def write_lines(config, cfg: dict, record: int, rate: float, flash_tbw: float | 
                      "(its controller's write amplification not counted: fewer in truth)")
     elif total * 365 > 50e12:
         lines.append("  check the flash's rating (TBW; --flash-tbw TB gives the years): eMMC and microSD cards are "
-                     "rated far lower than NVMe SSDs. Fewer writes: archive.kv_dtype int8 (half the archive), "
+                     "rated far lower than NVMe SSDs. Fewer writes: archive.kv_dtype int8 or int4 (half or a "
+                     "quarter of the archive), "
                      "video.skip_static, a longer state.every_s, archive.dir on an NVMe drive")
     return lines
 

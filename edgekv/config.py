@@ -528,8 +528,9 @@ class ArchiveSection:
     frames_mib: float = 0.0
     frames_px: int = 320            # their long side in pixels (never scaled up)
     # how a pair's K/V is stored on flash: "auto" as the cache holds it; int8 / fp8 quantized per (layer, KV head,
-    # token) with a bf16 scale (edgekv/cache/quant.py's scheme): 1.92x the pairs in max_gib at head_dim 128
-    kv_dtype: Literal["auto", "int8", "fp8"] = "auto"
+    # token) with a bf16 scale (edgekv/cache/quant.py's scheme): 1.92x the pairs in max_gib at head_dim 128; int4:
+    # keys per channel, values per token, asymmetric (edgekv/archive/quant4.py): 3.8x at the 3B shape
+    kv_dtype: Literal["auto", "int8", "fp8", "int4"] = "auto"
 
     def validate(self, at: str) -> None:
         if not (self.frames_mib == 0 or self.frames_mib >= 1):

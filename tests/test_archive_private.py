@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_archive import SHAPE, STREAM, byte_runs, fill, pair_kv
+from helpers_archive import SHAPE, STREAM, TOKENS, byte_runs, fill, pair_kv
 
 pytest.importorskip("cryptography")
 
@@ -145,6 +145,34 @@ def test_forget_of_a_whole_segment_deletes_it_and_a_leftover_rewrite_is_removed(
     again = _archive(tmp_path)
     assert not list(tmp_path.glob("*.tmp")) and again.pairs == 0
     again.close()
+
+
+def test_sealed_4bit_records_read_back_after_a_forget(tmp_path):
+    """archive.kv_dtype int4 with the privacy key: 4-bit records sealed as the others, a forget rewrites the segments
+    without the window's records, and the rest read back exactly as edgekv/archive/quant4.py gives them."""
+    from edgekv.archive.quant4 import dequantize_into, quantize_layers
+    from edgekv.archive.store import KVShape
+
+    shape = KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, "int4", SHAPE.index_keys)
+    archive = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=2 << 10, keys=_keys(3),
+                           stage_dtype=torch.float32)
+    fill(archive, range(10))
+    assert archive.stats()["archive_sealed_segments"] > 1
+    assert archive.forget(3.0, 5.0)["pairs"] == 3
+    archive.close()
+    reopened = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=2 << 10, keys=_keys(3),
+                            stage_dtype=torch.float32)
+    entries = {e.frame: e for e in reopened.entries()}
+    assert sorted(entries) == [0, 1, 2, 6, 7, 8, 9] and reopened.bad_records == 0
+    for pair in entries:
+        rows = quantize_layers(torch.stack(pair_kv(pair), dim=1))
+        got = reopened.read_layers(entries[pair], list(range(SHAPE.layers)))
+        assert sorted(got) == list(range(SHAPE.layers))
+        for layer, kv in got.items():
+            expected = torch.empty_like(kv)
+            dequantize_into(rows[layer], TOKENS, expected[0], expected[1])
+            assert torch.equal(kv, expected)
+    reopened.close()
 
 
 def test_sealed_8bit_records_read_back_and_a_forget_removes_them(tmp_path):

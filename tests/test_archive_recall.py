@@ -112,7 +112,8 @@ def test_recalled_cache_equals_the_full_cache_and_is_cleared_after(tiny_checkpoi
 
 def _cut_and_recall_8bit(session, kv_dtype: str, buffers: tuple[str, ...]) -> None:
     """Ten pairs streamed, pairs 3 and 6 cut out of the cache (as an eviction would): recall from 8-bit records must
-    pick exactly them back, the question's logits come back to within a hundredth (int8) or a twentieth (fp8) of
+    pick exactly them back, the question's logits come back to within a hundredth (int8), a twentieth (fp8) or a
+    tenth (int4) of
     the cut cache's distance from the uncut one's, and ``buffers`` of the cache are as before after the answer."""
     _stream(session, 10)
     full = session.question_logits("What moved?")
@@ -128,14 +129,14 @@ def _cut_and_recall_8bit(session, kv_dtype: str, buffers: tuple[str, ...]) -> No
         recalled = session.question_logits("What moved?", recall=True)
     assert session.recall.last.unique_pairs == (3, 6)
     gap, error = (cut_logits - full).abs().max(), (recalled - full).abs().max()
-    assert error < gap / (100 if kv_dtype == "int8" else 20), (float(error), float(gap))
+    assert error < gap / {"int8": 100, "fp8": 20, "int4": 10}[kv_dtype], (float(error), float(gap))
     assert session.cache.length == length
     for name, was in before.items():
         assert torch.equal(getattr(session.cache, name)[:, :, :length], was[:, :, :length]), name
     assert torch.equal(session.question_logits("What moved?"), cut_logits)
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8", "int4"])
 def test_8bit_records_recall_the_same_pairs_and_nearly_the_full_caches_answer(tiny_checkpoint, tmp_path, kv_dtype):
     """archive.kv_dtype int8 / fp8 on a float cache: the same two pairs cut out are recalled (the index keys are
     the float ones), the cut pairs' K/V come back as the 8-bit scheme gives them, and the question's logits move
@@ -148,6 +149,16 @@ def test_8bit_records_recall_the_same_pairs_and_nearly_the_full_caches_answer(ti
     float_shape = type(session.recall.archive.shape)(*[getattr(session.recall.archive.shape, f) for f in
                                                        ("layers", "kv_heads", "head_dim")], "float32", 2)
     assert record < float_shape.record_bytes(session.recall.archive.entries()[0].tokens) / 2
+
+
+def test_an_8_bit_cache_recalls_from_4_bit_records(tiny_checkpoint, tmp_path):
+    """An int8 cache with archive.kv_dtype int4: its pairs archived as 4-bit records from the cache's dequantized keys,
+    recalled into its own codes (dequantized from 4 bits, quantized again to 8): the same pairs picked back, the
+    logits most of the way back, the cache's codes and scales as before after the answer."""
+    session = _runtime(tiny_checkpoint, tmp_path, policy="full", max_tokens=900, kv_dtype="int8",
+                       archive={"kv_dtype": "int4"}).session()
+    assert session.cache.quantized and session.recall.archive.shape.dtype == "int4"
+    _cut_and_recall_8bit(session, "int4", ("k", "v", "k_scale", "v_scale", "tpos"))
 
 
 def test_a_pair_kept_in_part_is_seen_once_whole(tiny_checkpoint, tmp_path):

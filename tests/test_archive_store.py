@@ -360,6 +360,44 @@ def test_index_keys_of_another_archive_are_refused_and_first_format_folders_open
         FrameArchive(tmp_path, KVShape(3, 2, 8, "float32", index_keys=2), max_bytes=1 << 20, segment_bytes=16 << 10)
 
 
+def test_4bit_records_read_back_as_quant4_gives_them_and_a_flipped_byte_costs_its_layer(tmp_path):
+    """archive.kv_dtype int4: a pair's K/V as edgekv/archive/quant4.py packs it (keys per channel, values per token,
+    two codes a byte), read back exactly as its dequantization gives it; a flipped byte costs only its layer; to a
+    float or an 8-bit archive the folder is another shape, named as written by archive.kv_dtype int4."""
+    from edgekv.archive.quant4 import dequantize_into, layer_bytes, quantize_layers
+
+    shape = KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, "int4", SHAPE.index_keys)
+    assert shape.quantized and shape.layer_bytes(TOKENS) == layer_bytes(SHAPE.kv_heads, TOKENS, SHAPE.head_dim)
+    archive = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=64 << 10, stage_dtype=torch.float32)
+    _fill(archive, range(4))
+    entry = archive.entries()[2]
+    k, v = _kv(2)
+    rows = quantize_layers(torch.stack((k, v), dim=1))
+    for layer in range(SHAPE.layers):
+        got = archive.read_layer(entry, layer)
+        expected = torch.empty(2, SHAPE.kv_heads, TOKENS, SHAPE.head_dim)
+        dequantize_into(rows[layer], TOKENS, expected[0], expected[1])
+        assert got.dtype == torch.float32 and torch.equal(got, expected)
+        for index, x in enumerate((k[layer], v[layer])):
+            assert (got[index] - x).norm() / x.norm() < 0.15
+    eight = KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, "int8", SHAPE.index_keys)
+    assert shape.layer_bytes(TOKENS) <= eight.layer_bytes(TOKENS)  # equal at 4 tokens of 8 channels: the scales
+    assert shape.layer_bytes(256) < 0.61 * eight.layer_bytes(256)  # 256 tokens (per-token V scales weigh at 8 channels)
+    archive.close()
+    (segment,) = sorted(tmp_path.glob("seg-*.ekva"))[-1:]
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0xFF  # a value minimum of the last record's last layer
+    segment.write_bytes(bytes(data))
+    reopened = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=64 << 10, stage_dtype=torch.float32)
+    last = reopened.entries()[-1]
+    assert reopened.read_layer(last, SHAPE.layers - 1) is None and reopened.read_layer(last, 0) is not None
+    reopened.close()
+    for other in (SHAPE, eight):
+        with pytest.raises(ArchiveMismatchError, match=rf"archived as dtype='int4', this config stores "
+                                                       rf"'{other.dtype}' \(archive.kv_dtype: int4 wrote it\)"):
+            FrameArchive(tmp_path, other, max_bytes=1 << 20, segment_bytes=64 << 10)
+
+
 @pytest.mark.parametrize("stored", ["int8", "float8_e4m3fn"])
 def test_8bit_records_hold_a_pair_in_half_the_bytes_and_read_back_within_the_quantization(tmp_path, stored):
     """archive.kv_dtype int8 / fp8: a float cache's pair stored as 8-bit codes with a bf16 scale per (layer, KV head,

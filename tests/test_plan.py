@@ -220,6 +220,11 @@ archive: {{dir: {tmp_path / 'archive'}, max_gib: 16, frames_mib: 256, frames_px:
     assert f"hold {16 * 2**30 // eight:,} pairs" in lines[1] and 1.9 < record / eight < 2
     lines = flash_lines(EdgeKVConfig().with_overrides(cache={"kv_dtype": "int8"}), model_3b, 256)  # the cache's own
     assert f"is {eight / 2**20:.2f} MiB on flash (int8 (cache.kv_dtype) K/V" in lines[0]
+    # archive.kv_dtype int4: two codes a byte, keys' scales per channel, values' per token: 3.8x the bf16 pairs
+    four = KVShape(36, 2, 128, "int4", 2).record_bytes(256)
+    lines = flash_lines(EdgeKVConfig().with_overrides(archive={"kv_dtype": "int4"}), model_3b, 256)
+    assert f"is {four / 2**20:.2f} MiB on flash (int4 (archive.kv_dtype) K/V" in lines[0]
+    assert f"hold {16 * 2**30 // four:,} pairs" in lines[1] and 3.7 < record / four < 3.9 and 1.9 < eight / four < 2
 
 
 def test_plan_says_what_the_memory_writes_to_flash_a_day(model_3b, tmp_path, capsys):

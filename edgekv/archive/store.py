@@ -42,7 +42,10 @@ CRC) followed by records::
                   then K scales [kv_heads, P] and V scales in bf16 — the 8-bit cache's scheme (one absmax scale
                   per layer, KV head and token: edgekv/cache/quant.py), quantized by the writer from the float
                   cache's K/V and dequantized into the cache's slots at recall: (head_dim + 2) / (2 x head_dim)
-                  of a bf16 record's K/V, 1.96x the pairs in ``max_gib`` at the 3B shape (``edgekv plan``)
+                  of a bf16 record's K/V, 1.96x the pairs in ``max_gib`` at the 3B shape (``edgekv plan``);
+                  or 4-bit records (``archive.kv_dtype: int4``, shape key dtype "int4"): K and V codes two a byte,
+                  then K scales and minima per channel [kv_heads, head_dim], V's per token [kv_heads, P], bf16
+                  (edgekv/archive/quant4.py): 3.8x the pairs of bf16 records at the 3B shape
 
 The index row summarizes the pair's post-RoPE keys with their temporal rotation undone (all tokens of a
 pair share one temporal position, so undoing it on the summary is exact), so retrieval scores do not
@@ -124,9 +127,10 @@ _INDEX_ROWS = 256                          # initial rows of the index matrix (d
 _SCORE_CHUNK = 512                         # index rows scored at a time
 _TAG = 16                                  # AES-GCM tag of each sealed meta and layer (edgekv.privacy)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}  # 8-bit: codes + a bf16 scale per row
-_QUANTIZED = ("int8", "float8_e4m3fn")
-_KV_DTYPE_NAMES = {"int8": "int8", "float8_e4m3fn": "fp8"}  # archive.kv_dtype's names of the 8-bit dtypes
+           "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn,  # 8-bit: codes + a bf16 scale per row
+           "int4": torch.uint8}  # 4-bit: two codes a byte + bf16 scales and minima (edgekv/archive/quant4.py)
+_QUANTIZED = ("int8", "float8_e4m3fn", "int4")
+_KV_DTYPE_NAMES = {"int8": "int8", "float8_e4m3fn": "fp8", "int4": "int4"}  # archive.kv_dtype's names of them
 
 
 class ArchiveError(RuntimeError):
@@ -144,7 +148,7 @@ class KVShape:
     layers: int
     kv_heads: int
     head_dim: int
-    dtype: str  # "float32" | "float16" | "bfloat16", or "int8" | "float8_e4m3fn": 8-bit records (``quantized``)
+    dtype: str  # "float32" | "float16" | "bfloat16", or "int8" | "float8_e4m3fn" | "int4": quantized records
     index_keys: int = 1  # representative keys per pair, layer and KV head in the index (1: the mean key)
 
     def __post_init__(self) -> None:
@@ -156,7 +160,9 @@ class KVShape:
             raise ValueError(f"KVShape.dtype: {self.dtype!r} is not one of {sorted(_DTYPES)}")
 
     @classmethod
-    def of(cls, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, index_keys: int = 1) -> "KVShape":
+    def of(cls, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype | str,
+           index_keys: int = 1) -> "KVShape":
+        """``dtype``: a torch dtype, or ``"int4"`` (4-bit records)."""
         return cls(layers, kv_heads, head_dim, str(dtype).removeprefix("torch."), int(index_keys))
 
     @property
@@ -167,11 +173,16 @@ class KVShape:
     def quantized(self) -> bool:
         """8-bit records (``archive.kv_dtype``): a layer is K codes [kv_heads, P, head_dim], V codes, then K scales
         [kv_heads, P] and V scales in bf16 — one scale per (layer, KV head, token), absmax over ``head_dim``, as
-        the 8-bit cache (edgekv/cache/quant.py) — written from the float cache's K/V, read back dequantized."""
+        the 8-bit cache (edgekv/cache/quant.py) — written from the float cache's K/V, read back dequantized; or
+        4-bit records (``"int4"``: edgekv/archive/quant4.py, keys per channel and values per token)."""
         return self.dtype in _QUANTIZED
 
     def layer_bytes(self, tokens: int) -> int:
-        """K and V of one layer of one pair (with an 8-bit record's scales)."""
+        """K and V of one layer of one pair (with a quantized record's scales)."""
+        if self.dtype == "int4":
+            from edgekv.archive.quant4 import layer_bytes
+
+            return layer_bytes(self.kv_heads, tokens, self.head_dim)
         if self.quantized:
             return 2 * self.kv_heads * tokens * (self.head_dim + 2)
         return 2 * self.kv_heads * tokens * self.head_dim * torch.empty((), dtype=self.torch_dtype).element_size()
@@ -1007,6 +1018,10 @@ class FrameArchive:
         layers = self.shape.layers
         if not self.shape.quantized:
             return kv.view(torch.uint8).numpy().reshape(layers, -1)
+        if self.shape.dtype == "int4":
+            from edgekv.archive.quant4 import quantize_layers
+
+            return quantize_layers(kv).numpy()
         from edgekv.cache.quant import quantize
 
         codes, scales = quantize(kv, self.shape.torch_dtype)
@@ -1371,7 +1386,12 @@ class FrameArchive:
         return good
 
     def _dequantize_into(self, block: torch.Tensor, tokens: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """An 8-bit record's layer (codes, then scales) dequantized into ``k``, ``v`` [kv_heads, P, head_dim]."""
+        """A quantized record's layer (codes, then scales) dequantized into ``k``, ``v`` [kv_heads, P, head_dim]."""
+        if self.shape.dtype == "int4":
+            from edgekv.archive.quant4 import dequantize_into
+
+            dequantize_into(block, tokens, k, v)
+            return
         from edgekv.cache.quant import dequantize
 
         heads, dim = self.shape.kv_heads, self.shape.head_dim
