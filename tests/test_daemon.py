@@ -558,3 +558,22 @@ def test_readme_one_shot_demo_exits_by_itself(tiny_checkpoint, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "stream ended: --max-frames 8 reached after 8 frames" in proc.stdout
     assert "Q [cli]: What is moving in the video?\nA: " in proc.stdout and "frames 8 (4 pairs)" in proc.stdout
+
+
+@pytest.mark.parametrize("reserve, noted", [(96, False), (320, True)])
+def test_the_start_line_says_how_the_cap_is_shared(tiny_checkpoint, reserve, noted):
+    """``--max-tokens 640`` with the default 512-token text reserve left the video 8 frame pairs, and the start-up
+    line said only "cache cap 640 tokens". It now says the video's room, the pairs it holds at video.resolution and
+    the reserve; and a note where the reserves take most of the cap."""
+    config = _config(tiny_checkpoint).with_overrides(
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=8"}, cache={"text_reserve_tokens": reserve})
+    out = io.StringIO()
+    with Running(config, out, no_server=True, realtime=False) as run:
+        assert _wait(lambda: "allocated once" in out.getvalue(), 60)
+        session = run.daemon.session
+        room = session.video_limit - session.prefix_tokens
+    assert room == 400 - reserve - session.prefix_tokens
+    text = out.getvalue()
+    assert (f"cache cap 400 tokens = {session.cache.capacity_bytes / 2**20:.2f} MiB allocated once (video {room} "
+            f"tokens, {room // 16} frame pairs at 112x112; {reserve} kept for a question and its answer") in text
+    assert ("note: the reserves take most of the cap" in text) == noted

@@ -377,7 +377,8 @@ class Daemon:
         stats = self.session.stats()
         self.say(f"edgekv {edgekv.__version__}: model {model_dir} ({cfg.model.dtype}, {runtime.device}), policy "
                  f"{stats['policy']}, engines {stats['vision_backend']}/{stats['llm_backend']}, cache cap "
-                 f"{stats['cache_capacity_tokens']} tokens = {stats['cache_capacity_bytes'] / 2**20:.2f} MiB allocated once")
+                 f"{stats['cache_capacity_tokens']} tokens = {stats['cache_capacity_bytes'] / 2**20:.2f} MiB allocated once"
+                 f"{self._video_room_text()}")
         self.monitor = Monitor(cfg.monitor).start()
         deterministic = not self._spec.live and not self.options.realtime
         base, most = cfg.video.reconnect_backoff_s
@@ -674,6 +675,24 @@ class Daemon:
                 self.say(f"archive: {other} holds {len(segments)} segment(s) ({size / 2**20:.1f} MiB) of a "
                          f"{'one-camera deployment' if self.camera is not None else 'camera of video.sources'}, "
                          f"which this deployment never reads, counts in archive.max_gib nor deletes; remove them")
+
+    def _video_room_text(self) -> str:
+        """How the cap is shared, for the start-up line: the video's room (and the frame pairs it holds at
+        ``video.resolution``), the text reserve, the retrieval reserve; and a note where the reserves take most of it
+        (``--max-tokens 640`` with the default 512-token text reserve left the video 8 pairs, unsaid)."""
+        session = self.session
+        room = session.video_limit - session.prefix_tokens
+        resolution = self.config.video.resolution
+        per_pair = (resolution[0] // 28) * (resolution[1] // 28) if resolution else None
+        held = f", {room // per_pair} frame pairs at {resolution[0]}x{resolution[1]}" if per_pair else ""
+        text = (f" (video {room} tokens{held}; {session.text_reserve} kept for a question and its answer, "
+                f"cache.text_reserve_tokens"
+                + (f"; {session.recall_reserve} for recalled pairs, archive.top_k" if session.recall_reserve else "")
+                + ")")
+        if room < session.capacity // 2:
+            text += (f"\nnote: the reserves take most of the cap, the video keeps {room} of its "
+                     f"{session.capacity} tokens{held}: raise cache.max_tokens or lower cache.text_reserve_tokens")
+        return text
 
     def _say_archive_room(self) -> None:
         """A disk that cannot hold ``archive.max_gib`` (and ``frames_mib``) beside ``keep_free_gib``: said at start,
