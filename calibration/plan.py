@@ -230,16 +230,14 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: float | None = None) -> list[str]:
-    """What the memory on flash holds for a deployment: a frame pair's archive record (its K/V at the model's dtype,
-    its index keys and checksums: ``KVShape.record_bytes``, what the writer appends), how far back ``archive.max_gib``
-    reaches at the cameras' pair rate (``fps / 2`` each), the index it keeps in RAM for that many pairs, and the
-    evidence frames' hours (``archive.frames_mib``, from ``FRAME_KIB_MEASURED``); then what all that writes to the
-    flash a day (``write_lines``). Formulas, not a measurement."""
+def archive_shape(config, model: str | Path | dict):
+    """The ``KVShape`` this deployment's archive records have (``model``: the checkpoint folder, or its
+    ``_model_config``), and the setting that chose their dtype, in words: ``archive.kv_dtype``, else an 8-bit cache's
+    own (``cache.kv_dtype``), else the model's dtype — what ``edgekv.archive.recall.Recall`` opens the archive
+    with."""
     from edgekv.archive.store import KVShape
 
-    cfg = _model_config(Path(model_dir))
-    t = cfg["text"]
+    t = (model if isinstance(model, dict) else _model_config(Path(model)))["text"]
     section = config.archive
     eight = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # archive.kv_dtype, else an 8-bit cache's own
     stored = {**eight, "int4": "int4"}.get(section.kv_dtype,
@@ -248,6 +246,18 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: 
              f"{config.cache.kv_dtype} (cache.kv_dtype)" if config.cache.kv_dtype in eight else config.model.dtype)
     shape = KVShape.of(t["num_hidden_layers"], t["num_key_value_heads"],
                        t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"], stored, section.index_keys)
+    return shape, named
+
+
+def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: float | None = None) -> list[str]:
+    """What the memory on flash holds for a deployment: a frame pair's archive record (its K/V at the model's dtype,
+    its index keys and checksums: ``KVShape.record_bytes``, what the writer appends), how far back ``archive.max_gib``
+    reaches at the cameras' pair rate (``fps / 2`` each), the index it keeps in RAM for that many pairs, and the
+    evidence frames' hours (``archive.frames_mib``, from ``FRAME_KIB_MEASURED``); then what all that writes to the
+    flash a day (``write_lines``). Formulas, not a measurement."""
+    cfg = _model_config(Path(model_dir))
+    section = config.archive
+    shape, named = archive_shape(config, cfg)
     record = shape.record_bytes(tokens_per_pair)
     cameras = config.video.sources
     rate = sum((c.fps or config.video.fps) for c in cameras) / 2 if cameras else config.video.fps / 2

@@ -57,7 +57,8 @@ def test_a_good_config_passes_every_check_without_loading_the_model(tiny_checkpo
     assert code == 0, results
     assert {k: s for k, (s, _) in results.items()} == {
         "logging.file": "ok", "model.path": "ok", "cache.calibration": "ok", "state.dir, archive.dir": "ok",
-        "state.dir lock": "ok", "server packages": "ok", "server.host:port": "ok", "server TLS": "ok",
+        "archive.dir records": "ok", "state.dir lock": "ok", "server packages": "ok", "server.host:port": "ok",
+        "server TLS": "ok",
         "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "device memory": "ok", "flash": "note"}
     assert "config.json" in results["model.path"][1]
     assert "a 160x120 frame read" in results["video.source"][1]
@@ -197,3 +198,33 @@ def test_the_device_its_memory_and_power_mode(tiny_checkpoint, tmp_path):
     small = _board(tmp_path / "tiny", 2 * 2**20, mode=0)  # 2 GiB: not even the 2 GB reserve and the weights
     memory, _ = device_results(config.with_overrides(cache={"max_tokens": 4000}), root=str(small))
     assert memory.status == "note" and "the plan's estimate" in memory.detail
+
+
+def test_an_archive_written_with_another_kv_dtype_fails_before_the_model_loads(tiny_checkpoint, tmp_path, capsys):
+    """archive.kv_dtype edited from int8 to int4 over an archive of int8 records: the start refused it only after
+    loading the model (the memory offline for the restart). The check, and the start's preflight, now say it first,
+    naming what wrote the records and the fix; the same kv_dtype passes, naming the records."""
+    import torch
+
+    from edgekv.archive.store import FrameArchive
+    from edgekv.calibration.plan import archive_shape
+    from edgekv.config import EdgeKVConfig
+
+    folder = tmp_path / "archive"
+    written = EdgeKVConfig().with_overrides(model={"path": str(tiny_checkpoint), "dtype": "fp32"},
+                                            archive={"dir": str(folder), "kv_dtype": "int8"})
+    shape, _ = archive_shape(written, tiny_checkpoint)
+    archive = FrameArchive(folder, shape, max_bytes=1 << 24, segment_bytes=1 << 20, stage_dtype=torch.float32)
+    k = torch.randn(shape.layers, shape.kv_heads, 4, shape.head_dim)
+    assert archive.submit(k, k, frame=0, t=0.0, tpos=0, t_offset=0, rows=2, cols=2, stream=b"s" * 16)
+    archive.close()
+    code, results = _check(_config(tmp_path, tiny_checkpoint, archive={"dir": str(folder), "kv_dtype": "int4"}),
+                           capsys)
+    assert code == 2 and results["archive.dir records"][0] == "FAIL", results
+    assert ("holds records of dtype int8 (archive.kv_dtype: int8 wrote them); this config stores int4 (int4 "
+            "(archive.kv_dtype)). Set archive.kv_dtype back") in results["archive.dir records"][1]
+    code, results = _check(_config(tmp_path, tiny_checkpoint, archive={"dir": str(folder), "kv_dtype": "int8"}),
+                           capsys)
+    assert code == 0 and results["archive.dir records"] == ("ok", "records of int8, as this config writes them")
+    code, results = _check(_config(tmp_path, tiny_checkpoint, archive={"dir": str(folder)}), capsys)  # auto: fp32
+    assert code == 2 and "this config stores float32 (fp32)" in results["archive.dir records"][1]

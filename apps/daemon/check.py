@@ -70,6 +70,7 @@ def _found(daemon: Any, key: str, found: object) -> CheckResult:
     cfg = daemon.config
     unset = {"cache.calibration": (cfg.cache.calibration is None, "none set"),
              "state.dir lock": (cfg.state.dir is None, "no state.dir"),
+             "archive.dir records": (cfg.archive.dir is None, "no archive.dir"),
              "server TLS": (cfg.server.tls_cert_file is None, "plain HTTP (no server.tls_cert_file)"),
              "client TLS (escalate:, alerts:)": (cfg.escalate.url is None and not cfg.alerts.webhooks,
                                                  "nothing reached (no escalate.url, no alerts.webhooks)")}

@@ -46,6 +46,7 @@ from edgekv.apps.daemon.scheduling import Collector, FairShare, FrameBacklog
 from edgekv.apps.daemon.startup import (
     StartupError,
     bind_error,
+    check_archive_shape,
     check_calibration,
     check_folders,
     check_logging_file,
@@ -268,6 +269,7 @@ class Daemon:
             ("model.path", lambda: check_model_dir(cfg)),
             ("cache.calibration", lambda: check_calibration(cfg)),
             ("state.dir, archive.dir", lambda: check_folders(cfg)),
+            ("archive.dir records", lambda: check_archive_shape(cfg)),
             # state.dir is this daemon's alone until it stops (another's is refused, naming it)
             ("state.dir lock", self.state.hold),
         ]

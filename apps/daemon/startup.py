@@ -78,6 +78,41 @@ def check_folders(config: EdgeKVConfig) -> None:
             raise StartupError(f"{key}: {value}: the folder is not writable by this user")
 
 
+def check_archive_shape(config: EdgeKVConfig) -> str | None:
+    """An archive already in ``archive.dir`` was written for the K/V shape this config opens it with (the model's
+    layers, KV heads and head_dim; ``archive.kv_dtype``, else an 8-bit cache's dtype, else the model's; and
+    ``archive.index_keys``), checked before the model loads: an edited ``archive.kv_dtype`` (int8 to int4, say) was
+    refused only once the model had loaded, after the restart had taken the memory offline. Returns what it found."""
+    if config.archive.dir is None:
+        return None
+    from edgekv.archive.store import _KV_DTYPE_NAMES, archived_shape
+    from edgekv.calibration.plan import archive_shape
+    from edgekv.model.builtin import resolve_model_path
+
+    found = archived_shape(config.archive.dir)
+    if found is None:
+        return "no archive there yet"
+    try:
+        wanted, named = archive_shape(config, resolve_model_path(config.model.path))
+    except (FileNotFoundError, ValueError, KeyError):  # model.path's own check says what is wrong with it
+        return f"records of {found.dtype}; not compared (model.path has no readable config.json)"
+    if found.dtype != wanted.dtype:
+        wrote = _KV_DTYPE_NAMES.get(found.dtype, f"auto, a {found.dtype} cache")
+        raise StartupError(f"archive.dir: {config.archive.dir} holds records of dtype {found.dtype} (archive.kv_dtype: "
+                           f"{wrote} wrote them); this config stores {wanted.dtype} ({named}). Set archive.kv_dtype "
+                           f"back, or point archive.dir at another folder (the records there are kept)")
+    if found.index_keys != wanted.index_keys:
+        raise StartupError(f"archive.dir: {config.archive.dir} was indexed with archive.index_keys="
+                           f"{found.index_keys}, this config has {wanted.index_keys}; set it back, or point "
+                           f"archive.dir at another folder")
+    for name in ("layers", "kv_heads", "head_dim"):
+        if getattr(found, name) != getattr(wanted, name):
+            raise StartupError(f"archive.dir: {config.archive.dir} was written for a model with {name}="
+                               f"{getattr(found, name)}, model.path's has {getattr(wanted, name)}; point archive.dir "
+                               f"at another folder for this model")
+    return f"records of {found.dtype}, as this config writes them"
+
+
 def check_calibration(config: EdgeKVConfig) -> None:
     file = config.cache.calibration
     if file is not None and not Path(file).expanduser().is_file():

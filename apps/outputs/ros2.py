@@ -399,7 +399,7 @@ class Ros2Channel:
         return {
             "time": time.time(), **daemon.status(), "cache": {key: stats.get(key) for key in keys},
             "stats_age_s": round(time.monotonic() - self._stats_at, 3) if self._stats is not None else None,
-            "capture": {key: capture.get(key) for key in ("frames_read", "frames_dropped", "frames_corrupt",
-                                                            "reconnects", "ended", "last_error")},
+            "capture": {key: capture.get(key) for key in ("frames_read", "frames_decoded", "frames_dropped",
+                                                            "frames_corrupt", "reconnects", "ended", "last_error")},
             "source": source() if callable(source) else None, "ros2": dict(self.counts),
         }
