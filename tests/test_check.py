@@ -221,10 +221,10 @@ def test_an_archive_written_with_another_kv_dtype_fails_before_the_model_loads(t
     code, results = _check(_config(tmp_path, tiny_checkpoint, archive={"dir": str(folder), "kv_dtype": "int4"}),
                            capsys)
     assert code == 2 and results["archive.dir records"][0] == "FAIL", results
-    assert ("holds records of dtype int8 (archive.kv_dtype: int8 wrote them); this config stores int4 (int4 "
-            "(archive.kv_dtype)). Set archive.kv_dtype back") in results["archive.dir records"][1]
+    assert ("holds records of dtype int8 (archive.kv_dtype: int8 wrote them); this config stores int4 "
+            "(archive.kv_dtype). Set archive.kv_dtype back") in results["archive.dir records"][1]
     code, results = _check(_config(tmp_path, tiny_checkpoint, archive={"dir": str(folder), "kv_dtype": "int8"}),
                            capsys)
     assert code == 0 and results["archive.dir records"] == ("ok", "records of int8, as this config writes them")
     code, results = _check(_config(tmp_path, tiny_checkpoint, archive={"dir": str(folder)}), capsys)  # auto: fp32
-    assert code == 2 and "this config stores float32 (fp32)" in results["archive.dir records"][1]
+    assert code == 2 and "this config stores fp32 (model.dtype)" in results["archive.dir records"][1]

@@ -98,8 +98,9 @@ def check_archive_shape(config: EdgeKVConfig) -> str | None:
         return f"records of {found.dtype}; not compared (model.path has no readable config.json)"
     if found.dtype != wanted.dtype:
         wrote = _KV_DTYPE_NAMES.get(found.dtype, f"auto, a {found.dtype} cache")
+        stores = named if "(" in named else f"{named} (model.dtype)"
         raise StartupError(f"archive.dir: {config.archive.dir} holds records of dtype {found.dtype} (archive.kv_dtype: "
-                           f"{wrote} wrote them); this config stores {wanted.dtype} ({named}). Set archive.kv_dtype "
+                           f"{wrote} wrote them); this config stores {stores}. Set archive.kv_dtype "
                            f"back, or point archive.dir at another folder (the records there are kept)")
     if found.index_keys != wanted.index_keys:
         raise StartupError(f"archive.dir: {config.archive.dir} was indexed with archive.index_keys="
