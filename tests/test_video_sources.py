@@ -763,3 +763,30 @@ def test_a_paced_file_sampled_by_wanted_frames_hands_out_the_right_pictures(tmp_
         assert abs(float(frame.mean()) - 4 * round(t * 50)) < 3, t
     stats = sampler.stats()
     assert stats["ended"] == "eof" and stats["frames_read"] == 60 and stats["frames_decoded"] >= len(got)
+
+
+def test_a_frame_that_does_not_decode_when_retrieved_is_counted_and_the_next_is_handed_out():
+    """A grabbed frame whose pixels do not decode (a garbage JPEG from a V4L2 camera: the decode happens in
+    ``retrieve``) is skipped and counted as corrupt, as a failed read is; a consumer waiting gets the next one."""
+
+    class Garbled(GrabbedCamera):
+        def retrieve(self):
+            if self.index == 3:
+                raise CorruptFrame("fake:grabbed: frame 3 is not a JPEG")
+            return super().retrieve()
+
+    camera = Garbled()
+    capture = CaptureThread(camera, clock=lambda: camera.now)
+    capture.start()
+    camera.release(3)  # frames 0-2 decoded (no tick said yet)
+    got: list = []
+    consumer = threading.Thread(target=lambda: got.append(capture.latest(after=3, timeout=30)))
+    consumer.start()
+    _wait_until(lambda: capture._waiting == 1)
+    camera.release(2)  # frame 3 fails to decode, frame 4 is handed out
+    consumer.join(30)
+    stats = capture.stats()
+    assert got[0][0][0, 0, 0] == 4 and stats["frames_corrupt"] == 1 and "frame 3 is not a JPEG" in stats["last_error"]
+    assert camera.decoded == [0, 1, 2, 4] and stats["frames_decoded"] == 4
+    camera.finish.set()
+    capture.stop()
