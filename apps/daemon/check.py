@@ -89,6 +89,10 @@ def _found(daemon: Any, key: str, found: object) -> CheckResult:
         return _broker_result(cfg.fleet.broker)
     if key == "video.source":
         return _source_result(found)
+    from edgekv.apps.daemon.startup import ARCHIVE_OTHER_DTYPE
+
+    if key == "archive.dir records" and isinstance(found, str) and found.startswith(ARCHIVE_OTHER_DTYPE):
+        return CheckResult(key, "note", found)
     return CheckResult(key, "ok", str(found) if isinstance(found, str) else "")
 
 

@@ -705,6 +705,10 @@ class Daemon:
         if recall is None:
             return
         section, archive = self.config.archive, recall.archive
+        other = {d: n for d, n in archive.segments_by_dtype().items() if d != archive.shape.dtype}
+        if other:  # archive.kv_dtype was changed: the old records are read as they are
+            self.say(f"archive: {', '.join(f'{n} segment(s) of {d} records' for d, n in other.items())} from before "
+                     f"archive.kv_dtype was changed are read as they are; new records are {archive.shape.dtype}")
         free = disk_free_bytes(archive.dir)
         if free is None:
             return

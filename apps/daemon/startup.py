@@ -79,13 +79,14 @@ def check_folders(config: EdgeKVConfig) -> None:
 
 
 def check_archive_shape(config: EdgeKVConfig) -> str | None:
-    """An archive already in ``archive.dir`` was written for the K/V shape this config opens it with (the model's
-    layers, KV heads and head_dim; ``archive.kv_dtype``, else an 8-bit cache's dtype, else the model's; and
-    ``archive.index_keys``), checked before the model loads: an edited ``archive.kv_dtype`` (int8 to int4, say) was
-    refused only once the model had loaded, after the restart had taken the memory offline. Returns what it found."""
+    """An archive already in ``archive.dir`` was written for the model this config loads (its layers, KV heads and
+    head_dim) and with its ``archive.index_keys``, checked before the model loads: such an archive was refused only
+    once the model had loaded, after the restart had taken the memory offline. Records of another dtype (an edited
+    ``archive.kv_dtype``) are not a mistake: they are read as they are while new ones are written in the new dtype
+    (``FrameArchive._shape_of``), which is said. Returns what it found."""
     if config.archive.dir is None:
         return None
-    from edgekv.archive.store import _KV_DTYPE_NAMES, archived_shape
+    from edgekv.archive.store import archived_shape
     from edgekv.calibration.plan import archive_shape
     from edgekv.model.builtin import resolve_model_path
 
@@ -96,12 +97,6 @@ def check_archive_shape(config: EdgeKVConfig) -> str | None:
         wanted, named = archive_shape(config, resolve_model_path(config.model.path))
     except (FileNotFoundError, ValueError, KeyError):  # model.path's own check says what is wrong with it
         return f"records of {found.dtype}; not compared (model.path has no readable config.json)"
-    if found.dtype != wanted.dtype:
-        wrote = _KV_DTYPE_NAMES.get(found.dtype, f"auto, a {found.dtype} cache")
-        stores = named if "(" in named else f"{named} (model.dtype)"
-        raise StartupError(f"archive.dir: {config.archive.dir} holds records of dtype {found.dtype} (archive.kv_dtype: "
-                           f"{wrote} wrote them); this config stores {stores}. Set archive.kv_dtype "
-                           f"back, or point archive.dir at another folder (the records there are kept)")
     if found.index_keys != wanted.index_keys:
         raise StartupError(f"archive.dir: {config.archive.dir} was indexed with archive.index_keys="
                            f"{found.index_keys}, this config has {wanted.index_keys}; set it back, or point "
@@ -111,7 +106,14 @@ def check_archive_shape(config: EdgeKVConfig) -> str | None:
             raise StartupError(f"archive.dir: {config.archive.dir} was written for a model with {name}="
                                f"{getattr(found, name)}, model.path's has {getattr(wanted, name)}; point archive.dir "
                                f"at another folder for this model")
+    if found.dtype != wanted.dtype:
+        stores = named if "(" in named else f"{named} (model.dtype)"
+        return (f"{ARCHIVE_OTHER_DTYPE}: its records are {found.dtype}, read as they are until retention or a forget "
+                f"removes them; new ones are written as {stores}")
     return f"records of {found.dtype}, as this config writes them"
+
+
+ARCHIVE_OTHER_DTYPE = "another kv_dtype"
 
 
 def check_calibration(config: EdgeKVConfig) -> None:

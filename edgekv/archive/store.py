@@ -103,7 +103,7 @@ import time
 import uuid
 import weakref
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -298,6 +298,8 @@ class FrameArchive:
         self.keys = keys  # edgekv.privacy.KeyRing: new segments sealed with its current key (see "Sealed")
         self._sealers: dict[int, object] = {}  # segment number -> its Sealer (sealed segments only)
         self._scan_sealer = None  # the sealer of the segment being scanned
+        self._scan_dtype: str | None = None  # the records' dtype of the segment being scanned (its header's)
+        self._dtypes: dict[int, str] = {}  # segment number -> its records' dtype, where not ``shape.dtype``
         self._seq = 0  # the next record's number in the open segment
         self._write_lock = threading.Lock()  # the writer's batch, or a forget's rewrite
         self.forgotten = 0  # pairs removed by forget
@@ -544,8 +546,8 @@ class FrameArchive:
                 out.append(int(digits))
         return sorted(out)
 
-    def _header_bytes(self, sealer=None) -> bytes:
-        fields = asdict(self.shape)
+    def _header_bytes(self, sealer=None, shape: KVShape | None = None) -> bytes:
+        fields = asdict(shape or self.shape)
         if sealer is not None:
             fields["sealed"] = sealer.header.hex()  # key id + salt (edgekv.privacy.Sealer)
         key = json.dumps(fields, sort_keys=True).encode()
@@ -569,6 +571,9 @@ class FrameArchive:
             except SealError as exc:
                 raise ArchiveError(str(exc)) from None
         wanted = asdict(self.shape)
+        if saved.get("dtype") in _DTYPES:  # another kv_dtype's records are read as they are (see ``_shape_of``)
+            self._scan_dtype = saved["dtype"]
+            wanted["dtype"] = saved["dtype"]
         for name, value in wanted.items():
             if saved.get(name) != value:
                 if name == "index_keys":
@@ -592,13 +597,15 @@ class FrameArchive:
             self._scan_segment(number, verify_kv=number == numbers[-1])
 
     def _scan_segment(self, number: int, verify_kv: bool) -> None:
-        self._scan_sealer = None
+        self._scan_sealer = self._scan_dtype = None
         try:
             self._scan_segment_records(number, verify_kv)
             if self._scan_sealer is not None and number in self._segments:
                 self._sealers[number] = self._scan_sealer
+            if self._scan_dtype not in (None, self.shape.dtype) and number in self._segments:
+                self._dtypes[number] = self._scan_dtype
         finally:
-            self._scan_sealer = None
+            self._scan_sealer = self._scan_dtype = None
 
     def _scan_segment_records(self, number: int, verify_kv: bool) -> None:
         """Index every record of a segment that checks (see "Damage" in the module docstring): a damaged
@@ -691,8 +698,28 @@ class FrameArchive:
     def _meta_len(self, sealed: bool) -> int:
         return self.shape.meta_bytes() + (_TAG if sealed else 0)
 
-    def _layer_len(self, tokens: int, sealed: bool) -> int:
-        return self.shape.layer_bytes(tokens) + (_TAG if sealed else 0)
+    def _layer_len(self, tokens: int, sealed: bool, segment: int | None = None) -> int:
+        """A record's layer on disk (``segment``'s records dtype; None: this archive's own, or while scanning, the
+        segment being scanned)."""
+        shape = self._shape_of(segment) if segment is not None else (
+            replace(self.shape, dtype=self._scan_dtype) if self._scan_dtype else self.shape)
+        return shape.layer_bytes(tokens) + (_TAG if sealed else 0)
+
+    def _shape_of(self, segment: int) -> KVShape:
+        """The shape of segment ``segment``'s records: this archive's, but for the dtype of a segment written with
+        another ``archive.kv_dtype`` (or another model dtype) before it was changed — read as they are, until
+        retention or a forget removes them, while new records are written in ``shape.dtype``."""
+        dtype = self._dtypes.get(segment)
+        return self.shape if dtype is None else replace(self.shape, dtype=dtype)
+
+    def segments_by_dtype(self) -> dict[str, int]:
+        """Segments held, by their records' dtype (more than one after ``archive.kv_dtype`` was changed)."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for number in self._segments:
+                dtype = self._dtypes.get(number, self.shape.dtype)
+                counts[dtype] = counts.get(dtype, 0) + 1
+            return counts
 
     def _nonce_index(self, seq: int, layer: int) -> int:
         """The AES-GCM chunk index of a sealed record's layer (``layer = layers``: its meta)."""
@@ -747,7 +774,7 @@ class FrameArchive:
         damaged: set[int] = set()
         if verify_kv:
             sealer = self._scan_sealer
-            layer_len = self._layer_len(entry.tokens, sealer is not None)
+            layer_len = self._layer_len(entry.tokens, sealer is not None)  # the scanned segment's records dtype
             handle.seek(offset + _HEAD.size + self._meta_len(sealer is not None))
             for layer, crc in enumerate(entry.layer_crcs):
                 data = handle.read(layer_len)
@@ -1090,6 +1117,7 @@ class FrameArchive:
             self._segments.pop(number, None)
             self._segment_newest_t.pop(number, None)
             self._sealers.pop(number, None)
+            self._dtypes.pop(number, None)
             self._segment_path(number).unlink(missing_ok=True)
             self.segments_deleted += 1
 
@@ -1158,7 +1186,8 @@ class FrameArchive:
         path, sealed = self._segment_path(number), number in self._sealers
 
         def record(source, entry: ArchivedPair, index: int) -> tuple[bytes, int]:  # byte for byte, nonces kept
-            length = _HEAD.size + self._meta_len(sealed) + self.shape.layers * self._layer_len(entry.tokens, sealed)
+            length = _HEAD.size + self._meta_len(sealed) + self.shape.layers * self._layer_len(entry.tokens, sealed,
+                                                                                                 number)
             source.seek(entry.offset)
             data = source.read(length)
             if len(data) != length:
@@ -1249,9 +1278,9 @@ class FrameArchive:
         def record(source, entry: ArchivedPair, seq: int) -> tuple[bytes, int]:  # renumbered: new salt, new nonces
             source.seek(entry.offset + _HEAD.size)
             meta = source.read(self._meta_len(old is not None))
-            parts = [source.read(self._layer_len(entry.tokens, old is not None)) for _ in range(layers)]
+            parts = [source.read(self._layer_len(entry.tokens, old is not None, number)) for _ in range(layers)]
             if len(meta) != self._meta_len(old is not None) or any(
-                    len(part) != self._layer_len(entry.tokens, old is not None) for part in parts):
+                    len(part) != self._layer_len(entry.tokens, old is not None, number) for part in parts):
                 raise ArchiveError(f"{path}: pair {entry.pair} at byte {entry.offset} is cut short")
             if old is not None:
                 meta = old.open(self._nonce_index(entry.seq, layers), meta, str(path))
@@ -1263,7 +1292,8 @@ class FrameArchive:
         def sealed_with_new() -> None:
             self._sealers[number] = new
 
-        return self._replace_segment(number, keep, lambda source: self._header_bytes(new), record, sealed_with_new)
+        return self._replace_segment(number, keep, lambda source: self._header_bytes(new, self._shape_of(number)),
+                                     record, sealed_with_new)
 
     def _open_or_carry(self, sealer, seq: int, layer: int, sealed: bytes) -> bytes:
         """A sealed layer's plaintext; one that does not authenticate is carried as its bytes less the tag (its
@@ -1343,13 +1373,14 @@ class FrameArchive:
         [kv_heads, P, head_dim] of the archive's dtype whose rows per head are contiguous (slices of a
         cache). Returns the layers read and verified; a layer failing its checksum is left out (counted in
         ``bad_records``), all are when the record is gone (retention deleted its segment)."""
-        layer_bytes = self.shape.layer_bytes(entry.tokens)
         good: set[int] = set()
         with self._lock:  # retention cannot delete the segment while it is read
             if entry.segment not in self._segments:
                 return good
+            shape = self._shape_of(entry.segment)
+            layer_bytes = shape.layer_bytes(entry.tokens)
             sealer = self._sealers.get(entry.segment)
-            layer_len = self._layer_len(entry.tokens, sealer is not None)
+            layer_len = self._layer_len(entry.tokens, sealer is not None, entry.segment)
             base = entry.offset + _HEAD.size + self._meta_len(sealer is not None)
             try:
                 fd = os.open(self._segment_path(entry.segment), os.O_RDONLY)
@@ -1357,11 +1388,12 @@ class FrameArchive:
                 return good
             try:
                 for layer, (k, v) in targets.items():
-                    if self.shape.quantized:  # codes and scales into a buffer of their own, dequantized into k, v
+                    if shape.quantized:  # codes and scales into a buffer of their own, dequantized into k, v
                         host = [torch.empty(layer_bytes, dtype=torch.uint8)]
                         views = [_bytes_of(host[0])]
-                    else:
-                        host = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype) for t in (k, v)]
+                    else:  # straight into the targets where they are host memory of the records' dtype
+                        host = [t if t.device.type == "cpu" and t.dtype == shape.torch_dtype
+                                else torch.empty(t.shape, dtype=shape.torch_dtype) for t in (k, v)]
                         views = [_bytes_of(t[head]) for t in host for head in range(t.shape[0])]
                     if sealer is not None:
                         if not self._read_sealed(fd, sealer, entry, layer, base + layer * layer_len, views):
@@ -1374,8 +1406,8 @@ class FrameArchive:
                     if crc != entry.layer_crcs[layer]:
                         self.bad_records += 1
                         continue
-                    if self.shape.quantized:
-                        self._dequantize_into(host[0], entry.tokens, k, v)
+                    if shape.quantized:
+                        self._dequantize_into(host[0], entry.tokens, k, v, shape)
                     else:
                         for target, read in zip((k, v), host):
                             if read is not target:
@@ -1385,24 +1417,25 @@ class FrameArchive:
                 os.close(fd)
         return good
 
-    def _dequantize_into(self, block: torch.Tensor, tokens: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _dequantize_into(self, block: torch.Tensor, tokens: int, k: torch.Tensor, v: torch.Tensor,
+                         shape: KVShape) -> None:
         """A quantized record's layer (codes, then scales) dequantized into ``k``, ``v`` [kv_heads, P, head_dim]."""
-        if self.shape.dtype == "int4":
+        if shape.dtype == "int4":
             from edgekv.archive.quant4 import dequantize_into
 
             dequantize_into(block, tokens, k, v)
             return
         from edgekv.cache.quant import dequantize
 
-        heads, dim = self.shape.kv_heads, self.shape.head_dim
-        codes = block[:2 * heads * tokens * dim].view(self.shape.torch_dtype).view(2, heads, tokens, dim)
+        heads, dim = shape.kv_heads, shape.head_dim
+        codes = block[:2 * heads * tokens * dim].view(shape.torch_dtype).view(2, heads, tokens, dim)
         scales = block[2 * heads * tokens * dim:].view(torch.bfloat16).view(2, heads, tokens)
         for index, target in enumerate((k, v)):
             target.copy_(dequantize(codes[index], scales[index], target.dtype))
 
     def _read_sealed(self, fd: int, sealer, entry: ArchivedPair, layer: int, at: int, views: list) -> bool:
         """One sealed layer opened into ``views`` (False when short or when it does not authenticate)."""
-        length = self._layer_len(entry.tokens, True)
+        length = self._layer_len(entry.tokens, True, entry.segment)
         data = os.pread(fd, length, at)
         if len(data) != length:
             return False
