@@ -18,6 +18,24 @@ def pair_kv(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
     return k, k * 2 + 1
 
 
+def read_back(dtype: str, pair: int) -> torch.Tensor:
+    """The pair's K/V [layers, 2, kv_heads, P, head_dim] as an archive of records of ``dtype`` reads it back: exactly,
+    as float32; through the 8-bit cache's scheme for int8 (edgekv/cache/quant.py); through edgekv/archive/quant4.py
+    for int4."""
+    from edgekv.archive.quant4 import dequantize_into, quantize_layers
+    from edgekv.cache.quant import dequantize, quantize
+
+    k, v = pair_kv(pair)
+    if dtype == "float32":
+        return torch.stack((k, v), dim=1)
+    if dtype == "int8":
+        return torch.stack([dequantize(*quantize(x, torch.int8), torch.float32) for x in (k, v)], dim=1)
+    rows, out = quantize_layers(torch.stack((k, v), dim=1)), torch.empty(SHAPE.layers, 2, *k.shape[1:])
+    for layer in range(SHAPE.layers):
+        dequantize_into(rows[layer], TOKENS, out[layer, 0], out[layer, 1])
+    return out
+
+
 def fill(archive: FrameArchive, pairs: range, stream: bytes = STREAM) -> None:
     for pair in pairs:
         k, v = pair_kv(pair)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_archive import SHAPE, STREAM, TOKENS, byte_runs, fill, pair_kv
+from helpers_archive import SHAPE, STREAM, byte_runs, fill, pair_kv, read_back
 
 pytest.importorskip("cryptography")
 
@@ -147,13 +147,15 @@ def test_forget_of_a_whole_segment_deletes_it_and_a_leftover_rewrite_is_removed(
     again.close()
 
 
-def test_sealed_4bit_records_read_back_after_a_forget(tmp_path):
-    """archive.kv_dtype int4 with the privacy key: 4-bit records sealed as the others, a forget rewrites the segments
-    without the window's records, and the rest read back exactly as edgekv/archive/quant4.py gives them."""
-    from edgekv.archive.quant4 import dequantize_into, quantize_layers
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_sealed_quantized_records_read_back_and_a_forget_removes_them(tmp_path, dtype):
+    """archive.kv_dtype int8 / int4 with the privacy key: quantized records sealed like float ones (each layer's codes
+    and scales one sealed chunk), read back exactly as their scheme gives them (edgekv/cache/quant.py,
+    edgekv/archive/quant4.py); a forget rewrites the segments without the window's records and the rest still
+    read."""
     from edgekv.archive.store import KVShape
 
-    shape = KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, "int4", SHAPE.index_keys)
+    shape = KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, dtype, SHAPE.index_keys)
     archive = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=2 << 10, keys=_keys(3),
                            stage_dtype=torch.float32)
     fill(archive, range(10))
@@ -165,39 +167,7 @@ def test_sealed_4bit_records_read_back_after_a_forget(tmp_path):
     entries = {e.frame: e for e in reopened.entries()}
     assert sorted(entries) == [0, 1, 2, 6, 7, 8, 9] and reopened.bad_records == 0
     for pair in entries:
-        rows = quantize_layers(torch.stack(pair_kv(pair), dim=1))
         got = reopened.read_layers(entries[pair], list(range(SHAPE.layers)))
         assert sorted(got) == list(range(SHAPE.layers))
-        for layer, kv in got.items():
-            expected = torch.empty_like(kv)
-            dequantize_into(rows[layer], TOKENS, expected[0], expected[1])
-            assert torch.equal(kv, expected)
-    reopened.close()
-
-
-def test_sealed_8bit_records_read_back_and_a_forget_removes_them(tmp_path):
-    """archive.kv_dtype int8 with the privacy key: 8-bit records sealed like float ones (each layer's codes and
-    scales one sealed chunk), read back as the 8-bit scheme gives them; a forget rewrites the segments without
-    the window's records and the rest still read."""
-    from edgekv.archive.store import KVShape
-    from edgekv.cache.quant import dequantize, quantize
-
-    shape = KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, "int8", SHAPE.index_keys)
-    archive = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=2 << 10, keys=_keys(3),
-                           stage_dtype=torch.float32)
-    fill(archive, range(10))
-    assert archive.stats()["archive_sealed_segments"] > 1
-    assert archive.forget(3.0, 5.0)["pairs"] == 3
-    archive.close()
-    reopened = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=2 << 10, keys=_keys(3),
-                            stage_dtype=torch.float32)
-    entries = {e.frame: e for e in reopened.entries()}
-    assert sorted(entries) == [0, 1, 2, 6, 7, 8, 9] and reopened.bad_records == 0
-    for pair in entries:
-        k, v = pair_kv(pair)
-        got = reopened.read_layers(entries[pair], list(range(SHAPE.layers)))
-        assert sorted(got) == list(range(SHAPE.layers))
-        for layer, kv in got.items():
-            for index, x in enumerate((k[layer], v[layer])):
-                assert torch.equal(kv[index], dequantize(*quantize(x, torch.int8), torch.float32))
+        assert torch.equal(torch.stack([got[layer] for layer in range(SHAPE.layers)]), read_back(dtype, pair))
     reopened.close()

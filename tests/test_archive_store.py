@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_archive import SHAPE, STREAM, TOKENS, pair_kv
+from helpers_archive import SHAPE, STREAM, TOKENS, pair_kv, read_back
 
 from edgekv.archive.store import ArchiveError, ArchiveMismatchError, FrameArchive, KVShape, new_stream_id
 from edgekv.model.rope import rotary_inv_freq
@@ -360,6 +360,19 @@ def test_index_keys_of_another_archive_are_refused_and_first_format_folders_open
         FrameArchive(tmp_path, KVShape(3, 2, 8, "float32", index_keys=2), max_bytes=1 << 20, segment_bytes=16 << 10)
 
 
+def _flip_a_byte_of_the_last_layer(folder: Path, shape: KVShape) -> FrameArchive:
+    """The third-last byte of the newest record (in its last layer) flipped, then the archive reopened: that layer of
+    that record no longer reads, its first layer still does. Returns the reopened archive."""
+    (segment,) = sorted(folder.glob("seg-*.ekva"))[-1:]
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    reopened = FrameArchive(folder, shape, max_bytes=1 << 20, segment_bytes=64 << 10, stage_dtype=torch.float32)
+    last = reopened.entries()[-1]
+    assert reopened.read_layer(last, SHAPE.layers - 1) is None and reopened.read_layer(last, 0) is not None
+    return reopened
+
+
 def test_4bit_records_read_back_as_quant4_gives_them_and_a_flipped_byte_costs_its_layer(tmp_path):
     """archive.kv_dtype int4: a pair's K/V as edgekv/archive/quant4.py packs it (keys per channel, values per token,
     two codes a byte), read back exactly as its dequantization gives it; a flipped byte costs only its layer."""
@@ -383,14 +396,7 @@ def test_4bit_records_read_back_as_quant4_gives_them_and_a_flipped_byte_costs_it
     assert shape.layer_bytes(TOKENS) <= eight.layer_bytes(TOKENS)  # equal at 4 tokens of 8 channels: the scales
     assert shape.layer_bytes(256) < 0.61 * eight.layer_bytes(256)  # 256 tokens (per-token V scales weigh at 8 channels)
     archive.close()
-    (segment,) = sorted(tmp_path.glob("seg-*.ekva"))[-1:]
-    data = bytearray(segment.read_bytes())
-    data[-3] ^= 0xFF  # a value minimum of the last record's last layer
-    segment.write_bytes(bytes(data))
-    reopened = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=64 << 10, stage_dtype=torch.float32)
-    last = reopened.entries()[-1]
-    assert reopened.read_layer(last, SHAPE.layers - 1) is None and reopened.read_layer(last, 0) is not None
-    reopened.close()
+    _flip_a_byte_of_the_last_layer(tmp_path, shape).close()  # a value minimum of it
 
 
 @pytest.mark.parametrize("before, after", [("int8", "int4"), ("float32", "int4"), ("int4", "float32")])
@@ -399,20 +405,6 @@ def test_a_changed_kv_dtype_reads_the_old_records_as_they_are_and_writes_new_one
     archive's history was given up for the change. Now the old segments' records are read in their own dtype, new
     ones are written in the new one, both after a reopen, across a forget and a reseal (rekey); retention removes
     the old ones first, as it would any."""
-    from edgekv.archive.quant4 import dequantize_into, quantize_layers
-    from edgekv.cache.quant import dequantize, quantize
-
-    def expected(dtype: str, pair: int) -> torch.Tensor:
-        k, v = _kv(pair)
-        if dtype == "float32":
-            return torch.stack((k, v), dim=1)
-        if dtype == "int8":
-            return torch.stack([dequantize(*quantize(x, torch.int8), torch.float32) for x in (k, v)], dim=1)
-        rows, out = quantize_layers(torch.stack((k, v), dim=1)), torch.empty(SHAPE.layers, 2, *k.shape[1:])
-        for layer in range(SHAPE.layers):
-            dequantize_into(rows[layer], TOKENS, out[layer, 0], out[layer, 1])
-        return out
-
     def shape(dtype: str) -> KVShape:
         return KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, dtype, SHAPE.index_keys)
 
@@ -425,7 +417,7 @@ def test_a_changed_kv_dtype_reads_the_old_records_as_they_are_and_writes_new_one
         assert sorted(entries) == sorted(dtypes) and archive.bad_records == archive.damaged_layers == 0
         for pair, dtype in dtypes.items():
             got = archive.read_layers(entries[pair], list(range(SHAPE.layers)))
-            assert torch.equal(torch.stack([got[layer] for layer in range(SHAPE.layers)]), expected(dtype, pair))
+            assert torch.equal(torch.stack([got[layer] for layer in range(SHAPE.layers)]), read_back(dtype, pair))
 
     first = opened(before)
     _fill(first, range(6))
@@ -481,13 +473,7 @@ def test_8bit_records_hold_a_pair_in_half_the_bytes_and_read_back_within_the_qua
     float_record = SHAPE.record_bytes(TOKENS)
     assert shape.record_bytes(TOKENS) < float_record / 2  # fp32 -> 8 bits: under half, index keys and all
     archive.close()
-    (segment,) = sorted(tmp_path.glob("seg-*.ekva"))[-1:]
-    data = bytearray(segment.read_bytes())
-    data[-3] ^= 0xFF  # a scale byte of the last record's last layer
-    segment.write_bytes(bytes(data))
-    reopened = FrameArchive(tmp_path, shape, max_bytes=1 << 20, segment_bytes=64 << 10, stage_dtype=torch.float32)
-    last = reopened.entries()[-1]
-    assert reopened.read_layer(last, SHAPE.layers - 1) is None and reopened.read_layer(last, 0) is not None
+    reopened = _flip_a_byte_of_the_last_layer(tmp_path, shape)  # a scale byte of it
     assert torch.equal(reopened.read_layer(reopened.entries()[2], 1)[0],
                        dequantize(*quantize(k[1], shape.torch_dtype), torch.float32))
     reopened.close()
