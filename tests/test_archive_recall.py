@@ -18,13 +18,13 @@ FPS = 2.0
 FIELDS = ("k", "v", "kind", "sink", "frame", "row", "col", "tpos")
 
 
-def _runtime(model_dir, folder, archive=None, **cache):
+def _runtime(model_dir, folder, archive=None, device="cpu", **cache):
     cache = {"max_tokens": 400, "text_reserve_tokens": 64, **cache}
     # when_full: wait — these tests count archived pairs, so none may be dropped however busy the machine
     # (with the live default, drop, a slow writer lost pairs: 17 of 24 on a loaded CI machine)
     archive = {"dir": str(folder), "max_gib": 0.01, "segment_mib": 1.0, "top_k": 2, "when_full": "wait",
                **(archive or {})}
-    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": "cpu"},
+    return edgekv.Runtime.from_pretrained(model_dir, model={"dtype": "fp32", "device": device},
                                           video={"resolution": [56, 56], "fps": FPS}, cache=cache,
                                           generation={"max_new_tokens": 3}, archive=archive)
 
@@ -129,7 +129,7 @@ def _cut_and_recall_8bit(session, kv_dtype: str, buffers: tuple[str, ...]) -> No
         recalled = session.question_logits("What moved?", recall=True)
     assert session.recall.last.unique_pairs == (3, 6)
     gap, error = (cut_logits - full).abs().max(), (recalled - full).abs().max()
-    assert error < gap / {"int8": 100, "fp8": 20, "int4": 10}[kv_dtype], (float(error), float(gap))
+    assert error < gap / {"auto": 50, "int8": 100, "fp8": 20, "int4": 10}[kv_dtype], (float(error), float(gap))
     assert session.cache.length == length
     for name, was in before.items():
         assert torch.equal(getattr(session.cache, name)[:, :, :length], was[:, :, :length]), name
@@ -149,6 +149,21 @@ def test_8bit_records_recall_the_same_pairs_and_nearly_the_full_caches_answer(ti
     float_shape = type(session.recall.archive.shape)(*[getattr(session.recall.archive.shape, f) for f in
                                                        ("layers", "kv_heads", "head_dim")], "float32", 2)
     assert record < float_shape.record_bytes(session.recall.archive.entries()[0].tokens) / 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cache_dtype, archive_dtype", [(None, "auto"), (None, "int8"), (None, "int4"),
+                                                        ("int8", "auto"), ("int8", "int4")])
+def test_gpu_recall_into_a_cuda_cache(tiny_checkpoint, tmp_path, cache_dtype, archive_dtype):
+    """Recall into a CUDA cache (issue 32: never run): records read on the host into the cache's device slots, float
+    and 8-bit caches, float, 8- and 4-bit records; the same pairs come back, the logits as near as on the CPU."""
+    session = _runtime(tiny_checkpoint, tmp_path, device="cuda", policy="full", max_tokens=900, kv_dtype=cache_dtype,
+                       archive={"kv_dtype": archive_dtype}).session()
+    assert session.cache.device.type == "cuda"
+    buffers = ("k", "v", "tpos") + (("k_scale", "v_scale") if session.cache.quantized else ())
+    stored = archive_dtype if archive_dtype != "auto" else (cache_dtype or "auto")
+    _cut_and_recall_8bit(session, stored, buffers)
 
 
 def test_an_8_bit_cache_recalls_from_4_bit_records(tiny_checkpoint, tmp_path):

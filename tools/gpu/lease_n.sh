@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 32, the next device call — prepared 2026-12-04 (sixth session, after lease_m), NOT yet run. ~3 minutes.
 #   1. gpu tests: the attention-mass kernel with its occupancy knobs (kernels/attention_mass.py MASS_SPLIT,
-#      FORWARD_BLOCK_M) at the 3B shape, and the pair graph's (it captures that kernel)
+#      FORWARD_BLOCK_M) at the 3B shape, and the pair graph's (it captures that kernel); recall into a CUDA cache
+#      (float and int8 caches; float, int8 and int4 records: tests/test_archive_recall.py, added 2026-12-06)
 #   2. attention_mass_3b.py: the StateKV prefill's attention + mass as the pair calls it (1,044 visible keys and a
 #      256-token pair), forward_block_m 64 / 32 / 16 x mass_split 1 / 2 / 4 / 8, beside eager torch (~40 s).
 #      lease_m's profile put its mass pass first among a pair's kernels (1.26 ms of 14.2) and its forward third
@@ -12,8 +13,9 @@
 WHEELS=.whl source "$(dirname "$0")/setup.sh"
 gpu_info
 checkpoint_3b
-stamp "pytest -m gpu: attention mass (knobs), pair graph (background: the 3B checkpoint)"
-gpu_tests "${TESTS_S:-90}" tests/test_kernels.py tests/test_pair_graph.py -k "attention_mass or pair"
+stamp "pytest -m gpu: attention mass (knobs), pair graph, recall into a CUDA cache (background: the 3B checkpoint)"
+gpu_tests "${TESTS_S:-90}" tests/test_kernels.py tests/test_pair_graph.py tests/test_archive_recall.py \
+  -k "attention_mass or pair or gpu_recall"
 stamp "attention + mass at the 3B shape: forward_block_m x mass_split (tools/gpu/attention_mass_3b.py)"
 timeout -s INT "${VARIANTS_S:-90}" python3 tools/gpu/attention_mass_3b.py --json "$OUT/attention-mass-3b.json" 2>&1 \
   | grep -v -E "Warning|USDT"
