@@ -450,6 +450,28 @@ def test_a_changed_kv_dtype_reads_the_old_records_as_they_are_and_writes_new_one
     fifth.close()
 
 
+def test_a_torn_tail_of_another_dtypes_segment_is_cut_by_its_own_record_size(tmp_path):
+    """A kill mid-write in an int8 archive, reopened after archive.kv_dtype became int4: the torn record is cut by
+    the int8 record's size (the segment's own), every complete one reads as int8, new pairs go on as int4."""
+    eight, four = (KVShape(SHAPE.layers, SHAPE.kv_heads, SHAPE.head_dim, dtype, SHAPE.index_keys)
+                   for dtype in ("int8", "int4"))
+    archive = FrameArchive(tmp_path, eight, max_bytes=1 << 20, segment_bytes=256 << 10, stage_dtype=torch.float32)
+    _fill(archive, range(6))
+    archive.close()
+    (segment,) = tmp_path.glob("seg-*.ekva")
+    size = segment.stat().st_size
+    os.truncate(segment, size - eight.record_bytes(TOKENS) // 2)  # half of pair 5 is gone
+    reopened = FrameArchive(tmp_path, four, max_bytes=1 << 20, segment_bytes=256 << 10, stage_dtype=torch.float32)
+    assert [e.pair for e in reopened.entries()] == [0, 1, 2, 3, 4] and reopened.damaged_layers == 0
+    assert reopened.torn_bytes == eight.record_bytes(TOKENS) - eight.record_bytes(TOKENS) // 2
+    _fill(reopened, range(5, 8))
+    entries = reopened.entries()
+    for pair, dtype in ((4, "int8"), (6, "int4")):
+        got = reopened.read_layers(entries[pair], list(range(SHAPE.layers)))
+        assert torch.equal(torch.stack([got[layer] for layer in range(SHAPE.layers)]), read_back(dtype, pair))
+    reopened.close()
+
+
 @pytest.mark.parametrize("stored", ["int8", "float8_e4m3fn"])
 def test_8bit_records_hold_a_pair_in_half_the_bytes_and_read_back_within_the_quantization(tmp_path, stored):
     """archive.kv_dtype int8 / fp8: a float cache's pair stored as 8-bit codes with a bf16 scale per (layer, KV head,
