@@ -180,5 +180,6 @@ def test_bench_capture_runs_both_modes_on_what_it_says(tmp_path, capsys):
     assert every["frames_read"] - 1 <= every["frames_decoded"] <= every["frames_read"] and every["frames_read"] > 0
     assert 0 < runs["wanted"]["frames_decoded"] <= runs["wanted"]["frames_read"]
     assert set(result["saving"]) == {"capture_cpu_ms_per_s", "process_cpu_ms_per_s"}
+    assert all(run["age_ms_taken"] >= 0 for run in runs.values())
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wanted frames only" in capsys.readouterr().out
     assert main(["bench", "capture", "--seconds", "0", "--json", str(out_json), "--plot", ""]) == 2

@@ -7,7 +7,9 @@ handed out), but only the frames near a sampler tick need their pixels: OpenCV's
 converts it to BGR — and, from a V4L2 camera sending MJPEG (what 720p and 1080p at 30 fps over USB 2 need), decodes
 the JPEG. Each mode runs ``--seconds`` with a consumer taking ``--sample-fps`` frames a second, as the daemon's loop
 does; reported per mode: the capture thread's CPU time a second (``/proc/self/task/TID/stat``: a share of one core),
-the process's, frames read, frames decoded and frames handed out, and the saving. The modes alternate over
+the process's, frames read, frames decoded and frames handed out, the saving, and how old a frame is when it is
+taken (from the moment the capture had it, before its pixels were retrieved where they were: the wanted mode's
+figure includes the decoding, the other's does not). The modes alternate over
 ``--repeats`` rounds, so drift in the machine's load falls on both.
 
 The source defaults to a 1080p MJPEG clip made at run time, played at its own 30 fps, looped (a stand-in for a USB
@@ -104,13 +106,17 @@ def measure(spec: str, mode: str, sample_fps: float, seconds: float) -> dict:
         after = capture.stats()
     finally:
         sampler.close()
+    taken = after["frames_consumed"] - before["frames_consumed"]
+    age = None if not taken else (after["age_ms_taken"] * after["frames_consumed"]
+                                  - (before["age_ms_taken"] or 0.0) * before["frames_consumed"]) / taken
     read = after["frames_read"] - before["frames_read"]
     decoded = after["frames_decoded"] - before["frames_decoded"]
     thread_ms = None if thread_0 is None or thread_1 is None else (thread_1 - thread_0) * 1e3 / elapsed
     return {"mode": mode, "seconds": elapsed, "frames_read": read, "frames_decoded": decoded, "frames_taken": taken,
             "read_fps": read / elapsed, "capture_cpu_ms_per_s": thread_ms,
             "capture_cpu_ms_per_frame": None if thread_ms is None or not read else thread_ms * elapsed / read,
-            "process_cpu_ms_per_s": (process_1 - process_0) * 1e3 / elapsed, "decodes": after["decodes"]}
+            "process_cpu_ms_per_s": (process_1 - process_0) * 1e3 / elapsed, "decodes": after["decodes"],
+            "age_ms_taken": age}
 
 
 def run_capture(args: argparse.Namespace) -> int:
@@ -135,12 +141,15 @@ def run_capture(args: argparse.Namespace) -> int:
                       f"of {row['frames_read']} decoded, {row['frames_taken']} taken; capture thread "
                       + (f"{cpu:6.1f} ms CPU a second ({row['capture_cpu_ms_per_frame']:.2f} a frame)"
                          if cpu is not None else "CPU not readable")
-                      + f", process {row['process_cpu_ms_per_s']:.1f}")
+                      + f", process {row['process_cpu_ms_per_s']:.1f}; a frame taken {_ms(row['age_ms_taken'])} ms "
+                        f"after it came")
     summary = {}
     for mode in MODES:
         rows = [r for r in runs if r["mode"] == mode]
         cpu = [r["capture_cpu_ms_per_s"] for r in rows if r["capture_cpu_ms_per_s"] is not None]
+        ages = [r["age_ms_taken"] for r in rows if r["age_ms_taken"] is not None]
         summary[mode] = {"capture_cpu_ms_per_s": statistics.median(cpu) if cpu else None,
+                         "age_ms_taken": statistics.median(ages) if ages else None,
                          "process_cpu_ms_per_s": statistics.median(r["process_cpu_ms_per_s"] for r in rows),
                          "decoded_share": sum(r["frames_decoded"] for r in rows) / max(1, sum(r["frames_read"]
                                                                                              for r in rows))}
@@ -152,6 +161,8 @@ def run_capture(args: argparse.Namespace) -> int:
         print(f"{what}, median: every frame decoded {_ms(every)} ms CPU a second, wanted frames only {_ms(wanted)} "
               f"({summary['wanted']['decoded_share']:.0%} of frames decoded)"
               + (f": {saving[key]:.0%} less" if saving[key] is not None else ""))
+    print(f"a frame taken, median of runs: {_ms(summary['every']['age_ms_taken'])} ms after it came with every frame "
+          f"decoded, {_ms(summary['wanted']['age_ms_taken'])} with the wanted ones (their decoding included)")
     result = {"source": spec if args.source else f"generated MJPEG {args.size[0]}x{args.size[1]} at {args.fps:g} fps",
               "sample_fps": args.sample_fps, "runs": runs, "summary": summary, "saving": saving,
               "provenance": provenance()}
