@@ -176,9 +176,10 @@ def test_bench_capture_runs_both_modes_on_what_it_says(tmp_path, capsys):
     result = json.loads(out_json.read_text())
     runs = {run["mode"]: run for run in result["runs"]}
     assert (runs["every"]["decodes"], runs["wanted"]["decodes"]) == ("every", "wanted")
-    every = runs["every"]  # a frame read as the run's figures were taken may not be decoded yet (it waits its time)
-    assert every["frames_read"] - 1 <= every["frames_decoded"] <= every["frames_read"] and every["frames_read"] > 0
-    assert 0 < runs["wanted"]["frames_decoded"] <= runs["wanted"]["frames_read"]
+    # a frame read as the run's first or last figures were taken may not be decoded yet (it waits its time): one each
+    every = runs["every"]
+    assert abs(every["frames_decoded"] - every["frames_read"]) <= 1 and every["frames_read"] > 0
+    assert 0 < runs["wanted"]["frames_decoded"] <= runs["wanted"]["frames_read"] + 1
     assert set(result["saving"]) == {"capture_cpu_ms_per_s", "process_cpu_ms_per_s"}
     assert all(run["age_ms_taken"] >= 0 for run in runs.values())
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wanted frames only" in capsys.readouterr().out

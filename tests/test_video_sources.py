@@ -647,7 +647,7 @@ class GrabbedCamera(FrameSource):
         target = self.grabs_started + frames
         for _ in range(frames):
             self.gate.release()
-        _wait_until(lambda: self.grabs_started >= target)
+        _wait_until(lambda: self.grabs_started >= target, timeout=60)
 
 
 def test_a_grabbed_frame_is_decoded_only_near_the_consumers_tick():
@@ -681,7 +681,7 @@ def test_a_waiting_consumer_gets_the_next_frame_decoded():
     got: list = []
     consumer = threading.Thread(target=lambda: got.append(capture.latest(after=1, timeout=30)))
     consumer.start()
-    _wait_until(lambda: capture._waiting == 1)
+    _wait_until(lambda: capture._waiting == 1, timeout=60)
     camera.release()
     consumer.join(30)
     assert camera.decoded == [0, 10]
@@ -783,7 +783,7 @@ def test_a_frame_that_does_not_decode_when_retrieved_is_counted_and_the_next_is_
     got: list = []
     consumer = threading.Thread(target=lambda: got.append(capture.latest(after=3, timeout=30)))
     consumer.start()
-    _wait_until(lambda: capture._waiting == 1)
+    _wait_until(lambda: capture._waiting == 1, timeout=60)
     camera.release(2)  # frame 3 fails to decode, frame 4 is handed out
     consumer.join(30)
     stats = capture.stats()
