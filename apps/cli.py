@@ -135,7 +135,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(result.summary())
         print(verdict)
         config = load_config(args.config)
-        model_dir = args.model if args.model is not None else resolve_model_path(str(config.model.path))
+        model_dir = resolve_model_path(str(args.model if args.model is not None else config.model.path))
         print("\n".join(flash_lines(config, model_dir, result.tokens_per_pair, args.flash_tbw)))
         return 0
     if args.model is None:

@@ -53,6 +53,9 @@ def test_plan_checks_the_shipped_demo_config(capsys):
     demo = Path(__file__).resolve().parents[1] / "configs" / "cpu-demo.yaml"
     assert main(["plan", "--device-memory", "8", "--config", str(demo)]) == 0
     assert f"{demo}: cache.max_tokens 640 fits" in capsys.readouterr().out
+    # and with --model builtin:toy beside it: the flash lines read the builtin's config.json too (they failed so)
+    assert main(["plan", "--device-memory", "8", "--config", str(demo), "--model", "builtin:toy"]) == 0
+    assert "a frame pair of 16 tokens is" in capsys.readouterr().out
 
 
 def test_plan_command_prints_the_budget(model_3b, capsys):
