@@ -184,3 +184,7 @@ def test_bench_capture_runs_both_modes_on_what_it_says(tmp_path, capsys):
     assert all(run["age_ms_taken"] >= 0 for run in runs.values())
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wanted frames only" in capsys.readouterr().out
     assert main(["bench", "capture", "--seconds", "0", "--json", str(out_json), "--plot", ""]) == 2
+    assert main(["bench", "capture", "--size", "0", "0", "--json", str(out_json), "--plot", ""]) == 2
+    assert main(["bench", "capture", "--source", "synthetic:events?size=112x112", "--json", str(out_json),
+                 "--plot", ""]) == 2  # its pixels are made as it is read: nothing to compare
+    assert "nothing to compare" in capsys.readouterr().err

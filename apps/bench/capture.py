@@ -125,6 +125,19 @@ def run_capture(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    if args.source is None and not all(16 <= side <= 8192 for side in args.size):
+        raise ValueError(f"--size: width and height of 16 to 8192 pixels, got {args.size[0]} {args.size[1]}")
+    if args.source is not None:
+        from edgekv.video.sources import open_source
+
+        probe = open_source(args.source)
+        try:
+            if not probe.grab_saves_decoding:
+                raise ValueError(f"--source {probe.spec}: a {probe.kind} source makes every frame's pixels as it "
+                                 "reads it, so there is nothing to compare (the saving is for OpenCV's cameras, "
+                                 "streams and files)")
+        finally:
+            probe.close()
     with tempfile.TemporaryDirectory(prefix="edgekv-bench-capture-") as folder:
         spec = args.source
         if spec is None:
