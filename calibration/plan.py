@@ -235,13 +235,12 @@ def archive_shape(config, model: str | Path | dict):
     ``_model_config``), and the setting that chose their dtype, in words: ``archive.kv_dtype``, else an 8-bit cache's
     own (``cache.kv_dtype``), else the model's dtype — what ``edgekv.archive.recall.Recall`` opens the archive
     with."""
-    from edgekv.archive.store import KVShape
+    from edgekv.archive.store import ARCHIVE_KV_DTYPES, KVShape
 
     t = (model if isinstance(model, dict) else _model_config(Path(model)))["text"]
     section = config.archive
     eight = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # archive.kv_dtype, else an 8-bit cache's own
-    stored = {**eight, "int4": "int4"}.get(section.kv_dtype,
-                                           eight.get(config.cache.kv_dtype, _DTYPES[config.model.dtype]))
+    stored = ARCHIVE_KV_DTYPES.get(section.kv_dtype, eight.get(config.cache.kv_dtype, _DTYPES[config.model.dtype]))
     named = (f"{section.kv_dtype} (archive.kv_dtype)" if section.kv_dtype != "auto" else
              f"{config.cache.kv_dtype} (cache.kv_dtype)" if config.cache.kv_dtype in eight else config.model.dtype)
     shape = KVShape.of(t["num_hidden_layers"], t["num_key_value_heads"],

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgekv.archive.store import ArchivedPair, FrameArchive, KVShape, new_stream_id
+from edgekv.archive.store import ARCHIVE_KV_DTYPES, ArchivedPair, FrameArchive, KVShape, new_stream_id
 from edgekv.attention import CacheAttention
 from edgekv.cache.capped import SlotKind
 from edgekv.config import ArchiveSection
@@ -101,7 +101,7 @@ class Recall:
         self.scoring = section.scoring
         # what is stored on flash: archive.kv_dtype, else as the cache holds it (an 8-bit cache: 8-bit records,
         # re-quantized from its dequantized, rotated keys: the archive keeps keys rotated at their positions)
-        stored = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "int4": "int4"}.get(section.kv_dtype, cache.dtype)
+        stored = ARCHIVE_KV_DTYPES.get(section.kv_dtype, cache.dtype)
         self.archive = FrameArchive(
             section.dir, KVShape.of(cache.num_layers, cache.kv_heads, cache.head_dim, stored, section.index_keys),
             stage_dtype=cache.compute_dtype if cache.quantized else cache.dtype,

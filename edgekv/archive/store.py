@@ -131,6 +131,8 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
            "int4": torch.uint8}  # 4-bit: two codes a byte + bf16 scales and minima (edgekv/archive/quant4.py)
 _QUANTIZED = ("int8", "float8_e4m3fn", "int4")
 _KV_DTYPE_NAMES = {"int8": "int8", "float8_e4m3fn": "fp8", "int4": "int4"}  # archive.kv_dtype's names of them
+# archive.kv_dtype -> the records' dtype, as ``KVShape.of`` takes it ("auto": the cache's own, not here)
+ARCHIVE_KV_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "int4": "int4"}
 
 
 class ArchiveError(RuntimeError):
