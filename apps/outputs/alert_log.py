@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -23,6 +24,24 @@ log = logging.getLogger("edgekv.alerts")
 FOLDER = "alert-events"
 SUFFIX = ".evt"
 FORMAT = 1
+# What each field of a kept alert must be (``AlertEvent``'s, keyframe aside). A file that reads as JSON with a field
+# of another type was listed, and then failed every ``GET /v1/alerts/events`` (``round`` of a string) and every
+# forget (a string compared with a stream time) for as long as it was kept.
+_TEXT, _NUMBER, _OPTIONAL_NUMBER = (str,), (int, float), (int, float, type(None))
+FIELD_TYPES = {"id": _TEXT, "rule_id": _TEXT, "name": _TEXT, "question": _TEXT, "camera": (str, type(None)),
+               "p_yes": _NUMBER, "stream_t": _OPTIONAL_NUMBER, "evidence_pair": (int, type(None)),
+               "evidence_t": _OPTIONAL_NUMBER, "raised_unix": _NUMBER, "keyframe_note": _TEXT,
+               "evidence_unix": _OPTIONAL_NUMBER}
+
+
+def _check_fields(event) -> None:
+    """``ValueError`` naming the first field of ``event`` that is not what an alert holds there."""
+    for name, types in FIELD_TYPES.items():
+        value = getattr(event, name)
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ValueError(f"{name}: {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}: {value}")
 
 
 class EventLog:
@@ -66,7 +85,10 @@ class EventLog:
             for old in self.files()[:-self.keep]:
                 old.unlink(missing_ok=True)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:  # a read-only file system refuses even this (EROFS before ENOENT): nothing was written
+                pass
             self.write_errors += 1
             log.warning("alerts: could not keep alert %s under %s (%s); it went out, and a restart will not list "
                         "it", event.id, self.dir, exc)
@@ -97,8 +119,7 @@ class EventLog:
                 jpeg = doc.pop("keyframe_jpeg_base64", None)
                 event = AlertEvent(**{k: v for k, v in doc.items() if k in names},
                                    keyframe_jpeg=base64.b64decode(jpeg) if jpeg is not None else None)
-                if not isinstance(event.id, str) or not isinstance(event.raised_unix, (int, float)):
-                    raise ValueError("id / raised_unix")
+                _check_fields(event)
             except (SealError, ValueError, TypeError, KeyError, AttributeError) as exc:  # cut short, damaged
                 self._aside(path, exc)
                 continue

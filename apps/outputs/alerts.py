@@ -385,7 +385,7 @@ class AlertEngine:
                            evidence_t, time.time(), jpeg, note,
                            evidence_unix=wall_time(evidence_t) if wall_time is not None and evidence_t is not None
                            else None)
-        log.info("alert %s: %r (P(yes) %.2f at pair %d)", state.name, state.rule.question, verdict.p_yes, pair)
+        log.info("alert %r: %r (P(yes) %.2f at pair %d)", state.name, state.rule.question, verdict.p_yes, pair)
         self.bus.publish(event)
         return event
 
@@ -454,7 +454,12 @@ class RuleStore:
 
     def _set_aside(self, why: BaseException) -> list:
         aside = self.path.with_name(self.NAME + ".bad")
-        os.replace(self.path, aside)
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:  # a read-only state.dir: the damaged file stays, and is still no reason not to start
+            log.warning("alerts: %s does not read (%s) and could not be set aside (%s); the API's standing questions "
+                        "start empty", self.path, why, exc)
+            return []
         log.warning("alerts: %s does not read (%s); set aside as %s, the API's standing questions start empty",
                     self.path, why, aside.name)
         return []

@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from edgekv.apps.outputs.webhooks import RefuseRedirect
+
 log = logging.getLogger("edgekv.escalate")
 
 
@@ -47,6 +49,8 @@ class Escalator:
         self.context = client_context(section.url, section.ca_file, section.cert_file, section.key_file,
                                       names=("escalate.ca_file", "escalate.cert_file", "escalate.key_file"))
         self.jobs: queue.Queue[Escalation | None] = queue.Queue(maxsize=section.queue)
+        handlers = [RefuseRedirect()] + ([urllib.request.HTTPSHandler(context=self.context)] if self.context else [])
+        self._opener = urllib.request.build_opener(*handlers)
         self.sent = self.failed = self.refused = 0
         self._thread = threading.Thread(target=self._run, name="edgekv-escalate", daemon=True)
 
@@ -119,10 +123,31 @@ class Escalator:
         request = urllib.request.Request(section.url.rstrip("/") + "/chat/completions", data=body, headers=headers,
                                          method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=section.timeout_s, context=self.context) as response:
-                reply = json.loads(response.read())
+            with self._opener.open(request, timeout=section.timeout_s) as response:
+                raw = response.read()
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise RuntimeError(f"HTTP {exc.code} from {section.url}: it redirects to "
+                                   f"{exc.headers.get('Location', 'no Location')} (not followed: set escalate.url to "
+                                   "the server's own address)") from None
             detail = exc.read()[:300].decode("utf-8", "replace")
             raise RuntimeError(f"HTTP {exc.code} from {section.url}: {detail}") from None
-        choice = reply["choices"][0]["message"]["content"]
-        return str(choice), str(reply.get("model") or section.model)
+        return chat_reply(raw, section.url, section.model)
+
+
+def chat_reply(raw: bytes, url: str, asked: str) -> tuple[str, str]:
+    """The answer of a chat completion's body (``choices[0].message.content``, a string or a list of text parts)
+    and the model it names (else ``asked``). ``ValueError`` naming ``url`` and what it sent instead: a null
+    content was taken as the answer "None", a body of another shape failed as a bare ``KeyError: 'choices'``."""
+    try:
+        reply = json.loads(raw)
+        content = reply["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        snippet = raw[:200].decode("utf-8", "replace")
+        raise ValueError(f"{url} did not answer with a chat completion (no choices[0].message.content): "
+                         f"{snippet!r}") from None
+    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+        content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+    if not isinstance(content, str) or not content.strip():
+        raise ValueError(f"{url} answered without text (choices[0].message.content: {json.dumps(content)[:80]})")
+    return content, str(reply.get("model") or asked)

@@ -3,12 +3,15 @@
 Each URL has a bounded queue (``alerts.queue``): when it is full the oldest waiting alert is dropped and
 counted, so a dead receiver costs memory for ``queue`` alerts, never ingest time. A delivery is retried
 ``alerts.webhook_retries`` times with exponential backoff (0.5 s, 1 s, 2 s, ... at most 30 s) on a connection
-error, a timeout or a 5xx / 429 answer; a 4xx answer is final (the receiver refused that alert). The body is
+error, a timeout or a 5xx / 429 answer; a 4xx answer is final (the receiver refused that alert). A redirect is
+not followed and is final too, naming where it points (urllib turns a redirected POST into a GET without the alert).
+A 2xx status is a delivery, whatever then happens to its body (sending it again would repeat the alert). The body is
 ``AlertEvent.to_json("base64")``: the keyframe travels inside (the receiver may not reach the API).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import threading
@@ -21,6 +24,16 @@ from edgekv.apps.outputs.alerts import AlertEvent
 log = logging.getLogger("edgekv.webhooks")
 BACKOFF_S = 0.5
 BACKOFF_MAX_S = 30.0
+REPLY_BYTES = 1 << 16  # of a receiver's reply body, read and dropped
+
+
+class RefuseRedirect(urllib.request.HTTPRedirectHandler):
+    """No redirect is followed: urllib follows a 301/302/303 of a POST with a GET without the body, which a
+    receiver answers 200, and the alert counted sent never arrived (an escalation got the 405 of that GET). The 3xx
+    reaches the caller as an HTTPError."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
 
 
 class WebhookSender:
@@ -37,6 +50,8 @@ class WebhookSender:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="edgekv-webhook", daemon=True)
+        handlers = [RefuseRedirect()] + ([urllib.request.HTTPSHandler(context=context)] if context is not None else [])
+        self._opener = urllib.request.build_opener(*handlers)
 
     def start(self) -> "WebhookSender":
         self._thread.start()
@@ -86,10 +101,20 @@ class WebhookSender:
             self.attempts += 1
             try:
                 request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.context) as response:
-                    response.read()
+                with self._opener.open(request, timeout=self.timeout_s) as response:
+                    try:
+                        response.read(REPLY_BYTES)
+                    except (OSError, http.client.HTTPException) as exc:  # the alert was taken: not sent again
+                        log.info("webhook %s took alert %s (HTTP %d), its reply did not end: %s", self.url, event.id,
+                                 response.status, exc)
                 return True
             except urllib.error.HTTPError as exc:
+                exc.close()
+                if 300 <= exc.code < 400:
+                    log.warning("webhook %s redirects (HTTP %d to %s), not followed: alert %s not delivered; set "
+                                "alerts.webhooks to the URL it points to", self.url, exc.code,
+                                exc.headers.get("Location", "no Location"), event.id)
+                    return False
                 if exc.code < 500 and exc.code != 429:
                     log.warning("webhook %s refused alert %s: HTTP %d", self.url, event.id, exc.code)
                     return False

@@ -42,6 +42,7 @@ class EspeakEngine:
     """espeak-ng's command: ``--stdout`` is a 16-bit mono WAV at its voice's rate (22,050 Hz)."""
 
     name = "espeak-ng"
+    TIMEOUT_S = 60.0
 
     def __init__(self, voice: str = "en-us", words_per_minute: int = 160) -> None:
         self.command = shutil.which("espeak-ng")
@@ -50,8 +51,11 @@ class EspeakEngine:
         self.voice, self.wpm = voice, words_per_minute
 
     def synthesize(self, text: str) -> tuple[np.ndarray, int]:
-        out = subprocess.run([self.command, "--stdout", "-v", self.voice, "-s", str(self.wpm), "--", text],
-                             capture_output=True, timeout=60, check=False)
+        try:
+            out = subprocess.run([self.command, "--stdout", "-v", self.voice, "-s", str(self.wpm), "--", text],
+                                 capture_output=True, timeout=self.TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:  # its message holds the command line, so the answer: not logged
+            raise RuntimeError(f"espeak-ng did not finish in {self.TIMEOUT_S:g} s") from None
         if out.returncode != 0 or not out.stdout:
             raise RuntimeError(f"espeak-ng failed ({out.returncode}): {out.stderr[:200]!r}")
         with wave.open(io.BytesIO(out.stdout)) as wav:
@@ -243,7 +247,8 @@ class Speaker:
                         self.output.play(audio, rate, self._stop_sound)
                         self.sentences += 1
                 except Exception:  # a TTS failure must never reach the camera loop
-                    log.exception("could not speak %r", text[:80])
+                    # the sentence is an answer: the log holds its length, never its text (privacy.log_text)
+                    log.exception("could not speak a sentence of %d characters", len(text))
             self._done()
 
 
