@@ -13,6 +13,7 @@ midnight — and its ``from``, a time of day, is the latest such moment not afte
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import re
@@ -131,16 +132,24 @@ def forget_request(body) -> dict:
     return {"t_from": start, "t_to": end} if kind == "stream" else {"unix": (start, end)}
 
 
+class BoundError(ValueError, argparse.ArgumentTypeError):
+    """A ``--from`` / ``--to`` that is neither stream seconds nor a wall time. An ``ArgumentTypeError`` so that argparse
+    prints what is wrong: for a plain ``ValueError`` it said only "invalid cli_bound value: '25:00'"."""
+
+
 def cli_bound(text: str) -> float | str:
     """A ``--from`` / ``--to`` typed at ``edgekv ask`` or ``edgekv forget``: a number is stream seconds; anything else
     a wall time, checked here and kept as typed until ``cli_window`` reads the two bounds together."""
     try:
         value = float(text)
     except ValueError:
-        parse_wall_time(text)  # a mistake is said at once, naming the option
+        try:
+            parse_wall_time(text)  # a mistake is said at once, naming the option
+        except ValueError as exc:
+            raise BoundError(str(exc)) from None
         return text.strip()
     if not math.isfinite(value):
-        raise ValueError(f"{text!r}: expected stream seconds or a wall time")
+        raise BoundError(f"{text!r}: expected stream seconds (a finite number) or a wall time")
     return value
 
 

@@ -75,6 +75,8 @@ def _read(path: str | Path, source: str) -> Key:
         raise SealError(f"{source} {path}: no such key file") from None
     except PermissionError:
         raise SealError(f"{source} {path}: not readable by this user") from None
+    except OSError as exc:  # a directory, an I/O error: said as "[Errno 21] Is a directory: '...'", no key named
+        raise SealError(f"{source} {path}: cannot read the key file ({exc.strerror or exc})") from None
     if mode & 0o077:  # `head -c 32 /dev/urandom > FILE` under the usual umask 022 makes it world-readable
         log.warning("%s %s: the key file is readable by other users (mode %o): any local account can read the "
                     "memory it seals; chmod 400 it (owned by the service's user)", source, path, mode)

@@ -247,6 +247,18 @@ class _SealedWriter:
         self.index += 1
 
 
+def _open_chunk(sealer, index: int, sealed: bytes, what: str) -> bytes:
+    """A chunk of a snapshot whose key this deployment has: one that does not authenticate is damage, a
+    ``SnapshotError`` — the keeper then tries the older generation and sets this one aside. As a ``SealError`` (a
+    wrong key's error) one flipped byte stopped every start while a good older snapshot lay beside it."""
+    from edgekv.privacy import SealError
+
+    try:
+        return sealer.open(index, sealed, what)
+    except SealError as exc:
+        raise SnapshotError(str(exc)) from None
+
+
 class _SealedReader:
     """Reads one sealed section back as plaintext, chunk by chunk (each authenticated)."""
 
@@ -265,7 +277,7 @@ class _SealedReader:
                 if not sealed:
                     return filled
                 self.remaining -= len(sealed)
-                self.plain = self.sealer.open(self.index, sealed, self.what)
+                self.plain = _open_chunk(self.sealer, self.index, sealed, self.what)
                 self.index += 1
             take = min(len(self.plain), len(view) - filled)
             view[filled:filled + take] = self.plain[:take]
@@ -468,7 +480,7 @@ def read_manifest(path: str | Path, keys=None) -> dict:
         from edgekv.privacy import CHUNK, TAG
 
         step = CHUNK + TAG
-        body = b"".join(sealer.open(_MANIFEST_CHUNKS + i, body[i * step:(i + 1) * step], str(path))
+        body = b"".join(_open_chunk(sealer, _MANIFEST_CHUNKS + i, body[i * step:(i + 1) * step], f"{path}: manifest")
                         for i in range(-(-len(body) // step)))
     try:
         manifest = json.loads(body)
@@ -727,6 +739,18 @@ class StateKeeper:
         return sum(p.stat().st_size for p in aside.iterdir()) if aside.is_dir() else 0
 
     # ------------------------------------------------------------------ start
+    def check_keys(self, keys) -> None:
+        """``SealError`` when ``restore`` would stop on a snapshot no key of ``keys`` (``edgekv.privacy.KeyRing`` or
+        None) opens, found from the manifests alone, before the model loads: ``--check`` said "the daemon would
+        start" of a config whose new key lacked the old one in ``previous_key_files``, and the start stopped only
+        once the weights had loaded. Damaged files are skipped here as ``restore`` skips them."""
+        for path in reversed(self.generations()):
+            try:
+                read_manifest(path, keys)
+            except SnapshotError:
+                continue
+            return
+
     def restore(self, runtime):
         """The session to run: restored from the newest usable snapshot, or fresh (and why)."""
         if not self.enabled:
@@ -755,6 +779,10 @@ class StateKeeper:
             self.last_saved = self.written_at = self.clock()
             self._saved_mark = _memory_mark(session)  # what that file holds: not written again until it changes
             return session
+        if rejected is not None:
+            session = self._resume_set_aside(runtime, rejected, problem)
+            if session is not None:
+                return session
         session = runtime.session()
         self._check_budget(session)
         if rejected is None:
@@ -766,6 +794,40 @@ class StateKeeper:
             self.say(f"starting with an empty memory: {problem}. The old snapshot is kept as {aside}")
         self.last_saved = self.clock()
         return session
+
+    def _resume_set_aside(self, runtime, rejected: Path, problem: str):
+        """The set-aside snapshot resumed when it fits this deployment and no generation does: a config changed and
+        changed back (a cache cap tried and reverted) set this deployment's memory aside, then the next start set the
+        other deployment's aside over it — the memory there to resume was deleted and the start was empty. Swapped:
+        the set-aside file becomes the newest generation and ``rejected`` is set aside in its place. None (nothing
+        moved) when there is none or it does not load (another deployment's, damaged, a key no longer held)."""
+        from edgekv.privacy import SealError
+
+        aside = self.dir / self.ASIDE
+        for candidate in sorted(aside.iterdir()) if aside.is_dir() else []:
+            path = self._next_path()
+            try:
+                check_key(candidate, read_manifest(candidate, getattr(runtime, "keys", None)), runtime)
+                os.replace(candidate, path)
+                session = load_session(runtime, path)
+            except (SnapshotError, SealError):
+                if path.exists() and not candidate.exists():
+                    os.replace(path, candidate)  # damaged past its manifest: back where it was
+                continue
+            self._check_budget(session)
+            info = session.restored_from
+            self.clock_offset = self._resume_offset(info, runtime.config.video.max_gap_s)
+            moved = self._set_aside(rejected)
+            for other in self.generations():
+                if other != path:
+                    other.unlink()  # older generations of the memory that was set aside
+            self.say(f"resumed {describe_span(info.stream_s)} of memory, {info.cache_tokens:,} tokens "
+                     f"({info.frames:,} frames) from the snapshot set aside earlier, made for this deployment (now "
+                     f"{path}); the newer one could not be used: {problem}; set aside as {moved}")
+            self.last_saved = self.written_at = self.clock()
+            self._saved_mark = _memory_mark(session)
+            return session
+        return None
 
     def _resume_offset(self, info: SnapshotInfo, max_gap_s: float) -> float:
         """A restarted source counts from 0 again; the restored stream continues after its last frame plus

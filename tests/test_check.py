@@ -57,8 +57,8 @@ def test_a_good_config_passes_every_check_without_loading_the_model(tiny_checkpo
     assert code == 0, results
     assert {k: s for k, (s, _) in results.items()} == {
         "logging.file": "ok", "model.path": "ok", "cache.calibration": "ok", "state.dir, archive.dir": "ok",
-        "archive.dir records": "ok", "state.dir lock": "ok", "server packages": "ok", "server.host:port": "ok",
-        "server TLS": "ok",
+        "archive.dir records": "ok", "privacy keys": "ok", "state.dir lock": "ok", "server packages": "ok",
+        "server.host:port": "ok", "server TLS": "ok",
         "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "device memory": "ok", "flash": "note"}
     assert "config.json" in results["model.path"][1]
     assert "a 160x120 frame read" in results["video.source"][1]
@@ -142,6 +142,34 @@ def test_a_key_kept_as_a_systemd_credential_is_a_note_outside_the_service(tiny_c
     code, results = _check(path, capsys)
     assert code == 0 and results["server TLS"][0] == "note", results
     assert "systemd credential" in results["server TLS"][1] and "edgekv-tls.key" in results["server TLS"][1]
+
+
+def test_a_key_that_does_not_open_the_memory_fails_the_check(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """A key rotated without the old one in previous_key_files, or a key file gone: "the daemon would start" was said,
+    and the start stopped only once the model had loaded."""
+    pytest.importorskip("cryptography")
+    import os
+
+    import edgekv
+    from helpers_privacy import privacy_runtime, seen_session
+
+    old, new = tmp_path / "old.key", tmp_path / "new.key"
+    for key in (old, new):
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o400)
+    (tmp_path / "state").mkdir()
+    seen_session(privacy_runtime(tiny_checkpoint, key_file=str(old)), frames=4).save(
+        tmp_path / "state" / "snapshot-00000001.ekv")
+    monkeypatch.setattr(edgekv.Runtime, "from_config", lambda *a, **k: pytest.fail("--check loaded the model"))
+    for privacy, wanted in (({"key_file": str(new)}, "snapshot-00000001.ekv: sealed with key"),
+                            ({"key_file": str(tmp_path / "gone.key")}, "gone.key: no such key file"),
+                            ({}, "snapshot-00000001.ekv: the snapshot is encrypted")):
+        code, results = _check(_config(tmp_path, tiny_checkpoint, state={"dir": str(tmp_path / "state")},
+                                       privacy=privacy), capsys)
+        assert code == 2 and results["privacy keys"][0] == "FAIL" and wanted in results["privacy keys"][1], results
+    code, results = _check(_config(tmp_path, tiny_checkpoint, state={"dir": str(tmp_path / "state")},
+                                   privacy={"key_file": str(new), "previous_key_files": [str(old)]}), capsys)
+    assert code == 0 and results["privacy keys"][0] == "ok", results
 
 
 def test_the_memorys_writes_to_flash_are_said(tiny_checkpoint, tmp_path, capsys):

@@ -72,6 +72,23 @@ def test_forget_refuses_a_backwards_window():
     del rt
 
 
+@pytest.mark.parametrize("typed, said", [("25:00", "'25:00': not a time of day"), ("tea", "'tea': not a wall time"),
+                                         ("nan", "'nan': expected stream seconds (a finite number) or a wall time")])
+def test_edgekv_forget_names_what_is_wrong_with_a_bound(typed, said, capsys):
+    """argparse said only "invalid cli_bound value: '25:00'" (the function's name, not the mistake)."""
+    import argparse
+
+    from edgekv.apps.forget import add_forget_arguments
+
+    parser = argparse.ArgumentParser(prog="edgekv forget")
+    add_forget_arguments(parser)
+    for option, argv in (("from", ["--from", typed, "--to", "10:00"]), ("to", ["--from", "09:00", "--to", typed])):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        err = capsys.readouterr().err
+        assert f"argument --{option}: {said}" in err and "cli_bound" not in err, err
+
+
 def _files_under(*folders) -> bytes:
     return b"".join(p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file())
 

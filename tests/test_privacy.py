@@ -74,6 +74,33 @@ def test_a_wrong_or_missing_key_names_the_file_and_leaves_it_untouched(tiny_chec
     assert [p.name for p in folder.glob("snapshot-*.ekv")] == [info.path.name] and not (folder / "set-aside").exists()
 
 
+@pytest.mark.parametrize("where", ["tensor", "salt"])
+def test_a_damaged_sealed_snapshot_is_set_aside_and_the_older_generation_resumed(tiny_checkpoint, tmp_path, where):
+    """One flipped byte in a sealed snapshot, under the deployment's own key, is damage as in a snapshot in the
+    clear: the older generation is resumed. It was a SealError, the wrong key's error: every start stopped on it."""
+    rt = privacy_runtime(tiny_checkpoint, key_file=_key(tmp_path / "a.key"))
+    section = StateSection(dir=str(tmp_path / "state"), every_s=1.0, max_mib=64)
+    keeper = StateKeeper(section, say=lambda line: None)
+    session = keeper.restore(rt)
+    frames = [np.random.default_rng(index).integers(0, 256, size=(60, 80, 3), dtype=np.uint8) for index in range(8)]
+    for index, frame in enumerate(frames[:4]):
+        session.ingest(frame, t=index / 2.0)
+    older = keeper.snapshot(session)
+    for index, frame in enumerate(frames[4:], start=4):
+        session.ingest(frame, t=index / 2.0)
+    newer = keeper.snapshot(session)
+    session.close()
+    data = bytearray(newer.path.read_bytes())
+    at = read_manifest(newer.path, rt.keys)["tensors"]["k"]["offset"] + 10 if where == "tensor" else 16 + 8 + 3
+    data[at] ^= 0x01
+    newer.path.write_bytes(bytes(data))
+    said = []
+    restored = StateKeeper(section, say=said.append).restore(rt)
+    assert restored.cache.length == older.cache_tokens and restored.counters.frames == older.frames, said
+    assert "resumed" in said[0] and newer.path.name in said[1] and "does not authenticate" in said[1], said
+    assert (tmp_path / "state" / "set-aside" / newer.path.name).read_bytes() == bytes(data)
+
+
 def test_key_rotation_reads_the_old_key_and_writes_the_new(tiny_checkpoint, tmp_path):
     old, new = _key(tmp_path / "old.key"), _key(tmp_path / "new.key")
     session = seen_session(privacy_runtime(tiny_checkpoint, key_file=old))
@@ -108,6 +135,8 @@ def test_keys_from_a_file_an_environment_variable_and_a_credential(tmp_path, mon
         KeyRing.from_section(config_from_dict({"privacy": {"key_file": str(tmp_path / "short.key")}}).privacy)
     with pytest.raises(SealError, match="no such key file"):
         KeyRing.from_section(config_from_dict({"privacy": {"key_file": str(tmp_path / "none.key")}}).privacy)
+    with pytest.raises(SealError, match=rf"privacy.key_file {tmp_path}: cannot read the key file \(Is a directory\)"):
+        KeyRing.from_section(config_from_dict({"privacy": {"key_file": str(tmp_path)}}).privacy)  # was [Errno 21]
     with pytest.raises(ConfigError, match="set one of key_file, key_env and key_credential"):
         config_from_dict({"privacy": {"key_file": "a", "key_env": "B"}})
 

@@ -291,6 +291,32 @@ def test_the_keeper_starts_fresh_on_another_deployment_and_sets_the_snapshot_asi
     assert not _keeper(tmp_path, []).generations()
 
 
+def test_a_config_changed_and_changed_back_resumes_the_memory_set_aside(runtime, tiny_checkpoint, engine_dir,
+                                                                         tmp_path):
+    """cache.max_tokens tried at 200 and put back: the start at 200 set the memory aside; the start back at 120 set
+    the 200-token memory aside over it, deleting the one it could have resumed, and started empty."""
+    keeper = _keeper(tmp_path, [])
+    session = keeper.restore(runtime)
+    _ingest(session, 0, 8)
+    keeper.snapshot(session)
+    other = _runtime(tiny_checkpoint, engine_dir, max_tokens=200)
+    keeper = _keeper(tmp_path, [])
+    tried = keeper.restore(other)
+    _ingest(tried, 0, 4)
+    tried_path = keeper.snapshot(tried).path
+    said = []
+    back = _keeper(tmp_path, said).restore(runtime)
+    assert back.counters.frames == 8 and back.capacity == 120, said
+    assert torch.equal(back.question_logits(QUESTION), session.question_logits(QUESTION))
+    assert said[0].startswith("resumed 4 s of memory") and "set aside earlier" in said[0], said
+    aside = list((tmp_path / "set-aside").iterdir())
+    assert [read_manifest(p)["key"]["cache_capacity"] for p in aside] == [200] and tried_path.name in said[0]
+    assert [p.name for p in _keeper(tmp_path, []).generations()] == ["snapshot-00000002.ekv"]
+    said.clear()
+    again = _keeper(tmp_path, said).restore(other)  # and the other way again: nothing is lost either
+    assert again.counters.frames == 4 and again.capacity == 200, said
+
+
 def test_the_keeper_refuses_a_byte_bound_that_cannot_hold_two_full_snapshots(runtime, tmp_path):
     with pytest.raises(ValueError, match=r"state.max_mib=0.1 cannot hold two snapshots of a full cache"):
         _keeper(tmp_path, [], max_mib=0.1).restore(runtime)

@@ -270,6 +270,7 @@ class Daemon:
             ("cache.calibration", lambda: check_calibration(cfg)),
             ("state.dir, archive.dir", lambda: check_folders(cfg)),
             ("archive.dir records", lambda: check_archive_shape(cfg)),
+            ("privacy keys", self._check_keys),
             # state.dir is this daemon's alone until it stops (another's is refused, naming it)
             ("state.dir lock", self.state.hold),
         ]
@@ -289,6 +290,16 @@ class Daemon:
             steps.append(("fleet", self._check_fleet))
         steps.append(("video.source", self._open_source))
         return steps
+
+    def _check_keys(self) -> str | None:
+        """The ``privacy:`` keys read, and each snapshot the restore would read opened with them (the manifest only),
+        before the model loads: a missing, unreadable or wrong key stopped the start only after the weights had
+        loaded, and ``--check`` passed it."""
+        from edgekv.runtime import deployment_keys
+
+        keys = deployment_keys(self.config)
+        self.state.check_keys(keys)
+        return "no key: nothing is sealed" if keys is None else f"key {keys.current.id.hex()} read"
 
     def _check_logging(self) -> None:
         from edgekv.logs import setup_logging
