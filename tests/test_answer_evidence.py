@@ -220,11 +220,24 @@ def test_evidence_frames_on_disk_outlive_the_ring_and_a_restart(tiny_checkpoint,
             assert "edgekv_evidence_frames_written_total 24.0" in metrics
             size = [line for line in metrics.splitlines() if line.startswith("edgekv_evidence_frames_file_bytes ")]
             assert size and 0 < float(size[0].split()[-1]) <= 2**20
+        stream = daemon._frame_stream()
     assert "evidence frames:" in (tmp_path / "out.txt").read_text()
+    # pairs seen after the snapshot and before a kill -9: their frames went in, their archive records did not
+    from edgekv.apps.daemon.frame_store import FrameStore
+
+    after = np.full((36, 48, 3), 255, np.uint8)
+    with FrameStore(tmp_path / "archive", max_bytes=2**20, px=48) as store:
+        for pair in (len(held), len(held) + 1):
+            assert store.submit(stream, pair, 100.0 + pair, None, after)
+        assert store.flush()
+        kept_after = store.jpeg(stream, len(held))
     with ended_daemon(config, tmp_path / "out2.txt", realtime=False) as daemon:  # restored: the same stream, on
         assert "resumed 6 s of memory" in (tmp_path / "out2.txt").read_text()
         status, _, again = call(daemon.server.port, "GET", f"/frame.jpg?pair={old}")
         assert status == 200 and again == first
+        # the new pairs are numbered after those (the first took number 24 again, and pair 24's frame was its own)
+        assert min(p for p in daemon.session.pair_times if p >= len(held)) == len(held) + 2
+        assert call(daemon.server.port, "GET", f"/frame.jpg?pair={len(held)}")[2] == kept_after
 
 
 def test_the_cli_prints_a_hostile_daemons_evidence_safely():

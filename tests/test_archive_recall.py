@@ -296,11 +296,14 @@ def test_archive_continues_across_a_restart_with_the_persistent_memory(tiny_chec
     restored = runtime.restore(tmp_path / "snap.ekv")
     assert restored.recall.archive.next_pair == 10 and restored.counters.frame_pairs == 6
     _stream(restored, 1, start=20)
-    assert restored.counters.extra[STREAM_KEY] == stream and restored.counters.frame_pairs == 7
+    assert restored.counters.extra[STREAM_KEY] == stream and restored.counters.frame_pairs == 11
     entries = restored.recall.archive.entries(restored.recall.stream)
-    # keys continue (10), frames follow the restored memory (6); the pairs seen after the snapshot stay
-    assert [(e.pair, e.frame) for e in entries] == [(i, i) for i in range(10)] + [(10, 6)]
+    # keys continue (10), and so do the pair numbers: the pairs seen after the snapshot stay, under their own numbers
+    # (the new pair took number 6 again: recall read the archived pair 6 as the one in the cache, whole there)
+    assert [(e.pair, e.frame) for e in entries] == [(i, i) for i in range(10)] + [(10, 10)]
     assert entries[-1].t == 20.0 and entries[9].t == 9.0
+    whole = restored.recall._whole_in_cache(entries).all(dim=1).tolist()
+    assert [e.frame for e, held in zip(entries, whole) if held] == [*range(6), 10], whole
     restored.recall.close()
     fresh = _runtime(tiny_checkpoint, tmp_path / "archive", policy="sliding_window", max_tokens=130).session()
     _stream(fresh, 1)

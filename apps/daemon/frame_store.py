@@ -490,6 +490,17 @@ class FrameStore:
             return None
         return self._plain(row[0], pair)
 
+    def last_pair(self, stream: str | None) -> int | None:
+        """The highest pair number of ``stream`` kept (None: none, or it does not read)."""
+        if stream is None:
+            return None
+        try:
+            with self._lock:
+                row = self._db.execute("SELECT MAX(pair) FROM frames WHERE stream = ?", (stream,)).fetchone()
+        except sqlite3.Error:
+            return None
+        return None if row is None or row[0] is None else int(row[0])
+
     def oldest_t(self, stream: str | None) -> float | None:
         """The stream time of ``stream``'s oldest frame kept (None: none, or it does not read)."""
         if stream is None:

@@ -444,6 +444,8 @@ class Daemon:
             self.say(f"evidence frames off: {self.session.recall.archive.dir} cannot hold them "
                      f"({type(exc).__name__}: {printable(str(exc), 200)}); answers still give their evidence times")
             return
+        # a restored stream's pairs after its snapshot may have frames here and no archive record (dropped, queued)
+        self.session.number_pairs_after(self.frames.last_pair(self._frame_stream()), "the evidence frames")
         kept = self.frames.stats()
         self.say(f"evidence frames: {self.frames.path} ({kept['frames_kept']} kept, files "
                  f"{kept['frames_file_bytes'] / 2**20:.1f} of {section.frames_mib:g} MiB, {section.frames_px} px)"

@@ -136,6 +136,8 @@ class Recall:
         extra = self.session.counters.extra
         if STREAM_KEY not in extra:
             extra[STREAM_KEY] = new_stream_id().hex()
+        else:  # a restored stream: its pairs after the snapshot (a kill -9, a power cut) are archived
+            self.session.number_pairs_after(self.archive.last_frame(self.stream), "the archive")
         self.attached = True
 
     @property

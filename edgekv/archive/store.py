@@ -402,6 +402,11 @@ class FrameArchive:
         with self._lock:
             return self._next_key
 
+    def last_frame(self, stream: bytes | None) -> int | None:
+        """The highest frame pair number of ``stream`` the archive holds (None: none of its pairs)."""
+        with self._lock:
+            return max((e.frame for e in self._entries.values() if e.stream == stream), default=None)
+
     def entries(self, stream: bytes | None = None) -> list[ArchivedPair]:
         """Index entries in pair order (of one stream when given)."""
         with self._lock:

@@ -398,6 +398,22 @@ class StreamSession:
 
         return save_session(self, path)
 
+    @_exclusive
+    def number_pairs_after(self, last: int | None, where: str) -> None:
+        """Number the next frame pair after ``last``, a pair of this stream that ``where`` (the archive, the evidence
+        frames) holds. A session restored from a snapshot numbers its pairs on from the snapshot's; after a ``kill
+        -9`` or a power cut the pairs ingested since were already archived under those numbers, and the new pairs
+        took them again: a recall of the old pair was read as the new one held in the cache (not recalled, or the
+        new one's tokens hidden from the answer), and its evidence frame was the new one's. Pair numbers are only
+        names (policies and recall read their order, never a count), so the gap costs nothing."""
+        if last is None or last < self.counters.frame_pairs:
+            return
+        skipped = last + 1 - self.counters.frame_pairs
+        logging.getLogger("edgekv.session").info(
+            "restored stream: %s holds %d frame pair(s) seen after the snapshot (%d-%d); new pairs are numbered "
+            "from %d", where, skipped, self.counters.frame_pairs, last, last + 1)
+        self.counters.frame_pairs = last + 1
+
     # ------------------------------------------------------------------ reporting
     @_exclusive
     def stats(self) -> dict:
