@@ -191,12 +191,15 @@ class VideoSection:
         if self.stream_timeout_s is not None and not 0.0 < self.stream_timeout_s <= 3600.0:
             raise ConfigError(f"{at}.stream_timeout_s: must be in (0, 3600] seconds or null (OpenCV's own 30 s), "
                               f"got {self.stream_timeout_s}")
-        names = set()
+        names: dict[str, str] = {}
         for index, camera in enumerate(self.sources):
             camera.validate(f"{at}.sources[{index}]")
-            if camera.name in names:
+            if camera.name in names.values():
                 raise ConfigError(f"{at}.sources[{index}].name: {camera.name!r} names two cameras")
-            names.add(camera.name)
+            if camera.name.lower() in names:  # "front: ..." is matched ignoring case: it could reach only one
+                raise ConfigError(f"{at}.sources[{index}].name: {camera.name!r} and {names[camera.name.lower()]!r} "
+                                  "differ only in case (a question names its camera ignoring case)")
+            names[camera.name.lower()] = camera.name
 
 
 POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",

@@ -54,6 +54,32 @@ def test_each_camera_gets_its_share_of_the_budget_and_its_own_folders(tmp_path):
         _config(tmp_path, video={"sources": [{"name": "front", "source": FRONT}, {"name": "front", "source": BACK}]})
 
 
+def test_a_camera_name_with_a_dash_or_a_digit_first_starts_and_its_ros_topics_are_valid(tmp_path):
+    """'front-left' is a valid camera name, but '/edgekv/front-left' is no ROS 2 namespace: every camera's config is
+    checked whole, so such a camera refused to start even with ROS 2 off."""
+    def cameras(*names: str, **extra) -> EdgeKVConfig:
+        return _config(tmp_path, video={"sources": [{"name": name, "source": FRONT} for name in names], "fps": 2.0,
+                                        "resolution": [112, 112]}, **extra)
+
+    configs = camera_configs(cameras("front-left", "2nd"))
+    assert configs["front-left"].ros2.namespace == "/edgekv/front_left"
+    assert configs["front-left"].state.dir == str(tmp_path / "state" / "front-left")
+    assert set(configs) == {"front-left", "2nd"}  # ROS 2 off: a name no ROS 2 token can hold is no matter
+    ros = {"ros2": {"enabled": True, "namespace": "/robot"}}
+    assert camera_configs(cameras("front-left", "back", **ros))["front-left"].ros2.namespace == "/robot/front_left"
+    with pytest.raises(ConfigError, match=r"video.sources\[1\].name: '2nd' cannot name the camera's ROS 2 topics "
+                                          r"\(/robot/2nd: a token may not start with a digit\)"):
+        camera_configs(cameras("front", "2nd", **ros))
+    with pytest.raises(ConfigError, match=r"video.sources\[1\].name: 'front_left' cannot name .* 'front-left' has it"):
+        camera_configs(cameras("front-left", "front_left", **ros))
+
+
+def test_camera_names_that_differ_only_in_case_are_refused(tmp_path):
+    """A question names its camera ignoring case ("Front: ..."), so of 'Front' and 'front' only one was reachable."""
+    with pytest.raises(ConfigError, match=r"video.sources\[1\].name: 'front' and 'Front' differ only in case"):
+        _config(tmp_path, video={"sources": [{"name": "Front", "source": FRONT}, {"name": "front", "source": BACK}]})
+
+
 def test_ask_prefixes_pick_a_camera():
     asks = split_asks(["front: Was there a red circle?", "What color was the square?", "side: x"], ["front", "back"])
     assert asks == {"front": ["Was there a red circle?", "What color was the square?", "side: x"],

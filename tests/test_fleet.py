@@ -693,3 +693,95 @@ def test_a_forget_that_fails_unexpectedly_is_answered_and_the_next_is_still_carr
     assert first.error == "forget failed: RuntimeError: the disk controller went away"
     (second,) = forget_fleet(broker.url, timeout_s=60, last_s=2).answers
     assert second.error is None and second.raw["result"]["pairs"] > 0 and len(calls) == 2
+
+
+def test_a_deeply_nested_fleet_question_is_refused_and_the_device_goes_on_answering(broker, fleet):
+    """A request nested deeper than Python's JSON decoder recurses (small enough for max_payload_bytes) raised
+    RecursionError inside paho's callback, which ended the agent's network thread: the device went deaf."""
+    from edgekv.apps.outputs.mqtt import ask_fleet
+
+    agent, host = fleet.add(broker.url, "cam-red")
+    assert until(agent.connected.is_set)
+    replies = Listener(broker.url, ["edgekv/replies/deep"])
+    try:
+        publish_raw(broker.url, "edgekv/fleet/ask", b'{"question": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
+                    "edgekv/replies/deep", b"1")
+        assert until(lambda: len(replies.messages) == 1)
+        assert json.loads(replies.messages[0][1])["error"].startswith("malformed: not JSON (nested too deeply")
+        assert agent.counts["dropped_malformed"] == 1
+        result = ask_fleet(QUESTION, broker.url, timeout_s=60)
+        assert [a.answer for a in result.answers] == ["red"]
+    finally:
+        replies.close()
+
+
+class _OddDevice:
+    """A device of another make on the fleet's topics: its retained status says online, and it answers every question
+    with ``reply`` (fields of the wrong types), as a buggy or hostile device would."""
+
+    def __init__(self, url: str, name: str, reply: dict) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        from edgekv.config import broker_address
+
+        host, port, _ = broker_address(url)
+        self.subscribed = threading.Event()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+
+        def on_message(client, userdata, message):
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.CorrelationData = message.properties.CorrelationData
+            client.publish(message.properties.ResponseTopic, json.dumps(reply), qos=1, properties=properties)
+
+        def on_connect(client, userdata, flags, reason, properties):
+            client.publish(f"edgekv/devices/{name}/status", json.dumps({"state": "online"}), qos=1, retain=True)
+            client.subscribe("edgekv/fleet/ask", qos=1)
+
+        self.client.on_message, self.client.on_connect = on_message, on_connect
+        self.client.on_subscribe = lambda *a: self.subscribed.set()
+        self.client.connect(host, port)
+        self.client.loop_start()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def test_an_answer_with_fields_of_the_wrong_types_is_kept_without_them_and_the_others_still_come(broker, fleet):
+    """A device answering with a list for its camera made the answer unhashable and ended ``ask_fleet``'s network
+    thread (every later answer lost, the asker waiting out its timeout); a number there broke the printed lines."""
+    from edgekv.apps.outputs.mqtt import ask_fleet, format_result
+
+    agent, _ = fleet.add(broker.url, "cam-red")
+    odd = _OddDevice(broker.url, "odd-cam", {"device": "odd-cam", "camera": ["x"], "answer": {"a": 1},
+                                             "evidence_pair": "3", "evidence_t": "1.5", "ttft_s": [1], "error": 7})
+    try:
+        assert until(agent.connected.is_set) and odd.subscribed.wait(30)
+        result = ask_fleet(QUESTION, broker.url, timeout_s=60)
+        by_device = {a.device: a for a in result.answers}
+        assert sorted(by_device) == ["cam-red", "odd-cam"] and by_device["cam-red"].answer == "red"
+        weird = by_device["odd-cam"]
+        assert (weird.camera, weird.answer, weird.evidence_pair, weird.evidence_t, weird.ttft_s, weird.error) == \
+            (None, None, None, None, None, None)
+        lines = format_result(result).splitlines()
+        assert any(line.startswith("  odd-cam: ") for line in lines)
+        assert any(line.startswith("  cam-red (") and ": red " in line for line in lines)
+    finally:
+        odd.close()
+
+
+def test_two_devices_with_the_same_id_are_named_as_such(broker, fleet, caplog):
+    """Two devices configured with one device_id (the MQTT client id) take the connection from each other for ever;
+    Mosquitto 2.0 just closes the older one, which each logged as a lost broker ("Unspecified error") and nothing
+    said why. Each marks its status with its own instance, so the one that sees the other's says so."""
+    first, _ = fleet.add(broker.url, "cam-red", reconnect_backoff_s=[0.1, 0.2])
+    second, _ = fleet.add(broker.url, "cam-green", device_id="cam-red", reconnect_backoff_s=[0.1, 0.2])
+    assert until(lambda: first.counts["twins_seen"] + second.counts["twins_seen"] > 0)
+    assert "another client is online as device_id cam-red (fleet.device_id must be unique per broker" in caplog.text
+    alone, _ = fleet.add(broker.url, "cam-blue")  # a device alone under its id, reconnecting, never says so
+    assert until(lambda: alone.counts["status_sent"] >= 2 and alone.connected.is_set())
+    alone._client.reconnect()
+    assert until(lambda: alone.counts["connects"] >= 2 and alone.counts["status_sent"] >= 3)
+    assert alone.counts["twins_seen"] == 0

@@ -132,7 +132,8 @@ def test_a_json_request_on_input_query_is_checked_naming_what_is_wrong():
                '{"question": "q", "from": 5, "to": 2}': "from \\(5.0\\) is after to",
                '{"question": "q", "from": [1], "to": 2}': "from: stream seconds \\(a number\\) or a wall time",
                '{"question": "q", "from": 1, "to": "10:00"}': "give both in stream seconds",
-               '{not json': "a request starting with '\\{' is JSON", "[]": None}
+               '{not json': "a request starting with '\\{' is JSON",
+               '{"question": ' + "[" * 20_000: "nested too deeply to decode", "[]": None}
     for text, message in refused.items():
         if message is None:
             assert parse_request(text, 1)["question"] == text  # not an object's brace: a plain question

@@ -166,6 +166,25 @@ def test_edgekv_bag_command_writes_a_bag_the_daemon_can_read(tmp_path, capsys):
     assert open_source(f"rosbag:{copy}").ground_truth == SCENE and len(list(open_source(f"rosbag:{copy}"))) == 10
 
 
+@pytest.mark.parametrize("option, message", [
+    (["--fps", "0"], "--fps must be a positive number of frames a second, got 0.0"),
+    (["--fps", "nan"], "--fps must be a positive number of frames a second, got nan"),
+    (["--topic", "camera image"], "--topic 'camera image' is not a ROS 2 topic name (only letters, digits"),
+    (["--topic", "camera"], "--topic 'camera' is not a ROS 2 topic name (not absolute)"),
+    (["--topic", "/2d/image"], "--topic '/2d/image' is not a ROS 2 topic name (a token may not start with a digit)"),
+])
+def test_edgekv_bag_refuses_a_bad_option_before_it_makes_the_bag(tmp_path, capsys, option, message):
+    """A bad --fps was found only while sampling, after the bag's directory was made: the empty bag left behind
+    made the corrected command fail as "already exists"; a topic with a space was written as it was, a bag no ROS 2
+    tool could play."""
+    from edgekv.apps.cli import main
+
+    out = tmp_path / "bag"
+    assert main(["bag", SCENE, str(out), *option]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_ctrl_c_or_a_failing_source_closes_the_bag_whole(tmp_path, monkeypatch, capsys):
     """Recording until Ctrl-C (a camera's usual end) left a bag without metadata.yaml, which no reader opens;
     now the frames before it are closed into a whole bag and `edgekv bag` says how many (exit 130). A source that

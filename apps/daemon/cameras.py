@@ -2,8 +2,8 @@
 
 The weights load once (``Runtime.sharing``); each camera is a whole ``Daemon`` of its own — its session and
 capped cache, capture thread and reconnects, snapshots under ``state.dir/<name>``, archive under
-``archive.dir/<name>``, alerts, ROS 2 topics under ``<ros2.namespace>/<name>`` — so a camera that fails
-reconnects alone while the others go on. What they share:
+``archive.dir/<name>``, alerts, ROS 2 topics under ``<ros2.namespace>/<name>`` (``-`` written ``_``) — so a camera
+that fails reconnects alone while the others go on. What they share:
 
 - **the memory budget**: ``cache.max_mib`` (or ``max_tokens``), ``archive.max_gib`` and ``state.max_mib`` are the
   device's, split by the cameras' ``weight`` at start; every cap is allocated once, so the sum never changes.
@@ -116,6 +116,7 @@ def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
     (they speak through the first camera's speaker: ``CameraSet``)."""
     cameras = config.video.sources
     total = sum(camera.weight for camera in cameras)
+    namespaces = ros_namespaces(config)
     out: dict[str, EdgeKVConfig] = {}
     for index, camera in enumerate(cameras):
         share = camera.weight / total
@@ -126,7 +127,7 @@ def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
             "cache": cache,
             "state": {"dir": _sub(config.state.dir, camera.name), "max_mib": config.state.max_mib * share},
             "archive": {"dir": _sub(config.archive.dir, camera.name), "max_gib": config.archive.max_gib * share},
-            "ros2": {"namespace": f"{config.ros2.namespace.rstrip('/')}/{camera.name}"},
+            "ros2": {"namespace": namespaces[camera.name]},
             "alerts": {"rules": [dataclasses.asdict(rule) for rule in config.alerts.rules
                                  if rule.camera in (None, camera.name)]},
         }
@@ -139,6 +140,33 @@ def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
     unknown = {rule.camera for rule in config.alerts.rules} - set(out) - {None}
     if unknown:
         raise ValueError(f"alerts.rules: camera {sorted(unknown)[0]!r} is not one of video.sources ({', '.join(out)})")
+    return out
+
+
+def ros_namespaces(config: EdgeKVConfig) -> dict[str, str]:
+    """Each camera's ROS 2 namespace, ``<ros2.namespace>/<name>`` with ``-`` written ``_``: a camera name may hold
+    ``-`` (``front-left``), a ROS 2 name may not, and every camera's config is checked whole, so such a camera was
+    refused at start even with ROS 2 off. A name that cannot be made a ROS 2 token (one starting with a digit, a
+    letter outside ASCII) or two names that meet there (``front-left``, ``front_left``) are refused only where
+    ROS 2 is used (``ros2.enabled`` or a ``ros2:`` camera); elsewhere the namespace is never read."""
+    from edgekv.config import ConfigError, ros_name_problem
+
+    parent = config.ros2.namespace.rstrip("/")
+    uses_ros = config.ros2.enabled or any(str(camera.source).startswith("ros2:") for camera in config.video.sources)
+    out: dict[str, str] = {}
+    for index, camera in enumerate(config.video.sources):
+        namespace = f"{parent}/{camera.name.replace('-', '_')}"
+        problem = ros_name_problem(namespace)
+        if problem is None and namespace in out.values():
+            other = next(name for name, taken in out.items() if taken == namespace)
+            problem = f"{other!r} has it too"
+        if problem is None:
+            out[camera.name] = namespace
+        elif uses_ros:
+            raise ConfigError(f"video.sources[{index}].name: {camera.name!r} cannot name the camera's ROS 2 topics "
+                              f"({namespace}: {problem}); choose ASCII letters, digits and '_', a letter first")
+        else:
+            out[camera.name] = config.ros2.namespace  # ROS 2 is off: never read
     return out
 
 

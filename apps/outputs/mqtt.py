@@ -190,6 +190,8 @@ def _request_body(payload: bytes, properties, max_bytes: int, keys: tuple, expec
         body = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FleetMessageError("malformed", f"not JSON ({printable(str(exc), 120)})") from None
+    except RecursionError:  # arrays or objects nested past the decoder's recursion: paho's thread must not die of it
+        raise FleetMessageError("malformed", "not JSON (nested too deeply to decode)") from None
     if not isinstance(body, dict):
         raise FleetMessageError("malformed", f"expected {expected}, got {type(body).__name__}")
     unknown = sorted(set(body) - set(keys))
@@ -502,7 +504,10 @@ class FleetAgent:
             ("connects", "disconnects", "connect_refused", "connect_failed", "questions_received", "answered",
              "answer_errors", "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent", "answers_sent",
              "status_sent", "outbox_dropped", "paho_queue_full", "forgets_received", "forgets_done",
-             "forgets_refused"), 0)
+             "forgets_refused", "twins_seen"), 0)
+        # this process's mark in its status: a status under our device_id with another mark, stored by the broker
+        # after ours was, is a second device configured with the same id (_on_status)
+        self.instance, self._own_status_seen = uuid.uuid4().hex[:12], False
         self._forgets: deque = deque()  # (FleetForget, host, cameras asked) for the forget thread
         self._forget_thread: threading.Thread | None = None
         self.last_error: str | None = None
@@ -604,7 +609,8 @@ class FleetAgent:
         client.subscribe([(self.topics.ask_all, SubscribeOptions(qos=1)),
                           (self.topics.ask_device(self.device), SubscribeOptions(qos=1)),
                           (self.topics.forget_all, SubscribeOptions(qos=1)),  # answered "refused" unless accepted
-                          (self.topics.forget_device(self.device), SubscribeOptions(qos=1))])
+                          (self.topics.forget_device(self.device), SubscribeOptions(qos=1)),
+                          (self.topics.status(self.device), SubscribeOptions(qos=1))])  # a twin's status (_on_status)
         log.info("fleet: connected to %s as %s (connection %d)", self.section.broker, self.device,
                  self.counts["connects"])
         with self._cond:
@@ -657,6 +663,9 @@ class FleetAgent:
                             self.device)
 
     def _on_message(self, client, userdata, message) -> None:
+        if message.topic == self.topics.status(self.device):
+            self._on_status(message.payload)
+            return
         if self.topics.is_forget(message.topic):
             self._on_forget(message)
             return
@@ -675,6 +684,27 @@ class FleetAgent:
         hosts, asked = named
         for host in hosts:
             self._ask(request, host, asked)
+
+    def _on_status(self, payload: bytes) -> None:
+        """Our own status topic. Once the broker has sent back a status of ours, one from another process means
+        another device uses our device_id (the MQTT client id): the broker then hands the connection back and
+        forth between the two for ever, each disconnect looking like a network blip ("Unspecified error" from
+        Mosquitto 2.0). Say what it is, once and then every 100th time. (Before ours came back, another's is the
+        retained status of an earlier run of this device.)"""
+        try:
+            body = json.loads(payload) if payload else None
+        except (ValueError, RecursionError):
+            return
+        instance = body.get("instance") if isinstance(body, dict) else None
+        if instance == self.instance:
+            self._own_status_seen = True
+        if instance in (None, self.instance) or not self._own_status_seen:
+            return
+        self.counts["twins_seen"] += 1
+        self.last_error = (f"another client is online as device_id {self.device} (fleet.device_id must be unique per "
+                           f"broker: it is the MQTT client id, and the broker keeps disconnecting one of the two)")
+        if self.counts["twins_seen"] == 1 or self.counts["twins_seen"] % 100 == 0:
+            log.error("fleet: %s", self.last_error)
 
     def _duplicate(self, response_topic: str, correlation: bytes | None) -> bool:
         """A QoS 1 retransmit of a request already taken (its Response Topic and Correlation Data): counted."""
@@ -875,7 +905,8 @@ class FleetAgent:
         import edgekv
 
         body: dict[str, Any] = {"type": "edgekv.status", "device": self.device, "state": state,
-                                "camera": self.host.camera, "version": edgekv.__version__, "unix": time.time()}
+                                "camera": self.host.camera, "version": edgekv.__version__, "unix": time.time(),
+                                "instance": self.instance}
         if reason is not None:
             body["reason"] = reason
         if state == "online":
@@ -1054,13 +1085,15 @@ def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, ti
             try:
                 body = json.loads(message.payload)
                 name = str(body["device"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past the decoder
                 log.warning("fleet: an answer that is not edgekv's JSON on %s", reply_topic)
                 return
             if device is not None and name != device:
                 return
-            answer = FleetAnswer(name, body.get("camera"), body.get("answer"), body.get("evidence_pair"),
-                                 body.get("evidence_t"), body.get("ttft_s"), now - sent_at[0], body.get("error"),
+            answer = FleetAnswer(name, _text_or_none(body.get("camera")), _text_or_none(body.get("answer")),
+                                 _pair_or_none(body.get("evidence_pair")), _finite_or_none(body.get("evidence_t")),
+                                 _finite_or_none(body.get("ttft_s")), now - sent_at[0],
+                                 _text_or_none(body.get("error")),
                                  _device_seconds(body), body, _finite_or_none(body.get("evidence_unix")),
                                  _jpeg_or_none(body.get("evidence_jpeg_base64")))
             asked = body.get("cameras")
@@ -1075,7 +1108,7 @@ def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, ti
             return
         try:
             state = json.loads(message.payload).get("state") if message.payload else None
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             state = None
         with lock:
             if state in ("online", "offline"):
@@ -1149,8 +1182,8 @@ def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, ti
 
 
 def _device_seconds(body: dict) -> float | None:
-    asked, answered = body.get("asked_unix"), body.get("answered_unix")
-    return answered - asked if isinstance(asked, (int, float)) and isinstance(answered, (int, float)) else None
+    asked, answered = _finite_or_none(body.get("asked_unix")), _finite_or_none(body.get("answered_unix"))
+    return answered - asked if asked is not None and answered is not None else None
 
 
 # ---------------------------------------------------------------------------------------------- edgekv ask
@@ -1260,6 +1293,17 @@ def _jpeg_or_none(value) -> bytes | None:
     except ValueError:
         return None
     return data if data[:2] == b"\xff\xd8" else None
+
+
+def _text_or_none(value) -> str | None:
+    """A text field of a device's answer (camera, answer, error), or None for anything else: a list there made the
+    answer unhashable and ended the asker's network thread, a number broke the printed lines."""
+    return value if isinstance(value, str) else None
+
+
+def _pair_or_none(value) -> int | None:
+    """A device's evidence pair index, or None for anything else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _finite_or_none(value) -> float | None:

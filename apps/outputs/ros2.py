@@ -77,6 +77,15 @@ def check_ros2(settings: Any) -> None:
 REQUEST_KEYS = ("question", "last_s", "from", "to", "evidence", "recall")
 
 
+def load_json(text: str) -> Any:
+    """``json.loads``, with a text nested past the decoder's recursion limit a ``ValueError`` like any other bad
+    JSON: its ``RecursionError`` got past the handlers of bad input (a traceback in the log, no error answer)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to decode") from None
+
+
 def parse_request(text: str, evidence: int) -> dict:
     """A question as it came on ``input_query``: plain text, or (starting with ``{``) a JSON request with the
     ``REQUEST_KEYS``. Returns ``Question`` keywords (``question`` among them); ``ValueError`` naming what is wrong."""
@@ -85,7 +94,7 @@ def parse_request(text: str, evidence: int) -> dict:
     if not text.startswith("{"):
         return {"question": text, "evidence": evidence}
     try:
-        request = json.loads(text)
+        request = load_json(text)
     except ValueError as exc:
         raise ValueError(f"a request starting with '{{' is JSON, and this is not ({exc})") from None
     if not isinstance(request, dict):
@@ -258,7 +267,7 @@ class Ros2Channel:
 
         try:
             text = decode_cdr(raw, STRING).data.strip()
-            window = forget_request(json.loads(text))
+            window = forget_request(load_json(text))
         except (CorruptFrame, ValueError) as exc:  # not CDR, not JSON, or a window that does not check
             self.counts["forgets_refused"] += 1
             why = str(exc) if isinstance(exc, (WindowError, CorruptFrame)) else f"not JSON ({exc})"

@@ -333,10 +333,18 @@ def add_bag_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def bag_main(args: argparse.Namespace) -> int:
+    from edgekv.config import ros_name_problem
     from edgekv.video.sources import open_source, parse_spec
 
     if args.frames is not None and args.frames < 1:
         raise ValueError(f"--frames must be positive, got {args.frames}")
+    # checked before the bag's directory is made: a bad value found while sampling left an empty bag behind, and the
+    # corrected command then refused it as already there
+    if args.fps is not None and not 0 < args.fps < float("inf"):
+        raise ValueError(f"--fps must be a positive number of frames a second, got {args.fps}")
+    problem = ros_name_problem(args.topic) or (None if args.topic.startswith("/") else "not absolute")
+    if problem or args.topic == "/":
+        raise ValueError(f"--topic {args.topic!r} is not a ROS 2 topic name ({problem or 'the root is no topic'})")
     parsed = parse_spec(args.source)
     interrupted = False
     with open_source(parsed) as source:
