@@ -60,7 +60,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         if not isinstance(args.t_from, str) or not isinstance(args.t_to, str):
             raise ValueError("--fleet: --from and --to are wall times (14:00, 2026-12-04T14:00:00+01:00); stream "
                              "seconds are each device's own")
-        wall = cli_window(args.t_from, args.t_to)
+        wall = cli_window(args.t_from, args.t_to, forget=True)
     else:
         wall = None
     try:
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.t_to is None:
             raise ValueError("--from needs --to (stream seconds or wall times)")
-        t_from, t_to = cli_window(args.t_from, args.t_to)  # wall times read together, sent with this machine's offset
+        t_from, t_to = cli_window(args.t_from, args.t_to, forget=True)  # read together, sent with our UTC offset
         body = {"from": t_from, "to": t_to}
     from edgekv.apps.server.tls import client_context
 

@@ -61,7 +61,6 @@ def parse_wall_time(text: str, now: float | None = None, after: float | None = N
         raise ValueError(f"{text!r}: out of the range this machine's clock can represent") from None
 
 
-
 def wall_or_stream(name: str, value, now: float | None = None, after: float | None = None) -> tuple[str, float]:
     """A window bound as given to the API: ``("stream", seconds)`` for a number, ``("wall", unix)`` for a string
     (``parse_wall_time``'s ``now`` and ``after``); ``ValueError`` naming the field otherwise."""
@@ -76,9 +75,17 @@ def wall_or_stream(name: str, value, now: float | None = None, after: float | No
     return "stream", float(value)
 
 
-def window_bounds(t_from, t_to, now: float | None = None) -> tuple[str, float, float]:
+MAX_WRAPPED_FORGET_S = 12 * 3600.0
+
+
+def window_bounds(t_from, t_to, now: float | None = None, forget: bool = False) -> tuple[str, float, float]:
     """``from`` and ``to`` as one kind: ``("stream" | "wall", from, to)``; a mix, or from after to, refused. Wall
-    times are read together (the module's docstring): a ``to`` given as a time of day follows ``from``."""
+    times are read together (the module's docstring): a ``to`` given as a time of day follows ``from``.
+
+    ``forget``: two times of day whose ``to`` comes round only the next day and more than ``MAX_WRAPPED_FORGET_S``
+    after ``from`` are refused. "from 01:00 to 00:30" typed at 01:48 for "00:30 to 01:00" read as 23.5 hours and
+    forgot everything since 01:00, for good; an inverted stream-seconds window is refused, and a night ("22:00 to
+    06:00") or "23:50 to 00:10" still reads across midnight. Questions read any such window (nothing is lost)."""
     now = time.time() if now is None else now
     kind_from, start = wall_or_stream("from", t_from, now=now)  # checked first: a mistake in it is named first
     if is_time_of_day(t_from) and isinstance(t_to, str) and not is_time_of_day(t_to):
@@ -90,6 +97,11 @@ def window_bounds(t_from, t_to, now: float | None = None) -> tuple[str, float, f
     if start > end:
         shown = (start, end) if kind_from == "stream" else (t_from, t_to)
         raise ValueError(f"from ({shown[0]}) is after to ({shown[1]})")
+    if forget and is_time_of_day(t_from) and is_time_of_day(t_to) and end - start > MAX_WRAPPED_FORGET_S:
+        raise ValueError(f"from {t_from.strip()} to {t_to.strip()} runs {(end - start) / 3600:.1f} hours, to "
+                         f"{t_to.strip()} the next day: not forgotten (did you mean from {t_to.strip()} to "
+                         f"{t_from.strip()}?); to forget that long a stretch give dates "
+                         f"({dt.datetime.fromtimestamp(start).isoformat(timespec='minutes')})")
     return kind_from, start, end
 
 
@@ -126,7 +138,7 @@ def forget_request(body) -> dict:
         raise WindowError("from and to are required (stream seconds, or wall times such as \"10:03\" or "
                           "\"2026-12-04T10:03:00+01:00\"; from <= to), or last_s", param="from")
     try:
-        kind, start, end = window_bounds(body["from"], body["to"])
+        kind, start, end = window_bounds(body["from"], body["to"], forget=True)
     except ValueError as exc:
         raise WindowError(str(exc), param="from" if str(exc).startswith("from") else "to") from None
     return {"t_from": start, "t_to": end} if kind == "stream" else {"unix": (start, end)}
@@ -153,13 +165,13 @@ def cli_bound(text: str) -> float | str:
     return value
 
 
-def cli_window(t_from, t_to) -> tuple:
+def cli_window(t_from, t_to, forget: bool = False) -> tuple:
     """``--from`` / ``--to`` as the API takes them: stream seconds as they are; wall times read here, together
-    (``window_bounds``: a time of day is this machine's local time), and sent as ISO 8601 with its UTC offset, so
-    that a daemon in another time zone reads the same moments."""
+    (``window_bounds``, with its ``forget``: a time of day is this machine's local time), and sent as ISO 8601 with
+    its UTC offset, so that a daemon in another time zone reads the same moments."""
     if not isinstance(t_from, str) or not isinstance(t_to, str):
         return t_from, t_to  # stream seconds, or a mix the daemon refuses by name
-    _, start, end = window_bounds(t_from, t_to)
+    _, start, end = window_bounds(t_from, t_to, forget=forget)
     return tuple(dt.datetime.fromtimestamp(unix).astimezone().isoformat() for unix in (start, end))
 
 

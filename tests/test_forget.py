@@ -72,6 +72,17 @@ def test_forget_refuses_a_backwards_window():
     del rt
 
 
+def test_a_forget_by_times_of_day_that_wraps_into_a_day_is_refused_not_carried_out():
+    """"from 12:30 to 11:00" (for "11:00 to 12:30") read as 22.5 hours to tomorrow's 11:00 and forgot everything
+    since 12:30; a night across midnight still forgets (apps/wall_times.window_bounds)."""
+    from edgekv.apps.wall_times import WindowError, forget_request
+
+    with pytest.raises(WindowError, match=r"from 12:30 to 11:00 runs 2\d.5 hours, .*did you mean from 11:00 to 12:30"):
+        forget_request({"from": "12:30", "to": "11:00"})
+    window = forget_request({"from": "23:00", "to": "01:00"})["unix"]
+    assert 1.5 * 3600 <= window[1] - window[0] <= 2.5 * 3600  # two hours, give or take a clock change
+
+
 @pytest.mark.parametrize("typed, said", [("25:00", "'25:00': not a time of day"), ("tea", "'tea': not a wall time"),
                                          ("nan", "'nan': expected stream seconds (a finite number) or a wall time")])
 def test_edgekv_forget_names_what_is_wrong_with_a_bound(typed, said, capsys):

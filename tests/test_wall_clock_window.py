@@ -149,6 +149,18 @@ def test_wall_times_as_people_write_them(monkeypatch):
                                                                                  BASE - 8 * 3600)
         assert window_bounds("20:00", "2027-01-14T22:00:00+01:00", now=now) == ("wall", BASE - 13 * 3600,
                                                                                  BASE - 11 * 3600)
+        # a forget reads a night across midnight, but not a day: "12:30 to 11:00" typed at 12:48 for "11:00 to 12:30"
+        # read as 22.5 hours and forgot everything since 12:30 (a question may read it: nothing is lost)
+        assert window_bounds("23:50", "00:10", now=at_midnight, forget=True)[1:] == (at_midnight - 900,
+                                                                                      at_midnight + 300)
+        assert window_bounds("22:00", "06:00", now=now, forget=True)[1:] == (now - 14 * 3600, now - 6 * 3600)
+        later = now + 48 * 60
+        assert window_bounds("12:30", "11:00", now=later)[1:] == (now + 1800, now + 1800 + 22.5 * 3600)
+        with pytest.raises(ValueError, match=r"from 12:30 to 11:00 runs 22.5 hours, to 11:00 the next day: not "
+                                             r"forgotten \(did you mean from 11:00 to 12:30\?\)"):
+            window_bounds("12:30", "11:00", now=later, forget=True)
+        with pytest.raises(ValueError, match=r"from 12:30 to 11:00 runs 2\d.5 hours"):  # edgekv forget (the hours: DST)
+            cli_window("12:30", "11:00", forget=True)
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
