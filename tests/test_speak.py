@@ -65,6 +65,11 @@ def test_sentences_go_to_the_speaker_as_the_tokens_arrive():
     speech = TokenSpeech(_Words(), speaker, prefix="back: ")
     speech.finish("")  # nothing to say: not the name alone either
     assert said == []
+    speech = TokenSpeech(_Words(), speaker)
+    for char in "It was red. Then":
+        speech.on_token(ord(char))
+    speech.finish("A blue square.")  # a final text that does not go on from what was said is said whole
+    assert said == ["It was red.", "A blue square."]
 
 
 def test_barge_in_stops_the_sound_and_drops_what_waits():

@@ -281,6 +281,8 @@ class TokenSpeech:
             self.spoken = end
 
     def finish(self, final_text: str) -> None:
-        """The answer is complete (``final_text`` is its text): speak what is left."""
-        rest = final_text[self.spoken:] if final_text.startswith(final_text[:self.spoken]) else final_text
+        """The answer is complete (``final_text`` is its text): speak what is left — all of it when it does not go on
+        from what was spoken (the check compared ``final_text`` with itself, so another text lost its start)."""
+        spoken = self.tokenizer.decode(self.ids)[:self.spoken]
+        rest = final_text[len(spoken):] if final_text.startswith(spoken) else final_text
         self._say(rest)
