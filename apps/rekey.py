@@ -53,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
         left += _state(one, keys, args.dry_run, say) + _archive(one, keys, args.dry_run, say)
     key = keys.current.id.hex()
     if left:
-        print(f"{left} snapshot(s) or archive folder(s) left as they were (above): give the key they need in "
-              f"privacy.previous_key_files and run again, or remove them; until then keep the old keys")
+        print(f"{left} snapshot(s) or archive folder(s) left as they were (above, each with why): give the key they "
+              f"need in privacy.previous_key_files, or fix what kept them from being written, and run again (or "
+              f"remove them); until then keep the old keys")
         return 1
     if not args.dry_run:
         print(f"every snapshot and archive segment opens with the current key ({key}) alone: "
@@ -74,6 +75,11 @@ def _give_back(folder: Path) -> None:
             os.chown(path, owner.st_uid, owner.st_gid)
 
 
+def _reason(exc: OSError) -> str:
+    """Why a file could not be written, in words (``No space left on device``), and what to do about it."""
+    return f"{exc.strerror or exc}; make room or fix the disk and run again, until then keep the old keys"
+
+
 def _state(config, keys, dry_run: bool, say) -> int:
     """Snapshots under ``state.dir``; returns how many were left as they were."""
     from edgekv.apps.daemon.startup import one_line
@@ -91,8 +97,7 @@ def _state(config, keys, dry_run: bool, say) -> int:
     try:
         if not dry_run:
             keeper._remove_leftovers()  # a crashed write's temporary file: never read, maybe under the old key
-        aside = keeper.dir / keeper.ASIDE
-        paths = keeper.generations() + (sorted(p for p in aside.iterdir() if p.is_file()) if aside.is_dir() else [])
+        paths = keeper.generations() + keeper.set_aside_files()
         done, current, left = 0, 0, 0
         for path in paths:
             try:
@@ -103,6 +108,10 @@ def _state(config, keys, dry_run: bool, say) -> int:
                     changed = reseal_snapshot(path, keys)
             except (SnapshotError, SealError) as exc:
                 say(f"left as it is: {one_line(exc)}")
+                left += 1
+                continue
+            except OSError as exc:  # a full or read-only disk: named, and the other files still done
+                say(f"left as it is: {path}: could not be rewritten ({_reason(exc)})")
                 left += 1
                 continue
             done += changed
@@ -130,6 +139,9 @@ def _rules(folder: Path, keys, dry_run: bool, say) -> int:
     except SealError as exc:
         say(f"left as it is: {one_line(exc)}")
         return 1
+    except OSError as exc:
+        say(f"left as it is: {store.path}: could not be rewritten ({_reason(exc)})")
+        return 1
     state = ("would be re-sealed" if dry_run else "re-sealed") if changed else "already under the current key"
     say(f"{store.path} (the API's standing questions): {state}")
     return 0
@@ -148,6 +160,9 @@ def _alert_events(folder: Path, keys, dry_run: bool, say) -> int:
         count = len(events.needs_reseal()) if dry_run else events.reseal()
     except SealError as exc:
         say(f"left as it is: {one_line(exc)}")
+        return 1
+    except OSError as exc:  # those rewritten before it are under the current key; the rest as they were
+        say(f"left as it is: {events.dir} (the last alerts): could not be rewritten ({_reason(exc)})")
         return 1
     say(f"{events.dir} (the last alerts): {count} {'would be re-sealed' if dry_run else 're-sealed'}, "
         f"{len(events.files()) - count} already under the current key")

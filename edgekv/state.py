@@ -660,6 +660,7 @@ class StateKeeper:
         self.max_bytes = int(section.max_mib * 2**20)
         self.last_saved: float | None = None
         self.failures = 0
+        self.last_error: str | None = None  # why the last snapshot that failed was not written
         self.clock_offset = 0.0  # added to the source's timestamps after a restore: see stream_time
         self._lock_fd: int | None = None  # state.dir/state.lock while hold() is in force
         self._saved_mark: str | None = None  # _memory_mark of the session as the last snapshot saved it
@@ -703,9 +704,18 @@ class StateKeeper:
         return self.dir / f"{self.PREFIX}{number:08d}{self.SUFFIX}"
 
     def _remove_leftovers(self) -> None:
-        """Temporary files of writes a crash interrupted: never valid, never needed."""
-        for leftover in self.dir.glob(f".{self.PREFIX}*.tmp-*"):
-            leftover.unlink(missing_ok=True)
+        """Temporary files of writes a crash interrupted: never valid, never needed. ``set-aside/`` too: ``edgekv
+        rekey`` rewrites the set-aside snapshot in place, and one killed there left its temporary file, which every
+        later rekey named as a snapshot "left as it is" (exit 1: keep the old keys) and nothing ever removed."""
+        for folder in (self.dir, self.dir / self.ASIDE):
+            for leftover in folder.glob(f".{self.PREFIX}*.tmp-*"):
+                leftover.unlink(missing_ok=True)
+
+    def set_aside_files(self) -> list[Path]:
+        """The snapshots under ``state.dir/set-aside`` (a temporary file of a write cut short there is none)."""
+        aside = self.dir / self.ASIDE
+        return sorted(p for p in aside.iterdir() if p.is_file() and p.name.startswith(self.PREFIX)
+                      and p.name.endswith(self.SUFFIX)) if aside.is_dir() else []
 
     def _elsewhere(self) -> str:
         """Where memory of this folder's other layout lies: a one-camera deployment keeps its snapshots in
@@ -803,8 +813,7 @@ class StateKeeper:
         moved) when there is none or it does not load (another deployment's, damaged, a key no longer held)."""
         from edgekv.privacy import SealError
 
-        aside = self.dir / self.ASIDE
-        for candidate in sorted(aside.iterdir()) if aside.is_dir() else []:
+        for candidate in self.set_aside_files():
             path = self._next_path()
             try:
                 check_key(candidate, read_manifest(candidate, getattr(runtime, "keys", None)), runtime)
@@ -883,7 +892,15 @@ class StateKeeper:
         if info is not None:
             self.say(f"memory saved: {describe_span(info.stream_s)}, {info.cache_tokens:,} tokens in {info.path} "
                      f"({info.bytes / 2**20:.1f} MiB, {info.seconds * 1e3:.0f} ms)")
-        return info
+            return info
+        # Said, not only logged: a stop on a full disk printed a warning and the usual summary, and nothing told the
+        # operator that the stretch since the last snapshot is gone at the next start.
+        kept = self.generations()
+        since = f", written {describe_span(self.wall() - kept[-1].stat().st_mtime)} before the stop" if kept else ""
+        self.say(f"memory NOT saved at the stop: no snapshot could be written in state.dir {self.dir} "
+                 f"({self.last_error}); " + (f"the next start resumes {kept[-1].name}{since}" if kept else
+                                              "the next start begins with an empty memory"))
+        return None
 
     def rewrite_after_forget(self, session) -> dict:
         """After ``session.forget``: a new snapshot of the session as it is now, then every other file under
@@ -924,7 +941,8 @@ class StateKeeper:
             info = session.save(self._next_path())
         except OSError as exc:
             self.failures += 1
-            log.warning("state: snapshot not written (%s); the previous one stays", exc)
+            self.last_error = exc.strerror or str(exc)
+            log.warning("state: snapshot not written in %s (%s); the previous one stays", self.dir, self.last_error)
             return None
         for old in self.generations()[:-2]:
             old.unlink()

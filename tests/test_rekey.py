@@ -299,3 +299,90 @@ def test_rekey_run_as_root_leaves_the_files_the_service_users(tmp_path, capsys):
     owners = {(p.stat().st_uid, p.stat().st_gid) for folder in (state, archive_dir)
               for p in [folder, *folder.rglob("*")]}
     assert owners == {(4321, 4321)}
+
+
+def test_a_rekey_killed_inside_the_set_aside_snapshot_is_finished_by_the_next(tiny_checkpoint, tmp_path, capsys):
+    """SIGKILL while the set-aside snapshot was rewritten left ``set-aside/.snapshot-N.ekv.tmp-PID`` (probed on the
+    daemon's folders): every later rekey named it "left as it is" and exited 1 (keep the old keys), for good."""
+    state = tmp_path / "state"
+    (state / "set-aside").mkdir(parents=True)
+    session = seen_session(privacy_runtime(tiny_checkpoint))
+    session.save(state / "snapshot-00000004.ekv")
+    session.save(state / "set-aside" / "snapshot-00000003.ekv")
+    leftover = state / "set-aside" / ".snapshot-00000003.ekv.tmp-999"
+    leftover.write_bytes(b"EDGEKV-SNAPSEAL\x01" + b"\x00" * 4000)  # the new key's header, cut short
+    config = tmp_path / "deploy.yaml"
+    config.write_text(yaml.safe_dump({"model": {"path": str(tiny_checkpoint)}, "state": {"dir": str(state)},
+                                      "privacy": {"key_file": _write_key(tmp_path / "new.key", 2)}}))
+    assert main(["rekey", "--config", str(config), "--dry-run"]) == 0
+    assert "2 snapshot(s) would be re-sealed" in capsys.readouterr().out
+    assert main(["rekey", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "2 snapshot(s) re-sealed, 0 already" in out and "left as it is" not in out
+    assert not leftover.exists()
+    for path in (state / "snapshot-00000004.ekv", state / "set-aside" / "snapshot-00000003.ekv"):
+        assert read_manifest(path, KeyRing(_key(2)))["_sealer"].key.id == KeyRing(_key(2)).current.id
+
+
+def test_an_alert_that_cannot_be_rewritten_is_not_counted_as_resealed(tmp_path, monkeypatch, capsys):
+    """A full disk (probed on a 1 MiB tmpfs): the alert's rewrite failed inside ``EventLog.save``, which only logs,
+    and rekey said "1 re-sealed ... previous_key_files can be emptied", exit 0, the alert still in the clear."""
+    from edgekv.apps.outputs.alert_log import EventLog
+    from edgekv.apps.outputs.alerts import AlertEvent
+
+    state = tmp_path / "state"
+    EventLog(state, None).save(AlertEvent("e1", "alert-1", "safe", "Is the safe open?", None, 0.9, 3.0, 1, 0.5,
+                                          1_700_000_000.0, b"\xff\xd8jpeg"))  # in the clear, before the key
+    (path,) = EventLog(state, None).files()
+    before = path.read_bytes()
+    config = tmp_path / "deploy.yaml"
+    config.write_text(yaml.safe_dump({"state": {"dir": str(state)},
+                                      "privacy": {"key_file": _write_key(tmp_path / "new.key", 2)}}))
+    replace = os.replace
+
+    def disk_full(src, dst, *args, **kwargs):
+        if str(dst).endswith(".evt"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    assert main(["rekey", "--config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "alert-events (the last alerts): could not be rewritten (No space left on device" in out
+    assert "can be emptied" not in out and "left as they were" in out
+    assert path.read_bytes() == before and not list(path.parent.glob(".*tmp*"))
+    monkeypatch.setattr(os, "replace", replace)
+    assert main(["rekey", "--config", str(config)]) == 0  # room again: the next run seals it
+    assert "alert-events (the last alerts): 1 re-sealed" in capsys.readouterr().out
+    (event,) = EventLog(state, KeyRing(_key(2))).load()
+    assert event.keyframe_jpeg == b"\xff\xd8jpeg" and path.read_bytes() != before
+
+
+def test_a_snapshot_that_cannot_be_rewritten_is_named_and_the_rest_still_resealed(tiny_checkpoint, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """A full disk under ``state.dir``: rekey stopped at the first snapshot with a bare ``edgekv rekey: [Errno 28] No
+    space left on device``, naming no file, and left the archive beside it unsealed."""
+    state, archive_dir = tmp_path / "state", tmp_path / "archive"
+    state.mkdir()
+    seen_session(privacy_runtime(tiny_checkpoint)).save(state / "snapshot-00000001.ekv")
+    before = (state / "snapshot-00000001.ekv").read_bytes()
+    _old_archive(archive_dir)
+    config = tmp_path / "deploy.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"path": str(tiny_checkpoint)}, "state": {"dir": str(state)},
+        "archive": {"dir": str(archive_dir), "max_gib": 0.01, "segment_mib": 1},
+        "privacy": {"key_file": _write_key(tmp_path / "new.key", 2),
+                    "previous_key_files": [_write_key(tmp_path / "old.key", 1)]}}))
+    replace = os.replace
+
+    def disk_full(src, dst, *args, **kwargs):
+        if str(dst).endswith(".ekv"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    assert main(["rekey", "--config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "snapshot-00000001.ekv: could not be rewritten (No space left on device" in out
+    assert "segment(s) re-sealed" in out and "0 segment(s) re-sealed" not in out
+    assert (state / "snapshot-00000001.ekv").read_bytes() == before and not list(state.glob(".*tmp*"))

@@ -277,3 +277,23 @@ def test_a_decoder_for_rtsp_on_another_source_is_said(caplog):
         _, source = open_video_source(config)
     source.close()
     assert any("video.decoder jetson applies to rtsp:// cameras" in r.getMessage() for r in caplog.records)
+
+
+def test_a_state_dir_on_a_read_only_mount_is_said_to_be_one(tmp_path, monkeypatch):
+    """Probed on a tmpfs remounted read-only, as root: "the folder is not writable by this user" sent the operator to
+    the permissions, while the mount was the matter (flash that the kernel remounted read-only after an error)."""
+    from types import SimpleNamespace
+
+    from edgekv.apps.daemon.startup import StartupError, check_folders
+
+    folder = tmp_path / "state"
+    folder.mkdir()
+    config = EdgeKVConfig().with_overrides(state={"dir": str(folder)})
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # what access(2) says there: EROFS, for root too
+    statvfs = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_flag=statvfs(path).f_flag | os.ST_RDONLY))
+    with pytest.raises(StartupError, match=rf"^state.dir: {folder}: the file system it is on is mounted read-only"):
+        check_folders(config)
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_flag=statvfs(path).f_flag & ~os.ST_RDONLY))
+    with pytest.raises(StartupError, match="the folder is not writable by this user"):
+        check_folders(config)

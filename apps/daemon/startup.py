@@ -75,7 +75,20 @@ def check_folders(config: EdgeKVConfig) -> None:
         except OSError as exc:
             raise StartupError(f"{key}: {value}: the folder cannot be made ({exc.strerror or exc})") from None
         if not os.access(folder, os.W_OK | os.X_OK):
-            raise StartupError(f"{key}: {value}: the folder is not writable by this user")
+            raise StartupError(f"{key}: {value}: {_not_writable(folder)}")
+
+
+def _not_writable(folder: Path) -> str:
+    """Why a folder cannot be written, in the terms of its fix: on a read-only mount (flash remounted read-only after
+    an error, a root file system mounted so) "not writable by this user" sent root to change permissions."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (not POSIX)
+        read_only = False
+    if read_only:
+        return ("the file system it is on is mounted read-only (remount it read-write, or point the key at a "
+                "folder on a writable disk)")
+    return "the folder is not writable by this user"
 
 
 def check_archive_shape(config: EdgeKVConfig) -> str | None:

@@ -64,6 +64,17 @@ class EventLog:
     def save(self, event) -> None:
         """Write ``event`` (temporary file, fsync, rename) and remove the oldest past ``keep``; a failing disk is
         logged and counted, never raised: the alert has gone out already."""
+        try:
+            self._write(event)
+            for old in self.files()[:-self.keep]:
+                old.unlink(missing_ok=True)
+        except OSError as exc:
+            self.write_errors += 1
+            log.warning("alerts: could not keep alert %s under %s (%s); it went out, and a restart will not list "
+                        "it", event.id, self.dir, exc)
+
+    def _write(self, event) -> None:
+        """``event``'s file written whole or not at all; ``OSError`` when it could not be (the old file stays)."""
         from edgekv.privacy import seal_blob
 
         doc = {"format": FORMAT, **{f.name: getattr(event, f.name) for f in dataclasses.fields(event)
@@ -82,16 +93,12 @@ class EventLog:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
-            for old in self.files()[:-self.keep]:
-                old.unlink(missing_ok=True)
-        except OSError as exc:
+        except OSError:
             try:
                 tmp.unlink(missing_ok=True)
             except OSError:  # a read-only file system refuses even this (EROFS before ENOENT): nothing was written
                 pass
-            self.write_errors += 1
-            log.warning("alerts: could not keep alert %s under %s (%s); it went out, and a restart will not list "
-                        "it", event.id, self.dir, exc)
+            raise
 
     def load(self) -> list:
         """The kept alerts, oldest first (``AlertEvent``s). ``SealError`` for a file sealed with a key this
@@ -153,13 +160,15 @@ class EventLog:
         return [path for path in self.files() if blob_key_id(path.read_bytes()) != self.keys.current.id]
 
     def reseal(self) -> int:
-        """Rewrite every kept alert sealed with the current key; returns how many were rewritten."""
+        """Rewrite every kept alert sealed with the current key; returns how many were rewritten. A file that cannot
+        be written is ``OSError`` (it stays as it was): through ``save``, which only logs, a full disk was counted
+        as re-sealed and rekey said the old key could go while the alert stayed in the clear or under that key."""
         stale = {path.name for path in self.needs_reseal()}
         if not stale:
             return 0
         done = 0
         for event in self.load():
             if self._path(event).name in stale:
-                self.save(event)
+                self._write(event)
                 done += 1
         return done
