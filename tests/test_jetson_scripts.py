@@ -107,6 +107,17 @@ def test_the_unit_lets_the_daemon_write_its_memory_read_home_and_use_a_microphon
     assert "audio" in directives["SupplementaryGroups"].split()
 
 
+def test_the_unit_lets_a_csi_camera_reach_nvargus_through_its_private_tmp():
+    """nvarguscamerasrc talks to nvargus-daemon over /tmp/argus_socket (the Dockerfile mounts it for the same
+    reason); PrivateTmp=yes alone hides it and every csi: source fails under systemd only."""
+    unit = (JETSON / "edgekv-camera.service").read_text()
+    directives = [line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#")]
+    assert ["PrivateTmp", "yes"] in directives
+    binds = [path.lstrip("-").split(":")[0]
+             for key, value in directives if key == "BindPaths" for path in value.split()]
+    assert "/tmp/argus_socket" in binds
+
+
 def test_the_container_listens_beyond_itself_and_can_build_engines():
     docker = (JETSON / "Dockerfile").read_text()
     entry = next(line for line in docker.splitlines() if line.startswith("ENTRYPOINT"))

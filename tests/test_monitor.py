@@ -74,6 +74,22 @@ def test_a_failing_reader_is_counted_not_raised():
     assert snap["energy_j"] == pytest.approx(5.0)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -4_000.0])
+def test_a_power_that_is_not_a_number_is_an_error_not_a_reading(bad):
+    """A sensor file that reads "nan" (or a broken driver's -4 W) must not be shown as watts, nor poison the energy
+    sum for the rest of the run."""
+    clock = Clock()
+    monitor = Monitor(power_reader=TraceReader([5_000, bad, 5_000, 5_000]), clock=clock)
+    seen = []
+    for step in range(4):
+        clock.t = float(step)
+        monitor.sample()
+        seen.append(monitor.snapshot()["power_w"])
+    snap = monitor.snapshot()
+    assert seen == [5.0, None, 5.0, 5.0]
+    assert snap["monitor_errors"] == 1 and snap["energy_j"] == pytest.approx(5.0)  # 5 W over [2, 3] only
+
+
 def test_cpu_only_reports_memory_and_no_invented_power():
     class Section:
         interval_s = 0.05

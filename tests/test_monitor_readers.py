@@ -83,6 +83,19 @@ def test_meminfo_devfreq_nvpmodel_and_jetson_detection(tmp_path):
     assert is_jetson(tmp_path)
 
 
+def test_gpu_load_is_read_from_the_gpu_device_beside_its_devfreq_folder(tmp_path):
+    """Orin JetPack 6 as the kernel lays it out: /sys/class/devfreq/17000000.gpu is the devfreq class folder
+    (cur_freq, governor, ...); its ``device`` link is /sys/devices/platform/bus@0/17000000.gpu, which holds of_node
+    and ``load`` (JETSON.md; jetson-stats reads it there)."""
+    platform = tmp_path / "devices/platform/bus@0/17000000.gpu"
+    _write(platform / "of_node/name", "gpu\x00")
+    _write(platform / "load", "417\n")
+    devfreq = tmp_path / "devfreq/17000000.gpu"
+    _write(devfreq / "cur_freq", "305000000\n")
+    (devfreq / "device").symlink_to(platform)
+    assert gpu_load_pct(tmp_path / "devfreq") == pytest.approx(41.7)
+
+
 def test_nvml_reader_with_a_fake_driver_and_without_one(monkeypatch):
     import sys
     import types

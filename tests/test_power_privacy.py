@@ -45,6 +45,19 @@ def test_readers_follow_the_sysfs_layout(tmp_path):
     assert read_battery(root / "power_supply") is None
 
 
+def test_the_pmic_stub_zone_of_a_nano_or_xavier_is_not_a_hot_device(tmp_path):
+    """Jetson Nano / Xavier thermal zones at idle: PMIC-Die reads a constant 100 °C (only its 120/140 °C threshold
+    steps are news), which must not hold the device in power saving forever."""
+    temps = {"AO-therm": 38.5, "CPU-therm": 41.0, "GPU-therm": 39.5, "PLL-therm": 37.0, "PMIC-Die": 100.0,
+             "thermal-fan-est": 40.0}
+    root = _tree(tmp_path, battery=None, temps=temps)
+    assert "PMIC-Die" not in read_temperatures(root / "thermal")
+    policy = PowerPolicy(PowerSection(enabled=True, sysfs=str(root)), clock=lambda: 0.0)
+    assert policy.check() is None and not policy.saving
+    (root / "thermal" / "thermal_zone4" / "temp").write_text("140000\n")  # the PMIC crossed its 140 °C flag
+    assert read_temperatures(root / "thermal")["PMIC-Die"] == 140.0
+
+
 def test_the_policy_saves_and_recovers_with_hysteresis(tmp_path):
     root = _tree(tmp_path, battery=50)
     now, watts = [0.0], [5.0]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekv.monitor.tegrastats import TegrastatsReader, parse
+from edgekv.monitor.tegrastats import ReaderError, TegrastatsReader, parse
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tegrastats"
 
@@ -104,3 +104,57 @@ def test_reader_runs_a_tegrastats_binary(tmp_path):
         reader.close()
     assert reader.bad_lines == 1
     assert reading.power_mw == 4824 and reading.source == "tegrastats"  # the last fixture line (sorted)
+
+
+def _fake_tegrastats(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "tegrastats"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def _wait_for(condition, bound_s: float = 10.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_a_tegrastats_that_exited_is_an_error_not_its_last_line(tmp_path):
+    line = _line("orin-nano-8gb-jp6.txt")
+    reader = TegrastatsReader(_fake_tegrastats(tmp_path, f"echo '{line}'\nexit 3"), interval_ms=100)
+    try:
+        _wait_for(lambda: reader.process.poll() is not None and not reader._thread.is_alive())
+        assert reader.latest is not None and reader.latest.total_power_mw == 12479  # it did print one line
+        with pytest.raises(ReaderError, match="exited with code 3"):
+            reader.read()
+    finally:
+        reader.close()
+
+
+def test_a_hung_tegrastats_is_an_error_once_its_line_is_stale(tmp_path):
+    now = [100.0]
+    line = _line("orin-nano-8gb-jp6.txt")
+    reader = TegrastatsReader(_fake_tegrastats(tmp_path, f"echo '{line}'\nexec sleep 60"), interval_ms=1000,
+                              clock=lambda: now[0])
+    try:
+        _wait_for(lambda: reader.latest is not None)
+        assert reader.read().power_mw == 12479
+        now[0] += 4.9  # within five intervals (5 s): still today's reading
+        assert reader.read().power_mw == 12479
+        now[0] += 1.0
+        with pytest.raises(ReaderError, match="no line for 6 s"):
+            reader.read()
+    finally:
+        reader.close()
+
+
+def test_bytes_that_are_not_utf8_are_a_bad_line_not_the_end_of_the_reader(tmp_path):
+    line = _line("orin-nano-jp6-nonroot.txt")
+    body = f"printf 'RAM \\377\\376/7620MB garbled\\n'\necho '{line}'\nexec sleep 60"
+    reader = TegrastatsReader(_fake_tegrastats(tmp_path, body), interval_ms=100)
+    try:
+        _wait_for(lambda: reader.latest is not None, bound_s=5.0)
+        assert reader._thread.is_alive() and reader.bad_lines == 1
+        assert reader.read().power_mw == 4824
+    finally:
+        reader.close()

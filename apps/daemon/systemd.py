@@ -27,17 +27,16 @@ log = logging.getLogger("edgekv.systemd")
 
 def notify_systemd(state: str) -> bool:
     """Send ``state`` (e.g. ``READY=1``) to ``$NOTIFY_SOCKET``; False when there is none or it failed."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
+    name = os.environ.get("NOTIFY_SOCKET")
+    if not name:
         return False
-    if address.startswith("@"):
-        address = "\0" + address[1:]  # abstract namespace
+    address = "\0" + name[1:] if name.startswith("@") else name  # "@": the abstract namespace
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         try:
             sock.connect(address)
             sock.sendall(state.encode())
-        except OSError as exc:
-            log.warning("sd_notify %s failed: %s", state.split("=")[0], exc)
+        except OSError as exc:  # the socket named, so a unit or an environment that points elsewhere is seen
+            log.warning("sd_notify %s to $NOTIFY_SOCKET=%s failed: %s", state.split("=")[0], name, exc)
             return False
     return True
 
@@ -47,9 +46,10 @@ def watchdog_period_s(environ: dict[str, str] | None = None) -> float | None:
     process (unset, malformed, or ``$WATCHDOG_PID`` names another process)."""
     environ = os.environ if environ is None else environ
     usec, pid = environ.get("WATCHDOG_USEC"), environ.get("WATCHDOG_PID")
-    if not usec or not usec.isdigit() or int(usec) == 0:
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses, and the daemon would not start
+    if not usec or not (usec.isascii() and usec.isdigit()) or int(usec) == 0:
         return None
-    if pid and (not pid.isdigit() or int(pid) != os.getpid()):
+    if pid and (not (pid.isascii() and pid.isdigit()) or int(pid) != os.getpid()):
         return None
     return int(usec) / 1e6
 

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# Jetson Nano/TX2/Xavier's PMIC has no temperature register, only 120 °C and 140 °C threshold flags: its zone reads
+# 100 °C while below the first (NVIDIA forum "What does each temperature zone mean", tegrastats' PMIC@100C), then
+# 120 or 140. Read as a temperature, every such board would be "hot" at idle; jetson-stats skips it too.
+PMIC_STUB_ZONE = "PMIC-Die"
+
+
 @dataclass(frozen=True)
 class Battery:
     name: str
@@ -57,5 +63,7 @@ def read_temperatures(root: str | Path = "/sys/class/thermal") -> dict[str, floa
         if celsius <= -200:  # some zones report -256000 when the sensor is off
             continue
         kind = _read(zone / "type") or zone.name
+        if kind == PMIC_STUB_ZONE and celsius <= 100.0:
+            continue  # not a temperature: "below 120 °C" (see PMIC_STUB_ZONE)
         out[kind] = max(celsius, out.get(kind, celsius))
     return out

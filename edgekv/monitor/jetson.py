@@ -1,8 +1,8 @@
 """Jetson facts from files: unified memory, GPU load, power mode (paths are parameters, for tests).
 
 - ``/proc/meminfo``: used = MemTotal − MemFree − Buffers − Cached; ``NvMapMemUsed`` is GPU-shared memory.
-- GPU load: the devfreq device whose ``of_node/name`` is the GPU (``ga10b``, ``gv11b``, ``gpu``); its
-  ``load`` file is per-mille (it may appear only some time after boot).
+- GPU load: the devfreq device whose ``of_node/name`` is the GPU (``ga10b``, ``gv11b``, ``gpu``); the ``load`` file
+  of that GPU device (``devfreq/X/device/load``) is per-mille (it may appear only some time after boot).
 - Power mode: ``nvpmodel -q`` prints ``NV Power Mode: NAME`` and the id on the next line; without the
   binary, ``/var/lib/nvpmodel/status`` (``pmode:0002 ...``) mapped through ``/etc/nvpmodel.conf``'s
   ``< POWER_MODEL ID=n NAME=X >`` lines.
@@ -35,7 +35,11 @@ def gpu_load_pct(devfreq_root: str | Path = "/sys/class/devfreq") -> float | Non
         try:
             name = name_file.read_text().strip("\x00\n ")
             if name in GPU_NODE_NAMES:
-                return int((device / "load").read_text().split()[0]) / 10.0
+                # ``load`` is the GPU device's attribute (devfreq/X/device/load, i.e. .../17000000.gpu/load), not
+                # one of the devfreq class's own files (a ``load`` in the class folder itself is read otherwise)
+                load = device / "device" / "load"
+                load = load if load.is_file() else device / "load"
+                return int(load.read_text().split()[0]) / 10.0
         except (OSError, ValueError, IndexError):
             continue
     return None

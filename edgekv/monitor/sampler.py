@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -144,6 +145,9 @@ class Monitor:
         if self._power is not None:
             try:
                 reading = self._power.read()
+                if reading.power_mw is not None and not 0.0 <= reading.power_mw < math.inf:
+                    # NaN would poison the energy sum for good, and no board draws negative or infinite power
+                    raise ValueError(f"{self.source} read a board power of {reading.power_mw} mW")
                 watts = None if reading.power_mw is None else reading.power_mw / 1000.0
                 figures["rails_mw"] = dict(reading.rails_mw)
                 if reading.gpu_load_pct is not None:

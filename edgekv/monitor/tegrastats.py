@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -111,15 +113,23 @@ def parse(line: str) -> TegrastatsSample:
 
 
 class TegrastatsReader:
-    """Runs ``tegrastats --interval N`` and keeps the newest parsed line; never raises into the app."""
+    """Runs ``tegrastats --interval N`` and keeps the newest parsed line; never raises into the app.
 
-    def __init__(self, path: str = "tegrastats", interval_ms: int = 1000) -> None:
+    ``read`` raises ``ReaderError`` once tegrastats has exited, or has printed no line for ``stale_s`` (default
+    five intervals, at least 5 s): the last line of a dead or hung tegrastats is not today's power. Bytes that are
+    not UTF-8 are replaced, so one garbled line is a bad line rather than the end of the reading thread."""
+
+    def __init__(self, path: str = "tegrastats", interval_ms: int = 1000, stale_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         try:
             self.process = subprocess.Popen([path, "--interval", str(interval_ms)], stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                                            stderr=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
         except OSError as exc:
             raise ReaderError(f"cannot run {path!r}: {exc}") from exc
+        self.stale_s = max(5.0, 5 * interval_ms / 1000.0) if stale_s is None else stale_s
+        self.clock = clock
         self.latest: TegrastatsSample | None = None
+        self.latest_at: float | None = None
         self.bad_lines = 0
         self._thread = threading.Thread(target=self._pump, name="edgekv-tegrastats", daemon=True)
         self._thread.start()
@@ -127,16 +137,22 @@ class TegrastatsReader:
     def _pump(self) -> None:
         for line in self.process.stdout:
             try:
-                self.latest = parse(line)
+                sample = parse(line)
             except ValueError:
                 self.bad_lines += 1
+                continue
+            self.latest_at = self.clock()  # before ``latest``: a reader that sees a sample also sees its time
+            self.latest = sample
 
     def read(self) -> PowerReading:
-        sample = self.latest
+        sample, at = self.latest, self.latest_at
+        if self.process.poll() is not None:
+            raise ReaderError(f"tegrastats exited with code {self.process.returncode}")
         if sample is None:
-            if self.process.poll() is not None:
-                raise ReaderError(f"tegrastats exited with code {self.process.returncode}")
             return PowerReading(None, source="tegrastats")
+        if self.clock() - at > self.stale_s:
+            raise ReaderError(f"tegrastats printed no line for {self.clock() - at:.0f} s (hung?); its last "
+                              "reading is not reported")
         return PowerReading(sample.total_power_mw, dict(sample.rails_mw), sample.ram_used_mb, sample.ram_total_mb,
                             sample.gpu_load_pct, "tegrastats")
 
