@@ -72,6 +72,7 @@ def test_a_failing_reader_is_counted_not_raised():
     assert snap["monitor_errors"] == 1
     # the gap left by the failed read is not integrated across: 5 W over [2, 3] only
     assert snap["energy_j"] == pytest.approx(5.0)
+    assert monitor.energy_totals() == pytest.approx((5.0, 1.0))  # the time it covers: a mean power of 5 W
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -4_000.0])
@@ -104,6 +105,7 @@ def test_cpu_only_reports_memory_and_no_invented_power():
         monitor.stop()
     assert snap["backend"] == "cpu"
     assert snap["power_w"] is None and snap["energy_j"] is None and snap["j_per_frame"] is None
+    assert monitor.energy_totals() is None
     assert snap["process_rss_mb"] > 10 and snap["peak_rss_mb"] >= snap["process_rss_mb"] * 0.5
     assert snap["ram_total_mb"] > snap["ram_used_mb"] > 0
     assert snap["cpu_time_s"] > 0

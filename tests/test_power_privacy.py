@@ -83,6 +83,32 @@ def test_the_policy_saves_and_recovers_with_hysteresis(tmp_path):
     assert policy.check() is None  # not read again before check_s
 
 
+def test_the_budget_is_held_to_the_mean_power_not_the_instant_a_check_lands_on(tmp_path):
+    """A board draws in bursts: instants of 12 and 8 W around a 10 W budget switched saving on and off at every check
+    (past the 10 % band); the mean since the last check, from the monitor's energy, is 10 W, under an 11 W budget."""
+    root = _tree(tmp_path, battery=50)
+    now, joules, seconds, instant = [0.0], [0.0], [0.0], [12.0]
+
+    def policy(**energy) -> PowerPolicy:
+        return PowerPolicy(PowerSection(enabled=True, sysfs=str(root), check_s=1.0, budget_w=11.0),
+                           power_w=lambda: instant[0], clock=lambda: now[0], **energy)
+
+    averaged, instants = policy(energy=lambda: (joules[0], seconds[0])), policy()
+    seen = []
+    for check in range(8):
+        joules[0], seconds[0] = joules[0] + 10.0, seconds[0] + 1.0  # 12 W for half the second, 8 W for the rest
+        instant[0] = 12.0 if check % 2 == 0 else 8.0
+        now[0] += 1.0
+        seen.append((averaged.check(), instants.check()))
+    assert [a for a, _ in seen] == [True] + [None] * 7  # the first check has no mean yet: the instant's 12 W
+    assert [i for _, i in seen] == [True, False] * 4  # the instant, as before: flapping
+    assert averaged.read().power_w == instant[0]  # no energy covered since: the instant
+    joules[0] += 40.0
+    seconds[0] += 4.0
+    assert averaged.read().power_w == 10.0
+    assert policy(energy=lambda: None).read().power_w == instant[0]  # no power reader's energy: the instant
+
+
 def _config(tmp_path, **sections) -> EdgeKVConfig:
     base = dict(model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
                 video={"source": "synthetic:events?size=112x112&fps=8&frames=100000&seed=2", "fps": 4.0,

@@ -409,7 +409,8 @@ class Daemon:
         if cfg.power.enabled:
             from edgekv.apps.daemon.power import PowerPolicy
 
-            self.power = PowerPolicy(cfg.power, power_w=lambda: self.monitor.snapshot().get("power_w"))
+            self.power = PowerPolicy(cfg.power, power_w=lambda: self.monitor.snapshot().get("power_w"),
+                                     energy=lambda: self.monitor.energy_totals())  # the shared one, once shared
         if cfg.escalate.url is not None:
             from edgekv.apps.outputs.escalate import Escalator
 

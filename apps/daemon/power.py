@@ -6,7 +6,10 @@ conditions clear. Every change is logged with its reason.
 Readings: the battery and the thermal zones from sysfs (``edgekv.monitor.conditions``), the board power from
 the daemon's monitor (tegrastats / INA3221 / NVML). Hysteresis keeps a reading at the line from flapping: the
 battery must recover 5 points above ``battery_low_pct`` (or the device be charging), the temperature fall 5 °C
-below ``hot_c``, the power 10 % below ``budget_w``.
+below ``hot_c``, the power 10 % below ``budget_w``. The power is the mean since the last check (the monitor's
+energy over the time it covers), not the instant the check lands on: a board draws in bursts (a pair's prefill,
+then idle until the next frame), and instants of 12 and 8 W around a 10 W budget switched saving on and off at
+every check, past any 10 % band.
 """
 
 from __future__ import annotations
@@ -32,12 +35,17 @@ class Reading:
 
 class PowerPolicy:
     def __init__(self, section, power_w: Callable[[], float | None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.section, self.power_w, self.clock = section, power_w, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 energy: Callable[[], tuple[float, float] | None] | None = None) -> None:
+        """``power_w``: the board power now; ``energy``: (joules, seconds) integrated so far (``Monitor``'s
+        ``energy_totals``), whose difference between two checks is the mean power used instead when it covers any
+        time."""
+        self.section, self.power_w, self.clock, self.energy = section, power_w, clock, energy
         self.saving = False
         self.reasons: list[str] = []
         self.changes = 0
         self._last: float | None = None
+        self._energy_mark: tuple[float, float] | None = None
 
     def read(self) -> Reading:
         root = Path(self.section.sysfs)
@@ -45,7 +53,17 @@ class PowerPolicy:
         temps = read_temperatures(root / "thermal")
         hottest = max(temps.items(), key=lambda item: item[1]) if temps else None
         return Reading(battery.percent if battery else None, bool(battery and battery.discharging), hottest,
-                       self.power_w())
+                       self._power())
+
+    def _power(self) -> float | None:
+        """The mean board power since the last reading where the energy covers some of that time, else now's."""
+        totals = self.energy() if self.energy is not None else None
+        mark, self._energy_mark = self._energy_mark, totals
+        if totals is not None and mark is not None:
+            joules, seconds = totals[0] - mark[0], totals[1] - mark[1]
+            if seconds > 0 and joules >= 0:
+                return joules / seconds
+        return self.power_w()
 
     def causes(self, reading: Reading) -> list[str]:
         """Why the device should save now (with hysteresis when it already does); empty: normal."""

@@ -28,6 +28,7 @@ log = logging.getLogger("edgekv.monitor")
 @dataclass
 class _Energy:
     joules: float = 0.0
+    seconds: float = 0.0  # the time ``joules`` covers (a gap without a reading is in neither)
     last_t: float | None = None
     last_w: float | None = None
 
@@ -37,6 +38,7 @@ class _Energy:
             return
         if self.last_t is not None and self.last_w is not None:
             self.joules += 0.5 * (watts + self.last_w) * (t - self.last_t)
+            self.seconds += t - self.last_t
         self.last_t, self.last_w = t, watts
 
 
@@ -201,6 +203,12 @@ class Monitor:
         if len(marks) < 2 or marks[1][0] <= marks[0][0]:
             return None
         return (marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0])
+
+    def energy_totals(self) -> tuple[float, float] | None:
+        """(joules, seconds) integrated so far from the board power; None without a power reader. Two of them give
+        the mean power between (``PowerPolicy``: a budget is about the power drawn, not one instant of it)."""
+        with self._lock:
+            return None if self._power is None else (self._energy.joules, self._energy.seconds)
 
     def snapshot(self) -> dict:
         with self._lock:
