@@ -118,6 +118,9 @@ def _plan(args: argparse.Namespace) -> int:
     from edgekv.calibration.plan import check_config, plan
     from edgekv.model.builtin import resolve_model_path
 
+    if args.flash_tbw is not None and not 0 < args.flash_tbw < float("inf"):  # NaN too: it printed "nan years"
+        raise ValueError(f"--flash-tbw: the flash's rating must be a positive number of terabytes, got "
+                         f"{args.flash_tbw:g}")
     if args.device_memory is None:
         from edgekv.calibration.plan import memory_here
         from edgekv.config import load_config
@@ -297,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     # Read by libgomp when torch loads, so set before any command imports it; the environment wins.
     prepare_process()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except KeyboardInterrupt:  # while the command's modules import (torch: seconds) it was a traceback
+        print("edgekv: interrupted", file=sys.stderr)
+        return 130
     try:
         _check_figure_packages(args)
         return args.func(args)

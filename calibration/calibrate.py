@@ -10,6 +10,7 @@ the thresholds (rule documented in ``edgekv.calibration.thresholds``). The runti
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +53,10 @@ def calibrate(model_dir: str | Path, videos: list[str], out: str | Path, frames:
     from edgekv.video.sources import looped_frames
     from edgekv.calibration.thresholds import write_thresholds
 
+    target = Path(out)  # written last: a folder missing or read-only failed only after every video was streamed
+    if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
+        raise ValueError(f"--out {out}: {'a folder' if target.is_dir() else 'no writable folder ' + str(target.parent)}"
+                         f"; name a YAML file in a folder that exists")
     for video in videos:  # each source opens before any is sampled: a bad last --video fails now, not after the rest
         first = looped_frames(video, 1, fps)
         try:

@@ -25,6 +25,7 @@ counts (before those changes the load alone peaked at 6.02 GiB).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import torch
 
 from edgekv.cache.specs import CacheSpec, dtype_bytes
 from edgekv.model.int4 import QuantConfig
+from edgekv.model.loading import read_config_json
 
 DEFAULT_RESERVE_GB = 2.0  # JetPack 6 with the desktop off (~1.2 GB) + CUDA context and allocator slack
 SAFETY = 1.5
@@ -73,13 +75,23 @@ class Plan:
         ])
 
 
+_TEXT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
+              "num_key_value_heads")
+_VISION_KEYS = ("hidden_size", "intermediate_size", "depth", "num_heads")
+
+
 def _model_config(model_dir: Path) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"{path}: no config.json in the model directory")
-    data = json.loads(path.read_text())
+    data = read_config_json(path)
     text = data.get("text_config") or data
     vision = data.get("vision_config") or {}
+    # the sizes the estimate reads: one missing was a KeyError traceback from deep in the arithmetic
+    absent = [key for key in _TEXT_KEYS if not isinstance(text.get(key), int)]
+    absent += [f"vision_config.{key}" for key in _VISION_KEYS if vision and not isinstance(vision.get(key), int)]
+    if absent:
+        raise ValueError(f"{path}: {', '.join(absent)} missing or not an integer (not a Qwen2.5-VL config)")
     try:
         quant = QuantConfig.from_model_config(data)
     except ValueError as exc:
@@ -169,10 +181,12 @@ def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, 
          weights_gb: float | None = None, lm_head: str = "as_loaded") -> Plan:
     """``weights_gb`` overrides the weight estimate (quantized engines: e.g. W4A16 LM + FP16 ViT); ``lm_head``
     is ``model.lm_head`` (``int8``: the head, and the tied embedding, in int8)."""
+    # written so that NaN fails too (every comparison with it is false) and infinity, which int() refused with
+    # a traceback
     problems = [f"{name} must be {rule}, got {value}" for name, value, bad, rule in (
-        ("the device memory", device_memory_gb, device_memory_gb <= 0, "positive (GB)"),
-        ("the reserve", reserve_gb, reserve_gb < 0, "0 or more (GB)"),
-        ("the weights' size", weights_gb, weights_gb is not None and weights_gb <= 0, "positive (GB)"))
+        ("the device memory", device_memory_gb, not 0 < device_memory_gb < math.inf, "positive (GB)"),
+        ("the reserve", reserve_gb, not 0 <= reserve_gb < math.inf, "0 or more (GB)"),
+        ("the weights' size", weights_gb, weights_gb is not None and not 0 < weights_gb < math.inf, "positive (GB)"))
         if bad]
     problems += [f"the resolution's {side} {value} is not a positive multiple of 28 (patch 14 x merge 2)"
                  for side, value in zip(("height", "width"), resolution) if value <= 0 or value % 28]
@@ -197,11 +211,14 @@ def plan(device_memory_gb: float, model_dir: str | Path, resolution: tuple[int, 
     minimum = text_reserve_tokens + 2 * tokens_per_pair + 64
     if tokens < minimum:
         short = (minimum - tokens) * spec.bytes_per_token + max(0, -(total - reserve - weights - activations))
+        # a 4-bit checkpoint's weights were called bf16 and the advice was to quantize what already is
+        what = _weights_note(cfg, weight_dtype, weights_gb is not None, lm_head) if cfg["quant"] else weight_dtype
+        smaller = ("use a smaller resolution" if cfg["quant"] or weights_gb is not None else
+                   "use 4-bit weights (an AWQ or GPTQ checkpoint, or `edgekv quantize`) or a smaller resolution")
         raise ValueError(
-            f"{device_memory_gb} GB cannot hold the model ({weights / 2**30:.2f} GiB of {weight_dtype} weights), "
+            f"{device_memory_gb} GB cannot hold the model ({weights / 2**30:.2f} GiB of {what} weights), "
             f"the reserve ({reserve_gb} GB), activations and a minimal cache ({minimum} tokens): short by "
-            f"{short / 2**30:.2f} GiB; use 4-bit weights (an AWQ or GPTQ checkpoint, or `edgekv quantize`) or a smaller "
-            f"resolution")
+            f"{short / 2**30:.2f} GiB; {smaller}")
     return Plan(total, reserve, weights, activations, spec.bytes_per_token, int(tokens), tokens_per_pair,
                 text_reserve_tokens, capped, _weights_note(cfg, weight_dtype, weights_gb is not None, lm_head))
 

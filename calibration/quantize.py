@@ -37,11 +37,12 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from edgekv.calibration.calibrate import Progress
 from edgekv.model.int4 import PACK, QuantConfig, dequantize, pack_awq, unpack_awq
+from edgekv.model.loading import read_config_json
 
 COPIED_FILES = ("generation_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
                 "tokenizer.json", "tokenizer_config.json", "chat_template.json", "chat_template.jinja", "vocab.json",
@@ -249,7 +250,7 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
         raise ValueError(f"IN_DIR: {in_dir}: no such directory")
     if not (in_dir / "config.json").is_file():
         raise ValueError(f"IN_DIR: {in_dir} has no config.json (not a Qwen2.5-VL checkpoint directory)")
-    raw = json.loads((in_dir / "config.json").read_text())
+    raw = read_config_json(in_dir / "config.json")
     if raw.get("quantization_config") is not None:
         raise ValueError(f"{in_dir}: already quantized (config.json has a quantization_config)")
     config = ModelConfig.from_dir(in_dir)
@@ -259,6 +260,7 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
         if k % group:
             raise ValueError(f"--group-size: {group_size} does not divide in_features {k} of {name} "
                              f"(choose a divisor of {sorted({kk for _, kk in linears.values()})})")
+    _check_weights(in_dir, linears)
     factors = {}
     if method == "awq":
         search = Progress(config.text.num_hidden_layers, label="quantize") if progress else None
@@ -299,6 +301,24 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
             if (in_dir / name).is_file():
                 shutil.copyfile(in_dir / name, folder / name)
     return out_dir
+
+
+def _check_weights(in_dir: Path, linears: dict[str, tuple[int, int]]) -> None:
+    """Refuse, before anything is written, weight files cut short (an interrupted copy: safetensors' own reader
+    failed mid-write with a traceback) and a checkpoint lacking a decoder linear, which used to be written out
+    without it and exit 0 — a 4-bit checkpoint that no loader takes, the error naming OUT_DIR, not the input."""
+    from edgekv.model.loading import (check_safetensors_file, checkpoint_key_to_module, module_key_to_checkpoint,
+                                      weight_files)
+
+    stored = set()
+    for path in weight_files(in_dir):
+        for key in check_safetensors_file(path):
+            module = checkpoint_key_to_module(key)
+            stored.add(module_key_to_checkpoint(module) if module else key)
+    missing = [f"{prefix}.weight" for prefix in linears if f"{prefix}.weight" not in stored]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"IN_DIR: {in_dir}: tensor {missing[0]}{more} is in no weight file")
 
 
 def _check_output(out_dir: Path, max_shard_bytes: int) -> None:
@@ -348,6 +368,15 @@ def _linear_shapes(config) -> dict[str, tuple[int, int]]:
     return {f"model.layers.{i}.{name}": shape for i in range(t.num_hidden_layers) for name, shape in shapes.items()}
 
 
+def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors reports a full disk as its own SafetensorError, which the command line took for a bug (a
+    traceback, exit 1): an OSError naming the file instead."""
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        raise OSError(f"{path}: cannot write it ({exc})") from None
+
+
 class _ShardWriter:
     """Safetensors shards of at most ``max_bytes`` (one file and no index when everything fits)."""
 
@@ -368,7 +397,7 @@ class _ShardWriter:
 
     def _flush(self) -> None:
         index = len(self.shards)
-        save_file(self.pending, str(self.out_dir / f"shard-{index:05d}.tmp"), metadata={"format": "pt"})
+        _save(self.pending, self.out_dir / f"shard-{index:05d}.tmp")
         self.shards.append(list(self.pending))
         self.pending, self.size = {}, 0
 
@@ -376,7 +405,7 @@ class _ShardWriter:
         from edgekv.model.loading import INDEX_FILE, SINGLE_FILE
 
         if not self.shards:
-            save_file(self.pending, str(self.out_dir / SINGLE_FILE), metadata={"format": "pt"})
+            _save(self.pending, self.out_dir / SINGLE_FILE)
             os.chmod(self.out_dir / SINGLE_FILE, 0o644)
             return
         if self.pending:

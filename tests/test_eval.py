@@ -643,6 +643,32 @@ def test_videomme_layout_is_read(tmp_path, fmt):
     assert "A. one" in prompt(items[0], "videomme")
 
 
+def test_mlvu_and_videomme_annotations_that_cannot_be_read_are_refused_naming_the_file(tmp_path):
+    """A non-UTF-8 annotation file was refused with the decoder's message alone (no file named); options given as
+    one string had each of its characters read as an option."""
+    from edgekv.eval.qa_item import DatasetError
+
+    mlvu = _mlvu(tmp_path / "MLVU")
+    annotation = mlvu / "json" / "1_plotQA.json"
+    annotation.write_bytes(b"\xff\xfe[")
+    with pytest.raises(DatasetError, match="1_plotQA.json: not a readable JSON file"):
+        load_mlvu(mlvu)
+    annotation.write_text(json.dumps([{"video": "a.avi", "question": "Q?", "candidates": "xyzw", "answer": "z"}]))
+    with pytest.raises(DatasetError, match="1_plotQA.json: item 0 .*not a list"):
+        load_mlvu(mlvu)
+    vmme = _videomme(tmp_path / "vmme", "json")
+    rows = json.loads((vmme / "videomme" / "test.json").read_text())
+    (vmme / "videomme" / "test.json").write_text(json.dumps([{**rows[0], "options": "ABCD"}]))
+    with pytest.raises(DatasetError, match="row 0 .*not a list"):
+        load_videomme(vmme)
+    (vmme / "videomme" / "test.json").write_bytes(b"\xff\xfe[")
+    with pytest.raises(DatasetError, match="test.json: not a readable JSON file"):
+        load_videomme(vmme)
+    (vmme / "videomme" / "test.json").write_text(json.dumps(rows[0]))  # an object, not a list of rows
+    with pytest.raises(DatasetError, match="test.json: expected a JSON list"):
+        load_videomme(vmme)
+
+
 @pytest.mark.parametrize("reply, letter", [("B", "B"), ("(D) four", "D"), ("The answer is A.", "A"),
                                            ("[C]", "C"), ("no idea", "C"), ("Answer: B", "B")])
 def test_letter_extraction(reply, letter):
@@ -737,6 +763,23 @@ def test_eval_compare_refuses_what_it_cannot_pair(tmp_path, capsys):
                        (str(tmp_path / "none.json"), str(other), "cannot read it")):
         assert main(["eval", "compare", a, b]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_eval_compare_refuses_runs_of_other_streams(tmp_path, capsys):
+    """Runs of another --seed share a question's key (stream, checkpoint, question, answer) now and then; those
+    were paired and tested as the same questions, exit 0."""
+    from edgekv.apps.cli import main
+
+    config = {"model": "builtin:toy", "streams": 2, "seed": 1, "families": ["events"]}
+    one = _needle_file(tmp_path / "one.json", {"infinipot_v": [True] * 4})
+    two = _needle_file(tmp_path / "two.json", {"tar": [True, False] * 2})
+    for path, seed in ((one, 1), (two, 2)):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "config": {**config, "seed": seed}}))
+    assert main(["eval", "compare", str(one), str(two)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "drew different streams: seed is 1 against 2" in err
+    two.write_text(json.dumps({**json.loads(two.read_text()), "config": config}))  # the same streams: compared
+    assert main(["eval", "compare", str(one), str(two)]) == 0 and "B-A -0.500" in capsys.readouterr().out
 
 
 def test_needle_blame_tool_adds_the_background_back_a_window_at_a_time(tmp_path):

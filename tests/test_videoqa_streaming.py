@@ -387,3 +387,42 @@ def test_the_tiny_model_answers_mid_stream_and_an_answer_leaves_the_cache_as_it_
     again = _rows(out)["ovo/2"]
     assert (again["reply"], again["cache_tokens"], again["frames_seen"]) == (
         first["ovo/2"]["reply"], first["ovo/2"]["cache_tokens"], 4)
+
+
+def test_a_rerun_into_the_results_of_other_settings_is_refused(tmp_path, scripted, capsys):
+    """A rerun with another budget, policy or dataset into the same --out skipped every question already there and
+    wrote a summary naming the new settings over the old answers (or pooling two datasets' questions)."""
+    asks, sessions, replies = scripted
+    replies.update(OVO_REPLIES)
+    replies.update(RVS_REPLIES)
+    data, out = _ovobench(tmp_path / "ovo"), tmp_path / "out"
+    assert _run("ovobench", data, out, "--max-tokens", "768") == 0
+    before = {name: (out / name).read_text() for name in ("results.jsonl", "summary.json")}
+    capsys.readouterr()
+    for extra, said in ((["--max-tokens", "1024"], "cache.max_tokens 768 (now 1024)"),
+                        (["--max-tokens", "768", "--policy", "full"], "cache.policy 'infinipot_v' (now 'full')"),
+                        (["--max-tokens", "768", "--max-new-tokens", "32"], "max_new_tokens None (now 32)")):
+        assert _run("ovobench", data, out, *extra) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and f"--out {out}" in err
+    assert _run("rvs_ego", _rvs(tmp_path / "rvs"), out, "--max-tokens", "768") == 2
+    assert "dataset 'ovobench' (now 'rvs_ego')" in capsys.readouterr().err
+    assert {name: (out / name).read_text() for name in before} == before and len(asks) == 5
+    # an --out written before run.json existed: checked against its summary.json
+    (out / "run.json").unlink()
+    assert _run("ovobench", data, out, "--max-tokens", "1024") == 2
+    assert "cache.max_tokens 768 (now 1024)" in capsys.readouterr().err
+    assert _run("ovobench", data, out, "--max-tokens", "768") == 0 and len(asks) == 5  # the same: resumed
+    assert json.loads((out / "run.json").read_text())["cache.max_tokens"] == 768
+
+
+def test_the_summary_counts_only_the_questions_of_this_run(tmp_path, scripted):
+    """``--limit 2`` after a whole run summarized all five questions already answered."""
+    asks, sessions, replies = scripted
+    replies.update(OVO_REPLIES)
+    data, out = _ovobench(tmp_path / "ovo"), tmp_path / "out"
+    assert _run("ovobench", data, out) == 0
+    assert _run("ovobench", data, out, "--limit", "2") == 0 and len(asks) == 5
+    accuracy = json.loads((out / "summary.json").read_text())["accuracy"]
+    assert accuracy["questions"] == 2 and accuracy["all"] == proportion(1, 2)  # ovo/0 right, ovo/1 wrong
+    assert len((out / "results.jsonl").read_text().splitlines()) == 5  # every answer is kept

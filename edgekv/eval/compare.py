@@ -26,6 +26,12 @@ from pathlib import Path
 
 from edgekv.eval.stats import Z95, mcnemar_exact
 
+# NeedleConfig fields that decide which streams are drawn and which questions are asked of them.
+STREAM_KEYS = ("model", "streams", "events", "ages", "fps", "seed", "reserve", "checkpoints", "families", "style",
+               "kinds", "repeats", "busy", "lures", "lure_colors", "lure_shapes")
+# stream keys a part written before they existed lacks: their value then (the same streams)
+STREAM_DEFAULTS = {"lure_colors": [], "lure_shapes": []}
+
 
 def read_json(path: str) -> object:
     """A results file's JSON, or a ValueError that names the file and what is wrong with it."""
@@ -37,9 +43,9 @@ def read_json(path: str) -> object:
         raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
 
 
-def load_run(spec: str) -> tuple[str, str, list[dict]]:
-    """``PATH`` or ``PATH@POLICY`` -> (path, policy label, its records). A file with one policy label needs no
-    ``@POLICY``; one with several names them in the error."""
+def load_run(spec: str) -> tuple[str, str, list[dict], dict]:
+    """``PATH`` or ``PATH@POLICY`` -> (path, policy label, its records, the run's config). A file with one policy
+    label needs no ``@POLICY``; one with several names them in the error."""
     path, at, policy = spec.partition("@")
     result = read_json(path)
     records = result.get("records") if isinstance(result, dict) else None
@@ -52,7 +58,8 @@ def load_run(spec: str) -> tuple[str, str, list[dict]]:
         policy = labels[0]
     elif policy not in labels:
         raise ValueError(f"{path}: no run {policy!r} (it holds: {'; '.join(labels)})")
-    return path, policy, [r for r in records if r["policy"] == policy]
+    config = result.get("config")
+    return path, policy, [r for r in records if r["policy"] == policy], config if isinstance(config, dict) else {}
 
 
 def _keyed(records: list[dict]) -> dict[tuple, dict]:
@@ -88,8 +95,15 @@ def paired(pairs: list[tuple[bool, bool]]) -> dict:
 def compare(spec_a: str, spec_b: str) -> dict:
     """Per (frame size, stream length, cap) and pooled: the paired figures of B against A, and per-stream
     counts of B better / worse / equal."""
-    path_a, policy_a, rec_a = load_run(spec_a)
-    path_b, policy_b, rec_b = load_run(spec_b)
+    path_a, policy_a, rec_a, config_a = load_run(spec_a)
+    path_b, policy_b, rec_b, config_b = load_run(spec_b)
+    # Streams of another seed (or model, families, ...) share a question's key now and then — stream 0's
+    # checkpoint 1 asked "what colour" of other events: such runs were paired and tested as if the same questions
+    for key in STREAM_KEYS if config_a and config_b else ():
+        mine, theirs = (config.get(key, STREAM_DEFAULTS.get(key)) for config in (config_a, config_b))
+        if mine != theirs:
+            raise ValueError(f"{path_a} and {path_b} drew different streams: {key} is {mine!r} against {theirs!r} "
+                             f"(compare runs of the same streams)")
     keyed_a, keyed_b = _keyed(rec_a), _keyed(rec_b)
     shared = [k for k in keyed_a if k in keyed_b]
     if not shared:

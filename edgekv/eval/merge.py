@@ -20,11 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-# NeedleConfig fields that decide which streams are drawn and which questions are asked of them.
-STREAM_KEYS = ("model", "streams", "events", "ages", "fps", "seed", "reserve", "checkpoints", "families", "style",
-               "kinds", "repeats", "busy", "lures", "lure_colors", "lure_shapes")
-# stream keys a part written before they existed lacks: their value then (the same streams)
-STREAM_DEFAULTS = {"lure_colors": [], "lure_shapes": []}
+from edgekv.eval.compare import STREAM_DEFAULTS, STREAM_KEYS
+
 CEILINGS = ("ceiling_full", "ceiling_oracle")
 
 

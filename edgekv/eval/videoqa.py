@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgekv.eval import open_ended
-from edgekv.eval.qa_item import LETTERS, VIDEO_SUFFIXES, DatasetError, Item
+from edgekv.eval.qa_item import LETTERS, VIDEO_SUFFIXES, DatasetError, Item, read_json
 from edgekv.eval.stats import proportion
 from edgekv.eval.streaming_sets import load_ovobench, load_rvs_ego, load_rvs_movie, load_streamingbench
 
@@ -74,17 +74,14 @@ def load_mlvu(data: Path) -> list[Item]:
         raise DatasetError(f"{folder}: no MLVU annotation files (expected json/<n>_<task>.json)")
     items: list[Item] = []
     for path in files:
-        try:
-            rows = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise DatasetError(f"{path}: not a readable JSON list ({exc})") from None
-        if not isinstance(rows, list):
-            raise DatasetError(f"{path}: expected a JSON list of questions")
+        rows = read_json(path)  # names the file of a bad byte too (a UnicodeDecodeError did not)
         task = re.sub(r"^\d+_", "", path.stem)
         for index, row in enumerate(rows):
             if not isinstance(row, dict) or "candidates" not in row:
                 continue  # generation tasks (sub_scene, summary) have no candidates: not multiple choice
             try:
+                if not isinstance(row["candidates"], list):  # a string's letters were read as the options
+                    raise ValueError(f"candidates is {row['candidates']!r:.40}, not a list")
                 candidates = [str(c) for c in row["candidates"]]
                 answer = LETTERS[candidates.index(str(row["answer"]))]
                 video = data / "video" / path.stem / str(row["video"])
@@ -112,20 +109,21 @@ def load_videomme(data: Path) -> list[Item]:
             rows.extend(pq.read_table(path).to_pylist())
     elif plain:
         for path in plain:
-            text = path.read_text()
+            if path.suffix != ".jsonl":
+                rows.extend(read_json(path))  # a JSON object's keys were read as rows
+                continue
             try:
-                if path.suffix == ".jsonl":
-                    rows.extend(json.loads(line) for line in text.splitlines() if line.strip())
-                else:
-                    rows.extend(json.loads(text))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}: not valid JSON ({exc})") from None
+                rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise DatasetError(f"{path}: not valid JSON lines ({exc})") from None
     else:
         raise DatasetError(f"{folder}: no Video-MME annotations (expected videomme/test-*.parquet, .json or .jsonl)")
     items = []
     for index, row in enumerate(rows):
         try:
             video_id = str(row["videoID"])
+            if isinstance(row["options"], str):  # its letters were read as the options
+                raise TypeError(f"options is {row['options']!r:.40}, not a list")
             options = tuple(str(o) for o in row["options"])
             answer = str(row["answer"]).strip().upper()[:1]
             question = str(row["question"])
@@ -212,9 +210,16 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"edgekv eval videoqa: {len(missing)} video file(s) missing, e.g. {missing[0]}", file=sys.stderr)
         return 2
+    other = _other_run(out, run_settings(args, config), bool(done))
+    if other:
+        print(f"edgekv eval videoqa: --out {out} holds the answers of another run ({other}): a rerun resumes only "
+              f"with the same settings; give another --out", file=sys.stderr)
+        return 2
     from edgekv.runtime import Runtime
 
     runtime = Runtime(config)
+    asked = {item.id for item in items}  # the summary counts these: not a --limit's rest or an earlier annotation's
+    done = {key: record for key, record in done.items() if key in asked}
     by_video: dict[Path, list[Item]] = {}
     for item in items:
         if item.id not in done:
@@ -233,6 +238,48 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(summary["accuracy"], indent=1))
     print(f"wrote {results_path} and {out / 'summary.json'}")
     return 0
+
+
+RUN_FILE = "run.json"
+# config keys that change an answer (routes and devices compute the same answers; sources are not used here)
+ANSWER_KEYS = ("model.path", "model.dtype", "model.system_prompt", "model.text_after_video", "model.lm_head",
+               "video.fps", "video.resolution", "video.resize", "video.skip_static")
+# summary.json's names of those settings: an --out written before run.json existed is checked against them
+SUMMARY_KEYS = {"dataset": "dataset", "policy": "cache.policy", "budget_tokens": "cache.max_tokens",
+                "sinks": "cache.sinks", "fps": "video.fps", "resolution": "video.resolution", "dtype": "model.dtype"}
+
+
+def run_settings(args: argparse.Namespace, config) -> dict:
+    """What decides a run's answers, as JSON values: the dataset, the answer length, the frames and every cache
+    key. A rerun into an ``--out`` of other settings used to skip every question already there and write a
+    summary that named the new settings over the old answers (or pooled two datasets' questions)."""
+    sections = config.to_dict()
+    model = Path(str(sections["model"]["path"])).expanduser()
+    sections["model"]["path"] = str(model.resolve()) if model.exists() else sections["model"]["path"]
+    settings = {"dataset": args.dataset, "max_frames": args.max_frames, "max_new_tokens": args.max_new_tokens,
+                **{f"cache.{key}": value for key, value in sections["cache"].items()},
+                **{key: sections[key.split(".")[0]][key.split(".")[1]] for key in ANSWER_KEYS}}
+    return json.loads(json.dumps(settings, default=str))
+
+
+def _other_run(out: Path, settings: dict, answered: bool) -> str:
+    """The settings in which ``out``'s answers differ from ``settings`` (``"key earlier (now ...)"``); "" when
+    they agree or there are none, after which ``settings`` are written down for the next rerun."""
+    path = out / RUN_FILE
+    earlier: dict = {}
+    if answered and path.is_file():
+        earlier = read_json(path, dict)
+    elif answered and (out / "summary.json").is_file():
+        summary = read_json(out / "summary.json", dict)
+        earlier = {key: summary[name] for name, key in SUMMARY_KEYS.items() if name in summary}
+    differ = [f"{key} {earlier[key]!r} (now {settings[key]!r})" for key in settings
+              if key in earlier and earlier[key] != settings[key]]
+    if differ:
+        return "; ".join(differ)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(settings, indent=1))
+    partial.replace(path)
+    return ""
 
 
 @dataclass

@@ -90,6 +90,18 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def read_config_json(path: Path) -> dict:
+    """A checkpoint's ``config.json`` as a dict, or a ValueError naming the file: a file that is not UTF-8 JSON
+    used to be refused with the decoder's message alone, which does not say which file."""
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON config ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
+
+
 def remove_weight_files(model_dir: Path) -> None:
     """Delete a checkpoint folder's weight files — the single file, the index and ``model-*-of-*`` shards — before
     new ones are written in place: an index left from an earlier, sharded checkpoint is read before a new single
