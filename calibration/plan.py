@@ -24,7 +24,6 @@ counts (before those changes the load alone peaked at 6.02 GiB).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
