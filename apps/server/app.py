@@ -38,8 +38,9 @@ import time
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Request  # module level: FastAPI resolves the string annotations here
+from fastapi import APIRouter, FastAPI, Request  # module level: FastAPI resolves the string annotations here
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -110,10 +111,26 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     _install_error_handlers(app)
     for routes in (info.router(api), page.router(api), chat.router(api), alerts.router(api), voice.router(api),
                    privacy.router(api)):
+        _answer_head(routes)
         app.include_router(routes)
     health = functools.partial(info.health_response, daemon)  # the routes stay for /openapi.json
     return RequestGuard(app, api.policy, fast={"/healthz": health, "/health": health},
                         reads_per_second=cfg.reads_per_second)
+
+
+EVENT_STREAMS = frozenset({"/v1/alerts/stream"})  # GET routes that answer with a stream that never ends
+
+
+def _answer_head(routes: APIRouter) -> None:
+    """HEAD wherever GET answers (RFC 9110 9.1: a general-purpose server must support both): FastAPI routes take
+    only the methods they name, so ``HEAD /``, ``/metrics`` or ``/frame.jpg`` — what ``curl -I``, ``wget --spider``
+    and uptime monitors send — were 405 while ``HEAD /openapi.json`` and ``/healthz`` were 200. uvicorn sends the
+    GET answer's headers without its body. Kept out of the schema (the GET operation documents it), and not on an
+    event stream, where a HEAD would hold a connection open feeding a stream nobody can read."""
+    for route in list(routes.routes):
+        if isinstance(route, APIRoute) and "GET" in route.methods and route.path not in EVENT_STREAMS:
+            routes.add_api_route(route.path, route.endpoint, methods=["HEAD"], include_in_schema=False,
+                                 response_class=route.response_class, name=f"{route.name}_head")
 
 
 def _version() -> str:

@@ -32,6 +32,8 @@ from edgekv.apps.server.openai_chat import (
     parse_chat_request,
     safe_text,
 )
+from edgekv.session import WindowEmpty
+from edgekv.session.wallclock import NothingSeen
 
 log = logging.getLogger("edgekv.server")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -254,11 +256,14 @@ def _usage(answer: Any, completion_tokens: int) -> dict:
 
 def answer_error(error: Exception) -> ApiError:
     """The daemon's refusal of a question as an HTTP error: 503 for ``QuestionRefused`` (busy, stopping),
-    400 for a question the session refused (ValueError), 500 for anything else (a bug)."""
+    400 for a question the session refused (ValueError; naming ``window`` when the window holds nothing, so a client
+    sees which field to change), 500 for anything else (a bug)."""
     status = getattr(error, "status", None)
     if isinstance(status, int) and status >= 500:
         return ApiError(status, safe_text(str(error), 300), kind="server_error", code="server_unavailable",
                         headers={"retry-after": "1"})
+    if isinstance(error, (WindowEmpty, NothingSeen)):  # the request was valid; its window holds nothing to read
+        return ApiError(400, safe_text(str(error), 400), param="window", code="window_empty")
     if isinstance(error, ValueError):
         return ApiError(400, safe_text(str(error), 400))
     log.error("answering a question failed: %s", safe_text(repr(error), 300))

@@ -119,6 +119,14 @@ class SessionCookies:
         return f"{COOKIE_NAME}=; Max-Age=0; {self.flags}"
 
 
+def bearer_credentials(header: bytes) -> bytes:
+    """The token of an ``Authorization: Bearer <token>`` header, b"" for any other scheme. The scheme is matched
+    without regard to case and may be followed by several spaces (RFC 9110 11.1, 11.4): clients that write
+    ``bearer`` (a Prometheus ``authorization: {type: bearer}``, hand-written scripts) were refused with 401."""
+    scheme, _, credentials = header.strip().partition(b" ")
+    return credentials.strip(b" ") if scheme.lower() == b"bearer" else b""
+
+
 def cookie_value(header: str, name: str = COOKIE_NAME) -> str | None:
     for item in header.split(";"):
         key, _, value = item.strip().partition("=")
@@ -146,7 +154,7 @@ class AccessPolicy:
             names.add(split_host(self.bind_host)[0])
         self.names = frozenset(names)
         self.cookies = SessionCookies(self.token, secure=self.https) if self.token else None
-        self._bearer = f"Bearer {self.token}".encode() if self.token else b""  # header bytes as clients send them
+        self._token_bytes = self.token.encode() if self.token else b""  # as clients send it in the header
         self.public = PUBLIC_PATHS | ({"/metrics"} if self.metrics_public else set())
 
     def host_allowed(self, name: str) -> bool:
@@ -181,7 +189,7 @@ class AccessPolicy:
         if not self.token:
             return True
         given = headers.get(b"authorization")
-        if given is not None and hmac.compare_digest(given, self._bearer):
+        if given is not None and hmac.compare_digest(bearer_credentials(given), self._token_bytes):
             return True
         cookie = cookie_value(headers.get(b"cookie", b"").decode("latin-1"))
         return cookie is not None and self.cookies.valid(cookie)

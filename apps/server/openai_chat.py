@@ -15,7 +15,17 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from edgekv.apps.wall_times import window_bounds
@@ -210,11 +220,33 @@ Part = Annotated[Annotated[TextPart, Tag("TextPart")] | Annotated[ImagePart, Tag
                  Discriminator(_part_kind)]
 
 
+# What an OpenAI reply's assistant message carries besides its text, and a tool message's link to its call: a client
+# that keeps the conversation as the SDK dumps it (``messages.append(reply.choices[0].message.model_dump())``) sends
+# them back with every question, at these values; anything else is refused by name (this server calls no tools).
+REPLY_FIELDS = {"refusal": None, "annotations": [], "audio": None, "function_call": None, "tool_calls": []}
+
+
 class Message(BaseModel):
     model_config = STRICT
     role: Literal[ROLES]
     content: str | list[Part] | None = Field(...)
     name: str | None = None
+    tool_call_id: str | None = None  # a tool message's (refused by its role: _history)
+    refusal: Any = None
+    annotations: Any = None
+    audio: Any = None
+    function_call: Any = None
+    tool_calls: Any = None
+
+    @field_validator(*REPLY_FIELDS, mode="before")
+    @classmethod
+    def _reply_field_unused(cls, value: Any, info: ValidationInfo) -> Any:
+        neutral = REPLY_FIELDS[info.field_name]
+        if value is None or (value == neutral and type(value) is type(neutral)):
+            return None
+        taken = "null" if neutral is None else f"null or {json.dumps(neutral)}"
+        raise PydanticCustomError("reply_field", f"only {taken} is accepted (this server makes no tool calls; an "
+                                  f"earlier turn's text is its content), got {describe(value)}")
 
     def text(self) -> str | None:
         if self.content is None or isinstance(self.content, str):
@@ -315,8 +347,9 @@ class ChatCompletionRequest(BaseModel):
                 isinstance(neutral, int) and not isinstance(neutral, bool) and isinstance(value, (int, float))
                 and not isinstance(value, bool) and value == neutral)
             if not same:
+                taken = "null" if neutral is None else f"{json.dumps(neutral)} or null"
                 raise PydanticCustomError("unsupported_parameter", "{param}: not supported by this server (only "
-                                          f"{json.dumps(neutral)} or null), got {describe(value)}", {"param": name})
+                                          f"{taken}), got {describe(value)}", {"param": name})
         return self
 
 
@@ -460,7 +493,7 @@ def validation_error(exc: ValidationError) -> ApiError:
     param = _param(error["loc"])
     if kind == "extra_forbidden":
         return ApiError(400, f"{param}: unrecognized field", param=param)
-    if kind not in ("unsupported_content", "text_part", "window"):  # these say what was wrong themselves
+    if kind not in ("unsupported_content", "text_part", "window", "reply_field"):  # these say what was wrong themselves
         message = TYPE_WORDS.get(kind) or f"{message[0].lower()}{message[1:]}"
         message = f"{message}, got {describe(error.get('input'))}"
     return ApiError(400, f"{param}: {message}", param=param, code=kind if kind == "unsupported_content" else None)
