@@ -178,6 +178,7 @@ def _session_state(session) -> dict:
         "clock": session.clock.state(),
         "sink_updates": session.sinks.updates if session.sinks is not None else 0,
         "pair_times": {str(pair): t for pair, t in session.pair_times.items()},
+        "pair_ends": {str(pair): t for pair, t in session.pair_ends.items()},
         "wall": session.wall.state(),
         "policy": session.policy.state(),
     }
@@ -563,6 +564,8 @@ def _apply_state(session, state: dict, length: int, pending) -> None:
     session.clock.load_state(state["t0"], state["last_t"], state.get("clock"))
     session.ingestor.pending = pending
     session.pair_times = {int(pair): float(t) for pair, t in state.get("pair_times", {}).items()}
+    # absent in a snapshot written before them: each pair is then its first frame's time alone, as it was read then
+    session.pair_ends = {int(pair): float(t) for pair, t in state.get("pair_ends", {}).items()}
     session.wall.load_state(state.get("wall"))  # absent in a snapshot written before the wall-clock map
     if session.sinks is not None:
         session.sinks.updates = int(state["sink_updates"])

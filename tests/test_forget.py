@@ -46,7 +46,7 @@ def test_forgetting_a_window_removes_it_from_the_cache_and_the_answers(tmp_path)
     secrets = _pair_bytes(session, 60)
     assert secrets
     length = session.cache.length
-    result = session.forget(59.5, 60.5)  # pair 60: frames at t = 60.0 and 60.5
+    result = session.forget(59.6, 60.5)  # pair 60: frames at t = 60.0 and 60.5 (59's second frame is at 59.5)
     assert result["pairs"] == [60] and result["slots"] > 0
     cache, n = session.cache, session.cache.length
     assert n < length and not bool((cache.frame[:, :, :n] == 60).any())
@@ -62,6 +62,24 @@ def test_forgetting_a_window_removes_it_from_the_cache_and_the_answers(tmp_path)
     restored = rt.restore(snapshot)
     assert restored.ask("Was there a purple triangle?", max_new_tokens=2, temperature=0.0).text == "no"
     assert 60 not in restored.pair_times and restored.pair_times == session.pair_times
+
+
+def test_a_window_reaches_the_pair_whose_second_frame_it_holds(tmp_path):
+    """A pair is stamped with its first frame's time (pair 59: frames at 59.0 and 59.5). Chosen by that alone, a
+    forget from 59.5 kept the frame at 59.5 (in the cache, and as the pair's evidence picture), and a window of the
+    last half second found nothing."""
+    rt, session = _session()
+    assert session.pairs_in(59.5, 59.5) == [59] and session.pairs_in(59.6, 59.9) == []
+    assert session.pairs_in(59.2, 60.0) == [59, 60]
+    newest = session.clock.last_t
+    (last,) = [pair for pair, t in session.pair_ends.items() if t == newest]
+    assert session.pairs_in(*session.last_seconds(0.0)) == [last]  # the newest frame is a pair's second
+    assert session.ask("Was there a purple triangle?", max_new_tokens=2, window=session.last_seconds(0.0)).text
+    assert session.forget(59.5, 59.5)["pairs"] == [59]
+    assert 59 not in session.pair_times and 59 not in session.pair_ends and 60 in session.pair_ends
+    session.save(tmp_path / "snap.ekv")  # the second frames' times are kept with the memory
+    assert rt.restore(tmp_path / "snap.ekv").pair_ends == session.pair_ends
+    del rt
 
 
 def test_forget_refuses_a_backwards_window():
@@ -168,13 +186,19 @@ def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
         status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 61.0, "to": 59.0})
         assert status == 400 and b"is after to" in body
         assert daemon.forgotten_at is None
-        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 59.5, "to": 60.5})
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 59.6, "to": 60.5})
         assert status == 200, body
         assert daemon.forgotten_at is not None  # no spoken follow-up reaches across it (test_voice.py)
         result = json.loads(body)
         assert result["pairs"] == 1 and result["archive"]["pairs"] == 1 and result["snapshots"]["snapshot"]
         assert result["archive"]["frames"] == 1 and call(port, "GET", "/frame.jpg?pair=60")[0] == 404
         assert call(port, "GET", "/frame.jpg?pair=61")[0] == 200
+        # a window from a pair's second frame (pair 58: 58.0 and 58.5) takes its record and its picture, that frame
+        assert call(port, "GET", "/frame.jpg?pair=58")[0] == 200
+        status, _, body = call(port, "POST", "/v1/memory/forget", {"from": 58.5, "to": 58.5})
+        archived = json.loads(body)["archive"]
+        assert status == 200 and archived["pairs"] == 1 and archived["frames"] == 1
+        assert call(port, "GET", "/frame.jpg?pair=58")[0] == 404 and call(port, "GET", "/frame.jpg?pair=57")[0] == 200
         assert json.loads(call(port, "GET", "/v1/edgekv/status")[2])["questions"] == []  # its "yes" told of it
         with daemon.lock:
             for recall in (False, True):
@@ -194,7 +218,7 @@ def test_the_daemon_forgets_a_window_everywhere_it_is_kept(tmp_path):
         daemon.stop.event.set()
         thread.join(60)
         out.close()
-    assert "forgot t=59.5..60.5 s: 1 frame pairs" in (tmp_path / "out.txt").read_text()
+    assert "forgot t=59.6..60.5 s: 1 frame pairs" in (tmp_path / "out.txt").read_text()
     assert not [run for run in secrets if run in _files_under(state_dir, archive_dir)]  # the stop's snapshot too
     rt = edgekv.Runtime.from_config(config)
     restored = rt.restore(sorted(state_dir.glob("snapshot-*.ekv"))[-1])

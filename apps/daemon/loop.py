@@ -839,27 +839,38 @@ class Daemon:
     def _forget_stretch(self, t_from: float, t_to: float, now: float | None) -> dict:
         """One stretch of ``forget`` (under its lock): the cache, the archive and its evidence frames, the alerts'
         keyframes and events. A part that fails does not stop the others: it is named in ``failed``."""
-        result = self.session.forget(t_from, t_to)
+        result = self.session.forget(t_from, t_to)  # the pairs with a frame in the window (StreamSession.pairs_in)
         removed = set(result["pairs"])
+        # What is kept by the pair's stamp alone (its first frame's time) — archive records, evidence pictures (the
+        # pair's second frame), keyframes, alerts — goes from one frame interval before the window: the pair whose
+        # second frame is the window's first was kept whole, picture included.
+        t_lo = t_from - self._pair_span_s()
         archive, failed = None, []
         if self.session.recall is not None:  # this stream's records (another stream's times are its own)
             try:
-                archive = self.session.recall.archive.forget(t_from, t_to, stream=self.session.recall.stream)
+                archive = self.session.recall.archive.forget(t_lo, t_to, stream=self.session.recall.stream)
             except OSError as exc:  # not a full disk (that deletes the segment whole): an I/O error, said at the end
                 failed.append(f"archive: {exc}")
         if self.frames is not None:  # its evidence frames on disk, overwritten (or, no room, all dropped)
-            archive = {**(archive or {}), "frames": self.frames.forget(t_from, t_to, self._frame_stream())}
+            archive = {**(archive or {}), "frames": self.frames.forget(t_lo, t_to, self._frame_stream())}
         if self.alerts is not None:
             ring = self.alerts.keyframes
-            for pair in [p for p, t in ring.times.items() if t_from <= t <= t_to]:
+            for pair in [p for p, t in ring.times.items() if t_lo <= t <= t_to or p in removed]:
                 ring.frames.pop(pair, None)
                 ring.times.pop(pair, None)
             if ring.latest is not None and ring.latest[0] in removed:
                 ring.latest = None
-            self.alerts.bus.forget(t_from, t_to)
+            self.alerts.bus.forget(t_lo, t_to)
         if now is not None and t_from <= now <= t_to:
             self._latest_frame = None  # the status page shows nothing of the window
         return {**result, "archive": archive, "failed": failed}
+
+    def _pair_span_s(self) -> float:
+        """The longest a frame pair's two frames lie apart at this deployment's sampling rate: one interval of
+        ``video.fps``, or of its power-saving rate (``power.save_fps_factor``) when that is on."""
+        cfg = self.config
+        fps = cfg.video.fps * (cfg.power.save_fps_factor if cfg.power.enabled else 1.0)
+        return 1.0 / fps
 
     def _stream_time(self, t: float) -> float:
         return self.state.stream_time(t) + self._resume_offset

@@ -217,8 +217,9 @@ class Recall:
                 scores = scores.mean(dim=1, keepdim=True).masked_fill(whole.all(dim=1, keepdim=True), float("-inf"))
             else:
                 scores = scores.masked_fill(whole, float("-inf"))
-        if window is not None:
-            outside = torch.tensor([not window[0] <= e.t <= window[1] for e in entries], device=scores.device)
+        if window is not None:  # a record is stamped with its first frame: its second, a frame interval on, may be in
+            start = window[0] - 1.0 / self.session.config.video.fps
+            outside = torch.tensor([not start <= e.t <= window[1] for e in entries], device=scores.device)
             scores = scores.masked_fill(outside[:, None], float("-inf"))
         best = torch.topk(scores, min(self.top_k + _SPARE, len(entries)), dim=0)  # [m, L or 1]
         ranked = [[entries[i] for i, value in zip(idx, val) if value != float("-inf")]

@@ -270,8 +270,8 @@ class Answerer:
         return set(torch.unique(cache.frame[:, :, :video_len][vision]).tolist())
 
     def _window_pairs(self, video_len: int, window: tuple[float, float]) -> set[int]:
-        """The frame pairs stamped in ``window`` that still have a token in the cache."""
-        inside = {pair for pair, t in self.session.pair_times.items() if window[0] <= t <= window[1]}
+        """The frame pairs with a frame in ``window`` that still have a token in the cache."""
+        inside = set(self.session.pairs_in(*window))
         return inside & self._held_pairs(video_len) if inside else set()
 
     def _window_mask(self, video_len: int, window: tuple[float, float], recall: bool) -> torch.Tensor:
@@ -282,7 +282,7 @@ class Answerer:
         visible = torch.ones(cache.num_layers, cache.kv_heads, cache.capacity, dtype=torch.bool, device=cache.device)
         if recall and s.recall.hidden is not None:
             visible[:, :, :cache.length] = s.recall.visible(cache.length)
-        inside = [pair for pair, t in s.pair_times.items() if window[0] <= t <= window[1]]
+        inside = s.pairs_in(*window)
         frames = cache.frame[:, :, :video_len]
         outside = (cache.kind[:, :, :video_len] == int(SlotKind.VISION)) & ~torch.isin(
             frames, torch.tensor(inside, dtype=frames.dtype, device=frames.device))

@@ -45,7 +45,7 @@ class PairIngest:
             s.counters.pairs_skipped += 1
             self._accepted(stamp)
             return IngestResult(frame_index, None, 0, (time.perf_counter() - started) * 1e3, skipped=True)
-        result = self._pair(first, frame, t_first, frame_index, started)
+        result = self._pair(first, frame, t_first, frame_index, started, stamp.stream)
         self.pending = None
         self._accepted(stamp)
         return result
@@ -55,7 +55,7 @@ class PairIngest:
         self.session.clock.accept(stamp)
 
     def _pair(self, first: np.ndarray, second: np.ndarray, t_first: float, frame_index: int,
-              started: float) -> IngestResult:
+              started: float, t_second: float) -> IngestResult:
         s = self.session
         if s.recall is not None:
             s.recall.attach()
@@ -86,6 +86,7 @@ class PairIngest:
                 s.recall.archive_pair(start, tokens.shape[0], pair_index, t_first, int(positions[0, 0]))
         s.next_position = max(s.next_position, int(positions.max()) + 1)
         s.pair_times[pair_index] = t_first
+        s.pair_ends[pair_index] = t_second
         s.counters.frame_pairs += 1
         ms = (time.perf_counter() - started) * 1e3
         s.counters.ingest_ms_last = ms

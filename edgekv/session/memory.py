@@ -36,10 +36,12 @@ def _prune_pair_times(session) -> None:
     held = set(torch.unique(cache.frame[:, :, :n]).tolist())
     for pair in [pair for pair in session.pair_times if pair not in held]:
         del session.pair_times[pair]
+        session.pair_ends.pop(pair, None)
 
 
 def forget(session, t_from: float, t_to: float) -> tuple[list[int], int]:
-    """Remove every frame pair whose time lies in ``[t_from, t_to]`` from the cache (issue 31's "forget").
+    """Remove every frame pair with a frame in ``[t_from, t_to]`` from the cache (issue 31's "forget";
+    ``StreamSession.pairs_in``).
 
     Each (layer, KV head) keeps its other slots; as every head must hold the same number of slots, heads that
     held fewer of the forgotten tokens also drop their lowest-scored others (the policy's own score, protected
@@ -48,7 +50,7 @@ def forget(session, t_from: float, t_to: float) -> tuple[list[int], int]:
     window is dropped too. Returns (the pairs forgotten, the slots removed).
     """
     cache, n = session.cache, session.cache.length
-    pairs = sorted(pair for pair, t in session.pair_times.items() if t_from <= t <= t_to)
+    pairs = session.pairs_in(t_from, t_to)
     pending = session.ingestor.pending
     if pending is not None and t_from <= pending[1] <= t_to:
         session.ingestor.pending = None
@@ -78,6 +80,7 @@ def forget(session, t_from: float, t_to: float) -> tuple[list[int], int]:
         session.sinks.mass[:, :, target:n].zero_()
     for pair in pairs:
         session.pair_times.pop(pair, None)
+        session.pair_ends.pop(pair, None)
     _prune_pair_times(session)
     return pairs, int(gone.sum())
 

@@ -120,6 +120,7 @@ class StreamSession:
         self._pair_graphs = None  # edgekv.session.pair_graph.PairGraphs, made at the first pair (model.pair_route)
         self.sync_phases = False  # True: ingest synchronizes a CUDA device at its phase boundaries (benches' timings)
         self.pair_times: dict[int, float] = {}  # frame pair -> its time, for the pairs the cache still holds
+        self.pair_ends: dict[int, float] = {}  # frame pair -> its second frame's time, for the same pairs
         self.wall = WallClock()  # stream time <-> wall clock (edgekv/session/wallclock.py)
         self.restored_from = None  # edgekv.state.SnapshotInfo when Runtime.restore built this session
 
@@ -156,6 +157,7 @@ class StreamSession:
         self.clock = StreamClock(self.config.video.fps, self.tokens_per_second, self.config.video.max_gap_s)
         self.ingestor = PairIngest(self)
         self.pair_times = {}
+        self.pair_ends = {}
         self.wall = WallClock()
         self.t_offset = self.rebases = 0
         self.next_position = self.video_start
@@ -366,6 +368,14 @@ class StreamSession:
         """
         return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall, evidence,
                                  history, window)
+
+    def pairs_in(self, t_from: float, t_to: float) -> list[int]:
+        """The held frame pairs with a frame in ``[t_from, t_to]``: stamped at most ``t_to``, their second frame at
+        least ``t_from``. A pair is stamped with its first frame's time; chosen by that alone, a window beginning
+        between a pair's two frames left out the pair whose second frame it holds — a forget kept that frame (and
+        the evidence picture, which is that frame), and "the last half second" at 2 fps found nothing."""
+        ends = self.pair_ends
+        return sorted(pair for pair, t in self.pair_times.items() if t <= t_to and ends.get(pair, t) >= t_from)
 
     def last_seconds(self, seconds: float) -> tuple[float, float]:
         """The window of the last ``seconds`` of stream time, up to the newest frame (ending at 0 before any), for
