@@ -133,3 +133,21 @@ def test_the_memory_on_disk_is_on_metrics(tiny_checkpoint, tmp_path):
         assert families["edgekv_snapshots_failed"].samples[0].value == keeper.failures == 0
         assert "edgekv_snapshots_unchanged" in families
         assert 0 <= families["edgekv_snapshot_age_seconds"].samples[0].value < 120
+
+
+def test_a_frame_limit_counts_the_frames_of_this_run_not_of_the_restored_memory(tiny_checkpoint, tmp_path):
+    """``video.max_frames`` / ``--max-frames`` ingest N frames: restarted with 560 frames in its memory, a daemon with
+    a limit of 500 stopped at once and ingested nothing."""
+    pytest.importorskip("fastapi")
+    from helpers_server import ended_daemon
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56],
+               "max_frames": 12},
+        cache={"policy": "sliding_window", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
+        monitor={"backend": "cpu"}, generation={"max_new_tokens": 2}, state={"dir": str(tmp_path / "state")})
+    for run, total in ((1, 12), (2, 24)):
+        with ended_daemon(config, tmp_path / f"out{run}.txt") as daemon:
+            assert daemon.session.counters.frames == total
+        assert f"video.max_frames 12 reached after {total} frames" in (tmp_path / f"out{run}.txt").read_text()

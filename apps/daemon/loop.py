@@ -142,6 +142,7 @@ class Daemon:
         self.paused: str | None = None  # why ingest is paused (privacy switch), None while it runs
         self._paused_at: float | None = None
         self._resume_offset = 0.0  # added to a reopened source's timestamps: stream time goes on after a pause
+        self._frames_at_start = 0  # the restored memory's frames: --max-frames / video.max_frames count this run's
         self._pause_seen = threading.Event()  # the loop saw the pause (no step in flight)
         self._loop_thread: threading.Thread | None = None
         self.ros2 = None  # questions, answers and status on ROS 2 topics (ros2.enabled; apps/outputs/ros2.py)
@@ -384,6 +385,7 @@ class Daemon:
         runtime = self.runtime if self.runtime is not None else edgekv.Runtime.from_config(cfg)
         self.runtime = runtime
         self.session = self.state.restore(runtime)  # a fresh session unless a matching snapshot is on disk
+        self._frames_at_start = self.session.counters.frames
         self._say_archive_elsewhere()
         self._say_archive_room()
         self._on_session_ready()
@@ -947,8 +949,10 @@ class Daemon:
         return f"{flag} {self._frame_limit()} reached"
 
     def _frame_limit_reached(self, waiting: int = 0) -> bool:
+        """This run's frames (a restored memory's were counted too: restarted with 560 frames in its memory,
+        ``--max-frames 500`` stopped at once, ingesting nothing) and those ``waiting`` reach the limit."""
         limit = self._frame_limit()
-        return limit is not None and self.session.counters.frames + waiting >= limit
+        return limit is not None and self.session.counters.frames - self._frames_at_start + waiting >= limit
 
     def _end_stream(self, reason: str) -> None:
         if self._stream_end is not None:
