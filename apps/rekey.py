@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
         say = (lambda line, name=name: print(f"{name}: {line}")) if name else print
         left += _state(one, keys, args.dry_run, say) + _archive(one, keys, args.dry_run, say)
     key = keys.current.id.hex()
+    damaged = [path for one in cameras.values() for path in damaged_files(one)]
+    if damaged:  # said either way: they are not what "opens with the current key" speaks of
+        print(f"{len(damaged)} damaged file(s) set aside earlier are not rewritten (they do not read): "
+              f"{', '.join(str(path) for path in damaged[:5])}{' ...' if len(damaged) > 5 else ''}; they may hold "
+              f"memory in the clear or under an old key: remove them if it matters")
     if left:
         print(f"{left} snapshot(s) or archive folder(s) left as they were (above, each with why): give the key they "
               f"need in privacy.previous_key_files, or fix what kept them from being written, and run again (or "
@@ -61,6 +66,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"every snapshot and archive segment opens with the current key ({key}) alone: "
               f"privacy.previous_key_files can be emptied")
     return 0
+
+
+def damaged_files(config) -> list[Path]:
+    """The files a damaged read set aside under ``state.dir`` and ``archive.dir`` (``alerts.json.bad``,
+    ``alert-events/*.evt.bad``, ``frames.sqlite.bad-<time>``): no key opens them whole, so none is re-sealed, and the
+    message that the old keys can go said nothing of them, though what they hold is as it was written."""
+    found: list[Path] = []
+    for folder in (config.state.dir, config.archive.dir):
+        if folder is not None and Path(folder).is_dir():
+            found += [path for path in Path(folder).rglob("*") if path.is_file() and (
+                path.name.endswith(".bad") or ".bad-" in path.name)]
+    return sorted(found)
 
 
 def _give_back(folder: Path) -> None:

@@ -386,3 +386,23 @@ def test_a_snapshot_that_cannot_be_rewritten_is_named_and_the_rest_still_reseale
     assert "snapshot-00000001.ekv: could not be rewritten (No space left on device" in out
     assert "segment(s) re-sealed" in out and "0 segment(s) re-sealed" not in out
     assert (state / "snapshot-00000001.ekv").read_bytes() == before and not list(state.glob(".*tmp*"))
+
+
+def test_damaged_files_set_aside_are_named_as_not_rewritten(tmp_path, capsys):
+    """``alerts.json.bad``, ``alert-events/*.evt.bad`` and ``frames.sqlite.bad-<time>`` hold what they held in the
+    clear (or under an old key); rekey said only that every snapshot and segment opens with the new key."""
+    state, archive = tmp_path / "state", tmp_path / "archive"
+    (state / "alert-events").mkdir(parents=True)
+    archive.mkdir()
+    bad = [state / "alerts.json.bad", state / "alert-events" / "a1.evt.bad", archive / "frames.sqlite.bad-1700000000"]
+    for path in bad:
+        path.write_bytes(b'{"question": "Was the safe open?"')
+    (state / "alerts.json").write_text("[]")  # not damaged: not named
+    config = tmp_path / "deploy.yaml"
+    config.write_text(yaml.safe_dump({"model": {"path": "builtin:toy"}, "state": {"dir": str(state)},
+                                      "archive": {"dir": str(archive)},
+                                      "privacy": {"key_file": _write_key(tmp_path / "new.key", 2)}}))
+    assert main(["rekey", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "3 damaged file(s) set aside earlier are not rewritten" in out and "remove them if it matters" in out
+    assert all(str(path) in out for path in bad) and "alerts.json," not in out
