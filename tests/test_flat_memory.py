@@ -66,8 +66,9 @@ def test_no_container_of_a_session_grows_with_the_stream(tiny_checkpoint):
     held = set(torch.unique(session.cache.frame[:, :, :session.cache.length]).tolist())
     assert set(session.pair_times) <= held and len(session.pair_times) <= session.cache.frame.numel()
     assert 0 < len(session.pair_times) < session.counters.frame_pairs  # pairs no slot holds are pruned
+    assert set(session.pair_ends) == set(session.pair_times)  # each held pair's second frame's time: the same bound
     grown = {path: (size, _container_sizes(session).get(path)) for path, size in warm.items()
-             if _container_sizes(session).get(path) != size and path != "session.pair_times"}
+             if _container_sizes(session).get(path) != size and path not in ("session.pair_times", "session.pair_ends")}
     assert not grown, f"containers that grew with the stream: {grown}"
     assert "session.policy.cv_sums" in warm  # the walk reaches the policy's state
 
