@@ -41,6 +41,7 @@ from edgekv.video.sources import (
     Frame,
     FrameSource,
     SourceLost,
+    SourceUnavailable,
     TimestampSelector,
     open_source,
 )
@@ -225,6 +226,9 @@ class CaptureThread:
             return _END
         except SourceLost as exc:
             return self._lost(exc)
+        except SourceUnavailable as exc:  # a looped file gone at its reopen: it says why, a traceback would not
+            log.warning("%s", exc)
+            return self._lost(exc) if self.source.live else self._fail(exc)
         except Exception as exc:  # a backend raising (cv2.error, OSError): never kill the thread silently
             log.exception("video source %r raised while reading", self.source.spec)
             return self._lost(exc) if self.source.live else self._fail(exc)

@@ -73,6 +73,7 @@ log = logging.getLogger("edgekv.video")
 
 Frame = tuple[np.ndarray, float]  # (HxWx3 uint8 BGR, seconds)
 STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://")
+_MALFORMED_URL = re.compile(r"(?i)(?:rtsps?|rtmp|https?):(?!//)")  # rtsp:/cam, http:cam: a slash short
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -117,10 +118,13 @@ def frame_problem(frame: object) -> str | None:
     return None
 
 
-# rtsp://user:password@host (in a gst: pipeline's rtspsrc too); up to the authority's last @, should a password hold one
-_USERINFO = re.compile(r"(://[^/@\s:]*):[^/\s]*@")
-_SECRET_PARAM = re.compile(r"([?&;](?:password|passwd|pwd|pass|token|auth|key|secret|signature|sig)=)[^&;\s'\"]*",
-                           re.IGNORECASE)
+# rtsp://user:password@host (in a gst: pipeline's rtspsrc too); up to the authority's last @, should a password hold
+# one. A password may hold spaces (typed as the camera's web page showed it, not as %20): only a gst: pipeline's " ! "
+# ends it, or a line's end.
+_USERINFO = re.compile(r"(://[^/@\s:]*):(?:[^/\s]|[ \t](?!!))*@")
+# ?password=, and the names cloud cameras and NVRs give a secret, with a prefix (access_token, api_key, x-auth-token)
+_SECRET_NAMES = "password|passwd|pwd|pass|token|auth|apikey|key|secret|signature|sig"
+_SECRET_PARAM = re.compile(rf"([?&;](?:[\w.-]*[_.-])?(?:{_SECRET_NAMES})=)[^&;\s'\"]*", re.IGNORECASE)
 
 
 def redact(spec: object) -> str:
@@ -164,11 +168,16 @@ def _parse_query(spec: str, query: str, allowed: dict[str, Callable[[str], Any]]
     return params
 
 
+MAX_SYNTHETIC_SIDE = 8192  # 8K (7680x4320) fits; a zero too many (64000x48000) was a MemoryError traceback, or swap
+
+
 def _size(text: str) -> tuple[int, int]:
-    """``"640x480"`` -> (width, height)."""
+    """``"640x480"`` -> (width, height), each side at most ``MAX_SYNTHETIC_SIDE`` (the frames are made in memory)."""
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise ValueError("expected WIDTHxHEIGHT, e.g. 640x480")
+    if max(int(p) for p in parts) > MAX_SYNTHETIC_SIDE:
+        raise ValueError(f"each side at most {MAX_SYNTHETIC_SIDE} (8K is 7680x4320)")
     return int(parts[0]), int(parts[1])
 
 
@@ -314,24 +323,31 @@ def _parse_spec(spec: str | int | os.PathLike) -> SourceSpec:
         if lowered.startswith(scheme + ":"):
             return _extra_scheme(module).parse(spec, text[len(scheme) + 1:])
     if lowered.startswith(STREAM_SCHEMES):
-        authority = text.split("://", 1)[1].split("/", 1)[0]
+        authority = re.split(r"[/?#]", text.split("://", 1)[1], maxsplit=1)[0]
         if authority.count("@") > 1:  # FFmpeg would split user:password@host at the wrong @ (and redact could not)
             raise ValueError(f"video source {redact(spec)!r}: the user or password holds '@': write each '@' in them "
                              "as %40 (and ':' as %3A, '/' as %2F), as a URL needs")
+        if not authority.rpartition("@")[2].partition(":")[0].strip():
+            # rtsp://${CAMERA_IP}/live with the variable unset: the daemon started and waited for it for ever
+            raise ValueError(f"video source {spec!r}: no host in the URL (an empty variable where the camera's "
+                             "address goes?)")
         return SourceSpec("stream", text, raw=spec)
+    if _MALFORMED_URL.match(text) and not Path(text).is_file():
+        raise ValueError(f"video source {spec!r}: not a well-formed URL; write {text.split(':', 1)[0]}://HOST/PATH")
     if lowered.startswith("file://"):
         text = text[len("file://"):]
     elif "://" in text:
         raise ValueError(f"video source {spec!r}: unsupported URL scheme; use one of {', '.join(STREAM_SCHEMES)}")
-    if _is_bag(Path(text).expanduser()):  # a ROS 2 bag given as a plain path reads as rosbag:PATH
+    path = Path(text).expanduser()  # ~/clips/yard.mp4: the config keeps it as it is, and OpenCV does not expand it
+    if _is_bag(path):  # a ROS 2 bag given as a plain path reads as rosbag:PATH
         return _extra_scheme(EXTRA_SCHEMES["rosbag"]).parse(spec, text)
-    if Path(text).expanduser().is_dir():
+    if path.is_dir():
         raise ValueError(f"video source {spec!r}: a folder, not a video file (nor a ROS 2 bag: no metadata.yaml in "
                          "it); give a video file, camera index, URL, 'gst:', 'csi:' or 'synthetic:' spec")
-    if not Path(text).is_file():
+    if not path.is_file():
         raise ValueError(f"video source {spec!r}: no such video file (and not a camera index, URL, 'gst:', 'csi:' "
                          "or 'synthetic:' spec)")
-    return SourceSpec("file", text, raw=spec)
+    return SourceSpec("file", str(path), raw=spec)
 
 
 def _is_char_device(path: str) -> bool:
