@@ -251,6 +251,34 @@ class CameraSet:
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
+    def _camera_key(self, name: str) -> str:
+        """``video.sources[1] (back)``: where a camera's own mistake lies. Its checks name the one-camera key
+        (``video.source: ... no such video file``), which a config with ``video.sources`` does not have, and not
+        which of the cameras it was."""
+        return f"video.sources[{list(self.daemons).index(name)}] ({name})"
+
+    def _say_memory_not_listed(self) -> None:
+        """A folder of ``state.dir`` or ``archive.dir`` holding the memory of a camera that ``video.sources`` no
+        longer lists (renamed, removed): never read, never counted in the caps, never deleted. A renamed camera
+        started empty ("no snapshot in state.dir/door") without a word of its memory under its old name beside it."""
+        from edgekv.state import StateKeeper
+
+        sections = (("state.dir", self.config.state.dir, f"{StateKeeper.PREFIX}*{StateKeeper.SUFFIX}"),
+                    ("archive.dir", self.config.archive.dir, "seg-*.ekva"))
+        for key, folder, pattern in sections:
+            root = Path(folder).expanduser() if folder is not None else None
+            if root is None or not root.is_dir():
+                continue
+            for other in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in self.daemons
+                                and p.name != StateKeeper.ASIDE):  # set-aside: a one-camera deployment's own
+                files = list(other.glob(pattern))
+                if files:
+                    size = sum(path.stat().st_size for path in files)
+                    self.say(f"{key}: {other} holds the memory of a camera named {other.name!r} ({len(files)} "
+                             f"file(s), {size / 2**20:.1f} MiB), which video.sources no longer lists: kept, never read "
+                             f"nor counted in the caps; give the camera that name again (or rename the folder to the "
+                             f"camera's new name) to resume it, or remove the folder")
+
     def _share_voice(self) -> None:
         """The first camera hears the voice and owns the one speaker (two speakers would talk over each other, and
         two ``--speak-wav`` writers would overwrite one file). Every camera speaks its answers through it, its name
@@ -307,23 +335,27 @@ class CameraSet:
         import edgekv
 
         try:
+            camera = None  # the camera whose check or start failed, named in the error: its keys are its own
             try:
-                for daemon in self.daemons.values():
+                for camera, daemon in self.daemons.items():
                     daemon.preflight()
+                camera = None
                 runtime = edgekv.Runtime.from_config(self.first.config)
-                for daemon in self.daemons.values():
+                for camera, daemon in self.daemons.items():
                     daemon.runtime = runtime if daemon is self.first else runtime.sharing(daemon.config)
                     daemon.start()
             except (ValueError, OSError, RuntimeError, ImportError) as exc:  # as Daemon.run: a missing extra too
                 from edgekv.apps.daemon.startup import one_line
 
-                print(f"{self.prog}: cannot start: {one_line(exc)}", file=sys.stderr, flush=True)
+                where = "" if camera is None else f"{self._camera_key(camera)}: "
+                print(f"{self.prog}: cannot start: {where}{one_line(exc)}", file=sys.stderr, flush=True)
                 return 2
             self._share_voice()
             self._share_monitor()
             if self.first.fleet is not None:  # the device's one fleet agent carries every camera's alerts
                 for daemon in list(self.daemons.values())[1:]:
                     daemon.alert_bus.add(self.first.fleet)
+            self._say_memory_not_listed()
             caps = ", ".join(f"{name} {d.session.cache.capacity} tokens = {d.session.cache.capacity_bytes / 2**20:.2f} MiB"
                              for name, d in self.daemons.items())
             self.say(f"{len(self.daemons)} cameras on one model: {caps}")

@@ -77,12 +77,20 @@ def _addressed(params: ChatRequest, cameras: dict) -> ChatRequest:
 
 async def answer_every_camera(cameras: dict, params: ChatRequest, model_id: str) -> Response:
     """The question asked of each camera at once (each camera's loop answers its own); one answer listing
-    them, ``edgekv.cameras`` holding each camera's figures. Streaming needs one camera."""
+    them, ``edgekv.cameras`` holding each camera's figures. Streaming needs one camera. A camera that refused is
+    listed with why; when every camera refused, the request is that error (each camera's reason in its message,
+    the highest status: a 503 says to retry). It was a 200 whose content was "(no answer: ...)" for each camera —
+    a window no camera holds, where one camera answers 400 ``window_empty``; a queue full or a daemon stopping
+    (503) take the same path."""
     if params.stream:
         raise ApiError(400, "stream: a streamed answer comes from one camera; name it with \"camera\"",
                        param="camera")
     responses = await asyncio.gather(*(answer_chat(daemon, params, model_id) for daemon in cameras.values()),
                                      return_exceptions=True)
+    if all(isinstance(response, ApiError) for response in responses):  # no camera answered: an error, not a 200
+        worst = max(responses, key=lambda error: error.status)  # a 503 (stopping, busy) says to retry
+        raise ApiError(worst.status, "; ".join(f"{name}: {error.message}" for name, error in zip(cameras, responses)),
+                       kind=worst.kind, param=worst.param, code=worst.code, headers=worst.headers)
     lines, figures, usage = [], {}, {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     for name, response in zip(cameras, responses):
         if isinstance(response, ApiError):

@@ -103,25 +103,46 @@ def health(daemon: Any) -> tuple[int, dict]:
     """``/healthz``: 503 while starting and while the stream is stalled (frames come, none goes in: the memory
     stopped); 200 ``degraded`` with the reasons when something is wrong that does not stop it (a camera being
     reconnected, an archive on a full disk); 200 ``ok`` otherwise. Reads only the daemon's own flags and
-    counters, never the session's lock, so it answers while an ingest or an answer runs."""
+    counters, never the session's lock, so it answers while an ingest or an answer runs. With several cameras
+    (``video.sources``) every camera counts, each problem after its camera's name: the server is the first
+    camera's, and a second camera that was never reached, or stalled, answered ``ok``."""
     session = daemon.session
     state = stream_state(daemon)
-    own = getattr(daemon, "problems", None)
-    problems = list(own()) if callable(own) and session is not None else []
-    if session is None or state in ("starting", "stalled"):
-        status = "starting" if session is None or state == "starting" else "stalled"
-        code = 503
+    cameras = getattr(daemon, "cameras", None) or {None: daemon}
+    states = {name: stream_state(d) if d.session is not None else "starting" for name, d in cameras.items()}
+    problems = camera_problems(cameras)
+    if any(s == "starting" for s in states.values()):
+        status, code = "starting", 503
+    elif any(s == "stalled" for s in states.values()):
+        status, code = "stalled", 503
     else:
         status, code = ("degraded" if problems else "ok"), 200
     payload = {"status": status, "frames": session.counters.frames if session is not None else 0,
                "stream_state": state}
-    if state == "stalled":
-        idle = getattr(getattr(daemon, "stall", None), "idle_s", lambda: None)()
-        payload["detail"] = (f"no frame ingested for {idle:.0f} s (frames refused: "
-                             f"{session.counters.frames_rejected})" if idle is not None else "no frame ingested")
+    if len(cameras) > 1:
+        payload["cameras"] = states
+    details = []
+    for name, d in cameras.items():
+        if states[name] == "stalled":
+            idle = getattr(getattr(d, "stall", None), "idle_s", lambda: None)()
+            detail = (f"no frame ingested for {idle:.0f} s (frames refused: {d.session.counters.frames_rejected})"
+                      if idle is not None else "no frame ingested")
+            details.append(detail if name is None else f"camera {name}: {detail}")
+    if details:
+        payload["detail"] = "; ".join(details)
     if problems:
         payload["problems"] = problems
     return code, payload
+
+
+def camera_problems(cameras: dict) -> list[str]:
+    """Each camera's ``problems()`` (``{None: daemon}`` for one camera: its own, as they are), after its name."""
+    out = []
+    for name, d in cameras.items():
+        own = getattr(d, "problems", None)
+        if callable(own) and d.session is not None:
+            out.extend(problem if name is None else f"camera {name}: {problem}" for problem in own())
+    return out
 
 
 def health_response(daemon: Any) -> tuple[int, bytes]:
@@ -136,8 +157,7 @@ def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:
     own = getattr(daemon, "status", None)
     info = dict(own()) if callable(own) else {"questions_waiting": daemon.questions.qsize()}
     info.update(stream_state=stream_state(daemon), stream_detail=stream_detail(daemon))
-    own = getattr(daemon, "problems", None)
-    info["problems"] = list(own()) if callable(own) and daemon.session is not None else []
+    info["problems"] = camera_problems(getattr(daemon, "cameras", None) or {None: daemon})
     return {
         "stats": snap["stats"], "kept": snap["kept"], "snapshot_age_s": snap["age_s"],
         "monitor": telemetry.monitor(), "capture": telemetry.capture(), "daemon": info,
