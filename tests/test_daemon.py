@@ -577,3 +577,22 @@ def test_the_start_line_says_how_the_cap_is_shared(tiny_checkpoint, reserve, not
     assert (f"cache cap 400 tokens = {session.cache.capacity_bytes / 2**20:.2f} MiB allocated once (video {room} "
             f"tokens, {room // 16} frame pairs at 112x112; {reserve} kept for a question and its answer") in text
     assert ("note: the reserves take most of the cap" in text) == noted
+
+
+@pytest.mark.parametrize("frames", [47, 1])
+def test_the_last_frame_of_a_finite_source_is_seen(tiny_checkpoint, tmp_path, frames):
+    """A recording of an odd number of frames, or a still image (one frame): its last frame waited for a partner that
+    never came, and was read and never seen ("frames 1 (0 pairs)": the model had seen nothing of a photo)."""
+    pytest.importorskip("fastapi")
+    from helpers_server import ended_daemon
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        video={"source": f"synthetic:shapes?size=160x120&fps=8&frames={frames}", "fps": 8.0, "resolution": [56, 56]},
+        cache={"policy": "sliding_window", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
+        monitor={"backend": "cpu"}, generation={"max_new_tokens": 2}, alerts={"keyframe_pairs": 4})
+    with ended_daemon(config, tmp_path / "out.txt") as daemon:
+        counters = daemon.session.counters
+        assert counters.frames == frames and counters.frame_pairs == (frames + 1) // 2
+        assert daemon.session.ingestor.pending is None
+        assert (frames + 1) // 2 - 1 in daemon.alerts.keyframes.frames  # its picture kept, as every pair's

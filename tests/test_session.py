@@ -392,3 +392,24 @@ def test_evidence_is_the_pair_the_answering_token_attends_and_leaves_the_answer_
         # toy; the whole-prefill mass: 1.15 for seed 5 with the classic toy, another event's pairs first with W5h)
         share = session.answerer._pair_mass(before)
         assert min(share[p] for p in pairs) >= 1.15 * max(v for p, v in share.items() if p not in pairs), seed
+
+
+def test_a_lone_last_frame_is_prefilled_as_a_pair_of_itself(runtime):
+    """The end of a finite source: an odd last frame (or a still image, one frame) waited for a partner and was never
+    seen. ``finish_pair`` prefills it twice, as Qwen2.5-VL's processor repeats a still image to its temporal patch:
+    the cache is exactly that of the frame ingested twice at its time."""
+    frames = _frames(3, seed=5)
+    finished, twice = runtime.session(), runtime.session()
+    assert finished.finish_pair() is None  # nothing waits
+    for index, frame in enumerate(frames):
+        finished.ingest(frame, t=index / FPS)
+        twice.ingest(frame, t=index / FPS)
+    twice.ingest(frames[-1], t=2 / FPS)
+    result = finished.finish_pair()
+    assert result is not None and result.pair_index == 1 and finished.ingestor.pending is None
+    assert finished.finish_pair() is None and finished.counters.frames == 3 and finished.counters.frame_pairs == 2
+    assert finished.pair_times[1] == finished.pair_ends[1] == 2 / FPS
+    n = twice.cache.length
+    assert finished.cache.length == n
+    assert torch.equal(finished.cache.k[:, :, :n], twice.cache.k[:, :, :n])
+    assert torch.equal(finished.cache.v[:, :, :n], twice.cache.v[:, :, :n])

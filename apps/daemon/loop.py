@@ -924,6 +924,8 @@ class Daemon:
         if item is not None:
             self.backlog.push(*item, bounded=False)
         elif self.sampler.exhausted:
+            if not len(self.backlog):
+                self._finish_pair()
             self._end_stream(self._source_end_reason())
 
     def _sample(self, timeout: float):
@@ -1027,13 +1029,37 @@ class Daemon:
         self.stall.progressed()
         self._latest_frame = frame
         self.monitor.count_frames(self._monitor_total("frames"))
+        self._after_ingest(result, frame, t, unix)
+
+    def _finish_pair(self) -> None:
+        """At the end of a finite source, the frame still waiting for its partner (an odd last frame; the only
+        frame of a still image) prefilled as a pair of itself (``StreamSession.finish_pair``): it was read and
+        never seen, and a photo given as the source left the model with nothing."""
+        from edgekv.cache import CacheFullError
+
+        pending = self.session.ingestor.pending
+        if pending is None or self._stream_end is not None:
+            return
+        try:
+            with self.lock:
+                result = self.session.finish_pair()
+        except (ValueError, CacheFullError) as exc:
+            log.warning("the last frame was not seen: %s", printable(str(exc)))
+            return
+        if result is not None:
+            self._after_ingest(result, pending[0], None, self.session.wall_time(pending[1]))
+
+    def _after_ingest(self, result, frame, t, unix) -> None:
+        """What follows an ingested frame: the server's counters; for a pair, its picture kept (evidence frames,
+        keyframes), the standing questions due, the pair's line, the ``--ask-every`` questions."""
         if self.server is not None:
             self.server.pair_ingested(result)
         if result.pair_index is None:
             return
         # the pair's time as the session stamps it (its first frame's): what a forget's window and an answer's evidence
         # name it by (this frame, the pair's second, is half a pair later)
-        t_pair = self.session.pair_times.get(result.pair_index, self._stream_time(t))
+        t_pair = self.session.pair_times.get(result.pair_index)
+        t_pair = self._stream_time(t) if t_pair is None else t_pair
         if self.frames is not None:
             self.frames.submit(self._frame_stream(), result.pair_index, t_pair,
                                self.session.wall_time(t_pair) if unix is not None else None, frame)

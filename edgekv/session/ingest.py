@@ -50,6 +50,16 @@ class PairIngest:
         self._accepted(stamp)
         return result
 
+    def finish(self, started: float) -> IngestResult | None:
+        """The frame waiting for its partner prefilled as a pair with itself (``StreamSession.finish_pair``); None
+        when none waits. Not subject to ``video.skip_static`` (two copies of a frame are static by definition)."""
+        if self.pending is None:
+            return None
+        first, t_first = self.pending
+        result = self._pair(first, first, t_first, self.session.counters.frames - 1, started, t_first)
+        self.pending = None
+        return result
+
     def _accepted(self, stamp: Stamp) -> None:
         self.session.counters.frames += 1
         self.session.clock.accept(stamp)

@@ -235,6 +235,14 @@ class StreamSession:
             self.wall.observe_none(stamp.stream)
         return result
 
+    @_exclusive
+    def finish_pair(self) -> IngestResult | None:
+        """Prefill the frame waiting for its partner as a pair of itself twice — what Qwen2.5-VL's processor makes of
+        a still image (the frame repeated to the temporal patch of 2). For the end of a finite source: an odd last
+        frame, or a single image, was read and never seen (a lone frame waits for a second). None when no frame
+        waits. A live stream should not call it: its next frame completes the pair."""
+        return self.ingestor.finish(time.perf_counter())
+
     def wall_window(self, unix_from: float, unix_to: float) -> tuple[float, float]:
         """The window of stream time seen between two wall times (seconds since the epoch), for ``ask`` /
         ``probe`` / ``forget``; ``ValueError`` when the frames of that stretch have no wall time or it happened
