@@ -40,6 +40,18 @@ if [ ! -f "$SRC/configs/$PROFILE.yaml" ]; then
   echo "EDGEKV_PROFILE=$PROFILE: no configs/$PROFILE.yaml" >&2
   exit 2
 fi
+# ... and its memory: an Orin Nano 4 GB or an AGX Orin 32 GB gives the model string of its larger sibling, whose
+# profile's cache it cannot hold (the daemon would refuse to start, or the board swap). A profile given is taken as is.
+if [ -z "${EDGEKV_PROFILE:-}" ]; then
+  MEM_KB=$(awk '/^MemTotal:/ {print $2}' "${EDGEKV_MEMINFO:-/proc/meminfo}" 2>/dev/null || true)
+  case $PROFILE in orin-agx-64gb) NEED_GIB=48 ;; orin-nano-8gb) NEED_GIB=6 ;; *) NEED_GIB=0 ;; esac
+  if [ -n "$MEM_KB" ] && [ "$MEM_KB" -lt $((NEED_GIB * 1048576)) ]; then
+    echo "board: $BOARD with $((MEM_KB / 1024)) MiB of memory: configs/$PROFILE.yaml is for one of at least" \
+         "$NEED_GIB GiB (its cache would not fit); copy it into configs/, lower cache.max_mib until" \
+         "'edgekv plan --config FILE' says it fits, and give its name as EDGEKV_PROFILE" >&2
+    exit 2
+  fi
+fi
 echo "board: $BOARD -> profile configs/$PROFILE.yaml"
 
 run apt-get update

@@ -57,11 +57,12 @@ def test_install_dry_run_pins_nvidias_torch():
 
 
 # ---------------------------------------------------------------------------------------------- issue 25 §3
-def _install(model: str | None, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    tree = tmp_path / "model"
+def _install(model: str | None, tmp_path: Path, mem_kb: int = 64_000_000, **env: str) -> subprocess.CompletedProcess:
+    tree, meminfo = tmp_path / "model", tmp_path / "meminfo"
     if model is not None:
         tree.write_bytes(model.encode() + b"\0")  # the device tree's string ends with a NUL
-    environ = {**os.environ, "EDGEKV_DEVICE_TREE_MODEL": str(tree), **env}
+    meminfo.write_text(f"MemTotal:       {mem_kb} kB\nMemFree:         1000000 kB\n")  # /proc/meminfo's layout
+    environ = {**os.environ, "EDGEKV_DEVICE_TREE_MODEL": str(tree), "EDGEKV_MEMINFO": str(meminfo), **env}
     return subprocess.run(["bash", str(JETSON / "install.sh"), "--dry-run"], capture_output=True, text=True,
                           env=environ)
 
@@ -75,6 +76,20 @@ def test_install_picks_the_profile_of_the_board(tmp_path, model, profile):
     assert out.returncode == 0, out.stderr
     installs = [line for line in out.stdout.splitlines() if "/etc/edgekv/deploy.yaml" in line and "install -m" in line]
     assert len(installs) == 1 and installs[0].split()[-2].endswith(f"configs/{profile}"), out.stdout
+
+
+@pytest.mark.parametrize("model, mem_kb, gib", [
+    ("NVIDIA Jetson Orin Nano Developer Kit", 3_550_000, 6),  # an Orin Nano 4 GB (~3.4 GiB to Linux)
+    ("NVIDIA Jetson AGX Orin Developer Kit", 31_000_000, 48),  # an AGX Orin 32 GB
+])
+def test_install_refuses_a_profile_too_big_for_the_boards_memory_unless_told(tmp_path, model, mem_kb, gib):
+    """The model string does not say the memory: a 4 GB Orin Nano got the 8 GB profile."""
+    out = _install(model, tmp_path, mem_kb=mem_kb)
+    assert out.returncode == 2 and f"with {mem_kb // 1024} MiB of memory" in out.stderr
+    assert "EDGEKV_PROFILE" in out.stderr
+    assert f"for one of at least {gib} GiB" in out.stderr and "edgekv plan --config FILE" in out.stderr
+    assert _install(model, tmp_path, mem_kb=7_800_000 if gib == 6 else 64_000_000).returncode == 0
+    assert _install(model, tmp_path, mem_kb=mem_kb, EDGEKV_PROFILE="orin-nano-8gb").returncode == 0  # told
 
 
 def test_install_refuses_a_board_it_has_no_profile_for_unless_told(tmp_path):
