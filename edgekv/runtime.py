@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from edgekv.cache.specs import KV_DTYPES, CacheSpec
-from edgekv.config import ConfigError, EdgeKVConfig, load_config
+from edgekv.config import ConfigError, EdgeKVConfig, config_from_dict, load_config
 from edgekv.engines.registry import make_backends
 from edgekv.hostmem import configure_host_memory
 from edgekv.model import load_pretrained
@@ -154,14 +154,24 @@ class Runtime:
         return chosen, note
 
     @classmethod
-    def from_config(cls, config: str | Path | EdgeKVConfig) -> "Runtime":
-        if not isinstance(config, EdgeKVConfig):
+    def from_config(cls, config: str | Path | dict | EdgeKVConfig) -> "Runtime":
+        """A YAML file's path, an ``EdgeKVConfig``, or the file's content as a dict of sections (validated alike:
+        a dict was opened as a path, "expected str, bytes or os.PathLike object, not dict")."""
+        if isinstance(config, dict):
+            config = config_from_dict(config)
+        elif not isinstance(config, EdgeKVConfig):
+            if not isinstance(config, (str, Path)):
+                raise TypeError(f"from_config: expected a YAML file's path, a dict of sections or an EdgeKVConfig, "
+                                f"got {type(config).__name__}")
             config = load_config(config)
         return cls(config)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, **overrides: dict) -> "Runtime":
-        model = {"path": str(model_dir), **overrides.pop("model", {})}
+        model = overrides.pop("model", {})
+        if not isinstance(model, dict):
+            raise ConfigError(f"model: expected a mapping of keys, got {type(model).__name__}")
+        model = {"path": str(model_dir), **model}
         return cls(EdgeKVConfig().with_overrides(model=model, **overrides))
 
     SHARED_SECTIONS = ("model", "engines", "runtime", "privacy")

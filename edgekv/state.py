@@ -416,6 +416,9 @@ def save_session(session, path: str | Path) -> SnapshotInfo:
     """Write ``session`` to ``path`` atomically (call through ``StreamSession.save``, under its lock)."""
     started = time.perf_counter()
     path = Path(path).expanduser()
+    if path.is_dir():  # else the whole snapshot was written, then os.replace said "Is a directory" of the temp file
+        raise IsADirectoryError(f"{path}: is a folder; save takes the snapshot file's path "
+                                f"(e.g. {path / 'session.snap'})")
     state = _session_state(session)
     resolution = session.preprocessor.resolution if session.preprocessor is not None else None
     saved_unix = time.time()

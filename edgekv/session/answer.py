@@ -128,8 +128,10 @@ class Answerer:
         if not isinstance(evidence, numbers.Integral) or isinstance(evidence, bool) or evidence < 0:
             raise ValueError(f"evidence must be a whole number of frame pairs >= 0, got {evidence!r}")
         window = checked_window(window)
+        seed = checked_seed(seed)
         ids = self.question_ids(question, max_new_tokens, temperature, top_p,
                                 reserved=s.recall_reserve if recall else 0, history=history)
+        temperature, top_p = float(temperature), float(top_p)
         max_new_tokens = int(max_new_tokens)
         video_len = s.cache.length
         if window is not None and not recall and not self._window_pairs(video_len, window):
@@ -252,6 +254,7 @@ class Answerer:
         finally:
             used = max(s.cache.length, video_len + len(ids) + (s.recall_reserve if recall else 0))
             s.cache.truncate(video_len)
+            self.video_length = None
             if recall:
                 s.recall.clear(video_len, used)
 
@@ -307,10 +310,11 @@ class Answerer:
         if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         max_new_tokens = int(max_new_tokens)  # numpy's int64 too
-        if not 0.0 <= float(temperature) <= 10.0:
-            raise ValueError(f"temperature must be in [0, 10], got {temperature}")
-        if not 0.0 < float(top_p) <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        # a number only: float("0.5") passed the range check and the string then failed in sampling, unnamed
+        if not _is_number(temperature) or not 0.0 <= float(temperature) <= 10.0:
+            raise ValueError(f"temperature must be a number in [0, 10], got {temperature!r}")
+        if not _is_number(top_p) or not 0.0 < float(top_p) <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
         ids = s.layout.question_suffix_ids(s.tokenizer, question, history)  # the question as plain text
         room = s.capacity - s.cache.length - reserved
         if len(ids) + max_new_tokens > room:
@@ -323,6 +327,22 @@ class Answerer:
         return ids
 
     # ------------------------------------------------------------------ persistence
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def checked_seed(seed) -> int | None:
+    """``seed`` as a Python int in the range torch's generator takes, or ``ValueError`` naming it: a numpy integer
+    was a bare ``TypeError: an integer is required``, a float or one past 64 bits a torch error naming no argument."""
+    if seed is None:
+        return None
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise ValueError(f"seed must be a whole number, got {seed!r:.40}")
+    if not -(2**63) <= int(seed) < 2**64:
+        raise ValueError(f"seed must fit in 64 bits, got {seed}")
+    return int(seed)
 
 
 def checked_window(window) -> tuple[float, float] | None:

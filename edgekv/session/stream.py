@@ -28,6 +28,7 @@ import math
 import numbers
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -57,6 +58,23 @@ def _exclusive(method):
     return locked
 
 
+def _between_answers(method):
+    """``_exclusive``, and refused while this session is answering. The lock is re-entrant, so an ``on_token``
+    callback got in with the question's tokens at the end of the cache: a pair it ingested was truncated away with
+    them (counted, its time kept, its tokens gone), a snapshot it saved held the question as memory, a forget or
+    reset broke the answer's own cleanup. Refused before anything changes: nothing ingested is lost."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            if self.answerer.video_length is not None:
+                raise RuntimeError(f"{method.__name__}: called while this session is answering (from an on_token "
+                                   f"callback?); call it after the answer returns")
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class StreamSession:
     """One live stream's state. Create it with ``Runtime.session()``.
 
@@ -64,7 +82,9 @@ class StreamSession:
     each hold the session's lock from start to end, so they run one at a time in call order: a frame
     ingested while another thread is answering waits for the answer, then goes in; nothing is dropped
     and an answer never sees half a frame pair. The lock is re-entrant, so an ``on_token`` callback may
-    call ``stats()``; it must not wait for another thread that uses this session (that would deadlock).
+    call ``stats()``; it must not wait for another thread that uses this session (that would deadlock), and
+    what changes or saves the cache (``ingest``, ``ask``, ``save``, ``forget``, ...) refuses it with a
+    ``RuntimeError`` (the question's tokens are in the cache until the answer returns).
     """
 
     def __init__(self, runtime: "Runtime", archive: bool = True) -> None:  # noqa: F821 - Runtime imports this module
@@ -107,6 +127,9 @@ class StreamSession:
             from edgekv.archive.recall import Recall
 
             self.recall = Recall(self, self.config.archive)  # holds archive.dir until close()
+            # A session dropped without close() kept the folder locked (and the archive's writer thread running) for
+            # the life of the process: the writer thread holds the archive, so only the session's end can close it.
+            weakref.finalize(self, self.recall.archive.close)
         try:
             self._start()
         except BaseException:  # a session that never started lets go of its archive folder
@@ -142,7 +165,7 @@ class StreamSession:
         if self.recall is not None:
             self.recall.close()
 
-    @_exclusive
+    @_between_answers
     def reset(self) -> None:
         """Forget the stream: the cache back to the system prefix (kept: it never changes), counters, clock,
         positions, the policy's and the sink set's state as at the start. No buffer is allocated or freed
@@ -199,7 +222,7 @@ class StreamSession:
         return 2 * ((self.video_limit - self.prefix_tokens) // per_pair)
 
     # ------------------------------------------------------------------ ingest
-    @_exclusive
+    @_between_answers
     def ingest(self, frame: np.ndarray, t: float | None = None, captured_unix: float | None = None) -> IngestResult:
         """Add one BGR uint8 frame (HxWx3) stamped ``t`` seconds. Every second frame completes a pair that is
         prefilled. A timestamp that jumps (back, or forward by more than ``video.max_gap_s``) is taken as a
@@ -235,7 +258,7 @@ class StreamSession:
             self.wall.observe_none(stamp.stream)
         return result
 
-    @_exclusive
+    @_between_answers
     def finish_pair(self) -> IngestResult | None:
         """Prefill the frame waiting for its partner as a pair of itself twice — what Qwen2.5-VL's processor makes of
         a still image (the frame repeated to the temporal patch of 2). For the end of a finite source: an odd last
@@ -280,7 +303,7 @@ class StreamSession:
         """Squeeze the temporal positions of kept video tokens; rotate their keys to match."""
         memory.rebase_positions(self)
 
-    @_exclusive
+    @_between_answers
     def forget(self, t_from: float, t_to: float) -> dict:
         """Remove the frame pairs stamped in ``[t_from, t_to]`` (stream seconds) from the cache: their slots gone,
         their bytes zeroed (edgekv/session/memory.py). Returns what was removed."""
@@ -356,7 +379,7 @@ class StreamSession:
         return False
 
     # ------------------------------------------------------------------ questions (edgekv/session/answer.py)
-    @_exclusive
+    @_between_answers
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
             evidence: int = 0, history=(), window: tuple[float, float] | None = None) -> Answer:
@@ -391,13 +414,13 @@ class StreamSession:
         newest = self.clock.last_t if self.clock.last_t is not None else 0.0
         return newest - seconds, newest
 
-    @_exclusive
+    @_between_answers
     def probe(self, question: str, window: tuple[float, float] | None = None) -> YesNo:
         """A yes/no question answered without decoding (standing questions, alerts): ``YesNo`` with P(yes) and
         the frame pairs the question attended; the cache is unchanged afterwards. ``window``: as ``ask``'s."""
         return self.answerer.probe(question, window)
 
-    @_exclusive
+    @_between_answers
     def question_logits(self, question: str, recall: bool = False) -> torch.Tensor:
         """Logits [n, V] at every token of the question suffix, over the cache as it is; nothing kept (the
         parity surface for streaming exactness against transformers' one-shot logits)."""
@@ -408,7 +431,7 @@ class StreamSession:
         return self.answerer.text_start()
 
     # ------------------------------------------------------------------ persistence
-    @_exclusive
+    @_between_answers
     def save(self, path) -> "SnapshotInfo":  # noqa: F821 - imported here: edgekv.state never imports the session
         """Write everything this session's future depends on to ``path``, atomically (see edgekv/state.py);
         ``Runtime.restore(path)`` returns a session that continues exactly where this one is now."""
