@@ -20,7 +20,18 @@ import torch
 
 from edgekv.cache.specs import CacheSpec
 from edgekv.config import EdgeKVConfig
-from edgekv.engines.manifest import MANIFEST, BuildKey, EngineError, Manifest, file_digest, model_hash, rebuild_hint
+from edgekv.engines.manifest import (
+    MANIFEST,
+    BuildKey,
+    EngineError,
+    Manifest,
+    check_files,
+    file_digest,
+    model_hash,
+    read_memo,
+    rebuild_hint,
+    write_memo,
+)
 from edgekv.model.config import ModelConfig
 from edgekv.model.builtin import resolve_model_path
 
@@ -191,9 +202,16 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
         with steps.step("hash model and resolve the build key"):
             dep = deployment(config, backend, model_dir=model_dir, engine_dir=engine_dir)
         bundle = dep.key.bundle_dir(dep.engine_dir, dep.model_dir.name)
+        memo_file = dep.engine_dir / "hashes.json"
         if (bundle / MANIFEST).is_file() and not force:
             manifest = Manifest.read(bundle)
-            if manifest.key == dep.key.fields() and all((bundle / e["file"]).is_file() for e in manifest.files.values()):
+            try:  # checked as a load checks it: a truncated or damaged file was "up to date", the rebuild hint a loop
+                check_files(bundle, manifest, dep.hint, memo_file)
+                usable = manifest.key == dep.key.fields()
+            except EngineError as exc:
+                print(f"rebuilding: {exc}", file=sys.stderr)
+                usable = False
+            if usable:
                 steps.close()
                 print(f"up to date: {bundle}", file=sys.stderr)
                 return bundle, manifest
@@ -220,10 +238,12 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
         if trt is not None:
             with steps.step(f"TensorRT {key.tensorrt_version}: build {key.precision} engines for {key.gpu}"):
                 trt.build_engines(bundle, files, dep, config)
+        memo = read_memo(memo_file)  # the digests remembered: the first load does not read the graphs again
         for entry in files.values():
             path = bundle / entry["file"]
             entry["bytes"] = path.stat().st_size
-            entry["sha256"] = file_digest(path)
+            entry["sha256"] = file_digest(path, memo)
+        write_memo(memo_file, memo)
         import onnx
         versions = {"torch": torch.__version__, "onnx": onnx.__version__, "opset": OPSET}
         try:

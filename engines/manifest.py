@@ -74,29 +74,39 @@ def file_digest(path: Path, memo: dict | None = None) -> str:
     return value
 
 
+def read_memo(memo_file: Path | None) -> dict:
+    """The digests remembered in ``<engine_dir>/hashes.json`` (empty when there is none or it does not read)."""
+    if memo_file is None or not memo_file.is_file():
+        return {}
+    try:
+        return json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_memo(memo_file: Path | None, memo: dict) -> None:
+    if memo_file is None:
+        return
+    try:
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
+        os.replace(tmp, memo_file)
+    except OSError:
+        pass  # a read-only engine dir only costs a re-hash next time
+
+
 def model_hash(model_dir: Path, memo_file: Path | None = None) -> str:
     """Content hash of a checkpoint directory: config.json plus every ``*.safetensors`` file, by name."""
     files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise EngineError(f"model.path: {model_dir} is not a checkpoint directory (missing {', '.join(missing)})")
-    memo: dict = {}
-    if memo_file is not None and memo_file.is_file():
-        try:
-            memo = json.loads(memo_file.read_text())
-        except (OSError, ValueError):
-            memo = {}
+    memo = read_memo(memo_file)
     total = hashlib.sha256()
     for path in files:
         total.update(path.name.encode() + b"\0" + file_digest(path, memo).encode() + b"\n")
-    if memo_file is not None:
-        try:
-            memo_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
-            os.replace(tmp, memo_file)
-        except OSError:
-            pass  # a read-only engine dir only costs a re-hash next time
+    write_memo(memo_file, memo)
     return total.hexdigest()
 
 
@@ -144,13 +154,15 @@ _FIELD_NAMES = {
     "tensorrt_version": "TensorRT version",
     "gpu": "GPU",
     "graph_format": "edgekv graph format",
+    "kv_dtype": "cache storage the LLM graph takes (cache.kv_dtype; None: model.dtype)",
 }
 
 
 def differences(built: dict, wanted: dict) -> list[str]:
     """Human-readable differences between a manifest's key fields and the deployment's."""
     out = []
-    for name, label in _FIELD_NAMES.items():
+    for name in dict.fromkeys([*_FIELD_NAMES, *built, *wanted]):  # every key field, named or not: none is skipped
+        label = _FIELD_NAMES.get(name, name)
         a, b = built.get(name), wanted.get(name)
         if a != b:
             if name == "model_hash":
@@ -204,7 +216,8 @@ def locate(engine_dir: Path, model_dir: Path, key: BuildKey, hint: str) -> tuple
     """The bundle built for ``key``, or an error that says what exists instead and how to rebuild.
 
     ``engine_dir`` may also be a bundle itself (a directory holding ``manifest.json``, e.g. engines built
-    elsewhere and copied in): then its manifest must match ``key`` field by field.
+    elsewhere and copied in): then its manifest must match ``key`` field by field. So may a bundle of this cache
+    under another folder name (copied in, renamed): its manifest is what it was built for, not its name.
     """
     wanted = key.fields()
     if (engine_dir / MANIFEST).is_file():
@@ -223,15 +236,28 @@ def locate(engine_dir: Path, model_dir: Path, key: BuildKey, hint: str) -> tuple
                     same_backend.append((len(differences(other.key, wanted)), path.parent, other))
             if same_backend:
                 _, nearest, other = min(same_backend, key=lambda item: item[0])
-                raise EngineMismatchError(
-                    f"no {key.backend} engines for this deployment under {engine_dir}; the nearest bundle "
-                    f"{nearest} differs — " + "; ".join(differences(other.key, wanted)) + f". {hint}")
-            raise EngineError(f"no {key.backend} engines built for this model and config under {engine_dir} "
-                              f"(expected {bundle}). {hint}")
+                if differences(other.key, wanted):
+                    raise EngineMismatchError(
+                        f"no {key.backend} engines for this deployment under {engine_dir}; the nearest bundle "
+                        f"{nearest} differs — " + "; ".join(differences(other.key, wanted)) + f". {hint}")
+                bundle = nearest
+            else:
+                raise EngineError(f"no {key.backend} engines built for this model and config under {engine_dir} "
+                                  f"(expected {bundle}). {hint}")
     manifest = Manifest.read(bundle)
     diff = differences(manifest.key, wanted)
     if diff:
         raise EngineMismatchError(f"engines in {bundle} do not fit this deployment — " + "; ".join(diff) + f". {hint}")
+    check_files(bundle, manifest, hint, engine_dir / "hashes.json")
+    return bundle, manifest
+
+
+def check_files(bundle: Path, manifest: Manifest, hint: str, memo_file: Path | None = None) -> None:
+    """Every file the manifest lists is there, of its size and its sha256 (an engine file replaced by one of the
+    same size — another build's, a partial copy written over it, flash that flipped a byte — loaded and ran
+    without a word). Digests are remembered in ``memo_file`` by size and mtime, as the checkpoint's are, so only
+    a file written since its last check is read whole again."""
+    memo = read_memo(memo_file)
     for graph, entry in manifest.files.items():
         path = bundle / entry["file"]
         if not path.is_file():
@@ -239,4 +265,8 @@ def locate(engine_dir: Path, model_dir: Path, key: BuildKey, hint: str) -> tuple
         if "bytes" in entry and path.stat().st_size != entry["bytes"]:
             raise EngineError(f"{path}: engine file is {path.stat().st_size} bytes, the manifest says "
                               f"{entry['bytes']} (truncated or replaced). {hint}")
-    return bundle, manifest
+        if "sha256" in entry and file_digest(path, memo) != entry["sha256"]:
+            write_memo(memo_file, memo)
+            raise EngineError(f"{path}: engine file's sha256 is not the one in {bundle / MANIFEST} (changed since "
+                              f"the build: replaced or damaged). {hint}")
+    write_memo(memo_file, memo)

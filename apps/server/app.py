@@ -102,7 +102,7 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     token = cfg.token or os.environ.get(cfg.token_env) or None
     api = Api(daemon, telemetry,
               AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes, cfg.metrics_public,
-                           cfg.tls()),
+                           cfg.tls(), cfg.login_attempts_per_minute),
               ChatLimits(served_model_names(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens,
                          images=cfg.image_requests),
               {name: resources.files("edgekv.apps.server").joinpath(f"static/{name}").read_text()

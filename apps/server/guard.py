@@ -28,7 +28,8 @@ and wait for the answer (a queued chat) are never counted. uvicorn's own ``timeo
 keep-alive connections.
 
 ``AttemptLimiter`` rate-limits the status page's login per client address (a token bucket): guesses in
-parallel no longer go as fast as they come.
+parallel no longer go as fast as they come. Wrong ``Authorization: Bearer`` tokens on any route take from the
+same bucket (``AccessPolicy.attempts``), so the header is not an unlimited way round the form.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class AccessPolicy:
     max_request_bytes: int
     metrics_public: bool = False  # server.metrics_public: /metrics without the token
     https: bool = False  # server.tls_cert_file: the page's cookie is Secure
+    login_attempts_per_minute: float | None = None  # server.login_attempts_per_minute: the login's and the bearer's
 
     def __post_init__(self) -> None:
         names = set(LOOPBACK_NAMES) | {split_host(h)[0] for h in self.allowed_hosts}
@@ -156,6 +158,11 @@ class AccessPolicy:
         self.cookies = SessionCookies(self.token, secure=self.https) if self.token else None
         self._token_bytes = self.token.encode() if self.token else b""  # as clients send it in the header
         self.public = PUBLIC_PATHS | ({"/metrics"} if self.metrics_public else set())
+        # One bucket of token guesses per address for the login form and the bearer header of any route: with the
+        # login alone limited, the same guesses went unlimited as ``Authorization: Bearer`` (a 401 or a 200, or
+        # ``GET /`` answering the page instead of the login form, told which one was right).
+        self.attempts = (AttemptLimiter(self.login_attempts_per_minute)
+                         if self.token and self.login_attempts_per_minute else None)
 
     def host_allowed(self, name: str) -> bool:
         if name in self.names:
@@ -205,7 +212,13 @@ class AccessPolicy:
         if origin is not None and not self.origin_allowed(origin.decode("latin-1"), host):
             return ApiError(403, "cross-origin requests are refused: use this server's own page or a non-browser "
                                  "client", kind="permission_error", param="Origin", code="cross_origin")
+        given = headers.get(b"authorization") if self.attempts is not None else None
+        client = scope["client"][0] if scope.get("client") else "?"
+        if given is not None and self.attempts.exhausted(client):  # before the token: a limited guesser learns nothing
+            return too_many_attempts(self.attempts, client)
         authed = self.authenticated(headers)
+        if given is not None and not hmac.compare_digest(bearer_credentials(given), self._token_bytes):
+            self.attempts.allow(client)  # a wrong bearer token costs an attempt, as a wrong login does
         scope.setdefault("state", {})["edgekv_authenticated"] = authed
         if not authed and scope["path"] not in self.public:
             return ApiError(401, "missing or wrong bearer token (Authorization: Bearer <server.token>)",
@@ -222,6 +235,13 @@ class AccessPolicy:
             return ApiError(413, f"request body over server.max_request_bytes ({self.max_request_bytes} bytes)",
                             code="request_too_large")
         return None
+
+
+def too_many_attempts(attempts: "AttemptLimiter", client: str) -> ApiError:
+    after = max(1, math.ceil(attempts.retry_after(client)))
+    return ApiError(429, f"too many login attempts from this address; retry in {after} s "
+                         "(server.login_attempts_per_minute)", kind="rate_limit_error", code="rate_limit_exceeded",
+                    headers={"retry-after": str(after)})
 
 
 async def send_error(send: Callable, error: ApiError, close: bool) -> None:
@@ -250,6 +270,7 @@ class RequestGuard:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http":
+            send = _nosniff(send)
             refusal = self.policy.check(scope)
             if refusal is None and self.reads is not None and scope["path"] in SHAPED_PATHS:
                 refusal = await self._shape(scope)
@@ -281,6 +302,20 @@ class RequestGuard:
         if wait > 0:
             await asyncio.sleep(wait)
         return None
+
+
+def _nosniff(send: Callable) -> Callable:
+    """``X-Content-Type-Options: nosniff`` on every answer, not only the page's: the JSON routes hand back text a
+    client chose (questions, alert names, a 404's path), and a browser that sniffs must not take it for HTML."""
+
+    async def sending(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
+                message = {**message, "headers": [*headers, (b"x-content-type-options", b"nosniff")]}
+        await send(message)
+
+    return sending
 
 
 async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
@@ -350,6 +385,10 @@ class AttemptLimiter:
     def _prune(self, client: str, now: float) -> None:
         if len(self._buckets) >= self.max_clients and client not in self._buckets:
             self._buckets = {c: b for c, b in self._buckets.items() if self._tokens(c, now) < self.burst}
+
+    def exhausted(self, client: str) -> bool:
+        """Whether ``client`` has no attempt left now (nothing taken)."""
+        return self._tokens(client, self.clock()) < 1.0
 
     def allow(self, client: str) -> bool:
         """Take one attempt for ``client`` if its bucket has one."""

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hmac
-import math
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from edgekv.apps.server.api import Api, body_schema
-from edgekv.apps.server.guard import AttemptLimiter, SessionCookies
+from edgekv.apps.server.guard import AttemptLimiter, SessionCookies, too_many_attempts
 from edgekv.apps.server.openai_chat import ApiError
 
 PAGE_HEADERS = {
@@ -21,7 +20,7 @@ PAGE_HEADERS = {
 
 def router(api: Api) -> APIRouter:
     token, cookies = api.policy.token, api.policy.cookies
-    attempts = AttemptLimiter(api.cfg.login_attempts_per_minute)
+    attempts = api.policy.attempts or AttemptLimiter(api.cfg.login_attempts_per_minute)  # the bearer's bucket too
     routes = APIRouter()
 
     @routes.get("/", response_class=HTMLResponse)
@@ -37,10 +36,7 @@ def router(api: Api) -> APIRouter:
             return Response(status_code=204)
         client = request.client.host if request.client is not None else "?"
         if not attempts.allow(client):  # checked before the token: a limited guesser learns nothing
-            raise ApiError(429, f"too many login attempts from this address; retry in "
-                                f"{math.ceil(attempts.retry_after(client))} s (server.login_attempts_per_minute)",
-                           kind="rate_limit_error", code="rate_limit_exceeded",
-                           headers={"retry-after": str(max(1, math.ceil(attempts.retry_after(client))))})
+            raise too_many_attempts(attempts, client)
         body = await api.body(request)
         given = body.get("token") if isinstance(body, dict) else None
         if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
