@@ -277,6 +277,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     chosen, rest = first_positional(argv)
     for name, (summary, add) in COMMANDS.items():
         command = sub.add_parser(name, help=summary, description=summary, formatter_class=HelpFormatter)
+        command.add_argument("--version", action="version", version=version_string())  # README: every command
         if name == chosen:
             add(command, rest) if name == "bench" else add(command)
     return parser

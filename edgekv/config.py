@@ -10,6 +10,7 @@ keyword dicts, validated the same way (``EdgeKVConfig.with_overrides``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -1054,12 +1055,42 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- loading
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping: PyYAML keeps the last, so a second
+    ``model:`` section silently dropped the first one's keys. Merge keys (``<<: *base``) may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(f"line {line}: {key!r} is given twice (first on line {seen[key]}); keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
 def load_config(path: str | Path) -> EdgeKVConfig:
     file = Path(path).expanduser()
+    if file.is_dir():
+        raise ConfigError(f"{file}: is a folder, not a config file")
     if not file.is_file():
         raise ConfigError(f"{file}: config file not found")
     try:
-        data = yaml.safe_load(file.read_text())
+        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as exc:  # a ValueError: the daemon printed it without the file's name
+        raise ConfigError(f"{file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") \
+            from None
+    except OSError as exc:  # unreadable: edgekv-camera showed a traceback
+        raise ConfigError(f"{file}: cannot read the config file ({exc.strerror or exc})") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{file}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: not valid YAML ({exc})") from exc
     return config_from_dict(data or {}, source=str(file), base_dir=file.parent)
@@ -1143,6 +1174,8 @@ def _coerce(hint: Any, value: Any, at: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{at}: expected a number, got {value!r} ({type(value).__name__})")
+        if not math.isfinite(value):  # YAML's .inf passed "> 0" checks, then int(inf) raised far from the config
+            raise ConfigError(f"{at}: expected a finite number, got {value!r}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):

@@ -53,6 +53,8 @@ def check_logging_file(config: EdgeKVConfig) -> None:
     file = config.logging.file
     if file is None:
         return
+    if Path(file).expanduser().is_dir():  # --check passed it; the start then failed with no key named
+        raise StartupError(f"logging.file: {file}: a folder, not a file (name the log file in it)")
     folder = Path(file).expanduser().parent
     if not folder.is_dir():
         raise StartupError(f"logging.file: {file}: the folder {folder} does not exist")
