@@ -153,6 +153,23 @@ def test_a_rule_name_cannot_write_lines_into_the_log(caplog):
     assert "\n" not in record.getMessage()
 
 
+def test_an_alerts_line_holds_no_question_where_privacy_keeps_text_out_of_the_log(caplog):
+    """privacy.log_text off (a key configured): answers and questions were kept out of the log, but an alert's line
+    named its rule by its question (a user's text when the API added it; the name is the question when unnamed)."""
+    class Yes:
+        def probe(self, question):
+            return YesNo(0.9, {0: 1.0}, 1.0)
+
+    ring = KeyframeRing(2)
+    ring.add(0, np.zeros((8, 8, 3), np.uint8), 0.0)
+    engine = AlertEngine([AlertRuleSection(question="Is Anna at the front door?")], AlertBus(), ring, log_text=False)
+    (rule,) = engine.list()
+    with caplog.at_level(logging.INFO, "edgekv.alerts"):
+        assert engine.evaluate(rule, Yes(), 0) is not None
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("alert ")]
+    assert "Anna" not in record.getMessage() and rule.id in record.getMessage()
+
+
 def _chat_reply(body: bytes):
     def reply(handler, receiver) -> None:
         handler.send_response(200)

@@ -474,10 +474,12 @@ class Daemon:
         store = RuleStore(self.state.dir, self.runtime.keys) if self.state.enabled else None  # the API's rules
         self.alerts = AlertEngine(section.rules, self.alert_bus, KeyframeRing(section.keyframe_pairs),
                                   camera=self.camera,  # video.sources: this camera's name on its rules and alerts
-                                  max_rules=section.max_rules, store=store, check=self._fits_the_reserve)
-        if self.alerts.restored:
+                                  max_rules=section.max_rules, store=store, check=self._fits_the_reserve,
+                                  log_text=self.config.privacy.logs_text())
+        if self.alerts.restored:  # users' questions: their text only where privacy.log_text lets the log hold it
             self.say(f"standing questions added through the API, restored from {store.path}: "
-                     + "; ".join(f"{state.id} {printable(state.rule.question)}" for state in self.alerts.restored))
+                     + "; ".join(f"{state.id} {printable(state.rule.question)}" if self.alerts.log_text else state.id
+                                 for state in self.alerts.restored))
         resumed = [state for state in self.alerts.list() if state.verdict]
         if resumed:  # restored from alerts.json with the memory: what they saw is not alerted again
             self.say("standing questions resumed at 'yes' (no alert until they fall back to 'no'): "

@@ -232,8 +232,9 @@ class AlertEngine:
 
     def __init__(self, rules: list[AlertRuleSection], bus: AlertBus, keyframes: KeyframeRing,
                  camera: str | None = None, clock=time.monotonic, max_rules: int = MAX_RULES,
-                 store: "RuleStore | None" = None, check=None, wall=time.time) -> None:
+                 store: "RuleStore | None" = None, check=None, wall=time.time, log_text: bool = True) -> None:
         self.bus, self.keyframes, self.camera, self.clock, self.wall = bus, keyframes, camera, clock, wall
+        self.log_text = log_text  # privacy.log_text: an alert's line names its rule by id, not by its question
         self.check = check  # check(rule): ValueError when the question cannot be evaluated (too long for the cache)
         self.max_rules = max_rules  # alerts.max_rules: each is evaluated over the cache, and held, while it stands
         self.rules: dict[str, RuleState] = {}
@@ -385,7 +386,11 @@ class AlertEngine:
                            evidence_t, time.time(), jpeg, note,
                            evidence_unix=wall_time(evidence_t) if wall_time is not None and evidence_t is not None
                            else None)
-        log.info("alert %r: %r (P(yes) %.2f at pair %d)", state.name, state.rule.question, verdict.p_yes, pair)
+        if self.log_text:
+            log.info("alert %r: %r (P(yes) %.2f at pair %d)", state.name, state.rule.question, verdict.p_yes, pair)
+        else:  # a rule added through the API is a user's text, and its name may be the question itself
+            log.info("alert on rule %s (P(yes) %.2f at pair %d; its question not logged: privacy.log_text)", state.id,
+                     verdict.p_yes, pair)
         self.bus.publish(event)
         return event
 
