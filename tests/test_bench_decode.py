@@ -31,16 +31,17 @@ def test_bench_decode_figures_and_same_tokens_as_transformers(tiny_checkpoint, t
     assert (tmp_path / "d.png").stat().st_size > 1000
 
 
-def test_bench_decode_refuses_bad_arguments(tmp_path):
+def test_bench_decode_refuses_bad_arguments(tmp_path, capsys):
+    """A mistake is one line naming the option and exit 2 (a SystemExit with text exited 1)."""
     from edgekv.apps.cli import main
 
     base = ["bench", "decode", "--json", str(tmp_path / "d.json"), "--plot", ""]
-    with pytest.raises(SystemExit, match="unknown dtype 'fp8'"):
-        main(base + ["--dtypes", "fp8"])
-    with pytest.raises(SystemExit, match="unknown route 'fast'"):
-        main(base + ["--routes", "fast"])
-    with pytest.raises(SystemExit, match="--tokens >= 2"):
-        main(base + ["--tokens", "1"])
+    for extra, message in ((["--dtypes", "fp8"], "unknown dtype 'fp8'"), (["--routes", "fast"], "unknown route 'fast'"),
+                           (["--tokens", "1"], "--tokens >= 2"), (["--repeats", "0"], "--repeats: at least 1")):
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "d.json").exists()
 
 
 def test_bench_decode_runs_the_native_route_for_bf16_only(tiny_checkpoint, tmp_path):

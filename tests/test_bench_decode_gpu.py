@@ -39,12 +39,12 @@ def test_the_gpu_decode_bench_code_runs_on_the_cpu(tiny_checkpoint):
 def test_the_gpu_decode_bench_refuses_what_it_cannot_run(tiny_checkpoint):
     with pytest.raises(SystemExit, match="not a CUDA device"):
         run_decode_cuda(_args(), str(tiny_checkpoint))
-    with pytest.raises(SystemExit, match="--capacity"):
+    with pytest.raises(ValueError, match="--capacity"):
         run_decode_cuda(_args(capacity=10), str(tiny_checkpoint), allow_cpu=True)
-    with pytest.raises(SystemExit, match="route"):
+    with pytest.raises(ValueError, match="route"):
         run_decode_cuda(_args(cuda_routes="eager,warp"), str(tiny_checkpoint), allow_cpu=True)
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="no CUDA GPU"):
+        with pytest.raises(ValueError, match="no CUDA GPU"):
             run_decode_cuda(_args(device="cuda"), str(tiny_checkpoint))
 
 

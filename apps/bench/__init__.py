@@ -66,5 +66,21 @@ def _lazy(module: str, function: str):
 
     def add(parser: argparse.ArgumentParser) -> None:
         getattr(importlib.import_module(f"edgekv.apps.bench.{module}"), function)(parser)
+        run = parser.get_default("run")
+        if run is not None and parser.get_default("json") is not None:
+            parser.set_defaults(run=_outputs_checked(run))
 
     return add
+
+
+def _outputs_checked(run):
+    """``run`` after ``common.check_outputs`` of its ``--json`` / ``--plot``: a bench of hours learns of a bad
+    output path at its start."""
+
+    def checked(args: argparse.Namespace) -> int:
+        from edgekv.apps.bench.common import check_outputs
+
+        check_outputs(getattr(args, "json", None), getattr(args, "plot", None))
+        return run(args)
+
+    return checked

@@ -91,7 +91,7 @@ def run_archive(args: argparse.Namespace) -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     unknown = parts - {"accuracy", "latency", "ingest"}
     if unknown:
-        raise SystemExit(f"--parts: unknown part(s) {sorted(unknown)} (known: accuracy, latency, ingest)")
+        raise ValueError(f"--parts: unknown part(s) {sorted(unknown)} (known: accuracy, latency, ingest)")
     setup = {"platform": platform.platform(), "torch": torch.__version__, "threads": args.threads,
              "load_before": os.getloadavg(), "args": {k: v for k, v in vars(args).items() if k != "run"}}
     results: dict = {}
@@ -302,7 +302,7 @@ def latency(args: argparse.Namespace, root: Path) -> dict:
     from edgekv.cache.specs import CacheSpec
 
     if len(args.shape) != 4 or min(args.shape) <= 0:
-        raise SystemExit(f"--shape: expected four positive integers layers,kv_heads,head_dim,tokens, got {args.shape}")
+        raise ValueError(f"--shape: expected four positive integers layers,kv_heads,head_dim,tokens, got {args.shape}")
     shape = dict(zip(("layers", "kv_heads", "head_dim", "tokens"), args.shape), dtype=torch.bfloat16)
     root.mkdir(parents=True)
     disk, submit_ms, writer_ms = _write_records(root, shape, args.latency_pairs, args.index_keys)

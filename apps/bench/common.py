@@ -63,20 +63,33 @@ def provenance() -> dict:
 
 
 def comma_choices(text: str, known, flag: str, what: str) -> list[str]:
-    """``"a, b"`` -> ``["a", "b"]``, each checked against ``known``; an unknown one exits naming the flag."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
+    """``"a, b, a"`` -> ``["a", "b"]``, each checked against ``known``: an unknown one, or none at all, is a
+    ValueError naming the flag (the command's one line and exit 2; a SystemExit with text exited 1), and one given
+    twice is measured once (not a second row under the same name)."""
+    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
     for name in names:
         if name not in known:
-            raise SystemExit(f"{flag}: unknown {what} {name!r} (known: {', '.join(known)})")
+            raise ValueError(f"{flag}: unknown {what} {name!r} (known: {', '.join(known)})")
+    if not names:
+        raise ValueError(f"{flag}: give at least one {what} (known: {', '.join(known)})")
     return names
+
+
+def check_outputs(json_path: str | None, plot_path: str | None) -> None:
+    """Before a run, not at its end: the JSON and the PNG are two files (one path for both wrote the figure over
+    the JSON and said 'wrote' twice), and their folders exist (a soak of hours stopped by Ctrl-C lost its figures
+    to a folder not yet there)."""
+    if json_path and plot_path and Path(json_path).resolve() == Path(plot_path).resolve():
+        raise ValueError(f"--json and --plot are the same file {json_path!r}: the figure would replace the JSON")
+    for path in (json_path, plot_path):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
 def write_figures(result: dict, json_path: str, plot_path: str | None, plot, indent: int = 2) -> None:
     """Every bench's last step: the JSON, then the PNG through ``plot(result, path)`` unless ``plot_path`` is empty;
     their folders made first (a run of minutes is not lost at its end to a folder not yet there)."""
-    for path in (json_path, plot_path):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    check_outputs(json_path, plot_path)
     Path(json_path).write_text(json.dumps(result, indent=indent))
     print(f"wrote {json_path}")
     if plot_path:

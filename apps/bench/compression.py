@@ -95,6 +95,15 @@ def time_select(policy_name: str, view: CacheView, target: int, repeats: int) ->
     return times, keep
 
 
+def _check_shape(args: argparse.Namespace) -> None:
+    """Positive sizes and repeats, named: 0 or less was a torch error about tensor sizes or 'no median for empty
+    data' (``--repeats 0``), and ``--dtypes ''`` wrote the JSON then divided by zero in the plot."""
+    for flag, value in (("--layers", args.layers), ("--kv-heads", args.kv_heads), ("--tokens", args.tokens),
+                        ("--head-dim", args.head_dim), ("--grid", min(args.grid)), ("--repeats", args.repeats)):
+        if value < 1:
+            raise ValueError(f"{flag}: at least 1, got {value}")
+
+
 def run_compression(args: argparse.Namespace) -> int:
     from edgekv.apps.bench.common import comma_choices, provenance, write_figures
     from edgekv.threads import apply_threads
@@ -102,6 +111,7 @@ def run_compression(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     dtypes = comma_choices(args.dtypes, _DTYPES, "--dtypes", "dtype")
     policies = comma_choices(args.policies, POLICIES, "--policies", "policy")
+    _check_shape(args)
     target = int(0.75 * args.tokens)
     rows = []
     for dtype_name in dtypes:

@@ -143,7 +143,9 @@ def run_decode(args: argparse.Namespace) -> int:
 
     heads = comma_choices(args.lm_heads, {h: h for h in LM_HEADS}, "--lm-heads", "lm_head")
     if args.prompt < 1 or args.tokens < 2:
-        raise SystemExit(f"--prompt must be >= 1 and --tokens >= 2, got {args.prompt} and {args.tokens}")
+        raise ValueError(f"--prompt must be >= 1 and --tokens >= 2, got {args.prompt} and {args.tokens}")
+    if args.repeats < 1:  # 0 was 'no median for empty data' after the bandwidth measurement
+        raise ValueError(f"--repeats: at least 1, got {args.repeats}")
     # The machine may be shared: bandwidth is measured around each figure, which carries its own bound.
     bandwidths = []
 

@@ -198,14 +198,15 @@ def run_decode_cuda(args: argparse.Namespace, model_dir: str, allow_cpu: bool = 
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {args.device}: no CUDA GPU is visible to torch")
+        raise ValueError(f"--device {args.device}: no CUDA GPU is visible to torch")
     if device.type != "cuda" and not allow_cpu:
         raise SystemExit(f"run_decode_cuda: --device {args.device} is not a CUDA device")
     dtypes = comma_choices(args.dtypes, _DTYPES, "--dtypes", "dtype")
     routes = comma_choices(args.cuda_routes, {r: r for r in CUDA_ROUTES}, "--cuda-routes", "route")
     capacity = args.capacity or args.prompt + args.tokens + 1
     if args.prompt + args.tokens > capacity:
-        raise SystemExit(f"--capacity {capacity} holds fewer than --prompt + --tokens = {args.prompt + args.tokens} slots")
+        raise ValueError(f"--capacity {capacity} holds fewer than --prompt + --tokens = {args.prompt + args.tokens} "
+                         f"slots")
     bandwidth = copy_bandwidth(device)
     bound_rate = max(bandwidth.values())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

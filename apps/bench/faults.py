@@ -180,7 +180,7 @@ def run_faults(args: argparse.Namespace) -> int:
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = set(parts) - {"enospc", "flips"}
     if unknown:
-        raise SystemExit(f"--parts: unknown part(s) {sorted(unknown)} (known: enospc, flips)")
+        raise ValueError(f"--parts: unknown part(s) {sorted(unknown)} (known: enospc, flips)")
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="edgekv-faults-"))
     root.mkdir(parents=True, exist_ok=True)
     result: dict = {"provenance": provenance(),

@@ -12,6 +12,7 @@ a device the camera loop does not wait for it (the queue drops a frame when the 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -71,8 +72,10 @@ def _label(source: str) -> str:
 
 
 def _spread(values: list[float]) -> dict:
+    """Median and nearest-rank p90 (the old index, int(0.9 * (n - 1)), was the minimum for n = 2: under the median)."""
     ordered = sorted(values)
-    return {"median": statistics.median(values), "p90": ordered[int(0.9 * (len(values) - 1))], "n": len(values)}
+    p90 = ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+    return {"median": statistics.median(values), "p90": p90, "n": len(values)}
 
 
 def measure(frames: list, px: int, budget_mib: float) -> dict:
@@ -118,6 +121,9 @@ def run_frames(args: argparse.Namespace) -> int:
         raise ValueError(f"--px: each 16 to 4096 (archive.frames_px), got {args.px!r}")
     if args.frames < 1:
         raise ValueError(f"--frames: must be >= 1, got {args.frames}")
+    if not (math.isfinite(args.frames_mib) and args.frames_mib > 0):  # -1 printed negative hours, exit 0
+        raise ValueError(f"--frames-mib: a positive budget in MiB, got {args.frames_mib}")
+    sizes = list(dict.fromkeys(sizes))  # a size given twice is one row, not two under the same label
     rows = []
     for source in _sources(args.sources):
         frames = _read(source, args.frames, args.size)

@@ -304,7 +304,7 @@ def run_memory(args: argparse.Namespace) -> int:
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - {"skip", "grid", "bursty", "logits"})
     if unknown:
-        raise SystemExit(f"--parts: unknown part(s) {unknown} (known: skip, grid, bursty, logits)")
+        raise ValueError(f"--parts: unknown part(s) {unknown} (known: skip, grid, bursty, logits)")
     started = time.perf_counter()
     doc: dict = {"args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}, "load_avg": list(os.getloadavg())}
     if "skip" in parts:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -221,11 +223,30 @@ def soak(session, frames: Sequence[np.ndarray], fps: float, *, hours: float | No
 
 
 # ---------------------------------------------------------------------------------------------- command
+def _counts_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the run's length and sampling, before minutes of setup: --hours NaN never ended, and
+    --hours <= 0, --pairs 0, --sample-s 0 or --sample-every-pairs 0 were tracebacks."""
+    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
+        return f"--hours: a positive number of hours, got {args.hours}"
+    if args.pairs is not None and args.pairs < 1:
+        return f"--pairs: at least 1, got {args.pairs}"
+    if not (math.isfinite(args.sample_s) and args.sample_s > 0):
+        return f"--sample-s: a positive number of seconds, got {args.sample_s}"
+    if args.sample_every_pairs is not None and args.sample_every_pairs < 1:
+        return f"--sample-every-pairs: at least 1, got {args.sample_every_pairs}"
+    if args.ask_every < 0:
+        return f"--ask-every: a number of frame pairs, 0 for never, got {args.ask_every}"
+    return None
+
+
 def run_soak(args: argparse.Namespace) -> int:
     import edgekv
 
     if args.hours is None and args.pairs is None:
-        print("edgekv bench soak: give --hours H or --pairs N")
+        print("edgekv bench soak: give --hours H or --pairs N", file=sys.stderr)
+        return 2
+    if problem := _counts_problem(args):
+        print(f"edgekv bench soak: {problem}", file=sys.stderr)
         return 2
     if args.config is not None and not args.daemon:
         print("edgekv bench soak: --config soaks a deployment's daemon; add --daemon")

@@ -70,7 +70,13 @@ def run_threads(args: argparse.Namespace) -> int:
     waits = [w.strip().upper() for w in args.wait.split(",") if w.strip()]
     for wait in waits:
         if wait not in WAIT_POLICIES:
-            raise SystemExit(f"--wait: unknown OMP_WAIT_POLICY {wait!r} (known: {', '.join(WAIT_POLICIES)})")
+            raise ValueError(f"--wait: unknown OMP_WAIT_POLICY {wait!r} (known: {', '.join(WAIT_POLICIES)})")
+    # checked here, not in each child: a child's failure came back as the tail of its traceback
+    if args.frames < 2:
+        raise ValueError(f"--frames: at least 2 (one frame pair), got {args.frames}")
+    if args.resolution < 28 or args.resolution % 28:
+        raise ValueError(f"--resolution: a positive multiple of 28, got {args.resolution}")
+    counts, waits = list(dict.fromkeys(counts)), list(dict.fromkeys(waits))  # each setting measured once
     with tempfile.TemporaryDirectory(prefix="edgekv-bench-threads-") as tmp:
         model = model_or_tiny(args.model, tmp)
         rows = []

@@ -19,7 +19,7 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+    return tuple(dict.fromkeys(values))  # a length, cap or B given twice ran twice: every question counted twice
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -33,7 +33,8 @@ def _fractions(text: str) -> tuple[float, ...]:
             raise argparse.ArgumentTypeError(f"expected shares like 1/4,1/16,0.01, got {item!r}") from None
         if not 0 < value <= 1:
             raise argparse.ArgumentTypeError(f"a cap share must be in (0, 1], got {item!r}")
-        values.append(value)
+        if value not in values:  # 1/4 and 0.25 are one cap, run once
+            values.append(value)
     if not values:
         raise argparse.ArgumentTypeError(f"expected shares like 1/4,1/16, got {text!r}")
     return tuple(values)
@@ -185,6 +186,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_needle(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     import torch
 
     from edgekv.eval.needle import DEFAULT_AGES, NeedleConfig, PolicyRun, evaluate, save
@@ -201,7 +204,7 @@ def _run_needle(args: argparse.Namespace) -> int:
         return 2
     options = tuple(args.option)
     runs = []
-    for name in names:
+    for name in dict.fromkeys(names):  # a policy named twice ran twice: its accuracy's interval over doubled n
         for archive in ((False, True) if args.archive and name != "full" else (False,)):
             # archive.* options belong to the runs that have an archive only
             own = options if archive else tuple(o for o in options if not o[0].startswith("archive."))
@@ -233,6 +236,10 @@ def _run_needle(args: argparse.Namespace) -> int:
         problems.append("--busy / --lures: the classic renderer (family events) draws no passing objects; choose world "
                         "families (--families photo,cells, ...)")
     lure_colors, lure_shapes = _lure_looks(args, problems)
+    if args.streams < 1 or args.events < 0:  # 0 streams wrote an empty result and exit 0
+        problems.append(f"--streams at least 1 and --events at least 0, got {args.streams} and {args.events}")
+    if args.json and args.plot and Path(args.json).resolve() == Path(args.plot).resolve():
+        problems.append(f"--json and --plot are the same file {args.json!r}: the figure would replace the JSON")
     if args.oracle and args.full_max_tokens <= 0:
         problems.append("--oracle cuts the full cache down to the needle pairs, and --full-max-tokens 0 never runs it")
     if problems or any(size % 28 for size in args.sizes) or args.repeats < 0:
@@ -295,9 +302,15 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from edgekv.eval.merge import merge
     from edgekv.eval.needle import save
 
+    if args.json and args.plot and Path(args.json).resolve() == Path(args.plot).resolve():
+        print(f"edgekv eval merge: --json and --plot are the same file {args.json!r}: the figure would replace the "
+              f"JSON", file=sys.stderr)
+        return 2
     try:
         result = merge(args.parts)
     except ValueError as exc:
