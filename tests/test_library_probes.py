@@ -104,6 +104,10 @@ def test_on_token_calls_that_change_the_cache_are_refused(runtime, call):
 def test_a_dropped_session_lets_go_of_its_archive_folder(tmp_path):
     """Dropped without close(), a session's archive kept archive.dir locked (and its writer thread running) for
     the life of the process: the writer thread held the archive. Its queued pairs are written when it goes."""
+    def writers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "edgekv-archive-writer" and t.is_alive()}
+
+    others = writers()  # another test's in this process (a session it never closed) are not this one's
     runtime = _runtime(archive={"dir": str(tmp_path / "archive")})
     session = _session(runtime, frames=4)
     del session
@@ -113,7 +117,7 @@ def test_a_dropped_session_lets_go_of_its_archive_folder(tmp_path):
         assert again.stats()["archive_pairs"] == 2
     finally:
         again.close()
-    assert not [t for t in threading.enumerate() if t.name == "edgekv-archive-writer" and t.is_alive()]
+    assert not writers() - others
 
 
 def test_seed_takes_numpy_integers_and_names_itself_when_wrong(runtime):
