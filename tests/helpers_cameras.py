@@ -102,3 +102,22 @@ def camera_waited_for(camera, stream_timeout_s: float) -> Iterator[tuple[OpenCVS
         yield source, capture
     finally:
         capture.stop()
+
+
+@contextmanager
+def running_cameras(config, tmp_path, **args):
+    """``config``'s cameras (``video.sources``) running in a thread: the ``CameraSet`` once every camera has started
+    (its lines in ``tmp_path/out.txt``); stopped on the way out."""
+    from helpers_server import daemon_args
+
+    from edgekv.apps.daemon.cameras import CameraSet
+
+    cameras = CameraSet(config, daemon_args(**args), out=open(tmp_path / "out.txt", "w"))
+    thread = threading.Thread(target=cameras.run, daemon=True)
+    thread.start()
+    try:
+        assert cameras.ready.wait(180)
+        yield cameras
+    finally:
+        cameras.stop.event.set()
+        thread.join(120)

@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,20 +18,12 @@ from edgekv.apps.outputs.alerts import AlertBus, AlertEngine, AlertEvent, Keyfra
 from edgekv.apps.outputs.webhooks import WebhookSender
 from edgekv.config import AlertRuleSection
 from edgekv.session import YesNo
+from helpers_mqtt import until
 
 
 def _event(i: int = 0) -> AlertEvent:
     return AlertEvent(f"{i:016x}", "alert-1", "red", "Was there a red circle?", None, 0.9, 10.0 + i, 2, 9.5 + i,
                       1_800_000_000.0 + i, b"\xff\xd8jpeg", "pair 2")
-
-
-def _until(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 class _Receiver:
@@ -92,7 +83,7 @@ def test_a_redirecting_webhook_is_not_counted_as_delivered(caplog):
     try:
         with caplog.at_level(logging.WARNING, "edgekv.webhooks"):
             sender.offer(_event())
-            assert _until(lambda: sender.sent + sender.failed == 1)
+            assert until(lambda: sender.sent + sender.failed == 1)
         assert sender.sent == 0 and sender.failed == 1 and sender.attempts == 1
         assert receiver.requests == [("POST", "/hook", receiver.requests[0][2])]  # no GET to /moved
         assert "HTTP 302 to /moved" in caplog.text
@@ -109,7 +100,7 @@ def test_a_receiver_that_took_the_alert_and_never_ends_its_reply_gets_it_once():
     sender = WebhookSender(receiver.url, timeout_s=120, retries=2).start()
     try:
         sender.offer(_event())
-        assert _until(lambda: sender.sent + sender.failed == 1)
+        assert until(lambda: sender.sent + sender.failed == 1)
         assert sender.sent == 1 and sender.attempts == 1 and len(receiver.requests) == 1
     finally:
         sender.stop()

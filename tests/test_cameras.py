@@ -371,19 +371,10 @@ def test_two_cameras_on_one_model_answer_about_their_own_streams(tmp_path, monke
 @contextlib.contextmanager
 def _running(config: EdgeKVConfig, tmp_path, **args):
     """``config``'s cameras running in a thread: (front, back) once every one has started; stopped on the way out."""
-    from helpers_server import daemon_args
+    from helpers_cameras import running_cameras
 
-    from edgekv.apps.daemon.cameras import CameraSet
-
-    cameras = CameraSet(config, daemon_args(**args), out=open(tmp_path / "out.txt", "w"))
-    thread = threading.Thread(target=cameras.run, daemon=True)
-    thread.start()
-    try:
-        assert cameras.ready.wait(180)
+    with running_cameras(config, tmp_path, **args) as cameras:
         yield cameras.daemons["front"], cameras.daemons["back"]
-    finally:
-        cameras.stop.event.set()
-        thread.join(120)
 
 
 def test_a_pulled_camera_leaves_the_other_ingesting(tmp_path, monkeypatch):

@@ -4,14 +4,13 @@ start that cannot happen names, and where the memory of a camera no longer liste
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 
 import pytest
 
 from edgekv.config import EdgeKVConfig
 from helpers_cameras import MjpegCamera, wait_for
+from helpers_cameras import running_cameras as _running
 
 FRONT = "synthetic:events?size=112x112&fps=2&frames=100000&seed=1&rate=0.08"
 BACK = "synthetic:events?size=112x112&fps=2&frames=6&seed=7&rate=0.08"
@@ -27,24 +26,6 @@ def _config(tmp_path, sources: list[dict], **extra) -> EdgeKVConfig:
         server={"port": 0}, generation={"max_new_tokens": 2, "temperature": 0.0})
     sections.update(extra)
     return EdgeKVConfig().with_overrides(**sections)
-
-
-@contextlib.contextmanager
-def _running(config: EdgeKVConfig, tmp_path, **args):
-    """``config``'s cameras running in a thread: the ``CameraSet`` once every camera has started; stopped after."""
-    from helpers_server import daemon_args
-
-    from edgekv.apps.daemon.cameras import CameraSet
-
-    cameras = CameraSet(config, daemon_args(**args), out=open(tmp_path / "out.txt", "w"))
-    thread = threading.Thread(target=cameras.run, daemon=True)
-    thread.start()
-    try:
-        assert cameras.ready.wait(180)
-        yield cameras
-    finally:
-        cameras.stop.event.set()
-        thread.join(120)
 
 
 def test_healthz_counts_every_camera_not_only_the_one_serving_it(tmp_path, monkeypatch):

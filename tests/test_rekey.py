@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 from helpers_archive import SHAPE, byte_runs, fill, pair_kv
+from helpers_disk import full_disk_at_rename
 from helpers_privacy import privacy_runtime, seen_session
 
 pytest.importorskip("cryptography", reason="cryptography not installed (pip install 'edgekv[privacy]')")
@@ -338,20 +339,13 @@ def test_an_alert_that_cannot_be_rewritten_is_not_counted_as_resealed(tmp_path, 
     config = tmp_path / "deploy.yaml"
     config.write_text(yaml.safe_dump({"state": {"dir": str(state)},
                                       "privacy": {"key_file": _write_key(tmp_path / "new.key", 2)}}))
-    replace = os.replace
-
-    def disk_full(src, dst, *args, **kwargs):
-        if str(dst).endswith(".evt"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", disk_full)
+    full_disk_at_rename(monkeypatch, ".evt")
     assert main(["rekey", "--config", str(config)]) == 1
     out = capsys.readouterr().out
     assert "alert-events (the last alerts): could not be rewritten (No space left on device" in out
     assert "can be emptied" not in out and "left as they were" in out
     assert path.read_bytes() == before and not list(path.parent.glob(".*tmp*"))
-    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.undo()
     assert main(["rekey", "--config", str(config)]) == 0  # room again: the next run seals it
     assert "alert-events (the last alerts): 1 re-sealed" in capsys.readouterr().out
     (event,) = EventLog(state, KeyRing(_key(2))).load()
@@ -373,14 +367,7 @@ def test_a_snapshot_that_cannot_be_rewritten_is_named_and_the_rest_still_reseale
         "archive": {"dir": str(archive_dir), "max_gib": 0.01, "segment_mib": 1},
         "privacy": {"key_file": _write_key(tmp_path / "new.key", 2),
                     "previous_key_files": [_write_key(tmp_path / "old.key", 1)]}}))
-    replace = os.replace
-
-    def disk_full(src, dst, *args, **kwargs):
-        if str(dst).endswith(".ekv"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", disk_full)
+    full_disk_at_rename(monkeypatch, ".ekv")
     assert main(["rekey", "--config", str(config)]) == 1
     out = capsys.readouterr().out
     assert "snapshot-00000001.ekv: could not be rewritten (No space left on device" in out

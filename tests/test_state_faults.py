@@ -110,8 +110,7 @@ def test_sighup_saves_the_memory_and_the_daemon_goes_on(tiny_checkpoint, tmp_pat
 def test_a_stop_whose_snapshot_cannot_be_written_says_what_the_next_start_resumes(runtime, tmp_path, monkeypatch):
     """Probed with state.dir on a full 2 MiB tmpfs: the stop logged a warning that named no folder and printed its
     usual summary; nothing said that the memory since the last snapshot would be gone at the next start."""
-    import errno
-    import os
+    from helpers_disk import full_disk_at_rename
 
     later = [0.0]
     said: list[str] = []
@@ -124,14 +123,7 @@ def test_a_stop_whose_snapshot_cannot_be_written_says_what_the_next_start_resume
     assert keeper.snapshot(session) is not None
     session.ingest(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8), t=2.0)
     later[0] = 90.0  # the stop, a minute and a half after that snapshot
-    replace = os.replace
-
-    def disk_full(src, dst, *args, **kwargs):
-        if str(dst).endswith(".ekv"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", disk_full)
+    full_disk_at_rename(monkeypatch, ".ekv")
     said.clear()
     assert keeper.final_snapshot(session) is None
     assert said == [f"memory NOT saved at the stop: no snapshot could be written in state.dir {tmp_path / 'state'} "

@@ -492,25 +492,24 @@ class FrameStore:
 
     def last_pair(self, stream: str | None) -> int | None:
         """The highest pair number of ``stream`` kept (None: none, or it does not read)."""
-        if stream is None:
-            return None
-        try:
-            with self._lock:
-                row = self._db.execute("SELECT MAX(pair) FROM frames WHERE stream = ?", (stream,)).fetchone()
-        except sqlite3.Error:
-            return None
-        return None if row is None or row[0] is None else int(row[0])
+        value = self._of_stream("MAX(pair)", stream)
+        return None if value is None else int(value)
 
     def oldest_t(self, stream: str | None) -> float | None:
         """The stream time of ``stream``'s oldest frame kept (None: none, or it does not read)."""
+        value = self._of_stream("MIN(t)", stream)
+        return None if value is None else float(value)
+
+    def _of_stream(self, aggregate: str, stream: str | None):
+        """One of this module's aggregates (``MIN(t)``, ``MAX(pair)``) over ``stream``'s rows; None without any."""
         if stream is None:
             return None
         try:
             with self._lock:
-                row = self._db.execute("SELECT MIN(t) FROM frames WHERE stream = ?", (stream,)).fetchone()
+                row = self._db.execute(f"SELECT {aggregate} FROM frames WHERE stream = ?", (stream,)).fetchone()
         except sqlite3.Error:
             return None
-        return None if row is None or row[0] is None else float(row[0])
+        return None if row is None else row[0]
 
     def has(self, stream: str | None, pair: int) -> bool:
         if stream is None or not _storable(pair):
