@@ -24,7 +24,12 @@ def lock_folder(folder: Path, name: str, key: str, owner: str, same_process_hint
         import fcntl
     except ImportError:
         return None
-    fd = os.open(Path(folder) / name, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(Path(folder) / name, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only mount, a full disk: said as "[Errno 30] Read-only file system: '...'" alone
+        named = type(exc)(f"{key} {folder}: cannot open its lock file {name} ({exc.strerror or exc})")
+        named.errno = exc.errno
+        raise named from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

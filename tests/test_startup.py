@@ -297,3 +297,20 @@ def test_a_state_dir_on_a_read_only_mount_is_said_to_be_one(tmp_path, monkeypatc
     monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_flag=statvfs(path).f_flag & ~os.ST_RDONLY))
     with pytest.raises(StartupError, match="the folder is not writable by this user"):
         check_folders(config)
+
+
+def test_a_lock_file_that_cannot_be_made_is_named_by_its_key(tmp_path, monkeypatch):
+    """``--check``'s ``state.dir lock`` row on a read-only mount was a bare "[Errno 30] Read-only file system: ...":
+    no key, no folder. Its errno stays (a full disk is still told apart)."""
+    import errno
+
+    from edgekv.folder_lock import lock_folder
+
+    def read_only(path, flags, mode=0o777):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(OSError, match=rf"^state.dir {tmp_path}: cannot open its lock file state.lock "
+                                      r"\(Read-only file system\)$") as raised:
+        lock_folder(tmp_path, "state.lock", "state.dir", "edgekv daemon", "")
+    assert raised.value.errno == errno.EROFS
