@@ -79,7 +79,7 @@ def test_a_redirecting_webhook_is_not_counted_as_delivered(caplog):
     """urllib followed the 302 with a GET without the body: the receiver answered 200 and the alert, counted sent,
     never arrived anywhere. Now the redirect is not followed and the log says where it points."""
     receiver = _Receiver(_redirect)
-    sender = WebhookSender(receiver.url, timeout_s=10, retries=2).start()
+    sender = WebhookSender(receiver.url, timeout_s=60, retries=2).start()
     try:
         with caplog.at_level(logging.WARNING, "edgekv.webhooks"):
             sender.offer(_event())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgekv.monitor.tegrastats import ReaderError, TegrastatsReader, parse
+from helpers_mqtt import until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tegrastats"
 
@@ -113,10 +114,8 @@ def _fake_tegrastats(tmp_path: Path, body: str) -> str:
     return str(script)
 
 
-def _wait_for(condition, bound_s: float = 60.0) -> None:
-    deadline = time.monotonic() + bound_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
+def _wait_for(condition) -> None:
+    assert until(condition)  # helpers_mqtt.until: polls with a generous bound
 
 
 def test_a_tegrastats_that_exited_is_an_error_not_its_last_line(tmp_path):
