@@ -579,18 +579,33 @@ def test_the_start_line_says_how_the_cap_is_shared(tiny_checkpoint, reserve, not
     assert ("note: the reserves take most of the cap" in text) == noted
 
 
-@pytest.mark.parametrize("frames", [47, 1])
-def test_the_last_frame_of_a_finite_source_is_seen(tiny_checkpoint, tmp_path, frames):
+@pytest.mark.parametrize("frames, limit, by", [(47, None, None), (1, None, None), (40, 5, "flag"),
+                                               (40, 7, "config")])
+def test_the_last_frame_of_a_finite_source_is_seen(tiny_checkpoint, tmp_path, frames, limit, by):
     """A recording of an odd number of frames, or a still image (one frame): its last frame waited for a partner that
-    never came, and was read and never seen ("frames 1 (0 pairs)": the model had seen nothing of a photo)."""
+    never came, and was read and never seen ("frames 1 (0 pairs)": the model had seen nothing of a photo). So did the
+    last of an odd ``--max-frames`` / ``video.max_frames``."""
     pytest.importorskip("fastapi")
     from helpers_server import ended_daemon
 
     config = EdgeKVConfig().with_overrides(
         model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
-        video={"source": f"synthetic:shapes?size=160x120&fps=8&frames={frames}", "fps": 8.0, "resolution": [56, 56]},
+        video={"source": f"synthetic:shapes?size=160x120&fps=8&frames={frames}", "fps": 8.0, "resolution": [56, 56],
+               "max_frames": limit if by == "config" else None},
         cache={"policy": "sliding_window", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
         monitor={"backend": "cpu"}, generation={"max_new_tokens": 2}, alerts={"keyframe_pairs": 4})
+    frames = frames if limit is None else limit
+    if by == "flag":  # one-shot: the daemon answers what it was asked and stops
+        from edgekv.apps.daemon.loop import Daemon
+
+        with open(tmp_path / "out.txt", "w") as out:
+            daemon = Daemon(config, _args(max_frames=limit, realtime=False, no_server=True), out=out)
+            assert daemon.run() == 0
+        counters = daemon.session.counters
+        assert counters.frames == frames and counters.frame_pairs == (frames + 1) // 2
+        assert daemon.session.ingestor.pending is None
+        assert "--max-frames 5 reached after 5 frames" in (tmp_path / "out.txt").read_text()
+        return
     with ended_daemon(config, tmp_path / "out.txt") as daemon:
         counters = daemon.session.counters
         assert counters.frames == frames and counters.frame_pairs == (frames + 1) // 2

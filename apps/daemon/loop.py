@@ -587,6 +587,8 @@ class Daemon:
                     self._answer_next(jumped_ahead=False)  # paused: questions are answered about what was seen
                 continue
             self._update_collector(answering=False)
+            if self._stream_end is not None and not self.stream_ended.is_set() and not len(self.backlog):
+                self._settle_end()  # the frames read before the end have gone in (a frame limit may leave some)
             if self._ingesting() and self._collector is None and not len(self.backlog):
                 self._pull(timeout=0.0)
             step = self.fair.next_step(self._frame_waiting(), self._question_waiting())
@@ -926,8 +928,6 @@ class Daemon:
         if item is not None:
             self.backlog.push(*item, bounded=False)
         elif self.sampler.exhausted:
-            if not len(self.backlog):
-                self._finish_pair()
             self._end_stream(self._source_end_reason())
 
     def _sample(self, timeout: float):
@@ -959,11 +959,24 @@ class Daemon:
         return limit is not None and self.session.counters.frames - self._frames_at_start + waiting >= limit
 
     def _end_stream(self, reason: str) -> None:
+        """Read no more frames. The stream has ended (``stream_ended``, the line said, the end's questions scheduled)
+        once the frames already read have gone in: at once, or when the backlog has drained (``_settle_end``)."""
         if self._stream_end is not None:
             return
         self._stream_end = reason
-        self.stream_ended.set()
         self._stop_collector()
+        if not len(self.backlog):
+            self._settle_end()
+
+    def _settle_end(self) -> None:
+        """The end of the stream, after its last frame: an odd last frame (whatever ended the stream: the source,
+        ``--max-frames``, the camera gone) is seen as a pair of itself, then the end is said."""
+        reason = self._stream_end
+        if reason is None or self.stream_ended.is_set():
+            return
+        if not reason.startswith("the cache is full"):
+            self._finish_pair()
+        self.stream_ended.set()
         frames = self.session.counters.frames
         if self.options.one_shot:
             self.say(f"stream ended: {reason} after {frames} frames")
@@ -977,8 +990,8 @@ class Daemon:
 
     def _finished(self) -> bool:
         """Nothing left to do: one-shot and every input answered, or no channel can bring a question."""
-        if self._question_waiting():
-            return False
+        if self._question_waiting() or not self.stream_ended.is_set():
+            return False  # not settled: frames read before the end still wait to go in
         if self.options.one_shot:
             return True
         through = self.asked_through  # several cameras: the first one's API, stdin, microphone and fleet ask this one
@@ -1034,13 +1047,13 @@ class Daemon:
         self._after_ingest(result, frame, t, unix)
 
     def _finish_pair(self) -> None:
-        """At the end of a finite source, the frame still waiting for its partner (an odd last frame; the only
+        """At the end of the stream, the frame still waiting for its partner (an odd last frame; the only
         frame of a still image) prefilled as a pair of itself (``StreamSession.finish_pair``): it was read and
         never seen, and a photo given as the source left the model with nothing."""
         from edgekv.cache import CacheFullError
 
         pending = self.session.ingestor.pending
-        if pending is None or self._stream_end is not None:
+        if pending is None:
             return
         try:
             with self.lock:
@@ -1321,7 +1334,7 @@ class Daemon:
             return "paused"
         if not self.ready.is_set() or self.sampler is None:
             return "starting"
-        if self._stream_end is not None:
+        if self.stream_ended.is_set():
             return "ended"
         if self.sampler.capture.reconnecting:
             return "reconnecting"
