@@ -402,3 +402,41 @@ def test_a_forget_by_the_clock_removes_every_stretch_the_clock_lived_twice(tiny_
             daemon.stop.event.set()
             thread.join(60)
     assert "forgot t=" in (tmp_path / "out.txt").read_text()
+
+
+def test_forgetting_the_last_seconds_goes_by_the_wall_clock(tiny_checkpoint, tmp_path):
+    """A live camera that went dark (its source ended, or the privacy switch) an hour ago: "forget the last minute"
+    forgot its last minute before that, by the stream's own clock, and kept nothing less. It goes by the clock on the
+    wall; and frames of the window still waiting to go in (sampled while an answer ran) are dropped with it."""
+    pytest.importorskip("fastapi")
+    with ended_daemon(_config(tiny_checkpoint), tmp_path / "out.txt", realtime=True) as daemon:
+        session = daemon.session
+        with daemon.lock:
+            end = session.wall_time(session.clock.last_t)
+            held = dict(session.pair_times)
+        assert end is not None and len(held) >= 8
+        daemon.wall_clock = lambda: end + 3600.0
+        result = daemon.forget(last_s=60)
+        assert result["pairs"] == 0 and "nothing of this stream was seen" in result["note"]
+        assert session.pair_times == held  # nothing it saw an hour ago went
+        daemon.wall_clock = lambda: end + 1.0  # a second after its last frame: the last 2 s
+        with daemon.lock:
+            ((low, high),) = session.wall_stretches(end - 1.0, end + 1.0)
+            gone = session.pairs_in(low, high)
+        assert 0 < len(gone) < len(held)
+        result = daemon.forget(last_s=2)
+        assert result["pairs"] == len(gone) and result["wall"] == {"from": end - 1.0, "to": end + 1.0}
+        assert set(session.pair_times) == set(held) - set(gone)
+        # the privacy switch, then frames of the window waiting in the backlog: they go, later ones stay
+        assert daemon.pause("test")
+        frame = np.zeros((120, 160, 3), np.uint8)
+        last_t = session.clock.last_t
+        for step, wall in enumerate([end + 0.5, end + 0.9, end + 5.0]):
+            daemon.backlog.push(frame, last_t + 1 + step, wall, bounded=False)
+        daemon.wall_clock = lambda: end + 2.0
+        daemon.forget(last_s=1.5)
+        assert len(daemon.backlog) == 1 and daemon.backlog.pop()[2] == end + 5.0
+        daemon.backlog.push(frame, 10_000.0, None, bounded=False)  # a window in stream seconds
+        daemon.backlog.push(frame, 20_000.0, None, bounded=False)
+        daemon.forget(daemon._stream_time(10_000.0) - 1, daemon._stream_time(10_000.0) + 1)
+        assert len(daemon.backlog) == 1 and daemon.backlog.pop()[1] == 20_000.0

@@ -781,13 +781,24 @@ class Daemon:
         """Remove a window of stream time from everything the device keeps: the live cache, the snapshots (a new
         one written, the older deleted), the archive (its segments rewritten without those pairs), the keyframes
         and alerts held in memory, and the answers kept for the status page (any may tell of the window).
-        ``last_s``: the last so many seconds up to now; ``unix``: what was seen between two wall times (this
+        ``last_s``: the last so many seconds up to now (by the wall clock where the frames have wall times, so a
+        camera gone dark or paused loses nothing it saw before; by the stream clock for a recording read as fast as
+        it goes); ``unix``: what was seen between two wall times (this
         camera's wall-clock map) — every stretch of it where the wall clock lived that time twice (set back in
         between: forgetting both is the side a wearer asking to forget takes), nothing where nothing was seen."""
         with self.lock:
             now = self.session.clock.last_t
+            if unix is None and last_s is not None and now is not None and self.session.wall_time(now) is not None:
+                # A live stream: the last seconds by the clock on the wall, as the person asking means them. By the
+                # stream's own clock a camera that went dark (or was paused) an hour ago lost its last minutes
+                # before that, and kept nothing less for it.
+                if not (isinstance(last_s, (int, float)) and math.isfinite(last_s) and last_s > 0):
+                    raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r}")
+                wall_now = self.wall_clock()
+                unix = (wall_now - float(last_s), wall_now)
             if unix is not None:
                 stretches = self.session.wall_stretches(*unix)
+                self._forget_backlog(unix=unix)
                 if not stretches:
                     note = f"nothing of this stream was seen between {wall_text(unix[0])} and {wall_text(unix[1])}"
                     self.say(f"forget: {note}")
@@ -803,6 +814,7 @@ class Daemon:
                 if t_from is None or t_to is None:
                     raise ValueError("forget: give from and to (stream seconds), or last_s")
                 stretches = [(t_from, t_to)]
+                self._forget_backlog(stream=(t_from, t_to))
             pairs, slots, archive, failed = 0, 0, None, []
             for t_from, t_to in stretches:
                 result = self._forget_stretch(t_from, t_to, now)
@@ -841,6 +853,16 @@ class Daemon:
             self.say(f"forget incomplete: {'; '.join(failed)}")
             raise OSError("; ".join(failed))
         return out
+
+    def _forget_backlog(self, unix: tuple[float, float] | None = None, stream: tuple[float, float] | None = None):
+        """The frames of a forgotten window sampled while an answer ran, still waiting to go in: dropped (they would
+        have gone into the memory after the forget). By their wall time, or their stream time."""
+        if unix is not None:
+            dropped = self.backlog.drop(lambda t, wall: wall is not None and unix[0] <= wall <= unix[1])
+        else:
+            dropped = self.backlog.drop(lambda t, wall: stream[0] <= self._stream_time(t) <= stream[1])
+        if dropped:
+            log.info("forget: %d frames of the window waiting to be ingested dropped", dropped)
 
     def _forget_stretch(self, t_from: float, t_to: float, now: float | None) -> dict:
         """One stretch of ``forget`` (under its lock): the cache, the archive and its evidence frames, the alerts'

@@ -121,6 +121,15 @@ class FrameBacklog:
     def __len__(self) -> int:
         return len(self._frames)
 
+    def drop(self, gone: Callable[[float, float | None], bool]) -> int:
+        """Drop the waiting frames for which ``gone(t, unix)`` holds (a forgotten window's); how many went."""
+        with self._lock:
+            kept = deque(item for item in self._frames if not gone(item[1], item[2]))
+            dropped = len(self._frames) - len(kept)
+            self._frames = kept
+            self._bytes = sum(item[0].nbytes for item in kept)
+            return dropped
+
     @property
     def nbytes(self) -> int:
         return self._bytes
