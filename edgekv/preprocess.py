@@ -192,14 +192,16 @@ class FramePreprocessor:
         """
         expected = "expected an HxWx3 uint8 numpy array in BGR order (OpenCV's layout)"
         if not isinstance(frame, np.ndarray):
-            raise ValueError(f"{expected}, got {type(frame).__module__}.{type(frame).__name__}")
+            hint = " (pass frame.cpu().numpy())" if type(frame).__module__.split(".")[0] == "torch" else ""
+            raise ValueError(f"{expected}, got {type(frame).__module__}.{type(frame).__name__}{hint}")
         if frame.ndim != 3:
             hint = " (grayscale? use cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR))" if frame.ndim == 2 else ""
             raise ValueError(f"{expected}, got a {frame.ndim}-d array of shape {frame.shape}{hint}")
         if frame.shape[2] != 3:
             hints = {1: " (grayscale? use cv2.COLOR_GRAY2BGR)", 4: " (BGRA/BGRx? use cv2.COLOR_BGRA2BGR)"}
-            raise ValueError(f"{expected}, got {frame.shape[2]} channels (shape {frame.shape})"
-                             f"{hints.get(frame.shape[2], '')}")
+            hint = hints.get(frame.shape[2], " (channels first? use frame.transpose(1, 2, 0))"
+                             if frame.shape[0] in (1, 3, 4) else "")
+            raise ValueError(f"{expected}, got {frame.shape[2]} channels (shape {frame.shape}){hint}")
         if frame.dtype != np.uint8:
             raise ValueError(f"{expected}, got dtype {frame.dtype} (shape {frame.shape}); "
                              "pass the uint8 frame as decoded, before any scaling")

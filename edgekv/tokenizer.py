@@ -71,6 +71,17 @@ class ChatLayout:
         return ids + tokenizer.encode("<|im_start|>assistant\n")
 
 
+def check_text(where: str, text: str) -> None:
+    """``ValueError`` naming ``where`` when ``text`` holds a lone UTF-16 surrogate (``"\\ud800"``, from a JSON
+    escape or a broken UTF-16 decode): it has no UTF-8 spelling, so no tokens, and the tokenizer's own
+    ``UnicodeEncodeError`` named no argument."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where}: contains a lone UTF-16 surrogate (\\u{ord(text[exc.start]):04x} at character "
+                         f"{exc.start}): not valid Unicode, so it cannot be tokenized") from None
+
+
 MAX_TURNS = 64  # earlier turns a question may carry (each one's tokens count against the text reserve as well)
 
 
@@ -94,6 +105,7 @@ def conversation(history) -> list[tuple[str, str]]:
         if not isinstance(text, str) or (role == "user" and not text.strip()):
             what = "a user turn's text must be a non-empty" if role == "user" else "an assistant turn's text must be a"
             raise ValueError(f"history[{index}]: {what} string, got {text!r:.80}")
+        check_text(f"history[{index}]", text)
         turns.append((role, text))
     if len(turns) > MAX_TURNS:
         raise ValueError(f"history: {len(turns)} turns, at most {MAX_TURNS}")

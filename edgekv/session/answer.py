@@ -13,7 +13,9 @@ import torch
 
 from edgekv.cache.capped import ChunkMeta, SlotKind
 from edgekv.model.rope import text_position_ids
+from edgekv.session.clock import real_seconds
 from edgekv.session.results import Answer, YesNo
+from edgekv.tokenizer import check_text
 
 YES_WORDS = ("yes", "Yes", " yes", " Yes")
 NO_WORDS = ("no", "No", " no", " No")
@@ -307,6 +309,7 @@ class Answerer:
         s = self.session
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
+        check_text("question", question)
         if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         max_new_tokens = int(max_new_tokens)  # numpy's int64 too
@@ -353,12 +356,15 @@ def checked_window(window) -> tuple[float, float] | None:
         t_from, t_to = window
     except (TypeError, ValueError):
         raise ValueError(f"window: expected (from, to) in stream seconds, got {window!r:.80}") from None
+    seconds = []
     for name, value in (("from", t_from), ("to", t_to)):
-        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(float(value)):
+        second = real_seconds(value)
+        if second is None or not math.isfinite(second):
             raise ValueError(f"window {name}: must be a finite number of seconds, got {value!r:.40}")
-    if t_from > t_to:
-        raise ValueError(f"window: from ({t_from:g}) is after to ({t_to:g})")
-    return float(t_from), float(t_to)
+        seconds.append(second)
+    if seconds[0] > seconds[1]:
+        raise ValueError(f"window: from ({seconds[0]:g}) is after to ({seconds[1]:g})")
+    return seconds[0], seconds[1]
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:

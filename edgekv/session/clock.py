@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 
 log = logging.getLogger("edgekv.session")
@@ -29,6 +30,18 @@ log = logging.getLogger("edgekv.session")
 # Beyond 2**42 s (~139,000 years) float64 timestamps step by more than a millisecond.
 MAX_ABS_SECONDS = 2.0 ** 42
 _LOGGED_JUMPS = 20  # every jump up to this many is logged; after that every 100th (a jittery clock must not flood)
+
+
+def real_seconds(value: object) -> float | None:
+    """``value`` as a float when it is a real number (numpy's float32 / int64 too, never a bool), else None. An int
+    past float64's range (``10**400``, a JSON integer literal) becomes +-float64's largest value instead of
+    ``float()``'s ``OverflowError``, which no caller expecting a ``ValueError`` caught: range checks name it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return sys.float_info.max if value > 0 else -sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -62,9 +75,9 @@ class StreamClock:
         if t is None:
             t = frames / self.fps
         # any real number (numpy's float32 / int64 too, as read from a timestamp array), never a bool
-        if not isinstance(t, numbers.Real) or isinstance(t, bool) or not math.isfinite(float(t)):
+        source = real_seconds(t)
+        if source is None or not math.isfinite(source):
             raise ValueError(f"t={t!r}: a timestamp must be a finite number of seconds")
-        source = float(t)
         if abs(source) > MAX_ABS_SECONDS:
             raise ValueError(f"t={t!r}: timestamps must lie within +-{MAX_ABS_SECONDS:.4g} s (beyond, float64 "
                              f"seconds step by more than a millisecond)")

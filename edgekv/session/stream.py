@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import numbers
 import threading
 import time
 import weakref
@@ -40,10 +39,10 @@ from edgekv.policies.statekv import SinkSelector
 from edgekv.model.rope import rotary_inv_freq
 from edgekv.session import memory
 from edgekv.session.answer import Answerer
-from edgekv.session.clock import StreamClock
+from edgekv.session.clock import StreamClock, real_seconds
 from edgekv.session.ingest import PairIngest
 from edgekv.session.results import Answer, Counters, IngestResult, YesNo
-from edgekv.session.wallclock import WallClock
+from edgekv.session.wallclock import WallClock, checked_unix
 from edgekv.tokenizer import ChatLayout
 
 
@@ -168,9 +167,9 @@ class StreamSession:
     @_between_answers
     def reset(self) -> None:
         """Forget the stream: the cache back to the system prefix (kept: it never changes), counters, clock,
-        positions, the policy's and the sink set's state as at the start. No buffer is allocated or freed
-        except the policy's and sinks' own small state (a session answering about a request's images reuses
-        its cache this way)."""
+        positions, the policy's and the sink set's state as at the start, and (``video.resolution`` null) the grid.
+        No buffer is allocated or freed except the policy's and sinks' own small state (a session answering about a
+        request's images reuses its cache this way)."""
         self.cache.truncate(self.prefix_tokens)
         self.policy = self.runtime.make_policy()
         if self.sinks is not None:
@@ -185,6 +184,8 @@ class StreamSession:
         self.t_offset = self.rebases = 0
         self.next_position = self.video_start
         self.grid = None
+        if self.config.video.resolution is None:  # the grid is the stream's: the next stream's first frame fixes it
+            self.preprocessor = None
 
     # ------------------------------------------------------------------ budget
     @property
@@ -236,20 +237,22 @@ class StreamSession:
         Invalid input raises ``ValueError`` before any state changes, so nothing ingested is lost.
         """
         started = time.perf_counter()
-        if self.preprocessor is None:
-            self.preprocessor = self.runtime.make_preprocessor(frame)
-            self._check_budget()
+        first = self.preprocessor is None  # video.resolution null: this frame fixes the grid, if it is accepted
         try:
+            if first:
+                self.preprocessor = self.runtime.make_preprocessor(frame)
+                self._check_budget()
             self.preprocessor.check_frame(frame)
-            if captured_unix is not None and (isinstance(captured_unix, bool) or not isinstance(
-                    captured_unix, numbers.Real) or not math.isfinite(captured_unix)):
-                raise ValueError(f"captured_unix={captured_unix!r}: a wall time must be a finite number of seconds "
-                                 f"since the epoch")
+            if captured_unix is not None:
+                captured_unix = checked_unix("captured_unix", captured_unix)
             pending = self.ingestor.pending
             stamp = self.clock.check(t, self.counters.frames, pending[1] if pending is not None else None,
                                      self.t_offset, self.temporal_position_limit)
-        except ValueError:
-            self.counters.frames_rejected += 1
+        except BaseException as exc:
+            if first:  # a refused first frame fixes no grid: the next frame chooses it, as if this one never came
+                self.preprocessor = None
+            if isinstance(exc, ValueError):
+                self.counters.frames_rejected += 1
             raise
         result = self.ingestor.frame(frame, stamp, started)
         if captured_unix is not None:
@@ -307,9 +310,10 @@ class StreamSession:
     def forget(self, t_from: float, t_to: float) -> dict:
         """Remove the frame pairs stamped in ``[t_from, t_to]`` (stream seconds) from the cache: their slots gone,
         their bytes zeroed (edgekv/session/memory.py). Returns what was removed."""
-        if not (math.isfinite(t_from) and math.isfinite(t_to)) or t_from > t_to:
+        low, high = real_seconds(t_from), real_seconds(t_to)
+        if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low > high:
             raise ValueError(f"forget: expected a window from <= to, got from={t_from!r} to={t_to!r}")
-        pairs, slots = memory.forget(self, float(t_from), float(t_to))
+        pairs, slots = memory.forget(self, low, high)
         self.counters.extra["pairs_forgotten"] = self.counters.extra.get("pairs_forgotten", 0) + len(pairs)
         return {"pairs": pairs, "slots": slots, "cache_tokens": self.cache.length}
 

@@ -28,6 +28,8 @@ import bisect
 import math
 import time
 
+from edgekv.session.clock import MAX_ABS_SECONDS, real_seconds
+
 TOLERANCE_S = 1.0   # a frame whose wall offset differs by more than this from the current anchor starts a new one
 # The oldest are dropped beyond this (their stretch of the stream loses its wall times). A clock slewed by NTP at its
 # 500 ppm limit adds one a 2,000 s, so 1,024 hold weeks; they stay within the ~46 KB of a snapshot's manifest that
@@ -41,6 +43,18 @@ def _start(anchor: tuple[float, float | None]) -> float:
 
 class NothingSeen(ValueError):
     """A wall-clock window in which the stream saw nothing (the device was off, paused, or not yet started)."""
+
+
+def checked_unix(name: str, value: object) -> float:
+    """``value`` as a wall time (seconds since the epoch), or ``ValueError`` naming ``name``: a real number within
+    +-``MAX_ABS_SECONDS`` (year +-141,000). A wall time of 1e300 was once kept, and every later question by the
+    wall clock failed formatting a date of it (``OverflowError`` from ``time.localtime``)."""
+    unix = real_seconds(value)
+    if unix is None or not math.isfinite(unix):
+        raise ValueError(f"{name}={value!r}: a wall time must be a finite number of seconds since the epoch")
+    if abs(unix) > MAX_ABS_SECONDS:
+        raise ValueError(f"{name}={value!r}: a wall time must lie within +-{MAX_ABS_SECONDS:.4g} s of the epoch")
+    return unix
 
 
 def describe_unix(unix: float) -> str:
@@ -58,10 +72,7 @@ class WallClock:
 
     def observe(self, stream_t: float, unix: float) -> None:
         """A frame at stream time ``stream_t`` was captured at wall time ``unix`` (seconds since the epoch)."""
-        if isinstance(unix, bool) or not isinstance(unix, (int, float)) or not math.isfinite(unix):
-            raise ValueError(f"captured_unix={unix!r}: a wall time must be a finite number of seconds since the "
-                             f"epoch")
-        offset = float(unix) - float(stream_t)
+        offset = checked_unix("captured_unix", unix) - float(stream_t)
         if self.anchors and self.anchors[-1][1] is not None and abs(offset - self.anchors[-1][1]) <= TOLERANCE_S:
             return
         self._anchor(stream_t, offset)
@@ -99,10 +110,7 @@ class WallClock:
         ``last_t``, the newest frame's stream time), in stream order: none when nothing was seen then, several when
         the wall clock was set back in between (it lived that time twice). ``ValueError`` for a window that is no
         window, or a stream whose frames have no wall time at all."""
-        for name, value in (("from", unix_from), ("to", unix_to)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{name}: a wall time must be a finite number of seconds since the epoch, "
-                                 f"got {value!r}")
+        unix_from, unix_to = checked_unix("from", unix_from), checked_unix("to", unix_to)
         if unix_from > unix_to:
             raise ValueError(f"from ({describe_unix(unix_from)}) is after to ({describe_unix(unix_to)})")
         if not self._known() or last_t is None:
