@@ -20,6 +20,7 @@ import re
 import time
 
 from edgekv.apps.questions import printable
+from edgekv.seconds import real_seconds
 
 _TIME_OF_DAY = re.compile(r"^\d{1,2}:\d{2}(:\d{2}(\.\d{1,6})?)?$")
 MAX_TEXT = 64
@@ -51,7 +52,8 @@ def parse_wall_time(text: str, now: float | None = None, after: float | None = N
             moment = at if at.timestamp() >= after else at + dt.timedelta(days=1)
         return moment.timestamp()
     try:
-        moment = dt.datetime.fromisoformat(text.replace("z", "Z"))
+        # a final Z is +00:00: Python 3.10's fromisoformat (JetPack 6's Python) refuses the letter
+        moment = dt.datetime.fromisoformat(re.sub(r"[zZ]$", "+00:00", text))
     except ValueError:
         raise ValueError(f"{text!r}: not a wall time: give an ISO 8601 date and time (2026-12-04T10:03:00+01:00; "
                          f"without an offset, local time) or a time of day (10:03)") from None
@@ -69,10 +71,11 @@ def wall_or_stream(name: str, value, now: float | None = None, after: float | No
             return "wall", parse_wall_time(value, now=now, after=after)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    seconds = real_seconds(value) if isinstance(value, (int, float)) else None  # a JSON integer of 400 digits too
+    if seconds is None or not math.isfinite(seconds):
         raise ValueError(f"{name}: expected stream seconds (a finite number) or a wall time (a string such as "
                          f"\"10:03\" or \"2026-12-04T10:03:00+01:00\"), got {printable(repr(value), 40)}")
-    return "stream", float(value)
+    return "stream", seconds
 
 
 MAX_WRAPPED_FORGET_S = 12 * 3600.0
@@ -126,14 +129,15 @@ def forget_request(body) -> dict:
                           f"last_s", param=str(unknown[0]))
     last_s = body.get("last_s")
     if "last_s" in body:
-        if isinstance(last_s, bool) or not isinstance(last_s, (int, float)) or not math.isfinite(last_s):
+        seconds = real_seconds(last_s) if isinstance(last_s, (int, float)) else None
+        if seconds is None or not math.isfinite(seconds):
             raise WindowError(f"last_s: must be a finite number of seconds, got {printable(repr(last_s), 60)}",
                               param="last_s")
         if "from" in body or "to" in body:
             raise WindowError("give either from and to, or last_s, not both", param="last_s")
-        if not last_s > 0:
-            raise WindowError(f"last_s: must be > 0, got {last_s!r}", param="last_s")
-        return {"last_s": float(last_s)}
+        if not seconds > 0:
+            raise WindowError(f"last_s: must be > 0, got {printable(repr(last_s), 60)}", param="last_s")
+        return {"last_s": seconds}
     if body.get("from") is None or body.get("to") is None:
         raise WindowError("from and to are required (stream seconds, or wall times such as \"10:03\" or "
                           "\"2026-12-04T10:03:00+01:00\"; from <= to), or last_s", param="from")

@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
-from helpers_server import ended_daemon
+from helpers_server import call, ended_daemon
 
 import edgekv
 from edgekv.session.wallclock import MAX_ANCHORS, TOLERANCE_S, NothingSeen, WallClock
@@ -440,3 +441,21 @@ def test_forgetting_the_last_seconds_goes_by_the_wall_clock(tiny_checkpoint, tmp
         daemon.backlog.push(frame, 20_000.0, None, bounded=False)
         daemon.forget(daemon._stream_time(10_000.0) - 1, daemon._stream_time(10_000.0) + 1)
         assert len(daemon.backlog) == 1 and daemon.backlog.pop()[1] == 20_000.0
+        # "the last 10**400 s" (a JSON integer past float64): all of it, not a 500 from OverflowError
+        status, _, body = call(daemon.server.port, "POST", "/v1/memory/forget", raw=b'{"last_s": 1' + b"0" * 400 + b"}")
+        assert status == 200 and json.loads(body)["pairs"] == len(held) - len(gone) and not session.pair_times, body
+
+
+def test_numbers_past_float64_in_a_window_are_refused_or_read_not_an_overflow():
+    """A window bound or ``last_s`` written as a 401-digit JSON integer: ``math.isfinite`` raised OverflowError
+    (HTTP 500; on the fleet, an exception in the MQTT client's thread). Now read as float64's largest value."""
+    from edgekv.apps.outputs.mqtt import _finite_or_none
+    from edgekv.apps.wall_times import WindowError, forget_request, window_bounds
+
+    huge = 10**400
+    assert forget_request({"last_s": huge}) == {"last_s": sys.float_info.max}
+    assert forget_request({"from": 0, "to": huge}) == {"t_from": 0.0, "t_to": sys.float_info.max}
+    assert window_bounds(-huge, 5) == ("stream", -sys.float_info.max, 5.0)
+    with pytest.raises(WindowError, match="last_s: must be > 0"):
+        forget_request({"last_s": -huge})
+    assert _finite_or_none(huge) == sys.float_info.max and _finite_or_none(float("nan")) is None

@@ -61,6 +61,7 @@ from edgekv.apps.daemon.startup import (
 from edgekv.apps.daemon.systemd import Heartbeat, Watchdog, notify_systemd
 from edgekv.config import EdgeKVConfig, load_config
 from edgekv.apps.wall_times import wall_text
+from edgekv.seconds import MAX_ABS_SECONDS, real_seconds
 
 log = logging.getLogger("edgekv.daemon")
 STOP_BUDGET_S = 8.0  # shutdown after the current step; systemd's TimeoutStopSec is 20 s (jetson/edgekv-camera.service)
@@ -788,14 +789,17 @@ class Daemon:
         between: forgetting both is the side a wearer asking to forget takes), nothing where nothing was seen."""
         with self.lock:
             now = self.session.clock.last_t
+            if last_s is not None:
+                seconds = real_seconds(last_s)
+                if seconds is None or not math.isfinite(seconds) or not seconds > 0:
+                    raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r:.60}")
+                last_s = seconds
             if unix is None and last_s is not None and now is not None and self.session.wall_time(now) is not None:
                 # A live stream: the last seconds by the clock on the wall, as the person asking means them. By the
                 # stream's own clock a camera that went dark (or was paused) an hour ago lost its last minutes
                 # before that, and kept nothing less for it.
-                if not (isinstance(last_s, (int, float)) and math.isfinite(last_s) and last_s > 0):
-                    raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r}")
                 wall_now = self.wall_clock()
-                unix = (wall_now - float(last_s), wall_now)
+                unix = (max(wall_now - last_s, -MAX_ABS_SECONDS), wall_now)  # "the last 10**9 s": all of it
             if unix is not None:
                 stretches = self.session.wall_stretches(*unix)
                 self._forget_backlog(unix=unix)
@@ -807,10 +811,8 @@ class Daemon:
                             "archive": None, "note": note, "wall": {"from": unix[0], "to": unix[1]}}
             else:
                 if last_s is not None:
-                    if not (isinstance(last_s, (int, float)) and math.isfinite(last_s) and last_s > 0):
-                        raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r}")
                     t_to = now if now is not None else 0.0  # nothing is ingested while the lock is held
-                    t_from = t_to - float(last_s)
+                    t_from = t_to - last_s
                 if t_from is None or t_to is None:
                     raise ValueError("forget: give from and to (stream seconds), or last_s")
                 stretches = [(t_from, t_to)]

@@ -81,6 +81,7 @@ from edgekv.apps.outputs.alerts import AlertEvent
 from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, QuestionRefused, printable
 from edgekv.apps.wall_times import cli_window, wall_text, window_bounds
 from edgekv.config import FleetSection, broker_address
+from edgekv.seconds import real_seconds
 
 log = logging.getLogger("edgekv.fleet")
 PACKET_HEADROOM = 65536     # topic names and properties beside a payload
@@ -225,7 +226,7 @@ def parse_request(payload: bytes, properties, max_bytes: int, max_new_tokens: in
         raise FleetMessageError("malformed", f"frame: expected true or false, got {printable(repr(frame), 60)}")
     correlation = getattr(properties, "CorrelationData", None)
     return FleetRequest(question, tokens, response_topic, bytes(correlation) if correlation is not None else None,
-                        camera, float(last_s) if last_s is not None else None, _wall_window(body), frame)
+                        camera, real_seconds(last_s) if last_s is not None else None, _wall_window(body), frame)
 
 
 def _wall_window(body: dict) -> tuple[float, float] | None:
@@ -1308,9 +1309,8 @@ def _pair_or_none(value) -> int | None:
 
 def _finite_or_none(value) -> float | None:
     """A number from a device's answer, or None for anything else (a device's reply is not trusted blindly)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    number = real_seconds(value) if isinstance(value, (int, float)) else None  # 10**400 too: no OverflowError
+    return number if number is not None and math.isfinite(number) else None
 
 
 def fleet_wall_window(args) -> tuple[str, str] | None:

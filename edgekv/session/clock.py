@@ -21,27 +21,13 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
-import sys
 from dataclasses import dataclass
+
+from edgekv.seconds import MAX_ABS_SECONDS, real_seconds
 
 log = logging.getLogger("edgekv.session")
 
-# Beyond 2**42 s (~139,000 years) float64 timestamps step by more than a millisecond.
-MAX_ABS_SECONDS = 2.0 ** 42
 _LOGGED_JUMPS = 20  # every jump up to this many is logged; after that every 100th (a jittery clock must not flood)
-
-
-def real_seconds(value: object) -> float | None:
-    """``value`` as a float when it is a real number (numpy's float32 / int64 too, never a bool), else None. An int
-    past float64's range (``10**400``, a JSON integer literal) becomes +-float64's largest value instead of
-    ``float()``'s ``OverflowError``, which no caller expecting a ``ValueError`` caught: range checks name it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    try:
-        return float(value)
-    except OverflowError:
-        return sys.float_info.max if value > 0 else -sys.float_info.max
 
 
 @dataclass(frozen=True)
