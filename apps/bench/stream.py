@@ -61,7 +61,7 @@ issue 32 (3B shape, 448x448 = 256 tokens per pair, M = 6144, StateKV B = 1024 vs
 def add_stream_arguments(stream: argparse.ArgumentParser) -> None:
     from edgekv.config import POLICIES
 
-    stream.add_argument("--model", help="checkpoint dir (default: a fresh tiny random checkpoint)")
+    stream.add_argument("--model", help="checkpoint dir or builtin:toy (default: a fresh tiny random checkpoint)")
     stream.add_argument("--frames", type=int, default=600, help="video frames to ingest (pairs = frames / 2)")
     stream.add_argument("--policy", default="infinipot_v",
                         help=f"comma-separated cache policies to run, from: {', '.join(POLICIES)}")
@@ -651,8 +651,10 @@ def run_stream(args: argparse.Namespace) -> int:
         from edgekv.threads import apply_threads
 
         apply_threads(args.threads)
-    if args.model:
-        model_dir = Path(args.model)
+    if args.model:  # builtin:toy too: the transformers side reads the folder itself
+        from edgekv.model.builtin import resolve_model_path
+
+        model_dir = Path(resolve_model_path(args.model))
     else:
         from edgekv.model.tiny import make_tiny_checkpoint
 

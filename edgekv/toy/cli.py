@@ -154,7 +154,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --vision-steps 0: keep the tower as --init has it (default: trained with the "
                              "answers)")
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
-                        help="draw batches in the training process instead of one step ahead in a worker process")
+                        help="draw batches in the training process instead of one step ahead in a worker process "
+                             "(prefetch without it: %(default)s)")
     parser.add_argument("--device", default="cpu",
                         help="where the model trains: cpu, cuda or cuda:N (batches are drawn on the host)")
     parser.add_argument("--fp32-products", action="store_true",
