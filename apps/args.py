@@ -8,19 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from edgekv.helpformat import HelpFormatter  # noqa: F401 (the apps import it from here)
 from edgekv.threads import threads_argument
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default when it has a meaningful one (not None, False or an empty list)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if ("%(default)" not in text and default not in (None, False, [], argparse.SUPPRESS)
-                and action.option_strings and action.nargs != 0):
-            text += " (default: %(default)s)"
-        return text
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, model_positional: bool) -> None:

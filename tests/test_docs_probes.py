@@ -5,6 +5,7 @@ Each test here came from a line of README.md or docs/ that did not do what it sa
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from edgekv.apps.cli import main
@@ -70,3 +71,28 @@ def test_the_configuration_page_names_every_key_with_its_default():
     assert sorted(set(expected) - set(written)) == [], "keys the page lacks"
     assert sorted(set(written) - set(expected)) == [], "keys the page names that the config does not have"
     assert {k: v for k, v in written.items() if v != expected[k]} == {}, "defaults the page gets wrong"
+
+
+def test_no_help_text_says_its_default_twice_or_as_python():
+    """``edgekv train-toy --help`` printed "(default 1,2,3) (default: None)" and ``eval needle --help``
+    "(default: (2000,))": the library's commands used argparse's own formatter. Every command's help, and each
+    subcommand of ``bench`` and ``eval``, now goes through edgekv's."""
+    import re
+
+    from edgekv.apps.cli import COMMANDS, build_parser
+
+    def helps(name: str) -> list[str]:
+        """The command's help, and each of its subcommands' (bench's, eval's)."""
+        (action,) = [a for a in build_parser([name])._actions if isinstance(a, argparse._SubParsersAction)]
+        command = action.choices[name]
+        texts = [command.format_help()]
+        for inner in [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]:
+            texts += [choice.format_help() for choice in inner.choices.values()]
+        return texts
+
+    texts = [text for name in COMMANDS for text in helps(name)]
+    assert len(texts) > len(COMMANDS)  # bench's and eval's subcommands too
+    for text in texts:
+        flat = " ".join(text.split())
+        assert "(default: None)" not in flat and not re.search(r"\(default: [(\[]", flat), flat[:200]
+        assert not re.search(r"\(default [^()]*\) \(default: ", flat), flat[:200]

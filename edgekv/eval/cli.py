@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from edgekv.helpformat import HelpFormatter
 from edgekv.threads import threads_argument
 
 ALL_POLICIES = ("full", "sliding_window", "uniform_frames", "sink_recent", "tar", "van", "infinipot_v",
@@ -84,7 +85,7 @@ def _lure_looks(args: argparse.Namespace, problems: list[str]) -> tuple[str | tu
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval", required=True)
     needle = sub.add_parser(
-        "needle", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "needle", formatter_class=HelpFormatter,
         help="toy-model answer accuracy per cache policy x cap x stream length x event age (JSON + PNG)")
     needle.add_argument("--model", default="builtin:toy",
                         help="a toy checkpoint dir (builtin:toy = the shipped one; builtin:toy-224 its 224 x 224 "
@@ -153,7 +154,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     needle.set_defaults(run=_run_needle)
 
     compare = sub.add_parser(
-        "compare", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "compare", formatter_class=HelpFormatter,
         help="two needle runs on the same streams, question by question: both accuracies per cap, the paired "
              "difference with its 95 %% interval, McNemar's exact p and per-stream better / worse counts")
     compare.add_argument("a", metavar="A", help="an `eval needle --json` file, or FILE@POLICY when it holds several "
@@ -163,7 +164,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     compare.set_defaults(run=_run_compare)
 
     merge = sub.add_parser(
-        "merge", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "merge", formatter_class=HelpFormatter,
         help="needle runs made in parts on the same streams (e.g. one policy a process) as one result: each "
              "question's full-cache ceiling shared by every part, the summary, frontier and figure made anew")
     merge.add_argument("parts", metavar="PART", nargs="+", help="`eval needle --json` files of the same streams")
@@ -174,13 +175,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     from edgekv.eval.toy_accuracy import add_toy_arguments
 
     add_toy_arguments(sub.add_parser(
-        "toy", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "toy", formatter_class=HelpFormatter,
         help="the toy model's accuracy per question family on the fixed held-out set (full cache)"))
 
     from edgekv.eval.videoqa import add_videoqa_arguments
 
     add_videoqa_arguments(sub.add_parser(
-        "videoqa", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "videoqa", formatter_class=HelpFormatter,
         help="accuracy of real Qwen2.5-VL weights on MLVU, Video-MME (after each video) or OVO-Bench, "
              "StreamingBench, RVS-Ego/Movie (questions at their timestamps while the video streams); local files"))
 

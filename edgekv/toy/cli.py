@@ -6,11 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
+from edgekv.helpformat import HelpFormatter
 from edgekv.threads import threads_argument
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.formatter_class = HelpFormatter
     parser.add_argument("out_dir", metavar="OUT_DIR", help="where the checkpoint is written")
     parser.add_argument("--steps", type=int, default=4000, help="question-answering optimizer steps")
     parser.add_argument("--vision-steps", type=int, default=2000,
