@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import types
 import typing
@@ -1167,16 +1168,20 @@ def _coerce(hint: Any, value: Any, at: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{at}: expected true or false, got {value!r} ({type(value).__name__})")
         return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+    if hint is int:  # numpy's integers too (a dict built from arrays, from_config's), kept as Python's int
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise ConfigError(f"{at}: expected an integer, got {value!r} ({type(value).__name__})")
-        return value
+        return int(value)
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ConfigError(f"{at}: expected a number, got {value!r} ({type(value).__name__})")
-        if not math.isfinite(value):  # YAML's .inf passed "> 0" checks, then int(inf) raised far from the config
-            raise ConfigError(f"{at}: expected a finite number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of 400 digits: float() raised, a traceback
+            number = math.inf
+        if not math.isfinite(number):  # YAML's .inf passed "> 0" checks, then int(inf) raised far from the config
+            raise ConfigError(f"{at}: expected a finite number, got {value!r:.60}")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{at}: expected a string, got {value!r} ({type(value).__name__})")

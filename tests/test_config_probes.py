@@ -155,3 +155,17 @@ def test_every_command_takes_version(command, capsys):
         cli_main([command, "--version"])
     assert exit.value.code == 0
     assert capsys.readouterr().out.strip() == f"edgekv {__version__}"
+
+
+def test_numpy_numbers_are_taken_and_a_400_digit_number_is_refused_by_name():
+    """A config dict built from arrays (numpy's int64 / float32) was refused ("expected an integer, got 4000 (int64)");
+    a 400-digit integer for a float key was an OverflowError traceback."""
+    import numpy as np
+
+    config = config_from_dict({"cache": {"max_tokens": np.int64(4000)}, "video": {"fps": np.float32(2.0)}})
+    assert config.cache.max_tokens == 4000 and type(config.cache.max_tokens) is int
+    assert config.video.fps == 2.0 and type(config.video.fps) is float
+    with pytest.raises(ConfigError, match=r"video\.fps: expected a finite number"):
+        config_from_dict({"video": {"fps": 10**400}})
+    with pytest.raises(ConfigError, match=r"cache\.max_tokens: expected an integer"):
+        config_from_dict({"cache": {"max_tokens": np.float64(4000)}})

@@ -158,3 +158,13 @@ def test_save_to_a_folder_is_refused_before_writing(runtime, tmp_path):
         session.save(tmp_path)
     assert list(tmp_path.parent.glob(f".{tmp_path.name}.tmp-*")) == []
     assert session.save(tmp_path / "s.snap").frames == 3
+
+
+def test_recall_must_be_a_bool(runtime):
+    """``ask(recall="no")`` was truthy: a session with an archive recalled, one without said it needs an archive."""
+    session = _session(runtime, frames=2)
+    for recall in ("no", 0, 1):
+        with pytest.raises(ValueError, match="recall must be True, False or None"):
+            session.ask("What?", max_new_tokens=2, recall=recall)
+    assert session.ask("What?", max_new_tokens=2, recall=np.False_).text == session.ask(
+        "What?", max_new_tokens=2, recall=False).text

@@ -9,6 +9,7 @@ import math
 import numbers
 import time
 
+import numpy as np
 import torch
 
 from edgekv.cache.capped import ChunkMeta, SlotKind
@@ -125,6 +126,9 @@ class Answerer:
         top_p = gen.top_p if top_p is None else top_p
         if recall is None:
             recall = s.recall is not None and s.config.archive.recall
+        if not isinstance(recall, (bool, np.bool_)):  # recall="no" was truthy: recall on
+            raise ValueError(f"recall must be True, False or None, got {recall!r:.40}")
+        recall = bool(recall)
         if recall and s.recall is None:
             raise ValueError("recall=True needs an archive: set archive.dir in the config")
         if not isinstance(evidence, numbers.Integral) or isinstance(evidence, bool) or evidence < 0:
