@@ -376,5 +376,6 @@ class CameraSet:
             for thread in self._threads:
                 thread.join(60)
             for daemon in [*list(self.daemons.values())[1:], self.first]:  # the server goes last
+                daemon.stop.signal_name = self.stop.signal_name  # the signal came to this set's flag: each says it
                 daemon.shutdown()
         return max(daemon.exit_code for daemon in self.daemons.values())  # 3: a camera hung (all restart)

@@ -134,6 +134,8 @@ class Daemon:
         self.certificate = None  # what HTTPS serves (apps/server/tls.py), for the start-up line
         self.voice = None
         self.forgotten_at: float | None = None  # wall time of the last forget: no conversation reaches across it
+        self._history_lock = threading.Lock()  # the history and forgotten_at change together (forget, _finish)
+        self._read_under: dict[int, float | None] = {}  # question id -> forgotten_at when its answer was read
         self.speaker = None  # Speaker: answers spoken aloud (voice.speak, --speak-wav)
         self.speaker_is_shared = False  # several cameras: the first camera's speaker (it closes it)
         self.speech_name: str | None = None  # several cameras: said before each spoken answer ("back: ...")
@@ -189,13 +191,19 @@ class Daemon:
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
         return cls(load_config(args.config), args)
 
+    _say_lock = threading.Lock()  # every daemon's lines in this process, each written whole
+
     def say(self, text: str) -> None:
-        """Print a line; text the output's encoding cannot carry is escaped, never an exception."""
-        try:
-            print(text, file=self.out, flush=True)
-        except UnicodeEncodeError:
-            encoding = getattr(self.out, "encoding", None) or "ascii"
-            print(text.encode(encoding, "backslashreplace").decode(encoding), file=self.out, flush=True)
+        """Print a line; text the output's encoding cannot carry is escaped, never an exception. The line and its
+        newline go out in one write under a lock: ``print`` wrote them apart, and a forget said from the HTTP
+        thread while the main loop said SIGTERM's line printed "...older removedSIGTERM: finishing..." as one."""
+        with self._say_lock:
+            try:
+                self.out.write(text + "\n")
+            except UnicodeEncodeError:
+                encoding = getattr(self.out, "encoding", None) or "ascii"
+                self.out.write(text.encode(encoding, "backslashreplace").decode(encoding) + "\n")
+            self.out.flush()
 
     # ------------------------------------------------------------------ questions in
     def submit(self, question: Question, timeout: float | None = None) -> None:
@@ -786,8 +794,12 @@ class Daemon:
         camera gone dark or paused loses nothing it saw before; by the stream clock for a recording read as fast as
         it goes); ``unix``: what was seen between two wall times (this
         camera's wall-clock map) — every stretch of it where the wall clock lived that time twice (set back in
-        between: forgetting both is the side a wearer asking to forget takes), nothing where nothing was seen."""
+        between: forgetting both is the side a wearer asking to forget takes), nothing where nothing was seen.
+        Refused with ``DaemonStopping`` (HTTP 503) once the daemon shuts down."""
         with self.lock:
+            if self._closed:  # shutting down: the final snapshot is written, or waits for this lock, then state.dir
+                # is let go; a forget after it would rewrite the snapshots and the archive as they are being closed
+                raise DaemonStopping("the daemon is shutting down: nothing was forgotten; ask again once it is back")
             now = self.session.clock.last_t
             if last_s is not None:
                 seconds = real_seconds(last_s)
@@ -830,11 +842,12 @@ class Daemon:
                 failed.append(f"snapshots: {exc}")
                 snapshots = {"snapshot": None, "removed": []}
             # the answers given so far (the status page's recent questions): any of them may tell of the window
-            self.history.clear()
-            telemetry = getattr(self.server, "telemetry", None)
-            if telemetry is not None:
-                telemetry.answered.clear()
-            self.forgotten_at = time.time()
+            with self._history_lock:
+                self.history.clear()
+                telemetry = getattr(self.server, "telemetry", None)
+                if telemetry is not None:
+                    telemetry.answered.clear()
+                self.forgotten_at = time.time()
             if self.voice is not None:  # the spoken questions heard and their answers (a follow-up's conversation)
                 self.voice.forget_conversation()
         t_from, t_to = stretches[0][0], stretches[-1][1]
@@ -1204,6 +1217,7 @@ class Daemon:
             if question.cancelled.is_set():
                 raise AnswerCancelled
             with self.lock:
+                self._read_under[question.id] = self.forgotten_at  # no forget runs while this answer reads
                 if question.images:
                     question.answer = self._answer_images(question, on_token)
                 else:
@@ -1242,7 +1256,10 @@ class Daemon:
         """The question is answered (or refused): record it, print it, wake whoever waits for it."""
         self.stall.progressed()
         question.answered_at = time.time()
-        self._record(question)
+        read_under = self._read_under.pop(question.id, self.forgotten_at)
+        with self._history_lock:  # an answer read before a forget may tell of its window: not kept after it
+            if read_under == self.forgotten_at:
+                self._record(question)
         self.say(format_answer(question, self.config.privacy.logs_text()))
         if self.quiz is not None and question.source == "quiz":
             self.say(self.quiz.grade(question))

@@ -15,7 +15,8 @@ stream hold every camera's.
 The SSE stream is an output like the webhooks: each client has a bounded queue (``alerts.queue``) filled from
 the daemon's thread with ``call_soon_threadsafe``; a slow client loses its oldest waiting alerts (each stream
 says how many in a ``dropped`` field), never the daemon's time. A comment line every 15 s keeps proxies from
-closing an idle stream.
+closing an idle stream. When the server stops, each stream ends (``end_streams``): uvicorn waited its graceful
+timeout for streams that never end, then cancelled them, with a traceback for each in the daemon's log.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class AlertRequest(BaseModel):
 
 
 class _SseClient:
-    """One SSE stream's queue, fed from any thread."""
+    """One SSE stream's queue, fed from any thread; ``END`` offered ends the stream."""
+
+    END = None
 
     def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
         self.loop, self.capacity = loop, capacity
@@ -69,6 +72,17 @@ class _SseClient:
             self.items.get_nowait()
             self.dropped += 1
         self.items.put_nowait(event)
+
+
+def end_streams(daemon: Any) -> int:
+    """End every open ``/v1/alerts/stream`` (any thread; the server is stopping): each sends what it holds and
+    closes. Returns how many were told."""
+    cameras = getattr(daemon, "cameras", None) or {None: daemon}
+    clients = {id(sink): sink for d in cameras.values() if getattr(d, "alert_bus", None) is not None
+               for sink in list(d.alert_bus.sinks) if isinstance(sink, _SseClient)}  # one client is on every bus
+    for client in clients.values():
+        client.offer(_SseClient.END)
+    return len(clients)
 
 
 def router(api: Api) -> APIRouter:
@@ -174,6 +188,8 @@ def router(api: Api) -> APIRouter:
                             return
                         yield ": keep-alive\n\n"
                         continue
+                    if event is _SseClient.END:  # the server stops
+                        return
                     payload: dict[str, Any] = event.to_json("url")
                     payload["dropped"] = client.dropped
                     yield f"event: alert\nid: {event.id}\ndata: {json.dumps(payload)}\n\n"

@@ -187,6 +187,7 @@ class ApiServer:
 
         cfg = daemon.config.server
         self.config = cfg
+        self.daemon = daemon
         self.telemetry = Telemetry(daemon)
         tls = None
         if cfg.tls():  # HTTPS, its handshake done by the protocol under the connection limits (apps/server/tls.py)
@@ -252,6 +253,7 @@ class ApiServer:
         return info
 
     def stop(self) -> None:
+        alerts.end_streams(self.daemon)  # streams that never end would hold the graceful shutdown to its timeout
         self.server.should_exit = True
         if self.thread.is_alive():
             self.thread.join(timeout=5)

@@ -21,6 +21,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from edgekv.apps.controls import every_camera, forget_every, pause_every, privacy_state, resume_every
+from edgekv.apps.questions import QuestionRefused
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError, safe_text
 from edgekv.apps.wall_times import WindowError, forget_request
@@ -73,6 +74,9 @@ def router(api: Api) -> APIRouter:
                 None, lambda: forget_every(daemon, **window))
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
+        except QuestionRefused as exc:  # shutting down: nothing was forgotten (a 500 "internal error" before)
+            raise ApiError(503, safe_text(str(exc), 300), kind="server_error", code="server_unavailable",
+                           headers={"retry-after": "1"}) from None
         except OSError as exc:  # a snapshot or archive rewrite failed: the cache is clean, the files are not yet
             raise ApiError(500, f"the window was removed from the live cache but not from every file: {exc}",
                            kind="server_error", code="forget_incomplete") from None
