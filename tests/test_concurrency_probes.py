@@ -187,3 +187,24 @@ def test_each_camera_says_the_signal_that_stops_it(tmp_path):
     said = (tmp_path / "out.txt").read_text()
     for name in ("front", "back"):
         assert f"[{name}] SIGTERM: finishing the current step and shutting down" in said, said
+
+
+def test_a_ros2_forget_reaching_a_stopping_daemon_is_answered_and_the_channel_goes_on():
+    """A forget on /edgekv/input_forget while the daemon stops: ``Daemon.forget`` refuses (DaemonStopping). The
+    channel caught only ValueError and OSError, so the refusal ended its thread, with no reply to the robot."""
+    from edgekv.apps.outputs.ros2 import Ros2Channel
+    from edgekv.apps.questions import DaemonStopping
+
+    class Stopping:
+        def forget(self, **window):
+            raise DaemonStopping("the daemon is shutting down: nothing was forgotten; ask again once it is back")
+
+    channel = object.__new__(Ros2Channel)  # the forget step alone: no DDS graph
+    channel.daemon, channel.forget_out = Stopping(), "forget_result"
+    channel.counts = {"forgets": 0, "forgets_refused": 0}
+    sent = []
+    channel._publish = lambda topic, text: sent.append((topic, text))
+    channel._forget({"last_s": 5.0})
+    assert channel.counts == {"forgets": 0, "forgets_refused": 1}
+    ((topic, text),) = sent
+    assert topic == "forget_result" and json.loads(text)["error"].startswith("the daemon is shutting down")

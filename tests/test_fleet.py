@@ -696,6 +696,30 @@ def test_a_forget_that_fails_unexpectedly_is_answered_and_the_next_is_still_carr
     assert second.error is None and second.raw["result"]["pairs"] > 0 and len(calls) == 2
 
 
+def test_a_forget_reaching_a_stopping_device_is_answered_as_such(broker, fleet):
+    """``Daemon.forget`` refuses once the daemon stops (DaemonStopping): the fleet logged a traceback and answered
+    "forget failed"; the asker now hears that nothing was forgotten, and the next forget runs."""
+    from edgekv.apps.outputs.mqtt import forget_fleet
+    from edgekv.apps.questions import DaemonStopping
+
+    agent, host = fleet.add(broker.url, "cam-red", accept_forget=True)
+    assert until(lambda: agent.connected.is_set())
+    real, calls = host.forget, []
+
+    def stopping_once(**window):
+        calls.append(window)
+        if len(calls) == 1:
+            raise DaemonStopping("the daemon is shutting down: nothing was forgotten; ask again once it is back")
+        return real(**window)
+
+    host.forget = stopping_once
+    (first,) = forget_fleet(broker.url, timeout_s=60, last_s=2).answers
+    assert first.error == "the daemon is shutting down: nothing was forgotten; ask again once it is back"
+    assert agent.counts["forgets_refused"] == 1
+    (second,) = forget_fleet(broker.url, timeout_s=60, last_s=2).answers
+    assert second.error is None and len(calls) == 2
+
+
 def test_a_deeply_nested_fleet_question_is_refused_and_the_device_goes_on_answering(broker, fleet):
     """A request nested deeper than Python's JSON decoder recurses (small enough for max_payload_bytes) raised
     RecursionError inside paho's callback, which ended the agent's network thread: the device went deaf."""

@@ -768,6 +768,9 @@ class FleetAgent:
             except (ValueError, OSError) as exc:  # a window its clock cannot read; a file it could not rewrite
                 self.counts["forgets_refused"] += 1
                 body["error"] = printable(f"{'forget incomplete: ' if isinstance(exc, OSError) else ''}{exc}", 400)
+            except QuestionRefused as exc:  # the daemon is stopping: nothing was forgotten, said as it is
+                self.counts["forgets_refused"] += 1
+                body["error"] = printable(str(exc), 400)
             except Exception as exc:  # anything else: said to the asker, and this thread goes on with the next
                 log.exception("fleet: forget %s on %s failed", request.window, host.camera)
                 self.counts["forgets_refused"] += 1

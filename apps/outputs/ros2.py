@@ -294,6 +294,10 @@ class Ros2Channel:
             self.counts["forgets_refused"] += 1
             self._publish(self.forget_out, json.dumps({"error": f"forget incomplete: {exc}"}))
             return
+        except QuestionRefused as exc:  # the daemon is stopping: nothing was forgotten (it ended this thread)
+            self.counts["forgets_refused"] += 1
+            self._publish(self.forget_out, json.dumps({"error": str(exc)}))
+            return
         self.counts["forgets"] += 1
         self._publish(self.forget_out, json.dumps(result, default=str))
 
