@@ -560,13 +560,16 @@ def test_readme_one_shot_demo_exits_by_itself(tiny_checkpoint, tmp_path):
     assert "Q [cli]: What is moving in the video?\nA: " in proc.stdout and "frames 8 (4 pairs)" in proc.stdout
 
 
-@pytest.mark.parametrize("reserve, noted", [(96, False), (320, True)])
-def test_the_start_line_says_how_the_cap_is_shared(tiny_checkpoint, reserve, noted):
+@pytest.mark.parametrize("reserve, noted, answer", [(96, False, 8), (320, True, 8), (96, False, 80)])
+def test_the_start_line_says_how_the_cap_is_shared(tiny_checkpoint, reserve, noted, answer):
     """``--max-tokens 640`` with the default 512-token text reserve left the video 8 frame pairs, and the start-up
     line said only "cache cap 640 tokens". It now says the video's room, the pairs it holds at video.resolution and
-    the reserve; and a note where the reserves take most of the cap."""
+    the reserve; and a note where the reserves take most of the cap. And one where an answer of
+    ``generation.max_new_tokens`` leaves the reserve no room for a question: once the cache filled, every question
+    without its own max_tokens was refused, and nothing said so at the start."""
     config = _config(tiny_checkpoint).with_overrides(
-        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=8"}, cache={"text_reserve_tokens": reserve})
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=8"}, cache={"text_reserve_tokens": reserve},
+        generation={"max_new_tokens": answer})
     out = io.StringIO()
     with Running(config, out, no_server=True, realtime=False) as run:
         assert _wait(lambda: "allocated once" in out.getvalue(), 60)
@@ -577,6 +580,8 @@ def test_the_start_line_says_how_the_cap_is_shared(tiny_checkpoint, reserve, not
     assert (f"cache cap 400 tokens = {session.cache.capacity_bytes / 2**20:.2f} MiB allocated once (video {room} "
             f"tokens, {room // 16} frame pairs at 112x112; {reserve} kept for a question and its answer") in text
     assert ("note: the reserves take most of the cap" in text) == noted
+    assert ("note: generation.max_new_tokens 80 leaves 16 of cache.text_reserve_tokens 96 for a question: once the "
+            "cache is full, a question asked without its own max_tokens is refused" in text) == (answer == 80)
 
 
 @pytest.mark.parametrize("frames, limit, by", [(47, None, None), (1, None, None), (40, 5, "flag"),

@@ -723,7 +723,15 @@ class Daemon:
         if room < session.capacity // 2:
             text += (f"\nnote: the reserves take most of the cap, the video keeps {room} of its "
                      f"{session.capacity} tokens{held}: raise cache.max_tokens or lower cache.text_reserve_tokens")
+        answer = self.config.generation.max_new_tokens
+        if session.text_reserve - answer < self.QUESTION_ROOM:
+            text += (f"\nnote: generation.max_new_tokens {answer} leaves {max(0, session.text_reserve - answer)} of "
+                     f"cache.text_reserve_tokens {session.text_reserve} for a question: once the cache is full, a "
+                     f"question asked without its own max_tokens is refused; lower generation.max_new_tokens or "
+                     f"raise cache.text_reserve_tokens")
         return text
+
+    QUESTION_ROOM = 24  # tokens: the chat template's turn around a short question (about 10) and the question
 
     def _say_archive_room(self) -> None:
         """A disk that cannot hold ``archive.max_gib`` (and ``frames_mib``) beside ``keep_free_gib``: said at start,
