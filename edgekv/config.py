@@ -13,6 +13,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -1048,6 +1049,10 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if not sep or "." not in name or not all(name.split(".")):
         raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. cache.max_tokens=2048 (a nested "
                           f"section's key: voice.speak.enabled=true)")
+    if raw.strip() and raw.lstrip()[0] not in "\"'[{" and re.search(r"\s#", raw):
+        # YAML reads " #..." as a comment: "--set model.system_prompt=You are #1" set "You are", silently. A value
+        # given on the command line has no comment: it is taken whole, as the text it is.
+        return name, raw.strip()
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:

@@ -169,3 +169,16 @@ def test_numpy_numbers_are_taken_and_a_400_digit_number_is_refused_by_name():
         config_from_dict({"video": {"fps": 10**400}})
     with pytest.raises(ConfigError, match=r"cache\.max_tokens: expected an integer"):
         config_from_dict({"cache": {"max_tokens": np.float64(4000)}})
+
+
+def test_a_hash_in_a_set_value_is_text_not_a_yaml_comment():
+    """``--set model.system_prompt=You are #1 here`` set "You are": YAML took " #1 here" for a comment, silently."""
+    from edgekv.config import parse_assignment
+
+    assert parse_assignment("model.system_prompt=You are #1 here") == ("model.system_prompt", "You are #1 here")
+    assert parse_assignment("video.source=rtsp://cam/live #2") == ("video.source", "rtsp://cam/live #2")
+    assert parse_assignment('model.system_prompt="quoted # kept"') == ("model.system_prompt", "quoted # kept")
+    assert parse_assignment("model.system_prompt=channel#7") == ("model.system_prompt", "channel#7")
+    with pytest.raises(ConfigError, match=r"cache\.max_tokens: expected an integer, got '2048 # the cap'"):
+        EdgeKVConfig().with_assignments(["cache.max_tokens=2048 # the cap"])
+    assert EdgeKVConfig().with_assignments(["model.system_prompt=Be #1"]).model.system_prompt == "Be #1"
