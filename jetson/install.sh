@@ -27,7 +27,11 @@ WHEEL=${EDGEKV_TORCH_WHEEL:-torch-for-your-jetpack.whl}
 
 # The board decides the profile: an 8 GB Orin Nano cannot hold the AGX 64 GB profile's cache.
 MODEL_FILE=${EDGEKV_DEVICE_TREE_MODEL:-/proc/device-tree/model}
-BOARD=$(tr -d '\0' < "$MODEL_FILE" 2>/dev/null || echo unknown)
+if [ -r "$MODEL_FILE" ]; then
+  BOARD=$(tr -d '\0' < "$MODEL_FILE")
+else  # not a Jetson (or a container without /proc/device-tree): a bash error line said only "No such file"
+  BOARD="unknown: no $MODEL_FILE, not a Jetson?"
+fi
 case "${EDGEKV_PROFILE:-}:$BOARD" in
   :*"AGX Orin"*) PROFILE=orin-agx-64gb ;;
   :*"Orin Nano"*|:*"Orin NX"*) PROFILE=orin-nano-8gb ;;

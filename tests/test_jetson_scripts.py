@@ -163,3 +163,13 @@ def test_the_ros2_launch_package_parses_and_starts_the_daemon_with_a_valid_confi
     assert "def generate_launch_description" in launch and '"ros2:"' in launch and "ros2.enabled=true" in launch
     config = load_config(package / "config" / "robot.yaml")
     assert config.video.source == "ros2:/camera/image_raw" and config.ros2.enabled and config.ros2.namespace == "/edgekv"
+
+
+def test_install_on_a_machine_without_a_device_tree_says_so_in_one_line(tmp_path):
+    """No /proc/device-tree/model (not a Jetson, a container): bash printed its own "No such file or directory"
+    error line before the refusal."""
+    out = _install(None, tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [f"no deployment profile for this board (unknown: no {tmp_path / 'model'}, not "
+                                       f"a Jetson?): set EDGEKV_PROFILE to one of configs/*.yaml (without .yaml)"]
+    assert _install(None, tmp_path, EDGEKV_PROFILE="orin-nano-8gb").returncode == 0
