@@ -201,7 +201,11 @@ class ApiServer:
         protocol = functools.partial(GuardedH11Protocol, limits=self.limits)
         config = uvicorn.Config(build_app(daemon, self.telemetry), host=cfg.host, port=cfg.port, http=protocol,
                                 ws="none", lifespan="off", log_level="warning", access_log=False,
-                                timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2)
+                                timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2,
+                                # the client is the socket's peer: with uvicorn's default, X-Forwarded-For from
+                                # 127.0.0.1 replaced it, and any local process (or a TCP proxy passing headers on)
+                                # got a fresh login_attempts_per_minute budget per forged address
+                                proxy_headers=False)
         self.scheme = "https" if cfg.tls() else "http"
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="edgekv-http", daemon=True)

@@ -28,6 +28,7 @@ CA: the escalation server (``escalate.ca_file`` ...) and the alert webhooks (``a
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any
 __all__ = ["CertificateInfo", "check_server_tls", "client_context", "server_context", "tls_failure"]
 
 PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
+log = logging.getLogger("edgekv.server")
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,23 @@ def check_server_tls(server: Any) -> CertificateInfo | None:
     if server.tls_cert_file is None:
         return None
     server_context(server)
+    if server.tls_key_credential is None:
+        _warn_if_others_read(server.tls_key_file)
     return _certificate_info(_read("tls_cert_file", server.tls_cert_file))
+
+
+def _warn_if_others_read(path: str) -> None:
+    """Said, not refused (as ``privacy.key_file``'s): a key written with ``openssl ecparam -genkey > FILE`` or
+    copied under the usual umask 022 is world-readable, and any local account could then impersonate the daemon
+    to its clients and read their tokens and answers. A group's bits are left alone: Debian's ``ssl-cert`` group
+    (keys 0640) is how a service user is given a key on purpose."""
+    try:
+        mode = Path(path).stat().st_mode & 0o777
+    except OSError:
+        return
+    if mode & 0o007:
+        log.warning("server.tls_key_file %s: the key is readable by every local account (mode %o): any of them can "
+                    "impersonate this daemon over HTTPS; chmod 600 it (owned by the service's user)", path, mode)
 
 
 def server_context(server: Any) -> ssl.SSLContext:
