@@ -65,7 +65,8 @@ if ! id -u edgekv >/dev/null 2>&1; then
   run useradd --system --home /var/cache/edgekv --shell /usr/sbin/nologin --groups video,render,audio edgekv
 fi
 # /var/lib/edgekv: the persistent memory (state.dir) and the archive (archive.dir) of the README's examples
-run install -d -o edgekv -g edgekv /var/cache/edgekv /var/log/edgekv /var/lib/edgekv /var/lib/edgekv/archive
+run install -d -o edgekv -g edgekv /var/cache/edgekv /var/log/edgekv
+run install -d -o edgekv -g edgekv -m 0700 /var/lib/edgekv /var/lib/edgekv/archive  # what it saw: its user's alone
 run install -d /etc/edgekv
 # --system-site-packages: TensorRT and OpenCV (with GStreamer) bindings come from apt
 run python3 -m venv --system-site-packages "$PREFIX/venv"

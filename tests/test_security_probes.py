@@ -77,3 +77,31 @@ def test_a_tls_key_every_account_can_read_is_warned_of(tmp_path, caplog, mode, w
     assert bool(said) == warned, said
     if warned:
         assert key in said[0] and oct(mode)[2:] in said[0] and "chmod 600" in said[0]
+
+
+def test_the_archive_and_the_jetson_service_keep_the_memory_to_the_daemons_user(tmp_path):
+    """Without a privacy key the memory is in the clear: under the usual umask 022 the archive's segments came out
+    0644 (created with that mode explicitly) and the state folders 0755, readable by every local account."""
+    import os
+    import stat
+    from pathlib import Path
+
+    from helpers_archive import SHAPE, fill
+
+    from edgekv.archive.store import FrameArchive
+
+    old = os.umask(0o022)
+    try:
+        archive = FrameArchive(tmp_path, SHAPE, max_bytes=1 << 20, segment_bytes=16 << 10)
+        fill(archive, range(3))
+        archive.close()
+    finally:
+        os.umask(old)
+    segments = list(tmp_path.glob("seg-*.ekva"))
+    assert segments and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in segments)
+    jetson = Path(__file__).resolve().parents[1] / "jetson"
+    unit = (jetson / "edgekv-camera.service").read_text()
+    directives = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    assert directives["UMask"] == "0077" and directives["StateDirectoryMode"] == "0700"
+    assert "install -d -o edgekv -g edgekv -m 0700 /var/lib/edgekv /var/lib/edgekv/archive" in (
+        jetson / "install.sh").read_text()

@@ -243,7 +243,8 @@ class SegmentFiles:
     (``utilities/fault_injection_fs.h``) and SQLite's I/O-error tests do, instead of hoping for them."""
 
     def create(self, path: Path) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # 0600: what the camera saw, for the daemon's user alone (0644 let every local account read it in the clear)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
 
     def pwrite(self, fd: int, data, offset: int) -> int:
         return os.pwrite(fd, data, offset)
