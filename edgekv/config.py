@@ -1134,8 +1134,18 @@ def _build(cls: type, values: Any, at: str):
     for key, value in values.items():
         if key not in hints:
             raise ConfigError(f"{at}.{key}: unknown key (known: {', '.join(names)})")
-        kwargs[key] = _coerce(hints[key], value, f"{at}.{key}")
+        if f"{at}.{key}" in SECRET_KEYS:  # a wrong type is said without the value: errors go to the journal
+            try:
+                kwargs[key] = _coerce(hints[key], value, f"{at}.{key}")
+            except ConfigError:
+                raise ConfigError(f"{at}.{key}: expected {_describe(hints[key])}, got {type(value).__name__} (the "
+                                  f"value is not shown: a secret; quote it in the YAML)") from None
+        else:
+            kwargs[key] = _coerce(hints[key], value, f"{at}.{key}")
     return cls(**kwargs)
+
+
+SECRET_KEYS = ("server.token", "fleet.password")  # never echoed in an error (server.token: 987654321123, unquoted)
 
 
 def _coerce(hint: Any, value: Any, at: str) -> Any:

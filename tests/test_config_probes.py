@@ -182,3 +182,16 @@ def test_a_hash_in_a_set_value_is_text_not_a_yaml_comment():
     with pytest.raises(ConfigError, match=r"cache\.max_tokens: expected an integer, got '2048 # the cap'"):
         EdgeKVConfig().with_assignments(["cache.max_tokens=2048 # the cap"])
     assert EdgeKVConfig().with_assignments(["model.system_prompt=Be #1"]).model.system_prompt == "Be #1"
+
+
+@pytest.mark.parametrize("section, key", [("server", "token"), ("fleet", "password")])
+def test_a_secret_of_the_wrong_type_is_not_echoed_in_the_error(section, key):
+    """An unquoted numeric token (``server.token: 987654321123``) stopped the start with "expected a string, got
+    987654321123 (int)": under systemd that line is in the journal, readable by more than the daemon's user."""
+    for value in (987654321123, ["987654321123"]):
+        with pytest.raises(ConfigError) as caught:
+            config_from_dict({section: {key: value}})
+        assert "987654321123" not in str(caught.value) and f"{section}.{key}: expected str or null" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        EdgeKVConfig().with_assignments(["server.token=987654321123"])
+    assert "987654321123" not in str(caught.value)
