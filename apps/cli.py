@@ -306,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # while the command's modules import (torch: seconds) it was a traceback
         print("edgekv: interrupted", file=sys.stderr)
         return 130
+    except ImportError as exc:  # the command's modules need an extra not installed ('edgekv eval --help', no OpenCV)
+        if os.environ.get("EDGEKV_DEBUG"):
+            raise
+        from edgekv.apps.daemon.startup import one_line
+
+        print(f"edgekv {first_positional(argv)[0]}: {one_line(exc)}", file=sys.stderr)
+        return 2
     try:
         _check_figure_packages(args)
         return args.func(args)

@@ -11,6 +11,7 @@ one plan per graph (see ``tensorrt_backend.py``) -> ``manifest.json``. A bundle 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from dataclasses import dataclass
@@ -186,6 +187,15 @@ class _Step:
             print(f"[{p.done}/{p.total}] {self.label}: done in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
+def require_exporter() -> None:
+    """Every backend's build exports ONNX first (torch.onnx's dynamo exporter: onnx + onnxscript); without them
+    say which extra to install before loading the model, not a bare ``No module named 'onnxscript'`` after loading."""
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"exporting the engines needs {' and '.join(missing)}: pip install 'edgekv[engines]' "
+                          f"('edgekv[export]' where onnxruntime or TensorRT comes from elsewhere, e.g. a Jetson)")
+
+
 def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str | Path | None = None,
           engine_dir: str | Path | None = None, force: bool = False, progress: bool = True) -> tuple[Path, Manifest]:
     """Export (and for tensorrt, compile) the engines of ``config``; returns the bundle dir and its manifest."""
@@ -215,6 +225,7 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
                 steps.close()
                 print(f"up to date: {bundle}", file=sys.stderr)
                 return bundle, manifest
+        require_exporter()
         bundle.mkdir(parents=True, exist_ok=True)
         from edgekv.engines.export import OPSET, export_llm, export_vision
 

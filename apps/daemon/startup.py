@@ -238,7 +238,13 @@ def quiet_native_stderr() -> Iterator[None]:
     directly, around Python's sys.stderr). Used only during start-up, before other threads exist."""
     import cv2
 
-    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)  # reconnect warnings would flood logs
+    # reconnect warnings would flood logs; OpenCV 4.8 (edgekv[video]'s floor) has no cv2.utils.logging, only
+    # cv2.setLogLevel, which later releases dropped
+    logging_api = getattr(getattr(cv2, "utils", None), "logging", None)
+    if logging_api is not None:
+        logging_api.setLogLevel(logging_api.LOG_LEVEL_ERROR)
+    elif hasattr(cv2, "setLogLevel"):
+        cv2.setLogLevel(2)  # cv::utils::logging::LOG_LEVEL_ERROR
     try:
         saved = os.dup(2)
     except OSError:
