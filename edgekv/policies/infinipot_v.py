@@ -48,7 +48,10 @@ class InfiniPotVPolicy(VaNPolicy):
         recent = int(view.recent[0, 0].sum())
         tar_budget = max(int(self.tar_ratio * target) - recent, 0)
         tar = tar_scores(view, unrotated=self.tar_rope == "unrotated").masked_fill(protected | ~view.vision, float("-inf"))
-        tar_budget = min(tar_budget, int((~protected & view.vision)[0, 0].sum()))
+        # never more picks than the room the protected slots leave in ``target``: TaR's picks all share one lifted
+        # score, so any beyond the room would be dropped by topk's tie order instead of by their TaR rank
+        room = target - int(protected.sum(-1).max())
+        tar_budget = max(min(tar_budget, room, int((~protected & view.vision)[0, 0].sum())), 0)
         van = self.pooled(view)
         scores = van.clone()
         if tar_budget:

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import torch
 
+from edgekv.cache.capped import CapTooSmallError
 from edgekv.policies.base import CacheView, ScoredPolicy, register
 
 
@@ -23,6 +24,21 @@ class SinkRecentPolicy(ScoredPolicy):
         super().__post_init__()
         if self.sink_pairs < 0:
             raise ValueError(f"sink_pairs must be >= 0, got {self.sink_pairs}")
+
+    def check(self, session) -> None:
+        super().check(session)
+        # the stream's first pairs are protected too: a target that cannot hold them would evict prefix slots
+        per_pair, target = session.tokens_per_pair, self.target(session)
+        protected = (session.prefix_tokens + (self.recent_pairs(session) + self.sink_pairs) * per_pair
+                     + session.sink_budget)
+        if protected >= target:
+            raise CapTooSmallError(
+                f"cache.target_tokens={target} cannot hold the prefix ({session.prefix_tokens}), the "
+                f"{self.recent_pairs(session)} recent frame pairs always kept "
+                f"(cache.recent_ratio={self.recent_ratio}), "
+                f"the first {self.sink_pairs} pairs of the stream (sink_recent) and {session.sink_budget} sinks: the "
+                f"minimum is {protected + 1}"
+            )
 
     def protected(self, view: CacheView) -> torch.Tensor:
         first = view.frame.masked_fill(~view.vision, 2**30).amin()
