@@ -409,7 +409,7 @@ def test_eval_needle_skips_statekv_sinks_a_cap_cannot_hold(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "statekv B=512                skipped: B=512 sinks do not fit a cap of 400 slots" in printed
-    assert "statekv B=300                skipped: cache.target_tokens=" in printed
+    assert "statekv B=300                skipped: the compression target C = 0.75 x (M - text_reserve) = " in printed
     assert "and 300 sinks: the minimum is" in printed
     assert set(json.loads(out.read_text())["summary"]) == {"L=80 M=400 statekv B=128", "L=80 M=400 sliding_window"}
 

@@ -42,3 +42,17 @@ def test_infinipot_v_at_tar_ratio_one_keeps_what_tar_keeps(prefix):
         b.add_pair()
     recent = tar.recent_pairs(a)
     assert torch.equal(tar.select(a.view(recent), 40), both.select(b.view(recent), 40))
+
+
+def test_a_default_target_too_small_is_said_as_a_default_with_what_to_change():
+    """An unset cache.target_tokens refused at a small cap was named "cache.target_tokens=42", a key the user never
+    set; the error now says where C came from, and what to change: C itself where a larger one fits, else the cap."""
+    session = ToySession(capacity=64, prefix=36, reserve=8)  # video_limit 56: default C = 0.75 x 56 = 42
+    with pytest.raises(CapTooSmallError) as caught:
+        make_policy("infinipot_v").check(session)  # prefix 36 + one recent pair of 6: the minimum is 43
+    said = str(caught.value)
+    assert said.startswith("the compression target C = 0.75 x (M - text_reserve) = 42 (cache.target_tokens unset)")
+    assert said.endswith("; set cache.target_tokens between 43 and 50, or raise cache.max_tokens"), said
+    with pytest.raises(CapTooSmallError, match=r"cache\.target_tokens=40 cannot hold .* no target fits under M - "
+                                               r"text_reserve = 56: raise cache\.max_tokens"):
+        make_policy("infinipot_v", target_tokens=40).check(ToySession(capacity=64, prefix=46, reserve=8))

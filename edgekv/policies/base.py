@@ -108,16 +108,33 @@ class ScoredPolicy(CachePolicy):
         per_pair, target = session.tokens_per_pair, self.target(session)
         if target + per_pair > session.video_limit:
             raise ValueError(
-                f"cache.target_tokens={target}: after a compression the next frame pair ({per_pair} tokens) must "
+                f"{self.target_text(session)}: after a compression the next frame pair ({per_pair} tokens) must "
                 f"fit under M - text_reserve = {session.video_limit}; the maximum is {session.video_limit - per_pair}"
             )
         protected = session.prefix_tokens + self.recent_pairs(session) * per_pair + session.sink_budget
         if protected >= target:
             raise CapTooSmallError(
-                f"cache.target_tokens={target} cannot hold the prefix ({session.prefix_tokens}), the "
+                f"{self.target_text(session)} cannot hold the prefix ({session.prefix_tokens}), the "
                 f"{self.recent_pairs(session)} recent frame pairs always kept (cache.recent_ratio="
                 f"{self.recent_ratio}) and {session.sink_budget} sinks: the minimum is {protected + 1}"
+                + self.room_hint(session, protected + 1)
             )
+
+    def target_text(self, session) -> str:
+        """C as the user set it, or (unset) how its default came about: an error naming "cache.target_tokens=360"
+        read as a setting the user never made."""
+        if self.target_tokens is not None:
+            return f"cache.target_tokens={self.target(session)}"
+        return (f"the compression target C = 0.75 x (M - text_reserve) = {self.target(session)} (cache.target_tokens "
+                f"unset)")
+
+    def room_hint(self, session, minimum: int) -> str:
+        """What to change when C is below ``minimum``: C itself where a larger one fits, else the cap."""
+        largest = session.video_limit - session.tokens_per_pair
+        if minimum <= largest:
+            return f"; set cache.target_tokens between {minimum} and {largest}, or raise cache.max_tokens"
+        return (f"; no target fits under M - text_reserve = {session.video_limit}: raise cache.max_tokens (or lower "
+                f"cache.text_reserve_tokens or cache.recent_ratio)")
 
     # ------------------------------------------------------------------ scoring
     def score(self, view: CacheView) -> torch.Tensor:

@@ -33,11 +33,11 @@ class SinkRecentPolicy(ScoredPolicy):
                      + session.sink_budget)
         if protected >= target:
             raise CapTooSmallError(
-                f"cache.target_tokens={target} cannot hold the prefix ({session.prefix_tokens}), the "
+                f"{self.target_text(session)} cannot hold the prefix ({session.prefix_tokens}), the "
                 f"{self.recent_pairs(session)} recent frame pairs always kept "
                 f"(cache.recent_ratio={self.recent_ratio}), "
                 f"the first {self.sink_pairs} pairs of the stream (sink_recent) and {session.sink_budget} sinks: the "
-                f"minimum is {protected + 1}"
+                f"minimum is {protected + 1}" + self.room_hint(session, protected + 1)
             )
 
     def protected(self, view: CacheView) -> torch.Tensor:
