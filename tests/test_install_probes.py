@@ -163,3 +163,30 @@ def test_the_daemon_starts_with_the_oldest_opencv_the_video_extra_admits(monkeyp
     with quiet_native_stderr():
         pass
     assert levels == [2]
+
+
+@pytest.mark.slow
+def test_the_help_s_run_without_a_config_file_is_the_demo(tmp_path):
+    """``edgekv-camera --help`` names configs/cpu-demo.yaml, which a wheel does not install: its epilog gives the same
+    run as flags. Run as the help writes it (from a folder with no configs/), it answers the demo's quiz as the
+    file does."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from edgekv.apps.daemon.camera import build_parser
+
+    epilog = build_parser().epilog
+    command = shlex.split(" ".join(line.strip() for line in epilog.split("without a file:")[1].splitlines()).rstrip(")"))
+    assert command[0] == "edgekv-camera" and "--config" not in command
+    root = Path(__file__).resolve().parents[1]
+    runs = [subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", *args], cwd=cwd, capture_output=True,
+                           text=True, timeout=600)
+            for args, cwd in ((command[1:], tmp_path),
+                              (["--config", "configs/cpu-demo.yaml", "--no-stdin", "--no-server", "--exit-at-end",
+                                "--quiz", "10"], root))]
+    scores = [re.search(r"quiz: \d+/10 correct about \d+ events? seen.*", run.stdout) for run in runs]
+    assert all(run.returncode == 0 for run in runs) and all(scores), [run.stderr[-500:] for run in runs]
+    assert scores[0].group(0) == scores[1].group(0)
