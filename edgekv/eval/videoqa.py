@@ -15,9 +15,11 @@ serves all of a video's questions:
 Datasets, read in their published layouts from a local directory (nothing is downloaded):
 
 * **MLVU** (dev set, the layout of the MLVU release): ``DATA/json/<n>_<task>.json`` — a list of
-  ``{"video", "duration", "question", "candidates", "answer", "question_type"}`` with ``answer`` one of the
-  ``candidates`` — and the videos in ``DATA/video/<n>_<task>/<video>``. Only multiple-choice tasks
-  (items with ``candidates``) are scored. The headline figure is the mean of the per-task accuracies.
+  ``{"video", "duration", "question", "candidates", "answer", "question_type"}`` with ``answer`` the text of
+  a candidate — and the videos in ``DATA/video/<n>_<task>/<video>`` (InfiniPot-V's reader takes the same
+  layout). Only multiple-choice tasks (items with ``candidates``) are scored. A repeated candidate and an answer
+  that is no candidate are read as MLVU's scorer reads them (``_mlvu_answer``). The headline figure is the mean
+  of the per-task accuracies.
 * **Video-MME** (the ``lmms-lab/Video-MME`` layout): ``DATA/videomme/test-*.parquet`` (or the same rows
   as ``.json`` / ``.jsonl``) with ``videoID, duration, domain, sub_category, task_type, question_id,
   question, options, answer`` — ``options`` like ``"A. ..."``, ``answer`` a letter — and the videos in
@@ -83,15 +85,31 @@ def load_mlvu(data: Path) -> list[Item]:
                 if not isinstance(row["candidates"], list):  # a string's letters were read as the options
                     raise ValueError(f"candidates is {row['candidates']!r:.40}, not a list")
                 candidates = [str(c) for c in row["candidates"]]
-                answer = LETTERS[candidates.index(str(row["answer"]))]
+                if not 2 <= len(candidates) <= len(LETTERS):
+                    raise ValueError(f"{len(candidates)} candidates, not 2-{len(LETTERS)}")
+                answer = _mlvu_answer(candidates, str(row["answer"]))
                 video = data / "video" / path.stem / str(row["video"])
                 question = str(row["question"])
             except (KeyError, ValueError, IndexError) as exc:
                 raise DatasetError(f"{path}: item {index} lacks video/question/candidates/answer ({exc!r})") from None
             options = tuple(f"({LETTERS[i]}) {c}" for i, c in enumerate(candidates))
-            items.append(Item(f"{path.stem}/{index}", video, question, options, answer, task,
-                              {"duration": row.get("duration")}))
+            extra = {"duration": row.get("duration")}
+            if not answer:
+                extra["answer_not_in_candidates"] = True
+            items.append(Item(f"{path.stem}/{index}", video, question, options, answer, task, extra))
     return items
+
+
+def _mlvu_answer(candidates: list[str], answer: str) -> str:
+    """The letter of ``answer`` among ``candidates`` as MLVU's own scorer reads it (JUNJIE99/MLVU
+    ``evaluation/multiple_choice_evaluation/choice_bench.py``; InfiniPot-V's ``dataset_utils.py`` reads it the
+    same way): the LAST candidate equal to the answer, and no letter ("", so never correct, still counted) when
+    none is. The released dev annotations have both: ``2_needle.json`` items 34 and 338 answer "Catching a flying
+    drone quadcopter" with no such candidate, and 16 items across ``1_plotQA``, ``6_anomaly_reco`` and
+    ``7_topic_reasoning`` repeat a candidate (6 repeat the answer: ``1_plotQA`` item 335 lists "Three" as B and
+    C, and the key is C). Refusing the first kind refused the whole dataset."""
+    matches = [i for i, candidate in enumerate(candidates) if candidate == answer]
+    return LETTERS[matches[-1]] if matches else ""
 
 
 def load_videomme(data: Path) -> list[Item]:
@@ -131,8 +149,10 @@ def load_videomme(data: Path) -> list[Item]:
             raise DatasetError(f"{folder}: row {index} lacks videoID/question/options/answer ({exc!r})") from None
         if answer not in LETTERS[: len(options)]:
             raise DatasetError(f"{folder}: row {index}: answer {row['answer']!r} is not an option letter")
+        # lmms-eval's Video-MME reader (lmms_eval/tasks/videomme/utils.py) also looks for <videoID>.MP4
         video = _first_existing([data / sub / f"{video_id}{suffix}" for sub in ("data", "video")
-                                 for suffix in VIDEO_SUFFIXES]) or data / "data" / f"{video_id}.mp4"
+                                 for suffix in (*VIDEO_SUFFIXES, *(ext.upper() for ext in VIDEO_SUFFIXES))]) \
+            or data / "data" / f"{video_id}.mp4"
         items.append(Item(str(row.get("question_id", f"{video_id}-{index}")), video, question, options, answer,
                           str(row.get("task_type", "unknown")),
                           {"duration": row.get("duration"), "domain": row.get("domain")}))
