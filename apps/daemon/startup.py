@@ -101,13 +101,20 @@ def check_archive_shape(config: EdgeKVConfig) -> str | None:
     (``FrameArchive._shape_of``), which is said. Returns what it found."""
     if config.archive.dir is None:
         return None
-    from edgekv.archive.store import archived_shape
+    from edgekv.archive.store import archived_shapes
     from edgekv.calibration.plan import archive_shape
     from edgekv.model.builtin import resolve_model_path
 
-    found = archived_shape(config.archive.dir)
-    if found is None:
+    shapes = archived_shapes(config.archive.dir)
+    if not shapes:
         return "no archive there yet"
+    found = next(iter(shapes.values()))
+    firsts = {shape.index_keys: path.name for path, shape in reversed(shapes.items())}  # index_keys -> first segment
+    if len(firsts) > 1:  # an edgekv from before index_keys, rolled back to, appended its own segments to this one
+        kinds = " and ".join(f"{keys} (from {name})" for keys, name in sorted(firsts.items(), key=lambda item: item[1]))
+        raise StartupError(f"archive.dir: {config.archive.dir} holds segments indexed with archive.index_keys={kinds}: "
+                           f"an older edgekv wrote into this archive, and no archive.index_keys reads both; point "
+                           f"archive.dir at another folder (move this one aside to keep it)")
     try:
         wanted, named = archive_shape(config, resolve_model_path(config.model.path))
     except (FileNotFoundError, ValueError, KeyError):  # model.path's own check says what is wrong with it
@@ -117,10 +124,11 @@ def check_archive_shape(config: EdgeKVConfig) -> str | None:
                            f"{found.index_keys}, this config has {wanted.index_keys}; set it back, or point "
                            f"archive.dir at another folder")
     for name in ("layers", "kv_heads", "head_dim"):
-        if getattr(found, name) != getattr(wanted, name):
-            raise StartupError(f"archive.dir: {config.archive.dir} was written for a model with {name}="
-                               f"{getattr(found, name)}, model.path's has {getattr(wanted, name)}; point archive.dir "
-                               f"at another folder for this model")
+        for shape in shapes.values():
+            if getattr(shape, name) != getattr(wanted, name):
+                raise StartupError(f"archive.dir: {config.archive.dir} was written for a model with {name}="
+                                   f"{getattr(shape, name)}, model.path's has {getattr(wanted, name)}; point "
+                                   f"archive.dir at another folder for this model")
     if found.dtype != wanted.dtype:
         stores = named if "(" in named else f"{named} (model.dtype)"
         return (f"{ARCHIVE_OTHER_DTYPE}: its records are {found.dtype}, read as they are until retention or a forget "

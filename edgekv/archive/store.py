@@ -1560,15 +1560,25 @@ def _segment_fields(handle) -> tuple[dict, int] | None:
 def archived_shape(folder: str | Path) -> KVShape | None:
     """The KV shape the archive under ``folder`` was written for, read from the first segment whose header checks
     (``edgekv rekey`` opens an archive without loading the model); None when no segment's header does."""
+    return next((shape for _, shape in _segment_shapes(folder)), None)  # the first header read, no more
+
+
+def archived_shapes(folder: str | Path) -> dict[Path, KVShape]:
+    """Each segment's KV shape under ``folder`` (those whose header checks), oldest first: an edgekv from before
+    ``index_keys`` rolled back to appends its own segments to today's archive, so the first does not speak for all
+    (``--check`` passed such an archive, then the start refused it at a later segment)."""
+    return dict(_segment_shapes(folder))
+
+
+def _segment_shapes(folder: str | Path):
     folder = Path(folder).expanduser()
     for path in sorted(folder.glob("seg-*.ekva")) if folder.is_dir() else []:
         with open(path, "rb") as handle:
             found = _segment_fields(handle)
         if found is not None:
             saved = found[0]
-            return KVShape(int(saved["layers"]), int(saved["kv_heads"]), int(saved["head_dim"]), str(saved["dtype"]),
-                           int(saved["index_keys"]))
-    return None
+            yield path, KVShape(int(saved["layers"]), int(saved["kv_heads"]), int(saved["head_dim"]),
+                                str(saved["dtype"]), int(saved["index_keys"]))
 
 
 def new_stream_id() -> bytes:
