@@ -58,6 +58,7 @@ def evidence_item(pair: int, t: float | None, unix: float | None, kept: bool = F
     """One evidence pair as the API gives it: its index, stream seconds, wall time (seconds since the epoch) and
     the same as ISO 8601 with the daemon's UTC offset (a time the daemon does not know is null), and where its
     frame can be fetched while the daemon keeps it (the keyframe ring, the evidence frames on disk; else null)."""
+    time.tzset()  # the zone the device is in now (C keeps the one it read first: a wearer who flew)
     seen = (datetime.datetime.fromtimestamp(unix).astimezone().isoformat(timespec="milliseconds")
             if unix is not None else None)
     frame = f"/frame.jpg?pair={pair}" + (f"&camera={urllib.parse.quote(camera)}" if camera else "") if kept else None

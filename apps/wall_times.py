@@ -9,6 +9,11 @@ moment not after now, so at 00:10 "23:55" is a quarter of an hour ago, not tomor
 together (``window_bounds``): its ``to``, a time of day, is the first such moment not before its ``from`` — so at
 10:04 "10:00 to 10:30" is the half hour under way (read up to now), and at 00:05 "23:50 to 00:10" runs across
 midnight — and its ``from``, a time of day, is the latest such moment not after its ``to`` when that is a date.
+
+Local times are read by the zone's rules on the day they name: one the clocks skipped (02:30 the night they went
+forward) or showed twice (01:30 the night they went back) is refused, saying so and, for the latter, giving both
+readings with their UTC offsets: read silently as one of them, "forget 01:15 to 01:45" forgot the other hour's
+quarter, or none of what the person meant. The zone is read afresh each time (``follow_local_zone``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,52 @@ def is_time_of_day(text) -> bool:
     return isinstance(text, str) and bool(_TIME_OF_DAY.match(text.strip()))
 
 
+def follow_local_zone() -> None:
+    """Read this machine's time zone afresh. C reads it once per process and keeps it: a daemon running while the
+    wearer flew (systemd-timedated pointing /etc/localtime at the new zone) read "10:03" and printed times in the
+    old zone until restarted."""
+    time.tzset()
+
+
+def local_readings(at: dt.datetime) -> tuple[float, ...]:
+    """The moments (seconds since the epoch) at which this machine's clock showed ``at`` (naive, local): one; two,
+    in order, where the clocks were set back over it; none where they skipped it."""
+    first, second = at.replace(fold=0).timestamp(), at.replace(fold=1).timestamp()
+    if first == second:
+        return (first,)
+    return (first, second) if first < second else ()  # in a gap fold=0 reads it by the offset before: later
+
+
+def _skipped(text: str, at: dt.datetime) -> ValueError:
+    forward = at.replace(fold=0).timestamp() - at.replace(fold=1).timestamp()
+    return ValueError(f"{text!r}: the clocks here skipped {at:%H:%M} on {at:%Y-%m-%d} (set forward {forward / 60:g} "
+                      f"minutes), so no such time was seen: give one before or after the change")
+
+
+def _twice(text: str, at: dt.datetime) -> ValueError:
+    first, second = (dt.datetime.fromtimestamp(unix).astimezone().isoformat() for unix in local_readings(at))
+    return ValueError(f"{text!r}: the clocks here showed {at:%Y-%m-%d %H:%M} twice (set back): say which, with its UTC "
+                      f"offset: {first} (the first time) or {second} (the second)")
+
+
+def _time_of_day(text: str, at: dt.datetime, now: float, after: float | None) -> float:
+    """``at``, a time of day on the day of ``now`` (or ``after``), as the latest such moment not after ``now``
+    (the first not before ``after``): on that day, else the day before (after). A reading the clocks skipped or
+    showed twice there is refused unless its time of day is still to come (already gone) on that day."""
+    step = dt.timedelta(days=1 if after is not None else -1)
+    base = dt.datetime.fromtimestamp(now if after is None else after)
+    for day in (at, at + step):
+        readings = local_readings(day)
+        fits = [unix for unix in readings if (unix <= now if after is None else unix >= after)]
+        if len(fits) > 1:
+            raise _twice(text, day)
+        if fits:
+            return fits[0]
+        if not readings and (day <= base if after is None else day >= base):
+            raise _skipped(text, day)
+    raise ValueError(f"{text!r}: no such time of day near {base:%Y-%m-%d} on this machine's clock")
+
+
 def parse_wall_time(text: str, now: float | None = None, after: float | None = None) -> float:
     """``text`` as seconds since the epoch (the module's docstring), or ``ValueError`` naming what is wrong. A time of
     day is the latest such moment not after ``now``, or with ``after`` the first such moment not before it."""
@@ -39,18 +90,16 @@ def parse_wall_time(text: str, now: float | None = None, after: float | None = N
                          f"10:03")
     text = text.strip()
     now = time.time() if now is None else now
+    follow_local_zone()
     if _TIME_OF_DAY.match(text):
         hour, minute, *rest = text.split(":")
         second = float(rest[0]) if rest else 0.0
         if not (int(hour) < 24 and int(minute) < 60 and second < 60):
             raise ValueError(f"{text!r}: not a time of day (HH:MM or HH:MM:SS, 24-hour)")
         at = dt.datetime.fromtimestamp(now if after is None else after).replace(
-            hour=int(hour), minute=int(minute), second=int(second), microsecond=round((second % 1) * 1e6) % 1_000_000)
-        if after is None:  # the day of now, or the one before
-            moment = at if at.timestamp() <= now else at - dt.timedelta(days=1)
-        else:  # the day of after, or the one after it
-            moment = at if at.timestamp() >= after else at + dt.timedelta(days=1)
-        return moment.timestamp()
+            hour=int(hour), minute=int(minute), second=int(second), microsecond=round((second % 1) * 1e6) % 1_000_000,
+            fold=0)
+        return _time_of_day(text, at, now, after)
     try:
         # a final Z is +00:00: Python 3.10's fromisoformat (JetPack 6's Python) refuses the letter
         moment = dt.datetime.fromisoformat(re.sub(r"[zZ]$", "+00:00", text))
@@ -58,9 +107,14 @@ def parse_wall_time(text: str, now: float | None = None, after: float | None = N
         raise ValueError(f"{text!r}: not a wall time: give an ISO 8601 date and time (2026-12-04T10:03:00+01:00; "
                          f"without an offset, local time) or a time of day (10:03)") from None
     try:
-        return moment.timestamp()  # a naive time is local time
+        if moment.tzinfo is not None:
+            return moment.timestamp()
+        readings = local_readings(moment)  # a naive time is local time
     except (ValueError, OverflowError, OSError):
         raise ValueError(f"{text!r}: out of the range this machine's clock can represent") from None
+    if len(readings) != 1:
+        raise _twice(text, moment) if readings else _skipped(text, moment)
+    return readings[0]
 
 
 def wall_or_stream(name: str, value, now: float | None = None, after: float | None = None) -> tuple[str, float]:
@@ -180,5 +234,13 @@ def cli_window(t_from, t_to, forget: bool = False) -> tuple:
 
 
 def wall_text(unix: float) -> str:
-    """A wall time as this machine's local clock shows it."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+    """A wall time as this machine's local clock shows it, with its UTC offset where the clock showed that time twice
+    (the night it was set back): "01:30:05" alone named either."""
+    follow_local_zone()
+    local = time.localtime(unix)
+    text = time.strftime("%Y-%m-%d %H:%M:%S", local)
+    try:
+        twice = len(local_readings(dt.datetime(*local[:6]))) > 1
+    except (ValueError, OverflowError, OSError):  # a year datetime cannot hold: "forget the last 10**9 s"
+        twice = False
+    return text + time.strftime("%z", local) if twice else text

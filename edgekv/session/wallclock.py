@@ -58,7 +58,9 @@ def checked_unix(name: str, value: object) -> float:
 
 
 def describe_unix(unix: float) -> str:
-    """A wall time as the device's local clock shows it, with its UTC offset."""
+    """A wall time as the device's local clock shows it, with its UTC offset: in its zone now (C keeps the zone it
+    read first; ``time.tzset`` reads it again, so a daemon follows the wearer's flight)."""
+    time.tzset()
     return time.strftime("%Y-%m-%d %H:%M:%S%z", time.localtime(unix))
 
 
