@@ -300,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     # (a 4 MB multiply: 7.99 ms spinning vs 0.059 ms passive; a toy training step 5.5 s vs 1.9 s).
     # Read by libgomp when torch loads, so set before any command imports it; the environment wins.
     prepare_process()
+    for stream in (sys.stdout, sys.stderr):  # an answer the terminal's encoding cannot show is escaped, not exit 2
+        if hasattr(stream, "reconfigure") and (stream.errors or "strict") == "strict":
+            stream.reconfigure(errors="backslashreplace")
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser(argv).parse_args(argv)

@@ -190,3 +190,16 @@ def test_the_help_s_run_without_a_config_file_is_the_demo(tmp_path):
     scores = [re.search(r"quiz: \d+/10 correct about \d+ events? seen.*", run.stdout) for run in runs]
     assert all(run.returncode == 0 for run in runs) and all(scores), [run.stderr[-500:] for run in runs]
     assert scores[0].group(0) == scores[1].group(0)
+
+
+def test_a_terminal_that_cannot_show_an_answer_gets_it_escaped_not_an_exit(tmp_path):
+    """``PYTHONIOENCODING=ascii edgekv ask ...`` exited 2 on an answer with a non-ASCII character ("'ascii' codec
+    can't encode"); stdout is escaped now, as the daemon's own lines are. Any command's stdout: here a path."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "caméra"
+    out = subprocess.run([sys.executable, "-m", "edgekv", "make-tiny-checkpoint", str(folder)], capture_output=True,
+                         env={**os.environ, "PYTHONIOENCODING": "ascii"}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert b"cam\\xe9ra" in out.stdout and (folder / "config.json").is_file()
