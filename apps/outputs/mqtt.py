@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from edgekv.apps.outputs.alerts import AlertEvent
+from edgekv.apps.outputs.alerts import AlertEvent, KeyframeRing, PairTimes
 from edgekv.apps.questions import DaemonBusy, DaemonStopping, Question, QuestionRefused, printable
 from edgekv.apps.wall_times import cli_window, wall_text, window_bounds
 from edgekv.config import FleetSection, broker_address
@@ -377,7 +377,7 @@ class SessionHost:
         self.session, self.camera = session, camera
         self.questions: deque[Question] = deque()
         self.queue_size = queue_size
-        self.times: dict[int, float] = {}
+        self.times = PairTimes(KeyframeRing.TIMES_KEPT)  # evidence times of the last pairs (a dict grew a float a pair)
         self.stream_state = "running"
         self._lock = model_lock or threading.Lock()
         self._cond = threading.Condition()

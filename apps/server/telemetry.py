@@ -291,7 +291,9 @@ class DaemonCollector:
             ("edgekv_cache_capacity_tokens", "the hard cap M, in tokens", stats["cache_capacity_tokens"]),
             ("edgekv_cache_capacity_bytes", "bytes allocated once for the cache", stats["cache_capacity_bytes"]),
             ("edgekv_questions_waiting", "questions queued for the main loop", daemon.questions.qsize()),
-            ("edgekv_snapshot_age_seconds", "age of the figures in this scrape", snap["age_s"]),
+            # not edgekv_snapshot_age_seconds: that name is the memory's snapshot on disk (state.dir), above, and
+            # a scrape with both carried one name twice (a reader by name saw whichever came last)
+            ("edgekv_stats_age_seconds", "age of the figures in this scrape", snap["age_s"]),
             ("edgekv_process_peak_rss_bytes", "process peak resident memory", _scaled(mon.get("peak_rss_mb"), mib)),
             ("edgekv_ram_used_bytes", "system memory in use", _scaled(mon.get("ram_used_mb"), mib)),
             ("edgekv_power_watts", "board power", mon.get("power_w")),
