@@ -32,7 +32,7 @@ def _config(tmp_path, **extra) -> EdgeKVConfig:
 
 def test_each_camera_gets_its_share_of_the_budget_and_its_own_folders(tmp_path):
     config = _config(tmp_path, cache={"max_mib": 12.0, "max_tokens": None},
-                     archive={"dir": str(tmp_path / "archive"), "max_gib": 3.0},
+                     archive={"dir": str(tmp_path / "archive"), "max_gib": 3.0, "frames_mib": 6.0},
                      video={"sources": [{"name": "front", "source": FRONT, "weight": 2},
                                         {"name": "back", "source": BACK, "fps": 1.0}],
                             "fps": 2.0, "resolution": [112, 112]},
@@ -42,6 +42,11 @@ def test_each_camera_gets_its_share_of_the_budget_and_its_own_folders(tmp_path):
     front, back = configs["front"], configs["back"]
     assert (front.cache.max_mib, back.cache.max_mib) == (8.0, 4.0)
     assert (front.archive.max_gib, back.archive.max_gib) == (2.0, 1.0)
+    # the evidence frames too: each camera's file filled the whole archive.frames_mib (3.7 MiB for 2 in a soak)
+    assert (front.archive.frames_mib, back.archive.frames_mib) == (4.0, 2.0)
+    with pytest.raises(ValueError, match=r"archive\.frames_mib 2 is shared .* leaves 0\.67 MiB to the smallest share "
+                                         r"\(at least 1 MiB each\): set it to at least 3"):
+        camera_configs(config.with_overrides(archive={"frames_mib": 2.0}))
     assert (front.video.source, front.video.fps, back.video.fps) == (FRONT, 2.0, 1.0)
     assert front.state.dir == str(tmp_path / "state" / "front") and back.archive.dir == str(tmp_path / "archive" / "back")
     assert front.ros2.namespace == "/edgekv/front" and back.ros2.namespace == "/edgekv/back"

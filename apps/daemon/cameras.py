@@ -5,8 +5,9 @@ capped cache, capture thread and reconnects, snapshots under ``state.dir/<name>`
 ``archive.dir/<name>``, alerts, ROS 2 topics under ``<ros2.namespace>/<name>`` (``-`` written ``_``) — so a camera
 that fails reconnects alone while the others go on. What they share:
 
-- **the memory budget**: ``cache.max_mib`` (or ``max_tokens``), ``archive.max_gib`` and ``state.max_mib`` are the
-  device's, split by the cameras' ``weight`` at start; every cap is allocated once, so the sum never changes.
+- **the memory budget**: ``cache.max_mib`` (or ``max_tokens``), ``archive.max_gib``, ``archive.frames_mib`` and
+  ``state.max_mib`` are the device's, split by the cameras' ``weight`` at start; every cap is allocated once, so the
+  sum never changes.
 - **the model, through one lock handed out in arrival order** (``FairLock``): each camera's loop takes it for a
   frame pair or an answer, so when every camera has work the turns go round — a camera's share of the loop stays
   near its share of the frame rate whatever the others do (measured in the closing note of issue 28).
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import signal
 import sys
 import threading
@@ -117,6 +119,12 @@ def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
     cameras = config.video.sources
     total = sum(camera.weight for camera in cameras)
     namespaces = ros_namespaces(config)
+    frames_mib = config.archive.frames_mib
+    least = min(camera.weight for camera in cameras) / total
+    if frames_mib and frames_mib * least < 1:  # a file's pages and log need 1 MiB (ArchiveSection.validate)
+        raise ValueError(f"archive.frames_mib {frames_mib:g} is shared by the cameras' weights, and leaves "
+                         f"{frames_mib * least:.2f} MiB to the smallest share (at least 1 MiB each): set it to at "
+                         f"least {math.ceil(1 / least)}, or 0 for no evidence frames on disk")
     out: dict[str, EdgeKVConfig] = {}
     for index, camera in enumerate(cameras):
         share = camera.weight / total
@@ -126,7 +134,8 @@ def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
             "video": {"source": camera.source, "fps": camera.fps or config.video.fps, "sources": []},
             "cache": cache,
             "state": {"dir": _sub(config.state.dir, camera.name), "max_mib": config.state.max_mib * share},
-            "archive": {"dir": _sub(config.archive.dir, camera.name), "max_gib": config.archive.max_gib * share},
+            "archive": {"dir": _sub(config.archive.dir, camera.name), "max_gib": config.archive.max_gib * share,
+                        "frames_mib": frames_mib * share},  # each camera's file once filled the whole setting
             "ros2": {"namespace": namespaces[camera.name]},
             "alerts": {"rules": [dataclasses.asdict(rule) for rule in config.alerts.rules
                                  if rule.camera in (None, camera.name)]},
