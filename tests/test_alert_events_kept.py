@@ -4,6 +4,7 @@ an SSE client or a notification holds were empty after every restart while the m
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import errno
 import json
 
@@ -162,3 +163,22 @@ def test_the_daemon_refuses_to_start_on_kept_alerts_it_cannot_open(tmp_path, cap
     assert Daemon(config, DaemonOptions(no_stdin=True, quiet=True, exit_at_end=True), out=out).run() == 2
     assert f"cannot start: {path}: sealed (encrypted) and this deployment has no key" in capsys.readouterr().err
     assert path.read_bytes() == sealed
+
+
+def test_an_alert_raised_after_the_clock_was_set_back_is_kept_as_the_newest(tmp_path):
+    """Files were named by the wall time they were raised at: once the clock was set back (NTP stepping a clock that
+    ran fast, a board without an RTC battery), a new alert sorted first, and past ``keep`` it was the one deleted, at
+    once; a restart listed the old alerts and not it. Files written before (named by time alone) read as older."""
+    folder = tmp_path / "alert-events"
+    folder.mkdir()
+    first = event(0)
+    (folder / f"{int(first.raised_unix * 1000):015d}-{first.id}.evt").write_text(  # as the first files were named
+        json.dumps({"format": 1, **{k: v for k, v in vars(first).items() if k != "keyframe_jpeg"}}))
+    log = EventLog(tmp_path, keep=3)
+    assert [e.id for e in log.load()] == [first.id]
+    for i in (1, 2):
+        log.save(event(i))
+    back = dataclasses.replace(event(3), raised_unix=event(3).raised_unix - 86_400.0)  # a day "before", by the clock
+    log.save(back)
+    assert [e.id for e in EventLog(tmp_path, keep=3).load()] == [event(1).id, event(2).id, back.id]
+    assert log.forget([back.id, event(1).id]) == 2 and [e.id for e in EventLog(tmp_path).load()] == [event(2).id]

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 
 log = logging.getLogger("edgekv.alerts")
@@ -44,8 +45,20 @@ def _check_fields(event) -> None:
             raise ValueError(f"{name}: {value}")
 
 
+_SEQUENCE = re.compile(r"s(\d+)-")
+
+
+def _event_id(name: str) -> str:
+    """The alert id in a kept file's name: ``s<sequence>-<ms>-<id>`` or the first files' ``<ms>-<id>``."""
+    stem = name[:-len(SUFFIX)]
+    return stem.split("-", 2)[2] if _SEQUENCE.match(stem) else stem.partition("-")[2]
+
+
 class EventLog:
-    """``state.dir/alert-events/``: one file an alert, named by the time it was raised, at most ``keep``."""
+    """``state.dir/alert-events/``: one file an alert, at most ``keep``, named ``s<sequence>-<raised ms>-<id>`` in the
+    order they were kept. Named by the wall time alone (as the first files were, ``<raised ms>-<id>``: read as older
+    than any sequence-named one), an alert raised after the clock was set back sorted first, and past ``keep`` the
+    newest alert was the one deleted, at once."""
 
     def __init__(self, folder: str | Path, keys=None, keep: int = 64) -> None:
         self.dir = Path(folder) / FOLDER
@@ -53,9 +66,14 @@ class EventLog:
         self.keep = keep
         self.write_errors = 0
         self.set_aside = 0
+        self._sequence: int | None = None  # the last file's, read from the folder at the first write
 
     def _path(self, event) -> Path:
-        return self.dir / f"{int(event.raised_unix * 1000):015d}-{event.id}{SUFFIX}"
+        if self._sequence is None:
+            numbers = [int(m.group(1)) for m in map(_SEQUENCE.match, (p.name for p in self.files())) if m]
+            self._sequence = max(numbers, default=0)
+        self._sequence += 1
+        return self.dir / f"s{self._sequence:012d}-{int(event.raised_unix * 1000):015d}-{event.id}{SUFFIX}"
 
     def files(self) -> list[Path]:
         """The kept alerts' files, oldest first."""
@@ -65,7 +83,7 @@ class EventLog:
         """Write ``event`` (temporary file, fsync, rename) and remove the oldest past ``keep``; a failing disk is
         logged and counted, never raised: the alert has gone out already."""
         try:
-            self._write(event)
+            self._write(event, self._path(event))
             for old in self.files()[:-self.keep]:
                 old.unlink(missing_ok=True)
         except OSError as exc:
@@ -73,8 +91,9 @@ class EventLog:
             log.warning("alerts: could not keep alert %s under %s (%s); it went out, and a restart will not list "
                         "it", event.id, self.dir, exc)
 
-    def _write(self, event) -> None:
-        """``event``'s file written whole or not at all; ``OSError`` when it could not be (the old file stays)."""
+    def _write(self, event, path: Path) -> None:
+        """``event``'s file ``path`` written whole or not at all; ``OSError`` when it could not be (the old file
+        stays)."""
         from edgekv.privacy import seal_blob
 
         doc = {"format": FORMAT, **{f.name: getattr(event, f.name) for f in dataclasses.fields(event)
@@ -84,7 +103,6 @@ class EventLog:
         data = json.dumps(doc).encode()
         if self.keys is not None:
             data = seal_blob(self.keys, data)
-        path = self._path(event)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +121,10 @@ class EventLog:
     def load(self) -> list:
         """The kept alerts, oldest first (``AlertEvent``s). ``SealError`` for a file sealed with a key this
         deployment lacks; a damaged one is set aside."""
+        return [event for _, event in self._load()]
+
+    def _load(self) -> list:
+        """``load``'s alerts, each with its file: ``[(path, AlertEvent)]``."""
         from edgekv.apps.outputs.alerts import AlertEvent
         from edgekv.privacy import BLOB_MAGIC, SealError, open_blob, refuse_unknown_blob_key
 
@@ -130,7 +152,7 @@ class EventLog:
             except (SealError, ValueError, TypeError, KeyError, AttributeError) as exc:  # cut short, damaged
                 self._aside(path, exc)
                 continue
-            events.append(event)
+            events.append((path, event))
         return events
 
     def _aside(self, path: Path, why: BaseException) -> None:
@@ -146,7 +168,7 @@ class EventLog:
         ids = set(event_ids)
         removed = 0
         for path in self.files():
-            if path.name[:-len(SUFFIX)].partition("-")[2] in ids:
+            if _event_id(path.name) in ids:
                 path.unlink(missing_ok=True)
                 removed += 1
         return removed
@@ -167,8 +189,8 @@ class EventLog:
         if not stale:
             return 0
         done = 0
-        for event in self.load():
-            if self._path(event).name in stale:
-                self._write(event)
+        for path, event in self._load():
+            if path.name in stale:
+                self._write(event, path)  # under its own name: its place in the order stays
                 done += 1
         return done
