@@ -105,3 +105,18 @@ def test_the_archive_and_the_jetson_service_keep_the_memory_to_the_daemons_user(
     assert directives["UMask"] == "0077" and directives["StateDirectoryMode"] == "0700"
     assert "install -d -o edgekv -g edgekv -m 0700 /var/lib/edgekv /var/lib/edgekv/archive" in (
         jetson / "install.sh").read_text()
+
+
+def test_the_attempt_table_stays_within_its_bound_when_every_address_is_spending():
+    """Only full buckets were dropped at ``max_clients``: a guesser rotating through addresses (an IPv6 prefix holds
+    2**64) kept every bucket spent, so the table grew past its bound, rebuilt whole at each new address. Now the
+    longest idle go; the addresses spending now are still limited."""
+    from edgekv.apps.server.guard import AttemptLimiter
+
+    now = [1000.0]
+    limiter = AttemptLimiter(per_minute=1, burst=1, clock=lambda: now[0], max_clients=64)
+    for i in range(5000):
+        now[0] += 0.001
+        assert limiter.allow(f"2001:db8::{i:x}")  # each address's first guess
+        assert len(limiter._buckets) <= 64
+    assert not limiter.allow("2001:db8::1387")  # the last address: its spent bucket was kept (0x1387 = 4999)

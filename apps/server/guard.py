@@ -383,8 +383,16 @@ class AttemptLimiter:
         return min(self.burst, tokens + (now - when) * self.rate)
 
     def _prune(self, client: str, now: float) -> None:
-        if len(self._buckets) >= self.max_clients and client not in self._buckets:
-            self._buckets = {c: b for c, b in self._buckets.items() if self._tokens(c, now) < self.burst}
+        """At ``max_clients`` a new address makes room: full buckets go, and if every address is still spending
+        (one guesser rotating through an IPv6 prefix), the longest idle, down to three quarters of the bound. Full
+        buckets alone let the table grow past its bound, rebuilt whole at each new address."""
+        if len(self._buckets) < self.max_clients or client in self._buckets:
+            return
+        kept = {c: b for c, b in self._buckets.items() if self._tokens(c, now) < self.burst}
+        room = max(1, self.max_clients * 3 // 4)
+        if len(kept) > room:
+            kept = dict(sorted(kept.items(), key=lambda item: item[1][1])[-room:])
+        self._buckets = kept
 
     def exhausted(self, client: str) -> bool:
         """Whether ``client`` has no attempt left now (nothing taken)."""
