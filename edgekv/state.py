@@ -492,7 +492,9 @@ def read_manifest(path: str | Path, keys=None) -> dict:
         raise SnapshotError(f"{path}: damaged manifest ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise SnapshotError(f"{path}: snapshot format {found!r}, this edgekv reads {FORMAT}")
+        newer = isinstance(found, int) and not isinstance(found, bool) and found > FORMAT
+        raise SnapshotError(f"{path}: snapshot format {found!r}, this edgekv reads {FORMAT}"
+                            + (" (written by a newer edgekv: upgrade this one to resume it)" if newer else ""))
     _check_fields(path, manifest)
     if sealer is not None:
         manifest["_sealer"] = sealer  # not JSON: read_tensors opens the sections with it

@@ -64,3 +64,18 @@ def test_check_reads_a_first_format_archive_alone_as_before(tmp_path, tiny_check
     one = EdgeKVConfig().with_overrides(model={"path": str(tiny_checkpoint), "dtype": "fp32"},
                                         archive={"dir": str(folder), "index_keys": 1})
     assert check_archive_shape(one) == "records of float32, as this config writes them"
+
+
+def test_a_snapshot_of_a_newer_format_says_a_newer_edgekv_wrote_it(tmp_path):
+    """A rollback to an older edgekv met the newer one's snapshot as "snapshot format 2, this edgekv reads 1": the
+    way out (upgrade again) was left to guess."""
+    from edgekv.state import FORMAT, SnapshotError, read_manifest, write_snapshot
+
+    path = tmp_path / "snapshot-00000001.ekv"
+    write_snapshot(path, {"format": FORMAT + 1}, {})
+    with pytest.raises(SnapshotError, match=rf"format {FORMAT + 1}, this edgekv reads {FORMAT} \(written by a newer "
+                                            r"edgekv: upgrade this one to resume it\)"):
+        read_manifest(path)
+    write_snapshot(path, {"format": "x"}, {})
+    with pytest.raises(SnapshotError, match=r"format 'x', this edgekv reads \d+$"):
+        read_manifest(path)
