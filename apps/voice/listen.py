@@ -315,8 +315,9 @@ class VoiceLoop:
             log.exception("voice loop stopped")
 
     def _command(self, text: str) -> bool:
-        """A spoken command (forget the last N minutes, pause, resume: apps/voice/commands.py) carried out and
-        answered aloud; False when ``text`` is a question."""
+        """A spoken command (forget the last N minutes or from one time to another, pause, resume:
+        apps/voice/commands.py) carried out and answered aloud — a forget not understood answered with the forms
+        that are; False when ``text`` is a question."""
         from edgekv.apps.voice.commands import parse, run
 
         command = parse(text)
