@@ -110,6 +110,8 @@ def test_questions_that_mention_forgetting_or_times_stay_questions(text):
     ("Forget from half past two to three.", "2026-06-10T01:00:00", "2026-06-09T14:30:00", "2026-06-09T15:00:00",
      ["half past two as 2:30 pm", "three as 3 pm"]),  # 2:30 am still to come: yesterday's 2:30 pm
     ("Forget what you saw since noon.", "2026-06-10T14:45:00", "2026-06-10T12:00:00", "2026-06-10T14:45:00", []),
+    # today's midnight, 15 h back: once refused as "00:00 today is still to come" (the 12 h bound is for yesterday's)
+    ("Forget everything since midnight.", "2026-06-10T15:20:00", "2026-06-10T00:00:00", "2026-06-10T15:20:00", []),
     ("Forget from ten past nine until now.", "2026-06-10T14:45:00", "2026-06-10T09:10:00", "2026-06-10T14:45:00",
      ["ten past nine as 9:10 am"]),
     ("Forget from 11 to 1.", "2026-06-10T14:45:00", "2026-06-10T11:00:00", "2026-06-10T13:00:00",

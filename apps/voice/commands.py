@@ -291,7 +291,7 @@ def clock_window(command: Command, now: float) -> ClockWindow:
     if t_to is not None and t_to.twelve_hour and unix_to - unix_from > MAX_TWELVE_HOUR_TO_S:
         raise WindowRefused(f"from {_twelve_hour(start)} to {_twelve_hour(end)} is {(unix_to - unix_from) / 3600:.1f} "
                             f"hours: not forgotten (did you mean from {t_to.said} to {t_from.said}?)")
-    if end is None and unix_to - unix_from > MAX_WRAPPED_FORGET_S:
+    if end is None and start > minute_now and unix_to - unix_from > MAX_WRAPPED_FORGET_S:  # yesterday's, not today's
         raise WindowRefused(f"{_clock(start)} today is still to come, and since {_clock(start)} yesterday is "
                             f"{(unix_to - unix_from) / 3600:.1f} hours: not forgotten")
     taken = [f"{said.said} as {_twelve_hour(minute)}" for said, minute in ((t_from, start), (t_to, end))
