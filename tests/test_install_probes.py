@@ -179,7 +179,8 @@ def test_the_help_s_run_without_a_config_file_is_the_demo(tmp_path):
     from edgekv.apps.daemon.camera import build_parser
 
     epilog = build_parser().epilog
-    command = shlex.split(" ".join(line.strip() for line in epilog.split("without a file:")[1].splitlines()).rstrip(")"))
+    lines = epilog.split("without a file:")[1].splitlines()
+    command = shlex.split(" ".join(line.strip() for line in lines).rstrip(")"))
     assert command[0] == "edgekv-camera" and "--config" not in command
     root = Path(__file__).resolve().parents[1]
     runs = [subprocess.run([sys.executable, "-m", "edgekv.apps.daemon.camera", *args], cwd=cwd, capture_output=True,
