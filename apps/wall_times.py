@@ -125,7 +125,7 @@ def wall_or_stream(name: str, value, now: float | None = None, after: float | No
             return "wall", parse_wall_time(value, now=now, after=after)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
-    seconds = real_seconds(value) if isinstance(value, (int, float)) else None  # a JSON integer of 400 digits too
+    seconds = real_seconds(value)  # a JSON integer of 400 digits too
     if seconds is None or not math.isfinite(seconds):
         raise ValueError(f"{name}: expected stream seconds (a finite number) or a wall time (a string such as "
                          f"\"10:03\" or \"2026-12-04T10:03:00+01:00\"), got {printable(repr(value), 40)}")
@@ -183,7 +183,7 @@ def forget_request(body) -> dict:
                           f"last_s", param=str(unknown[0]))
     last_s = body.get("last_s")
     if "last_s" in body:
-        seconds = real_seconds(last_s) if isinstance(last_s, (int, float)) else None
+        seconds = real_seconds(last_s)
         if seconds is None or not math.isfinite(seconds):
             raise WindowError(f"last_s: must be a finite number of seconds, got {printable(repr(last_s), 60)}",
                               param="last_s")

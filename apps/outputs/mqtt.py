@@ -1312,7 +1312,7 @@ def _pair_or_none(value) -> int | None:
 
 def _finite_or_none(value) -> float | None:
     """A number from a device's answer, or None for anything else (a device's reply is not trusted blindly)."""
-    number = real_seconds(value) if isinstance(value, (int, float)) else None  # 10**400 too: no OverflowError
+    number = real_seconds(value)  # 10**400 too: no OverflowError
     return number if number is not None and math.isfinite(number) else None
 
 
