@@ -417,6 +417,7 @@ class Daemon:
             self._source.close()  # its capture never started, so nothing else closes it
         self._start_alerts()
         self._start_frames()
+        self._finish_pending_forgets()  # before the first frame goes in, and before anyone can ask
         if cfg.power.enabled:
             from edgekv.apps.daemon.power import PowerPolicy
 
@@ -838,6 +839,7 @@ class Daemon:
                 stretches = [(t_from, t_to)]
                 self._forget_backlog(stream=(t_from, t_to))
             pairs, slots, archive, failed = 0, 0, None, []
+            noted = self._note_forget(stretches)  # on disk before the first file is touched
             for t_from, t_to in stretches:
                 result = self._forget_stretch(t_from, t_to, now)
                 failed += result.pop("failed")
@@ -858,6 +860,8 @@ class Daemon:
                 self.forgotten_at = time.time()
             if self.voice is not None:  # the spoken questions heard and their answers (a follow-up's conversation)
                 self.voice.forget_conversation()
+            if noted is not None and not failed:  # a part that failed stays noted: the next start does it again
+                self._strike_forget(noted)
         t_from, t_to = stretches[0][0], stretches[-1][1]
         out = {"from": t_from, "to": t_to, "pairs": pairs, "cache_slots": slots,
                "cache_tokens": self.session.cache.length, "snapshots": snapshots, "archive": archive}
@@ -877,6 +881,72 @@ class Daemon:
             raise OSError("; ".join(failed))
         return out
 
+    def _journal(self):
+        """Where forgets are noted while they run (``apps/daemon/forget_journal.py``): ``state.dir``, else the archive's
+        folder; None when nothing is kept on disk (the cache alone goes with the process)."""
+        from edgekv.apps.daemon.forget_journal import ForgetJournal
+
+        if self.state.enabled:
+            return ForgetJournal(self.state.dir)
+        if self.session is not None and self.session.recall is not None:
+            return ForgetJournal(self.session.recall.archive.dir)
+        return None
+
+    def _note_forget(self, stretches) -> dict | None:
+        """The forget about to run, noted in the journal (None: nothing on disk to forget, or the note failed —
+        said: a crash before the forget ends would leave the window in the files until it is forgotten again)."""
+        journal = self._journal()
+        if journal is None:
+            return None
+        recall = self.session.recall
+        try:
+            return journal.add(stretches, self._pair_span_s(),
+                               recall.stream.hex() if recall is not None and recall.stream is not None else None,
+                               self._frame_stream() if self.frames is not None else None)
+        except OSError as exc:
+            self.say(f"forget: could not note it in {journal.path} ({exc}); it goes on, but power lost before it "
+                     "ends would leave the window in the files until it is forgotten again")
+            return None
+
+    def _strike_forget(self, noted: dict) -> None:
+        journal = self._journal()
+        try:
+            journal.done(noted["id"])
+        except OSError as exc:  # done again at the next start: forgetting twice removes nothing more
+            self.say(f"forget: done, but could not strike it off {journal.path} ({exc}); the next start does it again")
+
+    def _finish_pending_forgets(self) -> None:
+        """At the start, before the first frame: the forgets a crash (power lost, kill -9, a watchdog restart) cut
+        short, done again from the journal — the cache restored from an older snapshot, the archive, the evidence
+        frames and the alerts — then a snapshot without them and the older ones deleted."""
+        journal = self._journal()
+        if journal is None:
+            return
+        try:
+            entries = journal.pending()
+        except OSError as exc:
+            self.say(f"forget: {exc}")
+            return
+        for noted in entries:
+            with self.lock:
+                failed, pairs = [], 0
+                for t_from, t_to in noted["stretches"]:
+                    result = self._forget_stretch(t_from, t_to, None, noted=noted)
+                    failed += result["failed"]
+                    pairs += len(result["pairs"])
+                try:
+                    self.state.rewrite_after_forget(self.session)
+                except OSError as exc:
+                    failed.append(f"snapshots: {exc}")
+                window = ", ".join(f"{a:g}..{b:g}" for a, b in noted["stretches"])
+                if failed:
+                    self.say(f"forget cut short by the last stop (t={window} s): done again, but not all of it: "
+                             f"{'; '.join(failed)}; it stays noted in {journal.path} for the next start")
+                    continue
+                self.say(f"forget cut short by the last stop (t={window} s) done again: {pairs} frame pairs left the "
+                         "restored memory")
+                self._strike_forget(noted)
+
     def _forget_backlog(self, unix: tuple[float, float] | None = None, stream: tuple[float, float] | None = None):
         """The frames of a forgotten window sampled while an answer ran, still waiting to go in: dropped (they would
         have gone into the memory after the forget). By their wall time, or their stream time."""
@@ -887,23 +957,29 @@ class Daemon:
         if dropped:
             log.info("forget: %d frames of the window waiting to be ingested dropped", dropped)
 
-    def _forget_stretch(self, t_from: float, t_to: float, now: float | None) -> dict:
+    def _forget_stretch(self, t_from: float, t_to: float, now: float | None, noted: dict | None = None) -> dict:
         """One stretch of ``forget`` (under its lock): the cache, the archive and its evidence frames, the alerts'
-        keyframes and events. A part that fails does not stop the others: it is named in ``failed``."""
+        keyframes and events. A part that fails does not stop the others: it is named in ``failed``. ``noted``: a
+        forget of the journal finished at the start (its streams and pad, as they were when it began)."""
         result = self.session.forget(t_from, t_to)  # the pairs with a frame in the window (StreamSession.pairs_in)
         removed = set(result["pairs"])
         # What is kept by the pair's stamp alone (its first frame's time) — archive records, evidence pictures (the
         # pair's second frame), keyframes, alerts — goes from one frame interval before the window: the pair whose
         # second frame is the window's first was kept whole, picture included.
-        t_lo = t_from - self._pair_span_s()
+        t_lo = t_from - (self._pair_span_s() if noted is None else noted["pad_s"])
         archive, failed = None, []
         if self.session.recall is not None:  # this stream's records (another stream's times are its own)
+            stream = self.session.recall.stream
+            if noted is not None:
+                stream = bytes.fromhex(noted["archive_stream"]) if noted["archive_stream"] else None
             try:
-                archive = self.session.recall.archive.forget(t_lo, t_to, stream=self.session.recall.stream)
+                if noted is None or stream is not None:
+                    archive = self.session.recall.archive.forget(t_lo, t_to, stream=stream)
             except OSError as exc:  # not a full disk (that deletes the segment whole): an I/O error, said at the end
                 failed.append(f"archive: {exc}")
         if self.frames is not None:  # its evidence frames on disk, overwritten (or, no room, all dropped)
-            archive = {**(archive or {}), "frames": self.frames.forget(t_lo, t_to, self._frame_stream())}
+            frame_stream = self._frame_stream() if noted is None else noted["frame_stream"]
+            archive = {**(archive or {}), "frames": self.frames.forget(t_lo, t_to, frame_stream)}
         if self.alerts is not None:
             ring = self.alerts.keyframes
             for pair in [p for p, t in ring.times.items() if t_lo <= t <= t_to or p in removed]:

@@ -14,8 +14,10 @@ to the whole capped cache.
 
 edgekv keeps one sink set per (layer, KV head): after compactions a slot holds different tokens in
 different KV heads, so the mass is averaged over the query heads of each KV-head group (GQA) and the
-top ``B`` are taken per group. With ``B`` at least the number of video tokens, every past token is a
-sink and prefill equals attention over the whole capped cache.
+top ``B`` are taken per group. While the cache holds at most ``B`` video tokens (the stream's start), every past
+token is a sink and prefill equals attention over the whole cache; ``check()`` refuses a ``B`` that leaves TaR/VaN
+no room under ``C`` (the sinks are protected), so "B covers the whole video" is ``policy: full`` with ``cache.sinks``
+(tests/test_statekv.py checks that equivalence).
 """
 
 from __future__ import annotations
