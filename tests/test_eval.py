@@ -670,9 +670,23 @@ def test_mlvu_and_videomme_annotations_that_cannot_be_read_are_refused_naming_th
 
 
 @pytest.mark.parametrize("reply, letter", [("B", "B"), ("(D) four", "D"), ("The answer is A.", "A"),
-                                           ("[C]", "C"), ("no idea", "C"), ("Answer: B", "B")])
+                                           ("[C]", "C"), ("no idea", ""), ("Answer: B", "B"), ("Based on it", "")])
 def test_letter_extraction(reply, letter):
     assert extract_letter(reply) == letter
+
+
+def test_a_reply_with_no_option_letter_is_scored_wrong_and_counted():
+    """Not read as C (a free guess that is right one time in four when C is the key): wrong, as Video-MME's scorer
+    has it, and counted in the summary."""
+    from edgekv.eval.videoqa import summarize
+
+    records = [{"task": "t", "answer": "C", "predicted": extract_letter(reply, 4), "reply": reply}
+               for reply in ("I cannot tell.", "C", "(A)")]
+    for record in records:
+        record["correct"] = record["predicted"] == record["answer"]
+    summary = summarize(records, "mlvu")
+    assert [r["correct"] for r in records] == [False, True, False]
+    assert summary["no_letter"] == 1 and summary["overall"] == pytest.approx(33.33)
 
 
 def test_eval_videoqa_runs_resumes_and_refuses_a_bad_layout(tmp_path, tiny_checkpoint, capsys):
@@ -685,7 +699,7 @@ def test_eval_videoqa_runs_resumes_and_refuses_a_bad_layout(tmp_path, tiny_check
             "--out", str(out)]
     assert main(args) == 0
     lines = (out / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and {json.loads(line)["predicted"] for line in lines} <= set("ABCD")
+    assert len(lines) == 2 and {json.loads(line)["predicted"] for line in lines} <= {*"ABCD", ""}  # "": no letter
     summary = json.loads((out / "summary.json").read_text())
     assert summary["budget_tokens"] == 768 and summary["policy"] == "infinipot_v"
     assert summary["accuracy"]["questions"] == 2 and "plotQA" in summary["accuracy"]["per_task"]

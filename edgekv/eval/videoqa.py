@@ -180,10 +180,12 @@ def prompt(item: Item, dataset: str) -> str:
 
 
 def extract_letter(reply: str, options: int = 4) -> str:
-    """The first option letter in a reply (``A``, ``(B)``, ``C.``, ``[D]``); ``C`` when there is none."""
+    """The first option letter in a reply (``A``, ``(B)``, ``C.``, ``[D]``); ``""`` when there is none, which is
+    never correct and is counted (``no_letter`` in the summary). Video-MME's own scorer and InfiniPot-V's current
+    ``extract_answer`` score such a reply wrong; InfiniPot-V's older script read it as C, a free 1-in-4 guess."""
     valid = LETTERS[:options]
     found = re.findall(rf"[\(\[\s]*([{valid}])(?:[\)\]\.\s:,]|$)", reply.replace("Answer", "").strip())
-    return found[0] if found else "C"
+    return found[0] if found else ""
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -398,6 +400,9 @@ def summarize(records: list[dict], dataset: str) -> dict:
     per_task = {t: _percent(rs) for t, rs in sorted(tasks.items())}
     out = {"questions": len(records), "overall": _percent(records) if records else None, "per_task": per_task,
            "all": _proportion(records), "tasks": {t: _proportion(rs) for t, rs in sorted(tasks.items())}}
+    choices = [r for r in records if "predicted" in r]
+    if choices:  # replies with no option letter: scored wrong, and how many there were (a prompt the model ignores)
+        out["no_letter"] = sum(r["predicted"] == "" for r in choices)
     if dataset == "mlvu":
         out["m_avg"] = _mean(per_task.values())
     if durations:
