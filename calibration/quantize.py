@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -52,14 +54,34 @@ _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "dow
 
 
 # ---------------------------------------------------------------------------------------------- math
-def quantize_weight(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W [N, K] (any float dtype) -> (q [K, N] uint8, zeros [K/g, N] uint8, scales [K/g, N] float16)."""
+FP16_MAX = float(torch.finfo(torch.float16).max)
+
+
+def quantize_weight(weight: torch.Tensor, group: int,
+                    name: str = "weight") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W [N, K] (any float dtype) -> (q [K, N] uint8, zeros [K/g, N] uint8, scales [K/g, N] float16).
+
+    ValueError naming ``name`` for what the format cannot hold: an inf or nan weight (its group's scale and
+    every weight of the group would come back nan) and a group spanning more than 15 float16 steps can."""
     n, k = weight.shape
     if k % group:
-        raise ValueError(f"group size {group} does not divide in_features {k}")
-    w = weight.detach().to(torch.float32).reshape(n, k // group, group)
+        raise ValueError(f"{name}: group size {group} does not divide in_features {k}")
+    w = weight.detach().to(torch.float32)
+    bad = ~torch.isfinite(w)
+    if bool(bad.any()):
+        row, column = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name}: {int(bad.sum())} weight(s) are inf or nan (first at [{row}, {column}]); a 4-bit "
+                         f"group holding one comes back all nan. Repair the source checkpoint first")
+    w = w.reshape(n, k // group, group)
     low, high = w.amin(dim=-1).clamp(max=0), w.amax(dim=-1).clamp(min=0)  # [N, G], 0 inside the range
     scales = ((high - low).clamp(min=1e-5) / 15).to(torch.float16)
+    overflow = torch.isinf(scales)
+    if bool(overflow.any()):
+        row, index = (int(i) for i in overflow.nonzero()[0])
+        span = float(high[row, index].double() - low[row, index].double())
+        raise ValueError(f"{name}: the weights of row {row}, inputs {index * group}..{(index + 1) * group - 1} span "
+                         f"{span:.4g}, more than 15 steps of the largest float16 scale ({FP16_MAX:g}) reach; the "
+                         f"scale would overflow to inf and the group come back nan")
     s = scales.to(torch.float32)
     zeros = (-torch.round(low / s)).clamp(0, 15)
     q = (torch.round(w / s[..., None]) + zeros[..., None]).clamp(0, 15)
@@ -67,9 +89,9 @@ def quantize_weight(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
             scales.t().contiguous())
 
 
-def quantized_tensors(weight: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+def quantized_tensors(weight: torch.Tensor, group: int, name: str = "weight") -> dict[str, torch.Tensor]:
     """W [N, K] -> the AutoAWQ GEMM tensors ``qweight``, ``qzeros``, ``scales``."""
-    q, zeros, scales = quantize_weight(weight, group)
+    q, zeros, scales = quantize_weight(weight, group, name)
     return {"qweight": pack_awq(q), "qzeros": pack_awq(zeros), "scales": scales}
 
 
@@ -116,7 +138,8 @@ def calibration_inputs(model_dir: Path, streams: int = 4, pairs: int = 12, seed:
     from edgekv.video.events import EventPlan, EventScene, SceneStyle, random_events
 
     runtime = Runtime.from_pretrained(str(model_dir), model={"dtype": "fp32", "device": "cpu"},
-                                      cache={"policy": "full", "max_tokens": 64 + 16 * pairs + 128, "text_reserve_tokens": 64},
+                                      cache={"policy": "full", "max_tokens": 64 + 16 * pairs + 128,
+                                             "text_reserve_tokens": 64},
                                       video={"fps": 2.0, "resolution": [112, 112]})
     rng = np.random.default_rng(seed)
     with _LinearInputs(runtime.model.language.layers) as captured:
@@ -182,8 +205,8 @@ def awq_adjustments(model_dir: Path, group: int, progress: Progress | None = Non
     from edgekv.model.config import ModelConfig
 
     config = ModelConfig.from_dir(model_dir)
+    weights = _read_layer_weights(model_dir)  # first: a weight it refuses is named before minutes of calibration
     inputs = calibration_inputs(model_dir)
-    weights = _read_layer_weights(model_dir)
     factors: dict[str, torch.Tensor] = {}
     for layer in range(config.text.num_hidden_layers):
         base = f"model.layers.{layer}"
@@ -222,6 +245,8 @@ def _read_layer_weights(model_dir: Path) -> dict[str, torch.Tensor]:
                 canonical = module_key_to_checkpoint(module) if module else key
                 if canonical.startswith("model.layers.") and canonical.endswith(tuple(f"{n}.weight" for n in _LINEARS)):
                     out[canonical] = handle.get_tensor(key).to(torch.float32)
+                    if not bool(torch.isfinite(out[canonical]).all()):
+                        quantize_weight(out[canonical], out[canonical].shape[1], f"{path}: tensor {key}")  # names it
     return out
 
 
@@ -247,20 +272,25 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
         raise ValueError(f"OUT_DIR: {out_dir} is the input directory; write the 4-bit copy elsewhere")
     _check_output(out_dir, max_shard_bytes)
     if not in_dir.is_dir():
-        raise ValueError(f"IN_DIR: {in_dir}: no such directory")
+        raise ValueError(f"IN_DIR: {in_dir}: " + ("not a directory (give the checkpoint's folder)" if in_dir.exists()
+                                                  else "no such directory"))
     if not (in_dir / "config.json").is_file():
         raise ValueError(f"IN_DIR: {in_dir} has no config.json (not a Qwen2.5-VL checkpoint directory)")
     raw = read_config_json(in_dir / "config.json")
-    if raw.get("quantization_config") is not None:
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    if raw.get("quantization_config") is not None or text.get("quantization_config") is not None:
         raise ValueError(f"{in_dir}: already quantized (config.json has a quantization_config)")
     config = ModelConfig.from_dir(in_dir)
     linears = _linear_shapes(config)
     for name, (n, k) in linears.items():
+        if n % PACK:
+            raise ValueError(f"IN_DIR: {in_dir}: {name} has {n} output features, not a multiple of {PACK}: the "
+                             f"AutoAWQ GEMM layout packs {PACK} outputs into each int32 word")
         group = _group_for(group_size, k)
         if k % group:
             raise ValueError(f"--group-size: {group_size} does not divide in_features {k} of {name} "
                              f"(choose a divisor of {sorted({kk for _, kk in linears.values()})})")
-    _check_weights(in_dir, linears)
+    _check_weights(in_dir, config, linears)
     factors = {}
     if method == "awq":
         search = Progress(config.text.num_hidden_layers, label="quantize") if progress else None
@@ -282,13 +312,13 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
                     prefix = name.removesuffix(".weight")
                     if prefix in linears:
                         group = _group_for(group_size, linears[prefix][1])
-                        for part, value in quantized_tensors(tensor, group).items():
+                        for part, value in quantized_tensors(tensor, group, f"{path}: tensor {key}").items():
                             writer.add(f"{prefix}.{part}", value)
                         done += 1
                         if bar is not None:
                             bar(done, f"{done}/{len(linears)} linears ({prefix})")
                     else:
-                        writer.add(name, tensor.to(out_dtype) if tensor.is_floating_point() else tensor)
+                        writer.add(name, _converted(tensor, out_dtype, f"{path}: tensor {key}"))
         writer.close()
         if bar is not None:
             bar.close()
@@ -303,33 +333,74 @@ def quantize_checkpoint(in_dir: str | Path, out_dir: str | Path, *, bits: int = 
     return out_dir
 
 
-def _check_weights(in_dir: Path, linears: dict[str, tuple[int, int]]) -> None:
-    """Refuse, before anything is written, weight files cut short (an interrupted copy: safetensors' own reader
-    failed mid-write with a traceback) and a checkpoint lacking a decoder linear, which used to be written out
-    without it and exit 0 — a 4-bit checkpoint that no loader takes, the error naming OUT_DIR, not the input."""
-    from edgekv.model.loading import (check_safetensors_file, checkpoint_key_to_module, module_key_to_checkpoint,
-                                      weight_files)
+def _converted(tensor: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """A tensor left unquantized, in the output dtype; ValueError naming it where a finite value overflows (a bf16 or
+    fp32 value past float16's 65504 would be written as inf)."""
+    if not tensor.is_floating_point():
+        return tensor
+    out = tensor.to(dtype)
+    overflow = torch.isinf(out) & torch.isfinite(tensor)
+    if bool(overflow.any()):
+        where = [int(i) for i in overflow.nonzero()[0]]
+        value = float(tensor[tuple(where)])
+        raise ValueError(f"{name}: {int(overflow.sum())} value(s) (first at {where}: {value:.6g}) do not fit "
+                         f"{str(dtype).removeprefix('torch.')}; write the unquantized tensors with --dtype bf16 or "
+                         f"fp32")
+    return out
 
+
+def _check_weights(in_dir: Path, config, linears: dict[str, tuple[int, int]]) -> None:
+    """Refuse, before anything is written, what would make a 4-bit checkpoint no loader takes (the error then naming
+    OUT_DIR, not the input) or the run fail part way: weight files cut short (an interrupted copy: safetensors' own
+    reader failed mid-write with a traceback), a decoder linear in no file, a tensor whose shape is not the one
+    config.json implies (its 4-bit parts were written with the tensor's shape, and the load refused them), and
+    tensors already 4-bit (``.qweight``) under a config.json that does not say so."""
+    from edgekv.model.loading import (check_safetensors_file, checkpoint_key_to_module, checkpoint_shapes,
+                                      module_key_to_checkpoint, weight_files)
+    from edgekv.model.tensor_file import TensorFile
+
+    expected = checkpoint_shapes(config)
     stored = set()
     for path in weight_files(in_dir):
-        for key in check_safetensors_file(path):
-            module = checkpoint_key_to_module(key)
-            stored.add(module_key_to_checkpoint(module) if module else key)
+        check_safetensors_file(path)  # a damaged file named first, as the loader names it
+        with TensorFile(path) as handle:
+            for key in handle.names:
+                module = checkpoint_key_to_module(key)
+                canonical = module_key_to_checkpoint(module) if module else key
+                stored.add(canonical)
+                if key.endswith((".qweight", ".qzeros")):
+                    raise ValueError(f"IN_DIR: {in_dir}: already quantized ({path.name} holds tensor {key}); "
+                                     f"edgekv quantize reads a floating-point checkpoint")
+                shape, want = handle.shape(key), expected.get(canonical)
+                if want is not None and tuple(shape) != tuple(want):
+                    raise ValueError(f"IN_DIR: {path}: tensor {key}: config.json implies shape {list(want)}, found "
+                                     f"{list(shape)}")
     missing = [f"{prefix}.weight" for prefix in linears if f"{prefix}.weight" not in stored]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ValueError(f"IN_DIR: {in_dir}: tensor {missing[0]}{more} is in no weight file")
 
 
-def _check_output(out_dir: Path, max_shard_bytes: int) -> None:
+def _check_output(out_dir: Path, max_shard_bytes: int, replaces_quantized: bool = True) -> None:
     """Refuse, before anything is read or searched, an ``OUT_DIR`` that is a file or a folder of something other
-    than a checkpoint (it would be replaced whole), and a shard size that is not positive."""
+    than a checkpoint (it would be replaced whole), and a shard size that is not positive. ``replaces_quantized``:
+    the checkpoint an ``OUT_DIR`` may hold must be a 4-bit one (an earlier run's): a floating-point checkpoint
+    there — the source of another run, a slip of the command line — used to be deleted and replaced."""
     if max_shard_bytes <= 0:
         raise ValueError(f"--max-shard-gb: must be > 0 (got {max_shard_bytes / 2**30:g})")
     if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir())
                                                        and not (out_dir / "config.json").is_file())):
         raise ValueError(f"OUT_DIR: {out_dir} exists and is not a checkpoint folder (it would be replaced); choose "
                          f"another or remove it")
+    if replaces_quantized and (out_dir / "config.json").is_file():
+        try:
+            raw = read_config_json(out_dir / "config.json")
+        except (OSError, ValueError):
+            raw = {}
+        text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+        if raw.get("quantization_config") is None and text.get("quantization_config") is None:
+            raise ValueError(f"OUT_DIR: {out_dir} holds a checkpoint that is not 4-bit (its config.json has no "
+                             f"quantization_config), which would be replaced; choose another folder or remove it")
 
 
 @contextlib.contextmanager
@@ -340,6 +411,7 @@ def _output_folder(out_dir: Path):
     failed to load, or loaded the previous run's weights where the shapes agreed. A failure or Ctrl-C leaves
     ``out_dir`` as it was and removes the sibling."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out_dir, "partial")
     partial = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
@@ -355,6 +427,30 @@ def _output_folder(out_dir: Path):
     os.replace(partial, out_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    _remove_stale(out_dir, "old")  # an earlier run's, killed between its two renames: the new one is in place now
+
+
+def _remove_stale(out_dir: Path, kind: str) -> None:
+    """Remove the hidden ``.<name>.<kind>-<pid>`` folders beside ``out_dir`` whose process is gone. A run killed
+    (SIGKILL, power loss) cannot remove its own, and at 3B each partial folder held up to 2 GB of a Jetson's flash
+    that no later run ever freed. A folder whose process still runs (another conversion to the same place) stays."""
+    prefix = f".{out_dir.name}.{kind}-"
+    for entry in out_dir.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = entry.name[len(prefix):]
+        if pid.isdigit() and entry.is_dir() and not entry.is_symlink() and not _process_alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: someone else's process
+        return True
+    return True
 
 
 def _linear_shapes(config) -> dict[str, tuple[int, int]]:
@@ -433,7 +529,7 @@ def dequantize_checkpoint(in_dir: str | Path, out_dir: str | Path, dtype: torch.
     quant = QuantConfig.from_model_config(raw)
     if quant is None or quant.method != "awq":
         raise ValueError(f"{in_dir}: not an AWQ checkpoint")
-    _check_output(out_dir, max_shard_bytes)
+    _check_output(out_dir, max_shard_bytes, replaces_quantized=False)
     with _output_folder(out_dir) as folder:
         writer = _ShardWriter(folder, max_shard_bytes)
         parts: dict[str, dict[str, torch.Tensor]] = {}
@@ -483,7 +579,8 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=128,
                         help="input features per scale and zero point (-1: one group per output feature)")
     parser.add_argument("--method", choices=["rtn", "awq"], default="rtn",
-                        help="rtn: round to nearest; awq: activation-aware scaling searched on calibration inputs first")
+                        help="rtn: round to nearest; awq: activation-aware scaling searched on calibration inputs "
+                             "first")
     parser.add_argument("--dtype", choices=sorted(_OUT_DTYPES), default="fp16",
                         help="dtype of everything left unquantized (AutoAWQ writes fp16)")
     parser.add_argument("--max-shard-gb", type=float, default=2.0, help="largest safetensors file, in GB")
@@ -492,8 +589,10 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def quantize_main(args: argparse.Namespace) -> int:
+    if not (math.isfinite(args.max_shard_gb) and args.max_shard_gb > 0):  # inf was an OverflowError's traceback
+        raise ValueError(f"--max-shard-gb: must be > 0 and finite, in GB (got {args.max_shard_gb:g})")
     out = quantize_checkpoint(args.in_dir, args.out_dir, bits=args.bits, group_size=args.group_size,
-                              method=args.method, dtype=args.dtype, max_shard_bytes=int(args.max_shard_gb * 2**30),
-                              progress=True)
+                              method=args.method, dtype=args.dtype,
+                              max_shard_bytes=max(1, int(args.max_shard_gb * 2**30)), progress=True)
     print(f"wrote a 4-bit checkpoint (AutoAWQ GEMM, group size {args.group_size}, {args.method}) to {out}")
     return 0

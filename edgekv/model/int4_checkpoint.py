@@ -111,6 +111,12 @@ def check_part(tensor: torch.Tensor, name: str, part: str, path: Path, error) ->
         if tensor.dtype != torch.float16 and not torch.equal(tensor.to(torch.float16).to(tensor.dtype), tensor):
             raise error(f"{path}: tensor {name}: {str(tensor.dtype).removeprefix('torch.')} scales that float16 "
                         f"cannot hold exactly", name)
+        # a flipped bit or a quantizer that overflowed: every weight of the group would be nan, and so the logits
+        bad = ~torch.isfinite(tensor)
+        if bool(bad.any()):
+            where = [int(i) for i in bad.nonzero()[0]]
+            raise error(f"{path}: tensor {name}: {int(bad.sum())} scale(s) are inf or nan (first at {where}); the "
+                        f"file is damaged or was written by a quantizer that overflowed", name)
 
 
 def finish_linear(model: nn.Module, plan: QuantizedLinearPlan, quant: QuantConfig, device: torch.device,
