@@ -234,6 +234,28 @@ def test_the_login_form_is_rate_limited(tiny_checkpoint, tmp_path):
         assert status == 429  # while limited even the right token is not checked: no oracle for guessers
 
 
+def test_right_sign_ins_do_not_spend_the_guessers_bucket(tiny_checkpoint, tmp_path):
+    """Ten sign-ins with the right token in a row (a page opened in several browsers), then the API with the right
+    bearer token: all served. Before, the sixth sign-in and every request after it got 429 for a minute."""
+    config = server_config(tiny_checkpoint, token="the-right-token", login_attempts_per_minute=6)
+    with RunningDaemon(config, tmp_path / "out.txt") as running:
+        for _ in range(10):
+            assert call(running.port, "POST", "/v1/edgekv/login", {"token": "the-right-token"})[0] == 204
+        assert call(running.port, "GET", "/v1/models", headers={"Authorization": "Bearer the-right-token"})[0] == 200
+
+
+def test_a_refund_gives_back_one_attempt_and_never_more_than_the_burst():
+    from edgekv.apps.server.guard import AttemptLimiter
+
+    limiter = AttemptLimiter(per_minute=6, burst=3, clock=lambda: 0.0)
+    for _ in range(10):  # right tokens: each attempt taken is given back
+        assert limiter.allow("a")
+        limiter.refund("a")
+    limiter.refund("a")
+    limiter.refund("b")  # nothing taken: nothing to give back, no bucket made
+    assert [limiter.allow("a") for _ in range(4)] == [True, True, True, False]  # guesses still spend it
+
+
 def test_the_login_limiter_refills_with_time():
     from edgekv.apps.server.guard import AttemptLimiter
 

@@ -72,7 +72,7 @@ def test_every_route_but_health_and_page_needs_the_token(running):
     assert call(running.port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
     assert call(running.port, "GET", "/healthz")[0] == 200
     status, _, page = call(running.port, "GET", "/")
-    assert status == 200 and b'id="login"' in page and b"/frame.jpg" not in page  # the login form, nothing else
+    assert status == 200 and b'id="login"' in page and b'id="frame"' not in page  # the login form, nothing else
 
 
 def test_the_token_is_checked_before_the_body_is_read(running):
@@ -96,7 +96,7 @@ def test_login_sets_a_strict_http_only_cookie_that_opens_the_page(running):
     assert TOKEN not in cookie
     session = {"Cookie": cookie.split(";")[0]}
     status, _, page = call(running.port, "GET", "/", headers=session)
-    assert status == 200 and b"/frame.jpg" in page
+    assert status == 200 and b'id="frame"' in page  # the live page (its script, /static/page.js, fetches the frame)
     assert call(running.port, "GET", "/frame.jpg", headers=session)[0] == 200
     status, _, body = chat(running.port, "hi", headers=session, max_tokens=1)
     assert status == 200, body

@@ -89,8 +89,11 @@ def _tls(pki, **more) -> dict:
             "request_timeout_s": HANDSHAKE_S, **more}
 
 
-def _https(port: int, path: str, context: ssl.SSLContext, method: str = "GET", body=None, headers=None):
-    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=60, context=context)
+def _https(port: int, path: str, context: ssl.SSLContext, method: str = "GET", body=None, headers=None,
+           source: str | None = None):
+    """``source``: the client's own address (another loopback one, 127.0.0.2 ..., for another host)."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=60, context=context,
+                                       source_address=(source, 0) if source else None)
     try:
         conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
                      headers={"Content-Type": "application/json", **(headers or {})})
@@ -98,6 +101,12 @@ def _https(port: int, path: str, context: ssl.SSLContext, method: str = "GET", b
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:
         conn.close()
+
+
+def _connect_from(host: str, port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(host, 0))
+    sock.settimeout(10)
+    return sock
 
 
 def _ask(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -238,7 +247,8 @@ def test_connections_that_never_greet_count_against_the_limits_and_time_out(tiny
     """The TLS slowloris: TCP connections that never send a ClientHello. Counted as they are accepted, as plain
     HTTP's are (server.max_connections: those past it are closed long before any deadline), and closed when the
     handshake has not ended within server.request_timeout_s (asyncio's own handshake timeout is a minute); a
-    client that greets is served throughout."""
+    client that greets from another address is served throughout (the last slot is kept for an address that holds
+    none: guard.ConnectionLimits.reserved)."""
     from helpers_server import connect, read_until_closed
 
     trusted = ssl.create_default_context(cafile=str(pki["ca"]))
@@ -246,8 +256,9 @@ def test_connections_that_never_greet_count_against_the_limits_and_time_out(tiny
                             max_connections_per_client=100)
     with RunningDaemon(limited, tmp_path / "limited.txt") as run:
         silent = [connect(run.port) for _ in range(5)]
-        assert _https(run.port, "/healthz", trusted)[0] == 200  # the sixth slot is left for it
-        last_slot, one_more = connect(run.port), connect(run.port)  # the seventh: past max_connections
+        assert _https(run.port, "/healthz", trusted, source="127.0.0.2")[0] == 200  # the sixth slot is left for it
+        last_slot = _connect_from("127.0.0.2", run.port)
+        one_more = connect(run.port)  # the seventh: past max_connections
         data, waited = read_until_closed(one_more, 40.0)
         assert data == b"" and waited < 40.0  # closed as accepted: the handshake deadline is 60 s
         for sock in [*silent, last_slot, one_more]:
@@ -355,6 +366,26 @@ def test_outgoing_tls_files_are_checked_with_the_config_and_at_start(tiny_checkp
         assert Daemon(config, daemon_args(), out=out).run() == 2
     err = capsys.readouterr().err
     assert f"alerts.webhook_ca_file: {tmp_path / 'none.pem'}: no such file" in err, err
+
+
+def test_https_answers_say_strict_transport_security_and_plain_ones_do_not(tiny_checkpoint, tmp_path, pki):
+    """Before: no HSTS, so a browser that had used the daemon over HTTPS still tried http:// for its name first
+    (where anyone on the network can answer). Every HTTPS answer now carries it — the health fast path, the
+    page, the guard's own refusals, the routes — and no plain-HTTP answer does (RFC 6797: meaningless there)."""
+    from helpers_server import call
+
+    trusted = ssl.create_default_context(cafile=str(pki["ca"]))
+    with RunningDaemon(server_config(tiny_checkpoint, **_tls(pki), token="s3cret"), tmp_path / "tls.txt") as run:
+        answers = {"healthz": _https(run.port, "/healthz", trusted), "page": _https(run.port, "/", trusted),
+                   "401": _https(run.port, "/v1/edgekv/status", trusted),
+                   "status": _https(run.port, "/v1/edgekv/status", trusted, headers={"Authorization": "Bearer s3cret"})}
+    assert [status for status, _, _ in answers.values()] == [200, 200, 401, 200]
+    for name, (_, headers, _) in answers.items():
+        hsts = headers.get("strict-transport-security", "")
+        assert hsts.startswith("max-age=") and int(hsts.split("=")[1].split(";")[0]) >= 86400, (name, hsts)
+    with RunningDaemon(server_config(tiny_checkpoint, token="s3cret"), tmp_path / "plain.txt") as run:
+        for path in ("/healthz", "/", "/v1/edgekv/status"):
+            assert "strict-transport-security" not in call(run.port, "GET", path)[1], path
 
 
 def test_the_status_page_over_https_in_a_real_browser(tiny_checkpoint, tmp_path, pki):

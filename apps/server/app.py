@@ -2,13 +2,14 @@
 
     POST /v1/chat/completions   OpenAI-compatible; answers about the live stream; ``stream: true`` = SSE   (chat)
     GET  /v1/models             the model this daemon serves, under each served name (and /v1/models/{id})  (info)
-    GET  /healthz, /health      liveness and stream state (never need the token)                           (info)
+    GET  /healthz, /health      liveness (never needs the token); stream state, frames, problems with it    (info)
     GET  /version               edgekv's version (never needs the token)                                   (info)
     GET  /metrics               Prometheus (prometheus_client): seconds, bytes, histograms, exact counters (info)
     GET  /v1/edgekv/status      figures, kept-patch map, recent questions (the page polls it)              (info)
     GET  /frame.jpg             the latest ingested frame (the page tints the kept patches itself); ``?pair=N``:
                                 an answer's evidence frame while the keyframe ring keeps it                  (info)
     GET  /                      status page (a login form first when a token is set)                      (page)
+    GET  /static/{name}         its scripts and styles (no inline script: the CSP allows 'self' only)     (page)
     POST /v1/edgekv/login       {"token": ...} -> session cookie for the page (HttpOnly, SameSite=Strict)  (page)
     POST /v1/edgekv/logout                                                                                  (page)
     POST|GET /v1/alerts, DELETE /v1/alerts/{id}, GET /v1/alerts/stream (SSE), /v1/alerts/events   (alerts)
@@ -106,7 +107,7 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
               ChatLimits(served_model_names(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens,
                          images=cfg.image_requests),
               {name: resources.files("edgekv.apps.server").joinpath(f"static/{name}").read_text()
-               for name in ("index.html", "login.html")})
+               for name in page.FILES})
     app = FastAPI(title="edgekv", version=_version(), docs_url=None, redoc_url=None, responses=COMMON_RESPONSES)
     _install_error_handlers(app)
     for routes in (info.router(api), page.router(api), chat.router(api), alerts.router(api), voice.router(api),

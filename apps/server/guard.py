@@ -8,8 +8,8 @@
 2. An ``Origin`` header (browsers send it on cross-site requests and on every POST) must be this
    server's own origin: a foreign web page cannot drive the API through the user's browser.
 3. The token (``Authorization: Bearer``, or the session cookie the login form sets) is checked next,
-   before the body is read; ``/healthz``, the page itself (which shows the login form) and the login
-   route need none.
+   before the body is read; ``/healthz`` (its details need it: ``info.public_health``), the page itself (which
+   shows the login form), the form's script and style and the login route need none.
 4. A POST must be ``Content-Type: application/json`` (a cross-site ``<form>`` or ``text/plain`` fetch
    cannot send that without a CORS preflight, which step 2 refuses).
 5. A declared ``Content-Length`` over ``server.max_request_bytes`` is refused at once; a chunked body is
@@ -25,7 +25,9 @@ an answer* (still sending their request, or idle between requests). One more is 
 opens, so a slowloris from one host that reopens every connection it loses cannot hold every slot, while the
 clients of one host — or of a reverse proxy, where every client is 127.0.0.1 — that have sent their request
 and wait for the answer (a queued chat) are never counted. uvicorn's own ``timeout_keep_alive`` closes idle
-keep-alive connections.
+keep-alive connections, and when fewer than a tenth of the slots are free (``ConnectionLimits.reserved``) idle ones
+are closed at once to make room; that last tenth is kept for addresses that hold no connection still sending a
+request, so a few hosts, each under its cap, cannot hold every slot between them and a health check still gets in.
 
 ``AttemptLimiter`` rate-limits the status page's login per client address (a token bucket): guesses in
 parallel no longer go as fast as they come. Wrong ``Authorization: Bearer`` tokens on any route take from the
@@ -39,8 +41,10 @@ import hashlib
 import hmac
 import ipaddress
 import math
+import secrets
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -53,13 +57,20 @@ from edgekv.apps.server.openai_chat import ApiError, error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-PUBLIC_PATHS = frozenset({"/healthz", "/health", "/version", "/", "/v1/edgekv/login", "/v1/edgekv/logout"})
+PUBLIC_ASSETS = ("login.js", "login.css")  # the login form's own files, under /static/ (page.py)
+PUBLIC_PATHS = frozenset({"/healthz", "/health", "/version", "/", "/v1/edgekv/login", "/v1/edgekv/logout",
+                          *(f"/static/{name}" for name in PUBLIC_ASSETS)})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 COOKIE_NAME = "edgekv_session"
 REFUSAL_PAUSE_S = 1.0  # a connection refused by the per-client cap is closed this long after its 503
 PENDING_GRACE_S = 1.0  # a connection counts against its address's cap once it has been receiving this long
 SHAPED_PATHS = frozenset({"/metrics", "/v1/edgekv/status", "/frame.jpg"})  # server.reads_per_second
 SHAPING_WAIT_S = 2.0   # a read over the rate waits at most this long for its turn, else 429
+# HTTPS answers: a year (browsers ignore it for IP literals and over a certificate they did not trust, so a
+# self-signed daemon reached by address is unaffected). No includeSubDomains: the daemon speaks for its own name
+# only. Note that HSTS covers every port of the name: plain-HTTP services beside the daemon under the same name
+# are then reached as https:// by the browsers that saw it.
+HSTS_VALUE = b"max-age=31536000"
 
 
 def is_loopback(host: str) -> bool:
@@ -87,31 +98,56 @@ class SessionCookies:
     """The status page's login: a cookie that proves the token was typed, without holding it.
 
     Chosen over a one-time URL token: a token in a URL lands in browser history, server logs, the
-    ``Referer`` of every link and over the shoulder, and a one-time token needs server-side state that a
-    restart loses. The cookie is ``HttpOnly`` (page scripts, and so injected scripts, cannot read it),
-    ``SameSite=Strict`` (no other site's page makes the browser send it) and ``Path=/``; it holds an
-    expiry and ``HMAC-SHA256(token, expiry)``, so it is stateless, outlives daemon restarts, and every
-    cookie dies when the token changes. ``Secure`` (sent over HTTPS only) when the daemon serves HTTPS
-    (``server.tls_cert_file``); over plain HTTP a browser would never send a Secure cookie back.
+    ``Referer`` of every link and over the shoulder. The cookie is ``HttpOnly`` (page scripts, and so injected
+    scripts, cannot read it), ``SameSite=Strict`` (no other site's page makes the browser send it) and ``Path=/``;
+    it holds an expiry, a random session id and ``HMAC-SHA256(token, expiry, id)``. The ids of the sessions signed
+    in are kept here, in memory: signing out forgets its id, so the cookie is dead server-side at once, a copy of
+    it included (a stateless cookie stayed valid until its expiry, 12 h, whatever the browser did with it). A
+    restart forgets every session (the page asks for the token again), and a new token fails every MAC.
+    ``Secure`` (sent over HTTPS only) when the daemon serves HTTPS (``server.tls_cert_file``); over plain HTTP a
+    browser would never send a Secure cookie back. At most ``max_sessions`` live at once: past it the oldest
+    sign-in is forgotten (a bound on what logins, which need the token, can make the daemon hold).
     """
 
     def __init__(self, token: str, lifetime_s: int = 12 * 3600, clock: Callable[[], float] = time.time,
-                 secure: bool = False) -> None:
+                 secure: bool = False, max_sessions: int = 1024) -> None:
         self._key, self.lifetime_s, self._clock = token.encode(), lifetime_s, clock
+        self.max_sessions = max_sessions
         self.flags = "Path=/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
+        self._live: dict[str, int] = {}  # session id -> expiry, in sign-in order (the event loop's thread only)
 
-    def _mac(self, expiry: int) -> str:
-        return hmac.new(self._key, f"edgekv-session:{expiry}".encode(), hashlib.sha256).hexdigest()
+    def _mac(self, expiry: int, session: str) -> str:
+        return hmac.new(self._key, f"edgekv-session:{expiry}:{session}".encode(), hashlib.sha256).hexdigest()
 
     def issue(self) -> str:
-        expiry = int(self._clock()) + self.lifetime_s
-        return f"{expiry}.{self._mac(expiry)}"
+        now = int(self._clock())
+        self._live = {s: e for s, e in self._live.items() if e >= now}
+        while len(self._live) >= self.max_sessions:
+            del self._live[next(iter(self._live))]
+        expiry, session = now + self.lifetime_s, secrets.token_hex(16)
+        self._live[session] = expiry
+        return f"{expiry}.{session}.{self._mac(expiry, session)}"
+
+    def _session(self, value: str) -> str | None:
+        """The live session id ``value`` carries, or None (malformed, tampered, expired, signed out)."""
+        expiry, _, rest = value.partition(".")
+        session, _, mac = rest.partition(".")
+        if not expiry.isdigit() or len(expiry) > 12 or int(expiry) < self._clock():
+            return None
+        if not hmac.compare_digest(mac.encode(), self._mac(int(expiry), session).encode()):
+            return None
+        return session if self._live.get(session) == int(expiry) else None
 
     def valid(self, value: str) -> bool:
-        expiry, _, mac = value.partition(".")
-        if not expiry.isdigit() or len(expiry) > 12 or int(expiry) < self._clock():
+        return self._session(value) is not None
+
+    def revoke(self, value: str) -> bool:
+        """Sign the session of cookie ``value`` out: it is refused from now on, wherever it was copied to."""
+        session = self._session(value)
+        if session is None:
             return False
-        return hmac.compare_digest(mac.encode(), self._mac(int(expiry)).encode())
+        del self._live[session]
+        return True
 
     def set_header(self) -> str:
         return f"{COOKIE_NAME}={self.issue()}; Max-Age={self.lifetime_s}; {self.flags}"
@@ -258,11 +294,12 @@ class RequestGuard:
     """ASGI middleware applying ``AccessPolicy.check`` before the app (and before any body byte is read).
 
     ``fast``: GET routes answered right here, without the app's routing, validation and response classes —
-    ``/healthz`` (path -> a function returning status and JSON bytes): health must not wait behind work, and
-    under load every bit of Python the event loop runs per request is time a probe waits for (issue 26)."""
+    ``/healthz`` (path -> a function of whether the client is authenticated, returning status and JSON bytes):
+    health must not wait behind work, and under load every bit of Python the event loop runs per request is time
+    a probe waits for (issue 26)."""
 
     def __init__(self, app: Any, policy: AccessPolicy,
-                 fast: dict[str, Callable[[], tuple[int, bytes]]] | None = None,
+                 fast: dict[str, Callable[[bool], tuple[int, bytes]]] | None = None,
                  reads_per_second: float | None = None) -> None:
         self.app, self.policy, self.fast = app, policy, fast or {}
         self.reads = (AttemptLimiter(60.0 * reads_per_second, burst=max(1, int(2 * reads_per_second)))
@@ -270,7 +307,7 @@ class RequestGuard:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http":
-            send = _nosniff(send)
+            send = _security_headers(send, scope.get("scheme") == "https")
             refusal = self.policy.check(scope)
             if refusal is None and self.reads is not None and scope["path"] in SHAPED_PATHS:
                 refusal = await self._shape(scope)
@@ -279,7 +316,7 @@ class RequestGuard:
                 return
             answer = self.fast.get(scope["path"]) if scope["method"] in ("GET", "HEAD") else None
             if answer is not None:
-                status, body = answer()
+                status, body = answer(scope["state"]["edgekv_authenticated"])
                 await send({"type": "http.response.start", "status": status, "headers": [
                     (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
@@ -304,15 +341,21 @@ class RequestGuard:
         return None
 
 
-def _nosniff(send: Callable) -> Callable:
+def _security_headers(send: Callable, https: bool) -> Callable:
     """``X-Content-Type-Options: nosniff`` on every answer, not only the page's: the JSON routes hand back text a
-    client chose (questions, alert names, a 404's path), and a browser that sniffs must not take it for HTML."""
+    client chose (questions, alert names, a 404's path), and a browser that sniffs must not take it for HTML.
+    Over HTTPS also ``Strict-Transport-Security`` (HSTS_VALUE): a browser that reached the daemon over HTTPS once
+    no longer tries ``http://`` for that name, where anyone on the network could answer in its place. Never over
+    plain HTTP (RFC 6797 8.1: ignored there, and it would promise HTTPS the daemon does not serve)."""
+    added = [(b"x-content-type-options", b"nosniff")] + ([(b"strict-transport-security", HSTS_VALUE)] if https else [])
 
     async def sending(message: dict) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", ()))
-            if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
-                message = {**message, "headers": [*headers, (b"x-content-type-options", b"nosniff")]}
+            names = {name.lower() for name, _ in headers}
+            missing = [(name, value) for name, value in added if name not in names]
+            if missing:
+                message = {**message, "headers": [*headers, *missing]}
         await send(message)
 
     return sending
@@ -356,6 +399,11 @@ class ConnectionLimits:
     body_grace_s: float = 1.0  # the handler's own body deadline (read_body) answers 408 first
     tls: Any = None  # ssl.SSLContext: HTTPS, the handshake done here (GuardedH11Protocol; apps/server/tls.py)
     tls_counts: Any = None  # TlsCounts of those handshakes (the /metrics counters)
+
+    @property
+    def reserved(self) -> int:
+        """Slots an address that already holds a connection still sending (or idle) may not take: a tenth."""
+        return max(1, self.max_connections // 10)
 
 
 class TlsCounts:
@@ -409,6 +457,14 @@ class AttemptLimiter:
         self._buckets[client] = (tokens - 1.0, now)
         return True
 
+    def refund(self, client: str) -> None:
+        """Give back the attempt a right token took (a sign-in that succeeded): only guesses spend the bucket. Five
+        sign-ins in a minute — a page opened in several browsers, a script logging in — then left the right bearer
+        token refused (429) for as long as a guesser would be."""
+        if client in self._buckets:
+            tokens, when = self._buckets[client]
+            self._buckets[client] = (min(self.burst, tokens + 1.0), when)
+
     def retry_after(self, client: str) -> float:
         """Seconds until ``client`` has an attempt again."""
         return max(0.0, (1.0 - self._tokens(client, self.clock())) / self.rate)
@@ -448,6 +504,7 @@ class GuardedH11Protocol(H11Protocol):
         self._handshake: asyncio.Task | None = None  # HTTPS: the TLS handshake under way (_accept_tls)
         self._early: list[bytes] | None = None  # HTTPS: request bytes that came with the handshake's end
         self._lost = False
+        self._idle_since = 0.0  # when its last answer was sent: an idle kept-alive connection (_reclaim_idle)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self.limits.tls is not None and not transport.get_extra_info("sslcontext"):
@@ -455,12 +512,9 @@ class GuardedH11Protocol(H11Protocol):
             return
         super().connection_made(transport)
         self._pending_since = self.loop.time()
-        if len(self.connections) > self.limits.max_connections:
-            self._refuse(f"more than server.max_connections ({self.limits.max_connections}) open connections; "
-                         "retry shortly", pause=False)
-            return
-        if self._over_client_cap():
-            self._refuse(self._cap_message(), pause=True)
+        refusal = self._admission()
+        if refusal is not None:
+            self._refuse(*refusal)
             return
         self._arm(self.limits.request_timeout_s)
         if self.limits.max_per_client is not None:
@@ -473,7 +527,7 @@ class GuardedH11Protocol(H11Protocol):
         self.transport, self.client = transport, get_remote_addr(transport)
         self.connections.add(self)
         self._pending_since = self.loop.time()
-        if len(self.connections) > self.limits.max_connections or self._over_client_cap():
+        if self._admission() is not None:
             self._refused = True
             self.connections.discard(self)
             transport.close()
@@ -500,6 +554,70 @@ class GuardedH11Protocol(H11Protocol):
         self.connection_made(secured)
         if early and not self._refused:  # asyncio hands over what followed the handshake before this resumes
             self.data_received(b"".join(early))
+
+    # Admission, as each connection opens. Idle kept-alive connections (answered, waiting for a next request that
+    # may never come) are closed to make room when fewer than ``limits.reserved`` slots are free, those of the
+    # address holding the most first, then the longest idle: a client must expect an idle connection to close at
+    # any time (RFC 9112 9.3; nginx drains its keep-alive connections the same way), while refusing a newcomer
+    # left every client out as long as keep_alive_s. What cannot be closed — connections still sending a request
+    # (a slowloris) — may not take the last ``reserved`` slots from an address that already holds one: those are
+    # kept for addresses that hold none (a health check, an operator), so a few hosts, each under its per-client
+    # cap, can no longer hold every slot between them. Connections waiting for an answer never count (a proxy's).
+    def _admission(self) -> tuple[str, bool] | None:
+        """Why this new connection is refused, as ``_refuse``'s (message, pause), or None to serve it."""
+        limit, reserved = self.limits.max_connections, self.limits.reserved
+        short = len(self.connections) - (limit - reserved)
+        if short > 0:
+            self._reclaim_idle(short)
+        if len(self.connections) > limit:
+            return (f"more than server.max_connections ({limit}) open connections; retry shortly", False)
+        if len(self.connections) > limit - reserved and self._holds_receiving():
+            return (f"the last {reserved} of server.max_connections ({limit}) are kept for addresses that hold no "
+                    "connection, and this address already holds one still sending a request (or idle); retry "
+                    "shortly", True)
+        if self._over_client_cap():
+            return (self._cap_message(), True)
+        return None
+
+    def _peers(self) -> list["GuardedH11Protocol"]:
+        return [other for other in self.connections if other is not self and isinstance(other, GuardedH11Protocol)
+                and other.client is not None and not other._refused]
+
+    def _holds_receiving(self) -> bool:
+        if self.client is None:
+            return False
+        return any(other.client[0] == self.client[0] and other.receiving for other in self._peers())
+
+    @property
+    def idle(self) -> bool:
+        """Answered and kept alive, nothing of a next request received: closing it loses no work."""
+        return (self.timeout_keep_alive_task is not None and not self._refused and not self.transport.is_closing()
+                and (self.cycle is None or self.cycle.response_complete) and self.conn.their_state is h11.IDLE
+                and not self.conn.trailing_data[0])
+
+    def _reclaim_idle(self, count: int) -> None:
+        idle = [other for other in self._peers() if other.idle]
+        if not idle:
+            return
+        held = Counter(other.client[0] for other in self._peers())
+        idle.sort(key=lambda other: (-held[other.client[0]], other._idle_since))
+        for other in idle[:count]:
+            other._close_idle()
+
+    def _close_idle(self) -> None:
+        """As uvicorn's keep-alive timeout closes it, now; the slot is free at once."""
+        self._refused = True
+        self.connections.discard(self)
+        self._unset_keepalive_if_required()
+        try:
+            self.conn.send(h11.ConnectionClosed())
+        except h11.LocalProtocolError:  # h11 already past the point of saying so: closing is what counts
+            pass
+        self.transport.close()
+
+    def on_response_complete(self) -> None:
+        self._idle_since = self.loop.time()
+        super().on_response_complete()
 
     # the per-client cap counts connections from one address that have been receiving a request (or idle)
     # for PENDING_GRACE_S and more: a burst of clients that send their requests at once never counts, a

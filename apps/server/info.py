@@ -29,9 +29,10 @@ def router(api: Api) -> APIRouter:
 
     @routes.get("/healthz")
     @routes.get("/health")
-    async def healthz():
+    async def healthz(request: Request):
         status, payload = health(daemon)
-        return JsonResponse(payload, status_code=status)
+        return JsonResponse(payload if request.state.edgekv_authenticated else public_health(payload),
+                            status_code=status)
 
     @routes.get("/version")
     async def version():
@@ -145,10 +146,20 @@ def camera_problems(cameras: dict) -> list[str]:
     return out
 
 
-def health_response(daemon: Any) -> tuple[int, bytes]:
-    """``health`` as (status, JSON bytes), for the guard's fast path."""
+def public_health(payload: dict) -> dict:
+    """What ``/healthz`` tells a client without the token (when one is set): the status code and its word (``ok``,
+    ``degraded``, ``starting``, ``stalled``), all a load balancer, a systemd or container health check or a fleet
+    prober acts on. The rest says what the camera is doing — ``stream_state`` tells anyone on the network when the
+    wearer paused it (privacy), ``frames`` how long it has watched, ``problems`` paths and errors of the disk — and
+    is given with the token (a bearer header or the page's cookie)."""
+    return {"status": payload["status"]}
+
+
+def health_response(daemon: Any, full: bool = True) -> tuple[int, bytes]:
+    """``health`` as (status, JSON bytes), for the guard's fast path; ``full``: the client is authenticated (or
+    no token is set), else ``public_health``."""
     status, payload = health(daemon)
-    return status, JsonResponse(payload).body
+    return status, JsonResponse(payload if full else public_health(payload)).body
 
 
 def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:

@@ -1,4 +1,9 @@
-"""The status page (``/``, a login form first when a token is set) and its login and logout."""
+"""The status page (``/``, a login form first when a token is set), its scripts and styles, its login and logout.
+
+Every script and style is a file under ``/static/`` and the Content-Security-Policy allows ``'self'`` only: no
+inline script runs, so text that reached the page some other way (a question, an alert name) could not run as
+one even if it were ever written as HTML. The login form's files need no token (the form is what a client
+without one is shown); the page's need it as the page does."""
 
 from __future__ import annotations
 
@@ -8,14 +13,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from edgekv.apps.server.api import Api, body_schema
-from edgekv.apps.server.guard import AttemptLimiter, SessionCookies, too_many_attempts
-from edgekv.apps.server.openai_chat import ApiError
+from edgekv.apps.server.guard import (
+    PUBLIC_ASSETS,
+    AttemptLimiter,
+    SessionCookies,
+    cookie_value,
+    too_many_attempts,
+)
+from edgekv.apps.server.openai_chat import ApiError, safe_text
 
 PAGE_HEADERS = {
     "cache-control": "no-store", "x-content-type-options": "nosniff", "x-frame-options": "DENY",
-    "content-security-policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' "
-                               "'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
 }
+ASSET_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+FILES = ("index.html", "login.html", "page.js", "page.css", *PUBLIC_ASSETS)  # read once, at start (app.build_app)
 
 
 def router(api: Api) -> APIRouter:
@@ -28,9 +41,17 @@ def router(api: Api) -> APIRouter:
         name = "index.html" if request.state.edgekv_authenticated else "login.html"
         return HTMLResponse(api.pages[name], headers=PAGE_HEADERS)
 
+    @routes.get("/static/{name}", response_class=Response, include_in_schema=False)
+    async def asset(name: str):
+        suffix = name[name.rfind("."):] if "." in name else ""
+        if name not in FILES or suffix not in ASSET_TYPES:
+            raise ApiError(404, f"Unknown request URL: GET /static/{safe_text(name)}", code="unknown_url")
+        return Response(api.pages[name], headers={"content-type": ASSET_TYPES[suffix], "cache-control": "no-store"})
+
     @routes.post("/v1/edgekv/login", status_code=204, openapi_extra=body_schema(
             {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}),
-            responses={429: {"description": "too many login attempts from this address (server.login_attempts_per_minute)"}})
+            responses={429: {"description": "too many login attempts from this address "
+                                            "(server.login_attempts_per_minute)"}})
     async def login(request: Request):
         if token is None:
             return Response(status_code=204)
@@ -41,12 +62,17 @@ def router(api: Api) -> APIRouter:
         given = body.get("token") if isinstance(body, dict) else None
         if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
             raise ApiError(401, "wrong token", kind="authentication_error", param="token", code="invalid_api_key")
+        attempts.refund(client)  # only guesses spend the bucket
         return Response(status_code=204, headers={"set-cookie": cookies.set_header(), "cache-control": "no-store"})
 
     @routes.post("/v1/edgekv/logout", status_code=204, openapi_extra={"requestBody": {"required": False, "content": {
         "application/json": {"schema": {"type": "object"}}}}})
-    async def logout():
-        clear = cookies.clear_header() if cookies is not None else SessionCookies("-").clear_header()
-        return Response(status_code=204, headers={"set-cookie": clear})
+    async def logout(request: Request):
+        if cookies is None:
+            return Response(status_code=204, headers={"set-cookie": SessionCookies("-").clear_header()})
+        given = cookie_value(request.headers.get("cookie", ""))
+        if given is not None:
+            cookies.revoke(given)  # dead server-side: a copy of the cookie no longer opens anything
+        return Response(status_code=204, headers={"set-cookie": cookies.clear_header(), "cache-control": "no-store"})
 
     return routes

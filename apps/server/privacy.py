@@ -11,7 +11,8 @@
 With several cameras (``video.sources``) each of these reaches every camera: paused means every camera is (each
 one's state under ``cameras``), and forget reports the totals and each camera's result.
 
-Paused is also ``stream_state: paused`` on the status page, ``/healthz`` and ``/metrics``
+Paused is also ``stream_state: paused`` on the status page, ``/healthz`` (with the token, when one is set: its
+public answer says ``ok`` only, so the network does not learn when the camera was switched off) and ``/metrics``
 (``edgekv_stream_state{state="paused"}``)."""
 
 from __future__ import annotations
