@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written: setup.cfg reads it (version = attr: ...)
 __all__ = ["Answer", "IngestResult", "Runtime", "StreamSession", "__version__"]
 
 

@@ -49,13 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch a camera (or file, RTSP stream, GStreamer pipeline, synthetic video) and answer questions "
                     "about anything seen so far,\ninside a hard KV-cache memory cap. Questions come from --ask, stdin, "
                     "the HTTP API (OpenAI-compatible) and the microphone.",
-        epilog="example: edgekv-camera --config configs/cpu-demo.yaml --no-stdin --exit-at-end --quiz 10 "
+        epilog="example: edgekv-camera --config cpu-demo --no-stdin --exit-at-end --quiz 10 "
                "--ask 'Which shape was red?'\n"
-               "(configs/ is in the source tree; installed from a wheel, the same run without a file:\n"
-               " edgekv-camera --model builtin:toy --source 'synthetic:events?size=112x112&fps=2&frames=160&seed=2&"
-               "rate=0.05&noise=3'\n   --fps 2 --resolution 112 112 --max-tokens 640 "
-               "--set cache.text_reserve_tokens=64 --set generation.max_new_tokens=8\n"
-               "   --no-stdin --no-server --exit-at-end --quiz 10)")
+               "(cpu-demo: a config shipped with edgekv, found by name wherever it is installed; configs/cpu-demo.yaml "
+               "in the source tree)")
     parser.add_argument("--version", action="version", version=version_string())
     add_config_arguments(parser, model_positional=False)
     add_daemon_arguments(parser)
