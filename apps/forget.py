@@ -52,7 +52,7 @@ def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
 def run_fleet(args: argparse.Namespace) -> int:
     """``edgekv forget --fleet``: a line per device and camera (what it removed, or why not), then the devices online
     that did not answer; exit 0 when every device that answered forgot, 1 otherwise (or when none answered)."""
-    from edgekv.apps.outputs.mqtt import FleetError, connection_from_args, forget_fleet
+    from edgekv.apps.outputs.mqtt import FleetError, connection_from_args, fleet_summary, forget_fleet
 
     if args.t_from is not None:
         if args.t_to is None:
@@ -80,7 +80,7 @@ def run_fleet(args: argparse.Namespace) -> int:
                     _summary(outcome) if isinstance(outcome, dict) and "cache_slots" in outcome and "from" in outcome
                     else f"forgot {outcome.get('pairs')} frame pair(s)" if isinstance(outcome, dict) else "no result")
             print(printable(f"{where}: {line}"))
-        print(f"{len(result.answers)} answer(s); online but silent: {', '.join(result.silent) or 'none'}")
+        print(fleet_summary(result, f"{len(result.answers)} answer(s)"))
     return 0 if result.answers and all(a.error is None for a in result.answers) else 1
 
 

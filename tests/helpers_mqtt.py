@@ -163,7 +163,8 @@ class Listener:
 
 
 def publish_raw(url: str, topic: str, payload: bytes, response_topic: str | None = None,
-                correlation: bytes | None = None) -> None:
+                correlation: bytes | None = None, user_properties: list[tuple[str, str]] | None = None,
+                retain: bool = False, expiry_s: int | None = None) -> None:
     """One message as a careless or hostile client would send it (QoS 1, waits for the broker's PUBACK)."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.packettypes import PacketTypes
@@ -181,7 +182,11 @@ def publish_raw(url: str, topic: str, payload: bytes, response_topic: str | None
             properties.ResponseTopic = response_topic
         if correlation is not None:
             properties.CorrelationData = correlation
-        client.publish(topic, payload, qos=1, properties=properties).wait_for_publish(30)
+        if user_properties:
+            properties.UserProperty = list(user_properties)
+        if expiry_s is not None:
+            properties.MessageExpiryInterval = expiry_s
+        client.publish(topic, payload, qos=1, retain=retain, properties=properties).wait_for_publish(30)
     finally:
         client.disconnect()
         client.loop_stop()
@@ -189,13 +194,16 @@ def publish_raw(url: str, topic: str, payload: bytes, response_topic: str | None
 
 class Relay:
     """A TCP relay on 127.0.0.1 in front of the broker: ``cut()`` drops every connection through it and refuses
-    new ones (a device's link gone, the broker still up for everyone else), ``restore()`` lets them through."""
+    new ones (a device's link gone, the broker still up for everyone else), ``restore()`` lets them through;
+    ``freeze()`` keeps the connections open and forwards nothing (a half-open link: the broker notices it only
+    after the keep-alive, so the device's last will waits that long)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.open = True
+        self.frozen = False
         self.accepted = 0
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -219,17 +227,18 @@ class Relay:
             except OSError:
                 client.close()
                 continue
+            upstream.settimeout(None)  # the connect's timeout would end a link idle for 10 s (a frozen one too)
             with self._lock:
                 self._sockets += [client, upstream]
                 self.accepted += 1
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                if not self.frozen:
+                    sink.sendall(data)
         except OSError:
             pass
         for sock in (source, sink):
@@ -251,6 +260,9 @@ class Relay:
 
     def restore(self) -> None:
         self.open = True
+
+    def freeze(self) -> None:
+        self.frozen = True
 
     def close(self) -> None:
         self.cut()

@@ -5,7 +5,8 @@ once and gathers the answers.
 The specification is OASIS "MQTT Version 5.0" (2019); section numbers below are its. Topics (``P`` is
 ``fleet.topic_prefix``, ``D`` the device id)::
 
-    P/devices/D/status   retained  {"type": "edgekv.status", "state": "online" | "offline", stream, cache, ...}
+    P/devices/D/status   retained  {"type": "edgekv.status", "state": "online" | "offline", "unix", "since",
+                                    "every_s", "expires_s", stream, cache, ...}
     P/devices/D/alerts             AlertEvent.to_json("base64") + "device"
     P/fleet/ask                    a question to every device        (request: Response Topic + Correlation Data)
     P/devices/D/ask                a question to this device only
@@ -34,7 +35,17 @@ QoS and retain, and why:
 - status: QoS 1, **retained**. The broker keeps each device's last status, so an asker that connects later
   learns at once who is in the fleet and who is online. QoS 1 because a lost "offline" would leave a dead
   device looking alive; a duplicate is harmless (a status is a last value, not an event). It is refreshed every
-  ``status_every_s`` and on each (re)connection.
+  ``status_every_s`` (its ``every_s``) and on each (re)connection (``since``: when this connection began).
+- freshness: a device can vanish without its will ever firing (a broker restarted with persistence while the device
+  was down, a retained status left by an older client, a half-open link the broker has not noticed yet), and its
+  retained "online" would then make every asker wait out its timeout. So the "online" status carries a Message
+  Expiry Interval (§3.3.2.3.3; ``expires_s``: ten refreshes, at least ``STATUS_KEPT_MIN_S``) and the broker drops
+  it when it is not refreshed; and an asker takes a device whose status is older than two refreshes plus
+  ``STATUS_STALE_GRACE_S`` as not answering (``stale_after_s``) instead of waiting for it. The age is the broker's
+  own count (``expires_s`` less the expiry left when the broker hands the status on, §3.3.2.3.3), so no device's
+  clock is trusted; a status of an older device (no ``every_s``) is aged by its ``unix`` on the asker's clock and
+  taken as stale past ``LEGACY_STALE_S``; a status without ``unix`` is waited for as before. "offline" never
+  expires: the fleet keeps knowing the devices that left.
 - last will (§3.1.2.5): the same topic, QoS 1, retained, ``"state": "offline"``: a device that vanishes without
   a DISCONNECT (power cut, link cut past the keep-alive) is marked offline by the broker, after
   ``will_delay_s`` (§3.1.3.2.2) so that a short blip does not flap. A clean stop publishes "offline" itself.
@@ -44,7 +55,10 @@ QoS and retain, and why:
   retained question would be asked again of every device at every reconnection; QoS 1 survives a retransmit
   on a flaky link and the device drops the duplicate (same Response Topic and Correlation Data). Each
   connection starts clean (§3.1.2.4): questions asked while a device was away are not kept for it (the asker
-  has stopped waiting; it lists the device as silent instead).
+  has stopped waiting; it lists the device as silent instead). An asker that lost the broker mid-wait (a broker
+  restart) subscribes again and asks again with a ``repeat`` User Property: a device that had already answered
+  drops the duplicate question but sends its kept answer again (its last ``ANSWERS_KEPT`` requests'), as the first
+  may have gone out while nobody was subscribed.
 - answers: QoS 1, not retained (an answer is for the one asker who is listening on its Response Topic).
 QoS 2 is nowhere: every message here is either idempotent or deduplicated, and its extra round trip would
 cost every answer's latency.
@@ -89,6 +103,23 @@ SEEN_KEPT = 256             # (response topic, correlation data) of recent quest
 WINDOW = 20                 # messages handed to paho and not yet acknowledged (paho's default in-flight bound)
 STOP_FLUSH_S = 2.0          # a clean stop waits this long for what is queued and the "offline" status
 REQUEST_KEYS = ("question", "max_new_tokens", "camera", "last_s", "from", "to", "frame")
+STATUS_STALE_GRACE_S = 10.0  # an online status older than two refreshes and this is a device gone (stale_after_s)
+STATUS_KEPT_MIN_S = 300      # an online status not refreshed expires from the broker after at least this
+LEGACY_STALE_S = 300.0       # an older device's status (no every_s, refreshed every 30 s by default): stale past this
+ANSWERS_KEPT = 32            # requests whose answers a device keeps to send again when asked with "repeat"
+REPEAT = ("edgekv", "repeat")  # the User Property of a request asked again after the asker lost the broker
+MAX_EXPIRY_S = 2**32 - 1     # a Message Expiry Interval is a four-byte integer (§3.3.2.3.3)
+
+
+def status_expiry_s(every_s: float) -> int:
+    """How long the broker keeps an "online" status that is not refreshed: ten refreshes, at least
+    ``STATUS_KEPT_MIN_S``."""
+    return min(MAX_EXPIRY_S, max(STATUS_KEPT_MIN_S, math.ceil(10 * every_s)))
+
+
+def stale_after_s(every_s: float) -> float:
+    """The age past which an "online" status refreshed every ``every_s`` is a device gone: two refreshes missed."""
+    return 2 * every_s + STATUS_STALE_GRACE_S
 
 
 class FleetError(RuntimeError):
@@ -503,9 +534,9 @@ class FleetAgent:
         self.outbox: deque[_Outgoing] = deque()
         self.counts: dict[str, int] = dict.fromkeys(
             ("connects", "disconnects", "connect_refused", "connect_failed", "questions_received", "answered",
-             "answer_errors", "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent", "answers_sent",
-             "status_sent", "outbox_dropped", "paho_queue_full", "forgets_received", "forgets_done",
-             "forgets_refused", "twins_seen"), 0)
+             "answer_errors", "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent",
+             "answers_sent", "status_sent", "outbox_dropped", "paho_queue_full", "forgets_received", "forgets_done",
+             "forgets_refused", "twins_seen", "answers_resent"), 0)
         # this process's mark in its status: a status under our device_id with another mark, stored by the broker
         # after ours was, is a second device configured with the same id (_on_status)
         self.instance, self._own_status_seen = uuid.uuid4().hex[:12], False
@@ -514,6 +545,9 @@ class FleetAgent:
         self.last_error: str | None = None
         self.connected = threading.Event()
         self._seen: OrderedDict[tuple[str, bytes | None], None] = OrderedDict()
+        # the answers sent to the last ANSWERS_KEPT requests, sent again to an asker that asks again ("repeat")
+        self._sent: OrderedDict[tuple[str, bytes | None], list[_Outgoing]] = OrderedDict()
+        self._since: float | None = None  # wall time this connection began (the status's "since")
         self._pending = 0
         self._refused = False  # the last CONNACK refused us (its disconnect is no news)
         self._unacked: set[int] = set()     # message ids handed to paho, no PUBACK yet (at most WINDOW)
@@ -585,12 +619,19 @@ class FleetAgent:
         body = {**event.to_json("base64"), "device": self.device}
         self._queue(_Outgoing(self.topics.alerts(self.device), json.dumps(body).encode(), "alert"))
 
-    def _queue(self, item: _Outgoing) -> None:
+    def _queue(self, item: _Outgoing, keep: bool = True) -> None:
+        """Into the bounded outbox; an answer is also kept by its request (``keep``) to send again on a repeat."""
         with self._cond:
             if len(self.outbox) >= self.section.queue:
                 self.outbox.popleft()
                 self.counts["outbox_dropped"] += 1
             self.outbox.append(item)
+            if keep and item.kind == "answer":
+                key = (item.topic, item.correlation)
+                self._sent.setdefault(key, []).append(item)
+                self._sent.move_to_end(key)
+                while len(self._sent) > ANSWERS_KEPT:
+                    self._sent.popitem(last=False)
             self._cond.notify()
 
     # ------------------------------------------------------------------ paho callbacks (its network thread)
@@ -607,6 +648,7 @@ class FleetAgent:
 
         self.counts["connects"] += 1
         self.last_error = None
+        self._since = time.time()
         client.subscribe([(self.topics.ask_all, SubscribeOptions(qos=1)),
                           (self.topics.ask_device(self.device), SubscribeOptions(qos=1)),
                           (self.topics.forget_all, SubscribeOptions(qos=1)),  # answered "refused" unless accepted
@@ -678,6 +720,8 @@ class FleetAgent:
             self._refuse(exc, message)
             return
         if self._duplicate(request.response_topic, request.correlation):
+            if _is_repeat(message.properties):
+                self._send_again((request.response_topic, request.correlation))
             return
         named = self._named_hosts(request.camera, message)
         if named is None:
@@ -685,6 +729,16 @@ class FleetAgent:
         hosts, asked = named
         for host in hosts:
             self._ask(request, host, asked)
+
+    def _send_again(self, key: tuple[str, bytes | None]) -> None:
+        """An asker that lost the broker asks again: the answers already sent for it go out once more (the first
+        may have reached the broker while the asker was not subscribed); an answer still being made goes out when
+        it is done, as usual."""
+        with self._cond:
+            items = list(self._sent.get(key, ()))
+        for item in items:
+            self.counts["answers_resent"] += 1
+            self._queue(item, keep=False)
 
     def _on_status(self, payload: bytes) -> None:
         """Our own status topic. Once the broker has sent back a status of ours, one from another process means
@@ -729,6 +783,8 @@ class FleetAgent:
             self._refuse(exc, message)
             return
         if self._duplicate(request.response_topic, request.correlation):
+            if _is_repeat(message.properties):
+                self._send_again((request.response_topic, request.correlation))
             return
         reply = FleetRequest("", None, request.response_topic, request.correlation)
         if not self.section.accept_forget:
@@ -861,7 +917,7 @@ class FleetAgent:
             camera = host.camera
         else:  # a refusal before any camera was asked: the device's (no camera where it has several)
             camera = None if self._cameras() else self.host.camera
-        body = {"type": "edgekv.fleet.answer", "device": self.device, "camera": camera,
+        body = {"type": "edgekv.fleet.answer", "device": self.device, "camera": camera, "instance": self.instance,
                 **({"cameras": asked} if asked else {}), **body}
         return _Outgoing(request.response_topic, json.dumps(body).encode(), "answer", request.correlation)
 
@@ -900,8 +956,13 @@ class FleetAgent:
             self.counts["alerts_sent" if item.kind == "alert" else "answers_sent"] += 1
 
     def _publish_status(self) -> None:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        properties = Properties(PacketTypes.PUBLISH)  # not refreshed, the broker drops it (the module's docstring)
+        properties.MessageExpiryInterval = status_expiry_s(self.section.status_every_s)
         info = self._client.publish(self.topics.status(self.device), self._status_payload("online"), qos=1,
-                                    retain=True)
+                                    retain=True, properties=properties)
         if self._handed(info):
             self.counts["status_sent"] += 1
 
@@ -914,6 +975,8 @@ class FleetAgent:
         if reason is not None:
             body["reason"] = reason
         if state == "online":
+            every = self.section.status_every_s
+            body.update(since=self._since, every_s=every, expires_s=status_expiry_s(every))
             try:
                 body.update(self.host.status())
             except Exception as exc:  # a status must not stop the sender
@@ -927,6 +990,11 @@ class FleetAgent:
             waiting, pending = len(self.outbox), self._pending
         return {"broker": self.section.broker, "device": self.device, "connected": self.connected.is_set(),
                 "last_error": self.last_error, "waiting": waiting, "questions_pending": pending, **self.counts}
+
+
+def _is_repeat(properties) -> bool:
+    """A request asked again by an asker that lost the broker meanwhile (its ``REPEAT`` User Property)."""
+    return REPEAT in (getattr(properties, "UserProperty", None) or []) if properties is not None else False
 
 
 def preflight(section: FleetSection, environ=os.environ) -> str | None:
@@ -969,10 +1037,15 @@ class FleetResult:
     silent: list[str]              # online (their retained status) and no answer within the timeout
     offline: list[str]             # known to the broker, their last status "offline"
     elapsed_s: float
+    stale: dict[str, float] = field(default_factory=dict)  # "online" but not refreshed: device -> the status's age (s)
+    twins: list[str] = field(default_factory=list)  # device ids answered from two processes (one id, two devices)
+    broker_lost: list[str] = field(default_factory=list)  # the broker lost during the wait: when, why, when back
 
     def to_json(self) -> dict:
         return {"question": self.question, "elapsed_s": self.elapsed_s, "silent": self.silent,
-                "offline": self.offline,
+                "offline": self.offline, "stale": [{"device": name, "status_age_s": age}
+                                                   for name, age in sorted(self.stale.items())],
+                "twins": self.twins, "broker_lost": self.broker_lost,
                 "answers": [{"device": a.device, "camera": a.camera, "answer": a.answer, "error": a.error,
                              "evidence_pair": a.evidence_pair, "evidence_t": a.evidence_t,
                              "evidence_unix": a.evidence_unix, "ttft_s": a.ttft_s,
@@ -1041,6 +1114,54 @@ def forget_fleet(connection: "FleetConnection | str", timeout_s: float = 10.0, d
     return _fleet_request(conn, "forget", body, what, timeout_s, device)
 
 
+@dataclass(frozen=True)
+class StatusSeen:
+    """A device's retained status as an asker read it: its state, how old it was on arrival (None: it does not say)
+    and the age past which its device is taken as gone (the module's docstring, "freshness")."""
+
+    state: str
+    age_s: float | None
+    stale_after_s: float
+    received: float  # time.monotonic() on arrival
+
+    def age(self, now: float) -> float | None:
+        return None if self.age_s is None else self.age_s + (now - self.received)
+
+    def stale(self, now: float) -> bool:
+        age = self.age(now)
+        return self.state == "online" and age is not None and age > self.stale_after_s
+
+    def stale_in(self, now: float) -> float:
+        """Seconds until this status goes stale (inf: never, being offline or ageless)."""
+        age = self.age(now)
+        return math.inf if self.state != "online" or age is None else self.stale_after_s - age
+
+
+def read_status(payload: bytes, properties, received: float, now_unix: float) -> StatusSeen | None:
+    """A status message (retained or live) as ``StatusSeen``; None for an empty (cleared) one or one that is not a
+    status. A status of this version is aged by the broker (``expires_s`` less the Message Expiry left); an older
+    device's by its ``unix`` on this machine's clock."""
+    try:
+        body = json.loads(payload) if payload else None
+    except (ValueError, RecursionError):
+        body = None
+    state = body.get("state") if isinstance(body, dict) else None
+    if state not in ("online", "offline"):
+        return None
+    every = _finite_or_none(body.get("every_s"))
+    versioned = every is not None and every > 0  # a status of this version says how often it is refreshed
+    limit = stale_after_s(every) if versioned else LEGACY_STALE_S
+    expires, left = body.get("expires_s"), getattr(properties, "MessageExpiryInterval", None)
+    if versioned and _whole(expires) and _whole(left):
+        return StatusSeen(state, float(max(0, expires - left)), limit, received)
+    sent = _finite_or_none(body.get("unix"))
+    return StatusSeen(state, max(0.0, now_unix - sent) if sent is not None else None, limit, received)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, timeout_s: float,
                    device: str | None) -> FleetResult:
     """One MQTT 5 request to the fleet (``kind`` "ask" or "forget": its topics) and the replies gathered (the
@@ -1050,139 +1171,224 @@ def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, ti
     mqtt = _paho()
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
-    from paho.mqtt.subscribeoptions import SubscribeOptions
 
     try:
         host, port, tls = broker_address(conn.broker)
     except ValueError as exc:
         raise ValueError(f"broker: {exc}") from None
     topics = FleetTopics(conn.topic_prefix)
-    token = uuid.uuid4().hex
-    reply_topic, correlation = topics.reply(token), token.encode()
-    lock = threading.Condition()
-    statuses: dict[str, str] = {}
-    answers: dict[tuple[str, str | None], FleetAnswer] = {}  # (device, camera)
-    expected: dict[str, set] = {}  # device -> the cameras it asked (a device with several answers once for each)
-    connected: list = []
-    closed: list = []
-    subscribed = threading.Event()
-    sent_at = [math.inf]
-
-    def on_connect(client, userdata, flags, reason, properties):
-        with lock:
-            connected.append(reason)
-            lock.notify_all()
-
-    def on_subscribe(client, userdata, mid, reasons, properties):
-        subscribed.set()
-
-    def on_disconnect(client, userdata, flags, reason, properties):
-        with lock:
-            closed.append(reason)
-            lock.notify_all()
-
-    def on_message(client, userdata, message):
-        now = time.monotonic()
-        if message.topic == reply_topic:
-            if getattr(message.properties, "CorrelationData", None) != correlation:
-                return  # not this question's
-            try:
-                body = json.loads(message.payload)
-                name = str(body["device"])
-            except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past the decoder
-                log.warning("fleet: an answer that is not edgekv's JSON on %s", reply_topic)
-                return
-            if device is not None and name != device:
-                return
-            answer = FleetAnswer(name, _text_or_none(body.get("camera")), _text_or_none(body.get("answer")),
-                                 _pair_or_none(body.get("evidence_pair")), _finite_or_none(body.get("evidence_t")),
-                                 _finite_or_none(body.get("ttft_s")), now - sent_at[0],
-                                 _text_or_none(body.get("error")),
-                                 _device_seconds(body), body, _finite_or_none(body.get("evidence_unix")),
-                                 _jpeg_or_none(body.get("evidence_jpeg_base64")))
-            asked = body.get("cameras")
-            with lock:
-                answers.setdefault((name, answer.camera), answer)
-                if isinstance(asked, list) and all(isinstance(c, str) for c in asked):
-                    expected.setdefault(name, set(asked))
-                lock.notify_all()
-            return
-        name = topics.device_of_status(message.topic)
-        if name is None or (device is not None and name != device):
-            return
-        try:
-            state = json.loads(message.payload).get("state") if message.payload else None
-        except (ValueError, AttributeError, RecursionError):
-            state = None
-        with lock:
-            if state in ("online", "offline"):
-                statuses[name] = state
-            else:
-                statuses.pop(name, None)  # a cleared (empty) retained status: the device left the fleet
-            lock.notify_all()
-
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgekv-ask-{token[:12]}", protocol=mqtt.MQTTv5)
-    client.on_connect, client.on_subscribe, client.on_message = on_connect, on_subscribe, on_message
-    client.on_disconnect = on_disconnect
+    gathering = _Gathering(topics, device, uuid.uuid4().hex)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgekv-ask-{gathering.token[:12]}",
+                         protocol=mqtt.MQTTv5)
+    client.on_connect, client.on_subscribe = gathering.on_connect, gathering.on_subscribe
+    client.on_message, client.on_disconnect = gathering.on_message, gathering.on_disconnect
+    client.reconnect_delay_set(0.25, 2.0)  # a broker that restarts mid-wait is back within the wait
     if conn.username is not None:
         client.username_pw_set(conn.username, conn.password)
     if tls:
-        client.tls_set(ca_certs=conn.ca_file, certfile=conn.cert_file, keyfile=conn.key_file)
+        _tls_set(client, conn)
     try:
         client.connect(host, port, keepalive=max(5, int(timeout_s) + 5), clean_start=True)
     except (OSError, ValueError) as exc:
-        raise FleetError(f"cannot reach the broker {conn.broker}: {exc}") from None
+        hint = (f"; is {host}:{port} a TLS listener (mqtt:// for a plain one)?"
+                if tls and isinstance(exc, (ConnectionResetError, ssl_error())) and "VERIFY" not in str(exc) else "")
+        where = "" if f":{port}" in conn.broker else f" ({host}:{port})"
+        raise FleetError(f"cannot reach the broker {conn.broker}{where}: {exc}{hint}") from None
     client.loop_start()
     try:
-        with lock:
-            if not lock.wait_for(lambda: connected or closed, conn.connect_timeout_s):
-                raise FleetError(f"the broker {conn.broker} did not answer the connection within "
-                                 f"{conn.connect_timeout_s:g} s")
-            if not connected:
-                hint = ("; does it require a client certificate (--cert-file, --key-file)?"
-                        if tls and conn.cert_file is None else "")
-                raise FleetError(f"the broker {conn.broker} closed the connection before accepting it "
-                                 f"({closed[0]}){hint}")
-            if connected[0].is_failure:
-                raise FleetError(f"the broker {conn.broker} refused the connection: {connected[0]}")
-        client.subscribe([(topics.statuses, SubscribeOptions(qos=1)), (reply_topic, SubscribeOptions(qos=1))])
-        if not subscribed.wait(conn.connect_timeout_s):
+        gathering.connected_or_raise(conn, tls)
+        client.subscribe(gathering.subscriptions())
+        if not gathering.subscribed.wait(conn.connect_timeout_s):
             raise FleetError(f"the broker {conn.broker} did not confirm the subscriptions")
         properties = Properties(PacketTypes.PUBLISH)
-        properties.ResponseTopic = reply_topic
-        properties.CorrelationData = correlation
+        properties.ResponseTopic = gathering.reply_topic
+        properties.CorrelationData = gathering.correlation
         properties.MessageExpiryInterval = max(1, math.ceil(timeout_s))
         properties.PayloadFormatIndicator = 1
         properties.ContentType = "application/json"
-        started = time.monotonic()
-        sent_at[0] = started
         topic = ((topics.ask_device(device) if device is not None else topics.ask_all) if kind == "ask" else
                  (topics.forget_device(device) if device is not None else topics.forget_all))
-        client.publish(topic, json.dumps(body), qos=1, properties=properties)
-        deadline = started + timeout_s
-
-        def everyone_answered() -> bool:
-            online = {name for name, state in statuses.items() if state == "online"}
-            heard: dict[str, set] = {}
-            for name, which in answers:
-                heard.setdefault(name, set()).add(which)
-            return (bool(answers) and online <= set(heard)
-                    and all(expected.get(name, set()) <= cameras for name, cameras in heard.items()))
-
-        with lock:
-            while not everyone_answered():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                lock.wait(left)
-            got = sorted(answers.values(), key=lambda a: a.latency_s)
-            devices = {name for name, _ in answers}
-            silent = sorted(n for n, s in statuses.items() if s == "online" and n not in devices)
-            offline = sorted(n for n, s in statuses.items() if s == "offline" and n not in devices)
-        return FleetResult(what, got, silent, offline, time.monotonic() - started)
+        started = gathering.send(client, topic, json.dumps(body), properties, timeout_s)
+        gathering.wait(started + timeout_s)
+        return gathering.result(what, started)
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+def ssl_error() -> type:
+    import ssl
+
+    return ssl.SSLError
+
+
+def _tls_set(client, conn: "FleetConnection") -> None:
+    """TLS with the connection's files, each named when it cannot be read or used (an ``OSError`` without the
+    file's name said nothing of which of three files was wrong)."""
+    for name, path in (("ca_file", conn.ca_file), ("cert_file", conn.cert_file), ("key_file", conn.key_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise FleetError(f"{name} (--{name.replace('_', '-')}): cannot read {path}")
+    if (conn.cert_file is None) != (conn.key_file is None):
+        raise FleetError("cert_file and key_file (--cert-file, --key-file): a client certificate needs both")
+    try:
+        client.tls_set(ca_certs=conn.ca_file, certfile=conn.cert_file, keyfile=conn.key_file)
+    except (OSError, ValueError) as exc:  # ssl.SSLError: not PEM, a key that does not match its certificate
+        files = ", ".join(f"{name} {path}" for name, path in (("ca_file", conn.ca_file), ("cert_file", conn.cert_file),
+                                                              ("key_file", conn.key_file)) if path is not None)
+        raise FleetError(f"TLS files ({files or 'the system CAs'}) cannot be used: {exc}") from None
+
+
+class _Gathering:
+    """One fleet request's replies and the statuses around it, filled by paho's thread (``on_*``) and waited on by
+    the asker (``wait``): the gathering ends at the deadline, or once every device whose status is online and fresh
+    has answered for every camera it asked. A broker lost mid-wait is subscribed to again and asked again."""
+
+    def __init__(self, topics: FleetTopics, device: str | None, token: str) -> None:
+        self.topics, self.device, self.token = topics, device, token
+        self.reply_topic, self.correlation = topics.reply(token), token.encode()
+        self.lock = threading.Condition()
+        self.statuses: dict[str, StatusSeen] = {}
+        self.answers: dict[tuple[str, str | None], FleetAnswer] = {}  # (device, camera)
+        self.expected: dict[str, set] = {}  # device -> the cameras it asked (several: one answer for each)
+        self.twins: set[str] = set()
+        self.connected: list = []  # each CONNACK's reason
+        self.closed: list = []     # each disconnect's reason
+        self.broker_lost: list[str] = []
+        self.subscribed = threading.Event()
+        self.sent_at = math.inf
+        self.request: tuple | None = None  # (topic, payload, properties, expiry deadline) once sent
+
+    def subscriptions(self) -> list:
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        return [(self.topics.statuses, SubscribeOptions(qos=1)), (self.reply_topic, SubscribeOptions(qos=1))]
+
+    # ------------------------------------------------------------------ paho's thread
+    def on_connect(self, client, userdata, flags, reason, properties) -> None:
+        with self.lock:
+            self.connected.append(reason)
+            request = self.request
+            if request is not None and not reason.is_failure and self.broker_lost:
+                self.broker_lost[-1] += f", back at {time.monotonic() - self.sent_at:.1f} s and asked again"
+            self.lock.notify_all()
+        if request is None or reason.is_failure:
+            return
+        # back after losing the broker: subscriptions are gone with the clean start, and the question may have
+        # been lost with the broker; ask again (devices drop the duplicate and send their kept answers again)
+        topic, payload, again, expires = request
+        again.MessageExpiryInterval = max(1, math.ceil(expires - time.monotonic()))
+        if not _is_repeat(again):
+            again.UserProperty = [REPEAT]  # paho adds to the User Properties already set
+        client.subscribe(self.subscriptions())
+        client.publish(topic, payload, qos=1, properties=again)
+
+    def on_subscribe(self, client, userdata, mid, reasons, properties) -> None:
+        self.subscribed.set()
+
+    def on_disconnect(self, client, userdata, flags, reason, properties) -> None:
+        with self.lock:
+            self.closed.append(reason)
+            if self.request is not None:
+                self.broker_lost.append(f"lost at {time.monotonic() - self.sent_at:.1f} s ({reason})")
+            self.lock.notify_all()
+
+    def on_message(self, client, userdata, message) -> None:
+        now = time.monotonic()
+        if message.topic == self.reply_topic:
+            self._on_answer(message, now)
+            return
+        name = self.topics.device_of_status(message.topic)
+        if name is None or (self.device is not None and name != self.device):
+            return
+        seen = read_status(message.payload, message.properties, now, time.time())
+        with self.lock:
+            if seen is not None:
+                self.statuses[name] = seen
+            else:
+                self.statuses.pop(name, None)  # a cleared (empty) retained status: the device left the fleet
+            self.lock.notify_all()
+
+    def _on_answer(self, message, now: float) -> None:
+        if getattr(message.properties, "CorrelationData", None) != self.correlation:
+            return  # not this question's
+        try:
+            body = json.loads(message.payload)
+            name = str(body["device"])
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past the decoder
+            log.warning("fleet: an answer that is not edgekv's JSON on %s", self.reply_topic)
+            return
+        if self.device is not None and name != self.device:
+            return
+        answer = FleetAnswer(name, _text_or_none(body.get("camera")), _text_or_none(body.get("answer")),
+                             _pair_or_none(body.get("evidence_pair")), _finite_or_none(body.get("evidence_t")),
+                             _finite_or_none(body.get("ttft_s")), now - self.sent_at,
+                             _text_or_none(body.get("error")),
+                             _device_seconds(body), body, _finite_or_none(body.get("evidence_unix")),
+                             _jpeg_or_none(body.get("evidence_jpeg_base64")))
+        asked = body.get("cameras")
+        with self.lock:
+            first = self.answers.setdefault((name, answer.camera), answer)
+            instances = (first.raw.get("instance"), body.get("instance"))
+            if first is not answer and None not in instances and instances[0] != instances[1]:
+                self.twins.add(name)  # the same device id answered from two processes (a repeat is the same one)
+            if isinstance(asked, list) and all(isinstance(c, str) for c in asked):
+                self.expected.setdefault(name, set(asked))
+            self.lock.notify_all()
+
+    # ------------------------------------------------------------------ the asker's thread
+    def connected_or_raise(self, conn: "FleetConnection", tls: bool) -> None:
+        with self.lock:
+            if not self.lock.wait_for(lambda: self.connected or self.closed, conn.connect_timeout_s):
+                raise FleetError(f"the broker {conn.broker} did not answer the connection within "
+                                 f"{conn.connect_timeout_s:g} s")
+            if not self.connected:
+                hint = ("; does it require a client certificate (--cert-file, --key-file)?"
+                        if tls and conn.cert_file is None else
+                        "; is it a TLS listener (mqtts://)?" if not tls else "")
+                raise FleetError(f"the broker {conn.broker} closed the connection before accepting it "
+                                 f"({self.closed[0]}){hint}")
+            if self.connected[0].is_failure:
+                raise FleetError(f"the broker {conn.broker} refused the connection: {self.connected[0]}")
+
+    def send(self, client, topic: str, payload: str, properties, timeout_s: float) -> float:
+        """Publish the request; returns when it went (the start of the wait)."""
+        with self.lock:
+            started = self.sent_at = time.monotonic()
+            self.request = (topic, payload, properties, started + timeout_s)
+        client.publish(topic, payload, qos=1, properties=properties)
+        return started
+
+    def _waited_for(self, now: float) -> set[str]:
+        return {name for name, s in self.statuses.items() if s.state == "online" and not s.stale(now)}
+
+    def _everyone_answered(self, now: float) -> bool:
+        heard: dict[str, set] = {}
+        for name, which in self.answers:
+            heard.setdefault(name, set()).add(which)
+        return (bool(self.answers) and self._waited_for(now) <= set(heard)
+                and all(self.expected.get(name, set()) <= cameras for name, cameras in heard.items()))
+
+    def wait(self, deadline: float) -> None:
+        """Until everyone fresh answered or the deadline; woken by each message and when a status goes stale."""
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                if self._everyone_answered(now) or now >= deadline:
+                    return
+                next_stale = min((s.stale_in(now) for s in self.statuses.values()), default=math.inf)
+                self.lock.wait(min(deadline - now, max(0.01, next_stale)))
+
+    def result(self, what: str, started: float) -> FleetResult:
+        with self.lock:
+            now = time.monotonic()
+            got = sorted(self.answers.values(), key=lambda a: a.latency_s)
+            devices = {name for name, _ in self.answers}
+            quiet = {n: s for n, s in self.statuses.items() if n not in devices}
+            silent = sorted(n for n, s in quiet.items() if s.state == "online" and not s.stale(now))
+            stale = {n: round(s.age(now), 1) for n, s in sorted(quiet.items()) if s.stale(now)}
+            offline = sorted(n for n, s in quiet.items() if s.state == "offline")
+            return FleetResult(what, got, silent, offline, now - started, stale, sorted(self.twins),
+                               list(self.broker_lost))
 
 
 def _device_seconds(body: dict) -> float | None:
@@ -1347,9 +1553,24 @@ def format_result(result: FleetResult, saved: dict[int, str] | None = None) -> s
             evidence += f", frame {printable(saved[id(a)], 200)}"
         elif saved is not None:
             evidence += ", no frame kept"
-        ttft = f"ttft {a.ttft_s * 1e3:.0f} ms" if a.ttft_s is not None else ""
-        lines.append(f"  {printable(a.device, 60)}{where}: {printable(a.answer or '')}   [{evidence}; {ttft}; "
+        ttft = f"ttft {a.ttft_s * 1e3:.0f} ms; " if a.ttft_s is not None else ""
+        lines.append(f"  {printable(a.device, 60)}{where}: {printable(a.answer or '')}   [{evidence}; {ttft}"
                      f"answered in {a.latency_s:.2f} s]")
-    lines.append(f"{len(result.answers)} answer(s) in {result.elapsed_s:.2f} s; online but silent: "
-                 f"{', '.join(result.silent) or 'none'}; offline: {', '.join(result.offline) or 'none'}")
-    return "\n".join(lines)
+    return "\n".join(lines + [fleet_summary(result, f"{len(result.answers)} answer(s) in {result.elapsed_s:.2f} s")])
+
+
+def fleet_summary(result: FleetResult, head: str) -> str:
+    """The line after the answers: who did not answer and why it was not waited for, two devices under one id,
+    and a broker lost during the wait (a device named silent may then have answered unheard)."""
+    names = lambda items: ", ".join(printable(n, 60) for n in items) or "none"  # noqa: E731
+    line = f"{head}; online but silent: {names(result.silent)}"
+    if result.stale:
+        line += "; not answering: " + ", ".join(f"{printable(n, 60)} (status {age:.0f} s old)"
+                                                for n, age in result.stale.items())
+    line += f"; offline: {names(result.offline)}"
+    if result.twins:
+        line += (f"; answered from two devices under one id: {names(result.twins)} (fleet.device_id must be unique "
+                 f"per broker)")
+    if result.broker_lost:
+        line += f"; the broker: {'; '.join(result.broker_lost)} (an answer sent meanwhile may be lost)"
+    return line
