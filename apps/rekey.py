@@ -65,7 +65,37 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         print(f"every snapshot and archive segment opens with the current key ({key}) alone: "
               f"privacy.previous_key_files can be emptied")
+    _next_start(cameras, keys, args.config)
     return 0
+
+
+def _next_start(cameras: dict, keys, config_name: str) -> None:
+    """What the next start does with the memory just re-sealed, when it does not resume it whole: an archive it
+    refuses (another ``archive.index_keys``, another model's shape) and snapshots it sets aside (a cap, a camera's
+    weight, the model or prompt changed), each with the key to change. Said last, so that it is not read past: rekey
+    said "done" of an archive the next start then refused."""
+    from edgekv.apps.daemon.startup import StartupError, check_archive_shape, one_line
+    from edgekv.state import StateKeeper
+
+    lines = []
+    for name, one in cameras.items():
+        where = f"{name}: " if name else ""
+        try:
+            check_archive_shape(one)
+        except StartupError as exc:
+            lines.append(f"{where}{one_line(exc)}")
+        plan = StateKeeper(one.state, say=lambda line: None)
+        try:
+            outlook = plan.plan_restore(one, keys)
+        except (ValueError, OSError, KeyError):  # no readable model.path here: not compared (--check says more)
+            continue
+        if outlook.action == "set_aside":
+            lines.append(f"{where}state.dir {plan.dir}: {outlook.text}")
+    if lines:
+        print(f"the config and the memory disagree: the next start will not resume the memory as it is "
+              f"(edgekv-camera --config {config_name} --check says the same before a start):")
+        for line in lines:
+            print(f"  {line}")
 
 
 def damaged_files(config) -> list[Path]:

@@ -329,7 +329,9 @@ class ServerSection:
     max_new_tokens: int = 256
     queue_size: int = 16
     # A request's headers and body must arrive within this; an idle keep-alive connection closes after
-    # keep_alive_s; connections beyond max_connections are refused (503) as they open (apps/server/guard.py).
+    # keep_alive_s; connections beyond max_connections are refused (503) as they open, and when fewer than a tenth
+    # are free idle keep-alive ones are closed to make room, that tenth kept for addresses that hold none
+    # (apps/server/guard.py).
     request_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 100
@@ -497,7 +499,9 @@ class StateSection:
 
     dir: str | None = None   # where snapshots live; null = the memory is lost when the daemon stops
     every_s: float = 300.0   # seconds between snapshots (and one on SIGTERM / stop)
-    max_mib: float = 1024.0  # bound on the bytes under dir: two snapshots of a full cache must fit
+    # bound on every byte under dir: two snapshots of a full cache must fit beside the other files; the set-aside
+    # snapshot, then the oldest kept alerts (alert-events/) go when the room runs out (edgekv/state.py)
+    max_mib: float = 1024.0
 
     def validate(self, at: str) -> None:
         for name in ("every_s", "max_mib"):
@@ -779,7 +783,9 @@ class FleetSection:
     reconnect_backoff_s: list[float] = field(default_factory=lambda: [1.0, 60.0])  # [first, max], doubling
     queue: int = 256                 # messages waiting to go out (alerts, answers); beyond: oldest dropped, counted
     max_payload_bytes: int = 65536   # a larger fleet question is dropped and counted
-    status_every_s: float = 30.0     # the retained status is refreshed this often (and on connect)
+    # the retained status is refreshed this often (and on connect); an asker stops waiting for a device whose
+    # status is older than twice this plus 10 s, and the broker drops one not refreshed for ten times this
+    status_every_s: float = 30.0
     max_new_tokens: int = 64         # the most answer tokens a fleet question may ask for (default: generation's)
     # a fleet forget (P/fleet/forget, P/devices/<id>/forget: a stretch removed from every device's memory) is
     # carried out only where this is on; elsewhere it is answered "refused" (restrict who may publish on those

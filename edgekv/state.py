@@ -20,7 +20,7 @@ fsync, rename over the target, fsync of the folder — a crash or ``kill -9`` at
 previous file or the new one, never a mix.
 
 A snapshot is restored only into the deployment it was made for: the same model weights (content hash
-of the checkpoint, memoized like the engine bundles': ``engines/manifest.model_hash``), dtype, cache
+of the checkpoint, memoized like the engine bundles': ``edgekv/model/checkpoint_hash.py``), dtype, cache
 spec (capacity, layers, KV heads, head_dim, dtype), frame grid, policy, sink budget and system prompt.
 Anything else is refused with :class:`SnapshotMismatchError` naming the field and both values.
 
@@ -37,6 +37,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import struct
 import time
@@ -59,6 +60,8 @@ _MANIFEST_CHUNKS = 0xFFFF0000  # chunk indices of a sealed manifest (tensor sect
 _TRAILER = struct.Struct("<QQ32s16s")
 _ALIGN = 64
 _MANIFEST_ALLOWANCE = 1 << 16  # manifest bytes assumed when bounding a snapshot's size in advance
+# the last alerts kept beside the memory (apps/outputs/alert_log.py ``FOLDER``: the library does not import apps/)
+ALERT_EVENTS = "alert-events"
 _CACHE_TENSORS = ("k", "v", "kind", "sink", "frame", "row", "col", "tpos")
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.int8,
                                                        torch.bool, torch.int16, torch.int32, torch.uint8,
@@ -86,6 +89,15 @@ class SnapshotInfo:
     last_source_t: float | None = None  # the source's timestamp of the last frame (edgekv/session/clock.py)
 
 
+@dataclass(frozen=True)
+class RestorePlan:
+    """What the next start will do with the memory under ``state.dir`` (``StateKeeper.plan_restore``)."""
+
+    action: str  # none (no state.dir) | empty | resume | resume_set_aside | set_aside | unknown
+    text: str
+    differences: tuple[str, ...] = ()  # the key fields (``_KEY_FIELDS``) the newest snapshot has otherwise
+
+
 # ---------------------------------------------------------------------------------------------- the key
 # What each key field is called in the user's terms, for error messages.
 _KEY_FIELDS = {
@@ -106,30 +118,93 @@ _KEY_FIELDS = {
 
 def deployment_key(runtime, resolution: tuple[int, int] | None) -> dict:
     """The fields a snapshot must share with the session that restores it (see the module docstring)."""
+    return _key(runtime.config, runtime.model.config.text, runtime.model_hash(), runtime.tokenizer, runtime.kv_dtype,
+                runtime.cache_capacity_tokens(runtime.cache_spec()), resolution)
+
+
+def planned_key(config) -> dict:
+    """``deployment_key`` of the runtime ``config`` would load, read from the checkpoint's ``config.json``, tokenizer
+    and content hash without loading the weights (``edgekv-camera --check``: will the start resume the memory?). The
+    hash comes from the digests memoized in ``engines.engine_dir`` where the files are unchanged, and nothing is
+    written there."""
+    from edgekv.tokenizer import QwenTokenizer
+
+    model_dir, text, kv_dtype, spec, capacity = _planned_cache(config)
+    resolution = config.video.resolution
+    return _key(config, text, _model_hash(model_dir, Path(config.engines.engine_dir).expanduser() / "hashes.json"),
+                QwenTokenizer.from_dir(model_dir), kv_dtype, capacity, tuple(resolution) if resolution else None)
+
+
+def _model_hash(model_dir: Path, memo_file: Path) -> str:
+    """``Runtime.model_hash`` of ``model_dir`` (each file's sha256 taken from the memo where its size and mtime are
+    unchanged), the memo only read."""
+    from edgekv.model.checkpoint_hash import model_hash
+
+    return model_hash(model_dir, memo_file, remember=False)
+
+
+def _planned_cache(config):
+    """The checkpoint folder, its text config, the cache's dtype, spec and capacity in tokens that ``config`` gives
+    (``Runtime.cache_spec`` / ``cache_capacity_tokens``), from ``config.json`` alone."""
+    from edgekv.cache.specs import KV_DTYPES, CacheSpec
+    from edgekv.model.builtin import resolve_model_path
+    from edgekv.model.config import ModelConfig
+
+    model_dir = Path(resolve_model_path(config.model.path)).expanduser()
+    text = ModelConfig.from_dir(model_dir).text
+    kv_dtype = KV_DTYPES[config.cache.kv_dtype or config.model.dtype]
+    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, kv_dtype)
+    capacity = (spec.tokens_for_mib(config.cache.max_mib) if config.cache.max_mib is not None
+                else int(config.cache.max_tokens))
+    return model_dir, text, kv_dtype, spec, capacity
+
+
+def planned_full_bytes(config) -> int:
+    """``estimate_bytes`` of a full cache's snapshot for ``config`` without the weights: the cache (and the StateKV
+    sink mass) built on the meta device, shapes without memory (``edgekv-camera --check``: a ``state.max_mib`` too
+    small for two snapshots passed the check and stopped the start once the model had loaded)."""
+    from types import SimpleNamespace
+
+    from edgekv.cache.capped import CappedKVCache
+    from edgekv.policies.statekv import SinkSelector
+
+    _, text, _, spec, capacity = _planned_cache(config)
+    rope = (torch.zeros(text.head_dim // 2), 1) if spec.layers[0].quantized else None  # shapes only
+    cache = CappedKVCache(spec, capacity, device="meta", rope=rope)
+    sinks = SinkSelector(cache, int(config.cache.sinks)) if config.cache.sinks > 0 else None
+    return estimate_bytes(SimpleNamespace(capacity=capacity, cache=cache, sinks=sinks,
+                                          ingestor=SimpleNamespace(pending=None)))
+
+
+def _key(config, text, model_hash: str, tokenizer, kv_dtype: torch.dtype, capacity: int,
+         resolution: tuple[int, int] | None) -> dict:
     from edgekv.tokenizer import ChatLayout
 
-    text = runtime.model.config.text
-    spec = runtime.cache_spec()
-    prefix = runtime.tokenizer.encode(ChatLayout(runtime.config.model.system_prompt).stream_prefix())
+    prefix = tokenizer.encode(ChatLayout(config.model.system_prompt).stream_prefix())
     return {
-        "model_hash": runtime.model_hash(),
-        "dtype": runtime.config.model.dtype,
-        "lm_head": runtime.config.model.lm_head,
-        "cache_capacity": runtime.cache_capacity_tokens(spec),
+        "model_hash": model_hash,
+        "dtype": config.model.dtype,
+        "lm_head": config.model.lm_head,
+        "cache_capacity": capacity,
         "cache_layers": text.num_hidden_layers,
         "cache_kv_heads": text.num_key_value_heads,
         "cache_head_dim": text.head_dim,
-        "cache_dtype": str(runtime.kv_dtype).removeprefix("torch."),
+        "cache_dtype": str(kv_dtype).removeprefix("torch."),
         "resolution": list(resolution) if resolution is not None else None,
-        "policy": runtime.config.cache.policy,
-        "sinks": int(runtime.config.cache.sinks),
+        "policy": config.cache.policy,
+        "sinks": int(config.cache.sinks),
         "prefix": hashlib.sha256(json.dumps(prefix).encode()).hexdigest()[:16],
     }
 
 
 def key_differences(saved: dict, wanted: dict) -> list[str]:
     """Fields that differ, in the user's terms. A grid not yet fixed (``None``) on either side fits any."""
-    out = []
+    return list(_differences(saved, wanted).values())
+
+
+def _differences(saved: dict, wanted: dict) -> dict[str, str]:
+    """``key_differences`` by field name (``_KEY_FIELDS``'s)."""
+    out = {}
     for name, label in _KEY_FIELDS.items():
         mine, theirs = saved.get(name), wanted.get(name)
         if name == "resolution" and (mine is None or theirs is None):
@@ -139,7 +214,7 @@ def key_differences(saved: dict, wanted: dict) -> list[str]:
         if mine != theirs:
             if name == "model_hash":
                 mine, theirs = str(mine)[:12], str(theirs)[:12]
-            out.append(f"{label}: snapshot has {mine!r}, this deployment {theirs!r}")
+            out[name] = f"{label}: snapshot has {mine!r}, this deployment {theirs!r}"
     return out
 
 
@@ -194,6 +269,14 @@ def _memory_mark(session) -> str:
     state = _session_state(session)
     state["counters"] = {k: v for k, v in state["counters"].items() if k not in ANSWER_COUNTERS}
     return json.dumps(state, sort_keys=True, default=str)
+
+
+def _size(path: Path) -> int:
+    """A file's bytes; 0 when it went meanwhile (an alert forgotten, a write's temporary file renamed)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _aligned(offset: int) -> int:
@@ -676,6 +759,8 @@ class StateKeeper:
         self.written = 0  # snapshots written by this keeper (periodic, SIGHUP, forget, final)
         self.written_at: float | None = None  # clock() of the last one written (or of the snapshot restored)
         self.camera: str | None = None  # one camera of video.sources: dir is state.dir/<camera>
+        self.alerts_removed = 0  # kept alerts' files removed to stay within state.max_mib (_make_room)
+        self._beside_mark: int | None = None  # mtime of alert-events/ when _make_room last looked
 
     @property
     def enabled(self) -> bool:
@@ -733,7 +818,8 @@ class StateKeeper:
             return (f" ({self.dir.parent} itself holds the memory of a one-camera deployment; with video.sources "
                     f"each camera keeps its own in state.dir/<name>: move those snapshot files into {self.dir} to "
                     f"resume from them, if this camera's cache is the same)")
-        cameras = sorted(p.name for p in self.dir.iterdir() if p.is_dir() and self._holds_snapshots(p))
+        cameras = sorted(p.name for p in self.dir.iterdir()
+                         if p.is_dir() and p.name != self.ASIDE and self._holds_snapshots(p))
         if self.camera is None and cameras:
             return (f" ({self.dir} holds the memory of cameras {', '.join(cameras)} of a deployment with "
                     f"video.sources, each in its own folder; it is not read without video.sources)")
@@ -756,6 +842,76 @@ class StateKeeper:
         aside = self.dir / self.ASIDE
         return sum(p.stat().st_size for p in aside.iterdir()) if aside.is_dir() else 0
 
+    def _remove_set_aside(self, why: str) -> None:
+        log.warning("state: removing the set-aside snapshot to stay within state.max_mib=%g (%s)",
+                    self.section.max_mib, why)
+        for old in (self.dir / self.ASIDE).iterdir():
+            old.unlink()
+
+    def files_beside(self) -> tuple[int, list[Path]]:
+        """What ``state.dir`` holds beside the snapshots, counted in ``state.max_mib`` with them: the bytes of the files
+        the keeper leaves alone (the API's standing questions ``alerts.json``, ``paused.json``, the lock, a file set
+        aside as damaged, a write in progress) and the kept alerts' files (``alert-events/``, oldest first), which go,
+        oldest first, when the snapshots need their room. Only the snapshots were counted: 64 alerts with their
+        keyframes (a megabyte each from a 4K camera) grew the folder past the bound the user had set for it. Folders
+        of other cameras' memory (another layout's) are not this keeper's and not counted (``_elsewhere`` says them)."""
+        fixed = 0
+        for path in self.dir.iterdir() if self.dir.is_dir() else ():
+            if path.is_file() and not self._is_generation(path) and not path.name.startswith(f".{self.PREFIX}"):
+                fixed += _size(path)
+        alerts: list[Path] = []
+        folder = self.dir / ALERT_EVENTS
+        for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+            if path.name.startswith("."):  # a write in progress: counted, never removed
+                fixed += _size(path)
+            elif path.is_file():
+                alerts.append(path)
+        return fixed, alerts
+
+    def _is_generation(self, path: Path) -> bool:
+        return (path.name.startswith(self.PREFIX) and path.name.endswith(self.SUFFIX)
+                and path.name[len(self.PREFIX):-len(self.SUFFIX)].isdigit())
+
+    def _make_room(self, needed: int) -> None:
+        """Remove the set-aside snapshot, then the oldest kept alerts, until the files under ``dir`` and ``needed``
+        more bytes (a snapshot about to be written) fit in ``state.max_mib``; what is removed is logged. When the files
+        the keeper leaves alone and the snapshots already take the room, nothing goes: removing would not help."""
+        fixed, alerts = self.files_beside()
+        kept = sum(_size(p) for p in self.generations()) + fixed + needed
+        alert_bytes = [_size(p) for p in alerts]
+        over = kept + sum(alert_bytes) + self._aside_bytes() - self.max_bytes
+        if over <= 0 or kept > self.max_bytes:
+            return
+        if self._aside_bytes():
+            self._remove_set_aside("the snapshots and the kept alerts need its room")
+            over = kept + sum(alert_bytes) - self.max_bytes
+        removed = 0
+        for path, size in zip(alerts, alert_bytes):
+            if over <= 0:
+                break
+            path.unlink(missing_ok=True)
+            over -= size
+            removed += 1
+        if removed:
+            self.alerts_removed += removed
+            log.warning("state: removed the %d oldest kept alert(s) in %s to stay within state.max_mib=%g (they are "
+                        "listed until the restart; %d kept)", removed, self.dir / ALERT_EVENTS, self.section.max_mib,
+                        len(alerts) - removed)
+
+    def _watch_beside(self) -> None:
+        """``_make_room`` when the kept alerts changed (a new alert's file: the folder's mtime moves), so that the
+        folder stays within ``state.max_mib`` between snapshots too; one ``stat`` a loop iteration otherwise."""
+        try:
+            mark = (self.dir / ALERT_EVENTS).stat().st_mtime_ns
+        except OSError:
+            return
+        if mark != self._beside_mark:
+            self._beside_mark = mark
+            try:
+                self._make_room(0)
+            except OSError as exc:
+                log.warning("state: could not keep %s within state.max_mib (%s)", self.dir, exc)
+
     # ------------------------------------------------------------------ start
     def check_keys(self, keys) -> None:
         """``SealError`` when ``restore`` would stop on a snapshot no key of ``keys`` (``edgekv.privacy.KeyRing`` or
@@ -768,6 +924,68 @@ class StateKeeper:
             except SnapshotError:
                 continue
             return
+
+    def plan_restore(self, config, keys=None) -> RestorePlan:
+        """What ``restore`` will do for ``config`` (the runtime's; ``keys``: its ``edgekv.privacy.KeyRing``), read from
+        the snapshots' manifests and ``planned_key(config)`` before the model loads: resume, start empty, or set the
+        memory aside — with the fields that changed and where the memory goes. A config whose cameras, weights, cap,
+        model or prompt changed set every snapshot aside at the restart, and ``--check`` had said nothing of it."""
+        from edgekv.privacy import SealError
+
+        if not self.enabled:
+            return RestorePlan("none", "no state.dir: the memory is not kept over a restart")
+        newest, damaged = None, []
+        for path in reversed(self.generations()):
+            try:
+                newest = (path, read_manifest(path, keys))
+                break
+            except SnapshotError as exc:  # restore skips it for an older generation and sets it aside
+                damaged.append(f"{path.name} ({exc})")
+            except SealError as exc:
+                return RestorePlan("unknown", f"not compared: {exc}")
+        skipped = f" (skipped, unreadable: {'; '.join(damaged)})" if damaged else ""
+        if newest is None and not self.set_aside_files():
+            return RestorePlan("empty", (f"no snapshot in {self.dir}: the start begins with an empty memory"
+                                         f"{self._elsewhere()}") if not damaged else
+                               f"no snapshot in {self.dir} reads: the start begins with an empty memory{skipped}")
+        wanted = planned_key(config)
+        differences = _differences(newest[1]["key"], wanted) if newest is not None else {}
+        if newest is not None and not differences:
+            return RestorePlan("resume", f"resumes {self._describe(*newest)}{skipped}")
+        why = "made for another deployment — " + "; ".join(differences.values())
+        for candidate in self.set_aside_files():
+            try:
+                aside = read_manifest(candidate, keys)
+            except (SnapshotError, SealError):
+                continue
+            if not _differences(aside["key"], wanted):
+                rest = (f"; the newer {newest[0].name}, {why}, is set aside in its place" if newest is not None
+                        else "")
+                return RestorePlan("resume_set_aside", f"resumes the memory set aside earlier for this deployment, "
+                                   f"{self._describe(candidate, aside)}{rest}{skipped}", tuple(differences))
+        if newest is None:
+            return RestorePlan("empty", f"no snapshot in {self.dir}: the start begins with an empty memory (the one "
+                                        f"in {self.ASIDE}/ was made for another deployment){skipped}")
+        return RestorePlan("set_aside", self._set_aside_text(*newest, why) + skipped, tuple(differences))
+
+    def _set_aside_text(self, path: Path, manifest: dict, why: str) -> str:
+        """Where the memory that no longer fits goes, and how to have it back."""
+        older = [p.name for p in self.generations() if p != path]
+        replaced = [p.name for p in self.set_aside_files()]
+        return (f"the memory will be SET ASIDE and the start begins with an empty memory: "
+                f"{self._describe(path, manifest)}, {why}. It is kept (not deleted) as "
+                f"{self.dir / self.ASIDE / path.name}"
+                + (f", in place of {', '.join(replaced)} set aside before it (deleted)" if replaced else "")
+                + f", until new snapshots or the kept alerts need its room under state.max_mib="
+                  f"{self.section.max_mib:g}; put the config back and restart to resume it"
+                + (f". The older generation {', '.join(older)} is deleted" if older else ""))
+
+    @staticmethod
+    def _describe(path: Path, manifest: dict) -> str:
+        info = _info(path, path.stat().st_size, 0.0, manifest["session"], manifest.get("saved_unix"))
+        saved = f", saved {manifest['created']}" if isinstance(manifest.get("created"), str) else ""
+        return (f"{path.name} ({describe_span(info.stream_s)} of memory, {info.cache_tokens:,} tokens, "
+                f"{info.frames:,} frames{saved})")
 
     def restore(self, runtime):
         """The session to run: restored from the newest usable snapshot, or fresh (and why)."""
@@ -797,10 +1015,9 @@ class StateKeeper:
             self.last_saved = self.written_at = self.clock()
             self._saved_mark = _memory_mark(session)  # what that file holds: not written again until it changes
             return session
-        if rejected is not None:
-            session = self._resume_set_aside(runtime, rejected, problem)
-            if session is not None:
-                return session
+        session = self._resume_set_aside(runtime, rejected, problem)
+        if session is not None:
+            return session
         session = runtime.session()
         self._check_budget(session)
         if rejected is None:
@@ -813,11 +1030,13 @@ class StateKeeper:
         self.last_saved = self.clock()
         return session
 
-    def _resume_set_aside(self, runtime, rejected: Path, problem: str):
+    def _resume_set_aside(self, runtime, rejected: Path | None, problem: str | None):
         """The set-aside snapshot resumed when it fits this deployment and no generation does: a config changed and
         changed back (a cache cap tried and reverted) set this deployment's memory aside, then the next start set the
         other deployment's aside over it — the memory there to resume was deleted and the start was empty. Swapped:
-        the set-aside file becomes the newest generation and ``rejected`` is set aside in its place. None (nothing
+        the set-aside file becomes the newest generation and ``rejected`` is set aside in its place. With no
+        generation at all (``rejected`` None: the changed config's daemon stopped before its first snapshot, killed or
+        powered off) it is resumed too: that start said "no snapshot" beside this deployment's memory. None (nothing
         moved) when there is none or it does not load (another deployment's, damaged, a key no longer held)."""
         from edgekv.privacy import SealError
 
@@ -834,13 +1053,15 @@ class StateKeeper:
             self._check_budget(session)
             info = session.restored_from
             self.clock_offset = self._resume_offset(info, runtime.config.video.max_gap_s)
-            moved = self._set_aside(rejected)
-            for other in self.generations():
-                if other != path:
-                    other.unlink()  # older generations of the memory that was set aside
+            if rejected is not None:
+                moved = self._set_aside(rejected)
+                for other in self.generations():
+                    if other != path:
+                        other.unlink()  # older generations of the memory that was set aside
             self.say(f"resumed {describe_span(info.stream_s)} of memory, {info.cache_tokens:,} tokens "
                      f"({info.frames:,} frames) from the snapshot set aside earlier, made for this deployment (now "
-                     f"{path}); the newer one could not be used: {problem}; set aside as {moved}")
+                     f"{path}); " + (f"the newer one could not be used: {problem}; set aside as {moved}"
+                                     if rejected is not None else "no newer snapshot was written"))
             self.last_saved = self.written_at = self.clock()
             self._saved_mark = _memory_mark(session)
             return session
@@ -856,9 +1077,14 @@ class StateKeeper:
         down = self.wall() - info.saved_unix if info.saved_unix is not None else 0.0
         if not 0.0 <= down <= max_gap_s:
             bounded = 0.0 if down < 0 else max_gap_s
-            self.say(f"the wall clock moved {'back ' if down < 0 else ''}{describe_span(abs(down))} between the "
-                     f"snapshot and now (a clock set after the snapshot, e.g. by NTP on a board without an RTC "
-                     f"battery?): the memory continues {describe_span(bounded)} after its last frame "
+            # Forward, it is as often a device that was off for a day or a backup of state.dir put back as a clock
+            # set late: "a clock set after the snapshot" alone sent the owner of yesterday's backup to check NTP.
+            why = (f"the wall clock moved back {describe_span(-down)} between the snapshot and now (a clock set "
+                   f"after the snapshot, e.g. by NTP on a board without an RTC battery?)" if down < 0 else
+                   f"the snapshot was saved {describe_span(down)} ago by the wall clock (the daemon was down that "
+                   f"long, a backup of state.dir was put back, or the clock was set after the snapshot, e.g. by NTP "
+                   f"on a board without an RTC battery)")
+            self.say(f"{why}: the memory continues {describe_span(bounded)} after its last frame "
                      f"(video.max_gap_s={max_gap_s:g})")
             down = bounded
         return last + down
@@ -868,11 +1094,23 @@ class StateKeeper:
         return t + self.clock_offset
 
     def _check_budget(self, session) -> None:
-        full = estimate_bytes(session)
-        if 2 * full > self.max_bytes:
-            raise ValueError(f"state.max_mib={self.section.max_mib:g} cannot hold two snapshots of a full cache "
-                             f"({full / 2**20:.1f} MiB each): raise state.max_mib to at least "
-                             f"{2 * full / 2**20:.0f}")
+        """Two snapshots of a full cache and the files the keeper leaves alone must fit in ``state.max_mib``; what is
+        left is the kept alerts' (their oldest go first when it runs out)."""
+        problem = self.budget_problem(estimate_bytes(session))
+        if problem is not None:
+            raise ValueError(problem)
+
+    def budget_problem(self, full: int) -> str | None:
+        """Why ``state.max_mib`` cannot hold two snapshots of ``full`` bytes beside the files already under ``dir``
+        (``files_beside``), with the bound that would; None when it can."""
+        fixed, _ = self.files_beside()
+        if 2 * full + fixed <= self.max_bytes:
+            return None
+        beside = f" beside the {fixed / 2**20:.2f} MiB of other files in {self.dir}" if fixed >= 2**16 else ""
+        least = math.ceil((2 * full + fixed) / 2**20 * 10) / 10  # rounded up: "at least 0" was said of 0.36 MiB
+        return (f"state.max_mib={self.section.max_mib:g} cannot hold two snapshots of a full cache "
+                f"({full / 2**20:.2f} MiB each){beside}: raise state.max_mib to at least {least:g}, and more for the "
+                f"last alerts kept in {ALERT_EVENTS}/ (64 at most, each with its keyframe)")
 
     # ------------------------------------------------------------------ snapshots
     def maybe_snapshot(self, session) -> SnapshotInfo | None:
@@ -881,7 +1119,10 @@ class StateKeeper:
         answering questions rewrote the same cache whole every ``every_s`` (224 MiB at the 3B shape: 65 GB a day of
         flash worn for nothing). What counts as a change is everything the snapshot restores but the answer
         counters (questions, answer tokens: statistics; the cache an answer used is as it was)."""
-        if not self.enabled or (self.last_saved is not None and self.clock() - self.last_saved < self.section.every_s):
+        if not self.enabled:
+            return None
+        self._watch_beside()
+        if self.last_saved is not None and self.clock() - self.last_saved < self.section.every_s:
             return None
         if self._saved_mark is not None and self._saved_mark == _memory_mark(session):
             self.last_saved = self.clock()  # looked at again after every_s
@@ -939,13 +1180,15 @@ class StateKeeper:
             self.dir.mkdir(parents=True, exist_ok=True)
             for old in self.generations()[:-1]:
                 old.unlink()
-            needed = estimate_bytes(session, session.cache.length) + sum(p.stat().st_size for p in self.generations())
-            if needed + self._aside_bytes() > self.max_bytes and self._aside_bytes():
-                log.warning("state: removing the set-aside snapshot to stay within state.max_mib")
-                for old in (self.dir / self.ASIDE).iterdir():
-                    old.unlink()
+            estimate = estimate_bytes(session, session.cache.length)
+            self._make_room(estimate)
+            previous = sum(p.stat().st_size for p in self.generations())
+            fixed, _ = self.files_beside()
+            needed = estimate + previous + fixed
             if needed > self.max_bytes:
-                raise OSError(f"{needed / 2**20:.1f} MiB needed exceeds state.max_mib={self.section.max_mib:g}")
+                raise OSError(f"{needed / 2**20:.1f} MiB needed (this snapshot {estimate / 2**20:.1f}, the previous "
+                              f"one {previous / 2**20:.1f}, other files in state.dir {fixed / 2**20:.1f}) exceeds "
+                              f"state.max_mib={self.section.max_mib:g}")
             info = session.save(self._next_path())
         except OSError as exc:
             self.failures += 1

@@ -26,9 +26,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgekv.model.checkpoint_hash import NotACheckpoint, file_digest, read_memo, write_memo
+from edgekv.model.checkpoint_hash import model_hash as checkpoint_hash
+
+__all__ = ["EngineError", "EngineMismatchError", "file_digest", "model_hash", "read_memo", "write_memo"]
+
 GRAPH_FORMAT = 2  # bump when the graphs' inputs/outputs or semantics change (2: one llm graph)
 MANIFEST = "manifest.json"
-_HASH_CHUNK = 1 << 24
 
 
 class EngineError(ValueError):
@@ -56,58 +60,12 @@ def rebuild_hint(model_dir: str | Path, config, backend: str) -> str:
     return f"build the engines with: {command} --backend {backend}"
 
 
-def file_digest(path: Path, memo: dict | None = None) -> str:
-    """sha256 of a file; ``memo`` maps ``str(path)`` -> {size, mtime_ns, sha256} and is updated."""
-    stat = path.stat()
-    key = str(path.resolve())
-    if memo is not None:
-        known = memo.get(key)
-        if known and known.get("size") == stat.st_size and known.get("mtime_ns") == stat.st_mtime_ns:
-            return known["sha256"]
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    value = digest.hexdigest()
-    if memo is not None:
-        memo[key] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": value}
-    return value
-
-
-def read_memo(memo_file: Path | None) -> dict:
-    """The digests remembered in ``<engine_dir>/hashes.json`` (empty when there is none or it does not read)."""
-    if memo_file is None or not memo_file.is_file():
-        return {}
-    try:
-        return json.loads(memo_file.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def write_memo(memo_file: Path | None, memo: dict) -> None:
-    if memo_file is None:
-        return
-    try:
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
-        os.replace(tmp, memo_file)
-    except OSError:
-        pass  # a read-only engine dir only costs a re-hash next time
-
-
 def model_hash(model_dir: Path, memo_file: Path | None = None) -> str:
-    """Content hash of a checkpoint directory: config.json plus every ``*.safetensors`` file, by name."""
-    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise EngineError(f"model.path: {model_dir} is not a checkpoint directory (missing {', '.join(missing)})")
-    memo = read_memo(memo_file)
-    total = hashlib.sha256()
-    for path in files:
-        total.update(path.name.encode() + b"\0" + file_digest(path, memo).encode() + b"\n")
-    write_memo(memo_file, memo)
-    return total.hexdigest()
+    """Content hash of a checkpoint directory (``edgekv.model.checkpoint_hash``, shared with the snapshots)."""
+    try:
+        return checkpoint_hash(model_dir, memo_file)
+    except NotACheckpoint as exc:
+        raise EngineError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,9 @@ def test_a_good_config_passes_every_check_without_loading_the_model(tiny_checkpo
         "logging.file": "ok", "model.path": "ok", "cache.calibration": "ok", "state.dir, archive.dir": "ok",
         "archive.dir records": "ok", "privacy keys": "ok", "state.dir lock": "ok", "server packages": "ok",
         "server.host:port": "ok", "server TLS": "ok",
-        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "device memory": "ok", "flash": "note"}
+        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "state.max_mib": "ok", "state.dir memory": "ok",
+        "device memory": "ok",
+        "flash": "note"}
     assert "config.json" in results["model.path"][1]
     assert "a 160x120 frame read" in results["video.source"][1]
     assert "plain HTTP" in results["server TLS"][1]
@@ -85,12 +87,16 @@ def test_every_mistake_is_said_at_once(tiny_checkpoint, tmp_path, capsys):
     assert results["model.path"][0] == "ok"
 
 
-def test_beside_the_running_daemon_its_lock_and_port_are_notes(tiny_checkpoint, tmp_path, capsys):
+@pytest.mark.parametrize("token", [None, "s3cret"])
+def test_beside_the_running_daemon_its_lock_and_port_are_notes(tiny_checkpoint, tmp_path, capsys, token):
+    """With a token the daemon's /healthz says only its status word to who lacks it: the check sends the config's
+    token (before, it took the daemon for another program's port: a FAIL)."""
     from edgekv.config import load_config
     from helpers_server import RunningDaemon
 
     port = _free_port()
-    path = _config(tmp_path, tiny_checkpoint, state={"dir": str(tmp_path / "state")}, server={"port": port})
+    path = _config(tmp_path, tiny_checkpoint, state={"dir": str(tmp_path / "state")}, server={"port": port,
+                                                                                               "token": token})
     with RunningDaemon(load_config(str(path)), tmp_path / "out.txt") as run:
         assert run.port == port
         code, results = _check(path, capsys)
@@ -99,7 +105,7 @@ def test_beside_the_running_daemon_its_lock_and_port_are_notes(tiny_checkpoint, 
     status, detail = results["state.dir lock"]
     assert status == "note" and "a restart takes it over" in detail and "process" in detail
     status, detail = results["server.host:port"]
-    assert status == "note" and "served now by an edgekv daemon" in detail
+    assert status == "note" and "served now by an edgekv daemon (ok, running, " in detail, detail
 
 
 def test_a_port_another_program_holds_fails(tiny_checkpoint, tmp_path, capsys):

@@ -11,13 +11,16 @@ before ``systemctl restart``.
 Beside a running daemon two steps find its own holds, not mistakes: its ``state.dir`` lock and its port. Each is a
 ``note`` naming the holder (the lock's pid; an edgekv answering ``/healthz`` on the port), which the restart takes
 over. What only the check does: one frame read from the video source (a camera that opens but never delivers is
-found too: ``READ_BOUND_S``), and a TCP connection to the fleet's broker. Nothing is written but what the start's
-checks make (the folders, ``state.dir``'s lock file): no log line to ``logging.file``, no snapshot, no frame.
+found too: ``READ_BOUND_S``), a TCP connection to the fleet's broker, and what the start will do with the memory
+saved under ``state.dir`` (``memory_result``): resume it, or set it aside because the config no longer fits it (the
+cameras or their weights, the cap, the model, the prompt), said before the restart. Nothing is written but what the
+start's checks make (the folders, ``state.dir``'s lock file): no log line to ``logging.file``, no snapshot, no frame.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import threading
@@ -41,9 +44,10 @@ class CheckResult:
     detail: str = ""
 
 
-def check_daemon(daemon: Any) -> list[CheckResult]:
-    """Every preflight step of ``daemon`` (an ``apps.daemon.loop.Daemon``), each said; the folder lock and the
-    source it opened are let go again."""
+def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None) -> list[CheckResult]:
+    """Every preflight step of ``daemon`` (an ``apps.daemon.loop.Daemon``), each said, then what its start will do
+    with the memory under ``state.dir``; the folder lock and the source it opened are let go again. ``deployment``:
+    the whole config (its ``video.sources``), ``camera``: which of them ``daemon`` is."""
     from edgekv.apps.daemon.startup import one_line
 
     daemon.checking = True
@@ -62,7 +66,67 @@ def check_daemon(daemon: Any) -> list[CheckResult]:
         source = getattr(daemon, "_source", None)
         if source is not None:
             source.close()
+    if daemon.config.state.dir is not None:
+        results += [bound_result(daemon.state, daemon.config),
+                    memory_result(daemon.state, daemon.config, deployment, camera)]
     return results
+
+
+def bound_result(keeper: Any, config: Any) -> CheckResult:
+    """``state.max_mib`` against two snapshots of a full cache (``StateKeeper.budget_problem``, the start's check,
+    sized from the checkpoint's config.json): a bound too small passed ``--check`` and stopped the start once the
+    model had loaded."""
+    from edgekv.apps.daemon.startup import one_line
+    from edgekv.state import planned_full_bytes
+
+    try:
+        full = planned_full_bytes(config)
+    except (ValueError, OSError, KeyError) as exc:  # model.path's own step names what is wrong with it
+        return CheckResult("state.max_mib", "note", f"not compared (the cache's size: {one_line(exc)})")
+    problem = keeper.budget_problem(full)
+    if problem is not None:
+        return CheckResult("state.max_mib", "FAIL", problem)
+    fixed, alerts = keeper.files_beside()
+    left = keeper.max_bytes - 2 * full - fixed
+    return CheckResult("state.max_mib", "ok", f"two snapshots of a full cache ({full / 2**20:.2f} MiB each) fit in "
+                                              f"{keeper.section.max_mib:g} MiB; {left / 2**20:.2f} MiB left for the "
+                                              f"kept alerts ({len(alerts)} there now) and a snapshot set aside")
+
+
+MEMORY_KEY = "state.dir memory"
+
+
+def memory_result(keeper: Any, config: Any, deployment: Any = None, camera: str | None = None) -> CheckResult:
+    """What the start will do with the saved memory (``StateKeeper.plan_restore``): ``ok`` when it resumes it or
+    there is none, a ``note`` when it will be set aside (the start goes on, empty), naming what changed and where
+    the memory goes. With several cameras a changed cap is explained by the cameras' shares."""
+    from edgekv.apps.daemon.startup import one_line
+    from edgekv.privacy import SealError
+    from edgekv.runtime import deployment_keys
+
+    try:
+        plan = keeper.plan_restore(config, deployment_keys(config))
+    except (ValueError, OSError, KeyError, SealError) as exc:  # the steps above name a bad key, model or folder
+        return CheckResult(MEMORY_KEY, "note", f"not compared with the snapshots ({one_line(exc)})")
+    detail = plan.text
+    if "cache_capacity" in plan.differences and deployment is not None and deployment.video.sources:
+        detail += f". {_share_text(deployment, camera)}"
+    status = "note" if plan.action in ("set_aside", "unknown") else "ok"
+    return CheckResult(MEMORY_KEY, status, detail)
+
+
+def _share_text(deployment: Any, camera: str | None) -> str:
+    """How a camera's cache cap follows from ``video.sources`` (apps/daemon/cameras.py ``camera_configs``)."""
+    cameras = deployment.video.sources
+    total = sum(one.weight for one in cameras)
+    mine = next((one for one in cameras if one.name == camera), None)
+    key, value = (("cache.max_mib", f"{deployment.cache.max_mib:g} MiB") if deployment.cache.max_mib is not None
+                  else ("cache.max_tokens", f"{deployment.cache.max_tokens:,} tokens"))
+    weights = ", ".join(f"{one.name} {one.weight:g}" for one in cameras)
+    share = f"{camera!r} has weight {mine.weight:g} of {total:g}: " if mine is not None else ""
+    return (f"With video.sources each camera's cache is its weight's share of {key} ({value}; weights now "
+            f"{weights}; {share}the cap above): a camera added or removed, or a weight changed, changes the "
+            f"cameras' caps, and the memory of each camera whose cap changed is set aside")
 
 
 def _found(daemon: Any, key: str, found: object) -> CheckResult:
@@ -132,7 +196,9 @@ def _edgekv_on(server: Any) -> str | None:
     host = f"[{host}]" if ":" in host else host
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # who it is, not whether to trust it
-    request = urllib.request.Request(f"{scheme}://{host}:{server.port}/healthz")
+    token = server.token or os.environ.get(server.token_env) or None  # its details are given with the token
+    request = urllib.request.Request(f"{scheme}://{host}:{server.port}/healthz",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=CONNECT_BOUND_S,
                                     context=context if scheme == "https" else None) as response:
@@ -144,6 +210,9 @@ def _edgekv_on(server: Any) -> str | None:
             return None
     except (OSError, ValueError, ssl.SSLError):
         return None
+    if isinstance(data, dict) and set(data) == {"status"} and data["status"] in ("ok", "degraded", "starting",
+                                                                                 "stalled"):
+        return f"an edgekv daemon ({data['status']}; its details need its token)"  # another token than this config's
     if not (isinstance(data, dict) and "stream_state" in data):
         return None
     return f"an edgekv daemon ({data.get('status')}, {data.get('stream_state')}, {data.get('frames')} frames)"
@@ -262,7 +331,7 @@ def run_check(daemons: dict[str, Any], out: Any, config_name: str, deployment: A
     print(f"edgekv-camera --check: {config_name} (the model is not loaded)", file=out)
     for name, daemon in daemons.items():
         prefix = f"[{name}] " if len(daemons) > 1 else ""
-        for result in check_daemon(daemon):
+        for result in check_daemon(daemon, deployment, name or None):
             failed += result.status == "FAIL"
             print(f"{prefix}{result.status:<4}  {result.key}{': ' + result.detail if result.detail else ''}",
                   file=out)

@@ -115,14 +115,12 @@ def check_archive_shape(config: EdgeKVConfig) -> str | None:
         raise StartupError(f"archive.dir: {config.archive.dir} holds segments indexed with archive.index_keys={kinds}: "
                            f"an older edgekv wrote into this archive, and no archive.index_keys reads both; point "
                            f"archive.dir at another folder (move this one aside to keep it)")
+    if found.index_keys != config.archive.index_keys:  # the config's own value: no model needed to compare it
+        raise StartupError(index_keys_mismatch(config.archive.dir, found.index_keys, config.archive.index_keys))
     try:
         wanted, named = archive_shape(config, resolve_model_path(config.model.path))
-    except (FileNotFoundError, ValueError, KeyError):  # model.path's own check says what is wrong with it
-        return f"records of {found.dtype}; not compared (model.path has no readable config.json)"
-    if found.index_keys != wanted.index_keys:
-        raise StartupError(f"archive.dir: {config.archive.dir} was indexed with archive.index_keys="
-                           f"{found.index_keys}, this config has {wanted.index_keys}; set it back, or point "
-                           f"archive.dir at another folder")
+    except (FileNotFoundError, ValueError, KeyError, TypeError):  # model.path's own check says what is wrong with it
+        return f"records of {found.dtype}; not compared with the model (model.path has no readable config.json)"
     for name in ("layers", "kv_heads", "head_dim"):
         for shape in shapes.values():
             if getattr(shape, name) != getattr(wanted, name):
@@ -137,6 +135,14 @@ def check_archive_shape(config: EdgeKVConfig) -> str | None:
 
 
 ARCHIVE_OTHER_DTYPE = "another kv_dtype"
+
+
+def index_keys_mismatch(folder: str, archived: int, configured: int) -> str:
+    """Why the start refuses an archive indexed with another ``archive.index_keys``, and the two ways on."""
+    return (f"archive.dir: {folder} was indexed with archive.index_keys={archived}, this config has {configured}: "
+            f"the start refuses it. Set archive.index_keys: {archived} in the config to go on with this archive, or "
+            f"point archive.dir at an empty folder to begin one indexed with {configured} (this one is never read "
+            f"then: move it aside or remove it)")
 
 
 def check_calibration(config: EdgeKVConfig) -> None:
