@@ -246,6 +246,11 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
         for name, entry in files.items():
             entry["file"] = f"{name}.onnx"
             entry["onnx"] = entry["file"]
+        # The exported weights are in the graphs now. TensorRT's builder reads its own copy of them and needs
+        # tactic workspace beside it: on a Jetson the GPU's memory is the board's, so the torch copy goes first.
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         if trt is not None:
             with steps.step(f"TensorRT {key.tensorrt_version}: build {key.precision} engines for {key.gpu}"):
                 trt.build_engines(bundle, files, dep, config)

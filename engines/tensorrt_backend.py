@@ -12,14 +12,17 @@ the vision engine in INT8 with the entropy calibrator below, fed by frames from
 later build reuses, and one serialized plan per graph next to its ONNX file. The plan is only valid for the
 TensorRT version and GPU that built it, which is why both are part of the bundle key (``manifest.py``).
 
-Runner (``tensorrt_runtime``): ``IExecutionContext.execute_async_v3`` on torch's current CUDA stream with every I/O tensor bound
-by address (``set_tensor_address``) — the session's KV cache buffers and torch-allocated outputs — so
-nothing is copied to or from the host.
+Runner (``tensorrt_runtime``): ``IExecutionContext.execute_async_v3`` on a CUDA stream of the engines' own
+(not the default stream) with every I/O tensor bound by address (``set_tensor_address``) — the session's KV
+cache buffers and torch-allocated outputs — so nothing is copied to or from the host.
 
 What was run where: this module was written against the TensorRT 10 Python API documentation; neither a
 Jetson nor TensorRT was available on the machines edgekv's CI and development used, so the tests that
 build and run engines (``tests/test_engines.py``, marked ``gpu`` and ``tensorrt``) were skipped there.
-The CPU-side parts — the install hint, the build key and manifest checks — are tested everywhere.
+The CPU-side parts — the install hint, the build key and manifest checks — are tested everywhere, and the calls
+into TensorRT are driven through a stand-in module written from TensorRT 10.3's headers and bindings
+(``tests/helpers_tensorrt.py``, ``tests/test_tensorrt_contract.py``): names, argument order, return values and
+the documented refusals, not TensorRT's kernels.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ INSTALL_HINT = (
     "to see them); on an x86 machine with an NVIDIA GPU: pip install tensorrt. Or choose engines: onnxruntime"
 )
 WORKSPACE_BYTES = 4 * 1024 ** 3
+CALIBRATION_DEVICE = "cuda"  # where get_batch puts a calibration batch (TensorRT reads device memory)
 
 
 def require():
@@ -69,32 +73,50 @@ def _logger(trt):
     return trt.Logger(trt.Logger.WARNING)
 
 
+# trt.DataType (by name: the enum's values are TensorRT's own) -> the torch dtype of a buffer bound to that tensor
+TORCH_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT8": torch.int8,
+                "UINT8": torch.uint8, "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool}
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of a ``trt.DataType`` (FP8 and INT4 tensors have none: edgekv binds neither)."""
+    name = getattr(dtype, "name", str(dtype)).rsplit(".", 1)[-1]
+    if name not in TORCH_DTYPES:
+        raise EngineError(f"a TensorRT tensor of type {name} has no torch dtype edgekv can bind")
+    return TORCH_DTYPES[name]
+
+
 class FrameCalibrator:
     """INT8 entropy calibration of the vision graph from real frames (TensorRT ``IInt8EntropyCalibrator2``).
 
     Frames come from ``engines.int8_calibration`` (a video file or any ``video.source`` spec), preprocessed
     exactly as the session does, as frame pairs; the calibration cache is kept next to the plan so a rebuild
-    skips the pass.
+    skips the pass. ``get_batch`` hands TensorRT the address of device memory holding the network input as the
+    network declares it (``dtype``: the vision graph's input is in ``model.dtype``, fp16 on a Jetson; TensorRT
+    reads the bytes as that type), one batch on the device at a time.
     """
 
-    def __init__(self, trt, pixel_batches: list[torch.Tensor], cache_file: Path) -> None:
+    def __init__(self, trt, pixel_batches: list[torch.Tensor], cache_file: Path, input_name: str,
+                 dtype: torch.dtype, device: torch.device | str = "cuda") -> None:
         base = trt.IInt8EntropyCalibrator2
 
-        class _Calibrator(base):  # TensorRT calls these from C++; keep the tensors alive on self
+        class _Calibrator(base):  # TensorRT calls these from C++; keep the current batch alive on self
             def __init__(inner) -> None:
                 base.__init__(inner)
-                inner.batches = [b.cuda().contiguous() for b in pixel_batches]
+                inner.batches = pixel_batches
                 inner.index = 0
+                inner.current = None
 
             def get_batch_size(inner) -> int:
                 return 1
 
-            def get_batch(inner, names):
+            def get_batch(inner, names):  # names == [input_name]: build_engines checked the network's inputs
                 if inner.index >= len(inner.batches):
+                    inner.current = None
                     return None
-                batch = inner.batches[inner.index]
+                inner.current = inner.batches[inner.index].to(device=device, dtype=dtype).contiguous()
                 inner.index += 1
-                return [int(batch.data_ptr())]
+                return [int(inner.current.data_ptr())]
 
             def read_calibration_cache(inner):
                 return cache_file.read_bytes() if cache_file.is_file() else None
@@ -106,8 +128,12 @@ class FrameCalibrator:
 
 
 def _calibration_pixels(config, dep: Deployment, limit: int = 64) -> list[torch.Tensor]:
+    """Up to ``limit`` frame pairs of ``engines.int8_calibration`` (a recorded source: a video file or a
+    ``synthetic:`` spec), sampled at ``video.fps`` and preprocessed as the session does."""
+    from contextlib import closing
+
     from edgekv.preprocess import FramePreprocessor
-    from edgekv.video.sources import iter_frames, open_source
+    from edgekv.video.sources import iter_frames
 
     source = config.engines.int8_calibration
     if source is None:
@@ -117,16 +143,20 @@ def _calibration_pixels(config, dep: Deployment, limit: int = 64) -> list[torch.
     pre = FramePreprocessor(resolution=tuple(config.video.resolution), patch_size=vision.patch_size,
                             temporal_patch_size=vision.temporal_patch_size, merge_size=vision.spatial_merge_size)
     frames, batches = [], []
-    for frame in iter_frames(open_source(source)):
-        frames.append(frame)
-        if len(frames) == 2:
-            pixels, _ = pre.pair(*frames)
-            batches.append(pixels.to(torch.float32).clone())
-            frames.clear()
-        if len(batches) >= limit:
-            break
+    try:
+        with closing(iter_frames(source, fps=config.video.fps)) as recorded:
+            for frame, _ in recorded:
+                frames.append(frame)
+                if len(frames) == 2:
+                    pixels, _ = pre.pair(*frames)
+                    batches.append(pixels.clone())  # on the host: get_batch moves one at a time to the device
+                    frames.clear()
+                if len(batches) >= limit:
+                    break
+    except (ValueError, OSError) as exc:  # a live camera cannot be replayed, a file that is not there, ...
+        raise EngineError(f"engines.int8_calibration: {exc}") from exc
     if not batches:
-        raise EngineError(f"engines.int8_calibration: {source} gave no frames")
+        raise EngineError(f"engines.int8_calibration: {source} gave no frame pair")
     return batches
 
 
@@ -167,7 +197,12 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
         if implicit_int8:  # post-training INT8 of the ViT, calibrated on real frames; fp16 where INT8 cannot go
             cfg.set_flag(trt.BuilderFlag.INT8)
             cfg.set_flag(trt.BuilderFlag.FP16)
-            calibrator = FrameCalibrator(trt, _calibration_pixels(config, dep), bundle / "vision.int8.cache")
+            if network.num_inputs != 1:
+                raise EngineError(f"{onnx_path}: INT8 calibration feeds one input (the frame pair's pixels); this "
+                                  f"vision graph has {network.num_inputs}. {dep.hint}")
+            pixels = network.get_input(0)
+            calibrator = FrameCalibrator(trt, _calibration_pixels(config, dep), bundle / "vision.int8.cache",
+                                         pixels.name, torch_dtype(pixels.dtype), CALIBRATION_DEVICE)
             cfg.int8_calibrator = calibrator.calibrator
         # The LLM graphs stay in model.dtype under int8: activation-calibrated INT8 of a decoder loses
         # accuracy, and the weight-only INT8/INT4 that speeds up decode needs Q/DQ nodes in the graph.

@@ -25,6 +25,19 @@ if [ -z "${EDGEKV_TORCH_WHEEL:-}" ] && [ "$DRY_RUN" = 0 ]; then
 fi
 WHEEL=${EDGEKV_TORCH_WHEEL:-torch-for-your-jetpack.whl}
 
+# JetPack 6 = L4T R36 (/etc/nv_tegra_release's first line: "# R36 (release), REVISION: 4.3, ..."). JetPack 5 (R35)
+# has Ubuntu 20.04's Python 3.8 and TensorRT 8.5: edgekv needs Python 3.10 and TensorRT 10, so say so before
+# installing anything. No such file (not a Jetson, or a container without it): the board check below decides.
+RELEASE_FILE=${EDGEKV_TEGRA_RELEASE:-/etc/nv_tegra_release}
+if [ -r "$RELEASE_FILE" ]; then
+  L4T_MAJOR=$(sed -n 's/^# R\([0-9][0-9]*\) (release).*/\1/p' "$RELEASE_FILE" | head -n 1)
+  if [ -n "$L4T_MAJOR" ] && [ "$L4T_MAJOR" -lt 36 ]; then
+    echo "this board runs L4T R$L4T_MAJOR (JetPack 5 or older: Python 3.8, TensorRT 8); edgekv needs JetPack 6" \
+         "(L4T R36: Python 3.10, TensorRT 10): flash JetPack 6 first" >&2
+    exit 2
+  fi
+fi
+
 # The board decides the profile: an 8 GB Orin Nano cannot hold the AGX 64 GB profile's cache.
 MODEL_FILE=${EDGEKV_DEVICE_TREE_MODEL:-/proc/device-tree/model}
 if [ -r "$MODEL_FILE" ]; then

@@ -173,3 +173,21 @@ def test_install_on_a_machine_without_a_device_tree_says_so_in_one_line(tmp_path
     assert out.stderr.splitlines() == [f"no deployment profile for this board (unknown: no {tmp_path / 'model'}, not "
                                        f"a Jetson?): set EDGEKV_PROFILE to one of configs/*.yaml (without .yaml)"]
     assert _install(None, tmp_path, EDGEKV_PROFILE="orin-nano-8gb").returncode == 0
+
+
+@pytest.mark.parametrize("release, code", [
+    ("# R35 (release), REVISION: 6.0, GCID: 37399711, BOARD: t186ref, EABI: aarch64, DATE: Fri Jul 19 2024\n", 2),
+    ("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan  8 2025\n", 0),
+])
+def test_install_refuses_jetpack_5_before_installing_anything(tmp_path, release, code):
+    """/etc/nv_tegra_release's first line names the L4T release (R36 = JetPack 6). JetPack 5's Python 3.8 and
+    TensorRT 8.5 cannot run edgekv (Python >= 3.10, TensorRT 10): one line saying so, nothing installed."""
+    (tmp_path / "nv_tegra_release").write_text(release)
+    out = _install("NVIDIA Jetson AGX Orin Developer Kit", tmp_path,
+                   EDGEKV_TEGRA_RELEASE=str(tmp_path / "nv_tegra_release"))
+    assert out.returncode == code, out.stderr
+    if code:
+        assert out.stderr.strip().splitlines() == [
+            "this board runs L4T R35 (JetPack 5 or older: Python 3.8, TensorRT 8); edgekv needs JetPack 6 (L4T R36: "
+            "Python 3.10, TensorRT 10): flash JetPack 6 first"]
+        assert "apt-get" not in out.stdout

@@ -428,7 +428,12 @@ def rtsp_pipeline(url: str, decoder: str = "jetson", timeout_s: float | None = 1
     ``nvvidconv`` to copy it out as BGRx (as ``csi_pipeline`` does) before ``videoconvert`` drops the pad byte;
     ``gstreamer`` decodes on the CPU (libav) and converts with ``videoconvert`` alone. The appsink keeps the newest
     frame only and does not wait on the clock. Checked here: the ``gstreamer`` pipeline against GStreamer's RTSP
-    server (tests/test_rtsp_camera.py); ``jetson``'s NVIDIA elements were not run here (no Jetson)."""
+    server (tests/test_rtsp_camera.py); ``jetson``'s NVIDIA elements were not run here (no Jetson).
+
+    On a Jetson choose ``jetson`` (or ``ffmpeg`` for CPU decoding), not ``gstreamer``: JetPack registers
+    ``nvv4l2decoder`` at rank primary + 11, above libav's decoders, so ``decodebin`` picks it there too and hands
+    ``videoconvert`` NVMM buffers it cannot take (not-negotiated; gst-inspect output in svpcom/wfb-ng-osd#12, the
+    failure in aler9/gst-darknet#1)."""
     if decoder not in RTSP_DECODERS[1:]:
         raise ValueError(f"video.decoder: {decoder!r} builds no pipeline; one of {', '.join(RTSP_DECODERS[1:])}")
     quoted = url.replace("\\", "\\\\").replace('"', '\\"')
