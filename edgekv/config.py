@@ -146,9 +146,11 @@ class VideoSection:
     # false refuses to start, as for a file that is not there.
     wait_for_stream: bool = True
     # How an rtsp:// camera is decoded: ffmpeg (OpenCV's FFmpeg, on the CPU; works everywhere), gstreamer (a
-    # GStreamer pipeline, CPU decode), jetson (GStreamer with NVIDIA's hardware decoder, nvv4l2decoder + nvvidconv:
-    # no CPU core spent decoding). The last two need OpenCV built with GStreamer (JetPack's python3-opencv);
-    # edgekv.video.sources.rtsp_pipeline says what each runs. jetson was not run on a Jetson here.
+    # GStreamer pipeline, CPU decode; not on a Jetson, whose decodebin prefers nvv4l2decoder and its NVMM frames
+    # that the pipeline's videoconvert cannot take: there use jetson or ffmpeg), jetson (GStreamer with NVIDIA's
+    # hardware decoder, nvv4l2decoder + nvvidconv: no CPU core spent decoding). The last two need OpenCV built with
+    # GStreamer (JetPack's python3-opencv); edgekv.video.sources.rtsp_pipeline says what each runs. jetson was not
+    # run on a Jetson here.
     decoder: Literal["ffmpeg", "gstreamer", "jetson"] = "ffmpeg"
     # A camera whose driver returns nothing at all, no frame and no error, for this long (a CSI camera's Argus
     # pipeline or a gst: pipeline that hung inside GStreamer, which has no read timeout here): the daemon saves its
@@ -305,7 +307,7 @@ class EnginesSection:
     engine_dir: str = "~/.cache/edgekv/engines"
     precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None  # tensorrt; None: model.dtype
     max_chunk_tokens: int | None = None  # largest prefill chunk an LLM engine takes; None: max(frame pair, 256)
-    int8_calibration: str | None = None  # frames directory or video for TensorRT INT8/FP8 calibration
+    int8_calibration: str | None = None  # a video file or synthetic: source for TensorRT INT8/FP8 calibration
 
     def validate(self, at: str) -> None:
         if self.max_chunk_tokens is not None and self.max_chunk_tokens < 1:
