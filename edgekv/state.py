@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from edgekv.config import StateSection
+from edgekv.durable import fsync_dir
 
 log = logging.getLogger("edgekv.state")
 
@@ -385,14 +386,6 @@ def _write_tensor(handle, chunks: list[torch.Tensor], offset: int) -> tuple[dict
     return entry, written
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]], sealer=None) -> int:
     """Write ``views`` and ``manifest`` (its ``tensors`` filled in here) to ``path`` atomically; returns bytes.
     With ``sealer`` (``edgekv.privacy.Sealer``) every section and the manifest are sealed (AES-256-GCM)."""
@@ -427,7 +420,7 @@ def _replacing(path: Path):
         with open(tmp, "wb") as handle:
             yield handle
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -3,10 +3,10 @@ an SSE client or a notification holds were empty after every restart while the m
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import errno
 import json
+import os
 
 import pytest
 
@@ -96,16 +96,16 @@ def test_a_full_disk_costs_the_file_never_the_alert(tmp_path, monkeypatch, caplo
     sink, log = Sink(), EventLog(tmp_path)
     bus = AlertBus(log)
     bus.add(sink)
-    real_open = builtins.open
+    real_open = os.open
 
-    def full(path, mode="r", *args, **kwargs):
-        if "alert-events" in str(path) and "w" in mode:
+    def full(path, flags, *args, **kwargs):
+        if "alert-events" in str(path) and flags & os.O_WRONLY:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_open(path, mode, *args, **kwargs)
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", full)
+    monkeypatch.setattr(os, "open", full)
     bus.publish(event(0))
-    monkeypatch.setattr(builtins, "open", real_open)
+    monkeypatch.setattr(os, "open", real_open)
     assert [e.id for e in sink.got] == [event(0).id] and bus.event(event(0).id) is not None  # it went out
     assert log.write_errors == 1 and "No space left" in caplog.text
     assert not [p for p in (tmp_path / "alert-events").iterdir()]  # no temporary file left behind

@@ -226,9 +226,11 @@ def _read_only(monkeypatch, where: str) -> None:
     def refuse(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    real_open, real_replace, real_unlink = builtins.open, os.replace, pathlib.Path.unlink
+    real_open, real_os_open, real_replace, real_unlink = builtins.open, os.open, os.replace, pathlib.Path.unlink
     monkeypatch.setattr(builtins, "open", lambda path, mode="r", *a, **k: refuse() if where in str(path) and (
         "w" in mode or "a" in mode) else real_open(path, mode, *a, **k))
+    monkeypatch.setattr(os, "open", lambda path, flags, *a, **k: refuse() if where in str(path) and flags & (
+        os.O_WRONLY | os.O_RDWR) else real_os_open(path, flags, *a, **k))
     monkeypatch.setattr(os, "replace", lambda src, dst, **k: refuse() if where in str(src) else real_replace(src, dst))
     monkeypatch.setattr(pathlib.Path, "unlink", lambda self, missing_ok=False: refuse() if where in str(self)
                         else real_unlink(self, missing_ok))

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from pathlib import Path
+
+from edgekv.durable import fsync_dir, replace_durably
 
 log = logging.getLogger("edgekv.forget")
 
@@ -73,23 +74,12 @@ class ForgetJournal:
             self._write(entries)
         elif self.path is not None:
             self.path.unlink(missing_ok=True)
-            _fsync_dir(self.folder)
+            fsync_dir(self.folder)
 
     def _write(self, entries: list[dict]) -> None:
         assert self.path is not None
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.NAME}.tmp-{os.getpid()}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                json.dump({"pending": entries}, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.folder)
+        replace_durably(self.path, json.dumps({"pending": entries}).encode())
 
 
 class JournalError(OSError):
@@ -108,16 +98,3 @@ def _valid(entry) -> bool:
             return False
     return (isinstance(entry.get("pad_s"), (int, float)) and not isinstance(entry.get("pad_s"), bool)
             and all(isinstance(entry.get(key), (str, type(None))) for key in ("archive_stream", "frame_stream")))
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the file itself was fsynced
-    finally:
-        os.close(fd)

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import queue
 import sys
 import threading
@@ -60,6 +59,7 @@ from edgekv.apps.daemon.startup import (
 )
 from edgekv.apps.daemon.systemd import Heartbeat, Watchdog, notify_systemd
 from edgekv.config import EdgeKVConfig, load_config
+from edgekv.durable import replace_durably
 from edgekv.apps.wall_times import wall_text
 from edgekv.seconds import MAX_ABS_SECONDS, real_seconds
 
@@ -771,12 +771,7 @@ class Daemon:
             if reason is None:
                 path.unlink(missing_ok=True)
                 return
-            tmp = path.with_name(f".{self.PAUSE_FILE}.tmp-{os.getpid()}")
-            with open(tmp, "w") as handle:
-                json.dump({"reason": reason, "since_unix": time.time()}, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            replace_durably(path, json.dumps({"reason": reason, "since_unix": time.time()}).encode())
         except OSError as exc:
             self.say(f"privacy: could not {'keep' if reason else 'clear'} the pause in {path} ({exc}); "
                      f"{'a restart would watch again' if reason else 'a restart would start paused'}")

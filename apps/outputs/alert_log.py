@@ -21,6 +21,8 @@ import os
 import re
 from pathlib import Path
 
+from edgekv.durable import replace_durably
+
 log = logging.getLogger("edgekv.alerts")
 FOLDER = "alert-events"
 SUFFIX = ".evt"
@@ -103,20 +105,8 @@ class EventLog:
         data = json.dumps(doc).encode()
         if self.keys is not None:
             data = seal_blob(self.keys, data)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except OSError:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:  # a read-only file system refuses even this (EROFS before ENOENT): nothing was written
-                pass
-            raise
+        self.dir.mkdir(parents=True, exist_ok=True)
+        replace_durably(path, data)
 
     def load(self) -> list:
         """The kept alerts, oldest first (``AlertEvent``s). ``SealError`` for a file sealed with a key this

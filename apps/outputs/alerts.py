@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edgekv.config import AlertRuleSection, AlertsSection
+from edgekv.durable import replace_durably
 from edgekv.session import WindowEmpty
 
 log = logging.getLogger("edgekv.alerts")
@@ -553,16 +554,7 @@ class RuleStore:
         if self.keys is not None:
             data = seal_blob(self.keys, data)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.NAME}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        replace_durably(self.path, data)
 
     def needs_reseal(self) -> bool:
         """The file is there and not sealed with the current key (in the clear, or under another key)."""

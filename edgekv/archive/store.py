@@ -109,6 +109,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edgekv.durable import fsync_dir
 from edgekv.folder_lock import lock_folder, unlock_folder
 from edgekv.positions import rotate_temporal
 
@@ -1174,7 +1175,7 @@ class FrameArchive:
                     freed += before
                 removed_pairs += len(pairs)
             if by_segment:
-                _fsync_dir(self.dir)
+                fsync_dir(self.dir)
         self.forgotten += removed_pairs
         if removed_pairs:
             log.info("archive: forgot %d pair(s) stamped %g..%g s (%d segment(s) rewritten, %d deleted, %d bytes "
@@ -1270,7 +1271,7 @@ class FrameArchive:
                 written += 0 if dry_run else self._reseal_segment(number)
                 resealed += 1
             if resealed and not dry_run:
-                _fsync_dir(self.dir)
+                fsync_dir(self.dir)
         return {"segments_resealed": resealed, "segments_current": current, "bytes": written}
 
     def _reseal_segment(self, number: int) -> int:
@@ -1356,7 +1357,7 @@ class FrameArchive:
             if sealer is not None:
                 self._sealers[number] = sealer
         self._current, self._seq = number, 0
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def _close_segment(self, sync: bool = True) -> None:
         """Seal the open segment (fsync, close); the next record begins a new one. Never raises: a failing
@@ -1585,17 +1586,6 @@ def new_stream_id() -> bytes:
     return uuid.uuid4().bytes
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the data files are still fsynced
-    finally:
-        os.close(fd)
 
 
 LOCK_NAME = "archive.lock"
