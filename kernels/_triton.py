@@ -17,6 +17,11 @@ from typing import Any
 
 import torch
 
+# Floating-point contraction (a*b+c as one FMA) stays on, as every kernel was written and measured with it (issue 32's
+# GPU figures): Triton 3.9 warns that its default turns it off in 3.10, which would change the kernels' rounding
+# with a Triton upgrade. A user's own setting wins.
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
 try:
     import triton
     import triton.language as tl

@@ -112,3 +112,18 @@ def rewrite_safetensors(path: Path, edit) -> None:
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}
     edit(tensors)
     save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def filled_cache(text, capacity: int, length: int, seed: int):
+    """A float32 ``CappedKVCache`` of ``text``'s (a model's text config) shape holding ``length`` random slots: what
+    an engine's prefill and decode read, filled alike for each backend compared."""
+    from edgekv.cache.capped import CappedKVCache
+    from edgekv.cache.specs import CacheSpec
+
+    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, torch.float32)
+    cache = CappedKVCache(spec, capacity)
+    g = torch.Generator().manual_seed(seed)
+    cache.k[:, :, :length] = torch.randn(cache.k[:, :, :length].shape, generator=g)
+    cache.v[:, :, :length] = torch.randn(cache.v[:, :, :length].shape, generator=g)
+    cache.commit(length)
+    return cache

@@ -38,8 +38,8 @@ from edgekv.engines.manifest import (
 import edgekv
 from edgekv.apps.cli import main
 from edgekv.cache.capped import CappedKVCache
-from edgekv.cache.specs import CacheSpec
 from edgekv.config import ConfigError, load_config
+from helpers_checkpoints import filled_cache
 
 RESOLUTION = [112, 168]  # grid 8 x 12 patches -> 24 tokens per frame pair
 CACHE_TOKENS = 512
@@ -146,14 +146,7 @@ def test_vision_parity_on_a_padded_window_grid(runtimes):
 
 
 def _filled_cache(runtime, length: int, seed: int) -> CappedKVCache:
-    text = runtime.model.config.text
-    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, torch.float32)
-    cache = CappedKVCache(spec, CACHE_TOKENS)
-    g = torch.Generator().manual_seed(seed)
-    cache.k[:, :, :length] = torch.randn(cache.k[:, :, :length].shape, generator=g)
-    cache.v[:, :, :length] = torch.randn(cache.v[:, :, :length].shape, generator=g)
-    cache.commit(length)
-    return cache
+    return filled_cache(runtime.model.config.text, CACHE_TOKENS, length, seed)
 
 
 def _chunk_inputs(text, start: int, num: int, t: int, restricted: bool):

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow  # one export of the 4-bit graphs (about a minute 
 import edgekv
 from edgekv.apps.cli import main
 from edgekv.cache.capped import CappedKVCache
-from edgekv.cache.specs import CacheSpec
 from edgekv.config import load_config
 from edgekv.engines.manifest import EngineError
+from helpers_checkpoints import filled_cache
 
 RESOLUTION = [112, 112]
 CACHE_TOKENS = 256
@@ -80,14 +80,7 @@ def test_llm_graph_holds_matmul_nbits_nodes_with_the_4bit_weights(built):
 
 
 def _filled_cache(runtime, length: int, seed: int) -> CappedKVCache:
-    text = runtime.model.config.text
-    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, torch.float32)
-    cache = CappedKVCache(spec, CACHE_TOKENS)
-    g = torch.Generator().manual_seed(seed)
-    cache.k[:, :, :length] = torch.randn(cache.k[:, :, :length].shape, generator=g)
-    cache.v[:, :, :length] = torch.randn(cache.v[:, :, :length].shape, generator=g)
-    cache.commit(length)
-    return cache
+    return filled_cache(runtime.model.config.text, CACHE_TOKENS, length, seed)
 
 
 def test_prefill_and_decode_parity_with_torch(runtimes):

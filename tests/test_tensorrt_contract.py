@@ -27,8 +27,8 @@ import helpers_tensorrt as fake_trt  # noqa: E402
 
 import edgekv  # noqa: E402
 from edgekv.cache.capped import CappedKVCache  # noqa: E402
-from edgekv.cache.specs import CacheSpec  # noqa: E402
 from edgekv.config import load_config  # noqa: E402
+from helpers_checkpoints import filled_cache  # noqa: E402
 from edgekv.engines.manifest import EngineError, locate  # noqa: E402
 
 RESOLUTION = [112, 168]  # grid 8 x 12 patches -> 24 tokens per frame pair
@@ -155,13 +155,7 @@ def _backend(built, runtime, component: str):
 
 
 def _filled_cache(text, length: int, seed: int) -> CappedKVCache:
-    spec = CacheSpec.uniform(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, torch.float32)
-    cache = CappedKVCache(spec, CACHE_TOKENS)
-    g = torch.Generator().manual_seed(seed)
-    cache.k[:, :, :length] = torch.randn(cache.k[:, :, :length].shape, generator=g)
-    cache.v[:, :, :length] = torch.randn(cache.v[:, :, :length].shape, generator=g)
-    cache.commit(length)
-    return cache
+    return filled_cache(text, CACHE_TOKENS, length, seed)
 
 
 def _llm_inputs(text, num: int, start: int, seed: int = 1) -> tuple[dict, dict]:
