@@ -3,16 +3,25 @@
 Every script and style is a file under ``/static/`` and the Content-Security-Policy allows ``'self'`` only: no
 inline script runs, so text that reached the page some other way (a question, an alert name) could not run as
 one even if it were ever written as HTML. The login form's files need no token (the form is what a client
-without one is shown); the page's need it as the page does."""
+without one is shown); the page's need it as the page does.
+
+``GET /v1/edgekv/clock`` tells the page the device's clock and time zone. The wearer asks and forgets by the
+device's clock ("forget from 14:00 to 14:10", evidence "seen at 14:03"), and the daemon reads such times in its
+own zone; a phone in another zone (travel, a remote operator) showed times in the browser's zone, which the
+device then read as other moments. The page shows every time as the device's clock showed it, with its offset."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
+import os
+import time
+import zoneinfo
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from edgekv.apps.server.api import Api, body_schema
+from edgekv.apps.server.api import Api, JsonResponse, body_schema
 from edgekv.apps.server.guard import (
     PUBLIC_ASSETS,
     AttemptLimiter,
@@ -21,6 +30,7 @@ from edgekv.apps.server.guard import (
     too_many_attempts,
 )
 from edgekv.apps.server.openai_chat import ApiError, safe_text
+from edgekv.apps.wall_times import follow_local_zone
 
 PAGE_HEADERS = {
     "cache-control": "no-store", "x-content-type-options": "nosniff", "x-frame-options": "DENY",
@@ -47,6 +57,10 @@ def router(api: Api) -> APIRouter:
         if name not in FILES or suffix not in ASSET_TYPES:
             raise ApiError(404, f"Unknown request URL: GET /static/{safe_text(name)}", code="unknown_url")
         return Response(api.pages[name], headers={"content-type": ASSET_TYPES[suffix], "cache-control": "no-store"})
+
+    @routes.get("/v1/edgekv/clock")
+    async def clock():
+        return JsonResponse(device_clock(), headers={"cache-control": "no-store"})
 
     @routes.post("/v1/edgekv/login", status_code=204, openapi_extra=body_schema(
             {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}),
@@ -76,3 +90,46 @@ def router(api: Api) -> APIRouter:
         return Response(status_code=204, headers={"set-cookie": cookies.clear_header(), "cache-control": "no-store"})
 
     return routes
+
+
+def device_clock(now: float | None = None) -> dict:
+    """The device's clock for the page: ``unix`` (now, by the device's clock, which may differ from the browser's),
+    ``zone`` (its IANA name, which the browser formats any moment in, summer time included; ``null`` where the
+    device's zone has none, e.g. a POSIX ``TZ`` rule), ``abbreviation`` and ``utc_offset_s`` (now: the page's
+    fallback without a name). Read afresh each time: the zone may change while the daemon runs (a flight)."""
+    follow_local_zone()
+    now = time.time() if now is None else now
+    local = dt.datetime.fromtimestamp(now).astimezone()
+    return {"unix": now, "zone": local_zone_name(now), "abbreviation": local.tzname(),
+            "utc_offset_s": round(local.utcoffset().total_seconds())}
+
+
+HALF_YEAR_S = 182 * 86400
+
+
+def local_zone_name(now: float) -> str | None:
+    """This machine's time zone as an IANA name (``TZ``, else the ``/etc/localtime`` link, else ``/etc/timezone``),
+    if that zone gives the offsets this process's clock does, now and half a year either side (its summer time);
+    else ``None``."""
+    tz = os.environ.get("TZ")
+    if tz is not None:
+        candidates = [tz[1:] if tz.startswith(":") else tz]
+    else:
+        candidates = [os.path.realpath("/etc/localtime")]
+        try:
+            with open("/etc/timezone", encoding="utf-8") as f:
+                candidates.append(f.read().strip())
+        except OSError:
+            pass
+    for name in candidates:
+        name = name.partition("zoneinfo/")[2] if "zoneinfo/" in name else name
+        name = name.removeprefix("posix/")  # Debian's copy of each zone; browsers know the plain name
+        try:
+            zone = zoneinfo.ZoneInfo(name)
+        except (ValueError, OSError, zoneinfo.ZoneInfoNotFoundError):
+            continue
+        moments = (now - HALF_YEAR_S, now, now + HALF_YEAR_S)
+        if all(dt.datetime.fromtimestamp(t, zone).utcoffset() == dt.datetime.fromtimestamp(t).astimezone().utcoffset()
+               for t in moments):
+            return name
+    return None
