@@ -280,6 +280,26 @@ def _size(path: Path) -> int:
         return 0
 
 
+def _identity(path: Path) -> tuple[int, int]:
+    """A file's size and mtime: another file in its place (a rekey rewrites a snapshot) is not taken for it."""
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _covered(low: float, high: float, stretches: list[tuple[float, float]]) -> bool:
+    """Whether ``[low, high]`` lies whole within the union of ``stretches`` (closed intervals)."""
+    reach = None  # [low, reach] is covered
+    for a, b in sorted(stretches):
+        start = low if reach is None else reach
+        if a > start:
+            break  # a gap: the later stretches begin later still
+        if b >= start:
+            reach = b
+            if reach >= high:
+                return True
+    return False
+
+
 def _aligned(offset: int) -> int:
     return -(-offset // _ALIGN) * _ALIGN
 
@@ -754,6 +774,8 @@ class StateKeeper:
         self.camera: str | None = None  # one camera of video.sources: dir is state.dir/<camera>
         self.alerts_removed = 0  # kept alerts' files removed to stay within state.max_mib (_make_room)
         self._beside_mark: int | None = None  # mtime of alert-events/ when _make_room last looked
+        # snapshot name -> (its size and mtime, the stretches a forget had just removed when this keeper wrote it)
+        self._written_without: dict[str, tuple[tuple[int, int], list[tuple[float, float]]]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -1144,12 +1166,22 @@ class StateKeeper:
                                               "the next start begins with an empty memory"))
         return None
 
-    def rewrite_after_forget(self, session) -> dict:
-        """After ``session.forget``: a new snapshot of the session as it is now, then every other file under
-        ``state.dir`` that may hold the forgotten window deleted — older generations and the set-aside snapshot
-        (made for another deployment, it cannot be rewritten here). Returns what was written and removed."""
+    FORGET_NOT_HELD = "no snapshot held the window: none rewritten"
+
+    def rewrite_after_forget(self, session, stretches: list[tuple[float, float]] | None = None) -> dict:
+        """After ``session.forget`` of ``stretches`` (stream seconds; None: anywhen): a new snapshot of the session as
+        it is now, then every other file under ``state.dir`` that may hold the forgotten window deleted — older
+        generations and the set-aside snapshot (made for another deployment, on another stream clock: it cannot be
+        rewritten here, nor told whether it holds the window). The generations are rewritten only when one of them
+        can hold a frame of ``stretches`` (``_may_hold``): a snapshot is written every ``every_s`` (300 s by default),
+        so "forget the last 30 seconds" is usually in none, and rewriting one (224 MiB at the 3B shape) for it wore
+        the flash and held the session's lock meanwhile. Then none is written or removed (``"note"`` says so). Returns
+        what was written and removed."""
         if not self.enabled:
             return {"snapshot": None, "removed": []}
+        keys = getattr(session.runtime, "keys", None)
+        if stretches is not None and not any(self._may_hold(path, stretches, keys) for path in self.generations()):
+            return {"snapshot": None, "removed": self._remove_aside(), "note": self.FORGET_NOT_HELD}
         info = self.snapshot(session)
         if info is None:
             raise OSError(f"state: the snapshot after forgetting could not be written in {self.dir}; the older "
@@ -1159,12 +1191,43 @@ class StateKeeper:
             if old != info.path:
                 old.unlink()
                 removed.append(old.name)
-        aside = self.dir / self.ASIDE
+        self._written_without = {}
+        if stretches is not None:
+            self._written_without[info.path.name] = (_identity(info.path), [(float(a), float(b)) for a, b in stretches])
+        return {"snapshot": info.path.name, "removed": removed + self._remove_aside()}
+
+    def _remove_aside(self) -> list[str]:
+        aside, removed = self.dir / self.ASIDE, []
         if aside.is_dir():
             for old in aside.iterdir():
                 old.unlink()
                 removed.append(f"{self.ASIDE}/{old.name}")
-        return {"snapshot": info.path.name, "removed": removed}
+        return removed
+
+    def _may_hold(self, path: Path, stretches: list[tuple[float, float]], keys) -> bool:
+        """Whether the snapshot ``path`` can hold a frame of ``stretches``: its frames were all seen between its first
+        frame and its last (``t0`` .. ``last_t``, a frame waiting for its partner at ``pending_t``; the stream clock
+        never goes back, edgekv/session/clock.py), less what a forget had just removed when this keeper wrote it. In
+        doubt it can: a manifest that does not read (damaged, sealed with a key not held) or times that are not
+        numbers."""
+        from edgekv.privacy import SealError
+
+        try:
+            session = read_manifest(path, keys)["session"]
+            identity = _identity(path)
+        except (SnapshotError, SealError, OSError):
+            return True
+        times = [session.get(name) for name in ("t0", "last_t", "pending_t")]
+        if not all(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t))
+                   for t in times):
+            return True
+        times = [float(t) for t in times if t is not None]
+        if not times:
+            return False  # no frame was ever seen in it
+        first, last = min(times), max(times)
+        known = self._written_without.get(path.name)
+        without = known[1] if known is not None and known[0] == identity else []
+        return any(not _covered(max(a, first), min(b, last), without) for a, b in stretches if a <= last and b >= first)
 
     def snapshot(self, session) -> SnapshotInfo | None:
         self.last_saved = self.clock()

@@ -792,89 +792,195 @@ class Daemon:
     def forget(self, t_from: float | None = None, t_to: float | None = None, last_s: float | None = None,
                unix: tuple[float, float] | None = None) -> dict:
         """Remove a window of stream time from everything the device keeps: the live cache, the snapshots (a new
-        one written, the older deleted), the archive (its segments rewritten without those pairs), the keyframes
-        and alerts held in memory, and the answers kept for the status page (any may tell of the window).
+        one written, the older deleted — when one of them can hold the window), the archive (its segments rewritten
+        without those pairs), the keyframes and alerts held in memory, and the answers kept for the status page (any
+        may tell of the window).
         ``last_s``: the last so many seconds up to now (by the wall clock where the frames have wall times, so a
         camera gone dark or paused loses nothing it saw before; by the stream clock for a recording read as fast as
         it goes); ``unix``: what was seen between two wall times (this
         camera's wall-clock map) — every stretch of it where the wall clock lived that time twice (set back in
         between: forgetting both is the side a wearer asking to forget takes), nothing where nothing was seen.
+        Forgets asked at the same time are done in one pass under the session's lock, after the main loop's step
+        (apps/daemon/forget_passes.py); each caller gets its own window's answer.
         Refused with ``DaemonStopping`` (HTTP 503) once the daemon shuts down."""
-        with self.lock:
-            if self._closed:  # shutting down: the final snapshot is written, or waits for this lock, then state.dir
-                # is let go; a forget after it would rewrite the snapshots and the archive as they are being closed
-                raise DaemonStopping("the daemon is shutting down: nothing was forgotten; ask again once it is back")
-            now = self.session.clock.last_t
-            if last_s is not None:
-                seconds = real_seconds(last_s)
-                if seconds is None or not math.isfinite(seconds) or not seconds > 0:
-                    raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r:.60}")
-                last_s = seconds
-            if unix is None and last_s is not None and now is not None and self.session.wall_time(now) is not None:
-                # A live stream: the last seconds by the clock on the wall, as the person asking means them. By the
-                # stream's own clock a camera that went dark (or was paused) an hour ago lost its last minutes
-                # before that, and kept nothing less for it.
-                wall_now = self.wall_clock()
-                unix = (max(wall_now - last_s, -MAX_ABS_SECONDS), wall_now)  # "the last 10**9 s": all of it
-            if unix is not None:
-                stretches = self.session.wall_stretches(*unix)
-                self._forget_backlog(unix=unix)
-                if not stretches:
-                    note = f"nothing of this stream was seen between {wall_text(unix[0])} and {wall_text(unix[1])}"
-                    self.say(f"forget: {note}")
-                    return {"from": None, "to": None, "pairs": 0, "cache_slots": 0,
-                            "cache_tokens": self.session.cache.length, "snapshots": {"snapshot": None, "removed": []},
-                            "archive": None, "note": note, "wall": {"from": unix[0], "to": unix[1]}}
-            else:
-                if last_s is not None:
-                    t_to = now if now is not None else 0.0  # nothing is ingested while the lock is held
-                    t_from = t_to - last_s
-                if t_from is None or t_to is None:
-                    raise ValueError("forget: give from and to (stream seconds), or last_s")
-                stretches = [(t_from, t_to)]
-                self._forget_backlog(stream=(t_from, t_to))
+        from edgekv.apps.daemon.forget_passes import ForgetAsk
+
+        ask = ForgetAsk(*self._checked_window(t_from, t_to, last_s, unix))
+        forgets, _watch = self._forgets()
+        return forgets.run(ask, self.lock, self._forget_pass, self._let_the_loop_step)
+
+    @staticmethod
+    def _checked_window(t_from, t_to, last_s, unix) -> tuple:
+        """``forget``'s window checked before it is queued or noted: a window the forget cannot do, noted in the
+        journal, was done again at every start, which then failed ("cannot start: forget: expected a window from <=
+        to") — the daemon never came back."""
+        if last_s is not None:
+            seconds = real_seconds(last_s)
+            if seconds is None or not math.isfinite(seconds) or not seconds > 0:
+                raise ValueError(f"last_s: must be a number of seconds > 0, got {last_s!r:.60}")
+            return None, None, seconds, unix
+        if unix is not None:
+            return None, None, None, unix
+        if t_from is None or t_to is None:
+            raise ValueError("forget: give from and to (stream seconds), or last_s")
+        low, high = real_seconds(t_from), real_seconds(t_to)
+        if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low > high:
+            raise ValueError(f"forget: expected a window from <= to in stream seconds (finite numbers), got "
+                             f"from={t_from!r:.40} to={t_to!r:.40}")
+        return low, high, None, None
+
+    _forget_setup = threading.Lock()  # makes a daemon's forget queue, and the loop watch the daemons of one lock share
+
+    def _forgets(self):
+        """This daemon's ``ForgetQueue`` and the ``LoopWatch`` of the daemons sharing its lock (several cameras: the
+        first camera's), made at the first forget."""
+        from edgekv.apps.daemon.forget_passes import ForgetQueue, LoopWatch
+
+        lead = self.asked_through or self
+        with Daemon._forget_setup:
+            if "_forget_queue" not in vars(self):
+                self._forget_queue = ForgetQueue()
+            if "_loop_watch" not in vars(lead):
+                lead._loop_watch = LoopWatch()
+            return self._forget_queue, lead._loop_watch
+
+    def _loops_held_up(self) -> list:
+        """The heartbeats of the main loops a forget's lock holds up: this camera's, and with several cameras (one
+        lock for the model) every camera's; a loop that is not running is not held up."""
+        lead = self.asked_through or self
+        daemons = list(lead.cameras.values()) if lead.cameras else [self]
+        return [d.heartbeat for d in daemons
+                if d.lock is self.lock and d._loop_thread is not None and d._loop_thread.is_alive()]
+
+    def _let_the_loop_step(self) -> bool:
+        """Before a pass: the main loop's step first (a frame ingested, one turn), at most ``LoopWatch.wait_s``; not
+        when the loop is this thread (a spoken forget) or is not running."""
+        loop = self._loop_thread
+        if loop is None or not loop.is_alive() or loop is threading.current_thread():
+            return False
+        _forgets, watch = self._forgets()
+        return watch.wait_for_step(self.heartbeat, self.stop.event)
+
+    def _forget_pass(self, asks: list) -> None:
+        """Every forget waiting (``asks``), under the lock: each window out of the cache, the archive, the evidence
+        frames and the alerts, one note in the journal for all, one snapshot rewrite (only when a snapshot can hold
+        one of the windows), then each caller answered — with ``OSError`` naming what was not done. Between its parts
+        the heartbeats of the loops it holds up beat, if they had stepped since the last pass."""
+        if self._closed:  # shutting down: the final snapshot is written, or waits for this lock, then state.dir
+            # is let go; a forget after it would rewrite the snapshots and the archive as they are being closed
+            for ask in asks:
+                ask.fail(DaemonStopping("the daemon is shutting down: nothing was forgotten; ask again once it is "
+                                        "back"))
+            return
+        _forgets, watch = self._forgets()
+        held_up = self._loops_held_up()
+        alive = watch.alive(held_up)
+        watch.beat(alive)  # they stepped since the last pass: alive as this one begins
+        try:
+            self._forget_windows(asks, lambda: watch.beat(alive))
+        finally:
+            watch.passed(held_up)
+
+    def _forget_windows(self, asks: list, progress: Callable[[], None]) -> None:
+        """The body of ``_forget_pass``: ``asks`` (``ForgetAsk``) each done in turn, as many forgets one after the other
+        would be (a window already taken by an earlier one finds nothing more), then what they share once."""
+        now = self.session.clock.last_t
+        planned = []
+        for ask in asks:
+            stretches, unix = self._stretches_of(ask, now)
+            if stretches:
+                planned.append((ask, stretches, unix))
+                continue
+            note = f"nothing of this stream was seen between {wall_text(unix[0])} and {wall_text(unix[1])}"
+            self.say(f"forget: {note}")
+            ask.finish({"from": None, "to": None, "pairs": 0, "cache_slots": 0,
+                        "cache_tokens": self.session.cache.length, "snapshots": {"snapshot": None, "removed": []},
+                        "archive": None, "note": note, "wall": {"from": unix[0], "to": unix[1]}})
+        if not planned:
+            return
+        every = [stretch for _ask, stretches, _unix in planned for stretch in stretches]
+        noted = self._note_forget(every)  # on disk before the first file is touched
+        done = []
+        for ask, stretches, unix in planned:
             pairs, slots, archive, failed = 0, 0, None, []
-            noted = self._note_forget(stretches)  # on disk before the first file is touched
             for t_from, t_to in stretches:
-                result = self._forget_stretch(t_from, t_to, now)
+                result = self._forget_stretch(t_from, t_to, now, progress=progress)
                 failed += result.pop("failed")
                 pairs, slots = pairs + len(result["pairs"]), slots + result["slots"]
                 if result["archive"] is not None:
                     archive = {key: (archive or {}).get(key, 0) + value for key, value in result["archive"].items()}
-            try:
-                snapshots = self.state.rewrite_after_forget(self.session)
-            except OSError as exc:  # the rest is still done; the caller hears what was not (HTTP: forget_incomplete)
-                failed.append(f"snapshots: {exc}")
-                snapshots = {"snapshot": None, "removed": []}
-            # the answers given so far (the status page's recent questions): any of them may tell of the window
-            with self._history_lock:
-                self.history.clear()
-                telemetry = getattr(self.server, "telemetry", None)
-                if telemetry is not None:
-                    telemetry.answered.clear()
-                self.forgotten_at = time.time()
-            if self.voice is not None:  # the spoken questions heard and their answers (a follow-up's conversation)
-                self.voice.forget_conversation()
-            if noted is not None and not failed:  # a part that failed stays noted: the next start does it again
-                self._strike_forget(noted)
-        t_from, t_to = stretches[0][0], stretches[-1][1]
-        out = {"from": t_from, "to": t_to, "pairs": pairs, "cache_slots": slots,
+            done.append((ask, stretches, unix, pairs, slots, archive, failed))
+        snapshot_failed = []
+        try:
+            snapshots = self.state.rewrite_after_forget(self.session, every)
+        except OSError as exc:  # the rest is still done; the caller hears what was not (HTTP: forget_incomplete)
+            snapshot_failed.append(f"snapshots: {exc}")
+            snapshots = {"snapshot": None, "removed": []}
+        progress()
+        # the answers given so far (the status page's recent questions): any of them may tell of the window
+        with self._history_lock:
+            self.history.clear()
+            telemetry = getattr(self.server, "telemetry", None)
+            if telemetry is not None:
+                telemetry.answered.clear()
+            self.forgotten_at = time.time()
+        if self.voice is not None:  # the spoken questions heard and their answers (a follow-up's conversation)
+            self.voice.forget_conversation()
+        if noted is not None and not snapshot_failed and not any(item[-1] for item in done):
+            self._strike_forget(noted)  # a part that failed stays noted: the next start does it again
+        for ask, stretches, unix, pairs, slots, archive, failed in done:
+            self._answer_forget(ask, stretches, unix, pairs, slots, archive, snapshots, failed + snapshot_failed,
+                                len(done) - 1)
+
+    def _stretches_of(self, ask, now: float | None) -> tuple[list[tuple[float, float]], tuple[float, float] | None]:
+        """The stretches of stream time ``ask`` names (the clock held still: nothing is ingested under the lock), and
+        the wall-clock window it was read from; its frames waiting to be ingested dropped."""
+        unix, last_s = ask.unix, ask.last_s
+        if unix is None and last_s is not None and now is not None and self.session.wall_time(now) is not None:
+            # A live stream: the last seconds by the clock on the wall, as the person asking means them. By the
+            # stream's own clock a camera that went dark (or was paused) an hour ago lost its last minutes
+            # before that, and kept nothing less for it.
+            wall_now = self.wall_clock()
+            unix = (max(wall_now - last_s, -MAX_ABS_SECONDS), wall_now)  # "the last 10**9 s": all of it
+        if unix is not None:
+            self._forget_backlog(unix=unix)
+            return self.session.wall_stretches(*unix), unix
+        if last_s is not None:
+            t_to = now if now is not None else 0.0
+            stretch = (t_to - last_s, t_to)
+        else:
+            stretch = (ask.t_from, ask.t_to)
+        self._forget_backlog(stream=stretch)
+        return [stretch], None
+
+    def _answer_forget(self, ask, stretches, unix, pairs, slots, archive, snapshots, failed, others: int) -> None:
+        """One caller's answer (and its line): what its own window took, the snapshots of the pass it was done in."""
+        out = {"from": stretches[0][0], "to": stretches[-1][1], "pairs": pairs, "cache_slots": slots,
                "cache_tokens": self.session.cache.length, "snapshots": snapshots, "archive": archive}
         if unix is not None:
             out["wall"] = {"from": unix[0], "to": unix[1]}
             if len(stretches) > 1:
                 out["stretches"] = [list(stretch) for stretch in stretches]
-        self.say(f"forgot t={', '.join(f'{a:g}..{b:g}' for a, b in stretches)} s: {out['pairs']} frame pairs, "
-                 f"{out['cache_slots']} cache slots"
+        if others:
+            out["done_with"] = others  # the other forgets of its pass (one snapshot rewrite for all)
+        if snapshots["snapshot"]:
+            said = f", snapshot {snapshots['snapshot']} written, {len(snapshots['removed'])} older removed"
+        elif snapshots.get("note"):
+            said = f", {snapshots['note']}" + (f" ({', '.join(snapshots['removed'])} removed)"
+                                               if snapshots["removed"] else "")
+        else:
+            said = ""
+        self.say(f"forgot t={', '.join(f'{a:g}..{b:g}' for a, b in stretches)} s: {pairs} frame pairs, "
+                 f"{slots} cache slots"
                  + (f", {archive['pairs']} archived pairs ({archive['bytes']} bytes freed)"
                     if archive and "pairs" in archive else "")
                  + (f", {archive['frames']} evidence frames" if archive and "frames" in archive else "")
-                 + (f", snapshot {snapshots['snapshot']} written, {len(snapshots['removed'])} older removed"
-                    if snapshots["snapshot"] else ""))
+                 + said + (f" (in one pass with {others} other forget(s))" if others else ""))
         if failed:
             self.say(f"forget incomplete: {'; '.join(failed)}")
-            raise OSError("; ".join(failed))
-        return out
+            ask.fail(OSError("; ".join(failed)))
+        else:
+            ask.finish(out)
 
     def _journal(self):
         """Where forgets are noted while they run (``apps/daemon/forget_journal.py``): ``state.dir``, else the archive's
@@ -913,7 +1019,9 @@ class Daemon:
     def _finish_pending_forgets(self) -> None:
         """At the start, before the first frame: the forgets a crash (power lost, kill -9, a watchdog restart) cut
         short, done again from the journal — the cache restored from an older snapshot, the archive, the evidence
-        frames and the alerts — then a snapshot without them and the older ones deleted."""
+        frames and the alerts — then a snapshot without them (one for all, when a snapshot can hold one of them) and
+        the older ones deleted. A window no forget can do (backwards, not a number: noted by an edgekv that did not
+        check it) is struck off and said, never left to stop every start."""
         journal = self._journal()
         if journal is None:
             return
@@ -922,18 +1030,29 @@ class Daemon:
         except OSError as exc:
             self.say(f"forget: {exc}")
             return
-        for noted in entries:
-            with self.lock:
+        with self.lock:
+            done = []
+            for noted in entries:
+                window = ", ".join(f"{a:g}..{b:g}" for a, b in noted["stretches"])
+                if not all(math.isfinite(a) and math.isfinite(b) and a <= b for a, b in noted["stretches"]):
+                    self.say(f"forget noted in {journal.path} with a window no forget can do (t={window} s): struck "
+                             "off; nothing was forgotten by it")
+                    self._strike_forget(noted)
+                    continue
                 failed, pairs = [], 0
                 for t_from, t_to in noted["stretches"]:
                     result = self._forget_stretch(t_from, t_to, None, noted=noted)
                     failed += result["failed"]
                     pairs += len(result["pairs"])
-                try:
-                    self.state.rewrite_after_forget(self.session)
-                except OSError as exc:
+                done.append((noted, window, failed, pairs))
+            if not done:
+                return
+            try:
+                self.state.rewrite_after_forget(self.session, [s for noted, *_ in done for s in noted["stretches"]])
+            except OSError as exc:
+                for _noted, _window, failed, _pairs in done:
                     failed.append(f"snapshots: {exc}")
-                window = ", ".join(f"{a:g}..{b:g}" for a, b in noted["stretches"])
+            for noted, window, failed, pairs in done:
                 if failed:
                     self.say(f"forget cut short by the last stop (t={window} s): done again, but not all of it: "
                              f"{'; '.join(failed)}; it stays noted in {journal.path} for the next start")
@@ -952,12 +1071,16 @@ class Daemon:
         if dropped:
             log.info("forget: %d frames of the window waiting to be ingested dropped", dropped)
 
-    def _forget_stretch(self, t_from: float, t_to: float, now: float | None, noted: dict | None = None) -> dict:
+    def _forget_stretch(self, t_from: float, t_to: float, now: float | None, noted: dict | None = None,
+                        progress: Callable[[], None] | None = None) -> dict:
         """One stretch of ``forget`` (under its lock): the cache, the archive and its evidence frames, the alerts'
         keyframes and events. A part that fails does not stop the others: it is named in ``failed``. ``noted``: a
-        forget of the journal finished at the start (its streams and pad, as they were when it began)."""
+        forget of the journal finished at the start (its streams and pad, as they were when it began).
+        ``progress``: called after each part (the watchdog's heartbeat: ``_forget_pass``)."""
+        progress = progress or (lambda: None)
         result = self.session.forget(t_from, t_to)  # the pairs with a frame in the window (StreamSession.pairs_in)
         removed = set(result["pairs"])
+        progress()
         # What is kept by the pair's stamp alone (its first frame's time) — archive records, evidence pictures (the
         # pair's second frame), keyframes, alerts — goes from one frame interval before the window: the pair whose
         # second frame is the window's first was kept whole, picture included.
@@ -972,9 +1095,11 @@ class Daemon:
                     archive = self.session.recall.archive.forget(t_lo, t_to, stream=stream)
             except OSError as exc:  # not a full disk (that deletes the segment whole): an I/O error, said at the end
                 failed.append(f"archive: {exc}")
+            progress()
         if self.frames is not None:  # its evidence frames on disk, overwritten (or, no room, all dropped)
             frame_stream = self._frame_stream() if noted is None else noted["frame_stream"]
             archive = {**(archive or {}), "frames": self.frames.forget(t_lo, t_to, frame_stream)}
+            progress()
         if self.alerts is not None:
             ring = self.alerts.keyframes
             for pair in [p for p, t in ring.times.items() if t_lo <= t <= t_to or p in removed]:
@@ -983,6 +1108,7 @@ class Daemon:
             if ring.latest is not None and ring.latest[0] in removed:
                 ring.latest = None
             self.alerts.bus.forget(t_lo, t_to)
+            progress()
         if now is not None and t_from <= now <= t_to:
             self._latest_frame = None  # the status page shows nothing of the window
         return {**result, "archive": archive, "failed": failed}
