@@ -131,4 +131,4 @@ def _summary(result: dict) -> str:
                if archive and "pairs" in archive else ", no archive")
             + (f", {archive['frames']} evidence frame(s) overwritten" if archive and "frames" in archive else "")
             + (f", snapshot {snapshots['snapshot']} rewritten, {len(snapshots.get('removed', []))} older removed"
-               if snapshots.get("snapshot") else ", no snapshots"))
+               if snapshots.get("snapshot") else f", {snapshots.get('note') or 'no snapshots'}"))

@@ -337,3 +337,16 @@ def test_a_window_no_forget_can_do_is_refused_before_it_is_noted_and_struck_off_
         assert 4 not in daemon.session.pair_times and journal.pending() == []
     said = (tmp_path / "out2.txt").read_text()
     assert "a window no forget can do (t=10..5 s): struck off" in said, said
+
+
+def test_edgekv_forget_says_when_no_snapshot_held_the_window():
+    """The CLI's line said ", no snapshots" (as if persistence were off) when the daemon wrote none because none
+    held the window."""
+    from edgekv.apps.forget import _summary
+    from edgekv.state import StateKeeper
+
+    result = {"from": 10.0, "to": 12.0, "pairs": 4, "cache_slots": 64, "archive": None,
+              "snapshots": {"snapshot": None, "removed": [], "note": StateKeeper.FORGET_NOT_HELD}}
+    assert _summary(result).endswith(", no archive, no snapshot held the window: none rewritten")
+    result["snapshots"] = {"snapshot": None, "removed": []}  # persistence off
+    assert _summary(result).endswith(", no snapshots")
