@@ -426,7 +426,9 @@ class Daemon:
         if cfg.escalate.url is not None:
             from edgekv.apps.outputs.escalate import Escalator
 
-            self.escalator = Escalator(cfg.escalate, done=self._escalated).start()
+            self.escalator = Escalator(cfg.escalate, done=self._escalated,  # nothing leaves while paused
+                                       withheld=lambda: f"paused ({self.paused})" if self.paused is not None else None
+                                       ).start()
             self.say(f"hard questions escalate to {cfg.escalate.model} at {cfg.escalate.url}")
         if cfg.server.image_requests:
             self.image_session = runtime.session(archive=False)
@@ -926,6 +928,8 @@ class Daemon:
             self.forgotten_at = time.time()
         if self.voice is not None:  # the spoken questions heard and their answers (a follow-up's conversation)
             self.voice.forget_conversation()
+        if self.escalator is not None:  # questions waiting to be escalated, with keyframes that may be of the window
+            self.escalator.forget()
         if noted is not None and not snapshot_failed and not any(item[-1] for item in done):
             self._strike_forget(noted)  # a part that failed stays noted: the next start does it again
         for ask, stretches, unix, pairs, slots, archive, failed in done:

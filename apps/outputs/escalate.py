@@ -12,24 +12,49 @@ already be on the wire otherwise).
 It never blocks the stream: escalations run in a thread of their own, at most ``escalate.queue`` waiting or
 in flight; the question is done when the remote answered (the answer's text replaced, ``escalated`` = the
 model the remote named) or failed or timed out (the local answer, ``escalation_note`` saying why).
+
+What the remote can cost the device is bounded: ``escalate.timeout_s`` is the whole exchange (a server that
+trickles its reply a byte at a time is cut off at it, not at each silence), a reply is read up to
+``MAX_REPLY_BYTES``, and ``stop`` cuts the exchange in flight. What leaves the device is checked when its turn
+comes, not when it was queued: nothing is sent while ``withheld`` names a reason (the privacy pause), after a
+``forget`` that came while it waited, for an asker who left, or once the daemon stops — each of those questions
+gets its local answer with the reason. The log names a failure without the remote's words (a server's error
+body can quote the question back, and ``privacy.log_text`` is not ours to judge here).
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import http.client
 import json
 import logging
 import os
 import queue
+import socket
 import threading
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable
 
-from edgekv.apps.outputs.webhooks import RefuseRedirect
-
 log = logging.getLogger("edgekv.escalate")
+MAX_REPLY_BYTES = 4 * 2**20  # a chat completion of a few hundred tokens is a few KiB; a 256k-token one ~1 MiB
+
+
+class RemoteRefused(RuntimeError):
+    """The escalation server answered with an HTTP error (or a redirect, not followed). ``summary``: the same
+    without the body it sent (what the log says)."""
+
+    def __init__(self, message: str, summary: str) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
+class BadReply(ValueError):
+    """The escalation server's 200 was not a chat completion with text; ``summary`` as ``RemoteRefused``'s."""
+
+    def __init__(self, message: str, summary: str) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 @dataclasses.dataclass
@@ -37,21 +62,27 @@ class Escalation:
     question: object   # apps.questions.Question, its local answer in .answer
     keyframes: list[bytes]
     reason: str
+    forgets: int = 0   # Escalator.forgets when it was queued: a forget since withdraws it
 
 
 class Escalator:
-    def __init__(self, section, done: Callable[[object], None]) -> None:
+    def __init__(self, section, done: Callable[[object], None],
+                 withheld: Callable[[], str | None] | None = None) -> None:
+        """``withheld``: asked before each escalation is sent; a reason (the daemon paused by its privacy switch)
+        keeps it on the device — the question gets its local answer, the reason in its note."""
         from edgekv.apps.server.tls import client_context
 
-        self.section, self.done = section, done
+        self.section, self.done, self.withheld = section, done, withheld
         self.token = os.environ.get(section.api_key_env) if section.api_key_env else None
         # an https:// server of a private CA (another edgekv serving TLS): ValueError naming the key at start
         self.context = client_context(section.url, section.ca_file, section.cert_file, section.key_file,
                                       names=("escalate.ca_file", "escalate.cert_file", "escalate.key_file"))
         self.jobs: queue.Queue[Escalation | None] = queue.Queue(maxsize=section.queue)
-        handlers = [RefuseRedirect()] + ([urllib.request.HTTPSHandler(context=self.context)] if self.context else [])
-        self._opener = urllib.request.build_opener(*handlers)
-        self.sent = self.failed = self.refused = 0
+        self.sent = self.failed = self.refused = self.withdrawn = 0
+        self.forgets = 0  # forgets so far (``forget``)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._in_flight: _Exchange | None = None
         self._thread = threading.Thread(target=self._run, name="edgekv-escalate", daemon=True)
 
     def start(self) -> "Escalator":
@@ -59,11 +90,23 @@ class Escalator:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Cut the exchange in flight and answer every waiting question locally (the note says the daemon
+        stopped): no asker is left waiting on a remote the daemon will not hear back from."""
+        self._stopping.set()
+        with self._lock:
+            if self._in_flight is not None:
+                self._in_flight.abort("the daemon is stopping")
         try:
             self.jobs.put_nowait(None)
-        except queue.Full:
+        except queue.Full:  # the thread is busy with the one just cut: it finds the flag next
             pass
         self._thread.join(timeout)
+
+    def forget(self) -> None:
+        """A forget (``POST /v1/memory/forget``): what waits to be escalated is not sent — its keyframes and its
+        question may be of the window. What is already on the wire cannot be called back."""
+        with self._lock:
+            self.forgets += 1
 
     def reason(self, question, answer, streamed: bool) -> str | None:
         """Why this answer goes to the remote, or None."""
@@ -78,6 +121,10 @@ class Escalator:
 
     def submit(self, escalation: Escalation) -> bool:
         """Queue it; False (and the local answer stands) when ``escalate.queue`` escalations already wait."""
+        with self._lock:
+            escalation.forgets = self.forgets
+        if self._stopping.is_set():
+            return False
         try:
             self.jobs.put_nowait(escalation)
             return True
@@ -87,14 +134,41 @@ class Escalator:
 
     def stats(self) -> dict:
         return {"escalations_sent": self.sent, "escalations_failed": self.failed,
-                "escalations_refused": self.refused, "escalations_waiting": self.jobs.qsize()}
+                "escalations_refused": self.refused, "escalations_withdrawn": self.withdrawn,
+                "escalations_waiting": self.jobs.qsize()}
 
     def _run(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
+                break
+            self._escalate(job)
+        while True:  # stopping: what still waits is answered locally
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
                 return
-            question, local = job.question, job.question.answer
+            if job is not None:
+                self._escalate(job)
+
+    def _kept_back(self, job: Escalation) -> str | None:
+        """Why this escalation must not leave the device now, or None."""
+        if self._stopping.is_set():
+            return "the daemon is stopping"
+        if job.forgets != self.forgets:
+            return "a forget came while it waited; nothing of it left the device"
+        if job.question.cancelled.is_set():
+            return "the asker left"
+        why = self.withheld() if self.withheld is not None else None
+        return f"{why}; nothing of it left the device" if why else None
+
+    def _escalate(self, job: Escalation) -> None:
+        question, local = job.question, job.question.answer
+        why = self._kept_back(job)
+        if why is not None:
+            self.withdrawn += 1
+            question.answer = dataclasses.replace(local, escalation_note=f"not escalated: {why}")
+        else:
             try:
                 text, model = self.ask_remote(question.text, job.keyframes, question.history)
                 question.answer = dataclasses.replace(local, text=text, token_ids=[], escalated=model,
@@ -103,51 +177,151 @@ class Escalator:
             except Exception as exc:  # the remote is down, slow or wrong: the local answer stands
                 self.failed += 1
                 note = f"escalation failed ({type(exc).__name__}: {exc}); the local answer stands"
-                log.warning("%s", note)
+                said = getattr(exc, "summary", None) or f"{type(exc).__name__}: {exc}"
+                log.warning("escalation failed (%s); the local answer stands", said)
                 question.answer = dataclasses.replace(local, escalation_note=note)
-            self.done(question)
+        job.keyframes = []  # what was seen is not kept here a moment longer than needed
+        self.done(question)
 
     def ask_remote(self, text: str, keyframes: list[bytes], history=()) -> tuple[str, str]:
         """The remote's answer and the model it names (OpenAI chat completions, not streamed); ``history``, the
-        (role, text) turns the question came after, goes before it as the conversation's messages."""
+        (role, text) turns the question came after, goes before it as the conversation's messages. At most
+        ``escalate.keyframes`` frames go (0: the question alone), whatever the caller found."""
         section = self.section
         content = [{"type": "text", "text": text}] + [
             {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()}}
-            for jpeg in keyframes]
+            for jpeg in keyframes[:section.keyframes]]
         body = json.dumps({"model": section.model, "max_tokens": section.max_tokens, "stream": False,
                            "messages": [*({"role": role, "content": turn} for role, turn in history),
                                         {"role": "user", "content": content}]}).encode()
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(section.url.rstrip("/") + "/chat/completions", data=body, headers=headers,
-                                         method="POST")
+        exchange = _Exchange(section.url.rstrip("/") + "/chat/completions", self.context, section.timeout_s)
+        with self._lock:
+            if self._stopping.is_set():
+                raise RuntimeError("the daemon is stopping")
+            self._in_flight = exchange
         try:
-            with self._opener.open(request, timeout=section.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            if 300 <= exc.code < 400:
-                raise RuntimeError(f"HTTP {exc.code} from {section.url}: it redirects to "
-                                   f"{exc.headers.get('Location', 'no Location')} (not followed: set escalate.url to "
-                                   "the server's own address)") from None
-            detail = exc.read()[:300].decode("utf-8", "replace")
-            raise RuntimeError(f"HTTP {exc.code} from {section.url}: {detail}") from None
-        return chat_reply(raw, section.url, section.model)
+            status, kind, location, raw = exchange.post(body, headers)
+        finally:
+            with self._lock:
+                self._in_flight = None
+        url = section.url
+        if 300 <= status < 400:
+            raise RemoteRefused(f"HTTP {status} from {url}: it redirects to {location or 'no Location'} (not "
+                                "followed: set escalate.url to the server's own address)", f"HTTP {status} from {url}")
+        if status >= 400:
+            detail = raw[:300].decode("utf-8", "replace")
+            raise RemoteRefused(f"HTTP {status} from {url}: {detail}", f"HTTP {status} from {url}")
+        if "text/event-stream" in kind:  # a server that streams whatever was asked
+            return streamed_reply(raw, url, section.model)
+        return chat_reply(raw, url, section.model)
+
+
+class _Exchange:
+    """One POST over its own connection, all of it — connecting, sending, the server thinking, the reply — within
+    ``timeout_s``: a timer shuts the socket down at the deadline (or ``abort`` does, at a stop), which ends a read
+    blocked in any thread. A per-read timeout alone let a server trickling a byte every few seconds hold the
+    escalation thread (and every asker queued behind it) for as long as it liked."""
+
+    def __init__(self, url: str, context, timeout_s: float) -> None:
+        parts = urllib.parse.urlsplit(url)
+        https = parts.scheme == "https"
+        port = parts.port or (443 if https else 80)
+        self.url, self.timeout_s = url, timeout_s
+        self.path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.conn = (http.client.HTTPSConnection(parts.hostname, port, timeout=timeout_s, context=context) if https
+                     else http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s))
+        self.why: str | None = None  # set when the exchange was cut
+        self.sock: socket.socket | None = None  # kept: http.client lets go of it when the reply ends at the close
+
+    def abort(self, why: str) -> None:  # any thread
+        self.why = self.why or why
+        if self.sock is not None:
+            try:  # the plain socket's shutdown: an SSLSocket's own drops its state under a reading thread
+                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, str | None, bytes]:
+        """(status, Content-Type, Location, body read up to ``MAX_REPLY_BYTES``)."""
+        timer = threading.Timer(self.timeout_s, self.abort,
+                                args=(f"no whole answer within escalate.timeout_s ({self.timeout_s:g} s)",))
+        timer.daemon = True
+        timer.start()
+        try:
+            self.conn.connect()
+            self.sock = self.conn.sock
+            if self.why is not None:  # cut while it connected (nothing to shut down yet)
+                raise TimeoutError(self.why)
+            self.conn.request("POST", self.path, body=body, headers=headers)
+            response = self.conn.getresponse()
+            length = response.getheader("Content-Length")
+            if length is not None and length.strip().isdigit() and int(length) > MAX_REPLY_BYTES:
+                raise BadReply(f"{self.url} answered with {int(length)} bytes; at most {MAX_REPLY_BYTES} are read",
+                               f"an oversized reply from {self.url}")
+            raw = response.read(MAX_REPLY_BYTES + 1)
+            if self.why is not None:  # cut mid-reply: what came is a part (a shut socket reads as its end)
+                raise TimeoutError(self.why)
+            if len(raw) > MAX_REPLY_BYTES:
+                raise BadReply(f"{self.url} answered with more than {MAX_REPLY_BYTES} bytes; not read further",
+                               f"an oversized reply from {self.url}")
+            return (response.status, response.getheader("Content-Type") or "", response.getheader("Location"), raw)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if self.why is not None and not isinstance(exc, BadReply):
+                raise TimeoutError(f"{self.url}: {self.why}") from None
+            raise
+        finally:
+            timer.cancel()
+            self.conn.close()
 
 
 def chat_reply(raw: bytes, url: str, asked: str) -> tuple[str, str]:
     """The answer of a chat completion's body (``choices[0].message.content``, a string or a list of text parts)
-    and the model it names (else ``asked``). ``ValueError`` naming ``url`` and what it sent instead: a null
-    content was taken as the answer "None", a body of another shape failed as a bare ``KeyError: 'choices'``."""
+    and the model it names (else ``asked``). ``BadReply`` (a ``ValueError``) naming ``url`` and what it sent
+    instead: a null content was taken as the answer "None", a body of another shape failed as a bare
+    ``KeyError: 'choices'``."""
     try:
         reply = json.loads(raw)
         content = reply["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):
         snippet = raw[:200].decode("utf-8", "replace")
-        raise ValueError(f"{url} did not answer with a chat completion (no choices[0].message.content): "
-                         f"{snippet!r}") from None
+        raise BadReply(f"{url} did not answer with a chat completion (no choices[0].message.content): {snippet!r}",
+                       f"{url} did not answer with a chat completion") from None
+    return _text_of(content, url, "choices[0].message.content"), _model_of(reply, asked)
+
+
+def streamed_reply(raw: bytes, url: str, asked: str) -> tuple[str, str]:
+    """The answer of a server that streamed it (server-sent ``chat.completion.chunk`` events, as with ``"stream":
+    true``, whatever was asked): the deltas' text joined, and the model the chunks name."""
+    pieces, model = [], None
+    for line in raw.decode("utf-8", "replace").splitlines():
+        data = line[5:].strip() if line.startswith("data:") else None
+        if not data or data == "[DONE]":
+            continue
+        try:
+            chunk = json.loads(data)
+            delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise BadReply(f"{url} streamed something that is not a chat completion chunk: {data[:200]!r}",
+                           f"{url} streamed something that is not a chat completion chunk") from None
+        model = model or _model_of(chunk, None)
+        content = delta.get("content") if isinstance(delta, dict) else None
+        if content:
+            pieces.append(content if isinstance(content, str) else _text_of(content, url, "delta.content"))
+    return _text_of("".join(pieces), url, "the streamed deltas' content"), model or asked
+
+
+def _text_of(content, url: str, where: str) -> str:
     if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
         content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
     if not isinstance(content, str) or not content:  # what the text says is the big model's to judge, not ours
-        raise ValueError(f"{url} answered without text (choices[0].message.content: {json.dumps(content)[:80]})")
-    return content, str(reply.get("model") or asked)
+        raise BadReply(f"{url} answered without text ({where}: {json.dumps(content)[:80]})",
+                       f"{url} answered without text")
+    return content
+
+
+def _model_of(reply, asked: str | None) -> str | None:
+    model = reply.get("model") if isinstance(reply, dict) else None
+    return str(model) if model else asked

@@ -46,6 +46,9 @@ def router(api: Api) -> APIRouter:
               responses={200: {"description": "chat.completion, or text/event-stream chunks when stream is true"}})
     async def chat(request: Request):
         params = parse_chat_request(await api.body(request), api.limits)
+        if params.images:  # a PNG with transparency made opaque, as the processor would (ms a picture: not here)
+            images = await asyncio.get_running_loop().run_in_executor(None, _opaque_images, params.images)
+            params = dataclasses.replace(params, images=images)
         cameras = getattr(api.daemon, "cameras", None) or {}
         if not cameras:  # one camera (video.source)
             if params.camera not in (None, "all"):
@@ -62,6 +65,12 @@ def router(api: Api) -> APIRouter:
         return await answer_every_camera(cameras, params, api.limits.served_models[0])
 
     return routes
+
+
+def _opaque_images(images: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    from edgekv.apps.server.request_images import opaque
+
+    return tuple(opaque(data) for data in images)
 
 
 def _addressed(params: ChatRequest, cameras: dict) -> ChatRequest:

@@ -181,6 +181,9 @@ class ImageUrl(BaseModel):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+_ASCII_WHITESPACE = {ord(c): None for c in "\t\n\f\r "}
+
+
 class ImagePart(BaseModel):
     """An image as OpenAI sends it: ``{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,..."}}``.
     Only ``data:`` URLs: a device never fetches what a request points at."""
@@ -190,16 +193,23 @@ class ImagePart(BaseModel):
     image_url: ImageUrl
 
     def decoded(self) -> bytes:
+        """The image's bytes. The base64 is read as a browser reads a ``data:`` URL (WHATWG "forgiving-base64"):
+        line breaks and spaces are skipped — ``base64`` on the command line and MIME encoders wrap at 76 columns —
+        and the ``=`` padding may be left off; scheme and media type in any case."""
         url = self.image_url.url
         head, _, data = url.partition(",")
+        head = head.lower()
         if not head.startswith("data:image/") or not head.endswith(";base64") or not data:
             raise PydanticCustomError("unsupported_content", "image_url: only data:image/...;base64, URLs are "
                                       "accepted (nothing is fetched from the network)")
         import base64
         import binascii
 
+        data = data.translate(_ASCII_WHITESPACE)
+        if data.endswith("="):
+            data = data[:-2] if data.endswith("==") else data[:-1]
         try:
-            raw = base64.b64decode(data, validate=True)
+            raw = base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
         except binascii.Error:
             raise PydanticCustomError("invalid_image", "image_url: the data: URL is not valid base64") from None
         size = image_size(raw)
