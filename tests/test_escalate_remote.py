@@ -321,3 +321,57 @@ def test_the_daemon_withholds_escalations_while_paused_and_withdraws_them_at_a_f
         times = dict(daemon.session.pair_times)
         daemon.forget(times[2], times[2])
         assert escalator.forgets == before + 1
+
+
+def test_an_escalation_sends_the_evidence_frames_kept_on_disk_never_the_latest_in_their_place(tiny_checkpoint,
+                                                                                               tmp_path):
+    """The pair a question attended most was older than the keyframe ring (alerts.keyframe_pairs): the latest frame
+    went to the remote in its place, so a question about an hour ago was escalated with a picture of now. The
+    evidence frames on disk (archive.frames_mib) give the right one; a pair kept nowhere sends nothing."""
+    pytest.importorskip("fastapi")
+    import dataclasses
+
+    from helpers_server import ended_daemon
+
+    from edgekv.apps.questions import Question
+    from edgekv.config import EdgeKVConfig
+
+    config = EdgeKVConfig().with_overrides(
+        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56]},
+        cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
+        archive={"dir": str(tmp_path / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
+                 "frames_mib": 1, "frames_px": 32},
+        alerts={"keyframe_pairs": 2}, escalate={"url": "http://127.0.0.1:9/v1", "model": "big"},
+        monitor={"backend": "cpu"})
+    sent = []
+
+    class Capture:
+        def reason(self, question, answer, streamed):
+            return "asked"
+
+        def submit(self, escalation):
+            sent.append(escalation.keyframes)
+            return True
+
+    with ended_daemon(config, tmp_path / "out.txt") as daemon:
+        assert daemon.frames.flush()
+        stream = daemon._frame_stream()
+        old = daemon.frames.jpeg(stream, 3)
+        assert old is not None and 3 not in daemon.alerts.keyframes.frames  # on disk only
+        real, daemon.escalator = daemon.escalator, Capture()
+        try:
+            question = Question("What was red?")
+            answer = daemon.session.ask("What was red?", max_new_tokens=1)
+            for evidence, expected in (((3,), [old]), ((3, 3), [old]), ((), None)):
+                question.answer = dataclasses.replace(answer, evidence=evidence)
+                assert daemon._escalate(question)
+                if expected is not None:
+                    assert sent[-1] == expected
+                else:  # no evidence at all: the latest frame, a question about now
+                    assert len(sent[-1]) == 1 and sent[-1][0] != old
+            daemon.frames.forget(0.0, 1e9, stream)  # kept nowhere now
+            question.answer = dataclasses.replace(answer, evidence=(3,))
+            assert daemon._escalate(question) and sent[-1] == []
+        finally:
+            daemon.escalator = real

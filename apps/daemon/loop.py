@@ -1496,11 +1496,17 @@ class Daemon:
             return False
         from edgekv.apps.outputs.escalate import Escalation
 
+        # the frames the answer attended most: from the keyframe ring, else the evidence frames on disk. One no
+        # longer kept is left out — the latest frame in its place showed the remote model now as "an hour ago".
+        # Only a question with no evidence at all (asked before anything was attended) gets the latest frame.
         keyframes = []
-        for pair in question.answer.evidence or (None,):
-            jpeg, _ = self.alerts.keyframes.jpeg(pair)
+        for pair in question.answer.evidence:
+            jpeg = self.keyframe_jpeg(pair)
             if jpeg is not None and jpeg not in keyframes:
                 keyframes.append(jpeg)
+        if not question.answer.evidence:
+            jpeg, _ = self.alerts.keyframes.jpeg(None)
+            keyframes += [jpeg] if jpeg is not None else []
         if self.escalator.submit(Escalation(question, keyframes, reason)):
             return True
         question.answer = dataclasses.replace(question.answer, escalation_note=(
