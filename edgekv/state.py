@@ -434,10 +434,12 @@ def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tenso
 @contextlib.contextmanager
 def _replacing(path: Path):
     """A file written whole or not at all: the handle of a temporary sibling, renamed over ``path`` (the folder
-    fsynced) when the block ends; an error removes it and leaves ``path`` as it was (the writer fsyncs the file)."""
+    fsynced) when the block ends; an error removes it and leaves ``path`` as it was (the writer fsyncs the file).
+    The owner's only (0600), whatever the umask: a snapshot holds what the camera saw (a shell's umask 022 made it
+    readable by every local account; the unit's UMask=0077 covered the service alone)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as handle:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
             yield handle
         os.replace(tmp, path)
         fsync_dir(path.parent)

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -229,6 +230,12 @@ class FrameStore:
         return len(parts)
 
     def _connect(self) -> sqlite3.Connection:
+        # The owner's only, as the snapshots and the archive's segments: these are pictures of what the camera saw
+        # (SQLite makes its -wal and -shm files with the database's mode). One an older edgekv made under a shell's
+        # umask 022 is narrowed too.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        if os.stat(self.path).st_mode & 0o077:
+            os.chmod(self.path, 0o600)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
         # first: a new file takes it only before its first table (and before WAL writes its first page); a file made
         # without it keeps NONE until a VACUUM (_convert), for which this also asks
