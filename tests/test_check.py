@@ -264,3 +264,20 @@ def test_an_archive_for_another_model_fails_before_the_model_loads_and_another_k
     code, results = _check(_config(tmp_path, tiny_checkpoint, archive={"dir": str(folder), "index_keys": 3,
                                                                         "kv_dtype": "int8"}), capsys)
     assert code == 2 and "was indexed with archive.index_keys=2, this config has 3" in results["archive.dir records"][1]
+
+
+def test_a_pause_kept_from_the_last_stop_is_said(tiny_checkpoint, tmp_path, capsys):
+    """The privacy switch on at the last stop (state.dir/paused.json): the start keeps the camera closed, and
+    ``--check`` said nothing of it — a user restarting to get the camera back found it paused."""
+    import json
+
+    state = tmp_path / "state"
+    path = _config(tmp_path, tiny_checkpoint, state={"dir": str(state)})
+    code, results = _check(path, capsys)
+    assert code == 0 and "privacy pause" not in results
+    state.mkdir(exist_ok=True)
+    (state / "paused.json").write_text(json.dumps({"reason": "privacy switch", "since_unix": 1.0}))
+    code, results = _check(path, capsys)
+    assert code == 0, results
+    status, detail = results["privacy pause"]
+    assert status == "note" and "paused (privacy switch) at the last stop" in detail and "resume" in detail

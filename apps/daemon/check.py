@@ -69,6 +69,11 @@ def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None)
     if daemon.config.state.dir is not None:
         results += [bound_result(daemon.state, daemon.config),
                     memory_result(daemon.state, daemon.config, deployment, camera)]
+        kept = daemon._kept_pause()
+        if kept is not None:  # the privacy switch was on at the last stop: the start keeps the camera closed
+            results.append(CheckResult("privacy pause", "note", f"paused ({kept}) at the last stop: the start keeps "
+                                       "the camera closed and ingests nothing until POST /v1/privacy/resume (or "
+                                       "'resume' said); questions are answered about what was seen"))
     return results
 
 
