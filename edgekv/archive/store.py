@@ -26,8 +26,13 @@ pairs in batches (up to half the buffers, gathered for at most 0.2 s) so that it
 per pair, which holds the GIL the ingest thread needs, stays small (``_write_loop``). Host memory of
 the archive is bounded: the staging buffers (``queue_pairs`` pairs, allocated at the first pair) and the
 index, one row per archived pair of ``index_keys`` fp16 keys per layer and KV head (18 KiB per key at the
-3B shape, 0.2 % of its 9.5 MB record; ``index_keys = 2``: 0.4 %) in a matrix that doubles as needed, so at
-most ~2 x 0.4 % of ``max_gib`` (e.g. 128 MiB for 16 GiB).
+3B shape, 0.2 % of its 9.5 MB record; ``index_keys = 2``: 0.4 %) in a matrix grown by a quarter as needed (and
+cut to what is in use after an open), plus ~0.6 KiB of bookkeeping a pair, so at most ~1.25 x 0.4 % of
+``max_gib`` (e.g. 80 MiB for 16 GiB). The index is bounded by ``max_gib`` alone: many small records (4-bit, a small
+grid, a large disk) are many rows, all in RAM (``index_bound``; the first pair warns when a full archive's index
+would take more than a quarter of the machine's RAM). Measured (the archive_scale probe, dev VM): 10^5 toy pairs
+open in 1.5 s (13 s when each record was indexed on its own) and hold 1.2 KiB of RSS a pair; 10^4 pairs of the
+3B shape, 43 KiB a pair (37.3 KiB of rows).
 
 Files, under ``dir``: ``seg-00000001.ekva``, ... Each starts with a header (magic, JSON shape key with a
 CRC) followed by records::
@@ -124,12 +129,16 @@ _META = struct.Struct("<qqdqqhhi")         # pair (archive key), frame (session'
 _FSYNC_EVERY_S = 2.0                       # a power cut loses at most this much of the open segment
 _LINGER_S = 0.2                            # the writer gathers queued pairs this long (or half the staging
                                            # buffers) and writes them as one batch
-_INDEX_ROWS = 256                          # initial rows of the index matrix (doubled as needed)
+_INDEX_ROWS = 256                          # initial rows of the index matrix (grown by a quarter as needed)
 _SCORE_CHUNK = 512                         # index rows scored at a time
+_SCAN_BATCH = 64                           # records read at open indexed at a time
+ENTRY_BYTES = 640                          # an index entry's Python bookkeeping beside its row (ArchivedPair, the
+                                           # dicts' slots), measured: 0.5-0.6 KiB on CPython 3.11
 _TAG = 16                                  # AES-GCM tag of each sealed meta and layer (edgekv.privacy)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn,  # 8-bit: codes + a bf16 scale per row
            "int4": torch.uint8}  # 4-bit: two codes a byte + bf16 scales and minima (edgekv/archive/quant4.py)
+_ITEM_BYTES = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in _DTYPES.items()}
 _QUANTIZED = ("int8", "float8_e4m3fn", "int4")
 _KV_DTYPE_NAMES = {"int8": "int8", "float8_e4m3fn": "fp8", "int4": "int4"}  # archive.kv_dtype's names of them
 # archive.kv_dtype -> the records' dtype, as ``KVShape.of`` takes it ("auto": the cache's own, not here)
@@ -188,7 +197,7 @@ class KVShape:
             return layer_bytes(self.kv_heads, tokens, self.head_dim)
         if self.quantized:
             return 2 * self.kv_heads * tokens * (self.head_dim + 2)
-        return 2 * self.kv_heads * tokens * self.head_dim * torch.empty((), dtype=self.torch_dtype).element_size()
+        return 2 * self.kv_heads * tokens * self.head_dim * _ITEM_BYTES[self.dtype]
 
     def summary_bytes(self) -> int:
         """The index row in a record's meta: fp16 keys [layers, kv_heads, index_keys, head_dim], then (when
@@ -204,9 +213,11 @@ class KVShape:
         return _HEAD.size + self.meta_bytes() + self.layers * self.layer_bytes(tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ArchivedPair:
-    """One index entry (what retrieval needs without touching the disk)."""
+    """One index entry (what retrieval needs without touching the disk). Slots and the layer CRCs as packed bytes:
+    an archive of 10^5 pairs holds 10^5 of these (as a ``__dict__`` and a tuple of ints one took 1.7 KiB at the 3B
+    shape, 5 % of its index row; now about 0.5 KiB)."""
 
     pair: int        # the archive's key: unique, in write order, continuing across restarts
     frame: int       # the session's frame-pair index (what the cache's ``frame`` metadata holds)
@@ -219,8 +230,12 @@ class ArchivedPair:
     stream: bytes    # 16 B id of the stream (a new session's stream gets a new id)
     segment: int
     offset: int      # of the record's head in the segment file
-    layer_crcs: tuple[int, ...]
+    crcs: bytes      # u32 little-endian per layer: the CRC of that layer's K/V as stored (``layer_crcs``)
     seq: int = 0     # the record's number in a sealed segment (its AES-GCM nonces); 0 in the clear
+
+    @property
+    def layer_crcs(self) -> tuple[int, ...]:
+        return struct.unpack(f"<{len(self.crcs) // 4}I", self.crcs)
 
 
 @dataclass
@@ -269,6 +284,14 @@ def size_text(size: float) -> str:
         if abs(size) >= scale:
             return f"{size / scale:.2f} {unit}" if unit == "GiB" else f"{size / scale:.1f} {unit}"
     return f"{int(size)} B"
+
+
+def _ram_bytes() -> int | None:
+    """This machine's physical memory (None where it cannot be asked)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def disk_free_bytes(folder: str | Path) -> int | None:
@@ -331,6 +354,9 @@ class FrameArchive:
         self._row_of: dict[int, int] = {}             # pair -> row
         self._free_rows: list[int] = []
         self._rows_used = 0
+        self._ordered = True  # _entries' insertion order is pair order (always, as written): no sort a question
+        self._streams: dict[bytes, bytes] = {}  # each stream id's one bytes object, shared by its entries
+        self._shapes: dict[str, KVShape] = {}  # records' dtype -> this archive's shape in it (``_shape_in``)
         self._segments: dict[int, int] = {}           # segment number -> bytes on disk
         self._segment_newest_t: dict[int, float] = {}
         self.dropped = 0          # pairs not archived: every staging buffer was taken, or their write failed
@@ -412,7 +438,7 @@ class FrameArchive:
     def entries(self, stream: bytes | None = None) -> list[ArchivedPair]:
         """Index entries in pair order (of one stream when given)."""
         with self._lock:
-            return [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
+            return self._stream_entries(stream)
 
     def mean_keys(self, pairs: list[int]) -> torch.Tensor:
         """fp32 [n, layers, kv_heads * head_dim] time-undone mean keys of ``pairs`` (the weighted mean of
@@ -512,24 +538,49 @@ class FrameArchive:
         return entries, out.masked_fill(mask, float("-inf")).cpu()
 
     def _stream_entries(self, stream: bytes | None) -> list[ArchivedPair]:
-        return [e for _, e in sorted(self._entries.items()) if stream is None or e.stream == stream]
+        """Entries in pair order (of ``stream`` when given). Pairs are indexed in the order they were written, so
+        the dict's own order is pair order; sorting 10^5 entries took 140-270 ms of every question on the dev VM."""
+        entries = self._entries.values() if self._ordered else [e for _, e in sorted(self._entries.items())]
+        return [e for e in entries if stream is None or e.stream == stream]
+
+    @property
+    def index_bytes(self) -> int:
+        """Host memory of the index's matrices (keys, weights, norms), rows held for growth included; the entries'
+        Python bookkeeping (about 0.5 KiB a pair) is beside it."""
+        with self._lock:
+            return self._matrix.nbytes + self._weights.nbytes + self._norms.nbytes
+
+    def _reserve_rows(self, rows: int) -> None:
+        """Room for ``rows`` rows in the index matrices: grown by a quarter (not doubled: a doubled matrix stays
+        twice the pairs it holds for as long as the archive is open, and an archive at its ``max_gib`` keeps about
+        as many pairs as at its peak), or to ``rows`` when a batch (a segment read at open) needs more."""
+        have = self._matrix.shape[0]
+        if rows <= have:
+            return
+        grown = max(rows, have + have // 4)
+        for name in ("_matrix", "_weights", "_norms"):
+            old = getattr(self, name)
+            new = torch.zeros(grown, *old.shape[1:], dtype=old.dtype)
+            new[:have] = old
+            setattr(self, name, new)
 
     def _add_many(self, entries: list[ArchivedPair], keys: torch.Tensor, weights: torch.Tensor) -> None:
         """``_add`` for a batch: the rows assigned one by one, the matrix and norms written in one go."""
         with self._lock:
+            new = sum(1 for entry in entries if entry.pair not in self._row_of)
+            self._reserve_rows(self._rows_used + max(0, new - len(self._free_rows)))
             rows = []
             for entry in entries:
                 if entry.pair in self._row_of:
                     row = self._row_of[entry.pair]
-                elif self._free_rows:
-                    row = self._free_rows.pop()
                 else:
-                    row = self._rows_used
-                    if row == self._matrix.shape[0]:  # grow by doubling (amortized; bounded by max_gib's pairs)
-                        self._matrix = torch.cat([self._matrix, torch.zeros_like(self._matrix)])
-                        self._weights = torch.cat([self._weights, torch.zeros_like(self._weights)])
-                        self._norms = torch.cat([self._norms, torch.zeros_like(self._norms)])
-                    self._rows_used += 1
+                    if self._entries and entry.pair < next(reversed(self._entries)):
+                        self._ordered = False
+                    if self._free_rows:
+                        row = self._free_rows.pop()
+                    else:
+                        row = self._rows_used
+                        self._rows_used += 1
                 self._entries[entry.pair] = entry
                 self._row_of[entry.pair] = row
                 rows.append(row)
@@ -604,6 +655,15 @@ class FrameArchive:
         numbers = self._segment_numbers()
         for number in numbers:
             self._scan_segment(number, verify_kv=number == numbers[-1])
+        self._fit_rows()
+
+    def _fit_rows(self) -> None:
+        """The index matrices cut to the rows in use and a sixteenth more (at least ``_INDEX_ROWS``): what growth
+        by a quarter left over while the segments were read is not kept for as long as the archive is open."""
+        keep = max(_INDEX_ROWS, self._rows_used + self._rows_used // 16)
+        if keep < self._matrix.shape[0]:
+            self._matrix, self._weights, self._norms = (t[:keep].clone() for t in (self._matrix, self._weights,
+                                                                                     self._norms))
 
     def _scan_segment(self, number: int, verify_kv: bool) -> None:
         self._scan_sealer = self._scan_dtype = None
@@ -641,7 +701,25 @@ class FrameArchive:
         self._segments[number] = size
 
     def _scan_records(self, path: Path, handle, number: int, offset: int, size: int, verify_kv: bool) -> int:
-        """The records of one segment from ``offset``; returns the segment's size (less a torn tail cut off)."""
+        """The records of one segment from ``offset``, indexed together once the segment is read (one by one, the
+        index's torch work took half of an open: 13 s for 10^5 toy pairs on the dev VM); returns the segment's size
+        (less a torn tail cut off)."""
+        found: dict[int, tuple[ArchivedPair, bytes, bytes]] = {}  # pair -> its entry and index row as stored
+        try:
+            return self._scan_records_into(found, path, handle, number, offset, size, verify_kv)
+        finally:
+            self._index_found(found, len(found))
+
+    def _index_found(self, found: dict[int, tuple[ArchivedPair, bytes, bytes]], count: int) -> None:
+        """Index the first ``count`` records the scan found (and drop them from ``found``)."""
+        if count <= 0:
+            return
+        pairs = list(found)[:count]
+        entries, keys, weights = zip(*(found.pop(pair) for pair in pairs))
+        self._add_many(list(entries), *self._index_rows(list(keys), list(weights)))
+
+    def _scan_records_into(self, found: dict, path: Path, handle, number: int, offset: int, size: int,
+                           verify_kv: bool) -> int:
         previous: ArchivedPair | None = None  # the last record indexed: a partial one ends inside the next
         while offset < size:
             kind, parsed = self._parse_record(handle, number, offset, size, verify_kv)
@@ -656,13 +734,15 @@ class FrameArchive:
                     self.damaged_layers += len(damaged)
                     log.warning("archive: %s: pair %d at byte %d: layer(s) %s damaged (failed their CRC); its other "
                                 "layers are kept", path, entry.pair, offset, sorted(damaged))
-                self._add(entry, keys, weights)
+                found[entry.pair] = (entry, keys, weights)
                 previous, offset = entry, end
+                if len(found) > _SCAN_BATCH:  # the last one stays: it may prove partial (a record found inside it)
+                    self._index_found(found, len(found) - 1)
                 continue
             # sealed segments' KV is not read at open, so the record before may be a partial one: look in it too
             since = previous.offset + 1 if previous is not None and not verify_kv else offset + 1
-            found = self._find_record(handle, since, size)
-            if found is None:
+            inside = self._find_record(handle, since, size)
+            if inside is None:
                 if kind == "torn":
                     self.torn_bytes += size - offset
                     log.warning("archive: %s: %d bytes after the last complete record (a torn write) cut off", path,
@@ -672,12 +752,12 @@ class FrameArchive:
                     return offset
                 self._skipped(path, offset, size, "a damaged record at the end (left in place)")
                 return size
-            if found < offset:  # the record before was partial: the one found starts inside it
-                self._forget(previous.pair)
-                self._skipped(path, previous.offset, found, "a partial record with records written after it")
+            if inside < offset:  # the record before was partial: the one found starts inside it
+                del found[previous.pair]
+                self._skipped(path, previous.offset, inside, "a partial record with records written after it")
             else:
-                self._skipped(path, offset, found, "a damaged record")
-            previous, offset = None, found
+                self._skipped(path, offset, inside, "a damaged record")
+            previous, offset = None, inside
         return size
 
     def _skipped(self, path: Path, start: int, end: int, why: str) -> None:
@@ -710,16 +790,24 @@ class FrameArchive:
     def _layer_len(self, tokens: int, sealed: bool, segment: int | None = None) -> int:
         """A record's layer on disk (``segment``'s records dtype; None: this archive's own, or while scanning, the
         segment being scanned)."""
-        shape = self._shape_of(segment) if segment is not None else (
-            replace(self.shape, dtype=self._scan_dtype) if self._scan_dtype else self.shape)
+        shape = self._shape_of(segment) if segment is not None else self._shape_in(self._scan_dtype)
         return shape.layer_bytes(tokens) + (_TAG if sealed else 0)
+
+    def _shape_in(self, dtype: str | None) -> KVShape:
+        """This archive's shape with records of ``dtype`` (None: its own), made once a dtype (the scan asks for
+        every record)."""
+        if dtype is None or dtype == self.shape.dtype:
+            return self.shape
+        shape = self._shapes.get(dtype)
+        if shape is None:
+            shape = self._shapes[dtype] = replace(self.shape, dtype=dtype)
+        return shape
 
     def _shape_of(self, segment: int) -> KVShape:
         """The shape of segment ``segment``'s records: this archive's, but for the dtype of a segment written with
         another ``archive.kv_dtype`` (or another model dtype) before it was changed — read as they are, until
         retention or a forget removes them, while new records are written in ``shape.dtype``."""
-        dtype = self._dtypes.get(segment)
-        return self.shape if dtype is None else replace(self.shape, dtype=dtype)
+        return self._shape_in(self._dtypes.get(segment))
 
     def segments_by_dtype(self) -> dict[str, int]:
         """Segments held, by their records' dtype (more than one after ``archive.kv_dtype`` was changed)."""
@@ -797,24 +885,32 @@ class FrameArchive:
                     damaged.add(layer)
         return "ok", (entry, keys, weights, end, damaged)
 
-    def _unpack_meta(self, meta: bytes, segment: int, offset: int,
-                     seq: int = 0) -> tuple[ArchivedPair, torch.Tensor, torch.Tensor]:
-        layers, cells = self.shape.layers, (self.shape.layers, self.shape.kv_heads, self.shape.index_keys)
+    def _unpack_meta(self, meta: bytes, segment: int, offset: int, seq: int = 0) -> tuple[ArchivedPair, bytes, bytes]:
+        """The entry and its index row's bytes as stored: fp16 keys, then fp16 weights (empty with one key a cell);
+        ``_index_rows`` turns a segment's worth of them into tensors at once."""
+        layers = self.shape.layers
         pair, frame, t, tpos, t_offset, rows, cols, tokens = _META.unpack_from(meta)
         at = _META.size
         stream = bytes(meta[at:at + 16])
+        stream = self._streams.setdefault(stream, stream)  # one bytes object a stream, not one a pair
         at += 16
-        crcs = tuple(int(c) for c in np.frombuffer(meta, dtype="<u4", count=layers, offset=at))
+        crcs = bytes(meta[at:at + 4 * layers])
         at += 4 * layers
-        count = int(np.prod(cells)) * self.shape.head_dim
-        keys = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=count, offset=at).copy())
-        at += 2 * count
-        if self.shape.index_keys > 1:
-            weights = torch.from_numpy(np.frombuffer(meta, dtype="<f2", count=int(np.prod(cells)), offset=at).copy())
-        else:
-            weights = torch.ones(int(np.prod(cells)), dtype=torch.float16)
+        cells = layers * self.shape.kv_heads * self.shape.index_keys
+        keys = bytes(meta[at:at + 2 * cells * self.shape.head_dim])
+        at += len(keys)
+        weights = bytes(meta[at:at + 2 * cells]) if self.shape.index_keys > 1 else b""
         entry = ArchivedPair(pair, frame, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs, seq)
-        return entry, keys.view(*cells, self.shape.head_dim), weights.view(cells)
+        return entry, keys, weights
+
+    def _index_rows(self, keys: list[bytes], weights: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index rows as stored (``_unpack_meta``) -> fp16 keys [n, layers, kv_heads, index_keys, head_dim] and
+        weights [n, layers, kv_heads, index_keys] (all 1 with one key a cell), in one copy for the batch."""
+        cells = (len(keys), self.shape.layers, self.shape.kv_heads, self.shape.index_keys)
+        out = torch.from_numpy(np.frombuffer(b"".join(keys), dtype="<f2").astype(np.float16)).view(*cells, -1)
+        if self.shape.index_keys == 1:
+            return out, torch.ones(cells, dtype=torch.float16)
+        return out, torch.from_numpy(np.frombuffer(b"".join(weights), dtype="<f2").astype(np.float16)).view(cells)
 
     # ------------------------------------------------------------------ ingest side
     def submit(self, k: torch.Tensor, v: torch.Tensor, *, frame: int, t: float, tpos: int, t_offset: int,
@@ -875,11 +971,33 @@ class FrameArchive:
         if self._staging_tokens is not None:
             raise ValueError(f"archive: a pair of {tokens} tokens after pairs of {self._staging_tokens}; the frame "
                              f"grid is fixed for a session")
+        self._check_index_room(tokens)
         shape = (self.shape.layers, 2, self.shape.kv_heads, tokens, self.shape.head_dim)
         pin = torch.cuda.is_available()
         for _ in range(self.queue_pairs):
             self._free.put(_Staged(torch.empty(shape, dtype=self.stage_dtype, pin_memory=pin)))
         self._staging_tokens = tokens
+
+    def index_bound(self, tokens: int) -> tuple[int, int]:
+        """The most pairs of ``tokens`` tokens ``max_bytes`` holds, and the RAM their index takes (the rows, and
+        ``ENTRY_BYTES`` of bookkeeping a pair): nothing else bounds the index, which lives in RAM whole."""
+        pairs = self.max_bytes // self.shape.record_bytes(tokens)
+        row = self.shape.summary_bytes() + 4 * self.shape.layers
+        return pairs, pairs * (row + ENTRY_BYTES)
+
+    def _check_index_room(self, tokens: int) -> None:
+        """Say it (once, at the first pair) when the index of a full archive would take more than a quarter of
+        this machine's RAM: a large ``max_gib`` of small records (4-bit, a small grid) is many pairs, and the
+        index holds every one of them in RAM (600,000 pairs at the 3B shape: 22 GB), which would take the
+        memory the model and the cache need long after the start looked fine."""
+        ram = _ram_bytes()
+        pairs, need = self.index_bound(tokens)
+        if ram is None or need <= ram // 4:
+            return
+        log.warning("archive: archive.max_gib %s holds %s pairs of %d tokens; their index would take %s of RAM, more "
+                    "than a quarter of this machine's %s (every pair's index row stays in RAM). Lower "
+                    "archive.max_gib (or set archive.max_age_s), or archive.index_keys: 1 (half the index)",
+                    f"{self.max_bytes / 2**30:g}", f"{pairs:,}", tokens, size_text(need), size_text(ram))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every submitted pair is on disk (True) or ``timeout`` passes (False); the writer stops
@@ -1046,7 +1164,7 @@ class FrameArchive:
             self._segment_newest_t[self._current] = max(newest, staged.t)
         return ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
                             staged.cols, staged.tokens, staged.stream, self._current, offset,
-                            tuple(int(c) for c in crcs), seq)
+                            crcs.tobytes(), seq)
 
     def _layer_blocks(self, kv: torch.Tensor) -> np.ndarray:
         """A staged pair's K/V [layers, 2, kv_heads, P, head_dim] as the record's bytes, one row a layer: as they
@@ -1412,7 +1530,7 @@ class FrameArchive:
                     crc = 0
                     for view in views:
                         crc = zlib.crc32(view, crc)
-                    if crc != entry.layer_crcs[layer]:
+                    if crc != struct.unpack_from("<I", entry.crcs, 4 * layer)[0]:
                         self.bad_records += 1
                         continue
                     if shape.quantized:
@@ -1481,7 +1599,7 @@ class FrameArchive:
                 "archive_segments_yielded": self.segments_yielded,
                 "archive_write_ms_total": round(self.write_ms_total, 3), "archive_forgotten": self.forgotten,
                 "archive_lost_to_forget": self.lost_to_forget,
-                "archive_sealed_segments": len(self._sealers),
+                "archive_sealed_segments": len(self._sealers), "archive_index_bytes": self.index_bytes,
                 "archive_wait_ms_total": round(self.wait_ms_total, 3)}
 
 
