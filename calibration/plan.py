@@ -270,6 +270,8 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: 
     reaches at the cameras' pair rate (``fps / 2`` each), the index it keeps in RAM for that many pairs, and the
     evidence frames' hours (``archive.frames_mib``, from ``FRAME_KIB_MEASURED``); then what all that writes to the
     flash a day (``write_lines``). Formulas, not a measurement."""
+    from edgekv.archive.store import ENTRY_BYTES
+
     cfg = _model_config(Path(model_dir))
     section = config.archive
     shape, named = archive_shape(config, cfg)
@@ -278,13 +280,14 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: 
     rate = sum((c.fps or config.video.fps) for c in cameras) / 2 if cameras else config.video.fps / 2
     budget = section.max_gib * 2**30
     pairs = int(budget // record)
-    index = pairs * (shape.summary_bytes() + 4 * shape.layers)  # fp16 keys (+ weights) and fp32 norms a pair
+    # fp16 keys (+ weights) and fp32 norms a pair, and its entry's bookkeeping (FrameArchive.index_bound)
+    index = pairs * (shape.summary_bytes() + 4 * shape.layers + ENTRY_BYTES)
     where = f"archive.dir {section.dir}" if section.dir else "archive.dir not set: no archive; were it set"
     lines = [f"archive ({where}): a frame pair of {tokens_per_pair} tokens is {record / 2**20:.2f} MiB on flash "
              f"({named} K/V of {shape.layers} layers, {shape.index_keys} index key(s), checksums)",
              f"  archive.max_gib {section.max_gib:g} GiB hold {pairs:,} pairs: {_hours(pairs / rate)} of video at "
              f"{rate:g} pair(s) a second{' (all cameras)' if cameras else ''}; its index {index / 2**20:.1f} MiB of RAM"
-             f" (up to twice that while it grows)"]
+             f" (up to a quarter more while it grows)"]
     if section.frames_mib:
         kib = _frame_kib(section.frames_px)
         from edgekv.apps.daemon.frame_store import budget_shares
@@ -409,11 +412,19 @@ def check_config(config_path, device_memory_gb: float, model_dir: str | Path | N
                   weight_dtype=config.model.dtype, reserve_gb=reserve_gb,
                   text_reserve_tokens=int(config.cache.text_reserve_tokens), weights_gb=weights_gb,
                   lm_head=config.model.lm_head)
-    _, cap = _cap(config, _model_config(Path(path)), _DTYPES[config.model.dtype])
-    if cap > result.max_tokens:
-        raise ValueError(f"{config_path}: cache.max_tokens {cap} does not fit {device_memory_gb} GB (the plan allows "
-                         f"{result.max_tokens}; weights {result.weight_bytes / 2**30:.2f} GiB, {result.weights_note})")
+    model = _model_config(Path(path))
+    _, cap = _cap(config, model, _DTYPES[config.model.dtype])
     free = result.device_memory_bytes - result.reserve_bytes - result.weight_bytes - result.activation_bytes
     spare = free - cap * result.bytes_per_token
+    if spare < 0:
+        raise ValueError(f"{config_path}: cache.max_tokens {cap} does not fit {device_memory_gb:.2f} GB (the plan "
+                         f"allows {result.max_tokens}; weights {result.weight_bytes / 2**30:.2f} GiB, "
+                         f"{result.weights_note})")
+    over = ""
+    if cap > result.max_tokens:  # memory holds it: the plan's ceiling there is the positions', not a refusal
+        over = (f"; more than the plan's {result.max_tokens}, half the model's position range "
+                f"(max_position_embeddings {model['text'].get('max_position_embeddings', 32768)}), past which slots "
+                f"buy little: positions are re-based there")
     return result, (f"{config_path}: cache.max_tokens {cap} fits ({cap * result.bytes_per_token / 2**20:.0f} MiB; "
-                    f"the plan allows {result.max_tokens}, {spare / 2**30:.2f} GiB to spare)")
+                    + (f"the plan allows {result.max_tokens}, " if not over else "") + f"{spare / 2**30:.2f} GiB to "
+                    f"spare{over})")

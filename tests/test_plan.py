@@ -259,3 +259,15 @@ def test_plan_says_what_the_memory_writes_to_flash_a_day(model_3b, tmp_path, cap
     assert "nothing is written; were they set" in flash_lines(EdgeKVConfig(), model_3b, 256)[-2]
     assert main(["plan", "--device-memory", "16", "--model", str(model_3b), "--flash-tbw", "150"]) == 0
     assert "a flash rated 150 TBW (--flash-tbw) has that written in" in capsys.readouterr().out
+
+
+def test_a_cap_over_the_position_ceiling_that_memory_holds_fits_with_a_note(tmp_path, capsys):
+    """The shipped toy at the default cap (6144 tokens, 4 MiB): `edgekv plan --config` said "does not fit 23.54 GB"
+    and exited 2, and --check printed the same with a raw float, while the daemon runs it and answers right. The
+    plan's 4096 there is half the toy's position range, not memory."""
+    deploy = tmp_path / "toy.yaml"
+    deploy.write_text("model: {path: 'builtin:toy'}\nvideo: {resolution: [112, 112]}\n")
+    result, verdict = check_config(deploy, 23.54029083251953)
+    assert result.max_tokens == 4096 and result.capped_by_positions
+    assert "cache.max_tokens 6144 fits (4 MiB;" in verdict and "half the model's position range" in verdict
+    assert main(["plan", "--device-memory", "23.54029083251953", "--config", str(deploy)]) == 0
