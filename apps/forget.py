@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from edgekv.apps.ask import daemon_request
@@ -16,16 +15,18 @@ from edgekv.apps.wall_times import cli_bound, cli_window, wall_text
 
 
 def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8080",
-                        help="the daemon's address (https://... when it serves HTTPS: server.tls_cert_file)")
+    parser.add_argument("--url", default=None,
+                        help="the daemon's address (https://... when it serves HTTPS: server.tls_cert_file; default: "
+                             "server.host:port of --config, else http://127.0.0.1:8080)")
     window = parser.add_mutually_exclusive_group(required=True)
     window.add_argument("--last", type=float, metavar="SECONDS", help="forget the last so many seconds")
     window.add_argument("--from", dest="t_from", type=cli_bound, metavar="T0",
                         help="window start: stream seconds, or a wall time: 14:00 (today, local time), "
                              "2026-12-04T14:00:00+01:00")
     parser.add_argument("--to", dest="t_to", type=cli_bound, metavar="T1", help="window end, with --from")
-    parser.add_argument("--token-env", default="EDGEKV_TOKEN",
-                        help="environment variable holding the daemon's server.token (when it has one)")
+    parser.add_argument("--token-env", default=None,
+                        help="environment variable holding the daemon's token (default: --config's server.token or "
+                             "server.token_env, else EDGEKV_TOKEN)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds to wait for the rewrite (default: 120; with --fleet, 30 for every answer)")
     parser.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
@@ -34,8 +35,10 @@ def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ask every device to forget what it saw between two wall times (--from/--to) or in "
                             "its last --last seconds, and list what each removed or why it did not")
     fleet.add_argument("--broker", default=None, help="mqtt://host[:port] or mqtts://... (default: --config's)")
-    fleet.add_argument("--config", default=None, help="a daemon's YAML: its fleet: section gives the broker, topic "
-                                                      "prefix, credentials and TLS files")
+    parser.add_argument("--config", default=None, help="a daemon's YAML: without --fleet its server: section gives "
+                                                       "the daemon's address, token and certificate (as edgekv ask's); "
+                                                       "with it, its fleet: section the broker, topic prefix, "
+                                                       "credentials and TLS files")
     fleet.add_argument("--device", default=None, help="this device only")
     fleet.add_argument("--camera", default=None, help="this camera of devices with several (default: each)")
     for name in ("--topic-prefix", "--username", "--password-env"):
@@ -84,7 +87,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     return 0 if result.answers and all(a.error is None for a in result.answers) else 1
 
 
-FLEET_ONLY = ("broker", "config", "device", "camera", "topic_prefix", "username", "password_env")
+FLEET_ONLY = ("broker", "device", "camera", "topic_prefix", "username", "password_env")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,11 +103,15 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--from needs --to (stream seconds or wall times)")
         t_from, t_to = cli_window(args.t_from, args.t_to, forget=True)  # read together, sent with our UTC offset
         body = {"from": t_from, "to": t_to}
+    from edgekv.apps.ask import daemon_certificate, daemon_target
     from edgekv.apps.server.tls import client_context
 
-    context = client_context(args.url, getattr(args, "ca_file", None), getattr(args, "cert_file", None),
-                             getattr(args, "key_file", None))
-    with daemon_request(args.url, "/v1/memory/forget", body, os.environ.get(args.token_env) if args.token_env else None,
+    url, token = daemon_target(args.config, args.token_env)  # the daemon of --config, as edgekv ask finds it
+    pinned = daemon_certificate(args.config) if args.url is None else None
+    url = args.url or url
+    context = client_context(url, getattr(args, "ca_file", None), getattr(args, "cert_file", None),
+                             getattr(args, "key_file", None), pinned)
+    with daemon_request(url, "/v1/memory/forget", body, token,
                         120.0 if args.timeout is None else args.timeout, context) as response:
         result = json.loads(response.read())
     if args.json:

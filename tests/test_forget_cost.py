@@ -350,3 +350,32 @@ def test_edgekv_forget_says_when_no_snapshot_held_the_window():
     assert _summary(result).endswith(", no archive, no snapshot held the window: none rewritten")
     result["snapshots"] = {"snapshot": None, "removed": []}  # persistence off
     assert _summary(result).endswith(", no snapshots")
+
+
+def test_edgekv_forget_finds_the_daemon_and_its_token_from_its_config(tiny_checkpoint, tmp_path, capsys):
+    """``edgekv ask --config X.yaml`` found the daemon and its token in the config; ``edgekv forget --config X.yaml``
+    refused ("--config: only with --fleet")."""
+    pytest.importorskip("fastapi")
+    import socket
+
+    import yaml
+    from helpers_server import ended_daemon
+
+    from edgekv.apps.cli import main
+    from edgekv.config import load_config
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": {"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
+        "video": {"source": "synthetic:shapes?size=160x120&fps=8&frames=16", "fps": 8.0, "resolution": [56, 56]},
+        "cache": {"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64},
+        "server": {"port": port, "token": "s3cret"}, "monitor": {"backend": "cpu"}}))
+    with ended_daemon(load_config(str(path)), tmp_path / "out.txt") as daemon:
+        assert daemon.server.port == port
+        capsys.readouterr()
+        assert main(["forget", "--config", str(path), "--last", "1"]) == 0
+        assert capsys.readouterr().out.startswith("forgot t=")
+        assert main(["forget", "--url", f"http://127.0.0.1:{port}", "--last", "1"]) == 2  # no token: 401
