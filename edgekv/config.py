@@ -844,7 +844,7 @@ class EscalateSection:
     confidence_below: float | None = None  # escalate when the local answer's confidence is below this (null:
     #                                        only when a question asks, "escalate": true)
     keyframes: int = 4                 # frames sent with the question
-    timeout_s: float = 30.0
+    timeout_s: float = 30.0            # the whole exchange, connect to the reply's last byte (4 MiB at most)
     max_tokens: int = 256
     queue: int = 4                     # escalations waiting or in flight; beyond, the local answer stands
     # an https:// server whose certificate a private CA signed (another edgekv with server.tls_cert_file): that CA
