@@ -53,3 +53,20 @@ def small_disk(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.fixture
+def zone(monkeypatch):
+    """``zone("Europe/Berlin")`` makes that this process's local zone (the daemon's, in-process); the machine's is
+    back after the test."""
+    import time
+
+    def use(name: str) -> None:
+        monkeypatch.setenv("TZ", name)
+        time.tzset()
+
+    try:
+        yield use
+    finally:
+        monkeypatch.undo()
+        time.tzset()

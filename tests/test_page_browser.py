@@ -34,21 +34,6 @@ WAIT_S = 120
 
 
 @pytest.fixture
-def device_zone(monkeypatch):
-    """``device_zone("Asia/Kathmandu")``: the daemon (this process) runs in that zone; the machine's is back after."""
-
-    def use(name: str) -> None:
-        monkeypatch.setenv("TZ", name)
-        time.tzset()
-
-    try:
-        yield use
-    finally:
-        monkeypatch.undo()
-        time.tzset()
-
-
-@pytest.fixture
 def browser():
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
     with sync_api.sync_playwright() as p:
@@ -106,11 +91,11 @@ def no_sideways_scroll(page) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ time zones
-def test_times_are_the_devices_clock_in_a_browser_in_another_zone(tiny_checkpoint, tmp_path, device_zone, browser):
+def test_times_are_the_devices_clock_in_a_browser_in_another_zone(tiny_checkpoint, tmp_path, zone, browser):
     """The device in Kathmandu (UTC+05:45), the phone in Los Angeles: the evidence's "seen", a question's "asked"
     and the memory's reach are the device's clock with its offset (what the wearer says to it and what it reads),
     and the page says that the browser's clock is another."""
-    device_zone("Asia/Kathmandu")
+    zone("Asia/Kathmandu")
     seen: list[str] = []
 
     def keep_evidence(route):  # the answer as the daemon sent it: its evidence's "seen" is ISO with its offset
@@ -171,11 +156,11 @@ def test_times_are_the_devices_clock_in_a_browser_in_another_zone(tiny_checkpoin
         watched.assert_clean(console=False)  # the refused forget's 400 is a console error
 
 
-def test_a_time_before_the_clocks_changed_shows_its_own_offset(tiny_checkpoint, tmp_path, device_zone, browser):
+def test_a_time_before_the_clocks_changed_shows_its_own_offset(tiny_checkpoint, tmp_path, zone, browser):
     """The device in Berlin, the browser in Tokyo: a moment of July is 14:00 (UTC+02:00) and one of January
     14:00 (UTC+01:00) on the device's clock, whatever the season now; a device whose zone has no name (a POSIX
     TZ rule) is shown at its offset now, said."""
-    device_zone("Europe/Berlin")
+    zone("Europe/Berlin")
     july, january = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.timezone.utc), dt.datetime(2026, 1, 5, 13, 0,
                                                                                       tzinfo=dt.timezone.utc)
     with RunningDaemon(server_config(tiny_checkpoint, token=TOKEN), tmp_path / "out.txt") as run:
@@ -188,16 +173,16 @@ def test_a_time_before_the_clocks_changed_shows_its_own_offset(tiny_checkpoint, 
         watched.assert_clean()
 
 
-def test_the_device_clock_route_names_the_zone_or_gives_its_offset(tiny_checkpoint, tmp_path, device_zone):
+def test_the_device_clock_route_names_the_zone_or_gives_its_offset(tiny_checkpoint, tmp_path, zone):
     from edgekv.apps.server.page import device_clock
 
-    for zone, name, offset in (("Europe/Berlin", "Europe/Berlin", 3600), (":Asia/Kathmandu", "Asia/Kathmandu", 20700),
-                               ("/usr/share/zoneinfo/America/New_York", "America/New_York", -18000),
-                               ("CET-1CEST,M3.5.0,M10.5.0/3", None, 3600), ("Nowhere/Land", None, 0)):
-        device_zone(zone)
+    for tz, name, offset in (("Europe/Berlin", "Europe/Berlin", 3600), (":Asia/Kathmandu", "Asia/Kathmandu", 20700),
+                             ("/usr/share/zoneinfo/America/New_York", "America/New_York", -18000),
+                             ("CET-1CEST,M3.5.0,M10.5.0/3", None, 3600), ("Nowhere/Land", None, 0)):
+        zone(tz)
         clock = device_clock(dt.datetime(2027, 1, 15, 12, tzinfo=dt.timezone.utc).timestamp())
-        assert (clock["zone"], clock["utc_offset_s"]) == (name, offset), (zone, clock)
-    device_zone("Asia/Kathmandu")
+        assert (clock["zone"], clock["utc_offset_s"]) == (name, offset), (tz, clock)
+    zone("Asia/Kathmandu")
     with RunningDaemon(server_config(tiny_checkpoint, token=TOKEN), tmp_path / "out.txt") as run:
         assert call(run.port, "GET", "/v1/edgekv/clock")[0] == 401  # the page's, behind the token
         status, _, body = call(run.port, "GET", "/v1/edgekv/clock", headers={"Authorization": f"Bearer {TOKEN}"})

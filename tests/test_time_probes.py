@@ -13,21 +13,6 @@ import pytest
 from edgekv.apps.wall_times import WindowError, forget_request, parse_wall_time, wall_text, window_bounds
 
 
-@pytest.fixture
-def zone(monkeypatch):
-    """``zone("Europe/Berlin")`` makes that this process's local zone; the machine's is back after the test."""
-
-    def use(name: str) -> None:
-        monkeypatch.setenv("TZ", name)
-        time.tzset()
-
-    try:
-        yield use
-    finally:
-        monkeypatch.undo()
-        time.tzset()
-
-
 def _local(text: str, fold: int = 0) -> float:
     """``text`` (naive ISO 8601) as this zone's clock showed it (``fold=1``: the second time)."""
     return dt.datetime.fromisoformat(text).replace(fold=fold).timestamp()
