@@ -499,3 +499,21 @@ def test_8bit_records_hold_a_pair_in_half_the_bytes_and_read_back_within_the_qua
     assert torch.equal(reopened.read_layer(reopened.entries()[2], 1)[0],
                        dequantize(*quantize(k[1], shape.torch_dtype), torch.float32))
     reopened.close()
+
+
+def test_a_forget_seals_the_open_segment_only_when_it_holds_the_window(tmp_path):
+    """Every forget sealed the open segment, even one that found nothing archived in its window: a storm of
+    "forget the last 30 s" before anything was archived, or of windows in older segments, left a trail of small
+    segments. A window in the open segment still seals it (it is rewritten; the next record begins a new one)."""
+    archive = _archive(tmp_path)
+    _fill(archive, range(4))
+    segments = sorted(p.name for p in tmp_path.glob("seg-*.ekva"))
+    assert len(segments) == 1
+    assert archive.forget(100.0, 200.0)["pairs"] == 0  # nothing there
+    _fill(archive, range(4, 6))
+    assert sorted(p.name for p in tmp_path.glob("seg-*.ekva")) == segments  # the same segment took them
+    assert archive.forget(1.0, 1.0)["pairs"] == 1  # pair 2, in the open segment
+    _fill(archive, range(6, 7))
+    assert len(list(tmp_path.glob("seg-*.ekva"))) == 2
+    assert [e.pair for e in archive.entries()] == [0, 1, 3, 4, 5, 6]
+    archive.close()

@@ -1254,17 +1254,20 @@ class FrameArchive:
         files, not only from the index: each segment holding one is rewritten without it — the records kept are
         copied byte for byte (a sealed record keeps its nonce and its bytes) into ``seg-N.ekva.tmp``, which is
         fsynced and renamed over the segment — and a segment left with no record is deleted. Queued pairs are
-        written first and the open segment is sealed, so the writer's next record begins a new segment.
+        written first; when the open segment holds one of the window it is sealed, so the writer's next record begins
+        a new segment (a forget of nothing archived, or of older segments only, leaves it open: a storm of forgets
+        left a trail of small segments).
         A crash part way leaves each segment either whole as it was or rewritten (a leftover ``.tmp`` is
         removed at the next open). What it does not do: erase the flash blocks the old file used (the FTL
         reuses them later); with ``privacy:`` keys set those blocks are ciphertext. Returns what was removed."""
         self.flush()
         removed_pairs, rewritten, deleted, freed = 0, 0, 0, 0
         with self._write_lock:
-            self._close_segment()
             with self._lock:
                 doomed = sorted((e for e in self._entries.values() if t_from <= e.t <= t_to
                                  and (stream is None or e.stream == stream)), key=lambda e: (e.segment, e.offset))
+            if any(entry.segment == self._current for entry in doomed):
+                self._close_segment()  # the open one is rewritten: a window in it alone ends it (not every forget)
             by_segment: dict[int, set[int]] = {}
             for entry in doomed:
                 by_segment.setdefault(entry.segment, set()).add(entry.pair)
