@@ -22,6 +22,24 @@ def daemon_args(**overrides) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
+def kept_config(model_dir: Path, root: Path, frames: int = 48, max_tokens: int = 400, archive: bool = True,
+                **sections) -> EdgeKVConfig:
+    """A daemon that keeps what it saw: a short synthetic stream of 56 x 56 pairs under a full cache, an archive with
+    evidence frames under ``root/archive`` (``archive=False``: none) and snapshots under ``root/state``. A section
+    given (``state={...}``, ``alerts={...}``) is merged over these."""
+    base = {
+        "model": {"path": str(model_dir), "dtype": "fp32", "device": "cpu"},
+        "video": {"source": f"synthetic:shapes?size=160x120&fps=8&frames={frames}", "fps": 8.0,
+                  "resolution": [56, 56]},
+        "cache": {"policy": "full", "max_tokens": max_tokens, "text_reserve_tokens": 64}, "server": {"port": 0},
+        "archive": {"dir": str(root / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
+                    "frames_mib": 1, "frames_px": 32} if archive else {},
+        "state": {"dir": str(root / "state"), "every_s": 3600}, "monitor": {"backend": "cpu"}}
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return EdgeKVConfig().with_overrides(**{name: values for name, values in base.items() if values})
+
+
 def server_config(model_dir: Path, **server) -> EdgeKVConfig:
     return EdgeKVConfig().with_overrides(
         model={"path": str(model_dir), "dtype": "fp32", "device": "cpu"},

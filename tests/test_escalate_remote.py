@@ -331,19 +331,12 @@ def test_an_escalation_sends_the_evidence_frames_kept_on_disk_never_the_latest_i
     pytest.importorskip("fastapi")
     import dataclasses
 
-    from helpers_server import ended_daemon
+    from helpers_server import ended_daemon, kept_config
 
     from edgekv.apps.questions import Question
-    from edgekv.config import EdgeKVConfig
 
-    config = EdgeKVConfig().with_overrides(
-        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
-        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56]},
-        cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
-        archive={"dir": str(tmp_path / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
-                 "frames_mib": 1, "frames_px": 32},
-        alerts={"keyframe_pairs": 2}, escalate={"url": "http://127.0.0.1:9/v1", "model": "big"},
-        monitor={"backend": "cpu"})
+    config = kept_config(tiny_checkpoint, tmp_path, alerts={"keyframe_pairs": 2},
+                         escalate={"url": "http://127.0.0.1:9/v1", "model": "big"})
     sent = []
 
     class Capture:

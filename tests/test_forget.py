@@ -250,17 +250,9 @@ def test_a_part_that_fails_does_not_stop_the_rest_of_a_forget(tiny_checkpoint, t
     pytest.importorskip("fastapi")
     import errno
 
-    from helpers_server import call, ended_daemon
+    from helpers_server import call, ended_daemon, kept_config
 
-    from edgekv.config import EdgeKVConfig
-
-    config = EdgeKVConfig().with_overrides(
-        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
-        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56]},
-        cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
-        archive={"dir": str(tmp_path / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
-                 "frames_mib": 1, "frames_px": 32},
-        state={"dir": str(tmp_path / "state"), "every_s": 3600}, monitor={"backend": "cpu"})
+    config = kept_config(tiny_checkpoint, tmp_path)
     with ended_daemon(config, tmp_path / "out.txt") as daemon:
         assert daemon.frames.flush()
         stream = daemon._frame_stream()

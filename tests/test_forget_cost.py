@@ -123,13 +123,9 @@ def test_a_keeper_with_no_snapshot_writes_none_for_a_forget(toy, tmp_path):
 
 
 def _config(tiny_checkpoint, root, **state):
-    return EdgeKVConfig().with_overrides(
-        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
-        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56]},
-        cache={"policy": "full", "max_tokens": 800, "text_reserve_tokens": 64}, server={"port": 0},
-        archive={"dir": str(root / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
-                 "frames_mib": 1, "frames_px": 32},
-        state={"dir": str(root / "state"), "every_s": 3600, **state}, monitor={"backend": "cpu"})
+    from helpers_server import kept_config
+
+    return kept_config(tiny_checkpoint, root, max_tokens=800, state=state)
 
 
 def test_the_daemon_says_when_no_snapshot_held_the_window(tiny_checkpoint, tmp_path):

@@ -20,15 +20,9 @@ class PowerCut(BaseException):
 
 
 def _config(tiny_checkpoint, root):
-    from edgekv.config import EdgeKVConfig
+    from helpers_server import kept_config
 
-    return EdgeKVConfig().with_overrides(
-        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
-        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=48", "fps": 8.0, "resolution": [56, 56]},
-        cache={"policy": "full", "max_tokens": 800, "text_reserve_tokens": 64}, server={"port": 0},
-        archive={"dir": str(root / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
-                 "frames_mib": 1, "frames_px": 32},
-        state={"dir": str(root / "state"), "every_s": 3600}, monitor={"backend": "cpu"})
+    return kept_config(tiny_checkpoint, root, max_tokens=800)
 
 
 @pytest.mark.parametrize("cut", ["archive", "snapshots"])

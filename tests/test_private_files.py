@@ -19,17 +19,9 @@ def shell_umask():
 
 def test_snapshots_and_evidence_frames_are_the_owners_only(tiny_checkpoint, tmp_path, shell_umask):
     pytest.importorskip("fastapi")
-    from helpers_server import ended_daemon
+    from helpers_server import ended_daemon, kept_config
 
-    from edgekv.config import EdgeKVConfig
-
-    config = EdgeKVConfig().with_overrides(
-        model={"path": str(tiny_checkpoint), "dtype": "fp32", "device": "cpu"},
-        video={"source": "synthetic:shapes?size=160x120&fps=8&frames=16", "fps": 8.0, "resolution": [56, 56]},
-        cache={"policy": "full", "max_tokens": 400, "text_reserve_tokens": 64}, server={"port": 0},
-        archive={"dir": str(tmp_path / "archive"), "when_full": "wait", "segment_mib": 0.25, "max_gib": 0.01,
-                 "frames_mib": 1, "frames_px": 32},
-        state={"dir": str(tmp_path / "state"), "every_s": 3600}, monitor={"backend": "cpu"})
+    config = kept_config(tiny_checkpoint, tmp_path, frames=16)
     with ended_daemon(config, tmp_path / "out.txt") as daemon:
         assert daemon.frames.flush()
         with daemon.lock:
