@@ -38,6 +38,7 @@ from pathlib import Path
 
 from edgekv.apps.controls import route
 from edgekv.apps.daemon.health import StallWatch, problems
+from edgekv.apps.daemon.forget_passes import ForgetAsk, ForgetQueue, LoopWatch
 from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
 from edgekv.apps.daemon.quiz import Quiz
 from edgekv.apps.questions import AskerLeft, DaemonBusy, DaemonStopping, Question, printable
@@ -176,6 +177,8 @@ class Daemon:
         self.frames = None  # FrameStore: evidence frames on disk (archive.frames_mib; apps/daemon/frame_store.py)
         self._reach: tuple[float, dict] | None = None  # (monotonic time, reach()) worked out last
         self.escalator = None  # Escalator: hard questions to a bigger model (escalate: in the YAML)
+        self._forget_queue = ForgetQueue()  # forgets waiting for a pass (apps/daemon/forget_passes.py)
+        self._loop_watch = LoopWatch()  # the first camera's is shared by the daemons of its lock (_forgets)
         self.image_session = None  # answers questions that carry images (server.image_requests)
         self.alert_bus = None
         self.webhooks: list = []
@@ -805,8 +808,6 @@ class Daemon:
         Forgets asked at the same time are done in one pass under the session's lock, after the main loop's step
         (apps/daemon/forget_passes.py); each caller gets its own window's answer.
         Refused with ``DaemonStopping`` (HTTP 503) once the daemon shuts down."""
-        from edgekv.apps.daemon.forget_passes import ForgetAsk
-
         ask = ForgetAsk(*self._checked_window(t_from, t_to, last_s, unix))
         forgets, _watch = self._forgets()
         return forgets.run(ask, self.lock, self._forget_pass, self._let_the_loop_step)
@@ -831,20 +832,10 @@ class Daemon:
                              f"from={t_from!r:.40} to={t_to!r:.40}")
         return low, high, None, None
 
-    _forget_setup = threading.Lock()  # makes a daemon's forget queue, and the loop watch the daemons of one lock share
-
     def _forgets(self):
         """This daemon's ``ForgetQueue`` and the ``LoopWatch`` of the daemons sharing its lock (several cameras: the
-        first camera's), made at the first forget."""
-        from edgekv.apps.daemon.forget_passes import ForgetQueue, LoopWatch
-
-        lead = self.asked_through or self
-        with Daemon._forget_setup:
-            if "_forget_queue" not in vars(self):
-                self._forget_queue = ForgetQueue()
-            if "_loop_watch" not in vars(lead):
-                lead._loop_watch = LoopWatch()
-            return self._forget_queue, lead._loop_watch
+        first camera's)."""
+        return self._forget_queue, (self.asked_through or self)._loop_watch
 
     def _loops_held_up(self) -> list:
         """The heartbeats of the main loops a forget's lock holds up: this camera's, and with several cameras (one
