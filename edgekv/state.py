@@ -406,12 +406,54 @@ def _write_tensor(handle, chunks: list[torch.Tensor], offset: int) -> tuple[dict
     return entry, written
 
 
-def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]], sealer=None) -> int:
+PACE_BYTES = 8 << 20  # a snapshot written with ``progress`` reaches the disk this much at a time
+
+
+def _sync_data(fd: int) -> None:
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
+
+
+class _Paced:
+    """The snapshot's file, sent to the disk ``PACE_BYTES`` at a time as it is written (the data synced), and
+    ``progress`` called after each step. Written whole and synced once at the end, a snapshot filled the page cache in
+    a moment and then sat in one ``fsync`` for as long as the flash took — 224 MiB at the 3B shape, many seconds on
+    an SD card — with no sign of life: the main loop's heartbeat went stale and systemd's watchdog (``WatchdogSec`` 30
+    in jetson/edgekv-camera.service, a ping withheld after 15 s) killed a daemon that was only saving its memory.
+    Paced, each step is a bounded stretch of real writing: a disk that stops answering stops the steps, and the
+    watchdog still restarts a daemon truly stuck. It also keeps the dirty pages of a snapshot to one step, not the
+    whole file, on a board whose memory the model already fills."""
+
+    def __init__(self, handle, progress: Callable[[], None], every: int | None = None) -> None:
+        self.handle, self.progress = handle, progress
+        self.every = PACE_BYTES if every is None else every
+        self.unsynced = 0
+
+    def write(self, data) -> None:
+        self.handle.write(data)
+        self.unsynced += memoryview(data).nbytes
+        if self.unsynced >= self.every:
+            self.handle.flush()
+            _sync_data(self.handle.fileno())
+            self.unsynced = 0
+            self.progress()
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+    def fileno(self) -> int:
+        return self.handle.fileno()
+
+
+def write_snapshot(path: Path, manifest: dict, views: dict[str, list[torch.Tensor]], sealer=None,
+                   progress: Callable[[], None] | None = None) -> int:
     """Write ``views`` and ``manifest`` (its ``tensors`` filled in here) to ``path`` atomically; returns bytes.
-    With ``sealer`` (``edgekv.privacy.Sealer``) every section and the manifest are sealed (AES-256-GCM)."""
+    With ``sealer`` (``edgekv.privacy.Sealer``) every section and the manifest are sealed (AES-256-GCM). With
+    ``progress``, the file reaches the disk a step at a time and ``progress`` is called after each (``_Paced``: the
+    daemon's watchdog heartbeat)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     manifest = {**manifest, "tensors": {}}
-    with _replacing(path) as handle:
+    with _replacing(path) as file:
+        handle = file if progress is None else _Paced(file, progress)
         head = MAGIC if sealer is None else SEALED_MAGIC + sealer.header
         handle.write(head)
         offset, index = len(head), 0
@@ -510,8 +552,9 @@ def reseal_snapshot(path: str | Path, keys) -> bool:
     return True
 
 
-def save_session(session, path: str | Path) -> SnapshotInfo:
-    """Write ``session`` to ``path`` atomically (call through ``StreamSession.save``, under its lock)."""
+def save_session(session, path: str | Path, progress: Callable[[], None] | None = None) -> SnapshotInfo:
+    """Write ``session`` to ``path`` atomically (call through ``StreamSession.save``, under its lock); ``progress``:
+    see ``write_snapshot``."""
     started = time.perf_counter()
     path = Path(path).expanduser()
     if path.is_dir():  # else the whole snapshot was written, then os.replace said "Is a directory" of the temp file
@@ -531,7 +574,7 @@ def save_session(session, path: str | Path) -> SnapshotInfo:
         from edgekv.privacy import Sealer
 
         sealer = Sealer(keys.current)
-    size = write_snapshot(path, manifest, views, sealer)
+    size = write_snapshot(path, manifest, views, sealer, progress)
     return _info(path, size, time.perf_counter() - started, state, saved_unix)
 
 
@@ -1130,7 +1173,7 @@ class StateKeeper:
                 f"last alerts kept in {ALERT_EVENTS}/ (64 at most, each with its keyframe)")
 
     # ------------------------------------------------------------------ snapshots
-    def maybe_snapshot(self, session) -> SnapshotInfo | None:
+    def maybe_snapshot(self, session, progress: Callable[[], None] | None = None) -> SnapshotInfo | None:
         """A snapshot if ``state.every_s`` has passed since the last one (call it every loop iteration) and the memory
         changed since: a daemon paused, at the end of its stream, waiting for a camera that is gone, or only
         answering questions rewrote the same cache whole every ``every_s`` (224 MiB at the 3B shape: 65 GB a day of
@@ -1145,7 +1188,7 @@ class StateKeeper:
             self.last_saved = self.clock()  # looked at again after every_s
             self.unchanged += 1
             return None
-        info = self.snapshot(session)
+        info = self.snapshot(session, progress)
         if info is not None:
             log.info("state: %s (%.1f MiB, %.0f ms)", info.path.name, info.bytes / 2**20, info.seconds * 1e3)
         return info
@@ -1170,7 +1213,8 @@ class StateKeeper:
 
     FORGET_NOT_HELD = "no snapshot held the window: none rewritten"
 
-    def rewrite_after_forget(self, session, stretches: list[tuple[float, float]] | None = None) -> dict:
+    def rewrite_after_forget(self, session, stretches: list[tuple[float, float]] | None = None,
+                             progress: Callable[[], None] | None = None) -> dict:
         """After ``session.forget`` of ``stretches`` (stream seconds; None: anywhen): a new snapshot of the session as
         it is now, then every other file under ``state.dir`` that may hold the forgotten window deleted — older
         generations and the set-aside snapshot (made for another deployment, on another stream clock: it cannot be
@@ -1184,7 +1228,7 @@ class StateKeeper:
         keys = getattr(session.runtime, "keys", None)
         if stretches is not None and not any(self._may_hold(path, stretches, keys) for path in self.generations()):
             return {"snapshot": None, "removed": self._remove_aside(), "note": self.FORGET_NOT_HELD}
-        info = self.snapshot(session)
+        info = self.snapshot(session, progress)
         if info is None:
             raise OSError(f"state: the snapshot after forgetting could not be written in {self.dir}; the older "
                           "ones are kept (they still hold the window)")
@@ -1231,7 +1275,9 @@ class StateKeeper:
         without = known[1] if known is not None and known[0] == identity else []
         return any(not _covered(max(a, first), min(b, last), without) for a, b in stretches if a <= last and b >= first)
 
-    def snapshot(self, session) -> SnapshotInfo | None:
+    def snapshot(self, session, progress: Callable[[], None] | None = None) -> SnapshotInfo | None:
+        """A new generation of the session now, the oldest beyond two removed; None when it could not be written (the
+        previous one stays; ``last_error`` says why). ``progress``: see ``write_snapshot``."""
         self.last_saved = self.clock()
         mark = _memory_mark(session)
         try:
@@ -1247,7 +1293,7 @@ class StateKeeper:
                 raise OSError(f"{needed / 2**20:.1f} MiB needed (this snapshot {estimate / 2**20:.1f}, the previous "
                               f"one {previous / 2**20:.1f}, other files in state.dir {fixed / 2**20:.1f}) exceeds "
                               f"state.max_mib={self.section.max_mib:g}")
-            info = session.save(self._next_path())
+            info = session.save(self._next_path(), progress)
         except OSError as exc:
             self.failures += 1
             self.last_error = exc.strerror or str(exc)

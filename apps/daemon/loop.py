@@ -845,6 +845,22 @@ class Daemon:
         return [d.heartbeat for d in daemons
                 if d.lock is self.lock and d._loop_thread is not None and d._loop_thread.is_alive()]
 
+    def _snapshot_beats(self) -> Callable[[], None]:
+        """What a snapshot written by this loop beats as it reaches the disk a step at a time (``write_snapshot``'s
+        ``progress``): this loop's heartbeat, and with several cameras (one lock) the heartbeats of the others it holds
+        up that were fresh when it began — a loop hung elsewhere is not kept looking alive by a long write."""
+        watchdog = (self.asked_through or self).watchdog
+        stall = watchdog.stall_s if watchdog is not None else None
+        alive = [beat for beat in self._loops_held_up()
+                 if beat is self.heartbeat or (stall is not None and beat.age_s() <= stall)]
+        if self.heartbeat not in alive:
+            alive.append(self.heartbeat)
+
+        def beat() -> None:
+            for heartbeat in alive:
+                heartbeat.beat()
+        return beat
+
     def _let_the_loop_step(self) -> bool:
         """Before a pass: the main loop's step first (a frame ingested, one turn), at most ``LoopWatch.wait_s``; not
         when the loop is this thread (a spoken forget) or is not running."""
@@ -905,7 +921,7 @@ class Daemon:
             done.append((ask, stretches, unix, pairs, slots, archive, failed))
         snapshot_failed = []
         try:
-            snapshots = self.state.rewrite_after_forget(self.session, every)
+            snapshots = self.state.rewrite_after_forget(self.session, every, progress)
         except OSError as exc:  # the rest is still done; the caller hears what was not (HTTP: forget_incomplete)
             snapshot_failed.append(f"snapshots: {exc}")
             snapshots = {"snapshot": None, "removed": []}
@@ -1681,7 +1697,7 @@ class Daemon:
             self._save_now("SIGHUP")
         if self.state.enabled:  # no lock taken on every loop turn when persistent memory is off
             with self.lock:
-                self.state.maybe_snapshot(self.session)
+                self.state.maybe_snapshot(self.session, self._snapshot_beats())
         self._check_hung()
 
     HANG_KINDS = ("camera", "gstreamer", "csi")  # sources whose driver call can block with no timeout of ours
@@ -1723,7 +1739,7 @@ class Daemon:
             self.say(f"{why}: no state.dir in the config, so there is no memory to save; going on")
             return
         with self.lock:
-            info = self.state.snapshot(self.session)
+            info = self.state.snapshot(self.session, self._snapshot_beats())
         self.say(f"{why}: memory saved in {info.path} ({info.bytes / 2**20:.1f} MiB); going on" if info is not None
                  else f"{why}: the memory could not be saved (the log says why); going on")
 

@@ -436,12 +436,13 @@ class StreamSession:
 
     # ------------------------------------------------------------------ persistence
     @_between_answers
-    def save(self, path) -> "SnapshotInfo":  # noqa: F821 - imported here: edgekv.state never imports the session
+    def save(self, path, progress=None) -> "SnapshotInfo":  # noqa: F821 - edgekv.state never imports the session
         """Write everything this session's future depends on to ``path``, atomically (see edgekv/state.py);
-        ``Runtime.restore(path)`` returns a session that continues exactly where this one is now."""
+        ``Runtime.restore(path)`` returns a session that continues exactly where this one is now. ``progress``: called
+        as the file reaches the disk, a step at a time (``edgekv.state.write_snapshot``)."""
         from edgekv.state import save_session
 
-        return save_session(self, path)
+        return save_session(self, path, progress)
 
     @_exclusive
     def number_pairs_after(self, last: int | None, where: str) -> None:
