@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from edgekv.apps.config_names import resolve_config, shipped_configs
+from edgekv.config_names import resolve_config, shipped_names
 from edgekv.helpformat import HelpFormatter  # noqa: F401 (the apps import it from here)
 from edgekv.threads import threads_argument
 
@@ -23,7 +23,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, model_positional: bool
                            help="Qwen2.5-VL checkpoint directory (model.path); optional with --config")
     group.add_argument("--config", type=resolve_config,
                        help="deployment YAML, or the name of one shipped with edgekv (" +
-                            (", ".join(shipped_configs()) or "none in this install") + "); defaults apply without one")
+                            shipped_names() + "); defaults apply without one")
     group.add_argument("--model", dest="model_flag", metavar="DIR", help="checkpoint directory (model.path)")
     group.add_argument("--source", help="video.source: camera index, file, rtsp://..., gst:..., csi:N or synthetic:...")
     group.add_argument("--fps", type=float, help="video.fps: frames sampled per second")

@@ -23,7 +23,7 @@ from edgekv.apps.args import (
     quiet_broken_pipe,
     version_string,
 )
-from edgekv.apps.config_names import resolve_config
+from edgekv.config_names import config_help, resolve_config
 from edgekv.apps.daemon.camera import add_daemon_arguments, run_daemon
 from edgekv.threads import prepare_process
 
@@ -101,8 +101,7 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model directory (config.json), or builtin:toy; required "
                                                       "without --config")
     parser.add_argument("--config", default=None, type=resolve_config,
-                        help="a deployment config (a YAML file, or the name of one shipped with edgekv): plan for its "
-                             "model, dtype and grid, and check its cache cap")
+                        help=config_help("a deployment: plan for its model, dtype and grid, and check its cache cap"))
     parser.add_argument("--resolution", type=int, nargs=2, default=[448, 448], metavar=("H", "W"),
                         help="video.resolution of the deployment")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"], help="weight and cache dtype")
@@ -192,6 +191,9 @@ def _add_ask(parser: argparse.ArgumentParser) -> None:
 
     add_ask_arguments(parser)
     add_local_arguments(parser)
+    # the --config its fleet options read (apps/outputs/mqtt.py) takes a shipped config's name as every --config does
+    config = parser._option_string_actions["--config"]
+    config.type, config.help = resolve_config, config_help(config.help)
     parser.set_defaults(func=_ask)
 
 

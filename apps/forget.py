@@ -12,6 +12,7 @@ import sys
 from edgekv.apps.ask import daemon_request
 from edgekv.apps.questions import printable
 from edgekv.apps.wall_times import cli_bound, cli_window, wall_text
+from edgekv.config_names import config_help, resolve_config
 
 
 def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,10 +36,10 @@ def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ask every device to forget what it saw between two wall times (--from/--to) or in "
                             "its last --last seconds, and list what each removed or why it did not")
     fleet.add_argument("--broker", default=None, help="mqtt://host[:port] or mqtts://... (default: --config's)")
-    parser.add_argument("--config", default=None, help="a daemon's YAML: without --fleet its server: section gives "
-                                                       "the daemon's address, token and certificate (as edgekv ask's); "
-                                                       "with it, its fleet: section the broker, topic prefix, "
-                                                       "credentials and TLS files")
+    parser.add_argument("--config", default=None, type=resolve_config,
+                        help=config_help("a daemon's deployment: without --fleet its server: section gives the "
+                                         "daemon's address, token and certificate (as edgekv ask's); with it, its "
+                                         "fleet: section the broker, topic prefix, credentials and TLS files"))
     fleet.add_argument("--device", default=None, help="this device only")
     fleet.add_argument("--camera", default=None, help="this camera of devices with several (default: each)")
     for name in ("--topic-prefix", "--username", "--password-env"):
@@ -131,9 +132,13 @@ def _summary(result: dict) -> str:
     wall = result.get("wall")
     when = (f" (seen {wall_text(wall['from'])} to {wall_text(wall['to'])})" if wall else "")
     spans = result.get("stretches") or [[result["from"], result["to"]]]  # several: the clock was set back between
+    # not cache_slots (--json has it): it counts a token once in every layer and KV head, so the toy's 6 pairs (96
+    # tokens) read "768 slots" of a cache that held 335 tokens; tokens are what a cap is set in (a daemon older than
+    # cache_tokens_freed: the tokens the cache holds now)
+    freed = f"{result['cache_tokens_freed']} tokens freed, " if "cache_tokens_freed" in result else ""
+    held = f" ({freed}{result['cache_tokens']} held now)" if "cache_tokens" in result else ""
     return (f"forgot t={', '.join(f'{a:g}..{b:g}' for a, b in spans)} s{when}: {result['pairs']} frame pair(s) from "
-            f"the cache "
-            f"({result['cache_slots']} slots)"
+            f"the cache{held}"
             + (f", {archive['pairs']} archived pair(s) ({archive['bytes']} bytes freed)"
                if archive and "pairs" in archive else ", no archive")
             + (f", {archive['frames']} evidence frame(s) overwritten" if archive and "frames" in archive else "")

@@ -25,8 +25,10 @@ from pathlib import Path
 
 
 def add_rekey_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True,
-                        help="the daemon's deployment YAML: its privacy:, state: and archive: sections")
+    from edgekv.config_names import config_help, resolve_config
+
+    parser.add_argument("--config", required=True, type=resolve_config,
+                        help=config_help("the daemon's deployment: its privacy:, state: and archive: sections"))
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="any other config key, value in YAML (repeatable), e.g. --set privacy.key_file=/k")
     parser.add_argument("--dry-run", action="store_true", help="say what would be rewritten; change nothing")

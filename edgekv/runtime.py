@@ -18,6 +18,7 @@ import torch
 
 from edgekv.cache.specs import KV_DTYPES, CacheSpec
 from edgekv.config import ConfigError, EdgeKVConfig, config_from_dict, load_config
+from edgekv.config_names import config_file
 from edgekv.engines.registry import make_backends
 from edgekv.hostmem import configure_host_memory
 from edgekv.model import load_pretrained
@@ -155,7 +156,8 @@ class Runtime:
 
     @classmethod
     def from_config(cls, config: str | Path | dict | EdgeKVConfig) -> "Runtime":
-        """A YAML file's path, an ``EdgeKVConfig``, or the file's content as a dict of sections (validated alike:
+        """A YAML file's path or the name of a config shipped with edgekv (``"cpu-demo"``, as ``--config`` takes it:
+        ``edgekv.config_names``), an ``EdgeKVConfig``, or the file's content as a dict of sections (validated alike:
         a dict was opened as a path, "expected str, bytes or os.PathLike object, not dict")."""
         if isinstance(config, dict):
             config = config_from_dict(config)
@@ -163,7 +165,7 @@ class Runtime:
             if not isinstance(config, (str, Path)):
                 raise TypeError(f"from_config: expected a YAML file's path, a dict of sections or an EdgeKVConfig, "
                                 f"got {type(config).__name__}")
-            config = load_config(config)
+            config = load_config(config_file(config, say=log.warning) if isinstance(config, str) else config)
         return cls(config)
 
     @classmethod

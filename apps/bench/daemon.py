@@ -29,13 +29,14 @@ import threading
 import time
 from pathlib import Path
 
+from edgekv.config_names import config_help, resolve_config
 from edgekv.threads import threads_argument
 
 
 def add_daemon_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None,
-                        help="deployment YAML (its model and source); default: configs/tiny-random.yaml's settings on "
-                             "a tiny random checkpoint made for the run")
+    parser.add_argument("--config", default=None, type=resolve_config,
+                        help=config_help("the deployment (its model and source); default: configs/tiny-random.yaml's "
+                                         "settings on a tiny random checkpoint made for the run"))
     parser.add_argument("--questions", type=int, default=5, help="questions asked one after another, per mode")
     parser.add_argument("--answer-tokens", type=int, default=64, help="tokens per answer")
     parser.add_argument("--token-delay-ms", type=float, default=0.0,

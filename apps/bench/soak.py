@@ -38,6 +38,7 @@ import psutil
 import torch
 
 from edgekv.apps.bench.common import ClientThreads
+from edgekv.config_names import config_help, resolve_config
 from edgekv.threads import threads_argument
 
 MAX_SAMPLES = 2000
@@ -72,9 +73,10 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the archive's disk and recall counters then go into the JSON)")
     parser.add_argument("--daemon", action="store_true",
                         help="soak the daemon in a child process with HTTP clients around it (module docstring)")
-    parser.add_argument("--config", default=None,
-                        help="--daemon: soak this deployment config (its model, cameras, archive, alerts, fleet ...; "
-                             "the API on a free port of 127.0.0.1), --set and the options given on top")
+    parser.add_argument("--config", default=None, type=resolve_config,
+                        help=config_help("--daemon: soak this deployment config (its model, cameras, archive, alerts, "
+                                         "fleet ...; the API on a free port of 127.0.0.1), --set and the options "
+                                         "given on top"))
     parser.add_argument("--clients", type=int, default=4, help="--daemon: chat clients")
     parser.add_argument("--ask-every-s", type=float, default=10.0, help="--daemon: seconds between a client's chats")
     parser.add_argument("--replay", action="store_true", help="--daemon: the source at full speed, not paced")
