@@ -50,6 +50,7 @@ def test_forgetting_a_window_removes_it_from_the_cache_and_the_answers(tmp_path)
     assert result["pairs"] == [60] and result["slots"] > 0
     cache, n = session.cache, session.cache.length
     assert n < length and not bool((cache.frame[:, :, :n] == 60).any())
+    assert result["tokens"] == length - n and result["cache_tokens"] == n  # positions freed, not layer x head slots
     assert float(cache.k[:, :, n:length].abs().sum()) == 0.0  # the freed slots hold no bytes
     assert 60 not in session.pair_times
     assert session.probe("Was there a purple triangle?").p_yes < 0.5  # the toy no longer saw it
@@ -86,7 +87,7 @@ def test_forget_refuses_a_backwards_window():
     rt, session = _session()
     with pytest.raises(ValueError, match="from <= to"):
         session.forget(10.0, 5.0)
-    assert session.forget(1e6, 2e6) == {"pairs": [], "slots": 0, "cache_tokens": session.cache.length}
+    assert session.forget(1e6, 2e6) == {"pairs": [], "tokens": 0, "slots": 0, "cache_tokens": session.cache.length}
     del rt
 
 

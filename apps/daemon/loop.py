@@ -146,6 +146,7 @@ class Daemon:
         self.paused: str | None = None  # why ingest is paused (privacy switch), None while it runs
         self._paused_at: float | None = None
         self._resume_offset = 0.0  # added to a reopened source's timestamps: stream time goes on after a pause
+        self._source_t: float | None = None  # the source's own time of the last frame in: a paused recording goes on
         self._frames_at_start = 0  # the restored memory's frames: --max-frames / video.max_frames count this run's
         self._pause_seen = threading.Event()  # the loop saw the pause (no step in flight)
         self._loop_thread: threading.Thread | None = None
@@ -372,6 +373,13 @@ class Daemon:
                     client_context(url, ca, cert, key, names=names)
                 except ValueError as exc:
                     raise StartupError(str(exc)) from None
+        if cfg.escalate.url is not None:  # an HTTPS_PROXY it cannot use (socks5://): named before the model loads
+            from edgekv.apps.outputs.escalate import escalation_proxy
+
+            try:
+                escalation_proxy(cfg.escalate.url, cfg.escalate.proxy)
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
 
     @staticmethod
     def _check_wav(path: str) -> None:
@@ -670,8 +678,10 @@ class Daemon:
         return True
 
     def resume(self) -> bool:
-        """Reopen the source and go on; the stream's time continues after the pause (a gap in the video)."""
+        """Reopen the source and go on: a live one live, the pause a gap in the stream's time; a recorded one (a file,
+        a synthetic video, a bag) where it stopped, on its own clock, as a video player does."""
         from edgekv.video.capture import Backoff, CaptureThread, Sampler
+        from edgekv.video.sources import resume_after
 
         with self._submit_lock:
             if self.paused is None:
@@ -682,7 +692,9 @@ class Daemon:
             self._spec, self._source = open_video_source(cfg)
             self._say_waiting()
             last = self.session.clock.last_t
-            if last is not None:
+            if not self._spec.live and self._source_t is not None:  # from its next tick after the last frame in
+                self._source = resume_after(self._source, self._source_t + 1.0 / self.sampler.fps)
+            elif last is not None:
                 self._resume_offset = last + (time.monotonic() - self._paused_at) - self.state.stream_time(0.0) + 1e-6
             deterministic = not self._spec.live and not self.options.realtime
             base, most = cfg.video.reconnect_backoff_s
@@ -902,7 +914,7 @@ class Daemon:
                 continue
             note = f"nothing of this stream was seen between {wall_text(unix[0])} and {wall_text(unix[1])}"
             self.say(f"forget: {note}")
-            ask.finish({"from": None, "to": None, "pairs": 0, "cache_slots": 0,
+            ask.finish({"from": None, "to": None, "pairs": 0, "cache_tokens_freed": 0, "cache_slots": 0,
                         "cache_tokens": self.session.cache.length, "snapshots": {"snapshot": None, "removed": []},
                         "archive": None, "note": note, "wall": {"from": unix[0], "to": unix[1]}})
         if not planned:
@@ -911,14 +923,15 @@ class Daemon:
         noted = self._note_forget(every)  # on disk before the first file is touched
         done = []
         for ask, stretches, unix in planned:
-            pairs, slots, archive, failed = 0, 0, None, []
+            pairs, tokens, slots, archive, failed = 0, 0, 0, None, []
             for t_from, t_to in stretches:
                 result = self._forget_stretch(t_from, t_to, now, progress=progress)
                 failed += result.pop("failed")
                 pairs, slots = pairs + len(result["pairs"]), slots + result["slots"]
+                tokens += result["tokens"]
                 if result["archive"] is not None:
                     archive = {key: (archive or {}).get(key, 0) + value for key, value in result["archive"].items()}
-            done.append((ask, stretches, unix, pairs, slots, archive, failed))
+            done.append((ask, stretches, unix, pairs, (tokens, slots), archive, failed))
         snapshot_failed = []
         try:
             snapshots = self.state.rewrite_after_forget(self.session, every, progress)
@@ -939,8 +952,8 @@ class Daemon:
             self.escalator.forget()
         if noted is not None and not snapshot_failed and not any(item[-1] for item in done):
             self._strike_forget(noted)  # a part that failed stays noted: the next start does it again
-        for ask, stretches, unix, pairs, slots, archive, failed in done:
-            self._answer_forget(ask, stretches, unix, pairs, slots, archive, snapshots, failed + snapshot_failed,
+        for ask, stretches, unix, pairs, freed, archive, failed in done:
+            self._answer_forget(ask, stretches, unix, pairs, freed, archive, snapshots, failed + snapshot_failed,
                                 len(done) - 1)
 
     def _stretches_of(self, ask, now: float | None) -> tuple[list[tuple[float, float]], tuple[float, float] | None]:
@@ -964,9 +977,14 @@ class Daemon:
         self._forget_backlog(stream=stretch)
         return [stretch], None
 
-    def _answer_forget(self, ask, stretches, unix, pairs, slots, archive, snapshots, failed, others: int) -> None:
-        """One caller's answer (and its line): what its own window took, the snapshots of the pass it was done in."""
-        out = {"from": stretches[0][0], "to": stretches[-1][1], "pairs": pairs, "cache_slots": slots,
+    def _answer_forget(self, ask, stretches, unix, pairs, freed: tuple[int, int], archive, snapshots, failed,
+                       others: int) -> None:
+        """One caller's answer (and its line): what its own window took, the snapshots of the pass it was done in.
+        ``freed``: the cache tokens (positions) freed, and the slots over every layer and KV head (``--json``'s
+        ``cache_slots``: a token counts once in each, so 6 pairs of the toy, 96 tokens, read as 768)."""
+        tokens, slots = freed
+        out = {"from": stretches[0][0], "to": stretches[-1][1], "pairs": pairs, "cache_tokens_freed": tokens,
+               "cache_slots": slots,
                "cache_tokens": self.session.cache.length, "snapshots": snapshots, "archive": archive}
         if unix is not None:
             out["wall"] = {"from": unix[0], "to": unix[1]}
@@ -982,7 +1000,7 @@ class Daemon:
         else:
             said = ""
         self.say(f"forgot t={', '.join(f'{a:g}..{b:g}' for a, b in stretches)} s: {pairs} frame pairs, "
-                 f"{slots} cache slots"
+                 f"{tokens} cache tokens freed"
                  + (f", {archive['pairs']} archived pairs ({archive['bytes']} bytes freed)"
                     if archive and "pairs" in archive else "")
                  + (f", {archive['frames']} evidence frames" if archive and "frames" in archive else "")
@@ -1279,6 +1297,7 @@ class Daemon:
         try:
             with self.lock:
                 result = self.session.ingest(frame, t=self._stream_time(t), captured_unix=unix)
+            self._source_t = t
             if self.quiz is not None:
                 self.quiz.saw(t)
         except ValueError as exc:
@@ -1448,7 +1467,7 @@ class Daemon:
                                                    for pair in question.answer.evidence[:int(question.evidence)])
                 if speech is not None:  # queued before another camera's answer can speak (several cameras)
                     speech.finish(question.answer.text)
-            deferred = not question.images and self._escalate(question)
+            deferred = self._escalate(question)
         except AnswerCancelled:
             if question.cancelled.is_set():
                 question.error = AskerLeft(f"the client disconnected: the answer was stopped after {decoded[0]} "
@@ -1497,6 +1516,9 @@ class Daemon:
         """Hand the question to the escalation server when it should go there; True if it went (the
         escalator finishes it)."""
         if self.escalator is None:
+            if question.escalate is True:  # asked for, and it cannot be: the answer says so
+                question.answer = dataclasses.replace(question.answer, escalation_note=(
+                    "not escalated: this daemon has no escalation server (escalate.url is null)"))
             return False
         reason = self.escalator.reason(question, question.answer, question.stream)
         if reason is None:
@@ -1506,12 +1528,13 @@ class Daemon:
         # the frames the answer attended most: from the keyframe ring, else the evidence frames on disk. One no
         # longer kept is left out — the latest frame in its place showed the remote model now as "an hour ago".
         # Only a question with no evidence at all (asked before anything was attended) gets the latest frame.
+        # A question about its own images (server.image_requests) goes with those, and no frame of the camera.
         keyframes = []
-        for pair in question.answer.evidence:
+        for pair in () if question.images else question.answer.evidence:
             jpeg = self.keyframe_jpeg(pair)
             if jpeg is not None and jpeg not in keyframes:
                 keyframes.append(jpeg)
-        if not question.answer.evidence:
+        if not question.answer.evidence and not question.images:
             jpeg, _ = self.alerts.keyframes.jpeg(None)
             keyframes += [jpeg] if jpeg is not None else []
         if self.escalator.submit(Escalation(question, keyframes, reason)):

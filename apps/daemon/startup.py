@@ -250,8 +250,10 @@ def open_video_source(config: EdgeKVConfig):
 def quiet_native_stderr() -> Iterator[None]:
     """Send file descriptor 2 to a temporary file for the duration (native libraries write there
     directly, around Python's sys.stderr). Used only during start-up, before other threads exist."""
-    import cv2
-
+    try:
+        import cv2
+    except ModuleNotFoundError:  # a synthetic: video needs no OpenCV (edgekv.video.sources.has_opencv): nothing to quiet
+        cv2 = None
     # reconnect warnings would flood logs; OpenCV 4.8 (edgekv[video]'s floor) has no cv2.utils.logging, only
     # cv2.setLogLevel, which later releases dropped
     logging_api = getattr(getattr(cv2, "utils", None), "logging", None)

@@ -309,13 +309,15 @@ class StreamSession:
     @_between_answers
     def forget(self, t_from: float, t_to: float) -> dict:
         """Remove the frame pairs stamped in ``[t_from, t_to]`` (stream seconds) from the cache: their slots gone,
-        their bytes zeroed (edgekv/session/memory.py). Returns what was removed."""
+        their bytes zeroed (edgekv/session/memory.py). Returns what was removed: ``tokens`` the cache positions freed
+        (what a cap is set in), ``slots`` those over every layer and KV head (a token counts once in each)."""
         low, high = real_seconds(t_from), real_seconds(t_to)
         if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low > high:
             raise ValueError(f"forget: expected a window from <= to, got from={t_from!r} to={t_to!r}")
+        before = self.cache.length
         pairs, slots = memory.forget(self, low, high)
         self.counters.extra["pairs_forgotten"] = self.counters.extra.get("pairs_forgotten", 0) + len(pairs)
-        return {"pairs": pairs, "slots": slots, "cache_tokens": self.cache.length}
+        return {"pairs": pairs, "tokens": before - self.cache.length, "slots": slots, "cache_tokens": self.cache.length}
 
     # ------------------------------------------------------------------ model plumbing
     def embed(self, ids: list[int]) -> torch.Tensor:

@@ -56,17 +56,39 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
+OPENCV_EXTRA = "pip install 'edgekv[video]' (opencv-python-headless)"
+
+
+class MissingOpenCV:
+    """``cv2`` where OpenCV is not installed. What needs no decoder works without it (the ``synthetic:`` videos,
+    drawn here with numpy; ``CaptureThread`` and ``Sampler``); whatever touches OpenCV (a file, a camera, a
+    stream, a pipeline, a ROS image's colour conversion) fails at that point naming the extra to install."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # introspection (copy, pickle, inspect) asks for dunders: not OpenCV's
+            raise AttributeError(name)
+        raise ModuleNotFoundError(f"OpenCV is not installed (cv2.{name} was asked for): {OPENCV_EXTRA}", name="cv2")
+
+    def __repr__(self) -> str:
+        return "<cv2: not installed>"
+
+
 try:
     import cv2
-except ModuleNotFoundError as exc:  # the runtime works without OpenCV; capture does not
-    raise ModuleNotFoundError("edgekv.video needs OpenCV for capture: pip install 'edgekv[video]' "
-                              "(opencv-python-headless)") from exc
+except ModuleNotFoundError:
+    cv2 = MissingOpenCV()
+
+
+def has_opencv() -> bool:
+    """Whether OpenCV (the ``video`` extra) is installed: files, cameras, streams and pipelines need it."""
+    return not isinstance(cv2, MissingOpenCV)
 
 __all__ = [
     "CorruptFrame", "EndOfStream", "EventSource", "FrameSource", "LoopingSource", "NeedleSource", "OpenCVSource",
-    "ShapesSource", "SourceError", "WorldSource",
+    "ResumedSource", "ShapesSource", "SourceError", "WorldSource",
     "SourceLost", "SourceSpec", "SourceUnavailable", "SyntheticSource", "TimestampSelector", "csi_pipeline",
-    "iter_frames", "opencv_has_gstreamer", "open_source", "parse_spec", "redact", "rtsp_pipeline",
+    "iter_frames", "has_opencv", "opencv_has_gstreamer", "open_source", "parse_spec", "redact", "resume_after",
+    "rtsp_pipeline",
 ]
 
 log = logging.getLogger("edgekv.video")
@@ -776,6 +798,10 @@ class SyntheticSource(FrameSource):
         self.index += 1
         return self.render(index), index / self.fps
 
+    def seek(self, t: float) -> None:
+        """Move to the first frame stamped at or after ``t`` (its own clock): nothing before it is rendered."""
+        self.index = max(0, math.ceil(t * self.fps - 1e-6))
+
 
 class ShapesSource(SyntheticSource):
     """Coloured shapes moving along bouncing paths over a textured background (the demo video)."""
@@ -887,23 +913,128 @@ def _bounce(x: float) -> float:
 
 
 def _draw_shape(frame: np.ndarray, kind: str, center: tuple[int, int], radius: int, color: tuple[int, ...]) -> None:
+    """A filled circle, square or triangle (apex up), pixel for pixel what ``cv2.circle`` / ``cv2.rectangle`` /
+    ``cv2.fillPoly`` draw (8-connected, no anti-aliasing) for a ``center`` inside the frame, as ``ShapesSource``
+    places them (checked against OpenCV in tests/test_sources_without_opencv.py): drawn with numpy, so the
+    ``synthetic:`` videos need no OpenCV and are the same frames with it or without it."""
     x, y = center
     if kind == "circle":
-        cv2.circle(frame, center, radius, color, thickness=-1)
+        _fill_spans(frame, _circle_spans(center, radius), color)
     elif kind == "square":
-        cv2.rectangle(frame, (x - radius, y - radius), (x + radius, y + radius), color, thickness=-1)
-    else:
-        points = np.array([(x, y - radius), (x - radius, y + radius), (x + radius, y + radius)], dtype=np.int32)
-        cv2.fillPoly(frame, [points], color)
+        _fill_rect(frame, (x - radius, y - radius), (x + radius, y + radius), color)
+    else:  # cv2.fillPoly of (x, y-r), (x-r, y+r), (x+r, y+r): its edges' fill, then each edge's line over it
+        _fill_spans(frame, {y - radius + d: (x - d // 2, x + (d - 1) // 2) for d in range(2 * radius)}, color)
+        apex, left, right = (x, y - radius), (x - radius, y + radius), (x + radius, y + radius)
+        height, width = frame.shape[:2]
+        for start, end in ((right, apex), (apex, left), (left, right)):  # drawing.cpp CollectPolyEdges' order
+            for column, row in _line_pixels(start, end, width, height):
+                frame[row, column] = color
+
+
+def _line_pixels(start: tuple[int, int], end: tuple[int, int], width: int, height: int) -> list[tuple[int, int]]:
+    """The pixels of OpenCV's 8-connected ``Line`` from ``start`` to ``end`` inside a ``width`` x ``height``
+    image: the segment clipped first (``clipLine``, whose truncated intersections move the pixels of a line that
+    leaves the image), then walked left to right (``LineIterator``'s Bresenham)."""
+    clipped = _clip_line(start, end, width, height)
+    if clipped is None:
+        return []
+    (x1, y1), (x2, y2) = clipped
+    if x2 < x1:
+        (x1, y1), (x2, y2) = (x2, y2), (x1, y1)
+    dx, dy = x2 - x1, abs(y2 - y1)
+    y_step = -1 if y2 < y1 else 1
+    steep = dy > dx
+    major, minor = (dy, dx) if steep else (dx, dy)
+    err, pixels, x, y = major - 2 * minor, [], x1, y1
+    for _ in range(major + 1):
+        pixels.append((x, y))
+        diagonal = err < 0
+        err += -2 * minor + (2 * major if diagonal else 0)
+        if steep:
+            y, x = y + y_step, x + (1 if diagonal else 0)
+        else:
+            x, y = x + 1, y + (y_step if diagonal else 0)
+    return pixels
+
+
+def _clip_line(start: tuple[int, int], end: tuple[int, int], width: int,
+               height: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """OpenCV's ``clipLine`` (Cohen-Sutherland with its truncation toward zero), or None when nothing is inside."""
+    right, bottom = width - 1, height - 1
+    (x1, y1), (x2, y2) = start, end
+
+    def code(x: int, y: int, rows: bool = True) -> int:
+        return (x < 0) + (x > right) * 2 + ((y < 0) * 4 + (y > bottom) * 8 if rows else 0)
+
+    c1, c2 = code(x1, y1), code(x2, y2)
+    if (c1 & c2) == 0 and (c1 | c2) != 0:
+        if c1 & 12:
+            edge = 0 if c1 < 8 else bottom
+            x1 += int((edge - y1) * (x2 - x1) / (y2 - y1))
+            y1, c1 = edge, code(x1, edge, rows=False)
+        if c2 & 12:
+            edge = 0 if c2 < 8 else bottom
+            x2 += int((edge - y2) * (x2 - x1) / (y2 - y1))
+            y2, c2 = edge, code(x2, edge, rows=False)
+        if (c1 & c2) == 0 and (c1 | c2) != 0:
+            if c1:
+                edge = 0 if c1 == 1 else right
+                y1 += int((edge - x1) * (y2 - y1) / (x2 - x1))
+                x1, c1 = edge, 0
+            if c2:
+                edge = 0 if c2 == 1 else right
+                y2 += int((edge - x2) * (y2 - y1) / (x2 - x1))
+                x2, c2 = edge, 0
+    return None if (c1 | c2) else ((x1, y1), (x2, y2))
+
+
+def _circle_spans(center: tuple[int, int], radius: int) -> dict[int, tuple[int, int]]:
+    """Row -> (first, last) column of OpenCV's filled circle (drawing.cpp ``Circle``: the midpoint walk of one
+    octant, each step filling the four rows it mirrors to)."""
+    cx, cy = center
+    spans: dict[int, tuple[int, int]] = {}
+
+    def widen(row: int, first: int, last: int) -> None:
+        old = spans.get(row)
+        spans[row] = (first, last) if old is None else (min(old[0], first), max(old[1], last))
+
+    err, dx, dy, plus, minus = 0, radius, 0, 1, 2 * radius - 1
+    while dx >= dy:
+        widen(cy - dy, cx - dx, cx + dx)
+        widen(cy + dy, cx - dx, cx + dx)
+        widen(cy - dx, cx - dy, cx + dy)
+        widen(cy + dx, cx - dy, cx + dy)
+        dy += 1
+        err += plus
+        plus += 2
+        if err > 0:  # drawing.cpp: mask = (err <= 0) - 1, applied to err, dx and minus
+            err -= minus
+            dx -= 1
+            minus -= 2
+    return spans
+
+
+def _fill_spans(frame: np.ndarray, spans: dict[int, tuple[int, int]], color: tuple[int, ...]) -> None:
+    """Fill each row's inclusive column span, clipped to the frame."""
+    height, width = frame.shape[:2]
+    for row, (first, last) in spans.items():
+        if 0 <= row < height and last >= 0 and first < width:
+            frame[row, max(first, 0):min(last, width - 1) + 1] = color
+
+
+def _fill_rect(frame: np.ndarray, corner: tuple[int, int], opposite: tuple[int, int], color: tuple[int, ...]) -> None:
+    """``cv2.rectangle(..., thickness=-1)``: both corners inclusive, clipped to the frame."""
+    (x0, y0), (x1, y1) = corner, opposite
+    frame[max(y0, 0):max(y1 + 1, 0), max(x0, 0):max(x1 + 1, 0)] = color
 
 
 def _draw_needle(frame: np.ndarray, center: tuple[int, int], size: int) -> None:
     x, y = center
     half = size // 2
-    cv2.rectangle(frame, (x - half, y - half), (x + half, y + half), (255, 255, 255), thickness=-1)
+    _fill_rect(frame, (x - half, y - half), (x + half, y + half), (255, 255, 255))
     bar = max(2, size // 6)
-    cv2.rectangle(frame, (x - half, y - bar), (x + half, y + bar), (0, 0, 255), thickness=-1)
-    cv2.rectangle(frame, (x - bar, y - half), (x + bar, y + half), (0, 0, 255), thickness=-1)
+    _fill_rect(frame, (x - half, y - bar), (x + half, y + bar), (0, 0, 255))
+    _fill_rect(frame, (x - bar, y - half), (x + bar, y + half), (0, 0, 255))
 
 
 class LoopingSource(FrameSource):
@@ -962,6 +1093,81 @@ class LoopingSource(FrameSource):
         self.source.close()
 
 
+class ResumedSource(FrameSource):
+    """A recorded source that goes on from ``start_t`` (its own clock) instead of its start: a paused file,
+    ``synthetic:`` video or ROS 2 bag resumes where it stopped, as a video player does, so the stream neither
+    shows the model what it already saw nor moves the recording's time (a ``--quiz`` ground truth, evidence
+    times) away from the session's. A live source has nothing to resume: it goes on live, and is refused here.
+
+    The first ``read`` or ``grab`` moves there, in the capture thread: a source with ``seek`` (the synthetic
+    videos) jumps; any other is grabbed through (pixels never retrieved) up to the first frame stamped at or after
+    ``start_t``."""
+
+    kind = "resumed"
+    EPSILON = 1e-6  # container clocks are in ms: 0.5 s may read 0.49999999 (as TimestampSelector allows)
+
+    def __init__(self, source: FrameSource, start_t: float) -> None:
+        if source.live:
+            raise ValueError(f"video source {source.spec!r} is live: it goes on live, there is nothing to resume")
+        if not math.isfinite(start_t):
+            raise ValueError(f"video source {source.spec!r}: cannot resume at t={start_t!r}")
+        super().__init__(source.spec, live=False)
+        self.source = source
+        self.start_t = float(start_t)
+        self.skipped = 0  # frames passed over to reach start_t
+        self._arrived = False
+
+    @property
+    def grab_saves_decoding(self) -> bool:  # as the source it plays
+        return self.source.grab_saves_decoding
+
+    def _arrive(self) -> float | None:
+        """Move on to ``start_t``; the timestamp of the frame grabbed there (its pixels not retrieved yet), or None
+        when nothing was grabbed (the source seeked: its next frame is the one)."""
+        self._arrived = True
+        seek = getattr(self.source, "seek", None)
+        if seek is not None:
+            seek(self.start_t)
+            return None
+        while True:
+            try:
+                t = self.source.grab()
+            except CorruptFrame:
+                continue  # a frame that does not decode before the resume point is not one to report
+            if t >= self.start_t - self.EPSILON:
+                return t
+            self.skipped += 1
+
+    def read(self) -> Frame:
+        if not self._arrived:
+            t = self._arrive()
+            if t is not None:
+                return self.source.retrieve(), t
+        return self.source.read()
+
+    def grab(self) -> float:
+        if not self._arrived:
+            t = self._arrive()
+            if t is not None:
+                return t
+        return self.source.grab()
+
+    def retrieve(self) -> np.ndarray:
+        return self.source.retrieve()
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def resume_after(source: FrameSource, t: float | None) -> FrameSource:
+    """``source`` as the stream goes on after a pause whose last frame in was stamped ``t`` (the source's clock;
+    None: nothing went in): a recorded source from ``t`` on (``ResumedSource``), a live one as it is (it goes on
+    live)."""
+    if t is None or source.live:
+        return source
+    return ResumedSource(source, t)
+
+
 # ---------------------------------------------------------------------------------------------- open
 EXTRA_SCHEMES = {"ros2": "edgekv.video.ros2", "rosbag": "edgekv.video.rosbag"}  # scheme -> module (parse, open_parsed)
 
@@ -998,6 +1204,9 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None,
         cls = {"shapes": ShapesSource, "needle": NeedleSource, "events": EventSource,
                "world": WorldSource}[parsed.target]
         return cls(parsed.raw, **parsed.params)
+    if not has_opencv():  # every other kind is read through a cv2.VideoCapture
+        raise SourceUnavailable(f"video source {redact(parsed.raw)!r}: a {parsed.kind} source is read with OpenCV, "
+                                f"which is not installed here: {OPENCV_EXTRA}; the synthetic: videos need no extra")
     if parsed.kind == "file":
         return OpenCVSource(parsed.raw, str(parsed.target), cv2.CAP_ANY, live=False)
     if parsed.kind == "camera":

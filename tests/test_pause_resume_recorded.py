@@ -1,0 +1,94 @@
+"""A paused recording goes on where it stopped (issue: pause then resume replayed a file or synthetic: video from
+its start while the stream clock ran on, so the model saw it twice and a --quiz ground truth no longer matched).
+A live source goes on live; a recorded one from its next frame, on its own clock."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from edgekv.video.sources import LoopingSource, ResumedSource, open_source, resume_after
+
+EVENTS = "synthetic:events?size=112x112&fps=8&frames=100000&seed=2"
+
+
+def test_a_synthetic_video_resumes_at_its_next_frame():
+    resumed = resume_after(open_source(EVENTS), 3.625 + 0.25)
+    frame, t = resumed.read()
+    fresh = open_source(EVENTS)
+    fresh.index = 31
+    assert t == 3.875 and np.array_equal(frame, fresh.read()[0])
+    assert resumed.read()[1] == 4.0 and resumed.skipped == 0  # seeked: nothing rendered before it
+
+
+def test_a_source_without_seek_is_grabbed_through_to_the_resume_point():
+    """A file or bag has no cheap seek here: it is grabbed (pixels never retrieved) up to the point."""
+    looping = LoopingSource(open_source("synthetic:shapes?size=32x32&fps=4&frames=8"),
+                            lambda: open_source("synthetic:shapes?size=32x32&fps=4&frames=8"))
+    resumed = ResumedSource(looping, 2.5)  # the second pass: the loop's time runs on
+    assert resumed.grab() == 2.5 and resumed.skipped == 10
+    assert np.array_equal(resumed.retrieve(), open_source("synthetic:shapes?size=32x32&fps=4").render(2))
+    assert [resumed.read()[1] for _ in range(2)] == [2.75, 3.0]
+
+
+def test_live_sources_go_on_live_and_nothing_in_resumes_from_the_start():
+    source = open_source(EVENTS)
+    assert resume_after(source, None) is source
+    source.live = True  # a camera: there is nothing to resume
+    assert resume_after(source, 3.0) is source
+    with pytest.raises(ValueError, match="is live"):
+        ResumedSource(source, 3.0)
+
+
+def _config(tmp_path):
+    from edgekv.config import EdgeKVConfig
+
+    return EdgeKVConfig().with_overrides(
+        model={"path": "builtin:toy", "dtype": "fp32", "device": "cpu"},
+        video={"source": EVENTS, "fps": 4.0, "resolution": [112, 112]},
+        cache={"policy": "infinipot_v", "max_tokens": 640, "text_reserve_tokens": 64},
+        server={"port": 0}, monitor={"backend": "cpu"}, generation={"max_new_tokens": 2})
+
+
+def _until(condition, timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_daemon_resumes_a_paused_recording_where_it_stopped(tmp_path):
+    """Through the daemon: the frames after the resume are the recording's next ones (none seen twice), stamped
+    on its own clock (the pause is no time in a recording), so the quiz's events seen are the ones shown."""
+    pytest.importorskip("fastapi")
+    from helpers_server import RunningDaemon
+
+    with RunningDaemon(_config(tmp_path), tmp_path / "out.txt") as run:
+        daemon = run.daemon
+        seen: list[tuple[float, float]] = []  # (the source's time, the session's) of each frame in
+        source_t: list[float] = []
+        ingest, stream_time = daemon.session.ingest, daemon._stream_time
+
+        def recorded(frame, t=None, **kwargs):
+            seen.append((source_t[-1], t))
+            return ingest(frame, t=t, **kwargs)
+
+        def noted(t):
+            source_t.append(t)
+            return stream_time(t)
+
+        daemon._stream_time, daemon.session.ingest = noted, recorded
+        assert _until(lambda: len(seen) >= 6)
+        assert daemon.pause("test")
+        before = len(seen)
+        last_source, last_stream = seen[-1]
+        assert daemon.resume()
+        assert _until(lambda: len(seen) >= before + 6)
+        after = seen[before:before + 6]
+        assert [s for s, _ in after] == [last_source + 0.25 * (k + 1) for k in range(6)]  # the next frames, once
+        assert [t for _, t in after] == pytest.approx([last_stream + 0.25 * (k + 1) for k in range(6)])
+        assert daemon.session.stats()["clock_jumps"] == 0
