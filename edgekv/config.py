@@ -351,8 +351,15 @@ class ServerSection:
     # Names the model is served under (vLLM's --served-model-name): answers carry the first, requests may
     # name any. null: edgekv/<model folder> and the alias edgekv.
     served_model_name: list[str] | None = None
-    # /metrics without the token, as Prometheus scrapers expect (the figures reveal no question or frame).
+    # /metrics without the token, as Prometheus scrapers expect (the figures reveal no question or frame; such a
+    # scrape leaves out edgekv_stream_state, which says when the camera was paused: apps/server/telemetry.py).
     metrics_public: bool = False
+    # Reverse proxies (addresses or CIDR networks) whose forwarding header names the client: a request from one
+    # of them is counted (login attempts, reads_per_second) against the client it names — the right-most address
+    # of proxy_header that is not itself a trusted proxy — instead of every client sharing the proxy's budget.
+    # From any other peer the header is never read (it would let a client pick a fresh address per guess).
+    trusted_proxies: list[str] = field(default_factory=list)
+    proxy_header: Literal["x-forwarded-for", "forwarded"] = "x-forwarded-for"  # the one your proxy writes
     # Chat questions may carry images (image_url data: URLs), answered about those images in a second session
     # allocated at start beside the stream's (same cap: the plan must hold two caches): what lets a bigger
     # edgekv take other devices' escalations (escalate:).
@@ -409,6 +416,17 @@ class ServerSection:
                 name.strip() for name in self.served_model_name)):
             raise ConfigError(f"{at}.served_model_name: expected one or more non-empty names, got "
                               f"{self.served_model_name!r}")
+        for entry in self.trusted_proxies:
+            import ipaddress
+
+            try:
+                network = ipaddress.ip_network(entry.strip(), strict=True)
+            except ValueError as exc:
+                raise ConfigError(f"{at}.trusted_proxies: {entry!r} is not an address or CIDR network "
+                                  f"({exc})") from None
+            if network.prefixlen == 0:
+                raise ConfigError(f"{at}.trusted_proxies: {entry!r} trusts every address, so any client could name "
+                                  f"itself in {at}.proxy_header: list your proxies' addresses")
 
 
 @dataclass(frozen=True)
@@ -543,8 +561,13 @@ class ArchiveSection:
     # token) with a bf16 scale (edgekv/cache/quant.py's scheme): 1.92x the pairs in max_gib at head_dim 128; int4:
     # keys per channel, values per token, asymmetric (edgekv/archive/quant4.py): 3.8x at the 3B shape
     kv_dtype: Literal["auto", "int8", "fp8", "int4"] = "auto"
+    # the index (every archived pair's row, in RAM) is kept within this; past it the oldest segments go, as past
+    # max_gib. null: an eighth of the machine's RAM (1 GiB on an 8 GB board)
+    max_index_mib: float | None = None
 
     def validate(self, at: str) -> None:
+        if self.max_index_mib is not None and not self.max_index_mib > 0:
+            raise ConfigError(f"{at}.max_index_mib: must be > 0 or null, got {self.max_index_mib}")
         if not (self.frames_mib == 0 or self.frames_mib >= 1):
             raise ConfigError(f"{at}.frames_mib: must be 0 (no evidence frames on disk) or at least 1 (MiB: the "
                               f"files' own pages and log take up to 96 KiB of it), got {self.frames_mib}")
@@ -852,10 +875,15 @@ class EscalateSection:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    # an http://[user:password@]host:port proxy (CONNECT for an https:// server), "direct" for none; null: the
+    # environment's HTTPS_PROXY / HTTP_PROXY / ALL_PROXY, NO_PROXY honoured (apps/outputs/escalate.py)
+    proxy: str | None = None
 
     def validate(self, at: str) -> None:
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"{at}.url: expected an http:// or https:// URL, got {self.url!r}")
+        if self.proxy is not None and self.proxy.strip().lower() != "direct":
+            _check_proxy(f"{at}.proxy", self.proxy)
         _check_tls_files(at, "", self.ca_file, self.cert_file, self.key_file,
                          [self.url] if self.url is not None else [])
         if self.url is not None and not self.model.strip():
@@ -867,6 +895,23 @@ class EscalateSection:
                 raise ConfigError(f"{at}.{name}: too small, got {getattr(self, name)}")
         if not self.timeout_s > 0:
             raise ConfigError(f"{at}.timeout_s: must be > 0, got {self.timeout_s}")
+
+
+def _check_proxy(at: str, value: str) -> None:
+    """An http://[user:password@]host[:port] proxy (as apps/outputs/escalate.py reads it); the value is not quoted
+    in the error: it may hold a password."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(value if "://" in value else f"http://{value}")
+    try:
+        port_ok = parts.port is None or 0 <= parts.port <= 65535  # urllib raises ValueError past 65535
+    except ValueError:
+        port_ok = False
+    wrong = (f"a {parts.scheme}:// proxy" if parts.scheme.lower() != "http" else "no host" if not parts.hostname
+             else "a port that is not a number from 0 to 65535" if not port_ok else None)
+    if wrong is not None:
+        raise ConfigError(f"{at}: expected an http://[user:password@]host[:port] proxy or \"direct\", got {wrong} "
+                          "(an https:// escalation server is reached through an http:// proxy's CONNECT)")
 
 
 @dataclass(frozen=True)

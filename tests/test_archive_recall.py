@@ -406,3 +406,34 @@ def test_one_open_archive_a_folder(tiny_checkpoint, tmp_path):
     other = _runtime(tiny_checkpoint, tmp_path / "other", policy="sliding_window", max_tokens=130).session()
     other.close()  # the holder's exit let go: no stale lock after a process dies
     restored.close()
+
+
+def test_a_top_k_too_large_for_the_cap_gets_the_archive_top_k_that_fits(tiny_checkpoint, tmp_path):
+    """cache.max_tokens 400 refused archive.top_k=80 naming it, but advised only to raise the cap; and a top_k just
+    past the largest that fits failed in the policy's check (the target), whose message did not name it at all.
+    ``Recall.top_k_advice`` names the archive.top_k that passes the session's whole check (the session's budget
+    error appends it: see /work/runs/s97/archive.md)."""
+    session = _runtime(tiny_checkpoint, tmp_path).session()
+    recall, check = session.recall, session._check_budget
+    assert recall.top_k_advice(check) == ""  # top_k 2 fits: nothing to say
+    recall.top_k = 80
+    try:
+        with pytest.raises(ValueError):
+            check()
+        fits = recall.largest_top_k(check)
+        assert recall.top_k == 80 and 2 <= fits < 80
+        advice = recall.top_k_advice(check)
+        per_pair = session.tokens_per_pair
+        assert advice == (f"; or set archive.top_k: {fits} (the most that fits this cap: 80 recalled pairs take "
+                          f"{80 * per_pair} tokens, {fits} take {fits * per_pair})")
+        recall.top_k = fits
+        check()  # the advised value starts
+        recall.top_k = fits + 1
+        with pytest.raises(ValueError):
+            check()
+        session.text_reserve = session.capacity  # nothing fits whatever top_k
+        recall.top_k = 80
+        assert recall.top_k_advice(check).startswith("; no archive.top_k fits beside the rest (one recalled pair is ")
+    finally:
+        recall.top_k = 2
+        session.close()

@@ -1,8 +1,8 @@
 """The archive's index at scale, on small shapes: its RAM follows the pairs it holds (not a doubled matrix), an open
 indexes a segment's records in batches and keeps every one that checks (a damaged one among them skipped), and a
-``max_gib`` whose index would not fit the machine's RAM is said at the first pair. The big runs (10^4 - 10^5 pairs,
-open time, recall latency, the needle among real pairs) are probes: /work/runs/s96/archive_scale.md and
-``edgekv bench archive --parts scale``."""
+``max_gib`` whose index would pass its bound in RAM keeps the newest pairs that fit, said at the first pair. The big
+runs (10^4 - 10^5 pairs, open time, recall latency, the needle among real pairs) are probes:
+/work/runs/s96/archive_scale.md and ``edgekv bench archive --parts scale``."""
 
 from __future__ import annotations
 
@@ -64,21 +64,52 @@ def test_an_open_indexes_every_record_that_checks_across_its_batches(tmp_path):
     reopened.close()
 
 
-def test_a_max_gib_whose_index_would_not_fit_the_ram_is_said_at_the_first_pair(tmp_path, monkeypatch, caplog):
-    archive = _archive(tmp_path, max_bytes=64 << 30)  # 64 GiB of records of a few KiB: ~40 million pairs
+def test_the_index_is_bounded_in_ram_and_said_at_the_first_pair_where_it_binds(tmp_path, monkeypatch, caplog):
+    """An 8 GB board and 64 GiB of records of a few KiB (~40 million pairs): their index would take ~30 GiB of RAM.
+    The bound (an eighth of the RAM unless archive.max_index_mib sets it) keeps the newest pairs that fit and says
+    so at the first pair; before it, the index was bounded by max_gib alone, and a warning let it take the RAM."""
+    ram = 8 << 30
+    monkeypatch.setattr(store, "_ram_bytes", lambda: ram)
+    archive = _archive(tmp_path, max_bytes=64 << 30)
+    entry = ROW_BYTES + store.ENTRY_BYTES
+    assert archive.index_entry_bytes == entry and archive.max_index_pairs == (ram // 8) // entry
     pairs, need = archive.index_bound(TOKENS)
-    assert pairs == (64 << 30) // SHAPE.record_bytes(TOKENS)
-    monkeypatch.setattr(store, "_ram_bytes", lambda: 4 * need - 1)
+    assert (pairs, need) == (archive.max_index_pairs, archive.max_index_pairs * entry) and need <= ram // 8
     with caplog.at_level(logging.WARNING, logger="edgekv.archive"):
         fill(archive, range(2))
     said = [r.getMessage() for r in caplog.records if "index would take" in r.getMessage()]
-    assert len(said) == 1 and "archive.max_gib 64 holds" in said[0] and f"{pairs:,} pairs" in said[0], said
-    assert archive.pairs == 2  # said, not refused: the pairs are archived
+    disk = (64 << 30) // SHAPE.record_bytes(TOKENS)
+    assert len(said) == 1 and f"archive.max_gib 64 holds {disk:,} pairs" in said[0], said
+    assert f"an eighth of this machine's RAM (1.00 GiB; archive.max_index_mib sets it) keeps the newest {pairs:,}" \
+        in said[0], said
+    assert archive.pairs == 2
     archive.close()
-    roomy = _archive(tmp_path / "roomy", max_bytes=64 << 30)
-    monkeypatch.setattr(store, "_ram_bytes", lambda: 4 * need)
+    roomy = _archive(tmp_path / "roomy", max_bytes=64 << 30, max_index_bytes=disk * entry)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="edgekv.archive"):
         fill(roomy, range(1))
     assert not [r for r in caplog.records if "index would take" in r.getMessage()]
+    assert roomy.index_bound(TOKENS) == (disk, disk * entry)
     roomy.close()
+
+
+def test_past_the_index_bound_the_oldest_segments_go_and_a_lowered_bound_trims_at_open(tmp_path, caplog):
+    record = SHAPE.record_bytes(TOKENS)
+    entry = ROW_BYTES + store.ENTRY_BYTES
+
+    def small(bound_pairs: int) -> FrameArchive:
+        return FrameArchive(tmp_path, SHAPE, max_bytes=1 << 30, segment_bytes=4 * record + 200,
+                            max_index_bytes=bound_pairs * entry + entry // 2)
+
+    archive = small(12)
+    fill(archive, range(40))
+    kept = [e.pair for e in archive.entries()]
+    assert kept == list(range(40 - len(kept), 40)) and 12 - 4 < len(kept) <= 12  # the newest, whole segments
+    assert archive.stats()["archive_segments_over_index"] == archive.segments_deleted > 0
+    archive.close()
+    with caplog.at_level(logging.WARNING, logger="edgekv.archive"):
+        lowered = small(6)
+    assert [e.pair for e in lowered.entries()] == kept[-len(lowered.entries()):] and len(lowered.entries()) <= 6
+    said = [r.getMessage() for r in caplog.records if "deleted at open" in r.getMessage()]
+    assert len(said) == 1 and "the index held more than the 6 pairs of archive.max_index_mib" in said[0], said
+    lowered.close()

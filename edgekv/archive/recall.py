@@ -53,6 +53,7 @@ metadata field is as before the question.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -109,7 +110,8 @@ class Recall:
             queue_pairs=section.queue_pairs, max_age_s=section.max_age_s, inv_freq=session.inv_freq.cpu(),
             temporal_section=session.temporal_section, when_full=section.when_full,
             keys=getattr(getattr(session, "runtime", None), "keys", None),
-            keep_free_bytes=int(section.keep_free_gib * 2**30))
+            keep_free_bytes=int(section.keep_free_gib * 2**30),
+            max_index_bytes=None if section.max_index_mib is None else int(section.max_index_mib * 2**20))
         self.attached = False
         self._stream_hex, self._stream = "", b""
         self.recalls = 0
@@ -126,6 +128,37 @@ class Recall:
         """Slots kept free inside the cap for recalled pairs (0 until the frame grid is known)."""
         preprocessor = self.session.preprocessor
         return self.top_k * preprocessor.tokens_per_pair if preprocessor is not None else 0
+
+    def largest_top_k(self, check: Callable[[], None]) -> int:
+        """The largest ``archive.top_k``, up to the configured one, for which ``check()`` — the session's budget check
+        (the prefix, two pairs, the text reserve and this reserve under the cap; the policy's target) — passes; 0
+        when not even one recalled pair fits. The reserve only takes room, so the search halves the range."""
+        configured, low, high = self.top_k, 0, self.top_k
+        try:
+            while low < high:
+                self.top_k = (low + high + 1) // 2
+                try:
+                    check()
+                except ValueError:
+                    high = self.top_k - 1
+                else:
+                    low = self.top_k
+        finally:
+            self.top_k = configured
+        return low
+
+    def top_k_advice(self, check: Callable[[], None]) -> str:
+        """What to add to a budget error when the retrieval reserve is in the way: the ``archive.top_k`` that fits
+        (``largest_top_k``), or that none does; empty when the configured one fits (another setting is at fault)."""
+        fits = self.largest_top_k(check)
+        if fits == self.top_k:
+            return ""
+        per_pair = self.reserve_tokens // max(1, self.top_k)
+        if fits == 0:
+            return (f"; no archive.top_k fits beside the rest (one recalled pair is {per_pair} tokens): raise "
+                    f"cache.max_tokens, or set archive.dir: null (no recall)")
+        return (f"; or set archive.top_k: {fits} (the most that fits this cap: {self.top_k} recalled pairs take "
+                f"{self.reserve_tokens} tokens, {fits} take {fits * per_pair})")
 
     # ------------------------------------------------------------------ ingest side
     def attach(self) -> None:

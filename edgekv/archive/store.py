@@ -28,14 +28,18 @@ the archive is bounded: the staging buffers (``queue_pairs`` pairs, allocated at
 index, one row per archived pair of ``index_keys`` fp16 keys per layer and KV head (18 KiB per key at the
 3B shape, 0.2 % of its 9.5 MB record; ``index_keys = 2``: 0.4 %) in a matrix grown by a quarter as needed (and
 cut to what is in use after an open), plus ~0.6 KiB of bookkeeping a pair, so at most ~1.25 x 0.4 % of
-``max_gib`` (e.g. 80 MiB for 16 GiB). The index is bounded by ``max_gib`` alone: many small records (4-bit, a small
-grid, a large disk) are many rows, all in RAM (``index_bound``; the first pair warns when a full archive's index
-would take more than a quarter of the machine's RAM). Measured (the archive_scale probe, dev VM): 10^5 toy pairs
-open in 1.5 s (13 s when each record was indexed on its own) and hold 1.2 KiB of RSS a pair; 10^4 pairs of the
-3B shape, 43 KiB a pair (37.3 KiB of rows).
+``max_gib`` (e.g. 80 MiB for 16 GiB). Many small records (4-bit, a small grid, a large disk) are many rows, all in
+RAM, so the index has a bound of its own, ``max_index_bytes`` (``archive.max_index_mib``; by default an eighth of the
+machine's RAM, 1 GiB on an 8 GB board): past it the oldest segments go, as past ``max_gib`` (the open segment may
+take it past by its own pairs), a lowered bound trims them at open, and the first pair says when the bound, not
+``max_gib``, decides how far back the archive reaches (``index_bound``). Measured (the archive_scale probe, dev VM):
+10^5 toy pairs open in 1.5 s (13 s when each record was indexed on its own) and hold 1.2 KiB of RSS a pair; 10^4
+pairs of the 3B shape, 43 KiB a pair (37.3 KiB of rows).
 
 Files, under ``dir``: ``seg-00000001.ekva``, ... Each starts with a header (magic, JSON shape key with a
-CRC) followed by records::
+CRC) followed by records. The magic is ``EDGEKV-ARCHIVE`` and a u16 format, ``ARCHIVE_FORMAT`` (1); a layout this
+edgekv could not read bumps it, and a segment of a later format (a newer edgekv's, met after a downgrade) is named once
+at open and left alone: never read, deleted by retention, repaired, forgotten in nor resealed (``newer``)::
 
     record = head [magic 'EKVA', u32 meta bytes, u64 kv bytes, u32 crc(meta), u32 0]
              meta [struct _META: pair, frame, t, tpos, t_offset, rows, cols, tokens; 16 B stream id;
@@ -91,7 +95,10 @@ out). A damaged segment header no longer condemns its records: they are read wit
 checked on its own. Only a tail that is the start of a record cut by the end of the file is a torn write: it
 is cut off (``torn_bytes``); damaged bytes are left in place, never truncated away with the good records after
 them. Retention: segments are ``segment_mib`` each; the oldest are deleted while the files would pass
-``max_gib`` (and, with ``max_age_s``, when their newest pair is older than that behind the newest pair).
+``max_gib`` or the index its bound; with ``max_age_s``, a segment of the stream being written goes when its newest
+pair is older than that behind the pair being written (stream time), an earlier stream's (a restart without the saved
+memory) when its file was last written longer ago by the wall clock, or this process has held it that long
+(``_too_old``: a clock set back or never set ages nothing by the wall clock and is said once).
 """
 
 from __future__ import annotations
@@ -120,7 +127,10 @@ from edgekv.positions import rotate_temporal
 
 log = logging.getLogger("edgekv.archive")
 
-SEGMENT_MAGIC = b"EDGEKV-ARCHIVE\x01\x00"
+ARCHIVE_FORMAT = 1                         # the segment format this edgekv writes, and the newest it reads
+_MAGIC_NAME = b"EDGEKV-ARCHIVE"
+_MAGIC_FORMAT = struct.Struct("<H")        # after the name: the segment's format (a newer layout bumps it)
+SEGMENT_MAGIC = _MAGIC_NAME + _MAGIC_FORMAT.pack(ARCHIVE_FORMAT)
 RECORD_MAGIC = b"EKVA"
 _HEAD = struct.Struct("<4sIQII")           # magic, meta bytes, kv bytes, crc(meta), reserved
 _SEGMENT_HEAD = struct.Struct("<II")       # json bytes, crc(json)
@@ -132,6 +142,8 @@ _LINGER_S = 0.2                            # the writer gathers queued pairs thi
 _INDEX_ROWS = 256                          # initial rows of the index matrix (grown by a quarter as needed)
 _SCORE_CHUNK = 512                         # index rows scored at a time
 _SCAN_BATCH = 64                           # records read at open indexed at a time
+_WALL_FLOOR = 1735689600.0                 # 2025-01-01 UTC: a wall time before it is a clock that was not set
+_WALL_SLACK_S = 60.0                       # a segment's wall time this far past now is still "now" (NTP's slew)
 ENTRY_BYTES = 640                          # an index entry's Python bookkeeping beside its row (ArchivedPair, the
                                            # dicts' slots), measured: 0.5-0.6 KiB on CPython 3.11
 _TAG = 16                                  # AES-GCM tag of each sealed meta and layer (edgekv.privacy)
@@ -286,6 +298,21 @@ def size_text(size: float) -> str:
     return f"{int(size)} B"
 
 
+def _wall_text(unix: float) -> str:
+    """A wall time for a log line (UTC, whatever the wall clock's state)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
+    except (OverflowError, OSError, ValueError):
+        return f"{unix:.0f} s after the epoch"
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, scale in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
 def _ram_bytes() -> int | None:
     """This machine's physical memory (None where it cannot be asked)."""
     try:
@@ -314,7 +341,8 @@ class FrameArchive:
     def __init__(self, folder: str | Path, shape: KVShape, *, max_bytes: int, segment_bytes: int = 256 << 20,
                  queue_pairs: int = 8, max_age_s: float | None = None, inv_freq: torch.Tensor | None = None,
                  temporal_section: int = 0, when_full: str = "drop", files: "SegmentFiles | None" = None,
-                 keys=None, keep_free_bytes: int = 0, stage_dtype: torch.dtype | None = None) -> None:
+                 keys=None, keep_free_bytes: int = 0, stage_dtype: torch.dtype | None = None,
+                 max_index_bytes: int | None = None) -> None:
         if segment_bytes <= 0 or max_bytes < 2 * segment_bytes:
             raise ValueError(f"archive: max bytes ({max_bytes}) must hold at least two segments of {segment_bytes}")
         if queue_pairs < 1:
@@ -358,7 +386,17 @@ class FrameArchive:
         self._streams: dict[bytes, bytes] = {}  # each stream id's one bytes object, shared by its entries
         self._shapes: dict[str, KVShape] = {}  # records' dtype -> this archive's shape in it (``_shape_in``)
         self._segments: dict[int, int] = {}           # segment number -> bytes on disk
-        self._segment_newest_t: dict[int, float] = {}
+        # segments a newer edgekv wrote (their format is past ARCHIVE_FORMAT): number -> (format, bytes). Never read,
+        # counted in max_gib, deleted, repaired, forgotten in nor resealed: an upgrade back reads them as they are
+        self.newer: dict[int, tuple[int, int]] = {}
+        # age retention (``max_age_s``): per segment, the stream of its last record and the newest stream time of that
+        # stream's records in it; the wall time of its last write (its file's mtime); and the monotonic time this
+        # process last wrote it or, for one found at open, opened the archive (see ``_age``)
+        self._segment_last: dict[int, tuple[bytes, float]] = {}
+        self._wall_written: dict[int, float] = {}
+        self._seen_mono: dict[int, float] = {}
+        self._opened_mono = time.monotonic()
+        self._clock_said = False  # the warning that the wall clock cannot age a segment, given once
         self.dropped = 0          # pairs not archived: every staging buffer was taken, or their write failed
         self._pending = 0         # pairs submitted and not yet written or dropped by the writer (under _lock)
         self.wait_ms_total = 0.0  # ingest time spent waiting for a staging buffer (when_full = "wait")
@@ -375,6 +413,16 @@ class FrameArchive:
         self.segments_deleted = 0
         self.segments_yielded = 0  # of them, deleted only because the disk's free space fell to keep_free_bytes
         self.keep_free_bytes = max(0, int(keep_free_bytes))
+        # the index's bound in RAM (archive.max_index_mib; None: an eighth of this machine's RAM), in pairs: past it
+        # the oldest segments go, as past max_bytes (``index_bound``)
+        if max_index_bytes is not None and max_index_bytes <= 0:
+            raise ValueError(f"archive.max_index_mib: must be > 0, got {max_index_bytes} bytes")
+        ram = _ram_bytes()
+        self.max_index_bytes = max_index_bytes if max_index_bytes is not None else (ram // 8 if ram else None)
+        self.index_auto = max_index_bytes is None
+        self.max_index_pairs = (None if self.max_index_bytes is None
+                                else max(1, self.max_index_bytes // self.index_entry_bytes))
+        self.segments_over_index = 0  # of the segments deleted, those deleted to keep the index within its bound
         self.write_ms_total = 0.0
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_folder(self.dir)  # before anything reads, repairs or removes a file of it
@@ -382,6 +430,7 @@ class FrameArchive:
             for leftover in self.dir.glob("seg-*.ekva.tmp"):  # a forget's rewrite cut short: the original stands
                 leftover.unlink()
             self._scan()
+            self._trim_index()
         except BaseException:  # an archive that does not open lets go of the folder
             unlock_folder(self._lock_fd)
             raise
@@ -584,8 +633,7 @@ class FrameArchive:
                 self._entries[entry.pair] = entry
                 self._row_of[entry.pair] = row
                 rows.append(row)
-                newest = self._segment_newest_t.get(entry.segment, float("-inf"))
-                self._segment_newest_t[entry.segment] = max(newest, entry.t)
+                self._note_last(entry.segment, entry.stream, entry.t)
             index = torch.tensor(rows)
             self._matrix[index] = keys
             self._weights[index] = weights
@@ -652,10 +700,30 @@ class FrameArchive:
         return start
 
     def _scan(self) -> None:
-        numbers = self._segment_numbers()
+        numbers = []
+        for number in self._segment_numbers():
+            found = segment_format(self._segment_path(number))
+            if found is not None and found > ARCHIVE_FORMAT:
+                self.newer[number] = (found, self._segment_path(number).stat().st_size)
+            else:
+                numbers.append(number)
         for number in numbers:
             self._scan_segment(number, verify_kv=number == numbers[-1])
         self._fit_rows()
+        if self.newer:
+            log.warning("archive: %s", self.newer_text())
+
+    def newer_text(self) -> str:
+        """What the segments a newer edgekv wrote are, and what is done with them (empty: none)."""
+        if not self.newer:
+            return ""
+        names = [self._segment_path(number).name for number in sorted(self.newer)]
+        formats = sorted({found for found, _ in self.newer.values()})
+        return (f"{len(names)} segment(s) of {self.dir} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}; "
+                f"{size_text(sum(size for _, size in self.newer.values()))}) written by a newer edgekv (format "
+                f"{', '.join(map(str, formats))}, this one reads up to {ARCHIVE_FORMAT}): not recalled, forgotten in "
+                f"nor counted in archive.max_gib, and never deleted; upgrade edgekv to read them again, or remove "
+                f"them to free the space")
 
     def _fit_rows(self) -> None:
         """The index matrices cut to the rows in use and a sixteenth more (at least ``_INDEX_ROWS``): what growth
@@ -699,6 +767,8 @@ class FrameArchive:
                     self._skipped(path, 0, size, "no record in it checks")
             size = self._scan_records(path, handle, number, start, size, verify_kv)
         self._segments[number] = size
+        self._wall_written[number] = path.stat().st_mtime
+        self._seen_mono[number] = self._opened_mono
 
     def _scan_records(self, path: Path, handle, number: int, offset: int, size: int, verify_kv: bool) -> int:
         """The records of one segment from ``offset``, indexed together once the segment is read (one by one, the
@@ -978,26 +1048,64 @@ class FrameArchive:
             self._free.put(_Staged(torch.empty(shape, dtype=self.stage_dtype, pin_memory=pin)))
         self._staging_tokens = tokens
 
+    @property
+    def index_entry_bytes(self) -> int:
+        """RAM a pair takes in the index: its row (fp16 keys and weights, fp32 norms) and ``ENTRY_BYTES`` of
+        bookkeeping."""
+        cells = self.shape.layers * self.shape.kv_heads * self.shape.index_keys
+        return 2 * cells * (self.shape.head_dim + 1) + 4 * self.shape.layers + ENTRY_BYTES
+
     def index_bound(self, tokens: int) -> tuple[int, int]:
-        """The most pairs of ``tokens`` tokens ``max_bytes`` holds, and the RAM their index takes (the rows, and
-        ``ENTRY_BYTES`` of bookkeeping a pair): nothing else bounds the index, which lives in RAM whole."""
+        """The most pairs of ``tokens`` tokens the archive keeps — those ``max_bytes`` holds, fewer when the index's
+        bound (``max_index_bytes``) holds fewer — and the RAM their index takes. The index lives in RAM whole."""
         pairs = self.max_bytes // self.shape.record_bytes(tokens)
-        row = self.shape.summary_bytes() + 4 * self.shape.layers
-        return pairs, pairs * (row + ENTRY_BYTES)
+        if self.max_index_pairs is not None:
+            pairs = min(pairs, self.max_index_pairs)
+        return pairs, pairs * self.index_entry_bytes
+
+    def _index_text(self) -> str:
+        return (f"archive.max_index_mib {self.max_index_bytes / 2**20:g}" if not self.index_auto else
+                f"the index's bound, an eighth of this machine's RAM ({size_text(self.max_index_bytes)}; "
+                f"archive.max_index_mib sets it)")
 
     def _check_index_room(self, tokens: int) -> None:
-        """Say it (once, at the first pair) when the index of a full archive would take more than a quarter of
-        this machine's RAM: a large ``max_gib`` of small records (4-bit, a small grid) is many pairs, and the
-        index holds every one of them in RAM (600,000 pairs at the 3B shape: 22 GB), which would take the
-        memory the model and the cache need long after the start looked fine."""
-        ram = _ram_bytes()
-        pairs, need = self.index_bound(tokens)
-        if ram is None or need <= ram // 4:
+        """Say it (once, at the first pair) when the index's bound, not ``max_gib``, decides how far back the archive
+        reaches: a large ``max_gib`` of small records (4-bit, a small grid) is many pairs, and the index holds every
+        one of them in RAM (600,000 pairs at the 3B shape: 22 GB), which would take the memory the model and the
+        cache need long after the start looked fine (an 8 GB board). And when the bound holds less than two
+        segments' pairs: retention deletes whole segments, so the open one alone would be over it."""
+        if self.max_index_pairs is None:
             return
-        log.warning("archive: archive.max_gib %s holds %s pairs of %d tokens; their index would take %s of RAM, more "
-                    "than a quarter of this machine's %s (every pair's index row stays in RAM). Lower "
-                    "archive.max_gib (or set archive.max_age_s), or archive.index_keys: 1 (half the index)",
-                    f"{self.max_bytes / 2**30:g}", f"{pairs:,}", tokens, size_text(need), size_text(ram))
+        disk_pairs = self.max_bytes // self.shape.record_bytes(tokens)
+        if disk_pairs <= self.max_index_pairs:
+            return
+        per_segment = max(1, self.segment_bytes // self.shape.record_bytes(tokens))
+        log.warning("archive: archive.max_gib %s holds %s pairs of %d tokens, whose index would take %s of RAM; %s "
+                    "keeps the newest %s (%s of the disk), the oldest segments going first%s",
+                    f"{self.max_bytes / 2**30:g}", f"{disk_pairs:,}", tokens,
+                    size_text(disk_pairs * self.index_entry_bytes), self._index_text(), f"{self.max_index_pairs:,}",
+                    size_text(self.max_index_pairs * self.shape.record_bytes(tokens)),
+                    "" if self.max_index_pairs >= 2 * per_segment else
+                    f". It holds less than two segments ({per_segment:,} pairs each): raise archive.max_index_mib or "
+                    f"lower archive.segment_mib")
+
+    def _over_index(self, extra: int = 0) -> bool:
+        return self.max_index_pairs is not None and len(self._entries) + extra > self.max_index_pairs
+
+    def _trim_index(self) -> None:
+        """At open: the oldest segments deleted while the index is past its bound (lowered since they were written)."""
+        doomed = []
+        with self._lock:
+            for number in sorted(self._segments):
+                if not self._over_index():
+                    break
+                doomed.append(f"seg-{number:08d}.ekva")
+                self._delete_segment(number)
+                self.segments_over_index += 1
+        if doomed:
+            log.warning("archive: %d segment(s) deleted at open (%s): the index held more than the %s pairs of %s",
+                        len(doomed), ", ".join(doomed[:3]) + (", ..." if len(doomed) > 3 else ""),
+                        f"{self.max_index_pairs:,}", self._index_text())
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every submitted pair is on disk (True) or ``timeout`` passes (False); the writer stops
@@ -1141,7 +1249,7 @@ class FrameArchive:
         sealed = self.keys is not None and self.keys.enabled
         kv_len = self.shape.layers * self._layer_len(staged.tokens, sealed)
         record_len = _HEAD.size + self._meta_len(sealed) + kv_len
-        self._make_room(record_len, staged.t)
+        self._make_room(record_len, staged.t, staged.stream)
         offset = self._segments[self._current]
         sealer, seq = self._sealers.get(self._current), 0
         if sealer is not None:  # every nonce once: a record's number is never reused in its segment, even when
@@ -1160,8 +1268,9 @@ class FrameArchive:
             raise
         with self._lock:
             self._segments[self._current] = offset + record_len
-            newest = self._segment_newest_t.get(self._current, float("-inf"))
-            self._segment_newest_t[self._current] = max(newest, staged.t)
+            self._note_last(self._current, staged.stream, staged.t)
+            self._wall_written[self._current] = time.time()
+            self._seen_mono[self._current] = time.monotonic()
         return ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
                             staged.cols, staged.tokens, staged.stream, self._current, offset,
                             crcs.tobytes(), seq)
@@ -1195,7 +1304,7 @@ class FrameArchive:
                         "record begins a new one (the reader skips the partial record)", exc)
             self._close_segment(sync=False)
 
-    def _make_room(self, record_len: int, t: float) -> None:
+    def _make_room(self, record_len: int, t: float, stream: bytes = b"") -> None:
         """Open a segment if needed (a new one when the current would pass segment_bytes) and delete the
         oldest sealed segments while the folder would pass max_bytes or they are older than max_age_s."""
         if (self._current is None or self._segments[self._current] + record_len > self.segment_bytes
@@ -1208,11 +1317,15 @@ class FrameArchive:
             sealed = sorted(n for n in self._segments if n != self._current)
             for number in sealed:
                 too_big = sum(self._segments.values()) + record_len > self.max_bytes
-                too_old = (self.max_age_s is not None
-                           and self._segment_newest_t.get(number, float("-inf")) < t - self.max_age_s)
+                if not too_big and self._over_index(1):  # the index's bound in RAM: the oldest go, as past max_gib
+                    too_big = True
+                    self.segments_over_index += 1
+                too_old = self.max_age_s is not None and self._too_old(number, t, stream)
                 low = free is not None and free - record_len < floor
                 if not (too_big or too_old or low):
-                    break
+                    if self.max_age_s is None:
+                        break
+                    continue  # a young earlier stream's segment may come before this stream's old ones
                 size = self._segments.get(number, 0)
                 if low and not (too_big or too_old):
                     self.segments_yielded += 1
@@ -1228,6 +1341,48 @@ class FrameArchive:
             raise OSError(errno.ENOSPC, f"the disk has {size_text(free)} free and archive.keep_free_gib keeps "
                                         f"{size_text(floor)} free (no older segment left to give up)")
 
+    def _note_last(self, segment: int, stream: bytes, t: float) -> None:
+        """A record of ``stream`` at stream time ``t`` written (or found) last in ``segment``, in write order."""
+        last = self._segment_last.get(segment)
+        newest = last[1] if last is not None and last[0] == stream else float("-inf")
+        self._segment_last[segment] = (stream, max(newest, t))
+
+    def _too_old(self, number: int, t: float, stream: bytes) -> bool:
+        """Whether sealed segment ``number`` is past ``max_age_s`` as a record of ``stream`` at ``t`` is written.
+
+        A segment whose last record is of this stream is aged in stream time, behind ``t``: it only goes forward
+        and a clock jump moves it by ``video.max_gap_s`` at most (edgekv/session/clock.py). An earlier stream's (a
+        restart without the saved memory, another stream's time on another scale) is aged by the wall clock since
+        its file was last written, and at least by the monotonic time since this process opened or wrote it. A
+        wall time the clock calls the future (set back) or before 2025 (not set: a board without an RTC battery)
+        ages nothing: that segment goes at the latest ``max_age_s`` after this start, and it is said once. A
+        deletion by the wall clock is said with both times, so a clock stepped forward does not empty the archive
+        unsaid."""
+        last = self._segment_last.get(number)
+        if last is not None and last[0] == stream:
+            return last[1] < t - self.max_age_s
+        at_least = time.monotonic() - self._seen_mono.get(number, self._opened_mono)
+        if at_least > self.max_age_s:
+            return True
+        written, now = self._wall_written.get(number), time.time()
+        if written is None:
+            return False
+        if not _WALL_FLOOR <= written <= now + _WALL_SLACK_S:
+            if not self._clock_said:
+                self._clock_said = True
+                log.warning("archive.max_age_s: %s, of an earlier stream, was last written at %s by the wall clock, "
+                            "which reads %s now (%s): its age is counted from this start instead, so it goes at the "
+                            "latest archive.max_age_s (%g s) after it (said once for every such segment)",
+                            self._segment_path(number).name, _wall_text(written), _wall_text(now),
+                            "set back since" if written > now else "not set then", self.max_age_s)
+            return False
+        if now - written <= self.max_age_s:
+            return False
+        log.warning("archive.max_age_s: %s, of an earlier stream, last written %s, is %s old by the wall clock "
+                    "(now %s), past archive.max_age_s %g s: deleted", self._segment_path(number).name,
+                    _wall_text(written), _duration_text(now - written), _wall_text(now), self.max_age_s)
+        return True
+
     def _forget(self, pair: int) -> None:
         """Drop ``pair`` from the index (its row is reused)."""
         with self._lock:
@@ -1242,7 +1397,9 @@ class FrameArchive:
             for pair in [p for p, e in self._entries.items() if e.segment == number]:
                 self._forget(pair)
             self._segments.pop(number, None)
-            self._segment_newest_t.pop(number, None)
+            self._segment_last.pop(number, None)
+            self._wall_written.pop(number, None)
+            self._seen_mono.pop(number, None)
             self._sealers.pop(number, None)
             self._dtypes.pop(number, None)
             self._segment_path(number).unlink(missing_ok=True)
@@ -1298,6 +1455,8 @@ class FrameArchive:
             if by_segment:
                 fsync_dir(self.dir)
         self.forgotten += removed_pairs
+        if self.newer:  # their records cannot be read here, so neither found nor removed
+            log.warning("archive: forget %g..%g s did not search %s", t_from, t_to, self.newer_text())
         if removed_pairs:
             log.info("archive: forgot %d pair(s) stamped %g..%g s (%d segment(s) rewritten, %d deleted, %d bytes "
                      "freed)", removed_pairs, t_from, t_to, rewritten, deleted, freed)
@@ -1352,6 +1511,8 @@ class FrameArchive:
                     self._write_to(fd, data, at)
                     moved.append(ArchivedPair(**{**asdict(entry), "offset": at, "seq": seq}))
                     at += len(data)
+                written = os.fstat(source.fileno())  # a rewrite is not a new record: max_age_s still ages it
+                os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
                 self.files.fsync(fd)
             except BaseException:
                 self.files.close(fd)
@@ -1393,6 +1554,8 @@ class FrameArchive:
                 resealed += 1
             if resealed and not dry_run:
                 fsync_dir(self.dir)
+        if self.newer:
+            log.warning("archive: not resealed: %s", self.newer_text())
         return {"segments_resealed": resealed, "segments_current": current, "bytes": written}
 
     def _reseal_segment(self, number: int) -> int:
@@ -1603,6 +1766,7 @@ class FrameArchive:
                 "archive_write_ms_total": round(self.write_ms_total, 3), "archive_forgotten": self.forgotten,
                 "archive_lost_to_forget": self.lost_to_forget,
                 "archive_sealed_segments": len(self._sealers), "archive_index_bytes": self.index_bytes,
+                "archive_newer_segments": len(self.newer), "archive_segments_over_index": self.segments_over_index,
                 "archive_wait_ms_total": round(self.wait_ms_total, 3)}
 
 
@@ -1677,6 +1841,27 @@ def _segment_fields(handle) -> tuple[dict, int] | None:
     saved = json.loads(key)
     saved.setdefault("index_keys", 1)  # segments of the first format: one mean key per pair
     return saved, len(head) + size
+
+
+def segment_format(path: Path) -> int | None:
+    """The format number in a segment's magic (``ARCHIVE_FORMAT`` for this edgekv's own; more: a newer edgekv wrote
+    it), None when the file does not start with an archive's magic (a damaged header, or a file cut short)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(SEGMENT_MAGIC))
+    except OSError:
+        return None
+    if len(head) < len(SEGMENT_MAGIC) or not head.startswith(_MAGIC_NAME):
+        return None
+    return _MAGIC_FORMAT.unpack_from(head, len(_MAGIC_NAME))[0]
+
+
+def newer_segments(folder: str | Path) -> dict[Path, int]:
+    """The segments under ``folder`` a newer edgekv wrote, with their format (``--check`` and ``edgekv rekey`` name
+    them; the archive leaves them as they are)."""
+    folder = Path(folder).expanduser()
+    paths = sorted(folder.glob("seg-*.ekva")) if folder.is_dir() else []
+    return {path: found for path in paths if (found := segment_format(path)) is not None and found > ARCHIVE_FORMAT}
 
 
 def archived_shape(folder: str | Path) -> KVShape | None:

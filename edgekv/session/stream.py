@@ -199,6 +199,14 @@ class StreamSession:
         return self.recall.reserve_tokens if self.recall is not None else 0
 
     def _check_budget(self) -> None:
+        try:
+            self._check_room()
+        except ValueError as exc:  # the retrieval reserve in the way: the archive.top_k that fits, named
+            if self.recall is None or self.preprocessor is None:
+                raise
+            raise type(exc)(f"{exc}{self.recall.top_k_advice(self._check_room)}") from None
+
+    def _check_room(self) -> None:
         if self.preprocessor is None:
             return  # the grid is fixed by the first frame; checked then
         per_pair = self.tokens_per_pair
