@@ -109,8 +109,8 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
                           f"onnxruntime (the decoder as MatMulNBits) or run engines.llm: torch (Triton int4 kernels)")
     kv_dtype = config.cache.kv_dtype if config.cache.kv_dtype not in (None, dtype) else None
     if kv_dtype == "int8" and backend != "onnxruntime":
-        raise EngineError(f"cache.kv_dtype: int8 — only the onnxruntime LLM graph takes an 8-bit cache (a TensorRT "
-                          f"build of it has not been made or run); use engines llm: onnxruntime or torch with int8")
+        raise EngineError("cache.kv_dtype: int8 — only the onnxruntime LLM graph takes an 8-bit cache (a TensorRT "
+                          "build of it has not been made or run); use engines llm: onnxruntime or torch with int8")
     if kv_dtype not in (None, "int8"):
         raise EngineError(f"cache.kv_dtype: {kv_dtype} — the engines' LLM graphs bind the cache in model.dtype "
                           f"({dtype}) or as int8 codes + scales; fp8 and other float dtypes have no graph: leave "
@@ -128,9 +128,12 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
             raise EngineError(f"engines.precision: {precision} differs from model.dtype {dtype}; TensorRT engines are "
                               f"strongly typed and bind the session's {dtype} cache in place, so set both to the "
                               f"same dtype (int8 keeps the LLM in model.dtype)")
+    # TensorRT computes fp32 inner products in TF32 (11 significant bits) unless told not to: an fp32 deployment
+    # asked for fp32 results, so its plans are built with TF32 cleared (tensorrt_backend.build_engines)
+    tf32 = False if backend == "tensorrt" and dtype == "fp32" else None
     key = BuildKey(backend=backend, model_hash=model_hash(model_path, root / "hashes.json"), grid_thw=grid,
                    cache_tokens=cache_tokens_for(config, model_config), dtype=dtype, max_chunk_tokens=max_chunk,
-                   precision=precision, tensorrt_version=trt_version, gpu=gpu, kv_dtype=kv_dtype)
+                   precision=precision, tensorrt_version=trt_version, gpu=gpu, kv_dtype=kv_dtype, tf32=tf32)
     return Deployment(model_path, root, model_config, key, rebuild_hint(model_path, config, backend))
 
 

@@ -83,6 +83,7 @@ class BuildKey:
     gpu: str | None = None  # "NVIDIA H100 80GB HBM3 (sm_90)"
     graph_format: int = GRAPH_FORMAT
     kv_dtype: str | None = None  # "int8": the llm graph takes an 8-bit cache (codes + scales); None: model dtype
+    tf32: bool | None = None  # tensorrt fp32 engines: False, TF32 cleared (IEEE FP32); None: the builder's default
 
     def fields(self) -> dict:
         return {
@@ -91,6 +92,7 @@ class BuildKey:
             "precision": self.precision, "tensorrt_version": self.tensorrt_version, "gpu": self.gpu,
             "graph_format": self.graph_format,
             **({"kv_dtype": self.kv_dtype} if self.kv_dtype is not None else {}),  # absent: bundles before it match
+            **({"tf32": self.tf32} if self.tf32 is not None else {}),  # fp32 plans built with TF32 on do not match
         }
 
     def digest(self) -> str:
@@ -113,6 +115,7 @@ _FIELD_NAMES = {
     "gpu": "GPU",
     "graph_format": "edgekv graph format",
     "kv_dtype": "cache storage the LLM graph takes (cache.kv_dtype; None: model.dtype)",
+    "tf32": "TensorRT's TF32 for fp32 math (False: IEEE fp32; None: TensorRT's default, on)",
 }
 
 

@@ -8,9 +8,21 @@ P in ``[1, max_chunk_tokens]`` with the frame pair as the optimum, and decode, P
 contexts of the one engine (one copy of the weights); everything else is static. The
 precision is the graphs' dtype (``engines.precision`` fp32 / fp16 / bf16 must equal ``model.dtype``; int8 =
 the vision engine in INT8 with the entropy calibrator below, fed by frames from
-``engines.int8_calibration``, on TensorRT 10 only, and the LLM engines in ``model.dtype``), a timing cache per (TensorRT version, GPU) under the engine dir that every
-later build reuses, and one serialized plan per graph next to its ONNX file. The plan is only valid for the
-TensorRT version and GPU that built it, which is why both are part of the bundle key (``manifest.py``).
+``engines.int8_calibration``, on TensorRT 10 only, and the LLM engines in ``model.dtype``), a timing cache per
+(TensorRT version, GPU) under the engine dir that every later build reuses, and one serialized plan per graph next
+to its ONNX file. The plan is only valid for the TensorRT version and GPU that built it, which is why both are
+part of the bundle key (``manifest.py``).
+
+TF32, per precision: TensorRT's ``BuilderFlag.TF32`` is on by default ("Allow (but not require) computations on
+tensors of type DataType::kFLOAT to use TF32 ... Enabled by default", NvInfer.h 10.3) and is no storage type, so a
+strongly typed network keeps it; on Orin (Ampere) every fp32 MatMul may then round its operands to 11 significant
+bits (the stand-in's emulation of that put the test model's fp32 engines 3e-3 from torch's fp32, against the 1e-4
+they are held to; not measured on a device). fp32 deployments clear it
+(the build key says ``tf32: false``, so fp32 plans built before with TF32 on are rebuilt); fp16 / bf16 engines keep
+it: their only fp32 products are the attention islands of ``graphs.py``, whose operands are fp16 / bf16 values
+(exact in TF32) and the fp32 probabilities, kept fp32 for their range, which TF32 has. INT8 by calibration is
+TensorRT's implicit quantization, deprecated since 10.1: the build warns (FutureWarning) and names the
+replacement edgekv has not made yet (explicit Q/DQ, ``engines/README.md``).
 
 Runner (``tensorrt_runtime``): ``IExecutionContext.execute_async_v3`` on a CUDA stream of the engines' own
 (not the default stream) with every I/O tensor bound by address (``set_tensor_address``) — the session's KV
@@ -27,6 +39,7 @@ the documented refusals, not TensorRT's kernels.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -177,7 +190,7 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
     trt = require()
     logger = _logger(trt)
     precision = dep.key.precision
-    major = int(str(dep.key.tensorrt_version).split(".")[0])
+    major, minor = (int(part) for part in str(dep.key.tensorrt_version).split(".")[:2])
     if precision == "fp8" or (precision == "int8" and major >= 11):
         raise EngineError(f"engines.precision: {precision} on TensorRT {dep.key.tensorrt_version} needs an explicitly "
                           f"quantized (Q/DQ) ONNX graph, which `edgekv build` does not produce yet; use "
@@ -194,7 +207,12 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
             raise EngineError(f"{onnx_path}: TensorRT's ONNX parser failed: {errors}")
         cfg = builder.create_builder_config()
         cfg.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
+        if dep.key.tf32 is False:  # fp32 engines: IEEE fp32 inner products, as torch computes them (see above)
+            cfg.clear_flag(trt.BuilderFlag.TF32)
+        entry["tf32"] = bool(cfg.get_flag(trt.BuilderFlag.TF32))
         if implicit_int8:  # post-training INT8 of the ViT, calibrated on real frames; fp16 where INT8 cannot go
+            if (major, minor) >= (10, 1):
+                warnings.warn(implicit_int8_deprecation(dep.key.tensorrt_version), FutureWarning, stacklevel=2)
             cfg.set_flag(trt.BuilderFlag.INT8)
             cfg.set_flag(trt.BuilderFlag.FP16)
             if network.num_inputs != 1:
@@ -224,6 +242,14 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
         path.write_bytes(bytes(plan))
         entry["file"] = path.name
         timing_file.write_bytes(bytes(cfg.get_timing_cache().serialize()))
+
+
+def implicit_int8_deprecation(version: str) -> str:
+    return (f"engines.precision int8: the vision engine is quantized with TensorRT {version}'s implicit INT8 "
+            f"calibration (IInt8EntropyCalibrator2 + BuilderFlag.INT8), deprecated since TensorRT 10.1 and removed in "
+            f"TensorRT 11, where `edgekv build` refuses int8. Its replacement, an ONNX graph with QuantizeLinear/"
+            f"DequantizeLinear nodes, is not exported by edgekv yet (engines/README.md). The plan built now works on "
+            f"this TensorRT; fp16 is the precision that carries over to TensorRT 11")
 
 
 def _slug(text: str | None) -> str:

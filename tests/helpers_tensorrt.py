@@ -13,6 +13,12 @@ where the real API says so:
   ``min <= opt <= max`` of its rank, equal to the static dims; otherwise ``build_serialized_network`` -> None.
 * INT8 with a calibrator: ``get_batch(names)`` returns one device pointer per name holding *that input's data
   type* ("device memory containing each network input data", NvInfer.h ``IInt8Calibrator::getBatch``), or None.
+* A new builder config has ``BuilderFlag.TF32`` set ("Enabled by default", NvInfer.h ``kTF32``; no other flag);
+  ``set_flag`` / ``clear_flag`` / ``get_flag`` and the ``flags`` bit mask work on it. TF32 is not a precision flag
+  a strongly typed network refuses. A plan built with it runs as TF32 tensor cores compute (``tf32_graph``): fp32
+  MatMul / Gemm / Conv operands rounded to 11 significant bits, as on Orin and every GPU from Ampere on.
+* ``IBuilderConfig.int8_calibrator`` (get or set) gives the DeprecationWarning the bindings give ("Deprecated in
+  TensorRT 10.1. Superseded by explicit quantization.", pyCore.cpp ``utils::deprecateMember``).
 * ``Runtime.deserialize_cuda_engine`` returns None for a plan it cannot read.
 * A new execution context is on profile 0 (NvInferRuntime.h ``createExecutionContext``);
   ``set_optimization_profile_async`` raises RuntimeError on a bad index (pyCore.cpp).
@@ -32,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -84,18 +91,33 @@ class NetworkDefinitionCreationFlag(enum.IntEnum):
     STRONGLY_TYPED = 1
 
 
-class BuilderFlag(enum.IntEnum):
+class BuilderFlag(enum.IntEnum):  # NvInfer.h v10.3.0 ``enum class BuilderFlag`` (the values edgekv may touch)
     FP16 = 0
     INT8 = 1
+    DEBUG = 2
+    GPU_FALLBACK = 3
+    REFIT = 4
+    DISABLE_TIMING_CACHE = 5
+    TF32 = 6  # "Enabled by default"
+    SPARSE_WEIGHTS = 7
+    OBEY_PRECISION_CONSTRAINTS = 9
+    PREFER_PRECISION_CONSTRAINTS = 10
+    FP8 = 15
     BF16 = 17
-    FP8 = 12
+    INT4 = 22
 
 
 class MemoryPoolType(enum.IntEnum):
     WORKSPACE = 0
 
 
-PRECISION_FLAGS = {BuilderFlag.FP16, BuilderFlag.INT8, BuilderFlag.BF16, BuilderFlag.FP8}
+# The reduced-precision flags a strongly typed network refuses. TF32 is not among them: it is no storage type, only
+# how FP32 inner products are computed (inputs rounded to 10-bit mantissas), and it is on unless cleared.
+PRECISION_FLAGS = {BuilderFlag.FP16, BuilderFlag.INT8, BuilderFlag.BF16, BuilderFlag.FP8, BuilderFlag.INT4}
+DEFAULT_FLAGS = {BuilderFlag.TF32}
+CALIBRATOR_DEPRECATION = "Deprecated in TensorRT 10.1. Superseded by explicit quantization."
+TF32_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}  # the inner products TF32 tensor cores compute
+TF32_SPLIT = 8193.0  # 2**13 + 1: Veltkamp's split of a 24-bit float32 significand keeps its top 11 bits = TF32's
 
 # ONNX TensorProto element types -> TensorRT data types, and the host (numpy) type of each
 ONNX_TYPES = {1: DataType.FLOAT, 10: DataType.HALF, 16: DataType.BF16, 3: DataType.INT8, 6: DataType.INT32,
@@ -221,14 +243,35 @@ class IInt8EntropyCalibrator2:
 
 class IBuilderConfig:
     def __init__(self) -> None:
-        self.flags: set[BuilderFlag] = set()
+        self.enabled: set[BuilderFlag] = set(DEFAULT_FLAGS)
         self.pools: dict[MemoryPoolType, int] = {}
         self.profiles: list[IOptimizationProfile] = []
-        self.int8_calibrator = None
+        self._calibrator = None
         self._timing: ITimingCache | None = None
 
+    @property
+    def flags(self) -> int:
+        """``IBuilderConfig::getFlags``: the bit mask ``1 << flag`` of every flag set (TF32 from the start)."""
+        return sum(1 << int(flag) for flag in self.enabled)
+
+    @property
+    def int8_calibrator(self):
+        warnings.warn(f"Use {CALIBRATOR_DEPRECATION} instead.", DeprecationWarning, stacklevel=2)  # pyCore.cpp
+        return self._calibrator
+
+    @int8_calibrator.setter
+    def int8_calibrator(self, calibrator) -> None:
+        warnings.warn(f"Use {CALIBRATOR_DEPRECATION} instead.", DeprecationWarning, stacklevel=2)
+        self._calibrator = calibrator
+
     def set_flag(self, flag: BuilderFlag) -> None:
-        self.flags.add(BuilderFlag(flag))
+        self.enabled.add(BuilderFlag(flag))
+
+    def clear_flag(self, flag: BuilderFlag) -> None:
+        self.enabled.discard(BuilderFlag(flag))
+
+    def get_flag(self, flag: BuilderFlag) -> bool:
+        return BuilderFlag(flag) in self.enabled
 
     def set_memory_pool_limit(self, pool: MemoryPoolType, pool_size: int) -> None:
         self.pools[MemoryPoolType(pool)] = int(pool_size)
@@ -249,6 +292,8 @@ class IBuilderConfig:
 
 
 class Builder:
+    platform_has_tf32 = True  # Orin (sm_87) and every GPU from Ampere on
+
     def __init__(self, logger: Logger) -> None:
         self.logger = logger
         self.calibration_reads: list[dict[str, np.ndarray]] = []  # what get_batch pointed at, as the input's type
@@ -269,7 +314,7 @@ class Builder:
     def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig) -> IHostMemory | None:
         if network.onnx_path is None:
             return self._error("network has no layers")
-        precision = config.flags & PRECISION_FLAGS
+        precision = config.enabled & PRECISION_FLAGS
         if network.strongly_typed and precision:
             return self._error(f"strongly typed network: builder flags {sorted(f.name for f in precision)} are not "
                                "allowed")
@@ -295,10 +340,10 @@ class Builder:
                 if not all(a <= b <= c for a, b, c in zip(low, best, top)) or min(low) < 0:
                     return self._error(f"optimization profile {index}: {name} needs min <= opt <= max")
             profiles.append({name: [list(s) for s in triple] for name, triple in profile.shapes.items()})
-        if config.int8_calibrator is not None:
-            if BuilderFlag.INT8 not in config.flags:
+        if config._calibrator is not None:
+            if BuilderFlag.INT8 not in config.enabled:
                 return self._error("a calibrator is set without BuilderFlag.INT8")
-            if not self._calibrate(network, config.int8_calibrator):
+            if not self._calibrate(network, config._calibrator):
                 return None
         io = [{"name": t.name, "mode": int(TensorIOMode.INPUT), "dtype": int(t.dtype), "dims": t.dims}
               for t in network.inputs]
@@ -306,7 +351,9 @@ class Builder:
                for t in network.outputs]
         if config._timing is not None:
             config._timing.data += b"+"
-        plan = {"magic": PLAN_MAGIC, "onnx": network.onnx_path, "io": io, "profiles": profiles or [{}]}
+        plan = {"magic": PLAN_MAGIC, "onnx": network.onnx_path, "io": io, "profiles": profiles or [{}],
+                "flags": sorted(flag.name for flag in config.enabled),
+                "tf32": self.platform_has_tf32 and BuilderFlag.TF32 in config.enabled}
         return IHostMemory(json.dumps(plan).encode())
 
     def _calibrate(self, network: INetworkDefinition, calibrator) -> bool:
@@ -391,8 +438,44 @@ class ICudaEngine:
         if self._session is None:
             import onnxruntime as ort
 
-            self._session = ort.InferenceSession(self.plan["onnx"], providers=["CPUExecutionProvider"])
+            graph = tf32_graph(self.plan["onnx"]) if self.plan.get("tf32") else self.plan["onnx"]
+            self._session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
         return self._session
+
+
+def tf32_graph(path: str) -> bytes:
+    """The ONNX graph at ``path`` as a TF32 engine computes it: every float32 operand of an inner product
+    (``TF32_OPS``, their first two inputs: a bias is added in FP32) rounded to TF32's 11 significant bits
+    first — "rounding the inputs to 10-bit mantissas before multiplying, but accumulates the sum using 23-bit
+    mantissas" (NvInfer.h, ``BuilderFlag::kTF32``). The rounding is Veltkamp's split, ``c = x * (2**13 + 1)``,
+    ``x_hi = c - (c - x)``, three FP32 operations onnxruntime runs as written."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(path))
+    graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            types[node.output[0]] = node.attribute[0].t.data_type
+    graph.initializer.append(helper.make_tensor("tf32_split", TensorProto.FLOAT, [], [TF32_SPLIT]))
+    nodes, rounded = [], {}
+    for node in graph.node:
+        if node.op_type in TF32_OPS:
+            for index, name in enumerate(node.input[:2]):
+                if types.get(name) != TensorProto.FLOAT:
+                    continue
+                if name not in rounded:
+                    rounded[name] = f"{name}__tf32"
+                    nodes += [helper.make_node("Mul", [name, "tf32_split"], [f"{name}__tf32_c"]),
+                              helper.make_node("Sub", [f"{name}__tf32_c", name], [f"{name}__tf32_d"]),
+                              helper.make_node("Sub", [f"{name}__tf32_c", f"{name}__tf32_d"], [rounded[name]])]
+                node.input[index] = rounded[name]
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model.SerializeToString()
 
 
 class IExecutionContext:
