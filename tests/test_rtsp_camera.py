@@ -369,3 +369,14 @@ def test_video_decoder_needs_an_opencv_with_gstreamer(monkeypatch):
         open_source("rtsp://admin:s3cret@127.0.0.1:9/cam", decoder="jetson")
     with pytest.raises(ValueError, match="builds no pipeline"):
         sources.rtsp_pipeline("rtsp://cam/x", "ffmpeg")
+
+
+def test_video_decoder_gstreamer_is_refused_on_a_jetson_naming_what_works_there(monkeypatch):
+    """On a Jetson ``decodebin`` picks ``nvv4l2decoder`` (rank primary + 11), whose NVMM buffers ``videoconvert``
+    cannot take: the ``gstreamer`` pipeline would fail to negotiate and reconnect forever. Refused at open."""
+    monkeypatch.setattr(sources, "opencv_has_gstreamer", lambda: True)
+    monkeypatch.setattr(sources, "_on_a_jetson", lambda: True)
+    with pytest.raises(sources.SourceUnavailable, match="video.decoder gstreamer does not work on a Jetson.*"
+                                                        "video.decoder: jetson .* or ffmpeg") as refused:
+        open_source("rtsp://admin:s3cret@127.0.0.1:9/cam", decoder="gstreamer")
+    assert "s3cret" not in str(refused.value)

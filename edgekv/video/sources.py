@@ -465,6 +465,12 @@ def rtsp_pipeline(url: str, decoder: str = "jetson", timeout_s: float | None = 1
             f"{convert} ! video/x-raw,format=BGR ! appsink drop=true max-buffers=1 sync=false")
 
 
+def _on_a_jetson() -> bool:
+    from edgekv.monitor.jetson import is_jetson
+
+    return is_jetson()
+
+
 @functools.cache
 def opencv_has_gstreamer() -> bool:
     """Whether this OpenCV build can open GStreamer pipelines (pip wheels cannot; JetPack's can)."""
@@ -1214,6 +1220,11 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None,
         api = cv2.CAP_ANY if isinstance(device, int) else getattr(cv2, "CAP_V4L2", cv2.CAP_ANY)
         return OpenCVSource(parsed.raw, device, api, live=True, camera_params=parsed.params)
     if parsed.kind == "stream" and decoder != "ffmpeg" and str(parsed.target).lower().startswith("rtsp"):
+        if decoder == "gstreamer" and _on_a_jetson():
+            raise SourceUnavailable(f"video source {redact(parsed.raw)!r}: video.decoder gstreamer does not work on a "
+                                    "Jetson (decodebin picks NVIDIA's nvv4l2decoder there, whose NVMM frames "
+                                    "videoconvert cannot take: rtsp_pipeline); set video.decoder: jetson (the "
+                                    "hardware decoder) or ffmpeg (CPU)")
         if not opencv_has_gstreamer():
             raise SourceUnavailable(_no_gstreamer(parsed.raw, f"video.decoder {decoder}"))
         return OpenCVSource(parsed.raw, rtsp_pipeline(str(parsed.target), decoder, stream_timeout_s), cv2.CAP_GSTREAMER,
