@@ -1,5 +1,5 @@
-"""A snapshot reaches the disk a step at a time, each step a sign of life for the systemd watchdog
-(``edgekv.state._Paced``).
+"""A snapshot, and an archive segment rewritten by a forget, reach the disk a step at a time, each step a sign of
+life for the systemd watchdog (``edgekv.state._Paced``, ``FrameArchive.forget``'s ``progress``).
 
 Before: a snapshot (224 MiB at the 3B shape) was written to the page cache in a moment and then synced in one
 ``fsync`` that lasted as long as the flash took. On slow flash (an SD card) that one call outlasted ``WatchdogSec / 2``
@@ -161,3 +161,34 @@ def test_a_flash_that_stops_answering_stops_the_pings(slow_daemon):
     edgekv.state.PACE_BYTES = 1 << 40  # (restored by the fixture's monkeypatch) one step: the whole file
     daemon._save_now("SIGHUP")
     assert flash.ticks and not flash.ticks[-1] and flash.watchdog.withheld >= 1
+
+
+def test_an_archive_forget_reaches_the_disk_a_step_at_a_time(tmp_path, monkeypatch):
+    """The archive's part of a forget copies each segment holding the window (256 MiB by default: many seconds on an
+    SD card) without it: with ``progress`` the copy is synced ``_PACE_BYTES`` at a time and ``progress`` called after
+    each step and each segment, and the segment is the same as one rewritten at once."""
+    import edgekv.archive.store as store
+    from helpers_archive import SHAPE, fill
+
+    archives = {}
+    for name in ("paced", "whole"):
+        archive = store.FrameArchive(tmp_path / name, SHAPE, max_bytes=8 << 20, segment_bytes=1 << 20)
+        fill(archive, range(100))
+        archives[name] = archive
+    segment = next((tmp_path / "paced").glob("seg-*.ekva")).stat().st_size
+    monkeypatch.setattr(store, "_PACE_BYTES", segment // 10)
+    synced: list[int] = []
+    real = archives["paced"].files.fsync
+    monkeypatch.setattr(archives["paced"].files, "fsync", lambda fd: synced.append(fd) or real(fd))
+    steps: list[int] = []
+    paced = archives["paced"].forget(10.0, 12.0, progress=lambda: steps.append(len(synced)))
+    whole = archives["whole"].forget(10.0, 12.0)
+    assert paced["pairs"] == whole["pairs"] == 3
+    assert len(steps) >= 9 and steps == sorted(steps) and steps[-1] <= len(synced)  # a step only after a sync
+    assert [(e.pair, e.offset) for e in archives["paced"].entries()] == [
+        (e.pair, e.offset) for e in archives["whole"].entries()]
+    for archive in archives.values():
+        archive.close()
+    reopened = store.FrameArchive(tmp_path / "paced", SHAPE, max_bytes=8 << 20, segment_bytes=1 << 20)
+    assert [e.pair for e in reopened.entries()] == [p for p in range(100) if p not in (10, 11, 12)]
+    reopened.close()

@@ -13,7 +13,10 @@ The systemd watchdog pings only while the main loop's heartbeat is fresh (apps/d
 on the lock by a long forget (an archive rewritten, a snapshot written) stopped the pings, and a forget longer than
 ``WatchdogSec / 2`` got the daemon killed half way, to do it again at the next start. A pass beats the heartbeats
 of the loops it holds up between its parts — only of a loop that beat by itself since the previous pass: a pass
-that hangs beats no more, and a loop hung elsewhere is not kept looking alive by a stream of forgets.
+that hangs beats no more, and a loop hung elsewhere is not kept looking alive by a stream of forgets. The two parts
+that can each outlast ``WatchdogSec / 2`` on slow flash, the archive's rewritten segments and the snapshot, beat
+within themselves too: their files reach the disk 8 MiB at a time, a beat after each step (``edgekv.state._Paced``,
+``FrameArchive.forget``'s ``progress``), so a disk that stops answering still stops the beats.
 """
 
 from __future__ import annotations

@@ -1121,7 +1121,7 @@ class Daemon:
                 stream = bytes.fromhex(noted["archive_stream"]) if noted["archive_stream"] else None
             try:
                 if noted is None or stream is not None:
-                    archive = self.session.recall.archive.forget(t_lo, t_to, stream=stream)
+                    archive = self.session.recall.archive.forget(t_lo, t_to, stream=stream, progress=progress)
             except OSError as exc:  # not a full disk (that deletes the segment whole): an I/O error, said at the end
                 failed.append(f"archive: {exc}")
             progress()

@@ -115,6 +115,7 @@ import time
 import uuid
 import weakref
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -142,6 +143,7 @@ _LINGER_S = 0.2                            # the writer gathers queued pairs thi
 _INDEX_ROWS = 256                          # initial rows of the index matrix (grown by a quarter as needed)
 _SCORE_CHUNK = 512                         # index rows scored at a time
 _SCAN_BATCH = 64                           # records read at open indexed at a time
+_PACE_BYTES = 8 << 20                      # a forget's rewrite reaches the disk this much at a time (``progress``)
 _WALL_FLOOR = 1735689600.0                 # 2025-01-01 UTC: a wall time before it is a clock that was not set
 _WALL_SLACK_S = 60.0                       # a segment's wall time this far past now is still "now" (NTP's slew)
 ENTRY_BYTES = 640                          # an index entry's Python bookkeeping beside its row (ArchivedPair, the
@@ -1406,7 +1408,8 @@ class FrameArchive:
             self.segments_deleted += 1
 
     # ------------------------------------------------------------------ forget (issue 31)
-    def forget(self, t_from: float, t_to: float, stream: bytes | None = None) -> dict:
+    def forget(self, t_from: float, t_to: float, stream: bytes | None = None,
+               progress: Callable[[], None] | None = None) -> dict:
         """Remove every archived pair stamped in ``[t_from, t_to]`` (of ``stream``, or of every stream) from the
         files, not only from the index: each segment holding one is rewritten without it — the records kept are
         copied byte for byte (a sealed record keeps its nonce and its bytes) into ``seg-N.ekva.tmp``, which is
@@ -1416,7 +1419,9 @@ class FrameArchive:
         left a trail of small segments).
         A crash part way leaves each segment either whole as it was or rewritten (a leftover ``.tmp`` is
         removed at the next open). What it does not do: erase the flash blocks the old file used (the FTL
-        reuses them later); with ``privacy:`` keys set those blocks are ciphertext. Returns what was removed."""
+        reuses them later); with ``privacy:`` keys set those blocks are ciphertext. Returns what was removed.
+        ``progress``: called as each rewrite reaches the disk, ``_PACE_BYTES`` at a time, and after each segment (the
+        daemon's watchdog heartbeat: a 256 MiB segment copied on an SD card outlasts ``WatchdogSec / 2``)."""
         self.flush()
         removed_pairs, rewritten, deleted, freed = 0, 0, 0, 0
         with self._write_lock:
@@ -1431,7 +1436,7 @@ class FrameArchive:
             for number, pairs in by_segment.items():
                 before = self._segments.get(number, 0)
                 try:
-                    kept = self._rewrite_segment(number, pairs)
+                    kept = self._rewrite_segment(number, pairs, progress)
                 except OSError as exc:
                     if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                         raise
@@ -1452,6 +1457,8 @@ class FrameArchive:
                     deleted += 1
                     freed += before
                 removed_pairs += len(pairs)
+                if progress is not None:
+                    progress()
             if by_segment:
                 fsync_dir(self.dir)
         self.forgotten += removed_pairs
@@ -1463,7 +1470,7 @@ class FrameArchive:
         return {"pairs": removed_pairs, "segments_rewritten": rewritten, "segments_deleted": deleted,
                 "bytes": freed}
 
-    def _rewrite_segment(self, number: int, drop: set[int]) -> bool:
+    def _rewrite_segment(self, number: int, drop: set[int], progress: Callable[[], None] | None = None) -> bool:
         """Segment ``number`` without the records of ``drop`` (False: none was left, the segment is deleted)."""
         with self._lock:
             keep = sorted((e for e in self._entries.values() if e.segment == number and e.pair not in drop),
@@ -1488,15 +1495,16 @@ class FrameArchive:
                 self._forget(pair)
 
         self._replace_segment(number, keep, lambda source: self._segment_header(source, keep[0].offset), record,
-                              forget_dropped)
+                              forget_dropped, progress)
         return True
 
-    def _replace_segment(self, number: int, keep: list[ArchivedPair], header, record, after=None) -> int:
+    def _replace_segment(self, number: int, keep: list[ArchivedPair], header, record, after=None,
+                         progress: Callable[[], None] | None = None) -> int:
         """Segment ``number`` written anew into ``seg-N.ekva.tmp`` — ``header(source)``, then for each of ``keep``
         (in order) the bytes and record number ``record(source, entry, index)`` gives — fsynced and renamed over
         it (a crash leaves it whole as it was or rewritten; a leftover ``.tmp`` is removed at the next open). The
-        index follows the records; ``after()`` runs with the rename, under the lock readers hold. Returns the new
-        size."""
+        index follows the records; ``after()`` runs with the rename, under the lock readers hold. With ``progress``
+        the copy reaches the disk ``_PACE_BYTES`` at a time, ``progress()`` after each step. Returns the new size."""
         path = self._segment_path(number)
         tmp = path.with_name(path.name + ".tmp")
         moved: list[ArchivedPair] = []
@@ -1505,12 +1513,16 @@ class FrameArchive:
             try:
                 data = header(source)
                 self._write_to(fd, data, 0)
-                at = len(data)
+                at = synced = len(data)
                 for index, entry in enumerate(keep):
                     data, seq = record(source, entry, index)
                     self._write_to(fd, data, at)
                     moved.append(ArchivedPair(**{**asdict(entry), "offset": at, "seq": seq}))
                     at += len(data)
+                    if progress is not None and at - synced >= _PACE_BYTES:
+                        self.files.fsync(fd)
+                        synced = at
+                        progress()
                 written = os.fstat(source.fileno())  # a rewrite is not a new record: max_age_s still ages it
                 os.utime(tmp, ns=(written.st_atime_ns, written.st_mtime_ns))
                 self.files.fsync(fd)
