@@ -85,6 +85,20 @@ def end_streams(daemon: Any) -> int:
     return len(clients)
 
 
+PAGE_ALERTS = 10  # the status page's alerts view: the last so many
+
+
+def page_alerts(daemon: Any, limit: int = PAGE_ALERTS) -> dict:
+    """The status page's alerts view (``/v1/edgekv/status``'s ``alerts``): how many standing questions stand
+    (``rules``) and the last ``limit`` alerts of every camera, newest first, as ``GET /v1/alerts/events`` gives them
+    (kept ones of earlier runs included). No rules and no events while the daemon starts (nothing 503s)."""
+    cameras = getattr(daemon, "cameras", None) or {None: daemon}
+    engines = [d.alerts for d in cameras.values() if getattr(d, "alerts", None) is not None]
+    events = sorted((e for engine in engines for e in list(engine.bus.recent)), key=lambda e: e.raised_unix,
+                    reverse=True)
+    return {"rules": sum(len(engine.list()) for engine in engines), "events": [e.to_json() for e in events[:limit]]}
+
+
 def router(api: Api) -> APIRouter:
     routes = APIRouter()
     daemon = api.daemon

@@ -103,7 +103,8 @@ def build_app(daemon: Any, telemetry: Telemetry) -> RequestGuard:
     token = cfg.token or os.environ.get(cfg.token_env) or None
     api = Api(daemon, telemetry,
               AccessPolicy(cfg.host, token, tuple(cfg.allowed_hosts), cfg.max_request_bytes, cfg.metrics_public,
-                           cfg.tls(), cfg.login_attempts_per_minute),
+                           cfg.tls(), cfg.login_attempts_per_minute, trusted_proxies=tuple(cfg.trusted_proxies),
+                           proxy_header=cfg.proxy_header),
               ChatLimits(served_model_names(daemon), cfg.max_new_tokens, daemon.config.generation.max_new_tokens,
                          images=cfg.image_requests),
               {name: resources.files("edgekv.apps.server").joinpath(f"static/{name}").read_text()
@@ -205,7 +206,8 @@ class ApiServer:
                                 timeout_keep_alive=cfg.keep_alive_s, timeout_graceful_shutdown=2,
                                 # the client is the socket's peer: with uvicorn's default, X-Forwarded-For from
                                 # 127.0.0.1 replaced it, and any local process (or a TCP proxy passing headers on)
-                                # got a fresh login_attempts_per_minute budget per forged address
+                                # got a fresh login_attempts_per_minute budget per forged address; behind a
+                                # reverse proxy, server.trusted_proxies reads its header (guard.forwarded_client)
                                 proxy_headers=False)
         self.scheme = "https" if cfg.tls() else "http"
         self.server = uvicorn.Server(config)

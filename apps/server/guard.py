@@ -32,6 +32,13 @@ request, so a few hosts, each under its cap, cannot hold every slot between them
 ``AttemptLimiter`` rate-limits the status page's login per client address (a token bucket): guesses in
 parallel no longer go as fast as they come. Wrong ``Authorization: Bearer`` tokens on any route take from the
 same bucket (``AccessPolicy.attempts``), so the header is not an unlimited way round the form.
+
+Behind a reverse proxy every request comes from the proxy's address, so every client shared one login budget
+(and one ``reads_per_second``): a guesser locked the wearer out. ``server.trusted_proxies`` (opt-in) names the
+proxies; a request whose socket peer is one of them counts against the client its ``server.proxy_header`` names
+(``forwarded_client``: the right-most entry that is not a trusted proxy, never one the client could have written),
+and ``RequestGuard`` puts that client in the request's scope for every limit and handler. From any other peer the
+header is never read. The connection limits still count sockets, the proxy's (see ``GuardedH11Protocol``).
 """
 
 from __future__ import annotations
@@ -182,6 +189,8 @@ class AccessPolicy:
     metrics_public: bool = False  # server.metrics_public: /metrics without the token
     https: bool = False  # server.tls_cert_file: the page's cookie is Secure
     login_attempts_per_minute: float | None = None  # server.login_attempts_per_minute: the login's and the bearer's
+    trusted_proxies: tuple[str, ...] = ()  # server.trusted_proxies: peers whose proxy_header names the client
+    proxy_header: str = "x-forwarded-for"  # server.proxy_header: x-forwarded-for or forwarded
 
     def __post_init__(self) -> None:
         names = set(LOOPBACK_NAMES) | {split_host(h)[0] for h in self.allowed_hosts}
@@ -199,6 +208,16 @@ class AccessPolicy:
         # ``GET /`` answering the page instead of the login form, told which one was right).
         self.attempts = (AttemptLimiter(self.login_attempts_per_minute)
                          if self.token and self.login_attempts_per_minute else None)
+        self.proxies = tuple(ipaddress.ip_network(entry.strip()) for entry in self.trusted_proxies)
+
+    def client_of(self, scope: dict) -> tuple[str, int] | None:
+        """The client a request counts against (``forwarded_client``): the socket's peer, or behind a trusted
+        proxy the client that proxy names."""
+        peer = scope.get("client")
+        if not self.proxies or not peer:
+            return peer
+        client = forwarded_client(peer[0], scope["headers"], self.proxies, self.proxy_header)
+        return peer if client == peer[0] else (client, 0)
 
     def host_allowed(self, name: str) -> bool:
         if name in self.names:
@@ -307,6 +326,9 @@ class RequestGuard:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http":
+            if self.policy.proxies:  # behind a trusted proxy: the client it names, for every limit and the app
+                scope.setdefault("state", {})["edgekv_peer"] = scope.get("client")
+                scope["client"] = self.policy.client_of(scope)
             send = _security_headers(send, scope.get("scheme") == "https")
             refusal = self.policy.check(scope)
             if refusal is None and self.reads is not None and scope["path"] in SHAPED_PATHS:
@@ -480,6 +502,82 @@ class AttemptLimiter:
         self._prune(client, now)
         self._buckets[client] = (tokens - 1.0, now)
         return wait
+
+
+# ---------------------------------------------------------------------------------------------- reverse proxies
+def forwarded_client(peer: str, headers: list[tuple[bytes, bytes]], proxies: tuple, header: str) -> str:
+    """The address a request from ``peer`` counts against (login attempts, ``reads_per_second``). ``peer`` itself
+    unless it is in ``proxies`` (``server.trusted_proxies``): then the right-most address of ``header``
+    (``x-forwarded-for``, or ``forwarded``'s ``for=``) that is not a trusted proxy — the client the outermost trusted
+    proxy saw connect; what stands left of it was sent by that client and may say anything. Every entry trusted: the
+    left-most. ``peer`` (the proxy's budget, shared) when the header is missing or that entry names no address
+    (``unknown``, an obfuscated ``_name``): a client that cannot be told apart gets no budget of its own."""
+    own = _address(peer)
+    if own is None or not _trusted(own, proxies):
+        return peer
+    name = header.encode()
+    values = [value.decode("latin-1") for key, value in headers if key.lower() == name]
+    if header == "forwarded":
+        entries = [_forwarded_for(element) for value in values for element in _split_outside_quotes(value, ",")]
+    else:
+        entries = [entry for value in values for entry in value.split(",") if entry.strip()]
+    hop = None
+    for entry in reversed(entries):
+        hop = _address(entry)
+        if hop is None:
+            return peer
+        if not _trusted(hop, proxies):
+            return str(hop)
+    return str(hop) if hop is not None else peer  # every entry a trusted proxy (hop: the left-most), or none
+
+
+def _trusted(address: ipaddress.IPv4Address | ipaddress.IPv6Address, proxies: tuple) -> bool:
+    return any(address in network for network in proxies)
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address as a forwarding header writes it (``203.0.113.7``, ``203.0.113.7:4711``, ``[2001:db8::1]:4711``,
+    ``2001:db8::1``, quoted), an IPv4-mapped IPv6 one as its IPv4; None for anything else."""
+    text = text.strip().strip('"').strip()
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
+
+
+def _forwarded_for(element: str) -> str:
+    """The ``for=`` of one ``Forwarded`` element (RFC 7239: ``for=192.0.2.60;proto=https;by=...``); "" without."""
+    found = ""
+    for pair in _split_outside_quotes(element, ";"):
+        key, _, value = pair.partition("=")
+        if key.strip().lower() == "for":
+            found = value.strip()
+    return found
+
+
+def _split_outside_quotes(text: str, separator: str) -> list[str]:
+    """``text`` split at ``separator`` where it stands outside a quoted string (RFC 9110 5.6.4)."""
+    parts, current, quoted, escaped = [], [], False, False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == separator and not quoted:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current))
+    return parts
 
 
 def raw_response(status: int, reason: str, message: str, code: str) -> bytes:

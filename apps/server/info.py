@@ -1,5 +1,6 @@
-"""Read-only routes: ``/healthz``, ``/v1/models``, ``/metrics``, ``/v1/edgekv/status`` (the status page's data)
-and ``/frame.jpg``.
+"""Read-only routes: ``/healthz``, ``/v1/models``, ``/metrics``, ``/v1/edgekv/status`` (the status page's data:
+figures, questions, the last alerts and the device's clock, in the one request the page makes each second) and
+``/frame.jpg``.
 
 What they serve is made at most every ``telemetry.FRESH_S`` (figures, the exposition, the frame's JPEG) and
 served again meanwhile straight from the event loop. Making it needs the session lock (waited for at most a
@@ -18,8 +19,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from edgekv.apps.server.alerts import page_alerts
 from edgekv.apps.server.api import Api, JsonResponse
 from edgekv.apps.server.openai_chat import ApiError, safe_text
+from edgekv.apps.server.page import device_clock
 from edgekv.apps.server.telemetry import Telemetry, camera_figures, stream_detail, stream_state
 
 
@@ -64,14 +67,17 @@ def router(api: Api) -> APIRouter:
         "text/plain": {"schema": {"type": "string"}}, "application/openmetrics-text": {"schema": {"type": "string"}}}}})
     async def metrics(request: Request):
         accept = request.headers.get("accept")
-        body, content_type = await _refresh(telemetry.exposition_fresh(accept), lambda: telemetry.exposition(accept))
+        public = not request.state.edgekv_authenticated  # server.metrics_public, no token given: no stream state
+        body, content_type = await _refresh(telemetry.exposition_fresh(accept, public),
+                                            lambda: telemetry.exposition(accept, public))
         return Response(body, headers={"content-type": content_type})
 
     @routes.get("/v1/edgekv/status")
     async def status():
         payload = await _refresh(telemetry.snapshot_fresh(),
                                  lambda: status_payload(daemon, telemetry, auth=api.policy.token is not None))
-        return JsonResponse(payload, headers={"cache-control": "no-store"})
+        # the device's clock read now, not with the figures (served again for FRESH_S): the page's one request
+        return JsonResponse({**payload, "clock": device_clock()}, headers={"cache-control": "no-store"})
 
     @routes.get("/frame.jpg", response_class=Response,
              responses={200: {"content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}}})
@@ -176,6 +182,7 @@ def status_payload(daemon: Any, telemetry: Telemetry, auth: bool) -> dict:
                   "decode_tok_s": last.get("decode_tok_s")},
         "series": telemetry.series_for_page(), "questions": recent_questions(daemon, telemetry), "auth": auth,
         "cameras": camera_figures(daemon.cameras) if getattr(daemon, "cameras", None) else None,
+        "alerts": page_alerts(daemon),
     }
 
 

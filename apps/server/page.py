@@ -5,7 +5,8 @@ inline script runs, so text that reached the page some other way (a question, an
 one even if it were ever written as HTML. The login form's files need no token (the form is what a client
 without one is shown); the page's need it as the page does.
 
-``GET /v1/edgekv/clock`` tells the page the device's clock and time zone. The wearer asks and forgets by the
+The device's clock and time zone (``device_clock``) come with every ``/v1/edgekv/status`` the page polls (its
+``clock``; ``GET /v1/edgekv/clock`` gives the same alone, for other clients). The wearer asks and forgets by the
 device's clock ("forget from 14:00 to 14:10", evidence "seen at 14:03"), and the daemon reads such times in its
 own zone; a phone in another zone (travel, a remote operator) showed times in the browser's zone, which the
 device then read as other moments. The page shows every time as the device's clock showed it, with its offset."""

@@ -13,7 +13,9 @@ one's state under ``cameras``), and forget reports the totals and each camera's 
 
 Paused is also ``stream_state: paused`` on the status page, ``/healthz`` (with the token, when one is set: its
 public answer says ``ok`` only, so the network does not learn when the camera was switched off) and ``/metrics``
-(``edgekv_stream_state{state="paused"}``)."""
+(``edgekv_stream_state{state="paused"}``, also with the token only: ``server.metrics_public`` opens the other figures,
+whose frame counters still stop while paused — as they do for a camera out of reach — so where that too must stay
+private, keep ``/metrics`` behind the token)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class Telemetry:
         self.last_answer: dict | None = None
         self._snapshot: dict | None = None
         self._snapshot_at = 0.0
-        self._expositions: dict[str, tuple[float, bytes]] = {}  # content type -> (when, body)
+        self._expositions: dict[tuple[str, bool], tuple[float, bytes]] = {}  # (type, public) -> (when, body)
         self._interval = sample_interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,9 +109,9 @@ class Telemetry:
         """A snapshot younger than ``FRESH_S`` is there (``snapshot()`` returns it without work)."""
         return self._snapshot is not None and time.monotonic() - self._snapshot_at < FRESH_S
 
-    def exposition_fresh(self, accept: str | None = None) -> bool:
+    def exposition_fresh(self, accept: str | None = None, public: bool = False) -> bool:
         _, content_type = choose_encoder(accept or "")
-        cached = self._expositions.get(content_type)
+        cached = self._expositions.get((content_type, public))
         return cached is not None and time.monotonic() - cached[0] < FRESH_S
 
     def monitor(self) -> dict:
@@ -121,15 +121,17 @@ class Telemetry:
         sampler = self.daemon.sampler
         return sampler.stats() if sampler is not None else {}
 
-    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+    def exposition(self, accept: str | None = None, public: bool = False) -> tuple[bytes, str]:
         """The metrics in the format the scraper asks for (``Accept``: Prometheus text or OpenMetrics); one
-        rendered less than ``FRESH_S`` ago is served again (a scraper polls every 15 s; a flood costs nothing)."""
+        rendered less than ``FRESH_S`` ago is served again (a scraper polls every 15 s; a flood costs nothing).
+        ``public``: for a scraper without the token (``server.metrics_public``), without ``PRIVATE_FAMILIES``;
+        each kind is kept apart, so a public scrape is never served the one rendered for the token's holder."""
         encoder, content_type = choose_encoder(accept or "")
-        cached = self._expositions.get(content_type)
+        cached = self._expositions.get((content_type, public))
         if cached is not None and time.monotonic() - cached[0] < FRESH_S:
             return cached[1], content_type
-        body = encoder(self.registry)
-        self._expositions[content_type] = (time.monotonic(), body)
+        body = encoder(PublicRegistry(self.registry) if public else self.registry)
+        self._expositions[content_type, public] = (time.monotonic(), body)
         return body, content_type
 
     # ------------------------------------------------------------------ time series
@@ -187,6 +189,22 @@ def _disk_write_bytes() -> int | None:
         return None
     except Exception:  # psutil.AccessDenied and the like: the metric is left out, the scrape goes on
         return None
+
+
+# Left out of a scrape without the token (server.metrics_public): they say by name when the wearer paused the camera
+# (``state="paused"``), which /healthz tells only the token's holder. The other figures stay: a monitor needs them,
+# and they say that no frame came in for a while (a pause, or a camera out of reach), not which.
+PRIVATE_FAMILIES = frozenset({"edgekv_stream_state", "edgekv_camera_stream_state"})
+
+
+class PublicRegistry:
+    """A registry as a scraper without the token sees it: every family but ``PRIVATE_FAMILIES``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        return (family for family in self.registry.collect() if family.name not in PRIVATE_FAMILIES)
 
 
 class DaemonCollector:

@@ -20,24 +20,23 @@ $("overlay").addEventListener("change", () => { $("heat").hidden = !$("overlay")
 
 // Times as the device's clock shows them. The wearer asks by it ("forget from 14:00 to 14:10", "what was on the
 // table at 14:03?") and the daemon reads such times in its own zone; a browser in another zone (travel, a remote
-// operator) showed its own clock's times, which the device then read as other moments. /v1/edgekv/clock gives the
-// device's zone (its IANA name: the browser formats any moment in it, summer time included) or, without a name, its
-// offset now; every time shown says its UTC offset.
-let clock = null;  // /v1/edgekv/clock's answer, with `at`: Date.now() when it was read
+// operator) showed its own clock's times, which the device then read as other moments. Each status carries the
+// device's clock (`clock`, as /v1/edgekv/clock gives it): its zone (its IANA name: the browser formats any moment in
+// it, summer time included) or, without a name, its offset now; every time shown says its UTC offset. Read with every
+// status: the zone may change while the daemon runs (a flight).
+let clock = null;  // the status's `clock`, with `at`: Date.now() when it came
 let zoneFormat = null;  // Intl.DateTimeFormat in the device's zone, or null: the offset now is used
-async function readClock() {
-  try {
-    const r = await fetch("/v1/edgekv/clock", {credentials: "same-origin"});
-    if (!r.ok) return;
-    clock = {...(await r.json()), at: Date.now()};
-    zoneFormat = null;
-    if (clock.zone) {
-      try {
-        zoneFormat = new Intl.DateTimeFormat("en-US", {timeZone: clock.zone, hourCycle: "h23", year: "numeric",
-          month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit"});
-      } catch (e) { zoneFormat = null; }  // a name this browser does not know: the offset now
-    }
-  } catch (e) { /* unreachable: refresh() says so */ }
+function takeClock(given) {
+  const zoneBefore = clock ? clock.zone : undefined;
+  clock = {...given, at: Date.now()};
+  if (clock.zone === zoneBefore) return;
+  zoneFormat = null;
+  if (clock.zone) {
+    try {
+      zoneFormat = new Intl.DateTimeFormat("en-US", {timeZone: clock.zone, hourCycle: "h23", year: "numeric",
+        month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit"});
+    } catch (e) { zoneFormat = null; }  // a name this browser does not know: the offset now
+  }
 }
 function deviceNow() { return clock ? clock.unix + (Date.now() - clock.at) / 1000 : Date.now() / 1000; }
 function clockParts(unix) {  // {date: "2026-12-06", time: "14:03:05", offset: minutes east of UTC} on the device
@@ -158,6 +157,42 @@ function showQuestions(items) {
   }));
   $("questions").dataset.count = String(items.length);
 }
+const ALERT_FRAMES = /^\/v1\/alerts\/events\/[^/?#]+\/keyframe\.jpg$/;  // the daemon's own links only
+function showAlerts(alerts) {  // the last alerts of the standing questions, newest first
+  const items = alerts.events.map((event) => {
+    const li = document.createElement("li"), when = document.createElement("span");
+    const name = document.createElement("span");
+    when.className = "when"; when.textContent = deviceTime(event.raised_unix, false);
+    name.className = "rule"; name.textContent = event.name; name.dir = "auto";
+    if (event.question !== event.name) name.title = event.question;
+    li.append(when, name);
+    if (event.camera) {
+      const cam = document.createElement("span");
+      cam.className = "src"; cam.textContent = event.camera; li.append(cam);
+    }
+    const meta = document.createElement("span");
+    meta.className = "meta";
+    meta.textContent = [`P(yes) ${fmt(event.p_yes, 2)}`,
+      event.evidence_unix != null ? "evidence seen " + deviceTime(event.evidence_unix, false) : ""]
+      .filter(Boolean).join(" · ");
+    li.append(meta);
+    if (event.keyframe_url && ALERT_FRAMES.test(event.keyframe_url)) {
+      const a = document.createElement("a");
+      a.href = event.keyframe_url; a.target = "_blank"; a.rel = "noopener"; a.textContent = "evidence frame";
+      li.append(a);
+    }
+    return li;
+  });
+  if (!items.length) {
+    const li = document.createElement("li");
+    li.className = "none";
+    li.textContent = alerts.rules ? `No alert yet (${alerts.rules} standing question${alerts.rules === 1 ? "" : "s"}).`
+      : "No standing questions (alerts.rules in the config, or POST /v1/alerts).";
+    items.push(li);
+  }
+  $("alerts").replaceChildren(...items);
+  $("alerts").dataset.count = String(alerts.events.length);
+}
 function showEvidence(item) {  // when the answer's evidence was seen, and its frame while the daemon keeps it
   const box = $("evidence");
   if (!item) { box.replaceChildren(); return; }
@@ -216,7 +251,7 @@ async function refresh() {
     return;
   }
   failures = 0;
-  if (!clock || Date.now() - clock.at > 30000) await readClock();  // the zone may change while it runs (a flight)
+  if (s.clock) takeClock(s.clock);
   showClock();
   $("logout").hidden = !s.auth;
   showState(s.daemon.stream_state, s.daemon.stream_detail, s.daemon.problems);
@@ -239,6 +274,7 @@ async function refresh() {
   if (s.cameras) showCameras(s.cameras);
   drawMemory(s.series);
   showQuestions(s.questions);
+  if (s.alerts) showAlerts(s.alerts);
   const k = s.kept;
   if (k.rows) { paint($("heat"), k.cols, k.rows, (x, y) => k.kept[y][x]); window.paintedKept = k; }
   const cam = $("camera").hidden ? "" : "camera=" + encodeURIComponent($("camera").value) + "&";
