@@ -191,9 +191,6 @@ def _add_ask(parser: argparse.ArgumentParser) -> None:
 
     add_ask_arguments(parser)
     add_local_arguments(parser)
-    # the --config its fleet options read (apps/outputs/mqtt.py) takes a shipped config's name as every --config does
-    config = parser._option_string_actions["--config"]
-    config.type, config.help = resolve_config, config_help(config.help)
     parser.set_defaults(func=_ask)
 
 

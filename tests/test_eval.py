@@ -631,16 +631,18 @@ def test_mlvu_layout_is_read_and_prompted_like_infinipot_v(tmp_path):
     items = load_mlvu(_mlvu(tmp_path / "MLVU"))
     assert [i.answer for i in items] == ["C", "A"]  # generation tasks are left out
     assert items[0].task == "plotQA" and items[0].video.name == "a.avi"
-    assert prompt(items[0], "mlvu") == ("Question: What happens?\nOptions:\n(A) x\n(B) y\n(C) z\n(D) w\n"
-                                        "Respond with only the letter (A, B, C or D) of the correct option.")
+    assert prompt(items[0], "mlvu", "infinipot_v") == (
+        "Question: What happens?\nOptions:\n(A) x\n(B) y\n(C) z\n(D) w\n"
+        "Respond with only the letter (A, B, C or D) of the correct option.")
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "json"])
 def test_videomme_layout_is_read(tmp_path, fmt):
     items = load_videomme(_videomme(tmp_path / "vmme", fmt))
     assert [i.answer for i in items] == ["B", "D"] and items[0].video.name == "vid1.avi"
-    assert prompt(items[0], "videomme").endswith("Respond with only the letter (A, B, C, or D) of the correct option.")
-    assert "A. one" in prompt(items[0], "videomme")
+    assert prompt(items[0], "videomme", "infinipot_v").endswith(
+        "Respond with only the letter (A, B, C, or D) of the correct option.")
+    assert "A. one" in prompt(items[0], "videomme", "infinipot_v")
 
 
 def test_mlvu_and_videomme_annotations_that_cannot_be_read_are_refused_naming_the_file(tmp_path):

@@ -177,6 +177,12 @@ def fleet(runtime):
     made.close()
 
 
+def announced(agent) -> bool:
+    """The device is connected and the broker has sent its own status back to it, so the status is retained there:
+    an asker that subscribes now sees it online (one that subscribed before would find nobody online and not wait)."""
+    return agent.connected.is_set() and agent.counts["status_echoed"] >= 1
+
+
 def _statuses(listener: Listener, device: str) -> list[dict]:
     return [s for s in listener.json_on(f"/devices/{device}/status")]
 
@@ -302,7 +308,7 @@ def test_bad_fleet_messages_are_counted_and_answered_with_the_reason_and_nothing
     from edgekv.apps.outputs.mqtt import ask_fleet
 
     agent, host = fleet.add(broker.url, "cam-red", max_payload_bytes=1024)
-    assert until(agent.connected.is_set)
+    assert until(lambda: announced(agent))
     frames, cache_tokens = host.session.counters.frames, host.session.cache.length
     replies = Listener(broker.url, ["edgekv/replies/bad"])
     ask = "edgekv/fleet/ask"
@@ -381,7 +387,7 @@ def test_a_busy_device_answers_busy(broker, fleet):
     from edgekv.apps.outputs.mqtt import ask_fleet
 
     agent, host = fleet.add(broker.url, "cam-red")
-    assert until(agent.connected.is_set)
+    assert until(lambda: announced(agent))
     host.queue_size = 0  # a device whose question queue is full
     (busy,) = ask_fleet(QUESTION, broker.url, timeout_s=60).answers
     assert busy.answer is None and "questions are already waiting" in busy.error and agent.counts["refused_busy"] == 1
@@ -397,7 +403,7 @@ def test_a_silent_device_is_named(broker, fleet):
     stuck = threading.Lock()
     fleet.add(broker.url, "cam-red")
     fleet.add(broker.url, "cam-green", lock=stuck)
-    assert until(lambda: all(agent.connected.is_set() for agent, _ in fleet.devices.values()))
+    assert until(lambda: all(announced(agent) for agent, _ in fleet.devices.values()))
     with stuck:  # cam-green's model is held: online, but it cannot answer within the timeout, however long
         result = ask_fleet(QUESTION, broker.url, timeout_s=10.0)
     assert [(a.device, a.answer) for a in result.answers] == [("cam-red", "red")]
@@ -580,7 +586,7 @@ def test_mqtts_with_the_fleet_ca_and_a_client_certificate(tmp_path, fleet, certi
         url = f"mqtts://127.0.0.1:{broker.tls_port}"
         tls = {"ca_file": str(c / "ca.pem"), "cert_file": str(c / "client.pem"), "key_file": str(c / "client.key")}
         agent, _ = fleet.add(url, "cam-green", **tls)
-        assert until(agent.connected.is_set)
+        assert until(lambda: announced(agent))
         result = ask_fleet(QUESTION, FleetConnection(url, **tls), timeout_s=60)
         assert [(a.device, a.answer) for a in result.answers] == [("cam-green", "green")]
         with pytest.raises(FleetError, match=r"the broker mqtts://127.0.0.1:\d+ closed the connection before accepting "
@@ -680,7 +686,7 @@ def test_a_forget_that_fails_unexpectedly_is_answered_and_the_next_is_still_carr
     from edgekv.apps.outputs.mqtt import forget_fleet
 
     agent, host = fleet.add(broker.url, "cam-red", accept_forget=True)
-    assert until(lambda: agent.connected.is_set())
+    assert until(lambda: announced(agent))
     real, calls = host.forget, []
 
     def flaky(**window):
@@ -703,7 +709,7 @@ def test_a_forget_reaching_a_stopping_device_is_answered_as_such(broker, fleet):
     from edgekv.apps.questions import DaemonStopping
 
     agent, host = fleet.add(broker.url, "cam-red", accept_forget=True)
-    assert until(lambda: agent.connected.is_set())
+    assert until(lambda: announced(agent))
     real, calls = host.forget, []
 
     def stopping_once(**window):
@@ -726,7 +732,7 @@ def test_a_deeply_nested_fleet_question_is_refused_and_the_device_goes_on_answer
     from edgekv.apps.outputs.mqtt import ask_fleet
 
     agent, host = fleet.add(broker.url, "cam-red")
-    assert until(agent.connected.is_set)
+    assert until(lambda: announced(agent))
     replies = Listener(broker.url, ["edgekv/replies/deep"])
     try:
         publish_raw(broker.url, "edgekv/fleet/ask", b'{"question": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
@@ -783,7 +789,7 @@ def test_an_answer_with_fields_of_the_wrong_types_is_kept_without_them_and_the_o
     odd = _OddDevice(broker.url, "odd-cam", {"device": "odd-cam", "camera": ["x"], "answer": {"a": 1},
                                              "evidence_pair": "3", "evidence_t": "1.5", "ttft_s": [1], "error": 7})
     try:
-        assert until(agent.connected.is_set) and odd.subscribed.wait(30)
+        assert until(lambda: announced(agent)) and odd.subscribed.wait(30)
         result = ask_fleet(QUESTION, broker.url, timeout_s=60)
         by_device = {a.device: a for a in result.answers}
         assert sorted(by_device) == ["cam-red", "odd-cam"] and by_device["cam-red"].answer == "red"

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers_mqtt import QUESTION, Listener, Mosquitto, Relay, publish_raw, until
-from test_fleet import broker, certificates, fleet, runtime  # noqa: F401 (fixtures)
+from test_fleet import announced, broker, certificates, fleet, runtime  # noqa: F401 (fixtures)
 
 
 def _properties(**values) -> SimpleNamespace:
@@ -107,7 +107,7 @@ def test_the_broker_restarting_mid_question_is_survived_and_said(tmp_path, fleet
     with Mosquitto(tmp_path / "broker") as broker:
         held = threading.Lock()
         agent, _ = fleet.add(broker.url, "cam-red", lock=held)
-        assert until(agent.connected.is_set)
+        assert until(lambda: announced(agent))
         results: list = []
         with held:  # the device holds the question until the broker has restarted
             asker = threading.Thread(target=lambda: results.append(ask_fleet(QUESTION, broker.url, timeout_s=120)))
@@ -131,7 +131,7 @@ def test_a_device_asked_again_sends_its_kept_answer_again(broker, fleet):
     from edgekv.apps.outputs.mqtt import REPEAT
 
     agent, _ = fleet.add(broker.url, "cam-red")
-    assert until(agent.connected.is_set)
+    assert until(lambda: announced(agent))
     replies = Listener(broker.url, ["edgekv/replies/again"])
     ask, request = "edgekv/fleet/ask", json.dumps({"question": QUESTION}).encode()
     try:
@@ -210,3 +210,60 @@ def test_an_unreachable_broker_is_named_with_the_host_and_port_tried(tmp_path):
             pytest.skip("something listens on 127.0.0.1:1883 here")
     with pytest.raises(FleetError, match=r"^cannot reach the broker mqtt://127.0.0.1 \(127.0.0.1:1883\): "):
         ask_fleet(QUESTION, "mqtt://127.0.0.1", timeout_s=5)
+
+
+def _ask_in_thread(ask, bound_s: float = 300.0):
+    """``ask()`` in a thread, its result once it returns within ``bound_s`` (far below the asker's own timeout)."""
+    results: list = []
+    asker = threading.Thread(target=lambda: results.append(ask()), daemon=True)
+    asker.start()
+    asker.join(bound_s)
+    assert not asker.is_alive(), "the asker waited out its timeout"
+    return results[0]
+
+
+def test_with_every_retained_status_offline_or_stale_the_asker_says_so_and_does_not_wait(broker, capsys):
+    """The bug: with no device online and fresh, nothing told the asker when the broker had sent every retained
+    status, so ``ask --fleet`` waited its whole timeout (an hour here) for answers nobody could send. Now a marker
+    published to its own reply topic after the SUBACK comes back after the retained statuses (Mosquitto queues them
+    while it handles the SUBSCRIBE) and the asker returns at once, saying no device was online."""
+    from edgekv.apps.cli import main
+    from edgekv.apps.outputs.mqtt import ask_fleet, forget_fleet, format_result
+
+    now = time.time()
+    statuses = {
+        "gone-cam": ({"state": "offline", "unix": now}, None),
+        "old-cam": ({"state": "online", "unix": now - 3600}, None),  # an older device's status, an hour old
+        # this version's status, aged by the broker: 300 s kept, 200 left, so 100 s old against a 0.5 s refresh
+        "frozen-cam": ({"state": "online", "unix": now, "every_s": 0.5, "expires_s": 300}, 200)}
+    for name, (body, expiry) in statuses.items():
+        publish_raw(broker.url, f"edgekv/devices/{name}/status",
+                    json.dumps({"type": "edgekv.status", "device": name, **body}).encode(), retain=True,
+                    expiry_s=expiry)
+    result = _ask_in_thread(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
+    assert result.nobody_online and result.answers == [] and result.silent == []
+    assert result.offline == ["gone-cam"] and sorted(result.stale) == ["frozen-cam", "old-cam"]
+    assert "; no device is online with a fresh status, so none was waited for; online but silent: none; " \
+           "not answering: " in format_result(result)
+    one = _ask_in_thread(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600, device="gone-cam"))
+    assert one.nobody_online and one.offline == ["gone-cam"] and one.stale == {}
+    forgot = _ask_in_thread(lambda: forget_fleet(broker.url, timeout_s=3600, last_s=5))
+    assert forgot.nobody_online and forgot.answers == []
+    code = _ask_in_thread(lambda: main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--timeout", "3600",
+                                        "--json"]))
+    printed = json.loads(capsys.readouterr().out)
+    assert code == 1 and printed["nobody_online"] is True and printed["offline"] == ["gone-cam"]
+
+
+def test_an_empty_fleet_is_not_waited_for_and_a_fresh_device_still_is(broker, fleet):
+    """No retained status at all: nobody to wait for. A device online and fresh is still waited for (and answers),
+    and the marker is not taken for an answer."""
+    from edgekv.apps.outputs.mqtt import ask_fleet
+
+    empty = _ask_in_thread(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
+    assert empty.nobody_online and empty.answers == [] and empty.offline == [] and empty.stale == {}
+    agent, _ = fleet.add(broker.url, "cam-red")
+    assert until(lambda: announced(agent))
+    result = _ask_in_thread(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
+    assert not result.nobody_online and [(a.device, a.answer) for a in result.answers] == [("cam-red", "red")]
+    assert agent.counts["answered"] == 1

@@ -123,7 +123,7 @@ def test_ovobench_layout_is_read_without_the_forward_tasks(tmp_path):
     assert [i.ask_at for i in items] == [1.2, 4.0, 2.0, 0.0, 100.0]
     assert items[0].video == tmp_path / "ovo" / "src_videos" / "Ego4D" / "clips" / "a.avi"
     assert items[0].extra["category"] == "backward" and items[2].extra["category"] == "realtime"
-    assert prompt(items[4], "ovobench").splitlines()[2:] == [
+    assert prompt(items[4], "ovobench", "infinipot_v").splitlines()[2:] == [
         "A. 1", "B. 2", "C. 3", "D. 4", "E. 5", "Respond with only the letter (A, B, C, D or E) of the correct option."]
 
 
@@ -135,7 +135,8 @@ def test_streamingbench_layout_is_read(tmp_path):
     assert {i.video for i in items} == {data / "videos" / "sample_1_real.avi", data / "videos" / "sample_2_real.avi"}
     assert items[3].options == ("A. none", "B. one", "C. two", "D. three")  # bare options get their letters
     assert len({i.id for i in items}) == 4 and items[0].task == "Object Recognition"
-    assert prompt(items[0], "streamingbench").endswith("Respond with only the letter (A, B, C, or D) of the correct option.")
+    assert prompt(items[0], "streamingbench", "infinipot_v").endswith(
+        "Respond with only the letter (A, B, C, or D) of the correct option.")
     # the published questions_real.json has one "00:12450": read as 12450 s (StreamingBench's own rule), asked at the end
     (data / "questions_real.json").write_text(json.dumps(_set(SB_ENTRIES, (0, "questions", 0, "time_stamp"), "00:12450")))
     assert load_streamingbench(data)[0].ask_at == 12450.0
@@ -148,7 +149,8 @@ def test_rvs_layout_is_read_as_open_ended(tmp_path):
                                                           ("v2/0", 2.0, "a green ball")]
     assert all(i.open_ended and i.task == "rvs_ego" for i in items)
     assert items[0].video == data / "ego" / "videos" / "v1.avi" and items[2].video == data / "ego" / "videos" / "v2.mp4"
-    assert prompt(items[1], "rvs_ego") == "What is the person holding?\nAnswer in a few words."
+    assert prompt(items[1], "rvs_ego", "infinipot_v") == "What is the person holding?\nAnswer in a few words."
+    assert prompt(items[1], "rvs_ego") == "What is the person holding?"  # as ReKV asks it
 
 
 def test_open_ended_proxy_is_squad_token_f1():
@@ -161,7 +163,7 @@ def test_open_ended_proxy_is_squad_token_f1():
 # ---------------------------------------------------------------------------------------------- running
 class ScriptedSession:
     """A stand-in for ``StreamSession``: counts the frames it is given and answers each question from a script
-    (the question is the prompt's first line, less any ``Question: ``)."""
+    (the scripted question the prompt holds; every prompt style puts the question in as written)."""
 
     def __init__(self, log: list, replies: dict[str, str]) -> None:
         self.log, self.replies, self.frames, self.t = log, replies, 0, None
@@ -171,8 +173,9 @@ class ScriptedSession:
         self.frames, self.t = self.frames + 1, t
 
     def ask(self, text: str, max_new_tokens: int):
-        question = text.splitlines()[0].removeprefix("Question: ")
-        self.log.append({"question": question, "frames": self.frames, "t": self.t, "max_new_tokens": max_new_tokens})
+        (question,) = [q for q in self.replies if q in text]
+        self.log.append({"question": question, "frames": self.frames, "t": self.t, "max_new_tokens": max_new_tokens,
+                         "text": text})
         return type("Answer", (), {"text": self.replies[question], "ttft_s": 0.0})()
 
     def stats(self) -> dict:

@@ -104,8 +104,9 @@ def run_fleet(args: argparse.Namespace) -> int:
             section = FleetSection(broker=url, device_id=f"device-{index:02d}", status_every_s=5.0)
             devices.append((FleetAgent(section, host.start()).start(), host))
         deadline = time.monotonic() + 60
-        # every device connected and its retained "online" status sent: the asker knows whom to wait for
-        while not all(agent.connected.is_set() and agent.counts["status_sent"] for agent, _ in devices):
+        # every device's retained "online" status held by the broker (sent back to the device itself): an asker that
+        # subscribes now gets them all before it decides that nobody is online (apps/outputs/mqtt.py ask_fleet)
+        while not all(agent.connected.is_set() and agent.counts["status_echoed"] for agent, _ in devices):
             if time.monotonic() > deadline:
                 raise SystemExit("edgekv bench fleet: not every device connected within 60 s")
             time.sleep(0.05)

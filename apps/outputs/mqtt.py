@@ -46,6 +46,20 @@ QoS and retain, and why:
   clock is trusted; a status of an older device (no ``every_s``) is aged by its ``unix`` on the asker's clock and
   taken as stale past ``LEGACY_STALE_S``; a status without ``unix`` is waited for as before. "offline" never
   expires: the fleet keeps knowing the devices that left.
+- all statuses in: an asker cannot tell from MQTT itself when the broker has sent every retained status (they are
+  sent "at the time of the subscribe", Retain Handling 0, §3.8.3.1, with no end marker), so with every device
+  offline or stale it used to wait its whole timeout for an answer nobody could send. After the SUBACK it
+  publishes a marker (QoS 1, empty, its own Correlation Data) to its own reply topic, subscribed in the same
+  SUBSCRIBE as the statuses, and takes the marker's arrival as "every retained status delivered"; if then no device
+  is online and fresh it says so and returns at once (``FleetResult.nobody_online``). The spec orders messages only
+  per topic and publisher (§4.6), not a retained status against a later publication on another topic; Mosquitto
+  queues the retained messages on the session while it handles the SUBSCRIBE, before the SUBACK
+  (eclipse/mosquitto ``src/handle_subscribe.c``, ``retain__queue``), and sends a session's queue in order, so there
+  the marker comes after them. On a broker that delivers retained messages later than that, a status arriving after
+  the marker is still read, but an asker that found nobody online has already returned. A marker that never
+  arrives (an ACL that refuses it) leaves the wait as it was: until the answers or the timeout. Only the statuses
+  at the marker decide: a device that goes offline or stale later (a broker restarting mid-wait fires every will)
+  is waited for as before, since it may come back and answer the question asked again.
 - last will (§3.1.2.5): the same topic, QoS 1, retained, ``"state": "offline"``: a device that vanishes without
   a DISCONNECT (power cut, link cut past the keep-alive) is marked offline by the broker, after
   ``will_delay_s`` (§3.1.3.2.2) so that a short blip does not flap. A clean stop publishes "offline" itself.
@@ -467,6 +481,7 @@ class SessionHost:
         for pair in pairs:
             self.times.pop(pair, None)
         return {"pairs": len(pairs), "stretches": [list(s) for s in stretches],
+                "cache_tokens_freed": sum(r.get("tokens", 0) for r in removed),
                 "cache_slots": sum(r.get("slots", 0) for r in removed)}
 
     def _run(self) -> None:
@@ -536,7 +551,7 @@ class FleetAgent:
             ("connects", "disconnects", "connect_refused", "connect_failed", "questions_received", "answered",
              "answer_errors", "refused_busy", "dropped_malformed", "dropped_oversized", "duplicates", "alerts_sent",
              "answers_sent", "status_sent", "outbox_dropped", "paho_queue_full", "forgets_received", "forgets_done",
-             "forgets_refused", "twins_seen", "answers_resent"), 0)
+             "forgets_refused", "twins_seen", "answers_resent", "status_echoed"), 0)
         # this process's mark in its status: a status under our device_id with another mark, stored by the broker
         # after ours was, is a second device configured with the same id (_on_status)
         self.instance, self._own_status_seen = uuid.uuid4().hex[:12], False
@@ -753,6 +768,7 @@ class FleetAgent:
         instance = body.get("instance") if isinstance(body, dict) else None
         if instance == self.instance:
             self._own_status_seen = True
+            self.counts["status_echoed"] += 1  # the broker holds our status: an asker that subscribes now sees it
         if instance in (None, self.instance) or not self._own_status_seen:
             return
         self.counts["twins_seen"] += 1
@@ -1040,9 +1056,11 @@ class FleetResult:
     stale: dict[str, float] = field(default_factory=dict)  # "online" but not refreshed: device -> the status's age (s)
     twins: list[str] = field(default_factory=list)  # device ids answered from two processes (one id, two devices)
     broker_lost: list[str] = field(default_factory=list)  # the broker lost during the wait: when, why, when back
+    nobody_online: bool = False  # every retained status was in and none online and fresh: not waited for
 
     def to_json(self) -> dict:
-        return {"question": self.question, "elapsed_s": self.elapsed_s, "silent": self.silent,
+        return {"question": self.question, "elapsed_s": self.elapsed_s, "nobody_online": self.nobody_online,
+                "silent": self.silent,
                 "offline": self.offline, "stale": [{"device": name, "status_age_s": age}
                                                    for name, age in sorted(self.stale.items())],
                 "twins": self.twins, "broker_lost": self.broker_lost,
@@ -1075,7 +1093,8 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
     The question goes out once (QoS 1, Message Expiry = the timeout) with a fresh Response Topic and
     Correlation Data; the retained statuses say which devices are online. Gathering ends at the timeout, or
     as soon as every device known to be online has answered, for every camera it asked (a device with several
-    cameras answers once per camera, each answer listing the cameras asked). Raises ``FleetError`` when the broker
+    cameras answers once per camera, each answer listing the cameras asked), or at once when every retained status
+    is in and none is online and fresh (``FleetResult.nobody_online``). Raises ``FleetError`` when the broker
     cannot be reached or refuses the credentials."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"question: expected a non-empty string, got {question!r}")
@@ -1200,6 +1219,7 @@ def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, ti
         client.subscribe(gathering.subscriptions())
         if not gathering.subscribed.wait(conn.connect_timeout_s):
             raise FleetError(f"the broker {conn.broker} did not confirm the subscriptions")
+        gathering.mark_retained_end(client, Properties(PacketTypes.PUBLISH))
         properties = Properties(PacketTypes.PUBLISH)
         properties.ResponseTopic = gathering.reply_topic
         properties.CorrelationData = gathering.correlation
@@ -1257,6 +1277,9 @@ class _Gathering:
         self.subscribed = threading.Event()
         self.sent_at = math.inf
         self.request: tuple | None = None  # (topic, payload, properties, expiry deadline) once sent
+        self.marker = f"retained-end-{token}".encode()  # the Correlation Data of the all-statuses-in marker
+        self.statuses_in = False  # the marker came back: every retained status has been delivered
+        self.nobody_online = False  # ... and none of them was online and fresh then
 
     def subscriptions(self) -> list:
         from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -1294,6 +1317,12 @@ class _Gathering:
 
     def on_message(self, client, userdata, message) -> None:
         now = time.monotonic()
+        if message.topic == self.reply_topic and getattr(message.properties, "CorrelationData", None) == self.marker:
+            with self.lock:
+                if not self.statuses_in:  # the first only: paho may send it again after losing the broker
+                    self.statuses_in, self.nobody_online = True, not self._waited_for(now)
+                self.lock.notify_all()
+            return
         if message.topic == self.reply_topic:
             self._on_answer(message, now)
             return
@@ -1350,6 +1379,12 @@ class _Gathering:
             if self.connected[0].is_failure:
                 raise FleetError(f"the broker {conn.broker} refused the connection: {self.connected[0]}")
 
+    def mark_retained_end(self, client, properties) -> None:
+        """Publish the marker whose return says every retained status is in (the module's docstring, "all
+        statuses in"); call it after the SUBACK."""
+        properties.CorrelationData = self.marker
+        client.publish(self.reply_topic, b"", qos=1, properties=properties)
+
     def send(self, client, topic: str, payload: str, properties, timeout_s: float) -> float:
         """Publish the request; returns when it went (the start of the wait)."""
         with self.lock:
@@ -1369,11 +1404,14 @@ class _Gathering:
                 and all(self.expected.get(name, set()) <= cameras for name, cameras in heard.items()))
 
     def wait(self, deadline: float) -> None:
-        """Until everyone fresh answered or the deadline; woken by each message and when a status goes stale."""
+        """Until everyone fresh answered or the deadline, or at once when no device was online and fresh once the
+        retained statuses were in (``nobody_online``; a device that goes offline or stale later, or a broker lost
+        mid-wait, is waited out as before: it may come back and answer the question asked again); woken by each
+        message and when a status goes stale."""
         with self.lock:
             while True:
                 now = time.monotonic()
-                if self._everyone_answered(now) or now >= deadline:
+                if self.nobody_online or self._everyone_answered(now) or now >= deadline:
                     return
                 next_stale = min((s.stale_in(now) for s in self.statuses.values()), default=math.inf)
                 self.lock.wait(min(deadline - now, max(0.01, next_stale)))
@@ -1388,7 +1426,7 @@ class _Gathering:
             stale = {n: round(s.age(now), 1) for n, s in sorted(quiet.items()) if s.stale(now)}
             offline = sorted(n for n, s in quiet.items() if s.state == "offline")
             return FleetResult(what, got, silent, offline, now - started, stale, sorted(self.twins),
-                               list(self.broker_lost))
+                               list(self.broker_lost), self.nobody_online and not got)
 
 
 def _device_seconds(body: dict) -> float | None:
@@ -1404,8 +1442,12 @@ def add_ask_arguments(parser) -> None:
                         help="ask every device of the fleet over MQTT (without it: the daemon at --url, over HTTP)")
     parser.add_argument("--broker", default=None, help="mqtt://host[:port] or mqtts://host[:port] "
                                                        "(default: fleet.broker of --config)")
-    parser.add_argument("--config", default=None, help="a daemon's YAML: its fleet: section gives the broker, "
-                                                       "topic prefix, credentials and TLS files")
+    from edgekv.config_names import config_help, resolve_config
+
+    parser.add_argument("--config", default=None, type=resolve_config,
+                        help=config_help("a daemon's deployment: without --fleet its server: section gives the "
+                                         "daemon's address, token and certificate; with it, its fleet: section the "
+                                         "broker, topic prefix, credentials and TLS files"))
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds to wait for answers (default: 10 with --fleet, 120 for one daemon)")
     parser.add_argument("--device", default=None, help="ask this device only")
@@ -1563,7 +1605,8 @@ def fleet_summary(result: FleetResult, head: str) -> str:
     """The line after the answers: who did not answer and why it was not waited for, two devices under one id,
     and a broker lost during the wait (a device named silent may then have answered unheard)."""
     names = lambda items: ", ".join(printable(n, 60) for n in items) or "none"  # noqa: E731
-    line = f"{head}; online but silent: {names(result.silent)}"
+    line = head + ("; no device is online with a fresh status, so none was waited for" if result.nobody_online else "")
+    line += f"; online but silent: {names(result.silent)}"
     if result.stale:
         line += "; not answering: " + ", ".join(f"{printable(n, 60)} (status {age:.0f} s old)"
                                                 for n, age in result.stale.items())

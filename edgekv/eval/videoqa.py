@@ -28,13 +28,17 @@ Datasets, read in their published layouts from a local directory (nothing is dow
 * **OVO-Bench** (``ovobench``), **StreamingBench** real-time (``streamingbench``), **RVS-Ego** / **RVS-Movie**
   (``rvs_ego`` / ``rvs_movie``, open-ended): see ``edgekv/eval/streaming_sets.py``.
 
-Prompt for multiple choice (the format of InfiniPot-V's evaluation code, aiha-lab/InfiniPot-V):
-``Question: {q}\\nOptions:\\n`` then one line per option (MLVU: ``(A) {candidate}``; the others: ``A. ...``),
-then ``Respond with only the letter (A, B, C or D) of the correct option.`` (Video-MME and StreamingBench:
-``(A, B, C, or D)``). The reply's first option letter is the prediction; a reply with none counts as ``C``,
-as there. Open-ended questions (RVS) are asked as written plus ``Answer in a few words.`` (the references
-are short phrases) and scored with the token-F1 proxy of ``edgekv/eval/open_ended.py`` — not the papers'
-GPT judge.
+Prompts (``--prompt-style``; ``edgekv/eval/prompts.py`` gives each with its source file): ``official``, the
+default, asks each benchmark's questions as its own evaluation code does (MLVU's ``choice_bench.py``, Video-MME's
+README prompt, OVO-Bench's ``constant.py``, StreamingBench's ``src/benchmark/StreamingBench.py``; RVS as written,
+as ReKV does); ``infinipot_v`` asks every multiple-choice question in the format of InfiniPot-V's evaluation code
+(aiha-lab/InfiniPot-V ``dataset_utils.py``: ``Question:``, ``Options:``, one option per line, ``Respond with
+only the letter ... of the correct option.``), the setting of its Table 1, and RVS's with ``Answer in a few
+words.`` after it. The style is part of ``run.json``: a rerun with the other one into the same ``--out`` is
+refused (an ``--out`` written before the option existed was asked in ``infinipot_v``). The reply's first option
+letter is the prediction; a reply with none is scored wrong and counted (``no_letter`` in ``summary.json``).
+Open-ended questions (RVS) are scored with the token-F1 proxy of ``edgekv/eval/open_ended.py`` — not the
+papers' GPT judge.
 
 Results are appended to ``OUT/results.jsonl`` one item at a time (``--out``); a rerun skips the items
 already there (resumable: a video with questions left is streamed again and only those are asked), and
@@ -60,6 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgekv.eval import open_ended
+from edgekv.eval.prompts import DEFAULT_PROMPT_STYLE, EARLIER_PROMPT_STYLE, PROMPT_STYLES, prompt
 from edgekv.eval.qa_item import LETTERS, VIDEO_SUFFIXES, DatasetError, Item, read_json
 from edgekv.eval.stats import proportion
 from edgekv.eval.streaming_sets import load_ovobench, load_rvs_ego, load_rvs_movie, load_streamingbench
@@ -165,18 +170,6 @@ def _first_existing(paths: list[Path]) -> Path | None:
 
 LOADERS = {"mlvu": load_mlvu, "videomme": load_videomme, "ovobench": load_ovobench,
            "streamingbench": load_streamingbench, "rvs_ego": load_rvs_ego, "rvs_movie": load_rvs_movie}
-OXFORD_COMMA = ("videomme", "streamingbench")  # their own prompts list the letters as (A, B, C, or D)
-OPEN_ENDED_PROMPT = "Answer in a few words."
-
-
-def prompt(item: Item, dataset: str) -> str:
-    if item.open_ended:
-        return f"{item.question}\n{OPEN_ENDED_PROMPT}"
-    letters = ", ".join(LETTERS[: len(item.options) - 1]) + ("," if dataset in OXFORD_COMMA else "") + \
-        f" or {LETTERS[len(item.options) - 1]}"
-    lines = [f"Question: {item.question}", "Options:", *item.options,
-             f"Respond with only the letter ({letters}) of the correct option."]
-    return "\n".join(lines)
 
 
 def extract_letter(reply: str, options: int = 4) -> str:
@@ -250,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     with _append(results_path) as sink:
         for video, questions in by_video.items():
             for record in stream_and_ask(runtime.session(), video, questions, args.dataset, args.fps,
-                                         args.max_frames, args.max_new_tokens):
+                                         args.max_frames, args.max_new_tokens, _prompt_style(args)):
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
                 done[record["id"]] = record
@@ -268,7 +261,12 @@ ANSWER_KEYS = ("model.path", "model.dtype", "model.system_prompt", "model.text_a
                "video.fps", "video.resolution", "video.resize", "video.skip_static")
 # summary.json's names of those settings: an --out written before run.json existed is checked against them
 SUMMARY_KEYS = {"dataset": "dataset", "policy": "cache.policy", "budget_tokens": "cache.max_tokens",
-                "sinks": "cache.sinks", "fps": "video.fps", "resolution": "video.resolution", "dtype": "model.dtype"}
+                "sinks": "cache.sinks", "fps": "video.fps", "resolution": "video.resolution", "dtype": "model.dtype",
+                "prompt_style": "prompt_style"}
+
+
+def _prompt_style(args: argparse.Namespace) -> str:
+    return getattr(args, "prompt_style", None) or DEFAULT_PROMPT_STYLE
 
 
 def run_settings(args: argparse.Namespace, config) -> dict:
@@ -279,6 +277,7 @@ def run_settings(args: argparse.Namespace, config) -> dict:
     model = Path(str(sections["model"]["path"])).expanduser()
     sections["model"]["path"] = str(model.resolve()) if model.exists() else sections["model"]["path"]
     settings = {"dataset": args.dataset, "max_frames": args.max_frames, "max_new_tokens": args.max_new_tokens,
+                "prompt_style": _prompt_style(args),
                 **{f"cache.{key}": value for key, value in sections["cache"].items()},
                 **{key: sections[key.split(".")[0]][key.split(".")[1]] for key in ANSWER_KEYS}}
     return json.loads(json.dumps(settings, default=str))
@@ -294,6 +293,8 @@ def _other_run(out: Path, settings: dict, answered: bool) -> str:
     elif answered and (out / "summary.json").is_file():
         summary = read_json(out / "summary.json", dict)
         earlier = {key: summary[name] for name, key in SUMMARY_KEYS.items() if name in summary}
+    if earlier:  # answers written before --prompt-style existed were asked in InfiniPot-V's format
+        earlier.setdefault("prompt_style", EARLIER_PROMPT_STYLE)
     differ = [f"{key} {earlier[key]!r} (now {settings[key]!r})" for key in settings
               if key in earlier and earlier[key] != settings[key]]
     if differ:
@@ -314,7 +315,8 @@ class _Seen:
 
 
 def stream_and_ask(session, video: Path, questions: list[Item], dataset: str, fps: float,
-                   max_frames: int | None = None, max_new_tokens: int | None = None) -> Iterator[dict]:
+                   max_frames: int | None = None, max_new_tokens: int | None = None,
+                   prompt_style: str = DEFAULT_PROMPT_STYLE) -> Iterator[dict]:
     """Stream ``video`` into ``session`` once and ask each question when the stream reaches its ``ask_at``
     (after the whole video when it has none); yields each question's result row as it is answered.
 
@@ -329,7 +331,7 @@ def stream_and_ask(session, video: Path, questions: list[Item], dataset: str, fp
     with closing(iter_frames(str(video), max_frames=max_frames, fps=fps)) as frames:
         for frame, t in frames:
             while queue and queue[0].ask_at is not None and t > queue[0].ask_at + ASK_EPSILON_S:
-                yield _ask(session, queue.pop(0), dataset, seen, max_new_tokens)
+                yield _ask(session, queue.pop(0), dataset, seen, max_new_tokens, prompt_style)
             if not queue:
                 return
             started = time.perf_counter()
@@ -338,15 +340,16 @@ def stream_and_ask(session, video: Path, questions: list[Item], dataset: str, fp
             seen.frames += 1
             seen.t = t
     while queue:  # after the whole video (offline benchmarks), or a time past the video's end
-        yield _ask(session, queue.pop(0), dataset, seen, max_new_tokens)
+        yield _ask(session, queue.pop(0), dataset, seen, max_new_tokens, prompt_style)
 
 
-def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | None) -> dict:
+def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | None,
+         prompt_style: str = DEFAULT_PROMPT_STYLE) -> dict:
     stats = session.stats()
     if max_new_tokens is None:
         max_new_tokens = OPEN_MAX_NEW_TOKENS if item.open_ended else CHOICE_MAX_NEW_TOKENS
     started = time.perf_counter()
-    answer = session.ask(prompt(item, dataset), max_new_tokens=max_new_tokens)
+    answer = session.ask(prompt(item, dataset, prompt_style), max_new_tokens=max_new_tokens)
     record: dict = {"id": item.id, "task": item.task, "video": str(item.video), "answer": item.answer}
     if item.open_ended:
         record.update(open_ended.score(answer.text, item.answer))
@@ -439,7 +442,7 @@ def _write_summary(out: Path, args: argparse.Namespace, config, done: dict[str, 
     summary = {
         "dataset": args.dataset, "model": args.model, "policy": config.cache.policy,
         "budget_tokens": config.cache.max_tokens, "sinks": config.cache.sinks, "fps": config.video.fps,
-        "resolution": config.video.resolution, "dtype": config.model.dtype,
+        "resolution": config.video.resolution, "dtype": config.model.dtype, "prompt_style": _prompt_style(args),
         "questions_asked": "at their timestamps during the stream" if streamed else "after the whole video",
         "accuracy": summarize(records, args.dataset),
         "throughput": {"ingest_frames_per_s_mean": round(sum(fps_values) / len(fps_values), 3) if fps_values else None,
@@ -467,11 +470,14 @@ def _progress(total: int, label: str):
 
 
 def add_videoqa_arguments(parser: argparse.ArgumentParser) -> None:
+    from edgekv.config_names import config_help, resolve_config
+
     parser.add_argument("--model", required=True, help="Qwen2.5-VL checkpoint directory (e.g. Qwen2.5-VL-3B-Instruct)")
     parser.add_argument("--dataset", required=True, choices=sorted(LOADERS))
     parser.add_argument("--data", required=True,
                         help="dataset directory in its published layout (edgekv/eval/videoqa.py, streaming_sets.py)")
-    parser.add_argument("--config", default=None, help="deployment YAML to start from (flags override it)")
+    parser.add_argument("--config", default=None, type=resolve_config,
+                        help=config_help("the deployment to start from (flags override it)"))
     parser.add_argument("--policy", default="infinipot_v")
     parser.add_argument("--max-tokens", type=int, default=6144, help="cache cap M in tokens")
     parser.add_argument("--sinks", type=int, default=0, help="StateKV sink budget B (0 = off)")
@@ -485,6 +491,9 @@ def add_videoqa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help=f"tokens per answer; when not given: {CHOICE_MAX_NEW_TOKENS} for multiple choice, "
                              f"{OPEN_MAX_NEW_TOKENS} for open-ended questions")
+    parser.add_argument("--prompt-style", choices=PROMPT_STYLES, default=DEFAULT_PROMPT_STYLE,
+                        help="official: each benchmark's own prompt; infinipot_v: InfiniPot-V's format for every "
+                             "benchmark, as in its Table 1 (edgekv/eval/prompts.py)")
     parser.add_argument("--limit", type=int, default=None, help="first N questions only")
     parser.add_argument("--out", default="out/videoqa", help="results.jsonl + summary.json go here")
     parser.set_defaults(run=run)

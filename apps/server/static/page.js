@@ -380,7 +380,8 @@ $("forget").addEventListener("submit", async (event) => {
     } else {
       const span = body.wall ? ` seen from ${deviceTime(body.wall.from)} to ${deviceTime(body.wall.to)}` : "";
       const archived = body.archive && body.archive.pairs ? `, ${body.archive.pairs} from the archive` : "";
-      out.textContent = `Forgot ${body.pairs} frame pairs${span} (${body.cache_slots} cache slots${archived}).`;
+      const freed = body.cache_tokens_freed !== undefined ? `${body.cache_tokens_freed} cache tokens freed` : "from the cache";
+      out.textContent = `Forgot ${body.pairs} frame pairs${span} (${freed}${archived}).`;
     }
   } catch (e) {
     out.className = "err"; out.textContent = "the daemon did not answer (stopped?): nothing is known to be forgotten";

@@ -1,0 +1,125 @@
+"""What ``eval videoqa`` asks the model: each benchmark's own prompt (``official``, the default) or InfiniPot-V's
+format for every benchmark (``infinipot_v``, ``--prompt-style infinipot_v``: the setting of that paper's Table 1).
+
+The official prompts were read from each benchmark's own evaluation code (the words the model reads are the
+protocol, so they are kept as written there; the descriptions here are ours). Repositories and commits:
+
+* **MLVU** (JUNJIE99/MLVU @ fd060c10a43e): ``evaluation/multiple_choice_evaluation/choice_bench.py``
+  (``MLVU.qa_template`` and the template in ``main``; the same in ``evaluation/models/videochat2/choice_bench.py``,
+  where it is run). Options one per line as ``(A) candidate`` under ``Question: ...`` and ``Options:``, then
+  ``Only give the best option.`` on its own line; a system message asks the model to watch carefully and pick
+  the best option, and the assistant's reply is started with ``Best option:(``. Two things cannot be done the
+  same way here: the system message of a stream is ``model.system_prompt``, in the cache since the stream began
+  (the cache is query-agnostic, DESIGN invariant 3), so MLVU's sentence goes first in the question instead; and a
+  session cannot start the assistant's reply, so ``Best option:(`` is left out (the reply's first option letter
+  is read, as for every dataset).
+* **Video-MME** (BradyFU/Video-MME @ 8889f31): ``README.md``, "Prompt", the subtitle-free form. The instruction
+  first (select the best answer; respond with only the letter, listed as ``(A, B, C, or D)``), then the question,
+  the options as released (``A. ...`` one per line), then ``The best answer is:``.
+* **OVO-Bench** (JoeLeelyf/OVO-Bench @ c34093f9a072): ``constant.py`` (``BR_PROMPT_TEMPLATE``, the Backward
+  Tracing and Real-Time tasks) filled by ``utils/OVOBench.py`` (``build_prompt``): ``Question:`` and ``Options:``
+  lines with every option on ONE line, ``A. x; B. y; C. z;``, then a blank line and a request for the letter
+  alone (``e.g., A, B, C``) with no explanation. The template's newlines and spaces are kept as they are.
+* **StreamingBench** (THUNLP-MT/StreamingBench @ 89299232c4cc): ``src/benchmark/StreamingBench.py``
+  (``PROMPT_TEMPLATE``, and the ``The best option is:`` added after it). A role and task description that ends by
+  asking for only the letter ``(A, B, C, or D)``, then ``Question:``, ``Options:`` with one option per line, and
+  ``The best option is:``, blank lines between. Its real-time set always has four options; for another count
+  the template's "four" and the letters follow the item's options (StreamingBench's own code would fail there).
+* **RVS-Ego / RVS-Movie** (open-ended): the question as written, as ReKV streams them
+  (Becomebright/ReKV @ 63793f752be2 ``video_qa/rekv_stream_vqa.py``, ``video_open_qa``) and as Flash-VStream asks
+  its open-ended sets (IVGSZ/Flash-VStream @ 8f6bde2 ``Flash-VStream-LLaVA/flash_vstream/eval_video/
+  model_msvd_qa.py``).
+
+``infinipot_v`` (aiha-lab/InfiniPot-V @ 81a4dbe ``dataset_utils.py``): ``Question: {q}``, ``Options:``, one option
+per line (MLVU's as ``(A) ...``, the others' as released, ``A. ...``), then ``Respond with only the letter (A, B,
+C or D) of the correct option.`` — ``(A, B, C, or D)`` for Video-MME and StreamingBench. InfiniPot-V has no
+open-ended set; under this style an open-ended question gets ``Answer in a few words.`` after it (what edgekv
+asked before the official style existed, so the runs made then resume the same).
+
+How a reply is scored is not part of the style: the first option letter in it (``videoqa.extract_letter``), for
+every dataset. The benchmarks' own scorers differ (MLVU's reads the letter before a ``)``, OVO-Bench's counts the
+key's letter anywhere in the reply, StreamingBench's compares the reply's first character).
+"""
+
+from __future__ import annotations
+
+from edgekv.eval.qa_item import LETTERS, Item
+
+PROMPT_STYLES = ("official", "infinipot_v")
+DEFAULT_PROMPT_STYLE = "official"
+# the style of the runs made before --prompt-style existed: an --out without it in run.json was asked this way
+EARLIER_PROMPT_STYLE = "infinipot_v"
+
+OPEN_ENDED_PROMPT = "Answer in a few words."
+INFINIPOT_V_OXFORD_COMMA = ("videomme", "streamingbench")  # InfiniPot-V lists their letters as (A, B, C, or D)
+_COUNTS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+
+MLVU_SYSTEM = ("Carefully watch this video and pay attention to every detail. Based on your observations, select "
+               "the best option that accurately addresses the question.")
+MLVU_ASK = "Only give the best option."
+VIDEOMME_ASK = "Select the best answer to the following multiple-choice question based on the video. "
+VIDEOMME_END = "The best answer is:"
+OVOBENCH_ASK = ("Respond only with the letter corresponding to your chosen option (e.g., A, B, C). \n"
+                "Do not include any additional text or explanation in your response.")
+STREAMINGBENCH_ROLE = ("You are an advanced video question-answering AI assistant. You have been provided with some "
+                       "frames from the video and a multiple-choice question related to the video. Your task is to "
+                       "carefully analyze the video and provide the best answer to question, choosing from the {count} "
+                       "options provided. ")
+STREAMINGBENCH_END = "The best option is:"
+
+
+def prompt(item: Item, dataset: str, style: str = DEFAULT_PROMPT_STYLE) -> str:
+    """The text asked for ``item`` of ``dataset`` in ``style`` (one of ``PROMPT_STYLES``)."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style: expected one of {', '.join(PROMPT_STYLES)}, got {style!r}")
+    if style == "infinipot_v":
+        return infinipot_v_prompt(item, dataset)
+    if item.open_ended:
+        return item.question
+    official = _OFFICIAL.get(dataset)
+    if official is None:
+        raise ValueError(f"dataset {dataset!r} has no official multiple-choice prompt here")
+    return official(item)
+
+
+def letter_list(count: int, oxford_comma: bool) -> str:
+    """``A, B, C or D`` (``A, B, C, or D`` with the serial comma) for ``count`` options."""
+    head = ", ".join(LETTERS[: count - 1])
+    return f"{head}{',' if oxford_comma and count > 2 else ''} or {LETTERS[count - 1]}"
+
+
+def respond_with_letter(count: int, oxford_comma: bool) -> str:
+    return f"Respond with only the letter ({letter_list(count, oxford_comma)}) of the correct option."
+
+
+def infinipot_v_prompt(item: Item, dataset: str) -> str:
+    if item.open_ended:
+        return f"{item.question}\n{OPEN_ENDED_PROMPT}"
+    ask = respond_with_letter(len(item.options), dataset in INFINIPOT_V_OXFORD_COMMA)
+    return "\n".join([f"Question: {item.question}", "Options:", *item.options, ask])
+
+
+def mlvu_prompt(item: Item) -> str:
+    return "\n".join([MLVU_SYSTEM, f"Question: {item.question}", "Options:", *item.options, MLVU_ASK])
+
+
+def videomme_prompt(item: Item) -> str:
+    ask = VIDEOMME_ASK + respond_with_letter(len(item.options), oxford_comma=True)
+    return "\n".join([ask, item.question, *item.options, VIDEOMME_END])
+
+
+def ovobench_prompt(item: Item) -> str:
+    options = "; ".join(item.options) + ";"  # one line: "A. x; B. y;"
+    return f"\nQuestion: {item.question}\nOptions:\n{options}\n\n{OVOBENCH_ASK}\n"
+
+
+def streamingbench_prompt(item: Item) -> str:
+    count = len(item.options)
+    role = STREAMINGBENCH_ROLE.format(count=_COUNTS.get(count, str(count)))
+    options = "\n".join(item.options)
+    return (f"{role}{respond_with_letter(count, oxford_comma=True)}\n\nQuestion: {item.question}\n\n"
+            f"Options:\n{options}\n\n{STREAMINGBENCH_END}")
+
+
+_OFFICIAL = {"mlvu": mlvu_prompt, "videomme": videomme_prompt, "ovobench": ovobench_prompt,
+             "streamingbench": streamingbench_prompt}
