@@ -141,7 +141,7 @@ def test_a_request_image_is_sized_from_its_header_before_it_is_decoded(tiny_chec
 
         for image, message in ((part(png_header(30000, 30000) + bytes(1000)), "a 30000 x 30000 image; at most 16.8 "
                                                                               "megapixels are decoded"),
-                               (part(encoded[".bmp"], "bmp"), "not a JPEG or PNG")):
+                               (part(encoded[".bmp"], "bmp"), "not a JPEG, PNG, WebP or GIF")):
             status, _, raw = ask(image)
             assert status == 400, raw
             error = json.loads(raw)["error"]

@@ -47,15 +47,13 @@ def _sources(text: str | None) -> list[str]:
 
 
 def _read(source: str, count: int, size) -> list:
-    import cv2
-
     from edgekv.video import open_source
 
     frames = []
     reader = open_source(source)
     try:
         for frame, _ in reader:
-            frames.append(cv2.resize(frame, tuple(size), interpolation=cv2.INTER_AREA) if size else frame)
+            frames.append(_scaled(frame, tuple(size)) if size else frame)
             if len(frames) == count:
                 break
     finally:
@@ -65,6 +63,21 @@ def _read(source: str, count: int, size) -> list:
     if not frames:
         raise ValueError(f"{source}: no frame read")
     return frames
+
+
+def _scaled(frame, size: tuple[int, int]):
+    """``frame`` at ``size`` (W, H), as a camera of that mode would give it: OpenCV's area resize, or without the
+    ``video`` extra Pillow's box (shrinking) or bilinear (growing) filter, each channel alike so BGR stays BGR."""
+    try:
+        import cv2
+    except ImportError:
+        import numpy as np
+        from PIL import Image
+
+        growing = size[0] > frame.shape[1] or size[1] > frame.shape[0]
+        return np.asarray(Image.fromarray(np.ascontiguousarray(frame)).resize(
+            size, Image.Resampling.BILINEAR if growing else Image.Resampling.BOX))
+    return cv2.resize(frame, size, interpolation=cv2.INTER_AREA)
 
 
 def _label(source: str) -> str:
@@ -137,7 +150,10 @@ def run_frames(args: argparse.Namespace) -> int:
                   f"{args.frames_mib:g} MiB hold {row['hours_at_one_pair_a_second']:5.1f} h; writer "
                   f"{row['writer_ms']['median']:.2f} ms a frame (p90 {row['writer_ms']['p90']:.2f}), of it encoding "
                   f"{row['encode_ms']['median']:.2f}")
+    from edgekv.images import has_opencv
+
     result = {"rows": rows, "frames": args.frames, "frames_mib": args.frames_mib, "size": args.size,
+              "encoder": "opencv" if has_opencv() else "pillow",  # which scales and encodes (edgekv/images.py)
               "provenance": provenance()}
     write_figures(result, args.json, args.plot, _plot)
     return 0

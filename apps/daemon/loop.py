@@ -1549,8 +1549,7 @@ class Daemon:
     def _answer_images(self, question: Question, on_token):
         """A question about the images it carries (server.image_requests): the second session, emptied, gets
         each image as a frame pair, then the question."""
-        import cv2
-        import numpy as np
+        from edgekv.images import decode_bgr
 
         if self.image_session is None:
             raise ValueError("this server does not take images (server.image_requests: false)")
@@ -1558,7 +1557,7 @@ class Daemon:
         session.reset()
         step = 1.0 / self.config.video.fps
         for index, data in enumerate(question.images):
-            frame = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+            frame = decode_bgr(data)  # OpenCV's IMREAD_COLOR, or the same pixels from Pillow without the extra
             if frame is None:
                 raise ValueError(f"image {index + 1} of the question is not a readable JPEG or PNG")
             for copy in range(2):  # an image is a frame pair of two equal frames (Qwen2.5-VL's own rule)
@@ -1699,12 +1698,13 @@ class Daemon:
         cached = self._latest_jpeg
         if cached is not None and cached[0] is frame:
             return cached[1]
-        import cv2
+        from edgekv.images import encode_jpeg
 
-        ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])
-        if not ok:
+        try:
+            data = encode_jpeg(frame, 80)  # OpenCV's, or the same bytes from Pillow without the `video` extra
+        except ValueError:
             return None
-        self._latest_jpeg = (frame, data.tobytes())
+        self._latest_jpeg = (frame, data)
         return self._latest_jpeg[1]
 
     # ------------------------------------------------------------------ persistent-state hooks

@@ -245,10 +245,12 @@ class KeyframeRing:
 
 def _encoded(frame) -> bytes | None:
     """A kept frame as the JPEG an alert, an escalation or an answer's evidence shows (quality 85)."""
-    import cv2
+    from edgekv.images import encode_jpeg
 
-    ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 85])
-    return data.tobytes() if ok else None
+    try:
+        return encode_jpeg(frame, 85)
+    except ValueError:  # not a picture (an empty frame): no keyframe, as OpenCV's failed encode gave
+        return None
 
 
 class AlertBus:

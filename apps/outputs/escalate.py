@@ -1,7 +1,9 @@
 """Hard questions escalated to a bigger model (``escalate:`` in the config): an OpenAI-compatible server —
 vLLM, SGLang, TensorRT-Edge-LLM's server, or another edgekv with ``server.image_requests: true`` — gets the
 question and the ``escalate.keyframes`` frames the local answer attended most, as ``image_url`` parts (JPEG
-``data:`` URLs). Never the KV cache: a cache is only meaningful to the model that wrote it.
+``data:`` URLs). Never the KV cache: a cache is only meaningful to the model that wrote it. A question that carried
+its own images (a chat request's, ``server.image_requests``) goes with those instead, all of them: they are what it
+asks about.
 
 When: the question asks (``"escalate": true`` on the chat API, ``Question.escalate``), or the local answer's
 confidence — the geometric mean of its tokens' probabilities, ``Answer.confidence`` — is below
@@ -20,6 +22,12 @@ comes, not when it was queued: nothing is sent while ``withheld`` names a reason
 ``forget`` that came while it waited, for an asker who left, or once the daemon stops — each of those questions
 gets its local answer with the reason. The log names a failure without the remote's words (a server's error
 body can quote the question back, and ``privacy.log_text`` is not ours to judge here).
+
+Through a proxy (``escalation_proxy``): ``escalate.proxy``, else the environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` /
+``ALL_PROXY`` with ``NO_PROXY`` honoured, as curl and requests read them — a device on a network that reaches the
+outside only through one. An ``https://`` server is reached through a CONNECT tunnel, its certificate checked
+against its own name (the proxy sees only where the tunnel goes); ``http://`` goes to the proxy as an absolute URL.
+Credentials in the proxy's URL go in ``Proxy-Authorization`` and nowhere else: not in a log, not in a note.
 """
 
 from __future__ import annotations
@@ -27,11 +35,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 import http.client
+import ipaddress
 import json
 import logging
 import os
 import queue
 import socket
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -77,6 +87,10 @@ class Escalator:
         # an https:// server of a private CA (another edgekv serving TLS): ValueError naming the key at start
         self.context = client_context(section.url, section.ca_file, section.cert_file, section.key_file,
                                       names=("escalate.ca_file", "escalate.cert_file", "escalate.key_file"))
+        # a proxy URL that cannot be used (socks5://, https://, no host): ValueError naming where it came from
+        self.proxy = escalation_proxy(section.url, section.proxy)
+        if self.proxy is not None:
+            log.info("escalations go through the proxy %s (%s)", self.proxy, self.proxy.source)
         self.jobs: queue.Queue[Escalation | None] = queue.Queue(maxsize=section.queue)
         self.sent = self.failed = self.refused = self.withdrawn = 0
         self.forgets = 0  # forgets so far (``forget``)
@@ -170,7 +184,8 @@ class Escalator:
             question.answer = dataclasses.replace(local, escalation_note=f"not escalated: {why}")
         else:
             try:
-                text, model = self.ask_remote(question.text, job.keyframes, question.history)
+                text, model = self.ask_remote(question.text, job.keyframes, question.history,
+                                              images=getattr(question, "images", ()))
                 question.answer = dataclasses.replace(local, text=text, token_ids=[], escalated=model,
                                                       escalation_note=job.reason)
                 self.sent += 1
@@ -183,21 +198,26 @@ class Escalator:
         job.keyframes = []  # what was seen is not kept here a moment longer than needed
         self.done(question)
 
-    def ask_remote(self, text: str, keyframes: list[bytes], history=()) -> tuple[str, str]:
+    def ask_remote(self, text: str, keyframes: list[bytes], history=(), images: tuple[bytes, ...] = ()
+                   ) -> tuple[str, str]:
         """The remote's answer and the model it names (OpenAI chat completions, not streamed); ``history``, the
         (role, text) turns the question came after, goes before it as the conversation's messages. At most
-        ``escalate.keyframes`` frames go (0: the question alone), whatever the caller found."""
+        ``escalate.keyframes`` frames of the camera go (0: none), whatever the caller found; ``images``, those the
+        question itself carried (a chat request's, server.image_requests), go all of them: they are what it asks
+        about, and the camera's own frames are what ``escalate.keyframes`` bounds."""
         section = self.section
         content = [{"type": "text", "text": text}] + [
-            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()}}
-            for jpeg in keyframes[:section.keyframes]]
+            {"type": "image_url", "image_url": {"url": f"data:{_media_type(data)};base64,"
+                                                       + base64.b64encode(data).decode()}}
+            for data in [*images, *keyframes[:section.keyframes]]]
         body = json.dumps({"model": section.model, "max_tokens": section.max_tokens, "stream": False,
                            "messages": [*({"role": role, "content": turn} for role, turn in history),
                                         {"role": "user", "content": content}]}).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        exchange = _Exchange(section.url.rstrip("/") + "/chat/completions", self.context, section.timeout_s)
+        exchange = _Exchange(section.url.rstrip("/") + "/chat/completions", self.context, section.timeout_s,
+                             self.proxy)
         with self._lock:
             if self._stopping.is_set():
                 raise RuntimeError("the daemon is stopping")
@@ -225,24 +245,43 @@ class _Exchange:
     blocked in any thread. A per-read timeout alone let a server trickling a byte every few seconds hold the
     escalation thread (and every asker queued behind it) for as long as it liked."""
 
-    def __init__(self, url: str, context, timeout_s: float) -> None:
+    def __init__(self, url: str, context, timeout_s: float, proxy: "Proxy | None" = None) -> None:
         parts = urllib.parse.urlsplit(url)
         https = parts.scheme == "https"
         port = parts.port or (443 if https else 80)
-        self.url, self.timeout_s = url, timeout_s
+        self.url, self.timeout_s, self.proxy = url, timeout_s, proxy
         self.path = parts.path + (f"?{parts.query}" if parts.query else "")
-        self.conn = (http.client.HTTPSConnection(parts.hostname, port, timeout=timeout_s, context=context) if https
-                     else http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s))
+        self.proxy_headers: dict[str, str] = {}
+        host, at = (parts.hostname, port) if proxy is None else (proxy.host, proxy.port)
+        self.conn = (http.client.HTTPSConnection(host, at, timeout=timeout_s, context=context) if https
+                     else http.client.HTTPConnection(host, at, timeout=timeout_s))
+        if proxy is not None and https:  # CONNECT; the TLS inside checks the certificate against parts.hostname
+            self.conn.set_tunnel(parts.hostname, port, headers=proxy.headers())
+        elif proxy is not None:  # a plain request, its target named whole, to the proxy
+            self.path = urllib.parse.urlunsplit(("http", _netloc(parts.hostname, port), parts.path or "/",
+                                                 parts.query, ""))
+            self.proxy_headers = proxy.headers()
         self.why: str | None = None  # set when the exchange was cut
         self.sock: socket.socket | None = None  # kept: http.client lets go of it when the reply ends at the close
 
     def abort(self, why: str) -> None:  # any thread
         self.why = self.why or why
-        if self.sock is not None:
+        sock = self.sock or self.conn.sock  # the latter: connected, still in the proxy's CONNECT
+        if sock is not None:
             try:  # the plain socket's shutdown: an SSLSocket's own drops its state under a reading thread
-                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def _connect(self) -> None:
+        try:
+            self.conn.connect()
+        except OSError as exc:
+            if self.proxy is None or self.why is not None or isinstance(exc, ssl.SSLError):  # TLS: the server's
+                raise
+            # "Tunnel connection failed: 407 Proxy Authentication Required" said which proxy nowhere
+            raise ConnectionError(f"{self.url} through the proxy {self.proxy} ({self.proxy.source}): "
+                                  f"{exc}") from None
 
     def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, str | None, bytes]:
         """(status, Content-Type, Location, body read up to ``MAX_REPLY_BYTES``)."""
@@ -251,11 +290,11 @@ class _Exchange:
         timer.daemon = True
         timer.start()
         try:
-            self.conn.connect()
+            self._connect()
             self.sock = self.conn.sock
             if self.why is not None:  # cut while it connected (nothing to shut down yet)
                 raise TimeoutError(self.why)
-            self.conn.request("POST", self.path, body=body, headers=headers)
+            self.conn.request("POST", self.path, body=body, headers={**headers, **self.proxy_headers})
             response = self.conn.getresponse()
             length = response.getheader("Content-Length")
             if length is not None and length.strip().isdigit() and int(length) > MAX_REPLY_BYTES:
@@ -275,6 +314,108 @@ class _Exchange:
         finally:
             timer.cancel()
             self.conn.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Proxy:
+    """An HTTP proxy; ``str()`` is its address without the credentials (what a log or a note may say)."""
+
+    host: str
+    port: int
+    source: str  # where it was named: "escalate.proxy", "HTTPS_PROXY", ...
+    user: str | None = dataclasses.field(default=None, repr=False)
+    password: str | None = dataclasses.field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        return f"http://{_netloc(self.host, self.port)}"
+
+    def headers(self) -> dict[str, str]:
+        if self.user is None:
+            return {}
+        pair = f"{self.user}:{self.password or ''}".encode()
+        return {"Proxy-Authorization": "Basic " + base64.b64encode(pair).decode()}
+
+
+def escalation_proxy(url: str, configured: str | None, environ: dict[str, str] | None = None) -> Proxy | None:
+    """The proxy ``url`` is reached through: ``configured`` (``escalate.proxy``: a URL, or ``"direct"`` for none);
+    when null, the environment's as curl reads it — ``https_proxy`` / ``HTTPS_PROXY`` for an ``https://`` server,
+    ``http_proxy`` / ``HTTP_PROXY`` for ``http://``, then ``all_proxy`` / ``ALL_PROXY``; none for a host
+    ``no_proxy`` / ``NO_PROXY`` names (a name and its subdomains, ``.suffix``, an address, a CIDR block, ``*``).
+    Only ``http://`` proxies (CONNECT for an ``https://`` server): another scheme is a ``ValueError`` naming
+    where it was set, never a silent direct connection."""
+    environ = os.environ if environ is None else environ
+    parts = urllib.parse.urlsplit(url)
+    if configured is not None:
+        return None if configured.strip().lower() == "direct" else _proxy(configured, "escalate.proxy")
+    names = [f"{parts.scheme}_proxy", f"{parts.scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"]
+    name = next((name for name in names if environ.get(name, "").strip()), None)
+    if name is None:
+        return None
+    no_proxy = environ.get("no_proxy", "").strip() or environ.get("NO_PROXY", "").strip()
+    if _bypassed(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80), no_proxy):
+        return None
+    return _proxy(environ[name].strip(), name)
+
+
+def _proxy(value: str, source: str) -> Proxy:
+    parts = urllib.parse.urlsplit(value if "://" in value else f"http://{value}")  # "proxy:3128", as curl takes it
+    try:
+        port = parts.port or 80
+    except ValueError:
+        port = None
+    wrong = (f"a {parts.scheme}:// proxy" if parts.scheme.lower() != "http" else "no host" if not parts.hostname
+             else "a port that is not a number from 0 to 65535" if port is None else None)
+    if wrong is not None:  # the value itself is not quoted: it may hold a password
+        raise ValueError(f"{source}: expected an http://[user:password@]host[:port] proxy, got {wrong} (an https:// "
+                         "escalation server is reached through an http:// proxy's CONNECT)")
+    user = urllib.parse.unquote(parts.username) if parts.username is not None else None
+    password = urllib.parse.unquote(parts.password) if parts.password is not None else None
+    return Proxy(parts.hostname, port, source, user, password)
+
+
+def _bypassed(host: str, port: int, no_proxy: str) -> bool:
+    """Whether ``NO_PROXY``'s list names ``host`` (or ``host:port``)."""
+    host = host.lower().rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for entry in (item.strip().lower() for item in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, only_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if only_port and only_port != str(port):
+            continue
+        name = name.strip("[]").lstrip(".").lstrip("*.").rstrip(".")
+        if address is not None and "/" in name:
+            try:
+                if address in ipaddress.ip_network(name, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        if host == name or host.endswith("." + name):
+            return True
+    return False
+
+
+def _media_type(data: bytes) -> str:
+    """A ``data:`` URL's media type from the image's signature (the keyframes are JPEG; a question's own image is
+    JPEG or PNG, a WebP or GIF having become PNG on its way in: apps/server/request_images.py)."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "image/png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    return "image/jpeg"
+
+
+def _netloc(host: str, port: int | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
 
 
 def chat_reply(raw: bytes, url: str, asked: str) -> tuple[str, str]:

@@ -68,9 +68,18 @@ def router(api: Api) -> APIRouter:
 
 
 def _opaque_images(images: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """Each image as the model should see it (apps/server/request_images.py); one whose header read well but that
+    cannot be decoded (a WebP or GIF cut short) is a 400 naming it, before anything is queued."""
     from edgekv.apps.server.request_images import opaque
 
-    return tuple(opaque(data) for data in images)
+    out = []
+    for index, data in enumerate(images):
+        try:
+            out.append(opaque(data))
+        except ValueError as exc:
+            raise ApiError(400, f"messages: image {index + 1} of the question: {safe_text(str(exc), 300)}",
+                           param="messages", code="invalid_image") from None
+    return tuple(out)
 
 
 def _addressed(params: ChatRequest, cameras: dict) -> ChatRequest:
@@ -162,7 +171,8 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
         raise answer_error(question.error)
     answer = question.answer
     escalated = answer.escalated is not None
-    content = text.sent + text.finish(answer.text) if params.stop and not escalated else answer.text
+    content = (_remote_text(answer, params.stop) if escalated
+               else text.sent + text.finish(answer.text) if params.stop else answer.text)
     return JsonResponse({
         "id": completion_id, "object": "chat.completion", "created": created,
         "model": answer.escalated if escalated else model_id,
@@ -171,6 +181,19 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
         "usage": _usage(answer, text.completion_tokens(answer)),
         "edgekv": _extension(answer, question),
     })
+
+
+def _remote_text(answer: Any, stops: tuple[str, ...]) -> str:
+    """An escalated answer's text (the remote's), ending before the request's first stop string as a local one does:
+    the remote was not told the stop strings (``escalate:`` asks it for ``max_tokens`` of text)."""
+    cut = first_stop(answer.text, stops)
+    return answer.text if cut is None else answer.text[:cut]
+
+
+def _escalation_said(answer: Any) -> bool:
+    """Whether the answer has something to say about escalation (it went, or why it did not): a streamed answer
+    then carries ``edgekv`` on its last chunk, as a whole one always does."""
+    return answer is not None and (answer.escalated is not None or answer.escalation_note is not None)
 
 
 def _extension(answer: Any, question: Question) -> dict:
@@ -356,6 +379,12 @@ async def _sse_events(first: Any, handoff: AnswerHandoff, question: Question, te
     def event(payload: dict) -> str:
         return "data: " + json.dumps(payload) + "\n\n"
 
+    # an escalated stream (``"escalate": true``) starts when the remote has answered (no local token goes out):
+    # its chunks name the remote's model, as the whole answer does
+    remote = question.answer.escalated if first is _DONE and question.answer is not None else None
+    if remote is not None:
+        model_id = remote
+
     def chunk(delta: dict, finish: str | None = None, **extra) -> str:
         return event({"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra})
@@ -374,14 +403,16 @@ async def _sse_events(first: Any, handoff: AnswerHandoff, question: Question, te
         yield event({"error": {"message": error.message, "type": error.kind, "param": None, "code": error.code}})
     else:
         answer = question.answer
-        tail = text.finish(answer.text) if answer is not None else ""
+        tail = (_remote_text(answer, params.stop) if remote is not None
+                else text.finish(answer.text) if answer is not None else "")
         if tail:
             yield chunk({"content": tail})
-        reason = "stop" if text.stop_tokens is not None else answer.finish_reason
-        # the evidence asked for rides on the last chunk (a client ignores a key it does not know); a stream cut at
-        # a stop string ends before the answer is whole, and without it
+        reason = "stop" if text.stop_tokens is not None or remote is not None else answer.finish_reason
+        # the evidence asked for, and what escalation did, ride on the last chunk (a client ignores a key it does not
+        # know); a stream cut at a stop string ends before the answer is whole, and without it
         whole = answer is not None and question.done.is_set()
-        yield chunk({}, reason, **({"edgekv": _extension(answer, question)} if question.evidence and whole else {}))
+        said = question.evidence or _escalation_said(answer)
+        yield chunk({}, reason, **({"edgekv": _extension(answer, question)} if said and whole else {}))
         if params.include_usage:
             yield event({"id": completion_id, "object": "chat.completion.chunk", "created": created,
                          "model": model_id, "choices": [], "usage": _usage(answer, text.completion_tokens(answer))})

@@ -186,7 +186,9 @@ _ASCII_WHITESPACE = {ord(c): None for c in "\t\n\f\r "}
 
 class ImagePart(BaseModel):
     """An image as OpenAI sends it: ``{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,..."}}``.
-    Only ``data:`` URLs: a device never fetches what a request points at."""
+    Only ``data:`` URLs: a device never fetches what a request points at. JPEG, PNG, WebP or a still GIF (OpenAI's
+    four; an animated one is refused). ``detail`` is accepted and changes nothing: every image becomes one frame
+    pair at ``video.resolution`` — the same vision tokens whether it says low, high or auto."""
 
     model_config = STRICT
     type: Literal["image_url"]
@@ -212,9 +214,15 @@ class ImagePart(BaseModel):
             raw = base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
         except binascii.Error:
             raise PydanticCustomError("invalid_image", "image_url: the data: URL is not valid base64") from None
-        size = image_size(raw)
+        from edgekv.apps.server.request_images import pillow_image_size
+
+        try:
+            size = image_size(raw) or pillow_image_size(raw)
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_image", "image_url: {why}", {"why": str(exc)}) from None
         if size is None:
-            raise PydanticCustomError("invalid_image", "image_url: not a JPEG or PNG (its header does not read as one)")
+            raise PydanticCustomError("invalid_image", "image_url: not a JPEG, PNG, WebP or GIF (its header does not "
+                                      "read as one)")
         if size[0] * size[1] > MAX_IMAGE_PIXELS:
             raise PydanticCustomError("invalid_image", f"image_url: a {size[0]} x {size[1]} image; at most "
                                       f"{MAX_IMAGE_PIXELS / 1e6:.1f} megapixels are decoded (it is resized to the "

@@ -7,10 +7,16 @@ strokes on black. Everything else — JPEG (no alpha), PNG without transparency 
 The composite is exact integer arithmetic (the processor's rounding, no float image), in bands of rows: a 4096 x 4096
 RGBA image costs ~25 MiB beside its decoded self. A PNG's EXIF orientation (``eXIf``), which OpenCV applies only
 when it drops the alpha, is applied here, as ``PIL.ImageOps.exif_transpose`` does before the processor.
+
+WebP and GIF — the other two formats OpenAI's chat API takes — are read with Pillow (sized from their header by
+``pillow_image_size`` before anything is decoded, as a JPEG or PNG is) and handed on as an opaque PNG: transparency
+(a WebP's alpha, a GIF's transparent colour) composited onto white the same way, EXIF orientation applied. An
+animated one is refused, as OpenAI refuses it: which of its frames the question is about is not ours to guess.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 import threading
 
@@ -23,10 +29,36 @@ _BAND_ROWS = 256
 _DECODING = threading.Lock()
 
 
+def is_webp_or_gif(data: bytes) -> bool:
+    return (data[:4] == b"RIFF" and data[8:12] == b"WEBP") or data[:6] in (b"GIF87a", b"GIF89a")
+
+
+def pillow_image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of a WebP or GIF from its header (Pillow opens it lazily: no pixel is decoded); None for
+    anything else. ``ValueError`` for one Pillow cannot read or one with several frames (animated)."""
+    if not is_webp_or_gif(data):
+        return None
+    from PIL import Image
+
+    kind = "GIF" if data[:3] == b"GIF" else "WebP"
+    try:
+        with Image.open(io.BytesIO(data), formats=("WEBP", "GIF")) as image:
+            size, frames = image.size, getattr(image, "n_frames", 1)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"a {kind} image Pillow cannot read ({exc})") from None
+    if frames > 1:
+        raise ValueError(f"an animated {kind} ({frames} frames); send a still image (a single frame, as OpenAI's API "
+                         "takes only non-animated GIFs)")
+    return size
+
+
 def opaque(data: bytes) -> bytes:
     """``data`` as the model should see it: a PNG with an alpha channel or a tRNS chunk re-encoded without it,
-    composited onto white and turned upright; any other image (or one OpenCV cannot read: the daemon says so) as
-    it is."""
+    composited onto white and turned upright; a WebP or GIF likewise, as a PNG (``ValueError`` if Pillow cannot
+    decode it); any other image (or one OpenCV cannot read: the daemon says so) as it is."""
+    if is_webp_or_gif(data):
+        with _DECODING:
+            return _from_pillow(data)
     if data[:8] != _PNG or len(data) < 26:
         return data
     color_type, chunks = data[25], _png_chunks(data)
@@ -37,22 +69,39 @@ def opaque(data: bytes) -> bytes:
 
 
 def _composited(data: bytes, chunks: dict[bytes, bytes]) -> bytes:
-    import cv2
+    from edgekv.images import decode_bgra, encode_png
 
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)  # BGRA; orientation not applied
-    if image is None or image.ndim != 3 or image.shape[2] != 4:  # unreadable, or grey with a tRNS key: as it was
+    image = decode_bgra(data)  # BGRA, 16-bit samples cut to the high byte as PIL does; orientation not applied
+    if image is None:  # unreadable, or grey with a tRNS key: as it was
         return data
-    if image.dtype == np.uint16:  # as the 8-bit decode and PIL take 16-bit samples: the high byte
-        image = (image >> 8).astype(np.uint8)
+    return encode_png(upright(_on_white(image), exif_orientation(chunks.get(b"eXIf", b""))))
+
+
+def _on_white(image: np.ndarray) -> np.ndarray:
+    """image: [rows, columns, 4] uint8 (colour, alpha) -> [rows, columns, 3], composited onto white."""
     flat = np.empty(image.shape[:2] + (3,), np.uint8)
     for top in range(0, image.shape[0], _BAND_ROWS):
         band = image[top:top + _BAND_ROWS].astype(np.uint32)
         alpha = band[..., 3:]
         # round(c * a/255 + 255 * (1 - a/255)) = 255 - round(a * (255 - c) / 255); never a half (255 is odd)
         flat[top:top + _BAND_ROWS] = 255 - (2 * alpha * (255 - band[..., :3]) + 255) // 510
-    flat = upright(flat, exif_orientation(chunks.get(b"eXIf", b"")))
-    ok, encoded = cv2.imencode(".png", flat, [cv2.IMWRITE_PNG_COMPRESSION, 1])
-    return encoded.tobytes() if ok else data
+    return flat
+
+
+def _from_pillow(data: bytes) -> bytes:
+    """A WebP or GIF (one frame) as an opaque, upright PNG."""
+    from PIL import Image, ImageOps
+
+    from edgekv.images import encode_png
+
+    kind = "GIF" if data[:3] == b"GIF" else "WebP"
+    try:
+        with Image.open(io.BytesIO(data), formats=("WEBP", "GIF")) as image:
+            rgba = np.asarray(ImageOps.exif_transpose(image).convert("RGBA"))  # rgba: [rows, columns, 4], RGBA
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"a {kind} image Pillow cannot decode ({exc})") from None
+    flat = _on_white(np.ascontiguousarray(rgba[..., [2, 1, 0, 3]]))  # BGRA, as OpenCV writes
+    return encode_png(flat)
 
 
 def _png_chunks(data: bytes) -> dict[bytes, bytes]:
