@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from edgekv.video import ros_images as installed_ros_images
 from edgekv.video import sources as installed_sources
 
 
@@ -18,7 +19,8 @@ def without_opencv(monkeypatch):
     """``edgekv.video.sources`` imported as on a machine without OpenCV; the real modules back afterwards."""
     import edgekv
 
-    before = {name for name in sys.modules if name == "edgekv.video" or name.startswith("edgekv.video.")}
+    before = {name for name in sys.modules
+              if name in ("edgekv.video", "edgekv.images") or name.startswith("edgekv.video.")}
     monkeypatch.setitem(sys.modules, "cv2", None)  # `import cv2` raises ModuleNotFoundError
     for name in before:
         monkeypatch.delitem(sys.modules, name)
@@ -27,7 +29,8 @@ def without_opencv(monkeypatch):
     try:
         yield importlib.import_module("edgekv.video.sources")
     finally:  # the fresh modules go; monkeypatch puts the real ones back
-        for name in [n for n in sys.modules if n == "edgekv.video" or n.startswith("edgekv.video.")]:
+        for name in [n for n in sys.modules
+                     if n in ("edgekv.video", "edgekv.images") or n.startswith("edgekv.video.")]:
             if name not in before:
                 del sys.modules[name]
 
@@ -104,3 +107,42 @@ def test_the_daemons_start_quiets_native_stderr_without_opencv(monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", None)
     with quiet_native_stderr():
         os.write(2, b"a native library's warning\n")  # into the temporary file, not the terminal
+
+
+def test_ros2_images_need_no_opencv_but_for_bayer_and_yuv(without_opencv):
+    """A ROS 2 camera's frames without the ``video`` extra: bgr8 / rgb8 / alpha / mono (8 and 16 bit) and a
+    CompressedImage JPEG or PNG come out as the pixels they do with OpenCV; a Bayer or YUV image, which needs
+    OpenCV's conversion, is refused naming the extra (no frame of such a camera can be read)."""
+    pytest.importorskip("rosbags", reason="rosbags is not installed (pip install 'edgekv[ros2]')")
+    cv2, with_opencv = installed_sources.cv2, installed_ros_images  # imported before the fixture hid OpenCV
+
+    ros_images = importlib.import_module("edgekv.video.ros_images")
+    assert ros_images is not with_opencv and not without_opencv.has_opencv()
+    frame, _ = next(iter(without_opencv.iter_frames("synthetic:events?size=112x112&fps=2&frames=2&seed=2")))
+    store = ros_images.typestore()
+    header = store.types["std_msgs/msg/Header"](stamp=store.types["builtin_interfaces/msg/Time"](sec=1, nanosec=0),
+                                                frame_id="cam")
+
+    def image(data: np.ndarray, encoding: str):
+        data = np.ascontiguousarray(data)
+        return store.types[ros_images.IMAGE](header=header, height=data.shape[0], width=data.shape[1],
+                                             encoding=encoding, is_bigendian=0, step=data.strides[0],
+                                             data=data.reshape(-1).view(np.uint8))
+
+    alpha = np.full(frame.shape[:2] + (1,), 9, np.uint8)
+    grey = frame[:, :, 1]
+    cases = {"bgr8": frame, "rgb8": frame[:, :, ::-1], "bgra8": np.concatenate([frame, alpha], 2),
+             "rgba8": np.concatenate([frame[:, :, ::-1], alpha], 2), "mono8": grey,
+             "mono16": (grey.astype(np.uint16) << 8) | 0x55}
+    for encoding, data in cases.items():
+        got = ros_images.frame_from_message(image(data, encoding), ros_images.IMAGE)
+        want = with_opencv.frame_from_message(image(data, encoding), with_opencv.IMAGE)
+        assert got.shape == (112, 112, 3) and np.array_equal(got, want), encoding
+    for fmt, ext in (("jpeg", ".jpg"), ("png", ".png")):
+        data = np.frombuffer(cv2.imencode(ext, frame)[1].tobytes(), np.uint8)
+        message = store.types[ros_images.COMPRESSED](header=header, format=fmt, data=data)
+        got = ros_images.frame_from_message(message, ros_images.COMPRESSED)
+        assert np.array_equal(got, with_opencv.frame_from_message(message, with_opencv.COMPRESSED)), fmt
+    with pytest.raises(without_opencv.SourceUnavailable, match=r"bayer_rggb8 images are converted to colour by "
+                                                               r"OpenCV.*pip install 'edgekv\[video\]'"):
+        ros_images.frame_from_message(image(grey, "bayer_rggb8"), ros_images.IMAGE)

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from edgekv.video.image_header import image_size
-from edgekv.video.sources import CorruptFrame, SourceUnavailable, cv2
+from edgekv.images import decode_bgr
+from edgekv.video.sources import OPENCV_EXTRA, CorruptFrame, SourceUnavailable, cv2, has_opencv
 
 __all__ = ["COMPRESSED", "IMAGE", "STRING", "IMAGE_TYPES", "StampClock", "decode_cdr", "frame_from_message",
            "stamp_ns", "typestore"]
@@ -54,24 +55,32 @@ IMAGE_TYPES = (IMAGE, COMPRESSED)
 INSTALL_HINT = "pip install 'edgekv[ros2]'"
 MAX_COMPRESSED_PIXELS = 8192 * 8192  # a CompressedImage, decoded (8K video is 33 Mpx)
 
-# encoding -> (bytes per pixel, OpenCV conversion to BGR or None for a plain copy); 16-bit ones are read as their
-# high bytes first (_SIXTEEN), Bayer mosaics demosaiced (OpenCV names a pattern by the second row's second and third
-# pixels: ROS's rggb, whose top-left block is R G / G B, is OpenCV's BayerBG, as cv_bridge maps it)
-_ENCODINGS: dict[str, tuple[int, int | None]] = {
+# encoding -> (bytes per pixel, the conversion to BGR by OpenCV's name, COLOR_<name>, or None for a plain copy); 16-bit
+# ones are read as their high bytes first (_SIXTEEN), Bayer mosaics demosaiced (OpenCV names a pattern by the second
+# row's second and third pixels: ROS's rggb, whose top-left block is R G / G B, is OpenCV's BayerBG, as cv_bridge maps
+# it). The channel picks (_BY_NUMPY) need no OpenCV; Bayer and YUV do (the `video` extra).
+_ENCODINGS: dict[str, tuple[int, str | None]] = {
     "bgr8": (3, None), "8uc3": (3, None),
-    "rgb8": (3, cv2.COLOR_RGB2BGR),
-    "bgra8": (4, cv2.COLOR_BGRA2BGR), "8uc4": (4, cv2.COLOR_BGRA2BGR), "rgba8": (4, cv2.COLOR_RGBA2BGR),
-    "mono8": (1, cv2.COLOR_GRAY2BGR), "8uc1": (1, cv2.COLOR_GRAY2BGR),
-    "mono16": (2, cv2.COLOR_GRAY2BGR),
-    "bgr16": (6, None), "rgb16": (6, cv2.COLOR_RGB2BGR),
-    "bgra16": (8, cv2.COLOR_BGRA2BGR), "rgba16": (8, cv2.COLOR_RGBA2BGR),
-    "bayer_rggb8": (1, cv2.COLOR_BayerBG2BGR), "bayer_bggr8": (1, cv2.COLOR_BayerRG2BGR),
-    "bayer_gbrg8": (1, cv2.COLOR_BayerGR2BGR), "bayer_grbg8": (1, cv2.COLOR_BayerGB2BGR),
-    "bayer_rggb16": (2, cv2.COLOR_BayerBG2BGR), "bayer_bggr16": (2, cv2.COLOR_BayerRG2BGR),
-    "bayer_gbrg16": (2, cv2.COLOR_BayerGR2BGR), "bayer_grbg16": (2, cv2.COLOR_BayerGB2BGR),
-    "yuv422": (2, cv2.COLOR_YUV2BGR_UYVY), "uyvy": (2, cv2.COLOR_YUV2BGR_UYVY),
-    "yuv422_yuy2": (2, cv2.COLOR_YUV2BGR_YUYV), "yuyv": (2, cv2.COLOR_YUV2BGR_YUYV),
-    "nv12": (1, cv2.COLOR_YUV2BGR_NV12), "nv21": (1, cv2.COLOR_YUV2BGR_NV21), "nv24": (1, None),
+    "rgb8": (3, "RGB2BGR"),
+    "bgra8": (4, "BGRA2BGR"), "8uc4": (4, "BGRA2BGR"), "rgba8": (4, "RGBA2BGR"),
+    "mono8": (1, "GRAY2BGR"), "8uc1": (1, "GRAY2BGR"),
+    "mono16": (2, "GRAY2BGR"),
+    "bgr16": (6, None), "rgb16": (6, "RGB2BGR"),
+    "bgra16": (8, "BGRA2BGR"), "rgba16": (8, "RGBA2BGR"),
+    "bayer_rggb8": (1, "BayerBG2BGR"), "bayer_bggr8": (1, "BayerRG2BGR"),
+    "bayer_gbrg8": (1, "BayerGR2BGR"), "bayer_grbg8": (1, "BayerGB2BGR"),
+    "bayer_rggb16": (2, "BayerBG2BGR"), "bayer_bggr16": (2, "BayerRG2BGR"),
+    "bayer_gbrg16": (2, "BayerGR2BGR"), "bayer_grbg16": (2, "BayerGB2BGR"),
+    "yuv422": (2, "YUV2BGR_UYVY"), "uyvy": (2, "YUV2BGR_UYVY"),
+    "yuv422_yuy2": (2, "YUV2BGR_YUYV"), "yuyv": (2, "YUV2BGR_YUYV"),
+    "nv12": (1, "YUV2BGR_NV12"), "nv21": (1, "YUV2BGR_NV21"), "nv24": (1, None),
+}
+# the conversions that only pick, reorder or repeat channels: the same pixels as cvtColor's, with numpy
+_BY_NUMPY = {
+    "RGB2BGR": lambda p: p[..., ::-1],
+    "BGRA2BGR": lambda p: p[..., :3],
+    "RGBA2BGR": lambda p: p[..., 2::-1],
+    "GRAY2BGR": lambda p: np.repeat(p[..., None], 3, axis=2),
 }
 _SIXTEEN = frozenset(name for name in _ENCODINGS if name.endswith("16"))
 _PACKED_YUV = frozenset({"yuv422", "uyvy", "yuv422_yuy2", "yuyv"})  # a pixel pair shares its chroma
@@ -168,7 +177,20 @@ def _from_image(msg: Any) -> np.ndarray:
         pixels = rows.reshape(height, width, bpp)
     if conversion is None:
         return np.array(pixels, dtype=np.uint8, copy=True, order="C")
-    return cv2.cvtColor(np.ascontiguousarray(pixels), conversion)
+    return _convert(np.ascontiguousarray(pixels), conversion, encoding)
+
+
+def _convert(pixels: np.ndarray, conversion: str, encoding: str) -> np.ndarray:
+    """``pixels`` as BGR by OpenCV's ``COLOR_<conversion>``; without OpenCV the channel picks by numpy (the same
+    pixels), and a Bayer or YUV image refused naming the extra: the camera needs a setting or the extra, and no frame
+    of it can be read until then (``SourceUnavailable``, not a frame skipped as corrupt)."""
+    if has_opencv():
+        return cv2.cvtColor(pixels, getattr(cv2, f"COLOR_{conversion}"))
+    by_numpy = _BY_NUMPY.get(conversion)
+    if by_numpy is None:
+        raise SourceUnavailable(f"{IMAGE}: {encoding} images are converted to colour by OpenCV, which is not "
+                                f"installed here: {OPENCV_EXTRA} (or have the camera publish bgr8, rgb8 or mono8)")
+    return np.ascontiguousarray(by_numpy(pixels))
 
 
 def _from_two_planes(data: np.ndarray, name: str, height: int, width: int, step: int) -> np.ndarray:
@@ -183,7 +205,7 @@ def _from_two_planes(data: np.ndarray, name: str, height: int, width: int, step:
         return np.clip(np.rint(bgr), 0, 255).astype(np.uint8)
     chroma = data[step * height:step * height + step * height // 2].reshape(height // 2, step)[:, :width]
     planes = np.concatenate([luma, chroma], axis=0)  # OpenCV's NV12 / NV21 input: (height * 3 / 2) x width
-    return cv2.cvtColor(np.ascontiguousarray(planes), _ENCODINGS[name][1])
+    return _convert(np.ascontiguousarray(planes), _ENCODINGS[name][1], name)
 
 
 def _compressed_kind(fmt: str, data: np.ndarray) -> tuple[str, bool]:
@@ -224,9 +246,9 @@ def _from_compressed(msg: Any) -> np.ndarray:
     if size[0] * size[1] > MAX_COMPRESSED_PIXELS:
         raise CorruptFrame(f"{COMPRESSED}: the {kind} declares {size[0]} x {size[1]}, over the "
                            f"{MAX_COMPRESSED_PIXELS / 1e6:.0f} megapixels a frame is decoded at")
-    frame = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    frame = decode_bgr(data.tobytes())  # OpenCV's IMREAD_COLOR, or the same pixels from Pillow without the extra
     if frame is None:
-        raise CorruptFrame(f"{COMPRESSED}: OpenCV could not decode the {kind} data ({data.size} bytes)")
+        raise CorruptFrame(f"{COMPRESSED}: the {kind} data ({data.size} bytes) does not decode")
     return np.ascontiguousarray(frame[:, :, ::-1]) if rgb else frame
 
 
