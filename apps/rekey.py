@@ -12,7 +12,9 @@ says so, no file needs the old key (remove it from ``previous_key_files``) and n
 Each file is rewritten as the daemon rewrites one (a temporary copy sealed under a new random salt, fsync, rename:
 a crash leaves the old file or the new one; ``edgekv.state.reseal_snapshot``, ``FrameArchive.reseal``). It takes
 the folders' locks, so a running daemon (or a second rekey) is refused naming its pid. With ``video.sources`` each
-camera's folders are done in turn. What it cannot do: erase the flash blocks the old files used. A key given as a
+camera's folders are done in turn. Segments a newer edgekv wrote (met after a downgrade) are not read, so not
+re-sealed either: they are left as they are, named, and the run ends 1 (the old keys may still be needed for them).
+What it cannot do: erase the flash blocks the old files used. A key given as a
 systemd credential (``privacy.key_credential``) exists only inside a unit: run rekey in one with the same credential
 (``systemd-run --pipe --wait -p LoadCredentialEncrypted=NAME:FILE edgekv rekey ...``).
 """
@@ -222,14 +224,16 @@ def _archive(config, keys, dry_run: bool, say) -> int:
     """Segments under ``archive.dir``; returns 1 when the folder was left as it was (a segment no key of the ring
     opens keeps the whole archive from opening: named), else 0."""
     from edgekv.apps.daemon.startup import one_line
-    from edgekv.archive.store import ArchiveError, FrameArchive, archived_shape
+    from edgekv.archive.store import ArchiveError, FrameArchive, archived_shape, newer_segments_text
 
     section = config.archive
     folder = Path(section.dir).expanduser() if section.dir else None
     shape = archived_shape(folder) if folder is not None else None
     if shape is None:
-        say(f"archive.dir {section.dir or '(not set)'}: no segments")
-        return _frames(folder, keys, dry_run, say) if folder is not None else 0
+        newer = newer_segments_text(folder) if folder is not None else ""
+        say(f"archive.dir {section.dir or '(not set)'}: no segments" + (" this edgekv reads" if newer else ""))
+        left = _newer_left(newer, say)
+        return left + (_frames(folder, keys, dry_run, say) if folder is not None else 0)
     segment = int(section.segment_mib * 2**20)
     try:
         archive = FrameArchive(folder, shape, max_bytes=max(int(section.max_gib * 2**30), 2 * segment),
@@ -242,11 +246,23 @@ def _archive(config, keys, dry_run: bool, say) -> int:
         verb = "would be re-sealed" if dry_run else f"re-sealed ({result['bytes']:,} bytes written)"
         say(f"archive.dir {folder}: {result['segments_resealed']} segment(s) {verb}, {result['segments_current']} "
             f"already under the current key")
-        return _frames(folder, keys, dry_run, say)  # under the archive folder's lock
+        left = _newer_left(archive.newer_text(), say)
+        return left + _frames(folder, keys, dry_run, say)  # under the archive folder's lock
     finally:
         archive.close()
         if not dry_run:
             _give_back(folder)
+
+
+def _newer_left(newer: str, say) -> int:
+    """Segments a newer edgekv wrote (``newer``: ``newer_segments_text``; empty: none): this one cannot read them, so
+    it neither reseals nor touches them, and what they hold may be under an old key or in the clear; returns 1 when
+    there are some (the old keys stay needed), else 0."""
+    if not newer:
+        return 0
+    say(f"left as they are: {newer}; this edgekv cannot re-seal them (they may be under an old key or in the clear): "
+        f"run the newer edgekv's rekey, or remove them")
+    return 1
 
 
 def _frames(folder: Path, keys, dry_run: bool, say) -> int:

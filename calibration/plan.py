@@ -270,7 +270,7 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: 
     reaches at the cameras' pair rate (``fps / 2`` each), the index it keeps in RAM for that many pairs, and the
     evidence frames' hours (``archive.frames_mib``, from ``FRAME_KIB_MEASURED``); then what all that writes to the
     flash a day (``write_lines``). Formulas, not a measurement."""
-    from edgekv.archive.store import ENTRY_BYTES
+    from edgekv.archive.store import default_index_bytes
 
     cfg = _model_config(Path(model_dir))
     section = config.archive
@@ -280,14 +280,20 @@ def flash_lines(config, model_dir: str | Path, tokens_per_pair: int, flash_tbw: 
     rate = sum((c.fps or config.video.fps) for c in cameras) / 2 if cameras else config.video.fps / 2
     budget = section.max_gib * 2**30
     pairs = int(budget // record)
-    # fp16 keys (+ weights) and fp32 norms a pair, and its entry's bookkeeping (FrameArchive.index_bound)
-    index = pairs * (shape.summary_bytes() + 4 * shape.layers + ENTRY_BYTES)
+    # the index's bound in RAM (FrameArchive.index_bound): past it the oldest segments go, as past max_gib
+    bound = section.max_index_mib * 2**20 if section.max_index_mib is not None else default_index_bytes()
+    kept = pairs if bound is None else min(pairs, int(bound // shape.index_entry_bytes()))
+    index = kept * shape.index_entry_bytes()
+    what = "archive.max_index_mib" if section.max_index_mib is not None else "an eighth of this machine's RAM"
     where = f"archive.dir {section.dir}" if section.dir else "archive.dir not set: no archive; were it set"
     lines = [f"archive ({where}): a frame pair of {tokens_per_pair} tokens is {record / 2**20:.2f} MiB on flash "
              f"({named} K/V of {shape.layers} layers, {shape.index_keys} index key(s), checksums)",
              f"  archive.max_gib {section.max_gib:g} GiB hold {pairs:,} pairs: {_hours(pairs / rate)} of video at "
-             f"{rate:g} pair(s) a second{' (all cameras)' if cameras else ''}; its index {index / 2**20:.1f} MiB of RAM"
-             f" (up to a quarter more while it grows)"]
+             f"{rate:g} pair(s) a second{' (all cameras)' if cameras else ''}"
+             + (f"; its index {index / 2**20:.1f} MiB of RAM" if kept == pairs else
+                f"; the index's bound in RAM ({what}, {(bound or 0) / 2**20:.0f} MiB) keeps the newest {kept:,}: "
+                f"{_hours(kept / rate)}, {kept * record / 2**30:.1f} GiB of the disk")
+             + " (up to a quarter more while it grows)"]
     if section.frames_mib:
         kib = _frame_kib(section.frames_px)
         from edgekv.apps.daemon.frame_store import budget_shares

@@ -59,8 +59,8 @@ def test_a_good_config_passes_every_check_without_loading_the_model(tiny_checkpo
         "logging.file": "ok", "model.path": "ok", "cache.calibration": "ok", "state.dir, archive.dir": "ok",
         "archive.dir records": "ok", "privacy keys": "ok", "state.dir lock": "ok", "server packages": "ok",
         "server.host:port": "ok", "server TLS": "ok",
-        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "state.max_mib": "ok", "state.dir memory": "ok",
-        "device memory": "ok",
+        "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "cache budget": "ok", "state.max_mib": "ok",
+        "state.dir memory": "ok", "device memory": "ok",
         "flash": "note"}
     assert "config.json" in results["model.path"][1]
     assert "a 160x120 frame read" in results["video.source"][1]

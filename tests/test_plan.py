@@ -271,3 +271,23 @@ def test_a_cap_over_the_position_ceiling_that_memory_holds_fits_with_a_note(tmp_
     assert result.max_tokens == 4096 and result.capped_by_positions
     assert "cache.max_tokens 6144 fits (4 MiB;" in verdict and "half the model's position range" in verdict
     assert main(["plan", "--device-memory", "23.54029083251953", "--config", str(deploy)]) == 0
+
+
+def test_plan_says_when_the_archive_index_bound_decides_how_far_back_it_reaches(model_3b):
+    """Small records on a large disk are many pairs, each an index row in RAM; the archive keeps its index within
+    ``archive.max_index_mib`` (an eighth of the RAM by default) by letting the oldest segments go, so the plan's reach
+    is the bound's, not the disk's."""
+    from edgekv.archive.store import KVShape
+    from edgekv.calibration.plan import flash_lines
+    from edgekv.config import EdgeKVConfig
+
+    shape = KVShape(36, 2, 128, "int4", 2)
+    record, entry = shape.record_bytes(64), shape.index_entry_bytes()
+    lines = flash_lines(EdgeKVConfig().with_overrides(archive={"kv_dtype": "int4", "max_gib": 64, "max_index_mib": 32}),
+                        model_3b, 64)
+    kept = 32 * 2**20 // entry
+    assert 64 * 2**30 // record > kept  # the disk would hold more than the bound keeps
+    assert (f"the index's bound in RAM (archive.max_index_mib, 32 MiB) keeps the newest {kept:,}: "
+            in lines[1]), lines[1]
+    lines = flash_lines(EdgeKVConfig().with_overrides(archive={"max_index_mib": 1024}), model_3b, 256)
+    assert "its index" in lines[1] and "bound" not in lines[1]  # 16 GiB of bf16 pairs: the disk decides

@@ -11,10 +11,13 @@ before ``systemctl restart``.
 Beside a running daemon two steps find its own holds, not mistakes: its ``state.dir`` lock and its port. Each is a
 ``note`` naming the holder (the lock's pid; an edgekv answering ``/healthz`` on the port), which the restart takes
 over. What only the check does: one frame read from the video source (a camera that opens but never delivers is
-found too: ``READ_BOUND_S``), a TCP connection to the fleet's broker, and what the start will do with the memory
-saved under ``state.dir`` (``memory_result``): resume it, or set it aside because the config no longer fits it (the
-cameras or their weights, the cap, the model, the prompt), said before the restart. Nothing is written but what the
-start's checks make (the folders, ``state.dir``'s lock file): no log line to ``logging.file``, no snapshot, no frame.
+found too: ``READ_BOUND_S``), the cache's budget as the session checks it once the model has loaded
+(``PlannedBudget``: from config.json and tokenizer.json, no weights; an ``archive.top_k`` too large for the cap is
+named with the one that fits), archive segments a newer edgekv wrote, a TCP connection to the fleet's broker, and what
+the start will do with the memory saved under ``state.dir`` (``memory_result``): resume it, or set it aside because
+the config no longer fits it (the cameras or their weights, the cap, the model, the prompt), said before the restart.
+Nothing is written but what the start's checks make (the folders, ``state.dir``'s lock file): no log line to
+``logging.file``, no snapshot, no frame.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None)
 
     daemon.checking = True
     results: list[CheckResult] = []
+    seen: dict[str, Any] = {}  # the first frame's shape (``video.resolution`` null: it fixes the grid)
     try:
         for key, step in daemon.preflight_steps():
             try:
@@ -60,12 +64,18 @@ def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None)
                 results.append(_held_by_the_running_daemon(daemon, key, exc)
                                or CheckResult(key, "FAIL", one_line(exc)))
                 continue
-            results.append(_found(daemon, key, found))
+            results.append(_found(daemon, key, found, seen))
     finally:
         daemon.state.release()
         source = getattr(daemon, "_source", None)
         if source is not None:
             source.close()
+    if not any(result.key == "model.path" and result.status == "FAIL" for result in results):
+        results.append(budget_result(daemon.config, seen.get("frame_shape")))
+    if daemon.config.archive.dir is not None:
+        newer = newer_result(daemon.config.archive.dir)
+        if newer is not None:
+            results.append(newer)
     if daemon.config.state.dir is not None:
         results += [bound_result(daemon.state, daemon.config),
                     memory_result(daemon.state, daemon.config, deployment, camera)]
@@ -96,6 +106,110 @@ def bound_result(keeper: Any, config: Any) -> CheckResult:
     return CheckResult("state.max_mib", "ok", f"two snapshots of a full cache ({full / 2**20:.2f} MiB each) fit in "
                                               f"{keeper.section.max_mib:g} MiB; {left / 2**20:.2f} MiB left for the "
                                               f"kept alerts ({len(alerts)} there now) and a snapshot set aside")
+
+
+BUDGET_KEY = "cache budget"
+
+
+class PlannedBudget:
+    """What the session's budget check (``StreamSession._check_budget``: the prefix, two frame pairs, the text reserve
+    and the retrieval reserve under the cap, then the policy's own check, and with an archive the ``archive.top_k``
+    that fits) reads of a session, from the config, the checkpoint's ``config.json`` and ``tokenizer.json`` alone: no
+    weights. The check run on it is the session's own, so ``--check`` says what the start would refuse, word for word
+    (it passed an ``archive.top_k`` the start then refused). ``frame_shape``: the first frame's, which fixes the grid
+    when ``video.resolution`` is null (None then: checked at the first frame, as the session does)."""
+
+    def __init__(self, config: Any, frame_shape: tuple[int, ...] | None = None) -> None:
+        from types import SimpleNamespace
+
+        from edgekv.archive.recall import RetrievalReserve
+        from edgekv.model.config import ModelConfig
+        from edgekv.policies import make_policy
+        from edgekv.preprocess import FramePreprocessor, smart_resize
+        from edgekv.runtime import Runtime, _policy_kwargs
+        from edgekv.state import _planned_cache
+        from edgekv.tokenizer import ChatLayout, QwenTokenizer
+
+        model_dir, _, _, _, self.capacity = _planned_cache(config)
+        vision = ModelConfig.from_dir(model_dir).vision
+        self.text_reserve = int(config.cache.text_reserve_tokens)
+        self.sink_budget = int(config.cache.sinks)
+        self.policy = make_policy(config.cache.policy, **_policy_kwargs(config))
+        tokenizer = QwenTokenizer.from_dir(model_dir)
+        self.prefix_tokens = len(tokenizer.encode(ChatLayout(config.model.system_prompt).stream_prefix()))
+        resolution = config.video.resolution
+        if resolution is None and frame_shape is not None:  # Runtime.make_preprocessor's grid for that frame
+            low, high = Runtime.pixel_limits(SimpleNamespace(model_dir=model_dir))
+            resolution = smart_resize(frame_shape[0], frame_shape[1], min_pixels=low, max_pixels=high)
+        self.preprocessor = None if resolution is None else FramePreprocessor(
+            resolution=tuple(resolution), patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
+            merge_size=vision.spatial_merge_size, resize=config.video.resize)
+        self.recall = RetrievalReserve(self, config.archive.top_k) if config.archive.dir is not None else None
+
+    @property
+    def video_limit(self) -> int:
+        from edgekv.session.stream import StreamSession
+
+        return StreamSession.video_limit.fget(self)
+
+    @property
+    def recall_reserve(self) -> int:
+        from edgekv.session.stream import StreamSession
+
+        return StreamSession.recall_reserve.fget(self)
+
+    @property
+    def tokens_per_pair(self) -> int:
+        return self.preprocessor.tokens_per_pair
+
+    def _check_room(self) -> None:
+        from edgekv.session.stream import StreamSession
+
+        StreamSession._check_room(self)
+
+    def check(self) -> None:
+        """The start's checks of the budget: a ``ValueError`` with the session's own message, or nothing."""
+        from edgekv.session.stream import StreamSession
+
+        StreamSession._check_budget(self)  # (a policy that needs sinks without any: refused by the config already)
+
+    def text(self) -> str:
+        """The budget that passed, in tokens."""
+        recall = (f", the retrieval reserve {self.recall_reserve} (archive.top_k={self.recall.top_k})"
+                  if self.recall is not None else "")
+        height, width = self.preprocessor.resolution
+        return (f"{self.capacity:,} tokens hold the prefix {self.prefix_tokens}, the text reserve {self.text_reserve}"
+                f"{recall} and {(self.video_limit - self.prefix_tokens) // self.tokens_per_pair} frame pairs of "
+                f"{self.tokens_per_pair} tokens ({width}x{height})")
+
+
+def budget_result(config: Any, frame_shape: tuple[int, ...] | None = None) -> CheckResult:
+    """The start's budget check on ``config`` (``PlannedBudget``): ``FAIL`` with the message the start would stop
+    with, or ``ok`` with the budget; a ``note`` when it cannot be checked here (a model folder the steps above
+    refused, ``video.resolution`` null and no frame read)."""
+    from edgekv.apps.daemon.startup import one_line
+
+    try:
+        planned = PlannedBudget(config, frame_shape)
+    except (ValueError, OSError, KeyError) as exc:
+        return CheckResult(BUDGET_KEY, "note", f"not checked ({one_line(exc)})")
+    if planned.preprocessor is None:
+        return CheckResult(BUDGET_KEY, "note", "video.resolution null and no frame read: the first frame fixes the "
+                                               "grid and the budget is checked then")
+    try:
+        planned.check()
+    except ValueError as exc:
+        return CheckResult(BUDGET_KEY, "FAIL", one_line(exc))
+    return CheckResult(BUDGET_KEY, "ok", planned.text())
+
+
+def newer_result(folder: Any) -> CheckResult | None:
+    """Archive segments a newer edgekv wrote under ``folder`` (``edgekv.archive.store.newer_segments``), named with
+    what the archive does with them: the start goes on (a ``note``); None when there are none."""
+    from edgekv.archive.store import newer_segments_text
+
+    text = newer_segments_text(folder)
+    return CheckResult("archive.dir newer segments", "note", text) if text else None
 
 
 MEMORY_KEY = "state.dir memory"
@@ -134,7 +248,7 @@ def _share_text(deployment: Any, camera: str | None) -> str:
             f"cameras' caps, and the memory of each camera whose cap changed is set aside")
 
 
-def _found(daemon: Any, key: str, found: object) -> CheckResult:
+def _found(daemon: Any, key: str, found: object, seen: dict[str, Any] | None = None) -> CheckResult:
     """What a step that passed found, said."""
     cfg = daemon.config
     unset = {"cache.calibration": (cfg.cache.calibration is None, "none set"),
@@ -157,7 +271,7 @@ def _found(daemon: Any, key: str, found: object) -> CheckResult:
     if key == "fleet":
         return _broker_result(cfg.fleet.broker)
     if key == "video.source":
-        return _source_result(found)
+        return _source_result(found, seen)
     from edgekv.apps.daemon.startup import ARCHIVE_OTHER_DTYPE
 
     if key == "archive.dir records" and isinstance(found, str) and found.startswith(ARCHIVE_OTHER_DTYPE):
@@ -237,8 +351,9 @@ def _broker_result(broker: str) -> CheckResult:
                                       + (" (TLS not tried)" if tls else ""))
 
 
-def _source_result(source: Any) -> CheckResult:
-    """One frame read from the opened source within ``READ_BOUND_S`` (in a thread: a driver call may block)."""
+def _source_result(source: Any, seen: dict[str, Any] | None = None) -> CheckResult:
+    """One frame read from the opened source within ``READ_BOUND_S`` (in a thread: a driver call may block); its
+    shape put in ``seen["frame_shape"]``."""
     waiting = getattr(source, "waiting", None)
     if waiting is not None:
         return CheckResult("video.source", "note", f"{waiting}: not reachable now; the daemon would start and "
@@ -263,6 +378,8 @@ def _source_result(source: Any) -> CheckResult:
         return CheckResult("video.source", "FAIL", f"opened ({kind}) but its first frame failed: "
                                                    f"{type(got['error']).__name__}: {got['error']}")
     height, width = got["frame"].shape[:2]
+    if seen is not None:
+        seen["frame_shape"] = got["frame"].shape
     return CheckResult("video.source", "ok", f"{kind}; a {width}x{height} frame read in "
                                              f"{time.monotonic() - started:.2f} s")
 

@@ -23,9 +23,12 @@ Ingest never waits on it (unless ``archive.when_full`` is ``wait``, as for the a
 time): ``submit`` hands the frame to a writer thread through a queue of ``QUEUE_FRAMES``; when the queue is full the
 frame is dropped and counted (``dropped``). The writer scales, encodes (OpenCV releases the GIL while it does) and
 writes; rows are trimmed oldest first, before a frame goes in, while the file would pass ``archive.frames_mib`` and,
-with ``archive.max_age_s``, when they are older than that behind the newest frame in stream time (as the archive's
-segments are), and, with ``archive.keep_free_gib``, before the file would grow into that much of the disk's free
-space (other writers fill it too: the oldest frames go, their pages reused, then frames are refused).
+with ``archive.max_age_s``, when they are older than that (as the archive's segments are: the stream being written's
+behind its newest frame in stream time, an earlier stream's — a restart without the saved memory — by the wall clock
+each was seen at, with guards against a clock set back or never set: ``_age``; and, with no frame coming in — a
+privacy pause, a camera gone dark — when the daemon calls ``expire``), and, with ``archive.keep_free_gib``, before
+the file would grow into that much of the disk's free space (other writers fill it too: the oldest frames go, their
+pages reused, then frames are refused).
 
 Below that floor the file gives the room back, as the archive deletes its oldest segments: when another writer on
 the disk (a robot's bag recorder, logs) has taken the free space under ``keep_free_gib``, the next frame first
@@ -71,6 +74,7 @@ QUEUE_FRAMES = 8
 SHM_BYTES = 32 * 1024  # the write-ahead log's index: 32 KiB covers 4,096 logged pages, more than the log ever holds
 ROW_BYTES = 128  # a row beside its picture: its header, pair, times and two index entries (plus the stream's id twice)
 WARN_EVERY_S = 60.0  # a failing write is logged at most this often
+AGE_EVERY_S = 60.0  # an earlier stream's frames are aged by the wall clock at most this often while writing
 JPEG_QUALITY = 80
 _STOP = object()
 _SCHEMA = """
@@ -117,6 +121,13 @@ class FrameStore:
         self.set_aside: Path | None = None
         self.last_error: str | None = None
         self._warned: float | None = None  # when a failing write was last logged (None: writing fine)
+        # age (``max_age_s``): the stream of the last frame this process wrote, its stream time and when (monotonic);
+        # per stream the monotonic time this process last wrote one of its frames (one found at open: the open's)
+        self._last: tuple[str, float, float] | None = None
+        self._wrote_mono: dict[str, float] = {}
+        self._opened_mono = time.monotonic()
+        self._aged_mono: float | None = None  # when earlier streams were last aged by the wall clock
+        self._clock_said = False  # the warning that the wall clock cannot age a frame, given once
         self._lock = threading.Lock()  # the one connection: the writer's rows, a reader's lookups, a forget
         self._db = self._open()
         self._bytes, self._rows = self._totals()
@@ -300,6 +311,9 @@ class FrameStore:
                     self._db.execute("INSERT INTO frames (stream, pair, t, unix, jpeg) VALUES (?, ?, ?, ?, ?)",
                                      (stream, pair, t, unix, data))
                     self._bytes, self._rows = self._bytes + len(data), self._rows + 1
+                now = time.monotonic()
+                newest = self._last[1] if self._last is not None and self._last[0] == stream else t
+                self._last, self._wrote_mono[stream] = (stream, max(newest, t), now), now
                 if self._tight():  # near the floor the log is folded back each frame, not left to grow to its share
                     self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.written += 1
@@ -319,13 +333,95 @@ class FrameStore:
             log.info("evidence frames: written again (%d write error(s) before)", self.write_errors)
 
     def _trim(self, stream: str, newest_t: float, incoming: int) -> None:
-        """(In the writer's transaction, before a row of about ``incoming`` bytes goes in.) With ``max_age_s``, this
-        stream's rows older than that behind the new frame (an earlier stream's rows go by size only); then the oldest
-        rows while the pages in use and the new row would pass the database's share of ``max_bytes``. A frame that
-        would not fit an empty file is refused (a ``ValueError`` naming both: that frame is not written)."""
-        if self.max_age_s is not None:  # stream time, as the archive's: a wall clock set forward deletes nothing
-            self.trimmed += self._delete("stream = ? AND t < ?", (stream, newest_t - self.max_age_s))
+        """(In the writer's transaction, before a row of about ``incoming`` bytes goes in.) With ``max_age_s``, the
+        rows past it (``_age``: this stream's behind the new frame; an earlier stream's by the wall clock, at most
+        every ``AGE_EVERY_S``); then the oldest rows while the pages in use and the new row would pass the database's
+        share of ``max_bytes``. A frame that would not fit an empty file is refused (a ``ValueError`` naming both:
+        that frame is not written)."""
+        if self.max_age_s is not None:
+            self.trimmed += self._age(stream, newest_t)
         self._trim_to(incoming)
+
+    def expire(self) -> int:
+        """``max_age_s`` applied now, with no frame being written: what a paused camera (the privacy switch, for
+        hours), one gone dark or a stream that has ended kept past it goes, which the trim before each frame never
+        reached. The stream last written is aged in its stream time, taken to have gone on since its last frame by
+        the monotonic clock (a live stream's time after a pause is the pause's length later; a paused recording,
+        which resumes on its own clock, has its pause counted too: its frames go sooner, never later); the earlier
+        streams' as when writing (``_age``). For the daemon to call every minute or so; returns how many frames
+        went (-1: the file could not be written, logged)."""
+        if self.max_age_s is None:
+            return 0
+        with self._lock:
+            stream, now_t = (None, 0.0) if self._last is None else (
+                self._last[0], self._last[1] + time.monotonic() - self._last[2])
+            try:
+                with self._transaction():
+                    gone = self._age(stream, now_t, every=True)
+            except sqlite3.Error as exc:  # a full disk or an I/O error: the next call, or the next frame, tries again
+                log.warning("evidence frames: archive.max_age_s could not be applied (%s)", exc)
+                return -1
+            self.trimmed += gone
+        return gone
+
+    def _age(self, stream: str | None, now_t: float, every: bool = False) -> int:
+        """(In a transaction.) The rows past ``max_age_s``; returns how many went. ``stream``'s (the stream being
+        written) older than that behind its time ``now_t``: stream time only goes forward and a clock jump moves it by
+        ``video.max_gap_s`` at most (edgekv/session/clock.py), so a wall clock set forward deletes none of them. An
+        earlier stream's (a restart without the saved memory: another stream, its time on another scale, which the
+        trim by stream time never reached) by the wall clock each frame was seen at (``unix``), and at least by the
+        monotonic time since this process last wrote that stream or, for one found at open, opened the file; as
+        the archive's segments are (``FrameArchive._too_old``). A wall time the clock calls the future (set back
+        since) or before 2025 (not set then: a board without an RTC battery) ages nothing: said once, those frames
+        go at the latest ``max_age_s`` after this start. A deletion by the wall clock is logged with the times, so a
+        clock stepped forward does not empty the store unsaid. Earlier streams at most every ``AGE_EVERY_S`` unless
+        ``every``: their query reads every row."""
+        gone = 0
+        if stream is not None:
+            gone += self._delete("stream = ? AND t < ?", (stream, now_t - self.max_age_s))
+        mono = time.monotonic()
+        if not every and self._aged_mono is not None and mono - self._aged_mono < AGE_EVERY_S:
+            return gone
+        self._aged_mono = mono
+        others = [row[0] for row in self._db.execute("SELECT DISTINCT stream FROM frames")
+                  if row[0] != stream]
+        for other in others:
+            gone += self._age_earlier(other, mono)
+        return gone
+
+    def _age_earlier(self, stream: str, mono: float) -> int:
+        """(In a transaction.) An earlier stream's rows past ``max_age_s`` (``_age``); returns how many went."""
+        from edgekv.archive.store import _WALL_FLOOR, _WALL_SLACK_S, _duration_text, _wall_text
+
+        if mono - self._wrote_mono.get(stream, self._opened_mono) > self.max_age_s:  # every one of them, whatever
+            count = self._delete("stream = ?", (stream,))                            # the wall clock says
+            if count:
+                log.warning("evidence frames: %d frame(s) of an earlier stream (%s), none written for %s by the "
+                            "monotonic clock, past archive.max_age_s %g s: deleted", count, stream[:8],
+                            _duration_text(mono - self._wrote_mono.get(stream, self._opened_mono)), self.max_age_s)
+            return count
+        now = time.time()
+        if not self._clock_said:
+            low, high = self._db.execute("SELECT MIN(unix), MAX(unix) FROM frames WHERE stream = ? AND unix IS NOT "
+                                         "NULL AND (unix < ? OR unix > ?)",
+                                         (stream, _WALL_FLOOR, now + _WALL_SLACK_S)).fetchone()
+            if low is not None:
+                self._clock_said = True
+                log.warning("evidence frames: archive.max_age_s: frames of an earlier stream (%s) were seen at %s by "
+                            "the wall clock, which reads %s now (%s): their age is counted from this start instead, "
+                            "so they go at the latest archive.max_age_s (%g s) after it (said once)", stream[:8],
+                            _wall_text(high if high > now else low), _wall_text(now),
+                            "set back since" if high > now else "not set then", self.max_age_s)
+        where = "stream = ? AND unix IS NOT NULL AND unix >= ? AND unix <= ? AND unix < ?"
+        args = (stream, _WALL_FLOOR, now + _WALL_SLACK_S, now - self.max_age_s)
+        count, low, high = self._db.execute(f"SELECT COUNT(*), MIN(unix), MAX(unix) FROM frames WHERE {where}",
+                                            args).fetchone()
+        if not count:
+            return 0
+        log.warning("evidence frames: %d frame(s) of an earlier stream (%s), seen %s to %s by the wall clock, are "
+                    "past archive.max_age_s %g s (now %s, the newest of them %s old): deleted", count, stream[:8],
+                    _wall_text(low), _wall_text(high), self.max_age_s, _wall_text(now), _duration_text(now - high))
+        return self._delete(where, args)
 
     def _trim_to(self, incoming: int) -> None:
         """(In a transaction.) The oldest rows go while the pages in use and ``incoming`` pass the database's share."""
@@ -648,15 +744,12 @@ class FrameStore:
 
 
 def encode_thumbnail(frame: np.ndarray, px: int) -> bytes:
-    """``frame`` (H x W x 3 BGR, or gray) scaled down to ``px`` on its long side (never up) as a JPEG."""
-    import cv2
+    """``frame`` (H x W x 3 BGR, or gray) scaled down to ``px`` on its long side (never up) as a JPEG (OpenCV's,
+    or without the ``video`` extra the same from numpy and Pillow: edgekv/images.py)."""
+    from edgekv.images import encode_jpeg, shrink
 
     height, width = frame.shape[:2]
     scale = px / max(height, width)
     if scale < 1:
-        frame = cv2.resize(frame, (max(1, round(width * scale)), max(1, round(height * scale))),
-                           interpolation=cv2.INTER_AREA)
-    ok, data = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
-    if not ok:
-        raise ValueError(f"a frame of shape {frame.shape} does not encode as JPEG")
-    return data.tobytes()
+        frame = shrink(frame, max(1, round(width * scale)), max(1, round(height * scale)))
+    return encode_jpeg(frame, JPEG_QUALITY)

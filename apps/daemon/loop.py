@@ -147,6 +147,7 @@ class Daemon:
         self._paused_at: float | None = None
         self._resume_offset = 0.0  # added to a reopened source's timestamps: stream time goes on after a pause
         self._source_t: float | None = None  # the source's own time of the last frame in: a paused recording goes on
+        self._expired_at: float | None = None  # when max_age_s was last applied to the files (_expire_kept)
         self._frames_at_start = 0  # the restored memory's frames: --max-frames / video.max_frames count this run's
         self._pause_seen = threading.Event()  # the loop saw the pause (no step in flight)
         self._loop_thread: threading.Thread | None = None
@@ -1721,7 +1722,29 @@ class Daemon:
         if self.state.enabled:  # no lock taken on every loop turn when persistent memory is off
             with self.lock:
                 self.state.maybe_snapshot(self.session, self._snapshot_beats())
+        self._expire_kept()
         self._check_hung()
+
+    EXPIRE_EVERY_S = 60.0  # how often max_age_s is applied to what is kept on disk with nothing written
+
+    def _expire_kept(self) -> None:
+        """``archive.max_age_s`` applied to the archive and the evidence frames on disk every ``EXPIRE_EVERY_S``,
+        written to or not: retention ran only before each new record, so a camera paused for hours by the privacy
+        switch, gone dark, or at the end of its stream kept what was past the age the config promised it would not
+        keep (``FrameArchive.expire``, ``FrameStore.expire``). Under the lock: a forget rewrites those files under it."""
+        recall = self.session.recall if self.session is not None else None
+        if self.frames is None and recall is None:
+            return
+        now = time.monotonic()
+        if self._expired_at is not None and now - self._expired_at < self.EXPIRE_EVERY_S:
+            return
+        self._expired_at = now
+        with self.lock:
+            gone = (self.frames.expire() if self.frames is not None else 0,
+                    recall.archive.expire() if recall is not None else 0)
+        if max(gone) > 0:  # (-1: the evidence frames could not be written; the store logged why)
+            log.info("archive.max_age_s: %d evidence frame(s) and %d archive segment(s) past it deleted",
+                     max(gone[0], 0), gone[1])
 
     HANG_KINDS = ("camera", "gstreamer", "csi")  # sources whose driver call can block with no timeout of ours
 

@@ -87,40 +87,14 @@ class Recalled:
         return self.probe_ms + self.select_ms + self.read_ms
 
 
-class Recall:
-    """A session's archive writer hook and retrieval reserve (``archive:`` in the YAML)."""
+class RetrievalReserve:
+    """The slots kept free inside the cap for ``top_k`` recalled pairs of ``session``'s grid, and the largest
+    ``archive.top_k`` a budget check passes with. Apart from ``Recall`` so that ``edgekv-camera --check`` runs the
+    start's budget check, advice included, on the config alone (no archive opened, no weights loaded)."""
 
-    def __init__(self, session, section: ArchiveSection) -> None:
-        if session.llm.name != "torch":
-            raise ValueError(f"archive.dir: recall reads the question's queries from the torch LM; engines.llm is "
-                             f"{session.llm.name!r}. Set engines.llm: torch or archive.dir: null")
-        cache = session.cache
+    def __init__(self, session, top_k: int) -> None:
         self.session = session
-        self.section = section
-        self.top_k = int(section.top_k)
-        self.mode = section.retrieval
-        self.scoring = section.scoring
-        # what is stored on flash: archive.kv_dtype, else as the cache holds it (an 8-bit cache: 8-bit records,
-        # re-quantized from its dequantized, rotated keys: the archive keeps keys rotated at their positions)
-        stored = ARCHIVE_KV_DTYPES.get(section.kv_dtype, cache.dtype)
-        self.archive = FrameArchive(
-            section.dir, KVShape.of(cache.num_layers, cache.kv_heads, cache.head_dim, stored, section.index_keys),
-            stage_dtype=cache.compute_dtype if cache.quantized else cache.dtype,
-            max_bytes=int(section.max_gib * 2**30), segment_bytes=int(section.segment_mib * 2**20),
-            queue_pairs=section.queue_pairs, max_age_s=section.max_age_s, inv_freq=session.inv_freq.cpu(),
-            temporal_section=session.temporal_section, when_full=section.when_full,
-            keys=getattr(getattr(session, "runtime", None), "keys", None),
-            keep_free_bytes=int(section.keep_free_gib * 2**30),
-            max_index_bytes=None if section.max_index_mib is None else int(section.max_index_mib * 2**20))
-        self.attached = False
-        self._stream_hex, self._stream = "", b""
-        self.recalls = 0
-        self.recalled_pairs = 0
-        self.ms_total = 0.0
-        self.ms_last = 0.0
-        self.last: Recalled | None = None
-        self.hidden: torch.Tensor | None = None  # [L, Hkv, start] bool: kept copies of recalled pairs
-        self._visible: torch.Tensor | None = None  # [L, Hkv, capacity]: the answer's mask while hidden is set
+        self.top_k = int(top_k)
 
     # ------------------------------------------------------------------ budget
     @property
@@ -159,6 +133,41 @@ class Recall:
                     f"cache.max_tokens, or set archive.dir: null (no recall)")
         return (f"; or set archive.top_k: {fits} (the most that fits this cap: {self.top_k} recalled pairs take "
                 f"{self.reserve_tokens} tokens, {fits} take {fits * per_pair})")
+
+
+class Recall(RetrievalReserve):
+    """A session's archive writer hook and retrieval reserve (``archive:`` in the YAML)."""
+
+    def __init__(self, session, section: ArchiveSection) -> None:
+        if session.llm.name != "torch":
+            raise ValueError(f"archive.dir: recall reads the question's queries from the torch LM; engines.llm is "
+                             f"{session.llm.name!r}. Set engines.llm: torch or archive.dir: null")
+        super().__init__(session, section.top_k)
+        cache = session.cache
+        self.section = section
+        self.mode = section.retrieval
+        self.scoring = section.scoring
+        # what is stored on flash: archive.kv_dtype, else as the cache holds it (an 8-bit cache: 8-bit records,
+        # re-quantized from its dequantized, rotated keys: the archive keeps keys rotated at their positions)
+        stored = ARCHIVE_KV_DTYPES.get(section.kv_dtype, cache.dtype)
+        self.archive = FrameArchive(
+            section.dir, KVShape.of(cache.num_layers, cache.kv_heads, cache.head_dim, stored, section.index_keys),
+            stage_dtype=cache.compute_dtype if cache.quantized else cache.dtype,
+            max_bytes=int(section.max_gib * 2**30), segment_bytes=int(section.segment_mib * 2**20),
+            queue_pairs=section.queue_pairs, max_age_s=section.max_age_s, inv_freq=session.inv_freq.cpu(),
+            temporal_section=session.temporal_section, when_full=section.when_full,
+            keys=getattr(getattr(session, "runtime", None), "keys", None),
+            keep_free_bytes=int(section.keep_free_gib * 2**30),
+            max_index_bytes=None if section.max_index_mib is None else int(section.max_index_mib * 2**20))
+        self.attached = False
+        self._stream_hex, self._stream = "", b""
+        self.recalls = 0
+        self.recalled_pairs = 0
+        self.ms_total = 0.0
+        self.ms_last = 0.0
+        self.last: Recalled | None = None
+        self.hidden: torch.Tensor | None = None  # [L, Hkv, start] bool: kept copies of recalled pairs
+        self._visible: torch.Tensor | None = None  # [L, Hkv, capacity]: the answer's mask while hidden is set
 
     # ------------------------------------------------------------------ ingest side
     def attach(self) -> None:

@@ -104,6 +104,7 @@ memory) when its file was last written longer ago by the wall clock, or this pro
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import json
 import logging
@@ -213,6 +214,12 @@ class KVShape:
             return 2 * self.kv_heads * tokens * (self.head_dim + 2)
         return 2 * self.kv_heads * tokens * self.head_dim * _ITEM_BYTES[self.dtype]
 
+    def index_entry_bytes(self) -> int:
+        """RAM a pair takes in the index: its row (fp16 keys and weights, fp32 norms) and ``ENTRY_BYTES`` of
+        bookkeeping."""
+        cells = self.layers * self.kv_heads * self.index_keys
+        return 2 * cells * (self.head_dim + 1) + 4 * self.layers + ENTRY_BYTES
+
     def summary_bytes(self) -> int:
         """The index row in a record's meta: fp16 keys [layers, kv_heads, index_keys, head_dim], then (when
         index_keys > 1) their fp16 weights [layers, kv_heads, index_keys]. With one key the layout is the
@@ -315,6 +322,13 @@ def _duration_text(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
+def default_index_bytes() -> int | None:
+    """The index's bound when ``archive.max_index_mib`` is not set: an eighth of this machine's RAM (1 GiB on an 8 GB
+    board); None where the RAM cannot be asked."""
+    ram = _ram_bytes()
+    return ram // 8 if ram else None
+
+
 def _ram_bytes() -> int | None:
     """This machine's physical memory (None where it cannot be asked)."""
     try:
@@ -398,6 +412,8 @@ class FrameArchive:
         self._wall_written: dict[int, float] = {}
         self._seen_mono: dict[int, float] = {}
         self._opened_mono = time.monotonic()
+        self._last_record: tuple[bytes, float, float] | None = None  # the newest record this process wrote: its
+        # stream, that stream's newest time and when (monotonic): ``expire``'s stream time now
         self._clock_said = False  # the warning that the wall clock cannot age a segment, given once
         self.dropped = 0          # pairs not archived: every staging buffer was taken, or their write failed
         self._pending = 0         # pairs submitted and not yet written or dropped by the writer (under _lock)
@@ -419,8 +435,7 @@ class FrameArchive:
         # the oldest segments go, as past max_bytes (``index_bound``)
         if max_index_bytes is not None and max_index_bytes <= 0:
             raise ValueError(f"archive.max_index_mib: must be > 0, got {max_index_bytes} bytes")
-        ram = _ram_bytes()
-        self.max_index_bytes = max_index_bytes if max_index_bytes is not None else (ram // 8 if ram else None)
+        self.max_index_bytes = max_index_bytes if max_index_bytes is not None else default_index_bytes()
         self.index_auto = max_index_bytes is None
         self.max_index_pairs = (None if self.max_index_bytes is None
                                 else max(1, self.max_index_bytes // self.index_entry_bytes))
@@ -717,15 +732,8 @@ class FrameArchive:
 
     def newer_text(self) -> str:
         """What the segments a newer edgekv wrote are, and what is done with them (empty: none)."""
-        if not self.newer:
-            return ""
-        names = [self._segment_path(number).name for number in sorted(self.newer)]
-        formats = sorted({found for found, _ in self.newer.values()})
-        return (f"{len(names)} segment(s) of {self.dir} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}; "
-                f"{size_text(sum(size for _, size in self.newer.values()))}) written by a newer edgekv (format "
-                f"{', '.join(map(str, formats))}, this one reads up to {ARCHIVE_FORMAT}): not recalled, forgotten in "
-                f"nor counted in archive.max_gib, and never deleted; upgrade edgekv to read them again, or remove "
-                f"them to free the space")
+        return newer_segments_text(self.dir, {self._segment_path(number): found
+                                              for number, found in self.newer.items()})
 
     def _fit_rows(self) -> None:
         """The index matrices cut to the rows in use and a sixteenth more (at least ``_INDEX_ROWS``): what growth
@@ -1052,10 +1060,7 @@ class FrameArchive:
 
     @property
     def index_entry_bytes(self) -> int:
-        """RAM a pair takes in the index: its row (fp16 keys and weights, fp32 norms) and ``ENTRY_BYTES`` of
-        bookkeeping."""
-        cells = self.shape.layers * self.shape.kv_heads * self.shape.index_keys
-        return 2 * cells * (self.shape.head_dim + 1) + 4 * self.shape.layers + ENTRY_BYTES
+        return self.shape.index_entry_bytes()
 
     def index_bound(self, tokens: int) -> tuple[int, int]:
         """The most pairs of ``tokens`` tokens the archive keeps — those ``max_bytes`` holds, fewer when the index's
@@ -1273,6 +1278,9 @@ class FrameArchive:
             self._note_last(self._current, staged.stream, staged.t)
             self._wall_written[self._current] = time.time()
             self._seen_mono[self._current] = time.monotonic()
+            last = self._last_record
+            newest = last[1] if last is not None and last[0] == staged.stream else staged.t
+            self._last_record = (staged.stream, max(newest, staged.t), self._seen_mono[self._current])
         return ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
                             staged.cols, staged.tokens, staged.stream, self._current, offset,
                             crcs.tobytes(), seq)
@@ -1349,7 +1357,7 @@ class FrameArchive:
         newest = last[1] if last is not None and last[0] == stream else float("-inf")
         self._segment_last[segment] = (stream, max(newest, t))
 
-    def _too_old(self, number: int, t: float, stream: bytes) -> bool:
+    def _too_old(self, number: int, t: float, stream: bytes | None) -> bool:
         """Whether sealed segment ``number`` is past ``max_age_s`` as a record of ``stream`` at ``t`` is written.
 
         A segment whose last record is of this stream is aged in stream time, behind ``t``: it only goes forward
@@ -1384,6 +1392,35 @@ class FrameArchive:
                     "(now %s), past archive.max_age_s %g s: deleted", self._segment_path(number).name,
                     _wall_text(written), _duration_text(now - written), _wall_text(now), self.max_age_s)
         return True
+
+    def expire(self) -> int:
+        """``max_age_s`` applied now, with no record being written: the segments a paused camera (the privacy switch,
+        for hours), one gone dark or a stream that has ended kept past it are deleted, which retention before each
+        record never reached — the open segment too, sealed first, once its newest record is past it. The stream last
+        written is aged in its stream time, taken to have gone on since its last record by the monotonic clock (a
+        live stream's time after a pause is the pause's length later; a paused recording, which resumes on its own
+        clock, has its pause counted too: its segments go sooner, never later); before this process wrote any, every
+        segment is aged as an earlier stream's (``_too_old``: the wall clock, with its guards, and the monotonic time
+        since the open). For the daemon to call every minute or so; returns how many segments went."""
+        if self.max_age_s is None or self._closed:
+            return 0
+        deleted = 0
+        with self._write_lock:  # never beside the writer's batch or a forget's rewrite
+            with self._lock:
+                last = self._last_record
+                stream, now_t = (None, 0.0) if last is None else (last[0], last[1] + time.monotonic() - last[2])
+                for number in sorted(self._segments):
+                    if not self._too_old(number, now_t, stream):
+                        continue
+                    if number == self._current:
+                        self._close_segment()  # the next record begins a new one
+                    self._delete_segment(number)
+                    deleted += 1
+            if deleted:
+                fsync_dir(self.dir)
+                log.info("archive: archive.max_age_s: %d segment(s) past it deleted with nothing being written",
+                         deleted)
+        return deleted
 
     def _forget(self, pair: int) -> None:
         """Drop ``pair`` from the index (its row is reused)."""
@@ -1874,6 +1911,27 @@ def newer_segments(folder: str | Path) -> dict[Path, int]:
     folder = Path(folder).expanduser()
     paths = sorted(folder.glob("seg-*.ekva")) if folder.is_dir() else []
     return {path: found for path in paths if (found := segment_format(path)) is not None and found > ARCHIVE_FORMAT}
+
+
+def newer_segments_text(folder: str | Path, found: dict[Path, tuple[int, int]] | None = None) -> str:
+    """What the segments under ``folder`` a newer edgekv wrote are and what this edgekv does with them, said the same
+    by the archive at open, ``edgekv-camera --check`` and ``edgekv rekey``; ``found``: path -> (format, bytes),
+    default read from the folder. Empty when there are none."""
+    folder = Path(folder).expanduser()
+    if found is None:
+        found = {}
+        for path, number in newer_segments(folder).items():
+            with contextlib.suppress(OSError):  # removed since: not there to speak of
+                found[path] = (number, path.stat().st_size)
+    if not found:
+        return ""
+    names = [path.name for path in sorted(found)]
+    formats = sorted({number for number, _ in found.values()})
+    return (f"{len(names)} segment(s) of {folder} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}; "
+            f"{size_text(sum(size for _, size in found.values()))}) written by a newer edgekv (format "
+            f"{', '.join(map(str, formats))}, this one reads up to {ARCHIVE_FORMAT}): not recalled, forgotten in "
+            f"nor counted in archive.max_gib, and never deleted; upgrade edgekv to read them again, or remove "
+            f"them to free the space")
 
 
 def archived_shape(folder: str | Path) -> KVShape | None:
