@@ -732,10 +732,15 @@ class AlertsSection:
     webhook_ca_file: str | None = None
     webhook_cert_file: str | None = None
     webhook_key_file: str | None = None
+    # as escalate.proxy, for every webhook: an http://[user:password@]host:port proxy, "direct" for none; null: the
+    # environment's HTTPS_PROXY / HTTP_PROXY / ALL_PROXY, NO_PROXY honoured (apps/outputs/proxy.py)
+    webhook_proxy: str | None = None
 
     def validate(self, at: str) -> None:
         _check_tls_files(at, "webhook_", self.webhook_ca_file, self.webhook_cert_file, self.webhook_key_file,
                          self.webhooks)
+        if self.webhook_proxy is not None and self.webhook_proxy.strip().lower() != "direct":
+            _check_proxy(f"{at}.webhook_proxy", self.webhook_proxy)
         if self.max_rules < 1:
             raise ConfigError(f"{at}.max_rules: must be >= 1, got {self.max_rules}")
         if len(self.rules) > self.max_rules:
@@ -898,7 +903,7 @@ class EscalateSection:
 
 
 def _check_proxy(at: str, value: str) -> None:
-    """An http://[user:password@]host[:port] proxy (as apps/outputs/escalate.py reads it); the value is not quoted
+    """An http://[user:password@]host[:port] proxy (as apps/outputs/proxy.py reads it); the value is not quoted
     in the error: it may hold a password."""
     import urllib.parse
 
@@ -911,7 +916,7 @@ def _check_proxy(at: str, value: str) -> None:
              else "a port that is not a number from 0 to 65535" if not port_ok else None)
     if wrong is not None:
         raise ConfigError(f"{at}: expected an http://[user:password@]host[:port] proxy or \"direct\", got {wrong} "
-                          "(an https:// escalation server is reached through an http:// proxy's CONNECT)")
+                          "(an https:// server is reached through an http:// proxy's CONNECT)")
 
 
 @dataclass(frozen=True)
@@ -1273,8 +1278,9 @@ def _resolve_paths(config: EdgeKVConfig, base: Path) -> EdgeKVConfig:
         return str((base / value).resolve())
 
     model = dataclasses.replace(config.model, path=resolve(config.model.path))
-    engines = dataclasses.replace(config.engines, engine_dir=resolve(config.engines.engine_dir),
-                                  int8_calibration=resolve(config.engines.int8_calibration))
+    calibration = config.engines.int8_calibration  # a video file (relative to the YAML), or a synthetic: source
+    engines = dataclasses.replace(config.engines, engine_dir=resolve(config.engines.engine_dir), int8_calibration=(
+        resolve(calibration) if isinstance(calibration, str) and _is_relative_file(calibration) else calibration))
     cache = dataclasses.replace(config.cache, calibration=resolve(config.cache.calibration))
     state = dataclasses.replace(config.state, dir=resolve(config.state.dir))
     privacy = dataclasses.replace(config.privacy, key_file=resolve(config.privacy.key_file),

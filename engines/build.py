@@ -133,8 +133,18 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
     tf32 = False if backend == "tensorrt" and dtype == "fp32" else None
     key = BuildKey(backend=backend, model_hash=model_hash(model_path, root / "hashes.json"), grid_thw=grid,
                    cache_tokens=cache_tokens_for(config, model_config), dtype=dtype, max_chunk_tokens=max_chunk,
-                   precision=precision, tensorrt_version=trt_version, gpu=gpu, kv_dtype=kv_dtype, tf32=tf32)
+                   precision=precision, tensorrt_version=trt_version, gpu=gpu, kv_dtype=kv_dtype, tf32=tf32,
+                   int8=int8_method(trt_version) if precision == "int8" else None)
     return Deployment(model_path, root, model_config, key, rebuild_hint(model_path, config, backend))
+
+
+def int8_method(tensorrt_version: str) -> str:
+    """How an int8 vision engine is made on this TensorRT: "qdq" — the ONNX graph carries QuantizeLinear /
+    DequantizeLinear pairs and the network is strongly typed (``int8_qdq.py``), from 10.1 on, where the calibrator
+    is deprecated ("Superseded by explicit quantization") and in 11, where it is gone; "calibrator" — 10.0's
+    implicit ``IInt8EntropyCalibrator2`` + ``BuilderFlag.INT8``, kept for JetPack 6.0."""
+    major, minor = (int(part) for part in str(tensorrt_version).split(".")[:2])
+    return "qdq" if (major, minor) >= (10, 1) else "calibrator"
 
 
 class Progress:
@@ -229,6 +239,11 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
                 print(f"up to date: {bundle}", file=sys.stderr)
                 return bundle, manifest
         require_exporter()
+        calibration = None
+        if dep.key.int8 == "qdq":  # the frames first: a missing or unreadable source fails before any export
+            from edgekv.engines.int8_qdq import calibration_pixels
+
+            calibration = calibration_pixels(config, dep.model_config.vision)
         bundle.mkdir(parents=True, exist_ok=True)
         from edgekv.engines.export import OPSET, export_llm, export_vision
 
@@ -240,8 +255,15 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
             model = load_pretrained(dep.model_dir, dtype=DTYPES[config.model.dtype], device=device).eval()
         files: dict[str, dict] = {}
         key = dep.key
-        with steps.step(f"export vision graph, grid {list(key.grid_thw)}"):
-            files["vision"] = export_vision(model, key.grid_thw, bundle / "vision.onnx")
+        if calibration is not None:
+            from edgekv.engines.int8_qdq import export_vision_qdq
+
+            with steps.step(f"export INT8 (Q/DQ) vision graph, grid {list(key.grid_thw)}, scales from "
+                            f"{len(calibration)} frame pairs"):
+                files["vision"] = export_vision_qdq(model, key.grid_thw, bundle / "vision.onnx", calibration)
+        else:
+            with steps.step(f"export vision graph, grid {list(key.grid_thw)}"):
+                files["vision"] = export_vision(model, key.grid_thw, bundle / "vision.onnx")
         cache_note = f", {key.kv_dtype} cache" if key.kv_dtype else ""
         with steps.step(f"export LLM graph, M={key.cache_tokens}{cache_note}, P in [1, {key.max_chunk_tokens}]"):
             files["llm"] = export_llm(model, key.cache_tokens, bundle / "llm.onnx", max_chunk_tokens=key.max_chunk_tokens,

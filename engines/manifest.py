@@ -84,6 +84,7 @@ class BuildKey:
     graph_format: int = GRAPH_FORMAT
     kv_dtype: str | None = None  # "int8": the llm graph takes an 8-bit cache (codes + scales); None: model dtype
     tf32: bool | None = None  # tensorrt fp32 engines: False, TF32 cleared (IEEE FP32); None: the builder's default
+    int8: str | None = None  # tensorrt int8: "qdq" (explicit, TensorRT >= 10.1) | "calibrator" (implicit, 10.0)
 
     def fields(self) -> dict:
         return {
@@ -93,6 +94,7 @@ class BuildKey:
             "graph_format": self.graph_format,
             **({"kv_dtype": self.kv_dtype} if self.kv_dtype is not None else {}),  # absent: bundles before it match
             **({"tf32": self.tf32} if self.tf32 is not None else {}),  # fp32 plans built with TF32 on do not match
+            **({"int8": self.int8} if self.int8 is not None else {}),  # int8 plans of the calibrator are not Q/DQ ones
         }
 
     def digest(self) -> str:
@@ -116,6 +118,7 @@ _FIELD_NAMES = {
     "graph_format": "edgekv graph format",
     "kv_dtype": "cache storage the LLM graph takes (cache.kv_dtype; None: model.dtype)",
     "tf32": "TensorRT's TF32 for fp32 math (False: IEEE fp32; None: TensorRT's default, on)",
+    "int8": "INT8 method ('qdq': explicit Q/DQ vision graph, TensorRT >= 10.1; 'calibrator': implicit, 10.0)",
 }
 
 

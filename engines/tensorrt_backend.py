@@ -7,8 +7,9 @@ included) into a strongly typed network; the ``llm`` engine gets two optimizatio
 P in ``[1, max_chunk_tokens]`` with the frame pair as the optimum, and decode, P = 1 — used by two execution
 contexts of the one engine (one copy of the weights); everything else is static. The
 precision is the graphs' dtype (``engines.precision`` fp32 / fp16 / bf16 must equal ``model.dtype``; int8 =
-the vision engine in INT8 with the entropy calibrator below, fed by frames from
-``engines.int8_calibration``, on TensorRT 10 only, and the LLM engines in ``model.dtype``), a timing cache per
+the vision engine in INT8 with scales from ``engines.int8_calibration`` frames — from TensorRT 10.1 on an
+explicitly quantized (Q/DQ) graph built strongly typed, on 10.0 the entropy calibrator below — and the LLM
+engines in ``model.dtype``), a timing cache per
 (TensorRT version, GPU) under the engine dir that every later build reuses, and one serialized plan per graph next
 to its ONNX file. The plan is only valid for the TensorRT version and GPU that built it, which is why both are
 part of the bundle key (``manifest.py``).
@@ -21,8 +22,8 @@ they are held to; not measured on a device). fp32 deployments clear it
 (the build key says ``tf32: false``, so fp32 plans built before with TF32 on are rebuilt); fp16 / bf16 engines keep
 it: their only fp32 products are the attention islands of ``graphs.py``, whose operands are fp16 / bf16 values
 (exact in TF32) and the fp32 probabilities, kept fp32 for their range, which TF32 has. INT8 by calibration is
-TensorRT's implicit quantization, deprecated since 10.1: the build warns (FutureWarning) and names the
-replacement edgekv has not made yet (explicit Q/DQ, ``engines/README.md``).
+TensorRT's implicit quantization, deprecated since 10.1 and removed in 11: edgekv uses it on 10.0 only; from 10.1
+on the vision graph carries its INT8 as QuantizeLinear/DequantizeLinear pairs (``int8_qdq.py``, key ``int8: qdq``).
 
 Runner (``tensorrt_runtime``): ``IExecutionContext.execute_async_v3`` on a CUDA stream of the engines' own
 (not the default stream) with every I/O tensor bound by address (``set_tensor_address``) — the session's KV
@@ -39,7 +40,6 @@ the documented refusals, not TensorRT's kernels.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -141,36 +141,10 @@ class FrameCalibrator:
 
 
 def _calibration_pixels(config, dep: Deployment, limit: int = 64) -> list[torch.Tensor]:
-    """Up to ``limit`` frame pairs of ``engines.int8_calibration`` (a recorded source: a video file or a
-    ``synthetic:`` spec), sampled at ``video.fps`` and preprocessed as the session does."""
-    from contextlib import closing
+    """The calibrator's frame pairs: ``int8_qdq.calibration_pixels``, the same frames the Q/DQ scales come from."""
+    from edgekv.engines.int8_qdq import calibration_pixels
 
-    from edgekv.preprocess import FramePreprocessor
-    from edgekv.video.sources import iter_frames
-
-    source = config.engines.int8_calibration
-    if source is None:
-        raise EngineError("engines.int8_calibration: int8 needs calibration frames (a video file or source spec); "
-                          "set it, or choose engines.precision fp16")
-    vision = dep.model_config.vision
-    pre = FramePreprocessor(resolution=tuple(config.video.resolution), patch_size=vision.patch_size,
-                            temporal_patch_size=vision.temporal_patch_size, merge_size=vision.spatial_merge_size)
-    frames, batches = [], []
-    try:
-        with closing(iter_frames(source, fps=config.video.fps)) as recorded:
-            for frame, _ in recorded:
-                frames.append(frame)
-                if len(frames) == 2:
-                    pixels, _ = pre.pair(*frames)
-                    batches.append(pixels.clone())  # on the host: get_batch moves one at a time to the device
-                    frames.clear()
-                if len(batches) >= limit:
-                    break
-    except (ValueError, OSError) as exc:  # a live camera cannot be replayed, a file that is not there, ...
-        raise EngineError(f"engines.int8_calibration: {exc}") from exc
-    if not batches:
-        raise EngineError(f"engines.int8_calibration: {source} gave no frame pair")
-    return batches
+    return calibration_pixels(config, dep.model_config.vision, limit)
 
 
 def _network_flags(trt, strongly_typed: bool) -> int:
@@ -183,22 +157,25 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
 
     Networks are strongly typed: each tensor keeps the dtype the ONNX graph gives it, so the engine runs in
     ``model.dtype`` (the dtype of the cache it binds) and the graphs' explicit fp32 attention stays fp32.
-    TensorRT 11 only has strongly typed networks; TensorRT 10 has both. The one weakly typed build is
-    ``int8`` on TensorRT 10: the vision engine with INT8 + FP16 flags and the entropy calibrator (implicit
-    quantization, deprecated since 10.1 and removed in 11, where INT8 needs Q/DQ nodes in the graph).
+    ``int8`` from TensorRT 10.1 on (``dep.key.int8 == "qdq"``): the vision graph already holds its INT8 as
+    QuantizeLinear/DequantizeLinear pairs (``int8_qdq.py``) and is built strongly typed like the rest, no
+    precision flag, no calibrator. The one weakly typed build is ``int8`` on TensorRT 10.0 (``"calibrator"``):
+    the vision engine with INT8 + FP16 flags and the entropy calibrator (implicit quantization, deprecated in 10.1).
     """
     trt = require()
     logger = _logger(trt)
     precision = dep.key.precision
-    major, minor = (int(part) for part in str(dep.key.tensorrt_version).split(".")[:2])
-    if precision == "fp8" or (precision == "int8" and major >= 11):
-        raise EngineError(f"engines.precision: {precision} on TensorRT {dep.key.tensorrt_version} needs an explicitly "
-                          f"quantized (Q/DQ) ONNX graph, which `edgekv build` does not produce yet; use "
-                          f"{dep.key.dtype} (= model.dtype)" + (", or int8 on TensorRT 10 (JetPack 6)" if major >= 11 else ""))
+    if precision == "fp8":
+        raise EngineError(f"engines.precision: fp8 on TensorRT {dep.key.tensorrt_version} needs an FP8 Q/DQ ONNX "
+                          f"graph, which `edgekv build` does not produce; use int8 (Q/DQ) or {dep.key.dtype} "
+                          f"(= model.dtype)")
+    if precision == "int8" and dep.key.int8 == "qdq" and "quantization" not in files.get("vision", {}):
+        raise EngineError(f"{bundle / 'vision.onnx'}: int8 on TensorRT {dep.key.tensorrt_version} builds the Q/DQ "
+                          f"vision graph `edgekv build` exports, and this one has no Q/DQ nodes. {dep.hint}")
     timing_file = dep.engine_dir / f"timing-trt{dep.key.tensorrt_version}-{_slug(dep.key.gpu)}.cache"
     builder = trt.Builder(logger)
     for name, entry in files.items():
-        implicit_int8 = precision == "int8" and name == "vision"
+        implicit_int8 = dep.key.int8 == "calibrator" and name == "vision"
         network = builder.create_network(_network_flags(trt, strongly_typed=not implicit_int8))
         parser = trt.OnnxParser(network, logger)
         onnx_path = bundle / entry["onnx"]
@@ -210,9 +187,7 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
         if dep.key.tf32 is False:  # fp32 engines: IEEE fp32 inner products, as torch computes them (see above)
             cfg.clear_flag(trt.BuilderFlag.TF32)
         entry["tf32"] = bool(cfg.get_flag(trt.BuilderFlag.TF32))
-        if implicit_int8:  # post-training INT8 of the ViT, calibrated on real frames; fp16 where INT8 cannot go
-            if (major, minor) >= (10, 1):
-                warnings.warn(implicit_int8_deprecation(dep.key.tensorrt_version), FutureWarning, stacklevel=2)
+        if implicit_int8:  # TensorRT 10.0: post-training INT8 of the ViT by its calibrator; fp16 where INT8 cannot go
             cfg.set_flag(trt.BuilderFlag.INT8)
             cfg.set_flag(trt.BuilderFlag.FP16)
             if network.num_inputs != 1:
@@ -242,14 +217,6 @@ def build_engines(bundle: Path, files: dict, dep: Deployment, config) -> None:
         path.write_bytes(bytes(plan))
         entry["file"] = path.name
         timing_file.write_bytes(bytes(cfg.get_timing_cache().serialize()))
-
-
-def implicit_int8_deprecation(version: str) -> str:
-    return (f"engines.precision int8: the vision engine is quantized with TensorRT {version}'s implicit INT8 "
-            f"calibration (IInt8EntropyCalibrator2 + BuilderFlag.INT8), deprecated since TensorRT 10.1 and removed in "
-            f"TensorRT 11, where `edgekv build` refuses int8. Its replacement, an ONNX graph with QuantizeLinear/"
-            f"DequantizeLinear nodes, is not exported by edgekv yet (engines/README.md). The plan built now works on "
-            f"this TensorRT; fp16 is the precision that carries over to TensorRT 11")
 
 
 def _slug(text: str | None) -> str:

@@ -19,6 +19,15 @@ where the real API says so:
   MatMul / Gemm / Conv operands rounded to 11 significant bits, as on Orin and every GPU from Ampere on.
 * ``IBuilderConfig.int8_calibrator`` (get or set) gives the DeprecationWarning the bindings give ("Deprecated in
   TensorRT 10.1. Superseded by explicit quantization.", pyCore.cpp ``utils::deprecateMember``).
+* Explicit quantization (``QuantizeLinear`` / ``DequantizeLinear``, onnx-tensorrt 10.1-GA
+  ``onnxOpImporters.cpp`` ``QuantDequantLinearHelper``): every constant scale must be positive ("Scale
+  coefficients must all be positive") and every zero point zero ("TensorRT only supports symmetric
+  quantization"). A UINT8 or missing zero point TensorRT reads as INT8 where ONNX (and so onnxruntime, which runs
+  the stand-in's engines) reads UINT8: the stand-in refuses such a graph, whose engine it could not run as
+  TensorRT would. Strongly typed, a ``DequantizeLinear`` outputs its scale's type; at opset 19+ a
+  ``QuantizeLinear``'s scale has its input's type (the ONNX schema, which onnxruntime checks). A Q/DQ network is
+  built with no precision flag, like every strongly typed one ("Use explicit quantization with Strong Typing.
+  Precision-control build flags are not required and should not be specified", developer guide).
 * ``Runtime.deserialize_cuda_engine`` returns None for a plan it cannot read.
 * A new execution context is on profile 0 (NvInferRuntime.h ``createExecutionContext``);
   ``set_optimization_profile_async`` raises RuntimeError on a bad index (pyCore.cpp).
@@ -156,6 +165,7 @@ class INetworkDefinition:
         self.inputs: list[ITensor] = []
         self.outputs: list[ITensor] = []
         self.onnx_path: str | None = None
+        self.qdq_nodes = 0  # QuantizeLinear / DequantizeLinear nodes parsed: an explicitly quantized network
 
     @property
     def strongly_typed(self) -> bool:
@@ -207,6 +217,11 @@ class OnnxParser:
         except Exception as exc:  # noqa: BLE001 - the real parser reports any read failure as a parser error
             self.errors.append(IParserError(f"ModelImporter: failed to parse {model}: {exc}"))
             return False
+        problem = _qdq_problem(graph)
+        if problem:
+            self.errors.append(IParserError(problem))
+            return False
+        self.network.qdq_nodes = sum(node.op_type in QDQ_OPS for node in graph.node)
         for source, target in ((graph.input, self.network.inputs), (graph.output, self.network.outputs)):
             for value in source:
                 kind = value.type.tensor_type
@@ -218,6 +233,42 @@ class OnnxParser:
                 target.append(ITensor(value.name, ONNX_TYPES[kind.elem_type], shape, dims))
         self.network.onnx_path = str(Path(model).resolve())
         return True
+
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def _qdq_problem(graph) -> str | None:
+    """What TensorRT's ONNX parser (10.1-GA ``QuantDequantLinearHelper``) refuses in a Q/DQ node, or what would make
+    the stand-in's onnxruntime run differ from TensorRT (a UINT8 or missing zero point); None if nothing."""
+    from onnx import TensorProto, numpy_helper
+
+    constants = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    for node in graph.node:
+        if node.op_type not in QDQ_OPS:
+            continue
+        where = f"{node.op_type} {node.name or node.output[0]}"
+        if len(node.input) < 2:
+            return f"{where}: requires at least 2 inputs"
+        scale = constants.get(node.input[1])
+        if scale is not None and not (numpy_helper.to_array(scale).astype(np.float32) > 0).all():
+            return f"{where}: Scale coefficients must all be positive"
+        zero = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if zero is None:
+            if len(node.input) > 2 and node.input[2]:
+                continue  # a computed zero point: TensorRT takes it as a tensor
+            return (f"{where}: no zero point: TensorRT quantizes to INT8, ONNX (onnxruntime) to UINT8; the stand-in "
+                    f"cannot run this graph as TensorRT would")
+        if zero.data_type != TensorProto.INT8:
+            return (f"{where}: zero point of ONNX type {zero.data_type}: TensorRT uses INT8 instead (it warns), "
+                    f"onnxruntime its own type; the stand-in cannot run this graph as TensorRT would")
+        if numpy_helper.to_array(zero).any():
+            return (f"{where}: TensorRT only supports symmetric quantization. The zero point for the "
+                    f"QuantizeLinear/DequantizeLinear operator must be all zeros.")
+    return None
 
 
 class IOptimizationProfile:
@@ -352,7 +403,8 @@ class Builder:
         if config._timing is not None:
             config._timing.data += b"+"
         plan = {"magic": PLAN_MAGIC, "onnx": network.onnx_path, "io": io, "profiles": profiles or [{}],
-                "flags": sorted(flag.name for flag in config.enabled),
+                "flags": sorted(flag.name for flag in config.enabled), "qdq_nodes": network.qdq_nodes,
+                "strongly_typed": network.strongly_typed,
                 "tf32": self.platform_has_tf32 and BuilderFlag.TF32 in config.enabled}
         return IHostMemory(json.dumps(plan).encode())
 

@@ -86,6 +86,12 @@ def test_overrides_round_trip_and_relative_paths(tmp_path):
     assert loaded.logging.file == str((tmp_path / "logs" / "edgekv.log").resolve())
     assert loaded.server.tls_cert_file == str((tmp_path / "tls" / "robot.pem").resolve())
     assert loaded.server.tls_client_ca_file == loaded.escalate.ca_file == loaded.alerts.webhook_ca_file
+    # the INT8 calibration video: a file beside the YAML, but a synthetic: source as it is (it was joined onto the
+    # YAML's folder, and the build failed with "no such video file")
+    for given, wanted in (("calib/clip.mp4", str((tmp_path / "calib" / "clip.mp4").resolve())),
+                          ("synthetic:events?frames=8", "synthetic:events?frames=8")):
+        path.write_text(yaml.safe_dump({"engines": {"int8_calibration": given}}))
+        assert load_config(path).engines.int8_calibration == wanted
 
 
 def test_assignments_round_trip_a_config_built_in_python():

@@ -335,7 +335,8 @@ def test_an_unreadable_plan_is_named(built, jetson, tmp_path):
 # ---------------------------------------------------------------------------------------------- int8
 def test_int8_calibration_hands_tensorrt_the_network_inputs_dtype(built, jetson, monkeypatch, tmp_path):
     """IInt8Calibrator::getBatch: device memory "containing each network input data" — for an fp16 vision graph,
-    fp16 values. (fp32 values read as fp16 would calibrate the ViT on garbage.)"""
+    fp16 values. (fp32 values read as fp16 would calibrate the ViT on garbage.) TensorRT 10.0: from 10.1 on the int8
+    graph is quantized explicitly, no calibrator (tests/test_int8_qdq.py)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -345,7 +346,7 @@ def test_int8_calibration_hands_tensorrt_the_network_inputs_dtype(built, jetson,
 
     config = built[0].with_overrides(model={"dtype": "fp16"}, engines={"precision": "int8",
                                                                         "int8_calibration": built[0].video.source})
-    dep = deployment(config, "tensorrt", tensorrt_identity=IDENTITY, engine_dir=tmp_path / "cache")
+    dep = deployment(config, "tensorrt", tensorrt_identity=("10.0.1", IDENTITY[1]), engine_dir=tmp_path / "cache")
     vision = ModelConfig.from_dir(dep.model_dir).vision
     patches = (RESOLUTION[0] // vision.patch_size) * (RESOLUTION[1] // vision.patch_size)  # one frame pair
     x = helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT16, [patches, vision.patch_dim])

@@ -162,13 +162,5 @@ def _int8_build(built, tmp_path, monkeypatch, version: str) -> list[warnings.War
     return [w for w in caught if issubclass(w.category, FutureWarning)]
 
 
-def test_implicit_int8_says_it_is_deprecated_naming_the_tensorrt_version(built, jetson, monkeypatch, tmp_path):
-    said = _int8_build(built, tmp_path, monkeypatch, "10.3.0")
-    assert len(said) == 1
-    text = str(said[0].message)
-    assert "TensorRT 10.3.0's implicit INT8 calibration" in text and "deprecated since TensorRT 10.1" in text
-    assert "QuantizeLinear/DequantizeLinear" in text
-
-
 def test_implicit_int8_on_tensorrt_10_0_is_not_called_deprecated(built, jetson, monkeypatch, tmp_path):
     assert _int8_build(built, tmp_path, monkeypatch, "10.0.1") == []
