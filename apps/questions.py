@@ -33,6 +33,9 @@ class Question:
     recall: bool | None = None  # recall archived frame pairs (None: archive.recall when an archive is set)
     escalate: bool | None = None  # ask the escalation server (None: when the local answer's confidence is low)
     images: tuple[bytes, ...] = ()  # encoded images to answer about instead of the stream (server.image_requests)
+    # each image's OpenAI ``detail`` ("low", "high", "auto"; None: not given), by position in ``images``: it changes
+    # nothing here (every image is one frame pair at video.resolution) but goes with the image when it escalates
+    image_details: tuple[str | None, ...] = ()
     stream: bool = False  # its tokens go out as they come (a streamed chat): only escalated when it asks
     on_token: object = None
     source: str = "cli"

@@ -341,7 +341,8 @@ class ServerSection:
     # and twice that counting fresh ones: one host (a slowloris) cannot take every slot; clients waiting for
     # answers (a proxy's) are not counted (apps/server/guard.py).
     max_connections_per_client: int = 32
-    # Status-page login attempts per client address and minute (a burst of 5 at most); more answer 429.
+    # Status-page login attempts per client address and minute (a burst of 5 at most); more answer 429. An IPv6
+    # client counts by its /64 (one host may use any address of it), as does reads_per_second (apps/server/guard.py).
     login_attempts_per_minute: float = 10.0
     # Requests a second per client address on /metrics, /v1/edgekv/status and /frame.jpg (bursts of twice that);
     # more wait their turn (up to 2 s, then 429), so pollers cannot keep /healthz waiting (apps/server/guard.py).

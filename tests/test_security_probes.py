@@ -108,15 +108,15 @@ def test_the_archive_and_the_jetson_service_keep_the_memory_to_the_daemons_user(
 
 
 def test_the_attempt_table_stays_within_its_bound_when_every_address_is_spending():
-    """Only full buckets were dropped at ``max_clients``: a guesser rotating through addresses (an IPv6 prefix holds
-    2**64) kept every bucket spent, so the table grew past its bound, rebuilt whole at each new address. Now the
-    longest idle go; the addresses spending now are still limited."""
+    """Only full buckets were dropped at ``max_clients``: a guesser rotating through networks (an IPv6 /48 holds
+    2**16 /64s, each its own budget: ``budget_key``) kept every bucket spent, so the table grew past its bound, rebuilt
+    whole at each new one. Now the longest idle go; the networks spending now are still limited."""
     from edgekv.apps.server.guard import AttemptLimiter
 
     now = [1000.0]
     limiter = AttemptLimiter(per_minute=1, burst=1, clock=lambda: now[0], max_clients=64)
     for i in range(5000):
         now[0] += 0.001
-        assert limiter.allow(f"2001:db8::{i:x}")  # each address's first guess
+        assert limiter.allow(f"2001:db8:0:{i:x}::1")  # each /64's first guess
         assert len(limiter._buckets) <= 64
-    assert not limiter.allow("2001:db8::1387")  # the last address: its spent bucket was kept (0x1387 = 4999)
+    assert not limiter.allow("2001:db8:0:1387::2")  # the last /64: its spent bucket was kept (0x1387 = 4999)

@@ -23,11 +23,12 @@ comes, not when it was queued: nothing is sent while ``withheld`` names a reason
 gets its local answer with the reason. The log names a failure without the remote's words (a server's error
 body can quote the question back, and ``privacy.log_text`` is not ours to judge here).
 
-Through a proxy (``escalation_proxy``): ``escalate.proxy``, else the environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` /
-``ALL_PROXY`` with ``NO_PROXY`` honoured, as curl and requests read them — a device on a network that reaches the
-outside only through one. An ``https://`` server is reached through a CONNECT tunnel, its certificate checked
-against its own name (the proxy sees only where the tunnel goes); ``http://`` goes to the proxy as an absolute URL.
-Credentials in the proxy's URL go in ``Proxy-Authorization`` and nowhere else: not in a log, not in a note.
+Through a proxy (``escalation_proxy``, by the rules of apps/outputs/proxy.py, which the alert webhooks follow too):
+``escalate.proxy``, else the environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` with ``NO_PROXY``
+honoured, as curl and requests read them — a device on a network that reaches the outside only through one. An
+``https://`` server is reached through a CONNECT tunnel, its certificate checked against its own name (the proxy sees
+only where the tunnel goes); ``http://`` goes to the proxy as an absolute URL. Credentials in the proxy's URL go in
+``Proxy-Authorization`` and nowhere else: not in a log, not in a note.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import http.client
-import ipaddress
 import json
 import logging
 import os
@@ -45,6 +45,8 @@ import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
+
+from edgekv.apps.outputs.proxy import Proxy, netloc, proxy_for
 
 log = logging.getLogger("edgekv.escalate")
 MAX_REPLY_BYTES = 4 * 2**20  # a chat completion of a few hundred tokens is a few KiB; a 256k-token one ~1 MiB
@@ -185,7 +187,8 @@ class Escalator:
         else:
             try:
                 text, model = self.ask_remote(question.text, job.keyframes, question.history,
-                                              images=getattr(question, "images", ()))
+                                              images=getattr(question, "images", ()),
+                                              image_details=getattr(question, "image_details", ()))
                 question.answer = dataclasses.replace(local, text=text, token_ids=[], escalated=model,
                                                       escalation_note=job.reason)
                 self.sent += 1
@@ -198,18 +201,18 @@ class Escalator:
         job.keyframes = []  # what was seen is not kept here a moment longer than needed
         self.done(question)
 
-    def ask_remote(self, text: str, keyframes: list[bytes], history=(), images: tuple[bytes, ...] = ()
-                   ) -> tuple[str, str]:
+    def ask_remote(self, text: str, keyframes: list[bytes], history=(), images: tuple[bytes, ...] = (),
+                   image_details: tuple[str | None, ...] = ()) -> tuple[str, str]:
         """The remote's answer and the model it names (OpenAI chat completions, not streamed); ``history``, the
         (role, text) turns the question came after, goes before it as the conversation's messages. At most
         ``escalate.keyframes`` frames of the camera go (0: none), whatever the caller found; ``images``, those the
         question itself carried (a chat request's, server.image_requests), go all of them: they are what it asks
-        about, and the camera's own frames are what ``escalate.keyframes`` bounds."""
+        about, and the camera's own frames are what ``escalate.keyframes`` bounds. ``image_details``: the
+        ``detail`` each of ``images`` came with (None: not given), sent with it — a big server honours it."""
         section = self.section
-        content = [{"type": "text", "text": text}] + [
-            {"type": "image_url", "image_url": {"url": f"data:{_media_type(data)};base64,"
-                                                       + base64.b64encode(data).decode()}}
-            for data in [*images, *keyframes[:section.keyframes]]]
+        details = (tuple(image_details) + (None,) * len(images))[:len(images)]
+        sent = [*zip(images, details), *((frame, None) for frame in keyframes[:section.keyframes])]
+        content = [{"type": "text", "text": text}] + [_image_part(data, detail) for data, detail in sent]
         body = json.dumps({"model": section.model, "max_tokens": section.max_tokens, "stream": False,
                            "messages": [*({"role": role, "content": turn} for role, turn in history),
                                         {"role": "user", "content": content}]}).encode()
@@ -258,7 +261,7 @@ class _Exchange:
         if proxy is not None and https:  # CONNECT; the TLS inside checks the certificate against parts.hostname
             self.conn.set_tunnel(parts.hostname, port, headers=proxy.headers())
         elif proxy is not None:  # a plain request, its target named whole, to the proxy
-            self.path = urllib.parse.urlunsplit(("http", _netloc(parts.hostname, port), parts.path or "/",
+            self.path = urllib.parse.urlunsplit(("http", netloc(parts.hostname, port), parts.path or "/",
                                                  parts.query, ""))
             self.proxy_headers = proxy.headers()
         self.why: str | None = None  # set when the exchange was cut
@@ -316,89 +319,16 @@ class _Exchange:
             self.conn.close()
 
 
-@dataclasses.dataclass(frozen=True)
-class Proxy:
-    """An HTTP proxy; ``str()`` is its address without the credentials (what a log or a note may say)."""
-
-    host: str
-    port: int
-    source: str  # where it was named: "escalate.proxy", "HTTPS_PROXY", ...
-    user: str | None = dataclasses.field(default=None, repr=False)
-    password: str | None = dataclasses.field(default=None, repr=False)
-
-    def __str__(self) -> str:
-        return f"http://{_netloc(self.host, self.port)}"
-
-    def headers(self) -> dict[str, str]:
-        if self.user is None:
-            return {}
-        pair = f"{self.user}:{self.password or ''}".encode()
-        return {"Proxy-Authorization": "Basic " + base64.b64encode(pair).decode()}
-
-
 def escalation_proxy(url: str, configured: str | None, environ: dict[str, str] | None = None) -> Proxy | None:
-    """The proxy ``url`` is reached through: ``configured`` (``escalate.proxy``: a URL, or ``"direct"`` for none);
-    when null, the environment's as curl reads it — ``https_proxy`` / ``HTTPS_PROXY`` for an ``https://`` server,
-    ``http_proxy`` / ``HTTP_PROXY`` for ``http://``, then ``all_proxy`` / ``ALL_PROXY``; none for a host
-    ``no_proxy`` / ``NO_PROXY`` names (a name and its subdomains, ``.suffix``, an address, a CIDR block, ``*``).
-    Only ``http://`` proxies (CONNECT for an ``https://`` server): another scheme is a ``ValueError`` naming
-    where it was set, never a silent direct connection."""
-    environ = os.environ if environ is None else environ
-    parts = urllib.parse.urlsplit(url)
-    if configured is not None:
-        return None if configured.strip().lower() == "direct" else _proxy(configured, "escalate.proxy")
-    names = [f"{parts.scheme}_proxy", f"{parts.scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"]
-    name = next((name for name in names if environ.get(name, "").strip()), None)
-    if name is None:
-        return None
-    no_proxy = environ.get("no_proxy", "").strip() or environ.get("NO_PROXY", "").strip()
-    if _bypassed(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80), no_proxy):
-        return None
-    return _proxy(environ[name].strip(), name)
+    """The proxy the escalation server ``url`` is reached through (``escalate.proxy``, else the environment's:
+    apps/outputs/proxy.py ``proxy_for``); a ``ValueError`` naming where an unusable one was set."""
+    return proxy_for(url, configured, "escalate.proxy", environ)
 
 
-def _proxy(value: str, source: str) -> Proxy:
-    parts = urllib.parse.urlsplit(value if "://" in value else f"http://{value}")  # "proxy:3128", as curl takes it
-    try:
-        port = parts.port or 80
-    except ValueError:
-        port = None
-    wrong = (f"a {parts.scheme}:// proxy" if parts.scheme.lower() != "http" else "no host" if not parts.hostname
-             else "a port that is not a number from 0 to 65535" if port is None else None)
-    if wrong is not None:  # the value itself is not quoted: it may hold a password
-        raise ValueError(f"{source}: expected an http://[user:password@]host[:port] proxy, got {wrong} (an https:// "
-                         "escalation server is reached through an http:// proxy's CONNECT)")
-    user = urllib.parse.unquote(parts.username) if parts.username is not None else None
-    password = urllib.parse.unquote(parts.password) if parts.password is not None else None
-    return Proxy(parts.hostname, port, source, user, password)
-
-
-def _bypassed(host: str, port: int, no_proxy: str) -> bool:
-    """Whether ``NO_PROXY``'s list names ``host`` (or ``host:port``)."""
-    host = host.lower().rstrip(".")
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
-    for entry in (item.strip().lower() for item in no_proxy.split(",")):
-        if not entry:
-            continue
-        if entry == "*":
-            return True
-        name, _, only_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
-        if only_port and only_port != str(port):
-            continue
-        name = name.strip("[]").lstrip(".").lstrip("*.").rstrip(".")
-        if address is not None and "/" in name:
-            try:
-                if address in ipaddress.ip_network(name, strict=False):
-                    return True
-            except ValueError:
-                pass
-            continue
-        if host == name or host.endswith("." + name):
-            return True
-    return False
+def _image_part(data: bytes, detail: str | None) -> dict:
+    """An ``image_url`` content part of ``data`` as a ``data:`` URL, with its ``detail`` when one was given."""
+    url = f"data:{_media_type(data)};base64," + base64.b64encode(data).decode()
+    return {"type": "image_url", "image_url": {"url": url, **({"detail": detail} if detail is not None else {})}}
 
 
 def _media_type(data: bytes) -> str:
@@ -411,11 +341,6 @@ def _media_type(data: bytes) -> str:
     if data[:6] in (b"GIF87a", b"GIF89a"):
         return "image/gif"
     return "image/jpeg"
-
-
-def _netloc(host: str, port: int | None) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return shown if port is None else f"{shown}:{port}"
 
 
 def chat_reply(raw: bytes, url: str, asked: str) -> tuple[str, str]:

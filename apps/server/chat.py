@@ -147,6 +147,7 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
     question.evidence = params.evidence
     question.window_unix = params.window_unix
     question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
+    question.image_details = params.image_details  # forwarded with the images when the question escalates
     submit(daemon, question)
     watcher = asyncio.ensure_future(_cancel_when_gone(receive, question)) if receive is not None else None
     try:

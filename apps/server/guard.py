@@ -31,7 +31,8 @@ request, so a few hosts, each under its cap, cannot hold every slot between them
 
 ``AttemptLimiter`` rate-limits the status page's login per client address (a token bucket): guesses in
 parallel no longer go as fast as they come. Wrong ``Authorization: Bearer`` tokens on any route take from the
-same bucket (``AccessPolicy.attempts``), so the header is not an unlimited way round the form.
+same bucket (``AccessPolicy.attempts``), so the header is not an unlimited way round the form. An IPv6 client is
+counted by its /64 (``budget_key``): one host may use every address of its network, a fresh budget each otherwise.
 
 Behind a reverse proxy every request comes from the proxy's address, so every client shared one login budget
 (and one ``reads_per_second``): a guesser locked the wearer out. ``server.trusted_proxies`` (opt-in) names the
@@ -294,7 +295,9 @@ class AccessPolicy:
 
 def too_many_attempts(attempts: "AttemptLimiter", client: str) -> ApiError:
     after = max(1, math.ceil(attempts.retry_after(client)))
-    return ApiError(429, f"too many login attempts from this address; retry in {after} s "
+    key = budget_key(client)
+    where = f"this address's network ({key}: one budget per IPv6 /64)" if key.endswith("/64") else "this address"
+    return ApiError(429, f"too many login attempts from {where}; retry in {after} s "
                          "(server.login_attempts_per_minute)", kind="rate_limit_error", code="rate_limit_exceeded",
                     headers={"retry-after": str(after)})
 
@@ -347,7 +350,7 @@ class RequestGuard:
 
 
     async def _shape(self, scope: dict) -> ApiError | None:
-        """``server.reads_per_second`` per client address on the routes that make figures or frames: a client
+        """``server.reads_per_second`` per client (``budget_key``) on the routes that make figures or frames: a client
         over it waits for its turn (costing the event loop nothing), and past SHAPING_WAIT_S it is refused
         (429): twenty connections polling as fast as they can no longer keep the loop busy and /healthz
         waiting behind them."""
@@ -436,10 +439,27 @@ class TlsCounts:
         self.done = self.failed = 0
 
 
+IPV6_CLIENT_PREFIX = 64  # the network of one IPv6 subscriber (an ISP delegates a /64 or shorter; SLAAC needs it)
+
+
+def budget_key(client: str) -> str:
+    """What a client's attempts count against: an IPv4 address (an IPv4-mapped IPv6 one too) itself, an IPv6
+    address its /64 — a host picks any of the 2**64 addresses of its network at will (SLAAC privacy addresses,
+    ``ip addr add``), so per address every guess could come with a fresh budget. The clients of one /64 share one, as
+    those behind one IPv4 NAT do. Anything that is not an address (a test client's name) is its own key."""
+    address = _address(client)
+    if address is None:
+        return client
+    if address.version == 4:
+        return str(address)
+    shift = 128 - IPV6_CLIENT_PREFIX
+    return str(ipaddress.IPv6Network((int(address) >> shift << shift, IPV6_CLIENT_PREFIX)))
+
+
 class AttemptLimiter:
-    """A token bucket per client address: ``burst`` attempts at once, refilled at ``per_minute`` (so a guesser
-    gets ``per_minute`` tries a minute, however many connections it opens). Bounded: full buckets are
-    forgotten when more than ``max_clients`` addresses are tracked."""
+    """A token bucket per client (``budget_key``: an IPv4 address, an IPv6 /64): ``burst`` attempts at once, refilled
+    at ``per_minute`` (so a guesser gets ``per_minute`` tries a minute, however many connections or addresses of its
+    network it uses). Bounded: full buckets are forgotten when more than ``max_clients`` clients are tracked."""
 
     def __init__(self, per_minute: float, burst: int | None = None, clock: Callable[[], float] = time.monotonic,
                  max_clients: int = 4096) -> None:
@@ -466,11 +486,11 @@ class AttemptLimiter:
 
     def exhausted(self, client: str) -> bool:
         """Whether ``client`` has no attempt left now (nothing taken)."""
-        return self._tokens(client, self.clock()) < 1.0
+        return self._tokens(budget_key(client), self.clock()) < 1.0
 
     def allow(self, client: str) -> bool:
         """Take one attempt for ``client`` if its bucket has one."""
-        now = self.clock()
+        client, now = budget_key(client), self.clock()
         tokens = self._tokens(client, now)
         self._prune(client, now)
         if tokens < 1.0:
@@ -483,18 +503,19 @@ class AttemptLimiter:
         """Give back the attempt a right token took (a sign-in that succeeded): only guesses spend the bucket. Five
         sign-ins in a minute — a page opened in several browsers, a script logging in — then left the right bearer
         token refused (429) for as long as a guesser would be."""
+        client = budget_key(client)
         if client in self._buckets:
             tokens, when = self._buckets[client]
             self._buckets[client] = (min(self.burst, tokens + 1.0), when)
 
     def retry_after(self, client: str) -> float:
         """Seconds until ``client`` has an attempt again."""
-        return max(0.0, (1.0 - self._tokens(client, self.clock())) / self.rate)
+        return max(0.0, (1.0 - self._tokens(budget_key(client), self.clock())) / self.rate)
 
     def reserve(self, client: str, max_wait_s: float) -> float | None:
         """Shaping instead of refusing: take the next attempt of ``client`` and return how long to wait until
         it is due (0: now), or None (nothing taken) when that would be longer than ``max_wait_s``."""
-        now = self.clock()
+        client, now = budget_key(client), self.clock()
         tokens = self._tokens(client, now)
         wait = max(0.0, (1.0 - tokens) / self.rate)
         if wait > max_wait_s:

@@ -187,8 +187,9 @@ _ASCII_WHITESPACE = {ord(c): None for c in "\t\n\f\r "}
 class ImagePart(BaseModel):
     """An image as OpenAI sends it: ``{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,..."}}``.
     Only ``data:`` URLs: a device never fetches what a request points at. JPEG, PNG, WebP or a still GIF (OpenAI's
-    four; an animated one is refused). ``detail`` is accepted and changes nothing: every image becomes one frame
-    pair at ``video.resolution`` — the same vision tokens whether it says low, high or auto."""
+    four; an animated one is refused). ``detail`` changes nothing here: every image becomes one frame pair at
+    ``video.resolution`` — the same vision tokens whether it says low, high or auto; it goes with the image to the
+    escalation server when the question escalates (a big server spends fewer tokens on a "low" one)."""
 
     model_config = STRICT
     type: Literal["image_url"]
@@ -384,6 +385,7 @@ class ChatRequest:
     recall: bool | None = None  # edgekv extension: recall archived frame pairs (null: archive.recall)
     escalate: bool | None = None  # edgekv extension: ask the escalation server (null: by confidence)
     images: tuple[bytes, ...] = ()  # encoded images of the question (server.image_requests)
+    image_details: tuple[str | None, ...] = ()  # each image's image_url.detail (None: not given), for escalation
     camera: str | None = None  # edgekv extension: the camera asked (video.sources), "all" or null
     history: tuple[tuple[str, str], ...] = ()  # the user and assistant turns before the question
     window: tuple[float, float] | None = None  # edgekv extension: the stretch read, stream seconds
@@ -419,7 +421,7 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         raise ApiError(400, f"{name}: must be an integer from 1 to {limits.max_new_tokens} (this server's limit, "
                             f"server.max_new_tokens), got {describe(asked)}", param=name)
     temperature = request.temperature
-    images = _images(request.messages, limits)  # before the question: an image part refused names itself
+    images, details = _images(request.messages, limits)  # before the question: a refused image part names itself
     bounds = request.window.bounds() if request.window is not None else None
     if images and request.window is not None:
         raise ApiError(400, "window: a question with images is answered about its images, not the stream",
@@ -437,14 +439,15 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         top_p=request.top_p, stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
-        seed=request.seed, recall=request.recall, escalate=request.escalate, images=images, camera=request.camera,
+        seed=request.seed, recall=request.recall, escalate=request.escalate, images=images, image_details=details,
+        camera=request.camera,
     )
 
 
-def _images(messages: list[Message], limits: ChatLimits) -> tuple[bytes, ...]:
-    """The last message's images, decoded (earlier turns' images are refused: their text is kept as the
-    question's history, what they showed is not)."""
-    found = []
+def _images(messages: list[Message], limits: ChatLimits) -> tuple[tuple[bytes, ...], tuple[str | None, ...]]:
+    """The last message's images, decoded, and the ``detail`` each asked for (earlier turns' images are refused:
+    their text is kept as the question's history, what they showed is not)."""
+    found, details = [], []
     for i, message in enumerate(messages):
         for j, part in message.images():
             at = f"messages[{i}].content[{j}]"
@@ -458,9 +461,10 @@ def _images(messages: list[Message], limits: ChatLimits) -> tuple[bytes, ...]:
                 found.append(part.decoded())
             except PydanticCustomError as exc:
                 raise ApiError(400, f"{at}.{exc.message()}", param=at, code="unsupported_content") from None
+            details.append(part.image_url.detail)
     if len(found) > MAX_IMAGES:
         raise ApiError(400, f"messages: {len(found)} images; at most {MAX_IMAGES}", param="messages")
-    return tuple(found)
+    return tuple(found), tuple(details)
 
 
 def _history(messages: list[Message]) -> tuple[tuple[str, str], ...]:
