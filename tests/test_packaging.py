@@ -165,15 +165,20 @@ bf16_session = bf16.session()
 bf16_session.ingest(rng.integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=0.0)
 bf16_session.ingest(rng.integers(0, 256, size=(60, 80, 3), dtype=np.uint8), t=0.5)
 bf16_tokens = bf16_session.ask("What is there?", max_new_tokens=3).token_ids
+from pathlib import Path
+from edgekv.video.sources import SourceUnavailable, iter_frames, open_source
+synthetic_frames = len(list(iter_frames("synthetic:events?size=112x112&fps=2&frames=4")))  # drawn without OpenCV
+Path("clip.mp4").write_bytes(bytes(64))
 try:
-    import edgekv.video
+    open_source("clip.mp4")  # a file needs OpenCV's decoder
     video_error = None
-except ModuleNotFoundError as exc:
+except SourceUnavailable as exc:
     video_error = str(exc)
 from edgekv.model.builtin import BUILTINS, builtin_path
 shipped = {name: (builtin_path(name) / "model.safetensors").is_file() for name in BUILTINS}
 print(json.dumps({"edgekv": edgekv.__file__, "builtins": shipped, "pairs": session.stats()["frame_pairs"], "tokens": answer.token_ids,
                   "cv2": importlib.util.find_spec("cv2") is not None, "video_error": video_error,
+                  "synthetic_frames": synthetic_frames,
                   "decode_route": bf16.decode_route, "bf16_tokens": bf16_tokens}))
 """
 
@@ -203,7 +208,7 @@ def test_the_wheel_without_extras_runs_a_session(tmp_path, wheel, tiny_checkpoin
     assert Path(found["edgekv"]).is_relative_to(site)
     assert found["pairs"] == 2 and len(found["tokens"]) == 3
     assert not found["cv2"]  # the venv really is bare: no OpenCV
-    assert "pip install 'edgekv[video]'" in found["video_error"]
+    assert "pip install 'edgekv[video]'" in found["video_error"] and found["synthetic_frames"] == 4
     assert len(found["bf16_tokens"]) == 3
     assert found["builtins"] == {"builtin:toy": True, "builtin:toy-224": True}  # both trained toys are package data
     assert found["decode_route"] == ("native" if shutil.which(os.environ.get("CC", "cc")) else "eager")

@@ -1312,10 +1312,9 @@ def iter_frames(source: str | int | os.PathLike | FrameSource, max_frames: int |
 def looped_frames(source: str, count: int, fps: float, resize_to: tuple[int, int] | None = None) -> Iterator[Frame]:
     """``count`` frames sampled at ``fps``; a recorded file shorter than that is looped with time running
     on, so a short real clip (vtest.avi: 795 frames) can feed an hour-long stream. Frames are produced
-    lazily (an hour of 768x576 frames would not fit in memory); ``resize_to`` (H, W) shrinks them first.
+    lazily (an hour of 768x576 frames would not fit in memory); ``resize_to`` (H, W) shrinks them first (OpenCV's
+    area resize: the ``video`` extra).
     """
-    import cv2
-
     emitted, offset = 0, 0.0
     while emitted < count:
         last_t, produced = 0.0, 0
