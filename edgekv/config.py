@@ -1143,9 +1143,13 @@ class _DuplicateKey(yaml.YAMLError):
 
 def load_config(path: str | Path) -> EdgeKVConfig:
     file = Path(path).expanduser()
-    if file.is_dir():
+    try:
+        folder, found = file.is_dir(), file.is_file()
+    except OSError as exc:  # a folder on the way this user may not enter (Path.is_dir raised it: a traceback)
+        raise ConfigError(f"{file}: cannot read the config file ({exc.strerror or exc})") from None
+    if folder:
         raise ConfigError(f"{file}: is a folder, not a config file")
-    if not file.is_file():
+    if not found:
         raise ConfigError(f"{file}: config file not found")
     try:
         data = yaml.load(file.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)

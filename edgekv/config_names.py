@@ -15,6 +15,7 @@ Here, below the apps and the runtime (docs/architecture.md: the library never im
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -69,7 +70,13 @@ def config_file(text: str, say: Callable[[str], None] | None = None) -> str:
     shipped config could have), else the shipped config of that name. ``say`` hears which file is read when the
     README's ``configs/NAME.yaml`` is not in this folder. A bare name without a suffix that is neither a file nor
     shipped (``cpu-dmeo``) is ``UnknownConfigName`` (a ``ConfigError``) listing the shipped names."""
-    if not text or Path(text).expanduser().exists():
+    if not text:  # `--config "$CONFIG"` with the variable unset: the defaults were run, unsaid
+        raise UnknownConfigName(f"the config is empty: give a YAML file or the name of a config shipped with edgekv "
+                                f"(shipped: {shipped_names()})")
+    # lexists: a link to a config that is not there (a volume not mounted yet) is that file, for load_config to
+    # refuse, not a shipped demo config of the same name; and, unlike Path.exists, it never raises (a folder this
+    # user may not enter raised PermissionError out of the argument parser)
+    if os.path.lexists(os.path.expanduser(text)):
         return text
     asked = _asked_name(text)
     if asked is None:
@@ -79,6 +86,11 @@ def config_file(text: str, say: Callable[[str], None] | None = None) -> str:
         if asked in (name, path.name):
             if "/" in text and say is not None:  # the README's path, from a folder that has no configs/
                 say(f"--config {text}: no such file in {Path.cwd()}; using the one shipped with edgekv, {path}")
+            beside = [f"{text}{suffix}" for suffix in SUFFIXES if os.path.lexists(f"{text}{suffix}")
+                      and os.path.realpath(f"{text}{suffix}") != os.path.realpath(path)]
+            if beside and say is not None:  # a copy made to be edited, named as the shipped one it came from
+                say(f"--config {text}: using the one shipped with edgekv, {path}, not {beside[0]} in {Path.cwd()} "
+                    f"(give --config {beside[0]} to read that one)")
             return str(path)
     if text != asked or "." in asked:
         return text

@@ -28,6 +28,13 @@ _DECODED_FORMATS = ("JPEG", "PNG")
 # Pillow's modes whose pixels carry an alpha channel (PNG colour types 4 and 6); "P" and "RGB" with a tRNS chunk
 # carry one too, in ``info["transparency"]``.
 _ALPHA_MODES = ("RGBA", "LA")
+# Pillow's modes of 16-bit (and 32-bit) grey: cut to their high byte, as OpenCV's 8-bit read does
+_WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I")
+# Rows of a picture made into the frame at a time without OpenCV: the decoded picture, the frame and one band are
+# held at once. Converted whole (``np.asarray(image.convert("RGB"))``, then flipped to BGR) a 6000 x 6000 JPEG took
+# 480 MiB beside its 103 MiB frame — Pillow's copy for the convert, the bytes numpy reads it through, the flipped
+# copy — where OpenCV decodes straight into the frame; a ROS CompressedImage is decoded at up to 64 megapixels.
+_BAND_ROWS = 256
 
 
 def has_opencv() -> bool:
@@ -104,14 +111,10 @@ def decode_bgr(data: bytes) -> np.ndarray | None:
 
     try:
         with Image.open(io.BytesIO(data), formats=_DECODED_FORMATS) as image:
-            image = ImageOps.exif_transpose(image)
-            if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit grey: Pillow's "RGB" would clip it at 255
-                grey = (np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8)  # grey: [rows, columns]
-                return np.ascontiguousarray(np.repeat(grey[..., None], 3, axis=2))
-            rgb = np.asarray(image.convert("RGB"))  # rgb: [rows, columns, 3], RGB
+            ImageOps.exif_transpose(image, in_place=True)  # (not in place: a copy of the picture, upright or not)
+            return _in_bands(image, "RGB")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return None
-    return np.ascontiguousarray(rgb[..., ::-1])
 
 
 def decode_bgra(data: bytes) -> np.ndarray | None:
@@ -133,13 +136,32 @@ def decode_bgra(data: bytes) -> np.ndarray | None:
             keyed = image.mode in ("P", "RGB") and "transparency" in image.info
             if image.mode not in _ALPHA_MODES and not keyed:
                 return None
-            # one array beside the decoded picture (a 4096 x 4096 one is 64 MiB): converted only when not RGBA,
-            # its red and blue swapped in place
-            bgra = np.array(image if image.mode == "RGBA" else image.convert("RGBA"))  # [rows, columns, 4], RGBA
+            if keyed and image.mode == "RGB" and data[24:25] == b"\x10":
+                # 16 bits a sample: Pillow holds the high bytes and compared them with the 16-bit key, so no pixel
+                # was transparent (OpenCV's were); the key's high bytes are compared instead (the low ones are gone)
+                image.info["transparency"] = tuple(int(v) >> 8 for v in image.info["transparency"])
+            return _in_bands(image, "RGBA")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return None
-    bgra[..., [0, 2]] = bgra[..., [2, 0]]
-    return bgra
+
+
+def _in_bands(image, mode: str) -> np.ndarray:
+    """The pixels of Pillow's ``image`` as OpenCV lays them out — [rows, columns, 3] BGR for ``mode`` "RGB",
+    [rows, columns, 4] BGRA for "RGBA" — converted ``_BAND_ROWS`` at a time into the one array returned (16-bit grey
+    cut to its high byte: Pillow's own convert would clip it at 255)."""
+    width, height = image.size
+    order = [2, 1, 0, 3][:len(mode)]
+    out = np.empty((height, width, len(mode)), np.uint8)  # out: [rows, columns, 3 or 4], BGR(A)
+    for top in range(0, height, _BAND_ROWS):
+        band = image.crop((0, top, width, min(top + _BAND_ROWS, height)))
+        rows = slice(top, top + band.height)
+        if band.mode in _WIDE_GREY_MODES:
+            out[rows, :, :3] = (np.asarray(band).astype(np.uint32) >> 8).astype(np.uint8)[..., None]
+            out[rows, :, 3:] = 255
+            continue
+        pixels = np.asarray(band if band.mode == mode else band.convert(mode))  # [band rows, columns, 3 or 4], RGB(A)
+        out[rows] = pixels[..., order]
+    return out
 
 
 def _check(frame: object, channels: tuple[int, ...]) -> None:

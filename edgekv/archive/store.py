@@ -429,6 +429,7 @@ class FrameArchive:
         self.last_error: str | None = None
         self._failed_in_a_row = 0
         self.segments_deleted = 0
+        self._expire_error: str | None = None  # why expire last failed to delete a segment (said once a run)
         self.segments_yielded = 0  # of them, deleted only because the disk's free space fell to keep_free_bytes
         self.keep_free_bytes = max(0, int(keep_free_bytes))
         # the index's bound in RAM (archive.max_index_mib; None: an eighth of this machine's RAM), in pairs: past it
@@ -1404,7 +1405,7 @@ class FrameArchive:
         since the open). For the daemon to call every minute or so; returns how many segments went."""
         if self.max_age_s is None or self._closed:
             return 0
-        deleted = 0
+        deleted, failed = 0, []
         with self._write_lock:  # never beside the writer's batch or a forget's rewrite
             with self._lock:
                 last = self._last_record
@@ -1414,13 +1415,32 @@ class FrameArchive:
                         continue
                     if number == self._current:
                         self._close_segment()  # the next record begins a new one
-                    self._delete_segment(number)
+                    try:
+                        self._delete_segment(number)
+                    except OSError as exc:  # kept and indexed: the next call tries again; raised, it ended the
+                        failed.append((number, exc))  # daemon's main loop (a minute's turn, nothing written)
+                        continue
                     deleted += 1
+            self._expire_failed(failed)
             if deleted:
                 fsync_dir(self.dir)
                 log.info("archive: archive.max_age_s: %d segment(s) past it deleted with nothing being written",
                          deleted)
         return deleted
+
+    def _expire_failed(self, failed: list[tuple[int, OSError]]) -> None:
+        """Say the segments ``expire`` could not delete: once a run of failures with the same error (it is tried
+        again every minute), and again once it clears."""
+        said = f"{failed[0][1].strerror or failed[0][1]}" if failed else None
+        if said is not None and said != self._expire_error:
+            names = ", ".join(self._segment_path(number).name for number, _exc in failed)
+            log.warning("archive: archive.max_age_s: %d segment(s) past it could not be deleted (%s): %s; kept, "
+                        "tried again at the next expire", len(failed), said, names)
+        elif said is None and self._expire_error is not None:
+            log.warning("archive: archive.max_age_s: segments past it deleted again (was: %s)", self._expire_error)
+        self._expire_error = said
+        if failed:
+            self.last_error = f"archive.max_age_s: {type(failed[0][1]).__name__}: {failed[0][1]}"
 
     def _forget(self, pair: int) -> None:
         """Drop ``pair`` from the index (its row is reused)."""
@@ -1432,7 +1452,11 @@ class FrameArchive:
             self._free_rows.append(row)
 
     def _delete_segment(self, number: int) -> None:
+        """Segment ``number``'s file removed, then its pairs from the index. A file that cannot be removed (a disk
+        remounted read-only after an I/O error, EIO) raises and stays indexed: dropped from the index first, its
+        file stayed on the disk unknown to retention, past max_age_s and max_gib, until the next start."""
         with self._lock:
+            self._segment_path(number).unlink(missing_ok=True)
             for pair in [p for p, e in self._entries.items() if e.segment == number]:
                 self._forget(pair)
             self._segments.pop(number, None)
@@ -1441,7 +1465,6 @@ class FrameArchive:
             self._seen_mono.pop(number, None)
             self._sealers.pop(number, None)
             self._dtypes.pop(number, None)
-            self._segment_path(number).unlink(missing_ok=True)
             self.segments_deleted += 1
 
     # ------------------------------------------------------------------ forget (issue 31)
