@@ -3,6 +3,9 @@ drawn from its number, an archive filled with such pairs, and byte runs to look 
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import torch
 
 from edgekv.archive.store import FrameArchive, KVShape
@@ -50,3 +53,36 @@ def byte_runs(pair: int) -> list[bytes]:
     k, v = pair_kv(pair)
     return [t[layer, head].numpy().tobytes()[:32] for t in (k, v) for layer in range(SHAPE.layers)
             for head in range(SHAPE.kv_heads)]
+
+
+def aging_archive(folder: Path, max_age_s: float | None) -> FrameArchive:
+    """An archive of two records a segment, its pairs aged out after ``max_age_s`` (archive.max_age_s)."""
+    record = SHAPE.record_bytes(TOKENS)
+    return FrameArchive(folder, SHAPE, max_bytes=1 << 20, segment_bytes=2 * record + 200, max_age_s=max_age_s)
+
+
+def fill_at(archive: FrameArchive, times, stream: bytes = STREAM) -> None:
+    """Pairs ``times`` (pair, stream time) of ``stream`` archived, each waited for."""
+    for pair, t in times:
+        k, v = pair_kv(pair)
+        while not archive.submit(k, v, frame=pair, t=t, tpos=10 + pair, t_offset=0, rows=2, cols=2, stream=stream):
+            archive.flush()
+    assert archive.flush()
+
+
+def segment_names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("seg-*.ekva"))
+
+
+class MonotonicLater:
+    """The ``time`` module with its monotonic clock ``seconds`` on (for ``monkeypatch.setattr(module, "time", ...)``):
+    retention's ages stepped, never slept."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.seconds

@@ -14,30 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers_archive import SHAPE, TOKENS, pair_kv
+from helpers_archive import SHAPE, TOKENS, aging_archive
+from helpers_archive import MonotonicLater as _Later
+from helpers_archive import fill_at as _fill
+from helpers_archive import segment_names as _segments
 
 import edgekv.archive.store as store
 from edgekv.archive.store import FrameArchive
-from test_archive_expire import _Later
 
 A = b"a" * 16
 
 
 def _archive(folder: Path, max_age_s: float | None = 600.0) -> FrameArchive:
-    record = SHAPE.record_bytes(TOKENS)
-    return FrameArchive(folder, SHAPE, max_bytes=1 << 20, segment_bytes=2 * record + 200, max_age_s=max_age_s)
-
-
-def _fill(archive: FrameArchive, times, stream: bytes = A) -> None:
-    for pair, t in times:
-        k, v = pair_kv(pair)
-        while not archive.submit(k, v, frame=pair, t=t, tpos=10 + pair, t_offset=0, rows=2, cols=2, stream=stream):
-            archive.flush()
-    assert archive.flush()
-
-
-def _segments(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.glob("seg-*.ekva"))
+    return aging_archive(folder, max_age_s)
 
 
 class _ReadOnly:

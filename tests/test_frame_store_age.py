@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("cv2", reason="OpenCV encodes the evidence frames")
+from helpers_archive import MonotonicLater as _Later
 
-import edgekv.apps.daemon.frame_store as frame_store  # noqa: E402
-from edgekv.apps.daemon.frame_store import FrameStore  # noqa: E402
+import edgekv.apps.daemon.frame_store as frame_store
+from edgekv.apps.daemon.frame_store import FrameStore
 
 A, B = "aa" * 16, "bb" * 16  # the stream before the restart, the one after it
 DAY = 86400.0
@@ -36,19 +36,6 @@ def _fill(store: FrameStore, stream: str, times, unix: float | None) -> None:
 
 def _pairs(store: FrameStore, stream: str, pairs) -> list[int]:
     return [pair for pair in pairs if store.has(stream, pair)]
-
-
-class _Later:
-    """The monotonic clock ``seconds`` on; everything else the real one."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def __getattr__(self, name):
-        return getattr(time, name)
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.seconds
 
 
 def test_an_earlier_streams_frames_age_by_the_wall_clock_after_a_restart(tmp_path, caplog):
