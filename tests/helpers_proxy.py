@@ -5,6 +5,8 @@ server certificate for big.example, and a JSON server (HTTPS with that certifica
 
 from __future__ import annotations
 
+import pytest
+
 import base64
 import datetime as dt
 import http.server
@@ -158,3 +160,24 @@ def _relay(one: socket.socket, other: socket.socket) -> None:
             if not data:
                 return
             (other if sock is one else one).sendall(data)
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_environment(monkeypatch):
+    """Each test sets the proxy variables it means; none of the machine's (autouse where imported)."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def servers():
+    """``servers(Remote, pki)``, ``servers(Proxy, "user:password")``: each started, all closed after the test."""
+    made = []
+
+    def make(kind, *args):
+        made.append(kind(*args))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()

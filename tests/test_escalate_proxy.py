@@ -15,34 +15,14 @@ import pytest
 
 from edgekv.apps.outputs.escalate import Escalator, escalation_proxy
 from edgekv.config import ConfigError, EdgeKVConfig, EscalateSection
-from helpers_proxy import PROXY_VARIABLES, Proxy, Remote, make_pki
+from helpers_proxy import Proxy, Remote, make_pki, no_proxy_environment, servers  # noqa: F401 (fixtures)
 
 pytest.importorskip("cryptography.x509", reason="cryptography is not installed (pip install 'edgekv[privacy]')")
-
-
-@pytest.fixture(autouse=True)
-def no_proxy_environment(monkeypatch):
-    """Each test sets the proxy variables it means; none of the machine's."""
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("proxy-pki"))
-
-
-@pytest.fixture
-def servers(pki):
-    made = []
-
-    def make(kind, *args):
-        made.append(kind(*args))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
 
 
 def _escalator(url: str, **section) -> Escalator:

@@ -15,36 +15,16 @@ from edgekv.apps.outputs.alerts import AlertEvent
 from edgekv.apps.outputs.webhooks import WebhookSender
 from edgekv.apps.server.tls import client_context
 from edgekv.config import ConfigError, EdgeKVConfig
-from helpers_proxy import PROXY_VARIABLES, Proxy, Remote, make_pki
+from helpers_proxy import Proxy, Remote, make_pki, no_proxy_environment, servers  # noqa: F401 (fixtures)
 
 pytest.importorskip("cryptography.x509", reason="cryptography is not installed (pip install 'edgekv[privacy]')")
 
 TLS_NAMES = ("alerts.webhook_ca_file", "alerts.webhook_cert_file", "alerts.webhook_key_file")
 
 
-@pytest.fixture(autouse=True)
-def no_proxy_environment(monkeypatch):
-    """Each test sets the proxy variables it means; none of the machine's."""
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("webhook-proxy-pki"))
-
-
-@pytest.fixture
-def servers():
-    made = []
-
-    def make(kind, *args):
-        made.append(kind(*args))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
 
 
 def _event() -> AlertEvent:
