@@ -261,6 +261,45 @@ def _session_state(session) -> dict:
 
 
 ANSWER_COUNTERS = ("questions", "answer_tokens", "probes")  # change with answers, not with the memory
+# in session.counters.extra: the source the memory last read (source_record) and, kept by the daemon at each frame in,
+# "t" (the source's own time of that frame), "stream_t" (the time the session got for it), "ended" (a recording
+# read to its end): a restart goes on in the same recording from there (StateKeeper._recording_goes_on)
+SOURCE_KEY = "video_source"
+
+
+def source_record(spec, loop: bool = False) -> dict:
+    """What the persistent memory keeps of the video source ``spec`` (``edgekv.video.sources.SourceSpec``) to know at
+    a restart whether it is reading the same recording: the spec as logs show it (credentials redacted), its kind,
+    and for a file or a bag its resolved path, size and modification time (another file under the same name is read
+    from its start). ``loop``: ``video.loop`` (not compared: an ended recording played again by it)."""
+    from edgekv.video.sources import redact
+
+    record = {"spec": redact(spec.raw or spec.target), "kind": spec.kind, "live": bool(spec.live), "loop": bool(loop)}
+    if spec.kind in ("file", "rosbag") and not spec.live:
+        path = Path(str(spec.target)).expanduser().resolve()
+        record["path"] = str(path)
+        with contextlib.suppress(OSError):  # gone meanwhile: the open that follows says so
+            record["size"], record["mtime_ns"] = _recording_identity(path)
+    return record
+
+
+def _recording_identity(path: Path) -> tuple[int, int]:
+    """A recording's bytes and latest modification: a file's own, a bag folder's files' together (rosbag2 keeps
+    metadata.yaml beside its storage files, one level deep)."""
+    if not path.is_dir():
+        stat = path.stat()
+        return stat.st_size, stat.st_mtime_ns
+    stats = [p.stat() for p in path.iterdir() if p.is_file()]
+    return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
+
+
+def _recording_key(record: dict) -> tuple:
+    """What makes two ``source_record`` the same recording: a file's or bag's resolved path (and a bag's topic),
+    any other recording's spec."""
+    spec = str(record.get("spec"))
+    if record.get("path") is not None:
+        return record.get("kind"), record.get("path"), spec.partition("?")[2] if record.get("kind") == "rosbag" else ""
+    return record.get("kind"), spec
 
 
 def _memory_mark(session) -> str:
@@ -811,6 +850,9 @@ class StateKeeper:
         self.failures = 0
         self.last_error: str | None = None  # why the last snapshot that failed was not written
         self.clock_offset = 0.0  # added to the source's timestamps after a restore: see stream_time
+        self.source: dict | None = None  # source_record of the video source this start reads (set before restore)
+        self.resumed_source_t: float | None = None  # the recording goes on after this time of its own (restore)
+        self.recording_ended = False  # the restored memory saw the recording to its end: nothing more to read
         self._lock_fd: int | None = None  # state.dir/state.lock while hold() is in force
         self._saved_mark: str | None = None  # _memory_mark of the session as the last snapshot saved it
         self.unchanged = 0  # snapshots not written: the memory had not changed since the last one
@@ -1066,12 +1108,15 @@ class StateKeeper:
                 continue
             self._check_budget(session)
             info = session.restored_from
-            self.clock_offset = self._resume_offset(info, runtime.config.video.max_gap_s)
+            going_on = self._recording_goes_on(session)
+            self.clock_offset = going_on[1] if going_on else self._resume_offset(info, runtime.config.video.max_gap_s)
             self.say(f"resumed {describe_span(info.stream_s)} of memory, {info.cache_tokens:,} tokens "
                      f"({info.frames:,} frames; {path} read in {info.seconds:.2f} s)")
             if rejected is not None:
                 self.say(f"(newer snapshot {rejected.name} skipped: {problem}; set aside as "
                          f"{self._set_aside(rejected)})")
+            if going_on:
+                self.say(going_on[2])
             self.last_saved = self.written_at = self.clock()
             self._saved_mark = _memory_mark(session)  # what that file holds: not written again until it changes
             return session
@@ -1112,7 +1157,8 @@ class StateKeeper:
                 continue
             self._check_budget(session)
             info = session.restored_from
-            self.clock_offset = self._resume_offset(info, runtime.config.video.max_gap_s)
+            going_on = self._recording_goes_on(session)
+            self.clock_offset = going_on[1] if going_on else self._resume_offset(info, runtime.config.video.max_gap_s)
             if rejected is not None:
                 moved = self._set_aside(rejected)
                 for other in self.generations():
@@ -1122,10 +1168,44 @@ class StateKeeper:
                      f"({info.frames:,} frames) from the snapshot set aside earlier, made for this deployment (now "
                      f"{path}); " + (f"the newer one could not be used: {problem}; set aside as {moved}"
                                      if rejected is not None else "no newer snapshot was written"))
+            if going_on:
+                self.say(going_on[2])
             self.last_saved = self.written_at = self.clock()
             self._saved_mark = _memory_mark(session)
             return session
         return None
+
+    def _recording_goes_on(self, session) -> tuple[float, float, str] | None:
+        """Where the recording this start reads (``self.source``) goes on, when the restored memory stopped in it:
+        ``(t, offset, line)``, ``t`` its own time of the last frame the memory holds (``resumed_source_t``), ``offset``
+        the clock offset that continues the stream exactly from there (a recording's time is its own: the time the
+        process was down is no gap in it, as a paused recording's is none). None, said why where it is worth saying,
+        when the memory stopped elsewhere: a live source goes on live, another recording (or this one changed on
+        disk) is read from its start after the wall-clock gap (``_resume_offset``)."""
+        self.resumed_source_t, self.recording_ended = None, False
+        now, saved = self.source, session.counters.extra.get(SOURCE_KEY)
+        if now is None or now.get("live") or not isinstance(saved, dict):
+            return None
+        name, t, stream_t = now["spec"], saved.get("t"), saved.get("stream_t")
+        if _recording_key(saved) != _recording_key(now):
+            self.say(f"{name} is read from its start: the saved memory last read another source, {saved.get('spec')}")
+            return None
+        if (saved.get("size"), saved.get("mtime_ns")) != (now.get("size"), now.get("mtime_ns")):
+            self.say(f"{name} is read from its start: it is not the recording the saved memory stopped in (its size "
+                     f"or modification time changed since: {saved.get('size')} -> {now.get('size')} bytes)")
+            return None
+        if not (isinstance(t, (int, float)) and isinstance(stream_t, (int, float))
+                and math.isfinite(t) and math.isfinite(stream_t)):
+            return None
+        self.resumed_source_t = float(t)
+        at = f"{float(t):.3f}".rstrip("0").rstrip(".")
+        if saved.get("ended") and not now.get("loop"):
+            self.recording_ended = True
+            line = (f"{name} ended at {at} s in the saved memory: nothing more is read from it (video.loop plays it "
+                    f"again; another recording, or this one changed, starts from its beginning)")
+        else:
+            line = f"resuming {name} at {at} s where the saved memory stopped (the recording's own time goes on)"
+        return float(t), float(stream_t) - float(t), line
 
     def _resume_offset(self, info: SnapshotInfo, max_gap_s: float) -> float:
         """A restarted source counts from 0 again; the restored stream continues after its last frame plus
@@ -1230,8 +1310,8 @@ class StateKeeper:
             return {"snapshot": None, "removed": self._remove_aside(), "note": self.FORGET_NOT_HELD}
         info = self.snapshot(session, progress)
         if info is None:
-            raise OSError(f"state: the snapshot after forgetting could not be written in {self.dir}; the older "
-                          "ones are kept (they still hold the window)")
+            raise OSError(f"state: the snapshot after forgetting could not be written in {self.dir} "
+                          f"({self.last_error}); the older ones are kept (they still hold the window)")
         removed = []
         for old in self.generations():
             if old != info.path:

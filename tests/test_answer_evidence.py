@@ -231,6 +231,8 @@ def test_evidence_frames_on_disk_outlive_the_ring_and_a_restart(tiny_checkpoint,
             assert store.submit(stream, pair, 100.0 + pair, None, after)
         assert store.flush()
         kept_after = store.jpeg(stream, len(held))
+    # another recording after it (the one read to its end is not read again at a restart)
+    config = config.with_overrides(video={"source": config.video.source + "&seed=1"})
     with ended_daemon(config, tmp_path / "out2.txt", realtime=False) as daemon:  # restored: the same stream, on
         assert "resumed 6 s of memory" in (tmp_path / "out2.txt").read_text()
         status, _, again = call(daemon.server.port, "GET", f"/frame.jpg?pair={old}")

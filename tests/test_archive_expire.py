@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers_archive import SHAPE, TOKENS, pair_kv
+from helpers_archive import aging_archive
+from helpers_archive import MonotonicLater as _Later
+from helpers_archive import fill_at as _fill
+from helpers_archive import segment_names as _segments
 
 import edgekv.archive.store as store
 from edgekv.archive.store import FrameArchive
@@ -21,33 +24,7 @@ A = b"a" * 16
 
 
 def _archive(folder: Path, max_age_s: float | None = 60.0) -> FrameArchive:
-    record = SHAPE.record_bytes(TOKENS)
-    return FrameArchive(folder, SHAPE, max_bytes=1 << 20, segment_bytes=2 * record + 200, max_age_s=max_age_s)
-
-
-def _fill(archive: FrameArchive, times, stream: bytes = A) -> None:
-    for pair, t in times:
-        k, v = pair_kv(pair)
-        while not archive.submit(k, v, frame=pair, t=t, tpos=10 + pair, t_offset=0, rows=2, cols=2, stream=stream):
-            archive.flush()
-    assert archive.flush()
-
-
-def _segments(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.glob("seg-*.ekva"))
-
-
-class _Later:
-    """The monotonic clock ``seconds`` on; everything else the real one."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def __getattr__(self, name):
-        return getattr(time, name)
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.seconds
+    return aging_archive(folder, max_age_s)
 
 
 def test_a_paused_stream_ages_on_and_its_segments_go_the_open_one_too(tmp_path, monkeypatch):
@@ -128,3 +105,28 @@ def test_the_daemon_applies_max_age_s_to_its_files_each_minute_written_to_or_not
         done = len(calls)
         daemon._on_loop_tick()  # within the minute: not again
         assert len(calls) == done
+
+
+def test_a_store_whose_expire_fails_does_not_end_the_camera_loop(tiny_checkpoint, tmp_path, monkeypatch):
+    """The loop's turn runs ``_expire_kept``; an exception out of one store (a bug, a fault its own handling missed)
+    ended the main loop. It is logged, the other store is still aged, and the next minute tries again."""
+    pytest.importorskip("fastapi")
+    from helpers_server import ended_daemon, kept_config
+
+    config = kept_config(tiny_checkpoint, tmp_path, archive={"max_age_s": 3600})
+    with ended_daemon(config, tmp_path / "out.txt") as daemon:
+        archive_calls = []
+
+        def broken():
+            raise OSError(5, "Input/output error")
+
+        with daemon.lock:
+            daemon.frames.expire = broken
+            daemon.session.recall.archive.expire = lambda: archive_calls.append(1) or 0
+            daemon._expired_at = None
+        import edgekv.apps.daemon.loop as loop
+
+        logged = []
+        monkeypatch.setattr(loop.log, "exception", lambda *args: logged.append(args[0] % args[1:]))
+        daemon._on_loop_tick()  # raised OSError out of the loop's turn
+        assert archive_calls and logged == ["archive.max_age_s: applying it to FrameStore failed"], logged

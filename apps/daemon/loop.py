@@ -147,6 +147,9 @@ class Daemon:
         self._paused_at: float | None = None
         self._resume_offset = 0.0  # added to a reopened source's timestamps: stream time goes on after a pause
         self._source_t: float | None = None  # the source's own time of the last frame in: a paused recording goes on
+        self._source_record: dict | None = None  # edgekv.state.source_record of the source, kept with each frame in
+        self._source_first_t: float | None = None  # the source's time of the first frame of it the memory holds
+        self._source_read_out = False  # the recording was read to its end: kept with the memory, none read again
         self._expired_at: float | None = None  # when max_age_s was last applied to the files (_expire_kept)
         self._frames_at_start = 0  # the restored memory's frames: --max-frames / video.max_frames count this run's
         self._pause_seen = threading.Event()  # the loop saw the pause (no step in flight)
@@ -374,11 +377,14 @@ class Daemon:
                     client_context(url, ca, cert, key, names=names)
                 except ValueError as exc:
                     raise StartupError(str(exc)) from None
-        if cfg.escalate.url is not None:  # an HTTPS_PROXY it cannot use (socks5://): named before the model loads
-            from edgekv.apps.outputs.escalate import escalation_proxy
+        # an HTTPS_PROXY they cannot use (socks5://): named before the model loads
+        from edgekv.apps.outputs.proxy import proxy_for
 
+        proxied = [(cfg.escalate.url, cfg.escalate.proxy, "escalate.proxy")] if cfg.escalate.url is not None else []
+        proxied += [(url, cfg.alerts.webhook_proxy, "alerts.webhook_proxy") for url in cfg.alerts.webhooks]
+        for url, configured, key in proxied:
             try:
-                escalation_proxy(cfg.escalate.url, cfg.escalate.proxy)
+                proxy_for(url, configured, key)
             except ValueError as exc:
                 raise StartupError(str(exc)) from None
 
@@ -394,8 +400,9 @@ class Daemon:
     def start(self) -> None:
         import edgekv
         from edgekv.monitor import Monitor
+        from edgekv.state import source_record
         from edgekv.video.capture import Backoff, CaptureThread, Sampler
-        from edgekv.video.sources import redact
+        from edgekv.video.sources import redact, resume_after
 
         from edgekv.model.builtin import resolve_model_path
 
@@ -405,8 +412,10 @@ class Daemon:
             self.say(RANDOM_WEIGHTS_NOTE.format(path=model_dir))
         runtime = self.runtime if self.runtime is not None else edgekv.Runtime.from_config(cfg)
         self.runtime = runtime
+        self.state.source = self._source_record = source_record(self._spec, cfg.video.loop)
         self.session = self.state.restore(runtime)  # a fresh session unless a matching snapshot is on disk
         self._frames_at_start = self.session.counters.frames
+        self._go_on_in_recording()
         self._say_archive_elsewhere()
         self._say_archive_room()
         self._on_session_ready()
@@ -418,18 +427,24 @@ class Daemon:
         self.monitor = Monitor(cfg.monitor).start()
         deterministic = not self._spec.live and not self.options.realtime
         base, most = cfg.video.reconnect_backoff_s
+        if self._source_t is not None and not self._source_read_out:  # from its next tick after the memory's last frame
+            self._source = resume_after(self._source, self._source_t + 1.0 / cfg.video.fps)
         capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
         kept = self._kept_pause()  # paused before a restart: no frame goes in, the camera is released at once
-        self.sampler = Sampler(capture.start() if kept is None else capture, cfg.video.fps)
+        idle = kept is not None or self._source_read_out  # an ended recording is not read again to its end
+        self.sampler = Sampler(capture.start() if not idle else capture, cfg.video.fps)
         self.say(f"source {printable(redact(cfg.video.source))} ({'live' if self._spec.live else 'recorded'}"
                  f"{', looping' if cfg.video.loop else ''}), sampling at {cfg.video.fps} fps"
                  f"{' (every frame by timestamp)' if deterministic else ''}")
         if kept is not None:
             self.pause(f"{kept}, kept across the restart", _restored=True)
+        if idle:
             self._source.close()  # its capture never started, so nothing else closes it
         self._start_alerts()
         self._start_frames()
         self._finish_pending_forgets()  # before the first frame goes in, and before anyone can ask
+        if self._source_read_out:
+            self._end_stream("the recording was read to its end before the restart")
         if cfg.power.enabled:
             from edgekv.apps.daemon.power import PowerPolicy
 
@@ -518,7 +533,7 @@ class Daemon:
                                      names=("alerts.webhook_ca_file", "alerts.webhook_cert_file",
                                             "alerts.webhook_key_file"))
             sender = WebhookSender(url, section.webhook_timeout_s, section.webhook_retries, section.queue,
-                                   context=context).start()
+                                   context=context, proxy=section.webhook_proxy).start()
             self.webhooks.append(sender)
             self.alert_bus.add(sender)
         if section.rules:
@@ -1200,6 +1215,9 @@ class Daemon:
         if item is not None:
             self.backlog.push(*item, bounded=False)
         elif self.sampler.exhausted:
+            if self.sampler.stats().get("ended") in ("eof", "truncated") and not self._spec.live:
+                self._source_read_out = True  # kept with the frames still to go in (_went_in) and the memory
+                self._keep_source_point()
             self._end_stream(self._source_end_reason())
 
     def _sample(self, timeout: float):
@@ -1297,10 +1315,9 @@ class Daemon:
         started = time.perf_counter()
         try:
             with self.lock:
-                result = self.session.ingest(frame, t=self._stream_time(t), captured_unix=unix)
-            self._source_t = t
-            if self.quiz is not None:
-                self.quiz.saw(t)
+                stream_t = self._stream_time(t)
+                result = self.session.ingest(frame, t=stream_t, captured_unix=unix)
+                self._went_in(t, stream_t)
         except ValueError as exc:
             log.warning("frame skipped: %s", printable(str(exc)))
             return
@@ -1318,6 +1335,50 @@ class Daemon:
         self._latest_frame = frame
         self.monitor.count_frames(self._monitor_total("frames"))
         self._after_ingest(result, frame, t, unix)
+
+    def _went_in(self, t: float, stream_t: float) -> None:
+        """The frame the source stamped ``t`` went in at ``stream_t`` (under the lock): the quiz counts it, and the
+        persistent memory keeps the point (``edgekv.state.SOURCE_KEY``) for a restart to go on in a recording from
+        the next frame, on the recording's own clock."""
+        self._source_t = t
+        if self._source_first_t is None:
+            self._source_first_t = t
+        if self.quiz is not None:
+            self.quiz.saw(t)
+        self._keep_source_point(stream_t)
+
+    def _keep_source_point(self, stream_t: float | None = None) -> None:
+        from edgekv.state import SOURCE_KEY
+
+        with self.lock:  # a snapshot (a forget's, from the HTTP thread) reads it under the lock
+            extra = self.session.counters.extra
+            if stream_t is None:  # the end of the recording, noticed after its last frame went in
+                stream_t = extra.get(SOURCE_KEY, {}).get("stream_t")
+            if self._source_record is None or self._source_t is None or stream_t is None:
+                return
+            point = {**self._source_record, "first_t": self._source_first_t, "t": self._source_t, "stream_t": stream_t}
+            if self._source_read_out:
+                point["ended"] = True
+            if self.quiz is not None:
+                point["quiz_seen"] = self.quiz.seen_ranges()
+            extra[SOURCE_KEY] = point
+
+    def _go_on_in_recording(self) -> None:
+        """After the restore: a recording the saved memory stopped in goes on from its next frame (``start`` opens it
+        there, ``resume`` too after a pause kept across the restart), the quiz counting what was shown before."""
+        from edgekv.state import SOURCE_KEY
+
+        self._source_t = self.state.resumed_source_t
+        if self._source_t is None:
+            return
+        saved = self.session.counters.extra.get(SOURCE_KEY, {})
+        first = saved.get("first_t")
+        self._source_first_t = float(first) if isinstance(first, (int, float)) else self._source_t
+        self._source_read_out = self.state.recording_ended
+        if self.quiz is not None:
+            line = self.quiz.restore(saved.get("quiz_seen"), (self._source_first_t, self._source_t))
+            if line is not None:
+                self.say(line)
 
     def _finish_pair(self) -> None:
         """At the end of the stream, the frame still waiting for its partner (an odd last frame; the only
@@ -1739,9 +1800,15 @@ class Daemon:
         if self._expired_at is not None and now - self._expired_at < self.EXPIRE_EVERY_S:
             return
         self._expired_at = now
-        with self.lock:
-            gone = (self.frames.expire() if self.frames is not None else 0,
-                    recall.archive.expire() if recall is not None else 0)
+        gone = [0, 0]
+        for index, kept in enumerate((self.frames, recall.archive if recall is not None else None)):
+            if kept is None:
+                continue
+            try:
+                with self.lock:
+                    gone[index] = kept.expire()
+            except Exception:  # a bug or a fault in one store must not end the camera loop; the next minute tries again
+                log.exception("archive.max_age_s: applying it to %s failed", type(kept).__name__)
         if max(gone) > 0:  # (-1: the evidence frames could not be written; the store logged why)
             log.info("archive.max_age_s: %d evidence frame(s) and %d archive segment(s) past it deleted",
                      max(gone[0], 0), gone[1])

@@ -20,6 +20,7 @@ class Quiz:
                 self.on_screen.setdefault(pair, []).append(index)
         self.asked: dict[int, object] = {}  # question id -> QA (at most ``count``)
         self.graded: list[bool] = []
+        self._ranges: list[list[int]] | None = []  # ``seen`` as runs [first, last], kept with the memory (None: stale)
 
     @classmethod
     def for_source(cls, source, count: int) -> "Quiz":
@@ -31,7 +32,44 @@ class Quiz:
 
     def saw(self, t: float) -> None:
         """A frame stamped ``t`` (the source's clock) was ingested: the events on screen count as seen."""
-        self.seen.update(self.on_screen.get(int(round(t * self.scene.fps)) // 2, ()))
+        before = len(self.seen)
+        self.seen.update(self.on_screen.get(self._pair(t), ()))
+        if len(self.seen) != before:
+            self._ranges = None
+
+    def _pair(self, t: float) -> int:
+        return int(round(t * self.scene.fps)) // 2
+
+    def seen_ranges(self) -> list[list[int]]:
+        """``seen`` as sorted runs ``[first, last]`` of event indices: what the persistent memory keeps of the quiz
+        (``restore``), so a daemon restarted in the same recording grades what the model was shown before it too."""
+        if self._ranges is None:
+            runs: list[list[int]] = []
+            for index in sorted(self.seen):
+                if runs and runs[-1][1] == index - 1:
+                    runs[-1][1] = index
+                else:
+                    runs.append([index, index])
+            self._ranges = runs
+        return self._ranges
+
+    def restore(self, ranges: object, span: tuple[float, float] | None = None) -> str | None:
+        """The events seen before a restart in the same recording: ``ranges`` as ``seen_ranges`` gave them; where
+        the saved memory kept none (its run had no ``--quiz``), every event on screen in the source-time ``span`` it
+        read (the recording's first and last frame it holds), said in the line returned (None when nothing to say)."""
+        events = len(self.scene.events)
+        if isinstance(ranges, list) and all(isinstance(run, list) and len(run) == 2 for run in ranges):
+            for first, last in ranges:
+                self.seen.update(range(max(0, int(first)), min(events, int(last) + 1)))
+            self._ranges = None
+            return None
+        if span is None:
+            return None
+        for pair in range(self._pair(span[0]), self._pair(span[1]) + 1):
+            self.seen.update(self.on_screen.get(pair, ()))
+        self._ranges = None
+        return (f"quiz: the saved memory kept no record of the events it was shown (its run had no --quiz): every "
+                f"event on screen from {span[0]:g} s to {span[1]:g} s of the recording counts as seen")
 
     def questions(self, max_new_tokens: int) -> list[Question]:
         from edgekv.toy.quiz import make_quiz
