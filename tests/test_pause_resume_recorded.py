@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from edgekv.video.sources import LoopingSource, ResumedSource, open_source, resume_after
+from edgekv.video.sources import FrameSource, LoopingSource, ResumedSource, open_source, resume_after
 
 EVENTS = "synthetic:events?size=112x112&fps=8&frames=100000&seed=2"
 
@@ -23,10 +23,21 @@ def test_a_synthetic_video_resumes_at_its_next_frame():
     assert resumed.read()[1] == 4.0 and resumed.skipped == 0  # seeked: nothing rendered before it
 
 
+class Unseekable(FrameSource):
+    """A recorded source without ``seek`` (as a file or a bag): the synthetic video it plays, frame by frame."""
+
+    def __init__(self, spec: str) -> None:
+        super().__init__(spec, live=False)
+        self.inner = open_source(spec)
+
+    def read(self):
+        return self.inner.read()
+
+
 def test_a_source_without_seek_is_grabbed_through_to_the_resume_point():
     """A file or bag has no cheap seek here: it is grabbed (pixels never retrieved) up to the point."""
-    looping = LoopingSource(open_source("synthetic:shapes?size=32x32&fps=4&frames=8"),
-                            lambda: open_source("synthetic:shapes?size=32x32&fps=4&frames=8"))
+    looping = LoopingSource(Unseekable("synthetic:shapes?size=32x32&fps=4&frames=8"),
+                            lambda: Unseekable("synthetic:shapes?size=32x32&fps=4&frames=8"))
     resumed = ResumedSource(looping, 2.5)  # the second pass: the loop's time runs on
     assert resumed.grab() == 2.5 and resumed.skipped == 10
     assert np.array_equal(resumed.retrieve(), open_source("synthetic:shapes?size=32x32&fps=4").render(2))

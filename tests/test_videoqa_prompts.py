@@ -113,3 +113,28 @@ def test_answers_written_before_the_style_existed_resume_only_in_infinipot_v_for
     assert "prompt_style 'infinipot_v' (now 'official')" in capsys.readouterr().err
     assert _run("ovobench", data, out, "--prompt-style", "infinipot_v") == 0
     assert len(asks) == 5 and all(a["text"].startswith("Question: ") for a in asks)
+
+
+def test_each_answer_keeps_its_style_and_a_resume_in_another_is_refused_without_run_json(tmp_path, scripted, capsys):
+    """Issue: with ``run.json`` and ``summary.json`` deleted by hand, a resume in the other style pooled two prompts'
+    answers silently. Each line of ``results.jsonl`` says its style; a line without one is ``infinipot_v``'s."""
+    asks, _, replies = scripted
+    replies.update(OVO_REPLIES)
+    data, out = _ovobench(tmp_path / "ovo"), tmp_path / "out"
+    assert _run("ovobench", data, out, "--limit", "2") == 0
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [line["prompt_style"] for line in lines] == ["official", "official"]
+    (out / "run.json").unlink()
+    (out / "summary.json").unlink()
+    capsys.readouterr()
+    assert _run("ovobench", data, out, "--prompt-style", "infinipot_v") == 2
+    err = capsys.readouterr().err
+    assert str(out / "results.jsonl") in err and "prompt_style 'official' (now 'infinipot_v'): 2 of 2 answers" in err
+    assert len(asks) == 2 and not (out / "run.json").exists()  # nothing asked, nothing written down
+    for line in lines:
+        del line["prompt_style"]  # as an edgekv before the option wrote them
+    (out / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert _run("ovobench", data, out) == 2
+    assert "prompt_style 'infinipot_v' (now 'official'): 2 of 2 answers" in capsys.readouterr().err
+    assert _run("ovobench", data, out, "--prompt-style", "infinipot_v") == 0
+    assert len(asks) > 2 and all(a["text"].startswith("Question: ") for a in asks[2:])

@@ -1280,6 +1280,7 @@ class _Gathering:
         self.marker = f"retained-end-{token}".encode()  # the Correlation Data of the all-statuses-in marker
         self.statuses_in = False  # the marker came back: every retained status has been delivered
         self.nobody_online = False  # ... and none of them was online and fresh then
+        self.resubscribed: set[int] = set()  # the message ids of SUBSCRIBEs sent again after losing the broker
 
     def subscriptions(self) -> list:
         from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -1294,19 +1295,32 @@ class _Gathering:
             if request is not None and not reason.is_failure and self.broker_lost:
                 self.broker_lost[-1] += f", back at {time.monotonic() - self.sent_at:.1f} s and asked again"
             self.lock.notify_all()
-        if request is None or reason.is_failure:
+        if reason.is_failure or not self.subscribed.is_set():
+            return  # the first connection: the asker subscribes
+        # back after losing the broker: subscriptions are gone with the clean start, and the question and the marker
+        # may have been lost with the broker; subscribe again (the marker goes again after the SUBACK, on_subscribe)
+        # and ask again (devices drop the duplicate and send their kept answers again)
+        _, mid = client.subscribe(self.subscriptions())
+        with self.lock:
+            self.resubscribed.add(mid)
+        if request is None:
             return
-        # back after losing the broker: subscriptions are gone with the clean start, and the question may have
-        # been lost with the broker; ask again (devices drop the duplicate and send their kept answers again)
         topic, payload, again, expires = request
         again.MessageExpiryInterval = max(1, math.ceil(expires - time.monotonic()))
         if not _is_repeat(again):
             again.UserProperty = [REPEAT]  # paho adds to the User Properties already set
-        client.subscribe(self.subscriptions())
         client.publish(topic, payload, qos=1, properties=again)
 
     def on_subscribe(self, client, userdata, mid, reasons, properties) -> None:
+        with self.lock:
+            again, statuses_in = mid in self.resubscribed, self.statuses_in
+            self.resubscribed.discard(mid)
         self.subscribed.set()
+        if again and not statuses_in:  # the marker sent before the broker was lost may never come back
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            self.mark_retained_end(client, Properties(PacketTypes.PUBLISH))
 
     def on_disconnect(self, client, userdata, flags, reason, properties) -> None:
         with self.lock:

@@ -34,8 +34,9 @@ README prompt, OVO-Bench's ``constant.py``, StreamingBench's ``src/benchmark/Str
 as ReKV does); ``infinipot_v`` asks every multiple-choice question in the format of InfiniPot-V's evaluation code
 (aiha-lab/InfiniPot-V ``dataset_utils.py``: ``Question:``, ``Options:``, one option per line, ``Respond with
 only the letter ... of the correct option.``), the setting of its Table 1, and RVS's with ``Answer in a few
-words.`` after it. The style is part of ``run.json``: a rerun with the other one into the same ``--out`` is
-refused (an ``--out`` written before the option existed was asked in ``infinipot_v``). The reply's first option
+words.`` after it. The style is part of ``run.json`` and of each line of ``results.jsonl``: a rerun with the other
+one into the same ``--out`` is refused, also where ``run.json`` and ``summary.json`` were deleted (answers written
+before the option existed were asked in ``infinipot_v``). The reply's first option
 letter is the prediction; a reply with none is scored wrong and counted (``no_letter`` in ``summary.json``).
 Open-ended questions (RVS) are scored with the token-F1 proxy of ``edgekv/eval/open_ended.py`` — not the
 papers' GPT judge.
@@ -225,6 +226,12 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"edgekv eval videoqa: {len(missing)} video file(s) missing, e.g. {missing[0]}", file=sys.stderr)
         return 2
+    asked_in = _other_style(done, _prompt_style(args))
+    if asked_in:
+        print(f"edgekv eval videoqa: {results_path} holds answers asked in another prompt style ({asked_in}): a "
+              f"rerun resumes only in the style of the answers there; give that --prompt-style or another --out",
+              file=sys.stderr)
+        return 2
     other = _other_run(out, run_settings(args, config), bool(done))
     if other:
         print(f"edgekv eval videoqa: --out {out} holds the answers of another run ({other}): a rerun resumes only "
@@ -281,6 +288,20 @@ def run_settings(args: argparse.Namespace, config) -> dict:
                 **{f"cache.{key}": value for key, value in sections["cache"].items()},
                 **{key: sections[key.split(".")[0]][key.split(".")[1]] for key in ANSWER_KEYS}}
     return json.loads(json.dumps(settings, default=str))
+
+
+def _other_style(done: dict[str, dict], style: str) -> str:
+    """The prompt styles other than ``style`` that ``results.jsonl``'s answers were asked in, with how many
+    (``"prompt_style 'x' (now 'y'): N of M answers"``); "" when none. Each line says its style; one without it was
+    written before the option existed, in ``EARLIER_PROMPT_STYLE``. ``run.json`` says the same unless it was deleted
+    by hand: a resume in another style would then pool two prompts' answers under one summary."""
+    counts: dict[str, int] = {}
+    for record in done.values():
+        asked_in = record.get("prompt_style", EARLIER_PROMPT_STYLE)
+        if asked_in != style:
+            counts[str(asked_in)] = counts.get(str(asked_in), 0) + 1
+    return "; ".join(f"prompt_style {name!r} (now {style!r}): {count} of {len(done)} answers"
+                     for name, count in sorted(counts.items()))
 
 
 def _other_run(out: Path, settings: dict, answered: bool) -> str:
@@ -350,7 +371,8 @@ def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | N
         max_new_tokens = OPEN_MAX_NEW_TOKENS if item.open_ended else CHOICE_MAX_NEW_TOKENS
     started = time.perf_counter()
     answer = session.ask(prompt(item, dataset, prompt_style), max_new_tokens=max_new_tokens)
-    record: dict = {"id": item.id, "task": item.task, "video": str(item.video), "answer": item.answer}
+    record: dict = {"id": item.id, "task": item.task, "video": str(item.video), "answer": item.answer,
+                    "prompt_style": prompt_style}
     if item.open_ended:
         record.update(open_ended.score(answer.text, item.answer))
     else:

@@ -73,6 +73,7 @@ class RosbagSource(FrameSource):
     """One image topic of a rosbag2 bag, in recording order."""
 
     kind = "rosbag"
+    grab_saves_decoding = True  # ``grab`` reads a message's header; only ``retrieve`` decodes its image
 
     def __init__(self, spec: str, path: str | Path, topic: str | None = None, max_step_s: float = 10.0) -> None:
         super().__init__(spec, live=False)
@@ -81,6 +82,7 @@ class RosbagSource(FrameSource):
         self.counts = {"messages": 0, "frames": 0, "corrupt": 0}
         self.scene = None
         self.ground_truth: str | None = None  # the synthetic:events spec the bag was written from, if any
+        self._held: tuple[Any, str, int] | None = None  # (message, type, its number) grabbed, not yet retrieved
         self._reader = _open_reader(spec, self.path)
         try:
             self.topic, self.msgtype = self._choose_topic(topic)
@@ -128,6 +130,15 @@ class RosbagSource(FrameSource):
         return None
 
     def read(self) -> Frame:
+        t = self.grab()
+        return self.retrieve(), t
+
+    def grab(self) -> float:
+        """The next message's time from its header alone: the message is deserialized (its pixels stay the bytes
+        they were) and its image decoded only by ``retrieve``, so a resume that passes over an hour of a bag pays
+        for reading it, not for decoding it. Every message that deserializes moves the clock, retrieved or not,
+        so a bag read through ``grab`` is timed exactly as one read frame by frame."""
+        self._held = None
         if self._messages is None:
             raise EndOfStream("eof", "closed")
         try:
@@ -142,18 +153,33 @@ class RosbagSource(FrameSource):
         self.counts["messages"] += 1
         try:
             msg = decode_cdr(raw, connection.msgtype)
-            frame = frame_from_message(msg, connection.msgtype)
         except CorruptFrame as exc:
-            self.counts["corrupt"] += 1
-            raise CorruptFrame(f"video source {self.spec!r}: message {self.counts['messages']}: {exc}") from None
+            raise self._corrupt(exc) from None
+        self._held = (msg, connection.msgtype, self.counts["messages"])
+        return self.clock(stamp_ns(msg.header), int(recorded_ns))
+
+    def retrieve(self) -> np.ndarray:
+        """The image of the message the last ``grab`` read (once); ``CorruptFrame`` when it does not decode."""
+        held, self._held = self._held, None
+        if held is None:
+            raise RuntimeError(f"video source {self.spec!r}: retrieve() without a grab() before it")
+        msg, msgtype, number = held
+        try:
+            frame = frame_from_message(msg, msgtype)
+        except CorruptFrame as exc:
+            raise self._corrupt(exc, number) from None
         self.counts["frames"] += 1
-        return frame, self.clock(stamp_ns(msg.header), int(recorded_ns))
+        return frame
+
+    def _corrupt(self, exc: CorruptFrame, number: int | None = None) -> CorruptFrame:
+        self.counts["corrupt"] += 1
+        return CorruptFrame(f"video source {self.spec!r}: message {number or self.counts['messages']}: {exc}")
 
     def reopen(self) -> None:
         raise SourceUnavailable(f"video source {self.spec!r}: a bag is not reopened")
 
     def close(self) -> None:
-        self._messages = None
+        self._messages = self._held = None
         reader, self._reader = getattr(self, "_reader", None), None
         if reader is not None:
             reader.close()

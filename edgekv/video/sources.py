@@ -1049,6 +1049,9 @@ class LoopingSource(FrameSource):
     Each pass is reopened with ``reopen`` and shifted so its timestamps continue after the previous
     pass's last frame by one frame interval: the session (which would take time going back as a clock jump)
     sees one long stream, and a short clip can stand in for a camera for hours.
+
+    ``seek`` skips whole passes once the loop's period (the time from one pass's start to the next's) is known: from
+    the start for a ``synthetic:`` video of a given length, else at the end of the first pass played through.
     """
 
     kind = "loop"
@@ -1060,9 +1063,13 @@ class LoopingSource(FrameSource):
         self.source = source
         self._reopen = reopen
         self.passes = 1
-        self._offset = 0.0
-        self._last_t: float | None = None
+        self._offset = 0.0  # added to this pass's timestamps
+        self._last_t: float | None = None  # the loop time of the last frame read (None: none since a seek)
         self._step = 1.0 / 30.0
+        self._period: float | None = None  # from one pass's start to the next's, once known
+        self._next_offset: float | None = None  # the next pass's offset, where a seek left ``_last_t`` unknown
+        self._pass_frames = 0  # frames read in this pass
+        self._stepped = False  # the last frame came later than the one before it (``_step`` is its interval)
 
     @property
     def grab_saves_decoding(self) -> bool:  # as the source it plays
@@ -1082,21 +1089,62 @@ class LoopingSource(FrameSource):
         try:
             frame, t = take(self.source)
         except EndOfStream:
-            if self._last_t is None:
+            if self._last_t is None and self._next_offset is None:
                 raise  # an empty video would loop forever without a frame
-            self.source.close()
-            self.source = self._reopen()
-            self.passes += 1
-            self._offset = self._last_t + self._step
+            self._start_pass(self._next_pass_offset())
             frame, t = take(self.source)
         t = self._offset + t
-        if self._last_t is not None and t > self._last_t:
+        self._stepped = self._last_t is not None and t > self._last_t
+        if self._stepped:
             self._step = t - self._last_t
         self._last_t = t
+        self._pass_frames += 1
         return frame, t
+
+    def _next_pass_offset(self) -> float:
+        if self._next_offset is not None:
+            return self._next_offset
+        offset = self._last_t + self._step
+        if self._period is None and self._pass_frames >= 2 and self._stepped:  # the next passes repeat this one
+            self._period = offset - self._offset
+        return offset
+
+    def _start_pass(self, offset: float, passes: int = 1) -> None:
+        self.source.close()
+        self.source = self._reopen()
+        self.passes += passes
+        self._offset, self._next_offset, self._pass_frames = offset, None, 0
+
+    def seek(self, t: float) -> None:
+        """Move toward the first frame stamped at or after ``t`` (the loop's clock) without reading the frames
+        before it, never past it: whole passes are skipped (reopened once, the pass count and time offset moved on
+        by as many periods) and, where the source played seeks, it moves within its pass. Before the period is
+        known nothing moves: the caller grabs through (``ResumedSource`` asks again after each frame)."""
+        if self._period is None:
+            declared = _declared_pass(self.source)
+            if declared is None:
+                return
+            self._period, self._step = declared
+        period = self._period
+        ahead = math.floor((t - self._offset) / period)
+        if ahead >= 1:
+            self._start_pass(self._offset + ahead * period, ahead)
+            self._last_t, self._next_offset = None, self._offset + period
+        seek = getattr(self.source, "seek", None)
+        if seek is not None and t > self._offset:
+            seek(t - self._offset)
+            self._last_t, self._next_offset = None, self._offset + period
 
     def close(self) -> None:
         self.source.close()
+
+
+def _declared_pass(source: FrameSource) -> tuple[float, float] | None:
+    """(period, frame interval) of a loop of ``source`` known before it is played: a ``synthetic:`` video of two
+    frames or more (``frames / fps``, as a pass played through gives it); None for any other."""
+    if isinstance(source, SyntheticSource) and source.frames is not None and source.frames >= 2:
+        return source.frames / source.fps, 1.0 / source.fps
+    return None
 
 
 class ResumedSource(FrameSource):
@@ -1105,9 +1153,12 @@ class ResumedSource(FrameSource):
     shows the model what it already saw nor moves the recording's time (a ``--quiz`` ground truth, evidence
     times) away from the session's. A live source has nothing to resume: it goes on live, and is refused here.
 
-    The first ``read`` or ``grab`` moves there, in the capture thread: a source with ``seek`` (the synthetic
-    videos) jumps; any other is grabbed through (pixels never retrieved) up to the first frame stamped at or after
-    ``start_t``."""
+    The first ``read`` or ``grab`` moves there, in the capture thread: a source with ``seek`` moves as far as it
+    can without reading (a synthetic video to the frame, a loop whole passes at a time), and the rest is grabbed
+    through (pixels never retrieved; a bag's images never decoded) up to the first frame stamped at or after
+    ``start_t``. Frames that do not decode just before it (none stamped before ``start_t`` read after them) are
+    reported by that first ``read`` or ``grab`` as one ``CorruptFrame`` of their count, and counted as a capture
+    counts any other; those before an earlier frame were passed over before the pause."""
 
     kind = "resumed"
     EPSILON = 1e-6  # container clocks are in ms: 0.5 s may read 0.49999999 (as TimestampSelector allows)
@@ -1122,41 +1173,59 @@ class ResumedSource(FrameSource):
         self.start_t = float(start_t)
         self.skipped = 0  # frames passed over to reach start_t
         self._arrived = False
+        self._held_t: float | None = None  # the frame grabbed at start_t, not handed out yet
+        self._corrupt: CorruptFrame | None = None  # the frames at start_t that did not decode, not reported yet
+        self._ended: EndOfStream | None = None  # the source ended before start_t (after those)
 
     @property
     def grab_saves_decoding(self) -> bool:  # as the source it plays
         return self.source.grab_saves_decoding
 
-    def _arrive(self) -> float | None:
-        """Move on to ``start_t``; the timestamp of the frame grabbed there (its pixels not retrieved yet), or None
-        when nothing was grabbed (the source seeked: its next frame is the one)."""
+    def _arrive(self) -> None:
+        """Move on to ``start_t``: the frame there grabbed (its pixels not retrieved yet), the corrupt frames
+        just before it and an end before it held for ``_take``."""
         self._arrived = True
         seek = getattr(self.source, "seek", None)
-        if seek is not None:
-            seek(self.start_t)
-            return None
+        corrupt: list[CorruptFrame] = []
         while True:
+            if seek is not None:
+                seek(self.start_t)
             try:
                 t = self.source.grab()
-            except CorruptFrame:
-                continue  # a frame that does not decode before the resume point is not one to report
+            except CorruptFrame as exc:  # no timestamp: at start_t, unless a frame before it follows
+                corrupt.append(exc)
+                continue
+            except EndOfStream as exc:
+                self._ended = exc
+                break
             if t >= self.start_t - self.EPSILON:
-                return t
+                self._held_t = t
+                break
             self.skipped += 1
+            corrupt.clear()
+        if corrupt:
+            count = sum(exc.count for exc in corrupt)
+            self._corrupt = CorruptFrame(f"{count} frame(s) just before the resume point t={self.start_t:g} s "
+                                         f"skipped; the last: {corrupt[-1]}", count)
+
+    def _take(self, held: Callable[[float], Any], take: Callable[[], Any]) -> Any:
+        if not self._arrived:
+            self._arrive()
+        if self._corrupt is not None:
+            corrupt, self._corrupt = self._corrupt, None
+            raise corrupt
+        if self._ended is not None:
+            raise self._ended
+        if self._held_t is not None:
+            t, self._held_t = self._held_t, None
+            return held(t)
+        return take()
 
     def read(self) -> Frame:
-        if not self._arrived:
-            t = self._arrive()
-            if t is not None:
-                return self.source.retrieve(), t
-        return self.source.read()
+        return self._take(lambda t: (self.source.retrieve(), t), self.source.read)
 
     def grab(self) -> float:
-        if not self._arrived:
-            t = self._arrive()
-            if t is not None:
-                return t
-        return self.source.grab()
+        return self._take(lambda t: t, self.source.grab)
 
     def retrieve(self) -> np.ndarray:
         return self.source.retrieve()
