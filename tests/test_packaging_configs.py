@@ -4,6 +4,8 @@ the wheel) is in test_packaging.py."""
 
 from __future__ import annotations
 
+import argparse
+
 from pathlib import Path
 
 import pytest
@@ -82,4 +84,5 @@ def test_the_daemon_commands_take_a_shipped_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = build_parser().parse_args(["--config", "cpu-two-cameras"])
     assert Path(args.config) == shipped_configs()["cpu-two-cameras"]
-    assert resolve_config("") == ""  # no --config: the defaults, as before
+    with pytest.raises(argparse.ArgumentTypeError, match="the config is empty"):  # `--config "$CONFIG"`, unset
+        resolve_config("")
