@@ -92,7 +92,8 @@ def test_the_daemon_resumes_a_paused_recording_where_it_stopped(tmp_path):
             source_t.append(t)
             return stream_time(t)
 
-        daemon._stream_time, daemon.session.ingest = noted, recorded
+        with daemon.lock:  # between two frames: each frame's stream time and its ingest are taken under the lock
+            daemon._stream_time, daemon.session.ingest = noted, recorded
         assert _until(lambda: len(seen) >= 6)
         assert daemon.pause("test")
         before = len(seen)
