@@ -339,7 +339,7 @@ class ServerSection:
     max_connections: int = 100
     # Connections one client address may hold that have been sending a request (or idle) for a second or more,
     # and twice that counting fresh ones: one host (a slowloris) cannot take every slot; clients waiting for
-    # answers (a proxy's) are not counted (apps/server/guard.py).
+    # answers (a proxy's) are not counted (apps/server/guard.py). An IPv6 client counts by its /64, as for logins.
     max_connections_per_client: int = 32
     # Status-page login attempts per client address and minute (a burst of 5 at most); more answer 429. An IPv6
     # client counts by its /64 (one host may use any address of it), as does reads_per_second (apps/server/guard.py).
@@ -721,7 +721,7 @@ class AlertsSection:
 
     rules: list[AlertRuleSection] = field(default_factory=list)
     webhooks: list[str] = field(default_factory=list)  # POST each alert (JSON) to these URLs
-    webhook_timeout_s: float = 5.0
+    webhook_timeout_s: float = 5.0  # one try's whole exchange, connecting to the status (apps/outputs/exchange.py)
     webhook_retries: int = 4         # after the first try, with exponential backoff from 0.5 s
     queue: int = 64                  # alerts waiting per output; beyond it the oldest waiting is dropped (counted)
     keyframe_pairs: int = 32         # recent frame pairs kept to show as an alert's keyframe

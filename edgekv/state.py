@@ -97,6 +97,9 @@ class RestorePlan:
     action: str  # none (no state.dir) | empty | resume | resume_set_aside | set_aside | unknown
     text: str
     differences: tuple[str, ...] = ()  # the key fields (``_KEY_FIELDS``) the newest snapshot has otherwise
+    # what the start says of the recording it reads (``recording_goes_on``) when the memory it resumes stopped in
+    # one: goes on at t, ended, or read from its start and why; None otherwise (or ``StateKeeper.source`` not set)
+    recording: RecordingGoesOn | None = None
 
 
 # ---------------------------------------------------------------------------------------------- the key
@@ -281,6 +284,47 @@ def source_record(spec, loop: bool = False) -> dict:
         with contextlib.suppress(OSError):  # gone meanwhile: the open that follows says so
             record["size"], record["mtime_ns"] = _recording_identity(path)
     return record
+
+
+@dataclass(frozen=True)
+class RecordingGoesOn:
+    """What a start does with the recording it reads, given where the restored memory stopped (``recording_goes_on``):
+    ``line`` says it; ``t`` (None: read from its start, after the wall-clock gap) the recording's own time of the last
+    frame the memory holds, ``offset`` the clock offset that continues the stream exactly from there, ``ended`` the
+    memory saw the recording to its end and nothing more is read from it."""
+
+    line: str
+    t: float | None = None
+    offset: float = 0.0
+    ended: bool = False
+
+
+def recording_goes_on(now: dict | None, saved: object) -> RecordingGoesOn | None:
+    """Where the recording ``now`` (``source_record`` of the source a start reads) goes on, given ``saved`` (the
+    ``SOURCE_KEY`` record the memory to restore kept, its ``counters.extra``'s). A recording's time is its own: the
+    time the process was down is no gap in it, as a paused recording's is none. None, with nothing worth saying, for
+    a live source (it goes on live), a memory that kept no record, or a record without a usable time."""
+    if now is None or now.get("live") or not isinstance(saved, dict):
+        return None
+    name, t, stream_t = now["spec"], saved.get("t"), saved.get("stream_t")
+    if _recording_key(saved) != _recording_key(now):
+        return RecordingGoesOn(f"{name} is read from its start: the saved memory last read another source, "
+                               f"{saved.get('spec')}")
+    if (saved.get("size"), saved.get("mtime_ns")) != (now.get("size"), now.get("mtime_ns")):
+        return RecordingGoesOn(f"{name} is read from its start: it is not the recording the saved memory stopped in "
+                               f"(its size or modification time changed since: {saved.get('size')} -> "
+                               f"{now.get('size')} bytes)")
+    if not (isinstance(t, (int, float)) and isinstance(stream_t, (int, float))
+            and math.isfinite(t) and math.isfinite(stream_t)):
+        return None
+    at = f"{float(t):.3f}".rstrip("0").rstrip(".")
+    ended = bool(saved.get("ended")) and not now.get("loop")
+    if ended:
+        line = (f"{name} ended at {at} s in the saved memory: nothing more is read from it (video.loop plays it "
+                f"again; another recording, or this one changed, starts from its beginning)")
+    else:
+        line = f"resuming {name} at {at} s where the saved memory stopped (the recording's own time goes on)"
+    return RecordingGoesOn(line, float(t), float(stream_t) - float(t), ended)
 
 
 def _recording_identity(path: Path) -> tuple[int, int]:
@@ -1053,7 +1097,8 @@ class StateKeeper:
         wanted = planned_key(config)
         differences = _differences(newest[1]["key"], wanted) if newest is not None else {}
         if newest is not None and not differences:
-            return RestorePlan("resume", f"resumes {self._describe(*newest)}{skipped}")
+            return RestorePlan("resume", f"resumes {self._describe(*newest)}{skipped}",
+                               recording=self._recording_in(newest[1]))
         why = "made for another deployment — " + "; ".join(differences.values())
         for candidate in self.set_aside_files():
             try:
@@ -1064,7 +1109,8 @@ class StateKeeper:
                 rest = (f"; the newer {newest[0].name}, {why}, is set aside in its place" if newest is not None
                         else "")
                 return RestorePlan("resume_set_aside", f"resumes the memory set aside earlier for this deployment, "
-                                   f"{self._describe(candidate, aside)}{rest}{skipped}", tuple(differences))
+                                   f"{self._describe(candidate, aside)}{rest}{skipped}", tuple(differences),
+                                   self._recording_in(aside))
         if newest is None:
             return RestorePlan("empty", f"no snapshot in {self.dir}: the start begins with an empty memory (the one "
                                         f"in {self.ASIDE}/ was made for another deployment){skipped}")
@@ -1081,6 +1127,12 @@ class StateKeeper:
                 + f", until new snapshots or the kept alerts need its room under state.max_mib="
                   f"{self.section.max_mib:g}; put the config back and restart to resume it"
                 + (f". The older generation {', '.join(older)} is deleted" if older else ""))
+
+    def _recording_in(self, manifest: dict) -> RecordingGoesOn | None:
+        """``recording_goes_on`` for ``self.source`` and the memory a snapshot's ``manifest`` holds, as ``restore``
+        decides it once that memory is loaded."""
+        counters = manifest.get("session", {}).get("counters", {})
+        return recording_goes_on(self.source, counters.get("extra", {}).get(SOURCE_KEY))
 
     @staticmethod
     def _describe(path: Path, manifest: dict) -> str:
@@ -1176,36 +1228,18 @@ class StateKeeper:
         return None
 
     def _recording_goes_on(self, session) -> tuple[float, float, str] | None:
-        """Where the recording this start reads (``self.source``) goes on, when the restored memory stopped in it:
-        ``(t, offset, line)``, ``t`` its own time of the last frame the memory holds (``resumed_source_t``), ``offset``
-        the clock offset that continues the stream exactly from there (a recording's time is its own: the time the
-        process was down is no gap in it, as a paused recording's is none). None, said why where it is worth saying,
-        when the memory stopped elsewhere: a live source goes on live, another recording (or this one changed on
-        disk) is read from its start after the wall-clock gap (``_resume_offset``)."""
+        """Where the recording this start reads (``self.source``) goes on, when the restored memory stopped in it
+        (``recording_goes_on``): ``(t, offset, line)``, ``t`` also kept as ``resumed_source_t``. None when the memory
+        stopped elsewhere, what the start does then said where it is worth saying."""
         self.resumed_source_t, self.recording_ended = None, False
-        now, saved = self.source, session.counters.extra.get(SOURCE_KEY)
-        if now is None or now.get("live") or not isinstance(saved, dict):
+        going_on = recording_goes_on(self.source, session.counters.extra.get(SOURCE_KEY))
+        if going_on is None:
             return None
-        name, t, stream_t = now["spec"], saved.get("t"), saved.get("stream_t")
-        if _recording_key(saved) != _recording_key(now):
-            self.say(f"{name} is read from its start: the saved memory last read another source, {saved.get('spec')}")
+        if going_on.t is None:
+            self.say(going_on.line)
             return None
-        if (saved.get("size"), saved.get("mtime_ns")) != (now.get("size"), now.get("mtime_ns")):
-            self.say(f"{name} is read from its start: it is not the recording the saved memory stopped in (its size "
-                     f"or modification time changed since: {saved.get('size')} -> {now.get('size')} bytes)")
-            return None
-        if not (isinstance(t, (int, float)) and isinstance(stream_t, (int, float))
-                and math.isfinite(t) and math.isfinite(stream_t)):
-            return None
-        self.resumed_source_t = float(t)
-        at = f"{float(t):.3f}".rstrip("0").rstrip(".")
-        if saved.get("ended") and not now.get("loop"):
-            self.recording_ended = True
-            line = (f"{name} ended at {at} s in the saved memory: nothing more is read from it (video.loop plays it "
-                    f"again; another recording, or this one changed, starts from its beginning)")
-        else:
-            line = f"resuming {name} at {at} s where the saved memory stopped (the recording's own time goes on)"
-        return float(t), float(stream_t) - float(t), line
+        self.resumed_source_t, self.recording_ended = going_on.t, going_on.ended
+        return going_on.t, going_on.offset, going_on.line
 
     def _resume_offset(self, info: SnapshotInfo, max_gap_s: float) -> float:
         """A restarted source counts from 0 again; the restored stream continues after its last frame plus

@@ -15,7 +15,8 @@ found too: ``READ_BOUND_S``), the cache's budget as the session checks it once t
 (``PlannedBudget``: from config.json and tokenizer.json, no weights; an ``archive.top_k`` too large for the cap is
 named with the one that fits), archive segments a newer edgekv wrote, a TCP connection to the fleet's broker, and what
 the start will do with the memory saved under ``state.dir`` (``memory_result``): resume it, or set it aside because
-the config no longer fits it (the cameras or their weights, the cap, the model, the prompt), said before the restart.
+the config no longer fits it (the cameras or their weights, the cap, the model, the prompt), said before the restart;
+resumed, where the recording it stopped in goes on (the start's own line: at its time, ended, or from its start).
 Nothing is written but what the start's checks make (the folders, ``state.dir``'s lock file): no log line to
 ``logging.file``, no snapshot, no frame.
 """
@@ -77,6 +78,7 @@ def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None)
         if newer is not None:
             results.append(newer)
     if daemon.config.state.dir is not None:
+        daemon.state.source = _source_record(daemon)  # as the start sets it before its restore
         results += [bound_result(daemon.state, daemon.config),
                     memory_result(daemon.state, daemon.config, deployment, camera)]
         kept = daemon._kept_pause()
@@ -230,8 +232,26 @@ def memory_result(keeper: Any, config: Any, deployment: Any = None, camera: str 
     detail = plan.text
     if "cache_capacity" in plan.differences and deployment is not None and deployment.video.sources:
         detail += f". {_share_text(deployment, camera)}"
-    status = "note" if plan.action in ("set_aside", "unknown") else "ok"
+    if plan.recording is not None:  # the start's own line: where the recording goes on, or why from its start
+        detail += f"; {plan.recording.line}"
+    ended = plan.recording is not None and plan.recording.ended  # the start ingests nothing more
+    status = "note" if plan.action in ("set_aside", "unknown") or ended else "ok"
     return CheckResult(MEMORY_KEY, status, detail)
+
+
+def _source_record(daemon: Any) -> dict | None:
+    """``edgekv.state.source_record`` of the source the start would read: the one the ``video.source`` step opened,
+    else ``video.source`` parsed (None when it does not parse: that step names why)."""
+    from edgekv.state import source_record
+    from edgekv.video.sources import parse_spec
+
+    spec = getattr(daemon, "_spec", None)
+    if spec is None:
+        try:
+            spec = parse_spec(daemon.config.video.source)
+        except ValueError:
+            return None
+    return source_record(spec, daemon.config.video.loop)
 
 
 def _share_text(deployment: Any, camera: str | None) -> str:

@@ -695,7 +695,9 @@ class Daemon:
 
     def resume(self) -> bool:
         """Reopen the source and go on: a live one live, the pause a gap in the stream's time; a recorded one (a file,
-        a synthetic video, a bag) where it stopped, on its own clock, as a video player does."""
+        a synthetic video, a bag) where it stopped, on its own clock, as a video player does. A stream that has
+        ended (a recording read to its end, before a restart too; ``--max-frames``) reads no more, so its source is
+        not opened again (an ended file was decoded to its end for nothing, a camera's light came on): said."""
         from edgekv.video.capture import Backoff, CaptureThread, Sampler
         from edgekv.video.sources import resume_after
 
@@ -705,22 +707,28 @@ class Daemon:
             cfg = self.config
             self._stop_collector()  # nothing sampled before the pause goes in after it, stamped as if new
             self.backlog.clear()
-            self._spec, self._source = open_video_source(cfg)
-            self._say_waiting()
-            last = self.session.clock.last_t
-            if not self._spec.live and self._source_t is not None:  # from its next tick after the last frame in
-                self._source = resume_after(self._source, self._source_t + 1.0 / self.sampler.fps)
-            elif last is not None:
-                self._resume_offset = last + (time.monotonic() - self._paused_at) - self.state.stream_time(0.0) + 1e-6
-            deterministic = not self._spec.live and not self.options.realtime
-            base, most = cfg.video.reconnect_backoff_s
-            capture = CaptureThread(self._source, lossless=deterministic, backoff=Backoff(base_s=base, max_s=most))
-            self.sampler = Sampler(capture.start(), self.sampler.fps)
+            ended = self._stream_end
+            if ended is None:
+                self._spec, self._source = open_video_source(cfg)
+                self._say_waiting()
+                last = self.session.clock.last_t
+                if not self._spec.live and self._source_t is not None:  # from its next tick after the last frame in
+                    self._source = resume_after(self._source, self._source_t + 1.0 / self.sampler.fps)
+                elif last is not None:
+                    self._resume_offset = (last + (time.monotonic() - self._paused_at) - self.state.stream_time(0.0)
+                                           + 1e-6)
+                deterministic = not self._spec.live and not self.options.realtime
+                base, most = cfg.video.reconnect_backoff_s
+                capture = CaptureThread(self._source, lossless=deterministic,
+                                        backoff=Backoff(base_s=base, max_s=most))
+                self.sampler = Sampler(capture.start(), self.sampler.fps)
             paused_for = time.monotonic() - self._paused_at
             self.paused = self._paused_at = None
             self.stall.start()  # the pause was no stall: count from the resume
             self._keep_pause(None)
-        self.say(f"resumed after {paused_for:.0f} s paused")
+        self.say(f"resumed after {paused_for:.0f} s paused" if ended is None else
+                 f"resumed after {paused_for:.0f} s paused; the stream has ended ({ended}): the source is not opened "
+                 "again, questions are answered about what was seen")
         self._wake.set()
         return True
 

@@ -16,7 +16,8 @@ in flight; the question is done when the remote answered (the answer's text repl
 model the remote named) or failed or timed out (the local answer, ``escalation_note`` saying why).
 
 What the remote can cost the device is bounded: ``escalate.timeout_s`` is the whole exchange (a server that
-trickles its reply a byte at a time is cut off at it, not at each silence), a reply is read up to
+trickles its reply a byte at a time is cut off at it, not at each silence: apps/outputs/exchange.py, which the alert
+webhooks send through too), a reply is read up to
 ``MAX_REPLY_BYTES``, and ``stop`` cuts the exchange in flight. What leaves the device is checked when its turn
 comes, not when it was queued: nothing is sent while ``withheld`` names a reason (the privacy pause), after a
 ``forget`` that came while it waited, for an asker who left, or once the daemon stops — each of those questions
@@ -35,18 +36,15 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import http.client
 import json
 import logging
 import os
 import queue
-import socket
-import ssl
 import threading
-import urllib.parse
 from collections.abc import Callable
 
-from edgekv.apps.outputs.proxy import Proxy, netloc, proxy_for
+from edgekv.apps.outputs.exchange import BadReply, Exchange
+from edgekv.apps.outputs.proxy import Proxy, proxy_for
 
 log = logging.getLogger("edgekv.escalate")
 MAX_REPLY_BYTES = 4 * 2**20  # a chat completion of a few hundred tokens is a few KiB; a 256k-token one ~1 MiB
@@ -55,14 +53,6 @@ MAX_REPLY_BYTES = 4 * 2**20  # a chat completion of a few hundred tokens is a fe
 class RemoteRefused(RuntimeError):
     """The escalation server answered with an HTTP error (or a redirect, not followed). ``summary``: the same
     without the body it sent (what the log says)."""
-
-    def __init__(self, message: str, summary: str) -> None:
-        super().__init__(message)
-        self.summary = summary
-
-
-class BadReply(ValueError):
-    """The escalation server's 200 was not a chat completion with text; ``summary`` as ``RemoteRefused``'s."""
 
     def __init__(self, message: str, summary: str) -> None:
         super().__init__(message)
@@ -98,7 +88,7 @@ class Escalator:
         self.forgets = 0  # forgets so far (``forget``)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._in_flight: _Exchange | None = None
+        self._in_flight: Exchange | None = None
         self._thread = threading.Thread(target=self._run, name="edgekv-escalate", daemon=True)
 
     def start(self) -> "Escalator":
@@ -219,8 +209,8 @@ class Escalator:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        exchange = _Exchange(section.url.rstrip("/") + "/chat/completions", self.context, section.timeout_s,
-                             self.proxy)
+        exchange = Exchange(section.url.rstrip("/") + "/chat/completions", self.context, section.timeout_s,
+                            self.proxy, timeout_key="escalate.timeout_s", max_reply_bytes=MAX_REPLY_BYTES)
         with self._lock:
             if self._stopping.is_set():
                 raise RuntimeError("the daemon is stopping")
@@ -240,83 +230,6 @@ class Escalator:
         if "text/event-stream" in kind:  # a server that streams whatever was asked
             return streamed_reply(raw, url, section.model)
         return chat_reply(raw, url, section.model)
-
-
-class _Exchange:
-    """One POST over its own connection, all of it — connecting, sending, the server thinking, the reply — within
-    ``timeout_s``: a timer shuts the socket down at the deadline (or ``abort`` does, at a stop), which ends a read
-    blocked in any thread. A per-read timeout alone let a server trickling a byte every few seconds hold the
-    escalation thread (and every asker queued behind it) for as long as it liked."""
-
-    def __init__(self, url: str, context, timeout_s: float, proxy: "Proxy | None" = None) -> None:
-        parts = urllib.parse.urlsplit(url)
-        https = parts.scheme == "https"
-        port = parts.port or (443 if https else 80)
-        self.url, self.timeout_s, self.proxy = url, timeout_s, proxy
-        self.path = parts.path + (f"?{parts.query}" if parts.query else "")
-        self.proxy_headers: dict[str, str] = {}
-        host, at = (parts.hostname, port) if proxy is None else (proxy.host, proxy.port)
-        self.conn = (http.client.HTTPSConnection(host, at, timeout=timeout_s, context=context) if https
-                     else http.client.HTTPConnection(host, at, timeout=timeout_s))
-        if proxy is not None and https:  # CONNECT; the TLS inside checks the certificate against parts.hostname
-            self.conn.set_tunnel(parts.hostname, port, headers=proxy.headers())
-        elif proxy is not None:  # a plain request, its target named whole, to the proxy
-            self.path = urllib.parse.urlunsplit(("http", netloc(parts.hostname, port), parts.path or "/",
-                                                 parts.query, ""))
-            self.proxy_headers = proxy.headers()
-        self.why: str | None = None  # set when the exchange was cut
-        self.sock: socket.socket | None = None  # kept: http.client lets go of it when the reply ends at the close
-
-    def abort(self, why: str) -> None:  # any thread
-        self.why = self.why or why
-        sock = self.sock or self.conn.sock  # the latter: connected, still in the proxy's CONNECT
-        if sock is not None:
-            try:  # the plain socket's shutdown: an SSLSocket's own drops its state under a reading thread
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def _connect(self) -> None:
-        try:
-            self.conn.connect()
-        except OSError as exc:
-            if self.proxy is None or self.why is not None or isinstance(exc, ssl.SSLError):  # TLS: the server's
-                raise
-            # "Tunnel connection failed: 407 Proxy Authentication Required" said which proxy nowhere
-            raise ConnectionError(f"{self.url} through the proxy {self.proxy} ({self.proxy.source}): "
-                                  f"{exc}") from None
-
-    def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, str | None, bytes]:
-        """(status, Content-Type, Location, body read up to ``MAX_REPLY_BYTES``)."""
-        timer = threading.Timer(self.timeout_s, self.abort,
-                                args=(f"no whole answer within escalate.timeout_s ({self.timeout_s:g} s)",))
-        timer.daemon = True
-        timer.start()
-        try:
-            self._connect()
-            self.sock = self.conn.sock
-            if self.why is not None:  # cut while it connected (nothing to shut down yet)
-                raise TimeoutError(self.why)
-            self.conn.request("POST", self.path, body=body, headers={**headers, **self.proxy_headers})
-            response = self.conn.getresponse()
-            length = response.getheader("Content-Length")
-            if length is not None and length.strip().isdigit() and int(length) > MAX_REPLY_BYTES:
-                raise BadReply(f"{self.url} answered with {int(length)} bytes; at most {MAX_REPLY_BYTES} are read",
-                               f"an oversized reply from {self.url}")
-            raw = response.read(MAX_REPLY_BYTES + 1)
-            if self.why is not None:  # cut mid-reply: what came is a part (a shut socket reads as its end)
-                raise TimeoutError(self.why)
-            if len(raw) > MAX_REPLY_BYTES:
-                raise BadReply(f"{self.url} answered with more than {MAX_REPLY_BYTES} bytes; not read further",
-                               f"an oversized reply from {self.url}")
-            return (response.status, response.getheader("Content-Type") or "", response.getheader("Location"), raw)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            if self.why is not None and not isinstance(exc, BadReply):
-                raise TimeoutError(f"{self.url}: {self.why}") from None
-            raise
-        finally:
-            timer.cancel()
-            self.conn.close()
 
 
 def escalation_proxy(url: str, configured: str | None, environ: dict[str, str] | None = None) -> Proxy | None:

@@ -20,11 +20,12 @@ Every refusal is an OpenAI error object and closes the connection (the client ma
 ``GuardedH11Protocol`` is uvicorn's h11 protocol with a request deadline (headers and body must arrive
 within ``server.request_timeout_s`` of the request's first byte: slow-header and half-sent-body
 connections are closed, with a 408 when nothing else answered) and connection limits: ``server.max_connections``
-in all, and ``server.max_connections_per_client`` connections per client address that are *not waiting for
-an answer* (still sending their request, or idle between requests). One more is answered 503 and closed as it
-opens, so a slowloris from one host that reopens every connection it loses cannot hold every slot, while the
-clients of one host — or of a reverse proxy, where every client is 127.0.0.1 — that have sent their request
-and wait for the answer (a queued chat) are never counted. uvicorn's own ``timeout_keep_alive`` closes idle
+in all, and ``server.max_connections_per_client`` connections per client address (an IPv6 client's /64, as the
+login budget counts it: ``GuardedH11Protocol.client_key``) that are *not waiting for an answer* (still sending
+their request, or idle between requests). One more is answered 503 and closed as it opens, so a slowloris from
+one host that reopens every connection it loses cannot hold every slot, while the clients of one host — or of a
+reverse proxy, where every client is 127.0.0.1 — that have sent their request and wait for the answer (a queued
+chat) are never counted. uvicorn's own ``timeout_keep_alive`` closes idle
 keep-alive connections, and when fewer than a tenth of the slots are free (``ConnectionLimits.reserved``) idle ones
 are closed at once to make room; that last tenth is kept for addresses that hold no connection still sending a
 request, so a few hosts, each under its cap, cannot hold every slot between them and a health check still gets in.
@@ -33,6 +34,7 @@ request, so a few hosts, each under its cap, cannot hold every slot between them
 parallel no longer go as fast as they come. Wrong ``Authorization: Bearer`` tokens on any route take from the
 same bucket (``AccessPolicy.attempts``), so the header is not an unlimited way round the form. An IPv6 client is
 counted by its /64 (``budget_key``): one host may use every address of its network, a fresh budget each otherwise.
+The connection limits count the same way (a slowloris spread over a /64 is one client).
 
 Behind a reverse proxy every request comes from the proxy's address, so every client shared one login budget
 (and one ``reads_per_second``): a guesser locked the wearer out. ``server.trusted_proxies`` (opt-in) names the
@@ -295,11 +297,15 @@ class AccessPolicy:
 
 def too_many_attempts(attempts: "AttemptLimiter", client: str) -> ApiError:
     after = max(1, math.ceil(attempts.retry_after(client)))
-    key = budget_key(client)
-    where = f"this address's network ({key}: one budget per IPv6 /64)" if key.endswith("/64") else "this address"
+    where = _from_where(budget_key(client), "one budget per IPv6 /64")
     return ApiError(429, f"too many login attempts from {where}; retry in {after} s "
                          "(server.login_attempts_per_minute)", kind="rate_limit_error", code="rate_limit_exceeded",
                     headers={"retry-after": str(after)})
+
+
+def _from_where(key: str, why: str) -> str:
+    """Who a per-client limit counted, for its refusal: "this address", or an IPv6 client's /64 ``key`` named."""
+    return f"this address's network ({key}: {why})" if key.endswith(f"/{IPV6_CLIENT_PREFIX}") else "this address"
 
 
 async def send_error(send: Callable, error: ApiError, close: bool) -> None:
@@ -624,6 +630,7 @@ class GuardedH11Protocol(H11Protocol):
         self._early: list[bytes] | None = None  # HTTPS: request bytes that came with the handshake's end
         self._lost = False
         self._idle_since = 0.0  # when its last answer was sent: an idle kept-alive connection (_reclaim_idle)
+        self._keyed: tuple[tuple, str] | None = None  # (client, budget_key of its host): client_key's memo
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self.limits.tls is not None and not transport.get_extra_info("sslcontext"):
@@ -698,6 +705,17 @@ class GuardedH11Protocol(H11Protocol):
             return (self._cap_message(), True)
         return None
 
+    @property
+    def client_key(self) -> str | None:
+        """What the per-client limits count this connection as (``budget_key``, as the login budget: an IPv4 address,
+        an IPv6 client's /64 — per address, one host opened the cap's connections from each address of its
+        network); None before its peer is known."""
+        if self.client is None:
+            return None
+        if self._keyed is None or self._keyed[0] != self.client:
+            self._keyed = (self.client, budget_key(str(self.client[0])))
+        return self._keyed[1]
+
     def _peers(self) -> list["GuardedH11Protocol"]:
         return [other for other in self.connections if other is not self and isinstance(other, GuardedH11Protocol)
                 and other.client is not None and not other._refused]
@@ -705,7 +723,7 @@ class GuardedH11Protocol(H11Protocol):
     def _holds_receiving(self) -> bool:
         if self.client is None:
             return False
-        return any(other.client[0] == self.client[0] and other.receiving for other in self._peers())
+        return any(other.client_key == self.client_key and other.receiving for other in self._peers())
 
     @property
     def idle(self) -> bool:
@@ -718,8 +736,8 @@ class GuardedH11Protocol(H11Protocol):
         idle = [other for other in self._peers() if other.idle]
         if not idle:
             return
-        held = Counter(other.client[0] for other in self._peers())
-        idle.sort(key=lambda other: (-held[other.client[0]], other._idle_since))
+        held = Counter(other.client_key for other in self._peers())
+        idle.sort(key=lambda other: (-held[other.client_key], other._idle_since))
         for other in idle[:count]:
             other._close_idle()
 
@@ -749,9 +767,9 @@ class GuardedH11Protocol(H11Protocol):
     def _over_client_cap(self) -> bool:
         if self.limits.max_per_client is None or self.client is None:
             return False
-        host, now = self.client[0], self.loop.time()
+        key, now = self.client_key, self.loop.time()
         mine = [other for other in self.connections if other is not self and isinstance(other, GuardedH11Protocol)
-                and other.client is not None and other.client[0] == host and not other._refused and other.receiving]
+                and other.client is not None and other.client_key == key and not other._refused and other.receiving]
         held = sum(1 for other in mine if other._long_pending(now))
         return held >= self.limits.max_per_client or len(mine) >= 2 * self.limits.max_per_client
 
@@ -765,8 +783,9 @@ class GuardedH11Protocol(H11Protocol):
             self._refuse(self._cap_message(), pause=False)
 
     def _cap_message(self) -> str:
-        return (f"more than server.max_connections_per_client ({self.limits.max_per_client}) connections from this "
-                "address still sending a request (or idle); retry shortly")
+        return (f"more than server.max_connections_per_client ({self.limits.max_per_client}) connections from "
+                f"{_from_where(self.client_key or '', 'connections counted per IPv6 /64')} still sending a request "
+                "(or idle); retry shortly")
 
     def _refuse(self, message: str, pause: bool) -> None:
         """503 and close; the connection no longer holds a slot. ``pause``: close only after REFUSAL_PAUSE_S, so
