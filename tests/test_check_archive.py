@@ -100,6 +100,8 @@ def test_segments_of_a_newer_edgekv_are_a_note_of_the_check(tiny_checkpoint, tmp
     assert code == 0 and status == "note", results
     assert detail.startswith(f"1 segment(s) of {folder} (seg-00000007.ekva; ")
     assert f"written by a newer edgekv (format {ARCHIVE_FORMAT + 1}, this one reads up to {ARCHIVE_FORMAT})" in detail
+    records = [detail for name, (_, detail) in results.items() if name.startswith("archive.dir records")]
+    assert records == ["no segment this edgekv reads, only 1 a newer edgekv wrote (left as they are)"], results
     (folder / "seg-00000007.ekva").unlink()
     code, results = _check(_config(tmp_path, tiny_checkpoint, archive={"dir": str(folder)}), capsys)
     assert code == 0 and "archive.dir newer segments" not in results

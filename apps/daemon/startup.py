@@ -101,13 +101,15 @@ def check_archive_shape(config: EdgeKVConfig) -> str | None:
     (``FrameArchive._shape_of``), which is said. Returns what it found."""
     if config.archive.dir is None:
         return None
-    from edgekv.archive.store import archived_shapes
+    from edgekv.archive.store import archived_shapes, newer_segments
     from edgekv.calibration.plan import archive_shape
     from edgekv.model.builtin import resolve_model_path
 
     shapes = archived_shapes(config.archive.dir)
     if not shapes:
-        return "no archive there yet"
+        newer = len(newer_segments(config.archive.dir))
+        return (f"no segment this edgekv reads, only {newer} a newer edgekv wrote (left as they are)" if newer
+                else "no archive there yet")
     found = next(iter(shapes.values()))
     firsts = {shape.index_keys: path.name for path, shape in reversed(shapes.items())}  # index_keys -> first segment
     if len(firsts) > 1:  # an edgekv from before index_keys, rolled back to, appended its own segments to this one

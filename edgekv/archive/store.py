@@ -1985,8 +1985,6 @@ def new_stream_id() -> bytes:
     return uuid.uuid4().bytes
 
 
-
-
 LOCK_NAME = "archive.lock"
 
 
