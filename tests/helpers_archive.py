@@ -3,12 +3,15 @@ drawn from its number, an archive filled with such pairs, and byte runs to look 
 
 from __future__ import annotations
 
+import json
 import time
+import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from edgekv.archive.store import FrameArchive, KVShape
+from edgekv.archive.store import _MAGIC_NAME, _SEGMENT_HEAD, ARCHIVE_FORMAT, FrameArchive, KVShape
 
 SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
 TOKENS = 4
@@ -86,3 +89,13 @@ class MonotonicLater:
 
     def monotonic(self) -> float:
         return time.monotonic() + self.seconds
+
+
+def newer_segment(path: Path, extra: bytes = b"") -> bytes:
+    """A segment as a newer edgekv might write it: the magic with format ARCHIVE_FORMAT + 1, a header this one could
+    parse (so only the format says it is not its own), then ``extra``: records of a layout it cannot know."""
+    key = json.dumps({**asdict(SHAPE), "format": ARCHIVE_FORMAT + 1}, sort_keys=True).encode()
+    data = (_MAGIC_NAME + (ARCHIVE_FORMAT + 1).to_bytes(2, "little") + _SEGMENT_HEAD.pack(len(key), zlib.crc32(key))
+            + key + extra)
+    path.write_bytes(data)
+    return data

@@ -3,26 +3,16 @@ for what they are once, never read, and never deleted by retention, a torn-heade
 
 from __future__ import annotations
 
-import json
 import logging
-import zlib
-from dataclasses import asdict
 from pathlib import Path
 
+import pytest
+
 from helpers_archive import SHAPE, fill
+from helpers_archive import newer_segment as _newer_segment
 
-from edgekv.archive.store import (_MAGIC_NAME, _SEGMENT_HEAD, ARCHIVE_FORMAT, FrameArchive, SEGMENT_MAGIC,
-                                  archived_shapes, newer_segments)
-
-
-def _newer_segment(path: Path, extra: bytes = b"") -> bytes:
-    """A segment as a newer edgekv might write it: the magic with format ARCHIVE_FORMAT + 1, a header this one
-    could parse (so only the format says it is not its own), then records of a layout it cannot know."""
-    key = json.dumps({**asdict(SHAPE), "format": ARCHIVE_FORMAT + 1}, sort_keys=True).encode()
-    data = (_MAGIC_NAME + (ARCHIVE_FORMAT + 1).to_bytes(2, "little") + _SEGMENT_HEAD.pack(len(key), zlib.crc32(key))
-            + key + extra)
-    path.write_bytes(data)
-    return data
+from edgekv.archive.store import (_MAGIC_NAME, ARCHIVE_FORMAT, SEGMENT_MAGIC, FrameArchive, archived_shapes,
+                                  newer_segments)
 
 
 def _archive(folder: Path) -> FrameArchive:
@@ -59,3 +49,19 @@ def test_a_newer_edgekvs_segments_are_named_and_never_read_or_deleted(tmp_path, 
     reopened.close()
     assert (tmp_path / "seg-00000002.ekva").read_bytes() == bare
     assert (tmp_path / "seg-00000003.ekva").read_bytes() == full
+
+
+def test_a_daemons_forget_says_it_could_not_search_a_newer_edgekvs_segments(tiny_checkpoint, tmp_path):
+    """Their records cannot be read here, so a forget neither finds nor removes what they hold: the caller hears it
+    (``archive_not_searched``), not only the log."""
+    pytest.importorskip("fastapi")
+    from helpers_server import ended_daemon, kept_config
+
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    _newer_segment(folder / "seg-00000099.ekva")
+    with ended_daemon(kept_config(tiny_checkpoint, tmp_path), tmp_path / "out.txt") as daemon:
+        times = dict(daemon.session.pair_times)
+        result = daemon.forget(times[3], times[3])
+    assert result["pairs"] == 1 and "seg-00000099.ekva" in result["archive_not_searched"]
+    assert "forget: not searched: 1 segment(s)" in (tmp_path / "out.txt").read_text()

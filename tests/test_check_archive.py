@@ -5,18 +5,15 @@ said every segment opens with the current key while those it cannot read were le
 
 from __future__ import annotations
 
-import json
-import zlib
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers_archive import SHAPE, fill
+from helpers_archive import SHAPE, fill, newer_segment
 
 from edgekv.apps.daemon.camera import main as camera_main
 from edgekv.apps.daemon.startup import one_line
-from edgekv.archive.store import _MAGIC_NAME, _SEGMENT_HEAD, ARCHIVE_FORMAT, FrameArchive
+from edgekv.archive.store import ARCHIVE_FORMAT, FrameArchive
 
 
 def _config(tmp_path: Path, model: Path, **sections) -> Path:
@@ -45,13 +42,7 @@ def _check(path: Path, capsys) -> tuple[int, dict[str, tuple[str, str]]]:
 
 
 def _newer_segment(path: Path) -> bytes:
-    """A segment whose magic says a newer format (ARCHIVE_FORMAT + 1), with a header and bytes this edgekv cannot
-    read as records."""
-    key = json.dumps({**asdict(SHAPE), "format": ARCHIVE_FORMAT + 1}, sort_keys=True).encode()
-    data = (_MAGIC_NAME + (ARCHIVE_FORMAT + 1).to_bytes(2, "little") + _SEGMENT_HEAD.pack(len(key), zlib.crc32(key))
-            + key + b"EKVA" + bytes(range(256)) * 8)
-    path.write_bytes(data)
-    return data
+    return newer_segment(path, b"EKVA" + bytes(range(256)) * 8)  # records this edgekv cannot read
 
 
 def test_a_top_k_too_large_for_the_cap_fails_the_check_as_the_start_does(tiny_checkpoint, tmp_path, capsys,

@@ -1016,6 +1016,10 @@ class Daemon:
                 out["stretches"] = [list(stretch) for stretch in stretches]
         if others:
             out["done_with"] = others  # the other forgets of its pass (one snapshot rewrite for all)
+        recall = self.session.recall
+        if recall is not None and recall.archive.newer:  # their records cannot be read here: neither found nor removed
+            out["archive_not_searched"] = recall.archive.newer_text()
+            self.say(f"forget: not searched: {out['archive_not_searched']}")
         if snapshots["snapshot"]:
             said = f", snapshot {snapshots['snapshot']} written, {len(snapshots['removed'])} older removed"
         elif snapshots.get("note"):
