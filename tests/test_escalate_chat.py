@@ -15,37 +15,16 @@ import pytest
 pytest.importorskip("fastapi")
 
 from helpers_server import RunningDaemon, call, server_config  # noqa: E402
-from test_escalate_remote import Remote  # noqa: E402
+from helpers_remote import answer_with, chat_body, remote_with  # noqa: E402,F401 (a fixture)
 
-CHAT = json.dumps({"model": "big", "choices": [{"message": {"role": "assistant",
-                                                            "content": "a red cup. STOP then more"}}]}).encode()
-
-
-def _answer(handler, remote) -> None:
-    handler.send_response(200)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(CHAT)))
-    handler.end_headers()
-    handler.wfile.write(CHAT)
+CHAT = chat_body("a red cup. STOP then more")
+_answer = answer_with(CHAT)
 
 
 def _fail(handler, remote) -> None:
     handler.send_response(503)
     handler.send_header("Content-Length", "0")
     handler.end_headers()
-
-
-@pytest.fixture
-def remote_with():
-    made = []
-
-    def make(reply) -> Remote:
-        made.append(Remote(reply))
-        return made[-1]
-
-    yield make
-    for remote in made:
-        remote.close()
 
 
 def _events(raw: bytes) -> list[dict]:

@@ -15,17 +15,10 @@ import pytest
 pytest.importorskip("fastapi")
 
 from helpers_server import RunningDaemon, call, server_config  # noqa: E402
-from test_escalate_remote import Remote  # noqa: E402
+from helpers_remote import Remote, answer_with, chat_body  # noqa: E402
 
-CHAT = json.dumps({"model": "big", "choices": [{"message": {"role": "assistant", "content": "a red cup"}}]}).encode()
-
-
-def _answer(handler, remote) -> None:
-    handler.send_response(200)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(CHAT)))
-    handler.end_headers()
-    handler.wfile.write(CHAT)
+CHAT = chat_body("a red cup")
+_answer = answer_with(CHAT)
 
 
 def _png() -> bytes:

@@ -4,71 +4,20 @@ the privacy switch, a forget, an asker who left and a stop each keep a waiting e
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import threading
 
 import pytest
+from helpers_remote import answer_with, chat_body, remote_with  # noqa: F401 (a fixture)
 
 from edgekv.apps.outputs.escalate import MAX_REPLY_BYTES, Escalation, Escalator
 from edgekv.apps.questions import Question
 from edgekv.config import EscalateSection
 from edgekv.session.results import Answer
 
-CHAT = json.dumps({"model": "big", "choices": [{"message": {"role": "assistant", "content": "a red cup"}}]}).encode()
-
-
-class Remote:
-    """127.0.0.1 answering each POST with ``reply(handler, remote)``; keeps every request's JSON body."""
-
-    def __init__(self, reply) -> None:
-        self.bodies: list[dict] = []
-        self.arrived = threading.Semaphore(0)  # one release per request received
-        self.release = threading.Event()  # ends a reply held open
-        remote = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                remote.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                remote.arrived.release()
-                try:
-                    reply(self, remote)
-                except OSError:  # the escalator hung up: what it is for
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def remote_with():
-    made = []
-
-    def make(reply) -> Remote:
-        made.append(Remote(reply))
-        return made[-1]
-
-    yield make
-    for remote in made:
-        remote.close()
-
-
-def _answer(handler, remote) -> None:
-    handler.send_response(200)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(CHAT)))
-    handler.end_headers()
-    handler.wfile.write(CHAT)
+CHAT = chat_body("a red cup")
+_answer = answer_with(CHAT)
 
 
 def _held_then_answer(handler, remote) -> None:
