@@ -351,3 +351,14 @@ class Namespaces:
 
     def __exit__(self, *exc) -> None:
         self.delete()
+
+
+def returns_early(ask, bound_s: float = 300.0):
+    """``ask()`` in a thread, its result once it returns within ``bound_s`` (far below the asker's own timeout):
+    an asker that waited its timeout out fails the test."""
+    results: list = []
+    asker = threading.Thread(target=lambda: results.append(ask()), daemon=True)
+    asker.start()
+    asker.join(bound_s)
+    assert not asker.is_alive(), "the asker waited out its timeout"
+    return results[0]

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers_mqtt import QUESTION, Listener, Mosquitto, Relay, publish_raw, until
+from helpers_mqtt import QUESTION, Listener, Mosquitto, Relay, publish_raw, returns_early, until
 from test_fleet import announced, broker, certificates, fleet, runtime  # noqa: F401 (fixtures)
 
 
@@ -212,16 +212,6 @@ def test_an_unreachable_broker_is_named_with_the_host_and_port_tried(tmp_path):
         ask_fleet(QUESTION, "mqtt://127.0.0.1", timeout_s=5)
 
 
-def _ask_in_thread(ask, bound_s: float = 300.0):
-    """``ask()`` in a thread, its result once it returns within ``bound_s`` (far below the asker's own timeout)."""
-    results: list = []
-    asker = threading.Thread(target=lambda: results.append(ask()), daemon=True)
-    asker.start()
-    asker.join(bound_s)
-    assert not asker.is_alive(), "the asker waited out its timeout"
-    return results[0]
-
-
 def test_with_every_retained_status_offline_or_stale_the_asker_says_so_and_does_not_wait(broker, capsys):
     """The bug: with no device online and fresh, nothing told the asker when the broker had sent every retained
     status, so ``ask --fleet`` waited its whole timeout (an hour here) for answers nobody could send. Now a marker
@@ -240,16 +230,16 @@ def test_with_every_retained_status_offline_or_stale_the_asker_says_so_and_does_
         publish_raw(broker.url, f"edgekv/devices/{name}/status",
                     json.dumps({"type": "edgekv.status", "device": name, **body}).encode(), retain=True,
                     expiry_s=expiry)
-    result = _ask_in_thread(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
+    result = returns_early(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
     assert result.nobody_online and result.answers == [] and result.silent == []
     assert result.offline == ["gone-cam"] and sorted(result.stale) == ["frozen-cam", "old-cam"]
     assert "; no device is online with a fresh status, so none was waited for; online but silent: none; " \
            "not answering: " in format_result(result)
-    one = _ask_in_thread(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600, device="gone-cam"))
+    one = returns_early(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600, device="gone-cam"))
     assert one.nobody_online and one.offline == ["gone-cam"] and one.stale == {}
-    forgot = _ask_in_thread(lambda: forget_fleet(broker.url, timeout_s=3600, last_s=5))
+    forgot = returns_early(lambda: forget_fleet(broker.url, timeout_s=3600, last_s=5))
     assert forgot.nobody_online and forgot.answers == []
-    code = _ask_in_thread(lambda: main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--timeout", "3600",
+    code = returns_early(lambda: main(["ask", "--fleet", QUESTION, "--broker", broker.url, "--timeout", "3600",
                                         "--json"]))
     printed = json.loads(capsys.readouterr().out)
     assert code == 1 and printed["nobody_online"] is True and printed["offline"] == ["gone-cam"]
@@ -260,10 +250,10 @@ def test_an_empty_fleet_is_not_waited_for_and_a_fresh_device_still_is(broker, fl
     and the marker is not taken for an answer."""
     from edgekv.apps.outputs.mqtt import ask_fleet
 
-    empty = _ask_in_thread(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
+    empty = returns_early(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
     assert empty.nobody_online and empty.answers == [] and empty.offline == [] and empty.stale == {}
     agent, _ = fleet.add(broker.url, "cam-red")
     assert until(lambda: announced(agent))
-    result = _ask_in_thread(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
+    result = returns_early(lambda: ask_fleet(QUESTION, broker.url, timeout_s=3600))
     assert not result.nobody_online and [(a.device, a.answer) for a in result.answers] == [("cam-red", "red")]
     assert agent.counts["answered"] == 1

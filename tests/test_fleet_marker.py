@@ -9,17 +9,7 @@ import threading
 
 import pytest
 
-from helpers_mqtt import QUESTION, Mosquitto, need_mosquitto, until
-
-
-def _ask_in_thread(ask, bound_s: float = 120.0):
-    """``ask()`` in a thread, its result once it returns within ``bound_s`` (far below the asker's own timeout)."""
-    results: list = []
-    asker = threading.Thread(target=lambda: results.append(ask()), daemon=True)
-    asker.start()
-    asker.join(bound_s)
-    assert not asker.is_alive(), "the asker waited out its timeout"
-    return results[0]
+from helpers_mqtt import QUESTION, Mosquitto, need_mosquitto, returns_early, until
 
 
 @pytest.mark.parametrize("kind", ["ask", "forget"])
@@ -48,9 +38,9 @@ def test_the_marker_lost_with_a_restarting_broker_is_sent_again_after_the_new_su
         monkeypatch.setattr(mqtt._Gathering, "mark_retained_end", lost_with_the_broker)
         monkeypatch.setattr(mqtt._Gathering, "send", then_the_broker_restarts)
         if kind == "ask":
-            result = _ask_in_thread(lambda: mqtt.ask_fleet(QUESTION, broker.url, timeout_s=3600))
+            result = returns_early(lambda: mqtt.ask_fleet(QUESTION, broker.url, timeout_s=3600))
         else:
-            result = _ask_in_thread(lambda: mqtt.forget_fleet(broker.url, timeout_s=3600, last_s=5))
+            result = returns_early(lambda: mqtt.forget_fleet(broker.url, timeout_s=3600, last_s=5))
         assert result.nobody_online and result.answers == [] and len(sent) == 2
         assert sent[0] != sent[1]  # the second from paho's thread, after the SUBACK of the subscription made again
         (lost,) = result.broker_lost
