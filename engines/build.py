@@ -131,10 +131,17 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
     # TensorRT computes fp32 inner products in TF32 (11 significant bits) unless told not to: an fp32 deployment
     # asked for fp32 results, so its plans are built with TF32 cleared (tensorrt_backend.build_engines)
     tf32 = False if backend == "tensorrt" and dtype == "fp32" else None
+    int8 = int8_method(trt_version) if precision == "int8" else None
+    calibration = floats = None
+    if int8 is not None:  # the frames the scales come from, and what Q/DQ leaves in float, make other engines
+        from edgekv.engines.int8_qdq import calibration_digest
+
+        calibration = calibration_digest(config, root / "hashes.json")
+        floats = tuple(sorted(set(config.engines.int8_float_products))) if int8 == "qdq" else None
     key = BuildKey(backend=backend, model_hash=model_hash(model_path, root / "hashes.json"), grid_thw=grid,
                    cache_tokens=cache_tokens_for(config, model_config), dtype=dtype, max_chunk_tokens=max_chunk,
                    precision=precision, tensorrt_version=trt_version, gpu=gpu, kv_dtype=kv_dtype, tf32=tf32,
-                   int8=int8_method(trt_version) if precision == "int8" else None)
+                   int8=int8, int8_calibration=calibration, int8_float_products=floats)
     return Deployment(model_path, root, model_config, key, rebuild_hint(model_path, config, backend))
 
 
@@ -260,7 +267,8 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
 
             with steps.step(f"export INT8 (Q/DQ) vision graph, grid {list(key.grid_thw)}, scales from "
                             f"{len(calibration)} frame pairs"):
-                files["vision"] = export_vision_qdq(model, key.grid_thw, bundle / "vision.onnx", calibration)
+                files["vision"] = export_vision_qdq(model, key.grid_thw, bundle / "vision.onnx", calibration,
+                                                    key.int8_float_products or ())
         else:
             with steps.step(f"export vision graph, grid {list(key.grid_thw)}"):
                 files["vision"] = export_vision(model, key.grid_thw, bundle / "vision.onnx")

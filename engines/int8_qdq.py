@@ -47,6 +47,7 @@ No TensorRT and no Jetson have built or run it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,9 +65,20 @@ GRAPH_PREFIX = "tower."  # VisionGraph holds the tower as ``tower``: its weights
 CHECK_PAIRS = 4  # calibration pairs the build also runs fake-quantized, to report the token cosine in the manifest
 
 
-def block_linears(tower: nn.Module) -> list[str]:
-    """The products quantized by default: the five linears of every ViT block (module names under the tower)."""
-    return [f"blocks.{index}.{name}" for index in range(len(tower.blocks)) for name in BLOCK_LINEARS]
+def block_linears(tower: nn.Module, float_products: Sequence[str] = ()) -> list[str]:
+    """The products quantized: the five linears of every ViT block (module names under the tower) but those of
+    ``float_products`` (``engines.int8_float_products``: ``down_proj``, ``qkv``, ... — the last part of the name),
+    which stay in the graph's float dtype."""
+    known = {name.rsplit(".", 1)[-1] for name in BLOCK_LINEARS}
+    unknown = sorted(set(float_products) - known)
+    if unknown:
+        raise EngineError(f"engines.int8_float_products: {', '.join(unknown)} is not a ViT block product (choose from "
+                          f"{', '.join(sorted(known))})")
+    kept = [name for name in BLOCK_LINEARS if name.rsplit(".", 1)[-1] not in set(float_products)]
+    if not kept:
+        raise EngineError("engines.int8_float_products: every product left in float quantizes nothing; use "
+                          "engines.precision fp16 (or bf16) instead of int8")
+    return [f"blocks.{index}.{name}" for index in range(len(tower.blocks)) for name in kept]
 
 
 def _tiny(dtype: torch.dtype) -> float:
@@ -252,11 +264,12 @@ def insert_qdq(model, plan: QuantPlan, prefix: str = GRAPH_PREFIX):
 
 
 def export_vision_qdq(model, grid_thw: tuple[int, int, int], path: Path,
-                      pixel_batches: Sequence[torch.Tensor]) -> dict:
+                      pixel_batches: Sequence[torch.Tensor], float_products: Sequence[str] = ()) -> dict:
     """Write the INT8 (Q/DQ) vision graph for one frame pair at ``grid_thw``; returns its manifest entry.
 
     The float graph is exported as for every backend (``export.export_vision``), converted to opset 19 and
-    rewritten by ``insert_qdq`` with the scales ``make_plan`` computed on ``pixel_batches``."""
+    rewritten by ``insert_qdq`` with the scales ``make_plan`` computed on ``pixel_batches``; the products named in
+    ``float_products`` (``block_linears``) are left as exported."""
     import onnx
     from onnx import version_converter
 
@@ -269,7 +282,7 @@ def export_vision_qdq(model, grid_thw: tuple[int, int, int], path: Path,
     def run(pixels: torch.Tensor) -> torch.Tensor:
         return graph(pixels.to(device=weight.device, dtype=weight.dtype))
 
-    plan = make_plan(model.visual, run, pixel_batches)
+    plan = make_plan(model.visual, run, pixel_batches, block_linears(model.visual, float_products))
     cosine = _token_cosine(model.visual, plan, run, pixel_batches[:CHECK_PAIRS])
     entry = export_vision(model, grid_thw, path)
     proto = onnx.load(str(path), load_external_data=False)
@@ -287,6 +300,7 @@ def export_vision_qdq(model, grid_thw: tuple[int, int, int], path: Path,
         "format": "QuantizeLinear/DequantizeLinear (explicit), INT8, symmetric (zero points 0)",
         "weights": "per output channel", "activations": f"per tensor, {CALIBRATION} calibration",
         "calibration_pairs": plan.pairs, "linears": sorted(plan.weights),
+        "float_products": sorted(float_products),  # engines.int8_float_products: left in the graph's dtype
         "token_cosine_min": round(cosine, 6),  # fake-quantized vs float tower on the first calibration pairs
     }
     return entry
@@ -304,7 +318,35 @@ def _token_cosine(tower: nn.Module, plan: QuantPlan, run, pixel_batches: Sequenc
     return worst
 
 
-def calibration_pixels(config, vision, limit: int = 64) -> list[torch.Tensor]:
+CALIBRATION_LIMIT = 64  # frame pairs read from engines.int8_calibration at most
+
+
+def calibration_digest(config, memo_file: Path | None = None) -> str | None:
+    """What the build key holds of ``engines.int8_calibration`` (None without one): a digest of what decides the
+    frames the scales are computed on — the spec, ``video.fps`` (the sampling rate) and the pair limit, and for a
+    file its content (sha256, remembered in ``memo_file`` by size and mtime, as the checkpoint's: a load only
+    stats it; the file's folder is not part of it, so a copied deployment keeps its engines). Changing the spec,
+    the file's frames or the rate makes another bundle; a file not found is said in the value (a load then names
+    the field, built for the digest, and this)."""
+    from edgekv.model.checkpoint_hash import file_digest, read_memo, write_memo
+
+    spec = config.engines.int8_calibration
+    if spec is None:
+        return None
+    path = Path(spec).expanduser()
+    if spec.startswith("synthetic:"):
+        what = f"spec {spec}"
+    elif path.is_file():
+        memo = read_memo(memo_file)
+        what = f"file sha256 {file_digest(path, memo)}"
+        write_memo(memo_file, memo)
+    else:
+        return f"{spec} (not found)"
+    text = f"{what}; fps {config.video.fps}; pairs {CALIBRATION_LIMIT}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def calibration_pixels(config, vision, limit: int = CALIBRATION_LIMIT) -> list[torch.Tensor]:
     """Up to ``limit`` frame pairs of ``engines.int8_calibration`` (a recorded source: a video file or a
     ``synthetic:`` spec), sampled at ``video.fps`` and preprocessed as the session does (``vision``: the
     checkpoint's ``VisionConfig``)."""

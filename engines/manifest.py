@@ -85,6 +85,8 @@ class BuildKey:
     kv_dtype: str | None = None  # "int8": the llm graph takes an 8-bit cache (codes + scales); None: model dtype
     tf32: bool | None = None  # tensorrt fp32 engines: False, TF32 cleared (IEEE FP32); None: the builder's default
     int8: str | None = None  # tensorrt int8: "qdq" (explicit, TensorRT >= 10.1) | "calibrator" (implicit, 10.0)
+    int8_calibration: str | None = None  # tensorrt int8: digest of the calibration input (int8_qdq.calibration_digest)
+    int8_float_products: tuple[str, ...] | None = None  # int8 qdq: block products left in float (sorted)
 
     def fields(self) -> dict:
         return {
@@ -95,6 +97,8 @@ class BuildKey:
             **({"kv_dtype": self.kv_dtype} if self.kv_dtype is not None else {}),  # absent: bundles before it match
             **({"tf32": self.tf32} if self.tf32 is not None else {}),  # fp32 plans built with TF32 on do not match
             **({"int8": self.int8} if self.int8 is not None else {}),  # int8 plans of the calibrator are not Q/DQ ones
+            **({"int8_calibration": self.int8_calibration} if self.int8_calibration is not None else {}),
+            **({"int8_float_products": list(self.int8_float_products)} if self.int8_float_products is not None else {}),
         }
 
     def digest(self) -> str:
@@ -119,6 +123,9 @@ _FIELD_NAMES = {
     "kv_dtype": "cache storage the LLM graph takes (cache.kv_dtype; None: model.dtype)",
     "tf32": "TensorRT's TF32 for fp32 math (False: IEEE fp32; None: TensorRT's default, on)",
     "int8": "INT8 method ('qdq': explicit Q/DQ vision graph, TensorRT >= 10.1; 'calibrator': implicit, 10.0)",
+    "int8_calibration": "INT8 calibration frames (digest of engines.int8_calibration: the spec or the file's content, "
+                        "and video.fps)",
+    "int8_float_products": "ViT products left in float in the INT8 vision graph (engines.int8_float_products)",
 }
 
 

@@ -261,8 +261,11 @@ def test_int8_on_tensorrt_10_3_builds_the_qdq_graph_strongly_typed_without_a_cal
     assert manifest.key["precision"] == "int8" and manifest.key["int8"] == "qdq"
     vision = json.loads((bundle / "vision.plan").read_bytes())
     assert vision["strongly_typed"] and vision["flags"] == ["TF32"]  # no INT8 / FP16 flag
-    blocks = 4  # test-stream's ViT depth: 5 weight DQs, 4 input Q/DQ pairs per block
-    assert vision["qdq_nodes"] == blocks * (5 + 2 * 4) == len(manifest.files["vision"]["quantization"]["linears"]) + 32
+    blocks = 4  # test-stream's ViT depth: down_proj in float (the default), 4 weight DQs, 3 input Q/DQ pairs a block
+    quantization = manifest.files["vision"]["quantization"]
+    assert vision["qdq_nodes"] == blocks * (4 + 2 * 3) == len(quantization["linears"]) + 24
+    assert quantization["float_products"] == ["down_proj"] and manifest.key["int8_float_products"] == ["down_proj"]
+    assert not any(name.endswith("down_proj") for name in quantization["linears"])
     assert not (bundle / "vision.int8.cache").exists()  # no calibrator ran
     llm = json.loads((bundle / "llm.plan").read_bytes())
     assert llm["strongly_typed"] and llm["qdq_nodes"] == 0  # the LLM stays in model.dtype
@@ -346,3 +349,83 @@ def test_int8_without_calibration_frames_fails_before_any_export(trt_built, tmp_
         mp.setattr(model_module, "load_pretrained", lambda *a, **k: pytest.fail("the model was loaded"))
         with pytest.raises(EngineError, match=r"engines\.int8_calibration: int8 needs calibration frames"):
             build_module.build(config, "tensorrt", progress=False)
+
+
+def test_the_calibration_input_and_the_float_products_are_in_the_key(trt_built, tmp_path):
+    """Another calibration spec, another clip's content at the same path, another sampling rate or another
+    ``int8_float_products`` is another bundle (a build does not call the old one up to date), and a load names the
+    field; a copy of the same clip elsewhere, or touched, keeps the engines."""
+    import os
+    import shutil
+
+    import cv2
+
+    from edgekv.engines.build import deployment
+
+    config = trt_built[0]
+
+    def key(**engines):
+        wanted = config.with_overrides(engines=engines) if engines else config
+        return deployment(wanted, "tensorrt", tensorrt_identity=contract.IDENTITY).key
+
+    def clip(path, shade):
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 4.0, (64, 48))
+        for index in range(8):
+            writer.write(np.full((48, 64, 3), (shade + index) % 256, np.uint8))
+        writer.release()
+        return str(path)
+
+    base = key()
+    assert base.int8_calibration and base.int8_float_products == ("down_proj",)
+    assert trt_built[2].key == base.fields()  # what the build recorded is what a load computes
+    other = key(int8_calibration=SOURCE.replace("frames=80", "frames=81"))
+    assert other.digest() != base.digest()
+    assert "INT8 calibration frames" in " ".join(differences(base.fields(), other.fields()))
+    slower = deployment(config.with_overrides(video={"fps": 1.0}), "tensorrt", tensorrt_identity=contract.IDENTITY)
+    assert slower.key.int8_calibration != base.int8_calibration
+    floats = key(int8_float_products=[])
+    assert floats.int8_float_products == () and floats.digest() != base.digest()
+    assert "left in float" in " ".join(differences(base.fields(), floats.fields()))
+    assert key(int8_float_products=["down_proj", "qkv"]).digest() == \
+        key(int8_float_products=["qkv", "down_proj"]).digest()
+
+    path = clip(tmp_path / "calib.avi", 10)
+    first = key(int8_calibration=path)
+    copy = tmp_path / "elsewhere" / "calib.avi"
+    copy.parent.mkdir()
+    shutil.copy(path, copy)
+    os.utime(path, (1, 1))  # touched: same frames
+    assert key(int8_calibration=str(copy)).int8_calibration == first.int8_calibration
+    assert key(int8_calibration=path).int8_calibration == first.int8_calibration
+    clip(tmp_path / "calib.avi", 90)  # new frames at the same path
+    assert key(int8_calibration=path).int8_calibration != first.int8_calibration
+    missing = key(int8_calibration=str(tmp_path / "gone.avi")).int8_calibration
+    assert missing.endswith("gone.avi (not found)")
+
+
+def test_float_products_stay_float_in_the_graph(checkpoint, frames, tmp_path):
+    import onnx
+
+    from edgekv.model import load_pretrained
+
+    model = load_pretrained(checkpoint, dtype=torch.float32, device=torch.device("cpu")).eval()
+    entry = int8_qdq.export_vision_qdq(model, GRID, tmp_path / "vision.onnx", frames[0][:2], ["down_proj", "qkv"])
+    assert entry["quantization"]["float_products"] == ["down_proj", "qkv"]
+    inits = {init.name for init in onnx.load(str(tmp_path / "vision.onnx")).graph.initializer}
+    blocks = len(model.visual.blocks)
+    for index in range(blocks):
+        assert {f"tower.blocks.{index}.mlp.down_proj.weight", f"tower.blocks.{index}.attn.qkv.weight"} <= inits
+        assert f"tower.blocks.{index}.mlp.up_proj.weight_int8" in inits
+    with pytest.raises(EngineError, match="'bogus'|bogus is not a ViT block product"):
+        int8_qdq.block_linears(model.visual, ["bogus"])
+
+
+@pytest.mark.parametrize("products, message", [
+    (["down"], r"engines\.int8_float_products: 'down' is not a ViT block product"),
+    (["qkv", "proj", "gate_proj", "up_proj", "down_proj"], r"every product left in float quantizes nothing"),
+])
+def test_bad_float_products_are_refused_naming_the_field(products, message):
+    from edgekv.config import ConfigError, EdgeKVConfig
+
+    with pytest.raises(ConfigError, match=message):
+        EdgeKVConfig().with_overrides(engines={"int8_float_products": products})

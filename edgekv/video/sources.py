@@ -591,6 +591,9 @@ class OpenCVSource(FrameSource):
         self._clock_origin = time.monotonic()  # live timestamps: shared across reopens, never go back
         self._last_t: float | None = None
         self._ahead: tuple[np.ndarray, float] | None = None  # the good frame read after corrupt ones
+        self._held: float | None = None  # the time of the frame ``seek`` grabbed (in the capture), not handed out
+        self._held_error: CorruptFrame | None = None  # what ``seek``'s grabbing met, for the next read or grab
+        self._sought: float | None = None  # the last ``seek``'s t
         try:
             self._open()
         except SourceUnavailable as exc:
@@ -645,12 +648,15 @@ class OpenCVSource(FrameSource):
         self._open()
 
     def close(self) -> None:
-        self._ahead = self._grabbed = None
+        self._ahead = self._grabbed = self._held = self._held_error = self._sought = None
         if self.capture is not None:
             self.capture.release()
             self.capture = None
 
     def read(self) -> Frame:
+        if self._held_error is not None or self._held is not None:
+            t = self.grab()
+            return self.retrieve(), t
         if self._ahead is not None:
             frame_t, self._ahead = self._ahead, None
             return frame_t
@@ -670,6 +676,12 @@ class OpenCVSource(FrameSource):
         converted to BGR; a V4L2 camera's MJPEG is not decoded until ``retrieve`` (OpenCV's cap_v4l.cpp converts in
         ``retrieveFrame``, and its ``grabFrame`` queues a buffer that was never retrieved back to the driver)."""
         self._grabbed = None
+        if self._held_error is not None:
+            error, self._held_error = self._held_error, None
+            raise error
+        if self._held is not None:  # the frame ``seek`` stopped at: in the capture, ``retrieve`` decodes it
+            t, self._held = self._held, None
+            return t
         if self._ahead is not None:  # the good frame read after corrupt ones
             (self._grabbed, t), self._ahead = self._ahead, None
             return t
@@ -690,6 +702,67 @@ class OpenCVSource(FrameSource):
         if problem is not None:
             raise CorruptFrame(f"video source {self.spec!r}: {problem}")
         return frame
+
+    SEEK_BACK_S = (0.0, 1.0, 4.0, 16.0)  # how far before t a seek lands, tried in turn (then: from the start)
+
+    def seek(self, t: float) -> None:
+        """Move a recorded file to the first frame stamped at or after ``t`` (its own clock) without grabbing the
+        frames before it: the next ``grab`` / ``read`` hands that frame out, stamped as a frame-by-frame read
+        stamps it (``ResumedSource``: a paused file resumes without decoding everything before the point).
+
+        OpenCV is asked for a position (``CAP_PROP_POS_MSEC``, else ``CAP_PROP_POS_FRAMES`` at the file's fps) two
+        frames before ``t``, and what it reached is checked: it must be a frame stamped before ``t`` (a demuxer
+        that seeks to keyframes only, or not at all, may land after it: frames would be lost), and the file is
+        grabbed forward from there to ``t``. A landing after ``t`` lands earlier (``SEEK_BACK_S``), and at last
+        the file is reopened and grabbed through from its start, as without a seek. Frames that do not decode on
+        the way are reported by the next ``grab`` / ``read`` (``CorruptFrame``), which then goes on toward ``t``
+        (a second ``seek(t)`` does not move back). A ``t`` past the file's end ends it (``EndOfStream``)."""
+        if self.live:
+            raise ValueError(f"video source {self.spec!r} is live: it cannot seek")
+        if not math.isfinite(t):
+            raise ValueError(f"video source {self.spec!r}: cannot seek to t={t!r}")
+        self._check_open()
+        if self._sought == t and (self._held is not None or self._held_error is not None or self._ahead is not None
+                                  or self._last_t is None or self._last_t < t - ResumedSource.EPSILON):
+            return  # already on the way to t (or there): grabbing on is what the caller does
+        self._sought = t
+        self._ahead = self._grabbed = self._held = self._held_error = None
+        if not self._land(t):
+            self.capture.release()  # back to the start: frame-by-frame, exactly as a plain read goes
+            self.capture = None
+            self._open()
+            self._last_t = None
+        while self._last_t is None or self._last_t < t - ResumedSource.EPSILON:
+            try:
+                self.grab()
+            except CorruptFrame as exc:
+                self._held_error = exc  # the caller counts it; the good frame after it waits in ``_ahead``
+                return
+            except EndOfStream:
+                return  # the next grab ends again (the capture stays at its end)
+        self._held = self._last_t
+
+    def _land(self, t: float) -> bool:
+        """Put the capture on a frame stamped before ``t`` (grabbed: ``_last_t`` its time), from which the file is
+        read on as frame by frame; False where no landing was reached (``t`` near the start, or no seek)."""
+        step = 1.0 / self.fps if self.fps > 0 else 1.0 / 30.0
+        for back in self.SEEK_BACK_S:
+            target = t - 2 * step - back
+            if target < step:
+                return False
+            moved = self.capture.set(cv2.CAP_PROP_POS_MSEC, target * 1000.0)
+            if not moved and self.fps > 0:
+                moved = self.capture.set(cv2.CAP_PROP_POS_FRAMES, float(math.floor(target * self.fps)))
+            if not moved:
+                return False
+            self._last_t = None
+            if not self.capture.grab():
+                continue  # past the end (a wrong declared length, or t beyond it): land earlier
+            landed = self.capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
+            if math.isfinite(landed) and 0.0 < landed < t - ResumedSource.EPSILON:
+                self._last_t = landed
+                return True
+        return False
 
     def _check_open(self) -> None:
         if self.capture is None:
