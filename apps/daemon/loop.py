@@ -688,7 +688,9 @@ class Daemon:
             self._pause_seen.wait(STOP_BUDGET_S)  # a step in flight (a frame, an answer) finishes first
         self._stop_collector()
         self.sampler.close()  # the capture thread ends and the source (the camera) is closed
-        self.backlog.clear()
+        if self._stream_end is None:  # a recording reads them again after its last frame in; a camera goes on live
+            self.backlog.clear()
+        # else the frames read before the end go in after the resume: nothing reads them again (resume opens nothing)
         self.say(f"paused ({reason}): the camera is released; nothing is seen until resumed")
         self._wake.set()
         return True
@@ -706,9 +708,9 @@ class Daemon:
                 return False
             cfg = self.config
             self._stop_collector()  # nothing sampled before the pause goes in after it, stamped as if new
-            self.backlog.clear()
             ended = self._stream_end
-            if ended is None:
+            if ended is None:  # an ended stream's frames read before its end were kept by the pause, to go in now
+                self.backlog.clear()
                 self._spec, self._source = open_video_source(cfg)
                 self._say_waiting()
                 last = self.session.clock.last_t
@@ -1369,7 +1371,7 @@ class Daemon:
             if self._source_record is None or self._source_t is None or stream_t is None:
                 return
             point = {**self._source_record, "first_t": self._source_first_t, "t": self._source_t, "stream_t": stream_t}
-            if self._source_read_out:
+            if self._source_read_out and not len(self.backlog):  # its frames read before the end have all gone in
                 point["ended"] = True
             if self.quiz is not None:
                 point["quiz_seen"] = self.quiz.seen_ranges()
@@ -1391,6 +1393,40 @@ class Daemon:
             line = self.quiz.restore(saved.get("quiz_seen"), (self._source_first_t, self._source_t))
             if line is not None:
                 self.say(line)
+        self._go_on_past_the_archive()
+
+    def _go_on_past_the_archive(self) -> None:
+        """A process killed (``kill -9``, a power cut) after its last snapshot left this recording's pairs ingested
+        since in the archive: the recording goes on after the newest of them, not from the snapshot's point. Read
+        again, that stretch was archived twice under new pair numbers (``number_pairs_after``), so a recall could bring
+        one moment back twice, and its alerts fired twice. The cache lacks those pairs, as if its policy had let them
+        go, and recall brings them back by the numbers their evidence frames have too. The session's times are the
+        recording's (plus the restored offset) and a pair's position comes from its time, so the clock goes on
+        without a jump and new pairs sit after the archived ones."""
+        recall = self.session.recall
+        if recall is None or self._source_read_out or self._source_t is None:
+            return
+        seen = recall.seen_after_snapshot()
+        if not seen:
+            return
+        period = 1.0 / self.config.video.fps
+        to_source = self.session.clock.shift + self._stream_time(0.0)  # session time - the recording's
+        last = seen[-1].t - to_source + period  # the newest archived pair's second frame, in the recording's time
+        if not last > self._source_t:  # not this recording's time (a clock jump in between): read on from the snapshot
+            return
+        with self.lock:
+            clock, pending = self.session.clock, self.session.ingestor.pending
+            if clock.t0 is None:  # the snapshot held no pair: positions count from the first pair archived since
+                clock.t0 = seen[0].t
+            self.session.ingestor.pending = None  # it was paired and archived after the snapshot (or an earlier one)
+        if self.quiz is not None:  # the model was shown that stretch: its events were seen
+            for k in range(1, int(round((last - self._source_t) / period)) + 1):
+                self.quiz.saw(self._source_t + k * period)
+        paired = "; the frame it held waiting for its partner was paired then" if pending is not None else ""
+        self.say(f"the archive holds {len(seen)} pair(s) of this recording seen after the saved memory's snapshot "
+                 f"(the daemon stopped without saving: killed, or the power went): the recording goes on after them, "
+                 f"from {last + period:g} s{paired}; they are recalled from the archive, not held in the cache")
+        self._source_t = last
 
     def _finish_pair(self) -> None:
         """At the end of the stream, the frame still waiting for its partner (an odd last frame; the only

@@ -182,6 +182,16 @@ class Recall(RetrievalReserve):
             self.session.number_pairs_after(self.archive.last_frame(self.stream), "the archive")
         self.attached = True
 
+    def seen_after_snapshot(self) -> list[ArchivedPair]:
+        """The pairs of this restored stream that the archive holds and the restored session never numbered (at or
+        past its next pair number), oldest first: ingested after its snapshot by a process that was killed or lost
+        power before the next one. Empty once the session numbers its pairs past them (``number_pairs_after``)."""
+        stream = self.stream
+        if stream is None:
+            return []
+        after = self.session.counters.frame_pairs
+        return sorted((e for e in self.archive.entries(stream) if e.frame >= after), key=lambda e: e.frame)
+
     @property
     def stream(self) -> bytes | None:
         """This stream's 16-byte id; None before its first pair (nothing of it is archived yet)."""
