@@ -10,10 +10,10 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from helpers_wait import until  # noqa: F401 (the fleet tests import it from here)
 
 # The fleet's streams: device -> (synthetic:events seed, the circle's colour, the frame pairs it is on), from
 # edgekv.video.events' ground truth of these scenes (each has one circle; the toy names its colour).
@@ -26,16 +26,6 @@ def stream(seed: int) -> str:
 
 
 MOSQUITTO = shutil.which("mosquitto") or next((p for p in ("/usr/sbin/mosquitto",) if os.access(p, os.X_OK)), None)
-
-
-def until(condition, timeout: float = 60.0) -> bool:
-    """Wait for ``condition()`` (a generous bound; never a race against the clock)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -4,10 +4,10 @@ A live source goes on live; a recorded one from its next frame, on its own clock
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
+from helpers_wait import until
 
 from edgekv.video.sources import FrameSource, LoopingSource, ResumedSource, open_source, resume_after
 
@@ -63,15 +63,6 @@ def _config(tmp_path):
         server={"port": 0}, monitor={"backend": "cpu"}, generation={"max_new_tokens": 2})
 
 
-def _until(condition, timeout: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_the_daemon_resumes_a_paused_recording_where_it_stopped(tmp_path):
     """Through the daemon: the frames after the resume are the recording's next ones (none seen twice), stamped
     on its own clock (the pause is no time in a recording), so the quiz's events seen are the ones shown."""
@@ -94,12 +85,12 @@ def test_the_daemon_resumes_a_paused_recording_where_it_stopped(tmp_path):
 
         with daemon.lock:  # between two frames: each frame's stream time and its ingest are taken under the lock
             daemon._stream_time, daemon.session.ingest = noted, recorded
-        assert _until(lambda: len(seen) >= 6)
+        assert until(lambda: len(seen) >= 6)
         assert daemon.pause("test")
         before = len(seen)
         last_source, last_stream = seen[-1]
         assert daemon.resume()
-        assert _until(lambda: len(seen) >= before + 6)
+        assert until(lambda: len(seen) >= before + 6)
         after = seen[before:before + 6]
         assert [s for s, _ in after] == [last_source + 0.25 * (k + 1) for k in range(6)]  # the next frames, once
         assert [t for _, t in after] == pytest.approx([last_stream + 0.25 * (k + 1) for k in range(6)])

@@ -5,10 +5,10 @@ files change, and pause/resume through the API with the camera released while pa
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
+from helpers_wait import until
 
 from edgekv.apps.daemon.power import PowerPolicy
 from edgekv.config import EdgeKVConfig, PowerSection
@@ -119,15 +119,6 @@ def _config(tmp_path, **sections) -> EdgeKVConfig:
     return EdgeKVConfig().with_overrides(**base)
 
 
-def _until(condition, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_the_daemon_lowers_and_restores_its_rate_as_the_readings_change(tmp_path):
     pytest.importorskip("fastapi")
     from helpers_server import RunningDaemon
@@ -138,14 +129,14 @@ def test_the_daemon_lowers_and_restores_its_rate_as_the_readings_change(tmp_path
         daemon = run.daemon
         assert daemon.sampler.fps == 4.0
         (root / "power_supply" / "BAT0" / "capacity").write_text("12\n")
-        assert _until(lambda: daemon.sampler.fps == 2.0)
+        assert until(lambda: daemon.sampler.fps == 2.0)
         assert daemon.session.ingestor.skipper is not None  # static pairs skipped more eagerly while saving
         (root / "power_supply" / "BAT0" / "capacity").write_text("90\n")
-        assert _until(lambda: daemon.sampler.fps == 4.0)
+        assert until(lambda: daemon.sampler.fps == 4.0)
         (root / "thermal" / "thermal_zone1" / "temp").write_text("97000\n")
-        assert _until(lambda: daemon.sampler.fps == 2.0)
+        assert until(lambda: daemon.sampler.fps == 2.0)
         (root / "thermal" / "thermal_zone1" / "temp").write_text("50000\n")
-        assert _until(lambda: daemon.sampler.fps == 4.0)
+        assert until(lambda: daemon.sampler.fps == 4.0)
         assert daemon.session.ingestor.skipper is None  # as configured (skip_static off)
     log = (tmp_path / "out.txt").read_text()
     assert "power: saving (battery 12 % < 20 %): video.fps 4 -> 2" in log
@@ -179,7 +170,7 @@ def test_pause_releases_the_camera_and_resume_goes_on(tmp_path, monkeypatch):
         daemon, port = run.daemon, run.port
         status, _, raw = call(port, "POST", "/v1/privacy/pause", {})
         assert status == 200 and json.loads(raw) == {"paused": True, "reason": "privacy switch (API)"}
-        assert _until(lambda: opened[0] in closed)  # the camera is released
+        assert until(lambda: opened[0] in closed)  # the camera is released
         assert json.loads(call(port, "GET", "/healthz")[2])["stream_state"] == "paused"
         metrics = call(port, "GET", "/metrics")[2].decode()
         assert 'edgekv_stream_state{state="paused"} 1.0' in metrics
@@ -195,7 +186,7 @@ def test_pause_releases_the_camera_and_resume_goes_on(tmp_path, monkeypatch):
         last_t = daemon.session.clock.last_t
         status, _, raw = call(port, "POST", "/v1/privacy/resume", {})
         assert status == 200 and json.loads(raw)["paused"] is False and len(opened) == 2
-        assert _until(lambda: daemon.session.counters.frames >= frames + 4)
+        assert until(lambda: daemon.session.counters.frames >= frames + 4)
         assert daemon.session.clock.last_t > last_t  # the stream's time went on after the pause
         assert daemon.session.stats()["clock_jumps"] == 0
         assert json.loads(call(port, "GET", "/healthz")[2])["stream_state"] == "running"
@@ -211,7 +202,7 @@ def test_a_pause_holds_across_a_restart_until_resumed(tmp_path, monkeypatch):
     opened, closed = _track_sources(monkeypatch)
     config = _config(tmp_path).with_overrides(state={"dir": str(tmp_path / "state")})
     with RunningDaemon(config, tmp_path / "out.txt") as run:
-        assert _until(lambda: run.daemon.session.counters.frames >= 2)
+        assert until(lambda: run.daemon.session.counters.frames >= 2)
         assert call(run.port, "POST", "/v1/privacy/pause", {})[0] == 200
         frames = run.daemon.session.counters.frames
     assert (tmp_path / "state" / "paused.json").is_file()
@@ -225,8 +216,8 @@ def test_a_pause_holds_across_a_restart_until_resumed(tmp_path, monkeypatch):
                             {"messages": [{"role": "user", "content": "Which shape was purple?"}], "max_tokens": 2})
         assert status == 200
         assert call(run.port, "POST", "/v1/privacy/resume", {})[0] == 200
-        assert _until(lambda: daemon.session.counters.frames >= frames + 2)
+        assert until(lambda: daemon.session.counters.frames >= frames + 2)
     assert not (tmp_path / "state" / "paused.json").exists()
     with RunningDaemon(config, tmp_path / "out3.txt") as run:
         assert json.loads(call(run.port, "GET", "/v1/privacy")[2])["paused"] is False
-        assert _until(lambda: run.daemon.session.counters.frames >= frames + 4)
+        assert until(lambda: run.daemon.session.counters.frames >= frames + 4)
