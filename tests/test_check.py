@@ -9,35 +9,17 @@ import socket
 from pathlib import Path
 
 import pytest
-import yaml
+from helpers_check import check_config, run_check
 
 from edgekv.apps.daemon.camera import main
 
 
 def _config(tmp_path: Path, model: Path, **sections) -> Path:
-    data = {
-        "model": {"path": str(model), "dtype": "fp32", "device": "cpu"},
-        "video": {"source": "synthetic:shapes?size=160x120&fps=8&frames=1000", "fps": 4.0, "resolution": [112, 112]},
-        "cache": {"policy": "infinipot_v", "max_tokens": 400, "text_reserve_tokens": 96},
-        "server": {"port": 0},
-        "monitor": {"backend": "cpu"},
-    }
-    for section, values in sections.items():
-        data.setdefault(section, {}).update(values)
-    path = tmp_path / "deploy.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return check_config(tmp_path, model, **sections)
 
 
 def _check(path: Path, capsys) -> tuple[int, dict[str, tuple[str, str]]]:
-    code = main(["--config", str(path), "--check"])
-    lines = capsys.readouterr().out.splitlines()
-    results = {}
-    for line in lines[1:-1]:
-        status, _, rest = line.partition("  ")
-        key, _, detail = rest.strip().partition(": ")
-        results[key] = (status.strip(), detail)
-    return code, results
+    return run_check(path, capsys)
 
 
 def _free_port() -> int:

@@ -10,35 +10,18 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers_archive import SHAPE, fill, newer_segment
+from helpers_check import check_config, run_check
 
-from edgekv.apps.daemon.camera import main as camera_main
 from edgekv.apps.daemon.startup import one_line
 from edgekv.archive.store import ARCHIVE_FORMAT, FrameArchive
 
 
 def _config(tmp_path: Path, model: Path, **sections) -> Path:
-    data = {
-        "model": {"path": str(model), "dtype": "fp32", "device": "cpu"},
-        "video": {"source": "synthetic:shapes?size=160x120&fps=8&frames=1000", "fps": 4.0, "resolution": [112, 112]},
-        "cache": {"policy": "infinipot_v", "max_tokens": 400, "text_reserve_tokens": 96},
-        "server": {"enabled": False},
-        "monitor": {"backend": "cpu"},
-    }
-    for section, values in sections.items():
-        data.setdefault(section, {}).update(values)
-    path = tmp_path / "deploy.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return check_config(tmp_path, model, **{"server": {"enabled": False}, **sections})
 
 
 def _check(path: Path, capsys) -> tuple[int, dict[str, tuple[str, str]]]:
-    code = camera_main(["--config", str(path), "--check"])
-    results = {}
-    for line in capsys.readouterr().out.splitlines()[1:-1]:
-        status, _, rest = line.partition("  ")
-        key, _, detail = rest.strip().partition(": ")
-        results[key] = (status.strip(), detail)
-    return code, results
+    return run_check(path, capsys)
 
 
 def _newer_segment(path: Path) -> bytes:
