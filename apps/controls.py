@@ -97,8 +97,9 @@ def forget_every(daemon, t_from: float | None = None, t_to: float | None = None,
     """``Daemon.forget`` on every camera (``last_s``: the last seconds by the wall clock, what each camera saw in
     them — by its own stream clock for a recording read as fast as it goes; ``unix``: what each camera saw between two
     wall times, by its own wall-clock map). One
-    camera: its result. Several: the totals (``pairs``, ``cache_tokens_freed``, ``cache_slots``, ``archive``) and each camera's result
-    under ``cameras``; a camera whose files could not be rewritten does not stop the others from forgetting."""
+    camera: its result. Several: the totals (``pairs``, ``cache_tokens_freed``, ``cache_slots``, ``archive``) and
+    each camera's result under ``cameras``; a camera whose files could not be rewritten does not stop the others
+    from forgetting."""
     results = _each(daemon, lambda d: d.forget(t_from, t_to, last_s=last_s, unix=unix), (OSError,))
     if len(results) == 1:
         return next(iter(results.values()))

@@ -1840,7 +1840,8 @@ class Daemon:
         """``archive.max_age_s`` applied to the archive and the evidence frames on disk every ``EXPIRE_EVERY_S``,
         written to or not: retention ran only before each new record, so a camera paused for hours by the privacy
         switch, gone dark, or at the end of its stream kept what was past the age the config promised it would not
-        keep (``FrameArchive.expire``, ``FrameStore.expire``). Under the lock: a forget rewrites those files under it."""
+        keep (``FrameArchive.expire``, ``FrameStore.expire``). Under the lock: a forget rewrites those files under
+        it."""
         recall = self.session.recall if self.session is not None else None
         if self.frames is None and recall is None:
             return

@@ -254,7 +254,7 @@ def quiet_native_stderr() -> Iterator[None]:
     directly, around Python's sys.stderr). Used only during start-up, before other threads exist."""
     try:
         import cv2
-    except ModuleNotFoundError:  # a synthetic: video needs no OpenCV (edgekv.video.sources.has_opencv): nothing to quiet
+    except ModuleNotFoundError:  # a synthetic: video needs no OpenCV (edgekv.video.sources.has_opencv)
         cv2 = None
     # reconnect warnings would flood logs; OpenCV 4.8 (edgekv[video]'s floor) has no cv2.utils.logging, only
     # cv2.setLogLevel, which later releases dropped
