@@ -292,8 +292,9 @@ def test_rvs_is_scored_with_the_token_f1_proxy(tmp_path, scripted):
     out = tmp_path / "out"
     assert _run("rvs_ego", _rvs(tmp_path / "rvs"), out) == 0
     rows = _rows(out)
+    # 256 new tokens: ReKV's RVS budget (video_qa/rekv_stream_vqa.py), the official style's default
     assert [(a["question"], a["frames"], a["max_new_tokens"]) for a in asks] == [
-        ("What is the person holding?", 4, 64), ("Where is the cup now?", 7, 64), ("What rolled away?", 5, 64)]
+        ("What is the person holding?", 4, 256), ("Where is the cup now?", 7, 256), ("What rolled away?", 5, 256)]
     assert (rows["v1/1"]["f1"], rows["v1/1"]["exact"], rows["v1/1"]["correct"]) == (1.0, True, True)
     assert (rows["v1/0"]["f1"], rows["v1/0"]["exact"], rows["v1/0"]["correct"]) == (0.5714, False, True)
     assert (rows["v2/0"]["f1"], rows["v2/0"]["correct"]) == (0.0, False)

@@ -8,11 +8,11 @@ protocol, so they are kept as written there; the descriptions here are ours). Re
   (``MLVU.qa_template`` and the template in ``main``; the same in ``evaluation/models/videochat2/choice_bench.py``,
   where it is run). Options one per line as ``(A) candidate`` under ``Question: ...`` and ``Options:``, then
   ``Only give the best option.`` on its own line; a system message asks the model to watch carefully and pick
-  the best option, and the assistant's reply is started with ``Best option:(``. Two things cannot be done the
-  same way here: the system message of a stream is ``model.system_prompt``, in the cache since the stream began
-  (the cache is query-agnostic, DESIGN invariant 3), so MLVU's sentence goes first in the question instead; and a
-  session cannot start the assistant's reply, so ``Best option:(`` is left out (the reply's first option letter
-  is read, as for every dataset).
+  the best option, and the assistant's reply is started with ``Best option:(`` (``answer_prefix``: the session
+  starts the assistant's turn with it and the model continues it, ``StreamSession.ask(answer_prefix=...)``). One
+  thing cannot be done the same way here: the system message of a stream is ``model.system_prompt``, in the cache
+  since the stream began (the cache is query-agnostic, DESIGN invariant 3), so MLVU's sentence goes first in the
+  question instead.
 * **Video-MME** (BradyFU/Video-MME @ 8889f31): ``README.md``, "Prompt", the subtitle-free form. The instruction
   first (select the best answer; respond with only the letter, listed as ``(A, B, C, or D)``), then the question,
   the options as released (``A. ...`` one per line), then ``The best answer is:``.
@@ -28,7 +28,8 @@ protocol, so they are kept as written there; the descriptions here are ours). Re
 * **RVS-Ego / RVS-Movie** (open-ended): the question as written, as ReKV streams them
   (Becomebright/ReKV @ 63793f752be2 ``video_qa/rekv_stream_vqa.py``, ``video_open_qa``) and as Flash-VStream asks
   its open-ended sets (IVGSZ/Flash-VStream @ 8f6bde2 ``Flash-VStream-LLaVA/flash_vstream/eval_video/
-  model_msvd_qa.py``).
+  model_msvd_qa.py``). ReKV's ``analyze_a_video`` in that file gives each reply up to 256 new tokens
+  (``OFFICIAL_OPEN_MAX_NEW_TOKENS``; ``--max-new-tokens`` overrides it).
 
 ``infinipot_v`` (aiha-lab/InfiniPot-V @ 81a4dbe ``dataset_utils.py``): ``Question: {q}``, ``Options:``, one option
 per line (MLVU's as ``(A) ...``, the others' as released, ``A. ...``), then ``Respond with only the letter (A, B,
@@ -36,9 +37,10 @@ C or D) of the correct option.`` — ``(A, B, C, or D)`` for Video-MME and Strea
 open-ended set; under this style an open-ended question gets ``Answer in a few words.`` after it (what edgekv
 asked before the official style existed, so the runs made then resume the same).
 
-How a reply is scored is not part of the style: the first option letter in it (``videoqa.extract_letter``), for
-every dataset. The benchmarks' own scorers differ (MLVU's reads the letter before a ``)``, OVO-Bench's counts the
-key's letter anywhere in the reply, StreamingBench's compares the reply's first character).
+How a reply is scored follows the style (``edgekv/eval/scoring.py``): under ``official`` each benchmark's own
+scorer's rule (MLVU's reads the character before a ``)``, Video-MME's the first capital A-D, OVO-Bench's looks for
+the key's letter anywhere in the reply, StreamingBench's compares the reply's first character); under
+``infinipot_v`` the first option letter standing alone in the reply, for every dataset.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ DEFAULT_PROMPT_STYLE = "official"
 EARLIER_PROMPT_STYLE = "infinipot_v"
 
 OPEN_ENDED_PROMPT = "Answer in a few words."
+OPEN_MAX_NEW_TOKENS = 64  # infinipot_v's open-ended budget: what edgekv gave before the official style existed
+OFFICIAL_OPEN_MAX_NEW_TOKENS = 256  # ReKV's RVS replies (video_qa/rekv_stream_vqa.py, analyze_a_video)
+MLVU_ANSWER_PREFIX = "Best option:("
 INFINIPOT_V_OXFORD_COMMA = ("videomme", "streamingbench")  # InfiniPot-V lists their letters as (A, B, C, or D)
 _COUNTS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 
@@ -80,6 +85,19 @@ def prompt(item: Item, dataset: str, style: str = DEFAULT_PROMPT_STYLE) -> str:
     if official is None:
         raise ValueError(f"dataset {dataset!r} has no official multiple-choice prompt here")
     return official(item)
+
+
+def answer_prefix(dataset: str, style: str, open_ended: bool) -> str:
+    """The text the assistant's turn starts with for a question of ``dataset`` in ``style`` (the model continues
+    it); ``""`` for none."""
+    if style == "official" and dataset == "mlvu" and not open_ended:
+        return MLVU_ANSWER_PREFIX
+    return ""
+
+
+def open_max_new_tokens(style: str) -> int:
+    """New tokens an open-ended reply gets in ``style`` when ``--max-new-tokens`` is not given."""
+    return OFFICIAL_OPEN_MAX_NEW_TOKENS if style == "official" else OPEN_MAX_NEW_TOKENS
 
 
 def letter_list(count: int, oxford_comma: bool) -> str:

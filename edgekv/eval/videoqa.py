@@ -36,10 +36,18 @@ as ReKV does); ``infinipot_v`` asks every multiple-choice question in the format
 only the letter ... of the correct option.``), the setting of its Table 1, and RVS's with ``Answer in a few
 words.`` after it. The style is part of ``run.json`` and of each line of ``results.jsonl``: a rerun with the other
 one into the same ``--out`` is refused, also where ``run.json`` and ``summary.json`` were deleted (answers written
-before the option existed were asked in ``infinipot_v``). The reply's first option
-letter is the prediction; a reply with none is scored wrong and counted (``no_letter`` in ``summary.json``).
-Open-ended questions (RVS) are scored with the token-F1 proxy of ``edgekv/eval/open_ended.py`` — not the
-papers' GPT judge.
+before the option existed were asked in ``infinipot_v``). Official MLVU starts the assistant's reply with
+``Best option:(`` (``answer_prefix``; ``reply`` is the model's continuation). Open-ended replies get 256 new tokens in
+the official style (ReKV's RVS budget) and 64 in ``infinipot_v``; ``--max-new-tokens`` overrides both.
+
+Scoring (``edgekv/eval/scoring.py``, each rule with its source): under ``official`` each benchmark's own scorer's
+rule, under ``infinipot_v`` the reply's first option letter; a reply from which the rule reads no option letter is
+wrong and counted (``no_letter`` in ``summary.json``). Each line names its rule (``scored_by``) and what it read
+(``predicted``), and ``summary.json`` the run's. A resume rescores the answers there that another rule scored (an
+official run made before the benchmarks' rules existed) — their stored reply is all a rule reads — and refuses
+answers asked another way than this run asks (another answer prefix or token budget: rescoring cannot make them
+this run's). Open-ended questions (RVS) are scored with the token-F1 proxy of ``edgekv/eval/open_ended.py`` — not
+the papers' GPT judge.
 
 Results are appended to ``OUT/results.jsonl`` one item at a time (``--out``); a rerun skips the items
 already there (resumable: a video with questions left is streamed again and only those are asked), and
@@ -64,9 +72,11 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgekv.eval import open_ended
-from edgekv.eval.prompts import DEFAULT_PROMPT_STYLE, EARLIER_PROMPT_STYLE, PROMPT_STYLES, prompt
+from edgekv.eval import open_ended, scoring
+from edgekv.eval.prompts import (DEFAULT_PROMPT_STYLE, EARLIER_PROMPT_STYLE, OFFICIAL_OPEN_MAX_NEW_TOKENS,
+                                 OPEN_MAX_NEW_TOKENS, PROMPT_STYLES, answer_prefix, open_max_new_tokens, prompt)
 from edgekv.eval.qa_item import LETTERS, VIDEO_SUFFIXES, DatasetError, Item, read_json
+from edgekv.eval.scoring import extract_letter
 from edgekv.eval.stats import proportion
 from edgekv.eval.streaming_sets import load_ovobench, load_rvs_ego, load_rvs_movie, load_streamingbench
 
@@ -173,19 +183,11 @@ LOADERS = {"mlvu": load_mlvu, "videomme": load_videomme, "ovobench": load_ovoben
            "streamingbench": load_streamingbench, "rvs_ego": load_rvs_ego, "rvs_movie": load_rvs_movie}
 
 
-def extract_letter(reply: str, options: int = 4) -> str:
-    """The first option letter in a reply (``A``, ``(B)``, ``C.``, ``[D]``); ``""`` when there is none, which is
-    never correct and is counted (``no_letter`` in the summary). Video-MME's own scorer and InfiniPot-V's current
-    ``extract_answer`` score such a reply wrong; InfiniPot-V's older script read it as C, a free 1-in-4 guess."""
-    valid = LETTERS[:options]
-    found = re.findall(rf"[\(\[\s]*([{valid}])(?:[\)\]\.\s:,]|$)", reply.replace("Answer", "").strip())
-    return found[0] if found else ""
-
-
 # ---------------------------------------------------------------------------------------------- running
 ASK_EPSILON_S = 1e-6  # container clocks are in ms, floats are not: a frame read at 2.0000001 s is the 2 s frame
 CHOICE_MAX_NEW_TOKENS = 8
-OPEN_MAX_NEW_TOKENS = 64
+# what a line of results.jsonl without max_new_tokens was given (edgekv before the official style's RVS budget)
+EARLIER_MAX_NEW_TOKENS = {False: CHOICE_MAX_NEW_TOKENS, True: OPEN_MAX_NEW_TOKENS}
 NOTES = {
     "ovobench": "Backward Tracing and Real-Time Visual Perception only: the Forward Active Responding tasks (REC, "
                 "SSR, CRR) are left out, so there is no forward average and no OVO-Bench total; "
@@ -207,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     except DatasetError as exc:
         print(f"edgekv eval videoqa: {exc}", file=sys.stderr)
         return 2
+    by_id = {item.id: item for item in items}  # every item, for rescoring answers past a --limit
     if args.limit:
         items = items[: args.limit]
     out = Path(args.out)
@@ -237,8 +240,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"edgekv eval videoqa: --out {out} holds the answers of another run ({other}): a rerun resumes only "
               f"with the same settings; give another --out", file=sys.stderr)
         return 2
+    asked_otherwise = _asked_otherwise(done, args.dataset, _prompt_style(args), args.max_new_tokens)
+    if asked_otherwise:
+        print(f"edgekv eval videoqa: {results_path} holds answers asked another way than this run asks them "
+              f"({asked_otherwise}): they cannot be pooled with this run's; give another --out", file=sys.stderr)
+        return 2
     from edgekv.runtime import Runtime
 
+    rescored = _rescore(done, by_id, args.dataset, _prompt_style(args))
+    if rescored:
+        _rewrite_results(results_path, done)
+        print(f"edgekv eval videoqa: rescored {rescored} in {results_path} with the rule of --prompt-style "
+              f"{_prompt_style(args)} (edgekv/eval/scoring.py); each keeps its earlier score in rescored_from",
+              file=sys.stderr)
     runtime = Runtime(config)
     asked = {item.id for item in items}  # the summary counts these: not a --limit's rest or an earlier annotation's
     done = {key: record for key, record in done.items() if key in asked}
@@ -304,6 +318,57 @@ def _other_style(done: dict[str, dict], style: str) -> str:
                      for name, count in sorted(counts.items()))
 
 
+def _asked_otherwise(done: dict[str, dict], dataset: str, style: str, max_new_tokens: int | None) -> str:
+    """How ``results.jsonl``'s answers were asked otherwise than this run asks them, with how many
+    (``"max_new_tokens 64 (now 256): 3 of 3 answers"``); "" when the same. Each line says its answer prefix and token
+    budget; a line without them was written before either changed: no prefix, and ``--max-new-tokens`` or the
+    defaults of then (``EARLIER_MAX_NEW_TOKENS``). Official MLVU now primes the reply with ``Best option:(`` and
+    official RVS replies get ReKV's 256 tokens: the replies asked before were answers to another prompt, which no
+    rescoring turns into this run's."""
+    counts: dict[str, int] = {}
+    for record in done.values():
+        open_question = "f1" in record
+        earlier_budget = max_new_tokens if max_new_tokens is not None else EARLIER_MAX_NEW_TOKENS[open_question]
+        for key, then, now in (
+                ("answer_prefix", record.get("answer_prefix", ""), answer_prefix(dataset, style, open_question)),
+                ("max_new_tokens", record.get("max_new_tokens", earlier_budget),
+                 answer_budget(open_question, style, max_new_tokens))):
+            if then != now:
+                said = f"{key} {then!r} (now {now!r})"
+                counts[said] = counts.get(said, 0) + 1
+    return "; ".join(f"{said}: {count} of {len(done)} answers" for said, count in sorted(counts.items()))
+
+
+def _rescore(done: dict[str, dict], by_id: dict[str, Item], dataset: str, style: str) -> str:
+    """Score again, in place, the answers of ``done`` scored by another rule than ``style``'s (``"N answers scored by
+    R"``; "" when none): an --out of the official style made before its benchmarks' own rules existed was scored by
+    the first letter. Asked the same way (``_asked_otherwise``), their stored reply is all a rule reads, so
+    rescoring gives what asking again would, without the model's time; each keeps its earlier fields in
+    ``rescored_from``. A line without ``scored_by`` was scored by ``scoring.EARLIER_RULES``."""
+    counts: dict[str, int] = {}
+    for key, record in done.items():
+        open_question = "f1" in record
+        rule = scoring.rule_for(dataset, style, open_question)
+        then = record.get("scored_by", scoring.EARLIER_RULES[open_question])
+        if then == rule:
+            continue
+        item = by_id.get(key)
+        earlier = {name: record[name] for name in ("predicted", "correct", "f1", "exact") if name in record}
+        record.update(scoring.score(rule, str(record.get("reply", "")), str(record["answer"]),
+                                    len(item.options) if item else len(LETTERS)))
+        record["rescored_from"] = {"scored_by": then, **earlier}
+        counts[then] = counts.get(then, 0) + 1
+    return ", ".join(f"{count} answer(s) scored by {rule}" for rule, count in sorted(counts.items()))
+
+
+def _rewrite_results(path: Path, done: dict[str, dict]) -> None:
+    """``results.jsonl`` written anew from ``done`` (a line an interrupted run tore is dropped: it is asked again),
+    through a temporary file, so an interruption leaves the old file or the new one whole."""
+    partial = path.with_suffix(".tmp")
+    partial.write_text("".join(json.dumps(record) + "\n" for record in done.values()))
+    partial.replace(path)
+
+
 def _other_run(out: Path, settings: dict, answered: bool) -> str:
     """The settings in which ``out``'s answers differ from ``settings`` (``"key earlier (now ...)"``); "" when
     they agree or there are none, after which ``settings`` are written down for the next rerun."""
@@ -364,20 +429,29 @@ def stream_and_ask(session, video: Path, questions: list[Item], dataset: str, fp
         yield _ask(session, queue.pop(0), dataset, seen, max_new_tokens, prompt_style)
 
 
+def answer_budget(open_ended_question: bool, style: str, max_new_tokens: int | None) -> int:
+    """New tokens a reply gets: ``--max-new-tokens`` when given, else the style's default for its kind."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    return open_max_new_tokens(style) if open_ended_question else CHOICE_MAX_NEW_TOKENS
+
+
 def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | None,
          prompt_style: str = DEFAULT_PROMPT_STYLE) -> dict:
     stats = session.stats()
-    if max_new_tokens is None:
-        max_new_tokens = OPEN_MAX_NEW_TOKENS if item.open_ended else CHOICE_MAX_NEW_TOKENS
+    max_new_tokens = answer_budget(item.open_ended, prompt_style, max_new_tokens)
+    prefix = answer_prefix(dataset, prompt_style, item.open_ended)
     started = time.perf_counter()
-    answer = session.ask(prompt(item, dataset, prompt_style), max_new_tokens=max_new_tokens)
-    record: dict = {"id": item.id, "task": item.task, "video": str(item.video), "answer": item.answer,
-                    "prompt_style": prompt_style}
-    if item.open_ended:
-        record.update(open_ended.score(answer.text, item.answer))
+    text = prompt(item, dataset, prompt_style)
+    if prefix:  # a session stand-in without answer_prefix answers every other question
+        answer = session.ask(text, max_new_tokens=max_new_tokens, answer_prefix=prefix)
     else:
-        predicted = extract_letter(answer.text, len(item.options))
-        record.update(predicted=predicted, correct=predicted == item.answer)
+        answer = session.ask(text, max_new_tokens=max_new_tokens)
+    record: dict = {"id": item.id, "task": item.task, "video": str(item.video), "answer": item.answer,
+                    "prompt_style": prompt_style, "max_new_tokens": max_new_tokens,
+                    **({"answer_prefix": prefix} if prefix else {})}
+    rule = scoring.rule_for(dataset, prompt_style, item.open_ended)
+    record.update(scoring.score(rule, answer.text, item.answer, len(item.options)))  # the reply after the prefix
     record.update({
         "reply": answer.text, "answer_s": round(time.perf_counter() - started, 3), "ttft_s": round(answer.ttft_s, 3),
         "ask_at": item.ask_at, "stream_t": seen.t, "frames_seen": seen.frames, "pairs_prefilled": stats["frame_pairs"],
@@ -427,7 +501,7 @@ def summarize(records: list[dict], dataset: str) -> dict:
            "all": _proportion(records), "tasks": {t: _proportion(rs) for t, rs in sorted(tasks.items())}}
     choices = [r for r in records if "predicted" in r]
     if choices:  # replies with no option letter: scored wrong, and how many there were (a prompt the model ignores)
-        out["no_letter"] = sum(r["predicted"] == "" for r in choices)
+        out["no_letter"] = sum(scoring.has_no_letter(r["predicted"]) for r in choices)
     if dataset == "mlvu":
         out["m_avg"] = _mean(per_task.values())
     if durations:
@@ -461,10 +535,13 @@ def _write_summary(out: Path, args: argparse.Namespace, config, done: dict[str, 
     records = list(done.values())
     fps_values = [r["ingest_fps"] for r in records if r.get("ingest_fps")]
     streamed = any(r.get("ask_at") is not None for r in records)
+    rules = sorted({r.get("scored_by", scoring.EARLIER_RULES["f1" in r]) for r in records})
     summary = {
         "dataset": args.dataset, "model": args.model, "policy": config.cache.policy,
         "budget_tokens": config.cache.max_tokens, "sinks": config.cache.sinks, "fps": config.video.fps,
         "resolution": config.video.resolution, "dtype": config.model.dtype, "prompt_style": _prompt_style(args),
+        "scored_by": rules[0] if len(rules) == 1 else rules,
+        "scoring": "; ".join(scoring.DESCRIPTIONS[rule] for rule in rules),
         "questions_asked": "at their timestamps during the stream" if streamed else "after the whole video",
         "accuracy": summarize(records, args.dataset),
         "throughput": {"ingest_frames_per_s_mean": round(sum(fps_values) / len(fps_values), 3) if fps_values else None,
@@ -511,8 +588,9 @@ def add_videoqa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-frames", type=int, default=None,
                         help="stop each video after this many frames (questions left are asked there)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"tokens per answer; when not given: {CHOICE_MAX_NEW_TOKENS} for multiple choice, "
-                             f"{OPEN_MAX_NEW_TOKENS} for open-ended questions")
+                        help=f"tokens per answer; when not given: {CHOICE_MAX_NEW_TOKENS} for multiple choice, for "
+                             f"open-ended questions {OFFICIAL_OPEN_MAX_NEW_TOKENS} (ReKV's RVS budget) in the official "
+                             f"prompt style and {OPEN_MAX_NEW_TOKENS} in infinipot_v")
     parser.add_argument("--prompt-style", choices=PROMPT_STYLES, default=DEFAULT_PROMPT_STYLE,
                         help="official: each benchmark's own prompt; infinipot_v: InfiniPot-V's format for every "
                              "benchmark, as in its Table 1 (edgekv/eval/prompts.py)")

@@ -110,7 +110,8 @@ class Answerer:
 
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
-            evidence: int = 0, history=(), window: tuple[float, float] | None = None) -> Answer:
+            evidence: int = 0, history=(), window: tuple[float, float] | None = None,
+            answer_prefix: str = "") -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
@@ -118,6 +119,11 @@ class Answerer:
         ``evidence``: also name the frame pairs the question attended most (at most that many; the question's
         prefill then records each key's attention mass, as ``probe`` does). ``Answer.confidence`` is the
         geometric mean of the answer tokens' probabilities under the model (temperature 1).
+        ``answer_prefix``: text that starts the assistant's turn, so the model continues it (MLVU's evaluation
+        primes each reply with ``Best option:(``): its tokens (plain text, as the question's) follow the template's
+        assistant header and are prefilled with the question. ``Answer.text`` and ``Answer.token_ids`` are the
+        continuation only — what the model generated, as transformers' ``generate`` returns after its input ids —
+        so the whole assistant turn is ``answer_prefix + Answer.text``; ``prompt_tokens`` counts the prefix's.
         """
         s = self.session
         gen = s.config.generation
@@ -136,7 +142,8 @@ class Answerer:
         window = checked_window(window)
         seed = checked_seed(seed)
         ids = self.question_ids(question, max_new_tokens, temperature, top_p,
-                                reserved=s.recall_reserve if recall else 0, history=history)
+                                reserved=s.recall_reserve if recall else 0, history=history,
+                                answer_prefix=answer_prefix)
         temperature, top_p = float(temperature), float(top_p)
         max_new_tokens = int(max_new_tokens)
         video_len = s.cache.length
@@ -309,7 +316,9 @@ class Answerer:
                 + (f"; {how}" if how else ""))
 
     def question_ids(self, question: str, max_new_tokens: int, temperature: float, top_p: float,
-                     reserved: int = 0, history=()) -> list[int]:
+                     reserved: int = 0, history=(), answer_prefix: str = "") -> list[int]:
+        """The question's tokens after the video (``ChatLayout.question_suffix_ids``), then ``answer_prefix``'s
+        (``ask``), checked against the free slots; ``ValueError`` naming what is wrong."""
         s = self.session
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
@@ -322,11 +331,17 @@ class Answerer:
             raise ValueError(f"temperature must be a number in [0, 10], got {temperature!r}")
         if not _is_number(top_p) or not 0.0 < float(top_p) <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+        if not isinstance(answer_prefix, str):
+            raise ValueError(f"answer_prefix must be a string, got {answer_prefix!r:.40}")
+        check_text("answer_prefix", answer_prefix)
         ids = s.layout.question_suffix_ids(s.tokenizer, question, history)  # the question as plain text
+        if answer_prefix:  # plain text too: a prefix cannot close the assistant's turn
+            ids = ids + s.tokenizer.encode_text(answer_prefix)
         room = s.capacity - s.cache.length - reserved
         if len(ids) + max_new_tokens > room:
             raise ValueError(
-                f"question ({len(ids)} tokens{' with its history' if history else ''}) + max_new_tokens "
+                f"question ({len(ids)} tokens{' with its history' if history else ''}"
+                f"{' and answer_prefix' if answer_prefix else ''}) + max_new_tokens "
                 f"({max_new_tokens}) exceed the {room} free slots "
                 f"(cache.text_reserve_tokens={s.text_reserve}); shorten the question, lower max_new_tokens, "
                 f"or raise cache.text_reserve_tokens"

@@ -396,7 +396,8 @@ class StreamSession:
     @_between_answers
     def ask(self, question: str, max_new_tokens: int | None = None, temperature: float | None = None,
             top_p: float | None = None, seed: int | None = None, on_token=None, recall: bool | None = None,
-            evidence: int = 0, history=(), window: tuple[float, float] | None = None) -> Answer:
+            evidence: int = 0, history=(), window: tuple[float, float] | None = None,
+            answer_prefix: str = "") -> Answer:
         """Answer a question about everything the cache holds; the cache is unchanged afterwards.
 
         ``recall`` (default ``archive.recall`` when an archive is configured, else off): first bring back the
@@ -410,9 +411,11 @@ class StreamSession:
         in that window — the others are hidden from its attention, not removed — and, with ``recall``, the
         archive's pairs of that window only ("what happened between 10:02 and 10:05?"); ``Answer.window_pairs``
         counts the pairs it saw. A window of which nothing is held (nor recalled) is a ``ValueError``.
+        ``answer_prefix``: text the assistant's turn starts with, continued by the model; ``Answer.text`` is the
+        continuation alone (``Answerer.ask``).
         """
         return self.answerer.ask(question, max_new_tokens, temperature, top_p, seed, on_token, recall, evidence,
-                                 history, window)
+                                 history, window, answer_prefix)
 
     def pairs_in(self, t_from: float, t_to: float) -> list[int]:
         """The held frame pairs with a frame in ``[t_from, t_to]``: stamped at most ``t_to``, their second frame at
