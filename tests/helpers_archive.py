@@ -11,11 +11,14 @@ from pathlib import Path
 
 import torch
 
-from edgekv.archive.store import _MAGIC_NAME, _SEGMENT_HEAD, ARCHIVE_FORMAT, FrameArchive, KVShape
+from edgekv.archive.store import (_HEAD, _MAGIC_NAME, _META, _SEGMENT_HEAD, ARCHIVE_FORMAT, FrameArchive, KVShape,
+                                  _segment_fields)
 
 SHAPE = KVShape(layers=3, kv_heads=2, head_dim=8, dtype="float32")
 TOKENS = 4
 STREAM = b"s" * 16
+# a segment the edgekv before records said their frame count wrote: ``fill_at`` of pairs 0-3 at 0, 0.5, 1 and 1.5 s
+EARLIER_SEGMENT = Path(__file__).parent / "fixtures" / "archive_before_frames.ekva"
 
 
 def pair_kv(pair: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,13 +67,50 @@ def aging_archive(folder: Path, max_age_s: float | None) -> FrameArchive:
     return FrameArchive(folder, SHAPE, max_bytes=1 << 20, segment_bytes=2 * record + 200, max_age_s=max_age_s)
 
 
-def fill_at(archive: FrameArchive, times, stream: bytes = STREAM) -> None:
-    """Pairs ``times`` (pair, stream time) of ``stream`` archived, each waited for."""
+def fill_at(archive: FrameArchive, times, stream: bytes = STREAM, one_frame: frozenset[int] = frozenset()) -> None:
+    """Pairs ``times`` (pair, stream time) of ``stream`` archived, each waited for; those of ``one_frame`` as one
+    frame prefilled as a pair of itself (an odd last frame)."""
     for pair, t in times:
         k, v = pair_kv(pair)
-        while not archive.submit(k, v, frame=pair, t=t, tpos=10 + pair, t_offset=0, rows=2, cols=2, stream=stream):
+        while not archive.submit(k, v, frame=pair, t=t, tpos=10 + pair, t_offset=0, rows=2, cols=2, stream=stream,
+                                 frames=1 if pair in one_frame else 2):
             archive.flush()
     assert archive.flush()
+
+
+def records(path: Path) -> list[tuple[tuple, bytes, bytes]]:
+    """The records of an unsealed segment: (head fields, meta, kv bytes) each."""
+    data = path.read_bytes()
+    with open(path, "rb") as handle:
+        found = _segment_fields(handle)
+    assert found is not None, path
+    out, at = [], found[1]
+    while at < len(data):
+        head = _HEAD.unpack_from(data, at)
+        meta_end = at + _HEAD.size + head[1]
+        out.append((head, data[at + _HEAD.size:meta_end], data[meta_end:meta_end + head[2]]))
+        at = meta_end + head[2]
+    return out
+
+
+def earlier_layout(folder: Path) -> int:
+    """The unsealed segments under ``folder`` as the edgekv before records said their frame count wrote the same pairs:
+    ``rows`` positive in every record (its meta's CRC made anew). Returns the records changed."""
+    changed = 0
+    for path in sorted(folder.glob("seg-*.ekva")):
+        data = bytearray(path.read_bytes())
+        at = len(data) - sum(_HEAD.size + len(meta) + len(kv) for _, meta, kv in records(path))
+        for head, meta, kv in records(path):
+            fields = list(_META.unpack_from(meta))
+            if fields[5] < 0:
+                fields[5] = -fields[5]
+                meta = _META.pack(*fields) + meta[_META.size:]
+                data[at:at + _HEAD.size + len(meta)] = _HEAD.pack(head[0], head[1], head[2], zlib.crc32(meta),
+                                                                  head[4]) + meta
+                changed += 1
+            at += _HEAD.size + len(meta) + len(kv)
+        path.write_bytes(bytes(data))
+    return changed
 
 
 def segment_names(folder: Path) -> list[str]:

@@ -61,7 +61,7 @@ def _killed_run(root: Path, crashed: Path, snapshot_at: int, frames: int) -> Non
         shutil.copytree(root / "state", crashed / "state")
 
     _, daemon, _ = _run(_config(root), snapshot_at, snapshot, max_frames=frames, quiz=5)
-    assert daemon.session.counters.frame_pairs == frames // 2
+    assert daemon.session.counters.frame_pairs == (frames + 1) // 2  # an odd last frame: a pair of itself
     shutil.copytree(root / "archive", crashed / "archive")
 
 
@@ -84,3 +84,48 @@ def test_a_restart_after_a_kill_goes_on_after_what_the_archive_saw(tmp_path, fir
     assert "pair(s) of this recording seen after the saved memory's snapshot" in said, said
     assert ("waiting for its partner was paired then" in said) == (first % 2 == 1), said
     assert "recording goes on after them, from 4 s" in said, said
+
+
+
+@pytest.mark.parametrize("first, frames", [(10, 17), (9, 9)])  # (9, 9): the frame the snapshot held waiting
+def test_a_kill_after_a_run_ended_on_an_odd_frame_goes_on_at_the_frame_after_it(tmp_path, first, frames):
+    """The killed run's last frame (``--max-frames`` odd) was archived as a pair of itself at the stream's end, and the
+    process was killed before the stop's snapshot: the archive's newest record is one frame. The restart goes on at the
+    frame after it, not a frame interval later (the record was taken for two frames, and that frame skipped), and its
+    archive is the one a run that stopped there, its memory saved, left with its restart (times, positions, frames)."""
+    stopped, crashed = tmp_path / "stopped", tmp_path / "crashed"
+    end = STEP * (frames - 1)  # the lone last frame's time
+    _run(_config(stopped), max_frames=frames)
+    _, restarted, went_on = _run(_config(stopped), quiz=5)
+    assert went_on == [end + STEP * k for k in range(1, 24 - frames + 1)]
+    archive = restarted.session.recall.archive
+    expected = sorted((e.t, e.tpos + e.t_offset, e.frames) for e in archive.entries(restarted.session.recall.stream))
+    assert [t for t, _, count in expected if count == 1] == [end, 5.75]  # each run's odd last frame
+    _killed_run(tmp_path / "ran", crashed, first, frames)
+    said, daemon, went_in = _run(_config(crashed), quiz=5)
+    assert went_in == went_on
+    entries = daemon.session.recall.archive.entries(daemon.session.recall.stream)
+    assert sorted((e.t, e.tpos + e.t_offset, e.frames) for e in entries) == expected
+    assert len({e.frame for e in entries}) == len(entries)
+    assert sorted(daemon.quiz.seen) == [0, 1, 2, 3, 4]
+    assert f"recording goes on after them, from {end + STEP:g} s" in said, said
+    assert ("waiting for its partner was archived as a pair of itself then" in said) == (first == frames), said
+
+
+def test_a_kill_at_an_odd_frame_with_an_archive_an_earlier_edgekv_wrote_goes_on_as_it_did(tmp_path):
+    """The same kill, the archive as the edgekv before records said their frame count wrote it (every record taken for
+    two frames): read whole, nothing taken for damage, and the restart goes on as it did then, a frame interval after
+    the newest record's first frame (the frame at 4.25 s is not read: the archive cannot say it was not seen)."""
+    from helpers_archive import earlier_layout
+
+    crashed = tmp_path / "crashed"
+    _killed_run(tmp_path / "ran", crashed, 10, 17)
+    assert earlier_layout(crashed / "archive") == 1  # the lone last frame's record
+    said, daemon, went_in = _run(_config(crashed), quiz=5)
+    assert went_in == [4.5 + STEP * k for k in range(6)]
+    archive = daemon.session.recall.archive
+    assert archive.bad_records == archive.skipped_bytes == archive.torn_bytes == 0
+    entries = archive.entries(daemon.session.recall.stream)
+    assert [e.t for e in entries] == [0.5 * k for k in range(9)] + [4.5, 5.0, 5.5]
+    assert [e.frames for e in entries] == [2] * 12 and len({e.frame for e in entries}) == len(entries)
+    assert "recording goes on after them, from 4.5 s" in said, said

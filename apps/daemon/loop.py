@@ -181,6 +181,7 @@ class Daemon:
         self.alerts = None  # AlertEngine: standing questions (alerts: in the YAML, /v1/alerts)
         self.frames = None  # FrameStore: evidence frames on disk (archive.frames_mib; apps/daemon/frame_store.py)
         self._reach: tuple[float, dict] | None = None  # (monotonic time, reach()) worked out last
+        self._capacity_bytes: tuple | None = None  # (the session's cache, its bytes), for each pair's line
         self.escalator = None  # Escalator: hard questions to a bigger model (escalate: in the YAML)
         self._forget_queue = ForgetQueue()  # forgets waiting for a pass (apps/daemon/forget_passes.py)
         self._loop_watch = LoopWatch()  # the first camera's is shared by the daemons of its lock (_forgets)
@@ -886,18 +887,34 @@ class Daemon:
     def _snapshot_beats(self) -> Callable[[], None]:
         """What a snapshot written by this loop beats as it reaches the disk a step at a time (``write_snapshot``'s
         ``progress``): this loop's heartbeat, and with several cameras (one lock) the heartbeats of the others it holds
-        up that were fresh when it began — a loop hung elsewhere is not kept looking alive by a long write."""
-        watchdog = (self.asked_through or self).watchdog
-        stall = watchdog.stall_s if watchdog is not None else None
-        alive = [beat for beat in self._loops_held_up()
-                 if beat is self.heartbeat or (stall is not None and beat.age_s() <= stall)]
-        if self.heartbeat not in alive:
-            alive.append(self.heartbeat)
+        up that were fresh when it began — a loop hung elsewhere is not kept looking alive by a long write.
+
+        Made at every turn of the loop (``maybe_snapshot`` writes a snapshot every ``state.every_s``), so the loops
+        are looked at by the first beat only, a loop's age then less the time since this was made (on the heartbeats'
+        clock) being its age when the snapshot began: looking at them every turn was ~0.1 ms of the dev VM's CPU a
+        turn, two turns a pair."""
+        clock = getattr(self.heartbeat, "clock", time.monotonic)  # a Heartbeat's (tests wrap it)
+        made = clock()
+        alive: list | None = None
 
         def beat() -> None:
+            nonlocal alive
+            if alive is None:
+                alive = self._fresh_heartbeats(clock() - made)
             for heartbeat in alive:
                 heartbeat.beat()
         return beat
+
+    def _fresh_heartbeats(self, since_s: float) -> list:
+        """This loop's heartbeat, and those of the loops held up (``_loops_held_up``) that were fresh ``since_s``
+        seconds ago: within the watchdog's stall then."""
+        watchdog = (self.asked_through or self).watchdog
+        stall = watchdog.stall_s if watchdog is not None else None
+        alive = [beat for beat in self._loops_held_up()
+                 if beat is self.heartbeat or (stall is not None and beat.age_s() - since_s <= stall)]
+        if self.heartbeat not in alive:
+            alive.append(self.heartbeat)
+        return alive
 
     def _let_the_loop_step(self) -> bool:
         """Before a pass: the main loop's step first (a frame ingested, one turn), at most ``LoopWatch.wait_s``; not
@@ -1411,9 +1428,12 @@ class Daemon:
             return
         period = 1.0 / self.config.video.fps
         to_source = self.session.clock.shift + self._stream_time(0.0)  # session time - the recording's
-        last = seen[-1].t - to_source + period  # the newest archived pair's second frame, in the recording's time
-        if not last > self._source_t:  # not this recording's time (a clock jump in between): read on from the snapshot
-            return
+        last = seen[-1].t_last(period) - to_source  # the newest archived pair's last frame, in the recording's time
+        # or the frame the snapshot held waiting for its partner, archived as a pair of itself: the stream ended on it
+        alone = (seen[-1].frames == 1 and self.session.ingestor.pending is not None
+                 and abs(last - self._source_t) < period / 2)
+        if not (last > self._source_t or alone):  # not this recording's time (a clock jump in between): read on from
+            return  # the snapshot
         with self.lock:
             clock, pending = self.session.clock, self.session.ingestor.pending
             if clock.t0 is None:  # the snapshot held no pair: positions count from the first pair archived since
@@ -1422,7 +1442,9 @@ class Daemon:
         if self.quiz is not None:  # the model was shown that stretch: its events were seen
             for k in range(1, int(round((last - self._source_t) / period)) + 1):
                 self.quiz.saw(self._source_t + k * period)
-        paired = "; the frame it held waiting for its partner was paired then" if pending is not None else ""
+        paired = "" if pending is None else (
+            "; the frame it held waiting for its partner was archived as a pair of itself then (the stream ended on it)"
+            if alone else "; the frame it held waiting for its partner was paired then")
         self.say(f"the archive holds {len(seen)} pair(s) of this recording seen after the saved memory's snapshot "
                  f"(the daemon stopped without saving: killed, or the power went): the recording goes on after them, "
                  f"from {last + period:g} s{paired}; they are recalled from the archive, not held in the cache")
@@ -1439,7 +1461,7 @@ class Daemon:
             return
         try:
             with self.lock:
-                result = self.session.finish_pair()
+                result = self.session.finish_pair()  # archived as one frame: a restart goes on at the next
         except (ValueError, CacheFullError) as exc:
             log.warning("the last frame was not seen: %s", printable(str(exc)))
             return
@@ -1465,11 +1487,22 @@ class Daemon:
             waiting = {state.id for state in self._probes}
             self._probes.extend(s for s in self.alerts.due(result.pair_index) if s.id not in waiting)
         if not self.options.quiet:
-            self.say(format_pair(result, self.session.stats()))
+            self.say(format_pair(result, self._pair_figures()))
         every = self.options.ask_every
         if every and (result.pair_index + 1) % every == 0:
             for question in self._own_questions():  # the user's own schedule: now, not subject to the fair share
                 self._answer(question)
+
+    def _pair_figures(self) -> dict:
+        """The four figures of a pair's line, read as they are: ``session.stats()`` was built for every pair to print
+        them (some sixty figures, the archive's and the policy's among them, and a sum over the cache's sink flags:
+        a device-to-host read on CUDA), ~1.5 ms a pair on the dev VM's CPU."""
+        session = self.session
+        cache = session.cache
+        if self._capacity_bytes is None or self._capacity_bytes[0] is not cache:  # allocated once with its cache
+            self._capacity_bytes = (cache, cache.capacity_bytes)
+        return {"cache_tokens": cache.length, "cache_capacity_tokens": cache.capacity,
+                "cache_capacity_bytes": self._capacity_bytes[1], "compressions": session.counters.compressions}
 
     def _spoken_command(self, question: Question) -> bool:
         """A ``--voice-wav`` utterance that is a forget command (apps/voice/commands.py) is carried out, not asked

@@ -202,14 +202,17 @@ class Recall(RetrievalReserve):
             self._stream_hex, self._stream = text, bytes.fromhex(text)
         return self._stream
 
-    def archive_pair(self, start: int, tokens: int, pair: int, t: float, tpos: int) -> bool:
-        """Queue the pair just prefilled at slots [start, start + tokens) (never blocks: see FrameArchive)."""
+    def archive_pair(self, start: int, tokens: int, pair: int, t: float, tpos: int, frames: int = 2) -> bool:
+        """Queue the pair just prefilled at slots [start, start + tokens) (never blocks: see FrameArchive).
+        ``frames`` 1: one frame prefilled as a pair of itself (``StreamSession.finish_pair``: an odd last frame),
+        which its record says (``ArchivedPair.frames``), so that it ends where it starts: a restart after a
+        ``kill -9`` goes on at the frame after it, and a window after that frame does not recall it."""
         if self.archive.closed:  # the session let go of its archive folder (session.close()): cache only from here
             return False
         cache, (rows, cols) = self.session.cache, self.session.grid
         k, v = cache.slots(start, start + tokens)
         return self.archive.submit(k, v, frame=pair, t=t, tpos=tpos, t_offset=self.session.t_offset, rows=rows,
-                                   cols=cols, stream=self.stream)
+                                   cols=cols, stream=self.stream, frames=frames)
 
     # ------------------------------------------------------------------ question side
     def probe(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -244,7 +247,7 @@ class Recall(RetrievalReserve):
     def select(self, queries: torch.Tensor, window: tuple[float, float] | None = None) -> list[list[ArchivedPair]]:
         """Per layer, the best ``top_k + _SPARE`` archived pairs of this stream (best first) among those not
         whole in the cache (``queries``: ``probe``'s); the spares stand in for a record that fails its checksum.
-        ``window`` (stream seconds): only pairs stamped inside it are candidates (a question about a time)."""
+        ``window`` (stream seconds): only pairs with a frame inside it are candidates (a question about a time)."""
         layers = self.session.cache.num_layers
         if self.stream is None:  # before this stream's first pair: none of its pairs is archived
             return [[] for _ in range(layers)]
@@ -269,9 +272,10 @@ class Recall(RetrievalReserve):
                 scores = scores.mean(dim=1, keepdim=True).masked_fill(whole.all(dim=1, keepdim=True), float("-inf"))
             else:
                 scores = scores.masked_fill(whole, float("-inf"))
-        if window is not None:  # a record is stamped with its first frame: its second, a frame interval on, may be in
-            start = window[0] - 1.0 / self.session.config.video.fps
-            outside = torch.tensor([not start <= e.t <= window[1] for e in entries], device=scores.device)
+        if window is not None:  # a pair with a frame in it (``StreamSession.pairs_in``): its first frame (its stamp)
+            frame_s = 1.0 / self.session.config.video.fps  # at most the window's end, its last at least its start
+            outside = torch.tensor([not (e.t <= window[1] and e.t_last(frame_s) >= window[0]) for e in entries],
+                                   device=scores.device)
             scores = scores.masked_fill(outside[:, None], float("-inf"))
         best = torch.topk(scores, min(self.top_k + _SPARE, len(entries)), dim=0)  # [m, L or 1]
         ranked = [[entries[i] for i, value in zip(idx, val) if value != float("-inf")]

@@ -42,7 +42,7 @@ edgekv could not read bumps it, and a segment of a later format (a newer edgekv'
 at open and left alone: never read, deleted by retention, repaired, forgotten in nor resealed (``newer``)::
 
     record = head [magic 'EKVA', u32 meta bytes, u64 kv bytes, u32 crc(meta), u32 0]
-             meta [struct _META: pair, frame, t, tpos, t_offset, rows, cols, tokens; 16 B stream id;
+             meta [struct _META: pair, frame, t, tpos, t_offset, rows (< 0: one frame), cols, tokens; 16 B stream id;
                    u32 crc per layer of that layer's KV; the index row: fp16 keys [layers, kv_heads,
                    index_keys, head_dim], then fp16 weights [layers, kv_heads, index_keys] when
                    index_keys > 1 (with one key the row is the first format's mean key)]
@@ -55,6 +55,14 @@ at open and left alone: never read, deleted by retention, repaired, forgotten in
                   or 4-bit records (``archive.kv_dtype: int4``, shape key dtype "int4"): K and V codes two a byte,
                   then K scales and minima per channel [kv_heads, head_dim], V's per token [kv_heads, P], bf16
                   (edgekv/archive/quant4.py): 3.8x the pairs of bf16 records at the 3B shape
+
+A record is stamped ``t``, its pair's first frame's time; ``rows`` < 0 marks a pair of one frame (an odd last frame at
+the end of a finite stream, prefilled as a pair of itself: ``StreamSession.finish_pair``), which ends where it starts
+(a pair of two ends a frame interval on: ``ArchivedPair.t_last``). The restart after a ``kill -9`` goes on after
+the newest record's last frame, and a question about a window recalls the records with a frame in it. No edgekv ever
+read ``rows`` back (the grid is ``tokens / cols`` rows), so the sign needs no new format: an earlier edgekv reads these
+records as its own (a one-frame one as a pair of two, as it wrote them), and this one reads an earlier one's records
+(rows positive) as pairs of two, as before.
 
 The index row summarizes the pair's post-RoPE keys with their temporal rotation undone (all tokens of a
 pair share one temporal position, so undoing it on the summary is exact), so retrieval scores do not
@@ -137,7 +145,7 @@ RECORD_MAGIC = b"EKVA"
 _HEAD = struct.Struct("<4sIQII")           # magic, meta bytes, kv bytes, crc(meta), reserved
 _SEGMENT_HEAD = struct.Struct("<II")       # json bytes, crc(json)
 _META = struct.Struct("<qqdqqhhi")         # pair (archive key), frame (session's pair index), t, tpos, t_offset,
-#                                            rows, cols, tokens
+#                                            rows (negative: a pair of one frame), cols, tokens
 _FSYNC_EVERY_S = 2.0                       # a power cut loses at most this much of the open segment
 _LINGER_S = 0.2                            # the writer gathers queued pairs this long (or half the staging
                                            # buffers) and writes them as one batch
@@ -253,10 +261,16 @@ class ArchivedPair:
     offset: int      # of the record's head in the segment file
     crcs: bytes      # u32 little-endian per layer: the CRC of that layer's K/V as stored (``layer_crcs``)
     seq: int = 0     # the record's number in a sealed segment (its AES-GCM nonces); 0 in the clear
+    frames: int = 2  # 1: one frame prefilled as a pair of itself (an odd last frame); stored as the sign of rows
 
     @property
     def layer_crcs(self) -> tuple[int, ...]:
         return struct.unpack(f"<{len(self.crcs) // 4}I", self.crcs)
+
+    def t_last(self, frame_s: float) -> float:
+        """The stream time of the pair's last frame, ``frame_s`` (a frame interval) after ``t`` for a pair of two: the
+        second frame of a recording sampled at its fps, within the sampler's jitter for a live one."""
+        return self.t if self.frames == 1 else self.t + frame_s
 
 
 @dataclass
@@ -271,6 +285,7 @@ class _Staged:
     cols: int = 0
     tokens: int = 0
     stream: bytes = b""
+    frames: int = 2
 
 
 class SegmentFiles:
@@ -971,6 +986,7 @@ class FrameArchive:
         ``_index_rows`` turns a segment's worth of them into tensors at once."""
         layers = self.shape.layers
         pair, frame, t, tpos, t_offset, rows, cols, tokens = _META.unpack_from(meta)
+        frames = 1 if rows < 0 else 2  # the sign of rows marks a pair of one frame (see the module docstring)
         at = _META.size
         stream = bytes(meta[at:at + 16])
         stream = self._streams.setdefault(stream, stream)  # one bytes object a stream, not one a pair
@@ -981,7 +997,8 @@ class FrameArchive:
         keys = bytes(meta[at:at + 2 * cells * self.shape.head_dim])
         at += len(keys)
         weights = bytes(meta[at:at + 2 * cells]) if self.shape.index_keys > 1 else b""
-        entry = ArchivedPair(pair, frame, t, tpos, t_offset, rows, cols, tokens, stream, segment, offset, crcs, seq)
+        entry = ArchivedPair(pair, frame, t, tpos, t_offset, abs(rows), cols, tokens, stream, segment, offset, crcs,
+                             seq, frames)
         return entry, keys, weights
 
     def _index_rows(self, keys: list[bytes], weights: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -995,13 +1012,14 @@ class FrameArchive:
 
     # ------------------------------------------------------------------ ingest side
     def submit(self, k: torch.Tensor, v: torch.Tensor, *, frame: int, t: float, tpos: int, t_offset: int,
-               rows: int, cols: int, stream: bytes) -> bool:
+               rows: int, cols: int, stream: bytes, frames: int = 2) -> bool:
         """Queue frame pair ``frame`` for writing under the next archive key (``next_pair``). When no staging
         buffer is free: with ``when_full = "drop"`` (a live camera: ingest never waits on the disk) False and
         ``dropped`` + 1; with ``"wait"`` (a replayed file or an evaluation, where ingest runs faster than
         real time and every pair should be archived) it waits for the writer to free one.
 
         k, v: [layers, kv_heads, P, head_dim] (views of the cache are fine: copied here, before returning).
+        ``frames``: 1 for one frame prefilled as a pair of itself (it ends where it starts), else 2.
         """
         if self._closed:
             raise ArchiveError(f"{self.dir}: the archive is closed")
@@ -1012,6 +1030,9 @@ class FrameArchive:
                              f"{tuple(k.shape)} and {tuple(v.shape)}")
         if len(stream) != 16:
             raise ValueError(f"archive: stream id must be 16 bytes, got {len(stream)}")
+        if frames not in (1, 2) or not 0 < rows < 2**15:  # rows' sign carries a one-frame pair (int16 on disk)
+            raise ValueError(f"archive: frames must be 1 or 2 and rows 1 to {2**15 - 1}, got frames={frames!r}, "
+                             f"rows={rows!r}")
         self._ensure_staging(tokens)
         try:
             staged = self._free.get_nowait()
@@ -1025,6 +1046,7 @@ class FrameArchive:
         staged.kv[:, 1].copy_(v)
         staged.frame, staged.t, staged.tpos, staged.t_offset = int(frame), float(t), int(tpos), int(t_offset)
         staged.rows, staged.cols, staged.tokens, staged.stream = int(rows), int(cols), tokens, stream
+        staged.frames = int(frames)
         with self._lock:  # counted before it is queued: the writer can never see the queue empty with it pending
             staged.pair = self._next_key
             self._next_key += 1
@@ -1249,8 +1271,8 @@ class FrameArchive:
         flat = self._layer_blocks(staged.kv)  # the record's layer blocks
         crcs = np.array([zlib.crc32(chunk) for chunk in flat], dtype="<u4")
         meta = b"".join((
-            _META.pack(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows, staged.cols,
-                       staged.tokens),
+            _META.pack(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset,
+                       -staged.rows if staged.frames == 1 else staged.rows, staged.cols, staged.tokens),
             staged.stream, crcs.tobytes(), keys.numpy().astype("<f2").tobytes(),
             weights.numpy().astype("<f2").tobytes() if self.shape.index_keys > 1 else b"",
         ))
@@ -1284,7 +1306,7 @@ class FrameArchive:
             self._last_record = (staged.stream, max(newest, staged.t), self._seen_mono[self._current])
         return ArchivedPair(staged.pair, staged.frame, staged.t, staged.tpos, staged.t_offset, staged.rows,
                             staged.cols, staged.tokens, staged.stream, self._current, offset,
-                            crcs.tobytes(), seq)
+                            crcs.tobytes(), seq, staged.frames)
 
     def _layer_blocks(self, kv: torch.Tensor) -> np.ndarray:
         """A staged pair's K/V [layers, 2, kv_heads, P, head_dim] as the record's bytes, one row a layer: as they

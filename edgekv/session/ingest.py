@@ -80,7 +80,8 @@ class PairIngest:
             s.grid = (grid_h, grid_w)
             compression_ms = self.make_room(tokens.shape[0])  # may re-base positions: compute them after
             t_pos = s.clock.position(t_first, s.t_offset)
-            positions = vision_block_position_ids(s.video_start, t_pos, grid_h, grid_w).to(s.device)
+            host_positions = vision_block_position_ids(s.video_start, t_pos, grid_h, grid_w)  # read here, not on
+            positions = host_positions.to(s.device)  # the device (a host sync a pair on CUDA)
             prefill_start = self._mark()
             index = torch.arange(tokens.shape[0], device=s.device)
             meta = ChunkMeta(SlotKind.VISION, frame=pair_index, rows=index // grid_w, cols=index % grid_w,
@@ -93,8 +94,9 @@ class PairIngest:
                 s.sinks.update(start, tokens.shape[0])
             prefill_ms = (self._mark() - prefill_start) * 1e3
             if s.recall is not None:  # before any compaction can move these slots
-                s.recall.archive_pair(start, tokens.shape[0], pair_index, t_first, int(positions[0, 0]))
-        s.next_position = max(s.next_position, int(positions.max()) + 1)
+                s.recall.archive_pair(start, tokens.shape[0], pair_index, t_first, int(host_positions[0, 0]),
+                                      frames=1 if second is first else 2)
+        s.next_position = max(s.next_position, int(host_positions.max()) + 1)
         s.pair_times[pair_index] = t_first
         s.pair_ends[pair_index] = t_second
         s.counters.frame_pairs += 1
