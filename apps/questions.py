@@ -38,6 +38,7 @@ class Question:
     image_details: tuple[str | None, ...] = ()
     stream: bool = False  # its tokens go out as they come (a streamed chat): only escalated when it asks
     on_token: object = None
+    on_escalating: object = None  # called (escalator's thread) once it waits on the escalation server
     source: str = "cli"
     evidence: bool | int = False  # also find the frame pair(s) the question attends most (``evidence_pair``, the
     # fleet's; a number K: the first K in ``evidence_seen``, a chat's ``evidence``)

@@ -100,9 +100,10 @@ class Remote:
 class Proxy:
     """An HTTP proxy on 127.0.0.1: CONNECT tunnels and absolute-URL requests, every name resolved to 127.0.0.1 (the
     client never resolves the server's name itself, as behind a real proxy). Keeps each request line and the
-    credentials it came with; ``credentials``: what it requires (407 otherwise)."""
+    credentials it came with; ``credentials``: what it requires (407 otherwise); ``refuse``: a status it answers
+    every request with instead (a policy's 403)."""
 
-    def __init__(self, credentials: str | None = None) -> None:
+    def __init__(self, credentials: str | None = None, refuse: int | None = None) -> None:
         self.lines: list[str] = []
         self.authorizations: list[str | None] = []
         proxy = self
@@ -125,6 +126,9 @@ class Proxy:
                 if credentials is not None and proxy.authorizations[-1] != credentials:
                     self.request.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\n"
                                          b"Proxy-Authenticate: Basic realm=\"t\"\r\nContent-Length: 0\r\n\r\n")
+                    return
+                if refuse is not None:
+                    self.request.sendall(b"HTTP/1.1 %d Refused\r\nContent-Length: 0\r\n\r\n" % refuse)
                     return
                 method, target, version = line.split(" ")
                 if method == "CONNECT":

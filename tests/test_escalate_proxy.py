@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from edgekv.apps.outputs.escalate import Escalator, escalation_proxy
+from edgekv.apps.outputs.exchange import ProxyRefused
 from edgekv.config import ConfigError, EdgeKVConfig, EscalateSection
 from helpers_proxy import Proxy, Remote, make_pki, no_proxy_environment, servers  # noqa: F401 (fixtures)
 
@@ -117,10 +118,10 @@ def test_a_proxy_that_refuses_is_named_without_its_credentials(servers, pki, mon
     remote, proxy = servers(Remote, pki), servers(Proxy, "robot:right")
     monkeypatch.setenv("HTTPS_PROXY", f"http://robot:wrong@127.0.0.1:{proxy.port}")
     escalator = _escalator(f"https://big.example:{remote.port}/v1", ca_file=str(pki["ca"]))
-    with pytest.raises(ConnectionError) as caught:
+    with pytest.raises(ProxyRefused) as caught:  # final: tests/test_proxy_refusal.py
         escalator.ask_remote("What is on the table?", [])
     message = str(caught.value)
-    assert f"through the proxy http://127.0.0.1:{proxy.port} (HTTPS_PROXY)" in message and "407" in message
+    assert f"the proxy http://127.0.0.1:{proxy.port} (HTTPS_PROXY) refused" in message and "407" in message
     assert "wrong" not in message and "robot" not in message and remote.requests == []
 
 

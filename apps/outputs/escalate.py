@@ -18,11 +18,18 @@ model the remote named) or failed or timed out (the local answer, ``escalation_n
 What the remote can cost the device is bounded: ``escalate.timeout_s`` is the whole exchange (a server that
 trickles its reply a byte at a time is cut off at it, not at each silence: apps/outputs/exchange.py, which the alert
 webhooks send through too), a reply is read up to
-``MAX_REPLY_BYTES``, and ``stop`` cuts the exchange in flight. What leaves the device is checked when its turn
+``MAX_REPLY_BYTES``, and ``stop`` cuts the exchange in flight — as ``asker_left`` does for the question whose asker
+left (its HTTP client disconnected): the remote's answer would go to nobody, and the questions behind it wait.
+What leaves the device is checked when its turn
 comes, not when it was queued: nothing is sent while ``withheld`` names a reason (the privacy pause), after a
 ``forget`` that came while it waited, for an asker who left, or once the daemon stops — each of those questions
 gets its local answer with the reason. The log names a failure without the remote's words (a server's error
 body can quote the question back, and ``privacy.log_text`` is not ours to judge here).
+
+A server that says it is busy (a rate limit's 429; a 503 with ``Retry-After``) is asked again after the wait it names
+(0.5 s, 1 s for a 429 that names none), at most ``BUSY_TRIES`` times and only while that fits in ``escalate.timeout_s``.
+A reply that streams (``text/event-stream``, or ``data:`` events under another content type) is read as SSE; one that
+sent an error event mid-answer, or ended before ``[DONE]`` and any ``finish_reason``, is no answer.
 
 Through a proxy (``escalation_proxy``, by the rules of apps/outputs/proxy.py, which the alert webhooks follow too):
 ``escalate.proxy``, else the environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` with ``NO_PROXY``
@@ -41,6 +48,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from edgekv.apps.outputs.exchange import BadReply, Exchange
@@ -48,6 +56,8 @@ from edgekv.apps.outputs.proxy import Proxy, proxy_for
 
 log = logging.getLogger("edgekv.escalate")
 MAX_REPLY_BYTES = 4 * 2**20  # a chat completion of a few hundred tokens is a few KiB; a 256k-token one ~1 MiB
+BUSY_TRIES = 3  # asks of a server that said it is busy (429, or 503 with Retry-After), within escalate.timeout_s
+BUSY_BACKOFF_S = 0.5  # before asking again a 429 that did not say when
 
 
 class RemoteRefused(RuntimeError):
@@ -89,6 +99,8 @@ class Escalator:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._in_flight: Exchange | None = None
+        self._asking: object | None = None  # the question whose exchange is (about to be) in flight
+        self._pause = threading.Event()  # ends a wait before asking a busy server again (a stop, the asker left)
         self._thread = threading.Thread(target=self._run, name="edgekv-escalate", daemon=True)
 
     def start(self) -> "Escalator":
@@ -99,6 +111,7 @@ class Escalator:
         """Cut the exchange in flight and answer every waiting question locally (the note says the daemon
         stopped): no asker is left waiting on a remote the daemon will not hear back from."""
         self._stopping.set()
+        self._pause.set()
         with self._lock:
             if self._in_flight is not None:
                 self._in_flight.abort("the daemon is stopping")
@@ -113,6 +126,15 @@ class Escalator:
         question may be of the window. What is already on the wire cannot be called back."""
         with self._lock:
             self.forgets += 1
+
+    def asker_left(self, question) -> None:
+        """``question``'s asker left (any thread; after ``question.cancelled`` was set): its exchange, if in flight, is
+        cut. One still waiting is withdrawn when its turn comes (``_kept_back``)."""
+        with self._lock:
+            if self._asking is question:
+                self._pause.set()
+                if self._in_flight is not None:
+                    self._in_flight.abort("the asker left")
 
     def reason(self, question, answer, streamed: bool) -> str | None:
         """Why this answer goes to the remote, or None."""
@@ -133,10 +155,14 @@ class Escalator:
             return False
         try:
             self.jobs.put_nowait(escalation)
-            return True
         except queue.Full:
             self.refused += 1
             return False
+        # the asker may want to know that its answer now waits on the remote (a streamed chat sends its headers)
+        escalating = escalation.question.on_escalating
+        if callable(escalating):
+            escalating()
+        return True
 
     def stats(self) -> dict:
         return {"escalations_sent": self.sent, "escalations_failed": self.failed,
@@ -175,6 +201,10 @@ class Escalator:
             self.withdrawn += 1
             question.answer = dataclasses.replace(local, escalation_note=f"not escalated: {why}")
         else:
+            with self._lock:
+                self._asking = question
+                if not self._stopping.is_set():
+                    self._pause.clear()
             try:
                 text, model = self.ask_remote(question.text, job.keyframes, question.history,
                                               images=getattr(question, "images", ()),
@@ -183,13 +213,26 @@ class Escalator:
                                                       escalation_note=job.reason)
                 self.sent += 1
             except Exception as exc:  # the remote is down, slow or wrong: the local answer stands
-                self.failed += 1
-                note = f"escalation failed ({type(exc).__name__}: {exc}); the local answer stands"
-                said = getattr(exc, "summary", None) or f"{type(exc).__name__}: {exc}"
-                log.warning("escalation failed (%s); the local answer stands", said)
-                question.answer = dataclasses.replace(local, escalation_note=note)
+                if question.cancelled.is_set():  # cut by asker_left: nobody to tell, nothing went wrong
+                    self.withdrawn += 1
+                    log.info("escalation abandoned: the asker left")
+                    question.answer = dataclasses.replace(local, escalation_note="escalation abandoned: the asker "
+                                                                                 "left; the local answer stands")
+                else:
+                    self._failed(question, local, exc)
+            finally:
+                with self._lock:
+                    self._asking = None
         job.keyframes = []  # what was seen is not kept here a moment longer than needed
         self.done(question)
+
+    def _failed(self, question, local, exc: Exception) -> None:
+        """The remote is down, slow or wrong: the local answer stands, the note saying why."""
+        self.failed += 1
+        note = f"escalation failed ({type(exc).__name__}: {exc}); the local answer stands"
+        said = getattr(exc, "summary", None) or f"{type(exc).__name__}: {exc}"
+        log.warning("escalation failed (%s); the local answer stands", said)
+        question.answer = dataclasses.replace(local, escalation_note=note)
 
     def ask_remote(self, text: str, keyframes: list[bytes], history=(), images: tuple[bytes, ...] = (),
                    image_details: tuple[str | None, ...] = ()) -> tuple[str, str]:
@@ -209,27 +252,54 @@ class Escalator:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        exchange = Exchange(section.url.rstrip("/") + "/chat/completions", self.context, section.timeout_s,
-                            self.proxy, timeout_key="escalate.timeout_s", max_reply_bytes=MAX_REPLY_BYTES)
-        with self._lock:
-            if self._stopping.is_set():
-                raise RuntimeError("the daemon is stopping")
-            self._in_flight = exchange
-        try:
-            status, kind, location, raw = exchange.post(body, headers)
-        finally:
-            with self._lock:
-                self._in_flight = None
+        # a server that says it is busy (a rate limit's 429; a 503 saying when to come back) is asked again after
+        # the Retry-After it named, as the OpenAI SDK does, while that fits in escalate.timeout_s
+        deadline, busy = time.monotonic() + section.timeout_s, ""
+        for attempt in range(1, BUSY_TRIES + 1):
+            status, kind, location, raw, wait = self._post(body, headers, deadline - time.monotonic())
+            if status != 429 and not (status == 503 and wait is not None):
+                break
+            if attempt == BUSY_TRIES:
+                busy = f" (busy at each of {attempt} tries)"
+                break
+            pause = BUSY_BACKOFF_S * 2 ** (attempt - 1) if wait is None else wait
+            if pause >= deadline - time.monotonic():
+                busy = (f" (it asked to be asked again in {pause:g} s, past escalate.timeout_s, {section.timeout_s:g} s"
+                        f"{f', after {attempt} tries' if attempt > 1 else ''})" if wait is not None else
+                        f" (busy, too little of escalate.timeout_s, {section.timeout_s:g} s, left to ask again)")
+                break
+            if self._pause.wait(pause):
+                raise RuntimeError("the daemon is stopping" if self._stopping.is_set() else "the asker left")
         url = section.url
         if 300 <= status < 400:
             raise RemoteRefused(f"HTTP {status} from {url}: it redirects to {location or 'no Location'} (not "
                                 "followed: set escalate.url to the server's own address)", f"HTTP {status} from {url}")
         if status >= 400:
             detail = raw[:300].decode("utf-8", "replace")
-            raise RemoteRefused(f"HTTP {status} from {url}: {detail}", f"HTTP {status} from {url}")
-        if "text/event-stream" in kind:  # a server that streams whatever was asked
-            return streamed_reply(raw, url, section.model)
+            raise RemoteRefused(f"HTTP {status} from {url}{busy}: {detail}", f"HTTP {status} from {url}{busy}")
+        if "text/event-stream" in kind or raw.lstrip()[:5] == b"data:":  # streamed whatever was asked (and said so
+            return streamed_reply(raw, url, section.model)                # or not: text/plain, application/json)
         return chat_reply(raw, url, section.model)
+
+    def _post(self, body: bytes, headers: dict[str, str], budget_s: float) -> tuple[int, str, str | None, bytes,
+                                                                                   float | None]:
+        """One POST to the server within ``budget_s`` (what is left of ``escalate.timeout_s``), cut by ``stop`` or
+        ``asker_left``: (status, Content-Type, Location, body, Retry-After in seconds)."""
+        section = self.section
+        exchange = Exchange(section.url.rstrip("/") + "/chat/completions", self.context, section.timeout_s,
+                            self.proxy, timeout_key="escalate.timeout_s", max_reply_bytes=MAX_REPLY_BYTES,
+                            budget_s=budget_s)
+        with self._lock:
+            if self._stopping.is_set():
+                raise RuntimeError("the daemon is stopping")
+            if self._asking is not None and self._asking.cancelled.is_set():  # left before asker_left could cut it
+                raise RuntimeError("the asker left")
+            self._in_flight = exchange
+        try:
+            return (*exchange.post(body, headers), exchange.retry_after)
+        finally:
+            with self._lock:
+                self._in_flight = None
 
 
 def escalation_proxy(url: str, configured: str | None, environ: dict[str, str] | None = None) -> Proxy | None:
@@ -273,23 +343,57 @@ def chat_reply(raw: bytes, url: str, asked: str) -> tuple[str, str]:
 
 def streamed_reply(raw: bytes, url: str, asked: str) -> tuple[str, str]:
     """The answer of a server that streamed it (server-sent ``chat.completion.chunk`` events, as with ``"stream":
-    true``, whatever was asked): the deltas' text joined, and the model the chunks name."""
-    pieces, model = [], None
-    for line in raw.decode("utf-8", "replace").splitlines():
-        data = line[5:].strip() if line.startswith("data:") else None
-        if not data or data == "[DONE]":
-            continue
+    true``, whatever was asked): the deltas' text joined, and the model the chunks name. The events are read as the
+    SSE spec has them (a ``data:`` field may span lines; comments and other fields skipped). ``BadReply`` for a stream
+    that is not whole: one whose server sent an error event mid-answer (OpenAI's and vLLM's ``{"error": ...}``) —
+    its text so far was taken as the big model's whole answer — or that ended before ``[DONE]`` and any
+    ``finish_reason`` (the server went away mid-answer)."""
+    pieces, model, ended = [], None, False
+    for data in _sse_data(raw.decode("utf-8", "replace")):
+        if data == "[DONE]":
+            ended = True
+            break
         try:
             chunk = json.loads(data)
-            delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        except ValueError:
+            chunk = None
+        if isinstance(chunk, dict) and chunk.get("error"):
+            error = chunk["error"]
+            said = error.get("message") if isinstance(error, dict) else error
+            raise BadReply(f"{url} streamed an error mid-answer: {str(said)[:200]!r}",
+                           f"{url} streamed an error mid-answer")
+        try:
+            choice = chunk["choices"][0] if chunk.get("choices") else {}
+            delta = choice.get("delta") or {}
+        except (KeyError, IndexError, TypeError, AttributeError):
             raise BadReply(f"{url} streamed something that is not a chat completion chunk: {data[:200]!r}",
                            f"{url} streamed something that is not a chat completion chunk") from None
         model = model or _model_of(chunk, None)
+        ended = ended or bool(choice.get("finish_reason"))
         content = delta.get("content") if isinstance(delta, dict) else None
         if content:
             pieces.append(content if isinstance(content, str) else _text_of(content, url, "delta.content"))
-    return _text_of("".join(pieces), url, "the streamed deltas' content"), model or asked
+    text = _text_of("".join(pieces), url, "the streamed deltas' content")
+    if not ended:
+        raise BadReply(f"{url} ended its stream before its end (no [DONE], no finish_reason) after "
+                       f"{len(text)} characters: a part of an answer", f"{url} ended its stream mid-answer")
+    return text, model or asked
+
+
+def _sse_data(text: str):
+    """Each server-sent event's data (its ``data:`` lines joined with newlines), in order; an event without data
+    (a comment, a ping) is none."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+            lines = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:  # the last event, its blank line cut off
+        yield "\n".join(lines)
 
 
 def _text_of(content, url: str, where: str) -> str:

@@ -3,7 +3,9 @@
 Each URL has a bounded queue (``alerts.queue``): when it is full the oldest waiting alert is dropped and
 counted, so a dead receiver costs memory for ``queue`` alerts, never ingest time. A delivery is retried
 ``alerts.webhook_retries`` times with exponential backoff (0.5 s, 1 s, 2 s, ... at most 30 s) on a connection
-error, a timeout or a 5xx / 429 answer; a 4xx answer is final (the receiver refused that alert). A redirect is
+error, a timeout or a 5xx / 429 answer — after the ``Retry-After`` the receiver named when it is longer (up to
+``RETRY_AFTER_MAX_S``: a rate-limited receiver asked again at once only counted another refusal); a 4xx answer
+is final (the receiver refused that alert). A redirect is
 not followed and is final too, naming where it points (urllib turned a redirected POST into a GET without the alert).
 A 2xx status is a delivery, whatever then happens to its body (sending it again would repeat the alert). The body is
 ``AlertEvent.to_json("base64")``: the keyframe travels inside (the receiver may not reach the API).
@@ -16,7 +18,10 @@ Through a proxy as escalations go (apps/outputs/proxy.py): ``alerts.webhook_prox
 ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` with ``NO_PROXY`` honoured, as curl reads them; an ``https://``
 receiver through a CONNECT tunnel, its certificate checked against its own name. Not urllib's reading of those
 variables: it ignores ``ALL_PROXY`` and CIDR blocks in ``NO_PROXY``, and took a ``socks5://`` proxy for
-an HTTP one. The proxy's credentials go in ``Proxy-Authorization`` only, never in a log line.
+an HTTP one. The proxy's credentials go in ``Proxy-Authorization`` only, never in a log line. A proxy that refuses —
+a 407, its credentials missing or wrong, to a CONNECT or to a plain request alike; another 4xx to a CONNECT — is final:
+the alert is not delivered, the proxy named (an ``https://`` receiver's 407 was retried as a network fault). So is a
+certificate that is refused (another name's, or of a CA not trusted): asking again meets the same certificate.
 """
 
 from __future__ import annotations
@@ -24,16 +29,18 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import ssl
 import threading
 from collections import deque
 
 from edgekv.apps.outputs.alerts import AlertEvent
-from edgekv.apps.outputs.exchange import Exchange
+from edgekv.apps.outputs.exchange import Exchange, ProxyRefused
 from edgekv.apps.outputs.proxy import proxy_for
 
 log = logging.getLogger("edgekv.webhooks")
 BACKOFF_S = 0.5
 BACKOFF_MAX_S = 30.0
+RETRY_AFTER_MAX_S = 300.0  # the longest Retry-After honoured (the queue behind waits meanwhile)
 
 
 class WebhookSender:
@@ -110,6 +117,13 @@ class WebhookSender:
                                 timeout_key="alerts.webhook_timeout_s", max_reply_bytes=0)
             try:
                 status, _, location, _ = exchange.post(body, headers)
+            except ProxyRefused as exc:  # a configuration error: asking again gets the same answer
+                log.warning("webhook %s: alert %s not delivered: %s", self.url, event.id, exc)
+                return False
+            except ssl.SSLCertVerificationError as exc:  # the same: not the receiver named, or not a CA trusted
+                log.warning("webhook %s: alert %s not delivered: its certificate is refused (%s); see "
+                            "alerts.webhook_ca_file", self.url, event.id, exc.verify_message or exc)
+                return False
             except (OSError, http.client.HTTPException) as exc:  # TimeoutError at the deadline is an OSError
                 reason = str(exc) or type(exc).__name__
                 reason += through if through and "through the proxy" not in reason else ""
@@ -121,14 +135,13 @@ class WebhookSender:
                                 "alerts.webhooks to the URL it points to", self.url, status,
                                 location or "no Location", event.id)
                     return False
-                if status == 407 and self.proxy is not None:  # the proxy's answer, not the receiver's
-                    log.warning("webhook %s: the proxy %s (%s) refused alert %s: HTTP 407 (its credentials are "
-                                "missing or wrong)", self.url, self.proxy, self.proxy.source, event.id)
-                    return False
                 if status < 500 and status != 429:
                     log.warning("webhook %s refused alert %s: HTTP %d", self.url, event.id, status)
                     return False
                 reason = f"HTTP {status}"
+                if exchange.retry_after is not None:
+                    delay = max(delay, min(exchange.retry_after, RETRY_AFTER_MAX_S))
+                    reason += f" (Retry-After {exchange.retry_after:g} s)"
             if attempt < self.retries:
                 log.info("webhook %s: %s; retry %d in %.1f s", self.url, reason, attempt + 1, delay)
                 if self._stop.wait(delay):

@@ -3,6 +3,15 @@
 The event loop never blocks: a question is handed to the daemon with a non-blocking ``submit`` (a full
 queue answers 503 at once) and its tokens and completion come back through ``call_soon_threadsafe``
 (``AnswerHandoff``); no thread waits per request.
+
+A streamed question that escalates (``"stream": true, "escalate": true``) sends no local token: its chunks are the
+remote's, once it answered — up to ``escalate.timeout_s`` later. Its status and headers go as soon as the local answer
+is done and the question waits on the remote (the escalator's ``on_escalating``), and an SSE comment line every
+``KEEPALIVE_S`` until the remote answered: a client or proxy that gives up on a silent connection (the OpenAI SDK's
+read timeout, nginx's ``proxy_read_timeout`` of 60 s) sees it alive; a comment is no event to an SSE parser (the
+OpenAI SDK's ``SSEDecoder.decode`` drops a line starting with ":"; OpenRouter sends the same while a model thinks).
+A client who leaves while it waits — whole answer or stream — cuts the exchange with the remote
+(``Escalator.asker_left``): nobody would read the answer, and the questions behind it wait for the escalator.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from edgekv.session.wallclock import NothingSeen
 
 log = logging.getLogger("edgekv.server")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+KEEPALIVE_S = 10.0  # between the comment lines of a stream waiting on the escalation server
+KEEPALIVE = ": waiting for the escalation server\n\n"
 
 
 def router(api: Api) -> APIRouter:
@@ -148,8 +159,11 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
     question.window_unix = params.window_unix
     question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
     question.image_details = params.image_details  # forwarded with the images when the question escalates
+    if params.stream and params.escalate is True:  # its headers go once it waits on the remote (no token comes)
+        question.on_escalating = lambda: handoff.post(_ESCALATING)
     submit(daemon, question)
-    watcher = asyncio.ensure_future(_cancel_when_gone(receive, question)) if receive is not None else None
+    left = _AskerLeft(daemon, question)
+    watcher = asyncio.ensure_future(_cancel_when_gone(receive, left)) if receive is not None else None
     try:
         first = await handoff.next()
         if first is _DONE and question.error is not None:
@@ -157,11 +171,11 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
         text = AnswerText(daemon.session.tokenizer, params.stop)
         completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if params.stream:
-            events = _sse(first, handoff, question, text, params, completion_id, created, model_id, watcher)
+            events = _sse(first, handoff, question, text, params, completion_id, created, model_id, watcher, left)
             watcher = None  # the stream owns it now
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
         item = first
-        while item is not _DONE:
+        while item is not _DONE:  # (never _ESCALATING: only a stream asks for it)
             if params.stop:
                 text.push(item)
             item = await handoff.next()
@@ -210,6 +224,21 @@ def _extension(answer: Any, question: Question) -> dict:
 
 
 _DONE = object()
+_ESCALATING = object()  # the local answer is done and the question waits on the escalation server
+
+
+class _AskerLeft:
+    """What a client's leaving does: the question is cancelled (the daemon stops decoding it, or never starts), and
+    its exchange with the escalation server, if in flight, is cut (``Escalator.asker_left``)."""
+
+    def __init__(self, daemon: Any, question: Question) -> None:
+        self.daemon, self.question = daemon, question
+
+    def __call__(self) -> None:
+        self.question.cancelled.set()
+        escalator = getattr(self.daemon, "escalator", None)
+        if escalator is not None and hasattr(escalator, "asker_left"):
+            escalator.asker_left(self.question)
 
 
 class _DoneSignal(threading.Event):
@@ -349,28 +378,42 @@ def submit(daemon: Any, question: Question) -> None:
         raise
 
 
-async def _cancel_when_gone(receive: Any, question: Question) -> None:
-    """Set ``question.cancelled`` when the client disconnects (the next ASGI message after the body is
-    ``http.disconnect``); cancelled itself once the answer is sent."""
+async def _cancel_when_gone(receive: Any, left: _AskerLeft) -> None:
+    """Call ``left`` when the client disconnects (the next ASGI message after the body is ``http.disconnect``);
+    cancelled itself once the answer is sent."""
     while True:
         message = await receive()
         if message.get("type") == "http.disconnect":
-            question.cancelled.set()
+            left()
             return
 
 
 async def _sse(first: Any, handoff: AnswerHandoff, question: Question, text: AnswerText, params: ChatRequest,
-               completion_id: str, created: int, model_id: str, watcher: "asyncio.Future | None" = None):
-    """The answer as server-sent events; when the stream ends early (the client left), the question is
-    cancelled so that the daemon stops decoding it."""
+               completion_id: str, created: int, model_id: str, watcher: "asyncio.Future | None" = None,
+               left: "_AskerLeft | None" = None):
+    """The answer as server-sent events — first, for a question waiting on the escalation server, a comment line
+    at once and one every ``KEEPALIVE_S`` until it answered; when the stream ends early (the client left), the
+    question is cancelled so that the daemon stops decoding it and its escalation is cut."""
     finished = False
+    waiting = None
     try:
+        if first is _ESCALATING:
+            yield KEEPALIVE  # the headers, and a first sign of life, now
+            waiting = asyncio.ensure_future(handoff.next())
+            while not (await asyncio.wait({waiting}, timeout=KEEPALIVE_S))[0]:
+                yield KEEPALIVE
+            first = waiting.result()
         async for event in _sse_events(first, handoff, question, text, params, completion_id, created, model_id):
             yield event
         finished = True
     finally:
+        if waiting is not None and not waiting.done():
+            waiting.cancel()
         if not finished and not question.done.is_set():
-            question.cancelled.set()
+            if left is not None:
+                left()
+            else:
+                question.cancelled.set()
         if watcher is not None:
             watcher.cancel()
 
