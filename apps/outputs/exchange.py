@@ -12,8 +12,8 @@ apps/outputs/proxy.py: an ``https://`` server through a CONNECT tunnel, its cert
 A proxy that refuses (``ProxyRefused``) is final and said the same way whichever the scheme: a 407 to the CONNECT of an
 ``https://`` server was an ``OSError`` (retried by the webhooks as a network fault, the proxy asked again and again with
 the same credentials), while the same 407 to an ``http://`` request was the server's status (final). A 407 is a
-configuration error — the credentials in the proxy's URL are missing or wrong — and now fails as one, naming the proxy
-(never its credentials) and where it was set.
+configuration error — the credentials in the proxy's URL are missing or wrong — and now fails as one, naming the
+proxy (never its credentials) and where it was set.
 """
 
 from __future__ import annotations

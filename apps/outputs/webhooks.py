@@ -19,9 +19,9 @@ Through a proxy as escalations go (apps/outputs/proxy.py): ``alerts.webhook_prox
 receiver through a CONNECT tunnel, its certificate checked against its own name. Not urllib's reading of those
 variables: it ignores ``ALL_PROXY`` and CIDR blocks in ``NO_PROXY``, and took a ``socks5://`` proxy for
 an HTTP one. The proxy's credentials go in ``Proxy-Authorization`` only, never in a log line. A proxy that refuses —
-a 407, its credentials missing or wrong, to a CONNECT or to a plain request alike; another 4xx to a CONNECT — is final:
-the alert is not delivered, the proxy named (an ``https://`` receiver's 407 was retried as a network fault). So is a
-certificate that is refused (another name's, or of a CA not trusted): asking again meets the same certificate.
+a 407, its credentials missing or wrong, to a CONNECT or to a plain request alike; another 4xx to a CONNECT — is
+final: the alert is not delivered, the proxy named (an ``https://`` receiver's 407 was retried as a network fault).
+So is a certificate that is refused (another name's, or of a CA not trusted): asking again meets the same certificate.
 """
 
 from __future__ import annotations
