@@ -151,6 +151,9 @@ class VideoSection:
     # hardware decoder, nvv4l2decoder + nvvidconv: no CPU core spent decoding). The last two need OpenCV built with
     # GStreamer (JetPack's python3-opencv); edgekv.video.sources.rtsp_pipeline says what each runs. jetson was not
     # run on a Jetson here.
+    # A video file with jetson is decoded by nvv4l2decoder too (mp4/mov, mkv/webm, avi, MPEG-TS; H.264, H.265, VP8,
+    # VP9, AV1, MPEG-2/4, MJPEG; another codec is refused at start naming it), read through GStreamer's Python
+    # bindings (apt python3-gi gir1.2-gstreamer-1.0): edgekv.video.gst_file. Run here with generic decoders only.
     decoder: Literal["ffmpeg", "gstreamer", "jetson"] = "ffmpeg"
     # A camera whose driver returns nothing at all, no frame and no error, for this long (a CSI camera's Argus
     # pipeline or a gst: pipeline that hung inside GStreamer, which has no read timeout here): the daemon saves its

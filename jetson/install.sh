@@ -73,7 +73,8 @@ echo "board: $BOARD -> profile configs/$PROFILE.yaml"
 
 run apt-get update
 run apt-get install -y python3-venv python3-pip python3-libnvinfer python3-opencv \
-  gstreamer1.0-tools gstreamer1.0-plugins-good gstreamer1.0-plugins-bad v4l-utils libportaudio2
+  gstreamer1.0-tools gstreamer1.0-plugins-good gstreamer1.0-plugins-bad v4l-utils libportaudio2 \
+  python3-gi gir1.2-gstreamer-1.0
 if ! id -u edgekv >/dev/null 2>&1; then
   run useradd --system --home /var/cache/edgekv --shell /usr/sbin/nologin --groups video,render,audio edgekv
 fi

@@ -229,13 +229,14 @@ def open_video_source(config: EdgeKVConfig):
         spec = parse_spec(spec_text)
         if config.video.loop and spec.live:
             raise StartupError(f"video.loop: {spec_text!r} is a live source; only a file or synthetic video loops")
-        if config.video.decoder != "ffmpeg" and not (spec.kind == "stream"
-                                                     and str(spec.target).lower().startswith("rtsp")):
-            log.warning("video.decoder %s applies to rtsp:// cameras; %s is read as before (FFmpeg, or its own "
-                        "pipeline)", config.video.decoder, redact(spec_text))
+        decoder = config.video.decoder
+        if decoder != "ffmpeg" and not (spec.kind == "stream" and str(spec.target).lower().startswith("rtsp")
+                                        or spec.kind == "file" and decoder == "jetson"):
+            log.warning("video.decoder %s applies to rtsp:// cameras%s; %s is read as before (FFmpeg, or its own "
+                        "pipeline)", decoder, " and video files" if decoder == "jetson" else "", redact(spec_text))
         with quiet_native_stderr():
             source = open_source(spec, ros2=config.ros2, stream_timeout_s=config.video.stream_timeout_s,
-                                 wait_for_stream=config.video.wait_for_stream, decoder=config.video.decoder)
+                                 wait_for_stream=config.video.wait_for_stream, decoder=decoder)
     except StartupError:
         raise
     except (ValueError, SourceError) as exc:
@@ -244,7 +245,7 @@ def open_video_source(config: EdgeKVConfig):
             message += " (no camera at that index? set video.source, e.g. a file, rtsp://… or synthetic:shapes)"
         raise StartupError(f"video.source: {message}") from None
     if config.video.loop:
-        source = LoopingSource(source, lambda: open_source(spec))
+        source = LoopingSource(source, lambda: open_source(spec, decoder=config.video.decoder))  # each pass alike
     return spec, source
 
 

@@ -1318,6 +1318,9 @@ def resume_after(source: FrameSource, t: float | None) -> FrameSource:
 
 # ---------------------------------------------------------------------------------------------- open
 EXTRA_SCHEMES = {"ros2": "edgekv.video.ros2", "rosbag": "edgekv.video.rosbag"}  # scheme -> module (parse, open_parsed)
+# video.decoder -> the module that decodes a file with it (open_file(spec, path)); imported by name, as the schemes are:
+# it builds on this module's sources
+FILE_DECODERS = {"jetson": "edgekv.video.gst_file"}
 
 
 def _is_bag(path: Path) -> bool:
@@ -1344,7 +1347,9 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None,
     ``SourceLost``, so a ``CaptureThread`` connects it with its backoff (an IP camera that boots after the
     robot, a Wi-Fi link not up yet). ``decoder`` (``video.decoder``): an ``rtsp://`` camera through OpenCV's FFmpeg
     (``ffmpeg``), or through a GStreamer pipeline (``rtsp_pipeline``: ``gstreamer``, or ``jetson`` for the
-    hardware decoder), which needs OpenCV built with GStreamer (JetPack's)."""
+    hardware decoder), which needs OpenCV built with GStreamer (JetPack's). A video file with ``jetson`` is decoded
+    by the hardware decoder through GStreamer's Python bindings (``edgekv.video.gst_file.GstFileSource``; no OpenCV
+    needed); with ``ffmpeg`` or ``gstreamer`` by OpenCV's FFmpeg."""
     parsed = spec if isinstance(spec, SourceSpec) else parse_spec(spec)
     if parsed.kind in EXTRA_SCHEMES:
         return _extra_scheme(EXTRA_SCHEMES[parsed.kind]).open_parsed(parsed, ros2=ros2)
@@ -1352,6 +1357,8 @@ def open_source(spec: str | int | os.PathLike | SourceSpec, *, ros2: Any = None,
         cls = {"shapes": ShapesSource, "needle": NeedleSource, "events": EventSource,
                "world": WorldSource}[parsed.target]
         return cls(parsed.raw, **parsed.params)
+    if parsed.kind == "file" and decoder in FILE_DECODERS:
+        return _extra_scheme(FILE_DECODERS[decoder]).open_file(parsed.raw, str(parsed.target))
     if not has_opencv():  # every other kind is read through a cv2.VideoCapture
         raise SourceUnavailable(f"video source {redact(parsed.raw)!r}: a {parsed.kind} source is read with OpenCV, "
                                 f"which is not installed here: {OPENCV_EXTRA}; the synthetic: videos need no extra")
