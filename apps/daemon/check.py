@@ -48,15 +48,17 @@ class CheckResult:
     detail: str = ""
 
 
-def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None) -> list[CheckResult]:
+def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None,
+                 seen: dict[str, Any] | None = None) -> list[CheckResult]:
     """Every preflight step of ``daemon`` (an ``apps.daemon.loop.Daemon``), each said, then what its start will do
     with the memory under ``state.dir``; the folder lock and the source it opened are let go again. ``deployment``:
-    the whole config (its ``video.sources``), ``camera``: which of them ``daemon`` is."""
+    the whole config (its ``video.sources``), ``camera``: which of them ``daemon`` is. ``seen`` (filled when given):
+    the first frame's shape (``frame_shape``) and the grid of the memory the start resumes (``resumed``)."""
     from edgekv.apps.daemon.startup import one_line
 
     daemon.checking = True
     results: list[CheckResult] = []
-    seen: dict[str, Any] = {}  # the first frame's shape (``video.resolution`` null: it fixes the grid)
+    seen = {} if seen is None else seen  # the first frame's shape (``video.resolution`` null: it fixes the grid)
     try:
         for key, step in daemon.preflight_steps():
             try:
@@ -71,16 +73,21 @@ def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None)
         source = getattr(daemon, "_source", None)
         if source is not None:
             source.close()
+    plan: Any = None  # what the start does with the memory under state.dir (RestorePlan, or why not known)
+    if daemon.config.state.dir is not None:
+        daemon.state.source = _source_record(daemon)  # as the start sets it before its restore
+        plan = restore_plan(daemon.state, daemon.config)
+    snapshot = resumed_snapshot(daemon.state, daemon.config, plan)
+    resumed = seen["resumed"] = resumed_grid(daemon.config, snapshot)
     if not any(result.key == "model.path" and result.status == "FAIL" for result in results):
-        results.append(budget_result(daemon.config, seen.get("frame_shape")))
+        results.append(budget_result(daemon.config, seen.get("frame_shape"), resumed))
     if daemon.config.archive.dir is not None:
         newer = newer_result(daemon.config.archive.dir)
         if newer is not None:
             results.append(newer)
     if daemon.config.state.dir is not None:
-        daemon.state.source = _source_record(daemon)  # as the start sets it before its restore
-        results += [bound_result(daemon.state, daemon.config),
-                    memory_result(daemon.state, daemon.config, deployment, camera)]
+        results += [bound_result(daemon.state, daemon.config, snapshot),
+                    memory_result(daemon.state, daemon.config, deployment, camera, plan)]
         kept = daemon._kept_pause()
         if kept is not None:  # the privacy switch was on at the last stop: the start keeps the camera closed
             results.append(CheckResult("privacy pause", "note", f"paused ({kept}) at the last stop: the start keeps "
@@ -89,10 +96,12 @@ def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None)
     return results
 
 
-def bound_result(keeper: Any, config: Any) -> CheckResult:
+def bound_result(keeper: Any, config: Any, resumed: tuple[str, dict] | None = None) -> CheckResult:
     """``state.max_mib`` against two snapshots of a full cache (``StateKeeper.budget_problem``, the start's check,
     sized from the checkpoint's config.json): a bound too small passed ``--check`` and stopped the start once the
-    model had loaded."""
+    model had loaded. ``resumed`` (``resumed_snapshot``): a memory resumed with a frame waiting for its partner has
+    it in every snapshot until that pair comes, and the start sizes the snapshots with it (a 1920x1080 camera's 6 MB:
+    ``state.max_mib`` passed here for the cache alone, and the restart was refused)."""
     from edgekv.apps.daemon.startup import one_line
     from edgekv.state import planned_full_bytes
 
@@ -100,14 +109,30 @@ def bound_result(keeper: Any, config: Any) -> CheckResult:
         full = planned_full_bytes(config)
     except (ValueError, OSError, KeyError) as exc:  # model.path's own step names what is wrong with it
         return CheckResult("state.max_mib", "note", f"not compared (the cache's size: {one_line(exc)})")
+    pending = _pending_bytes(resumed)
+    full = _with_pending(full, pending)
+    waiting = (f" with the frame waiting for its partner in {resumed[0]} ({pending / 2**20:.2f} MiB), which the "
+               "start resumes" if pending else "")
     problem = keeper.budget_problem(full)
     if problem is not None:
-        return CheckResult("state.max_mib", "FAIL", problem)
+        return CheckResult("state.max_mib", "FAIL", problem + (f" ({waiting.strip()})" if waiting else ""))
     fixed, alerts = keeper.files_beside()
     left = keeper.max_bytes - 2 * full - fixed
-    return CheckResult("state.max_mib", "ok", f"two snapshots of a full cache ({full / 2**20:.2f} MiB each) fit in "
-                                              f"{keeper.section.max_mib:g} MiB; {left / 2**20:.2f} MiB left for the "
-                                              f"kept alerts ({len(alerts)} there now) and a snapshot set aside")
+    return CheckResult("state.max_mib", "ok", f"two snapshots of a full cache ({full / 2**20:.2f} MiB each{waiting}) "
+                                              f"fit in {keeper.section.max_mib:g} MiB; {left / 2**20:.2f} MiB left for "
+                                              f"the kept alerts ({len(alerts)} there now) and a snapshot set aside")
+
+
+def _with_pending(full: int, pending: int) -> int:
+    """``edgekv.state.estimate_bytes`` of a full cache's snapshot (``full``, without a waiting frame) with a waiting
+    frame of ``pending`` bytes: its section is the last before the manifest, aligned as the writer aligns it."""
+    from edgekv.privacy import sealed_size
+    from edgekv.state import _MANIFEST_ALLOWANCE, _TRAILER, _aligned
+
+    if not pending:
+        return full
+    tail = sealed_size(_MANIFEST_ALLOWANCE) + _TRAILER.size
+    return _aligned(full - tail) + sealed_size(pending) + tail
 
 
 BUDGET_KEY = "cache budget"
@@ -119,16 +144,16 @@ class PlannedBudget:
     that fits) reads of a session, from the config, the checkpoint's ``config.json`` and ``tokenizer.json`` alone: no
     weights. The check run on it is the session's own, so ``--check`` says what the start would refuse, word for word
     (it passed an ``archive.top_k`` the start then refused). ``frame_shape``: the first frame's, which fixes the grid
-    when ``video.resolution`` is null (None then: checked at the first frame, as the session does)."""
+    when ``video.resolution`` is null (None then: checked at the first frame, as the session does); ``resumed``: the
+    grid of the memory the start resumes (``resumed_grid``), which the restored session keeps instead."""
 
-    def __init__(self, config: Any, frame_shape: tuple[int, ...] | None = None) -> None:
-        from types import SimpleNamespace
-
+    def __init__(self, config: Any, frame_shape: tuple[int, ...] | None = None,
+                 resumed: tuple[int, int] | None = None) -> None:
         from edgekv.archive.recall import RetrievalReserve
         from edgekv.model.config import ModelConfig
         from edgekv.policies import make_policy
-        from edgekv.preprocess import FramePreprocessor, smart_resize
-        from edgekv.runtime import Runtime, _policy_kwargs
+        from edgekv.preprocess import FramePreprocessor
+        from edgekv.runtime import _policy_kwargs
         from edgekv.state import _planned_cache
         from edgekv.tokenizer import ChatLayout, QwenTokenizer
 
@@ -139,10 +164,7 @@ class PlannedBudget:
         self.policy = make_policy(config.cache.policy, **_policy_kwargs(config))
         tokenizer = QwenTokenizer.from_dir(model_dir)
         self.prefix_tokens = len(tokenizer.encode(ChatLayout(config.model.system_prompt).stream_prefix()))
-        resolution = config.video.resolution
-        if resolution is None and frame_shape is not None:  # Runtime.make_preprocessor's grid for that frame
-            low, high = Runtime.pixel_limits(SimpleNamespace(model_dir=model_dir))
-            resolution = smart_resize(frame_shape[0], frame_shape[1], min_pixels=low, max_pixels=high)
+        resolution = start_grid(config, frame_shape, resumed)
         self.preprocessor = None if resolution is None else FramePreprocessor(
             resolution=tuple(resolution), patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
             merge_size=vision.spatial_merge_size, resize=config.video.resize)
@@ -185,24 +207,55 @@ class PlannedBudget:
                 f"{self.tokens_per_pair} tokens ({width}x{height})")
 
 
-def budget_result(config: Any, frame_shape: tuple[int, ...] | None = None) -> CheckResult:
+def start_grid(config: Any, frame_shape: tuple[int, ...] | None = None,
+               resumed: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """The frame grid (height, width) the start's session uses: ``video.resolution``; null, the grid of the memory
+    it resumes (``resumed``), else ``Runtime.make_preprocessor``'s for the first frame (its shape ``frame_shape``);
+    None when neither is known."""
+    from types import SimpleNamespace
+
+    from edgekv.model.builtin import resolve_model_path
+    from edgekv.preprocess import smart_resize
+    from edgekv.runtime import Runtime
+
+    resolution = config.video.resolution or resumed  # a restored stream keeps its grid (resolution null)
+    if resolution is None and frame_shape is not None:
+        model_dir = Path(resolve_model_path(config.model.path)).expanduser()
+        low, high = Runtime.pixel_limits(SimpleNamespace(model_dir=model_dir))
+        resolution = smart_resize(frame_shape[0], frame_shape[1], min_pixels=low, max_pixels=high)
+    return None if resolution is None else (int(resolution[0]), int(resolution[1]))
+
+
+def budget_result(config: Any, frame_shape: tuple[int, ...] | None = None,
+                  resumed: tuple[tuple[int, int], str] | None = None) -> CheckResult:
     """The start's budget check on ``config`` (``PlannedBudget``): ``FAIL`` with the message the start would stop
     with, or ``ok`` with the budget; a ``note`` when it cannot be checked here (a model folder the steps above
-    refused, ``video.resolution`` null and no frame read)."""
+    refused, ``video.resolution`` null and no frame read). ``resumed``: the grid of the memory the start resumes and
+    its snapshot's name (``resumed_grid``): with ``video.resolution`` null the budget is that grid's, not the frame's
+    (the memory of a 160x120 camera resumed beside a 1280x720 one now: the frames are scaled to the memory's grid,
+    and the check had failed the 1280x720 grid that the start never uses)."""
     from edgekv.apps.daemon.startup import one_line
 
     try:
-        planned = PlannedBudget(config, frame_shape)
+        planned = PlannedBudget(config, frame_shape, resumed[0] if resumed is not None else None)
     except (ValueError, OSError, KeyError) as exc:
         return CheckResult(BUDGET_KEY, "note", f"not checked ({one_line(exc)})")
     if planned.preprocessor is None:
         return CheckResult(BUDGET_KEY, "note", "video.resolution null and no frame read: the first frame fixes the "
                                                "grid and the budget is checked then")
+    whence = ""
+    if resumed is not None and config.video.resolution is None:
+        (height, width), name = resumed
+        frame = (f"; the camera's {frame_shape[1]}x{frame_shape[0]} frames are scaled to it"
+                 if frame_shape is not None else "")
+        whence = (f" — {width}x{height} is the grid of the memory resumed from {name} (video.resolution null: the "
+                  f"restored stream keeps its grid{frame}; a video.resolution set to another grid sets that memory "
+                  "aside)")
     try:
         planned.check()
     except ValueError as exc:
-        return CheckResult(BUDGET_KEY, "FAIL", one_line(exc))
-    return CheckResult(BUDGET_KEY, "ok", planned.text())
+        return CheckResult(BUDGET_KEY, "FAIL", one_line(exc) + whence)
+    return CheckResult(BUDGET_KEY, "ok", planned.text() + whence)
 
 
 def newer_result(folder: Any) -> CheckResult | None:
@@ -217,18 +270,76 @@ def newer_result(folder: Any) -> CheckResult | None:
 MEMORY_KEY = "state.dir memory"
 
 
-def memory_result(keeper: Any, config: Any, deployment: Any = None, camera: str | None = None) -> CheckResult:
-    """What the start will do with the saved memory (``StateKeeper.plan_restore``): ``ok`` when it resumes it or
-    there is none, a ``note`` when it will be set aside (the start goes on, empty), naming what changed and where
-    the memory goes. With several cameras a changed cap is explained by the cameras' shares."""
+def restore_plan(keeper: Any, config: Any) -> Any:
+    """``StateKeeper.plan_restore`` for ``config``: the ``RestorePlan``, or the one-line reason it could not be made
+    (a ``str``: a bad key, model or folder, which the steps above name)."""
     from edgekv.apps.daemon.startup import one_line
     from edgekv.privacy import SealError
     from edgekv.runtime import deployment_keys
 
     try:
-        plan = keeper.plan_restore(config, deployment_keys(config))
-    except (ValueError, OSError, KeyError, SealError) as exc:  # the steps above name a bad key, model or folder
-        return CheckResult(MEMORY_KEY, "note", f"not compared with the snapshots ({one_line(exc)})")
+        return keeper.plan_restore(config, deployment_keys(config))
+    except (ValueError, OSError, KeyError, SealError) as exc:
+        return one_line(exc)
+
+
+def resumed_snapshot(keeper: Any, config: Any, plan: Any) -> tuple[str, dict] | None:
+    """The file name and manifest of the snapshot the start resumes (``plan``: ``restore_plan``'s answer): the newest
+    generation that reads, or the one set aside earlier that fits. Read from the manifests only (the trailer and the
+    JSON at the file's end: no tensor); None when the start resumes nothing."""
+    from edgekv.privacy import SealError
+    from edgekv.runtime import deployment_keys
+    from edgekv.state import SnapshotError, key_differences, planned_key, read_manifest
+
+    if getattr(plan, "action", None) not in ("resume", "resume_set_aside"):
+        return None
+    try:
+        keys = deployment_keys(config)
+        wanted = planned_key(config) if plan.action == "resume_set_aside" else None
+    except (ValueError, OSError, KeyError, SealError):
+        return None
+    candidates = list(reversed(keeper.generations())) if wanted is None else keeper.set_aside_files()
+    for path in candidates:
+        try:
+            manifest = read_manifest(path, keys)
+        except (SnapshotError, SealError):  # as plan_restore: a damaged generation is skipped for an older one
+            continue
+        if wanted is None or not key_differences(manifest["key"], wanted):
+            return path.name, manifest
+    return None
+
+
+def resumed_grid(config: Any, resumed: tuple[str, dict] | None) -> tuple[tuple[int, int], str] | None:
+    """The frame grid the start takes from the memory it resumes (``resumed_snapshot``), and that snapshot's file
+    name: with ``video.resolution`` null a restored session keeps the grid its stream had
+    (``edgekv.state._fill_session``), whatever size the camera's frames are now. None when the config fixes the
+    grid, the start resumes nothing, or the memory was saved before its first frame."""
+    if config.video.resolution is not None or resumed is None:
+        return None
+    grid = resumed[1]["key"].get("resolution")
+    if (isinstance(grid, list) and len(grid) == 2
+            and all(isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in grid)):
+        return (grid[0], grid[1]), resumed[0]
+    return None
+
+
+def _pending_bytes(resumed: tuple[str, dict] | None) -> int:
+    """The bytes of the frame waiting for its partner that the resumed snapshot holds (the camera's frame as it came:
+    6 MB at 1920x1080), 0 without one."""
+    entry = resumed[1]["tensors"].get("pending_frame") if resumed is not None else None
+    size = entry.get("bytes") if isinstance(entry, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
+def memory_result(keeper: Any, config: Any, deployment: Any = None, camera: str | None = None,
+                  plan: Any = None) -> CheckResult:
+    """What the start will do with the saved memory (``StateKeeper.plan_restore``; ``plan``: ``restore_plan``'s
+    answer, made here when not given): ``ok`` when it resumes it or there is none, a ``note`` when it will be set
+    aside (the start goes on, empty), naming what changed and where the memory goes. With several cameras a changed
+    cap is explained by the cameras' shares."""
+    plan = restore_plan(keeper, config) if plan is None else plan
+    if isinstance(plan, str):
+        return CheckResult(MEMORY_KEY, "note", f"not compared with the snapshots ({plan})")
     detail = plan.text
     if "cache_capacity" in plan.differences and deployment is not None and deployment.video.sources:
         detail += f". {_share_text(deployment, camera)}"
@@ -404,21 +515,22 @@ def _source_result(source: Any, seen: dict[str, Any] | None = None) -> CheckResu
                                              f"{time.monotonic() - started:.2f} s")
 
 
-def flash_result(configs: list[Any]) -> CheckResult | None:
+def flash_result(configs: list[Any], grids: list[tuple[int, int] | None] | None = None) -> CheckResult | None:
     """What the deployment's memory writes to flash a day, every camera's summed (``edgekv plan``'s figure: flash
     wears by it), when it keeps any (``state.dir`` or ``archive.dir``); None otherwise, or when a model cannot be
-    read for it."""
+    read for it. ``grids``: each camera's frame grid as the start takes it (``start_grid``; None, or not given:
+    ``video.resolution``, else 448x448)."""
     import re
 
     from edgekv.calibration.plan import flash_lines
     from edgekv.model.builtin import resolve_model_path
 
     total = 0.0
-    for config in configs:
+    for config, grid in zip(configs, grids or [None] * len(configs)):
         if config.state.dir is None and config.archive.dir is None:
             continue
         try:
-            height, width = config.video.resolution or (448, 448)
+            height, width = grid or config.video.resolution or (448, 448)
             lines = flash_lines(config, resolve_model_path(str(config.model.path)), (height // 28) * (width // 28))
         except (OSError, ValueError, KeyError):
             return None
@@ -471,16 +583,26 @@ def run_check(daemons: dict[str, Any], out: Any, config_name: str, deployment: A
     together; default: the first camera's); 0 when the daemon would start, 2 when it would not."""
     failed = 0
     print(f"edgekv-camera --check: {config_name} (the model is not loaded)", file=out)
+    grids = []
     for name, daemon in daemons.items():
         prefix = f"[{name}] " if len(daemons) > 1 else ""
-        for result in check_daemon(daemon, deployment, name or None):
+        seen: dict[str, Any] = {}
+        results = check_daemon(daemon, deployment, name or None, seen)
+        try:
+            resumed = seen.get("resumed")
+            grids.append(start_grid(daemon.config, seen.get("frame_shape"), resumed[0] if resumed else None))
+        except (ValueError, OSError, KeyError):  # model.path's own step names what is wrong with it
+            grids.append(None)
+        for result in results:
             failed += result.status == "FAIL"
             print(f"{prefix}{result.status:<4}  {result.key}{': ' + result.detail if result.detail else ''}",
                   file=out)
     if not failed:  # the deployment's own: said once, after every camera's steps
         whole = deployment if deployment is not None else next(iter(daemons.values())).config
+        if len(grids) == 1 and grids[0] is not None and whole.video.resolution is None:
+            whole = whole.with_overrides(video={"resolution": list(grids[0])})  # the plan's activations at it
         for result in [*device_results(whole),
-                       flash_result([daemon.config for daemon in daemons.values()])]:
+                       flash_result([daemon.config for daemon in daemons.values()], grids)]:
             if result is not None:
                 print(f"{result.status:<4}  {result.key}: {result.detail}", file=out)
     print(f"{failed} problem(s): the daemon would not start" if failed else

@@ -129,6 +129,7 @@ class FrameStore:
         self._aged_mono: float | None = None  # when earlier streams were last aged by the wall clock
         self._clock_said = False  # the warning that the wall clock cannot age a frame, given once
         self._lock = threading.Lock()  # the one connection: the writer's rows, a reader's lookups, a forget
+        self.closed = False  # True once ``close`` has let go of the file (a stop past its budget closes it late)
         self._db = self._open()
         self._bytes, self._rows = self._totals()
         self._fit()
@@ -741,6 +742,7 @@ class FrameStore:
             except sqlite3.Error:
                 pass
             self._db.close()
+            self.closed = True
 
 
 def encode_thumbnail(frame: np.ndarray, px: int) -> bytes:
