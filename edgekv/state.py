@@ -826,8 +826,14 @@ def _load_session(runtime, path: str | Path):
 def _fill_session(session, path: Path, manifest: dict, started: float):
     runtime, state = session.runtime, manifest["session"]
     resolution = manifest["key"]["resolution"]
-    if session.preprocessor is None and resolution is not None:
+    if session.preprocessor is None and resolution is not None:  # video.resolution null: the memory's grid stays
         session.preprocessor = runtime.make_preprocessor(resolution=tuple(resolution))
+        try:  # checked as a first frame's grid is (``StreamSession.ingest``): else the first pair failed, mid-stream
+            session._check_budget()
+        except ValueError as exc:
+            raise type(exc)(f"{path}: its memory was seen at {tuple(resolution)} (video.resolution null keeps the "
+                            f"grid of the memory it resumes), which this config cannot hold: {exc}; or move the "
+                            f"snapshot out of its folder to start with an empty memory") from None
     length = int(state["cache_length"])
     views = _tensor_views(session, length)
     names = set(views) | ({"pending_frame"} if state["pending_t"] is not None else set())
