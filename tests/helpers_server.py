@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from edgekv.config import EdgeKVConfig
+from helpers_wait import let_go
 
 
 def daemon_args(**overrides) -> argparse.Namespace:
@@ -106,6 +107,10 @@ def ended_daemon(config: EdgeKVConfig, out_path: Path, realtime: bool = False):
         finally:
             daemon.stop.event.set()
             thread.join(60)
+            # a stop past its budget (a loaded machine) closes the evidence frames and the archive after run()
+            # returned: a daemon started next in this process would find the archive folder still held
+            let_go(daemon)
+
 
 def call(port: int, method: str, path: str, body=None, headers: dict | None = None, raw: bytes | None = None,
          timeout: float = 60) -> tuple[int, dict, bytes]:
