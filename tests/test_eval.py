@@ -704,6 +704,9 @@ def test_eval_videoqa_runs_resumes_and_refuses_a_bad_layout(tmp_path, tiny_check
     assert len(lines) == 2
     # MLVU's own rule reads the continuation of "Best option:(" (a random model's is anything: scored as it is)
     assert all((row["scored_by"], row["answer_prefix"]) == ("mlvu", "Best option:(") for row in map(json.loads, lines))
+    # MLVU's own budget (its VideoChat2 run's 100 new tokens); each line says how the reply ended
+    assert all(row["max_new_tokens"] == 100 and row["finish_reason"] in ("stop", "length")
+               for row in map(json.loads, lines))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["budget_tokens"] == 768 and summary["policy"] == "infinipot_v"
     assert summary["accuracy"]["questions"] == 2 and "plotQA" in summary["accuracy"]["per_task"]
@@ -711,6 +714,8 @@ def test_eval_videoqa_runs_resumes_and_refuses_a_bad_layout(tmp_path, tiny_check
     assert summary["questions_asked"] == "after the whole video"
     assert {json.loads(line)["frames_seen"] for line in lines} == {4}  # 8 frames at 4 fps, sampled at 2 fps
     assert summary["throughput"]["ingest_frames_per_s_mean"] > 0
+    cut = sum(json.loads(line)["finish_reason"] == "length" for line in lines)
+    assert summary["accuracy"]["cut_at_max_new_tokens"] == cut
     assert main(args) == 0  # resumed: nothing asked again
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
     capsys.readouterr()

@@ -80,3 +80,33 @@ def test_a_prefix_that_leaves_no_room_is_refused_naming_it(streamed):
     session, _ = streamed
     with pytest.raises(ValueError, match=r"and answer_prefix\) \+ max_new_tokens"):
         session.ask(QUESTION, max_new_tokens=2, answer_prefix="word " * 2000)
+
+
+@pytest.mark.parametrize("end", ["<|im_end|>", "<|endoftext|>"])
+def test_a_reply_ends_at_its_end_of_turn_whatever_the_budget(streamed, monkeypatch, end):
+    """The official budgets (MLVU's 100 new tokens, OVO-Bench's and StreamingBench's 128) cost a reply that ends its
+    turn nothing more: decoding stops at ``<|im_end|>`` / ``<|endoftext|>`` (transformers' ``generate`` stops at the
+    same ids, Qwen's generation config's ``eos_token_id``), which is not part of the reply."""
+    from edgekv.eval.scoring import mlvu_prediction
+    from edgekv.session import answer as answering
+
+    session, _ = streamed
+    tokenizer = session.tokenizer
+    script = [*tokenizer.encode_text("B)"), tokenizer.encode(end)[0], *tokenizer.encode_text(" and more")]
+    steps: list[int] = []
+
+    def scripted(logits, temperature, top_p, generator) -> int:
+        steps.append(len(steps))
+        return script[len(steps) - 1]
+
+    monkeypatch.setattr(answering, "sample", scripted)
+    length = session.cache.length
+    for budget in (8, 100, 128):
+        del steps[:]
+        answer = session.ask(QUESTION, max_new_tokens=budget, answer_prefix=PREFIX)
+        assert (answer.text, answer.finish_reason) == ("B)", "stop")
+        assert len(steps) == len(tokenizer.encode_text("B)")) + 1  # the reply's tokens and the end of turn, no more
+        assert mlvu_prediction(answer.text) == "B" and session.cache.length == length
+    del steps[:]
+    cut = session.ask(QUESTION, max_new_tokens=1, answer_prefix=PREFIX)
+    assert (cut.text, cut.finish_reason, len(steps)) == ("B", "length", 1)  # "B)" is two tokens: the budget cut it

@@ -131,8 +131,9 @@ def test_each_answer_keeps_its_style_and_a_resume_in_another_is_refused_without_
     err = capsys.readouterr().err
     assert str(out / "results.jsonl") in err and "prompt_style 'official' (now 'infinipot_v'): 2 of 2 answers" in err
     assert len(asks) == 2 and not (out / "run.json").exists()  # nothing asked, nothing written down
-    for line in lines:
-        del line["prompt_style"]  # as an edgekv before the option wrote them
+    for line in lines:  # as an edgekv before the option wrote them (nor the budget, nor the rule)
+        for key in ("prompt_style", "max_new_tokens", "scored_by"):
+            del line[key]
     (out / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert _run("ovobench", data, out) == 2
     assert "prompt_style 'infinipot_v' (now 'official'): 2 of 2 answers" in capsys.readouterr().err

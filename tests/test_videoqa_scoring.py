@@ -73,7 +73,9 @@ class PrimedSession:
     def ask(self, text: str, max_new_tokens: int, answer_prefix: str = ""):
         (question,) = [q for q in self.replies if q in text]
         self.log.append({"question": question, "max_new_tokens": max_new_tokens, "answer_prefix": answer_prefix})
-        return type("Answer", (), {"text": self.replies[question], "ttft_s": 0.0})()
+        reply = self.replies[question]  # the reply, or (reply, how it ended: Answer.finish_reason)
+        text, finish = (reply, None) if isinstance(reply, str) else reply
+        return type("Answer", (), {"text": text, "ttft_s": 0.0, **({"finish_reason": finish} if finish else {})})()
 
     def stats(self) -> dict:
         return {"frame_pairs": self.frames // 2, "cache_tokens": 0, "compressions": 0}
@@ -125,7 +127,8 @@ def test_official_scores_ovobench_by_its_rule_and_infinipot_v_by_the_first_lette
     assert _summary(tmp_path / "official")["scored_by"] == "ovobench"
     assert "anywhere in the reply" in _summary(tmp_path / "official")["scoring"]
     assert _summary(tmp_path / "letter")["scored_by"] == "first_letter"
-    assert all(a["answer_prefix"] == "" and a["max_new_tokens"] == 8 for a in asks)
+    # OVO-Bench's own budget (its Qwen2-VL runner's 128 new tokens) officially, edgekv's 8 in InfiniPot-V's format
+    assert [(a["answer_prefix"], a["max_new_tokens"]) for a in asks] == [("", 128)] * 5 + [("", 8)] * 5
 
 
 def test_official_scores_streamingbench_by_the_first_character(tmp_path, primed):
@@ -213,28 +216,31 @@ def _as_before_rules(out: Path, keep: int | None = None) -> list[str]:
 
 def test_an_official_run_scored_by_the_first_letter_is_rescored_on_resume(tmp_path, primed, capsys):
     """Answers asked the same way (same prompt, budget, no prefix): their stored reply is all a rule reads, so a
-    resume rescores them by the benchmark's rule and asks only what is left; each keeps its earlier score."""
+    resume rescores them by the benchmark's rule and asks only what is left; each keeps its earlier score. Video-MME
+    is the benchmark whose official budget is still the 8 tokens of then (the others' own are longer: refused,
+    ``test_an_official_run_given_8_tokens_is_refused_where_the_benchmark_gives_more``)."""
     asks, replies = primed
-    replies.update(OVO)
-    data, out = _ovobench(tmp_path / "ovo"), tmp_path / "out"
-    assert _run("ovobench", data, out) == 0
+    replies.update({"How many?": "Both A and B", "What?": "Clearly D"})  # keys B and D
+    data, out = _videomme(tmp_path / "vmme", "json"), tmp_path / "out"
+    assert _run("videomme", data, out) == 0
     fresh = _rows(out)
-    _as_before_rules(out, keep=3)
-    assert _rows(out)["ovo/0"]["predicted"] == "C"  # the first letter of "Based on it, C"
+    _as_before_rules(out, keep=1)
+    assert _rows(out)["001-1"]["predicted"] == "A"  # the first letter standing alone in "Both A and B"
     del asks[:]
     capsys.readouterr()
-    assert _run("ovobench", data, out) == 0
-    assert "rescored 3 answer(s) scored by first_letter" in capsys.readouterr().err
-    assert len(asks) == 2  # only the two answers that were not there
+    assert _run("videomme", data, out) == 0
+    assert "rescored 1 answer(s) scored by first_letter" in capsys.readouterr().err
+    assert [a["question"] for a in asks] == ["What?"]  # only the answer that was not there
     rows = _rows(out)
     assert rows.keys() == fresh.keys()
     for key, row in rows.items():
         assert (row["scored_by"], row["predicted"], row["correct"]) == (
-            "ovobench", fresh[key]["predicted"], fresh[key]["correct"])
-    assert rows["ovo/0"]["rescored_from"] == {"scored_by": "first_letter", "predicted": "C", "correct": False}
-    assert _summary(out)["scored_by"] == "ovobench"
+            "videomme", fresh[key]["predicted"], fresh[key]["correct"])
+    assert rows["001-1"]["rescored_from"] == {"scored_by": "first_letter", "predicted": "A", "correct": False}
+    assert (rows["001-1"]["predicted"], rows["001-1"]["correct"]) == ("B", True)  # Video-MME reads the B of "Both"
+    assert _summary(out)["scored_by"] == "videomme"
     again = (out / "results.jsonl").read_text()
-    assert _run("ovobench", data, out) == 0 and len(asks) == 2
+    assert _run("videomme", data, out) == 0 and len(asks) == 1
     assert (out / "results.jsonl").read_text() == again  # rescored once
 
 
@@ -270,3 +276,128 @@ def test_an_infinipot_v_run_from_before_the_rules_resumes_untouched(tmp_path, pr
     assert _run("ovobench", data, out, "--prompt-style", "infinipot_v") == 0
     assert len(asks) == count and (out / "results.jsonl").read_text() == before
     assert _summary(out)["scored_by"] == "first_letter"
+
+
+# ---------------------------------------------------------------------------------------------- budgets
+BUDGET_REPLIES = {"What happens?": "C) z", "Who?": "A", "How many?": "B", "What?": "D", **OVO,
+                  "What is on the screen right now?": "B", "How many planes are there?": "A",
+                  "What is the pilot holding?": "D", "How many cars are there?": "C"}
+DATASETS = {"mlvu": lambda root: _mlvu(root / "MLVU"), "videomme": lambda root: _videomme(root / "vmme", "json"),
+            "ovobench": lambda root: _ovobench(root / "ovo"),
+            "streamingbench": lambda root: _streamingbench(root / "sb")}
+# each benchmark's own multiple-choice budget: MLVU's VideoChat2 run 100, OVO-Bench's and StreamingBench's Qwen2-VL
+# runners 128; Video-MME sets none (edgekv's 8)
+OWN_BUDGET = {"mlvu": 100, "videomme": 8, "ovobench": 128, "streamingbench": 128}
+
+
+@pytest.mark.parametrize("dataset", sorted(DATASETS))
+def test_official_replies_get_their_benchmarks_own_budget_and_max_new_tokens_overrides_it(tmp_path, primed, dataset):
+    asks, replies = primed
+    replies.update(BUDGET_REPLIES)
+    data = DATASETS[dataset](tmp_path)
+    runs = {"official": [], "letter": ["--prompt-style", "infinipot_v"], "given": ["--max-new-tokens", "20"],
+            "given-letter": ["--prompt-style", "infinipot_v", "--max-new-tokens", "20"]}
+    budgets = {}
+    for name, extra in runs.items():
+        del asks[:]
+        assert _run(dataset, data, tmp_path / name, *extra) == 0
+        budgets[name] = {a["max_new_tokens"] for a in asks}
+        assert {r["max_new_tokens"] for r in _rows(tmp_path / name).values()} == budgets[name]
+    assert budgets == {"official": {OWN_BUDGET[dataset]}, "letter": {8}, "given": {20}, "given-letter": {20}}
+
+
+def _as_asked_with_8_tokens(out: Path) -> None:
+    """results.jsonl as edgekv wrote it when every multiple-choice reply got 8 new tokens (commit 29bdf71: the lines
+    name their rule, prefix and budget)."""
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    (out / "results.jsonl").write_text("".join(json.dumps({**row, "max_new_tokens": 8}) + "\n" for row in rows))
+
+
+@pytest.mark.parametrize("dataset", ["mlvu", "ovobench", "streamingbench"])
+def test_an_official_run_given_8_tokens_is_refused_where_the_benchmark_gives_more(tmp_path, primed, capsys, dataset):
+    """A reply cut at 8 tokens answers another prompt than one given the benchmark's own budget: a resume of such an
+    --out is refused naming the budgets and what to do, and nothing is asked or written; a fresh --out runs."""
+    asks, replies = primed
+    replies.update(BUDGET_REPLIES)
+    data, out = DATASETS[dataset](tmp_path), tmp_path / "out"
+    assert _run(dataset, data, out, "--limit", "2") == 0
+    _as_asked_with_8_tokens(out)
+    before = {name: (out / name).read_text() for name in ("results.jsonl", "summary.json", "run.json")}
+    count = len(asks)
+    capsys.readouterr()
+    assert _run(dataset, data, out) == 2
+    err = capsys.readouterr().err
+    assert f"max_new_tokens 8 (now {OWN_BUDGET[dataset]}): 2 of 2 answers" in err and "give another --out" in err, err
+    assert "gives each benchmark its own budget" in err
+    # asking the rest with 8 tokens into it is refused too: run.json says the run was made with the default
+    assert _run(dataset, data, out, "--max-new-tokens", "8") == 2
+    assert "max_new_tokens None (now 8)" in capsys.readouterr().err
+    assert len(asks) == count and {name: (out / name).read_text() for name in before} == before
+    assert _run(dataset, data, tmp_path / "fresh") == 0
+    assert {r["max_new_tokens"] for r in _rows(tmp_path / "fresh").values()} == {OWN_BUDGET[dataset]}
+
+
+def test_replies_cut_at_the_budget_are_named_and_counted(tmp_path, primed):
+    asks, replies = primed
+    replies.update({"How many?": ("The best answer is", "length"), "What?": ("D", "stop")})
+    data = _videomme(tmp_path / "vmme", "json")
+    assert _run("videomme", data, tmp_path / "out") == 0
+    assert [r["finish_reason"] for r in _rows(tmp_path / "out").values()] == ["length", "stop"]
+    assert _summary(tmp_path / "out")["accuracy"]["cut_at_max_new_tokens"] == 1
+
+
+# ---------------------------------------------------------------------------------------------- Video-MME's figure
+def test_videomme_gives_its_own_scorers_figure_beside_the_headline(tmp_path, primed, capsys):
+    """Video-MME's scorer leaves a reply with no letter out of the accuracy's denominator; edgekv's headline counts it
+    wrong. Both are in summary.json and the printed summary under the official style, Video-MME's named as such."""
+    asks, replies = primed
+    replies.update({"How many?": "B", "What?": "I cannot tell"})  # keys B and D: right, and no letter
+    data = _videomme(tmp_path / "vmme", "json")
+    capsys.readouterr()
+    assert _run("videomme", data, tmp_path / "official") == 0
+    printed = capsys.readouterr().out
+    summary = _summary(tmp_path / "official")
+    accuracy = summary["accuracy"]
+    assert (accuracy["overall"], accuracy["no_letter"], accuracy["per_duration"]) == (50.0, 1, {"short": 50.0})
+    own = accuracy["videomme_scorer"]
+    assert {key: value for key, value in own.items() if key != "about"} == {
+        "overall": 100.0, "answered": 1, "left_out": 1, "per_duration": {"short": 100.0},
+        "per_task": {"Counting Problem": 100.0}}
+    assert "Video-MME's own scorer" in own["about"] and "videomme_scorer" in summary["note"]
+    assert "without subtitles" in summary["note"]
+    assert json.loads(printed[:printed.index("\n}\n") + 3])["videomme_scorer"] == own  # the printed accuracy
+    assert ("overall 50.0 % of 2 (a reply with no letter counted wrong); Video-MME's own scorer: 100.0 % of the 1 "
+            "answered (1 left out of its denominator)") in printed
+    # no reply with a letter: its figure is none, said so
+    replies.update({"How many?": "I cannot tell"})
+    assert _run("videomme", data, tmp_path / "none") == 0
+    assert _summary(tmp_path / "none")["accuracy"]["videomme_scorer"]["overall"] is None
+    assert "Video-MME's own scorer: none (no reply had a letter) of the 0 answered" in capsys.readouterr().out
+    # InfiniPot-V's format is scored by edgekv's first-letter rule: no Video-MME figure
+    assert _run("videomme", data, tmp_path / "letter", "--prompt-style", "infinipot_v") == 0
+    assert "videomme_scorer" not in _summary(tmp_path / "letter")["accuracy"]
+    assert "Video-MME's own scorer" not in capsys.readouterr().out
+
+
+def test_a_rerun_that_samples_otherwise_is_refused(tmp_path, primed, capsys):
+    """The benchmarks decode greedily; a --config whose generation samples (temperature, top_p) gives other answers,
+    so a rerun with it into the same --out is refused naming the setting, as every other setting that changes an
+    answer. An --out whose run.json predates these keys resumes."""
+    asks, replies = primed
+    replies.update(BUDGET_REPLIES)
+    data, out = _videomme(tmp_path / "vmme", "json"), tmp_path / "out"
+    assert _run("videomme", data, out, "--limit", "1") == 0
+    settings = json.loads((out / "run.json").read_text())
+    assert (settings["generation.temperature"], settings["generation.top_p"]) == (0.0, 1.0)
+    sampling = tmp_path / "sampling.yaml"
+    sampling.write_text("generation:\n  temperature: 0.7\n  top_p: 0.9\n")
+    capsys.readouterr()
+    assert _run("videomme", data, out, "--config", str(sampling)) == 2
+    err = capsys.readouterr().err
+    assert "generation.temperature 0.0 (now 0.7)" in err and "generation.top_p 1.0 (now 0.9)" in err, err
+    assert len(asks) == 1
+    for key in ("generation.temperature", "generation.top_p"):
+        del settings[key]  # as edgekv wrote run.json before
+    (out / "run.json").write_text(json.dumps(settings))
+    assert _run("videomme", data, out) == 0 and len(asks) == 2
+    assert json.loads((out / "run.json").read_text())["generation.temperature"] == 0.0

@@ -236,7 +236,8 @@ def test_ovobench_questions_are_asked_at_their_timestamps_and_scored(tmp_path, s
     assert [s.frames for s in sessions] == [9, 12]  # a.avi stops after its last question (4 s); b.avi is read to its end
     assert {i: (r["predicted"], r["correct"]) for i, r in rows.items()} == {
         "ovo/0": ("A", True), "ovo/1": ("B", False), "ovo/2": ("B", True), "ovo/3": ("D", True), "ovo/4": ("C", False)}
-    assert rows["ovo/1"]["category"] == "backward" and rows["ovo/1"]["answer"] == "C" and asks[0]["max_new_tokens"] == 8
+    assert rows["ovo/1"]["category"] == "backward" and rows["ovo/1"]["answer"] == "C"
+    assert asks[0]["max_new_tokens"] == 128  # OVO-Bench's own budget (models/QWen2VL.py), the official style's default
 
     summary = json.loads((out / "summary.json").read_text())
     accuracy = summary["accuracy"]

@@ -37,6 +37,17 @@ C or D) of the correct option.`` — ``(A, B, C, or D)`` for Video-MME and Strea
 open-ended set; under this style an open-ended question gets ``Answer in a few words.`` after it (what edgekv
 asked before the official style existed, so the runs made then resume the same).
 
+How long a reply may be (new tokens, when ``--max-new-tokens`` is not given) follows the style too. Under
+``official`` each benchmark's own run (``OFFICIAL_MAX_NEW_TOKENS``; generation stops at the end of the turn, so a
+reply that ends sooner costs nothing more): MLVU 100 (``evaluation/models/videochat2/choice_bench.py``,
+``infer_mvbench``'s ``answer(..., max_new_tokens=100)``); OVO-Bench 128 (``models/QWen2VL.py``, ``inference``) and
+StreamingBench 128 (``src/model/Qwen2VL.py``, ``Qwen2VL_Run``), each the ``generate(..., max_new_tokens=128)`` of
+their Qwen2-VL runner, the nearest to Qwen2.5-VL; RVS 256 (above). Video-MME sets none (its README, its
+``evaluation/output_test_template.json`` and the parse_answer script hold no model run), so it keeps edgekv's
+``CHOICE_MAX_NEW_TOKENS``, which holds ``The best answer is: B``. Under ``infinipot_v``: ``CHOICE_MAX_NEW_TOKENS``
+for multiple choice and ``OPEN_MAX_NEW_TOKENS`` for open-ended questions, what edgekv gave before the official
+style existed (InfiniPot-V's own ``qwen_inference_ovu.py`` allows 300).
+
 How a reply is scored follows the style (``edgekv/eval/scoring.py``): under ``official`` each benchmark's own
 scorer's rule (MLVU's reads the character before a ``)``, Video-MME's the first capital A-D, OVO-Bench's looks for
 the key's letter anywhere in the reply, StreamingBench's compares the reply's first character); under
@@ -53,8 +64,11 @@ DEFAULT_PROMPT_STYLE = "official"
 EARLIER_PROMPT_STYLE = "infinipot_v"
 
 OPEN_ENDED_PROMPT = "Answer in a few words."
+CHOICE_MAX_NEW_TOKENS = 8  # edgekv's multiple-choice budget: infinipot_v's, and official Video-MME's (it sets none)
 OPEN_MAX_NEW_TOKENS = 64  # infinipot_v's open-ended budget: what edgekv gave before the official style existed
 OFFICIAL_OPEN_MAX_NEW_TOKENS = 256  # ReKV's RVS replies (video_qa/rekv_stream_vqa.py, analyze_a_video)
+# each benchmark's own multiple-choice budget (module docstring: the file and function of each)
+OFFICIAL_MAX_NEW_TOKENS = {"mlvu": 100, "ovobench": 128, "streamingbench": 128}
 MLVU_ANSWER_PREFIX = "Best option:("
 INFINIPOT_V_OXFORD_COMMA = ("videomme", "streamingbench")  # InfiniPot-V lists their letters as (A, B, C, or D)
 _COUNTS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
@@ -98,6 +112,16 @@ def answer_prefix(dataset: str, style: str, open_ended: bool) -> str:
 def open_max_new_tokens(style: str) -> int:
     """New tokens an open-ended reply gets in ``style`` when ``--max-new-tokens`` is not given."""
     return OFFICIAL_OPEN_MAX_NEW_TOKENS if style == "official" else OPEN_MAX_NEW_TOKENS
+
+
+def max_new_tokens_for(dataset: str, style: str, open_ended: bool) -> int:
+    """New tokens a reply to a question of ``dataset`` gets in ``style`` when ``--max-new-tokens`` is not given:
+    the benchmark's own under ``official`` (module docstring), edgekv's under ``infinipot_v``."""
+    if open_ended:
+        return open_max_new_tokens(style)
+    if style == "official":
+        return OFFICIAL_MAX_NEW_TOKENS.get(dataset, CHOICE_MAX_NEW_TOKENS)
+    return CHOICE_MAX_NEW_TOKENS
 
 
 def letter_list(count: int, oxford_comma: bool) -> str:

@@ -37,16 +37,22 @@ only the letter ... of the correct option.``), the setting of its Table 1, and R
 words.`` after it. The style is part of ``run.json`` and of each line of ``results.jsonl``: a rerun with the other
 one into the same ``--out`` is refused, also where ``run.json`` and ``summary.json`` were deleted (answers written
 before the option existed were asked in ``infinipot_v``). Official MLVU starts the assistant's reply with
-``Best option:(`` (``answer_prefix``; ``reply`` is the model's continuation). Open-ended replies get 256 new tokens in
-the official style (ReKV's RVS budget) and 64 in ``infinipot_v``; ``--max-new-tokens`` overrides both.
+``Best option:(`` (``answer_prefix``; ``reply`` is the model's continuation). A reply gets its benchmark's own
+budget of new tokens in the official style (MLVU 100, OVO-Bench and StreamingBench 128, RVS 256 as ReKV; Video-MME
+sets none and keeps edgekv's 8) and 8 / 64 (multiple choice / open-ended) in ``infinipot_v``; ``--max-new-tokens``
+overrides both. A reply ends sooner at its end of turn; each line says how it ended (``finish_reason``, ``length``
+when cut at the budget; ``cut_at_max_new_tokens`` in the summary counts those).
 
 Scoring (``edgekv/eval/scoring.py``, each rule with its source): under ``official`` each benchmark's own scorer's
 rule, under ``infinipot_v`` the reply's first option letter; a reply from which the rule reads no option letter is
-wrong and counted (``no_letter`` in ``summary.json``). Each line names its rule (``scored_by``) and what it read
-(``predicted``), and ``summary.json`` the run's. A resume rescores the answers there that another rule scored (an
-official run made before the benchmarks' rules existed) — their stored reply is all a rule reads — and refuses
-answers asked another way than this run asks (another answer prefix or token budget: rescoring cannot make them
-this run's). Open-ended questions (RVS) are scored with the token-F1 proxy of ``edgekv/eval/open_ended.py`` — not
+wrong and counted (``no_letter`` in ``summary.json``); Video-MME's own scorer leaves such a reply out of the
+denominator instead, and its figures are given beside edgekv's (``videomme_scorer``; the headline ``overall`` stays
+edgekv's). Each line names its rule (``scored_by``) and what it read (``predicted``), and ``summary.json``
+the run's. A resume rescores the answers there that another rule scored (an official Video-MME run made before the
+benchmarks' rules existed) — their stored reply is all a rule reads — and refuses answers asked another way than
+this run asks (another answer prefix or token budget: rescoring cannot make them this run's; official MLVU,
+OVO-Bench, StreamingBench and RVS runs made before were asked with 8 or 64 tokens, MLVU's without the primer).
+Open-ended questions (RVS) are scored with the token-F1 proxy of ``edgekv/eval/open_ended.py`` — not
 the papers' GPT judge.
 
 Results are appended to ``OUT/results.jsonl`` one item at a time (``--out``); a rerun skips the items
@@ -73,8 +79,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgekv.eval import open_ended, scoring
-from edgekv.eval.prompts import (DEFAULT_PROMPT_STYLE, EARLIER_PROMPT_STYLE, OFFICIAL_OPEN_MAX_NEW_TOKENS,
-                                 OPEN_MAX_NEW_TOKENS, PROMPT_STYLES, answer_prefix, open_max_new_tokens, prompt)
+from edgekv.eval.prompts import (CHOICE_MAX_NEW_TOKENS, DEFAULT_PROMPT_STYLE, EARLIER_PROMPT_STYLE,
+                                 OFFICIAL_MAX_NEW_TOKENS, OFFICIAL_OPEN_MAX_NEW_TOKENS, OPEN_MAX_NEW_TOKENS,
+                                 PROMPT_STYLES, answer_prefix, max_new_tokens_for, prompt)
 from edgekv.eval.qa_item import LETTERS, VIDEO_SUFFIXES, DatasetError, Item, read_json
 from edgekv.eval.scoring import extract_letter
 from edgekv.eval.stats import proportion
@@ -185,7 +192,6 @@ LOADERS = {"mlvu": load_mlvu, "videomme": load_videomme, "ovobench": load_ovoben
 
 # ---------------------------------------------------------------------------------------------- running
 ASK_EPSILON_S = 1e-6  # container clocks are in ms, floats are not: a frame read at 2.0000001 s is the 2 s frame
-CHOICE_MAX_NEW_TOKENS = 8
 # what a line of results.jsonl without max_new_tokens was given (edgekv before the official style's RVS budget)
 EARLIER_MAX_NEW_TOKENS = {False: CHOICE_MAX_NEW_TOKENS, True: OPEN_MAX_NEW_TOKENS}
 NOTES = {
@@ -198,6 +204,9 @@ NOTES = {
                "(edgekv/eval/open_ended.py), NOT the papers' GPT-3.5 judge; not comparable to published RVS figures",
 }
 NOTES["rvs_movie"] = NOTES["rvs_ego"]
+NOTES["videomme"] = ("without subtitles; overall counts a reply with no letter wrong, while Video-MME's own scorer "
+                     "leaves it out of the denominator: its figures are accuracy.videomme_scorer (official prompt "
+                     "style)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -243,7 +252,10 @@ def run(args: argparse.Namespace) -> int:
     asked_otherwise = _asked_otherwise(done, args.dataset, _prompt_style(args), args.max_new_tokens)
     if asked_otherwise:
         print(f"edgekv eval videoqa: {results_path} holds answers asked another way than this run asks them "
-              f"({asked_otherwise}): they cannot be pooled with this run's; give another --out", file=sys.stderr)
+              f"({asked_otherwise}): a reply primed otherwise or given another token budget answers another prompt "
+              f"(the official style primes MLVU's reply and gives each benchmark its own budget, "
+              f"edgekv/eval/prompts.py), so they cannot be pooled with this run's; give another --out",
+              file=sys.stderr)
         return 2
     from edgekv.runtime import Runtime
 
@@ -272,14 +284,23 @@ def run(args: argparse.Namespace) -> int:
             _write_summary(out, args, config, done)
     summary = _write_summary(out, args, config, done)
     print(json.dumps(summary["accuracy"], indent=1))
+    own = summary["accuracy"].get("videomme_scorer")
+    if own:  # the headline stays edgekv's; Video-MME's own figure beside it, named
+        theirs = f"{own['overall']} %" if own["answered"] else "none (no reply had a letter)"
+        print(f"overall {summary['accuracy']['overall']} % of {summary['accuracy']['questions']} (a reply with no "
+              f"letter counted wrong); Video-MME's own scorer: {theirs} of the {own['answered']} answered "
+              f"({own['left_out']} left out of its denominator)")
     print(f"wrote {results_path} and {out / 'summary.json'}")
     return 0
 
 
 RUN_FILE = "run.json"
-# config keys that change an answer (routes and devices compute the same answers; sources are not used here)
+# config keys that change an answer (routes and devices compute the same answers; sources are not used here). The
+# benchmarks decode greedily (MLVU's run do_sample=False; OVO-Bench's and StreamingBench's Qwen2-VL runners with
+# Qwen's near-greedy generation config), as edgekv's default temperature 0 does; a --config that samples is another run
 ANSWER_KEYS = ("model.path", "model.dtype", "model.system_prompt", "model.text_after_video", "model.lm_head",
-               "video.fps", "video.resolution", "video.resize", "video.skip_static")
+               "video.fps", "video.resolution", "video.resize", "video.skip_static", "generation.temperature",
+               "generation.top_p")
 # summary.json's names of those settings: an --out written before run.json existed is checked against them
 SUMMARY_KEYS = {"dataset": "dataset", "policy": "cache.policy", "budget_tokens": "cache.max_tokens",
                 "sinks": "cache.sinks", "fps": "video.fps", "resolution": "video.resolution", "dtype": "model.dtype",
@@ -322,9 +343,10 @@ def _asked_otherwise(done: dict[str, dict], dataset: str, style: str, max_new_to
     """How ``results.jsonl``'s answers were asked otherwise than this run asks them, with how many
     (``"max_new_tokens 64 (now 256): 3 of 3 answers"``); "" when the same. Each line says its answer prefix and token
     budget; a line without them was written before either changed: no prefix, and ``--max-new-tokens`` or the
-    defaults of then (``EARLIER_MAX_NEW_TOKENS``). Official MLVU now primes the reply with ``Best option:(`` and
-    official RVS replies get ReKV's 256 tokens: the replies asked before were answers to another prompt, which no
-    rescoring turns into this run's."""
+    defaults of then (``EARLIER_MAX_NEW_TOKENS``). Official MLVU now primes the reply with ``Best option:(``, and
+    official replies get their benchmark's own budget (ReKV's 256 for RVS; MLVU's 100, OVO-Bench's and
+    StreamingBench's 128 where edgekv gave 8): the replies asked before were answers to another prompt or cut
+    shorter, which no rescoring turns into this run's."""
     counts: dict[str, int] = {}
     for record in done.values():
         open_question = "f1" in record
@@ -332,7 +354,7 @@ def _asked_otherwise(done: dict[str, dict], dataset: str, style: str, max_new_to
         for key, then, now in (
                 ("answer_prefix", record.get("answer_prefix", ""), answer_prefix(dataset, style, open_question)),
                 ("max_new_tokens", record.get("max_new_tokens", earlier_budget),
-                 answer_budget(open_question, style, max_new_tokens))):
+                 answer_budget(open_question, style, max_new_tokens, dataset))):
             if then != now:
                 said = f"{key} {then!r} (now {now!r})"
                 counts[said] = counts.get(said, 0) + 1
@@ -429,17 +451,18 @@ def stream_and_ask(session, video: Path, questions: list[Item], dataset: str, fp
         yield _ask(session, queue.pop(0), dataset, seen, max_new_tokens, prompt_style)
 
 
-def answer_budget(open_ended_question: bool, style: str, max_new_tokens: int | None) -> int:
-    """New tokens a reply gets: ``--max-new-tokens`` when given, else the style's default for its kind."""
+def answer_budget(open_ended_question: bool, style: str, max_new_tokens: int | None, dataset: str) -> int:
+    """New tokens a reply gets: ``--max-new-tokens`` when given, else ``dataset``'s default in ``style``
+    (``prompts.max_new_tokens_for``: each benchmark's own under ``official``)."""
     if max_new_tokens is not None:
         return max_new_tokens
-    return open_max_new_tokens(style) if open_ended_question else CHOICE_MAX_NEW_TOKENS
+    return max_new_tokens_for(dataset, style, open_ended_question)
 
 
 def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | None,
          prompt_style: str = DEFAULT_PROMPT_STYLE) -> dict:
     stats = session.stats()
-    max_new_tokens = answer_budget(item.open_ended, prompt_style, max_new_tokens)
+    max_new_tokens = answer_budget(item.open_ended, prompt_style, max_new_tokens, dataset)
     prefix = answer_prefix(dataset, prompt_style, item.open_ended)
     started = time.perf_counter()
     text = prompt(item, dataset, prompt_style)
@@ -452,8 +475,10 @@ def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | N
                     **({"answer_prefix": prefix} if prefix else {})}
     rule = scoring.rule_for(dataset, prompt_style, item.open_ended)
     record.update(scoring.score(rule, answer.text, item.answer, len(item.options)))  # the reply after the prefix
+    finish = getattr(answer, "finish_reason", None)  # "length": cut at max_new_tokens; "stop": ended its turn
     record.update({
-        "reply": answer.text, "answer_s": round(time.perf_counter() - started, 3), "ttft_s": round(answer.ttft_s, 3),
+        "reply": answer.text, **({"finish_reason": finish} if finish else {}),
+        "answer_s": round(time.perf_counter() - started, 3), "ttft_s": round(answer.ttft_s, 3),
         "ask_at": item.ask_at, "stream_t": seen.t, "frames_seen": seen.frames, "pairs_prefilled": stats["frame_pairs"],
         "ingest_fps": round(seen.frames / seen.ingest_s, 3) if seen.ingest_s else None,
         "cache_tokens": stats["cache_tokens"], "compressions": stats["compressions"],
@@ -502,6 +527,10 @@ def summarize(records: list[dict], dataset: str) -> dict:
     choices = [r for r in records if "predicted" in r]
     if choices:  # replies with no option letter: scored wrong, and how many there were (a prompt the model ignores)
         out["no_letter"] = sum(scoring.has_no_letter(r["predicted"]) for r in choices)
+    if any(r.get("finish_reason") for r in records):  # replies cut at max_new_tokens: the budget may cost answers
+        out["cut_at_max_new_tokens"] = sum(r.get("finish_reason") == "length" for r in records)
+    if any(r.get("scored_by") == "videomme" for r in records):
+        out["videomme_scorer"] = videomme_scorer_figures(records)
     if dataset == "mlvu":
         out["m_avg"] = _mean(per_task.values())
     if durations:
@@ -516,6 +545,24 @@ def summarize(records: list[dict], dataset: str) -> dict:
         out["f1_mean"] = round(sum(r["f1"] for r in records) / len(records), 4)
         out["exact_match"] = proportion(sum(bool(r["exact"]) for r in records), len(records))
     return out
+
+
+def videomme_scorer_figures(records: list[dict]) -> dict:
+    """Video-MME's own figures beside edgekv's (``overall``, which counts a reply with no letter wrong): its scorer
+    (thanku-all/parse_answer @ afd52cf, ``eval_your_results.py``) adds a reply to a question's ``answered`` only when
+    ``extract_characters_regex`` reads a letter from it, and divides by ``answered``, overall, per duration and per
+    task type. ``left_out`` counts the replies it leaves out; a figure with nothing answered is None (it prints 0)."""
+    scored = [r for r in records if r.get("scored_by") == "videomme"]
+    answered = [r for r in scored if r.get("predicted")]
+    groups: dict[str, dict[str, list[dict]]] = {"per_duration": {}, "per_task": {}}
+    for r in answered:
+        if r.get("duration"):
+            groups["per_duration"].setdefault(str(r["duration"]), []).append(r)
+        groups["per_task"].setdefault(r["task"], []).append(r)
+    return {"overall": _percent(answered) if answered else None, "answered": len(answered),
+            "left_out": len(scored) - len(answered),
+            **{name: {key: _percent(rs) for key, rs in sorted(group.items())} for name, group in groups.items()},
+            "about": "Video-MME's own scorer: replies with no letter left out of the denominator"}
 
 
 def _percent(records: list[dict]) -> float:
@@ -545,7 +592,8 @@ def _write_summary(out: Path, args: argparse.Namespace, config, done: dict[str, 
         "questions_asked": "at their timestamps during the stream" if streamed else "after the whole video",
         "accuracy": summarize(records, args.dataset),
         "throughput": {"ingest_frames_per_s_mean": round(sum(fps_values) / len(fps_values), 3) if fps_values else None,
-                       "answer_s_mean": round(sum(r["answer_s"] for r in records) / len(records), 3) if records else None},
+                       "answer_s_mean": (round(sum(r["answer_s"] for r in records) / len(records), 3)
+                                         if records else None)},
     }
     if args.dataset in NOTES:
         summary["note"] = NOTES[args.dataset]
@@ -588,9 +636,13 @@ def add_videoqa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-frames", type=int, default=None,
                         help="stop each video after this many frames (questions left are asked there)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"tokens per answer; when not given: {CHOICE_MAX_NEW_TOKENS} for multiple choice, for "
-                             f"open-ended questions {OFFICIAL_OPEN_MAX_NEW_TOKENS} (ReKV's RVS budget) in the official "
-                             f"prompt style and {OPEN_MAX_NEW_TOKENS} in infinipot_v")
+                        help="tokens per answer (a reply ends sooner at its end of turn); when not given, each "
+                             "benchmark's own in the official prompt style ("
+                             + ", ".join(f"{name} {n}" for name, n in OFFICIAL_MAX_NEW_TOKENS.items())
+                             + f", videomme {CHOICE_MAX_NEW_TOKENS} as it sets none, "
+                             f"RVS {OFFICIAL_OPEN_MAX_NEW_TOKENS} as ReKV), and in infinipot_v "
+                             f"{CHOICE_MAX_NEW_TOKENS} for multiple choice and {OPEN_MAX_NEW_TOKENS} for open-ended "
+                             "questions")
     parser.add_argument("--prompt-style", choices=PROMPT_STYLES, default=DEFAULT_PROMPT_STYLE,
                         help="official: each benchmark's own prompt; infinipot_v: InfiniPot-V's format for every "
                              "benchmark, as in its Table 1 (edgekv/eval/prompts.py)")
