@@ -43,6 +43,7 @@ class Question:
     evidence: bool | int = False  # also find the frame pair(s) the question attends most (``evidence_pair``, the
     # fleet's; a number K: the first K in ``evidence_seen``, a chat's ``evidence``)
     history: tuple = ()  # the conversation before it, (role, text) turns (a chat's earlier messages)
+    answer_prefix: str = ""  # the start of the assistant's reply, continued by the model (its answer: the rest)
     window: tuple[float, float] | None = None  # read only the pairs stamped in it (stream seconds) ...
     window_unix: tuple[float, float] | None = None  # ... or seen between two wall times (each camera's own map) ...
     window_last_s: float | None = None  # ... or in the last seconds of the stream when it is answered

@@ -82,6 +82,8 @@ chat_body = st.fixed_dictionaries({}, optional={
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}), json_values),
     "seed": scalars, "n": scalars, "user": scalars, "tools": json_values, "extra_field": json_values,
     "evidence": st.one_of(st.integers(-2, 10), scalars),
+    "continue_final_message": st.one_of(st.booleans(), scalars),
+    "add_generation_prompt": st.one_of(st.booleans(), scalars),
 })
 
 
@@ -100,6 +102,9 @@ def valid_requests(draw):
         body = draw(valid_chat)
         if body.get("stream") and draw(st.booleans()):
             body["stream_options"] = {"include_usage": draw(st.booleans())}
+        if draw(st.booleans()):  # a reply to continue (vLLM's continue_final_message)
+            body["messages"].append({"role": "assistant", "content": draw(st.text(max_size=20))})
+            body["continue_final_message"] = True
         return "POST", "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     path = draw(st.sampled_from(["/v1/models", "/healthz", "/metrics", "/", "/frame.jpg", "/v1/edgekv/status",
                                  "/openapi.json"]))

@@ -1603,7 +1603,7 @@ class Daemon:
                         question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
                         top_p=question.top_p, seed=question.seed, on_token=on_token, recall=question.recall,
                         evidence=max(evidence, int(question.evidence)), history=question.history,
-                        window=self._window(question))
+                        window=self._window(question), answer_prefix=question.answer_prefix)
                 if question.evidence and question.answer.evidence:  # the pair the question attended most
                     question.evidence_pair = question.answer.evidence[0]
                     question.evidence_seen = tuple(self.seen(pair)
@@ -1706,7 +1706,8 @@ class Daemon:
             for copy in range(2):  # an image is a frame pair of two equal frames (Qwen2.5-VL's own rule)
                 session.ingest(frame, t=(2 * index + copy) * step)
         return session.ask(question.text, max_new_tokens=question.max_new_tokens, temperature=question.temperature,
-                           top_p=question.top_p, seed=question.seed, on_token=on_token, history=question.history)
+                           top_p=question.top_p, seed=question.seed, on_token=on_token, history=question.history,
+                           answer_prefix=question.answer_prefix)
 
     def _window(self, question: Question) -> tuple[float, float] | None:
         """The stretch of stream time a question reads: its own, the stretch seen between its wall times (this

@@ -208,7 +208,8 @@ class Escalator:
             try:
                 text, model = self.ask_remote(question.text, job.keyframes, question.history,
                                               images=getattr(question, "images", ()),
-                                              image_details=getattr(question, "image_details", ()))
+                                              image_details=getattr(question, "image_details", ()),
+                                              answer_prefix=getattr(question, "answer_prefix", ""))
                 question.answer = dataclasses.replace(local, text=text, token_ids=[], escalated=model,
                                                       escalation_note=job.reason)
                 self.sent += 1
@@ -235,20 +236,27 @@ class Escalator:
         question.answer = dataclasses.replace(local, escalation_note=note)
 
     def ask_remote(self, text: str, keyframes: list[bytes], history=(), images: tuple[bytes, ...] = (),
-                   image_details: tuple[str | None, ...] = ()) -> tuple[str, str]:
+                   image_details: tuple[str | None, ...] = (), answer_prefix: str = "") -> tuple[str, str]:
         """The remote's answer and the model it names (OpenAI chat completions, not streamed); ``history``, the
         (role, text) turns the question came after, goes before it as the conversation's messages. At most
         ``escalate.keyframes`` frames of the camera go (0: none), whatever the caller found; ``images``, those the
         question itself carried (a chat request's, server.image_requests), go all of them: they are what it asks
         about, and the camera's own frames are what ``escalate.keyframes`` bounds. ``image_details``: the
-        ``detail`` each of ``images`` came with (None: not given), sent with it — a big server honours it."""
+        ``detail`` each of ``images`` came with (None: not given), sent with it — a big server honours it.
+        ``answer_prefix`` (a chat's ``continue_final_message``): the start of the reply goes as the final assistant
+        message with vLLM's ``continue_final_message: true, add_generation_prompt: false``, so the remote continues
+        it as the local model did and its content is the continuation (vLLM, SGLang, another edgekv); a server that
+        does not take the flag refuses it and the local answer stands, the note saying so."""
         section = self.section
         details = (tuple(image_details) + (None,) * len(images))[:len(images)]
         sent = [*zip(images, details), *((frame, None) for frame in keyframes[:section.keyframes])]
         content = [{"type": "text", "text": text}] + [_image_part(data, detail) for data, detail in sent]
-        body = json.dumps({"model": section.model, "max_tokens": section.max_tokens, "stream": False,
-                           "messages": [*({"role": role, "content": turn} for role, turn in history),
-                                        {"role": "user", "content": content}]}).encode()
+        messages = [*({"role": role, "content": turn} for role, turn in history), {"role": "user", "content": content}]
+        request = {"model": section.model, "max_tokens": section.max_tokens, "stream": False, "messages": messages}
+        if answer_prefix:  # the remote continues the reply the local model continued
+            messages.append({"role": "assistant", "content": answer_prefix})
+            request.update(continue_final_message=True, add_generation_prompt=False)
+        body = json.dumps(request).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"

@@ -114,6 +114,9 @@ async def answer_every_camera(cameras: dict, params: ChatRequest, model_id: str)
     if params.stream:
         raise ApiError(400, "stream: a streamed answer comes from one camera; name it with \"camera\"",
                        param="camera")
+    if params.answer_prefix:  # a listing of every camera's answer would not continue the reply it was given
+        raise ApiError(400, "continue_final_message: a reply is continued by one camera; name it with \"camera\"",
+                       param="camera")
     responses = await asyncio.gather(*(answer_chat(daemon, params, model_id) for daemon in cameras.values()),
                                      return_exceptions=True)
     if all(isinstance(response, ApiError) for response in responses):  # no camera answered: an error, not a 200
@@ -156,6 +159,7 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
     question.recall, question.history = params.recall, params.history
     question.window, question.window_last_s = params.window, params.window_last_s
     question.evidence = params.evidence
+    question.answer_prefix = params.answer_prefix  # continue_final_message: the reply's start, continued
     question.window_unix = params.window_unix
     question.escalate, question.images, question.stream = params.escalate, params.images, params.stream
     question.image_details = params.image_details  # forwarded with the images when the question escalates
@@ -348,6 +352,8 @@ def check_fits(session: Any, request: ChatRequest) -> None:
     cache (its question and answer tokens leave with it; counting them refused valid questions, issue 26).
     Reads no lock: the session's length before the answer in flight (``answerer.video_length``), if any."""
     ids = session.layout.question_suffix_ids(session.tokenizer, request.question, request.history)
+    if request.answer_prefix:  # the reply's start, prefilled with the question (StreamSession.ask answer_prefix)
+        ids = ids + session.tokenizer.encode_text(request.answer_prefix)
     recall = request.recall if request.recall is not None else getattr(session, "recall", None) is not None
     reserved = getattr(session, "recall_reserve", 0) if recall else 0
     need = len(ids) + request.max_new_tokens
@@ -357,7 +363,8 @@ def check_fits(session: Any, request: ChatRequest) -> None:
     video = answering if answering is not None else session.cache.length
     room = session.capacity - video - reserved
     if need > room:
-        told = f"{len(ids)} tokens{' with its history' if request.history else ''}"
+        told = (f"{len(ids)} tokens{' with its history' if request.history else ''}"
+                f"{' and the assistant reply it continues' if request.answer_prefix else ''}")
         raise ApiError(400, f"the question ({told}) + max_tokens ({request.max_new_tokens}) exceed the "
                             f"{room} cache slots free for text (cache.text_reserve_tokens={session.text_reserve}); "
                             "shorten the question or lower max_tokens", param="messages",

@@ -324,7 +324,8 @@ class ChatCompletionRequest(BaseModel):
     """The request as this server reads it (and as ``/openapi.json`` documents it)."""
 
     messages: list[Message] = Field(min_length=1, description="the last message is the user's question about the "
-                                    "stream; the user and assistant messages before it are its conversation")
+                                    "stream (or, with continue_final_message, the start of the assistant's reply "
+                                    "to it); the user and assistant messages before it are its conversation")
     model: str | None = Field(None, description="one of the served model names (GET /v1/models), or omitted")
     max_tokens: int | None = Field(None, ge=1, description="at most server.max_new_tokens")
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -343,6 +344,11 @@ class ChatCompletionRequest(BaseModel):
     window: TimeWindow | None = Field(None, description="edgekv: read only the frame pairs of this stretch of the "
                                                         "stream ({from, to} stream seconds or wall times, or "
                                                         "{last_s})")
+    continue_final_message: bool | None = Field(None, description=(
+        "vLLM's: the last message is the start of the assistant's reply, which the model continues (a prefill); "
+        "the answer's content is the continuation only"))
+    add_generation_prompt: bool | None = Field(None, description="vLLM's: false (or left out) with "
+                                           "continue_final_message; true (a new assistant turn) without it")
     evidence: int | None = Field(None, ge=0, le=MAX_EVIDENCE, description=(
         "edgekv: also name the frame pairs the question attended most (at most this many), each with its stream "
         "time and the wall time it was seen at, in the answer's edgekv.evidence"))
@@ -392,6 +398,7 @@ class ChatRequest:
     window_unix: tuple[float, float] | None = None  # edgekv extension: ... or wall times (seconds since the epoch)
     window_last_s: float | None = None  # edgekv extension: ... or the last seconds before the answer starts
     evidence: int = 0  # edgekv extension: name this many frame pairs attended most, with when they were seen
+    answer_prefix: str = ""  # the final assistant message the model continues (continue_final_message)
 
 
 @dataclass(frozen=True)
@@ -421,7 +428,8 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         raise ApiError(400, f"{name}: must be an integer from 1 to {limits.max_new_tokens} (this server's limit, "
                             f"server.max_new_tokens), got {describe(asked)}", param=name)
     temperature = request.temperature
-    images, details = _images(request.messages, limits)  # before the question: a refused image part names itself
+    prefix, messages = _prefill(request)
+    images, details = _images(messages, limits)  # before the question: a refused image part names itself
     bounds = request.window.bounds() if request.window is not None else None
     if images and request.window is not None:
         raise ApiError(400, "window: a question with images is answered about its images, not the stream",
@@ -430,7 +438,7 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         raise ApiError(400, "evidence: a question with images is answered about its images; no frame of the stream "
                             "is its evidence", param="evidence")
     return ChatRequest(
-        question=_question(request.messages), history=_history(request.messages),
+        question=_question(messages), history=_history(messages), answer_prefix=prefix,
         window=bounds[1:] if bounds is not None and bounds[0] == "stream" else None,
         window_unix=bounds[1:] if bounds is not None and bounds[0] == "wall" else None,
         window_last_s=request.window.last_s if request.window else None, evidence=request.evidence or 0,
@@ -442,6 +450,54 @@ def parse_chat_request(body: Any, limits: ChatLimits) -> ChatRequest:
         seed=request.seed, recall=request.recall, escalate=request.escalate, images=images, image_details=details,
         camera=request.camera,
     )
+
+
+def _prefill(request: ChatCompletionRequest) -> tuple[str, list[Message]]:
+    """The start of the assistant's reply and the messages up to the question: with ``continue_final_message: true``
+    the last message is an assistant message that the model continues (vLLM's prefill; ``StreamSession.ask``'s
+    ``answer_prefix``), the user's question right before it; otherwise ``("", messages)``. A final assistant message
+    is continued only when asked: vLLM (and OpenVINO's model server) read one sent without the flag as a finished turn
+    and open a new one, Anthropic's API and llama.cpp's server continue it — the same request meaning two different
+    answers, it is refused, naming the flag. Contradictions are refused naming the field: ``add_generation_prompt:
+    true`` with the flag (vLLM refuses the pair too), ``add_generation_prompt: false`` without it (no turn opened for
+    the model to answer in), an image or null content in the reply to continue."""
+    messages = request.messages
+    last = len(messages) - 1
+    role = messages[last].role
+    if not request.continue_final_message:
+        if request.add_generation_prompt is False:
+            raise ApiError(400, "add_generation_prompt: false opens no assistant turn for the model to answer in; it "
+                                "goes with continue_final_message: true (continue a final assistant message)",
+                           param="add_generation_prompt")
+        if role == "assistant":
+            raise ApiError(400, f"messages[{last}].role: the last message must be the user's question, got the "
+                                "assistant's; to have the model continue that reply send continue_final_message: "
+                                "true (and add_generation_prompt: false)", param=f"messages[{last}].role")
+        return "", messages
+    if request.add_generation_prompt:
+        raise ApiError(400, "add_generation_prompt: cannot be true with continue_final_message: true (the final "
+                            "assistant message is continued, no new assistant turn is opened); send false or leave "
+                            "it out", param="add_generation_prompt")
+    if role != "assistant":
+        raise ApiError(400, f"messages[{last}].role: continue_final_message: true continues the assistant's reply, so "
+                            f"the last message must be an assistant message, got {describe(role)}",
+                       param=f"messages[{last}].role")
+    if last == 0:
+        raise ApiError(400, "messages: the assistant reply to continue must follow the user's question; there is "
+                            "none before it", param="messages")
+    if messages[last - 1].role != "user":
+        raise ApiError(400, f"messages[{last - 1}].role: the assistant reply to continue (messages[{last}]) must "
+                            f"follow the user's question, got {describe(messages[last - 1].role)}",
+                       param=f"messages[{last - 1}].role")
+    reply = messages[last]
+    for index, _ in reply.images():
+        at = f"messages[{last}].content[{index}]"
+        raise ApiError(400, f"{at}: the assistant reply to continue (continue_final_message) is text only; an image "
+                            "cannot start the model's reply", param=at, code="unsupported_content")
+    if reply.content is None:
+        raise ApiError(400, f"messages[{last}].content: null; the assistant reply to continue needs its text (\"\" "
+                            "starts it empty)", param=f"messages[{last}].content")
+    return reply.text() or "", messages[:last]
 
 
 def _images(messages: list[Message], limits: ChatLimits) -> tuple[tuple[bytes, ...], tuple[str | None, ...]]:
