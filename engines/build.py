@@ -4,9 +4,11 @@
 
 Steps: hash the checkpoint -> export ``vision.onnx`` (the configured grid) and ``llm.onnx`` (the
 configured cache capacity; prefill chunks and decode steps, see ``graphs.py``) -> for ``tensorrt`` build
-one plan per graph (see ``tensorrt_backend.py``) -> ``manifest.json``. A bundle that already matches is left alone unless
-``--force``. The same :func:`deployment_key` is computed when a runtime loads the engines, so what
-``build`` wrote is exactly what ``Runtime`` looks for.
+one plan per graph (see ``tensorrt_backend.py``) -> ``manifest.json``. A bundle that already matches is left alone
+unless ``--force``: found as a load finds it (``manifest.locate``: under another folder name too, e.g. the checkpoint's
+folder renamed, or ``engine_dir`` being the bundle itself, which is then also where a rebuild goes). The same
+:func:`deployment` is computed when a runtime loads the engines, so what ``build`` wrote is exactly what
+``Runtime`` looks for.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from edgekv.config import EdgeKVConfig
 from edgekv.engines.manifest import (
     MANIFEST,
     BuildKey,
+    DamagedEngineError,
     EngineError,
+    EngineMismatchError,
     Manifest,
-    check_files,
     file_digest,
+    locate,
     model_hash,
     read_memo,
     rebuild_hint,
@@ -133,15 +137,18 @@ def deployment(config: EdgeKVConfig, backend: str, *, model_dir: str | Path | No
     tf32 = False if backend == "tensorrt" and dtype == "fp32" else None
     int8 = int8_method(trt_version) if precision == "int8" else None
     calibration = floats = None
+    unverified: tuple[tuple[str, str, str], ...] = ()
     if int8 is not None:  # the frames the scales come from, and what Q/DQ leaves in float, make other engines
-        from edgekv.engines.int8_qdq import calibration_digest
+        from edgekv.engines.int8_qdq import calibration_input, calibration_record
 
-        calibration = calibration_digest(config, root / "hashes.json")
+        calibration, why = calibration_input(config, root / "hashes.json")
+        if why is not None:  # the clip is gone: only a build reads it, a load takes the bundle built from it
+            unverified = (("int8_calibration", calibration_record(config)["int8_calibration"], why),)
         floats = tuple(sorted(set(config.engines.int8_float_products))) if int8 == "qdq" else None
     key = BuildKey(backend=backend, model_hash=model_hash(model_path, root / "hashes.json"), grid_thw=grid,
                    cache_tokens=cache_tokens_for(config, model_config), dtype=dtype, max_chunk_tokens=max_chunk,
                    precision=precision, tensorrt_version=trt_version, gpu=gpu, kv_dtype=kv_dtype, tf32=tf32,
-                   int8=int8, int8_calibration=calibration, int8_float_products=floats)
+                   int8=int8, int8_calibration=calibration, int8_float_products=floats, unverified=unverified)
     return Deployment(model_path, root, model_config, key, rebuild_hint(model_path, config, backend))
 
 
@@ -231,27 +238,37 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
     try:
         with steps.step("hash model and resolve the build key"):
             dep = deployment(config, backend, model_dir=model_dir, engine_dir=engine_dir)
-        bundle = dep.key.bundle_dir(dep.engine_dir, dep.model_dir.name)
+        # engine_dir holding a manifest is the bundle a load reads (locate): it is rebuilt in place, not beside
+        in_place = (dep.engine_dir / MANIFEST).is_file()
+        bundle = dep.engine_dir if in_place else dep.key.bundle_dir(dep.engine_dir, dep.model_dir.name)
         memo_file = dep.engine_dir / "hashes.json"
-        if (bundle / MANIFEST).is_file() and not force:
-            manifest = Manifest.read(bundle)
-            try:  # checked as a load checks it: a truncated or damaged file was "up to date", the rebuild hint a loop
-                check_files(bundle, manifest, dep.hint, memo_file)
-                usable = manifest.key == dep.key.fields()
-            except EngineError as exc:
+        if not force:
+            try:  # found and checked as a load finds and checks it: a renamed bundle is up to date, a truncated
+                # file is not (the rebuild hint was a loop), a calibration clip deleted since is no reason to rebuild
+                found, manifest = locate(dep.engine_dir, dep.model_dir, dep.key, dep.hint)
+            except EngineMismatchError as exc:
+                if in_place:
+                    print(f"rebuilding in place (engines.engine_dir is this bundle): {exc}", file=sys.stderr)
+            except DamagedEngineError as exc:
                 print(f"rebuilding: {exc}", file=sys.stderr)
-                usable = False
-            if usable:
+            except EngineError:
+                pass  # none built yet (or an unreadable manifest): built below
+            else:
                 steps.close()
-                print(f"up to date: {bundle}", file=sys.stderr)
-                return bundle, manifest
+                gone = "".join(f" (engines.{name}: {why}; the engines built from it are kept, a rebuild needs it "
+                               f"back)" for name, _, why in dep.key.unverified)
+                print(f"up to date: {found}{gone}", file=sys.stderr)
+                return found, manifest
         require_exporter()
         calibration = None
-        if dep.key.int8 == "qdq":  # the frames first: a missing or unreadable source fails before any export
+        if dep.key.int8 is not None:  # the frames first: a missing or unreadable source fails before any export
             from edgekv.engines.int8_qdq import calibration_pixels
 
             calibration = calibration_pixels(config, dep.model_config.vision)
+            if dep.key.int8 == "calibrator":  # TensorRT 10.0's calibrator reads them itself (build_engines)
+                calibration = None
         bundle.mkdir(parents=True, exist_ok=True)
+        (bundle / MANIFEST).unlink(missing_ok=True)  # a rebuild cut short leaves no manifest over other files
         from edgekv.engines.export import OPSET, export_llm, export_vision
 
         from edgekv.model import load_pretrained
@@ -302,8 +319,11 @@ def build(config: EdgeKVConfig, backend: str = "onnxruntime", *, model_dir: str 
             pass
         if key.tensorrt_version:
             versions["tensorrt"] = key.tensorrt_version
+        from edgekv.engines.int8_qdq import calibration_record
+
         manifest = Manifest(key=key.fields(), model_dir=str(dep.model_dir), files=files, versions=versions,
-                            build_s=time.perf_counter() - started)
+                            build_s=time.perf_counter() - started,
+                            inputs=calibration_record(config) if key.int8_calibration is not None else {})
         manifest.write(bundle)
     finally:
         steps.close()

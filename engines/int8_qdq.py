@@ -322,28 +322,69 @@ CALIBRATION_LIMIT = 64  # frame pairs read from engines.int8_calibration at most
 
 
 def calibration_digest(config, memo_file: Path | None = None) -> str | None:
-    """What the build key holds of ``engines.int8_calibration`` (None without one): a digest of what decides the
-    frames the scales are computed on — the spec, ``video.fps`` (the sampling rate) and the pair limit, and for a
-    file its content (sha256, remembered in ``memo_file`` by size and mtime, as the checkpoint's: a load only
-    stats it; the file's folder is not part of it, so a copied deployment keeps its engines). Changing the spec,
-    the file's frames or the rate makes another bundle; a file not found is said in the value (a load then names
-    the field, built for the digest, and this)."""
+    """What the build key holds of ``engines.int8_calibration`` (None without one): ``calibration_input``'s value."""
+    return calibration_input(config, memo_file)[0]
+
+
+def calibration_input(config, memo_file: Path | None = None) -> tuple[str | None, str | None]:
+    """(what the build key holds of ``engines.int8_calibration``, why it could not be taken — None when it was).
+
+    The value is a digest of what decides the frames the scales are computed on — the spec, ``video.fps`` (the
+    sampling rate) and the pair limit, and for a file its content (sha256, remembered in ``memo_file`` by size and
+    mtime, as the checkpoint's: a load only stats it), for a folder (a ROS 2 bag) every file's; the path is not part
+    of it, so a copied deployment keeps its engines. Changing the spec, the file's frames or the rate makes another
+    bundle. A file that is not there (an operator cleaned ``/data`` after the build) or cannot be read gives a
+    placeholder no bundle was built for, and the reason: a load then takes the bundle whose other fields fit
+    (``manifest.locate``), since the clip is only needed to build the engines again. A live source (camera, URL,
+    ``gst:``, ``csi:``) is keyed by its spec alone."""
     from edgekv.model.checkpoint_hash import file_digest, read_memo, write_memo
 
     spec = config.engines.int8_calibration
     if spec is None:
-        return None
-    path = Path(spec).expanduser()
+        return None, None
     if spec.startswith("synthetic:"):
         what = f"spec {spec}"
-    elif path.is_file():
-        memo = read_memo(memo_file)
-        what = f"file sha256 {file_digest(path, memo)}"
-        write_memo(memo_file, memo)
     else:
-        return f"{spec} (not found)"
+        path = calibration_path(spec)
+        memo = read_memo(memo_file)
+        try:
+            if path is None:
+                what = f"source {spec}"
+            elif path.is_file():
+                what = f"file sha256 {file_digest(path, memo)}"
+            elif path.is_dir():
+                files = sorted(f for f in path.rglob("*") if f.is_file())
+                what = "folder " + ", ".join(f"{f.relative_to(path)} sha256 {file_digest(f, memo)}" for f in files)
+            else:
+                return f"{spec} (not found)", f"{spec} is not there"
+        except OSError as exc:
+            return f"{spec} (unreadable)", f"{spec} cannot be read ({exc.strerror or exc})"
+        finally:
+            write_memo(memo_file, memo)
     text = f"{what}; fps {config.video.fps}; pairs {CALIBRATION_LIMIT}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(text.encode()).hexdigest()[:16], None
+
+
+def calibration_path(spec: str) -> Path | None:
+    """The file or folder an ``engines.int8_calibration`` spec reads (None: a live source, or ``synthetic:``)."""
+    text = spec.strip()
+    if text.lower().startswith("rosbag:"):
+        return Path(text[len("rosbag:"):].partition("?")[0]).expanduser()
+    if text.lower().startswith("file://"):
+        text = text[len("file://"):]
+    head = text.partition("?")[0]
+    if not text or head.isdigit() or head.startswith("/dev/") or ":" in text.split("/")[0]:
+        return None  # camera index or device, rtsp://, gst:, csi:, synthetic:, ros2:
+    return Path(text).expanduser()
+
+
+def calibration_record(config) -> dict:
+    """What the manifest keeps of the calibration input as configured (``Manifest.inputs``): the spec, credentials
+    of a URL left out, so that a load whose clip is gone can tell the bundle built from that path among several."""
+    from edgekv.video.sources import redact
+
+    spec = config.engines.int8_calibration
+    return {} if spec is None else {"int8_calibration": redact(spec)}
 
 
 def calibration_pixels(config, vision, limit: int = CALIBRATION_LIMIT) -> list[torch.Tensor]:

@@ -15,12 +15,18 @@ side:
 ``manifest.json`` inside the bundle records all of it plus the files built and their digests. Loading
 checks each recorded field against the running deployment and, on any difference, raises
 :class:`EngineMismatchError` naming the field, both values and the ``edgekv build`` command that rebuilds.
+
+An input only a build reads may be gone when the engines load: the INT8 calibration clip, deleted after
+provisioning. Its field cannot be computed then (``BuildKey.unverified``), so a load takes the bundle whose other
+fields fit — the one built from the same configured path, the newest of those — says once in the log that the
+input is missing and that a rebuild needs it, and runs. A clip that is there with other content still mismatches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -29,7 +35,10 @@ from pathlib import Path
 from edgekv.model.checkpoint_hash import NotACheckpoint, file_digest, read_memo, write_memo
 from edgekv.model.checkpoint_hash import model_hash as checkpoint_hash
 
-__all__ = ["EngineError", "EngineMismatchError", "file_digest", "model_hash", "read_memo", "write_memo"]
+__all__ = ["DamagedEngineError", "EngineError", "EngineMismatchError", "file_digest", "model_hash", "read_memo",
+           "write_memo"]
+
+log = logging.getLogger(__name__)
 
 GRAPH_FORMAT = 2  # bump when the graphs' inputs/outputs or semantics change (2: one llm graph)
 MANIFEST = "manifest.json"
@@ -41,6 +50,10 @@ class EngineError(ValueError):
 
 class EngineMismatchError(EngineError):
     """A bundle exists but was built for another model, config, TensorRT version or GPU."""
+
+
+class DamagedEngineError(EngineError):
+    """A bundle's file is missing, truncated or not the one its manifest lists."""
 
 
 def rebuild_hint(model_dir: str | Path, config, backend: str) -> str:
@@ -87,6 +100,9 @@ class BuildKey:
     int8: str | None = None  # tensorrt int8: "qdq" (explicit, TensorRT >= 10.1) | "calibrator" (implicit, 10.0)
     int8_calibration: str | None = None  # tensorrt int8: digest of the calibration input (int8_qdq.calibration_digest)
     int8_float_products: tuple[str, ...] | None = None  # int8 qdq: block products left in float (sorted)
+    # (field, input as configured, why): fields whose input a build reads is gone now (the calibration clip), so
+    # their value above is a placeholder; ``locate`` compares the other fields. Not a key field itself.
+    unverified: tuple[tuple[str, str, str], ...] = ()
 
     def fields(self) -> dict:
         return {
@@ -129,10 +145,12 @@ _FIELD_NAMES = {
 }
 
 
-def differences(built: dict, wanted: dict) -> list[str]:
-    """Human-readable differences between a manifest's key fields and the deployment's."""
+def differences(built: dict, wanted: dict, skip: tuple[str, ...] = ()) -> list[str]:
+    """Human-readable differences between a manifest's key fields and the deployment's (but those in ``skip``)."""
     out = []
     for name in dict.fromkeys([*_FIELD_NAMES, *built, *wanted]):  # every key field, named or not: none is skipped
+        if name in skip:
+            continue
         label = _FIELD_NAMES.get(name, name)
         a, b = built.get(name), wanted.get(name)
         if a != b:
@@ -150,12 +168,13 @@ class Manifest:
     versions: dict = field(default_factory=dict)
     created: str = ""
     build_s: float = 0.0
+    inputs: dict = field(default_factory=dict)  # key field -> its input as configured (the calibration clip's path)
 
     def write(self, bundle: Path) -> Path:
         path = bundle / MANIFEST
         data = {"edgekv_manifest": 1, "created": self.created or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "model_dir": self.model_dir, "key": self.key, "files": self.files, "versions": self.versions,
-                "build_s": round(self.build_s, 3)}
+                "build_s": round(self.build_s, 3), **({"inputs": self.inputs} if self.inputs else {})}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, path)
@@ -174,7 +193,8 @@ class Manifest:
             raise EngineError(f"{path}: not an edgekv manifest (format {data.get('edgekv_manifest')!r})")
         return cls(key=data["key"], model_dir=data.get("model_dir", ""), files=data.get("files", {}),
                    versions=data.get("versions", {}), created=data.get("created", ""),
-                   build_s=float(data.get("build_s", 0.0)))
+                   build_s=float(data.get("build_s", 0.0)),
+                   inputs=data.get("inputs") if isinstance(data.get("inputs"), dict) else {})
 
     def path_of(self, bundle: Path, graph: str) -> Path:
         entry = self.files.get(graph)
@@ -188,39 +208,76 @@ def locate(engine_dir: Path, model_dir: Path, key: BuildKey, hint: str) -> tuple
 
     ``engine_dir`` may also be a bundle itself (a directory holding ``manifest.json``, e.g. engines built
     elsewhere and copied in): then its manifest must match ``key`` field by field. So may a bundle of this cache
-    under another folder name (copied in, renamed): its manifest is what it was built for, not its name.
+    under another folder name (copied in, renamed, or built from the checkpoint under another folder name): its
+    manifest is what it was built for, not its name. Fields of ``key.unverified`` (an input a build reads is
+    gone) are not compared; the log says so once (see the module docstring).
     """
     wanted = key.fields()
+    skip = tuple(name for name, _, _ in key.unverified)
+    gone = "".join(f" ({_INPUT_NAMES.get(name, name)}: {why}; building the engines again needs it.)"
+                   for name, _, why in key.unverified)
+
+    def diff(built: dict) -> list[str]:
+        return differences(built, wanted, tuple(name for name in skip if name in built))
+
     if (engine_dir / MANIFEST).is_file():
         bundle = engine_dir
     else:
         bundle = key.bundle_dir(engine_dir, model_dir.name)
         if not (bundle / MANIFEST).is_file():
-            candidates = sorted(engine_dir.glob(f"*/{MANIFEST}")) if engine_dir.is_dir() else []
-            same_backend = []
-            for path in candidates:
-                try:
-                    other = Manifest.read(path.parent)
-                except EngineError:
-                    continue
-                if other.key.get("backend") == key.backend:
-                    same_backend.append((len(differences(other.key, wanted)), path.parent, other))
-            if same_backend:
-                _, nearest, other = min(same_backend, key=lambda item: item[0])
-                if differences(other.key, wanted):
-                    raise EngineMismatchError(
-                        f"no {key.backend} engines for this deployment under {engine_dir}; the nearest bundle "
-                        f"{nearest} differs — " + "; ".join(differences(other.key, wanted)) + f". {hint}")
-                bundle = nearest
-            else:
-                raise EngineError(f"no {key.backend} engines built for this model and config under {engine_dir} "
-                                  f"(expected {bundle}). {hint}")
+            bundle = _fitting(engine_dir, key, diff, bundle, f"{gone} {hint}".strip())
     manifest = Manifest.read(bundle)
-    diff = differences(manifest.key, wanted)
-    if diff:
-        raise EngineMismatchError(f"engines in {bundle} do not fit this deployment — " + "; ".join(diff) + f". {hint}")
+    found = diff(manifest.key)
+    if found:
+        raise EngineMismatchError(f"engines in {bundle} do not fit this deployment — " + "; ".join(found) +
+                                  f".{gone} {hint}")
     check_files(bundle, manifest, hint, engine_dir / "hashes.json")
+    for name, source, why in key.unverified:
+        _say_once(name, bundle, f"{_INPUT_NAMES.get(name, name)}: {why}; the engines in {bundle} built from "
+                                f"{manifest.inputs.get(name, 'it')} are used as they are (their other build inputs "
+                                f"fit this deployment). Building them again (`edgekv build --force`, another "
+                                f"config) needs it back.")
     return bundle, manifest
+
+
+# What the config calls the input of a key field that ``BuildKey.unverified`` can name.
+_INPUT_NAMES = {"int8_calibration": "engines.int8_calibration"}
+_said: set[tuple[str, str]] = set()  # (field, bundle) already logged by this process: the log says it once
+
+
+def _say_once(name: str, bundle: Path, message: str) -> None:
+    if (name, str(bundle)) not in _said:
+        _said.add((name, str(bundle)))
+        log.warning("%s", message)
+
+
+def _fitting(engine_dir: Path, key: BuildKey, diff, expected: Path, hint: str) -> Path:
+    """The bundle under ``engine_dir`` that ``diff`` finds no difference in, by manifest, whatever its folder's
+    name. Among several (only possible with ``key.unverified`` fields, or copies): the ones built from the
+    configured inputs, the newest of those. Else an error naming the nearest bundle's differences."""
+    candidates = []
+    for path in sorted(engine_dir.glob(f"*/{MANIFEST}")) if engine_dir.is_dir() else []:
+        try:
+            other = Manifest.read(path.parent)
+        except EngineError:
+            continue
+        if other.key.get("backend") == key.backend:
+            candidates.append((diff(other.key), path.parent, other))
+    if not candidates:
+        raise EngineError(f"no {key.backend} engines built for this model and config under {engine_dir} "
+                          f"(expected {expected}). {hint}")
+    fitting = [(bundle, other) for found, bundle, other in candidates if not found]
+    if not fitting:
+        found, nearest, _ = min(candidates, key=lambda item: (len(item[0]), str(item[1])))
+        raise EngineMismatchError(f"no {key.backend} engines for this deployment under {engine_dir}; the nearest "
+                                  f"bundle {nearest} differs — " + "; ".join(found) + f". {hint}")
+
+    def preference(item: tuple[Path, Manifest]) -> tuple[int, int, str]:
+        bundle, other = item
+        same = sum(other.inputs.get(name) == source for name, source, _ in key.unverified)
+        return same, (bundle / MANIFEST).stat().st_mtime_ns, str(bundle)
+
+    return max(fitting, key=preference)[0]
 
 
 def check_files(bundle: Path, manifest: Manifest, hint: str, memo_file: Path | None = None) -> None:
@@ -232,12 +289,13 @@ def check_files(bundle: Path, manifest: Manifest, hint: str, memo_file: Path | N
     for graph, entry in manifest.files.items():
         path = bundle / entry["file"]
         if not path.is_file():
-            raise EngineError(f"{path}: engine file missing ({graph} graph listed in {bundle / MANIFEST}). {hint}")
+            raise DamagedEngineError(f"{path}: engine file missing ({graph} graph listed in {bundle / MANIFEST}). "
+                                     f"{hint}")
         if "bytes" in entry and path.stat().st_size != entry["bytes"]:
-            raise EngineError(f"{path}: engine file is {path.stat().st_size} bytes, the manifest says "
-                              f"{entry['bytes']} (truncated or replaced). {hint}")
+            raise DamagedEngineError(f"{path}: engine file is {path.stat().st_size} bytes, the manifest says "
+                                     f"{entry['bytes']} (truncated or replaced). {hint}")
         if "sha256" in entry and file_digest(path, memo) != entry["sha256"]:
             write_memo(memo_file, memo)
-            raise EngineError(f"{path}: engine file's sha256 is not the one in {bundle / MANIFEST} (changed since "
-                              f"the build: replaced or damaged). {hint}")
+            raise DamagedEngineError(f"{path}: engine file's sha256 is not the one in {bundle / MANIFEST} (changed "
+                                     f"since the build: replaced or damaged). {hint}")
     write_memo(memo_file, memo)
