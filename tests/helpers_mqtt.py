@@ -46,9 +46,11 @@ class Mosquitto:
     password file and refuses anonymous clients. ``tls`` = (ca, cert, key) adds an mqtts:// listener."""
 
     def __init__(self, directory: Path, addresses: tuple[str, ...] = ("127.0.0.1",), users: dict | None = None,
-                 tls: tuple[Path, Path, Path] | None = None, port: int | None = None) -> None:
+                 tls: tuple[Path, Path, Path] | None = None, port: int | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
         self.binary = need_mosquitto()
         self.directory, self.addresses, self.users, self.tls = Path(directory), addresses, users, tls
+        self.extra = extra  # further lines of mosquitto.conf (``sys_interval 0``: no $SYS topics)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.tls_port = free_port() if tls else None
@@ -76,7 +78,7 @@ class Mosquitto:
             lines += ["allow_anonymous false", f"password_file {passwords}"]
         else:
             lines.append("allow_anonymous true")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + list(self.extra)) + "\n"
 
     def start(self) -> "Mosquitto":
         config = self.directory / "mosquitto.conf"
@@ -257,6 +259,129 @@ class Relay:
     def close(self) -> None:
         self.cut()
         self.server.close()
+
+
+def mqtt_packets(buffer: bytearray) -> list[bytes]:
+    """Take the whole MQTT control packets off the front of ``buffer`` (fixed header: a type byte, then the Remaining
+    Length as a variable byte integer, MQTT 5.0 §2.1.4); a partial one stays for the next read."""
+    packets = []
+    while len(buffer) >= 2:
+        length, shift, at = 0, 0, 1
+        while at < len(buffer) and at <= 4:
+            byte = buffer[at]
+            length += (byte & 0x7F) << shift
+            shift, at = shift + 7, at + 1
+            if not byte & 0x80:
+                break
+        else:
+            return packets  # the length's bytes are not all in yet
+        if buffer[at - 1] & 0x80 or len(buffer) < at + length:
+            return packets
+        packets.append(bytes(buffer[:at + length]))
+        del buffer[:at + length]
+    return packets
+
+
+class PacketProxy:
+    """An MQTT-aware TCP proxy on 127.0.0.1 in front of the broker, read packet by packet, for brokers that behave as
+    the specification allows but Mosquitto does not:
+
+    - ``hold_retained``: every retained PUBLISH the broker sends a client (what a new subscription's retained
+      messages are, MQTT 5.0 §3.3.1.3) is held back until the broker has sent that client a PUBLISH that is not
+      retained, and then sent right after it: retained messages arriving after the SUBACK and after a message
+      published later on another topic, as HiveMQ (after the SUBACK is written, in batches) and EMQX (from another
+      process) deliver them, while the order of everything else is kept;
+    - ``cut_first_subscribe``: the first SUBSCRIBE through it is not forwarded and its connection is closed (the
+      broker lost before the SUBACK); later connections pass untouched.
+
+    ``held`` counts the packets held back, ``connections`` those accepted."""
+
+    def __init__(self, target_port: int, hold_retained: bool = False, cut_first_subscribe: bool = False) -> None:
+        self.target_port, self.hold_retained, self.cut_first_subscribe = target_port, hold_retained, cut_first_subscribe
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.held = 0
+        self.connections = 0
+        self.cut = 0
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [client, upstream]
+                self.connections += 1
+            threading.Thread(target=self._to_broker, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(upstream, client), daemon=True).start()
+
+    def _to_broker(self, client: socket.socket, upstream: socket.socket) -> None:
+        buffer = bytearray()
+        try:
+            while data := client.recv(65536):
+                buffer += data
+                for packet in mqtt_packets(buffer):
+                    if packet[0] >> 4 == 8 and self.cut_first_subscribe:  # SUBSCRIBE
+                        with self._lock:
+                            first, self.cut_first_subscribe = True, False
+                            self.cut += 1
+                        if first:
+                            raise OSError("the first SUBSCRIBE: the broker is lost before its SUBACK")
+                    upstream.sendall(packet)
+        except OSError:
+            pass
+        _close(client, upstream)
+
+    def _to_client(self, upstream: socket.socket, client: socket.socket) -> None:
+        buffer, held, released = bytearray(), [], not self.hold_retained
+        try:
+            while data := upstream.recv(65536):
+                buffer += data
+                for packet in mqtt_packets(buffer):
+                    publish, retained = packet[0] >> 4 == 3, bool(packet[0] & 0x01)
+                    if not released and publish and retained:
+                        held.append(packet)
+                        with self._lock:
+                            self.held += 1
+                        continue
+                    client.sendall(packet)
+                    if not released and publish:  # a later message on another topic went first: now the held ones
+                        released = True
+                        for late in held:
+                            client.sendall(late)
+                        held.clear()
+        except OSError:
+            pass
+        _close(upstream, client)
+
+    def close(self) -> None:
+        self.server.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        _close(*sockets)
+
+
+def _close(*sockets: socket.socket) -> None:
+    for sock in sockets:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
 
 
 # ---------------------------------------------------------------------------------------------- namespaces

@@ -47,19 +47,29 @@ QoS and retain, and why:
   taken as stale past ``LEGACY_STALE_S``; a status without ``unix`` is waited for as before. "offline" never
   expires: the fleet keeps knowing the devices that left.
 - all statuses in: an asker cannot tell from MQTT itself when the broker has sent every retained status (they are
-  sent "at the time of the subscribe", Retain Handling 0, §3.8.3.1, with no end marker), so with every device
-  offline or stale it used to wait its whole timeout for an answer nobody could send. After the SUBACK it
-  publishes a marker (QoS 1, empty, its own Correlation Data) to its own reply topic, subscribed in the same
-  SUBSCRIBE as the statuses, and takes the marker's arrival as "every retained status delivered"; if then no device
-  is online and fresh it says so and returns at once (``FleetResult.nobody_online``). The spec orders messages only
-  per topic and publisher (§4.6), not a retained status against a later publication on another topic; Mosquitto
-  queues the retained messages on the session while it handles the SUBSCRIBE, before the SUBACK
-  (eclipse/mosquitto ``src/handle_subscribe.c``, ``retain__queue``), and sends a session's queue in order, so there
-  the marker comes after them. On a broker that delivers retained messages later than that, a status arriving after
-  the marker is still read, but an asker that found nobody online has already returned. A marker that never
-  arrives (an ACL that refuses it) leaves the wait as it was: until the answers or the timeout. Only the statuses
-  at the marker decide: a device that goes offline or stale later (a broker restarting mid-wait fires every will)
-  is waited for as before, since it may come back and answer the question asked again.
+  sent "at the time of the subscribe", Retain Handling 0, §3.8.3.1, with no end marker, and nothing in §3.8.4 has
+  them sent before the SUBACK), so with every device offline or stale it used to wait its whole timeout for an answer
+  nobody could send. After each SUBACK it publishes a marker (QoS 1, empty, Correlation Data naming the connection)
+  to its own reply topic and takes the marker's return as "every retained status delivered" only from a broker known
+  to deliver a subscription's retained messages before anything published after its SUBACK: Mosquitto, which queues
+  them on the session while it handles the SUBSCRIBE (eclipse/mosquitto ``src/handle_subscribe.c``,
+  ``retain__queue`` before ``send__suback``; 2.0.11 writes them after the SUBACK, from that queue) and sends a
+  session's queue in order. The broker says so with its own retained ``$SYS/broker/version`` ("mosquitto version
+  ..."), subscribed last in the same SUBSCRIBE, which must come back before the marker on the same connection; then,
+  if no device is online and fresh, the asker says so and returns at once (``FleetResult.nobody_online``). Last,
+  because Mosquitto drops the retained messages past a full session queue (``max_queued_messages``, 1000, beyond the
+  20 in flight: 480 of 1,500 statuses were never sent here), and then the version with them: no early answer from a
+  fleet it could not deliver whole. Nothing else can say it: MQTT orders messages only per topic and publisher
+  (§4.6 "Ordered Topic"), not a retained status against a later publication, on any topic or topic filter. HiveMQ
+  sends retained messages only once the SUBACK is written, looked up asynchronously and in batches of at most 25
+  (hivemq-community-edition ``IncomingSubscribeService`` adds ``SendRetainedMessagesListener`` to the SUBACK's write),
+  and EMQX from a pool worker (``emqx_retainer``'s ``session.subscribed`` hook casts to
+  ``emqx_retainer_dispatcher``, which sends them to the session, rate-limited by ``retainer.flow_control``): there a
+  marker, even one on a topic the statuses' filter matches, can come back before an "online" status, so on those, on
+  a Mosquitto without ``$SYS`` (``sys_interval 0``) or whose ACL keeps ``$SYS/broker/version`` from the asker, and
+  wherever the marker is refused, the wait is as it was: until the answers or the timeout. Only the statuses at the
+  marker decide: a device that goes offline or stale later (a broker restarting mid-wait fires every will) is waited
+  for as before, since it may come back and answer the question asked again.
 - last will (§3.1.2.5): the same topic, QoS 1, retained, ``"state": "offline"``: a device that vanishes without
   a DISCONNECT (power cut, link cut past the keep-alive) is marked offline by the broker, after
   ``will_delay_s`` (§3.1.3.2.2) so that a short blip does not flap. A clean stop publishes "offline" itself.
@@ -123,6 +133,8 @@ LEGACY_STALE_S = 300.0       # an older device's status (no every_s, refreshed e
 ANSWERS_KEPT = 32            # requests whose answers a device keeps to send again when asked with "repeat"
 REPEAT = ("edgekv", "repeat")  # the User Property of a request asked again after the asker lost the broker
 MAX_EXPIRY_S = 2**32 - 1     # a Message Expiry Interval is a four-byte integer (§3.3.2.3.3)
+BROKER_VERSION_TOPIC = "$SYS/broker/version"  # Mosquitto's retained version (the module's docstring, "all statuses in")
+ORDERED_BROKER = b"mosquitto version "        # ... of a broker known to queue retained messages first
 
 
 def status_expiry_s(every_s: float) -> int:
@@ -1094,8 +1106,9 @@ def ask_fleet(question: str, connection: FleetConnection | str, timeout_s: float
     Correlation Data; the retained statuses say which devices are online. Gathering ends at the timeout, or
     as soon as every device known to be online has answered, for every camera it asked (a device with several
     cameras answers once per camera, each answer listing the cameras asked), or at once when every retained status
-    is in and none is online and fresh (``FleetResult.nobody_online``). Raises ``FleetError`` when the broker
-    cannot be reached or refuses the credentials."""
+    is in and none is online and fresh (``FleetResult.nobody_online``; known only of a broker that says it delivers
+    retained messages first: Mosquitto, the module's docstring, "all statuses in"). Raises ``FleetError`` when the
+    broker cannot be reached or refuses the credentials."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"question: expected a non-empty string, got {question!r}")
     if not timeout_s > 0:
@@ -1215,11 +1228,9 @@ def _fleet_request(conn: "FleetConnection", kind: str, body: dict, what: str, ti
         raise FleetError(f"cannot reach the broker {conn.broker}{where}: {exc}{hint}") from None
     client.loop_start()
     try:
-        gathering.connected_or_raise(conn, tls)
-        client.subscribe(gathering.subscriptions())
+        gathering.connected_or_raise(conn, tls)  # paho's thread subscribes on each connection (on_connect)
         if not gathering.subscribed.wait(conn.connect_timeout_s):
             raise FleetError(f"the broker {conn.broker} did not confirm the subscriptions")
-        gathering.mark_retained_end(client, Properties(PacketTypes.PUBLISH))
         properties = Properties(PacketTypes.PUBLISH)
         properties.ResponseTopic = gathering.reply_topic
         properties.CorrelationData = gathering.correlation
@@ -1277,32 +1288,40 @@ class _Gathering:
         self.subscribed = threading.Event()
         self.sent_at = math.inf
         self.request: tuple | None = None  # (topic, payload, properties, expiry deadline) once sent
-        self.marker = f"retained-end-{token}".encode()  # the Correlation Data of the all-statuses-in marker
-        self.statuses_in = False  # the marker came back: every retained status has been delivered
+        self.marker_prefix = f"retained-end-{token}-".encode()  # the all-statuses-in marker's Correlation Data ...
+        self.connection = 0  # ... ends in the number of the connection it was sent on (accepted connections so far)
+        self.ordered_on = 0  # the connection on which the broker's retained version said it queues retained first
+        self.statuses_in = False  # the marker came back after that: every retained status has been delivered
         self.nobody_online = False  # ... and none of them was online and fresh then
-        self.resubscribed: set[int] = set()  # the message ids of SUBSCRIBEs sent again after losing the broker
 
     def subscriptions(self) -> list:
         from paho.mqtt.subscribeoptions import SubscribeOptions
 
-        return [(self.topics.statuses, SubscribeOptions(qos=1)), (self.reply_topic, SubscribeOptions(qos=1))]
+        # the broker's version last: Mosquitto queues each filter's retained messages in this order, and drops those
+        # past a full queue (max_queued_messages), the version too then; refused by an ACL: no early answer, no more
+        return [(self.topics.statuses, SubscribeOptions(qos=1)), (self.reply_topic, SubscribeOptions(qos=1)),
+                (BROKER_VERSION_TOPIC, SubscribeOptions(qos=1))]
+
+    def marker(self, connection: int) -> bytes:
+        return self.marker_prefix + str(connection).encode()
 
     # ------------------------------------------------------------------ paho's thread
     def on_connect(self, client, userdata, flags, reason, properties) -> None:
         with self.lock:
             self.connected.append(reason)
             request = self.request
+            if not reason.is_failure:
+                self.connection += 1
             if request is not None and not reason.is_failure and self.broker_lost:
                 self.broker_lost[-1] += f", back at {time.monotonic() - self.sent_at:.1f} s and asked again"
             self.lock.notify_all()
-        if reason.is_failure or not self.subscribed.is_set():
-            return  # the first connection: the asker subscribes
-        # back after losing the broker: subscriptions are gone with the clean start, and the question and the marker
-        # may have been lost with the broker; subscribe again (the marker goes again after the SUBACK, on_subscribe)
-        # and ask again (devices drop the duplicate and send their kept answers again)
-        _, mid = client.subscribe(self.subscriptions())
-        with self.lock:
-            self.resubscribed.add(mid)
+        if reason.is_failure:
+            return
+        # every connection subscribes, here on paho's thread: the first, and one back after losing the broker (before
+        # the first SUBACK too: the asker is still waiting for it), whose clean start kept no subscription; the marker
+        # goes after the SUBACK (on_subscribe). Back after the question went, the question and the marker may have
+        # been lost with the broker: ask again (devices drop the duplicate and send their kept answers again)
+        client.subscribe(self.subscriptions())
         if request is None:
             return
         topic, payload, again, expires = request
@@ -1313,10 +1332,9 @@ class _Gathering:
 
     def on_subscribe(self, client, userdata, mid, reasons, properties) -> None:
         with self.lock:
-            again, statuses_in = mid in self.resubscribed, self.statuses_in
-            self.resubscribed.discard(mid)
+            statuses_in = self.statuses_in
         self.subscribed.set()
-        if again and not statuses_in:  # the marker sent before the broker was lost may never come back
+        if not statuses_in:  # on each connection: one sent before the broker was lost may never come back
             from paho.mqtt.packettypes import PacketTypes
             from paho.mqtt.properties import Properties
 
@@ -1331,9 +1349,19 @@ class _Gathering:
 
     def on_message(self, client, userdata, message) -> None:
         now = time.monotonic()
-        if message.topic == self.reply_topic and getattr(message.properties, "CorrelationData", None) == self.marker:
+        if message.topic == BROKER_VERSION_TOPIC:
+            if message.retain and message.payload.startswith(ORDERED_BROKER):
+                with self.lock:
+                    self.ordered_on = self.connection
+            return
+        correlation = getattr(message.properties, "CorrelationData", None)
+        if message.topic == self.reply_topic and isinstance(correlation, bytes) and \
+                correlation.startswith(self.marker_prefix):
             with self.lock:
-                if not self.statuses_in:  # the first only: paho may send it again after losing the broker
+                # this connection's marker (paho may send an earlier one again after losing the broker), from a broker
+                # that said before it that it queues retained messages first; the first such only
+                if correlation == self.marker(self.connection) and self.ordered_on == self.connection and \
+                        not self.statuses_in:
                     self.statuses_in, self.nobody_online = True, not self._waited_for(now)
                 self.lock.notify_all()
             return
@@ -1394,9 +1422,10 @@ class _Gathering:
                 raise FleetError(f"the broker {conn.broker} refused the connection: {self.connected[0]}")
 
     def mark_retained_end(self, client, properties) -> None:
-        """Publish the marker whose return says every retained status is in (the module's docstring, "all
-        statuses in"); call it after the SUBACK."""
-        properties.CorrelationData = self.marker
+        """Publish this connection's marker, whose return from a broker known to queue retained messages first says
+        every retained status is in (the module's docstring, "all statuses in"); call it after the SUBACK."""
+        with self.lock:
+            properties.CorrelationData = self.marker(self.connection)
         client.publish(self.reply_topic, b"", qos=1, properties=properties)
 
     def send(self, client, topic: str, payload: str, properties, timeout_s: float) -> float:
