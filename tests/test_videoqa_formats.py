@@ -93,7 +93,8 @@ def test_videomme_finds_videos_with_an_upper_case_extension(tmp_path):
 
 def test_ovobench_release_records_are_read(tmp_path):
     """``ovo_bench_new.json``: int and float ``realtime``, 2-5 options, forward tasks with ``test_info`` and no
-    options (skipped), ``video`` under ``src_videos/``."""
+    options (one item per test time, its own ground truth; SSR's times out of order as released), ``video`` under
+    ``src_videos/``."""
     _write(tmp_path / "ovo_bench_new.json", [
         {"id": 0, "task": "EPM", "video": "Ego4D/clips/ec4a.mp4", "realtime": 215, "question": "Who?",
          "answer": "b", "options": ["a", "b", "c", "d"], "gt": 1},
@@ -104,12 +105,23 @@ def test_ovobench_release_records_are_read(tmp_path):
         {"id": 1558, "task": "REC", "video": "perception_test/video_1.mp4", "activity": "breaking something",
          "start_times": [6], "end_times": [17], "test_info": [{"realtime": 17, "count": 1}]},
         {"id": 1468, "task": "CRR", "video": "MovieNet/tt1.mp4", "question": "What?", "answer": "x",
-         "ask_time": 297, "clue_time": 308, "test_info": [{"realtime": 297, "type": 0}]}])
+         "ask_time": 297, "clue_time": 308, "test_info": [{"realtime": 297, "type": 0}]},
+        {"id": 1516, "task": "SSR", "video": "COIN/x.mp4", "tutorial": "PutOnHairExtensions",
+         "all_steps": ["pull up the hair", "put on the extensions"], "start_time": [25, 31], "end_time": [30, 49],
+         "test_info": [{"realtime": 27, "step": "pull up the hair", "type": 1},
+                       {"realtime": 26.5, "step": "put on the extensions", "type": 0}]}])
     items = load_ovobench(tmp_path)
     assert [(i.id, i.task, i.answer, i.ask_at) for i in items] == [
-        ("ovo/0", "EPM", "B", 215.0), ("ovo/900", "OCR", "B", 268.73), ("ovo/901", "ACR", "E", 12.5)]
+        ("ovo/0", "EPM", "B", 215.0), ("ovo/900", "OCR", "B", 268.73), ("ovo/901", "ACR", "E", 12.5),
+        ("ovo/1558/0", "REC", "1", 17.0), ("ovo/1468/0", "CRR", "No", 297.0), ("ovo/1516/0", "SSR", "Yes", 27.0),
+        ("ovo/1516/1", "SSR", "No", 26.5)]
     assert items[0].video == tmp_path / "src_videos" / "Ego4D" / "clips" / "ec4a.mp4"
     assert items[2].options[-1] == "E. e" and items[0].extra == {"category": "backward"}
+    assert [i.question for i in items[3:]] == ["breaking something", "What?", "pull up the hair",
+                                               "put on the extensions"]
+    assert items[3].options == () and items[3].video == tmp_path / "src_videos" / "perception_test" / "video_1.mp4"
+    assert items[6].extra == {"category": "forward", "question_id": "ovo/1516", "test_index": 1, "type": 0}
+    assert items[3].extra == {"category": "forward", "question_id": "ovo/1558", "test_index": 0, "count": 1}
 
 
 def test_streamingbench_release_records_are_read(tmp_path):

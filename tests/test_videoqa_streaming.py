@@ -53,9 +53,7 @@ OVO_ROWS = [
      "answer": "nothing", "options": ["a knife", "a fork", "a spoon", "nothing"], "gt": 3},
     {"id": 4, "task": "OCR", "video": "YouTube_Games/b.avi", "realtime": 100.0, "question": "What is the score?",
      "answer": "5", "options": ["1", "2", "3", "4", "5"], "gt": 4},
-    {"id": 5, "task": "REC", "video": "perception_test/c.avi", "activity": "clapping", "start_times": [1],
-     "end_times": [2], "test_info": [{"realtime": 2, "count": 1}]},  # forward active responding: left out
-]
+]  # the forward tasks (REC, SSR, CRR): tests/test_videoqa_forward.py
 # question -> reply of the scripted answerer; ids 0, 2, 3 right, 1 and 4 wrong
 OVO_REPLIES = {"Who did I talk to?": "A", "What did I drop?": "(B) a key", "Where is the giant?": "B.",
                "What is in my hand?": "D", "What is the score?": "C"}
@@ -116,9 +114,9 @@ def _rvs(root: Path) -> Path:
     return root
 
 
-def test_ovobench_layout_is_read_without_the_forward_tasks(tmp_path):
+def test_ovobench_layout_is_read(tmp_path):
     items = load_ovobench(_ovobench(tmp_path / "ovo"))
-    assert [i.id for i in items] == ["ovo/0", "ovo/1", "ovo/2", "ovo/3", "ovo/4"]  # REC left out
+    assert [i.id for i in items] == ["ovo/0", "ovo/1", "ovo/2", "ovo/3", "ovo/4"]
     assert [i.answer for i in items] == ["A", "C", "B", "D", "E"]
     assert [i.ask_at for i in items] == [1.2, 4.0, 2.0, 0.0, 100.0]
     assert items[0].video == tmp_path / "ovo" / "src_videos" / "Ego4D" / "clips" / "a.avi"
@@ -244,6 +242,7 @@ def test_ovobench_questions_are_asked_at_their_timestamps_and_scored(tmp_path, s
     assert summary["questions_asked"] == "at their timestamps during the stream" and "REC" in summary["note"]
     assert accuracy["per_task"] == {"EPM": 50.0, "OCR": 0.0, "STU": 100.0}
     assert accuracy["per_category"] == {"backward": 50.0, "realtime": 50.0} and accuracy["backward_realtime_avg"] == 50.0
+    assert accuracy["ovo_total"] is None  # no forward answers: OVO-Bench's total needs all three categories
     assert accuracy["overall"] == 60.0 and accuracy["all"] == proportion(3, 5)
     assert accuracy["tasks"]["EPM"] == proportion(1, 2) and accuracy["tasks"]["STU"]["ci95"][1] == 1.0
     assert 0 < accuracy["all"]["ci95"][0] < 0.6 < accuracy["all"]["ci95"][1] < 1

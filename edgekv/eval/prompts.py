@@ -20,6 +20,15 @@ protocol, so they are kept as written there; the descriptions here are ours). Re
   Tracing and Real-Time tasks) filled by ``utils/OVOBench.py`` (``build_prompt``): ``Question:`` and ``Options:``
   lines with every option on ONE line, ``A. x; B. y; C. z;``, then a blank line and a request for the letter
   alone (``e.g., A, B, C``) with no explanation. The template's newlines and spaces are kept as they are.
+  Its Forward Active Responding tasks have a template each in the same file, filled by the same function and
+  asked at each ``test_info`` time (``ovobench_forward_prompt``): REC (``REC_PROMPT_TEMPLATE``, the current one,
+  not the commented-out yes/no form above it) counts an action so far and is filled with ``How many times did
+  they <activity>?``; SSR (``SSR_PROMPT_TEMPLATE``) asks whether the test time's ``step`` is being performed now;
+  CRR (``CRR_PROMPT_TEMPLATE``) asks whether the frames so far, the latest ones above all, are enough to answer
+  the row's question. REC asks for a single number, SSR and CRR for ``“Yes”`` or ``“No”`` (curly quotes, as
+  written), each without explanation. Under ``infinipot_v`` they are not asked: that format asks for an option
+  letter, and InfiniPot-V (no OVO-Bench in its code) has no form for a count or a yes/no reply; ``eval videoqa``
+  leaves them out there and says so.
 * **StreamingBench** (THUNLP-MT/StreamingBench @ 89299232c4cc): ``src/benchmark/StreamingBench.py``
   (``PROMPT_TEMPLATE``, and the ``The best option is:`` added after it). A role and task description that ends by
   asking for only the letter ``(A, B, C, or D)``, then ``Question:``, ``Options:`` with one option per line, and
@@ -57,6 +66,7 @@ the key's letter anywhere in the reply, StreamingBench's compares the reply's fi
 from __future__ import annotations
 
 from edgekv.eval.qa_item import LETTERS, Item
+from edgekv.eval.streaming_sets import is_ovo_forward
 
 PROMPT_STYLES = ("official", "infinipot_v")
 DEFAULT_PROMPT_STYLE = "official"
@@ -80,6 +90,25 @@ VIDEOMME_ASK = "Select the best answer to the following multiple-choice question
 VIDEOMME_END = "The best answer is:"
 OVOBENCH_ASK = ("Respond only with the letter corresponding to your chosen option (e.g., A, B, C). \n"
                 "Do not include any additional text or explanation in your response.")
+# OVO-Bench's Forward Active Responding templates (constant.py), each between newlines as there
+OVOBENCH_REC_QUESTION = "How many times did they {}?"  # utils/OVOBench.py, build_prompt
+OVOBENCH_REC = ("\nYou're watching a video in which people may perform a certain type of action repetively. \n"
+                "The person performing this kind of action are referred to as 'they' in the following statement.\n"
+                "You're task is to count how many times have different people in the video perform this kind of "
+                "action in total.\nOne complete motion counts as one. \nNow, answer the following question: {}\n"
+                "Provide your answer as a single number (e.g., 0, 1, 2, 3\u2026) indicating the total count.\n"
+                "Do not include any additional text or explanation in your response.\n")
+OVOBENCH_SSR = ("\nYou're watching a tutorial video which contain a sequential of steps. \n"
+                "The following is one step from the whole procedures: \n{}\n"
+                "Your task is to determine if the man or woman in the video is currently performing this step.\n"
+                "Answer only with \u201cYes\u201d or \u201cNo\u201d.\n"
+                "Do not include any additional text or explanation in your response.\n")
+OVOBENCH_CRR = ("\nYou're responsible of answering questions based on the video content. \n"
+                "The following question are relevant to the latest frames, i.e. the end of the video.\n{}\n"
+                "Decide whether existing visual content, especially latest frames, i.e. frames that near the end of "
+                "the video, provide enough information for answering the question.\n"
+                "Answer only with \u201cYes\u201d or \u201cNo\u201d.\n"
+                "Do not include any additional text or explanation in your response.\n")
 STREAMINGBENCH_ROLE = ("You are an advanced video question-answering AI assistant. You have been provided with some "
                        "frames from the video and a multiple-choice question related to the video. Your task is to "
                        "carefully analyze the video and provide the best answer to question, choosing from the {count} "
@@ -91,6 +120,11 @@ def prompt(item: Item, dataset: str, style: str = DEFAULT_PROMPT_STYLE) -> str:
     """The text asked for ``item`` of ``dataset`` in ``style`` (one of ``PROMPT_STYLES``)."""
     if style not in PROMPT_STYLES:
         raise ValueError(f"prompt style: expected one of {', '.join(PROMPT_STYLES)}, got {style!r}")
+    if is_ovo_forward(item, dataset):
+        if style != "official":
+            raise ValueError(f"OVO-Bench's forward task {item.task} has no {style} prompt (prompts.py docstring); "
+                             "it is asked in the official style only")
+        return ovobench_forward_prompt(item)
     if style == "infinipot_v":
         return infinipot_v_prompt(item, dataset)
     if item.open_ended:
@@ -153,6 +187,14 @@ def videomme_prompt(item: Item) -> str:
 def ovobench_prompt(item: Item) -> str:
     options = "; ".join(item.options) + ";"  # one line: "A. x; B. y;"
     return f"\nQuestion: {item.question}\nOptions:\n{options}\n\n{OVOBENCH_ASK}\n"
+
+
+def ovobench_forward_prompt(item: Item) -> str:
+    """OVO-Bench's prompt for one test time of a REC, SSR or CRR question (the same text at each of its times but
+    SSR's, whose step is the test time's own)."""
+    if item.task == "REC":
+        return OVOBENCH_REC.format(OVOBENCH_REC_QUESTION.format(item.question))
+    return {"SSR": OVOBENCH_SSR, "CRR": OVOBENCH_CRR}[item.task].format(item.question)
 
 
 def streamingbench_prompt(item: Item) -> str:

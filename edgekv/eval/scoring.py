@@ -24,6 +24,13 @@ implemented anew; repository @ commit, file, function):
   ``calculate_score_backward_realtime``: correct when the key's capital letter (``chr(65 + gt)``, from
   ``utils/OVOBench.py``) occurs anywhere in the reply. Nothing is extracted; what is kept as ``predicted`` is the
   option letters that occur in the reply, in order of first occurrence.
+* ``ovobench_rec`` / ``ovobench_yes_no`` — OVO-Bench's Forward Active Responding asks (one test time each), the
+  same file and commit, ``calculate_score_forward``. REC: every run of digits in the reply, joined, equal to the
+  count as written (``2`` right for 2; ``2 or 3`` reads ``23``; a number in words reads nothing). SSR and CRR: a
+  reply that is exactly ``Y`` (key Yes) or ``N`` (key No) is right; otherwise right when the key's word, ``Yes`` or
+  ``No``, occurs anywhere in the reply, case as written (so ``Not yet`` is a No and ``Yes, no`` both).
+  ``predicted`` keeps what the rule read: the digits, or the words found in order of first occurrence joined by
+  ``/``. Each test time is one ask, scored alone; OVO-Bench pools them into its task's accuracy.
 * ``streamingbench`` — THUNLP-MT/StreamingBench @ 89299232c4cc, ``src/data/count.py`` (``count``, the real-time
   branch): the reply's first character, as is (not stripped), compared with the key.
 * ``first_letter`` — edgekv's: the first option letter standing alone in the reply (``A``, ``(B)``, ``C.``,
@@ -43,11 +50,14 @@ from typing import Callable
 
 from edgekv.eval import open_ended
 from edgekv.eval.qa_item import LETTERS
+from edgekv.eval.streaming_sets import OVO_FORWARD
 
 FIRST_LETTER = "first_letter"
 TOKEN_F1 = "token_f1"
 OFFICIAL_CHOICE_RULES = {"mlvu": "mlvu", "videomme": "videomme", "ovobench": "ovobench",
                          "streamingbench": "streamingbench"}
+# OVO-Bench's forward tasks, by task: a count (REC) or Yes / No (SSR, CRR), official style only
+OVOBENCH_FORWARD_RULES = {"REC": "ovobench_rec", "SSR": "ovobench_yes_no", "CRR": "ovobench_yes_no"}
 # the rule that scored a line of results.jsonl written before lines named theirs, by open-endedness
 EARLIER_RULES = {False: FIRST_LETTER, True: TOKEN_F1}
 
@@ -90,9 +100,23 @@ def ovobench_letters(reply: str, options: int) -> str:
     return "".join(letter for _, letter in seen)
 
 
+def ovobench_count(reply: str) -> str:
+    """What OVO-Bench's REC rule compares with the count: every run of digits in the reply, joined."""
+    return "".join(re.findall(r"\d+", reply))
+
+
+def ovobench_yes_no(reply: str) -> str:
+    """What OVO-Bench's SSR / CRR rule finds in a reply: a bare ``Y`` / ``N`` as Yes / No, else the words ``Yes``
+    and ``No`` wherever they occur (case as written), in order of first occurrence, joined by ``/``."""
+    if reply in ("Y", "N"):
+        return "Yes" if reply == "Y" else "No"
+    return "/".join(word for _, word in sorted((reply.find(word), word) for word in ("Yes", "No") if word in reply))
+
+
 @dataclass(frozen=True)
 class ChoiceRule:
-    """A multiple-choice rule: what it reads from a reply (``predicted``) and when that is the key."""
+    """A rule for a short reply (a multiple-choice one, or an OVO-Bench forward count or yes / no): what it reads
+    from a reply (``predicted``) and when that is the key."""
 
     name: str
     describe: str
@@ -112,12 +136,24 @@ CHOICE_RULES = {rule.name: rule for rule in (
     ChoiceRule("streamingbench", "StreamingBench's count.py: the reply's first character equal to the key",
                lambda reply, options: reply[:1]),
 )}
-DESCRIPTIONS = {**{name: rule.describe for name, rule in CHOICE_RULES.items()},
+FORWARD_RULES = {rule.name: rule for rule in (
+    ChoiceRule("ovobench_rec", "OVO-Bench's REC score: the reply's digits, joined, equal to the count so far",
+               lambda reply, options: ovobench_count(reply)),
+    ChoiceRule("ovobench_yes_no", "OVO-Bench's SSR/CRR score: the reply exactly Y / N, or the key's Yes / No "
+               "anywhere in it", lambda reply, options: ovobench_yes_no(reply),
+               lambda predicted, key: bool(key) and key in predicted.split("/")),
+)}
+DESCRIPTIONS = {**{name: rule.describe for name, rule in {**CHOICE_RULES, **FORWARD_RULES}.items()},
                 TOKEN_F1: f"token F1 >= {open_ended.CORRECT_F1} against the reference (edgekv/eval/open_ended.py)"}
 
 
-def rule_for(dataset: str, style: str, open_ended_question: bool) -> str:
-    """The rule that scores a reply of ``dataset`` asked in prompt ``style``."""
+def rule_for(dataset: str, style: str, open_ended_question: bool, task: str | None = None) -> str:
+    """The rule that scores a reply of ``dataset`` asked in prompt ``style`` (``task``: the question's, which picks
+    OVO-Bench's forward rules)."""
+    if dataset == "ovobench" and task in OVO_FORWARD:
+        if style != "official":
+            raise ValueError(f"OVO-Bench's forward task {task} is scored in the official style only")
+        return OVOBENCH_FORWARD_RULES[task]
     if open_ended_question:
         return TOKEN_F1
     if style == "official":
@@ -128,11 +164,12 @@ def rule_for(dataset: str, style: str, open_ended_question: bool) -> str:
 
 
 def score(rule: str, reply: str, key: str, options: int) -> dict:
-    """The fields ``results.jsonl`` keeps of one reply's score: ``scored_by`` and, for a multiple-choice rule,
-    ``predicted`` (what the rule read) and ``correct``; for ``token_f1``, ``f1``, ``exact`` and ``correct``."""
+    """The fields ``results.jsonl`` keeps of one reply's score: ``scored_by`` and, for a multiple-choice or an
+    OVO-Bench forward rule, ``predicted`` (what the rule read) and ``correct``; for ``token_f1``, ``f1``, ``exact``
+    and ``correct``."""
     if rule == TOKEN_F1:
         return {"scored_by": rule, **open_ended.score(reply, key)}
-    choice = CHOICE_RULES[rule]
+    choice = CHOICE_RULES[rule] if rule in CHOICE_RULES else FORWARD_RULES[rule]
     predicted = choice.read(reply, options)
     return {"scored_by": rule, "predicted": predicted, "correct": choice.judge(predicted, key)}
 

@@ -10,12 +10,20 @@ the benchmarks' public repositories (facts only; no code or text copied); source
   current edition, which its README asks users to prefer over the arXiv one). ``DATA/ovo_bench_new.json``: a
   list of ``{"id", "task", "video", "realtime", "question", "options", "gt", "answer"}`` — ``task`` a code,
   ``video`` a path under ``DATA/src_videos/`` (the source videos, not the pre-chunked clips), ``realtime`` the
-  query time in seconds, ``options`` 2-5 strings, ``gt`` the 0-based index of the correct one. Scored: the
-  Backward Tracing tasks (EPM, ASI, HLD) and the Real-Time Visual Perception tasks (STU, OJR, ATR, ACR, OCR,
-  FPD), multiple choice. **Left out**: the Forward Active Responding tasks (REC, SSR, CRR), which ask the
-  same question again at several ``test_info[].realtime`` points and score yes/no or counts; they are
-  skipped, so the summary has no "forward" average and no OVO total. The paper's averages are means of the
-  per-task accuracies: ``per_category`` here, and ``backward_realtime_avg`` (their mean; not OVO's total).
+  query time in seconds, ``options`` 2-5 strings, ``gt`` the 0-based index of the correct one: the Backward
+  Tracing tasks (EPM, ASI, HLD) and the Real-Time Visual Perception tasks (STU, OJR, ATR, ACR, OCR, FPD),
+  multiple choice. The Forward Active Responding tasks (REC, SSR, CRR) have no ``realtime``, ``options`` or
+  ``gt``: a row asks its question again at each ``test_info[k].realtime`` (not in time order in the release),
+  and each ask has its own ground truth — REC ``{"activity", "test_info": [{"realtime", "count"}]}`` (how many
+  times so far), SSR ``{"tutorial", "test_info": [{"realtime", "step", "type"}]}`` (is this step being done
+  now: ``type`` 1 yes, 0 no), CRR ``{"question", "answer", "ask_time", "clue_time", "test_info": [{"realtime",
+  "type"}]}`` (can the question be answered yet: ``type`` 1 yes, 0 no). Each ask is an item of its own here,
+  ``ovo/<id>/<k>`` (``k`` its index in ``test_info``, as OVO-Bench names the clip cut for it, ``<id>_<k>.mp4``),
+  asked at its time during the video's one stream; its ``answer`` is the count or ``Yes`` / ``No``. OVO-Bench's
+  offline runner cuts that clip at ``ceil(realtime)`` (``utils/chunk_videos.py``); here, as for the other
+  tasks, the ask sees the frames up to ``realtime`` itself. Prompts and scoring: ``prompts.py``,
+  ``scoring.py``; the averages (``videoqa.ovobench_averages``): a task's accuracy pools its asks, a
+  category's figure is the mean of its tasks' accuracies and the total the mean of the three categories'.
 * **StreamingBench** (Lin et al., arXiv 2411.03628; github.com/THUNLP-MT/StreamingBench), its Real-Time
   Visual Understanding subset: ``DATA`` is the repository's ``src/data`` after ``scripts/preprocess.sh``, with
   ``DATA/questions_real.json`` — a list of ``{"time", "questions", "video_categories", "video_path"}``, each
@@ -55,7 +63,10 @@ from edgekv.eval.qa_item import LETTERS, DatasetError, Item, read_json
 OVO_BACKWARD = ("EPM", "ASI", "HLD")
 OVO_REALTIME = ("STU", "OJR", "ATR", "ACR", "OCR", "FPD")
 OVO_FORWARD = ("REC", "SSR", "CRR")
-OVO_CATEGORIES = {**{t: "backward" for t in OVO_BACKWARD}, **{t: "realtime" for t in OVO_REALTIME}}
+OVO_CATEGORIES = {**{t: "backward" for t in OVO_BACKWARD}, **{t: "realtime" for t in OVO_REALTIME},
+                  **{t: "forward" for t in OVO_FORWARD}}
+# what a Forward Active Responding row gives its template (the question asked again at each test time)
+_OVO_FORWARD_SUBJECT = {"REC": "activity", "CRR": "question"}  # SSR: each test time's own "step"
 RVS_FILES = {"rvs_ego": ("ego", "ego4d_oe.json"), "rvs_movie": ("movie", "movienet_oe.json")}
 _CLOCK = re.compile(r"^\d+(?::\d+){0,2}(?:\.\d+)?$")
 
@@ -70,11 +81,12 @@ def load_ovobench(data: Path) -> list[Item]:
     for index, row in enumerate(read_json(path)):
         where = f"{path}: item {index}"
         task = _text(row, "task", where)
-        if task in OVO_FORWARD:
-            continue  # forward active responding: asked repeatedly, not scored here (module docstring)
         if task not in OVO_CATEGORIES:
             raise DatasetError(f"{where}: field 'task' is {task!r}, not an OVO-Bench task "
-                               f"({', '.join((*OVO_CATEGORIES, *OVO_FORWARD))})")
+                               f"({', '.join(OVO_CATEGORIES)})")
+        if task in OVO_FORWARD:
+            items.extend(_ovo_forward_asks(data, row, task, row.get("id", index), where))
+            continue
         options = _options(row, "options", where)
         gt = row.get("gt")
         if isinstance(gt, bool) or not isinstance(gt, int) or not 0 <= gt < len(options):
@@ -85,6 +97,39 @@ def load_ovobench(data: Path) -> list[Item]:
                           LETTERS[gt], task, {"category": OVO_CATEGORIES[task]},
                           ask_at=_seconds(row, "realtime", where)))
     return _unique(items, path)
+
+
+def is_ovo_forward(item: Item, dataset: str) -> bool:
+    """``item`` is one test time of an OVO-Bench Forward Active Responding question (REC, SSR, CRR): no options,
+    a count or ``Yes`` / ``No`` for its answer, asked and scored by OVO-Bench's own forward protocol."""
+    return dataset == "ovobench" and item.task in OVO_FORWARD
+
+
+def _ovo_forward_asks(data: Path, row: dict, task: str, key, where: str) -> list[Item]:
+    """One item per ``test_info`` entry of a forward row, each with its own time and ground truth."""
+    tests = _field(row, "test_info", where)
+    if not isinstance(tests, list) or not tests:
+        raise DatasetError(f"{where}: field 'test_info' must be a non-empty list, got {tests!r:.60}")
+    video = data / "src_videos" / _text(row, "video", where)
+    subject = _text(row, _OVO_FORWARD_SUBJECT[task], where) if task in _OVO_FORWARD_SUBJECT else None
+    asks = []
+    for k, test in enumerate(tests):
+        here = f"{where} test_info {k}"
+        if task == "REC":
+            count = _field(test, "count", here)
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise DatasetError(f"{here}: field 'count' must be a whole number >= 0, got {count!r:.60}")
+            answer, truth = str(count), {"count": count}
+        else:
+            kind = _field(test, "type", here)
+            if isinstance(kind, bool) or kind not in (0, 1):
+                raise DatasetError(f"{here}: field 'type' must be 1 (yes) or 0 (no), got {kind!r:.60}")
+            answer, truth = ("Yes" if kind == 1 else "No"), {"type": kind}
+        question = subject if subject is not None else _text(test, "step", here)
+        asks.append(Item(f"ovo/{key}/{k}", video, question, (), answer, task,
+                         {"category": "forward", "question_id": f"ovo/{key}", "test_index": k, **truth},
+                         ask_at=_seconds(test, "realtime", here)))
+    return asks
 
 
 # ---------------------------------------------------------------------------------------------- StreamingBench

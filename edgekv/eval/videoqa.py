@@ -9,8 +9,12 @@ serves all of a video's questions:
 * **streaming** benchmarks (OVO-Bench, StreamingBench, RVS-Ego / RVS-Movie; readers and their layouts in
   ``edgekv/eval/streaming_sets.py``) ask each question when the stream reaches its timestamp — the frames
   after it are not yet seen — and streaming then goes on to the next question's time (and stops after the
-  video's last question). Each result row records what the session had seen when it was asked
-  (``frames_seen``, ``stream_t``, ``pairs_prefilled``: frame pairs prefilled so far, kept or not).
+  video's last question). OVO-Bench's Forward Active Responding questions (REC, SSR, CRR) are asked again at
+  each of their test times in the same stream, each ask a line of its own (``ovo/<id>/<k>``) scored against
+  that time's ground truth; official prompt style only (``infinipot_v`` has no form for their count or yes/no
+  replies: they are left out there, said on stderr and in the summary's note). Each result row records what
+  the session had seen when it was asked (``frames_seen``, ``stream_t``, ``pairs_prefilled``: frame pairs
+  prefilled so far, kept or not).
 
 Datasets, read in their published layouts from a local directory (nothing is downloaded):
 
@@ -85,7 +89,8 @@ from edgekv.eval.prompts import (CHOICE_MAX_NEW_TOKENS, DEFAULT_PROMPT_STYLE, EA
 from edgekv.eval.qa_item import LETTERS, VIDEO_SUFFIXES, DatasetError, Item, read_json
 from edgekv.eval.scoring import extract_letter
 from edgekv.eval.stats import proportion
-from edgekv.eval.streaming_sets import load_ovobench, load_rvs_ego, load_rvs_movie, load_streamingbench
+from edgekv.eval.streaming_sets import (OVO_FORWARD, is_ovo_forward, load_ovobench, load_rvs_ego, load_rvs_movie,
+                                        load_streamingbench)
 
 __all__ = ["DatasetError", "Item", "LETTERS", "LOADERS", "VIDEO_SUFFIXES", "extract_letter", "load_mlvu",
            "load_videomme", "prompt", "run", "summarize"]
@@ -195,15 +200,23 @@ ASK_EPSILON_S = 1e-6  # container clocks are in ms, floats are not: a frame read
 # what a line of results.jsonl without max_new_tokens was given (edgekv before the official style's RVS budget)
 EARLIER_MAX_NEW_TOKENS = {False: CHOICE_MAX_NEW_TOKENS, True: OPEN_MAX_NEW_TOKENS}
 NOTES = {
-    "ovobench": "Backward Tracing and Real-Time Visual Perception only: the Forward Active Responding tasks (REC, "
-                "SSR, CRR) are left out, so there is no forward average and no OVO-Bench total; "
-                "backward_realtime_avg is the mean of the two category averages (each a mean of task accuracies)",
+    "ovobench": "Backward Tracing, Real-Time Visual Perception and Forward Active Responding: each REC / SSR / CRR "
+                "question asked at each of its test times during the video's one stream, one line per time, scored "
+                "per time by OVO-Bench's forward rules; per_category: the mean of each category's task accuracies "
+                "(a task's accuracy pools its asks); ovo_total: the mean of the three, OVO-Bench's Total Avg. "
+                "(None until all three have answers); backward_realtime_avg: the mean of the first two",
     "streamingbench": "Real-Time Visual Understanding subset; each question sees what the cap kept of the whole "
                       "stream so far (StreamingBench's main table gives only the 60 s before the question)",
     "rvs_ego": f"open-ended: correct = token F1 >= {open_ended.CORRECT_F1} against the reference "
                "(edgekv/eval/open_ended.py), NOT the papers' GPT-3.5 judge; not comparable to published RVS figures",
 }
 NOTES["rvs_movie"] = NOTES["rvs_ego"]
+# OVO-Bench in InfiniPot-V's format: the forward tasks are not asked (prompts.py docstring)
+OVOBENCH_LETTER_NOTE = ("Backward Tracing and Real-Time Visual Perception only: the Forward Active Responding tasks "
+                        f"({', '.join(OVO_FORWARD)}) are asked in the official prompt style only (InfiniPot-V's "
+                        "format asks for an option letter and has no form for their count or yes/no replies), so "
+                        "there is no forward average and no OVO-Bench total (ovo_total None); backward_realtime_avg "
+                        "is the mean of the two category averages (each a mean of task accuracies)")
 NOTES["videomme"] = ("without subtitles; overall counts a reply with no letter wrong, while Video-MME's own scorer "
                      "leaves it out of the denominator: its figures are accuracy.videomme_scorer (official prompt "
                      "style)")
@@ -219,6 +232,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"edgekv eval videoqa: {exc}", file=sys.stderr)
         return 2
     by_id = {item.id: item for item in items}  # every item, for rescoring answers past a --limit
+    items, left_out = _askable(items, args.dataset, _prompt_style(args))
+    if left_out:
+        print(f"edgekv eval videoqa: {left_out} OVO-Bench Forward Active Responding asks ({', '.join(OVO_FORWARD)}) "
+              f"left out: --prompt-style {_prompt_style(args)} asks for an option letter and has no form for their "
+              "count or yes/no replies; --prompt-style official asks them with OVO-Bench's own prompts",
+              file=sys.stderr)
     if args.limit:
         items = items[: args.limit]
     out = Path(args.out)
@@ -284,6 +303,13 @@ def run(args: argparse.Namespace) -> int:
             _write_summary(out, args, config, done)
     summary = _write_summary(out, args, config, done)
     print(json.dumps(summary["accuracy"], indent=1))
+    if args.dataset == "ovobench":
+        figures = summary["accuracy"]
+        missing = ("" if figures["ovo_total"] is not None else " (the forward tasks are asked in the official "
+                   "prompt style only)" if _prompt_style(args) != "official" else " (needs answers in all three "
+                   "categories)")
+        print(f"OVO-Bench: {', '.join(f'{c} {v}' for c, v in figures['per_category'].items())}; total "
+              f"{figures['ovo_total']}{missing}")
     own = summary["accuracy"].get("videomme_scorer")
     if own:  # the headline stays edgekv's; Video-MME's own figure beside it, named
         theirs = f"{own['overall']} %" if own["answered"] else "none (no reply had a letter)"
@@ -309,6 +335,15 @@ SUMMARY_KEYS = {"dataset": "dataset", "policy": "cache.policy", "budget_tokens":
 
 def _prompt_style(args: argparse.Namespace) -> str:
     return getattr(args, "prompt_style", None) or DEFAULT_PROMPT_STYLE
+
+
+def _askable(items: list[Item], dataset: str, style: str) -> tuple[list[Item], int]:
+    """The items ``style`` can ask, and how many it cannot: OVO-Bench's forward asks outside the official style
+    (what ``--prompt-style infinipot_v`` did before they were read, so its runs resume the same)."""
+    if style == "official":
+        return items, 0
+    kept = [item for item in items if not is_ovo_forward(item, dataset)]
+    return kept, len(items) - len(kept)
 
 
 def run_settings(args: argparse.Namespace, config) -> dict:
@@ -370,7 +405,10 @@ def _rescore(done: dict[str, dict], by_id: dict[str, Item], dataset: str, style:
     counts: dict[str, int] = {}
     for key, record in done.items():
         open_question = "f1" in record
-        rule = scoring.rule_for(dataset, style, open_question)
+        forward = dataset == "ovobench" and record.get("task") in OVO_FORWARD
+        if forward and style != "official":
+            continue  # never asked in that style (_askable): no rule of it reads such a reply
+        rule = scoring.rule_for(dataset, style, open_question, record.get("task"))
         then = record.get("scored_by", scoring.EARLIER_RULES[open_question])
         if then == rule:
             continue
@@ -462,8 +500,10 @@ def answer_budget(open_ended_question: bool, style: str, max_new_tokens: int | N
 def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | None,
          prompt_style: str = DEFAULT_PROMPT_STYLE) -> dict:
     stats = session.stats()
-    max_new_tokens = answer_budget(item.open_ended, prompt_style, max_new_tokens, dataset)
-    prefix = answer_prefix(dataset, prompt_style, item.open_ended)
+    # a forward ask has no options but is no open-ended question: OVO-Bench's runner gives it the same 128 tokens
+    open_question = item.open_ended and not is_ovo_forward(item, dataset)
+    max_new_tokens = answer_budget(open_question, prompt_style, max_new_tokens, dataset)
+    prefix = answer_prefix(dataset, prompt_style, open_question)
     started = time.perf_counter()
     text = prompt(item, dataset, prompt_style)
     if prefix:  # a session stand-in without answer_prefix answers every other question
@@ -473,7 +513,7 @@ def _ask(session, item: Item, dataset: str, seen: _Seen, max_new_tokens: int | N
     record: dict = {"id": item.id, "task": item.task, "video": str(item.video), "answer": item.answer,
                     "prompt_style": prompt_style, "max_new_tokens": max_new_tokens,
                     **({"answer_prefix": prefix} if prefix else {})}
-    rule = scoring.rule_for(dataset, prompt_style, item.open_ended)
+    rule = scoring.rule_for(dataset, prompt_style, open_question, item.task)
     record.update(scoring.score(rule, answer.text, item.answer, len(item.options)))  # the reply after the prefix
     finish = getattr(answer, "finish_reason", None)  # "length": cut at max_new_tokens; "stop": ended its turn
     record.update({
@@ -524,9 +564,12 @@ def summarize(records: list[dict], dataset: str) -> dict:
     per_task = {t: _percent(rs) for t, rs in sorted(tasks.items())}
     out = {"questions": len(records), "overall": _percent(records) if records else None, "per_task": per_task,
            "all": _proportion(records), "tasks": {t: _proportion(rs) for t, rs in sorted(tasks.items())}}
-    choices = [r for r in records if "predicted" in r]
+    choices = [r for r in records if "predicted" in r and r.get("scored_by") not in scoring.FORWARD_RULES]
     if choices:  # replies with no option letter: scored wrong, and how many there were (a prompt the model ignores)
         out["no_letter"] = sum(scoring.has_no_letter(r["predicted"]) for r in choices)
+    forward = [r for r in records if r.get("scored_by") in scoring.FORWARD_RULES]
+    if forward:  # OVO-Bench forward replies in which its rule found no count or no Yes / No
+        out["forward_unread"] = sum(not r["predicted"] for r in forward)
     if any(r.get("finish_reason") for r in records):  # replies cut at max_new_tokens: the budget may cost answers
         out["cut_at_max_new_tokens"] = sum(r.get("finish_reason") == "length" for r in records)
     if any(r.get("scored_by") == "videomme" for r in records):
@@ -535,16 +578,31 @@ def summarize(records: list[dict], dataset: str) -> dict:
         out["m_avg"] = _mean(per_task.values())
     if durations:
         out["per_duration"] = {d: round(100 * sum(v) / len(v), 2) for d, v in sorted(durations.items())}
-    if dataset == "ovobench":  # OVO-Bench's score.py: a category's figure is the mean of its tasks' accuracies
-        categories: dict[str, list[float]] = {}
-        for task, rs in sorted(tasks.items()):
-            categories.setdefault(rs[0].get("category", "unknown"), []).append(per_task[task])
-        out["per_category"] = {c: _mean(v) for c, v in sorted(categories.items())}
-        out["backward_realtime_avg"] = _mean(out["per_category"].values())
+    if dataset == "ovobench":
+        out.update(ovobench_averages(tasks))
     if records and "f1" in records[0]:  # open-ended: the proxy's mean F1 and exact-match rate beside "correct"
         out["f1_mean"] = round(sum(r["f1"] for r in records) / len(records), 4)
         out["exact_match"] = proportion(sum(bool(r["exact"]) for r in records), len(records))
     return out
+
+
+def ovobench_averages(tasks: dict[str, list[dict]]) -> dict:
+    """OVO-Bench's averages (JoeLeelyf/OVO-Bench @ c34093f9a072, ``utils/OVOBenchScore.py``, ``score``): a task's
+    accuracy pools its asks (each forward test time is one), a category's figure is the mean of its tasks'
+    accuracies, and the total (``ovo_total``) the mean of the Backward, Real-Time and Forward figures — None until
+    each has answers (OVO-Bench's scorer has no figure then). Means are taken unrounded, rounded once, as there.
+    ``backward_realtime_avg``: the mean of the first two, what edgekv gave before the forward tasks were asked."""
+    categories: dict[str, list[float]] = {}
+    for task, rs in sorted(tasks.items()):
+        accuracy = sum(bool(r["correct"]) for r in rs) / len(rs)
+        categories.setdefault(rs[0].get("category", "unknown"), []).append(accuracy)
+    figures = {c: 100 * sum(v) / len(v) for c, v in sorted(categories.items())}
+    first_two = [figures[c] for c in ("backward", "realtime") if c in figures]
+    total = (sum(figures[c] for c in ("backward", "realtime", "forward")) / 3
+             if all(c in figures for c in ("backward", "realtime", "forward")) else None)
+    return {"per_category": {c: round(v, 2) for c, v in figures.items()},
+            "backward_realtime_avg": round(sum(first_two) / len(first_two), 2) if first_two else None,
+            "ovo_total": round(total, 2) if total is not None else None}
 
 
 def videomme_scorer_figures(records: list[dict]) -> dict:
@@ -597,6 +655,8 @@ def _write_summary(out: Path, args: argparse.Namespace, config, done: dict[str, 
     }
     if args.dataset in NOTES:
         summary["note"] = NOTES[args.dataset]
+    if args.dataset == "ovobench" and _prompt_style(args) != "official":
+        summary["note"] = OVOBENCH_LETTER_NOTE
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
