@@ -12,6 +12,7 @@ import copy
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -280,3 +281,38 @@ def deployment_keys(config: EdgeKVConfig):
     except ImportError as exc:
         raise ImportError("privacy: encryption at rest needs cryptography (pip install 'edgekv[privacy]')") from exc
     return KeyRing.from_section(section)
+
+
+def find_engines(config: EdgeKVConfig) -> list[tuple[str, Path, Any, tuple[tuple[str, str, str], ...]]]:
+    """The engine bundle of each backend other than torch that ``config.engines`` names, found and checked as the
+    start's load finds and checks it (``engines.registry.make_backends``: that backend's own requirements, then
+    ``engines.build.deployment`` and ``engines.manifest.locate`` — the key's fields, the manifest, every file's size
+    and sha256, the digests memoized in ``engines.engine_dir``/hashes.json as the load memoizes them), without loading
+    the weights or any engine (``edgekv-camera --check``). ``[(backend, bundle, manifest, gone)]`` in the order the
+    start loads them, ``gone`` the build inputs a rebuild needs that are missing (``BuildKey.unverified``: field, input
+    as configured, why); [] when torch runs both. Raises what the load raises, with its message: ``EngineError`` (a
+    ValueError) for no bundle, another model, config, TensorRT version or GPU, a damaged file, a backend not
+    installed."""
+    from edgekv.engines.base import check_backend_name
+    from edgekv.engines.build import deployment
+    from edgekv.engines.manifest import locate
+
+    engines = config.engines
+    check_backend_name("vision", engines.vision)
+    check_backend_name("llm", engines.llm)
+    backends = list(dict.fromkeys(name for name in (engines.vision, engines.llm) if name != "torch"))
+    device = resolve_device(config.model.device) if backends else None  # Runtime.__init__'s, before the weights
+    found = []
+    for backend in backends:
+        if backend == "onnxruntime":  # the load's own requirements (onnx_backend._sessions_for)
+            from edgekv.engines.onnx_backend import checked_providers
+
+            checked_providers(config, device)
+        else:  # tensorrt_runtime.load's
+            from edgekv.engines.tensorrt_runtime import check_device
+
+            check_device(device)
+        dep = deployment(config, backend, model_dir=Path(resolve_model_path(config.model.path)).expanduser())
+        bundle, manifest = locate(dep.engine_dir, dep.model_dir, dep.key, dep.hint)
+        found.append((backend, bundle, manifest, dep.key.unverified))
+    return found

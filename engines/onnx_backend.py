@@ -97,15 +97,22 @@ def _bind(bind, name: str, tensor: torch.Tensor) -> None:
     bind(name, device.type, device.index or 0, _NP_TYPES[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
 
 
+def checked_providers(config, device: torch.device) -> list[str]:
+    """``engines.onnx_providers`` as onnxruntime has them, or the EngineError the load raises (shared with
+    ``edgekv.runtime.find_engines``, ``--check``'s look at the engines)."""
+    providers = resolve_providers(list(config.engines.onnx_providers))
+    if device.type == "cuda" and not set(providers) & {"CUDAExecutionProvider", "TensorrtExecutionProvider"}:
+        raise EngineError("engines.onnx_providers: model.device is CUDA but only CPU providers are listed; add "
+                          "CUDAExecutionProvider or set model.device: cpu")
+    return providers
+
+
 def _sessions_for(runtime) -> tuple[_Sessions, Deployment]:
     cached = getattr(runtime, "_ort_sessions", None)
     if cached is not None:
         return cached
     config = runtime.config
-    providers = resolve_providers(list(config.engines.onnx_providers))
-    if runtime.device.type == "cuda" and not set(providers) & {"CUDAExecutionProvider", "TensorrtExecutionProvider"}:
-        raise EngineError("engines.onnx_providers: model.device is CUDA but only CPU providers are listed; add "
-                          "CUDAExecutionProvider or set model.device: cpu")
+    providers = checked_providers(config, runtime.device)
     dep = deployment(config, "onnxruntime", model_dir=runtime.model_dir)
     bundle, manifest = locate(dep.engine_dir, dep.model_dir, dep.key, dep.hint)
     cached = (_Sessions(bundle, manifest, providers, torch.get_num_threads()), dep)

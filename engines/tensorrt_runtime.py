@@ -148,10 +148,16 @@ class _Engines:
         current.wait_stream(stream)
 
 
-def load(runtime, component: str):
+def check_device(device: torch.device) -> None:
+    """TensorRT installed and ``device`` (the runtime's) a CUDA one, or the EngineError the load raises (shared with
+    ``edgekv.runtime.find_engines``, ``--check``'s look at the engines)."""
     require()
-    if runtime.device.type != "cuda":
+    if device.type != "cuda":
         raise EngineError("engines: the tensorrt backend runs on a CUDA device; set model.device: cuda (or auto)")
+
+
+def load(runtime, component: str):
+    check_device(runtime.device)
     cached = getattr(runtime, "_trt_engines", None)
     if cached is None:
         dep = deployment(runtime.config, "tensorrt", model_dir=runtime.model_dir)

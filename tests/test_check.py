@@ -43,7 +43,7 @@ def test_a_good_config_passes_every_check_without_loading_the_model(tiny_checkpo
         "server.host:port": "ok", "server TLS": "ok",
         "client TLS (escalate:, alerts:)": "ok", "video.source": "ok", "cache budget": "ok", "state.max_mib": "ok",
         "state.dir memory": "ok", "device memory": "ok",
-        "flash": "note"}
+        "flash": "note", "engines": "note"}  # torch runs both: no engines (tests/test_check_engines.py)
     assert "config.json" in results["model.path"][1]
     assert "a 160x120 frame read" in results["video.source"][1]
     assert "plain HTTP" in results["server TLS"][1]

@@ -17,8 +17,11 @@ named with the one that fits), archive segments a newer edgekv wrote, a TCP conn
 the start will do with the memory saved under ``state.dir`` (``memory_result``): resume it, or set it aside because
 the config no longer fits it (the cameras or their weights, the cap, the model, the prompt), said before the restart;
 resumed, where the recording it stopped in goes on (the start's own line: at its time, ended, or from its start).
-Nothing is written but what the start's checks make (the folders, ``state.dir``'s lock file): no log line to
-``logging.file``, no snapshot, no frame.
+The engine bundles ``engines.vision`` / ``engines.llm`` name are found and checked as the start's load finds them
+(``engines_result``: key, manifest, every file's size and sha256), none loaded.
+Nothing is written but what the start's checks make (the folders, ``state.dir``'s lock file) and the file digests the
+engines' lookup memoizes in ``engines.engine_dir``/hashes.json, as the start's does (a multi-GB plan is read whole once,
+not by the check and again by the start): no log line to ``logging.file``, no snapshot, no frame.
 """
 
 from __future__ import annotations
@@ -49,11 +52,12 @@ class CheckResult:
 
 
 def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None,
-                 seen: dict[str, Any] | None = None) -> list[CheckResult]:
+                 seen: dict[str, Any] | None = None, shared: tuple[str, Any] | None = None) -> list[CheckResult]:
     """Every preflight step of ``daemon`` (an ``apps.daemon.loop.Daemon``), each said, then what its start will do
     with the memory under ``state.dir``; the folder lock and the source it opened are let go again. ``deployment``:
     the whole config (its ``video.sources``), ``camera``: which of them ``daemon`` is. ``seen`` (filled when given):
-    the first frame's shape (``frame_shape``) and the grid of the memory the start resumes (``resumed``)."""
+    the first frame's shape (``frame_shape``) and the grid of the memory the start resumes (``resumed``). ``shared``:
+    the first camera's name and config when ``daemon`` is a later one of ``video.sources``, whose engines it runs."""
     from edgekv.apps.daemon.startup import one_line
 
     daemon.checking = True
@@ -80,7 +84,8 @@ def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None,
     snapshot = resumed_snapshot(daemon.state, daemon.config, plan)
     resumed = seen["resumed"] = resumed_grid(daemon.config, snapshot)
     if not any(result.key == "model.path" and result.status == "FAIL" for result in results):
-        results.append(budget_result(daemon.config, seen.get("frame_shape"), resumed))
+        results += [engines_result(daemon.config, shared),  # as the start's Runtime finds them
+                    budget_result(daemon.config, seen.get("frame_shape"), resumed)]
     if daemon.config.archive.dir is not None:
         newer = newer_result(daemon.config.archive.dir)
         if newer is not None:
@@ -133,6 +138,82 @@ def _with_pending(full: int, pending: int) -> int:
         return full
     tail = sealed_size(_MANIFEST_ALLOWANCE) + _TRAILER.size
     return _aligned(full - tail) + sealed_size(pending) + tail
+
+
+ENGINES_KEY = "engines"
+
+
+def engines_result(config: Any, shared: tuple[str, Any] | None = None) -> CheckResult:
+    """The engine bundles the start loads, found and checked as its load finds and checks them
+    (``edgekv.runtime.find_engines``: the build key, the manifest, every file's size and sha256, digests memoized in
+    ``engines.engine_dir`` as the start memoizes them), no engine loaded: ``ok`` naming each bundle, when it was built
+    and for what; ``FAIL`` with the start's own message (no bundle, one built for another model, config, TensorRT
+    version or GPU, a damaged file; with the ``edgekv build`` command that fixes it); a ``note`` when torch runs both
+    (no engines). Before, ``--check`` passed an empty ``engines.engine_dir`` that stopped the start.
+
+    ``shared`` (a later camera of ``video.sources``: the first camera's name and config): the start loads the engines
+    once, for the first camera, and every camera runs them (``Runtime.sharing``); an LLM engine takes the cache size
+    it was built for, and a camera whose weight gives it another stopped the start though each camera's own bundle
+    was there."""
+    from edgekv.apps.daemon.startup import one_line
+    from edgekv.runtime import find_engines
+
+    engines = config.engines
+    if engines.vision == "torch" and engines.llm == "torch":
+        return CheckResult(ENGINES_KEY, "note", "torch runs the vision tower and the LLM from model.path: no engines "
+                                                "to find (engines.vision / engines.llm: onnxruntime or tensorrt run "
+                                                "the ones `edgekv build` makes)")
+    try:
+        found = find_engines(config if shared is None else shared[1])
+    except (ValueError, OSError, RuntimeError, ImportError) as exc:  # what stops the start (Daemon.run)
+        if shared is not None:  # said on the first camera's row, where the start stops
+            return CheckResult(ENGINES_KEY, "note", f"runs the engines loaded for {shared[0]!r}, not found (above)")
+        return CheckResult(ENGINES_KEY, "FAIL", one_line(exc))
+    if shared is not None:
+        return _shared_result(config, shared[0], found)
+    texts = [_bundle_text(backend, [part for part in ("vision", "llm") if getattr(engines, part) == backend],
+                          bundle, manifest, gone) for backend, bundle, manifest, gone in found]
+    if engines.vision == "torch" or engines.llm == "torch":
+        texts.append(f"{'vision' if engines.vision == 'torch' else 'llm'}: torch (from model.path)")
+    return CheckResult(ENGINES_KEY, "note" if any(gone for *_, gone in found) else "ok", "; ".join(texts))
+
+
+def _shared_result(config: Any, first: str, found: list) -> CheckResult:
+    """A later camera on the engines loaded for the ``first`` camera (``found``): its cache must be the size their LLM
+    engine takes (``engines.runner.GraphLLM``: "built for a cache of N slots; this session's cache has M")."""
+    from edgekv.state import _planned_cache
+
+    bundles = ", ".join(str(bundle) for _, bundle, _, _ in found)
+    llm = next((manifest for backend, _, manifest, _ in found if backend == config.engines.llm), None)
+    capacity = _planned_cache(config)[4]
+    if llm is not None and llm.key.get("cache_tokens") != capacity:
+        built, backend = llm.key.get("cache_tokens"), config.engines.llm
+        return CheckResult(ENGINES_KEY, "FAIL", f"the cameras run one set of engines, loaded for {first!r} "
+                                                f"({bundles}), whose {backend} LLM engine takes a cache of {built} "
+                                                f"tokens; this camera's share of the cache cap is {capacity} tokens: "
+                                                f"the start stops at it (\"the {backend} LLM engine was built for a "
+                                                f"cache of {built} slots; this session's cache has {capacity}\"), "
+                                                "whatever bundles are built. Give the cameras equal video.sources "
+                                                "weights (one cache size), or run engines.llm: torch")
+    return CheckResult(ENGINES_KEY, "ok", f"runs the engines loaded for {first!r} ({bundles})")
+
+
+def _bundle_text(backend: str, parts: list[str], bundle: Path, manifest: Any,
+                 gone: tuple[tuple[str, str, str], ...]) -> str:
+    """A found bundle, said: which, built when, for what, its files; a build input a rebuild needs that is gone."""
+    from edgekv.archive.store import size_text
+
+    key = manifest.key
+    trt = (f", {key.get('precision')} precision, TensorRT {key.get('tensorrt_version')} on {key.get('gpu')}"
+           if backend == "tensorrt" else "")
+    stored = f" stored {key.get('kv_dtype')}" if key.get("kv_dtype") else ""
+    size = sum(int(entry.get("bytes", 0)) for entry in manifest.files.values())
+    missing = "".join(f"; engines.{name}: {why}: the engines are used as they are, building them again needs it"
+                      for name, _, why in gone)
+    return (f"{backend} ({' and '.join(parts)}): {bundle}, built {manifest.created or 'at an unknown time'} for grid "
+            f"{key.get('grid_thw')} (T, H, W patches), a cache of {key.get('cache_tokens')} tokens{stored}, "
+            f"{key.get('dtype')}, chunks up to {key.get('max_chunk_tokens')} tokens{trt}; {len(manifest.files)} "
+            f"graph file(s), {size_text(size)}, each of the size and sha256 its manifest lists{missing}")
 
 
 BUDGET_KEY = "cache budget"
@@ -584,10 +665,12 @@ def run_check(daemons: dict[str, Any], out: Any, config_name: str, deployment: A
     failed = 0
     print(f"edgekv-camera --check: {config_name} (the model is not loaded)", file=out)
     grids = []
+    first = next(iter(daemons))
     for name, daemon in daemons.items():
         prefix = f"[{name}] " if len(daemons) > 1 else ""
         seen: dict[str, Any] = {}
-        results = check_daemon(daemon, deployment, name or None, seen)
+        shared = (first, daemons[first].config) if name != first else None  # the engines are loaded for the first
+        results = check_daemon(daemon, deployment, name or None, seen, shared)
         try:
             resumed = seen.get("resumed")
             grids.append(start_grid(daemon.config, seen.get("frame_shape"), resumed[0] if resumed else None))
