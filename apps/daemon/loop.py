@@ -1157,10 +1157,13 @@ class Daemon:
         result = self.session.forget(t_from, t_to)  # the pairs with a frame in the window (StreamSession.pairs_in)
         removed = set(result["pairs"])
         progress()
-        # What is kept by the pair's stamp alone (its first frame's time) — archive records, evidence pictures (the
-        # pair's second frame), keyframes, alerts — goes from one frame interval before the window: the pair whose
-        # second frame is the window's first was kept whole, picture included.
-        t_lo = t_from - (self._pair_span_s() if noted is None else noted["pad_s"])
+        # What is kept by the pair's stamp alone (its first frame's time) — evidence pictures (the pair's second
+        # frame), keyframes, alerts — goes from one frame interval before the window: the pair whose second frame is
+        # the window's first was kept whole, picture included. An archive record says where it ends
+        # (``ArchivedPair.t_last``: a recording's odd last frame, archived as a pair of itself, ends where it starts),
+        # so the archive gives up exactly the pairs with a frame in the window, as the cache does.
+        pad = self._pair_span_s() if noted is None else noted["pad_s"]
+        t_lo = t_from - pad
         archive, failed = None, []
         if self.session.recall is not None:  # this stream's records (another stream's times are its own)
             stream = self.session.recall.stream
@@ -1168,7 +1171,8 @@ class Daemon:
                 stream = bytes.fromhex(noted["archive_stream"]) if noted["archive_stream"] else None
             try:
                 if noted is None or stream is not None:
-                    archive = self.session.recall.archive.forget(t_lo, t_to, stream=stream, progress=progress)
+                    archive = self.session.recall.archive.forget(t_from, t_to, stream=stream, progress=progress,
+                                                                 frame_s=pad)
             except OSError as exc:  # not a full disk (that deletes the segment whole): an I/O error, said at the end
                 failed.append(f"archive: {exc}")
             progress()
@@ -1940,9 +1944,31 @@ class Daemon:
                  else f"{why}: the memory could not be saved (the log says why); going on")
 
     def _on_stop(self) -> None:
-        """After the loop ended, before the capture stops: the final snapshot (SIGTERM included)."""
+        """After the loop ended and the archive was closed, before the capture stops: the final snapshot (SIGTERM
+        included)."""
         with self.lock:
             self.state.final_snapshot(self.session)
+
+    def _close_archive(self, deadline: float) -> list[str]:
+        """Before the final snapshot: the evidence frames and the archive closed — their queued pairs written and
+        synced, the archive's folder let go — within what is left of the stop's budget; returns the parts that were
+        not done in it. They are a few pairs (``archive.queue_pairs`` at most), the snapshot the whole cache (224 MiB at
+        the 3B shape). Closed after it, on slow flash (an SD card) the snapshot spent the budget, the archive got no
+        time and its queued pairs went with the process, though the snapshot held them: a hole in the archive. Closed
+        first, the archive holds every pair up to the snapshot's last: a stop that completes restarts from the
+        snapshot, nothing of the archive after it; one killed while the snapshot is written restarts from the one
+        before and goes on after the archive's newest pair (``_go_on_past_the_archive``), as after any kill."""
+        left = []
+        if self.frames is not None and not _bounded("evidence frames", self.frames.close, deadline, self.stop_clock):
+            left.append("evidence frames")  # before the archive lets its folder go
+        recall = self.session.recall
+        if recall is None or _bounded("archive", self.session.close, deadline, self.stop_clock):
+            return left
+        queued = recall.archive.stats()["archive_pending"]
+        self.say(f"shutdown: the archive did not write its queued frame pairs within the stop's {STOP_BUDGET_S:g} s "
+                 f"({queued} still queued): they are written while the final snapshot is, and lost if the process "
+                 f"is killed first; the next start goes on from what reached the disk")
+        return [*left, "archive"]
 
     # ------------------------------------------------------------------ shutdown and report
     def _refuse_waiting(self) -> None:
@@ -1965,15 +1991,24 @@ class Daemon:
         if refused:
             self.say(f"refused {refused} waiting question(s): shutting down")
 
+    stop_clock: Callable[[], float] = staticmethod(time.monotonic)  # what the stop's budget is kept on (tests: fake)
+
     def shutdown(self) -> None:
-        """Stop everything within ``STOP_BUDGET_S`` (each part gets what is left of it)."""
-        deadline = time.monotonic() + STOP_BUDGET_S
+        """Stop everything within ``STOP_BUDGET_S`` (each part gets what is left of it), in the order that loses least
+        on slow flash: the archive's queued pairs first (``_close_archive``), then the final snapshot (not cut short:
+        half a snapshot is none), then the other parts. A part the budget has no time left for is started and not
+        waited for; they are said in one line."""
+        deadline = self.stop_clock() + STOP_BUDGET_S
         notify_systemd("STOPPING=1")
         self._refuse_waiting()
         if self.stop.signal_name:
             self.say(f"{self.stop.signal_name}: finishing the current step and shutting down")
+        left, snapshot_s = [], None
         if self.session is not None:
+            left = self._close_archive(deadline)
+            began = self.stop_clock()
             self._on_stop()
+            snapshot_s = self.stop_clock() - began
         self.state.release()  # after the final snapshot: the next daemon may take state.dir
         parts = [("speaker", None if self.speaker_is_shared else self.speaker, lambda s: s.close()),
                  ("push-to-talk", self.push_to_talk, lambda p: p.stop()),
@@ -1981,14 +2016,16 @@ class Daemon:
                  ("escalator", self.escalator, lambda e: e.stop()),
                  ("voice", self.voice, lambda v: v.stop()), ("ROS 2", self.ros2, lambda r: r.stop()),
                  ("HTTP server", self.server, lambda s: s.stop()), ("capture", self.sampler, lambda s: s.close()),
-                 ("evidence frames", self.frames, lambda f: f.close()),  # before the archive lets its folder go
-                 ("archive", self.session, lambda s: s.close()),  # its queued pairs written, its folder let go
                  ("monitor", None if self.monitor_is_shared else self.monitor, lambda m: m.stop()),
                  ("watchdog", self.watchdog, lambda w: w.stop()),
                  ("fleet", self.fleet, lambda f: f.stop())]  # last: a broker out of reach costs no other part time
         for name, part, stop in parts:
-            if part is not None:
-                _bounded(name, lambda: stop(part), deadline)
+            if part is not None and not _bounded(name, lambda: stop(part), deadline, self.stop_clock):
+                left.append(name)
+        if left:
+            took = "" if snapshot_s is None else f"; the final snapshot took {snapshot_s:.1f} s"
+            self.say(f"shutdown: past the stop's budget of {STOP_BUDGET_S:g} s{took}: not waited for: "
+                     f"{', '.join(left)}")
         if self._source is not None and self.sampler is None:
             self._source.close()  # opened by the preflight, never handed to a capture thread
         if self.session is not None:
@@ -2041,11 +2078,18 @@ class Daemon:
         return "\n".join(lines)
 
 
-def _bounded(name: str, action, deadline: float) -> None:
-    """Run ``action`` in a helper thread and wait at most until ``deadline``: one part stuck in a driver
-    call must not hold the whole shutdown past systemd's stop timeout."""
+def _bounded(name: str, action, deadline: float, clock: Callable[[], float] = time.monotonic) -> bool:
+    """Run ``action`` in a helper thread and wait at most until ``deadline`` (on ``clock``): one part stuck in a
+    driver call must not hold the whole shutdown past systemd's stop timeout. Whether it was done in time; with no
+    time left it is started (it may finish before the process exits) and not waited for."""
     worker = threading.Thread(target=action, name=f"edgekv-stop-{name}", daemon=True)
     worker.start()
-    worker.join(max(0.0, deadline - time.monotonic()))
+    left = deadline - clock()
+    if left <= 0:
+        log.warning("shutdown: no time left for %s; not waited for", name)
+        return False
+    worker.join(left)
     if worker.is_alive():
         log.warning("shutdown: %s did not stop in time; leaving it behind", name)
+        return False
+    return True

@@ -1491,8 +1491,10 @@ class FrameArchive:
 
     # ------------------------------------------------------------------ forget (issue 31)
     def forget(self, t_from: float, t_to: float, stream: bytes | None = None,
-               progress: Callable[[], None] | None = None) -> dict:
-        """Remove every archived pair stamped in ``[t_from, t_to]`` (of ``stream``, or of every stream) from the
+               progress: Callable[[], None] | None = None, frame_s: float | None = None) -> dict:
+        """Remove every archived pair stamped in ``[t_from, t_to]`` (of ``stream``, or of every stream) — with
+        ``frame_s`` (a frame interval), every pair with a frame in it: stamped at most ``t_to``, its last frame
+        (``ArchivedPair.t_last``) at least ``t_from``, as ``StreamSession.pairs_in`` picks the cache's — from the
         files, not only from the index: each segment holding one is rewritten without it — the records kept are
         copied byte for byte (a sealed record keeps its nonce and its bytes) into ``seg-N.ekva.tmp``, which is
         fsynced and renamed over the segment — and a segment left with no record is deleted. Queued pairs are
@@ -1508,7 +1510,10 @@ class FrameArchive:
         removed_pairs, rewritten, deleted, freed = 0, 0, 0, 0
         with self._write_lock:
             with self._lock:
-                doomed = sorted((e for e in self._entries.values() if t_from <= e.t <= t_to
+                # t_last(frame_s) >= t_from, written as the daemon's forget wrote it for a pair of two (the same
+                # float at a window's edge: from a frame interval before the window)
+                doomed = sorted((e for e in self._entries.values() if e.t <= t_to
+                                 and e.t >= (t_from if frame_s is None or e.frames == 1 else t_from - frame_s)
                                  and (stream is None or e.stream == stream)), key=lambda e: (e.segment, e.offset))
             if any(entry.segment == self._current for entry in doomed):
                 self._close_segment()  # the open one is rewritten: a window in it alone ends it (not every forget)
