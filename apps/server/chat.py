@@ -42,7 +42,7 @@ from edgekv.apps.server.openai_chat import (
     safe_text,
 )
 from edgekv.session import WindowEmpty
-from edgekv.session.wallclock import NothingSeen
+from edgekv.session.wallclock import NoOneStretch, NothingSeen
 
 log = logging.getLogger("edgekv.server")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -150,6 +150,11 @@ async def answer_chat(daemon: Any, params: ChatRequest, model_id: str, receive: 
     error: no stream has started), then stream the answer or return it whole. ``receive`` (the request's
     ASGI receive, its body already read) reports the client leaving: the question is then cancelled, so the
     daemon stops decoding at the next token (or never starts) instead of answering nobody."""
+    if params.recall is True and not params.images and getattr(daemon.session, "recall", True) is None:
+        # refused before it is queued, naming the field (it was the session's ValueError, a 400 without param, once
+        # its turn came)
+        raise ApiError(400, "recall: true needs an archive, and this daemon keeps none (set archive.dir in its "
+                            "config)", param="recall")
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, check_fits, daemon.session, params)  # tokenizing a long question takes ms
     handoff = AnswerHandoff(loop)
@@ -338,6 +343,8 @@ def answer_error(error: Exception) -> ApiError:
                         headers={"retry-after": "1"})
     if isinstance(error, (WindowEmpty, NothingSeen)):  # the request was valid; its window holds nothing to read
         return ApiError(400, safe_text(str(error), 400), param="window", code="window_empty")
+    if isinstance(error, NoOneStretch):  # a window by the clock on a stream without wall times, or lived twice
+        return ApiError(400, safe_text(str(error), 400), param="window")
     if isinstance(error, ValueError):
         return ApiError(400, safe_text(str(error), 400))
     log.error("answering a question failed: %s", safe_text(repr(error), 300))

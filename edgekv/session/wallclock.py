@@ -45,6 +45,12 @@ class NothingSeen(ValueError):
     """A wall-clock window in which the stream saw nothing (the device was off, paused, or not yet started)."""
 
 
+class NoOneStretch(ValueError):
+    """A wall-clock window that names no one stretch of stream time: the stream keeps no wall time (a recording
+    read as fast as it is ingested), or the clock was set back and the window matches several stretches. A
+    question's ``window`` is what to change (the chat API's ``param``)."""
+
+
 def checked_unix(name: str, value: object) -> float:
     """``value`` as a wall time (seconds since the epoch), or ``ValueError`` naming ``name``: a real number within
     +-``MAX_ABS_SECONDS`` (year +-141,000). A wall time of 1e300 was once kept, and every later question by the
@@ -116,8 +122,8 @@ class WallClock:
         if unix_from > unix_to:
             raise ValueError(f"from ({describe_unix(unix_from)}) is after to ({describe_unix(unix_to)})")
         if not self._known() or last_t is None:
-            raise ValueError("no frame of this stream has a wall-clock time (a recording read as fast as it is "
-                             "ingested, or frames ingested without captured_unix): give the window in stream seconds")
+            raise NoOneStretch("no frame of this stream has a wall-clock time (a recording read as fast as it is "
+                               "ingested, or frames ingested without captured_unix): give the window in stream seconds")
         stretches: list[list[float]] = []
         for index, (start, offset) in enumerate(self.anchors):
             if offset is None:  # a stretch seen at no known wall time
@@ -145,9 +151,9 @@ class WallClock:
                               f"{describe_unix(unix_to)} ({known})")
         if len(stretches) > 1:
             parts = ", ".join(f"{low:.3f}..{high:.3f}" for low, high in stretches)
-            raise ValueError(f"{describe_unix(unix_from)} to {describe_unix(unix_to)} matches {len(stretches)} "
-                             f"separate stretches of the stream (the device's wall clock was set back in between): "
-                             f"stream seconds {parts}; ask for one of them in stream seconds")
+            raise NoOneStretch(f"{describe_unix(unix_from)} to {describe_unix(unix_to)} matches {len(stretches)} "
+                               f"separate stretches of the stream (the device's wall clock was set back in between): "
+                               f"stream seconds {parts}; ask for one of them in stream seconds")
         return stretches[0]
 
     def span(self, last_t: float | None) -> tuple[float, float] | None:
