@@ -1313,11 +1313,12 @@ class StateKeeper:
             log.info("state: %s (%.1f MiB, %.0f ms)", info.path.name, info.bytes / 2**20, info.seconds * 1e3)
         return info
 
-    def final_snapshot(self, session) -> SnapshotInfo | None:
-        """The snapshot at stop (SIGTERM, end of the source); says where the memory went."""
+    def final_snapshot(self, session, progress: Callable[[], None] | None = None) -> SnapshotInfo | None:
+        """The snapshot at stop (SIGTERM, end of the source); says where the memory went. ``progress``: see
+        ``write_snapshot`` (the daemon's tells systemd, a step at a time, that the stop goes on)."""
         if not self.enabled:
             return None
-        info = self.snapshot(session)
+        info = self.snapshot(session, progress)
         if info is not None:
             self.say(f"memory saved: {describe_span(info.stream_s)}, {info.cache_tokens:,} tokens in {info.path} "
                      f"({info.bytes / 2**20:.1f} MiB, {info.seconds * 1e3:.0f} ms)")

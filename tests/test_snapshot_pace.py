@@ -192,3 +192,36 @@ def test_an_archive_forget_reaches_the_disk_a_step_at_a_time(tmp_path, monkeypat
     reopened = store.FrameArchive(tmp_path / "paced", SHAPE, max_bytes=8 << 20, segment_bytes=1 << 20)
     assert [e.pair for e in reopened.entries()] == [p for p in range(100) if p not in (10, 11, 12)]
     reopened.close()
+
+
+def test_the_final_snapshot_on_slow_flash_extends_systemds_stop_timeout_a_step_at_a_time(slow_daemon, monkeypatch):
+    """At stop (SIGTERM) the snapshot was written whole and synced once: 40 s of flash here, past the unit's
+    TimeoutStopSec of 20 s, so systemd killed the daemon mid-write. Each step now beats the heartbeats and sends
+    ``EXTEND_TIMEOUT_USEC`` (sd_notify), so the stop goes on while the flash takes it."""
+    import socket
+    import tempfile
+
+    from edgekv.apps.daemon.loop import SNAPSHOT_STEP_S
+
+    daemon, flash, _sent = slow_daemon
+    folder = tempfile.mkdtemp(prefix="ekv-notify-", dir="/tmp")  # a short path: AF_UNIX names are ~108 bytes
+    path = os.path.join(folder, "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(path)
+        listener.setblocking(False)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        before = daemon.state.generations()[-1]
+        daemon._on_stop()
+        messages = []
+        while True:
+            try:
+                messages.append(listener.recv(256).decode())
+            except BlockingIOError:
+                break
+    os.unlink(path)
+    os.rmdir(folder)
+    assert len(flash.ticks) >= 8 and all(flash.ticks), flash.ticks  # the loop's heartbeat kept fresh by each step
+    extend = f"EXTEND_TIMEOUT_USEC={int(SNAPSHOT_STEP_S * 1e6)}"
+    # one a step (the file's last sync, its end, is the snapshot done: nothing to extend)
+    assert len(messages) >= len(flash.ticks) - 1 and set(messages) == {extend}, (messages, flash.ticks)
+    assert daemon.state.generations()[-1] != before  # written: a new generation

@@ -66,6 +66,10 @@ from edgekv.seconds import MAX_ABS_SECONDS, real_seconds
 
 log = logging.getLogger("edgekv.daemon")
 STOP_BUDGET_S = 8.0  # shutdown after the current step; systemd's TimeoutStopSec is 20 s (jetson/edgekv-camera.service)
+# the final snapshot reaches the disk PACE_BYTES at a time, each step extending systemd's stop timeout by this much
+# (EXTEND_TIMEOUT_USEC): slow flash is waited for while it writes; a step this slow is a disk that stopped answering
+# (the watchdog's own rule: WatchdogSec / 2 is 15 s in the unit)
+SNAPSHOT_STEP_S = 15.0
 HISTORY = 64  # finished questions kept for the status page
 REACH_EVERY_S = 10.0  # how far back the memory goes (Daemon.reach), worked out at most this often
 
@@ -1945,9 +1949,20 @@ class Daemon:
 
     def _on_stop(self) -> None:
         """After the loop ended and the archive was closed, before the capture stops: the final snapshot (SIGTERM
-        included)."""
+        included), written a step at a time (``edgekv.state._Paced``), each step beating the loops' heartbeats and
+        telling systemd the stop goes on (``EXTEND_TIMEOUT_USEC``, ``SNAPSHOT_STEP_S`` from now). Written whole and
+        synced once, a 3B cache's 224 MiB on an SD card outlasted TimeoutStopSec (20 s): systemd killed the daemon
+        mid-write and the memory since the last periodic snapshot was lost. A disk that stops answering stops the
+        steps, and systemd kills the stop as before."""
+        beat = self._snapshot_beats()
+        extend = f"EXTEND_TIMEOUT_USEC={int(SNAPSHOT_STEP_S * 1e6)}"
+
+        def progress() -> None:
+            beat()
+            notify_systemd(extend)
+
         with self.lock:
-            self.state.final_snapshot(self.session)
+            self.state.final_snapshot(self.session, progress)
 
     def _close_archive(self, deadline: float) -> list[str]:
         """Before the final snapshot: the evidence frames and the archive closed — their queued pairs written and
