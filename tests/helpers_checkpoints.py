@@ -127,3 +127,22 @@ def filled_cache(text, capacity: int, length: int, seed: int):
     cache.v[:, :, :length] = torch.randn(cache.v[:, :, :length].shape, generator=g)
     cache.commit(length)
     return cache
+
+
+def stub_graph_exports(monkeypatch) -> list[str]:
+    """``edgekv.engines.export``'s graph exports replaced by ones that write small files: the names of those that
+    ran, in order (a test of which builds are up to date, not of the graphs)."""
+    from edgekv.engines import export
+
+    exported: list[str] = []
+
+    def fake_export(name: str):
+        def write(_model, _shape, path: Path, **_kw) -> dict:
+            exported.append(name)
+            path.write_bytes(b"graph " + name.encode() + b" " * 64)
+            return {}
+        return write
+
+    monkeypatch.setattr(export, "export_vision", fake_export("vision"))
+    monkeypatch.setattr(export, "export_llm", fake_export("llm"))
+    return exported

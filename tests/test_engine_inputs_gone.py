@@ -81,8 +81,6 @@ def _no_model_load(mp: pytest.MonkeyPatch) -> None:
 def int8_built(tmp_path_factory):
     """An fp16 ``precision: int8`` deployment built by ``edgekv build --backend tensorrt`` (stand-in TensorRT 10.3)
     from a calibration clip under ``data/``: (config, bundle, manifest, clip)."""
-    import edgekv.model as model_module
-    from edgekv.engines import build as build_module
     from edgekv.model.tiny import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("gone")
@@ -97,12 +95,7 @@ def int8_built(tmp_path_factory):
     }))
     config = load_config(root / "deploy.yaml")
     assert config.engines.int8_calibration == str(clip)  # relative to the YAML file
-    load_pretrained = model_module.load_pretrained
-    with pytest.MonkeyPatch.context() as mp:
-        contract._as_if_on_a_jetson(mp)
-        mp.setattr(model_module, "load_pretrained",
-                   lambda path, dtype, device: load_pretrained(path, dtype=dtype, device=torch.device("cpu")))
-        bundle, manifest = build_module.build(config, "tensorrt", progress=False)
+    bundle, manifest = contract.build_as_on_a_jetson(config)
     return config, bundle, manifest, clip
 
 
@@ -237,20 +230,9 @@ def test_a_bag_folder_is_keyed_by_its_content_and_a_stream_password_stays_out_of
 @pytest.fixture
 def stubbed_export(monkeypatch):
     """The graph exports write small files and record which ran."""
-    from edgekv.engines import export
+    from helpers_checkpoints import stub_graph_exports
 
-    exported: list[str] = []
-
-    def fake_export(name: str):
-        def write(_model, _shape, path: Path, **_kw) -> dict:
-            exported.append(name)
-            path.write_bytes(b"graph " + name.encode() + b" " * 64)
-            return {}
-        return write
-
-    monkeypatch.setattr(export, "export_vision", fake_export("vision"))
-    monkeypatch.setattr(export, "export_llm", fake_export("llm"))
-    return exported
+    return stub_graph_exports(monkeypatch)
 
 
 def _ort_config(model: Path, engine_dir: Path, **cache) -> EdgeKVConfig:

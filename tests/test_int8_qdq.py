@@ -231,9 +231,7 @@ def trt_built(checkpoint, tmp_path_factory):
     """``build(config, "tensorrt")`` of an fp16 int8 deployment with the stand-in as TensorRT 10.3.0."""
     import yaml
 
-    import edgekv.model as model_module
     from edgekv.config import load_config
-    from edgekv.engines import build as build_module
 
     root = tmp_path_factory.mktemp("trt-int8")
     config = {
@@ -247,12 +245,7 @@ def trt_built(checkpoint, tmp_path_factory):
     # given after loading: a YAML file's int8_calibration is resolved as a path even when it is a synthetic: spec
     # (edgekv/config.py ``_resolve_paths``; reported, outside this area)
     config = load_config(root / "deploy.yaml").with_overrides(engines={"int8_calibration": SOURCE})
-    load_pretrained = model_module.load_pretrained
-    with pytest.MonkeyPatch.context() as mp:
-        contract._as_if_on_a_jetson(mp)
-        mp.setattr(model_module, "load_pretrained",
-                   lambda path, dtype, device: load_pretrained(path, dtype=dtype, device=torch.device("cpu")))
-        bundle, manifest = build_module.build(config, "tensorrt", progress=False)
+    bundle, manifest = contract.build_as_on_a_jetson(config)
     return config, bundle, manifest
 
 

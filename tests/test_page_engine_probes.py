@@ -114,21 +114,12 @@ def test_an_engine_file_replaced_by_one_of_the_same_size_is_refused(tmp_path):
 def test_build_rebuilds_a_bundle_with_a_damaged_file(tiny_checkpoint, tmp_path, monkeypatch):
     """The export stubbed (what is checked is the up-to-date decision, not the graphs)."""
     pytest.importorskip("onnx")
+    from helpers_checkpoints import stub_graph_exports
+
     from edgekv.config import EdgeKVConfig
-    from edgekv.engines import export
     from edgekv.engines.build import build
 
-    exported: list[str] = []
-
-    def fake_export(name: str):
-        def write(_model, _shape, path: Path, **_kw) -> dict:
-            exported.append(name)
-            path.write_bytes(b"graph " + name.encode() + b" " * 64)
-            return {}
-        return write
-
-    monkeypatch.setattr(export, "export_vision", fake_export("vision"))
-    monkeypatch.setattr(export, "export_llm", fake_export("llm"))
+    exported = stub_graph_exports(monkeypatch)
     model = tmp_path / "ckpt"
     shutil.copytree(tiny_checkpoint, model)
     config = EdgeKVConfig().with_overrides(

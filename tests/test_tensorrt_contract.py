@@ -72,6 +72,20 @@ def _as_if_on_a_jetson(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(torch.cuda, "current_stream", lambda *a: DEFAULT_STREAM)
 
 
+def build_as_on_a_jetson(config):
+    """``edgekv build --backend tensorrt`` of ``config`` through the stand-in, as on a Jetson (``_as_if_on_a_jetson``),
+    the weights loaded on the CPU: (bundle, manifest)."""
+    import edgekv.model as model_module
+    from edgekv.engines import build as build_module
+
+    load_pretrained = model_module.load_pretrained
+    with pytest.MonkeyPatch.context() as mp:
+        _as_if_on_a_jetson(mp)
+        mp.setattr(model_module, "load_pretrained",
+                   lambda path, dtype, device: load_pretrained(path, dtype=dtype, device=torch.device("cpu")))
+        return build_module.build(config, "tensorrt", progress=False)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """Built once through ``build(config, "tensorrt")`` with the stand-in: (config, bundle, manifest, builds), where
