@@ -685,17 +685,23 @@ class Daemon:
             if self.paused is not None or self.sampler is None:
                 return False
             self.paused, self._paused_at = reason, time.monotonic()
+            paused_at, sampler = self._paused_at, self.sampler  # a resume while this waits opens a capture of its own
             if not _restored:
                 self._keep_pause(reason)  # under the lock: a resume racing this pause cannot leave the file behind
         self._pause_seen.clear()
         self._wake.set()
         if threading.current_thread() is not self._loop_thread and self._loop_thread is not None:
             self._pause_seen.wait(STOP_BUDGET_S)  # a step in flight (a frame, an answer) finishes first
-        self._stop_collector()
-        self.sampler.close()  # the capture thread ends and the source (the camera) is closed
-        if self._stream_end is None:  # a recording reads them again after its last frame in; a camera goes on live
-            self.backlog.clear()
-        # else the frames read before the end go in after the resume: nothing reads them again (resume opens nothing)
+        with self._submit_lock:  # a resume now waits for the camera to be released
+            if self._paused_at != paused_at:  # resumed (maybe paused again) while the step went on: with a capture
+                sampler.close()  # of its own, the pause's already closed by it; nothing else to undo
+                return True
+            self._stop_collector()
+            sampler.close()  # the capture thread ends and the source (the camera) is closed
+            if self._spec.live:  # a camera goes on live
+                self.backlog.clear()
+            # a recording's frames handed out and not in yet go in after the resume, which reads on after them
+            # (Sampler.handed_out_t); an ended stream's too: nothing reads them again (resume opens nothing)
         self.say(f"paused ({reason}): the camera is released; nothing is seen until resumed")
         self._wake.set()
         return True
@@ -714,13 +720,19 @@ class Daemon:
             cfg = self.config
             self._stop_collector()  # nothing sampled before the pause goes in after it, stamped as if new
             ended = self._stream_end
-            if ended is None:  # an ended stream's frames read before its end were kept by the pause, to go in now
-                self.backlog.clear()
+            if ended is None:  # a recording's frames handed out before the pause were kept by it, to go in now
+                old = self.sampler
+                old.close()  # a pause still waiting for the step in flight has not: the camera let go before reopening
+                if self._spec.live:
+                    self.backlog.clear()
                 self._spec, self._source = open_video_source(cfg)
                 self._say_waiting()
                 last = self.session.clock.last_t
-                if not self._spec.live and self._source_t is not None:  # from its next tick after the last frame in
-                    self._source = resume_after(self._source, self._source_t + 1.0 / self.sampler.fps)
+                # after the last frame handed out, not the last one in: one in flight (a pause that gave up waiting for
+                # the step) or kept in the backlog goes in too, and is not read again
+                handed = old.handed_out_t if old.handed_out_t is not None else self._source_t
+                if not self._spec.live and handed is not None:  # from its next tick after that frame
+                    self._source = resume_after(self._source, handed + 1.0 / old.fps)
                 elif last is not None:
                     self._resume_offset = (last + (time.monotonic() - self._paused_at) - self.state.stream_time(0.0)
                                            + 1e-6)

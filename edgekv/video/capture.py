@@ -432,6 +432,9 @@ class Sampler:
         self._next_tick: float | None = None
         self._after = 0
         self._counts = {"frames_sampled": 0, "frames_skipped_by_time": 0, "late_ticks": 0}
+        self._handing = threading.Lock()  # a frame handed out and close() exclude each other
+        self._closed = False
+        self.handed_out_t: float | None = None  # the source's time of the last frame handed out; final once closed
 
     @classmethod
     def open(cls, source: FrameSource | str | int | os.PathLike, fps: float, *, deterministic: bool = False,
@@ -481,8 +484,11 @@ class Sampler:
         item = self.capture.latest(self._after, self._remaining(deadline))
         if item is None:
             return None  # no frame yet (a camera reconnecting): a poll, not a tick taken late
+        frame, t, after = item
+        if not self._hand_out(t):
+            return None
+        self._after = after
         self._counts["late_ticks"] += late  # a frame taken more than a period after its tick (a slow consumer)
-        frame, t, self._after = item
         tick = self._next_tick if self._next_tick is not None else time.monotonic()
         self._next_tick = max(tick + self.period, time.monotonic())  # no catch-up burst after a slow call
         self.capture.want_from(self._next_tick)  # the frames before it need not be decoded
@@ -496,6 +502,8 @@ class Sampler:
                 return None
             frame, t = item
             if self._selector.accept(t):
+                if not self._hand_out(t):
+                    return None
                 self._counts["frames_sampled"] += 1
                 return frame, t
             self._counts["frames_skipped_by_time"] += 1
@@ -509,7 +517,19 @@ class Sampler:
             elif self.exhausted:
                 return
 
+    def _hand_out(self, t: float) -> bool:
+        """Whether the frame stamped ``t`` may be handed out (never once ``close`` began); noted as the last if so."""
+        with self._handing:
+            if self._closed:
+                return False
+            self.handed_out_t = t
+            return True
+
     def close(self) -> None:
+        """Stop the capture. No frame is handed out once this returns, not even to a consumer inside ``next_frame``
+        meanwhile, so ``handed_out_t`` is final: a paused recording resumes after it, every frame once."""
+        with self._handing:
+            self._closed = True
         self.capture.stop()
 
     def stats(self) -> dict[str, Any]:
