@@ -50,9 +50,11 @@ def _add_build(parser: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from edgekv.apps.daemon.cameras import engines_config
     from edgekv.engines.build import build
 
-    config = config_from_args(args)
+    # several cameras (video.sources) share engines loaded for the first camera's cache, not the whole cache cap
+    config = engines_config(config_from_args(args))
     backend = args.backend or _engine_backend(config)
     bundle, manifest = build(config, backend, engine_dir=args.engine_dir, force=args.force, progress=not args.quiet)
     print(f"engines: {bundle}")

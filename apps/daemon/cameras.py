@@ -152,6 +152,32 @@ def camera_configs(config: EdgeKVConfig) -> dict[str, EdgeKVConfig]:
     return out
 
 
+def engines_config(config: EdgeKVConfig) -> EdgeKVConfig:
+    """The config the engines of ``video.sources`` are built (``edgekv build``) and loaded for: the first camera's,
+    as ``CameraSet`` loads the one model for it and every camera shares what it loaded. An LLM engine's graph is built
+    for one cache size (M is a fixed dimension of its inputs), so with ``engines.llm`` other than torch every camera
+    must get the same cache — equal weights; cameras of unequal weights are refused here, before any weights load
+    (the start refused the second camera after loading them, telling the user to build the first camera's bundle,
+    which was there; ``edgekv build`` built one for the whole ``cache`` cap, which no camera uses)."""
+    if not config.video.sources:
+        return config
+    cameras = camera_configs(config)
+    sizes = {name: (camera.cache.max_tokens if camera.cache.max_mib is None else camera.cache.max_mib)
+             for name, camera in cameras.items()}
+    if config.engines.llm != "torch" and len(set(sizes.values())) > 1:
+        unit = " tokens" if config.cache.max_mib is None else " MiB"
+        each = ", ".join(f"{name} {size:g}{unit} (weight {camera.weight:g})"
+                         for (name, size), camera in zip(sizes.items(), config.video.sources))
+        equal = (f"{config.cache.max_tokens // len(sizes)} tokens" if config.cache.max_mib is None
+                 else f"{config.cache.max_mib / len(sizes):g} MiB")
+        raise ValueError(f"engines.llm: {config.engines.llm} runs one LLM graph built for one cache size, and "
+                         f"video.sources' weights give the cameras different caches ({each}): give every camera the "
+                         f"same weight (each then gets {equal}; `edgekv build --config` with that file builds the "
+                         f"engines the cameras share), or run the LLM on torch (engines.llm: torch; engines.vision "
+                         f"may stay {config.engines.vision})")
+    return next(iter(cameras.values()))
+
+
 def ros_namespaces(config: EdgeKVConfig) -> dict[str, str]:
     """Each camera's ROS 2 namespace, ``<ros2.namespace>/<name>`` with ``-`` written ``_``: a camera name may hold
     ``-`` (``front-left``), a ROS 2 name may not, and every camera's config is checked whole, so such a camera was
@@ -346,6 +372,7 @@ class CameraSet:
         try:
             camera = None  # the camera whose check or start failed, named in the error: its keys are its own
             try:
+                engines_config(self.config)  # cameras that cannot share the engines: refused before the weights load
                 for camera, daemon in self.daemons.items():
                     daemon.preflight()
                 camera = None
@@ -384,7 +411,37 @@ class CameraSet:
             self.stop.event.set()
             for thread in self._threads:
                 thread.join(60)
-            for daemon in [*list(self.daemons.values())[1:], self.first]:  # the server goes last
-                daemon.stop.signal_name = self.stop.signal_name  # the signal came to this set's flag: each says it
-                daemon.shutdown()
+            self._shutdown()
         return max(daemon.exit_code for daemon in self.daemons.values())  # 3: a camera hung (all restart)
+
+    def _shutdown(self) -> None:
+        """Every camera's ``Daemon.shutdown`` at once, all on one deadline: the process's stop within one
+        ``STOP_BUDGET_S`` however many cameras. One after another, each camera began its own budget when the one
+        before had finished: with three cameras whose parts hang (a capture that does not close), the third began at
+        16 s and its archive spent the budget past the 20 s of systemd's TimeoutStopSec — killed before its final
+        snapshot, its memory since the last periodic one lost. At once, the archives are closed side by side; the
+        final snapshots take the model's lock in turn (``FairLock``), each extending systemd's stop timeout as it is
+        written (``EXTEND_TIMEOUT_USEC``), so a camera waiting for another's snapshot is not killed while it waits.
+        The first camera's server is no longer stopped after every other camera's stop: it stops after its own
+        final snapshot, a question to a stopping camera being refused (503) or not connected either way."""
+        from edgekv.apps.daemon.loop import STOP_BUDGET_S
+
+        deadline = self.first.stop_clock() + STOP_BUDGET_S
+        for daemon in self.daemons.values():
+            daemon.stop.signal_name = self.stop.signal_name  # the signal came to this set's flag: each says it
+        failed: list[BaseException] = []
+
+        def stop(daemon) -> None:
+            try:
+                daemon.shutdown(deadline)
+            except BaseException as exc:  # raised once every camera's stop is over, not lost in a thread
+                failed.append(exc)
+
+        threads = [threading.Thread(target=stop, args=(daemon,), name=f"edgekv-stop-{name}")
+                   for name, daemon in self.daemons.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()  # each bounded by the one deadline, but for its final snapshot (not cut short)
+        if failed:
+            raise failed[0]

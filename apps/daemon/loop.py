@@ -2020,12 +2020,14 @@ class Daemon:
 
     stop_clock: Callable[[], float] = staticmethod(time.monotonic)  # what the stop's budget is kept on (tests: fake)
 
-    def shutdown(self) -> None:
+    def shutdown(self, deadline: float | None = None) -> None:
         """Stop everything within ``STOP_BUDGET_S`` (each part gets what is left of it), in the order that loses least
         on slow flash: the archive's queued pairs first (``_close_archive``), then the final snapshot (not cut short:
         half a snapshot is none), then the other parts. A part the budget has no time left for is started and not
-        waited for; they are said in one line."""
-        deadline = self.stop_clock() + STOP_BUDGET_S
+        waited for; they are said in one line. ``deadline`` (on ``stop_clock``): one shared by several cameras
+        (``CameraSet._shutdown``), each stopping in its own thread."""
+        if deadline is None:
+            deadline = self.stop_clock() + STOP_BUDGET_S
         notify_systemd("STOPPING=1")
         self._refuse_waiting()
         if self.stop.signal_name:
