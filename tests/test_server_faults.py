@@ -42,9 +42,11 @@ def test_a_question_that_fits_alone_is_not_refused_while_another_decodes(tiny_ch
     for i in range(80):  # well past the cap: the video holds all it may (the text reserve stays free)
         session.ingest(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8), t=i / 2.0)
     suffix = len(session.layout.question_suffix_ids(session.tokenizer, "What moved?"))
-    fits_alone = SimpleNamespace(question="What moved?", max_new_tokens=96 - suffix, recall=None, history=())
+    fits_alone = SimpleNamespace(question="What moved?", max_new_tokens=96 - suffix, recall=None, history=(),
+                                 answer_prefix="")
     never_fits = SimpleNamespace(question="What moved?", max_new_tokens=201 - suffix - session.prefix_tokens,
-                                 recall=None, history=())  # more than the cache holds beside the system prompt
+                                 recall=None, history=(), answer_prefix="")  # more than the cache holds beside the
+    # system prompt
     check_fits(session, fits_alone)
     seen: list = []
 
