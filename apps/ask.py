@@ -59,6 +59,9 @@ def _not_an_answer(url: str, what: str) -> ValueError:
     return ValueError(f"{url}: {what}; is this an edgekv daemon's address (edgekv serve / edgekv-camera)?")
 
 
+FAILED = "the answer failed: "  # how the daemon's error event of an answer that failed mid-stream begins
+
+
 def _stream_answer(url: str, response, timeout: float) -> dict | None:
     """Prints the answer's tokens as the daemon's server-sent events bring them; returns the ``edgekv`` figures of
     its last chunk (where the request asked for them, else None). An ``error`` event (the answer
@@ -85,8 +88,10 @@ def _stream_answer(url: str, response, timeout: float) -> dict | None:
                 raise _not_an_answer(url, f"a stream event that is not an object ({line[:80]!r})")
             if "error" in chunk:
                 error = chunk["error"]
-                message = error.get("message") if isinstance(error, dict) else error
-                raise ValueError(f"{url}: the answer failed on the way: {message}")
+                message = str(error.get("message") if isinstance(error, dict) else error)
+                # the daemon's own message already says "the answer failed: ..." (apps/server/chat.answer_error)
+                why = message.removeprefix(FAILED)
+                raise ValueError(f"{url}: the answer failed on the way: {why}")
             if isinstance(chunk.get("edgekv"), dict):  # the last chunk's, when the request asked for evidence
                 extension = chunk["edgekv"]
             for choice in chunk.get("choices") or ():

@@ -269,7 +269,7 @@ def test_edgekv_ask_tells_a_broken_answer_from_an_answer(capsys):
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         expected = {"cut": "the daemon closed the stream before the answer ended", "failed": "the answer failed on the way: "
-                    "the answer failed: out of memory", "garbage": "a stream event that is not JSON",
+                    "out of memory", "garbage": "a stream event that is not JSON",
                     "page": "the reply is text/html, not an answer stream"}
         for name, message in expected.items():
             assert main(["ask", "How many?", "--url", f"{base}/{name}", "--stream"]) == 2, name

@@ -86,6 +86,16 @@ def format_answer(question: Question, log_text: bool = True) -> str:
     a = question.answer
     # one token is all prefill: there is no decode step to time
     rate = f"{a.decode_tok_s:.1f} tok/s" if len(a.token_ids) > 1 else "no decode step"
-    said = printable(a.text, limit=4000) if shown else f"({len(a.text)} characters; privacy.log_text)"
-    return (f"{asked}\nA: {said}\n   ({len(a.token_ids)} tokens, ttft {a.ttft_s * 1e3:.0f} ms, "
+    reply = whole_reply(question)
+    said = printable(reply, limit=4000) if shown else f"({len(reply)} characters; privacy.log_text)"
+    given = getattr(question, "answer_prefix", "")
+    continued = f", continuing the {len(given)} characters the asker gave" if given else ""
+    return (f"{asked}\nA: {said}\n   ({len(a.token_ids)} tokens{continued}, ttft {a.ttft_s * 1e3:.0f} ms, "
             f"{rate}, over {a.video_tokens} cached tokens)")
+
+
+def whole_reply(question: Question) -> str:
+    """The assistant's reply as its reader has it: a chat's ``continue_final_message`` gave its start
+    (``question.answer_prefix``) and the model wrote the rest (``answer.text``, the continuation only, as the API
+    returns it). The console shows the whole of it, as the status page's history does."""
+    return getattr(question, "answer_prefix", "") + question.answer.text

@@ -141,12 +141,26 @@ def _version() -> str:
     return edgekv.__version__
 
 
+# The daemon's 500s are failures that asking again meets again: an answer that raised (``answer_failed``: a bug,
+# or an accelerator fault that stays), a handler's bug, a forget whose files could not all be rewritten. What passes
+# (a full queue, a stopping daemon, too many connections) is a 503 with Retry-After. The OpenAI SDK retries every 5xx
+# twice by default unless told not to (``x-should-retry: false``, which it and Anthropic's SDK obey): without it one
+# failed answer was asked three times, each taking its turn in the question queue.
+NOT_RETRIED = {"x-should-retry": "false"}
+
+
+def _no_retry(error: ApiError) -> ApiError:
+    if error.status == 500:
+        error.headers = {**NOT_RETRIED, **error.headers}
+    return error
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     """OpenAI error objects on every route, for every status (404 and 405 included)."""
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError):
-        return error_response(exc)
+        return error_response(_no_retry(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -175,8 +189,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def bug(_request: Request, exc: Exception):
         log.error("request failed: %s", safe_text(repr(exc), 300))
-        return error_response(ApiError(500, "internal error; the daemon log has the details", kind="server_error",
-                                       code="internal_error"))
+        return error_response(_no_retry(ApiError(500, "internal error; the daemon log has the details",
+                                                 kind="server_error", code="internal_error")))
 
 
 # ---------------------------------------------------------------------------------------------- server

@@ -73,6 +73,7 @@ PUBLIC_PATHS = frozenset({"/healthz", "/health", "/version", "/", "/v1/edgekv/lo
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 COOKIE_NAME = "edgekv_session"
 REFUSAL_PAUSE_S = 1.0  # a connection refused by the per-client cap is closed this long after its 503
+REFUSED_RETRY_AFTER_S = 1  # the Retry-After of a connection refused by a limit (the queue's 503 says 1 too)
 PENDING_GRACE_S = 1.0  # a connection counts against its address's cap once it has been receiving this long
 SHAPED_PATHS = frozenset({"/metrics", "/v1/edgekv/status", "/frame.jpg"})  # server.reads_per_second
 SHAPING_WAIT_S = 2.0   # a read over the rate waits at most this long for its turn, else 429
@@ -607,11 +608,13 @@ def _split_outside_quotes(text: str, separator: str) -> list[str]:
     return parts
 
 
-def raw_response(status: int, reason: str, message: str, code: str) -> bytes:
-    """A whole HTTP/1.1 error response, for answers given outside any request cycle."""
+def raw_response(status: int, reason: str, message: str, code: str, retry_after_s: int | None = None) -> bytes:
+    """A whole HTTP/1.1 error response, for answers given outside any request cycle; ``retry_after_s``: its
+    ``Retry-After`` (a refusal the client should try again after, as the queue's 503 says it)."""
     body = error_body(message, "invalid_request_error" if status < 500 else "server_error", None, code)
+    retry = f"retry-after: {retry_after_s}\r\n" if retry_after_s is not None else ""
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n")
+            f"{retry}connection: close\r\n\r\n")
     return head.encode() + body
 
 
@@ -794,7 +797,10 @@ class GuardedH11Protocol(H11Protocol):
         self._refused = True
         self._disarm()
         self.connections.discard(self)
-        self.transport.write(raw_response(503, "Service Unavailable", message, "too_many_connections"))
+        # Retry-After as every other 503 of the daemon: the OpenAI SDK, which retries a 503, waits that long instead
+        # of its own backoff (from 0.5 s), and a client is told when trying again makes sense
+        self.transport.write(raw_response(503, "Service Unavailable", message, "too_many_connections",
+                                          retry_after_s=REFUSED_RETRY_AFTER_S))
         if pause:
             self.transport.pause_reading()
             self.loop.call_later(REFUSAL_PAUSE_S, self.transport.close)

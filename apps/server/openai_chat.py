@@ -45,11 +45,14 @@ SEED_RANGE = (-(2**63), 2**63 - 1)
 TEXT_PART_TYPES = ("text", "input_text")
 MEDIA_PART_TYPES = ("image_url", "input_image", "video_url", "input_audio", "file", "audio_url")
 ROLES = ("system", "developer", "user", "assistant", "tool")
-# Accepted only at their neutral value (None always is); anything else is refused as unsupported.
+# Accepted only at their neutral value (None always is); anything else is refused as unsupported. Every parameter of
+# OpenAI's chat completions (the SDK's ``CompletionCreateParams``) is either here or a field of ChatCompletionRequest
+# (served, or accepted and ignored): only a name OpenAI does not know is "unrecognized" (tests/test_api_polish.py).
 NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "n": 1, "parallel_tool_calls": None,
            "top_logprobs": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
            "logit_bias": None, "audio": None, "prediction": None, "reasoning_effort": None, "service_tier": None,
-           "web_search_options": None, "response_format": {"type": "text"}, "modalities": ["text"]}
+           "web_search_options": None, "response_format": {"type": "text"}, "modalities": ["text"],
+           "verbosity": "medium", "moderation": None}  # verbosity: OpenAI's default, the only length served
 
 
 class ApiError(Exception):
@@ -357,6 +360,8 @@ class ChatCompletionRequest(BaseModel):
     store: bool | None = None
     metadata: dict | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: dict | None = None
+    prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     # accepted only at their neutral value or null (NEUTRAL: tools, logprobs, n, ...); anything else is refused
     model_config = ConfigDict(extra="allow", strict=True)

@@ -83,7 +83,9 @@ class Telemetry:
             self.ttft.observe(answer.ttft_s)
             if len(answer.token_ids) > 1 and answer.decode_tok_s > 0:
                 self.per_token.observe(1.0 / answer.decode_tok_s)
-            record.update(answer=answer.text, tokens=len(answer.token_ids), ttft_s=answer.ttft_s,
+            # the whole reply, its given start too (continue_final_message), as the console's A: line shows it
+            record.update(answer=getattr(question, "answer_prefix", "") + answer.text,
+                          tokens=len(answer.token_ids), ttft_s=answer.ttft_s,
                           decode_tok_s=answer.decode_tok_s, finish_reason=answer.finish_reason)
             self.last_answer = record
         self.answered.append(record)
