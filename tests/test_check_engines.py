@@ -201,10 +201,10 @@ def test_cameras_of_unequal_weights_on_one_llm_engine_fail_as_the_start_does(bui
     code, rows = _camera_rows(_cameras(tmp_path, tiny_checkpoint, engines, 600, (2.0, 1.0)), capsys)
     assert code == 2 and rows["front"][0] == "ok", rows
     status, detail = rows["back"]
-    said = "the onnxruntime LLM engine was built for a cache of 400 slots; this session's cache has 200"
-    assert status == "FAIL" and f'("{said}")' in detail and "equal video.sources weights" in detail, detail
+    assert status == "FAIL" and "front 400 tokens (weight 2), back 200 tokens (weight 1)" in detail, detail
+    assert "give every camera the same weight" in detail and "engines.llm: torch" in detail, detail
     code, err = _start(tmp_path / "deploy.yaml", capsys)
-    assert code == 2 and f"cannot start: video.sources[1] (back): {said}" in err, err
+    assert code == 2 and f"cannot start: {detail}" in err, err  # before the weights load (engines_config)
     # equal weights, 400 tokens each: both on the one bundle, and the start runs
     path = _cameras(tmp_path, tiny_checkpoint, engines, 800, (1.0, 1.0))
     code, rows = _camera_rows(path, capsys)

@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -368,14 +369,16 @@ class CameraSet:
 
     def _run(self) -> int:
         import edgekv
+        from edgekv.runtime import find_engines
 
         try:
             camera = None  # the camera whose check or start failed, named in the error: its keys are its own
             try:
-                engines_config(self.config)  # cameras that cannot share the engines: refused before the weights load
+                shared = engines_config(self.config)  # cameras that cannot share engines: refused before the weights
                 for camera, daemon in self.daemons.items():
                     daemon.preflight()
                 camera = None
+                find_engines(shared)  # the bundles the one load takes, found and checked before the weights load
                 runtime = edgekv.Runtime.from_config(self.first.config)
                 for camera, daemon in self.daemons.items():
                     daemon.runtime = runtime if daemon is self.first else runtime.sharing(daemon.config)
@@ -404,15 +407,34 @@ class CameraSet:
                 self.first.watchdog.heartbeat = OldestHeartbeat(
                     [(d.heartbeat, t.is_alive) for d, t in zip(self.daemons.values(), self._threads)])
             self.ready.set()
-            while any(thread.is_alive() for thread in self._threads):
-                for thread in self._threads:
-                    thread.join(0.2)
+            while any(thread.is_alive() for thread in self._threads) and not self.stop:
+                self.stop.event.wait(0.2)  # a camera's loop may end alone (one-shot, nothing to hear): the others go on
         finally:
             self.stop.event.set()
-            for thread in self._threads:
-                thread.join(60)
+            self._wait_for_loops()
             self._shutdown()
         return max(daemon.exit_code for daemon in self.daemons.values())  # 3: a camera hung (all restart)
+
+    join_loop: Callable[[threading.Thread, float], None] = staticmethod(threading.Thread.join)  # tests: a fake wait
+
+    def _wait_for_loops(self) -> None:
+        """Each camera's loop finishes its step, all within one ``STOP_BUDGET_S`` on the stop's clock; then the stop
+        begins whatever a loop still does (it is said). Before, the stop waited for every loop while any ran, then
+        up to 60 s for each in turn: one loop stuck in a step (a driver call, a disk) held the stop past systemd's
+        TimeoutStopSec (20 s) and every camera was killed before its final snapshot."""
+        from edgekv.apps.daemon.loop import STOP_BUDGET_S
+
+        clock = self.first.stop_clock
+        deadline = clock() + STOP_BUDGET_S
+        for thread in self._threads:
+            left = deadline - clock()
+            if left <= 0:
+                break
+            self.join_loop(thread, left)
+        stuck = [name for name, thread in zip(self.daemons, self._threads) if thread.is_alive()]
+        if stuck:
+            self.say(f"shutdown: the loop of {', '.join(stuck)} did not finish its step within the stop's "
+                     f"{STOP_BUDGET_S:g} s: stopping without waiting for it")
 
     def _shutdown(self) -> None:
         """Every camera's ``Daemon.shutdown`` at once, all on one deadline: the process's stop within one

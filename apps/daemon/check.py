@@ -84,7 +84,7 @@ def check_daemon(daemon: Any, deployment: Any = None, camera: str | None = None,
     snapshot = resumed_snapshot(daemon.state, daemon.config, plan)
     resumed = seen["resumed"] = resumed_grid(daemon.config, snapshot)
     if not any(result.key == "model.path" and result.status == "FAIL" for result in results):
-        results += [engines_result(daemon.config, shared),  # as the start's Runtime finds them
+        results += [engines_result(daemon.config, shared, deployment),  # as the start's Runtime finds them
                     budget_result(daemon.config, seen.get("frame_shape"), resumed)]
     if daemon.config.archive.dir is not None:
         newer = newer_result(daemon.config.archive.dir)
@@ -143,7 +143,7 @@ def _with_pending(full: int, pending: int) -> int:
 ENGINES_KEY = "engines"
 
 
-def engines_result(config: Any, shared: tuple[str, Any] | None = None) -> CheckResult:
+def engines_result(config: Any, shared: tuple[str, Any] | None = None, deployment: Any = None) -> CheckResult:
     """The engine bundles the start loads, found and checked as its load finds and checks them
     (``edgekv.runtime.find_engines``: the build key, the manifest, every file's size and sha256, digests memoized in
     ``engines.engine_dir`` as the start memoizes them), no engine loaded: ``ok`` naming each bundle, when it was built
@@ -154,7 +154,9 @@ def engines_result(config: Any, shared: tuple[str, Any] | None = None) -> CheckR
     ``shared`` (a later camera of ``video.sources``: the first camera's name and config): the start loads the engines
     once, for the first camera, and every camera runs them (``Runtime.sharing``); an LLM engine takes the cache size
     it was built for, and a camera whose weight gives it another stopped the start though each camera's own bundle
-    was there."""
+    was there; the start now refuses cameras that cannot share them before the weights load (``engines_config``
+    of ``deployment``, the whole config), said here on the later camera's row in its words."""
+    from edgekv.apps.daemon.cameras import engines_config
     from edgekv.apps.daemon.startup import one_line
     from edgekv.runtime import find_engines
 
@@ -163,6 +165,11 @@ def engines_result(config: Any, shared: tuple[str, Any] | None = None) -> CheckR
         return CheckResult(ENGINES_KEY, "note", "torch runs the vision tower and the LLM from model.path: no engines "
                                                 "to find (engines.vision / engines.llm: onnxruntime or tensorrt run "
                                                 "the ones `edgekv build` makes)")
+    if shared is not None and deployment is not None:
+        try:
+            engines_config(deployment)
+        except ValueError as exc:
+            return CheckResult(ENGINES_KEY, "FAIL", one_line(exc))
     try:
         found = find_engines(config if shared is None else shared[1])
     except (ValueError, OSError, RuntimeError, ImportError) as exc:  # what stops the start (Daemon.run)

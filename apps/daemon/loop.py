@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgekv.apps.controls import route
 from edgekv.apps.daemon.health import StallWatch, problems
@@ -63,6 +64,9 @@ from edgekv.config import EdgeKVConfig, load_config
 from edgekv.durable import replace_durably
 from edgekv.apps.wall_times import wall_text
 from edgekv.seconds import MAX_ABS_SECONDS, real_seconds
+
+if TYPE_CHECKING:
+    from edgekv.video.capture import Sampler
 
 log = logging.getLogger("edgekv.daemon")
 STOP_BUDGET_S = 8.0  # shutdown after the current step; systemd's TimeoutStopSec is 20 s (jetson/edgekv-camera.service)
@@ -311,6 +315,8 @@ class Daemon:
         steps.append(("client TLS (escalate:, alerts:)", lambda: self._check_client_tls(cfg)))
         if cfg.fleet.broker is not None:
             steps.append(("fleet", self._check_fleet))
+        if self.runtime is None and self.camera is None and not self.checking:  # the engines this start loads
+            steps.append(("engines", self._check_engines))  # after the quick checks: it may read every engine file
         steps.append(("video.source", self._open_source))
         return steps
 
@@ -323,6 +329,16 @@ class Daemon:
         keys = deployment_keys(self.config)
         self.state.check_keys(keys)
         return "no key: nothing is sealed" if keys is None else f"key {keys.current.id.hex()} read"
+
+    def _check_engines(self) -> None:
+        """The engine bundles ``engines:`` names, found and checked as the start's load finds them
+        (``edgekv.runtime.find_engines``: the key, the manifest, each file's size and sha256) before the weights load:
+        a missing or mismatched bundle stopped the start only once the weights had loaded (minutes for the 3B on a
+        Jetson), with the same message. Not here: with ``--check`` (its own engines row, apps/daemon/check.py), a
+        runtime given (loaded already), a camera of several (``CameraSet`` checks the engines it loads once)."""
+        from edgekv.runtime import find_engines
+
+        find_engines(self.config)
 
     def _check_logging(self) -> None:
         from edgekv.logs import setup_logging
@@ -1258,18 +1274,22 @@ class Daemon:
         return bool(self._scheduled) or bool(self._probes) or not self.questions.empty()
 
     def _pull(self, timeout: float) -> None:
-        """Move the next sampled frame (if one is due) into the backlog; notice the end of the source."""
+        """Move the next sampled frame (if one is due) into the backlog; notice the end of the source. A sampler
+        closed while this step read it (a pause that gave up waiting for the step, ``STOP_BUDGET_S``) is no end of
+        the source: its stopped capture read as exhausted, the stream was ended during the pause, and after the
+        resume the daemon watched nothing."""
         if self._frame_limit_reached(len(self.backlog)):
             self._end_stream(self._frame_limit_reason())
             return
+        sampler = self.sampler  # the one whose end is judged: a resume may put a new one in place meanwhile
         item = self._sample(timeout)
         if item is not None:
             self.backlog.push(*item, bounded=False)
-        elif self.sampler.exhausted:
-            if self.sampler.stats().get("ended") in ("eof", "truncated") and not self._spec.live:
+        elif sampler.exhausted and not sampler.closed:
+            if sampler.stats().get("ended") in ("eof", "truncated") and not self._spec.live:
                 self._source_read_out = True  # kept with the frames still to go in (_went_in) and the memory
                 self._keep_source_point()
-            self._end_stream(self._source_end_reason())
+            self._end_stream(self._source_end_reason(sampler))
 
     def _sample(self, timeout: float):
         """The next sampled frame as ``(frame, t, unix)``: ``unix`` the wall time it was sampled at (within a frame
@@ -1281,8 +1301,8 @@ class Daemon:
             return None
         return (*item, None if self.sampler.deterministic else self.wall_clock())
 
-    def _source_end_reason(self) -> str:
-        ended = self.sampler.stats().get("ended")
+    def _source_end_reason(self, sampler: Sampler | None = None) -> str:
+        ended = (sampler if sampler is not None else self.sampler).stats().get("ended")
         return {"eof": "the source ended", "truncated": "the file ended early (truncated)",
                 "gave_up": "the camera did not come back", "error": "the source failed"}.get(ended, "the source ended")
 

@@ -525,6 +525,11 @@ class Sampler:
             self.handed_out_t = t
             return True
 
+    @property
+    def closed(self) -> bool:
+        """``close`` was called: the capture was stopped, so ``exhausted`` says nothing of the source's end."""
+        return self._closed
+
     def close(self) -> None:
         """Stop the capture. No frame is handed out once this returns, not even to a consumer inside ``next_frame``
         meanwhile, so ``handed_out_t`` is final: a paused recording resumes after it, every frame once."""
