@@ -41,7 +41,6 @@ TOKEN = "a-token-for-the-polish"
 BOUND_S = 120
 QUESTION = "Which shape was red?"
 LIMITS = ChatLimits(("edgekv/toy", "edgekv"), 64, 8)
-LOOP_PATCH = "the daemon's own record and speech: /work/runs/s98/api_polish-loop.patch (apps/daemon/loop.py)"
 
 
 def _user(text: str = QUESTION) -> list[dict]:
@@ -228,7 +227,6 @@ def test_telemetry_keeps_the_whole_continued_reply(served):
     assert until(lambda: telemetry.answered and telemetry.answered[-1]["answer"] == START + continuation, BOUND_S)
 
 
-@pytest.mark.xfail(strict=True, reason=LOOP_PATCH)
 def test_the_status_pages_history_shows_the_whole_continued_reply(served):
     continuation = _continued(served)
     status, _, raw = call(served.port, "GET", "/v1/edgekv/status", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -237,7 +235,6 @@ def test_the_status_pages_history_shows_the_whole_continued_reply(served):
     assert newest["answer"] == START + continuation
 
 
-@pytest.mark.xfail(strict=True, reason=LOOP_PATCH)
 def test_the_voice_speaks_the_whole_continued_reply(served, monkeypatch):
     said: list[str] = []
     speaker = SimpleNamespace(say=lambda text, *_: said.append(text))

@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING
 from edgekv.apps.controls import route
 from edgekv.apps.daemon.health import StallWatch, problems
 from edgekv.apps.daemon.forget_passes import ForgetAsk, ForgetQueue, LoopWatch
-from edgekv.apps.daemon.console import RANDOM_WEIGHTS_NOTE, StopFlag, format_answer, format_pair, is_random_checkpoint
+from edgekv.apps.daemon.console import (
+    RANDOM_WEIGHTS_NOTE,
+    StopFlag,
+    format_answer,
+    format_pair,
+    is_random_checkpoint,
+    whole_reply,
+)
 from edgekv.apps.daemon.quiz import Quiz
 from edgekv.apps.questions import AskerLeft, DaemonBusy, DaemonStopping, Question, printable
 from edgekv.apps.daemon.scheduling import Collector, FairShare, FrameBacklog
@@ -1620,8 +1627,10 @@ class Daemon:
         if self.speaker is not None and self._speaks(question) and not quiet:
             from edgekv.apps.voice.speak import TokenSpeech
 
+            # the reply the asker hears begins with the start it gave (continue_final_message), said with the
+            # first sentence the model completes
             speech = TokenSpeech(self.session.tokenizer, self.speaker, question.id, question.asked_at,
-                                 prefix=self._speech_prefix())
+                                 prefix=self._speech_prefix() + question.answer_prefix)
             voiced = on_token
 
             def on_token(token: int) -> None:  # noqa: F811 - the same callback, also spoken
@@ -1686,7 +1695,8 @@ class Daemon:
             self.server.question_answered(question)
         answer = question.answer
         if self.speaker is not None and answer is not None and answer.escalated and self._speaks(question):
-            self.speaker.say(self._speech_prefix() + answer.text, question.id, question.asked_at)  # the remote's, whole
+            self.speaker.say(self._speech_prefix() + whole_reply(question), question.id,  # the remote's, whole
+                             question.asked_at)
 
     def _speech_prefix(self) -> str:
         return f"{self.speech_name}: " if self.speech_name else ""
@@ -1784,7 +1794,7 @@ class Daemon:
         self.history.append({
             "id": question.id, "source": question.source, "question": question.text,
             "asked_at": question.asked_at, "answered_at": question.answered_at,
-            "answer": answer.text if answer is not None else None,
+            "answer": whole_reply(question) if answer is not None else None,  # with the start it was given
             "error": str(question.error) if question.error is not None else None,
             "finish_reason": getattr(answer, "finish_reason", None),
             "tokens": len(answer.token_ids) if answer is not None else 0,
