@@ -59,7 +59,8 @@ def test_a_forget_that_reaches_a_stopping_daemon_is_refused_and_changes_no_file(
 
     daemon._on_stop = stop_with_a_forget_waiting
     daemon.state.release = release_after_the_forget
-    daemon.state.final_snapshot = lambda session: finals.append(final_snapshot(session)) or finals[-1]
+    daemon.state.final_snapshot = (lambda session, progress=None:
+                                   finals.append(final_snapshot(session, progress)) or finals[-1])
     daemon.forget = watched_forget
     with running:
         running.stop()
