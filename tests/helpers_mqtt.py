@@ -184,18 +184,14 @@ def publish_raw(url: str, topic: str, payload: bytes, response_topic: str | None
         client.loop_stop()
 
 
-class Relay:
-    """A TCP relay on 127.0.0.1 in front of the broker: ``cut()`` drops every connection through it and refuses
-    new ones (a device's link gone, the broker still up for everyone else), ``restore()`` lets them through;
-    ``freeze()`` keeps the connections open and forwards nothing (a half-open link: the broker notices it only
-    after the keep-alive, so the device's last will waits that long)."""
+class _Proxy:
+    """A TCP proxy on 127.0.0.1 in front of the broker: each connection accepted (``accepted`` counts them) is
+    joined to one of its own to the broker, and ``_join`` starts what carries their bytes."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
-        self.open = True
-        self.frozen = False
         self.accepted = 0
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -205,13 +201,19 @@ class Relay:
     def url(self) -> str:
         return f"mqtt://127.0.0.1:{self.port}"
 
+    def _admits(self) -> bool:
+        return True
+
+    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
+        raise NotImplementedError
+
     def _accept(self) -> None:
         while True:
             try:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            if not self.open:
+            if not self._admits():
                 client.close()
                 continue
             try:
@@ -223,8 +225,26 @@ class Relay:
             with self._lock:
                 self._sockets += [client, upstream]
                 self.accepted += 1
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            self._join(client, upstream)
+
+
+class Relay(_Proxy):
+    """A TCP relay on 127.0.0.1 in front of the broker: ``cut()`` drops every connection through it and refuses
+    new ones (a device's link gone, the broker still up for everyone else), ``restore()`` lets them through;
+    ``freeze()`` keeps the connections open and forwards nothing (a half-open link: the broker notices it only
+    after the keep-alive, so the device's last will waits that long)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.open = True
+        self.frozen = False
+        super().__init__(target_port)
+
+    def _admits(self) -> bool:
+        return self.open
+
+    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
@@ -282,7 +302,7 @@ def mqtt_packets(buffer: bytearray) -> list[bytes]:
     return packets
 
 
-class PacketProxy:
+class PacketProxy(_Proxy):
     """An MQTT-aware TCP proxy on 127.0.0.1 in front of the broker, read packet by packet, for brokers that behave as
     the specification allows but Mosquitto does not:
 
@@ -294,40 +314,17 @@ class PacketProxy:
     - ``cut_first_subscribe``: the first SUBSCRIBE through it is not forwarded and its connection is closed (the
       broker lost before the SUBACK); later connections pass untouched.
 
-    ``held`` counts the packets held back, ``connections`` those accepted."""
+    ``held`` counts the packets held back, ``accepted`` the connections."""
 
     def __init__(self, target_port: int, hold_retained: bool = False, cut_first_subscribe: bool = False) -> None:
-        self.target_port, self.hold_retained, self.cut_first_subscribe = target_port, hold_retained, cut_first_subscribe
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
+        self.hold_retained, self.cut_first_subscribe = hold_retained, cut_first_subscribe
         self.held = 0
-        self.connections = 0
         self.cut = 0
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
 
-    @property
-    def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._sockets += [client, upstream]
-                self.connections += 1
-            threading.Thread(target=self._to_broker, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._to_client, args=(upstream, client), daemon=True).start()
+    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
+        threading.Thread(target=self._to_broker, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._to_client, args=(upstream, client), daemon=True).start()
 
     def _to_broker(self, client: socket.socket, upstream: socket.socket) -> None:
         buffer = bytearray()

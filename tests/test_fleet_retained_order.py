@@ -91,7 +91,7 @@ def test_a_broker_lost_before_the_first_suback_is_subscribed_to_again(broker):
                 result = returns_early(lambda: forget_fleet(conn, timeout_s=3600, last_s=5))
         finally:
             cut.close()
-        assert cut.cut == 1 and cut.connections == 2
+        assert cut.cut == 1 and cut.accepted == 2
         assert result.nobody_online and result.offline == ["gone-cam"] and result.broker_lost == []
 
 
