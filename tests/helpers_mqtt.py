@@ -263,12 +263,7 @@ class Relay(_Proxy):
         self.open = False
         with self._lock:
             sockets, self._sockets = self._sockets, []
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
+        _close(*sockets)
 
     def restore(self) -> None:
         self.open = True
