@@ -186,7 +186,8 @@ def publish_raw(url: str, topic: str, payload: bytes, response_topic: str | None
 
 class _Proxy:
     """A TCP proxy on 127.0.0.1 in front of the broker: each connection accepted (``accepted`` counts them) is
-    joined to one of its own to the broker, and ``_join`` starts what carries their bytes."""
+    joined to one of its own to the broker, and the subclass's ``_join(client, upstream)`` starts what carries their
+    bytes."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -203,9 +204,6 @@ class _Proxy:
 
     def _admits(self) -> bool:
         return True
-
-    def _join(self, client: socket.socket, upstream: socket.socket) -> None:
-        raise NotImplementedError
 
     def _accept(self) -> None:
         while True:

@@ -280,7 +280,7 @@ def test_the_sdk_stream_outlives_its_read_timeout_while_the_remote_thinks(served
     from edgekv.apps.server import chat
 
     monkeypatch.setattr(chat, "KEEPALIVE_S", KEEPALIVE_S)
-    timeout_s = 10 * KEEPALIVE_S
+    timeout_s = 25 * KEEPALIVE_S  # the headers come after the local answer: ms idle, a busy CI machine takes longer
     comments: list[int] = []
     client = _client(served, timeout=timeout_s, max_retries=0, http_client=_watching(comments))
     got: dict = {}
@@ -297,8 +297,8 @@ def test_the_sdk_stream_outlives_its_read_timeout_while_the_remote_thinks(served
     asking = threading.Thread(target=ask)
     asking.start()
     try:
-        # each comment follows the last by KEEPALIVE_S of silence: 3 timeouts' worth of them went by unanswered
-        assert until(lambda: sum(comments) > 3 * timeout_s / KEEPALIVE_S or not asking.is_alive(), BOUND_S)
+        # each comment follows the last by KEEPALIVE_S of silence: 1.5 timeouts' worth of them went by unanswered
+        assert until(lambda: sum(comments) > 1.5 * timeout_s / KEEPALIVE_S or not asking.is_alive(), BOUND_S)
         assert asking.is_alive(), got
     finally:
         served.remote.release.set()
@@ -355,7 +355,7 @@ def test_the_sdk_gives_up_on_a_silent_stream_and_the_escalation_is_withdrawn(ser
     served.remote.release.clear()
     served.hold.abandoned.clear()
     withdrawn = served.daemon.escalator.stats()["escalations_withdrawn"]
-    client = _client(served, timeout=3.0, max_retries=0)  # (the local answer, before the headers, takes ms)
+    client = _client(served, timeout=8.0, max_retries=0)  # the local answer, before the headers, takes ms idle
     try:
         with pytest.raises(openai.APITimeoutError):
             list(client.chat.completions.create(model="edgekv", messages=_user("What is on the table?"),
@@ -373,7 +373,7 @@ def test_each_whole_escalation_the_sdks_retries_abandon_is_withdrawn(served):
     served.remote.release.clear()
     stats = served.daemon.escalator.stats
     before, asked = stats()["escalations_withdrawn"], len(served.remote.bodies)
-    client = _client(served, timeout=3.0, max_retries=2)  # (the local answer, before the escalation, takes ms)
+    client = _client(served, timeout=8.0, max_retries=2)  # the local answer, before the escalation: ms idle
     try:
         with pytest.raises(openai.APITimeoutError):
             client.chat.completions.create(model="edgekv", messages=_user("What is on the table?"),

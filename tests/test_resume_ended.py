@@ -7,8 +7,9 @@ from __future__ import annotations
 import io
 import json
 import threading
-import time
 from pathlib import Path
+
+from helpers_wait import until
 
 from edgekv.config import EdgeKVConfig
 
@@ -29,13 +30,6 @@ def _daemon(config: EdgeKVConfig, out: io.StringIO, **options):
     from edgekv.apps.daemon.loop import Daemon, DaemonOptions
 
     return Daemon(config, DaemonOptions(no_stdin=True, quiet=True, no_server=True, **options), out=out)
-
-
-def _until(condition) -> bool:
-    deadline = time.monotonic() + 120
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
 
 
 def _opens(monkeypatch) -> list[str]:
@@ -75,7 +69,7 @@ def test_a_pause_kept_across_a_restart_after_the_recording_ended_resumes_without
         opened = _opens(monkeypatch)
         assert daemon.resume()
         assert daemon.paused is None and not (tmp_path / "state" / "paused.json").exists()
-        assert _until(daemon.stream_ended.is_set)
+        assert until(daemon.stream_ended.is_set, 120)
         assert opened == []  # not reopened: nothing would go in
         assert daemon.session.counters.frames == 8
     finally:
@@ -92,7 +86,7 @@ def test_a_recording_that_ended_in_this_run_is_not_reopened_by_a_resume(tmp_path
     out = io.StringIO()
     daemon, thread = _serving(_config(tmp_path), out)
     try:
-        assert _until(daemon.stream_ended.is_set), out.getvalue()
+        assert until(daemon.stream_ended.is_set, 120), out.getvalue()
         assert daemon.pause("privacy switch")
         opened = _opens(monkeypatch)
         assert daemon.resume()
